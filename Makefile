@@ -1,0 +1,29 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both create .venv if missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned first: a CPU build of 2.13.0 is what this project is tested with, and any
+# other torch requirement would pull several GB of CUDA packages on a machine without a GPU.
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+CONFIG ?= deploy/dev.toml
+
+.PHONY: install run test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/fleetd serve --config $(CONFIG)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

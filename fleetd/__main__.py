@@ -1,0 +1,3 @@
+from fleetd.cli.main import app
+
+app(prog_name="fleetd")

@@ -1,0 +1,116 @@
+"""One error body everywhere: {"error": {"code", "message", "details"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError
+
+log = logging.getLogger(__name__)
+
+_CODE_FOR_STATUS = {status: code for code, status in HTTP_STATUS.items()}
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": code.value}
+    for code, status in HTTP_STATUS.items()
+    if code in (ErrorCode.UNAUTHORIZED, ErrorCode.VALIDATION, ErrorCode.BUSY)
+}
+
+
+def _respond(error: FleetdError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.envelope(), status_code=error.http_status, headers=headers)
+
+
+async def _on_fleetd_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FleetdError)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.code is ErrorCode.UNAUTHORIZED else None
+    if exc.code is ErrorCode.BUSY:
+        headers = {"Retry-After": "1"}
+    return _respond(exc, headers)
+
+
+async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _CODE_FOR_STATUS.get(exc.status_code, ErrorCode.BAD_REQUEST)
+    return _respond(FleetdError(code, str(exc.detail)), dict(exc.headers or {}) or None)
+
+
+async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = [_problem(err) for err in exc.errors()]
+    summary = "; ".join(f"{p['field']}: {p['reason']}" for p in problems)
+    return _respond(FleetdError(ErrorCode.VALIDATION, f"invalid request: {summary}", {"errors": problems}))
+
+
+def _problem(err: dict[str, Any]) -> dict[str, str]:
+    field = ".".join(str(part) for part in err.get("loc", ()))
+    return {"field": field, "reason": str(err.get("msg", "invalid"))}
+
+
+async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error in a request", exc_info=exc)
+    return _respond(FleetdError(ErrorCode.INTERNAL, "internal error; the daemon log has the details"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(FleetdError, _on_fleetd_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+
+
+class BodySizeLimit:
+    """Refuses request bodies over `max_bytes` with 413, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(scope, receive, send)
+            return
+        await self.app(scope, self._counting(receive), send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise FleetdError(ErrorCode.TOO_LARGE, self._message())
+            return message
+
+        return counted
+
+    def _message(self) -> str:
+        return f"request body over {self.max_bytes} bytes ([api] max_body_bytes)"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _respond(FleetdError(ErrorCode.TOO_LARGE, self._message()))
+        await response(scope, receive, send)

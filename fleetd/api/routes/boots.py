@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.schemas import BootList, BootOut, RebootOut, UptimeOut, WindowOut
+from fleetd.store.records import BootRecord
+from fleetd.uptime import Reboot, WindowStats, boot_log, uptime_report
+
+router = APIRouter(tags=["boots"])
+
+
+def reboot_out(reboot: Reboot) -> RebootOut:
+    return RebootOut(
+        previous_boot_id=reboot.previous.boot_id,
+        went_down_after=reboot.went_down_after,
+        back_at=reboot.back_at,
+        uptime_before_s=reboot.uptime_before_s,
+        downtime_s=reboot.downtime_s,
+        clean=reboot.clean,
+    )
+
+
+def _boot_out(boot: BootRecord, reboot: Reboot | None, current_pk: int) -> BootOut:
+    return BootOut(
+        boot_id=boot.boot_id,
+        booted_at=boot.booted_at,
+        first_seen_at=boot.first_seen_at,
+        last_seen_at=boot.last_seen_at,
+        current=boot.id == current_pk,
+        reboot=reboot_out(reboot) if reboot else None,
+    )
+
+
+def _window_out(stats: WindowStats) -> WindowOut:
+    return WindowOut(
+        reboots=stats.reboots,
+        downtime_s=stats.downtime_s,
+        observed_s=stats.observed_s,
+        availability=stats.availability,
+    )
+
+
+@router.get("/boots", response_model=BootList)
+def list_boots(
+    limit: int = Query(50, ge=1, le=1000), context: AppContext = Depends(get_context)
+) -> BootList:
+    """Host boots, newest first, each with the reboot that began it."""
+    rows = boot_log(context.db, limit)
+    return BootList(items=[_boot_out(boot, reboot, context.daemon.boot_pk) for boot, reboot in rows])
+
+
+@router.get("/uptime", response_model=UptimeOut)
+def read_uptime(context: AppContext = Depends(get_context)) -> UptimeOut:
+    report = uptime_report(context.db, context.daemon.boot_pk, context.daemon.started_at, context.clock.now())
+    return UptimeOut(
+        boot_id=report.boot.boot_id,
+        booted_at=report.boot.booted_at,
+        host_uptime_s=report.host_uptime_s,
+        daemon_started_at=report.daemon_started_at,
+        daemon_uptime_s=report.daemon_uptime_s,
+        reboots_24h=report.day.reboots,
+        reboots_7d=report.week.reboots,
+        availability_24h=report.day.availability,
+        availability_7d=report.week.availability,
+        last_24h=_window_out(report.day),
+        last_7d=_window_out(report.week),
+        mean_time_between_reboots_s=report.mean_time_between_reboots_s,
+        last_reboot=reboot_out(report.last_reboot) if report.last_reboot else None,
+    )

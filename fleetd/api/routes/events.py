@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, Query
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.schemas import EventList, EventOut
+from fleetd.store.events import EventFilter, read_events
+
+router = APIRouter(tags=["events"])
+
+
+@router.get("/events", response_model=EventList)
+def list_events(
+    limit: int = Query(100, ge=1, le=1000),
+    before: int | None = Query(None, ge=1, description="only events older than this id (paging)"),
+    kind: str | None = Query(None, max_length=32),
+    game: str | None = Query(None, max_length=64),
+    since: datetime | None = Query(None, description="only events at or after this time"),
+    context: AppContext = Depends(get_context),
+) -> EventList:
+    """The event log, newest first."""
+    where = EventFilter(kind=kind, game=game, since=since, before_id=before, limit=limit)
+    with context.db.transaction() as session:
+        events = read_events(session, where)
+    items = [EventOut(**vars(event)) for event in events]
+    next_before = events[-1].id if len(events) == limit else None
+    return EventList(items=items, next_before=next_before)

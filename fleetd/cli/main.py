@@ -1,0 +1,140 @@
+"""The `fleetd` command. `serve` runs the daemon; the other commands ask it over the API."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from fleetd.cli import render
+from fleetd.cli.client import ApiClient, ClientError
+from fleetd.config import ConfigError, Settings, config_path_from, load_settings
+from fleetd.host import BootIdError
+from fleetd.logs import configure_logging
+from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
+from fleetd.token import TokenError
+
+# sysexits' EX_CONFIG: the unit file tells systemd not to restart on it, since only an
+# operator can fix a bad config or a database that needs `fleetd db upgrade`.
+EXIT_CONFIG = 78
+
+app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_is_help=True)
+db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="TOML config file (default: $FLEETD_CONFIG, else built-in defaults)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table.")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"fleetd: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def settings_from(config: Path | None) -> tuple[Settings, Path | None]:
+    path = config_path_from(config)
+    try:
+        return load_settings(path), path
+    except ConfigError as exc:
+        fail(str(exc), EXIT_CONFIG)
+
+
+def ask(config: Path | None, path: str, **params: object) -> Any:
+    settings, _ = settings_from(config)
+    try:
+        return ApiClient(settings).get(path, **params)
+    except (ClientError, TokenError) as exc:
+        fail(str(exc))
+
+
+@app.command()
+def serve(config: ConfigOption = None) -> None:
+    """Run the daemon: the store, the boot log, the jobs and the API."""
+    from fleetd.daemon import Daemon, StartupError
+
+    settings, path = settings_from(config)
+    configure_logging(settings.log_level)
+    try:
+        Daemon(settings, config_path=path).run()
+    except (StartupError, SchemaError, BootIdError, TokenError) as exc:
+        logging.getLogger("fleetd").error("%s", exc)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+@app.command()
+def reboots(config: ConfigOption = None, limit: int = 50, json: JsonOption = False) -> None:
+    """The reboot log: when, uptime before, downtime, clean or not."""
+    boots = ask(config, "/api/v1/boots", limit=limit)
+    if json:
+        render.print_json([b for b in boots["items"] if b["reboot"]])
+        return
+    render.console.print(render.reboots_table(boots["items"]))
+
+
+@app.command()
+def uptime(config: ConfigOption = None, json: JsonOption = False) -> None:
+    """Host and daemon uptime, reboots and availability."""
+    document = ask(config, "/api/v1/uptime")
+    if json:
+        render.print_json(document)
+        return
+    render.console.print(render.uptime_table(document))
+
+
+@app.command()
+def events(
+    config: ConfigOption = None,
+    limit: int = 50,
+    kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
+    game: Annotated[str | None, typer.Option(help="Only events of this game.")] = None,
+    json: JsonOption = False,
+) -> None:
+    """The event log, newest first."""
+    document = ask(config, "/api/v1/events", limit=limit, kind=kind, game=game)
+    if json:
+        render.print_json(document["items"])
+        return
+    render.console.print(render.events_table(document["items"]))
+
+
+@db_app.command("status")
+def db_status(config: ConfigOption = None) -> None:
+    """Show the database's schema revision against this fleetd's."""
+    settings, _ = settings_from(config)
+    try:
+        status = inspect_schema(settings.db_path)
+    except SchemaError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    typer.echo(f"{settings.db_path}: {status.state.value} (database {status.current or '-'}, fleetd {status.head})")
+    if status.state not in (SchemaState.CURRENT, SchemaState.EMPTY):
+        raise typer.Exit(EXIT_CONFIG)
+
+
+@db_app.command("upgrade")
+def db_upgrade(config: ConfigOption = None) -> None:
+    """Copy the database aside, then migrate it to this fleetd's schema. Stop the daemon first."""
+    settings, _ = settings_from(config)
+    try:
+        result = upgrade_database(settings.db_path, settings.backups_dir)
+    except SchemaError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    if result.backup is not None:
+        typer.echo(f"backed up {settings.db_path} to {result.backup}")
+    if result.before == result.after:
+        typer.echo(f"{settings.db_path} is already at schema {result.after}")
+    else:
+        typer.echo(f"upgraded {settings.db_path} from schema {result.before or '(new)'} to {result.after}")
+
+
+def main() -> None:
+    app(prog_name="fleetd")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

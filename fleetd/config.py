@@ -1,0 +1,181 @@
+"""The one settings tree: a TOML file (``--config`` or ``FLEETD_CONFIG``) under ``FLEETD_*``
+environment overrides (``FLEETD_API__PORT=9000`` overrides ``[api] port``).
+
+Precedence, highest first: explicit arguments, environment, TOML file, defaults.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "FLEETD_"
+ENV_NESTED = "__"
+DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+class ConfigError(Exception):
+    """An invalid configuration: names the key, the value and the reason."""
+
+    def __init__(self, problems: list[str], source: str) -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(f"invalid configuration ({source}):\n  " + "\n  ".join(problems))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8642, ge=1, le=65535)
+    # Bearer token for /api/v1. Unset: generated on first start into state_dir/api-token.
+    token: SecretStr | None = None
+    # Requests larger than this are refused with 413 before they are parsed.
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+
+    @field_validator("token")
+    @classmethod
+    def _token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return value
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+class HostSettings(_Section):
+    # Reading a different boot id than the last one recorded means the host rebooted.
+    boot_id_path: Path = DEFAULT_BOOT_ID_PATH
+    heartbeat_interval_s: float = Field(5.0, gt=0, le=300)
+
+
+class DatabaseSettings(_Section):
+    # SQLite waits this long for a lock held by another connection before giving up.
+    busy_timeout_ms: int = Field(5000, ge=0)
+
+
+class RetentionSettings(_Section):
+    events_days: float = Field(90, gt=0)
+    samples_days: float = Field(14, gt=0)
+
+
+def _default_state_dir() -> Path:
+    # systemd's StateDirectory= sets $STATE_DIRECTORY (colon-separated when several).
+    from_systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(from_systemd or "/var/lib/fleetd")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid", frozen=True
+    )
+    toml_file: ClassVar[Path | None] = None
+
+    state_dir: Path = Field(default_factory=_default_state_dir)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    api: ApiSettings = ApiSettings()
+    host: HostSettings = HostSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    retention: RetentionSettings = RetentionSettings()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if cls.toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=cls.toml_file))
+        return tuple(sources)
+
+    # Paths below state_dir: one place names them all.
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "fleetd.db"
+
+    @property
+    def token_path(self) -> Path:
+        return self.state_dir / "api-token"
+
+    @property
+    def backups_dir(self) -> Path:
+        return self.state_dir / "backups"
+
+    @property
+    def games_dir(self) -> Path:
+        return self.state_dir / "games"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+
+def config_path_from(explicit: Path | None, environ: dict[str, str] | None = None) -> Path | None:
+    environ = os.environ if environ is None else environ
+    if explicit is not None:
+        return explicit
+    from_env = environ.get(f"{ENV_PREFIX}CONFIG")
+    return Path(from_env) if from_env else None
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings tree, or raise ConfigError naming every bad key."""
+    path = config_path_from(config)
+    source = str(path) if path else "defaults and environment"
+    if path is not None:
+        _check_readable_toml(path)
+    bound = type("Settings", (Settings,), {"toml_file": path})
+    try:
+        return bound(**overrides)
+    except ValidationError as exc:
+        raise ConfigError([_describe(err) for err in exc.errors()], source) from None
+
+
+def _check_readable_toml(path: Path) -> None:
+    try:
+        tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError([f"cannot read config file: {exc.strerror}"], str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"not valid TOML: {exc}"], str(path)) from None
+
+
+def _describe(error: Any) -> str:
+    loc = [str(part) for part in error["loc"]]
+    key = ".".join(loc)
+    env_name = ENV_PREFIX + ENV_NESTED.join(part.upper() for part in loc)
+    reason = error["msg"]
+    if error["type"] == "extra_forbidden":
+        reason = "unknown key (check its spelling and section)"
+    value = error.get("input")
+    if "token" in loc:
+        value = "<hidden>"
+    return f"{key} = {value!r}: {reason} (env {env_name})"

@@ -1,0 +1,46 @@
+"""One error type with a code; the code decides the HTTP status and the CLI's exit."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    BAD_REQUEST = "bad_request"
+    VALIDATION = "validation_error"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"
+    TOO_LARGE = "payload_too_large"
+    BUSY = "database_busy"
+    INTERNAL = "internal_error"
+
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.VALIDATION: 422,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.BUSY: 503,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class FleetdError(Exception):
+    def __init__(self, code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def envelope(self) -> dict[str, Any]:
+        return {"error": {"code": str(self.code), "message": self.message, "details": self.details}}

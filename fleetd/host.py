@@ -1,0 +1,46 @@
+"""What fleetd reads about the host it runs on: the boot id and the kernel's boot time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+
+
+class BootIdError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class HostBoot:
+    boot_id: str
+    booted_at: datetime
+
+
+def read_boot_id(path: Path) -> str:
+    try:
+        value = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BootIdError(f"cannot read the boot id from {path} ([host] boot_id_path): {exc}") from None
+    if not value or len(value) > 64:
+        raise BootIdError(
+            f"{path} ([host] boot_id_path) holds {value!r}: expected a non-empty id of at most 64 characters"
+        )
+    return value
+
+
+def kernel_boot_time() -> datetime:
+    # /proc/stat's btime, as psutil reads it.
+    return datetime.fromtimestamp(psutil.boot_time(), UTC)
+
+
+class HostReader:
+    """The real host: the seam that tests replace to simulate reboots."""
+
+    def __init__(self, boot_id_path: Path) -> None:
+        self.boot_id_path = boot_id_path
+
+    def current_boot(self) -> HostBoot:
+        return HostBoot(read_boot_id(self.boot_id_path), kernel_boot_time())

@@ -1,0 +1,100 @@
+"""Query functions for host boots. They flush, never commit: the caller owns the transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from fleetd.store.models import Boot
+from fleetd.store.records import BootRecord
+
+
+def _record(row: Boot) -> BootRecord:
+    return BootRecord(
+        id=row.id,
+        boot_id=row.boot_id,
+        booted_at=row.booted_at,
+        first_seen_at=row.first_seen_at,
+        last_seen_at=row.last_seen_at,
+        daemon_started_at=row.daemon_started_at,
+        daemon_clean_stop=row.daemon_clean_stop,
+        previous_id=row.previous_id,
+    )
+
+
+def read_latest_boot(session: Session) -> BootRecord | None:
+    row = session.scalars(select(Boot).order_by(Boot.id.desc()).limit(1)).first()
+    return None if row is None else _record(row)
+
+
+def read_boots(session: Session, since: datetime | None = None) -> list[BootRecord]:
+    """Boots in the order they happened. With `since`: those seen after it, and the one
+    before them, so that every reboot inside the window has its previous boot."""
+    query = select(Boot).order_by(Boot.id)
+    if since is not None:
+        seen = select(Boot).where(Boot.last_seen_at >= since).order_by(Boot.id).limit(1)
+        first = session.scalars(seen).first()
+        if first is None:
+            return []
+        query = query.where(Boot.id >= (first.previous_id or first.id))
+    return [_record(row) for row in session.scalars(query)]
+
+
+def read_first_seen(session: Session) -> datetime | None:
+    """When fleetd first ran on this host: the start of everything it observed."""
+    return session.scalar(select(func.min(Boot.first_seen_at)))
+
+
+def read_boot(session: Session, boot_pk: int) -> BootRecord | None:
+    row = session.get(Boot, boot_pk)
+    return None if row is None else _record(row)
+
+
+def create_boot(
+    session: Session, boot_id: str, booted_at: datetime, now: datetime, previous_id: int | None
+) -> BootRecord:
+    row = Boot(
+        boot_id=boot_id,
+        booted_at=booted_at,
+        first_seen_at=now,
+        last_seen_at=now,
+        daemon_started_at=now,
+        daemon_clean_stop=False,
+        previous_id=previous_id,
+    )
+    session.add(row)
+    session.flush()
+    return _record(row)
+
+
+def update_boot_daemon_start(session: Session, boot_pk: int, now: datetime) -> BootRecord:
+    row = session.get_one(Boot, boot_pk)
+    row.daemon_started_at = now
+    row.last_seen_at = max(row.last_seen_at, now)
+    row.daemon_clean_stop = False
+    session.flush()
+    return _record(row)
+
+
+def update_boot_last_seen(session: Session, boot_pk: int, now: datetime) -> None:
+    row = session.get_one(Boot, boot_pk)
+    row.last_seen_at = max(row.last_seen_at, now)
+    session.flush()
+
+
+def update_boot_clean_stop(session: Session, boot_pk: int, now: datetime) -> None:
+    row = session.get_one(Boot, boot_pk)
+    row.last_seen_at = max(row.last_seen_at, now)
+    row.daemon_clean_stop = True
+    session.flush()
+
+
+def read_recent_boots(session: Session, limit: int) -> list[BootRecord]:
+    """The newest `limit` boots and the boots they followed, in the order they happened."""
+    newest = list(session.scalars(select(Boot).order_by(Boot.id.desc()).limit(limit)))
+    have = {row.id for row in newest}
+    wanted = {row.previous_id for row in newest if row.previous_id not in have} - {None}
+    older = list(session.scalars(select(Boot).where(Boot.id.in_(wanted)))) if wanted else []
+    return sorted((_record(row) for row in newest + older), key=lambda boot: boot.id)

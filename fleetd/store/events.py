@@ -1,0 +1,78 @@
+"""Query functions for the event log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from fleetd.store.models import Event
+from fleetd.store.records import EventRecord
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    kind: str | None = None
+    game: str | None = None
+    since: datetime | None = None
+    before_id: int | None = None  # cursor: events older than this id
+    limit: int = 100
+
+
+def _record(row: Event) -> EventRecord:
+    return EventRecord(
+        id=row.id,
+        at=row.at,
+        kind=row.kind,
+        severity=row.severity,
+        game=row.game,
+        message=row.message,
+        details=dict(row.details or {}),
+    )
+
+
+def create_event(
+    session: Session,
+    at: datetime,
+    kind: str,
+    message: str,
+    *,
+    severity: str = "info",
+    game: str | None = None,
+    boot_id: int | None = None,
+    details: dict[str, Any] | None = None,
+) -> EventRecord:
+    row = Event(
+        at=at,
+        kind=kind,
+        severity=severity,
+        game=game,
+        boot_id=boot_id,
+        message=message,
+        details=details or {},
+    )
+    session.add(row)
+    session.flush()
+    return _record(row)
+
+
+def read_events(session: Session, where: EventFilter) -> list[EventRecord]:
+    """Newest first."""
+    query = select(Event).order_by(Event.id.desc()).limit(where.limit)
+    if where.kind is not None:
+        query = query.where(Event.kind == where.kind)
+    if where.game is not None:
+        query = query.where(Event.game == where.game)
+    if where.since is not None:
+        query = query.where(Event.at >= where.since)
+    if where.before_id is not None:
+        query = query.where(Event.id < where.before_id)
+    return [_record(row) for row in session.scalars(query)]
+
+
+def delete_events_before(session: Session, cutoff: datetime) -> int:
+    result = session.execute(delete(Event).where(Event.at < cutoff))
+    return int(result.rowcount or 0)

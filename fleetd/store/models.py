@@ -1,0 +1,182 @@
+"""The ORM: one class per table. Only the store package imports this module.
+
+Any change here needs a migration in migrations/versions; tests/test_schema.py proves the
+migrated database equals these models.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out (SQLite keeps no time zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use an aware UTC datetime")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class Boot(Base):
+    """One boot of the host, as fleetd saw it (identified by the kernel's boot id)."""
+
+    __tablename__ = "boots"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    boot_id: Mapped[str] = mapped_column(String(64), unique=True)
+    booted_at: Mapped[datetime]  # kernel boot time
+    first_seen_at: Mapped[datetime]  # first daemon start in this boot
+    last_seen_at: Mapped[datetime]  # heartbeat: the host was up at least until then
+    daemon_started_at: Mapped[datetime]  # latest daemon start in this boot
+    # True once the daemon stopped cleanly; reset at every daemon start. Read when the
+    # next boot closes this one: False then means a crash, power cut or hard reset.
+    daemon_clean_stop: Mapped[bool] = mapped_column(default=False)
+    previous_id: Mapped[int | None] = mapped_column(ForeignKey("boots.id"))
+
+
+class Game(Base):
+    __tablename__ = "games"
+    __table_args__ = (
+        CheckConstraint("desired IN ('running', 'stopped')", name="desired"),
+        CheckConstraint("algo IN ('ppo', 'dqn', 'a2c')", name="algo"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    env_id: Mapped[str] = mapped_column(String(128))
+    algo: Mapped[str] = mapped_column(String(8))
+    desired: Mapped[str] = mapped_column(String(16), default="running")
+    priority: Mapped[int] = mapped_column(default=0)
+    total_timesteps: Mapped[int | None]
+    target_episodes: Mapped[int | None]
+    checkpoint_interval_s: Mapped[float | None]
+    hyperparams: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The supervisor's view of the worker process, and why it is there.
+    state: Mapped[str] = mapped_column(String(16), default="stopped")
+    state_reason: Mapped[str | None] = mapped_column(Text)
+    state_changed_at: Mapped[datetime]
+    restarts: Mapped[int] = mapped_column(default=0)
+    # Latest progress report; the history lives in samples.
+    steps: Mapped[int] = mapped_column(default=0)
+    episodes: Mapped[int] = mapped_column(default=0)
+    episodes_per_hour: Mapped[float | None]
+    mean_reward_100: Mapped[float | None]
+    best_reward: Mapped[float | None]
+    progress_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Run(Base):
+    """One launch (or adoption) of a worker process for a game."""
+
+    __tablename__ = "runs"
+    __table_args__ = (Index(None, "game_id", "started_at"), Index(None, "boot_id", "ended_at"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    game_id: Mapped[int] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"))
+    boot_id: Mapped[int] = mapped_column(ForeignKey("boots.id"))
+    pid: Mapped[int | None]
+    # Process start time (epoch seconds, as /proc reports it): with the pid and the command
+    # line it tells a recorded worker from an unrelated process that reused its pid.
+    proc_start_time: Mapped[float | None]
+    cmdline: Mapped[list[str]] = mapped_column(JSON, default=list)
+    log_path: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None]
+    exit_signal: Mapped[int | None]
+    cause: Mapped[str | None] = mapped_column(String(32))
+    resumed_from_steps: Mapped[int | None]
+    adoptions: Mapped[int] = mapped_column(default=0)
+
+
+class Checkpoint(Base):
+    """An index of the checkpoints on disk (the manifests are the source of truth)."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("game_id", "path"), Index(None, "game_id", "steps"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    game_id: Mapped[int] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    path: Mapped[str] = mapped_column(Text)
+    steps: Mapped[int]
+    episodes: Mapped[int] = mapped_column(default=0)
+    size_bytes: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime]
+    verified: Mapped[bool] = mapped_column(default=False)
+    problem: Mapped[str | None] = mapped_column(Text)  # why it does not verify
+
+
+class Event(Base):
+    """Everything that happened, in order. Survives the deletion of its game."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        CheckConstraint("severity IN ('info', 'warning', 'error')", name="severity"),
+        Index(None, "at"),
+        Index(None, "kind", "at"),
+        Index(None, "game", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    severity: Mapped[str] = mapped_column(String(8), default="info")
+    game: Mapped[str | None] = mapped_column(String(64))
+    boot_id: Mapped[int | None] = mapped_column(ForeignKey("boots.id"))
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Sample(Base):
+    """A periodic metric: per game (game_id), per GPU (gpu_index) or for the host (neither)."""
+
+    __tablename__ = "samples"
+    __table_args__ = (Index(None, "game_id", "metric", "at"), Index(None, "at"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime]
+    game_id: Mapped[int | None] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"))
+    gpu_index: Mapped[int | None]
+    metric: Mapped[str] = mapped_column(String(48))
+    value: Mapped[float]

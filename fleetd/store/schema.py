@@ -1,0 +1,162 @@
+"""Schema versions: verify at start, upgrade on request after copying the database aside.
+
+Policy (docs/operations.md): a new, empty database is created at the newest schema; a
+database behind this fleetd's schema is never upgraded silently: the daemon refuses to start
+and names the command, `fleetd db upgrade`, which backs the file up and then migrates.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import DatabaseError
+from sqlalchemy.pool import NullPool
+
+import fleetd
+from fleetd.store.engine import sqlite_url
+
+log = logging.getLogger(__name__)
+
+
+class SchemaError(Exception):
+    """The database cannot be used as it is; the message says what to do."""
+
+
+class SchemaState(StrEnum):
+    EMPTY = "empty"  # no tables at all: safe to create
+    CURRENT = "current"
+    BEHIND = "behind"  # an older schema this fleetd knows how to upgrade
+    UNKNOWN = "unknown"  # a revision this fleetd does not know (a newer fleetd wrote it)
+    UNVERSIONED = "unversioned"  # tables but no revision: not fleetd's database
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    state: SchemaState
+    current: str | None
+    head: str
+
+
+def migrations_dir() -> Path:
+    package = Path(fleetd.__file__).parent
+    bundled = package / "_migrations"  # inside an installed wheel
+    return bundled if bundled.is_dir() else package.parent / "migrations"
+
+
+def alembic_config(db_path: Path) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("sqlalchemy.url", sqlite_url(db_path))
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config(Path("unused"))).get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+def inspect_schema(db_path: Path) -> SchemaStatus:
+    """Reads, never writes: a missing file is reported EMPTY, not created."""
+    script = ScriptDirectory.from_config(alembic_config(db_path))
+    head = head_revision()
+    if not db_path.exists():
+        return SchemaStatus(SchemaState.EMPTY, None, head)
+    engine = create_engine(sqlite_url(db_path), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+            tables = set(inspect(conn).get_table_names()) - {"alembic_version"}
+    except DatabaseError as exc:
+        raise SchemaError(
+            f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
+            f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
+            "or start with an empty state_dir."
+        ) from None
+    finally:
+        engine.dispose()
+    return SchemaStatus(_classify(current, tables, head, script), current, head)
+
+
+def _classify(current: str | None, tables: set[str], head: str, script: ScriptDirectory) -> SchemaState:
+    if current is None:
+        return SchemaState.UNVERSIONED if tables else SchemaState.EMPTY
+    if current == head:
+        return SchemaState.CURRENT
+    known = {rev.revision for rev in script.walk_revisions()}
+    return SchemaState.BEHIND if current in known else SchemaState.UNKNOWN
+
+
+def ensure_schema(db_path: Path, upgrade_hint: str) -> SchemaStatus:
+    """At daemon start: create a new database, accept a current one, refuse the rest."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    status = inspect_schema(db_path)
+    if status.state is SchemaState.EMPTY:
+        log.info("creating the database %s at schema %s", db_path, status.head)
+        command.upgrade(alembic_config(db_path), "head")
+        return SchemaStatus(SchemaState.CURRENT, status.head, status.head)
+    if status.state is SchemaState.CURRENT:
+        return status
+    raise SchemaError(_refusal(db_path, status, upgrade_hint))
+
+
+def _refusal(db_path: Path, status: SchemaStatus, upgrade_hint: str) -> str:
+    if status.state is SchemaState.BEHIND:
+        return (
+            f"the database {db_path} is at schema {status.current}, this fleetd needs {status.head}. "
+            f"Stop the daemon and run: {upgrade_hint} (it copies the database aside first)."
+        )
+    if status.state is SchemaState.UNKNOWN:
+        return (
+            f"the database {db_path} is at schema {status.current}, which this fleetd does not know "
+            f"(its newest is {status.head}): it was written by a newer fleetd. Install that version "
+            "again, or restore a backup taken before the upgrade."
+        )
+    return f"{db_path} has tables but no fleetd schema version: it is not a fleetd database."
+
+
+def backup_database(db_path: Path, backups_dir: Path, label: str) -> Path:
+    """A consistent copy through SQLite's backup API (safe while others read)."""
+    backups_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    target = backups_dir / f"fleetd-{label}-{stamp}.db"
+    source = sqlite3.connect(db_path)
+    try:
+        destination = sqlite3.connect(target)
+        with destination:
+            source.backup(destination)
+        destination.close()
+    finally:
+        source.close()
+    return target
+
+
+@dataclass(frozen=True)
+class UpgradeResult:
+    before: str | None
+    after: str
+    backup: Path | None
+
+
+def upgrade_database(db_path: Path, backups_dir: Path) -> UpgradeResult:
+    status = inspect_schema(db_path)
+    if status.state in (SchemaState.UNKNOWN, SchemaState.UNVERSIONED):
+        raise SchemaError(_refusal(db_path, status, "fleetd db upgrade"))
+    if status.state is SchemaState.CURRENT:
+        return UpgradeResult(status.current, status.head, None)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    backup = None
+    if status.state is SchemaState.BEHIND:
+        backup = backup_database(db_path, backups_dir, f"schema-{status.current}")
+    command.upgrade(alembic_config(db_path), "head")
+    return UpgradeResult(status.current, status.head, backup)

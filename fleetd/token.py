@@ -1,0 +1,64 @@
+"""The API bearer token: from config, else generated once into state_dir/api-token (0600)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from fleetd.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class TokenError(Exception):
+    pass
+
+
+def ensure_token(settings: Settings) -> str:
+    """For the daemon: the configured token, or the stored one, created if missing."""
+    if settings.api.token is not None:
+        return settings.api.token.get_secret_value()
+    path = settings.token_path
+    if not path.exists():
+        _create(path)
+        log.info("generated an API token in %s (mode 0600)", path)
+    return _read(path)
+
+
+def find_token(settings: Settings) -> str:
+    """For the CLI: the configured token, or the one the daemon stored."""
+    if settings.api.token is not None:
+        return settings.api.token.get_secret_value()
+    path = settings.token_path
+    if not path.exists():
+        raise TokenError(
+            f"no API token: {path} does not exist. Start the daemon once with this config, "
+            "or set [api] token (FLEETD_API__TOKEN)."
+        )
+    return _read(path)
+
+
+def _create(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(secrets.token_urlsafe(32) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _read(path: Path) -> str:
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            log.warning("%s was readable by others (mode %o); set it to 0600", path, mode)
+            os.chmod(path, 0o600)
+        token = path.read_text(encoding="ascii").strip()
+    except OSError as exc:
+        raise TokenError(f"cannot read the API token {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise TokenError(f"the API token in {path} is shorter than 16 characters; delete the file to regenerate it")
+    return token

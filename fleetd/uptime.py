@@ -1,0 +1,222 @@
+"""The boot and uptime log: what a daemon start means, the heartbeat, and the figures.
+
+A boot is known by the kernel's boot id. At start the daemon compares it with the newest boot
+recorded: the same id is a daemon restart (an event), a new id is a reboot, which closes the
+previous boot. The previous boot's `last_seen_at` (the heartbeat) bounds when the host went
+down; its `daemon_clean_stop` says whether the daemon had stopped in order before that.
+
+Downtime is what fleetd observed: from the previous boot's last heartbeat to the daemon's first
+start in the new boot. That is the time the fleet could not train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from fleetd.host import HostBoot
+from fleetd.store import boots as boot_store
+from fleetd.store.engine import Database
+from fleetd.store.events import create_event
+from fleetd.store.records import BootRecord
+
+DAY = timedelta(days=1)
+WEEK = timedelta(days=7)
+
+
+class StartKind(StrEnum):
+    FIRST = "first_start"  # nothing recorded yet
+    RESTART = "daemon_restart"  # same boot: the daemon restarted, the host did not
+    REBOOT = "reboot"  # a new boot id
+
+
+@dataclass(frozen=True)
+class DaemonStart:
+    kind: StartKind
+    boot: BootRecord
+    previous: BootRecord | None  # the boot that a reboot closed, or this boot before restart
+
+
+@dataclass(frozen=True)
+class Reboot:
+    boot: BootRecord
+    previous: BootRecord
+
+    @property
+    def went_down_after(self) -> datetime:
+        return self.previous.last_seen_at
+
+    @property
+    def back_at(self) -> datetime:
+        return self.boot.first_seen_at
+
+    @property
+    def uptime_before_s(self) -> float:
+        return (self.previous.last_seen_at - self.previous.booted_at).total_seconds()
+
+    @property
+    def downtime_s(self) -> float:
+        return max(0.0, (self.back_at - self.went_down_after).total_seconds())
+
+    @property
+    def clean(self) -> bool:
+        return self.previous.daemon_clean_stop
+
+
+def record_daemon_start(db: Database, host: HostBoot, now: datetime) -> DaemonStart:
+    with db.transaction() as session:
+        latest = boot_store.read_latest_boot(session)
+        if latest is not None and latest.boot_id == host.boot_id:
+            boot = boot_store.update_boot_daemon_start(session, latest.id, now)
+            start = DaemonStart(StartKind.RESTART, boot, latest)
+        else:
+            previous_id = None if latest is None else latest.id
+            boot = boot_store.create_boot(session, host.boot_id, host.booted_at, now, previous_id)
+            start = DaemonStart(StartKind.FIRST if latest is None else StartKind.REBOOT, boot, latest)
+        kind, severity, message, details = describe_start(start)
+        create_event(session, now, kind, message, severity=severity, boot_id=boot.id, details=details)
+    return start
+
+
+def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]]:
+    """The event a daemon start writes: kind, severity, message, details."""
+    if start.kind is StartKind.FIRST:
+        return "first_start", "info", f"fleetd started for the first time on boot {start.boot.boot_id}", {}
+    assert start.previous is not None
+    if start.kind is StartKind.RESTART:
+        clean = start.previous.daemon_clean_stop
+        how = "after a clean stop" if clean else "after it died without stopping (crash or SIGKILL)"
+        return "daemon_restart", "info" if clean else "warning", f"fleetd restarted {how}", {"clean": clean}
+    reboot = Reboot(start.boot, start.previous)
+    how = "clean" if reboot.clean else "unclean"
+    message = (
+        f"host rebooted ({how}): up {format_duration(reboot.uptime_before_s)} before, "
+        f"down {format_duration(reboot.downtime_s)}"
+    )
+    details = {
+        "previous_boot_id": start.previous.boot_id,
+        "uptime_before_s": reboot.uptime_before_s,
+        "downtime_s": reboot.downtime_s,
+        "clean": reboot.clean,
+    }
+    return "reboot", "info" if reboot.clean else "warning", message, details
+
+
+def heartbeat(db: Database, boot_pk: int, now: datetime) -> None:
+    with db.transaction() as session:
+        boot_store.update_boot_last_seen(session, boot_pk, now)
+
+
+def record_daemon_stop(db: Database, boot_pk: int, now: datetime, reason: str) -> None:
+    with db.transaction() as session:
+        boot_store.update_boot_clean_stop(session, boot_pk, now)
+        create_event(session, now, "daemon_stop", f"fleetd stopped: {reason}", boot_id=boot_pk)
+
+
+def reboots_of(boots: list[BootRecord]) -> list[Reboot]:
+    by_id = {boot.id: boot for boot in boots}
+    return [
+        Reboot(boot, by_id[boot.previous_id])
+        for boot in boots
+        if boot.previous_id is not None and boot.previous_id in by_id
+    ]
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    reboots: int
+    downtime_s: float
+    observed_s: float
+
+    @property
+    def availability(self) -> float | None:
+        if self.observed_s <= 0:
+            return None
+        return max(0.0, 1.0 - self.downtime_s / self.observed_s)
+
+
+def window_stats(
+    boots: list[BootRecord], observed_from: datetime, now: datetime, window: timedelta
+) -> WindowStats:
+    """Reboots and downtime inside [now - window, now], over the part fleetd observed
+    (from its first start on this host: `observed_from`)."""
+    start = max(now - window, observed_from)
+    reboots = reboots_of(boots)
+    down = sum(_overlap(r.went_down_after, r.back_at, start, now) for r in reboots)
+    counted = sum(1 for r in reboots if start <= r.back_at <= now)
+    return WindowStats(counted, down, max(0.0, (now - start).total_seconds()))
+
+
+def _overlap(a0: datetime, a1: datetime, b0: datetime, b1: datetime) -> float:
+    return max(0.0, (min(a1, b1) - max(a0, b0)).total_seconds())
+
+
+def mean_time_between_reboots(boots: list[BootRecord]) -> float | None:
+    reboots = reboots_of(boots)
+    if not reboots:
+        return None
+    return sum(r.uptime_before_s for r in reboots) / len(reboots)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+@dataclass(frozen=True)
+class UptimeReport:
+    boot: BootRecord
+    now: datetime
+    daemon_started_at: datetime
+    day: WindowStats
+    week: WindowStats
+    mean_time_between_reboots_s: float | None
+    last_reboot: Reboot | None
+
+    @property
+    def host_uptime_s(self) -> float:
+        return (self.now - self.boot.booted_at).total_seconds()
+
+    @property
+    def daemon_uptime_s(self) -> float:
+        return (self.now - self.daemon_started_at).total_seconds()
+
+
+def uptime_report(db: Database, boot_pk: int, daemon_started_at: datetime, now: datetime) -> UptimeReport:
+    with db.transaction() as session:
+        boot = boot_store.read_boot(session, boot_pk)
+        boots = boot_store.read_boots(session, since=now - WEEK)
+        observed_from = boot_store.read_first_seen(session)
+    assert boot is not None and observed_from is not None, "the daemon's own boot is recorded"
+    reboots = reboots_of(boots)
+    return UptimeReport(
+        boot=boot,
+        now=now,
+        daemon_started_at=daemon_started_at,
+        day=window_stats(boots, observed_from, now, DAY),
+        week=window_stats(boots, observed_from, now, WEEK),
+        mean_time_between_reboots_s=mean_time_between_reboots(boots),
+        last_reboot=reboots[-1] if reboots else None,
+    )
+
+
+def boot_log(db: Database, limit: int) -> list[tuple[BootRecord, Reboot | None]]:
+    """The newest `limit` boots, newest first, each with the reboot that began it (if any)."""
+    with db.transaction() as session:
+        boots = boot_store.read_recent_boots(session, limit)
+    by_id = {boot.id: boot for boot in boots}
+    rows = []
+    for boot in reversed(boots[-limit:]):
+        previous = by_id.get(boot.previous_id) if boot.previous_id is not None else None
+        rows.append((boot, Reboot(boot, previous) if previous else None))
+    return rows

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import Settings, load_settings
+from fleetd.store.engine import Database
+from fleetd.store.schema import ensure_schema
+from tests.fakes import FakeClock, FakeHost
+
+
+@pytest.fixture(autouse=True)
+def _no_fleetd_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own FLEETD_* variables must not leak into tests."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("FLEETD_") or name == "STATE_DIRECTORY":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def boot_id_file(tmp_path: Path) -> Path:
+    path = tmp_path / "boot_id"
+    path.write_text("11111111-1111-1111-1111-111111111111\n")
+    return path
+
+
+@pytest.fixture
+def settings(tmp_path: Path, boot_id_file: Path) -> Settings:
+    return load_settings(state_dir=tmp_path / "state", host={"boot_id_path": boot_id_file})
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    database = Database.open(settings.db_path)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def host(clock: FakeClock) -> FakeHost:
+    return FakeHost(clock)

@@ -1,0 +1,121 @@
+"""Real `fleetd serve` processes for end-to-end tests: started, waited for, signalled by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+STARTUP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class DaemonConfig:
+    root: Path
+    port: int = field(default_factory=free_port)
+    extra: str = ""
+
+    @property
+    def path(self) -> Path:
+        return self.root / "fleetd.toml"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def boot_id_file(self) -> Path:
+        return self.root / "boot_id"
+
+    def write(self) -> Path:
+        self.path.write_text(
+            f'state_dir = "{self.state_dir}"\n'
+            "[api]\n"
+            f"port = {self.port}\n"
+            "[host]\n"
+            f'boot_id_path = "{self.boot_id_file}"\n'
+            "heartbeat_interval_s = 0.5\n" + self.extra
+        )
+        return self.path
+
+    def set_boot_id(self, boot_id: str) -> None:
+        self.boot_id_file.write_text(boot_id + "\n")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def token(self) -> str:
+        return (self.state_dir / "api-token").read_text().strip()
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETD_") and k != "STATE_DIRECTORY"}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def fleetd_cli(config: DaemonConfig, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fleetd", *args, "--config", str(config.path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=clean_env())
+
+
+class Daemon:
+    """One `fleetd serve` process; only this pid is ever signalled."""
+
+    def __init__(self, config: DaemonConfig, log_name: str = "daemon.log") -> None:
+        self.config = config
+        self.log_path = config.root / log_name
+        command = [sys.executable, "-m", "fleetd", "serve", "--config", str(config.path)]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=clean_env())
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.config.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"daemon not healthy after {timeout}s:\n{self.log()}")
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def ensure_stopped(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def get(self, path: str, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token or self.config.token()}"}
+        return httpx.get(self.config.url + path, headers=headers, timeout=10)

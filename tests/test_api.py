@@ -1,0 +1,129 @@
+"""The API through the FastAPI app: auth, the one error body, and the boot/event routes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.config import Settings
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.store.engine import Database
+from fleetd.uptime import heartbeat, record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+
+TOKEN = "t" * 32
+
+
+@pytest.fixture
+def client(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Iterator[TestClient]:
+    first = record_daemon_start(db, host.current_boot(), clock.now())
+    clock.advance(3600)
+    heartbeat(db, first.boot.id, clock.now())
+    host.reboot(down_s=300)
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    clock.advance(60)
+    context = AppContext(settings, db, clock, TOKEN, DaemonInfo(start.boot.id, start.boot.daemon_started_at))
+    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def assert_envelope(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code
+    return body["error"]
+
+
+def test_healthz_is_open(client: TestClient) -> None:
+    response = client.get("/healthz", headers={"Authorization": ""})
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong-token-wrong-token", "Basic abc", "Bearer"])
+def test_api_needs_the_token(client: TestClient, header: str | None) -> None:
+    headers = {"Authorization": header} if header else {}
+    if header is None:
+        client.headers.pop("Authorization")
+    response = client.get("/api/v1/uptime", headers=headers)
+    error = assert_envelope(response, 401, "unauthorized")
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert TOKEN not in error["message"]
+
+
+def test_uptime(client: TestClient) -> None:
+    body = client.get("/api/v1/uptime").json()
+    assert body["boot_id"] == "boot-1"
+    assert body["reboots_24h"] == body["reboots_7d"] == 1
+    assert body["host_uptime_s"] == body["daemon_uptime_s"] == 60
+    assert body["availability_24h"] == pytest.approx(1 - 300 / (3600 + 300 + 60))
+    assert body["mean_time_between_reboots_s"] == 3600
+    assert body["last_reboot"]["downtime_s"] == 300
+
+
+def test_boots_newest_first_with_their_reboot(client: TestClient) -> None:
+    items = client.get("/api/v1/boots").json()["items"]
+    assert [(b["boot_id"], b["current"]) for b in items] == [("boot-1", True), ("boot-0", False)]
+    assert items[0]["reboot"]["uptime_before_s"] == 3600
+    assert items[0]["reboot"]["clean"] is False
+    assert items[1]["reboot"] is None
+
+
+def test_events_filter_and_paging(client: TestClient) -> None:
+    all_events = client.get("/api/v1/events").json()
+    assert [e["kind"] for e in all_events["items"]] == ["reboot", "first_start"]
+    assert all_events["next_before"] is None
+    page = client.get("/api/v1/events", params={"limit": 1}).json()
+    assert [e["kind"] for e in page["items"]] == ["reboot"]
+    older = client.get("/api/v1/events", params={"limit": 1, "before": page["next_before"]}).json()
+    assert [e["kind"] for e in older["items"]] == ["first_start"]
+    assert [e["kind"] for e in client.get("/api/v1/events", params={"kind": "reboot"}).json()["items"]] == ["reboot"]
+
+
+def test_validation_error_names_the_field(client: TestClient) -> None:
+    error = assert_envelope(client.get("/api/v1/events", params={"limit": "lots"}), 422, "validation_error")
+    assert error["details"]["errors"][0]["field"] == "query.limit"
+    assert "query.limit" in error["message"]
+
+
+def test_unknown_route_and_method(client: TestClient) -> None:
+    assert_envelope(client.get("/api/v1/nothing-here"), 404, "not_found")
+    assert_envelope(client.delete("/api/v1/uptime"), 405, "method_not_allowed")
+
+
+def test_oversized_body_is_refused(client: TestClient, settings: Settings) -> None:
+    too_big = b"x" * (settings.api.max_body_bytes + 1)
+    assert_envelope(client.post("/api/v1/events", content=too_big), 413, "payload_too_large")
+
+
+def test_busy_database_is_503_and_crash_is_500(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fleetd.api.routes.events as events_route
+
+    def busy(*_args, **_kwargs):
+        raise FleetdError(ErrorCode.BUSY, "the database is busy; retry shortly")
+
+    monkeypatch.setattr(events_route, "read_events", busy)
+    response = client.get("/api/v1/events")
+    assert_envelope(response, 503, "database_busy")
+    assert response.headers["Retry-After"] == "1"
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(events_route, "read_events", broken)
+    error = assert_envelope(client.get("/api/v1/events"), 500, "internal_error")
+    assert "secret internals" not in error["message"]
+
+
+def test_openapi_documents_bearer_auth_and_the_error_body(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]
+    uptime = schema["paths"]["/api/v1/uptime"]["get"]
+    assert uptime["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert client.get("/docs").status_code == 200

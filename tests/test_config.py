@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import ConfigError, load_settings
+from fleetd.daemon import StartupError, check_listen_policy
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fleetd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_match_the_interface_contract() -> None:
+    settings = load_settings()
+    assert (settings.api.host, settings.api.port) == ("127.0.0.1", 8642)
+    assert settings.host.boot_id_path == Path("/proc/sys/kernel/random/boot_id")
+    assert settings.state_dir == Path("/var/lib/fleetd")
+    assert settings.db_path == Path("/var/lib/fleetd/fleetd.db")
+
+
+def test_state_dir_follows_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", "/var/lib/fleetd-a:/var/lib/other")
+    assert load_settings().state_dir == Path("/var/lib/fleetd-a")
+
+
+def test_toml_file_then_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, 'state_dir = "/srv/fleet"\nlog_level = "debug"\n[api]\nport = 9000\nhost = "127.0.0.2"\n')
+    monkeypatch.setenv("FLEETD_API__PORT", "9100")
+    settings = load_settings(path)
+    assert settings.state_dir == Path("/srv/fleet")
+    assert settings.log_level == "DEBUG"
+    assert (settings.api.host, settings.api.port) == ("127.0.0.2", 9100)
+
+
+def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETD_CONFIG", str(write(tmp_path, "[host]\nheartbeat_interval_s = 2\n")))
+    assert load_settings().host.heartbeat_interval_s == 2
+
+
+def test_bad_value_names_key_value_and_reason(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, '[api]\nport = "eighty"\n'))
+    message = str(caught.value)
+    assert "api.port = 'eighty'" in message
+    assert "valid integer" in message
+    assert "FLEETD_API__PORT" in message
+
+
+def test_out_of_range_and_unknown_keys_are_all_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "colour = 1\n[api]\nport = 70000\n"))
+    problems = caught.value.problems
+    assert any(p.startswith("api.port = 70000") and "less than or equal to 65535" in p for p in problems)
+    assert any(p.startswith("colour = 1") and "unknown key" in p for p in problems)
+
+
+def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETD_HOST__HEARTBEAT_INTERVAL_S", "-3")
+    with pytest.raises(ConfigError, match=r"host.heartbeat_interval_s = '-3': Input should be greater than 0"):
+        load_settings()
+
+
+def test_unreadable_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(write(tmp_path, "[api\n"))
+
+
+def test_token_value_never_echoed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, '[api]\ntoken = "short-secret"\n'))
+    assert "short-secret" not in str(caught.value)
+    assert "at least 16 characters" in str(caught.value)
+
+
+def test_non_loopback_needs_a_configured_token() -> None:
+    with pytest.raises(StartupError, match="not a loopback address"):
+        check_listen_policy(load_settings(api={"host": "0.0.0.0"}))
+    check_listen_policy(load_settings(api={"host": "0.0.0.0", "token": "x" * 32}))
+    check_listen_policy(load_settings(api={"host": "::1"}))
+    check_listen_policy(load_settings(api={"host": "localhost"}))

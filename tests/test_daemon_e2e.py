@@ -1,0 +1,137 @@
+"""Real daemon processes: the boot log across clean stops, SIGKILL and simulated reboots."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.daemon_harness import Daemon, DaemonConfig, fleetd_cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> DaemonConfig:
+    config = DaemonConfig(tmp_path)
+    config.write()
+    config.set_boot_id("boot-aaaa")
+    return config
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.ensure_stopped()
+
+
+def start(config: DaemonConfig, daemons: list[Daemon]) -> Daemon:
+    daemon = Daemon(config)
+    daemons.append(daemon)
+    daemon.wait_healthy()
+    return daemon
+
+
+def test_reboots_are_logged_with_uptime_downtime_and_cleanliness(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    first = start(config, daemons)
+    time.sleep(1.2)  # a couple of heartbeats
+    assert first.terminate() == 0
+
+    config.set_boot_id("boot-bbbb")  # the host "rebooted" after a clean stop
+    second = start(config, daemons)
+    time.sleep(1.2)
+    second.kill()  # power cut: no clean stop
+
+    config.set_boot_id("boot-cccc")
+    third = start(config, daemons)
+
+    listed = fleetd_cli(config, "reboots", "--json")
+    assert listed.returncode == 0, listed.stderr
+    reboots = json.loads(listed.stdout)
+    assert [b["boot_id"] for b in reboots] == ["boot-cccc", "boot-bbbb"]
+    assert [b["reboot"]["previous_boot_id"] for b in reboots] == ["boot-bbbb", "boot-aaaa"]
+    assert [b["reboot"]["clean"] for b in reboots] == [False, True]
+    for boot in reboots:
+        assert boot["reboot"]["uptime_before_s"] > 0
+        assert boot["reboot"]["downtime_s"] > 0
+
+    table = fleetd_cli(config, "reboots")
+    assert table.returncode == 0 and "unclean" in table.stdout and "clean" in table.stdout
+
+    uptime = third.get("/api/v1/uptime").json()
+    assert uptime["boot_id"] == "boot-cccc" and uptime["reboots_24h"] == 2
+
+    kinds = [e["kind"] for e in third.get("/api/v1/events").json()["items"]]
+    assert kinds == ["reboot", "reboot", "daemon_stop", "first_start"]
+    assert third.terminate() == 0
+
+
+def test_daemon_restart_on_the_same_boot_is_not_a_reboot(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    start(config, daemons).kill()
+    daemon = start(config, daemons)
+    assert fleetd_cli(config, "reboots", "--json").stdout.strip() == "[]"
+    [restart] = [e for e in daemon.get("/api/v1/events").json()["items"] if e["kind"] == "daemon_restart"]
+    assert restart["details"] == {"clean": False}
+    events = fleetd_cli(config, "events")
+    assert events.returncode == 0 and "daemon_restart" in events.stdout
+
+
+def test_token_file_and_401_over_real_http(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    daemon = start(config, daemons)
+    token_path = config.state_dir / "api-token"
+    assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+    response = httpx.get(config.url + "/api/v1/boots", timeout=5)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+    assert daemon.get("/api/v1/boots").status_code == 200
+    assert config.token() not in daemon.log()
+
+
+def test_second_daemon_on_the_same_port_fails_clearly(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    start(config, daemons)
+    rival = Daemon(config, log_name="rival.log")
+    daemons.append(rival)
+    assert rival.process.wait(30) == 78
+    assert f"cannot listen on 127.0.0.1:{config.port}" in rival.log()
+
+
+def test_invalid_config_fails_at_start_naming_the_key(config: DaemonConfig) -> None:
+    config.path.write_text(config.path.read_text().replace(f"port = {config.port}", 'port = "http"'))
+    result = fleetd_cli(config, "serve", timeout=30)
+    assert result.returncode == 78
+    assert "api.port = 'http'" in result.stderr and "valid integer" in result.stderr
+
+
+def test_listening_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
+    config = DaemonConfig(tmp_path, extra="")
+    config.write()
+    config.path.write_text(config.path.read_text().replace("[api]\n", '[api]\nhost = "0.0.0.0"\n'))
+    config.set_boot_id("boot-aaaa")
+    result = fleetd_cli(config, "serve", timeout=30)
+    assert result.returncode == 78 and "not a loopback address" in result.stderr
+
+
+def test_cli_without_a_daemon_says_so(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    start(config, daemons).terminate()
+    result = fleetd_cli(config, "uptime")
+    assert result.returncode == 1
+    assert f"fleetd is not answering on {config.url}" in result.stderr
+
+
+def test_db_commands(config: DaemonConfig) -> None:
+    upgraded = fleetd_cli(config, "db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "upgraded" in upgraded.stdout and "from schema (new)" in upgraded.stdout
+    again = fleetd_cli(config, "db", "upgrade")
+    assert "already at schema" in again.stdout
+    status = fleetd_cli(config, "db", "status")
+    assert status.returncode == 0 and ": current" in status.stdout
+    assert os.path.exists(config.state_dir / "fleetd.db")

@@ -1,0 +1,208 @@
+"""Schema discipline: one head, migrations equal the ORM, down and up again keep data."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect
+
+from fleetd.store.models import Base
+from fleetd.store.schema import (
+    SchemaError,
+    SchemaState,
+    alembic_config,
+    ensure_schema,
+    inspect_schema,
+    migrations_dir,
+    upgrade_database,
+)
+
+
+def script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config(Path("unused")))
+
+
+def revisions_oldest_first() -> list[str]:
+    return [rev.revision for rev in reversed(list(script().walk_revisions()))]
+
+
+def differences(db_path: Path) -> list:
+    engine = create_engine(f"sqlite:///{db_path}")
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    engine.dispose()
+    return diff
+
+
+def test_single_head_and_ordered_ids() -> None:
+    assert len(script().get_heads()) == 1
+    revisions = revisions_oldest_first()
+    assert revisions == [f"{n:04d}" for n in range(1, len(revisions) + 1)]
+    assert (migrations_dir() / "versions" / "0001_initial.py").is_file()
+
+
+def test_migrations_never_import_fleetd() -> None:
+    for path in migrations_dir().rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(name.split(".")[0] == "fleetd" for name in names), path
+
+
+def test_upgraded_database_equals_the_models(tmp_path: Path) -> None:
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), "head")
+    assert differences(db_path) == []
+
+
+def test_down_to_base_and_up_again(tmp_path: Path) -> None:
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "head")
+    command.downgrade(config, "base")
+    engine = create_engine(f"sqlite:///{db_path}")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    engine.dispose()
+    command.upgrade(config, "head")
+    assert differences(db_path) == []
+
+
+def _insert_boot(db_path: Path) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO boots (boot_id, booted_at, first_seen_at, last_seen_at, daemon_started_at,"
+            " daemon_clean_stop) VALUES ('b1', '2026-01-01 00:00:00', '2026-01-01 00:00:01',"
+            " '2026-01-01 01:00:00', '2026-01-01 00:00:01', 1)"
+        )
+
+
+@pytest.mark.parametrize("revision", revisions_oldest_first()[1:] or [None])
+def test_each_step_down_and_up_keeps_data(tmp_path: Path, revision: str | None) -> None:
+    """Rows written at the revision below survive that revision's downgrade and upgrade."""
+    if revision is None:
+        pytest.skip("one revision so far: its downgrade is the drop to base, tested above")
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    below = script().get_revision(revision).down_revision
+    command.upgrade(config, below)
+    _insert_boot(db_path)
+    command.upgrade(config, revision)
+    command.downgrade(config, below)
+    command.upgrade(config, "head")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT boot_id FROM boots").fetchall() == [("b1",)]
+
+
+def test_new_database_is_created_at_head(tmp_path: Path) -> None:
+    db_path = tmp_path / "state" / "fleetd.db"
+    status = ensure_schema(db_path, "fleetd db upgrade")
+    assert status.state is SchemaState.CURRENT
+    assert inspect_schema(db_path).state is SchemaState.CURRENT
+
+
+SECOND_REVISION = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{rev}"
+down_revision = "{down}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    with op.batch_alter_table("boots") as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+
+
+def downgrade():
+    with op.batch_alter_table("boots") as batch:
+        batch.drop_column("note")
+"""
+
+
+@pytest.fixture
+def newer_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This fleetd's migrations plus one more revision: as if fleetd had just been upgraded."""
+    import fleetd.store.schema as schema
+
+    copy = tmp_path / "migrations"
+    shutil.copytree(migrations_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    head = revisions_oldest_first()[-1]
+    newer = f"{int(head) + 1:04d}"
+    (copy / "versions" / f"{newer}_note.py").write_text(SECOND_REVISION.format(rev=newer, down=head))
+    monkeypatch.setattr(schema, "migrations_dir", lambda: copy)
+    return head
+
+
+def test_database_behind_is_refused_with_the_command(tmp_path: Path, newer_migrations: str) -> None:
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), newer_migrations)
+    with pytest.raises(SchemaError, match=r"Stop the daemon and run: fleetd db upgrade --config x.toml"):
+        ensure_schema(db_path, "fleetd db upgrade --config x.toml")
+    assert inspect_schema(db_path).state is SchemaState.BEHIND
+
+
+def test_unknown_revision_is_refused(tmp_path: Path) -> None:
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), "head")
+    with sqlite3.connect(db_path) as conn:  # as a newer fleetd would leave it
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    with pytest.raises(SchemaError, match="written by a newer fleetd"):
+        ensure_schema(db_path, "fleetd db upgrade")
+
+
+def test_upgrade_copies_the_database_aside_first(tmp_path: Path, newer_migrations: str) -> None:
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), newer_migrations)
+    _insert_boot(db_path)
+    result = upgrade_database(db_path, tmp_path / "backups")
+    assert result.before == newer_migrations and result.after != newer_migrations
+    assert result.backup is not None and result.backup.parent == tmp_path / "backups"
+    with sqlite3.connect(result.backup) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(newer_migrations,)]
+        assert conn.execute("SELECT boot_id FROM boots").fetchall() == [("b1",)]
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT boot_id, note FROM boots").fetchall() == [("b1", None)]
+    assert inspect_schema(db_path).state is SchemaState.CURRENT
+    assert upgrade_database(db_path, tmp_path / "backups").backup is None  # current: nothing to do
+
+
+def test_step_down_and_up_keeps_data(tmp_path: Path, newer_migrations: str) -> None:
+    """The generic step test, run on the fixture's revision while fleetd has only one."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, newer_migrations)
+    _insert_boot(db_path)
+    command.upgrade(config, "head")
+    command.downgrade(config, newer_migrations)
+    command.upgrade(config, "head")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT boot_id FROM boots").fetchall() == [("b1",)]
+
+
+def test_foreign_tables_are_refused(tmp_path: Path) -> None:
+    db_path = tmp_path / "fleetd.db"
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("CREATE TABLE things (id INTEGER)")
+    with pytest.raises(SchemaError, match="not a fleetd database"):
+        ensure_schema(db_path, "fleetd db upgrade")
+
+
+def test_corrupt_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    db_path = tmp_path / "fleetd.db"
+    garbage = b"this is not a database" * 300
+    db_path.write_bytes(garbage)
+    with pytest.raises(SchemaError, match="cannot read the database .* fleetd changed nothing"):
+        ensure_schema(db_path, "fleetd db upgrade")
+    assert db_path.read_bytes() == garbage

@@ -1,0 +1,149 @@
+"""The boot log with a fake clock and a fake host: daemon restarts, reboots, figures."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from fleetd.jobs import heartbeat_job, retention_job
+from fleetd.config import RetentionSettings
+from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.uptime import (
+    StartKind,
+    boot_log,
+    format_duration,
+    record_daemon_start,
+    record_daemon_stop,
+    uptime_report,
+)
+from tests.fakes import FakeClock, FakeHost
+
+
+def start(db: Database, host: FakeHost, clock: FakeClock):
+    return record_daemon_start(db, host.current_boot(), clock.now())
+
+
+def events(db: Database, kind: str | None = None):
+    with db.transaction() as session:
+        return read_events(session, EventFilter(kind=kind))
+
+
+def test_first_start_records_the_boot(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    clock.advance(30)  # the daemon starts 30 s after the kernel booted
+    first = start(db, host, clock)
+    assert first.kind is StartKind.FIRST
+    assert first.boot.booted_at == host.booted_at
+    assert [e.kind for e in events(db)] == ["first_start"]
+
+
+def test_daemon_restart_on_same_boot_is_an_event_not_a_reboot(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    first = start(db, host, clock)
+    clock.advance(600)
+    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGTERM")
+    clock.advance(5)
+    clean = start(db, host, clock)
+    clock.advance(60)  # this time the daemon dies without stopping
+    again = start(db, host, clock)
+    assert (clean.kind, again.kind) == (StartKind.RESTART, StartKind.RESTART)
+    assert clean.boot.id == again.boot.id == first.boot.id
+    restarts = events(db, "daemon_restart")
+    assert [e.details["clean"] for e in restarts] == [False, True]  # newest first
+    assert [reboot for _, reboot in boot_log(db, 10)] == [None]  # one boot, no reboot
+
+
+def test_reboot_closes_the_previous_boot(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    clock.advance(20)
+    first = start(db, host, clock)
+    clock.advance(1000)
+    heartbeat_job(db, clock, first.boot.id)  # last sign of life: 1020 s after boot
+    clock.advance(3)  # the host dies 3 s after the heartbeat, mid-interval
+    host.reboot(down_s=170)
+    clock.advance(7)  # the daemon is back 7 s after the kernel
+    second = start(db, host, clock)
+
+    assert second.kind is StartKind.REBOOT
+    [(boot, reboot), (old, none)] = boot_log(db, 10)
+    assert (boot.boot_id, old.boot_id, none) == ("boot-1", "boot-0", None)
+    assert reboot is not None
+    assert reboot.uptime_before_s == 1020
+    assert reboot.downtime_s == 3 + 170 + 7
+    assert reboot.clean is False
+    [event] = events(db, "reboot")
+    assert event.severity == "warning"
+    assert event.details == {"previous_boot_id": "boot-0", "uptime_before_s": 1020.0, "downtime_s": 180.0, "clean": False}
+
+
+def test_clean_shutdown_before_reboot_is_recorded_as_clean(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    first = start(db, host, clock)
+    clock.advance(100)
+    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGTERM")
+    host.reboot(down_s=60)
+    start(db, host, clock)
+    [(_, reboot), _] = boot_log(db, 10)
+    assert reboot is not None and reboot.clean is True and reboot.downtime_s == 60
+
+
+def test_uptime_report_figures(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    """Three boots: up 1 h, down 10 min, up 2 h, down 20 min, then up 30 min now."""
+    boot = start(db, host, clock).boot
+    clock.advance(3600)
+    heartbeat_job(db, clock, boot.id)
+    host.reboot(down_s=600)
+    boot = start(db, host, clock).boot
+    clock.advance(7200)
+    heartbeat_job(db, clock, boot.id)
+    host.reboot(down_s=1200)
+    current = start(db, host, clock)
+    clock.advance(1800)
+
+    report = uptime_report(db, current.boot.id, current.boot.daemon_started_at, clock.now())
+    observed = 3600 + 600 + 7200 + 1200 + 1800
+    assert report.day.observed_s == observed
+    assert report.day.downtime_s == 1800
+    assert report.day.reboots == report.week.reboots == 2
+    assert report.day.availability == pytest.approx(1 - 1800 / observed)
+    assert report.mean_time_between_reboots_s == (3600 + 7200) / 2
+    assert report.host_uptime_s == report.daemon_uptime_s == 1800
+    assert report.last_reboot is not None and report.last_reboot.downtime_s == 1200
+
+
+def test_day_window_counts_only_its_part(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    boot = start(db, host, clock).boot
+    clock.advance(3600)
+    heartbeat_job(db, clock, boot.id)
+    host.reboot(down_s=3600)  # one hour down, 2 days ago
+    current = start(db, host, clock)
+    clock.advance(2 * 86400)
+    report = uptime_report(db, current.boot.id, current.boot.daemon_started_at, clock.now())
+    assert (report.day.reboots, report.day.downtime_s, report.day.availability) == (0, 0, 1.0)
+    assert report.day.observed_s == 86400
+    assert report.week.reboots == 1
+    assert report.week.availability == pytest.approx(1 - 3600 / (2 * 86400 + 7200))
+
+
+def test_heartbeat_never_moves_last_seen_back(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    boot = start(db, host, clock).boot
+    clock.advance(100)
+    heartbeat_job(db, clock, boot.id)
+    clock.wall -= timedelta(seconds=50)  # wall clock stepped back (NTP)
+    heartbeat_job(db, clock, boot.id)
+    [(latest, _)] = boot_log(db, 1)
+    assert latest.last_seen_at - latest.first_seen_at == timedelta(seconds=100)
+
+
+def test_retention_deletes_old_events_only(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    start(db, host, clock)
+    with db.transaction() as session:
+        create_event(session, clock.now() - timedelta(days=100), "old", "long ago")
+    deleted, _ = retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14))
+    assert deleted == 1
+    assert [e.kind for e in events(db)] == ["first_start"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0, "0s"), (59.6, "1m 0s"), (3599, "59m 59s"), (3600, "1h 0m"), (90061, "1d 1h")]
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
