@@ -1,0 +1,86 @@
+"""The worker as the supervisor sees it: a real process, signals, datagrams, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from workers import checkpoint
+from workers.counters import Counters
+from workers.protocol import (EXIT_BAD_SPEC, EXIT_STOPPED, ProgressReport, ProgressSender,
+                              ResumedReport)
+from workers.reporting import Reporter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _launch(spec_path: Path, log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log_path, "wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "workers", "--spec", str(spec_path)],
+                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _reap(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # only the pid this test started
+            proc.wait(timeout=10)
+
+
+def test_sigterm_leaves_final_checkpoint_and_exits_0(make_spec, write_spec, inbox, tmp_path):
+    spec = make_spec(total_timesteps=None, checkpoint_interval_steps=None,
+                     progress_socket=str(inbox.path), progress_interval_s=0.2)
+    proc = _launch(write_spec(spec.to_dict()), tmp_path / "worker.log")
+    try:
+        resumed = inbox.wait_for(lambda r: isinstance(r, ResumedReport), timeout=90)
+        assert resumed.pid == proc.pid and resumed.from_ is None
+        seen = inbox.wait_for(lambda r: isinstance(r, ProgressReport) and r.steps > 0, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code = _reap(proc, timeout=30)
+    log = (tmp_path / "worker.log").read_text()
+    assert code == EXIT_STOPPED, log
+    final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert checkpoint.verify(final.path) == (True, "ok")
+    assert final.steps >= seen.steps
+    assert "stopped on signal" in log
+
+
+def test_bad_spec_process_exits_78_naming_the_field(make_spec, write_spec, tmp_path):
+    data = make_spec().to_dict()
+    data["keep_checkpoints"] = "three"
+    proc = _launch(write_spec(data), tmp_path / "worker.log")
+    assert _reap(proc, timeout=60) == EXIT_BAD_SPEC
+    assert "keep_checkpoints" in (tmp_path / "worker.log").read_text()
+
+
+def test_hyperparameter_the_algorithm_lacks_exits_78(make_spec, write_spec, tmp_path):
+    data = make_spec().to_dict()
+    data["hyperparams"] = {**data["hyperparams"], "buffer_size": 1000}  # a DQN knob for PPO
+    proc = _launch(write_spec(data), tmp_path / "worker.log")
+    assert _reap(proc, timeout=90) == EXIT_BAD_SPEC
+    assert "hyperparams.buffer_size" in (tmp_path / "worker.log").read_text()
+
+
+def test_reports_keep_coming_while_training_loop_is_blocked(inbox):
+    """The timer thread reports the last known counters, e.g. during a long gradient update."""
+    counters = Counters(steps=1000)
+    counters.record_episode(4.0, 100)
+    reporter = Reporter(ProgressSender(str(inbox.path)), "pong", 7, counters, interval_s=0.05)
+    reporter.start()  # and this thread does nothing more: the "training loop" is stuck
+    try:
+        first = inbox.wait_for(lambda r: isinstance(r, ProgressReport), timeout=10)
+        second = inbox.wait_for(lambda r: isinstance(r, ProgressReport), timeout=10)
+    finally:
+        reporter.stop()
+    assert first.steps == second.steps == 1000
+    assert second.at >= first.at and second.mean_reward_100 == 4.0 and second.best_reward == 4.0
+    assert json.loads(json.dumps(second.steps_per_s)) == 0.0

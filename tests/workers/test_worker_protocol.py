@@ -1,0 +1,139 @@
+"""The run spec, report encoding and the progress sender (docs/worker-protocol.md 1-2, 4)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+
+import pytest
+
+from workers.__main__ import main
+from workers.protocol import (EXIT_BAD_SPEC, CheckpointRef, CheckpointReport, CheckpointSummary,
+                              ProgressReport, ProgressSender, ReportError, ResumedReport, RunSpec,
+                              SkippedCheckpoint, SpecError, decode_report, encode_report)
+
+
+def test_valid_spec_parses_into_frozen_dataclass(make_spec):
+    spec = make_spec()
+    assert spec.algo == "ppo" and spec.hyperparams["num_envs"] == 2
+    assert spec.device == "auto" and spec.allow_fresh_start is False
+    with pytest.raises(AttributeError):
+        spec.algo = "dqn"  # type: ignore[misc]
+    assert RunSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("surprise", 1, "unknown field"),
+    ("run_id", "7", "expected an integer"),
+    ("run_id", True, "expected an integer"),
+    ("total_timesteps", 0, ">= 1"),
+    ("algo", "sac", "must be one of"),
+    ("device", "tpu", "must be one of"),
+    ("checkpoint_interval_s", -1, "> 0"),
+    ("allow_fresh_start", "yes", "true or false"),
+    ("version", 2, "protocol 1"),
+    ("game", "Pong Game", "slug"),
+    ("hyperparams", [], "expected an object"),
+])
+def test_bad_field_is_named_with_reason(tmp_path, make_spec, field, value, reason):
+    with pytest.raises(SpecError) as err:
+        make_spec(**{field: value})
+    assert err.value.field == field
+    assert reason in err.value.reason
+
+
+@pytest.mark.parametrize(("hyperparams", "field"), [
+    ({"learing_rate": 0.1}, "hyperparams.learing_rate"),
+    ({"num_envs": 0}, "hyperparams.num_envs"),
+    ({"learning_rate": "fast"}, "hyperparams.learning_rate"),
+    ({"policy_kwargs": {"activation_fn": "swish"}}, "hyperparams.policy_kwargs.activation_fn"),
+])
+def test_bad_hyperparameter_is_named(make_spec, hyperparams, field):
+    with pytest.raises(SpecError) as err:
+        make_spec(hyperparams=hyperparams)
+    assert err.value.field == field
+
+
+def test_missing_required_field_is_named(tmp_path):
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict({"version": 1, "game": "pong"})
+    assert err.value.field == "run_id" and "missing" in err.value.reason
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    ({"tier_defaults": {"num_envs": 8, "gpus": 1}}, "tier_defaults.gpus"),
+    ({"seed": -1}, "'seed'"),
+])
+def test_main_returns_bad_spec_exit_code(make_spec, write_spec, caplog, content, needle):
+    data = make_spec().to_dict()
+    data.update(content)
+    path = write_spec(data)
+    with caplog.at_level(logging.ERROR):
+        assert main(["--spec", str(path)]) == EXIT_BAD_SPEC
+    assert needle in caplog.text
+
+
+def test_main_unreadable_or_invalid_json_is_bad_spec(tmp_path, caplog):
+    assert main(["--spec", str(tmp_path / "absent.json")]) == EXIT_BAD_SPEC
+    (tmp_path / "broken.json").write_text("{not json")
+    assert main(["--spec", str(tmp_path / "broken.json")]) == EXIT_BAD_SPEC
+
+
+def _reports():
+    header = {"game": "pong", "run_id": 7, "pid": 42, "at": 1767200000.0}
+    summary = CheckpointSummary("/c/ckpt-000000000128", 128, 3, 1767199990.0, 1234)
+    return [
+        ProgressReport(**header, steps=128, episodes=3, steps_per_s=10.5, episodes_per_hour=3.0,
+                       mean_reward_100=1.5, best_reward=2.0,
+                       last_checkpoint=CheckpointRef("/c/ckpt-000000000128", 128, 1767199990.0)),
+        ProgressReport(**header, steps=0, episodes=0, steps_per_s=0.0, episodes_per_hour=0.0,
+                       mean_reward_100=None, best_reward=None, last_checkpoint=None),
+        CheckpointReport(**header, checkpoint=summary),
+        ResumedReport(**header, from_="/c/ckpt-000000000128",
+                      skipped=(SkippedCheckpoint("/c/ckpt-000000000256", "truncated"),), steps=128),
+    ]
+
+
+@pytest.mark.parametrize("report", _reports(), ids=lambda r: r.type)
+def test_reports_round_trip(report):
+    data = encode_report(report)
+    assert json.loads(data)["v"] == 1
+    assert decode_report(data) == report
+
+
+def test_resumed_report_uses_from_key_on_the_wire():
+    wire = json.loads(encode_report(_reports()[3]))
+    assert wire["from"] == "/c/ckpt-000000000128" and "from_" not in wire
+
+
+@pytest.mark.parametrize("datagram", [b"nope", b'{"v": 2, "type": "progress"}',
+                                      b'{"v": 1, "type": "gossip"}', b'{"v": 1, "type": "progress"}'])
+def test_decode_rejects_bad_datagrams(datagram):
+    with pytest.raises(ReportError):
+        decode_report(datagram)
+
+
+def test_sender_delivers_to_a_unix_datagram_socket(inbox):
+    sender = ProgressSender(str(inbox.path))
+    assert sender.send(_reports()[0])
+    assert inbox.receive(timeout=5) == _reports()[0]
+    sender.close()
+
+
+def test_sender_drops_silently_when_socket_absent_or_refusing(tmp_path):
+    sender = ProgressSender(str(tmp_path / "absent.sock"))
+    assert sender.send(_reports()[0]) is False
+    refusing = tmp_path / "refusing.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(refusing))
+    server.close()  # the path exists but nobody listens: ECONNREFUSED
+    assert os.path.exists(refusing)
+    sender.path = str(refusing)
+    assert sender.send(_reports()[0]) is False
+    assert sender.dropped >= 2
+
+
+def test_sender_without_socket_is_a_no_op():
+    assert ProgressSender(None).send(_reports()[0]) is False

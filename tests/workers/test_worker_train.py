@@ -1,0 +1,183 @@
+"""Real, tiny training runs: goals, checkpoints, resume and its fallbacks, progress reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers import checkpoint
+from workers.callback import StopFlag
+from workers.counters import Counters
+from workers.envs import make_vec_env
+from workers.hyperparams import make_plan, select_device
+from workers.protocol import (EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED, EXIT_STOPPED,
+                              CheckpointReport, ProgressReport, ResumedReport)
+from workers.snapshot import capture_rng, load_snapshot, save_snapshot
+from workers.train import build_model, env_config, run
+
+
+def _run(spec) -> int:
+    return run(spec, stop=StopFlag())  # no signal handlers in the pytest process
+
+
+def _reports(inbox):
+    return inbox.drain()
+
+
+def test_cartpole_ppo_trains_to_goal_with_checkpoints_and_reports(make_spec, inbox):
+    spec = make_spec(progress_socket=str(inbox.path))
+    assert _run(spec) == EXIT_COMPLETED
+    kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
+    assert [c.steps for c in kept] == [512, 384, 256]  # every 128 steps, the last 3 kept
+    assert all(checkpoint.verify(c.path)[0] for c in kept)
+    reports = _reports(inbox)
+    resumed = [r for r in reports if isinstance(r, ResumedReport)]
+    assert len(resumed) == 1 and resumed[0].from_ is None and resumed[0].skipped == ()
+    assert [r.checkpoint.steps for r in reports if isinstance(r, CheckpointReport)] == [128, 256, 384, 512]
+    last = [r for r in reports if isinstance(r, ProgressReport)][-1]
+    assert last.steps == 512 and last.episodes > 0 and last.run_id == 7
+    assert last.last_checkpoint is not None and last.last_checkpoint.steps == 512
+
+
+@pytest.mark.parametrize("algo,hyperparams", [
+    ("a2c", {"num_envs": 2, "n_steps": 8, "policy_kwargs": {"net_arch": [16]}}),
+    ("dqn", {"num_envs": 1, "learning_starts": 64, "buffer_size": 1000, "batch_size": 32,
+             "policy_kwargs": {"net_arch": [16]}, "save_replay_buffer": True}),
+])
+def test_other_algorithms_train_and_checkpoint(make_spec, algo, hyperparams):
+    spec = make_spec(algo=algo, hyperparams=hyperparams, total_timesteps=256)
+    assert _run(spec) == EXIT_COMPLETED
+    newest = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    files = set(checkpoint.read_manifest(newest.path).files)
+    assert ("replay_buffer.pkl" in files) == (algo == "dqn")
+
+
+def test_atari_ppo_trains_a_few_hundred_steps(make_spec, inbox):
+    spec = make_spec(env_id="Breakout-v5", game="breakout", total_timesteps=256,
+                     progress_socket=str(inbox.path), checkpoint_interval_steps=None,
+                     hyperparams={"num_envs": 2, "n_steps": 32, "batch_size": 32, "n_epochs": 1,
+                                  "policy_kwargs": {"features_extractor_kwargs": {"features_dim": 32},
+                                                    "net_arch": []}})
+    assert _run(spec) == EXIT_COMPLETED
+    newest = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert newest.steps == 256 and checkpoint.verify(newest.path)[0]
+    assert any(isinstance(r, ProgressReport) and r.steps == 256 for r in _reports(inbox))
+
+
+def test_target_episodes_goal_completes(make_spec):
+    spec = make_spec(total_timesteps=None, target_episodes=5)
+    assert _run(spec) == EXIT_COMPLETED
+    state = json.loads((checkpoint.list_checkpoints(spec.checkpoint_dir)[0].path / "state.json").read_text())
+    assert state["counters"]["episodes"] >= 5
+
+
+def test_stop_flag_ends_training_with_final_checkpoint_and_exit_0(make_spec):
+    spec = make_spec(total_timesteps=None, checkpoint_interval_steps=None)
+    stop = StopFlag()
+    stop.signum = 15  # as if SIGTERM arrived before the first step
+    assert run(spec, stop=stop) == EXIT_STOPPED
+    assert len(checkpoint.list_checkpoints(spec.checkpoint_dir)) == 1
+
+
+# -- round trip -------------------------------------------------------------------------------
+
+
+def test_checkpoint_round_trip_restores_counters_parameters_and_rng(make_spec, tmp_path):
+    spec = make_spec()
+    plan = make_plan(spec, select_device("cpu"))
+    model = build_model(spec, plan, make_vec_env(env_config(spec, plan)))
+    model.learn(256)
+    counters = Counters(steps=model.num_timesteps)
+    for r in (3.0, 9.5, 1.0):
+        counters.record_episode(r, 20)
+    rng_before = capture_rng(model)
+    path = checkpoint.write_checkpoint(tmp_path / "ck", counters.steps, counters.episodes,
+                                       lambda d: save_snapshot(d, model, counters, False))
+    restored = load_snapshot(path, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
+    assert restored.counters == counters and restored.counters.best_reward == 9.5
+    assert restored.model.num_timesteps == model.num_timesteps
+    before, after = model.policy.state_dict(), restored.model.policy.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    opt_a, opt_b = model.policy.optimizer.state_dict(), restored.model.policy.optimizer.state_dict()
+    assert all(torch.equal(opt_a["state"][k]["exp_avg"], opt_b["state"][k]["exp_avg"]) for k in opt_a["state"])
+    assert restored.rng == json.loads(json.dumps(rng_before))
+    torch.manual_seed(999)
+    from workers.snapshot import restore_rng
+    restore_rng(restored.rng, restored.model)
+    assert capture_rng(restored.model) == json.loads(json.dumps(rng_before))
+
+
+# -- resume and its fallbacks ------------------------------------------------------------------
+
+
+def _corrupt_truncate(path: Path) -> None:
+    data = (path / "model.zip").read_bytes()
+    (path / "model.zip").write_bytes(data[:100])
+
+
+def _corrupt_flip(path: Path) -> None:
+    data = bytearray((path / "model.zip").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / "model.zip").write_bytes(bytes(data))
+
+
+def _corrupt_but_rehash(path: Path) -> None:
+    """Garbage that matches its manifest: verifies by hash, fails to load."""
+    (path / "model.zip").write_bytes(b"not a zip at all")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["model.zip"] = {"size": 16, "sha256": checkpoint.sha256_file(path / "model.zip")}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.fixture
+def trained(make_spec):
+    """A finished 512-step run with checkpoints at 256, 384 and 512 steps."""
+    spec = make_spec()
+    assert _run(spec) == EXIT_COMPLETED
+    return spec
+
+
+@pytest.mark.parametrize("corrupt,reason", [
+    (_corrupt_truncate, "truncated"),
+    (_corrupt_flip, "sha256"),
+    (_corrupt_but_rehash, "does not load"),
+], ids=["truncated", "wrong-hash", "does-not-load"])
+def test_resume_skips_bad_newest_for_previous(trained, make_spec, inbox, corrupt, reason):
+    newest, previous = checkpoint.list_checkpoints(trained.checkpoint_dir)[:2]
+    corrupt(newest.path)
+    spec = make_spec(total_timesteps=640, progress_socket=str(inbox.path))
+    assert _run(spec) == EXIT_COMPLETED
+    resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
+    assert resumed.from_ == str(previous.path) and resumed.steps == previous.steps
+    assert [s.path for s in resumed.skipped] == [str(newest.path)]
+    assert reason in resumed.skipped[0].reason
+
+
+def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
+    for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
+        _corrupt_flip(info.path)
+    spec = make_spec(total_timesteps=640, progress_socket=str(inbox.path))
+    assert _run(spec) == EXIT_CHECKPOINTS_UNUSABLE
+    resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
+    assert resumed.from_ is None and len(resumed.skipped) == 3
+    assert len(checkpoint.list_checkpoints(trained.checkpoint_dir)) == 3  # evidence untouched
+
+
+def test_allow_fresh_start_trains_anew_over_unusable_checkpoints(trained, make_spec):
+    for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
+        _corrupt_flip(info.path)
+    spec = make_spec(total_timesteps=128, allow_fresh_start=True)
+    assert _run(spec) == EXIT_COMPLETED
+    assert checkpoint.newest_verified(spec.checkpoint_dir).steps == 128
+
+
+def test_resume_continues_counting_and_completes_immediately_when_done(trained, make_spec, inbox):
+    spec = make_spec(progress_socket=str(inbox.path))
+    assert _run(spec) == EXIT_COMPLETED  # the goal (512) was already reached
+    resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
+    assert resumed.steps == 512 and resumed.skipped == ()
+    assert checkpoint.list_checkpoints(spec.checkpoint_dir)[0].steps == 512

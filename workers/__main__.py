@@ -1,0 +1,42 @@
+"""`python -m workers --spec FILE`: run one training worker (docs/worker-protocol.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from workers.protocol import EXIT_BAD_SPEC, RunSpec, SpecError
+
+log = logging.getLogger("workers")
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
+    logging.captureWarnings(True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__)
+    parser.add_argument("--spec", required=True, help="run spec JSON written by the supervisor")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        spec = RunSpec.load(args.spec)
+    except SpecError as exc:
+        log.error("bad run spec %s: %s (exit %d)", args.spec, exc, EXIT_BAD_SPEC)
+        return EXIT_BAD_SPEC
+    log.info("worker for game %s, run %d: %s %s", spec.game, spec.run_id, spec.algo, spec.env_id)
+    from workers.train import run  # torch and SB3 load only for a valid spec
+
+    try:
+        return run(spec)
+    except SpecError as exc:  # found once the algorithm is known, e.g. a DQN-only key for PPO
+        log.error("bad run spec %s: %s (exit %d)", args.spec, exc, EXIT_BAD_SPEC)
+        return EXIT_BAD_SPEC
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The seam between SB3's training loop and the supervisor: counters, goals, stop, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from enum import StrEnum
+from pathlib import Path
+
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+
+from workers import checkpoint
+from workers.counters import Counters
+from workers.protocol import CheckpointSummary, RunSpec
+from workers.reporting import Reporter
+from workers.snapshot import save_snapshot
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    STOPPED = "stopped"
+    COMPLETED = "completed"
+
+
+class StopFlag:
+    """SIGTERM/SIGINT handlers that only record the signal; the training loop acts on it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> "StopFlag":
+        signal.signal(signal.SIGTERM, self._record)
+        signal.signal(signal.SIGINT, self._record)
+        return self
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.signum = signum
+
+
+def goal_reached(spec: RunSpec, counters: Counters) -> bool:
+    by_steps = spec.total_timesteps is not None and counters.steps >= spec.total_timesteps
+    by_episodes = spec.target_episodes is not None and counters.episodes >= spec.target_episodes
+    return by_steps or by_episodes
+
+
+class Checkpointer:
+    """Writes verified checkpoints every `interval_s` seconds and every `interval_steps` steps."""
+
+    def __init__(self, spec: RunSpec, with_replay: bool, reporter: Reporter, clock=time.monotonic):
+        self.directory = Path(spec.checkpoint_dir)
+        self.keep = spec.keep_checkpoints
+        self.interval_s = spec.checkpoint_interval_s
+        self.interval_steps = spec.checkpoint_interval_steps
+        self.with_replay = with_replay
+        self.reporter = reporter
+        self._clock = clock
+        self._last_at = clock()
+        self._last_steps: int | None = None
+
+    def due(self, steps: int) -> bool:
+        if self._clock() - self._last_at >= self.interval_s:
+            return True
+        base = self._last_steps or 0
+        return self.interval_steps is not None and steps - base >= self.interval_steps
+
+    def mark_current(self, steps: int) -> None:
+        """The state at `steps` is already on disk (resumed from it)."""
+        self._last_steps = steps
+
+    def write(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
+        started = self._clock()
+        path = checkpoint.write_checkpoint(
+            self.directory, counters.steps, counters.episodes,
+            lambda tmp: save_snapshot(tmp, model, counters, self.with_replay))
+        self._last_at, self._last_steps = self._clock(), counters.steps
+        ok, reason = checkpoint.verify(path)
+        if not ok:
+            log.error("checkpoint %s does not verify right after writing: %s", path.name, reason)
+            return None
+        summary = checkpoint.summarize(path)
+        log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
+                 self._clock() - started)
+        self.reporter.send_checkpoint(summary)
+        checkpoint.prune(self.directory, self.keep)
+        return summary
+
+    def write_final(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
+        if self._last_steps == counters.steps:
+            log.info("final state (%d steps) is already checkpointed", counters.steps)
+            return None
+        return self.write(model, counters)
+
+
+class FleetCallback(BaseCallback):
+    """Counts whole games, stops on a signal or a reached goal, checkpoints when due."""
+
+    def __init__(self, spec: RunSpec, counters: Counters, stop: StopFlag, checkpointer: Checkpointer):
+        super().__init__(verbose=0)
+        self.spec = spec
+        self.counters = counters
+        self.stop = stop
+        self.checkpointer = checkpointer
+        self.outcome: Outcome | None = None
+
+    def _on_step(self) -> bool:
+        self.counters.steps = self.num_timesteps
+        for info in self.locals.get("infos", ()):
+            episode = info.get("episode")
+            if episode is not None:
+                self.counters.record_episode(episode["r"], episode["l"])
+        if goal_reached(self.spec, self.counters):
+            self.outcome = Outcome.COMPLETED
+            return False
+        if self.stop.requested:
+            self.outcome = Outcome.STOPPED
+            return False
+        if self.checkpointer.due(self.counters.steps):
+            self.checkpointer.write(self.model, self.counters)
+        return True

@@ -1,0 +1,252 @@
+"""Checkpoint folders on disk: atomic writing, manifests, verification, listing, pruning.
+
+Standard library only: the daemon imports this module to index checkpoints from their
+manifests. What goes *into* a checkpoint (model, counters, RNG) is `workers.snapshot`.
+
+Layout (docs/worker-protocol.md, section 3)::
+
+    checkpoint_dir/ckpt-000000123456/{model.zip, state.json, [vecnormalize.pkl],
+                                      [replay_buffer.pkl], manifest.json}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from workers.protocol import CheckpointSummary
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+REQUIRED_FILES = ("model.zip", "state.json")
+_NAME = re.compile(r"^ckpt-(\d{12})$")
+_TEMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+_HASH_CHUNK = 1 << 20
+
+
+class CheckpointError(Exception):
+    """A checkpoint folder that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    steps: int
+    episodes: int
+    created_at: float
+    files: dict[str, FileEntry]
+    version: int = MANIFEST_VERSION
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(entry.size for entry in self.files.values())
+
+    def to_json(self) -> str:
+        files = {name: {"size": e.size, "sha256": e.sha256} for name, e in sorted(self.files.items())}
+        return json.dumps({"version": self.version, "steps": self.steps, "episodes": self.episodes,
+                           "created_at": self.created_at, "files": files}, indent=2)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A `ckpt-*` folder, named by its step count; not yet verified."""
+
+    path: Path
+    steps: int
+
+
+def checkpoint_name(steps: int) -> str:
+    return f"ckpt-{steps:012d}"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[CheckpointInfo]:
+    """Every `ckpt-*` folder in `directory`, newest (most steps) first."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _NAME.match(child.name)
+        if match and child.is_dir():
+            found.append(CheckpointInfo(child, int(match.group(1))))
+    return sorted(found, key=lambda info: info.steps, reverse=True)
+
+
+def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
+    path = Path(ckpt_dir) / MANIFEST
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise CheckpointError("no manifest.json (incomplete write)") from exc
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"manifest.json unreadable: {exc}") from exc
+    try:
+        files = {str(n): FileEntry(int(e["size"]), str(e["sha256"])) for n, e in data["files"].items()}
+        return Manifest(int(data["steps"]), int(data["episodes"]), float(data["created_at"]),
+                        files, int(data["version"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify(ckpt_dir: str | os.PathLike) -> tuple[bool, str]:
+    """(True, "ok") when the manifest parses and every file matches its size and sha256."""
+    try:
+        _verify_or_raise(Path(ckpt_dir))
+    except CheckpointError as exc:
+        return False, str(exc)
+    return True, "ok"
+
+
+def _verify_or_raise(ckpt_dir: Path) -> Manifest:
+    manifest = read_manifest(ckpt_dir)
+    for name in REQUIRED_FILES:
+        if name not in manifest.files:
+            raise CheckpointError(f"manifest lists no {name}")
+    for name, entry in manifest.files.items():
+        path = ckpt_dir / name
+        if os.sep in name or not path.is_file():
+            raise CheckpointError(f"{name} missing")
+        size = path.stat().st_size
+        if size != entry.size:
+            raise CheckpointError(f"{name} is {size} bytes, manifest says {entry.size} (truncated?)")
+        if sha256_file(path) != entry.sha256:
+            raise CheckpointError(f"{name} sha256 does not match the manifest (corrupt)")
+    return manifest
+
+
+def newest_verified(directory: str | os.PathLike) -> CheckpointInfo | None:
+    for info in list_checkpoints(directory):
+        if verify(info.path)[0]:
+            return info
+    return None
+
+
+def summarize(ckpt_dir: str | os.PathLike) -> CheckpointSummary:
+    manifest = read_manifest(ckpt_dir)
+    return CheckpointSummary(path=str(ckpt_dir), steps=manifest.steps, episodes=manifest.episodes,
+                             at=manifest.created_at, size_bytes=manifest.size_bytes)
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder's fsync makes renames inside it durable)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(directory: str | os.PathLike, steps: int, episodes: int,
+                     populate: Callable[[Path], None]) -> Path:
+    """Write a checkpoint atomically and return its folder.
+
+    `populate(tmp)` writes the payload files into a temporary folder in `directory`; then every
+    file is fsynced and hashed, the manifest is written last, and the folder is renamed into
+    place and its parent fsynced. A power cut leaves either the old set of checkpoints or the
+    new one, plus at most a `.tmp-*` folder that `remove_temporaries` cleans up.
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{_TEMP_PREFIX}{checkpoint_name(steps)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        populate(tmp)
+        _seal(tmp, steps, episodes)
+        return _move_into_place(tmp, root / checkpoint_name(steps))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _seal(tmp: Path, steps: int, episodes: int) -> None:
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        if not path.is_file() or path.name == MANIFEST:
+            raise CheckpointError(f"unexpected entry {path.name} in checkpoint payload")
+        fsync_path(path)
+        files[path.name] = FileEntry(path.stat().st_size, sha256_file(path))
+    manifest = Manifest(steps=steps, episodes=episodes, created_at=time.time(), files=files)
+    _write_file_durably(tmp / MANIFEST, manifest.to_json().encode())
+    fsync_path(tmp)
+
+
+def _write_file_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _move_into_place(tmp: Path, final: Path) -> Path:
+    if final.exists():
+        if verify(final)[0]:  # same step count already saved and sound: keep the first one
+            shutil.rmtree(tmp)
+            return final
+        _discard(final)
+    os.rename(tmp, final)
+    fsync_path(final.parent)
+    return final
+
+
+def _discard(path: Path) -> None:
+    trash = path.with_name(f"{_TRASH_PREFIX}{path.name}-{os.getpid()}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete half-written `.tmp-*` / `.trash-*` folders left by a crash or power cut."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    stale = [p for p in root.iterdir() if p.name.startswith((_TEMP_PREFIX, _TRASH_PREFIX))]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
+    """Keep the newest `keep` checkpoints, and always the newest verified one; delete the rest."""
+    checkpoints = list_checkpoints(directory)
+    keep_paths = {info.path for info in checkpoints[:max(keep, 1)]}
+    newest_ok = next((info for info in checkpoints if verify(info.path)[0]), None)
+    if newest_ok is not None:
+        keep_paths.add(newest_ok.path)
+    removed = []
+    for info in checkpoints:
+        if info.path not in keep_paths:
+            _discard(info.path)
+            removed.append(info.path)
+    if removed:
+        fsync_path(Path(directory))
+        log.info("pruned %d old checkpoint(s): %s", len(removed), ", ".join(p.name for p in removed))
+    return removed

@@ -1,0 +1,284 @@
+"""Vectorized environments for SB3: EnvPool through a proper `VecEnv` adapter, else Gymnasium.
+
+EnvPool resets a finished env on the *next* `step` (the action sent then is ignored and the
+reset observation comes back with reward 0). SB3 expects the step that ends an episode to
+already return the first observation of the next one, with the last observation in
+`info["terminal_observation"]`. `EnvPoolVecEnv` steps just the finished envs once more right
+away (EnvPool's own auto-reset), so no agent step is wasted and no transition is bogus.
+
+Episode statistics (`info["episode"]`, read by SB3's `ep_info_buffer` and by our counters)
+are whole games: for Atari with `episodic_life` a lost life ends an *episode for learning*
+but not the game; the unclipped return (EnvPool's `info["reward"]`) is summed until
+`info["terminated"]` (game over) or truncation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack
+
+log = logging.getLogger(__name__)
+
+# EnvPool builds float64 Box bounds that Gymnasium then narrows; harmless, and noisy per env.
+warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered", category=UserWarning)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    env_id: str
+    num_envs: int
+    seed: int = 0
+    num_threads: int = 1
+    learning_wrappers: bool = True  # Atari: episodic life + reward clipping
+    max_episode_steps: int | None = None
+    frame_stack: int = 4
+
+
+def envpool_ids() -> frozenset[str]:
+    import envpool
+
+    return frozenset(envpool.list_all_envs())
+
+
+def is_envpool_id(env_id: str) -> bool:
+    try:
+        return env_id in envpool_ids()
+    except ImportError:
+        return False
+
+
+def is_atari_envpool(env_id: str) -> bool:
+    import envpool
+
+    return "episodic_life" in envpool.make_spec(env_id).config._fields
+
+
+def make_vec_env(config: EnvConfig) -> VecEnv:
+    """EnvPool where it has the id, else Gymnasium/ale-py under SubprocVecEnv."""
+    if is_envpool_id(config.env_id):
+        return make_envpool_vec_env(config)
+    log.info("EnvPool has no %s; using Gymnasium envs", config.env_id)
+    return make_gym_vec_env(config)
+
+
+def make_envpool_vec_env(config: EnvConfig) -> "EnvPoolVecEnv":
+    import envpool
+
+    kwargs: dict[str, Any] = {"num_envs": config.num_envs, "seed": config.seed,
+                              "num_threads": max(1, min(config.num_threads, config.num_envs))}
+    if config.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = config.max_episode_steps
+    if is_atari_envpool(config.env_id):  # 84x84 gray and max-pooled frame skip 4 are defaults
+        kwargs.update(episodic_life=config.learning_wrappers, reward_clip=config.learning_wrappers,
+                      stack_num=config.frame_stack, img_height=84, img_width=84, gray_scale=True)
+    pool = envpool.make_gymnasium(config.env_id, **kwargs)
+    return EnvPoolVecEnv(pool)
+
+
+class EnvPoolVecEnv(VecEnv):
+    """SB3 `VecEnv` semantics over an EnvPool (synchronous mode) gymnasium pool."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+        n = pool.num_envs
+        super().__init__(n, pool.observation_space, pool.action_space)
+        self._actions: np.ndarray | None = None
+        self._game_returns = np.zeros(n, dtype=np.float64)
+        self._game_lengths = np.zeros(n, dtype=np.int64)
+        self._game_starts = np.full(n, time.monotonic())
+        self._t0 = time.monotonic()
+        self._all_ids = np.arange(n, dtype=np.int32)
+        self._action_shape = tuple(pool.action_space.shape or ())
+        self._action_dtype = pool.action_space.dtype
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def reset(self) -> np.ndarray:
+        obs, info = self.pool.reset()
+        self._game_returns[:] = 0.0
+        self._game_lengths[:] = 0
+        self._game_starts[:] = time.monotonic()
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        self._reset_seeds()
+        self._reset_options()
+        return self._in_env_order(obs, info)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.pool.send(np.asarray(actions))
+
+    def step_wait(self):
+        obs, rewards, terminated, truncated, info = self.pool.recv(reset=False, return_info=True)
+        order = self._order(info)
+        if order is not None:
+            obs, rewards, terminated, truncated = (a[order] for a in (obs, rewards, terminated, truncated))
+            info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray)}
+        dones = np.logical_or(terminated, truncated)
+        game_over = self._track_games(rewards, dones, truncated, info)
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        if dones.any():
+            obs = self._reset_finished(obs, np.flatnonzero(dones), terminated, truncated, game_over, infos)
+        return obs, rewards.astype(np.float32, copy=False), dones, infos
+
+    def _track_games(self, rewards, dones, truncated, info) -> np.ndarray:
+        raw = info.get("reward", rewards)  # Atari: the unclipped game score
+        self._game_returns += raw
+        self._game_lengths += 1
+        if "terminated" in info:  # Atari: game over, not just a lost life
+            return np.logical_and(dones, np.logical_or(info["terminated"].astype(bool), truncated))
+        return dones
+
+    def _reset_finished(self, obs, done_ids, terminated, truncated, game_over, infos) -> np.ndarray:
+        obs = np.array(obs, copy=True) if not obs.flags.writeable else obs
+        now = time.monotonic()
+        for i in done_ids:
+            infos[i]["terminal_observation"] = obs[i].copy()
+            infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            if game_over[i]:
+                infos[i]["episode"] = {"r": float(self._game_returns[i]), "l": int(self._game_lengths[i]),
+                                       "t": round(now - self._t0, 6)}
+                self._game_returns[i] = 0.0
+                self._game_lengths[i] = 0
+        # A partial *step* of the finished envs makes EnvPool run its auto-reset now (the
+        # action is ignored). An explicit `reset(env_ids)` would be wrong for Atari: it
+        # restarts the whole game where `episodic_life` must only continue after a lost life.
+        noop = np.zeros((len(done_ids),) + self._action_shape, dtype=self._action_dtype)
+        reset_obs, _, _, _, reset_info = self.pool.step(noop, done_ids.astype(np.int32))
+        obs[np.asarray(reset_info.get("env_id", done_ids))] = reset_obs
+        return obs
+
+    def _order(self, info: dict) -> np.ndarray | None:
+        ids = info.get("env_id")
+        if ids is None or np.array_equal(ids, self._all_ids):
+            return None
+        return np.argsort(ids)
+
+    def _in_env_order(self, obs: np.ndarray, info: dict) -> np.ndarray:
+        order = self._order(info)
+        return obs if order is None else obs[order]
+
+    # -- the rest of the VecEnv interface ----------------------------------------------
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def get_attr(self, attr_name: str, indices=None) -> list[Any]:
+        value = None if attr_name == "render_mode" else getattr(self.pool, attr_name)
+        return [value for _ in self._get_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
+        raise AttributeError(f"EnvPool envs have no settable attribute {attr_name!r}")
+
+    def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
+        raise AttributeError(f"EnvPool envs cannot call {method_name!r} per env")
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices=None) -> list[bool]:
+        return [False for _ in self._get_indices(indices)]
+
+    def seed(self, seed: int | None = None) -> Sequence[int | None]:
+        log.debug("EnvPool seeds are fixed at creation; seed(%s) ignored", seed)
+        return [None] * self.num_envs
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        return [None] * self.num_envs
+
+
+# -- Gymnasium / ale-py fallback ------------------------------------------------------------
+
+
+def register_ale_envs() -> bool:
+    """Register `ALE/*` ids; spawned/forkserver children must do this themselves."""
+    try:
+        import ale_py
+    except ImportError:
+        return False
+    gym.register_envs(ale_py)
+    return True
+
+
+def is_ale_id(env_id: str) -> bool:
+    register_ale_envs()
+    spec = gym.spec(env_id)
+    return "ale_py" in str(spec.entry_point)
+
+
+class GymEnvFactory:
+    """Picklable env constructor for SubprocVecEnv children."""
+
+    def __init__(self, env_id: str, atari: bool, learning_wrappers: bool, max_episode_steps: int | None):
+        self.env_id = env_id
+        self.atari = atari
+        self.learning_wrappers = learning_wrappers
+        self.max_episode_steps = max_episode_steps
+
+    def __call__(self) -> gym.Env:
+        from stable_baselines3.common.monitor import Monitor
+
+        register_ale_envs()
+        kwargs: dict[str, Any] = {}
+        if self.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = self.max_episode_steps
+        if self.atari:  # gray from the emulator; the wrappers do the max-pooled frame skip of 4
+            kwargs.update(frameskip=1, obs_type="grayscale")
+        env = Monitor(gym.make(self.env_id, **kwargs))  # below the life/clip wrappers: whole games
+        return atari_wrappers(env, self.learning_wrappers) if self.atari else env
+
+
+def atari_wrappers(env: gym.Env, learning: bool) -> gym.Env:
+    """SB3's AtariWrapper chain, with a Pillow resize instead of its OpenCV `WarpFrame`."""
+    from stable_baselines3.common import atari_wrappers as aw
+
+    env = aw.MaxAndSkipEnv(aw.NoopResetEnv(env, noop_max=30), skip=4)
+    if learning:
+        env = aw.EpisodicLifeEnv(env)
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = aw.FireResetEnv(env)
+    env = GrayResize(env)
+    return aw.ClipRewardEnv(env) if learning else env
+
+
+class GrayResize(gym.ObservationWrapper):
+    """(210, 160) gray frames -> (84, 84, 1), area-averaged like OpenCV's INTER_AREA."""
+
+    SIZE = 84
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(0, 255, (self.SIZE, self.SIZE, 1), np.uint8)
+
+    def observation(self, frame: np.ndarray) -> np.ndarray:
+        from PIL import Image
+
+        image = Image.fromarray(np.asarray(frame).squeeze())
+        resized = image.resize((self.SIZE, self.SIZE), Image.Resampling.BOX)
+        return np.asarray(resized, dtype=np.uint8)[:, :, None]
+
+
+def make_gym_vec_env(config: EnvConfig, use_subprocesses: bool = True) -> VecEnv:
+    atari = is_ale_id(config.env_id)
+    factory = GymEnvFactory(config.env_id, atari, config.learning_wrappers, config.max_episode_steps)
+    env_fns = [factory] * config.num_envs
+    venv: VecEnv | None = None
+    if use_subprocesses and config.num_envs > 1:
+        venv = _try_subprocesses(env_fns)
+    if venv is None:
+        venv = DummyVecEnv(env_fns)
+    venv.seed(config.seed)
+    if atari:
+        venv = VecFrameStack(venv, n_stack=config.frame_stack)  # HWC; SB3 transposes
+    return venv
+
+
+def _try_subprocesses(env_fns: list) -> VecEnv | None:
+    try:
+        return SubprocVecEnv(env_fns)
+    except Exception as exc:  # noqa: BLE001 - any failure to start children means: in-process
+        log.warning("SubprocVecEnv could not start (%s: %s); falling back to DummyVecEnv, "
+                    "which steps all envs in this process", type(exc).__name__, exc)
+        return None

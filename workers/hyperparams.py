@@ -1,0 +1,148 @@
+"""Device selection and hyperparameters: tier defaults scaled by device, explicit overrides win."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from workers.protocol import RunSpec, SpecError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIER = {"num_envs": 8, "batch_size": 256}
+CPU_MAX_BATCH = 64
+BIG_GPU_GIB = 40.0  # an A100/H100 class card: twice the envs and batch (the seeds' A100: 16 / 512)
+SMALL_GPU_GIB = 12.0  # below this, halve the batch
+
+# Per algorithm: (Atari-style image observations, vector observations). Taken from the
+# rl-baselines3-zoo settings the seeds used; `batch_size` and `num_envs` come from the tier.
+ALGO_DEFAULTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "ppo": ({"n_steps": 128, "n_epochs": 4, "learning_rate": 2.5e-4, "clip_range": 0.1,
+             "ent_coef": 0.01, "vf_coef": 0.5, "gae_lambda": 0.95, "gamma": 0.99},
+            {"n_steps": 128, "n_epochs": 10, "learning_rate": 3e-4, "clip_range": 0.2,
+             "ent_coef": 0.0, "gae_lambda": 0.95, "gamma": 0.99}),
+    "a2c": ({"n_steps": 5, "learning_rate": 7e-4, "ent_coef": 0.01, "vf_coef": 0.25},
+            {"n_steps": 5, "learning_rate": 7e-4}),
+    "dqn": ({"buffer_size": 100_000, "learning_starts": 10_000, "train_freq": 4,
+             "target_update_interval": 1000, "exploration_fraction": 0.1,
+             "exploration_final_eps": 0.01, "learning_rate": 1e-4},
+            {"buffer_size": 50_000, "learning_starts": 1000, "train_freq": 4,
+             "target_update_interval": 250, "exploration_fraction": 0.1,
+             "exploration_final_eps": 0.05, "learning_rate": 1e-3}),
+}
+# Overrides that are the worker's own, not SB3 constructor arguments.
+WORKER_KEYS = ("num_envs", "policy", "normalize", "save_replay_buffer", "frame_stack",
+               "max_episode_steps")
+_ACTIVATIONS = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "elu": torch.nn.ELU,
+                "leaky_relu": torch.nn.LeakyReLU, "gelu": torch.nn.GELU}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cpu" or "cuda"
+    name: str
+    memory_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything resolved before the env exists: device, env count, batch, worker options."""
+
+    device: DeviceInfo
+    num_envs: int
+    batch_size: int
+    normalize: bool = False
+    save_replay_buffer: bool = False
+    frame_stack: int = 4
+    max_episode_steps: int | None = None
+    policy: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def select_device(requested: str) -> DeviceInfo:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return DeviceInfo("cpu", "cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device; "
+                           "set device to 'auto' or 'cpu'")
+    props = torch.cuda.get_device_properties(0)
+    return DeviceInfo("cuda", props.name, props.total_memory / 2**30)
+
+
+def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
+    """Thread allotment so games do not oversubscribe cores; TF32/cudnn autotune on GPU."""
+    torch.set_num_threads(cpu_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set (or parallel work started) in this process
+        pass
+    if device.kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: autotuned convs pay off
+
+
+def scale_tier(tier: Mapping[str, int], device: DeviceInfo, cpu_threads: int) -> tuple[int, int]:
+    """(num_envs, batch_size) for this device from the game's tier defaults."""
+    num_envs = tier.get("num_envs", DEFAULT_TIER["num_envs"])
+    batch = tier.get("batch_size", DEFAULT_TIER["batch_size"])
+    if device.kind == "cpu":
+        return max(1, min(num_envs, 2 * cpu_threads)), min(batch, CPU_MAX_BATCH)
+    if device.memory_gib >= BIG_GPU_GIB:
+        return num_envs * 2, batch * 2
+    if device.memory_gib < SMALL_GPU_GIB:
+        return num_envs, max(32, batch // 2)
+    return num_envs, batch
+
+
+def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
+    num_envs, batch = scale_tier(spec.tier_defaults, device, spec.cpu_threads)
+    hp = dict(spec.hyperparams)
+    plan = Plan(device=device, num_envs=hp.pop("num_envs", num_envs),
+                batch_size=hp.pop("batch_size", batch), normalize=hp.pop("normalize", False),
+                save_replay_buffer=hp.pop("save_replay_buffer", False),
+                frame_stack=hp.pop("frame_stack", 4),
+                max_episode_steps=hp.pop("max_episode_steps", None),
+                policy=hp.pop("policy", None), overrides=hp)
+    log.info("device %s (%s, %.0f GiB); num_envs %d, batch_size %d", device.kind, device.name,
+             device.memory_gib, plan.num_envs, plan.batch_size)
+    return plan
+
+
+def algo_kwargs(algo: str, plan: Plan, image_obs: bool) -> dict[str, Any]:
+    """SB3 constructor keyword arguments: algorithm defaults < tier/device < explicit overrides."""
+    kwargs = dict(ALGO_DEFAULTS[algo][0 if image_obs else 1])
+    if algo != "a2c":
+        kwargs["batch_size"] = plan.batch_size
+    _check_accepted(algo, plan.overrides)
+    kwargs.update(plan.overrides)
+    if "policy_kwargs" in kwargs:
+        kwargs["policy_kwargs"] = policy_kwargs(kwargs["policy_kwargs"])
+    if algo == "ppo":  # a minibatch larger than the rollout is an SB3 error
+        kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * plan.num_envs)
+    return kwargs
+
+
+def _check_accepted(algo: str, overrides: Mapping[str, Any]) -> None:
+    from workers.snapshot import ALGO_CLASSES
+
+    accepted = inspect.signature(ALGO_CLASSES[algo].__init__).parameters
+    for key in overrides:
+        if key not in accepted:
+            raise SpecError(f"hyperparams.{key}", f"not a parameter of {algo.upper()}")
+
+
+def policy_kwargs(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON policy kwargs -> SB3 ones (activation functions are named by string)."""
+    out = dict(raw)
+    if "activation_fn" in out:  # names checked against protocol.ACTIVATIONS when parsed
+        out["activation_fn"] = _ACTIVATIONS[out["activation_fn"]]
+    return out
+
+
+def policy_name(plan: Plan, image_obs: bool) -> str:
+    return plan.policy or ("CnnPolicy" if image_obs else "MlpPolicy")

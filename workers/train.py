@@ -1,0 +1,139 @@
+"""One training run: resume or start, learn until stopped or done, final checkpoint, exit code."""
+
+from __future__ import annotations
+
+import logging
+
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.preprocessing import is_image_space
+from stable_baselines3.common.utils import set_random_seed
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+
+from workers import checkpoint
+from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
+from workers.counters import Counters
+from workers.envs import EnvConfig, make_vec_env
+from workers.hyperparams import Plan, algo_kwargs, configure_torch, make_plan, policy_name, select_device
+from workers.protocol import (EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED, EXIT_STOPPED, ProgressSender,
+                              RunSpec)
+from workers.reporting import Reporter
+from workers.resume import ResumeResult, find_resumable
+from workers.snapshot import ALGO_CLASSES, restore_rng
+
+log = logging.getLogger(__name__)
+
+UNBOUNDED_STEPS = 2**62  # "train until stopped": SB3 needs a number
+
+
+def run(spec: RunSpec, stop: StopFlag | None = None) -> int:
+    """Train one game as the spec says; returns the process exit code."""
+    stop = stop or StopFlag().install()
+    device = select_device(spec.device)
+    configure_torch(device, spec.cpu_threads)
+    plan = make_plan(spec, device)
+    set_random_seed(spec.seed, using_cuda=device.kind == "cuda")  # python, numpy, torch
+    venv = make_vec_env(env_config(spec, plan))
+    sender = ProgressSender(spec.progress_socket)
+    try:
+        return _run_with_env(spec, plan, venv, sender, stop)
+    finally:
+        venv.close()
+        sender.close()
+
+
+def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
+    return EnvConfig(env_id=spec.env_id, num_envs=plan.num_envs, seed=spec.seed,
+                     num_threads=spec.cpu_threads, max_episode_steps=plan.max_episode_steps,
+                     frame_stack=plan.frame_stack)
+
+
+def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSender, stop: StopFlag) -> int:
+    checkpoint.remove_temporaries(spec.checkpoint_dir)
+    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.kind, plan.normalize)
+    counters = found.restored.counters if found.restored else Counters()
+    reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
+    taken = str(found.taken) if found.taken else None
+    if found.unusable and not spec.allow_fresh_start:
+        reporter.send_resumed(None, found.skipped)
+        log.error("checkpoints exist in %s but none verifies and loads; refusing to start from "
+                  "scratch. Inspect them, or set allow_fresh_start to train anew (exit %d)",
+                  spec.checkpoint_dir, EXIT_CHECKPOINTS_UNUSABLE)
+        return EXIT_CHECKPOINTS_UNUSABLE
+    if found.unusable:
+        log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
+    model = _model_from(found, spec, plan, venv)
+    reporter.send_resumed(taken, found.skipped)
+    return _train(spec, plan, model, counters, reporter, stop, found)
+
+
+def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
+    if found.restored is None:
+        return build_model(spec, plan, venv)
+    model = found.restored.model
+    restore_rng(found.restored.rng, model)
+    model.tensorboard_log = tensorboard_dir(spec)
+    return model
+
+
+def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
+    image_obs = is_image_space(venv.observation_space, check_channels=False)
+    env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
+    kwargs = algo_kwargs(spec.algo, plan, image_obs)
+    log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
+    return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.kind,
+                                   seed=spec.seed, verbose=0,
+                                   tensorboard_log=tensorboard_dir(spec), **kwargs)
+
+
+def tensorboard_dir(spec: RunSpec) -> str | None:
+    if spec.tensorboard_dir is None:
+        return None
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        log.info("tensorboard is not installed; no TensorBoard logs in %s", spec.tensorboard_dir)
+        return None
+    return spec.tensorboard_dir
+
+
+def _train(spec: RunSpec, plan: Plan, model: BaseAlgorithm, counters: Counters,
+           reporter: Reporter, stop: StopFlag, found: ResumeResult) -> int:
+    checkpointer = Checkpointer(spec, plan.save_replay_buffer, reporter)
+    if found.taken is not None:
+        checkpointer.mark_current(counters.steps)
+    callback = FleetCallback(spec, counters, stop, checkpointer)
+    reporter.start()
+    try:
+        if not goal_reached(spec, counters):
+            model.learn(total_timesteps=_budget(spec, counters), callback=callback,
+                        reset_num_timesteps=False, tb_log_name=spec.game)
+            counters.steps = model.num_timesteps
+        outcome = _outcome(spec, counters, callback, stop)
+        checkpointer.write_final(model, counters)
+    finally:
+        reporter.stop()
+    return _exit_code(outcome, counters)
+
+
+def _budget(spec: RunSpec, counters: Counters) -> int:
+    if spec.total_timesteps is None:
+        return UNBOUNDED_STEPS
+    return spec.total_timesteps - counters.steps
+
+
+def _outcome(spec: RunSpec, counters: Counters, callback: FleetCallback, stop: StopFlag) -> Outcome:
+    if goal_reached(spec, counters):
+        return Outcome.COMPLETED
+    if stop.requested or callback.outcome is Outcome.STOPPED:
+        return Outcome.STOPPED
+    return Outcome.COMPLETED  # learn() ran out of its step budget
+
+
+def _exit_code(outcome: Outcome, counters: Counters) -> int:
+    if outcome is Outcome.COMPLETED:
+        log.info("goal reached at %d steps, %d episodes; exit %d", counters.steps,
+                 counters.episodes, EXIT_COMPLETED)
+        return EXIT_COMPLETED
+    log.info("stopped on signal at %d steps after a final checkpoint; exit %d", counters.steps,
+             EXIT_STOPPED)
+    return EXIT_STOPPED
