@@ -1,0 +1,224 @@
+"""The systemd unit, `fleetd systemd-unit`, and the sd_notify client against a real socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fleetd.cli.systemd_cmd import register
+from fleetd.config import load_settings
+from fleetd.notify import Notifier
+from fleetd.systemd_unit import PLACEHOLDER, render_unit, template_path
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+def real_executable() -> str:
+    # verify checks that ExecStart= names an executable; the venv's script when installed.
+    script = Path(sys.executable).parent / "fleetd"
+    return str(script if os.access(script, os.X_OK) else Path(sys.executable).resolve())
+
+
+def unit_settings(text: str) -> dict[str, str]:
+    """Key -> value of a unit file (the last one wins, comments and sections dropped)."""
+    lines = (line.strip() for line in text.splitlines())
+    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return {key: value for key, value in pairs}
+
+
+@pytest.fixture
+def unit_file(tmp_path: Path) -> Path:
+    path = tmp_path / "fleetd.service"
+    path.write_text(render_unit(real_executable(), "/etc/fleetd/fleetd.toml", "fleetd"))
+    return path
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (apt-get install systemd)")
+def test_systemd_analyze_verify_accepts_the_unit(unit_file: Path) -> None:
+    result = subprocess.run(
+        [str(SYSTEMD_ANALYZE), "--man=no", "verify", str(unit_file)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    # Unknown keys and unparsable values are only warnings (exit 0) naming the file; any line
+    # about our unit is a key this systemd does not take as written. A User= that does not
+    # exist on the test machine is not reported by verify.
+    ours = [line for line in output.splitlines() if str(unit_file) in line or "fleetd.service" in line]
+    assert not ours, output
+
+
+def test_render_fills_every_placeholder() -> None:
+    assert PLACEHOLDER.findall(template_path().read_text()), "the template should have fields"
+    text = render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "trainer")
+    assert not PLACEHOLDER.findall(text)
+    settings = unit_settings(text)
+    assert settings["ExecStart"] == "/opt/fleetd/bin/fleetd serve --config /etc/fleetd/fleetd.toml"
+    assert (settings["User"], settings["Group"]) == ("trainer", "trainer")
+
+
+def test_render_escapes_what_systemd_would_expand() -> None:
+    text = render_unit("/opt/fleet d/bin/fleetd", "/etc/fleetd/100%$HOME.toml", "fleetd")
+    assert unit_settings(text)["ExecStart"] == '"/opt/fleet d/bin/fleetd" serve --config /etc/fleetd/100%%$$HOME.toml'
+
+
+@pytest.mark.parametrize(
+    ("fleetd_bin", "config", "user"),
+    [
+        ("bin/fleetd", "/etc/f.toml", "fleetd"),
+        ("/bin/fleetd", "/etc/f\n.toml", "fleetd"),
+        ("/bin/fleetd", "/f", "Root x"),
+    ],
+)
+def test_render_rejects_what_a_unit_cannot_carry(fleetd_bin: str, config: str, user: str) -> None:
+    with pytest.raises(ValueError):
+        render_unit(fleetd_bin, config, user)
+
+
+def test_unit_carries_the_issue_requirements() -> None:
+    settings = unit_settings(render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd"))
+    expected = {
+        "Type": "notify", "NotifyAccess": "main", "Restart": "always", "KillMode": "process",
+        "RestartPreventExitStatus": "78", "StateDirectory": "fleetd", "StartLimitIntervalSec": "0",
+        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes", "OOMPolicy": "continue",
+    }
+    assert {key: settings.get(key) for key in expected} == expected
+    assert "WatchdogSec" in settings and "RestartSec" in settings
+    # Any of these would hide /dev/nvidia* from the workers.
+    assert not {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"} & settings.keys()
+    stop_timeout_s = int(settings["TimeoutStopSec"].removesuffix("s"))
+    assert stop_timeout_s > load_settings().supervisor.stopwaitsecs
+
+
+def test_systemd_unit_command_prints_this_installation(tmp_path: Path) -> None:
+    app = typer.Typer()
+    app.callback()(lambda: None)  # a group, so the command is addressed by its name as in `fleetd`
+    register(app)
+    result = CliRunner().invoke(app, ["systemd-unit", "--config", str(tmp_path / "f.toml"), "--user", "rl"])
+    assert result.exit_code == 0, result.output
+    settings = unit_settings(result.output)
+    assert settings["ExecStart"] == f"{Path(sys.executable).parent / 'fleetd'} serve --config {tmp_path / 'f.toml'}"
+    assert settings["User"] == "rl"
+
+
+def test_systemd_unit_command_defaults_and_errors() -> None:
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    register(app)
+    settings = unit_settings(CliRunner().invoke(app, ["systemd-unit"]).output)
+    assert settings["ExecStart"].endswith(" serve --config /etc/fleetd/fleetd.toml")
+    assert settings["User"] == "fleetd"
+    result = CliRunner().invoke(app, ["systemd-unit", "--user", "Not Valid"])
+    assert result.exit_code == 2
+    assert "not a valid system user name" in result.output
+
+
+# --- sd_notify ---------------------------------------------------------------------------
+
+
+def receive_all(sock: socket.socket) -> list[bytes]:
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096))
+        except BlockingIOError:
+            return messages
+
+
+@pytest.fixture
+def path_socket(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.setblocking(False)
+        yield path, sock
+
+
+@pytest.fixture
+def abstract_socket() -> Iterator[tuple[str, socket.socket]]:
+    name = f"fleetd-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(b"\0" + name.encode())
+        sock.setblocking(False)
+        yield "@" + name, sock
+
+
+def drive_protocol(notifier: Notifier) -> list[bool]:
+    return [
+        notifier.ready("2 games running"),
+        notifier.status("3 games running\nheavy tier"),
+        notifier.watchdog(),
+        notifier.stopping("stopping 3 workers"),
+    ]
+
+
+EXPECTED_MESSAGES = [
+    b"READY=1\nSTATUS=2 games running",
+    b"STATUS=3 games running heavy tier",
+    b"WATCHDOG=1",
+    b"STOPPING=1\nSTATUS=stopping 3 workers",
+]
+
+
+@pytest.mark.parametrize("bound", ["path_socket", "abstract_socket"])
+def test_notify_protocol_in_order(bound: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    address, sock = request.getfixturevalue(bound)
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    monkeypatch.setenv("WATCHDOG_USEC", "60000000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    notifier = Notifier.from_env()
+    assert drive_protocol(notifier) == [True] * 4
+    assert receive_all(sock) == EXPECTED_MESSAGES
+    assert notifier.stopping() and receive_all(sock) == [b"STOPPING=1"]
+
+
+def test_watchdog_interval_is_half_the_timeout() -> None:
+    env = {"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "60000000"}
+    assert Notifier.from_env(env, pid=42).watchdog_interval_s() == 30.0
+    assert Notifier.from_env({**env, "WATCHDOG_PID": "42"}, pid=42).watchdog_interval_s() == 30.0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"WATCHDOG_PID": "41"}, {"WATCHDOG_USEC": "0"}, {"WATCHDOG_USEC": "soon"}, {"WATCHDOG_USEC": ""}],
+)
+def test_watchdog_disabled_when_not_meant_for_us(extra: dict[str, str], path_socket: tuple[str, socket.socket]) -> None:
+    address, sock = path_socket
+    notifier = Notifier.from_env({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "60000000", **extra}, pid=42)
+    assert notifier.watchdog_interval_s() is None
+    assert notifier.watchdog() is False
+    assert receive_all(sock) == []
+
+
+def test_no_socket_makes_every_call_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        monkeypatch.delenv(name, raising=False)
+    notifier = Notifier.from_env()
+    assert not notifier.enabled
+    assert drive_protocol(notifier) == [False] * 4
+    assert notifier.watchdog_interval_s() is None
+
+
+def test_missing_socket_does_not_raise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    notifier = Notifier.from_env({"NOTIFY_SOCKET": str(tmp_path / "gone.sock"), "WATCHDOG_USEC": "1000000"}, pid=1)
+    caplog.set_level("DEBUG", logger="fleetd.notify")
+    assert drive_protocol(notifier) == [False] * 4
+    assert "sd_notify" in caplog.text
+
+
+def test_full_socket_does_not_block(path_socket: tuple[str, socket.socket]) -> None:
+    address, _ = path_socket
+    notifier = Notifier.from_env({"NOTIFY_SOCKET": address}, pid=1)
+    # Nobody reads: the receive queue fills and later sends fail fast instead of waiting.
+    results = [notifier.status("x" * 2000) for _ in range(5000)]
+    assert results[0] is True and results[-1] is False
