@@ -20,6 +20,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from fleetd.slug import GAME_NAME_PATTERN
+
 ENV_PREFIX = "FLEETD_"
 ENV_NESTED = "__"
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
@@ -78,6 +80,63 @@ class RetentionSettings(_Section):
     samples_days: float = Field(14, gt=0)
 
 
+class SupervisorSettings(_Section):
+    """Per-worker process policy, with supervisord's names and meanings."""
+
+    # A worker must stay up this long to count as started; that resets the retry count.
+    startsecs: float = Field(10.0, ge=0)
+    # Consecutive failed starts before the game goes FATAL (cleared by `fleetd games start`).
+    startretries: int = Field(5, ge=0)
+    # After the stop signal, wait this long for a final checkpoint, then SIGKILL the group.
+    stopwaitsecs: float = Field(60.0, gt=0)
+    stopsignal: Literal["TERM", "INT", "QUIT", "HUP", "USR1", "USR2"] = "TERM"
+    # true: restart after any exit; false: never; unexpected: unless the code is in exitcodes.
+    autorestart: Literal["true", "false", "unexpected"] = "unexpected"
+    exitcodes: list[int] = [20]
+    backoff_initial_s: float = Field(1.0, gt=0)
+    backoff_max_s: float = Field(60.0, gt=0)
+    # No step advanced for this long while a worker should run: kill its group, restart.
+    hang_timeout_s: float = Field(300.0, gt=0)
+    # How often progress snapshots reach the database, and metric samples are kept.
+    progress_flush_s: float = Field(5.0, gt=0)
+    sample_interval_s: float = Field(30.0, gt=0)
+
+    @field_validator("autorestart", mode="before")
+    @classmethod
+    def _bool_words(cls, value: Any) -> Any:
+        return str(value).lower() if isinstance(value, bool) else value
+
+
+class WorkerSettings(_Section):
+    """How workers are launched and what they are told (docs/worker-protocol.md)."""
+
+    # The interpreter that runs `-m workers`; empty: the daemon's own.
+    python: str = ""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_interval_s: float = Field(600.0, gt=0)
+    checkpoint_interval_steps: int | None = Field(None, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    progress_interval_s: float = Field(2.0, gt=0)
+    # torch/EnvPool threads per worker; 0: the host's cores shared over the running games.
+    cpu_threads: int = Field(0, ge=0)
+    log_max_bytes: int = Field(50_000_000, ge=10_000)
+    log_keep_runs: int = Field(10, ge=1)
+
+
+class GameSeed(_Section):
+    """A `[[games]]` entry: created at the daemon's first start, like `fleetd games add`."""
+
+    name: str = Field(pattern=GAME_NAME_PATTERN)
+    env_id: str = Field(min_length=1, max_length=128)
+    algo: Literal["ppo", "dqn", "a2c"] = "ppo"
+    total_timesteps: int | None = Field(None, ge=1)
+    target_episodes: int | None = Field(None, ge=1)
+    priority: int = 0
+    checkpoint_interval_s: float | None = Field(None, gt=0)
+    hyperparams: dict[str, Any] = {}
+    desired: Literal["running", "stopped"] = "running"
+
+
 def _default_state_dir() -> Path:
     # systemd's StateDirectory= sets $STATE_DIRECTORY (colon-separated when several).
     from_systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
@@ -96,6 +155,9 @@ class Settings(BaseSettings):
     host: HostSettings = HostSettings()
     database: DatabaseSettings = DatabaseSettings()
     retention: RetentionSettings = RetentionSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
+    worker: WorkerSettings = WorkerSettings()
+    games: list[GameSeed] = []
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -136,6 +198,13 @@ class Settings(BaseSettings):
     @property
     def run_dir(self) -> Path:
         return self.state_dir / "run"
+
+    @property
+    def progress_socket(self) -> Path:
+        return self.run_dir / "progress.sock"
+
+    def game_dir(self, name: str) -> Path:
+        return self.games_dir / name
 
 
 def config_path_from(explicit: Path | None, environ: dict[str, str] | None = None) -> Path | None:

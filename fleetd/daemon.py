@@ -1,4 +1,4 @@
-"""`fleetd serve`: verify the store, record the boot, run the jobs and the API until told to stop."""
+"""`fleetd serve`: verify the store, record the boot, supervise the games and serve the API."""
 
 from __future__ import annotations
 
@@ -13,17 +13,30 @@ import uvicorn
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
+from fleetd.errors import FleetdError
+from fleetd.games import seed_games
 from fleetd.host import HostReader
 from fleetd.jobs import Job, heartbeat_job, retention_job
+from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
+from fleetd.supervision.adoption import OsProcessProbe
+from fleetd.supervision.launcher import OsLauncher
+from fleetd.supervision.reactor import Reactor
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
+from fleetd.supervision.thread import SupervisorThread
 from fleetd.token import ensure_token
-from fleetd.uptime import DaemonStart, record_daemon_start, record_daemon_stop
+from fleetd.uptime import DaemonStart, StartKind, record_daemon_start, record_daemon_stop
 
 log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 
 
 class StartupError(Exception):
@@ -32,17 +45,39 @@ class StartupError(Exception):
 
 @dataclass
 class StopRequest:
-    """Signal handlers only record the signal; the main flow acts on it."""
+    """Signal handlers only record the signal; the main flow acts on it.
+
+    SIGTERM and SIGINT stop the daemon and every worker (each writes a final checkpoint).
+    SIGUSR1 stops the daemon alone: workers keep training and the next daemon adopts them.
+    """
 
     signals: list[int] = field(default_factory=list)
+    server: uvicorn.Server | None = None
+    failure: str | None = None
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
+        self._exit_server()
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+        self._exit_server()
+
+    def _exit_server(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+
+    @property
+    def leave_workers(self) -> bool:
+        return self.failure is not None or (bool(self.signals) and self.signals[0] == signal.SIGUSR1)
 
     def describe(self) -> str:
+        if self.failure is not None:
+            return self.failure + ", workers left running"
         if not self.signals:
             return "the API server stopped"
-        return f"received {signal.Signals(self.signals[0]).name}"
+        name = signal.Signals(self.signals[0]).name
+        return f"received {name}" + (", workers left running" if self.leave_workers else "")
 
 
 def upgrade_hint(config_path: Path | None) -> str:
@@ -67,7 +102,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise StartupError(f"cannot listen on {host}:{port} ([api] host/port): {exc.strerror}") from None
     sock.listen(128)
-    sock.set_inheritable(False)
     return sock
 
 
@@ -84,8 +118,11 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.host = host or HostReader(settings.host.boot_id_path)
         self.stop = StopRequest()
+        self.catalog = EnvCatalog(settings.worker.python)
+        self.notifier = Notifier.from_env()
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Returns the process exit code."""
         check_listen_policy(self.settings)
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         ensure_schema(self.settings.db_path, upgrade_hint(self.config_path))
@@ -96,17 +133,54 @@ class Daemon:
         try:
             start = record_daemon_start(db, host_boot, self.clock.now())
             log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
-            self._serve(db, start, token, sock)
+            try:
+                if start.kind is StartKind.FIRST and self.settings.games:
+                    self._seed(db)
+                self._supervise_and_serve(db, start, token, sock)
+            finally:
+                record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())
+                log.info("stopped: %s", self.stop.describe())
         finally:
+            sock.close()
             db.close()
+        return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
 
-    def _serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
+    def _seed(self, db: Database) -> None:
+        try:
+            names = seed_games(db, self.clock, self.settings.games, self.catalog)
+        except FleetdError as exc:
+            raise StartupError(f"[[games]] in the config: {exc.message}") from None
+        log.info("seeded games from the config: %s", ", ".join(names))
+
+    def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
+        try:
+            reactor = Reactor(self.settings.progress_socket)
+        except OSError as exc:
+            raise StartupError(f"cannot open the progress socket: {exc}") from None
+        recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s)
+        launcher = OsLauncher(self.settings.worker.python, self.settings.worker.log_keep_runs)
+        supervisor = Supervisor(self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe())
+        thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
+        try:
+            thread.start_and_wait_ready()
+            # Schema verified, boot recorded, every game reconciled: tell systemd.
+            self.notifier.ready(supervisor.summary())
+            self._serve(db, start, token, sock, supervisor)
+        finally:
+            grace = self.settings.supervisor.stopwaitsecs + 15
+            thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
+            reactor.close()
+
+    def _serve(
+        self, db: Database, start: DaemonStart, token: str, sock: socket.socket, supervisor: Supervisor
+    ) -> None:
         info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at)
-        context = AppContext(self.settings, db, self.clock, token, info)
-        scheduler = build_scheduler(self._jobs(db, start.boot.id))
+        context = AppContext(self.settings, db, self.clock, token, info, self.catalog, supervisor)
+        scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor))
         server = uvicorn.Server(uvicorn.Config(create_app(context), log_config=None, lifespan="off"))
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            # uvicorn wraps these and calls them again once it has shut down.
+        self.stop.server = server
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            # uvicorn wraps TERM and INT and calls these again once it has shut down.
             signal.signal(signum, self.stop.handle)
         scheduler.start()
         log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)
@@ -114,13 +188,27 @@ class Daemon:
             server.run(sockets=[sock])
         finally:
             scheduler.shutdown(wait=True)
-            record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())
-            sock.close()
-            log.info("stopped: %s", self.stop.describe())
+            self.notifier.stopping(f"stopping: {self.stop.describe()}")
+            log.info("stopping: %s", self.stop.describe())
 
-    def _jobs(self, db: Database, boot_pk: int) -> list[Job]:
+    def _jobs(self, db: Database, boot_pk: int, supervisor: Supervisor) -> list[Job]:
         settings = self.settings
-        return [
+        jobs = [
             Job("heartbeat", settings.host.heartbeat_interval_s, lambda: heartbeat_job(db, self.clock, boot_pk)),
             Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
         ]
+        if self.notifier.enabled:
+            interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S
+            jobs.append(Job("sd_notify", interval, lambda: notify_job(self.notifier, supervisor)))
+        return jobs
+
+
+STATUS_INTERVAL_S = 10.0
+
+
+def notify_job(notifier: Notifier, supervisor: Supervisor) -> None:
+    """STATUS always; WATCHDOG only while the supervision loop turns, so systemd restarts a
+    daemon whose loop is stuck (its workers keep training and are re-adopted)."""
+    notifier.status(supervisor.summary())
+    if supervisor.healthy(max_age_s=10 * MAX_WAIT_S):
+        notifier.watchdog()

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.store.engine import Database
@@ -26,7 +27,8 @@ def client(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -
     host.reboot(down_s=300)
     start = record_daemon_start(db, host.current_boot(), clock.now())
     clock.advance(60)
-    context = AppContext(settings, db, clock, TOKEN, DaemonInfo(start.boot.id, start.boot.daemon_started_at))
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, TOKEN, info, EnvCatalog())
     with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
         test_client.headers["Authorization"] = f"Bearer {TOKEN}"
         yield test_client

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Protocol
 
 from fastapi import Request
 
+from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.store.engine import Database
@@ -18,6 +20,12 @@ class DaemonInfo:
     started_at: datetime
 
 
+class SupervisorPort(Protocol):
+    """What the API may ask of the supervisor: it only ever submits commands."""
+
+    def submit(self, command: Any) -> None: ...
+
+
 @dataclass(frozen=True)
 class AppContext:
     settings: Settings
@@ -25,6 +33,8 @@ class AppContext:
     clock: Clock
     token: str
     daemon: DaemonInfo
+    catalog: EnvCatalog
+    supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
 
 
 def get_context(request: Request) -> AppContext:

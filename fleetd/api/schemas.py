@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
 
 
 class Out(BaseModel):
@@ -75,3 +77,81 @@ class EventOut(Out):
 class EventList(Out):
     items: list[EventOut]
     next_before: int | None  # pass as ?before= for the next, older page
+
+
+class In(BaseModel):
+    """Request bodies reject unknown fields: a typo is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GameCreate(In):
+    name: str = Field(pattern=GAME_NAME_PATTERN, description=GAME_NAME_RULE)
+    env_id: str = Field(min_length=1, max_length=128, description="an EnvPool or Gymnasium env id")
+    algo: Literal["ppo", "dqn", "a2c"] = "ppo"
+    total_timesteps: int | None = Field(None, ge=1, le=10**13)
+    target_episodes: int | None = Field(None, ge=1, le=10**10)
+    priority: int = Field(0, ge=-1000, le=1000)
+    checkpoint_interval_s: float | None = Field(None, ge=1, le=86400)
+    hyperparams: dict[str, Any] = Field(default_factory=dict, description="overrides passed to the worker")
+    desired: Literal["running", "stopped"] = "running"
+
+
+class CheckpointOut(Out):
+    path: str
+    steps: int
+    episodes: int
+    size_bytes: int
+    created_at: datetime
+    verified: bool
+    problem: str | None
+
+
+class CheckpointList(Out):
+    items: list[CheckpointOut]
+
+
+class RunOut(Out):
+    id: int
+    pid: int | None
+    started_at: datetime
+    ended_at: datetime | None
+    exit_code: int | None
+    exit_signal: int | None
+    cause: str | None
+    resumed_from_steps: int | None
+    adoptions: int
+    log_path: str | None
+
+
+class RunList(Out):
+    items: list[RunOut]
+
+
+class GameOut(Out):
+    name: str
+    env_id: str
+    algo: str
+    desired: str
+    state: str
+    state_reason: str | None
+    pid: int | None
+    restarts: int
+    steps: int
+    episodes: int
+    episodes_per_hour: float | None
+    mean_reward_100: float | None
+    best_reward: float | None
+    last_checkpoint: CheckpointOut | None
+    started_at: datetime | None  # when the current worker started; null when none runs
+    updated_at: datetime
+    created_at: datetime
+    priority: int
+    total_timesteps: int | None
+    target_episodes: int | None
+    checkpoint_interval_s: float | None
+    hyperparams: dict[str, Any]
+
+
+class GameList(Out):
+    items: list[GameOut]

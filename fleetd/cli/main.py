@@ -11,6 +11,7 @@ import typer
 
 from fleetd.cli import render
 from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.config import ConfigError, Settings, config_path_from, load_settings
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
@@ -24,6 +25,7 @@ EXIT_CONFIG = 78
 app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_is_help=True)
 db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+register_systemd(app)
 
 ConfigOption = Annotated[
     Path | None,
@@ -61,10 +63,11 @@ def serve(config: ConfigOption = None) -> None:
     settings, path = settings_from(config)
     configure_logging(settings.log_level)
     try:
-        Daemon(settings, config_path=path).run()
+        code = Daemon(settings, config_path=path).run()
     except (StartupError, SchemaError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(EXIT_CONFIG) from None
+    raise typer.Exit(code)
 
 
 @app.command()

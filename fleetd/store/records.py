@@ -28,3 +28,86 @@ class EventRecord:
     game: str | None
     message: str
     details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    path: str
+    steps: int
+    episodes: int
+    size_bytes: int
+    created_at: datetime
+    verified: bool
+    problem: str | None
+    run_id: int | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    game: str
+    boot_pk: int
+    pid: int | None
+    proc_start_time: float | None
+    cmdline: tuple[str, ...]
+    log_path: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    exit_code: int | None
+    exit_signal: int | None
+    cause: str | None
+    resumed_from_steps: int | None
+    adoptions: int
+
+
+@dataclass(frozen=True)
+class GameRecord:
+    id: int
+    name: str
+    env_id: str
+    algo: str
+    desired: str
+    priority: int
+    total_timesteps: int | None
+    target_episodes: int | None
+    checkpoint_interval_s: float | None
+    hyperparams: dict[str, Any]
+    state: str
+    state_reason: str | None
+    state_changed_at: datetime
+    restarts: int
+    steps: int
+    episodes: int
+    episodes_per_hour: float | None
+    mean_reward_100: float | None
+    best_reward: float | None
+    progress_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    current_run: RunRecord | None  # the run still open, if a worker is (or may be) alive
+    last_checkpoint: CheckpointRecord | None  # the newest verified one
+
+
+@dataclass(frozen=True)
+class GameDraft:
+    """A new game, as validated by the API or read from [[games]]."""
+
+    name: str
+    env_id: str
+    algo: str
+    desired: str = "running"
+    priority: int = 0
+    total_timesteps: int | None = None
+    target_episodes: int | None = None
+    checkpoint_interval_s: float | None = None
+    hyperparams: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    steps: int
+    episodes: int
+    episodes_per_hour: float | None
+    mean_reward_100: float | None
+    best_reward: float | None
+    at: datetime

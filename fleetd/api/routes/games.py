@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.schemas import (
+    CheckpointList,
+    CheckpointOut,
+    GameCreate,
+    GameList,
+    GameOut,
+    RunList,
+    RunOut,
+)
+from fleetd.games import add_game, remove_game, set_desired
+from fleetd.slug import GAME_NAME_PATTERN
+from fleetd.store import checkpoints as checkpoint_store
+from fleetd.store import games as game_store
+from fleetd.store import runs as run_store
+from fleetd.store.records import CheckpointRecord, GameDraft, GameRecord, RunRecord
+from fleetd.supervision.supervisor import Reconcile, StartGame
+
+router = APIRouter(tags=["games"])
+GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
+CONFLICT = {409: {"description": "conflict"}}
+NOT_FOUND = {404: {"description": "no such game"}}
+
+
+def checkpoint_out(record: CheckpointRecord) -> CheckpointOut:
+    return CheckpointOut(**{k: getattr(record, k) for k in CheckpointOut.model_fields})
+
+
+def run_out(record: RunRecord) -> RunOut:
+    return RunOut(**{k: getattr(record, k) for k in RunOut.model_fields})
+
+
+def game_out(game: GameRecord) -> GameOut:
+    run = game.current_run
+    fields = {k: getattr(game, k) for k in GameOut.model_fields if hasattr(game, k)}
+    fields.update(
+        pid=run.pid if run else None,
+        started_at=run.started_at if run else None,
+        last_checkpoint=checkpoint_out(game.last_checkpoint) if game.last_checkpoint else None,
+    )
+    return GameOut(**fields)
+
+
+def _tell_supervisor(context: AppContext, command: Reconcile | StartGame) -> None:
+    if context.supervisor is not None:
+        context.supervisor.submit(command)
+
+
+@router.get("/games", response_model=GameList)
+def list_games(context: AppContext = Depends(get_context)) -> GameList:
+    with context.db.transaction() as session:
+        return GameList(items=[game_out(game) for game in game_store.read_games(session)])
+
+
+@router.post("/games", response_model=GameOut, status_code=201, responses=CONFLICT)
+def create_game(body: GameCreate, context: AppContext = Depends(get_context)) -> GameOut:
+    """Add a game; with `desired: running` (the default) the supervisor starts it."""
+    game = add_game(context.db, context.clock, GameDraft(**body.model_dump()), context.catalog)
+    _tell_supervisor(context, Reconcile())
+    return game_out(game)
+
+
+@router.get("/games/{name}", response_model=GameOut, responses=NOT_FOUND)
+def read_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
+    with context.db.transaction() as session:
+        return game_out(game_store.read_game(session, name))
+
+
+@router.delete("/games/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
+def delete_game(
+    name: str = GameName,
+    purge: bool = Query(False, description="also delete its checkpoints and logs"),
+    context: AppContext = Depends(get_context),
+) -> Response:
+    """Remove a stopped game. Its files stay on disk unless `purge` is true."""
+    remove_game(context.db, context.clock, name, context.settings.game_dir(name), purge)
+    _tell_supervisor(context, Reconcile())
+    return Response(status_code=204)
+
+
+@router.post("/games/{name}/stop", response_model=GameOut, status_code=202, responses=NOT_FOUND)
+def stop_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
+    """Desired state stopped: the worker gets its stop signal and writes a final checkpoint."""
+    game = set_desired(context.db, context.clock, name, "stopped")
+    _tell_supervisor(context, Reconcile())
+    return game_out(game)
+
+
+@router.post("/games/{name}/start", response_model=GameOut, status_code=202, responses=NOT_FOUND)
+def start_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
+    """Desired state running; also clears FATAL and restarts an EXITED game."""
+    game = set_desired(context.db, context.clock, name, "running")
+    _tell_supervisor(context, StartGame(name))
+    return game_out(game)
+
+
+@router.get("/games/{name}/runs", response_model=RunList, responses=NOT_FOUND)
+def list_runs(
+    name: str = GameName, limit: int = Query(50, ge=1, le=1000), context: AppContext = Depends(get_context)
+) -> RunList:
+    with context.db.transaction() as session:
+        game = game_store.read_game(session, name)
+        runs = run_store.read_runs(session, game.id, name, limit)
+    return RunList(items=[run_out(run) for run in runs])
+
+
+@router.get("/games/{name}/checkpoints", response_model=CheckpointList, responses=NOT_FOUND)
+def list_checkpoints(name: str = GameName, context: AppContext = Depends(get_context)) -> CheckpointList:
+    with context.db.transaction() as session:
+        game = game_store.read_game(session, name)
+        records = checkpoint_store.read_checkpoints(session, game.id)
+    return CheckpointList(items=[checkpoint_out(record) for record in records])
+
+

@@ -1,0 +1,4 @@
+"""Game names become folder names: lowercase letters, digits, '-' and '_', starting alphanumeric."""
+
+GAME_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+GAME_NAME_RULE = "a slug: 1-64 of a-z 0-9 - _, starting with a letter or digit"

@@ -1,0 +1,64 @@
+"""Query functions for the checkpoint index (the manifests on disk are the truth)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from fleetd.store.models import Checkpoint
+from fleetd.store.records import CheckpointRecord
+
+
+def checkpoint_record(row: Checkpoint) -> CheckpointRecord:
+    return CheckpointRecord(
+        path=row.path,
+        steps=row.steps,
+        episodes=row.episodes,
+        size_bytes=row.size_bytes,
+        created_at=row.created_at,
+        verified=row.verified,
+        problem=row.problem,
+        run_id=row.run_id,
+    )
+
+
+def upsert_checkpoint(session: Session, game_id: int, record: CheckpointRecord) -> None:
+    query = select(Checkpoint).where(Checkpoint.game_id == game_id, Checkpoint.path == record.path)
+    row = session.scalars(query).first()
+    if row is None:
+        row = Checkpoint(game_id=game_id, path=record.path)
+        session.add(row)
+    row.steps, row.episodes, row.size_bytes = record.steps, record.episodes, record.size_bytes
+    row.created_at, row.verified, row.problem = record.created_at, record.verified, record.problem
+    if record.run_id is not None:
+        row.run_id = record.run_id
+    session.flush()
+
+
+def delete_checkpoints_except(session: Session, game_id: int, paths: set[str]) -> int:
+    """Forget folders that are gone from disk (pruned by the worker, or removed by hand)."""
+    query = delete(Checkpoint).where(Checkpoint.game_id == game_id, Checkpoint.path.not_in(paths))
+    return int(session.execute(query).rowcount or 0)
+
+
+def read_checkpoints(session: Session, game_id: int) -> list[CheckpointRecord]:
+    query = select(Checkpoint).where(Checkpoint.game_id == game_id).order_by(Checkpoint.steps.desc())
+    return [checkpoint_record(row) for row in session.scalars(query)]
+
+
+def read_newest_verified(session: Session, game_id: int) -> CheckpointRecord | None:
+    query = (
+        select(Checkpoint)
+        .where(Checkpoint.game_id == game_id, Checkpoint.verified.is_(True))
+        .order_by(Checkpoint.steps.desc())
+        .limit(1)
+    )
+    row = session.scalars(query).first()
+    return None if row is None else checkpoint_record(row)
+
+
+def newest_checkpoint_time(session: Session, game_id: int) -> datetime | None:
+    query = select(Checkpoint.created_at).where(Checkpoint.game_id == game_id).order_by(Checkpoint.steps.desc())
+    return session.scalars(query.limit(1)).first()

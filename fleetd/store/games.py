@@ -1,0 +1,134 @@
+"""Query functions for games. They flush, never commit: the caller owns the transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.store.checkpoints import read_newest_verified
+from fleetd.store.models import Game, Run
+from fleetd.store.records import GameDraft, GameRecord, ProgressSnapshot
+from fleetd.store.runs import run_record
+
+
+def _record(session: Session, row: Game) -> GameRecord:
+    open_run = session.scalars(
+        select(Run).where(Run.game_id == row.id, Run.ended_at.is_(None)).order_by(Run.id.desc()).limit(1)
+    ).first()
+    return GameRecord(
+        id=row.id,
+        name=row.name,
+        env_id=row.env_id,
+        algo=row.algo,
+        desired=row.desired,
+        priority=row.priority,
+        total_timesteps=row.total_timesteps,
+        target_episodes=row.target_episodes,
+        checkpoint_interval_s=row.checkpoint_interval_s,
+        hyperparams=dict(row.hyperparams or {}),
+        state=row.state,
+        state_reason=row.state_reason,
+        state_changed_at=row.state_changed_at,
+        restarts=row.restarts,
+        steps=row.steps,
+        episodes=row.episodes,
+        episodes_per_hour=row.episodes_per_hour,
+        mean_reward_100=row.mean_reward_100,
+        best_reward=row.best_reward,
+        progress_at=row.progress_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        current_run=run_record(open_run, row.name) if open_run else None,
+        last_checkpoint=read_newest_verified(session, row.id),
+    )
+
+
+def _row(session: Session, name: str) -> Game:
+    row = session.scalars(select(Game).where(Game.name == name)).first()
+    if row is None:
+        raise FleetdError(ErrorCode.NOT_FOUND, f"no game named {name!r}", {"name": name})
+    return row
+
+
+def create_game(session: Session, draft: GameDraft, now: datetime) -> GameRecord:
+    row = Game(
+        name=draft.name,
+        env_id=draft.env_id,
+        algo=draft.algo,
+        desired=draft.desired,
+        priority=draft.priority,
+        total_timesteps=draft.total_timesteps,
+        target_episodes=draft.target_episodes,
+        checkpoint_interval_s=draft.checkpoint_interval_s,
+        hyperparams=draft.hyperparams or {},
+        state="stopped",
+        state_changed_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()
+    except IntegrityError:
+        raise FleetdError(ErrorCode.CONFLICT, f"a game named {draft.name!r} exists", {"name": draft.name}) from None
+    return _record(session, row)
+
+
+def read_game(session: Session, name: str) -> GameRecord:
+    """The game, or FleetdError(NOT_FOUND)."""
+    return _record(session, _row(session, name))
+
+
+def find_game(session: Session, name: str) -> GameRecord | None:
+    row = session.scalars(select(Game).where(Game.name == name)).first()
+    return None if row is None else _record(session, row)
+
+
+def read_games(session: Session) -> list[GameRecord]:
+    rows = session.scalars(select(Game).order_by(Game.priority.desc(), Game.created_at, Game.id))
+    return [_record(session, row) for row in rows]
+
+
+def count_games(session: Session) -> int:
+    return len(session.scalars(select(Game.id)).all())
+
+
+def update_game_desired(session: Session, name: str, desired: str, now: datetime) -> GameRecord:
+    row = _row(session, name)
+    row.desired, row.updated_at = desired, now
+    session.flush()
+    return _record(session, row)
+
+
+def update_game_state(
+    session: Session, name: str, state: str, reason: str, now: datetime, restart: bool = False
+) -> int:
+    """Returns the game's id (for the event it goes with)."""
+    row = _row(session, name)
+    row.state, row.state_reason, row.state_changed_at, row.updated_at = state, reason, now, now
+    row.restarts += int(restart)
+    session.flush()
+    return row.id
+
+
+def update_game_progress(session: Session, name: str, progress: ProgressSnapshot) -> int:
+    row = _row(session, name)
+    row.steps, row.episodes = progress.steps, progress.episodes
+    row.episodes_per_hour, row.mean_reward_100 = progress.episodes_per_hour, progress.mean_reward_100
+    row.best_reward, row.progress_at, row.updated_at = progress.best_reward, progress.at, progress.at
+    session.flush()
+    return row.id
+
+
+def game_id_of(session: Session, name: str) -> int:
+    return _row(session, name).id
+
+
+def delete_game(session: Session, name: str) -> None:
+    session.delete(_row(session, name))
+    session.flush()

@@ -1,0 +1,81 @@
+"""Query functions for worker runs: each launch or adoption of a game's worker."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fleetd.store.models import Game, Run
+from fleetd.store.records import RunRecord
+
+
+def run_record(row: Run, game: str) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        game=game,
+        boot_pk=row.boot_id,
+        pid=row.pid,
+        proc_start_time=row.proc_start_time,
+        cmdline=tuple(row.cmdline or ()),
+        log_path=row.log_path,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        exit_code=row.exit_code,
+        exit_signal=row.exit_signal,
+        cause=row.cause,
+        resumed_from_steps=row.resumed_from_steps,
+        adoptions=row.adoptions,
+    )
+
+
+def create_run(session: Session, game_id: int, boot_pk: int, now: datetime) -> int:
+    row = Run(game_id=game_id, boot_id=boot_pk, started_at=now, cmdline=[])
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def update_run_spawned(
+    session: Session, run_id: int, pid: int, start_time: float, cmdline: list[str], log_path: str
+) -> None:
+    row = session.get_one(Run, run_id)
+    row.pid, row.proc_start_time, row.cmdline, row.log_path = pid, start_time, cmdline, log_path
+    session.flush()
+
+
+def update_run_ended(
+    session: Session, run_id: int, now: datetime, cause: str, exit_code: int | None, exit_signal: int | None
+) -> None:
+    row = session.get_one(Run, run_id)
+    row.ended_at, row.cause, row.exit_code, row.exit_signal = now, cause, exit_code, exit_signal
+    session.flush()
+
+
+def update_run_resumed(session: Session, run_id: int, steps: int | None) -> None:
+    session.get_one(Run, run_id).resumed_from_steps = steps
+    session.flush()
+
+
+def update_run_adopted(session: Session, run_id: int) -> None:
+    session.get_one(Run, run_id).adoptions += 1
+    session.flush()
+
+
+def read_open_runs(session: Session) -> list[RunRecord]:
+    """Runs with no end recorded: their workers may still live."""
+    query = select(Run, Game.name).join(Game).where(Run.ended_at.is_(None)).order_by(Run.id)
+    return [run_record(row, name) for row, name in session.execute(query)]
+
+
+def read_runs(session: Session, game_id: int, game: str, limit: int) -> list[RunRecord]:
+    query = select(Run).where(Run.game_id == game_id).order_by(Run.id.desc()).limit(limit)
+    return [run_record(row, game) for row in session.scalars(query)]
+
+
+def read_run(session: Session, run_id: int) -> RunRecord | None:
+    row = session.get(Run, run_id)
+    if row is None:
+        return None
+    return run_record(row, session.get_one(Game, row.game_id).name)

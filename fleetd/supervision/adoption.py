@@ -1,0 +1,53 @@
+"""After a daemon restart: which recorded workers still live, and may be adopted.
+
+A recorded pid is trusted only on the boot that recorded it, and only when the process with
+that pid started at the recorded time and runs the recorded command line: pids are reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import psutil
+
+from fleetd.store.records import RunRecord
+
+# psutil derives the start time from /proc in clock ticks: the same process reads the same.
+START_TIME_TOLERANCE_S = 0.05
+
+
+class ProcessProbe(Protocol):
+    def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool: ...
+
+
+class OsProcessProbe:
+    def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
+        try:
+            process = psutil.Process(pid)
+            with process.oneshot():
+                if process.status() == psutil.STATUS_ZOMBIE:
+                    return False
+                same_start = abs(process.create_time() - start_time) <= START_TIME_TOLERANCE_S
+                return same_start and tuple(process.cmdline()) == cmdline
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+
+@dataclass
+class OpenRuns:
+    live: list[RunRecord] = field(default_factory=list)  # to adopt
+    lost_with_daemon: list[RunRecord] = field(default_factory=list)  # died while the daemon was down
+    lost_with_host: list[RunRecord] = field(default_factory=list)  # recorded on an earlier boot
+
+
+def sort_open_runs(runs: list[RunRecord], current_boot_pk: int, probe: ProcessProbe) -> OpenRuns:
+    result = OpenRuns()
+    for run in runs:
+        if run.boot_pk != current_boot_pk:
+            result.lost_with_host.append(run)
+        elif run.pid is not None and run.proc_start_time and probe.matches(run.pid, run.proc_start_time, run.cmdline):
+            result.live.append(run)
+        else:
+            result.lost_with_daemon.append(run)
+    return result

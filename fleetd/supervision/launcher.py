@@ -1,0 +1,91 @@
+"""Starting and signalling real worker processes.
+
+Each worker is spawned without a shell, in a session (and so a process group) of its own,
+with stdin from /dev/null and stdout/stderr appended to its run's log file. Being in its own
+session, it survives the daemon's death and can be re-adopted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import psutil
+
+from fleetd.notify import NOTIFY_ENV_KEYS
+from fleetd.supervision.seams import Launch, LaunchError, Spawned
+
+log = logging.getLogger(__name__)
+
+# systemd's variables are for the daemon alone: a worker must not notify or feed the watchdog.
+_PRIVATE_ENV = (*NOTIFY_ENV_KEYS, "LISTEN_FDS", "LISTEN_PID")
+
+
+def process_start_time(pid: int) -> float:
+    return psutil.Process(pid).create_time()
+
+
+class OsLauncher:
+    def __init__(self, python: str = "", keep_runs: int = 10) -> None:
+        self.python = python or sys.executable
+        self.keep_runs = keep_runs
+
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        logs = launch.game_dir / "logs"
+        try:
+            logs.mkdir(parents=True, exist_ok=True)
+            spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", {**launch.spec, "run_id": run_id})
+            log_path = logs / f"run-{run_id:06d}.log"
+            argv = [self.python, "-m", "workers", "--spec", str(spec_path)]
+            pid = self._spawn(argv, log_path, _worker_env(launch.spec))
+        except OSError as exc:
+            raise LaunchError(f"{exc.strerror or exc} ({exc.filename or self.python})") from None
+        _prune_run_files(logs, self.keep_runs)
+        try:
+            started = process_start_time(pid)
+        except psutil.NoSuchProcess:
+            started = 0.0  # gone already: its exit is on its way to the reactor
+        return Spawned(pid, started, tuple(argv), str(log_path))
+
+    def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> int:
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        try:
+            actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)]
+            return os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True)
+        finally:
+            os.close(out)
+            os.close(stdin)
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass  # the whole group is gone already
+        except PermissionError:
+            log.error("not allowed to signal process group %d", pid)
+
+
+def _worker_env(spec: dict[str, object]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
+    threads = str(spec.get("cpu_threads", 1))
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    return env
+
+
+def _write_spec(path: Path, spec: dict[str, object]) -> Path:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def _prune_run_files(logs: Path, keep: int) -> None:
+    """Keep the newest `keep` runs' logs and specs (run ids sort as names)."""
+    runs = sorted({p.name.split(".")[0] for p in logs.glob("run-*")})
+    for old in runs[:-keep]:
+        for path in logs.glob(f"{old}.*"):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,46 @@
+"""The process policy, built from [supervisor] settings."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from fleetd.config import SupervisorSettings
+
+
+@dataclass(frozen=True)
+class Policy:
+    startsecs: float = 10.0
+    startretries: int = 5
+    stopwaitsecs: float = 60.0
+    stopsignal: signal.Signals = signal.SIGTERM
+    autorestart: str = "unexpected"
+    exitcodes: frozenset[int] = frozenset({20})
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    hang_timeout_s: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: SupervisorSettings) -> Policy:
+        return cls(
+            startsecs=settings.startsecs,
+            startretries=settings.startretries,
+            stopwaitsecs=settings.stopwaitsecs,
+            stopsignal=signal.Signals[f"SIG{settings.stopsignal}"],
+            autorestart=settings.autorestart,
+            exitcodes=frozenset(settings.exitcodes),
+            backoff_initial_s=settings.backoff_initial_s,
+            backoff_max_s=settings.backoff_max_s,
+            hang_timeout_s=settings.hang_timeout_s,
+        )
+
+    def backoff_delay(self, failures: int) -> float:
+        """Doubles with each consecutive failure, up to the cap."""
+        return min(self.backoff_initial_s * 2 ** max(0, failures - 1), self.backoff_max_s)
+
+    def restarts_after(self, exit_code: int | None) -> bool:
+        if self.autorestart == "true":
+            return True
+        if self.autorestart == "false":
+            return False
+        return exit_code is None or exit_code not in self.exitcodes

@@ -1,0 +1,189 @@
+"""One game's worker process: supervisord's lifecycle as small methods over a transition table.
+
+All time is monotonic and comes from the injected clock; all effects go through the launcher
+and the sink. Nothing here sleeps, reads the OS or touches the database.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from fleetd.clock import Clock
+from fleetd.supervision.policy import Policy
+from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Launcher, Sink
+from fleetd.supervision.states import LIVE, State, check_transition
+from workers.protocol import EXIT_BAD_SPEC, EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED
+
+_FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    cause: str  # what runs.cause records
+    state: State | None  # None: a failure, BACKOFF or FATAL by the count
+    reason: str
+
+
+class WorkerProcess:
+    def __init__(self, launch: Launch, policy: Policy, launcher: Launcher, clock: Clock, sink: Sink) -> None:
+        self.launch = launch
+        self.policy = policy
+        self._launcher = launcher
+        self._clock = clock
+        self._sink = sink
+        self.state = State.STOPPED
+        self.reason = ""
+        self.run_id: int | None = None
+        self.pid: int | None = None
+        self.failures = 0
+        self._spawned_at = 0.0
+        self._backoff_until = 0.0
+        self._stop_deadline = 0.0
+        self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
+        self.last_steps: int | None = None
+        self._progress_at = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.launch.game
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def start(self, reason: str = "start requested") -> None:
+        """Start now, from STOPPED, EXITED, FATAL or BACKOFF; clears the failure count."""
+        if self.state in (State.STOPPED, State.EXITED, State.FATAL, State.BACKOFF):
+            self.failures = 0
+            self._spawn(reason)
+
+    def stop(self, reason: str = "stop requested") -> None:
+        if self.state in (State.STARTING, State.RUNNING):
+            self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
+            self._signal(self.policy.stopsignal)
+            self._to(State.STOPPING, reason)
+        elif self.state is State.BACKOFF:
+            self._to(State.STOPPED, reason)
+
+    def restore(self, state: State, reason: str) -> None:
+        """At daemon start: keep a game that had ended (EXITED) or given up (FATAL) that way."""
+        if self.state is State.STOPPED and state in (State.EXITED, State.FATAL):
+            self.state, self.reason = state, reason
+
+    def adopt(self, run_id: int, pid: int, steps: int | None) -> None:
+        """Watch a live worker that a previous daemon started (it is no longer our child)."""
+        self.run_id, self.pid = run_id, pid
+        self._fresh_watch(steps)
+        self._to(State.RUNNING, f"adopted live worker pid {pid} after a daemon restart")
+
+    # -- what happened ---------------------------------------------------------------------
+
+    def on_progress(self, run_id: int, steps: int) -> bool:
+        """A progress report; only advancing steps count as progress for the hang watchdog."""
+        if run_id != self.run_id or self.state not in LIVE:
+            return False
+        if self.last_steps is None or steps > self.last_steps:
+            self.last_steps = steps
+            self._progress_at = self._clock.monotonic()
+        return True
+
+    def on_exit(self, status: ExitStatus) -> None:
+        if self.run_id is None or self.pid is None:
+            return
+        outcome = self._classify(status)
+        self._sink.run_ended(self.run_id, status, outcome.cause)
+        # The leader is gone; SubprocVecEnv children and other stragglers go with it.
+        self._launcher.signal_group(self.pid, signal.SIGKILL)
+        self.run_id = self.pid = None
+        if outcome.state is _FAILED:
+            self._failed(outcome.reason)
+        else:
+            self._to(outcome.state, outcome.reason)
+
+    def tick(self) -> None:
+        """Act on whatever deadline has passed."""
+        now = self._clock.monotonic()
+        if self.state is State.STARTING and now - self._spawned_at >= self.policy.startsecs:
+            self.failures = 0
+            self._to(State.RUNNING, f"up for {self.policy.startsecs:g}s")
+        if self.state is State.BACKOFF and now >= self._backoff_until:
+            self._spawn("restarting after backoff", restart=True)
+        if self.state is State.STOPPING and now >= self._stop_deadline and self._killed_for is None:
+            self._kill("stop_timeout", f"still running {self.policy.stopwaitsecs:g}s after the stop signal")
+        if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
+            if now - self._progress_at >= self.policy.hang_timeout_s:
+                self._kill("hang", f"no progress for {self.policy.hang_timeout_s:g}s")
+
+    def next_deadline(self) -> float | None:
+        """The monotonic time at which tick() has something to do, if any."""
+        deadlines = []
+        if self.state is State.STARTING:
+            deadlines.append(self._spawned_at + self.policy.startsecs)
+        if self.state is State.BACKOFF:
+            deadlines.append(self._backoff_until)
+        if self.state is State.STOPPING and self._killed_for is None:
+            deadlines.append(self._stop_deadline)
+        if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
+            deadlines.append(self._progress_at + self.policy.hang_timeout_s)
+        return min(deadlines) if deadlines else None
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _spawn(self, reason: str, restart: bool = False) -> None:
+        self._to(State.STARTING, reason, restart=restart)
+        run_id = self._sink.begin_run(self.name)
+        try:
+            spawned = self._launcher.spawn(self.launch, run_id)
+        except LaunchError as exc:
+            self._sink.run_ended(run_id, ExitStatus(), "spawn_error")
+            self._failed(f"could not start the worker: {exc}")
+            return
+        self.run_id, self.pid = run_id, spawned.pid
+        self._spawned_at = self._clock.monotonic()
+        self._fresh_watch(None)
+        self._sink.run_spawned(run_id, spawned)
+
+    def _fresh_watch(self, steps: int | None) -> None:
+        self._killed_for = None
+        self.last_steps = steps
+        self._progress_at = self._clock.monotonic()
+
+    def _classify(self, status: ExitStatus) -> Outcome:
+        if self.state is State.STOPPING:
+            how = " (SIGKILL after stopwaitsecs)" if self._killed_for == "stop_timeout" else ""
+            return Outcome("stopped", State.STOPPED, f"stopped{how}")
+        if self._killed_for == "hang":
+            return Outcome("hang", _FAILED, f"hung: no progress for {self.policy.hang_timeout_s:g}s")
+        if status.code == EXIT_COMPLETED:
+            return Outcome("completed", State.EXITED, "completed: goal reached")
+        if status.code == EXIT_CHECKPOINTS_UNUSABLE:
+            return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies")
+        if status.code == EXIT_BAD_SPEC:
+            return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
+        if not self.policy.restarts_after(status.code):
+            return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
+        cause = "oom" if status.oom_killed else "crash"
+        what = "killed by the OOM killer" if status.oom_killed else status.describe()
+        return Outcome(cause, _FAILED, f"{cause}: {what}")
+
+    def _failed(self, reason: str) -> None:
+        self.failures += 1
+        if self.failures > self.policy.startretries:
+            self._to(State.FATAL, f"{reason}; gave up after {self.failures} failures in a row")
+            return
+        delay = self.policy.backoff_delay(self.failures)
+        self._backoff_until = self._clock.monotonic() + delay
+        self._to(State.BACKOFF, f"{reason}; restarting in {delay:g}s")
+
+    def _kill(self, why: str, message: str) -> None:
+        self._killed_for = why
+        self._sink.note(self.name, why, f"{message}: sending SIGKILL to pid {self.pid}'s group", "warning")
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.pid is not None:
+            self._launcher.signal_group(self.pid, sig)
+
+    def _to(self, new: State, reason: str, restart: bool = False) -> None:
+        check_transition(self.state, new)
+        old, self.state, self.reason = self.state, new, reason
+        self._sink.transition(self.name, old, new, reason, restart)

@@ -1,0 +1,134 @@
+"""One wait for everything the supervisor reacts to: worker exits, progress datagrams, wake-ups.
+
+Exits are seen through pidfds, at once, for our own children (then reaped for their status)
+and for adopted workers alike (whose status is not ours to read).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetd.supervision.oom import OomCounter
+from fleetd.supervision.seams import ExitStatus
+from workers.protocol import Report, ReportError, decode_report
+
+log = logging.getLogger(__name__)
+
+MAX_DATAGRAM = 65536
+SUN_PATH_MAX = 107
+
+
+@dataclass(frozen=True)
+class Exited:
+    pid: int
+    status: ExitStatus
+
+
+@dataclass(frozen=True)
+class Reported:
+    report: Report
+
+
+Happening = Exited | Reported
+
+
+class Reactor:
+    def __init__(self, progress_socket: Path, oom: OomCounter | None = None) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._oom = oom or OomCounter()
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
+        self._sock = _bind_datagram(progress_socket)
+        self._selector.register(self._sock, selectors.EVENT_READ, "progress")
+        self._pidfds: dict[int, tuple[int, bool]] = {}  # pid -> (pidfd, our child)
+
+    def watch(self, pid: int, own_child: bool) -> bool:
+        """False when the process is gone already."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        self._pidfds[pid] = (pidfd, own_child)
+        self._selector.register(pidfd, selectors.EVENT_READ, pid)
+        return True
+
+    def wake(self) -> None:
+        """Thread-safe: makes a wait() in progress return."""
+        try:
+            os.write(self._wake_write, b"!")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def wait(self, timeout: float | None) -> list[Happening]:
+        happenings: list[Happening] = []
+        for key, _ in self._selector.select(timeout):
+            if key.data == "wake":
+                _drain(self._wake_read)
+            elif key.data == "progress":
+                happenings.extend(self._read_reports())
+            else:
+                happenings.append(self._exited(key.data))
+        return happenings
+
+    def _exited(self, pid: int) -> Exited:
+        pidfd, own_child = self._pidfds.pop(pid)
+        self._selector.unregister(pidfd)
+        os.close(pidfd)
+        status = ExitStatus()
+        if own_child:
+            _, wait_status = os.waitpid(pid, 0)  # the pidfd says it exited: this returns at once
+            status = ExitStatus.from_wait_status(wait_status)
+        if status.signal == signal.SIGKILL and self._oom.killed_since_last():
+            status = ExitStatus(status.code, status.signal, oom_killed=True)
+        return Exited(pid, status)
+
+    def _read_reports(self) -> list[Reported]:
+        reports = []
+        while True:
+            try:
+                datagram = self._sock.recv(MAX_DATAGRAM)
+            except BlockingIOError:
+                return reports
+            try:
+                reports.append(Reported(decode_report(datagram)))
+            except ReportError as exc:
+                log.warning("ignored a malformed progress report: %s", exc)
+
+    def close(self) -> None:
+        for pidfd, _ in self._pidfds.values():
+            os.close(pidfd)
+        self._pidfds.clear()
+        self._selector.close()
+        path = self._sock.getsockname()
+        self._sock.close()
+        if isinstance(path, str) and path:
+            Path(path).unlink(missing_ok=True)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+
+def _bind_datagram(path: Path) -> socket.socket:
+    if len(str(path)) > SUN_PATH_MAX:
+        raise OSError(f"the progress socket path {path} is longer than {SUN_PATH_MAX} bytes; use a shorter state_dir")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a previous daemon's socket: it died or was killed
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    # Many workers reporting at once: a larger buffer keeps bursts from being dropped.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+    return sock
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

@@ -1,0 +1,164 @@
+"""The sink of the state machine in the daemon: every run, transition and report into the store.
+
+Progress reports arrive every few seconds per worker; they are kept in memory and written in
+one transaction every `progress_flush_s`, with metric samples every `sample_interval_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from fleetd.clock import Clock
+from fleetd.store import checkpoints as checkpoint_store
+from fleetd.store import games as game_store
+from fleetd.store import runs as run_store
+from fleetd.store.engine import Database
+from fleetd.store.events import create_event
+from fleetd.store.boots import read_boot
+from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
+from fleetd.store.samples import create_samples
+from fleetd.supervision.seams import ExitStatus, Spawned
+from fleetd.supervision.states import State
+from workers.protocol import CheckpointSummary, ProgressReport
+
+_SEVERITY = {State.FATAL: "error", State.BACKOFF: "warning"}
+
+
+@dataclass
+class _Pending:
+    report: ProgressReport
+    sampled_at: float = 0.0  # monotonic time of the last sample written
+
+
+@dataclass
+class Recorder:
+    db: Database
+    clock: Clock
+    boot_pk: int
+    sample_interval_s: float = 30.0
+    _progress: dict[str, _Pending] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
+
+    # -- Sink -------------------------------------------------------------------------------
+
+    def begin_run(self, game: str) -> int:
+        with self.db.transaction() as session:
+            return run_store.create_run(session, game_store.game_id_of(session, game), self.boot_pk, self.clock.now())
+
+    def run_spawned(self, run_id: int, spawned: Spawned) -> None:
+        with self.db.transaction() as session:
+            run_store.update_run_spawned(
+                session, run_id, spawned.pid, spawned.start_time, list(spawned.cmdline), spawned.log_path
+            )
+
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
+        with self.db.transaction() as session:
+            run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)
+
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+        now = self.clock.now()
+        with self.db.transaction() as session:
+            game_store.update_game_state(session, game, new.value, reason, now, restart)
+            message = f"{old} -> {new}: {reason}"
+            details = {"from": old.value, "to": new.value, "reason": reason}
+            create_event(session, now, "state", message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
+
+    def note(self, game: str, kind: str, message: str, severity: str) -> None:
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), kind, message, severity=severity, game=game)
+
+    # -- reports ----------------------------------------------------------------------------
+
+    def progress(self, report: ProgressReport) -> None:
+        pending = self._progress.get(report.game)
+        self._progress[report.game] = _Pending(report, pending.sampled_at if pending else 0.0)
+        self._dirty.add(report.game)
+
+    def flush_progress(self) -> int:
+        """Write the newest report of every game that reported since the last flush."""
+        if not self._dirty:
+            return 0
+        names, self._dirty = self._dirty, set()
+        mono = self.clock.monotonic()
+        with self.db.transaction() as session:
+            for name in names:
+                self._write_progress(session, self._progress[name], mono)
+        return len(names)
+
+    def _write_progress(self, session: Any, pending: _Pending, mono: float) -> None:
+        report = pending.report
+        at = datetime.fromtimestamp(report.at, UTC)
+        snapshot = ProgressSnapshot(
+            report.steps, report.episodes, report.episodes_per_hour, report.mean_reward_100, report.best_reward, at
+        )
+        game_id = game_store.update_game_progress(session, report.game, snapshot)
+        if mono - pending.sampled_at >= self.sample_interval_s:
+            pending.sampled_at = mono
+            create_samples(session, game_id, at, _sample_values(report))
+
+    def forget(self, game: str) -> None:
+        self._progress.pop(game, None)
+        self._dirty.discard(game)
+
+    def checkpoint(self, game: str, run_id: int | None, summary: CheckpointSummary) -> None:
+        record = CheckpointRecord(
+            path=summary.path,
+            steps=summary.steps,
+            episodes=summary.episodes,
+            size_bytes=summary.size_bytes,
+            created_at=datetime.fromtimestamp(summary.at, UTC),
+            verified=True,  # the worker reports a checkpoint only once it verified it
+            problem=None,
+            run_id=run_id,
+        )
+        with self.db.transaction() as session:
+            checkpoint_store.upsert_checkpoint(session, game_store.game_id_of(session, game), record)
+
+    def resumed(self, game: str, run_id: int, steps: int | None, taken: str | None, skipped: list[tuple[str, str]]) -> None:
+        now = self.clock.now()
+        with self.db.transaction() as session:
+            run_store.update_run_resumed(session, run_id, steps if taken else None)
+            for path, why in skipped:
+                create_event(session, now, "checkpoint_skipped", f"skipped {path}: {why}", severity="warning", game=game)
+            message = f"resumed from {taken} at step {steps}" if taken else "started from scratch (no checkpoint)"
+            create_event(session, now, "resumed", message, game=game, details={"checkpoint": taken, "steps": steps})
+
+    def sync_checkpoints(self, game: str, records: list[CheckpointRecord]) -> None:
+        """Make the index match the disk: add what is there, forget what is gone."""
+        with self.db.transaction() as session:
+            game_id = game_store.game_id_of(session, game)
+            for record in records:
+                checkpoint_store.upsert_checkpoint(session, game_id, record)
+            checkpoint_store.delete_checkpoints_except(session, game_id, {r.path for r in records})
+
+    def run_lost(self, run: RunRecord, cause: str, ended_at: datetime, message: str) -> None:
+        with self.db.transaction() as session:
+            run_store.update_run_ended(session, run.id, ended_at, cause, None, None)
+            create_event(session, self.clock.now(), cause, message, severity="warning", game=run.game,
+                         details={"run_id": run.id, "pid": run.pid})
+
+    def boot_last_seen(self, boot_pk: int) -> datetime | None:
+        with self.db.transaction() as session:
+            boot = read_boot(session, boot_pk)
+        return None if boot is None else boot.last_seen_at
+
+    def adopted(self, run_id: int) -> None:
+        """The transition to RUNNING that follows carries the event."""
+        with self.db.transaction() as session:
+            run_store.update_run_adopted(session, run_id)
+
+
+def _sample_values(report: ProgressReport) -> dict[str, float]:
+    values = {
+        "steps": float(report.steps),
+        "episodes": float(report.episodes),
+        "steps_per_s": report.steps_per_s,
+        "episodes_per_hour": report.episodes_per_hour,
+    }
+    if report.mean_reward_100 is not None:
+        values["mean_reward_100"] = report.mean_reward_100
+    if report.best_reward is not None:
+        values["best_reward"] = report.best_reward
+    return values

@@ -1,0 +1,83 @@
+"""The seams between supervision logic and the world: launching, signalling, recording.
+
+The state machine sees only these protocols, so tests drive it with a fake clock, a fake
+launcher and a recording sink, deterministically and without sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleetd.supervision.states import State
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one game's worker, except the run id."""
+
+    game: str
+    game_dir: Path
+    spec: dict[str, Any] = field(default_factory=dict)  # RunSpec fields, run_id left out
+
+
+@dataclass(frozen=True)
+class Spawned:
+    pid: int
+    start_time: float  # the process's start time as /proc reports it (epoch seconds)
+    cmdline: tuple[str, ...]
+    log_path: str
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a worker ended. Both None: unknown (an adopted worker is not our child)."""
+
+    code: int | None = None
+    signal: int | None = None
+    oom_killed: bool = False
+
+    @classmethod
+    def from_wait_status(cls, status: int, oom_killed: bool = False) -> ExitStatus:
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            return cls(signal=-code, oom_killed=oom_killed)
+        return cls(code=code, oom_killed=oom_killed)
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            return f"killed by {signal.Signals(self.signal).name}"
+        if self.code is not None:
+            return f"exit code {self.code}"
+        return "exit status unknown"
+
+
+class LaunchError(Exception):
+    pass
+
+
+class Launcher(Protocol):
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        """Start the worker in a session and process group of its own; raise LaunchError."""
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        """Signal the worker's whole process group; a group already gone is not an error."""
+
+
+class Sink(Protocol):
+    """Where the state machine records what it did (the store, in the daemon)."""
+
+    def begin_run(self, game: str) -> int:
+        """A new run for `game`; returns its id."""
+
+    def run_spawned(self, run_id: int, spawned: Spawned) -> None: ...
+
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None: ...
+
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None: ...
+
+    def note(self, game: str, kind: str, message: str, severity: str) -> None:
+        """An event that is not a state change (a hang detected, an escalation)."""

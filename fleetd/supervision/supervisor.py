@@ -1,0 +1,264 @@
+"""The supervisor: one thread that owns every worker process and reacts to what happens.
+
+Other threads (the API) never touch the processes: they change the desired state in the store
+and submit a command; the loop reconciles. Signal-free: exits come through pidfds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections import Counter
+import signal
+from dataclasses import dataclass
+
+from fleetd.clock import Clock
+from fleetd.config import Settings
+from fleetd.store.engine import Database
+from fleetd.store.games import read_games
+from fleetd.store.records import GameRecord, RunRecord
+from fleetd.store.runs import read_open_runs
+from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
+from fleetd.supervision.index import scan_checkpoints
+from fleetd.supervision.policy import Policy
+from fleetd.supervision.process import WorkerProcess
+from fleetd.supervision.reactor import Exited, Happening, Reactor, Reported
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.seams import Launch, Launcher, Spawned
+from fleetd.supervision.spec import launch_for
+from fleetd.supervision.states import LIVE, State
+from workers.protocol import CheckpointReport, ProgressReport, ResumedReport
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    pass
+
+
+@dataclass(frozen=True)
+class StartGame:
+    name: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    leave_workers: bool
+
+
+Command = Reconcile | StartGame | Shutdown
+
+
+class WatchingLauncher:
+    """Every spawned worker is watched by the reactor from its first moment."""
+
+    def __init__(self, inner: Launcher, reactor: Reactor) -> None:
+        self._inner, self._reactor = inner, reactor
+
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        spawned = self._inner.spawn(launch, run_id)
+        self._reactor.watch(spawned.pid, own_child=True)
+        return spawned
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        self._inner.signal_group(pid, sig)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        clock: Clock,
+        launcher: Launcher,
+        reactor: Reactor,
+        recorder: Recorder,
+        probe: ProcessProbe,
+    ) -> None:
+        self.settings, self.db, self.clock = settings, db, clock
+        self.policy = Policy.from_settings(settings.supervisor)
+        self._launcher = WatchingLauncher(launcher, reactor)
+        self._reactor, self.recorder, self._probe = reactor, recorder, probe
+        self.procs: dict[str, WorkerProcess] = {}
+        self._desired: dict[str, str] = {}
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._shutdown: Shutdown | None = None
+        self._shutdown_deadline = 0.0
+        self._flushed_at = clock.monotonic()
+        self.loop_beat = clock.monotonic()
+
+    # -- from any thread ------------------------------------------------------------------
+
+    def submit(self, command: Command) -> None:
+        self._commands.put(command)
+        self._reactor.wake()
+
+    def healthy(self, max_age_s: float) -> bool:
+        return self.clock.monotonic() - self.loop_beat <= max_age_s
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS: how many games, in which states."""
+        states = Counter(proc.state.value for proc in list(self.procs.values()))
+        if not states:
+            return "no games"
+        parts = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
+        return f"{sum(states.values())} games: {parts}"
+
+    # -- the supervisor thread -------------------------------------------------------------
+
+    def recover(self) -> None:
+        """At start: adopt live workers of this boot, close the runs of dead ones, reconcile."""
+        with self.db.transaction() as session:
+            open_runs = read_open_runs(session)
+        runs = sort_open_runs(open_runs, self.recorder.boot_pk, self._probe)
+        for run in runs.lost_with_host:
+            ended = self.recorder.boot_last_seen(run.boot_pk) or self.clock.now()
+            self.recorder.run_lost(run, "lost_host", ended, f"worker pid {run.pid} was lost with the host (reboot)")
+        for run in runs.lost_with_daemon:
+            self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
+        self.reconcile(adopt=runs.live)
+
+    def run(self) -> None:
+        while not self._finished():
+            self.step()
+        self.recorder.flush_progress()
+
+    def step(self) -> None:
+        self.loop_beat = self.clock.monotonic()
+        for happening in self._reactor.wait(self._wait_s()):
+            self.handle(happening)
+        self._drain_commands()
+        for proc in list(self.procs.values()):
+            proc.tick()
+        if self.clock.monotonic() - self._flushed_at >= self.settings.supervisor.progress_flush_s:
+            self._flushed_at = self.clock.monotonic()
+            self.recorder.flush_progress()
+
+    def handle(self, happening: Happening) -> None:
+        if isinstance(happening, Exited):
+            self._on_exit(happening)
+        elif isinstance(happening, Reported):
+            self._on_report(happening.report)
+
+    def reconcile(self, adopt: list[RunRecord] | None = None) -> None:
+        with self.db.transaction() as session:
+            games = read_games(session)
+        self._desired = {game.name: game.desired for game in games}
+        self._forget_removed()
+        running = sum(1 for game in games if game.desired == "running")
+        for game in games:
+            proc = self.procs.get(game.name) or self._new_proc(game)
+            proc.launch = launch_for(game, self.settings, running)
+        for run in adopt or []:
+            self._adopt(run)
+        for proc in self.procs.values():
+            self._apply_desired(proc)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _new_proc(self, game: GameRecord) -> WorkerProcess:
+        proc = WorkerProcess(launch_for(game, self.settings, 1), self.policy, self._launcher, self.clock, self.recorder)
+        if game.state in (State.FATAL, State.EXITED):
+            proc.restore(State(game.state), game.state_reason or "")
+        self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
+        self.procs[game.name] = proc
+        return proc
+
+    def _adopt(self, run: RunRecord) -> None:
+        proc = self.procs.get(run.game)
+        if proc is None or proc.state in LIVE:
+            # A second live worker for one game: never keep two.
+            log.error("game %s has a second live worker pid %d; killing its group", run.game, run.pid)
+            self._launcher.signal_group(run.pid, signal.SIGKILL)
+            self.recorder.run_lost(run, "duplicate", self.clock.now(), f"second worker pid {run.pid} killed")
+            return
+        if not self._reactor.watch(run.pid, own_child=False):
+            self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
+            return
+        self.recorder.adopted(run.id)
+        proc.adopt(run.id, run.pid, None)
+
+    def _apply_desired(self, proc: WorkerProcess) -> None:
+        if self._shutdown is not None:
+            return
+        desired = self._desired.get(proc.name)
+        if desired == "running" and proc.state is State.STOPPED:
+            proc.start("desired state is running")
+        elif desired == "stopped":
+            proc.stop("stop requested")
+
+    def _forget_removed(self) -> None:
+        for name in [n for n, p in self.procs.items() if n not in self._desired and p.state not in LIVE]:
+            del self.procs[name]
+            self.recorder.forget(name)
+
+    def _on_exit(self, exited: Exited) -> None:
+        proc = next((p for p in self.procs.values() if p.pid == exited.pid), None)
+        if proc is None:
+            log.warning("pid %d exited but belongs to no game", exited.pid)
+            return
+        proc.on_exit(exited.status)
+        self.recorder.flush_progress()
+        self.recorder.sync_checkpoints(proc.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
+        self._apply_desired(proc)
+
+    def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
+        proc = self.procs.get(report.game)
+        if proc is None or proc.run_id != report.run_id:
+            return  # a report from a run that is over, or from a game removed
+        if isinstance(report, ProgressReport):
+            proc.on_progress(report.run_id, report.steps)
+            self.recorder.progress(report)
+        elif isinstance(report, CheckpointReport):
+            self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
+        elif isinstance(report, ResumedReport):
+            proc.on_progress(report.run_id, report.steps)
+            skipped = [(s.path, s.reason) for s in report.skipped]
+            self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            self._execute(command)
+
+    def _execute(self, command: Command) -> None:
+        if isinstance(command, Shutdown):
+            self._begin_shutdown(command)
+        elif self._shutdown is not None:
+            return
+        elif isinstance(command, Reconcile):
+            self.reconcile()
+        elif isinstance(command, StartGame):
+            self.reconcile()
+            if command.name in self.procs:
+                self.procs[command.name].start("start requested")
+
+    def _begin_shutdown(self, command: Shutdown) -> None:
+        self._shutdown = command
+        self._shutdown_deadline = self.clock.monotonic() + self.policy.stopwaitsecs + 5
+        if not command.leave_workers:
+            for proc in self.procs.values():
+                proc.stop("fleetd is stopping")
+
+    def _finished(self) -> bool:
+        if self._shutdown is None:
+            return False
+        if self._shutdown.leave_workers:
+            return True
+        alive = [p.name for p in self.procs.values() if p.state in LIVE]
+        if alive and self.clock.monotonic() >= self._shutdown_deadline:
+            log.error("workers still alive at shutdown: %s", ", ".join(alive))
+            return True
+        return not alive
+
+    def _wait_s(self) -> float:
+        now = self.clock.monotonic()
+        deadlines = [d for p in self.procs.values() if (d := p.next_deadline()) is not None]
+        soonest = min(deadlines, default=now + MAX_WAIT_S)
+        return max(0.0, min(soonest - now, MAX_WAIT_S))

@@ -1,0 +1,50 @@
+"""The supervisor's own thread: recover, say ready, loop; stop on command."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from fleetd.supervision.supervisor import Shutdown, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+class SupervisorThread:
+    def __init__(self, supervisor: Supervisor, on_failure: Callable[[], None]) -> None:
+        self.supervisor = supervisor
+        self._on_failure = on_failure
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.failed = False
+        self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
+
+    def start_and_wait_ready(self) -> None:
+        """Returns once every game is reconciled (adopted, restarted or left stopped)."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def shut_down(self, command: Shutdown, timeout_s: float) -> None:
+        if self._thread.is_alive():
+            self.supervisor.submit(command)
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("the supervisor did not finish within %.0fs", timeout_s)
+
+    def _main(self) -> None:
+        try:
+            self.supervisor.recover()
+        except BaseException as exc:  # handed to the starting thread, which raises it
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self.supervisor.run()
+        except Exception:
+            log.exception("the supervision loop failed; fleetd stops and leaves the workers running")
+            self.failed = True
+            self._on_failure()

@@ -1,0 +1,250 @@
+"""The worker state machine with a fake clock and launcher: deterministic, no sleeps."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+
+import pytest
+
+from fleetd.supervision.policy import Policy
+from fleetd.supervision.process import WorkerProcess
+from fleetd.supervision.seams import ExitStatus, Launch
+from fleetd.supervision.states import TRANSITIONS, State, TransitionError, check_transition
+from tests.fakes import FakeClock
+from tests.supervision_fakes import FakeLauncher, RecordingSink
+
+POLICY = Policy(startsecs=10, startretries=3, stopwaitsecs=30, backoff_initial_s=1, backoff_max_s=8, hang_timeout_s=120)
+CRASH = ExitStatus(code=1)
+KILLED = ExitStatus(signal=signal.SIGKILL)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def launcher() -> FakeLauncher:
+    return FakeLauncher()
+
+
+@pytest.fixture
+def sink() -> RecordingSink:
+    return RecordingSink()
+
+
+@pytest.fixture
+def proc(clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> WorkerProcess:
+    from pathlib import Path
+
+    return WorkerProcess(Launch("pong", Path("/games/pong")), POLICY, launcher, clock, sink)
+
+
+def advance(clock: FakeClock, proc: WorkerProcess, seconds: float) -> None:
+    clock.advance(seconds)
+    proc.tick()
+
+
+def test_transition_table_is_closed_and_enforced() -> None:
+    assert set(TRANSITIONS) == set(State)
+    for old, new in itertools.product(State, State):
+        if new in TRANSITIONS[old]:
+            check_transition(old, new)
+        else:
+            with pytest.raises(TransitionError):
+                check_transition(old, new)
+
+
+def test_start_then_running_after_startsecs(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
+    proc.start()
+    assert proc.state is State.STARTING and proc.pid == 1001
+    advance(clock, proc, 9.9)
+    assert proc.state is State.STARTING
+    proc.on_progress(proc.run_id, 100)
+    advance(clock, proc, 0.1)
+    assert proc.state is State.RUNNING
+    assert sink.states() == ["starting", "running"]
+
+
+def test_backoff_grows_and_is_capped_then_fatal(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
+    delays = []
+    proc.start()
+    for _ in range(POLICY.startretries):
+        proc.on_exit(CRASH)  # dies before startsecs: a failed start
+        assert proc.state is State.BACKOFF
+        delay = proc.next_deadline() - clock.monotonic()
+        delays.append(delay)
+        advance(clock, proc, delay - 0.01)
+        assert proc.state is State.BACKOFF
+        advance(clock, proc, 0.01)
+        assert proc.state is State.STARTING
+    assert delays == [1, 2, 4]
+    proc.on_exit(CRASH)
+    assert proc.state is State.FATAL
+    assert "gave up after 4 failures in a row" in proc.reason
+    assert sink.causes() == ["crash"] * 4
+    assert sink.restarts == 3
+
+
+def test_cap_holds() -> None:
+    policy = Policy(startretries=10, backoff_initial_s=1, backoff_max_s=8)
+    assert [policy.backoff_delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 8, 8]
+
+
+def test_staying_up_startsecs_resets_the_count(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    proc.on_exit(CRASH)
+    advance(clock, proc, 1)
+    proc.on_exit(CRASH)
+    assert proc.failures == 2
+    advance(clock, proc, 2)
+    proc.on_progress(proc.run_id, 10)
+    advance(clock, proc, 10)  # up for startsecs
+    assert proc.state is State.RUNNING and proc.failures == 0
+    proc.on_exit(KILLED)  # a crash while running: back to the shortest backoff
+    assert proc.state is State.BACKOFF and proc.failures == 1
+    assert proc.next_deadline() - clock.monotonic() == 1
+
+
+def test_fatal_is_cleared_by_start(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    for _ in range(POLICY.startretries + 1):
+        proc.on_exit(CRASH)
+        if proc.state is State.BACKOFF:
+            advance(clock, proc, 100)
+    assert proc.state is State.FATAL
+    proc.tick()
+    assert proc.state is State.FATAL and proc.next_deadline() is None
+    proc.start()
+    assert proc.state is State.STARTING and proc.failures == 0
+
+
+def test_stop_signals_group_then_sigkill_after_stopwaitsecs(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink
+) -> None:
+    proc.start()
+    advance(clock, proc, 10)
+    pid = proc.pid
+    proc.stop()
+    assert proc.state is State.STOPPING
+    assert launcher.signals == [(pid, "SIGTERM")]
+    advance(clock, proc, 29)
+    assert launcher.signals == [(pid, "SIGTERM")]
+    advance(clock, proc, 1)
+    assert launcher.signals == [(pid, "SIGTERM"), (pid, "SIGKILL")]
+    proc.on_exit(KILLED)
+    assert proc.state is State.STOPPED
+    assert proc.reason == "stopped (SIGKILL after stopwaitsecs)"
+    assert sink.causes() == ["stopped"]
+    assert launcher.signals[-1] == (pid, "SIGKILL")  # stragglers of the group
+
+
+def test_graceful_stop_records_stopped(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
+    proc.start()
+    proc.stop()
+    proc.on_exit(ExitStatus(code=0))
+    assert (proc.state, proc.reason, sink.causes()) == (State.STOPPED, "stopped", ["stopped"])
+
+
+def test_stop_during_backoff_cancels_the_restart(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:
+    proc.start()
+    proc.on_exit(CRASH)
+    proc.stop()
+    advance(clock, proc, 100)
+    assert proc.state is State.STOPPED and len(launcher.spawned) == 1
+
+
+def test_hang_kills_group_and_restarts(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink
+) -> None:
+    proc.start()
+    advance(clock, proc, 10)
+    proc.on_progress(proc.run_id, 500)
+    advance(clock, proc, 100)
+    proc.on_progress(proc.run_id, 500)  # reports arrive, but steps do not advance
+    advance(clock, proc, 19.9)
+    assert launcher.signals == []
+    advance(clock, proc, 0.1)
+    pid = proc.pid
+    assert launcher.signals == [(pid, "SIGKILL")]
+    assert sink.notes[0][0] == "hang"
+    proc.on_exit(KILLED)
+    assert sink.causes() == ["hang"]
+    assert proc.state is State.BACKOFF
+    advance(clock, proc, 1)
+    assert proc.state is State.STARTING and proc.pid != pid
+
+
+def test_stale_reports_are_ignored(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    old_run = proc.run_id
+    proc.on_exit(CRASH)
+    advance(clock, proc, 1)
+    assert proc.on_progress(old_run, 10**6) is False
+    assert proc.last_steps is None
+
+
+@pytest.mark.parametrize(
+    ("status", "state", "cause"),
+    [
+        (ExitStatus(code=20), State.EXITED, "completed"),
+        (ExitStatus(code=21), State.FATAL, "checkpoints_unusable"),
+        (ExitStatus(code=78), State.FATAL, "bad_spec"),
+        (ExitStatus(signal=signal.SIGKILL, oom_killed=True), State.BACKOFF, "oom"),
+        (ExitStatus(code=0), State.BACKOFF, "crash"),  # exit 0 nobody asked for
+        (ExitStatus(), State.BACKOFF, "crash"),  # an adopted worker's unknown status
+    ],
+)
+def test_exit_classification(
+    proc: WorkerProcess, sink: RecordingSink, status: ExitStatus, state: State, cause: str
+) -> None:
+    proc.start()
+    proc.on_exit(status)
+    assert proc.state is state
+    assert sink.causes() == [cause]
+
+
+def test_checkpoints_unusable_is_named(proc: WorkerProcess, sink: RecordingSink) -> None:
+    proc.start()
+    proc.on_exit(ExitStatus(code=21))
+    assert proc.reason.startswith("checkpoints unusable")
+    assert sink.causes() == ["checkpoints_unusable"]
+
+
+def test_autorestart_false_and_expected_codes(clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:
+    from pathlib import Path
+
+    never = WorkerProcess(Launch("a", Path("/a")), Policy(autorestart="false"), launcher, clock, sink)
+    never.start()
+    never.on_exit(CRASH)
+    assert never.state is State.EXITED
+    expected = WorkerProcess(Launch("b", Path("/b")), Policy(exitcodes=frozenset({0, 20})), launcher, clock, sink)
+    expected.start()
+    expected.on_exit(ExitStatus(code=0))
+    assert expected.state is State.EXITED
+
+
+def test_spawn_failure_backs_off(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:
+    launcher.fail_spawns = 1
+    proc.start()
+    assert proc.state is State.BACKOFF and "could not start the worker" in proc.reason
+    assert sink.causes() == ["spawn_error"]
+    advance(clock, proc, 1)
+    assert proc.state is State.STARTING and proc.pid is not None
+
+
+def test_adopted_worker_is_watched_for_hangs(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:
+    proc.adopt(run_id=7, pid=4242, steps=5000)
+    assert proc.state is State.RUNNING and proc.pid == 4242
+    assert proc.on_progress(7, 5000) is True
+    advance(clock, proc, 120)
+    assert launcher.signals == [(4242, "SIGKILL")]
+
+
+def test_next_deadline_is_the_earliest(proc: WorkerProcess, clock: FakeClock) -> None:
+    assert proc.next_deadline() is None
+    proc.start()
+    assert proc.next_deadline() == clock.monotonic() + 10  # startsecs before hang_timeout
+    advance(clock, proc, 10)
+    assert proc.next_deadline() == clock.monotonic() - 10 + 120
