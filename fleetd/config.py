@@ -159,6 +159,12 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     games: list[GameSeed] = []
 
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Workers get absolute paths, whatever the daemon's working directory.
+        return value.expanduser().absolute()
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: Any) -> Any:

@@ -19,7 +19,7 @@ from fleetd.config import Settings
 from fleetd.errors import FleetdError
 from fleetd.games import seed_games
 from fleetd.host import HostReader
-from fleetd.jobs import Job, heartbeat_job, retention_job
+from fleetd.jobs import Job, heartbeat_job, retention_job, rotate_logs_job
 from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
 from fleetd.store.engine import Database
@@ -196,6 +196,7 @@ class Daemon:
         jobs = [
             Job("heartbeat", settings.host.heartbeat_interval_s, lambda: heartbeat_job(db, self.clock, boot_pk)),
             Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
+            Job("rotate_logs", 60, lambda: rotate_logs_job(settings.games_dir, settings.worker.log_max_bytes)),
         ]
         if self.notifier.enabled:
             interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S

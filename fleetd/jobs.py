@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
@@ -27,6 +30,26 @@ class Job:
 def heartbeat_job(db: Database, clock: Clock, boot_pk: int) -> None:
     """The host is up: bounds when it went down if the next start finds a new boot id."""
     heartbeat(db, boot_pk, clock.now())
+
+
+def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
+    """Copy a run log that grew past `max_bytes` to `<log>.1` and truncate it in place.
+
+    The worker holds its log open in append mode, so it carries on writing at the new end;
+    lines written between the copy and the truncation are lost (the copytruncate trade-off).
+    """
+    rotated = []
+    for log_path in games_dir.glob("*/logs/run-*.log"):
+        try:
+            if log_path.stat().st_size <= max_bytes:
+                continue
+            shutil.copyfile(log_path, log_path.with_name(log_path.name + ".1"))
+            os.truncate(log_path, 0)
+        except OSError as exc:
+            log.warning("could not rotate %s: %s", log_path, exc)
+            continue
+        rotated.append(log_path)
+    return rotated
 
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:

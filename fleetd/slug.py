@@ -1,4 +1,12 @@
 """Game names become folder names: lowercase letters, digits, '-' and '_', starting alphanumeric."""
 
+import re
+
 GAME_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
-GAME_NAME_RULE = "a slug: 1-64 of a-z 0-9 - _, starting with a letter or digit"
+GAME_NAME_RULE = "must be a slug: 1-64 of a-z 0-9 - _, starting with a letter or digit"
+
+
+def check_game_name(value: str) -> str:
+    if not re.fullmatch(GAME_NAME_PATTERN, value):
+        raise ValueError(GAME_NAME_RULE)
+    return value

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,11 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def short_tmp_dir() -> Path:
+    """Unix socket paths must stay under 108 bytes: pytest's tmp paths can be too long."""
+    return Path(tempfile.mkdtemp(prefix="fleetd-", dir="/tmp"))
 
 
 @dataclass
@@ -119,3 +125,28 @@ class Daemon:
     def get(self, path: str, token: str | None = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token or self.config.token()}"}
         return httpx.get(self.config.url + path, headers=headers, timeout=10)
+
+    def post(self, path: str, body: dict | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.config.token()}"}
+        return httpx.post(self.config.url + path, json=body, headers=headers, timeout=30)
+
+    def game(self, name: str) -> dict:
+        response = self.get(f"/api/v1/games/{name}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def runs(self, name: str) -> list[dict]:
+        return self.get(f"/api/v1/games/{name}/runs").json()["items"]
+
+    def wait_for_game(self, name: str, check, timeout: float, what: str) -> dict:
+        """Poll the game until `check(game)` holds; fail with the game and the log if not."""
+        deadline = time.monotonic() + timeout
+        game = self.game(name)
+        while not check(game):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name}: not {what} after {timeout}s: {game}\n{self.log()[-3000:]}")
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            time.sleep(0.25)
+            game = self.game(name)
+        return game

@@ -67,6 +67,20 @@ def test_start_then_running_after_startsecs(proc: WorkerProcess, clock: FakeCloc
     assert sink.states() == ["starting", "running"]
 
 
+def test_no_report_no_running(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
+    """A worker still importing torch after startsecs has not started yet: its crash counts."""
+    proc.start()
+    advance(clock, proc, 30)
+    assert proc.state is State.STARTING
+    proc.on_exit(CRASH)
+    assert proc.failures == 1
+    advance(clock, proc, 1)
+    proc.on_progress(proc.run_id, 0)  # the first report: training has begun
+    assert proc.state is State.STARTING  # startsecs not yet over for this run
+    advance(clock, proc, 10)
+    assert proc.state is State.RUNNING and proc.failures == 0
+
+
 def test_backoff_grows_and_is_capped_then_fatal(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
     delays = []
     proc.start()
@@ -245,6 +259,8 @@ def test_adopted_worker_is_watched_for_hangs(proc: WorkerProcess, clock: FakeClo
 def test_next_deadline_is_the_earliest(proc: WorkerProcess, clock: FakeClock) -> None:
     assert proc.next_deadline() is None
     proc.start()
-    assert proc.next_deadline() == clock.monotonic() + 10  # startsecs before hang_timeout
+    assert proc.next_deadline() == clock.monotonic() + 120  # no report yet: only the hang limit
+    proc.on_progress(proc.run_id, 0)
+    assert proc.next_deadline() == clock.monotonic() + 10  # startsecs, before hang_timeout
     advance(clock, proc, 10)
     assert proc.next_deadline() == clock.monotonic() - 10 + 120

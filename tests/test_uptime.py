@@ -147,3 +147,23 @@ def test_retention_deletes_old_events_only(db: Database, host: FakeHost, clock: 
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_rotate_logs_keeps_the_open_file_appending(tmp_path) -> None:
+    import os
+
+    from fleetd.jobs import rotate_logs_job
+
+    logs = tmp_path / "games" / "pong" / "logs"
+    logs.mkdir(parents=True)
+    path = logs / "run-000001.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)  # as the worker holds it
+    os.write(fd, b"x" * 20_000)
+    small = logs / "run-000002.log"
+    small.write_text("short")
+    assert rotate_logs_job(tmp_path / "games", max_bytes=10_000) == [path]
+    os.write(fd, b"after\n")
+    os.close(fd)
+    assert path.read_bytes() == b"after\n"
+    assert (logs / "run-000001.log.1").stat().st_size == 20_000
+    assert small.read_text() == "short"

@@ -15,6 +15,8 @@ but not the game; the unclipped return (EnvPool's `info["reward"]`) is summed un
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import signal
 import time
 import warnings
 from dataclasses import dataclass
@@ -208,6 +210,20 @@ def is_ale_id(env_id: str) -> bool:
     return "ale_py" in str(spec.entry_point)
 
 
+def ignore_stop_signals_in_subprocess() -> None:
+    """In a SubprocVecEnv child, leave stopping to the worker.
+
+    The supervisor sends its stop signal to the worker's whole process group. Env children
+    that died of it at once would break the worker's pipes mid-step, and it could not write
+    its final checkpoint; instead the worker finishes, checkpoints and closes them. (If the
+    worker itself dies, the supervisor SIGKILLs the group.) Under DummyVecEnv this factory
+    runs in the worker itself, which must keep its handlers.
+    """
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class GymEnvFactory:
     """Picklable env constructor for SubprocVecEnv children."""
 
@@ -220,6 +236,7 @@ class GymEnvFactory:
     def __call__(self) -> gym.Env:
         from stable_baselines3.common.monitor import Monitor
 
+        ignore_stop_signals_in_subprocess()
         register_ale_envs()
         kwargs: dict[str, Any] = {}
         if self.max_episode_steps is not None:

@@ -63,7 +63,8 @@ async def _on_validation_error(_request: Request, exc: Exception) -> JSONRespons
 
 def _problem(err: dict[str, Any]) -> dict[str, str]:
     field = ".".join(str(part) for part in err.get("loc", ()))
-    return {"field": field, "reason": str(err.get("msg", "invalid"))}
+    reason = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return {"field": field, "reason": reason}
 
 
 async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
+from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 
 
 class Out(BaseModel):
@@ -86,7 +86,10 @@ class In(BaseModel):
 
 
 class GameCreate(In):
-    name: str = Field(pattern=GAME_NAME_PATTERN, description=GAME_NAME_RULE)
+    # The validator gives the rule in words; the pattern documents it in the OpenAPI schema.
+    name: Annotated[str, AfterValidator(check_game_name)] = Field(
+        max_length=64, json_schema_extra={"pattern": GAME_NAME_PATTERN}, description=GAME_NAME_RULE
+    )
     env_id: str = Field(min_length=1, max_length=128, description="an EnvPool or Gymnasium env id")
     algo: Literal["ppo", "dqn", "a2c"] = "ppo"
     total_timesteps: int | None = Field(None, ge=1, le=10**13)

@@ -28,6 +28,12 @@ class ApiClient:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
 
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self.request("POST", path, json=body)
+
+    def delete(self, path: str, **params: Any) -> Any:
+        return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         headers = {"Authorization": f"Bearer {find_token(self._settings)}"}
         url = self.base_url + path

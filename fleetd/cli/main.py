@@ -5,54 +5,24 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
 
 from fleetd.cli import render
-from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, fail, settings_from
+from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.systemd_cmd import register as register_systemd
-from fleetd.config import ConfigError, Settings, config_path_from, load_settings
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
 from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
 from fleetd.token import TokenError
 
-# sysexits' EX_CONFIG: the unit file tells systemd not to restart on it, since only an
-# operator can fix a bad config or a database that needs `fleetd db upgrade`.
-EXIT_CONFIG = 78
-
 app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_is_help=True)
 db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+register_games(app)
 register_systemd(app)
-
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="TOML config file (default: $FLEETD_CONFIG, else built-in defaults)."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table.")]
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"fleetd: error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def settings_from(config: Path | None) -> tuple[Settings, Path | None]:
-    path = config_path_from(config)
-    try:
-        return load_settings(path), path
-    except ConfigError as exc:
-        fail(str(exc), EXIT_CONFIG)
-
-
-def ask(config: Path | None, path: str, **params: object) -> Any:
-    settings, _ = settings_from(config)
-    try:
-        return ApiClient(settings).get(path, **params)
-    except (ClientError, TokenError) as exc:
-        fail(str(exc))
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -11,7 +12,8 @@ from rich.table import Table
 
 from fleetd.uptime import format_duration
 
-console = Console()
+# Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def print_json(document: Any) -> None:
@@ -75,4 +77,38 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     for event in events:
         style = colour.get(event["severity"], "")
         table.add_row(when(event["at"]), event["kind"], event["game"] or "", event["message"], style=style)
+    return table
+
+
+STATE_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "stopping": "yellow", "fatal": "bold red"}
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def games_table(games: list[dict[str, Any]]) -> Table:
+    table = Table(title="Games")
+    for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "ckpt", "restarts"):
+        table.add_column(column, justify="right" if column in {"pid", "steps", "episodes", "eps/h", "restarts"} else "left")
+    for game in games:
+        state = game["state"] + ("" if game["desired"] == "running" else " (stop)")
+        checkpoint = game["last_checkpoint"]
+        table.add_row(
+            game["name"],
+            game["env_id"],
+            game["algo"],
+            f"[{STATE_STYLE.get(game['state'], '')}]{state}[/]" if game["state"] in STATE_STYLE else state,
+            str(game["pid"] or "-"),
+            f"{game['steps']:,}",
+            f"{game['episodes']:,}",
+            number(game["episodes_per_hour"], 0),
+            number(game["mean_reward_100"]),
+            number(game["best_reward"]),
+            f"{checkpoint['steps']:,}" if checkpoint else "-",
+            str(game["restarts"]),
+        )
+    reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in ("fatal", "backoff") and g["state_reason"]]
+    if reasons:
+        table.caption = "\n".join(reasons)
     return table

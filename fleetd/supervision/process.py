@@ -43,6 +43,10 @@ class WorkerProcess:
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
         self.last_steps: int | None = None
         self._progress_at = 0.0
+        # STARTING becomes RUNNING only once the worker is up `startsecs` AND has reported:
+        # one that dies while still importing torch or building envs is a failed start,
+        # however long that took.
+        self._reported = False
 
     @property
     def name(self) -> str:
@@ -81,6 +85,7 @@ class WorkerProcess:
         """A progress report; only advancing steps count as progress for the hang watchdog."""
         if run_id != self.run_id or self.state not in LIVE:
             return False
+        self._reported = True
         if self.last_steps is None or steps > self.last_steps:
             self.last_steps = steps
             self._progress_at = self._clock.monotonic()
@@ -102,7 +107,7 @@ class WorkerProcess:
     def tick(self) -> None:
         """Act on whatever deadline has passed."""
         now = self._clock.monotonic()
-        if self.state is State.STARTING and now - self._spawned_at >= self.policy.startsecs:
+        if self.state is State.STARTING and self._reported and now - self._spawned_at >= self.policy.startsecs:
             self.failures = 0
             self._to(State.RUNNING, f"up for {self.policy.startsecs:g}s")
         if self.state is State.BACKOFF and now >= self._backoff_until:
@@ -116,7 +121,7 @@ class WorkerProcess:
     def next_deadline(self) -> float | None:
         """The monotonic time at which tick() has something to do, if any."""
         deadlines = []
-        if self.state is State.STARTING:
+        if self.state is State.STARTING and self._reported:
             deadlines.append(self._spawned_at + self.policy.startsecs)
         if self.state is State.BACKOFF:
             deadlines.append(self._backoff_until)
@@ -143,6 +148,7 @@ class WorkerProcess:
         self._sink.run_spawned(run_id, spawned)
 
     def _fresh_watch(self, steps: int | None) -> None:
+        self._reported = False
         self._killed_for = None
         self.last_steps = steps
         self._progress_at = self._clock.monotonic()

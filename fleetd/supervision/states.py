@@ -7,8 +7,8 @@ from enum import StrEnum
 
 class State(StrEnum):
     STOPPED = "stopped"  # not running, and not meant to be right now
-    STARTING = "starting"  # spawned, not yet up for `startsecs`
-    RUNNING = "running"  # up for `startsecs` (or adopted after a daemon restart)
+    STARTING = "starting"  # spawned; not yet both up for `startsecs` and reporting progress
+    RUNNING = "running"  # up for `startsecs` and training (or adopted after a daemon restart)
     BACKOFF = "backoff"  # died unexpectedly; waiting out the backoff delay before a restart
     STOPPING = "stopping"  # stop signal sent to the group; SIGKILL after `stopwaitsecs`
     EXITED = "exited"  # ended and not restarted: goal reached, or an expected exit

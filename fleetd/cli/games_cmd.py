@@ -1,0 +1,139 @@
+"""`fleetd games add|stop|start|rm|list` and `fleetd status`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from fleetd.cli import render
+from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
+
+games_app = typer.Typer(help="Add, stop, start, remove and list games.", no_args_is_help=True)
+
+SETTLED = {"stopped", "exited", "fatal"}
+
+
+def parse_hyperparams(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; a value that parses as JSON is taken as JSON (numbers, lists, objects)."""
+    result: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            fail(f"--hp {pair!r}: expected key=value, e.g. --hp learning_rate=0.0003")
+        try:
+            result[key] = json.loads(text)
+        except ValueError:
+            result[key] = text
+    return result
+
+
+@games_app.command("list")
+def list_games(config: ConfigOption = None, json_out: JsonOption = False) -> None:
+    """Every game with its state and progress."""
+    games = ask(config, "/api/v1/games")["items"]
+    if json_out:
+        render.print_json(games)
+        return
+    render.console.print(render.games_table(games))
+
+
+@games_app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="A slug: a-z 0-9 - _ (it names folders).")],
+    env_id: Annotated[str, typer.Argument(help="EnvPool id (Breakout-v5, CartPole-v1) or Gymnasium id.")],
+    algo: Annotated[str, typer.Option(help="ppo, dqn or a2c.")] = "ppo",
+    total_timesteps: Annotated[int | None, typer.Option(help="Goal in env steps.")] = None,
+    target_episodes: Annotated[int | None, typer.Option(help="Goal in whole episodes.")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first when the fleet is full.")] = 0,
+    checkpoint_interval: Annotated[float | None, typer.Option(help="Seconds between checkpoints.")] = None,
+    hp: Annotated[list[str] | None, typer.Option(help="Hyperparameter override key=value; repeat.")] = None,
+    stopped: Annotated[bool, typer.Option("--stopped", help="Add it without starting it.")] = False,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Add a game; it starts training unless --stopped."""
+    body = {
+        "name": name,
+        "env_id": env_id,
+        "algo": algo,
+        "total_timesteps": total_timesteps,
+        "target_episodes": target_episodes,
+        "priority": priority,
+        "checkpoint_interval_s": checkpoint_interval,
+        "hyperparams": parse_hyperparams(hp or []),
+        "desired": "stopped" if stopped else "running",
+    }
+    game = call(config, lambda client: client.post("/api/v1/games", body))
+    _show(game, json_out, f"added {name}")
+
+
+@games_app.command("stop")
+def stop(
+    name: str,
+    wait: Annotated[bool, typer.Option(help="Wait until the worker has written its final checkpoint and exited.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 180.0,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Stop a game's worker gracefully (final checkpoint); it stays stopped across restarts."""
+    game = call(config, lambda client: client.post(f"/api/v1/games/{name}/stop"))
+    if wait and game["state"] not in SETTLED:
+        game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
+    _show(game, json_out, f"{name}: {game['state']}")
+
+
+@games_app.command("start")
+def start(name: str, config: ConfigOption = None, json_out: JsonOption = False) -> None:
+    """Start a game (also clears FATAL and restarts a completed game)."""
+    game = call(config, lambda client: client.post(f"/api/v1/games/{name}/start"))
+    _show(game, json_out, f"{name}: start requested")
+
+
+@games_app.command("rm")
+def remove(
+    name: str,
+    purge: Annotated[bool, typer.Option(help="Also delete its checkpoints and logs.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Remove a stopped game (stop it first). Its files stay on disk unless --purge."""
+    call(config, lambda client: client.delete(f"/api/v1/games/{name}", purge=str(purge).lower()))
+    typer.echo(f"removed {name}" + ("" if purge else " (files kept)"))
+
+
+def _wait_for(config: Any, name: str, states: set[str], timeout: float, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    with render.console.status(f"{name}: {what}...") as spinner:
+        while True:
+            game = ask(config, f"/api/v1/games/{name}")
+            if game["state"] in states:
+                return game
+            if time.monotonic() >= deadline:
+                fail(f"{name} is still {game['state']} after {timeout:.0f}s")
+            spinner.update(f"{name}: {what}... ({game['state']}, steps {game['steps']})")
+            time.sleep(0.5)
+
+
+def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
+    if json_out:
+        render.print_json(game)
+    else:
+        typer.echo(message)
+
+
+def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
+    """The fleet at a glance: games, uptime and the last reboot."""
+    games = ask(config, "/api/v1/games")["items"]
+    uptime = ask(config, "/api/v1/uptime")
+    if json_out:
+        render.print_json({"games": games, "uptime": uptime})
+        return
+    render.console.print(render.games_table(games))
+    render.console.print(render.uptime_table(uptime))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(games_app, name="games")
+    app.command("status")(status)
