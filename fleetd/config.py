@@ -110,8 +110,11 @@ class SupervisorSettings(_Section):
 class WorkerSettings(_Section):
     """How workers are launched and what they are told (docs/worker-protocol.md)."""
 
-    # The interpreter that runs `-m workers`; empty: the daemon's own.
+    # The interpreter that runs the worker module; empty: the daemon's own.
     python: str = ""
+    # The module run as `python -m <module> --spec FILE`: any program that speaks
+    # docs/worker-protocol.md (bench/ uses a minimal one to supervise hundreds).
+    module: str = Field("workers", pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     checkpoint_interval_s: float = Field(600.0, gt=0)
     checkpoint_interval_steps: int | None = Field(None, ge=1)

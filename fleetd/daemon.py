@@ -158,7 +158,8 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot open the progress socket: {exc}") from None
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s)
-        launcher = OsLauncher(self.settings.worker.python, self.settings.worker.log_keep_runs)
+        worker = self.settings.worker
+        launcher = OsLauncher(worker.python, worker.log_keep_runs, worker.module)
         supervisor = Supervisor(self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe())
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:

@@ -29,9 +29,10 @@ def process_start_time(pid: int) -> float:
 
 
 class OsLauncher:
-    def __init__(self, python: str = "", keep_runs: int = 10) -> None:
+    def __init__(self, python: str = "", keep_runs: int = 10, module: str = "workers") -> None:
         self.python = python or sys.executable
         self.keep_runs = keep_runs
+        self.module = module
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         logs = launch.game_dir / "logs"
@@ -39,7 +40,7 @@ class OsLauncher:
             logs.mkdir(parents=True, exist_ok=True)
             spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", {**launch.spec, "run_id": run_id})
             log_path = logs / f"run-{run_id:06d}.log"
-            argv = [self.python, "-m", "workers", "--spec", str(spec_path)]
+            argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
             pid = self._spawn(argv, log_path, _worker_env(launch.spec))
         except OSError as exc:
             raise LaunchError(f"{exc.strerror or exc} ({exc.filename or self.python})") from None
