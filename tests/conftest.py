@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 from fleetd.config import Settings, load_settings
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
+from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
 from tests.fakes import FakeClock, FakeHost
 
 
@@ -49,3 +51,22 @@ def clock() -> FakeClock:
 @pytest.fixture
 def host(clock: FakeClock) -> FakeHost:
     return FakeHost(clock)
+
+
+@pytest.fixture
+def fleet_config() -> Iterator[DaemonConfig]:
+    root = short_tmp_dir()
+    config = DaemonConfig(root, extra=SUPERVISION)
+    config.write()
+    config.set_boot_id("boot-one")
+    yield config
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def fleet_daemons(fleet_config: DaemonConfig) -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.ensure_stopped()
+    kill_leftover_workers(fleet_config)

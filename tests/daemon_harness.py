@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -150,3 +151,78 @@ class Daemon:
             time.sleep(0.25)
             game = self.game(name)
         return game
+
+
+# -- fleets of real training workers ------------------------------------------------------
+
+SUPERVISION = """
+[supervisor]
+startsecs = 2
+startretries = 2
+stopwaitsecs = 20
+backoff_initial_s = 0.5
+backoff_max_s = 2
+hang_timeout_s = 15
+progress_flush_s = 0.5
+
+[worker]
+checkpoint_interval_s = 2
+progress_interval_s = 0.5
+cpu_threads = 1
+"""
+TINY = {"num_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 1, "policy_kwargs": {"net_arch": [16]}}
+WORKER_START_S = 60  # importing torch and building the model, on a loaded 2-core machine
+
+
+def cartpole(name: str = "cart") -> dict:
+    return {"name": name, "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": TINY}
+
+
+def worker_processes(config: DaemonConfig) -> list[psutil.Process]:
+    """Every process running a worker of this test's state_dir (found by its spec path)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "workers" in cmdline and any(str(config.state_dir) in part for part in cmdline):
+            found.append(process)
+    return found
+
+
+def kill_leftover_workers(config: DaemonConfig) -> None:
+    for process in worker_processes(config):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+def start_daemon(config: DaemonConfig, daemons: list[Daemon]) -> Daemon:
+    daemon = Daemon(config, log_name=f"daemon-{len(daemons)}.log")
+    daemons.append(daemon)
+    daemon.wait_healthy()
+    return daemon
+
+
+def wait_for_run(daemon: Daemon, name: str, check, what: str, timeout: float = WORKER_START_S) -> dict:
+    deadline = time.monotonic() + timeout
+    while not check(runs := daemon.runs(name)):
+        assert time.monotonic() < deadline, f"{name}: runs not {what} after {timeout}s: {runs}"
+        time.sleep(0.25)
+    return runs[0]
+
+
+def add_and_wait_running(daemon: Daemon, body: dict) -> dict:
+    response = daemon.post("/api/v1/games", body)
+    assert response.status_code == 201, response.text
+    return daemon.wait_for_game(body["name"], lambda g: g["state"] == "running" and g["steps"] > 0, WORKER_START_S, "training")

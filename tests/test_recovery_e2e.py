@@ -1,0 +1,65 @@
+"""A power cut: the daemon and every worker SIGKILLed at once, a new boot id, and recovery."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.daemon_harness import (
+    WORKER_START_S,
+    Daemon,
+    DaemonConfig,
+    add_and_wait_running,
+    cartpole,
+    fleetd_cli,
+    start_daemon,
+    wait_for_run,
+    worker_processes,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def power_cut(daemon: Daemon, config: DaemonConfig) -> None:
+    """Everything dies in the same instant, as when the host loses power."""
+    pids = [p.pid for p in worker_processes(config)]
+    daemon.process.send_signal(signal.SIGKILL)
+    for pid in pids:
+        os.killpg(pid, signal.SIGKILL)
+    daemon.process.wait(10)
+
+
+def test_power_cut_and_reboot_recover_every_game(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+    daemon = start_daemon(fleet_config, fleet_daemons)
+    names = ["cart-a", "cart-b"]
+    for name in names:
+        add_and_wait_running(daemon, cartpole(name))
+    checkpointed = {
+        name: daemon.wait_for_game(name, lambda g: g["last_checkpoint"] is not None, 60, "checkpointed")[
+            "last_checkpoint"
+        ]["steps"]
+        for name in names
+    }
+    old_pids = {name: daemon.game(name)["pid"] for name in names}
+    power_cut(daemon, fleet_config)
+    fleet_config.set_boot_id("boot-two")
+
+    after = start_daemon(fleet_config, fleet_daemons)  # nobody asks it to start anything
+    for name in names:
+        game = after.wait_for_game(name, lambda g: g["state"] == "running", WORKER_START_S, "running again")
+        assert game["pid"] != old_pids[name]
+        resumed = wait_for_run(after, name, lambda runs: runs[0]["resumed_from_steps"] is not None, "resumed")
+        assert resumed["resumed_from_steps"] >= checkpointed[name]
+        lost = after.runs(name)[1]
+        assert lost["cause"] == "lost_host" and lost["ended_at"] is not None
+
+    [reboot] = after.get("/api/v1/boots").json()["items"][0:1]
+    assert reboot["boot_id"] == "boot-two" and reboot["current"]
+    assert reboot["reboot"]["clean"] is False
+    assert reboot["reboot"]["uptime_before_s"] > 0 and reboot["reboot"]["downtime_s"] > 0
+    listed = fleetd_cli(fleet_config, "reboots")
+    assert listed.returncode == 0 and "unclean" in listed.stdout
+    kinds = [e["kind"] for e in after.get("/api/v1/events?limit=200").json()["items"]]
+    assert kinds.count("lost_host") == 2 and "reboot" in kinds
