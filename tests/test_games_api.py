@@ -1,0 +1,139 @@
+"""The games endpoints through the FastAPI app: validation, conflicts, desired state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
+from fleetd.config import Settings
+from fleetd.store.engine import Database
+from fleetd.store.games import update_game_state
+from fleetd.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+
+TOKEN = "g" * 32
+CATALOG = EnvCatalog()  # the real registries, listed once for the module
+
+
+@pytest.fixture
+def submitted() -> list:
+    return []
+
+
+@pytest.fixture
+def client(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, submitted: list
+) -> Iterator[TestClient]:
+    class RecordingSupervisor:
+        def submit(self, command: object) -> None:
+            submitted.append(type(command).__name__)
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, TOKEN, info, CATALOG, RecordingSupervisor())
+    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def add(client: TestClient, **fields):
+    body = {"name": "pong", "env_id": "Pong-v5", "algo": "ppo"} | fields
+    return client.post("/api/v1/games", json=body)
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def test_add_then_read(client: TestClient, submitted: list) -> None:
+    response = add(client, hyperparams={"num_envs": 8, "learning_rate": 0.00025}, target_episodes=3000)
+    assert response.status_code == 201
+    game = response.json()
+    assert (game["name"], game["desired"], game["state"], game["pid"], game["steps"]) == ("pong", "running", "stopped", None, 0)
+    assert game["last_checkpoint"] is None and game["target_episodes"] == 3000
+    assert submitted == ["Reconcile"]
+    assert client.get("/api/v1/games/pong").json()["hyperparams"] == {"num_envs": 8, "learning_rate": 0.00025}
+    assert [g["name"] for g in client.get("/api/v1/games").json()["items"]] == ["pong"]
+
+
+def test_duplicate_name_is_409(client: TestClient) -> None:
+    add(client)
+    error = error_of(add(client), 409)
+    assert error["code"] == "conflict" and "pong" in error["message"]
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "Pong", "", "-x", "x" * 65, "a b", "nul\x00", "ünï"])
+def test_names_must_be_slugs(client: TestClient, name: str) -> None:
+    error = error_of(add(client, name=name), 422)
+    assert error["details"]["errors"][0]["field"] == "body.name"
+
+
+def test_unknown_env_id_names_close_matches(client: TestClient) -> None:
+    error = error_of(add(client, env_id="Pongg-v5"), 422)
+    assert error["details"]["errors"] == [{"field": "env_id", "reason": "unknown env id"}]
+    assert "Pong-v5" in error["details"]["close_matches"]
+    assert "close matches: Pong-v5" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"algo": "sac"}, "body.algo"),
+        ({"hyperparams": {"learing_rate": 0.1}}, "hyperparams.learing_rate"),
+        ({"hyperparams": {"num_envs": "many"}}, "hyperparams.num_envs"),
+        ({"colour": "red"}, "body.colour"),
+        ({"total_timesteps": 0}, "body.total_timesteps"),
+        ({"priority": "high"}, "body.priority"),
+    ],
+)
+def test_bad_fields_are_named(client: TestClient, fields: dict, field: str) -> None:
+    error = error_of(add(client, **fields), 422)
+    assert error["details"]["errors"][0]["field"] == field
+    assert client.get("/api/v1/games").json()["items"] == []  # nothing half-written
+
+
+def test_stop_and_start_set_the_desired_state(client: TestClient, submitted: list) -> None:
+    add(client)
+    stopped = client.post("/api/v1/games/pong/stop")
+    assert stopped.status_code == 202 and stopped.json()["desired"] == "stopped"
+    started = client.post("/api/v1/games/pong/start")
+    assert started.json()["desired"] == "running"
+    assert submitted == ["Reconcile", "Reconcile", "StartGame"]
+    kinds = [e["kind"] for e in client.get("/api/v1/events?game=pong").json()["items"]]
+    assert kinds == ["desired_running", "desired_stopped", "game_added"]
+
+
+def test_remove_needs_a_stopped_game(client: TestClient, db: Database, clock: FakeClock) -> None:
+    add(client)
+    with db.transaction() as session:
+        update_game_state(session, "pong", "running", "up", clock.now())
+    error = error_of(client.delete("/api/v1/games/pong"), 409)
+    assert "stop it first" in error["message"]
+    with db.transaction() as session:
+        update_game_state(session, "pong", "stopped", "stopped", clock.now())
+    assert client.delete("/api/v1/games/pong").status_code == 204
+    assert error_of(client.get("/api/v1/games/pong"), 404)["code"] == "not_found"
+
+
+def test_missing_game_is_404_everywhere(client: TestClient) -> None:
+    for method, path in [
+        ("GET", "/api/v1/games/nope"),
+        ("POST", "/api/v1/games/nope/stop"),
+        ("POST", "/api/v1/games/nope/start"),
+        ("GET", "/api/v1/games/nope/runs"),
+        ("GET", "/api/v1/games/nope/checkpoints"),
+        ("DELETE", "/api/v1/games/nope"),
+    ]:
+        assert error_of(client.request(method, path), 404)["code"] == "not_found"
+
+
+def test_runs_and_checkpoints_start_empty(client: TestClient) -> None:
+    add(client)
+    assert client.get("/api/v1/games/pong/runs").json() == {"items": []}
+    assert client.get("/api/v1/games/pong/checkpoints").json() == {"items": []}
