@@ -83,12 +83,14 @@ def fleetd_cli(config: DaemonConfig, *args: str, timeout: float = 60) -> subproc
 class Daemon:
     """One `fleetd serve` process; only this pid is ever signalled."""
 
-    def __init__(self, config: DaemonConfig, log_name: str = "daemon.log") -> None:
+    def __init__(self, config: DaemonConfig, log_name: str = "daemon.log", env: dict[str, str] | None = None) -> None:
         self.config = config
         self.log_path = config.root / log_name
         command = [sys.executable, "-m", "fleetd", "serve", "--config", str(config.path)]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=clean_env())
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=clean_env() | (env or {})
+            )
 
     @property
     def pid(self) -> int:
