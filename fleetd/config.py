@@ -126,6 +126,59 @@ class WorkerSettings(_Section):
     log_keep_runs: int = Field(10, ge=1)
 
 
+class TierSettings(_Section):
+    """One load tier: how many games run at once, and each game's env count and batch size."""
+
+    games: int = Field(ge=1, le=256)
+    num_envs: int = Field(ge=1, le=4096)
+    batch_size: int = Field(ge=1, le=65536)
+
+
+TIER_NAMES = ("light", "medium", "heavy")
+DEFAULT_TIERS = {
+    "light": TierSettings(games=2, num_envs=32, batch_size=512),
+    "medium": TierSettings(games=4, num_envs=64, batch_size=1024),
+    "heavy": TierSettings(games=8, num_envs=256, batch_size=2048),
+}
+
+
+class FleetSettings(_Section):
+    """The load governor: tiers, gradual scale-up, back-off after instability (docs/governor.md)."""
+
+    # The tier at the first start (later changes through `fleetd tier` are stored): a tier
+    # name, or auto to let the governor move between tiers.
+    tier: Literal["light", "medium", "heavy", "auto"] = "light"
+    tiers: dict[str, TierSettings] = Field(default_factory=lambda: dict(DEFAULT_TIERS))
+    # Games admitted at first; then one more after each stable window.
+    start_games: int = Field(2, ge=1)
+    # The first window after a start or a back-off is the long one, as the seeds practised.
+    first_window_s: float = Field(3600.0, gt=0)
+    window_s: float = Field(1800.0, gt=0)
+    # After a back-off, the level it stepped back to is a ceiling for this long.
+    cooldown_s: float = Field(7200.0, gt=0)
+    # Crashes of this many different games within the window count as instability.
+    crash_games: int = Field(2, ge=1)
+    crash_window_s: float = Field(900.0, gt=0)
+    # Pressure: blocks admission at once; sustained for pressure_grace_s, it is instability.
+    gpu_memory_max_fraction: float = Field(0.90, gt=0, le=1)
+    gpu_temperature_max_c: float = Field(85.0, gt=0)
+    host_memory_min_available_fraction: float = Field(0.10, ge=0, lt=1)
+    pressure_grace_s: float = Field(60.0, ge=0)
+    # GPU memory one game at tier values was sized for; a smaller share scales them down.
+    gpu_reference_gib_per_game: float = Field(10.0, gt=0)
+    telemetry_interval_s: float = Field(10.0, gt=0)
+
+    @field_validator("tiers")
+    @classmethod
+    def _three_tiers(cls, tiers: dict[str, TierSettings]) -> dict[str, TierSettings]:
+        if set(tiers) != set(TIER_NAMES):
+            raise ValueError(f"must define exactly {', '.join(TIER_NAMES)}")
+        sizes = [tiers[name].games for name in TIER_NAMES]
+        if sizes != sorted(sizes):
+            raise ValueError("games must not decrease from light to medium to heavy")
+        return tiers
+
+
 class GameSeed(_Section):
     """A `[[games]]` entry: created at the daemon's first start, like `fleetd games add`."""
 
@@ -160,6 +213,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = RetentionSettings()
     supervisor: SupervisorSettings = SupervisorSettings()
     worker: WorkerSettings = WorkerSettings()
+    fleet: FleetSettings = FleetSettings()
     games: list[GameSeed] = []
 
     @field_validator("state_dir")

@@ -18,8 +18,9 @@ from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
 from fleetd.errors import FleetdError
 from fleetd.games import seed_games
+from fleetd.governor.controller import FleetController
 from fleetd.host import HostReader
-from fleetd.jobs import Job, heartbeat_job, retention_job, rotate_logs_job
+from fleetd.jobs import Job, heartbeat_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
 from fleetd.store.engine import Database
@@ -30,6 +31,7 @@ from fleetd.supervision.reactor import Reactor
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
+from fleetd.telemetry import TelemetrySampler
 from fleetd.token import ensure_token
 from fleetd.uptime import DaemonStart, StartKind, record_daemon_start, record_daemon_stop
 
@@ -120,6 +122,7 @@ class Daemon:
         self.stop = StopRequest()
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
+        self.telemetry = TelemetrySampler()
 
     def run(self) -> int:
         """Returns the process exit code."""
@@ -160,23 +163,34 @@ class Daemon:
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s)
         worker = self.settings.worker
         launcher = OsLauncher(worker.python, worker.log_keep_runs, worker.module)
-        supervisor = Supervisor(self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe())
+        self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
+        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry)
+        supervisor = Supervisor(
+            self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe(), fleet,
+            unclean_reboot=start.kind is StartKind.REBOOT and not start.previous_clean,
+        )  # fmt: skip
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:
             thread.start_and_wait_ready()
             # Schema verified, boot recorded, every game reconciled: tell systemd.
             self.notifier.ready(supervisor.summary())
-            self._serve(db, start, token, sock, supervisor)
+            self._serve(db, start, token, sock, supervisor, fleet)
         finally:
             grace = self.settings.supervisor.stopwaitsecs + 15
             thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
             reactor.close()
 
     def _serve(
-        self, db: Database, start: DaemonStart, token: str, sock: socket.socket, supervisor: Supervisor
+        self,
+        db: Database,
+        start: DaemonStart,
+        token: str,
+        sock: socket.socket,
+        supervisor: Supervisor,
+        fleet: FleetController,
     ) -> None:
         info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at)
-        context = AppContext(self.settings, db, self.clock, token, info, self.catalog, supervisor)
+        context = AppContext(self.settings, db, self.clock, token, info, self.catalog, supervisor, fleet)
         scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor))
         server = uvicorn.Server(uvicorn.Config(create_app(context), log_config=None, lifespan="off"))
         self.stop.server = server
@@ -198,6 +212,11 @@ class Daemon:
             Job("heartbeat", settings.host.heartbeat_interval_s, lambda: heartbeat_job(db, self.clock, boot_pk)),
             Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
             Job("rotate_logs", 60, lambda: rotate_logs_job(settings.games_dir, settings.worker.log_max_bytes)),
+            Job(
+                "telemetry",
+                settings.fleet.telemetry_interval_s,
+                lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids),
+            ),
         ]
         if self.notifier.enabled:
             interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S

@@ -7,14 +7,15 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.store.engine import Database
 from fleetd.store.events import delete_events_before
-from fleetd.store.samples import delete_samples_before
+from fleetd.store.samples import create_metric_rows, delete_samples_before
+from fleetd.telemetry import TelemetrySampler, sample_rows
 from fleetd.uptime import heartbeat
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
             continue
         rotated.append(log_path)
     return rotated
+
+
+def telemetry_job(db: Database, sampler: TelemetrySampler, workers: Callable[[], dict[str, int]]) -> None:
+    """Sample the GPUs, the host and every worker's process tree; keep the figures."""
+    snapshot = sampler.sample(workers())
+    with db.transaction() as session:
+        create_metric_rows(session, datetime.fromtimestamp(snapshot.at, UTC), sample_rows(snapshot))
 
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:

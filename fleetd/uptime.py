@@ -37,6 +37,11 @@ class DaemonStart:
     boot: BootRecord
     previous: BootRecord | None  # the boot that a reboot closed, or this boot before restart
 
+    @property
+    def previous_clean(self) -> bool:
+        """Whether the daemon had stopped in order before this start."""
+        return self.previous is not None and self.previous.daemon_clean_stop
+
 
 @dataclass(frozen=True)
 class Reboot:

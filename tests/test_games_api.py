@@ -55,7 +55,7 @@ def test_add_then_read(client: TestClient, submitted: list) -> None:
     response = add(client, hyperparams={"num_envs": 8, "learning_rate": 0.00025}, target_episodes=3000)
     assert response.status_code == 201
     game = response.json()
-    assert (game["name"], game["desired"], game["state"], game["pid"], game["steps"]) == ("pong", "running", "stopped", None, 0)
+    assert (game["name"], game["desired"], game["state"], game["pid"], game["steps"]) == ("pong", "running", "pending", None, 0)
     assert game["last_checkpoint"] is None and game["target_episodes"] == 3000
     assert submitted == ["Reconcile"]
     assert client.get("/api/v1/games/pong").json()["hyperparams"] == {"num_envs": 8, "learning_rate": 0.00025}

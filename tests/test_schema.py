@@ -96,11 +96,18 @@ def test_each_step_down_and_up_keeps_data(tmp_path: Path, revision: str | None) 
     below = script().get_revision(revision).down_revision
     command.upgrade(config, below)
     _insert_boot(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            " restarts, steps, episodes, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo', 'running',"
+            " 0, '{}', 'running', '2026-01-01', 0, 1234, 5, '2026-01-01', '2026-01-01')"
+        )
     command.upgrade(config, revision)
     command.downgrade(config, below)
     command.upgrade(config, "head")
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT boot_id FROM boots").fetchall() == [("b1",)]
+        assert conn.execute("SELECT name, steps, episodes FROM games").fetchall() == [("pong", 1234, 5)]
 
 
 def test_new_database_is_created_at_head(tmp_path: Path) -> None:

@@ -87,11 +87,18 @@ def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
 
 
 def scale_tier(tier: Mapping[str, int], device: DeviceInfo, cpu_threads: int) -> tuple[int, int]:
-    """(num_envs, batch_size) for this device from the game's tier defaults."""
+    """(num_envs, batch_size) for this device from the game's tier defaults.
+
+    On a GPU, tier values from the supervisor are taken as given: fleetd already scaled them
+    to the GPU's memory and the number of games sharing it. Without them (a worker run on its
+    own), the built-in defaults are scaled to the GPU here.
+    """
     num_envs = tier.get("num_envs", DEFAULT_TIER["num_envs"])
     batch = tier.get("batch_size", DEFAULT_TIER["batch_size"])
     if device.kind == "cpu":
         return max(1, min(num_envs, 2 * cpu_threads)), min(batch, CPU_MAX_BATCH)
+    if tier:
+        return num_envs, batch
     if device.memory_gib >= BIG_GPU_GIB:
         return num_envs * 2, batch * 2
     if device.memory_gib < SMALL_GPU_GIB:

@@ -10,6 +10,7 @@ from fastapi import Request
 
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
+from fleetd.governor.controller import FleetController
 from fleetd.config import Settings
 from fleetd.store.engine import Database
 
@@ -35,6 +36,7 @@ class AppContext:
     daemon: DaemonInfo
     catalog: EnvCatalog
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
+    fleet: FleetController | None = None
 
 
 def get_context(request: Request) -> AppContext:

@@ -147,6 +147,8 @@ class GameOut(Out):
     best_reward: float | None
     last_checkpoint: CheckpointOut | None
     started_at: datetime | None  # when the current worker started; null when none runs
+    admitted_at: datetime | None  # when the governor let it run; null while pending
+    settings: SettingsOut | None  # its env count and batch size under the current tier
     updated_at: datetime
     created_at: datetime
     priority: int
@@ -158,3 +160,39 @@ class GameOut(Out):
 
 class GameList(Out):
     items: list[GameOut]
+
+
+class SettingsOut(Out):
+    """A game's env count and batch size, and why those."""
+
+    num_envs: int
+    batch_size: int
+    reason: str
+
+
+class TierOut(Out):
+    games: int
+    num_envs: int
+    batch_size: int
+
+
+class FleetOut(Out):
+    mode: Literal["manual", "auto"]
+    requested: str
+    tier: str
+    level: int
+    allowed: int
+    ceiling: int | None
+    ceiling_until: datetime | None
+    admitted: list[str]
+    pending: list[str]
+    next_scale_up_at: datetime | None
+    waiting_reason: str
+    settings: SettingsOut
+    tiers: dict[str, TierOut]
+    telemetry: dict[str, Any]
+
+
+class FleetUpdate(In):
+    tier: Literal["light", "medium", "heavy"] | None = Field(None, description="a tier; alone, it means manual")
+    mode: Literal["manual", "auto"] | None = Field(None, description="auto: the governor moves between tiers")

@@ -126,14 +126,36 @@ def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
 def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """The fleet at a glance: games, uptime and the last reboot."""
     games = ask(config, "/api/v1/games")["items"]
+    fleet = ask(config, "/api/v1/fleet")
     uptime = ask(config, "/api/v1/uptime")
     if json_out:
-        render.print_json({"games": games, "uptime": uptime})
+        render.print_json({"games": games, "fleet": fleet, "uptime": uptime})
         return
     render.console.print(render.games_table(games))
+    render.console.print(render.fleet_table(fleet))
     render.console.print(render.uptime_table(uptime))
+
+
+def tier(
+    choice: Annotated[str | None, typer.Argument(help="light, medium, heavy or auto; none: show the fleet.")] = None,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Show the fleet's tier and admissions, or choose a tier (manual) or auto."""
+    if choice is None:
+        fleet = ask(config, "/api/v1/fleet")
+    else:
+        if choice not in ("light", "medium", "heavy", "auto"):
+            fail(f"tier {choice!r}: choose light, medium, heavy or auto", 2)
+        body = {"mode": "auto"} if choice == "auto" else {"tier": choice}
+        fleet = call(config, lambda client: client.request("PUT", "/api/v1/fleet", json=body))
+    if json_out:
+        render.print_json(fleet)
+        return
+    render.console.print(render.fleet_table(fleet))
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(games_app, name="games")
     app.command("status")(status)
+    app.command("tier")(tier)

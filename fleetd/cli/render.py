@@ -112,3 +112,34 @@ def games_table(games: list[dict[str, Any]]) -> Table:
     if reasons:
         table.caption = "\n".join(reasons)
     return table
+
+
+def fleet_table(fleet: dict[str, Any]) -> Table:
+    table = Table(title="Fleet", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    ceiling = f"{fleet['ceiling']} until {when(fleet['ceiling_until'])}" if fleet["ceiling"] else "-"
+    settings = fleet["settings"]
+    rows = [
+        ("tier", f"{fleet['tier']} ({fleet['mode']})"),
+        ("allowed now", f"{fleet['allowed']} games (level {fleet['level']}, ceiling {ceiling})"),
+        ("admitted", ", ".join(fleet["admitted"]) or "-"),
+        ("pending", ", ".join(fleet["pending"]) or "-"),
+        ("next scale-up", when(fleet["next_scale_up_at"])),
+        ("waiting", fleet["waiting_reason"]),
+        ("per game", f"{settings['num_envs']} envs, batch {settings['batch_size']}: {settings['reason']}"),
+        ("GPU", gpu_line(fleet["telemetry"])),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def gpu_line(telemetry: dict[str, Any]) -> str:
+    if not telemetry.get("available"):
+        return f"unavailable ({telemetry.get('reason') or 'no reason given'})"
+    parts = []
+    for gpu in telemetry["gpus"]:
+        memory = gpu["memory_used_bytes"] / max(1, gpu["memory_total_bytes"])
+        parts.append(f"{gpu['index']}: {gpu['name']} {number(gpu['utilization_pct'], 0)}% util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C")
+    return "; ".join(parts)

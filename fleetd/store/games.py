@@ -40,6 +40,7 @@ def _record(session: Session, row: Game) -> GameRecord:
         mean_reward_100=row.mean_reward_100,
         best_reward=row.best_reward,
         progress_at=row.progress_at,
+        admitted_at=row.admitted_at,
         created_at=row.created_at,
         updated_at=row.updated_at,
         current_run=run_record(open_run, row.name) if open_run else None,

@@ -15,7 +15,6 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
-    Integer,
     MetaData,
     String,
     Text,
@@ -101,7 +100,30 @@ class Game(Base):
     mean_reward_100: Mapped[float | None]
     best_reward: Mapped[float | None]
     progress_at: Mapped[datetime | None]
+    # Set while the governor lets the game run; NULL with desired running means pending.
+    admitted_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Fleet(Base):
+    """The governor's state: one row. `requested` is the operator's; the rest the governor's."""
+
+    __tablename__ = "fleet"
+    __table_args__ = (
+        CheckConstraint("id = 1", name="one_row"),
+        CheckConstraint("requested IN ('light', 'medium', 'heavy', 'auto')", name="requested"),
+        CheckConstraint("tier IN ('light', 'medium', 'heavy')", name="tier"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    requested: Mapped[str] = mapped_column(String(8))
+    tier: Mapped[str] = mapped_column(String(8))
+    level: Mapped[int]
+    ceiling: Mapped[int | None]
+    ceiling_until: Mapped[datetime | None]
+    stable_since: Mapped[datetime]
+    long_window: Mapped[bool] = mapped_column(default=True)
     updated_at: Mapped[datetime]
 
 

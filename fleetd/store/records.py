@@ -82,10 +82,23 @@ class GameRecord:
     mean_reward_100: float | None
     best_reward: float | None
     progress_at: datetime | None
+    admitted_at: datetime | None
     created_at: datetime
     updated_at: datetime
     current_run: RunRecord | None  # the run still open, if a worker is (or may be) alive
     last_checkpoint: CheckpointRecord | None  # the newest verified one
+
+
+@dataclass(frozen=True)
+class FleetRecord:
+    requested: str
+    tier: str
+    level: int
+    ceiling: int | None
+    ceiling_until: datetime | None
+    stable_since: datetime
+    long_window: bool
+    updated_at: datetime
 
 
 @dataclass(frozen=True)

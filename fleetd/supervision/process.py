@@ -47,6 +47,8 @@ class WorkerProcess:
         # one that dies while still importing torch or building envs is a failed start,
         # however long that took.
         self._reported = False
+        # What the live worker was started with (a tier change makes it differ from `launch`).
+        self.spawned_launch: Launch | None = None
 
     @property
     def name(self) -> str:
@@ -66,6 +68,12 @@ class WorkerProcess:
             self._signal(self.policy.stopsignal)
             self._to(State.STOPPING, reason)
         elif self.state is State.BACKOFF:
+            self._to(State.STOPPED, reason)
+
+    def reset(self, reason: str = "start requested") -> None:
+        """Clear EXITED or FATAL (and the failure count): the game may start again."""
+        if self.state in (State.EXITED, State.FATAL):
+            self.failures = 0
             self._to(State.STOPPED, reason)
 
     def restore(self, state: State, reason: str) -> None:
@@ -91,9 +99,9 @@ class WorkerProcess:
             self._progress_at = self._clock.monotonic()
         return True
 
-    def on_exit(self, status: ExitStatus) -> None:
+    def on_exit(self, status: ExitStatus) -> Outcome | None:
         if self.run_id is None or self.pid is None:
-            return
+            return None
         outcome = self._classify(status)
         self._sink.run_ended(self.run_id, status, outcome.cause)
         # The leader is gone; SubprocVecEnv children and other stragglers go with it.
@@ -103,6 +111,7 @@ class WorkerProcess:
             self._failed(outcome.reason)
         else:
             self._to(outcome.state, outcome.reason)
+        return outcome
 
     def tick(self) -> None:
         """Act on whatever deadline has passed."""
@@ -143,6 +152,7 @@ class WorkerProcess:
             self._failed(f"could not start the worker: {exc}")
             return
         self.run_id, self.pid = run_id, spawned.pid
+        self.spawned_launch = self.launch
         self._spawned_at = self._clock.monotonic()
         self._fresh_watch(None)
         self._sink.run_spawned(run_id, spawned)

@@ -16,7 +16,9 @@ def cpu_allotment(settings: Settings, running_games: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, running_games))
 
 
-def launch_for(game: GameRecord, settings: Settings, running_games: int) -> Launch:
+def launch_for(
+    game: GameRecord, settings: Settings, running_games: int, tier_defaults: dict[str, int]
+) -> Launch:
     worker = settings.worker
     game_dir = settings.game_dir(game.name)
     spec = {
@@ -27,6 +29,8 @@ def launch_for(game: GameRecord, settings: Settings, running_games: int) -> Laun
         "total_timesteps": game.total_timesteps,
         "target_episodes": game.target_episodes,
         "hyperparams": game.hyperparams,
+        # The governor's tier, scaled to the GPU; explicit hyperparams still win.
+        "tier_defaults": tier_defaults,
         "checkpoint_dir": str(game_dir / "checkpoints"),
         "checkpoint_interval_s": game.checkpoint_interval_s or worker.checkpoint_interval_s,
         "checkpoint_interval_steps": worker.checkpoint_interval_steps,

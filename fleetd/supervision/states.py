@@ -22,8 +22,9 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.RUNNING: frozenset({State.BACKOFF, State.STOPPING, State.EXITED, State.FATAL}),
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FATAL}),
     State.STOPPING: frozenset({State.STOPPED}),
-    State.EXITED: frozenset({State.STARTING}),
-    State.FATAL: frozenset({State.STARTING}),
+    # STOPPED from EXITED or FATAL: `games start` clears them; the game then waits for admission.
+    State.EXITED: frozenset({State.STARTING, State.STOPPED}),
+    State.FATAL: frozenset({State.STARTING, State.STOPPED}),
 }
 
 # A process may exist in these states; in the others there is none.

@@ -1,19 +1,23 @@
 """The supervisor: one thread that owns every worker process and reacts to what happens.
 
 Other threads (the API) never touch the processes: they change the desired state in the store
-and submit a command; the loop reconciles. Signal-free: exits come through pidfds.
+and submit a command; the loop reconciles. A game's worker runs when its desired state is
+running and the governor has admitted it. Exits come through pidfds, not signals.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
-from collections import Counter
 import signal
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, RunRecord
@@ -32,6 +36,7 @@ from workers.protocol import CheckpointReport, ProgressReport, ResumedReport
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
+GOVERNOR_TICK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -77,17 +82,22 @@ class Supervisor:
         reactor: Reactor,
         recorder: Recorder,
         probe: ProcessProbe,
+        fleet: FleetController,
+        unclean_reboot: bool = False,
     ) -> None:
         self.settings, self.db, self.clock = settings, db, clock
         self.policy = Policy.from_settings(settings.supervisor)
         self._launcher = WatchingLauncher(launcher, reactor)
-        self._reactor, self.recorder, self._probe = reactor, recorder, probe
+        self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
+        self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
         self._desired: dict[str, str] = {}
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._shutdown: Shutdown | None = None
         self._shutdown_deadline = 0.0
-        self._flushed_at = clock.monotonic()
+        self._flushed_at = self._governed_at = clock.monotonic()
+        self._rolling: str | None = None  # the game restarting with new tier settings
+        self._games: list[GameRecord] = []
         self.loop_beat = clock.monotonic()
 
     # -- from any thread ------------------------------------------------------------------
@@ -105,7 +115,10 @@ class Supervisor:
         if not states:
             return "no games"
         parts = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
-        return f"{sum(states.values())} games: {parts}"
+        return f"{sum(states.values())} games: {parts}; tier {self.fleet.governor.state.tier}"
+
+    def worker_pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in list(self.procs.items()) if proc.pid is not None}
 
     # -- the supervisor thread -------------------------------------------------------------
 
@@ -119,7 +132,12 @@ class Supervisor:
             self.recorder.run_lost(run, "lost_host", ended, f"worker pid {run.pid} was lost with the host (reboot)")
         for run in runs.lost_with_daemon:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
-        self.reconcile(adopt=runs.live)
+        self._load_games()
+        for run in runs.live:
+            self._adopt(run)
+        if self._unclean_reboot:
+            self.fleet.instability("reboot", "the host went down without a clean stop")
+        self._govern()
 
     def run(self) -> None:
         while not self._finished():
@@ -133,8 +151,12 @@ class Supervisor:
         self._drain_commands()
         for proc in list(self.procs.values()):
             proc.tick()
-        if self.clock.monotonic() - self._flushed_at >= self.settings.supervisor.progress_flush_s:
-            self._flushed_at = self.clock.monotonic()
+        now = self.clock.monotonic()
+        if now - self._governed_at >= GOVERNOR_TICK_S and self._shutdown is None:
+            self._governed_at = now
+            self._govern()
+        if now - self._flushed_at >= self.settings.supervisor.progress_flush_s:
+            self._flushed_at = now
             self.recorder.flush_progress()
 
     def handle(self, happening: Happening) -> None:
@@ -143,24 +165,71 @@ class Supervisor:
         elif isinstance(happening, Reported):
             self._on_report(happening.report)
 
-    def reconcile(self, adopt: list[RunRecord] | None = None) -> None:
+    def reconcile(self) -> None:
+        self._load_games()
+        self._govern()
+
+    # -- games, the governor, desired state --------------------------------------------------
+
+    def _load_games(self) -> None:
         with self.db.transaction() as session:
             games = read_games(session)
         self._desired = {game.name: game.desired for game in games}
         self._forget_removed()
-        running = sum(1 for game in games if game.desired == "running")
         for game in games:
-            proc = self.procs.get(game.name) or self._new_proc(game)
-            proc.launch = launch_for(game, self.settings, running)
-        for run in adopt or []:
-            self._adopt(run)
-        for proc in self.procs.values():
-            self._apply_desired(proc)
+            if game.name not in self.procs:
+                self._new_proc(game)
+        self.fleet.update([self._slot(game) for game in games])
+        self._games = games
 
-    # -- internals ----------------------------------------------------------------------------
+    def _slot(self, game: GameRecord) -> GameSlot:
+        state = self.procs[game.name].state.value
+        return GameSlot(game.name, game.desired, game.priority, game.created_at, game.admitted_at, state)
+
+    def _govern(self) -> None:
+        """The governor's step, then every game's launch settings and desired state applied."""
+        if self._shutdown is not None:
+            return
+        self.fleet.step()
+        tier_defaults = self.fleet.scaled().tier_defaults()
+        running = len(self.fleet.view().admitted)
+        for game in self._games:
+            proc = self.procs.get(game.name)
+            if proc is not None:
+                proc.launch = launch_for(game, self.settings, running, tier_defaults)
+        for proc in list(self.procs.values()):
+            self._apply_desired(proc)
+        self._roll_tier_changes()
+
+    def _apply_desired(self, proc: WorkerProcess) -> None:
+        if self._shutdown is not None:
+            return
+        desired = self._desired.get(proc.name)
+        if desired == "running" and self.fleet.admitted(proc.name):
+            if proc.state is State.STOPPED:
+                proc.start("admitted: desired state is running")
+        elif desired == "running":
+            proc.stop("back to pending: the governor allows fewer games")
+        elif desired == "stopped":
+            proc.stop("stop requested")
+
+    def _roll_tier_changes(self) -> None:
+        """Restart running workers whose tier settings changed, one at a time, from checkpoint."""
+        current = self.procs.get(self._rolling) if self._rolling else None
+        if current is not None and current.state in (State.STOPPING, State.STOPPED, State.STARTING, State.BACKOFF):
+            if current.state is not State.STOPPED or self.fleet.admitted(current.name):
+                return  # still on its way back
+        self._rolling = None
+        for proc in self.procs.values():
+            if proc.state is State.RUNNING and _tier_defaults(proc.spawned_launch) != _tier_defaults(proc.launch):
+                self._rolling = proc.name
+                proc.stop("restarting from its checkpoint with the new tier settings")
+                return
+
+    # -- processes ---------------------------------------------------------------------------
 
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
-        proc = WorkerProcess(launch_for(game, self.settings, 1), self.policy, self._launcher, self.clock, self.recorder)
+        proc = WorkerProcess(launch_for(game, self.settings, 1, {}), self.policy, self._launcher, self.clock, self.recorder)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(State(game.state), game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
@@ -180,15 +249,8 @@ class Supervisor:
             return
         self.recorder.adopted(run.id)
         proc.adopt(run.id, run.pid, None)
-
-    def _apply_desired(self, proc: WorkerProcess) -> None:
-        if self._shutdown is not None:
-            return
-        desired = self._desired.get(proc.name)
-        if desired == "running" and proc.state is State.STOPPED:
-            proc.start("desired state is running")
-        elif desired == "stopped":
-            proc.stop("stop requested")
+        proc.spawned_launch = _launch_of_run(proc.launch, run)
+        self.fleet.set_state(run.game, proc.state.value)
 
     def _forget_removed(self) -> None:
         for name in [n for n, p in self.procs.items() if n not in self._desired and p.state not in LIVE]:
@@ -200,10 +262,15 @@ class Supervisor:
         if proc is None:
             log.warning("pid %d exited but belongs to no game", exited.pid)
             return
-        proc.on_exit(exited.status)
+        outcome = proc.on_exit(exited.status)
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
-        self._apply_desired(proc)
+        self.fleet.set_state(proc.name, proc.state.value)
+        if outcome is not None and outcome.cause == "oom":
+            self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer")
+        elif outcome is not None and outcome.cause in ("crash", "hang"):
+            self.fleet.crashed(proc.name)
+        self._govern()
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
         proc = self.procs.get(report.game)
@@ -218,6 +285,8 @@ class Supervisor:
             proc.on_progress(report.run_id, report.steps)
             skipped = [(s.path, s.reason) for s in report.skipped]
             self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped)
+
+    # -- commands and shutdown ------------------------------------------------------------------
 
     def _drain_commands(self) -> None:
         while True:
@@ -235,9 +304,18 @@ class Supervisor:
         elif isinstance(command, Reconcile):
             self.reconcile()
         elif isinstance(command, StartGame):
-            self.reconcile()
-            if command.name in self.procs:
-                self.procs[command.name].start("start requested")
+            self._start_game(command.name)
+
+    def _start_game(self, name: str) -> None:
+        """`games start`: clears FATAL/EXITED; the game then waits for admission like any other."""
+        self._load_games()
+        proc = self.procs.get(name)
+        if proc is not None and proc.state in (State.FATAL, State.EXITED):
+            proc.reset("start requested: waiting for admission")
+            self.fleet.set_state(name, proc.state.value)
+        self._govern()
+        if proc is not None and proc.state is State.BACKOFF and self.fleet.admitted(name):
+            proc.start("start requested")
 
     def _begin_shutdown(self, command: Shutdown) -> None:
         self._shutdown = command
@@ -262,3 +340,19 @@ class Supervisor:
         deadlines = [d for p in self.procs.values() if (d := p.next_deadline()) is not None]
         soonest = min(deadlines, default=now + MAX_WAIT_S)
         return max(0.0, min(soonest - now, MAX_WAIT_S))
+
+
+def _tier_defaults(launch: Launch | None) -> object:
+    return None if launch is None else launch.spec.get("tier_defaults")
+
+
+def _launch_of_run(current: Launch, run: RunRecord) -> Launch:
+    """What an adopted worker was started with: the spec saved beside its log."""
+    if run.log_path is None:
+        return current
+    spec_path = Path(run.log_path).with_suffix(".spec.json")
+    try:
+        spec = json.loads(spec_path.read_text())
+    except (OSError, ValueError):
+        return current
+    return Launch(current.game, current.game_dir, spec)

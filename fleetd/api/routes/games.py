@@ -11,7 +11,9 @@ from fleetd.api.schemas import (
     GameOut,
     RunList,
     RunOut,
+    SettingsOut,
 )
+from fleetd.governor.scaling import Scaled
 from fleetd.games import add_game, remove_game, set_desired
 from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
@@ -34,15 +36,35 @@ def run_out(record: RunRecord) -> RunOut:
     return RunOut(**{k: getattr(record, k) for k in RunOut.model_fields})
 
 
-def game_out(game: GameRecord) -> GameOut:
+def game_out(game: GameRecord, scaled: Scaled | None = None) -> GameOut:
     run = game.current_run
     fields = {k: getattr(game, k) for k in GameOut.model_fields if hasattr(game, k)}
     fields.update(
+        state=shown_state(game),
         pid=run.pid if run else None,
         started_at=run.started_at if run else None,
         last_checkpoint=checkpoint_out(game.last_checkpoint) if game.last_checkpoint else None,
+        settings=game_settings(game, scaled) if scaled else None,
     )
     return GameOut(**fields)
+
+
+def shown_state(game: GameRecord) -> str:
+    """`pending`: it should run, and waits for the governor to admit it."""
+    waiting = game.desired == "running" and game.admitted_at is None and game.state == "stopped"
+    return "pending" if waiting else game.state
+
+
+def game_settings(game: GameRecord, scaled: Scaled) -> SettingsOut:
+    explicit = [key for key in ("num_envs", "batch_size") if key in game.hyperparams]
+    reason = scaled.reason + (f"; {', '.join(explicit)} set explicitly" if explicit else "")
+    num_envs = game.hyperparams.get("num_envs", scaled.num_envs)
+    batch = game.hyperparams.get("batch_size", scaled.batch_size)
+    return SettingsOut(num_envs=num_envs, batch_size=batch, reason=reason)
+
+
+def _scaled(context: AppContext) -> Scaled | None:
+    return context.fleet.scaled() if context.fleet is not None else None
 
 
 def _tell_supervisor(context: AppContext, command: Reconcile | StartGame) -> None:
@@ -53,7 +75,9 @@ def _tell_supervisor(context: AppContext, command: Reconcile | StartGame) -> Non
 @router.get("/games", response_model=GameList)
 def list_games(context: AppContext = Depends(get_context)) -> GameList:
     with context.db.transaction() as session:
-        return GameList(items=[game_out(game) for game in game_store.read_games(session)])
+        games = game_store.read_games(session)
+    scaled = _scaled(context)
+    return GameList(items=[game_out(game, scaled) for game in games])
 
 
 @router.post("/games", response_model=GameOut, status_code=201, responses=CONFLICT)
@@ -67,7 +91,8 @@ def create_game(body: GameCreate, context: AppContext = Depends(get_context)) ->
 @router.get("/games/{name}", response_model=GameOut, responses=NOT_FOUND)
 def read_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
     with context.db.transaction() as session:
-        return game_out(game_store.read_game(session, name))
+        game = game_store.read_game(session, name)
+    return game_out(game, _scaled(context))
 
 
 @router.delete("/games/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})

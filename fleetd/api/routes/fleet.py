@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.schemas import FleetOut, FleetUpdate, SettingsOut, TierOut
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.governor.controller import FleetController
+from fleetd.store.events import create_event
+from fleetd.store.fleet import update_fleet_requested
+from fleetd.supervision.supervisor import Reconcile
+from fleetd.telemetry import snapshot_json
+
+router = APIRouter(tags=["fleet"])
+
+
+def _controller(context: AppContext) -> FleetController:
+    if context.fleet is None:
+        raise FleetdError(ErrorCode.BUSY, "the governor is not running yet")
+    return context.fleet
+
+
+def fleet_out(fleet: FleetController) -> FleetOut:
+    governor, now = fleet.governor, fleet.clock.now()
+    state, view, scaled = governor.state, fleet.view(), fleet.scaled()
+    tiers = {name: TierOut(**tier.model_dump()) for name, tier in fleet.settings.tiers.items()}
+    return FleetOut(
+        mode="auto" if state.auto else "manual",
+        requested=state.requested,
+        tier=state.tier,
+        level=state.level,
+        allowed=governor.allowed(),
+        ceiling=state.ceiling,
+        ceiling_until=state.ceiling_until,
+        admitted=list(view.admitted),
+        pending=list(view.pending),
+        next_scale_up_at=governor.next_scale_up(view),
+        waiting_reason=governor.waiting_reason(now, view),
+        settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason),
+        tiers=tiers,
+        telemetry=snapshot_json(fleet.telemetry.latest if fleet.telemetry else None),
+    )
+
+
+@router.get("/fleet", response_model=FleetOut)
+def read_fleet(context: AppContext = Depends(get_context)) -> FleetOut:
+    """Tier, mode, admitted and pending games, the next scale-up and why it waits, telemetry."""
+    return fleet_out(_controller(context))
+
+
+@router.put("/fleet", response_model=FleetOut, status_code=202)
+def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) -> FleetOut:
+    """Choose a tier (manual) or auto; the governor takes it up within seconds."""
+    fleet = _controller(context)
+    requested = requested_of(body, fleet.governor.state.tier)
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        update_fleet_requested(session, requested, now)
+        create_event(session, now, "fleet_request", f"tier {requested} requested")
+    if context.supervisor is not None:
+        context.supervisor.submit(Reconcile())
+    return fleet_out(fleet)
+
+
+def requested_of(body: FleetUpdate, current_tier: str) -> str:
+    if body.tier is None and body.mode is None:
+        raise FleetdError(
+            ErrorCode.VALIDATION,
+            "body: give a tier (light, medium, heavy) or a mode (manual, auto)",
+            {"errors": [{"field": "body", "reason": "tier or mode required"}]},
+        )
+    if body.mode == "auto":
+        if body.tier is not None:
+            raise FleetdError(
+                ErrorCode.VALIDATION,
+                "body.tier: auto mode chooses the tier itself; give either a tier or mode auto",
+                {"errors": [{"field": "body.tier", "reason": "not with mode auto"}]},
+            )
+        return "auto"
+    return body.tier or current_tier

@@ -1,0 +1,1 @@
+"""The load governor: tiers, gradual admission, back-off after instability."""

@@ -1,0 +1,194 @@
+"""The governor in the daemon: its state in the store, its view of the games, its decisions applied.
+
+Runs on the supervisor's thread only. The operator's requested tier is read from the store
+(the API writes it); everything else is the governor's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from fleetd.clock import Clock
+from fleetd.config import FleetSettings
+from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
+from fleetd.governor.scaling import GpuMemory, Scaled, scale
+from fleetd.store import fleet as fleet_store
+from fleetd.store.engine import Database
+from fleetd.store.events import create_event
+from fleetd.store.records import FleetRecord
+
+log = logging.getLogger(__name__)
+
+# Games in these states want no slot: they ended, or gave up.
+DONE_STATES = frozenset({"exited", "fatal"})
+_SEVERITY = {"backoff": "warning", "evict": "warning"}
+
+
+class TelemetrySource(Protocol):
+    @property
+    def latest(self) -> Any:  # fleetd.telemetry.Snapshot | None
+        ...
+
+
+@dataclass
+class GameSlot:
+    """What the governor needs of a game."""
+
+    name: str
+    desired: str
+    priority: int
+    created_at: datetime
+    admitted_at: datetime | None
+    state: str
+
+    @property
+    def wants_slot(self) -> bool:
+        return self.desired == "running" and self.state not in DONE_STATES
+
+
+class FleetController:
+    def __init__(self, settings: FleetSettings, db: Database, clock: Clock, telemetry: TelemetrySource | None) -> None:
+        self.settings, self.db, self.clock, self.telemetry = settings, db, clock, telemetry
+        self.governor = self._load()
+        self.slots: dict[str, GameSlot] = {}
+        self._known_gpu: GpuMemory | None = None
+
+    def _load(self) -> Governor:
+        with self.db.transaction() as session:
+            record = fleet_store.read_fleet(session)
+        if record is None:
+            governor = Governor.initial(self.settings, self.clock.now())
+            self._save(governor.state)
+            return governor
+        state = FleetState(
+            record.requested, record.tier, record.level, record.ceiling, record.ceiling_until,
+            record.stable_since, record.long_window,
+        )  # fmt: skip
+        return Governor(self.settings, state)
+
+    # -- what the supervisor asks ------------------------------------------------------------
+
+    def admitted(self, name: str) -> bool:
+        slot = self.slots.get(name)
+        return slot is not None and slot.admitted_at is not None
+
+    def scaled(self) -> Scaled:
+        tier = self.governor.state.tier
+        return scale(tier, self.settings.tiers[tier], self._gpu(), self.settings.gpu_reference_gib_per_game)
+
+    def view(self) -> FleetView:
+        wanting = [slot for slot in self.slots.values() if slot.wants_slot]
+        admitted = sorted((s for s in wanting if s.admitted_at), key=lambda s: (s.admitted_at, s.name))
+        pending = sorted((s for s in wanting if not s.admitted_at), key=lambda s: (-s.priority, s.created_at, s.name))
+        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), self.pressure())
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def update(self, slots: list[GameSlot]) -> bool:
+        """New facts about the games; release the slots of games that no longer want one."""
+        self.slots = {slot.name: slot for slot in slots}
+        released = [s for s in slots if s.admitted_at is not None and not s.wants_slot]
+        for slot in released:
+            self._set_admitted(slot.name, None)
+        return bool(released)
+
+    def set_state(self, name: str, state: str) -> bool:
+        """A game's process state changed; True if that released its slot."""
+        slot = self.slots.get(name)
+        if slot is None:
+            return False
+        slot.state = state
+        if slot.admitted_at is not None and not slot.wants_slot:
+            self._set_admitted(name, None)
+            return True
+        return False
+
+    def step(self) -> bool:
+        """Take up the operator's request, then the governor's clock. True if admission changed."""
+        now = self.clock.now()
+        decisions = self.governor.request(self._requested(), now)
+        decisions += self.governor.tick(now, self.view())
+        return self._apply(decisions)
+
+    def instability(self, kind: str, detail: str) -> bool:
+        running = len(self.view().admitted)
+        return self._apply(self.governor.instability(self.clock.now(), kind, detail, running))
+
+    def crashed(self, name: str) -> bool:
+        running = len(self.view().admitted)
+        return self._apply(self.governor.crashed(self.clock.now(), name, running))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _apply(self, decisions: list[Decision]) -> bool:
+        if not decisions:
+            return False
+        now = self.clock.now()
+        with self.db.transaction() as session:
+            for decision in decisions:
+                if decision.kind in ("admit", "evict") and decision.game is not None:
+                    admitted_at = now if decision.kind == "admit" else None
+                    fleet_store.update_game_admitted(session, decision.game, admitted_at)
+                    self.slots[decision.game].admitted_at = admitted_at
+                severity = _SEVERITY.get(decision.kind, "info")
+                create_event(session, now, f"fleet_{decision.kind}", decision.message, severity=severity, game=decision.game)
+            fleet_store.save_fleet(session, self._record(self.governor.state, now))
+        for decision in decisions:
+            log.info("governor: %s", decision.message)
+        return any(d.kind in ("admit", "evict", "tier", "backoff") for d in decisions)
+
+    def _set_admitted(self, name: str, admitted_at: datetime | None) -> None:
+        with self.db.transaction() as session:
+            fleet_store.update_game_admitted(session, name, admitted_at)
+        self.slots[name].admitted_at = admitted_at
+
+    def _requested(self) -> str:
+        with self.db.transaction() as session:
+            record = fleet_store.read_fleet(session)
+        return record.requested if record else self.governor.state.requested
+
+    def _save(self, state: FleetState) -> None:
+        with self.db.transaction() as session:
+            fleet_store.save_fleet(session, self._record(state, self.clock.now()))
+
+    @staticmethod
+    def _record(state: FleetState, now: datetime) -> FleetRecord:
+        return FleetRecord(
+            state.requested, state.tier, state.level, state.ceiling, state.ceiling_until,
+            state.stable_since, state.long_window, now,
+        )  # fmt: skip
+
+    def _snapshot(self) -> Any:
+        return None if self.telemetry is None else self.telemetry.latest
+
+    def _gpu(self) -> GpuMemory | None:
+        """The first GPU's memory, remembered: a passing NVML error must not change every
+        game's settings (and restart them all)."""
+        snapshot = self._snapshot()
+        if snapshot is not None and snapshot.gpu_available and snapshot.gpus:
+            gpu = snapshot.gpus[0]
+            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes)
+        return self._known_gpu
+
+    def pressure(self) -> Pressure:
+        snapshot = self._snapshot()
+        if snapshot is None:
+            return Pressure()
+        return Pressure(tuple(pressure_reasons(snapshot, self.settings)))
+
+
+def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
+    reasons = []
+    for gpu in snapshot.gpus if snapshot.gpu_available else ():
+        if gpu.memory_fraction > settings.gpu_memory_max_fraction:
+            reasons.append(f"GPU {gpu.index} memory {gpu.memory_fraction:.0%} > {settings.gpu_memory_max_fraction:.0%}")
+        if gpu.temperature_c is not None and gpu.temperature_c > settings.gpu_temperature_max_c:
+            reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")
+    host = snapshot.host
+    available = host.memory_available_bytes / max(1, host.memory_total_bytes)
+    if available < settings.host_memory_min_available_fraction:
+        reasons.append(f"host memory available {available:.0%} < {settings.host_memory_min_available_fraction:.0%}")
+    return reasons

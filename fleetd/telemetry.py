@@ -1,0 +1,333 @@
+"""What the host's GPUs and the workers' process trees are doing: NVML and psutil readings.
+
+The sampler runs on one scheduler job thread; the API and the governor read its latest
+snapshot from theirs. A host without a GPU, driver or NVML still gets host and process
+readings, with the GPU part marked unavailable and the reason given. Nothing here raises
+because NVML failed: a telemetry fault must never stop the daemon.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from types import ModuleType
+from typing import Any, Protocol
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+NVML_RETRY_S = 60.0
+# A worker may die, or turn zombie, between listing its tree and reading a process of it.
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    name: str
+    utilization_pct: float | None
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_c: float | None
+    power_w: float | None
+
+    @property
+    def memory_fraction(self) -> float:
+        return self.memory_used_bytes / self.memory_total_bytes if self.memory_total_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One worker's whole process tree (the worker and its SubprocVecEnv children)."""
+
+    game: str
+    pid: int
+    processes: int
+    rss_bytes: int
+    cpu_pct: float  # 100 = one core busy
+    gpu_memory_bytes: int | None  # None: NVML unavailable
+
+
+@dataclass(frozen=True)
+class HostSample:
+    memory_total_bytes: int
+    memory_available_bytes: int
+    cpu_pct: float  # 100 = every core busy
+    load_1m: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float  # epoch seconds
+    gpus: tuple[GpuSample, ...]
+    gpu_available: bool
+    gpu_unavailable_reason: str | None
+    host: HostSample
+    processes: tuple[ProcessSample, ...]
+
+    def max_gpu_memory_fraction(self) -> float | None:
+        return max((gpu.memory_fraction for gpu in self.gpus), default=None)
+
+    def max_gpu_temperature_c(self) -> float | None:
+        return max((gpu.temperature_c for gpu in self.gpus if gpu.temperature_c is not None), default=None)
+
+
+class GpuReader(Protocol):
+    def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
+        """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable)."""
+
+
+class NvmlReader:
+    """The real GPUs, through pynvml. Not thread-safe: one sampling thread calls it."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic, retry_s: float = NVML_RETRY_S) -> None:
+        self._monotonic = monotonic
+        self._retry_s = retry_s
+        self._nvml: ModuleType | None = None  # set while NVML is initialised
+        self._next_init = float("-inf")
+        self._reason: str | None = "NVML not initialised yet"
+        self._logged_reasons: set[str] = set()
+
+    def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
+        nvml = self._initialised()
+        if nvml is None:
+            return [], {}, self._reason
+        try:
+            return *self._read_devices(nvml), None
+        except nvml.NVMLError as exc:
+            # A driver reload or a lost GPU leaves the NVML session stale: start a new one later.
+            self._unavailable(f"NVML read failed: {exc}")
+            self._shutdown(nvml)
+            return [], {}, self._reason
+
+    def _initialised(self) -> ModuleType | None:
+        if self._nvml is not None:
+            return self._nvml
+        now = self._monotonic()
+        if now < self._next_init:
+            return None
+        # A failed init costs a dlopen each time; once a minute still notices a driver loaded later.
+        self._next_init = now + self._retry_s
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError as exc:
+            self._unavailable(f"pynvml is not installed (install nvidia-ml-py): {exc}")
+            return None
+        try:
+            nvml.nvmlInit()
+        except (nvml.NVMLError, OSError) as exc:
+            self._unavailable(f"NVML unavailable (no NVIDIA driver or libnvidia-ml?): {exc}")
+            return None
+        self._nvml, self._reason = nvml, None
+        self._logged_reasons.clear()  # a later failure is news again
+        log.info("NVML initialised")
+        return nvml
+
+    def _unavailable(self, reason: str) -> None:
+        self._reason = reason
+        if reason not in self._logged_reasons:  # once, not every sample
+            self._logged_reasons.add(reason)
+            log.warning("GPU telemetry unavailable: %s; retrying every %.0f s", reason, self._retry_s)
+
+    def _shutdown(self, nvml: ModuleType) -> None:
+        self._nvml = None
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:  # already broken; nothing more to learn
+            log.debug("nvmlShutdown failed: %s", exc)
+
+    def _read_devices(self, nvml: ModuleType) -> tuple[list[GpuSample], dict[int, int]]:
+        gpus: list[GpuSample] = []
+        pid_memory: dict[int, int] = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(_read_gpu(nvml, index, handle))
+            for pid, used in _gpu_processes(nvml, handle):
+                pid_memory[pid] = pid_memory.get(pid, 0) + used
+        return gpus, pid_memory
+
+
+def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    utilization = _optional(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    temperature = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+    milliwatts = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+    return GpuSample(
+        index=index,
+        name=str(nvml.nvmlDeviceGetName(handle)),
+        utilization_pct=utilization,
+        memory_used_bytes=int(memory.used),
+        memory_total_bytes=int(memory.total),
+        temperature_c=temperature,
+        power_w=None if milliwatts is None else milliwatts / 1000.0,
+    )
+
+
+def _optional(nvml: ModuleType, read: Callable[[], Any]) -> float | None:
+    # Consumer and passively cooled boards lack some sensors (NVML_ERROR_NOT_SUPPORTED).
+    try:
+        return float(read())
+    except nvml.NVMLError:
+        return None
+
+
+def _gpu_processes(nvml: ModuleType, handle: Any) -> Iterable[tuple[int, int]]:
+    # A process with both a compute and a graphics context is listed twice with the same usage.
+    used_by_pid: dict[int, int] = {}
+    for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+        try:
+            processes = list_processes(handle)
+        except nvml.NVMLError as exc:  # unsupported on some boards and under MIG
+            log.debug("%s: %s", list_processes.__name__, exc)
+            continue
+        for process in processes:
+            if process.usedGpuMemory is not None:  # None: not reported (WDDM, some vGPUs)
+                used_by_pid[process.pid] = max(used_by_pid.get(process.pid, 0), int(process.usedGpuMemory))
+    return used_by_pid.items()
+
+
+class TelemetrySampler:
+    """Takes snapshots; `latest` is safe to read from any thread."""
+
+    def __init__(self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._gpu = gpu if gpu is not None else NvmlReader()
+        self._clock = clock
+        self._sample_lock = threading.Lock()  # sample() mutates the process cache
+        self._latest_lock = threading.Lock()
+        self._latest: Snapshot | None = None
+        # psutil measures CPU% between two calls on the same Process object, so keep them.
+        self._procs: dict[int, psutil.Process] = {}
+
+    @property
+    def latest(self) -> Snapshot | None:
+        with self._latest_lock:
+            return self._latest
+
+    def sample(self, workers: Mapping[str, int]) -> Snapshot:
+        """Read everything once. `workers`: game name -> worker pid (its process-group leader).
+
+        A worker that is gone by the time it is read is left out of the snapshot.
+        """
+        with self._sample_lock:
+            gpus, pid_memory, reason = self._gpu.read()
+            gpu_memory = None if reason is not None else pid_memory
+            seen: dict[int, psutil.Process] = {}
+            processes = [
+                sample
+                for game, pid in sorted(workers.items())
+                if (sample := self._sample_tree(game, pid, gpu_memory, seen)) is not None
+            ]
+            self._procs = seen  # processes that have died drop out here
+            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(), tuple(processes))
+        with self._latest_lock:
+            self._latest = snapshot
+        return snapshot
+
+    def _sample_tree(
+        self, game: str, pid: int, gpu_memory: Mapping[int, int] | None, seen: dict[int, psutil.Process]
+    ) -> ProcessSample | None:
+        tree = self._tree(pid)
+        rss, cpu, count = 0, 0.0, 0
+        for proc in tree:
+            try:
+                with proc.oneshot():
+                    if proc.status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped: holds nothing
+                        continue
+                    proc_rss, proc_cpu = proc.memory_info().rss, proc.cpu_percent(None)
+            except _GONE:
+                continue
+            seen[proc.pid] = proc
+            rss, cpu, count = rss + proc_rss, cpu + proc_cpu, count + 1
+        if count == 0:
+            return None
+        gpu_bytes = None if gpu_memory is None else sum(gpu_memory.get(p.pid, 0) for p in tree)
+        return ProcessSample(game, pid, count, rss, cpu, gpu_bytes)
+
+    def _tree(self, pid: int) -> list[psutil.Process]:
+        try:
+            leader = psutil.Process(pid)
+            tree = [leader, *leader.children(recursive=True)]
+        except _GONE:
+            return []
+        return [self._cached(proc) for proc in tree]
+
+    def _cached(self, proc: psutil.Process) -> psutil.Process:
+        # Equality compares pid and start time, so a reused pid gets a fresh CPU baseline.
+        cached = self._procs.get(proc.pid)
+        return cached if cached is not None and cached == proc else proc
+
+
+def _read_host() -> HostSample:
+    memory = psutil.virtual_memory()
+    return HostSample(
+        memory_total_bytes=int(memory.total),
+        memory_available_bytes=int(memory.available),
+        cpu_pct=psutil.cpu_percent(None),  # since the previous call; 0.0 on the first
+        load_1m=os.getloadavg()[0],
+    )
+
+
+MetricRow = tuple[str | None, int | None, str, float]  # (game, GPU index, metric, value)
+
+
+def sample_rows(snapshot: Snapshot) -> list[MetricRow]:
+    """Rows for the store's `samples` table; readings that are None are left out."""
+    rows: list[MetricRow] = []
+    for gpu in snapshot.gpus:
+        rows += [(None, gpu.index, metric, value) for metric, value in _gpu_metrics(gpu)]
+    for proc in snapshot.processes:
+        rows += [(proc.game, None, metric, value) for metric, value in _process_metrics(proc)]
+    return rows + [(None, None, metric, value) for metric, value in _host_metrics(snapshot.host)]
+
+
+def _gpu_metrics(gpu: GpuSample) -> list[tuple[str, float]]:
+    return _present(
+        gpu_utilization_pct=gpu.utilization_pct,
+        gpu_memory_used_bytes=gpu.memory_used_bytes,
+        gpu_memory_total_bytes=gpu.memory_total_bytes,
+        gpu_temperature_c=gpu.temperature_c,
+        gpu_power_w=gpu.power_w,
+    )
+
+
+def _process_metrics(proc: ProcessSample) -> list[tuple[str, float]]:
+    return _present(
+        rss_bytes=proc.rss_bytes,
+        cpu_pct=proc.cpu_pct,
+        processes=proc.processes,
+        gpu_memory_bytes=proc.gpu_memory_bytes,
+    )
+
+
+def _host_metrics(host: HostSample) -> list[tuple[str, float]]:
+    return _present(
+        host_memory_available_bytes=host.memory_available_bytes,
+        host_memory_total_bytes=host.memory_total_bytes,
+        host_cpu_pct=host.cpu_pct,
+        host_load_1m=host.load_1m,
+    )
+
+
+def _present(**values: float | None) -> list[tuple[str, float]]:
+    return [(metric, float(value)) for metric, value in values.items() if value is not None]
+
+
+def snapshot_json(snapshot: Snapshot | None) -> dict[str, Any]:
+    """The telemetry part of `GET /api/v1/fleet`. `available` and `reason` are about the GPUs."""
+    if snapshot is None:
+        return {"available": False, "reason": "not sampled yet", "at": None, "gpus": [], "host": None, "processes": []}
+    return {
+        "available": snapshot.gpu_available,
+        "reason": snapshot.gpu_unavailable_reason,
+        "at": datetime.fromtimestamp(snapshot.at, UTC).isoformat(),
+        "gpus": [asdict(gpu) | {"memory_fraction": gpu.memory_fraction} for gpu in snapshot.gpus],
+        "host": asdict(snapshot.host),
+        "processes": [asdict(proc) for proc in snapshot.processes],
+    }

@@ -1,0 +1,68 @@
+"""The governor with a real daemon and real workers: light runs two, medium admits the third."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from tests.daemon_harness import (
+    SUPERVISION,
+    WORKER_START_S,
+    Daemon,
+    DaemonConfig,
+    cartpole,
+    fleetd_cli,
+    start_daemon,
+)
+
+pytestmark = pytest.mark.e2e
+
+FLEET = """
+[fleet]
+tier = "light"
+first_window_s = 4
+window_s = 4
+"""
+
+
+@pytest.fixture
+def governed(fleet_config: DaemonConfig) -> DaemonConfig:
+    fleet_config.extra = SUPERVISION + FLEET
+    fleet_config.write()
+    return fleet_config
+
+
+def running(game: dict) -> bool:
+    return game["state"] == "running"
+
+
+def test_light_runs_two_and_medium_admits_the_third(governed: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+    daemon = start_daemon(governed, fleet_daemons)
+    for name in ("a", "b", "c"):
+        assert daemon.post("/api/v1/games", cartpole(name)).status_code == 201
+    for name in ("a", "b"):
+        daemon.wait_for_game(name, running, WORKER_START_S, "running")
+    fleet = daemon.get("/api/v1/fleet").json()
+    assert (fleet["tier"], fleet["admitted"], fleet["pending"]) == ("light", ["a", "b"], ["c"])
+    assert fleet["waiting_reason"] == "the light tier runs 2 games"
+    assert daemon.game("c")["state"] == "pending" and daemon.game("c")["pid"] is None
+
+    chosen = fleetd_cli(governed, "tier", "medium")
+    assert chosen.returncode == 0, chosen.stderr
+    daemon.wait_for_game("c", running, 20 + WORKER_START_S, "admitted and running")
+    fleet = daemon.get("/api/v1/fleet").json()
+    assert (fleet["tier"], fleet["mode"], fleet["pending"]) == ("medium", "manual", [])
+    assert fleet["settings"]["num_envs"] == 64 and "medium tier values" in fleet["settings"]["reason"]
+
+    # The tier change restarted a and b from their checkpoints, one at a time.
+    for name in ("a", "b"):
+        daemon.wait_for_game(name, lambda g: running(g) and len(daemon.runs(g["name"])) == 2, 2 * WORKER_START_S, "restarted")
+    a_second = daemon.runs("a")[0]
+    b_first = daemon.runs("b")[1]
+    assert daemon.runs("a")[1]["cause"] == "stopped" and b_first["cause"] == "stopped"
+    assert datetime.fromisoformat(b_first["ended_at"]) > datetime.fromisoformat(a_second["started_at"])
+    kinds = [e["kind"] for e in daemon.get("/api/v1/events?limit=500").json()["items"]]
+    assert {"fleet_admit", "fleet_request", "fleet_level"} <= set(kinds)
+    table = fleetd_cli(governed, "tier")
+    assert table.returncode == 0 and "medium (manual)" in table.stdout

@@ -1,0 +1,295 @@
+"""Telemetry: a fake GPU reader, a fake pynvml, the real NVML on this host, a real process tree."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import NoReturn
+
+import psutil
+import pynvml
+import pytest
+
+from fleetd.telemetry import (
+    GpuSample,
+    HostSample,
+    NvmlReader,
+    ProcessSample,
+    Snapshot,
+    TelemetrySampler,
+    sample_rows,
+    snapshot_json,
+)
+
+GiB = 1024**3
+GPU0 = GpuSample(0, "Fake A", 50.0, 6 * GiB, 8 * GiB, 70.0, 200.0)
+GPU1 = GpuSample(1, "Fake B", None, 2 * GiB, 8 * GiB, None, None)  # sensors missing
+HOST = HostSample(memory_total_bytes=16 * GiB, memory_available_bytes=4 * GiB, cpu_pct=12.5, load_1m=1.5)
+
+
+class FakeGpu:
+    def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None) -> None:
+        self.result = (gpus, pid_memory, reason)
+
+    def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
+        return self.result
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+# --- snapshots from a fake GPU reader ----------------------------------------------------
+
+
+def test_fake_gpu_readings_flow_into_the_snapshot() -> None:
+    me = os.getpid()
+    sampler = TelemetrySampler(FakeGpu([GPU0, GPU1], {me: 3 * GiB, 1: GiB}), clock=lambda: 1_700_000_000.0)
+    snapshot = sampler.sample({"pong": me})
+    assert snapshot.at == 1_700_000_000.0
+    assert snapshot.gpu_available and snapshot.gpu_unavailable_reason is None
+    assert snapshot.gpus == (GPU0, GPU1)
+    [proc] = snapshot.processes
+    assert (proc.game, proc.pid, proc.gpu_memory_bytes) == ("pong", me, 3 * GiB)  # pid 1 is not in the tree
+    assert proc.processes >= 1 and proc.rss_bytes > 0 and proc.cpu_pct == 0.0  # no CPU baseline yet
+    assert snapshot.host.memory_total_bytes > 0 and snapshot.host.load_1m >= 0
+    assert sampler.latest is snapshot
+
+
+def test_memory_fraction_and_maxima() -> None:
+    assert GPU0.memory_fraction == 0.75
+    assert GpuSample(0, "x", None, 0, 0, None, None).memory_fraction == 0.0  # no division by zero
+    snapshot = Snapshot(0.0, (GPU0, GPU1), True, None, HOST, ())
+    assert snapshot.max_gpu_memory_fraction() == 0.75
+    assert snapshot.max_gpu_temperature_c() == 70.0
+    empty = Snapshot(0.0, (), False, "no GPU", HOST, ())
+    assert empty.max_gpu_memory_fraction() is None and empty.max_gpu_temperature_c() is None
+
+
+def test_gpu_memory_per_game_is_none_when_nvml_is_unavailable() -> None:
+    sampler = TelemetrySampler(FakeGpu([], {}, "NVML unavailable: no driver"))
+    snapshot = sampler.sample({"pong": os.getpid()})
+    assert not snapshot.gpu_available and snapshot.gpu_unavailable_reason == "NVML unavailable: no driver"
+    assert snapshot.processes[0].gpu_memory_bytes is None
+    assert snapshot.max_gpu_memory_fraction() is None
+
+
+def test_sample_rows_name_each_metric_and_skip_missing_readings() -> None:
+    procs = (ProcessSample("pong", 10, 3, 100, 150.0, 5), ProcessSample("breakout", 20, 1, 50, 0.0, None))
+    rows = sample_rows(Snapshot(0.0, (GPU0, GPU1), True, None, HOST, procs))
+    assert rows == [
+        (None, 0, "gpu_utilization_pct", 50.0),
+        (None, 0, "gpu_memory_used_bytes", 6.0 * GiB),
+        (None, 0, "gpu_memory_total_bytes", 8.0 * GiB),
+        (None, 0, "gpu_temperature_c", 70.0),
+        (None, 0, "gpu_power_w", 200.0),
+        (None, 1, "gpu_memory_used_bytes", 2.0 * GiB),
+        (None, 1, "gpu_memory_total_bytes", 8.0 * GiB),
+        ("pong", None, "rss_bytes", 100.0),
+        ("pong", None, "cpu_pct", 150.0),
+        ("pong", None, "processes", 3.0),
+        ("pong", None, "gpu_memory_bytes", 5.0),
+        ("breakout", None, "rss_bytes", 50.0),
+        ("breakout", None, "cpu_pct", 0.0),
+        ("breakout", None, "processes", 1.0),
+        (None, None, "host_memory_available_bytes", 4.0 * GiB),
+        (None, None, "host_memory_total_bytes", 16.0 * GiB),
+        (None, None, "host_cpu_pct", 12.5),
+        (None, None, "host_load_1m", 1.5),
+    ]
+
+
+def test_snapshot_json() -> None:
+    none = snapshot_json(None)
+    assert none["available"] is False and none["reason"] == "not sampled yet" and none["gpus"] == []
+    procs = (ProcessSample("pong", 10, 3, 100, 150.0, None),)
+    body = snapshot_json(Snapshot(0.0, (GPU0,), True, None, HOST, procs))
+    assert json.loads(json.dumps(body)) == body  # JSON-ready as it is
+    assert (body["available"], body["reason"], body["at"]) == (True, None, "1970-01-01T00:00:00+00:00")
+    assert body["gpus"][0]["memory_fraction"] == 0.75 and body["gpus"][0]["name"] == "Fake A"
+    assert body["host"]["load_1m"] == 1.5
+    assert body["processes"] == [
+        {"game": "pong", "pid": 10, "processes": 3, "rss_bytes": 100, "cpu_pct": 150.0, "gpu_memory_bytes": None}
+    ]
+
+
+def test_latest_is_safe_to_read_while_another_thread_samples() -> None:
+    sampler = TelemetrySampler(FakeGpu([GPU0], {}))
+    wrong: list[object] = []
+    done = threading.Event()
+
+    def read_latest() -> None:
+        while not done.is_set():
+            latest = sampler.latest
+            if latest is not None and not isinstance(latest, Snapshot):
+                wrong.append(latest)
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=read_latest)
+    reader.start()
+    try:
+        snapshots = [sampler.sample({"pong": os.getpid()}) for _ in range(10)]
+    finally:
+        done.set()
+        reader.join()
+    assert wrong == []
+    assert sampler.latest is snapshots[-1]
+
+
+# --- the real NVML reader ----------------------------------------------------------------
+
+
+def test_real_nvml_reader_never_raises() -> None:
+    gpus, pid_memory, reason = NvmlReader().read()
+    if reason is None:  # a GPU host with a driver
+        assert gpus
+    else:  # this machine, or any host without a driver
+        assert gpus == [] and pid_memory == {} and "NVML" in reason
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failed_init_is_retried_at_most_once_a_minute(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    def failing_init() -> None:
+        calls.append(1)
+        raise nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", failing_init)
+    clock = Monotonic()
+    reader = NvmlReader(monotonic=clock)
+    with caplog.at_level(logging.WARNING, logger="fleetd.telemetry"):
+        assert reader.read()[2] is not None
+        clock.now += 30
+        assert reader.read()[2] is not None
+        assert len(calls) == 1
+        clock.now += 31
+        _, _, reason = reader.read()
+    assert len(calls) == 2
+    assert "Driver Not Loaded" in (reason or "")
+    assert len(caplog.records) == 1  # the same reason is logged once, not every minute
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """pynvml with two GPUs: no power reading on either; pid 10 uses 1 GiB on each, on GPU 0 in
+    both the compute and the graphics list; GPU 1 does not support the graphics list."""
+    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None)
+
+    def memory_info(handle: int) -> SimpleNamespace:
+        if state.memory_error is not None:
+            raise state.memory_error
+        return SimpleNamespace(used=(handle + 1) * GiB, total=8 * GiB)
+
+    def unsupported(*_: object) -> NoReturn:
+        raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def graphics(handle: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=10, usedGpuMemory=GiB)] if handle == 0 else unsupported()
+
+    compute = {0: [SimpleNamespace(pid=10, usedGpuMemory=GiB), SimpleNamespace(pid=11, usedGpuMemory=None)]}
+    fakes = {
+        "nvmlInit": lambda: setattr(state, "inits", state.inits + 1),
+        "nvmlShutdown": lambda: setattr(state, "shutdowns", state.shutdowns + 1),
+        "nvmlDeviceGetCount": lambda: 2,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetName": lambda handle: f"Fake {handle}",
+        "nvmlDeviceGetMemoryInfo": memory_info,
+        "nvmlDeviceGetUtilizationRates": lambda handle: SimpleNamespace(gpu=40 + handle, memory=0),
+        "nvmlDeviceGetTemperature": lambda handle, sensor: 60 + handle,
+        "nvmlDeviceGetPowerUsage": unsupported,
+        "nvmlDeviceGetComputeRunningProcesses": lambda handle: compute.get(
+            handle, [SimpleNamespace(pid=10, usedGpuMemory=GiB)]
+        ),
+        "nvmlDeviceGetGraphicsRunningProcesses": graphics,
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(pynvml, name, fake)
+    return state
+
+
+def test_nvml_readings_with_missing_fields(fake_nvml: SimpleNamespace) -> None:
+    gpus, pid_memory, reason = NvmlReader().read()
+    assert reason is None
+    assert gpus == [
+        GpuSample(0, "Fake 0", 40.0, GiB, 8 * GiB, 60.0, None),
+        GpuSample(1, "Fake 1", 41.0, 2 * GiB, 8 * GiB, 61.0, None),
+    ]
+    assert pid_memory == {10: 2 * GiB}  # once per GPU, summed over both; pid 11's unknown usage left out
+
+
+def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake_nvml: SimpleNamespace) -> None:
+    clock = Monotonic()
+    reader = NvmlReader(monotonic=clock)
+    assert reader.read()[2] is None
+    fake_nvml.memory_error = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    gpus, pid_memory, reason = reader.read()
+    assert (gpus, pid_memory) == ([], {})
+    assert reason is not None and "GPU is lost" in reason
+    assert fake_nvml.shutdowns == 1
+    fake_nvml.memory_error = None
+    assert reader.read()[2] is not None and fake_nvml.inits == 1  # not before the retry interval
+    clock.now += 61
+    assert reader.read()[2] is None and fake_nvml.inits == 2
+
+
+# --- a real worker-like process tree -----------------------------------------------------
+
+TREE = """
+import subprocess, sys, time
+children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def worker_tree() -> Iterator[subprocess.Popen[bytes]]:
+    """A parent and two sleeping children in a session of their own, like a worker and its envs."""
+    parent = subprocess.Popen([sys.executable, "-c", TREE], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(parent.pid).children()) < 2:
+            assert time.monotonic() < deadline, "the children never started"
+            time.sleep(0.02)
+        yield parent
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)  # our own session's group: only what we started
+            parent.wait()
+
+
+def test_a_process_tree_is_summed_and_a_killed_one_drops_out(worker_tree: subprocess.Popen[bytes]) -> None:
+    sampler = TelemetrySampler(FakeGpu([], {}, "no GPU in this test"))
+    [first] = sampler.sample({"pong": worker_tree.pid}).processes
+    assert (first.game, first.pid, first.processes) == ("pong", worker_tree.pid, 3)
+    assert first.rss_bytes > 0 and first.gpu_memory_bytes is None
+    time.sleep(0.1)
+    [second] = sampler.sample({"pong": worker_tree.pid}).processes
+    assert second.processes == 3 and second.cpu_pct >= 0.0
+
+    os.killpg(worker_tree.pid, signal.SIGKILL)
+    sampler.sample({"pong": worker_tree.pid})  # mid-death, the leader a zombie: no error
+    worker_tree.wait()
+    # A worker that is gone is left out, rather than shown with zeros. Its children may take a
+    # moment to be torn down (or stay zombies, which count as gone).
+    deadline = time.monotonic() + 5
+    while sampler.sample({"pong": worker_tree.pid}).processes:
+        assert time.monotonic() < deadline, "the killed tree is still sampled"
+        time.sleep(0.02)
