@@ -168,3 +168,20 @@ def test_defaults_are_the_seeds_tiers(tier: str) -> None:
     expected = {"light": (2, 32, 512), "medium": (4, 64, 1024), "heavy": (8, 256, 2048)}[tier]
     settings = FleetSettings().tiers[tier]
     assert (settings.games, settings.num_envs, settings.batch_size) == expected
+
+
+def test_gpu_scaling_within_the_tiers_bounds() -> None:
+    from fleetd.config import FleetSettings
+    from fleetd.governor.scaling import GpuMemory, scale
+
+    tiers = FleetSettings().tiers
+    gib = 2**30
+    small = scale("medium", tiers["medium"], GpuMemory("RTX A5000", 24 * gib), 10)
+    assert (small.num_envs, small.batch_size) == (32, 512)
+    assert "scaled x0.60" in small.reason and "6.0 GiB each" in small.reason
+    big = scale("heavy", tiers["heavy"], GpuMemory("H100", 80 * gib), 10)
+    assert (big.num_envs, big.batch_size) == (256, 2048)  # never above the tier
+    tiny = scale("heavy", tiers["heavy"], GpuMemory("laptop", 4 * gib), 10)
+    assert (tiny.num_envs, tiny.batch_size) == (32, 256)  # at least an eighth of the tier
+    none = scale("light", tiers["light"], None, 10)
+    assert (none.num_envs, none.batch_size) == (32, 512) and "no GPU seen" in none.reason
