@@ -66,6 +66,9 @@ def fleet_config(interval_s: float) -> DaemonConfig:
         short_tmp_dir(),
         extra=(
             "[supervisor]\nstartsecs = 1\nprogress_flush_s = 0.25\n"
+            # The mechanism is measured, not the governor's pace: every game admitted at once,
+            # and the simulated reboot is not a reason to step back.
+            "[fleet]\ntier = \"heavy\"\nstart_games = 8\nreboot_is_instability = false\n"
             f"[worker]\ncheckpoint_interval_s = {interval_s}\nprogress_interval_s = 0.5\ncpu_threads = 1\n"
         ),
     )

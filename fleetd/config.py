@@ -156,6 +156,9 @@ class FleetSettings(_Section):
     window_s: float = Field(1800.0, gt=0)
     # After a back-off, the level it stepped back to is a ceiling for this long.
     cooldown_s: float = Field(7200.0, gt=0)
+    # An unclean reboot is instability (the seeds' hosts rebooted under load). Off for a host
+    # whose reboots have other causes, such as a provider's maintenance.
+    reboot_is_instability: bool = True
     # Crashes of this many different games within the window count as instability.
     crash_games: int = Field(2, ge=1)
     crash_window_s: float = Field(900.0, gt=0)

@@ -167,7 +167,11 @@ class Daemon:
         fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry)
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe(), fleet,
-            unclean_reboot=start.kind is StartKind.REBOOT and not start.previous_clean,
+            unclean_reboot=(
+                start.kind is StartKind.REBOOT
+                and not start.previous_clean
+                and self.settings.fleet.reboot_is_instability
+            ),
         )  # fmt: skip
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:

@@ -32,6 +32,10 @@ def power_cut(daemon: Daemon, config: DaemonConfig) -> None:
 
 
 def test_power_cut_and_reboot_recover_every_game(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+    # The unclean reboot makes the governor step back to one game; short windows here let the
+    # second follow within seconds instead of after the real cooldown.
+    fleet_config.extra += "[fleet]\nfirst_window_s = 2\nwindow_s = 2\ncooldown_s = 2\n"
+    fleet_config.write()
     daemon = start_daemon(fleet_config, fleet_daemons)
     names = ["cart-a", "cart-b"]
     for name in names:
@@ -63,3 +67,4 @@ def test_power_cut_and_reboot_recover_every_game(fleet_config: DaemonConfig, fle
     assert listed.returncode == 0 and "unclean" in listed.stdout
     kinds = [e["kind"] for e in after.get("/api/v1/events?limit=200").json()["items"]]
     assert kinds.count("lost_host") == 2 and "reboot" in kinds
+    assert "fleet_backoff" in kinds  # the reboot counted as instability, then the ramp resumed
