@@ -1,0 +1,1 @@
+"""Benchmark scripts; their figures go in docs/benchmarks.md."""

@@ -1,0 +1,80 @@
+"""A benchmark stand-in for the training worker: it speaks the worker protocol and does NOT train.
+
+    python -m bench.protocol_worker --spec FILE
+
+Nothing here learns anything. It exists so that bench/supervision.py can have one `fleetd
+serve` supervise hundreds of workers on one machine, which 200 torch processes would not fit
+in. It does, per docs/worker-protocol.md, what the supervisor can see of a real worker:
+
+- reads and validates the run spec with `workers.protocol.RunSpec` (exit 78 on a bad spec);
+- sends a `resumed` report (fresh start, no checkpoint) at once, then a `progress` report every
+  `progress_interval_s` through `workers.protocol.ProgressSender`, with a fake step counter that
+  advances with wall time (so the hang watchdog sees progress);
+- exits 0 (`EXIT_STOPPED`) on SIGTERM or SIGINT.
+
+It writes no checkpoints. Standard library only (plus the stdlib-only `workers.protocol`), so
+each process stays at about 10 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from workers.protocol import (
+    EXIT_BAD_SPEC,
+    EXIT_STOPPED,
+    ProgressReport,
+    ProgressSender,
+    ResumedReport,
+    RunSpec,
+    SpecError,
+    now,
+)
+
+FAKE_STEPS_PER_S = 1000.0  # the fake step counter's rate
+FAKE_STEPS_PER_EPISODE = 500
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def progress(spec: RunSpec, steps: int, steps_per_s: float) -> ProgressReport:
+    episodes = steps // FAKE_STEPS_PER_EPISODE
+    return ProgressReport(
+        game=spec.game, run_id=spec.run_id, pid=os.getpid(), at=now(), steps=steps, episodes=episodes,
+        steps_per_s=steps_per_s, episodes_per_hour=steps_per_s / FAKE_STEPS_PER_EPISODE * 3600,
+        mean_reward_100=None, best_reward=None, last_checkpoint=None,
+    )
+
+
+def run(spec: RunSpec) -> int:
+    # Stop signals are blocked and waited for: the wait between reports ends at once on SIGTERM.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    sender = ProgressSender(spec.progress_socket)
+    started = time.monotonic()
+    sender.send(ResumedReport(spec.game, spec.run_id, os.getpid(), now(), from_=None, skipped=(), steps=0, episodes=0))
+    try:
+        while signal.sigtimedwait(STOP_SIGNALS, spec.progress_interval_s) is None:
+            steps = int((time.monotonic() - started) * FAKE_STEPS_PER_S)
+            sender.send(progress(spec, steps, FAKE_STEPS_PER_S))
+    finally:
+        sender.close()
+    return EXIT_STOPPED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.protocol_worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="the run spec JSON written by the supervisor")
+    args = parser.parse_args(argv)
+    try:
+        spec = RunSpec.load(args.spec)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_SPEC
+    return run(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
