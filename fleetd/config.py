@@ -182,6 +182,24 @@ class FleetSettings(_Section):
         return tiers
 
 
+class CostSettings(_Section):
+    """What the host costs, for projections: hours and money to each game's goal."""
+
+    price_per_host_hour: float = Field(0.0, ge=0)
+    currency: str = Field("$", max_length=8)
+
+
+class AlertSettings(_Section):
+    """An optional webhook: fleetd POSTs a JSON event on a reboot, a FATAL game, a back-off,
+    a completed game. Delivery is retried with backoff and never blocks supervision."""
+
+    webhook_url: str | None = Field(None, pattern=r"^https?://")
+    timeout_s: float = Field(5.0, gt=0)
+    max_attempts: int = Field(6, ge=1)
+    backoff_initial_s: float = Field(2.0, gt=0)
+    backoff_max_s: float = Field(300.0, gt=0)
+
+
 class GameSeed(_Section):
     """A `[[games]]` entry: created at the daemon's first start, like `fleetd games add`."""
 
@@ -217,6 +235,8 @@ class Settings(BaseSettings):
     supervisor: SupervisorSettings = SupervisorSettings()
     worker: WorkerSettings = WorkerSettings()
     fleet: FleetSettings = FleetSettings()
+    costs: CostSettings = CostSettings()
+    alerts: AlertSettings = AlertSettings()
     games: list[GameSeed] = []
 
     @field_validator("state_dir")

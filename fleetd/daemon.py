@@ -6,11 +6,13 @@ import logging
 import signal
 import socket
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
+from fleetd.alerts import Alert, AlertSender
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
@@ -33,10 +35,11 @@ from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
 from fleetd.telemetry import TelemetrySampler
 from fleetd.token import ensure_token
-from fleetd.uptime import DaemonStart, StartKind, record_daemon_start, record_daemon_stop
+from fleetd.uptime import DaemonStart, StartKind, describe_start, record_daemon_start, record_daemon_stop
 
 log = logging.getLogger(__name__)
 
+ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd's TimeoutStopSec)
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 
@@ -82,6 +85,11 @@ class StopRequest:
         return f"received {name}" + (", workers left running" if self.leave_workers else "")
 
 
+def reboot_alert(start: DaemonStart, now: datetime) -> Alert:
+    _, _, message, details = describe_start(start)
+    return Alert("reboot", message, now, None, details)
+
+
 def upgrade_hint(config_path: Path | None) -> str:
     return "fleetd db upgrade" + (f" --config {config_path}" if config_path else "")
 
@@ -123,6 +131,7 @@ class Daemon:
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler()
+        self.alerts = AlertSender(settings.alerts)
 
     def run(self) -> int:
         """Returns the process exit code."""
@@ -136,12 +145,16 @@ class Daemon:
         try:
             start = record_daemon_start(db, host_boot, self.clock.now())
             log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
+            self.alerts.start()
+            if start.kind is StartKind.REBOOT:
+                self.alerts.send(reboot_alert(start, self.clock.now()))
             try:
                 if start.kind is StartKind.FIRST and self.settings.games:
                     self._seed(db)
                 self._supervise_and_serve(db, start, token, sock)
             finally:
                 record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())
+                self.alerts.stop(timeout=ALERT_DRAIN_S)
                 log.info("stopped: %s", self.stop.describe())
         finally:
             sock.close()
@@ -160,11 +173,11 @@ class Daemon:
             reactor = Reactor(self.settings.progress_socket)
         except OSError as exc:
             raise StartupError(f"cannot open the progress socket: {exc}") from None
-        recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s)
+        recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
         worker = self.settings.worker
         launcher = OsLauncher(worker.python, worker.log_keep_runs, worker.module)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
-        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry)
+        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts)
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe(), fleet,
             unclean_reboot=(

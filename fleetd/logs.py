@@ -20,5 +20,7 @@ def configure_logging(level: str) -> None:
     # One line per request is noise at INFO for a dashboard that polls; keep it for DEBUG.
     logging.getLogger("uvicorn.access").setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # httpx logs every request's full URL at INFO; a webhook URL may carry a secret.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     # Alembic narrates every migration context at INFO; fleetd logs what it migrates itself.
     logging.getLogger("alembic").setLevel(logging.WARNING)

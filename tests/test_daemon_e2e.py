@@ -135,3 +135,41 @@ def test_db_commands(config: DaemonConfig) -> None:
     status = fleetd_cli(config, "db", "status")
     assert status.returncode == 0 and ": current" in status.stdout
     assert os.path.exists(config.state_dir / "fleetd.db")
+
+
+def test_a_reboot_is_posted_to_the_webhook(tmp_path: Path, daemons: list[Daemon]) -> None:
+    import http.server
+    import threading
+
+    received: list[dict] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = DaemonConfig(tmp_path, extra=f'[alerts]\nwebhook_url = "http://127.0.0.1:{server.server_port}/hook?k=s3cret"\n')
+        config.write()
+        config.set_boot_id("boot-aaaa")
+        start(config, daemons).kill()
+        config.set_boot_id("boot-bbbb")
+        daemon = start(config, daemons)
+        deadline = time.monotonic() + 10
+        while len(received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # The unclean reboot, then the governor's back-off it caused.
+        assert [a["kind"] for a in received] == ["reboot", "backoff"]
+        alert = received[0]
+        assert alert["source"] == "fleetd"
+        assert alert["details"]["previous_boot_id"] == "boot-aaaa" and alert["details"]["clean"] is False
+        assert daemon.terminate() == 0
+        assert "s3cret" not in daemon.log()
+    finally:
+        server.shutdown()

@@ -196,3 +196,56 @@ class FleetOut(Out):
 class FleetUpdate(In):
     tier: Literal["light", "medium", "heavy"] | None = Field(None, description="a tier; alone, it means manual")
     mode: Literal["manual", "auto"] | None = Field(None, description="auto: the governor moves between tiers")
+
+
+class SampleOut(Out):
+    at: datetime
+    value: float
+
+
+class SampleSeries(Out):
+    game: str | None
+    gpu: int | None
+    metric: str
+    points: list[SampleOut]
+
+
+class GoalOut(Out):
+    kind: Literal["episodes", "timesteps"]
+    target: int
+    done: int
+    remaining: int
+
+
+class GameProjectionOut(Out):
+    name: str
+    state: str
+    goal: GoalOut | None
+    rate_per_hour: float | None
+    eta_hours: float | None
+    eta_days: float | None
+    eta_at: datetime | None
+    cost_to_goal: float | None
+
+
+class FleetProjectionOut(Out):
+    running_games: int
+    hours_to_all_goals: float | None
+    cost_to_all_goals: float | None
+    cost_per_hour: float
+
+
+class RebootCostOut(Out):
+    window_hours: float
+    reboots: int
+    lost_s: float
+    lost_share: float | None
+
+
+class ProjectionOut(Out):
+    at: datetime
+    currency: str
+    price_per_host_hour: float
+    games: list[GameProjectionOut]
+    fleet: FleetProjectionOut
+    reboots: RebootCostOut

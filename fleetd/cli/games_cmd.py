@@ -124,16 +124,21 @@ def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
 
 
 def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
-    """The fleet at a glance: games, uptime and the last reboot."""
+    """The fleet at a glance: games, the governor, projections, uptime."""
     games = ask(config, "/api/v1/games")["items"]
     fleet = ask(config, "/api/v1/fleet")
     uptime = ask(config, "/api/v1/uptime")
+    projection = ask(config, "/api/v1/projection")
     if json_out:
-        render.print_json({"games": games, "fleet": fleet, "uptime": uptime})
+        render.print_json({"games": games, "fleet": fleet, "uptime": uptime, "projection": projection})
         return
-    render.console.print(render.games_table(games))
-    render.console.print(render.fleet_table(fleet))
-    render.console.print(render.uptime_table(uptime))
+    for table in (
+        render.games_table(games),
+        render.fleet_table(fleet),
+        render.projection_table(projection),
+        render.uptime_table(uptime),
+    ):
+        render.console.print(table)
 
 
 def tier(

@@ -143,3 +143,33 @@ def gpu_line(telemetry: dict[str, Any]) -> str:
         memory = gpu["memory_used_bytes"] / max(1, gpu["memory_total_bytes"])
         parts.append(f"{gpu['index']}: {gpu['name']} {number(gpu['utilization_pct'], 0)}% util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C")
     return "; ".join(parts)
+
+
+def money(value: float | None, currency: str) -> str:
+    return "-" if value is None else f"{currency}{value:,.2f}"
+
+
+def projection_table(projection: dict[str, Any]) -> Table:
+    currency = projection["currency"]
+    table = Table(title=f"Projection (at {money(projection['price_per_host_hour'], currency)} per host hour)")
+    for column in ("game", "goal", "done", "rate/h", "hours left", "days", "ETA (UTC)", "cost"):
+        table.add_column(column, justify="left" if column in ("game", "goal", "ETA (UTC)") else "right")
+    for game in projection["games"]:
+        goal = game["goal"]
+        table.add_row(
+            game["name"],
+            f"{goal['target']:,} {goal['kind']}" if goal else "-",
+            f"{goal['done']:,}" if goal else "-",
+            number(game["rate_per_hour"], 0),
+            number(game["eta_hours"]),
+            number(game["eta_days"], 2),
+            when(game["eta_at"]),
+            money(game["cost_to_goal"], currency),
+        )
+    fleet, reboots = projection["fleet"], projection["reboots"]
+    table.caption = (
+        f"all goals in {number(fleet['hours_to_all_goals'])} h, {money(fleet['cost_to_all_goals'], currency)}; "
+        f"reboots in the last {reboots['window_hours']:g} h: {reboots['reboots']}, "
+        f"{duration(reboots['lost_s'])} lost ({percent(reboots['lost_share'])} of wall time)"
+    )
+    return table

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from fleetd.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.config import FleetSettings
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
@@ -50,8 +51,15 @@ class GameSlot:
 
 
 class FleetController:
-    def __init__(self, settings: FleetSettings, db: Database, clock: Clock, telemetry: TelemetrySource | None) -> None:
-        self.settings, self.db, self.clock, self.telemetry = settings, db, clock, telemetry
+    def __init__(
+        self,
+        settings: FleetSettings,
+        db: Database,
+        clock: Clock,
+        telemetry: TelemetrySource | None,
+        alerts: AlertSender | None = None,
+    ) -> None:
+        self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
         self.governor = self._load()
         self.slots: dict[str, GameSlot] = {}
         self._known_gpu: GpuMemory | None = None
@@ -138,6 +146,8 @@ class FleetController:
             fleet_store.save_fleet(session, self._record(self.governor.state, now))
         for decision in decisions:
             log.info("governor: %s", decision.message)
+            if decision.kind == "backoff" and self.alerts is not None:
+                self.alerts.send(Alert("backoff", decision.message, now, None, {"tier": self.governor.state.tier}))
         return any(d.kind in ("admit", "evict", "tier", "backoff") for d in decisions)
 
     def _set_admitted(self, name: str, admitted_at: datetime | None) -> None:

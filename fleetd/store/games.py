@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -117,13 +117,32 @@ def update_game_state(
     return row.id
 
 
-def update_game_progress(session: Session, name: str, progress: ProgressSnapshot) -> int:
-    row = _row(session, name)
-    row.steps, row.episodes = progress.steps, progress.episodes
-    row.episodes_per_hour, row.mean_reward_100 = progress.episodes_per_hour, progress.mean_reward_100
-    row.best_reward, row.progress_at, row.updated_at = progress.best_reward, progress.at, progress.at
-    session.flush()
-    return row.id
+def update_games_progress(session: Session, progress: dict[str, ProgressSnapshot]) -> dict[str, int]:
+    """Many games' latest progress in one executemany; returns their ids by name."""
+    table = Game.__table__
+    statement = (
+        update(table)
+        .where(table.c.name == bindparam("b_name"))
+        .values(
+            steps=bindparam("b_steps"),
+            episodes=bindparam("b_episodes"),
+            episodes_per_hour=bindparam("b_eph"),
+            mean_reward_100=bindparam("b_mean"),
+            best_reward=bindparam("b_best"),
+            progress_at=bindparam("b_at"),
+            updated_at=bindparam("b_at"),
+        )
+    )
+    rows = [
+        {"b_name": name, "b_steps": p.steps, "b_episodes": p.episodes, "b_eph": p.episodes_per_hour,
+         "b_mean": p.mean_reward_100, "b_best": p.best_reward, "b_at": p.at}
+        for name, p in progress.items()
+    ]  # fmt: skip
+    # Through the connection: the session would take a list of rows as an ORM bulk update
+    # by primary key; this is a plain executemany keyed on the name.
+    session.connection().execute(statement, rows)
+    found = session.execute(select(Game.name, Game.id).where(Game.name.in_(list(progress))))
+    return {name: game_id for name, game_id in found}
 
 
 def game_id_of(session: Session, name: str) -> int:

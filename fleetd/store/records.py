@@ -124,3 +124,12 @@ class ProgressSnapshot:
     mean_reward_100: float | None
     best_reward: float | None
     at: datetime
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    at: datetime
+    game: str | None
+    gpu_index: int | None
+    metric: str
+    value: float

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Game, Sample
+from fleetd.store.records import SampleRecord
 
 
 def delete_samples_before(session: Session, cutoff: datetime) -> int:
@@ -15,15 +16,11 @@ def delete_samples_before(session: Session, cutoff: datetime) -> int:
     return int(result.rowcount or 0)
 
 
-def create_samples(session: Session, game_id: int | None, at: datetime, values: dict[str, float]) -> None:
-    session.add_all(Sample(at=at, game_id=game_id, metric=metric, value=value) for metric, value in values.items())
-    session.flush()
-
-
 def create_metric_rows(session: Session, at: datetime, rows: list[tuple[str | None, int | None, str, float]]) -> int:
     """Rows of (game name or None, GPU index or None, metric, value); unknown games are skipped."""
     names = {game for game, _, _, _ in rows if game is not None}
-    ids = dict(session.execute(select(Game.name, Game.id).where(Game.name.in_(names)))) if names else {}
+    found = session.execute(select(Game.name, Game.id).where(Game.name.in_(names))) if names else []
+    ids = {name: game_id for name, game_id in found}
     samples = [
         Sample(at=at, game_id=ids.get(game), gpu_index=gpu, metric=metric, value=value)
         for game, gpu, metric, value in rows
@@ -32,3 +29,28 @@ def create_metric_rows(session: Session, at: datetime, rows: list[tuple[str | No
     session.add_all(samples)
     session.flush()
     return len(samples)
+
+
+def read_samples(
+    session: Session, game: str | None, gpu_index: int | None, metric: str, since: datetime, limit: int
+) -> list[SampleRecord]:
+    """Oldest first. Neither game nor GPU: the host's samples."""
+    query = select(Sample).where(Sample.metric == metric, Sample.at >= since)
+    if game is not None:
+        query = query.join(Game).where(Game.name == game)
+    else:
+        query = query.where(Sample.game_id.is_(None))
+    query = query.where(Sample.gpu_index == gpu_index if gpu_index is not None else Sample.gpu_index.is_(None))
+    rows = session.scalars(query.order_by(Sample.at.desc()).limit(limit))
+    return [SampleRecord(row.at, game, row.gpu_index, row.metric, row.value) for row in reversed(list(rows))]
+
+
+def create_game_samples(session: Session, at_by_game: dict[int, datetime], values: dict[int, dict[str, float]]) -> None:
+    """Many games' samples in one executemany."""
+    rows = [
+        {"at": at_by_game[game_id], "game_id": game_id, "gpu_index": None, "metric": metric, "value": value}
+        for game_id, metrics in values.items()
+        for metric, value in metrics.items()
+    ]
+    if rows:
+        session.connection().execute(insert(Sample.__table__), rows)

@@ -11,6 +11,7 @@ import os
 import selectors
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from workers.protocol import Report, ReportError, decode_report
 log = logging.getLogger(__name__)
 
 MAX_DATAGRAM = 65536
+# Reports are read in batches at most this often: 200 workers reporting every 2 s would
+# otherwise wake the loop 100 times a second. Exits and wake-ups still wake it at once.
+REPORT_BATCH_S = 0.2
 SUN_PATH_MAX = 107
 
 
@@ -47,6 +51,7 @@ class Reactor:
         self._sock = _bind_datagram(progress_socket)
         self._selector.register(self._sock, selectors.EVENT_READ, "progress")
         self._pidfds: dict[int, tuple[int, bool]] = {}  # pid -> (pidfd, our child)
+        self._reports_paused_until: float | None = None
 
     def watch(self, pid: int, own_child: bool) -> bool:
         """False when the process is gone already."""
@@ -66,15 +71,32 @@ class Reactor:
             pass  # a wake-up is pending already
 
     def wait(self, timeout: float | None) -> list[Happening]:
+        timeout = self._resume_reports(timeout)
         happenings: list[Happening] = []
         for key, _ in self._selector.select(timeout):
             if key.data == "wake":
                 _drain(self._wake_read)
             elif key.data == "progress":
                 happenings.extend(self._read_reports())
+                self._pause_reports()
             else:
                 happenings.append(self._exited(key.data))
         return happenings
+
+    def _pause_reports(self) -> None:
+        self._selector.unregister(self._sock)
+        self._reports_paused_until = time.monotonic() + REPORT_BATCH_S
+
+    def _resume_reports(self, timeout: float | None) -> float | None:
+        """Listen to reports again once the batch interval is over; wait no longer than that."""
+        if self._reports_paused_until is None:
+            return timeout
+        left = self._reports_paused_until - time.monotonic()
+        if left > 0:
+            return left if timeout is None else min(timeout, left)
+        self._selector.register(self._sock, selectors.EVENT_READ, "progress")
+        self._reports_paused_until = None
+        return timeout
 
     def _exited(self, pid: int) -> Exited:
         pidfd, own_child = self._pidfds.pop(pid)
@@ -104,7 +126,7 @@ class Reactor:
         for pidfd, _ in self._pidfds.values():
             os.close(pidfd)
         self._pidfds.clear()
-        self._selector.close()
+        self._selector.close()  # also forgets the socket, whether listened to or paused
         path = self._sock.getsockname()
         self._sock.close()
         if isinstance(path, str) and path:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from fleetd.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
@@ -18,7 +19,7 @@ from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.boots import read_boot
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
-from fleetd.store.samples import create_samples
+from fleetd.store.samples import create_game_samples
 from fleetd.supervision.seams import ExitStatus, Spawned
 from fleetd.supervision.states import State
 from workers.protocol import CheckpointSummary, ProgressReport
@@ -38,6 +39,7 @@ class Recorder:
     clock: Clock
     boot_pk: int
     sample_interval_s: float = 30.0
+    alerts: AlertSender | None = None
     _progress: dict[str, _Pending] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
 
@@ -56,6 +58,9 @@ class Recorder:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         with self.db.transaction() as session:
             run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)
+            run = run_store.read_run(session, run_id)
+        if cause == "completed" and run is not None:
+            self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id})
 
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
         now = self.clock.now()
@@ -64,6 +69,12 @@ class Recorder:
             message = f"{old} -> {new}: {reason}"
             details = {"from": old.value, "to": new.value, "reason": reason}
             create_event(session, now, "state", message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
+        if new is State.FATAL:
+            self._alert("fatal", f"{game} is FATAL: {reason}", game, {"reason": reason})
+
+    def _alert(self, kind: str, message: str, game: str | None, details: dict[str, Any]) -> None:
+        if self.alerts is not None:
+            self.alerts.send(Alert(kind, message, self.clock.now(), game, details))
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
         with self.db.transaction() as session:
@@ -77,26 +88,25 @@ class Recorder:
         self._dirty.add(report.game)
 
     def flush_progress(self) -> int:
-        """Write the newest report of every game that reported since the last flush."""
+        """Write the newest report of every game that reported since the last flush, in one
+        transaction of two statements, whatever the number of games."""
         if not self._dirty:
             return 0
         names, self._dirty = self._dirty, set()
-        mono = self.clock.monotonic()
+        snapshots = {name: _snapshot(self._progress[name].report) for name in names}
+        due = self._due_for_samples(names)
         with self.db.transaction() as session:
-            for name in names:
-                self._write_progress(session, self._progress[name], mono)
+            ids = game_store.update_games_progress(session, snapshots)
+            sampled = {ids[n]: _sample_values(self._progress[n].report) for n in due if n in ids}
+            create_game_samples(session, {ids[n]: snapshots[n].at for n in due if n in ids}, sampled)
         return len(names)
 
-    def _write_progress(self, session: Any, pending: _Pending, mono: float) -> None:
-        report = pending.report
-        at = datetime.fromtimestamp(report.at, UTC)
-        snapshot = ProgressSnapshot(
-            report.steps, report.episodes, report.episodes_per_hour, report.mean_reward_100, report.best_reward, at
-        )
-        game_id = game_store.update_game_progress(session, report.game, snapshot)
-        if mono - pending.sampled_at >= self.sample_interval_s:
-            pending.sampled_at = mono
-            create_samples(session, game_id, at, _sample_values(report))
+    def _due_for_samples(self, names: set[str]) -> list[str]:
+        mono = self.clock.monotonic()
+        due = [n for n in names if mono - self._progress[n].sampled_at >= self.sample_interval_s]
+        for name in due:
+            self._progress[name].sampled_at = mono
+        return due
 
     def forget(self, game: str) -> None:
         self._progress.pop(game, None)
@@ -148,6 +158,13 @@ class Recorder:
         """The transition to RUNNING that follows carries the event."""
         with self.db.transaction() as session:
             run_store.update_run_adopted(session, run_id)
+
+
+def _snapshot(report: ProgressReport) -> ProgressSnapshot:
+    at = datetime.fromtimestamp(report.at, UTC)
+    return ProgressSnapshot(
+        report.steps, report.episodes, report.episodes_per_hour, report.mean_reward_100, report.best_reward, at
+    )
 
 
 def _sample_values(report: ProgressReport) -> dict[str, float]:

@@ -96,6 +96,10 @@ class Supervisor:
         self._shutdown: Shutdown | None = None
         self._shutdown_deadline = 0.0
         self._flushed_at = self._governed_at = clock.monotonic()
+        # The soonest deadline of any process: ticking 200 processes on every report would
+        # cost the loop most of its time, so they are ticked only when one is due (or after an
+        # exit or a command, which change deadlines).
+        self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting with new tier settings
         self._games: list[GameRecord] = []
         self.loop_beat = clock.monotonic()
@@ -148,9 +152,8 @@ class Supervisor:
         self.loop_beat = self.clock.monotonic()
         for happening in self._reactor.wait(self._wait_s()):
             self.handle(happening)
-        self._drain_commands()
-        for proc in list(self.procs.values()):
-            proc.tick()
+        if self._drain_commands() or self.clock.monotonic() >= self._next_due:
+            self._tick_all()
         now = self.clock.monotonic()
         if now - self._governed_at >= GOVERNOR_TICK_S and self._shutdown is None:
             self._governed_at = now
@@ -162,8 +165,21 @@ class Supervisor:
     def handle(self, happening: Happening) -> None:
         if isinstance(happening, Exited):
             self._on_exit(happening)
+            self._next_due = self.clock.monotonic()
         elif isinstance(happening, Reported):
             self._on_report(happening.report)
+
+    def _tick_all(self) -> None:
+        for proc in list(self.procs.values()):
+            proc.tick()
+        deadlines = [d for p in self.procs.values() if (d := p.next_deadline()) is not None]
+        self._next_due = min(deadlines, default=self.clock.monotonic() + MAX_WAIT_S)
+
+    def _due(self, proc: WorkerProcess) -> None:
+        """A process's deadline may have come closer (its first report starts `startsecs`)."""
+        deadline = proc.next_deadline()
+        if deadline is not None and deadline < self._next_due:
+            self._next_due = deadline
 
     def reconcile(self) -> None:
         self._load_games()
@@ -278,23 +294,28 @@ class Supervisor:
             return  # a report from a run that is over, or from a game removed
         if isinstance(report, ProgressReport):
             proc.on_progress(report.run_id, report.steps)
+            self._due(proc)
             self.recorder.progress(report)
         elif isinstance(report, CheckpointReport):
             self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
         elif isinstance(report, ResumedReport):
             proc.on_progress(report.run_id, report.steps)
+            self._due(proc)
             skipped = [(s.path, s.reason) for s in report.skipped]
             self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped)
 
     # -- commands and shutdown ------------------------------------------------------------------
 
-    def _drain_commands(self) -> None:
+    def _drain_commands(self) -> bool:
+        """Execute what other threads asked for; True if there was anything."""
+        executed = False
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return executed
             self._execute(command)
+            executed = True
 
     def _execute(self, command: Command) -> None:
         if isinstance(command, Shutdown):
@@ -336,10 +357,7 @@ class Supervisor:
         return not alive
 
     def _wait_s(self) -> float:
-        now = self.clock.monotonic()
-        deadlines = [d for p in self.procs.values() if (d := p.next_deadline()) is not None]
-        soonest = min(deadlines, default=now + MAX_WAIT_S)
-        return max(0.0, min(soonest - now, MAX_WAIT_S))
+        return max(0.0, min(self._next_due - self.clock.monotonic(), MAX_WAIT_S))
 
 
 def _tier_defaults(launch: Launch | None) -> object:

@@ -1,0 +1,289 @@
+"""Webhook alerts: a JSON POST on a reboot, a FATAL game, a governor back-off, a completed game.
+
+Supervision calls `AlertSender.send` from its loop, so sending only appends to a bounded
+in-memory queue; one daemon thread delivers in order, retrying with backoff. A slow or dead
+receiver therefore costs supervision nothing, and alerts are best effort: the queue is lost on
+a restart and its oldest entries are dropped when it overflows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from fleetd import __version__
+from fleetd.config import AlertSettings
+
+log = logging.getLogger(__name__)
+
+ALERT_KINDS = ("reboot", "fatal", "backoff", "completed")
+DEFAULT_MAX_QUEUE = 1000
+JSON_HEADERS = {"Content-Type": "application/json"}
+# One POST's result. True: delivered; False: refused, no retry; else (problem, Retry-After).
+_Outcome = bool | tuple[str, str | None]
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str
+    message: str
+    at: datetime
+    game: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Fail at the call site, in the daemon's tests, rather than as a receiver's 400 later.
+        if self.kind not in ALERT_KINDS:
+            raise ValueError(f"unknown alert kind {self.kind!r} (one of {', '.join(ALERT_KINDS)})")
+        if self.at.tzinfo is None:
+            raise ValueError("Alert.at must be timezone-aware")
+
+    def payload(self, host: str) -> dict[str, Any]:
+        """The JSON body; `at` in UTC with a Z, as ISO 8601."""
+        at = self.at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return {
+            "source": "fleetd",
+            "host": host,
+            "kind": self.kind,
+            "message": self.message,
+            "at": at,
+            "game": self.game,
+            "details": dict(self.details),
+        }
+
+
+def safe_url(url: str) -> str:
+    """scheme://host[:port] only: webhook URLs often carry a secret in their path or query."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "<invalid webhook URL>"  # each attempt then fails and says so; no crash here
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{host}{port}"
+
+
+def retry_delay(attempt: int, settings: AlertSettings, retry_after: str | None = None) -> float:
+    """Seconds to wait after failed attempt number `attempt` (1-based): the receiver's
+    Retry-After in seconds when it gave one, else backoff_initial_s doubling; capped either way."""
+    delay = settings.backoff_initial_s * 2 ** (attempt - 1)
+    if retry_after is not None:
+        try:
+            delay = max(0.0, float(retry_after))
+        except ValueError:
+            pass  # an HTTP-date: rare from webhooks; our own backoff is a fine answer
+    return min(delay, settings.backoff_max_s)
+
+
+def _json_default(value: Any) -> str:
+    # A datetime or Path in details must not cost the whole alert.
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+class _HideWebhookRequests(logging.Filter):
+    """httpx logs each request's full URL at INFO; for the webhook that would leak its secret.
+    Our own lines report every outcome, so those records are simply dropped."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self._urls = {url, safe_url(url)} - {""}
+        try:
+            self._urls.add(str(httpx.URL(url)))  # the form httpx logs, when it differs
+        except httpx.InvalidURL:
+            pass
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(url in message for url in self._urls)
+
+
+class AlertSender:
+    """Delivers alerts to `settings.webhook_url` from a daemon thread; a no-op without one."""
+
+    def __init__(
+        self,
+        settings: AlertSettings,
+        host: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+    ) -> None:
+        self._settings = settings
+        self._host = host or socket.gethostname()
+        self._transport = transport
+        self._sleep = sleep  # None: wait on the abort event, so stop() can cut a backoff short
+        self._queue: deque[Alert] = deque()
+        self._max_queue = max_queue
+        self._cond = threading.Condition()
+        self._abort = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._in_flight = 0
+        self._dropped_in_burst = 0
+        self._refusals: set[str] = set()
+        self._delivered = 0
+        self._failed = 0
+        self._dropped = 0
+        self._target = safe_url(settings.webhook_url) if settings.webhook_url else ""
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings.webhook_url is not None
+
+    @property
+    def delivered(self) -> int:
+        return self._delivered
+
+    @property
+    def failed(self) -> int:
+        return self._failed
+
+    @property
+    def dropped(self) -> int:
+        """Alerts pushed out of a full queue, never attempted."""
+        return self._dropped
+
+    def send(self, alert: Alert) -> bool:
+        """Queue `alert`; never blocks on the network, never raises. False: not queued."""
+        if not self.enabled:
+            return False
+        with self._cond:
+            if self._stopping:
+                log.debug("alert %s after stop: not sent", alert.kind)
+                return False
+            if len(self._queue) >= self._max_queue:
+                self._drop_oldest()
+            self._queue.append(alert)
+            self._cond.notify()
+        return True
+
+    def start(self) -> None:
+        if not self.enabled or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="fleetd-alerts", daemon=True)
+        self._thread.start()
+        log.info("alerts: posting to %s", self._target)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Deliver what is queued within `timeout` seconds, then give up on the rest."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None and not self._abort.is_set():
+            self._thread.join(timeout)
+        if self._thread is None or self._thread.is_alive():
+            # A request in flight takes at most timeout_s and the thread is a daemon: let it go.
+            self._abort.set()
+            with self._cond:
+                left, self._in_flight = len(self._queue) + self._in_flight, 0
+                self._queue.clear()
+                self._cond.notify_all()
+            if left:
+                log.warning("alerts: %d not delivered to %s before shutdown", left, self._target)
+
+    def _drop_oldest(self) -> None:
+        # Called with the lock held. One warning per burst: a dead receiver and a crash loop
+        # must not turn into a warning per alert.
+        self._queue.popleft()
+        self._dropped += 1
+        self._dropped_in_burst += 1
+        if self._dropped_in_burst == 1:
+            log.warning("alerts: queue full (%d); dropping the oldest until it drains", self._max_queue)
+
+    def _next(self) -> Alert | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if self._abort.is_set() or not self._queue:
+                return None
+            if self._dropped_in_burst and len(self._queue) == 1:
+                log.warning("alerts: queue drained; %d dropped", self._dropped_in_burst)
+                self._dropped_in_burst = 0
+            self._in_flight = 1
+            return self._queue.popleft()
+
+    def _run(self) -> None:
+        headers = {"User-Agent": f"fleetd/{__version__}"}
+        timeout = self._settings.timeout_s
+        client = httpx.Client(timeout=timeout, headers=headers, transport=self._transport)
+        hide = _HideWebhookRequests(self._settings.webhook_url or "")
+        logging.getLogger("httpx").addFilter(hide)
+        try:
+            self._deliver_until_stopped(client)
+        finally:
+            client.close()
+            logging.getLogger("httpx").removeFilter(hide)
+
+    def _deliver_until_stopped(self, client: httpx.Client) -> None:
+        while (alert := self._next()) is not None:
+            try:
+                ok = self._deliver(client, alert)
+            except Exception:  # a bug here must not end alerting for the daemon's lifetime
+                log.exception("alerts: delivering %s failed", alert.kind)
+                ok = False
+            with self._cond:
+                self._in_flight = 0
+                if ok:
+                    self._delivered += 1
+                else:
+                    self._failed += 1
+
+    def _deliver(self, client: httpx.Client, alert: Alert) -> bool:
+        body = json.dumps(alert.payload(self._host), default=_json_default).encode()
+        attempts = self._settings.max_attempts
+        for attempt in range(1, attempts + 1):
+            outcome = self._attempt(client, alert, body)
+            if isinstance(outcome, bool):
+                return outcome
+            problem, retry_after = outcome
+            if attempt == attempts:
+                log.error("alerts: %s alert dropped after %d attempts to %s (%s)",
+                          alert.kind, attempts, self._target, problem)
+                return False
+            delay = retry_delay(attempt, self._settings, retry_after)
+            log.debug("alerts: attempt %d to %s failed (%s); retry in %.2fs",
+                      attempt, self._target, problem, delay)
+            if not self._wait(delay):
+                return False
+        return False
+
+    def _attempt(self, client: httpx.Client, alert: Alert, body: bytes) -> _Outcome:
+        url = self._settings.webhook_url or ""
+        try:
+            response = client.post(url, content=body, headers=JSON_HEADERS)
+        except httpx.TransportError as exc:  # connect, read, timeout: the receiver may come back
+            return f"{type(exc).__name__}: {str(exc).replace(url, self._target)}", None
+        except httpx.InvalidURL:
+            self._log_refused(alert, "webhook_url is not a valid URL")
+            return False
+        status = response.status_code
+        if response.is_success:
+            return True
+        # 429 and 5xx may pass; any other 4xx (or a 3xx: redirects are not followed) will not.
+        if status != 429 and status < 500:
+            self._log_refused(alert, f"HTTP {status}")
+            return False
+        return f"HTTP {status}", response.headers.get("Retry-After") if status in (429, 503) else None
+
+    def _log_refused(self, alert: Alert, reason: str) -> None:
+        # A 4xx is a misconfigured receiver: every alert would be refused alike, so say it once.
+        level = logging.DEBUG if reason in self._refusals else logging.ERROR
+        self._refusals.add(reason)
+        log.log(level, "alerts: %s alert not accepted by %s (%s); not retried: check the webhook",
+                alert.kind, self._target, reason)
+
+    def _wait(self, delay: float) -> bool:
+        """Sleep before a retry; False when stop() gave up meanwhile."""
+        if self._sleep is not None:
+            self._sleep(delay)
+            return not self._abort.is_set()
+        return not self._abort.wait(delay)
