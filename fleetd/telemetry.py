@@ -219,10 +219,11 @@ class TelemetrySampler:
             gpus, pid_memory, reason = self._gpu.read()
             gpu_memory = None if reason is not None else pid_memory
             seen: dict[int, psutil.Process] = {}
+            children = _children_by_parent() if workers else {}
             processes = [
                 sample
                 for game, pid in sorted(workers.items())
-                if (sample := self._sample_tree(game, pid, gpu_memory, seen)) is not None
+                if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(), tuple(processes))
@@ -231,9 +232,14 @@ class TelemetrySampler:
         return snapshot
 
     def _sample_tree(
-        self, game: str, pid: int, gpu_memory: Mapping[int, int] | None, seen: dict[int, psutil.Process]
+        self,
+        game: str,
+        pid: int,
+        gpu_memory: Mapping[int, int] | None,
+        seen: dict[int, psutil.Process],
+        children: Mapping[int, list[int]],
     ) -> ProcessSample | None:
-        tree = self._tree(pid)
+        tree = self._tree(pid, children)
         rss, cpu, count = 0, 0.0, 0
         for proc in tree:
             try:
@@ -250,18 +256,39 @@ class TelemetrySampler:
         gpu_bytes = None if gpu_memory is None else sum(gpu_memory.get(p.pid, 0) for p in tree)
         return ProcessSample(game, pid, count, rss, cpu, gpu_bytes)
 
-    def _tree(self, pid: int) -> list[psutil.Process]:
-        try:
-            leader = psutil.Process(pid)
-            tree = [leader, *leader.children(recursive=True)]
-        except _GONE:
-            return []
-        return [self._cached(proc) for proc in tree]
+    def _tree(self, pid: int, children: Mapping[int, list[int]]) -> list[psutil.Process]:
+        tree = []
+        for member in _descendants(pid, children):
+            try:
+                tree.append(self._cached(psutil.Process(member)))
+            except _GONE:
+                continue
+        return tree
 
     def _cached(self, proc: psutil.Process) -> psutil.Process:
         # Equality compares pid and start time, so a reused pid gets a fresh CPU baseline.
         cached = self._procs.get(proc.pid)
         return cached if cached is not None and cached == proc else proc
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """One pass over /proc for every worker's tree: walking /proc once per worker would cost
+    the daemon most of its CPU at a few hundred workers."""
+    children: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info["ppid"]
+        if ppid is not None:
+            children.setdefault(ppid, []).append(proc.pid)
+    return children
+
+
+def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
+    found, todo = [pid], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _read_host() -> HostSample:
