@@ -1,0 +1,760 @@
+// fleetd status page: reads /api/v1 with the bearer token and redraws every 10 s.
+// Plain ES2020, no libraries, nothing fetched from anywhere but this daemon.
+// Every server-provided string reaches the DOM through textContent or setAttribute, never as markup.
+'use strict';
+
+(() => {
+  const REFRESH_MS = 10000;
+  const TOKEN_KEY = 'fleetd.token';
+  const SVG_NS = 'http://www.w3.org/2000/svg'; // an XML namespace name, not something fetched
+  const DAY_MS = 86400000;
+  const STATES = ['pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal'];
+
+  const $ = (id) => document.getElementById(id);
+
+  // ---------------------------------------------------------------- the token
+
+  class AuthError extends Error {}
+
+  let memoryToken = ''; // when session storage is unavailable (some private modes)
+
+  function readToken() {
+    try {
+      return sessionStorage.getItem(TOKEN_KEY) || '';
+    } catch (_) {
+      return memoryToken;
+    }
+  }
+
+  function storeToken(token) {
+    memoryToken = token;
+    try {
+      if (token) sessionStorage.setItem(TOKEN_KEY, token);
+      else sessionStorage.removeItem(TOKEN_KEY);
+    } catch (_) { /* memoryToken holds it for this page's life */ }
+  }
+
+  // `#token=...` is read once, kept in session storage, and taken out of the address bar
+  // (and so out of the history and of anything copied from it). The fragment never reaches the server.
+  function takeTokenFromFragment() {
+    const fragment = location.hash.replace(/^#/, '');
+    if (!fragment) return false;
+    let token = null;
+    const rest = [];
+    for (const part of fragment.split('&')) {
+      if (part.startsWith('token=')) {
+        try {
+          token = decodeURIComponent(part.slice('token='.length)).trim();
+        } catch (_) {
+          token = part.slice('token='.length).trim();
+        }
+      } else if (part) {
+        rest.push(part);
+      }
+    }
+    if (token === null) return false;
+    history.replaceState(null, '', location.pathname + location.search + (rest.length ? '#' + rest.join('&') : ''));
+    if (token) storeToken(token);
+    return Boolean(token);
+  }
+
+  // ---------------------------------------------------------------- the API
+
+  async function api(path, { optional = false } = {}) {
+    const token = readToken();
+    if (!token) throw new AuthError('');
+    let response;
+    try {
+      response = await fetch('/api/v1' + path, {
+        headers: { Authorization: 'Bearer ' + token, Accept: 'application/json' },
+        cache: 'no-store',
+        credentials: 'omit',
+      });
+    } catch (error) {
+      throw new Error('cannot reach fleetd (' + error.message + ')');
+    }
+    if (response.status === 401) throw new AuthError('The daemon refused this token.');
+    if (optional && response.status === 404) return null;
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_) { /* not JSON: described below */ }
+    if (!response.ok) {
+      const message = body && body.error && body.error.message ? body.error.message : response.statusText;
+      throw new Error(path + ': ' + response.status + ' ' + message);
+    }
+    return body;
+  }
+
+  function samples(query) {
+    return api('/samples?' + new URLSearchParams(query).toString())
+      .then((series) => series.points || [])
+      .catch((error) => {
+        if (error instanceof AuthError) throw error;
+        return { error: error.message };
+      });
+  }
+
+  // Each series is loaded whole once (the last 24 h, newest SAMPLE_LIMIT points), then only the
+  // points after its newest one; a full reload now and then picks up anything rewritten.
+  const SAMPLE_LIMIT = 5000;
+  const FULL_RELOAD_EVERY = 30; // refreshes: 5 minutes
+  const seriesCache = new Map();
+  const seriesUsed = new Set();
+
+  async function series(query) {
+    const key = new URLSearchParams(query).toString();
+    seriesUsed.add(key);
+    const cached = seriesCache.get(key);
+    if (cached && cached.lastAt && cached.refreshes < FULL_RELOAD_EVERY) {
+      const fresh = await samples({ ...query, since: cached.lastAt });
+      if (fresh.error) return fresh;
+      const newer = fresh.filter((p) => toMs(p.at) > cached.lastMs);
+      if (newer.length) {
+        const last = newer[newer.length - 1];
+        cached.lastAt = last.at;
+        cached.lastMs = toMs(last.at);
+        const cutoff = cached.lastMs - DAY_MS;
+        cached.points = cached.points.concat(newer).filter((p) => toMs(p.at) >= cutoff).slice(-SAMPLE_LIMIT);
+      }
+      cached.refreshes += 1;
+      return cached.points;
+    }
+    const points = await samples({ ...query, limit: String(SAMPLE_LIMIT) });
+    if (points.error) return points;
+    const last = points[points.length - 1];
+    seriesCache.set(key, { points, lastAt: last ? last.at : null, lastMs: last ? toMs(last.at) : NaN, refreshes: 0 });
+    return points;
+  }
+
+  function forgetUnusedSeries() {
+    for (const key of seriesCache.keys()) if (!seriesUsed.has(key)) seriesCache.delete(key);
+    seriesUsed.clear();
+  }
+
+  // ---------------------------------------------------------------- DOM helpers
+
+  function add(parent, kids) {
+    for (const kid of kids) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      if (Array.isArray(kid)) add(parent, kid);
+      else parent.appendChild(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+    return parent;
+  }
+
+  function setAttrs(node, attrs) {
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === 'class') node.setAttribute('class', value);
+      else if (key === 'text') node.textContent = String(value);
+      else node.setAttribute(key, value === true ? '' : String(value));
+    }
+    return node;
+  }
+
+  const h = (tag, attrs, ...kids) => add(setAttrs(document.createElement(tag), attrs), kids);
+  const svg = (tag, attrs, ...kids) => add(setAttrs(document.createElementNS(SVG_NS, tag), attrs), kids);
+
+  // ---------------------------------------------------------------- formatting
+
+  const DASH = '—';
+  const isNum = (v) => typeof v === 'number' && Number.isFinite(v);
+  const pad = (n) => String(n).padStart(2, '0');
+
+  function fmtInt(v) {
+    return isNum(v) ? Math.round(v).toLocaleString('en-US') : DASH;
+  }
+
+  function fmtNum(v, digits = 1) {
+    if (!isNum(v)) return DASH;
+    return v.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+
+  function fmtCompact(v) {
+    if (!isNum(v)) return DASH;
+    const a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toFixed(2) + 'G';
+    if (a >= 1e6) return (v / 1e6).toFixed(2) + 'M';
+    if (a >= 1e4) return (v / 1e3).toFixed(1) + 'k';
+    if (a >= 100 || Number.isInteger(v)) return String(Math.round(v));
+    return v.toFixed(a >= 10 ? 1 : 2);
+  }
+
+  function fmtDuration(seconds) {
+    if (!isNum(seconds)) return DASH;
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 90) return s + ' s';
+    const m = Math.round(s / 60);
+    if (m < 90) return m + ' min';
+    const hours = Math.floor(s / 3600);
+    if (hours < 48) return hours + ' h ' + Math.round((s - hours * 3600) / 60) + ' min';
+    const days = Math.floor(s / 86400);
+    return days + ' d ' + Math.round((s - days * 86400) / 3600) + ' h';
+  }
+
+  function fmtHours(hours) {
+    if (!isNum(hours)) return DASH;
+    if (hours < 1) return Math.round(hours * 60) + ' min';
+    if (hours < 48) return hours.toFixed(1) + ' h';
+    return (hours / 24).toFixed(1) + ' d';
+  }
+
+  function fmtPct(fraction, digits = 2) {
+    return isNum(fraction) ? (fraction * 100).toFixed(digits) + '%' : DASH;
+  }
+
+  function fmtBytes(bytes) {
+    if (!isNum(bytes)) return DASH;
+    const gib = bytes / 2 ** 30;
+    return gib >= 1 ? gib.toFixed(1) + ' GiB' : (bytes / 2 ** 20).toFixed(0) + ' MiB';
+  }
+
+  // [costs] currency is a symbol ("$", "€") or an ISO code ("EUR").
+  function fmtMoney(value, currency) {
+    if (!isNum(value)) return DASH;
+    const unit = String(currency || '');
+    if (/^[A-Z]{3}$/.test(unit)) {
+      try {
+        return new Intl.NumberFormat('en-US', { style: 'currency', currency: unit }).format(value);
+      } catch (_) { /* an unknown code: written out below */ }
+      return value.toLocaleString('en-US', { minimumFractionDigits: 2, maximumFractionDigits: 2 }) + ' ' + unit;
+    }
+    const amount = Math.abs(value).toLocaleString('en-US', { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+    return (value < 0 ? '-' : '') + unit + amount;
+  }
+
+  const toMs = (iso) => (iso ? Date.parse(iso) : NaN);
+
+  function fmtTime(iso, { seconds = false } = {}) {
+    const ms = typeof iso === 'number' ? iso : toMs(iso);
+    if (!Number.isFinite(ms)) return DASH;
+    const d = new Date(ms);
+    const time = pad(d.getHours()) + ':' + pad(d.getMinutes()) + (seconds ? ':' + pad(d.getSeconds()) : '');
+    return d.getFullYear() + '-' + pad(d.getMonth() + 1) + '-' + pad(d.getDate()) + ' ' + time;
+  }
+
+  function fmtClock(ms) {
+    const d = new Date(ms);
+    return pad(d.getHours()) + ':' + pad(d.getMinutes());
+  }
+
+  function fmtRelative(iso, nowMs) {
+    const ms = toMs(iso);
+    if (!Number.isFinite(ms)) return DASH;
+    const delta = (ms - nowMs) / 1000;
+    return delta >= 0 ? 'in ' + fmtDuration(delta) : fmtDuration(-delta) + ' ago';
+  }
+
+  const stateClass = (state) => 'state state-' + (STATES.includes(state) ? state : 'other');
+
+  // ---------------------------------------------------------------- plots
+
+  const PLOT = { w: 340, h: 130, left: 52, right: 10, top: 10, bottom: 22 };
+
+  // At most ~2 points per pixel column: min and max of each bucket, so spikes survive.
+  function thin(points, buckets) {
+    if (points.length <= buckets * 2) return points;
+    const t0 = points[0][0];
+    const span = points[points.length - 1][0] - t0 || 1;
+    const out = [];
+    let bucket = -1;
+    let lo = null;
+    let hi = null;
+    const flush = () => {
+      if (!lo) return;
+      if (lo === hi) out.push(lo);
+      else if (lo[0] <= hi[0]) out.push(lo, hi);
+      else out.push(hi, lo);
+    };
+    for (const p of points) {
+      const b = Math.min(buckets - 1, Math.floor(((p[0] - t0) / span) * buckets));
+      if (b !== bucket) {
+        flush();
+        bucket = b;
+        lo = hi = p;
+      } else {
+        if (p[1] < lo[1]) lo = p;
+        if (p[1] > hi[1]) hi = p;
+      }
+    }
+    flush();
+    return out;
+  }
+
+  function median(values) {
+    if (!values.length) return 0;
+    const sorted = [...values].sort((a, b) => a - b);
+    return sorted[Math.floor(sorted.length / 2)];
+  }
+
+  // A line plot of one metric over time; breaks the line where samples stopped (daemon or host down).
+  function linePlot(raw, { label, format = fmtCompact, kind = 'line', key = '' }) {
+    const figure = h('figure', { class: 'plot-box' });
+    const caption = h('figcaption', null, h('span', { class: 'plot-label' }, label));
+    figure.appendChild(caption);
+    if (raw && raw.error) {
+      figure.appendChild(h('div', { class: 'plot-empty' }, 'samples unavailable: ' + raw.error));
+      return figure;
+    }
+    const points = (raw || [])
+      .map((p) => [toMs(p.at), p.value])
+      .filter((p) => Number.isFinite(p[0]) && isNum(p[1]));
+    if (!points.length) {
+      figure.appendChild(h('div', { class: 'plot-empty', 'data-plot': key }, 'no samples yet'));
+      return figure;
+    }
+    const last = points[points.length - 1];
+    caption.appendChild(h('span', { class: 'plot-value num' }, format(last[1])));
+
+    const { w, h: height, left, right, top, bottom } = PLOT;
+    const innerW = w - left - right;
+    const innerH = height - top - bottom;
+    const thinned = thin(points, innerW);
+    let t0 = points[0][0];
+    let t1 = last[0];
+    if (t1 - t0 < 60000) t0 = t1 - 60000; // a fresh series: at least a minute wide
+    let v0 = Math.min(...thinned.map((p) => p[1]));
+    let v1 = Math.max(...thinned.map((p) => p[1]));
+    if (v1 - v0 < 1e-9) {
+      const padding = Math.abs(v1) * 0.05 || 1;
+      v0 -= padding;
+      v1 += padding;
+    } else {
+      const padding = (v1 - v0) * 0.06;
+      v1 += padding;
+      v0 = v0 >= 0 && v0 - padding < 0 ? 0 : v0 - padding;
+    }
+    const x = (t) => left + ((t - t0) / (t1 - t0)) * innerW;
+    const y = (v) => top + innerH - ((v - v0) / (v1 - v0)) * innerH;
+
+    const gaps = [];
+    for (let i = 1; i < points.length; i++) gaps.push(points[i][0] - points[i - 1][0]);
+    const gapMs = Math.max(90000, 10 * median(gaps));
+
+    let d = '';
+    let previous = null;
+    for (const p of thinned) {
+      const cmd = previous === null || p[0] - previous[0] > gapMs ? 'M' : 'L';
+      d += cmd + x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1);
+      previous = p;
+    }
+
+    const chart = svg('svg', {
+      class: 'plot plot-' + kind,
+      viewBox: '0 0 ' + w + ' ' + height,
+      role: 'img',
+      'aria-label': label,
+      'data-plot': key,
+      'data-points': points.length,
+    });
+    const grid = svg('g', { class: 'axis' });
+    for (const v of [v0, (v0 + v1) / 2, v1]) {
+      const gy = y(v).toFixed(1);
+      grid.appendChild(svg('line', { x1: left, x2: w - right, y1: gy, y2: gy }));
+      grid.appendChild(svg('text', { x: left - 6, y: Number(gy) + 3.5, 'text-anchor': 'end' }, format(v)));
+    }
+    grid.appendChild(svg('text', { x: left, y: height - 6, 'text-anchor': 'start' }, fmtClock(t0)));
+    grid.appendChild(svg('text', { x: w - right, y: height - 6, 'text-anchor': 'end' }, fmtClock(t1)));
+    chart.appendChild(grid);
+    if (kind === 'area' && points.length > 1) {
+      chart.appendChild(svg('path', { class: 'area', d: d + 'L' + x(last[0]).toFixed(1) + ' ' + (top + innerH) + 'L' + x(thinned[0][0]).toFixed(1) + ' ' + (top + innerH) + 'Z' }));
+    }
+    chart.appendChild(svg('path', { class: 'line', d }));
+    chart.appendChild(svg('circle', { class: 'dot', cx: x(last[0]).toFixed(1), cy: y(last[1]).toFixed(1), r: 2.5 },
+      svg('title', null, format(last[1]) + ' at ' + fmtTime(last[0], { seconds: true }))));
+    figure.appendChild(chart);
+    return figure;
+  }
+
+  // ---------------------------------------------------------------- panels
+
+  function fact(list, term, ...value) {
+    list.appendChild(h('dt', null, term));
+    list.appendChild(h('dd', null, ...value));
+  }
+
+  function renderFleet(fleet, nowMs) {
+    const list = $('fleet');
+    list.replaceChildren();
+    fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode,
+      fleet.requested && fleet.requested !== fleet.tier ? ' (asked: ' + fleet.requested + ')' : null);
+    fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
+      ' · level ', h('span', { class: 'num' }, String(fleet.level)),
+      isNum(fleet.ceiling) ? h('span', { class: 'warn' }, ' · ceiling ' + fleet.ceiling +
+        (fleet.ceiling_until ? ' until ' + fmtTime(fleet.ceiling_until) : '')) : null);
+    fact(list, 'admitted', h('span', { class: 'num' }, String((fleet.admitted || []).length)), ' ',
+      h('span', { class: 'muted' }, (fleet.admitted || []).join(', ')));
+    fact(list, 'pending', h('span', { class: 'num' }, String((fleet.pending || []).length)), ' ',
+      h('span', { class: 'muted' }, (fleet.pending || []).join(', ')));
+    fact(list, 'next scale-up', fleet.next_scale_up_at
+      ? h('span', { class: 'num', title: fmtTime(fleet.next_scale_up_at, { seconds: true }) },
+        fmtRelative(fleet.next_scale_up_at, nowMs) + ' (' + fmtTime(fleet.next_scale_up_at) + ')')
+      : DASH);
+    fact(list, 'waiting', fleet.waiting_reason || DASH);
+    if (fleet.settings) {
+      fact(list, 'per game', h('span', { class: 'num' }, fleet.settings.num_envs + ' envs · batch ' + fleet.settings.batch_size),
+        h('div', { class: 'muted small' }, fleet.settings.reason || ''));
+    }
+  }
+
+  function etaCell(projection) {
+    if (!projection) return h('td', { class: 'r num muted' }, DASH);
+    if (!projection.goal) return h('td', { class: 'r muted' }, 'no goal');
+    if (projection.goal.remaining <= 0) return h('td', { class: 'r ok' }, 'done');
+    if (!isNum(projection.eta_hours)) return h('td', { class: 'r muted', title: 'no recent progress' }, 'stalled');
+    return h('td', { class: 'r num', title: projection.eta_at ? 'at ' + fmtTime(projection.eta_at) : '' }, fmtHours(projection.eta_hours));
+  }
+
+  function renderGames(games, projectionByName) {
+    const body = $('games-body');
+    body.replaceChildren();
+    for (const g of games) {
+      const ckpt = g.last_checkpoint;
+      body.appendChild(h('tr', { 'data-game': g.name },
+        h('td', { class: 'name' }, g.name),
+        h('td', null, g.env_id),
+        h('td', null, g.algo),
+        h('td', null, h('span', { class: stateClass(g.state), title: g.state_reason || '' }, g.state),
+          g.desired === 'stopped' && g.state !== 'exited' ? h('span', { class: 'muted small' }, ' → stop') : null,
+          g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null),
+        h('td', { class: 'r num' }, g.pid === null || g.pid === undefined ? DASH : String(g.pid)),
+        h('td', { class: 'r num' }, fmtInt(g.steps)),
+        h('td', { class: 'r num' }, fmtInt(g.episodes)),
+        h('td', { class: 'r num' }, fmtNum(g.episodes_per_hour, 0)),
+        h('td', { class: 'r num' }, fmtNum(g.mean_reward_100, 2)),
+        h('td', { class: 'r num' }, fmtNum(g.best_reward, 1)),
+        h('td', { class: 'r num', title: ckpt ? fmtTime(ckpt.created_at, { seconds: true }) + (ckpt.verified ? '' : ' (unverified)') : '' },
+          ckpt ? fmtInt(ckpt.steps) : DASH),
+        h('td', { class: 'r num' + (g.restarts > 0 ? ' warn' : '') }, fmtInt(g.restarts)),
+        etaCell(projectionByName.get(g.name))));
+    }
+    $('games-empty').hidden = games.length > 0;
+    $('games-table').hidden = games.length === 0;
+  }
+
+  function renderGamePlots(games, gameSeries) {
+    const cards = games.map((g, i) => {
+      const [returns, steps] = gameSeries[i];
+      return h('article', { class: 'card', 'data-game': g.name },
+        h('header', null, h('strong', null, g.name), ' ', h('span', { class: stateClass(g.state) }, g.state),
+          h('span', { class: 'muted small' }, ' ' + g.env_id + ' · ' + g.algo)),
+        h('div', { class: 'plots' },
+          linePlot(returns, { label: 'mean return (100)', format: fmtCompact, key: g.name + ':mean_reward_100' }),
+          linePlot(steps, { label: 'steps', format: fmtCompact, kind: 'area', key: g.name + ':steps' })));
+    });
+    $('game-plots').replaceChildren(...cards);
+    $('plots-panel').hidden = games.length === 0;
+  }
+
+  function renderGpu(telemetry, gpuSeries) {
+    const box = $('gpu');
+    box.replaceChildren();
+    if (!telemetry) {
+      box.appendChild(h('p', { class: 'muted' }, 'no telemetry yet'));
+      return;
+    }
+    if (!telemetry.available) {
+      box.appendChild(h('p', { class: 'notice' }, 'GPU readings unavailable: ' + (telemetry.reason || 'no reason given')));
+    }
+    (telemetry.gpus || []).forEach((gpu, i) => {
+      const frac = isNum(gpu.memory_fraction) ? gpu.memory_fraction : 0;
+      const list = h('dl', { class: 'facts' });
+      fact(list, 'utilization', h('span', { class: 'num' }, isNum(gpu.utilization_pct) ? gpu.utilization_pct.toFixed(0) + '%' : DASH));
+      fact(list, 'memory', h('span', { class: 'num' }, fmtBytes(gpu.memory_used_bytes) + ' / ' + fmtBytes(gpu.memory_total_bytes) + ' (' + fmtPct(frac, 0) + ')'),
+        h('meter', { min: 0, max: 1, low: 0.8, high: 0.92, optimum: 0.5, value: frac }));
+      fact(list, 'temperature', h('span', { class: 'num' + (gpu.temperature_c >= 85 ? ' warn' : '') }, isNum(gpu.temperature_c) ? gpu.temperature_c.toFixed(0) + ' °C' : DASH));
+      fact(list, 'power', h('span', { class: 'num' }, isNum(gpu.power_w) ? gpu.power_w.toFixed(0) + ' W' : DASH));
+      box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
+        h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
+        list,
+        linePlot(gpuSeries[i], { label: 'utilization %', format: (v) => v.toFixed(0), key: 'gpu' + gpu.index + ':gpu_utilization_pct' })));
+    });
+    const host = telemetry.host;
+    if (host) {
+      const list = h('dl', { class: 'facts' });
+      fact(list, 'host CPU', h('span', { class: 'num' }, fmtNum(host.cpu_pct, 0) + '% · load ' + fmtNum(host.load_1m, 2)));
+      const used = host.memory_total_bytes - host.memory_available_bytes;
+      fact(list, 'host memory', h('span', { class: 'num' }, fmtBytes(used) + ' / ' + fmtBytes(host.memory_total_bytes)));
+      fact(list, 'read at', h('span', { class: 'num' }, fmtTime(telemetry.at, { seconds: true })));
+      box.appendChild(h('h3', null, 'Host'));
+      box.appendChild(list);
+    }
+    const processes = telemetry.processes || [];
+    if (processes.length) {
+      const rows = processes.map((p) => h('tr', null,
+        h('td', null, p.game), h('td', { class: 'r num' }, String(p.pid)), h('td', { class: 'r num' }, String(p.processes)),
+        h('td', { class: 'r num' }, fmtBytes(p.rss_bytes)), h('td', { class: 'r num' }, fmtNum(p.cpu_pct, 0) + '%'),
+        h('td', { class: 'r num' }, p.gpu_memory_bytes === null ? DASH : fmtBytes(p.gpu_memory_bytes))));
+      box.appendChild(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
+        h('thead', null, h('tr', null, h('th', null, 'worker'), h('th', { class: 'r' }, 'pid'), h('th', { class: 'r' }, 'procs'),
+          h('th', { class: 'r' }, 'RSS'), h('th', { class: 'r' }, 'CPU'), h('th', { class: 'r' }, 'GPU mem'))),
+        h('tbody', null, rows))));
+    }
+  }
+
+  // One window as one bar: up spans green, downtime red, reboots marked (unclean in red), unobserved grey.
+  function timelineBar(boots, nowMs, windowMs, label) {
+    const W = 420;
+    const H = 50;
+    const barY = 12;
+    const barH = 20;
+    const start = nowMs - windowMs;
+    const x = (ms) => ((Math.min(Math.max(ms, start), nowMs) - start) / (nowMs - start)) * W;
+    const chart = svg('svg', {
+      class: 'timeline-bar', viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': 'boots over the ' + label, 'data-window-hours': windowMs / 3600000,
+    });
+    chart.appendChild(svg('rect', { class: 'unobserved', x: 0, y: barY, width: W, height: barH },
+      svg('title', null, 'not observed by fleetd')));
+    const span = (cls, from, to, title) => {
+      if (!(to > start) || !(from < nowMs)) return;
+      const x0 = x(from);
+      const width = Math.max(x(to) - x0, 1.5);
+      chart.appendChild(svg('rect', { class: 'span ' + cls, x: x0.toFixed(2), y: barY, width: width.toFixed(2), height: barH },
+        svg('title', null, title)));
+    };
+    const marks = [];
+    for (const boot of boots) {
+      const upFrom = toMs(boot.booted_at);
+      const upTo = boot.current ? nowMs : toMs(boot.last_seen_at);
+      span('up', upFrom, upTo, 'up ' + fmtTime(upFrom) + ' → ' + (boot.current ? 'now' : fmtTime(upTo)) + ' (' + fmtDuration((upTo - upFrom) / 1000) + ')');
+    }
+    for (const boot of boots) { // over the up spans: a short outage stays visible
+      const reboot = boot.reboot;
+      if (reboot) {
+        const downFrom = toMs(reboot.went_down_after);
+        const downTo = toMs(reboot.back_at);
+        span('down', downFrom, downTo, 'down ' + fmtTime(downFrom) + ' → ' + fmtTime(downTo) + ' (' + fmtDuration(reboot.downtime_s) + ')' + (reboot.clean ? ', clean' : ', unclean'));
+        if (downTo > start) marks.push([downTo, reboot.clean]);
+      }
+    }
+    for (const [at, clean] of marks) {
+      const mx = Math.min(Math.max(x(at), 4), W - 4);
+      chart.appendChild(svg('path', { class: clean ? 'mark clean' : 'mark unclean', d: 'M' + (mx - 4).toFixed(1) + ' 1L' + (mx + 4).toFixed(1) + ' 1L' + mx.toFixed(1) + ' 10Z' },
+        svg('title', null, (clean ? 'clean' : 'unclean') + ' reboot, back at ' + fmtTime(at))));
+    }
+    // Ticks: local midnights on the week, every 6 hours on the day.
+    const step = windowMs > 2 * DAY_MS ? DAY_MS : 6 * 3600000;
+    const tick = new Date(start);
+    if (step === DAY_MS) tick.setHours(24, 0, 0, 0);
+    else tick.setHours(Math.floor(tick.getHours() / 6) * 6 + 6, 0, 0, 0);
+    for (let t = tick.getTime(); t < nowMs - step / 8; t = tick.getTime()) {
+      const tx = x(t);
+      chart.appendChild(svg('line', { class: 'tick', x1: tx, x2: tx, y1: barY, y2: barY + barH }));
+      const d = new Date(t);
+      const text = step === DAY_MS ? d.toLocaleDateString('en-US', { weekday: 'short' }) + ' ' + d.getDate() : fmtClock(t);
+      if (tx > 20 && tx < W - 20) chart.appendChild(svg('text', { class: 'tick-label', x: tx, y: H - 4, 'text-anchor': 'middle' }, text));
+      if (step === DAY_MS) tick.setDate(tick.getDate() + 1); // DST-proof: the next local midnight
+      else tick.setHours(tick.getHours() + 6);
+    }
+    return h('div', { class: 'timeline-row' }, h('span', { class: 'muted small' }, label), chart);
+  }
+
+  function renderTimeline(boots, nowMs) {
+    const key = (cls, text) => h('span', { class: 'legend-item' }, h('span', { class: 'key ' + cls }), text);
+    const legend = h('div', { class: 'legend small' },
+      key('up', 'up'), key('down', 'down'), key('unclean', 'unclean reboot'), key('clean', 'clean reboot'), key('unobserved', 'not observed'));
+    $('boot-timeline').replaceChildren(
+      timelineBar(boots, nowMs, 7 * DAY_MS, 'last 7 days'),
+      timelineBar(boots, nowMs, DAY_MS, 'last 24 h'),
+      legend);
+  }
+
+  function renderUptime(uptime, boots) {
+    const list = $('uptime');
+    list.replaceChildren();
+    fact(list, 'host up', h('span', { class: 'num' }, fmtDuration(uptime.host_uptime_s)), h('span', { class: 'muted small' }, ' since ' + fmtTime(uptime.booted_at)));
+    fact(list, 'fleetd up', h('span', { class: 'num' }, fmtDuration(uptime.daemon_uptime_s)), h('span', { class: 'muted small' }, ' since ' + fmtTime(uptime.daemon_started_at)));
+    fact(list, 'reboots', h('span', { class: 'num' + (uptime.reboots_24h > 0 ? ' warn' : '') }, uptime.reboots_24h + ' in 24 h · ' + uptime.reboots_7d + ' in 7 d'));
+    fact(list, 'availability', h('span', { class: 'num' }, fmtPct(uptime.availability_24h) + ' in 24 h · ' + fmtPct(uptime.availability_7d) + ' in 7 d'));
+    fact(list, 'mean time between reboots', h('span', { class: 'num' }, fmtDuration(uptime.mean_time_between_reboots_s)));
+    const reboots = boots.filter((b) => b.reboot).slice(0, 8);
+    const box = $('reboots');
+    if (!reboots.length) {
+      box.replaceChildren(h('p', { class: 'muted small' }, 'No reboots recorded.'));
+      return;
+    }
+    box.replaceChildren(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
+      h('thead', null, h('tr', null, h('th', null, 'back at'), h('th', { class: 'r' }, 'up before'), h('th', { class: 'r' }, 'down'), h('th', null, ''))),
+      h('tbody', null, reboots.map((b) => h('tr', null,
+        h('td', { class: 'num' }, fmtTime(b.reboot.back_at)),
+        h('td', { class: 'r num' }, fmtDuration(b.reboot.uptime_before_s)),
+        h('td', { class: 'r num' }, fmtDuration(b.reboot.downtime_s)),
+        h('td', { class: b.reboot.clean ? 'muted' : 'bad' }, b.reboot.clean ? 'clean' : 'unclean')))))));
+  }
+
+  function renderProjection(projection) {
+    const panel = $('projection-panel');
+    if (!projection) {
+      panel.hidden = true; // no /api/v1/projection on this daemon
+      return;
+    }
+    panel.hidden = false;
+    const box = $('projection');
+    if (projection.error) {
+      box.replaceChildren(h('p', { class: 'notice' }, 'projection unavailable: ' + projection.error));
+      return;
+    }
+    const currency = projection.currency;
+    const rows = (projection.games || []).map((g) => h('tr', null,
+      h('td', { class: 'name' }, g.name),
+      h('td', null, g.goal ? fmtInt(g.goal.target) + ' ' + g.goal.kind : h('span', { class: 'muted' }, 'no goal')),
+      h('td', { class: 'r num' }, g.goal ? fmtInt(g.goal.done) : DASH),
+      h('td', { class: 'r num' }, g.goal ? fmtInt(g.goal.remaining) : DASH),
+      h('td', { class: 'r num' }, fmtNum(g.rate_per_hour, 0)),
+      h('td', { class: 'r num' }, fmtHours(g.eta_hours)),
+      h('td', { class: 'num' }, g.eta_at ? fmtTime(g.eta_at) : DASH),
+      h('td', { class: 'r num' }, fmtMoney(g.cost_to_goal, currency))));
+    const table = h('div', { class: 'scroll' }, h('table', { class: 'grid' },
+      h('thead', null, h('tr', null, h('th', null, 'game'), h('th', null, 'goal'), h('th', { class: 'r' }, 'done'), h('th', { class: 'r' }, 'remaining'),
+        h('th', { class: 'r' }, 'rate/h'), h('th', { class: 'r' }, 'ETA'), h('th', null, 'ETA at'), h('th', { class: 'r' }, 'cost to goal'))),
+      h('tbody', null, rows)));
+    const fleet = projection.fleet || {};
+    const totals = h('dl', { class: 'facts' });
+    fact(totals, 'price', projection.price_per_host_hour > 0
+      ? h('span', { class: 'num' }, fmtMoney(projection.price_per_host_hour, currency) + ' per host hour')
+      : h('span', { class: 'muted' }, 'not set ([costs] price_per_host_hour)'));
+    fact(totals, 'running games', h('span', { class: 'num' }, fmtInt(fleet.running_games)));
+    fact(totals, 'cost per hour', h('span', { class: 'num' }, fmtMoney(fleet.cost_per_hour, currency)));
+    fact(totals, 'all goals in', h('span', { class: 'num' }, fmtHours(fleet.hours_to_all_goals) +
+      (isNum(fleet.hours_to_all_goals) && fleet.hours_to_all_goals >= 48 ? ' (' + fleet.hours_to_all_goals.toFixed(0) + ' h)' : '')));
+    fact(totals, 'cost to all goals', h('span', { class: 'num' }, fmtMoney(fleet.cost_to_all_goals, currency)));
+    const lost = projection.reboots;
+    if (lost) {
+      fact(totals, 'lost to reboots', h('span', { class: 'num' + (lost.lost_share > 0.05 ? ' warn' : '') },
+        fmtDuration(lost.lost_s) + ' (' + fmtPct(lost.lost_share, 1) + ') · ' + fmtInt(lost.reboots) + ' reboots in ' + fmtInt(lost.window_hours) + ' h'));
+    }
+    box.replaceChildren(h('div', { class: 'split' }, table, totals));
+  }
+
+  function renderSummary(games, fleet) {
+    const counts = new Map();
+    for (const g of games) counts.set(g.state, (counts.get(g.state) || 0) + 1);
+    const parts = STATES.filter((s) => counts.has(s)).map((s) => h('span', { class: stateClass(s) }, counts.get(s) + ' ' + s));
+    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length ? ' · ' : '', 'tier ' + fleet.tier);
+  }
+
+  // ---------------------------------------------------------------- the loop
+
+  let timer = null;
+  let running = false;
+  let lastGood = null;
+
+  function showLogin(reason) {
+    document.body.dataset.state = 'login';
+    $('login').hidden = false;
+    $('main').hidden = true;
+    $('logout').hidden = true;
+    $('banner').hidden = true;
+    if (reason) $('login-reason').textContent = reason;
+    $('login-token').focus();
+  }
+
+  function showBanner(message) {
+    const banner = $('banner');
+    banner.textContent = message + (lastGood ? ' Showing data from ' + fmtTime(lastGood, { seconds: true }) + '.' : '') + ' Retrying every 10 s.';
+    banner.hidden = false;
+  }
+
+  async function refresh() {
+    if (running) return;
+    if (!readToken()) {
+      clearTimeout(timer); // nothing to poll until a token is given
+      showLogin();
+      return;
+    }
+    running = true;
+    try {
+      const [games, fleet, boots, uptime, projection] = await Promise.all([
+        api('/games'),
+        api('/fleet'),
+        api('/boots?limit=1000'),
+        api('/uptime'),
+        api('/projection', { optional: true }).catch((error) => {
+          if (error instanceof AuthError) throw error;
+          return { error: error.message };
+        }),
+      ]);
+      const items = games.items || [];
+      const gpus = (fleet.telemetry && fleet.telemetry.gpus) || [];
+      const [gameSeries, gpuSeries] = await Promise.all([
+        Promise.all(items.map((g) => Promise.all([
+          series({ game: g.name, metric: 'mean_reward_100' }),
+          series({ game: g.name, metric: 'steps' }),
+        ]))),
+        Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
+      ]);
+      forgetUnusedSeries();
+      // The server's clock, so a skewed laptop clock does not shift the timeline.
+      const serverNow = toMs(uptime.daemon_started_at) + uptime.daemon_uptime_s * 1000;
+      const nowMs = Number.isFinite(serverNow) ? serverNow : Date.now();
+      const projectionByName = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
+
+      $('login').hidden = true;
+      $('main').hidden = false;
+      $('logout').hidden = false;
+      renderSummary(items, fleet);
+      renderFleet(fleet, nowMs);
+      renderGames(items, projectionByName);
+      renderGamePlots(items, gameSeries);
+      renderGpu(fleet.telemetry, gpuSeries);
+      renderTimeline(boots.items || [], nowMs);
+      renderUptime(uptime, boots.items || []);
+      renderProjection(projection);
+      lastGood = Date.now();
+      $('updated').textContent = 'updated ' + fmtTime(lastGood, { seconds: true }).slice(11);
+      $('banner').hidden = true;
+      document.body.dataset.state = 'ready';
+      document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+    } catch (error) {
+      if (error instanceof AuthError) {
+        storeToken('');
+        showLogin(error.message); // and no polling (finally) until a token is given
+      } else {
+        if (document.body.dataset.state !== 'ready') document.body.dataset.state = 'error';
+        showBanner(String(error.message || error));
+      }
+    } finally {
+      running = false;
+      if (readToken()) schedule();
+    }
+  }
+
+  function schedule() {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      if (document.hidden) schedule(); // a background tab polls nothing; it catches up when shown
+      else refresh();
+    }, REFRESH_MS);
+  }
+
+  function start() {
+    $('login-url').textContent = location.origin + '/#token=…';
+    takeTokenFromFragment();
+    $('login-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      const input = $('login-token');
+      const token = input.value.trim();
+      input.value = '';
+      if (!token) return;
+      storeToken(token);
+      document.body.dataset.state = 'loading';
+      refresh();
+    });
+    $('logout').addEventListener('click', () => {
+      storeToken('');
+      seriesCache.clear();
+      clearTimeout(timer);
+      showLogin('Token forgotten.');
+    });
+    window.addEventListener('hashchange', () => {
+      if (takeTokenFromFragment()) refresh();
+    });
+    document.addEventListener('visibilitychange', () => {
+      if (!document.hidden && readToken()) refresh();
+    });
+    refresh();
+  }
+
+  start();
+})();

@@ -1,0 +1,70 @@
+"""The status page's files, served by the app: public, self-contained, no data without the token."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
+from fleetd.config import Settings
+from fleetd.store.engine import Database
+from fleetd.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+
+TOKEN = "s" * 32
+# An XML namespace name is an identifier the browser never fetches.
+NAMESPACES = {"http://www.w3.org/2000/svg"}
+URL = re.compile(r"""(?:https?:)?//[^\s'"`<>)]+""")
+
+
+@pytest.fixture
+def client(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Iterator[TestClient]:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, TOKEN, info, EnvCatalog())
+    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
+        yield test_client  # no Authorization header: the page and its assets are public
+
+
+def external_urls(text: str) -> list[str]:
+    return [url for url in URL.findall(text) if url not in NAMESPACES]
+
+
+def test_page_is_served_without_the_token_and_needs_nothing_outside(client: TestClient) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    html = response.text
+    assert external_urls(html) == []
+    assert "//cdn" not in html
+    for asset in ("/static/app.js", "/static/style.css"):
+        assert f'"{asset}"' in html
+
+
+@pytest.mark.parametrize(("path", "kind"), [("/static/app.js", "javascript"), ("/static/style.css", "text/css")])
+def test_assets_are_served_and_self_contained(client: TestClient, path: str, kind: str) -> None:
+    response = client.get(path)
+    assert response.status_code == 200
+    assert kind in response.headers["content-type"]
+    assert external_urls(response.text) == []
+    assert "@import" not in response.text
+
+
+def test_script_inserts_no_markup_and_keeps_the_token_out_of_urls(client: TestClient) -> None:
+    script = client.get("/static/app.js").text
+    # Server strings reach the DOM as text: no innerHTML, outerHTML, insertAdjacentHTML, document.write.
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in script
+    assert "Authorization: 'Bearer ' + token" in script
+    assert "?token" not in script and "&token" not in script
+    assert "history.replaceState" in script  # the fragment's token leaves the address bar
+
+
+def test_data_still_needs_the_token(client: TestClient) -> None:
+    assert client.get("/api/v1/games").status_code == 401
+    assert client.get("/api/v1/games", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
