@@ -164,7 +164,7 @@ startretries = 2
 stopwaitsecs = 20
 backoff_initial_s = 0.5
 backoff_max_s = 2
-hang_timeout_s = 15
+hang_timeout_s = 30
 progress_flush_s = 0.5
 
 [worker]

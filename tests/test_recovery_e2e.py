@@ -68,3 +68,21 @@ def test_power_cut_and_reboot_recover_every_game(fleet_config: DaemonConfig, fle
     kinds = [e["kind"] for e in after.get("/api/v1/events?limit=200").json()["items"]]
     assert kinds.count("lost_host") == 2 and "reboot" in kinds
     assert "fleet_backoff" in kinds  # the reboot counted as instability, then the ramp resumed
+
+
+def test_a_pending_game_shows_no_stale_running_state_after_a_reboot(
+    fleet_config: DaemonConfig, fleet_daemons: list[Daemon]
+) -> None:
+    """The back-off after an unclean reboot keeps one game pending: the store must not go on
+    saying it runs (its worker was lost with the host)."""
+    daemon = start_daemon(fleet_config, fleet_daemons)
+    for name in ("cart-a", "cart-b"):
+        add_and_wait_running(daemon, cartpole(name))
+    power_cut(daemon, fleet_config)
+    fleet_config.set_boot_id("boot-two")
+    after = start_daemon(fleet_config, fleet_daemons)
+    fleet = after.get("/api/v1/fleet").json()
+    assert len(fleet["admitted"]) == 1 and len(fleet["pending"]) == 1  # level 1 after the back-off
+    [pending] = fleet["pending"]
+    game = after.game(pending)
+    assert (game["state"], game["pid"]) == ("pending", None)

@@ -121,7 +121,7 @@ def test_status_page_renders_games_plots_and_boots(
     # A sample a second, for plots within seconds; no hang test here, so a slow start on a busy
     # machine (importing torch) must not count as a hang.
     extra = fleet_config.extra.replace("[supervisor]\n", "[supervisor]\nsample_interval_s = 1\n", 1)
-    fleet_config.extra = extra.replace("hang_timeout_s = 15\n", "hang_timeout_s = 120\n")
+    fleet_config.extra = extra.replace("hang_timeout_s = 30\n", "hang_timeout_s = 120\n")
     assert "sample_interval_s = 1" in fleet_config.extra and "hang_timeout_s = 120" in fleet_config.extra
     fleet_config.write()
     daemon = start_daemon(fleet_config, fleet_daemons)

@@ -76,6 +76,13 @@ class Recorder:
         if self.alerts is not None:
             self.alerts.send(Alert(kind, message, self.clock.now(), game, details))
 
+    def settle(self, game: str, state: str, reason: str) -> None:
+        """Correct a state left over from a previous daemon (not a transition of this one)."""
+        now = self.clock.now()
+        with self.db.transaction() as session:
+            game_store.update_game_state(session, game, state, reason, now)
+            create_event(session, now, "state", f"-> {state}: {reason}", game=game, details={"to": state, "reason": reason})
+
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), kind, message, severity=severity, game=game)

@@ -139,6 +139,7 @@ class Supervisor:
         self._load_games()
         for run in runs.live:
             self._adopt(run)
+        self._settle_stale_states()
         if self._unclean_reboot:
             self.fleet.instability("reboot", "the host went down without a clean stop")
         self._govern()
@@ -197,6 +198,16 @@ class Supervisor:
                 self._new_proc(game)
         self.fleet.update([self._slot(game) for game in games])
         self._games = games
+
+    def _settle_stale_states(self) -> None:
+        """A game the store shows live, with no worker adopted now, is stopped: its worker died
+        with the previous daemon or the host. Recorded, so that no stale `running` lingers
+        while the governor keeps the game pending."""
+        for game in self._games:
+            proc = self.procs[game.name]
+            if proc.state is State.STOPPED and game.state in LIVE | {State.BACKOFF}:
+                self.recorder.settle(game.name, "stopped", "no live worker after the daemon started")
+                self.fleet.set_state(game.name, proc.state.value)
 
     def _slot(self, game: GameRecord) -> GameSlot:
         state = self.procs[game.name].state.value

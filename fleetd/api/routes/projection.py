@@ -49,7 +49,9 @@ def read_projection(context: AppContext = Depends(get_context)) -> ProjectionOut
 
 
 def _rate(session: Any, game: GameRecord, now: datetime) -> float | None:
-    metric, fallback = ("steps", None) if game.target_episodes is None else ("episodes", game.episodes_per_hour)
+    # The goal's own unit; episodes when there is no goal (the rate people compare).
+    timesteps_goal = game.target_episodes is None and game.total_timesteps is not None
+    metric, fallback = ("steps", None) if timesteps_goal else ("episodes", game.episodes_per_hour)
     points = read_samples(session, game.name, None, metric, now - RATE_WINDOW, 1000)
     return recent_rate_per_hour([(p.at, p.value) for p in points], fallback)
 
