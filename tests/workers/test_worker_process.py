@@ -45,7 +45,7 @@ def test_sigterm_leaves_final_checkpoint_and_exits_0(make_spec, write_spec, inbo
         seen = inbox.wait_for(lambda r: isinstance(r, ProgressReport) and r.steps > 0, timeout=60)
         proc.send_signal(signal.SIGTERM)
     finally:
-        code = _reap(proc, timeout=30)
+        code = _reap(proc, timeout=90)  # a bound, not a speed claim: CI machines can be loaded
     log = (tmp_path / "worker.log").read_text()
     assert code == EXIT_STOPPED, log
     final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
