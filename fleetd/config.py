@@ -97,6 +97,9 @@ class SupervisorSettings(_Section):
     backoff_max_s: float = Field(60.0, gt=0)
     # No step advanced for this long while a worker should run: kill its group, restart.
     hang_timeout_s: float = Field(300.0, gt=0)
+    # Before its first report a worker is importing torch, building envs, loading a replay
+    # buffer: it gets this long instead (a slow start is not a hang).
+    start_timeout_s: float = Field(600.0, gt=0)
     # How often progress snapshots reach the database, and metric samples are kept.
     progress_flush_s: float = Field(5.0, gt=0)
     sample_interval_s: float = Field(30.0, gt=0)

@@ -259,8 +259,38 @@ def test_adopted_worker_is_watched_for_hangs(proc: WorkerProcess, clock: FakeClo
 def test_next_deadline_is_the_earliest(proc: WorkerProcess, clock: FakeClock) -> None:
     assert proc.next_deadline() is None
     proc.start()
-    assert proc.next_deadline() == clock.monotonic() + 120  # no report yet: only the hang limit
+    assert proc.next_deadline() == clock.monotonic() + 600  # no report yet: only the start limit
     proc.on_progress(proc.run_id, 0)
     assert proc.next_deadline() == clock.monotonic() + 10  # startsecs, before hang_timeout
     advance(clock, proc, 10)
     assert proc.next_deadline() == clock.monotonic() - 10 + 120
+
+
+def test_a_slow_start_is_not_a_hang(clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:
+    """Before its first report a worker gets start_timeout_s; after it, hang_timeout_s."""
+    from pathlib import Path
+
+    policy = Policy(hang_timeout_s=30, start_timeout_s=600)
+    proc = WorkerProcess(Launch("pong", Path("/g")), policy, launcher, clock, sink)
+    proc.start()
+    advance(clock, proc, 599)  # still importing torch: no report yet
+    assert launcher.signals == []
+    proc.on_progress(proc.run_id, 0)
+    advance(clock, proc, 29)
+    assert launcher.signals == []
+    advance(clock, proc, 1)
+    assert launcher.signals == [(proc.pid, "SIGKILL")]
+    assert "no progress for 30s" in sink.notes[-1][1]
+
+
+def test_no_first_report_at_all_is_killed_after_start_timeout(
+    clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink
+) -> None:
+    from pathlib import Path
+
+    proc = WorkerProcess(Launch("pong", Path("/g")), Policy(start_timeout_s=600), launcher, clock, sink)
+    proc.start()
+    advance(clock, proc, 600)
+    assert launcher.signals == [(proc.pid, "SIGKILL")]
+    proc.on_exit(KILLED)
+    assert sink.causes() == ["hang"] and "no first report within 600s" in proc.reason

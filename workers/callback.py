@@ -76,9 +76,17 @@ class Checkpointer:
 
     def write(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
         started = self._clock()
-        path = checkpoint.write_checkpoint(
-            self.directory, counters.steps, counters.episodes,
-            lambda tmp: save_snapshot(tmp, model, counters, self.with_replay))
+        try:
+            path = checkpoint.write_checkpoint(
+                self.directory, counters.steps, counters.episodes,
+                lambda tmp: save_snapshot(tmp, model, counters, self.with_replay))
+        except OSError as exc:
+            # A full disk (ENOSPC) or a quota: the partial folder is gone, the newest
+            # verified checkpoint is intact. Training goes on; the next interval tries again.
+            self._last_at = self._clock()
+            log.error("checkpoint at %d steps not written: %s; training goes on, next try in %g s",
+                      counters.steps, exc, self.interval_s)
+            return None
         self._last_at, self._last_steps = self._clock(), counters.steps
         ok, reason = checkpoint.verify(path)
         if not ok:

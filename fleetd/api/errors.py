@@ -29,11 +29,20 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": code.value}
-    for code, status in HTTP_STATUS.items()
-    if code in (ErrorCode.UNAUTHORIZED, ErrorCode.VALIDATION, ErrorCode.BUSY)
-}
+Responses = dict[int | str, dict[str, Any]]
+
+
+def error_responses(*codes: ErrorCode) -> Responses:
+    """OpenAPI `responses=` for these error codes, each with the one error body."""
+    return {HTTP_STATUS[code]: {"model": ErrorBody, "description": code.value} for code in codes}
+
+
+# What any /api/v1 operation may answer: no token, an oversized body (even on a GET), a bad
+# parameter, SQLite busy past its timeout. Routes add 400, 404 and 409 where they apply.
+ERROR_RESPONSES = error_responses(ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE, ErrorCode.VALIDATION, ErrorCode.BUSY)
+BAD_BODY = error_responses(ErrorCode.BAD_REQUEST)  # a body that is not UTF-8 cannot be parsed as JSON
+NOT_FOUND = error_responses(ErrorCode.NOT_FOUND)
+CONFLICT = error_responses(ErrorCode.CONFLICT)
 
 
 def _respond(error: FleetdError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -104,7 +113,9 @@ class BodySizeLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
-                raise FleetdError(ErrorCode.TOO_LARGE, self._message())
+                # An HTTPException, not a FleetdError: FastAPI turns any other exception raised
+                # while it reads the body into a 400 "error parsing the body".
+                raise StarletteHTTPException(HTTP_STATUS[ErrorCode.TOO_LARGE], self._message())
             return message
 
         return counted

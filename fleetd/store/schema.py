@@ -77,6 +77,11 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
         with engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
             tables = set(inspect(conn).get_table_names()) - {"alembic_version"}
+            # Every page, not just the schema's: a file corrupt further in would pass, then be
+            # switched to WAL and written to before the first read of a damaged table failed.
+            problem = conn.exec_driver_sql("PRAGMA quick_check(1)").scalar()
+            if problem != "ok":
+                raise DatabaseError("PRAGMA quick_check", None, Exception(problem))
     except DatabaseError as exc:
         raise SchemaError(
             f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "

@@ -16,7 +16,10 @@ from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
 def scan_checkpoints(directory: Path) -> list[CheckpointRecord]:
     records = []
     for info in list_checkpoints(directory):
-        records.append(_describe(info.path, info.steps))
+        try:
+            records.append(_describe(info.path, info.steps))
+        except OSError:
+            continue  # pruned by a live worker while we looked: it is gone, so not indexed
     return records
 
 
@@ -26,8 +29,10 @@ def _describe(path: Path, steps: int) -> CheckpointRecord:
     except CheckpointError as exc:
         return _broken(path, steps, str(exc))
     for name, entry in manifest.files.items():
-        file = path / name
-        size = file.stat().st_size if file.is_file() else None
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            size = None
         if size != entry.size:
             return _broken(path, steps, f"{name}: {size} bytes on disk, {entry.size} in the manifest")
     created = datetime.fromtimestamp(manifest.created_at, UTC)

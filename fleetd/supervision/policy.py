@@ -19,6 +19,7 @@ class Policy:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     hang_timeout_s: float = 300.0
+    start_timeout_s: float = 600.0
 
     @classmethod
     def from_settings(cls, settings: SupervisorSettings) -> Policy:
@@ -32,6 +33,7 @@ class Policy:
             backoff_initial_s=settings.backoff_initial_s,
             backoff_max_s=settings.backoff_max_s,
             hang_timeout_s=settings.hang_timeout_s,
+            start_timeout_s=settings.start_timeout_s,
         )
 
     def backoff_delay(self, failures: int) -> float:

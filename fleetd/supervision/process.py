@@ -85,6 +85,7 @@ class WorkerProcess:
         """Watch a live worker that a previous daemon started (it is no longer our child)."""
         self.run_id, self.pid = run_id, pid
         self._fresh_watch(steps)
+        self._reported = True  # it was training already: the hang limit applies at once
         self._to(State.RUNNING, f"adopted live worker pid {pid} after a daemon restart")
 
     # -- what happened ---------------------------------------------------------------------
@@ -124,8 +125,8 @@ class WorkerProcess:
         if self.state is State.STOPPING and now >= self._stop_deadline and self._killed_for is None:
             self._kill("stop_timeout", f"still running {self.policy.stopwaitsecs:g}s after the stop signal")
         if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
-            if now - self._progress_at >= self.policy.hang_timeout_s:
-                self._kill("hang", f"no progress for {self.policy.hang_timeout_s:g}s")
+            if now - self._progress_at >= self._silence_limit():
+                self._kill("hang", self._silence_message())
 
     def next_deadline(self) -> float | None:
         """The monotonic time at which tick() has something to do, if any."""
@@ -137,8 +138,17 @@ class WorkerProcess:
         if self.state is State.STOPPING and self._killed_for is None:
             deadlines.append(self._stop_deadline)
         if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
-            deadlines.append(self._progress_at + self.policy.hang_timeout_s)
+            deadlines.append(self._progress_at + self._silence_limit())
         return min(deadlines) if deadlines else None
+
+    def _silence_limit(self) -> float:
+        """How long without progress counts as hung: longer before the first report."""
+        return self.policy.hang_timeout_s if self._reported else self.policy.start_timeout_s
+
+    def _silence_message(self) -> str:
+        if self._reported:
+            return f"no progress for {self.policy.hang_timeout_s:g}s"
+        return f"no first report within {self.policy.start_timeout_s:g}s of the start"
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -168,7 +178,7 @@ class WorkerProcess:
             how = " (SIGKILL after stopwaitsecs)" if self._killed_for == "stop_timeout" else ""
             return Outcome("stopped", State.STOPPED, f"stopped{how}")
         if self._killed_for == "hang":
-            return Outcome("hang", _FAILED, f"hung: no progress for {self.policy.hang_timeout_s:g}s")
+            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
         if status.code == EXIT_COMPLETED:
             return Outcome("completed", State.EXITED, "completed: goal reached")
         if status.code == EXIT_CHECKPOINTS_UNUSABLE:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import BAD_BODY
 from fleetd.api.schemas import FleetOut, FleetUpdate, SettingsOut, TierOut
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.controller import FleetController
@@ -48,7 +49,7 @@ def read_fleet(context: AppContext = Depends(get_context)) -> FleetOut:
     return fleet_out(_controller(context))
 
 
-@router.put("/fleet", response_model=FleetOut, status_code=202)
+@router.put("/fleet", response_model=FleetOut, status_code=202, responses=BAD_BODY)
 def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) -> FleetOut:
     """Choose a tier (manual) or auto; the governor takes it up within seconds."""
     fleet = _controller(context)

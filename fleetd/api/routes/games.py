@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
 from fleetd.api.schemas import (
     CheckpointList,
     CheckpointOut,
@@ -24,8 +25,6 @@ from fleetd.supervision.supervisor import Reconcile, StartGame
 
 router = APIRouter(tags=["games"])
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
-CONFLICT = {409: {"description": "conflict"}}
-NOT_FOUND = {404: {"description": "no such game"}}
 
 
 def checkpoint_out(record: CheckpointRecord) -> CheckpointOut:
@@ -80,7 +79,7 @@ def list_games(context: AppContext = Depends(get_context)) -> GameList:
     return GameList(items=[game_out(game, scaled) for game in games])
 
 
-@router.post("/games", response_model=GameOut, status_code=201, responses=CONFLICT)
+@router.post("/games", response_model=GameOut, status_code=201, responses={**BAD_BODY, **CONFLICT})
 def create_game(body: GameCreate, context: AppContext = Depends(get_context)) -> GameOut:
     """Add a game; with `desired: running` (the default) the supervisor starts it."""
     game = add_game(context.db, context.clock, GameDraft(**body.model_dump()), context.catalog)

@@ -1,0 +1,58 @@
+"""The API's context for in-process tests: a real store and catalog, a supervisor that records.
+
+`shared_context` is for a module's worth of tests on one database: running the migrations
+for every test costs more than most of these tests themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
+from fleetd.config import Settings, load_settings
+from fleetd.governor.controller import FleetController
+from fleetd.store.engine import Database
+from fleetd.store.schema import ensure_schema
+from fleetd.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+
+CATALOG = EnvCatalog()  # the real registries, listed once per test session
+
+
+class RecordingSupervisor:
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def submit(self, command: object) -> None:
+        self.commands.append(type(command).__name__)
+
+
+def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, token: str) -> AppContext:
+    """As the daemon builds it, with the governor, minus the supervisor thread."""
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    fleet = FleetController(settings.fleet, db, clock, telemetry=None)
+    return AppContext(settings, db, clock, token, info, CATALOG, RecordingSupervisor(), fleet)
+
+
+@contextmanager
+def shared_context(root: Path, token: str, busy_timeout_ms: int = 5000) -> Iterator[AppContext]:
+    """A context on a fresh state_dir under `root`, for a module-scoped fixture."""
+    with pytest.MonkeyPatch.context() as patch:  # conftest's FLEETD_* guard is per test
+        for name in [n for n in os.environ if n.startswith("FLEETD_")]:
+            patch.delenv(name)
+        (root / "boot_id").write_text("11111111-1111-1111-1111-111111111111\n")
+        settings = load_settings(state_dir=root / "state", host={"boot_id_path": root / "boot_id"})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    db = Database.open(settings.db_path, busy_timeout_ms)
+    clock = FakeClock()
+    try:
+        yield api_context(settings, db, clock, FakeHost(clock), token)
+    finally:
+        db.close()

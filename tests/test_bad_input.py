@@ -1,0 +1,436 @@
+"""Bad input and abuse: hostile names in paths, huge and malformed bodies, broken config and
+database files at start, and the secrets and process-launch rules that keep them harmless.
+
+Body-field validation of game names is in test_games_api.py; the token file's mode and a
+plain invalid config value are in test_daemon_e2e.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import inspect
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import auth, create_app
+from fleetd.config import Settings
+from fleetd.store.schema import ensure_schema
+from fleetd.supervision import launcher as launcher_module
+from fleetd.supervision.launcher import OsLauncher
+from fleetd.supervision.seams import Launch
+from tests.api_context import shared_context
+from tests.daemon_harness import Daemon, DaemonConfig, fleetd_cli
+
+TOKEN = "b" * 32
+GAME = {"name": "pong", "env_id": "CartPole-v1", "algo": "ppo"}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """One app and database for the module; tests use names of their own."""
+    with (
+        shared_context(tmp_path_factory.mktemp("bad-input"), TOKEN) as context,
+        TestClient(create_app(context), raise_server_exceptions=False) as test_client,
+    ):
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+@pytest.fixture
+def settings(client: TestClient) -> Settings:
+    return client.app.state.context.settings
+
+
+def envelope(response: httpx.Response, *statuses: int) -> dict:
+    assert response.status_code in statuses, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}, body
+    return body["error"]
+
+
+# -- hostile names in the path ---------------------------------------------------------------
+
+# Plain `..` is missing: httpx resolves it before sending (see the real-HTTP test below).
+HOSTILE_NAMES = [
+    "%2E%2E",
+    "..%2F..",
+    "..%2F..%2F..%2Fetc%2Fpasswd",
+    "%2F",
+    "%00",
+    "pong%00",
+    "pong%0A",  # a `$` that matches before a trailing newline would let this through
+    "%0Apong",
+    "pong%20",
+    "Pong",
+    "p%C3%B6ng",
+    "%F0%9F%8E%AE",
+    "%FF%FE",  # not UTF-8 at all
+    "x" * 65,
+    "x" * 20_000,
+    "-pong",
+    "pong;rm%20-rf%20~",
+    "$(touch%20pwned)",
+]
+GAME_ROUTES = [
+    ("GET", "/api/v1/games/{}"),
+    ("DELETE", "/api/v1/games/{}?purge=true"),
+    ("POST", "/api/v1/games/{}/stop"),
+    ("POST", "/api/v1/games/{}/start"),
+    ("GET", "/api/v1/games/{}/runs"),
+    ("GET", "/api/v1/games/{}/checkpoints"),
+]
+
+
+def file_tree(root: Path) -> set[str]:
+    return {str(path.relative_to(root)) for path in root.rglob("*")}
+
+
+def test_hostile_path_names_are_refused_in_the_envelope(client: TestClient, settings: Settings) -> None:
+    """Never 500, never routed to a game, and DELETE ?purge=true never reaches the file system."""
+    assert client.post("/api/v1/games", json=GAME).status_code == 201
+    root = settings.state_dir.parent
+    for where in (
+        settings.state_dir / "sentinel",
+        settings.game_dir("pong") / "checkpoints" / "keep",
+        root / "outside",
+    ):
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text("keep me")
+    before = file_tree(root)
+    for name in HOSTILE_NAMES:
+        for method, route in GAME_ROUTES:
+            response = client.request(method, route.format(name), follow_redirects=False)
+            if response.status_code == 307:  # `games/%2F` is `games//`: Starlette's slash redirect
+                assert httpx.URL(response.headers["location"]).path == "/api/v1/games", response.headers
+                continue
+            error = envelope(response, 404, 422)
+            assert error["code"] in ("not_found", "validation_error"), (method, name, error)
+    assert file_tree(root) - {"state/fleetd.db-wal", "state/fleetd.db-shm"} <= before
+    assert before <= file_tree(root)
+    assert client.get("/api/v1/games/pong").status_code == 200
+
+
+@pytest.mark.parametrize("query", ["game=..%2F..", "game=%00", "game=p%C3%B6ng", "game=" + "x" * 5000])
+def test_hostile_game_names_in_queries(client: TestClient, query: str) -> None:
+    error = envelope(client.get(f"/api/v1/samples?metric=steps&{query}"), 422)
+    assert error["details"]["errors"][0]["field"] == "query.game"
+    events = client.get(f"/api/v1/events?{query}")  # a free-text filter: no match, no error
+    assert events.status_code in (200, 422), events.text
+    if events.status_code == 422:
+        assert envelope(events, 422)["details"]["errors"][0]["field"] == "query.game"
+
+
+@pytest.mark.e2e
+def test_raw_dot_segments_over_real_http(daemon: Daemon) -> None:
+    """A client that does not normalise `..` (curl --path-as-is) still gets a 404 envelope."""
+    port = daemon.config.port
+    for raw in ("/api/v1/games/../../../../etc/passwd", "/api/v1/games/..", "/api/v1/games/%2e%2e%2f%2e%2e"):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", raw, headers={"Authorization": f"Bearer {daemon.config.token()}"})
+        answer = connection.getresponse()
+        body = json.loads(answer.read())
+        connection.close()
+        assert answer.status in (404, 422) and set(body["error"]) == {"code", "message", "details"}, (raw, body)
+
+
+# -- bodies: too big, malformed, wrong types --------------------------------------------------
+
+
+def padded_game(size: int) -> bytes:
+    return json.dumps(GAME | {"name": "big", "hyperparams": {"note": "x" * size}}).encode()
+
+
+def test_huge_body_with_content_length_is_413(client: TestClient, settings: Settings) -> None:
+    response = client.post(
+        "/api/v1/games", content=padded_game(settings.api.max_body_bytes), headers={"Content-Type": "application/json"}
+    )
+    error = envelope(response, 413)
+    assert error["code"] == "payload_too_large" and "max_body_bytes" in error["message"]
+    assert client.get("/api/v1/games/big").status_code == 404
+
+
+def test_huge_chunked_body_is_413(client: TestClient, settings: Settings) -> None:
+    """No Content-Length: the limit is counted while the body streams in."""
+    body = padded_game(settings.api.max_body_bytes)
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(body), 64 * 1024):
+            yield body[start : start + 64 * 1024]
+
+    for method, path in (("POST", "/api/v1/games"), ("PUT", "/api/v1/fleet")):
+        response = client.request(method, path, content=chunks(), headers={"Content-Type": "application/json"})
+        assert "content-length" not in response.request.headers
+        assert envelope(response, 413)["code"] == "payload_too_large"
+    assert client.get("/api/v1/games/big").status_code == 404
+
+
+def test_body_under_the_limit_still_works_chunked(client: TestClient) -> None:
+    """It reaches validation: `note` is not a worker hyperparameter."""
+    body = padded_game(10_000)
+    response = client.post(
+        "/api/v1/games", content=iter([body[:5000], body[5000:]]), headers={"Content-Type": "application/json"}
+    )
+    assert envelope(response, 422)["details"]["errors"][0]["field"] == "hyperparams.note"
+
+
+@pytest.mark.e2e
+def test_huge_chunked_body_over_real_http(daemon: Daemon) -> None:
+    body = b'{"name": "' + b"x" * 2_000_000 + b'"}'
+    headers = {"Authorization": f"Bearer {daemon.config.token()}", "Content-Type": "application/json"}
+    response = httpx.post(daemon.config.url + "/api/v1/games", content=iter([body]), headers=headers, timeout=30)
+    assert envelope(response, 413)["code"] == "payload_too_large"
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        (b"{", "body.1"),
+        (b'{"name": "pong",}', "body.16"),
+        (b"", "body"),
+        (b"null", "body"),
+        (b"[]", "body"),
+        (b'"pong"', "body"),
+        (b'{"name": 5, "env_id": "CartPole-v1"}', "body.name"),
+        (b'{"name": "pong", "env_id": ["CartPole-v1"]}', "body.env_id"),
+        (b'{"name": "pong", "env_id": "CartPole-v1", "hyperparams": "fast"}', "body.hyperparams"),
+        (b'{"name": "pong", "env_id": "CartPole-v1", "desired": true}', "body.desired"),
+        (b'{"name": "pong", "env_id": "CartPole-v1", "priority": 1e400}', "body.priority"),
+        (b'{"name": "pong", "env_id": "CartPole-v1", "total_timesteps": 1.5}', "body.total_timesteps"),
+        (b'{"name": "pong", "env_id": "CartPole-v1", "checkpoint_interval_s": "NaN"}', "body.checkpoint_interval_s"),
+    ],
+)
+def test_malformed_json_and_wrong_types_name_the_field(client: TestClient, content: bytes, field: str) -> None:
+    response = client.post("/api/v1/games", content=content, headers={"Content-Type": "application/json"})
+    error = envelope(response, 422)
+    assert error["code"] == "validation_error"
+    assert error["details"]["errors"][0]["field"] == field, error
+    assert field in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tier": 5}, "body.tier"),
+        ({"tier": "huge"}, "body.tier"),
+        ({"mode": None, "tier": None}, "body"),
+        ({"x": 1}, "body.x"),
+    ],
+)
+def test_fleet_update_wrong_types(client: TestClient, body: dict, field: str) -> None:
+    error = envelope(client.put("/api/v1/fleet", json=body), 422)
+    assert error["details"]["errors"][0]["field"] == field
+
+
+def test_body_that_is_not_utf8_is_400_in_the_envelope(client: TestClient) -> None:
+    response = client.post(
+        "/api/v1/games", content=b'{"name": "\xff\xfe"}', headers={"Content-Type": "application/json"}
+    )
+    assert envelope(response, 400)["code"] == "bad_request"
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("since=yesterday", "query.since"),
+        ("before=0", "query.before"),
+        ("limit=1e9", "query.limit"),
+        ("kind=" + "k" * 33, "query.kind"),
+    ],
+)
+def test_wrong_query_types_name_the_field(client: TestClient, query: str, field: str) -> None:
+    error = envelope(client.get(f"/api/v1/events?{query}"), 422)
+    assert error["details"]["errors"][0]["field"] == field
+
+
+@pytest.mark.parametrize(
+    "env_id", ["CartPole-v1\x00", "../../etc/passwd", "Cärtpole-v1", "x" * 128, "CartPole-v1; touch pwned"]
+)
+def test_unknown_env_ids_are_422(client: TestClient, env_id: str) -> None:
+    error = envelope(client.post("/api/v1/games", json=GAME | {"env_id": env_id}), 422)
+    assert error["details"]["errors"][0]["field"] in ("env_id", "body.env_id")
+
+
+# -- config and database files at start -------------------------------------------------------
+
+
+def write_config(tmp_path: Path, extra: str) -> DaemonConfig:
+    config = DaemonConfig(tmp_path)
+    config.write()
+    config.path.write_text(config.path.read_text() + extra)
+    config.set_boot_id("boot-aaaa")
+    return config
+
+
+BAD_CONFIG = """
+[[games]]
+name = "../pong"
+env_id = "CartPole-v1"
+
+[[games]]
+name = "pong"
+env_id = 7
+priority = "high"
+
+[supervisor]
+startretries = -1
+
+[database]
+busy_timeout_ms = "soon"
+
+[retention]
+events_days = "forever"
+"""
+
+
+@pytest.mark.e2e
+def test_config_with_wrong_types_exits_78_naming_key_value_reason(tmp_path: Path) -> None:
+    """Every problem at once, each as `key = value: reason`; nothing created."""
+    config = write_config(tmp_path, BAD_CONFIG)
+    result = fleetd_cli(config, "serve", timeout=60)
+    assert result.returncode == 78, result.stderr
+    for expected in [
+        "games.0.name = '../pong': String should match pattern",
+        "games.1.env_id = 7: Input should be a valid string",
+        "games.1.priority = 'high': Input should be a valid integer",
+        "supervisor.startretries = -1: Input should be greater than or equal to 0",
+        "database.busy_timeout_ms = 'soon': Input should be a valid integer",
+        "retention.events_days = 'forever': Input should be a valid number",
+    ]:
+        assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not config.state_dir.exists()
+
+
+@pytest.mark.e2e
+def test_corrupted_database_at_start_is_refused_and_left_alone(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "")
+    config.state_dir.mkdir()
+    garbage = b"SQLite format 3\x00" + bytes(range(256)) * 64  # a valid header, then nonsense
+    db_path = config.state_dir / "fleetd.db"
+    db_path.write_bytes(garbage)
+    result = fleetd_cli(config, "serve", timeout=60)
+    assert result.returncode == 78, result.stderr
+    assert f"cannot read the database {db_path}" in result.stderr and "fleetd changed nothing" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert db_path.read_bytes() == garbage
+    assert sorted(p.name for p in config.state_dir.iterdir()) == ["fleetd.db"]  # no -wal, no token
+
+
+@pytest.mark.e2e
+def test_database_corrupt_past_its_schema_pages_is_refused_and_left_alone(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "")
+    db_path = config.state_dir / "fleetd.db"
+    ensure_schema(db_path, "fleetd db upgrade")
+    data = bytearray(db_path.read_bytes())
+    data[-4096:] = bytes((7 * i) & 0xFF for i in range(4096))  # the last page only
+    db_path.write_bytes(bytes(data))
+    digest = hashlib.sha256(data).hexdigest()
+    result = fleetd_cli(config, "serve", timeout=60)
+    assert hashlib.sha256(db_path.read_bytes()).hexdigest() == digest
+    assert result.returncode == 78, result.stderr
+    assert f"cannot read the database {db_path}" in result.stderr and "fleetd changed nothing" in result.stderr
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+
+def test_token_is_compared_in_constant_time(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = inspect.getsource(auth.require_token)
+    assert "hmac.compare_digest(" in source and "== context.token" not in source
+    compared: list[tuple[bytes, bytes]] = []
+    real = auth.hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    assert client.get("/api/v1/uptime", headers={"Authorization": "Bearer " + "c" * 32}).status_code == 401
+    assert client.get("/api/v1/uptime").status_code == 200
+    assert compared == [(b"c" * 32, TOKEN.encode()), (TOKEN.encode(), TOKEN.encode())]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One real daemon at DEBUG (every access line logged) for the over-the-wire checks."""
+    config = DaemonConfig(tmp_path_factory.mktemp("abuse"))
+    config.write()
+    config.path.write_text('log_level = "DEBUG"\n' + config.path.read_text())
+    config.set_boot_id("boot-aaaa")
+    started = Daemon(config)
+    try:
+        started.wait_healthy()
+        yield started
+    finally:
+        started.ensure_stopped()
+
+
+@pytest.mark.e2e
+def test_no_token_in_the_log(daemon: Daemon) -> None:
+    token, wrong = daemon.config.token(), "wrong-" + "z" * 40
+    assert daemon.get("/api/v1/games").status_code == 200
+    assert daemon.get("/api/v1/games", token=wrong).status_code == 401
+    assert daemon.get("/api/v1/nothing", token=wrong).status_code == 404  # routing comes first
+    assert (
+        httpx.get(daemon.config.url + "/api/v1/games", headers={"Authorization": wrong}, timeout=10).status_code == 401
+    )
+    assert (
+        httpx.get(daemon.config.url + "/healthz", headers={"Authorization": f"Bearer {wrong}"}, timeout=10).status_code
+        == 200
+    )
+    deadline = time.monotonic() + 10
+    while 'GET /api/v1/games HTTP/1.1" 401' not in daemon.log():  # DEBUG logs each request
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.1)
+    logs = [daemon.log(), *(p.read_text(errors="replace") for p in daemon.config.state_dir.rglob("*.log"))]
+    for text in logs:
+        assert token not in text and wrong not in text
+
+
+# -- workers start without a shell --------------------------------------------------------------
+
+ARGV_ECHO = "import json, sys\nprint(json.dumps(sys.argv[1:]))\n"
+
+
+@pytest.mark.parametrize("name", ["pong;touch pwned", "$(touch pwned)", "pong`id`", "pong|cat", "pong&&id", "a b"])
+def test_shell_metacharacters_cannot_reach_a_game_name(client: TestClient, name: str) -> None:
+    error = envelope(client.post("/api/v1/games", json=GAME | {"name": name}), 422)
+    assert error["details"]["errors"][0]["field"] == "body.name"
+
+
+def test_launcher_spawns_an_argv_list_without_a_shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec path with spaces and shell syntax arrives as one argument, and nothing runs it."""
+    source = inspect.getsource(launcher_module)
+    assert "os.posix_spawn(" in source
+    assert not any(word in source for word in ("subprocess", "shell=True", "os.system", "os.popen"))
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "argv_echo.py").write_text(ARGV_ECHO)
+    monkeypatch.setenv("PYTHONPATH", str(modules))
+    monkeypatch.chdir(tmp_path)
+    spawned: list[tuple[str, list[str]]] = []
+    real_spawn = os.posix_spawn
+
+    def spy(path: str, argv: list[str], *args, **kwargs) -> int:
+        spawned.append((path, list(argv)))
+        return real_spawn(path, argv, *args, **kwargs)
+
+    monkeypatch.setattr(launcher_module.os, "posix_spawn", spy)
+    game_dir = tmp_path / "games" / "my game; $(touch pwned) `touch pwned2` | cat"
+    result = OsLauncher(module="argv_echo").spawn(Launch("pong", game_dir, {"game": "pong"}), run_id=1)
+    _, status = os.waitpid(result.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    spec_path = game_dir / "logs" / "run-000001.spec.json"
+    assert spawned == [(sys.executable, [sys.executable, "-m", "argv_echo", "--spec", str(spec_path)])]
+    assert json.loads(Path(result.log_path).read_text()) == ["--spec", str(spec_path)]
+    assert json.loads(spec_path.read_text())["run_id"] == 1
+    assert not list(tmp_path.rglob("pwned*"))
