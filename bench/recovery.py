@@ -19,7 +19,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import statistics
 import sys
 import time
@@ -34,8 +33,8 @@ from tests.daemon_harness import (  # noqa: E402 - after the path set-up above
     Daemon,
     DaemonConfig,
     kill_leftover_workers,
+    power_cut,
     short_tmp_dir,
-    worker_processes,
 )
 
 POLL_S = 0.05
@@ -105,14 +104,6 @@ def train_until_checkpointed(daemon: Daemon, names: list[str], interval_s: float
         steps = daemon.game(name)["steps"]
         cut[name] = AtCut(steps, (steps - s0) / (time.monotonic() - t0))
     return cut
-
-
-def power_cut(daemon: Daemon, config: DaemonConfig) -> None:
-    groups = [p.pid for p in worker_processes(config)]
-    daemon.process.send_signal(signal.SIGKILL)
-    for pgid in groups:
-        os.killpg(pgid, signal.SIGKILL)
-    daemon.process.wait(10)
 
 
 def recover(config: DaemonConfig, names: list[str]) -> tuple[Daemon, float, float]:

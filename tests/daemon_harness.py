@@ -228,3 +228,12 @@ def add_and_wait_running(daemon: Daemon, body: dict) -> dict:
     response = daemon.post("/api/v1/games", body)
     assert response.status_code == 201, response.text
     return daemon.wait_for_game(body["name"], lambda g: g["state"] == "running" and g["steps"] > 0, WORKER_START_S, "training")
+
+
+def power_cut(daemon: Daemon, config: DaemonConfig) -> None:
+    """The daemon and every worker of this config die in the same instant, as in a power cut."""
+    groups = [p.pid for p in worker_processes(config)]
+    daemon.process.send_signal(signal.SIGKILL)
+    for pgid in groups:
+        os.killpg(pgid, signal.SIGKILL)
+    daemon.process.wait(10)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 
 import pytest
 
@@ -14,21 +12,12 @@ from tests.daemon_harness import (
     add_and_wait_running,
     cartpole,
     fleetd_cli,
+    power_cut,
     start_daemon,
     wait_for_run,
-    worker_processes,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def power_cut(daemon: Daemon, config: DaemonConfig) -> None:
-    """Everything dies in the same instant, as when the host loses power."""
-    pids = [p.pid for p in worker_processes(config)]
-    daemon.process.send_signal(signal.SIGKILL)
-    for pid in pids:
-        os.killpg(pid, signal.SIGKILL)
-    daemon.process.wait(10)
 
 
 def test_power_cut_and_reboot_recover_every_game(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
