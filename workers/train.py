@@ -72,7 +72,22 @@ def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) ->
     model = found.restored.model
     restore_rng(found.restored.rng, model)
     model.tensorboard_log = tensorboard_dir(spec)
+    apply_batch_size(model, plan)
     return model
+
+
+def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
+    """The plan's batch size holds on resume too: a tier change restarts games from their
+    checkpoints expecting its settings. SB3 reads `batch_size` at every update (A2C has none);
+    PPO's minibatch stays within its rollout, as for a new model."""
+    if not hasattr(model, "batch_size"):
+        return
+    batch = plan.batch_size
+    if hasattr(model, "n_steps"):
+        batch = min(batch, model.n_steps * model.n_envs)
+    if batch != model.batch_size:
+        log.info("batch_size %d -> %d (this run's plan)", model.batch_size, batch)
+        model.batch_size = batch
 
 
 def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:

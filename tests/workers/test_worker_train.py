@@ -181,3 +181,23 @@ def test_resume_continues_counting_and_completes_immediately_when_done(trained, 
     resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
     assert resumed.steps == 512 and resumed.skipped == ()
     assert checkpoint.list_checkpoints(spec.checkpoint_dir)[0].steps == 512
+
+
+def test_a_resumed_model_takes_this_runs_batch_size():
+    """A tier change restarts games from their checkpoints with the new tier's batch size."""
+    from stable_baselines3 import A2C, PPO
+    from stable_baselines3.common.env_util import make_vec_env as sb3_vec_env
+
+    from workers.hyperparams import DeviceInfo, Plan
+    from workers.train import apply_batch_size
+
+    env = sb3_vec_env("CartPole-v1", n_envs=2)
+    ppo = PPO("MlpPolicy", env, n_steps=64, batch_size=32, policy_kwargs={"net_arch": [8]}, device="cpu")
+    apply_batch_size(ppo, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))
+    assert ppo.batch_size == 64
+    apply_batch_size(ppo, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=1024))
+    assert ppo.batch_size == 128  # capped at n_steps x n_envs, as for a new model
+    a2c = A2C("MlpPolicy", env, policy_kwargs={"net_arch": [8]}, device="cpu")
+    apply_batch_size(a2c, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))  # no batch: no-op
+    assert not hasattr(a2c, "batch_size")
+    env.close()
