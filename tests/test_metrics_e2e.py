@@ -24,7 +24,8 @@ def test_promtool_accepts_the_metrics_and_status_shows_projections(
     daemon = start_daemon(fleet_config, fleet_daemons)
     body = cartpole() | {"target_episodes": 1_000_000}
     assert daemon.post("/api/v1/games", body).status_code == 201
-    daemon.wait_for_game("cart", lambda g: g["state"] == "running" and g["episodes"] > 0, WORKER_START_S, "training")
+    # An ETA needs a rate: the worker's episodes/hour is 0 in its first seconds.
+    daemon.wait_for_game("cart", lambda g: g["state"] == "running" and g["episodes_per_hour"], WORKER_START_S, "training")
 
     text = httpx.get(fleet_config.url + "/metrics", timeout=10).text
     assert 'fleetd_game_steps_total{game="cart"}' in text
