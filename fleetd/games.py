@@ -19,6 +19,12 @@ from workers.protocol import PROTOCOL_VERSION, RunSpec, SpecError
 REMOVABLE_STATES = frozenset({"stopped", "exited", "fatal"})
 
 
+def shown_state(game: GameRecord) -> str:
+    """The state people see: `pending` when it should run and waits for the governor."""
+    waiting = game.desired == "running" and game.admitted_at is None and game.state == "stopped"
+    return "pending" if waiting else game.state
+
+
 def check_draft(draft: GameDraft, catalog: EnvCatalog, field_prefix: str = "") -> None:
     """The checks a type cannot express: the env id exists; the worker accepts the hyperparams."""
     catalog.check(draft.env_id, f"{field_prefix}env_id")

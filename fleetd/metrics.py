@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from fleetd.games import shown_state
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord
 from fleetd.supervision.states import State
@@ -41,8 +42,6 @@ def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricF
 
 
 def game_metrics(games: list[GameRecord], now: datetime) -> Iterator[Metric]:
-    from fleetd.api.routes.games import shown_state  # the state people see, pending included
-
     state = _gauge("fleetd_game_state", "1 for the game's current state", ["game", "state"])
     steps = CounterMetricFamily("fleetd_game_steps", "Environment steps trained", labels=["game"])
     episodes = CounterMetricFamily("fleetd_game_episodes", "Whole episodes played", labels=["game"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -58,7 +57,3 @@ def read_newest_verified(session: Session, game_id: int) -> CheckpointRecord | N
     row = session.scalars(query).first()
     return None if row is None else checkpoint_record(row)
 
-
-def newest_checkpoint_time(session: Session, game_id: int) -> datetime | None:
-    query = select(Checkpoint.created_at).where(Checkpoint.game_id == game_id).order_by(Checkpoint.steps.desc())
-    return session.scalars(query.limit(1)).first()

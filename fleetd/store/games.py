@@ -85,9 +85,6 @@ def read_game(session: Session, name: str) -> GameRecord:
     return _record(session, _row(session, name))
 
 
-def find_game(session: Session, name: str) -> GameRecord | None:
-    row = session.scalars(select(Game).where(Game.name == name)).first()
-    return None if row is None else _record(session, row)
 
 
 def read_games(session: Session) -> list[GameRecord]:
@@ -95,8 +92,6 @@ def read_games(session: Session) -> list[GameRecord]:
     return [_record(session, row) for row in rows]
 
 
-def count_games(session: Session) -> int:
-    return len(session.scalars(select(Game.id)).all())
 
 
 def update_game_desired(session: Session, name: str, desired: str, now: datetime) -> GameRecord:

@@ -15,7 +15,7 @@ from fleetd.api.schemas import (
     SettingsOut,
 )
 from fleetd.governor.scaling import Scaled
-from fleetd.games import add_game, remove_game, set_desired
+from fleetd.games import add_game, remove_game, set_desired, shown_state
 from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
@@ -46,12 +46,6 @@ def game_out(game: GameRecord, scaled: Scaled | None = None) -> GameOut:
         settings=game_settings(game, scaled) if scaled else None,
     )
     return GameOut(**fields)
-
-
-def shown_state(game: GameRecord) -> str:
-    """`pending`: it should run, and waits for the governor to admit it."""
-    waiting = game.desired == "running" and game.admitted_at is None and game.state == "stopped"
-    return "pending" if waiting else game.state
 
 
 def game_settings(game: GameRecord, scaled: Scaled) -> SettingsOut:

@@ -6,8 +6,8 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.routes.games import shown_state
 from fleetd.api.schemas import FleetProjectionOut, GameProjectionOut, GoalOut, ProjectionOut, RebootCostOut
+from fleetd.games import shown_state
 from fleetd.projection import (
     RATE_WINDOW,
     RUNNING_STATES,
