@@ -29,7 +29,7 @@ from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision.adoption import OsProcessProbe
 from fleetd.supervision.launcher import OsLauncher
-from fleetd.supervision.reactor import Reactor
+from fleetd.supervision.reactor import OsReactor
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
@@ -170,7 +170,7 @@ class Daemon:
 
     def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
         try:
-            reactor = Reactor(self.settings.progress_socket)
+            reactor = OsReactor(self.settings.progress_socket)
         except OSError as exc:
             raise StartupError(f"cannot open the progress socket: {exc}") from None
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
@@ -191,7 +191,7 @@ class Daemon:
             thread.start_and_wait_ready()
             # Schema verified, boot recorded, every game reconciled: tell systemd.
             self.notifier.ready(supervisor.summary())
-            self._serve(db, start, token, sock, supervisor, fleet)
+            self._serve(db, start, token, sock, supervisor)
         finally:
             grace = self.settings.supervisor.stopwaitsecs + 15
             thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
@@ -204,10 +204,9 @@ class Daemon:
         token: str,
         sock: socket.socket,
         supervisor: Supervisor,
-        fleet: FleetController,
     ) -> None:
         info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at)
-        context = AppContext(self.settings, db, self.clock, token, info, self.catalog, supervisor, fleet)
+        context = AppContext(self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry)
         scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor))
         server = uvicorn.Server(uvicorn.Config(create_app(context), log_config=None, lifespan="off"))
         self.stop.server = server

@@ -9,20 +9,24 @@ from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.states import REMOVABLE, Desired, Shown, State, shown
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.records import GameDraft, GameRecord
 from workers.protocol import PROTOCOL_VERSION, RunSpec, SpecError
 
-# A game may be removed only when no worker can be alive for it.
-REMOVABLE_STATES = frozenset({"stopped", "exited", "fatal"})
-
-
-def shown_state(game: GameRecord) -> str:
+def shown_state(game: GameRecord) -> Shown:
     """The state people see: `pending` when it should run and waits for the governor."""
-    waiting = game.desired == "running" and game.admitted_at is None and game.state == "stopped"
-    return "pending" if waiting else game.state
+    return shown(Desired(game.desired), State(game.state), game.admitted_at is not None)
+
+
+def shown_reason(game: GameRecord, snapshot: FleetSnapshot | None) -> str | None:
+    """Why it is in that state: for a pending game, what the governor waits for."""
+    if shown_state(game) is Shown.PENDING and snapshot is not None:
+        return f"waiting for the governor: {snapshot.governor.waiting_reason}"
+    return game.state_reason
 
 
 def check_draft(draft: GameDraft, catalog: EnvCatalog, field_prefix: str = "") -> None:
@@ -55,7 +59,7 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog) 
     return game
 
 
-def set_desired(db: Database, clock: Clock, name: str, desired: str) -> GameRecord:
+def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> GameRecord:
     now = clock.now()
     with db.transaction() as session:
         game = game_store.update_game_desired(session, name, desired, now)
@@ -67,7 +71,7 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     now = clock.now()
     with db.transaction() as session:
         game = game_store.read_game(session, name)
-        if game.state not in REMOVABLE_STATES or game.current_run is not None:
+        if game.state not in REMOVABLE or game.current_run is not None:
             raise FleetdError(
                 ErrorCode.CONFLICT,
                 f"game {name!r} is {game.state}: stop it first (fleetd games stop {name})",

@@ -16,10 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from fleetd.games import shown_state
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord
-from fleetd.supervision.states import State
+from fleetd.governor.snapshot import GovernorView
+from fleetd.states import Shown
 from fleetd.uptime import uptime_report
 
-GAME_STATES = [state.value for state in State] + ["pending"]
+GAME_STATES = list(Shown)
 
 
 class FleetCollector:
@@ -32,9 +33,10 @@ class FleetCollector:
             games = read_games(session)
         yield from game_metrics(games, now)
         yield from uptime_metrics(self.context, now)
-        if self.context.fleet is not None:
-            yield from fleet_metrics(self.context.fleet)
-            yield from gpu_metrics(self.context.fleet.telemetry.latest if self.context.fleet.telemetry else None)
+        if self.context.snapshot is not None:
+            yield from fleet_metrics(self.context.snapshot.governor)
+        telemetry = self.context.telemetry
+        yield from gpu_metrics(telemetry.latest if telemetry is not None else None)
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -84,14 +86,13 @@ def uptime_metrics(context: Any, now: datetime) -> Iterator[Metric]:
     yield availability
 
 
-def fleet_metrics(fleet: Any) -> Iterator[Metric]:
-    state, view = fleet.governor.state, fleet.view()
+def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:
     tier = _gauge("fleetd_fleet_tier", "1 for the tier in force", ["tier", "mode"])
-    tier.add_metric([state.tier, "auto" if state.auto else "manual"], 1.0)
+    tier.add_metric([governor.tier, governor.mode], 1.0)
     yield tier
-    yield GaugeMetricFamily("fleetd_fleet_allowed_games", "Games the governor allows now", value=fleet.governor.allowed())
-    yield GaugeMetricFamily("fleetd_fleet_admitted_games", "Games admitted", value=len(view.admitted))
-    yield GaugeMetricFamily("fleetd_fleet_pending_games", "Games waiting for admission", value=len(view.pending))
+    yield GaugeMetricFamily("fleetd_fleet_allowed_games", "Games the governor allows now", value=governor.allowed)
+    yield GaugeMetricFamily("fleetd_fleet_admitted_games", "Games admitted", value=len(governor.admitted))
+    yield GaugeMetricFamily("fleetd_fleet_pending_games", "Games waiting for admission", value=len(governor.pending))
 
 
 def gpu_metrics(snapshot: Any) -> Iterator[Metric]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from fleetd.states import TRAINING
 from fleetd.store.records import GameRecord
 
 RATE_WINDOW = timedelta(hours=1)
-RUNNING_STATES = frozenset({"starting", "running"})
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def project_game(
     eta = None
     if goal is not None and goal.remaining == 0:
         eta = 0.0
-    elif goal is not None and rate_per_hour and game.state in RUNNING_STATES:
+    elif goal is not None and rate_per_hour and game.state in TRAINING:
         eta = goal.remaining / rate_per_hour
     share = price_per_hour / running_games if running_games else 0.0
     return GameProjection(

@@ -16,7 +16,10 @@ import pytest
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
-from fleetd.governor.controller import FleetController
+from fleetd.governor.controller import FleetController, GameSlot
+from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.states import Desired, State, shown
+from fleetd.store.games import read_games
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
 from fleetd.uptime import record_daemon_start
@@ -26,11 +29,25 @@ CATALOG = EnvCatalog()  # the real registries, listed once per test session
 
 
 class RecordingSupervisor:
-    def __init__(self) -> None:
+    """Records the commands; shows the snapshot a supervisor would publish, from a real governor
+    over the store's games (with no supervisor thread here, every process is as the store says)."""
+
+    def __init__(self, fleet: FleetController | None = None) -> None:
         self.commands: list[str] = []
+        self.fleet = fleet
 
     def submit(self, command: object) -> None:
         self.commands.append(type(command).__name__)
+
+    @property
+    def snapshot(self) -> FleetSnapshot | None:
+        if self.fleet is None:
+            return None
+        with self.fleet.db.transaction() as session:
+            games = read_games(session)
+        slots = [GameSlot(g.name, Desired(g.desired), g.priority, g.created_at, State(g.state)) for g in games]
+        shown_states = {s.name: shown(s.desired, s.state, self.fleet.admitted(s.name)) for s in slots}
+        return FleetSnapshot(self.fleet.clock.now(), self.fleet.governor_view(slots), shown_states)
 
 
 def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, token: str) -> AppContext:
@@ -38,7 +55,7 @@ def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHo
     start = record_daemon_start(db, host.current_boot(), clock.now())
     info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
     fleet = FleetController(settings.fleet, db, clock, telemetry=None)
-    return AppContext(settings, db, clock, token, info, CATALOG, RecordingSupervisor(), fleet)
+    return AppContext(settings, db, clock, token, info, CATALOG, RecordingSupervisor(fleet))
 
 
 @contextmanager

@@ -1,22 +1,27 @@
-"""A fake launcher and a recording sink for deterministic supervision tests."""
+"""A fake launcher, a fake reactor and a recording sink for deterministic supervision tests."""
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
 
-from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Spawned
-from fleetd.supervision.states import State
+from fleetd.states import State
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Reported, Spawned
+from tests.fakes import FakeClock
+from workers.protocol import Report
 
 
 @dataclass
 class FakeLauncher:
     next_pid: int = 1000
     fail_spawns: int = 0  # the next N spawns raise LaunchError
+    fail_games: set[str] = field(default_factory=set)  # every spawn for these games raises
     spawned: list[tuple[str, int, int]] = field(default_factory=list)  # (game, run_id, pid)
     signals: list[tuple[int, str]] = field(default_factory=list)  # (pid, signal name)
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        if launch.game in self.fail_games:
+            raise LaunchError("python: no such file")
         if self.fail_spawns:
             self.fail_spawns -= 1
             raise LaunchError("python: no such file")
@@ -58,3 +63,42 @@ class RecordingSink:
 
     def causes(self) -> list[str]:
         return [run.get("cause", "-") for run in self.runs.values()]
+
+
+@dataclass
+class FakeReactor:
+    """What the OS would tell the supervisor loop, told by the test instead. A wait with nothing
+    queued lets its timeout pass on the fake clock, as a real wait would."""
+
+    clock: FakeClock
+    gone: set[int] = field(default_factory=set)  # pids that are dead before they are watched
+    watched: dict[int, bool] = field(default_factory=dict)  # pid -> our own child
+    queued: list[Happening] = field(default_factory=list)
+    wakes: int = 0
+
+    def watch(self, pid: int, own_child: bool) -> bool:
+        if pid in self.gone:
+            return False
+        self.watched[pid] = own_child
+        return True
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def wait(self, timeout: float | None) -> list[Happening]:
+        if not self.queued:
+            self.clock.advance(timeout or 0.0)
+            return []
+        happenings, self.queued = self.queued, []
+        return happenings
+
+    def close(self) -> None:
+        self.watched.clear()
+
+    def exit(self, pid: int, code: int | None = 0, sig: int | None = None) -> None:
+        """The process ended (exit code, or killed by `sig`)."""
+        self.watched.pop(pid, None)
+        self.queued.append(Exited(pid, ExitStatus(None if sig else code, sig)))
+
+    def report(self, report: Report) -> None:
+        self.queued.append(Reported(report))

@@ -30,6 +30,8 @@ def client(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, submitted: list
 ) -> Iterator[TestClient]:
     class RecordingSupervisor:
+        snapshot = None  # no governor here: games show no tier settings
+
         def submit(self, command: object) -> None:
             submitted.append(type(command).__name__)
 

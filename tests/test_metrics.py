@@ -14,6 +14,7 @@ from fleetd.store.engine import Database
 from fleetd.store.games import create_game, update_game_state, update_games_progress
 from fleetd.store.records import GameDraft, ProgressSnapshot
 from fleetd.uptime import record_daemon_start
+from tests.api_context import RecordingSupervisor
 from tests.fakes import FakeClock, FakeHost
 
 
@@ -26,7 +27,7 @@ def scrape(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -
     clock.advance(60)
     fleet = FleetController(settings.fleet, db, clock, telemetry=None)
     info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
-    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), None, fleet)
+    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), RecordingSupervisor(fleet))
     response = TestClient(create_app(context)).get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     return {family.name: family for family in text_string_to_metric_families(response.text)}

@@ -10,7 +10,8 @@ import pytest
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.seams import ExitStatus, Launch
-from fleetd.supervision.states import TRANSITIONS, State, TransitionError, check_transition
+from fleetd.states import State
+from fleetd.supervision.states import TRANSITIONS, TransitionError, check_transition
 from tests.fakes import FakeClock
 from tests.supervision_fakes import FakeLauncher, RecordingSink
 

@@ -10,8 +10,8 @@ from fastapi import Request
 
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
-from fleetd.governor.controller import FleetController
 from fleetd.config import Settings
+from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.store.engine import Database
 
 
@@ -22,9 +22,18 @@ class DaemonInfo:
 
 
 class SupervisorPort(Protocol):
-    """What the API may ask of the supervisor: it only ever submits commands."""
+    """What the API may ask of the supervisor thread: take a command, and show the fleet
+    snapshot it published last. The API never calls into the governor or the processes."""
 
     def submit(self, command: Any) -> None: ...
+
+    @property
+    def snapshot(self) -> FleetSnapshot | None: ...
+
+
+class TelemetrySource(Protocol):
+    @property
+    def latest(self) -> Any: ...  # fleetd.telemetry.Snapshot | None, itself published whole
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,11 @@ class AppContext:
     daemon: DaemonInfo
     catalog: EnvCatalog
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
-    fleet: FleetController | None = None
+    telemetry: TelemetrySource | None = None
+
+    @property
+    def snapshot(self) -> FleetSnapshot | None:
+        return None if self.supervisor is None else self.supervisor.snapshot
 
 
 def get_context(request: Request) -> AppContext:

@@ -10,10 +10,11 @@ import typer
 
 from fleetd.cli import render
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
+from fleetd.states import Desired, Shown
 
 games_app = typer.Typer(help="Add, stop, start, remove and list games.", no_args_is_help=True)
 
-SETTLED = {"stopped", "exited", "fatal"}
+SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
 
 
 def parse_hyperparams(pairs: list[str]) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def add(
         "priority": priority,
         "checkpoint_interval_s": checkpoint_interval,
         "hyperparams": parse_hyperparams(hp or []),
-        "desired": "stopped" if stopped else "running",
+        "desired": Desired.STOPPED if stopped else Desired.RUNNING,
     }
     game = call(config, lambda client: client.post("/api/v1/games", body))
     _show(game, json_out, f"added {name}")
@@ -103,7 +104,7 @@ def remove(
     typer.echo(f"removed {name}" + ("" if purge else " (files kept)"))
 
 
-def _wait_for(config: Any, name: str, states: set[str], timeout: float, what: str) -> dict[str, Any]:
+def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: str) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     with render.console.status(f"{name}: {what}...") as spinner:
         while True:

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fleetd.states import Desired, Shown
 from fleetd.uptime import format_duration
 
 # Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
@@ -80,7 +81,12 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     return table
 
 
-STATE_STYLE = {"running": "green", "starting": "cyan", "backoff": "yellow", "stopping": "yellow", "fatal": "bold red"}
+STATE_STYLE = {
+    Shown.RUNNING: "green", Shown.STARTING: "cyan", Shown.PENDING: "blue", Shown.BACKOFF: "yellow",
+    Shown.STOPPING: "yellow", Shown.FATAL: "bold red",
+}  # fmt: skip
+# The states whose reason the table's caption spells out (why pending: the fleet table's "waiting").
+EXPLAINED = (Shown.FATAL, Shown.BACKOFF)
 
 
 def number(value: float | None, digits: int = 1) -> str:
@@ -92,7 +98,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
     for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "ckpt", "restarts"):
         table.add_column(column, justify="right" if column in {"pid", "steps", "episodes", "eps/h", "restarts"} else "left")
     for game in games:
-        state = game["state"] + ("" if game["desired"] == "running" else " (stop)")
+        state = game["state"] + ("" if game["desired"] == Desired.RUNNING else " (stop)")
         checkpoint = game["last_checkpoint"]
         table.add_row(
             game["name"],
@@ -108,7 +114,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
             f"{checkpoint['steps']:,}" if checkpoint else "-",
             str(game["restarts"]),
         )
-    reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in ("fatal", "backoff") and g["state_reason"]]
+    reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in EXPLAINED and g["state_reason"]]
     if reasons:
         table.caption = "\n".join(reasons)
     return table

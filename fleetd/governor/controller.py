@@ -1,12 +1,15 @@
 """The governor in the daemon: its state in the store, its view of the games, its decisions applied.
 
-Runs on the supervisor's thread only. The operator's requested tier is read from the store
-(the API writes it); everything else is the governor's own.
+Runs on the supervisor's thread only; other threads read the snapshot that thread publishes.
+What the governor knows of each game's process is derived afresh at every step from the
+supervisor's live process table (a `GameSlot` list), never kept as a copy that could drift.
+Which games hold a slot (`admitted`) is the governor's own state, persisted in the store.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -16,6 +19,8 @@ from fleetd.clock import Clock
 from fleetd.config import FleetSettings
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
+from fleetd.governor.snapshot import GovernorView
+from fleetd.states import Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -23,8 +28,6 @@ from fleetd.store.records import FleetRecord
 
 log = logging.getLogger(__name__)
 
-# Games in these states want no slot: they ended, or gave up.
-DONE_STATES = frozenset({"exited", "fatal"})
 _SEVERITY = {"backoff": "warning", "evict": "warning"}
 
 
@@ -34,20 +37,19 @@ class TelemetrySource(Protocol):
         ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class GameSlot:
-    """What the governor needs of a game."""
+    """What the governor needs of a game, derived from the store's game and its live process."""
 
     name: str
-    desired: str
+    desired: Desired
     priority: int
     created_at: datetime
-    admitted_at: datetime | None
-    state: str
+    state: State
 
     @property
     def wants_slot(self) -> bool:
-        return self.desired == "running" and self.state not in DONE_STATES
+        return wants_slot(self.desired, self.state)
 
 
 class FleetController:
@@ -61,7 +63,8 @@ class FleetController:
     ) -> None:
         self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
         self.governor = self._load()
-        self.slots: dict[str, GameSlot] = {}
+        with self.db.transaction() as session:
+            self._admitted: dict[str, datetime] = fleet_store.read_admissions(session)
         self._known_gpu: GpuMemory | None = None
 
     def _load(self) -> Governor:
@@ -80,54 +83,59 @@ class FleetController:
     # -- what the supervisor asks ------------------------------------------------------------
 
     def admitted(self, name: str) -> bool:
-        slot = self.slots.get(name)
-        return slot is not None and slot.admitted_at is not None
+        return name in self._admitted
+
+    def admitted_count(self) -> int:
+        return len(self._admitted)
 
     def scaled(self) -> Scaled:
         tier = self.governor.state.tier
         return scale(tier, self.settings.tiers[tier], self._gpu(), self.settings.gpu_reference_gib_per_game)
 
-    def view(self) -> FleetView:
-        wanting = [slot for slot in self.slots.values() if slot.wants_slot]
-        admitted = sorted((s for s in wanting if s.admitted_at), key=lambda s: (s.admitted_at, s.name))
-        pending = sorted((s for s in wanting if not s.admitted_at), key=lambda s: (-s.priority, s.created_at, s.name))
+    def view(self, slots: Sequence[GameSlot]) -> FleetView:
+        wanting = [slot for slot in slots if slot.wants_slot]
+        admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
+        pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
         return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), self.pressure())
+
+    def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
+        governor, view, now = self.governor, self.view(slots), self.clock.now()
+        state = governor.state
+        return GovernorView(
+            mode="auto" if state.auto else "manual", requested=state.requested, tier=state.tier,
+            level=state.level, allowed=governor.allowed(), ceiling=state.ceiling,
+            ceiling_until=state.ceiling_until, admitted=view.admitted, pending=view.pending,
+            pressure=view.pressure.reasons, next_scale_up_at=governor.next_scale_up(view),
+            waiting_reason=governor.waiting_reason(now, view), scaled=self.scaled(),
+        )  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------
 
-    def update(self, slots: list[GameSlot]) -> bool:
-        """New facts about the games; release the slots of games that no longer want one."""
-        self.slots = {slot.name: slot for slot in slots}
-        released = [s for s in slots if s.admitted_at is not None and not s.wants_slot]
-        for slot in released:
-            self._set_admitted(slot.name, None)
-        return bool(released)
-
-    def set_state(self, name: str, state: str) -> bool:
-        """A game's process state changed; True if that released its slot."""
-        slot = self.slots.get(name)
-        if slot is None:
-            return False
-        slot.state = state
-        if slot.admitted_at is not None and not slot.wants_slot:
-            self._set_admitted(name, None)
-            return True
-        return False
-
-    def step(self) -> bool:
-        """Take up the operator's request, then the governor's clock. True if admission changed."""
+    def govern(self, slots: Sequence[GameSlot]) -> bool:
+        """Release the slots of games that no longer want one (ended, gave up, stopped, removed),
+        then take up the operator's request and the governor's clock. True if anything changed."""
+        released = self._release(slots)
         now = self.clock.now()
         decisions = self.governor.request(self._requested(), now)
-        decisions += self.governor.tick(now, self.view())
-        return self._apply(decisions)
+        decisions += self.governor.tick(now, self.view(slots))
+        return self._apply(decisions) or released
 
     def instability(self, kind: str, detail: str) -> bool:
-        running = len(self.view().admitted)
-        return self._apply(self.governor.instability(self.clock.now(), kind, detail, running))
+        return self._apply(self.governor.instability(self.clock.now(), kind, detail, len(self._admitted)))
 
     def crashed(self, name: str) -> bool:
-        running = len(self.view().admitted)
-        return self._apply(self.governor.crashed(self.clock.now(), name, running))
+        return self._apply(self.governor.crashed(self.clock.now(), name, len(self._admitted)))
+
+    def _release(self, slots: Sequence[GameSlot]) -> bool:
+        wanting = {slot.name for slot in slots if slot.wants_slot}
+        released = [name for name in self._admitted if name not in wanting]
+        if released:
+            with self.db.transaction() as session:
+                for name in released:
+                    fleet_store.update_game_admitted(session, name, None)
+            for name in released:
+                del self._admitted[name]
+        return bool(released)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -140,7 +148,7 @@ class FleetController:
                 if decision.kind in ("admit", "evict") and decision.game is not None:
                     admitted_at = now if decision.kind == "admit" else None
                     fleet_store.update_game_admitted(session, decision.game, admitted_at)
-                    self.slots[decision.game].admitted_at = admitted_at
+                    self._set_admitted(decision.game, admitted_at)
                 severity = _SEVERITY.get(decision.kind, "info")
                 create_event(session, now, f"fleet_{decision.kind}", decision.message, severity=severity, game=decision.game)
             fleet_store.save_fleet(session, self._record(self.governor.state, now))
@@ -151,9 +159,10 @@ class FleetController:
         return any(d.kind in ("admit", "evict", "tier", "backoff") for d in decisions)
 
     def _set_admitted(self, name: str, admitted_at: datetime | None) -> None:
-        with self.db.transaction() as session:
-            fleet_store.update_game_admitted(session, name, admitted_at)
-        self.slots[name].admitted_at = admitted_at
+        if admitted_at is None:
+            self._admitted.pop(name, None)
+        else:
+            self._admitted[name] = admitted_at
 
     def _requested(self) -> str:
         with self.db.transaction() as session:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Fleet, Game
@@ -48,6 +48,12 @@ def update_fleet_requested(session: Session, requested: str, now: datetime) -> N
 
 
 def update_game_admitted(session: Session, name: str, admitted_at: datetime | None) -> None:
-    row = session.scalars(select(Game).where(Game.name == name)).one()
-    row.admitted_at = admitted_at
+    """A game removed meanwhile has no row to update: nothing to do."""
+    session.execute(update(Game).where(Game.name == name).values(admitted_at=admitted_at))
     session.flush()
+
+
+def read_admissions(session: Session) -> dict[str, datetime]:
+    """The games holding a governor's slot, with when they were admitted."""
+    rows = session.execute(select(Game.name, Game.admitted_at).where(Game.admitted_at.is_not(None)))
+    return {name: admitted_at for name, admitted_at in rows}

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from fleetd.clock import Clock
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Launcher, Sink
-from fleetd.supervision.states import LIVE, State, check_transition
+from fleetd.states import LIVE, State
+from fleetd.supervision.states import check_transition
 from workers.protocol import EXIT_BAD_SPEC, EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED
 
 _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)

@@ -1,4 +1,4 @@
-"""One wait for everything the supervisor reacts to: worker exits, progress datagrams, wake-ups.
+"""The OS side of the Reactor seam: worker exits, progress datagrams and wake-ups in one wait.
 
 Exits are seen through pidfds, at once, for our own children (then reaped for their status)
 and for adopted workers alike (whose status is not ours to read).
@@ -12,12 +12,11 @@ import selectors
 import signal
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from fleetd.supervision.oom import OomCounter
-from fleetd.supervision.seams import ExitStatus
-from workers.protocol import Report, ReportError, decode_report
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Reported
+from workers.protocol import ReportError, decode_report
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +27,7 @@ REPORT_BATCH_S = 0.2
 SUN_PATH_MAX = 107
 
 
-@dataclass(frozen=True)
-class Exited:
-    pid: int
-    status: ExitStatus
-
-
-@dataclass(frozen=True)
-class Reported:
-    report: Report
-
-
-Happening = Exited | Reported
-
-
-class Reactor:
+class OsReactor:
     def __init__(self, progress_socket: Path, oom: OomCounter | None = None) -> None:
         self._selector = selectors.DefaultSelector()
         self._oom = oom or OomCounter()

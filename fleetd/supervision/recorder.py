@@ -21,7 +21,7 @@ from fleetd.store.boots import read_boot
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
 from fleetd.supervision.seams import ExitStatus, Spawned
-from fleetd.supervision.states import State
+from fleetd.states import State
 from workers.protocol import CheckpointSummary, ProgressReport
 
 _SEVERITY = {State.FATAL: "error", State.BACKOFF: "warning"}

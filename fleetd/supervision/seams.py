@@ -1,7 +1,8 @@
 """The seams between supervision logic and the world: launching, signalling, recording.
 
-The state machine sees only these protocols, so tests drive it with a fake clock, a fake
-launcher and a recording sink, deterministically and without sleeping.
+The state machine and the supervisor loop see only these protocols, so tests drive them with a
+fake clock, a fake launcher, a fake reactor and a recording sink, deterministically and without
+sleeping.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleetd.supervision.states import State
+from fleetd.states import State
+from workers.protocol import Report
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,20 @@ class ExitStatus:
         return "exit status unknown"
 
 
+@dataclass(frozen=True)
+class Exited:
+    pid: int
+    status: ExitStatus
+
+
+@dataclass(frozen=True)
+class Reported:
+    report: Report
+
+
+Happening = Exited | Reported
+
+
 class LaunchError(Exception):
     pass
 
@@ -81,3 +97,18 @@ class Sink(Protocol):
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
         """An event that is not a state change (a hang detected, an escalation)."""
+
+
+class Reactor(Protocol):
+    """One wait for everything the supervisor loop reacts to: worker exits, progress reports,
+    wake-ups from other threads."""
+
+    def watch(self, pid: int, own_child: bool) -> bool:
+        """Report this process's exit; False when it is gone already."""
+
+    def wake(self) -> None:
+        """Thread-safe: makes a wait() in progress return."""
+
+    def wait(self, timeout: float | None) -> list[Happening]: ...
+
+    def close(self) -> None: ...

@@ -1,19 +1,11 @@
-"""Worker process states and the only transitions allowed between them. No dependencies."""
+"""The worker state machine's rules: the only transitions allowed between process states.
+
+The states themselves are fleetd's one vocabulary, in `fleetd/states.py`.
+"""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-
-class State(StrEnum):
-    STOPPED = "stopped"  # not running, and not meant to be right now
-    STARTING = "starting"  # spawned; not yet both up for `startsecs` and reporting progress
-    RUNNING = "running"  # up for `startsecs` and training (or adopted after a daemon restart)
-    BACKOFF = "backoff"  # died unexpectedly; waiting out the backoff delay before a restart
-    STOPPING = "stopping"  # stop signal sent to the group; SIGKILL after `stopwaitsecs`
-    EXITED = "exited"  # ended and not restarted: goal reached, or an expected exit
-    FATAL = "fatal"  # given up: a crash loop, or checkpoints unusable; `start` clears it
-
+from fleetd.states import State
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     # RUNNING straight from STOPPED: adopting a live worker after a daemon restart.
@@ -26,9 +18,6 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.EXITED: frozenset({State.STARTING, State.STOPPED}),
     State.FATAL: frozenset({State.STARTING, State.STOPPED}),
 }
-
-# A process may exist in these states; in the others there is none.
-LIVE = frozenset({State.STARTING, State.RUNNING, State.STOPPING})
 
 
 class TransitionError(Exception):

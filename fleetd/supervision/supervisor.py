@@ -1,8 +1,9 @@
 """The supervisor: one thread that owns every worker process and reacts to what happens.
 
-Other threads (the API) never touch the processes: they change the desired state in the store
-and submit a command; the loop reconciles. A game's worker runs when its desired state is
-running and the governor has admitted it. Exits come through pidfds, not signals.
+Other threads (the API) never touch the processes or the governor: they change the desired
+state in the store and submit a command; the loop reconciles, and after each step that changed
+anything it publishes an immutable `FleetSnapshot` that they read. A game's worker runs when
+its desired state is running and the governor has admitted it. Exits come through pidfds.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import json
 import logging
 import queue
 import signal
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.governor.controller import FleetController, GameSlot
+from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
+from fleetd.states import LIVE, Desired, State, shown
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, RunRecord
@@ -26,11 +28,9 @@ from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
-from fleetd.supervision.reactor import Exited, Happening, Reactor, Reported
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import Launch, Launcher, Spawned
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Reactor, Reported, Spawned
 from fleetd.supervision.spec import launch_for
-from fleetd.supervision.states import LIVE, State
 from workers.protocol import CheckpointReport, ProgressReport, ResumedReport
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,31 @@ class WatchingLauncher:
         self._inner.signal_group(pid, sig)
 
 
+class TransitionTap:
+    """The recorder as the processes' sink, noting for the loop that some game's state changed:
+    the governor then looks again in the same step (a game gone FATAL frees its slot at once)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.changed = False
+
+    def begin_run(self, game: str) -> int:
+        return self._recorder.begin_run(game)
+
+    def run_spawned(self, run_id: int, spawned: Spawned) -> None:
+        self._recorder.run_spawned(run_id, spawned)
+
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
+        self._recorder.run_ended(run_id, status, cause)
+
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+        self._recorder.transition(game, old, new, reason, restart)
+        self.changed = True
+
+    def note(self, game: str, kind: str, message: str, severity: str) -> None:
+        self._recorder.note(game, kind, message, severity)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -89,9 +114,11 @@ class Supervisor:
         self.policy = Policy.from_settings(settings.supervisor)
         self._launcher = WatchingLauncher(launcher, reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
+        self._tap = TransitionTap(recorder)
+        self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
-        self._desired: dict[str, str] = {}
+        self._desired: dict[str, Desired] = {}
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._shutdown: Shutdown | None = None
         self._shutdown_deadline = 0.0
@@ -113,13 +140,15 @@ class Supervisor:
     def healthy(self, max_age_s: float) -> bool:
         return self.clock.monotonic() - self.loop_beat <= max_age_s
 
+    @property
+    def snapshot(self) -> FleetSnapshot | None:
+        """The newest published fleet snapshot (None before the first step)."""
+        return self.snapshots.latest
+
     def summary(self) -> str:
-        """One line for systemd's STATUS: how many games, in which states."""
-        states = Counter(proc.state.value for proc in list(self.procs.values()))
-        if not states:
-            return "no games"
-        parts = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
-        return f"{sum(states.values())} games: {parts}; tier {self.fleet.governor.state.tier}"
+        """One line for systemd's STATUS, in the API's words (pending included)."""
+        snapshot = self.snapshots.latest
+        return "starting" if snapshot is None else snapshot.summary()
 
     def worker_pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in list(self.procs.items()) if proc.pid is not None}
@@ -156,8 +185,7 @@ class Supervisor:
         if self._drain_commands() or self.clock.monotonic() >= self._next_due:
             self._tick_all()
         now = self.clock.monotonic()
-        if now - self._governed_at >= GOVERNOR_TICK_S and self._shutdown is None:
-            self._governed_at = now
+        if self._tap.changed or now - self._governed_at >= GOVERNOR_TICK_S:
             self._govern()
         if now - self._flushed_at >= self.settings.supervisor.progress_flush_s:
             self._flushed_at = now
@@ -191,12 +219,11 @@ class Supervisor:
     def _load_games(self) -> None:
         with self.db.transaction() as session:
             games = read_games(session)
-        self._desired = {game.name: game.desired for game in games}
+        self._desired = {game.name: Desired(game.desired) for game in games}
         self._forget_removed()
         for game in games:
             if game.name not in self.procs:
                 self._new_proc(game)
-        self.fleet.update([self._slot(game) for game in games])
         self._games = games
 
     def _settle_stale_states(self) -> None:
@@ -206,20 +233,27 @@ class Supervisor:
         for game in self._games:
             proc = self.procs[game.name]
             if proc.state is State.STOPPED and game.state in LIVE | {State.BACKOFF}:
-                self.recorder.settle(game.name, "stopped", "no live worker after the daemon started")
-                self.fleet.set_state(game.name, proc.state.value)
+                self.recorder.settle(game.name, State.STOPPED, "no live worker after the daemon started")
 
-    def _slot(self, game: GameRecord) -> GameSlot:
-        state = self.procs[game.name].state.value
-        return GameSlot(game.name, game.desired, game.priority, game.created_at, game.admitted_at, state)
+    def _slots(self) -> list[GameSlot]:
+        """What the governor sees, derived now from the live process table."""
+        return [
+            GameSlot(game.name, self._desired[game.name], game.priority, game.created_at, self.procs[game.name].state)
+            for game in self._games
+            if game.name in self.procs and game.name in self._desired
+        ]
 
     def _govern(self) -> None:
-        """The governor's step, then every game's launch settings and desired state applied."""
+        """The governor's step, then every game's launch settings and desired state applied,
+        then the snapshot other threads read."""
+        self._governed_at = self.clock.monotonic()
+        self._tap.changed = False
         if self._shutdown is not None:
+            self._publish()
             return
-        self.fleet.step()
+        self.fleet.govern(self._slots())
         tier_defaults = self.fleet.scaled().tier_defaults()
-        running = len(self.fleet.view().admitted)
+        running = self.fleet.admitted_count()
         for game in self._games:
             proc = self.procs.get(game.name)
             if proc is not None:
@@ -227,17 +261,24 @@ class Supervisor:
         for proc in list(self.procs.values()):
             self._apply_desired(proc)
         self._roll_tier_changes()
+        self._publish()
+
+    def _publish(self) -> None:
+        slots = self._slots()
+        games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
+        snapshot = FleetSnapshot(self.clock.now(), self.fleet.governor_view(slots), games)
+        self.snapshots.publish(snapshot)
 
     def _apply_desired(self, proc: WorkerProcess) -> None:
         if self._shutdown is not None:
             return
         desired = self._desired.get(proc.name)
-        if desired == "running" and self.fleet.admitted(proc.name):
+        if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED:
                 proc.start("admitted: desired state is running")
-        elif desired == "running":
+        elif desired is Desired.RUNNING:
             proc.stop("back to pending: the governor allows fewer games")
-        elif desired == "stopped":
+        elif desired is Desired.STOPPED:
             proc.stop("stop requested")
 
     def _roll_tier_changes(self) -> None:
@@ -256,7 +297,7 @@ class Supervisor:
     # -- processes ---------------------------------------------------------------------------
 
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
-        proc = WorkerProcess(launch_for(game, self.settings, 1, {}), self.policy, self._launcher, self.clock, self.recorder)
+        proc = WorkerProcess(launch_for(game, self.settings, 1, {}), self.policy, self._launcher, self.clock, self._tap)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(State(game.state), game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
@@ -277,7 +318,6 @@ class Supervisor:
         self.recorder.adopted(run.id)
         proc.adopt(run.id, run.pid, None)
         proc.spawned_launch = _launch_of_run(proc.launch, run)
-        self.fleet.set_state(run.game, proc.state.value)
 
     def _forget_removed(self) -> None:
         for name in [n for n, p in self.procs.items() if n not in self._desired and p.state not in LIVE]:
@@ -292,7 +332,6 @@ class Supervisor:
         outcome = proc.on_exit(exited.status)
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
-        self.fleet.set_state(proc.name, proc.state.value)
         if outcome is not None and outcome.cause == "oom":
             self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer")
         elif outcome is not None and outcome.cause in ("crash", "hang"):
@@ -318,34 +357,43 @@ class Supervisor:
     # -- commands and shutdown ------------------------------------------------------------------
 
     def _drain_commands(self) -> bool:
-        """Execute what other threads asked for; True if there was anything."""
-        executed = False
+        """Execute what other threads asked for, all of it at once: however many commands
+        queued up (10,000 adds in a burst), the games are read and governed once, and a stop
+        is never kept waiting behind them. True if there was anything."""
+        commands = self._take_commands()
+        if not commands:
+            return False
+        stop = next((c for c in commands if isinstance(c, Shutdown)), None)
+        if stop is not None:
+            self._begin_shutdown(stop)
+        if self._shutdown is not None:
+            return True
+        starts = [c.name for c in commands if isinstance(c, StartGame)]
+        self._load_games()
+        for name in starts:
+            self._clear_ended(name)
+        self._govern()
+        for name in starts:
+            self._start_waiting(name)
+        return True
+
+    def _take_commands(self) -> list[Command]:
+        commands: list[Command] = []
         while True:
             try:
-                command = self._commands.get_nowait()
+                commands.append(self._commands.get_nowait())
             except queue.Empty:
-                return executed
-            self._execute(command)
-            executed = True
+                return commands
 
-    def _execute(self, command: Command) -> None:
-        if isinstance(command, Shutdown):
-            self._begin_shutdown(command)
-        elif self._shutdown is not None:
-            return
-        elif isinstance(command, Reconcile):
-            self.reconcile()
-        elif isinstance(command, StartGame):
-            self._start_game(command.name)
-
-    def _start_game(self, name: str) -> None:
+    def _clear_ended(self, name: str) -> None:
         """`games start`: clears FATAL/EXITED; the game then waits for admission like any other."""
-        self._load_games()
         proc = self.procs.get(name)
         if proc is not None and proc.state in (State.FATAL, State.EXITED):
             proc.reset("start requested: waiting for admission")
-            self.fleet.set_state(name, proc.state.value)
-        self._govern()
+
+    def _start_waiting(self, name: str) -> None:
+        """`games start` on a game in backoff that holds a slot: no need to wait out the delay."""
+        proc = self.procs.get(name)
         if proc is not None and proc.state is State.BACKOFF and self.fleet.admitted(name):
             proc.start("start requested")
 
@@ -355,6 +403,7 @@ class Supervisor:
         if not command.leave_workers:
             for proc in self.procs.values():
                 proc.stop("fleetd is stopping")
+        self._publish()
 
     def _finished(self) -> bool:
         if self._shutdown is None:

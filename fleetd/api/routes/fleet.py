@@ -6,7 +6,7 @@ from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import BAD_BODY
 from fleetd.api.schemas import FleetOut, FleetUpdate, SettingsOut, TierOut
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.governor.controller import FleetController
+from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.store.events import create_event
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.supervisor import Reconcile
@@ -15,52 +15,55 @@ from fleetd.telemetry import snapshot_json
 router = APIRouter(tags=["fleet"])
 
 
-def _controller(context: AppContext) -> FleetController:
-    if context.fleet is None:
-        raise FleetdError(ErrorCode.BUSY, "the governor is not running yet")
-    return context.fleet
+def _snapshot(context: AppContext) -> FleetSnapshot:
+    snapshot = context.snapshot
+    if snapshot is None:
+        raise FleetdError(ErrorCode.BUSY, "the governor has not taken its first step yet; try again in a second")
+    return snapshot
 
 
-def fleet_out(fleet: FleetController) -> FleetOut:
-    governor, now = fleet.governor, fleet.clock.now()
-    state, view, scaled = governor.state, fleet.view(), fleet.scaled()
-    tiers = {name: TierOut(**tier.model_dump()) for name, tier in fleet.settings.tiers.items()}
+def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | None = None) -> FleetOut:
+    """The published snapshot; `requested` is the operator's newer choice, not yet taken up."""
+    governor = snapshot.governor
+    requested = requested or governor.requested
+    tiers = {name: TierOut(**tier.model_dump()) for name, tier in context.settings.fleet.tiers.items()}
+    scaled = governor.scaled
     return FleetOut(
-        mode="auto" if state.auto else "manual",
-        requested=state.requested,
-        tier=state.tier,
-        level=state.level,
-        allowed=governor.allowed(),
-        ceiling=state.ceiling,
-        ceiling_until=state.ceiling_until,
-        admitted=list(view.admitted),
-        pending=list(view.pending),
-        next_scale_up_at=governor.next_scale_up(view),
-        waiting_reason=governor.waiting_reason(now, view),
+        mode="auto" if requested == "auto" else "manual",
+        requested=requested,
+        tier=governor.tier,
+        level=governor.level,
+        allowed=governor.allowed,
+        ceiling=governor.ceiling,
+        ceiling_until=governor.ceiling_until,
+        admitted=list(governor.admitted),
+        pending=list(governor.pending),
+        next_scale_up_at=governor.next_scale_up_at,
+        waiting_reason=governor.waiting_reason,
         settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason),
         tiers=tiers,
-        telemetry=snapshot_json(fleet.telemetry.latest if fleet.telemetry else None),
+        telemetry=snapshot_json(context.telemetry.latest if context.telemetry else None),
     )
 
 
 @router.get("/fleet", response_model=FleetOut)
 def read_fleet(context: AppContext = Depends(get_context)) -> FleetOut:
     """Tier, mode, admitted and pending games, the next scale-up and why it waits, telemetry."""
-    return fleet_out(_controller(context))
+    return fleet_out(context, _snapshot(context))
 
 
 @router.put("/fleet", response_model=FleetOut, status_code=202, responses=BAD_BODY)
 def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) -> FleetOut:
     """Choose a tier (manual) or auto; the governor takes it up within seconds."""
-    fleet = _controller(context)
-    requested = requested_of(body, fleet.governor.state.tier)
+    snapshot = _snapshot(context)
+    requested = requested_of(body, snapshot.governor.tier)
     now = context.clock.now()
     with context.db.transaction() as session:
         update_fleet_requested(session, requested, now)
         create_event(session, now, "fleet_request", f"tier {requested} requested")
     if context.supervisor is not None:
         context.supervisor.submit(Reconcile())
-    return fleet_out(fleet)
+    return fleet_out(context, snapshot, requested)
 
 
 def requested_of(body: FleetUpdate, current_tier: str) -> str:

@@ -15,12 +15,14 @@ from fleetd.api.schemas import (
     SettingsOut,
 )
 from fleetd.governor.scaling import Scaled
-from fleetd.games import add_game, remove_game, set_desired, shown_state
+from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.games import add_game, remove_game, set_desired, shown_reason, shown_state
 from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import CheckpointRecord, GameDraft, GameRecord, RunRecord
+from fleetd.states import Desired
 from fleetd.supervision.supervisor import Reconcile, StartGame
 
 router = APIRouter(tags=["games"])
@@ -35,11 +37,13 @@ def run_out(record: RunRecord) -> RunOut:
     return RunOut(**{k: getattr(record, k) for k in RunOut.model_fields})
 
 
-def game_out(game: GameRecord, scaled: Scaled | None = None) -> GameOut:
+def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None) -> GameOut:
     run = game.current_run
+    scaled = snapshot.governor.scaled if snapshot is not None else None
     fields = {k: getattr(game, k) for k in GameOut.model_fields if hasattr(game, k)}
     fields.update(
         state=shown_state(game),
+        state_reason=shown_reason(game, snapshot),
         pid=run.pid if run else None,
         started_at=run.started_at if run else None,
         last_checkpoint=checkpoint_out(game.last_checkpoint) if game.last_checkpoint else None,
@@ -56,9 +60,6 @@ def game_settings(game: GameRecord, scaled: Scaled) -> SettingsOut:
     return SettingsOut(num_envs=num_envs, batch_size=batch, reason=reason)
 
 
-def _scaled(context: AppContext) -> Scaled | None:
-    return context.fleet.scaled() if context.fleet is not None else None
-
 
 def _tell_supervisor(context: AppContext, command: Reconcile | StartGame) -> None:
     if context.supervisor is not None:
@@ -69,7 +70,7 @@ def _tell_supervisor(context: AppContext, command: Reconcile | StartGame) -> Non
 def list_games(context: AppContext = Depends(get_context)) -> GameList:
     with context.db.transaction() as session:
         games = game_store.read_games(session)
-    scaled = _scaled(context)
+    scaled = context.snapshot
     return GameList(items=[game_out(game, scaled) for game in games])
 
 
@@ -85,7 +86,7 @@ def create_game(body: GameCreate, context: AppContext = Depends(get_context)) ->
 def read_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
     with context.db.transaction() as session:
         game = game_store.read_game(session, name)
-    return game_out(game, _scaled(context))
+    return game_out(game, context.snapshot)
 
 
 @router.delete("/games/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
@@ -103,7 +104,7 @@ def delete_game(
 @router.post("/games/{name}/stop", response_model=GameOut, status_code=202, responses=NOT_FOUND)
 def stop_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
     """Desired state stopped: the worker gets its stop signal and writes a final checkpoint."""
-    game = set_desired(context.db, context.clock, name, "stopped")
+    game = set_desired(context.db, context.clock, name, Desired.STOPPED)
     _tell_supervisor(context, Reconcile())
     return game_out(game)
 
@@ -111,7 +112,7 @@ def stop_game(name: str = GameName, context: AppContext = Depends(get_context)) 
 @router.post("/games/{name}/start", response_model=GameOut, status_code=202, responses=NOT_FOUND)
 def start_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
     """Desired state running; also clears FATAL and restarts an EXITED game."""
-    game = set_desired(context.db, context.clock, name, "running")
+    game = set_desired(context.db, context.clock, name, Desired.RUNNING)
     _tell_supervisor(context, StartGame(name))
     return game_out(game)
 

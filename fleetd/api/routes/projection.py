@@ -10,7 +10,6 @@ from fleetd.api.schemas import FleetProjectionOut, GameProjectionOut, GoalOut, P
 from fleetd.games import shown_state
 from fleetd.projection import (
     RATE_WINDOW,
-    RUNNING_STATES,
     GameProjection,
     Goal,
     project_fleet,
@@ -18,6 +17,7 @@ from fleetd.projection import (
     recent_rate_per_hour,
     reboot_cost,
 )
+from fleetd.states import TRAINING
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord
 from fleetd.store.samples import read_samples
@@ -33,7 +33,7 @@ def read_projection(context: AppContext = Depends(get_context)) -> ProjectionOut
     with context.db.transaction() as session:
         games = read_games(session)
         rates = {game.name: _rate(session, game, now) for game in games}
-    running = sum(1 for game in games if game.state in RUNNING_STATES)
+    running = sum(1 for game in games if game.state in TRAINING)
     projected = [project_game(g, rates[g.name], running, costs.price_per_host_hour, now) for g in games]
     fleet = project_fleet(projected, running, costs.price_per_host_hour)
     week = uptime_report(context.db, context.daemon.boot_pk, context.daemon.started_at, now).week

@@ -1,0 +1,73 @@
+"""What the fleet looks like, published by the supervisor thread after each of its steps.
+
+The supervisor thread alone runs the governor and owns the worker processes; the API, /metrics,
+the status page and systemd's status line read only the newest of these immutable snapshots
+(one reference swap to publish, one read to take it: no lock, no torn view).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+
+from fleetd.governor.scaling import Scaled
+from fleetd.states import Shown
+
+
+@dataclass(frozen=True)
+class GovernorView:
+    """The governor's state and judgement, as people see them."""
+
+    mode: str  # auto | manual
+    requested: str  # light | medium | heavy | auto
+    tier: str
+    level: int
+    allowed: int
+    ceiling: int | None
+    ceiling_until: datetime | None
+    admitted: tuple[str, ...]  # oldest admission first
+    pending: tuple[str, ...]  # in admission order
+    pressure: tuple[str, ...]  # why admission is blocked now, if it is
+    next_scale_up_at: datetime | None
+    waiting_reason: str
+    scaled: Scaled  # the tier's settings for the GPU at hand
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    at: datetime
+    governor: GovernorView
+    games: Mapping[str, Shown] = field(default_factory=dict)  # every game's shown state
+
+    def __post_init__(self) -> None:
+        # A read-only view of a private copy: no reader can change what others see.
+        object.__setattr__(self, "games", MappingProxyType(dict(self.games)))
+
+    def counts(self) -> Counter[Shown]:
+        return Counter(self.games.values())
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS, in the same words as the API's `state`."""
+        counts = self.counts()
+        if not counts:
+            return f"no games; tier {self.governor.tier}"
+        parts = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+        return f"{sum(counts.values())} games: {parts}; tier {self.governor.tier}"
+
+
+class SnapshotBox:
+    """Holds the newest snapshot. Written by one thread, read by any: a reference assignment
+    is atomic in CPython, and the snapshot itself never changes."""
+
+    def __init__(self) -> None:
+        self._latest: FleetSnapshot | None = None
+
+    @property
+    def latest(self) -> FleetSnapshot | None:
+        return self._latest
+
+    def publish(self, snapshot: FleetSnapshot) -> None:
+        self._latest = snapshot

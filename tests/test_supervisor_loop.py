@@ -1,0 +1,292 @@
+"""The supervisor loop with a fake clock, launcher and reactor over a real SQLite store:
+admission and slots, desired-state changes, tier rolling, start-up adoption, shutdown, and the
+snapshot that the API and systemd's status line read. Deterministic: no sleeps, no processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass, field
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
+from fleetd.config import Settings
+from fleetd.games import set_desired
+from fleetd.governor.controller import FleetController
+from fleetd.states import Desired, Shown, State
+from fleetd.store import games as game_store
+from fleetd.store import runs as run_store
+from fleetd.store.engine import Database
+from fleetd.store.fleet import update_fleet_requested
+from fleetd.store.records import GameDraft
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.spec import launch_for
+from fleetd.supervision.supervisor import Reconcile, Shutdown, StartGame, Supervisor
+from fleetd.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+from tests.supervision_fakes import FakeLauncher, FakeReactor
+from workers.protocol import ProgressReport
+
+
+@dataclass
+class FakeProbe:
+    live: set[int] = field(default_factory=set)
+
+    def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
+        return pid in self.live
+
+
+@dataclass
+class Loop:
+    """A supervisor as the daemon builds it, with the OS replaced by fakes."""
+
+    settings: Settings
+    db: Database
+    clock: FakeClock
+    launcher: FakeLauncher
+    reactor: FakeReactor
+    probe: FakeProbe
+    boot_pk: int
+    supervisor: Supervisor | None = None
+
+    def start(self) -> Supervisor:
+        recorder = Recorder(self.db, self.clock, self.boot_pk)
+        fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=None)
+        self.supervisor = Supervisor(
+            self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet
+        )
+        self.supervisor.recover()
+        return self.supervisor
+
+    def add(self, name: str, priority: int = 0, desired: Desired = Desired.RUNNING) -> None:
+        with self.db.transaction() as session:
+            game_store.create_game(session, GameDraft(name, "CartPole-v1", "ppo", desired, priority), self.clock.now())
+        self.clock.advance(1)  # distinct creation times: admission order is by age
+
+    @property
+    def sup(self) -> Supervisor:
+        assert self.supervisor is not None
+        return self.supervisor
+
+    def state(self, name: str) -> State:
+        return self.sup.procs[name].state
+
+    def pid(self, name: str) -> int:
+        pid = self.sup.procs[name].pid
+        assert pid is not None, f"{name} has no worker"
+        return pid
+
+    def report(self, name: str, steps: int) -> None:
+        proc = self.sup.procs[name]
+        assert proc.run_id is not None and proc.pid is not None
+        at = self.clock.now().timestamp()
+        self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 0, 100.0, 0.0, None, None, None))
+
+    def run_up(self, *names: str) -> None:
+        """Each worker reports, then stays up `startsecs`: RUNNING."""
+        for name in names:
+            self.report(name, 1)
+        self.steps(int(self.settings.supervisor.startsecs) + 2)
+        assert [self.state(n) for n in names] == [State.RUNNING] * len(names)
+
+    def steps(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.sup.step()
+
+    def shown(self) -> dict[str, Shown]:
+        snapshot = self.sup.snapshot
+        assert snapshot is not None
+        return dict(snapshot.games)
+
+
+@pytest.fixture
+def loop(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Loop:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    return Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id)
+
+
+def test_light_tier_admits_two_and_the_third_is_pending_everywhere(loop: Loop) -> None:
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    sup = loop.start()
+    assert [loop.state(n) for n in ("a", "b", "c")] == [State.STARTING, State.STARTING, State.STOPPED]
+    assert loop.shown() == {"a": Shown.STARTING, "b": Shown.STARTING, "c": Shown.PENDING}
+    # systemd's status line speaks the API's words: the held-back game is pending, not stopped.
+    assert sup.summary() == "3 games: 1 pending, 2 starting; tier light"
+    assert sup.snapshot is not None and sup.snapshot.governor.pending == ("c",)
+
+
+def test_a_game_fatal_from_spawn_failures_frees_its_slot_in_the_same_step(loop: Loop) -> None:
+    loop.launcher.fail_games.add("a")
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    assert loop.state("a") is State.BACKOFF and loop.state("c") is State.STOPPED
+    for _ in range(200):
+        loop.steps()
+        if loop.state("a") is State.FATAL:
+            break
+    assert loop.state("a") is State.FATAL
+    # The step that made `a` FATAL also gave its slot to `c`: no API command, no 5 s wait.
+    assert loop.state("c") is State.STARTING
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.admitted == ("b", "c")
+    assert loop.shown()["a"] is Shown.FATAL
+
+
+def test_stop_then_the_pending_game_takes_the_slot_and_start_waits(loop: Loop) -> None:
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    pid_a = loop.pid("a")
+    set_desired(loop.db, loop.clock, "a", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert loop.state("a") is State.STOPPING
+    assert (pid_a, "SIGTERM") in loop.launcher.signals
+    loop.reactor.exit(pid_a, code=0)
+    loop.steps()
+    assert loop.state("a") is State.STOPPED and loop.state("c") is State.STARTING
+    # `games start a` now: the slot is gone; a waits, shown pending.
+    set_desired(loop.db, loop.clock, "a", Desired.RUNNING)
+    loop.sup.submit(StartGame("a"))
+    loop.steps()
+    assert loop.state("a") is State.STOPPED and loop.shown()["a"] is Shown.PENDING
+
+
+def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> None:
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    first = {name: loop.sup.procs[name].spawned_launch for name in ("a", "b")}
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    loop.reactor.exit(loop.pid("a"), code=0)
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING  # still one at a time
+    assert loop.sup.procs["a"].spawned_launch != first["a"]  # started with the medium tier's values
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
+def record_live_run(loop: Loop, game: str, pid: int) -> None:
+    """What a previous daemon left: an open run, and the spec it started the worker with."""
+    with loop.db.transaction() as session:
+        record = game_store.read_game(session, game)
+        run_id = run_store.create_run(session, record.id, loop.boot_pk, loop.clock.now())
+        log_path = loop.settings.game_dir(game) / "logs" / f"run-{run_id:06d}.log"
+        run_store.update_run_spawned(session, run_id, pid, 1.0, ["python", "-m", "workers"], str(log_path))
+        game_store.update_game_state(session, game, State.RUNNING, "up", loop.clock.now())
+    tier = loop.settings.fleet.tiers["light"]
+    spec = launch_for(record, loop.settings, 1, {"num_envs": tier.num_envs, "batch_size": tier.batch_size}).spec
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.with_suffix(".spec.json").write_text(json.dumps({**spec, "run_id": run_id}))
+
+
+def test_start_up_adopts_the_live_worker_and_kills_a_second_one(loop: Loop) -> None:
+    loop.add("a")
+    record_live_run(loop, "a", 4242)
+    record_live_run(loop, "a", 4343)
+    loop.probe.live = {4242, 4343}
+    loop.start()
+    assert loop.state("a") is State.RUNNING and loop.pid("a") == 4242
+    assert loop.launcher.spawned == []  # adopted, not started again
+    assert loop.reactor.watched == {4242: False}
+    assert (4343, "SIGKILL") in loop.launcher.signals
+    assert loop.shown() == {"a": Shown.RUNNING}
+
+
+def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:
+    loop.add("a", desired=Desired.STOPPED)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.RUNNING, "up", loop.clock.now())
+    loop.start()
+    with loop.db.transaction() as session:
+        assert game_store.read_game(session, "a").state == State.STOPPED
+    assert loop.shown() == {"a": Shown.STOPPED}
+
+
+def test_shutdown_stops_every_worker_and_waits_for_them(loop: Loop) -> None:
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    pids = [loop.pid("a"), loop.pid("b")]
+    for _ in range(50):
+        loop.sup.submit(Reconcile())  # a backlog of API commands does not delay the stop
+    loop.sup.submit(Shutdown(leave_workers=False))
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.STOPPING]
+    assert not loop.sup._finished()
+    for pid in pids:
+        loop.reactor.exit(pid, code=0)
+    loop.steps()
+    assert loop.sup._finished()
+    assert {(pid, "SIGTERM") for pid in pids} <= set(loop.launcher.signals)
+
+
+def test_shutdown_leaving_workers_signals_nothing(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    signals_before = list(loop.launcher.signals)
+    loop.sup.submit(Shutdown(leave_workers=True))
+    loop.steps()
+    assert loop.sup._finished() and loop.launcher.signals == signals_before
+    assert loop.state("a") is State.RUNNING
+
+
+def test_the_published_snapshot_never_changes_under_a_reader(loop: Loop) -> None:
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    before = loop.sup.snapshot
+    assert before is not None
+    with pytest.raises(TypeError):
+        before.games["c"] = Shown.RUNNING  # type: ignore[index]
+    loop.launcher.fail_games.add("a")
+    loop.reactor.exit(loop.pid("a"), sig=signal.SIGKILL)
+    loop.steps()
+    after = loop.sup.snapshot
+    assert after is not before and after is not None
+    assert before.games["a"] is Shown.STARTING and after.games["a"] is Shown.BACKOFF
+
+
+def test_a_crash_is_seen_at_the_next_step(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    loop.reactor.exit(loop.pid("a"), sig=signal.SIGKILL)
+    loop.steps()
+    assert loop.state("a") is State.BACKOFF and loop.shown()["a"] is Shown.BACKOFF
+    loop.steps(3)  # the first backoff delay passes on the fake clock
+    assert loop.state("a") is State.STARTING and len(loop.launcher.spawned) == 2
+
+
+def test_the_api_shows_what_the_supervisor_published(loop: Loop) -> None:
+    """Routes read the snapshot (and the store): the API, /metrics and systemd's status line
+    agree on every game's state, pending included, with the governor's reason."""
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, info, EnvCatalog(), loop.sup)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    games = {g["name"]: g for g in client.get("/api/v1/games").json()["items"]}
+    assert {name: g["state"] for name, g in games.items()} == {"a": "starting", "b": "starting", "c": "pending"}
+    assert games["c"]["state_reason"] == "waiting for the governor: the light tier runs 2 games"
+    fleet = client.get("/api/v1/fleet").json()
+    assert (fleet["admitted"], fleet["pending"]) == (["a", "b"], ["c"])
+    metrics = client.get("/metrics").text
+    assert 'fleetd_game_state{game="c",state="pending"} 1.0' in metrics
+    assert "1 pending" in loop.sup.summary()
