@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from fleetd.slug import GAME_NAME_PATTERN
+from fleetd.states import Desired
 
 ENV_PREFIX = "FLEETD_"
 ENV_NESTED = "__"
@@ -214,7 +215,7 @@ class GameSeed(_Section):
     priority: int = 0
     checkpoint_interval_s: float | None = Field(None, gt=0)
     hyperparams: dict[str, Any] = {}
-    desired: Literal["running", "stopped"] = "running"
+    desired: Desired = Desired.RUNNING
 
 
 def _default_state_dir() -> Path:

@@ -19,7 +19,7 @@ from workers.protocol import PROTOCOL_VERSION, RunSpec, SpecError
 
 def shown_state(game: GameRecord) -> Shown:
     """The state people see: `pending` when it should run and waits for the governor."""
-    return shown(Desired(game.desired), State(game.state), game.admitted_at is not None)
+    return shown(game.desired, game.state, game.admitted_at is not None)
 
 
 def shown_reason(game: GameRecord, snapshot: FleetSnapshot | None) -> str | None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
+from fleetd.states import Desired, Shown
 
 
 class Out(BaseModel):
@@ -102,7 +103,7 @@ class GameCreate(In):
     hyperparams: dict[str, Any] = Field(
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
-    desired: Literal["running", "stopped"] = "running"
+    desired: Desired = Desired.RUNNING
 
 
 class CheckpointOut(Out):
@@ -140,8 +141,8 @@ class GameOut(Out):
     name: str
     env_id: str
     algo: str
-    desired: str
-    state: str
+    desired: Desired
+    state: Shown = Field(description="the process state, or `pending` while the governor holds the game back")
     state_reason: str | None
     pid: int | None
     restarts: int
@@ -224,7 +225,7 @@ class GoalOut(Out):
 
 class GameProjectionOut(Out):
     name: str
-    state: str
+    state: Shown
     goal: GoalOut | None
     rate_per_hour: float | None
     eta_hours: float | None

@@ -9,6 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.states import Desired, State
 from fleetd.store.checkpoints import read_newest_verified
 from fleetd.store.models import Game, Run
 from fleetd.store.records import GameDraft, GameRecord, ProgressSnapshot
@@ -24,13 +25,13 @@ def _record(session: Session, row: Game) -> GameRecord:
         name=row.name,
         env_id=row.env_id,
         algo=row.algo,
-        desired=row.desired,
+        desired=Desired(row.desired),
         priority=row.priority,
         total_timesteps=row.total_timesteps,
         target_episodes=row.target_episodes,
         checkpoint_interval_s=row.checkpoint_interval_s,
         hyperparams=dict(row.hyperparams or {}),
-        state=row.state,
+        state=State(row.state),
         state_reason=row.state_reason,
         state_changed_at=row.state_changed_at,
         restarts=row.restarts,
@@ -66,7 +67,7 @@ def create_game(session: Session, draft: GameDraft, now: datetime) -> GameRecord
         target_episodes=draft.target_episodes,
         checkpoint_interval_s=draft.checkpoint_interval_s,
         hyperparams=draft.hyperparams or {},
-        state="stopped",
+        state=State.STOPPED,
         state_changed_at=now,
         created_at=now,
         updated_at=now,
@@ -94,7 +95,7 @@ def read_games(session: Session) -> list[GameRecord]:
 
 
 
-def update_game_desired(session: Session, name: str, desired: str, now: datetime) -> GameRecord:
+def update_game_desired(session: Session, name: str, desired: Desired, now: datetime) -> GameRecord:
     row = _row(session, name)
     row.desired, row.updated_at = desired, now
     session.flush()
@@ -102,7 +103,7 @@ def update_game_desired(session: Session, name: str, desired: str, now: datetime
 
 
 def update_game_state(
-    session: Session, name: str, state: str, reason: str, now: datetime, restart: bool = False
+    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False
 ) -> int:
     """Returns the game's id (for the event it goes with)."""
     row = _row(session, name)

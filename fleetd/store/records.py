@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from fleetd.states import Desired, State
+
 
 @dataclass(frozen=True)
 class BootRecord:
@@ -66,13 +68,13 @@ class GameRecord:
     name: str
     env_id: str
     algo: str
-    desired: str
+    desired: Desired
     priority: int
     total_timesteps: int | None
     target_episodes: int | None
     checkpoint_interval_s: float | None
     hyperparams: dict[str, Any]
-    state: str
+    state: State
     state_reason: str | None
     state_changed_at: datetime
     restarts: int
@@ -108,7 +110,7 @@ class GameDraft:
     name: str
     env_id: str
     algo: str
-    desired: str = "running"
+    desired: Desired = Desired.RUNNING
     priority: int = 0
     total_timesteps: int | None = None
     target_episodes: int | None = None

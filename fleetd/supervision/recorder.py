@@ -76,7 +76,7 @@ class Recorder:
         if self.alerts is not None:
             self.alerts.send(Alert(kind, message, self.clock.now(), game, details))
 
-    def settle(self, game: str, state: str, reason: str) -> None:
+    def settle(self, game: str, state: State, reason: str) -> None:
         """Correct a state left over from a previous daemon (not a transition of this one)."""
         now = self.clock.now()
         with self.db.transaction() as session:

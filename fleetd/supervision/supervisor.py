@@ -219,7 +219,7 @@ class Supervisor:
     def _load_games(self) -> None:
         with self.db.transaction() as session:
             games = read_games(session)
-        self._desired = {game.name: Desired(game.desired) for game in games}
+        self._desired = {game.name: game.desired for game in games}
         self._forget_removed()
         for game in games:
             if game.name not in self.procs:
@@ -299,7 +299,7 @@ class Supervisor:
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
         proc = WorkerProcess(launch_for(game, self.settings, 1, {}), self.policy, self._launcher, self.clock, self._tap)
         if game.state in (State.FATAL, State.EXITED):
-            proc.restore(State(game.state), game.state_reason or "")
+            proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
         self.procs[game.name] = proc
         return proc
