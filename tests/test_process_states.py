@@ -79,7 +79,7 @@ def test_no_report_no_running(proc: WorkerProcess, clock: FakeClock, sink: Recor
     proc.on_progress(proc.run_id, 0)  # the first report: training has begun
     assert proc.state is State.STARTING  # startsecs not yet over for this run
     advance(clock, proc, 10)
-    assert proc.state is State.RUNNING and proc.failures == 0
+    assert proc.state is State.RUNNING and proc.failures == 1  # running is not progress
 
 
 def test_backoff_grows_and_is_capped_then_fatal(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
@@ -107,19 +107,84 @@ def test_cap_holds() -> None:
     assert [policy.backoff_delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 8, 8]
 
 
-def test_staying_up_startsecs_resets_the_count(proc: WorkerProcess, clock: FakeClock) -> None:
+def run_up(proc: WorkerProcess, clock: FakeClock, resumed_from: int | None = None) -> None:
+    """The worker resumes, reports and stays up startsecs: RUNNING."""
+    proc.on_resumed(proc.run_id, resumed_from)
+    proc.on_progress(proc.run_id, resumed_from or 0)
+    advance(clock, proc, POLICY.startsecs)
+    assert proc.state is State.RUNNING
+
+
+def test_crashes_after_running_without_progress_go_fatal(proc: WorkerProcess, clock: FakeClock, sink: RecordingSink) -> None:
+    """A CUDA out-of-memory at the first update: up long past startsecs, then a crash, each run.
+    Uptime does not reset the count; after startretries such failures the game is FATAL."""
+    proc.start()
+    for failures in range(1, POLICY.startretries + 1):
+        run_up(proc, clock, resumed_from=5000)
+        advance(clock, proc, 100)  # long past startsecs, reporting, but no new checkpoint
+        proc.on_exit(CRASH)
+        assert proc.state is State.BACKOFF and proc.failures == failures
+        advance(clock, proc, proc.next_deadline() - clock.monotonic())
+    run_up(proc, clock, resumed_from=5000)
+    proc.on_exit(CRASH)
+    assert proc.state is State.FATAL
+    assert "gave up after 4 failures in a row (no run wrote a checkpoint beyond the one it resumed from)" in proc.reason
+    assert sink.states().count("running") == 4
+
+
+def test_a_checkpoint_beyond_the_resumed_one_resets_the_count(proc: WorkerProcess, clock: FakeClock) -> None:
     proc.start()
     proc.on_exit(CRASH)
     advance(clock, proc, 1)
     proc.on_exit(CRASH)
     assert proc.failures == 2
     advance(clock, proc, 2)
-    proc.on_progress(proc.run_id, 10)
-    advance(clock, proc, 10)  # up for startsecs
-    assert proc.state is State.RUNNING and proc.failures == 0
-    proc.on_exit(KILLED)  # a crash while running: back to the shortest backoff
+    run_up(proc, clock, resumed_from=5000)
+    assert proc.failures == 2
+    assert proc.on_checkpoint(proc.run_id, 6000) is True
+    assert proc.failures == 0 and proc.progressed
+    proc.on_exit(KILLED)  # a crash after progress: back to the shortest backoff
     assert proc.state is State.BACKOFF and proc.failures == 1
     assert proc.next_deadline() - clock.monotonic() == 1
+
+
+def test_the_checkpoint_it_resumed_from_is_not_progress(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    proc.on_exit(CRASH)
+    advance(clock, proc, 1)
+    run_up(proc, clock, resumed_from=5000)
+    assert proc.on_checkpoint(proc.run_id, 5000) is False
+    assert proc.on_checkpoint(proc.run_id, 4000) is False
+    assert proc.failures == 1 and not proc.progressed
+
+
+def test_after_a_fresh_start_any_checkpoint_is_progress(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    proc.on_exit(CRASH)
+    advance(clock, proc, 1)
+    run_up(proc, clock, resumed_from=None)
+    assert proc.on_checkpoint(proc.run_id, 128) is True and proc.failures == 0
+
+
+def test_a_checkpoint_of_an_earlier_run_is_not_this_runs_progress(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    old_run = proc.run_id
+    proc.on_exit(CRASH)
+    advance(clock, proc, 1)
+    assert proc.on_checkpoint(old_run, 10**6) is False and proc.failures == 1
+
+
+def test_each_run_must_make_its_own_progress(proc: WorkerProcess, clock: FakeClock) -> None:
+    proc.start()
+    run_up(proc, clock, resumed_from=100)
+    proc.on_checkpoint(proc.run_id, 200)
+    proc.on_exit(CRASH)
+    assert proc.failures == 1
+    advance(clock, proc, 1)
+    run_up(proc, clock, resumed_from=200)
+    assert not proc.progressed  # the new run starts with no progress of its own
+    proc.on_exit(CRASH)
+    assert proc.failures == 2
 
 
 def test_fatal_is_cleared_by_start(proc: WorkerProcess, clock: FakeClock) -> None:

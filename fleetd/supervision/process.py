@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from datetime import datetime
 
 from fleetd.clock import Clock
 from fleetd.supervision.policy import Policy
@@ -37,7 +38,13 @@ class WorkerProcess:
         self.reason = ""
         self.run_id: int | None = None
         self.pid: int | None = None
+        # Failed runs in a row without progress: a run that wrote a checkpoint beyond the one it
+        # resumed from resets it, however short it was; one that did not counts, however long
+        # it ran (a CUDA out-of-memory at the first update, a NaN). Uptime alone proves nothing.
         self.failures = 0
+        self.progressed = False  # this run wrote a checkpoint beyond the one it resumed from
+        self._resumed_steps = -1  # the steps of that checkpoint; -1: a fresh start, or not told
+        self.spawned_wall: datetime | None = None  # wall time of the spawn: checkpoints on disk newer are this run's
         self._spawned_at = 0.0
         self._backoff_until = 0.0
         self._stop_deadline = 0.0
@@ -82,10 +89,12 @@ class WorkerProcess:
         if self.state is State.STOPPED and state in (State.EXITED, State.FATAL):
             self.state, self.reason = state, reason
 
-    def adopt(self, run_id: int, pid: int, steps: int | None) -> None:
+    def adopt(self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None) -> None:
         """Watch a live worker that a previous daemon started (it is no longer our child)."""
         self.run_id, self.pid = run_id, pid
         self._fresh_watch(steps)
+        self._resumed_steps = -1 if resumed_steps is None else resumed_steps
+        self.spawned_wall = self._clock.now()
         self._reported = True  # it was training already: the hang limit applies at once
         self._to(State.RUNNING, f"adopted live worker pid {pid} after a daemon restart")
 
@@ -99,6 +108,20 @@ class WorkerProcess:
         if self.last_steps is None or steps > self.last_steps:
             self.last_steps = steps
             self._progress_at = self._clock.monotonic()
+        return True
+
+    def on_resumed(self, run_id: int, steps: int | None) -> None:
+        """Which checkpoint this run resumed from (its steps; None: a fresh start)."""
+        if run_id == self.run_id:
+            self._resumed_steps = -1 if steps is None else steps
+
+    def on_checkpoint(self, run_id: int, steps: int) -> bool:
+        """A checkpoint this run wrote. Beyond the one it resumed from, it is progress: the
+        failure count starts again from zero. True if it counted as progress."""
+        if run_id != self.run_id or steps <= self._resumed_steps:
+            return False
+        self.progressed = True
+        self.failures = 0
         return True
 
     def on_exit(self, status: ExitStatus) -> Outcome | None:
@@ -119,7 +142,6 @@ class WorkerProcess:
         """Act on whatever deadline has passed."""
         now = self._clock.monotonic()
         if self.state is State.STARTING and self._reported and now - self._spawned_at >= self.policy.startsecs:
-            self.failures = 0
             self._to(State.RUNNING, f"up for {self.policy.startsecs:g}s")
         if self.state is State.BACKOFF and now >= self._backoff_until:
             self._spawn("restarting after backoff", restart=True)
@@ -165,12 +187,15 @@ class WorkerProcess:
         self.run_id, self.pid = run_id, spawned.pid
         self.spawned_launch = self.launch
         self._spawned_at = self._clock.monotonic()
+        self.spawned_wall = self._clock.now()
         self._fresh_watch(None)
         self._sink.run_spawned(run_id, spawned)
 
     def _fresh_watch(self, steps: int | None) -> None:
         self._reported = False
         self._killed_for = None
+        self.progressed = False
+        self._resumed_steps = -1
         self.last_steps = steps
         self._progress_at = self._clock.monotonic()
 
@@ -195,7 +220,8 @@ class WorkerProcess:
     def _failed(self, reason: str) -> None:
         self.failures += 1
         if self.failures > self.policy.startretries:
-            self._to(State.FATAL, f"{reason}; gave up after {self.failures} failures in a row")
+            why = "no run wrote a checkpoint beyond the one it resumed from"
+            self._to(State.FATAL, f"{reason}; gave up after {self.failures} failures in a row ({why})")
             return
         delay = self.policy.backoff_delay(self.failures)
         self._backoff_until = self._clock.monotonic() + delay

@@ -22,7 +22,7 @@ from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
 from fleetd.states import LIVE, Desired, State, shown
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
-from fleetd.store.records import GameRecord, RunRecord
+from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
 from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
 from fleetd.supervision.index import scan_checkpoints
@@ -316,7 +316,7 @@ class Supervisor:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
             return
         self.recorder.adopted(run.id)
-        proc.adopt(run.id, run.pid, None)
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps)
         proc.spawned_launch = _launch_of_run(proc.launch, run)
 
     def _forget_removed(self) -> None:
@@ -329,9 +329,11 @@ class Supervisor:
         if proc is None:
             log.warning("pid %d exited but belongs to no game", exited.pid)
             return
+        on_disk = scan_checkpoints(proc.launch.game_dir / "checkpoints")
+        _count_progress_on_disk(proc, on_disk)
         outcome = proc.on_exit(exited.status)
         self.recorder.flush_progress()
-        self.recorder.sync_checkpoints(proc.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
+        self.recorder.sync_checkpoints(proc.name, on_disk)
         if outcome is not None and outcome.cause == "oom":
             self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer")
         elif outcome is not None and outcome.cause in ("crash", "hang"):
@@ -347,8 +349,10 @@ class Supervisor:
             self._due(proc)
             self.recorder.progress(report)
         elif isinstance(report, CheckpointReport):
+            proc.on_checkpoint(report.run_id, report.checkpoint.steps)
             self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
         elif isinstance(report, ResumedReport):
+            proc.on_resumed(report.run_id, report.steps if report.from_ else None)
             proc.on_progress(report.run_id, report.steps)
             self._due(proc)
             skipped = [(s.path, s.reason) for s in report.skipped]
@@ -418,6 +422,16 @@ class Supervisor:
 
     def _wait_s(self) -> float:
         return max(0.0, min(self._next_due - self.clock.monotonic(), MAX_WAIT_S))
+
+
+def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]) -> None:
+    """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk written
+    since this run was spawned counts as its progress too."""
+    if proc.run_id is None or proc.spawned_wall is None:
+        return
+    for record in on_disk:
+        if record.verified and record.created_at >= proc.spawned_wall:
+            proc.on_checkpoint(proc.run_id, record.steps)
 
 
 def _tier_defaults(launch: Launch | None) -> object:
