@@ -16,6 +16,7 @@ import pytest
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
+from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.states import Desired, State, shown
@@ -38,6 +39,7 @@ class RecordingSupervisor:
 
     def submit(self, command: object) -> None:
         self.commands.append(type(command).__name__)
+        answer_start(command)
 
     @property
     def snapshot(self) -> FleetSnapshot | None:
@@ -48,6 +50,13 @@ class RecordingSupervisor:
         slots = [GameSlot(g.name, Desired(g.desired), g.priority, g.created_at, State(g.state)) for g in games]
         shown_states = {s.name: shown(s.desired, s.state, self.fleet.admitted(s.name)) for s in slots}
         return FleetSnapshot(self.fleet.clock.now(), self.fleet.governor_view(slots), shown_states)
+
+
+def answer_start(command: object) -> None:
+    """A start waits for the supervisor's answer: give the one a free fleet would."""
+    reply = getattr(command, "reply", None)
+    if reply is not None:
+        reply.set_result(Admission(True, "admitted: it holds one of the 2 slots"))
 
 
 def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, token: str) -> AppContext:

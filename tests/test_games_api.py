@@ -14,6 +14,7 @@ from fleetd.config import Settings
 from fleetd.store.engine import Database
 from fleetd.store.games import update_game_state
 from fleetd.uptime import record_daemon_start
+from tests.api_context import answer_start
 from tests.fakes import FakeClock, FakeHost
 
 TOKEN = "g" * 32
@@ -34,6 +35,7 @@ def client(
 
         def submit(self, command: object) -> None:
             submitted.append(type(command).__name__)
+            answer_start(command)
 
     start = record_daemon_start(db, host.current_boot(), clock.now())
     info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)

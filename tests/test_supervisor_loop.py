@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -52,9 +53,10 @@ class Loop:
     probe: FakeProbe
     boot_pk: int
     supervisor: Supervisor | None = None
+    alerts: Any = None  # an AlertSender, or a fake with `send`
 
     def start(self) -> Supervisor:
-        recorder = Recorder(self.db, self.clock, self.boot_pk)
+        recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
         fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=None)
         self.supervisor = Supervisor(
             self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet

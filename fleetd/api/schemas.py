@@ -168,6 +168,26 @@ class GameList(Out):
     items: list[GameOut]
 
 
+class AdmissionOptionOut(Out):
+    action: Literal["tier", "stop", "now"]
+    command: str = Field(description="what to type, e.g. `fleetd games start pong --now`")
+    effect: str
+
+
+class AdmissionOut(Out):
+    """What a start came to: admitted or not, why, and what would admit the game."""
+
+    admitted: bool
+    reason: str
+    options: list[AdmissionOptionOut]
+
+
+class GameStartOut(GameOut):
+    admission: AdmissionOut | None = Field(
+        description="the supervisor's answer to this start; null if it did not answer in time"
+    )
+
+
 class SettingsOut(Out):
     """A game's env count and batch size, and why those."""
 

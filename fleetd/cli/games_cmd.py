@@ -87,10 +87,16 @@ def stop(
 
 
 @games_app.command("start")
-def start(name: str, config: ConfigOption = None, json_out: JsonOption = False) -> None:
-    """Start a game (also clears FATAL and restarts a completed game)."""
-    game = call(config, lambda client: client.post(f"/api/v1/games/{name}/start"))
-    _show(game, json_out, f"{name}: start requested")
+def start(
+    name: str,
+    now: Annotated[bool, typer.Option("--now", help="Take the slot of the lowest-priority running game (it checkpoints and goes pending).")] = False,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Start a game (also clears FATAL and restarts a completed game); says if it must wait, and why."""
+    params = {"now": "true"} if now else None
+    game = call(config, lambda client: client.request("POST", f"/api/v1/games/{name}/start", params=params))
+    _show(game, json_out, render.admission_text(name, game.get("admission")))
 
 
 @games_app.command("rm")

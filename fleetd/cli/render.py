@@ -179,3 +179,15 @@ def projection_table(projection: dict[str, Any]) -> Table:
         f"{duration(reboots['lost_s'])} lost ({percent(reboots['lost_share'])} of wall time)"
     )
     return table
+
+
+def admission_text(name: str, admission: dict[str, Any] | None) -> str:
+    """The answer to `fleetd games start`: admitted, or why not and what would admit it."""
+    if admission is None:
+        return f"{name}: start requested (the supervisor did not answer in time: see fleetd games list)"
+    lines = [f"{name}: {admission['reason']}"]
+    if admission["options"]:
+        lines.append("to admit it now or sooner:")
+        width = max(len(option["command"]) for option in admission["options"])
+        lines += [f"  {o['command']:<{width}}  {o['effect']}" for o in admission["options"]]
+    return "\n".join(lines)

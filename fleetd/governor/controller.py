@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from fleetd.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.config import FleetSettings
+from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
 from fleetd.governor.snapshot import GovernorView
@@ -125,6 +126,28 @@ class FleetController:
 
     def crashed(self, name: str) -> bool:
         return self._apply(self.governor.crashed(self.clock.now(), name, len(self._admitted)))
+
+    # -- the operator's `games start NAME --now` -----------------------------------------------
+
+    def lowest_priority_holder(self, excluding: str, slots: Sequence[GameSlot]) -> SlotHolder | None:
+        """The game whose slot `--now` takes: the lowest priority, the newest admitted among
+        equals (it has run least since its admission), then the youngest game."""
+        by_name = {slot.name: slot for slot in slots}
+        holders = [by_name[name] for name in self._admitted if name != excluding and name in by_name]
+        if not holders:
+            return None
+        admitted_at = self._admitted
+        holder = min(holders, key=lambda s: (s.priority, -admitted_at[s.name].timestamp(), -s.created_at.timestamp(), s.name))
+        return SlotHolder(holder.name, holder.priority)
+
+    def give_slot(self, holder: SlotHolder, to: str) -> None:
+        """The operator's intent wins over admission order: `holder` goes back to pending and
+        `to` is admitted in its place. The level does not change: no more games run than before."""
+        command = f"fleetd games start {to} --now"
+        self._apply([
+            Decision("evict", f"{holder.name} (priority {holder.priority}) back to pending: its slot goes to {to} ({command})", holder.name),
+            Decision("admit", f"{to} admitted in {holder.name}'s slot ({command})", to),
+        ])  # fmt: skip
 
     def _release(self, slots: Sequence[GameSlot]) -> bool:
         wanting = {slot.name for slot in slots if slot.wants_slot}

@@ -12,14 +12,17 @@ import json
 import logging
 import queue
 import signal
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.governor import admission
+from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
-from fleetd.states import LIVE, Desired, State, shown
+from fleetd.states import LIVE, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
@@ -46,7 +49,12 @@ class Reconcile:
 
 @dataclass(frozen=True)
 class StartGame:
+    """`games start NAME`; with `now`, take the slot of the lowest-priority running game. The
+    supervisor answers on `reply` (if given) with the `Admission` it arrived at."""
+
     name: str
+    now: bool = False
+    reply: Future[Admission] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,8 @@ class Supervisor:
         # exit or a command, which change deadlines).
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting with new tier settings
+        # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
+        self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
         self.loop_beat = clock.monotonic()
 
@@ -274,12 +284,21 @@ class Supervisor:
             return
         desired = self._desired.get(proc.name)
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
-            if proc.state is State.STOPPED:
+            if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
                 proc.start("admitted: desired state is running")
         elif desired is Desired.RUNNING:
             proc.stop("back to pending: the governor allows fewer games")
         elif desired is Desired.STOPPED:
             proc.stop("stop requested")
+
+    def _awaiting_handover(self, name: str) -> bool:
+        """A game admitted in another's slot starts only once that one has stopped: never more
+        workers than slots, even for the few seconds of a final checkpoint."""
+        giver = self.procs.get(self._handovers.get(name, ""))
+        if giver is not None and giver.state in LIVE:
+            return True
+        self._handovers.pop(name, None)
+        return False
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose tier settings changed, one at a time, from checkpoint."""
@@ -371,14 +390,20 @@ class Supervisor:
         if stop is not None:
             self._begin_shutdown(stop)
         if self._shutdown is not None:
+            for start in (c for c in commands if isinstance(c, StartGame) and c.reply is not None):
+                start.reply.set_result(Admission(False, "not admitted: fleetd is stopping"))
             return True
-        starts = [c.name for c in commands if isinstance(c, StartGame)]
+        starts = [c for c in commands if isinstance(c, StartGame)]
         self._load_games()
-        for name in starts:
-            self._clear_ended(name)
+        for start in starts:
+            self._clear_ended(start.name)
         self._govern()
-        for name in starts:
-            self._start_waiting(name)
+        if any([self._take_slot(start.name) for start in starts if start.now]):
+            self._govern()
+        for start in starts:
+            self._start_waiting(start.name)
+            if start.reply is not None:
+                start.reply.set_result(self._admission(start.name))
         return True
 
     def _take_commands(self) -> list[Command]:
@@ -400,6 +425,29 @@ class Supervisor:
         proc = self.procs.get(name)
         if proc is not None and proc.state is State.BACKOFF and self.fleet.admitted(name):
             proc.start("start requested")
+
+    def _take_slot(self, name: str) -> bool:
+        """`games start NAME --now`: the lowest-priority running game stops with a final
+        checkpoint and goes pending; NAME holds its slot and starts once it has stopped."""
+        proc, desired = self.procs.get(name), self._desired.get(name)
+        if proc is None or desired is None or self.fleet.admitted(name) or not wants_slot(desired, proc.state):
+            return False
+        holder = self.fleet.lowest_priority_holder(name, self._slots())
+        if holder is None:
+            return False
+        self.fleet.give_slot(holder, name)
+        self._handovers[name] = holder.name
+        self.procs[holder.name].stop(f"back to pending: its slot went to {name} (fleetd games start {name} --now)")
+        return True
+
+    def _admission(self, name: str) -> Admission:
+        """What the start of `name` came to, in the operator's words."""
+        slots = self._slots()
+        view = self.fleet.governor_view(slots)
+        if self.fleet.admitted(name):
+            return admission.admitted(name, self._handovers.get(name), view.allowed)
+        tier_sizes = {tier: size.games for tier, size in self.settings.fleet.tiers.items()}
+        return admission.not_admitted(name, view, tier_sizes, self.fleet.lowest_priority_holder(name, slots))
 
     def _begin_shutdown(self, command: Shutdown) -> None:
         self._shutdown = command

@@ -1,10 +1,17 @@
 from __future__ import annotations
 
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict
+
 from fastapi import APIRouter, Depends, Path, Query, Response
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
 from fleetd.api.schemas import (
+    AdmissionOptionOut,
+    AdmissionOut,
+    GameStartOut,
     CheckpointList,
     CheckpointOut,
     GameCreate,
@@ -26,6 +33,7 @@ from fleetd.states import Desired
 from fleetd.supervision.supervisor import Reconcile, StartGame
 
 router = APIRouter(tags=["games"])
+ADMISSION_WAIT_S = 5.0  # the loop turns at least once a second; a busy SQLite may slow it
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
 
 
@@ -109,12 +117,32 @@ def stop_game(name: str = GameName, context: AppContext = Depends(get_context)) 
     return game_out(game)
 
 
-@router.post("/games/{name}/start", response_model=GameOut, status_code=202, responses=NOT_FOUND)
-def start_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
-    """Desired state running; also clears FATAL and restarts an EXITED game."""
+@router.post("/games/{name}/start", response_model=GameStartOut, status_code=202, responses=NOT_FOUND)
+def start_game(
+    name: str = GameName,
+    now: bool = Query(False, description="take the slot of the lowest-priority running game, which then goes pending"),
+    context: AppContext = Depends(get_context),
+) -> GameStartOut:
+    """Desired state running; also clears FATAL and restarts an EXITED game. `admission` says
+    whether the governor admitted it and, if not, why and what would."""
     game = set_desired(context.db, context.clock, name, Desired.RUNNING)
-    _tell_supervisor(context, StartGame(name))
-    return game_out(game)
+    answer = _start(context, StartGame(name, now, Future()))
+    with context.db.transaction() as session:
+        game = game_store.read_game(session, name)
+    return GameStartOut(**game_out(game, context.snapshot).model_dump(), admission=answer)
+
+
+def _start(context: AppContext, command: StartGame) -> AdmissionOut | None:
+    """Submit the start and wait for the supervisor's answer (it takes one loop turn)."""
+    if context.supervisor is None or command.reply is None:
+        return None
+    context.supervisor.submit(command)
+    try:
+        answer = command.reply.result(timeout=ADMISSION_WAIT_S)
+    except FutureTimeout:
+        return None
+    options = [AdmissionOptionOut(**asdict(option)) for option in answer.options]
+    return AdmissionOut(admitted=answer.admitted, reason=answer.reason, options=options)
 
 
 @router.get("/games/{name}/runs", response_model=RunList, responses=NOT_FOUND)

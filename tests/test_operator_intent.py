@@ -1,0 +1,161 @@
+"""`games start` when the fleet is full: the answer says why the game waits and what would admit
+it, and `--now` takes the slot of the lowest-priority running game. The real supervisor loop with
+fakes (tests/test_supervisor_loop.py's `Loop`): deterministic, no sleeps, no processes."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from fleetd.games import set_desired
+from fleetd.governor.admission import Admission
+from fleetd.states import Desired, Shown, State
+from fleetd.store.fleet import update_fleet_requested
+from fleetd.store.events import EventFilter, read_events
+from fleetd.supervision.supervisor import Reconcile, StartGame
+from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+
+
+def start(loop: Loop, name: str, now: bool = False) -> Admission:
+    set_desired(loop.db, loop.clock, name, Desired.RUNNING)
+    reply: Future[Admission] = Future()
+    loop.sup.submit(StartGame(name, now, reply))
+    loop.steps()
+    return reply.result(timeout=0)
+
+
+def stop(loop: Loop, name: str) -> None:
+    pid = loop.pid(name)
+    set_desired(loop.db, loop.clock, name, Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+
+
+def test_a_start_that_cannot_be_admitted_says_why_and_what_would(loop: Loop) -> None:
+    """The issue's first report: after a stop, a pending game took the freed slot."""
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    stop(loop, "a")
+    assert loop.state("c") is State.STARTING  # c took the slot a freed
+    answer = start(loop, "a")
+    assert not answer.admitted and loop.shown()["a"] is Shown.PENDING
+    assert answer.reason == "not admitted: the light tier runs 2 games; a is 1 of 1 pending"
+    commands = {option.action: option.command for option in answer.options}
+    assert commands == {"tier": "fleetd tier medium", "stop": "fleetd games stop c", "now": "fleetd games start a --now"}
+    effects = {option.action: option.effect for option in answer.options}
+    assert effects["stop"] == "frees c's slot; a takes it"
+    assert "the medium tier allows 4 games" in effects["tier"]
+    assert "c (priority 0, the lowest running), which writes a final checkpoint and goes pending" in effects["now"]
+
+
+def test_a_start_of_an_admitted_game_says_so(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    answer = start(loop, "a")
+    assert answer == Admission(True, "admitted: it holds one of the 2 slots")
+
+
+def test_no_tier_option_when_a_stable_window_holds_the_game_back(loop: Loop) -> None:
+    for name in ("a", "b", "c", "d", "e"):
+        loop.add(name)
+    loop.start()
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()  # medium allows 4, but the level is 2 until a stable window has passed
+    answer = start(loop, "e")
+    assert answer.reason.startswith("not admitted: stable window: next game at")
+    assert [option.action for option in answer.options] == ["stop", "now"]
+    assert answer.options[0].effect == "frees b's slot; c is next in line, before e"
+
+
+def test_start_now_takes_the_slot_of_the_lowest_priority_game(loop: Loop) -> None:
+    loop.add("high", priority=5)
+    loop.add("low", priority=0)
+    loop.add("new", priority=0)
+    loop.start()
+    loop.run_up("high", "low")
+    low_pid = loop.pid("low")
+    answer = start(loop, "new", now=True)
+    assert answer.admitted and answer.reason.startswith("admitted: took low's slot")
+    # low stops gracefully (final checkpoint); new waits for it: never more workers than slots.
+    assert loop.state("low") is State.STOPPING and (low_pid, "SIGTERM") in loop.launcher.signals
+    assert loop.state("new") is State.STOPPED and loop.state("high") is State.RUNNING
+    loop.steps(3)
+    assert loop.state("new") is State.STOPPED
+    loop.reactor.exit(low_pid, code=0)
+    loop.steps()
+    assert loop.state("new") is State.STARTING
+    assert loop.shown()["low"] is Shown.PENDING  # its desired state is still running
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.admitted == ("high", "new")
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(limit=50))
+    messages = [e.message for e in events if e.kind in ("fleet_evict", "fleet_admit")]
+    assert "low (priority 0) back to pending: its slot goes to new (fleetd games start new --now)" in messages
+    reasons = [e.message for e in events if e.kind == "state" and e.game == "low"]
+    assert any("its slot went to new (fleetd games start new --now)" in m for m in reasons)
+
+
+def test_start_now_among_equals_takes_the_newest_admission(loop: Loop) -> None:
+    loop.add("old")
+    loop.start()
+    loop.clock.advance(60)
+    loop.add("young")
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.add("late")
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert loop.shown()["late"] is Shown.PENDING
+    answer = start(loop, "late", now=True)
+    assert answer.reason.startswith("admitted: took young's slot")
+    assert loop.state("young") is State.STOPPING and loop.state("old") is not State.STOPPING
+
+
+def test_the_api_answers_a_start_with_the_supervisors_admission(loop: Loop) -> None:
+    """`POST /games/{name}/start?now=true` carries `now` to the supervisor and answers with
+    what it decided. (The loop here is stepped by a fake port: the route waits for its answer.)"""
+    from fastapi.testclient import TestClient
+
+    from fleetd.api import create_app
+    from fleetd.api.context import AppContext, DaemonInfo
+    from fleetd.catalog import EnvCatalog
+    from fleetd.cli.render import admission_text
+
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+
+    class SteppingPort:
+        """Submits to the real supervisor and turns its loop once, as its thread would."""
+
+        commands: list[object] = []
+
+        def submit(self, command: object) -> None:
+            self.commands.append(command)
+            loop.sup.submit(command)  # type: ignore[arg-type]
+            loop.steps()
+
+        @property
+        def snapshot(self):  # type: ignore[no-untyped-def]
+            return loop.sup.snapshot
+
+    port = SteppingPort()
+    info = DaemonInfo(loop.boot_pk, loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, info, EnvCatalog(), port)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    waiting = client.post("/api/v1/games/c/start").json()
+    assert waiting["state"] == "pending" and waiting["admission"]["admitted"] is False
+    assert [o["action"] for o in waiting["admission"]["options"]] == ["tier", "stop", "now"]
+    text = admission_text("c", waiting["admission"])
+    assert text.splitlines()[0] == "c: not admitted: the light tier runs 2 games; c is 1 of 1 pending"
+    assert "fleetd games start c --now" in text and "fleetd games stop b" in text
+    taken = client.post("/api/v1/games/c/start?now=true").json()
+    assert taken["admission"]["admitted"] is True and "took b's slot" in taken["admission"]["reason"]
+    assert [getattr(c, "now") for c in port.commands] == [False, True]
+    assert admission_text("c", taken["admission"]).startswith("c: admitted: took b's slot")
