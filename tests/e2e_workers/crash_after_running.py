@@ -1,0 +1,48 @@
+"""`python -m tests.e2e_workers.crash_after_running --spec FILE`: a worker that speaks the
+protocol like the real one, then behaves as its game's name says.
+
+- a game named `crash...` resumes from its checkpoint, reports advancing steps for
+  `CRASH_AFTER_S` (past `startsecs`: it reaches RUNNING), writes no new checkpoint, and dies
+  with exit 1: a CUDA out-of-memory at the first update, every run.
+- any other game reports progress until SIGTERM, then exits 0 as a stop expects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from workers.protocol import ProgressReport, ProgressSender, ResumedReport, RunSpec, now
+
+CRASH_AFTER_S = 4.0
+REPORT_EVERY_S = 0.2
+RESUMED_STEPS = 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", required=True)
+    spec = RunSpec.load(parser.parse_args().spec)
+    sender = ProgressSender(spec.progress_socket)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    header = {"game": spec.game, "run_id": spec.run_id, "pid": os.getpid()}
+    sender.send(ResumedReport(**header, at=now(), from_="ckpt-000000001000", skipped=(), steps=RESUMED_STEPS))
+    started, steps = time.monotonic(), RESUMED_STEPS
+    while not stopping:
+        steps += 10
+        sender.send(ProgressReport(**header, at=now(), steps=steps, episodes=0, steps_per_s=50.0,
+                                   episodes_per_hour=0.0, mean_reward_100=None, best_reward=None,
+                                   last_checkpoint=None))
+        if spec.game.startswith("crash") and time.monotonic() - started >= CRASH_AFTER_S:
+            print("RuntimeError: CUDA out of memory (simulated, at the first update)", file=sys.stderr)
+            return 1
+        time.sleep(REPORT_EVERY_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Crash loops are counted by progress, not uptime, in the real supervisor loop with fakes
+(tests/test_supervisor_loop.py's `Loop`) and a fake clock: deterministic, no sleeps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetd.alerts import Alert
+from fleetd.states import Shown, State
+from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+from workers.checkpoint import write_checkpoint
+from workers.protocol import CheckpointReport, CheckpointSummary, ResumedReport
+
+RESUMED_AT = 5000
+
+
+@dataclass
+class FakeAlerts:
+    sent: list[Alert] = field(default_factory=list)
+
+    def send(self, alert: Alert) -> bool:
+        self.sent.append(alert)
+        return True
+
+
+def resume_and_run(loop: Loop, name: str) -> None:
+    """The worker resumes from the checkpoint at RESUMED_AT, reports, stays up startsecs."""
+    proc = loop.sup.procs[name]
+    at = loop.clock.now().timestamp()
+    loop.reactor.report(ResumedReport(name, proc.run_id, proc.pid, at, "ckpt-5000", (), RESUMED_AT))
+    loop.run_up(name)
+
+
+def crash(loop: Loop, name: str) -> None:
+    loop.reactor.exit(loop.pid(name), code=1)
+    loop.steps()
+
+
+def back_up(loop: Loop, name: str) -> None:
+    for _ in range(120):  # the backoff delay passes on the fake clock
+        if loop.state(name) is State.STARTING:
+            return
+        loop.steps()
+    raise AssertionError(f"{name} did not restart: {loop.state(name)}")
+
+
+def test_crashes_after_running_without_progress_go_fatal_alert_and_free_the_slot(loop: Loop) -> None:
+    loop.alerts = FakeAlerts()
+    for name in ("oom", "b", "c"):
+        loop.add(name)
+    loop.start()
+    retries = loop.settings.supervisor.startretries
+    for _ in range(retries):
+        resume_and_run(loop, "oom")
+        loop.clock.advance(300)  # long past startsecs: uptime proves nothing
+        crash(loop, "oom")
+        assert loop.state("oom") is State.BACKOFF
+        back_up(loop, "oom")
+    resume_and_run(loop, "oom")
+    crash(loop, "oom")
+    assert loop.state("oom") is State.FATAL and loop.shown()["oom"] is Shown.FATAL
+    assert f"gave up after {retries + 1} failures in a row" in loop.sup.procs["oom"].reason
+    [fatal] = [a for a in loop.alerts.sent if a.kind == "fatal"]
+    assert fatal.game == "oom"
+    assert loop.state("c") is State.STARTING  # the slot went to the next pending game at once
+
+
+def test_a_checkpoint_report_beyond_the_resumed_one_resets_the_count(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    resume_and_run(loop, "a")
+    crash(loop, "a")
+    back_up(loop, "a")
+    resume_and_run(loop, "a")
+    assert loop.sup.procs["a"].failures == 1
+    proc = loop.sup.procs["a"]
+    summary = CheckpointSummary("/ckpt-6000", RESUMED_AT + 1000, 10, loop.clock.now().timestamp(), 100)
+    loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, summary.at, summary))
+    loop.steps()
+    assert proc.failures == 0
+    crash(loop, "a")
+    assert proc.failures == 1 and loop.state("a") is State.BACKOFF
+
+
+def test_a_checkpoint_found_on_disk_counts_when_its_report_was_lost(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    resume_and_run(loop, "a")
+    crash(loop, "a")
+    back_up(loop, "a")
+    resume_and_run(loop, "a")
+    checkpoints = loop.settings.game_dir("a") / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    write_checkpoint(checkpoints, RESUMED_AT + 500, 7, _payload)  # written, its datagram lost
+    crash(loop, "a")
+    assert loop.sup.procs["a"].failures == 1  # reset by the progress on disk, then this crash
+
+
+def _payload(folder: Path) -> None:
+    (folder / "state.json").write_text(json.dumps({"ok": True}))
