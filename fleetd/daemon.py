@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -18,7 +19,9 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
+from fleetd import forensics
 from fleetd.errors import FleetdError
+from fleetd.forensics import JournalReader, Journalctl
 from fleetd.games import seed_games
 from fleetd.governor.controller import FleetController
 from fleetd.host import HostReader
@@ -122,11 +125,13 @@ class Daemon:
         config_path: Path | None = None,
         clock: Clock | None = None,
         host: HostReader | None = None,
+        journal: JournalReader | None = None,
     ) -> None:
         self.settings = settings
         self.config_path = config_path
         self.clock = clock or SystemClock()
         self.host = host or HostReader(settings.host.boot_id_path)
+        self.journal = journal or Journalctl()
         self.stop = StopRequest()
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
@@ -147,6 +152,7 @@ class Daemon:
             log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
             self.alerts.start()
             if start.kind is StartKind.REBOOT:
+                self._read_kernel_log(db, start)
                 self.alerts.send(reboot_alert(start, self.clock.now()))
             try:
                 if start.kind is StartKind.FIRST and self.settings.games:
@@ -160,6 +166,14 @@ class Daemon:
             sock.close()
             db.close()
         return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
+
+    def _read_kernel_log(self, db: Database, start: DaemonStart) -> None:
+        """The previous boot's kernel warnings, while journald still has them (bounded, with a
+        timeout: a slow journal must not hold up the start for long)."""
+        assert start.previous is not None
+        kernel_log = self.journal.kernel_warnings(start.previous.boot_id)
+        forensics.record_kernel_log(db, start.previous.id, kernel_log)
+        log.info("previous boot's kernel warnings: %s", kernel_log.note or f"{len(kernel_log.lines)} lines")
 
     def _seed(self, db: Database) -> None:
         try:
@@ -222,10 +236,17 @@ class Daemon:
             self.notifier.stopping(f"stopping: {self.stop.describe()}")
             log.info("stopping: %s", self.stop.describe())
 
+    def _last_state(self, supervisor: Supervisor) -> dict[str, Any]:
+        return forensics.capture(self.telemetry.latest, supervisor.snapshot, self.clock.now())
+
     def _jobs(self, db: Database, boot_pk: int, supervisor: Supervisor) -> list[Job]:
         settings = self.settings
         jobs = [
-            Job("heartbeat", settings.host.heartbeat_interval_s, lambda: heartbeat_job(db, self.clock, boot_pk)),
+            Job(
+                "heartbeat",
+                settings.host.heartbeat_interval_s,
+                lambda: heartbeat_job(db, self.clock, boot_pk, lambda: self._last_state(supervisor)),
+            ),
             Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
             Job("rotate_logs", 60, lambda: rotate_logs_job(settings.games_dir, settings.worker.log_max_bytes)),
             Job(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
@@ -28,9 +29,12 @@ class Job:
     run: Callable[[], object]
 
 
-def heartbeat_job(db: Database, clock: Clock, boot_pk: int) -> None:
-    """The host is up: bounds when it went down if the next start finds a new boot id."""
-    heartbeat(db, boot_pk, clock.now())
+def heartbeat_job(
+    db: Database, clock: Clock, boot_pk: int, last_state: Callable[[], dict[str, Any]] | None = None
+) -> None:
+    """The host is up: bounds when it went down if the next start finds a new boot id, and
+    keeps what it looked like (`fleetd.forensics`), since an unclean reboot gives no warning."""
+    heartbeat(db, boot_pk, clock.now(), None if last_state is None else last_state())
 
 
 def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:

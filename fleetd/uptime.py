@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from fleetd.host import HostBoot
 from fleetd.store import boots as boot_store
@@ -108,9 +109,10 @@ def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]
     return "reboot", "info" if reboot.clean else "warning", message, details
 
 
-def heartbeat(db: Database, boot_pk: int, now: datetime) -> None:
+def heartbeat(db: Database, boot_pk: int, now: datetime, last_state: dict[str, Any] | None = None) -> None:
+    """The host is up at `now`; `last_state` is what it looked like (kept for forensics)."""
     with db.transaction() as session:
-        boot_store.update_boot_last_seen(session, boot_pk, now)
+        boot_store.update_boot_last_seen(session, boot_pk, now, last_state)
 
 
 def record_daemon_stop(db: Database, boot_pk: int, now: datetime, reason: str) -> None:
@@ -213,6 +215,14 @@ def uptime_report(db: Database, boot_pk: int, daemon_started_at: datetime, now: 
         mean_time_between_reboots_s=mean_time_between_reboots(boots),
         last_reboot=reboots[-1] if reboots else None,
     )
+
+
+def boot_detail(db: Database, boot_pk: int) -> tuple[BootRecord, BootRecord | None] | None:
+    """One boot and the boot before it (whose last state is the reboot's forensics)."""
+    with db.transaction() as session:
+        boot = boot_store.read_boot(session, boot_pk)
+        previous = None if boot is None or boot.previous_id is None else boot_store.read_boot(session, boot.previous_id)
+    return None if boot is None else (boot, previous)
 
 
 def boot_log(db: Database, limit: int) -> list[tuple[BootRecord, Reboot | None]]:

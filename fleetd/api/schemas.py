@@ -30,6 +30,7 @@ class RebootOut(Out):
 
 
 class BootOut(Out):
+    id: int = Field(description="fleetd's number for the boot: `GET /api/v1/boots/{id}`, `fleetd reboots --detail ID`")
     boot_id: str
     booted_at: datetime
     first_seen_at: datetime
@@ -40,6 +41,26 @@ class BootOut(Out):
 
 class BootList(Out):
     items: list[BootOut]
+
+
+class KernelLogOut(Out):
+    kept: bool  # false: journald did not keep that boot (or no journalctl); `note` says which
+    note: str | None
+    lines: list[str]
+
+
+class ForensicsOut(Out):
+    """What a boot looked like at its last heartbeat, and its kernel's warnings."""
+
+    boot_id: str
+    last_seen_at: datetime
+    last_state: dict[str, Any] | None = Field(description="telemetry, governor (tier, level, admitted) and games at the last heartbeat")
+    kernel_warnings: KernelLogOut | None = Field(description="read at the next boot's first start; null until then")
+
+
+class BootDetailOut(BootOut):
+    before_reboot: ForensicsOut | None = Field(description="the boot this reboot ended: what the host looked like just before")
+    latest: ForensicsOut = Field(description="this boot's own last captured state")
 
 
 class WindowOut(Out):

@@ -40,8 +40,20 @@ def serve(config: ConfigOption = None) -> None:
 
 
 @app.command()
-def reboots(config: ConfigOption = None, limit: int = 50, json: JsonOption = False) -> None:
+def reboots(
+    config: ConfigOption = None,
+    limit: int = 50,
+    detail: Annotated[int | None, typer.Option("--detail", help="One reboot (its # in the log): what the host looked like just before.")] = None,
+    json: JsonOption = False,
+) -> None:
     """The reboot log: when, uptime before, downtime, clean or not."""
+    if detail is not None:
+        boot = ask(config, f"/api/v1/boots/{detail}")
+        if json:
+            render.print_json(boot)
+        else:
+            render.console.print(render.boot_detail(boot))
+        return
     boots = ask(config, "/api/v1/boots", limit=limit)
     if json:
         render.print_json([b for b in boots["items"] if b["reboot"]])

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fleetd.states import Desired, Shown
@@ -37,13 +38,15 @@ def percent(share: float | None) -> str:
 
 def reboots_table(boots: list[dict[str, Any]]) -> Table:
     table = Table(title="Reboots (newest first, UTC)")
-    for column in ("back at", "boot id", "up before", "down", "shutdown"):
+    for column in ("#", "back at", "boot id", "up before", "down", "shutdown"):
         table.add_column(column)
+    table.caption = "fleetd reboots --detail # : what the host looked like just before"
     for boot in boots:
         reboot = boot["reboot"]
         if reboot is None:
             continue
         table.add_row(
+            str(boot["id"]),
             when(reboot["back_at"]),
             boot["boot_id"][:8],
             duration(reboot["uptime_before_s"]),
@@ -191,3 +194,60 @@ def admission_text(name: str, admission: dict[str, Any] | None) -> str:
         width = max(len(option["command"]) for option in admission["options"])
         lines += [f"  {o['command']:<{width}}  {o['effect']}" for o in admission["options"]]
     return "\n".join(lines)
+
+
+def boot_detail(boot: dict[str, Any]) -> Table:
+    """`fleetd reboots --detail N`: the reboot, and the host at the last heartbeat before it."""
+    reboot, before = boot["reboot"], boot["before_reboot"]
+    table = Table(title=f"Boot #{boot['id']} ({boot['boot_id'][:8]})", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    if reboot is None or before is None:
+        table.add_row("began", "fleetd's first start here: no reboot before it recorded")
+        return table
+    how = "clean" if reboot["clean"] else "[red]unclean[/red]"
+    table.add_row("reboot", f"{how}: up {duration(reboot['uptime_before_s'])}, down {duration(reboot['downtime_s'])}, back at {when(reboot['back_at'])}")
+    table.add_row("last heartbeat", when(before["last_seen_at"]))
+    for what, value in forensics_rows(before["last_state"]):
+        table.add_row(escape(what), escape(value))  # server-provided text: never markup
+    table.add_row("kernel warnings", escape(kernel_text(before["kernel_warnings"])))
+    return table
+
+
+def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if state is None:
+        return [("state", "not captured (no heartbeat with telemetry before the reboot)")]
+    rows = [("captured at", when(state["at"]))]
+    governor = state.get("governor")
+    if governor:
+        rows.append(("rung", f"{governor['tier']} tier, level {governor['level']} ({governor['mode']}); admitted: {', '.join(governor['admitted']) or '-'}"))
+    running = [name for name, shown in state.get("games", {}).items() if shown in ("running", "starting", "stopping")]
+    rows.append(("games running", ", ".join(running) or "-"))
+    telemetry = state.get("telemetry")
+    if telemetry:
+        for gpu in telemetry.get("gpus", []):
+            rows.append((f"GPU {gpu['index']}", gpu_text(gpu)))
+        host = telemetry.get("host") or {}
+        if host:
+            available = host["memory_available_bytes"] / max(1, host["memory_total_bytes"])
+            rows.append(("host", f"{available:.0%} memory available, load {number(host.get('load_1m'), 2)}, CPU {number(host.get('cpu_pct'), 0)}%"))
+        known = {"at", "gpus", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
+        for key, value in telemetry.items():  # what the sampler reads beyond these (PSI, throttling)
+            if key not in known and value not in (None, [], {}):
+                rows.append((key, json.dumps(value, sort_keys=True)[:200]))
+    return rows
+
+
+def gpu_text(gpu: dict[str, Any]) -> str:
+    memory = gpu["memory_used_bytes"] / max(1, gpu["memory_total_bytes"])
+    extra = {k: v for k, v in gpu.items() if k not in {"index", "name", "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w"} and v not in (None, [], {})}
+    text = f"{gpu['name']}: {number(gpu.get('temperature_c'), 0)} C, {memory:.0%} memory, {number(gpu.get('power_w'), 0)} W"
+    return text + (f", {json.dumps(extra, sort_keys=True)}" if extra else "")
+
+
+def kernel_text(log: dict[str, Any] | None) -> str:
+    if log is None:
+        return "not read yet"
+    if not log["kept"]:
+        return log["note"] or "not kept"
+    return "\n".join(log["lines"]) or (log["note"] or "none")

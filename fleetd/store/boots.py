@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -21,6 +22,8 @@ def _record(row: Boot) -> BootRecord:
         daemon_started_at=row.daemon_started_at,
         daemon_clean_stop=row.daemon_clean_stop,
         previous_id=row.previous_id,
+        last_state=row.last_state,
+        kernel_log=row.kernel_log,
     )
 
 
@@ -78,9 +81,19 @@ def update_boot_daemon_start(session: Session, boot_pk: int, now: datetime) -> B
     return _record(row)
 
 
-def update_boot_last_seen(session: Session, boot_pk: int, now: datetime) -> None:
+def update_boot_last_seen(
+    session: Session, boot_pk: int, now: datetime, last_state: dict[str, Any] | None = None
+) -> None:
     row = session.get_one(Boot, boot_pk)
     row.last_seen_at = max(row.last_seen_at, now)
+    if last_state is not None:
+        row.last_state = last_state
+    session.flush()
+
+
+def update_boot_kernel_log(session: Session, boot_pk: int, kernel_log: dict[str, Any]) -> None:
+    row = session.get_one(Boot, boot_pk)
+    row.kernel_log = kernel_log
     session.flush()
 
 

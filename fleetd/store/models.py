@@ -69,6 +69,11 @@ class Boot(Base):
     # next boot closes this one: False then means a crash, power cut or hard reset.
     daemon_clean_stop: Mapped[bool] = mapped_column(default=False)
     previous_id: Mapped[int | None] = mapped_column(ForeignKey("boots.id"))
+    # What the host looked like at the last heartbeat (telemetry, the governor's rung, the
+    # games): written while it is up, because an unclean reboot gives no warning.
+    last_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Its kernel warnings from the journal, read by the first daemon start of the next boot.
+    kernel_log: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Game(Base):

@@ -19,6 +19,8 @@ class BootRecord:
     daemon_started_at: datetime
     daemon_clean_stop: bool
     previous_id: int | None
+    last_state: dict[str, Any] | None = None  # at the last heartbeat (reboot forensics)
+    kernel_log: dict[str, Any] | None = None  # {"kept", "note", "lines"}, read at the next boot
 
 
 @dataclass(frozen=True)

@@ -525,13 +525,13 @@
         const downFrom = toMs(reboot.went_down_after);
         const downTo = toMs(reboot.back_at);
         span('down', downFrom, downTo, 'down ' + fmtTime(downFrom) + ' → ' + fmtTime(downTo) + ' (' + fmtDuration(reboot.downtime_s) + ')' + (reboot.clean ? ', clean' : ', unclean'));
-        if (downTo > start) marks.push([downTo, reboot.clean]);
+        if (downTo > start) marks.push([downTo, reboot.clean, boot.id]);
       }
     }
-    for (const [at, clean] of marks) {
+    for (const [at, clean, id] of marks) { // each links to what the host looked like before it
       const mx = Math.min(Math.max(x(at), 4), W - 4);
-      chart.appendChild(svg('path', { class: clean ? 'mark clean' : 'mark unclean', d: 'M' + (mx - 4).toFixed(1) + ' 1L' + (mx + 4).toFixed(1) + ' 1L' + mx.toFixed(1) + ' 10Z' },
-        svg('title', null, (clean ? 'clean' : 'unclean') + ' reboot, back at ' + fmtTime(at))));
+      chart.appendChild(svg('a', { href: '#boot=' + id, class: 'boot-link' }, svg('path', { class: clean ? 'mark clean' : 'mark unclean', d: 'M' + (mx - 4).toFixed(1) + ' 1L' + (mx + 4).toFixed(1) + ' 1L' + mx.toFixed(1) + ' 10Z' },
+        svg('title', null, (clean ? 'clean' : 'unclean') + ' reboot, back at ' + fmtTime(at) + ': show what the host looked like before'))));
     }
     // Ticks: local midnights on the week, every 6 hours on the day.
     const step = windowMs > 2 * DAY_MS ? DAY_MS : 6 * 3600000;
@@ -577,11 +577,57 @@
     box.replaceChildren(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
       h('thead', null, h('tr', null, h('th', null, 'back at'), h('th', { class: 'r' }, 'up before'), h('th', { class: 'r' }, 'down'), h('th', null, ''))),
       h('tbody', null, reboots.map((b) => h('tr', null,
-        h('td', { class: 'num' }, fmtTime(b.reboot.back_at)),
+        h('td', { class: 'num' }, h('a', { href: '#boot=' + b.id, title: 'what the host looked like before' }, fmtTime(b.reboot.back_at))),
         h('td', { class: 'r num' }, fmtDuration(b.reboot.uptime_before_s)),
         h('td', { class: 'r num' }, fmtDuration(b.reboot.downtime_s)),
         h('td', { class: b.reboot.clean ? 'muted' : 'bad' }, b.reboot.clean ? 'clean' : 'unclean')))))));
   }
+
+  // ---------------------------------------------------------------- one reboot's forensics
+
+  async function showBoot(id) {
+    const box = $('boot-detail');
+    try {
+      renderBootDetail(box, await api('/boots/' + encodeURIComponent(id)));
+    } catch (error) {
+      box.replaceChildren(h('p', { class: 'bad small' }, 'boot ' + id + ': ' + error.message));
+    }
+    box.hidden = false;
+  }
+
+  function renderBootDetail(box, boot) {
+    const before = boot.before_reboot;
+    const list = h('dl', { class: 'facts' });
+    if (!boot.reboot || !before) {
+      fact(list, 'began', 'fleetd\'s first start here: no reboot before it recorded');
+    } else {
+      fact(list, 'reboot', (boot.reboot.clean ? 'clean' : 'unclean') + ': up ' + fmtDuration(boot.reboot.uptime_before_s) + ', down ' + fmtDuration(boot.reboot.downtime_s));
+      fact(list, 'last heartbeat', fmtTime(before.last_seen_at));
+      const state = before.last_state;
+      if (!state) fact(list, 'state', 'not captured');
+      else {
+        if (state.governor) fact(list, 'rung', state.governor.tier + ' tier, level ' + state.governor.level + ' · admitted: ' + (state.governor.admitted.join(', ') || '-'));
+        const running = Object.entries(state.games || {}).filter(([, s]) => ['running', 'starting', 'stopping'].includes(s)).map(([name]) => name);
+        fact(list, 'games running', running.join(', ') || '-');
+        const telemetry = state.telemetry || {};
+        for (const gpu of telemetry.gpus || []) {
+          fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W');
+        }
+        if (telemetry.host) fact(list, 'host', fmtPct(telemetry.host.memory_available_bytes / Math.max(1, telemetry.host.memory_total_bytes)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
+      }
+      const kernel = before.kernel_warnings;
+      fact(list, 'kernel warnings', !kernel ? 'not read yet' : (kernel.kept ? (kernel.note || '') : kernel.note));
+      if (kernel && kernel.kept && kernel.lines.length) list.appendChild(h('dd', null, h('pre', { class: 'small' }, kernel.lines.join('\n'))));
+    }
+    box.replaceChildren(h('h3', null, 'Reboot #' + boot.id + ' (boot ' + boot.boot_id.slice(0, 8) + ')'), list);
+  }
+
+  function bootFromHash() {
+    const match = /(?:^#|&)boot=(\d+)/.exec(location.hash);
+    if (match) showBoot(match[1]);
+  }
+
+  window.addEventListener('hashchange', bootFromHash);
 
   function renderProjection(projection) {
     const panel = $('projection-panel');
@@ -754,6 +800,7 @@
       if (!document.hidden && readToken()) refresh();
     });
     refresh();
+    if (readToken()) bootFromHash(); // a link to one reboot, opened directly
   }
 
   start();

@@ -1,11 +1,22 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.schemas import BootList, BootOut, RebootOut, UptimeOut, WindowOut
+from fleetd.api.errors import NOT_FOUND
+from fleetd.api.schemas import (
+    BootDetailOut,
+    BootList,
+    BootOut,
+    ForensicsOut,
+    KernelLogOut,
+    RebootOut,
+    UptimeOut,
+    WindowOut,
+)
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.store.records import BootRecord
-from fleetd.uptime import Reboot, WindowStats, boot_log, uptime_report
+from fleetd.uptime import Reboot, WindowStats, boot_detail, boot_log, uptime_report
 
 router = APIRouter(tags=["boots"])
 
@@ -23,6 +34,7 @@ def reboot_out(reboot: Reboot) -> RebootOut:
 
 def _boot_out(boot: BootRecord, reboot: Reboot | None, current_pk: int) -> BootOut:
     return BootOut(
+        id=boot.id,
         boot_id=boot.boot_id,
         booted_at=boot.booted_at,
         first_seen_at=boot.first_seen_at,
@@ -48,6 +60,32 @@ def list_boots(
     """Host boots, newest first, each with the reboot that began it."""
     rows = boot_log(context.db, limit)
     return BootList(items=[_boot_out(boot, reboot, context.daemon.boot_pk) for boot, reboot in rows])
+
+
+def forensics_out(boot: BootRecord) -> ForensicsOut:
+    log = boot.kernel_log
+    return ForensicsOut(
+        boot_id=boot.boot_id,
+        last_seen_at=boot.last_seen_at,
+        last_state=boot.last_state,
+        kernel_warnings=KernelLogOut(**log) if log is not None else None,
+    )
+
+
+@router.get("/boots/{boot_pk}", response_model=BootDetailOut, responses=NOT_FOUND)
+def read_boot(
+    boot_pk: int = Path(ge=1, description="the boot's `id` in `GET /api/v1/boots`"),
+    context: AppContext = Depends(get_context),
+) -> BootDetailOut:
+    """One boot; for a reboot, what the host looked like just before it (the last heartbeat's
+    telemetry, rung and games, and the kernel's warnings where journald kept them)."""
+    found = boot_detail(context.db, boot_pk)
+    if found is None:
+        raise FleetdError(ErrorCode.NOT_FOUND, f"no boot {boot_pk}: see fleetd reboots for the ids", {"id": boot_pk})
+    boot, previous = found
+    summary = _boot_out(boot, Reboot(boot, previous) if previous else None, context.daemon.boot_pk)
+    before = forensics_out(previous) if previous is not None else None
+    return BootDetailOut(**summary.model_dump(), before_reboot=before, latest=forensics_out(boot))
 
 
 @router.get("/uptime", response_model=UptimeOut)
