@@ -3,12 +3,46 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 TEMPLATE_NAME = "fleetd.service"
 PLACEHOLDER = re.compile(r"@[A-Z_]+@")
 # What useradd accepts on Debian and what systemd accepts in User= without complaint.
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+# What ProtectHome= hides.
+HOME_ROOTS = (PurePosixPath("/home"), PurePosixPath("/root"), PurePosixPath("/run/user"))
+DEFAULT_STATE_DIR = PurePosixPath("/var/lib/fleetd")
+
+
+@dataclass(frozen=True)
+class InstallPaths:
+    """Where this installation lives, each path as written and as its real path."""
+
+    read_only: tuple[Path, ...] = ()  # the venv, its real Python, the code, the config
+    state_dir: tuple[Path, ...] = ()  # only when the config names one; the service writes there
+
+    def under_home(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+        """(read-only, read-write) paths that ProtectHome=yes would hide, fewest that cover them."""
+        writable = covering(p for p in self.state_dir if is_under_home(p))
+        readable = covering(p for p in self.read_only if is_under_home(p) and not inside_any(p, writable))
+        return readable, writable
+
+
+def is_under_home(path: PurePosixPath) -> bool:
+    return any(path == root or root in path.parents for root in HOME_ROOTS)
+
+
+def inside_any(path: PurePosixPath, roots: Iterable[PurePosixPath]) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+def covering(paths: Iterable[Path]) -> tuple[Path, ...]:
+    """Sorted, without duplicates and without paths inside another one of them."""
+    unique = sorted(set(paths))
+    return tuple(p for p in unique if not any(q != p and q in p.parents for q in unique))
 
 
 def template_path() -> Path:
@@ -17,7 +51,7 @@ def template_path() -> Path:
     return bundled if bundled.is_file() else package.parent / "deploy" / "systemd" / TEMPLATE_NAME
 
 
-def render_unit(fleetd_bin: str, config: str, user: str) -> str:
+def render_unit(fleetd_bin: str, config: str, user: str, paths: InstallPaths = InstallPaths()) -> str:
     """The unit text; ValueError names the argument a unit file cannot carry."""
     if not USER_NAME.fullmatch(user):
         raise ValueError(f"user {user!r} is not a valid system user name (lowercase letters, digits, '-', '_')")
@@ -25,6 +59,7 @@ def render_unit(fleetd_bin: str, config: str, user: str) -> str:
         "@FLEETD_BIN@": exec_arg(fleetd_bin, "fleetd binary"),
         "@CONFIG@": exec_arg(config, "config"),
         "@USER@": user,
+        "@PROTECT_HOME@": protect_home(paths),
     }
     text = template_path().read_text()
     for placeholder, value in fields.items():
@@ -34,12 +69,70 @@ def render_unit(fleetd_bin: str, config: str, user: str) -> str:
     return text
 
 
+def protect_home(paths: InstallPaths) -> str:
+    """ProtectHome=yes, or tmpfs with the installation's paths under a home mounted back."""
+    readable, writable = paths.under_home()
+    extra = writable_state_dir(paths)
+    if not readable and not writable:
+        return "ProtectHome=yes" + extra
+    # ProtectHome=yes would hide these: ExecStart= or the Python it names would not exist and
+    # every start would fail with status=203/EXEC, for ever. read-only is not enough either
+    # when a home is mode 0700 (/root always is): the service user cannot walk into it.
+    homes = ", ".join(sorted({home_of(p) for p in readable + writable}))
+    note = (
+        f"This installation lives partly under {homes}, which ProtectHome=yes would hide: every start "
+        "would fail with status=203/EXEC. tmpfs hides every home all the same and mounts back only the "
+        "paths below, read-only except state_dir (systemd before 257 leaves the tmpfs itself writable; "
+        "it is private to the service and discarded). Found by `fleetd systemd-unit`: regenerate after "
+        "moving the venv, its Python, the config or state_dir; add a path it cannot know of (a [worker] "
+        "python elsewhere) with BindReadOnlyPaths= in a drop-in."
+    )
+    lines = [
+        *("# " + line for line in textwrap.wrap(note, 94)),
+        "ProtectHome=tmpfs",
+    ]
+    lines += [f"BindReadOnlyPaths={path_arg(p)}" for p in readable]
+    lines += [f"BindPaths={path_arg(p)}" for p in writable]
+    return "\n".join(lines) + extra
+
+
+def writable_state_dir(paths: InstallPaths) -> str:
+    # ProtectSystem=strict leaves only StateDirectory= writable; a state_dir the config names
+    # elsewhere (and not under a home, which BindPaths= covers) must be opened up explicitly.
+    elsewhere = [p for p in covering(paths.state_dir) if not is_under_home(p) and not inside_any(p, [DEFAULT_STATE_DIR])]
+    if not elsewhere:
+        return ""
+    note = "\n# The config's state_dir: create it, owned by User=, before the first start."
+    return note + "".join(f"\nReadWritePaths={path_arg(p)}" for p in elsewhere)
+
+
+def home_of(path: PurePosixPath) -> str:
+    """The home a path is in: /home/alice for /home/alice/venv; /root; /run/user."""
+    root = next(r for r in HOME_ROOTS if path == r or r in path.parents)
+    if root == PurePosixPath("/home") and path != root:
+        return str(root / path.relative_to(root).parts[0])
+    return str(root)
+
+
+def path_arg(path: PurePosixPath) -> str:
+    """One BindPaths=/ReadWritePaths= entry; ':' would split source from destination."""
+    value = str(path)
+    if ":" in value:
+        raise ValueError(f"the path {value!r} contains ':', which BindPaths= reads as source:destination; move it")
+    return word(value, "install")
+
+
 def exec_arg(value: str, what: str) -> str:
     """One ExecStart= word: an absolute path, with systemd's specifier and variable characters escaped."""
     if not value.startswith("/"):
         raise ValueError(f"the {what} path {value!r} must be absolute: systemd does not resolve relative paths")
+    # '$' starts an environment variable in ExecStart= only.
+    return word(value.replace("$", "$$"), what)
+
+
+def word(value: str, what: str) -> str:
     if any(ch in value for ch in "\n\r\"\\"):
         raise ValueError(f"the {what} path {value!r} contains a newline, quote or backslash")
-    # '%' starts a unit specifier and '$' an environment variable in ExecStart=.
-    escaped = value.replace("%", "%%").replace("$", "$$")
+    # '%' starts a unit specifier in every setting that takes a path.
+    escaped = value.replace("%", "%%")
     return f'"{escaped}"' if any(ch.isspace() for ch in escaped) else escaped

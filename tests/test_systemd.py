@@ -15,10 +15,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fleetd.cli.systemd_cmd import register
+from fleetd.cli.systemd_cmd import configured_state_dir, install_paths, register, with_real_paths
 from fleetd.config import load_settings
 from fleetd.notify import Notifier
-from fleetd.systemd_unit import PLACEHOLDER, render_unit, template_path
+from fleetd.systemd_unit import PLACEHOLDER, InstallPaths, render_unit, template_path
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 
@@ -36,10 +36,24 @@ def unit_settings(text: str) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-@pytest.fixture
-def unit_file(tmp_path: Path) -> Path:
+def unit_values(text: str, key: str) -> list[str]:
+    """Every value of a key that may repeat (BindReadOnlyPaths=)."""
+    return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith(key + "=")]
+
+
+# A venv under /opt whose python is pyenv's under /root, and a checkout in a home: the shape
+# that made the service fail with 203/EXEC for ever.
+PYENV = Path("/root/.pyenv/versions/3.11.7")
+UNDER_HOMES = InstallPaths(
+    read_only=(Path("/opt/fleetd"), PYENV, PYENV / "bin", Path("/home/alice/fleetd"), Path("/etc/fleetd/fleetd.toml")),
+)
+
+
+@pytest.fixture(params=["default", "under_homes"])
+def unit_file(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     path = tmp_path / "fleetd.service"
-    path.write_text(render_unit(real_executable(), "/etc/fleetd/fleetd.toml", "fleetd"))
+    paths = UNDER_HOMES if request.param == "under_homes" else InstallPaths()
+    path.write_text(render_unit(real_executable(), "/etc/fleetd/fleetd.toml", "fleetd", paths))
     return path
 
 
@@ -98,6 +112,65 @@ def test_unit_carries_the_issue_requirements() -> None:
     assert not {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"} & settings.keys()
     stop_timeout_s = int(settings["TimeoutStopSec"].removesuffix("s"))
     assert stop_timeout_s > load_settings().supervisor.stopwaitsecs
+
+
+def test_unit_hides_homes_when_nothing_lives_there() -> None:
+    text = render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd", InstallPaths((Path("/opt/fleetd"),)))
+    assert unit_settings(text)["ProtectHome"] == "yes"
+    assert not unit_values(text, "BindReadOnlyPaths") + unit_values(text, "BindPaths") + unit_values(text, "ReadWritePaths")
+
+
+def test_install_under_a_home_gets_tmpfs_and_its_paths_mounted_back_read_only() -> None:
+    text = render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd", UNDER_HOMES)
+    assert unit_values(text, "ProtectHome") == ["tmpfs"]
+    # The fewest paths that cover what the service reads: bin/ is inside the pyenv prefix.
+    assert unit_values(text, "BindReadOnlyPaths") == ["/home/alice/fleetd", str(PYENV)]
+    assert not unit_values(text, "BindPaths")
+    assert "under /home/alice, /root, which ProtectHome=yes would hide" in " ".join(text.split())
+
+
+def test_state_dir_under_a_home_is_mounted_back_writable() -> None:
+    paths = InstallPaths(read_only=(Path("/home/bob/venv"), Path("/home/bob/run/fleetd.toml")), state_dir=(Path("/home/bob/run"),))
+    text = render_unit("/home/bob/venv/bin/fleetd", "/home/bob/run/fleetd.toml", "fleetd", paths)
+    assert unit_values(text, "BindPaths") == ["/home/bob/run"]
+    assert unit_values(text, "BindReadOnlyPaths") == ["/home/bob/venv"]  # the config is inside state_dir
+    assert not unit_values(text, "ReadWritePaths")
+
+
+def test_state_dir_elsewhere_is_made_writable() -> None:
+    paths = InstallPaths(read_only=(Path("/opt/fleetd"),), state_dir=(Path("/srv/fleet"), Path("/var/lib/fleetd")))
+    text = render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd", paths)
+    assert unit_settings(text)["ProtectHome"] == "yes"
+    assert unit_values(text, "ReadWritePaths") == ["/srv/fleet"]  # StateDirectory= covers /var/lib/fleetd
+
+
+def test_bind_paths_escape_specifiers_and_reject_a_colon() -> None:
+    text = render_unit("/opt/f/bin/fleetd", "/etc/f.toml", "fleetd", InstallPaths((Path("/home/a b/100%"),)))
+    assert unit_values(text, "BindReadOnlyPaths") == ['"/home/a b/100%%"']
+    with pytest.raises(ValueError, match="source:destination"):
+        render_unit("/opt/f/bin/fleetd", "/etc/f.toml", "fleetd", InstallPaths((Path("/home/a:b"),)))
+
+
+def test_install_paths_follow_symlinks_to_the_real_interpreter(tmp_path: Path) -> None:
+    real = tmp_path / "pyenv" / "python3.11"
+    real.parent.mkdir()
+    real.touch()
+    (tmp_path / "venv").mkdir()
+    link = tmp_path / "venv" / "python"
+    link.symlink_to(real)
+    assert set(with_real_paths([link])) == {link, real}
+
+
+def test_install_paths_of_this_interpreter_and_the_config_state_dir(tmp_path: Path) -> None:
+    config = tmp_path / "fleetd.toml"
+    config.write_text('state_dir = "/home/carol/state"\n[api]\nport = 1\n')
+    paths = install_paths(config)
+    assert {Path(sys.prefix), Path(sys.executable).resolve(), config} <= set(paths.read_only)
+    assert Path(__file__).resolve().parents[1] in paths.read_only or any(p.name == "site-packages" for p in paths.read_only)
+    assert paths.state_dir == (Path("/home/carol/state"),)
+    assert configured_state_dir(tmp_path / "absent.toml") is None
+    config.write_text("[api]\nport = 1\n")
+    assert install_paths(config).state_dir == ()
 
 
 def test_systemd_unit_command_prints_this_installation(tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+import tomllib
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from fleetd.systemd_unit import render_unit
+from fleetd.systemd_unit import InstallPaths, render_unit
 
 DEFAULT_CONFIG = Path("/etc/fleetd/fleetd.toml")
 DEFAULT_USER = "fleetd"
@@ -20,13 +22,45 @@ def installed_fleetd() -> Path:
     return Path(sys.executable).parent / "fleetd"
 
 
+def install_paths(config: Path) -> InstallPaths:
+    """What the service reads and writes, as written and as real paths (symlinks followed).
+
+    A venv's python is often a symlink to an interpreter elsewhere (pyenv under /root or a
+    home); an editable install's code lives in its checkout. Each must be visible to the service.
+    """
+    read = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable), config, *package_roots()]
+    state_dir = configured_state_dir(config)
+    return InstallPaths(read_only=with_real_paths(read), state_dir=with_real_paths([state_dir] if state_dir else []))
+
+
+def package_roots() -> list[Path]:
+    # The directories fleetd and the worker package are imported from (site-packages, or an
+    # editable install's checkout).
+    specs = (find_spec(name) for name in ("fleetd", "workers"))
+    return [Path(spec.origin).parent.parent for spec in specs if spec is not None and spec.origin]
+
+
+def with_real_paths(paths: list[Path]) -> tuple[Path, ...]:
+    return tuple({p.absolute() for p in paths} | {p.resolve() for p in paths})
+
+
+def configured_state_dir(config: Path) -> Path | None:
+    """The config's state_dir when it names one; None when absent or unreadable here."""
+    try:
+        value = tomllib.loads(config.read_text()).get("state_dir")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return Path(value).expanduser() if isinstance(value, str) else None
+
+
 def systemd_unit(
     config: Annotated[Path, typer.Option("--config", "-c", help="Config file the service reads.")] = DEFAULT_CONFIG,
     user: Annotated[str, typer.Option("--user", help="System user (and group) the service runs as.")] = DEFAULT_USER,
 ) -> None:
     """Print the systemd unit with this installation's paths; redirect it to /etc/systemd/system/fleetd.service."""
+    config = config.absolute()
     try:
-        unit = render_unit(str(installed_fleetd()), str(config.absolute()), user)
+        unit = render_unit(str(installed_fleetd()), str(config), user, install_paths(config))
     except ValueError as exc:
         typer.echo(f"fleetd: error: {exc}", err=True)
         raise typer.Exit(2) from None
