@@ -183,6 +183,21 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
+def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    loop.settings = loop.settings.model_copy(update={"worker": worker})
+    with loop.db.transaction() as session:
+        draft = GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0, hyperparams={"num_envs": 4, "batch_size": 32})
+        game_store.create_game(session, draft, loop.clock.now())
+    loop.start()
+    loop.run_up("a")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps(3)
+    assert loop.state("a") is State.RUNNING and len(loop.launcher.spawned) == 1  # explicit values win
+
+
 def record_live_run(loop: Loop, game: str, pid: int) -> None:
     """What a previous daemon left: an open run, and the spec it started the worker with."""
     with loop.db.transaction() as session:

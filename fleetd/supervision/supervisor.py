@@ -34,7 +34,7 @@ from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Reactor, Reported, Spawned
 from fleetd.supervision.spec import launch_for
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.protocol.spec import RunSpec, SpecError, TierDefaults
+from workers.protocol.spec import RunSpec, Sizes, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class Supervisor:
                 return  # still on its way back
         self._rolling = None
         for proc in self.procs.values():
-            if proc.state is State.RUNNING and _tier_defaults(proc.spawned_launch) != _tier_defaults(proc.launch):
+            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch):
                 self._rolling = proc.name
                 proc.stop("restarting from its checkpoint with the new tier settings")
                 return
@@ -482,8 +482,10 @@ def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]
             proc.on_checkpoint(proc.run_id, record.steps)
 
 
-def _tier_defaults(launch: Launch | None) -> TierDefaults | None:
-    return None if launch is None or launch.spec is None else launch.spec.tier_defaults
+def _sizes(launch: Launch | None) -> Sizes | None:
+    """What a tier change can change in a running worker: its env count and batch size, after
+    explicit hyperparams (a game that sets both is never restarted for a tier change)."""
+    return None if launch is None or launch.spec is None else launch.spec.sizes()
 
 
 def _launch_of_run(current: Launch, run: RunRecord) -> Launch:
