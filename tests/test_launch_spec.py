@@ -9,7 +9,7 @@ import pytest
 
 from fleetd.config import Settings
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
-from fleetd.states import State
+from fleetd.states import Desired, State
 from fleetd.store.records import GameRecord
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
@@ -24,9 +24,9 @@ NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def game(hyperparams: dict | None = None) -> GameRecord:
     return GameRecord(
-        id=4, name="pong", env_id="CartPole-v1", algo="ppo", desired="running", priority=0,
+        id=4, name="pong", env_id="CartPole-v1", algo="ppo", desired=Desired.RUNNING, priority=0,
         total_timesteps=10_000, target_episodes=None, checkpoint_interval_s=None,
-        hyperparams=hyperparams if hyperparams is not None else {"n_steps": 64}, state="stopped",
+        hyperparams=hyperparams if hyperparams is not None else {"n_steps": 64}, state=State.STOPPED,
         state_reason=None, state_changed_at=NOW, restarts=0, steps=0, episodes=0,
         episodes_per_hour=None, mean_reward_100=None, best_reward=None, progress_at=None,
         admitted_at=None, created_at=NOW, updated_at=NOW, current_run=None, last_checkpoint=None,
