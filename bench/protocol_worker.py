@@ -6,14 +6,14 @@ Nothing here learns anything. It exists so that bench/supervision.py can have on
 serve` supervise hundreds of workers on one machine, which 200 torch processes would not fit
 in. It does, per docs/worker-protocol.md, what the supervisor can see of a real worker:
 
-- reads and validates the run spec with `workers.protocol.RunSpec` (exit 78 on a bad spec);
+- reads and validates the run spec with `workers.protocol.spec.RunSpec` (exit 78 on a bad spec);
 - sends a `resumed` report (fresh start, no checkpoint) at once, then a `progress` report every
-  `progress_interval_s` through `workers.protocol.ProgressSender`, with a fake step counter that
+  `progress_interval_s` through `workers.protocol.sender.ProgressSender`, with a fake step counter that
   advances with wall time (so the hang watchdog sees progress);
-- exits 0 (`EXIT_STOPPED`) on SIGTERM or SIGINT.
+- exits 0 (`ExitCode.STOPPED`) on SIGTERM or SIGINT.
 
-It writes no checkpoints. Standard library only (plus the stdlib-only `workers.protocol`), so
-each process stays at about 10 MB.
+It writes no checkpoints. Standard library only (plus `workers.protocol`: stdlib and pydantic),
+so each process stays small, with no torch.
 """
 
 from __future__ import annotations
@@ -24,16 +24,10 @@ import signal
 import sys
 import time
 
-from workers.protocol import (
-    EXIT_BAD_SPEC,
-    EXIT_STOPPED,
-    ProgressReport,
-    ProgressSender,
-    ResumedReport,
-    RunSpec,
-    SpecError,
-    now,
-)
+from workers.protocol.exit_codes import ExitCode
+from workers.protocol.reports import ProgressReport, ResumedReport, now
+from workers.protocol.sender import ProgressSender
+from workers.protocol.spec import RunSpec, SpecError
 
 FAKE_STEPS_PER_S = 1000.0  # the fake step counter's rate
 FAKE_STEPS_PER_EPISODE = 500
@@ -61,7 +55,7 @@ def run(spec: RunSpec) -> int:
             sender.send(progress(spec, steps, FAKE_STEPS_PER_S))
     finally:
         sender.close()
-    return EXIT_STOPPED
+    return ExitCode.STOPPED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = RunSpec.load(args.spec)
     except SpecError as exc:
         print(exc, file=sys.stderr)
-        return EXIT_BAD_SPEC
+        return ExitCode.BAD_SPEC
     return run(spec)
 
 

@@ -92,15 +92,18 @@ def train_rate(model, seconds: float) -> float:
 
 
 def worker_model(args):
-    """What `python -m workers` builds here: EnvPool adapter, CPU-scaled tier defaults."""
+    """What `python -m workers` builds here: EnvPool adapter, the tier values fleetd would size
+    for this device (fleetd/governor/scaling.py; the standalone 8 envs / batch 256 as the tier)."""
+    from fleetd.governor.scaling import Scaled
     from workers.envs import make_vec_env
     from workers.hyperparams import configure_torch, make_plan, select_device
-    from workers.protocol import RunSpec
+    from workers.protocol.spec import RunSpec
     from workers.train import build_model, env_config
 
-    spec = RunSpec(version=1, game="bench", run_id=0, env_id=args.env_id, algo="ppo",
-                   checkpoint_dir="/tmp/unused", cpu_threads=args.threads)
     device = select_device("auto")
+    sizes = Scaled(8, 256, "bench", on_gpu=device.kind == "cuda").for_worker(device.kind, args.threads)
+    spec = RunSpec(version=1, game="bench", run_id=0, env_id=args.env_id, algo="ppo",
+                   checkpoint_dir="/tmp/unused", cpu_threads=args.threads, tier_defaults=sizes)
     configure_torch(device, args.threads)
     plan = make_plan(spec, device)
     model = build_model(spec, plan, make_vec_env(env_config(spec, plan)))

@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.states import Desired
+from workers.protocol.exit_codes import ExitCode
 
 ENV_PREFIX = "FLEETD_"
 ENV_NESTED = "__"
@@ -93,7 +94,7 @@ class SupervisorSettings(_Section):
     stopsignal: Literal["TERM", "INT", "QUIT", "HUP", "USR1", "USR2"] = "TERM"
     # true: restart after any exit; false: never; unexpected: unless the code is in exitcodes.
     autorestart: Literal["true", "false", "unexpected"] = "unexpected"
-    exitcodes: list[int] = [20]
+    exitcodes: list[int] = [int(ExitCode.COMPLETED)]  # the worker's "goal reached"
     backoff_initial_s: float = Field(1.0, gt=0)
     backoff_max_s: float = Field(60.0, gt=0)
     # No step advanced for this long while a worker should run: kill its group, restart.

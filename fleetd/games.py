@@ -15,7 +15,8 @@ from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.records import GameDraft, GameRecord
-from workers.protocol import PROTOCOL_VERSION, RunSpec, SpecError
+from workers.protocol import PROTOCOL_VERSION
+from workers.protocol.spec import LaunchSpec, SpecError, refusals
 
 def shown_state(game: GameRecord) -> Shown:
     """The state people see: `pending` when it should run and waits for the governor."""
@@ -32,17 +33,10 @@ def shown_reason(game: GameRecord, snapshot: FleetSnapshot | None) -> str | None
 def check_draft(draft: GameDraft, catalog: EnvCatalog, field_prefix: str = "") -> None:
     """The checks a type cannot express: the env id exists; the worker accepts the hyperparams."""
     catalog.check(draft.env_id, f"{field_prefix}env_id")
-    trial = {
-        "version": PROTOCOL_VERSION,
-        "game": draft.name,
-        "run_id": 0,
-        "env_id": draft.env_id,
-        "algo": draft.algo,
-        "checkpoint_dir": "/nonexistent",
-        "hyperparams": draft.hyperparams or {},
-    }
     try:
-        RunSpec.from_dict(trial)
+        with refusals():
+            LaunchSpec(version=PROTOCOL_VERSION, game=draft.name, env_id=draft.env_id, algo=draft.algo,
+                       checkpoint_dir="/nonexistent", hyperparams=draft.hyperparams or {})
     except SpecError as exc:
         field = f"{field_prefix}{exc.field}"
         raise FleetdError(

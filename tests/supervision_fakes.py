@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fleetd.states import State
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Reported, Spawned
 from tests.fakes import FakeClock
-from workers.protocol import Report
+from workers.protocol.reports import Report
 
 
 @dataclass

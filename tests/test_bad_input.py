@@ -29,6 +29,7 @@ from fleetd.supervision.launcher import OsLauncher
 from fleetd.supervision.seams import Launch
 from tests.api_context import shared_context
 from tests.daemon_harness import Daemon, DaemonConfig, fleetd_cli
+from workers.protocol.spec import LaunchSpec
 
 TOKEN = "b" * 32
 GAME = {"name": "pong", "env_id": "CartPole-v1", "algo": "ppo"}
@@ -426,7 +427,8 @@ def test_launcher_spawns_an_argv_list_without_a_shell(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(launcher_module.os, "posix_spawn", spy)
     game_dir = tmp_path / "games" / "my game; $(touch pwned) `touch pwned2` | cat"
-    result = OsLauncher(module="argv_echo").spawn(Launch("pong", game_dir, {"game": "pong"}), run_id=1)
+    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(game_dir))
+    result = OsLauncher(module="argv_echo").spawn(Launch("pong", game_dir, spec), run_id=1)
     _, status = os.waitpid(result.pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     spec_path = game_dir / "logs" / "run-000001.spec.json"

@@ -11,7 +11,7 @@ from fleetd.alerts import Alert
 from fleetd.states import Shown, State
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 from workers.checkpoint import write_checkpoint
-from workers.protocol import CheckpointReport, CheckpointSummary, ResumedReport
+from workers.protocol.reports import CheckpointReport, CheckpointSummary, ResumedReport
 
 RESUMED_AT = 5000
 

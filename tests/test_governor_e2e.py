@@ -18,11 +18,25 @@ from tests.daemon_harness import (
 
 pytestmark = pytest.mark.e2e
 
+# Tiers small enough to differ on a CPU worker (at most 2 envs per thread, batch 64), so the
+# tier change below changes what the running games train with, and restarts them.
 FLEET = """
 [fleet]
 tier = "light"
 first_window_s = 4
 window_s = 4
+[fleet.tiers.light]
+games = 2
+num_envs = 1
+batch_size = 32
+[fleet.tiers.medium]
+games = 4
+num_envs = 2
+batch_size = 64
+[fleet.tiers.heavy]
+games = 8
+num_envs = 2
+batch_size = 64
 """
 
 
@@ -33,6 +47,12 @@ def governed(fleet_config: DaemonConfig) -> DaemonConfig:
     return fleet_config
 
 
+def sized_by_the_tier(name: str) -> dict:
+    game = cartpole(name)
+    hyperparams = {k: v for k, v in game["hyperparams"].items() if k not in ("num_envs", "batch_size")}
+    return game | {"hyperparams": hyperparams}
+
+
 def running(game: dict) -> bool:
     return game["state"] == "running"
 
@@ -40,7 +60,7 @@ def running(game: dict) -> bool:
 def test_light_runs_two_and_medium_admits_the_third(governed: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
     daemon = start_daemon(governed, fleet_daemons)
     for name in ("a", "b", "c"):
-        assert daemon.post("/api/v1/games", cartpole(name)).status_code == 201
+        assert daemon.post("/api/v1/games", sized_by_the_tier(name)).status_code == 201
     for name in ("a", "b"):
         daemon.wait_for_game(name, running, WORKER_START_S, "running")
     fleet = daemon.get("/api/v1/fleet").json()
@@ -53,7 +73,7 @@ def test_light_runs_two_and_medium_admits_the_third(governed: DaemonConfig, flee
     daemon.wait_for_game("c", running, 20 + WORKER_START_S, "admitted and running")
     fleet = daemon.get("/api/v1/fleet").json()
     assert (fleet["tier"], fleet["mode"], fleet["pending"]) == ("medium", "manual", [])
-    assert fleet["settings"]["num_envs"] == 64 and "medium tier values" in fleet["settings"]["reason"]
+    assert fleet["settings"]["num_envs"] == 2 and "medium tier values" in fleet["settings"]["reason"]
 
     # The tier change restarted a and b from their checkpoints, one at a time.
     for name in ("a", "b"):

@@ -4,7 +4,6 @@ snapshot that the API and systemd's status line read. Deterministic: no sleeps, 
 
 from __future__ import annotations
 
-import json
 import signal
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from fleetd.catalog import EnvCatalog
 from fleetd.config import Settings
 from fleetd.games import set_desired
 from fleetd.governor.controller import FleetController
+from fleetd.governor.scaling import Scaled
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
@@ -30,7 +30,7 @@ from fleetd.supervision.supervisor import Reconcile, Shutdown, StartGame, Superv
 from fleetd.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
-from workers.protocol import ProgressReport
+from workers.protocol.reports import ProgressReport
 
 
 @dataclass
@@ -161,6 +161,10 @@ def test_stop_then_the_pending_game_takes_the_slot_and_start_waits(loop: Loop) -
 
 
 def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> None:
+    # No GPU here: CPU workers get at most 2 envs per thread, so give them enough threads that
+    # the light (32 envs) and medium (64 envs) tiers differ.
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    loop.settings = loop.settings.model_copy(update={"worker": worker})
     for name in ("a", "b"):
         loop.add(name)
     loop.start()
@@ -179,6 +183,21 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
+def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    loop.settings = loop.settings.model_copy(update={"worker": worker})
+    with loop.db.transaction() as session:
+        draft = GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0, hyperparams={"num_envs": 4, "batch_size": 32})
+        game_store.create_game(session, draft, loop.clock.now())
+    loop.start()
+    loop.run_up("a")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps(3)
+    assert loop.state("a") is State.RUNNING and len(loop.launcher.spawned) == 1  # explicit values win
+
+
 def record_live_run(loop: Loop, game: str, pid: int) -> None:
     """What a previous daemon left: an open run, and the spec it started the worker with."""
     with loop.db.transaction() as session:
@@ -188,9 +207,9 @@ def record_live_run(loop: Loop, game: str, pid: int) -> None:
         run_store.update_run_spawned(session, run_id, pid, 1.0, ["python", "-m", "workers"], str(log_path))
         game_store.update_game_state(session, game, State.RUNNING, "up", loop.clock.now())
     tier = loop.settings.fleet.tiers["light"]
-    spec = launch_for(record, loop.settings, 1, {"num_envs": tier.num_envs, "batch_size": tier.batch_size}).spec
+    launch = launch_for(record, loop.settings, 1, Scaled(tier.num_envs, tier.batch_size, "light tier values"))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.with_suffix(".spec.json").write_text(json.dumps({**spec, "run_id": run_id}))
+    log_path.with_suffix(".spec.json").write_text(launch.spec.with_run(run_id).to_json())
 
 
 def test_start_up_adopts_the_live_worker_and_kills_a_second_one(loop: Loop) -> None:

@@ -1,4 +1,5 @@
 """The fleetd training worker: one process trains one game (docs/worker.md).
 
-`workers.protocol` and `workers.checkpoint` are standard-library only; the daemon imports them.
+`workers.protocol` (standard library and pydantic) and `workers.checkpoint` (standard library)
+import no torch; the daemon imports them.
 """

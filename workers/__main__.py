@@ -6,7 +6,8 @@ import argparse
 import logging
 import sys
 
-from workers.protocol import EXIT_BAD_SPEC, RunSpec, SpecError
+from workers.protocol.exit_codes import ExitCode
+from workers.protocol.spec import RunSpec, SpecError
 
 log = logging.getLogger("workers")
 
@@ -26,16 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = RunSpec.load(args.spec)
     except SpecError as exc:
-        log.error("bad run spec %s: %s (exit %d)", args.spec, exc, EXIT_BAD_SPEC)
-        return EXIT_BAD_SPEC
+        log.error("bad run spec %s: %s (exit %d)", args.spec, exc, ExitCode.BAD_SPEC)
+        return ExitCode.BAD_SPEC
     log.info("worker for game %s, run %d: %s %s", spec.game, spec.run_id, spec.algo, spec.env_id)
     from workers.train import run  # torch and SB3 load only for a valid spec
 
     try:
         return run(spec)
     except SpecError as exc:  # found once the algorithm is known, e.g. a DQN-only key for PPO
-        log.error("bad run spec %s: %s (exit %d)", args.spec, exc, EXIT_BAD_SPEC)
-        return EXIT_BAD_SPEC
+        log.error("bad run spec %s: %s (exit %d)", args.spec, exc, ExitCode.BAD_SPEC)
+        return ExitCode.BAD_SPEC
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from workers import checkpoint
 from workers.counters import Counters
-from workers.protocol import CheckpointSummary, RunSpec
+from workers.protocol.reports import CheckpointSummary
+from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
 from workers.snapshot import save_snapshot
 

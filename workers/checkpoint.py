@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from workers.protocol import CheckpointSummary
+from workers.protocol.reports import CheckpointSummary
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,8 @@
-"""Device selection and hyperparameters: tier defaults scaled by device, explicit overrides win."""
+"""Device selection and hyperparameters: algorithm defaults < the spec's sizes < explicit overrides.
+
+The worker does not size anything for its device: fleetd did (fleetd/governor/scaling.py), and
+`LaunchSpec.sizes()` applies "explicit hyperparams win over tier defaults".
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,9 @@ from typing import Any, Mapping
 
 import torch
 
-from workers.protocol import RunSpec, SpecError
+from workers.protocol.spec import RunSpec, SpecError
 
 log = logging.getLogger(__name__)
-
-DEFAULT_TIER = {"num_envs": 8, "batch_size": 256}
-CPU_MAX_BATCH = 64
-BIG_GPU_GIB = 40.0  # an A100/H100 class card: twice the envs and batch (the seeds' A100: 16 / 512)
-SMALL_GPU_GIB = 12.0  # below this, halve the batch
 
 # Per algorithm: (Atari-style image observations, vector observations). Taken from the
 # rl-baselines3-zoo settings the seeds used; `batch_size` and `num_envs` come from the tier.
@@ -86,31 +85,12 @@ def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotuned convs pay off
 
 
-def scale_tier(tier: Mapping[str, int], device: DeviceInfo, cpu_threads: int) -> tuple[int, int]:
-    """(num_envs, batch_size) for this device from the game's tier defaults.
-
-    On a GPU, tier values from the supervisor are taken as given: fleetd already scaled them
-    to the GPU's memory and the number of games sharing it. Without them (a worker run on its
-    own), the built-in defaults are scaled to the GPU here.
-    """
-    num_envs = tier.get("num_envs", DEFAULT_TIER["num_envs"])
-    batch = tier.get("batch_size", DEFAULT_TIER["batch_size"])
-    if device.kind == "cpu":
-        return max(1, min(num_envs, 2 * cpu_threads)), min(batch, CPU_MAX_BATCH)
-    if tier:
-        return num_envs, batch
-    if device.memory_gib >= BIG_GPU_GIB:
-        return num_envs * 2, batch * 2
-    if device.memory_gib < SMALL_GPU_GIB:
-        return num_envs, max(32, batch // 2)
-    return num_envs, batch
-
-
 def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
-    num_envs, batch = scale_tier(spec.tier_defaults, device, spec.cpu_threads)
-    hp = dict(spec.hyperparams)
-    plan = Plan(device=device, num_envs=hp.pop("num_envs", num_envs),
-                batch_size=hp.pop("batch_size", batch), normalize=hp.pop("normalize", False),
+    num_envs, batch = spec.sizes()
+    hp = spec.hyperparams.explicit()
+    hp.pop("num_envs", None)
+    hp.pop("batch_size", None)
+    plan = Plan(device=device, num_envs=num_envs, batch_size=batch, normalize=hp.pop("normalize", False),
                 save_replay_buffer=hp.pop("save_replay_buffer", False),
                 frame_stack=hp.pop("frame_stack", 4),
                 max_episode_steps=hp.pop("max_episode_steps", None),
@@ -146,7 +126,7 @@ def _check_accepted(algo: str, overrides: Mapping[str, Any]) -> None:
 def policy_kwargs(raw: Mapping[str, Any]) -> dict[str, Any]:
     """JSON policy kwargs -> SB3 ones (activation functions are named by string)."""
     out = dict(raw)
-    if "activation_fn" in out:  # names checked against protocol.ACTIVATIONS when parsed
+    if "activation_fn" in out:  # names checked by the spec's PolicyKwargs when parsed
         out["activation_fn"] = _ACTIVATIONS[out["activation_fn"]]
     return out
 

@@ -14,8 +14,9 @@ import time
 from collections import deque
 
 from workers.counters import Counters
-from workers.protocol import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
-                              ProgressSender, ResumedReport, SkippedCheckpoint, now)
+from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
+                                      ResumedReport, SkippedCheckpoint, now)
+from workers.protocol.sender import ProgressSender
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from stable_baselines3.common.vec_env import VecEnv
 
 from workers import checkpoint
-from workers.protocol import SkippedCheckpoint
+from workers.protocol.reports import SkippedCheckpoint
 from workers.snapshot import Restored, load_snapshot
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,9 @@ from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goa
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
 from workers.hyperparams import Plan, algo_kwargs, configure_torch, make_plan, policy_name, select_device
-from workers.protocol import (EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED, EXIT_STOPPED, ProgressSender,
-                              RunSpec)
+from workers.protocol.exit_codes import ExitCode
+from workers.protocol.sender import ProgressSender
+from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
 from workers.resume import ResumeResult, find_resumable
 from workers.snapshot import ALGO_CLASSES, restore_rng
@@ -57,8 +58,8 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
         reporter.send_resumed(None, found.skipped)
         log.error("checkpoints exist in %s but none verifies and loads; refusing to start from "
                   "scratch. Inspect them, or set allow_fresh_start to train anew (exit %d)",
-                  spec.checkpoint_dir, EXIT_CHECKPOINTS_UNUSABLE)
-        return EXIT_CHECKPOINTS_UNUSABLE
+                  spec.checkpoint_dir, ExitCode.CHECKPOINTS_UNUSABLE)
+        return ExitCode.CHECKPOINTS_UNUSABLE
     if found.unusable:
         log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
     model = _model_from(found, spec, plan, venv)
@@ -147,8 +148,8 @@ def _outcome(spec: RunSpec, counters: Counters, callback: FleetCallback, stop: S
 def _exit_code(outcome: Outcome, counters: Counters) -> int:
     if outcome is Outcome.COMPLETED:
         log.info("goal reached at %d steps, %d episodes; exit %d", counters.steps,
-                 counters.episodes, EXIT_COMPLETED)
-        return EXIT_COMPLETED
+                 counters.episodes, ExitCode.COMPLETED)
+        return ExitCode.COMPLETED
     log.info("stopped on signal at %d steps after a final checkpoint; exit %d", counters.steps,
-             EXIT_STOPPED)
-    return EXIT_STOPPED
+             ExitCode.STOPPED)
+    return ExitCode.STOPPED

@@ -7,7 +7,6 @@ session, it survives the daemon's death and can be re-adopted.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ import psutil
 
 from fleetd.notify import NOTIFY_ENV_KEYS
 from fleetd.supervision.seams import Launch, LaunchError, Spawned
+from workers.protocol.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,13 @@ class OsLauncher:
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         logs = launch.game_dir / "logs"
+        spec = _run_spec(launch, run_id)
         try:
             logs.mkdir(parents=True, exist_ok=True)
-            spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", {**launch.spec, "run_id": run_id})
+            spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", spec)
             log_path = logs / f"run-{run_id:06d}.log"
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
-            pid = self._spawn(argv, log_path, _worker_env(launch.spec))
+            pid = self._spawn(argv, log_path, _worker_env(spec.cpu_threads))
         except OSError as exc:
             raise LaunchError(f"{exc.strerror or exc} ({exc.filename or self.python})") from None
         _prune_run_files(logs, self.keep_runs)
@@ -70,16 +71,22 @@ class OsLauncher:
             log.error("not allowed to signal process group %d", pid)
 
 
-def _worker_env(spec: dict[str, object]) -> dict[str, str]:
+def _run_spec(launch: Launch, run_id: int) -> RunSpec:
+    if launch.spec is None:
+        raise LaunchError(launch.refused or "no run spec")
+    return launch.spec.with_run(run_id)
+
+
+def _worker_env(cpu_threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
-    threads = str(spec.get("cpu_threads", 1))
+    threads = str(cpu_threads)
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     return env
 
 
-def _write_spec(path: Path, spec: dict[str, object]) -> Path:
+def _write_spec(path: Path, spec: RunSpec) -> Path:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(spec, indent=2, sort_keys=True))
+    tmp.write_text(spec.to_json())
     os.replace(tmp, path)
     return path
 

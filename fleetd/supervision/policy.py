@@ -6,6 +6,7 @@ import signal
 from dataclasses import dataclass
 
 from fleetd.config import SupervisorSettings
+from workers.protocol.exit_codes import ExitCode
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class Policy:
     stopwaitsecs: float = 60.0
     stopsignal: signal.Signals = signal.SIGTERM
     autorestart: str = "unexpected"
-    exitcodes: frozenset[int] = frozenset({20})
+    exitcodes: frozenset[int] = frozenset({ExitCode.COMPLETED})
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     hang_timeout_s: float = 300.0

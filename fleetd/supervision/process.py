@@ -15,7 +15,7 @@ from fleetd.supervision.policy import Policy
 from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
-from workers.protocol import EXIT_BAD_SPEC, EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED
+from workers.protocol.exit_codes import ExitCode
 
 _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
 
@@ -178,6 +178,10 @@ class WorkerProcess:
     def _spawn(self, reason: str, restart: bool = False) -> None:
         self._to(State.STARTING, reason, restart=restart)
         run_id = self._sink.begin_run(self.name)
+        if self.launch.refused is not None:  # the worker would exit 78: no use starting it
+            self._sink.run_ended(run_id, ExitStatus(), "bad_spec")
+            self._to(State.FATAL, f"run spec refused: {self.launch.refused}")
+            return
         try:
             spawned = self._launcher.spawn(self.launch, run_id)
         except LaunchError as exc:
@@ -205,11 +209,11 @@ class WorkerProcess:
             return Outcome("stopped", State.STOPPED, f"stopped{how}")
         if self._killed_for == "hang":
             return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
-        if status.code == EXIT_COMPLETED:
+        if status.code == ExitCode.COMPLETED:
             return Outcome("completed", State.EXITED, "completed: goal reached")
-        if status.code == EXIT_CHECKPOINTS_UNUSABLE:
+        if status.code == ExitCode.CHECKPOINTS_UNUSABLE:
             return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies")
-        if status.code == EXIT_BAD_SPEC:
+        if status.code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
         if not self.policy.restarts_after(status.code):
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fleetd.supervision.oom import OomCounter
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Reported
-from workers.protocol import ReportError, decode_report
+from workers.protocol.reports import ReportError, decode_report
 
 log = logging.getLogger(__name__)
 

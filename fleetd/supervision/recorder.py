@@ -22,7 +22,7 @@ from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
 from fleetd.supervision.seams import ExitStatus, Spawned
 from fleetd.states import State
-from workers.protocol import CheckpointSummary, ProgressReport
+from workers.protocol.reports import CheckpointSummary, ProgressReport
 
 _SEVERITY = {State.FATAL: "error", State.BACKOFF: "warning"}
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from fleetd.states import State
-from workers.protocol import Report
+from workers.protocol.exit_codes import describe
+from workers.protocol.reports import Report
+from workers.protocol.spec import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,8 @@ class Launch:
 
     game: str
     game_dir: Path
-    spec: dict[str, Any] = field(default_factory=dict)  # RunSpec fields, run_id left out
+    spec: LaunchSpec | None = None  # None only in tests of the state machine, or when refused
+    refused: str | None = None  # why this game's spec would be refused: it goes FATAL, unstarted
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class ExitStatus:
         if self.signal is not None:
             return f"killed by {signal.Signals(self.signal).name}"
         if self.code is not None:
-            return f"exit code {self.code}"
+            return describe(self.code)
         return "exit status unknown"
 
 

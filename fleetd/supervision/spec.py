@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 
 from fleetd.config import Settings
+from fleetd.governor.scaling import Scaled
 from fleetd.store.records import GameRecord
 from fleetd.supervision.seams import Launch
 from workers.protocol import PROTOCOL_VERSION
+from workers.protocol.spec import LaunchSpec, SpecError, TierDefaults, refusals
 
 
 def cpu_allotment(settings: Settings, running_games: int) -> int:
@@ -16,32 +18,43 @@ def cpu_allotment(settings: Settings, running_games: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, running_games))
 
 
-def launch_for(
-    game: GameRecord, settings: Settings, running_games: int, tier_defaults: dict[str, int]
-) -> Launch:
+def launch_for(game: GameRecord, settings: Settings, running_games: int, tier: Scaled | None) -> Launch:
+    """The game's launch; a spec the worker would refuse (a stored game that an older fleetd
+    accepted) is kept as the refusal, and the game goes FATAL instead of starting."""
+    game_dir = settings.game_dir(game.name)
+    cpu_threads = cpu_allotment(settings, running_games)
+    # The governor's tier, sized for this worker's device; explicit hyperparams still win.
+    sizes = tier.for_worker(settings.worker.device, cpu_threads) if tier else TierDefaults()
+    try:
+        spec = launch_spec(game, settings, cpu_threads, sizes)
+    except SpecError as exc:
+        return Launch(game.name, game_dir, refused=str(exc))
+    return Launch(game.name, game_dir, spec)
+
+
+def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: TierDefaults) -> LaunchSpec:
     worker = settings.worker
     game_dir = settings.game_dir(game.name)
-    spec = {
-        "version": PROTOCOL_VERSION,
-        "game": game.name,
-        "env_id": game.env_id,
-        "algo": game.algo,
-        "total_timesteps": game.total_timesteps,
-        "target_episodes": game.target_episodes,
-        "hyperparams": game.hyperparams,
-        # The governor's tier, scaled to the GPU; explicit hyperparams still win.
-        "tier_defaults": tier_defaults,
-        "checkpoint_dir": str(game_dir / "checkpoints"),
-        "checkpoint_interval_s": game.checkpoint_interval_s or worker.checkpoint_interval_s,
-        "checkpoint_interval_steps": worker.checkpoint_interval_steps,
-        "keep_checkpoints": worker.keep_checkpoints,
-        "progress_socket": str(settings.progress_socket),
-        "progress_interval_s": worker.progress_interval_s,
-        "cpu_threads": cpu_allotment(settings, running_games),
-        "device": worker.device,
-        "seed": game.id,
-        # Never silently from scratch: the worker refuses when checkpoints exist and none verifies.
-        "allow_fresh_start": False,
-        "tensorboard_dir": str(game_dir / "tensorboard"),
-    }
-    return Launch(game.name, game_dir, spec)
+    with refusals():
+        return LaunchSpec(
+            version=PROTOCOL_VERSION,
+            game=game.name,
+            env_id=game.env_id,
+            algo=game.algo,
+            total_timesteps=game.total_timesteps,
+            target_episodes=game.target_episodes,
+            hyperparams=game.hyperparams,
+            tier_defaults=sizes,
+            checkpoint_dir=str(game_dir / "checkpoints"),
+            checkpoint_interval_s=game.checkpoint_interval_s or worker.checkpoint_interval_s,
+            checkpoint_interval_steps=worker.checkpoint_interval_steps,
+            keep_checkpoints=worker.keep_checkpoints,
+            progress_socket=str(settings.progress_socket),
+            progress_interval_s=worker.progress_interval_s,
+            cpu_threads=cpu_threads,
+            device=worker.device,
+            seed=game.id,
+            # Never silently from scratch: the worker refuses when checkpoints exist and none verifies.
+            allow_fresh_start=False,
+            tensorboard_dir=str(game_dir / "tensorboard"),
+        )

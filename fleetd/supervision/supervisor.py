@@ -8,7 +8,6 @@ its desired state is running and the governor has admitted it. Exits come throug
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import signal
@@ -34,7 +33,8 @@ from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Reactor, Reported, Spawned
 from fleetd.supervision.spec import launch_for
-from workers.protocol import CheckpointReport, ProgressReport, ResumedReport
+from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
+from workers.protocol.spec import RunSpec, Sizes, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -262,12 +262,12 @@ class Supervisor:
             self._publish()
             return
         self.fleet.govern(self._slots())
-        tier_defaults = self.fleet.scaled().tier_defaults()
+        tier = self.fleet.scaled()
         running = self.fleet.admitted_count()
         for game in self._games:
             proc = self.procs.get(game.name)
             if proc is not None:
-                proc.launch = launch_for(game, self.settings, running, tier_defaults)
+                proc.launch = launch_for(game, self.settings, running, tier)
         for proc in list(self.procs.values()):
             self._apply_desired(proc)
         self._roll_tier_changes()
@@ -308,7 +308,7 @@ class Supervisor:
                 return  # still on its way back
         self._rolling = None
         for proc in self.procs.values():
-            if proc.state is State.RUNNING and _tier_defaults(proc.spawned_launch) != _tier_defaults(proc.launch):
+            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch):
                 self._rolling = proc.name
                 proc.stop("restarting from its checkpoint with the new tier settings")
                 return
@@ -316,7 +316,7 @@ class Supervisor:
     # -- processes ---------------------------------------------------------------------------
 
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
-        proc = WorkerProcess(launch_for(game, self.settings, 1, {}), self.policy, self._launcher, self.clock, self._tap)
+        proc = WorkerProcess(launch_for(game, self.settings, 1, None), self.policy, self._launcher, self.clock, self._tap)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
@@ -482,17 +482,18 @@ def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]
             proc.on_checkpoint(proc.run_id, record.steps)
 
 
-def _tier_defaults(launch: Launch | None) -> object:
-    return None if launch is None else launch.spec.get("tier_defaults")
+def _sizes(launch: Launch | None) -> Sizes | None:
+    """What a tier change can change in a running worker: its env count and batch size, after
+    explicit hyperparams (a game that sets both is never restarted for a tier change)."""
+    return None if launch is None or launch.spec is None else launch.spec.sizes()
 
 
 def _launch_of_run(current: Launch, run: RunRecord) -> Launch:
     """What an adopted worker was started with: the spec saved beside its log."""
     if run.log_path is None:
         return current
-    spec_path = Path(run.log_path).with_suffix(".spec.json")
     try:
-        spec = json.loads(spec_path.read_text())
-    except (OSError, ValueError):
+        spec = RunSpec.load(Path(run.log_path).with_suffix(".spec.json"))
+    except SpecError:
         return current
-    return Launch(current.game, current.game_dir, spec)
+    return Launch(current.game, current.game_dir, spec.launch())

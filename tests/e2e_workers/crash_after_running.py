@@ -15,7 +15,9 @@ import signal
 import sys
 import time
 
-from workers.protocol import ProgressReport, ProgressSender, ResumedReport, RunSpec, now
+from workers.protocol.reports import ProgressReport, ResumedReport, now
+from workers.protocol.sender import ProgressSender
+from workers.protocol.spec import RunSpec
 
 CRASH_AFTER_S = 4.0
 REPORT_EVERY_S = 0.2

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from workers.protocol import RunSpec, decode_report
+from workers.protocol.reports import decode_report
+from workers.protocol.spec import RunSpec
 
 
 class ProgressInbox:

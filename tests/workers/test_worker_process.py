@@ -11,8 +11,9 @@ from pathlib import Path
 
 from workers import checkpoint
 from workers.counters import Counters
-from workers.protocol import (EXIT_BAD_SPEC, EXIT_STOPPED, ProgressReport, ProgressSender,
-                              ResumedReport)
+from workers.protocol.exit_codes import ExitCode
+from workers.protocol.reports import ProgressReport, ResumedReport
+from workers.protocol.sender import ProgressSender
 from workers.reporting import Reporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ def test_sigterm_leaves_final_checkpoint_and_exits_0(make_spec, write_spec, inbo
     finally:
         code = _reap(proc, timeout=90)  # a bound, not a speed claim: CI machines can be loaded
     log = (tmp_path / "worker.log").read_text()
-    assert code == EXIT_STOPPED, log
+    assert code == ExitCode.STOPPED, log
     final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
     assert checkpoint.verify(final.path) == (True, "ok")
     assert final.steps >= seen.steps
@@ -58,7 +59,7 @@ def test_bad_spec_process_exits_78_naming_the_field(make_spec, write_spec, tmp_p
     data = make_spec().to_dict()
     data["keep_checkpoints"] = "three"
     proc = _launch(write_spec(data), tmp_path / "worker.log")
-    assert _reap(proc, timeout=60) == EXIT_BAD_SPEC
+    assert _reap(proc, timeout=60) == ExitCode.BAD_SPEC
     assert "keep_checkpoints" in (tmp_path / "worker.log").read_text()
 
 
@@ -66,7 +67,7 @@ def test_hyperparameter_the_algorithm_lacks_exits_78(make_spec, write_spec, tmp_
     data = make_spec().to_dict()
     data["hyperparams"] = {**data["hyperparams"], "buffer_size": 1000}  # a DQN knob for PPO
     proc = _launch(write_spec(data), tmp_path / "worker.log")
-    assert _reap(proc, timeout=90) == EXIT_BAD_SPEC
+    assert _reap(proc, timeout=90) == ExitCode.BAD_SPEC
     assert "hyperparams.buffer_size" in (tmp_path / "worker.log").read_text()
 
 

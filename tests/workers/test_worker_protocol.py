@@ -1,4 +1,4 @@
-"""The run spec, report encoding and the progress sender (docs/worker-protocol.md 1-2, 4)."""
+"""The run spec, report encoding, the progress sender and exit codes (docs/worker-protocol.md 1-2, 4)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ import socket
 import pytest
 
 from workers.__main__ import main
-from workers.protocol import (EXIT_BAD_SPEC, CheckpointRef, CheckpointReport, CheckpointSummary,
-                              ProgressReport, ProgressSender, ReportError, ResumedReport, RunSpec,
-                              SkippedCheckpoint, SpecError, decode_report, encode_report)
+from pydantic import ValidationError
+
+from workers.protocol.exit_codes import ExitCode, describe
+from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
+                                      ReportError, ResumedReport, SkippedCheckpoint, decode_report,
+                                      encode_report)
+from workers.protocol.sender import ProgressSender
+from workers.protocol.spec import Hyperparams, LaunchSpec, PolicyKwargs, RunSpec, SpecError, TierDefaults
 
 
-def test_valid_spec_parses_into_frozen_dataclass(make_spec):
+def test_valid_spec_parses_into_a_frozen_model(make_spec):
     spec = make_spec()
-    assert spec.algo == "ppo" and spec.hyperparams["num_envs"] == 2
+    assert spec.algo == "ppo" and spec.hyperparams.num_envs == 2
     assert spec.device == "auto" and spec.allow_fresh_start is False
-    with pytest.raises(AttributeError):
+    with pytest.raises(ValidationError):
         spec.algo = "dqn"  # type: ignore[misc]
     assert RunSpec.from_json(spec.to_json()) == spec
 
@@ -28,6 +33,10 @@ def test_valid_spec_parses_into_frozen_dataclass(make_spec):
     ("surprise", 1, "unknown field"),
     ("run_id", "7", "expected an integer"),
     ("run_id", True, "expected an integer"),
+    ("seed", 3.0, "expected an integer"),
+    ("checkpoint_interval_s", "600", "expected a number"),
+    ("checkpoint_interval_s", float("inf"), "finite"),
+    ("progress_interval_s", True, "expected a number"),
     ("total_timesteps", 0, ">= 1"),
     ("algo", "sac", "must be one of"),
     ("device", "tpu", "must be one of"),
@@ -49,6 +58,9 @@ def test_bad_field_is_named_with_reason(tmp_path, make_spec, field, value, reaso
     ({"num_envs": 0}, "hyperparams.num_envs"),
     ({"learning_rate": "fast"}, "hyperparams.learning_rate"),
     ({"policy_kwargs": {"activation_fn": "swish"}}, "hyperparams.policy_kwargs.activation_fn"),
+    ({"learning_rate": float("nan")}, "hyperparams.learning_rate"),
+    ({"normalize": 1}, "hyperparams.normalize"),
+    ({"n_steps": None}, "hyperparams.n_steps"),
 ])
 def test_bad_hyperparameter_is_named(make_spec, hyperparams, field):
     with pytest.raises(SpecError) as err:
@@ -56,10 +68,20 @@ def test_bad_hyperparameter_is_named(make_spec, hyperparams, field):
     assert err.value.field == field
 
 
-def test_missing_required_field_is_named(tmp_path):
+def test_unknown_hyperparameter_reason_lists_the_known_ones(make_spec):
     with pytest.raises(SpecError) as err:
-        RunSpec.from_dict({"version": 1, "game": "pong"})
-    assert err.value.field == "run_id" and "missing" in err.value.reason
+        make_spec(hyperparams={"learing_rate": 0.1})
+    assert err.value.reason.startswith("unknown hyperparameter; known: batch_size, buffer_size,")
+    assert str(err.value).startswith("run spec field 'hyperparams.learing_rate': unknown hyperparameter")
+
+
+@pytest.mark.parametrize("required", ["version", "game", "run_id", "env_id", "algo", "checkpoint_dir"])
+def test_missing_required_field_is_named(make_spec, required):
+    data = make_spec().to_dict()
+    del data[required]
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict(data)
+    assert err.value.field == required and "missing" in err.value.reason
 
 
 @pytest.mark.parametrize(("content", "needle"), [
@@ -71,14 +93,14 @@ def test_main_returns_bad_spec_exit_code(make_spec, write_spec, caplog, content,
     data.update(content)
     path = write_spec(data)
     with caplog.at_level(logging.ERROR):
-        assert main(["--spec", str(path)]) == EXIT_BAD_SPEC
+        assert main(["--spec", str(path)]) == ExitCode.BAD_SPEC
     assert needle in caplog.text
 
 
 def test_main_unreadable_or_invalid_json_is_bad_spec(tmp_path, caplog):
-    assert main(["--spec", str(tmp_path / "absent.json")]) == EXIT_BAD_SPEC
+    assert main(["--spec", str(tmp_path / "absent.json")]) == ExitCode.BAD_SPEC
     (tmp_path / "broken.json").write_text("{not json")
-    assert main(["--spec", str(tmp_path / "broken.json")]) == EXIT_BAD_SPEC
+    assert main(["--spec", str(tmp_path / "broken.json")]) == ExitCode.BAD_SPEC
 
 
 def _reports():

@@ -13,8 +13,8 @@ from workers.callback import StopFlag
 from workers.counters import Counters
 from workers.envs import make_vec_env
 from workers.hyperparams import make_plan, select_device
-from workers.protocol import (EXIT_CHECKPOINTS_UNUSABLE, EXIT_COMPLETED, EXIT_STOPPED,
-                              CheckpointReport, ProgressReport, ResumedReport)
+from workers.protocol.exit_codes import ExitCode
+from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
 from workers.snapshot import capture_rng, load_snapshot, save_snapshot
 from workers.train import build_model, env_config, run
 
@@ -29,7 +29,7 @@ def _reports(inbox):
 
 def test_cartpole_ppo_trains_to_goal_with_checkpoints_and_reports(make_spec, inbox):
     spec = make_spec(progress_socket=str(inbox.path))
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
     assert [c.steps for c in kept] == [512, 384, 256]  # every 128 steps, the last 3 kept
     assert all(checkpoint.verify(c.path)[0] for c in kept)
@@ -49,7 +49,7 @@ def test_cartpole_ppo_trains_to_goal_with_checkpoints_and_reports(make_spec, inb
 ])
 def test_other_algorithms_train_and_checkpoint(make_spec, algo, hyperparams):
     spec = make_spec(algo=algo, hyperparams=hyperparams, total_timesteps=256)
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     newest = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
     files = set(checkpoint.read_manifest(newest.path).files)
     assert ("replay_buffer.pkl" in files) == (algo == "dqn")
@@ -61,7 +61,7 @@ def test_atari_ppo_trains_a_few_hundred_steps(make_spec, inbox):
                      hyperparams={"num_envs": 2, "n_steps": 32, "batch_size": 32, "n_epochs": 1,
                                   "policy_kwargs": {"features_extractor_kwargs": {"features_dim": 32},
                                                     "net_arch": []}})
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     newest = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
     assert newest.steps == 256 and checkpoint.verify(newest.path)[0]
     assert any(isinstance(r, ProgressReport) and r.steps == 256 for r in _reports(inbox))
@@ -69,7 +69,7 @@ def test_atari_ppo_trains_a_few_hundred_steps(make_spec, inbox):
 
 def test_target_episodes_goal_completes(make_spec):
     spec = make_spec(total_timesteps=None, target_episodes=5)
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     state = json.loads((checkpoint.list_checkpoints(spec.checkpoint_dir)[0].path / "state.json").read_text())
     assert state["counters"]["episodes"] >= 5
 
@@ -78,7 +78,7 @@ def test_stop_flag_ends_training_with_final_checkpoint_and_exit_0(make_spec):
     spec = make_spec(total_timesteps=None, checkpoint_interval_steps=None)
     stop = StopFlag()
     stop.signum = 15  # as if SIGTERM arrived before the first step
-    assert run(spec, stop=stop) == EXIT_STOPPED
+    assert run(spec, stop=stop) == ExitCode.STOPPED
     assert len(checkpoint.list_checkpoints(spec.checkpoint_dir)) == 1
 
 
@@ -137,7 +137,7 @@ def _corrupt_but_rehash(path: Path) -> None:
 def trained(make_spec):
     """A finished 512-step run with checkpoints at 256, 384 and 512 steps."""
     spec = make_spec()
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     return spec
 
 
@@ -150,7 +150,7 @@ def test_resume_skips_bad_newest_for_previous(trained, make_spec, inbox, corrupt
     newest, previous = checkpoint.list_checkpoints(trained.checkpoint_dir)[:2]
     corrupt(newest.path)
     spec = make_spec(total_timesteps=640, progress_socket=str(inbox.path))
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
     assert resumed.from_ == str(previous.path) and resumed.steps == previous.steps
     assert [s.path for s in resumed.skipped] == [str(newest.path)]
@@ -161,7 +161,7 @@ def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
     for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
         _corrupt_flip(info.path)
     spec = make_spec(total_timesteps=640, progress_socket=str(inbox.path))
-    assert _run(spec) == EXIT_CHECKPOINTS_UNUSABLE
+    assert _run(spec) == ExitCode.CHECKPOINTS_UNUSABLE
     resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
     assert resumed.from_ is None and len(resumed.skipped) == 3
     assert len(checkpoint.list_checkpoints(trained.checkpoint_dir)) == 3  # evidence untouched
@@ -171,13 +171,13 @@ def test_allow_fresh_start_trains_anew_over_unusable_checkpoints(trained, make_s
     for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
         _corrupt_flip(info.path)
     spec = make_spec(total_timesteps=128, allow_fresh_start=True)
-    assert _run(spec) == EXIT_COMPLETED
+    assert _run(spec) == ExitCode.COMPLETED
     assert checkpoint.newest_verified(spec.checkpoint_dir).steps == 128
 
 
 def test_resume_continues_counting_and_completes_immediately_when_done(trained, make_spec, inbox):
     spec = make_spec(progress_socket=str(inbox.path))
-    assert _run(spec) == EXIT_COMPLETED  # the goal (512) was already reached
+    assert _run(spec) == ExitCode.COMPLETED  # the goal (512) was already reached
     resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
     assert resumed.steps == 512 and resumed.skipped == ()
     assert checkpoint.list_checkpoints(spec.checkpoint_dir)[0].steps == 512

@@ -1,0 +1,76 @@
+"""The daemon's side of the run spec: sizing decided once (fleetd/governor/scaling.py), every
+field set by launch_for, and a stored game whose spec the worker would refuse."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from fleetd.config import Settings
+from fleetd.governor.scaling import GpuMemory, Scaled, scale
+from fleetd.states import Desired, State
+from fleetd.store.records import GameRecord
+from fleetd.supervision.policy import Policy
+from fleetd.supervision.process import WorkerProcess
+from fleetd.supervision.spec import launch_for
+from tests.fakes import FakeClock
+from tests.supervision_fakes import FakeLauncher, RecordingSink
+from workers.protocol.spec import LaunchSpec, TierDefaults
+
+GIB = 2**30
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def game(hyperparams: dict | None = None) -> GameRecord:
+    return GameRecord(
+        id=4, name="pong", env_id="CartPole-v1", algo="ppo", desired=Desired.RUNNING, priority=0,
+        total_timesteps=10_000, target_episodes=None, checkpoint_interval_s=None,
+        hyperparams=hyperparams if hyperparams is not None else {"n_steps": 64}, state=State.STOPPED,
+        state_reason=None, state_changed_at=NOW, restarts=0, steps=0, episodes=0,
+        episodes_per_hour=None, mean_reward_100=None, best_reward=None, progress_at=None,
+        admitted_at=None, created_at=NOW, updated_at=NOW, current_run=None, last_checkpoint=None,
+    )  # fmt: skip
+
+
+def with_worker(settings: Settings, **worker: object) -> Settings:
+    return settings.model_copy(update={"worker": settings.worker.model_copy(update=worker)})
+
+
+def test_a_gpu_worker_gets_the_tier_as_scaled_for_the_gpu(settings: Settings) -> None:
+    tier = scale("medium", settings.fleet.tiers["medium"], GpuMemory("RTX A5000", 24 * GIB), 10)
+    assert tier.for_worker("auto", 1) == TierDefaults(num_envs=32, batch_size=512)
+
+
+@pytest.mark.parametrize(("gpu", "device"), [(None, "auto"), (GpuMemory("H100", 80 * GIB), "cpu")])
+def test_a_cpu_worker_gets_two_envs_per_thread_and_batch_64(settings: Settings, gpu, device) -> None:
+    tier = scale("light", settings.fleet.tiers["light"], gpu, 10)
+    assert tier.for_worker(device, 3) == TierDefaults(num_envs=6, batch_size=64)
+    assert tier.for_worker(device, 64) == TierDefaults(num_envs=32, batch_size=64)  # never above the tier
+
+
+def test_launch_for_sets_every_field_and_sizes_for_the_worker(settings: Settings) -> None:
+    settings = with_worker(settings, cpu_threads=2)
+    launch = launch_for(game(), settings, 1, Scaled(32, 512, "light tier values; no GPU seen"))
+    assert launch.spec is not None and launch.refused is None
+    assert launch.spec.model_fields_set == set(LaunchSpec.model_fields)  # nothing left to a default
+    assert launch.spec.tier_defaults == TierDefaults(num_envs=4, batch_size=64)
+    assert launch.spec.sizes() == (4, 64) and launch.spec.hyperparams.explicit() == {"n_steps": 64}
+    assert launch.spec.with_run(9).run_id == 9
+
+
+def test_before_the_governor_a_launch_has_no_tier_values(settings: Settings) -> None:
+    launch = launch_for(game(), settings, 1, None)
+    assert launch.spec is not None and launch.spec.tier_defaults == TierDefaults()
+
+
+def test_a_stored_game_the_worker_would_refuse_goes_fatal_unstarted(settings: Settings) -> None:
+    """E.g. hyperparameters an older fleetd accepted: no worker is started only to exit 78."""
+    launch = launch_for(game({"learing_rate": 0.1}), settings, 1, None)
+    assert launch.spec is None and launch.refused is not None
+    assert "'hyperparams.learing_rate': unknown hyperparameter" in launch.refused
+    launcher, sink = FakeLauncher(), RecordingSink()
+    proc = WorkerProcess(launch, Policy(), launcher, FakeClock(), sink)
+    proc.start()
+    assert proc.state is State.FATAL and "run spec refused" in proc.reason
+    assert launcher.spawned == [] and sink.causes() == ["bad_spec"]

@@ -1,0 +1,115 @@
+"""The run spec as one typed definition: no field can be accepted and then dropped (issue #11).
+
+The model is what is accepted (anything else is refused by name), what is written and what is
+read. These tests fill every field with a value that is not its default, so that a field lost
+anywhere on the way, written without being read or read without being written, shows up; and
+they list every field, so that a field added to the model fails here until it is given a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from workers.protocol.exit_codes import ExitCode, describe
+from workers.protocol.spec import Hyperparams, LaunchSpec, PolicyKwargs, RunSpec, SpecError, TierDefaults
+
+EVERY_HYPERPARAM: dict[str, Any] = {
+    "num_envs": 3, "batch_size": 48, "n_steps": 16, "n_epochs": 2, "learning_rate": 0.001,
+    "gamma": 0.98, "gae_lambda": 0.9, "clip_range": 0.15, "ent_coef": 0.02, "vf_coef": 0.4,
+    "max_grad_norm": 0.7, "buffer_size": 5000, "learning_starts": 0, "train_freq": 2,
+    "gradient_steps": 2, "target_update_interval": 100, "exploration_fraction": 0.2,
+    "exploration_final_eps": 0.03, "policy": "MlpPolicy",
+    "policy_kwargs": {"net_arch": [8], "activation_fn": "tanh"}, "normalize": True,
+    "save_replay_buffer": True, "frame_stack": 2, "max_episode_steps": 200,
+}
+EVERY_TIER_DEFAULT = {"num_envs": 16, "batch_size": 512}
+EVERY_FIELD: dict[str, Any] = {
+    "version": 1, "game": "pong", "run_id": 7, "env_id": "Pong-v5", "algo": "dqn",
+    "checkpoint_dir": "/g/pong/checkpoints", "total_timesteps": 1000, "target_episodes": 10,
+    "hyperparams": EVERY_HYPERPARAM, "tier_defaults": EVERY_TIER_DEFAULT,
+    "checkpoint_interval_s": 60.5, "checkpoint_interval_steps": 128, "keep_checkpoints": 5,
+    "progress_socket": "/run/fleetd/progress.sock", "progress_interval_s": 0.5, "cpu_threads": 4,
+    "device": "cpu", "seed": 9, "allow_fresh_start": True, "tensorboard_dir": "/g/pong/tb",
+}
+
+
+def test_every_field_is_listed_here_and_differs_from_its_default():
+    assert set(EVERY_FIELD) == set(RunSpec.model_fields)
+    assert set(EVERY_HYPERPARAM) == set(Hyperparams.model_fields)
+    assert set(EVERY_TIER_DEFAULT) == set(TierDefaults.model_fields)
+    for name, info in RunSpec.model_fields.items():
+        if not info.is_required():
+            assert EVERY_FIELD[name] != info.get_default(call_default_factory=True), name
+
+
+def test_fields_accepted_equal_fields_written_equal_fields_read():
+    spec = RunSpec.from_dict(EVERY_FIELD)
+    written = spec.to_dict()
+    assert written == EVERY_FIELD  # nothing accepted is dropped or changed on the way out
+    read = RunSpec.from_json(spec.to_json())
+    assert read == spec and read.model_fields_set == set(RunSpec.model_fields)
+    assert read.hyperparams.explicit() == EVERY_HYPERPARAM
+    assert read.tier_defaults.explicit() == EVERY_TIER_DEFAULT
+
+
+@pytest.mark.parametrize(("where", "field", "reason"), [
+    ((), "gpus", "unknown field"),
+    (("hyperparams",), "hyperparams.gpus", "unknown hyperparameter; known: "),
+    (("tier_defaults",), "tier_defaults.gpus", "unknown tier default; known: batch_size, num_envs"),
+])
+def test_a_field_outside_the_model_is_refused_by_name_not_dropped(where, field, reason):
+    data: Any = {**EVERY_FIELD, "hyperparams": dict(EVERY_HYPERPARAM), "tier_defaults": dict(EVERY_TIER_DEFAULT)}
+    target = data
+    for key in where:
+        target = target[key]
+    target["gpus"] = 1
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict(data)
+    assert err.value.field == field and err.value.reason.startswith(reason)
+
+
+def test_policy_kwargs_pass_through_apart_from_the_checked_activation():
+    kwargs = PolicyKwargs.model_validate({"net_arch": {"pi": [8], "vf": [8]}, "ortho_init": False})
+    assert kwargs.explicit() == {"net_arch": {"pi": [8], "vf": [8]}, "ortho_init": False}
+
+
+def test_the_launch_spec_is_the_run_spec_less_the_run_id():
+    spec = RunSpec.from_dict(EVERY_FIELD)
+    launch = spec.launch()
+    assert type(launch) is LaunchSpec and "run_id" not in launch.to_dict()
+    assert launch.with_run(7) == spec
+    with pytest.raises(SpecError) as err:
+        launch.with_run(-1)
+    assert err.value.field == "run_id"
+
+
+@pytest.mark.parametrize(("hyperparams", "tier", "sizes"), [
+    ({"num_envs": 3, "batch_size": 48}, {"num_envs": 16, "batch_size": 512}, (3, 48)),  # explicit wins
+    ({"batch_size": 48}, {"num_envs": 16, "batch_size": 512}, (16, 48)),
+    ({}, {"num_envs": 16, "batch_size": 512}, (16, 512)),  # the tier, as fleetd sized it
+    ({}, {}, (8, 256)),  # a worker run on its own
+])
+def test_sizes_explicit_hyperparams_win_over_tier_defaults(hyperparams, tier, sizes):
+    spec = RunSpec.from_dict({**EVERY_FIELD, "hyperparams": hyperparams, "tier_defaults": tier})
+    assert spec.sizes() == sizes
+
+
+def test_every_hyperparameter_reaches_the_worker():
+    """The worker's plan takes each accepted hyperparameter, as a setting or an SB3 argument."""
+    from workers.hyperparams import DeviceInfo, make_plan
+
+    plan = make_plan(RunSpec.from_dict(EVERY_FIELD), DeviceInfo("cpu", "cpu"))
+    own = {"num_envs": plan.num_envs, "batch_size": plan.batch_size, "normalize": plan.normalize,
+           "save_replay_buffer": plan.save_replay_buffer, "frame_stack": plan.frame_stack,
+           "max_episode_steps": plan.max_episode_steps, "policy": plan.policy}
+    assert {**own, **plan.overrides} == EVERY_HYPERPARAM
+    assert not set(own) & set(plan.overrides)
+
+
+def test_exit_codes_are_the_protocols():
+    assert {code.name: int(code) for code in ExitCode} == {
+        "STOPPED": 0, "COMPLETED": 20, "CHECKPOINTS_UNUSABLE": 21, "BAD_SPEC": 78}
+    assert describe(20) == "exit code 20 (completed)" and describe(21) == "exit code 21 (checkpoints unusable)"
+    assert describe(3) == "exit code 3"

@@ -1,0 +1,128 @@
+"""Progress reports and their datagram codec (docs/worker-protocol.md, section 2)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from workers.protocol import PROTOCOL_VERSION
+
+
+class ReportError(ValueError):
+    """A datagram that is not a valid report."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """The last checkpoint as named in a progress report."""
+
+    path: str
+    steps: int
+    at: float
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """A written, verified checkpoint: its manifest summary."""
+
+    path: str
+    steps: int
+    episodes: int
+    at: float
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    game: str
+    run_id: int
+    pid: int
+    at: float
+    steps: int
+    episodes: int
+    steps_per_s: float
+    episodes_per_hour: float
+    mean_reward_100: float | None
+    best_reward: float | None
+    last_checkpoint: CheckpointRef | None
+    type: str = "progress"
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    game: str
+    run_id: int
+    pid: int
+    at: float
+    checkpoint: CheckpointSummary
+    type: str = "checkpoint"
+
+
+@dataclass(frozen=True)
+class ResumedReport:
+    """Sent once after start. `from_` is the checkpoint taken (None: fresh start)."""
+
+    game: str
+    run_id: int
+    pid: int
+    at: float
+    from_: str | None
+    skipped: tuple[SkippedCheckpoint, ...]
+    steps: int = 0
+    episodes: int = 0
+    type: str = "resumed"
+
+
+Report = ProgressReport | CheckpointReport | ResumedReport
+_REPORT_TYPES = {"progress": ProgressReport, "checkpoint": CheckpointReport, "resumed": ResumedReport}
+
+
+def encode_report(report: Report) -> bytes:
+    data = {"v": PROTOCOL_VERSION, **asdict(report)}
+    if isinstance(report, ResumedReport):
+        data["from"] = data.pop("from_")
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def decode_report(datagram: bytes) -> Report:
+    """Parse one datagram; unknown extra fields are ignored (forward compatible)."""
+    try:
+        data = json.loads(datagram)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReportError(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("v") != PROTOCOL_VERSION:
+        raise ReportError(f"not a protocol {PROTOCOL_VERSION} report object")
+    cls = _REPORT_TYPES.get(data.get("type"))
+    if cls is None:
+        raise ReportError(f"unknown report type {data.get('type')!r}")
+    if cls is ResumedReport and "from" in data:
+        data["from_"] = data.pop("from")
+    try:
+        return _build(cls, data)
+    except (KeyError, TypeError) as exc:
+        raise ReportError(f"bad {data['type']} report: {exc!r}") from exc
+
+
+def _build(cls: type, data: dict) -> Any:
+    kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+    if cls is ProgressReport and kwargs.get("last_checkpoint") is not None:
+        kwargs["last_checkpoint"] = CheckpointRef(**kwargs["last_checkpoint"])
+    if cls is CheckpointReport:
+        kwargs["checkpoint"] = CheckpointSummary(**kwargs["checkpoint"])
+    if cls is ResumedReport:
+        kwargs["skipped"] = tuple(SkippedCheckpoint(**s) for s in kwargs.get("skipped", ()))
+    return cls(**kwargs)
+
+
+
+def now() -> float:
+    """Wall-clock time for report timestamps (the supervisor compares across processes)."""
+    return time.time()

@@ -1,0 +1,251 @@
+"""The run spec (docs/worker-protocol.md, section 1): one typed definition for both sides.
+
+The daemon builds a `LaunchSpec` (everything but the run id) and writes it, with the run id, as
+a `RunSpec`; the worker reads that `RunSpec` back. Every field is declared once, here: the
+model is what is accepted (unknown fields are refused), what is written and what is read, so
+a field cannot be accepted and then dropped. Types are strict (no "3" -> 3, no bool as int,
+floats finite). A refusal is a `SpecError` naming the field path and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Literal, NamedTuple, Self, get_args
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_serializer)
+from pydantic_core import PydanticCustomError
+
+from workers.protocol import PROTOCOL_VERSION
+
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+Activation = Literal["relu", "tanh", "elu", "leaky_relu", "gelu"]
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
+# A worker run on its own, with no tier values in its spec, trains with these (any device).
+STANDALONE_NUM_ENVS = 8
+STANDALONE_BATCH_SIZE = 256
+
+Positive = Annotated[int, Field(ge=1)]
+NonNegative = Annotated[int, Field(ge=0)]
+PositiveSeconds = Annotated[float, Field(gt=0)]
+Text = Annotated[str, Field(min_length=1)]
+
+
+class SpecError(ValueError):
+    """The run spec is missing, unreadable or invalid; `field` names the culprit."""
+
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(f"run spec field {field_name!r}: {reason}")
+        self.field = field_name
+        self.reason = reason
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _Overrides(_Strict):
+    """Optional keys: left out means "not set" (never written as null, null never accepted)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any) -> Any:
+        if value is None:
+            raise PydanticCustomError("null", "expected a value, got null (leave the key out instead)")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _set_keys_only(self, handler: Any) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+    def explicit(self) -> dict[str, Any]:
+        """The keys that were given, as plain JSON values."""
+        return self.model_dump()
+
+
+class PolicyKwargs(_Overrides):
+    """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is."""
+
+    model_config = ConfigDict(extra="allow")
+    activation_fn: Activation | None = None
+
+
+class Hyperparams(_Overrides):
+    """Overrides the worker understands; explicit values win over every default. Anything else
+    is refused, so that a typo (`learing_rate`) fails loudly instead of being ignored."""
+
+    num_envs: Positive | None = None
+    batch_size: Positive | None = None
+    n_steps: Positive | None = None
+    n_epochs: Positive | None = None
+    learning_rate: float | None = None
+    gamma: float | None = None
+    gae_lambda: float | None = None
+    clip_range: float | None = None
+    ent_coef: float | None = None
+    vf_coef: float | None = None
+    max_grad_norm: float | None = None
+    buffer_size: Positive | None = None
+    learning_starts: NonNegative | None = None
+    train_freq: Positive | None = None
+    gradient_steps: Positive | None = None
+    target_update_interval: Positive | None = None
+    exploration_fraction: float | None = None
+    exploration_final_eps: float | None = None
+    policy: Text | None = None
+    policy_kwargs: PolicyKwargs | None = None
+    normalize: bool | None = None
+    save_replay_buffer: bool | None = None
+    frame_stack: Positive | None = None
+    max_episode_steps: Positive | None = None
+
+
+class TierDefaults(_Overrides):
+    """The game's load tier, already sized for the device by fleetd (fleetd/governor/scaling.py)."""
+
+    num_envs: Positive | None = None
+    batch_size: Positive | None = None
+
+
+class Sizes(NamedTuple):
+    num_envs: int
+    batch_size: int
+
+
+class LaunchSpec(_Strict):
+    """What the supervisor asks a game's worker to do, less the run id (known at spawn)."""
+
+    version: int
+    game: Annotated[str, Field(pattern=SLUG_PATTERN)]
+    env_id: Text
+    algo: Literal["ppo", "dqn", "a2c"]
+    checkpoint_dir: Text
+    total_timesteps: Positive | None = None
+    target_episodes: Positive | None = None
+    hyperparams: Hyperparams = Hyperparams()
+    tier_defaults: TierDefaults = TierDefaults()
+    checkpoint_interval_s: PositiveSeconds = 600.0
+    checkpoint_interval_steps: Positive | None = None
+    keep_checkpoints: Positive = 3
+    progress_socket: Text | None = None
+    progress_interval_s: PositiveSeconds = 2.0
+    cpu_threads: Positive = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: NonNegative = 0
+    allow_fresh_start: bool = False
+    tensorboard_dir: Text | None = None
+
+    @field_validator("version")
+    @classmethod
+    def _same_protocol(cls, value: int) -> int:
+        if value != PROTOCOL_VERSION:
+            raise PydanticCustomError("protocol", "this worker speaks protocol {ours}, got {got}",
+                                      {"ours": PROTOCOL_VERSION, "got": value})
+        return value
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Self:
+        if not isinstance(data, dict):
+            raise SpecError("<spec>", f"expected a JSON object, got {_type_name(data)}")
+        with refusals():
+            return cls.model_validate(data)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SpecError("<spec>", f"not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Self:
+        try:
+            text = Path(path).read_bytes()
+        except OSError as exc:
+            raise SpecError("<spec>", f"cannot read {path}: {exc.strerror or exc}") from exc
+        return cls.from_json(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def sizes(self) -> Sizes:
+        """num_envs and batch_size: explicit hyperparams win over the tier's values, which fleetd
+        sized for the device; a worker run on its own without them takes 8 / 256."""
+        hp, tier = self.hyperparams, self.tier_defaults
+        num_envs = hp.num_envs or tier.num_envs or STANDALONE_NUM_ENVS
+        return Sizes(num_envs, hp.batch_size or tier.batch_size or STANDALONE_BATCH_SIZE)
+
+    def with_run(self, run_id: int) -> RunSpec:
+        return RunSpec.from_dict({**self.to_dict(), "run_id": run_id})
+
+
+class RunSpec(LaunchSpec):
+    """What one worker process is asked to do: the launch spec and its run id."""
+
+    run_id: NonNegative
+
+    def launch(self) -> LaunchSpec:
+        return LaunchSpec.from_dict(self.model_dump(mode="json", exclude={"run_id"}))
+
+
+# -- refusals, in the spec's words --------------------------------------------------------------
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """Building a spec in code (`LaunchSpec(game=...)`) refuses as reading a file does."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise _spec_error(exc) from None
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _spec_error(exc: ValidationError) -> SpecError:
+    """The first error, unknown fields first (a typo explains the rest), as field and reason."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    error = errors[0]
+    return SpecError(".".join(str(part) for part in error["loc"]), _reason(error))
+
+
+def _known(loc: tuple[Any, ...]) -> str:
+    model = {"hyperparams": Hyperparams, "tier_defaults": TierDefaults}.get(loc[0] if len(loc) == 2 else "")
+    if model is None:
+        return "unknown field"
+    what = "hyperparameter" if model is Hyperparams else "tier default"
+    return f"unknown {what}; known: {', '.join(sorted(model.model_fields))}"
+
+
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": "a non-empty string",
+             "string_too_short": "a non-empty string", "bool_type": "true or false",
+             "dict_type": "an object", "model_type": "an object"}
+
+
+def _reason(error: Any) -> str:
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return _known(error["loc"])
+    if kind == "missing":
+        return "missing (required)"
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_type_name(value)} {value!r}"
+    if kind == "finite_number":
+        return f"must be finite, got {value!r}"
+    if kind in ("greater_than_equal", "greater_than"):
+        return f"must be {'>=' if kind == 'greater_than_equal' else '>'} {ctx.get('ge', ctx.get('gt'))}, got {value}"
+    if kind == "literal_error":
+        choices = str(ctx["expected"]).replace("'", "").replace(" or ", ", ")
+        return f"must be one of {choices}; got {value!r}"
+    if kind == "string_pattern_mismatch":
+        return f"must be a slug (lowercase letters, digits, - and _), got {value!r}"
+    return error["msg"]
