@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from fleetd.governor.scaling import Scaled
 from fleetd.states import Shown
+from workers.protocol.spec import TierDefaults
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class FleetSnapshot:
     at: datetime
     governor: GovernorView
     games: Mapping[str, Shown] = field(default_factory=dict)  # every game's shown state
+    worker_tier: TierDefaults = field(default_factory=TierDefaults)  # the tier's sizes as a worker gets them
 
     def __post_init__(self) -> None:
         # A read-only view of a private copy: no reader can change what others see.

@@ -32,9 +32,9 @@ from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Reactor, Reported, Spawned
-from fleetd.supervision.spec import launch_for
+from fleetd.supervision.spec import cpu_allotment, launch_for
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.protocol.spec import RunSpec, Sizes, SpecError
+from workers.protocol.spec import RunSpec, Sizes, SpecError, TierDefaults
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,8 @@ class Supervisor:
         # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
+        self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
+        self._worker_tier = TierDefaults()  # what a worker is told of the tier now
         self.loop_beat = clock.monotonic()
 
     # -- from any thread ------------------------------------------------------------------
@@ -262,21 +264,31 @@ class Supervisor:
             self._publish()
             return
         self.fleet.govern(self._slots())
-        tier = self.fleet.scaled()
-        running = self.fleet.admitted_count()
-        for game in self._games:
-            proc = self.procs.get(game.name)
-            if proc is not None:
-                proc.launch = launch_for(game, self.settings, running, tier)
+        self._size_launches()
         for proc in list(self.procs.values()):
             self._apply_desired(proc)
         self._roll_tier_changes()
         self._publish()
 
+    def _size_launches(self) -> None:
+        """Every game's launch for the tier in force and the games running. Rebuilt only when
+        those or the games changed: 10,000 spec validations on every step would cost seconds."""
+        tier, running = self.fleet.scaled(), self.fleet.admitted_count()
+        key = (tier, running, id(self._games))
+        if key == self._sized_for:
+            return
+        self._sized_for = key
+        for game in self._games:
+            proc = self.procs.get(game.name)
+            if proc is not None:
+                proc.launch = launch_for(game, self.settings, running, tier)
+        self._worker_tier = tier.for_worker(self.settings.worker.device, cpu_allotment(self.settings, running))
+
     def _publish(self) -> None:
         slots = self._slots()
         games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
-        snapshot = FleetSnapshot(self.clock.now(), self.fleet.governor_view(slots), games)
+        view = self.fleet.governor_view(slots)
+        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier)
         self.snapshots.publish(snapshot)
 
     def _apply_desired(self, proc: WorkerProcess) -> None:

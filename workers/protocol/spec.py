@@ -178,12 +178,19 @@ class LaunchSpec(_Strict):
     def sizes(self) -> Sizes:
         """num_envs and batch_size: explicit hyperparams win over the tier's values, which fleetd
         sized for the device; a worker run on its own without them takes 8 / 256."""
-        hp, tier = self.hyperparams, self.tier_defaults
-        num_envs = hp.num_envs or tier.num_envs or STANDALONE_NUM_ENVS
-        return Sizes(num_envs, hp.batch_size or tier.batch_size or STANDALONE_BATCH_SIZE)
+        return effective_sizes(self.hyperparams.num_envs, self.hyperparams.batch_size, self.tier_defaults)
 
     def with_run(self, run_id: int) -> RunSpec:
         return RunSpec.from_dict({**self.to_dict(), "run_id": run_id})
+
+
+def effective_sizes(num_envs: int | None, batch_size: int | None, tier: TierDefaults) -> Sizes:
+    """The one rule: explicit hyperparams win over the tier's values, which fleetd sized for
+    the device; without either a worker takes 8 / 256."""
+    return Sizes(
+        num_envs or tier.num_envs or STANDALONE_NUM_ENVS,
+        batch_size or tier.batch_size or STANDALONE_BATCH_SIZE,
+    )
 
 
 class RunSpec(LaunchSpec):

@@ -21,7 +21,6 @@ from fleetd.api.schemas import (
     RunOut,
     SettingsOut,
 )
-from fleetd.governor.scaling import Scaled
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.games import add_game, remove_game, set_desired, shown_reason, shown_state
 from fleetd.slug import GAME_NAME_PATTERN
@@ -31,6 +30,7 @@ from fleetd.store import runs as run_store
 from fleetd.store.records import CheckpointRecord, GameDraft, GameRecord, RunRecord
 from fleetd.states import Desired
 from fleetd.supervision.supervisor import Reconcile, StartGame
+from workers.protocol.spec import effective_sizes
 
 router = APIRouter(tags=["games"])
 ADMISSION_WAIT_S = 5.0  # the loop turns at least once a second; a busy SQLite may slow it
@@ -47,7 +47,7 @@ def run_out(record: RunRecord) -> RunOut:
 
 def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None) -> GameOut:
     run = game.current_run
-    scaled = snapshot.governor.scaled if snapshot is not None else None
+
     fields = {k: getattr(game, k) for k in GameOut.model_fields if hasattr(game, k)}
     fields.update(
         state=shown_state(game),
@@ -55,17 +55,18 @@ def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None) -> GameOut
         pid=run.pid if run else None,
         started_at=run.started_at if run else None,
         last_checkpoint=checkpoint_out(game.last_checkpoint) if game.last_checkpoint else None,
-        settings=game_settings(game, scaled) if scaled else None,
+        settings=game_settings(game, snapshot) if snapshot is not None else None,
     )
     return GameOut(**fields)
 
 
-def game_settings(game: GameRecord, scaled: Scaled) -> SettingsOut:
+def game_settings(game: GameRecord, snapshot: FleetSnapshot) -> SettingsOut:
+    """What the game's worker is (or would be) told, by the rule the worker applies."""
     explicit = [key for key in ("num_envs", "batch_size") if key in game.hyperparams]
-    reason = scaled.reason + (f"; {', '.join(explicit)} set explicitly" if explicit else "")
-    num_envs = game.hyperparams.get("num_envs", scaled.num_envs)
-    batch = game.hyperparams.get("batch_size", scaled.batch_size)
-    return SettingsOut(num_envs=num_envs, batch_size=batch, reason=reason)
+    reason = snapshot.governor.scaled.reason + (f"; {', '.join(explicit)} set explicitly" if explicit else "")
+    hp = game.hyperparams
+    sizes = effective_sizes(hp.get("num_envs"), hp.get("batch_size"), snapshot.worker_tier)
+    return SettingsOut(num_envs=sizes.num_envs, batch_size=sizes.batch_size, reason=reason)
 
 
 
