@@ -14,6 +14,7 @@ from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
+from fleetd.statedir import StateDirError
 from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
 from fleetd.token import TokenError
 
@@ -33,7 +34,7 @@ def serve(config: ConfigOption = None) -> None:
     configure_logging(settings.log_level)
     try:
         code = Daemon(settings, config_path=path).run()
-    except (StartupError, SchemaError, BootIdError, TokenError) as exc:
+    except (StartupError, StateDirError, SchemaError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(EXIT_CONFIG) from None
     raise typer.Exit(code)
