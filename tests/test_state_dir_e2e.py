@@ -86,6 +86,9 @@ def test_second_daemon_on_the_state_dir_exits_78_and_leaves_the_workers_alone(
     assert rival.returncode == 78, rival.stderr
     assert f"another fleetd (pid {first.pid}) is running on state_dir {fleet_config.state_dir}" in one_line(rival.stderr)
 
+    upgrade = fleetd_cli(fleet_config, "db", "upgrade")  # nor a migration under a running daemon
+    assert upgrade.returncode == 78 and f"another fleetd (pid {first.pid})" in upgrade.stderr, upgrade.stderr
+
     steps = first.game("cart")["steps"]
     game = first.wait_for_game("cart", lambda g: g["steps"] > steps, 30, "still training")
     assert (game["pid"], game["state"], game["restarts"]) == (pid, "running", 0)
