@@ -22,13 +22,15 @@ from fleetd.config import Settings
 from fleetd import forensics
 from fleetd.errors import FleetdError
 from fleetd.forensics import JournalReader, Journalctl
-from fleetd.games import seed_games
+from fleetd.games import check_seeds, seed_games, seeding_needed
 from fleetd.governor.controller import FleetController
-from fleetd.host import HostReader
+from fleetd.host import HostBoot, HostReader
 from fleetd.jobs import Job, heartbeat_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
+from fleetd.statedir import lock_state_dir
 from fleetd.store.engine import Database
+from fleetd.store.records import GameDraft
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision.adoption import OsProcessProbe
 from fleetd.supervision.launcher import OsLauncher
@@ -141,30 +143,46 @@ class Daemon:
     def run(self) -> int:
         """Returns the process exit code."""
         check_listen_policy(self.settings)
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # Before anything reads or writes the state_dir: one daemon per state_dir.
+        lock = lock_state_dir(self.settings.state_dir)
+        try:
+            return self._run_locked()
+        finally:
+            lock.release()  # on every way out, SIGUSR1 included: the next daemon adopts
+
+    def _run_locked(self) -> int:
         ensure_schema(self.settings.db_path, upgrade_hint(self.config_path))
-        token = ensure_token(self.settings)
-        host_boot = self.host.current_boot()
-        sock = bind_socket(self.settings.api.host, self.settings.api.port)
         db = Database.open(self.settings.db_path, self.settings.database.busy_timeout_ms)
         try:
-            start = record_daemon_start(db, host_boot, self.clock.now())
-            log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
-            self.alerts.start()
-            if start.kind is StartKind.REBOOT:
-                self._read_kernel_log(db, start)
-                self.alerts.send(reboot_alert(start, self.clock.now()))
+            seeds = self._seeds_to_add(db)  # checked before anything is recorded
+            token = ensure_token(self.settings)
+            host_boot = self.host.current_boot()
+            sock = bind_socket(self.settings.api.host, self.settings.api.port)
             try:
-                if start.kind is StartKind.FIRST and self.settings.games:
-                    self._seed(db)
-                self._supervise_and_serve(db, start, token, sock)
+                return self._record_and_run(db, seeds, token, host_boot, sock)
             finally:
-                record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())
-                self.alerts.stop(timeout=ALERT_DRAIN_S)
-                log.info("stopped: %s", self.stop.describe())
+                sock.close()
         finally:
-            sock.close()
             db.close()
+
+    def _record_and_run(
+        self, db: Database, seeds: list[GameDraft], token: str, host_boot: HostBoot, sock: socket.socket
+    ) -> int:
+        start = record_daemon_start(db, host_boot, self.clock.now())
+        log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
+        self.alerts.start()
+        if start.kind is StartKind.REBOOT:
+            self._read_kernel_log(db, start)
+            self.alerts.send(reboot_alert(start, self.clock.now()))
+        try:
+            if seeds:
+                names = seed_games(db, self.clock, seeds)
+                log.info("seeded games from the config: %s", ", ".join(names))
+            self._supervise_and_serve(db, start, token, sock)
+        finally:
+            record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())
+            self.alerts.stop(timeout=ALERT_DRAIN_S)
+            log.info("stopped: %s", self.stop.describe())
         return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
 
     def _read_kernel_log(self, db: Database, start: DaemonStart) -> None:
@@ -175,12 +193,16 @@ class Daemon:
         forensics.record_kernel_log(db, start.previous.id, kernel_log)
         log.info("previous boot's kernel warnings: %s", kernel_log.note or f"{len(kernel_log.lines)} lines")
 
-    def _seed(self, db: Database) -> None:
+    def _seeds_to_add(self, db: Database) -> list[GameDraft]:
+        """[[games]] when this database never had games, checked; else nothing."""
+        if not self.settings.games or not seeding_needed(db):
+            return []
         try:
-            names = seed_games(db, self.clock, self.settings.games, self.catalog)
+            return check_seeds(self.settings.games, self.catalog)
         except FleetdError as exc:
-            raise StartupError(f"[[games]] in the config: {exc.message}") from None
-        log.info("seeded games from the config: %s", ", ".join(names))
+            raise StartupError(
+                f"[[games]] in the config: {exc.message}; fix it and start again (nothing was recorded yet)"
+            ) from None
 
     def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
         try:

@@ -13,7 +13,7 @@ from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.states import REMOVABLE, Desired, Shown, State, shown
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
-from fleetd.store.events import create_event
+from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft, GameRecord
 from workers.protocol import PROTOCOL_VERSION
 from workers.protocol.spec import LaunchSpec, SpecError, refusals
@@ -49,8 +49,12 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog) 
     now = clock.now()
     with db.transaction() as session:
         game = game_store.create_game(session, draft, now)
-        create_event(session, now, "game_added", f"added {draft.name} ({draft.env_id}, {draft.algo})", game=draft.name)
+        create_event(session, now, "game_added", _added(draft), game=draft.name)
     return game
+
+
+def _added(draft: GameDraft) -> str:
+    return f"added {draft.name} ({draft.env_id}, {draft.algo})"
 
 
 def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> GameRecord:
@@ -78,9 +82,39 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
         shutil.rmtree(game_dir, ignore_errors=True)
 
 
-def seed_games(db: Database, clock: Clock, seeds: list[GameSeed], catalog: EnvCatalog) -> list[str]:
-    """[[games]] from the config, at the daemon's first start on a new database."""
+SEEDED_EVENT = "games_seeded"  # kept by retention: it is what says [[games]] was applied
+
+
+def seeding_needed(db: Database) -> bool:
+    """[[games]] applies once, to a database that never had games: not one seeded before, one
+    with games, or one where a game was ever added (a database written before the marker)."""
+    with db.transaction() as session:
+        if game_store.read_games(session):
+            return False
+        markers = (SEEDED_EVENT, "game_added")
+        return not any(read_events(session, EventFilter(kind=kind, limit=1)) for kind in markers)
+
+
+def check_seeds(seeds: list[GameSeed], catalog: EnvCatalog) -> list[GameDraft]:
+    """Every [[games]] entry checked as `fleetd games add` would, before anything is recorded."""
     drafts = [GameDraft(**seed.model_dump()) for seed in seeds]
+    seen: set[str] = set()
     for index, draft in enumerate(drafts):
+        if draft.name in seen:
+            raise FleetdError(ErrorCode.CONFLICT, f"games[{index}].name: {draft.name!r} appears twice")
+        seen.add(draft.name)
         check_draft(draft, catalog, field_prefix=f"games[{index}].")
-    return [add_game(db, clock, draft, catalog).name for draft in drafts]
+    return drafts
+
+
+def seed_games(db: Database, clock: Clock, drafts: list[GameDraft]) -> list[str]:
+    """Add the checked [[games]] and the marker that they were, in one transaction."""
+    now = clock.now()
+    names = [draft.name for draft in drafts]
+    with db.transaction() as session:
+        for draft in drafts:
+            game_store.create_game(session, draft, now)
+            create_event(session, now, "game_added", _added(draft), game=draft.name)
+        message = f"seeded [[games]] from the config: {', '.join(names)}"
+        create_event(session, now, SEEDED_EVENT, message, details={"games": names})
+    return names

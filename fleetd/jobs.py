@@ -13,6 +13,7 @@ from typing import Any
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
+from fleetd.games import SEEDED_EVENT
 from fleetd.store.engine import Database
 from fleetd.store.events import delete_events_before
 from fleetd.store.samples import create_metric_rows, delete_samples_before
@@ -67,7 +68,7 @@ def telemetry_job(db: Database, sampler: TelemetrySampler, workers: Callable[[],
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
     now = clock.now()
     with db.transaction() as session:
-        events = delete_events_before(session, now - timedelta(days=retention.events_days))
+        events = delete_events_before(session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,))
         samples = delete_samples_before(session, now - timedelta(days=retention.samples_days))
     if events or samples:
         log.info("retention: deleted %d events and %d samples", events, samples)

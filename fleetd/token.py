@@ -33,12 +33,24 @@ def find_token(settings: Settings) -> str:
     if settings.api.token is not None:
         return settings.api.token.get_secret_value()
     path = settings.token_path
-    if not path.exists():
+    try:
+        exists = path.exists()  # raises when a parent directory cannot be searched
+    except OSError as exc:
+        raise TokenError(_unreadable(path, exc)) from None
+    if not exists:
         raise TokenError(
             f"no API token: {path} does not exist. Start the daemon once with this config, "
             "or set [api] token (FLEETD_API__TOKEN)."
         )
-    return _read(path)
+    return _read(path, owner=False)
+
+
+def _unreadable(path: Path, exc: OSError) -> str:
+    return (
+        f"cannot read the API token {path}: {exc.strerror} (running as uid {os.getuid()}). "
+        "The daemon's user owns it: run this command as that user or root "
+        "(e.g. sudo -u fleetd fleetd status --config FILE), or set FLEETD_API__TOKEN to the daemon's token."
+    )
 
 
 def _create(path: Path) -> None:
@@ -50,15 +62,17 @@ def _create(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, owner: bool = True) -> str:
+    """`owner`: the daemon, which also tightens a loose mode; a client only reads."""
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
+        if mode & 0o077 and owner:
             log.warning("%s was readable by others (mode %o); set it to 0600", path, mode)
             os.chmod(path, 0o600)
         token = path.read_text(encoding="ascii").strip()
     except OSError as exc:
-        raise TokenError(f"cannot read the API token {path}: {exc.strerror}") from None
+        reason = f"cannot read the API token {path}: {exc.strerror}" if owner else _unreadable(path, exc)
+        raise TokenError(reason) from None
     if len(token) < 16:
         raise TokenError(f"the API token in {path} is shorter than 16 characters; delete the file to regenerate it")
     return token

@@ -323,7 +323,7 @@ def test_corrupted_database_at_start_is_refused_and_left_alone(tmp_path: Path) -
     assert f"cannot read the database {db_path}" in result.stderr and "fleetd changed nothing" in result.stderr
     assert "Traceback" not in result.stderr
     assert db_path.read_bytes() == garbage
-    assert sorted(p.name for p in config.state_dir.iterdir()) == ["fleetd.db"]  # no -wal, no token
+    assert sorted(p.name for p in config.state_dir.iterdir()) == ["fleetd.db", "fleetd.lock"]  # no -wal, no token
 
 
 @pytest.mark.e2e

@@ -96,9 +96,14 @@ def test_token_file_and_401_over_real_http(config: DaemonConfig, daemons: list[D
     assert config.token() not in daemon.log()
 
 
-def test_second_daemon_on_the_same_port_fails_clearly(config: DaemonConfig, daemons: list[Daemon]) -> None:
+def test_second_daemon_on_the_same_port_fails_clearly(
+    config: DaemonConfig, daemons: list[Daemon], tmp_path_factory: pytest.TempPathFactory
+) -> None:
     start(config, daemons)
-    rival = Daemon(config, log_name="rival.log")
+    other = DaemonConfig(tmp_path_factory.mktemp("rival"), port=config.port)  # its own state_dir
+    other.write()
+    other.set_boot_id("boot-aaaa")
+    rival = Daemon(other, log_name="rival.log")
     daemons.append(rival)
     assert rival.process.wait(30) == 78
     assert f"cannot listen on 127.0.0.1:{config.port}" in rival.log()

@@ -8,6 +8,7 @@ import pytest
 
 from fleetd.jobs import heartbeat_job, retention_job
 from fleetd.config import RetentionSettings
+from fleetd.games import SEEDED_EVENT, seeding_needed
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.uptime import (
@@ -140,6 +141,16 @@ def test_retention_deletes_old_events_only(db: Database, host: FakeHost, clock: 
     deleted, _ = retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14))
     assert deleted == 1
     assert [e.kind for e in events(db)] == ["first_start"]
+
+
+def test_retention_keeps_the_games_seeded_marker(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    """Deleting it would seed [[games]] again into a database whose games were all removed."""
+    start(db, host, clock)
+    with db.transaction() as session:
+        create_event(session, clock.now() - timedelta(days=100), SEEDED_EVENT, "seeded [[games]] from the config")
+    assert not seeding_needed(db)
+    assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (0, 0)
+    assert not seeding_needed(db)
 
 
 @pytest.mark.parametrize(

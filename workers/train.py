@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.preprocessing import is_image_space
-from stable_baselines3.common.utils import set_random_seed
+from stable_baselines3.common.utils import configure_logger, set_random_seed
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from workers import checkpoint
@@ -112,6 +113,14 @@ def tensorboard_dir(spec: RunSpec) -> str | None:
     return spec.tensorboard_dir
 
 
+def sb3_logger(tensorboard_log: str | None, tb_log_name: str) -> Logger:
+    """SB3's own choice, less its default folder: without TensorBoard, `learn()` would create
+    an empty tempdir/SB3-<date> folder at every run. Progress goes through our Reporter."""
+    if tensorboard_log is None:
+        return Logger(folder=None, output_formats=[])
+    return configure_logger(0, tensorboard_log, tb_log_name, reset_num_timesteps=False)
+
+
 def _train(spec: RunSpec, plan: Plan, model: BaseAlgorithm, counters: Counters,
            reporter: Reporter, stop: StopFlag, found: ResumeResult) -> int:
     checkpointer = Checkpointer(spec, plan.save_replay_buffer, reporter)
@@ -121,6 +130,7 @@ def _train(spec: RunSpec, plan: Plan, model: BaseAlgorithm, counters: Counters,
     reporter.start()
     try:
         if not goal_reached(spec, counters):
+            model.set_logger(sb3_logger(model.tensorboard_log, spec.game))
             model.learn(total_timesteps=_budget(spec, counters), callback=callback,
                         reset_num_timesteps=False, tb_log_name=spec.game)
             counters.steps = model.num_timesteps

@@ -14,6 +14,7 @@ from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
+from fleetd.statedir import StateDirError, lock_state_dir
 from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
 from fleetd.token import TokenError
 
@@ -33,7 +34,7 @@ def serve(config: ConfigOption = None) -> None:
     configure_logging(settings.log_level)
     try:
         code = Daemon(settings, config_path=path).run()
-    except (StartupError, SchemaError, BootIdError, TokenError) as exc:
+    except (StartupError, StateDirError, SchemaError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(EXIT_CONFIG) from None
     raise typer.Exit(code)
@@ -105,9 +106,15 @@ def db_upgrade(config: ConfigOption = None) -> None:
     """Copy the database aside, then migrate it to this fleetd's schema. Stop the daemon first."""
     settings, _ = settings_from(config)
     try:
+        lock = lock_state_dir(settings.state_dir)  # never under a running daemon
+    except StateDirError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    try:
         result = upgrade_database(settings.db_path, settings.backups_dir)
     except SchemaError as exc:
         fail(str(exc), EXIT_CONFIG)
+    finally:
+        lock.release()
     if result.backup is not None:
         typer.echo(f"backed up {settings.db_path} to {result.backup}")
     if result.before == result.after:

@@ -73,6 +73,7 @@ def read_events(session: Session, where: EventFilter) -> list[EventRecord]:
     return [_record(row) for row in session.scalars(query)]
 
 
-def delete_events_before(session: Session, cutoff: datetime) -> int:
-    result = session.execute(delete(Event).where(Event.at < cutoff))
+def delete_events_before(session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = ()) -> int:
+    """Events older than the cutoff, except those of `keep_kinds` (markers that must last)."""
+    result = session.execute(delete(Event).where(Event.at < cutoff, Event.kind.not_in(keep_kinds)))
     return int(result.rowcount or 0)

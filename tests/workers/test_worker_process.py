@@ -19,8 +19,8 @@ from workers.reporting import Reporter
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _launch(spec_path: Path, log_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _launch(spec_path: Path, log_path: Path, **env_overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_overrides}
     with open(log_path, "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen([sys.executable, "-m", "workers", "--spec", str(spec_path)],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -53,6 +53,17 @@ def test_sigterm_leaves_final_checkpoint_and_exits_0(make_spec, write_spec, inbo
     assert checkpoint.verify(final.path) == (True, "ok")
     assert final.steps >= seen.steps
     assert "stopped on signal" in log
+
+
+def test_a_run_leaves_nothing_in_the_temp_dir(make_spec, write_spec, inbox, tmp_path):
+    """SB3's default logger made an empty tempdir/SB3-<date> folder at every run."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    spec = make_spec(progress_socket=str(inbox.path), tensorboard_dir=str(tmp_path / "tb"))
+    proc = _launch(write_spec(spec.to_dict()), tmp_path / "worker.log", TMPDIR=str(private_tmp))
+    code = _reap(proc, timeout=120)
+    assert code == ExitCode.COMPLETED, (tmp_path / "worker.log").read_text()
+    assert list(private_tmp.glob("SB3-*")) == []  # (torch keeps one fixed-name cache folder there)
 
 
 def test_bad_spec_process_exits_78_naming_the_field(make_spec, write_spec, tmp_path):

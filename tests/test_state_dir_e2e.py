@@ -1,0 +1,203 @@
+"""The state_dir with real processes: one daemon per state_dir, a state_dir that cannot be
+written, [[games]] seeded once even after a failed first start, and a client that cannot read
+the daemon's token."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.daemon_harness import (
+    Daemon,
+    DaemonConfig,
+    add_and_wait_running,
+    cartpole,
+    clean_env,
+    fleetd_cli,
+    free_port,
+    short_tmp_dir,
+    start_daemon,
+    worker_processes,
+)
+
+pytestmark = pytest.mark.e2e
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = short_tmp_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def config(root: Path) -> DaemonConfig:
+    config = DaemonConfig(root)
+    config.write()
+    config.set_boot_id("boot-one")
+    return config
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.ensure_stopped()
+
+
+def serve(config_path: Path, wrapper: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [*(wrapper or []), sys.executable, "-m", "fleetd", "serve", "--config", str(config_path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=clean_env())
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+# -- one daemon per state_dir -----------------------------------------------------------------
+
+
+def test_second_daemon_on_the_state_dir_exits_78_and_leaves_the_workers_alone(
+    fleet_config: DaemonConfig, fleet_daemons: list[Daemon]
+) -> None:
+    first = start_daemon(fleet_config, fleet_daemons)
+    pid = add_and_wait_running(first, cartpole())["pid"]
+    lock = fleet_config.state_dir / "fleetd.lock"
+    assert lock.read_text().strip() == str(first.pid)
+    worker = psutil.Process(pid)
+    assert str(lock) not in [f.path for f in worker.open_files()], "a worker must not inherit the lock"
+
+    rival_config = fleet_config.root / "rival.toml"  # same state_dir, another port
+    rival_config.write_text(fleet_config.path.read_text().replace(f"port = {fleet_config.port}", f"port = {free_port()}"))
+    rival = serve(rival_config)
+    assert rival.returncode == 78, rival.stderr
+    assert f"another fleetd (pid {first.pid}) is running on state_dir {fleet_config.state_dir}" in one_line(rival.stderr)
+
+    upgrade = fleetd_cli(fleet_config, "db", "upgrade")  # nor a migration under a running daemon
+    assert upgrade.returncode == 78 and f"another fleetd (pid {first.pid})" in upgrade.stderr, upgrade.stderr
+
+    steps = first.game("cart")["steps"]
+    game = first.wait_for_game("cart", lambda g: g["steps"] > steps, 30, "still training")
+    assert (game["pid"], game["state"], game["restarts"]) == (pid, "running", 0)
+    assert [p.pid for p in worker_processes(fleet_config)] == [pid]
+    assert fleet_config.state_dir.joinpath("run", "progress.sock").exists()
+    assert "died without stopping" not in first.log() + rival.stderr
+
+    # SIGUSR1: the daemon leaves, the lock with it, and the next daemon adopts the worker.
+    first.process.send_signal(signal.SIGUSR1)
+    assert first.process.wait(60) == 0
+    second = start_daemon(fleet_config, fleet_daemons)
+    game = second.game("cart")
+    assert (game["pid"], game["state"]) == (pid, "running") and "adopted" in game["state_reason"]
+    assert lock.read_text().strip() == str(second.pid)
+
+
+# -- a state_dir that cannot be written -------------------------------------------------------
+
+
+def test_state_dir_under_a_regular_file_exits_78_in_one_line(root: Path) -> None:
+    blocker = root / "not-a-dir"
+    blocker.write_text("")
+    config = DaemonConfig(root)
+    config.write()
+    config.path.write_text(config.path.read_text().replace(str(config.state_dir), str(blocker / "state")))
+    config.set_boot_id("boot-one")
+    result = serve(config.path)
+    assert result.returncode == 78, result.stderr
+    line = one_line(result.stderr)
+    assert f"state_dir {blocker / 'state'} cannot be created: {blocker} is not a directory" in line
+
+
+def _read_only_mount(state_dir: Path) -> list[str]:
+    """A wrapper that runs the command in a private mount namespace where state_dir is a
+    read-only bind mount (root ignores file modes, not a read-only mount)."""
+    wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f'mount -o bind,ro "{state_dir}" "{state_dir}" && exec "$@"', "sh"]  # fmt: skip
+    probe = subprocess.run([*wrapper, "touch", str(state_dir / "probe")], capture_output=True, text=True)
+    if "Read-only file system" not in probe.stderr:
+        pytest.skip(f"cannot make a read-only mount here: {probe.stderr.strip()}")
+    return wrapper
+
+
+def test_read_only_state_dir_exits_78_in_one_line(config: DaemonConfig) -> None:
+    config.state_dir.mkdir()
+    (config.state_dir / "fleetd.lock").write_text("")  # as a daemon before the remount left it
+    result = serve(config.path, _read_only_mount(config.state_dir))
+    assert result.returncode == 78, result.stderr
+    line = one_line(result.stderr)
+    assert f"state_dir {config.state_dir} cannot be written" in line and "Read-only file system" in line
+    assert sorted(p.name for p in config.state_dir.iterdir()) == ["fleetd.lock"]
+
+
+# -- [[games]] seeded once ----------------------------------------------------------------------
+
+SEEDS = """
+[[games]]
+name = "cart"
+env_id = "{env_id}"
+desired = "stopped"
+"""
+
+
+def test_failed_first_start_then_a_fixed_one_seeds_the_games(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    config.extra = SEEDS.format(env_id="CartPol-v1")
+    config.write()
+    failed = fleetd_cli(config, "serve")
+    assert failed.returncode == 78, failed.stderr
+    assert "games[0].env_id: 'CartPol-v1' is not an EnvPool or Gymnasium env id" in failed.stderr
+    assert "CartPole-v1" in failed.stderr and "Traceback" not in failed.stderr
+
+    config.extra = SEEDS.format(env_id="CartPole-v1")
+    config.write()
+    daemon = start_daemon(config, daemons)
+    assert [g["name"] for g in daemon.get("/api/v1/games").json()["items"]] == ["cart"]
+    kinds = [e["kind"] for e in daemon.get("/api/v1/events").json()["items"]]
+    assert kinds[-1] == "first_start" and "games_seeded" in kinds
+
+    # Seeded once: a game removed stays removed across restarts.
+    headers = {"Authorization": f"Bearer {config.token()}"}
+    assert httpx.delete(config.url + "/api/v1/games/cart", headers=headers, timeout=10).status_code == 204
+    daemon.terminate()
+    again = start_daemon(config, daemons)
+    assert again.get("/api/v1/games").json()["items"] == []
+
+
+# -- a client that cannot read the token --------------------------------------------------------
+
+
+def _as_nobody(config: DaemonConfig, *args: str) -> subprocess.CompletedProcess[str]:
+    command = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+               sys.executable, "-m", "fleetd", *args, "--config", str(config.path)]  # fmt: skip
+    env = clean_env() | {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("state_dir_mode", [0o700, 0o755])
+def test_status_without_access_to_the_token_says_what_to_do(config: DaemonConfig, state_dir_mode: int) -> None:
+    """0700: the state_dir cannot be searched; 0755: the token (0600) cannot be read."""
+    config.root.chmod(0o755)
+    config.path.chmod(0o644)
+    config.state_dir.mkdir(mode=state_dir_mode)
+    config.state_dir.chmod(state_dir_mode)
+    token = config.state_dir / "api-token"
+    token.write_text("t" * 43 + "\n")
+    token.chmod(0o600)
+    result = _as_nobody(config, "status")
+    assert result.returncode == 1, result.stderr
+    line = one_line(result.stderr)
+    assert f"cannot read the API token {token}: Permission denied" in line
+    assert "sudo -u" in line and "FLEETD_API__TOKEN" in line
+    assert token.stat().st_mode & 0o777 == 0o600
