@@ -20,8 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fleetd.slug import GAME_NAME_PATTERN
-from fleetd.states import Desired
+from fleetd.game_spec import GameSpec
 from workers.protocol.exit_codes import ExitCode
 
 ENV_PREFIX = "FLEETD_"
@@ -205,18 +204,8 @@ class AlertSettings(_Section):
     backoff_max_s: float = Field(300.0, gt=0)
 
 
-class GameSeed(_Section):
-    """A `[[games]]` entry: created at the daemon's first start, like `fleetd games add`."""
-
-    name: str = Field(pattern=GAME_NAME_PATTERN)
-    env_id: str = Field(min_length=1, max_length=128)
-    algo: Literal["ppo", "dqn", "a2c"] = "ppo"
-    total_timesteps: int | None = Field(None, ge=1)
-    target_episodes: int | None = Field(None, ge=1)
-    priority: int = 0
-    checkpoint_interval_s: float | None = Field(None, gt=0)
-    hyperparams: dict[str, Any] = {}
-    desired: Desired = Desired.RUNNING
+class GameSeed(GameSpec):
+    """A `[[games]]` entry: the same model, bounds and errors as `POST /api/v1/games`."""
 
 
 def _default_state_dir() -> Path:

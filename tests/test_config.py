@@ -84,3 +84,21 @@ def test_non_loopback_needs_a_configured_token() -> None:
     check_listen_policy(load_settings(api={"host": "0.0.0.0", "token": "x" * 32}))
     check_listen_policy(load_settings(api={"host": "::1"}))
     check_listen_policy(load_settings(api={"host": "localhost"}))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("priority", 5000), ("checkpoint_interval_s", 0.5), ("total_timesteps", 0), ("name", "Bad Name"), ("algo", "sac")],
+)
+def test_games_entries_and_the_api_refuse_the_same_values(tmp_path: Path, field: str, value: object) -> None:
+    """One definition of a game: a value the API refuses, [[games]] refuses too, and vice versa."""
+    from pydantic import ValidationError
+
+    from fleetd.api.schemas import GameCreate
+
+    entry = {"name": "pong", "env_id": "Pong-v5", "algo": "ppo", field: value}
+    with pytest.raises(ValidationError):
+        GameCreate(**entry)
+    toml = "[[games]]\n" + "".join(f"{key} = {value!r}\n".replace("'", '"') for key, value in entry.items())
+    with pytest.raises(ConfigError, match=rf"games\.0\.{field}"):
+        load_settings(write(tmp_path, toml))

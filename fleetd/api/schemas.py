@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
+from fleetd.game_spec import GameSpec
 from fleetd.states import Desired, Shown
 
 
@@ -107,24 +107,8 @@ class In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class GameCreate(In):
-    # The validator gives the rule in words; the pattern documents it in the OpenAPI schema.
-    name: Annotated[str, AfterValidator(check_game_name)] = Field(
-        max_length=64, json_schema_extra={"pattern": GAME_NAME_PATTERN}, description=GAME_NAME_RULE,
-        examples=["pong"],
-    )
-    env_id: str = Field(
-        min_length=1, max_length=128, description="an EnvPool or Gymnasium env id", examples=["Pong-v5"]
-    )
-    algo: Literal["ppo", "dqn", "a2c"] = "ppo"
-    total_timesteps: int | None = Field(None, ge=1, le=10**13)
-    target_episodes: int | None = Field(None, ge=1, le=10**10)
-    priority: int = Field(0, ge=-1000, le=1000)
-    checkpoint_interval_s: float | None = Field(None, ge=1, le=86400)
-    hyperparams: dict[str, Any] = Field(
-        default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
-    )
-    desired: Desired = Desired.RUNNING
+class GameCreate(GameSpec):
+    """A new game: the same model, bounds and errors as a config `[[games]]` entry."""
 
 
 class CheckpointOut(Out):

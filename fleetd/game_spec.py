@@ -1,0 +1,39 @@
+"""What defines a game, stated once: the API's `POST /games` body and a config `[[games]]`
+entry are both this model, with the same fields, bounds and error messages."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
+from fleetd.states import Desired
+
+ALGOS = ("ppo", "dqn", "a2c")
+
+
+class GameSpec(BaseModel):
+    """Unknown fields are refused: a typo is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The validator gives the rule in words; the pattern documents it in the OpenAPI schema.
+    name: Annotated[str, AfterValidator(check_game_name)] = Field(
+        max_length=64, json_schema_extra={"pattern": GAME_NAME_PATTERN}, description=GAME_NAME_RULE,
+        examples=["pong"],
+    )  # fmt: skip
+    env_id: str = Field(
+        min_length=1, max_length=128, description="an EnvPool or Gymnasium env id", examples=["Pong-v5"]
+    )
+    algo: Literal["ppo", "dqn", "a2c"] = "ppo"
+    total_timesteps: int | None = Field(None, ge=1, le=10**13, description="goal: stop after this many env steps")
+    target_episodes: int | None = Field(None, ge=1, le=10**10, description="goal: stop after this many episodes")
+    priority: int = Field(0, ge=-1000, le=1000, description="higher is admitted first")
+    checkpoint_interval_s: float | None = Field(
+        None, ge=1, le=86400, description="seconds between checkpoints; default from [worker]"
+    )
+    hyperparams: dict[str, Any] = Field(
+        default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
+    )
+    desired: Desired = Desired.RUNNING
