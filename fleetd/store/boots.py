@@ -9,23 +9,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Boot
+from fleetd.store.mapping import to_record
 from fleetd.store.records import BootRecord
 
 
 def _record(row: Boot) -> BootRecord:
-    return BootRecord(
-        id=row.id,
-        boot_id=row.boot_id,
-        booted_at=row.booted_at,
-        first_seen_at=row.first_seen_at,
-        last_seen_at=row.last_seen_at,
-        daemon_started_at=row.daemon_started_at,
-        daemon_clean_stop=row.daemon_clean_stop,
-        previous_id=row.previous_id,
-        last_state=row.last_state,
-        kernel_log=row.kernel_log,
-    )
-
+    return to_record(BootRecord, row)
 
 def read_latest_boot(session: Session) -> BootRecord | None:
     row = session.scalars(select(Boot).order_by(Boot.id.desc()).limit(1)).first()

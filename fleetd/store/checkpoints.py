@@ -7,21 +7,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Checkpoint
+from fleetd.store.mapping import to_record
 from fleetd.store.records import CheckpointRecord
 
 
 def checkpoint_record(row: Checkpoint) -> CheckpointRecord:
-    return CheckpointRecord(
-        path=row.path,
-        steps=row.steps,
-        episodes=row.episodes,
-        size_bytes=row.size_bytes,
-        created_at=row.created_at,
-        verified=row.verified,
-        problem=row.problem,
-        run_id=row.run_id,
-    )
-
+    return to_record(CheckpointRecord, row)
 
 def upsert_checkpoint(session: Session, game_id: int, record: CheckpointRecord) -> None:
     query = select(Checkpoint).where(Checkpoint.game_id == game_id, Checkpoint.path == record.path)

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from fleetd.store.mapping import to_record
 from fleetd.store.models import Event
 from fleetd.store.records import EventRecord
 
@@ -23,16 +24,7 @@ class EventFilter:
 
 
 def _record(row: Event) -> EventRecord:
-    return EventRecord(
-        id=row.id,
-        at=row.at,
-        kind=row.kind,
-        severity=row.severity,
-        game=row.game,
-        message=row.message,
-        details=dict(row.details or {}),
-    )
-
+    return to_record(EventRecord, row, details=dict(row.details or {}))
 
 def create_event(
     session: Session,

@@ -8,21 +8,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Fleet, Game
+from fleetd.store.mapping import to_record
 from fleetd.store.records import FleetRecord
 
 
 def _record(row: Fleet) -> FleetRecord:
-    return FleetRecord(
-        requested=row.requested,
-        tier=row.tier,
-        level=row.level,
-        ceiling=row.ceiling,
-        ceiling_until=row.ceiling_until,
-        stable_since=row.stable_since,
-        long_window=row.long_window,
-        updated_at=row.updated_at,
-    )
-
+    return to_record(FleetRecord, row)
 
 def read_fleet(session: Session) -> FleetRecord | None:
     row = session.get(Fleet, 1)

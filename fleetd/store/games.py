@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import Desired, State
 from fleetd.store.checkpoints import read_newest_verified
+from fleetd.store.mapping import to_record
 from fleetd.store.models import Game, Run
 from fleetd.store.records import GameDraft, GameRecord, ProgressSnapshot
 from fleetd.store.runs import run_record
@@ -20,34 +21,15 @@ def _record(session: Session, row: Game) -> GameRecord:
     open_run = session.scalars(
         select(Run).where(Run.game_id == row.id, Run.ended_at.is_(None)).order_by(Run.id.desc()).limit(1)
     ).first()
-    return GameRecord(
-        id=row.id,
-        name=row.name,
-        env_id=row.env_id,
-        algo=row.algo,
+    return to_record(
+        GameRecord,
+        row,
         desired=Desired(row.desired),
-        priority=row.priority,
-        total_timesteps=row.total_timesteps,
-        target_episodes=row.target_episodes,
-        checkpoint_interval_s=row.checkpoint_interval_s,
-        hyperparams=dict(row.hyperparams or {}),
         state=State(row.state),
-        state_reason=row.state_reason,
-        state_changed_at=row.state_changed_at,
-        restarts=row.restarts,
-        steps=row.steps,
-        episodes=row.episodes,
-        episodes_per_hour=row.episodes_per_hour,
-        mean_reward_100=row.mean_reward_100,
-        best_reward=row.best_reward,
-        progress_at=row.progress_at,
-        admitted_at=row.admitted_at,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
+        hyperparams=dict(row.hyperparams or {}),
         current_run=run_record(open_run, row.name) if open_run else None,
         last_checkpoint=read_newest_verified(session, row.id),
     )
-
 
 def _row(session: Session, name: str) -> Game:
     row = session.scalars(select(Game).where(Game.name == name)).first()

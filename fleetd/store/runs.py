@@ -8,27 +8,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Game, Run
+from fleetd.store.mapping import to_record
 from fleetd.store.records import RunRecord
 
 
 def run_record(row: Run, game: str) -> RunRecord:
-    return RunRecord(
-        id=row.id,
-        game=game,
-        boot_pk=row.boot_id,
-        pid=row.pid,
-        proc_start_time=row.proc_start_time,
-        cmdline=tuple(row.cmdline or ()),
-        log_path=row.log_path,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        exit_code=row.exit_code,
-        exit_signal=row.exit_signal,
-        cause=row.cause,
-        resumed_from_steps=row.resumed_from_steps,
-        adoptions=row.adoptions,
-    )
-
+    return to_record(RunRecord, row, game=game, boot_pk=row.boot_id, cmdline=tuple(row.cmdline or ()))
 
 def create_run(session: Session, game_id: int, boot_pk: int, now: datetime) -> int:
     row = Run(game_id=game_id, boot_id=boot_pk, started_at=now, cmdline=[])

@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
+from fleetd.store.mapping import to_record
 from fleetd.store.models import Game, Sample
 from fleetd.store.records import SampleRecord
 
@@ -42,7 +43,7 @@ def read_samples(
         query = query.where(Sample.game_id.is_(None))
     query = query.where(Sample.gpu_index == gpu_index if gpu_index is not None else Sample.gpu_index.is_(None))
     rows = session.scalars(query.order_by(Sample.at.desc()).limit(limit))
-    return [SampleRecord(row.at, game, row.gpu_index, row.metric, row.value) for row in reversed(list(rows))]
+    return [to_record(SampleRecord, row, game=game) for row in reversed(list(rows))]
 
 
 def create_game_samples(session: Session, at_by_game: dict[int, datetime], values: dict[int, dict[str, float]]) -> None:

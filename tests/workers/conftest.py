@@ -25,8 +25,27 @@ class ProgressInbox:
         self.sock.settimeout(timeout)
         return decode_report(self.sock.recv(65536))
 
+    def collect(self) -> None:
+        """Read reports as they come, on a thread. The kernel queues only a few datagrams
+        (net.unix.max_dgram_qlen, 10 by default) and the worker drops what does not fit:
+        a test that reads only at the end would lose the newest reports on a slow machine."""
+        import threading
+
+        self._collected: list = []
+        self.sock.settimeout(0.1)
+
+        def read() -> None:
+            while not self.sock._closed:  # type: ignore[attr-defined]
+                try:
+                    self._collected.append(decode_report(self.sock.recv(65536)))
+                except (TimeoutError, OSError):
+                    continue
+
+        self._collector = threading.Thread(target=read, daemon=True)
+        self._collector.start()
+
     def drain(self) -> list:
-        reports = []
+        reports = getattr(self, "_collected", [])
         self.sock.setblocking(False)
         while True:
             try:

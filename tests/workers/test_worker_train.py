@@ -23,6 +23,13 @@ def _run(spec) -> int:
     return run(spec, stop=StopFlag())  # no signal handlers in the pytest process
 
 
+@pytest.fixture
+def inbox(inbox):
+    """Every report the run sends, read as they come (see ProgressInbox.collect)."""
+    inbox.collect()
+    return inbox
+
+
 def _reports(inbox):
     return inbox.drain()
 
@@ -64,7 +71,8 @@ def test_atari_ppo_trains_a_few_hundred_steps(make_spec, inbox):
     assert _run(spec) == ExitCode.COMPLETED
     newest = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
     assert newest.steps == 256 and checkpoint.verify(newest.path)[0]
-    assert any(isinstance(r, ProgressReport) and r.steps == 256 for r in _reports(inbox))
+    reports = _reports(inbox)
+    assert any(isinstance(r, ProgressReport) and r.steps == 256 for r in reports), [(type(r).__name__, getattr(r, "steps", None)) for r in reports]
 
 
 def test_target_episodes_goal_completes(make_spec):
