@@ -276,7 +276,10 @@ class Governor:
             return f"{rung.label} failed {failures} time(s); tried again at {until:%Y-%m-%d %H:%M} UTC"
         if target is None:
             return self._top_reason(view)
-        return f"stable window: {self.ladder[target].label} at {self.window_ends():%Y-%m-%d %H:%M:%S} UTC"
+        rung, at = self.ladder[target], f"{self.window_ends():%Y-%m-%d %H:%M:%S} UTC"
+        if rung.games > self.allowed() and view.pending:
+            return f"stable window: next game at {at} ({rung.label})"
+        return f"stable window: {rung.label} ({rung.num_envs} envs per game) at {at}"
 
     def _top_reason(self, view: FleetView) -> str:
         if not view.pending and len(view.admitted) < self.allowed():
