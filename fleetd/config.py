@@ -158,12 +158,21 @@ class FleetSettings(_Section):
     # The first window after a start or a back-off is the long one, as the seeds practised.
     first_window_s: float = Field(3600.0, gt=0)
     window_s: float = Field(1800.0, gt=0)
-    # After a back-off, the level it stepped back to is a ceiling for this long.
+    # A rung that failed is not tried again for cooldown_s, then reprobe_factor times longer
+    # after each further failure, at most reprobe_max_s: a host that cannot take a rung stops
+    # rebooting on it. Failing demote_after times withdraws a rung's proof.
     cooldown_s: float = Field(7200.0, gt=0)
+    reprobe_factor: float = Field(4.0, ge=1)
+    reprobe_max_s: float = Field(172800.0, gt=0)
+    demote_after: int = Field(2, ge=1)
     # An unclean reboot is instability (the seeds' hosts rebooted under load). Off for a host
     # whose reboots have other causes, such as a provider's maintenance.
     reboot_is_instability: bool = True
-    # Crashes of this many different games within the window count as instability.
+    # An unclean reboot at a rung stable this long (whole windows since its last instability)
+    # is an outside event (a power cut, maintenance): every admitted game comes back.
+    reboot_outside_after_s: float = Field(7200.0, gt=0)
+    # Crashes of this many different running games within the window count as instability
+    # (a crash before the worker is up, startsecs, is the game's own fault: never counted).
     crash_games: int = Field(2, ge=1)
     crash_window_s: float = Field(900.0, gt=0)
     # Pressure: blocks admission at once; sustained for pressure_grace_s, it is instability.
@@ -171,6 +180,13 @@ class FleetSettings(_Section):
     gpu_temperature_max_c: float = Field(85.0, gt=0)
     host_memory_min_available_fraction: float = Field(0.10, ge=0, lt=1)
     pressure_grace_s: float = Field(60.0, ge=0)
+    # Host pressure stall information (/proc/pressure, avg10 in %): cpu "some", memory and io "full".
+    psi_cpu_some_max_pct: float = Field(90.0, gt=0, le=100)
+    psi_memory_full_max_pct: float = Field(10.0, gt=0, le=100)
+    psi_io_full_max_pct: float = Field(20.0, gt=0, le=100)
+    # GPU power drawn at this fraction of its enforced limit or more is pressure, as are an
+    # NVML Xid error and a hardware clock-throttle reason (slowdown, thermal, power brake).
+    gpu_power_cap_fraction: float = Field(0.98, gt=0, le=1)
     # GPU memory one game at tier values was sized for; a smaller share scales them down.
     gpu_reference_gib_per_game: float = Field(10.0, gt=0)
     telemetry_interval_s: float = Field(10.0, gt=0)

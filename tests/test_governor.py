@@ -8,6 +8,7 @@ import pytest
 
 from fleetd.config import FleetSettings
 from fleetd.governor.core import FleetView, Governor, Pressure
+from fleetd.store.records import RungMemory
 from tests.fakes import EPOCH
 
 MIN = 60.0
@@ -53,15 +54,37 @@ class Fleet:
         return waited
 
 
-def test_ramp_two_then_three_after_60_min_then_four_after_30() -> None:
+def test_ramp_two_then_three_after_60_min_then_four_after_30_then_envs_up_to_the_tier() -> None:
     fleet = Fleet("medium")
     fleet.tick()
     assert fleet.admitted == ["a", "b"]
     assert fleet.until_admitted(3) == 60
     assert fleet.until_admitted(4) == 30
+    assert fleet.governor.rung.label == "4x32"
+    assert fleet.tick(30) == ["proven", "level"] and fleet.governor.rung.label == "4x48"
+    assert fleet.tick(30) == ["proven", "tier"] and fleet.governor.rung.label == "4x64 (medium)"
     fleet.tick(24 * 60)
-    assert fleet.admitted == ["a", "b", "c", "d"]  # the medium tier's size
+    assert fleet.admitted == ["a", "b", "c", "d"]  # the medium tier's size: the top in manual mode
     assert fleet.governor.waiting_reason(fleet.now, fleet.view()) == "the medium tier runs 4 games"
+
+
+def test_the_default_ladder_fills_the_gaps_between_the_tiers() -> None:
+    ladder = Governor.initial(FleetSettings(tier="auto"), EPOCH).ladder
+    assert [r.label for r in ladder] == [
+        "1x32", "2x32 (light)", "3x32", "4x32", "4x48", "4x64 (medium)", "5x64", "6x64", "7x64", "8x64",
+        "8x96", "8x128", "8x192", "8x256 (heavy)",
+    ]  # fmt: skip
+    assert [r.load for r in ladder if 300 <= r.load <= 600] == [320, 384, 448, 512]
+
+
+def test_a_rung_that_adds_only_slots_nobody_waits_for_is_passed_over() -> None:
+    fleet = Fleet("medium")
+    fleet.pending = ["a", "b", "c"]
+    fleet.tick()
+    fleet.until_admitted(3)
+    assert fleet.governor.rung.label == "3x32"
+    fleet.tick(30)  # 4x32 would run the same 3 games: straight to 4x48
+    assert fleet.governor.rung.label == "4x48" and fleet.admitted == ["a", "b", "c"]
 
 
 def test_light_tier_runs_two_and_keeps_the_rest_pending() -> None:
@@ -79,21 +102,88 @@ def test_manual_tier_change_admits_after_the_window() -> None:
     assert fleet.until_admitted(3) == 30  # the rest of the first, 60-minute window
 
 
-def test_reboot_steps_back_and_the_ceiling_holds_until_the_cooldown_ends() -> None:
+def test_instability_steps_down_one_rung_and_the_failed_rung_waits_out_its_cooldown() -> None:
     fleet = Fleet("heavy", cooldown_s=120 * MIN)
     fleet.tick()
-    fleet.until_admitted(4)  # 2 -> 3 after 60 min, -> 4 after 30 more
-    fleet.apply(fleet.governor.instability(fleet.now, "reboot", "unclean", len(fleet.admitted)))
+    fleet.until_admitted(4)  # 2 -> 3 after 60 min, -> 4 after 30 more: 4x32
+    fleet.apply(fleet.governor.instability(fleet.now, "oom", "a's worker", len(fleet.admitted)))
     assert fleet.tick() == ["evict"]
     assert fleet.admitted == ["a", "b", "c"] and fleet.pending[0] == "d"  # the newest went back
-    assert fleet.governor.state.ceiling == 3
-    fleet.tick(119)
-    assert len(fleet.admitted) == 3  # stable for far longer than a window, but capped
-    assert "ceiling of 3" in fleet.governor.waiting_reason(fleet.now, fleet.view())
-    # The long window, counted from the back-off, ended during the cooldown: at its end the
-    # level rises at once.
-    assert fleet.tick(1) == ["ceiling_lifted", "level", "admit"]
-    assert len(fleet.admitted) == 4 and fleet.governor.state.ceiling is None
+    assert fleet.governor.rung.label == "3x32"
+    for _ in range(119):
+        fleet.tick(1)
+    assert len(fleet.admitted) == 3  # stable for far longer than a window, but 4x32 waits
+    assert "4x32 failed 1 time(s); tried again at" in fleet.governor.waiting_reason(fleet.now, fleet.view())
+    assert fleet.tick(1) == ["level", "admit"]  # 3x32 was proven before: no new proof event
+    assert fleet.governor.rung.label == "4x32"
+
+
+def test_a_rung_that_fails_again_waits_longer_each_time_capped() -> None:
+    fleet = Fleet("heavy", cooldown_s=120 * MIN, reprobe_factor=4, reprobe_max_s=24 * 60 * MIN, demote_after=9)
+    fleet.tick()
+    fleet.until_admitted(4)
+    waits = []
+    for _ in range(4):
+        fleet.apply(fleet.governor.instability(fleet.now, "crashes", "2 running games", len(fleet.admitted)))
+        retry_at = fleet.governor.memory[(4, 32)].retry_at
+        waits.append((retry_at - fleet.now) / timedelta(hours=1))
+        fleet.tick()
+        fleet.until_admitted(4, limit_min=3 * 24 * 60)
+    assert waits == [2, 8, 24, 24]
+
+
+def proven_for(fleet: Fleet, hours: float) -> None:
+    """Climb to 3 games, then stay there (the ceiling of a failed 4x32) for `hours`."""
+    fleet.tick()
+    fleet.until_admitted(3)
+    fleet.governor.memory[(4, 32)] = RungMemory(4, 32, retry_at=fleet.now + timedelta(days=9))
+    for _ in range(int(hours * 60)):
+        fleet.tick(1)
+
+
+def test_an_unclean_reboot_at_a_rung_proven_for_long_is_an_outside_event() -> None:
+    fleet = Fleet("heavy", reboot_outside_after_s=120 * MIN)
+    proven_for(fleet, 3)
+    memory = fleet.governor.memory[(3, 32)]
+    assert memory.proven and memory.stable_s >= 120 * MIN
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 3)) == ["reboot_outside"]
+    assert fleet.tick() == [] and fleet.admitted == ["a", "b", "c"]  # every game comes back
+    assert fleet.governor.memory[(3, 32)].stable_s == 0  # a second reboot soon counts as load
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 3)) == ["backoff"]
+    assert fleet.governor.rung.label == "2x32 (light)"
+
+
+def test_rung_memory_survives_a_restart() -> None:
+    fleet = Fleet("heavy", reboot_outside_after_s=120 * MIN)
+    proven_for(fleet, 3)
+    restarted = Governor(fleet.governor.settings, fleet.governor.state, dict(fleet.governor.memory))
+    assert [d.kind for d in restarted.rebooted(fleet.now, 3)] == ["reboot_outside"]
+
+
+def test_a_reboot_in_the_window_after_a_scale_up_steps_back_to_the_proven_rung() -> None:
+    fleet = Fleet("heavy")
+    fleet.tick()
+    fleet.until_admitted(4)  # 3x32 proven; 4x32 not yet
+    fleet.tick(10)
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 4)) == ["backoff"]
+    assert fleet.governor.rung.label == "3x32" and fleet.tick() == ["evict"]
+    assert fleet.governor.memory[(4, 32)].failures == 1
+
+
+def test_repeated_reboots_at_a_rung_proven_lately_demote_it() -> None:
+    fleet = Fleet("heavy", cooldown_s=60 * MIN, reboot_outside_after_s=600 * MIN)
+    fleet.tick()
+    fleet.until_admitted(4)
+    fleet.tick(30)  # 4x32 proven by one window; now at 4x48
+    fleet.apply(fleet.governor.rebooted(fleet.now, 4))  # 4x48 unproven: back to 4x32
+    assert fleet.governor.rung.label == "4x32"
+    fleet.apply(fleet.governor.rebooted(fleet.now, 4))  # 4x32 proven, not for long: one down
+    assert fleet.governor.rung.label == "3x32" and fleet.governor.memory[(4, 32)].proven
+    fleet.tick()
+    fleet.until_admitted(4, limit_min=600)
+    messages = [d.message for d in fleet.governor.rebooted(fleet.now, 4)]
+    assert "4x32 demoted (failed 2 times)" in messages[0]
+    assert not fleet.governor.memory[(4, 32)].proven and fleet.governor.rung.label == "3x32"
 
 
 def test_gpu_memory_above_the_threshold_blocks_admission() -> None:
@@ -117,7 +207,7 @@ def test_sustained_pressure_is_instability() -> None:
     fleet.pressure = Pressure(("host memory available 4% < 10%",))
     assert fleet.tick(1) == []
     assert fleet.tick(2) == ["backoff", "evict"]
-    assert len(fleet.admitted) == 2
+    assert len(fleet.admitted) == 2 and "host memory available 4%" in fleet.governor.last_backoff
 
 
 def test_crashes_of_several_games_are_instability() -> None:
@@ -149,18 +239,17 @@ def test_never_below_one_game() -> None:
     assert fleet.admitted == ["a"]
 
 
-def test_auto_moves_up_a_tier_when_stable_at_full_size_and_drops_on_backoff() -> None:
+def test_auto_climbs_through_the_tiers_and_backs_off_one_rung_not_a_tier() -> None:
     fleet = Fleet("auto")
-    fleet.pending = ["a", "b"]  # exactly the light tier's size
+    fleet.pending = ["a", "b"]  # the light tier's size: only envs can grow
     fleet.tick()
-    assert fleet.governor.state.tier == "light"
+    assert fleet.governor.tier == "light"
     assert fleet.governor.next_scale_up(fleet.view()) == fleet.governor.window_ends()
-    assert fleet.tick(60) == ["tier"]
-    assert fleet.governor.state.tier == "medium"
-    fleet.apply(fleet.governor.instability(fleet.now, "reboot", "unclean", len(fleet.admitted)))
-    assert fleet.governor.state.tier == "light"
-    assert fleet.governor.state.ceiling == 1
-    assert fleet.tick() == ["evict"]
+    assert fleet.tick(60) == ["proven", "level"] and fleet.governor.rung.label == "4x48"
+    assert fleet.tick(30) == ["proven", "tier"] and fleet.governor.tier == "medium"
+    fleet.apply(fleet.governor.instability(fleet.now, "pressure", "GPU 0 power 300 W", len(fleet.admitted)))
+    assert fleet.governor.rung.label == "4x48" and fleet.governor.tier == "light"
+    assert fleet.tick() == []  # fewer envs per game: nobody is evicted
 
 
 @pytest.mark.parametrize("tier", ["light", "medium", "heavy"])

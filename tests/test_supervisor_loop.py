@@ -164,7 +164,8 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     # No GPU here: CPU workers get at most 2 envs per thread, so give them enough threads that
     # the light (32 envs) and medium (64 envs) tiers differ.
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
-    loop.settings = loop.settings.model_copy(update={"worker": worker})
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
     for name in ("a", "b"):
         loop.add(name)
     loop.start()
@@ -173,6 +174,7 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     with loop.db.transaction() as session:
         update_fleet_requested(session, "medium", loop.clock.now())
     loop.sup.submit(Reconcile())
+    loop.clock.advance(31)  # a window later, one rung up the ladder: 4x48 (2 games, 48 envs each)
     loop.steps()
     assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
     loop.reactor.exit(loop.pid("a"), code=0)

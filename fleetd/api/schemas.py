@@ -213,12 +213,16 @@ class FleetOut(Out):
     tier: str
     level: int
     allowed: int
-    ceiling: int | None
+    ceiling: str | None
     ceiling_until: datetime | None
     admitted: list[str]
     pending: list[str]
     next_scale_up_at: datetime | None
     waiting_reason: str
+    rung: str
+    rungs: list[str]
+    last_backoff: str | None
+    pressure: list[str]
     settings: SettingsOut
     tiers: dict[str, TierOut]
     telemetry: dict[str, Any]

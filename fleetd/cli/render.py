@@ -131,7 +131,10 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
     settings = fleet["settings"]
     rows = [
         ("tier", f"{fleet['tier']} ({fleet['mode']})"),
-        ("allowed now", f"{fleet['allowed']} games (level {fleet['level']}, ceiling {ceiling})"),
+        ("rung", f"{fleet['rung']}: {fleet['allowed']} games (rung {fleet['level']}, waiting out a failure: {ceiling})"),
+        ("ladder", "\n".join(fleet["rungs"]) or "-"),
+        ("pressure", "; ".join(fleet["pressure"]) or "none"),
+        ("last back-off", fleet["last_backoff"] or "-"),
         ("admitted", ", ".join(fleet["admitted"]) or "-"),
         ("pending", ", ".join(fleet["pending"]) or "-"),
         ("next scale-up", when(fleet["next_scale_up_at"])),

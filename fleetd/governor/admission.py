@@ -62,7 +62,9 @@ def _place(name: str, view: GovernorView) -> str:
 
 def _tier_option(view: GovernorView, tier_sizes: dict[str, int]) -> tuple[AdmissionOption, ...]:
     """Only when the tier's size is what holds the game back (not a ceiling, a window, pressure)."""
-    if view.pressure or view.ceiling is not None or view.allowed < tier_sizes.get(view.tier, 0):
+    # The ladder climbs below a manual tier's size too: only at that size does a tier help.
+    size = tier_sizes.get(view.requested, tier_sizes.get(view.tier, 0))
+    if view.pressure or view.ceiling is not None or view.allowed < size:
         return ()
     higher = TIER_ORDER[TIER_ORDER.index(view.tier) + 1 :] if view.tier in TIER_ORDER else ()
     if not higher:

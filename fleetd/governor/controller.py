@@ -19,6 +19,7 @@ from fleetd.clock import Clock
 from fleetd.config import FleetSettings
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
+from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
 from fleetd.governor.snapshot import GovernorView
 from fleetd.states import Desired, State, wants_slot
@@ -29,7 +30,7 @@ from fleetd.store.records import FleetRecord
 
 log = logging.getLogger(__name__)
 
-_SEVERITY = {"backoff": "warning", "evict": "warning"}
+_SEVERITY = {"backoff": "warning", "evict": "warning", "reboot_outside": "warning"}
 
 
 class TelemetrySource(Protocol):
@@ -71,15 +72,13 @@ class FleetController:
     def _load(self) -> Governor:
         with self.db.transaction() as session:
             record = fleet_store.read_fleet(session)
+            memory = fleet_store.read_rungs(session)
         if record is None:
-            governor = Governor.initial(self.settings, self.clock.now())
-            self._save(governor.state)
+            governor = Governor.initial(self.settings, self.clock.now(), memory)
+            self._save(governor)
             return governor
-        state = FleetState(
-            record.requested, record.tier, record.level, record.ceiling, record.ceiling_until,
-            record.stable_since, record.long_window,
-        )  # fmt: skip
-        return Governor(self.settings, state)
+        rung = nearest_rung(build_ladder(self.settings.tiers), record.level, record.num_envs)
+        return Governor(self.settings, FleetState(record.requested, rung, record.stable_since, record.long_window), memory)
 
     # -- what the supervisor asks ------------------------------------------------------------
 
@@ -90,8 +89,9 @@ class FleetController:
         return len(self._admitted)
 
     def scaled(self) -> Scaled:
-        tier = self.governor.state.tier
-        return scale(tier, self.settings.tiers[tier], self._gpu(), self.settings.gpu_reference_gib_per_game)
+        rung = self.governor.rung
+        name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
+        return scale(name, rung.settings(), self._gpu(), self.settings.gpu_reference_gib_per_game)
 
     def view(self, slots: Sequence[GameSlot]) -> FleetView:
         wanting = [slot for slot in slots if slot.wants_slot]
@@ -101,14 +101,30 @@ class FleetController:
 
     def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
         governor, view, now = self.governor, self.view(slots), self.clock.now()
-        state = governor.state
+        state, ceiling = governor.state, governor.ceiling(now, view)
         return GovernorView(
-            mode="auto" if state.auto else "manual", requested=state.requested, tier=state.tier,
-            level=state.level, allowed=governor.allowed(), ceiling=state.ceiling,
-            ceiling_until=state.ceiling_until, admitted=view.admitted, pending=view.pending,
-            pressure=view.pressure.reasons, next_scale_up_at=governor.next_scale_up(view),
+            mode="auto" if state.auto else "manual", requested=state.requested, tier=governor.tier,
+            level=governor.index() + 1, allowed=governor.allowed(),
+            ceiling=None if ceiling is None else ceiling[0].label,
+            ceiling_until=None if ceiling is None else ceiling[1], admitted=view.admitted, pending=view.pending,
+            pressure=view.pressure.reasons, next_scale_up_at=governor.next_scale_up(view, now),
             waiting_reason=governor.waiting_reason(now, view), scaled=self.scaled(),
+            rung=governor.rung.label, rungs=tuple(self._rung_lines(now)), last_backoff=governor.last_backoff,
         )  # fmt: skip
+
+    def _rung_lines(self, now: datetime) -> list[str]:
+        """The ladder as people read it: each rung, what is known of it, where the fleet is."""
+        governor, lines = self.governor, []
+        for index, rung in enumerate(governor.ladder[: governor.top() + 1]):
+            memory = governor.remembered(index)
+            known = [f"proven, stable {memory.stable_s / 3600:.1f} h" if memory.proven else "unproven"]
+            if memory.failures:
+                known.append(f"failed {memory.failures}x")
+            if memory.retry_at is not None and memory.retry_at > now:
+                known.append(f"retry {memory.retry_at:%m-%d %H:%M} UTC")
+            here = " <- here" if index == governor.index() else ""
+            lines.append(f"{rung.label}: {rung.load} envs, {', '.join(known)}{here}")
+        return lines
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -123,6 +139,10 @@ class FleetController:
 
     def instability(self, kind: str, detail: str) -> bool:
         return self._apply(self.governor.instability(self.clock.now(), kind, detail, len(self._admitted)))
+
+    def rebooted(self) -> bool:
+        """The host went down without a clean stop: an outside event or load, by the rung's memory."""
+        return self._apply(self.governor.rebooted(self.clock.now(), len(self._admitted)))
 
     def crashed(self, name: str) -> bool:
         return self._apply(self.governor.crashed(self.clock.now(), name, len(self._admitted)))
@@ -164,6 +184,7 @@ class FleetController:
 
     def _apply(self, decisions: list[Decision]) -> bool:
         if not decisions:
+            self._save_memory()
             return False
         now = self.clock.now()
         with self.db.transaction() as session:
@@ -174,11 +195,12 @@ class FleetController:
                     self._set_admitted(decision.game, admitted_at)
                 severity = _SEVERITY.get(decision.kind, "info")
                 create_event(session, now, f"fleet_{decision.kind}", decision.message, severity=severity, game=decision.game)
-            fleet_store.save_fleet(session, self._record(self.governor.state, now))
+            fleet_store.save_fleet(session, self._record(self.governor, now))
+            self._save_memory(session)
         for decision in decisions:
             log.info("governor: %s", decision.message)
             if decision.kind == "backoff" and self.alerts is not None:
-                self.alerts.send(Alert("backoff", decision.message, now, None, {"tier": self.governor.state.tier}))
+                self.alerts.send(Alert("backoff", decision.message, now, None, {"tier": self.governor.tier, "rung": self.governor.rung.label}))
         return any(d.kind in ("admit", "evict", "tier", "backoff") for d in decisions)
 
     def _set_admitted(self, name: str, admitted_at: datetime | None) -> None:
@@ -192,16 +214,26 @@ class FleetController:
             record = fleet_store.read_fleet(session)
         return record.requested if record else self.governor.state.requested
 
-    def _save(self, state: FleetState) -> None:
+    def _save(self, governor: Governor) -> None:
         with self.db.transaction() as session:
-            fleet_store.save_fleet(session, self._record(state, self.clock.now()))
+            fleet_store.save_fleet(session, self._record(governor, self.clock.now()))
+
+    def _save_memory(self, session: Any = None) -> None:
+        """The rungs' memory the governor changed (a window proven, a failure), stored."""
+        if not self.governor.changed:
+            return
+        if session is None:
+            with self.db.transaction() as own:
+                self._save_memory(own)
+            return
+        for key in sorted(self.governor.changed):
+            fleet_store.save_rung(session, self.governor.memory[key])
+        self.governor.changed.clear()
 
     @staticmethod
-    def _record(state: FleetState, now: datetime) -> FleetRecord:
-        return FleetRecord(
-            state.requested, state.tier, state.level, state.ceiling, state.ceiling_until,
-            state.stable_since, state.long_window, now,
-        )  # fmt: skip
+    def _record(governor: Governor, now: datetime) -> FleetRecord:
+        state, rung = governor.state, governor.rung
+        return FleetRecord(state.requested, governor.tier, rung.games, rung.num_envs, state.stable_since, state.long_window, now)
 
     def _snapshot(self) -> Any:
         return None if self.telemetry is None else self.telemetry.latest

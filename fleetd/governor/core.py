@@ -1,17 +1,20 @@
-"""The load governor's decisions: how many games may run, which, and when that changes.
+"""The load governor's decisions: which rung of the ladder the fleet runs at, which games, when.
 
 Pure: it sees a fleet view and a clock reading and returns decisions; the controller applies
-them (store, supervisor). Tested with a fake clock and fake telemetry, without sleeping.
+them (store, supervisor) and keeps the rungs' memory in the store. Tested with a fake clock
+and fake telemetry, without sleeping.
 
-The rules, as the seeds practised them by hand:
-- admit `start_games` at first; after a stable window at full admission (the first window
-  long, then shorter ones) raise the level by one and admit the next pending game;
-- a game that ends frees its slot for the next pending one at once (that level is proven);
-- on instability (an unclean reboot, an OOM kill, crashes of several games, sustained GPU or
-  host memory or heat pressure) step back one level, evicting the most recently admitted game,
-  and hold the new level as a ceiling for a cooldown; in auto mode also drop a tier;
-- in auto mode, stable at a tier's full size for a window: move up a tier;
-- pressure blocks admission at once, before it lasts long enough to count as instability.
+The rules:
+- start at `start_games` games at the light tier's envs; after a stable window at full
+  admission the rung is proven and the fleet climbs one rung (the first window long, then
+  shorter ones); a rung that adds nothing for the games wanting a slot is passed over;
+- a game that ends frees its slot for the next pending one at once;
+- on instability (an OOM kill, crashes of several running games, sustained pressure) step
+  down one rung; the failed rung is tried again only after a wait that grows with each failure;
+- an unclean reboot at a rung proven for long is an outside event: nothing moves; at a rung
+  proven lately, one rung down; at an unproven rung, back to the highest proven rung;
+- pressure blocks admission and climbing at once, before it lasts long enough to count;
+- manual mode: the operator's tier is the top of the ladder; auto: heavy is.
 """
 
 from __future__ import annotations
@@ -19,16 +22,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from fleetd.config import TIER_NAMES, FleetSettings
+from fleetd.config import FleetSettings
+from fleetd.governor.ladder import (
+    Rung,
+    RungMemory,
+    build_ladder,
+    failed,
+    proven_window,
+    tier_of,
+    tier_rung,
+)
 
 
 @dataclass(frozen=True)
 class FleetState:
     requested: str  # light | medium | heavy | auto (the operator's choice)
-    tier: str  # the tier in force
-    level: int  # games allowed to run now (before the tier size and the ceiling)
-    ceiling: int | None
-    ceiling_until: datetime | None
+    rung: int  # index into the ladder
     stable_since: datetime  # start of the current stable window
     long_window: bool  # the next window is the long, first one
 
@@ -50,10 +59,14 @@ class FleetView:
     pending: tuple[str, ...]  # in admission order: priority, then age
     pressure: Pressure = Pressure()
 
+    @property
+    def wanting(self) -> int:
+        return len(self.admitted) + len(self.pending)
+
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # admit | evict | level | tier | ceiling_lifted | backoff
+    kind: str  # admit | evict | level | tier | proven | backoff | reboot_outside
     message: str
     game: str | None = None
 
@@ -62,26 +75,53 @@ class Decision:
 class Governor:
     settings: FleetSettings
     state: FleetState
+    memory: dict[tuple[int, int], RungMemory] = field(default_factory=dict)
+    ladder: tuple[Rung, ...] = ()
+    changed: set[tuple[int, int]] = field(default_factory=set)  # memory not yet stored
+    last_backoff: str | None = None
     _pressure_since: datetime | None = None
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.ladder = self.ladder or build_ladder(self.settings.tiers)
+
     @classmethod
-    def initial(cls, settings: FleetSettings, now: datetime) -> Governor:
-        tier = "light" if settings.tier == "auto" else settings.tier
-        state = FleetState(settings.tier, tier, settings.start_games, None, None, now, True)
-        return cls(settings, state)
+    def initial(cls, settings: FleetSettings, now: datetime, memory: dict | None = None) -> Governor:
+        governor = cls(settings, FleetState(settings.tier, 0, now, True), dict(memory or {}))
+        governor.state = replace(governor.state, rung=min(governor.start_rung(), governor.top()))
+        return governor
 
-    # -- what is allowed ---------------------------------------------------------------------
+    # -- the ladder ----------------------------------------------------------------------------
 
-    def tier_size(self) -> int:
-        return self.settings.tiers[self.state.tier].games
+    def start_rung(self) -> int:
+        envs = self.ladder[0].num_envs
+        return max(i for i, r in enumerate(self.ladder) if r.num_envs == envs and r.games <= max(1, self.settings.start_games))
 
-    def cap(self) -> int:
-        ceiling = self.state.ceiling if self.state.ceiling is not None else self.tier_size()
-        return max(1, min(self.tier_size(), ceiling))
+    def top(self) -> int:
+        return len(self.ladder) - 1 if self.state.auto else tier_rung(self.ladder, self.state.requested)
+
+    def index(self) -> int:
+        return min(self.state.rung, self.top())
+
+    @property
+    def rung(self) -> Rung:
+        return self.ladder[self.index()]
+
+    @property
+    def tier(self) -> str:
+        return tier_of(self.ladder, self.index())
 
     def allowed(self) -> int:
-        return max(1, min(self.state.level, self.cap()))
+        return self.rung.games
+
+    def remembered(self, index: int) -> RungMemory:
+        rung = self.ladder[index]
+        return self.memory.get(rung.key) or RungMemory(*rung.key)
+
+    def _remember(self, memory: RungMemory) -> None:
+        key = (memory.games, memory.num_envs)
+        self.memory[key] = memory
+        self.changed.add(key)
 
     def window(self) -> timedelta:
         seconds = self.settings.first_window_s if self.state.long_window else self.settings.window_s
@@ -90,31 +130,42 @@ class Governor:
     def window_ends(self) -> datetime:
         return self.state.stable_since + self.window()
 
+    def climb_target(self, wanting: int) -> int | None:
+        """The next rung up that runs more for the games wanting a slot (rungs that would only
+        add slots nobody waits for are passed over), if the top is not reached."""
+        here = self.rung.load_for(wanting)
+        return next((i for i in range(self.index() + 1, self.top() + 1) if self.ladder[i].load_for(wanting) > here), None)
+
+    def blocked_until(self, index: int, now: datetime) -> datetime | None:
+        retry_at = self.remembered(index).retry_at
+        return retry_at if retry_at is not None and retry_at > now else None
+
     # -- operator ----------------------------------------------------------------------------
 
     def request(self, requested: str, now: datetime) -> list[Decision]:
-        """`fleetd tier`: a tier name (manual) or auto. The level keeps its ramp."""
+        """`fleetd tier`: a tier name (manual: the top of the ladder) or auto. The rung keeps its ramp."""
         if requested == self.state.requested:
             return []
-        tier = self.state.tier if requested == "auto" else requested
-        self.state = replace(self.state, requested=requested, tier=tier)
-        return [Decision("tier", f"tier {tier} ({'auto' if requested == 'auto' else 'manual'}) requested")]
+        self.state = replace(self.state, requested=requested)
+        self.state = replace(self.state, rung=self.index())
+        mode = "auto" if requested == "auto" else "manual"
+        return [Decision("tier", f"tier {requested if requested != 'auto' else self.tier} ({mode}) requested: at {self.rung.label}")]
 
     # -- the clock ---------------------------------------------------------------------------
 
     def tick(self, now: datetime, view: FleetView) -> list[Decision]:
-        decisions = self._lift_ceiling(now)
-        decisions += self._watch_pressure(now, view.pressure, len(view.admitted))
+        decisions = self._watch_pressure(now, view.pressure, len(view.admitted))
         decisions += self._shed(view)
-        admitted = [name for name in view.admitted if name not in {d.game for d in decisions}]
-        decisions += self._fill(now, admitted, list(view.pending), view.pressure)
+        gone = {d.game for d in decisions if d.kind == "evict"}
+        admitted = [name for name in view.admitted if name not in gone]
+        pending = list(view.pending) + [name for name in reversed(view.admitted) if name in gone]
+        if view.pressure.reasons:
+            return decisions
+        decisions += self._admit(admitted, pending)
+        if now >= self.window_ends() and (len(admitted) >= self.allowed() or not pending):
+            decisions += self._window_done(now, view.wanting)
+            decisions += self._admit(admitted, pending)
         return decisions
-
-    def _lift_ceiling(self, now: datetime) -> list[Decision]:
-        if self.state.ceiling_until is None or now < self.state.ceiling_until:
-            return []
-        self.state = replace(self.state, ceiling=None, ceiling_until=None)
-        return [Decision("ceiling_lifted", "cooldown over: the ceiling is lifted")]
 
     def _watch_pressure(self, now: datetime, pressure: Pressure, running: int) -> list[Decision]:
         if not pressure.reasons:
@@ -130,91 +181,116 @@ class Governor:
     def _shed(self, view: FleetView) -> list[Decision]:
         excess = len(view.admitted) - self.allowed()
         newest_first = list(reversed(view.admitted))[: max(0, excess)]
-        return [Decision("evict", f"{name} back to pending: {self.allowed()} games allowed", name) for name in newest_first]
+        return [Decision("evict", f"{name} back to pending: {self.rung.label} allows {self.allowed()} games", name) for name in newest_first]
 
-    def _fill(self, now: datetime, admitted: list[str], pending: list[str], pressure: Pressure) -> list[Decision]:
-        if pressure.reasons:
-            return []
+    def _admit(self, admitted: list[str], pending: list[str]) -> list[Decision]:
         decisions = []
         while pending and len(admitted) < self.allowed():
             name = pending.pop(0)
             admitted.append(name)
-            decisions.append(Decision("admit", f"{name} admitted ({len(admitted)} of {self.allowed()})", name))
-        if now < self.window_ends() or len(admitted) < self.allowed():
-            return decisions
-        if pending and self.state.level < self.cap():
-            decisions += self._raise_level(now)
-            name = pending.pop(0)
-            decisions.append(Decision("admit", f"{name} admitted after a stable window", name))
-        elif self.state.auto and len(admitted) >= self.tier_size():
-            decisions += self._tier_up(now)
+            decisions.append(Decision("admit", f"{name} admitted ({len(admitted)} of {self.allowed()} at {self.rung.label})", name))
         return decisions
 
-    def _raise_level(self, now: datetime) -> list[Decision]:
-        level = min(self.state.level, self.cap()) + 1
-        minutes = self.window().total_seconds() / 60
-        self.state = replace(self.state, level=level, stable_since=now, long_window=False)
-        return [Decision("level", f"stable for {minutes:g} min: level {level}")]
-
-    def _tier_up(self, now: datetime) -> list[Decision]:
-        index = TIER_NAMES.index(self.state.tier)
-        if index + 1 >= len(TIER_NAMES) or self.state.ceiling is not None:
-            return []
-        tier = TIER_NAMES[index + 1]
-        self.state = replace(self.state, tier=tier, stable_since=now, long_window=False)
-        return [Decision("tier", f"auto: stable at full {TIER_NAMES[index]} size: moving up to {tier}")]
+    def _window_done(self, now: datetime, wanting: int) -> list[Decision]:
+        """A full window without instability: the rung is proven (more), then one rung up if
+        there is one worth climbing and it is not waiting out a failure."""
+        memory = self.remembered(self.index())
+        window_s = self.window().total_seconds()
+        self._remember(proven_window(memory, now, window_s, self.settings.reboot_outside_after_s))
+        decisions = [] if memory.proven else [Decision("proven", f"{self.rung.label} proven: stable for {window_s / 60:g} min")]
+        target = self.climb_target(wanting)
+        if target is None or self.blocked_until(target, now) is not None:
+            self.state = replace(self.state, stable_since=now, long_window=False)
+            return decisions
+        old = self.rung
+        self.state = replace(self.state, rung=target, stable_since=now, long_window=False)
+        kind = "tier" if self.rung.tier and self.rung.tier != old.tier else "level"
+        return decisions + [Decision(kind, f"stable for {window_s / 60:g} min at {old.label}: up to {self.rung.label}")]
 
     # -- instability -------------------------------------------------------------------------
 
     def crashed(self, now: datetime, game: str, running: int) -> list[Decision]:
-        """A game crashed; crashes of several games within the window are instability."""
+        """A running game crashed (the supervisor leaves out crashes at start-up: the game's own
+        fault); crashes of several games within the window are instability."""
         horizon = now - timedelta(seconds=self.settings.crash_window_s)
         self._crashes = [(at, name) for at, name in self._crashes if at >= horizon] + [(now, game)]
         games = {name for _, name in self._crashes}
         if len(games) < self.settings.crash_games:
             return []
         self._crashes = []
-        detail = f"{len(games)} games crashed within {self.settings.crash_window_s / 60:g} min"
+        detail = f"{len(games)} running games crashed within {self.settings.crash_window_s / 60:g} min"
         return self.instability(now, "crashes", detail, running)
 
     def instability(self, now: datetime, kind: str, detail: str, running: int) -> list[Decision]:
-        """Step back one level below what runs (never below one game) and hold it a while."""
-        level = max(1, min(self.allowed(), running) - 1)
-        until = now + timedelta(seconds=self.settings.cooldown_s)
-        tier = self.state.tier
-        if self.state.auto and TIER_NAMES.index(tier) > 0:
-            tier = TIER_NAMES[TIER_NAMES.index(tier) - 1]
-        self.state = replace(
-            self.state, tier=tier, level=level, ceiling=level, ceiling_until=until, stable_since=now, long_window=True
-        )
-        message = f"back-off after {kind} ({detail}): level {level}, tier {tier}, ceiling until {until:%H:%M} UTC"
+        """One rung down from what runs, and the failed rung waits before it is tried again."""
+        return self._back_off(now, kind, detail, self._one_down(running))
+
+    def rebooted(self, now: datetime, running: int) -> list[Decision]:
+        """The host went down without a clean stop, at the rung in force then."""
+        here, memory = self.index(), self.remembered(self.index())
+        if memory.proven and memory.stable_s >= self.settings.reboot_outside_after_s:
+            self._remember(replace(memory, stable_s=0.0))  # a second one soon is load
+            self.state = replace(self.state, stable_since=now, long_window=False)
+            message = (f"unclean reboot at {self.rung.label}, stable there for {memory.stable_s / 3600:.1f} h: "
+                       "taken as an outside event (power, maintenance); every admitted game comes back")  # fmt: skip
+            return [Decision("reboot_outside", message)]
+        if memory.proven:
+            return self._back_off(now, "reboot", f"at {self.rung.label}, proven {memory.stable_s / 60:.0f} min only", self._one_down(running))
+        proven = [i for i in range(here) if self.remembered(i).proven]
+        target = max(proven, default=max(0, min(here - 1, self.start_rung())))
+        return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target)
+
+    def _one_down(self, running: int) -> int:
+        """The highest rung below that runs less for the games running now."""
+        load = self.rung.load_for(running)
+        lower = [i for i in range(self.index()) if self.ladder[i].load_for(running) < load]
+        return max(lower, default=max(0, self.index() - 1))
+
+    def _back_off(self, now: datetime, kind: str, detail: str, target: int) -> list[Decision]:
+        failed_rung = self.rung
+        memory = failed(self.remembered(self.index()), now, f"{kind}: {detail}", self.settings)
+        self._remember(memory)
+        self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
+        demoted = "" if memory.proven or memory.failures < self.settings.demote_after else f"; {failed_rung.label} demoted (failed {memory.failures} times)"
+        message = (f"back-off after {kind} ({detail}): {failed_rung.label} -> {self.rung.label}; "
+                   f"{failed_rung.label} not tried again before {memory.retry_at:%Y-%m-%d %H:%M} UTC{demoted}")  # fmt: skip
+        self.last_backoff = f"{now:%Y-%m-%d %H:%M} UTC {message}"
         return [Decision("backoff", message)]
 
     # -- for people --------------------------------------------------------------------------
 
+    def ceiling(self, now: datetime, view: FleetView) -> tuple[Rung, datetime] | None:
+        """The rung the fleet would climb to next and when it may be tried again, if it waits out a failure."""
+        target = self.climb_target(view.wanting)
+        until = None if target is None else self.blocked_until(target, now)
+        return None if target is None or until is None else (self.ladder[target], until)
+
     def waiting_reason(self, now: datetime, view: FleetView) -> str:
         if view.pressure.reasons:
             return "admission blocked: " + "; ".join(view.pressure.reasons)
-        if not view.pending:
-            if self.state.auto and len(view.admitted) >= self.tier_size():
-                return self._auto_reason(now)
+        target, ceiling = self.climb_target(view.wanting), self.ceiling(now, view)
+        if ceiling is not None:
+            rung, until = ceiling
+            memory = self.memory.get(rung.key)
+            failures = memory.failures if memory else 0
+            return f"{rung.label} failed {failures} time(s); tried again at {until:%Y-%m-%d %H:%M} UTC"
+        if target is None:
+            return self._top_reason(view)
+        rung, at = self.ladder[target], f"{self.window_ends():%Y-%m-%d %H:%M:%S} UTC"
+        if rung.games > self.allowed() and view.pending:
+            return f"stable window: next game at {at} ({rung.label})"
+        return f"stable window: {rung.label} ({rung.num_envs} envs per game) at {at}"
+
+    def _top_reason(self, view: FleetView) -> str:
+        if not view.pending and len(view.admitted) < self.allowed():
             return "nothing pending"
-        if self.state.level >= self.cap():
-            if self.state.ceiling is not None and self.state.ceiling_until is not None:
-                return f"ceiling of {self.state.ceiling} after a back-off, until {self.state.ceiling_until:%Y-%m-%d %H:%M} UTC"
-            return f"the {self.state.tier} tier runs {self.tier_size()} games"
-        return f"stable window: next game at {self.window_ends():%Y-%m-%d %H:%M:%S} UTC"
+        if self.state.auto:
+            return "auto: at the top of the ladder" if self.index() == len(self.ladder) - 1 else "nothing pending"
+        return f"the {self.state.requested} tier runs {self.allowed()} games"
 
-    def _auto_reason(self, now: datetime) -> str:
-        if self.state.tier == TIER_NAMES[-1]:
-            return "auto: at the top tier"
-        if self.state.ceiling is not None:
-            return "auto: no tier move during the cooldown"
-        return f"auto: moving up a tier at {self.window_ends():%Y-%m-%d %H:%M:%S} UTC if stable"
-
-    def next_scale_up(self, view: FleetView) -> datetime | None:
-        grows = view.pending and self.state.level < self.cap()
-        moves = self.state.auto and not view.pending and len(view.admitted) >= self.tier_size()
-        if view.pressure.reasons or not (grows or moves):
+    def next_scale_up(self, view: FleetView, now: datetime | None = None) -> datetime | None:
+        target = self.climb_target(view.wanting)
+        if view.pressure.reasons or target is None:
             return None
-        return self.window_ends()
+        until = self.blocked_until(target, now) if now is not None else None
+        return max(self.window_ends(), until) if until is not None else self.window_ends()

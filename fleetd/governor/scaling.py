@@ -53,14 +53,14 @@ def _power_of_two_at_most(value: float) -> int:
 def scale(tier_name: str, tier: TierSettings, gpu: GpuMemory | None, reference_gib: float) -> Scaled:
     if gpu is None:
         capped = f"capped per worker at {CPU_ENVS_PER_THREAD} envs per CPU thread, batch {CPU_MAX_BATCH}"
-        return Scaled(tier.num_envs, tier.batch_size, f"{tier_name} tier values; no GPU seen: {capped}")
+        return Scaled(tier.num_envs, tier.batch_size, f"{tier_name} values; no GPU seen: {capped}")
     share_gib = gpu.total_bytes / GIB / tier.games
     factor = min(1.0, share_gib / reference_gib)
     where = f"{gpu.name}, {gpu.total_bytes / GIB:.0f} GiB over {tier.games} games = {share_gib:.1f} GiB each"
     if factor >= 1.0:
-        return Scaled(tier.num_envs, tier.batch_size, f"{tier_name} tier values: {where} (>= {reference_gib:g} GiB)", on_gpu=True)
+        return Scaled(tier.num_envs, tier.batch_size, f"{tier_name} values: {where} (>= {reference_gib:g} GiB)", on_gpu=True)
     factor = max(factor, MIN_SHARE)
     num_envs = max(1, _power_of_two_at_most(tier.num_envs * factor))
     batch = max(32, _power_of_two_at_most(tier.batch_size * factor))
-    reason = f"{tier_name} tier scaled x{factor:.2f}: {where} (< {reference_gib:g} GiB)"
+    reason = f"{tier_name} scaled x{factor:.2f}: {where} (< {reference_gib:g} GiB)"
     return Scaled(num_envs, batch, reason, on_gpu=True)

@@ -25,16 +25,19 @@ class GovernorView:
     mode: str  # auto | manual
     requested: str  # light | medium | heavy | auto
     tier: str
-    level: int
+    level: int  # the rung's place on the ladder, from 1
     allowed: int
-    ceiling: int | None
+    ceiling: str | None  # the rung above that waits out a failure, until ceiling_until
     ceiling_until: datetime | None
     admitted: tuple[str, ...]  # oldest admission first
     pending: tuple[str, ...]  # in admission order
     pressure: tuple[str, ...]  # why admission is blocked now, if it is
     next_scale_up_at: datetime | None
     waiting_reason: str
-    scaled: Scaled  # the tier's settings for the GPU at hand
+    scaled: Scaled  # the rung's settings for the GPU at hand
+    rung: str = ""  # games x envs per game, e.g. "5x64"
+    rungs: tuple[str, ...] = ()  # the ladder up to its top, with what is remembered of each
+    last_backoff: str | None = None  # the latest back-off and the number that tripped it
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Query functions for the governor's row and the games' admission."""
+"""Query functions for the governor's row, its rungs' memory and the games' admission."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from fleetd.store.models import Fleet, Game
 from fleetd.store.mapping import to_record
-from fleetd.store.records import FleetRecord
+from fleetd.store.models import Fleet, Game, Rung
+from fleetd.store.records import FleetRecord, RungMemory
 
 
 def _record(row: Fleet) -> FleetRecord:
     return to_record(FleetRecord, row)
+
 
 def read_fleet(session: Session) -> FleetRecord | None:
     row = session.get(Fleet, 1)
@@ -23,7 +24,7 @@ def read_fleet(session: Session) -> FleetRecord | None:
 def save_fleet(session: Session, record: FleetRecord) -> None:
     row = session.get(Fleet, 1) or Fleet(id=1)
     row.requested, row.tier, row.level = record.requested, record.tier, record.level
-    row.ceiling, row.ceiling_until = record.ceiling, record.ceiling_until
+    row.num_envs = record.num_envs
     row.stable_since, row.long_window, row.updated_at = record.stable_since, record.long_window, record.updated_at
     session.add(row)
     session.flush()
@@ -48,3 +49,16 @@ def read_admissions(session: Session) -> dict[str, datetime]:
     """The games holding a governor's slot, with when they were admitted."""
     rows = session.execute(select(Game.name, Game.admitted_at).where(Game.admitted_at.is_not(None)))
     return {name: admitted_at for name, admitted_at in rows}
+
+
+def read_rungs(session: Session) -> dict[tuple[int, int], RungMemory]:
+    rows = session.scalars(select(Rung))
+    return {(row.games, row.num_envs): to_record(RungMemory, row) for row in rows}
+
+
+def save_rung(session: Session, memory: RungMemory) -> None:
+    row = session.get(Rung, (memory.games, memory.num_envs)) or Rung(games=memory.games, num_envs=memory.num_envs)
+    row.proven_at, row.stable_s, row.failures = memory.proven_at, memory.stable_s, memory.failures
+    row.retry_at, row.last_failure = memory.retry_at, (memory.last_failure or "")[:500] or None
+    session.add(row)
+    session.flush()

@@ -124,12 +124,25 @@ class Fleet(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     requested: Mapped[str] = mapped_column(String(8))
     tier: Mapped[str] = mapped_column(String(8))
-    level: Mapped[int]
-    ceiling: Mapped[int | None]
-    ceiling_until: Mapped[datetime | None]
+    level: Mapped[int]  # the rung: games ...
+    num_envs: Mapped[int]  # ... x envs per game
     stable_since: Mapped[datetime]
     long_window: Mapped[bool] = mapped_column(default=True)
     updated_at: Mapped[datetime]
+
+
+class Rung(Base):
+    """What the governor remembers of one rung of its ladder, across restarts and reboots."""
+
+    __tablename__ = "rungs"
+
+    games: Mapped[int] = mapped_column(primary_key=True)
+    num_envs: Mapped[int] = mapped_column(primary_key=True)
+    proven_at: Mapped[datetime | None]
+    stable_s: Mapped[float]
+    failures: Mapped[int]
+    retry_at: Mapped[datetime | None]
+    last_failure: Mapped[str | None] = mapped_column(String(500))
 
 
 class Run(Base):

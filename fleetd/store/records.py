@@ -96,13 +96,29 @@ class GameRecord:
 @dataclass(frozen=True)
 class FleetRecord:
     requested: str
-    tier: str
-    level: int
-    ceiling: int | None
-    ceiling_until: datetime | None
+    tier: str  # the highest tier at or below the rung
+    level: int  # the rung: games ...
+    num_envs: int  # ... x envs per game
     stable_since: datetime
     long_window: bool
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class RungMemory:
+    """What the governor remembers of one rung of its ladder (games x envs per game)."""
+
+    games: int
+    num_envs: int
+    proven_at: datetime | None = None  # its first full window without instability (None: unproven)
+    stable_s: float = 0.0  # stable windows completed since its last instability
+    failures: int = 0  # instabilities at it since it was last proven for long
+    retry_at: datetime | None = None  # not tried again before this
+    last_failure: str | None = None
+
+    @property
+    def proven(self) -> bool:
+        return self.proven_at is not None
 
 
 @dataclass(frozen=True)

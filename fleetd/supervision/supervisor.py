@@ -182,7 +182,7 @@ class Supervisor:
             self._adopt(run)
         self._settle_stale_states()
         if self._unclean_reboot:
-            self.fleet.instability("reboot", "the host went down without a clean stop")
+            self.fleet.rebooted()
         self._govern()
 
     def run(self) -> None:
@@ -362,12 +362,15 @@ class Supervisor:
             return
         on_disk = scan_checkpoints(proc.launch.game_dir / "checkpoints")
         _count_progress_on_disk(proc, on_disk)
+        # Up past startsecs: a crash now may be the host's doing. Before, it is the game's own
+        # (bad hyperparameters, a missing env): it never moves the fleet.
+        was_running = proc.state is State.RUNNING
         outcome = proc.on_exit(exited.status)
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, on_disk)
         if outcome is not None and outcome.cause == "oom":
             self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer")
-        elif outcome is not None and outcome.cause in ("crash", "hang"):
+        elif outcome is not None and outcome.cause in ("crash", "hang") and was_running:
             self.fleet.crashed(proc.name)
         self._govern()
 
