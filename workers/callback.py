@@ -16,7 +16,7 @@ from workers.counters import Counters
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
-from workers.snapshot import save_snapshot
+from workers.snapshot import ReplayPolicy, save_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +54,13 @@ def goal_reached(spec: RunSpec, counters: Counters) -> bool:
 class Checkpointer:
     """Writes verified checkpoints every `interval_s` seconds and every `interval_steps` steps."""
 
-    def __init__(self, spec: RunSpec, with_replay: bool, reporter: Reporter, clock=time.monotonic):
+    def __init__(self, spec: RunSpec, replay: ReplayPolicy, reporter: Reporter,
+                 interval_steps: int | None = None, clock=time.monotonic):
         self.directory = Path(spec.checkpoint_dir)
         self.keep = spec.keep_checkpoints
         self.interval_s = spec.checkpoint_interval_s
-        self.interval_steps = spec.checkpoint_interval_steps
-        self.with_replay = with_replay
+        self.interval_steps = interval_steps or spec.checkpoint_interval_steps
+        self.replay = replay
         self.reporter = reporter
         self._clock = clock
         self._last_at = clock()
@@ -80,7 +81,7 @@ class Checkpointer:
         try:
             path = checkpoint.write_checkpoint(
                 self.directory, counters.steps, counters.episodes,
-                lambda tmp: save_snapshot(tmp, model, counters, self.with_replay))
+                lambda tmp: save_snapshot(tmp, model, counters, self.replay))
         except OSError as exc:
             # A full disk (ENOSPC) or a quota: the partial folder is gone, the newest
             # verified checkpoint is intact. Training goes on; the next interval tries again.

@@ -9,17 +9,19 @@ from stable_baselines3.common.preprocessing import is_image_space
 from stable_baselines3.common.utils import set_random_seed
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workers import checkpoint
+from workers import checkpoint, defaults
+from workers.algos import ALGO_CLASSES, set_schedule_horizon
 from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
-from workers.hyperparams import Plan, algo_kwargs, configure_torch, make_plan, policy_name, select_device
+from workers.hyperparams import (Plan, algo_kwargs, configure_torch, make_plan, policy_name,
+                                 schedule_horizon, select_device)
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
 from workers.resume import ResumeResult, find_resumable
-from workers.snapshot import ALGO_CLASSES, restore_rng
+from workers.snapshot import ReplayPolicy, restore_rng
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +65,32 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     if found.unusable:
         log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
     model = _model_from(found, spec, plan, venv)
-    reporter.send_resumed(taken, found.skipped)
-    return _train(spec, plan, model, counters, reporter, stop, found)
+    horizon = schedule_horizon(spec, plan, _image_obs(venv))
+    set_schedule_horizon(model, horizon)
+    log.info("schedules run over %d total steps (%.0f%% done)", horizon,
+             100 * (1 - model._current_progress_remaining))
+    replay = ReplayPolicy(plan.save_replay_buffer, plan.replay_buffer_max_bytes)
+    reporter.send_resumed(taken, found.skipped, _replay_notes(found, model, replay))
+    interval_steps = spec.checkpoint_interval_steps or defaults.checkpoint_interval_steps(horizon)
+    checkpointer = Checkpointer(spec, replay, reporter, interval_steps)
+    if found.taken is not None:
+        checkpointer.mark_current(counters.steps)
+    return _train(spec, model, counters, reporter, stop, checkpointer)
+
+
+def _replay_notes(found: ResumeResult, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:
+    """Warnings about an off-policy model's replay buffer, logged and reported as events."""
+    notes = []
+    if (refusal := replay.refusal(model)) is not None:
+        notes.append(f"checkpoints leave the replay buffer out: {refusal}; a resumed run "
+                     f"re-collects learning_starts ({model.learning_starts}) transitions first")
+    if found.restored is not None and found.restored.replay_note:
+        notes.append(f"resumed without the replay buffer ({found.restored.replay_note}): collecting "
+                     f"{model.learning_starts} transitions with the restored policy and exploration "
+                     "before training again")
+    for note in notes:
+        log.warning("%s", note)
+    return tuple(notes)
 
 
 def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
@@ -75,6 +101,10 @@ def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) ->
     model.tensorboard_log = tensorboard_dir(spec)
     apply_batch_size(model, plan)
     return model
+
+
+def _image_obs(venv: VecEnv) -> bool:
+    return is_image_space(venv.observation_space, check_channels=False)
 
 
 def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
@@ -92,7 +122,7 @@ def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
 
 
 def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
-    image_obs = is_image_space(venv.observation_space, check_channels=False)
+    image_obs = _image_obs(venv)
     env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
     kwargs = algo_kwargs(spec.algo, plan, image_obs)
     log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
@@ -112,11 +142,8 @@ def tensorboard_dir(spec: RunSpec) -> str | None:
     return spec.tensorboard_dir
 
 
-def _train(spec: RunSpec, plan: Plan, model: BaseAlgorithm, counters: Counters,
-           reporter: Reporter, stop: StopFlag, found: ResumeResult) -> int:
-    checkpointer = Checkpointer(spec, plan.save_replay_buffer, reporter)
-    if found.taken is not None:
-        checkpointer.mark_current(counters.steps)
+def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Reporter,
+           stop: StopFlag, checkpointer: Checkpointer) -> int:
     callback = FleetCallback(spec, counters, stop, checkpointer)
     reporter.start()
     try:

@@ -22,7 +22,8 @@ EVERY_HYPERPARAM: dict[str, Any] = {
     "gradient_steps": 2, "target_update_interval": 100, "exploration_fraction": 0.2,
     "exploration_final_eps": 0.03, "policy": "MlpPolicy",
     "policy_kwargs": {"net_arch": [8], "activation_fn": "tanh"}, "normalize": True,
-    "save_replay_buffer": True, "frame_stack": 2, "max_episode_steps": 200,
+    "save_replay_buffer": False, "replay_buffer_max_bytes": 2**20, "schedule_timesteps": 30_000,
+    "frame_stack": 2, "max_episode_steps": 200,
 }
 EVERY_TIER_DEFAULT = {"num_envs": 16, "batch_size": 512}
 EVERY_FIELD: dict[str, Any] = {
@@ -103,7 +104,9 @@ def test_every_hyperparameter_reaches_the_worker():
     plan = make_plan(RunSpec.from_dict(EVERY_FIELD), DeviceInfo("cpu", "cpu"))
     own = {"num_envs": plan.num_envs, "batch_size": plan.batch_size, "normalize": plan.normalize,
            "save_replay_buffer": plan.save_replay_buffer, "frame_stack": plan.frame_stack,
-           "max_episode_steps": plan.max_episode_steps, "policy": plan.policy}
+           "max_episode_steps": plan.max_episode_steps, "policy": plan.policy,
+           "replay_buffer_max_bytes": plan.replay_buffer_max_bytes,
+           "schedule_timesteps": plan.schedule_timesteps}
     assert {**own, **plan.overrides} == EVERY_HYPERPARAM
     assert not set(own) & set(plan.overrides)
 

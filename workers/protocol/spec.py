@@ -99,6 +99,8 @@ class Hyperparams(_Overrides):
     policy_kwargs: PolicyKwargs | None = None
     normalize: bool | None = None
     save_replay_buffer: bool | None = None
+    replay_buffer_max_bytes: NonNegative | None = None
+    schedule_timesteps: Positive | None = None
     frame_stack: Positive | None = None
     max_episode_steps: Positive | None = None
 
