@@ -13,6 +13,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from workers import checkpoint
 from workers.counters import Counters
+from workers.guards import check_finite
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
@@ -77,6 +78,7 @@ class Checkpointer:
         self._last_steps = steps
 
     def write(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
+        check_finite(model, counters.steps)  # a diverged model is never checkpointed
         started = self._clock()
         try:
             path = checkpoint.write_checkpoint(
@@ -134,3 +136,6 @@ class FleetCallback(BaseCallback):
         if self.checkpointer.due(self.counters.steps):
             self.checkpointer.write(self.model, self.counters)
         return True
+
+    def _on_rollout_end(self) -> None:
+        check_finite(self.model, self.num_timesteps)  # after the previous update's parameters

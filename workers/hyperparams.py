@@ -74,6 +74,7 @@ def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
 
 def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
     num_envs, batch = spec.sizes()
+    batch = max(1, int(batch * spec.batch_scale))  # fleetd's answer to a CUDA out-of-memory
     hp = spec.hyperparams.explicit()
     hp.pop("num_envs", None)
     hp.pop("batch_size", None)

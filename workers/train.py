@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.preprocessing import is_image_space
 from stable_baselines3.common.utils import set_random_seed
@@ -14,6 +15,7 @@ from workers.algos import ALGO_CLASSES, set_schedule_horizon
 from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
+from workers.guards import Diverged, apply_lr_scale
 from workers.hyperparams import (Plan, algo_kwargs, configure_torch, make_plan, policy_name,
                                  schedule_horizon, select_device)
 from workers.protocol.exit_codes import ExitCode
@@ -67,6 +69,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     model = _model_from(found, spec, plan, venv)
     horizon = schedule_horizon(spec, plan, _image_obs(venv))
     set_schedule_horizon(model, horizon)
+    apply_lr_scale(model, spec.lr_scale)
     log.info("schedules run over %d total steps (%.0f%% done)", horizon,
              100 * (1 - model._current_progress_remaining))
     replay = ReplayPolicy(plan.save_replay_buffer, plan.replay_buffer_max_bytes)
@@ -153,6 +156,14 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
             counters.steps = model.num_timesteps
         outcome = _outcome(spec, counters, callback, stop)
         checkpointer.write_final(model, counters)
+    except Diverged as exc:
+        log.error("training diverged: %s; no checkpoint written, the last good one stays newest "
+                  "(exit %d)", exc, ExitCode.DIVERGED)
+        return ExitCode.DIVERGED
+    except torch.OutOfMemoryError as exc:
+        log.error("CUDA out of memory at %d steps: %s; no checkpoint written (exit %d)",
+                  model.num_timesteps, str(exc).splitlines()[0] if str(exc) else "", ExitCode.CUDA_OOM)
+        return ExitCode.CUDA_OOM
     finally:
         reporter.stop()
     return _exit_code(outcome, counters)
