@@ -24,7 +24,7 @@ SIZING = {"num_envs": 8}
 CASES = [
     ("ppo", {"total_timesteps": 100_000}, 475.0, 100_000),
     ("a2c", {"total_timesteps": 300_000}, 475.0, 300_000),
-    ("dqn", {"target_episodes": 5_000}, 200.0, 60_000),
+    ("dqn", {"target_episodes": 5_000}, 150.0, 60_000),
 ]
 
 
