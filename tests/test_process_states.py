@@ -360,3 +360,54 @@ def test_no_first_report_at_all_is_killed_after_start_timeout(
     assert launcher.signals == [(proc.pid, "SIGKILL")]
     proc.on_exit(KILLED)
     assert sink.causes() == ["hang"] and "no first report within 600s" in proc.reason
+
+
+# -- divergence and CUDA OOM remedies (issue #16) ----------------------------------------------
+
+
+class RecordingLauncher(FakeLauncher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches: list[Launch] = []
+
+    def spawn(self, launch: Launch, run_id: int):
+        self.launches.append(launch)
+        return super().spawn(launch, run_id)
+
+
+def _remedied_proc(clock: FakeClock, sink: RecordingSink, policy: Policy = POLICY):
+    from pathlib import Path
+
+    from workers.protocol.spec import LaunchSpec
+
+    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir="/g/pong/ckpt")
+    launcher = RecordingLauncher()
+    return WorkerProcess(Launch("pong", Path("/games/pong"), spec), policy, launcher, clock, sink), launcher
+
+
+def test_divergence_restarts_with_the_learning_rate_scaled_down_then_fatal_at_the_floor(
+    clock: FakeClock, sink: RecordingSink
+) -> None:
+    policy = Policy(startretries=10, backoff_initial_s=1, backoff_max_s=1, diverged_lr_factor=0.5, diverged_lr_floor=0.2)
+    proc, launcher = _remedied_proc(clock, sink, policy)
+    proc.start()
+    for expected in (0.5, 0.25):
+        proc.on_exit(ExitStatus(code=22))
+        assert proc.state is State.BACKOFF and f"lr_scale {expected * 2:g} -> {expected:g}" in proc.reason
+        advance(clock, proc, 1)
+        assert launcher.launches[-1].spec.lr_scale == expected
+        assert proc.launch.spec.lr_scale == 1.0  # what the game asks for is unchanged
+    proc.on_exit(ExitStatus(code=22))
+    assert proc.state is State.FATAL and "floor 0.2" in proc.reason
+    assert sink.causes() == ["diverged"] * 3
+    proc.start()  # the operator's new attempt starts from the settings as they are
+    assert launcher.launches[-1].spec.lr_scale == 1.0
+
+
+def test_cuda_oom_restarts_with_the_batch_halved(clock: FakeClock, sink: RecordingSink) -> None:
+    proc, launcher = _remedied_proc(clock, sink)
+    proc.start()
+    proc.on_exit(ExitStatus(code=23))
+    assert proc.state is State.BACKOFF and "batch_scale 1 -> 0.5" in proc.reason
+    advance(clock, proc, 1)
+    assert launcher.launches[-1].spec.batch_scale == 0.5 and sink.causes()[0] == "cuda_oom"

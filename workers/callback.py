@@ -13,10 +13,11 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from workers import checkpoint
 from workers.counters import Counters
+from workers.guards import check_finite
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
-from workers.snapshot import save_snapshot
+from workers.snapshot import ReplayPolicy, save_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,13 @@ def goal_reached(spec: RunSpec, counters: Counters) -> bool:
 class Checkpointer:
     """Writes verified checkpoints every `interval_s` seconds and every `interval_steps` steps."""
 
-    def __init__(self, spec: RunSpec, with_replay: bool, reporter: Reporter, clock=time.monotonic):
+    def __init__(self, spec: RunSpec, replay: ReplayPolicy, reporter: Reporter,
+                 interval_steps: int | None = None, clock=time.monotonic):
         self.directory = Path(spec.checkpoint_dir)
         self.keep = spec.keep_checkpoints
         self.interval_s = spec.checkpoint_interval_s
-        self.interval_steps = spec.checkpoint_interval_steps
-        self.with_replay = with_replay
+        self.interval_steps = interval_steps or spec.checkpoint_interval_steps
+        self.replay = replay
         self.reporter = reporter
         self._clock = clock
         self._last_at = clock()
@@ -76,11 +78,12 @@ class Checkpointer:
         self._last_steps = steps
 
     def write(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
+        check_finite(model, counters.steps)  # a diverged model is never checkpointed
         started = self._clock()
         try:
             path = checkpoint.write_checkpoint(
                 self.directory, counters.steps, counters.episodes,
-                lambda tmp: save_snapshot(tmp, model, counters, self.with_replay))
+                lambda tmp: save_snapshot(tmp, model, counters, self.replay))
         except OSError as exc:
             # A full disk (ENOSPC) or a quota: the partial folder is gone, the newest
             # verified checkpoint is intact. Training goes on; the next interval tries again.
@@ -133,3 +136,6 @@ class FleetCallback(BaseCallback):
         if self.checkpointer.due(self.counters.steps):
             self.checkpointer.write(self.model, self.counters)
         return True
+
+    def _on_rollout_end(self) -> None:
+        check_finite(self.model, self.num_timesteps)  # after the previous update's parameters

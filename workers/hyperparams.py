@@ -13,29 +13,14 @@ from typing import Any, Mapping
 
 import torch
 
+from workers import defaults
 from workers.protocol.spec import RunSpec, SpecError
 
 log = logging.getLogger(__name__)
 
-# Per algorithm: (Atari-style image observations, vector observations). Taken from the
-# rl-baselines3-zoo settings the seeds used; `batch_size` and `num_envs` come from the tier.
-ALGO_DEFAULTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "ppo": ({"n_steps": 128, "n_epochs": 4, "learning_rate": 2.5e-4, "clip_range": 0.1,
-             "ent_coef": 0.01, "vf_coef": 0.5, "gae_lambda": 0.95, "gamma": 0.99},
-            {"n_steps": 128, "n_epochs": 10, "learning_rate": 3e-4, "clip_range": 0.2,
-             "ent_coef": 0.0, "gae_lambda": 0.95, "gamma": 0.99}),
-    "a2c": ({"n_steps": 5, "learning_rate": 7e-4, "ent_coef": 0.01, "vf_coef": 0.25},
-            {"n_steps": 5, "learning_rate": 7e-4}),
-    "dqn": ({"buffer_size": 100_000, "learning_starts": 10_000, "train_freq": 4,
-             "target_update_interval": 1000, "exploration_fraction": 0.1,
-             "exploration_final_eps": 0.01, "learning_rate": 1e-4},
-            {"buffer_size": 50_000, "learning_starts": 1000, "train_freq": 4,
-             "target_update_interval": 250, "exploration_fraction": 0.1,
-             "exploration_final_eps": 0.05, "learning_rate": 1e-3}),
-}
 # Overrides that are the worker's own, not SB3 constructor arguments.
 WORKER_KEYS = ("num_envs", "policy", "normalize", "save_replay_buffer", "frame_stack",
-               "max_episode_steps")
+               "max_episode_steps", "schedule_timesteps", "replay_buffer_max_bytes")
 _ACTIVATIONS = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "elu": torch.nn.ELU,
                 "leaky_relu": torch.nn.LeakyReLU, "gelu": torch.nn.GELU}
 
@@ -55,10 +40,12 @@ class Plan:
     num_envs: int
     batch_size: int
     normalize: bool = False
-    save_replay_buffer: bool = False
+    save_replay_buffer: bool = True  # off-policy algorithms only, within the byte budget
+    replay_buffer_max_bytes: int = defaults.REPLAY_BUFFER_MAX_BYTES
     frame_stack: int = 4
     max_episode_steps: int | None = None
     policy: str | None = None
+    schedule_timesteps: int | None = None  # explicit; else the goal, else the family's default
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -87,11 +74,14 @@ def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
 
 def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
     num_envs, batch = spec.sizes()
+    batch = max(1, int(batch * spec.batch_scale))  # fleetd's answer to a CUDA out-of-memory
     hp = spec.hyperparams.explicit()
     hp.pop("num_envs", None)
     hp.pop("batch_size", None)
     plan = Plan(device=device, num_envs=num_envs, batch_size=batch, normalize=hp.pop("normalize", False),
-                save_replay_buffer=hp.pop("save_replay_buffer", False),
+                save_replay_buffer=hp.pop("save_replay_buffer", True),
+                replay_buffer_max_bytes=hp.pop("replay_buffer_max_bytes", defaults.REPLAY_BUFFER_MAX_BYTES),
+                schedule_timesteps=hp.pop("schedule_timesteps", None),
                 frame_stack=hp.pop("frame_stack", 4),
                 max_episode_steps=hp.pop("max_episode_steps", None),
                 policy=hp.pop("policy", None), overrides=hp)
@@ -101,21 +91,36 @@ def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
 
 
 def algo_kwargs(algo: str, plan: Plan, image_obs: bool) -> dict[str, Any]:
-    """SB3 constructor keyword arguments: algorithm defaults < tier/device < explicit overrides."""
-    kwargs = dict(ALGO_DEFAULTS[algo][0 if image_obs else 1])
+    """SB3 constructor keyword arguments: the zoo's defaults < tier/device < explicit overrides."""
+    kwargs = defaults.zoo_defaults(algo, defaults.family(image_obs))
     if algo != "a2c":
         kwargs["batch_size"] = plan.batch_size
+    if algo == "dqn" and not {"train_freq", "gradient_steps"} & set(plan.overrides):
+        kwargs["train_freq"], kwargs["gradient_steps"] = defaults.replay_ratio_for(
+            plan.num_envs, kwargs["train_freq"], kwargs["gradient_steps"])
     _check_accepted(algo, plan.overrides)
-    kwargs.update(plan.overrides)
-    if "policy_kwargs" in kwargs:
-        kwargs["policy_kwargs"] = policy_kwargs(kwargs["policy_kwargs"])
+    overrides = dict(plan.overrides)
+    if "policy_kwargs" in overrides:  # explicit keys win, the zoo's others stay
+        kwargs["policy_kwargs"] = {**kwargs.get("policy_kwargs", {}),
+                                   **policy_kwargs(overrides.pop("policy_kwargs"))}
+    kwargs.update(overrides)
     if algo == "ppo":  # a minibatch larger than the rollout is an SB3 error
         kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * plan.num_envs)
     return kwargs
 
 
+def schedule_horizon(spec: RunSpec, plan: Plan, image_obs: bool) -> int:
+    """Total steps that schedules run over: explicit `schedule_timesteps`, else the step goal,
+    else the zoo's budget for the algorithm and env family."""
+    if plan.schedule_timesteps is not None:
+        return plan.schedule_timesteps
+    if spec.total_timesteps is not None:
+        return spec.total_timesteps
+    return defaults.SCHEDULE_TIMESTEPS[(spec.algo, defaults.family(image_obs))]
+
+
 def _check_accepted(algo: str, overrides: Mapping[str, Any]) -> None:
-    from workers.snapshot import ALGO_CLASSES
+    from workers.algos import ALGO_CLASSES
 
     accepted = inspect.signature(ALGO_CLASSES[algo].__init__).parameters
     for key in overrides:

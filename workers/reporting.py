@@ -77,9 +77,11 @@ class Reporter:
         self.last_checkpoint = CheckpointRef(summary.path, summary.steps, summary.at)
         self.sender.send(CheckpointReport(**self._header(), checkpoint=summary))
 
-    def send_resumed(self, taken: str | None, skipped: list[SkippedCheckpoint]) -> None:
+    def send_resumed(self, taken: str | None, skipped: list[SkippedCheckpoint],
+                     notes: tuple[str, ...] = ()) -> None:
         self.sender.send(ResumedReport(**self._header(), from_=taken, skipped=tuple(skipped[:20]),
-                                       steps=self.counters.steps, episodes=self.counters.episodes))
+                                       steps=self.counters.steps, episodes=self.counters.episodes,
+                                       notes=notes[:10]))
 
     # -- the timer thread --------------------------------------------------------------
 

@@ -13,13 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
+from workers.algos import ALGO_CLASSES
 from workers.counters import Counters
-
-ALGO_CLASSES: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "dqn": DQN, "a2c": A2C}
 MODEL = "model.zip"
 STATE = "state.json"
 VECNORMALIZE = "vecnormalize.pkl"
@@ -32,6 +30,7 @@ class Restored:
     model: BaseAlgorithm
     counters: Counters
     rng: dict[str, Any]
+    replay_note: str | None = None  # an off-policy model resumed without its replay buffer: why
 
 
 # -- RNG state ------------------------------------------------------------------------------
@@ -74,16 +73,45 @@ def _unb64(text: str) -> torch.Tensor:
 # -- save / load ----------------------------------------------------------------------------
 
 
-def save_snapshot(folder: Path, model: BaseAlgorithm, counters: Counters, with_replay: bool) -> None:
+def save_snapshot(folder: Path, model: BaseAlgorithm, counters: Counters, replay: ReplayPolicy) -> None:
     """Write the payload files of one checkpoint into `folder` (a temporary folder)."""
     model.save(folder / MODEL)
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
         vecnorm.save(str(folder / VECNORMALIZE))
-    if with_replay and getattr(model, "replay_buffer", None) is not None:
+    if replay.saves(model):
         model.save_replay_buffer(folder / REPLAY_BUFFER)
     state = {"version": STATE_VERSION, "counters": counters.to_dict(), "rng": capture_rng(model)}
     (folder / STATE).write_text(json.dumps(state))
+
+
+@dataclass(frozen=True)
+class ReplayPolicy:
+    """Whether checkpoints take an off-policy model's replay buffer: on by default, within
+    `max_bytes` (its pickled size is the size of its arrays, filled or not)."""
+
+    enabled: bool = True
+    max_bytes: int | None = None
+
+    def saves(self, model: BaseAlgorithm) -> bool:
+        buffer = getattr(model, "replay_buffer", None)
+        if not self.enabled or buffer is None:
+            return False
+        return self.max_bytes is None or replay_buffer_bytes(buffer) <= self.max_bytes
+
+    def refusal(self, model: BaseAlgorithm) -> str | None:
+        """Why an off-policy model's buffer is left out of its checkpoints (None: it is not)."""
+        buffer = getattr(model, "replay_buffer", None)
+        if buffer is None or self.saves(model):
+            return None
+        if not self.enabled:
+            return "save_replay_buffer is off"
+        return (f"replay buffer is {replay_buffer_bytes(buffer) / 2**20:.0f} MiB, over "
+                f"replay_buffer_max_bytes {self.max_bytes / 2**20:.0f} MiB; raise it or lower buffer_size")
+
+
+def replay_buffer_bytes(buffer: Any) -> int:
+    return sum(value.nbytes for value in vars(buffer).values() if isinstance(value, np.ndarray))
 
 
 def read_state(folder: Path) -> tuple[Counters, dict[str, Any]]:
@@ -100,12 +128,25 @@ def load_snapshot(folder: Path, algo: str, venv: VecEnv, device: str,
     env = _wrap_normalize(folder, venv) if normalize else venv
     model = ALGO_CLASSES[algo].load(folder / MODEL, env=env, device=device,
                                     custom_objects=overrides or None)
-    replay = folder / REPLAY_BUFFER
-    if replay.is_file() and hasattr(model, "replay_buffer"):
-        model.load_replay_buffer(replay)
+    note = _restore_replay(folder / REPLAY_BUFFER, model)
     if model.num_timesteps != counters.steps:
         raise ValueError(f"model.zip has {model.num_timesteps} steps, state.json {counters.steps}")
-    return Restored(model, counters, rng)
+    return Restored(model, counters, rng, note)
+
+
+def _restore_replay(path: Path, model: BaseAlgorithm) -> str | None:
+    """Load the checkpoint's replay buffer into an off-policy model; else say why not."""
+    if not hasattr(model, "replay_buffer"):
+        return None
+    if not path.is_file():
+        return "the checkpoint has no replay buffer"
+    fresh = model.replay_buffer
+    model.load_replay_buffer(path)
+    model.replay_buffer.device = model.device  # saved on another device, e.g. after an OOM
+    if model.replay_buffer.n_envs != model.n_envs:  # a tier change altered num_envs
+        saved, model.replay_buffer = model.replay_buffer.n_envs, fresh
+        return f"its replay buffer was filled by {saved} envs, this run has {model.n_envs}"
+    return None
 
 
 def _wrap_normalize(folder: Path, venv: VecEnv) -> VecNormalize:

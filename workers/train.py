@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.preprocessing import is_image_space
 from stable_baselines3.common.utils import configure_logger, set_random_seed
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workers import checkpoint
+from workers import checkpoint, defaults
+from workers.algos import ALGO_CLASSES, set_schedule_horizon
 from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
-from workers.hyperparams import Plan, algo_kwargs, configure_torch, make_plan, policy_name, select_device
+from workers.guards import Diverged, apply_lr_scale
+from workers.hyperparams import (Plan, algo_kwargs, configure_torch, make_plan, policy_name,
+                                 schedule_horizon, select_device)
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
 from workers.resume import ResumeResult, find_resumable
-from workers.snapshot import ALGO_CLASSES, restore_rng
+from workers.snapshot import ReplayPolicy, restore_rng
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,33 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     if found.unusable:
         log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
     model = _model_from(found, spec, plan, venv)
-    reporter.send_resumed(taken, found.skipped)
-    return _train(spec, plan, model, counters, reporter, stop, found)
+    horizon = schedule_horizon(spec, plan, _image_obs(venv))
+    set_schedule_horizon(model, horizon)
+    apply_lr_scale(model, spec.lr_scale)
+    log.info("schedules run over %d total steps (%.0f%% done)", horizon,
+             100 * (1 - model._current_progress_remaining))
+    replay = ReplayPolicy(plan.save_replay_buffer, plan.replay_buffer_max_bytes)
+    reporter.send_resumed(taken, found.skipped, _replay_notes(found, model, replay))
+    interval_steps = spec.checkpoint_interval_steps or defaults.checkpoint_interval_steps(horizon)
+    checkpointer = Checkpointer(spec, replay, reporter, interval_steps)
+    if found.taken is not None:
+        checkpointer.mark_current(counters.steps)
+    return _train(spec, model, counters, reporter, stop, checkpointer)
+
+
+def _replay_notes(found: ResumeResult, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:
+    """Warnings about an off-policy model's replay buffer, logged and reported as events."""
+    notes = []
+    if (refusal := replay.refusal(model)) is not None:
+        notes.append(f"checkpoints leave the replay buffer out: {refusal}; a resumed run "
+                     f"re-collects learning_starts ({model.learning_starts}) transitions first")
+    if found.restored is not None and found.restored.replay_note:
+        notes.append(f"resumed without the replay buffer ({found.restored.replay_note}): collecting "
+                     f"{model.learning_starts} transitions with the restored policy and exploration "
+                     "before training again")
+    for note in notes:
+        log.warning("%s", note)
+    return tuple(notes)
 
 
 def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
@@ -76,6 +105,10 @@ def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) ->
     model.tensorboard_log = tensorboard_dir(spec)
     apply_batch_size(model, plan)
     return model
+
+
+def _image_obs(venv: VecEnv) -> bool:
+    return is_image_space(venv.observation_space, check_channels=False)
 
 
 def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
@@ -93,7 +126,7 @@ def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
 
 
 def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
-    image_obs = is_image_space(venv.observation_space, check_channels=False)
+    image_obs = _image_obs(venv)
     env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
     kwargs = algo_kwargs(spec.algo, plan, image_obs)
     log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
@@ -121,11 +154,8 @@ def sb3_logger(tensorboard_log: str | None, tb_log_name: str) -> Logger:
     return configure_logger(0, tensorboard_log, tb_log_name, reset_num_timesteps=False)
 
 
-def _train(spec: RunSpec, plan: Plan, model: BaseAlgorithm, counters: Counters,
-           reporter: Reporter, stop: StopFlag, found: ResumeResult) -> int:
-    checkpointer = Checkpointer(spec, plan.save_replay_buffer, reporter)
-    if found.taken is not None:
-        checkpointer.mark_current(counters.steps)
+def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Reporter,
+           stop: StopFlag, checkpointer: Checkpointer) -> int:
     callback = FleetCallback(spec, counters, stop, checkpointer)
     reporter.start()
     try:
@@ -136,6 +166,14 @@ def _train(spec: RunSpec, plan: Plan, model: BaseAlgorithm, counters: Counters,
             counters.steps = model.num_timesteps
         outcome = _outcome(spec, counters, callback, stop)
         checkpointer.write_final(model, counters)
+    except Diverged as exc:
+        log.error("training diverged: %s; no checkpoint written, the last good one stays newest "
+                  "(exit %d)", exc, ExitCode.DIVERGED)
+        return ExitCode.DIVERGED
+    except torch.OutOfMemoryError as exc:
+        log.error("CUDA out of memory at %d steps: %s; no checkpoint written (exit %d)",
+                  model.num_timesteps, str(exc).splitlines()[0] if str(exc) else "", ExitCode.CUDA_OOM)
+        return ExitCode.CUDA_OOM
     finally:
         reporter.stop()
     return _exit_code(outcome, counters)

@@ -21,6 +21,12 @@ class Policy:
     backoff_max_s: float = 60.0
     hang_timeout_s: float = 300.0
     start_timeout_s: float = 600.0
+    # After a divergence (exit 22): the learning rate times this, not below `diverged_lr_floor`
+    # of the original; after a CUDA out-of-memory (exit 23): the batch halved, down to 1/16.
+    diverged_lr_factor: float = 0.5
+    diverged_lr_floor: float = 0.05
+    oom_batch_factor: float = 0.5
+    oom_batch_floor: float = 1 / 16
 
     @classmethod
     def from_settings(cls, settings: SupervisorSettings) -> Policy:

@@ -7,11 +7,12 @@ and the sink. Nothing here sleeps, reads the OS or touches the database.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from fleetd.clock import Clock
 from fleetd.supervision.policy import Policy
+from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
@@ -57,6 +58,8 @@ class WorkerProcess:
         self._reported = False
         # What the live worker was started with (a tier change makes it differ from `launch`).
         self.spawned_launch: Launch | None = None
+        # Learning-rate / batch scales after divergences and CUDA OOMs (fleetd/supervision/remedies.py).
+        self.remedies = Remedies()
 
     @property
     def name(self) -> str:
@@ -68,6 +71,8 @@ class WorkerProcess:
         """Start now, from STOPPED, EXITED, FATAL or BACKOFF; clears the failure count."""
         if self.state in (State.STOPPED, State.EXITED, State.FATAL, State.BACKOFF):
             self.failures = 0
+            if self.state is State.FATAL:  # the operator's new attempt, after fixing settings
+                self.remedies = Remedies()
             self._spawn(reason)
 
     def stop(self, reason: str = "stop requested") -> None:
@@ -183,7 +188,7 @@ class WorkerProcess:
             self._to(State.FATAL, f"run spec refused: {self.launch.refused}")
             return
         try:
-            spawned = self._launcher.spawn(self.launch, run_id)
+            spawned = self._launcher.spawn(self._remedied_launch(), run_id)
         except LaunchError as exc:
             self._sink.run_ended(run_id, ExitStatus(), "spawn_error")
             self._failed(f"could not start the worker: {exc}")
@@ -194,6 +199,10 @@ class WorkerProcess:
         self.spawned_wall = self._clock.now()
         self._fresh_watch(None)
         self._sink.run_spawned(run_id, spawned)
+
+    def _remedied_launch(self) -> Launch:
+        spec = self.remedies.applied_to(self.launch.spec)
+        return self.launch if spec is self.launch.spec else replace(self.launch, spec=spec)
 
     def _fresh_watch(self, steps: int | None) -> None:
         self._reported = False
@@ -215,11 +224,27 @@ class WorkerProcess:
             return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies")
         if status.code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
+        if status.code == ExitCode.DIVERGED:
+            return self._remedy("diverged", "lr_scale", "NaN or inf in the model (see its log)",
+                                self.policy.diverged_lr_factor, self.policy.diverged_lr_floor)
+        if status.code == ExitCode.CUDA_OOM:
+            return self._remedy("cuda_oom", "batch_scale", "CUDA out of memory",
+                                self.policy.oom_batch_factor, self.policy.oom_batch_floor)
         if not self.policy.restarts_after(status.code):
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
         cause = "oom" if status.oom_killed else "crash"
         what = "killed by the OOM killer" if status.oom_killed else status.describe()
         return Outcome(cause, _FAILED, f"{cause}: {what}")
+
+    def _remedy(self, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
+        old = getattr(self.remedies, field)
+        scaled = self.remedies.scaled(field, factor, floor)
+        if scaled is None:
+            return Outcome(cause, State.FATAL, f"{cause}: {what} at {field} {old:g}; scaling it "
+                           f"by {factor:g} would pass the floor {floor:g}: fix the settings, then start it")
+        self.remedies = scaled
+        return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
+                       f"with {field} {old:g} -> {getattr(scaled, field):g}")
 
     def _failed(self, reason: str) -> None:
         self.failures += 1

@@ -57,4 +57,8 @@ def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: T
             # Never silently from scratch: the worker refuses when checkpoints exist and none verifies.
             allow_fresh_start=False,
             tensorboard_dir=str(game_dir / "tensorboard"),
+            # The game's own settings; WorkerProcess scales them after a divergence or a CUDA
+            # OOM (fleetd/supervision/remedies.py) for the runs that follow.
+            lr_scale=1.0,
+            batch_scale=1.0,
         )

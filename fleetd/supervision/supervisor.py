@@ -391,6 +391,8 @@ class Supervisor:
             self._due(proc)
             skipped = [(s.path, s.reason) for s in report.skipped]
             self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped)
+            for note in report.notes:
+                self.recorder.note(report.game, "worker_note", note, "warning")
 
     # -- commands and shutdown ------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ EVERY_HYPERPARAM: dict[str, Any] = {
     "gradient_steps": 2, "target_update_interval": 100, "exploration_fraction": 0.2,
     "exploration_final_eps": 0.03, "policy": "MlpPolicy",
     "policy_kwargs": {"net_arch": [8], "activation_fn": "tanh"}, "normalize": True,
-    "save_replay_buffer": True, "frame_stack": 2, "max_episode_steps": 200,
+    "save_replay_buffer": False, "replay_buffer_max_bytes": 2**20, "schedule_timesteps": 30_000,
+    "frame_stack": 2, "max_episode_steps": 200,
 }
 EVERY_TIER_DEFAULT = {"num_envs": 16, "batch_size": 512}
 EVERY_FIELD: dict[str, Any] = {
@@ -32,6 +33,7 @@ EVERY_FIELD: dict[str, Any] = {
     "checkpoint_interval_s": 60.5, "checkpoint_interval_steps": 128, "keep_checkpoints": 5,
     "progress_socket": "/run/fleetd/progress.sock", "progress_interval_s": 0.5, "cpu_threads": 4,
     "device": "cpu", "seed": 9, "allow_fresh_start": True, "tensorboard_dir": "/g/pong/tb",
+    "lr_scale": 0.5, "batch_scale": 0.25,
 }
 
 
@@ -100,16 +102,19 @@ def test_every_hyperparameter_reaches_the_worker():
     """The worker's plan takes each accepted hyperparameter, as a setting or an SB3 argument."""
     from workers.hyperparams import DeviceInfo, make_plan
 
-    plan = make_plan(RunSpec.from_dict(EVERY_FIELD), DeviceInfo("cpu", "cpu"))
+    plan = make_plan(RunSpec.from_dict({**EVERY_FIELD, "batch_scale": 1.0}), DeviceInfo("cpu", "cpu"))
     own = {"num_envs": plan.num_envs, "batch_size": plan.batch_size, "normalize": plan.normalize,
            "save_replay_buffer": plan.save_replay_buffer, "frame_stack": plan.frame_stack,
-           "max_episode_steps": plan.max_episode_steps, "policy": plan.policy}
+           "max_episode_steps": plan.max_episode_steps, "policy": plan.policy,
+           "replay_buffer_max_bytes": plan.replay_buffer_max_bytes,
+           "schedule_timesteps": plan.schedule_timesteps}
     assert {**own, **plan.overrides} == EVERY_HYPERPARAM
     assert not set(own) & set(plan.overrides)
 
 
 def test_exit_codes_are_the_protocols():
     assert {code.name: int(code) for code in ExitCode} == {
-        "STOPPED": 0, "COMPLETED": 20, "CHECKPOINTS_UNUSABLE": 21, "BAD_SPEC": 78}
+        "STOPPED": 0, "COMPLETED": 20, "CHECKPOINTS_UNUSABLE": 21, "DIVERGED": 22, "CUDA_OOM": 23,
+        "BAD_SPEC": 78}
     assert describe(20) == "exit code 20 (completed)" and describe(21) == "exit code 21 (checkpoints unusable)"
     assert describe(3) == "exit code 3"

@@ -15,7 +15,7 @@ from workers.envs import make_vec_env
 from workers.hyperparams import make_plan, select_device
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.snapshot import capture_rng, load_snapshot, save_snapshot
+from workers.snapshot import ReplayPolicy, capture_rng, load_snapshot, save_snapshot
 from workers.train import build_model, env_config, run
 
 
@@ -103,7 +103,7 @@ def test_checkpoint_round_trip_restores_counters_parameters_and_rng(make_spec, t
         counters.record_episode(r, 20)
     rng_before = capture_rng(model)
     path = checkpoint.write_checkpoint(tmp_path / "ck", counters.steps, counters.episodes,
-                                       lambda d: save_snapshot(d, model, counters, False))
+                                       lambda d: save_snapshot(d, model, counters, ReplayPolicy(False)))
     restored = load_snapshot(path, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
     assert restored.counters == counters and restored.counters.best_reward == 9.5
     assert restored.model.num_timesteps == model.num_timesteps

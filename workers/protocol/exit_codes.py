@@ -9,6 +9,8 @@ class ExitCode(IntEnum):
     STOPPED = 0  # stopped on SIGTERM/SIGINT after a final checkpoint
     COMPLETED = 20  # goal reached, final checkpoint written: not restarted
     CHECKPOINTS_UNUSABLE = 21  # checkpoints exist, none verifies, fresh start not allowed
+    DIVERGED = 22  # NaN or inf in the parameters or the loss, caught before a checkpoint
+    CUDA_OOM = 23  # torch.OutOfMemoryError: restart with a smaller batch (then fewer envs)
     BAD_SPEC = 78  # sysexits' EX_CONFIG: the run spec is missing, unreadable or invalid
 
     @property

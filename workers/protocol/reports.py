@@ -68,7 +68,8 @@ class CheckpointReport:
 
 @dataclass(frozen=True)
 class ResumedReport:
-    """Sent once after start. `from_` is the checkpoint taken (None: fresh start)."""
+    """Sent once after start. `from_` is the checkpoint taken (None: fresh start); `notes`
+    are what the run does differently from a plain resume (each becomes a warning event)."""
 
     game: str
     run_id: int
@@ -78,6 +79,7 @@ class ResumedReport:
     skipped: tuple[SkippedCheckpoint, ...]
     steps: int = 0
     episodes: int = 0
+    notes: tuple[str, ...] = ()
     type: str = "resumed"
 
 
@@ -119,6 +121,7 @@ def _build(cls: type, data: dict) -> Any:
         kwargs["checkpoint"] = CheckpointSummary(**kwargs["checkpoint"])
     if cls is ResumedReport:
         kwargs["skipped"] = tuple(SkippedCheckpoint(**s) for s in kwargs.get("skipped", ()))
+        kwargs["notes"] = tuple(str(note) for note in kwargs.get("notes", ()))
     return cls(**kwargs)
 
 

@@ -99,6 +99,8 @@ class Hyperparams(_Overrides):
     policy_kwargs: PolicyKwargs | None = None
     normalize: bool | None = None
     save_replay_buffer: bool | None = None
+    replay_buffer_max_bytes: NonNegative | None = None
+    schedule_timesteps: Positive | None = None
     frame_stack: Positive | None = None
     max_episode_steps: Positive | None = None
 
@@ -137,6 +139,10 @@ class LaunchSpec(_Strict):
     seed: NonNegative = 0
     allow_fresh_start: bool = False
     tensorboard_dir: Text | None = None
+    # Set by fleetd from the game's run history (docs/worker.md#guards): after a divergence
+    # the learning rate is scaled down, after a CUDA out-of-memory the batch (then the envs).
+    lr_scale: Annotated[float, Field(gt=0, le=1)] = 1.0
+    batch_scale: Annotated[float, Field(gt=0, le=1)] = 1.0
 
     @field_validator("version")
     @classmethod

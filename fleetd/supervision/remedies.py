@@ -1,0 +1,27 @@
+"""What a game's next run changes after its worker diverged or ran out of CUDA memory.
+
+The worker exits `ExitCode.DIVERGED` (NaN/inf, caught before any checkpoint) or
+`ExitCode.CUDA_OOM`; the game restarts from its last good checkpoint with the learning rate
+scaled down, or the batch halved, each down to a floor below which the game goes FATAL with
+the reason. The scales reach the worker as `lr_scale` / `batch_scale` in its run spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Remedies:
+    lr_scale: float = 1.0
+    batch_scale: float = 1.0
+
+    def scaled(self, field: str, factor: float, floor: float) -> Remedies | None:
+        """With `field` times `factor`; None when that falls below `floor` (give up)."""
+        value = getattr(self, field) * factor
+        return None if value < floor else replace(self, **{field: value})
+
+    def applied_to(self, spec):
+        if self == Remedies() or spec is None:
+            return spec
+        return spec.model_copy(update={"lr_scale": self.lr_scale, "batch_scale": self.batch_scale})

@@ -1,0 +1,39 @@
+"""Test-only Gymnasium envs that fail at a chosen step (registered here, never shipped).
+
+`gym.make("tests.workers.faulty_env:NanCartPole-v0")` imports this module, which registers
+the ids, so the worker finds them with no other setup. Run them with `num_envs` 1: the worker
+then steps the env in its own process (DummyVecEnv), where the exception is the worker's.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+FAULT_AT_STEP = 300
+
+
+class FaultAt(gym.Wrapper):
+    """CartPole that, from its `at`-th step on, returns NaN observations or raises a CUDA OOM."""
+
+    def __init__(self, env: gym.Env, fault: str, at: int = FAULT_AT_STEP):
+        super().__init__(env)
+        self.fault, self.at, self.steps = fault, at, 0
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.steps >= self.at and self.fault == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test env)")
+        if self.steps >= self.at and self.fault == "nan":
+            obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+def _make(fault: str) -> gym.Env:
+    return FaultAt(gym.make("CartPole-v1"), fault)
+
+
+for _fault in ("nan", "oom"):
+    gym.register(f"{_fault.capitalize()}CartPole-v0", entry_point=_make, kwargs={"fault": _fault})

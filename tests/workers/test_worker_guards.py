@@ -1,0 +1,47 @@
+"""Divergence and CUDA out-of-memory guards (issue #16, item 4), on CPU through test envs."""
+
+from __future__ import annotations
+
+import pytest
+
+import tests.workers.faulty_env  # noqa: F401 - registers NanCartPole-v0, OomCartPole-v0
+from tests.workers.faulty_env import FAULT_AT_STEP
+from workers import checkpoint
+from workers.callback import StopFlag
+from workers.guards import ScaledSchedule, apply_lr_scale
+from workers.protocol.exit_codes import ExitCode
+from workers.train import run
+
+DQN_ONE_ENV = {"num_envs": 1, "policy_kwargs": {"net_arch": [16]}, "learning_starts": 32,
+               "batch_size": 32, "train_freq": 4, "gradient_steps": 1, "buffer_size": 2000}
+
+
+def test_nan_observations_diverge_exit_22_and_nothing_diverged_is_checkpointed(make_spec):
+    spec = make_spec(env_id="NanCartPole-v0", algo="dqn", hyperparams=DQN_ONE_ENV, total_timesteps=5000,
+                     checkpoint_interval_steps=64)
+    assert run(spec, stop=StopFlag()) == ExitCode.DIVERGED
+    kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
+    assert kept and kept[0].steps <= FAULT_AT_STEP + 64  # the last good one, from before the NaNs
+    assert all(checkpoint.verify(c.path)[0] for c in kept)
+
+
+def test_cuda_out_of_memory_exits_23_without_a_checkpoint_at_the_fault(make_spec):
+    spec = make_spec(env_id="OomCartPole-v0", algo="dqn", hyperparams=DQN_ONE_ENV, total_timesteps=5000,
+                     checkpoint_interval_steps=128)
+    assert run(spec, stop=StopFlag()) == ExitCode.CUDA_OOM
+    assert checkpoint.list_checkpoints(spec.checkpoint_dir)[0].steps < FAULT_AT_STEP
+
+
+def test_lr_scale_is_absolute_and_batch_scale_shrinks_the_plan(make_spec):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env as sb3_vec_env
+
+    from workers.hyperparams import DeviceInfo, make_plan
+
+    model = PPO("MlpPolicy", sb3_vec_env("CartPole-v1", n_envs=1), learning_rate=1e-3,
+                policy_kwargs={"net_arch": [8]}, device="cpu")
+    apply_lr_scale(model, 0.5)
+    apply_lr_scale(model, 0.25)  # a second restart: fleetd's scale replaces the first
+    assert isinstance(model.lr_schedule, ScaledSchedule) and model.lr_schedule(1.0) == pytest.approx(2.5e-4)
+    plan = make_plan(make_spec(batch_scale=0.5), DeviceInfo("cpu", "cpu"))
+    assert plan.batch_size == 32  # 64 halved

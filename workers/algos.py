@@ -1,0 +1,56 @@
+"""SB3's PPO, A2C and DQN with two changes the worker needs; the saved zips are plain SB3 ones.
+
+1. Schedules run over an explicit horizon in total steps. SB3 measures progress against the
+   step budget of the current `learn()` call; the worker's budget is open-ended (`learn(2**62)`
+   when a game has only `target_episodes`, or is trained until stopped), over which a linear
+   schedule would never move: DQN would explore at epsilon ~1.0 for ever. Here progress is
+   `num_timesteps / schedule_timesteps`, and `num_timesteps` is restored from the checkpoint, so
+   a resumed run continues its schedules where they were. Past the horizon progress stays at 0.
+2. DQN does not train while its replay buffer holds fewer than `learning_starts` transitions.
+   SB3 compares `learning_starts` with the absolute step count, so a run resumed without its
+   buffer would train at once on a handful of transitions. It now re-collects `learning_starts`
+   transitions first, acting with the restored policy and epsilon (not at random: SB3 samples
+   random actions only below `learning_starts` absolute steps).
+"""
+
+from __future__ import annotations
+
+from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+
+class HorizonSchedules:
+    """Mixin: progress remaining over `schedule_timesteps` total steps (set for every run)."""
+
+    schedule_timesteps: int | None = None
+
+    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
+        horizon = self.schedule_timesteps or total_timesteps
+        self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(horizon))
+
+
+class FleetPPO(HorizonSchedules, PPO):
+    pass
+
+
+class FleetA2C(HorizonSchedules, A2C):
+    pass
+
+
+class FleetDQN(HorizonSchedules, DQN):
+    def buffered_transitions(self) -> int:
+        return self.replay_buffer.size() * self.replay_buffer.n_envs if self.replay_buffer else 0
+
+    def train(self, gradient_steps: int, batch_size: int = 100) -> None:
+        if self.buffered_transitions() < max(self.learning_starts, batch_size):
+            return  # refilling after a resume without the replay buffer
+        super().train(gradient_steps, batch_size)
+
+
+ALGO_CLASSES: dict[str, type[BaseAlgorithm]] = {"ppo": FleetPPO, "dqn": FleetDQN, "a2c": FleetA2C}
+
+
+def set_schedule_horizon(model: BaseAlgorithm, horizon: int) -> None:
+    """Schedules over `horizon` total steps from now on; progress as of the current step count."""
+    model.schedule_timesteps = horizon
+    model._update_current_progress_remaining(model.num_timesteps, horizon)

@@ -1,0 +1,99 @@
+"""Per-algorithm, per-env-family defaults, each taken from the rl-baselines3-zoo entry it names.
+
+Sources (rl-baselines3-zoo, `hyperparams/<algo>.yml`; docs/worker.md has the same table):
+- vector observations (classic control): the zoo's `CartPole-v1` entry of each file;
+- image observations (Atari): the zoo's `atari` entry of each file.
+`n_envs`, `batch_size` of the zoo are not taken: fleetd sizes those per device (the tier);
+`n_timesteps` becomes the default `schedule_timesteps`, the horizon that linear schedules
+(learning rate, clip range, DQN's exploration) run over when a game has no step budget.
+`lin_X` in the zoo is `X * progress_remaining`: `LinearSchedule(X, 0.0, 1.0)` here, which stays
+at 0 past the horizon instead of going negative.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+from stable_baselines3.common.utils import LinearSchedule
+
+GIB = 2**30
+# A DQN checkpoint takes its replay buffer up to this size (the zoo's CartPole buffer is ~5 MB;
+# an Atari buffer of 100,000 stacked frames ~5.6 GB does not fit and is left out, with a warning).
+REPLAY_BUFFER_MAX_BYTES = 2 * GIB
+# Without `checkpoint_interval_steps`, a checkpoint every 1/20 of the schedule horizon (at least
+# every this many steps apart), so a run shorter than `checkpoint_interval_s` checkpoints too.
+CHECKPOINTS_PER_HORIZON = 20
+MIN_CHECKPOINT_INTERVAL_STEPS = 1000
+
+
+class Family(StrEnum):
+    CLASSIC = "classic"  # vector observations, MlpPolicy
+    ATARI = "atari"  # image observations, CnnPolicy
+
+
+def lin(value: float) -> LinearSchedule:
+    """The zoo's `lin_<value>`: linear from `value` to 0 over the schedule horizon."""
+    return LinearSchedule(value, 0.0, 1.0)
+
+
+# (zoo entry, defaults). Values the zoo leaves out are SB3's own defaults and are not repeated.
+_ZOO: dict[tuple[str, Family], dict[str, Any]] = {
+    # ppo.yml `atari`
+    ("ppo", Family.ATARI): {"n_steps": 128, "n_epochs": 4, "learning_rate": lin(2.5e-4),
+                            "clip_range": lin(0.1), "vf_coef": 0.5, "ent_coef": 0.01},
+    # ppo.yml `CartPole-v1` (tuned)
+    ("ppo", Family.CLASSIC): {"n_steps": 32, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                              "ent_coef": 0.0, "learning_rate": lin(1e-3), "clip_range": lin(0.2)},
+    # a2c.yml `atari`: RMSprop as TF has it, eps 1e-5
+    ("a2c", Family.ATARI): {"ent_coef": 0.01, "vf_coef": 0.25,
+                            "policy_kwargs": {"optimizer_class": RMSpropTFLike,
+                                              "optimizer_kwargs": {"eps": 1e-5}}},
+    # a2c.yml `CartPole-v1`
+    ("a2c", Family.CLASSIC): {"ent_coef": 0.0},
+    # dqn.yml `atari` (the zoo's current buffer, 100,000, without optimize_memory_usage)
+    ("dqn", Family.ATARI): {"buffer_size": 100_000, "learning_rate": 1e-4, "learning_starts": 100_000,
+                            "target_update_interval": 1000, "train_freq": 4, "gradient_steps": 1,
+                            "exploration_fraction": 0.1, "exploration_final_eps": 0.01},
+    # dqn.yml `CartPole-v1` ("almost tuned")
+    ("dqn", Family.CLASSIC): {"learning_rate": 2.3e-3, "buffer_size": 100_000, "learning_starts": 1000,
+                              "gamma": 0.99, "target_update_interval": 10, "train_freq": 256,
+                              "gradient_steps": 128, "exploration_fraction": 0.16,
+                              "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]}},
+}
+# The zoo's `n_timesteps` for the same entries: the default `schedule_timesteps`.
+SCHEDULE_TIMESTEPS: dict[tuple[str, Family], int] = {
+    ("ppo", Family.ATARI): 10_000_000, ("ppo", Family.CLASSIC): 100_000,
+    ("a2c", Family.ATARI): 10_000_000, ("a2c", Family.CLASSIC): 500_000,
+    ("dqn", Family.ATARI): 10_000_000, ("dqn", Family.CLASSIC): 50_000,
+}
+# The zoo trains DQN on one env, where `train_freq` counts transitions. SB3 counts `train_freq`
+# in vectorized steps (n_envs transitions each), so it is rescaled to keep the zoo's gradient
+# steps per transition (see `replay_ratio_for`).
+_ZOO_DQN_ENVS = 1
+
+
+def family(image_obs: bool) -> Family:
+    return Family.ATARI if image_obs else Family.CLASSIC
+
+
+def zoo_defaults(algo: str, fam: Family) -> dict[str, Any]:
+    """A fresh copy (schedules and nested dicts are not shared between models)."""
+    import copy
+
+    return copy.deepcopy(_ZOO[(algo, fam)])
+
+
+def replay_ratio_for(num_envs: int, train_freq: int, gradient_steps: int) -> tuple[int, int]:
+    """(train_freq, gradient_steps) for `num_envs` envs with the zoo's gradient steps per
+    transition: CartPole's 128 per 256 transitions is train_freq 32, 128 steps on 8 envs;
+    Atari's 1 per 4 is train_freq 1, 2 steps on 8 envs."""
+    transitions = train_freq * _ZOO_DQN_ENVS
+    scaled_freq = max(1, transitions // num_envs)
+    scaled_steps = max(1, round(gradient_steps * scaled_freq * num_envs / transitions))
+    return scaled_freq, scaled_steps
+
+
+def checkpoint_interval_steps(horizon: int) -> int:
+    return max(MIN_CHECKPOINT_INTERVAL_STEPS, horizon // CHECKPOINTS_PER_HORIZON)

@@ -1,0 +1,63 @@
+"""Divergence and out-of-memory guards (docs/worker.md#guards).
+
+A NaN or inf in the parameters (or in the last logged loss) is caught at the end of every
+rollout and before every checkpoint, so a diverged model is never checkpointed: the worker exits
+`ExitCode.DIVERGED` and fleetd restarts the game from its last good checkpoint with the learning
+rate scaled down (`lr_scale` in the run spec). A CUDA out-of-memory exits `ExitCode.CUDA_OOM`;
+fleetd restarts with a smaller batch (`batch_scale`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+LOSS_KEYS = ("train/loss", "train/value_loss", "train/policy_loss", "train/policy_gradient_loss")
+
+
+class Diverged(Exception):
+    """The model holds a NaN or inf; the message names where."""
+
+
+def non_finite(model: BaseAlgorithm) -> str | None:
+    """Where the model first holds a NaN or inf (a parameter or a logged loss), else None."""
+    with torch.no_grad():
+        for name, param in model.policy.named_parameters():
+            if not bool(torch.isfinite(param).all()):
+                return f"parameter {name}"
+    logger = getattr(model, "_logger", None)  # set by learn()
+    logged = getattr(logger, "name_to_value", {}) if logger is not None else {}
+    for key in LOSS_KEYS:
+        value = logged.get(key)
+        if value is not None and not math.isfinite(value):
+            return f"{key} = {value}"
+    return None
+
+
+def check_finite(model: BaseAlgorithm, steps: int) -> None:
+    where = non_finite(model)
+    if where is not None:
+        raise Diverged(f"NaN or inf in {where} at {steps} steps")
+
+
+class ScaledSchedule:
+    """A learning-rate schedule times `scale` (picklable, so model.zip keeps it). Rescaling a
+    scaled schedule replaces the scale: `lr_scale` from fleetd is absolute, not a step."""
+
+    def __init__(self, base, scale: float):
+        self.base = base.base if isinstance(base, ScaledSchedule) else base
+        self.scale = scale
+
+    def __call__(self, progress_remaining: float) -> float:
+        return float(self.base(progress_remaining)) * self.scale
+
+    def __repr__(self) -> str:
+        return f"ScaledSchedule({self.base!r}, {self.scale})"
+
+
+def apply_lr_scale(model: BaseAlgorithm, scale: float) -> None:
+    if scale == 1.0 and not isinstance(model.lr_schedule, ScaledSchedule):
+        return
+    model.lr_schedule = ScaledSchedule(model.lr_schedule, scale)
