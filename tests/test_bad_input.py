@@ -475,3 +475,35 @@ def test_an_unknown_query_parameter_is_refused(client: TestClient) -> None:
 def test_true_is_not_a_priority(client: TestClient) -> None:
     body = {"name": "boolprio", "env_id": "CartPole-v1", "algo": "ppo", "priority": True}
     assert envelope(client.post("/api/v1/games", json=body), 422)["details"]["errors"][0]["field"] == "body.priority"
+
+
+# -- issue #13 item 6: the game listing at scale --------------------------------------------
+
+
+def test_games_are_listed_a_page_at_a_time_in_three_queries(client: TestClient) -> None:
+    from sqlalchemy import event
+
+    db = client.app.state.context.db
+    for i in range(7):
+        body = {"name": f"paged-{i}", "env_id": "CartPole-v1", "algo": "ppo", "priority": 500 + i % 2, "desired": "stopped"}
+        assert client.post("/api/v1/games", json=body).status_code == 201
+    statements: list[str] = []
+    listen = lambda *args: statements.append(args[2])  # noqa: E731  (conn, cursor, statement, ...)
+    event.listen(db.engine, "before_cursor_execute", listen)
+    try:
+        names, cursor, pages = [], None, 0
+        while True:
+            page = client.get("/api/v1/games", params={"limit": 3} | ({"cursor": cursor} if cursor else {})).json()
+            names += [game["name"] for game in page["items"]]
+            cursor, pages = page["next_cursor"], pages + 1
+            if cursor is None:
+                break
+    finally:
+        event.remove(db.engine, "before_cursor_execute", listen)
+    everything = [game["name"] for game in client.get("/api/v1/games", params={"limit": 1000}).json()["items"]]
+    assert names == everything and len(names) == len(set(names))
+    assert names[:7] == [f"paged-{i}" for i in (1, 3, 5, 0, 2, 4, 6)]  # priority 501 first, then oldest
+    # Each read of the games is three statements (games, open runs, newest checkpoints) whatever
+    # their number; none asks about one game (the old listing made two such queries per game).
+    assert statements and not [s for s in statements if "game_id = ?" in s], statements
+    envelope(client.get("/api/v1/games?cursor=nonsense"), 422)

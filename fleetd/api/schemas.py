@@ -183,6 +183,7 @@ class GameOut(Out):
 
 class GameList(Out):
     items: list[GameOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last")
 
 
 class AdmissionOptionOut(Out):
