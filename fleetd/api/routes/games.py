@@ -36,7 +36,7 @@ from workers.protocol.spec import effective_sizes
 router = APIRouter(tags=["games"])
 ADMISSION_WAIT_S = 5.0  # the loop turns at least once a second; a busy SQLite may slow it
 GAMES_PAGE_MAX = 1000
-CURSOR_PATTERN = r"^-?[0-9]{1,4}\.-?[0-9]{1,19}\.[0-9]{1,18}$"  # priority.created_at_us.id
+CURSOR_PATTERN = r"^-?[0-9]{1,4}\.-?[0-9]{1,16}\.[0-9]{1,18}$"  # priority.created_at_us.id
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
 
 
