@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, field_validator, BaseModel, ConfigDict, Field
 
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
 
 ALGOS = ("ppo", "dqn", "a2c")
+
+
 
 
 class GameSpec(BaseModel):
@@ -37,3 +39,11 @@ class GameSpec(BaseModel):
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
     desired: Desired = Desired.RUNNING
+
+    @field_validator("total_timesteps", "target_episodes", "priority", "checkpoint_interval_s", mode="before")
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        """JSON `true` is not the number 1, though pydantic would take it as one."""
+        if isinstance(value, bool):
+            raise ValueError("a number, not true or false")
+        return value

@@ -9,7 +9,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from fleetd import __version__
-from fleetd.api.auth import require_token
+from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
 from fleetd.api.routes import boots, events, fleet, games, health, metrics, projection, samples
@@ -32,7 +32,7 @@ def create_app(context: AppContext) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.state.metrics = build_registry(context)
-    api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token)], responses=ERROR_RESPONSES)
+    api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token), Depends(refuse_unknown_query)], responses=ERROR_RESPONSES)
     for module in (games, fleet, projection, boots, events, samples):
         api.include_router(module.router)
     app.include_router(api)

@@ -1,10 +1,11 @@
-"""Bearer-token auth for everything under /api/v1."""
+"""Bearer-token auth, and the refusal of unknown query parameters, for everything under /api/v1."""
 
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from fleetd.api.context import AppContext, get_context
@@ -22,3 +23,25 @@ def require_token(
     # Constant time, so the comparison does not leak how much of a guess was right.
     if not hmac.compare_digest(credentials.credentials.encode(), context.token.encode()):
         raise FleetdError(ErrorCode.UNAUTHORIZED, "invalid bearer token")
+
+
+def refuse_unknown_query(request: Request) -> None:
+    """A query parameter the operation does not take is a typo (`?limt=5`), not something to
+    ignore, like an unknown field in a body."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = {param.alias for param in _query_params(dependant)}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        errors = [{"field": f"query.{name}", "reason": "unknown parameter"} for name in unknown]
+        message = f"unknown query parameter {', '.join(unknown)}; this operation takes {', '.join(sorted(known)) or 'none'}"
+        raise FleetdError(ErrorCode.VALIDATION, message, {"errors": errors})
+
+
+def _query_params(dependant: Any) -> list[Any]:
+    params = list(dependant.query_params)
+    for sub in dependant.dependencies:
+        params += _query_params(sub)
+    return params

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError
@@ -57,16 +58,33 @@ async def _on_fleetd_error(_request: Request, exc: Exception) -> JSONResponse:
     return _respond(exc, headers)
 
 
-async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _CODE_FOR_STATUS.get(exc.status_code, ErrorCode.BAD_REQUEST)
-    return _respond(FleetdError(code, str(exc.detail)), dict(exc.headers or {}) or None)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        # Starlette names the methods of the first route whose path matched; a path served by
+        # several routes (GET and DELETE /games/{name}) allows all of theirs.
+        headers["Allow"] = ", ".join(_methods_for(request))
+    return _respond(FleetdError(code, str(exc.detail)), headers or None)
+
+
+def _methods_for(request: Request) -> list[str]:
+    """Every method the app's schema gives the request's path, and HEAD wherever GET is."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if compile_path(template)[0].match(request.url.path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
 
 async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     problems = [_problem(err) for err in exc.errors()]
     summary = "; ".join(f"{p['field']}: {p['reason']}" for p in problems)
+    if any(err.get("type") == "json_invalid" for err in exc.errors()):  # not JSON: 400, as documented
+        message = f"the body is not valid JSON ({summary}); send a JSON object"
+        return _respond(FleetdError(ErrorCode.BAD_REQUEST, message, {"errors": problems}))
     return _respond(FleetdError(ErrorCode.VALIDATION, f"invalid request: {summary}", {"errors": problems}))
 
 

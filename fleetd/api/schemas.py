@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from fleetd.game_spec import GameSpec
 from fleetd.states import Desired, Shown
+
+
+def _iso_8601(value: Any) -> Any:
+    """A time in a query is ISO 8601, as the schema says; pydantic would also take `0.5` as
+    seconds since 1970."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    return value
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_8601)]
+MAX_ID = 2**63 - 1  # SQLite's largest integer: a larger id in a query would overflow, not match
 
 
 class Out(BaseModel):
@@ -171,6 +183,7 @@ class GameOut(Out):
 
 class GameList(Out):
     items: list[GameOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last")
 
 
 class AdmissionOptionOut(Out):
@@ -229,6 +242,14 @@ class FleetOut(Out):
 
 
 class FleetUpdate(In):
+    """`{}` changes nothing (the answer shows the fleet); a tier with mode auto is refused,
+    and the schema says so (`not`), so that every body the schema accepts is accepted."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {"required": ["tier", "mode"], "properties": {"tier": {"type": "string"}, "mode": {"const": "auto"}}}
+        }
+    )
     tier: Literal["light", "medium", "heavy"] | None = Field(None, description="a tier; alone, it means manual")
     mode: Literal["manual", "auto"] | None = Field(None, description="auto: the governor moves between tiers")
 

@@ -31,10 +31,21 @@ def parse_hyperparams(pairs: list[str]) -> dict[str, Any]:
     return result
 
 
+def every_game(config: ConfigOption) -> list[dict]:
+    """All games, page by page (GET /games answers a page of at most 1000)."""
+    games, cursor = [], None
+    while True:
+        page = ask(config, "/api/v1/games", limit=1000, cursor=cursor)
+        games += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return games
+
+
 @games_app.command("list")
 def list_games(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """Every game with its state and progress."""
-    games = ask(config, "/api/v1/games")["items"]
+    games = every_game(config)
     if json_out:
         render.print_json(games)
         return
@@ -132,7 +143,7 @@ def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
 
 def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """The fleet at a glance: games, the governor, projections, uptime."""
-    games = ask(config, "/api/v1/games")["items"]
+    games = every_game(config)
     fleet = ask(config, "/api/v1/fleet")
     uptime = ask(config, "/api/v1/uptime")
     projection = ask(config, "/api/v1/projection")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Checkpoint
@@ -36,6 +36,16 @@ def delete_checkpoints_except(session: Session, game_id: int, paths: set[str]) -
 def read_checkpoints(session: Session, game_id: int) -> list[CheckpointRecord]:
     query = select(Checkpoint).where(Checkpoint.game_id == game_id).order_by(Checkpoint.steps.desc())
     return [checkpoint_record(row) for row in session.scalars(query)]
+
+
+def read_newest_verified_many(session: Session, game_ids: list[int]) -> dict[int, CheckpointRecord]:
+    """Each game's newest verified checkpoint (most steps), in one query."""
+    rank = func.row_number().over(partition_by=Checkpoint.game_id, order_by=Checkpoint.steps.desc()).label("rank")
+    ranked = (
+        select(Checkpoint.id, rank).where(Checkpoint.game_id.in_(game_ids), Checkpoint.verified.is_(True)).subquery()
+    )
+    rows = session.scalars(select(Checkpoint).join(ranked, ranked.c.id == Checkpoint.id).where(ranked.c.rank == 1))
+    return {row.game_id: checkpoint_record(row) for row in rows}
 
 
 def read_newest_verified(session: Session, game_id: int) -> CheckpointRecord | None:

@@ -4,23 +4,44 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import Desired, State
-from fleetd.store.checkpoints import read_newest_verified
+from fleetd.store.checkpoints import read_newest_verified_many
 from fleetd.store.mapping import to_record
 from fleetd.store.models import Game, Run
-from fleetd.store.records import GameDraft, GameRecord, ProgressSnapshot
+from fleetd.store.records import CheckpointRecord, GameDraft, GamePosition, GameRecord, ProgressSnapshot
 from fleetd.store.runs import run_record
 
 
 def _record(session: Session, row: Game) -> GameRecord:
-    open_run = session.scalars(
-        select(Run).where(Run.game_id == row.id, Run.ended_at.is_(None)).order_by(Run.id.desc()).limit(1)
-    ).first()
+    return _records(session, [row])[0]
+
+
+_IN_CHUNK = 500  # ids per IN (...): well under SQLite's bound on parameters
+
+
+def _records(session: Session, rows: list[Game]) -> list[GameRecord]:
+    """Games with their open run and newest verified checkpoint: three queries for any number
+    of games (per 500), not two more per game."""
+    ids = [row.id for row in rows]
+    runs, checkpoints = {}, {}
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        runs.update(_open_runs(session, chunk))
+        checkpoints.update(read_newest_verified_many(session, chunk))
+    return [_build(row, runs.get(row.id), checkpoints.get(row.id)) for row in rows]
+
+
+def _open_runs(session: Session, ids: list[int]) -> dict[int, Run]:
+    query = select(Run).where(Run.game_id.in_(ids), Run.ended_at.is_(None)).order_by(Run.id)
+    return {run.game_id: run for run in session.scalars(query)}  # the newest open run wins
+
+
+def _build(row: Game, open_run: Run | None, last_checkpoint: CheckpointRecord | None) -> GameRecord:
     return to_record(
         GameRecord,
         row,
@@ -28,8 +49,9 @@ def _record(session: Session, row: Game) -> GameRecord:
         state=State(row.state),
         hyperparams=dict(row.hyperparams or {}),
         current_run=run_record(open_run, row.name) if open_run else None,
-        last_checkpoint=read_newest_verified(session, row.id),
+        last_checkpoint=last_checkpoint,
     )
+
 
 def _row(session: Session, name: str) -> Game:
     row = session.scalars(select(Game).where(Game.name == name)).first()
@@ -70,9 +92,21 @@ def read_game(session: Session, name: str) -> GameRecord:
 
 
 
-def read_games(session: Session) -> list[GameRecord]:
-    rows = session.scalars(select(Game).order_by(Game.priority.desc(), Game.created_at, Game.id))
-    return [_record(session, row) for row in rows]
+def read_games(session: Session, limit: int | None = None, after: GamePosition | None = None) -> list[GameRecord]:
+    """Highest priority first, then oldest; `limit` games after the position `after` (keyset
+    paging: a page stays right while games are added or removed elsewhere in the list)."""
+    query = select(Game).order_by(Game.priority.desc(), Game.created_at, Game.id)
+    if after is not None:
+        query = query.where(
+            or_(
+                Game.priority < after.priority,
+                and_(Game.priority == after.priority, Game.created_at > after.created_at),
+                and_(Game.priority == after.priority, Game.created_at == after.created_at, Game.id > after.id),
+            )
+        )
+    if limit is not None:
+        query = query.limit(limit)
+    return _records(session, list(session.scalars(query)))
 
 
 

@@ -65,6 +65,15 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class GamePosition:
+    """Where a page of games ended, in the listing's order (priority desc, created_at, id)."""
+
+    priority: int
+    created_at: datetime
+    id: int
+
+
+@dataclass(frozen=True)
 class GameRecord:
     id: int
     name: str

@@ -5,6 +5,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import NOT_FOUND
 from fleetd.api.schemas import (
+    MAX_ID,
     BootDetailOut,
     BootList,
     BootOut,
@@ -74,7 +75,7 @@ def forensics_out(boot: BootRecord) -> ForensicsOut:
 
 @router.get("/boots/{boot_pk}", response_model=BootDetailOut, responses=NOT_FOUND)
 def read_boot(
-    boot_pk: int = Path(ge=1, description="the boot's `id` in `GET /api/v1/boots`"),
+    boot_pk: int = Path(ge=1, le=MAX_ID, description="the boot's `id` in `GET /api/v1/boots`"),
     context: AppContext = Depends(get_context),
 ) -> BootDetailOut:
     """One boot; for a reboot, what the host looked like just before it (the last heartbeat's

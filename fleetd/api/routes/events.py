@@ -5,7 +5,7 @@ from datetime import datetime
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.schemas import EventList, EventOut
+from fleetd.api.schemas import IsoDateTime, MAX_ID, EventList, EventOut
 from fleetd.store.events import EventFilter, read_events
 
 router = APIRouter(tags=["events"])
@@ -14,10 +14,10 @@ router = APIRouter(tags=["events"])
 @router.get("/events", response_model=EventList)
 def list_events(
     limit: int = Query(100, ge=1, le=1000),
-    before: int | None = Query(None, ge=1, description="only events older than this id (paging)"),
+    before: int | None = Query(None, ge=1, le=MAX_ID, description="only events older than this id (paging)"),
     kind: str | None = Query(None, max_length=32),
     game: str | None = Query(None, max_length=64),
-    since: datetime | None = Query(None, description="only events at or after this time"),
+    since: IsoDateTime | None = Query(None, description="only events at or after this time"),
     context: AppContext = Depends(get_context),
 ) -> EventList:
     """The event log, newest first."""

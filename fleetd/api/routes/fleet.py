@@ -60,6 +60,8 @@ def read_fleet(context: AppContext = Depends(get_context)) -> FleetOut:
 def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) -> FleetOut:
     """Choose a tier (manual) or auto; the governor takes it up within seconds."""
     snapshot = _snapshot(context)
+    if body.tier is None and body.mode is None:
+        return fleet_out(context, snapshot)  # `{}`: nothing to change, the fleet as it is
     requested = requested_of(body, snapshot.governor.tier)
     now = context.clock.now()
     with context.db.transaction() as session:
@@ -71,12 +73,6 @@ def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) 
 
 
 def requested_of(body: FleetUpdate, current_tier: str) -> str:
-    if body.tier is None and body.mode is None:
-        raise FleetdError(
-            ErrorCode.VALIDATION,
-            "body: give a tier (light, medium, heavy) or a mode (manual, auto)",
-            {"errors": [{"field": "body", "reason": "tier or mode required"}]},
-        )
     if body.mode == "auto":
         if body.tier is not None:
             raise FleetdError(

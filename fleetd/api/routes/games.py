@@ -3,6 +3,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
@@ -27,13 +28,15 @@ from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
-from fleetd.store.records import CheckpointRecord, GameDraft, GameRecord, RunRecord
+from fleetd.store.records import CheckpointRecord, GameDraft, GamePosition, GameRecord, RunRecord
 from fleetd.states import Desired
 from fleetd.supervision.supervisor import Reconcile, StartGame
 from workers.protocol.spec import effective_sizes
 
 router = APIRouter(tags=["games"])
 ADMISSION_WAIT_S = 5.0  # the loop turns at least once a second; a busy SQLite may slow it
+GAMES_PAGE_MAX = 1000
+CURSOR_PATTERN = r"^-?[0-9]{1,4}\.-?[0-9]{1,16}\.[0-9]{1,18}$"  # priority.created_at_us.id
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
 
 
@@ -75,12 +78,33 @@ def _tell_supervisor(context: AppContext, command: Reconcile | StartGame) -> Non
         context.supervisor.submit(command)
 
 
+GAMES_PAGE = 100  # the default page of GET /games; at most GAMES_PAGE_MAX
+
+
 @router.get("/games", response_model=GameList)
-def list_games(context: AppContext = Depends(get_context)) -> GameList:
+def list_games(
+    limit: int = Query(GAMES_PAGE, ge=1, le=GAMES_PAGE_MAX, description="games per page"),
+    cursor: str | None = Query(None, pattern=CURSOR_PATTERN, description="`next_cursor` of the previous page"),
+    context: AppContext = Depends(get_context),
+) -> GameList:
+    """Games, highest priority first, then oldest; a page at a time (`next_cursor` is null on
+    the last page)."""
     with context.db.transaction() as session:
-        games = game_store.read_games(session)
+        games = game_store.read_games(session, limit, position_of(cursor) if cursor else None)
     scaled = context.snapshot
-    return GameList(items=[game_out(game, scaled) for game in games])
+    next_cursor = cursor_of(games[-1]) if len(games) == limit else None
+    return GameList(items=[game_out(game, scaled) for game in games], next_cursor=next_cursor)
+
+
+def cursor_of(game: GameRecord) -> str:
+    micros = int(game.created_at.timestamp() * 1_000_000)
+    return f"{game.priority}.{micros}.{game.id}"
+
+
+def position_of(cursor: str) -> GamePosition:
+    priority, micros, game_id = (int(part) for part in cursor.split("."))
+    created_at = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=micros)
+    return GamePosition(priority, created_at, game_id)
 
 
 @router.post("/games", response_model=GameOut, status_code=201, responses={**BAD_BODY, **CONFLICT})

@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.schemas import SampleOut, SampleSeries
+from fleetd.api.schemas import IsoDateTime, SampleOut, SampleSeries
 from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.store.samples import read_samples
 
@@ -17,7 +17,7 @@ def list_samples(
     metric: str = Query(max_length=48, pattern=r"^[a-z0-9_]+$", description="e.g. steps, episodes, mean_reward_100, gpu_utilization_pct"),
     game: str | None = Query(None, pattern=GAME_NAME_PATTERN, description="a game's samples"),
     gpu: int | None = Query(None, ge=0, le=63, description="a GPU's samples"),
-    since: datetime | None = Query(None, description="default: the last 24 hours"),
+    since: IsoDateTime | None = Query(None, description="default: the last 24 hours"),
     limit: int = Query(2000, ge=1, le=20000, description="the newest this many points"),
     context: AppContext = Depends(get_context),
 ) -> SampleSeries:
