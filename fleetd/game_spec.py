@@ -5,14 +5,39 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, field_validator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
+from workers.protocol.spec import Hyperparams
 
 ALGOS = ("ppo", "dqn", "a2c")
 
 
+def hyperparams_schema() -> dict[str, Any]:
+    """The worker's own hyperparameter model as the API documents it: every key it knows, with
+    its type and bound, and no other (a key is left out rather than set to null)."""
+    schema = Hyperparams.model_json_schema()
+    return _without_nulls(schema, schema.pop("$defs", {}))
+
+
+def _without_nulls(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_without_nulls(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    options = [o for o in node.pop("anyOf", []) if o.get("type") != "null"]
+    if options:
+        node.update(options[0])
+    if "$ref" in node:
+        node.update(defs[node.pop("$ref").rsplit("/", 1)[-1]])
+    node.pop("default", None)
+    return {key: _without_nulls(value, defs) for key, value in node.items()}
+
+
+# Built once, at import: a plain dict in Python, the worker's model in the OpenAPI schema.
+HyperparamsDict = Annotated[dict[str, Any], WithJsonSchema(hyperparams_schema())]
 
 
 class GameSpec(BaseModel):
@@ -35,7 +60,8 @@ class GameSpec(BaseModel):
     checkpoint_interval_s: float | None = Field(
         None, ge=1, le=86400, description="seconds between checkpoints; default from [worker]"
     )
-    hyperparams: dict[str, Any] = Field(
+    # Checked by the worker's own model (fleetd/games.py check_draft), which names the culprit.
+    hyperparams: HyperparamsDict = Field(
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
     desired: Desired = Desired.RUNNING
