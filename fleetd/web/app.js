@@ -702,6 +702,27 @@
     banner.hidden = false;
   }
 
+  // The games table shows one page of the API's listing (a fleet of 10,000 games is fine):
+  // the cursors of the pages before this one, for "previous".
+  const GAMES_PAGE = 50;
+  let gamesCursors = [null];
+
+  function gamesPath() {
+    const cursor = gamesCursors[gamesCursors.length - 1];
+    return '/games?limit=' + GAMES_PAGE + (cursor ? '&cursor=' + encodeURIComponent(cursor) : '');
+  }
+
+  function renderPager(games, count) {
+    const page = gamesCursors.length;
+    const first = (page - 1) * GAMES_PAGE + 1;
+    $('games-pager').hidden = page === 1 && !games.next_cursor;
+    $('games-page').textContent = count ? 'games ' + first + '-' + (first + count - 1) : 'no games on this page';
+    $('games-prev').disabled = page === 1;
+    $('games-next').disabled = !games.next_cursor;
+    $('games-next').onclick = () => { gamesCursors.push(games.next_cursor); refresh(); };
+    $('games-prev').onclick = () => { if (gamesCursors.length > 1) { gamesCursors.pop(); refresh(); } };
+  }
+
   async function refresh() {
     if (running) return;
     if (!readToken()) {
@@ -712,7 +733,7 @@
     running = true;
     try {
       const [games, fleet, boots, uptime, projection] = await Promise.all([
-        api('/games'),
+        api(gamesPath()),
         api('/fleet'),
         api('/boots?limit=1000'),
         api('/uptime'),
@@ -742,6 +763,7 @@
       renderSummary(items, fleet);
       renderFleet(fleet, nowMs);
       renderGames(items, projectionByName);
+      renderPager(games, items.length);
       renderGamePlots(items, gameSeries);
       renderGpu(fleet.telemetry, gpuSeries);
       renderTimeline(boots.items || [], nowMs);
