@@ -73,6 +73,10 @@ def make_vec_env(config: EnvConfig) -> VecEnv:
 def make_envpool_vec_env(config: EnvConfig) -> "EnvPoolVecEnv":
     import envpool
 
+    return EnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **envpool_kwargs(config)))
+
+
+def envpool_kwargs(config: EnvConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_envs": config.num_envs, "seed": config.seed,
                               "num_threads": max(1, min(config.num_threads, config.num_envs))}
     if config.max_episode_steps is not None:
@@ -80,8 +84,7 @@ def make_envpool_vec_env(config: EnvConfig) -> "EnvPoolVecEnv":
     if is_atari_envpool(config.env_id):  # 84x84 gray and max-pooled frame skip 4 are defaults
         kwargs.update(episodic_life=config.learning_wrappers, reward_clip=config.learning_wrappers,
                       stack_num=config.frame_stack, img_height=84, img_width=84, gray_scale=True)
-    pool = envpool.make_gymnasium(config.env_id, **kwargs)
-    return EnvPoolVecEnv(pool)
+    return kwargs
 
 
 class EnvPoolVecEnv(VecEnv):
