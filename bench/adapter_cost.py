@@ -62,13 +62,15 @@ def env_stepper(venv) -> Callable[[np.ndarray], Any]:
     return venv.step
 
 
-def rollout_collector(venv, n_steps: int, threads: int) -> Callable[[np.ndarray], Any]:
+def rollout_collector(venv, n_steps: int) -> Callable[[np.ndarray], Any]:
     """One call collects one PPO rollout of `n_steps` per env: policy forward passes and env
     steps into SB3's rollout buffer, no gradient update."""
     import torch
     from stable_baselines3 import PPO
 
-    torch.set_num_threads(threads)
+    # One torch thread, whatever the tier gives the game: the comparison is of the env side, and
+    # torch's OpenMP workers spinning beside EnvPool's threads on few cores turn it into noise.
+    torch.set_num_threads(1)
     model = PPO("CnnPolicy", venv, n_steps=n_steps, batch_size=n_steps * venv.num_envs,
                 verbose=0, seed=0, device="cpu")
     _, callback = model._setup_learn(10**9)  # what `learn()` does before its first rollout
@@ -130,7 +132,7 @@ def measure_count(args, count: Count) -> list[Row]:
         rows.append(summarize(count, "env-only", rates))
         print_row(rows[-1])
         if args.rollout_steps:
-            collectors = {name: rollout_collector(venv, args.rollout_steps, count.threads)
+            collectors = {name: rollout_collector(venv, args.rollout_steps)
                           for name, venv in venvs.items()}
             rates = side_by_side(collectors, actions, args.rollout_steps * count.num_envs,
                                  args.rounds, args.rollout_seconds)
