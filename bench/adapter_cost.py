@@ -5,6 +5,11 @@ Both run in one process at once, in rounds: each round measures raw EnvPool and 
 on a shared machine hits both. A figure is the median over the rounds; the ratio is the median
 of the rounds' own ratios. Raw EnvPool counts its reset steps (action ignored) as env steps,
 as a plain `step()` loop does; the adapter's count is agent steps.
+
+The ratio "per CPU second" divides steps per second of this process's CPU time (all threads)
+instead of wall time. Foreign load on a shared machine hardly moves it; it counts the work done,
+so it misses threads left idle while the adapter waits on a reset step that runs on fewer envs
+than there are threads (with one EnvPool thread there are none).
 """
 
 from __future__ import annotations
@@ -82,21 +87,28 @@ def rollout_collector(venv, n_steps: int) -> Callable[[np.ndarray], Any]:
     return collect
 
 
-def rate(run: Callable[[np.ndarray], Any], actions: np.ndarray, steps_per_call: int, seconds: float) -> float:
+@dataclass(frozen=True)
+class Rate:
+    wall: float  # env steps per second of wall time
+    cpu: float  # env steps per second of this process's CPU time, all threads
+
+
+def rate(run: Callable[[np.ndarray], Any], actions: np.ndarray, steps_per_call: int, seconds: float) -> Rate:
     """Env steps per second (summed over envs) of `run`, called for about `seconds`."""
-    calls, start = 0, time.perf_counter()
+    calls, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         run(actions[calls % len(actions)])
         calls += 1
-    return calls * steps_per_call / (time.perf_counter() - start)
+    steps = calls * steps_per_call
+    return Rate(steps / (time.perf_counter() - start), steps / (time.process_time() - cpu_start))
 
 
 def side_by_side(runners: dict[str, Callable], actions: np.ndarray, steps_per_call: int,
-                 rounds: int, seconds: float) -> dict[str, list[float]]:
+                 rounds: int, seconds: float) -> dict[str, list[Rate]]:
     names = list(runners)
     for name in names:  # warm-up: first frames, first forward passes
         rate(runners[name], actions, steps_per_call, min(1.0, seconds))
-    rates: dict[str, list[float]] = {name: [] for name in names}
+    rates: dict[str, list[Rate]] = {name: [] for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             rates[name].append(rate(runners[name], actions, steps_per_call, seconds))
@@ -111,13 +123,16 @@ class Row:
     adapter: float
     ratio: float
     ratios: list[float]
+    cpu_ratio: float
     load: tuple[float, float, float]
 
 
-def summarize(count: Count, kind: str, rates: dict[str, list[float]]) -> Row:
-    ratios = [a / r for a, r in zip(rates["adapter"], rates["raw"])]
-    return Row(count, kind, statistics.median(rates["raw"]), statistics.median(rates["adapter"]),
-               statistics.median(ratios), ratios, os.getloadavg())
+def summarize(count: Count, kind: str, rates: dict[str, list[Rate]]) -> Row:
+    ratios = [a.wall / r.wall for a, r in zip(rates["adapter"], rates["raw"])]
+    cpu_ratios = [a.cpu / r.cpu for a, r in zip(rates["adapter"], rates["raw"])]
+    return Row(count, kind, statistics.median(r.wall for r in rates["raw"]),
+               statistics.median(a.wall for a in rates["adapter"]), statistics.median(ratios), ratios,
+               statistics.median(cpu_ratios), os.getloadavg())
 
 
 def measure_count(args, count: Count) -> list[Row]:
@@ -147,7 +162,7 @@ def measure_count(args, count: Count) -> list[Row]:
 def print_row(row: Row) -> None:
     c = row.count
     print(f"| {c.num_envs} ({c.label}) | {c.threads} | {row.kind} | {row.raw:.0f} | {row.adapter:.0f} "
-          f"| **{row.ratio:.3f}** | {min(row.ratios):.3f}-{max(row.ratios):.3f} "
+          f"| **{row.ratio:.3f}** | {min(row.ratios):.3f}-{max(row.ratios):.3f} | {row.cpu_ratio:.3f} "
           f"| {row.load[0]:.2f} |", flush=True)
 
 
@@ -157,8 +172,8 @@ def tiers(args) -> None:
           f"{args.seconds:g} s (env-only) and {args.rollout_seconds:g} s (PPO rollout, "
           f"n_steps {args.rollout_steps}); load average at start {os.getloadavg()[0]:.2f}", flush=True)
     print("| envs | threads | measure | raw EnvPool steps/s | adapter steps/s | adapter / raw "
-          "| rounds' range | load (1 min) |")
-    print("|---|---:|---|---:|---:|---:|---|---:|")
+          "| rounds' range | per CPU second | load (1 min) |")
+    print("|---|---:|---|---:|---:|---:|---|---:|---:|")
     for count in counts:
         measure_count(args, count)
 
