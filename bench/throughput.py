@@ -1,9 +1,18 @@
-"""Worker throughput: env-only steps/s of EnvPool, the adapter, SB3 Subproc/DummyVecEnv over
-ale-py at one env count; then PPO training steps/s of the worker vs the seeds' old setup.
+"""Worker throughput, two benchmarks.
 
-    PYTHONPATH=. python bench/throughput.py [--env-id Breakout-v5] [--num-envs 8]
+`tiers` (issue 17): the EnvPool adapter against raw EnvPool at the tiers' env counts (8, 32, 64,
+256, each with the EnvPool threads a game of that tier gets), measured side by side in rounds
+that alternate which goes first; env-only, then SB3 PPO rollout collection (no gradient
+updates) so the env side of training is measured apart from the learner.
 
-Default run: about 2-3 minutes on a 2-core CPU. Figures go to docs/benchmarks.md.
+    PYTHONPATH=. python bench/throughput.py tiers [--env-id Breakout-v5] [--rounds 5]
+
+`vecenvs`: env-only steps/s of EnvPool, the adapter, SB3 Subproc/DummyVecEnv over ale-py at one
+env count; then PPO training steps/s of the worker vs the seeds' old setup.
+
+    PYTHONPATH=. python bench/throughput.py vecenvs [--env-id Breakout-v5] [--num-envs 8]
+
+Figures go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -134,15 +143,7 @@ def training(args) -> dict[str, float]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env-id", default="Breakout-v5", help="EnvPool Atari id; ale-py uses ALE/<id>")
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--seconds", type=float, default=10.0, help="per env-only measurement")
-    parser.add_argument("--train-seconds", type=float, default=30.0, help="per training measurement")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+def vecenvs(args) -> None:
     print(f"env-only, {args.env_id}, {args.num_envs} envs, {args.threads} threads:", flush=True)
     env = env_only(args)
     raw, ad = env["raw EnvPool (the limit)"], env["EnvPoolVecEnv adapter"]
@@ -151,6 +152,26 @@ def main() -> None:
     print(f"PPO training, {args.env_id}:", flush=True)
     train = training(args)
     print(f"  worker / seeds = {train['worker PPO'] / train[SEEDS]:.2f}")
+
+
+def main() -> None:
+    from bench.adapter_cost import add_arguments, tiers
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    side_by_side = commands.add_parser("tiers", help="adapter / raw EnvPool at the tiers' env counts")
+    add_arguments(side_by_side)
+    side_by_side.set_defaults(run=tiers)
+    old = commands.add_parser("vecenvs", help="EnvPool, the adapter and SB3's VecEnvs at one env count")
+    old.add_argument("--env-id", default="Breakout-v5", help="EnvPool Atari id; ale-py uses ALE/<id>")
+    old.add_argument("--num-envs", type=int, default=8)
+    old.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    old.add_argument("--seconds", type=float, default=10.0, help="per env-only measurement")
+    old.add_argument("--train-seconds", type=float, default=30.0, help="per training measurement")
+    old.set_defaults(run=vecenvs)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    args.run(args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ EnvPool resets a finished env on the *next* `step` (the action sent then is igno
 reset observation comes back with reward 0). SB3 expects the step that ends an episode to
 already return the first observation of the next one, with the last observation in
 `info["terminal_observation"]`. `EnvPoolVecEnv` steps just the finished envs once more right
-away (EnvPool's own auto-reset), so no agent step is wasted and no transition is bogus.
+away (EnvPool's own auto-reset), so no agent step is wasted and no transition is bogus. It
+sends that reset step as soon as it knows which envs finished and does its own bookkeeping
+while EnvPool runs it. The wait itself cannot be skipped: the reset observation is the policy's
+next input, and for Atari it is not known in advance (EnvPool plays 0-29 random no-ops and FIRE
+after a lost life too, see docs/benchmarks.md).
 
 Episode statistics (`info["episode"]`, read by SB3's `ep_info_buffer` and by our counters)
 are whole games: for Atari with `episodic_life` a lost life ends an *episode for learning*
@@ -73,6 +77,10 @@ def make_vec_env(config: EnvConfig) -> VecEnv:
 def make_envpool_vec_env(config: EnvConfig) -> "EnvPoolVecEnv":
     import envpool
 
+    return EnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **envpool_kwargs(config)))
+
+
+def envpool_kwargs(config: EnvConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_envs": config.num_envs, "seed": config.seed,
                               "num_threads": max(1, min(config.num_threads, config.num_envs))}
     if config.max_episode_steps is not None:
@@ -80,8 +88,7 @@ def make_envpool_vec_env(config: EnvConfig) -> "EnvPoolVecEnv":
     if is_atari_envpool(config.env_id):  # 84x84 gray and max-pooled frame skip 4 are defaults
         kwargs.update(episodic_life=config.learning_wrappers, reward_clip=config.learning_wrappers,
                       stack_num=config.frame_stack, img_height=84, img_width=84, gray_scale=True)
-    pool = envpool.make_gymnasium(config.env_id, **kwargs)
-    return EnvPoolVecEnv(pool)
+    return kwargs
 
 
 class EnvPoolVecEnv(VecEnv):
@@ -116,17 +123,24 @@ class EnvPoolVecEnv(VecEnv):
         self.pool.send(np.asarray(actions))
 
     def step_wait(self):
-        obs, rewards, terminated, truncated, info = self.pool.recv(reset=False, return_info=True)
-        order = self._order(info)
-        if order is not None:
-            obs, rewards, terminated, truncated = (a[order] for a in (obs, rewards, terminated, truncated))
-            info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray)}
+        obs, rewards, terminated, truncated, info = self._recv_in_env_order()
         dones = np.logical_or(terminated, truncated)
+        done_ids = np.flatnonzero(dones)
+        if done_ids.size:  # EnvPool resets them while the bookkeeping below runs
+            self._send_resets(done_ids)
         game_over = self._track_games(rewards, dones, truncated, info)
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-        if dones.any():
-            obs = self._reset_finished(obs, np.flatnonzero(dones), terminated, truncated, game_over, infos)
+        if done_ids.size:
+            obs = self._end_episodes(obs, done_ids, terminated, truncated, game_over, infos)
         return obs, rewards.astype(np.float32, copy=False), dones, infos
+
+    def _recv_in_env_order(self):
+        obs, rewards, terminated, truncated, info = self.pool.recv(reset=False, return_info=True)
+        order = self._order(info)
+        if order is None:
+            return obs, rewards, terminated, truncated, info
+        info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray)}
+        return obs[order], rewards[order], terminated[order], truncated[order], info
 
     def _track_games(self, rewards, dones, truncated, info) -> np.ndarray:
         raw = info.get("reward", rewards)  # Atari: the unclipped game score
@@ -136,7 +150,14 @@ class EnvPoolVecEnv(VecEnv):
             return np.logical_and(dones, np.logical_or(info["terminated"].astype(bool), truncated))
         return dones
 
-    def _reset_finished(self, obs, done_ids, terminated, truncated, game_over, infos) -> np.ndarray:
+    def _send_resets(self, done_ids: np.ndarray) -> None:
+        # A partial *step* of the finished envs makes EnvPool run its auto-reset (the action is
+        # ignored). An explicit `reset(env_ids)` would be wrong for Atari: it restarts the whole
+        # game where `episodic_life` must only continue after a lost life.
+        noop = np.zeros((len(done_ids),) + self._action_shape, dtype=self._action_dtype)
+        self.pool.send(noop, done_ids.astype(np.int32))
+
+    def _end_episodes(self, obs, done_ids, terminated, truncated, game_over, infos) -> np.ndarray:
         obs = np.array(obs, copy=True) if not obs.flags.writeable else obs
         now = time.monotonic()
         for i in done_ids:
@@ -145,13 +166,9 @@ class EnvPoolVecEnv(VecEnv):
             if game_over[i]:
                 infos[i]["episode"] = {"r": float(self._game_returns[i]), "l": int(self._game_lengths[i]),
                                        "t": round(now - self._t0, 6)}
-                self._game_returns[i] = 0.0
-                self._game_lengths[i] = 0
-        # A partial *step* of the finished envs makes EnvPool run its auto-reset now (the
-        # action is ignored). An explicit `reset(env_ids)` would be wrong for Atari: it
-        # restarts the whole game where `episodic_life` must only continue after a lost life.
-        noop = np.zeros((len(done_ids),) + self._action_shape, dtype=self._action_dtype)
-        reset_obs, _, _, _, reset_info = self.pool.step(noop, done_ids.astype(np.int32))
+        self._game_returns[game_over] = 0.0
+        self._game_lengths[game_over] = 0
+        reset_obs, _, _, _, reset_info = self.pool.recv(reset=False, return_info=True)
         obs[np.asarray(reset_info.get("env_id", done_ids))] = reset_obs
         return obs
 

@@ -1,0 +1,120 @@
+"""The EnvPool adapter gives, step for step, what the adapter before issue 17 gave.
+
+`ReferenceEnvPoolVecEnv` is that adapter's stepping, kept here verbatim as the reference: after
+collecting a step it waited for the finished envs' reset step at once (`pool.step`). Both run
+the same seeds and the same action sequence; every observation, reward, done and info must be
+equal, over thousands of env steps with lost lives, game overs and truncations.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from workers.envs import EnvConfig, EnvPoolVecEnv, envpool_kwargs
+
+
+class ReferenceEnvPoolVecEnv(EnvPoolVecEnv):
+    """The adapter's stepping as it was (commit 3f4a8e7), independent of the new helpers."""
+
+    def step_wait(self):
+        obs, rewards, terminated, truncated, info = self.pool.recv(reset=False, return_info=True)
+        order = self._order(info)
+        if order is not None:
+            obs, rewards, terminated, truncated = (a[order] for a in (obs, rewards, terminated, truncated))
+            info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray)}
+        dones = np.logical_or(terminated, truncated)
+        game_over = self._reference_track_games(rewards, dones, truncated, info)
+        infos = [{} for _ in range(self.num_envs)]
+        if dones.any():
+            obs = self._reset_finished(obs, np.flatnonzero(dones), terminated, truncated, game_over, infos)
+        return obs, rewards.astype(np.float32, copy=False), dones, infos
+
+    def _reference_track_games(self, rewards, dones, truncated, info) -> np.ndarray:
+        raw = info.get("reward", rewards)
+        self._game_returns += raw
+        self._game_lengths += 1
+        if "terminated" in info:
+            return np.logical_and(dones, np.logical_or(info["terminated"].astype(bool), truncated))
+        return dones
+
+    def _reset_finished(self, obs, done_ids, terminated, truncated, game_over, infos) -> np.ndarray:
+        obs = np.array(obs, copy=True) if not obs.flags.writeable else obs
+        now = time.monotonic()
+        for i in done_ids:
+            infos[i]["terminal_observation"] = obs[i].copy()
+            infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            if game_over[i]:
+                infos[i]["episode"] = {"r": float(self._game_returns[i]), "l": int(self._game_lengths[i]),
+                                       "t": round(now - self._t0, 6)}
+                self._game_returns[i] = 0.0
+                self._game_lengths[i] = 0
+        noop = np.zeros((len(done_ids),) + self._action_shape, dtype=self._action_dtype)
+        reset_obs, _, _, _, reset_info = self.pool.step(noop, done_ids.astype(np.int32))
+        obs[np.asarray(reset_info.get("env_id", done_ids))] = reset_obs
+        return obs
+
+
+def _pair(config: EnvConfig) -> tuple[EnvPoolVecEnv, EnvPoolVecEnv]:
+    import envpool
+
+    kwargs = envpool_kwargs(config)
+    return (ReferenceEnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **kwargs)),
+            EnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **kwargs)))
+
+
+def _comparable(info: dict) -> dict:
+    """An info without the wall-clock time of an episode's end."""
+    info = dict(info)
+    if "episode" in info:
+        info["episode"] = {k: v for k, v in info["episode"].items() if k != "t"}
+    return info
+
+
+def _assert_same_infos(expected: list[dict], got: list[dict], step: int) -> None:
+    for i, (want, have) in enumerate(zip(expected, got, strict=True)):
+        want, have = _comparable(want), _comparable(have)
+        assert want.keys() == have.keys(), (step, i)
+        if "terminal_observation" in want:
+            assert np.array_equal(want.pop("terminal_observation"), have.pop("terminal_observation")), (step, i)
+        assert want == have, (step, i)
+
+
+def run_side_by_side(config: EnvConfig, steps: int) -> dict[str, int]:
+    """Step the reference and the adapter with one action sequence; count what was covered."""
+    reference, adapter = _pair(config)
+    actions = np.random.default_rng(7).integers(0, adapter.action_space.n, size=(steps, config.num_envs))
+    covered = {"dones": 0, "games": 0, "truncations": 0, "terminations": 0}
+    try:
+        assert np.array_equal(reference.reset(), adapter.reset())
+        for t, action in enumerate(actions):
+            want, got = reference.step(action), adapter.step(action)
+            for a, b in zip(want[:3], got[:3]):
+                assert a.dtype == b.dtype and np.array_equal(a, b), t
+            _assert_same_infos(want[3], got[3], t)
+            covered["dones"] += int(got[2].sum())
+            covered["games"] += sum("episode" in info for info in got[3])
+            ended = [info["TimeLimit.truncated"] for info in got[3] if "TimeLimit.truncated" in info]
+            covered["truncations"] += sum(ended)
+            covered["terminations"] += len(ended) - sum(ended)
+    finally:
+        reference.close()
+        adapter.close()
+    return covered
+
+
+@pytest.mark.parametrize(("env_id", "max_steps", "steps"), [
+    ("Breakout-v5", 150, 1000),  # a life lost every ~24 steps; games end by game over and by time
+    ("Pong-v5", 1000, 1100),  # no lives: env 0's game is over at step 944, env 1's is cut at 1000
+])
+def test_atari_adapter_equals_the_reference_step_by_step(env_id, max_steps, steps):
+    config = EnvConfig(env_id, 2, seed=3, num_threads=2, max_episode_steps=max_steps)
+    covered = run_side_by_side(config, steps)
+    assert covered["games"] >= 2 and covered["truncations"] >= 1 and covered["terminations"] >= 1
+
+
+def test_cartpole_adapter_equals_the_reference_step_by_step():
+    covered = run_side_by_side(EnvConfig("CartPole-v1", 4, seed=3, max_episode_steps=40), 2000)
+    assert covered["terminations"] >= 100 and covered["truncations"] >= 1
