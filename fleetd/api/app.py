@@ -13,7 +13,7 @@ from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
 from fleetd.api.routes import boots, events, fleet, games, health, metrics, projection, samples
-from fleetd.metrics import build_registry
+from fleetd.api.metrics import build_registry
 
 API_PREFIX = "/api/v1"
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from fleetd.api.context import AppContext
 from fleetd.games import shown_state
-from fleetd.store.games import read_games
-from fleetd.store.records import GameRecord
 from fleetd.governor.snapshot import GovernorView
 from fleetd.states import Shown
+from fleetd.store.games import read_games
+from fleetd.store.records import GameRecord
+from fleetd.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.uptime import uptime_report
 
 GAME_STATES = list(Shown)
 
 
 class FleetCollector:
-    def __init__(self, context: Any) -> None:  # an AppContext; typed loosely to avoid a cycle
+    def __init__(self, context: AppContext) -> None:
         self.context = context
 
     def collect(self) -> Iterator[Metric]:
@@ -72,7 +73,7 @@ def _maybe(family: GaugeMetricFamily, label: str, value: float | None) -> None:
         family.add_metric([label], value)
 
 
-def uptime_metrics(context: Any, now: datetime) -> Iterator[Metric]:
+def uptime_metrics(context: AppContext, now: datetime) -> Iterator[Metric]:
     report = uptime_report(context.db, context.daemon.boot_pk, context.daemon.started_at, now)
     reboots = CounterMetricFamily("fleetd_host_reboots", "Host reboots recorded in the last 7 days", labels=[])
     reboots.add_metric([], report.week.reboots)
@@ -95,7 +96,7 @@ def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:
     yield GaugeMetricFamily("fleetd_fleet_pending_games", "Games waiting for admission", value=len(governor.pending))
 
 
-def gpu_metrics(snapshot: Any) -> Iterator[Metric]:
+def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:
     available = snapshot is not None and snapshot.gpu_available
     yield GaugeMetricFamily("fleetd_gpu_telemetry_available", "1 when NVML answers", value=1.0 if available else 0.0)
     if not available:
@@ -116,7 +117,7 @@ def gpu_metrics(snapshot: Any) -> Iterator[Metric]:
     yield from (util, used, total, temp)
 
 
-def build_registry(context: Any) -> CollectorRegistry:
+def build_registry(context: AppContext) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(context))
     ProcessCollector(namespace="fleetd", registry=registry)  # the daemon's own CPU, memory, fds
