@@ -265,4 +265,14 @@ def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
     available = host.memory_available_bytes / max(1, host.memory_total_bytes)
     if available < settings.host_memory_min_available_fraction:
         reasons.append(f"host memory available {available:.0%} < {settings.host_memory_min_available_fraction:.0%}")
-    return reasons
+    return reasons + psi_reasons(host.pressure, settings)
+
+
+def psi_reasons(psi: Any, settings: FleetSettings) -> list[str]:
+    """Host pressure stall information over its limits, with the number that tripped."""
+    limits = (
+        ("CPU some", psi.cpu_some_pct, settings.psi_cpu_some_max_pct),
+        ("memory full", psi.memory_full_pct, settings.psi_memory_full_max_pct),
+        ("IO full", psi.io_full_pct, settings.psi_io_full_max_pct),
+    )
+    return [f"host PSI {name} {value:.1f}% > {limit:g}% (avg10)" for name, value, limit in limits if value is not None and value > limit]
