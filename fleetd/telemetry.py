@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 NVML_RETRY_S = 60.0
 PSI_DIR = Path("/proc/pressure")
+# Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
+# protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
+# software power cap are normal under load (the power reading covers the cap).
+THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
 # A worker may die, or turn zombie, between listing its tree and reading a process of it.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
@@ -39,6 +43,8 @@ class GpuSample:
     memory_total_bytes: int
     temperature_c: float | None
     power_w: float | None
+    power_limit_w: float | None = None  # the enforced power cap
+    throttle: tuple[str, ...] = ()  # hardware clock-throttle reasons active now (THROTTLE_REASONS)
 
     @property
     def memory_fraction(self) -> float:
@@ -173,6 +179,7 @@ def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
     utilization = _optional(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     temperature = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
     milliwatts = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+    limit_mw = _optional(nvml, lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
     return GpuSample(
         index=index,
         name=str(nvml.nvmlDeviceGetName(handle)),
@@ -181,7 +188,16 @@ def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
         memory_total_bytes=int(memory.total),
         temperature_c=temperature,
         power_w=None if milliwatts is None else milliwatts / 1000.0,
+        power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+        throttle=_throttle(nvml, handle),
     )
+
+
+def _throttle(nvml: ModuleType, handle: Any) -> tuple[str, ...]:
+    # Renamed "clocks event reasons" in newer drivers' bindings; the bits are the same.
+    read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    mask = _optional(nvml, lambda: read(handle))
+    return () if mask is None else tuple(name for bit, name in THROTTLE_REASONS.items() if int(mask) & bit)
 
 
 def _optional(nvml: ModuleType, read: Callable[[], Any]) -> float | None:
@@ -364,6 +380,7 @@ def _gpu_metrics(gpu: GpuSample) -> list[tuple[str, float]]:
         gpu_memory_total_bytes=gpu.memory_total_bytes,
         gpu_temperature_c=gpu.temperature_c,
         gpu_power_w=gpu.power_w,
+        gpu_power_limit_w=gpu.power_limit_w,
     )
 
 
@@ -400,7 +417,7 @@ def snapshot_json(snapshot: Snapshot | None) -> dict[str, Any]:
         "available": snapshot.gpu_available,
         "reason": snapshot.gpu_unavailable_reason,
         "at": datetime.fromtimestamp(snapshot.at, UTC).isoformat(),
-        "gpus": [asdict(gpu) | {"memory_fraction": gpu.memory_fraction} for gpu in snapshot.gpus],
+        "gpus": [asdict(gpu) | {"memory_fraction": gpu.memory_fraction, "throttle": list(gpu.throttle)} for gpu in snapshot.gpus],
         "host": asdict(snapshot.host),
         "processes": [asdict(proc) for proc in snapshot.processes],
     }

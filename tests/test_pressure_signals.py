@@ -1,12 +1,17 @@
-"""Host pressure stall information: read from a fake /proc/pressure, judged by the governor."""
+"""Pressure signals that precede a load reboot: host PSI from a fake /proc/pressure, GPU power at
+its cap and hardware clock throttling from fake NVML readings, as the governor judges them."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+
+import pynvml
+import pytest
 
 from fleetd.config import FleetSettings
 from fleetd.governor.controller import pressure_reasons
-from fleetd.telemetry import HostPressure, HostSample, Snapshot, read_pressure, sample_rows
+from fleetd.telemetry import GpuSample, HostPressure, HostSample, Snapshot, _throttle, read_pressure, sample_rows
 
 GiB = 2**30
 
@@ -45,3 +50,26 @@ def test_psi_is_kept_with_the_other_host_samples() -> None:
     rows = sample_rows(host(HostPressure(1.5, None, 0.5)))
     assert (None, None, "host_psi_cpu_some_pct", 1.5) in rows and (None, None, "host_psi_io_full_pct", 0.5) in rows
     assert not any(metric == "host_psi_memory_full_pct" for _, _, metric, _ in rows)
+
+
+def gpu_host(gpu: GpuSample) -> Snapshot:
+    return Snapshot(0.0, (gpu,), True, None, HostSample(16 * GiB, 8 * GiB, 50.0, 1.0), ())
+
+
+def test_a_gpu_at_its_power_cap_is_pressure_with_the_watts() -> None:
+    at_cap = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 697.0, power_limit_w=700.0)
+    assert pressure_reasons(gpu_host(at_cap), FleetSettings()) == ["GPU 0 power 697 W >= 98% of its 700 W cap"]
+    below = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 600.0, power_limit_w=700.0)
+    no_limit = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 697.0)  # the board does not say
+    assert pressure_reasons(gpu_host(below), FleetSettings()) == pressure_reasons(gpu_host(no_limit), FleetSettings()) == []
+
+
+def test_hardware_clock_throttling_is_pressure_and_the_normal_reasons_are_not() -> None:
+    throttled = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, None, throttle=("hw thermal", "hw power brake"))
+    assert pressure_reasons(gpu_host(throttled), FleetSettings()) == ["GPU 0 clocks throttled: hw thermal, hw power brake"]
+
+
+def test_throttle_bits_from_nvml_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # idle (0x1) and the software power cap (0x4) are normal; thermal (0x40) and power brake (0x80) are not.
+    nvml = SimpleNamespace(NVMLError=pynvml.NVMLError, nvmlDeviceGetCurrentClocksThrottleReasons=lambda handle: 0x1 | 0x4 | 0x40 | 0x80)
+    assert _throttle(nvml, 0) == ("hw thermal", "hw power brake")  # type: ignore[arg-type]
