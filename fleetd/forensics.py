@@ -44,7 +44,7 @@ def _rung(fleet: FleetSnapshot) -> dict[str, Any]:
     return {
         "mode": view.mode, "tier": view.tier, "level": view.level, "allowed": view.allowed,
         "ceiling": view.ceiling, "admitted": list(view.admitted), "pending": list(view.pending),
-        "pressure": list(view.pressure),
+        "pressure": list(view.pressure), "rung": view.rung, "last_backoff": view.last_backoff,
     }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -24,6 +25,11 @@ import psutil
 log = logging.getLogger(__name__)
 
 NVML_RETRY_S = 60.0
+PSI_DIR = Path("/proc/pressure")
+# Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
+# protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
+# software power cap are normal under load (the power reading covers the cap).
+THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
 # A worker may die, or turn zombie, between listing its tree and reading a process of it.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
@@ -37,6 +43,8 @@ class GpuSample:
     memory_total_bytes: int
     temperature_c: float | None
     power_w: float | None
+    power_limit_w: float | None = None  # the enforced power cap
+    throttle: tuple[str, ...] = ()  # hardware clock-throttle reasons active now (THROTTLE_REASONS)
 
     @property
     def memory_fraction(self) -> float:
@@ -56,11 +64,23 @@ class ProcessSample:
 
 
 @dataclass(frozen=True)
+class HostPressure:
+    """Linux pressure stall information (/proc/pressure/*, avg10): the share of the last 10 s in
+    which some task waited for CPU, or every task waited for memory or IO. None: not readable
+    (a kernel before 4.20, or PSI off: `psi=1` on the kernel command line turns it on)."""
+
+    cpu_some_pct: float | None = None
+    memory_full_pct: float | None = None
+    io_full_pct: float | None = None
+
+
+@dataclass(frozen=True)
 class HostSample:
     memory_total_bytes: int
     memory_available_bytes: int
     cpu_pct: float  # 100 = every core busy
     load_1m: float
+    pressure: HostPressure = HostPressure()
 
 
 @dataclass(frozen=True)
@@ -159,6 +179,7 @@ def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
     utilization = _optional(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     temperature = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
     milliwatts = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+    limit_mw = _optional(nvml, lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
     return GpuSample(
         index=index,
         name=str(nvml.nvmlDeviceGetName(handle)),
@@ -167,7 +188,16 @@ def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
         memory_total_bytes=int(memory.total),
         temperature_c=temperature,
         power_w=None if milliwatts is None else milliwatts / 1000.0,
+        power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
+        throttle=_throttle(nvml, handle),
     )
+
+
+def _throttle(nvml: ModuleType, handle: Any) -> tuple[str, ...]:
+    # Renamed "clocks event reasons" in newer drivers' bindings; the bits are the same.
+    read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    mask = _optional(nvml, lambda: read(handle))
+    return () if mask is None else tuple(name for bit, name in THROTTLE_REASONS.items() if int(mask) & bit)
 
 
 def _optional(nvml: ModuleType, read: Callable[[], Any]) -> float | None:
@@ -196,8 +226,11 @@ def _gpu_processes(nvml: ModuleType, handle: Any) -> Iterable[tuple[int, int]]:
 class TelemetrySampler:
     """Takes snapshots; `latest` is safe to read from any thread."""
 
-    def __init__(self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR
+    ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
+        self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._clock = clock
         self._sample_lock = threading.Lock()  # sample() mutates the process cache
         self._latest_lock = threading.Lock()
@@ -226,7 +259,7 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(), tuple(processes))
+            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir), tuple(processes))
         with self._latest_lock:
             self._latest = snapshot
         return snapshot
@@ -291,14 +324,40 @@ def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
     return found
 
 
-def _read_host() -> HostSample:
+def _read_host(psi_dir: Path = PSI_DIR) -> HostSample:
     memory = psutil.virtual_memory()
     return HostSample(
         memory_total_bytes=int(memory.total),
         memory_available_bytes=int(memory.available),
         cpu_pct=psutil.cpu_percent(None),  # since the previous call; 0.0 on the first
         load_1m=os.getloadavg()[0],
+        pressure=read_pressure(psi_dir),
     )
+
+
+def read_pressure(psi_dir: Path = PSI_DIR) -> HostPressure:
+    return HostPressure(
+        cpu_some_pct=_psi_avg10(psi_dir / "cpu", "some"),
+        memory_full_pct=_psi_avg10(psi_dir / "memory", "full"),
+        io_full_pct=_psi_avg10(psi_dir / "io", "full"),
+    )
+
+
+def _psi_avg10(path: Path, line: str) -> float | None:
+    """`some avg10=1.23 avg60=... total=...`: the avg10 of the named line, None if unreadable."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for row in text.splitlines():
+        kind, _, fields = row.partition(" ")
+        if kind == line:
+            values = dict(field.split("=", 1) for field in fields.split() if "=" in field)
+            try:
+                return float(values["avg10"])
+            except (KeyError, ValueError):
+                return None
+    return None
 
 
 MetricRow = tuple[str | None, int | None, str, float]  # (game, GPU index, metric, value)
@@ -321,6 +380,7 @@ def _gpu_metrics(gpu: GpuSample) -> list[tuple[str, float]]:
         gpu_memory_total_bytes=gpu.memory_total_bytes,
         gpu_temperature_c=gpu.temperature_c,
         gpu_power_w=gpu.power_w,
+        gpu_power_limit_w=gpu.power_limit_w,
     )
 
 
@@ -339,6 +399,9 @@ def _host_metrics(host: HostSample) -> list[tuple[str, float]]:
         host_memory_total_bytes=host.memory_total_bytes,
         host_cpu_pct=host.cpu_pct,
         host_load_1m=host.load_1m,
+        host_psi_cpu_some_pct=host.pressure.cpu_some_pct,
+        host_psi_memory_full_pct=host.pressure.memory_full_pct,
+        host_psi_io_full_pct=host.pressure.io_full_pct,
     )
 
 
@@ -354,7 +417,7 @@ def snapshot_json(snapshot: Snapshot | None) -> dict[str, Any]:
         "available": snapshot.gpu_available,
         "reason": snapshot.gpu_unavailable_reason,
         "at": datetime.fromtimestamp(snapshot.at, UTC).isoformat(),
-        "gpus": [asdict(gpu) | {"memory_fraction": gpu.memory_fraction} for gpu in snapshot.gpus],
+        "gpus": [asdict(gpu) | {"memory_fraction": gpu.memory_fraction, "throttle": list(gpu.throttle)} for gpu in snapshot.gpus],
         "host": asdict(snapshot.host),
         "processes": [asdict(proc) for proc in snapshot.processes],
     }

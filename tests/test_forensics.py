@@ -58,6 +58,8 @@ def test_an_unclean_reboot_keeps_the_last_heartbeats_picture_and_the_kernels_war
     assert state["telemetry"]["gpus"][0]["power_w"] == 690.5
     assert state["telemetry"]["host"]["load_1m"] == 61.5
     assert state["governor"]["tier"] == "light" and state["governor"]["admitted"] == ["a", "b"]
+    assert state["governor"]["rung"] == "2x32 (light)" and state["governor"]["last_backoff"] is None
+    assert state["telemetry"]["host"]["pressure"] == {"cpu_some_pct": None, "memory_full_pct": None, "io_full_pct": None}
     assert state["games"] == {"a": "running", "b": "running", "c": "pending"}
     assert before["kernel_warnings"]["kept"] is True and "Xid 79" in before["kernel_warnings"]["lines"][0]
     listed = client_for(loop, start.boot.id).get("/api/v1/boots").json()["items"]

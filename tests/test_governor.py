@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,9 @@ from tests.fakes import EPOCH
 
 MIN = 60.0
 GAMES = ("a", "b", "c", "d", "e")
+# The seeds' rhythm, which these tests were written in (the defaults climb faster: see
+# test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_2_h_then_a_day).
+SEEDS = {"start_games": 2, "first_window_s": 60 * MIN, "window_s": 30 * MIN, "reprobe_factor": 4.0}
 
 
 class Fleet:
@@ -20,7 +24,7 @@ class Fleet:
 
     def __init__(self, tier: str = "medium", **settings: object) -> None:
         self.now = EPOCH
-        self.governor = Governor.initial(FleetSettings(tier=tier, **settings), self.now)
+        self.governor = Governor.initial(FleetSettings(tier=tier, **{**SEEDS, **settings}), self.now)
         self.admitted: list[str] = []
         self.pending: list[str] = list(GAMES)
         self.pressure = Pressure()
@@ -274,3 +278,19 @@ def test_gpu_scaling_within_the_tiers_bounds() -> None:
     assert (tiny.num_envs, tiny.batch_size) == (32, 256)  # at least an eighth of the tier
     none = scale("light", tiers["light"], None, 10)
     assert (none.num_envs, none.batch_size) == (32, 512) and "no GPU seen" in none.reason
+
+
+def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_2_h_then_a_day() -> None:
+    now = EPOCH
+    governor = Governor.initial(FleetSettings(tier="auto"), now)
+    assert governor.rung.label == "4x32"
+    view = FleetView(("a", "b", "c", "d"), ("e", "f"))
+    assert [d.kind for d in governor.tick(now + timedelta(minutes=29), view)] == []
+    assert [d.kind for d in governor.tick(now + timedelta(minutes=30), view)] == ["proven", "level"]
+    assert governor.rung.label == "4x48" and governor.window() == timedelta(minutes=25)
+    waits = []
+    for _ in range(3):
+        governor.instability(now, "oom", "a's worker", 5)
+        waits.append((governor.memory[governor.ladder[governor.index() + 1].key].retry_at - now) / timedelta(hours=1))
+        governor.state = replace(governor.state, rung=governor.index() + 1)
+    assert waits == [2, 24, 48]

@@ -21,6 +21,7 @@ from fleetd.governor.scaling import Scaled
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
+from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.store.records import GameDraft
@@ -313,3 +314,32 @@ def test_the_api_shows_what_the_supervisor_published(loop: Loop) -> None:
     metrics = client.get("/metrics").text
     assert 'fleetd_game_state{game="c",state="pending"} 1.0' in metrics
     assert "1 pending" in loop.sup.summary()
+
+
+def test_two_games_crashing_at_start_up_until_fatal_leave_the_level_and_the_others_alone(loop: Loop) -> None:
+    # A mistyped hyperparameter: x and y die before `startsecs` at every try, until FATAL. It is
+    # the games' own fault, not the host's: no back-off, the running games keep their workers.
+    fleet = loop.settings.fleet.model_copy(update={"tier": "medium", "start_games": 4})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    for name in ("a", "b", "x", "y"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    before = loop.sup.snapshot
+    assert before is not None and before.governor.rung == "4x32" and before.governor.admitted == ("a", "b", "x", "y")
+    pids = {name: loop.pid(name) for name in ("a", "b")}
+    for _ in range(400):
+        for name in ("x", "y"):
+            if loop.state(name) is State.STARTING:
+                loop.reactor.exit(loop.pid(name), code=1)
+        loop.steps()
+        if loop.state("x") is State.FATAL and loop.state("y") is State.FATAL:
+            break
+    assert loop.state("x") is State.FATAL and loop.state("y") is State.FATAL
+    after = loop.sup.snapshot
+    assert after is not None and after.governor.rung == "4x32" and after.governor.last_backoff is None
+    assert after.governor.admitted == ("a", "b")
+    assert [loop.state("a"), loop.state("b")] == [State.RUNNING, State.RUNNING]
+    assert {name: loop.pid(name) for name in ("a", "b")} == pids
+    with loop.db.transaction() as session:
+        assert read_events(session, EventFilter(kind="fleet_backoff")) == []
