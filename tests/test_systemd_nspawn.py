@@ -57,6 +57,10 @@ RestartSec=1s
 def why_not() -> str | None:
     if os.geteuid() != 0:
         return "systemd-nspawn needs root"
+    if any(path.is_relative_to("/tmp") for path in (REPO, Path(sys.prefix))):
+        # nspawn gives the container a fresh /tmp, and the unit's PrivateTmp=yes another: a
+        # service cannot run from a venv or checkout there (nor should one in production).
+        return f"the checkout or venv is under /tmp ({REPO}): clone elsewhere to run the real-systemd test"
     if NSPAWN is None:
         return "no systemd-nspawn (apt-get install systemd-container)"
     if "overlay" not in Path("/proc/filesystems").read_text():
