@@ -32,10 +32,11 @@ class ProgressInbox:
         import threading
 
         self._collected: list = []
+        self._collecting = True
         self.sock.settimeout(0.1)
 
         def read() -> None:
-            while not self.sock._closed:  # type: ignore[attr-defined]
+            while self._collecting:
                 try:
                     self._collected.append(decode_report(self.sock.recv(65536)))
                 except (TimeoutError, OSError):
@@ -46,6 +47,9 @@ class ProgressInbox:
 
     def drain(self) -> list:
         reports = getattr(self, "_collected", [])
+        if getattr(self, "_collecting", False):
+            self._collecting = False  # the reader finishes what it holds, then stops
+            self._collector.join(timeout=5)
         self.sock.setblocking(False)
         while True:
             try:
