@@ -140,6 +140,7 @@ class Supervisor:
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
+        self._games_read = 0  # bumped at every read of the games: their launches are stale
         self._worker_tier = TierDefaults()  # what a worker is told of the tier now
         self.loop_beat = clock.monotonic()
 
@@ -237,6 +238,7 @@ class Supervisor:
             if game.name not in self.procs:
                 self._new_proc(game)
         self._games = games
+        self._games_read += 1
 
     def _settle_stale_states(self) -> None:
         """A game the store shows live, with no worker adopted now, is stopped: its worker died
@@ -274,7 +276,8 @@ class Supervisor:
         """Every game's launch for the tier in force and the games running. Rebuilt only when
         those or the games changed: 10,000 spec validations on every step would cost seconds."""
         tier, running = self.fleet.scaled(), self.fleet.admitted_count()
-        key = (tier, running, id(self._games))
+        # A read counter, not id(list): CPython reuses a freed list's id for the next one.
+        key = (tier, running, self._games_read)
         if key == self._sized_for:
             return
         self._sized_for = key
