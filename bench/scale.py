@@ -319,7 +319,7 @@ def report(results: Results) -> str:
         f"machine: {machine()}; {dt.date.today().isoformat()}",
         f"games: {p.games} ({p.games - 2} pending, 2 running stand-ins, light tier)",
         f"daemon start to healthy: {results.start_s:.1f} s",
-        f"GET /api/v1/games, {len(results.page_s)} pages of {PAGE} (every page, twice): "
+        f"GET /api/v1/games, {len(results.page_s)} requests, pages of {PAGE} (the whole listing, twice): "
         f"p50 {_ms(results.page_s, 50)} ms, p99 {_ms(results.page_s, 99)} ms, max {max(results.page_s) * 1000:.0f} ms",
         f"GET /metrics x{len(results.metrics_s)}: p50 {_ms(results.metrics_s, 50)} ms, max "
         f"{max(results.metrics_s) * 1000:.0f} ms ({results.metrics_samples} samples, {results.metrics_bytes / 1e6:.1f} MB)",
