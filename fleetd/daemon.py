@@ -35,6 +35,7 @@ from fleetd.store.schema import ensure_schema
 from fleetd.supervision.adoption import OsProcessProbe
 from fleetd.supervision.launcher import OsLauncher
 from fleetd.supervision.reactor import OsReactor
+from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
@@ -227,7 +228,7 @@ class Daemon:
             thread.start_and_wait_ready()
             # Schema verified, boot recorded, every game reconciled: tell systemd.
             self.notifier.ready(supervisor.summary())
-            self._serve(db, start, token, sock, supervisor)
+            self._serve(db, start, token, sock, supervisor, recorder.counters)
         finally:
             grace = self.settings.supervisor.stopwaitsecs + 15
             thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
@@ -240,9 +241,12 @@ class Daemon:
         token: str,
         sock: socket.socket,
         supervisor: Supervisor,
+        counters: ProgressCounters,
     ) -> None:
         info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at)
-        context = AppContext(self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry)
+        context = AppContext(
+            self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters
+        )
         scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor))
         server = uvicorn.Server(uvicorn.Config(create_app(context), log_config=None, lifespan="off"))
         self.stop.server = server

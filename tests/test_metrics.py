@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
 from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
 
@@ -13,12 +17,18 @@ from fleetd.governor.controller import FleetController
 from fleetd.store.engine import Database
 from fleetd.store.games import create_game, update_game_state, update_games_progress
 from fleetd.store.records import GameDraft, ProgressSnapshot
+from fleetd.supervision.counters import GameCounts, ProgressCounters
+from fleetd.supervision.recorder import Recorder
+from fleetd.telemetry import GpuSample, HostSample, Snapshot
 from fleetd.uptime import record_daemon_start
+from workers.protocol.reports import ProgressReport
 from tests.api_context import RecordingSupervisor
 from tests.fakes import FakeClock, FakeHost
 
 
-def scrape(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> dict:
+def scrape(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, telemetry: object = None
+) -> dict:
     start = record_daemon_start(db, host.current_boot(), clock.now())
     with db.transaction() as session:
         create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
@@ -27,8 +37,11 @@ def scrape(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -
     clock.advance(60)
     fleet = FleetController(settings.fleet, db, clock, telemetry=None)
     info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
-    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), RecordingSupervisor(fleet))
-    response = TestClient(create_app(context)).get("/metrics")
+    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), RecordingSupervisor(fleet), telemetry)
+    return parse(TestClient(create_app(context)).get("/metrics"))
+
+
+def parse(response) -> dict:
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     return {family.name: family for family in text_string_to_metric_families(response.text)}
 
@@ -44,13 +57,85 @@ def test_game_fleet_and_uptime_metrics(settings: Settings, db: Database, clock: 
     state = values(families["fleetd_game_state"])
     assert state[(("game", "pong"), ("state", "running"))] == 1.0
     assert sum(state.values()) == 1.0
-    assert values(families["fleetd_game_episodes_per_hour"]) == {(("game", "pong"),): 900.0}
+    assert values(families["fleetd_game_episodes_per_second"]) == {(("game", "pong"),): 0.25}
     assert values(families["fleetd_game_mean_return"]) == {(("game", "pong"),): 6.5}
     assert values(families["fleetd_fleet_tier"]) == {(("mode", "manual"), ("tier", "light")): 1.0}
     assert values(families["fleetd_fleet_allowed_games"]) == {(): 2.0}
     assert values(families["fleetd_daemon_uptime_seconds"]) == {(): 60.0}
     assert values(families["fleetd_gpu_telemetry_available"]) == {(): 0.0}
-    assert "fleetd_process_resident_memory_bytes" in families
+    assert "process_resident_memory_bytes" in families  # the standard names, no prefix
+    assert values(families["fleetd_host_reboots"]) == {(): 0.0}
+    assert families["fleetd_host_reboots"].type == "counter"
+    assert families["fleetd_host_recent_reboots"].type == "gauge"
+
+
+def test_every_metric_is_in_the_reference_and_every_documented_one_exists(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    gpu = GpuSample(0, "H100", 97.0, 10**9, 8 * 10**10, 64.0, 300.0)
+    telemetry = SimpleNamespace(latest=Snapshot(0.0, (gpu,), True, None, HostSample(1, 1, 0.0, 0.0), ()))
+    families = scrape(settings, db, clock, host, telemetry)
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    documented = dict(re.findall(r"^\| `(fleetd_\w+)` \| (counter|gauge) \|", reference, re.M))
+    exported = {_exposed_name(f): f.type for f in families.values() if f.name.startswith("fleetd_")}
+    assert exported == documented
+    processes = {_exposed_name(f) for f in families.values() if f.name.startswith("process_")}
+    assert processes and processes <= set(re.findall(r"`(process_\w+)`", reference))
+
+
+def _exposed_name(family) -> str:
+    return family.name + "_total" if family.type == "counter" else family.name
+
+
+def test_game_counters_never_go_down_when_a_game_rewinds(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """A restart from an older checkpoint: the step count falls, the counters do not; the steps
+    lost are their own counter. A scrape before any report starts from the store's figures."""
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+        update_games_progress(session, {"pong": ProgressSnapshot(900, 3, 0.0, None, None, clock.now())})
+    recorder = Recorder(db, clock, start.boot.id)
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), counters=recorder.counters)
+    client = TestClient(create_app(context))
+    scrapes = [parse(client.get("/metrics"))]
+    for steps, episodes in ((1000, 4), (1500, 6), (1200, 5), (1300, 5)):  # 1500 -> 1200: back to a checkpoint
+        recorder.progress(_report(steps, episodes))
+        recorder.flush_progress()
+        scrapes.append(parse(client.get("/metrics")))
+
+    def series(name: str) -> list[float]:
+        return [values(families[name])[(("game", "pong"),)] for families in scrapes]
+
+    assert series("fleetd_game_steps") == [900, 1000, 1500, 1500, 1600]
+    assert series("fleetd_game_steps_lost") == [0, 0, 0, 300, 300]
+    assert series("fleetd_game_episodes") == [3, 4, 6, 6, 6]
+    assert series("fleetd_game_episodes_lost") == [0, 0, 0, 1, 1]
+    assert series("fleetd_game_progress_steps") == [900, 1000, 1500, 1200, 1300]
+
+
+def _report(steps: int, episodes: int) -> ProgressReport:
+    return ProgressReport("pong", 1, 1234, 1e9, steps, episodes, 100.0, 360.0, None, None, None)
+
+
+def test_a_rewind_is_measured_from_the_checkpoint_the_new_run_resumed_from() -> None:
+    """The recorder feeds a run's `resumed` figures (its checkpoint's) before its first report,
+    which already holds steps trained since: the steps lost are what the dead run had beyond the
+    checkpoint, and the new run's steps count as gained."""
+    counters = ProgressCounters()
+    counters.progress("pong", 2000, 8)
+    counters.progress("pong", 1000, 4)  # resumed: killed, back at the checkpoint of step 1000
+    counters.progress("pong", 1500, 6)
+    assert counters.read({"pong": (0, 0)})["pong"] == GameCounts(2500, 1000, 10, 4)
+
+
+def test_progress_counters_forget_a_removed_game() -> None:
+    counters = ProgressCounters()
+    counters.progress("pong", 500, 1)
+    counters.forget("pong")
+    assert counters.read({"pong": (0, 0)})["pong"] == GameCounts(0, 0, 0, 0)
 
 
 def test_telemetry_rows_reach_the_samples_table(db: Database, clock: FakeClock) -> None:

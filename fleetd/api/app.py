@@ -13,7 +13,7 @@ from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
 from fleetd.api.routes import boots, events, fleet, games, health, metrics, projection, samples
-from fleetd.api.metrics import build_registry
+from fleetd.api.metrics import Exposition
 
 API_PREFIX = "/api/v1"
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -31,7 +31,7 @@ def create_app(context: AppContext) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=context.settings.api.max_body_bytes)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    app.state.metrics = build_registry(context)
+    app.state.metrics = Exposition(context)
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token), Depends(refuse_unknown_query)], responses=ERROR_RESPONSES)
     for module in (games, fleet, projection, boots, events, samples):
         api.include_router(module.router)

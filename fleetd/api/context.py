@@ -13,6 +13,7 @@ from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.store.engine import Database
+from fleetd.supervision.counters import ProgressCounters
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class AppContext:
     catalog: EnvCatalog
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
     telemetry: TelemetrySource | None = None
+    counters: ProgressCounters | None = None  # fed by the recorder; None: /metrics makes its own
 
     @property
     def snapshot(self) -> FleetSnapshot | None:

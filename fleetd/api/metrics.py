@@ -1,90 +1,174 @@
-"""Prometheus metrics: read at scrape time from the store, the governor and the telemetry.
+"""Prometheus metrics: read at scrape time from the store, the progress counters, the published
+fleet snapshot and the telemetry. docs/metrics.md lists every one.
 
-Names follow Prometheus conventions: a `fleetd_` prefix, base units (seconds, bytes, ratios),
-`_total` on counters, labels for the game and the GPU.
+Names follow Prometheus conventions: a `fleetd_` prefix, base units (seconds, bytes, ratios, per
+second), `_total` only on counters, and a counter never goes down while the daemon process lives
+(a game's steps come from the recorder's counters, not from the store's figures, which rewind to
+the checkpoint after a crash). The daemon's own CPU, memory and fds are the standard `process_*`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleetd.api.context import AppContext
-from fleetd.games import shown_state
 from fleetd.governor.snapshot import GovernorView
-from fleetd.states import Shown
-from fleetd.store.games import read_games
-from fleetd.store.records import GameRecord
+from fleetd.states import Shown, shown
+from fleetd.store.boots import count_reboots
+from fleetd.store.games import read_game_figures
+from fleetd.store.records import GameFigures
+from fleetd.supervision.counters import GameCounts, ProgressCounters
 from fleetd.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.uptime import uptime_report
 
 GAME_STATES = list(Shown)
+SECONDS_PER_HOUR = 3600.0
 
 
 class FleetCollector:
+    """The fleet-wide families, through prometheus_client (a few dozen samples)."""
+
     def __init__(self, context: AppContext) -> None:
         self.context = context
 
     def collect(self) -> Iterator[Metric]:
         now = self.context.clock.now()
         with self.context.db.transaction() as session:
-            games = read_games(session)
-        yield from game_metrics(games, now)
-        yield from uptime_metrics(self.context, now)
-        if self.context.snapshot is not None:
-            yield from fleet_metrics(self.context.snapshot.governor)
+            reboots = count_reboots(session)
+        yield from uptime_metrics(self.context, reboots, now)
+        snapshot = self.context.snapshot
+        if snapshot is not None:
+            yield from fleet_metrics(snapshot.governor)
         telemetry = self.context.telemetry
         yield from gpu_metrics(telemetry.latest if telemetry is not None else None)
+
+
+class Exposition:
+    """All of /metrics. The per-game families are written here directly: 10,000 games are some
+    150,000 samples, which prometheus_client's generic writer takes seconds over (issue #13
+    item 6); game names are slugs, so their label values need no escaping."""
+
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
+        # A read-only app (no supervisor) still exports counters: from the store's figures.
+        self.counters = context.counters if context.counters is not None else ProgressCounters()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FleetCollector(context))
+        ProcessCollector(registry=self.registry)  # the standard process_* names: CPU, memory, fds
+
+    def render(self) -> bytes:
+        now = self.context.clock.now()
+        with self.context.db.transaction() as session:
+            games = read_game_figures(session)
+        counts = self.counters.read({g.name: (g.steps, g.episodes) for g in games})
+        return generate_latest(self.registry) + game_exposition(games, counts, now).encode()
+
+
+def game_exposition(games: list[GameFigures], counts: dict[str, GameCounts], now: datetime) -> str:
+    lines: list[str] = []
+    for family in GAME_FAMILIES:
+        lines.append(f"# HELP {family.name} {family.doc}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        for game in games:
+            lines.extend(family.lines(game, counts[game.name], now))
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class GameFamily:
+    name: str  # as exposed: a counter's ends in _total
+    kind: str  # "counter" or "gauge"
+    doc: str
+    value: Callable[[GameFigures, GameCounts, datetime], float | None]  # None: no sample
+
+    def lines(self, game: GameFigures, count: GameCounts, now: datetime) -> list[str]:
+        value = self.value(game, count, now)
+        return [] if value is None else [f'{self.name}{{game="{game.name}"}} {_number(value)}']
+
+
+@dataclass(frozen=True)
+class StateFamily:
+    name: str = "fleetd_game_state"
+    kind: str = "gauge"
+    doc: str = "1 for the game's current state, 0 for the others"
+
+    def lines(self, game: GameFigures, _count: GameCounts, _now: datetime) -> list[str]:
+        current = shown(game.desired, game.state, game.admitted_at is not None)
+        prefix = f'{self.name}{{game="{game.name}",state="'
+        return [f'{prefix}{state}"}} {"1.0" if state is current else "0.0"}' for state in GAME_STATES]
+
+
+def _checkpoint_age(game: GameFigures, _count: GameCounts, now: datetime) -> float | None:
+    return None if game.checkpoint_at is None else max(0.0, (now - game.checkpoint_at).total_seconds())
+
+
+def _per_second(per_hour: float | None) -> float | None:
+    return None if per_hour is None else per_hour / SECONDS_PER_HOUR
+
+
+GAME_FAMILIES: tuple[GameFamily | StateFamily, ...] = (
+    StateFamily(),
+    GameFamily("fleetd_game_steps_total", "counter", "Environment steps trained, as this daemon process saw them",
+               lambda g, c, _: c.steps),
+    GameFamily("fleetd_game_steps_lost_total", "counter", "Steps lost to restarts from an older checkpoint",
+               lambda g, c, _: c.steps_lost),
+    GameFamily("fleetd_game_episodes_total", "counter", "Whole episodes played, as this daemon process saw them",
+               lambda g, c, _: c.episodes),
+    GameFamily("fleetd_game_episodes_lost_total", "counter", "Episodes lost to restarts from an older checkpoint",
+               lambda g, c, _: c.episodes_lost),
+    GameFamily("fleetd_game_restarts_total", "counter", "Automatic restarts of the game's worker",
+               lambda g, c, _: g.restarts),
+    GameFamily("fleetd_game_progress_steps", "gauge", "The game's step count (back to its checkpoint after a crash)",
+               lambda g, c, _: g.steps),
+    GameFamily("fleetd_game_episodes_per_second", "gauge", "Episodes per second, the worker's recent rate",
+               lambda g, c, _: _per_second(g.episodes_per_hour)),
+    GameFamily("fleetd_game_mean_return", "gauge", "Mean return over the last 100 episodes",
+               lambda g, c, _: g.mean_reward_100),
+    GameFamily("fleetd_game_best_return", "gauge", "Best episode return", lambda g, c, _: g.best_reward),
+    GameFamily("fleetd_game_checkpoint_age_seconds", "gauge", "Seconds since the newest verified checkpoint",
+               _checkpoint_age),
+)  # fmt: skip
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
-def game_metrics(games: list[GameRecord], now: datetime) -> Iterator[Metric]:
-    state = _gauge("fleetd_game_state", "1 for the game's current state", ["game", "state"])
-    steps = CounterMetricFamily("fleetd_game_steps", "Environment steps trained", labels=["game"])
-    episodes = CounterMetricFamily("fleetd_game_episodes", "Whole episodes played", labels=["game"])
-    restarts = CounterMetricFamily("fleetd_game_restarts", "Automatic restarts of the worker", labels=["game"])
-    rate = _gauge("fleetd_game_episodes_per_hour", "Episodes per hour, worker's recent rate", ["game"])
-    mean = _gauge("fleetd_game_mean_return", "Mean return over the last 100 episodes", ["game"])
-    best = _gauge("fleetd_game_best_return", "Best episode return", ["game"])
-    age = _gauge("fleetd_game_checkpoint_age_seconds", "Seconds since the newest verified checkpoint", ["game"])
-    for game in games:
-        shown = shown_state(game)
-        for value in GAME_STATES:
-            state.add_metric([game.name, value], 1.0 if value == shown else 0.0)
-        steps.add_metric([game.name], game.steps)
-        episodes.add_metric([game.name], game.episodes)
-        restarts.add_metric([game.name], game.restarts)
-        _maybe(rate, game.name, game.episodes_per_hour)
-        _maybe(mean, game.name, game.mean_reward_100)
-        _maybe(best, game.name, game.best_reward)
-        if game.last_checkpoint is not None:
-            age.add_metric([game.name], max(0.0, (now - game.last_checkpoint.created_at).total_seconds()))
-    yield from (state, steps, episodes, restarts, rate, mean, best, age)
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
 
 
-def _maybe(family: GaugeMetricFamily, label: str, value: float | None) -> None:
-    if value is not None:
-        family.add_metric([label], value)
-
-
-def uptime_metrics(context: AppContext, now: datetime) -> Iterator[Metric]:
+def uptime_metrics(context: AppContext, reboots: int, now: datetime) -> Iterator[Metric]:
     report = uptime_report(context.db, context.daemon.boot_pk, context.daemon.started_at, now)
-    reboots = CounterMetricFamily("fleetd_host_reboots", "Host reboots recorded in the last 7 days", labels=[])
-    reboots.add_metric([], report.week.reboots)
-    yield reboots
-    yield GaugeMetricFamily("fleetd_host_uptime_seconds", "Seconds since the host booted", value=report.host_uptime_s)
-    yield GaugeMetricFamily("fleetd_daemon_uptime_seconds", "Seconds since the daemon started", value=report.daemon_uptime_s)
+    # Every reboot ever recorded: boots are never pruned, and one daemon process sees none
+    # happen (a reboot ends it), so this never goes down while the process lives.
+    total = _counter("fleetd_host_reboots", "Host reboots recorded since fleetd first ran here", [])
+    total.add_metric([], reboots)
+    recent = _gauge("fleetd_host_recent_reboots", "Host reboots in the last window", ["window"])
     availability = _gauge("fleetd_availability_ratio", "Share of observed time the host was up", ["window"])
     for window, stats in (("24h", report.day), ("7d", report.week)):
+        recent.add_metric([window], stats.reboots)
         if stats.availability is not None:
             availability.add_metric([window], stats.availability)
-    yield availability
+    yield from (total, recent, availability)
+    yield GaugeMetricFamily("fleetd_host_uptime_seconds", "Seconds since the host booted", value=report.host_uptime_s)
+    yield GaugeMetricFamily("fleetd_daemon_uptime_seconds", "Seconds since the daemon started", value=report.daemon_uptime_s)
 
 
 def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:
@@ -99,7 +183,7 @@ def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:
 def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:
     available = snapshot is not None and snapshot.gpu_available
     yield GaugeMetricFamily("fleetd_gpu_telemetry_available", "1 when NVML answers", value=1.0 if available else 0.0)
-    if not available:
+    if snapshot is None or not available:
         return
     labels = ["gpu", "name"]
     util = _gauge("fleetd_gpu_utilization_ratio", "GPU utilization, 0 to 1", labels)
@@ -115,10 +199,3 @@ def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:
         if gpu.temperature_c is not None:
             temp.add_metric(key, gpu.temperature_c)
     yield from (util, used, total, temp)
-
-
-def build_registry(context: AppContext) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(context))
-    ProcessCollector(namespace="fleetd", registry=registry)  # the daemon's own CPU, memory, fds
-    return registry

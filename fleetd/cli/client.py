@@ -39,6 +39,13 @@ class ApiClient:
         url = self.base_url + path
         try:
             response = httpx.request(method, url, headers=headers, timeout=self._timeout_s, **kwargs)
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6).
+            raise ClientError(
+                f"fleetd on {self.base_url} accepted the connection but did not answer {method} {path} "
+                f"within {self._timeout_s:g} s ({exc.__class__.__name__}); it is running but busy: "
+                "see its log (journalctl -u fleetd), and try again"
+            ) from None
         except httpx.TransportError as exc:
             raise ClientError(
                 f"fleetd is not answering on {self.base_url} ({exc.__class__.__name__}); "

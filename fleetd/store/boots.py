@@ -39,6 +39,11 @@ def read_first_seen(session: Session) -> datetime | None:
     return session.scalar(select(func.min(Boot.first_seen_at)))
 
 
+def count_reboots(session: Session) -> int:
+    """Reboots recorded since fleetd first ran here: every boot that follows another."""
+    return int(session.scalar(select(func.count()).select_from(Boot).where(Boot.previous_id.is_not(None))) or 0)
+
+
 def read_boot(session: Session, boot_pk: int) -> BootRecord | None:
     row = session.get(Boot, boot_pk)
     return None if row is None else _record(row)

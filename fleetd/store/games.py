@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -12,8 +13,8 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import Desired, State
 from fleetd.store.checkpoints import read_newest_verified_many
 from fleetd.store.mapping import to_record
-from fleetd.store.models import Game, Run
-from fleetd.store.records import CheckpointRecord, GameDraft, GamePosition, GameRecord, ProgressSnapshot
+from fleetd.store.models import Checkpoint, Game, Run
+from fleetd.store.records import CheckpointRecord, GameDraft, GameFigures, GamePosition, GameRecord, ProgressSnapshot
 from fleetd.store.runs import run_record
 
 
@@ -90,8 +91,6 @@ def read_game(session: Session, name: str) -> GameRecord:
     return _record(session, _row(session, name))
 
 
-
-
 def read_games(session: Session, limit: int | None = None, after: GamePosition | None = None) -> list[GameRecord]:
     """Highest priority first, then oldest; `limit` games after the position `after` (keyset
     paging: a page stays right while games are added or removed elsewhere in the list)."""
@@ -109,6 +108,23 @@ def read_games(session: Session, limit: int | None = None, after: GamePosition |
     return _records(session, list(session.scalars(query)))
 
 
+def read_game_figures(session: Session) -> list[GameFigures]:
+    """Every game's figures for /metrics, in one statement: the games' own columns and the
+    time of each one's newest verified checkpoint (most steps, as `last_checkpoint`)."""
+    rank = func.row_number().over(partition_by=Checkpoint.game_id, order_by=Checkpoint.steps.desc())
+    newest = (
+        select(Checkpoint.game_id, Checkpoint.created_at, rank.label("rank"))
+        .where(Checkpoint.verified.is_(True))
+        .subquery()
+    )
+    columns = [getattr(Game, f.name) for f in fields(GameFigures) if f.name != "checkpoint_at"]
+    query = (
+        select(*columns, newest.c.created_at.label("checkpoint_at"))
+        .outerjoin(newest, and_(newest.c.game_id == Game.id, newest.c.rank == 1))
+        .order_by(Game.priority.desc(), Game.created_at, Game.id)
+    )
+    rows = session.execute(query)
+    return [to_record(GameFigures, row, desired=Desired(row.desired), state=State(row.state)) for row in rows]
 
 
 def update_game_desired(session: Session, name: str, desired: Desired, now: datetime) -> GameRecord:

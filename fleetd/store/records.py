@@ -103,6 +103,23 @@ class GameRecord:
 
 
 @dataclass(frozen=True)
+class GameFigures:
+    """What /metrics shows of a game: its figures without its runs, spec or checkpoint list."""
+
+    name: str
+    desired: Desired
+    state: State
+    admitted_at: datetime | None
+    restarts: int
+    steps: int
+    episodes: int
+    episodes_per_hour: float | None
+    mean_reward_100: float | None
+    best_reward: float | None
+    checkpoint_at: datetime | None  # when the newest verified checkpoint was written
+
+
+@dataclass(frozen=True)
 class FleetRecord:
     requested: str
     tier: str  # the highest tier at or below the rung

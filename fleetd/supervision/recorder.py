@@ -20,6 +20,7 @@ from fleetd.store.events import create_event
 from fleetd.store.boots import read_boot
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
+from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.seams import ExitStatus, Spawned
 from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
@@ -40,6 +41,7 @@ class Recorder:
     boot_pk: int
     sample_interval_s: float = 30.0
     alerts: AlertSender | None = None
+    counters: ProgressCounters = field(default_factory=ProgressCounters)  # what /metrics exports
     _progress: dict[str, _Pending] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
 
@@ -93,6 +95,7 @@ class Recorder:
         pending = self._progress.get(report.game)
         self._progress[report.game] = _Pending(report, pending.sampled_at if pending else 0.0)
         self._dirty.add(report.game)
+        self.counters.progress(report.game, report.steps, report.episodes)
 
     def flush_progress(self) -> int:
         """Write the newest report of every game that reported since the last flush, in one
@@ -118,6 +121,7 @@ class Recorder:
     def forget(self, game: str) -> None:
         self._progress.pop(game, None)
         self._dirty.discard(game)
+        self.counters.forget(game)
 
     def checkpoint(self, game: str, run_id: int | None, summary: CheckpointSummary) -> None:
         record = CheckpointRecord(
@@ -133,7 +137,11 @@ class Recorder:
         with self.db.transaction() as session:
             checkpoint_store.upsert_checkpoint(session, game_store.game_id_of(session, game), record)
 
-    def resumed(self, game: str, run_id: int, steps: int | None, taken: str | None, skipped: list[tuple[str, str]]) -> None:
+    def resumed(self, game: str, run_id: int, steps: int | None, taken: str | None, skipped: list[tuple[str, str]],
+                episodes: int = 0) -> None:
+        # The run starts where its checkpoint stood: a rewind is measured from there, not from
+        # its first progress report (which already holds steps the new run trained).
+        self.counters.progress(game, steps or 0, episodes)
         now = self.clock.now()
         with self.db.transaction() as session:
             run_store.update_run_resumed(session, run_id, steps if taken else None)

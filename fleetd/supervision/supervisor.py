@@ -393,7 +393,7 @@ class Supervisor:
             proc.on_progress(report.run_id, report.steps)
             self._due(proc)
             skipped = [(s.path, s.reason) for s in report.skipped]
-            self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped)
+            self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped, report.episodes)
             for note in report.notes:
                 self.recorder.note(report.game, "worker_note", note, "warning")
 

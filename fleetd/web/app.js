@@ -8,6 +8,8 @@
   const TOKEN_KEY = 'fleetd.token';
   const SVG_NS = 'http://www.w3.org/2000/svg'; // an XML namespace name, not something fetched
   const DAY_MS = 86400000;
+  const GAMES_PAGE = 100; // GET /games's default page; the table shows one page at a time
+  const PLOTTED_GAMES = 12; // plots for the first games of the page only: two series each
   const STATES = ['pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal'];
 
   const $ = (id) => document.getElementById(id);
@@ -433,6 +435,34 @@
     $('games-table').hidden = games.length === 0;
   }
 
+  // The page of games shown: `cursors[i]` opens page i (null: the first). The API pages by a
+  // keyset cursor, so the way back is the cursors already seen.
+  const paging = { cursors: [null], index: 0, next: null };
+
+  function gamesPath() {
+    const cursor = paging.cursors[paging.index];
+    return '/games?limit=' + GAMES_PAGE + (cursor ? '&cursor=' + encodeURIComponent(cursor) : '');
+  }
+
+  function turnPage(step) {
+    if (step > 0 && !paging.next) return;
+    if (step < 0 && paging.index === 0) return;
+    if (step > 0) paging.cursors[paging.index + 1] = paging.next;
+    paging.index += step;
+    $('games-pager').dataset.loading = 'true';
+    refresh();
+  }
+
+  function renderPager(count) {
+    const first = paging.index * GAMES_PAGE;
+    const more = paging.next ? ' of more' : '';
+    $('games-range').textContent = count ? 'games ' + fmtInt(first + 1) + '–' + fmtInt(first + count) + more : '';
+    $('games-prev').disabled = paging.index === 0;
+    $('games-next').disabled = !paging.next;
+    $('games-pager').hidden = paging.index === 0 && !paging.next;
+    delete $('games-pager').dataset.loading;
+  }
+
   function renderGamePlots(games, gameSeries) {
     const cards = games.map((g, i) => {
       const [returns, steps] = gameSeries[i];
@@ -677,7 +707,9 @@
     const counts = new Map();
     for (const g of games) counts.set(g.state, (counts.get(g.state) || 0) + 1);
     const parts = STATES.filter((s) => counts.has(s)).map((s) => h('span', { class: stateClass(s) }, counts.get(s) + ' ' + s));
-    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length ? ' · ' : '', 'tier ' + fleet.tier);
+    const paged = paging.index > 0 || paging.next ? ' on this page' : '';
+    const fleetWide = paged ? ' · ' + fleet.admitted.length + ' admitted, ' + fleet.pending.length + ' pending' : '';
+    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length ? paged + fleetWide + ' · ' : '', 'tier ' + fleet.tier);
   }
 
   // ---------------------------------------------------------------- the loop
@@ -685,9 +717,11 @@
   let timer = null;
   let running = false;
   let lastGood = null;
+  let lastProjection = new Map(); // ETAs by game, from the last projection (drawn before the new one arrives)
 
   function showLogin(reason) {
     document.body.dataset.state = 'login';
+    $('loading').hidden = true;
     $('login').hidden = false;
     $('main').hidden = true;
     $('logout').hidden = true;
@@ -702,27 +736,6 @@
     banner.hidden = false;
   }
 
-  // The games table shows one page of the API's listing (a fleet of 10,000 games is fine):
-  // the cursors of the pages before this one, for "previous".
-  const GAMES_PAGE = 50;
-  let gamesCursors = [null];
-
-  function gamesPath() {
-    const cursor = gamesCursors[gamesCursors.length - 1];
-    return '/games?limit=' + GAMES_PAGE + (cursor ? '&cursor=' + encodeURIComponent(cursor) : '');
-  }
-
-  function renderPager(games, count) {
-    const page = gamesCursors.length;
-    const first = (page - 1) * GAMES_PAGE + 1;
-    $('games-pager').hidden = page === 1 && !games.next_cursor;
-    $('games-page').textContent = count ? 'games ' + first + '-' + (first + count - 1) : 'no games on this page';
-    $('games-prev').disabled = page === 1;
-    $('games-next').disabled = !games.next_cursor;
-    $('games-next').onclick = () => { gamesCursors.push(games.next_cursor); refresh(); };
-    $('games-prev').onclick = () => { if (gamesCursors.length > 1) { gamesCursors.pop(); refresh(); } };
-  }
-
   async function refresh() {
     if (running) return;
     if (!readToken()) {
@@ -732,20 +745,24 @@
     }
     running = true;
     try {
-      const [games, fleet, boots, uptime, projection] = await Promise.all([
-        api(gamesPath()),
-        api('/fleet'),
-        api('/boots?limit=1000'),
-        api('/uptime'),
-        api('/projection', { optional: true }).catch((error) => {
-          if (error instanceof AuthError) throw error;
-          return { error: error.message };
-        }),
+      // The projection covers every game: it may take longer, so the rest does not wait for it.
+      const projectionLoad = api('/projection', { optional: true }).catch((error) => {
+        if (error instanceof AuthError) throw error;
+        return { error: error.message };
+      });
+      let [games, fleet, boots, uptime] = await Promise.all([
+        api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'),
       ]);
+      if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
+        Object.assign(paging, { cursors: [null], index: 0 });
+        games = await api(gamesPath());
+      }
+      paging.next = games.next_cursor || null;
       const items = games.items || [];
+      const plotted = items.filter((g) => g.steps > 0).slice(0, PLOTTED_GAMES);
       const gpus = (fleet.telemetry && fleet.telemetry.gpus) || [];
       const [gameSeries, gpuSeries] = await Promise.all([
-        Promise.all(items.map((g) => Promise.all([
+        Promise.all(plotted.map((g) => Promise.all([
           series({ game: g.name, metric: 'mean_reward_100' }),
           series({ game: g.name, metric: 'steps' }),
         ]))),
@@ -755,19 +772,22 @@
       // The server's clock, so a skewed laptop clock does not shift the timeline.
       const serverNow = toMs(uptime.daemon_started_at) + uptime.daemon_uptime_s * 1000;
       const nowMs = Number.isFinite(serverNow) ? serverNow : Date.now();
-      const projectionByName = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
 
+      $('loading').hidden = true;
       $('login').hidden = true;
       $('main').hidden = false;
       $('logout').hidden = false;
       renderSummary(items, fleet);
       renderFleet(fleet, nowMs);
-      renderGames(items, projectionByName);
-      renderPager(games, items.length);
-      renderGamePlots(items, gameSeries);
+      renderGames(items, lastProjection);
+      renderPager(items.length);
+      renderGamePlots(plotted, gameSeries);
       renderGpu(fleet.telemetry, gpuSeries);
       renderTimeline(boots.items || [], nowMs);
       renderUptime(uptime, boots.items || []);
+      const projection = await projectionLoad;
+      lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
+      renderGames(items, lastProjection);
       renderProjection(projection);
       lastGood = Date.now();
       $('updated').textContent = 'updated ' + fmtTime(lastGood, { seconds: true }).slice(11);
@@ -780,6 +800,8 @@
         showLogin(error.message); // and no polling (finally) until a token is given
       } else {
         if (document.body.dataset.state !== 'ready') document.body.dataset.state = 'error';
+        $('loading').hidden = true;
+        delete $('games-pager').dataset.loading;
         showBanner(String(error.message || error));
       }
     } finally {
@@ -807,8 +829,12 @@
       if (!token) return;
       storeToken(token);
       document.body.dataset.state = 'loading';
+      $('login').hidden = true;
+      $('loading').hidden = false;
       refresh();
     });
+    $('games-prev').addEventListener('click', () => turnPage(-1));
+    $('games-next').addEventListener('click', () => turnPage(1));
     $('logout').addEventListener('click', () => {
       storeToken('');
       seriesCache.clear();

@@ -52,6 +52,8 @@ def _rate(session: Any, game: GameRecord, now: datetime) -> float | None:
     # The goal's own unit; episodes when there is no goal (the rate people compare).
     timesteps_goal = game.target_episodes is None and game.total_timesteps is not None
     metric, fallback = ("steps", None) if timesteps_goal else ("episodes", game.episodes_per_hour)
+    if game.progress_at is None or game.progress_at < now - RATE_WINDOW:
+        return recent_rate_per_hour([], fallback)  # no sample in the window: no query (10,000 pending games)
     points = read_samples(session, game.name, None, metric, now - RATE_WINDOW, 1000)
     return recent_rate_per_hour([(p.at, p.value) for p in points], fallback)
 

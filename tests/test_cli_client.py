@@ -1,0 +1,40 @@
+"""The CLI's client tells a daemon that is slow to answer from one that is not there."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetd.cli.client import ApiClient, ClientError
+from fleetd.config import load_settings
+from tests.daemon_harness import free_port
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A socket that accepts connections (the kernel's backlog does) and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield sock.getsockname()[1]
+
+
+def client(tmp_path: Path, port: int) -> ApiClient:
+    settings = load_settings(state_dir=tmp_path / "state", api={"port": port, "token": "c" * 32})
+    return ApiClient(settings, timeout_s=0.5)
+
+
+def test_a_daemon_slow_to_answer_is_not_called_absent(tmp_path: Path, silent_port: int) -> None:
+    with pytest.raises(ClientError) as caught:
+        client(tmp_path, silent_port).get("/api/v1/games")
+    message = str(caught.value)
+    assert "did not answer GET /api/v1/games within 0.5 s" in message and "running but busy" in message
+    assert "not answering" not in message
+
+
+def test_no_daemon_is_not_answering(tmp_path: Path) -> None:
+    with pytest.raises(ClientError, match="fleetd is not answering on http://127.0.0.1:"):
+        client(tmp_path, free_port()).get("/api/v1/games")
