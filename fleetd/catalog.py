@@ -29,8 +29,11 @@ class EnvCatalog:
             done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
             return list(json.loads(done.stdout))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            # The child's last stderr line is usually the reason (an import that failed).
+            stderr = (getattr(exc, "stderr", None) or "").strip().splitlines()
+            why = f" ({stderr[-1]})" if stderr else ""
             raise FleetdError(
-                ErrorCode.INTERNAL, f"cannot list the env registries with {self._python}: {exc}"
+                ErrorCode.INTERNAL, f"cannot list the env registries with {self._python}: {exc}{why}"
             ) from None
 
     def check(self, env_id: str, field: str = "env_id") -> None:

@@ -15,6 +15,8 @@ USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # What ProtectHome= hides.
 HOME_ROOTS = (PurePosixPath("/home"), PurePosixPath("/root"), PurePosixPath("/run/user"))
 DEFAULT_STATE_DIR = PurePosixPath("/var/lib/fleetd")
+# What PrivateTmp= replaces.
+TMP_ROOTS = (PurePosixPath("/tmp"), PurePosixPath("/var/tmp"))
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,13 @@ class InstallPaths:
         return readable, writable
 
 
+    def under_tmp(self) -> tuple[Path, ...]:
+        """Paths that PrivateTmp=yes would hide, fewest that cover them."""
+        return covering(p for p in self.read_only + self.state_dir if inside_any(p, TMP_ROOTS))
+
+
 def is_under_home(path: PurePosixPath) -> bool:
-    return any(path == root or root in path.parents for root in HOME_ROOTS)
+    return inside_any(path, HOME_ROOTS)
 
 
 def inside_any(path: PurePosixPath, roots: Iterable[PurePosixPath]) -> bool:
@@ -60,6 +67,7 @@ def render_unit(fleetd_bin: str, config: str, user: str, paths: InstallPaths = I
         "@CONFIG@": exec_arg(config, "config"),
         "@USER@": user,
         "@PROTECT_HOME@": protect_home(paths),
+        "@PRIVATE_TMP@": private_tmp(paths),
     }
     text = template_path().read_text()
     for placeholder, value in fields.items():
@@ -94,6 +102,20 @@ def protect_home(paths: InstallPaths) -> str:
     lines += [f"BindReadOnlyPaths={path_arg(p)}" for p in readable]
     lines += [f"BindPaths={path_arg(p)}" for p in writable]
     return "\n".join(lines) + extra
+
+
+def private_tmp(paths: InstallPaths) -> str:
+    """PrivateTmp=yes, with an installation that lives under /tmp mounted back into it."""
+    hidden = paths.under_tmp()
+    if not hidden:
+        return "PrivateTmp=yes"
+    note = (
+        f"This installation lives under a temporary directory ({', '.join(map(str, hidden))}), which "
+        "PrivateTmp=yes replaces with an empty one: it is mounted back, read-only. /tmp may be emptied "
+        "at boot, taking the installation with it: install under /opt or /srv and regenerate."
+    )
+    lines = [*("# " + line for line in textwrap.wrap(note, 94)), "PrivateTmp=yes"]
+    return "\n".join(lines + [f"BindReadOnlyPaths={path_arg(p)}" for p in hidden])
 
 
 def writable_state_dir(paths: InstallPaths) -> str:

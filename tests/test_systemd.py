@@ -49,10 +49,14 @@ UNDER_HOMES = InstallPaths(
 )
 
 
-@pytest.fixture(params=["default", "under_homes"])
+# A CI clone: checkout and venv in /tmp.
+UNDER_TMP = InstallPaths(read_only=(Path("/tmp/ci-clone"), Path("/tmp/ci-clone/.venv"), Path("/etc/fleetd/fleetd.toml")))
+
+
+@pytest.fixture(params=["default", "under_homes", "under_tmp"])
 def unit_file(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     path = tmp_path / "fleetd.service"
-    paths = UNDER_HOMES if request.param == "under_homes" else InstallPaths()
+    paths = {"under_homes": UNDER_HOMES, "under_tmp": UNDER_TMP}.get(request.param, InstallPaths())
     path.write_text(render_unit(real_executable(), "/etc/fleetd/fleetd.toml", "fleetd", paths))
     return path
 
@@ -97,6 +101,13 @@ def test_render_escapes_what_systemd_would_expand() -> None:
 def test_render_rejects_what_a_unit_cannot_carry(fleetd_bin: str, config: str, user: str) -> None:
     with pytest.raises(ValueError):
         render_unit(fleetd_bin, config, user)
+
+
+def test_an_install_under_tmp_is_mounted_back_into_the_private_tmp() -> None:
+    """PrivateTmp=yes replaces /tmp, venv and all, with an empty one: it is mounted back."""
+    text = render_unit("/tmp/ci-clone/.venv/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd", UNDER_TMP)
+    assert unit_settings(text)["PrivateTmp"] == "yes"
+    assert unit_values(text, "BindReadOnlyPaths") == ["/tmp/ci-clone"]
 
 
 def test_unit_carries_the_issue_requirements() -> None:

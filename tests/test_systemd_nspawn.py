@@ -57,10 +57,6 @@ RestartSec=1s
 def why_not() -> str | None:
     if os.geteuid() != 0:
         return "systemd-nspawn needs root"
-    if any(path.is_relative_to("/tmp") for path in (REPO, Path(sys.prefix))):
-        # nspawn gives the container a fresh /tmp, and the unit's PrivateTmp=yes another: a
-        # service cannot run from a venv or checkout there (nor should one in production).
-        return f"the checkout or venv is under /tmp ({REPO}): clone elsewhere to run the real-systemd test"
     if NSPAWN is None:
         return "no systemd-nspawn (apt-get install systemd-container)"
     if "overlay" not in Path("/proc/filesystems").read_text():
@@ -88,9 +84,12 @@ class Container:
         layers = f"lowerdir=/,upperdir={self.base / 'upper'},workdir={self.base / 'work'}"
         self._mount(["-t", "overlay", "overlay", "-o", layers, str(self.root)])
         self.cgroups = own_cgroups(self.base.name)
+        # nspawn gives the container an empty /tmp: a checkout or venv there (a CI clone) is
+        # mounted back, read-only; the unit fleetd renders for it shares that /tmp.
+        binds = [f"--bind-ro={path}" for path in covering_tmp((REPO, Path(sys.prefix)))]
         command = [
             str(NSPAWN), "-D", str(self.root), "--boot", "--register=no", "--keep-unit", "--private-network",
-            "--console=read-only", "--quiet", "--machine", self.base.name.replace("_", "-"),
+            "--console=read-only", "--quiet", "--machine", self.base.name.replace("_", "-"), *binds,
             # basic.target: journald and the service manager without the host's own services.
             "--", "systemd.unit=basic.target",
         ]
@@ -155,6 +154,11 @@ class Container:
             if self.pid1:
                 with_gone(lambda: os.kill(self.pid1, signal.SIGKILL))
             nspawn.wait(30)
+
+
+def covering_tmp(paths: tuple[Path, ...]) -> list[Path]:
+    inside = sorted({p.resolve() for p in paths if p.resolve().is_relative_to("/tmp")})
+    return [p for p in inside if not any(q != p and p.is_relative_to(q) for q in inside)]
 
 
 def namespace_pid(pid: int) -> int | None:
