@@ -36,6 +36,16 @@ def non_finite(model: BaseAlgorithm) -> str | None:
     return None
 
 
+def non_finite_forward(exc: ValueError, steps: int) -> Diverged | None:
+    """A policy forward pass that met NaN or inf (torch's distributions validate their logits,
+    so PPO and A2C fail there on NaN observations before any parameter is NaN), as Diverged;
+    None for any other ValueError, which stays a plain crash."""
+    text = str(exc)
+    if "to satisfy the constraint" in text and "found invalid values" in text:
+        return Diverged(f"NaN or inf in the policy's forward pass at {steps} steps ({text.splitlines()[0][:120]})")
+    return None
+
+
 def check_finite(model: BaseAlgorithm, steps: int) -> None:
     where = non_finite(model)
     if where is not None:

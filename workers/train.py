@@ -16,7 +16,7 @@ from workers.algos import ALGO_CLASSES, set_schedule_horizon
 from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
-from workers.guards import Diverged, apply_lr_scale
+from workers.guards import Diverged, apply_lr_scale, non_finite_forward
 from workers.hyperparams import (Plan, algo_kwargs, configure_torch, make_plan, policy_name,
                                  schedule_horizon, select_device)
 from workers.protocol.exit_codes import ExitCode
@@ -166,7 +166,9 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
             counters.steps = model.num_timesteps
         outcome = _outcome(spec, counters, callback, stop)
         checkpointer.write_final(model, counters)
-    except Diverged as exc:
+    except (Diverged, ValueError) as exc:
+        if isinstance(exc, ValueError) and (exc := non_finite_forward(exc, model.num_timesteps)) is None:
+            raise
         log.error("training diverged: %s; no checkpoint written, the last good one stays newest "
                   "(exit %d)", exc, ExitCode.DIVERGED)
         return ExitCode.DIVERGED

@@ -25,6 +25,18 @@ def test_nan_observations_diverge_exit_22_and_nothing_diverged_is_checkpointed(m
     assert all(checkpoint.verify(c.path)[0] for c in kept)
 
 
+PPO_ONE_ENV = {"num_envs": 1, "n_steps": 64, "batch_size": 32, "n_epochs": 1, "policy_kwargs": {"net_arch": [16]}}
+
+
+def test_nan_observations_under_ppo_diverge_too(make_spec):
+    """PPO meets the NaNs in its policy's forward pass (torch refuses NaN logits) before any
+    parameter is NaN: that is divergence too, not a plain crash."""
+    spec = make_spec(env_id="NanCartPole-v0", algo="ppo", hyperparams=PPO_ONE_ENV, total_timesteps=5000,
+                     checkpoint_interval_steps=64)
+    assert run(spec, stop=StopFlag()) == ExitCode.DIVERGED
+    assert all(c.steps <= FAULT_AT_STEP + 64 for c in checkpoint.list_checkpoints(spec.checkpoint_dir))
+
+
 def test_cuda_out_of_memory_exits_23_without_a_checkpoint_at_the_fault(make_spec):
     spec = make_spec(env_id="OomCartPole-v0", algo="dqn", hyperparams=DQN_ONE_ENV, total_timesteps=5000,
                      checkpoint_interval_steps=128)
