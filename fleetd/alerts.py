@@ -1,9 +1,15 @@
-"""Webhook alerts: a JSON POST on a reboot, a FATAL game, a governor back-off, a completed game.
+"""Alerts on a reboot, a FATAL game, a governor back-off, a completed game.
+
+Each goes to every apprise URL configured (Slack, Discord, Telegram, ntfy, email and the rest:
+apprise knows each service's format) and to the webhook, as fleetd's JSON event or as Slack's
+`{"text": ...}`. Each says what happened, to which game or host, and what fleetd did about it.
 
 Supervision calls `AlertSender.send` from its loop, so sending only appends to a bounded
 in-memory queue; one daemon thread delivers in order, retrying with backoff. A slow or dead
 receiver therefore costs supervision nothing, and alerts are best effort: the queue is lost on
-a restart and its oldest entries are dropped when it overflows.
+a restart and its oldest entries are dropped when it overflows. The same kind of alert for the
+same game within `dedup_window_s` is not sent again: the next one after the window says how
+many were held back, so a crash-looping game sends one alert, not one a second.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,8 +35,9 @@ log = logging.getLogger(__name__)
 ALERT_KINDS = ("reboot", "fatal", "backoff", "completed")
 DEFAULT_MAX_QUEUE = 1000
 JSON_HEADERS = {"Content-Type": "application/json"}
-# One POST's result. True: delivered; False: refused, no retry; else (problem, Retry-After).
-_Outcome = bool | tuple[str, str | None]
+# One attempt's result: True, delivered; a str, refused (the reason; no retry); else a problem
+# worth a retry and the receiver's Retry-After.
+_Outcome = bool | str | tuple[str, str | None]
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class Alert:
     at: datetime
     game: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    action: str = ""  # what fleetd did about it, or what it leaves to the operator
 
     def __post_init__(self) -> None:
         # Fail at the call site, in the daemon's tests, rather than as a receiver's 400 later.
@@ -57,8 +66,42 @@ class Alert:
             "message": self.message,
             "at": at,
             "game": self.game,
+            "action": self.action,
             "details": dict(self.details),
         }
+
+    def text(self, host: str) -> str:
+        """One line for a chat: where, what, and what fleetd did."""
+        where = f"{self.game} on {host}" if self.game else host
+        return f"[fleetd {where}] {self.message}" + (f". {self.action}" if self.action else "")
+
+    def held_back(self, count: int, window_s: float) -> Alert:
+        """This alert, saying that `count` like it were not sent in the window before it."""
+        note = f" ({count} more like it in the last {window_s / 60:g} min not sent)"
+        return Alert(self.kind, self.message + note, self.at, self.game, self.details | {"held_back": count}, self.action)
+
+
+class AlertGate:
+    """At most one alert per (kind, game) per window; counts what it holds back."""
+
+    def __init__(self, window_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._window_s = window_s
+        self._monotonic = monotonic
+        self._sent_at: dict[tuple[str, str | None], float] = {}
+        self._held: dict[tuple[str, str | None], int] = {}
+
+    def admit(self, alert: Alert) -> Alert | None:
+        """The alert to send (with a held-back count when there was one), or None."""
+        if self._window_s <= 0:
+            return alert
+        key, now = (alert.kind, alert.game), self._monotonic()
+        last = self._sent_at.get(key)
+        if last is not None and now - last < self._window_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        self._sent_at[key] = now
+        held = self._held.pop(key, 0)
+        return alert.held_back(held, self._window_s) if held else alert
 
 
 def safe_url(url: str) -> str:
@@ -106,8 +149,55 @@ class _HideWebhookRequests(logging.Filter):
         return not any(url in message for url in self._urls)
 
 
+class WebhookChannel:
+    """The webhook: fleetd's JSON event, or Slack's incoming-webhook body (`{"text": ...}`)."""
+
+    def __init__(self, url: str, fmt: str) -> None:
+        self.url, self.format = url, fmt
+        self.name = safe_url(url)
+
+    def body(self, alert: Alert, host: str) -> bytes:
+        payload = {"text": alert.text(host)} if self.format == "slack" else alert.payload(host)
+        return json.dumps(payload, default=_json_default).encode()
+
+    def attempt(self, client: httpx.Client, alert: Alert, host: str) -> _Outcome:
+        """True, a problem worth a retry (with Retry-After), or the reason it is refused (str)."""
+        try:
+            response = client.post(self.url, content=self.body(alert, host), headers=JSON_HEADERS)
+        except httpx.TransportError as exc:  # connect, read, timeout: the receiver may come back
+            return f"{type(exc).__name__}: {str(exc).replace(self.url, self.name)}", None
+        except httpx.InvalidURL:
+            return "webhook_url is not a valid URL"
+        status = response.status_code
+        if response.is_success:
+            return True
+        # 429 and 5xx may pass; any other 4xx (or a 3xx: redirects are not followed) will not.
+        if status != 429 and status < 500:
+            return f"HTTP {status}"
+        return f"HTTP {status}", response.headers.get("Retry-After") if status in (429, 503) else None
+
+
+class AppriseChannel:
+    """One apprise URL: apprise writes the service's own format (Slack blocks, a Telegram
+    message, an email...). Its logs keep the URL's secrets out; ours name the service only."""
+
+    _TYPES = {"reboot": "warning", "fatal": "failure", "backoff": "warning", "completed": "success"}
+
+    def __init__(self, url: str) -> None:
+        import apprise  # only where an apprise URL is configured
+
+        self._apprise = apprise.Apprise()
+        self._apprise.add(url)
+        self.name = url.split("://", 1)[0] + "://..."
+
+    def attempt(self, client: httpx.Client, alert: Alert, host: str) -> _Outcome:
+        title = f"fleetd: {alert.kind}" + (f" {alert.game}" if alert.game else "") + f" on {host}"
+        delivered = self._apprise.notify(body=alert.text(host), title=title, notify_type=self._TYPES[alert.kind])
+        return True if delivered else ("not delivered (apprise's log says why)", None)
+
+
 class AlertSender:
-    """Delivers alerts to `settings.webhook_url` from a daemon thread; a no-op without one."""
+    """Delivers alerts to the configured channels from a daemon thread; a no-op without any."""
 
     def __init__(
         self,
@@ -116,6 +206,7 @@ class AlertSender:
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._host = host or socket.gethostname()
@@ -129,15 +220,20 @@ class AlertSender:
         self._stopping = False
         self._in_flight = 0
         self._dropped_in_burst = 0
-        self._refusals: set[str] = set()
+        self._refusals: set[tuple[str, str]] = set()
         self._delivered = 0
         self._failed = 0
         self._dropped = 0
-        self._target = safe_url(settings.webhook_url) if settings.webhook_url else ""
+        self._held_back = 0
+        self._gate = AlertGate(settings.dedup_window_s, monotonic)
+        self._channels: list[WebhookChannel | AppriseChannel] = [AppriseChannel(url) for url in settings.urls]
+        if settings.webhook_url:
+            self._channels.insert(0, WebhookChannel(settings.webhook_url, settings.webhook_format))
+        self._target = ", ".join(channel.name for channel in self._channels)
 
     @property
     def enabled(self) -> bool:
-        return self._settings.webhook_url is not None
+        return bool(self._channels)
 
     @property
     def delivered(self) -> int:
@@ -152,17 +248,29 @@ class AlertSender:
         """Alerts pushed out of a full queue, never attempted."""
         return self._dropped
 
+    @property
+    def held_back(self) -> int:
+        """Alerts not sent because one like them was sent within dedup_window_s."""
+        return self._held_back
+
     def send(self, alert: Alert) -> bool:
-        """Queue `alert`; never blocks on the network, never raises. False: not queued."""
+        """Queue `alert`; never blocks on the network, never raises. False: not queued (no
+        channel, stopping, or one like it was sent within the de-duplication window)."""
         if not self.enabled:
             return False
         with self._cond:
             if self._stopping:
                 log.debug("alert %s after stop: not sent", alert.kind)
                 return False
+            admitted = self._gate.admit(alert)
+            if admitted is None:
+                self._held_back += 1
+                log.debug("alert %s for %s held back: one like it was sent within %gs",
+                          alert.kind, alert.game or "the host", self._settings.dedup_window_s)
+                return False
             if len(self._queue) >= self._max_queue:
                 self._drop_oldest()
-            self._queue.append(alert)
+            self._queue.append(admitted)
             self._cond.notify()
         return True
 
@@ -171,7 +279,7 @@ class AlertSender:
             return
         self._thread = threading.Thread(target=self._run, name="fleetd-alerts", daemon=True)
         self._thread.start()
-        log.info("alerts: posting to %s", self._target)
+        log.info("alerts: sending to %s", self._target)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Deliver what is queued within `timeout` seconds, then give up on the rest."""
@@ -238,48 +346,37 @@ class AlertSender:
                     self._failed += 1
 
     def _deliver(self, client: httpx.Client, alert: Alert) -> bool:
-        body = json.dumps(alert.payload(self._host), default=_json_default).encode()
+        """To every channel, each retried on its own; True when all took it."""
+        results = [self._deliver_to(channel, client, alert) for channel in self._channels]
+        return all(results)
+
+    def _deliver_to(self, channel: WebhookChannel | AppriseChannel, client: httpx.Client, alert: Alert) -> bool:
         attempts = self._settings.max_attempts
         for attempt in range(1, attempts + 1):
-            outcome = self._attempt(client, alert, body)
-            if isinstance(outcome, bool):
-                return outcome
+            outcome = channel.attempt(client, alert, self._host)
+            if outcome is True:
+                return True
+            if isinstance(outcome, str):
+                self._log_refused(alert, channel.name, outcome)
+                return False
             problem, retry_after = outcome
             if attempt == attempts:
                 log.error("alerts: %s alert dropped after %d attempts to %s (%s)",
-                          alert.kind, attempts, self._target, problem)
+                          alert.kind, attempts, channel.name, problem)
                 return False
             delay = retry_delay(attempt, self._settings, retry_after)
             log.debug("alerts: attempt %d to %s failed (%s); retry in %.2fs",
-                      attempt, self._target, problem, delay)
+                      attempt, channel.name, problem, delay)
             if not self._wait(delay):
                 return False
         return False
 
-    def _attempt(self, client: httpx.Client, alert: Alert, body: bytes) -> _Outcome:
-        url = self._settings.webhook_url or ""
-        try:
-            response = client.post(url, content=body, headers=JSON_HEADERS)
-        except httpx.TransportError as exc:  # connect, read, timeout: the receiver may come back
-            return f"{type(exc).__name__}: {str(exc).replace(url, self._target)}", None
-        except httpx.InvalidURL:
-            self._log_refused(alert, "webhook_url is not a valid URL")
-            return False
-        status = response.status_code
-        if response.is_success:
-            return True
-        # 429 and 5xx may pass; any other 4xx (or a 3xx: redirects are not followed) will not.
-        if status != 429 and status < 500:
-            self._log_refused(alert, f"HTTP {status}")
-            return False
-        return f"HTTP {status}", response.headers.get("Retry-After") if status in (429, 503) else None
-
-    def _log_refused(self, alert: Alert, reason: str) -> None:
+    def _log_refused(self, alert: Alert, target: str, reason: str) -> None:
         # A 4xx is a misconfigured receiver: every alert would be refused alike, so say it once.
-        level = logging.DEBUG if reason in self._refusals else logging.ERROR
-        self._refusals.add(reason)
+        level = logging.DEBUG if (target, reason) in self._refusals else logging.ERROR
+        self._refusals.add((target, reason))
         log.log(level, "alerts: %s alert not accepted by %s (%s); not retried: check the webhook",
-                alert.kind, self._target, reason)
+                alert.kind, target, reason)
 
     def _wait(self, delay: float) -> bool:
         """Sleep before a retry; False when stop() gave up meanwhile."""

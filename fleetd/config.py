@@ -215,14 +215,33 @@ class CostSettings(_Section):
 
 
 class AlertSettings(_Section):
-    """An optional webhook: fleetd POSTs a JSON event on a reboot, a FATAL game, a back-off,
-    a completed game. Delivery is retried with backoff and never blocks supervision."""
+    """Where alerts go: apprise URLs (Slack, Discord, Telegram, ntfy, email, ...) and/or a
+    webhook that gets fleetd's JSON event (or Slack's `{"text": ...}`). Sent on a reboot, a FATAL
+    game, a back-off, a completed game; retried with backoff, never blocking supervision, and
+    the same alert for the same game is sent at most once per `dedup_window_s`."""
 
     webhook_url: str | None = Field(None, pattern=r"^https?://")
+    webhook_format: Literal["json", "slack"] = "json"
+    urls: list[str] = Field(default_factory=list, max_length=32)
+    dedup_window_s: float = Field(600.0, ge=0)
     timeout_s: float = Field(5.0, gt=0)
     max_attempts: int = Field(6, ge=1)
     backoff_initial_s: float = Field(2.0, gt=0)
     backoff_max_s: float = Field(300.0, gt=0)
+
+    @field_validator("urls")
+    @classmethod
+    def _apprise_urls(cls, urls: list[str]) -> list[str]:
+        if not urls:
+            return urls
+        import apprise  # only where alerts are configured with it
+
+        for index, url in enumerate(urls):
+            if apprise.Apprise.instantiate(url) is None:
+                scheme = url.split("://", 1)[0] if "://" in url else url[:12]
+                raise ValueError(f"urls[{index}]: apprise does not take a {scheme!r} URL in this form "
+                                 "(see https://appriseit.com/services/ for each service's URL)")
+        return urls
 
 
 class GameSeed(GameSpec):

@@ -93,7 +93,9 @@ class StopRequest:
 
 def reboot_alert(start: DaemonStart, now: datetime) -> Alert:
     _, _, message, details = describe_start(start)
-    return Alert("reboot", message, now, None, details)
+    return Alert("reboot", message, now, None, details,
+                 "fleetd restarts the games from their newest verified checkpoints, as many as the governor's "
+                 "rung after this reboot allows (`fleetd tier` says which and why)")
 
 
 def upgrade_hint(config_path: Path | None) -> str:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fleetd import __version__
-from fleetd.alerts import Alert, AlertSender, retry_delay, safe_url
+from fleetd.alerts import Alert, AlertGate, AlertSender, retry_delay, safe_url
 from fleetd.config import AlertSettings
 
 AT = datetime(2024, 5, 1, 12, 30, 0, tzinfo=UTC)
@@ -90,7 +90,7 @@ def senders() -> Iterator[list[AlertSender]]:
 
 def fast(url: str | None, **overrides: Any) -> AlertSettings:
     values: dict[str, Any] = {
-        "webhook_url": url, "timeout_s": 1.0, "max_attempts": 3,
+        "webhook_url": url, "timeout_s": 1.0, "max_attempts": 3, "dedup_window_s": 0,
         "backoff_initial_s": 0.01, "backoff_max_s": 0.05,
     }
     return AlertSettings(**(values | overrides))
@@ -118,7 +118,7 @@ def test_payload_fields_and_utc_time() -> None:
     body = Alert("reboot", "host rebooted", local, details={"uptime_s": 900}).payload("gpu-1")
     assert body == {
         "source": "fleetd", "host": "gpu-1", "kind": "reboot", "message": "host rebooted",
-        "at": "2024-05-01T12:30:00Z", "game": None, "details": {"uptime_s": 900},
+        "at": "2024-05-01T12:30:00Z", "game": None, "action": "", "details": {"uptime_s": 900},
     }
     with pytest.raises(ValueError, match="kind"):
         Alert("exploded", "x", AT)
@@ -256,3 +256,57 @@ def test_overflow_drops_the_oldest_with_one_warning(receiver_factory, senders, c
     sender.stop(timeout=3.0)
     assert [r["details"]["n"] for r in receiver.requests] == [3, 4, 5]
     assert "3 dropped" in caplog.text
+
+
+def test_a_repeated_alert_is_held_back_within_the_window_and_counted_after() -> None:
+    now = [0.0]
+    gate = AlertGate(600.0, monotonic=lambda: now[0])
+    assert gate.admit(alert(0)) is not None
+    now[0] = 1.0
+    assert gate.admit(alert(1)) is None and gate.admit(alert(2)) is None  # a crash loop
+    assert gate.admit(alert(3, kind="completed")) is not None  # another kind passes
+    now[0] = 601.0
+    after = gate.admit(alert(4))
+    assert after is not None and after.details["held_back"] == 2
+    assert "2 more like it in the last 10 min not sent" in after.message
+
+
+def test_a_crash_loop_sends_one_alert_not_one_a_second(receiver_factory, senders) -> None:
+    receiver = receiver_factory([200])
+    sender = AlertSender(fast(receiver.url, dedup_window_s=600), host="h")
+    senders.append(sender)
+    sender.start()
+    sent = [sender.send(alert(n)) for n in range(20)]
+    sender.stop(timeout=3.0)
+    assert sent == [True] + [False] * 19 and sender.held_back == 19
+    assert len(receiver.requests) == 1
+
+
+def test_slack_format_webhook_gets_one_text_line_saying_what_and_what_was_done(receiver_factory, senders) -> None:
+    receiver = receiver_factory([200])
+    sender = AlertSender(fast(receiver.url, webhook_format="slack"), host="gpu-1")
+    senders.append(sender)
+    sender.start()
+    sender.send(Alert("fatal", "pong is FATAL: crashed 3 times", AT, "pong", {}, "fleetd will not restart it"))
+    sender.stop(timeout=3.0)
+    assert receiver.requests == [{"text": "[fleetd pong on gpu-1] pong is FATAL: crashed 3 times. fleetd will not restart it"}]
+
+
+def test_an_apprise_url_delivers_through_apprise(receiver_factory, senders) -> None:
+    """apprise's own JSON service, pointed at a local receiver: the apprise path end to end."""
+    receiver = receiver_factory([200])
+    url = receiver.url.replace("http://", "json://")
+    sender = AlertSender(fast(None, urls=[url]), host="gpu-1")
+    senders.append(sender)
+    sender.start()
+    sender.send(Alert("completed", "pong reached its goal", AT, "pong", {}, "its slot goes to the next game"))
+    sender.stop(timeout=5.0)
+    assert sender.delivered == 1
+    (body,) = receiver.requests
+    assert body["title"] == "fleetd: completed pong on gpu-1" and body["type"] == "success"
+    assert body["message"] == "[fleetd pong on gpu-1] pong reached its goal. its slot goes to the next game"
+
+
+def test_an_apprise_url_it_does_not_know_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"urls\[1\]"):
+        AlertSettings(urls=["json://127.0.0.1:9/x", "nosuchservice://token"])

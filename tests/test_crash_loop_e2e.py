@@ -30,11 +30,20 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def config(receiver: Receiver) -> Iterator[DaemonConfig]:
+def chat() -> Iterator[Receiver]:
+    """A second receiver, reached through apprise (its JSON service) rather than the webhook."""
+    made = Receiver([200])
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def config(receiver: Receiver, chat: Receiver) -> Iterator[DaemonConfig]:
     root = short_tmp_dir()
     extra = SUPERVISION.replace("[worker]\n", f'[worker]\nmodule = "{MODULE}"\n') + (
         "[fleet]\nstart_games = 1\n"
         f'[alerts]\nwebhook_url = "{receiver.url}"\nbackoff_initial_s = 0.1\nbackoff_max_s = 0.5\n'
+        f'urls = ["{chat.url.replace("http://", "json://")}"]\n'
     )
     made = DaemonConfig(root, extra=extra)
     made.write()
@@ -45,7 +54,7 @@ def config(receiver: Receiver) -> Iterator[DaemonConfig]:
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def test_a_crash_loop_after_running_goes_fatal_with_an_alert(config: DaemonConfig, receiver: Receiver) -> None:
+def test_a_crash_loop_after_running_goes_fatal_with_an_alert(config: DaemonConfig, receiver: Receiver, chat: Receiver) -> None:
     daemon = Daemon(config, env={"PYTHONPATH": str(REPO)})
     try:
         daemon.wait_healthy()
@@ -67,6 +76,13 @@ def test_a_crash_loop_after_running_goes_fatal_with_an_alert(config: DaemonConfi
             time.sleep(0.1)
         [fatal] = [r for r in receiver.requests if r["kind"] == "fatal"]
         assert fatal["game"] == "crash-oom" and "gave up after 3 failures" in fatal["message"]
+        assert "fleetd games start crash-oom" in fatal["action"]  # what it did, what is left to do
+        deadline = time.monotonic() + 10
+        while not [r for r in chat.requests if r["type"] == "failure"]:
+            assert time.monotonic() < deadline, f"no fatal alert through apprise: {chat.requests}"
+            time.sleep(0.1)
+        [message] = [r for r in chat.requests if r["type"] == "failure"]
+        assert message["message"].startswith("[fleetd crash-oom on ") and "FATAL" in message["message"]
         # Its slot went to the pending game in the same step.
         daemon.wait_for_game("steady", lambda g: g["state"] == "running", 30, "running in the freed slot")
         assert daemon.terminate() == 0

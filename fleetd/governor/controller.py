@@ -200,7 +200,10 @@ class FleetController:
         for decision in decisions:
             log.info("governor: %s", decision.message)
             if decision.kind == "backoff" and self.alerts is not None:
-                self.alerts.send(Alert("backoff", decision.message, now, None, {"tier": self.governor.tier, "rung": self.governor.rung.label}))
+                details = {"tier": self.governor.tier, "rung": self.governor.rung.label}
+                action = ("fleetd stepped the fleet down one rung; games it held back wait as pending and "
+                          "resume from their checkpoints when it steps up again")
+                self.alerts.send(Alert("backoff", decision.message, now, None, details, action))
         return any(d.kind in ("admit", "evict", "tier", "backoff") for d in decisions)
 
     def _set_admitted(self, name: str, admitted_at: datetime | None) -> None:

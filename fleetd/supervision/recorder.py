@@ -62,7 +62,8 @@ class Recorder:
             run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)
             run = run_store.read_run(session, run_id)
         if cause == "completed" and run is not None:
-            self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id})
+            self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id},
+                        "It stopped with a final checkpoint; its slot goes to the next pending game")
 
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
         now = self.clock.now()
@@ -72,11 +73,13 @@ class Recorder:
             details = {"from": old.value, "to": new.value, "reason": reason}
             create_event(session, now, "state", message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
         if new is State.FATAL:
-            self._alert("fatal", f"{game} is FATAL: {reason}", game, {"reason": reason})
+            self._alert("fatal", f"{game} is FATAL: {reason}", game, {"reason": reason},
+                        f"fleetd will not restart it and gives its slot to the next pending game; fix the cause, "
+                        f"then `fleetd games start {game}` (it resumes from its newest verified checkpoint)")
 
-    def _alert(self, kind: str, message: str, game: str | None, details: dict[str, Any]) -> None:
+    def _alert(self, kind: str, message: str, game: str | None, details: dict[str, Any], action: str) -> None:
         if self.alerts is not None:
-            self.alerts.send(Alert(kind, message, self.clock.now(), game, details))
+            self.alerts.send(Alert(kind, message, self.clock.now(), game, details, action))
 
     def settle(self, game: str, state: State, reason: str) -> None:
         """Correct a state left over from a previous daemon (not a transition of this one)."""
