@@ -48,6 +48,9 @@ class ApiSettings(_Section):
     token: SecretStr | None = None
     # Requests larger than this are refused with 413 before they are parsed.
     max_body_bytes: int = Field(1_000_000, ge=1024)
+    # A model upload (POST /games/{name}/import) may be this large: an SB3 zip with its
+    # VecNormalize statistics and, for DQN, a replay buffer. It is spooled to state_dir/transfers.
+    max_upload_bytes: int = Field(8 * 2**30, ge=1024)
 
     @field_validator("token")
     @classmethod
@@ -291,6 +294,11 @@ class Settings(BaseSettings):
     @property
     def backups_dir(self) -> Path:
         return self.state_dir / "backups"
+
+    @property
+    def transfers_dir(self) -> Path:
+        """Model uploads and exports while they are checked and packed (removed after)."""
+        return self.state_dir / "transfers"
 
     @property
     def games_dir(self) -> Path:

@@ -10,6 +10,7 @@ import typer
 
 from fleetd.cli import render
 from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, fail, settings_from
+from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
