@@ -46,6 +46,8 @@ class AppContext:
     catalog: EnvCatalog
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
     telemetry: TelemetrySource | None = None
+    backup: Any = None  # fleetd.backup.Backup when [backup] target is set
+
 
     @property
     def snapshot(self) -> FleetSnapshot | None:
