@@ -254,6 +254,7 @@ def fill_state_dir(source: str, state_dir: Path) -> Restored:
     info = _read_info(target)
     target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
     (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
+    close_backed_up_boot(state_dir / DB_NAME)
     games, count, skipped = [], 0, []
     for game in sorted(target.names("games")):
         taken, bad = _restore_game(target, game, state_dir / "games" / game / "checkpoints")
@@ -261,6 +262,28 @@ def fill_state_dir(source: str, state_dir: Path) -> Restored:
         count += taken
         skipped += bad
     return Restored(games, count, skipped, info)
+
+
+def close_backed_up_boot(db_path: Path) -> bool:
+    """The copy was taken from a running daemon, so its last boot never recorded a stop, and
+    the first start here would count an unclean reboot (instability, for the governor). It
+    ends where the old host was last seen: a move, not a crash. False on an older schema,
+    which the daemon asks to upgrade first; the reboot is then counted as unclean."""
+    from fleetd.store.boots import read_latest_boot
+    from fleetd.store.schema import SchemaState, inspect_schema
+    from fleetd.uptime import record_daemon_stop
+
+    if inspect_schema(db_path).state is not SchemaState.CURRENT:
+        return False
+    db = Database.open(db_path)
+    try:
+        with db.transaction() as session:
+            boot = read_latest_boot(session)
+        if boot is not None and not boot.daemon_clean_stop:
+            record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir")
+    finally:
+        db.close()
+    return True
 
 
 def check_empty(state_dir: Path) -> None:

@@ -68,5 +68,7 @@ def test_restore_from_backup_resumes_training(roots, daemons):
     run = wait_for_run(restored, "cart", lambda runs: runs and runs[0]["resumed_from_steps"] is not None and
                        runs[0]["pid"] is not None, "resumed", timeout=2 * WORKER_START_S)
     assert run["resumed_from_steps"] == backed_up.steps
+    reboot = restored.get("/api/v1/boots?limit=1").json()["items"][0]
+    assert reboot["reboot"] and reboot["reboot"]["clean"], reboot  # a move to another host, not a crash
     restored.wait_for_game("cart", lambda g: g["state"] == "running" and g["steps"] > backed_up.steps,
                            WORKER_START_S, f"training past {backed_up.steps} steps")
