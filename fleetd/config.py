@@ -48,6 +48,9 @@ class ApiSettings(_Section):
     token: SecretStr | None = None
     # Requests larger than this are refused with 413 before they are parsed.
     max_body_bytes: int = Field(1_000_000, ge=1024)
+    # A model upload (POST /games/{name}/import) may be this large: an SB3 zip with its
+    # VecNormalize statistics and, for DQN, a replay buffer. It is spooled to state_dir/transfers.
+    max_upload_bytes: int = Field(8 * 2**30, ge=1024)
 
     @field_validator("token")
     @classmethod
@@ -244,6 +247,35 @@ class AlertSettings(_Section):
         return urls
 
 
+class BackupSettings(_Section):
+    """Copies off the box: each verified checkpoint, and an online copy of the database
+    (docs/operations.md, "Backup and restore")."""
+
+    # An absolute directory (another disk, a network mount), or an fsspec URL such as
+    # s3://bucket/fleetd where fsspec and that protocol's package (s3fs) are installed.
+    # Unset: no backups.
+    target: str | None = None
+    # How often the database is copied (SQLite's online backup API; `fleetd backup now` too).
+    db_interval_s: float = Field(3600.0, gt=0)
+    # How often new verified checkpoints are looked for and copied.
+    checkpoint_scan_s: float = Field(60.0, gt=0)
+
+    @field_validator("target")
+    @classmethod
+    def _reachable_kind(cls, value: str | None) -> str | None:
+        if value is None or "://" not in value:
+            if value is not None and not Path(value).is_absolute():
+                raise ValueError("a directory must be an absolute path")
+            return value
+        try:
+            import fsspec
+
+            fsspec.get_filesystem_class(value.split("://", 1)[0])
+        except (ImportError, ValueError) as exc:
+            raise ValueError(f"fsspec cannot open it: {exc}") from None
+        return value
+
+
 class GameSeed(GameSpec):
     """A `[[games]]` entry: the same model, bounds and errors as `POST /api/v1/games`."""
 
@@ -271,6 +303,7 @@ class Settings(BaseSettings):
     fleet: FleetSettings = FleetSettings()
     costs: CostSettings = CostSettings()
     alerts: AlertSettings = AlertSettings()
+    backup: BackupSettings = BackupSettings()
     games: list[GameSeed] = []
 
     @field_validator("state_dir")
@@ -310,6 +343,11 @@ class Settings(BaseSettings):
     @property
     def backups_dir(self) -> Path:
         return self.state_dir / "backups"
+
+    @property
+    def transfers_dir(self) -> Path:
+        """Model uploads and exports while they are checked and packed (removed after)."""
+        return self.state_dir / "transfers"
 
     @property
     def games_dir(self) -> Path:

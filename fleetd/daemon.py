@@ -16,6 +16,7 @@ import uvicorn
 from fleetd.alerts import Alert, AlertSender
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.backup import Backup
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
@@ -246,10 +247,11 @@ class Daemon:
         counters: ProgressCounters,
     ) -> None:
         info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at)
+        backup = Backup(self.settings, db, self.clock) if self.settings.backup.target else None
         context = AppContext(
-            self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters
+            self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters, backup
         )
-        scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor))
+        scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor) + backup_jobs(backup))
         server = uvicorn.Server(uvicorn.Config(create_app(context), log_config=None, lifespan="off"))
         self.stop.server = server
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -290,6 +292,15 @@ class Daemon:
 
 
 STATUS_INTERVAL_S = 10.0
+
+
+def backup_jobs(backup: Backup | None) -> list[Job]:
+    """New verified checkpoints to the target often, the database every db_interval_s."""
+    if backup is None:
+        return []
+    settings = backup.settings.backup
+    return [Job("backup_checkpoints", settings.checkpoint_scan_s, backup.checkpoints),
+            Job("backup_db", settings.db_interval_s, backup.database)]
 
 
 def notify_job(notifier: Notifier, supervisor: Supervisor) -> None:

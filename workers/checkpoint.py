@@ -145,6 +145,25 @@ def newest_verified(directory: str | os.PathLike) -> CheckpointInfo | None:
     return None
 
 
+def best_verified(directory: str | os.PathLike) -> CheckpointInfo | None:
+    """The verified checkpoint with the highest `eval_return` in its manifest; None when none
+    was evaluated."""
+    scored = [(score, info) for info in list_checkpoints(directory)
+              if (score := _eval_return(info.path)) is not None]
+    for _, info in sorted(scored, key=lambda pair: (pair[0], pair[1].steps), reverse=True):
+        if verify(info.path)[0]:
+            return info
+    return None
+
+
+def _eval_return(ckpt_dir: Path) -> float | None:
+    try:
+        value = json.loads((ckpt_dir / MANIFEST).read_bytes()).get("eval_return")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def summarize(ckpt_dir: str | os.PathLike) -> CheckpointSummary:
     manifest = read_manifest(ckpt_dir)
     return CheckpointSummary(path=str(ckpt_dir), steps=manifest.steps, episodes=manifest.episodes,

@@ -17,11 +17,10 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from workers.algos import ALGO_CLASSES
+from workers.bundle import MODEL, REPLAY_BUFFER, VECNORMALIZE
 from workers.counters import Counters
-MODEL = "model.zip"
+
 STATE = "state.json"
-VECNORMALIZE = "vecnormalize.pkl"
-REPLAY_BUFFER = "replay_buffer.pkl"
 STATE_VERSION = 1
 
 
@@ -81,7 +80,11 @@ def save_snapshot(folder: Path, model: BaseAlgorithm, counters: Counters, replay
         vecnorm.save(str(folder / VECNORMALIZE))
     if replay.saves(model):
         model.save_replay_buffer(folder / REPLAY_BUFFER)
-    state = {"version": STATE_VERSION, "counters": counters.to_dict(), "rng": capture_rng(model)}
+    write_state(folder, counters, capture_rng(model))
+
+
+def write_state(folder: Path, counters: Counters, rng: dict[str, Any]) -> None:
+    state = {"version": STATE_VERSION, "counters": counters.to_dict(), "rng": rng}
     (folder / STATE).write_text(json.dumps(state))
 
 

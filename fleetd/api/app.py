@@ -12,7 +12,7 @@ from fleetd import __version__
 from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
-from fleetd.api.routes import boots, events, fleet, games, health, metrics, projection, samples
+from fleetd.api.routes import backup, boots, events, fleet, games, health, metrics, models, projection, samples
 from fleetd.api.metrics import Exposition
 
 API_PREFIX = "/api/v1"
@@ -28,12 +28,14 @@ def create_app(context: AppContext) -> FastAPI:
     )
     app.state.context = context
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=context.settings.api.max_body_bytes)
+    api_settings = context.settings.api
+    app.add_middleware(BodySizeLimit, max_bytes=api_settings.max_body_bytes,
+                       upload_max_bytes=api_settings.max_upload_bytes, upload_paths=models.UPLOAD_PATHS)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.state.metrics = Exposition(context)
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token), Depends(refuse_unknown_query)], responses=ERROR_RESPONSES)
-    for module in (games, fleet, projection, boots, events, samples):
+    for module in (games, models, fleet, projection, boots, events, samples, backup):
         api.include_router(module.router)
     app.include_router(api)
     install_status_page(app)

@@ -48,6 +48,8 @@ class AppContext:
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
     telemetry: TelemetrySource | None = None
     counters: ProgressCounters | None = None  # fed by the recorder; None: /metrics makes its own
+    backup: Any = None  # fleetd.backup.Backup when [backup] target is set
+
 
     @property
     def snapshot(self) -> FleetSnapshot | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -107,40 +108,51 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodySizeLimit:
-    """Refuses request bodies over `max_bytes` with 413, declared or streamed."""
+    """Refuses request bodies over `max_bytes` with 413, declared or streamed; paths that
+    match `upload_paths` (model uploads) may send up to `upload_max_bytes`."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_max_bytes: int | None = None,
+                 upload_paths: str = r"^$") -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_max_bytes = upload_max_bytes or max_bytes
+        self.upload_paths = re.compile(upload_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, key = self._limit(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await self._refuse(scope, receive, send)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._refuse(scope, receive, send, limit, key)
             return
-        await self.app(scope, self._counting(receive), send)
+        await self.app(scope, self._counting(receive, limit, key), send)
 
-    def _counting(self, receive: Receive) -> Receive:
+    def _limit(self, path: str) -> tuple[int, str]:
+        if self.upload_paths.match(path):
+            return self.upload_max_bytes, "max_upload_bytes"
+        return self.max_bytes, "max_body_bytes"
+
+    def _counting(self, receive: Receive, limit: int, key: str) -> Receive:
         seen = 0
 
         async def counted() -> Message:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
+            if seen > limit:
                 # An HTTPException, not a FleetdError: FastAPI turns any other exception raised
                 # while it reads the body into a 400 "error parsing the body".
-                raise StarletteHTTPException(HTTP_STATUS[ErrorCode.TOO_LARGE], self._message())
+                raise StarletteHTTPException(HTTP_STATUS[ErrorCode.TOO_LARGE], _too_large(limit, key))
             return message
 
         return counted
 
-    def _message(self) -> str:
-        return f"request body over {self.max_bytes} bytes ([api] max_body_bytes)"
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _respond(FleetdError(ErrorCode.TOO_LARGE, self._message()))
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int, key: str) -> None:
+        response = _respond(FleetdError(ErrorCode.TOO_LARGE, _too_large(limit, key)))
         await response(scope, receive, send)
+
+
+def _too_large(limit: int, key: str) -> str:
+    return f"request body over {limit} bytes ([api] {key})"

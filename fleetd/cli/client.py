@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,26 +35,53 @@ class ApiClient:
     def delete(self, path: str, **params: Any) -> Any:
         return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        headers = {"Authorization": f"Bearer {find_token(self._settings)}"}
+    def request(self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        headers = {**kwargs.pop("headers", {}), **self._auth()}
         url = self.base_url + path
+        timeout = timeout_s or self._timeout_s
         try:
-            response = httpx.request(method, url, headers=headers, timeout=self._timeout_s, **kwargs)
+            response = httpx.request(method, url, headers=headers, timeout=timeout, **kwargs)
         except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
             # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6).
             raise ClientError(
                 f"fleetd on {self.base_url} accepted the connection but did not answer {method} {path} "
-                f"within {self._timeout_s:g} s ({exc.__class__.__name__}); it is running but busy: "
+                f"within {timeout:g} s ({exc.__class__.__name__}); it is running but busy: "
                 "see its log (journalctl -u fleetd), and try again"
             ) from None
         except httpx.TransportError as exc:
-            raise ClientError(
-                f"fleetd is not answering on {self.base_url} ({exc.__class__.__name__}); "
-                "is `fleetd serve` running with this config?"
-            ) from None
+            raise self._unreachable(exc) from None
         if response.status_code >= 400:
             raise ClientError(_error_message(response))
         return None if response.status_code == 204 else response.json()
+
+    def upload(self, path: str, source: Path, params: dict[str, Any], timeout_s: float) -> Any:
+        """POST a file as the body, streamed (a model can be gigabytes)."""
+        with source.open("rb") as body:
+            return self.request("POST", path, timeout_s, params={k: v for k, v in params.items() if v is not None},
+                                content=body, headers={"Content-Type": "application/zip"})
+
+    def download(self, path: str, target: Path, timeout_s: float, **params: Any) -> None:
+        """GET a file into `target`, streamed."""
+        url = self.base_url + path
+        try:
+            with httpx.stream("GET", url, params=params, headers=self._auth(), timeout=timeout_s) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(_error_message(response))
+                with target.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {find_token(self._settings)}"}
+
+    def _unreachable(self, exc: Exception) -> ClientError:
+        return ClientError(
+            f"fleetd is not answering on {self.base_url} ({exc.__class__.__name__}); "
+            "is `fleetd serve` running with this config?"
+        )
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -1,0 +1,118 @@
+"""Models in and out: a plain SB3 zip imported as a new game, a game's checkpoint exported.
+
+The import takes the model as the request body (an upload), never a path on the daemon's
+host: the daemon may run as another user, under systemd's ProtectHome=, and a path would let
+anyone with the token make it read files. The CLI uploads what the user can read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path as FsPath
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
+from pydantic import ValidationError
+from starlette.background import BackgroundTask
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import CONFLICT, NOT_FOUND
+from fleetd.api.routes.games import GameName, _tell_supervisor, game_out
+from fleetd.api.schemas import GameOut
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.game_spec import GameSpec
+from fleetd.model_io import ImportRequest, export_game, export_name, import_game
+from fleetd.states import Desired
+from fleetd.supervision.supervisor import Reconcile
+
+router = APIRouter(tags=["models"])
+UPLOAD_PATHS = r"^/api/v1/games/[^/]+/import$"  # the body size limit is [api] max_upload_bytes here
+_ZIP_BODY = {"requestBody": {"required": True, "description": "a plain SB3 model zip, or a bundle zip "
+             "(model.zip, vecnormalize.pkl, replay_buffer.pkl) as `fleetd games export` writes it",
+             "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post("/games/{name}/import", response_model=GameOut, status_code=201,
+             responses={**CONFLICT}, openapi_extra=_ZIP_BODY)
+async def import_model(
+    request: Request,
+    name: str = GameName,
+    env_id: str = Query(description="the env the model was trained on (EnvPool or Gymnasium id)"),
+    algo: Literal["ppo", "dqn", "a2c"] | None = Query(None, description="default: detected from the zip"),
+    priority: int = Query(0, ge=-1000, le=1000),
+    total_timesteps: int | None = Query(None, ge=1, le=10**13),
+    target_episodes: int | None = Query(None, ge=1, le=10**10),
+    checkpoint_interval_s: float | None = Query(None, ge=1, le=86400),
+    hyperparams: str | None = Query(None, max_length=10_000, description="a JSON object of overrides"),
+    desired: Desired = Query(Desired.RUNNING),
+    context: AppContext = Depends(get_context),
+) -> GameOut:
+    """A new game from an existing model: the model becomes its first checkpoint, at the
+    model's `num_timesteps`, and the game resumes from it. 422 names what does not fit."""
+    settings = {"priority": priority, "total_timesteps": total_timesteps, "target_episodes": target_episodes,
+                "checkpoint_interval_s": checkpoint_interval_s, "hyperparams": _json_object(hyperparams),
+                "desired": desired}
+    wanted = _import_request(name, env_id, algo, settings)
+    upload = await _receive(request, context.settings.transfers_dir)
+    try:
+        game = await run_in_threadpool(import_game, context.settings, context.db, context.clock,
+                                       context.catalog, wanted, upload)
+    finally:
+        upload.unlink(missing_ok=True)
+    _tell_supervisor(context, Reconcile())
+    return game_out(game)
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError as exc:
+        raise FleetdError(ErrorCode.VALIDATION, f"hyperparams: not JSON ({exc})",
+                          {"errors": [{"field": "query.hyperparams", "reason": "not JSON"}]}) from None
+    if not isinstance(value, dict):
+        raise FleetdError(ErrorCode.VALIDATION, "hyperparams: a JSON object, e.g. {\"num_envs\": 8}",
+                          {"errors": [{"field": "query.hyperparams", "reason": "not a JSON object"}]})
+    return value
+
+
+def _import_request(name: str, env_id: str, algo: str | None, settings: dict[str, Any]) -> ImportRequest:
+    """The same model and bounds as `POST /games`, with the algo left to the zip."""
+    try:
+        spec = GameSpec(name=name, env_id=env_id, algo=algo or "ppo", **settings)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    return ImportRequest(name, env_id, algo, spec.model_dump(exclude={"name", "env_id", "algo"}))
+
+
+async def _receive(request: Request, folder: FsPath) -> FsPath:
+    """Stream the body to a file (a model can be gigabytes); the caller removes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=".upload-", suffix=".zip", dir=folder)
+    path = FsPath(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            async for chunk in request.stream():
+                out.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+@router.get("/games/{name}/export", response_class=FileResponse, responses={
+    200: {"content": {"application/zip": {}}, "description": "model.zip, vecnormalize.pkl if the game "
+          "normalizes, fleetd-export.json and README.md, zipped"}, **NOT_FOUND, **CONFLICT})
+def export_model(
+    name: str = GameName,
+    which: Literal["latest", "best"] = Query("latest", description="newest verified, or best by evaluation"),
+    context: AppContext = Depends(get_context),
+) -> FileResponse:
+    """A game's checkpoint as a plain SB3 bundle that `PPO.load` opens without fleetd."""
+    archive = export_game(context.settings, context.db, name, which)
+    return FileResponse(archive, media_type="application/zip", filename=export_name(archive),
+                        background=BackgroundTask(archive.unlink, missing_ok=True))

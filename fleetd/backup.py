@@ -1,0 +1,321 @@
+"""Backups to `[backup] target` and restores from it.
+
+The target mirrors the state_dir's layout, so a restore is a copy back::
+
+    TARGET/fleetd.db                                  online copy (fleetd.store.backup)
+    TARGET/backup.json                                when, what, which fleetd
+    TARGET/games/NAME/checkpoints/ckpt-*/...          each verified checkpoint
+
+Everything lands under a temporary name first and is renamed into place, which is atomic on a
+directory target (a local disk, NFS); on object stores (s3://) fsspec's rename is a copy and a
+delete, so a half-copied folder may exist for a moment, under the temporary name only. A
+checkpoint is hashed (`workers.checkpoint.verify`) before it is copied, and a restore verifies
+each one again before it takes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fleetd import __version__
+from fleetd.clock import Clock
+from fleetd.config import Settings
+from fleetd.store.backup import copy_database
+from fleetd.store.engine import Database
+from fleetd.store.events import create_event
+from workers import checkpoint
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "fleetd.db"
+INFO_NAME = "backup.json"
+_TEMP = ".tmp-"
+
+
+class BackupError(Exception):
+    """A backup or restore that cannot go on; the message says what and what to do."""
+
+
+class Target:
+    """A directory or fsspec URL, addressed by paths relative to its root."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.url = url
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.local = isinstance(self.fs, LocalFileSystem)
+
+    def path(self, relative: str) -> str:
+        return f"{self.root.rstrip('/')}/{relative}" if relative else self.root
+
+    def names(self, relative: str) -> set[str]:
+        try:
+            return {entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.path(relative), detail=False)}
+        except FileNotFoundError:
+            return set()
+
+    def put_file(self, source: Path, relative: str) -> None:
+        parent, _, name = relative.rpartition("/")
+        temp = f"{parent}/{_TEMP}{name}" if parent else f"{_TEMP}{name}"
+        self.fs.makedirs(self.path(parent), exist_ok=True)
+        self.fs.put_file(str(source), self.path(temp))
+        self.fs.mv(self.path(temp), self.path(relative))
+        self._sync(parent)
+
+    def put_folder(self, source: Path, relative: str) -> None:
+        parent, _, name = relative.rpartition("/")
+        temp = f"{parent}/{_TEMP}{name}"
+        self.remove(temp)
+        self.fs.makedirs(self.path(temp), exist_ok=True)
+        for path in sorted(source.iterdir()):
+            self.fs.put_file(str(path), self.path(f"{temp}/{path.name}"))
+        self._sync(temp)
+        self.fs.mv(self.path(temp), self.path(relative), recursive=True)
+        self._sync(parent)
+
+    def get_file(self, relative: str, target: Path) -> None:
+        self.fs.get_file(self.path(relative), str(target))
+
+    def remove(self, relative: str) -> None:
+        if self.fs.exists(self.path(relative)):
+            self.fs.rm(self.path(relative), recursive=True)
+
+    def _sync(self, relative: str) -> None:
+        """On a directory target, make what was written (and renamed) durable."""
+        if not self.local:
+            return
+        folder = Path(self.path(relative))
+        for path in (*[p for p in folder.iterdir() if p.is_file()], folder):
+            checkpoint.fsync_path(path)
+
+
+@dataclass
+class BackupStatus:
+    target: str
+    last_db_at: datetime | None = None
+    last_db_bytes: int | None = None
+    last_checkpoint: str | None = None
+    last_checkpoint_at: datetime | None = None
+    checkpoints_copied: int = 0
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class BackupRun:
+    database_bytes: int | None = None
+    copied: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+class Backup:
+    """What the jobs and `fleetd backup now` call; one at a time (a lock)."""
+
+    def __init__(self, settings: Settings, db: Database, clock: Clock) -> None:
+        assert settings.backup.target is not None
+        self.settings = settings
+        self.db = db
+        self.clock = clock
+        self.target = Target(settings.backup.target)
+        self.status = BackupStatus(settings.backup.target)
+        self._lock = threading.Lock()
+
+    def now(self) -> BackupRun:
+        """The database and every checkpoint not yet copied."""
+        with self._lock:
+            copied, removed = self._checkpoints()
+            size = self._database()
+            run = BackupRun(size, copied, removed)
+        self._record(f"backed up the database ({size} bytes) and {len(copied)} new checkpoint(s)", run)
+        return run
+
+    def database(self) -> BackupRun:
+        with self._lock:
+            run = BackupRun(self._database())
+        self._record(f"backed up the database ({run.database_bytes} bytes)", run)
+        return run
+
+    def checkpoints(self) -> BackupRun:
+        with self._lock:
+            copied, removed = self._checkpoints()
+        run = BackupRun(None, copied, removed)
+        if copied or removed:
+            self._record(f"copied {len(copied)} checkpoint(s), removed {len(removed)} pruned one(s)", run)
+        return run
+
+    def _database(self) -> int:
+        try:
+            with tempfile.TemporaryDirectory(prefix="db-", dir=self._scratch()) as work:
+                copy = Path(work) / DB_NAME
+                size = copy_database(self.settings.db_path, copy, self.settings.database.busy_timeout_ms)
+                self.target.put_file(copy, DB_NAME)
+                info = Path(work) / INFO_NAME
+                info.write_text(json.dumps({"db_at": self.clock.now().isoformat(), "db_bytes": size,
+                                            "fleetd_version": __version__}, indent=2))
+                self.target.put_file(info, INFO_NAME)
+        except Exception as exc:
+            self._failed("database", exc)
+            raise
+        self.status.last_db_at, self.status.last_db_bytes = self.clock.now(), size
+        return size
+
+    def _checkpoints(self) -> tuple[list[str], list[str]]:
+        copied: list[str] = []
+        removed: list[str] = []
+        try:
+            for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
+                game = folder.parent.name
+                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
+                copied += [f"{game}/{name}" for name in more]
+                removed += [f"{game}/{name}" for name in gone]
+        except Exception as exc:
+            self._failed("checkpoints", exc)
+            raise
+        if copied:
+            self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
+            self.status.checkpoints_copied += len(copied)
+        return copied, removed
+
+    def _scratch(self) -> Path:
+        self.settings.backups_dir.mkdir(parents=True, exist_ok=True)
+        return self.settings.backups_dir
+
+    def _record(self, message: str, run: BackupRun) -> None:
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), "backup", f"{message} to {self.target.url}",
+                         details={"target": self.target.url, **asdict(run)})
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        self.status.last_error, self.status.last_error_at = f"{what}: {reason}", self.clock.now()
+        log.error("backup of the %s to %s failed: %s", what, self.target.url, reason)
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), "backup_failed", f"backup of the {what} to "
+                         f"{self.target.url} failed: {reason}", severity="error", details={"target": self.target.url})
+
+
+def sync_game(target: Target, folder: Path, relative: str) -> tuple[list[str], list[str]]:
+    """Copy the game's verified checkpoints the target lacks; drop the ones pruned here since
+    (the retention policy decides what is kept), never the last ones when none is left here."""
+    on_target = target.names(relative)
+    for stale in (n for n in on_target if n.startswith(_TEMP)):  # an interrupted copy
+        target.remove(f"{relative}/{stale}")
+    local = checkpoint.list_checkpoints(folder)
+    copied = []
+    for info in reversed(local):  # oldest first: the newest lands last
+        if info.path.name in on_target or not checkpoint.verify(info.path)[0]:
+            continue
+        try:
+            target.put_folder(info.path, f"{relative}/{info.path.name}")
+        except FileNotFoundError:  # pruned by its worker while we copied: it is not wanted
+            target.remove(f"{relative}/{_TEMP}{info.path.name}")
+            continue
+        copied.append(info.path.name)
+    kept = {info.path.name for info in local}
+    gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept) if kept else []
+    for name in gone:
+        target.remove(f"{relative}/{name}")
+    return copied, gone
+
+
+# -- restore ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restored:
+    games: list[str]
+    checkpoints: int
+    skipped: list[str]
+    info: dict[str, Any]
+
+
+def restore(source: str, state_dir: Path) -> Restored:
+    """Copy a backup onto an empty state_dir: the database, then every checkpoint that verifies."""
+    check_empty(state_dir)
+    return fill_state_dir(source, state_dir)
+
+
+def fill_state_dir(source: str, state_dir: Path) -> Restored:
+    """`restore` on a state_dir found empty (and locked since, by the caller)."""
+    target = Target(source)
+    if DB_NAME not in target.names(""):
+        raise BackupError(f"{source} holds no {DB_NAME}: not a fleetd backup target (or nothing was backed up yet)")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    info = _read_info(target)
+    target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
+    (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
+    close_backed_up_boot(state_dir / DB_NAME)
+    games, count, skipped = [], 0, []
+    for game in sorted(target.names("games")):
+        taken, bad = _restore_game(target, game, state_dir / "games" / game / "checkpoints")
+        games.append(game)
+        count += taken
+        skipped += bad
+    return Restored(games, count, skipped, info)
+
+
+def close_backed_up_boot(db_path: Path) -> bool:
+    """The copy was taken from a running daemon, so its last boot never recorded a stop, and
+    the first start here would count an unclean reboot (instability, for the governor). It
+    ends where the old host was last seen: a move, not a crash. False on an older schema,
+    which the daemon asks to upgrade first; the reboot is then counted as unclean."""
+    from fleetd.store.boots import read_latest_boot
+    from fleetd.store.schema import SchemaState, inspect_schema
+    from fleetd.uptime import record_daemon_stop
+
+    if inspect_schema(db_path).state is not SchemaState.CURRENT:
+        return False
+    db = Database.open(db_path)
+    try:
+        with db.transaction() as session:
+            boot = read_latest_boot(session)
+        if boot is not None and not boot.daemon_clean_stop:
+            record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir")
+    finally:
+        db.close()
+    return True
+
+
+def check_empty(state_dir: Path) -> None:
+    if state_dir.exists() and (not state_dir.is_dir() or any(state_dir.iterdir())):
+        raise BackupError(f"state_dir {state_dir} is not empty: a restore only fills an empty one, so "
+                          "nothing is overwritten. Restore into a new directory and point state_dir at it")
+
+
+def _read_info(target: Target) -> dict[str, Any]:
+    if INFO_NAME not in target.names(""):
+        return {}
+    return json.loads(target.fs.cat_file(target.path(INFO_NAME)))
+
+
+def _restore_game(target: Target, game: str, folder: Path) -> tuple[int, list[str]]:
+    relative = f"games/{game}/checkpoints"
+    taken, skipped = 0, []
+    for name in sorted(n for n in target.names(relative) if n.startswith("ckpt-")):
+        temp = folder / f"{_TEMP}{name}"
+        temp.mkdir(parents=True)
+        for file in target.names(f"{relative}/{name}"):
+            target.get_file(f"{relative}/{name}/{file}", temp / file)
+        ok, reason = checkpoint.verify(temp)
+        if not ok:
+            shutil.rmtree(temp)
+            skipped.append(f"{game}/{name}: {reason}")
+            continue
+        temp.rename(folder / name)
+        taken += 1
+    return taken, skipped
+
+
+def status_dict(backup: Backup | None) -> dict[str, Any]:
+    return {"configured": False} if backup is None else {"configured": True, **asdict(backup.status)}
+

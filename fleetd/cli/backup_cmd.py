@@ -1,0 +1,78 @@
+"""`fleetd backup now|status` (asks the daemon) and `fleetd restore FROM` (no daemon)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fleetd.cli import render
+from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, call, fail, settings_from
+
+backup_app = typer.Typer(help="Backups to [backup] target: run one now, or show the last.", no_args_is_help=True)
+BACKUP_TIMEOUT_S = 3600.0  # the first backup copies every checkpoint, over the network maybe
+
+
+@backup_app.command("now")
+def backup_now(config: ConfigOption = None, json_out: JsonOption = False) -> None:
+    """Copy new verified checkpoints and an online copy of the database to the target."""
+    run = call(config, lambda client: client.request("POST", "/api/v1/backup", BACKUP_TIMEOUT_S))
+    if json_out:
+        render.print_json(run)
+        return
+    typer.echo(f"backed up to {run['status']['target']}: database ({run['database_bytes']} bytes), "
+               f"{len(run['copied'])} new checkpoint(s)" + "".join(f"\n  {name}" for name in run["copied"]))
+
+
+@backup_app.command("status")
+def backup_status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
+    """Where backups go and when the last ones were made."""
+    status = ask(config, "/api/v1/backup")
+    if json_out:
+        render.print_json(status)
+        return
+    typer.echo(_describe(status))
+
+
+def _describe(status: dict[str, Any]) -> str:
+    if not status["configured"]:
+        return "backups: none ([backup] target is not set)"
+    lines = [f"target:          {status['target']}",
+             f"last database:   {status['last_db_at'] or 'none since the daemon started'}",
+             f"last checkpoint: {status['last_checkpoint'] or 'none'} ({status['checkpoints_copied']} copied)"]
+    if status["last_error"]:
+        lines.append(f"last error:      {status['last_error']} at {status['last_error_at']}")
+    return "\n".join(lines)
+
+
+def restore(
+    source: Annotated[str, typer.Argument(help="The backup target: a directory or an fsspec URL.")],
+    state_dir: Annotated[Path | None, typer.Option(help="An empty directory to restore into (default: the config's state_dir).")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Restore a backup onto an empty state_dir; then start fleetd on it and training resumes."""
+    from fleetd.backup import BackupError, check_empty, fill_state_dir
+    from fleetd.statedir import StateDirError, lock_state_dir
+
+    target_dir = (state_dir or settings_from(config)[0].state_dir).expanduser().absolute()
+    try:
+        check_empty(target_dir)  # before the lock file makes it non-empty
+        lock = lock_state_dir(target_dir)  # and no daemon starts on it halfway through
+    except (BackupError, StateDirError) as exc:
+        fail(str(exc), EXIT_CONFIG)
+    try:
+        done = fill_state_dir(source, target_dir)
+    except (BackupError, OSError) as exc:
+        fail(f"restore from {source} failed: {exc}", EXIT_CONFIG)
+    finally:
+        lock.release()
+    typer.echo(f"restored {source} into {target_dir}: database of {done.info.get('db_at', 'unknown time')}, "
+               f"{len(done.games)} game folder(s), {done.checkpoints} checkpoint(s)"
+               + "".join(f"\n  skipped {line}" for line in done.skipped)
+               + f"\nstart fleetd with state_dir = {target_dir}; games resume from their newest checkpoint")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(backup_app, name="backup")
+    app.command("restore")(restore)

@@ -1,0 +1,97 @@
+"""`fleetd games import` and `fleetd games export`: plain stable-baselines3 models in and out."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleetd.cli.common import ConfigOption, JsonOption, call, fail
+from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
+from fleetd.states import Desired
+from workers.bundle import BUNDLE_FILES, METADATA, MODEL, REPLAY_BUFFER, VECNORMALIZE
+
+TRANSFER_TIMEOUT_S = 1800.0  # the daemon checks the model in a subprocess; a replay buffer is slow
+
+
+def _readable(path: Path | None, option: str) -> Path | None:
+    if path is not None and not path.is_file():
+        fail(f"{option} {path}: no such file")
+    return path
+
+
+@games_app.command("import")
+def import_model(
+    name: Annotated[str, typer.Argument(help="The new game's name (a slug).")],
+    env_id: Annotated[str, typer.Argument(help="The env the model was trained on (CartPole-v1, Breakout-v5).")],
+    source: Annotated[Path, typer.Option("--from", help="A stable-baselines3 model zip (model.save()).")],
+    vecnormalize: Annotated[Path | None, typer.Option(help="Its VecNormalize statistics (VecNormalize.save()).")] = None,
+    replay_buffer: Annotated[Path | None, typer.Option(help="DQN: its replay buffer (save_replay_buffer()).")] = None,
+    algo: Annotated[str | None, typer.Option(help="ppo, dqn or a2c; default: detected from the zip.")] = None,
+    total_timesteps: Annotated[int | None, typer.Option(help="Goal in env steps (the model's count included).")] = None,
+    target_episodes: Annotated[int | None, typer.Option(help="Goal in whole episodes, counted from the import.")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first when the fleet is full.")] = 0,
+    hp: Annotated[list[str] | None, typer.Option(help="Hyperparameter override key=value; repeat.")] = None,
+    stopped: Annotated[bool, typer.Option("--stopped", help="Import it without starting it.")] = False,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Start a game from an existing SB3 model: it resumes at the model's step count."""
+    _readable(source, "--from")
+    extras = {VECNORMALIZE: _readable(vecnormalize, "--vecnormalize"),
+              REPLAY_BUFFER: _readable(replay_buffer, "--replay-buffer")}
+    params = {"env_id": env_id, "algo": algo, "total_timesteps": total_timesteps,
+              "target_episodes": target_episodes, "priority": priority,
+              "hyperparams": json.dumps(parse_hyperparams(hp or [])) if hp else None,
+              "desired": str(Desired.STOPPED if stopped else Desired.RUNNING)}
+    with tempfile.TemporaryDirectory(prefix="fleetd-import-") as work:
+        upload = _bundle(source, extras, Path(work) / "bundle.zip")
+        game = call(config, lambda client: client.upload(f"/api/v1/games/{name}/import", upload, params,
+                                                         TRANSFER_TIMEOUT_S))
+    _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
+
+
+def _bundle(model: Path, extras: dict[str, Path | None], target: Path) -> Path:
+    """The model zip itself when it comes alone; else a stored zip of it and its files."""
+    present = {name: path for name, path in extras.items() if path is not None}
+    if not present:
+        return model
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as bundle:
+        bundle.write(model, MODEL)
+        for name, path in present.items():
+            bundle.write(path, name)
+    return target
+
+
+@games_app.command("export")
+def export_model(
+    name: str,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write model.zip and its files into.")],
+    best: Annotated[bool, typer.Option("--best/--latest", help="Best checkpoint by evaluation, or the newest.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Write a game's model as a plain SB3 zip (plus VecNormalize statistics, metadata, README)."""
+    if (out / MODEL).exists():
+        fail(f"{out / MODEL} exists: export into an empty or new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
+        archive = Path(work) / "bundle.zip"
+        call(config, lambda client: client.download(f"/api/v1/games/{name}/export", archive, TRANSFER_TIMEOUT_S,
+                                                    which="best" if best else "latest"))
+        written = _extract(archive, out)
+    meta = json.loads((out / METADATA).read_text())
+    typer.echo(f"exported {name} ({meta['algo']}, {meta['steps']} steps, {meta['checkpoint']}): "
+               + ", ".join(str(out / n) for n in written))
+
+
+def _extract(archive: Path, out: Path) -> list[str]:
+    """Only the bundle's known files, by name: nothing lands outside `out`."""
+    with zipfile.ZipFile(archive) as bundle:
+        names = [n for n in BUNDLE_FILES if n in bundle.namelist()]
+        for name in names:
+            (out / name).write_bytes(bundle.read(name))
+    return names

@@ -1,0 +1,116 @@
+"""Backups and restores in-process, through fsspec's memory:// filesystem (the daemon's own
+round trip, with a directory target, is tests/test_backup_e2e.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from fleetd.backup import Backup, BackupError, Target, restore
+from fleetd.config import ConfigError, load_settings
+from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
+from fleetd.store.schema import SchemaState, ensure_schema, inspect_schema
+from tests.fakes import FakeClock
+from workers import checkpoint
+
+
+def write_ckpt(folder: Path, steps: int) -> Path:
+    def populate(tmp: Path) -> None:
+        (tmp / "model.zip").write_bytes(b"model at %d" % steps)
+        (tmp / "state.json").write_text('{"steps": %d}' % steps)
+
+    return checkpoint.write_checkpoint(folder, steps, 0, populate)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    url = f"memory://backup-{uuid.uuid4().hex}"
+    settings = load_settings(state_dir=tmp_path / "state", backup={"target": url})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    db = Database.open(settings.db_path)
+    yield settings, db, url
+    db.close()
+    fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+def test_backup_copies_verified_checkpoints_and_an_online_database_copy(setup):
+    settings, db, url = setup
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    first, second = write_ckpt(ckpts, 100), write_ckpt(ckpts, 200)
+    (second / "model.zip").write_bytes(b"torn")  # does not verify: never copied
+    backup = Backup(settings, db, FakeClock())
+
+    run = backup.now()
+
+    assert run.copied == ["pong/ckpt-000000000100"]
+    target = Target(url)
+    assert target.names("games/pong/checkpoints") == {first.name}
+    assert {"fleetd.db", "backup.json"} <= target.names("")
+    assert run.database_bytes and backup.status.last_db_at is not None
+    with db.transaction() as session:
+        assert [e.kind for e in read_events(session, EventFilter(kind="backup"))] == ["backup"]
+
+
+def test_pruned_checkpoints_leave_the_target_and_interrupted_copies_are_cleared(setup):
+    settings, db, url = setup
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    old = write_ckpt(ckpts, 100)
+    backup = Backup(settings, db, FakeClock())
+    backup.checkpoints()
+    target = Target(url)
+    target.fs.makedirs(target.path("games/pong/checkpoints/.tmp-ckpt-000000000150"), exist_ok=True)
+    write_ckpt(ckpts, 200)
+    checkpoint.prune(ckpts, keep=1)
+    assert not old.exists()
+
+    run = backup.checkpoints()
+
+    assert run.copied == ["pong/ckpt-000000000200"] and run.removed == ["pong/ckpt-000000000100"]
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000200"}
+
+
+def test_restore_fills_an_empty_state_dir_and_skips_what_does_not_verify(setup, tmp_path):
+    settings, db, url = setup
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 200)
+    Backup(settings, db, FakeClock()).now()
+    target = Target(url)
+    target.fs.pipe_file(target.path("games/pong/checkpoints/ckpt-000000000200/model.zip"), b"model at 999")  # same size, other bytes
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert done.games == ["pong"] and done.checkpoints == 1
+    assert done.skipped and "ckpt-000000000200" in done.skipped[0] and "sha256" in done.skipped[0]
+    assert checkpoint.newest_verified(fresh / "games/pong/checkpoints").steps == 100
+    assert inspect_schema(fresh / "fleetd.db").state is SchemaState.CURRENT
+    with sqlite3.connect(fresh / "fleetd.db") as restored:
+        assert restored.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    backed_up = tmp_path / "backed-up.db"
+    backed_up.write_bytes(target.fs.cat_file(target.path("fleetd.db")))
+    with sqlite3.connect(backed_up) as copy:  # one self-contained file: no -wal needed beside it
+        assert copy.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_restore_refuses_a_state_dir_that_is_not_empty(setup, tmp_path):
+    settings, db, url = setup
+    Backup(settings, db, FakeClock()).database()
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "anything").write_text("x")
+    with pytest.raises(BackupError, match="is not empty"):
+        restore(url, used)
+    with pytest.raises(BackupError, match="holds no fleetd.db"):
+        restore(url + "/nothing-here", tmp_path / "new")
+
+
+def test_backup_target_must_be_absolute_or_a_url_fsspec_can_open(tmp_path):
+    with pytest.raises(ConfigError, match="backup.target.*absolute"):
+        load_settings(state_dir=tmp_path, backup={"target": "relative/dir"})
+    with pytest.raises(ConfigError, match="backup.target.*fsspec cannot open it"):
+        load_settings(state_dir=tmp_path, backup={"target": "nosuchproto://bucket/x"})
