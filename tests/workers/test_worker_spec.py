@@ -118,3 +118,12 @@ def test_exit_codes_are_the_protocols():
         "BAD_SPEC": 78}
     assert describe(20) == "exit code 20 (completed)" and describe(21) == "exit code 21 (checkpoints unusable)"
     assert describe(3) == "exit code 3"
+
+
+def test_an_integral_float_is_an_integer_as_json_schema_says_and_nothing_else_is() -> None:
+    from workers.protocol.spec import Hyperparams
+
+    assert Hyperparams.model_validate({"n_steps": 2048.0}).n_steps == 2048
+    for bad in (2048.5, "2048", True):
+        with pytest.raises(ValueError):
+            Hyperparams.model_validate({"n_steps": bad})

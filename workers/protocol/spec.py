@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, NamedTuple, Self, get_args
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer)
 from pydantic_core import PydanticCustomError
 
@@ -28,8 +28,17 @@ ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 STANDALONE_NUM_ENVS = 8
 STANDALONE_BATCH_SIZE = 256
 
-Positive = Annotated[int, Field(ge=1)]
-NonNegative = Annotated[int, Field(ge=0)]
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 2048.0 is an integer to JSON Schema (and to clients that write
+    # every number as a float); 2048.5, "2048" and true stay refused by the strict check.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+Positive = Annotated[JsonInt, Field(ge=1)]
+NonNegative = Annotated[JsonInt, Field(ge=0)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 Text = Annotated[str, Field(min_length=1)]
 
