@@ -396,6 +396,8 @@ class Supervisor:
             self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped)
             for note in report.notes:
                 self.recorder.note(report.game, "worker_note", note, "warning")
+            if report.changed:
+                self.recorder.hyperparams_applied(report.game, report.run_id, report.changed)
 
     # -- commands and shutdown ------------------------------------------------------------------
 
