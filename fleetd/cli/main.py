@@ -10,6 +10,7 @@ import typer
 
 from fleetd.cli import render
 from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, fail, settings_from
+from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
@@ -22,6 +23,7 @@ app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_
 db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 register_games(app)
+register_apply(app)
 register_systemd(app)
 
 
