@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
@@ -31,10 +31,18 @@ if TYPE_CHECKING:
 Action = Literal["add", "update", "stop", "remove", "none"]
 
 
+def _boolean(value: Any) -> Any:
+    """`absent` is true or false: 0 and 1 are not taken for them."""
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
 class FleetGame(GameSpec):
     """A fleet file's `[[games]]` entry: the config's entry, with `absent = false` allowed."""
 
     absent: Literal[False] = Field(False, description="true: the game must not be there (an AbsentGame entry)")
+    _bool = field_validator("absent", mode="before")(lambda value: _boolean(value))
 
     def wanted(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in SETTABLE}
@@ -47,6 +55,7 @@ class AbsentGame(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     name: str = Field(max_length=64, pattern=GAME_NAME_PATTERN)
     absent: Literal[True]
+    _bool = field_validator("absent", mode="before")(lambda value: _boolean(value))
 
 
 def _entry_kind(value: Any) -> str:

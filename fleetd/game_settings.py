@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.game_spec import SETTABLE, GameSpec
 from fleetd.games import check_draft, refuse_field
 from fleetd.store import games as game_store
@@ -84,12 +85,15 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
 
 
 def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -> None:
-    """env_id and algo name what the checkpoints are of: never changed in place."""
+    """env_id and algo name what the checkpoints are of: never changed in place (409: the same
+    entry is fine for a game of that name that does not exist yet)."""
     for field, new in (("env_id", env_id), ("algo", algo)):
         old = getattr(game, field)
         if new != old:
-            refuse_field(f"{prefix}{field}", f"cannot change {old!r} to {new!r} on game {game.name!r}: "
-                   f"{FRESH_START_FIELDS[field]}; add a game with another name (or remove this one first)")
+            reason = (f"cannot change {old!r} to {new!r} on game {game.name!r}: {FRESH_START_FIELDS[field]}; "
+                      "add a game with another name (or remove this one first)")
+            raise FleetdError(ErrorCode.CONFLICT, f"{prefix}{field}: {reason}",
+                              {"errors": [{"field": f"{prefix}{field}", "reason": reason}]})
 
 
 def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Mapping[str, Any],

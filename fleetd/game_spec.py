@@ -87,9 +87,11 @@ SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interv
 
 
 def _optional(name: str) -> tuple[Any, FieldInfo]:
-    """GameSpec's field, with its bounds and description, left out by default."""
+    """GameSpec's field, with its bounds and description, left out by default; null accepted
+    where the schema can say so (hyperparams' schema is the worker's model: `{}` clears them)."""
     field = GameSpec.model_fields[name]
-    return field.annotation | None, FieldInfo.merge_field_infos(field, default=None, default_factory=None)
+    annotation = field.annotation if name == "hyperparams" else field.annotation | None
+    return annotation, FieldInfo.merge_field_infos(field, default=None, default_factory=None)
 
 
 class _SettingsBase(BaseModel):
@@ -99,7 +101,8 @@ class _SettingsBase(BaseModel):
 
 GameSettings = create_model(
     "GameSettings", __base__=_SettingsBase, __doc__="""The settings to change; a key left out stays as
-    it is. null clears a goal (`total_timesteps`, `target_episodes`) or the game's own checkpoint
-    interval (back to [worker]'s). `hyperparams` replaces the game's overrides as a whole.""",
+    it is. null sets a field back to its default: no goal (`total_timesteps`, `target_episodes`),
+    [worker]'s checkpoint interval, priority 0. `hyperparams` replaces the game's overrides as a
+    whole (`{}`: none).""",
     **{name: _optional(name) for name in SETTABLE},
 )

@@ -207,7 +207,7 @@ def test_a_refused_entry_changes_nothing_at_all(client: TestClient, db, clock) -
 ])
 def test_env_and_algorithm_of_an_existing_game_never_change(client: TestClient, entry, field) -> None:
     put_spec(client, [CART])
-    error = error_of(put_spec(client, [entry]), 422)
+    error = error_of(put_spec(client, [entry]), 409)
     assert error["details"]["errors"][0]["field"] == field and "add a game with another name" in error["message"]
 
 

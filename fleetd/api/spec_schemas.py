@@ -29,7 +29,7 @@ class FleetSpecIn(BaseModel):
     """A fleet file: the same `[[games]]` entries as the config's, plus `absent`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    games: list[FleetEntry] = Field(default_factory=list, max_length=10_000)
+    games: list[FleetEntry] = Field(default_factory=list, description="bounded by [api] max_body_bytes")
 
 
 class FleetSpecOut(Out):
