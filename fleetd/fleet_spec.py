@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.game_settings import (SettingChange, check_changes, check_identity, record_changes, restarts,
+from fleetd.game_settings import (SettingChange, check_changes, check_identity, record_changes, will_restart,
                                   setting_changes)
 from fleetd.game_spec import SETTABLE, GameSpec
 from fleetd.slug import GAME_NAME_PATTERN
@@ -109,7 +109,7 @@ def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, ca
         changes.append(SettingChange("desired", game.desired.value, entry.desired.value))
     if not changes:
         return GamePlan(entry.name, "none", note="unchanged")
-    again = restart and restarts(changes) and entry.desired is Desired.RUNNING
+    again = will_restart(game, changes, restart) and entry.desired is Desired.RUNNING
     when = "restarts now from a final checkpoint" if again else "settings apply at its next start"
     return GamePlan(entry.name, "update", changes, note=when, restarting=again)
 

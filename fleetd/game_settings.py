@@ -13,6 +13,7 @@ from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.game_spec import SETTABLE, GameSpec
 from fleetd.games import check_draft, refuse_field
+from fleetd.states import State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -98,12 +99,13 @@ def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -
 
 def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Mapping[str, Any],
                    changes: list[SettingChange], restart: bool) -> GameRecord:
-    """Store the new settings and the event naming old and new values (the caller checked them)."""
+    """Store the new settings and the event naming old and new values (the caller checked them);
+    `restart`: the caller restarts the worker now (`will_restart`)."""
     now = clock.now()
     updated = game_store.update_game_settings(session, game.name, {k: wanted[k] for k in SETTABLE if k in wanted}, now)
-    when = "restarting now from a final checkpoint" if restart and restarts(changes) else "applied at the next start"
+    when = "restarting now from a final checkpoint" if restart else "applied at the next start"
     message = f"{game.name}: {', '.join(str(c) for c in changes)}; {when}"
-    details = {"changes": [c.as_dict() for c in changes], "restart": restart and restarts(changes)}
+    details = {"changes": [c.as_dict() for c in changes], "restart": restart}
     create_event(session, now, "settings_changed", message, game=game.name, details=details)
     return updated
 
@@ -111,6 +113,12 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
 def restarts(changes: list[SettingChange]) -> bool:
     """A restart makes the worker take them: anything but priority (and desired state)."""
     return any(change.field not in NO_RESTART for change in changes)
+
+
+def will_restart(game: GameRecord, changes: list[SettingChange], restart: bool) -> bool:
+    """`--restart` restarts a live worker that has changes to take; any other game takes them
+    when it next starts."""
+    return restart and restarts(changes) and game.state in (State.STARTING, State.RUNNING)
 
 
 def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCatalog,
@@ -123,5 +131,5 @@ def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, 
         if not changes:
             return game, []
         check_changes(game, wanted, changes, catalog)
-        return record_changes(session, clock, game, wanted, changes, restart), changes
+        return record_changes(session, clock, game, wanted, changes, will_restart(game, changes, restart)), changes
 

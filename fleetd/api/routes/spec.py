@@ -11,13 +11,14 @@ from fleetd.api.routes.games import GameName, game_out
 from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut,
                                      SettingChangeOut)
 from fleetd.fleet_spec import GamePlan, apply_fleet, export_fleet
-from fleetd.game_settings import SettingChange, restarts, update_settings
+from fleetd.game_settings import SettingChange, update_settings, will_restart
 from fleetd.game_spec import GameSettings
 from fleetd.supervision.supervisor import Reconcile, RestartGame
 
 router = APIRouter(tags=["fleet spec"])
 RESTART = Query(False, description="restart a running game now, from a final checkpoint, to take the new "
-                                   "settings (priority alone needs no restart)")
+                                   "settings (priority alone needs no restart; a game not running takes them "
+                                   "when it starts)")
 
 
 def _changes(changes: list[SettingChange]) -> list[SettingChangeOut]:
@@ -43,7 +44,7 @@ def patch_game(
     (422) once the game has trained. The event `settings_changed` names old and new values."""
     values = body.model_dump(include=body.model_fields_set)
     game, changes = update_settings(context.db, context.clock, name, values, context.catalog, restart)
-    restarting = restart and restarts(changes)
+    restarting = will_restart(game, changes, restart)
     _tell(context, [name] if restarting else [])
     return GameChangedOut(**game_out(game).model_dump(), changes=_changes(changes), restarting=restarting)
 
