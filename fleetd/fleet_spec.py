@@ -18,8 +18,8 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.game_settings import (SettingChange, check_changes, check_identity, record_changes, will_restart,
                                   setting_changes)
 from fleetd.game_spec import SETTABLE, GameSpec
-from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.games import check_draft, record_added, record_desired, record_removed
+from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.states import REMOVABLE, Desired
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError

@@ -7,7 +7,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import GameSeed

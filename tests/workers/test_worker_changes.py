@@ -16,7 +16,7 @@ from workers.envs import make_vec_env
 from workers.hyperparams import DeviceInfo, WORKER_KEYS, make_plan
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import ResumedReport
-from workers.protocol.spec import (FRESH_START_ONLY, RESUMABLE, Hyperparams, change_refusal)
+from workers.protocol.spec import FRESH_START_ONLY, RESUMABLE, Hyperparams, change_refusal
 from workers.resume import find_resumable
 from workers.snapshot import MODEL
 from workers.train import env_config, run
