@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
+from pydantic.fields import FieldInfo
 
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
@@ -40,6 +41,16 @@ def _without_nulls(node: Any, defs: dict[str, Any]) -> Any:
 HyperparamsDict = Annotated[dict[str, Any], WithJsonSchema(hyperparams_schema())]
 
 
+NUMBERS = ("total_timesteps", "target_episodes", "priority", "checkpoint_interval_s")
+
+
+def _not_bool(value: Any) -> Any:
+    """JSON `true` is not the number 1, though pydantic would take it as one."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not true or false")
+    return value
+
+
 class GameSpec(BaseModel):
     """Unknown fields are refused: a typo is an error, not a silent default."""
 
@@ -66,10 +77,32 @@ class GameSpec(BaseModel):
     )
     desired: Desired = Desired.RUNNING
 
-    @field_validator("total_timesteps", "target_episodes", "priority", "checkpoint_interval_s", mode="before")
-    @classmethod
-    def _not_bool(cls, value: Any) -> Any:
-        """JSON `true` is not the number 1, though pydantic would take it as one."""
-        if isinstance(value, bool):
-            raise ValueError("a number, not true or false")
-        return value
+    _not_bool = field_validator(*NUMBERS, mode="before")(_not_bool)
+
+
+# What `PATCH /games/{name}` and `fleetd games set` may change (docs/operations.md#changing-a-game).
+# env_id and algo never change (workers/protocol/spec.py FRESH_START_FIELDS); desired has its
+# own start and stop.
+SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s", "hyperparams")
+
+
+def _optional(name: str) -> tuple[Any, FieldInfo]:
+    """GameSpec's field, with its bounds and description, left out by default; null accepted
+    where the schema can say so (hyperparams' schema is the worker's model: `{}` clears them)."""
+    field = GameSpec.model_fields[name]
+    annotation = field.annotation if name == "hyperparams" else field.annotation | None
+    return annotation, FieldInfo.merge_field_infos(field, default=None, default_factory=None)
+
+
+class _SettingsBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    _not_bool = field_validator(*NUMBERS, mode="before", check_fields=False)(_not_bool)
+
+
+GameSettings = create_model(
+    "GameSettings", __base__=_SettingsBase, __doc__="""The settings to change; a key left out stays as
+    it is. null sets a field back to its default: no goal (`total_timesteps`, `target_episodes`),
+    [worker]'s checkpoint interval, priority 0. `hyperparams` replaces the game's overrides as a
+    whole (`{}`: none).""",
+    **{name: _optional(name) for name in SETTABLE},
+)

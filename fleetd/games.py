@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetd.catalog import EnvCatalog
 from fleetd.clock import Clock
@@ -16,7 +18,10 @@ from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft, GameRecord
 from workers.protocol import PROTOCOL_VERSION
-from workers.protocol.spec import LaunchSpec, SpecError, refusals
+from workers.protocol.spec import LaunchSpec, SpecError, algo_refusal, refusals
+
+if TYPE_CHECKING:
+    from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
 
 def shown_state(game: GameRecord) -> Shown:
     """The state people see: `pending` when it should run and waits for the governor."""
@@ -38,31 +43,38 @@ def check_draft(draft: GameDraft, catalog: EnvCatalog, field_prefix: str = "") -
             LaunchSpec(version=PROTOCOL_VERSION, game=draft.name, env_id=draft.env_id, algo=draft.algo,
                        checkpoint_dir="/nonexistent", hyperparams=draft.hyperparams or {})
     except SpecError as exc:
-        field = f"{field_prefix}{exc.field}"
-        raise FleetdError(
-            ErrorCode.VALIDATION, f"{field}: {exc.reason}", {"errors": [{"field": field, "reason": exc.reason}]}
-        ) from None
+        refuse_field(f"{field_prefix}{exc.field}", exc.reason)
+    for key in draft.hyperparams or {}:
+        if (why := algo_refusal(key, draft.algo)) is not None:
+            refuse_field(f"{field_prefix}hyperparams.{key}", why)
+
+
+def refuse_field(field: str, reason: str) -> None:
+    raise FleetdError(ErrorCode.VALIDATION, f"{field}: {reason}", {"errors": [{"field": field, "reason": reason}]})
 
 
 def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog) -> GameRecord:
     check_draft(draft, catalog)
     now = clock.now()
     with db.transaction() as session:
-        game = game_store.create_game(session, draft, now)
-        create_event(session, now, "game_added", _added(draft), game=draft.name)
+        return record_added(session, now, draft, game_store.create_game(session, draft, now))
+
+
+def record_added(session: Session, now: datetime, draft: GameDraft, game: GameRecord) -> GameRecord:
+    create_event(session, now, "game_added", f"added {draft.name} ({draft.env_id}, {draft.algo})", game=draft.name)
     return game
-
-
-def _added(draft: GameDraft) -> str:
-    return f"added {draft.name} ({draft.env_id}, {draft.algo})"
 
 
 def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> GameRecord:
     now = clock.now()
     with db.transaction() as session:
         game = game_store.update_game_desired(session, name, desired, now)
-        create_event(session, now, f"desired_{desired}", f"{name}: desired state {desired}", game=name)
+        record_desired(session, now, name, desired)
     return game
+
+
+def record_desired(session: Session, now: datetime, name: str, desired: Desired) -> None:
+    create_event(session, now, f"desired_{desired}", f"{name}: desired state {desired}", game=name)
 
 
 def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bool) -> None:
@@ -76,10 +88,13 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
                 {"name": name, "state": game.state},
             )
         game_store.delete_game(session, name)
-        kept = "its files deleted" if purge else f"its files kept in {game_dir}"
-        create_event(session, now, "game_removed", f"removed {name}; {kept}", game=name)
+        record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
     if purge:
         shutil.rmtree(game_dir, ignore_errors=True)
+
+
+def record_removed(session: Session, now: datetime, name: str, files: str) -> None:
+    create_event(session, now, "game_removed", f"removed {name}; {files}", game=name)
 
 
 SEEDED_EVENT = "games_seeded"  # kept by retention: it is what says [[games]] was applied
@@ -113,8 +128,8 @@ def seed_games(db: Database, clock: Clock, drafts: list[GameDraft]) -> list[str]
     names = [draft.name for draft in drafts]
     with db.transaction() as session:
         for draft in drafts:
-            game_store.create_game(session, draft, now)
-            create_event(session, now, "game_added", _added(draft), game=draft.name)
+            record_added(session, now, draft, game_store.create_game(session, draft, now))
         message = f"seeded [[games]] from the config: {', '.join(names)}"
         create_event(session, now, SEEDED_EVENT, message, details={"games": names})
     return names
+

@@ -26,6 +26,7 @@ from fleetd.config import Settings
 from fleetd.store.games import create_game, update_game_state
 from fleetd.store.records import GameDraft
 from tests.api_context import CATALOG, shared_context
+from workers.protocol.spec import algo_refusal
 
 TOKEN = "f" * 32
 MAX_EXAMPLES = 25  # per operation; with the schema's explicit examples and its boundary cases
@@ -82,13 +83,37 @@ def test_every_operation_conforms(case, app: FastAPI) -> None:
         app=app, headers={"Authorization": f"Bearer {TOKEN}"}, checks=CHECKS, excluded_checks=_false_positives(case)
     )
     if _unknown_env(case):
-        assert response.status_code != 201  # refused: 422 naming env_id, or 401/409 first
+        assert response.status_code not in (200, 201)  # refused: 422 naming env_id, or 401/409 first
+    if _foreign_hyperparams(case):
+        assert response.status_code not in (200, 201)  # refused: 422 naming the key, or 401/404/409 first
+
+
+def _new_games(case) -> list[dict]:
+    """The game bodies a request would add or change: POST /games, PATCH /games/{name} (of a
+    PPO game: every game the fixture made is one), the entries of PUT /fleet/spec."""
+    body = case.body if isinstance(case.body, dict) else {}
+    if case.method == "POST" and case.path == "/api/v1/games":
+        return [body]
+    if case.method == "PATCH" and case.path == "/api/v1/games/{name}":
+        return [body | {"algo": "ppo"}]
+    if case.method == "PUT" and case.path == "/api/v1/fleet/spec" and isinstance(body.get("games"), list):
+        return [game for game in body["games"] if isinstance(game, dict) and game.get("absent") is not True]
+    return []
 
 
 def _unknown_env(case) -> bool:
-    return case.method == "POST" and case.path == "/api/v1/games" and isinstance(case.body, dict) and (
-        isinstance(case.body.get("env_id"), str) and case.body["env_id"] not in CATALOG.ids()
-    )
+    return any(isinstance(game.get("env_id"), str) and game["env_id"] not in CATALOG.ids()
+               for game in _new_games(case) if case.method != "PATCH")
+
+
+def _foreign_hyperparams(case) -> bool:
+    """A hyperparameter of another algorithm (`learning_starts` for PPO): the schema has one
+    hyperparameter model for all three; fleetd refuses such a key, naming it."""
+    for game in _new_games(case):
+        algo, hyperparams = game.get("algo", "ppo"), game.get("hyperparams")
+        if isinstance(algo, str) and isinstance(hyperparams, dict) and any(algo_refusal(k, algo) for k in hyperparams):
+            return True
+    return False
 
 
 def _false_positives(case) -> list:
@@ -96,7 +121,7 @@ def _false_positives(case) -> list:
     whether it names an environment fleetd can make is a fact of the installed registries, not
     of the schema, so a well-formed unknown id is refused (422, naming the field) though the
     schema accepts it. That it is refused is checked above instead."""
-    return [POSITIVE_DATA_ACCEPTANCE] if _unknown_env(case) or _misfed_link(case) or _model_upload(case) else []
+    return [POSITIVE_DATA_ACCEPTANCE] if _unknown_env(case) or _foreign_hyperparams(case) or _misfed_link(case) or _model_upload(case) else []
 
 
 def _model_upload(case) -> bool:

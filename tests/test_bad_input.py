@@ -451,7 +451,7 @@ def test_an_id_past_sqlite_integers_answers_422_not_500(client: TestClient) -> N
 def test_a_405_allows_every_method_of_the_path(client: TestClient) -> None:
     response = client.put("/api/v1/games/somegame")
     envelope(response, 405)
-    assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD", "DELETE"}
+    assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD", "DELETE", "PATCH"}
 
 
 def test_put_fleet_with_an_empty_body_changes_nothing(client: TestClient) -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from workers.counters import Counters
 from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
@@ -78,10 +79,10 @@ class Reporter:
         self.sender.send(CheckpointReport(**self._header(), checkpoint=summary))
 
     def send_resumed(self, taken: str | None, skipped: list[SkippedCheckpoint],
-                     notes: tuple[str, ...] = ()) -> None:
+                     notes: tuple[str, ...] = (), changed: tuple[tuple[str, Any, Any], ...] = ()) -> None:
         self.sender.send(ResumedReport(**self._header(), from_=taken, skipped=tuple(skipped[:20]),
                                        steps=self.counters.steps, episodes=self.counters.episodes,
-                                       notes=notes[:10]))
+                                       notes=notes[:10], changed=changed))
 
     # -- the timer thread --------------------------------------------------------------
 

@@ -55,7 +55,8 @@ def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
 
 def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSender, stop: StopFlag) -> int:
     checkpoint.remove_temporaries(spec.checkpoint_dir)
-    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.kind, plan.normalize)
+    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.kind, plan.normalize,
+                           plan.overrides)
     counters = found.restored.counters if found.restored else Counters()
     reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
     taken = str(found.taken) if found.taken else None
@@ -74,7 +75,8 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     log.info("schedules run over %d total steps (%.0f%% done)", horizon,
              100 * (1 - model._current_progress_remaining))
     replay = ReplayPolicy(plan.save_replay_buffer, plan.replay_buffer_max_bytes)
-    reporter.send_resumed(taken, found.skipped, _replay_notes(found, model, replay))
+    reporter.send_resumed(taken, found.skipped, _replay_notes(found, model, replay),
+                          tuple((c.key, c.old, c.new) for c in found.changes))
     interval_steps = spec.checkpoint_interval_steps or defaults.checkpoint_interval_steps(horizon)
     checkpointer = Checkpointer(spec, replay, reporter, interval_steps)
     if found.taken is not None:

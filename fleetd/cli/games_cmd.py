@@ -17,13 +17,13 @@ games_app = typer.Typer(help="Add, stop, start, remove and list games.", no_args
 SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
 
 
-def parse_hyperparams(pairs: list[str]) -> dict[str, Any]:
+def parse_hyperparams(pairs: list[str], usage: str = "--hp") -> dict[str, Any]:
     """`key=value` pairs; a value that parses as JSON is taken as JSON (numbers, lists, objects)."""
     result: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
-            fail(f"--hp {pair!r}: expected key=value, e.g. --hp learning_rate=0.0003")
+            fail(f"{usage} {pair!r}: expected key=value, e.g. {usage} learning_rate=0.0003")
         try:
             result[key] = json.loads(text)
         except ValueError:

@@ -12,6 +12,7 @@ from fleetd.cli import render
 from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, fail, settings_from
 from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.backup_cmd import register as register_backup
+from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
@@ -25,6 +26,7 @@ db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_ar
 app.add_typer(db_app, name="db")
 register_games(app)
 register_backup(app)
+register_apply(app)
 register_systemd(app)
 
 

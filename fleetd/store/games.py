@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -130,6 +131,16 @@ def read_game_figures(session: Session) -> list[GameFigures]:
 def update_game_desired(session: Session, name: str, desired: Desired, now: datetime) -> GameRecord:
     row = _row(session, name)
     row.desired, row.updated_at = desired, now
+    session.flush()
+    return _record(session, row)
+
+
+def update_game_settings(session: Session, name: str, values: dict[str, Any], now: datetime) -> GameRecord:
+    """Priority, goals, checkpoint interval, hyperparameters: the keys of `values` (checked by the caller)."""
+    row = _row(session, name)
+    for key, value in values.items():
+        setattr(row, key, value)
+    row.updated_at = now
     session.flush()
     return _record(session, row)
 

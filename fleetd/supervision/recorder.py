@@ -153,6 +153,14 @@ class Recorder:
             message = f"resumed from {taken} at step {steps}" if taken else "started from scratch (no checkpoint)"
             create_event(session, now, "resumed", message, game=game, details={"checkpoint": taken, "steps": steps})
 
+    def hyperparams_applied(self, game: str, run_id: int, changed: tuple[tuple[str, Any, Any], ...]) -> None:
+        """The worker applied hyperparameters changed since its checkpoint (docs/worker.md)."""
+        said = ", ".join(f"{key} {old} -> {new}" for key, old, new in changed)
+        details = {"run_id": run_id, "changed": {key: {"old": old, "new": new} for key, old, new in changed}}
+        message = f"resumed with changed hyperparameters: {said}"
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), "hyperparams_applied", message, game=game, details=details)
+
     def sync_checkpoints(self, game: str, records: list[CheckpointRecord]) -> None:
         """Make the index match the disk: add what is there, forget what is gone."""
         with self.db.transaction() as session:

@@ -58,11 +58,19 @@ class StartGame:
 
 
 @dataclass(frozen=True)
+class RestartGame:
+    """`fleetd games set NAME ... --restart`: a live worker stops with a final checkpoint and,
+    still admitted, starts again with the game's new settings (read by the same turn)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Shutdown:
     leave_workers: bool
 
 
-Command = Reconcile | StartGame | Shutdown
+Command = Reconcile | StartGame | RestartGame | Shutdown
 
 
 class WatchingLauncher:
@@ -396,6 +404,8 @@ class Supervisor:
             self.recorder.resumed(report.game, report.run_id, report.steps, report.from_, skipped, report.episodes)
             for note in report.notes:
                 self.recorder.note(report.game, "worker_note", note, "warning")
+            if report.changed:
+                self.recorder.hyperparams_applied(report.game, report.run_id, report.changed)
 
     # -- commands and shutdown ------------------------------------------------------------------
 
@@ -418,6 +428,8 @@ class Supervisor:
         for start in starts:
             self._clear_ended(start.name)
         self._govern()
+        for restart in (c for c in commands if isinstance(c, RestartGame)):
+            self._restart(restart.name)
         if any([self._take_slot(start.name) for start in starts if start.now]):
             self._govern()
         for start in starts:
@@ -439,6 +451,13 @@ class Supervisor:
         proc = self.procs.get(name)
         if proc is not None and proc.state in (State.FATAL, State.EXITED):
             proc.reset("start requested: waiting for admission")
+
+    def _restart(self, name: str) -> None:
+        """The launch was rebuilt by `_govern` from the games just read; the restart follows
+        from desired `running` once the worker has stopped."""
+        proc = self.procs.get(name)
+        if proc is not None and proc.state in (State.STARTING, State.RUNNING):
+            proc.stop("restarting with its changed settings")
 
     def _start_waiting(self, name: str) -> None:
         """`games start` on a game in backoff that holds a slot: no need to wait out the delay."""

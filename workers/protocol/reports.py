@@ -80,6 +80,9 @@ class ResumedReport:
     steps: int = 0
     episodes: int = 0
     notes: tuple[str, ...] = ()
+    # Hyperparameters applied to the resumed model that differ from its checkpoint's:
+    # (key, old, new), JSON values (docs/worker.md#changing-settings).
+    changed: tuple[tuple[str, Any, Any], ...] = ()
     type: str = "resumed"
 
 
@@ -122,6 +125,7 @@ def _build(cls: type, data: dict) -> Any:
     if cls is ResumedReport:
         kwargs["skipped"] = tuple(SkippedCheckpoint(**s) for s in kwargs.get("skipped", ()))
         kwargs["notes"] = tuple(str(note) for note in kwargs.get("notes", ()))
+        kwargs["changed"] = tuple((str(key), old, new) for key, old, new in kwargs.get("changed", ()))
     return cls(**kwargs)
 
 

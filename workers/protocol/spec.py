@@ -114,6 +114,62 @@ class Hyperparams(_Overrides):
     max_episode_steps: Positive | None = None
 
 
+# -- which hyperparameters may change between runs (docs/worker.md#changing-settings) ----------
+# Every `Hyperparams` key is in exactly one of the two tables (a test holds them to the model
+# and to SB3's constructors). Resumable: the worker applies the new value to the model it
+# loads from the checkpoint (SB3 `custom_objects`, so what SB3 builds from it at load, the
+# rollout buffer for `n_steps`, the exploration schedule, is built with it), with an event
+# naming the old and new values. The value is the algorithms that take the key.
+ALL_ALGOS = ("ppo", "a2c", "dqn")
+RESUMABLE: dict[str, tuple[str, ...]] = {
+    "learning_rate": ALL_ALGOS, "gamma": ALL_ALGOS, "max_grad_norm": ALL_ALGOS,
+    "n_steps": ALL_ALGOS, "gae_lambda": ("ppo", "a2c"), "ent_coef": ("ppo", "a2c"),
+    "vf_coef": ("ppo", "a2c"), "n_epochs": ("ppo",), "clip_range": ("ppo",),
+    "batch_size": ("ppo", "dqn"), "learning_starts": ("dqn",), "train_freq": ("dqn",),
+    "gradient_steps": ("dqn",), "target_update_interval": ("dqn",),
+    "exploration_fraction": ("dqn",), "exploration_final_eps": ("dqn",),
+    # The worker's own: the env count (the tier changes it on resume too; PPO's rollout buffer
+    # is rebuilt, a replay buffer filled by another count is dropped), checkpoint and
+    # schedule options, the episode cap (an env wrapper; the spaces stay the same).
+    "num_envs": ALL_ALGOS, "save_replay_buffer": ("dqn",), "replay_buffer_max_bytes": ("dqn",),
+    "schedule_timesteps": ALL_ALGOS, "max_episode_steps": ALL_ALGOS,
+}
+# Fresh start only, with the reason: what the checkpoint cannot be loaded into or kept with.
+FRESH_START_ONLY: dict[str, str] = {
+    "policy": "the policy class is saved in the checkpoint; its weights fit only that class",
+    "policy_kwargs": "the network's architecture is saved in the checkpoint; other layers cannot take its weights",
+    "normalize": "VecNormalize statistics are in the checkpoint or not; the observations the policy learned on change",
+    "frame_stack": "the observation shape changes, and the policy's input layer with it",
+    "buffer_size": "the saved replay buffer has its size; another size would drop what it holds",
+}
+# Resumable for the other algorithms, fresh start only for this one.
+FRESH_START_FOR: dict[tuple[str, str], str] = {
+    ("dqn", "n_steps"): "DQN's n-step returns are built into its saved replay buffer",
+}
+# Fields of the game itself that no run can change: the checkpoints are of this env and algorithm.
+FRESH_START_FIELDS: dict[str, str] = {
+    "env_id": "the checkpoints were trained on this env; its spaces and returns are its own",
+    "algo": "the checkpoints are of this algorithm; another cannot load them",
+}
+
+
+def algo_refusal(key: str, algo: str) -> str | None:
+    """Why hyperparameter `key` does not apply to `algo` (None: it does)."""
+    algos = RESUMABLE.get(key, ALL_ALGOS)
+    if algo in algos:
+        return None
+    return f"not a setting of {algo.upper()} (only of {', '.join(a.upper() for a in algos)})"
+
+
+def change_refusal(key: str, algo: str, trained: bool) -> str | None:
+    """Why setting hyperparameter `key` of a game is refused (None: it may be set). A game that
+    has trained resumes from its checkpoints, which fix the `FRESH_START_ONLY` keys."""
+    why = FRESH_START_ONLY.get(key) or FRESH_START_FOR.get((algo, key))
+    if trained and why:
+        return f"needs a fresh start: {why}; add a new game to train with another value"
+    return algo_refusal(key, algo)
+
+
 class TierDefaults(_Overrides):
     """The game's load tier, already sized for the device by fleetd (fleetd/governor/scaling.py)."""
 

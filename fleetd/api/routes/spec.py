@@ -1,0 +1,76 @@
+"""Changing games in place: one game's settings (`PATCH /games/{name}`) and the whole fleet
+from a file (`PUT /fleet/spec`, `GET /fleet/spec`); docs/operations.md#the-fleet-as-a-file."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
+from fleetd.api.routes.games import GameName, game_out
+from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut,
+                                     SettingChangeOut)
+from fleetd.fleet_spec import GamePlan, apply_fleet, export_fleet
+from fleetd.game_settings import SettingChange, update_settings, will_restart
+from fleetd.game_spec import GameSettings
+from fleetd.supervision.supervisor import Reconcile, RestartGame
+
+router = APIRouter(tags=["fleet spec"])
+RESTART = Query(False, description="restart a running game now, from a final checkpoint, to take the new "
+                                   "settings (priority alone needs no restart; a game not running takes them "
+                                   "when it starts)")
+
+
+def _changes(changes: list[SettingChange]) -> list[SettingChangeOut]:
+    return [SettingChangeOut(**change.as_dict()) for change in changes]
+
+
+def _tell(context: AppContext, restart: list[str]) -> None:
+    if context.supervisor is not None:
+        context.supervisor.submit(Reconcile())
+        for name in restart:
+            context.supervisor.submit(RestartGame(name))
+
+
+@router.patch("/games/{name}", response_model=GameChangedOut, responses={**NOT_FOUND, **BAD_BODY})
+def patch_game(
+    body: GameSettings,  # type: ignore[valid-type]
+    name: str = GameName,
+    restart: bool = RESTART,
+    context: AppContext = Depends(get_context),
+) -> GameChangedOut:
+    """Change a game's priority, goals, checkpoint interval or hyperparameters; applied at its
+    next start (or now, with `restart`). A hyperparameter that needs a fresh start is refused
+    (422) once the game has trained. The event `settings_changed` names old and new values."""
+    values = body.model_dump(include=body.model_fields_set)
+    game, changes = update_settings(context.db, context.clock, name, values, context.catalog, restart)
+    restarting = will_restart(game, changes, restart)
+    _tell(context, [name] if restarting else [])
+    return GameChangedOut(**game_out(game).model_dump(), changes=_changes(changes), restarting=restarting)
+
+
+@router.get("/fleet/spec", response_model=FleetSpecOut)
+def read_fleet_spec(context: AppContext = Depends(get_context)) -> FleetSpecOut:
+    """Every game as a fleet-file entry (`fleetd export-spec`): applying it changes nothing."""
+    return FleetSpecOut(games=export_fleet(context.db))
+
+
+@router.put("/fleet/spec", response_model=FleetApplyOut, responses={**BAD_BODY, **CONFLICT})
+def apply_fleet_spec(
+    body: FleetSpecIn,
+    dry_run: bool = Query(False, description="only say what would change"),
+    restart: bool = RESTART,
+    context: AppContext = Depends(get_context),
+) -> FleetApplyOut:
+    """Add or update the games of the file; stop and remove those marked `absent`. Games the
+    file does not name are left alone. All of it is checked before anything is written."""
+    plans = apply_fleet(context.db, context.clock, list(body.games), context.catalog, dry_run, restart)
+    changed = any(plan.action != "none" for plan in plans)
+    if changed and not dry_run:
+        _tell(context, [plan.name for plan in plans if plan.restarting])
+    return FleetApplyOut(dry_run=dry_run, changed=changed, games=[_plan_out(plan) for plan in plans])
+
+
+def _plan_out(plan: GamePlan) -> GamePlanOut:
+    return GamePlanOut(name=plan.name, action=plan.action, changes=_changes(plan.changes), note=plan.note,
+                       restarting=plan.restarting)

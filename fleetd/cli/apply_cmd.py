@@ -1,0 +1,138 @@
+"""`fleetd apply`, `fleetd export-spec` and `fleetd games set`: the fleet as a file, and one
+game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fleetd.cli import render
+from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
+from fleetd.cli.games_cmd import games_app, parse_hyperparams
+from fleetd.fleet_spec import to_toml
+from fleetd.game_spec import SETTABLE
+
+RestartOption = Annotated[bool, typer.Option(
+    "--restart", help="Restart running games now, from a final checkpoint, to take changed settings.")]
+
+
+def read_fleet_file(path: Path) -> dict[str, Any]:
+    """The file's `[[games]]` as the API body; any other table is refused, not ignored."""
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as exc:
+        fail(f"{path}: cannot read: {exc.strerror or exc}")
+    except tomllib.TOMLDecodeError as exc:
+        fail(f"{path}: not valid TOML: {exc}")
+    others = sorted(set(document) - {"games"})
+    if others:
+        fail(f"{path}: unknown table(s) {', '.join(others)}: a fleet file holds only [[games]] entries")
+    return {"games": document.get("games", [])}
+
+
+def apply(
+    path: Annotated[Path, typer.Argument(help="A TOML file of [[games]] entries, as in the config.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would change; change nothing.")] = False,
+    restart: RestartOption = False,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Make the fleet match a file: add or update its games, stop and remove those marked absent."""
+    body = read_fleet_file(path)
+    params = {"dry_run": str(dry_run).lower(), "restart": str(restart).lower()}
+    result = call(config, lambda client: client.request("PUT", "/api/v1/fleet/spec", json=body, params=params))
+    if json_out:
+        render.print_json(result)
+        return
+    for line in plan_lines(result):
+        typer.echo(line)
+
+
+def plan_lines(result: dict[str, Any]) -> list[str]:
+    lines = [_plan_line(game) for game in result["games"]]
+    if not result["changed"]:
+        lines.append("no change: the fleet matches the file")
+    elif result["dry_run"]:
+        lines.append("dry run: nothing was changed")
+    return lines
+
+
+def _plan_line(game: dict[str, Any]) -> str:
+    changes = "; ".join(f"{c['field']} {_shown(c['old'])} -> {_shown(c['new'])}" for c in game["changes"])
+    what = f"{changes}; {game['note']}" if changes else game["note"]
+    return f"{game['action']:<7} {game['name']}: {what}"
+
+
+def _shown(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def export_spec(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Write the fleet as a file that `fleetd apply` takes: applying it changes nothing."""
+    text = to_toml(ask(config, "/api/v1/fleet/spec")["games"])
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    _write_atomically(output, text)
+    typer.echo(f"wrote {text.count('[[games]]')} games to {output}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, temporary = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+
+
+@games_app.command("set")
+def set_settings(
+    name: str,
+    pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(k for k in SETTABLE if k != 'hyperparams')} "
+                                                    "or a hyperparameter (learning_rate=0.0001); key= sets it back to its default.")],
+    restart: RestartOption = False,
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Change a game's settings; applied at its next start (or now with --restart)."""
+    values = parse_hyperparams(pairs, usage="fleetd games set NAME")
+    body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key != "hyperparams"}
+    hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items() if key not in body}
+    if hyperparams:
+        body["hyperparams"] = _merged(ask(config, f"/api/v1/games/{name}")["hyperparams"], hyperparams)
+    params = {"restart": str(restart).lower()}
+    game = call(config, lambda client: client.request("PATCH", f"/api/v1/games/{name}", json=body, params=params))
+    if json_out:
+        render.print_json(game)
+        return
+    typer.echo(settings_text(name, game))
+
+
+def _unset(value: Any) -> Any:
+    return None if value == "" else value
+
+
+def _merged(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """The game's overrides with these set (None: removed); PATCH replaces them as a whole."""
+    merged = {**current, **changes}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def settings_text(name: str, game: dict[str, Any]) -> str:
+    if not game["changes"]:
+        return f"{name}: no change"
+    said = ", ".join(f"{c['field']} {_shown(c['old'])} -> {_shown(c['new'])}" for c in game["changes"])
+    when = "restarting now from a final checkpoint" if game["restarting"] else "applied at its next start"
+    return f"{name}: {said}; {when}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("apply")(apply)
+    app.command("export-spec")(export_spec)

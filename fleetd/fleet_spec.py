@@ -1,0 +1,210 @@
+"""The fleet as a file (`fleetd apply`, `PUT /fleet/spec`, `fleetd export-spec`): the config's
+`[[games]]` entries, plus `absent = true` for a game that must go. Applying computes a plan
+(add, update, stop, remove, or nothing per game), checks all of it, then writes it in one
+transaction; the same file applied again plans nothing, so it writes nothing and no event."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+
+from fleetd.catalog import EnvCatalog
+from fleetd.clock import Clock
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.game_settings import (SettingChange, check_changes, check_identity, record_changes, will_restart,
+                                  setting_changes)
+from fleetd.game_spec import SETTABLE, GameSpec
+from fleetd.games import check_draft, record_added, record_desired, record_removed
+from fleetd.slug import GAME_NAME_PATTERN
+from fleetd.states import REMOVABLE, Desired
+from fleetd.store import games as game_store
+from fleetd.store.engine import Database
+from fleetd.store.records import GameDraft, GameRecord
+
+if TYPE_CHECKING:
+    from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
+
+Action = Literal["add", "update", "stop", "remove", "none"]
+
+
+def _boolean(value: Any) -> Any:
+    """`absent` is true or false: 0 and 1 are not taken for them."""
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+class FleetGame(GameSpec):
+    """A fleet file's `[[games]]` entry: the config's entry, with `absent = false` allowed."""
+
+    absent: Literal[False] = Field(False, description="true: the game must not be there (an AbsentGame entry)")
+    _bool = field_validator("absent", mode="before")(lambda value: _boolean(value))
+
+    def wanted(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in SETTABLE}
+
+
+class AbsentGame(BaseModel):
+    """`absent = true`: the game must not be there; stopped, then removed (files kept). Only the
+    name counts: the entry's other keys may stay (one line takes a game out) and are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: str = Field(max_length=64, pattern=GAME_NAME_PATTERN)
+    absent: Literal[True]
+    _bool = field_validator("absent", mode="before")(lambda value: _boolean(value))
+
+
+def _entry_kind(value: Any) -> str:
+    absent = value.get("absent") if isinstance(value, dict) else getattr(value, "absent", False)
+    return "absent" if absent is True else "present"
+
+
+FleetEntry = Annotated[
+    Annotated[FleetGame, Tag("present")] | Annotated[AbsentGame, Tag("absent")], Discriminator(_entry_kind)
+]
+
+
+@dataclass(frozen=True)
+class GamePlan:
+    name: str
+    action: Action
+    changes: list[SettingChange] = field(default_factory=list)
+    note: str = ""
+    restarting: bool = False
+
+
+# -- planning ----------------------------------------------------------------------------------
+
+
+def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCatalog, restart: bool) -> list[GamePlan]:
+    """What applying `games` would do, every entry checked first (FleetdError names the culprit)."""
+    _check_unique(games)
+    current = {game.name: game for game in game_store.read_games(session)}
+    return [_plan(index, entry, current.get(entry.name), catalog, restart) for index, entry in enumerate(games)]
+
+
+def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
+    seen: set[str] = set()
+    for index, entry in enumerate(games):
+        if entry.name in seen:
+            raise FleetdError(ErrorCode.CONFLICT, f"games[{index}].name: {entry.name!r} appears twice")
+        seen.add(entry.name)
+
+
+def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCatalog, restart: bool) -> GamePlan:
+    prefix = f"games[{index}]."
+    if isinstance(entry, AbsentGame):
+        return _plan_absent(entry.name, game)
+    if game is None:
+        check_draft(_draft(entry), catalog, prefix)
+        return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
+    check_identity(game, entry.env_id, entry.algo, prefix)
+    changes = setting_changes(game, entry.wanted())
+    check_changes(game, entry.wanted(), changes, catalog, prefix)
+    if game.desired != entry.desired:
+        changes.append(SettingChange("desired", game.desired.value, entry.desired.value))
+    if not changes:
+        return GamePlan(entry.name, "none", note="unchanged")
+    again = will_restart(game, changes, restart) and entry.desired is Desired.RUNNING
+    when = "restarts now from a final checkpoint" if again else "settings apply at its next start"
+    return GamePlan(entry.name, "update", changes, note=when, restarting=again)
+
+
+def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
+    if game is None:
+        return GamePlan(name, "none", note="absent: not there")
+    if game.state in REMOVABLE and game.current_run is None:
+        return GamePlan(name, "remove", note=f"removed; its files kept (it was {game.state})")
+    if game.desired is Desired.STOPPED:
+        return GamePlan(name, "none", note=f"absent: {game.state}, stopping; apply again once stopped to remove it")
+    change = SettingChange("desired", game.desired.value, Desired.STOPPED.value)
+    return GamePlan(name, "stop", [change], note="stopped now (a final checkpoint); apply again once stopped to remove it")
+
+
+def _draft(entry: FleetGame) -> GameDraft:
+    return GameDraft(**entry.model_dump(exclude={"absent"}))
+
+
+# -- applying ----------------------------------------------------------------------------------
+
+
+def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame], catalog: EnvCatalog,
+                dry_run: bool = False, restart: bool = False) -> list[GamePlan]:
+    """Plan, check, and (unless `dry_run`) write every change in one transaction."""
+    entries = {entry.name: entry for entry in games}
+    with db.transaction() as session:
+        plans = plan_fleet(session, games, catalog, restart)
+        if not dry_run:
+            for plan in plans:
+                _write(session, clock, plan, entries[plan.name])
+    return plans
+
+
+def _write(session: Session, clock: Clock, plan: GamePlan, entry: Any) -> None:
+    if plan.action == "add":
+        draft = _draft(entry)
+        record_added(session, clock.now(), draft, game_store.create_game(session, draft, clock.now()))
+    elif plan.action == "remove":
+        game_store.delete_game(session, plan.name)
+        record_removed(session, clock.now(), plan.name, "its files kept (absent in the fleet file)")
+    elif plan.action in ("update", "stop"):
+        _write_update(session, clock, plan, entry)
+
+
+def _write_update(session: Session, clock: Clock, plan: GamePlan, entry: Any) -> None:
+    settings = [c for c in plan.changes if c.field != "desired"]
+    if settings:
+        game = game_store.read_game(session, plan.name)
+        record_changes(session, clock, game, entry.wanted(), settings, plan.restarting)
+    if any(c.field == "desired" for c in plan.changes):
+        desired = Desired.STOPPED if isinstance(entry, AbsentGame) else entry.desired
+        game_store.update_game_desired(session, plan.name, desired, clock.now())
+        record_desired(session, clock.now(), plan.name, desired)
+
+
+# -- exporting ---------------------------------------------------------------------------------
+
+
+def export_fleet(db: Database) -> list[FleetGame]:
+    """Every game as a fleet-file entry: applying the result changes nothing."""
+    with db.transaction() as session:
+        games = game_store.read_games(session)
+    return [FleetGame(name=g.name, env_id=g.env_id, algo=g.algo, desired=g.desired,  # type: ignore[arg-type]
+                      **{key: getattr(g, key) for key in SETTABLE}) for g in games]
+
+
+def to_toml(games: list[dict[str, Any]]) -> str:
+    """`[[games]]` tables; keys at their default or unset are left out."""
+    defaults = {key: info.get_default(call_default_factory=True)
+                for key, info in FleetGame.model_fields.items() if not info.is_required()}
+    blocks = []
+    for game in games:
+        lines = ["[[games]]"]
+        lines += [f"{key} = {toml_value(value)}" for key, value in game.items()
+                  if value is not None and value != defaults.get(key) and key != "absent"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n" if blocks else ""
+
+
+def toml_value(value: Any) -> str:
+    """A JSON value as TOML (dicts inline). Strings as JSON strings, which TOML reads the same."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+    raise TypeError(f"no TOML for {type(value).__name__}")
+
+
+def _key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+

@@ -1,0 +1,134 @@
+"""Changing a game's settings (`PATCH /games/{name}`, `fleetd games set`, `fleetd apply`):
+what changed, whether it may, and the record of it. Applied at the game's next start; the
+worker applies changed hyperparameters to the model it resumes (workers/changes.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from fleetd.catalog import EnvCatalog
+from fleetd.clock import Clock
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.game_spec import SETTABLE, GameSpec
+from fleetd.games import check_draft, refuse_field
+from fleetd.states import State
+from fleetd.store import games as game_store
+from fleetd.store.engine import Database
+from fleetd.store.events import create_event
+from fleetd.store.records import GameDraft, GameRecord
+from workers.protocol.spec import FRESH_START_FIELDS, change_refusal
+
+if TYPE_CHECKING:
+    from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
+
+# Changes a running worker does not need a restart for: the governor reads priority at its step.
+NO_RESTART = frozenset({"priority", "desired"})
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    field: str  # a game field, or `hyperparams.KEY`
+    old: Any  # None: not set (a goal off, a hyperparameter at its default)
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.field} {_shown(self.old)} -> {_shown(self.new)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "old": self.old, "new": self.new}
+
+
+def _shown(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def with_defaults(values: Mapping[str, Any]) -> dict[str, Any]:
+    """null (None) sets a field back to its default: no goal, [worker]'s interval, no overrides."""
+    return {key: GameSpec.model_fields[key].get_default(call_default_factory=True) if value is None else value
+            for key, value in values.items()}
+
+
+def setting_changes(game: GameRecord, wanted: Mapping[str, Any]) -> list[SettingChange]:
+    """The fields of `wanted` (SETTABLE keys, defaults filled in) whose value differs from the game's."""
+    changes = []
+    for key in (k for k in SETTABLE if k in wanted):
+        if key == "hyperparams":
+            changes += _hyperparam_changes(game.hyperparams, wanted[key])
+        elif getattr(game, key) != wanted[key]:
+            changes.append(SettingChange(key, getattr(game, key), wanted[key]))
+    return changes
+
+
+def _hyperparam_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[SettingChange]:
+    keys = sorted(set(old) | set(new))
+    return [SettingChange(f"hyperparams.{k}", old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+
+
+def trained(game: GameRecord) -> bool:
+    """It has steps or a checkpoint: its next run resumes, so what the checkpoint fixes stays."""
+    return game.steps > 0 or game.last_checkpoint is not None
+
+
+def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[SettingChange],
+                  catalog: EnvCatalog, prefix: str = "") -> None:
+    """The game with its new settings is checked as `games add` would check it; then every
+    changed hyperparameter must be one this game's algorithm takes, and may change on resume."""
+    draft = GameDraft(name=game.name, env_id=game.env_id, algo=game.algo,
+                      hyperparams=wanted.get("hyperparams", game.hyperparams))
+    check_draft(draft, catalog, prefix)
+    for change in changes:
+        key = change.field.removeprefix("hyperparams.")
+        why = change_refusal(key, game.algo, trained(game)) if key != change.field else None
+        if why is not None:
+            refuse_field(f"{prefix}{change.field}", why)
+
+
+def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -> None:
+    """env_id and algo name what the checkpoints are of: never changed in place (409: the same
+    entry is fine for a game of that name that does not exist yet)."""
+    for field, new in (("env_id", env_id), ("algo", algo)):
+        old = getattr(game, field)
+        if new != old:
+            reason = (f"cannot change {old!r} to {new!r} on game {game.name!r}: {FRESH_START_FIELDS[field]}; "
+                      "add a game with another name (or remove this one first)")
+            raise FleetdError(ErrorCode.CONFLICT, f"{prefix}{field}: {reason}",
+                              {"errors": [{"field": f"{prefix}{field}", "reason": reason}]})
+
+
+def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Mapping[str, Any],
+                   changes: list[SettingChange], restart: bool) -> GameRecord:
+    """Store the new settings and the event naming old and new values (the caller checked them);
+    `restart`: the caller restarts the worker now (`will_restart`)."""
+    now = clock.now()
+    updated = game_store.update_game_settings(session, game.name, {k: wanted[k] for k in SETTABLE if k in wanted}, now)
+    when = "restarting now from a final checkpoint" if restart else "applied at the next start"
+    message = f"{game.name}: {', '.join(str(c) for c in changes)}; {when}"
+    details = {"changes": [c.as_dict() for c in changes], "restart": restart}
+    create_event(session, now, "settings_changed", message, game=game.name, details=details)
+    return updated
+
+
+def restarts(changes: list[SettingChange]) -> bool:
+    """A restart makes the worker take them: anything but priority (and desired state)."""
+    return any(change.field not in NO_RESTART for change in changes)
+
+
+def will_restart(game: GameRecord, changes: list[SettingChange], restart: bool) -> bool:
+    """`--restart` restarts a live worker that has changes to take; any other game takes them
+    when it next starts."""
+    return restart and restarts(changes) and game.state in (State.STARTING, State.RUNNING)
+
+
+def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCatalog,
+                    restart: bool = False) -> tuple[GameRecord, list[SettingChange]]:
+    """`PATCH /games/{name}`: check, store, record; no change, no event."""
+    wanted = with_defaults(values)
+    with db.transaction() as session:
+        game = game_store.read_game(session, name)
+        changes = setting_changes(game, wanted)
+        if not changes:
+            return game, []
+        check_changes(game, wanted, changes, catalog)
+        return record_changes(session, clock, game, wanted, changes, will_restart(game, changes, restart)), changes
+

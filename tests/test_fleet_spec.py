@@ -1,0 +1,237 @@
+"""Settings changed in place (PATCH /games/{name}) and the fleet as a file (PUT/GET /fleet/spec),
+through the FastAPI app on a real store: the plan, its checks, idempotence, the events."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.config import Settings
+from fleetd.fleet_spec import to_toml, toml_value
+from fleetd.states import State
+from fleetd.store.engine import Database
+from fleetd.store.games import update_game_state, update_games_progress
+from fleetd.store.records import ProgressSnapshot
+from tests.api_context import api_context
+from tests.fakes import FakeClock, FakeHost
+
+TOKEN = "s" * 32
+CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo"}
+
+
+@pytest.fixture
+def context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost):
+    return api_context(settings, db, clock, host, TOKEN)
+
+
+@pytest.fixture
+def client(context) -> Iterator[TestClient]:
+    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def events(client: TestClient, kind: str | None = None) -> list[dict]:
+    params = {"limit": 1000} | ({"kind": kind} if kind else {})
+    return client.get("/api/v1/events", params=params).json()["items"]
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def patch(client: TestClient, body: dict, name: str = "cart", **params):
+    return client.patch(f"/api/v1/games/{name}", json=body, params=params)
+
+
+def trained(db: Database, clock: FakeClock, name: str = "cart") -> None:
+    with db.transaction() as session:
+        update_games_progress(session, {name: ProgressSnapshot(5000, 20, None, 30.0, 50.0, clock.now())})
+
+
+def running(db: Database, clock: FakeClock, name: str) -> None:
+    with db.transaction() as session:
+        update_game_state(session, name, State.RUNNING, "up", clock.now())
+
+
+# -- PATCH /games/{name} ----------------------------------------------------------------------
+
+
+def test_patch_changes_settings_with_an_event_naming_old_and_new(client: TestClient, context) -> None:
+    client.post("/api/v1/games", json=CART | {"hyperparams": {"learning_rate": 0.0003}})
+    response = patch(client, {"priority": 5, "target_episodes": 100, "hyperparams": {"learning_rate": 0.001}})
+    assert response.status_code == 200, response.text
+    game = response.json()
+    assert (game["priority"], game["target_episodes"], game["hyperparams"]) == (5, 100, {"learning_rate": 0.001})
+    assert {c["field"]: (c["old"], c["new"]) for c in game["changes"]} == {
+        "priority": (0, 5), "target_episodes": (None, 100), "hyperparams.learning_rate": (0.0003, 0.001)}
+    assert game["restarting"] is False and context.supervisor.commands[-1] == "Reconcile"
+    [event] = events(client, "settings_changed")
+    assert "hyperparams.learning_rate 0.0003 -> 0.001" in event["message"]
+    assert "applied at the next start" in event["message"]
+    assert client.get("/api/v1/games/cart").json()["hyperparams"] == {"learning_rate": 0.001}
+
+
+def test_patch_with_the_same_values_changes_nothing_and_records_nothing(client: TestClient) -> None:
+    client.post("/api/v1/games", json=CART | {"priority": 3})
+    before = len(events(client))
+    game = patch(client, {"priority": 3, "hyperparams": {}}).json()
+    assert game["changes"] == [] and len(events(client)) == before
+
+
+def test_null_sets_a_field_back_to_its_default(client: TestClient) -> None:
+    client.post("/api/v1/games", json=CART | {"total_timesteps": 1000, "priority": 4, "checkpoint_interval_s": 30})
+    game = patch(client, {"total_timesteps": None, "priority": None, "checkpoint_interval_s": None}).json()
+    assert (game["total_timesteps"], game["priority"], game["checkpoint_interval_s"]) == (None, 0, None)
+
+
+@pytest.mark.parametrize("body,field,reason", [
+    ({"priorty": 1}, "body.priorty", "Extra inputs"),
+    ({"priority": True}, "body.priority", "not true or false"),
+    ({"priority": 5000}, "body.priority", "less than or equal"),
+    ({"env_id": "Pong-v5"}, "body.env_id", "Extra inputs"),
+    ({"hyperparams": {"learing_rate": 0.1}}, "hyperparams.learing_rate", "unknown hyperparameter"),
+    ({"hyperparams": {"learning_starts": 10}}, "hyperparams.learning_starts", "not a setting of PPO"),
+])
+def test_bad_settings_are_refused_naming_the_field(client: TestClient, body, field, reason) -> None:
+    client.post("/api/v1/games", json=CART)
+    error = error_of(patch(client, body), 422)
+    problem = error["details"]["errors"][0]
+    assert problem["field"] == field and reason in problem["reason"], problem
+
+
+def test_a_fresh_start_only_key_is_refused_once_the_game_has_trained(client: TestClient, db, clock) -> None:
+    client.post("/api/v1/games", json=CART)
+    assert patch(client, {"hyperparams": {"policy_kwargs": {"net_arch": [8]}}}).status_code == 200  # untrained
+    trained(db, clock)
+    error = error_of(patch(client, {"hyperparams": {"policy_kwargs": {"net_arch": [32]}}}), 422)
+    assert error["details"]["errors"][0]["field"] == "hyperparams.policy_kwargs"
+    assert "needs a fresh start" in error["message"] and "architecture" in error["message"]
+    resumable = patch(client, {"hyperparams": {"policy_kwargs": {"net_arch": [8]}, "learning_rate": 0.01}})
+    assert resumable.status_code == 200  # the unchanged fresh-start key may stay
+
+
+def test_restart_is_asked_for_training_settings_of_a_running_game(client: TestClient, context, db, clock) -> None:
+    client.post("/api/v1/games", json=CART)
+    assert patch(client, {"hyperparams": {"ent_coef": 0.02}}, restart="true").json()["restarting"] is False  # stopped
+    running(db, clock, "cart")
+    assert patch(client, {"priority": 2}, restart="true").json()["restarting"] is False
+    assert "RestartGame" not in context.supervisor.commands
+    game = patch(client, {"hyperparams": {"ent_coef": 0.01}}, restart="true").json()
+    assert game["restarting"] is True and context.supervisor.commands[-2:] == ["Reconcile", "RestartGame"]
+    assert events(client, "settings_changed")[0]["details"]["restart"] is True
+
+
+def test_patch_of_an_unknown_game_is_404(client: TestClient) -> None:
+    assert error_of(patch(client, {"priority": 1}, name="nope"), 404)["code"] == "not_found"
+
+
+# -- PUT /fleet/spec ----------------------------------------------------------------------------
+
+
+def put_spec(client: TestClient, games: list[dict], **params):
+    return client.put("/api/v1/fleet/spec", json={"games": games}, params=params)
+
+
+def actions(response) -> dict[str, str]:
+    assert response.status_code == 200, response.text
+    return {game["name"]: game["action"] for game in response.json()["games"]}
+
+
+FLEET = [CART | {"priority": 2, "hyperparams": {"n_epochs": 4}},
+         {"name": "dqn", "env_id": "CartPole-v1", "algo": "dqn", "target_episodes": 500, "desired": "stopped"}]
+
+
+def test_apply_adds_then_applying_again_changes_nothing(client: TestClient) -> None:
+    assert actions(put_spec(client, FLEET)) == {"cart": "add", "dqn": "add"}
+    before = events(client)
+    again = put_spec(client, FLEET)
+    assert actions(again) == {"cart": "none", "dqn": "none"} and again.json()["changed"] is False
+    assert events(client) == before  # not one event
+    assert client.get("/api/v1/games/dqn").json()["desired"] == "stopped"
+
+
+def test_apply_updates_what_differs_and_leaves_unnamed_games_alone(client: TestClient, context) -> None:
+    put_spec(client, FLEET)
+    client.post("/api/v1/games", json={"name": "other", "env_id": "CartPole-v1"})
+    changed = [FLEET[0] | {"hyperparams": {"n_epochs": 8}}, FLEET[1] | {"desired": "running"}]
+    response = put_spec(client, changed)
+    assert actions(response) == {"cart": "update", "dqn": "update"}
+    plan = {g["name"]: g["changes"] for g in response.json()["games"]}
+    assert plan["cart"] == [{"field": "hyperparams.n_epochs", "old": 4, "new": 8}]
+    assert plan["dqn"] == [{"field": "desired", "old": "stopped", "new": "running"}]
+    assert client.get("/api/v1/games/dqn").json()["desired"] == "running"
+    assert client.get("/api/v1/games/other").status_code == 200
+    assert "RestartGame" not in context.supervisor.commands  # no --restart: at the next start
+
+
+def test_dry_run_reports_the_plan_and_writes_nothing(client: TestClient) -> None:
+    before = events(client)
+    response = put_spec(client, FLEET, dry_run="true")
+    assert actions(response) == {"cart": "add", "dqn": "add"} and response.json()["dry_run"] is True
+    assert client.get("/api/v1/games").json()["items"] == [] and events(client) == before
+
+
+def test_absent_removes_a_stopped_game_and_stops_a_running_one(client: TestClient, db, clock) -> None:
+    put_spec(client, FLEET)
+    running(db, clock, "cart")
+    absent = [{"name": "cart", "absent": True, "env_id": "CartPole-v1"}, {"name": "dqn", "absent": True},
+              {"name": "never-there", "absent": True}]
+    assert actions(put_spec(client, absent)) == {"cart": "stop", "dqn": "remove", "never-there": "none"}
+    assert client.get("/api/v1/games/dqn").status_code == 404
+    assert client.get("/api/v1/games/cart").json()["desired"] == "stopped"
+    assert actions(put_spec(client, absent))["cart"] == "none"  # still stopping: nothing more to do
+    with db.transaction() as session:
+        update_game_state(session, "cart", State.STOPPED, "stopped", clock.now())
+    assert actions(put_spec(client, absent))["cart"] == "remove"
+    assert client.get("/api/v1/games/cart").status_code == 404
+
+
+def test_a_refused_entry_changes_nothing_at_all(client: TestClient, db, clock) -> None:
+    put_spec(client, FLEET)
+    trained(db, clock)
+    before = events(client)
+    bad = [{"name": "new", "env_id": "CartPole-v1"}, CART | {"hyperparams": {"policy": "CnnPolicy"}}]
+    error = error_of(put_spec(client, bad), 422)
+    assert error["details"]["errors"][0]["field"] == "games[1].hyperparams.policy"
+    assert client.get("/api/v1/games/new").status_code == 404 and events(client) == before
+
+
+@pytest.mark.parametrize("entry,field", [
+    (CART | {"algo": "dqn"}, "games[0].algo"),
+    (CART | {"env_id": "Acrobot-v1"}, "games[0].env_id"),
+])
+def test_env_and_algorithm_of_an_existing_game_never_change(client: TestClient, entry, field) -> None:
+    put_spec(client, [CART])
+    error = error_of(put_spec(client, [entry]), 409)
+    assert error["details"]["errors"][0]["field"] == field and "add a game with another name" in error["message"]
+
+
+def test_a_name_twice_and_an_entry_without_env_are_refused(client: TestClient) -> None:
+    assert error_of(put_spec(client, [CART, CART]), 409)["message"].startswith("games[1].name")
+    error = error_of(put_spec(client, [{"name": "x"}]), 422)
+    assert "env_id" in error["details"]["errors"][0]["field"]
+
+
+def test_export_then_apply_is_no_change_through_toml(client: TestClient) -> None:
+    games = FLEET + [{"name": "pg", "env_id": "CartPole-v1", "checkpoint_interval_s": 30.0, "total_timesteps": 10**6,
+                      "hyperparams": {"learning_rate": 2.5e-4, "policy_kwargs": {"net_arch": [64, 64],
+                                                                                  "activation_fn": "tanh"}}}]
+    put_spec(client, games)
+    exported = client.get("/api/v1/fleet/spec").json()["games"]
+    assert [g["name"] for g in exported] == ["cart", "dqn", "pg"]
+    text = to_toml(exported)
+    assert 'desired = "stopped"' in text and "priority = 2" in text and "absent" not in text
+    response = put_spec(client, tomllib.loads(text)["games"])
+    assert response.json()["changed"] is False, response.json()
+
+
+def test_toml_values_read_back_as_written() -> None:
+    for value in [1, -3, 0.1, 1e-5, 2.5e-4, True, "a \"q\" \\ é", [1, [2.0]], {"a b": {"c": []}}, {}]:
+        assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
