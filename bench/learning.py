@@ -7,8 +7,8 @@ hyperparameters, `num_envs` 8) trained by a real `fleetd serve` three ways:
     reach the threshold (or of `--plan-steps`);
   - one simulated power cut at 2/4: the daemon and every worker SIGKILLed at once, the boot id
     changed, the daemon started again.
-Each run stops at the threshold (the game's mean return over its last 100 whole episodes) or at
-the step budget. Reported per run: steps to threshold by the game's own counter (which rewinds to
+Each run stops at the threshold (the game's mean return over its last 100 whole episodes) once
+its planned kills have happened, or at the step budget. Reported per run: steps to threshold by the game's own counter (which rewinds to
 the checkpoint on a resume) and env steps spent (that plus the steps lost), their ratios to the
 uninterrupted run, the steps lost per kill, and per resume the mean return just before the kill
 against the lowest mean return from the resume to the next kill (or the end).
@@ -218,9 +218,10 @@ class Trainer:
                     if run.kills and run.kills[-1].resumed_from is not None:
                         last = run.kills[-1]
                         last.lowest_after = mean if last.lowest_after is None else min(last.lowest_after, mean)
-                    if mean >= run.threshold:
+                    if mean >= run.threshold and run.reached_at is None:
                         run.reached_at = steps
-                        break
+                if run.reached_at is not None and not pending:  # every planned kill happened
+                    break
                 if steps >= run.budget:
                     break
                 if pending and steps >= pending[0]:
