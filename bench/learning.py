@@ -180,8 +180,8 @@ def resumed(daemon: Daemon, name: str, runs_before: int, killed_at_steps: int) -
     if game["pid"] != runs[0]["pid"] or game["steps"] == 0:
         return None
     start = runs[0]["resumed_from_steps"]
-    if start is None:  # from scratch: its steps restart below the kill
-        return 0 if game["steps"] < killed_at_steps else None
+    if start is None:  # not reported yet, or from scratch (no checkpoint at the kill)
+        return 0 if game["last_checkpoint"] is None and game["steps"] < killed_at_steps else None
     return start if game["steps"] > start else None
 
 
@@ -253,10 +253,14 @@ class Trainer:
         killed_at = time.monotonic()
         if kind == "SIGKILL":
             os.kill(game["pid"], signal.SIGKILL)
+            time.sleep(2.0)  # the killed worker's last report and checkpoint flushed; the new one still starting
         else:
             power_cut(daemon, self.config)
             self.config.set_boot_id(f"bench-boot-{len(self.daemons) + 1}")
             daemon = self.start_daemon()
+        after = patiently(lambda: daemon.game(self.name))
+        if after["pid"] != game["pid"] and after["steps"] >= kill.at_steps:  # what was recorded last
+            kill.at_steps = max(after["steps"], (after["last_checkpoint"] or {}).get("steps", 0))
         try:
             kill.resumed_from = wait_for(lambda: resumed(daemon, self.name, runs_before, kill.at_steps), WORKER_START_S,
                                          f"resumed after the {kind}", daemon)
