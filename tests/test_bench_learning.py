@@ -1,0 +1,63 @@
+"""bench/learning.py works end to end: its quick CartPole mode through real daemons (uninterrupted,
+three SIGKILLs, a power cut) writes a well-formed report; the random-play baseline and the curve
+drawing work. Nothing here checks speed or how fast the game learns beyond the quick threshold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.learning import POWER_CUT, SCENARIOS, SIGKILLS, UNINTERRUPTED, draw, random_play
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.e2e
+def test_quick_cartpole_run_reports_every_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "learning.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "bench/learning.py", "cartpole", "--quick", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads(out.read_text())
+    runs = {run["scenario"]: run for run in report["runs"]}
+    assert set(runs) == set(SCENARIOS)
+    for scenario, run in runs.items():
+        assert run["algo"] == "ppo" and run["seed"] == 1
+        # The quick threshold (40) is reached well within the budget by the default PPO.
+        assert run["reached_at"] is not None and 0 < run["reached_at"] <= run["budget"], run
+        assert run["curve"] and run["curve"][-1][1] >= run["threshold"]
+    assert runs[UNINTERRUPTED]["kills"] == []
+    assert [k["kind"] for k in runs[SIGKILLS]["kills"]] == ["SIGKILL"] * 3
+    assert [k["kind"] for k in runs[POWER_CUT]["kills"]] == ["power cut"]
+    for scenario in (SIGKILLS, POWER_CUT):
+        for kill in runs[scenario]["kills"]:
+            # Resumed from a checkpoint (one every 500 steps) at or below where it was killed.
+            assert kill["resumed_from"] is not None and 0 < kill["resumed_from"] <= kill["at_steps"], kill
+            assert kill["at_steps"] - kill["resumed_from"] <= 500 + 256, kill  # an interval and a rollout
+            assert kill["mean_before"] is not None and kill["lowest_after"] is not None
+        assert runs[scenario]["steps_lost"] == sum(k["at_steps"] - k["resumed_from"] for k in runs[scenario]["kills"])
+    summary = report["summary"]["ppo"]
+    assert len(summary[SIGKILLS]["lost_per_kill"]) == 3 and len(summary[SIGKILLS]["ratios"]) == 1
+    assert "3 SIGKILLs" in done.stdout and "power cut" in done.stdout and "uninterrupted" in done.stdout
+
+
+def test_random_play_returns_whole_games() -> None:
+    returns = random_play("CartPole-v1", games=30, num_envs=4)
+    assert len(returns) == 30
+    assert 8 <= sum(returns) / len(returns) <= 60  # random CartPole play scores ~22
+
+
+def test_curve_drawn_as_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "curve.png"
+    payload = {"env_id": "Breakout-v5", "steps": 1000, "machine": "test", "random_mean": 1.2,
+               "random_games": 10, "curve": [{"steps": 100, "mean_return_100": 1.0},
+                                             {"steps": 1000, "mean_return_100": 2.5}]}
+    draw(payload, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
