@@ -163,10 +163,12 @@ class FleetSettings(_Section):
     window_s: float = Field(1500.0, gt=0)
     # A rung that failed is not tried again for cooldown_s, then reprobe_factor times longer
     # after each further failure, at most reprobe_max_s: a host that cannot take a rung stops
-    # rebooting on it (2 h, then 24 h, then 48 h: one probe soon, in case the first failure was
-    # an outside event, then at most one a day). Failing demote_after times withdraws a rung's proof.
-    cooldown_s: float = Field(7200.0, gt=0)
-    reprobe_factor: float = Field(12.0, ge=1)
+    # rebooting on it (30 min, then 24 h, then 48 h: one probe soon, in case the first failure
+    # was an outside event, then at most one a day; soon, so that an outside event hitting the
+    # climb delays it little and both probes of a rung the host cannot take come early).
+    # Failing demote_after times withdraws a rung's proof.
+    cooldown_s: float = Field(1800.0, gt=0)
+    reprobe_factor: float = Field(48.0, ge=1)
     reprobe_max_s: float = Field(172800.0, gt=0)
     demote_after: int = Field(2, ge=1)
     # An unclean reboot is instability (the seeds' hosts rebooted under load). Off for a host
