@@ -194,6 +194,9 @@ class FleetSettings(_Section):
     # GPU power drawn at this fraction of its enforced limit or more is pressure, as are an
     # NVML Xid error and a hardware clock-throttle reason (slowdown, thermal, power brake).
     gpu_power_cap_fraction: float = Field(0.98, gt=0, le=1)
+    # An NVML critical Xid error (read live from NVML events) is pressure for this long: it
+    # blocks admission at once and, lasting past pressure_grace_s, counts as instability.
+    xid_window_s: float = Field(600.0, gt=0)
     # GPU memory one game at tier values was sized for; a smaller share scales them down.
     gpu_reference_gib_per_game: float = Field(10.0, gt=0)
     telemetry_interval_s: float = Field(10.0, gt=0)
