@@ -20,6 +20,7 @@ from fleetd.config import FleetSettings
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
+from fleetd.governor.placement import GpuRoom
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
 from fleetd.governor.snapshot import GovernorView
 from fleetd.states import Desired, State, wants_slot
@@ -246,6 +247,14 @@ class FleetController:
             gpu = snapshot.gpus[0]
             self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes)
         return self._known_gpu
+
+    def gpu_rooms(self) -> list[GpuRoom]:
+        """The GPUs NVML sees now and the memory free on each, for placing workers; none when
+        NVML is unavailable (the workers then use their current device)."""
+        snapshot = self._snapshot()
+        if snapshot is None or not snapshot.gpu_available:
+            return []
+        return [GpuRoom(gpu.index, max(0, gpu.memory_total_bytes - gpu.memory_used_bytes)) for gpu in snapshot.gpus]
 
     def pressure(self) -> Pressure:
         snapshot = self._snapshot()
