@@ -145,7 +145,7 @@ def test_a_reboot_within_the_window_after_a_scale_up_steps_back_to_the_proven_ru
     assert backoff["message"].startswith("back-off after reboot (at 2x1 (light), not proven): 2x1 (light) -> 1x1")
     assert "fleet_reboot_outside" not in {e["kind"] for e in after.get("/api/v1/events?limit=200").json()["items"]}
     assert rung_memory(config, 2)[2] == 1  # the failure is remembered in SQLite
-    # The 1x1 window passes, but 2x1 waits out its re-probe time (2 h by default).
+    # The 1x1 window passes, but 2x1 waits out its re-probe time (30 min by default).
     wait_until(lambda: "failed 1 time(s); tried again at" in after.get("/api/v1/fleet").json()["waiting_reason"],
                "waiting out 2x1's re-probe time", after)
     assert after.get("/api/v1/fleet").json()["admitted"] == ["a"]
