@@ -11,8 +11,8 @@ Assumptions (the model):
   hyperparameter (3rd and 6th in line) that crash at start-up and go FATAL in the minute they
   are admitted. They free their slot and never count as instability (the daemon leaves out
   crashes before `startsecs`). A running game trains with its rung's num_envs (the ladder:
-  1x32, 2x32 light, 3x32, 4x32, 4x48, 4x64 medium, 5x64 .. 8x64, 8x96, 8x128, 8x192, 8x256
-  heavy; the GPU is taken to be large enough that GPU auto-scaling keeps these values).
+  1x32, 2x32 light, 3x32, 4x32, 4x48, 4x64 medium, 6x48, 6x64, 7x64, 8x64, 8x96, 8x128, 8x192,
+  8x256 heavy; the GPU is taken to be large enough that GPU auto-scaling keeps these values).
 - Load = env processes = sum of num_envs over running games (the seeds' heavy run: 365
   processes). The host has a capacity the governor does not know (default sweep 150, 300,
   600, 1200, 1800). While load > capacity the host reboots after an overload of
@@ -303,22 +303,42 @@ def report(capacity: int, results: dict[str, list[Result]], hours: float, seeds:
     return lines
 
 
+def mean_rates(results: dict[str, list[Result]]) -> dict[str, tuple[float, float]]:
+    """Per strategy: mean episodes/hour and mean downtime % over the seeds."""
+    return {
+        name: (statistics.mean(r.episodes_per_hour for r in runs), statistics.mean(r.downtime_pct for r in runs))
+        for name, runs in results.items()
+    }
+
+
+def misses(governor: str, results: dict[str, list[Result]], hours: float) -> list[str]:
+    """The aims (issue 12) the governor misses: below the best fixed tier under 2% downtime,
+    below 0.9x the oracle, more than one load reboot after the first 6 h in any seed."""
+    means = mean_rates(results)
+    eph = means[governor][0]
+    stable = {n: e for n, (e, d) in means.items() if n.startswith("fixed") and d < AIM_DOWNTIME}
+    calm = max(stable, key=stable.get)
+    oracle = next(name for name in means if name.startswith("oracle"))
+    worst = max(r.settled_load_reboots for r in results[governor]) if hours > 6 else 0
+    found = []
+    if eph < stable[calm]:
+        found.append(f"below {calm}")
+    if eph < 0.9 * means[oracle][0]:
+        found.append("below 0.9x the oracle")
+    if worst > 1:
+        found.append("more than one load reboot after 6 h")
+    return found
+
+
 def verdict(governor: str, results: dict[str, list[Result]], means: dict, hours: float) -> str:
     eph, down = means[governor]
     stable = {n: e for n, (e, d) in means.items() if n.startswith("fixed") and d < AIM_DOWNTIME}
     calm = max(stable, key=stable.get)
     oracle = next(name for name in means if name.startswith("oracle"))
-    worst = max(r.settled_load_reboots * 24 * 60 / (r.minutes - SETTLED_MIN) for r in results[governor]) if hours > 6 else 0.0
-    misses = []
-    if eph < stable[calm]:
-        misses.append(f"below {calm}")
-    if eph < 0.9 * means[oracle][0]:
-        misses.append("below 0.9x the oracle")
-    if worst * (hours * 60 - SETTLED_MIN) / (24 * 60) > 1 + 1e-9:
-        misses.append("more than one load reboot after 6 h")
+    missed = misses(governor, results, hours)
     parts = (f"{eph / stable[calm]:.2f}x {calm} (best fixed tier under {AIM_DOWNTIME:g}% downtime), "
              f"{eph / means[oracle][0]:.2f}x {oracle}, downtime {down:.1f}%")  # fmt: skip
-    return ("MISSED: " + "; ".join(misses) + "; " if misses else "met: ") + parts
+    return ("MISSED: " + "; ".join(missed) + "; " if missed else "met: ") + parts
 
 
 def main(argv: list[str] | None = None) -> int:

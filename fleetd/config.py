@@ -166,10 +166,12 @@ class FleetSettings(_Section):
     window_s: float = Field(1500.0, gt=0)
     # A rung that failed is not tried again for cooldown_s, then reprobe_factor times longer
     # after each further failure, at most reprobe_max_s: a host that cannot take a rung stops
-    # rebooting on it (2 h, then 24 h, then 48 h: one probe soon, in case the first failure was
-    # an outside event, then at most one a day). Failing demote_after times withdraws a rung's proof.
-    cooldown_s: float = Field(7200.0, gt=0)
-    reprobe_factor: float = Field(12.0, ge=1)
+    # rebooting on it (30 min, then 24 h, then 48 h: one probe soon, in case the first failure
+    # was an outside event, then at most one a day; soon, so that an outside event hitting the
+    # climb delays it little and both probes of a rung the host cannot take come early).
+    # Failing demote_after times withdraws a rung's proof.
+    cooldown_s: float = Field(1800.0, gt=0)
+    reprobe_factor: float = Field(48.0, ge=1)
     reprobe_max_s: float = Field(172800.0, gt=0)
     demote_after: int = Field(2, ge=1)
     # An unclean reboot is instability (the seeds' hosts rebooted under load). Off for a host
@@ -195,6 +197,9 @@ class FleetSettings(_Section):
     # GPU power drawn at this fraction of its enforced limit or more is pressure, as are an
     # NVML Xid error and a hardware clock-throttle reason (slowdown, thermal, power brake).
     gpu_power_cap_fraction: float = Field(0.98, gt=0, le=1)
+    # An NVML critical Xid error (read live from NVML events) is pressure for this long: it
+    # blocks admission at once and, lasting past pressure_grace_s, counts as instability.
+    xid_window_s: float = Field(600.0, gt=0)
     # GPU memory one game at tier values was sized for; a smaller share scales them down.
     gpu_reference_gib_per_game: float = Field(10.0, gt=0)
     telemetry_interval_s: float = Field(10.0, gt=0)

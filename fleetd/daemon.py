@@ -40,7 +40,7 @@ from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
-from fleetd.telemetry import TelemetrySampler
+from fleetd.telemetry import NvmlReader, TelemetrySampler
 from fleetd.token import ensure_token
 from fleetd.uptime import DaemonStart, StartKind, describe_start, record_daemon_start, record_daemon_stop
 
@@ -141,7 +141,7 @@ class Daemon:
         self.stop = StopRequest()
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
-        self.telemetry = TelemetrySampler()
+        self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
         self.alerts = AlertSender(settings.alerts)
 
     def run(self) -> int:

@@ -13,8 +13,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +26,8 @@ import psutil
 log = logging.getLogger(__name__)
 
 NVML_RETRY_S = 60.0
+XID_WINDOW_S = 600.0  # an Xid error stays in the GPU's readings this long ([fleet] xid_window_s)
+XID_DRAIN_MAX = 256  # events read per sample at most: a storm must not hold up the sampler
 PSI_DIR = Path("/proc/pressure")
 # Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
@@ -45,6 +48,7 @@ class GpuSample:
     power_w: float | None
     power_limit_w: float | None = None  # the enforced power cap
     throttle: tuple[str, ...] = ()  # hardware clock-throttle reasons active now (THROTTLE_REASONS)
+    xid_errors: tuple[int, ...] = ()  # NVML critical Xid errors in the last xid_window_s, oldest first
 
     @property
     def memory_fraction(self) -> float:
@@ -107,9 +111,14 @@ class GpuReader(Protocol):
 class NvmlReader:
     """The real GPUs, through pynvml. Not thread-safe: one sampling thread calls it."""
 
-    def __init__(self, monotonic: Callable[[], float] = time.monotonic, retry_s: float = NVML_RETRY_S) -> None:
+    def __init__(
+        self, monotonic: Callable[[], float] = time.monotonic, retry_s: float = NVML_RETRY_S, xid_window_s: float = XID_WINDOW_S
+    ) -> None:
         self._monotonic = monotonic
         self._retry_s = retry_s
+        self._xid_window_s = xid_window_s
+        self._xid_events: Any = None  # the NVML event set the GPUs report critical Xid errors to
+        self._xids: deque[tuple[float, int, int]] = deque()  # (monotonic time, GPU index, Xid)
         self._nvml: ModuleType | None = None  # set while NVML is initialised
         self._next_init = float("-inf")
         self._reason: str | None = "NVML not initialised yet"
@@ -148,6 +157,7 @@ class NvmlReader:
         self._nvml, self._reason = nvml, None
         self._logged_reasons.clear()  # a later failure is news again
         log.info("NVML initialised")
+        self._xid_events = _watch_xids(nvml)
         return nvml
 
     def _unavailable(self, reason: str) -> None:
@@ -157,21 +167,77 @@ class NvmlReader:
             log.warning("GPU telemetry unavailable: %s; retrying every %.0f s", reason, self._retry_s)
 
     def _shutdown(self, nvml: ModuleType) -> None:
-        self._nvml = None
+        self._nvml, events, self._xid_events = None, self._xid_events, None
+        if events is not None:
+            try:
+                nvml.nvmlEventSetFree(events)
+            except nvml.NVMLError as exc:
+                log.debug("nvmlEventSetFree failed: %s", exc)
         try:
             nvml.nvmlShutdown()
         except nvml.NVMLError as exc:  # already broken; nothing more to learn
             log.debug("nvmlShutdown failed: %s", exc)
 
     def _read_devices(self, nvml: ModuleType) -> tuple[list[GpuSample], dict[int, int]]:
+        xids = self._recent_xids(nvml)
         gpus: list[GpuSample] = []
         pid_memory: dict[int, int] = {}
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(_read_gpu(nvml, index, handle))
+            gpus.append(replace(_read_gpu(nvml, index, handle), xid_errors=xids.get(index, ())))
             for pid, used in _gpu_processes(nvml, handle):
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
         return gpus, pid_memory
+
+    def _recent_xids(self, nvml: ModuleType) -> dict[int, tuple[int, ...]]:
+        """The critical Xid errors NVML reported since the last read, added to those of the
+        window; per GPU index. Waits for none (timeout 0)."""
+        now = self._monotonic()
+        if self._xid_events is not None:
+            wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
+            for _ in range(XID_DRAIN_MAX):
+                try:
+                    event = wait(self._xid_events, 0)
+                except nvml.NVMLError as exc:
+                    if _nvml_code(exc) == nvml.NVML_ERROR_TIMEOUT:  # nothing more waiting
+                        break
+                    raise
+                if int(event.eventType) & nvml.nvmlEventTypeXidCriticalError:
+                    index = int(nvml.nvmlDeviceGetIndex(event.device))
+                    self._xids.append((now, index, int(event.eventData)))
+                    log.warning("GPU %d: NVML critical Xid error %d", index, int(event.eventData))
+        while self._xids and now - self._xids[0][0] > self._xid_window_s:
+            self._xids.popleft()
+        recent: dict[int, tuple[int, ...]] = {}
+        for _, index, xid in self._xids:
+            recent[index] = (*recent.get(index, ()), xid)
+        return recent
+
+
+def _watch_xids(nvml: ModuleType) -> Any:
+    """An NVML event set every GPU that can reports its critical Xid errors to; None if none can
+    (some boards and vGPUs do not support events: their Xids are left to the kernel log)."""
+    try:
+        events = nvml.nvmlEventSetCreate()
+    except nvml.NVMLError as exc:
+        log.info("NVML Xid events unavailable: %s", exc)
+        return None
+    watched = 0
+    for index in range(nvml.nvmlDeviceGetCount()):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+            watched += 1
+        except nvml.NVMLError as exc:
+            log.info("GPU %d: NVML Xid events unavailable: %s", index, exc)
+    if watched:
+        return events
+    nvml.nvmlEventSetFree(events)
+    return None
+
+
+def _nvml_code(exc: Exception) -> int | None:
+    return getattr(exc, "value", None)
 
 
 def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
@@ -417,7 +483,10 @@ def snapshot_json(snapshot: Snapshot | None) -> dict[str, Any]:
         "available": snapshot.gpu_available,
         "reason": snapshot.gpu_unavailable_reason,
         "at": datetime.fromtimestamp(snapshot.at, UTC).isoformat(),
-        "gpus": [asdict(gpu) | {"memory_fraction": gpu.memory_fraction, "throttle": list(gpu.throttle)} for gpu in snapshot.gpus],
+        "gpus": [
+            asdict(gpu) | {"memory_fraction": gpu.memory_fraction, "throttle": list(gpu.throttle), "xid_errors": list(gpu.xid_errors)}
+            for gpu in snapshot.gpus
+        ],
         "host": asdict(snapshot.host),
         "processes": [asdict(proc) for proc in snapshot.processes],
     }

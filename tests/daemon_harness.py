@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-STARTUP_TIMEOUT_S = 30.0
+STARTUP_TIMEOUT_S = 90.0  # a busy 2-core machine can take long to import the daemon
 
 
 def free_port() -> int:
@@ -181,11 +181,12 @@ def cartpole(name: str = "cart") -> dict:
 
 
 def worker_processes(config: DaemonConfig) -> list[psutil.Process]:
-    """Every process running a worker of this test's state_dir (found by its spec path)."""
+    """Every process running a worker of this test's state_dir, the real one or a stand-in
+    (`[worker] module`): found by its `--spec` path."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if "workers" in cmdline and any(str(config.state_dir) in part for part in cmdline):
+        if "--spec" in cmdline and any(str(config.state_dir) in part for part in cmdline):
             found.append(process)
     return found
 
@@ -209,8 +210,8 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def start_daemon(config: DaemonConfig, daemons: list[Daemon]) -> Daemon:
-    daemon = Daemon(config, log_name=f"daemon-{len(daemons)}.log")
+def start_daemon(config: DaemonConfig, daemons: list[Daemon], env: dict[str, str] | None = None) -> Daemon:
+    daemon = Daemon(config, log_name=f"daemon-{len(daemons)}.log", env=env)
     daemons.append(daemon)
     daemon.wait_healthy()
     return daemon

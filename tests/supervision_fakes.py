@@ -18,6 +18,7 @@ class FakeLauncher:
     fail_games: set[str] = field(default_factory=set)  # every spawn for these games raises
     spawned: list[tuple[str, int, int]] = field(default_factory=list)  # (game, run_id, pid)
     signals: list[tuple[int, str]] = field(default_factory=list)  # (pid, signal name)
+    launches: list[Launch] = field(default_factory=list)  # what each spawn was given (its GPU placement included)
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         if launch.game in self.fail_games:
@@ -27,7 +28,9 @@ class FakeLauncher:
             raise LaunchError("python: no such file")
         self.next_pid += 1
         self.spawned.append((launch.game, run_id, self.next_pid))
-        return Spawned(self.next_pid, 1.0, ("python", "-m", "workers"), f"/logs/{run_id}.log")
+        self.launches.append(launch)
+        gpu = launch.spec.gpu if launch.spec is not None else None
+        return Spawned(self.next_pid, 1.0, ("python", "-m", "workers"), f"/logs/{run_id}.log", gpu)
 
     def signal_group(self, pid: int, sig: int) -> None:
         self.signals.append((pid, signal.Signals(sig).name))

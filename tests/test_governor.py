@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from fleetd.config import FleetSettings
+from fleetd.config import FleetSettings, TierSettings
 from fleetd.governor.core import FleetView, Governor, Pressure
+from fleetd.governor.ladder import build_ladder
 from fleetd.store.records import RungMemory
 from tests.fakes import EPOCH
 
@@ -75,10 +76,21 @@ def test_ramp_two_then_three_after_60_min_then_four_after_30_then_envs_up_to_the
 def test_the_default_ladder_fills_the_gaps_between_the_tiers() -> None:
     ladder = Governor.initial(FleetSettings(tier="auto"), EPOCH).ladder
     assert [r.label for r in ladder] == [
-        "1x32", "2x32 (light)", "3x32", "4x32", "4x48", "4x64 (medium)", "5x64", "6x64", "7x64", "8x64",
+        "1x32", "2x32 (light)", "3x32", "4x32", "4x48", "4x64 (medium)", "6x48", "6x64", "7x64", "8x64",
         "8x96", "8x128", "8x192", "8x256 (heavy)",
     ]  # fmt: skip
-    assert [r.load for r in ladder if 300 <= r.load <= 600] == [320, 384, 448, 512]
+    assert [r.load for r in ladder if 250 <= r.load <= 600] == [256, 288, 384, 448, 512]
+    loads, games = [r.load for r in ladder], [r.games for r in ladder]
+    assert loads == sorted(set(loads)) and games == sorted(games)  # every climb adds load, never takes a game
+
+
+def test_the_first_step_above_a_tier_adds_two_games_at_three_quarters_of_its_envs_only_if_lighter() -> None:
+    tiers = {"light": TierSettings(games=2, num_envs=32, batch_size=512),
+             "medium": TierSettings(games=3, num_envs=64, batch_size=1024),
+             "heavy": TierSettings(games=6, num_envs=64, batch_size=1024)}  # fmt: skip
+    # light -> medium: one game more (4x24 would not be lighter than 3x32); medium -> heavy:
+    # 5x48 = 240 is lighter than 4x64 = 256, so it replaces 4x64, and 5x64, 6x64 follow.
+    assert [r.label for r in build_ladder(tiers)] == ["1x32", "2x32 (light)", "3x32", "3x48", "3x64 (medium)", "5x48", "5x64", "6x64 (heavy)"]
 
 
 def test_a_rung_that_adds_only_slots_nobody_waits_for_is_passed_over() -> None:
@@ -280,7 +292,7 @@ def test_gpu_scaling_within_the_tiers_bounds() -> None:
     assert (none.num_envs, none.batch_size) == (32, 512) and "no GPU seen" in none.reason
 
 
-def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_2_h_then_a_day() -> None:
+def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_30_min_then_a_day() -> None:
     now = EPOCH
     governor = Governor.initial(FleetSettings(tier="auto"), now)
     assert governor.rung.label == "4x32"
@@ -293,4 +305,4 @@ def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_2_h
         governor.instability(now, "oom", "a's worker", 5)
         waits.append((governor.memory[governor.ladder[governor.index() + 1].key].retry_at - now) / timedelta(hours=1))
         governor.state = replace(governor.state, rung=governor.index() + 1)
-    assert waits == [2, 24, 48]
+    assert waits == [0.5, 24, 48]

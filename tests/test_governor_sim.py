@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
+
 from bench import governor_sim as sim
 from fleetd.config import FleetSettings
 
@@ -42,6 +44,18 @@ def test_the_governor_climbs_the_ladder_and_steps_back_to_the_proven_rung() -> N
 
 def test_the_oracle_runs_the_best_rung_that_fits() -> None:
     assert sim.oracle_rung(600).label == "8x64" and sim.oracle_rung(150).label == "4x32"
+    assert sim.oracle_rung(300).label == "6x48"  # two games more than medium, for an eighth more load
+
+
+@pytest.mark.parametrize("capacity", sim.CAPACITIES)
+def test_the_governor_meets_its_aims_at_every_capacity(capacity: int) -> None:
+    """Issue 12's aims over a simulated day, 3 seeds: at least the best fixed tier under 2%
+    downtime, at least 0.9x the oracle, at most one load reboot after the first 6 h."""
+    results = sim.run_capacity(capacity, hours=24, seeds=[1, 2, 3])
+    governor = next(name for name in results if name.startswith("governor"))
+    assert sim.misses(governor, results, hours=24) == []
+    assert max(r.settled_load_reboots for r in results[governor]) <= 1
+    assert max(r.downtime_pct for r in results[governor]) < sim.AIM_DOWNTIME
 
 
 def test_host_rates_saturate() -> None:

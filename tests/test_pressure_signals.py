@@ -3,15 +3,24 @@ its cap and hardware clock throttling from fake NVML readings, as the governor j
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
 import pytest
+from fastapi.testclient import TestClient
+from rich.console import Console
 
-from fleetd.config import FleetSettings
-from fleetd.governor.controller import pressure_reasons
+from fleetd.api import create_app
+from fleetd.cli.render import fleet_table
+from fleetd.config import FleetSettings, Settings
+from fleetd.governor.controller import GameSlot, pressure_reasons
+from fleetd.states import Desired, State
+from fleetd.store.engine import Database
 from fleetd.telemetry import GpuSample, HostPressure, HostSample, Snapshot, _throttle, read_pressure, sample_rows
+from tests.api_context import api_context
+from tests.fakes import FakeClock, FakeHost
 
 GiB = 2**30
 
@@ -73,3 +82,54 @@ def test_throttle_bits_from_nvml_are_named(monkeypatch: pytest.MonkeyPatch) -> N
     # idle (0x1) and the software power cap (0x4) are normal; thermal (0x40) and power brake (0x80) are not.
     nvml = SimpleNamespace(NVMLError=pynvml.NVMLError, nvmlDeviceGetCurrentClocksThrottleReasons=lambda handle: 0x1 | 0x4 | 0x40 | 0x80)
     assert _throttle(nvml, 0) == ("hw thermal", "hw power brake")  # type: ignore[arg-type]
+
+
+# --- NVML Xid errors ---------------------------------------------------------------------
+
+
+def test_xid_errors_are_pressure_with_the_count_and_the_codes() -> None:
+    one = GpuSample(1, "H100", 99.0, GiB, 80 * GiB, 70.0, None, xid_errors=(79,))
+    assert pressure_reasons(gpu_host(one), FleetSettings()) == ["GPU 1: 1 NVML Xid error (79) in the last 10 min"]
+    three = replace(one, xid_errors=(48, 79, 48))
+    reasons = pressure_reasons(gpu_host(three), FleetSettings(xid_window_s=300))
+    assert reasons == ["GPU 1: 3 NVML Xid errors (48, 79) in the last 5 min"]
+    assert pressure_reasons(gpu_host(replace(one, xid_errors=())), FleetSettings()) == []
+
+
+class Telemetry:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.latest = snapshot
+
+
+def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """A live Xid error, as the API and `fleetd tier` show it: admission blocked at once, a
+    back-off one rung down once it lasted `pressure_grace_s`, with the number that tripped."""
+    context = api_context(settings, db, clock, host, "t" * 32)
+    fleet = context.supervisor.fleet
+    xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
+    fleet.telemetry = Telemetry(gpu_host(xid))
+    context = replace(context, telemetry=fleet.telemetry)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    for name in ("a", "b", "c"):
+        assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
+    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.STARTING) for n in ("a", "b", "c")]
+
+    fleet.govern(slots)
+    reason = "GPU 0: 1 NVML Xid error (79) in the last 10 min"
+    answer = client.get("/api/v1/fleet").json()
+    assert answer["pressure"] == [reason] and answer["admitted"] == []  # blocked at once
+    assert answer["waiting_reason"] == f"admission blocked: {reason}"
+    assert answer["telemetry"]["gpus"][0]["xid_errors"] == [79]
+    console = Console(record=True, width=200)
+    console.print(fleet_table(answer))
+    assert reason in console.export_text()
+
+    clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.govern(slots)
+    fleet.govern(slots)
+    assert fleet.governor.last_backoff is not None
+    assert f"back-off after pressure ({reason})" in fleet.governor.last_backoff
+    assert client.get("/api/v1/fleet").json()["last_backoff"] == fleet.governor.last_backoff

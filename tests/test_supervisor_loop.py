@@ -55,10 +55,11 @@ class Loop:
     boot_pk: int
     supervisor: Supervisor | None = None
     alerts: Any = None  # an AlertSender, or a fake with `send`
+    telemetry: Any = None  # a TelemetrySampler (over a fake NVML), or None: no GPU seen
 
     def start(self) -> Supervisor:
         recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
-        fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=None)
+        fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry)
         self.supervisor = Supervisor(
             self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet
         )

@@ -191,7 +191,7 @@ def test_a_failed_init_is_retried_at_most_once_a_minute(
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """pynvml with two GPUs: no power reading on either; pid 10 uses 1 GiB on each, on GPU 0 in
     both the compute and the graphics list; GPU 1 does not support the graphics list."""
-    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None)
+    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None, events=[], registered=[], freed=0)
 
     def memory_info(handle: int) -> SimpleNamespace:
         if state.memory_error is not None:
@@ -205,6 +205,17 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
         return [SimpleNamespace(pid=10, usedGpuMemory=GiB)] if handle == 0 else unsupported()
 
     compute = {0: [SimpleNamespace(pid=10, usedGpuMemory=GiB), SimpleNamespace(pid=11, usedGpuMemory=None)]}
+
+    def register(handle: int, types: int, events: str) -> None:
+        if handle == 1:  # GPU 1 does not support events (some boards, vGPUs)
+            unsupported()
+        state.registered.append((handle, types, events))
+
+    def wait(events: str, timeout_ms: int) -> SimpleNamespace:
+        assert (events, timeout_ms) == ("xid-set", 0)  # never blocks the sampler
+        if not state.events:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+        return state.events.pop(0)
     fakes = {
         "nvmlInit": lambda: setattr(state, "inits", state.inits + 1),
         "nvmlShutdown": lambda: setattr(state, "shutdowns", state.shutdowns + 1),
@@ -219,6 +230,11 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
             handle, [SimpleNamespace(pid=10, usedGpuMemory=GiB)]
         ),
         "nvmlDeviceGetGraphicsRunningProcesses": graphics,
+        "nvmlEventSetCreate": lambda: "xid-set",
+        "nvmlEventSetFree": lambda events: setattr(state, "freed", state.freed + 1),
+        "nvmlDeviceRegisterEvents": register,
+        "nvmlEventSetWait_v2": wait,
+        "nvmlDeviceGetIndex": lambda handle: handle,
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(pynvml, name, fake)
@@ -248,6 +264,47 @@ def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake
     assert reader.read()[2] is not None and fake_nvml.inits == 1  # not before the retry interval
     clock.now += 61
     assert reader.read()[2] is None and fake_nvml.inits == 2
+
+
+def xid_event(device: int, xid: int, event_type: int = pynvml.nvmlEventTypeXidCriticalError) -> SimpleNamespace:
+    return SimpleNamespace(device=device, eventType=event_type, eventData=xid, gpuInstanceId=0, computeInstanceId=0)
+
+
+def test_xid_errors_are_read_live_from_nvml_events_and_kept_for_their_window(fake_nvml: SimpleNamespace) -> None:
+    clock = Monotonic()
+    reader = NvmlReader(monotonic=clock, xid_window_s=600)
+    gpus, _, _ = reader.read()
+    assert [gpu.xid_errors for gpu in gpus] == [(), ()]
+    assert fake_nvml.registered == [(0, pynvml.nvmlEventTypeXidCriticalError, "xid-set")]  # GPU 1 cannot: skipped
+
+    fake_nvml.events += [xid_event(0, 79), xid_event(0, 0x1234, event_type=pynvml.nvmlEventTypeSingleBitEccError)]
+    clock.now += 10
+    gpus, _, _ = reader.read()
+    assert [gpu.xid_errors for gpu in gpus] == [(79,), ()]  # only critical Xid events count
+    clock.now += 300
+    fake_nvml.events.append(xid_event(0, 48))
+    assert reader.read()[0][0].xid_errors == (79, 48)  # kept for the window, oldest first
+    clock.now += 301
+    assert reader.read()[0][0].xid_errors == (48,)  # 79 is 611 s old
+    clock.now += 600
+    assert reader.read()[0][0].xid_errors == ()
+
+
+def test_a_board_without_nvml_events_is_read_without_xids(fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_events() -> NoReturn:
+        raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", no_events)
+    gpus, _, reason = NvmlReader().read()
+    assert reason is None and [gpu.xid_errors for gpu in gpus] == [(), ()]
+
+
+def test_the_xid_event_set_is_freed_when_the_nvml_session_is_dropped(fake_nvml: SimpleNamespace) -> None:
+    reader = NvmlReader(monotonic=Monotonic())
+    assert reader.read()[2] is None
+    fake_nvml.memory_error = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert reader.read()[2] is not None
+    assert (fake_nvml.freed, fake_nvml.shutdowns) == (1, 1)
 
 
 # --- a real worker-like process tree -----------------------------------------------------

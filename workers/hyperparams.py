@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -30,6 +32,12 @@ class DeviceInfo:
     kind: str  # "cpu" or "cuda"
     name: str
     memory_gib: float = 0.0
+    index: int | None = None  # the CUDA device index in this process (cuda only)
+
+    @property
+    def torch(self) -> str:
+        """What torch and SB3 are given: "cpu" or "cuda:N", never a bare "cuda" (device 0)."""
+        return f"cuda:{self.index}" if self.kind == "cuda" and self.index is not None else self.kind
 
 
 @dataclass(frozen=True)
@@ -49,14 +57,31 @@ class Plan:
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
-def select_device(requested: str) -> DeviceInfo:
+def select_device(requested: str, gpu: int | None = None) -> DeviceInfo:
+    """The device to train on. `gpu`: the GPU fleetd placed the run on (NVML index); fleetd
+    also made it the only one visible (CUDA_VISIBLE_DEVICES), so it is device 0 here. Run on
+    its own with the GPUs visible, the worker uses `gpu` as the index; without one, torch's
+    current device."""
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return DeviceInfo("cpu", "cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' requested but torch sees no CUDA device; "
                            "set device to 'auto' or 'cpu'")
-    props = torch.cuda.get_device_properties(0)
-    return DeviceInfo("cuda", props.name, props.total_memory / 2**30)
+    index = cuda_index(gpu, os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), torch.cuda.current_device)
+    props = torch.cuda.get_device_properties(index)
+    return DeviceInfo("cuda", props.name, props.total_memory / 2**30, index)
+
+
+def cuda_index(gpu: int | None, visible: str | None, count: int, current: Callable[[], int]) -> int:
+    """The CUDA index in this process of the GPU the spec names."""
+    if gpu is None:
+        return current()
+    if visible is not None and visible.strip() == str(gpu):
+        return 0  # fleetd's launch: the placed GPU alone is visible
+    if visible is not None or gpu >= count:
+        raise SpecError("gpu", f"GPU {gpu} is not visible here (CUDA_VISIBLE_DEVICES={visible!r}, "
+                        f"{count} device(s) seen)")
+    return gpu
 
 
 def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
@@ -67,6 +92,7 @@ def configure_torch(device: DeviceInfo, cpu_threads: int) -> None:
     except RuntimeError:  # already set (or parallel work started) in this process
         pass
     if device.kind == "cuda":
+        torch.cuda.set_device(device.index)  # allocations without a device go there too
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotuned convs pay off

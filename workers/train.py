@@ -34,7 +34,7 @@ UNBOUNDED_STEPS = 2**62  # "train until stopped": SB3 needs a number
 def run(spec: RunSpec, stop: StopFlag | None = None) -> int:
     """Train one game as the spec says; returns the process exit code."""
     stop = stop or StopFlag().install()
-    device = select_device(spec.device)
+    device = select_device(spec.device, spec.gpu)
     configure_torch(device, spec.cpu_threads)
     plan = make_plan(spec, device)
     set_random_seed(spec.seed, using_cuda=device.kind == "cuda")  # python, numpy, torch
@@ -55,7 +55,7 @@ def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
 
 def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSender, stop: StopFlag) -> int:
     checkpoint.remove_temporaries(spec.checkpoint_dir)
-    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.kind, plan.normalize,
+    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.torch, plan.normalize,
                            plan.overrides)
     counters = found.restored.counters if found.restored else Counters()
     reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
@@ -132,7 +132,7 @@ def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
     env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
     kwargs = algo_kwargs(spec.algo, plan, image_obs)
     log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
-    return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.kind,
+    return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.torch,
                                    seed=spec.seed, verbose=0,
                                    tensorboard_log=tensorboard_dir(spec), **kwargs)
 

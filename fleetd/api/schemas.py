@@ -148,6 +148,7 @@ class RunOut(Out):
     resumed_from_steps: int | None
     adoptions: int
     log_path: str | None
+    gpu: int | None = Field(description="the GPU (NVML index) fleetd placed the run on; null: not placed (no GPU seen, or device cpu)")
 
 
 class RunList(Out):

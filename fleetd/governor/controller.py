@@ -20,6 +20,7 @@ from fleetd.config import FleetSettings
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
+from fleetd.governor.placement import GpuRoom
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
 from fleetd.governor.snapshot import GovernorView
 from fleetd.states import Desired, State, wants_slot
@@ -250,6 +251,14 @@ class FleetController:
             self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes)
         return self._known_gpu
 
+    def gpu_rooms(self) -> list[GpuRoom]:
+        """The GPUs NVML sees now and the memory free on each, for placing workers; none when
+        NVML is unavailable (the workers then use their current device)."""
+        snapshot = self._snapshot()
+        if snapshot is None or not snapshot.gpu_available:
+            return []
+        return [GpuRoom(gpu.index, max(0, gpu.memory_total_bytes - gpu.memory_used_bytes)) for gpu in snapshot.gpus]
+
     def pressure(self) -> Pressure:
         snapshot = self._snapshot()
         if snapshot is None:
@@ -264,7 +273,7 @@ def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
             reasons.append(f"GPU {gpu.index} memory {gpu.memory_fraction:.0%} > {settings.gpu_memory_max_fraction:.0%}")
         if gpu.temperature_c is not None and gpu.temperature_c > settings.gpu_temperature_max_c:
             reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")
-        reasons += gpu_power_reasons(gpu, settings)
+        reasons += gpu_distress_reasons(gpu, settings)
     host = snapshot.host
     available = host.memory_available_bytes / max(1, host.memory_total_bytes)
     if available < settings.host_memory_min_available_fraction:
@@ -272,14 +281,20 @@ def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
     return reasons + psi_reasons(host.pressure, settings)
 
 
-def gpu_power_reasons(gpu: Any, settings: FleetSettings) -> list[str]:
-    """The GPU drawing its power cap, or slowing its clocks to protect itself."""
+def gpu_distress_reasons(gpu: Any, settings: FleetSettings) -> list[str]:
+    """The GPU drawing its power cap, slowing its clocks to protect itself, or reporting
+    critical Xid errors."""
     reasons = []
     cap = settings.gpu_power_cap_fraction
     if gpu.power_w is not None and gpu.power_limit_w and gpu.power_w >= cap * gpu.power_limit_w:
         reasons.append(f"GPU {gpu.index} power {gpu.power_w:.0f} W >= {cap:.0%} of its {gpu.power_limit_w:.0f} W cap")
     if gpu.throttle:
         reasons.append(f"GPU {gpu.index} clocks throttled: {', '.join(gpu.throttle)}")
+    if gpu.xid_errors:
+        count = len(gpu.xid_errors)
+        codes = ", ".join(str(xid) for xid in dict.fromkeys(gpu.xid_errors))
+        plural = "s" if count > 1 else ""
+        reasons.append(f"GPU {gpu.index}: {count} NVML Xid error{plural} ({codes}) in the last {settings.xid_window_s / 60:g} min")
     return reasons
 
 

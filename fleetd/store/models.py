@@ -167,6 +167,7 @@ class Run(Base):
     cause: Mapped[str | None] = mapped_column(String(32))
     resumed_from_steps: Mapped[int | None]
     adoptions: Mapped[int] = mapped_column(default=0)
+    gpu: Mapped[int | None]  # the GPU (NVML index) the run was placed on; None: not placed
 
 
 class Checkpoint(Base):

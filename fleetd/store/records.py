@@ -62,6 +62,7 @@ class RunRecord:
     cause: str | None
     resumed_from_steps: int | None
     adoptions: int
+    gpu: int | None = None  # the GPU (NVML index) it was placed on; None: not placed
 
 
 @dataclass(frozen=True)

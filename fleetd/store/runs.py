@@ -23,10 +23,10 @@ def create_run(session: Session, game_id: int, boot_pk: int, now: datetime) -> i
 
 
 def update_run_spawned(
-    session: Session, run_id: int, pid: int, start_time: float, cmdline: list[str], log_path: str
+    session: Session, run_id: int, pid: int, start_time: float, cmdline: list[str], log_path: str, gpu: int | None = None
 ) -> None:
     row = session.get_one(Run, run_id)
-    row.pid, row.proc_start_time, row.cmdline, row.log_path = pid, start_time, cmdline, log_path
+    row.pid, row.proc_start_time, row.cmdline, row.log_path, row.gpu = pid, start_time, cmdline, log_path, gpu
     session.flush()
 
 

@@ -42,7 +42,7 @@ class OsLauncher:
             spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", spec)
             log_path = logs / f"run-{run_id:06d}.log"
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
-            pid = self._spawn(argv, log_path, _worker_env(spec.cpu_threads))
+            pid = self._spawn(argv, log_path, worker_env(spec.cpu_threads, spec.gpu))
         except OSError as exc:
             raise LaunchError(f"{exc.strerror or exc} ({exc.filename or self.python})") from None
         _prune_run_files(logs, self.keep_runs)
@@ -50,7 +50,7 @@ class OsLauncher:
             started = process_start_time(pid)
         except psutil.NoSuchProcess:
             started = 0.0  # gone already: its exit is on its way to the reactor
-        return Spawned(pid, started, tuple(argv), str(log_path))
+        return Spawned(pid, started, tuple(argv), str(log_path), spec.gpu)
 
     def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> int:
         out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
@@ -77,10 +77,14 @@ def _run_spec(launch: Launch, run_id: int) -> RunSpec:
     return launch.spec.with_run(run_id)
 
 
-def _worker_env(cpu_threads: int) -> dict[str, str]:
+def worker_env(cpu_threads: int, gpu: int | None = None) -> dict[str, str]:
+    """The daemon's environment, less systemd's, with the worker's thread allotment and, when
+    fleetd placed it on a GPU, that GPU alone visible (named by NVML's index: PCI bus order)."""
     env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
     threads = str(cpu_threads)
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    if gpu is not None:
+        env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
     return env
 
 

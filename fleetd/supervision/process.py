@@ -60,6 +60,7 @@ class WorkerProcess:
         self.spawned_launch: Launch | None = None
         # Learning-rate / batch scales after divergences and CUDA OOMs (fleetd/supervision/remedies.py).
         self.remedies = Remedies()
+        self.gpu: int | None = None  # the GPU the live (or last) run was placed on
 
     @property
     def name(self) -> str:
@@ -94,9 +95,11 @@ class WorkerProcess:
         if self.state is State.STOPPED and state in (State.EXITED, State.FATAL):
             self.state, self.reason = state, reason
 
-    def adopt(self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None) -> None:
+    def adopt(
+        self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None
+    ) -> None:
         """Watch a live worker that a previous daemon started (it is no longer our child)."""
-        self.run_id, self.pid = run_id, pid
+        self.run_id, self.pid, self.gpu = run_id, pid, gpu
         self._fresh_watch(steps)
         self._resumed_steps = -1 if resumed_steps is None else resumed_steps
         self.spawned_wall = self._clock.now()
@@ -193,7 +196,7 @@ class WorkerProcess:
             self._sink.run_ended(run_id, ExitStatus(), "spawn_error")
             self._failed(f"could not start the worker: {exc}")
             return
-        self.run_id, self.pid = run_id, spawned.pid
+        self.run_id, self.pid, self.gpu = run_id, spawned.pid, spawned.gpu
         self.spawned_launch = self.launch
         self._spawned_at = self._clock.monotonic()
         self.spawned_wall = self._clock.now()

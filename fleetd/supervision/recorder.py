@@ -54,7 +54,7 @@ class Recorder:
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         with self.db.transaction() as session:
             run_store.update_run_spawned(
-                session, run_id, spawned.pid, spawned.start_time, list(spawned.cmdline), spawned.log_path
+                session, run_id, spawned.pid, spawned.start_time, list(spawned.cmdline), spawned.log_path, spawned.gpu
             )
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:

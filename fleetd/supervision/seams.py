@@ -35,6 +35,7 @@ class Spawned:
     start_time: float  # the process's start time as /proc reports it (epoch seconds)
     cmdline: tuple[str, ...]
     log_path: str
+    gpu: int | None = None  # the GPU (NVML index) the run was placed on
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: T
             progress_interval_s=worker.progress_interval_s,
             cpu_threads=cpu_threads,
             device=worker.device,
+            gpu=None,  # placed at each spawn (Supervisor._place): the free memory then decides
             seed=game.id,
             # Never silently from scratch: the worker refuses when checkpoints exist and none verifies.
             allow_fresh_start=False,

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import queue
 import signal
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fleetd.clock import Clock
@@ -20,6 +22,7 @@ from fleetd.config import Settings
 from fleetd.governor import admission
 from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
+from fleetd.governor.placement import choose_gpu
 from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
 from fleetd.states import LIVE, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
@@ -88,6 +91,23 @@ class WatchingLauncher:
         self._inner.signal_group(pid, sig)
 
 
+class PlacingLauncher:
+    """Each worker is placed on a GPU at its spawn (fleetd/governor/placement.py), when NVML
+    sees any: the spec names it and the launcher makes it the only one the worker sees."""
+
+    def __init__(self, inner: Launcher, place: Callable[[str], int | None]) -> None:
+        self._inner, self._place = inner, place
+
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        gpu = None if launch.spec is None else self._place(launch.game)
+        if gpu is not None and launch.spec is not None:
+            launch = replace(launch, spec=launch.spec.model_copy(update={"gpu": gpu}))
+        return self._inner.spawn(launch, run_id)
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        self._inner.signal_group(pid, sig)
+
+
 class TransitionTap:
     """The recorder as the processes' sink, noting for the loop that some game's state changed:
     the governor then looks again in the same step (a game gone FATAL frees its slot at once)."""
@@ -128,7 +148,7 @@ class Supervisor:
     ) -> None:
         self.settings, self.db, self.clock = settings, db, clock
         self.policy = Policy.from_settings(settings.supervisor)
-        self._launcher = WatchingLauncher(launcher, reactor)
+        self._launcher = WatchingLauncher(PlacingLauncher(launcher, self._place), reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._tap = TransitionTap(recorder)
         self.snapshots = SnapshotBox()
@@ -358,8 +378,15 @@ class Supervisor:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
             return
         self.recorder.adopted(run.id)
-        proc.adopt(run.id, run.pid, None, run.resumed_from_steps)
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu)
         proc.spawned_launch = _launch_of_run(proc.launch, run)
+
+    def _place(self, game: str) -> int | None:
+        """The GPU for a game's next worker: by free memory and the live workers on each GPU."""
+        if self.settings.worker.device == "cpu":
+            return None
+        games_on = Counter(p.gpu for name, p in self.procs.items() if name != game and p.state in LIVE and p.gpu is not None)
+        return choose_gpu(self.fleet.gpu_rooms(), games_on)
 
     def _forget_removed(self) -> None:
         for name in [n for n, p in self.procs.items() if n not in self._desired and p.state not in LIVE]:

@@ -4,12 +4,15 @@ protocol like the real one, then behaves as its game's name says.
 - a game named `crash...` resumes from its checkpoint, reports advancing steps for
   `CRASH_AFTER_S` (past `startsecs`: it reaches RUNNING), writes no new checkpoint, and dies
   with exit 1: a CUDA out-of-memory at the first update, every run.
+- a game named `bad...` dies at start-up with exit 1, before any report, as the real worker
+  does on a mistyped hyperparameter (SB3 raises while building the model): a failed start.
 - any other game reports progress until SIGTERM, then exits 0 as a stop expects.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -27,7 +30,13 @@ RESUMED_STEPS = 1000
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", required=True)
-    spec = RunSpec.load(parser.parse_args().spec)
+    path = parser.parse_args().spec
+    with open(path, encoding="utf-8") as file:
+        game = json.load(file)["game"]
+    if game.startswith("bad"):
+        print("TypeError: PPO.__init__() got an unexpected keyword argument 'n_step' (simulated)", file=sys.stderr)
+        return 1
+    spec = RunSpec.load(path)
     sender = ProgressSender(spec.progress_socket)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))

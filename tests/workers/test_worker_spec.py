@@ -32,7 +32,7 @@ EVERY_FIELD: dict[str, Any] = {
     "hyperparams": EVERY_HYPERPARAM, "tier_defaults": EVERY_TIER_DEFAULT,
     "checkpoint_interval_s": 60.5, "checkpoint_interval_steps": 128, "keep_checkpoints": 5,
     "progress_socket": "/run/fleetd/progress.sock", "progress_interval_s": 0.5, "cpu_threads": 4,
-    "device": "cpu", "seed": 9, "allow_fresh_start": True, "tensorboard_dir": "/g/pong/tb",
+    "device": "cpu", "gpu": 2, "seed": 9, "allow_fresh_start": True, "tensorboard_dir": "/g/pong/tb",
     "lr_scale": 0.5, "batch_scale": 0.25,
 }
 

@@ -200,6 +200,9 @@ class LaunchSpec(_Strict):
     progress_interval_s: PositiveSeconds = 2.0
     cpu_threads: Positive = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # The GPU fleetd placed this run on (NVML index, PCI bus order); fleetd's launcher also sets
+    # CUDA_VISIBLE_DEVICES to it, so the worker sees it alone. None: not placed (use the current device).
+    gpu: NonNegative | None = None
     seed: NonNegative = 0
     allow_fresh_start: bool = False
     tensorboard_dir: Text | None = None

@@ -1,0 +1,191 @@
+"""Multi-GPU hosts (issue 16, item 6): each worker placed on a GPU by free memory and the games
+already there, the placement recorded with its run and shown by the API, the worker made to
+see that GPU alone. A fake NVML of 4 GPUs behind the real NvmlReader and TelemetrySampler."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.catalog import EnvCatalog
+from fleetd.config import Settings, TierSettings
+from fleetd.governor.placement import GpuRoom, choose_gpu
+from fleetd.states import State
+from fleetd.store import runs as run_store
+from fleetd.store.engine import Database
+from fleetd.supervision.launcher import OsLauncher, worker_env
+from fleetd.supervision.seams import Launch
+from fleetd.telemetry import NvmlReader, TelemetrySampler
+from fleetd.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+from tests.supervision_fakes import FakeLauncher, FakeReactor
+from tests.test_supervisor_loop import FakeProbe, Loop
+from workers.hyperparams import cuda_index
+from workers.protocol import PROTOCOL_VERSION
+from workers.protocol.spec import LaunchSpec, SpecError
+
+GiB = 2**30
+
+
+# -- the rule -----------------------------------------------------------------------------------
+
+
+def test_games_spread_over_equal_gpus_in_index_order() -> None:
+    gpus = [GpuRoom(i, 80 * GiB) for i in range(4)]
+    games_on: dict[int, int] = {}
+    placed = []
+    for _ in range(6):
+        gpu = choose_gpu(gpus, games_on)
+        assert gpu is not None
+        placed.append(gpu)
+        games_on[gpu] = games_on.get(gpu, 0) + 1
+    assert placed == [0, 1, 2, 3, 0, 1]
+
+
+def test_free_memory_shared_with_the_games_there_decides() -> None:
+    # GPU 2 has another tenant: 20 GiB free. It takes a game only once a game more on the
+    # others would leave each less than that.
+    gpus = [GpuRoom(0, 80 * GiB), GpuRoom(1, 80 * GiB), GpuRoom(2, 20 * GiB), GpuRoom(3, 80 * GiB)]
+    assert choose_gpu(gpus, {}) == 0
+    assert choose_gpu(gpus, {0: 1, 1: 1, 3: 1}) == 0  # 40 GiB a game beats 20
+    assert choose_gpu(gpus, {0: 2, 1: 2, 3: 2}) == 0  # 26.7 beats 20
+    assert choose_gpu(gpus, {0: 3, 1: 3, 3: 3}) == 2  # 20 each: a tie, and the fewer games win
+    assert choose_gpu(gpus, {0: 1, 1: 1, 2: 1, 3: 1}) == 0  # 40 beats 10
+    assert choose_gpu([], {}) is None
+
+
+# -- a fake NVML of 4 GPUs, through the real reader ---------------------------------------------
+
+
+@pytest.fixture
+def four_gpus(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """pynvml with 4 x 80 GiB GPUs; GPU 2 has 60 GiB used by another tenant."""
+    used = {0: GiB, 1: GiB, 2: 60 * GiB, 3: GiB}
+
+    def unsupported(*_: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    fakes = {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: 4,
+        "nvmlDeviceGetHandleByIndex": lambda index: index,
+        "nvmlDeviceGetName": lambda handle: "NVIDIA H100 80GB HBM3",
+        "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=used[handle], total=80 * GiB),
+        "nvmlDeviceGetUtilizationRates": lambda handle: SimpleNamespace(gpu=50, memory=0),
+        "nvmlDeviceGetTemperature": lambda handle, sensor: 60,
+        "nvmlDeviceGetPowerUsage": lambda handle: 300_000,
+        "nvmlDeviceGetEnforcedPowerLimit": lambda handle: 700_000,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda handle: 0,
+        "nvmlDeviceGetComputeRunningProcesses": lambda handle: [],
+        "nvmlDeviceGetGraphicsRunningProcesses": lambda handle: [],
+        "nvmlEventSetCreate": unsupported,
+    }
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", raising=False)
+    for name, fake in fakes.items():
+        monkeypatch.setattr(pynvml, name, fake)
+    return SimpleNamespace(used=used)
+
+
+def sampled() -> TelemetrySampler:
+    sampler = TelemetrySampler(NvmlReader())
+    assert sampler.sample({}).gpu_available
+    return sampler
+
+
+@pytest.fixture
+def loop(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace) -> Loop:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    tiers = {"light": TierSettings(games=2, num_envs=32, batch_size=512),
+             "medium": TierSettings(games=6, num_envs=32, batch_size=512),
+             "heavy": TierSettings(games=8, num_envs=64, batch_size=1024)}  # fmt: skip
+    fleet = settings.fleet.model_copy(update={"tier": "medium", "start_games": 6, "tiers": tiers})
+    settings = settings.model_copy(update={"fleet": fleet})
+    return Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, telemetry=sampled())
+
+
+def placements(loop: Loop) -> dict[str, int | None]:
+    return {launch.game: launch.spec.gpu for launch in loop.launcher.launches if launch.spec is not None}
+
+
+def test_the_daemon_places_each_game_and_records_it_with_the_run(loop: Loop, four_gpus: SimpleNamespace) -> None:
+    for name in ("a", "b", "c", "d", "e", "f"):
+        loop.add(name)
+    loop.start()
+    # GPU 2 has 20 GiB free: 79 GiB shared by two games (39.5) still beats it, three (26.3) too.
+    assert placements(loop) == {"a": 0, "b": 1, "c": 3, "d": 0, "e": 1, "f": 3}
+    assert {name: loop.sup.procs[name].gpu for name in "abcdef"} == placements(loop)
+    with loop.db.transaction() as session:
+        runs = {run.game: run.gpu for run in run_store.read_open_runs(session)}
+    assert runs == placements(loop)
+
+    # What the API shows of a run: its GPU.
+    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at), EnvCatalog())
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    [run] = client.get("/api/v1/games/c/runs").json()["items"]
+    assert run["gpu"] == 3
+
+    # The other tenant leaves GPU 2, then a's worker dies: its restart goes where there is most
+    # room now (GPU 2, empty), not back where it was.
+    loop.run_up("a", "b", "c", "d", "e", "f")
+    four_gpus.used[2] = GiB
+    loop.telemetry.sample({})
+    loop.reactor.exit(loop.pid("a"), code=1)
+    for _ in range(20):
+        loop.steps()
+    assert (loop.launcher.launches[-1].game, loop.launcher.launches[-1].spec.gpu) == ("a", 2)
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].gpu == 2
+
+
+@pytest.mark.parametrize("case", ["device cpu", "no GPU seen"])
+def test_device_cpu_or_no_gpu_seen_places_nothing(
+    case: str, settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
+) -> None:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    if case == "device cpu":
+        settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"device": "cpu"})})
+    telemetry = sampled() if case == "device cpu" else None
+    loop = Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, telemetry=telemetry)
+    loop.add("a")
+    loop.start()
+    assert placements(loop) == {"a": None} and loop.sup.procs["a"].gpu is None
+
+
+# -- the worker sees the placed GPU alone ---------------------------------------------------------
+
+
+def test_the_launcher_makes_the_placed_gpu_the_only_one_visible(tmp_path: Path) -> None:
+    """A real spawn: the 'python' is a script that prints its environment into the run log."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nenv\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    spec = LaunchSpec(version=PROTOCOL_VERSION, game="pong", env_id="CartPole-v1", algo="ppo",
+                      checkpoint_dir=str(tmp_path / "ckpt"), gpu=2)  # fmt: skip
+    spawned = OsLauncher(str(python)).spawn(Launch("pong", tmp_path / "pong", spec), 7)
+    assert spawned.gpu == 2
+    os.waitpid(spawned.pid, 0)
+    env = dict(line.split("=", 1) for line in Path(spawned.log_path).read_text().splitlines() if "=" in line)
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == ("2", "PCI_BUS_ID")
+    assert '"gpu": 2' in (tmp_path / "pong" / "logs" / "run-000007.spec.json").read_text()
+    assert worker_env(1, None).get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")  # not placed: untouched
+
+
+def test_the_worker_uses_the_placed_gpu_not_cuda_0() -> None:
+    current = lambda: 0  # noqa: E731
+    assert cuda_index(2, "2", 1, current) == 0  # fleetd's launch: GPU 2 alone visible, index 0 here
+    assert cuda_index(3, None, 4, current) == 3  # run on its own with the 4 GPUs visible
+    assert cuda_index(None, None, 4, lambda: 1) == 1  # not placed: torch's current device
+    with pytest.raises(SpecError, match="GPU 5 is not visible here"):
+        cuda_index(5, None, 4, current)
+    with pytest.raises(SpecError, match="GPU 1 is not visible here"):
+        cuda_index(1, "0,2", 2, current)
