@@ -78,6 +78,7 @@ class StopRequest:
     def _exit_server(self) -> None:
         if self.server is not None:
             self.server.should_exit = True
+            self.server.config.app.state.stopping.set()  # open log follows end, not hold the shutdown
 
     @property
     def leave_workers(self) -> bool:

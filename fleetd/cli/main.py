@@ -14,6 +14,7 @@ from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games
 from fleetd.cli.backup_cmd import register as register_backup
 from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.games_cmd import register as register_games
+from fleetd.cli.logs_cmd import register as register_logs
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
@@ -27,6 +28,7 @@ app.add_typer(db_app, name="db")
 register_games(app)
 register_backup(app)
 register_apply(app)
+register_logs(app)
 register_systemd(app)
 
 
