@@ -36,9 +36,10 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-JsonInt = Annotated[int, BeforeValidator(_integral)]
-Positive = Annotated[JsonInt, Field(ge=1)]
-NonNegative = Annotated[JsonInt, Field(ge=0)]
+# The bound before the validator: after it, pydantic publishes the bound as "ge" (not JSON
+# Schema's "minimum"), which clients and schemathesis then ignore.
+Positive = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+NonNegative = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 Text = Annotated[str, Field(min_length=1)]
 

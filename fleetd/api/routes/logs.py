@@ -33,7 +33,7 @@ def stopping_event(request: Request) -> threading.Event:
     return getattr(request.app.state, "stopping", None) or threading.Event()
 
 
-@router.get("/games/{name}/logs", response_class=PlainTextResponse, response_model=None, responses={
+@router.get("/games/{name}/logs", response_class=Response, response_model=None, responses={
     200: {"content": {"text/plain": {}}, "description": "the run's last lines; with follow=true, then what "
           "is appended, streamed, until the client goes, the daemon stops or an hour has passed"},
     **NOT_FOUND})
