@@ -28,7 +28,7 @@ def create_app(context: AppContext) -> FastAPI:
         docs_url="/docs",
     )
     app.state.context = context
-    app.state.stopping = threading.Event()  # set by the daemon as it stops: log follows end
+    app.state.stopping = threading.Event()  # the daemon's replaces it: follows end as it stops
     install_error_handlers(app)
     api_settings = context.settings.api
     app.add_middleware(BodySizeLimit, max_bytes=api_settings.max_body_bytes,

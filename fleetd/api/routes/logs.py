@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Protocol
 from pathlib import Path as FsPath
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -28,7 +29,11 @@ NEWER_RUN_POLL_S = 1.0  # how often an unpinned follow looks for the game's next
 FOLLOW_MAX_S = 3600.0  # a follow ends after this; `fleetd logs -f` reconnects
 
 
-def stopping_event(request: Request) -> threading.Event:
+class Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def stopping_event(request: Request) -> Flag:
     """Set when the daemon stops, so open follows end instead of holding the shutdown."""
     return getattr(request.app.state, "stopping", None) or threading.Event()
 
