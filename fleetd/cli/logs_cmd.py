@@ -67,6 +67,4 @@ def runs_table(game: str, items: list[dict[str, Any]]) -> Table:
         code = item["exit_code"] if item["exit_signal"] is None else f"signal {item['exit_signal']}"
         table.add_row(str(item["id"]), render.when(item["started_at"]), render.when(item["ended_at"]),
                       item["cause"] or ("running" if item["ended_at"] is None else "-"), "-" if code is None else str(code))
-    if not items:
-        table.caption = "none"
-    return table
+    return render.none_if_empty(table)
