@@ -48,11 +48,13 @@ def run(spec: RunSpec) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     sender = ProgressSender(spec.progress_socket)
     started = time.monotonic()
+    print(f"run {spec.run_id} of {spec.game}: started (protocol stand-in, pid {os.getpid()})", flush=True)
     sender.send(ResumedReport(spec.game, spec.run_id, os.getpid(), now(), from_=None, skipped=(), steps=0, episodes=0))
     try:
         while signal.sigtimedwait(STOP_SIGNALS, spec.progress_interval_s) is None:
             steps = int((time.monotonic() - started) * FAKE_STEPS_PER_S)
             sender.send(progress(spec, steps, FAKE_STEPS_PER_S))
+            print(f"run {spec.run_id}: {steps} steps", flush=True)  # a worker's log line, for `fleetd logs`
     finally:
         sender.close()
     return ExitCode.STOPPED

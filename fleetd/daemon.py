@@ -55,6 +55,17 @@ class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
 
 
+@dataclass(frozen=True)
+class ServerExiting:
+    """Open log follows poll this: uvicorn waits for every response to end before it stops, and
+    runs fleetd's signal handlers only after that, so a follow must see uvicorn's own flag."""
+
+    server: uvicorn.Server
+
+    def is_set(self) -> bool:
+        return bool(self.server.should_exit)
+
+
 @dataclass
 class StopRequest:
     """Signal handlers only record the signal; the main flow acts on it.
@@ -252,7 +263,9 @@ class Daemon:
             self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters, backup
         )
         scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor) + backup_jobs(backup))
-        server = uvicorn.Server(uvicorn.Config(create_app(context), log_config=None, lifespan="off"))
+        app = create_app(context)
+        server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
+        app.state.stopping = ServerExiting(server)
         self.stop.server = server
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             # uvicorn wraps TERM and INT and calls these again once it has shut down.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,19 @@ class ApiClient:
                 with target.open("wb") as out:
                     for chunk in response.iter_bytes():
                         out.write(chunk)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+
+    def stream(self, path: str, params: dict[str, Any], read_timeout_s: float | None) -> Iterator[bytes]:
+        """GET a response as it comes (a followed log): its bytes, chunk by chunk."""
+        timeout = httpx.Timeout(self._timeout_s, read=read_timeout_s)
+        try:
+            with httpx.stream("GET", self.base_url + path, params={k: v for k, v in params.items() if v is not None},
+                              headers=self._auth(), timeout=timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(_error_message(response))
+                yield from response.iter_bytes()
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
 

@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
+from fleetd import __version__
 from fleetd.cli import render
 from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, fail, settings_from
 from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.backup_cmd import register as register_backup
 from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.games_cmd import register as register_games
+from fleetd.cli.help import FleetdGroup
+from fleetd.cli.logs_cmd import register as register_logs
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
@@ -21,13 +24,27 @@ from fleetd.statedir import StateDirError, lock_state_dir
 from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
 from fleetd.token import TokenError
 
-app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_is_help=True)
+app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_is_help=True, cls=FleetdGroup)
 db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 register_games(app)
 register_backup(app)
 register_apply(app)
+register_logs(app)
 register_systemd(app)
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"fleetd {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print fleetd's version and exit.", callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """Supervisor for multi-game RL training fleets."""
 
 
 @app.command()
@@ -88,7 +105,7 @@ def events(
     """The event log, newest first."""
     document = ask(config, "/api/v1/events", limit=limit, kind=kind, game=game)
     if json:
-        render.print_json(document["items"])
+        render.print_json(document)  # the API's document, as --json says everywhere
         return
     render.console.print(render.events_table(document["items"]))
 

@@ -36,6 +36,13 @@ def percent(share: float | None) -> str:
     return "-" if share is None else f"{share * 100:.2f}%"
 
 
+def none_if_empty(table: Table) -> Table:
+    """An empty table says so, rather than showing its headers over nothing."""
+    if table.row_count == 0:
+        table.add_row("none", style="dim")
+    return table
+
+
 def reboots_table(boots: list[dict[str, Any]]) -> Table:
     table = Table(title="Reboots (newest first, UTC)")
     for column in ("#", "back at", "boot id", "up before", "down", "shutdown"):
@@ -53,7 +60,7 @@ def reboots_table(boots: list[dict[str, Any]]) -> Table:
             duration(reboot["downtime_s"]),
             "clean" if reboot["clean"] else "[red]unclean[/red]",
         )
-    return table
+    return none_if_empty(table)
 
 
 def uptime_table(uptime: dict[str, Any]) -> Table:
@@ -81,7 +88,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     for event in events:
         style = colour.get(event["severity"], "")
         table.add_row(when(event["at"]), event["kind"], event["game"] or "", event["message"], style=style)
-    return table
+    return none_if_empty(table)
 
 
 STATE_STYLE = {
@@ -120,7 +127,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
     reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in EXPLAINED and g["state_reason"]]
     if reasons:
         table.caption = "\n".join(reasons)
-    return table
+    return none_if_empty(table)
 
 
 def fleet_table(fleet: dict[str, Any]) -> Table:

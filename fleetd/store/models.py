@@ -149,7 +149,11 @@ class Run(Base):
     """One launch (or adoption) of a worker process for a game."""
 
     __tablename__ = "runs"
-    __table_args__ = (Index(None, "game_id", "started_at"), Index(None, "boot_id", "ended_at"))
+    # AUTOINCREMENT: an id is never handed out twice, even after the newest runs are deleted with
+    # their game, so a run's log file (named by its id) is that run's alone.
+    __table_args__ = (
+        Index(None, "game_id", "started_at"), Index(None, "boot_id", "ended_at"), {"sqlite_autoincrement": True}
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     game_id: Mapped[int] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"))

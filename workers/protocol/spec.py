@@ -36,6 +36,8 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+# The bound before the validator: after it, pydantic publishes the bound as "ge" (not JSON
+# Schema's "minimum"), which clients and schemathesis then ignore.
 Positive = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 NonNegative = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 PositiveSeconds = Annotated[float, Field(gt=0)]

@@ -1,0 +1,123 @@
+"""A game's worker log: the last lines of a run's log, and (follow) what is written to it after."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+from pathlib import Path as FsPath
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import NOT_FOUND
+from fleetd.api.routes.games import GameName
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.run_logs import read_from, tail
+from fleetd.store import games as game_store
+from fleetd.store import runs as run_store
+from fleetd.store.records import RunRecord
+
+router = APIRouter(tags=["games"])
+LINES_MAX = 10000
+FOLLOW_POLL_S = 0.2  # a new line reaches a follower within this (plus the transfer)
+NEWER_RUN_POLL_S = 1.0  # how often an unpinned follow looks for the game's next run
+FOLLOW_MAX_S = 3600.0  # a follow ends after this; `fleetd logs -f` reconnects
+
+
+class Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+def stopping_event(request: Request) -> Flag:
+    """Set when the daemon stops, so open follows end instead of holding the shutdown."""
+    return getattr(request.app.state, "stopping", None) or threading.Event()
+
+
+@router.get("/games/{name}/logs", response_class=Response, response_model=None, responses={
+    200: {"content": {"text/plain": {}}, "description": "the run's last lines; with follow=true, then what "
+          "is appended, streamed, until the client goes, the daemon stops or an hour has passed"},
+    **NOT_FOUND})
+async def game_logs(
+    request: Request,
+    name: str = GameName,
+    lines: int = Query(100, ge=0, le=LINES_MAX, description="how many of the last lines to send first"),
+    run: int | None = Query(None, ge=1, description="this run's log (an id from /games/{name}/runs); default the newest"),
+    follow: bool = Query(False, description="keep the response open and stream lines as they are written"),
+    context: AppContext = Depends(get_context),
+) -> Response:
+    """The worker's output for one run of the game, like `tail -n` (and `tail -f` with follow).
+
+    Following the newest run (no `run`) moves on to the game's next run when it starts, with a
+    line naming it, as `journalctl -f` does across a service's restarts."""
+    record = await run_in_threadpool(_chosen_run, context, name, run)
+    path = _log_file(record)
+    text, offset = await run_in_threadpool(tail, path, lines)
+    if not follow:
+        return PlainTextResponse(text)
+    stream = _follow(request, context, name, record, path, text, offset, pinned=run is not None)
+    return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+
+def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord:
+    with context.db.transaction() as session:
+        game = game_store.read_game(session, name)
+        if run_id is None:
+            newest = run_store.read_runs(session, game.id, name, 1)
+            if not newest:
+                raise FleetdError(ErrorCode.NOT_FOUND, f"game {name!r} has not run yet: it has no log",
+                                  {"name": name})
+            return newest[0]
+        record = run_store.read_run(session, run_id)
+    if record is None or record.game != name:
+        raise FleetdError(ErrorCode.NOT_FOUND, f"game {name!r} has no run {run_id} (fleetd logs {name} --runs lists them)",
+                          {"name": name, "run": run_id})
+    return record
+
+
+def _newer_run(context: AppContext, name: str, than: int) -> RunRecord | None:
+    with context.db.transaction() as session:
+        try:
+            game = game_store.read_game(session, name)
+        except FleetdError:
+            return None  # removed while followed
+        newest = run_store.read_runs(session, game.id, name, 1)
+    return newest[0] if newest and newest[0].id > than and newest[0].log_path else None
+
+
+def _log_file(record: RunRecord) -> FsPath:
+    if not record.log_path:
+        raise FleetdError(ErrorCode.NOT_FOUND, f"run {record.id} of {record.game!r} has no log (it was adopted "
+                          "from a daemon that recorded none, or its worker never started)",
+                          {"name": record.game, "run": record.id})
+    path = FsPath(record.log_path)
+    if not path.is_file():
+        raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is gone ({path}): "
+                          "fleetd keeps the newest [worker] log_keep_runs runs' logs",
+                          {"name": record.game, "run": record.id})
+    return path
+
+
+async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
+                  first: bytes, offset: int, pinned: bool) -> AsyncIterator[bytes]:
+    stopping = stopping_event(request)
+    yield first
+    ends = time.monotonic() + FOLLOW_MAX_S
+    next_run_check = time.monotonic() + NEWER_RUN_POLL_S
+    while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
+        data, offset = await run_in_threadpool(read_from, path, offset)
+        if data:
+            yield data
+            continue
+        if not pinned and time.monotonic() >= next_run_check:
+            next_run_check = time.monotonic() + NEWER_RUN_POLL_S
+            newer = await run_in_threadpool(_newer_run, context, name, record.id)
+            if newer is not None:
+                record, path, offset = newer, FsPath(newer.log_path or ""), 0
+                yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
+                continue
+        await asyncio.sleep(FOLLOW_POLL_S)

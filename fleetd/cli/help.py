@@ -1,0 +1,25 @@
+"""How `fleetd --help` reads: a flag (an option that takes no value) shows no `<bool>`."""
+
+from __future__ import annotations
+
+from typing import Any
+from typer.core import TyperGroup
+
+
+def plain_flags(command: Any) -> None:
+    """Flags, --help included, of this command and every command under it: no type shown."""
+    help_option = command.get_help_option(type(command).context_class(command))  # click caches it per command
+    for param in [*command.params, help_option]:
+        # typer's options are its vendored click's, not `click.Option`: asked by what they are.
+        if param is not None and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        plain_flags(sub)
+
+
+class FleetdGroup(TyperGroup):
+    """The top `fleetd` group: typer builds it, with every command, on each run."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        plain_flags(self)  # here, not in __init__: typer adds the completion options after that
+        return super().make_context(*args, **kwargs)

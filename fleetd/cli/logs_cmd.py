@@ -1,0 +1,70 @@
+"""`fleetd logs GAME`: a game's worker output, like `supervisorctl tail` (-f to follow)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from rich.table import Table
+
+from fleetd.cli import render
+from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli.common import ConfigOption, fail, settings_from
+from fleetd.token import TokenError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("logs")(logs)
+
+
+def logs(
+    game: Annotated[str, typer.Argument(help="The game's name.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing lines as the worker writes them (Ctrl+C ends); moves on to the game's next run unless --run is given.")] = False,
+    run: Annotated[int | None, typer.Option("--run", help="This run's log (an id from `fleetd logs GAME --runs`); default the newest run.", min=1)] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many of the last lines to print first.", min=0, max=10000)] = 100,
+    runs: Annotated[bool, typer.Option("--runs", help="List the game's runs (their ids for --run) instead.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """The last lines of a game's worker log (the newest run's, or --run's)."""
+    settings, _ = settings_from(config)
+    client = ApiClient(settings)
+    path = f"/api/v1/games/{game}/logs"
+    try:
+        if runs:
+            render.console.print(runs_table(game, client.get(f"/api/v1/games/{game}/runs")["items"]))
+            return
+        if not follow:
+            _write(b"".join(client.stream(path, {"lines": lines, "run": run}, read_timeout_s=None)))
+            return
+        _follow(client, path, lines, run)
+    except (ClientError, TokenError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def _follow(client: ApiClient, path: str, lines: int, run: int | None) -> None:
+    # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
+    # A line written between the two requests may be missed; none is printed twice.
+    while True:
+        for chunk in client.stream(path, {"lines": lines, "run": run, "follow": "true"}, read_timeout_s=None):
+            _write(chunk)
+        lines = 0
+
+
+def _write(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def runs_table(game: str, items: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"Runs of {game} (newest first, UTC)")
+    for column in ("run", "started", "ended", "cause", "exit"):
+        table.add_column(column)
+    for item in items:
+        code = item["exit_code"] if item["exit_signal"] is None else f"signal {item['exit_signal']}"
+        table.add_row(str(item["id"]), render.when(item["started_at"]), render.when(item["ended_at"]),
+                      item["cause"] or ("running" if item["ended_at"] is None else "-"), "-" if code is None else str(code))
+    return render.none_if_empty(table)

@@ -1,0 +1,47 @@
+"""A run's log file: its last lines, and what is appended to it after (tail and tail -f).
+
+Each run's worker writes stdout and stderr to `state_dir/games/NAME/logs/run-NNNNNN.log`, where
+NNNNNN is the run's id: the runs table's primary key, which SQLite never hands out twice
+(AUTOINCREMENT, migration 0005), so a game removed and added again under the same name starts
+fresh files instead of appending to the old game's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TAIL_BLOCK = 64 * 1024
+FOLLOW_READ_MAX = 1024 * 1024  # at most this much per poll, so one huge burst streams in pieces
+
+
+def tail(path: Path, lines: int) -> tuple[bytes, int]:
+    """The file's last `lines` lines, and the offset where its end was when read."""
+    with path.open("rb") as log:
+        end = log.seek(0, os.SEEK_END)
+        if lines <= 0:
+            return b"", end
+        start, chunk = end, b""
+        # Read back block by block until there are more newlines than lines asked for (the file's
+        # last line may lack its newline while the worker writes it).
+        while start > 0 and chunk.count(b"\n") <= lines:
+            start = max(0, start - TAIL_BLOCK)
+            log.seek(start)
+            chunk = log.read(end - start)
+        kept = chunk.splitlines(keepends=True)[-lines:]
+        return b"".join(kept), end
+
+
+def read_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """What was appended since `offset`, and the new offset. A file that shrank (truncated by
+    hand) is read again from its start."""
+    try:
+        with path.open("rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            if size < offset:
+                offset = 0
+            log.seek(offset)
+            data = log.read(FOLLOW_READ_MAX)
+    except FileNotFoundError:
+        return b"", offset  # pruned while followed: nothing more will come
+    return data, offset + len(data)

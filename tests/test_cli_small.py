@@ -1,0 +1,49 @@
+"""Issue #14 item 6: what a new user met first in the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fleetd import __version__
+from fleetd.cli import render
+from fleetd.cli.main import app
+from tests.daemon_harness import Daemon, clean_env, fleetd_cli
+from tests.test_api_e2e import daemon  # noqa: F401 - the daemon fixture
+
+
+def test_version() -> None:
+    done = subprocess.run([sys.executable, "-m", "fleetd", "--version"], capture_output=True, text=True,
+                          timeout=60, env=clean_env())
+    assert done.returncode == 0 and done.stdout == f"fleetd {__version__}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["logs"], ["games", "list"], ["events"], ["games", "stop"]])
+def test_flags_show_no_type_and_valued_options_do(command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output and "<bool>" not in result.output
+    if command in (["logs"], ["events"]):
+        assert "<int" in result.output  # --lines, --limit: the type of a value is still shown
+
+
+def test_empty_tables_say_none() -> None:
+    for table in (render.events_table([]), render.reboots_table([])):
+        with render.console.capture() as captured:
+            render.console.print(table)
+        assert "none" in captured.get()
+
+
+def test_events_json_is_the_api_document_and_no_games_is_none(daemon: Daemon) -> None:  # noqa: F811
+    printed = fleetd_cli(daemon.config, "events", "--json")
+    assert printed.returncode == 0, printed.stderr
+    document = json.loads(printed.stdout)
+    served = daemon.get("/api/v1/events").json()
+    assert set(document) == set(served) and "items" in document
+    assert document["items"] and {"at", "kind", "message"} <= set(document["items"][0])
+    listed = fleetd_cli(daemon.config, "games", "list")
+    assert listed.returncode == 0 and "none" in listed.stdout, listed.stdout

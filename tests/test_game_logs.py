@@ -1,0 +1,157 @@
+"""A run's log: tail and follow over a real file, and GET /games/{name}/logs on a real store."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api.app import create_app
+from fleetd.run_logs import TAIL_BLOCK, read_from, tail
+from fleetd.store import runs as run_store
+from fleetd.store.games import create_game, delete_game, read_game
+from fleetd.store.records import GameDraft
+from tests.api_context import shared_context
+
+TOKEN = "l" * 32
+
+
+def test_tail_gives_the_last_lines_and_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_bytes(b"one\ntwo\nthree\nfour")  # the last line still being written
+    assert tail(log, 2) == (b"three\nfour", 18)
+    assert tail(log, 10) == (b"one\ntwo\nthree\nfour", 18)
+    assert tail(log, 0) == (b"", 18)
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    assert tail(empty, 5) == (b"", 0)
+
+
+def test_tail_reads_back_across_blocks(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    lines = [f"{i:05d} ".encode() + b"x" * 1000 + b"\n" for i in range(3 * TAIL_BLOCK // 1000)]
+    log.write_bytes(b"".join(lines))
+    text, end = tail(log, 100)
+    assert text == b"".join(lines[-100:]) and end == log.stat().st_size
+
+
+def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_bytes(b"a\n")
+    assert read_from(log, 2) == (b"", 2)
+    with log.open("ab") as out:
+        out.write(b"b\n")
+    assert read_from(log, 2) == (b"b\n", 4)
+    log.write_bytes(b"c\n")  # truncated by hand: read from the start again
+    assert read_from(log, 4) == (b"c\n", 2)
+    log.unlink()
+    assert read_from(log, 2) == (b"", 2)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory):
+    with shared_context(tmp_path_factory.mktemp("logs"), TOKEN) as context:
+        yield create_app(context)
+
+
+@pytest.fixture
+def client(app) -> Iterator[TestClient]:
+    app.state.stopping.clear()
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def new_run(app, name: str, text: str | None) -> int:
+    """A run of `name` (added if new) whose log holds `text` (None: no log recorded)."""
+    context = app.state.context
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        try:
+            game = read_game(session, name)
+        except Exception:
+            game = create_game(session, GameDraft(name, "CartPole-v1", "ppo"), now)
+        run_id = run_store.create_run(session, game.id, context.daemon.boot_pk, now)
+        path = None
+        if text is not None:
+            logs = context.settings.game_dir(name) / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            path = logs / f"run-{run_id:06d}.log"
+            path.write_text(text)
+        run_store.update_run_spawned(session, run_id, 1, 0.0, [], str(path) if path else None)
+    return run_id
+
+
+def log_path(app, run_id: int) -> Path:
+    with app.state.context.db.transaction() as session:
+        return Path(run_store.read_run(session, run_id).log_path)
+
+
+def error(response, status: int) -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    return response.json()["error"]["message"]
+
+
+def test_tail_of_the_newest_run_or_the_one_asked(app, client: TestClient) -> None:
+    old = new_run(app, "tail", "old 1\nold 2\n")
+    new = new_run(app, "tail", "new 1\nnew 2\nnew 3\n")
+    response = client.get("/api/v1/games/tail/logs", params={"lines": 2})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    assert response.text == "new 2\nnew 3\n"
+    assert client.get("/api/v1/games/tail/logs", params={"run": old}).text == "old 1\nold 2\n"
+    assert new > old
+
+
+def test_refusals_name_what_is_missing(app, client: TestClient) -> None:
+    other = new_run(app, "other", "x\n")
+    new_run(app, "mine", "y\n")
+    assert "has no run" in error(client.get("/api/v1/games/mine/logs", params={"run": other}), 404)
+    assert "ghost" in error(client.get("/api/v1/games/ghost/logs"), 404)
+    with app.state.context.db.transaction() as session:
+        create_game(session, GameDraft("idle", "CartPole-v1", "ppo"), app.state.context.clock.now())
+    assert "has not run yet" in error(client.get("/api/v1/games/idle/logs"), 404)
+    pruned = new_run(app, "pruned", "gone\n")
+    log_path(app, pruned).unlink()
+    assert "log_keep_runs" in error(client.get("/api/v1/games/pruned/logs"), 404)
+    new_run(app, "nolog", None)
+    assert "has no log" in error(client.get("/api/v1/games/nolog/logs"), 404)
+    assert "lines" in error(client.get("/api/v1/games/mine/logs", params={"lines": -1}), 422)
+    assert client.get("/api/v1/games/mine/logs", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops(app, client: TestClient) -> None:
+    first = new_run(app, "follow", "before\n")
+    events: list[int] = []
+
+    def writer() -> None:
+        time.sleep(0.5)
+        with log_path(app, first).open("a") as log:
+            log.write("appended\n")
+        time.sleep(0.5)
+        events.append(new_run(app, "follow", "next run\n"))
+        time.sleep(2.5)  # the follow looks for a newer run once a second
+        app.state.stopping.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        response = client.get("/api/v1/games/follow/logs", params={"follow": "true", "lines": 5})
+    finally:
+        thread.join()
+    assert response.status_code == 200
+    lines = response.text.splitlines()
+    assert lines[:2] == ["before", "appended"]
+    assert lines[2].startswith(f"--- fleetd: run {events[0]} started ") and lines[3] == "next run"
+
+
+def test_a_readded_game_gets_new_run_ids(app) -> None:
+    """SQLite would hand the newest deleted id out again without AUTOINCREMENT."""
+    run = new_run(app, "again", "first life\n")
+    with app.state.context.db.transaction() as session:
+        delete_game(session, "again")
+    assert new_run(app, "again", "second life\n") > run
