@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -68,3 +72,35 @@ def test_script_inserts_no_markup_and_keeps_the_token_out_of_urls(client: TestCl
 def test_data_still_needs_the_token(client: TestClient) -> None:
     assert client.get("/api/v1/games").status_code == 401
     assert client.get("/api/v1/games", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+NODE = "/usr/bin/node"
+WEB = Path(__file__).resolve().parents[1] / "fleetd" / "web"
+
+
+def nice_ticks(lo: float, hi: float) -> list[float]:
+    """The page's niceTicks, run by node from app.js itself."""
+    if shutil.which(NODE) is None:
+        pytest.skip("needs node to run the page's function")
+    script = (WEB / "app.js").read_text()
+    start = script.index("  function niceTicks(")
+    source = script[start:script.index("\n  }\n", start) + 4]
+    program = source + f"\nconsole.log(JSON.stringify(niceTicks({lo}, {hi})));"
+    result = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "ticks"),
+    [
+        (0, 1234, [0, 500, 1000, 1500]),
+        (-3.2, 17.9, [-10, 0, 10, 20]),
+        (0.0012, 0.0049, [0.001, 0.002, 0.003, 0.004, 0.005]),
+        (95, 105, [95, 100, 105]),
+        (18.2, 71.6, [0, 20, 40, 60, 80]),
+    ],
+)
+def test_plot_axis_ticks_are_round_values_covering_the_data(lo: float, hi: float, ticks: list[float]) -> None:
+    got = nice_ticks(lo, hi)
+    assert got == ticks
+    assert got[0] <= lo and got[-1] >= hi

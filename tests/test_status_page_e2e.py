@@ -130,7 +130,7 @@ def test_status_page_renders_games_plots_and_boots(
     wait_for_samples(daemon, "cart", "mean_reward_100", 2)
 
     token = daemon.config.token()
-    url = f"{fleet_config.url}/#token={token}"
+    url = f"{fleet_config.url}/#token={token}&game=cart"  # and the game's recent log lines
     # 25 s of virtual time: the first load and at least one self-refresh (every 10 s) ran.
     result = chromium(tmp_path / "profile-dom", "--dump-dom", url, budget_ms=25000)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -157,6 +157,10 @@ def test_status_page_renders_games_plots_and_boots(
     ]
     assert lines, "no plot with a drawn line"
     assert any(e.inside("article", cls="card") for e in lines), "the game's plots are not drawn"
+
+    # The game's log, asked for in the link, shows its worker's last lines.
+    logs = [e for e in dom.find("pre", **{"data-game": "cart"}) if "log" in e.classes and e.inside(id="game-detail")]
+    assert logs, "the game's log lines are not shown"
 
     # The boot timeline exists and holds at least one up span (this boot).
     assert dom.find("div", id="boot-timeline"), "no boot timeline"

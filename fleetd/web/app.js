@@ -62,13 +62,13 @@
 
   // ---------------------------------------------------------------- the API
 
-  async function api(path, { optional = false } = {}) {
+  async function api(path, { optional = false, text = false } = {}) {
     const token = readToken();
     if (!token) throw new AuthError('');
     let response;
     try {
       response = await fetch('/api/v1' + path, {
-        headers: { Authorization: 'Bearer ' + token, Accept: 'application/json' },
+        headers: { Authorization: 'Bearer ' + token, Accept: text ? 'text/plain' : 'application/json' },
         cache: 'no-store',
         credentials: 'omit',
       });
@@ -77,6 +77,7 @@
     }
     if (response.status === 401) throw new AuthError('The daemon refused this token.');
     if (optional && response.status === 404) return null;
+    if (text && response.ok) return response.text();
     let body = null;
     try {
       body = await response.json();
@@ -290,6 +291,19 @@
     return sorted[Math.floor(sorted.length / 2)];
   }
 
+  // Axis ticks at round values: steps of 1, 2 or 5 times a power of ten, about `target` of
+  // them, covering [lo, hi] (the axis is widened to the outer ticks).
+  function niceTicks(lo, hi, target = 4) {
+    const raw = (hi - lo) / Math.max(1, target);
+    const power = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
+    const first = Math.floor(lo / step + 1e-9) * step;
+    const ticks = [];
+    for (let v = first; v < hi + step * (1 - 1e-9); v += step) ticks.push(Number(v.toPrecision(12)));
+    if (ticks[ticks.length - 1] < hi) ticks.push(Number((ticks[ticks.length - 1] + step).toPrecision(12)));
+    return ticks;
+  }
+
   // A line plot of one metric over time; breaks the line where samples stopped (daemon or host down).
   function linePlot(raw, { label, format = fmtCompact, kind = 'line', key = '' }) {
     const figure = h('figure', { class: 'plot-box' });
@@ -327,6 +341,9 @@
       v1 += padding;
       v0 = v0 >= 0 && v0 - padding < 0 ? 0 : v0 - padding;
     }
+    const ticks = niceTicks(v0, v1);
+    v0 = ticks[0];
+    v1 = ticks[ticks.length - 1];
     const x = (t) => left + ((t - t0) / (t1 - t0)) * innerW;
     const y = (v) => top + innerH - ((v - v0) / (v1 - v0)) * innerH;
 
@@ -351,7 +368,7 @@
       'data-points': points.length,
     });
     const grid = svg('g', { class: 'axis' });
-    for (const v of [v0, (v0 + v1) / 2, v1]) {
+    for (const v of ticks) {
       const gy = y(v).toFixed(1);
       grid.appendChild(svg('line', { x1: left, x2: w - right, y1: gy, y2: gy }));
       grid.appendChild(svg('text', { x: left - 6, y: Number(gy) + 3.5, 'text-anchor': 'end' }, format(v)));
@@ -414,7 +431,7 @@
     for (const g of games) {
       const ckpt = g.last_checkpoint;
       body.appendChild(h('tr', { 'data-game': g.name },
-        h('td', { class: 'name' }, g.name),
+        h('td', { class: 'name' }, h('a', { href: '#game=' + encodeURIComponent(g.name), title: 'its recent log lines' }, g.name)),
         h('td', null, g.env_id),
         h('td', null, g.algo),
         h('td', null, h('span', { class: stateClass(g.state), title: g.state_reason || '' }, g.state),
@@ -652,6 +669,35 @@
     box.replaceChildren(h('h3', null, 'Reboot #' + boot.id + ' (boot ' + boot.boot_id.slice(0, 8) + ')'), list);
   }
 
+  // ---------------------------------------------------------------- one game's recent log
+
+  const LOG_LINES = 40;
+  let shownGame = null;
+
+  async function showGameLog(name) {
+    shownGame = name;
+    const box = $('game-detail');
+    const title = h('h3', null, name + ' ', h('span', { class: 'muted small' }, 'last ' + LOG_LINES + ' log lines · fleetd logs ' + name + ' -f'));
+    let body;
+    try {
+      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true });
+      body = text ? h('pre', { class: 'log small', 'data-game': name }, text) : h('p', { class: 'muted small' }, 'no log yet: it has not run');
+    } catch (error) {
+      if (error instanceof AuthError) throw error;
+      body = h('p', { class: 'bad small' }, error.message);
+    }
+    if (shownGame !== name) return; // another game was chosen meanwhile
+    box.replaceChildren(title, body);
+    $('game-panel').hidden = false;
+  }
+
+  function gameFromHash() {
+    const match = /(?:^#|&)game=([^&]+)/.exec(location.hash);
+    if (match) showGameLog(decodeURIComponent(match[1]));
+  }
+
+  window.addEventListener('hashchange', gameFromHash);
+
   function bootFromHash() {
     const match = /(?:^#|&)boot=(\d+)/.exec(location.hash);
     if (match) showBoot(match[1]);
@@ -789,6 +835,7 @@
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
       renderGames(items, lastProjection);
       renderProjection(projection);
+      if (shownGame) await showGameLog(shownGame);
       lastGood = Date.now();
       $('updated').textContent = 'updated ' + fmtTime(lastGood, { seconds: true }).slice(11);
       $('banner').hidden = true;
@@ -849,6 +896,7 @@
     });
     refresh();
     if (readToken()) bootFromHash(); // a link to one reboot, opened directly
+    if (readToken()) gameFromHash(); // or to one game's log
   }
 
   start();
