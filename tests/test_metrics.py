@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
+from fleetd.cli.render import games_table
 from fleetd.config import Settings
 from fleetd.governor.controller import FleetController
 from fleetd.store.engine import Database
@@ -137,7 +139,14 @@ def test_a_reported_evaluation_return_is_stored_shown_by_the_api_and_exported(
     recorder.progress(_report(1000, 4, eval_return=17.25))
     recorder.flush_progress()
     assert client.get("/api/v1/games/pong").json()["eval_return"] == 17.25
-    assert client.get("/api/v1/games").json()["items"][0]["eval_return"] == 17.25
+    games = client.get("/api/v1/games").json()["items"]
+    assert games[0]["eval_return"] == 17.25
+    console = Console(width=200, record=True)
+    console.print(games_table(games))  # `fleetd games list` and `fleetd status`
+    lines = console.export_text().splitlines()
+    header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
+    row = [c.strip() for c in next(line for line in lines if "│" in line).split("│")]
+    assert row[header.index("eval")] == "17.2"
     families = parse(client.get("/metrics"))
     assert values(families["fleetd_game_eval_return"]) == {(("game", "pong"),): 17.25}
     samples = client.get("/api/v1/samples", params={"game": "pong", "metric": "eval_return",
