@@ -126,6 +126,10 @@ class WorkerSettings(_Section):
     checkpoint_interval_s: float = Field(600.0, gt=0)
     checkpoint_interval_steps: int | None = Field(None, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    # Retention beyond the newest K (docs/worker.md#retention): the newest checkpoint of each
+    # hour for the last `keep_hourly` hours, of each day for the last `keep_daily` days.
+    keep_hourly: int = Field(24, ge=0)
+    keep_daily: int = Field(7, ge=0)
     progress_interval_s: float = Field(2.0, gt=0)
     # torch/EnvPool threads per worker; 0: the host's cores shared over the running games.
     cpu_threads: int = Field(0, ge=0)

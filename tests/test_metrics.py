@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
+from fleetd.cli.render import games_table
 from fleetd.config import Settings
 from fleetd.governor.controller import FleetController
 from fleetd.store.engine import Database
@@ -59,6 +61,7 @@ def test_game_fleet_and_uptime_metrics(settings: Settings, db: Database, clock: 
     assert sum(state.values()) == 1.0
     assert values(families["fleetd_game_episodes_per_second"]) == {(("game", "pong"),): 0.25}
     assert values(families["fleetd_game_mean_return"]) == {(("game", "pong"),): 6.5}
+    assert values(families["fleetd_game_eval_return"]) == {}  # no sample before an evaluation
     assert values(families["fleetd_fleet_tier"]) == {(("mode", "manual"), ("tier", "light")): 1.0}
     assert values(families["fleetd_fleet_allowed_games"]) == {(): 2.0}
     assert values(families["fleetd_daemon_uptime_seconds"]) == {(): 60.0}
@@ -116,8 +119,39 @@ def test_game_counters_never_go_down_when_a_game_rewinds(
     assert series("fleetd_game_progress_steps") == [900, 1000, 1500, 1200, 1300]
 
 
-def _report(steps: int, episodes: int) -> ProgressReport:
-    return ProgressReport("pong", 1, 1234, 1e9, steps, episodes, 100.0, 360.0, None, None, None)
+def _report(steps: int, episodes: int, eval_return: float | None = None) -> ProgressReport:
+    return ProgressReport("pong", 1, 1234, 1e9, steps, episodes, 100.0, 360.0, None, None, None,
+                          eval_return=eval_return)
+
+
+def test_a_reported_evaluation_return_is_stored_shown_by_the_api_and_exported(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+    recorder = Recorder(db, clock, start.boot.id)
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), counters=recorder.counters)
+    client = TestClient(create_app(context), headers={"Authorization": f"Bearer {'t' * 32}"})
+    assert client.get("/api/v1/games/pong").json()["eval_return"] is None
+    clock.advance(recorder.sample_interval_s)  # the first report is sampled for the plots too
+    recorder.progress(_report(1000, 4, eval_return=17.25))
+    recorder.flush_progress()
+    assert client.get("/api/v1/games/pong").json()["eval_return"] == 17.25
+    games = client.get("/api/v1/games").json()["items"]
+    assert games[0]["eval_return"] == 17.25
+    console = Console(width=200, record=True)
+    console.print(games_table(games))  # `fleetd games list` and `fleetd status`
+    lines = console.export_text().splitlines()
+    header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
+    row = [c.strip() for c in next(line for line in lines if "│" in line).split("│")]
+    assert row[header.index("eval")] == "17.2"
+    families = parse(client.get("/metrics"))
+    assert values(families["fleetd_game_eval_return"]) == {(("game", "pong"),): 17.25}
+    samples = client.get("/api/v1/samples", params={"game": "pong", "metric": "eval_return",
+                                                      "since": "2000-01-01T00:00:00Z"})  # report.at 2001
+    assert [p["value"] for p in samples.json()["points"]] == [17.25]
 
 
 def test_a_rewind_is_measured_from_the_checkpoint_the_new_run_resumed_from() -> None:

@@ -13,6 +13,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from workers import checkpoint
 from workers.counters import Counters
+from workers.evaluation import Evaluator
 from workers.guards import check_finite
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
@@ -53,12 +54,15 @@ def goal_reached(spec: RunSpec, counters: Counters) -> bool:
 
 
 class Checkpointer:
-    """Writes verified checkpoints every `interval_s` seconds and every `interval_steps` steps."""
+    """Writes verified checkpoints every `interval_s` seconds and every `interval_steps` steps,
+    each after an evaluation when one is due (its figure goes in the manifest)."""
 
     def __init__(self, spec: RunSpec, replay: ReplayPolicy, reporter: Reporter,
-                 interval_steps: int | None = None, clock=time.monotonic):
+                 interval_steps: int | None = None, clock=time.monotonic,
+                 evaluator: Evaluator | None = None):
         self.directory = Path(spec.checkpoint_dir)
-        self.keep = spec.keep_checkpoints
+        self.retention = checkpoint.Retention(spec.keep_checkpoints, spec.keep_hourly, spec.keep_daily)
+        self.evaluator = evaluator
         self.interval_s = spec.checkpoint_interval_s
         self.interval_steps = interval_steps or spec.checkpoint_interval_steps
         self.replay = replay
@@ -77,13 +81,15 @@ class Checkpointer:
         """The state at `steps` is already on disk (resumed from it)."""
         self._last_steps = steps
 
-    def write(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
+    def write(self, model: BaseAlgorithm, counters: Counters,
+              evaluate: bool = True) -> CheckpointSummary | None:
         check_finite(model, counters.steps)  # a diverged model is never checkpointed
+        eval_return = self._evaluate(model, counters.steps) if evaluate else None
         started = self._clock()
         try:
             path = checkpoint.write_checkpoint(
                 self.directory, counters.steps, counters.episodes,
-                lambda tmp: save_snapshot(tmp, model, counters, self.replay))
+                lambda tmp: save_snapshot(tmp, model, counters, self.replay), eval_return)
         except OSError as exc:
             # A full disk (ENOSPC) or a quota: the partial folder is gone, the newest
             # verified checkpoint is intact. Training goes on; the next interval tries again.
@@ -100,14 +106,25 @@ class Checkpointer:
         log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
                  self._clock() - started)
         self.reporter.send_checkpoint(summary)
-        checkpoint.prune(self.directory, self.keep)
+        checkpoint.prune(self.directory, self.retention)
         return summary
 
-    def write_final(self, model: BaseAlgorithm, counters: Counters) -> CheckpointSummary | None:
+    def _evaluate(self, model: BaseAlgorithm, steps: int) -> float | None:
+        if self.evaluator is None or not self.evaluator.due(steps):
+            return None
+        eval_return = self.evaluator.evaluate(model, steps)
+        if eval_return is not None:
+            self.reporter.eval_return = eval_return
+        return eval_return
+
+    def write_final(self, model: BaseAlgorithm, counters: Counters,
+                    evaluate: bool = False) -> CheckpointSummary | None:
+        """The last checkpoint; `evaluate` (a reached goal) evaluates it if an evaluation is
+        due. A stop does not: the supervisor's stop timeout is for the checkpoint alone."""
         if self._last_steps == counters.steps:
             log.info("final state (%d steps) is already checkpointed", counters.steps)
             return None
-        return self.write(model, counters)
+        return self.write(model, counters, evaluate=evaluate)
 
 
 class FleetCallback(BaseCallback):

@@ -23,7 +23,8 @@ from workers.protocol.spec import RESUMABLE
 # The worker's own keys (the plan applies them to every run) and batch_size (applied after load
 # by `train.apply_batch_size`, which also keeps PPO's minibatch within its rollout).
 NOT_MODEL_KEYS = frozenset({"num_envs", "save_replay_buffer", "replay_buffer_max_bytes",
-                            "schedule_timesteps", "max_episode_steps", "batch_size"})
+                            "schedule_timesteps", "max_episode_steps", "batch_size",
+                            "eval_interval_steps", "eval_episodes"})
 MODEL_KEYS = frozenset(RESUMABLE) - NOT_MODEL_KEYS
 
 

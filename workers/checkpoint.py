@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -52,6 +53,9 @@ class Manifest:
     created_at: float
     files: dict[str, FileEntry]
     version: int = MANIFEST_VERSION
+    # Mean return of the deterministic evaluation run just before this checkpoint was written
+    # (docs/worker.md#evaluation); None when none was due. Manifests without it still load.
+    eval_return: float | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -59,8 +63,11 @@ class Manifest:
 
     def to_json(self) -> str:
         files = {name: {"size": e.size, "sha256": e.sha256} for name, e in sorted(self.files.items())}
-        return json.dumps({"version": self.version, "steps": self.steps, "episodes": self.episodes,
-                           "created_at": self.created_at, "files": files}, indent=2)
+        data = {"version": self.version, "steps": self.steps, "episodes": self.episodes,
+                "created_at": self.created_at, "files": files}
+        if self.eval_return is not None:
+            data["eval_return"] = self.eval_return
+        return json.dumps(data, indent=2)
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
     try:
         files = {str(n): FileEntry(int(e["size"]), str(e["sha256"])) for n, e in data["files"].items()}
         return Manifest(int(data["steps"]), int(data["episodes"]), float(data["created_at"]),
-                        files, int(data["version"]))
+                        files, int(data["version"]), _score(data.get("eval_return")))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
 
@@ -158,16 +165,23 @@ def best_verified(directory: str | os.PathLike) -> CheckpointInfo | None:
 
 def _eval_return(ckpt_dir: Path) -> float | None:
     try:
-        value = json.loads((ckpt_dir / MANIFEST).read_bytes()).get("eval_return")
-    except (OSError, ValueError, AttributeError):
+        return read_manifest(ckpt_dir).eval_return
+    except CheckpointError:
         return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _score(value: object) -> float | None:
+    """A manifest's `eval_return`: a finite number, else None (absent, null, or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def summarize(ckpt_dir: str | os.PathLike) -> CheckpointSummary:
     manifest = read_manifest(ckpt_dir)
     return CheckpointSummary(path=str(ckpt_dir), steps=manifest.steps, episodes=manifest.episodes,
-                             at=manifest.created_at, size_bytes=manifest.size_bytes)
+                             at=manifest.created_at, size_bytes=manifest.size_bytes,
+                             eval_return=manifest.eval_return)
 
 
 # -- writing ---------------------------------------------------------------------------------
@@ -183,7 +197,7 @@ def fsync_path(path: Path) -> None:
 
 
 def write_checkpoint(directory: str | os.PathLike, steps: int, episodes: int,
-                     populate: Callable[[Path], None]) -> Path:
+                     populate: Callable[[Path], None], eval_return: float | None = None) -> Path:
     """Write a checkpoint atomically and return its folder.
 
     `populate(tmp)` writes the payload files into a temporary folder in `directory`; then every
@@ -199,21 +213,22 @@ def write_checkpoint(directory: str | os.PathLike, steps: int, episodes: int,
     tmp.mkdir()
     try:
         populate(tmp)
-        _seal(tmp, steps, episodes)
+        _seal(tmp, steps, episodes, eval_return)
         return _move_into_place(tmp, root / checkpoint_name(steps))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _seal(tmp: Path, steps: int, episodes: int) -> None:
+def _seal(tmp: Path, steps: int, episodes: int, eval_return: float | None) -> None:
     files = {}
     for path in sorted(tmp.iterdir()):
         if not path.is_file() or path.name == MANIFEST:
             raise CheckpointError(f"unexpected entry {path.name} in checkpoint payload")
         fsync_path(path)
         files[path.name] = FileEntry(path.stat().st_size, sha256_file(path))
-    manifest = Manifest(steps=steps, episodes=episodes, created_at=time.time(), files=files)
+    manifest = Manifest(steps=steps, episodes=episodes, created_at=time.time(), files=files,
+                        eval_return=eval_return)
     _write_file_durably(tmp / MANIFEST, manifest.to_json().encode())
     fsync_path(tmp)
 
@@ -253,16 +268,76 @@ def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
     return stale
 
 
-def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
-    """Keep the newest `keep` checkpoints, and always the newest verified one; delete the rest."""
+HOUR_S = 3600.0
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which checkpoints `prune` keeps (docs/worker.md#retention): the newest `newest`, the newest
+    verified one, the best by evaluation, and the newest of each clock hour (UTC) for the last
+    `hourly` hours and of each day (UTC) for the last `daily` days. 0 turns a period off."""
+
+    newest: int = 3
+    hourly: int = 24
+    daily: int = 7
+
+
+@dataclass(frozen=True)
+class Dated:
+    """A checkpoint as the retention policy sees it: its steps and when it was written."""
+
+    steps: int
+    created_at: float | None  # None: no readable manifest (only the newest-N rule keeps it)
+
+
+def retained(checkpoints: list[Dated], policy: Retention, now: float) -> dict[int, str]:
+    """The steps of the checkpoints to keep by age, with why: the newest `policy.newest` (by
+    steps), and per period the newest of each bucket (clock hour or day, UTC) among the last
+    `hourly` hours / `daily` days. Buckets are fixed to the clock, so a checkpoint kept for its
+    hour stays kept until its hour leaves the window. Deterministic; no I/O."""
+    ordered = sorted(checkpoints, key=lambda c: c.steps, reverse=True)
+    keep = {c.steps: "newest" for c in ordered[:max(policy.newest, 1)]}
+    for label, span, count in (("hourly", HOUR_S, policy.hourly), ("daily", DAY_S, policy.daily)):
+        if count <= 0:
+            continue
+        first_bucket = int(now // span) - count + 1
+        newest_in: dict[int, Dated] = {}
+        for c in ordered:
+            if c.created_at is None or (bucket := int(c.created_at // span)) < first_bucket:
+                continue
+            held = newest_in.get(bucket)
+            if held is None or (c.created_at, c.steps) > (held.created_at, held.steps):
+                newest_in[bucket] = c
+        for c in newest_in.values():
+            keep.setdefault(c.steps, label)
+    return keep
+
+
+def _dated(info: CheckpointInfo) -> Dated:
+    try:
+        return Dated(info.steps, read_manifest(info.path).created_at)
+    except CheckpointError:
+        return Dated(info.steps, None)
+
+
+def prune(directory: str | os.PathLike, keep: int | Retention,
+          now: float | None = None) -> list[Path]:
+    """Delete the checkpoints the retention policy does not keep (a bare `keep` is the newest
+    `keep` only); the newest verified one and the best by evaluation are never deleted."""
+    policy = keep if isinstance(keep, Retention) else Retention(newest=keep, hourly=0, daily=0)
     checkpoints = list_checkpoints(directory)
-    keep_paths = {info.path for info in checkpoints[:max(keep, 1)]}
+    kept = retained([_dated(info) for info in checkpoints], policy,
+                    time.time() if now is None else now)
     newest_ok = next((info for info in checkpoints if verify(info.path)[0]), None)
     if newest_ok is not None:
-        keep_paths.add(newest_ok.path)
+        kept.setdefault(newest_ok.steps, "newest verified")
+    best = best_verified(directory)
+    if best is not None:
+        kept.setdefault(best.steps, "best evaluated")
     removed = []
     for info in checkpoints:
-        if info.path not in keep_paths:
+        if info.steps not in kept:
             _discard(info.path)
             removed.append(info.path)
     if removed:

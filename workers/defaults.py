@@ -26,6 +26,11 @@ REPLAY_BUFFER_MAX_BYTES = 2 * GIB
 # every this many steps apart), so a run shorter than `checkpoint_interval_s` checkpoints too.
 CHECKPOINTS_PER_HORIZON = 20
 MIN_CHECKPOINT_INTERVAL_STEPS = 1000
+# Deterministic evaluation (docs/worker.md#evaluation): without `eval_interval_steps`, every 1/10
+# of the schedule horizon (at least this many steps apart), `EVAL_EPISODES` whole games each.
+EVALS_PER_HORIZON = 10
+MIN_EVAL_INTERVAL_STEPS = 5000
+EVAL_EPISODES = 5
 
 
 class Family(StrEnum):
@@ -97,3 +102,7 @@ def replay_ratio_for(num_envs: int, train_freq: int, gradient_steps: int) -> tup
 
 def checkpoint_interval_steps(horizon: int) -> int:
     return max(MIN_CHECKPOINT_INTERVAL_STEPS, horizon // CHECKPOINTS_PER_HORIZON)
+
+
+def eval_interval_steps(horizon: int) -> int:
+    return max(MIN_EVAL_INTERVAL_STEPS, horizon // EVALS_PER_HORIZON)

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 # Overrides that are the worker's own, not SB3 constructor arguments.
 WORKER_KEYS = ("num_envs", "policy", "normalize", "save_replay_buffer", "frame_stack",
-               "max_episode_steps", "schedule_timesteps", "replay_buffer_max_bytes")
+               "max_episode_steps", "schedule_timesteps", "replay_buffer_max_bytes",
+               "eval_interval_steps", "eval_episodes")
 _ACTIVATIONS = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "elu": torch.nn.ELU,
                 "leaky_relu": torch.nn.LeakyReLU, "gelu": torch.nn.GELU}
 
@@ -54,6 +55,8 @@ class Plan:
     max_episode_steps: int | None = None
     policy: str | None = None
     schedule_timesteps: int | None = None  # explicit; else the goal, else the family's default
+    eval_interval_steps: int | None = None  # explicit; else a tenth of the schedule horizon
+    eval_episodes: int = defaults.EVAL_EPISODES
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -110,6 +113,8 @@ def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
                 schedule_timesteps=hp.pop("schedule_timesteps", None),
                 frame_stack=hp.pop("frame_stack", 4),
                 max_episode_steps=hp.pop("max_episode_steps", None),
+                eval_interval_steps=hp.pop("eval_interval_steps", None),
+                eval_episodes=hp.pop("eval_episodes", defaults.EVAL_EPISODES),
                 policy=hp.pop("policy", None), overrides=hp)
     log.info("device %s (%s, %.0f GiB); num_envs %d, batch_size %d", device.kind, device.name,
              device.memory_gib, plan.num_envs, plan.batch_size)

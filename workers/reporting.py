@@ -36,6 +36,7 @@ class Reporter:
         self.counters = counters
         self.interval_s = interval_s
         self.last_checkpoint: CheckpointRef | None = None
+        self.eval_return: float | None = None  # the latest evaluation's mean return
         self._clock = clock
         self._samples: deque = deque()
         self._stop = threading.Event()
@@ -53,7 +54,7 @@ class Reporter:
                               steps_per_s=round(steps_per_s, 3),
                               episodes_per_hour=round(episodes_per_hour, 3),
                               mean_reward_100=c.mean_reward_100, best_reward=c.best_reward,
-                              last_checkpoint=self.last_checkpoint)
+                              last_checkpoint=self.last_checkpoint, eval_return=self.eval_return)
 
     def _rates(self, steps: int, episodes: int) -> tuple[float, float]:
         t = self._clock()

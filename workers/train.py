@@ -16,6 +16,7 @@ from workers.algos import ALGO_CLASSES, set_schedule_horizon
 from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
+from workers.evaluation import Evaluator
 from workers.guards import Diverged, apply_lr_scale, non_finite_forward
 from workers.hyperparams import (Plan, algo_kwargs, configure_torch, make_plan, policy_name,
                                  schedule_horizon, select_device)
@@ -78,10 +79,26 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     reporter.send_resumed(taken, found.skipped, _replay_notes(found, model, replay),
                           tuple((c.key, c.old, c.new) for c in found.changes))
     interval_steps = spec.checkpoint_interval_steps or defaults.checkpoint_interval_steps(horizon)
-    checkpointer = Checkpointer(spec, replay, reporter, interval_steps)
+    evaluator = Evaluator(env_config(spec, plan), plan.eval_episodes,
+                          plan.eval_interval_steps or defaults.eval_interval_steps(horizon),
+                          should_stop=lambda: stop.requested)
+    checkpointer = Checkpointer(spec, replay, reporter, interval_steps, evaluator=evaluator)
     if found.taken is not None:
         checkpointer.mark_current(counters.steps)
+        _resume_evaluation(found.taken, evaluator, reporter)
     return _train(spec, model, counters, reporter, stop, checkpointer)
+
+
+def _resume_evaluation(taken, evaluator: Evaluator, reporter: Reporter) -> None:
+    """The checkpoint resumed from was evaluated: report its figure, and count the next
+    evaluation's interval from it."""
+    try:
+        manifest = checkpoint.read_manifest(taken)
+    except checkpoint.CheckpointError:
+        return
+    if manifest.eval_return is not None:
+        reporter.eval_return = manifest.eval_return
+        evaluator.mark_current(manifest.steps)
 
 
 def _replay_notes(found: ResumeResult, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:
@@ -167,7 +184,7 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
                         reset_num_timesteps=False, tb_log_name=spec.game)
             counters.steps = model.num_timesteps
         outcome = _outcome(spec, counters, callback, stop)
-        checkpointer.write_final(model, counters)
+        checkpointer.write_final(model, counters, evaluate=outcome is Outcome.COMPLETED)
     except (Diverged, ValueError) as exc:
         if isinstance(exc, ValueError) and (exc := non_finite_forward(exc, model.num_timesteps)) is None:
             raise

@@ -131,6 +131,8 @@ GAME_FAMILIES: tuple[GameFamily | StateFamily, ...] = (
     GameFamily("fleetd_game_mean_return", "gauge", "Mean return over the last 100 episodes",
                lambda g, c, _: g.mean_reward_100),
     GameFamily("fleetd_game_best_return", "gauge", "Best episode return", lambda g, c, _: g.best_reward),
+    GameFamily("fleetd_game_eval_return", "gauge", "Mean return of the latest deterministic evaluation",
+               lambda g, c, _: g.eval_return),
     GameFamily("fleetd_game_checkpoint_age_seconds", "gauge", "Seconds since the newest verified checkpoint",
                _checkpoint_age),
 )  # fmt: skip

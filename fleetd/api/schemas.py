@@ -169,6 +169,7 @@ class GameOut(Out):
     episodes_per_hour: float | None
     mean_reward_100: float | None
     best_reward: float | None
+    eval_return: float | None = Field(description="mean return of the latest deterministic evaluation episodes; null before the first")
     last_checkpoint: CheckpointOut | None
     started_at: datetime | None  # when the current worker started; null when none runs
     admitted_at: datetime | None  # when the governor let it run; null while pending

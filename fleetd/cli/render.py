@@ -105,7 +105,7 @@ def number(value: float | None, digits: int = 1) -> str:
 
 def games_table(games: list[dict[str, Any]]) -> Table:
     table = Table(title="Games")
-    for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "ckpt", "restarts"):
+    for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval", "ckpt", "restarts"):
         table.add_column(column, justify="right" if column in {"pid", "steps", "episodes", "eps/h", "restarts"} else "left")
     for game in games:
         state = game["state"] + ("" if game["desired"] == Desired.RUNNING else " (stop)")
@@ -121,6 +121,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
             number(game["episodes_per_hour"], 0),
             number(game["mean_reward_100"]),
             number(game["best_reward"]),
+            number(game.get("eval_return")),  # absent from an older daemon's answer
             f"{checkpoint['steps']:,}" if checkpoint else "-",
             str(game["restarts"]),
         )

@@ -168,13 +168,15 @@ def update_games_progress(session: Session, progress: dict[str, ProgressSnapshot
             episodes_per_hour=bindparam("b_eph"),
             mean_reward_100=bindparam("b_mean"),
             best_reward=bindparam("b_best"),
+            eval_return=bindparam("b_eval"),
             progress_at=bindparam("b_at"),
             updated_at=bindparam("b_at"),
         )
     )
     rows = [
         {"b_name": name, "b_steps": p.steps, "b_episodes": p.episodes, "b_eph": p.episodes_per_hour,
-         "b_mean": p.mean_reward_100, "b_best": p.best_reward, "b_at": p.at}
+         "b_mean": p.mean_reward_100, "b_best": p.best_reward,
+         "b_eval": p.eval_return, "b_at": p.at}
         for name, p in progress.items()
     ]  # fmt: skip
     # Through the connection: the session would take a list of rows as an ORM bulk update

@@ -104,6 +104,7 @@ class Game(Base):
     episodes_per_hour: Mapped[float | None]
     mean_reward_100: Mapped[float | None]
     best_reward: Mapped[float | None]
+    eval_return: Mapped[float | None]  # the latest deterministic evaluation's mean return
     progress_at: Mapped[datetime | None]
     # Set while the governor lets the game run; NULL with desired running means pending.
     admitted_at: Mapped[datetime | None]

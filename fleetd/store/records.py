@@ -101,6 +101,7 @@ class GameRecord:
     updated_at: datetime
     current_run: RunRecord | None  # the run still open, if a worker is (or may be) alive
     last_checkpoint: CheckpointRecord | None  # the newest verified one
+    eval_return: float | None = None  # the latest evaluation's mean return (None: none yet)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class GameFigures:
     mean_reward_100: float | None
     best_reward: float | None
     checkpoint_at: datetime | None  # when the newest verified checkpoint was written
+    eval_return: float | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class ProgressSnapshot:
     mean_reward_100: float | None
     best_reward: float | None
     at: datetime
+    eval_return: float | None = None
 
 
 @dataclass(frozen=True)

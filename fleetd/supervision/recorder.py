@@ -189,7 +189,8 @@ class Recorder:
 def _snapshot(report: ProgressReport) -> ProgressSnapshot:
     at = datetime.fromtimestamp(report.at, UTC)
     return ProgressSnapshot(
-        report.steps, report.episodes, report.episodes_per_hour, report.mean_reward_100, report.best_reward, at
+        report.steps, report.episodes, report.episodes_per_hour, report.mean_reward_100, report.best_reward, at,
+        report.eval_return,
     )
 
 
@@ -204,4 +205,6 @@ def _sample_values(report: ProgressReport) -> dict[str, float]:
         values["mean_reward_100"] = report.mean_reward_100
     if report.best_reward is not None:
         values["best_reward"] = report.best_reward
+    if report.eval_return is not None:
+        values["eval_return"] = report.eval_return
     return values

@@ -49,6 +49,8 @@ def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: T
             checkpoint_interval_s=game.checkpoint_interval_s or worker.checkpoint_interval_s,
             checkpoint_interval_steps=worker.checkpoint_interval_steps,
             keep_checkpoints=worker.keep_checkpoints,
+            keep_hourly=worker.keep_hourly,
+            keep_daily=worker.keep_daily,
             progress_socket=str(settings.progress_socket),
             progress_interval_s=worker.progress_interval_s,
             cpu_threads=cpu_threads,

@@ -443,6 +443,7 @@
         h('td', { class: 'r num' }, fmtNum(g.episodes_per_hour, 0)),
         h('td', { class: 'r num' }, fmtNum(g.mean_reward_100, 2)),
         h('td', { class: 'r num' }, fmtNum(g.best_reward, 1)),
+        h('td', { class: 'r num' }, fmtNum(g.eval_return, 1)),
         h('td', { class: 'r num', title: ckpt ? fmtTime(ckpt.created_at, { seconds: true }) + (ckpt.verified ? '' : ' (unverified)') : '' },
           ckpt ? fmtInt(ckpt.steps) : DASH),
         h('td', { class: 'r num' + (g.restarts > 0 ? ' warn' : '') }, fmtInt(g.restarts)),
@@ -482,12 +483,13 @@
 
   function renderGamePlots(games, gameSeries) {
     const cards = games.map((g, i) => {
-      const [returns, steps] = gameSeries[i];
+      const [returns, steps, evals] = gameSeries[i];
       return h('article', { class: 'card', 'data-game': g.name },
         h('header', null, h('strong', null, g.name), ' ', h('span', { class: stateClass(g.state) }, g.state),
           h('span', { class: 'muted small' }, ' ' + g.env_id + ' · ' + g.algo)),
         h('div', { class: 'plots' },
           linePlot(returns, { label: 'mean return (100)', format: fmtCompact, key: g.name + ':mean_reward_100' }),
+          linePlot(evals, { label: 'eval return', format: fmtCompact, key: g.name + ':eval_return' }),
           linePlot(steps, { label: 'steps', format: fmtCompact, kind: 'area', key: g.name + ':steps' })));
     });
     $('game-plots').replaceChildren(...cards);
@@ -811,6 +813,7 @@
         Promise.all(plotted.map((g) => Promise.all([
           series({ game: g.name, metric: 'mean_reward_100' }),
           series({ game: g.name, metric: 'steps' }),
+          series({ game: g.name, metric: 'eval_return' }),
         ]))),
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);

@@ -110,3 +110,89 @@ def test_prune_never_deletes_newest_verified(tmp_path):
     checkpoint.prune(tmp_path, keep=2)
     assert [c.steps for c in checkpoint.list_checkpoints(tmp_path)] == [4, 3, 2]
     assert checkpoint.newest_verified(tmp_path).steps == 2
+
+
+# -- evaluation figures and retention ---------------------------------------------------------
+
+HOUR, DAY = checkpoint.HOUR_S, checkpoint.DAY_S
+NOW = 1_800_000_000.0 - 1_800_000_000.0 % DAY + 12 * HOUR + 600  # 12:10 UTC on some day
+
+
+def _dated(tmp_path: Path, steps: int, created_at: float, eval_return: float | None = None) -> Path:
+    """A real checkpoint written at a chosen time (the manifest is not part of its hashes)."""
+    path = checkpoint.write_checkpoint(tmp_path, steps, 0, _payload(300 + steps), eval_return)
+    data = json.loads((path / "manifest.json").read_text())
+    data["created_at"] = created_at
+    (path / "manifest.json").write_text(json.dumps(data))
+    return path
+
+
+def test_eval_return_goes_in_the_manifest_and_old_manifests_still_load(tmp_path):
+    scored = checkpoint.write_checkpoint(tmp_path, 10, 1, _payload(), eval_return=123.5)
+    assert checkpoint.read_manifest(scored).eval_return == 123.5
+    assert checkpoint.summarize(scored).eval_return == 123.5
+    plain = checkpoint.write_checkpoint(tmp_path, 20, 2, _payload())
+    assert "eval_return" not in json.loads((plain / "manifest.json").read_text())  # as before
+    assert checkpoint.read_manifest(plain).eval_return is None
+    for odd in (None, "high", True, float("nan")):  # not a finite number: not a figure
+        data = json.loads((scored / "manifest.json").read_text())
+        data["eval_return"] = odd
+        (scored / "manifest.json").write_text(json.dumps(data))  # NaN as JSON's NaN
+        assert checkpoint.read_manifest(scored).eval_return is None
+
+
+def test_best_verified_is_the_highest_figure_that_verifies(tmp_path):
+    assert checkpoint.best_verified(tmp_path) is None
+    checkpoint.write_checkpoint(tmp_path, 10, 0, _payload(), eval_return=5.0)
+    checkpoint.write_checkpoint(tmp_path, 20, 0, _payload(), eval_return=50.0)
+    checkpoint.write_checkpoint(tmp_path, 30, 0, _payload(), eval_return=20.0)
+    checkpoint.write_checkpoint(tmp_path, 40, 0, _payload())  # newest, never evaluated
+    assert checkpoint.best_verified(tmp_path).steps == 20
+    (tmp_path / checkpoint.checkpoint_name(20) / "model.zip").write_bytes(b"torn")
+    assert checkpoint.best_verified(tmp_path).steps == 30  # the best that verifies
+    checkpoint.write_checkpoint(tmp_path, 50, 0, _payload(), eval_return=20.0)
+    assert checkpoint.best_verified(tmp_path).steps == 50  # a tie goes to the later one
+
+
+def test_retained_keeps_newest_n_and_one_per_hour_then_per_day():
+    policy = checkpoint.Retention(newest=2, hourly=3, daily=2)
+    ages = {  # steps: age in seconds (NOW is 12:10 UTC)
+        100: 10,  # 12:09
+        90: 20 * 60, 80: 40 * 60, 70: 70 * 60,  # 11:50, 11:30, 11:00: 90 is 11:xx's newest
+        60: 100 * 60,  # 10:30: the newest (and only one) of 10:xx
+        50: 3 * HOUR + 60,  # 09:09: outside the last 3 hours; today's newest is 100
+        40: 13 * HOUR,  # yesterday 23:10: yesterday's newest
+        30: 20 * HOUR,  # yesterday 16:10
+        20: 40 * HOUR,  # two days ago: outside both windows
+    }
+    dated = [checkpoint.Dated(steps, NOW - age) for steps, age in ages.items()]
+    kept = checkpoint.retained(dated, policy, NOW)
+    assert kept == {100: "newest", 90: "newest", 60: "hourly", 40: "daily"}
+    assert checkpoint.retained(dated, policy, NOW) == kept  # deterministic
+    # an hour later the window moves on: 10:xx leaves it, yesterday's newest stays
+    later = checkpoint.retained([d for d in dated if d.steps in kept], policy, NOW + HOUR)
+    assert set(later) == {100, 90, 40}
+
+
+def test_retained_without_dates_or_periods_is_the_newest_n():
+    dated = [checkpoint.Dated(s, None) for s in (5, 4, 3, 2, 1)]
+    assert set(checkpoint.retained(dated, checkpoint.Retention(2, 24, 7), NOW)) == {5, 4}
+    dated = [checkpoint.Dated(s, NOW - s * HOUR) for s in (1, 2, 3)]
+    assert set(checkpoint.retained(dated, checkpoint.Retention(1, 0, 0), NOW)) == {3}  # most steps
+
+
+def test_prune_keeps_newest_best_and_periodic_folders(tmp_path):
+    _dated(tmp_path, 10, NOW - 3 * DAY, eval_return=400.0)  # old, but the best
+    _dated(tmp_path, 20, NOW - 30 * HOUR, eval_return=100.0)  # yesterday, evaluated lower
+    _dated(tmp_path, 25, NOW - 29 * HOUR)  # newer the same day: yesterday's newest
+    _dated(tmp_path, 30, NOW - 2 * HOUR - 60)
+    _dated(tmp_path, 40, NOW - 2 * HOUR)  # the newest of 10:xx
+    _dated(tmp_path, 50, NOW - 60)
+    _dated(tmp_path, 60, NOW)
+    removed = checkpoint.prune(tmp_path, checkpoint.Retention(newest=2, hourly=3, daily=2), now=NOW)
+    assert sorted(p.name for p in removed) == [checkpoint.checkpoint_name(s) for s in (20, 30)]
+    assert [c.steps for c in checkpoint.list_checkpoints(tmp_path)] == [60, 50, 40, 25, 10]
+    assert checkpoint.best_verified(tmp_path).steps == 10
+    # the bare count (the worker's old behaviour, and backup's tests) keeps newest and best
+    checkpoint.prune(tmp_path, keep=1)
+    assert [c.steps for c in checkpoint.list_checkpoints(tmp_path)] == [60, 10]

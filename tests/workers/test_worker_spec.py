@@ -23,7 +23,7 @@ EVERY_HYPERPARAM: dict[str, Any] = {
     "exploration_final_eps": 0.03, "policy": "MlpPolicy",
     "policy_kwargs": {"net_arch": [8], "activation_fn": "tanh"}, "normalize": True,
     "save_replay_buffer": False, "replay_buffer_max_bytes": 2**20, "schedule_timesteps": 30_000,
-    "frame_stack": 2, "max_episode_steps": 200,
+    "frame_stack": 2, "max_episode_steps": 200, "eval_interval_steps": 2000, "eval_episodes": 3,
 }
 EVERY_TIER_DEFAULT = {"num_envs": 16, "batch_size": 512}
 EVERY_FIELD: dict[str, Any] = {
@@ -31,6 +31,7 @@ EVERY_FIELD: dict[str, Any] = {
     "checkpoint_dir": "/g/pong/checkpoints", "total_timesteps": 1000, "target_episodes": 10,
     "hyperparams": EVERY_HYPERPARAM, "tier_defaults": EVERY_TIER_DEFAULT,
     "checkpoint_interval_s": 60.5, "checkpoint_interval_steps": 128, "keep_checkpoints": 5,
+    "keep_hourly": 12, "keep_daily": 3,
     "progress_socket": "/run/fleetd/progress.sock", "progress_interval_s": 0.5, "cpu_threads": 4,
     "device": "cpu", "gpu": 2, "seed": 9, "allow_fresh_start": True, "tensorboard_dir": "/g/pong/tb",
     "lr_scale": 0.5, "batch_scale": 0.25,
@@ -107,7 +108,8 @@ def test_every_hyperparameter_reaches_the_worker():
            "save_replay_buffer": plan.save_replay_buffer, "frame_stack": plan.frame_stack,
            "max_episode_steps": plan.max_episode_steps, "policy": plan.policy,
            "replay_buffer_max_bytes": plan.replay_buffer_max_bytes,
-           "schedule_timesteps": plan.schedule_timesteps}
+           "schedule_timesteps": plan.schedule_timesteps,
+           "eval_interval_steps": plan.eval_interval_steps, "eval_episodes": plan.eval_episodes}
     assert {**own, **plan.overrides} == EVERY_HYPERPARAM
     assert not set(own) & set(plan.overrides)
 

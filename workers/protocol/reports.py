@@ -32,6 +32,7 @@ class CheckpointSummary:
     episodes: int
     at: float
     size_bytes: int
+    eval_return: float | None = None  # from the manifest; absent in older workers' reports
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class ProgressReport:
     mean_reward_100: float | None
     best_reward: float | None
     last_checkpoint: CheckpointRef | None
+    # Mean return of the latest deterministic evaluation (docs/worker.md#evaluation); None
+    # before the first one, and absent in older workers' reports.
+    eval_return: float | None = None
     type: str = "progress"
 
 

@@ -113,6 +113,10 @@ class Hyperparams(_Overrides):
     schedule_timesteps: Positive | None = None
     frame_stack: Positive | None = None
     max_episode_steps: Positive | None = None
+    # Deterministic evaluation (docs/worker.md#evaluation): every this many steps, at the next
+    # checkpoint, `eval_episodes` whole games on a separate env; 0 episodes turns it off.
+    eval_interval_steps: Positive | None = None
+    eval_episodes: NonNegative | None = None
 
 
 # -- which hyperparameters may change between runs (docs/worker.md#changing-settings) ----------
@@ -134,6 +138,7 @@ RESUMABLE: dict[str, tuple[str, ...]] = {
     # schedule options, the episode cap (an env wrapper; the spaces stay the same).
     "num_envs": ALL_ALGOS, "save_replay_buffer": ("dqn",), "replay_buffer_max_bytes": ("dqn",),
     "schedule_timesteps": ALL_ALGOS, "max_episode_steps": ALL_ALGOS,
+    "eval_interval_steps": ALL_ALGOS, "eval_episodes": ALL_ALGOS,
 }
 # Fresh start only, with the reason: what the checkpoint cannot be loaded into or kept with.
 FRESH_START_ONLY: dict[str, str] = {
@@ -198,6 +203,10 @@ class LaunchSpec(_Strict):
     checkpoint_interval_s: PositiveSeconds = 600.0
     checkpoint_interval_steps: Positive | None = None
     keep_checkpoints: Positive = 3
+    # Retention beyond the newest K (docs/worker.md#retention): the newest checkpoint of each
+    # hour for the last `keep_hourly` hours and of each day for the last `keep_daily` days.
+    keep_hourly: NonNegative = 24
+    keep_daily: NonNegative = 7
     progress_socket: Text | None = None
     progress_interval_s: PositiveSeconds = 2.0
     cpu_threads: Positive = 1

@@ -1,0 +1,87 @@
+"""Evaluation episodes and the best model: real CartPole training, manifests, retention."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workers import checkpoint
+from workers.callback import StopFlag
+from workers.protocol.exit_codes import ExitCode
+from workers.protocol.reports import CheckpointReport, ProgressReport
+from workers.train import run
+
+EVAL = {"num_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 2,
+        "policy_kwargs": {"net_arch": [16]}, "eval_interval_steps": 256, "eval_episodes": 3}
+
+
+@pytest.fixture
+def inbox(inbox):
+    inbox.collect()
+    return inbox
+
+
+def _scores(directory) -> dict[int, float | None]:
+    return {c.steps: checkpoint.read_manifest(c.path).eval_return
+            for c in checkpoint.list_checkpoints(directory)}
+
+
+def test_evaluation_runs_at_due_checkpoints_reports_and_lands_in_the_manifest(make_spec, inbox):
+    spec = make_spec(progress_socket=str(inbox.path), total_timesteps=768, hyperparams=EVAL,
+                     keep_checkpoints=10)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    scores = _scores(spec.checkpoint_dir)
+    # checkpoints every 128 steps; an evaluation at the first one 256 steps after the last
+    assert sorted(s for s, r in scores.items() if r is not None) == [256, 512, 768]
+    assert all(scores[s] is None for s in (128, 384, 640))
+    assert all(r >= 1.0 for r in scores.values() if r is not None)  # CartPole pays 1 a step
+    reports = inbox.drain()
+    by_ckpt = {r.checkpoint.steps: r.checkpoint.eval_return for r in reports
+               if isinstance(r, CheckpointReport)}
+    assert by_ckpt == scores
+    last = [r for r in reports if isinstance(r, ProgressReport)][-1]
+    assert last.eval_return == scores[768]
+    best = checkpoint.best_verified(spec.checkpoint_dir)
+    assert best is not None and scores[best.steps] == max(r for r in scores.values() if r is not None)
+
+
+def test_evaluation_is_deterministic_for_the_same_model(make_spec):
+    spec = make_spec(total_timesteps=256, hyperparams=EVAL)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    first = _scores(spec.checkpoint_dir)[256]
+    again = make_spec(total_timesteps=256, hyperparams=EVAL,
+                      checkpoint_dir=str(spec.checkpoint_dir) + "-again")
+    assert run(again, stop=StopFlag()) == ExitCode.COMPLETED
+    assert first is not None and _scores(again.checkpoint_dir)[256] == first
+
+
+def test_eval_episodes_0_turns_evaluation_off(make_spec):
+    spec = make_spec(total_timesteps=256, hyperparams={**EVAL, "eval_episodes": 0})
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert set(_scores(spec.checkpoint_dir).values()) == {None}
+    assert checkpoint.best_verified(spec.checkpoint_dir) is None
+
+
+def test_best_checkpoint_survives_pruning_and_resume_reports_its_figure(make_spec, inbox):
+    spec = make_spec(total_timesteps=512, hyperparams=EVAL, keep_checkpoints=1, keep_hourly=0,
+                     keep_daily=0)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    best_before = checkpoint.best_verified(spec.checkpoint_dir)
+    assert best_before is not None
+    kept = [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)]
+    assert kept == sorted({512, best_before.steps}, reverse=True)  # the newest, and the best
+    # Make it the best by far (the manifest is not part of its own hashes): a longer run
+    # evaluates again and prunes to one, and must keep it.
+    longer = make_spec(total_timesteps=1024, hyperparams=EVAL, keep_checkpoints=1, keep_hourly=0,
+                       keep_daily=0, progress_socket=str(inbox.path))
+    manifest_path = best_before.path / "manifest.json"
+    data = json.loads(manifest_path.read_text())
+    data["eval_return"] = 1e6
+    manifest_path.write_text(json.dumps(data))
+    assert run(longer, stop=StopFlag()) == ExitCode.COMPLETED
+    kept = [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)]
+    assert kept == [1024, best_before.steps]  # the newest, and the best
+    assert checkpoint.best_verified(spec.checkpoint_dir).steps == best_before.steps
+    first = next(r for r in inbox.drain() if isinstance(r, ProgressReport))
+    assert first.eval_return is not None  # resumed from 512, which was evaluated

@@ -1,0 +1,95 @@
+"""Deterministic evaluation episodes on a separate env (docs/worker.md#evaluation).
+
+The evaluation env is built by the same `make_vec_env` as the training env, from the same
+`EnvConfig` less its env count and seed: Atari gets the same wrappers and frame stack, and the
+returns counted are whole games, unclipped (`info["episode"]`, as in training). Every
+evaluation starts from a fresh env with the same seed, so the same model scores the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from workers.envs import EnvConfig, make_vec_env
+
+log = logging.getLogger(__name__)
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation games differ from the training envs' games
+# An evaluation that has not finished by then is abandoned (the supervisor's hang watchdog
+# sees no steps while it runs); that checkpoint is written without an eval_return.
+EVAL_MAX_S = 120.0
+MAX_EVAL_ENVS = 8
+
+
+class Evaluator:
+    """Plays `episodes` whole games with the deterministic policy; the mean return."""
+
+    def __init__(self, config: EnvConfig, episodes: int, interval_steps: int,
+                 should_stop: Callable[[], bool] = lambda: False, max_s: float = EVAL_MAX_S,
+                 clock=time.monotonic):
+        self.config = replace(config, num_envs=max(1, min(episodes, MAX_EVAL_ENVS)),
+                              seed=config.seed + EVAL_SEED_OFFSET)
+        self.episodes = episodes
+        self.interval_steps = interval_steps
+        self.should_stop = should_stop
+        self.max_s = max_s
+        self._clock = clock
+        self._last_steps: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.episodes > 0
+
+    def due(self, steps: int) -> bool:
+        return self.enabled and steps - (self._last_steps or 0) >= self.interval_steps
+
+    def mark_current(self, steps: int) -> None:
+        """The model at `steps` was evaluated already (the checkpoint resumed from)."""
+        self._last_steps = steps
+
+    def evaluate(self, model: BaseAlgorithm, steps: int) -> float | None:
+        """The mean whole-game return; None when stopped or past `max_s` (logged)."""
+        self._last_steps = steps
+        started = self._clock()
+        venv = make_vec_env(self.config)
+        try:
+            returns = self._play(model, venv, started)
+        finally:
+            venv.close()
+        if returns is None:
+            return None
+        mean = float(np.mean(returns))
+        log.info("evaluation at %d steps: mean return %.2f over %d games (%.1f s)", steps, mean,
+                 len(returns), self._clock() - started)
+        return mean
+
+    def _play(self, model: BaseAlgorithm, venv, started: float) -> list[float] | None:
+        n = venv.num_envs
+        # Each env plays its share, so short games do not crowd out long ones (SB3's way).
+        targets = np.array([(self.episodes + i) // n for i in range(n)], dtype=np.int64)
+        counts = np.zeros(n, dtype=np.int64)
+        returns: list[float] = []
+        normalizer = model.get_vec_normalize_env()
+        obs = venv.reset()
+        state, starts = None, np.ones(n, dtype=bool)
+        while (counts < targets).any():
+            if self.should_stop() or self._clock() - started > self.max_s:
+                log.warning("evaluation abandoned after %.0f s (%s); this checkpoint has no "
+                            "eval_return", self._clock() - started,
+                            "stop requested" if self.should_stop() else f"limit {self.max_s:g} s")
+                return None
+            seen = normalizer.normalize_obs(obs) if normalizer is not None else obs
+            actions, state = model.predict(seen, state=state, episode_start=starts, deterministic=True)
+            obs, _, starts, infos = venv.step(actions)
+            for i, info in enumerate(infos):
+                episode = info.get("episode")
+                if episode is not None and counts[i] < targets[i]:
+                    returns.append(float(episode["r"]))
+                    counts[i] += 1
+        return returns
