@@ -142,10 +142,28 @@ class LocalRayCluster:
         return {int(p) for p in out.stdout.split()} if out.returncode == 0 else set()
 
     def kill_node(self, name: str) -> None:
-        """A power cut: SIGKILL to the node's whole process group, at once."""
+        """A power cut: SIGKILL to the node's whole process group and to every process below
+        its `ray start` (the raylet starts its Ray workers in sessions of their own, and they
+        their training workers), all taken in one pass before any is killed."""
         node = self.nodes[name]
+        for pid in self.node_pids(name):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         _killpg(node.pgid, signal.SIGKILL)
         node.process.wait(timeout=30)
+
+    def node_pids(self, name: str) -> list[int]:
+        """Every process of a node: its `ray start` and everything below it."""
+        import psutil
+
+        node = self.nodes[name]
+        try:
+            root = psutil.Process(node.process.pid)
+            return [node.process.pid, *(child.pid for child in root.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
 
     def restart_node(self, name: str) -> Node:
         node = self.nodes.pop(name)
@@ -155,12 +173,18 @@ class LocalRayCluster:
         """Worker nodes first, then the head; each group killed by the pgid recorded at its start."""
         for name in [n for n in self.nodes if n != "head"] + (["head"] if "head" in self.nodes else []):
             node = self.nodes[name]
+            below = self.node_pids(name)[1:]
             _killpg(node.pgid, signal.SIGTERM)
             try:
                 node.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 pass
             _killpg(node.pgid, signal.SIGKILL)
+            for pid in below:  # Ray workers left behind by a raylet that was slow to clean up
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             try:
                 node.process.wait(timeout=15)
             except subprocess.TimeoutExpired:

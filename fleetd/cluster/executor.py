@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
 from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
 from fleetd.config import Settings
@@ -254,13 +254,18 @@ class RayExecutor:
         reports: list[Happening] = []
         exits: list[Happening] = []
         for ref in ready:
-            kind, handle = self._refs.pop(ref)
+            entry = self._refs.pop(ref, None)
+            if entry is None:
+                continue  # a `where` of a run whose exit came first in this batch
+            kind, handle = entry
             if kind == "hub":
                 reports.extend(self._take_reports(ref))
             elif kind == "where":
                 self._located(handle, ref)
             else:
-                exits.append(self._exited(handle, ref))
+                exited = self._exited(handle, ref)
+                if exited is not None:
+                    exits.append(exited)
         return reports + exits  # a run's last reports before its exit, as the worker sent them
 
     def _take_reports(self, ref: Any) -> list[Reported]:
@@ -292,20 +297,33 @@ class RayExecutor:
             run.node_id = where["node_id"]
             log.info("%s runs on node %s (%s), worker pid %s", run.name, where["node_id"][:12], where["hostname"], where["pid"])
 
-    def _exited(self, handle: int, ref: Any) -> Exited:
-        run = self._runs.pop(handle)
+    def _exited(self, handle: int, ref: Any) -> Exited | None:
+        run = self._runs[handle]
+        try:
+            result = ray.get(ref)
+        except ActorUnavailableError:
+            # The connection to the actor broke: its node may be dying, or a network blip. Not
+            # an ending yet: ask again; the GCS says `died` once it has declared it dead.
+            if not run.killed:
+                time.sleep(min(WAKE_SLICE_S, 0.05))
+                run.wait_ref = run.actor.wait.remote()
+                self._refs[run.wait_ref] = ("wait", handle)
+                return None
+            result = None
+            exc: RayActorError | None = None
+        except RayActorError as died:
+            result, exc = None, died
+        self._runs.pop(handle)
         if run.where_ref is not None:
             self._refs.pop(run.where_ref, None)
         self._ended[handle] = run
-        try:
-            result = ray.get(ref)
-        except RayActorError as exc:
+        if result is None:
             return Exited(handle, self._actor_died(run, exc))
         if result.get("error"):
             log.warning("%s: %s", run.name, result["error"])
         return Exited(handle, ExitStatus(result.get("code"), result.get("signal")))
 
-    def _actor_died(self, run: _Run, exc: RayActorError) -> ExitStatus:
+    def _actor_died(self, run: _Run, exc: RayActorError | None) -> ExitStatus:
         if run.killed:
             return ExitStatus(signal=signal.SIGKILL)
         if self._node_died(run, exc):
@@ -314,7 +332,7 @@ class RayExecutor:
         log.warning("%s: its actor died on a live node: %s", run.name, exc)
         return ExitStatus()
 
-    def _node_died(self, run: _Run, exc: RayActorError) -> bool:
+    def _node_died(self, run: _Run, exc: RayActorError | None) -> bool:
         if run.node_id is None:
             # Never located: the actor died before it answered; Ray's message names the cause.
             return "node" in str(exc).lower() and "died" in str(exc).lower()
