@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,12 +26,12 @@ from fleetd.forensics import JournalReader, Journalctl
 from fleetd.games import check_seeds, seed_games, seeding_needed
 from fleetd.governor.controller import FleetController
 from fleetd.host import HostBoot, HostReader
-from fleetd.jobs import Job, heartbeat_job, retention_job, rotate_logs_job, telemetry_job
+from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
 from fleetd.statedir import lock_state_dir
 from fleetd.store.engine import Database
-from fleetd.store.records import GameDraft
+from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
 from fleetd.supervision.launcher import OsLauncher
@@ -142,6 +143,7 @@ class Daemon:
         self.telemetry = TelemetrySampler()
         self.alerts = AlertSender(settings.alerts)
         self.local_workers = True  # workers are this host's processes (not a cluster's actors)
+        self.cluster_nodes: Callable[[], list[NodeSeen]] | None = None  # the Ray cluster's, when on one
 
     def run(self) -> int:
         """Returns the process exit code."""
@@ -244,6 +246,7 @@ class Daemon:
             except ClusterError as exc:
                 raise StartupError(str(exc)) from None
             self.local_workers = False
+            self.cluster_nodes = executor.nodes
             return executor, executor, executor
         try:
             reactor = OsReactor(self.settings.progress_socket)
@@ -300,6 +303,9 @@ class Daemon:
                 lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict),
             ),
         ]
+        if self.cluster_nodes is not None:
+            nodes = self.cluster_nodes
+            jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))
         if self.notifier.enabled:
             interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S
             jobs.append(Job("sd_notify", interval, lambda: notify_job(self.notifier, supervisor)))

@@ -12,7 +12,7 @@ from fleetd import __version__
 from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
-from fleetd.api.routes import boots, events, fleet, games, health, metrics, projection, samples
+from fleetd.api.routes import boots, events, fleet, games, health, hosts, metrics, projection, samples
 from fleetd.api.metrics import Exposition
 
 API_PREFIX = "/api/v1"
@@ -33,7 +33,7 @@ def create_app(context: AppContext) -> FastAPI:
     app.include_router(metrics.router)
     app.state.metrics = Exposition(context)
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token), Depends(refuse_unknown_query)], responses=ERROR_RESPONSES)
-    for module in (games, fleet, projection, boots, events, samples):
+    for module in (games, fleet, projection, boots, hosts, events, samples):
         api.include_router(module.router)
     app.include_router(api)
     install_status_page(app)

@@ -29,6 +29,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
 from fleetd.config import Settings
+from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Reported, Spawned
 from workers.protocol.reports import ReportError, decode_report
@@ -36,6 +37,7 @@ from workers.protocol.reports import ReportError, decode_report
 log = logging.getLogger(__name__)
 
 HUB_NAME = "reports"
+HOST_RESOURCE = "fleetd_host_"
 ACTOR_PREFIX = "run-"
 WAKE_SLICE_S = 0.1  # a wake-up from another thread is seen within this (ray.wait cannot be woken)
 HUB_TAKE_S = 1.0  # a take waits this long for reports at most
@@ -70,6 +72,16 @@ def connect(settings: Settings) -> RayExecutor:
         num_cpus=0, resources={"node:__internal_head__": 0.001},
     ).remote()  # fmt: skip
     return RayExecutor(settings, hub, expected)
+
+
+def node_seen(node: dict[str, Any]) -> NodeSeen:
+    """A host's name: the `fleetd_host_<name>` custom resource its node offers (several Ray nodes
+    on one machine, as in tests), else its hostname."""
+    resources = {k: float(v) for k, v in (node.get("Resources") or {}).items()}
+    named = [key[len(HOST_RESOURCE):] for key in resources if key.startswith(HOST_RESOURCE)]
+    hostname = node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "?"
+    return NodeSeen(node["NodeID"], named[0] if named else hostname, hostname, node.get("NodeManagerAddress") or "",
+                    resources, bool(node.get("Alive")))
 
 
 def check_nodes(expected: dict[str, str]) -> None:
@@ -213,6 +225,12 @@ class RayExecutor:
         self._runs.clear()
         self._refs.clear()
         ray.shutdown()
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    def nodes(self) -> list[NodeSeen]:
+        """The cluster's nodes as the GCS lists them, each named for its host."""
+        return [node_seen(node) for node in ray.nodes()]
 
     # -- ProcessProbe --------------------------------------------------------------------------
 
