@@ -23,19 +23,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 pytest.importorskip("ray", reason="ray is not installed: pip install 'fleetd[ray]' (make install does)")
 
 from bench.ray_cluster import LocalRayCluster  # noqa: E402
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, cartpole, short_tmp_dir, start_daemon  # noqa: E402
+from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, cartpole, short_tmp_dir  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
 GAMES = ("ga", "gb")
 TRAINING_S = 240.0  # a worker's start on a node: a Ray worker, then torch and SB3, on 2 loaded cores
+# Connecting to the cluster and checking every node's versions starts a Ray worker on each node.
+DAEMON_START_S = 180.0
 
 
 @dataclass
@@ -43,6 +46,16 @@ class Fleet:
     cluster: LocalRayCluster
     config: DaemonConfig
     daemons: list[Daemon] = field(default_factory=list)
+    victim: str | None = None  # the node whose power was cut
+
+    def start_daemon(self) -> Daemon:
+        daemon = Daemon(self.config, log_name=f"daemon-{len(self.daemons)}.log")
+        self.daemons.append(daemon)
+        daemon.wait_healthy(DAEMON_START_S)
+        return daemon
+
+    def hosts(self) -> dict[str, dict]:
+        return {host["name"]: host for host in self.daemon.get("/api/v1/hosts").json()["items"]}
 
     @property
     def daemon(self) -> Daemon:
@@ -89,9 +102,11 @@ def fleet() -> Iterator[Fleet]:
     config = DaemonConfig(root)
     daemons: list[Daemon] = []
     try:
-        cluster.start_head(num_cpus=0)  # no games on the head: it runs fleetd and the GCS
-        cluster.add_node("a", num_cpus=2, resources={"node_a": 1})
-        cluster.add_node("b", num_cpus=2, resources={"node_b": 1})
+        # No games on the head: it runs fleetd and the GCS. `fleetd_host_<name>` names each
+        # node's host (three Ray nodes share this machine's hostname).
+        cluster.start_head(num_cpus=0, resources={"fleetd_host_head": 1})
+        cluster.add_node("a", num_cpus=2, resources={"node_a": 1, "fleetd_host_a": 1})
+        cluster.add_node("b", num_cpus=2, resources={"node_b": 1, "fleetd_host_b": 1})
         config.extra = SUPERVISION + (
             "[cluster]\n"
             'backend = "ray"\n'
@@ -102,8 +117,9 @@ def fleet() -> Iterator[Fleet]:
         )
         config.set_boot_id("11111111-1111-1111-1111-111111111111")
         config.write()
-        start_daemon(config, daemons)
-        yield Fleet(cluster, config, daemons)
+        fleet = Fleet(cluster, config, daemons)
+        fleet.start_daemon()
+        yield fleet
     finally:
         for daemon in daemons:
             daemon.ensure_stopped()
@@ -125,7 +141,7 @@ def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None
 
 
 def test_a_nodes_power_cut_moves_its_games_to_the_other_node_from_their_checkpoints(fleet: Fleet) -> None:
-    victim = fleet.node_of("ga")[0]
+    victim = fleet.victim = fleet.node_of("ga")[0]
     survivor = "b" if victim == "a" else "a"
     moved = [g for g in GAMES if fleet.node_of(g) == [victim]]
     stayed = [g for g in GAMES if g not in moved]
@@ -153,7 +169,7 @@ def test_a_restarted_daemon_adopts_the_same_actors_and_no_game_runs_twice(fleet:
     before = {game: fleet.daemon.runs(game)[0] for game in GAMES}
     assert all(run["cause"] is None for run in before.values()), before
     fleet.daemon.kill()  # SIGKILL: no goodbye, the actors train on
-    daemon = start_daemon(fleet.config, fleet.daemons)
+    daemon = fleet.start_daemon()
     for game in GAMES:
         run = fleet.wait(lambda g=game: _adopted(daemon.runs(g)), f"{game}'s run adopted")
         assert run["id"] == before[game]["id"] and run["adoptions"] == 1, run
@@ -161,6 +177,29 @@ def test_a_restarted_daemon_adopts_the_same_actors_and_no_game_runs_twice(fleet:
         fleet.wait(lambda g=game, s=steps: daemon.game(g)["steps"] > s, f"{game} reporting to the new daemon")
         assert len(fleet.node_of(game)) == 1, f"{game} runs twice: {fleet.node_of(game)}"
     assert [r for g in GAMES for r in daemon.runs(g) if r["id"] > max(r["id"] for r in before.values())] == []
+
+
+def test_the_cut_host_rejoins_with_its_downtime_in_its_boot_history(fleet: Fleet) -> None:
+    assert fleet.victim is not None
+    hosts = fleet.wait(lambda: (h := fleet.hosts()) and not h[fleet.victim]["alive"] and h, f"host {fleet.victim} down")
+    assert hosts[fleet.victim]["boots"] == 1
+    fleet.cluster.restart_node(fleet.victim)
+    host = fleet.wait(lambda: (h := fleet.hosts()[fleet.victim])["boots"] == 2 and h["alive"] and h, "the host back")
+    assert host["downtime_s"] > 0 and host["lives"][1]["downtime_before_s"] == host["downtime_s"], host
+    assert host["lives"][0]["ended_at"] is not None
+    assert all(h["alive"] and h["boots"] == 1 for name, h in fleet.hosts().items() if name != fleet.victim)
+    metrics = httpx.get(fleet.config.url + "/metrics", timeout=10).text
+    assert f'fleetd_cluster_host_joins_total{{host="{fleet.victim}"}} 2.0' in metrics
+    events = fleet.daemon.get("/api/v1/events?kind=host_lost").json()["items"]
+    assert [e["details"]["host"] for e in events] == [fleet.victim]
+
+
+def test_version_skew_is_named() -> None:
+    from fleetd.cluster.actors import skew, versions
+
+    here = versions()
+    assert skew(here, here) is None
+    assert skew(here, {**here, "fleetd": "0.0.1"}) == f"fleetd 0.0.1 (the daemon has {here['fleetd']})"
 
 
 def _run(runs: list[dict], run_id: int, key: str) -> dict | None:
