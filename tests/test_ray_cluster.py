@@ -183,6 +183,14 @@ def test_the_cut_host_rejoins_with_its_downtime_in_its_boot_history(fleet: Fleet
     assert fleet.victim is not None
     hosts = fleet.wait(lambda: (h := fleet.hosts()) and not h[fleet.victim]["alive"] and h, f"host {fleet.victim} down")
     assert hosts[fleet.victim]["boots"] == 1
+    # The games stop first (each with a final checkpoint, its actor ended): a Ray node must
+    # register with the GCS within 30 s of its start, which two trainings on 2 loaded cores
+    # can make it miss.
+    for game in GAMES:
+        assert fleet.daemon.post(f"/api/v1/games/{game}/stop").status_code == 202
+    for game in GAMES:
+        fleet.wait(lambda g=game: fleet.daemon.game(g)["state"] == "stopped" and not fleet.node_of(g), f"{game} stopped")
+    assert [r["cause"] for g in GAMES for r in fleet.daemon.runs(g)[:1]] == ["stopped", "stopped"]
     fleet.cluster.restart_node(fleet.victim)
     host = fleet.wait(lambda: (h := fleet.hosts()[fleet.victim])["boots"] == 2 and h["alive"] and h, "the host back")
     assert host["downtime_s"] > 0 and host["lives"][1]["downtime_before_s"] == host["downtime_s"], host

@@ -18,6 +18,7 @@ import asyncio
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,6 +188,7 @@ class RunActor:
             except Exception:  # noqa: BLE001 - the hub is gone with the head: nothing to tell
                 pass
         self._sock.close()
+        shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
         self._relayed.set()
 
 

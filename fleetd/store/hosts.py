@@ -33,11 +33,14 @@ def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> lis
             session.add(boots[node.node_id])
         else:
             boot.last_seen_at = now
+    names = {host.id: name for name, host in hosts.items()}
     for node in (n for n in nodes if not n.alive):
         boot = boots.get(node.node_id)
         if boot is not None and boot.ended_at is None:
             boot.ended_at = now
-            lost.append(node.host)
+            # By the life's host: the GCS lists a dead node without its resources, so its
+            # `fleetd_host_` name is gone from what it says now.
+            lost.append(names[boot.host_id])
     session.flush()
     open_hosts = {boot.host_id for boot in boots.values() if boot.ended_at is None}
     for host in hosts.values():
