@@ -202,12 +202,23 @@ def test_the_cut_host_rejoins_with_its_downtime_in_its_boot_history(fleet: Fleet
     assert [e["details"]["host"] for e in events] == [fleet.victim]
 
 
-def test_version_skew_is_named() -> None:
-    from fleetd.cluster.actors import skew, versions
+def test_version_skew_between_the_daemon_and_the_nodes_is_refused_by_name(fleet: Fleet) -> None:
+    import ray
+
+    from fleetd.cluster.actors import versions
+    from fleetd.cluster.executor import ClusterError, check_nodes
 
     here = versions()
-    assert skew(here, here) is None
-    assert skew(here, {**here, "fleetd": "0.0.1"}) == f"fleetd 0.0.1 (the daemon has {here['fleetd']})"
+    ray.init(address=fleet.cluster.address, namespace="skew-test", logging_level="ERROR", log_to_driver=False)
+    try:
+        check_nodes(here)  # the same versions everywhere: accepted
+        with pytest.raises(ClusterError) as caught:
+            check_nodes({**here, "fleetd": "0.0.1"})  # as a daemon of another fleetd would
+    finally:
+        ray.shutdown()
+    message = str(caught.value)
+    assert message.startswith("version skew between fleetd and the cluster's nodes, refused: ")
+    assert message.count(f"fleetd {here['fleetd']} (the daemon has 0.0.1)") == len(fleet.cluster.nodes), message
 
 
 def _run(runs: list[dict], run_id: int, key: str) -> dict | None:
