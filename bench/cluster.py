@@ -30,6 +30,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -125,7 +126,10 @@ def measure_local(params: ClusterParams, say=print) -> tuple[float, float]:
 def measure_ray(params: ClusterParams, results: Results, say=print) -> None:
     root = Path(tempfile.mkdtemp(prefix="fcb-", dir="/tmp"))
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    cluster = LocalRayCluster(root / "cluster", python=sys.executable, env={"PYTHONPATH": pythonpath})
+    # Each actor is a Ray worker process with a port of its node's range: room for every game on
+    # any node (SPREAD puts a third on each; two nodes take them all after a power cut).
+    cluster = LocalRayCluster(root / "cluster", python=sys.executable, env={"PYTHONPATH": pythonpath},
+                              worker_ports=params.games + 20)
     daemon: BenchDaemon | None = None
     try:
         say("starting a Ray head and three nodes")
@@ -234,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=ClusterParams.window_s)
     parser.add_argument("--quick", action="store_true", help="12 games, 10 s windows")
     args = parser.parse_args(argv)
+    # SIGTERM (or SIGINT where a shell ignores it for background jobs) unwinds: the cluster and
+    # the daemons are stopped in the `finally`s.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     params = QUICK if args.quick else ClusterParams(args.games, args.window)
     print(f"local executor: {params.games} games")
     local = measure_local(params)

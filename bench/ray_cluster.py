@@ -29,7 +29,10 @@ FAST_HEALTH_CHECKS = {
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
 }
-PORTS_PER_NODE = 40  # node manager, object manager, agents, metrics, then the worker port range
+FIXED_PORTS = 10  # node manager, object manager, agents, metrics
+# Every Ray worker process (one per actor) takes a port of its node's range: the range bounds
+# the actors a node can hold.
+WORKER_PORTS = 40
 START_TIMEOUT_S = 120.0
 
 
@@ -52,6 +55,7 @@ class LocalRayCluster:
     root: Path  # the cluster's own temp dir and node logs live under here
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every node
+    worker_ports: int = WORKER_PORTS  # per node: at most this many actors on each
     nodes: dict[str, Node] = field(default_factory=dict)
     gcs_port: int = 0
     _next_port: int = 0
@@ -66,7 +70,7 @@ class LocalRayCluster:
 
     def start_head(self, num_cpus: int = 0, resources: dict[str, float] | None = None) -> Node:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._next_port = _free_port_block(PORTS_PER_NODE * 4)
+        self._next_port = _free_port_block(self._per_node * 10)
         self.gcs_port = self._take(1)
         extra = ["--head", f"--port={self.gcs_port}", f"--ray-client-server-port={self._take(1)}",
                  "--include-dashboard=false", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
@@ -94,7 +98,7 @@ class LocalRayCluster:
     def _launch(self, name: str, extra: list[str], num_cpus: int, resources: dict[str, float]) -> Node:
         import json
 
-        ports = self._take(PORTS_PER_NODE)
+        ports = self._take(self._per_node)
         argv = [
             str(Path(self.python).with_name("ray")), "start", "--block", *extra,
             f"--num-cpus={num_cpus}", "--num-gpus=0", f"--resources={json.dumps(resources)}",
@@ -102,7 +106,7 @@ class LocalRayCluster:
             f"--node-manager-port={ports}", f"--object-manager-port={ports + 1}",
             f"--runtime-env-agent-port={ports + 2}", f"--dashboard-agent-grpc-port={ports + 3}",
             f"--dashboard-agent-listen-port={ports + 4}", f"--metrics-export-port={ports + 5}",
-            f"--min-worker-port={ports + 10}", f"--max-worker-port={ports + PORTS_PER_NODE - 1}",
+            f"--min-worker-port={ports + FIXED_PORTS}", f"--max-worker-port={ports + self._per_node - 1}",
         ]  # fmt: skip
         env = {**os.environ, **FAST_HEALTH_CHECKS, **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
         log_path = self.root / f"{name}.log"
@@ -114,6 +118,10 @@ class LocalRayCluster:
         node = Node(name, process, dict(resources), ports, log_path, offset)
         self.nodes[name] = node
         return node
+
+    @property
+    def _per_node(self) -> int:
+        return FIXED_PORTS + self.worker_ports
 
     def _take(self, count: int) -> int:
         port, self._next_port = self._next_port, self._next_port + count
