@@ -125,15 +125,18 @@ cpu_threads = 1
 class BenchDaemon:
     """One `fleetd serve` in a short /tmp directory; only its pid and its stand-ins are signalled."""
 
-    def __init__(self, params: Params) -> None:
+    def __init__(self, params: Params, root: Path | None = None, extra: str = "",
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         # Unix socket paths must stay under 108 bytes: keep the directory short.
-        self.root = Path(tempfile.mkdtemp(prefix="fsb-", dir="/tmp"))
+        self.root = root or Path(tempfile.mkdtemp(prefix="fsb-", dir="/tmp"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.startup_timeout_s = startup_timeout_s
         self.state_dir = self.root / "state"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         (self.root / "boot_id").write_text("bench-supervision\n")
         self.config_path = self.root / "fleetd.toml"
-        self.config_path.write_text(_config_text(self.root, self.port, params))
+        self.config_path.write_text(_config_text(self.root, self.port, params) + extra)
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETD_") and k != "STATE_DIRECTORY"}
         # The workers inherit the daemon's environment: they must be able to import `bench`.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -157,7 +160,7 @@ class BenchDaemon:
             raise RuntimeError(f"fleetd exited with {self.process.returncode}:\n{self.log_tail()}")
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             self._check_alive()
             try:
@@ -168,7 +171,7 @@ class BenchDaemon:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"fleetd not healthy after {STARTUP_TIMEOUT_S:g}s:\n{self.log_tail()}")
+        raise RuntimeError(f"fleetd not healthy after {self.startup_timeout_s:g}s:\n{self.log_tail()}")
 
     def add_game(self, name: str) -> None:
         assert self._client is not None

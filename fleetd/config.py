@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -285,6 +285,49 @@ class BackupSettings(_Section):
         return value
 
 
+class ClusterSettings(_Section):
+    """Where workers run: on this host (local, the default) or on a Ray cluster (docs/cluster.md).
+
+    Only launching, watching and signalling differ: the state machine, run history, backoff,
+    hang watchdog and governor are the same code for both."""
+
+    backend: Literal["local", "ray"] = "local"
+    # `auto`: the Ray cluster this host is a node of (the head, next to fleetd); or a Ray
+    # client address `ray://HOST:PORT`; or the GCS address `HOST:PORT`.
+    address: str = Field("auto", pattern=r"^(auto|ray://[^\s/]+|[^\s/:]+:\d+)$")
+    # A directory every node mounts at the same path: game dirs (checkpoints, logs, run specs)
+    # live under it, so a game restarts from its newest checkpoint on any node.
+    storage: Path | None = None
+    namespace: str = Field("fleetd", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # What each game's actor asks Ray for. CPUs: None means the worker's cpu_threads.
+    num_cpus_per_game: float | None = Field(None, ge=0)
+    num_gpus_per_game: float = Field(0.0, ge=0)
+    # SPREAD puts games on different nodes where it can (a node lost takes fewer games with it);
+    # DEFAULT is Ray's pack-then-spread.
+    scheduling: Literal["SPREAD", "DEFAULT"] = "SPREAD"
+    # Custom Ray resources a game's actor needs, by game name: pins a game to the nodes that
+    # offer them (`ray start --resources '{"gpu_a100": 4}'`).
+    pins: dict[str, dict[str, float]] = {}
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _storage_path(cls, value: Any) -> Any:
+        if isinstance(value, str) and "://" in value:
+            raise ValueError(
+                "object-store URLs are not supported yet: mount the bucket on every node "
+                "(s3fs, gcsfuse, NFS) and give the mount's path"
+            )
+        if value is not None and not Path(value).is_absolute():
+            raise ValueError("must be an absolute path that every node mounts")
+        return value
+
+    @model_validator(mode="after")
+    def _storage_for_ray(self) -> ClusterSettings:
+        if self.backend == "ray" and self.storage is None:
+            raise ValueError("backend = 'ray' needs storage: a path every node mounts (checkpoints go there)")
+        return self
+
+
 class GameSeed(GameSpec):
     """A `[[games]]` entry: the same model, bounds and errors as `POST /api/v1/games`."""
 
@@ -313,6 +356,7 @@ class Settings(BaseSettings):
     costs: CostSettings = CostSettings()
     alerts: AlertSettings = AlertSettings()
     backup: BackupSettings = BackupSettings()
+    cluster: ClusterSettings = ClusterSettings()
     games: list[GameSeed] = []
 
     @field_validator("state_dir")
@@ -360,6 +404,10 @@ class Settings(BaseSettings):
 
     @property
     def games_dir(self) -> Path:
+        """On a Ray cluster, under the storage every node mounts: a game's checkpoints must be
+        where its next run starts, on whichever node that is."""
+        if self.cluster.backend == "ray" and self.cluster.storage is not None:
+            return self.cluster.storage / "games"
         return self.state_dir / "games"
 
     @property

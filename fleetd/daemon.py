@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,18 +27,19 @@ from fleetd.forensics import JournalReader, Journalctl
 from fleetd.games import check_seeds, seed_games, seeding_needed
 from fleetd.governor.controller import FleetController
 from fleetd.host import HostBoot, HostReader
-from fleetd.jobs import Job, heartbeat_job, retention_job, rotate_logs_job, telemetry_job
+from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
 from fleetd.statedir import lock_state_dir
 from fleetd.store.engine import Database
-from fleetd.store.records import GameDraft
+from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.store.schema import ensure_schema
-from fleetd.supervision.adoption import OsProcessProbe
+from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
 from fleetd.supervision.launcher import OsLauncher
 from fleetd.supervision.reactor import OsReactor
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.seams import Launcher, Reactor
 from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
 from fleetd.telemetry import NvmlReader, TelemetrySampler
@@ -154,6 +156,8 @@ class Daemon:
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
         self.alerts = AlertSender(settings.alerts)
+        self.local_workers = True  # workers are this host's processes (not a cluster's actors)
+        self.cluster_nodes: Callable[[], list[NodeSeen]] | None = None  # the Ray cluster's, when on one
 
     def run(self) -> int:
         """Returns the process exit code."""
@@ -220,17 +224,12 @@ class Daemon:
             ) from None
 
     def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
-        try:
-            reactor = OsReactor(self.settings.progress_socket)
-        except OSError as exc:
-            raise StartupError(f"cannot open the progress socket: {exc}") from None
+        launcher, reactor, probe = self._executor()
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
-        worker = self.settings.worker
-        launcher = OsLauncher(worker.python, worker.log_keep_runs, worker.module)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
         fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts)
         supervisor = Supervisor(
-            self.settings, db, self.clock, launcher, reactor, recorder, OsProcessProbe(), fleet,
+            self.settings, db, self.clock, launcher, reactor, recorder, probe, fleet,
             unclean_reboot=(
                 start.kind is StartKind.REBOOT
                 and not start.previous_clean
@@ -247,6 +246,28 @@ class Daemon:
             grace = self.settings.supervisor.stopwaitsecs + 15
             thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
             reactor.close()
+
+    def _executor(self) -> tuple[Launcher, Reactor, ProcessProbe]:
+        """Where workers run: child processes of this host, or actors on a Ray cluster. Ray is
+        imported only for the latter (an optional extra)."""
+        if self.settings.cluster.backend == "ray":
+            try:
+                from fleetd.cluster.executor import ClusterError, connect
+            except ImportError as exc:
+                raise StartupError(f"[cluster] backend = 'ray' needs Ray: pip install 'fleetd[ray]' ({exc})") from None
+            try:
+                executor = connect(self.settings)
+            except ClusterError as exc:
+                raise StartupError(str(exc)) from None
+            self.local_workers = False
+            self.cluster_nodes = executor.nodes
+            return executor, executor, executor
+        try:
+            reactor = OsReactor(self.settings.progress_socket)
+        except OSError as exc:
+            raise StartupError(f"cannot open the progress socket: {exc}") from None
+        worker = self.settings.worker
+        return OsLauncher(worker.python, worker.log_keep_runs, worker.module), reactor, OsProcessProbe()
 
     def _serve(
         self,
@@ -295,9 +316,13 @@ class Daemon:
             Job(
                 "telemetry",
                 settings.fleet.telemetry_interval_s,
-                lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids),
+                # On a cluster a run's handle is its run id, not a pid of this host.
+                lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict),
             ),
         ]
+        if self.cluster_nodes is not None:
+            nodes = self.cluster_nodes
+            jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))
         if self.notifier.enabled:
             interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S
             jobs.append(Job("sd_notify", interval, lambda: notify_job(self.notifier, supervisor)))

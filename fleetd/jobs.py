@@ -15,7 +15,9 @@ from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.games import SEEDED_EVENT
 from fleetd.store.engine import Database
-from fleetd.store.events import delete_events_before
+from fleetd.store.events import create_event, delete_events_before
+from fleetd.store.hosts import observe_nodes
+from fleetd.store.records import NodeSeen
 from fleetd.store.samples import create_metric_rows, delete_samples_before
 from fleetd.telemetry import TelemetrySampler, sample_rows
 from fleetd.uptime import heartbeat
@@ -73,3 +75,15 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
     if events or samples:
         log.info("retention: deleted %d events and %d samples", events, samples)
     return events, samples
+
+
+def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -> list[str]:
+    """Record the cluster's nodes as hosts and their lives; a host whose node died is an event."""
+    seen = nodes()
+    now = clock.now()
+    with db.transaction() as session:
+        lost = observe_nodes(session, seen, now)
+        for host in lost:
+            create_event(session, now, "host_lost", f"host {host}: its Ray node died; its games restart elsewhere",
+                         severity="warning", details={"host": host})
+    return lost

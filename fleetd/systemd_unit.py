@@ -158,3 +158,43 @@ def word(value: str, what: str) -> str:
     # '%' starts a unit specifier in every setting that takes a path.
     escaped = value.replace("%", "%%")
     return f'"{escaped}"' if any(ch.isspace() for ch in escaped) else escaped
+
+
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+HEAD_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*:\d{1,5}")
+
+
+def render_ray_node_unit(ray_bin: str, head: str, host: str, user: str, storage: str | None = None) -> str:
+    """A GPU host's Ray worker node as a systemd unit (docs/cluster.md). The node offers the
+    custom resource `fleetd_host_<host>`: fleetd names the host by it in `fleetd hosts`."""
+    if not USER_NAME.fullmatch(user):
+        raise ValueError(f"user {user!r} is not a valid system user name (lowercase letters, digits, '-', '_')")
+    if not HEAD_ADDRESS.fullmatch(head):
+        raise ValueError(f"--head {head!r} must be the Ray head's GCS address HOST:PORT (e.g. head.lan:6379)")
+    if not HOST_NAME.fullmatch(host):
+        raise ValueError(f"--host-name {host!r} must be letters, digits, '.', '_' or '-' (at most 63)")
+    ray = exec_arg(ray_bin, "ray binary")
+    mounts = f"RequiresMountsFor={path_arg(PurePosixPath(storage))}\n" if storage else ""
+    return textwrap.dedent(f"""\
+        # A Ray worker node for fleetd, rendered by `fleetd systemd-unit --ray-node`.
+        # Install the same fleetd and ray versions as the head: fleetd refuses a node whose
+        # versions differ (see docs/cluster.md).
+        [Unit]
+        Description=Ray worker node of the fleetd cluster (head {head})
+        Wants=network-online.target
+        After=network-online.target remote-fs.target
+        {mounts}
+        [Service]
+        Type=simple
+        User={user}
+        Environment=RAY_USAGE_STATS_ENABLED=0
+        ExecStart={ray} start --block --address={head} '--resources={{"fleetd_host_{host}": 1}}'
+        # The node's raylet, its Ray workers and the training workers they started all go with it.
+        KillMode=control-group
+        TimeoutStopSec=90
+        Restart=always
+        RestartSec=10
+
+        [Install]
+        WantedBy=multi-user.target
+        """)

@@ -98,10 +98,11 @@ class FakeReactor:
     def close(self) -> None:
         self.watched.clear()
 
-    def exit(self, pid: int, code: int | None = 0, sig: int | None = None) -> None:
-        """The process ended (exit code, or killed by `sig`)."""
+    def exit(self, pid: int, code: int | None = 0, sig: int | None = None, node_lost: bool = False) -> None:
+        """The process ended (exit code, or killed by `sig`; or its cluster node died)."""
         self.watched.pop(pid, None)
-        self.queued.append(Exited(pid, ExitStatus(None if sig else code, sig)))
+        status = ExitStatus(node_lost=True) if node_lost else ExitStatus(None if sig else code, sig)
+        self.queued.append(Exited(pid, status))
 
     def report(self, report: Report) -> None:
         self.queued.append(Reported(report))

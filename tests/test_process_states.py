@@ -274,6 +274,7 @@ def test_stale_reports_are_ignored(proc: WorkerProcess, clock: FakeClock) -> Non
         (ExitStatus(signal=signal.SIGKILL, oom_killed=True), State.BACKOFF, "oom"),
         (ExitStatus(code=0), State.BACKOFF, "crash"),  # exit 0 nobody asked for
         (ExitStatus(), State.BACKOFF, "crash"),  # an adopted worker's unknown status
+        (ExitStatus(node_lost=True), State.BACKOFF, "node_lost"),  # its cluster node died
     ],
 )
 def test_exit_classification(
@@ -303,6 +304,24 @@ def test_autorestart_false_and_expected_codes(clock: FakeClock, launcher: FakeLa
     expected.start()
     expected.on_exit(ExitStatus(code=0))
     assert expected.state is State.EXITED
+
+
+def test_node_lost_restarts_after_the_usual_backoff(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:
+    proc.start()
+    proc.on_exit(ExitStatus(node_lost=True))
+    assert proc.state is State.BACKOFF
+    assert proc.reason == "node_lost: its cluster node died; restarting in 1s"
+    advance(clock, proc, 1)
+    assert proc.state is State.STARTING and len(launcher.spawned) == 2
+
+
+def test_node_lost_with_autorestart_false_exits(clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:
+    from pathlib import Path
+
+    never = WorkerProcess(Launch("a", Path("/a")), Policy(autorestart="false"), launcher, clock, sink)
+    never.start()
+    never.on_exit(ExitStatus(node_lost=True))
+    assert never.state is State.EXITED and sink.causes() == ["node_lost"]
 
 
 def test_spawn_failure_backs_off(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:

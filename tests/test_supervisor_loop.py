@@ -344,3 +344,30 @@ def test_two_games_crashing_at_start_up_until_fatal_leave_the_level_and_the_othe
     assert {name: loop.pid(name) for name in ("a", "b")} == pids
     with loop.db.transaction() as session:
         assert read_events(session, EventFilter(kind="fleet_backoff")) == []
+
+
+def test_games_lost_with_their_cluster_node_restart_without_moving_the_fleet(loop: Loop) -> None:
+    # Two running games crashing within the window is instability (crash_games = 2); the same
+    # two ending because their cluster node died is the node's doing: they back off and
+    # restart elsewhere, the fleet keeps its rung.
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    rung = loop.sup.snapshot.governor.rung
+    for name in ("a", "b"):
+        loop.reactor.exit(loop.pid(name), node_lost=True)
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.BACKOFF, State.BACKOFF]
+    with loop.db.transaction() as session:
+        causes = [
+            run.cause for name in ("a", "b")
+            for run in run_store.read_runs(session, game_store.game_id_of(session, name), name, 10)
+        ]  # fmt: skip
+    assert causes.count("node_lost") == 2
+    loop.steps(3)
+    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.STARTING]
+    after = loop.sup.snapshot
+    assert after.governor.rung == rung and after.governor.last_backoff is None
+    with loop.db.transaction() as session:
+        assert read_events(session, EventFilter(kind="fleet_backoff")) == []

@@ -306,3 +306,31 @@ def test_full_socket_does_not_block(path_socket: tuple[str, socket.socket]) -> N
     # Nobody reads: the receive queue fills and later sends fail fast instead of waiting.
     results = [notifier.status("x" * 2000) for _ in range(5000)]
     assert results[0] is True and results[-1] is False
+
+
+def test_ray_node_unit_joins_the_head_and_names_its_host(tmp_path: Path) -> None:
+    from fleetd.systemd_unit import render_ray_node_unit
+
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    text = render_ray_node_unit(ray_bin, "head.lan:6379", "gpu1", "fleetd", "/mnt/fleet")
+    settings = unit_settings(text)
+    assert settings["ExecStart"] == f"""{ray_bin} start --block --address=head.lan:6379 '--resources={{"fleetd_host_gpu1": 1}}'"""
+    assert settings["KillMode"] == "control-group" and settings["RequiresMountsFor"] == "/mnt/fleet"
+    if SYSTEMD_ANALYZE is not None and os.access(ray_bin, os.X_OK):
+        path = tmp_path / "fleetd-ray-node.service"
+        path.write_text(text)
+        result = subprocess.run([str(SYSTEMD_ANALYZE), "--man=no", "verify", str(path)],
+                                capture_output=True, text=True, timeout=60, check=False)
+        ours = [line for line in (result.stdout + result.stderr).splitlines() if "fleetd-ray-node.service" in line]
+        assert result.returncode == 0 and not ours, result.stdout + result.stderr
+
+
+def test_ray_node_unit_refuses_what_it_cannot_carry() -> None:
+    app = typer.Typer()
+    register(app)
+    result = CliRunner().invoke(app, ["--ray-node"])
+    assert result.exit_code == 2 and "--ray-node needs --head HOST:PORT" in result.output
+    result = CliRunner().invoke(app, ["--ray-node", "--head", "ray://head:10001"])
+    assert result.exit_code == 2 and "must be the Ray head's GCS address HOST:PORT" in result.output
+    result = CliRunner().invoke(app, ["--ray-node", "--head", "head:6379", "--host-name", "a b"])
+    assert result.exit_code == 2 and "--host-name 'a b'" in result.output

@@ -13,7 +13,7 @@ from fleetd import __version__
 from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
-from fleetd.api.routes import backup, boots, events, fleet, games, health, logs, metrics, models, projection, samples, spec
+from fleetd.api.routes import backup, boots, events, fleet, games, health, hosts, logs, metrics, models, projection, samples, spec
 from fleetd.api.metrics import Exposition
 
 API_PREFIX = "/api/v1"
@@ -37,7 +37,7 @@ def create_app(context: AppContext) -> FastAPI:
     app.include_router(metrics.router)
     app.state.metrics = Exposition(context)
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token), Depends(refuse_unknown_query)], responses=ERROR_RESPONSES)
-    for module in (games, logs, spec, models, fleet, projection, boots, events, samples, backup):
+    for module in (games, logs, spec, models, fleet, projection, boots, hosts, events, samples, backup):
         api.include_router(module.router)
     app.include_router(api)
     install_status_page(app)

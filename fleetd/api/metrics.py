@@ -22,7 +22,8 @@ from fleetd.governor.snapshot import GovernorView
 from fleetd.states import Shown, shown
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
-from fleetd.store.records import GameFigures
+from fleetd.store.hosts import read_hosts
+from fleetd.store.records import GameFigures, HostRecord
 from fleetd.supervision.counters import GameCounts, ProgressCounters
 from fleetd.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.uptime import uptime_report
@@ -41,7 +42,9 @@ class FleetCollector:
         now = self.context.clock.now()
         with self.context.db.transaction() as session:
             reboots = count_reboots(session)
+            hosts = read_hosts(session)
         yield from uptime_metrics(self.context, reboots, now)
+        yield from host_metrics(hosts)
         snapshot = self.context.snapshot
         if snapshot is not None:
             yield from fleet_metrics(snapshot.governor)
@@ -171,6 +174,18 @@ def uptime_metrics(context: AppContext, reboots: int, now: datetime) -> Iterator
     yield from (total, recent, availability)
     yield GaugeMetricFamily("fleetd_host_uptime_seconds", "Seconds since the host booted", value=report.host_uptime_s)
     yield GaugeMetricFamily("fleetd_daemon_uptime_seconds", "Seconds since the daemon started", value=report.daemon_uptime_s)
+
+
+def host_metrics(hosts: list[HostRecord]) -> Iterator[Metric]:
+    """Per cluster host ([cluster] backend = "ray"): up, lives of its Ray node, downtime."""
+    up = _gauge("fleetd_cluster_host_up", "1 while the host's Ray node is alive", ["host"])
+    joins = _counter("fleetd_cluster_host_joins", "Times the host's Ray node joined the cluster", ["host"])
+    down = _counter("fleetd_cluster_host_downtime_seconds", "Time between the host's Ray node lives", ["host"])
+    for host in hosts:
+        up.add_metric([host.name], 1.0 if host.alive else 0.0)
+        joins.add_metric([host.name], float(len(host.boots)))
+        down.add_metric([host.name], sum(host.downtimes_s()))
+    yield from (up, joins, down)
 
 
 def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:

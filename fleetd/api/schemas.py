@@ -55,6 +55,32 @@ class BootList(Out):
     items: list[BootOut]
 
 
+class HostBootOut(Out):
+    node_id: str = Field(description="the Ray node id of this life of the host")
+    joined_at: datetime
+    last_seen_at: datetime
+    ended_at: datetime | None = Field(description="when fleetd saw the node dead; null while it lives")
+    downtime_before_s: float | None = Field(description="from the previous life's last sign to this join")
+
+
+class HostOut(Out):
+    name: str
+    hostname: str
+    address: str
+    resources: dict[str, float]
+    joined_at: datetime
+    last_seen_at: datetime
+    alive: bool
+    boots: int = Field(description="lives of its Ray node: joins of the cluster")
+    downtime_s: float = Field(description="total time between its lives")
+    lives: list[HostBootOut]
+
+
+class HostList(Out):
+    backend: str = Field(description="[cluster] backend: hosts are recorded on a Ray cluster only")
+    items: list[HostOut]
+
+
 class KernelLogOut(Out):
     kept: bool  # false: journald did not keep that boot (or no journalctl); `note` says which
     note: str | None

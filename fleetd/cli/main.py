@@ -85,6 +85,16 @@ def reboots(
 
 
 @app.command()
+def hosts(config: ConfigOption = None, json: JsonOption = False) -> None:
+    """The cluster's hosts ([cluster] backend = "ray"): up or not, boots of their Ray node, downtime."""
+    document = ask(config, "/api/v1/hosts")
+    if json:
+        render.print_json(document)
+        return
+    render.console.print(render.hosts_table(document))
+
+
+@app.command()
 def uptime(config: ConfigOption = None, json: JsonOption = False) -> None:
     """Host and daemon uptime, reboots and availability."""
     document = ask(config, "/api/v1/uptime")

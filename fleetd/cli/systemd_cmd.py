@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import tomllib
 from importlib.util import find_spec
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from fleetd.systemd_unit import InstallPaths, render_unit
+from fleetd.systemd_unit import InstallPaths, render_ray_node_unit, render_unit
 
 DEFAULT_CONFIG = Path("/etc/fleetd/fleetd.toml")
 DEFAULT_USER = "fleetd"
@@ -56,11 +57,22 @@ def configured_state_dir(config: Path) -> Path | None:
 def systemd_unit(
     config: Annotated[Path, typer.Option("--config", "-c", help="Config file the service reads.")] = DEFAULT_CONFIG,
     user: Annotated[str, typer.Option("--user", help="System user (and group) the service runs as.")] = DEFAULT_USER,
+    ray_node: Annotated[bool, typer.Option("--ray-node", help="A Ray worker node's unit instead (a GPU host of the cluster).")] = False,
+    head: Annotated[str | None, typer.Option("--head", help="With --ray-node: the Ray head's GCS address HOST:PORT.")] = None,
+    host_name: Annotated[str | None, typer.Option("--host-name", help="With --ray-node: the host's name in `fleetd hosts` (default: its hostname).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="With --ray-node: [cluster] storage, mounted before the node starts.")] = None,
 ) -> None:
-    """Print the systemd unit with this installation's paths; redirect it to /etc/systemd/system/fleetd.service."""
+    """Print the systemd unit with this installation's paths; redirect it to /etc/systemd/system/fleetd.service
+    (with --ray-node: to /etc/systemd/system/fleetd-ray-node.service on each GPU host)."""
     config = config.absolute()
     try:
-        unit = render_unit(str(installed_fleetd()), str(config), user, install_paths(config))
+        if ray_node:
+            if head is None:
+                raise ValueError("--ray-node needs --head HOST:PORT, the Ray head's GCS address")
+            name = host_name or socket.gethostname().split(".")[0]
+            unit = render_ray_node_unit(str(Path(sys.executable).parent / "ray"), head, name, user, storage)
+        else:
+            unit = render_unit(str(installed_fleetd()), str(config), user, install_paths(config))
     except ValueError as exc:
         typer.echo(f"fleetd: error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -226,3 +226,33 @@ class Sample(Base):
     gpu_index: Mapped[int | None]
     metric: Mapped[str] = mapped_column(String(48))
     value: Mapped[float]
+
+
+class Host(Base):
+    """A cluster node's host ([cluster] backend = "ray"), by its name: the `fleetd_host_<name>`
+    custom resource its Ray node offers, else its hostname (docs/cluster.md)."""
+
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    address: Mapped[str] = mapped_column(String(255))
+    resources: Mapped[dict[str, Any]] = mapped_column(default=dict)  # Ray's totals at its last join
+    joined_at: Mapped[datetime]  # first seen in the cluster
+    last_seen_at: Mapped[datetime]  # alive in the GCS's node table at least until then
+    alive: Mapped[bool] = mapped_column(default=True)
+
+
+class HostBoot(Base):
+    """One life of a host's Ray node: from joining the cluster (a new node id) until the GCS
+    declared it dead. The gap to the next one is the host's downtime."""
+
+    __tablename__ = "host_boots"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[str] = mapped_column(String(64), unique=True)
+    joined_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]  # when fleetd saw it dead; None while alive

@@ -183,3 +183,44 @@ class SampleRecord:
     gpu_index: int | None
     metric: str
     value: float
+
+
+@dataclass(frozen=True)
+class NodeSeen:
+    """A Ray node as the GCS lists it, named for its host."""
+
+    node_id: str
+    host: str
+    hostname: str
+    address: str
+    resources: dict[str, float]
+    alive: bool
+
+
+@dataclass(frozen=True)
+class HostBootRecord:
+    """One life of a host's Ray node (a node id), from its join until it was seen dead."""
+
+    node_id: str
+    joined_at: datetime
+    last_seen_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    name: str
+    hostname: str
+    address: str
+    resources: dict[str, Any]
+    joined_at: datetime
+    last_seen_at: datetime
+    alive: bool
+    boots: tuple[HostBootRecord, ...]  # oldest first
+
+    def downtimes_s(self) -> list[float]:
+        """Between each life and the next: from last seen alive to back in the cluster."""
+        return [
+            max(0.0, (after.joined_at - before.last_seen_at).total_seconds())
+            for before, after in zip(self.boots, self.boots[1:])
+        ]

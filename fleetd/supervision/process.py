@@ -233,6 +233,10 @@ class WorkerProcess:
         if status.code == ExitCode.CUDA_OOM:
             return self._remedy("cuda_oom", "batch_scale", "CUDA out of memory",
                                 self.policy.oom_batch_factor, self.policy.oom_batch_floor)
+        if status.node_lost:  # the host's doing: restarts from its checkpoint on any node with room
+            if not self.policy.restarts_after(None):
+                return Outcome("node_lost", State.EXITED, f"node_lost: {status.describe()}; autorestart does not apply")
+            return Outcome("node_lost", _FAILED, f"node_lost: {status.describe()}")
         if not self.policy.restarts_after(status.code):
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
         cause = "oom" if status.oom_killed else "crash"

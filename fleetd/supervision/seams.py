@@ -40,11 +40,15 @@ class Spawned:
 
 @dataclass(frozen=True)
 class ExitStatus:
-    """How a worker ended. Both None: unknown (an adopted worker is not our child)."""
+    """How a worker ended. Both None: unknown (an adopted worker is not our child).
+
+    `node_lost`: the cluster node it ran on died (its host lost power, rebooted or left the
+    network), as opposed to the worker or its actor dying on a node that lives on."""
 
     code: int | None = None
     signal: int | None = None
     oom_killed: bool = False
+    node_lost: bool = False
 
     @classmethod
     def from_wait_status(cls, status: int, oom_killed: bool = False) -> ExitStatus:
@@ -54,6 +58,8 @@ class ExitStatus:
         return cls(code=code, oom_killed=oom_killed)
 
     def describe(self) -> str:
+        if self.node_lost:
+            return "its cluster node died"
         if self.signal is not None:
             return f"killed by {signal.Signals(self.signal).name}"
         if self.code is not None:

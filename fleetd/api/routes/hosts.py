@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from fleetd.api.context import AppContext, get_context
+from fleetd.api.schemas import HostBootOut, HostList, HostOut
+from fleetd.store.hosts import read_hosts
+from fleetd.store.records import HostRecord
+
+router = APIRouter(tags=["hosts"])
+
+
+def host_out(host: HostRecord) -> HostOut:
+    downtimes = host.downtimes_s()
+    lives = [
+        HostBootOut(node_id=boot.node_id, joined_at=boot.joined_at, last_seen_at=boot.last_seen_at,
+                    ended_at=boot.ended_at, downtime_before_s=downtimes[i - 1] if i else None)
+        for i, boot in enumerate(host.boots)
+    ]
+    return HostOut(
+        name=host.name, hostname=host.hostname, address=host.address,
+        resources={k: float(v) for k, v in host.resources.items()}, joined_at=host.joined_at,
+        last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes), lives=lives,
+    )  # fmt: skip
+
+
+@router.get("/hosts", response_model=HostList)
+def list_hosts(context: AppContext = Depends(get_context)) -> HostList:
+    """The cluster's hosts: each one's Ray node lives (joins until death) and downtime between them."""
+    with context.db.transaction() as session:
+        hosts = read_hosts(session)
+    return HostList(backend=context.settings.cluster.backend, items=[host_out(host) for host in hosts])

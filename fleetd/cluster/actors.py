@@ -1,0 +1,198 @@
+"""What runs on the cluster's nodes: one `RunActor` per run, and the head's `ReportHub`.
+
+A run's actor starts the same worker entry as the local executor (`python -m workers --spec
+FILE`) as a subprocess in a session of its own, with its output appended to the run's log in
+shared storage. The worker sends its typed reports (workers/protocol/reports.py) as datagrams
+to a unix socket the actor binds on its own node; the actor relays them, still encoded, to the
+hub, which the daemon drains. The actor outlives the daemon (detached, named from the game and
+the run id), so a restarted daemon finds and adopts it; once its worker has exited it keeps
+the exit status until the daemon has read it and ends the actor.
+
+The worker is started from a thread that lives until it exits, with PR_SET_PDEATHSIG: an actor
+that dies (killed, or its node's power cut) takes its worker with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import ray
+
+RELAY_BATCH_S = 0.2  # reports are relayed in batches at most this often (as the local reactor reads them)
+HUB_MAX_HELD = 200_000  # reports kept while no daemon drains; the oldest are dropped beyond
+_PR_SET_PDEATHSIG = 1
+
+
+def versions() -> dict[str, str]:
+    """What must match between the daemon and a node: a skew is refused, not half-worked."""
+    import fleetd
+    from workers.protocol import PROTOCOL_VERSION
+
+    return {"ray": ray.__version__, "fleetd": fleetd.__version__, "protocol": str(PROTOCOL_VERSION)}
+
+
+def skew(expected: dict[str, str], here: dict[str, str]) -> str | None:
+    """None when the versions match; else what differs, in words."""
+    differs = [f"{key} {here.get(key)} (the daemon has {value})" for key, value in expected.items() if here.get(key) != value]
+    return ", ".join(differs) or None
+
+
+class ReportHub:
+    """Holds relayed reports until the daemon takes them; takes wait for the first to arrive."""
+
+    def __init__(self) -> None:
+        self._held: deque[bytes] = deque(maxlen=HUB_MAX_HELD)
+        self._arrived = asyncio.Event()
+
+    async def put(self, batch: list[bytes]) -> None:
+        self._held.extend(batch)
+        self._arrived.set()
+
+    async def take(self, timeout_s: float) -> list[bytes]:
+        if not self._held:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout_s)
+            except TimeoutError:
+                pass
+        self._arrived.clear()
+        batch = list(self._held)
+        self._held.clear()
+        return batch
+
+    async def ping(self) -> bool:
+        return True
+
+
+class RunActor:
+    def __init__(self, spec_json: str, log_path: str, argv: list[str], cpu_threads: int,
+                 expected: dict[str, str], hub: Any) -> None:
+        here = versions()
+        differs = skew(expected, here)
+        context = ray.get_runtime_context()
+        self.node_id = context.get_node_id()
+        if differs:
+            raise RuntimeError(f"version skew on node {self.node_id} ({socket.gethostname()}): {differs}; "
+                               "install the daemon's versions there (docs/cluster.md)")
+        self._hub = hub
+        self._dir = Path(tempfile.mkdtemp(prefix="fleetd-run-"))  # node-local, short: a unix socket path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(self._dir / "p.sock"))
+        self._sock.settimeout(RELAY_BATCH_S)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024 * 1024)
+        spec = json.loads(spec_json)
+        spec["progress_socket"] = str(self._dir / "p.sock")
+        spec_path = self._dir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        # An empty interpreter: the node's own, the one this actor runs on.
+        self._argv = [argv[0] or sys.executable, *argv[1:], "--spec", str(spec_path)]
+        self._log_path = log_path
+        self._cpu_threads = cpu_threads
+        self._child: subprocess.Popen | None = None
+        self._status: dict[str, Any] | None = None
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._relaying = True
+        self._relayed = threading.Event()
+        threading.Thread(target=self._relay, name="relay", daemon=True).start()
+        threading.Thread(target=self._run_worker, name="worker", daemon=True).start()
+        self._started.wait(60)
+
+    # -- what the daemon calls ---------------------------------------------------------------
+
+    def where(self) -> dict[str, Any]:
+        """The node this run is on, and its worker's pid there."""
+        return {"node_id": self.node_id, "hostname": socket.gethostname(),
+                "pid": None if self._child is None else self._child.pid}
+
+    def signal(self, sig: int) -> bool:
+        """Signal the worker's whole process group; False when it has exited already."""
+        child = self._child
+        if child is None or self._done.is_set():
+            return False
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def wait(self) -> dict[str, Any]:
+        """Returns once the worker has exited and its last reports are with the hub."""
+        self._done.wait()
+        assert self._status is not None
+        return self._status
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _run_worker(self) -> None:
+        """Starts the worker and waits for it, from this one thread: the parent-death signal
+        fires when the thread that forked exits, so this thread outlives the worker."""
+        from fleetd.supervision.launcher import _worker_env
+
+        try:
+            with open(self._log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+                self._child = subprocess.Popen(
+                    self._argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+                    env=_worker_env(self._cpu_threads), start_new_session=True, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+        except OSError as exc:
+            self._finish({"code": None, "signal": None, "error": f"could not start the worker: {exc}"})
+            return
+        finally:
+            self._started.set()
+        returncode = self._child.wait()
+        try:
+            os.killpg(self._child.pid, signal.SIGKILL)  # stragglers of its group go with it
+        except ProcessLookupError:
+            pass
+        status = {"code": returncode, "signal": None} if returncode >= 0 else {"code": None, "signal": -returncode}
+        self._finish(status)
+
+    def _finish(self, status: dict[str, Any]) -> None:
+        time.sleep(RELAY_BATCH_S)  # the worker's last datagrams are in the socket: let the relay take them
+        self._relaying = False
+        self._relayed.wait(10)
+        self._status = status
+        self._done.set()
+
+    def _relay(self) -> None:
+        batch: list[bytes] = []
+        flushed = time.monotonic()
+        while True:
+            try:
+                batch.append(self._sock.recv(65536))
+            except (TimeoutError, BlockingIOError):
+                if not self._relaying:
+                    break
+            except OSError:
+                break
+            if batch and time.monotonic() - flushed >= RELAY_BATCH_S:
+                self._hub.put.remote(batch)
+                batch, flushed = [], time.monotonic()
+        if batch:
+            try:
+                ray.get(self._hub.put.remote(batch), timeout=10)  # delivered before the exit is
+            except Exception:  # noqa: BLE001 - the hub is gone with the head: nothing to tell
+                pass
+        self._sock.close()
+        shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
+        self._relayed.set()
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+

@@ -1,0 +1,378 @@
+"""The Ray side of the supervision seams: launching, watching and signalling runs on a cluster.
+
+`RayExecutor` is the Launcher, the Reactor and the ProcessProbe of fleetd/supervision/seams.py
+and adoption.py at once; the supervisor, its state machine, run history, backoff, hang
+watchdog and governor are the very code the local executor drives.
+
+A run's handle (the `pid` the seams speak of) is its run id: unique across the cluster, where
+worker pids are not. Each run is a detached actor named `run-<run id>-<game>` in the
+`[cluster] namespace`; its recorded command line is ("ray-actor", namespace, name), which is
+what a restarted daemon looks the actor up by. A run ends one of three ways:
+
+- its worker exits: the exit code or signal, classified as locally (crash, completed, ...);
+- its actor dies on a node that lives on: `crash`;
+- its node dies (the GCS declared it dead): `node_lost`, and the game restarts from its
+  newest checkpoint in shared storage on a node with room, after the usual backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
+
+from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
+from fleetd.config import Settings
+from fleetd.store.records import NodeSeen
+from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Reported, Spawned
+from workers.protocol.reports import ReportError, decode_report
+
+log = logging.getLogger(__name__)
+
+HUB_NAME = "reports"
+HOST_RESOURCE = "fleetd_host_"
+ACTOR_PREFIX = "run-"
+WAKE_SLICE_S = 0.1  # a wake-up from another thread is seen within this (ray.wait cannot be woken)
+HUB_TAKE_S = 1.0  # a take waits this long for reports at most
+REPORT_BATCH_S = 0.2  # as the local reactor: reports are read in batches at most this often
+PROBE_TIMEOUT_S = 30.0
+CONNECT_CHECK_TIMEOUT_S = 60.0
+
+
+class ClusterError(Exception):
+    """The cluster cannot be used; the message says why and what to do."""
+
+
+def actor_name(game: str, run_id: int) -> str:
+    return f"{ACTOR_PREFIX}{run_id:06d}-{game}"
+
+
+def connect(settings: Settings) -> RayExecutor:
+    cluster = settings.cluster
+    try:
+        ray.init(address=cluster.address, namespace=cluster.namespace, logging_level="WARNING", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        # Ray refuses a driver whose ray or Python version differs from the cluster's here.
+        raise ClusterError(f"cannot connect to the Ray cluster at {cluster.address!r} ([cluster] address): {exc}") from None
+    expected = versions()
+    try:
+        check_nodes(expected)
+    except ClusterError:
+        ray.shutdown()
+        raise
+    hub = ray.remote(ReportHub).options(
+        name=HUB_NAME, namespace=cluster.namespace, lifetime="detached", get_if_exists=True,
+        num_cpus=0, resources={"node:__internal_head__": 0.001},
+    ).remote()  # fmt: skip
+    return RayExecutor(settings, hub, expected)
+
+
+def node_seen(node: dict[str, Any]) -> NodeSeen:
+    """A host's name: the `fleetd_host_<name>` custom resource its node offers (several Ray nodes
+    on one machine, as in tests), else its hostname."""
+    resources = {k: float(v) for k, v in (node.get("Resources") or {}).items()}
+    named = [key[len(HOST_RESOURCE):] for key in resources if key.startswith(HOST_RESOURCE)]
+    hostname = node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "?"
+    return NodeSeen(node["NodeID"], named[0] if named else hostname, hostname, node.get("NodeManagerAddress") or "",
+                    resources, bool(node.get("Alive")))
+
+
+def check_nodes(expected: dict[str, str]) -> None:
+    """Every node alive now runs the daemon's ray, fleetd and protocol versions, or none starts."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(versions)
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    refs = {
+        n["NodeID"]: probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+        for n in nodes
+    }
+    problems = []
+    for node in nodes:
+        try:
+            found = ray.get(refs[node["NodeID"]], timeout=CONNECT_CHECK_TIMEOUT_S)
+        except (RayError, GetTimeoutError) as exc:
+            problems.append(f"{node['NodeManagerHostname']} ({node['NodeID'][:12]}): did not answer the version check: {exc}")
+            continue
+        differs = skew(expected, found)
+        if differs:
+            problems.append(f"{node['NodeManagerHostname']} ({node['NodeID'][:12]}): {differs}")
+    if problems:
+        raise ClusterError("version skew between fleetd and the cluster's nodes, refused: " + "; ".join(problems)
+                           + ". Install the same fleetd and ray on every node (docs/cluster.md)")
+
+
+@dataclass
+class _Run:
+    name: str
+    actor: Any  # an ActorHandle
+    wait_ref: Any  # resolves with the worker's exit status, or raises when the actor dies
+    where_ref: Any | None = None
+    node_id: str | None = None
+    killed: bool = False  # fleetd killed the actor: its death is the SIGKILL asked for
+
+
+class RayExecutor:
+    def __init__(self, settings: Settings, hub: Any, expected: dict[str, str]) -> None:
+        self._settings = settings
+        self._cluster = settings.cluster
+        self._hub = hub
+        self._expected = expected
+        self._remote_run = ray.remote(RunActor)
+        self._runs: dict[int, _Run] = {}  # watched runs by handle (run id)
+        self._ended: dict[int, _Run] = {}  # exited, until the supervisor's last SIGKILL ends the actor
+        self._adoptable: dict[int, _Run] = {}  # found alive by the probe, not yet watched
+        self._refs: dict[Any, tuple[str, int]] = {}  # ObjectRef -> ("wait" | "where", handle)
+        self._hub_ref: Any | None = None
+        self._hub_due = 0.0
+        self._wake = threading.Event()
+        self._swept = False
+
+    # -- Launcher ----------------------------------------------------------------------------
+
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        spec = _run_spec(launch, run_id)
+        logs = launch.game_dir / "logs"
+        try:
+            logs.mkdir(parents=True, exist_ok=True)
+            _write_spec(logs / f"run-{run_id:06d}.spec.json", spec)  # read back at adoption
+        except OSError as exc:
+            raise LaunchError(f"{exc.strerror or exc} ({exc.filename}): is [cluster] storage mounted?") from None
+        log_path = logs / f"run-{run_id:06d}.log"
+        _prune_run_files(logs, self._settings.worker.log_keep_runs)
+        name = actor_name(launch.game, run_id)
+        worker = self._settings.worker
+        argv = [worker.python, "-m", worker.module]
+        try:
+            actor = self._remote_run.options(name=name, **self._placement(launch.game, spec.cpu_threads)).remote(
+                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub
+            )
+        except (ValueError, RayError) as exc:
+            raise LaunchError(f"Ray refused the actor {name}: {exc}") from None
+        self._track(run_id, _Run(name, actor, None))
+        return Spawned(run_id, time.time(), ("ray-actor", self._cluster.namespace, name), str(log_path))
+
+    def _placement(self, game: str, cpu_threads: int) -> dict[str, Any]:
+        cluster = self._cluster
+        options: dict[str, Any] = dict(
+            namespace=cluster.namespace, lifetime="detached", max_restarts=0, max_concurrency=8,
+            num_cpus=cpu_threads if cluster.num_cpus_per_game is None else cluster.num_cpus_per_game,
+            num_gpus=cluster.num_gpus_per_game,
+        )  # fmt: skip
+        if cluster.pins.get(game):
+            options["resources"] = dict(cluster.pins[game])
+        if cluster.scheduling == "SPREAD":
+            options["scheduling_strategy"] = "SPREAD"
+        return options
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        run = self._runs.get(pid) or self._ended.pop(pid, None) or self._adoptable.pop(pid, None)
+        if run is None:
+            return  # gone already
+        if sig != signal.SIGKILL:
+            run.actor.signal.remote(int(sig))
+            return
+        # The worker's group first (the actor may be slow to die), then the actor itself: its
+        # death takes the worker with it in any case (PR_SET_PDEATHSIG).
+        run.killed = True
+        run.actor.signal.remote(int(sig))
+        ray.kill(run.actor, no_restart=True)
+
+    # -- Reactor -----------------------------------------------------------------------------
+
+    def watch(self, pid: int, own_child: bool) -> bool:
+        if pid in self._runs:
+            return True  # spawned by this daemon: watched from its first moment
+        run = self._adoptable.pop(pid, None)
+        if run is None:
+            return False
+        self._track(pid, run)
+        return True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def wait(self, timeout: float | None) -> list[Happening]:
+        if not self._swept:
+            self._swept = True
+            self._sweep_orphans()
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        while True:
+            self._ask_hub()
+            refs = list(self._refs)
+            left = deadline - time.monotonic()
+            ready = []
+            if refs:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, min(WAKE_SLICE_S, left)), fetch_local=False)
+                if ready:
+                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            else:
+                self._wake.wait(max(0.0, min(WAKE_SLICE_S, left)))
+            happenings = self._collect(ready)
+            if happenings or self._wake.is_set() or time.monotonic() >= deadline:
+                self._wake.clear()
+                return happenings
+
+    def close(self) -> None:
+        """Runs are left as they are: a next daemon adopts the live ones."""
+        self._runs.clear()
+        self._refs.clear()
+        ray.shutdown()
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    def nodes(self) -> list[NodeSeen]:
+        """The cluster's nodes as the GCS lists them, each named for its host."""
+        return [node_seen(node) for node in ray.nodes()]
+
+    # -- ProcessProbe --------------------------------------------------------------------------
+
+    def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
+        """A recorded run is alive when its named actor answers. One that exists but does not
+        answer is killed: never a second worker for a game beside the one we start."""
+        if len(cmdline) != 3 or cmdline[0] != "ray-actor":
+            return False
+        _, namespace, name = cmdline
+        try:
+            actor = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return False  # no such actor: it ended (or its node died) while fleetd was down
+        try:
+            where = ray.get(actor.where.remote(), timeout=PROBE_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError) as exc:
+            log.warning("run actor %s did not answer (%s); killing it", name, exc)
+            ray.kill(actor, no_restart=True)
+            return False
+        self._adoptable[pid] = _Run(name, actor, None, node_id=where["node_id"])
+        return True
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _track(self, handle: int, run: _Run) -> None:
+        run.wait_ref = run.actor.wait.remote()
+        self._refs[run.wait_ref] = ("wait", handle)
+        if run.node_id is None:
+            run.where_ref = run.actor.where.remote()
+            self._refs[run.where_ref] = ("where", handle)
+        self._runs[handle] = run
+
+    def _ask_hub(self) -> None:
+        if self._hub_ref is None and time.monotonic() >= self._hub_due:
+            self._hub_ref = self._hub.take.remote(HUB_TAKE_S)
+            self._refs[self._hub_ref] = ("hub", 0)
+
+    def _collect(self, ready: list[Any]) -> list[Happening]:
+        reports: list[Happening] = []
+        exits: list[Happening] = []
+        for ref in ready:
+            entry = self._refs.pop(ref, None)
+            if entry is None:
+                continue  # a `where` of a run whose exit came first in this batch
+            kind, handle = entry
+            if kind == "hub":
+                reports.extend(self._take_reports(ref))
+            elif kind == "where":
+                self._located(handle, ref)
+            else:
+                exited = self._exited(handle, ref)
+                if exited is not None:
+                    exits.append(exited)
+        return reports + exits  # a run's last reports before its exit, as the worker sent them
+
+    def _take_reports(self, ref: Any) -> list[Reported]:
+        self._hub_ref = None
+        self._hub_due = time.monotonic() + REPORT_BATCH_S
+        try:
+            batch = ray.get(ref)
+        except RayError as exc:
+            log.error("the report hub failed (%s); starting another", exc)
+            self._hub = ray.remote(ReportHub).options(
+                name=HUB_NAME, namespace=self._cluster.namespace, lifetime="detached", get_if_exists=True, num_cpus=0
+            ).remote()
+            return []
+        reports = []
+        for datagram in batch:
+            try:
+                reports.append(Reported(decode_report(datagram)))
+            except ReportError as exc:
+                log.warning("ignored a malformed progress report: %s", exc)
+        return reports
+
+    def _located(self, handle: int, ref: Any) -> None:
+        run = self._runs.get(handle)
+        try:
+            where = ray.get(ref)
+        except RayError:
+            return  # the actor died: its wait says how
+        if run is not None:
+            run.node_id = where["node_id"]
+            log.info("%s runs on node %s (%s), worker pid %s", run.name, where["node_id"][:12], where["hostname"], where["pid"])
+
+    def _exited(self, handle: int, ref: Any) -> Exited | None:
+        run = self._runs[handle]
+        try:
+            result = ray.get(ref)
+        except ActorUnavailableError:
+            # The connection to the actor broke: its node may be dying, or a network blip. Not
+            # an ending yet: ask again; the GCS says `died` once it has declared it dead.
+            if not run.killed:
+                time.sleep(min(WAKE_SLICE_S, 0.05))
+                run.wait_ref = run.actor.wait.remote()
+                self._refs[run.wait_ref] = ("wait", handle)
+                return None
+            result = None
+            exc: RayActorError | None = None
+        except RayActorError as died:
+            result, exc = None, died
+        self._runs.pop(handle)
+        if run.where_ref is not None:
+            self._refs.pop(run.where_ref, None)
+        self._ended[handle] = run
+        if result is None:
+            return Exited(handle, self._actor_died(run, exc))
+        if result.get("error"):
+            log.warning("%s: %s", run.name, result["error"])
+        return Exited(handle, ExitStatus(result.get("code"), result.get("signal")))
+
+    def _actor_died(self, run: _Run, exc: RayActorError | None) -> ExitStatus:
+        if run.killed:
+            return ExitStatus(signal=signal.SIGKILL)
+        if self._node_died(run, exc):
+            log.warning("%s: its node %s died", run.name, (run.node_id or "?")[:12])
+            return ExitStatus(node_lost=True)
+        log.warning("%s: its actor died on a live node: %s", run.name, exc)
+        return ExitStatus()
+
+    def _node_died(self, run: _Run, exc: RayActorError | None) -> bool:
+        if run.node_id is None:
+            # Never located: the actor died before it answered; Ray's message names the cause.
+            return "node" in str(exc).lower() and "died" in str(exc).lower()
+        alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
+        return not alive.get(run.node_id, False)
+
+    def _sweep_orphans(self) -> None:
+        """Run actors nobody watches (their run was closed, or recorded on an earlier boot) are
+        killed once at start: a game never trains twice."""
+        watched = {run.name for run in self._runs.values()}
+        try:
+            named = ray.util.list_named_actors(all_namespaces=True)
+        except RayError as exc:
+            log.warning("could not list the cluster's actors: %s", exc)
+            return
+        for entry in named:
+            if entry["namespace"] != self._cluster.namespace or not entry["name"].startswith(ACTOR_PREFIX):
+                continue
+            if entry["name"] in watched:
+                continue
+            try:
+                ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
+                log.warning("killed run actor %s: no open run of this daemon owns it", entry["name"])
+            except ValueError:
+                pass

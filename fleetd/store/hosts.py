@@ -1,0 +1,61 @@
+"""Query functions for cluster hosts. They flush, never commit: the caller owns the transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fleetd.store.models import Host, HostBoot
+from fleetd.store.records import HostBootRecord, HostRecord, NodeSeen
+
+
+def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
+    """Record what the GCS lists now: live nodes seen (a new node id is a new life of its host),
+    dead ones ended. Returns the hosts whose node was seen dead for the first time."""
+    hosts = {row.name: row for row in session.scalars(select(Host))}
+    boots = {row.node_id: row for row in session.scalars(select(HostBoot))}
+    lost = []
+    for node in (n for n in nodes if n.alive):
+        host = hosts.get(node.host)
+        if host is None:
+            host = Host(name=node.host, hostname=node.hostname, address=node.address, resources={},
+                        joined_at=now, last_seen_at=now)
+            session.add(host)
+            session.flush()
+            hosts[node.host] = host
+        host.hostname, host.address, host.resources = node.hostname, node.address, dict(node.resources)
+        host.last_seen_at, host.alive = now, True
+        boot = boots.get(node.node_id)
+        if boot is None:
+            boots[node.node_id] = HostBoot(host_id=host.id, node_id=node.node_id, joined_at=now, last_seen_at=now)
+            session.add(boots[node.node_id])
+        else:
+            boot.last_seen_at = now
+    names = {host.id: name for name, host in hosts.items()}
+    for node in (n for n in nodes if not n.alive):
+        boot = boots.get(node.node_id)
+        if boot is not None and boot.ended_at is None:
+            boot.ended_at = now
+            # By the life's host: the GCS lists a dead node without its resources, so its
+            # `fleetd_host_` name is gone from what it says now.
+            lost.append(names[boot.host_id])
+    session.flush()
+    open_hosts = {boot.host_id for boot in boots.values() if boot.ended_at is None}
+    for host in hosts.values():
+        host.alive = host.id in open_hosts
+    return lost
+
+
+def read_hosts(session: Session) -> list[HostRecord]:
+    boots: dict[int, list[HostBootRecord]] = {}
+    for row in session.scalars(select(HostBoot).order_by(HostBoot.id)):
+        boots.setdefault(row.host_id, []).append(
+            HostBootRecord(row.node_id, row.joined_at, row.last_seen_at, row.ended_at)
+        )
+    return [
+        HostRecord(row.name, row.hostname, row.address, dict(row.resources), row.joined_at, row.last_seen_at,
+                   row.alive, tuple(boots.get(row.id, [])))
+        for row in session.scalars(select(Host).order_by(Host.name))
+    ]

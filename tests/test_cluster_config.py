@@ -1,0 +1,52 @@
+"""[cluster] settings, and the local path never importing Ray (an optional extra)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import ConfigError, load_settings
+
+
+def test_the_local_path_never_imports_ray(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "import fleetd.daemon, fleetd.supervision.launcher, fleetd.supervision.reactor, fleetd.api, fleetd.cli.main\n"
+        "from fleetd.config import load_settings\n"
+        f"s = load_settings(state_dir={str(tmp_path)!r})\n"
+        "assert s.cluster.backend == 'local'\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_ray_backend_puts_game_dirs_under_the_shared_storage(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path / "state", cluster={"backend": "ray", "storage": "/mnt/fleet"})
+    assert settings.game_dir("pong") == Path("/mnt/fleet/games/pong")
+    assert load_settings(state_dir=tmp_path / "state").game_dir("pong") == tmp_path / "state" / "games" / "pong"
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"backend": "ray"}, "backend = 'ray' needs storage: a path every node mounts"),
+        ({"backend": "ray", "storage": "s3://bucket/fleet"}, "object-store URLs are not supported yet"),
+        ({"backend": "ray", "storage": "fleet"}, "must be an absolute path that every node mounts"),
+        ({"backend": "ray", "storage": "/mnt/f", "address": "http://head"}, "cluster.address = 'http://head'"),
+        ({"backend": "kubernetes"}, "cluster.backend = 'kubernetes'"),
+    ],
+)
+def test_bad_cluster_settings_name_the_key_and_the_reason(tmp_path: Path, cluster: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(state_dir=tmp_path, cluster=cluster)
+    assert message in str(caught.value)
+
+
+def test_good_addresses(tmp_path: Path) -> None:
+    for address in ("auto", "ray://head.lan:10001", "10.0.0.1:6379"):
+        assert load_settings(state_dir=tmp_path, cluster={"address": address}).cluster.address == address

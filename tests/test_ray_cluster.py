@@ -1,0 +1,230 @@
+"""The same fleet on a real Ray cluster on this machine: a head and two worker nodes, each a
+`ray start` of its own on ports of its own, with a custom resource naming it (network
+namespaces would need root on every machine this runs on; distinct ports do not).
+
+One cluster for the whole module: starting three Ray nodes costs a minute or two on a loaded
+2-core machine. The tests run in order and build on each other, as an operator's day would:
+CartPole games spread over both nodes; one node's power cut (its whole process tree SIGKILLed)
+ends its games as `node_lost` and they train on the other node from their newest checkpoints in
+shared storage; the daemon killed and started again adopts the very actors, with no game
+running twice.
+
+The head's GCS declares a node dead after 3 missed health checks 1 s apart
+(bench/ray_cluster.py FAST_HEALTH_CHECKS; Ray's defaults take 15-20 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytest.importorskip("ray", reason="ray is not installed: pip install 'fleetd[ray]' (make install does)")
+
+from bench.ray_cluster import LocalRayCluster  # noqa: E402
+from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, cartpole, short_tmp_dir  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parent.parent
+GAMES = ("ga", "gb")
+TRAINING_S = 240.0  # a worker's start on a node: a Ray worker, then torch and SB3, on 2 loaded cores
+# Connecting to the cluster and checking every node's versions starts a Ray worker on each node.
+DAEMON_START_S = 180.0
+
+
+@dataclass
+class Fleet:
+    cluster: LocalRayCluster
+    config: DaemonConfig
+    daemons: list[Daemon] = field(default_factory=list)
+    victim: str | None = None  # the node whose power was cut
+
+    def start_daemon(self) -> Daemon:
+        daemon = Daemon(self.config, log_name=f"daemon-{len(self.daemons)}.log")
+        self.daemons.append(daemon)
+        daemon.wait_healthy(DAEMON_START_S)
+        return daemon
+
+    def hosts(self) -> dict[str, dict]:
+        return {host["name"]: host for host in self.daemon.get("/api/v1/hosts").json()["items"]}
+
+    @property
+    def daemon(self) -> Daemon:
+        return self.daemons[-1]
+
+    def node_of(self, game: str) -> list[str]:
+        """The nodes a worker of `game` runs on now (found by the run spec in its command line)."""
+        found = []
+        for name in list(self.cluster.nodes):
+            for pid in self.cluster.node_pids(name):
+                try:
+                    cmdline = psutil.Process(pid).cmdline()
+                except psutil.NoSuchProcess:
+                    continue
+                if "workers" in cmdline and "--spec" in cmdline:
+                    spec = json.loads(Path(cmdline[cmdline.index("--spec") + 1]).read_text())
+                    if spec["game"] == game:
+                        found.append(name)
+        return found
+
+    def checkpoints(self, game: str) -> list[Path]:
+        return sorted((self.config.root / "storage" / "games" / game / "checkpoints").glob("ckpt-*"))
+
+    def wait(self, check, what: str, timeout: float = TRAINING_S):
+        deadline = time.monotonic() + timeout
+        while not (result := check()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not {what} after {timeout:.0f}s\n{self.daemon.log()[-4000:]}")
+            if self.daemon.process.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.daemon.process.returncode}:\n{self.daemon.log()[-4000:]}")
+            time.sleep(0.5)
+        return result
+
+    def training(self, game: str) -> bool:
+        state = self.daemon.game(game)
+        return state["state"] == "running" and state["steps"] > 0
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    root = short_tmp_dir()
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    cluster = LocalRayCluster(root / "cluster", python=sys.executable, env={"PYTHONPATH": pythonpath})
+    config = DaemonConfig(root)
+    daemons: list[Daemon] = []
+    try:
+        # No games on the head: it runs fleetd and the GCS. `fleetd_host_<name>` names each
+        # node's host (three Ray nodes share this machine's hostname).
+        cluster.start_head(num_cpus=0, resources={"fleetd_host_head": 1})
+        cluster.add_node("a", num_cpus=2, resources={"node_a": 1, "fleetd_host_a": 1})
+        cluster.add_node("b", num_cpus=2, resources={"node_b": 1, "fleetd_host_b": 1})
+        config.extra = SUPERVISION + (
+            "[cluster]\n"
+            'backend = "ray"\n'
+            f'address = "{cluster.address}"\n'
+            f'storage = "{root / "storage"}"\n'
+            "num_cpus_per_game = 1\n"
+            'scheduling = "SPREAD"\n'
+        )
+        config.set_boot_id("11111111-1111-1111-1111-111111111111")
+        config.write()
+        fleet = Fleet(cluster, config, daemons)
+        fleet.start_daemon()
+        yield fleet
+    finally:
+        for daemon in daemons:
+            daemon.ensure_stopped()
+        cluster.stop()  # every node's tree, by the pids recorded at its start
+
+
+def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None:
+    for game in GAMES:
+        response = fleet.daemon.post("/api/v1/games", cartpole(game))
+        assert response.status_code == 201, response.text
+    for game in GAMES:
+        fleet.wait(lambda g=game: fleet.training(g) and fleet.checkpoints(g), f"{game} training with a checkpoint")
+    where = {game: fleet.wait(lambda g=game: fleet.node_of(g), f"{game}'s worker found") for game in GAMES}
+    assert all(len(nodes) == 1 for nodes in where.values()), where
+    assert {nodes[0] for nodes in where.values()} == {"a", "b"}, f"SPREAD put both games on one node: {where}"
+    # The run's recorded command line names its actor: how a restarted daemon finds it.
+    run = fleet.daemon.runs("ga")[0]
+    assert run["cause"] is None and run["log_path"].startswith(str(fleet.config.root / "storage"))
+
+
+def test_a_nodes_power_cut_moves_its_games_to_the_other_node_from_their_checkpoints(fleet: Fleet) -> None:
+    victim = fleet.victim = fleet.node_of("ga")[0]
+    survivor = "b" if victim == "a" else "a"
+    moved = [g for g in GAMES if fleet.node_of(g) == [victim]]
+    stayed = [g for g in GAMES if g not in moved]
+    before = {game: fleet.daemon.runs(game)[0]["id"] for game in GAMES}
+    newest = {game: int(fleet.checkpoints(game)[-1].name.split("-")[1]) for game in moved}
+
+    fleet.cluster.kill_node(victim)
+
+    for game in moved:
+        lost = fleet.wait(lambda g=game: _run(fleet.daemon.runs(g), before[g], "cause"), f"{game}'s run ended")
+        assert lost["cause"] == "node_lost", lost
+        fleet.wait(lambda g=game: fleet.training(g) and fleet.node_of(g) == [survivor], f"{game} training on {survivor}")
+        resumed = fleet.daemon.runs(game)[0]
+        assert resumed["id"] > before[game]
+        # From its newest checkpoint in shared storage (or one written later, before the cut).
+        assert resumed["resumed_from_steps"] is not None and resumed["resumed_from_steps"] >= newest[game], resumed
+    for game in stayed:
+        run = fleet.daemon.runs(game)[0]
+        assert run["id"] == before[game] and run["cause"] is None, run
+    events = fleet.daemon.get("/api/v1/events?kind=state&limit=200").json()["items"]
+    assert any("node_lost: its cluster node died" in e["message"] for e in events), events
+
+
+def test_a_restarted_daemon_adopts_the_same_actors_and_no_game_runs_twice(fleet: Fleet) -> None:
+    before = {game: fleet.daemon.runs(game)[0] for game in GAMES}
+    assert all(run["cause"] is None for run in before.values()), before
+    fleet.daemon.kill()  # SIGKILL: no goodbye, the actors train on
+    daemon = fleet.start_daemon()
+    for game in GAMES:
+        run = fleet.wait(lambda g=game: _adopted(daemon.runs(g)), f"{game}'s run adopted")
+        assert run["id"] == before[game]["id"] and run["adoptions"] == 1, run
+        steps = daemon.game(game)["steps"]
+        fleet.wait(lambda g=game, s=steps: daemon.game(g)["steps"] > s, f"{game} reporting to the new daemon")
+        assert len(fleet.node_of(game)) == 1, f"{game} runs twice: {fleet.node_of(game)}"
+    assert [r for g in GAMES for r in daemon.runs(g) if r["id"] > max(r["id"] for r in before.values())] == []
+
+
+def test_the_cut_host_rejoins_with_its_downtime_in_its_boot_history(fleet: Fleet) -> None:
+    assert fleet.victim is not None
+    hosts = fleet.wait(lambda: (h := fleet.hosts()) and not h[fleet.victim]["alive"] and h, f"host {fleet.victim} down")
+    assert hosts[fleet.victim]["boots"] == 1
+    # The games stop first (each with a final checkpoint, its actor ended): a Ray node must
+    # register with the GCS within 30 s of its start, which two trainings on 2 loaded cores
+    # can make it miss.
+    for game in GAMES:
+        assert fleet.daemon.post(f"/api/v1/games/{game}/stop").status_code == 202
+    for game in GAMES:
+        fleet.wait(lambda g=game: fleet.daemon.game(g)["state"] == "stopped" and not fleet.node_of(g), f"{game} stopped")
+    assert [r["cause"] for g in GAMES for r in fleet.daemon.runs(g)[:1]] == ["stopped", "stopped"]
+    fleet.cluster.restart_node(fleet.victim)
+    host = fleet.wait(lambda: (h := fleet.hosts()[fleet.victim])["boots"] == 2 and h["alive"] and h, "the host back")
+    assert host["downtime_s"] > 0 and host["lives"][1]["downtime_before_s"] == host["downtime_s"], host
+    assert host["lives"][0]["ended_at"] is not None
+    assert all(h["alive"] and h["boots"] == 1 for name, h in fleet.hosts().items() if name != fleet.victim)
+    metrics = httpx.get(fleet.config.url + "/metrics", timeout=10).text
+    assert f'fleetd_cluster_host_joins_total{{host="{fleet.victim}"}} 2.0' in metrics
+    events = fleet.daemon.get("/api/v1/events?kind=host_lost").json()["items"]
+    assert [e["details"]["host"] for e in events] == [fleet.victim]
+
+
+def test_version_skew_between_the_daemon_and_the_nodes_is_refused_by_name(fleet: Fleet) -> None:
+    import ray
+
+    from fleetd.cluster.actors import versions
+    from fleetd.cluster.executor import ClusterError, check_nodes
+
+    here = versions()
+    ray.init(address=fleet.cluster.address, namespace="skew-test", logging_level="ERROR", log_to_driver=False)
+    try:
+        check_nodes(here)  # the same versions everywhere: accepted
+        with pytest.raises(ClusterError) as caught:
+            check_nodes({**here, "fleetd": "0.0.1"})  # as a daemon of another fleetd would
+    finally:
+        ray.shutdown()
+    message = str(caught.value)
+    assert message.startswith("version skew between fleetd and the cluster's nodes, refused: ")
+    assert message.count(f"fleetd {here['fleetd']} (the daemon has 0.0.1)") == len(fleet.cluster.nodes), message
+
+
+def _run(runs: list[dict], run_id: int, key: str) -> dict | None:
+    run = next((r for r in runs if r["id"] == run_id), None)
+    return run if run is not None and run[key] is not None else None
+
+
+def _adopted(runs: list[dict]) -> dict | None:
+    return runs[0] if runs and runs[0]["adoptions"] >= 1 else None
