@@ -439,7 +439,7 @@ def breakout(args) -> None:
     random_mean = statistics.mean(baseline)
     print(f"random play, {args.env_id}: mean whole-game return {random_mean:.2f} over {len(baseline)} "
           f"games ({time.monotonic() - started:.0f} s)", flush=True)
-    config = daemon_config(threads=args.threads)
+    config = daemon_config(f"device = \"{args.device}\"\n", threads=args.threads)
     daemon = Daemon(config)
     curve: list[dict] = []
     try:
@@ -479,7 +479,12 @@ def breakout(args) -> None:
           f"{max(p['mean_return_100'] for p in curve):.2f}; random {random_mean:.2f}; "
           f"training {train_s:.0f} s ({args.steps / train_s:.0f} steps/s)")
     print(machine())
-    payload = {"machine": machine(), "env_id": args.env_id, "steps": args.steps, "seed": args.seed,
+    gpu = None
+    if args.device != "cpu":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    payload = {"machine": machine(), "device": args.device, "gpu": gpu, "env_id": args.env_id, "steps": args.steps, "seed": args.seed,
                "settings": settings, "random_mean": random_mean, "random_games": len(baseline),
                "train_s": train_s, "curve": curve}
     if args.json:
@@ -504,7 +509,8 @@ def draw(payload: dict, path: str) -> None:
                label=f"random play ({payload['random_games']} games): {payload['random_mean']:.2f}")
     ax.set_xlabel("env steps (agent steps over all envs; 4 frames each)")
     ax.set_ylabel("whole-game return (all lives, unclipped)")
-    ax.set_title(f"PPO on {payload['env_id']}, {payload['steps']:,} steps, CPU ({payload['machine'][:40]}...)",
+    where = "CPU" if payload.get("device", "cpu") == "cpu" else payload.get("gpu") or payload["device"]
+    ax.set_title(f"PPO on {payload['env_id']}, {payload['steps']:,} steps, {where} ({payload['machine'][:40]}...)",
                  fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
@@ -537,6 +543,8 @@ def main() -> None:
     brk.add_argument("--steps", type=int, default=100_000)
     brk.add_argument("--num-envs", type=int, default=8)
     brk.add_argument("--threads", type=int, default=2, help="the worker's cpu_threads")
+    brk.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
+                     help="the worker's device (the curve is in env steps: the device changes its pace, not its shape)")
     brk.add_argument("--seed", type=int, default=1)
     brk.add_argument("--random-games", type=int, default=100)
     brk.add_argument("--png", help="draw the curve here (needs matplotlib)")
