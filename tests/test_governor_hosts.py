@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from fastapi.testclient import TestClient
 
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.cli.render import console, hosts_table
 from fleetd.config import Settings, load_settings
 from fleetd.governor.controller import FleetController
 from fleetd.states import State
@@ -23,6 +27,7 @@ from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.uptime import record_daemon_start
+from tests.api_context import CATALOG
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from workers.protocol.reports import ProgressReport
@@ -246,6 +251,30 @@ def test_each_hosts_rung_and_memory_survive_a_controller_reload(cluster: Cluster
     with cluster.db.transaction() as session:
         assert set(fleet_store.read_rungs(session, "a")) >= {(2, 32), (3, 32)}
         assert fleet_store.read_rungs(session, "") == {} or (3, 32) not in fleet_store.read_rungs(session, "")
+
+
+def test_each_hosts_rung_in_the_hosts_api_and_fleetd_hosts(cluster: Cluster) -> None:
+    climbed(cluster)
+    cluster.run(10)
+    cluster.power_cut("a")
+    cluster.rejoin("a")
+    cluster.run(1)
+    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
+    context = AppContext(cluster.settings, cluster.db, cluster.clock, "t" * 32, info, CATALOG, cluster.sup)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    document = client.get("/api/v1/hosts").json()
+    hosts = {h["name"]: h for h in document["items"]}
+    assert hosts["head"]["governor"] is None  # no CPUs: no games, no governor
+    a, b = hosts["a"]["governor"], hosts["b"]["governor"]
+    assert (a["rung"], a["allowed"], len(a["games"]), a["guests"]) == ("2x32 (light)", 2, 2, [])
+    assert (b["rung"], b["allowed"], len(b["games"]), len(b["guests"])) == ("4x48", 4, 3, 1)
+    assert a["last_backoff"] is not None and "reboot" in a["last_backoff"] and b["last_backoff"] is None
+    assert any(line.startswith("3x32") and "failed 1x" in line for line in a["rungs"])
+    assert hosts["a"]["boots"] == 2
+    with console.capture() as captured:
+        console.print(hosts_table(document))
+    assert "2x32 (light)" in captured.get() and "3/4, 1 guests" in captured.get()
 
 
 def _events(cluster: Cluster, kind: str) -> list:
