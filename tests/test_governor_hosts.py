@@ -89,15 +89,17 @@ class Cluster:
         with self.db.transaction() as session:
             observe_nodes(session, nodes, self.clock.now())
 
-    def power_cut(self, host: str) -> None:
-        """The host's node dies: its workers end `node_lost`, the GCS lists it dead."""
+    def power_cut(self, host: str, seen: bool = True) -> None:
+        """The host's node dies: its workers end `node_lost`, the GCS lists it dead (`seen`:
+        the hosts job has run since)."""
         assert self.sup is not None
         self.down.add(host)
         for name in self.on(host):
             proc = self.sup.procs[name]
             if proc.pid is not None and proc.state in (State.STARTING, State.RUNNING):
                 self.reactor.exit(proc.pid, node_lost=True)
-        self.observe()
+        if seen:
+            self.observe()
 
     def rejoin(self, host: str) -> None:
         """The host is back: a new node life."""
@@ -223,6 +225,15 @@ def test_a_reboot_at_a_rung_proven_for_long_is_an_outside_event_and_every_game_c
     assert cluster.running_on("a") == {"g1", "g3", "g5"} and cluster.running_on("b") == {"g2", "g4"}
     assert [e.message.split(":")[0] for e in _events(cluster, "fleet_reboot_outside")] == ["host a"]
     assert _events(cluster, "fleet_backoff") == []
+
+
+def test_a_run_lost_with_its_node_moves_the_hosts_games_before_the_hosts_job_sees_it_dead(cluster: Cluster) -> None:
+    climbed(cluster)
+    cluster.power_cut("a", seen=False)
+    cluster.run(1)
+    assert cluster.on("a") == [] and len(cluster.on("b")) == 4
+    assert all(cluster.pinned(n) == "b" for n in cluster.on("b"))
+    assert not {h.name: h.alive for h in cluster.sup.snapshot.governor.hosts}["a"]
 
 
 def test_crashes_of_running_games_count_against_the_host_they_ran_on(cluster: Cluster) -> None:

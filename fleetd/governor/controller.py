@@ -89,6 +89,7 @@ class FleetController:
         self.governors: dict[str, Governor] = {}  # on a cluster: each host's, by its name
         self._nodes: dict[str, str] = {}  # the node life each host's governor accounted for
         self._lives: dict[str, HostLife] = {}
+        self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
             self._load_hosts()
         self._known_gpu: GpuMemory | None = None
@@ -184,7 +185,7 @@ class FleetController:
             on = self._on(host)
             guests = tuple(name for name in on if self._placed[name].home != host)
             rungs.append(HostRung(
-                host, life is not None and life.alive and life.runs_games, governor.rung.label, governor.tier,
+                host, host in self._live_hosts(), governor.rung.label, governor.tier,
                 governor.index() + 1, governor.allowed(), tuple(on), guests, governor.last_backoff,
                 tuple(self._rung_lines(governor, now)),
             ))  # fmt: skip
@@ -237,6 +238,24 @@ class FleetController:
         if governor is None:
             return False
         return self._apply_placed([(host, d) for d in governor.crashed(self.clock.now(), name, self._running_on(host))])
+
+    def node_lost(self, name: str, spawned_at: datetime | None) -> None:
+        """A run of `name`, spawned at `spawned_at`, ended with its node: its host is down from
+        now (the hosts job may see it a heartbeat later) unless a newer life of the host joined
+        since the run started; its games go elsewhere at the next step."""
+        host = self.host_of(name)
+        life = self._lives.get(host or "")
+        if not self.cluster or life is None:
+            return
+        if spawned_at is not None and life.joined_at is not None and life.joined_at >= spawned_at:
+            return  # the run was on an earlier life: the new one is up
+        self._lost[life.name] = life.node_id
+
+    def _live_hosts(self) -> list[str]:
+        return [
+            life.name for life in self._lives.values()
+            if life.alive and life.runs_games and self._lost.get(life.name) != life.node_id
+        ]  # fmt: skip
 
     def _governor_of(self, game: str | None) -> tuple[str, Governor | None]:
         if not self.cluster:
@@ -302,7 +321,7 @@ class FleetController:
         wanting = [slot for slot in slots if slot.wants_slot]
         pending = list(self.view(slots).pending)
         decisions = self._observe_hosts(now, wanting)
-        live = [life.name for life in self._lives.values() if life.alive and life.runs_games]
+        live = self._live_hosts()
         step = _Step(self, pending)
         for name in list(self._admitted):  # a dead host's games: pending, their home kept
             host = step.host[name]

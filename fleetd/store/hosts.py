@@ -64,10 +64,11 @@ def read_hosts(session: Session) -> list[HostRecord]:
 def read_host_lives(session: Session) -> list[HostLife]:
     """Each host, alive or not, with its newest life's node id: what the per-host governors
     go by (a new node id after a death is the host's reboot)."""
-    newest: dict[int, str] = {}
-    for host_id, node_id in session.execute(select(HostBoot.host_id, HostBoot.node_id).order_by(HostBoot.id)):
-        newest[host_id] = node_id
+    newest: dict[int, tuple[str, datetime]] = {}
+    for host_id, node_id, joined_at in session.execute(select(HostBoot.host_id, HostBoot.node_id, HostBoot.joined_at).order_by(HostBoot.id)):
+        newest[host_id] = (node_id, joined_at)
     return [
-        HostLife(row.name, row.alive, newest.get(row.id, ""), float((row.resources or {}).get("CPU", 0) or 0) > 0)
+        HostLife(row.name, row.alive, newest.get(row.id, ("", None))[0], float((row.resources or {}).get("CPU", 0) or 0) > 0,
+                 newest.get(row.id, ("", None))[1])
         for row in session.scalars(select(Host).order_by(Host.name))
     ]

@@ -163,6 +163,7 @@ class HostLife:
     alive: bool
     node_id: str  # its newest life's node id
     runs_games: bool  # it offers CPUs (the head of a cluster often offers none)
+    joined_at: datetime | None = None  # when its newest life joined
 
 
 @dataclass(frozen=True)

@@ -421,6 +421,7 @@ class Supervisor:
         # Up past startsecs: a crash now may be the host's doing. Before, it is the game's own
         # (bad hyperparameters, a missing env): it never moves the fleet.
         was_running = proc.state is State.RUNNING
+        spawned_at = proc.spawned_wall
         outcome = proc.on_exit(exited.status)
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, on_disk)
@@ -428,6 +429,8 @@ class Supervisor:
             self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer", proc.name)
         elif outcome is not None and outcome.cause in ("crash", "hang") and was_running:
             self.fleet.crashed(proc.name)
+        elif outcome is not None and outcome.cause == "node_lost":
+            self.fleet.node_lost(proc.name, spawned_at)
         self._govern()
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
