@@ -227,7 +227,8 @@ class Daemon:
         launcher, reactor, probe = self._executor()
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
-        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts)
+        cluster = self.settings.cluster.backend == "ray"  # one governor per host (docs/governor.md)
+        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts, cluster=cluster)
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, probe, fleet,
             unclean_reboot=(

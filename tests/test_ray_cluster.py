@@ -135,6 +135,10 @@ def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None
     where = {game: fleet.wait(lambda g=game: fleet.node_of(g), f"{game}'s worker found") for game in GAMES}
     assert all(len(nodes) == 1 for nodes in where.values()), where
     assert {nodes[0] for nodes in where.values()} == {"a", "b"}, f"SPREAD put both games on one node: {where}"
+    # Each game runs on the host whose own governor admitted it (its home), pinned there.
+    hosts = fleet.hosts()
+    assert hosts["head"]["governor"] is None  # no CPUs: no games, no governor
+    assert {g: [h for h in ("a", "b") if g in hosts[h]["governor"]["games"]] for g in GAMES} == where
     # The run's recorded command line names its actor: how a restarted daemon finds it.
     run = fleet.daemon.runs("ga")[0]
     assert run["cause"] is None and run["log_path"].startswith(str(fleet.config.root / "storage"))
@@ -191,8 +195,16 @@ def test_the_cut_host_rejoins_with_its_downtime_in_its_boot_history(fleet: Fleet
     for game in GAMES:
         fleet.wait(lambda g=game: fleet.daemon.game(g)["state"] == "stopped" and not fleet.node_of(g), f"{game} stopped")
     assert [r["cause"] for g in GAMES for r in fleet.daemon.runs(g)[:1]] == ["stopped", "stopped"]
+    survivor = "b" if fleet.victim == "a" else "a"
+    rungs = {name: h["governor"]["rung"] for name, h in fleet.hosts().items() if h["governor"]}
     fleet.cluster.restart_node(fleet.victim)
     host = fleet.wait(lambda: (h := fleet.hosts()[fleet.victim])["boots"] == 2 and h["alive"] and h, "the host back")
+    # Its new life is its own reboot, at a rung never proven (windows are 25 min): that host
+    # alone steps back, by its own rungs' memory; the other's rung does not move.
+    stepped = fleet.wait(lambda: (g := fleet.hosts()[fleet.victim]["governor"])["last_backoff"] and g, "the host's back-off")
+    assert "reboot" in stepped["last_backoff"] and stepped["level"] < 4 and stepped["rung"] != rungs[fleet.victim], stepped
+    other = fleet.hosts()[survivor]["governor"]
+    assert other["rung"] == rungs[survivor] and other["last_backoff"] is None, other
     assert host["downtime_s"] > 0 and host["lives"][1]["downtime_before_s"] == host["downtime_s"], host
     assert host["lives"][0]["ended_at"] is not None
     assert all(h["alive"] and h["boots"] == 1 for name, h in fleet.hosts().items() if name != fleet.victim)

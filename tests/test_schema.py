@@ -200,3 +200,30 @@ def test_corrupt_file_is_refused_and_left_alone(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="cannot read the database .* fleetd changed nothing"):
         ensure_schema(db_path, "fleetd db upgrade")
     assert db_path.read_bytes() == garbage
+
+
+def test_0009_keeps_the_local_rungs_memory_as_host_empty_and_games_get_no_host(tmp_path: Path) -> None:
+    """A database at 0008 with a remembered rung and an admitted game upgrades in place: the
+    rung is the local host's (''), the game holds no cluster host; down again keeps the rung."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "0008")
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO rungs (games, num_envs, proven_at, stable_s, failures, retry_at, last_failure)"
+            " VALUES (4, 64, '2026-01-01 00:00:00', 7200.0, 1, NULL, 'crashes: 2 running games')"
+        )
+        conn.execute(
+            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            " restarts, steps, episodes, admitted_at, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo',"
+            " 'running', 0, '{}', 'running', '2026-01-01', 0, 1, 0, '2026-01-01', '2026-01-01', '2026-01-01')"
+        )
+    command.upgrade(config, "0009")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT host, games, num_envs, stable_s, failures FROM rungs").fetchall() == [("", 4, 64, 7200.0, 1)]
+        assert conn.execute("SELECT host, home_host, admitted_at FROM games").fetchall() == [(None, None, "2026-01-01")]
+        # One rung per host now: the same rung on another host is a row of its own.
+        conn.execute("INSERT INTO rungs (host, games, num_envs, stable_s, failures) VALUES ('gpu-2', 4, 64, 0, 0)")
+    command.downgrade(config, "0008")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT games, num_envs, stable_s FROM rungs").fetchall() == [(4, 64, 7200.0)]

@@ -63,6 +63,19 @@ class HostBootOut(Out):
     downtime_before_s: float | None = Field(description="from the previous life's last sign to this join")
 
 
+class HostGovernorOut(Out):
+    """The host's own governor (docs/governor.md, Per-host rungs)."""
+
+    rung: str = Field(description="games x envs per game its rung allows, e.g. 3x32")
+    tier: str
+    level: int = Field(description="the rung's place on the ladder, from 1")
+    allowed: int = Field(description="games its rung admits")
+    games: list[str] = Field(description="games holding its slots, oldest admission first")
+    guests: list[str] = Field(description="of those, games whose home is another host (theirs is down or full)")
+    last_backoff: str | None
+    rungs: list[str] = Field(description="its ladder, with what it remembers of each rung")
+
+
 class HostOut(Out):
     name: str
     hostname: str
@@ -74,6 +87,7 @@ class HostOut(Out):
     boots: int = Field(description="lives of its Ray node: joins of the cluster")
     downtime_s: float = Field(description="total time between its lives")
     lives: list[HostBootOut]
+    governor: HostGovernorOut | None = Field(None, description="its own rung; null when it runs no games (no CPUs) or before the first step")
 
 
 class HostList(Out):

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 HUB_NAME = "reports"
 HOST_RESOURCE = "fleetd_host_"
+HOST_SHARE = 0.0001  # of a node's `fleetd_host_<name>` (1 unit; Ray counts to 1e-4): pins a run there, up to 10,000 a host
 ACTOR_PREFIX = "run-"
 WAKE_SLICE_S = 0.1  # a wake-up from another thread is seen within this (ray.wait cannot be woken)
 HUB_TAKE_S = 1.0  # a take waits this long for reports at most
@@ -134,6 +135,7 @@ class RayExecutor:
         self._hub_due = 0.0
         self._wake = threading.Event()
         self._swept = False
+        self._named_hosts: set[str] = set()  # hosts whose nodes offer a `fleetd_host_<name>` resource
 
     # -- Launcher ----------------------------------------------------------------------------
 
@@ -151,7 +153,7 @@ class RayExecutor:
         worker = self._settings.worker
         argv = [worker.python, "-m", worker.module]
         try:
-            actor = self._remote_run.options(name=name, **self._placement(launch.game, spec.cpu_threads)).remote(
+            actor = self._remote_run.options(name=name, **self._placement(launch.game, spec.cpu_threads, launch.host)).remote(
                 spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub
             )
         except (ValueError, RayError) as exc:
@@ -159,7 +161,10 @@ class RayExecutor:
         self._track(run_id, _Run(name, actor, None))
         return Spawned(run_id, time.time(), ("ray-actor", self._cluster.namespace, name), str(log_path))
 
-    def _placement(self, game: str, cpu_threads: int) -> dict[str, Any]:
+    def _placement(self, game: str, cpu_threads: int, host: str | None = None) -> dict[str, Any]:
+        """The actor's resources: the game's CPUs and GPU share, and the host whose governor
+        admitted it (its node's `fleetd_host_<name>` resource, a sliver of it) unless the
+        operator pinned the game in [cluster] pins."""
         cluster = self._cluster
         options: dict[str, Any] = dict(
             namespace=cluster.namespace, lifetime="detached", max_restarts=0, max_concurrency=8,
@@ -168,6 +173,8 @@ class RayExecutor:
         )  # fmt: skip
         if cluster.pins.get(game):
             options["resources"] = dict(cluster.pins[game])
+        elif host is not None and self._offers(host):
+            options["resources"] = {HOST_RESOURCE + host: HOST_SHARE}
         if cluster.scheduling == "SPREAD":
             options["scheduling_strategy"] = "SPREAD"
         return options
@@ -230,7 +237,16 @@ class RayExecutor:
 
     def nodes(self) -> list[NodeSeen]:
         """The cluster's nodes as the GCS lists them, each named for its host."""
-        return [node_seen(node) for node in ray.nodes()]
+        seen = [node_seen(node) for node in ray.nodes()]
+        self._named_hosts |= {n.host for n in seen if HOST_RESOURCE + n.host in n.resources}
+        return seen
+
+    def _offers(self, host: str) -> bool:
+        """A host named by its `fleetd_host_` resource can be pinned to; one named by its
+        hostname only (a node started without it) is left to Ray's placement."""
+        if host not in self._named_hosts:
+            self.nodes()
+        return host in self._named_hosts
 
     # -- ProcessProbe --------------------------------------------------------------------------
 

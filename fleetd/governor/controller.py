@@ -4,6 +4,19 @@ Runs on the supervisor's thread only; other threads read the snapshot that threa
 What the governor knows of each game's process is derived afresh at every step from the
 supervisor's live process table (a `GameSlot` list), never kept as a copy that could drift.
 Which games hold a slot (`admitted`) is the governor's own state, persisted in the store.
+
+On a cluster ([cluster] backend = "ray") each host has a governor of its own: its own rung and
+its rungs' memory, persisted by host name (docs/governor.md, Per-host rungs). The fan-out is
+here, the rules stay in core.py:
+
+- every game belongs to a home host (given at its first admission wait: the live host with
+  the fewest games of its own) and climbs that host's ladder; a host's governor admits its own
+  pending games up to its rung;
+- a host's new node life after a death is that host's reboot: its governor alone is told
+  (`rebooted`), by its own rungs' memory; crashes and OOM kills count against the host the
+  game ran on;
+- games a host cannot hold (it died, it stepped back) run meanwhile on another live host with
+  room under that host's rung, as guests, and go home as soon as their home has room again.
 """
 
 from __future__ import annotations
@@ -22,16 +35,18 @@ from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pres
 from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.governor.placement import GpuRoom
 from fleetd.governor.scaling import GpuMemory, Scaled, scale
-from fleetd.governor.snapshot import GovernorView
+from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.states import Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
-from fleetd.store.records import FleetRecord
+from fleetd.store.hosts import read_host_lives
+from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Placement
 
 log = logging.getLogger(__name__)
 
 _SEVERITY = {"backoff": "warning", "evict": "warning", "reboot_outside": "warning"}
+LOCAL = ""  # the local executor's one host: its rungs are stored under this name
 
 
 class TelemetrySource(Protocol):
@@ -63,11 +78,20 @@ class FleetController:
         clock: Clock,
         telemetry: TelemetrySource | None,
         alerts: AlertSender | None = None,
+        cluster: bool = False,
     ) -> None:
         self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
-        self.governor = self._load()
+        self.cluster = cluster
+        self.governor = self._load()  # the local host's; on a cluster, the request's keeper only
         with self.db.transaction() as session:
             self._admitted: dict[str, datetime] = fleet_store.read_admissions(session)
+            self._placed: dict[str, Placement] = fleet_store.read_placements(session) if cluster else {}
+        self.governors: dict[str, Governor] = {}  # on a cluster: each host's, by its name
+        self._nodes: dict[str, str] = {}  # the node life each host's governor accounted for
+        self._lives: dict[str, HostLife] = {}
+        self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
+        if cluster:
+            self._load_hosts()
         self._known_gpu: GpuMemory | None = None
 
     def _load(self) -> Governor:
@@ -81,6 +105,16 @@ class FleetController:
         rung = nearest_rung(build_ladder(self.settings.tiers), record.level, record.num_envs)
         return Governor(self.settings, FleetState(record.requested, rung, record.stable_since, record.long_window), memory)
 
+    def _load_hosts(self) -> None:
+        ladder = build_ladder(self.settings.tiers)
+        requested = self.governor.state.requested
+        with self.db.transaction() as session:
+            for host, record in fleet_store.read_host_governors(session).items():
+                rung = nearest_rung(ladder, record.level, record.num_envs)
+                state = FleetState(requested, rung, record.stable_since, record.long_window)
+                self.governors[host] = Governor(self.settings, state, fleet_store.read_rungs(session, host), ladder)
+                self._nodes[host] = record.node_id
+
     # -- what the supervisor asks ------------------------------------------------------------
 
     def admitted(self, name: str) -> bool:
@@ -89,33 +123,77 @@ class FleetController:
     def admitted_count(self) -> int:
         return len(self._admitted)
 
+    def host_of(self, name: str) -> str | None:
+        """On a cluster: the host whose slot the game holds (its worker is pinned there)."""
+        placement = self._placed.get(name)
+        return None if placement is None or name not in self._admitted else placement.host
+
     def scaled(self) -> Scaled:
-        rung = self.governor.rung
+        return self._scaled(self.governor)
+
+    def _scaled(self, governor: Governor) -> Scaled:
+        rung = governor.rung
         name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
         return scale(name, rung.settings(), self._gpu(), self.settings.gpu_reference_gib_per_game)
+
+    def sizing(self, name: str) -> tuple[Scaled, int]:
+        """The rung a game's worker is sized for and the games sharing its host: the fleet's
+        locally; on a cluster, those of the host it runs on (or belongs to, while pending)."""
+        placement = self._placed.get(name)
+        host = None if placement is None else placement.host or placement.home
+        governor = self.governors.get(host or "")
+        if governor is None:
+            return self.scaled(), self.admitted_count()
+        return self._scaled(governor), sum(1 for p in self._placed.values() if p.host == host) or 1
+
+    def sizing_key(self) -> tuple[object, ...]:
+        """Changes whenever `sizing` may answer differently for some game."""
+        if not self.cluster:
+            return (self.scaled(), self.admitted_count())
+        rungs = tuple((host, governor.rung.key) for host, governor in sorted(self.governors.items()))
+        return (self.scaled(), rungs, tuple(sorted((n, p.host, p.home) for n, p in self._placed.items())))
 
     def view(self, slots: Sequence[GameSlot]) -> FleetView:
         wanting = [slot for slot in slots if slot.wants_slot]
         admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
         pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
-        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), self.pressure())
+        pressure = Pressure() if self.cluster else self.pressure()  # the head's telemetry is no node's
+        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure)
 
     def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
         governor, view, now = self.governor, self.view(slots), self.clock.now()
+        hosts = tuple(self._host_rungs(now)) if self.cluster else ()
+        if hosts:
+            governor = max((self.governors[h.name] for h in hosts if h.alive), key=lambda g: g.index(), default=governor)
         state, ceiling = governor.state, governor.ceiling(now, view)
+        allowed = sum(h.allowed for h in hosts if h.alive) if hosts else governor.allowed()
         return GovernorView(
             mode="auto" if state.auto else "manual", requested=state.requested, tier=governor.tier,
-            level=governor.index() + 1, allowed=governor.allowed(),
+            level=governor.index() + 1, allowed=allowed,
             ceiling=None if ceiling is None else ceiling[0].label,
             ceiling_until=None if ceiling is None else ceiling[1], admitted=view.admitted, pending=view.pending,
             pressure=view.pressure.reasons, next_scale_up_at=governor.next_scale_up(view, now),
-            waiting_reason=governor.waiting_reason(now, view), scaled=self.scaled(),
-            rung=governor.rung.label, rungs=tuple(self._rung_lines(now)), last_backoff=governor.last_backoff,
+            waiting_reason=governor.waiting_reason(now, view), scaled=self._scaled(governor),
+            rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
+            rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
         )  # fmt: skip
 
-    def _rung_lines(self, now: datetime) -> list[str]:
+    def _host_rungs(self, now: datetime) -> list[HostRung]:
+        rungs = []
+        for host, governor in sorted(self.governors.items()):
+            life = self._lives.get(host)
+            on = self._on(host)
+            guests = tuple(name for name in on if self._placed[name].home != host)
+            rungs.append(HostRung(
+                host, host in self._live_hosts(), governor.rung.label, governor.tier,
+                governor.index() + 1, governor.allowed(), tuple(on), guests, governor.last_backoff,
+                tuple(self._rung_lines(governor, now)),
+            ))  # fmt: skip
+        return rungs
+
+    def _rung_lines(self, governor: Governor, now: datetime) -> list[str]:
         """The ladder as people read it: each rung, what is known of it, where the fleet is."""
-        governor, lines = self.governor, []
+        lines = []
         for index, rung in enumerate(governor.ladder[: governor.top() + 1]):
             memory = governor.remembered(index)
             known = [f"proven, stable {memory.stable_s / 3600:.1f} h" if memory.proven else "unproven"]
@@ -133,20 +211,66 @@ class FleetController:
         """Release the slots of games that no longer want one (ended, gave up, stopped, removed),
         then take up the operator's request and the governor's clock. True if anything changed."""
         released = self._release(slots)
+        if self.cluster:
+            return self._govern_hosts(slots) or released
         now = self.clock.now()
         decisions = self.governor.request(self._requested(), now)
         decisions += self.governor.tick(now, self.view(slots))
         return self._apply(decisions) or released
 
-    def instability(self, kind: str, detail: str) -> bool:
-        return self._apply(self.governor.instability(self.clock.now(), kind, detail, len(self._admitted)))
+    def instability(self, kind: str, detail: str, game: str | None = None) -> bool:
+        """Instability of the host: on a cluster, the host `game` ran on."""
+        host, governor = self._governor_of(game)
+        if governor is None:
+            return False
+        decisions = governor.instability(self.clock.now(), kind, detail, self._running_on(host))
+        return self._apply_placed([(host, d) for d in decisions])
 
     def rebooted(self) -> bool:
-        """The host went down without a clean stop: an outside event or load, by the rung's memory."""
+        """The host went down without a clean stop: an outside event or load, by the rung's memory.
+        On a cluster the daemon's host is no game host: each node's new life is its own reboot."""
+        if self.cluster:
+            return False
         return self._apply(self.governor.rebooted(self.clock.now(), len(self._admitted)))
 
     def crashed(self, name: str) -> bool:
-        return self._apply(self.governor.crashed(self.clock.now(), name, len(self._admitted)))
+        host, governor = self._governor_of(name)
+        if governor is None:
+            return False
+        return self._apply_placed([(host, d) for d in governor.crashed(self.clock.now(), name, self._running_on(host))])
+
+    def node_lost(self, name: str, spawned_at: datetime | None) -> None:
+        """A run of `name`, spawned at `spawned_at`, ended with its node: its host is down from
+        now (the hosts job may see it a heartbeat later) unless a newer life of the host joined
+        since the run started; its games go elsewhere at the next step."""
+        host = self.host_of(name)
+        life = self._lives.get(host or "")
+        if not self.cluster or life is None:
+            return
+        if spawned_at is not None and life.joined_at is not None and life.joined_at >= spawned_at:
+            return  # the run was on an earlier life: the new one is up
+        self._lost[life.name] = life.node_id
+
+    def _live_hosts(self) -> list[str]:
+        return [
+            life.name for life in self._lives.values()
+            if life.alive and life.runs_games and self._lost.get(life.name) != life.node_id
+        ]  # fmt: skip
+
+    def _governor_of(self, game: str | None) -> tuple[str, Governor | None]:
+        if not self.cluster:
+            return LOCAL, self.governor
+        placement = self._placed.get(game or "")
+        host = None if placement is None else placement.host or placement.home
+        return host or LOCAL, self.governors.get(host or "")
+
+    def _running_on(self, host: str) -> int:
+        return len(self._admitted) if not self.cluster else len(self._on(host))
+
+    def _on(self, host: str) -> list[str]:
+        """The games holding a slot of `host`, oldest admission first."""
+        on = [name for name, p in self._placed.items() if p.host == host and name in self._admitted]
+        return sorted(on, key=lambda name: (self._admitted[name], name))
 
     # -- the operator's `games start NAME --now` -----------------------------------------------
 
@@ -163,11 +287,13 @@ class FleetController:
 
     def give_slot(self, holder: SlotHolder, to: str) -> None:
         """The operator's intent wins over admission order: `holder` goes back to pending and
-        `to` is admitted in its place. The level does not change: no more games run than before."""
+        `to` is admitted in its place (on a cluster, on the holder's host). The level does not
+        change: no more games run than before."""
         command = f"fleetd games start {to} --now"
-        self._apply([
-            Decision("evict", f"{holder.name} (priority {holder.priority}) back to pending: its slot goes to {to} ({command})", holder.name),
-            Decision("admit", f"{to} admitted in {holder.name}'s slot ({command})", to),
+        host = self.host_of(holder.name) or LOCAL
+        self._apply_placed([
+            (host, Decision("evict", f"{holder.name} (priority {holder.priority}) back to pending: its slot goes to {to} ({command})", holder.name)),
+            (host, Decision("admit", f"{to} admitted in {holder.name}'s slot ({command})", to)),
         ])  # fmt: skip
 
     def _release(self, slots: Sequence[GameSlot]) -> bool:
@@ -177,35 +303,151 @@ class FleetController:
             with self.db.transaction() as session:
                 for name in released:
                     fleet_store.update_game_admitted(session, name, None)
+                    if name in self._placed:
+                        self._placed[name] = Placement(None, self._placed[name].home)
+                        fleet_store.update_game_placement(session, name, self._placed[name])
             for name in released:
                 del self._admitted[name]
         return bool(released)
 
+    # -- a cluster: one governor per host ------------------------------------------------------
+
+    def _govern_hosts(self, slots: Sequence[GameSlot]) -> bool:
+        """Each live host's governor over its own games, then the games no host of their own
+        can hold placed as guests on hosts with room, and guests sent home once it has room."""
+        now = self.clock.now()
+        requested = self._requested()
+        self.governor.request(requested, now)  # the fleet row keeps the operator's request
+        wanting = [slot for slot in slots if slot.wants_slot]
+        pending = list(self.view(slots).pending)
+        decisions = self._observe_hosts(now, wanting)
+        live = self._live_hosts()
+        step = _Step(self, pending)
+        for name in list(self._admitted):  # a dead host's games: pending, their home kept
+            host = step.host[name]
+            if name in {s.name for s in wanting} and host not in live:
+                why = f"host {host} is down" if host else "it holds no live host's slot"
+                step.evict(decisions, host or LOCAL, name, f"{name} back to pending: {why}")
+        self._give_homes(step, live, wanting)
+        for host in live:
+            governor = self.governors[host]
+            moves = governor.request(requested, now)
+            own = [name for name in step.pending if step.home.get(name) == host]
+            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure()))
+            step.take(decisions, host, moves)
+        for host in live:  # guests go home once it has room
+            room = self.governors[host].allowed() - len(step.on(host))
+            away = [n for n in self._by_admission(step) if step.home.get(n) == host and step.host[n] not in (host, None)]
+            for name in away[: max(0, room)]:
+                step.evict(decisions, step.host[name], name, f"{name} leaves host {step.host[name]}: its host {host} has room again")
+                step.admit(decisions, host, name, f"{name} back on its host {host}")
+        for name in list(step.pending):  # guests: a host with room holds what its own cannot
+            rooms = [(self.governors[h].allowed() - len(step.on(h)), h) for h in live]
+            room, host = min(rooms, key=lambda r: (-r[0], r[1]), default=(0, ""))
+            if room <= 0:
+                break
+            home = step.home.get(name)
+            why = "is down" if home not in live else f"runs {self.governors[home].allowed()} games at {self.governors[home].rung.label}"
+            step.admit(decisions, host, name, f"{name} admitted on host {host} as a guest: its host {home} {why}")
+        return self._apply_placed(decisions, step.homes_given)
+
+    def _by_admission(self, step: _Step) -> list[str]:
+        return sorted((n for n in step.host if step.host[n] is not None), key=lambda n: (step.admitted_at.get(n, self.clock.now()), n))
+
+    def _observe_hosts(self, now: datetime, wanting: Sequence[GameSlot]) -> list[tuple[str, Decision]]:
+        """Hosts as the hosts job recorded them: a new one gets a governor of its own; a new
+        node life after one the governor knew is that host's reboot, told to its governor only."""
+        with self.db.transaction() as session:
+            lives = read_host_lives(session)
+            memories = {life.name: fleet_store.read_rungs(session, life.name) for life in lives if life.name not in self.governors}
+        self._lives = {life.name: life for life in lives}
+        decisions: list[tuple[str, Decision]] = []
+        for life in lives:
+            if not life.runs_games:
+                continue
+            governor = self.governors.get(life.name)
+            if governor is None:
+                governor = Governor.initial(self.settings, now, memories.get(life.name))
+                governor.request(self.governor.state.requested, now)
+                self.governors[life.name] = governor
+                self._nodes[life.name] = life.node_id
+                decisions.append((life.name, Decision("host", f"host {life.name} joined: its governor starts at {governor.rung.label}")))
+                continue
+            known = self._nodes.get(life.name, "")
+            if life.alive and life.node_id and life.node_id != known:
+                self._nodes[life.name] = life.node_id
+                if not known:
+                    continue
+                if not self.settings.reboot_is_instability:
+                    governor.resume(now)
+                    continue
+                running = sum(1 for s in wanting if (p := self._placed.get(s.name)) is not None and p.home == life.name)
+                decisions += [(life.name, d) for d in governor.rebooted(now, running)]
+        return decisions
+
+    def _give_homes(self, step: _Step, live: list[str], wanting: Sequence[GameSlot]) -> None:
+        """A game without a home belongs to the live host with the fewest games of its own."""
+        if not live:
+            return
+        homed = {host: 0 for host in live}
+        for slot in wanting:
+            home = step.home.get(slot.name)
+            if home in homed:
+                homed[home] += 1
+        for name in step.pending:
+            if step.home.get(name) is None:
+                host = min(live, key=lambda h: (homed[h], h))
+                homed[host] += 1
+                step.home[name] = host
+                step.homes_given.add(name)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _apply(self, decisions: list[Decision]) -> bool:
-        if not decisions:
+        return self._apply_placed([(LOCAL, d) for d in decisions])
+
+    def _apply_placed(self, decisions: list[tuple[str, Decision]], homes_given: set[str] | None = None) -> bool:
+        homes = {name: self._placed.get(name, Placement(None, None)).home for name in homes_given or ()}
+        if not decisions and not homes:
             self._save_memory()
             return False
         now = self.clock.now()
         with self.db.transaction() as session:
-            for decision in decisions:
+            for name, home in homes.items():
+                self._placed[name] = Placement(self._placed.get(name, Placement(None, None)).host, home)
+            for host, decision in decisions:
                 if decision.kind in ("admit", "evict") and decision.game is not None:
                     admitted_at = now if decision.kind == "admit" else None
                     fleet_store.update_game_admitted(session, decision.game, admitted_at)
                     self._set_admitted(decision.game, admitted_at)
+                    if self.cluster:
+                        self._place(decision.game, host if admitted_at is not None else None)
                 severity = _SEVERITY.get(decision.kind, "info")
-                create_event(session, now, f"fleet_{decision.kind}", decision.message, severity=severity, game=decision.game)
+                message = f"host {host}: {decision.message}" if host and decision.kind not in ("admit", "evict") else decision.message
+                details = {"host": host} if host else None
+                create_event(session, now, f"fleet_{decision.kind}", message, severity=severity, game=decision.game, details=details)
+            for name in set(homes) | {d.game for _, d in decisions if d.game is not None}:
+                if self.cluster and name in self._placed:
+                    fleet_store.update_game_placement(session, name, self._placed[name])
             fleet_store.save_fleet(session, self._record(self.governor, now))
+            for host, governor in self.governors.items():
+                fleet_store.save_host_governor(session, self._host_record(host, governor, now))
             self._save_memory(session)
-        for decision in decisions:
-            log.info("governor: %s", decision.message)
+        for host, decision in decisions:
+            log.info("governor%s: %s", f" (host {host})" if host else "", decision.message)
             if decision.kind == "backoff" and self.alerts is not None:
-                details = {"tier": self.governor.tier, "rung": self.governor.rung.label}
-                action = ("fleetd stepped the fleet down one rung; games it held back wait as pending and "
-                          "resume from their checkpoints when it steps up again")
+                governor = self.governors.get(host, self.governor)
+                details = {"tier": governor.tier, "rung": governor.rung.label} | ({"host": host} if host else {})
+                where = f"host {host}" if host else "the fleet"
+                action = (f"fleetd stepped {where} down one rung; games it held back wait as pending (or run on "
+                          "another host with room) and resume from their checkpoints when it steps up again")  # fmt: skip
                 self.alerts.send(Alert("backoff", decision.message, now, None, details, action))
-        return any(d.kind in ("admit", "evict", "tier", "backoff") for d in decisions)
+        return any(d.kind in ("admit", "evict", "tier", "backoff") for _, d in decisions) or bool(homes)
+
+    def _place(self, name: str, host: str | None) -> None:
+        """A game admitted on `host` (or sent back to pending: None); its first host is its home."""
+        home = self._placed.get(name, Placement(None, None)).home
+        self._placed[name] = Placement(host, home or host)
 
     def _set_admitted(self, name: str, admitted_at: datetime | None) -> None:
         if admitted_at is None:
@@ -223,21 +465,28 @@ class FleetController:
             fleet_store.save_fleet(session, self._record(governor, self.clock.now()))
 
     def _save_memory(self, session: Any = None) -> None:
-        """The rungs' memory the governor changed (a window proven, a failure), stored."""
-        if not self.governor.changed:
+        """The rungs' memory the governors changed (a window proven, a failure), stored."""
+        changed = [(LOCAL, self.governor)] + list(self.governors.items())
+        if not any(governor.changed for _, governor in changed):
             return
         if session is None:
             with self.db.transaction() as own:
                 self._save_memory(own)
             return
-        for key in sorted(self.governor.changed):
-            fleet_store.save_rung(session, self.governor.memory[key])
-        self.governor.changed.clear()
+        for host, governor in changed:
+            for key in sorted(governor.changed):
+                fleet_store.save_rung(session, governor.memory[key], host)
+            governor.changed.clear()
 
     @staticmethod
     def _record(governor: Governor, now: datetime) -> FleetRecord:
         state, rung = governor.state, governor.rung
         return FleetRecord(state.requested, governor.tier, rung.games, rung.num_envs, state.stable_since, state.long_window, now)
+
+    def _host_record(self, host: str, governor: Governor, now: datetime) -> HostGovernorRecord:
+        state, rung = governor.state, governor.rung
+        return HostGovernorRecord(host, governor.tier, rung.games, rung.num_envs, state.stable_since, state.long_window,
+                                  self._nodes.get(host, ""), now)  # fmt: skip
 
     def _snapshot(self) -> Any:
         return None if self.telemetry is None else self.telemetry.latest
@@ -265,6 +514,42 @@ class FleetController:
             return Pressure()
         return Pressure(tuple(pressure_reasons(snapshot, self.settings)))
 
+
+
+class _Step:
+    """A cluster step's working copy of which host holds which game, as decisions are taken."""
+
+    def __init__(self, controller: FleetController, pending: list[str]) -> None:
+        self.now = controller.clock.now()
+        self.pending = list(pending)
+        placed = controller._placed
+        self.host: dict[str, str | None] = {name: placed[name].host if name in placed else None for name in controller._admitted}
+        self.home: dict[str, str | None] = {name: p.home for name, p in placed.items() if p.home}
+        self.admitted_at = dict(controller._admitted)
+        self.homes_given: set[str] = set()
+
+    def on(self, host: str) -> list[str]:
+        return sorted((n for n, h in self.host.items() if h == host), key=lambda n: (self.admitted_at.get(n, self.now), n))
+
+    def admit(self, decisions: list[tuple[str, Decision]], host: str, name: str, message: str) -> None:
+        self.take(decisions, host, [Decision("admit", message, name)])
+
+    def evict(self, decisions: list[tuple[str, Decision]], host: str, name: str, message: str) -> None:
+        self.take(decisions, host, [Decision("evict", message, name)])
+
+    def take(self, decisions: list[tuple[str, Decision]], host: str, moves: list[Decision]) -> None:
+        for decision in moves:
+            name = decision.game
+            if decision.kind == "admit" and name is not None:
+                if name in self.pending:
+                    self.pending.remove(name)
+                self.host[name], self.admitted_at[name] = host, self.now
+                self.home.setdefault(name, host)
+            elif decision.kind == "evict" and name is not None:
+                self.host[name] = None
+                self.admitted_at.pop(name, None)
+                self.pending.insert(0, name)
+            decisions.append((host, decision))
 
 def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
     reasons = []

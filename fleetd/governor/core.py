@@ -240,6 +240,11 @@ class Governor:
         target = max(proven, default=max(0, min(here - 1, self.start_rung())))
         return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target)
 
+    def resume(self, now: datetime) -> None:
+        """The host was away (a cluster node's death and new life, not taken as a reboot): its
+        downtime is no stable time, the window starts again."""
+        self.state = replace(self.state, stable_since=now)
+
     def _one_down(self, running: int) -> int:
         """The highest rung below that runs less for the games running now."""
         load = self.rung.load_for(running)

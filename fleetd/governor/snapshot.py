@@ -19,6 +19,22 @@ from workers.protocol.spec import TierDefaults
 
 
 @dataclass(frozen=True)
+class HostRung:
+    """One cluster host's own governor, as people see it ([cluster] backend = "ray")."""
+
+    name: str
+    alive: bool
+    rung: str  # games x envs per game, e.g. "4x32"
+    tier: str
+    level: int  # the rung's place on the ladder, from 1
+    allowed: int  # games its rung admits
+    games: tuple[str, ...]  # the games holding its slots, oldest admission first
+    guests: tuple[str, ...]  # of those, the games whose home is another host
+    last_backoff: str | None = None
+    rungs: tuple[str, ...] = ()  # its ladder, with what it remembers of each rung
+
+
+@dataclass(frozen=True)
 class GovernorView:
     """The governor's state and judgement, as people see them."""
 
@@ -38,6 +54,7 @@ class GovernorView:
     rung: str = ""  # games x envs per game, e.g. "5x64"
     rungs: tuple[str, ...] = ()  # the ladder up to its top, with what is remembered of each
     last_backoff: str | None = None  # the latest back-off and the number that tripped it
+    hosts: tuple[HostRung, ...] = ()  # on a cluster: each host's own rung (the figures above add them up)
 
 
 @dataclass(frozen=True)

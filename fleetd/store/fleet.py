@@ -8,8 +8,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from fleetd.store.mapping import to_record
-from fleetd.store.models import Fleet, Game, Rung
-from fleetd.store.records import FleetRecord, RungMemory
+from fleetd.store.models import Fleet, Game, HostGovernor, Rung
+from fleetd.store.records import FleetRecord, HostGovernorRecord, Placement, RungMemory
 
 
 def _record(row: Fleet) -> FleetRecord:
@@ -45,20 +45,47 @@ def update_game_admitted(session: Session, name: str, admitted_at: datetime | No
     session.flush()
 
 
+def update_game_placement(session: Session, name: str, placement: Placement) -> None:
+    """On a cluster: the host whose slot the game holds, and its home."""
+    session.execute(update(Game).where(Game.name == name).values(host=placement.host, home_host=placement.home))
+    session.flush()
+
+
+def read_placements(session: Session) -> dict[str, Placement]:
+    """The games placed on a cluster host or belonging to one."""
+    rows = session.execute(select(Game.name, Game.host, Game.home_host).where(Game.home_host.is_not(None) | Game.host.is_not(None)))
+    return {name: Placement(host, home) for name, host, home in rows}
+
+
 def read_admissions(session: Session) -> dict[str, datetime]:
     """The games holding a governor's slot, with when they were admitted."""
     rows = session.execute(select(Game.name, Game.admitted_at).where(Game.admitted_at.is_not(None)))
     return {name: admitted_at for name, admitted_at in rows}
 
 
-def read_rungs(session: Session) -> dict[tuple[int, int], RungMemory]:
-    rows = session.scalars(select(Rung))
+def read_rungs(session: Session, host: str = "") -> dict[tuple[int, int], RungMemory]:
+    """One host's rungs' memory ('': the local host)."""
+    rows = session.scalars(select(Rung).where(Rung.host == host))
     return {(row.games, row.num_envs): to_record(RungMemory, row) for row in rows}
 
 
-def save_rung(session: Session, memory: RungMemory) -> None:
-    row = session.get(Rung, (memory.games, memory.num_envs)) or Rung(games=memory.games, num_envs=memory.num_envs)
+def save_rung(session: Session, memory: RungMemory, host: str = "") -> None:
+    key = (host, memory.games, memory.num_envs)
+    row = session.get(Rung, key) or Rung(host=host, games=memory.games, num_envs=memory.num_envs)
     row.proven_at, row.stable_s, row.failures = memory.proven_at, memory.stable_s, memory.failures
     row.retry_at, row.last_failure = memory.retry_at, (memory.last_failure or "")[:500] or None
+    session.add(row)
+    session.flush()
+
+
+def read_host_governors(session: Session) -> dict[str, HostGovernorRecord]:
+    return {row.host: to_record(HostGovernorRecord, row) for row in session.scalars(select(HostGovernor))}
+
+
+def save_host_governor(session: Session, record: HostGovernorRecord) -> None:
+    row = session.get(HostGovernor, record.host) or HostGovernor(host=record.host)
+    row.tier, row.level, row.num_envs = record.tier, record.level, record.num_envs
+    row.stable_since, row.long_window = record.stable_since, record.long_window
+    row.node_id, row.updated_at = record.node_id, record.updated_at
     session.add(row)
     session.flush()

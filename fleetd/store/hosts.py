@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Host, HostBoot
-from fleetd.store.records import HostBootRecord, HostRecord, NodeSeen
+from fleetd.store.records import HostBootRecord, HostLife, HostRecord, NodeSeen
 
 
 def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
@@ -57,5 +57,18 @@ def read_hosts(session: Session) -> list[HostRecord]:
     return [
         HostRecord(row.name, row.hostname, row.address, dict(row.resources), row.joined_at, row.last_seen_at,
                    row.alive, tuple(boots.get(row.id, [])))
+        for row in session.scalars(select(Host).order_by(Host.name))
+    ]
+
+
+def read_host_lives(session: Session) -> list[HostLife]:
+    """Each host, alive or not, with its newest life's node id: what the per-host governors
+    go by (a new node id after a death is the host's reboot)."""
+    newest: dict[int, tuple[str, datetime]] = {}
+    for host_id, node_id, joined_at in session.execute(select(HostBoot.host_id, HostBoot.node_id, HostBoot.joined_at).order_by(HostBoot.id)):
+        newest[host_id] = (node_id, joined_at)
+    return [
+        HostLife(row.name, row.alive, newest.get(row.id, ("", None))[0], float((row.resources or {}).get("CPU", 0) or 0) > 0,
+                 newest.get(row.id, ("", None))[1])
         for row in session.scalars(select(Host).order_by(Host.name))
     ]

@@ -108,6 +108,10 @@ class Game(Base):
     progress_at: Mapped[datetime | None]
     # Set while the governor lets the game run; NULL with desired running means pending.
     admitted_at: Mapped[datetime | None]
+    # On a cluster: the host whose slot it holds (with admitted_at), and the host it belongs to,
+    # where it goes back once that host has room again (docs/governor.md, Per-host rungs).
+    host: Mapped[str | None] = mapped_column(String(200))
+    home_host: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -137,6 +141,7 @@ class Rung(Base):
 
     __tablename__ = "rungs"
 
+    host: Mapped[str] = mapped_column(String(200), primary_key=True, server_default="")  # '': the local host
     games: Mapped[int] = mapped_column(primary_key=True)
     num_envs: Mapped[int] = mapped_column(primary_key=True)
     proven_at: Mapped[datetime | None]
@@ -144,6 +149,23 @@ class Rung(Base):
     failures: Mapped[int]
     retry_at: Mapped[datetime | None]
     last_failure: Mapped[str | None] = mapped_column(String(500))
+
+
+class HostGovernor(Base):
+    """A cluster host's place on its own ladder ([cluster] backend = "ray"); the operator's request
+    stays in the fleet row. `node_id`: the node life its governor has accounted for, so a new
+    one (the host rebooted) is told to it exactly once."""
+
+    __tablename__ = "host_governors"
+
+    host: Mapped[str] = mapped_column(String(200), primary_key=True)
+    tier: Mapped[str] = mapped_column(String(8))
+    level: Mapped[int]
+    num_envs: Mapped[int]
+    stable_since: Mapped[datetime]
+    long_window: Mapped[bool]
+    node_id: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime]
 
 
 class Run(Base):

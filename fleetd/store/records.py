@@ -134,6 +134,39 @@ class FleetRecord:
 
 
 @dataclass(frozen=True)
+class HostGovernorRecord:
+    """A cluster host's place on its own ladder, and the node life its governor accounted for."""
+
+    host: str
+    tier: str
+    level: int
+    num_envs: int
+    stable_since: datetime
+    long_window: bool
+    node_id: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class Placement:
+    """On a cluster: the host whose slot a game holds (None: pending) and the host it belongs to."""
+
+    host: str | None
+    home: str | None
+
+
+@dataclass(frozen=True)
+class HostLife:
+    """What the governors need of a host: alive or not, its newest node life, whether it runs games."""
+
+    name: str
+    alive: bool
+    node_id: str  # its newest life's node id
+    runs_games: bool  # it offers CPUs (the head of a cluster often offers none)
+    joined_at: datetime | None = None  # when its newest life joined
+
+
+@dataclass(frozen=True)
 class RungMemory:
     """What the governor remembers of one rung of its ladder (games x envs per game)."""
 

@@ -27,6 +27,7 @@ class Launch:
     game_dir: Path
     spec: LaunchSpec | None = None  # None only in tests of the state machine, or when refused
     refused: str | None = None  # why this game's spec would be refused: it goes FATAL, unstarted
+    host: str | None = None  # on a cluster: the host whose slot it holds, where its worker must run
 
 
 @dataclass(frozen=True)

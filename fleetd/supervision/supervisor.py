@@ -93,15 +93,21 @@ class WatchingLauncher:
 
 class PlacingLauncher:
     """Each worker is placed on a GPU at its spawn (fleetd/governor/placement.py), when NVML
-    sees any: the spec names it and the launcher makes it the only one the worker sees."""
+    sees any: the spec names it and the launcher makes it the only one the worker sees. On a
+    cluster it is pinned to the host whose slot the game holds (its governor admitted it)."""
 
-    def __init__(self, inner: Launcher, place: Callable[[str], int | None]) -> None:
-        self._inner, self._place = inner, place
+    def __init__(self, inner: Launcher, place: Callable[[str], int | None], host_of: Callable[[str], str | None]) -> None:
+        self._inner, self._place, self._host_of = inner, place, host_of
+        self.hosts: dict[str, str | None] = {}  # the host each game's newest worker was pinned to
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         gpu = None if launch.spec is None else self._place(launch.game)
         if gpu is not None and launch.spec is not None:
             launch = replace(launch, spec=launch.spec.model_copy(update={"gpu": gpu}))
+        host = self._host_of(launch.game)
+        if host is not None:
+            launch = replace(launch, host=host)
+        self.hosts[launch.game] = host
         return self._inner.spawn(launch, run_id)
 
     def signal_group(self, pid: int, sig: int) -> None:
@@ -148,7 +154,8 @@ class Supervisor:
     ) -> None:
         self.settings, self.db, self.clock = settings, db, clock
         self.policy = Policy.from_settings(settings.supervisor)
-        self._launcher = WatchingLauncher(PlacingLauncher(launcher, self._place), reactor)
+        self._placing = PlacingLauncher(launcher, self._place, fleet.host_of)
+        self._launcher = WatchingLauncher(self._placing, reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._tap = TransitionTap(recorder)
         self.snapshots = SnapshotBox()
@@ -305,14 +312,16 @@ class Supervisor:
         those or the games changed: 10,000 spec validations on every step would cost seconds."""
         tier, running = self.fleet.scaled(), self.fleet.admitted_count()
         # A read counter, not id(list): CPython reuses a freed list's id for the next one.
-        key = (tier, running, self._games_read)
+        key = (self.fleet.sizing_key(), self._games_read)
         if key == self._sized_for:
             return
         self._sized_for = key
         for game in self._games:
             proc = self.procs.get(game.name)
             if proc is not None:
-                proc.launch = launch_for(game, self.settings, running, tier)
+                # On a cluster, by the rung of the game's host and the games sharing it.
+                game_tier, sharing = self.fleet.sizing(game.name)
+                proc.launch = launch_for(game, self.settings, sharing, game_tier)
         self._worker_tier = tier.for_worker(self.settings.worker.device, cpu_allotment(self.settings, running))
 
     def _publish(self) -> None:
@@ -329,10 +338,19 @@ class Supervisor:
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
                 proc.start("admitted: desired state is running")
+            elif proc.state in (State.STARTING, State.RUNNING) and self._moved(proc.name):
+                proc.stop(f"moving to host {self.fleet.host_of(proc.name)}: it restarts there from its checkpoint")
         elif desired is Desired.RUNNING:
             proc.stop("back to pending: the governor allows fewer games")
         elif desired is Desired.STOPPED:
             proc.stop("stop requested")
+
+    def _moved(self, name: str) -> bool:
+        """On a cluster: the game's slot is now another host's than the one its worker runs on
+        (an adopted worker's host is not known: it stays where it is)."""
+        spawned_on = self._placing.hosts.get(name)
+        host = self.fleet.host_of(name)
+        return spawned_on is not None and host is not None and spawned_on != host
 
     def _awaiting_handover(self, name: str) -> bool:
         """A game admitted in another's slot starts only once that one has stopped: never more
@@ -403,13 +421,16 @@ class Supervisor:
         # Up past startsecs: a crash now may be the host's doing. Before, it is the game's own
         # (bad hyperparameters, a missing env): it never moves the fleet.
         was_running = proc.state is State.RUNNING
+        spawned_at = proc.spawned_wall
         outcome = proc.on_exit(exited.status)
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, on_disk)
         if outcome is not None and outcome.cause == "oom":
-            self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer")
+            self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer", proc.name)
         elif outcome is not None and outcome.cause in ("crash", "hang") and was_running:
             self.fleet.crashed(proc.name)
+        elif outcome is not None and outcome.cause == "node_lost":
+            self.fleet.node_lost(proc.name, spawned_at)
         self._govern()
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:

@@ -3,14 +3,22 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.schemas import HostBootOut, HostList, HostOut
+from fleetd.api.schemas import HostBootOut, HostGovernorOut, HostList, HostOut
+from fleetd.governor.snapshot import HostRung
 from fleetd.store.hosts import read_hosts
 from fleetd.store.records import HostRecord
 
 router = APIRouter(tags=["hosts"])
 
 
-def host_out(host: HostRecord) -> HostOut:
+def governor_out(rung: HostRung | None) -> HostGovernorOut | None:
+    if rung is None:
+        return None
+    return HostGovernorOut(rung=rung.rung, tier=rung.tier, level=rung.level, allowed=rung.allowed, games=list(rung.games),
+                           guests=list(rung.guests), last_backoff=rung.last_backoff, rungs=list(rung.rungs))
+
+
+def host_out(host: HostRecord, rung: HostRung | None = None) -> HostOut:
     downtimes = host.downtimes_s()
     lives = [
         HostBootOut(node_id=boot.node_id, joined_at=boot.joined_at, last_seen_at=boot.last_seen_at,
@@ -21,12 +29,16 @@ def host_out(host: HostRecord) -> HostOut:
         name=host.name, hostname=host.hostname, address=host.address,
         resources={k: float(v) for k, v in host.resources.items()}, joined_at=host.joined_at,
         last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes), lives=lives,
+        governor=governor_out(rung),
     )  # fmt: skip
 
 
 @router.get("/hosts", response_model=HostList)
 def list_hosts(context: AppContext = Depends(get_context)) -> HostList:
-    """The cluster's hosts: each one's Ray node lives (joins until death) and downtime between them."""
+    """The cluster's hosts: each one's Ray node lives (joins until death), downtime between them,
+    and its own governor's rung."""
     with context.db.transaction() as session:
         hosts = read_hosts(session)
-    return HostList(backend=context.settings.cluster.backend, items=[host_out(host) for host in hosts])
+    snapshot = context.snapshot
+    rungs = {} if snapshot is None else {rung.name: rung for rung in snapshot.governor.hosts}
+    return HostList(backend=context.settings.cluster.backend, items=[host_out(host, rungs.get(host.name)) for host in hosts])

@@ -1,0 +1,293 @@
+"""One governor per host on a cluster, with the fake clock, a fake launcher and reactor over a
+real SQLite store: each host climbs its own ladder, a host's reboot steps that host back alone
+(by its own rungs' memory), its games run meanwhile on a host with room, and come home.
+
+Hosts are recorded as the hosts job records them (`observe_nodes`, from what the GCS lists);
+the controller reads them at its steps, as in the daemon. Deterministic: no sleeps, no Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.cli.render import console, hosts_table
+from fleetd.config import Settings, load_settings
+from fleetd.governor.controller import FleetController
+from fleetd.states import State
+from fleetd.store import fleet as fleet_store
+from fleetd.store import games as game_store
+from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
+from fleetd.store.hosts import observe_nodes
+from fleetd.store.records import GameDraft, NodeSeen
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.supervisor import Supervisor
+from fleetd.uptime import record_daemon_start
+from tests.api_context import CATALOG
+from tests.fakes import FakeClock, FakeHost
+from tests.supervision_fakes import FakeLauncher, FakeReactor
+from workers.protocol.reports import ProgressReport
+
+MIN = 60.0
+# start at 2 games per host; the first window 60 min, then 30; long proven after 3 h.
+FLEET = {"tier": "auto", "start_games": 2, "first_window_s": 60 * MIN, "window_s": 30 * MIN,
+         "reboot_outside_after_s": 180 * MIN}  # fmt: skip
+
+
+class NoProbe:
+    def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
+        return False
+
+
+@dataclass
+class Cluster:
+    """Two GPU hosts (and a head that runs no games), their Ray node lives, a supervisor."""
+
+    settings: Settings
+    db: Database
+    clock: FakeClock
+    boot_pk: int
+    launcher: FakeLauncher = field(default_factory=FakeLauncher)
+    lives: dict[str, list[str]] = field(default_factory=lambda: {"head": ["n-head-1"], "a": ["n-a-1"], "b": ["n-b-1"]})
+    down: set[str] = field(default_factory=set)
+    steps_done: int = 0
+    signals_seen: int = 0
+    sup: Supervisor | None = None
+
+    def start(self) -> Supervisor:
+        self.observe()
+        fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=None, cluster=True)
+        recorder = Recorder(self.db, self.clock, self.boot_pk)
+        self.reactor = FakeReactor(self.clock)
+        self.sup = Supervisor(self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, NoProbe(), fleet)
+        self.sup.recover()
+        return self.sup
+
+    @property
+    def fleet(self) -> FleetController:
+        assert self.sup is not None
+        return self.sup.fleet
+
+    def add(self, *names: str) -> None:
+        for name in names:
+            with self.db.transaction() as session:
+                game_store.create_game(session, GameDraft(name, "CartPole-v1", "ppo"), self.clock.now())
+            self.clock.advance(1)  # distinct creation times: admission order is by age
+
+    def observe(self) -> None:
+        """The hosts job: every life the GCS lists, the newest alive unless the host is down."""
+        nodes = []
+        for host, lives in self.lives.items():
+            cpus = 0.0 if host == "head" else 8.0
+            for node_id in lives:
+                alive = node_id == lives[-1] and host not in self.down
+                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, f"fleetd_host_{host}": 1.0}, alive))
+        with self.db.transaction() as session:
+            observe_nodes(session, nodes, self.clock.now())
+
+    def power_cut(self, host: str, seen: bool = True) -> None:
+        """The host's node dies: its workers end `node_lost`, the GCS lists it dead (`seen`:
+        the hosts job has run since)."""
+        assert self.sup is not None
+        self.down.add(host)
+        for name in self.on(host):
+            proc = self.sup.procs[name]
+            if proc.pid is not None and proc.state in (State.STARTING, State.RUNNING):
+                self.reactor.exit(proc.pid, node_lost=True)
+        if seen:
+            self.observe()
+
+    def rejoin(self, host: str) -> None:
+        """The host is back: a new node life."""
+        self.down.discard(host)
+        self.lives[host].append(f"n-{host}-{len(self.lives[host]) + 1}")
+        self.observe()
+
+    def run(self, minutes: float) -> None:
+        """Time passes; every live worker reports progress every minute."""
+        assert self.sup is not None
+        for _ in range(max(1, int(minutes))):
+            self.clock.advance(60)
+            self.steps_done += 1
+            for name, proc in self.sup.procs.items():
+                if proc.pid is not None and proc.run_id is not None and proc.state in (State.STARTING, State.RUNNING):
+                    at = self.clock.now().timestamp()
+                    self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, self.steps_done, 0, 100.0, 0.0, None, None, None))
+            self.sup.step()
+            self.obey_signals()
+        self.sup.step()
+
+    def obey_signals(self) -> None:
+        """Workers told to stop write their final checkpoint and exit 0."""
+        for pid, _ in self.launcher.signals[self.signals_seen :]:
+            if pid in self.reactor.watched:
+                self.reactor.exit(pid, code=0)
+        self.signals_seen = len(self.launcher.signals)
+
+    def on(self, host: str) -> list[str]:
+        return [name for name in self.fleet._on(host)]
+
+    def rung(self, host: str) -> str:
+        return self.fleet.governors[host].rung.label
+
+    def pinned(self, name: str) -> str | None:
+        """The host the newest worker of `name` was launched pinned to."""
+        return [launch.host for launch in self.launcher.launches if launch.game == name][-1]
+
+    def running_on(self, host: str) -> set[str]:
+        assert self.sup is not None
+        return {n for n, p in self.sup.procs.items() if p.state in (State.STARTING, State.RUNNING) and self.pinned(n) == host}
+
+
+@pytest.fixture
+def settings(tmp_path, boot_id_file) -> Settings:
+    return load_settings(state_dir=tmp_path / "state", host={"boot_id_path": boot_id_file}, fleet=FLEET)
+
+
+@pytest.fixture
+def cluster(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Cluster:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    return Cluster(settings, db, clock, start.boot.id)
+
+
+def climbed(cluster: Cluster) -> None:
+    """Homes a: g1 g3 g5, b: g2 g4. After the first window a climbs to 3 games (3x32) and b,
+    wanting no third game, to 4x48 (more envs for its two): b has room for two more."""
+    cluster.add("g1", "g2", "g3", "g4", "g5")
+    cluster.start()
+    cluster.run(1)
+    assert (cluster.on("a"), cluster.on("b")) == (["g1", "g3"], ["g2", "g4"])
+    assert cluster.fleet.view(cluster.sup._slots()).pending == ("g5",)
+    cluster.run(61)
+    assert (cluster.rung("a"), cluster.rung("b")) == ("3x32", "4x48")
+    assert cluster.on("a") == ["g1", "g3", "g5"]
+    assert {n: cluster.pinned(n) for n in ("g1", "g2", "g3", "g4", "g5")} == {"g1": "a", "g2": "b", "g3": "a", "g4": "b", "g5": "a"}
+
+
+def test_games_get_a_home_host_each_and_workers_are_pinned_to_the_host_that_admitted_them(cluster: Cluster) -> None:
+    climbed(cluster)
+    assert "head" not in cluster.fleet.governors  # it offers no CPUs: it runs no games
+    view = cluster.sup.snapshot.governor
+    assert [(h.name, h.rung, h.allowed, h.games) for h in view.hosts] == [
+        ("a", "3x32", 3, ("g1", "g3", "g5")), ("b", "4x48", 4, ("g2", "g4"))
+    ]
+    assert view.allowed == 7 and view.rung == "a 3x32, b 4x48"
+    # Each worker is sized for its own host's rung and the games sharing that host.
+    (a_tier, a_games), (b_tier, b_games) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
+    assert (a_tier.num_envs, a_games, b_tier.num_envs, b_games) == (32, 3, 48, 2)
+
+
+def test_a_reboot_at_an_unproven_rung_steps_that_host_back_alone_and_its_surplus_runs_on_the_other(cluster: Cluster) -> None:
+    climbed(cluster)
+    b_memory = dict(cluster.fleet.governors["b"].memory)
+    cluster.run(10)  # a is at 3x32 for 10 min: not proven there
+
+    cluster.power_cut("a")
+    cluster.run(1)
+    # While a is down, its games run on b as guests as far as b's rung has room (4 games).
+    assert cluster.on("a") == [] and len(cluster.on("b")) == 4
+    assert cluster.running_on("b") >= {"g2", "g4"}
+    cluster.rejoin("a")
+    cluster.run(1)
+
+    assert cluster.rung("a") == "2x32 (light)"  # back to its highest proven rung
+    assert cluster.rung("b") == "4x48" and cluster.fleet.governors["b"].memory == b_memory
+    # a holds two of its own again; its third runs on b, which has room under b's rung.
+    assert len(cluster.on("a")) == 2 and set(cluster.on("a")) < {"g1", "g3", "g5"}
+    (guest,) = {"g1", "g3", "g5"} - set(cluster.on("a"))
+    assert set(cluster.on("b")) == {"g2", "g4", guest}
+    cluster.run(2)
+    assert cluster.running_on("b") == {"g2", "g4", guest} and cluster.running_on("a") == set(cluster.on("a"))
+    events = _events(cluster, "fleet_backoff")
+    assert len(events) == 1 and events[0].message.startswith("host a: back-off after reboot (at 3x32, not proven)")
+    assert events[0].details == {"host": "a"}
+
+
+def test_a_reboot_at_a_rung_proven_for_long_is_an_outside_event_and_every_game_comes_back_home(cluster: Cluster) -> None:
+    climbed(cluster)
+    cluster.run(7 * 60)  # both at the top of the ladder, proven there for long
+    a_rung, b_rung = cluster.rung("a"), cluster.rung("b")
+    assert a_rung == b_rung == "8x256 (heavy)"
+    assert cluster.on("a") == ["g1", "g3", "g5"]
+
+    cluster.power_cut("a")
+    cluster.run(1)
+    assert cluster.on("a") == []
+    cluster.rejoin("a")
+    cluster.run(2)
+
+    assert (cluster.rung("a"), cluster.rung("b")) == (a_rung, b_rung)
+    assert sorted(cluster.on("a")) == ["g1", "g3", "g5"] and cluster.on("b") == ["g2", "g4"]
+    assert cluster.running_on("a") == {"g1", "g3", "g5"} and cluster.running_on("b") == {"g2", "g4"}
+    assert [e.message.split(":")[0] for e in _events(cluster, "fleet_reboot_outside")] == ["host a"]
+    assert _events(cluster, "fleet_backoff") == []
+
+
+def test_a_run_lost_with_its_node_moves_the_hosts_games_before_the_hosts_job_sees_it_dead(cluster: Cluster) -> None:
+    climbed(cluster)
+    cluster.power_cut("a", seen=False)
+    cluster.run(1)
+    assert cluster.on("a") == [] and len(cluster.on("b")) == 4
+    assert all(cluster.pinned(n) == "b" for n in cluster.on("b"))
+    assert not {h.name: h.alive for h in cluster.sup.snapshot.governor.hosts}["a"]
+
+
+def test_crashes_of_running_games_count_against_the_host_they_ran_on(cluster: Cluster) -> None:
+    climbed(cluster)
+    for name in ("g1", "g3"):  # two running games on a crash within the crash window
+        cluster.reactor.exit(cluster.sup.procs[name].pid, code=1)
+        cluster.run(1)
+    assert cluster.rung("a") == "2x32 (light)" and cluster.rung("b") == "4x48"
+
+
+def test_each_hosts_rung_and_memory_survive_a_controller_reload(cluster: Cluster, settings: Settings) -> None:
+    climbed(cluster)
+    cluster.run(10)
+    cluster.power_cut("a")
+    cluster.rejoin("a")
+    cluster.run(1)
+    before = {h: (g.rung.label, g.memory, g.state.stable_since) for h, g in cluster.fleet.governors.items()}
+    placed = {n: cluster.fleet.host_of(n) for n in ("g1", "g2", "g3", "g4", "g5")}
+
+    reloaded = FleetController(settings.fleet, cluster.db, cluster.clock, telemetry=None, cluster=True)
+    assert {h: (g.rung.label, g.memory, g.state.stable_since) for h, g in reloaded.governors.items()} == before
+    assert {n: reloaded.host_of(n) for n in placed} == placed
+    # The life a's governor accounted for is stored: the reload is no second reboot.
+    reloaded.govern(cluster.sup._slots())
+    assert reloaded.governors["a"].rung.label == before["a"][0] and len(_events(cluster, "fleet_backoff")) == 1
+    with cluster.db.transaction() as session:
+        assert set(fleet_store.read_rungs(session, "a")) >= {(2, 32), (3, 32)}
+        assert fleet_store.read_rungs(session, "") == {} or (3, 32) not in fleet_store.read_rungs(session, "")
+
+
+def test_each_hosts_rung_in_the_hosts_api_and_fleetd_hosts(cluster: Cluster) -> None:
+    climbed(cluster)
+    cluster.run(10)
+    cluster.power_cut("a")
+    cluster.rejoin("a")
+    cluster.run(1)
+    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
+    context = AppContext(cluster.settings, cluster.db, cluster.clock, "t" * 32, info, CATALOG, cluster.sup)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    document = client.get("/api/v1/hosts").json()
+    hosts = {h["name"]: h for h in document["items"]}
+    assert hosts["head"]["governor"] is None  # no CPUs: no games, no governor
+    a, b = hosts["a"]["governor"], hosts["b"]["governor"]
+    assert (a["rung"], a["allowed"], len(a["games"]), a["guests"]) == ("2x32 (light)", 2, 2, [])
+    assert (b["rung"], b["allowed"], len(b["games"]), len(b["guests"])) == ("4x48", 4, 3, 1)
+    assert a["last_backoff"] is not None and "reboot" in a["last_backoff"] and b["last_backoff"] is None
+    assert any(line.startswith("3x32") and "failed 1x" in line for line in a["rungs"])
+    assert hosts["a"]["boots"] == 2
+    with console.capture() as captured:
+        console.print(hosts_table(document))
+    assert "2x32 (light)" in captured.get() and "3/4, 1 guests" in captured.get()
+
+
+def _events(cluster: Cluster, kind: str) -> list:
+    with cluster.db.transaction() as session:
+        return read_events(session, EventFilter(kind=kind, limit=100))
