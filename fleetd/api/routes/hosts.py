@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Depends
 
 from fleetd.api.context import AppContext, get_context
@@ -10,8 +12,9 @@ from fleetd.store.records import HostRecord
 router = APIRouter(tags=["hosts"])
 
 
-def host_out(host: HostRecord) -> HostOut:
+def host_out(host: HostRecord, now: datetime) -> HostOut:
     downtimes = host.downtimes_s()
+    current = host.boots[-1] if host.alive and host.boots and host.boots[-1].ended_at is None else None
     lives = [
         HostBootOut(node_id=boot.node_id, joined_at=boot.joined_at, last_seen_at=boot.last_seen_at,
                     ended_at=boot.ended_at, downtime_before_s=downtimes[i - 1] if i else None)
@@ -20,7 +23,8 @@ def host_out(host: HostRecord) -> HostOut:
     return HostOut(
         name=host.name, hostname=host.hostname, address=host.address,
         resources={k: float(v) for k, v in host.resources.items()}, joined_at=host.joined_at,
-        last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes), lives=lives,
+        last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes),
+        uptime_s=max(0.0, (now - current.joined_at).total_seconds()) if current else None, games=list(host.games), lives=lives,
     )  # fmt: skip
 
 
@@ -29,4 +33,5 @@ def list_hosts(context: AppContext = Depends(get_context)) -> HostList:
     """The cluster's hosts: each one's Ray node lives (joins until death) and downtime between them."""
     with context.db.transaction() as session:
         hosts = read_hosts(session)
-    return HostList(backend=context.settings.cluster.backend, items=[host_out(host) for host in hosts])
+    now = context.clock.now()
+    return HostList(backend=context.settings.cluster.backend, items=[host_out(host, now) for host in hosts])
