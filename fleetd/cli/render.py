@@ -93,12 +93,12 @@ def events_table(events: list[dict[str, Any]]) -> Table:
 
 def hosts_table(document: dict[str, Any]) -> Table:
     table = Table(title=f"Cluster hosts ([cluster] backend = {document['backend']}, UTC)")
-    for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "resources"):
+    for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "games", "resources"):
         table.add_column(column)
     for host in document["items"]:
         resources = ", ".join(f"{k}={v:g}" for k, v in sorted(host["resources"].items()) if not k.startswith("node:"))
         table.add_row(host["name"], host["address"], "yes" if host["alive"] else "no", when(host["joined_at"]),
-                      when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", resources,
+                      when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", str(len(host["games"])), resources,
                       style="" if host["alive"] else "red")
     return table
 
