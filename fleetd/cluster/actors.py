@@ -140,13 +140,13 @@ class RunActor:
     def _run_worker(self) -> None:
         """Starts the worker and waits for it, from this one thread: the parent-death signal
         fires when the thread that forked exits, so this thread outlives the worker."""
-        from fleetd.supervision.launcher import _worker_env
+        from fleetd.supervision.launcher import worker_env
 
         try:
             with open(self._log_path, "ab") as log, open(os.devnull, "rb") as devnull:
                 self._child = subprocess.Popen(
                     self._argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-                    env=_worker_env(self._cpu_threads), start_new_session=True, preexec_fn=_die_with_parent,
+                    env=worker_env(self._cpu_threads), start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
         except OSError as exc:
             self._finish({"code": None, "signal": None, "error": f"could not start the worker: {exc}"})
