@@ -7,12 +7,16 @@ for every test costs more than most of these tests themselves.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import uvicorn
 
+from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
@@ -24,6 +28,7 @@ from fleetd.store.games import read_games
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
 from fleetd.uptime import record_daemon_start
+from tests.daemon_harness import free_port
 from tests.fakes import FakeClock, FakeHost
 
 CATALOG = EnvCatalog()  # the real registries, listed once per test session
@@ -82,3 +87,22 @@ def shared_context(root: Path, token: str, busy_timeout_ms: int = 5000) -> Itera
         yield api_context(settings, db, clock, FakeHost(clock), token)
     finally:
         db.close()
+
+
+@contextmanager
+def serving(context: AppContext) -> Iterator[str]:
+    """uvicorn in a thread on a loopback port: requests arrive as they would in the daemon."""
+    port = free_port()
+    config = uvicorn.Config(create_app(context), host="127.0.0.1", port=port, log_config=None, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -6,7 +6,7 @@ import signal
 from dataclasses import dataclass, field
 
 from fleetd.states import State
-from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Reported, Spawned
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
 from tests.fakes import FakeClock
 from workers.protocol.reports import Report
 
@@ -106,3 +106,7 @@ class FakeReactor:
 
     def report(self, report: Report) -> None:
         self.queued.append(Reported(report))
+
+    def locate(self, pid: int, node_id: str) -> None:
+        """The cluster said where this run's worker is (the Ray executor's `where`)."""
+        self.queued.append(Located(pid, node_id))

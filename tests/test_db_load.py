@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
@@ -28,8 +27,7 @@ from fleetd.store.events import create_event
 from fleetd.store.games import create_game, update_game_state, update_games_progress
 from fleetd.store.records import GameDraft, ProgressSnapshot
 from fleetd.store.samples import create_game_samples, create_metric_rows
-from tests.api_context import CATALOG, shared_context
-from tests.daemon_harness import free_port
+from tests.api_context import CATALOG, serving, shared_context
 
 TOKEN = "l" * 32
 GAMES = [f"g{i}" for i in range(8)]
@@ -67,25 +65,6 @@ def _is_busy_503(response: httpx.Response) -> bool:
         and set(error) == {"code", "message", "details"}
         and response.headers.get("Retry-After") == "1"
     )
-
-
-@contextmanager
-def serving(context: AppContext) -> Iterator[str]:
-    """uvicorn in a thread on a loopback port: requests arrive as they would in the daemon."""
-    port = free_port()
-    config = uvicorn.Config(create_app(context), host="127.0.0.1", port=port, log_config=None, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def seed(context: AppContext) -> None:

@@ -139,6 +139,12 @@ def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None
     hosts = fleet.hosts()
     assert hosts["head"]["governor"] is None  # no CPUs: no games, no governor
     assert {g: [h for h in ("a", "b") if g in hosts[h]["governor"]["games"]] for g in GAMES} == where
+    # The API names each game's host (the node its actor told the daemon), and each host its games.
+    for game in GAMES:
+        fleet.wait(lambda g=game: fleet.daemon.game(g)["host"] == where[g][0], f"{game}'s host in the API")
+    assert {name: host["games"] for name, host in fleet.hosts().items()} == {
+        "head": [], where["ga"][0]: ["ga"], where["gb"][0]: ["gb"]
+    }
     # The run's recorded command line names its actor: how a restarted daemon finds it.
     run = fleet.daemon.runs("ga")[0]
     assert run["cause"] is None and run["log_path"].startswith(str(fleet.config.root / "storage"))
@@ -162,6 +168,7 @@ def test_a_nodes_power_cut_moves_its_games_to_the_other_node_from_their_checkpoi
         assert resumed["id"] > before[game]
         # From its newest checkpoint in shared storage (or one written later, before the cut).
         assert resumed["resumed_from_steps"] is not None and resumed["resumed_from_steps"] >= newest[game], resumed
+        fleet.wait(lambda g=game: fleet.daemon.game(g)["host"] == survivor, f"{game}'s host moved to {survivor}")
     for game in stayed:
         run = fleet.daemon.runs(game)[0]
         assert run["id"] == before[game] and run["cause"] is None, run
@@ -180,6 +187,7 @@ def test_a_restarted_daemon_adopts_the_same_actors_and_no_game_runs_twice(fleet:
         steps = daemon.game(game)["steps"]
         fleet.wait(lambda g=game, s=steps: daemon.game(g)["steps"] > s, f"{game} reporting to the new daemon")
         assert len(fleet.node_of(game)) == 1, f"{game} runs twice: {fleet.node_of(game)}"
+        assert daemon.game(game)["host"] == fleet.node_of(game)[0]
     assert [r for g in GAMES for r in daemon.runs(g) if r["id"] > max(r["id"] for r in before.values())] == []
 
 
@@ -197,6 +205,7 @@ def test_the_cut_host_rejoins_with_its_downtime_in_its_boot_history(fleet: Fleet
     assert [r["cause"] for g in GAMES for r in fleet.daemon.runs(g)[:1]] == ["stopped", "stopped"]
     survivor = "b" if fleet.victim == "a" else "a"
     rungs = {name: h["governor"]["rung"] for name, h in fleet.hosts().items() if h["governor"]}
+    assert [fleet.daemon.game(g)["host"] for g in GAMES] == [None, None]
     fleet.cluster.restart_node(fleet.victim)
     host = fleet.wait(lambda: (h := fleet.hosts()[fleet.victim])["boots"] == 2 and h["alive"] and h, "the host back")
     # Its new life is its own reboot, at a rung never proven (windows are 25 min): that host

@@ -78,16 +78,22 @@ NODE = "/usr/bin/node"
 WEB = Path(__file__).resolve().parents[1] / "fleetd" / "web"
 
 
-def nice_ticks(lo: float, hi: float) -> list[float]:
-    """The page's niceTicks, run by node from app.js itself."""
+def page_function(name: str, call: str, needs: tuple[str, ...] = ()) -> object:
+    """One of the page's functions, run by node from app.js itself (with the one-line helpers
+    it `needs`), called as `call`; its JSON result."""
     if shutil.which(NODE) is None:
         pytest.skip("needs node to run the page's function")
     script = (WEB / "app.js").read_text()
-    start = script.index("  function niceTicks(")
+    start = script.index(f"  function {name}(")
     source = script[start:script.index("\n  }\n", start) + 4]
-    program = source + f"\nconsole.log(JSON.stringify(niceTicks({lo}, {hi})));"
+    helpers = [next(line for line in script.splitlines() if line.startswith(f"  const {need} = ")) for need in needs]
+    program = "\n".join([*helpers, source, f"console.log(JSON.stringify({call}));"])
     result = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True)
     return json.loads(result.stdout)
+
+
+def nice_ticks(lo: float, hi: float) -> list[float]:
+    return page_function("niceTicks", f"niceTicks({lo}, {hi})")
 
 
 @pytest.mark.parametrize(
@@ -104,3 +110,17 @@ def test_plot_axis_ticks_are_round_values_covering_the_data(lo: float, hi: float
     got = nice_ticks(lo, hi)
     assert got == ticks
     assert got[0] <= lo and got[-1] >= hi
+
+
+@pytest.mark.parametrize(
+    ("rung", "shown"),
+    [
+        ("4x32", "4x32"),
+        ({"tier": "medium", "level": 2}, "medium tier · level 2"),
+        ({"rung": "2x64", "tier": "light", "level": 0}, "2x64 · light tier · level 0"),
+        ({"games": 3}, "games 3"),
+    ],
+)
+def test_a_host_rung_is_shown_in_whatever_shape_the_api_gives_it(rung: object, shown: str) -> None:
+    # GET /hosts gives each host its governor ({rung, tier, level, allowed, games, ...}); the card names its rung.
+    assert page_function("fmtRung", f"fmtRung({json.dumps(rung)})", needs=("isNum",)) == shown

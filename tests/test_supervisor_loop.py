@@ -18,13 +18,14 @@ from fleetd.config import Settings
 from fleetd.games import set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
+from fleetd.jobs import hosts_job
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
 from fleetd.store.fleet import update_fleet_requested
-from fleetd.store.records import GameDraft
+from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
 from fleetd.supervision.supervisor import Reconcile, Shutdown, StartGame, Supervisor
@@ -315,6 +316,41 @@ def test_the_api_shows_what_the_supervisor_published(loop: Loop) -> None:
     metrics = client.get("/metrics").text
     assert 'fleetd_game_state{game="c",state="pending"} 1.0' in metrics
     assert "1 pending" in loop.sup.summary()
+
+
+def test_a_run_located_on_a_cluster_node_shows_its_host_in_the_games_and_hosts_api(loop: Loop) -> None:
+    """The Ray executor says where each run's actor is; the run records the node id, and the API
+    names the host of that node (a life of it recorded by the hosts job) on the game and lists
+    the game on the host. Nothing moves: a run never located, or on the local executor, has no host."""
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    hosts_job(loop.db, loop.clock, lambda: [
+        NodeSeen("n-gpu1", "gpu1", "vm1", "10.0.0.7", {"CPU": 4.0, "GPU": 1.0, "fleetd_host_gpu1": 1.0}, True),
+        NodeSeen("n-gpu2", "gpu2", "vm2", "10.0.0.8", {"CPU": 2.0, "fleetd_host_gpu2": 1.0}, True),
+    ])  # fmt: skip
+    loop.reactor.locate(loop.pid("a"), "n-gpu1")
+    loop.steps()
+    with loop.db.transaction() as session:
+        assert [run.node_id for run in run_store.read_open_runs(session)] == ["n-gpu1", None]
+    loop.clock.advance(90)
+    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
+                         EnvCatalog(), loop.sup)  # fmt: skip
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    games = {g["name"]: g for g in client.get("/api/v1/games").json()["items"]}
+    assert (games["a"]["host"], games["b"]["host"]) == ("gpu1", None)
+    assert client.get("/api/v1/games/a").json()["host"] == "gpu1"
+    hosts = {h["name"]: h for h in client.get("/api/v1/hosts").json()["items"]}
+    assert (hosts["gpu1"]["games"], hosts["gpu2"]["games"]) == (["a"], [])
+    assert hosts["gpu1"]["uptime_s"] >= 90.0
+    # Its run ends (the node died): no longer on that host, in either answer.
+    loop.reactor.exit(loop.pid("a"), node_lost=True)
+    loop.steps()
+    assert client.get("/api/v1/games/a").json()["host"] is None
+    assert client.get("/api/v1/hosts").json()["items"][0]["games"] == []
 
 
 def test_two_games_crashing_at_start_up_until_fatal_leave_the_level_and_the_others_alone(loop: Loop) -> None:

@@ -86,6 +86,8 @@ class HostOut(Out):
     alive: bool
     boots: int = Field(description="lives of its Ray node: joins of the cluster")
     downtime_s: float = Field(description="total time between its lives")
+    uptime_s: float | None = Field(description="its current life's: since its node joined; null while the host is down")
+    games: list[str] = Field(description="the games whose current run is on this host, by name")
     lives: list[HostBootOut]
     governor: HostGovernorOut | None = Field(None, description="its own rung; null when it runs no games (no CPUs) or before the first step")
 
@@ -221,6 +223,9 @@ class GameOut(Out):
     target_episodes: int | None
     checkpoint_interval_s: float | None
     hyperparams: dict[str, Any]
+    host: str | None = Field(
+        default=None, description="the cluster host its current run is on ([cluster] backend = \"ray\"); null on the local executor or until located"
+    )
 
 
 class GameList(Out):

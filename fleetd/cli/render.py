@@ -99,7 +99,7 @@ def hosts_table(document: dict[str, Any]) -> Table:
         resources = ", ".join(f"{k}={v:g}" for k, v in sorted(host["resources"].items()) if not k.startswith("node:"))
         governor = host.get("governor")
         rung = "-" if governor is None else f"{governor['rung']} ({governor['tier']})"
-        games = "-" if governor is None else f"{len(governor['games'])}/{governor['allowed']}" + (
+        games = str(len(host.get("games", []))) if governor is None else f"{len(governor['games'])}/{governor['allowed']}" + (
             f", {len(governor['guests'])} guests" if governor["guests"] else "")
         table.add_row(host["name"], host["address"], "yes" if host["alive"] else "no", when(host["joined_at"]),
                       when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", rung, games, resources,

@@ -31,7 +31,7 @@ from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
 from fleetd.config import Settings
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
-from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Reported, Spawned
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
 from workers.protocol.reports import ReportError, decode_report
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class RayExecutor:
         self._runs: dict[int, _Run] = {}  # watched runs by handle (run id)
         self._ended: dict[int, _Run] = {}  # exited, until the supervisor's last SIGKILL ends the actor
         self._adoptable: dict[int, _Run] = {}  # found alive by the probe, not yet watched
+        self._located: list[Located] = []  # runs whose node became known, for the next wait
         self._refs: dict[Any, tuple[str, int]] = {}  # ObjectRef -> ("wait" | "where", handle)
         self._hub_ref: Any | None = None
         self._hub_due = 0.0
@@ -201,6 +202,8 @@ class RayExecutor:
         if run is None:
             return False
         self._track(pid, run)
+        if run.node_id is not None:  # the probe asked where it is: recorded with the adoption
+            self._located.append(Located(pid, run.node_id))
         return True
 
     def wake(self) -> None:
@@ -214,7 +217,7 @@ class RayExecutor:
         while True:
             self._ask_hub()
             refs = list(self._refs)
-            left = deadline - time.monotonic()
+            left = 0.0 if self._located else deadline - time.monotonic()  # one is waiting to be told
             ready = []
             if refs:
                 ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, min(WAKE_SLICE_S, left)), fetch_local=False)
@@ -286,6 +289,7 @@ class RayExecutor:
 
     def _collect(self, ready: list[Any]) -> list[Happening]:
         reports: list[Happening] = []
+        located, self._located = self._located, []
         exits: list[Happening] = []
         for ref in ready:
             entry = self._refs.pop(ref, None)
@@ -295,12 +299,14 @@ class RayExecutor:
             if kind == "hub":
                 reports.extend(self._take_reports(ref))
             elif kind == "where":
-                self._located(handle, ref)
+                where = self._where(handle, ref)
+                if where is not None:
+                    located.append(where)
             else:
                 exited = self._exited(handle, ref)
                 if exited is not None:
                     exits.append(exited)
-        return reports + exits  # a run's last reports before its exit, as the worker sent them
+        return located + reports + exits  # a run's last reports before its exit, as the worker sent them
 
     def _take_reports(self, ref: Any) -> list[Reported]:
         self._hub_ref = None
@@ -321,15 +327,17 @@ class RayExecutor:
                 log.warning("ignored a malformed progress report: %s", exc)
         return reports
 
-    def _located(self, handle: int, ref: Any) -> None:
+    def _where(self, handle: int, ref: Any) -> Located | None:
         run = self._runs.get(handle)
         try:
             where = ray.get(ref)
         except RayError:
-            return  # the actor died: its wait says how
-        if run is not None:
-            run.node_id = where["node_id"]
-            log.info("%s runs on node %s (%s), worker pid %s", run.name, where["node_id"][:12], where["hostname"], where["pid"])
+            return None  # the actor died: its wait says how
+        if run is None:
+            return None
+        run.node_id = where["node_id"]
+        log.info("%s runs on node %s (%s), worker pid %s", run.name, where["node_id"][:12], where["hostname"], where["pid"])
+        return Located(handle, where["node_id"])
 
     def _exited(self, handle: int, ref: Any) -> Exited | None:
         run = self._runs[handle]

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import Desired, State
 from fleetd.store.checkpoints import read_newest_verified_many
+from fleetd.store.hosts import host_names
 from fleetd.store.mapping import to_record
 from fleetd.store.models import Checkpoint, Game, Run
 from fleetd.store.records import CheckpointRecord, GameDraft, GameFigures, GamePosition, GameRecord, ProgressSnapshot
@@ -35,7 +36,8 @@ def _records(session: Session, rows: list[Game]) -> list[GameRecord]:
         chunk = ids[start : start + _IN_CHUNK]
         runs.update(_open_runs(session, chunk))
         checkpoints.update(read_newest_verified_many(session, chunk))
-    return [_build(row, runs.get(row.id), checkpoints.get(row.id)) for row in rows]
+    hosts = host_names(session, {run.node_id for run in runs.values() if run.node_id})
+    return [_build(row, runs.get(row.id), checkpoints.get(row.id), hosts) for row in rows]
 
 
 def _open_runs(session: Session, ids: list[int]) -> dict[int, Run]:
@@ -43,7 +45,9 @@ def _open_runs(session: Session, ids: list[int]) -> dict[int, Run]:
     return {run.game_id: run for run in session.scalars(query)}  # the newest open run wins
 
 
-def _build(row: Game, open_run: Run | None, last_checkpoint: CheckpointRecord | None) -> GameRecord:
+def _build(
+    row: Game, open_run: Run | None, last_checkpoint: CheckpointRecord | None, hosts: dict[str, str]
+) -> GameRecord:
     return to_record(
         GameRecord,
         row,
@@ -52,6 +56,7 @@ def _build(row: Game, open_run: Run | None, last_checkpoint: CheckpointRecord | 
         hyperparams=dict(row.hyperparams or {}),
         current_run=run_record(open_run, row.name) if open_run else None,
         last_checkpoint=last_checkpoint,
+        host=hosts.get(open_run.node_id) if open_run and open_run.node_id else None,
     )
 
 

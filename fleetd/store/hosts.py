@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from fleetd.store.models import Host, HostBoot
+from fleetd.store.models import Game, Host, HostBoot, Run
 from fleetd.store.records import HostBootRecord, HostLife, HostRecord, NodeSeen
 
 
@@ -48,15 +48,30 @@ def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> lis
     return lost
 
 
+def host_names(session: Session, node_ids: set[str]) -> dict[str, str]:
+    """The host of each of these Ray node ids that a life of a host recorded."""
+    if not node_ids:
+        return {}
+    query = select(HostBoot.node_id, Host.name).join(Host, Host.id == HostBoot.host_id)
+    return {node_id: name for node_id, name in session.execute(query.where(HostBoot.node_id.in_(node_ids)))}
+
+
 def read_hosts(session: Session) -> list[HostRecord]:
     boots: dict[int, list[HostBootRecord]] = {}
+    host_of_node: dict[str, int] = {}
     for row in session.scalars(select(HostBoot).order_by(HostBoot.id)):
         boots.setdefault(row.host_id, []).append(
             HostBootRecord(row.node_id, row.joined_at, row.last_seen_at, row.ended_at)
         )
+        host_of_node[row.node_id] = row.host_id
+    games: dict[int, list[str]] = {}
+    query = select(Run.node_id, Game.name).join(Game, Game.id == Run.game_id)
+    for node_id, game in session.execute(query.where(Run.ended_at.is_(None), Run.node_id.is_not(None))):
+        if node_id in host_of_node:
+            games.setdefault(host_of_node[node_id], []).append(game)
     return [
         HostRecord(row.name, row.hostname, row.address, dict(row.resources), row.joined_at, row.last_seen_at,
-                   row.alive, tuple(boots.get(row.id, [])))
+                   row.alive, tuple(boots.get(row.id, [])), tuple(sorted(set(games.get(row.id, [])))))
         for row in session.scalars(select(Host).order_by(Host.name))
     ]
 

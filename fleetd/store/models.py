@@ -195,6 +195,8 @@ class Run(Base):
     resumed_from_steps: Mapped[int | None]
     adoptions: Mapped[int] = mapped_column(default=0)
     gpu: Mapped[int | None]  # the GPU (NVML index) the run was placed on; None: not placed
+    # The Ray node its actor runs on ([cluster] backend = "ray"); None: local, or not located yet.
+    node_id: Mapped[str | None] = mapped_column(String(64))
 
 
 class Checkpoint(Base):

@@ -63,6 +63,7 @@ class RunRecord:
     resumed_from_steps: int | None
     adoptions: int
     gpu: int | None = None  # the GPU (NVML index) it was placed on; None: not placed
+    node_id: str | None = None  # the Ray node its actor runs on; None: local, or not located yet
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class GameRecord:
     current_run: RunRecord | None  # the run still open, if a worker is (or may be) alive
     last_checkpoint: CheckpointRecord | None  # the newest verified one
     eval_return: float | None = None  # the latest evaluation's mean return (None: none yet)
+    host: str | None = None  # the cluster host its open run is on; None: local, or not located yet
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,7 @@ class HostRecord:
     last_seen_at: datetime
     alive: bool
     boots: tuple[HostBootRecord, ...]  # oldest first
+    games: tuple[str, ...] = ()  # the games whose open run is on one of its nodes, by name
 
     def downtimes_s(self) -> list[float]:
         """Between each life and the next: from last seen alive to back in the cluster."""

@@ -38,6 +38,11 @@ def update_run_ended(
     session.flush()
 
 
+def update_run_located(session: Session, run_id: int, node_id: str) -> None:
+    session.get_one(Run, run_id).node_id = node_id
+    session.flush()
+
+
 def update_run_resumed(session: Session, run_id: int, steps: int | None) -> None:
     session.get_one(Run, run_id).resumed_from_steps = steps
     session.flush()

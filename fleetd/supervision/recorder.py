@@ -57,6 +57,10 @@ class Recorder:
                 session, run_id, spawned.pid, spawned.start_time, list(spawned.cmdline), spawned.log_path, spawned.gpu
             )
 
+    def run_located(self, run_id: int, node_id: str) -> None:
+        with self.db.transaction() as session:
+            run_store.update_run_located(session, run_id, node_id)
+
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         with self.db.transaction() as session:
             run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)

@@ -79,7 +79,15 @@ class Reported:
     report: Report
 
 
-Happening = Exited | Reported
+@dataclass(frozen=True)
+class Located:
+    """Where a run is: the cluster node its worker runs on (the Ray executor says so once it knows)."""
+
+    pid: int
+    node_id: str
+
+
+Happening = Exited | Reported | Located
 
 
 class LaunchError(Exception):

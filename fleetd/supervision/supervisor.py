@@ -34,7 +34,9 @@ from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Reactor, Reported, Spawned
+from fleetd.supervision.seams import (
+    Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported, Spawned,
+)  # fmt: skip
 from fleetd.supervision.spec import cpu_allotment, launch_for
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
 from workers.protocol.spec import RunSpec, Sizes, SpecError, TierDefaults
@@ -245,6 +247,8 @@ class Supervisor:
             self._next_due = self.clock.monotonic()
         elif isinstance(happening, Reported):
             self._on_report(happening.report)
+        elif isinstance(happening, Located):
+            self._on_located(happening)
 
     def _tick_all(self) -> None:
         for proc in list(self.procs.values()):
@@ -432,6 +436,11 @@ class Supervisor:
         elif outcome is not None and outcome.cause == "node_lost":
             self.fleet.node_lost(proc.name, spawned_at)
         self._govern()
+
+    def _on_located(self, located: Located) -> None:
+        proc = next((p for p in self.procs.values() if p.pid == located.pid), None)
+        if proc is not None and proc.run_id is not None:
+            self.recorder.run_located(proc.run_id, located.node_id)
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
         proc = self.procs.get(report.game)

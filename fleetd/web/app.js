@@ -425,7 +425,10 @@
     return h('td', { class: 'r num', title: projection.eta_at ? 'at ' + fmtTime(projection.eta_at) : '' }, fmtHours(projection.eta_hours));
   }
 
+  let onCluster = false; // hosts recorded: the games table names each game's host
+
   function renderGames(games, projectionByName) {
+    $('games-host').hidden = !onCluster;
     const body = $('games-body');
     body.replaceChildren();
     for (const g of games) {
@@ -438,6 +441,7 @@
           g.desired === 'stopped' && g.state !== 'exited' ? h('span', { class: 'muted small' }, ' → stop') : null,
           g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null),
         h('td', { class: 'r num' }, g.pid === null || g.pid === undefined ? DASH : String(g.pid)),
+        h('td', { class: 'host-col', hidden: !onCluster }, g.host || DASH),
         h('td', { class: 'r num' }, fmtInt(g.steps)),
         h('td', { class: 'r num' }, fmtInt(g.episodes)),
         h('td', { class: 'r num' }, fmtNum(g.episodes_per_hour, 0)),
@@ -632,6 +636,86 @@
         h('td', { class: b.reboot.clean ? 'muted' : 'bad' }, b.reboot.clean ? 'clean' : 'unclean')))))));
   }
 
+  // ---------------------------------------------------------------- cluster hosts
+
+  const HOST_GAMES_SHOWN = 24; // names per host card; the rest are counted
+  const HIDDEN_RESOURCES = /^(node:|fleetd_host_|memory$|object_store_memory$|accelerator_type:)/;
+
+  function fmtResources(resources) {
+    const r = resources || {};
+    const parts = [];
+    if (isNum(r.CPU)) parts.push(fmtNum(r.CPU, Number.isInteger(r.CPU) ? 0 : 1) + ' CPU');
+    if (isNum(r.GPU)) parts.push(fmtNum(r.GPU, Number.isInteger(r.GPU) ? 0 : 1) + ' GPU');
+    for (const [key, value] of Object.entries(r).sort()) {
+      if (key === 'CPU' || key === 'GPU' || HIDDEN_RESOURCES.test(key)) continue;
+      parts.push(key + ' ' + fmtCompact(value));
+    }
+    if (isNum(r.memory)) parts.push(fmtBytes(r.memory) + ' memory');
+    return parts.join(' · ') || DASH;
+  }
+
+  // A host's own governor's rung (GET /hosts `governor`): a name, or {rung, tier, level, ...}.
+  function fmtRung(rung) {
+    if (rung === null || typeof rung !== 'object') return String(rung);
+    const parts = [];
+    if (rung.rung) parts.push(String(rung.rung));
+    if (rung.tier) parts.push(rung.tier + ' tier');
+    if (isNum(rung.level)) parts.push('level ' + rung.level);
+    if (parts.length) return parts.join(' · ');
+    return Object.entries(rung).map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(' · ');
+  }
+
+  function hostCard(host, nowMs) {
+    const lives = host.lives || [];
+    const current = host.alive ? lives[lives.length - 1] : null;
+    const list = h('dl', { class: 'facts' });
+    fact(list, 'resources', h('span', { class: 'num' }, fmtResources(host.resources)));
+    if (host.alive) {
+      fact(list, 'up', h('span', { class: 'num' }, fmtDuration(host.uptime_s)),
+        current ? h('span', { class: 'muted small' }, ' since ' + fmtTime(current.joined_at)) : null);
+    } else {
+      fact(list, 'lost', h('span', { class: 'bad num' }, 'down ' + fmtDuration((nowMs - toMs(host.last_seen_at)) / 1000)),
+        h('span', { class: 'muted small' }, ' since ' + fmtTime(host.last_seen_at)));
+    }
+    fact(list, 'joined', h('span', { class: 'num' }, fmtTime(host.joined_at)), h('span', { class: 'muted small' }, ' first'));
+    const seenAgo = Math.max(0, nowMs - toMs(host.last_seen_at)) / 1000; // a clock a hair ahead is "0 s ago"
+    fact(list, 'last seen', h('span', { class: 'num' }, fmtDuration(seenAgo) + ' ago'), h('span', { class: 'muted small' }, ' at ' + fmtTime(host.last_seen_at, { seconds: true })));
+    const reboots = Math.max(0, (host.boots || 0) - 1);
+    fact(list, 'lives', h('span', { class: 'num' + (reboots > 0 ? ' warn' : '') }, fmtInt(host.boots) + ' boots · ' + fmtInt(reboots) + (reboots === 1 ? ' reboot' : ' reboots')));
+    fact(list, 'downtime', h('span', { class: 'num' }, fmtDuration(host.downtime_s)), h('span', { class: 'muted small' }, ' in all, between lives'));
+    const gov = host.governor; // its own governor (a host with CPUs on a cluster), else null
+    if (gov) {
+      const held = fmtInt((gov.games || []).length) + '/' + fmtInt(gov.allowed) + ' games held'
+        + ((gov.guests || []).length ? ', ' + fmtInt(gov.guests.length) + ' guests' : '');
+      fact(list, 'rung', h('span', { 'data-rung': '' }, fmtRung(gov)), h('span', { class: 'muted small' }, ' · ' + held));
+    }
+    const games = host.games || [];
+    const shown = games.slice(0, HOST_GAMES_SHOWN);
+    fact(list, 'games', h('span', { class: 'num' }, fmtInt(games.length)), ' ',
+      h('span', { class: 'host-games' }, shown.map((name) => h('a', { href: '#game=' + encodeURIComponent(name), 'data-game': name, title: 'its recent log lines' }, name)),
+        games.length > shown.length ? h('span', { class: 'muted small' }, 'and ' + fmtInt(games.length - shown.length) + ' more') : null));
+    return h('article', { class: 'card host-card' + (host.alive ? '' : ' lost'), 'data-host': host.name },
+      h('header', null, h('strong', null, host.name), ' ',
+        h('span', { class: host.alive ? 'state state-running' : 'state state-fatal' }, host.alive ? 'alive' : 'lost'),
+        h('span', { class: 'muted small' }, ' ' + [host.hostname, host.address].filter(Boolean).join(' · '))),
+      list);
+  }
+
+  // Nothing at all on the local executor: the hosts table is filled on a Ray cluster only.
+  function renderHosts(hosts, nowMs) {
+    const items = (hosts && hosts.items) || [];
+    $('hosts-panel').hidden = items.length === 0;
+    if (!items.length) {
+      $('hosts').replaceChildren();
+      return;
+    }
+    const alive = items.filter((host) => host.alive).length;
+    const lost = items.length - alive;
+    $('hosts-summary').replaceChildren(items.length + (items.length === 1 ? ' host' : ' hosts') + ' · ' + alive + ' alive',
+      lost ? h('span', { class: 'bad' }, ' · ' + lost + ' lost') : '');
+    $('hosts').replaceChildren(...items.map((host) => hostCard(host, nowMs)));
+  }
+
   // ---------------------------------------------------------------- one reboot's forensics
 
   async function showBoot(id) {
@@ -798,8 +882,8 @@
         if (error instanceof AuthError) throw error;
         return { error: error.message };
       });
-      let [games, fleet, boots, uptime] = await Promise.all([
-        api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'),
+      let [games, fleet, boots, uptime, hosts] = await Promise.all([
+        api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
         Object.assign(paging, { cursors: [null], index: 0 });
@@ -826,6 +910,7 @@
       $('login').hidden = true;
       $('main').hidden = false;
       $('logout').hidden = false;
+      onCluster = Boolean(hosts && (hosts.items || []).length);
       renderSummary(items, fleet);
       renderFleet(fleet, nowMs);
       renderGames(items, lastProjection);
@@ -834,6 +919,7 @@
       renderGpu(fleet.telemetry, gpuSeries);
       renderTimeline(boots.items || [], nowMs);
       renderUptime(uptime, boots.items || []);
+      renderHosts(hosts, nowMs);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
       renderGames(items, lastProjection);

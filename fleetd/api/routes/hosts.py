@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Depends
 
 from fleetd.api.context import AppContext, get_context
@@ -18,8 +20,9 @@ def governor_out(rung: HostRung | None) -> HostGovernorOut | None:
                            guests=list(rung.guests), last_backoff=rung.last_backoff, rungs=list(rung.rungs))
 
 
-def host_out(host: HostRecord, rung: HostRung | None = None) -> HostOut:
+def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None) -> HostOut:
     downtimes = host.downtimes_s()
+    current = host.boots[-1] if host.alive and host.boots and host.boots[-1].ended_at is None else None
     lives = [
         HostBootOut(node_id=boot.node_id, joined_at=boot.joined_at, last_seen_at=boot.last_seen_at,
                     ended_at=boot.ended_at, downtime_before_s=downtimes[i - 1] if i else None)
@@ -28,7 +31,8 @@ def host_out(host: HostRecord, rung: HostRung | None = None) -> HostOut:
     return HostOut(
         name=host.name, hostname=host.hostname, address=host.address,
         resources={k: float(v) for k, v in host.resources.items()}, joined_at=host.joined_at,
-        last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes), lives=lives,
+        last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes),
+        uptime_s=max(0.0, (now - current.joined_at).total_seconds()) if current else None, games=list(host.games), lives=lives,
         governor=governor_out(rung),
     )  # fmt: skip
 
@@ -41,4 +45,5 @@ def list_hosts(context: AppContext = Depends(get_context)) -> HostList:
         hosts = read_hosts(session)
     snapshot = context.snapshot
     rungs = {} if snapshot is None else {rung.name: rung for rung in snapshot.governor.hosts}
-    return HostList(backend=context.settings.cluster.backend, items=[host_out(host, rungs.get(host.name)) for host in hosts])
+    now = context.clock.now()
+    return HostList(backend=context.settings.cluster.backend, items=[host_out(host, now, rungs.get(host.name)) for host in hosts])
