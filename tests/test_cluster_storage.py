@@ -4,12 +4,14 @@ through fsspec with a file:// URL (the same code path as s3://; memory:// is per
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from fleetd.backup import Target
-from fleetd.cluster.storage import checkpoints_of, mirror, pull_newest, push_missing, push_new
+from fleetd.cluster.storage import RunSync, checkpoints_of, mirror, pull_newest, push_missing, push_new
 from tests.test_backup import write_ckpt
 from workers import checkpoint
 
@@ -101,3 +103,45 @@ def test_the_heads_mirror_follows_the_url(tmp_path: Path, target: Target) -> Non
     assert mirror(target, GAME, head) == (["ckpt-000000000300"], ["ckpt-000000000100"])
     assert names(head) == ["ckpt-000000000300", "ckpt-000000000200"]
     assert all(checkpoint.verify(head / n)[0] for n in names(head))
+
+
+def wait_for(condition, deadline_s: float = 60.0) -> None:
+    ends = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < ends, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_runs_sync_on_its_node_pulls_before_and_pushes_while_and_after(tmp_path: Path, target: Target) -> None:
+    """What RunActor does with a URL storage, in its order: localize the spec, pull, push while
+    the worker trains, push once more after it exits."""
+    write_ckpt(tmp_path / "earlier" / "checkpoints", 100)
+    push_new(target, GAME, tmp_path / "earlier" / "checkpoints", set())
+    sync = RunSync(target.url, GAME, tmp_path / "cache")
+    # An earlier run on this node left a checkpoint it never uploaded: not resumed from.
+    write_ckpt(sync.checkpoints, 150)
+
+    spec = {"game": GAME, "checkpoint_dir": "/head/state/games/cartpole/checkpoints", "tensorboard_dir": "/head/tb"}
+    log_path = sync.localize(spec, "run-000007.log")
+    assert spec["checkpoint_dir"] == str(tmp_path / "cache" / "games" / GAME / "checkpoints")
+    assert spec["tensorboard_dir"] == str(tmp_path / "cache" / "games" / GAME / "tensorboard")
+    assert log_path == tmp_path / "cache" / "games" / GAME / "logs" / "run-000007.log" and log_path.parent.is_dir()
+
+    assert sync.pull() == "ckpt-000000000100"
+    assert checkpoint.newest_verified(sync.checkpoints).path.name == "ckpt-000000000100"  # where the worker resumes
+
+    running = threading.Event()
+    running.set()
+    pusher = threading.Thread(target=sync.push_while, args=(running, 0.05))
+    pusher.start()
+    try:
+        write_ckpt(sync.checkpoints, 200)  # the worker's next checkpoint
+        wait_for(lambda: (remote(target) / "ckpt-000000000200" / checkpoint.MANIFEST).is_file())
+    finally:
+        running.clear()
+        pusher.join(30)
+    write_ckpt(sync.checkpoints, 300)  # written just before the worker exited
+    shutil.rmtree(sync.checkpoints / "ckpt-000000000100")  # and pruned by its retention
+    assert sync.push() == ["ckpt-000000000300"]
+    assert sorted(p.name for p in remote(target).iterdir()) == ["ckpt-000000000200", "ckpt-000000000300"]
+    assert pull_newest(target, GAME, tmp_path / "next-node") == "ckpt-000000000300"

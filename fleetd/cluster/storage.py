@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
+import time
 from pathlib import Path
 
 from fleetd.backup import Target, fetch_checkpoint, sync_game
@@ -102,3 +104,51 @@ def default_cache_dir() -> Path:
     except Exception:  # noqa: BLE001 - not in a Ray worker: the system temp dir
         temp = tempfile.gettempdir()
     return Path(temp) / CACHE_NAME
+
+
+PUSH_EVERY_S = 10.0  # how often a run's actor looks for new checkpoints to upload while it trains
+
+
+class RunSync:
+    """One run's side of a URL storage, on its node: the game dir in the node-local cache, the
+    newest checkpoint pulled before the worker starts, each new one pushed after it is written."""
+
+    def __init__(self, url: str, game: str, cache_dir: Path | None) -> None:
+        self.target = Target(url)
+        self.game = game
+        self.game_dir = (cache_dir or default_cache_dir()) / "games" / game
+        self.checkpoints = self.game_dir / "checkpoints"
+        self._owned: set[str] = set()
+
+    def localize(self, spec: dict, log_name: str) -> Path:
+        """Point the run spec's directories at the cache; the run's log path there."""
+        spec["checkpoint_dir"] = str(self.checkpoints)
+        if spec.get("tensorboard_dir"):
+            spec["tensorboard_dir"] = str(self.game_dir / "tensorboard")
+        logs = self.game_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return logs / log_name
+
+    def pull(self) -> str | None:
+        """Before the worker starts: the URL's newest verified checkpoint in the cache. Cache
+        checkpoints newer than it are dropped (left by an earlier run here, never uploaded, or
+        pruned at the URL since): the worker resumes from what any other node would."""
+        name = pull_newest(self.target, self.game, self.checkpoints)
+        for info in checkpoint.list_checkpoints(self.checkpoints):
+            if name is None or info.path.name > name:
+                shutil.rmtree(info.path, ignore_errors=True)
+        if name is not None:
+            self._owned.add(name)
+        return name
+
+    def push(self) -> list[str]:
+        return push_new(self.target, self.game, self.checkpoints, self._owned)
+
+    def push_while(self, running: threading.Event, every_s: float = PUSH_EVERY_S) -> None:
+        """Push every `every_s` until `running` is cleared; errors are logged and retried."""
+        while running.is_set():
+            time.sleep(every_s)
+            try:
+                self.push()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; the last push reports
+                log.warning("%s: pushing checkpoints to %s failed: %s", self.game, self.target.url, exc)
