@@ -23,6 +23,7 @@ from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import observe_nodes
+from fleetd.store.runs import read_runs
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
@@ -234,6 +235,32 @@ def test_a_run_lost_with_its_node_moves_the_hosts_games_before_the_hosts_job_see
     assert cluster.on("a") == [] and len(cluster.on("b")) == 4
     assert all(cluster.pinned(n) == "b" for n in cluster.on("b"))
     assert not {h.name: h.alive for h in cluster.sup.snapshot.governor.hosts}["a"]
+
+
+def test_workers_on_a_host_that_went_down_are_not_stopped_but_end_node_lost_as_ray_reports_each(cluster: Cluster) -> None:
+    # Ray reports each actor's death on its own, seconds apart: the first run lost marks the
+    # host down and its games are placed elsewhere, but the workers still listed on that host
+    # are not sent a stop (recorded `stopped`): each ends with its own cause, `node_lost`.
+    climbed(cluster)
+    *rest, first = cluster.on("a")  # g5, spawned after the host's life joined, is lost first
+    cluster.down.add("a")
+    signals_before = len(cluster.launcher.signals)
+    cluster.reactor.exit(cluster.sup.procs[first].pid, node_lost=True)
+    for _ in range(3):
+        cluster.clock.advance(2)
+        cluster.sup.step()
+    stopped = {pid for pid, _ in cluster.launcher.signals[signals_before:]}
+    assert not stopped & {cluster.sup.procs[name].pid for name in rest}
+    for name in rest:
+        cluster.reactor.exit(cluster.sup.procs[name].pid, node_lost=True)
+    cluster.run(1)
+    with cluster.db.transaction() as session:
+        causes = {name: [r.cause for r in read_runs(session, game_store.read_game(session, name).id, name, 5)]
+                  for name in (first, *rest)}
+    assert all(runs[-1] == "node_lost" for runs in causes.values()), causes  # newest first: the runs on a
+    cluster.run(2)
+    moved = {n for n in (first, *rest) if cluster.sup.procs[n].state in (State.STARTING, State.RUNNING)}
+    assert moved and moved <= cluster.running_on("b") and not cluster.running_on("a")  # as guests on b
 
 
 def test_crashes_of_running_games_count_against_the_host_they_ran_on(cluster: Cluster) -> None:

@@ -239,17 +239,24 @@ class FleetController:
             return False
         return self._apply_placed([(host, d) for d in governor.crashed(self.clock.now(), name, self._running_on(host))])
 
-    def node_lost(self, name: str, spawned_at: datetime | None) -> None:
-        """A run of `name`, spawned at `spawned_at`, ended with its node: its host is down from
-        now (the hosts job may see it a heartbeat later) unless a newer life of the host joined
-        since the run started; its games go elsewhere at the next step."""
-        host = self.host_of(name)
+    def node_lost(self, name: str, spawned_at: datetime | None, host: str | None = None) -> None:
+        """A run of `name`, spawned at `spawned_at` on `host` (default: the host whose slot the
+        game holds), ended with its node: that host is down from now (the hosts job may see it
+        a heartbeat later) unless a newer life of it joined since the run started; its games go
+        elsewhere at the next step. The game's slot may already be another host's by then (an
+        earlier lost run moved it): the run's own host is the one that died."""
+        host = host or self.host_of(name)
         life = self._lives.get(host or "")
         if not self.cluster or life is None:
             return
         if spawned_at is not None and life.joined_at is not None and life.joined_at >= spawned_at:
             return  # the run was on an earlier life: the new one is up
         self._lost[life.name] = life.node_id
+
+    def host_down(self, host: str) -> bool:
+        """On a cluster: the host is known and down (dead in the hosts table, or it lost a run
+        with its node since its newest life joined)."""
+        return self.cluster and host in self._lives and host not in self._live_hosts()
 
     def _live_hosts(self) -> list[str]:
         return [

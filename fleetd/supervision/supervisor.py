@@ -339,6 +339,8 @@ class Supervisor:
         if self._shutdown is not None:
             return
         desired = self._desired.get(proc.name)
+        if proc.state in (State.STARTING, State.RUNNING) and self._on_down_host(proc.name):
+            return  # its run ends as `node_lost` when Ray reports it (its true cause), not `stopped`
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
                 proc.start("admitted: desired state is running")
@@ -355,6 +357,12 @@ class Supervisor:
         spawned_on = self._placing.hosts.get(name)
         host = self.fleet.host_of(name)
         return spawned_on is not None and host is not None and spawned_on != host
+
+    def _on_down_host(self, name: str) -> bool:
+        """On a cluster: the game's worker was pinned to a host that is down now. It is not
+        signalled (a stop would record `stopped`): Ray ends its actor with the node."""
+        spawned_on = self._placing.hosts.get(name)
+        return spawned_on is not None and self.fleet.host_down(spawned_on)
 
     def _awaiting_handover(self, name: str) -> bool:
         """A game admitted in another's slot starts only once that one has stopped: never more
@@ -373,7 +381,7 @@ class Supervisor:
                 return  # still on its way back
         self._rolling = None
         for proc in self.procs.values():
-            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch):
+            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch) and not self._on_down_host(proc.name):
                 self._rolling = proc.name
                 proc.stop("restarting from its checkpoint with the new tier settings")
                 return
@@ -434,7 +442,7 @@ class Supervisor:
         elif outcome is not None and outcome.cause in ("crash", "hang") and was_running:
             self.fleet.crashed(proc.name)
         elif outcome is not None and outcome.cause == "node_lost":
-            self.fleet.node_lost(proc.name, spawned_at)
+            self.fleet.node_lost(proc.name, spawned_at, self._placing.hosts.get(proc.name))
         self._govern()
 
     def _on_located(self, located: Located) -> None:
