@@ -204,9 +204,10 @@ class Backup:
                          f"{self.target.url} failed: {reason}", severity="error", details={"target": self.target.url})
 
 
-def sync_game(target: Target, folder: Path, relative: str) -> tuple[list[str], list[str]]:
+def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None) -> tuple[list[str], list[str]]:
     """Copy the game's verified checkpoints the target lacks; drop the ones pruned here since
-    (the retention policy decides what is kept), never the last ones when none is left here."""
+    (the retention policy decides what is kept), never the last ones when none is left here.
+    `owned`: drop only those of these names (the others were never here to be pruned)."""
     on_target = target.names(relative)
     for stale in (n for n in on_target if n.startswith(_TEMP)):  # an interrupted copy
         target.remove(f"{relative}/{stale}")
@@ -222,7 +223,8 @@ def sync_game(target: Target, folder: Path, relative: str) -> tuple[list[str], l
             continue
         copied.append(info.path.name)
     kept = {info.path.name for info in local}
-    gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept) if kept else []
+    gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept
+                  and (owned is None or n in owned)) if kept else []
     for name in gone:
         target.remove(f"{relative}/{name}")
     return copied, gone
@@ -302,18 +304,33 @@ def _restore_game(target: Target, game: str, folder: Path) -> tuple[int, list[st
     relative = f"games/{game}/checkpoints"
     taken, skipped = 0, []
     for name in sorted(n for n in target.names(relative) if n.startswith("ckpt-")):
-        temp = folder / f"{_TEMP}{name}"
-        temp.mkdir(parents=True)
-        for file in target.names(f"{relative}/{name}"):
-            target.get_file(f"{relative}/{name}/{file}", temp / file)
-        ok, reason = checkpoint.verify(temp)
-        if not ok:
-            shutil.rmtree(temp)
+        reason = fetch_checkpoint(target, f"{relative}/{name}", folder / name)
+        if reason is not None:
             skipped.append(f"{game}/{name}: {reason}")
             continue
-        temp.rename(folder / name)
         taken += 1
     return taken, skipped
+
+
+def fetch_checkpoint(target: Target, relative: str, dest: Path) -> str | None:
+    """Copy one checkpoint folder from the target to `dest`, under a temporary name until it
+    verifies (every file against its manifest hash); None when taken, else why it was not: a
+    half-copied or damaged checkpoint is never where a worker would resume from."""
+    temp = dest.parent / f"{_TEMP}{dest.name}"
+    shutil.rmtree(temp, ignore_errors=True)  # an interrupted earlier copy
+    temp.mkdir(parents=True)
+    try:
+        for file in target.names(relative):
+            target.get_file(f"{relative}/{file}", temp / file)
+    except (FileNotFoundError, IsADirectoryError) as exc:  # removed while we copied
+        shutil.rmtree(temp)
+        return f"gone while copied: {exc}"
+    ok, reason = checkpoint.verify(temp)
+    if not ok:
+        shutil.rmtree(temp)
+        return reason
+    temp.rename(dest)
+    return None
 
 
 def status_dict(backup: Backup | None) -> dict[str, Any]:

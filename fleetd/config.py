@@ -276,13 +276,22 @@ class BackupSettings(_Section):
             if value is not None and not Path(value).is_absolute():
                 raise ValueError("a directory must be an absolute path")
             return value
-        try:
-            import fsspec
+        return check_fsspec_url(value)
 
-            fsspec.get_filesystem_class(value.split("://", 1)[0])
-        except (ImportError, ValueError) as exc:
-            raise ValueError(f"fsspec cannot open it: {exc}") from None
-        return value
+
+def check_fsspec_url(value: str) -> str:
+    """An fsspec URL whose protocol this host can open, or a ValueError naming the protocol and
+    the package to install (fsspec's own word for it: "Install s3fs to access S3")."""
+    protocol = value.split("://", 1)[0]
+    try:
+        import fsspec
+
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as exc:
+        raise ValueError(f"fsspec cannot open {protocol}:// here: {exc} (pip install it on the head and every node)") from None
+    except ValueError as exc:
+        raise ValueError(f"fsspec cannot open it: {exc}") from None
+    return value
 
 
 class ClusterSettings(_Section):
@@ -296,8 +305,15 @@ class ClusterSettings(_Section):
     # client address `ray://HOST:PORT`; or the GCS address `HOST:PORT`.
     address: str = Field("auto", pattern=r"^(auto|ray://[^\s/]+|[^\s/:]+:\d+)$")
     # A directory every node mounts at the same path: game dirs (checkpoints, logs, run specs)
-    # live under it, so a game restarts from its newest checkpoint on any node.
-    storage: Path | None = None
+    # live under it, so a game restarts from its newest checkpoint on any node. Or an fsspec URL
+    # (s3://bucket/fleetd, gs://..., file:///...) where that protocol's package is installed:
+    # each run then trains in a node-local cache (cache_dir), pulls the game's newest verified
+    # checkpoint from the URL before its worker starts and pushes each new one after it is
+    # written; run logs stay on the node (docs/cluster.md, "Shared storage").
+    storage: str | None = None
+    # With a URL storage: the node-local cache of game dirs. Unset: `fleetd-cache` under the
+    # Ray node's temp dir (/tmp/ray by default). An absolute path, the same on every node.
+    cache_dir: Path | None = None
     namespace: str = Field("fleetd", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     # What each game's actor asks Ray for. CPUs: None means the worker's cpu_threads.
     num_cpus_per_game: float | None = Field(None, ge=0)
@@ -313,18 +329,27 @@ class ClusterSettings(_Section):
     @classmethod
     def _storage_path(cls, value: Any) -> Any:
         if isinstance(value, str) and "://" in value:
-            raise ValueError(
-                "object-store URLs are not supported yet: mount the bucket on every node "
-                "(s3fs, gcsfuse, NFS) and give the mount's path"
-            )
+            return check_fsspec_url(value)
         if value is not None and not Path(value).is_absolute():
-            raise ValueError("must be an absolute path that every node mounts")
+            raise ValueError("must be an absolute path that every node mounts, or an fsspec URL (s3://bucket/fleetd)")
+        return None if value is None else str(value)
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _absolute_cache(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError("must be an absolute path (the same on every node)")
         return value
+
+    @property
+    def storage_url(self) -> str | None:
+        """The storage when it is an fsspec URL (games are synced to it), else None (a mount)."""
+        return self.storage if self.storage is not None and "://" in self.storage else None
 
     @model_validator(mode="after")
     def _storage_for_ray(self) -> ClusterSettings:
         if self.backend == "ray" and self.storage is None:
-            raise ValueError("backend = 'ray' needs storage: a path every node mounts (checkpoints go there)")
+            raise ValueError("backend = 'ray' needs storage: a path every node mounts or an fsspec URL (checkpoints go there)")
         return self
 
 
@@ -405,9 +430,10 @@ class Settings(BaseSettings):
     @property
     def games_dir(self) -> Path:
         """On a Ray cluster, under the storage every node mounts: a game's checkpoints must be
-        where its next run starts, on whichever node that is."""
-        if self.cluster.backend == "ray" and self.cluster.storage is not None:
-            return self.cluster.storage / "games"
+        where its next run starts, on whichever node that is. With a URL storage, the head's
+        own copy (run specs, and the checkpoints mirrored from the URL as each run ends)."""
+        if self.cluster.backend == "ray" and self.cluster.storage is not None and self.cluster.storage_url is None:
+            return Path(self.cluster.storage) / "games"
         return self.state_dir / "games"
 
     @property

@@ -77,7 +77,9 @@ def record_desired(session: Session, now: datetime, name: str, desired: Desired)
     create_event(session, now, f"desired_{desired}", f"{name}: desired state {desired}", game=name)
 
 
-def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bool) -> None:
+def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bool, storage_url: str | None = None) -> None:
+    """`storage_url`: [cluster] storage when a URL; a purge deletes the game's copy there too,
+    else a game added again under the name would resume from its checkpoints."""
     now = clock.now()
     with db.transaction() as session:
         game = game_store.read_game(session, name)
@@ -91,6 +93,10 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
         record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
     if purge:
         shutil.rmtree(game_dir, ignore_errors=True)
+        if storage_url is not None:
+            from fleetd.backup import Target
+
+            Target(storage_url).remove(f"games/{name}")
 
 
 def record_removed(session: Session, now: datetime, name: str, files: str) -> None:

@@ -174,7 +174,8 @@ def render_ray_node_unit(ray_bin: str, head: str, host: str, user: str, storage:
     if not HOST_NAME.fullmatch(host):
         raise ValueError(f"--host-name {host!r} must be letters, digits, '.', '_' or '-' (at most 63)")
     ray = exec_arg(ray_bin, "ray binary")
-    mounts = f"RequiresMountsFor={path_arg(PurePosixPath(storage))}\n" if storage else ""
+    # A URL storage is reached over the network, not mounted: nothing to wait for.
+    mounts = f"RequiresMountsFor={path_arg(PurePosixPath(storage))}\n" if storage and "://" not in storage else ""
     return textwrap.dedent(f"""\
         # A Ray worker node for fleetd, rendered by `fleetd systemd-unit --ray-node`.
         # Install the same fleetd and ray versions as the head: fleetd refuses a node whose

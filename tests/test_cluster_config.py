@@ -31,12 +31,33 @@ def test_ray_backend_puts_game_dirs_under_the_shared_storage(tmp_path: Path) -> 
     assert load_settings(state_dir=tmp_path / "state").game_dir("pong") == tmp_path / "state" / "games" / "pong"
 
 
+def test_a_url_storage_keeps_game_dirs_on_the_head(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'bucket'}"
+    settings = load_settings(state_dir=tmp_path / "state", cluster={"backend": "ray", "storage": url})
+    assert settings.cluster.storage_url == url
+    assert settings.game_dir("pong") == tmp_path / "state" / "games" / "pong"
+    mounted = load_settings(state_dir=tmp_path / "state", cluster={"backend": "ray", "storage": "/mnt/fleet"})
+    assert mounted.cluster.storage_url is None
+
+
+def test_a_url_whose_package_is_missing_names_the_key_the_protocol_and_the_package(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("s3fs") is not None:
+        pytest.skip("s3fs is installed here")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(state_dir=tmp_path, cluster={"backend": "ray", "storage": "s3://bucket/fleet"})
+    message = str(caught.value)
+    assert "cluster.storage" in message and "s3://" in message and "s3fs" in message, message
+
+
 @pytest.mark.parametrize(
     ("cluster", "message"),
     [
         ({"backend": "ray"}, "backend = 'ray' needs storage: a path every node mounts"),
-        ({"backend": "ray", "storage": "s3://bucket/fleet"}, "object-store URLs are not supported yet"),
+        ({"backend": "ray", "storage": "nope://bucket/fleet"}, "fsspec cannot open it: Protocol not known: nope"),
         ({"backend": "ray", "storage": "fleet"}, "must be an absolute path that every node mounts"),
+        ({"backend": "ray", "storage": "file:///f", "cache_dir": "cache"}, "cluster.cache_dir"),
         ({"backend": "ray", "storage": "/mnt/f", "address": "http://head"}, "cluster.address = 'http://head'"),
         ({"backend": "kubernetes"}, "cluster.backend = 'kubernetes'"),
     ],

@@ -155,3 +155,21 @@ def test_a_readded_game_gets_new_run_ids(app) -> None:
     with app.state.context.db.transaction() as session:
         delete_game(session, "again")
     assert new_run(app, "again", "second life\n") > run
+
+
+def test_a_log_left_on_another_node_under_url_storage_is_a_conflict_naming_the_node(app) -> None:
+    from fleetd.api.routes.logs import _log_file
+    from fleetd.errors import ErrorCode, FleetdError
+
+    run_id = new_run(app, "remote", "on the node\n")
+    log_path(app, run_id).unlink()  # it was written on the node, not here
+    with app.state.context.db.transaction() as session:
+        run_store.update_run_located(session, run_id, "f" * 40)
+        record = run_store.read_run(session, run_id)
+    with pytest.raises(FleetdError) as caught:
+        _log_file(record, "s3://bucket/fleetd")
+    assert caught.value.code is ErrorCode.CONFLICT
+    assert "ffffffffffff" in str(caught.value) and "run logs stay on their node" in str(caught.value)
+    with pytest.raises(FleetdError) as mounted:
+        _log_file(record)  # a mount: the log is simply gone
+    assert mounted.value.code is ErrorCode.NOT_FOUND

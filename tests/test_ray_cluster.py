@@ -249,3 +249,47 @@ def _run(runs: list[dict], run_id: int, key: str) -> dict | None:
 
 def _adopted(runs: list[dict]) -> dict | None:
     return runs[0] if runs and runs[0]["adoptions"] >= 1 else None
+
+
+def test_a_url_storage_trains_in_a_node_cache_and_a_crashed_run_resumes_from_the_url(fleet: Fleet) -> None:
+    # `[cluster] storage` as an fsspec URL (file:// here: the same fsspec calls as s3://): each
+    # run trains in its node's cache, pushes its checkpoints to the URL, and the next run pulls
+    # the newest verified one. A daemon of its own on the same cluster, after the first stops.
+    fleet.daemon.terminate(60)
+    root = fleet.config.root
+    url = f"file://{root / 'urlstore'}"
+    config = DaemonConfig(root / "url-daemon")
+    config.root.mkdir()
+    config.extra = fleet.config.extra.replace(f'storage = "{root / "storage"}"', f'storage = "{url}"')
+    assert f'storage = "{url}"' in config.extra
+    config.set_boot_id("22222222-2222-2222-2222-222222222222")
+    config.write()
+    fleet.config = config
+    daemon = fleet.start_daemon()
+    body = cartpole("gu")
+    assert daemon.post("/api/v1/games", body).status_code == 201
+    at_url = root / "urlstore" / "games" / "gu" / "checkpoints"
+    pushed = fleet.wait(lambda: sorted(p for p in at_url.glob("ckpt-*") if (p / "manifest.json").exists()), "a checkpoint at the URL")
+    steps = int(pushed[-1].name.split("-")[1])
+    worker = next(p for p in worker_processes_of("gu") if p.is_running())
+    assert str(root / "urlstore") not in " ".join(worker.cmdline())  # it trains in the node's cache
+    worker.kill()
+    run = fleet.wait(lambda: (r := daemon.runs("gu")) and len(r) >= 2 and r[0]["resumed_from_steps"] is not None and r[0], "gu resumed")
+    assert daemon.runs("gu")[1]["cause"] == "crash"
+    assert run["resumed_from_steps"] >= steps, run  # from the URL's checkpoint, on whichever node
+    fleet.wait(lambda: fleet.training("gu"), "gu training again")
+    # The head mirrors the URL as each run ends: its checkpoint index reads local files.
+    assert sorted((config.state_dir / "games" / "gu" / "checkpoints").glob("ckpt-*"))
+
+
+def worker_processes_of(game: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "workers" in cmdline and "--spec" in cmdline:
+            try:
+                if json.loads(Path(cmdline[cmdline.index("--spec") + 1]).read_text())["game"] == game:
+                    found.append(process)
+            except (OSError, ValueError):
+                continue
+    return found

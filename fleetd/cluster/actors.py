@@ -2,7 +2,9 @@
 
 A run's actor starts the same worker entry as the local executor (`python -m workers --spec
 FILE`) as a subprocess in a session of its own, with its output appended to the run's log in
-shared storage. The worker sends its typed reports (workers/protocol/reports.py) as datagrams
+shared storage. With a URL storage (fleetd/cluster/storage.py) the game dir is in a node-local
+cache instead: the newest verified checkpoint is pulled before the worker starts, new ones are
+pushed while it runs and once more after it exits, and the log stays on the node. The worker sends its typed reports (workers/protocol/reports.py) as datagrams
 to a unix socket the actor binds on its own node; the actor relays them, still encoded, to the
 hub, which the daemon drains. The actor outlives the daemon (detached, named from the game and
 the run id), so a restarted daemon finds and adopts it; once its worker has exited it keeps
@@ -79,7 +81,7 @@ class ReportHub:
 
 class RunActor:
     def __init__(self, spec_json: str, log_path: str, argv: list[str], cpu_threads: int,
-                 expected: dict[str, str], hub: Any) -> None:
+                 expected: dict[str, str], hub: Any, storage: dict[str, str | None] | None = None) -> None:
         here = versions()
         differs = skew(expected, here)
         context = ray.get_runtime_context()
@@ -95,6 +97,13 @@ class RunActor:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024 * 1024)
         spec = json.loads(spec_json)
         spec["progress_socket"] = str(self._dir / "p.sock")
+        self._sync = None
+        if storage is not None:  # [cluster] storage is a URL: the game dir is in this node's cache
+            from fleetd.cluster.storage import RunSync
+
+            cache = storage.get("cache_dir")
+            self._sync = RunSync(str(storage["url"]), spec["game"], Path(cache) if cache else None)
+            log_path = str(self._sync.localize(spec, Path(log_path).name))
         spec_path = self._dir / "spec.json"
         spec_path.write_text(json.dumps(spec))
         # An empty interpreter: the node's own, the one this actor runs on.
@@ -116,7 +125,7 @@ class RunActor:
     def where(self) -> dict[str, Any]:
         """The node this run is on, and its worker's pid there."""
         return {"node_id": self.node_id, "hostname": socket.gethostname(),
-                "pid": None if self._child is None else self._child.pid}
+                "pid": None if self._child is None else self._child.pid, "log_path": self._log_path}
 
     def signal(self, sig: int) -> bool:
         """Signal the worker's whole process group; False when it has exited already."""
@@ -144,22 +153,34 @@ class RunActor:
             # GPUs: Ray makes the actor's share the only ones visible (num_gpus_per_game).
             from fleetd.supervision.launcher import worker_env
 
+            if self._sync is not None:
+                self._sync.pull()
             with open(self._log_path, "ab") as log, open(os.devnull, "rb") as devnull:
                 self._child = subprocess.Popen(
                     self._argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
                     env=worker_env(self._cpu_threads), start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
-        except (OSError, ImportError) as exc:
+        except Exception as exc:  # noqa: BLE001 - an unreachable storage URL too: the run ends, with why
             self._finish({"code": None, "signal": None, "error": f"could not start the worker: {exc}"})
             return
         finally:
             self._started.set()
+        pushing = threading.Event()
+        if self._sync is not None:
+            pushing.set()
+            threading.Thread(target=self._sync.push_while, args=(pushing,), name="push", daemon=True).start()
         returncode = self._child.wait()
+        pushing.clear()
         try:
             os.killpg(self._child.pid, signal.SIGKILL)  # stragglers of its group go with it
         except ProcessLookupError:
             pass
-        status = {"code": returncode, "signal": None} if returncode >= 0 else {"code": None, "signal": -returncode}
+        status: dict[str, Any] = {"code": returncode, "signal": None} if returncode >= 0 else {"code": None, "signal": -returncode}
+        if self._sync is not None:
+            try:
+                self._sync.push()  # its last checkpoints are at the URL before its exit is known
+            except Exception as exc:  # noqa: BLE001 - the exit still counts; the daemon logs why
+                status["error"] = f"its last checkpoints did not reach {self._sync.target.url}: {exc}"
         self._finish(status)
 
     def _finish(self, status: dict[str, Any]) -> None:

@@ -27,7 +27,9 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
+from fleetd.backup import Target
 from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
+from fleetd.cluster.storage import mirror, push_missing
 from fleetd.config import Settings
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
@@ -137,6 +139,8 @@ class RayExecutor:
         self._wake = threading.Event()
         self._swept = False
         self._named_hosts: set[str] = set()  # hosts whose nodes offer a `fleetd_host_<name>` resource
+        url = settings.cluster.storage_url
+        self._storage = None if url is None else Target(url)  # games synced through it (fleetd/cluster/storage.py)
 
     # -- Launcher ----------------------------------------------------------------------------
 
@@ -153,9 +157,17 @@ class RayExecutor:
         name = actor_name(launch.game, run_id)
         worker = self._settings.worker
         argv = [worker.python, "-m", worker.module]
+        storage = None
+        if self._storage is not None:
+            try:  # a model imported on the head, a restored backup: at the URL before the run pulls
+                push_missing(self._storage, launch.game, launch.game_dir / "checkpoints")
+            except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backend's
+                raise LaunchError(f"cannot reach [cluster] storage {self._storage.url}: {exc}") from None
+            cache = self._cluster.cache_dir
+            storage = {"url": self._storage.url, "cache_dir": None if cache is None else str(cache)}
         try:
             actor = self._remote_run.options(name=name, **self._placement(launch.game, spec.cpu_threads, launch.host)).remote(
-                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub
+                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub, storage
             )
         except (ValueError, RayError) as exc:
             raise LaunchError(f"Ray refused the actor {name}: {exc}") from None
@@ -359,11 +371,23 @@ class RayExecutor:
         if run.where_ref is not None:
             self._refs.pop(run.where_ref, None)
         self._ended[handle] = run
+        self._mirror(run.name)
         if result is None:
             return Exited(handle, self._actor_died(run, exc))
         if result.get("error"):
             log.warning("%s: %s", run.name, result["error"])
         return Exited(handle, ExitStatus(result.get("code"), result.get("signal")))
+
+    def _mirror(self, name: str) -> None:
+        """With a URL storage, the head's copy of the game's checkpoints follows the URL before
+        the exit is handled: the checkpoint index, exports and the next spawn read it."""
+        if self._storage is None:
+            return
+        game = name[len(ACTOR_PREFIX):].split("-", 1)[1]
+        try:
+            mirror(self._storage, game, self._settings.game_dir(game) / "checkpoints")
+        except Exception as exc:  # noqa: BLE001 - the next run still pulls from the URL itself
+            log.warning("%s: mirroring checkpoints from %s failed: %s", game, self._storage.url, exc)
 
     def _actor_died(self, run: _Run, exc: RayActorError | None) -> ExitStatus:
         if run.killed:

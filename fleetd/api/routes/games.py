@@ -129,7 +129,8 @@ def delete_game(
     context: AppContext = Depends(get_context),
 ) -> Response:
     """Remove a stopped game. Its files stay on disk unless `purge` is true."""
-    remove_game(context.db, context.clock, name, context.settings.game_dir(name), purge)
+    remove_game(context.db, context.clock, name, context.settings.game_dir(name), purge,
+                context.settings.cluster.storage_url)
     _tell_supervisor(context, Reconcile())
     return Response(status_code=204)
 

@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.errors import NOT_FOUND
+from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.run_logs import read_from, tail
@@ -41,7 +41,7 @@ def stopping_event(request: Request) -> Flag:
 @router.get("/games/{name}/logs", response_class=Response, response_model=None, responses={
     200: {"content": {"text/plain": {}}, "description": "the run's last lines; with follow=true, then what "
           "is appended, streamed, until the client goes, the daemon stops or an hour has passed"},
-    **NOT_FOUND})
+    **NOT_FOUND, **CONFLICT})
 async def game_logs(
     request: Request,
     name: str = GameName,
@@ -55,7 +55,7 @@ async def game_logs(
     Following the newest run (no `run`) moves on to the game's next run when it starts, with a
     line naming it, as `journalctl -f` does across a service's restarts."""
     record = await run_in_threadpool(_chosen_run, context, name, run)
-    path = _log_file(record)
+    path = _log_file(record, context.settings.cluster.storage_url)
     text, offset = await run_in_threadpool(tail, path, lines)
     if not follow:
         return PlainTextResponse(text)
@@ -89,12 +89,18 @@ def _newer_run(context: AppContext, name: str, than: int) -> RunRecord | None:
     return newest[0] if newest and newest[0].id > than and newest[0].log_path else None
 
 
-def _log_file(record: RunRecord) -> FsPath:
+def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
     if not record.log_path:
         raise FleetdError(ErrorCode.NOT_FOUND, f"run {record.id} of {record.game!r} has no log (it was adopted "
                           "from a daemon that recorded none, or its worker never started)",
                           {"name": record.game, "run": record.id})
     path = FsPath(record.log_path)
+    if not path.is_file() and storage_url is not None and record.node_id is not None:
+        raise FleetdError(ErrorCode.CONFLICT, f"the log of run {record.id} of {record.game!r} is on the node that ran "
+                          f"it ({record.node_id[:12]}), as {path.name} under its [cluster] cache_dir games/"
+                          f"{record.game}/logs: with [cluster] storage a URL ({storage_url}), run logs stay on "
+                          "their node (docs/cluster.md, \"Shared storage\")",
+                          {"name": record.game, "run": record.id, "node_id": record.node_id})
     if not path.is_file():
         raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is gone ({path}): "
                           "fleetd keeps the newest [worker] log_keep_runs runs' logs",

@@ -1,0 +1,154 @@
+"""`[cluster] storage` as an fsspec URL (s3://, gs://, file://): games synced, not mounted.
+
+The URL holds each game's verified checkpoints in the backup layout (fleetd/backup.py)::
+
+    URL/games/NAME/checkpoints/ckpt-*/{manifest.json, model.zip, ...}
+
+A run's actor trains in a node-local cache (`cache_dir`): before its worker starts it pulls
+the game's newest checkpoint that verifies (`pull_newest`), and while the worker runs and once
+it has exited it pushes each new verified checkpoint (`push_new`), under a temporary name then
+renamed; a reader takes a checkpoint only after every file verified against its manifest, so a
+half-uploaded one (a rename on an object store is a copy and a delete) is skipped for the next
+older. The daemon's own games_dir on the head mirrors the URL as each run ends (`mirror`), so the
+checkpoint index, model export and `fleetd checkpoints` read local files as with a mount.
+
+Nothing here imports ray: the tests drive these functions in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from fleetd.backup import Target, fetch_checkpoint, sync_game
+from workers import checkpoint
+
+log = logging.getLogger(__name__)
+
+CACHE_NAME = "fleetd-cache"
+
+
+def checkpoints_of(game: str) -> str:
+    """A game's checkpoints, relative to the storage URL."""
+    return f"games/{game}/checkpoints"
+
+
+def remote_names(target: Target, game: str) -> list[str]:
+    """The game's checkpoint names at the URL, newest (most steps) first."""
+    names = (n for n in target.names(checkpoints_of(game)) if n.startswith("ckpt-") and n[5:].isdigit())
+    return sorted(names, reverse=True)  # zero-padded step counts: by name is by steps
+
+
+def pull_newest(target: Target, game: str, folder: Path) -> str | None:
+    """Put the URL's newest verified checkpoint of the game in `folder` (kept if already there);
+    its name, or None when the URL has none that verifies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in remote_names(target, game):
+        if (folder / name).is_dir() and checkpoint.verify(folder / name)[0]:
+            return name
+        shutil.rmtree(folder / name, ignore_errors=True)
+        reason = fetch_checkpoint(target, f"{checkpoints_of(game)}/{name}", folder / name)
+        if reason is None:
+            return name
+        log.warning("%s: %s at %s not taken: %s", game, name, target.url, reason)
+    return None
+
+
+def push_new(target: Target, game: str, folder: Path, owned: set[str]) -> list[str]:
+    """Upload the cache's verified checkpoints the URL lacks; drop from the URL the ones the
+    worker pruned from the cache since (`owned`: every name the cache has held this run, which
+    this call adds to; older checkpoints at the URL that this node never had are left alone)."""
+    owned.update(info.path.name for info in checkpoint.list_checkpoints(folder))
+    copied, _gone = sync_game(target, folder, checkpoints_of(game), owned)
+    return copied
+
+
+def push_missing(target: Target, game: str, folder: Path) -> list[str]:
+    """Upload the head's checkpoints the URL lacks (an imported model, a restored backup),
+    removing nothing: the URL, not the head, is where runs prune."""
+    return sync_game(target, folder, checkpoints_of(game), owned=set())[0]
+
+
+def mirror(target: Target, game: str, folder: Path) -> tuple[list[str], list[str]]:
+    """Make `folder` hold the URL's verified checkpoints of the game: fetch the ones it lacks,
+    delete the ones the URL no longer has (when the URL has any). (fetched, removed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    there = remote_names(target, game)
+    here = {info.path.name for info in checkpoint.list_checkpoints(folder)}
+    fetched = []
+    for name in there:
+        if name in here:
+            continue
+        reason = fetch_checkpoint(target, f"{checkpoints_of(game)}/{name}", folder / name)
+        if reason is None:
+            fetched.append(name)
+        else:
+            log.warning("%s: %s at %s not mirrored: %s", game, name, target.url, reason)
+    removed = sorted(here - set(there)) if there else []
+    for name in removed:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    return fetched, removed
+
+
+def default_cache_dir() -> Path:
+    """`fleetd-cache` under the Ray node's temp dir (where the actor runs), else the system's."""
+    import tempfile
+
+    try:
+        import ray
+
+        temp = ray.get_runtime_context().get_temp_dir()
+    except Exception:  # noqa: BLE001 - not in a Ray worker: the system temp dir
+        temp = tempfile.gettempdir()
+    return Path(temp) / CACHE_NAME
+
+
+PUSH_EVERY_S = 10.0  # how often a run's actor looks for new checkpoints to upload while it trains
+
+
+class RunSync:
+    """One run's side of a URL storage, on its node: the game dir in the node-local cache, the
+    newest checkpoint pulled before the worker starts, each new one pushed after it is written."""
+
+    def __init__(self, url: str, game: str, cache_dir: Path | None) -> None:
+        self.target = Target(url)
+        self.game = game
+        self.game_dir = (cache_dir or default_cache_dir()) / "games" / game
+        self.checkpoints = self.game_dir / "checkpoints"
+        self._owned: set[str] = set()
+
+    def localize(self, spec: dict, log_name: str) -> Path:
+        """Point the run spec's directories at the cache; the run's log path there."""
+        spec["checkpoint_dir"] = str(self.checkpoints)
+        if spec.get("tensorboard_dir"):
+            spec["tensorboard_dir"] = str(self.game_dir / "tensorboard")
+        logs = self.game_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return logs / log_name
+
+    def pull(self) -> str | None:
+        """Before the worker starts: the URL's newest verified checkpoint in the cache. Cache
+        checkpoints newer than it are dropped (left by an earlier run here, never uploaded, or
+        pruned at the URL since): the worker resumes from what any other node would."""
+        name = pull_newest(self.target, self.game, self.checkpoints)
+        for info in checkpoint.list_checkpoints(self.checkpoints):
+            if name is None or info.path.name > name:
+                shutil.rmtree(info.path, ignore_errors=True)
+        if name is not None:
+            self._owned.add(name)
+        return name
+
+    def push(self) -> list[str]:
+        return push_new(self.target, self.game, self.checkpoints, self._owned)
+
+    def push_while(self, running: threading.Event, every_s: float = PUSH_EVERY_S) -> None:
+        """Push every `every_s` until `running` is cleared; errors are logged and retried."""
+        while running.is_set():
+            time.sleep(every_s)
+            try:
+                self.push()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; the last push reports
+                log.warning("%s: pushing checkpoints to %s failed: %s", self.game, self.target.url, exc)

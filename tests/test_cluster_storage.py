@@ -1,0 +1,147 @@
+"""`[cluster] storage` as an fsspec URL: the sync a run's actor and the daemon do, in-process,
+through fsspec with a file:// URL (the same code path as s3://; memory:// is per-process)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetd.backup import Target
+from fleetd.cluster.storage import RunSync, checkpoints_of, mirror, pull_newest, push_missing, push_new
+from tests.test_backup import write_ckpt
+from workers import checkpoint
+
+GAME = "cartpole"
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Target:
+    (tmp_path / "bucket").mkdir()
+    return Target(f"file://{tmp_path / 'bucket'}")
+
+
+def remote(target: Target) -> Path:
+    return Path(target.root) / checkpoints_of(GAME)
+
+
+def names(folder: Path) -> list[str]:
+    return [info.path.name for info in checkpoint.list_checkpoints(folder)]
+
+
+def test_pushed_checkpoints_pull_back_on_another_node_newest_verified(tmp_path: Path, target: Target) -> None:
+    node_a, node_b = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    owned: set[str] = set()
+    write_ckpt(node_a, 100)
+    write_ckpt(node_a, 200)
+    assert sorted(push_new(target, GAME, node_a, owned)) == ["ckpt-000000000100", "ckpt-000000000200"]
+    assert push_new(target, GAME, node_a, owned) == []  # nothing new: nothing uploaded
+    assert not [p for p in remote(target).iterdir() if p.name.startswith(".tmp-")]
+
+    assert pull_newest(target, GAME, node_b) == "ckpt-000000000200"
+    assert names(node_b) == ["ckpt-000000000200"]  # only the newest travels
+    assert checkpoint.verify(node_b / "ckpt-000000000200") == (True, "ok")
+    assert pull_newest(target, GAME, node_b) == "ckpt-000000000200"  # already there: kept
+
+
+def test_a_half_uploaded_checkpoint_is_never_pulled(tmp_path: Path, target: Target) -> None:
+    node_a, node_b = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    write_ckpt(node_a, 100)
+    push_new(target, GAME, node_a, set())
+    # An upload cut off under its temporary name, and a newer one renamed whose copy lost a
+    # file (an object store's rename is a copy and a delete): neither is taken.
+    newer = write_ckpt(tmp_path / "scratch", 300)
+    shutil.copytree(newer, remote(target) / ".tmp-ckpt-000000000400")
+    shutil.copytree(newer, remote(target) / "ckpt-000000000300")
+    (remote(target) / "ckpt-000000000300" / "model.zip").write_bytes(b"trunc")
+
+    assert pull_newest(target, GAME, node_b) == "ckpt-000000000100"
+    assert names(node_b) == ["ckpt-000000000100"]
+    assert not [p for p in node_b.iterdir() if p.name != "ckpt-000000000100"]  # no temporary left
+
+
+def test_nothing_verified_at_the_url_pulls_nothing(tmp_path: Path, target: Target) -> None:
+    assert pull_newest(target, GAME, tmp_path / "b") is None
+
+
+def test_pruned_in_the_cache_is_dropped_at_the_url_but_never_what_the_node_never_had(tmp_path: Path, target: Target) -> None:
+    first, second = tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"
+    write_ckpt(first, 100)
+    push_new(target, GAME, first, set())
+    # The next run, on another node, starts from 100, writes 200 and 300, prunes 100 and 200.
+    pull_newest(target, GAME, second)
+    owned: set[str] = set()
+    write_ckpt(second, 200)
+    push_new(target, GAME, second, owned)
+    write_ckpt(second, 300)
+    shutil.rmtree(second / "ckpt-000000000100")
+    shutil.rmtree(second / "ckpt-000000000200")
+    push_new(target, GAME, second, owned)
+    assert sorted(p.name for p in remote(target).iterdir()) == ["ckpt-000000000300"]
+
+    # A node that pruned nothing of its own leaves older checkpoints at the URL alone.
+    third = tmp_path / "c" / "checkpoints"
+    write_ckpt(third, 50)
+    push_missing(target, GAME, third)
+    push_new(target, GAME, tmp_path / "d" / "checkpoints", set())
+    assert sorted(p.name for p in remote(target).iterdir()) == ["ckpt-000000000050", "ckpt-000000000300"]
+
+
+def test_the_heads_mirror_follows_the_url(tmp_path: Path, target: Target) -> None:
+    node, head = tmp_path / "node" / "checkpoints", tmp_path / "head" / "checkpoints"
+    owned: set[str] = set()
+    write_ckpt(node, 100)
+    write_ckpt(node, 200)
+    push_new(target, GAME, node, owned)
+    assert mirror(target, GAME, head) == (["ckpt-000000000200", "ckpt-000000000100"], [])
+    shutil.rmtree(node / "ckpt-000000000100")
+    write_ckpt(node, 300)
+    push_new(target, GAME, node, owned)
+    assert mirror(target, GAME, head) == (["ckpt-000000000300"], ["ckpt-000000000100"])
+    assert names(head) == ["ckpt-000000000300", "ckpt-000000000200"]
+    assert all(checkpoint.verify(head / n)[0] for n in names(head))
+
+
+def wait_for(condition, deadline_s: float = 60.0) -> None:
+    ends = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < ends, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_runs_sync_on_its_node_pulls_before_and_pushes_while_and_after(tmp_path: Path, target: Target) -> None:
+    """What RunActor does with a URL storage, in its order: localize the spec, pull, push while
+    the worker trains, push once more after it exits."""
+    write_ckpt(tmp_path / "earlier" / "checkpoints", 100)
+    push_new(target, GAME, tmp_path / "earlier" / "checkpoints", set())
+    sync = RunSync(target.url, GAME, tmp_path / "cache")
+    # An earlier run on this node left a checkpoint it never uploaded: not resumed from.
+    write_ckpt(sync.checkpoints, 150)
+
+    spec = {"game": GAME, "checkpoint_dir": "/head/state/games/cartpole/checkpoints", "tensorboard_dir": "/head/tb"}
+    log_path = sync.localize(spec, "run-000007.log")
+    assert spec["checkpoint_dir"] == str(tmp_path / "cache" / "games" / GAME / "checkpoints")
+    assert spec["tensorboard_dir"] == str(tmp_path / "cache" / "games" / GAME / "tensorboard")
+    assert log_path == tmp_path / "cache" / "games" / GAME / "logs" / "run-000007.log" and log_path.parent.is_dir()
+
+    assert sync.pull() == "ckpt-000000000100"
+    assert checkpoint.newest_verified(sync.checkpoints).path.name == "ckpt-000000000100"  # where the worker resumes
+
+    running = threading.Event()
+    running.set()
+    pusher = threading.Thread(target=sync.push_while, args=(running, 0.05))
+    pusher.start()
+    try:
+        write_ckpt(sync.checkpoints, 200)  # the worker's next checkpoint
+        wait_for(lambda: (remote(target) / "ckpt-000000000200" / checkpoint.MANIFEST).is_file())
+    finally:
+        running.clear()
+        pusher.join(30)
+    write_ckpt(sync.checkpoints, 300)  # written just before the worker exited
+    shutil.rmtree(sync.checkpoints / "ckpt-000000000100")  # and pruned by its retention
+    assert sync.push() == ["ckpt-000000000300"]
+    assert sorted(p.name for p in remote(target).iterdir()) == ["ckpt-000000000200", "ckpt-000000000300"]
+    assert pull_newest(target, GAME, tmp_path / "next-node") == "ckpt-000000000300"
