@@ -46,6 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fleetd.states import Shown  # noqa: E402 - after the path set-up above
 from tests.daemon_harness import (  # noqa: E402 - after the path set-up above
     TINY,
     Daemon,
@@ -434,6 +435,9 @@ def random_play(env_id: str, games: int, num_envs: int = 8, seed: int = 0) -> li
 
 
 def breakout(args) -> None:
+    if args.draw_from:  # a saved run (--json) drawn again, nothing trained
+        draw(json.loads(Path(args.draw_from).read_text()), args.png or "breakout-ppo.png")
+        return
     started = time.monotonic()
     baseline = random_play(args.env_id, args.random_games)
     random_mean = statistics.mean(baseline)
@@ -457,7 +461,7 @@ def breakout(args) -> None:
                 curve.append({"steps": game["steps"], "episodes": game["episodes"],
                               "mean_return_100": game["mean_reward_100"],
                               "t_s": round(time.monotonic() - started, 1)})
-            if game["state"] in ("completed", "fatal", "stopped"):
+            if game["state"] in (Shown.EXITED, Shown.FATAL, Shown.STOPPED):  # its goal reached, or given up
                 break
             if args.json and len(curve) % 15 == 1:  # the curve so far survives a run cut short
                 write_json(args.json, {"env_id": args.env_id, "steps": args.steps, "random_mean": random_mean,
@@ -548,6 +552,7 @@ def main() -> None:
     brk.add_argument("--seed", type=int, default=1)
     brk.add_argument("--random-games", type=int, default=100)
     brk.add_argument("--png", help="draw the curve here (needs matplotlib)")
+    brk.add_argument("--draw-from", help="draw a run saved with --json instead of training one")
     brk.add_argument("--json")
     brk.set_defaults(run=breakout)
     args = parser.parse_args()

@@ -61,3 +61,15 @@ def test_curve_drawn_as_png(tmp_path: Path) -> None:
                                              {"steps": 1000, "mean_return_100": 2.5}]}
     draw(payload, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_committed_breakout_run_redraws_from_its_json(tmp_path: Path) -> None:
+    # docs/breakout-ppo.png is drawn from docs/breakout-ppo.json (the measured run), by the CLI.
+    pytest.importorskip("matplotlib")
+    saved = json.loads((ROOT / "docs" / "breakout-ppo.json").read_text())
+    assert saved["curve"][-1]["steps"] == saved["steps"] and saved["curve"][-1]["mean_return_100"] > saved["random_mean"]
+    out = tmp_path / "redrawn.png"
+    done = subprocess.run([sys.executable, "bench/learning.py", "breakout", "--draw-from", "docs/breakout-ppo.json", "--png", str(out)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
