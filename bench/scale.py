@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as `python bench/scale.py`
     sys.path.insert(0, str(REPO))
 
-from bench.supervision import WORKER_MODULE, _free_port, machine, percentile  # noqa: E402
+from bench.supervision import WORKER_MODULE, _free_port, machine, percentile, stand_ins_under  # noqa: E402
 
 ENV_ID = "CartPole-v1"
 STOPWAITSECS = 20.0
@@ -156,12 +156,7 @@ class ScaleDaemon:
         return elapsed, response
 
     def stand_ins(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if WORKER_MODULE in cmdline and any(str(self.root) in part for part in cmdline):
-                found.append(proc)
-        return found
+        return stand_ins_under(self.root)
 
     def stop(self) -> dict[str, object]:
         """SIGTERM now; the exit time, and what is left of the stand-ins (then killed by group)."""

@@ -122,6 +122,16 @@ cpu_threads = 1
 """ + _fleet_section(params)
 
 
+def stand_ins_under(root: Path) -> list[psutil.Process]:
+    """Live stand-in processes of a daemon whose directory is `root` (their spec path lies under it)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if WORKER_MODULE in cmdline and any(str(root) in part for part in cmdline):
+            found.append(proc)
+    return found
+
+
 class BenchDaemon:
     """One `fleetd serve` in a short /tmp directory; only its pid and its stand-ins are signalled."""
 
@@ -214,13 +224,7 @@ class BenchDaemon:
         return row
 
     def stand_ins(self) -> list[psutil.Process]:
-        """Live stand-in processes of this daemon (their spec path lies under our directory)."""
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if WORKER_MODULE in cmdline and any(str(self.root) in part for part in cmdline):
-                found.append(proc)
-        return found
+        return stand_ins_under(self.root)
 
     def close(self) -> dict[str, object]:
         """SIGTERM the daemon, wait; kill leftover stand-ins by group; remove the directory."""

@@ -64,6 +64,16 @@ def fleet_config() -> Iterator[DaemonConfig]:
 
 
 @pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Daemons a test starts on configs of its own: each stopped after the test, its workers too."""
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.ensure_stopped()
+        kill_leftover_workers(daemon.config)
+
+
+@pytest.fixture
 def fleet_daemons(fleet_config: DaemonConfig) -> Iterator[list[Daemon]]:
     started: list[Daemon] = []
     yield started

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from tests.daemon_harness import (SUPERVISION, WORKER_START_S, Daemon, DaemonConfig, add_and_wait_running,
-                                  cartpole, fleetd_cli, kill_leftover_workers, short_tmp_dir, start_daemon,
+from tests.daemon_harness import (SUPERVISION, WORKER_START_S, DaemonConfig, add_and_wait_running,
+                                  cartpole, fleetd_cli, short_tmp_dir, start_daemon,
                                   wait_for_run)
 from workers.checkpoint import list_checkpoints, newest_verified
 
@@ -24,13 +24,6 @@ def roots():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def daemons():
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        daemon.ensure_stopped()
-        kill_leftover_workers(daemon.config)
 
 
 def test_restore_from_backup_resumes_training(roots, daemons):

@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,12 +24,6 @@ def config(tmp_path: Path) -> DaemonConfig:
     return config
 
 
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        daemon.ensure_stopped()
 
 
 def start(config: DaemonConfig, daemons: list[Daemon]) -> Daemon:

@@ -33,12 +33,6 @@ def config():
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def daemons():
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        daemon.ensure_stopped()
 
 
 @pytest.fixture(scope="module")

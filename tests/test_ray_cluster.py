@@ -67,13 +67,10 @@ class Fleet:
         for name in list(self.cluster.nodes):
             for pid in self.cluster.node_pids(name):
                 try:
-                    cmdline = psutil.Process(pid).cmdline()
+                    if spec_game(psutil.Process(pid).cmdline()) == game:
+                        found.append(name)
                 except psutil.NoSuchProcess:
                     continue
-                if "workers" in cmdline and "--spec" in cmdline:
-                    spec = json.loads(Path(cmdline[cmdline.index("--spec") + 1]).read_text())
-                    if spec["game"] == game:
-                        found.append(name)
         return found
 
     def checkpoints(self, game: str) -> list[Path]:
@@ -282,14 +279,15 @@ def test_a_url_storage_trains_in_a_node_cache_and_a_crashed_run_resumes_from_the
     assert sorted((config.state_dir / "games" / "gu" / "checkpoints").glob("ckpt-*"))
 
 
+def spec_game(cmdline: list[str]) -> str | None:
+    """The game a worker's command line trains (read from its run spec); None for any other process."""
+    if "workers" not in cmdline or "--spec" not in cmdline:
+        return None
+    try:
+        return json.loads(Path(cmdline[cmdline.index("--spec") + 1]).read_text())["game"]
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+
+
 def worker_processes_of(game: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "workers" in cmdline and "--spec" in cmdline:
-            try:
-                if json.loads(Path(cmdline[cmdline.index("--spec") + 1]).read_text())["game"] == game:
-                    found.append(process)
-            except (OSError, ValueError):
-                continue
-    return found
+    return [p for p in psutil.process_iter(["cmdline"]) if spec_game(p.info["cmdline"] or []) == game]

@@ -48,12 +48,6 @@ def config(root: Path) -> DaemonConfig:
     return config
 
 
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        daemon.ensure_stopped()
 
 
 def serve(config_path: Path, wrapper: list[str] | None = None) -> subprocess.CompletedProcess[str]:

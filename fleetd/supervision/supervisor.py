@@ -339,17 +339,24 @@ class Supervisor:
         if self._shutdown is not None:
             return
         desired = self._desired.get(proc.name)
-        if proc.state in (State.STARTING, State.RUNNING) and self._on_down_host(proc.name):
-            return  # its run ends as `node_lost` when Ray reports it (its true cause), not `stopped`
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
                 proc.start("admitted: desired state is running")
             elif proc.state in (State.STARTING, State.RUNNING) and self._moved(proc.name):
-                proc.stop(f"moving to host {self.fleet.host_of(proc.name)}: it restarts there from its checkpoint")
+                self._stop(proc, f"moving to host {self.fleet.host_of(proc.name)}: it restarts there from its checkpoint")
         elif desired is Desired.RUNNING:
-            proc.stop("back to pending: the governor allows fewer games")
+            self._stop(proc, "back to pending: the governor allows fewer games")
         elif desired is Desired.STOPPED:
-            proc.stop("stop requested")
+            self._stop(proc, "stop requested")
+
+    def _stop(self, proc: WorkerProcess, reason: str) -> bool:
+        """Stop a worker for the fleet's or the operator's sake; not one whose cluster host is
+        down: Ray ends its actor with the node and the run records `node_lost`, its true cause,
+        where a stop would record `stopped`. False when it was left to that."""
+        if proc.state in (State.STARTING, State.RUNNING) and self._on_down_host(proc.name):
+            return False
+        proc.stop(reason)
+        return True
 
     def _moved(self, name: str) -> bool:
         """On a cluster: the game's slot is now another host's than the one its worker runs on
@@ -381,9 +388,10 @@ class Supervisor:
                 return  # still on its way back
         self._rolling = None
         for proc in self.procs.values():
-            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch) and not self._on_down_host(proc.name):
+            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch) and self._stop(
+                proc, "restarting from its checkpoint with the new tier settings"
+            ):
                 self._rolling = proc.name
-                proc.stop("restarting from its checkpoint with the new tier settings")
                 return
 
     # -- processes ---------------------------------------------------------------------------
@@ -522,7 +530,7 @@ class Supervisor:
         from desired `running` once the worker has stopped."""
         proc = self.procs.get(name)
         if proc is not None and proc.state in (State.STARTING, State.RUNNING):
-            proc.stop("restarting with its changed settings")
+            self._stop(proc, "restarting with its changed settings")
 
     def _start_waiting(self, name: str) -> None:
         """`games start` on a game in backoff that holds a slot: no need to wait out the delay."""
@@ -541,7 +549,7 @@ class Supervisor:
             return False
         self.fleet.give_slot(holder, name)
         self._handovers[name] = holder.name
-        self.procs[holder.name].stop(f"back to pending: its slot went to {name} (fleetd games start {name} --now)")
+        self._stop(self.procs[holder.name], f"back to pending: its slot went to {name} (fleetd games start {name} --now)")
         return True
 
     def _admission(self, name: str) -> Admission:
