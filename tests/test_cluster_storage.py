@@ -130,16 +130,16 @@ def test_a_runs_sync_on_its_node_pulls_before_and_pushes_while_and_after(tmp_pat
     assert sync.pull() == "ckpt-000000000100"
     assert checkpoint.newest_verified(sync.checkpoints).path.name == "ckpt-000000000100"  # where the worker resumes
 
-    running = threading.Event()
-    running.set()
-    pusher = threading.Thread(target=sync.push_while, args=(running, 0.05))
+    stop = threading.Event()
+    pusher = threading.Thread(target=sync.push_until, args=(stop, 0.05))
     pusher.start()
     try:
         write_ckpt(sync.checkpoints, 200)  # the worker's next checkpoint
         wait_for(lambda: (remote(target) / "ckpt-000000000200" / checkpoint.MANIFEST).is_file())
     finally:
-        running.clear()
+        stop.set()
         pusher.join(30)
+    assert not pusher.is_alive()
     write_ckpt(sync.checkpoints, 300)  # written just before the worker exited
     shutil.rmtree(sync.checkpoints / "ckpt-000000000100")  # and pruned by its retention
     assert sync.push() == ["ckpt-000000000300"]

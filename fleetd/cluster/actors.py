@@ -165,12 +165,14 @@ class RunActor:
             return
         finally:
             self._started.set()
-        pushing = threading.Event()
+        stop_pushing, pusher = threading.Event(), None
         if self._sync is not None:
-            pushing.set()
-            threading.Thread(target=self._sync.push_while, args=(pushing,), name="push", daemon=True).start()
+            pusher = threading.Thread(target=self._sync.push_until, args=(stop_pushing,), name="push", daemon=True)
+            pusher.start()
         returncode = self._child.wait()
-        pushing.clear()
+        stop_pushing.set()
+        if pusher is not None:
+            pusher.join()  # a push under way ends before the last one starts: never two uploads of one checkpoint
         try:
             os.killpg(self._child.pid, signal.SIGKILL)  # stragglers of its group go with it
         except ProcessLookupError:

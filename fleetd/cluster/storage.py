@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-import time
 from pathlib import Path
 
 from fleetd.backup import Target, fetch_checkpoint, sync_game
@@ -144,10 +143,10 @@ class RunSync:
     def push(self) -> list[str]:
         return push_new(self.target, self.game, self.checkpoints, self._owned)
 
-    def push_while(self, running: threading.Event, every_s: float = PUSH_EVERY_S) -> None:
-        """Push every `every_s` until `running` is cleared; errors are logged and retried."""
-        while running.is_set():
-            time.sleep(every_s)
+    def push_until(self, stop: threading.Event, every_s: float = PUSH_EVERY_S) -> None:
+        """Push every `every_s` until `stop` is set (at once, not after the rest of a wait);
+        errors are logged and retried."""
+        while not stop.wait(every_s):
             try:
                 self.push()
             except Exception as exc:  # noqa: BLE001 - the next round tries again; the last push reports
