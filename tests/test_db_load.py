@@ -178,7 +178,10 @@ def test_api_under_supervisor_writes_never_answers_500(tmp_path: Path, busy_time
         tally = run_load(context, base)
         print(report(f"busy_timeout_ms={busy_timeout_ms}", tally))
         assert tally.problems == []
-        assert sum(tally.statuses.values()) > 50 and tally.writes > 10, report("too little load", tally)
+        # With no wait at all most writer attempts meet a held lock; what proves load is the
+        # attempts, and at least one flush must still land (the writers are not starved).
+        attempts = tally.writes + tally.writer_busy
+        assert sum(tally.statuses.values()) > 50 and attempts > 10 and tally.writes > 0, report("too little load", tally)
         assert set(tally.statuses) <= {200, 201, 202, 204, 503}, tally.statuses
         if busy_timeout_ms > 0:
             assert tally.statuses[503] == 0 and tally.writer_busy == 0, report("busy", tally)
