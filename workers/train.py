@@ -7,6 +7,7 @@ import logging
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.preprocessing import is_image_space
 from stable_baselines3.common.utils import configure_logger, set_random_seed
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
@@ -133,11 +134,13 @@ def _image_obs(venv: VecEnv) -> bool:
 def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
     """The plan's batch size holds on resume too: a tier change restarts games from their
     checkpoints expecting its settings. SB3 reads `batch_size` at every update (A2C has none);
-    PPO's minibatch stays within its rollout, as for a new model."""
+    PPO's minibatch stays within its rollout, as for a new model. Only an on-policy rollout
+    bounds it: DQN has an `n_steps` too (its n-step return, 1 by default), and capping by that
+    once trained every resumed DQN on batches of `num_envs` transitions."""
     if not hasattr(model, "batch_size"):
         return
     batch = plan.batch_size
-    if hasattr(model, "n_steps"):
+    if isinstance(model, OnPolicyAlgorithm):
         batch = min(batch, model.n_steps * model.n_envs)
     if batch != model.batch_size:
         log.info("batch_size %d -> %d (this run's plan)", model.batch_size, batch)

@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from stable_baselines3.common.callbacks import BaseCallback
 
 from workers import checkpoint
+from workers import train as train_module
+from workers.algos import set_schedule_horizon
 from workers.callback import StopFlag
 from workers.counters import Counters
 from workers.envs import make_vec_env
 from workers.hyperparams import make_plan, select_device
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.snapshot import ReplayPolicy, capture_rng, load_snapshot, save_snapshot
+from workers.resume import find_resumable
+from workers.snapshot import ReplayPolicy, capture_rng, load_snapshot, restore_rng, save_snapshot
 from workers.train import build_model, env_config, run
 
 
@@ -119,6 +124,68 @@ def test_checkpoint_round_trip_restores_counters_parameters_and_rng(make_spec, t
     assert capture_rng(restored.model) == json.loads(json.dumps(rng_before))
 
 
+TINY = {
+    "ppo": {"num_envs": 2, "n_steps": 32, "batch_size": 32, "n_epochs": 2, "policy_kwargs": {"net_arch": [16]}},
+    "a2c": {"num_envs": 2, "n_steps": 5, "policy_kwargs": {"net_arch": [16]}},
+    "dqn": {"num_envs": 2, "policy_kwargs": {"net_arch": [16]}, "learning_starts": 100,
+            "buffer_size": 2000, "batch_size": 32, "train_freq": 4, "gradient_steps": 1,
+            "target_update_interval": 50},
+}
+
+
+class _StopAt(BaseCallback):
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps = steps
+
+    def _on_step(self) -> bool:
+        return self.num_timesteps < self.steps
+
+
+@pytest.mark.parametrize("algo", sorted(TINY))
+def test_a_resumed_run_trains_exactly_as_the_same_model_kept_in_memory(make_spec, tmp_path, algo):
+    """The checkpoint holds all of the learner's state. From one checkpoint, the worker's resume
+    path (newest verified checkpoint, RNG restored, schedule horizon set) and the model that
+    wrote it, kept in memory, are given the same fresh env and trained on: they must end with
+    bit-identical parameters, optimizer state and schedules. Any state a checkpoint dropped
+    (DQN's replay buffer, its target network, update counters, epsilon, an RNG) would show as a
+    difference; what a real kill costs beyond this is the env reset and the steps since the
+    checkpoint, which bench/learning.py measures."""
+    spec = make_spec(algo=algo, total_timesteps=None, hyperparams=TINY[algo])
+    plan = make_plan(spec, select_device("cpu"))
+    horizon = 4000
+    kept = build_model(spec, plan, make_vec_env(env_config(spec, plan)))
+    set_schedule_horizon(kept, horizon)
+    kept.learn(2**62, callback=_StopAt(600), reset_num_timesteps=False)
+    counters = Counters(steps=kept.num_timesteps)
+    written = checkpoint.write_checkpoint(spec.checkpoint_dir, counters.steps, 0,
+                                          lambda d: save_snapshot(d, kept, counters, ReplayPolicy()))
+    rng = json.loads((written / "state.json").read_text())["rng"]
+
+    venv = make_vec_env(env_config(spec, plan))
+    found = find_resumable(spec.checkpoint_dir, algo, venv, "cpu", plan.normalize, plan.overrides)
+    assert found.taken == written and found.restored.replay_note is None
+    resumed = train_module._model_from(found, spec, plan, venv)
+    set_schedule_horizon(resumed, horizon)
+    resumed.learn(2**62, callback=_StopAt(1400), reset_num_timesteps=False)
+
+    kept.set_env(make_vec_env(env_config(spec, plan)))  # the same fresh env: reset from the seed
+    restore_rng(rng, kept)
+    kept.learn(2**62, callback=_StopAt(1400), reset_num_timesteps=False)
+
+    assert resumed.num_timesteps == kept.num_timesteps >= 1400
+    a, b = kept.policy.state_dict(), resumed.policy.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), algo
+    opt_a, opt_b = kept.policy.optimizer.state_dict()["state"], resumed.policy.optimizer.state_dict()["state"]
+    assert all(torch.equal(x, opt_b[k][name]) for k in opt_a for name, x in opt_a[k].items() if torch.is_tensor(x))
+    assert resumed._current_progress_remaining == kept._current_progress_remaining
+    assert [e["r"] for e in resumed.ep_info_buffer] == [e["r"] for e in kept.ep_info_buffer]
+    if algo == "dqn":
+        assert resumed.exploration_rate == kept.exploration_rate and resumed._n_calls == kept._n_calls
+        assert resumed.replay_buffer.pos == kept.replay_buffer.pos
+        assert np.array_equal(resumed.replay_buffer.observations, kept.replay_buffer.observations)
+
+
 # -- resume and its fallbacks ------------------------------------------------------------------
 
 
@@ -193,7 +260,7 @@ def test_resume_continues_counting_and_completes_immediately_when_done(trained, 
 
 def test_a_resumed_model_takes_this_runs_batch_size():
     """A tier change restarts games from their checkpoints with the new tier's batch size."""
-    from stable_baselines3 import A2C, PPO
+    from stable_baselines3 import A2C, DQN, PPO
     from stable_baselines3.common.env_util import make_vec_env as sb3_vec_env
 
     from workers.hyperparams import DeviceInfo, Plan
@@ -205,6 +272,9 @@ def test_a_resumed_model_takes_this_runs_batch_size():
     assert ppo.batch_size == 64
     apply_batch_size(ppo, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=1024))
     assert ppo.batch_size == 128  # capped at n_steps x n_envs, as for a new model
+    dqn = DQN("MlpPolicy", env, batch_size=32, policy_kwargs={"net_arch": [8]}, device="cpu")
+    apply_batch_size(dqn, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))
+    assert dqn.n_steps == 1 and dqn.batch_size == 64  # its n-step return is no rollout: no cap
     a2c = A2C("MlpPolicy", env, policy_kwargs={"net_arch": [8]}, device="cpu")
     apply_batch_size(a2c, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))  # no batch: no-op
     assert not hasattr(a2c, "batch_size")
