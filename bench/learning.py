@@ -10,8 +10,9 @@ hyperparameters, `num_envs` 8) trained by a real `fleetd serve` three ways:
 Each run stops at the threshold (the game's mean return over its last 100 whole episodes) once
 its planned kills have happened, or at the step budget. Reported per run: steps to threshold by the game's own counter (which rewinds to
 the checkpoint on a resume) and env steps spent (that plus the steps lost), their ratios to the
-uninterrupted run, the steps lost per kill, and per resume the mean return just before the kill
-against the lowest mean return from the resume to the next kill (or the end).
+uninterrupted run, the steps lost per kill, and per resume the mean return just before the kill,
+as restored with the checkpoint (rewound with its steps), and the lowest from the resume to the
+next kill (or the end): a drop below the restored mean is learning lost, not the rewind.
 
     PYTHONPATH=. python bench/learning.py cartpole [--algos ppo dqn] [--seeds 1 2 3] [--json out.json]
     PYTHONPATH=. python bench/learning.py cartpole --quick      # tests/test_bench_learning.py
@@ -80,6 +81,9 @@ class Kill:
     at_steps: int  # the game's steps last reported before the kill
     resumed_from: int | None = None
     mean_before: float | None = None  # mean return last reported before the kill
+    # the first mean read once resumed: the checkpoint's window, rewound with its steps, so
+    # `mean_before - mean_restored` is the rewind and `mean_restored - lowest_after` a real dip
+    mean_restored: float | None = None
     lowest_after: float | None = None  # lowest mean return from the resume to the next kill/end
     recovered_s: float | None = None  # kill to the new worker training past its resume point
 
@@ -218,6 +222,7 @@ class Trainer:
                     run.curve.append((steps, mean))
                     if run.kills and run.kills[-1].resumed_from is not None:
                         last = run.kills[-1]
+                        last.mean_restored = mean if last.mean_restored is None else last.mean_restored
                         last.lowest_after = mean if last.lowest_after is None else min(last.lowest_after, mean)
                     if mean >= run.threshold and run.reached_at is None:
                         run.reached_at = steps
@@ -337,11 +342,12 @@ def print_table(runs: list[Run], file=sys.stdout) -> None:
     base = {(r.algo, r.seed): r for r in runs if r.scenario == UNINTERRUPTED}
     print(f"{'algo':4} {'seed':>4} {'scenario':13} {'threshold':>9} {'reached at':>10} {'ratio':>5} "
           f"{'spent':>7} {'ratio':>5} {'lost':>6} {'final mean':>10} {'wall s':>6}  kills: at -> resumed "
-          "(lost) mean before / lowest after", file=file)
+          "(lost) mean before / restored / lowest after", file=file)
     for r in sorted(runs, key=lambda r: (r.algo, r.seed, SCENARIOS.index(r.scenario))):
         b = base.get((r.algo, r.seed))
         kills = "; ".join(f"{k.at_steps}->{fmt(k.resumed_from, 'd')} ({fmt(k.lost, 'd')}) "
-                          f"{fmt(k.mean_before, '.1f')}/{fmt(k.lowest_after, '.1f')}" for k in r.kills)
+                          f"{fmt(k.mean_before, '.1f')}/{fmt(k.mean_restored, '.1f')}/{fmt(k.lowest_after, '.1f')}"
+                          for k in r.kills)
         print(f"{r.algo:4} {r.seed:>4} {r.scenario:13} {r.threshold:>9g} {fmt(r.reached_at, 'd'):>10} "
               f"{ratio(r.reached_at, b and b.reached_at):>5} {fmt(r.spent_to_threshold, 'd'):>7} "
               f"{ratio(r.spent_to_threshold, b and b.reached_at):>5} {r.steps_lost:>6} "
@@ -363,14 +369,14 @@ def summary(runs: list[Run]) -> dict:
             entry["ratios"].append(r.reached_at / b.reached_at)
             entry["spent_ratios"].append(r.spent_to_threshold / b.reached_at)
         entry["lost_per_kill"].extend(k.lost for k in r.kills if k.lost is not None)
-        entry["dips"].extend(k.mean_before - k.lowest_after for k in r.kills
-                             if k.mean_before is not None and k.lowest_after is not None)
+        entry["dips"].extend(k.mean_restored - k.lowest_after for k in r.kills
+                             if k.mean_restored is not None and k.lowest_after is not None)
     return out
 
 
 def print_summary(runs: list[Run]) -> None:
     print("\nper algo and scenario over seeds: steps-to-threshold ratio (counter; env steps spent), "
-          "steps lost per kill, drop of the mean return after a resume (before - lowest after)")
+          "steps lost per kill, drop of the mean return after a resume (restored - lowest after)")
     for algo, scenarios in summary(runs).items():
         for scenario, e in scenarios.items():
             if scenario == UNINTERRUPTED:
