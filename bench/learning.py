@@ -381,7 +381,8 @@ def print_summary(runs: list[Run]) -> None:
         for scenario, e in scenarios.items():
             if scenario == UNINTERRUPTED:
                 continue
-            agg = lambda xs, f=".2f": "-" if not xs else f"mean {statistics.mean(xs):{f}} max {max(xs):{f}}"  # noqa: E731
+            agg = lambda xs, f=".2f": "-" if not xs else (  # noqa: E731
+                f"median {statistics.median(xs):{f}} mean {statistics.mean(xs):{f}} max {max(xs):{f}}")
             print(f"  {algo} {scenario}: ratio {agg(e['ratios'])}; spent {agg(e['spent_ratios'])}; "
                   f"lost/kill {agg(e['lost_per_kill'], '.0f')}; dip {agg(e['dips'], '.1f')}; "
                   f"not reached {e['not_reached']}")

@@ -6,9 +6,13 @@ import difflib
 import json
 import subprocess
 import sys
+import logging
 import threading
 
 from fleetd.errors import ErrorCode, FleetdError
+
+
+log = logging.getLogger(__name__)
 
 
 class EnvCatalog:
@@ -22,6 +26,23 @@ class EnvCatalog:
             if self._ids is None:
                 self._ids = frozenset(self._list())
             return self._ids
+
+    def warm(self) -> threading.Thread:
+        """List the registries on a thread now, so that the first request naming an env id
+        (an add, an apply) does not wait for the listing: importing EnvPool and Gymnasium takes
+        seconds, over ten on a loaded host, which is a CLI's whole timeout. A request that comes
+        first waits on the same listing; a failure is logged and met again, with its reason,
+        by the first request that needs the ids."""
+
+        def list_quietly() -> None:
+            try:
+                log.info("env ids listed: %d", len(self.ids()))
+            except FleetdError as exc:
+                log.warning("%s", exc.message)
+
+        thread = threading.Thread(target=list_quietly, name="env-catalog", daemon=True)
+        thread.start()
+        return thread
 
     def _list(self) -> list[str]:
         command = [self._python, "-m", "workers.catalog"]

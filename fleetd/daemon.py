@@ -293,6 +293,7 @@ class Daemon:
             # uvicorn wraps TERM and INT and calls these again once it has shut down.
             signal.signal(signum, self.stop.handle)
         scheduler.start()
+        self.catalog.warm()
         log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)
         try:
             server.run(sockets=[sock])

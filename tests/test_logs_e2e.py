@@ -82,7 +82,8 @@ def test_cli_follows_picks_older_runs_and_a_readded_game_starts_a_fresh_log(daem
 
     # -f through the CLI: a new line shows while it runs; Ctrl+C ends it cleanly.
     command = [sys.executable, "-m", "fleetd", "logs", "chat", "-f", "-n", "0", "--config", str(daemon.config.path)]
-    follower = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=clean_env() | {"PYTHONPATH": str(REPO)})
+    follower = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=clean_env() | {"PYTHONPATH": str(REPO)},
+                                preexec_fn=as_from_a_terminal)
     try:
         line = wait_stdout(follower)
         assert line.startswith(f"run {first}: ")
@@ -114,6 +115,13 @@ def test_cli_follows_picks_older_runs_and_a_readded_game_starts_a_fresh_log(daem
     assert whole.startswith(f"run {third} of chat: started") and f"run {second}" not in whole
     assert f"run {first}" not in whole
     assert len(daemon.runs("chat")) == 1
+
+
+def as_from_a_terminal() -> None:
+    """Ctrl+C as a terminal delivers it. A suite started in the background by a shell (`make test
+    &`, nohup) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt
+    handler: the follower would not see the test's Ctrl+C at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_stdout(process: subprocess.Popen) -> str:

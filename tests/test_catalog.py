@@ -1,0 +1,38 @@
+"""The env catalog: listed by a real subprocess, warmed on a thread when the daemon starts."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetd.catalog import EnvCatalog
+from fleetd.errors import ErrorCode, FleetdError
+
+
+def test_warm_lists_the_registries_once_and_requests_then_take_them_without_a_subprocess(monkeypatch) -> None:
+    catalog = EnvCatalog(sys.executable)
+    catalog.warm().join(180)
+    assert {"CartPole-v1", "Breakout-v5"} <= catalog.ids()
+
+    def no_second_listing() -> list[str]:
+        raise AssertionError("listed twice")
+
+    monkeypatch.setattr(catalog, "_list", no_second_listing)
+    catalog.check("CartPole-v1")
+    with pytest.raises(FleetdError) as caught:
+        catalog.check("CartPol-v1")
+    assert caught.value.code is ErrorCode.VALIDATION and "CartPole-v1" in caught.value.details["close_matches"]
+
+
+def test_a_warm_up_that_fails_is_logged_and_the_first_request_gets_the_reason(tmp_path: Path, caplog) -> None:
+    missing = tmp_path / "no-such-python"
+    catalog = EnvCatalog(str(missing))
+    with caplog.at_level(logging.WARNING, logger="fleetd.catalog"):
+        catalog.warm().join(30)
+    assert any("cannot list the env registries" in r.getMessage() for r in caplog.records)
+    with pytest.raises(FleetdError) as caught:  # not cached: asked again, failing with its reason
+        catalog.check("CartPole-v1")
+    assert caught.value.code is ErrorCode.INTERNAL and str(missing) in caught.value.message
