@@ -184,6 +184,8 @@ def resumed(daemon: Daemon, name: str, runs_before: int, killed_at_steps: int) -
     game = patiently(lambda: daemon.game(name))
     if game["pid"] != runs[0]["pid"] or game["steps"] == 0:
         return None
+    if game["steps"] == killed_at_steps:  # the row still holds the killed run's last report
+        return None
     start = runs[0]["resumed_from_steps"]
     if start is None:  # not reported yet, or from scratch (no checkpoint at the kill)
         return 0 if game["last_checkpoint"] is None and game["steps"] < killed_at_steps else None
@@ -220,8 +222,9 @@ class Trainer:
                 steps, mean = game["steps"], game["mean_reward_100"]
                 if mean is not None:
                     run.curve.append((steps, mean))
-                    if run.kills and run.kills[-1].resumed_from is not None:
-                        last = run.kills[-1]
+                    last = run.kills[-1] if run.kills else None
+                    # (a row still at the kill's steps is the killed run's last report)
+                    if last is not None and last.resumed_from is not None and steps != last.at_steps:
                         last.mean_restored = mean if last.mean_restored is None else last.mean_restored
                         last.lowest_after = mean if last.lowest_after is None else min(last.lowest_after, mean)
                     if mean >= run.threshold and run.reached_at is None:
