@@ -41,7 +41,7 @@ def test_quick_cartpole_run_reports_every_scenario(tmp_path: Path) -> None:
             assert kill["resumed_from"] is not None and 0 < kill["resumed_from"] <= kill["at_steps"], kill
             assert kill["at_steps"] - kill["resumed_from"] <= 500 + 256, kill  # an interval and a rollout
             assert kill["mean_before"] is not None and kill["lowest_after"] is not None
-            assert kill["mean_restored"] is not None and kill["lowest_after"] <= kill["mean_restored"]
+            assert kill["mean_restored"] is not None
         assert runs[scenario]["steps_lost"] == sum(k["at_steps"] - k["resumed_from"] for k in runs[scenario]["kills"])
     summary = report["summary"]["ppo"]
     assert len(summary[SIGKILLS]["lost_per_kill"]) == 3 and len(summary[SIGKILLS]["ratios"]) == 1

@@ -177,6 +177,7 @@ def test_a_resumed_run_trains_exactly_as_the_same_model_kept_in_memory(make_spec
     a, b = kept.policy.state_dict(), resumed.policy.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), algo
     opt_a, opt_b = kept.policy.optimizer.state_dict()["state"], resumed.policy.optimizer.state_dict()["state"]
+    assert opt_a and opt_a.keys() == opt_b.keys()
     assert all(torch.equal(x, opt_b[k][name]) for k in opt_a for name, x in opt_a[k].items() if torch.is_tensor(x))
     assert resumed._current_progress_remaining == kept._current_progress_remaining
     assert [e["r"] for e in resumed.ep_info_buffer] == [e["r"] for e in kept.ep_info_buffer]
