@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import subprocess
 import sys
-import logging
 import threading
 
 from fleetd.errors import ErrorCode, FleetdError
@@ -20,6 +20,8 @@ class EnvCatalog:
         self._python = python or sys.executable
         self._ids: frozenset[str] | None = None
         self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None  # the listing under way, for close()
+        self._closed = False
 
     def ids(self) -> frozenset[str]:
         with self._lock:
@@ -38,17 +40,40 @@ class EnvCatalog:
             try:
                 log.info("env ids listed: %d", len(self.ids()))
             except FleetdError as exc:
-                log.warning("%s", exc.message)
+                if not self._closed:
+                    log.warning("%s", exc.message)
 
         thread = threading.Thread(target=list_quietly, name="env-catalog", daemon=True)
         thread.start()
         return thread
 
+    def close(self) -> None:
+        """The daemon is stopping: end a listing still under way (its process is ours, and
+        must not outlive the daemon); later requests fail at once."""
+        self._closed = True
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+
     def _list(self) -> list[str]:
         command = [self._python, "-m", "workers.catalog"]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
-            return list(json.loads(done.stdout))
+            if self._closed:
+                raise OSError("the daemon is stopping")
+            self._child = child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if self._closed:  # close() ran while it started
+                child.kill()
+            try:
+                stdout, stderr = child.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+                raise
+            finally:
+                self._child = None
+            if child.returncode != 0:
+                raise subprocess.CalledProcessError(child.returncode, command, stdout, stderr)
+            return list(json.loads(stdout))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             # The child's last stderr line is usually the reason (an import that failed).
             stderr = (getattr(exc, "stderr", None) or "").strip().splitlines()

@@ -298,6 +298,7 @@ class Daemon:
         try:
             server.run(sockets=[sock])
         finally:
+            self.catalog.close()
             scheduler.shutdown(wait=True)
             self.notifier.stopping(f"stopping: {self.stop.describe()}")
             log.info("stopping: %s", self.stop.describe())

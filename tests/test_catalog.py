@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,24 @@ def test_a_warm_up_that_fails_is_logged_and_the_first_request_gets_the_reason(tm
     with pytest.raises(FleetdError) as caught:  # not cached: asked again, failing with its reason
         catalog.check("CartPole-v1")
     assert caught.value.code is ErrorCode.INTERNAL and str(missing) in caught.value.message
+
+
+def test_close_ends_a_listing_under_way_and_says_nothing(tmp_path: Path, caplog) -> None:
+    """A daemon that stops while the registries are being listed leaves no process behind."""
+    slow = tmp_path / "slow-python"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    catalog = EnvCatalog(str(slow))
+    with caplog.at_level(logging.WARNING, logger="fleetd.catalog"):
+        thread = catalog.warm()
+        deadline = time.monotonic() + 10
+        while catalog._child is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = catalog._child
+        assert child is not None, "the listing did not start"
+        catalog.close()
+        thread.join(10)
+    assert not thread.is_alive() and child.poll() is not None  # killed, and reaped by communicate
+    assert caplog.records == []
+    with pytest.raises(FleetdError, match="stopping"):
+        catalog.ids()
