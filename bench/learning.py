@@ -225,7 +225,8 @@ class Trainer:
                     last = run.kills[-1] if run.kills else None
                     # (a row still at the kill's steps is the killed run's last report)
                     if last is not None and last.resumed_from is not None and steps != last.at_steps:
-                        last.mean_restored = mean if last.mean_restored is None else last.mean_restored
+                        if last.mean_restored is None:
+                            last.mean_restored = mean
                         last.lowest_after = mean if last.lowest_after is None else min(last.lowest_after, mean)
                     if mean >= run.threshold and run.reached_at is None:
                         run.reached_at = steps

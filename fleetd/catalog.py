@@ -13,6 +13,7 @@ from fleetd.errors import ErrorCode, FleetdError
 
 
 log = logging.getLogger(__name__)
+LISTING_TIMEOUT_S = 120
 
 
 class EnvCatalog:
@@ -56,24 +57,8 @@ class EnvCatalog:
             child.kill()
 
     def _list(self) -> list[str]:
-        command = [self._python, "-m", "workers.catalog"]
         try:
-            if self._closed:
-                raise OSError("the daemon is stopping")
-            self._child = child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            if self._closed:  # close() ran while it started
-                child.kill()
-            try:
-                stdout, stderr = child.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.communicate()
-                raise
-            finally:
-                self._child = None
-            if child.returncode != 0:
-                raise subprocess.CalledProcessError(child.returncode, command, stdout, stderr)
-            return list(json.loads(stdout))
+            return list(json.loads(self._run_listing()))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             # The child's last stderr line is usually the reason (an import that failed).
             stderr = (getattr(exc, "stderr", None) or "").strip().splitlines()
@@ -81,6 +66,26 @@ class EnvCatalog:
             raise FleetdError(
                 ErrorCode.INTERNAL, f"cannot list the env registries with {self._python}: {exc}{why}"
             ) from None
+
+    def _run_listing(self) -> str:
+        """`python -m workers.catalog`'s output, its process kept where close() can kill it."""
+        if self._closed:
+            raise OSError("the daemon is stopping")
+        command = [self._python, "-m", "workers.catalog"]
+        self._child = child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if self._closed:  # close() ran while it started
+            child.kill()
+        try:
+            stdout, stderr = child.communicate(timeout=LISTING_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise
+        finally:
+            self._child = None
+        if child.returncode != 0:
+            raise subprocess.CalledProcessError(child.returncode, command, stdout, stderr)
+        return stdout
 
     def check(self, env_id: str, field: str = "env_id") -> None:
         ids = self.ids()

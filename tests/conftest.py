@@ -74,9 +74,7 @@ def daemons() -> Iterator[list[Daemon]]:
 
 
 @pytest.fixture
-def fleet_daemons(fleet_config: DaemonConfig) -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        daemon.ensure_stopped()
-    kill_leftover_workers(fleet_config)
+def fleet_daemons(fleet_config: DaemonConfig, daemons: list[Daemon]) -> list[Daemon]:
+    """The daemons a test starts on `fleet_config`, stopped after it as `daemons` are (and
+    before `fleet_config` removes their folder)."""
+    return daemons

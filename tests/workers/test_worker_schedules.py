@@ -9,18 +9,17 @@ from stable_baselines3.common.utils import LinearSchedule
 from workers import checkpoint, defaults
 from workers.algos import FleetDQN, set_schedule_horizon
 from workers.callback import StopFlag
-from workers.counters import Counters
 from workers.envs import make_vec_env
 from workers.hyperparams import DeviceInfo, algo_kwargs, make_plan, schedule_horizon
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import ResumedReport
 from workers.protocol.spec import RunSpec
-from workers.snapshot import REPLAY_BUFFER, ReplayPolicy, load_snapshot, replay_buffer_bytes, save_snapshot
+from workers.snapshot import REPLAY_BUFFER, ReplayPolicy, load_snapshot, replay_buffer_bytes
 from workers.train import env_config, run
 
+from tests.workers.helpers import TINY_DQN, StopAt, save_checkpoint
+
 CPU = DeviceInfo("cpu", "cpu")
-TINY_DQN = {"num_envs": 2, "policy_kwargs": {"net_arch": [16]}, "learning_starts": 100,
-            "buffer_size": 2000, "batch_size": 32, "train_freq": 4, "gradient_steps": 1}
 
 
 def _plan(make_spec, **fields):
@@ -105,7 +104,7 @@ def test_open_ended_learn_follows_the_horizon_not_the_budget(make_spec):
     spec = make_spec(algo="dqn", total_timesteps=None, hyperparams=TINY_DQN)
     model = _tiny_dqn(spec)
     set_schedule_horizon(model, 1000)
-    model.learn(2**62, callback=_stop_at(600))
+    model.learn(2**62, callback=StopAt(600))
     # progress as of the step before the last (SB3 updates it, then steps the callback)
     assert model._current_progress_remaining == pytest.approx(1 - model.num_timesteps / 1000, abs=0.005)
     assert model.exploration_rate == pytest.approx(0.04)  # annealed: 0.16 of 1000 steps is long past
@@ -116,14 +115,14 @@ def test_a_resumed_run_continues_the_schedule_where_it_was(make_spec, tmp_path):
                      hyperparams={**TINY_DQN, "exploration_fraction": 1.0})
     model = _tiny_dqn(spec)
     set_schedule_horizon(model, 2000)
-    model.learn(2**62, callback=_stop_at(500))
+    model.learn(2**62, callback=StopAt(500))
     eps_before = model.exploration_rate
-    path = _save(model, tmp_path, ReplayPolicy())
+    path = save_checkpoint(model, tmp_path, ReplayPolicy())
     restored = load_snapshot(path, "dqn", make_vec_env(env_config(spec, make_plan(spec, CPU))), "cpu", False)
     resumed = restored.model
     set_schedule_horizon(resumed, 2000)
     assert resumed._current_progress_remaining == pytest.approx(1 - 500 / 2000)
-    resumed.learn(2**62, callback=_stop_at(1000), reset_num_timesteps=False)
+    resumed.learn(2**62, callback=StopAt(1000), reset_num_timesteps=False)
     assert resumed.exploration_rate == pytest.approx(resumed.exploration_schedule(1 - 1000 / 2000), abs=0.01)
     assert resumed.exploration_rate < eps_before  # went on annealing, did not start over
 
@@ -139,9 +138,9 @@ def test_replay_buffer_is_kept_by_default_within_the_budget(make_spec, tmp_path)
     assert ReplayPolicy().saves(model) and ReplayPolicy(max_bytes=size).saves(model)
     over = ReplayPolicy(max_bytes=size - 1)
     assert not over.saves(model) and "over replay_buffer_max_bytes" in over.refusal(model)
-    files = set(checkpoint.read_manifest(_save(model, tmp_path / "a", over)).files)
+    files = set(checkpoint.read_manifest(save_checkpoint(model, tmp_path / "a", over)).files)
     assert REPLAY_BUFFER not in files
-    files = set(checkpoint.read_manifest(_save(model, tmp_path / "b", ReplayPolicy())).files)
+    files = set(checkpoint.read_manifest(save_checkpoint(model, tmp_path / "b", ReplayPolicy())).files)
     assert REPLAY_BUFFER in files
 
 
@@ -150,7 +149,7 @@ def test_resumed_without_buffer_refills_learning_starts_with_the_policy_before_t
     model = _tiny_dqn(spec)
     set_schedule_horizon(model, 10_000)
     model.learn(400)
-    path = _save(model, tmp_path, ReplayPolicy(enabled=False))
+    path = save_checkpoint(model, tmp_path, ReplayPolicy(enabled=False))
     restored = load_snapshot(path, "dqn", make_vec_env(env_config(spec, make_plan(spec, CPU))), "cpu", False)
     assert restored.replay_note == "the checkpoint has no replay buffer"
     resumed = restored.model
@@ -172,22 +171,3 @@ def test_a_dqn_run_resumes_with_its_buffer_and_reports_no_note(make_spec, inbox)
     resumed = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
     assert resumed[0].notes == () and resumed[1].from_ is not None
     assert len(resumed[1].notes) == 1 and "replay_buffer_max_bytes" in resumed[1].notes[0]
-
-
-# -- helpers -------------------------------------------------------------------------------------------
-
-
-def _stop_at(steps: int):
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class StopAt(BaseCallback):
-        def _on_step(self) -> bool:
-            return self.num_timesteps < steps
-
-    return StopAt()
-
-
-def _save(model, directory, replay: ReplayPolicy):
-    counters = Counters(steps=model.num_timesteps)
-    return checkpoint.write_checkpoint(directory, counters.steps, 0,
-                                       lambda d: save_snapshot(d, model, counters, replay))

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from stable_baselines3.common.callbacks import BaseCallback
 
 from workers import checkpoint
 from workers import train as train_module
@@ -22,6 +21,8 @@ from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedRe
 from workers.resume import find_resumable
 from workers.snapshot import ReplayPolicy, capture_rng, load_snapshot, restore_rng, save_snapshot
 from workers.train import build_model, env_config, run
+
+from tests.workers.helpers import TINY_DQN, StopAt, save_checkpoint
 
 
 def _run(spec) -> int:
@@ -127,19 +128,8 @@ def test_checkpoint_round_trip_restores_counters_parameters_and_rng(make_spec, t
 TINY = {
     "ppo": {"num_envs": 2, "n_steps": 32, "batch_size": 32, "n_epochs": 2, "policy_kwargs": {"net_arch": [16]}},
     "a2c": {"num_envs": 2, "n_steps": 5, "policy_kwargs": {"net_arch": [16]}},
-    "dqn": {"num_envs": 2, "policy_kwargs": {"net_arch": [16]}, "learning_starts": 100,
-            "buffer_size": 2000, "batch_size": 32, "train_freq": 4, "gradient_steps": 1,
-            "target_update_interval": 50},
+    "dqn": {**TINY_DQN, "target_update_interval": 50},  # the target net synced within the run
 }
-
-
-class _StopAt(BaseCallback):
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps = steps
-
-    def _on_step(self) -> bool:
-        return self.num_timesteps < self.steps
 
 
 @pytest.mark.parametrize("algo", sorted(TINY))
@@ -156,10 +146,8 @@ def test_a_resumed_run_trains_exactly_as_the_same_model_kept_in_memory(make_spec
     horizon = 4000
     kept = build_model(spec, plan, make_vec_env(env_config(spec, plan)))
     set_schedule_horizon(kept, horizon)
-    kept.learn(2**62, callback=_StopAt(600), reset_num_timesteps=False)
-    counters = Counters(steps=kept.num_timesteps)
-    written = checkpoint.write_checkpoint(spec.checkpoint_dir, counters.steps, 0,
-                                          lambda d: save_snapshot(d, kept, counters, ReplayPolicy()))
+    kept.learn(2**62, callback=StopAt(600), reset_num_timesteps=False)
+    written = save_checkpoint(kept, spec.checkpoint_dir, ReplayPolicy())
     rng = json.loads((written / "state.json").read_text())["rng"]
 
     venv = make_vec_env(env_config(spec, plan))
@@ -167,11 +155,11 @@ def test_a_resumed_run_trains_exactly_as_the_same_model_kept_in_memory(make_spec
     assert found.taken == written and found.restored.replay_note is None
     resumed = train_module._model_from(found, spec, plan, venv)
     set_schedule_horizon(resumed, horizon)
-    resumed.learn(2**62, callback=_StopAt(1400), reset_num_timesteps=False)
+    resumed.learn(2**62, callback=StopAt(1400), reset_num_timesteps=False)
 
     kept.set_env(make_vec_env(env_config(spec, plan)))  # the same fresh env: reset from the seed
     restore_rng(rng, kept)
-    kept.learn(2**62, callback=_StopAt(1400), reset_num_timesteps=False)
+    kept.learn(2**62, callback=StopAt(1400), reset_num_timesteps=False)
 
     assert resumed.num_timesteps == kept.num_timesteps >= 1400
     a, b = kept.policy.state_dict(), resumed.policy.state_dict()
