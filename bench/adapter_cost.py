@@ -1,15 +1,22 @@
 """What the EnvPool adapter costs against raw EnvPool, side by side, at the tiers' env counts.
 
-Both run in one process at once, in rounds: each round measures raw EnvPool and the adapter for
-`--seconds` each, the first of the two alternating from round to round, so that a load change
-on a shared machine hits both. A figure is the median over the rounds; the ratio is the median
-of the rounds' own ratios. Raw EnvPool counts its reset steps (action ignored) as env steps,
-as a plain `step()` loop does; the adapter's count is agent steps.
+Both are built in one process and measured *interleaved call by call*: raw, adapter, adapter,
+raw, ... each call timed on its own, for `--seconds` in all. The host's own drift (on this
+shared VM the CPU time of the same emulation wanders by +-8% from one second to the next)
+then falls on both alike; alternating whole rounds of a second or more, as this script did
+before, left single rounds ranging from 0.55 to 1.47. The ratio is total raw time over total
+adapter time for the same number of calls; its spread is the interquartile range of the same
+ratio over chunks of `--chunk-seconds`.
 
-The ratio "per CPU second" divides steps per second of this process's CPU time (all threads)
-instead of wall time. Foreign load on a shared machine hardly moves it; it counts the work done,
-so it misses threads left idle while the adapter waits on a reset step that runs on fewer envs
-than there are threads (with one EnvPool thread there are none).
+Raw EnvPool counts its reset steps (the action sent is ignored, the env restarts) as env steps,
+as a plain `step()` loop does; the adapter's count is agent steps, and it runs one env step
+more than raw EnvPool counts for every episode that ends (SB3 needs the next episode's first
+observation at once, see workers/envs.py). So with `d` the share of env steps that end an
+episode (a lost life in Atari), no adapter can beat `1 / (1 + d)` of raw EnvPool by this count:
+the *ceiling* column. *per agent step* divides instead by raw EnvPool's steps whose action was
+used, what a learner could train on. *per CPU second* uses the process's CPU time, all threads;
+*cores busy* is CPU time over wall time, which shows an EnvPool thread left idle while the
+adapter waits on a reset step that runs on fewer envs than there are threads.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -62,9 +69,16 @@ def raw_vec_env(config: EnvConfig) -> RawEnvPoolVecEnv:
     return RawEnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **envpool_kwargs(config)))
 
 
-def env_stepper(venv) -> Callable[[np.ndarray], Any]:
-    venv.reset()
-    return venv.step
+class DoneCounter:
+    """Steps a `VecEnv` and counts the episodes that end (each is a reset step for raw EnvPool)."""
+
+    def __init__(self, venv) -> None:
+        venv.reset()
+        self.step = venv.step
+        self.dones = 0
+
+    def __call__(self, actions: np.ndarray) -> None:
+        self.dones += int(np.count_nonzero(self.step(actions)[2]))
 
 
 def rollout_collector(venv, n_steps: int) -> Callable[[np.ndarray], Any]:
@@ -87,52 +101,104 @@ def rollout_collector(venv, n_steps: int) -> Callable[[np.ndarray], Any]:
     return collect
 
 
+@dataclass
+class Tally:
+    """Wall and CPU seconds spent in one runner's calls, in all and per chunk."""
+
+    wall: float = 0.0
+    cpu: float = 0.0
+    chunks: list[float] = field(default_factory=list)
+    _chunk_start: float = 0.0
+
+    def close_chunk(self) -> None:
+        self.chunks.append(self.wall - self._chunk_start)
+        self._chunk_start = self.wall
+
+
 @dataclass(frozen=True)
-class Rate:
-    wall: float  # env steps per second of wall time
-    cpu: float  # env steps per second of this process's CPU time, all threads
+class Interleaved:
+    calls: int  # each runner's
+    tallies: dict[str, Tally]
+
+    def ratio(self, of: str, to: str) -> float:
+        """Rate of `of` over rate of `to`: the same calls, so the inverse ratio of their times."""
+        return self.tallies[to].wall / self.tallies[of].wall
+
+    def chunk_ratios(self, of: str, to: str) -> list[float]:
+        pairs = zip(self.tallies[of].chunks, self.tallies[to].chunks)
+        return sorted(theirs / ours for ours, theirs in pairs if ours > 0)
 
 
-def rate(run: Callable[[np.ndarray], Any], actions: np.ndarray, steps_per_call: int, seconds: float) -> Rate:
-    """Env steps per second (summed over envs) of `run`, called for about `seconds`."""
-    calls, start, cpu_start = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
-        run(actions[calls % len(actions)])
-        calls += 1
-    steps = calls * steps_per_call
-    return Rate(steps / (time.perf_counter() - start), steps / (time.process_time() - cpu_start))
+def timed_call(run: Callable[[np.ndarray], Any], actions: np.ndarray, tally: Tally,
+               clock: Callable[[], float], cpu_clock: Callable[[], float]) -> None:
+    wall, cpu = clock(), cpu_clock()
+    run(actions)
+    tally.wall += clock() - wall
+    tally.cpu += cpu_clock() - cpu
 
 
-def side_by_side(runners: dict[str, Callable], actions: np.ndarray, steps_per_call: int,
-                 rounds: int, seconds: float) -> dict[str, list[Rate]]:
+def interleave(runners: dict[str, Callable[[np.ndarray], Any]], actions: np.ndarray, seconds: float,
+               chunk_seconds: float, clock: Callable[[], float] = time.perf_counter,
+               cpu_clock: Callable[[], float] = time.process_time) -> Interleaved:
+    """Call the runners in turn, reversing the order every call (A B B A ...), each call timed on
+    its own, until `seconds` have passed; a chunk closes every `chunk_seconds`."""
     names = list(runners)
-    for name in names:  # warm-up: first frames, first forward passes
-        rate(runners[name], actions, steps_per_call, min(1.0, seconds))
-    rates: dict[str, list[Rate]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            rates[name].append(rate(runners[name], actions, steps_per_call, seconds))
-    return rates
+    tallies = {name: Tally() for name in names}
+    start = chunk_start = clock()
+    calls = 0
+    while clock() - start < seconds:
+        for name in (names if calls % 2 == 0 else names[::-1]):
+            timed_call(runners[name], actions[calls % len(actions)], tallies[name], clock, cpu_clock)
+        calls += 1
+        if clock() - chunk_start >= chunk_seconds:
+            chunk_start = clock()
+            for tally in tallies.values():
+                tally.close_chunk()
+    return Interleaved(calls, tallies)
+
+
+def warm_up(runners: dict[str, Callable[[np.ndarray], Any]], actions: np.ndarray, seconds: float) -> None:
+    """First frames, first forward passes, EnvPool's buffers: none of it in the figures."""
+    for run in runners.values():
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            run(actions[0])
 
 
 @dataclass(frozen=True)
 class Row:
     count: Count
     kind: str
-    raw: float
-    adapter: float
+    raw: float  # env steps per second, raw EnvPool's count (its reset steps included)
+    adapter: float  # agent steps per second
     ratio: float
-    ratios: list[float]
+    spread: tuple[float, float]  # interquartile range of the chunks' ratios
     cpu_ratio: float
-    load: tuple[float, float, float]
+    per_agent_step: float | None  # against raw EnvPool's steps whose action was used
+    ceiling: float | None  # 1 / (1 + d), d the share of the adapter's env steps ending an episode
+    cores: tuple[float, float]  # raw, adapter: CPU time over wall time
+    load: float
 
 
-def summarize(count: Count, kind: str, rates: dict[str, list[Rate]]) -> Row:
-    ratios = [a.wall / r.wall for a, r in zip(rates["adapter"], rates["raw"])]
-    cpu_ratios = [a.cpu / r.cpu for a, r in zip(rates["adapter"], rates["raw"])]
-    return Row(count, kind, statistics.median(r.wall for r in rates["raw"]),
-               statistics.median(a.wall for a in rates["adapter"]), statistics.median(ratios), ratios,
-               statistics.median(cpu_ratios), os.getloadavg())
+def quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 4:
+        return (min(values), max(values)) if values else (float("nan"), float("nan"))
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def summarize(count: Count, kind: str, result: Interleaved, steps_per_call: int,
+              dones: dict[str, int] | None = None) -> Row:
+    raw, adapter = result.tallies["raw"], result.tallies["adapter"]
+    steps = result.calls * steps_per_call
+    ratio = result.ratio("adapter", "raw")
+    per_agent_step = ceiling = None
+    if dones is not None:  # env-only: every episode end costs raw EnvPool one ignored-action step
+        per_agent_step = ratio * steps / (steps - dones["raw"])
+        ceiling = 1.0 / (1.0 + dones["adapter"] / steps)
+    return Row(count, kind, steps / raw.wall, steps / adapter.wall, ratio,
+               quartiles(result.chunk_ratios("adapter", "raw")), raw.cpu / adapter.cpu, per_agent_step, ceiling,
+               (raw.cpu / raw.wall, adapter.cpu / adapter.wall), os.getloadavg()[0])
 
 
 def measure_count(args, count: Count) -> list[Row]:
@@ -140,40 +206,54 @@ def measure_count(args, count: Count) -> list[Row]:
     venvs = {"raw": raw_vec_env(config), "adapter": make_envpool_vec_env(config)}
     n_actions = venvs["raw"].action_space.n
     actions = np.random.default_rng(0).integers(0, n_actions, size=(256, count.num_envs))
-    rows = []
     try:
-        steppers = {name: env_stepper(venv) for name, venv in venvs.items()}
-        rates = side_by_side(steppers, actions, count.num_envs, args.rounds, args.seconds)
-        rows.append(summarize(count, "env-only", rates))
-        print_row(rows[-1])
-        if args.rollout_steps:
-            collectors = {name: rollout_collector(venv, args.rollout_steps)
-                          for name, venv in venvs.items()}
-            rates = side_by_side(collectors, actions, args.rollout_steps * count.num_envs,
-                                 args.rounds, args.rollout_seconds)
-            rows.append(summarize(count, "PPO rollout", rates))
-            print_row(rows[-1])
+        return [measure_env_only(args, count, venvs, actions)] + (
+            [measure_rollouts(args, count, venvs, actions)] if args.rollout_steps else [])
     finally:
         for venv in venvs.values():
             venv.close()
-    return rows
+
+
+def measure_env_only(args, count: Count, venvs: dict, actions: np.ndarray) -> Row:
+    steppers = {name: DoneCounter(venv) for name, venv in venvs.items()}
+    warm_up(steppers, actions, args.warm_up)
+    for stepper in steppers.values():
+        stepper.dones = 0
+    result = interleave(steppers, actions, args.seconds, args.chunk_seconds)
+    row = summarize(count, "env-only", result, count.num_envs,
+                    {name: stepper.dones for name, stepper in steppers.items()})
+    print_row(row)
+    return row
+
+
+def measure_rollouts(args, count: Count, venvs: dict, actions: np.ndarray) -> Row:
+    collectors = {name: rollout_collector(venv, args.rollout_steps) for name, venv in venvs.items()}
+    warm_up(collectors, actions, args.warm_up)
+    result = interleave(collectors, actions, args.rollout_seconds, args.chunk_seconds)
+    row = summarize(count, "PPO rollout", result, args.rollout_steps * count.num_envs)
+    print_row(row)
+    return row
+
+
+HEADER = ("| envs | threads | measure | raw EnvPool steps/s | adapter steps/s | adapter / raw | chunks' IQR "
+          "| ceiling 1/(1+d) | per agent step | per CPU second | cores busy raw / adapter | load |")
 
 
 def print_row(row: Row) -> None:
     c = row.count
+    optional = (f"{row.ceiling:.3f}" if row.ceiling else "", f"{row.per_agent_step:.3f}" if row.per_agent_step else "")
     print(f"| {c.num_envs} ({c.label}) | {c.threads} | {row.kind} | {row.raw:.0f} | {row.adapter:.0f} "
-          f"| **{row.ratio:.3f}** | {min(row.ratios):.3f}-{max(row.ratios):.3f} | {row.cpu_ratio:.3f} "
-          f"| {row.load[0]:.2f} |", flush=True)
+          f"| **{row.ratio:.3f}** | {row.spread[0]:.3f}-{row.spread[1]:.3f} | {optional[0]} | {optional[1]} "
+          f"| {row.cpu_ratio:.3f} | {row.cores[0]:.2f} / {row.cores[1]:.2f} | {row.load:.2f} |", flush=True)
 
 
 def tiers(args) -> None:
     counts = [c for c in tier_counts(args.cpus) if not args.counts or c.num_envs in args.counts]
-    print(f"{args.env_id}: adapter / raw EnvPool, {args.rounds} alternating rounds of "
-          f"{args.seconds:g} s (env-only) and {args.rollout_seconds:g} s (PPO rollout, "
-          f"n_steps {args.rollout_steps}); load average at start {os.getloadavg()[0]:.2f}", flush=True)
-    print("| envs | threads | measure | raw EnvPool steps/s | adapter steps/s | adapter / raw "
-          "| rounds' range | per CPU second | load (1 min) |")
-    print("|---|---:|---|---:|---:|---:|---|---:|---:|")
+    print(f"{args.env_id}: adapter / raw EnvPool, interleaved call by call, {args.seconds:g} s env-only and "
+          f"{args.rollout_seconds:g} s of PPO rollouts (n_steps {args.rollout_steps}) per count, "
+          f"chunks of {args.chunk_seconds:g} s; load average at start {os.getloadavg()[0]:.2f}", flush=True)
+    print(HEADER)
+    print("|---|---:|---|---:|---:|---:|---|---:|---:|---:|---|---:|")
     for count in counts:
         measure_count(args, count)
 
@@ -183,7 +263,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counts", type=int, nargs="*", help="only these env counts (default: all)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1,
                         help="cores the tiers' threads are derived from (default: this machine's)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0, help="per env-only measurement")
+    parser.add_argument("--seconds", type=float, default=30.0, help="env-only, both runners together")
     parser.add_argument("--rollout-steps", type=int, default=16, help="PPO n_steps; 0 skips rollouts")
-    parser.add_argument("--rollout-seconds", type=float, default=5.0, help="per rollout measurement")
+    parser.add_argument("--rollout-seconds", type=float, default=30.0, help="PPO rollouts, both together")
+    parser.add_argument("--chunk-seconds", type=float, default=2.0, help="the spread's unit of time")
+    parser.add_argument("--warm-up", type=float, default=1.0, help="seconds per runner before measuring")

@@ -1,11 +1,11 @@
 """Worker throughput, two benchmarks.
 
 `tiers` (issue 17): the EnvPool adapter against raw EnvPool at the tiers' env counts (8, 32, 64,
-256, each with the EnvPool threads a game of that tier gets), measured side by side in rounds
-that alternate which goes first; env-only, then SB3 PPO rollout collection (no gradient
-updates) so the env side of training is measured apart from the learner.
+256, each with the EnvPool threads a game of that tier gets), measured side by side and
+interleaved call by call (bench/adapter_cost.py); env-only, then SB3 PPO rollout collection (no
+gradient updates) so the env side of training is measured apart from the learner.
 
-    PYTHONPATH=. python bench/throughput.py tiers [--env-id Breakout-v5] [--rounds 5]
+    PYTHONPATH=. python bench/throughput.py tiers [--env-id Breakout-v5] [--seconds 30]
 
 `vecenvs`: env-only steps/s of EnvPool, the adapter, SB3 Subproc/DummyVecEnv over ale-py at one
 env count; then PPO training steps/s of the worker vs the seeds' old setup.
