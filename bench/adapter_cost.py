@@ -13,8 +13,9 @@ as a plain `step()` loop does; the adapter's count is agent steps, and it runs o
 more than raw EnvPool counts for every episode that ends (SB3 needs the next episode's first
 observation at once, see workers/envs.py). So with `d` the share of env steps that end an
 episode (a lost life in Atari), an adapter that keeps EnvPool's threads exactly as busy as raw
-EnvPool does reaches `1 / (1 + d)` of it by this count, and no more: the *ceiling* column. *per agent step* divides instead by raw EnvPool's steps whose action was
-used, what a learner could train on. *per CPU second* uses the process's CPU time, all threads;
+EnvPool does reaches `1 / (1 + d)` of it by this count, and no more: the *ceiling* column.
+*per agent step* divides instead by raw EnvPool's steps whose action was used, what a learner
+could train on. *per CPU second* uses the process's CPU time, all threads;
 *cores busy* is CPU time over wall time, which shows an EnvPool thread left idle while the
 adapter waits on a reset step that runs on fewer envs than there are threads.
 """
