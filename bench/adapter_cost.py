@@ -2,8 +2,8 @@
 
 Both are built in one process and measured *interleaved call by call*: raw, adapter, adapter,
 raw, ... each call timed on its own, for `--seconds` in all. The host's own drift (on this
-shared VM the CPU time of the same emulation wanders by +-8% from one second to the next)
-then falls on both alike; alternating whole rounds of a second or more, as this script did
+shared VM the CPU time of the same emulation wanders from one second to the next, see
+docs/benchmarks.md) then falls on both alike; alternating whole rounds of a second or more, as this script did
 before, left single rounds ranging from 0.55 to 1.47. The ratio is total raw time over total
 adapter time for the same number of calls; its spread is the interquartile range of the same
 ratio over chunks of `--chunk-seconds`.
@@ -182,6 +182,7 @@ class Row:
 
 
 def quartiles(values: list[float]) -> tuple[float, float]:
+    """The interquartile range; with fewer than four values, their whole range."""
     if len(values) < 4:
         return (min(values), max(values)) if values else (float("nan"), float("nan"))
     q = statistics.quantiles(values, n=4)
