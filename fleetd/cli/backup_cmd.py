@@ -8,9 +8,10 @@ from typing import Annotated, Any
 import typer
 
 from fleetd.cli import render
+from fleetd.cli.help import command_group
 from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, call, fail, settings_from
 
-backup_app = typer.Typer(help="Backups to [backup] target: run one now, or show the last.", no_args_is_help=True)
+backup_app = command_group("Backups to [backup] target: run one now, or show the last.")
 BACKUP_TIMEOUT_S = 3600.0  # the first backup copies every checkpoint, over the network maybe
 
 

@@ -9,10 +9,11 @@ from typing import Annotated, Any
 import typer
 
 from fleetd.cli import render
+from fleetd.cli.help import command_group
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.states import Desired, Shown
 
-games_app = typer.Typer(help="Add, stop, start, remove and list games.", no_args_is_help=True)
+games_app = command_group("Add, stop, start, remove and list games.")
 
 SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
 

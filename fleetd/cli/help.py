@@ -1,9 +1,18 @@
-"""How `fleetd --help` reads: a flag (an option that takes no value) shows no `<bool>`."""
+"""How `fleetd --help` reads: as written (no rich markup: `[backup] target` is a config
+table), and a flag (an option that takes no value) shows no `<bool>`."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import typer
 from typer.core import TyperGroup
+
+
+def command_group(help_text: str, **kwargs: Any) -> typer.Typer:
+    """A `fleetd` command group. rich_markup_mode=None: click's plain help, which prints
+    brackets as written and does not import rich on the way to `--help`."""
+    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None, **kwargs)
 
 
 def plain_flags(command: Any) -> None:

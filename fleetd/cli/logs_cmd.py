@@ -7,8 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from rich.table import Table
-
 from fleetd.cli import render
 from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.common import ConfigOption, fail, settings_from
@@ -59,8 +57,8 @@ def _write(data: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
-def runs_table(game: str, items: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"Runs of {game} (newest first, UTC)")
+def runs_table(game: str, items: list[dict[str, Any]]) -> render.PlainTable:
+    table = render.PlainTable(title=f"Runs of {game} (newest first, UTC)")
     for column in ("run", "started", "ended", "cause", "exit"):
         table.add_column(column)
     for item in items:

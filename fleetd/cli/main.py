@@ -15,7 +15,7 @@ from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games
 from fleetd.cli.backup_cmd import register as register_backup
 from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.games_cmd import register as register_games
-from fleetd.cli.help import FleetdGroup
+from fleetd.cli.help import FleetdGroup, command_group
 from fleetd.cli.logs_cmd import register as register_logs
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
@@ -24,8 +24,8 @@ from fleetd.statedir import StateDirError, lock_state_dir
 from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
 from fleetd.token import TokenError
 
-app = typer.Typer(help="Supervisor for multi-game RL training fleets.", no_args_is_help=True, cls=FleetdGroup)
-db_app = typer.Typer(help="The SQLite store: schema status and upgrades.", no_args_is_help=True)
+app = command_group("Supervisor for multi-game RL training fleets.", cls=FleetdGroup)
+db_app = command_group("The SQLite store: schema status and upgrades.")
 app.add_typer(db_app, name="db")
 register_games(app)
 register_backup(app)

@@ -7,15 +7,35 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from fleetd.states import Desired, Shown
 from fleetd.uptime import format_duration
 
 # Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# No markup, no emoji codes: what fleetd prints is stored or configured text, printed as written.
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
+
+
+def literal(value: RenderableType | None) -> RenderableType | None:
+    """A string as plain Text: rich never reads it as markup (`[[games]]`, `[cluster]`)."""
+    return Text(value) if isinstance(value, str) else value
+
+
+class PlainTable(Table):
+    """A table that prints its title, caption and cells as written, whichever console prints it:
+    an event's `seeded [[games]]` or a reason's `[cluster]` is text, never rich markup."""
+
+    def add_column(self, header: RenderableType = "", **kwargs: Any) -> None:
+        super().add_column(literal(header), **kwargs)
+
+    def add_row(self, *cells: RenderableType | None, **kwargs: Any) -> None:
+        super().add_row(*(literal(cell) for cell in cells), **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, literal(value) if name in ("title", "caption") else value)
 
 
 def print_json(document: Any) -> None:
@@ -44,7 +64,7 @@ def none_if_empty(table: Table) -> Table:
 
 
 def reboots_table(boots: list[dict[str, Any]]) -> Table:
-    table = Table(title="Reboots (newest first, UTC)")
+    table = PlainTable(title="Reboots (newest first, UTC)")
     for column in ("#", "back at", "boot id", "up before", "down", "shutdown"):
         table.add_column(column)
     table.caption = "fleetd reboots --detail # : what the host looked like just before"
@@ -58,13 +78,13 @@ def reboots_table(boots: list[dict[str, Any]]) -> Table:
             boot["boot_id"][:8],
             duration(reboot["uptime_before_s"]),
             duration(reboot["downtime_s"]),
-            "clean" if reboot["clean"] else "[red]unclean[/red]",
+            "clean" if reboot["clean"] else Text("unclean", style="red"),
         )
     return none_if_empty(table)
 
 
 def uptime_table(uptime: dict[str, Any]) -> Table:
-    table = Table(title="Uptime", show_header=False)
+    table = PlainTable(title="Uptime", show_header=False)
     table.add_column("what")
     table.add_column("value")
     rows = [
@@ -81,7 +101,7 @@ def uptime_table(uptime: dict[str, Any]) -> Table:
 
 
 def events_table(events: list[dict[str, Any]]) -> Table:
-    table = Table(title="Events (newest first, UTC)")
+    table = PlainTable(title="Events (newest first, UTC)")
     for column in ("at", "kind", "game", "message"):
         table.add_column(column)
     colour = {"warning": "yellow", "error": "red"}
@@ -92,7 +112,7 @@ def events_table(events: list[dict[str, Any]]) -> Table:
 
 
 def hosts_table(document: dict[str, Any]) -> Table:
-    table = Table(title=f"Cluster hosts ([cluster] backend = {document['backend']}, UTC)")
+    table = PlainTable(title=f"Cluster hosts ([cluster] backend = {document['backend']}, UTC)")
     for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "rung", "games", "resources"):
         table.add_column(column)
     for host in document["items"]:
@@ -120,7 +140,7 @@ def number(value: float | None, digits: int = 1) -> str:
 
 
 def games_table(games: list[dict[str, Any]]) -> Table:
-    table = Table(title="Games")
+    table = PlainTable(title="Games")
     for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval", "ckpt", "restarts"):
         table.add_column(column, justify="right" if column in {"pid", "steps", "episodes", "eps/h", "restarts"} else "left")
     for game in games:
@@ -130,7 +150,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
             game["name"],
             game["env_id"],
             game["algo"],
-            f"[{STATE_STYLE.get(game['state'], '')}]{state}[/]" if game["state"] in STATE_STYLE else state,
+            Text(state, style=STATE_STYLE.get(game["state"], "")),
             str(game["pid"] or "-"),
             f"{game['steps']:,}",
             f"{game['episodes']:,}",
@@ -148,7 +168,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
 
 
 def fleet_table(fleet: dict[str, Any]) -> Table:
-    table = Table(title="Fleet", show_header=False)
+    table = PlainTable(title="Fleet", show_header=False)
     table.add_column("what")
     table.add_column("value")
     ceiling = f"{fleet['ceiling']} until {when(fleet['ceiling_until'])}" if fleet["ceiling"] else "-"
@@ -187,7 +207,7 @@ def money(value: float | None, currency: str) -> str:
 
 def projection_table(projection: dict[str, Any]) -> Table:
     currency = projection["currency"]
-    table = Table(title=f"Projection (at {money(projection['price_per_host_hour'], currency)} per host hour)")
+    table = PlainTable(title=f"Projection (at {money(projection['price_per_host_hour'], currency)} per host hour)")
     for column in ("game", "goal", "done", "rate/h", "hours left", "days", "ETA (UTC)", "cost"):
         table.add_column(column, justify="left" if column in ("game", "goal", "ETA (UTC)") else "right")
     for game in projection["games"]:
@@ -226,18 +246,18 @@ def admission_text(name: str, admission: dict[str, Any] | None) -> str:
 def boot_detail(boot: dict[str, Any]) -> Table:
     """`fleetd reboots --detail N`: the reboot, and the host at the last heartbeat before it."""
     reboot, before = boot["reboot"], boot["before_reboot"]
-    table = Table(title=f"Boot #{boot['id']} ({boot['boot_id'][:8]})", show_header=False)
+    table = PlainTable(title=f"Boot #{boot['id']} ({boot['boot_id'][:8]})", show_header=False)
     table.add_column("what")
     table.add_column("value")
     if reboot is None or before is None:
         table.add_row("began", "fleetd's first start here: no reboot before it recorded")
         return table
-    how = "clean" if reboot["clean"] else "[red]unclean[/red]"
-    table.add_row("reboot", f"{how}: up {duration(reboot['uptime_before_s'])}, down {duration(reboot['downtime_s'])}, back at {when(reboot['back_at'])}")
+    how = Text("clean") if reboot["clean"] else Text("unclean", style="red")
+    table.add_row("reboot", how + f": up {duration(reboot['uptime_before_s'])}, down {duration(reboot['downtime_s'])}, back at {when(reboot['back_at'])}")
     table.add_row("last heartbeat", when(before["last_seen_at"]))
     for what, value in forensics_rows(before["last_state"]):
-        table.add_row(escape(what), escape(value))  # server-provided text: never markup
-    table.add_row("kernel warnings", escape(kernel_text(before["kernel_warnings"])))
+        table.add_row(what, value)
+    table.add_row("kernel warnings", kernel_text(before["kernel_warnings"]))
     return table
 
 
