@@ -77,11 +77,14 @@ def reboots(
         else:
             render.console.print(render.boot_detail(boot))
         return
-    boots = ask(config, "/api/v1/boots", limit=limit)
+    boots = ask(config, "/api/v1/boots", limit=limit)["items"]
+    reboots = [b for b in boots if b["reboot"]]
     if json:
-        render.print_json([b for b in boots["items"] if b["reboot"]])
-        return
-    render.console.print(render.reboots_table(boots["items"]))
+        render.print_json(reboots)
+    elif not reboots:
+        typer.echo(render.no_reboots_text(boots))
+    else:
+        render.console.print(render.reboots_table(reboots))
 
 
 @app.command()

@@ -67,7 +67,7 @@ def reboots_table(boots: list[dict[str, Any]]) -> Table:
     table = PlainTable(title="Reboots (newest first, UTC)")
     for column in ("#", "back at", "boot id", "up before", "down", "shutdown"):
         table.add_column(column)
-    table.caption = "fleetd reboots --detail # : what the host looked like just before"
+    table.caption = "fleetd reboots --detail #: the host just before"
     for boot in boots:
         reboot = boot["reboot"]
         if reboot is None:
@@ -81,6 +81,14 @@ def reboots_table(boots: list[dict[str, Any]]) -> Table:
             "clean" if reboot["clean"] else Text("unclean", style="red"),
         )
     return none_if_empty(table)
+
+
+def no_reboots_text(boots: list[dict[str, Any]]) -> str:
+    """`fleetd reboots` on a host that has not rebooted under fleetd: one line, not an empty table."""
+    if not boots:
+        return "no reboots: fleetd has recorded no boot of this host yet"
+    first = min(boots, key=lambda boot: boot["booted_at"])
+    return f"no reboots since fleetd first saw this host boot ({when(first['booted_at'])} UTC)"
 
 
 def uptime_table(uptime: dict[str, Any]) -> Table:
