@@ -115,40 +115,49 @@ def test_start_now_among_equals_takes_the_newest_admission(loop: Loop) -> None:
     assert loop.state("young") is State.STOPPING and loop.state("old") is not State.STOPPING
 
 
-def test_the_api_answers_a_start_with_the_supervisors_admission(loop: Loop) -> None:
-    """`POST /games/{name}/start?now=true` carries `now` to the supervisor and answers with
-    what it decided. (The loop here is stepped by a fake port: the route waits for its answer.)"""
+class SteppingPort:
+    """Submits to the real supervisor and turns its loop once, as its thread would."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.commands: list[object] = []
+
+    def submit(self, command: object) -> None:
+        self.commands.append(command)
+        self.loop.sup.submit(command)  # type: ignore[arg-type]
+        self.loop.steps()
+
+    @property
+    def snapshot(self):  # type: ignore[no-untyped-def]
+        return self.loop.sup.snapshot
+
+
+def stepping_client(loop: Loop, port: SteppingPort):  # type: ignore[no-untyped-def]
+    """The API on the loop's store, its commands answered by the stepped supervisor."""
     from fastapi.testclient import TestClient
 
     from fleetd.api import create_app
     from fleetd.api.context import AppContext, DaemonInfo
     from fleetd.catalog import EnvCatalog
+
+    info = DaemonInfo(loop.boot_pk, loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, info, EnvCatalog(), port)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    return client
+
+
+def test_the_api_answers_a_start_with_the_supervisors_admission(loop: Loop) -> None:
+    """`POST /games/{name}/start?now=true` carries `now` to the supervisor and answers with
+    what it decided. (The loop here is stepped by a fake port: the route waits for its answer.)"""
     from fleetd.cli.render import admission_text
 
     for name in ("a", "b", "c"):
         loop.add(name)
     loop.start()
     loop.run_up("a", "b")
-
-    class SteppingPort:
-        """Submits to the real supervisor and turns its loop once, as its thread would."""
-
-        commands: list[object] = []
-
-        def submit(self, command: object) -> None:
-            self.commands.append(command)
-            loop.sup.submit(command)  # type: ignore[arg-type]
-            loop.steps()
-
-        @property
-        def snapshot(self):  # type: ignore[no-untyped-def]
-            return loop.sup.snapshot
-
-    port = SteppingPort()
-    info = DaemonInfo(loop.boot_pk, loop.clock.now())
-    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, info, EnvCatalog(), port)
-    client = TestClient(create_app(context))
-    client.headers["Authorization"] = "Bearer " + "t" * 32
+    port = SteppingPort(loop)
+    client = stepping_client(loop, port)
     waiting = client.post("/api/v1/games/c/start").json()
     assert waiting["state"] == "pending" and waiting["admission"]["admitted"] is False
     assert [o["action"] for o in waiting["admission"]["options"]] == ["tier", "stop", "now"]
@@ -159,3 +168,24 @@ def test_the_api_answers_a_start_with_the_supervisors_admission(loop: Loop) -> N
     assert taken["admission"]["admitted"] is True and "took b's slot" in taken["admission"]["reason"]
     assert [getattr(c, "now") for c in port.commands] == [False, True]
     assert admission_text("c", taken["admission"]).startswith("c: admitted: took b's slot")
+
+
+def test_an_added_game_says_its_state_and_why_it_waits(loop: Loop) -> None:
+    """Issue 25 item 7: `games add` printed only `Added pong`. POST /games answers with the
+    supervisor's admission, as a start does, and `fleetd games add` prints it."""
+    from fleetd.cli.render import added_text
+
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    client = stepping_client(loop, SteppingPort(loop))
+    assert client.post("/api/v1/games", json={"name": "quick", "env_id": "CartPole-v1"}).json()["admission"] is None
+    added = client.post("/api/v1/games?wait=true", json={"name": "pong", "env_id": "CartPole-v1"})
+    assert added.status_code == 201 and added.json()["admission"]["admitted"] is False
+    lines = added_text(added.json()).splitlines()
+    assert lines[:2] == ["added pong: pending", "pong: not admitted: the light tier runs 2 games; pong is 2 of 2 pending"]
+    assert any("fleetd games start pong --now" in line for line in lines)
+    stopped = client.post("/api/v1/games?wait=true", json={"name": "later", "env_id": "CartPole-v1", "desired": "stopped"})
+    assert stopped.json()["admission"] is None
+    assert added_text(stopped.json()) == "added later: stopped (--stopped; fleetd games start later trains it)"

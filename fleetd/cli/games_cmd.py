@@ -79,8 +79,8 @@ def add(
         "hyperparams": parse_hyperparams(hp or []),
         "desired": Desired.STOPPED if stopped else Desired.RUNNING,
     }
-    game = call(config, lambda client: client.post("/api/v1/games", body))
-    _show(game, json_out, f"added {name}")
+    game = call(config, lambda client: client.request("POST", "/api/v1/games", json=body, params={"wait": "true"}))
+    _show(game, json_out, render.added_text(game))
 
 
 @games_app.command("stop")

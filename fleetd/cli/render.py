@@ -251,6 +251,18 @@ def admission_text(name: str, admission: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def added_text(game: dict[str, Any]) -> str:
+    """The answer to `fleetd games add`: its state and, when it waits, why and what would admit it."""
+    name, state, admission = game["name"], game["state"], game.get("admission")
+    if game["desired"] == Desired.STOPPED:
+        return f"added {name}: stopped (--stopped; fleetd games start {name} trains it)"
+    if admission is None:
+        return f"added {name}: {state} (the supervisor did not answer in time: see fleetd games list)"
+    if admission["admitted"]:
+        return f"added {name}: {state} ({admission['reason']})"
+    return f"added {name}: {state}\n" + admission_text(name, admission)
+
+
 def boot_detail(boot: dict[str, Any]) -> Table:
     """`fleetd reboots --detail N`: the reboot, and the host at the last heartbeat before it."""
     reboot, before = boot["reboot"], boot["before_reboot"]

@@ -107,12 +107,23 @@ def position_of(cursor: str) -> GamePosition:
     return GamePosition(priority, created_at, game_id)
 
 
-@router.post("/games", response_model=GameOut, status_code=201, responses={**BAD_BODY, **CONFLICT})
-def create_game(body: GameCreate, context: AppContext = Depends(get_context)) -> GameOut:
-    """Add a game; with `desired: running` (the default) the supervisor starts it."""
+@router.post("/games", response_model=GameStartOut, status_code=201, responses={**BAD_BODY, **CONFLICT})
+def create_game(
+    body: GameCreate,
+    wait: bool = Query(False, description="wait for the supervisor's admission, as a start does, and answer with it"),
+    context: AppContext = Depends(get_context),
+) -> GameStartOut:
+    """Add a game; with `desired: running` (the default) the supervisor starts it. With `wait`,
+    `admission` says whether the governor admitted it and, if not, why and what would (null
+    without `wait`: a burst of adds is not held up one supervisor turn each)."""
     game = add_game(context.db, context.clock, GameDraft(**body.model_dump()), context.catalog)
-    _tell_supervisor(context, Reconcile())
-    return game_out(game)
+    if not wait or game.desired != Desired.RUNNING:
+        _tell_supervisor(context, Reconcile())
+        return GameStartOut(**game_out(game).model_dump(), admission=None)
+    answer = _start(context, StartGame(game.name, False, Future()))
+    with context.db.transaction() as session:
+        game = game_store.read_game(session, game.name)
+    return GameStartOut(**game_out(game, context.snapshot).model_dump(), admission=answer)
 
 
 @router.get("/games/{name}", response_model=GameOut, responses=NOT_FOUND)
