@@ -12,6 +12,7 @@ at 0 past the horizon instead of going negative.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -73,10 +74,59 @@ SCHEDULE_TIMESTEPS: dict[tuple[str, Family], int] = {
     ("a2c", Family.ATARI): 10_000_000, ("a2c", Family.CLASSIC): 500_000,
     ("dqn", Family.ATARI): 10_000_000, ("dqn", Family.CLASSIC): 50_000,
 }
-# The zoo trains DQN on one env, where `train_freq` counts transitions. SB3 counts `train_freq`
-# in vectorized steps (n_envs transitions each), so it is rescaled to keep the zoo's gradient
-# steps per transition (see `replay_ratio_for`).
+# The zoo trains DQN on one env, where `train_freq` counts transitions, with its own `batch_size`
+# (dqn.yml: `atari` 32, `CartPole-v1` 64). SB3 counts `train_freq` in vectorized steps of
+# `num_envs` transitions; `dqn_reuse` rescales it so that every env count keeps the zoo's
+# gradient steps and sampled transitions per collected transition (its sample reuse).
 _ZOO_DQN_ENVS = 1
+ZOO_DQN_BATCH = {Family.ATARI: 32, Family.CLASSIC: 64}
+
+
+@dataclass(frozen=True)
+class DqnReuse:
+    """DQN's update settings for `num_envs` envs: `train_freq` in vectorized steps."""
+
+    num_envs: int
+    train_freq: int
+    gradient_steps: int
+    batch_size: int
+
+    @property
+    def transitions(self) -> int:
+        """Transitions collected between two trainings."""
+        return self.train_freq * self.num_envs
+
+    @property
+    def samples_per_transition(self) -> float:
+        """Replay samples drawn per transition collected: the zoo's sample reuse."""
+        return self.gradient_steps * self.batch_size / self.transitions
+
+    @property
+    def updates_per_transition(self) -> float:
+        return self.gradient_steps / self.transitions
+
+
+def zoo_dqn_reuse(fam: Family) -> DqnReuse:
+    zoo = _ZOO[("dqn", fam)]
+    return DqnReuse(_ZOO_DQN_ENVS, zoo["train_freq"], zoo["gradient_steps"], ZOO_DQN_BATCH[fam])
+
+
+def dqn_reuse(num_envs: int, fam: Family, batch: int | None = None) -> DqnReuse:
+    """The zoo's DQN updates on `num_envs` envs: train every `train_freq` transitions, as close as
+    whole vectorized steps allow (at least one, and a whole number of the zoo's rounds: 6 Atari
+    envs train every 2 vectorized steps, 12 transitions, 3 steps), with the zoo's batch and
+    gradient steps per transition, so its samples per transition too. Atari on 256 envs: 64
+    steps of 32 every vectorized step, not the tier's batch. A given `batch` (an explicit one, or
+    the zoo's scaled down after a CUDA out-of-memory) is kept: the steps follow it, keeping the
+    samples per transition."""
+    zoo = zoo_dqn_reuse(fam)
+    freq = max(1, zoo.transitions // num_envs)
+    while freq * num_envs * zoo.gradient_steps % zoo.transitions:  # ends by freq = zoo.transitions
+        freq += 1
+    steps = freq * num_envs * zoo.gradient_steps // zoo.transitions
+    if batch is None:
+        return DqnReuse(num_envs, freq, steps, zoo.batch_size)
+    return DqnReuse(num_envs, freq, max(1, round(steps * zoo.batch_size / batch)), batch)
 
 
 def family(image_obs: bool) -> Family:
@@ -88,16 +138,6 @@ def zoo_defaults(algo: str, fam: Family) -> dict[str, Any]:
     import copy
 
     return copy.deepcopy(_ZOO[(algo, fam)])
-
-
-def replay_ratio_for(num_envs: int, train_freq: int, gradient_steps: int) -> tuple[int, int]:
-    """(train_freq, gradient_steps) for `num_envs` envs with the zoo's gradient steps per
-    transition: CartPole's 128 per 256 transitions is train_freq 32, 128 steps on 8 envs;
-    Atari's 1 per 4 is train_freq 1, 2 steps on 8 envs."""
-    transitions = train_freq * _ZOO_DQN_ENVS
-    scaled_freq = max(1, transitions // num_envs)
-    scaled_steps = max(1, round(gradient_steps * scaled_freq * num_envs / transitions))
-    return scaled_freq, scaled_steps
 
 
 def checkpoint_interval_steps(horizon: int) -> int:

@@ -48,6 +48,8 @@ class Plan:
     device: DeviceInfo
     num_envs: int
     batch_size: int
+    batch_explicit: bool = False  # batch_size given in hyperparams (DQN otherwise takes the zoo's)
+    batch_scale: float = 1.0  # fleetd's answer to a CUDA out-of-memory, already in batch_size
     normalize: bool = False
     save_replay_buffer: bool = True  # off-policy algorithms only, within the byte budget
     replay_buffer_max_bytes: int = defaults.REPLAY_BUFFER_MAX_BYTES
@@ -107,7 +109,9 @@ def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
     hp = spec.hyperparams.explicit()
     hp.pop("num_envs", None)
     hp.pop("batch_size", None)
-    plan = Plan(device=device, num_envs=num_envs, batch_size=batch, normalize=hp.pop("normalize", False),
+    plan = Plan(device=device, num_envs=num_envs, batch_size=batch,
+                batch_explicit=spec.hyperparams.batch_size is not None, batch_scale=spec.batch_scale,
+                normalize=hp.pop("normalize", False),
                 save_replay_buffer=hp.pop("save_replay_buffer", True),
                 replay_buffer_max_bytes=hp.pop("replay_buffer_max_bytes", defaults.REPLAY_BUFFER_MAX_BYTES),
                 schedule_timesteps=hp.pop("schedule_timesteps", None),
@@ -124,11 +128,10 @@ def make_plan(spec: RunSpec, device: DeviceInfo) -> Plan:
 def algo_kwargs(algo: str, plan: Plan, image_obs: bool) -> dict[str, Any]:
     """SB3 constructor keyword arguments: the zoo's defaults < tier/device < explicit overrides."""
     kwargs = defaults.zoo_defaults(algo, defaults.family(image_obs))
-    if algo != "a2c":
+    if algo == "ppo":
         kwargs["batch_size"] = plan.batch_size
-    if algo == "dqn" and not {"train_freq", "gradient_steps"} & set(plan.overrides):
-        kwargs["train_freq"], kwargs["gradient_steps"] = defaults.replay_ratio_for(
-            plan.num_envs, kwargs["train_freq"], kwargs["gradient_steps"])
+    if algo == "dqn":
+        kwargs.update(dqn_updates(plan, defaults.family(image_obs)))
     _check_accepted(algo, plan.overrides)
     overrides = dict(plan.overrides)
     if "policy_kwargs" in overrides:  # explicit keys win, the zoo's others stay
@@ -138,6 +141,19 @@ def algo_kwargs(algo: str, plan: Plan, image_obs: bool) -> dict[str, Any]:
     if algo == "ppo":  # a minibatch larger than the rollout is an SB3 error
         kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * plan.num_envs)
     return kwargs
+
+
+def dqn_updates(plan: Plan, fam: defaults.Family) -> dict[str, int]:
+    """DQN's batch_size, train_freq and gradient_steps: the zoo's sample reuse on the plan's env
+    count (`defaults.dqn_reuse`), not the tier's batch, which sizes PPO's minibatch; the zoo's
+    batch is scaled by batch_scale after a CUDA out-of-memory. Explicit train_freq or
+    gradient_steps are taken as given, with the plan's batch if explicit, else the zoo's."""
+    zoo_batch = max(1, int(defaults.ZOO_DQN_BATCH[fam] * plan.batch_scale))
+    batch = plan.batch_size if plan.batch_explicit else None
+    if {"train_freq", "gradient_steps"} & set(plan.overrides):
+        return {"batch_size": batch or zoo_batch}
+    reuse = defaults.dqn_reuse(plan.num_envs, fam, batch or (zoo_batch if plan.batch_scale < 1 else None))
+    return {"batch_size": reuse.batch_size, "train_freq": reuse.train_freq, "gradient_steps": reuse.gradient_steps}
 
 
 def schedule_horizon(spec: RunSpec, plan: Plan, image_obs: bool) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 
 import torch
+from stable_baselines3 import DQN
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.preprocessing import is_image_space
+from stable_baselines3.common.type_aliases import TrainFreq
 from stable_baselines3.common.utils import configure_logger, set_random_seed
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
@@ -19,7 +21,8 @@ from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
 from workers.evaluation import Evaluator
 from workers.guards import Diverged, apply_lr_scale, non_finite_forward
-from workers.hyperparams import (Plan, algo_kwargs, configure_torch, make_plan, policy_name,
+from workers.defaults import family
+from workers.hyperparams import (Plan, algo_kwargs, configure_torch, dqn_updates, make_plan, policy_name,
                                  schedule_horizon, select_device)
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
@@ -123,7 +126,7 @@ def _model_from(found: ResumeResult, spec: RunSpec, plan: Plan, venv: VecEnv) ->
     model = found.restored.model
     restore_rng(found.restored.rng, model)
     model.tensorboard_log = tensorboard_dir(spec)
-    apply_batch_size(model, plan)
+    apply_batch_size(model, plan, _image_obs(venv))
     return model
 
 
@@ -131,13 +134,17 @@ def _image_obs(venv: VecEnv) -> bool:
     return is_image_space(venv.observation_space, check_channels=False)
 
 
-def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
+def apply_batch_size(model: BaseAlgorithm, plan: Plan, image_obs: bool = False) -> None:
     """The plan's batch size holds on resume too: a tier change restarts games from their
     checkpoints expecting its settings. SB3 reads `batch_size` at every update (A2C has none);
     PPO's minibatch stays within its rollout, as for a new model. Only an on-policy rollout
     bounds it: DQN has an `n_steps` too (its n-step return, 1 by default), and capping by that
-    once trained every resumed DQN on batches of `num_envs` transitions."""
+    once trained every resumed DQN on batches of `num_envs` transitions. DQN takes its batch and
+    update frequency as a new model on this env count would (`dqn_updates`: the zoo's reuse)."""
     if not hasattr(model, "batch_size"):
+        return
+    if isinstance(model, DQN):
+        _apply_dqn_updates(model, dqn_updates(plan, family(image_obs)))
         return
     batch = plan.batch_size
     if isinstance(model, OnPolicyAlgorithm):
@@ -145,6 +152,17 @@ def apply_batch_size(model: BaseAlgorithm, plan: Plan) -> None:
     if batch != model.batch_size:
         log.info("batch_size %d -> %d (this run's plan)", model.batch_size, batch)
         model.batch_size = batch
+
+
+def _apply_dqn_updates(model: DQN, updates: dict[str, int]) -> None:
+    new = {"batch_size": updates["batch_size"], "gradient_steps": updates.get("gradient_steps", model.gradient_steps),
+           "train_freq": updates.get("train_freq", model.train_freq.frequency)}
+    old = {"batch_size": model.batch_size, "gradient_steps": model.gradient_steps, "train_freq": model.train_freq.frequency}
+    if new == old:
+        return
+    log.info("DQN updates %s -> %s (the zoo's reuse at %d envs)", old, new, model.n_envs)
+    model.batch_size, model.gradient_steps = new["batch_size"], new["gradient_steps"]
+    model.train_freq = TrainFreq(new["train_freq"], model.train_freq.unit)
 
 
 def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:

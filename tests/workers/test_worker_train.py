@@ -262,8 +262,11 @@ def test_a_resumed_model_takes_this_runs_batch_size():
     apply_batch_size(ppo, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=1024))
     assert ppo.batch_size == 128  # capped at n_steps x n_envs, as for a new model
     dqn = DQN("MlpPolicy", env, batch_size=32, policy_kwargs={"net_arch": [8]}, device="cpu")
-    apply_batch_size(dqn, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))
-    assert dqn.n_steps == 1 and dqn.batch_size == 64  # its n-step return is no rollout: no cap
+    apply_batch_size(dqn, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=2048))
+    # the zoo's CartPole reuse on 2 envs, not the tier's batch: 128 steps of 64 per 256 transitions
+    assert (dqn.batch_size, dqn.train_freq.frequency, dqn.gradient_steps) == (64, 128, 128)
+    apply_batch_size(dqn, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=128, batch_explicit=True))
+    assert dqn.n_steps == 1 and (dqn.batch_size, dqn.gradient_steps) == (128, 64)  # no rollout cap
     a2c = A2C("MlpPolicy", env, policy_kwargs={"net_arch": [8]}, device="cpu")
     apply_batch_size(a2c, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))  # no batch: no-op
     assert not hasattr(a2c, "batch_size")

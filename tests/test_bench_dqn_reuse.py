@@ -1,0 +1,30 @@
+"""bench/dqn_reuse.py's short mode: CartPole DQN built as a worker builds it at 8 envs (the zoo's
+reuse: 128 steps of 64 every 32 vectorized steps) reaches a mean return of 60 within 20,000 env
+steps, and the report gives the settings it trained with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.e2e
+def test_quick_mode_learns_cartpole_within_its_step_budget(tmp_path: Path) -> None:
+    out = tmp_path / "dqn.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "bench/dqn_reuse.py", "--quick", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert (run["num_envs"], run["train_freq"], run["gradient_steps"], run["batch_size"]) == (8, 32, 128, 64)
+    assert run["samples_per_transition"] == 32 and run["updates_per_transition"] == 0.5
+    assert run["reached_at"] is not None and run["reached_at"] <= report["budget"] == 20_000, run
+    assert report["summary"][0]["reached"] == 1
