@@ -22,8 +22,10 @@ from workers.protocol.spec import FRESH_START_FIELDS, change_refusal
 if TYPE_CHECKING:
     from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
 
-# Changes a running worker does not need a restart for: the governor reads priority at its step.
-NO_RESTART = frozenset({"priority", "desired"})
+# Changes a running worker does not need a restart for: the governor reads priority at its step,
+# the supervisor's health watch its health settings at the next evaluation.
+NO_RESTART = frozenset({"priority", "desired", "health_settings"})
+DICT_FIELDS = ("hyperparams", "health_settings")  # changed key by key, shown as `field.KEY`
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,16 @@ def setting_changes(game: GameRecord, wanted: Mapping[str, Any]) -> list[Setting
     """The fields of `wanted` (SETTABLE keys, defaults filled in) whose value differs from the game's."""
     changes = []
     for key in (k for k in SETTABLE if k in wanted):
-        if key == "hyperparams":
-            changes += _hyperparam_changes(game.hyperparams, wanted[key])
+        if key in DICT_FIELDS:
+            changes += _key_changes(key, getattr(game, key), wanted[key])
         elif getattr(game, key) != wanted[key]:
             changes.append(SettingChange(key, getattr(game, key), wanted[key]))
     return changes
 
 
-def _hyperparam_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[SettingChange]:
+def _key_changes(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[SettingChange]:
     keys = sorted(set(old) | set(new))
-    return [SettingChange(f"hyperparams.{k}", old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+    return [SettingChange(f"{field}.{k}", old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
 
 
 def trained(game: GameRecord) -> bool:
@@ -75,7 +77,8 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
     """The game with its new settings is checked as `games add` would check it; then every
     changed hyperparameter must be one this game's algorithm takes, and may change on resume."""
     draft = GameDraft(name=game.name, env_id=game.env_id, algo=game.algo,
-                      hyperparams=wanted.get("hyperparams", game.hyperparams))
+                      hyperparams=wanted.get("hyperparams", game.hyperparams),
+                      health_settings=wanted.get("health_settings", game.health_settings))
     check_draft(draft, catalog, prefix)
     for change in changes:
         key = change.field.removeprefix("hyperparams.")
@@ -111,7 +114,7 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
 
 def restarts(changes: list[SettingChange]) -> bool:
     """A restart makes the worker take them: anything but priority (and desired state)."""
-    return any(change.field not in NO_RESTART for change in changes)
+    return any(change.field.split(".")[0] not in NO_RESTART for change in changes)
 
 
 def will_restart(game: GameRecord, changes: list[SettingChange], restart: bool) -> bool:

@@ -75,6 +75,11 @@ class GameSpec(BaseModel):
     hyperparams: HyperparamsDict = Field(
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
+    # Checked by fleetd/health/settings.py (fleetd/games.py check_draft), which names the culprit.
+    health_settings: dict[str, Any] = Field(
+        default_factory=dict, description="learning-health overrides (docs/learning-health.md)",
+        examples=[{"on_plateau": "yield", "plateau_steps": 2000000}],
+    )
     desired: Desired = Desired.RUNNING
 
     _not_bool = field_validator(*NUMBERS, mode="before")(_not_bool)
@@ -83,14 +88,14 @@ class GameSpec(BaseModel):
 # What `PATCH /games/{name}` and `fleetd games set` may change (docs/operations.md#changing-a-game).
 # env_id and algo never change (workers/protocol/spec.py FRESH_START_FIELDS); desired has its
 # own start and stop.
-SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s", "hyperparams")
+SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s", "hyperparams", "health_settings")
 
 
 def _optional(name: str) -> tuple[Any, FieldInfo]:
     """GameSpec's field, with its bounds and description, left out by default; null accepted
     where the schema can say so (hyperparams' schema is the worker's model: `{}` clears them)."""
     field = GameSpec.model_fields[name]
-    annotation = field.annotation if name == "hyperparams" else field.annotation | None
+    annotation = field.annotation if name in ("hyperparams", "health_settings") else field.annotation | None
     return annotation, FieldInfo.merge_field_infos(field, default=None, default_factory=None)
 
 

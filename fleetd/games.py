@@ -12,6 +12,7 @@ from fleetd.clock import Clock
 from fleetd.config import GameSeed
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.health.settings import HealthSettingError, settings_for
 from fleetd.states import REMOVABLE, Desired, Shown, State, shown
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
@@ -47,6 +48,14 @@ def check_draft(draft: GameDraft, catalog: EnvCatalog, field_prefix: str = "") -
     for key in draft.hyperparams or {}:
         if (why := algo_refusal(key, draft.algo)) is not None:
             refuse_field(f"{field_prefix}hyperparams.{key}", why)
+    check_health_settings(draft.health_settings, field_prefix)
+
+
+def check_health_settings(overrides: dict | None, field_prefix: str = "") -> None:
+    try:
+        settings_for(overrides)
+    except HealthSettingError as exc:
+        refuse_field(f"{field_prefix}health_settings.{exc.key}", exc.reason)
 
 
 def refuse_field(field: str, reason: str) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from fleetd.game_spec import GameSpec
+from fleetd.health.rules import Health as LearningHealth
 from fleetd.states import Desired, Shown
 
 
@@ -226,6 +227,12 @@ class GameOut(Out):
     host: str | None = Field(
         default=None, description="the cluster host its current run is on ([cluster] backend = \"ray\"); null on the local executor or until located"
     )
+    health: LearningHealth = Field(LearningHealth.LEARNING, description="learning health, judged at each evaluation (docs/learning-health.md)")
+    health_reason: str | None = Field(None, description="why it is in that health state; null while it learns with nothing to say")
+    best_eval_return: float | None = Field(None, description="the best evaluation return it reached; null before the first")
+    best_eval_steps: int | None = Field(None, description="the env steps of that evaluation (its best-evaluated checkpoint)")
+    rollbacks: int = Field(0, description="rollbacks to its best-evaluated checkpoint since its last new best")
+    health_settings: dict[str, Any] = Field(default_factory=dict, description="its learning-health overrides; {}: the defaults")
 
 
 class GameList(Out):

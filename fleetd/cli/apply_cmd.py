@@ -17,6 +17,7 @@ from fleetd.cli.games_cmd import games_app, parse_hyperparams
 from fleetd.fleet_spec import to_toml
 from fleetd.game_spec import SETTABLE
 
+DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take changed settings.")]
 
@@ -95,24 +96,36 @@ def _write_atomically(path: Path, text: str) -> None:
 @games_app.command("set")
 def set_settings(
     name: str,
-    pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(k for k in SETTABLE if k != 'hyperparams')} "
-                                                    "or a hyperparameter (learning_rate=0.0001); key= sets it back to its default.")],
+    pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(k for k in SETTABLE if k not in DICTS)}, "
+                                                    "a hyperparameter (learning_rate=0.0001) or a learning-health setting "
+                                                    "(health.on_plateau=yield); key= sets it back to its default.")],
     restart: RestartOption = False,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Change a game's settings; applied at its next start (or now with --restart)."""
     values = parse_hyperparams(pairs, usage="fleetd games set NAME")
-    body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key != "hyperparams"}
-    hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items() if key not in body}
+    body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key not in DICTS}
+    health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}
+    hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items()
+                   if key not in body and _health_key(key) is None}
+    current = ask(config, f"/api/v1/games/{name}") if hyperparams or health else {}
     if hyperparams:
-        body["hyperparams"] = _merged(ask(config, f"/api/v1/games/{name}")["hyperparams"], hyperparams)
+        body["hyperparams"] = _merged(current["hyperparams"], hyperparams)
+    if health:
+        body["health_settings"] = _merged(current["health_settings"], health)
     params = {"restart": str(restart).lower()}
     game = call(config, lambda client: client.request("PATCH", f"/api/v1/games/{name}", json=body, params=params))
     if json_out:
         render.print_json(game)
         return
     typer.echo(settings_text(name, game))
+
+
+def _health_key(key: str) -> str | None:
+    """`health.KEY` (or `health_settings.KEY`): a learning-health setting's key, else None."""
+    prefix, dot, rest = key.partition(".")
+    return rest if dot and prefix in ("health", "health_settings") else None
 
 
 def _unset(value: Any) -> Any:

@@ -12,10 +12,12 @@ from sqlalchemy.orm import Session
 
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import Desired, State
+from fleetd.health.rules import HealthRecord
 from fleetd.store.checkpoints import read_newest_verified_many
+from fleetd.store.health import read_health_many
 from fleetd.store.hosts import host_names
 from fleetd.store.mapping import to_record
-from fleetd.store.models import Checkpoint, Game, Run
+from fleetd.store.models import Checkpoint, Game, GameHealth, Run
 from fleetd.store.records import CheckpointRecord, GameDraft, GameFigures, GamePosition, GameRecord, ProgressSnapshot
 from fleetd.store.runs import run_record
 
@@ -31,13 +33,14 @@ def _records(session: Session, rows: list[Game]) -> list[GameRecord]:
     """Games with their open run and newest verified checkpoint: three queries for any number
     of games (per 500), not two more per game."""
     ids = [row.id for row in rows]
-    runs, checkpoints = {}, {}
+    runs, checkpoints, health = {}, {}, {}
     for start in range(0, len(ids), _IN_CHUNK):
         chunk = ids[start : start + _IN_CHUNK]
         runs.update(_open_runs(session, chunk))
         checkpoints.update(read_newest_verified_many(session, chunk))
+        health.update(read_health_many(session, chunk))
     hosts = host_names(session, {run.node_id for run in runs.values() if run.node_id})
-    return [_build(row, runs.get(row.id), checkpoints.get(row.id), hosts) for row in rows]
+    return [_build(row, runs.get(row.id), checkpoints.get(row.id), hosts, health.get(row.id)) for row in rows]
 
 
 def _open_runs(session: Session, ids: list[int]) -> dict[int, Run]:
@@ -46,7 +49,8 @@ def _open_runs(session: Session, ids: list[int]) -> dict[int, Run]:
 
 
 def _build(
-    row: Game, open_run: Run | None, last_checkpoint: CheckpointRecord | None, hosts: dict[str, str]
+    row: Game, open_run: Run | None, last_checkpoint: CheckpointRecord | None, hosts: dict[str, str],
+    health: HealthRecord | None = None,
 ) -> GameRecord:
     return to_record(
         GameRecord,
@@ -57,6 +61,8 @@ def _build(
         current_run=run_record(open_run, row.name) if open_run else None,
         last_checkpoint=last_checkpoint,
         host=hosts.get(open_run.node_id) if open_run and open_run.node_id else None,
+        health_settings=dict(row.health_settings or {}),
+        health=health or HealthRecord(),
     )
 
 
@@ -78,6 +84,7 @@ def create_game(session: Session, draft: GameDraft, now: datetime) -> GameRecord
         target_episodes=draft.target_episodes,
         checkpoint_interval_s=draft.checkpoint_interval_s,
         hyperparams=draft.hyperparams or {},
+        health_settings=draft.health_settings or {},
         state=State.STOPPED,
         state_changed_at=now,
         created_at=now,
@@ -123,10 +130,11 @@ def read_game_figures(session: Session) -> list[GameFigures]:
         .where(Checkpoint.verified.is_(True))
         .subquery()
     )
-    columns = [getattr(Game, f.name) for f in fields(GameFigures) if f.name != "checkpoint_at"]
+    columns = [getattr(Game, f.name) for f in fields(GameFigures) if f.name not in ("checkpoint_at", "health")]
     query = (
-        select(*columns, newest.c.created_at.label("checkpoint_at"))
+        select(*columns, newest.c.created_at.label("checkpoint_at"), GameHealth.state.label("health"))
         .outerjoin(newest, and_(newest.c.game_id == Game.id, newest.c.rank == 1))
+        .outerjoin(GameHealth, GameHealth.game_id == Game.id)
         .order_by(Game.priority.desc(), Game.created_at, Game.id)
     )
     rows = session.execute(query)

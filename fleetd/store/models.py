@@ -93,6 +93,11 @@ class Game(Base):
     target_episodes: Mapped[int | None]
     checkpoint_interval_s: Mapped[float | None]
     hyperparams: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Learning-health overrides (fleetd/health/settings.py); {}: the defaults.
+    health_settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Its place in the admission queue among equal priorities: created_at, or later once it
+    # yielded its slot on a plateau (the back of the queue). NULL: created_at.
+    queued_at: Mapped[datetime | None]
     # The supervisor's view of the worker process, and why it is there.
     state: Mapped[str] = mapped_column(String(16), default="stopped")
     state_reason: Mapped[str | None] = mapped_column(Text)
@@ -114,6 +119,28 @@ class Game(Base):
     home_host: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+
+
+class GameHealth(Base):
+    """A game's learning health (fleetd/health/rules.py HealthRecord): judged at each evaluation."""
+
+    __tablename__ = "game_health"
+
+    game_id: Mapped[int] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    evaluations: Mapped[int]
+    first: Mapped[float | None]  # the first evaluation's return: about random play
+    best: Mapped[float | None]
+    best_steps: Mapped[int]
+    best_checkpoint: Mapped[str | None] = mapped_column(Text)
+    train_first: Mapped[float | None]
+    train_best: Mapped[float | None]
+    improved_steps: Mapped[int]
+    below: Mapped[int]
+    rollbacks: Mapped[int]
+    last_steps: Mapped[int]
+    changed_at: Mapped[datetime]
 
 
 class Fleet(Base):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from fleetd.health.rules import HealthRecord
 from fleetd.states import Desired, State
 
 
@@ -104,6 +105,14 @@ class GameRecord:
     last_checkpoint: CheckpointRecord | None  # the newest verified one
     eval_return: float | None = None  # the latest evaluation's mean return (None: none yet)
     host: str | None = None  # the cluster host its open run is on; None: local, or not located yet
+    health_settings: dict[str, Any] = field(default_factory=dict)  # learning-health overrides
+    health: HealthRecord = HealthRecord()  # its learning health, judged at each evaluation
+    queued_at: datetime | None = None  # its place in the admission queue (None: created_at)
+
+    @property
+    def queue_position(self) -> datetime:
+        """Where it waits among games of its priority: created, or yielded on a plateau."""
+        return self.queued_at or self.created_at
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,7 @@ class GameFigures:
     best_reward: float | None
     checkpoint_at: datetime | None  # when the newest verified checkpoint was written
     eval_return: float | None = None
+    health: str | None = None  # its learning health's state; None: never evaluated (learning)
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,7 @@ class GameDraft:
     target_episodes: int | None = None
     checkpoint_interval_s: float | None = None
     hyperparams: dict[str, Any] | None = None
+    health_settings: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

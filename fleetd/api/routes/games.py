@@ -24,6 +24,7 @@ from fleetd.api.schemas import (
 )
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.games import add_game, remove_game, set_desired, shown_reason, shown_state
+from fleetd.health.rules import HealthRecord
 from fleetd.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
@@ -59,8 +60,14 @@ def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None) -> GameOut
         started_at=run.started_at if run else None,
         last_checkpoint=checkpoint_out(game.last_checkpoint) if game.last_checkpoint else None,
         settings=game_settings(game, snapshot) if snapshot is not None else None,
+        **health_fields(game.health),
     )
     return GameOut(**fields)
+
+
+def health_fields(health: HealthRecord) -> dict[str, object]:
+    return {"health": health.state, "health_reason": health.reason or None, "best_eval_return": health.best,
+            "best_eval_steps": health.best_steps if health.best is not None else None, "rollbacks": health.rollbacks}
 
 
 def game_settings(game: GameRecord, snapshot: FleetSnapshot) -> SettingsOut:

@@ -1,0 +1,170 @@
+"""The learning-health rules, evaluated on each new evaluation of a game: pure functions from
+a game's health record and one evaluation to its next record and a verdict. No clock, no I/O:
+the supervisor's watch (fleetd/health/watch.py) acts on the verdicts.
+
+Thresholds are a fraction of the range between the game's first evaluation (about random
+play) and its best, not a fraction of the best: Atari returns may be negative (Pong runs
+-21 to 21), where "half the best" means nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from fleetd.health.settings import HealthSettings, PlateauAction
+
+
+class Health(StrEnum):
+    LEARNING = "learning"  # improving, or not yet long enough without a new best to say otherwise
+    PLATEAU = "plateau"  # no new best over `plateau_steps` env steps
+    COLLAPSED = "collapsed"  # returns fell and stayed down; the rollback is under way
+    ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best since
+    HELD = "held"  # collapsed again after a rollback: stopped until the operator starts it
+
+
+class Action(StrEnum):
+    NONE = "none"
+    ROLLBACK = "rollback"  # restart from the best-evaluated checkpoint
+    HOLD = "hold"  # stop the game (desired stopped), with the reason
+    FLAG = "flag"  # plateau: marked, nothing else
+    STOP = "stop"  # plateau: stopped, with the reason
+    YIELD = "yield"  # plateau: slot to a pending game, back of the queue
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    steps: int
+    eval_return: float
+    train_return: float | None  # the training mean return (last 100 episodes) then; None: none yet
+    checkpoint: str | None = None  # the checkpoint evaluated
+
+
+@dataclass(frozen=True)
+class HealthRecord:
+    state: Health = Health.LEARNING
+    reason: str = ""
+    evaluations: int = 0
+    first: float | None = None  # the first evaluation's return: about random play
+    best: float | None = None
+    best_steps: int = 0
+    best_checkpoint: str | None = None
+    train_first: float | None = None
+    train_best: float | None = None
+    improved_steps: int = 0  # steps of the last evaluation that raised the best by `plateau_gain`
+    below: int = 0  # evaluations in a row below the collapse threshold
+    rollbacks: int = 0  # since the last new best
+    last_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str = ""
+
+
+NOTHING = Verdict(Action.NONE)
+_PLATEAU_ACTIONS = {PlateauAction.FLAG: Action.FLAG, PlateauAction.STOP: Action.STOP, PlateauAction.YIELD: Action.YIELD}
+
+
+def threshold(first: float, best: float, fraction: float) -> float:
+    """`fraction` of the way from the first return to the best."""
+    return first + fraction * (best - first)
+
+
+def armed(record: HealthRecord, settings: HealthSettings) -> bool:
+    """Collapse is judged only once the game has learned something to lose."""
+    if record.first is None or record.best is None or record.evaluations < settings.warmup_evals:
+        return False
+    return record.best - record.first >= settings.min_rise * max(abs(record.first), 1.0)
+
+
+def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+    """The record after one more evaluation, and what to do about it."""
+    if not settings.enabled or record.state in (Health.HELD, Health.COLLAPSED):
+        return replace(record, last_steps=ev.steps), NOTHING
+    record = _counted(record, ev, settings)
+    if _below(record, ev, settings):
+        record = replace(record, below=record.below + 1)
+        if record.below >= settings.collapse_evals and armed(record, settings):
+            return _collapse(record, settings)
+    else:
+        record = replace(record, below=0)
+    return _plateau(record, ev, settings)
+
+
+def _counted(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> HealthRecord:
+    """Counts, first returns, the best and the plateau clock brought up to this evaluation."""
+    first = ev.eval_return if record.first is None else record.first
+    train_first = record.train_first if record.train_first is not None else ev.train_return
+    record = replace(record, evaluations=record.evaluations + 1, first=first, train_first=train_first,
+                     train_best=_max(record.train_best, ev.train_return), last_steps=ev.steps)
+    if record.best is None or ev.eval_return > record.best:
+        record = _new_best(record, ev, settings)
+    return record
+
+
+def _new_best(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> HealthRecord:
+    gain = settings.plateau_gain * (record.best - record.first) if record.best is not None else 0.0
+    improved = record.best is None or ev.eval_return >= record.best + gain
+    record = replace(record, best=ev.eval_return, best_steps=ev.steps, best_checkpoint=ev.checkpoint)
+    if not improved:
+        return record
+    record = replace(record, improved_steps=ev.steps, rollbacks=0)
+    if record.state in (Health.PLATEAU, Health.ROLLED_BACK):
+        record = replace(record, state=Health.LEARNING, reason=f"new best {ev.eval_return:g} at {ev.steps} steps")
+    return record
+
+
+def _max(old: float | None, new: float | None) -> float | None:
+    if old is None or new is None:
+        return new if old is None else old
+    return max(old, new)
+
+
+def _below(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> bool:
+    """The evaluation return is below its threshold, and so is the training return (when
+    known): a deterministic evaluation alone can dip for one policy while training is sound."""
+    assert record.first is not None and record.best is not None
+    if ev.eval_return >= threshold(record.first, record.best, settings.collapse_fraction):
+        return False
+    if ev.train_return is None or record.train_first is None or record.train_best is None:
+        return True
+    return ev.train_return < threshold(record.train_first, record.train_best, settings.collapse_fraction)
+
+
+def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+    assert record.first is not None and record.best is not None
+    line = threshold(record.first, record.best, settings.collapse_fraction)
+    what = (f"evaluation return below {line:.4g} ({settings.collapse_fraction:g} of the way from the first "
+            f"{record.first:.4g} to the best {record.best:.4g} at {record.best_steps} steps) for "
+            f"{record.below} evaluations in a row, at {record.last_steps} steps")
+    if record.rollbacks >= settings.max_rollbacks:
+        why = (f"held: learning collapsed again after {record.rollbacks} rollback(s): {what}; fix its settings "
+               f"(`fleetd games set`), then `fleetd games start`")
+        return replace(record, state=Health.HELD, reason=why, below=0), Verdict(Action.HOLD, why)
+    why = f"learning collapsed: {what}; restarting from the best-evaluated checkpoint"
+    record = replace(record, state=Health.COLLAPSED, reason=why, below=0, rollbacks=record.rollbacks + 1)
+    return record, Verdict(Action.ROLLBACK, why)
+
+
+def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+    flat = ev.steps - record.improved_steps
+    if record.state is not Health.LEARNING or flat < settings.plateau_steps:
+        return record, NOTHING
+    why = (f"plateau: no new best over {flat} env steps (best {record.best:.4g} at {record.best_steps} steps; "
+           f"limit {settings.plateau_steps}); on_plateau = {settings.on_plateau.value}")
+    return replace(record, state=Health.PLATEAU, reason=why), Verdict(_PLATEAU_ACTIONS[settings.on_plateau], why)
+
+
+def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
+    """The game restarted from its best-evaluated checkpoint at `steps`."""
+    reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (best {record.best})"
+    return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
+
+
+def released(record: HealthRecord) -> HealthRecord:
+    """The operator started a held (or stopped-on-plateau) game: judged afresh from here, its
+    first and best returns kept."""
+    return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
+                   improved_steps=record.last_steps)

@@ -1,0 +1,125 @@
+"""The learning-health rules (fleetd/health/rules.py), one evaluation at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetd.health.rules import Action, Evaluation, Health, HealthRecord, armed, observe, released, rolled_back, threshold
+from fleetd.health.settings import HealthSettingError, HealthSettings, PlateauAction, settings_for
+
+SETTINGS = HealthSettings(collapse_evals=3, warmup_evals=3, plateau_steps=10_000)
+
+
+def feed(returns, settings=SETTINGS, record=None, step=1000, train=None):
+    """Evaluations every `step` steps; train returns follow the eval returns unless given."""
+    record = record or HealthRecord()
+    verdicts = []
+    start = record.last_steps
+    for i, value in enumerate(returns, 1):
+        train_return = value if train is None else train[i - 1]
+        record, verdict = observe(record, Evaluation(start + i * step, value, train_return, f"ckpt-{start + i * step}"), settings)
+        verdicts.append(verdict.action)
+    return record, verdicts
+
+
+def test_threshold_is_a_fraction_of_the_range_from_the_first_return_not_of_the_best():
+    assert threshold(-21.0, 15.0, 0.5) == -3.0  # Pong: half of the best (7.5) would be far too high
+    assert threshold(9.0, 500.0, 0.5) == 254.5
+
+
+def test_a_game_that_learns_stays_learning():
+    record, verdicts = feed([10, 50, 120, 300, 500, 480, 500])
+    assert record.state is Health.LEARNING and set(verdicts) == {Action.NONE}
+    assert record.first == 10 and record.best == 500 and record.best_steps == 5000
+
+
+def test_collapse_after_the_set_number_of_evaluations_below_the_threshold_rolls_back():
+    record, verdicts = feed([10, 200, 500, 500, 30, 20])
+    assert verdicts[-1] is Action.NONE and record.below == 2
+    record, verdicts = feed([15], record=record)
+    assert verdicts == [Action.ROLLBACK] and record.state is Health.COLLAPSED
+    assert record.best_checkpoint == "ckpt-3000" and record.rollbacks == 1
+    assert "below 255" in record.reason and "3 evaluations in a row" in record.reason
+
+
+def test_pong_collapse_with_negative_returns():
+    record, verdicts = feed([-21, -18, -10, 5, 12, -19, -20, -21])
+    assert verdicts[-1] is Action.ROLLBACK  # threshold -21 + 0.5 * 33 = -4.5
+
+
+def test_one_good_evaluation_resets_the_count():
+    record, verdicts = feed([10, 200, 500, 20, 20, 400, 20, 20])
+    assert Action.ROLLBACK not in verdicts and record.below == 2
+
+
+def test_the_training_return_must_fall_too():
+    evals = [10, 200, 500, 20, 20, 20]
+    record, verdicts = feed(evals, train=[10, 150, 300, 290, 280, 285])
+    assert Action.ROLLBACK not in verdicts
+    record, verdicts = feed(evals, train=[10, 150, 300, 100, 60, 40])
+    assert verdicts[-1] is Action.ROLLBACK
+
+
+def test_not_armed_before_the_warmup_nor_before_a_real_rise():
+    assert not armed(feed([10, 200])[0], SETTINGS)  # too few evaluations
+    record, verdicts = feed([10, 12, 13, 10, 10, 10])  # best 13 < 10 + 0.5 * 10
+    assert not armed(record, SETTINGS) and Action.ROLLBACK not in verdicts
+
+
+def test_a_second_collapse_after_a_rollback_holds_the_game():
+    record, _ = feed([10, 200, 500, 20, 20, 20])
+    record = rolled_back(record, 3000)
+    assert record.state is Health.ROLLED_BACK and record.below == 0
+    record, verdicts = feed([490, 20, 20, 20], record=record)
+    assert verdicts[-1] is Action.HOLD and record.state is Health.HELD
+    assert "held: learning collapsed again after 1 rollback" in record.reason and "fleetd games start" in record.reason
+    record, verdicts = feed([500, 500], record=record)
+    assert verdicts == [Action.NONE, Action.NONE] and record.state is Health.HELD  # until the operator acts
+    assert released(record).state is Health.LEARNING and released(record).rollbacks == 0
+
+
+def test_a_new_best_after_a_rollback_is_learning_again_and_clears_the_rollbacks():
+    record, _ = feed([10, 200, 400, 20, 20, 20])
+    record, verdicts = feed([350, 450], record=rolled_back(record, 3000))
+    assert record.state is Health.LEARNING and record.rollbacks == 0
+
+
+def test_max_rollbacks_zero_holds_at_the_first_collapse():
+    record, verdicts = feed([10, 200, 500, 20, 20, 20], settings=HealthSettings(warmup_evals=3, max_rollbacks=0))
+    assert verdicts[-1] is Action.HOLD
+
+
+@pytest.mark.parametrize("action, expected", [(PlateauAction.FLAG, Action.FLAG), (PlateauAction.STOP, Action.STOP),
+                                              (PlateauAction.YIELD, Action.YIELD)])
+def test_plateau_after_the_set_steps_without_a_new_best(action, expected):
+    settings = HealthSettings(plateau_steps=5000, on_plateau=action)
+    record, verdicts = feed([10, 10, 10, 10, 10, 10], settings=settings)
+    assert verdicts == [Action.NONE] * 5 + [expected]  # first at 1000, 6000 - 1000 = 5000
+    assert record.state is Health.PLATEAU and "no new best over 5000 env steps" in record.reason
+    record, verdicts = feed([10], settings=settings, record=record)
+    assert verdicts == [Action.NONE]  # said once
+
+
+def test_a_small_gain_does_not_end_a_plateau_clock_but_a_real_one_does():
+    settings = HealthSettings(plateau_steps=5000, plateau_gain=0.05)
+    record, verdicts = feed([0, 100, 101, 102, 103, 104, 104], settings=settings)
+    assert verdicts[-1] is Action.FLAG and record.best == 104  # +1 each: under 5% of the range
+    record, verdicts = feed([200], settings=settings, record=record)
+    assert record.state is Health.LEARNING and record.improved_steps == record.last_steps
+
+
+def test_disabled_does_nothing():
+    record, verdicts = feed([10, 200, 500, 20, 20, 20], settings=HealthSettings(enabled=False, warmup_evals=1))
+    assert set(verdicts) == {Action.NONE}
+
+
+def test_settings_refusals_name_the_field_and_value():
+    assert settings_for({"on_plateau": "yield", "collapse_evals": 2}).on_plateau is PlateauAction.YIELD
+    with pytest.raises(HealthSettingError, match=r"health.on_plateau: must be one of flag, stop, yield; got 'nap'"):
+        settings_for({"on_plateau": "nap"})
+    with pytest.raises(HealthSettingError, match=r"health.collapse_fraction: must be between 0 and 1, got 2"):
+        settings_for({"collapse_fraction": 2})
+    with pytest.raises(HealthSettingError, match=r"health.collapse_evals: expected an integer, got 2.5"):
+        settings_for({"collapse_evals": 2.5})
+    with pytest.raises(HealthSettingError, match=r"health.colapse_evals: unknown health setting; known: "):
+        settings_for({"colapse_evals": 2})
