@@ -230,6 +230,26 @@ def test_start_up_adopts_the_live_worker_and_kills_a_second_one(loop: Loop) -> N
     assert loop.shown() == {"a": Shown.RUNNING}
 
 
+def test_start_up_logs_each_adoption_and_records_it_as_adopted(loop: Loop, caplog: pytest.LogCaptureFixture) -> None:
+    for name, pid in (("a", 4242), ("b", 4343)):
+        loop.add(name)
+        record_live_run(loop, name, pid)
+    loop.probe.live = {4242, 4343}
+    with caplog.at_level("INFO", logger="fleetd.supervision.recorder"):
+        loop.start()
+    logged = [r.getMessage() for r in caplog.records]
+    for name, pid in (("a", 4242), ("b", 4343)):
+        assert any(f"adopted game {name}'s live worker pid {pid}" in line for line in logged), logged
+    with loop.db.transaction() as session:
+        adopted = read_events(session, EventFilter(kind="adopted"))
+        states = read_events(session, EventFilter(kind="state"))
+    assert sorted((e.game, e.message.split(" (run")[0]) for e in adopted) == [
+        ("a", "adopted live worker pid 4242"), ("b", "adopted live worker pid 4343")]
+    assert all("kept training through a daemon restart" in e.message for e in adopted)
+    # The worker never stopped: no event says it went from stopped to running.
+    assert not [e for e in states if e.details.get("from") == "stopped" and e.details.get("to") == "running"]
+
+
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:
     loop.add("a", desired=Desired.STOPPED)
     with loop.db.transaction() as session:

@@ -104,7 +104,7 @@ class WorkerProcess:
         self._resumed_steps = -1 if resumed_steps is None else resumed_steps
         self.spawned_wall = self._clock.now()
         self._reported = True  # it was training already: the hang limit applies at once
-        self._to(State.RUNNING, f"adopted live worker pid {pid} after a daemon restart")
+        self._to(State.RUNNING, f"adopted live worker pid {pid} (run {run_id}): it kept training through a daemon restart")
 
     # -- what happened ---------------------------------------------------------------------
 

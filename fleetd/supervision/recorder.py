@@ -6,6 +6,7 @@ one transaction every `progress_flush_s`, with metric samples every `sample_inte
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ from fleetd.supervision.seams import ExitStatus, Spawned
 from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
 
+log = logging.getLogger(__name__)
 _SEVERITY = {State.FATAL: "error", State.BACKOFF: "warning"}
 
 
@@ -73,9 +75,9 @@ class Recorder:
         now = self.clock.now()
         with self.db.transaction() as session:
             game_store.update_game_state(session, game, new.value, reason, now, restart)
-            message = f"{old} -> {new}: {reason}"
+            kind, message = _state_event(old, new, reason)
             details = {"from": old.value, "to": new.value, "reason": reason}
-            create_event(session, now, "state", message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
+            create_event(session, now, kind, message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
         if new is State.FATAL:
             self._alert("fatal", f"{game} is FATAL: {reason}", game, {"reason": reason},
                         f"fleetd will not restart it and gives its slot to the next pending game; fix the cause, "
@@ -184,10 +186,19 @@ class Recorder:
             boot = read_boot(session, boot_pk)
         return None if boot is None else boot.last_seen_at
 
-    def adopted(self, run_id: int) -> None:
-        """The transition to RUNNING that follows carries the event."""
+    def adopted(self, run: RunRecord) -> None:
+        """The transition to RUNNING that follows carries the event (kind `adopted`)."""
+        log.info("adopted game %s's live worker pid %s (run %d) after a daemon restart", run.game, run.pid, run.id)
         with self.db.transaction() as session:
-            run_store.update_run_adopted(session, run_id)
+            run_store.update_run_adopted(session, run.id)
+
+
+def _state_event(old: State, new: State, reason: str) -> tuple[str, str]:
+    """The event of a transition. STOPPED -> RUNNING is only ever an adoption (states.py): the
+    worker never stopped, so the event says what happened rather than the two states."""
+    if old is State.STOPPED and new is State.RUNNING:
+        return "adopted", reason
+    return "state", f"{old} -> {new}: {reason}"
 
 
 def _snapshot(report: ProgressReport) -> ProgressSnapshot:

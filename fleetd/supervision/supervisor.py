@@ -415,7 +415,7 @@ class Supervisor:
         if not self._reactor.watch(run.pid, own_child=False):
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
             return
-        self.recorder.adopted(run.id)
+        self.recorder.adopted(run)
         proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu)
         proc.spawned_launch = _launch_of_run(proc.launch, run)
 
