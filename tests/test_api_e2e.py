@@ -55,11 +55,11 @@ def scrape(daemon: Daemon) -> dict[tuple[str, tuple], float]:
     }
 
 
-def wait_for(what: str, check, timeout: float = 60.0):
+def wait_for(what: str, check, timeout: float = 60.0, poll_s: float = 0.25):
     deadline = time.monotonic() + timeout
     while not (found := check()):
         assert time.monotonic() < deadline, f"not {what} after {timeout}s"
-        time.sleep(0.25)
+        time.sleep(poll_s)
     return found
 
 
@@ -68,12 +68,16 @@ def test_counters_never_go_down_across_a_worker_kill(daemon: Daemon) -> None:
     assert daemon.post("/api/v1/games", body).status_code == 201
     game = wait_for("training", lambda: (g := daemon.game("cart"))["state"] == "running" and g["steps"] >= 2000 and g)
     before = scrape(daemon)
-    os.kill(game["pid"], signal.SIGKILL)  # the stand-in has no checkpoint: it comes back at step 0
-    wait_for("back and reporting", lambda: (g := daemon.game("cart"))["pid"] not in (None, game["pid"])
-             and g["state"] == "running" and 0 < g["steps"] < game["steps"])  # fmt: skip
-    after = scrape(daemon)
-
     key = ("game", "cart"),
+    os.kill(game["pid"], signal.SIGKILL)  # the stand-in has no checkpoint: it comes back at step 0
+    # The fall of the gauge is seen in the very scrape that is checked: the new run passes the old
+    # run's steps 2 s after its start (1,000 steps/s), so a scrape taken after a separate wait
+    # could land after the next progress flush and see the gauge back at or above `before`.
+    after = wait_for("back and reporting", lambda: (s := scrape(daemon))[("fleetd_game_restarts_total", key)] > 0
+                     and 0 < s[("fleetd_game_progress_steps", key)] < before[("fleetd_game_progress_steps", key)]
+                     and s, poll_s=0.1)  # fmt: skip
+    assert daemon.game("cart")["pid"] not in (None, game["pid"])
+
     for name in COUNTERS:
         labels = () if name == "fleetd_host_reboots" else key
         assert after[(name + "_total", labels)] >= before[(name + "_total", labels)], name
