@@ -204,9 +204,22 @@ class FleetSettings(_Section):
     # An NVML critical Xid error (read live from NVML events) is pressure for this long: it
     # blocks admission at once and, lasting past pressure_grace_s, counts as instability.
     xid_window_s: float = Field(600.0, gt=0)
-    # GPU memory one game at tier values was sized for; a smaller share scales them down.
-    gpu_reference_gib_per_game: float = Field(10.0, gt=0)
+    # Sizing on a GPU host (docs/governor.md#sizing): a rung's values hold if the footprint
+    # workers were measured to take there (GPU memory, host RSS), times 1 + footprint_tolerance
+    # for its games, fits; a reading counts once its worker has run footprint_settle_s.
+    footprint_tolerance: float = Field(0.10, ge=0, le=4)
+    footprint_settle_s: float = Field(120.0, ge=0)
     telemetry_interval_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_reference_gib(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gpu_reference_gib_per_game" in data:
+            raise ValueError(
+                f"gpu_reference_gib_per_game = {data['gpu_reference_gib_per_game']!r} is no longer a setting: rungs "
+                "on a GPU host are sized from the GPU memory and host RSS workers were measured to take "
+                "(footprint_tolerance, footprint_settle_s; docs/governor.md#sizing); remove the line")
+        return data
 
     @field_validator("tiers")
     @classmethod

@@ -26,12 +26,14 @@ from fleetd.errors import FleetdError
 from fleetd.forensics import JournalReader, Journalctl
 from fleetd.games import check_seeds, seed_games, seeding_needed
 from fleetd.governor.controller import FleetController
+from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host import HostBoot, HostReader
 from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.notify import Notifier
 from fleetd.scheduler import build_scheduler
 from fleetd.statedir import lock_state_dir
 from fleetd.store.engine import Database
+from fleetd.store.footprints import read_footprints
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
@@ -228,7 +230,10 @@ class Daemon:
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
         cluster = self.settings.cluster.backend == "ray"  # one governor per host (docs/governor.md)
-        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts, cluster=cluster)
+        with db.transaction() as session:
+            footprints = FootprintBook(read_footprints(session))  # what workers took before
+        fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts, cluster=cluster,
+                                footprints=footprints)
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, probe, fleet,
             unclean_reboot=(
@@ -303,6 +308,13 @@ class Daemon:
             self.notifier.stopping(f"stopping: {self.stop.describe()}")
             log.info("stopping: %s", self.stop.describe())
 
+    def _footprints(self, supervisor: Supervisor) -> FootprintSource | None:
+        """Footprints are measured on this host's workers only (a cluster's run on another
+        node has no pid here, and its memory is that host's)."""
+        if not self.local_workers:
+            return None
+        return FootprintSource(supervisor.fleet.footprints, supervisor.running_workers, self.settings.fleet.footprint_settle_s)
+
     def _last_state(self, supervisor: Supervisor) -> dict[str, Any]:
         return forensics.capture(self.telemetry.latest, supervisor.snapshot, self.clock.now())
 
@@ -320,7 +332,8 @@ class Daemon:
                 "telemetry",
                 settings.fleet.telemetry_interval_s,
                 # On a cluster a run's handle is its run id, not a pid of this host.
-                lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict),
+                lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict,
+                                      self._footprints(supervisor)),
             ),
         ]
         if self.cluster_nodes is not None:

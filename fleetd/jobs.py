@@ -14,8 +14,10 @@ from typing import Any
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.games import SEEDED_EVENT
+from fleetd.governor.footprint import FootprintSource
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, delete_events_before
+from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
 from fleetd.store.samples import create_metric_rows, delete_samples_before
@@ -60,11 +62,19 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
     return rotated
 
 
-def telemetry_job(db: Database, sampler: TelemetrySampler, workers: Callable[[], dict[str, int]]) -> None:
-    """Sample the GPUs, the host and every worker's process tree; keep the figures."""
+def telemetry_job(
+    db: Database, sampler: TelemetrySampler, workers: Callable[[], dict[str, int]], footprints: FootprintSource | None = None
+) -> None:
+    """Sample the GPUs, the host and every worker's process tree; keep the figures, and the
+    footprints of the workers that have settled (docs/governor.md#sizing)."""
+    running = footprints.running() if footprints is not None else {}
     snapshot = sampler.sample(workers())
+    at = datetime.fromtimestamp(snapshot.at, UTC)
+    changed = footprints.take(snapshot, running, at) if footprints is not None else []
     with db.transaction() as session:
-        create_metric_rows(session, datetime.fromtimestamp(snapshot.at, UTC), sample_rows(snapshot))
+        create_metric_rows(session, at, sample_rows(snapshot))
+        for record in changed:
+            save_footprint(session, record)
 
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:

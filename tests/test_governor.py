@@ -275,23 +275,6 @@ def test_defaults_are_the_seeds_tiers(tier: str) -> None:
     assert (settings.games, settings.num_envs, settings.batch_size) == expected
 
 
-def test_gpu_scaling_within_the_tiers_bounds() -> None:
-    from fleetd.config import FleetSettings
-    from fleetd.governor.scaling import GpuMemory, scale
-
-    tiers = FleetSettings().tiers
-    gib = 2**30
-    small = scale("medium", tiers["medium"], GpuMemory("RTX A5000", 24 * gib), 10)
-    assert (small.num_envs, small.batch_size) == (32, 512)
-    assert "scaled x0.60" in small.reason and "6.0 GiB each" in small.reason
-    big = scale("heavy", tiers["heavy"], GpuMemory("H100", 80 * gib), 10)
-    assert (big.num_envs, big.batch_size) == (256, 2048)  # never above the tier
-    tiny = scale("heavy", tiers["heavy"], GpuMemory("laptop", 4 * gib), 10)
-    assert (tiny.num_envs, tiny.batch_size) == (32, 256)  # at least an eighth of the tier
-    none = scale("light", tiers["light"], None, 10)
-    assert (none.num_envs, none.batch_size) == (32, 512) and "no GPU seen" in none.reason
-
-
 def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_30_min_then_a_day() -> None:
     now = EPOCH
     governor = Governor.initial(FleetSettings(tier="auto"), now)

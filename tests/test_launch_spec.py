@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from fleetd.config import Settings
-from fleetd.governor.scaling import GpuMemory, Scaled, scale
+from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale
 from fleetd.states import Desired, State
 from fleetd.store.records import GameRecord
 from fleetd.supervision.policy import Policy
@@ -38,13 +38,14 @@ def with_worker(settings: Settings, **worker: object) -> Settings:
 
 
 def test_a_gpu_worker_gets_the_tier_as_scaled_for_the_gpu(settings: Settings) -> None:
-    tier = scale("medium", settings.fleet.tiers["medium"], GpuMemory("RTX A5000", 24 * GIB), 10)
-    assert tier.for_worker("auto", 1) == TierDefaults(num_envs=32, batch_size=512)
+    tier = scale("medium", settings.fleet.tiers["medium"], None, Host(GpuMemory("RTX A5000", 24 * GIB), None), settings.fleet)
+    assert tier.for_worker("auto", 1) == TierDefaults(num_envs=64, batch_size=1024)  # nothing measured: its own
 
 
 @pytest.mark.parametrize(("gpu", "device"), [(None, "auto"), (GpuMemory("H100", 80 * GIB), "cpu")])
 def test_a_cpu_worker_gets_two_envs_per_thread_and_batch_64(settings: Settings, gpu, device) -> None:
-    tier = scale("light", settings.fleet.tiers["light"], gpu, 10)
+    host = None if gpu is None else Host(gpu, None)
+    tier = scale("light", settings.fleet.tiers["light"], None, host, settings.fleet)
     assert tier.for_worker(device, 3) == TierDefaults(num_envs=6, batch_size=64)
     assert tier.for_worker(device, 64) == TierDefaults(num_envs=32, batch_size=64)  # never above the tier
 

@@ -266,6 +266,8 @@ class SettingsOut(Out):
     num_envs: int
     batch_size: int
     reason: str
+    # On a GPU host: the figures the sizing used (docs/governor.md#sizing); None without a GPU.
+    sizing: dict[str, Any] | None = None
 
 
 class TierOut(Out):

@@ -192,11 +192,32 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
         ("next scale-up", when(fleet["next_scale_up_at"])),
         ("waiting", fleet["waiting_reason"]),
         ("per game", f"{settings['num_envs']} envs, batch {settings['batch_size']}: {settings['reason']}"),
+        ("sizing", sizing_line(settings.get("sizing"))),
         ("GPU", gpu_line(fleet["telemetry"])),
     ]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+def sizing_line(sizing: dict[str, Any] | None) -> str:
+    """The figures a GPU host's sizing used: measured per game, needed for the games, the room."""
+    if sizing is None:
+        return "no GPU seen: CPU caps"
+    room = f"room {gib(sizing['gpu_room_bytes'])} of a {sizing['gpu']}, host {gib(sizing['host_room_bytes'])}"
+    at = f"{sizing['num_envs']} envs, batch {sizing['batch_size']}"
+    if not sizing["measured"]:
+        return f"not measured yet at {at}: the rung's own values ({room})"
+    measured = f"{sizing['measured_num_envs']} envs, batch {sizing['measured_batch_size']}"
+    verdict = "fits" if sizing["fits"] else "does not fit"
+    return (f"{at}: measured at {measured} ({', '.join(sizing['kinds'])}; {sizing['readings']} readings): "
+            f"{gib(sizing['gpu_bytes_per_game'])} GPU, {gib(sizing['rss_bytes_per_game'])} RSS a game; "
+            f"{sizing['games_per_gpu']} games x {1 + sizing['tolerance']:g} = {gib(sizing['gpu_needed_bytes'])} GPU, "
+            f"{gib(sizing['host_needed_bytes'])} host; {room}: {verdict}")
 
 
 def gpu_line(telemetry: dict[str, Any]) -> str:

@@ -34,7 +34,8 @@ from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.governor.placement import GpuRoom
-from fleetd.governor.scaling import GpuMemory, Scaled, scale
+from fleetd.governor.footprint import FootprintBook
+from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale
 from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.states import Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
@@ -79,9 +80,11 @@ class FleetController:
         telemetry: TelemetrySource | None,
         alerts: AlertSender | None = None,
         cluster: bool = False,
+        footprints: FootprintBook | None = None,
     ) -> None:
         self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
         self.cluster = cluster
+        self.footprints = footprints or FootprintBook()
         self.governor = self._load()  # the local host's; on a cluster, the request's keeper only
         with self.db.transaction() as session:
             self._admitted: dict[str, datetime] = fleet_store.read_admissions(session)
@@ -93,6 +96,7 @@ class FleetController:
         if cluster:
             self._load_hosts()
         self._known_gpu: GpuMemory | None = None
+        self._host_memory: int | None = None
 
     def _load(self) -> Governor:
         with self.db.transaction() as session:
@@ -132,9 +136,10 @@ class FleetController:
         return self._scaled(self.governor)
 
     def _scaled(self, governor: Governor) -> Scaled:
-        rung = governor.rung
+        rung, index = governor.rung, governor.index()
         name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
-        return scale(name, rung.settings(), self._gpu(), self.settings.gpu_reference_gib_per_game)
+        below = governor.ladder[index - 1].settings() if index > 0 else None
+        return scale(name, rung.settings(), below, self._host(), self.settings)
 
     def sizing(self, name: str) -> tuple[Scaled, int]:
         """The rung a game's worker is sized for and the games sharing its host: the fleet's
@@ -498,14 +503,19 @@ class FleetController:
     def _snapshot(self) -> Any:
         return None if self.telemetry is None else self.telemetry.latest
 
-    def _gpu(self) -> GpuMemory | None:
-        """The first GPU's memory, remembered: a passing NVML error must not change every
-        game's settings (and restart them all)."""
+    def _host(self) -> Host | None:
+        """The GPUs (the smallest one's memory, and how many) and the host's memory, remembered:
+        a passing NVML error must not change every game's settings (and restart them all).
+        None: no GPU seen yet."""
         snapshot = self._snapshot()
         if snapshot is not None and snapshot.gpu_available and snapshot.gpus:
-            gpu = snapshot.gpus[0]
-            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes)
-        return self._known_gpu
+            gpu = min(snapshot.gpus, key=lambda g: g.memory_total_bytes)
+            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(snapshot.gpus))
+        if snapshot is not None and snapshot.host is not None:
+            self._host_memory = snapshot.host.memory_total_bytes
+        if self._known_gpu is None:
+            return None
+        return Host(self._known_gpu, self._host_memory, self.footprints.table)
 
     def gpu_rooms(self) -> list[GpuRoom]:
         """The GPUs NVML sees now and the memory free on each, for placing workers; none when

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -307,3 +308,21 @@ class HostBoot(Base):
     joined_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]  # when fleetd saw it dead; None while alive
+
+
+class Footprint(Base):
+    """What workers of one kind were measured to take (docs/governor.md, Sizing): the peak GPU
+    memory (NVML, per process; NULL: no GPU reading) and host RSS of a worker's process tree,
+    over the samples taken once it had settled."""
+
+    __tablename__ = "footprints"
+
+    env_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    algo: Mapped[str] = mapped_column(String(8), primary_key=True)
+    num_envs: Mapped[int] = mapped_column(primary_key=True)
+    batch_size: Mapped[int] = mapped_column(primary_key=True)
+    gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    rss_bytes: Mapped[int] = mapped_column(BigInteger)
+    samples: Mapped[int]
+    gpu_name: Mapped[str | None] = mapped_column(String(128))
+    measured_at: Mapped[datetime]

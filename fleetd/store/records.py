@@ -271,3 +271,23 @@ class HostRecord:
             max(0.0, (after.joined_at - before.last_seen_at).total_seconds())
             for before, after in zip(self.boots, self.boots[1:])
         ]
+
+
+@dataclass(frozen=True)
+class FootprintRecord:
+    """What workers of one kind (env id, algorithm, env count, batch) were measured to take once
+    settled: the peak over `samples` readings (fleetd/governor/footprint.py)."""
+
+    env_id: str
+    algo: str
+    num_envs: int
+    batch_size: int
+    gpu_bytes: int | None  # NVML's memory of the worker's processes; None: no GPU reading
+    rss_bytes: int  # host memory of the worker's process tree
+    samples: int
+    gpu_name: str | None
+    measured_at: datetime
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        return (self.num_envs, self.batch_size)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from fleetd.clock import Clock
+from fleetd.governor.footprint import RunningWorker
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Launcher, Sink
@@ -202,6 +203,17 @@ class WorkerProcess:
         self.spawned_wall = self._clock.now()
         self._fresh_watch(None)
         self._sink.run_spawned(run_id, spawned)
+
+    def running_worker(self, now: float) -> RunningWorker | None:
+        """What the live worker runs as, for its footprint (`now`: this clock's monotonic time);
+        None unless it is RUNNING."""
+        launch = self.spawned_launch
+        if self.state is not State.RUNNING or self.pid is None or launch is None or launch.spec is None:
+            return None
+        spec = self.remedies.applied_to(launch.spec)
+        num_envs, batch = spec.sizes()
+        batch = max(1, int(batch * spec.batch_scale))  # as the worker's plan takes it
+        return RunningWorker(self.pid, spec.env_id, spec.algo, num_envs, batch, now - self._spawned_at)
 
     def _remedied_launch(self) -> Launch:
         spec = self.remedies.applied_to(self.launch.spec)

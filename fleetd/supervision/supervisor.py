@@ -22,6 +22,7 @@ from fleetd.config import Settings
 from fleetd.governor import admission
 from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
+from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
 from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
 from fleetd.states import LIVE, Desired, State, shown, wants_slot
@@ -202,6 +203,12 @@ class Supervisor:
 
     def worker_pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in list(self.procs.items()) if proc.pid is not None}
+
+    def running_workers(self) -> dict[str, RunningWorker]:
+        """The RUNNING workers, what they run as and for how long, for their footprints."""
+        now = self.clock.monotonic()
+        running = {name: proc.running_worker(now) for name, proc in list(self.procs.items())}
+        return {name: worker for name, worker in running.items() if worker is not None}
 
     # -- the supervisor thread -------------------------------------------------------------
 

@@ -44,7 +44,8 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
         rungs=list(governor.rungs),
         last_backoff=governor.last_backoff,
         pressure=list(governor.pressure),
-        settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason),
+        settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason,
+                             sizing=None if scaled.sizing is None else scaled.sizing.json()),
         tiers=tiers,
         telemetry=snapshot_json(context.telemetry.latest if context.telemetry else None),
     )

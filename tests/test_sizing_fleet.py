@@ -1,0 +1,110 @@
+"""Footprints from telemetry to the store and back, and the sizing figures in the fleet record and
+`fleetd tier` (issue 22, item 2): the real sampler over a real process (this one) with a fake GPU
+reader seam, a real SQLite store, the governor's controller on an H100's readings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.api.routes.fleet import fleet_out
+from fleetd.cli import render
+from fleetd.config import ConfigError, Settings, load_settings
+from fleetd.governor.controller import FleetController
+from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
+from fleetd.jobs import telemetry_job
+from fleetd.store.engine import Database
+from fleetd.store.footprints import read_footprints
+from fleetd.telemetry import GpuSample, HostSample, Snapshot, TelemetrySampler
+from tests.fakes import FakeClock
+
+GIB = 2**30
+MIB = 2**20
+H100 = GpuSample(0, "NVIDIA H100 80GB HBM3", 7.0, 30 * GIB, 81_559 * MIB, 50.0, 300.0)
+
+
+class FakeGpu:
+    def __init__(self, pid_memory: dict[int, int]) -> None:
+        self.pid_memory = pid_memory
+
+    def read(self) -> tuple[list[GpuSample], dict[int, int], None]:
+        return [H100], self.pid_memory, None
+
+
+def test_a_settled_workers_footprint_reaches_the_store_at_its_peak(db: Database, clock: FakeClock) -> None:
+    me = os.getpid()
+    gpu = FakeGpu({me: 3 * GIB})
+    sampler = TelemetrySampler(gpu, clock=lambda: clock.now().timestamp())
+    book = FootprintBook()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=60.0)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    with db.transaction() as session:
+        assert read_footprints(session) == []  # not settled yet
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=130.0)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    gpu.pid_memory = {me: 2 * GIB}  # a lower reading later: the peak stays
+    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    with db.transaction() as session:
+        (stored,) = read_footprints(session)
+    assert (stored.env_id, stored.algo, stored.num_envs, stored.batch_size) == ("Breakout-v5", "ppo", 256, 2048)
+    assert stored.gpu_bytes == 3 * GIB and stored.samples == 2 and stored.gpu_name == H100.name
+    assert stored.rss_bytes > 50 * MIB  # this test process's tree, read by psutil
+    assert list(book.table.values()) == [stored]
+
+
+def fleet_on_an_h100(settings: Settings, db: Database, clock: FakeClock, book: FootprintBook) -> FleetController:
+    snapshot = Snapshot(0.0, (H100,), True, None, HostSample(256 * GIB, 200 * GIB, 10.0, 1.0), ())
+    heavy = settings.fleet.model_copy(update={"tier": "heavy"})
+    fleet = FleetController(heavy, db, clock, SimpleNamespace(latest=snapshot), footprints=book)
+    fleet.governor.state = replace(fleet.governor.state, rung=fleet.governor.top())  # climbed to 8x256
+    return fleet
+
+
+def test_the_fleet_record_and_fleetd_tier_show_the_figures_used(settings: Settings, db: Database, clock: FakeClock) -> None:
+    book = FootprintBook()
+    fleet = fleet_on_an_h100(settings, db, clock, book)
+    unmeasured = fleet.governor_view([])
+    assert (unmeasured.scaled.num_envs, unmeasured.scaled.batch_size) == (256, 2048)
+    before = _record(settings, db, clock, fleet)
+    assert before["sizing"]["measured"] is False and before["sizing"]["fits"] is None
+    assert render.sizing_line(before["sizing"]).startswith("not measured yet at 256 envs, batch 2048: the rung's own values")
+    assert "until measured, the rung's own values" in before["reason"]
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: round(4.1 * GIB)})), lambda: {"breakout": me}, source)
+    settings_out = _record(settings, db, clock, fleet)
+    sizing = settings_out["sizing"]
+    assert (settings_out["num_envs"], settings_out["batch_size"]) == (256, 2048)
+    assert sizing["measured"] and sizing["fits"] and sizing["gpu_bytes_per_game"] == round(4.1 * GIB)
+    assert sizing["games_per_gpu"] == 8 and sizing["tolerance"] == 0.10 and sizing["kinds"] == ["ppo Breakout-v5"]
+    assert sizing["gpu_room_bytes"] == round(81_559 * MIB * 0.9)
+    line = render.sizing_line(sizing)
+    assert "measured at 256 envs, batch 2048 (ppo Breakout-v5; 1 readings): 4.10 GiB GPU" in line
+    assert "8 games x 1.1 = 36.08 GiB GPU" in line and "room 71.68 GiB of a NVIDIA H100 80GB HBM3" in line
+    assert line.endswith(": fits")
+
+
+def _record(settings: Settings, db: Database, clock: FakeClock, fleet: FleetController) -> dict:
+    from fleetd.governor.snapshot import FleetSnapshot
+
+    context = AppContext(settings, db, clock, "t", DaemonInfo(1, clock.now()), None, None)
+    snapshot = FleetSnapshot(clock.now(), fleet.governor_view([]))
+    return fleet_out(context, snapshot).model_dump(mode="json")["settings"]
+
+
+def test_a_config_that_still_sets_the_reference_gib_is_refused_saying_what_replaced_it(tmp_path: Path) -> None:
+    path = tmp_path / "fleetd.toml"
+    path.write_text("[fleet]\ngpu_reference_gib_per_game = 10\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    message = str(caught.value)
+    assert "gpu_reference_gib_per_game = 10 is no longer a setting" in message
+    assert "measured" in message and "footprint_tolerance" in message and "remove the line" in message
