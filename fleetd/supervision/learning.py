@@ -127,7 +127,7 @@ class LearningWatch:
     def _tell(self, game: str, record: HealthRecord, verdict: Verdict) -> None:
         severity = "error" if verdict.action in (Action.ROLLBACK, Action.HOLD) else "warning"
         details = {"action": verdict.action.value, "steps": record.last_steps, "best": record.best,
-                   "best_steps": record.best_steps, "first": record.first, "rollbacks": record.rollbacks}
+                   "best_steps": record.best_steps, "floor": record.floor, "rollbacks": record.rollbacks}
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), _EVENT[verdict.action], verdict.reason, severity=severity,
                          game=game, details=details)
