@@ -32,7 +32,7 @@ from fleetd.config import AlertSettings
 
 log = logging.getLogger(__name__)
 
-ALERT_KINDS = ("reboot", "fatal", "backoff", "completed")
+ALERT_KINDS = ("reboot", "fatal", "backoff", "completed", "learning_collapse", "learning_held", "plateau")
 DEFAULT_MAX_QUEUE = 1000
 JSON_HEADERS = {"Content-Type": "application/json"}
 # One attempt's result: True, delivered; a str, refused (the reason; no retry); else a problem

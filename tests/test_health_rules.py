@@ -30,7 +30,7 @@ def test_threshold_is_a_fraction_of_the_range_from_the_first_return_not_of_the_b
 def test_a_game_that_learns_stays_learning():
     record, verdicts = feed([10, 50, 120, 300, 500, 480, 500])
     assert record.state is Health.LEARNING and set(verdicts) == {Action.NONE}
-    assert record.first == 10 and record.best == 500 and record.best_steps == 5000
+    assert record.floor == 10 and record.best == 500 and record.best_steps == 5000
 
 
 def test_collapse_after_the_set_number_of_evaluations_below_the_threshold_rolls_back():
@@ -123,3 +123,10 @@ def test_settings_refusals_name_the_field_and_value():
         settings_for({"collapse_evals": 2.5})
     with pytest.raises(HealthSettingError, match=r"health.colapse_evals: unknown health setting; known: "):
         settings_for({"colapse_evals": 2})
+
+
+def test_a_quick_learner_whose_first_evaluation_is_its_best_is_judged_from_its_floor():
+    record, verdicts = feed([450, 460, 455])  # CartPole learned before its first evaluation
+    assert not armed(record, SETTINGS)  # nothing lower seen yet: no range
+    record, verdicts = feed([9, 9], record=record, settings=HealthSettings(warmup_evals=3, collapse_evals=2))
+    assert verdicts == [Action.NONE, Action.ROLLBACK] and record.floor == 9

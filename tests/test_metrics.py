@@ -183,3 +183,43 @@ def test_telemetry_rows_reach_the_samples_table(db: Database, clock: FakeClock) 
         game = read_samples(session, "pong", None, "rss_bytes", clock.now(), 10)
         gpu = read_samples(session, None, 0, "gpu_utilization_pct", clock.now(), 10)
     assert [s.value for s in game] == [1e9] and [s.value for s in gpu] == [97.0]
+
+
+def test_learning_health_is_one_sample_per_state(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> None:
+    from fleetd.health.rules import Health, HealthRecord
+    from fleetd.store.games import game_id_of
+    from fleetd.store.health import update_health
+
+    with db.transaction() as session:
+        create_game(session, GameDraft("breakout", "Breakout-v5", "ppo"), clock.now())
+        update_health(session, game_id_of(session, "breakout"), HealthRecord(Health.PLATEAU, "flat"), clock.now())
+    health = values(scrape(settings, db, clock, host)["fleetd_game_health"])
+    assert health[(("game", "breakout"), ("health", "plateau"))] == 1.0
+    assert health[(("game", "pong"), ("health", "learning"))] == 1.0  # never evaluated: learning
+    assert sum(health.values()) == 2.0 and len(health) == 2 * len(Health)
+
+
+def test_learning_health_in_the_api_record_and_the_games_table(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> None:
+    from fleetd.health.rules import Health, HealthRecord
+    from fleetd.store.games import game_id_of
+    from fleetd.store.health import update_health
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    record = HealthRecord(Health.ROLLED_BACK, "rolled back to its best-evaluated checkpoint at 3000 steps", 6,
+                          9.0, 480.0, 3000, "/x/ckpt-000000003000", rollbacks=1)
+    with db.transaction() as session:
+        create_game(session, GameDraft("cart", "CartPole-v1", "ppo", health_settings={"collapse_evals": 2}), clock.now())
+        update_health(session, game_id_of(session, "cart"), record, clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog())
+    client = TestClient(create_app(context), headers={"Authorization": f"Bearer {'t' * 32}"})
+    game = client.get("/api/v1/games/cart").json()
+    assert (game["health"], game["rollbacks"], game["best_eval_return"], game["best_eval_steps"]) == ("rolled_back", 1, 480.0, 3000)
+    assert game["health_reason"].startswith("rolled back") and game["health_settings"] == {"collapse_evals": 2}
+    console = Console(width=250, record=True)
+    console.print(games_table([game]))
+    text = console.export_text()
+    header = [c.strip() for c in next(line for line in text.splitlines() if "┃" in line).split("┃")]
+    row = [c.strip() for c in next(line for line in text.splitlines() if "│" in line).split("│")]
+    assert row[header.index("health")] == "rolled_back (1x)"
+    assert "cart: rolled back to its best-evaluated checkpoint at 3000 steps" in text

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fleetd.api.context import AppContext
 from fleetd.governor.snapshot import GovernorView
+from fleetd.health.rules import Health
 from fleetd.states import Shown, shown
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
@@ -107,6 +108,20 @@ class StateFamily:
         return [f'{prefix}{state}"}} {"1.0" if state is current else "0.0"}' for state in GAME_STATES]
 
 
+@dataclass(frozen=True)
+class HealthFamily:
+    """One sample per learning-health state, as StateFamily does for the process state."""
+
+    name: str = "fleetd_game_health"
+    kind: str = "gauge"
+    doc: str = "1 for the game's learning health (learning, plateau, collapsed, rolled_back, held), 0 for the others"
+
+    def lines(self, game: GameFigures, _count: GameCounts, _now: datetime) -> list[str]:
+        current = Health(game.health) if game.health else Health.LEARNING
+        prefix = f'{self.name}{{game="{game.name}",health="'
+        return [f'{prefix}{health}"}} {"1.0" if health is current else "0.0"}' for health in Health]
+
+
 def _checkpoint_age(game: GameFigures, _count: GameCounts, now: datetime) -> float | None:
     return None if game.checkpoint_at is None else max(0.0, (now - game.checkpoint_at).total_seconds())
 
@@ -115,8 +130,9 @@ def _per_second(per_hour: float | None) -> float | None:
     return None if per_hour is None else per_hour / SECONDS_PER_HOUR
 
 
-GAME_FAMILIES: tuple[GameFamily | StateFamily, ...] = (
+GAME_FAMILIES: tuple[GameFamily | StateFamily | HealthFamily, ...] = (
     StateFamily(),
+    HealthFamily(),
     GameFamily("fleetd_game_steps_total", "counter", "Environment steps trained, as this daemon process saw them",
                lambda g, c, _: c.steps),
     GameFamily("fleetd_game_steps_lost_total", "counter", "Steps lost to restarts from an older checkpoint",

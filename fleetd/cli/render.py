@@ -143,13 +143,27 @@ STATE_STYLE = {
 EXPLAINED = (Shown.FATAL, Shown.BACKOFF)
 
 
+# Learning health (docs/learning-health.md): the states the caption explains, and their colours.
+HEALTH_EXPLAINED = ("plateau", "collapsed", "rolled_back", "held")
+HEALTH_STYLE = {"plateau": "yellow", "collapsed": "bold red", "rolled_back": "yellow", "held": "bold red"}
+
+
+def health_cell(game: dict[str, Any]) -> str:
+    """Its learning health (absent from an older daemon's answer: -), with the rollbacks."""
+    health = game.get("health")
+    if health is None:
+        return "-"
+    text = health + (f" ({game['rollbacks']}x)" if game.get("rollbacks") else "")
+    return f"[{HEALTH_STYLE[health]}]{text}[/]" if health in HEALTH_STYLE else text
+
+
 def number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def games_table(games: list[dict[str, Any]]) -> Table:
     table = PlainTable(title="Games")
-    for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval", "ckpt", "restarts"):
+    for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval", "health", "ckpt", "restarts"):
         table.add_column(column, justify="right" if column in {"pid", "steps", "episodes", "eps/h", "restarts"} else "left")
     for game in games:
         state = game["state"] + ("" if game["desired"] == Desired.RUNNING else " (stop)")
@@ -166,10 +180,13 @@ def games_table(games: list[dict[str, Any]]) -> Table:
             number(game["mean_reward_100"]),
             number(game["best_reward"]),
             number(game.get("eval_return")),  # absent from an older daemon's answer
+            health_cell(game),
             f"{checkpoint['steps']:,}" if checkpoint else "-",
             str(game["restarts"]),
         )
     reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in EXPLAINED and g["state_reason"]]
+    reasons += [f"{g['name']}: {g['health_reason']}" for g in games if g.get("health", "learning") in HEALTH_EXPLAINED
+                and g.get("health_reason")]
     if reasons:
         table.caption = "\n".join(reasons)
     return none_if_empty(table)

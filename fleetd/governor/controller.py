@@ -63,7 +63,7 @@ class GameSlot:
     name: str
     desired: Desired
     priority: int
-    created_at: datetime
+    created_at: datetime  # its place in the queue among its priority (GameRecord.queue_position)
     state: State
 
     @property
@@ -307,6 +307,12 @@ class FleetController:
             (host, Decision("evict", f"{holder.name} (priority {holder.priority}) back to pending: its slot goes to {to} ({command})", holder.name)),
             (host, Decision("admit", f"{to} admitted in {holder.name}'s slot ({command})", to)),
         ])  # fmt: skip
+
+    def yield_slot(self, name: str, message: str) -> None:
+        """A game on a plateau with on_plateau = "yield": back to pending; the next step admits
+        the first pending game in its place (it queues last itself: GameSlot.created_at)."""
+        if name in self._admitted:
+            self._apply_placed([(self.host_of(name) or LOCAL, Decision("evict", message, name))])
 
     def _release(self, slots: Sequence[GameSlot]) -> bool:
         wanting = {slot.name for slot in slots if slot.wants_slot}

@@ -2,8 +2,8 @@
 a game's health record and one evaluation to its next record and a verdict. No clock, no I/O:
 the supervisor's watch (fleetd/health/watch.py) acts on the verdicts.
 
-Thresholds are a fraction of the range between the game's first evaluation (about random
-play) and its best, not a fraction of the best: Atari returns may be negative (Pong runs
+Thresholds are a fraction of the range between the game's floor (its lowest evaluation: the
+first, about random play, unless a later one fell lower) and its best, not a fraction of the best: Atari returns may be negative (Pong runs
 -21 to 21), where "half the best" means nothing.
 """
 
@@ -45,11 +45,13 @@ class HealthRecord:
     state: Health = Health.LEARNING
     reason: str = ""
     evaluations: int = 0
-    first: float | None = None  # the first evaluation's return: about random play
+    # The lowest evaluation return seen: the first (about random play) unless one fell lower. Not
+    # the first alone: a quick learner's first evaluation may already be its best (CartPole).
+    floor: float | None = None
     best: float | None = None
     best_steps: int = 0
     best_checkpoint: str | None = None
-    train_first: float | None = None
+    train_floor: float | None = None  # the lowest training return seen at an evaluation
     train_best: float | None = None
     improved_steps: int = 0  # steps of the last evaluation that raised the best by `plateau_gain`
     below: int = 0  # evaluations in a row below the collapse threshold
@@ -67,16 +69,16 @@ NOTHING = Verdict(Action.NONE)
 _PLATEAU_ACTIONS = {PlateauAction.FLAG: Action.FLAG, PlateauAction.STOP: Action.STOP, PlateauAction.YIELD: Action.YIELD}
 
 
-def threshold(first: float, best: float, fraction: float) -> float:
-    """`fraction` of the way from the first return to the best."""
-    return first + fraction * (best - first)
+def threshold(floor: float, best: float, fraction: float) -> float:
+    """`fraction` of the way from the floor to the best."""
+    return floor + fraction * (best - floor)
 
 
 def armed(record: HealthRecord, settings: HealthSettings) -> bool:
     """Collapse is judged only once the game has learned something to lose."""
-    if record.first is None or record.best is None or record.evaluations < settings.warmup_evals:
+    if record.floor is None or record.best is None or record.evaluations < settings.warmup_evals:
         return False
-    return record.best - record.first >= settings.min_rise * max(abs(record.first), 1.0)
+    return record.best - record.floor >= settings.min_rise * max(abs(record.floor), 1.0)
 
 
 def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
@@ -94,10 +96,9 @@ def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> t
 
 
 def _counted(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> HealthRecord:
-    """Counts, first returns, the best and the plateau clock brought up to this evaluation."""
-    first = ev.eval_return if record.first is None else record.first
-    train_first = record.train_first if record.train_first is not None else ev.train_return
-    record = replace(record, evaluations=record.evaluations + 1, first=first, train_first=train_first,
+    """Counts, floors, the best and the plateau clock brought up to this evaluation."""
+    record = replace(record, evaluations=record.evaluations + 1, floor=_min(record.floor, ev.eval_return),
+                     train_floor=_min(record.train_floor, ev.train_return),
                      train_best=_max(record.train_best, ev.train_return), last_steps=ev.steps)
     if record.best is None or ev.eval_return > record.best:
         record = _new_best(record, ev, settings)
@@ -105,7 +106,7 @@ def _counted(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
 
 
 def _new_best(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> HealthRecord:
-    gain = settings.plateau_gain * (record.best - record.first) if record.best is not None else 0.0
+    gain = settings.plateau_gain * (record.best - record.floor) if record.best is not None else 0.0
     improved = record.best is None or ev.eval_return >= record.best + gain
     record = replace(record, best=ev.eval_return, best_steps=ev.steps, best_checkpoint=ev.checkpoint)
     if not improved:
@@ -122,22 +123,28 @@ def _max(old: float | None, new: float | None) -> float | None:
     return max(old, new)
 
 
+def _min(old: float | None, new: float | None) -> float | None:
+    if old is None or new is None:
+        return new if old is None else old
+    return min(old, new)
+
+
 def _below(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> bool:
     """The evaluation return is below its threshold, and so is the training return (when
     known): a deterministic evaluation alone can dip for one policy while training is sound."""
-    assert record.first is not None and record.best is not None
-    if ev.eval_return >= threshold(record.first, record.best, settings.collapse_fraction):
+    assert record.floor is not None and record.best is not None
+    if ev.eval_return >= threshold(record.floor, record.best, settings.collapse_fraction):
         return False
-    if ev.train_return is None or record.train_first is None or record.train_best is None:
+    if ev.train_return is None or record.train_floor is None or record.train_best is None:
         return True
-    return ev.train_return < threshold(record.train_first, record.train_best, settings.collapse_fraction)
+    return ev.train_return < threshold(record.train_floor, record.train_best, settings.collapse_fraction)
 
 
 def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
-    assert record.first is not None and record.best is not None
-    line = threshold(record.first, record.best, settings.collapse_fraction)
-    what = (f"evaluation return below {line:.4g} ({settings.collapse_fraction:g} of the way from the first "
-            f"{record.first:.4g} to the best {record.best:.4g} at {record.best_steps} steps) for "
+    assert record.floor is not None and record.best is not None
+    line = threshold(record.floor, record.best, settings.collapse_fraction)
+    what = (f"evaluation return below {line:.4g} ({settings.collapse_fraction:g} of the way from the floor "
+            f"{record.floor:.4g} to the best {record.best:.4g} at {record.best_steps} steps) for "
             f"{record.below} evaluations in a row, at {record.last_steps} steps")
     if record.rollbacks >= settings.max_rollbacks:
         why = (f"held: learning collapsed again after {record.rollbacks} rollback(s): {what}; fix its settings "
@@ -165,6 +172,6 @@ def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
 
 def released(record: HealthRecord) -> HealthRecord:
     """The operator started a held (or stopped-on-plateau) game: judged afresh from here, its
-    first and best returns kept."""
+    floor and best kept."""
     return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
                    improved_steps=record.last_steps)

@@ -131,11 +131,11 @@ class GameHealth(Base):
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text)
     evaluations: Mapped[int]
-    first: Mapped[float | None]  # the first evaluation's return: about random play
+    floor: Mapped[float | None]  # the lowest evaluation return seen: about random play
     best: Mapped[float | None]
     best_steps: Mapped[int]
     best_checkpoint: Mapped[str | None] = mapped_column(Text)
-    train_first: Mapped[float | None]
+    train_floor: Mapped[float | None]
     train_best: Mapped[float | None]
     improved_steps: Mapped[int]
     below: Mapped[int]

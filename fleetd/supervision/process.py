@@ -51,6 +51,7 @@ class WorkerProcess:
         self._backoff_until = 0.0
         self._stop_deadline = 0.0
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
+        self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
         self.last_steps: int | None = None
         self._progress_at = 0.0
         # STARTING becomes RUNNING only once the worker is up `startsecs` AND has reported:
@@ -77,8 +78,10 @@ class WorkerProcess:
                 self.remedies = Remedies()
             self._spawn(reason)
 
-    def stop(self, reason: str = "stop requested") -> None:
+    def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
+        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`."""
         if self.state in (State.STARTING, State.RUNNING):
+            self._stays = stays
             self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
             self._signal(self.policy.stopsignal)
             self._to(State.STOPPING, reason)
@@ -230,7 +233,8 @@ class WorkerProcess:
     def _classify(self, status: ExitStatus) -> Outcome:
         if self.state is State.STOPPING:
             how = " (SIGKILL after stopwaitsecs)" if self._killed_for == "stop_timeout" else ""
-            return Outcome("stopped", State.STOPPED, f"stopped{how}")
+            stays, self._stays = self._stays, None
+            return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
         if self._killed_for == "hang":
             return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
         if status.code == ExitCode.COMPLETED:

@@ -305,7 +305,7 @@
   }
 
   // A line plot of one metric over time; breaks the line where samples stopped (daemon or host down).
-  function linePlot(raw, { label, format = fmtCompact, kind = 'line', key = '' }) {
+  function linePlot(raw, { label, format = fmtCompact, kind = 'line', key = '', marks = null }) {
     const figure = h('figure', { class: 'plot-box' });
     const caption = h('figcaption', null, h('span', { class: 'plot-label' }, label));
     figure.appendChild(caption);
@@ -380,10 +380,34 @@
       chart.appendChild(svg('path', { class: 'area', d: d + 'L' + x(last[0]).toFixed(1) + ' ' + (top + innerH) + 'L' + x(thinned[0][0]).toFixed(1) + ' ' + (top + innerH) + 'Z' }));
     }
     chart.appendChild(svg('path', { class: 'line', d }));
+    if (marks) markPlot(chart, points, marks, { x, y, t0, t1, top, innerH, format });
     chart.appendChild(svg('circle', { class: 'dot', cx: x(last[0]).toFixed(1), cy: y(last[1]).toFixed(1), r: 2.5 },
       svg('title', null, format(last[1]) + ' at ' + fmtTime(last[0], { seconds: true }))));
     figure.appendChild(chart);
     return figure;
+  }
+
+  // Learning health on the eval plot: a ring on the best evaluation, a dashed line at each
+  // rollback to the best-evaluated checkpoint (docs/learning-health.md).
+  function markPlot(chart, points, marks, { x, y, t0, t1, top, innerH, format }) {
+    if (isNum(marks.best)) {
+      const best = points.reduce((a, p) => (Math.abs(p[1] - marks.best) < Math.abs(a[1] - marks.best) ? p : a), points[0]);
+      chart.appendChild(svg('circle', { class: 'best', cx: x(best[0]).toFixed(1), cy: y(best[1]).toFixed(1), r: 4.5, 'data-mark': 'best' },
+        svg('title', null, 'best evaluation ' + format(marks.best) + (isNum(marks.bestSteps) ? ' at ' + fmtInt(marks.bestSteps) + ' steps' : ''))));
+    }
+    for (const event of marks.rollbacks || []) {
+      const t = toMs(event.at);
+      if (!(t >= t0 && t <= t1)) continue;
+      const gx = x(t).toFixed(1);
+      chart.appendChild(svg('line', { class: 'rollback', x1: gx, x2: gx, y1: top, y2: top + innerH, 'data-mark': 'rollback' },
+        svg('title', null, 'rollback at ' + fmtTime(event.at, { seconds: true }) + ': ' + event.message)));
+    }
+  }
+
+  function healthCell(g) {
+    if (!g.health) return h('td', null, DASH);
+    const text = g.health + (g.rollbacks ? ' (' + g.rollbacks + '×)' : '');
+    return h('td', null, h('span', { class: 'health-' + g.health, title: g.health_reason || '' }, text));
   }
 
   // ---------------------------------------------------------------- panels
@@ -448,6 +472,7 @@
         h('td', { class: 'r num' }, fmtNum(g.mean_reward_100, 2)),
         h('td', { class: 'r num' }, fmtNum(g.best_reward, 1)),
         h('td', { class: 'r num' }, fmtNum(g.eval_return, 1)),
+        healthCell(g),
         h('td', { class: 'r num', title: ckpt ? fmtTime(ckpt.created_at, { seconds: true }) + (ckpt.verified ? '' : ' (unverified)') : '' },
           ckpt ? fmtInt(ckpt.steps) : DASH),
         h('td', { class: 'r num' + (g.restarts > 0 ? ' warn' : '') }, fmtInt(g.restarts)),
@@ -487,13 +512,15 @@
 
   function renderGamePlots(games, gameSeries) {
     const cards = games.map((g, i) => {
-      const [returns, steps, evals] = gameSeries[i];
+      const [returns, steps, evals, rollbacks] = gameSeries[i];
+      const marks = { best: g.best_eval_return, bestSteps: g.best_eval_steps, rollbacks: (rollbacks && rollbacks.items) || [] };
       return h('article', { class: 'card', 'data-game': g.name },
         h('header', null, h('strong', null, g.name), ' ', h('span', { class: stateClass(g.state) }, g.state),
+          g.health && g.health !== 'learning' ? h('span', { class: 'health-' + g.health, title: g.health_reason || '' }, ' ' + g.health) : null,
           h('span', { class: 'muted small' }, ' ' + g.env_id + ' · ' + g.algo)),
         h('div', { class: 'plots' },
           linePlot(returns, { label: 'mean return (100)', format: fmtCompact, key: g.name + ':mean_reward_100' }),
-          linePlot(evals, { label: 'eval return', format: fmtCompact, key: g.name + ':eval_return' }),
+          linePlot(evals, { label: 'eval return', format: fmtCompact, key: g.name + ':eval_return', marks }),
           linePlot(steps, { label: 'steps', format: fmtCompact, kind: 'area', key: g.name + ':steps' })));
     });
     $('game-plots').replaceChildren(...cards);
@@ -898,6 +925,7 @@
           series({ game: g.name, metric: 'mean_reward_100' }),
           series({ game: g.name, metric: 'steps' }),
           series({ game: g.name, metric: 'eval_return' }),
+          api('/events?' + new URLSearchParams({ game: g.name, kind: 'learning_rollback', limit: '50' }), { optional: true }),
         ]))),
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);

@@ -2,7 +2,7 @@
 and its place in the admission queue (moved to the back when it yields its slot on a plateau).
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-11-25
 """
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
@@ -33,11 +33,11 @@ def upgrade() -> None:
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         _int("evaluations"),
-        _number("first"),
+        _number("floor"),
         _number("best"),
         _int("best_steps"),
         sa.Column("best_checkpoint", sa.Text(), nullable=True),
-        _number("train_first"),
+        _number("train_floor"),
         _number("train_best"),
         _int("improved_steps"),
         _int("below"),

@@ -1,0 +1,183 @@
+"""The supervisor's learning-health watch: each evaluation a worker reports is judged by the
+rules (fleetd/health/rules.py); the record is stored, a change of state is an event, a
+collapse or a plateau an alert. What the verdict asks of the worker (a rollback, a stop, a
+yielded slot) the supervisor does (fleetd/supervision/supervisor.py); the checkpoints a
+rollback sets aside are moved here (docs/learning-health.md)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fleetd.alerts import Alert, AlertSender
+from fleetd.clock import Clock
+from fleetd.health.rules import Action, Evaluation, Health, HealthRecord, Verdict, observe, released, rolled_back
+from fleetd.health.settings import HealthSettingError, HealthSettings, settings_for
+from fleetd.states import Desired
+from fleetd.store import games as game_store
+from fleetd.store.engine import Database
+from fleetd.store.events import create_event
+from fleetd.store.health import update_game_queued, update_health
+from fleetd.store.records import GameRecord
+from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from workers.protocol.reports import CheckpointSummary
+
+_EVENT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_collapse", Action.FLAG: "plateau",
+          Action.STOP: "plateau", Action.YIELD: "plateau"}
+_ALERT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_held", Action.FLAG: "plateau",
+          Action.STOP: "plateau", Action.YIELD: "plateau"}
+_DOING = {
+    Action.ROLLBACK: "fleetd restarts it from its best-evaluated checkpoint",
+    Action.HOLD: "fleetd stopped it (desired stopped); fix its settings, then `fleetd games start {game}`",
+    Action.FLAG: "fleetd only marks it (on_plateau = flag)",
+    Action.STOP: "fleetd stopped it (on_plateau = stop); `fleetd games start {game}` trains it on",
+    Action.YIELD: "fleetd gives its slot to a pending game and queues it last (on_plateau = yield)",
+}
+
+
+@dataclass(frozen=True)
+class BestCheckpoint:
+    path: Path
+    steps: int
+    eval_return: float
+
+
+@dataclass
+class LearningWatch:
+    db: Database
+    clock: Clock
+    alerts: AlertSender | None = None
+    _records: dict[str, HealthRecord] = field(default_factory=dict)
+    _settings: dict[str, HealthSettings] = field(default_factory=dict)
+    _train: dict[str, float | None] = field(default_factory=dict)
+
+    def load(self, games: list[GameRecord]) -> None:
+        """The games as just read from the store: their records and settings."""
+        names = {game.name for game in games}
+        for name in [n for n in self._records if n not in names]:
+            del self._records[name]
+        for game in games:
+            self._records.setdefault(game.name, game.health)
+            self._settings[game.name] = _settings(game.health_settings)
+
+    def record(self, game: str) -> HealthRecord:
+        return self._records.get(game, HealthRecord())
+
+    def settings(self, game: str) -> HealthSettings:
+        return self._settings.get(game, HealthSettings())
+
+    def train_return(self, game: str, value: float | None) -> None:
+        self._train[game] = value
+
+    def evaluated(self, game: str, summary: CheckpointSummary) -> Verdict:
+        """One evaluation (the checkpoint it was written with): judged, stored, told."""
+        assert summary.eval_return is not None
+        ev = Evaluation(summary.steps, summary.eval_return, self._train.get(game), summary.path)
+        old = self.record(game)
+        new, verdict = observe(old, ev, self.settings(game))
+        self._store(game, old, new)
+        if verdict.action is not Action.NONE:
+            self._tell(game, new, verdict)
+        return verdict
+
+    def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str]) -> None:
+        old = self.record(game)
+        new = rolled_back(old, best.steps)
+        self._store(game, old, new, "learning_rollback", {
+            "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
+            "eval_return": best.eval_return, "set_aside": set_aside})
+
+    def released(self, game: str) -> bool:
+        """The operator started a held game, or one stopped on a plateau. True if it was."""
+        old = self.record(game)
+        if old.state not in (Health.HELD, Health.PLATEAU):
+            return False
+        self._store(game, old, released(old))
+        return True
+
+    def hold(self, game: str, reason: str) -> Verdict:
+        """A rollback that cannot be done (no evaluated checkpoint on disk) holds the game."""
+        old = self.record(game)
+        new = replace(old, state=Health.HELD, reason=reason)
+        self._store(game, old, new)
+        return Verdict(Action.HOLD, reason)
+
+    def stopped(self, game: str) -> None:
+        """Desired stopped in the store, for a hold or a plateau's stop."""
+        with self.db.transaction() as session:
+            game_store.update_game_desired(session, game, Desired.STOPPED, self.clock.now())
+
+    def queued_last(self, game: str) -> None:
+        with self.db.transaction() as session:
+            update_game_queued(session, game, self.clock.now())
+
+    def _store(self, game: str, old: HealthRecord, new: HealthRecord, kind: str = "health",
+               details: dict[str, Any] | None = None) -> None:
+        self._records[game] = new
+        now = self.clock.now()
+        with self.db.transaction() as session:
+            update_health(session, game_store.game_id_of(session, game), new, now)
+            if old.state != new.state or kind != "health":
+                message = f"learning health {old.state} -> {new.state}: {new.reason}"
+                info = {"from": old.state.value, "to": new.state.value, "steps": new.last_steps, **(details or {})}
+                create_event(session, now, kind, message, game=game, details=info)
+
+    def _tell(self, game: str, record: HealthRecord, verdict: Verdict) -> None:
+        severity = "error" if verdict.action in (Action.ROLLBACK, Action.HOLD) else "warning"
+        details = {"action": verdict.action.value, "steps": record.last_steps, "best": record.best,
+                   "best_steps": record.best_steps, "floor": record.floor, "rollbacks": record.rollbacks}
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), _EVENT[verdict.action], verdict.reason, severity=severity,
+                         game=game, details=details)
+        if self.alerts is not None:
+            action = _DOING[verdict.action].format(game=game)
+            self.alerts.send(Alert(_ALERT[verdict.action], f"{game}: {verdict.reason}", self.clock.now(), game,
+                                   details, action))
+
+
+def _settings(overrides: dict[str, Any]) -> HealthSettings:
+    """A stored game's settings; ones an older fleetd let in and this one refuses: the defaults."""
+    try:
+        return settings_for(overrides)
+    except HealthSettingError:
+        return HealthSettings()
+
+
+# -- the rollback's files ----------------------------------------------------------------------
+
+
+def best_evaluated(directory: Path) -> BestCheckpoint | None:
+    """The checkpoint with the highest evaluation return in its manifest (the one retention
+    keeps), its files' sizes checked; the worker hashes them when it resumes from it."""
+    best: BestCheckpoint | None = None
+    for info in list_checkpoints(directory):
+        try:
+            manifest = read_manifest(info.path)
+        except CheckpointError:
+            continue
+        score = manifest.eval_return
+        if score is not None and (best is None or score > best.eval_return) and _sizes_match(info.path, manifest):
+            best = BestCheckpoint(info.path, manifest.steps, float(score))
+    return best
+
+
+def _sizes_match(path: Path, manifest: Any) -> bool:
+    try:
+        return all((path / name).stat().st_size == entry.size for name, entry in manifest.files.items())
+    except OSError:
+        return False
+
+
+def set_aside_after(directory: Path, steps: int, into: Path) -> list[str]:
+    """Move the checkpoints newer than `steps` out of the worker's sight (into `into`, kept for a
+    look): it then resumes from the one at `steps`, and a later restart never resumes from one
+    of the collapsed run's."""
+    moved = []
+    for info in list_checkpoints(directory):
+        if info.steps > steps:
+            into.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(info.path), str(into / info.path.name))
+            moved.append(info.path.name)
+    return moved

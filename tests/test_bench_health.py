@@ -1,0 +1,24 @@
+"""bench/health.py's replay of recorded evaluations through the rules (no training here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.health import Trace, load, sweep, verdicts
+from fleetd.health.rules import Action
+from fleetd.health.settings import HealthSettings
+
+
+def test_a_dip_that_training_does_not_share_is_a_false_alarm_only_without_the_training_return(tmp_path: Path) -> None:
+    evals = [(1000 * i, value, train) for i, (value, train) in
+             enumerate([(9, 9), (120, 40), (500, 150), (500, 300), (500, 400), (60, 420), (40, 430), (500, 450)], 1)]
+    healthy = Trace("ppo-cartpole", 1, evals)
+    assert Action.ROLLBACK not in verdicts(healthy, HealthSettings(warmup_evals=3, collapse_evals=2))
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"traces": [healthy.__dict__]}))
+    rows = sweep(load([str(path)]))
+    row = next(r for r in rows if (r["collapse_fraction"], r["collapse_evals"], r["warmup_evals"]) == (0.5, 2, 3)
+               and not r["train_return"])
+    assert row["false_collapses"] == 1
+    assert all(r["false_collapses"] == 0 for r in rows if r["train_return"])

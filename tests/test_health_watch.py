@@ -1,0 +1,200 @@
+"""Learning health in the supervisor loop (fleetd/supervision/learning.py and its actions in
+the supervisor), with the fake clock, launcher and reactor over a real SQLite store and real
+checkpoint folders: a collapse rolls back to the best-evaluated checkpoint, a second one holds,
+a plateau flags, stops or yields its slot. Deterministic: no sleeps, no processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from fleetd.alerts import Alert
+from fleetd.config import Settings
+from fleetd.games import set_desired
+from fleetd.health.rules import Health
+from fleetd.states import Desired, Shown, State
+from fleetd.store import games as game_store
+from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
+from fleetd.store.records import GameDraft
+from fleetd.supervision.supervisor import StartGame
+from fleetd.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+from tests.supervision_fakes import FakeLauncher, FakeReactor
+from tests.test_supervisor_loop import FakeProbe, Loop
+from workers.checkpoint import list_checkpoints, summarize, write_checkpoint
+from workers.protocol.reports import CheckpointReport, ProgressReport
+
+QUICK = {"warmup_evals": 3, "collapse_evals": 2, "rollback_lr_scale": 0.25}
+
+
+@dataclass
+class FakeAlerts:
+    sent: list[Alert] = field(default_factory=list)
+
+    def send(self, alert: Alert) -> None:
+        self.sent.append(alert)
+
+
+@pytest.fixture
+def loop(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Loop:
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    return Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, alerts=FakeAlerts())
+
+
+def add(loop: Loop, name: str, health: dict, priority: int = 0) -> None:
+    with loop.db.transaction() as session:
+        draft = GameDraft(name, "CartPole-v1", "ppo", Desired.RUNNING, priority, health_settings=health)
+        game_store.create_game(session, draft, loop.clock.now())
+    loop.clock.advance(1)
+
+
+def evaluate(loop: Loop, name: str, steps: int, eval_return: float, train: float | None = None) -> None:
+    """The worker writes a checkpoint with this evaluation and reports it (a training return first)."""
+    proc = loop.sup.procs[name]
+    at = loop.clock.now().timestamp()
+    loop.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 10, 100.0, 0.0,
+                                       eval_return if train is None else train, None, None))
+    folder = write_checkpoint(checkpoints(loop, name), steps, 10, lambda tmp: (tmp / "model.zip").write_bytes(b"m"),
+                              eval_return)
+    loop.reactor.report(CheckpointReport(name, proc.run_id, proc.pid, at, summarize(folder)))
+    loop.steps()
+
+
+def checkpoints(loop: Loop, name: str) -> Path:
+    return loop.settings.game_dir(name) / "checkpoints"
+
+
+def stop_exits(loop: Loop, name: str) -> None:
+    """The worker got SIGTERM, wrote its final checkpoint and exited."""
+    pid = loop.pid(name)
+    assert (pid, "SIGTERM") in loop.launcher.signals
+    loop.reactor.exit(pid, 0)
+    loop.steps()
+
+
+def game(loop: Loop, name: str):
+    with loop.db.transaction() as session:
+        return game_store.read_game(session, name)
+
+
+def events(loop: Loop, kind: str) -> list:
+    with loop.db.transaction() as session:
+        return read_events(session, EventFilter(kind=kind))
+
+
+def trained_then_collapsed(loop: Loop) -> None:
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480), (5000, 20)):
+        evaluate(loop, "cp", steps, value)
+    assert loop.state("cp") is State.RUNNING  # one evaluation below: not yet
+    evaluate(loop, "cp", 6000, 15)
+
+
+def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with_the_lr_scaled(loop: Loop) -> None:
+    trained_then_collapsed(loop)
+    assert loop.state("cp") is State.STOPPING
+    assert game(loop, "cp").health.state is Health.COLLAPSED
+    stop_exits(loop, "cp")
+    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [3000, 2000, 1000]
+    aside = list((loop.settings.game_dir("cp") / "rolled_back").iterdir())
+    assert sorted(p.name for p in aside[0].iterdir()) == ["ckpt-000000004000", "ckpt-000000005000", "ckpt-000000006000"]
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
+    record = game(loop, "cp")
+    assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1
+    assert "rolling back to its best-evaluated checkpoint (ckpt-000000003000, return 500)" in record.state_reason
+    collapse = events(loop, "learning_collapse")
+    assert len(collapse) == 1 and collapse[0].severity == "error" and collapse[0].details["action"] == "rollback"
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 3000
+    assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
+
+
+def test_a_second_collapse_after_the_rollback_holds_the_game(loop: Loop) -> None:
+    trained_then_collapsed(loop)
+    stop_exits(loop, "cp")
+    loop.run_up("cp")
+    evaluate(loop, "cp", 4000, 490)
+    assert game(loop, "cp").health.state is Health.ROLLED_BACK  # back within reach of its best
+    evaluate(loop, "cp", 5000, 12)
+    evaluate(loop, "cp", 6000, 11)
+    assert loop.state("cp") is State.STOPPING
+    stop_exits(loop, "cp")
+    record = game(loop, "cp")
+    assert record.desired is Desired.STOPPED and record.health.state is Health.HELD and loop.state("cp") is State.STOPPED
+    assert record.state_reason.startswith("stopped: held: learning collapsed again after 1 rollback(s)")
+    assert len(loop.launcher.spawned) == 2  # no third run
+    assert [a.kind for a in loop.alerts.sent] == ["learning_collapse", "learning_held"]
+
+
+def test_starting_a_held_game_judges_it_afresh_without_the_rollback_scale(loop: Loop) -> None:
+    test_a_second_collapse_after_the_rollback_holds_the_game(loop)
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
+    assert game(loop, "cp").health.state is Health.LEARNING
+
+
+def test_a_training_return_that_holds_up_is_no_collapse(loop: Loop) -> None:
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value, train in ((1000, 10, 10), (2000, 200, 150), (3000, 500, 300), (4000, 20, 290), (5000, 20, 280)):
+        evaluate(loop, "cp", steps, value, train)
+    assert loop.state("cp") is State.RUNNING and game(loop, "cp").health.state is Health.LEARNING
+
+
+def plateau(loop: Loop, name: str) -> None:
+    for steps in (1000, 2000, 3000):
+        evaluate(loop, name, steps, 10.0)
+
+
+def test_plateau_flag_marks_it_and_keeps_it_running(loop: Loop) -> None:
+    add(loop, "a", {"plateau_steps": 2000})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    record = game(loop, "a")
+    assert record.health.state is Health.PLATEAU and "no new best over 2000 env steps" in record.health.reason
+    assert loop.state("a") is State.RUNNING and [a.kind for a in loop.alerts.sent] == ["plateau"]
+    evaluate(loop, "a", 4000, 50.0)
+    assert game(loop, "a").health.state is Health.LEARNING
+
+
+def test_plateau_stop_stops_it_with_the_reason(loop: Loop) -> None:
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "stop"})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    stop_exits(loop, "a")
+    record = game(loop, "a")
+    assert record.desired is Desired.STOPPED and record.state_reason.startswith("stopped: plateau: no new best")
+
+
+def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Loop) -> None:
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
+    add(loop, "b", {})
+    add(loop, "c", {})  # the light tier admits two: c waits
+    loop.start()
+    loop.run_up("a", "b")
+    assert loop.shown()["c"] is Shown.PENDING
+    plateau(loop, "a")
+    assert loop.state("a") is State.STOPPING and loop.state("c") is State.STOPPED  # c waits for a's final checkpoint
+    stop_exits(loop, "a")
+    assert loop.state("c") is State.STARTING and loop.shown()["a"] is Shown.PENDING
+    assert game(loop, "a").queue_position > game(loop, "c").queue_position
+    loop.run_up("c")
+    loop.steps(10)
+    assert loop.shown()["a"] is Shown.PENDING  # last in the queue now
+
+
+def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    assert loop.state("a") is State.RUNNING and game(loop, "a").health.state is Health.PLATEAU
