@@ -260,3 +260,19 @@ class HostRecord:
             max(0.0, (after.joined_at - before.last_seen_at).total_seconds())
             for before, after in zip(self.boots, self.boots[1:])
         ]
+
+
+@dataclass(frozen=True)
+class PlanPrediction:
+    """One game's place in a plan, as the plan job recorded it (fleetd.planning.error)."""
+
+    game: str
+    made_at: datetime
+    goal_kind: str  # episodes | timesteps
+    target: int
+    done: int
+    rate_per_hour: float | None
+    rate_source: str
+    start_at: datetime | None
+    eta_at: datetime | None
+    finished_at: datetime | None = None  # when the game reached its goal, once it did
