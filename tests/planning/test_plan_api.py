@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
@@ -154,3 +155,16 @@ def test_the_plan_job_records_predictions_and_the_error_once_a_game_finishes(fle
     assert cart1["error_hours"] == pytest.approx(2 - 4.5 * 48 / 47)
     assert cart1["relative_error"] == pytest.approx(2 / (4.5 * 48 / 47) - 1)
     assert not errors["cart2"]["finished"] and body["error"]["median_abs_relative_error"] is not None
+
+
+def test_metrics_show_the_fleets_time_and_cost_to_all_goals(fleet) -> None:
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    with TestClient(create_app(context)) as client:
+        text = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {name: families[name].samples[0].value for name in families if name.startswith("fleetd_plan_") and families[name].samples}
+    assert value["fleetd_plan_time_to_all_goals_seconds"] == pytest.approx(9.5 * 48 / 47 * 3600)
+    assert value["fleetd_plan_cost_to_all_goals"] == pytest.approx(2 * 9.5 * 48 / 47)
+    assert value["fleetd_plan_downtime_ratio"] == pytest.approx(1 / 48) and "fleetd_plan_error_ratio" not in value
