@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
 from fleetd.governor.controller import FleetController, GameSlot
+from fleetd.cli.plan_cmd import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
@@ -168,3 +170,23 @@ def test_metrics_show_the_fleets_time_and_cost_to_all_goals(fleet) -> None:
     assert value["fleetd_plan_time_to_all_goals_seconds"] == pytest.approx(9.5 * 48 / 47 * 3600)
     assert value["fleetd_plan_cost_to_all_goals"] == pytest.approx(2 * 9.5 * 48 / 47)
     assert value["fleetd_plan_downtime_ratio"] == pytest.approx(1 / 48) and "fleetd_plan_error_ratio" not in value
+
+
+def test_the_cli_table_reads_like_the_users_own(fleet) -> None:
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    console = Console(record=True, width=200)
+    console.print(plan_view(get(context)))
+    text = console.export_text()
+    cart3 = next(line for line in text.splitlines() if "cart3" in line)
+    # game, goal, done, rate/h, from, starts in h, hours, days, cost: 4.5 h and 9.5 h stretched by
+    # 48/47; cart3 alone on the host for its 5 h: 5 x $2 x 48/47.
+    assert [c.strip() for c in cart3.split("│")[1:-1]] == [
+        "cart3", "3,000 episodes", "0", "600", "same_env_algo_size", "4.6", "9.7", "0.4", "$10.21",
+    ]
+    total = next(line for line in text.splitlines() if "TOTAL" in line)
+    assert [c.strip() for c in total.split("│")[1:-1]][:2] == ["TOTAL", "9,000 episodes"]
+    assert "9.7" in total and "$19.40" in total
+    assert "Plan at 2x32 (light) (2 slots)" in text and "1.0 a day x 30m 0s: 2.1% of the time" in text
+    assert "no, here" in text and "no, next to probe" in text
