@@ -4,8 +4,6 @@ predictions judged once a game reaches its goal."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,67 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from fleetd.api import create_app
-from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.catalog import EnvCatalog
-from fleetd.config import Settings, load_settings
-from fleetd.governor.controller import FleetController, GameSlot
+from fleetd.api.context import AppContext
 from fleetd.cli.plan_cmd import plan_view
 from fleetd.planning.service import record_plan
-from fleetd.states import Desired, State
-from fleetd.store.engine import Database
-from fleetd.store.games import create_game, read_games, update_game_state, update_games_progress
-from fleetd.store.records import GameDraft, ProgressSnapshot
-from fleetd.store.samples import create_metric_rows
-from fleetd.store.schema import ensure_schema
-from fleetd.uptime import heartbeat, record_daemon_start
-from tests.fakes import FakeClock, FakeHost
-
-TOKEN = "p" * 32
-
-
-@pytest.fixture
-def priced(tmp_path: Path, boot_id_file: Path) -> Settings:
-    return load_settings(state_dir=tmp_path / "state", host={"boot_id_path": boot_id_file}, costs={"price_per_host_hour": 2.0},
-                         plan={"error_horizon_s": 0})  # fmt: skip
-
-
-@pytest.fixture
-def fleet(priced: Settings, clock: FakeClock, host: FakeHost) -> Iterator[tuple[AppContext, FleetController]]:
-    """A host up 23.5 h, down 30 min (one reboot a day, 30 min each: 1/48 of the time), then
-    three CartPole games of 3,000 episodes at the light tier (2 slots)."""
-    ensure_schema(priced.db_path, "fleetd db upgrade")
-    db = Database.open(priced.db_path)
-    first = record_daemon_start(db, host.current_boot(), clock.now())
-    clock.advance(23.5 * 3600)
-    heartbeat(db, first.boot.id, clock.now())
-    host.reboot(down_s=1800)
-    start = record_daemon_start(db, host.current_boot(), clock.now())
-    context = AppContext(priced, db, clock, TOKEN, DaemonInfo(start.boot.id, start.boot.daemon_started_at), EnvCatalog())
-    controller = FleetController(priced.fleet, db, clock, telemetry=None)
-    with db.transaction() as session:
-        for age, name in enumerate(("cart1", "cart2", "cart3")):
-            create_game(session, GameDraft(name, "CartPole-v1", "ppo", target_episodes=3_000), clock.now() + timedelta(seconds=age))
-    govern(controller, db)
-    yield context, controller
-    db.close()
-
-
-def govern(controller: FleetController, db: Database) -> None:
-    with db.transaction() as session:
-        slots = [GameSlot(g.name, Desired(g.desired), g.priority, g.created_at, State(g.state)) for g in read_games(session)]
-    controller.govern(slots)
-    with db.transaction() as session:
-        for name in controller._admitted:
-            update_game_state(session, name, State.RUNNING, "up", controller.clock.now())
-
-
-def progress(context: AppContext, name: str, episodes: int, minutes: float) -> None:
-    """`episodes` over the last `minutes`, reported as a worker would (samples and the game row)."""
-    clock, db = context.clock, context.db
-    with db.transaction() as session:
-        create_metric_rows(session, clock.now() - timedelta(minutes=minutes), [(name, None, "episodes", 0.0), (name, None, "steps", 0.0)])
-        create_metric_rows(session, clock.now(), [(name, None, "episodes", float(episodes)), (name, None, "steps", episodes * 200.0)])
-        update_games_progress(session, {name: ProgressSnapshot(episodes * 200, episodes, None, None, None, clock.now())})
+from fleetd.states import State
+from fleetd.store.games import update_game_state
+from tests.planning.helpers import TOKEN, govern, progress
 
 
 def get(context: AppContext, query: str = "") -> dict:
