@@ -239,6 +239,15 @@ class CostSettings(_Section):
     currency: str = Field("$", max_length=8)
 
 
+class PlanSettings(_Section):
+    """The plan (docs/planning.md): how often its predictions are recorded, how old a prediction
+    is judged against what happened (the ETA a day ago), how long they are kept."""
+
+    record_interval_s: float = Field(3600.0, ge=1)
+    error_horizon_s: float = Field(86400.0, ge=0)
+    keep_days: float = Field(3.0, gt=0)
+
+
 class AlertSettings(_Section):
     """Where alerts go: apprise URLs (Slack, Discord, Telegram, ntfy, email, ...) and/or a
     webhook that gets fleetd's JSON event (or Slack's `{"text": ...}`). Sent on a reboot, a FATAL
@@ -392,6 +401,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     fleet: FleetSettings = FleetSettings()
     costs: CostSettings = CostSettings()
+    plan: PlanSettings = PlanSettings()
     alerts: AlertSettings = AlertSettings()
     backup: BackupSettings = BackupSettings()
     cluster: ClusterSettings = ClusterSettings()

@@ -30,6 +30,7 @@ from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host import HostBoot, HostReader
 from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.notify import Notifier
+from fleetd.planning.service import record_plan
 from fleetd.scheduler import build_scheduler
 from fleetd.statedir import lock_state_dir
 from fleetd.store.engine import Database
@@ -289,7 +290,8 @@ class Daemon:
         context = AppContext(
             self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters, backup
         )
-        scheduler = build_scheduler(self._jobs(db, start.boot.id, supervisor) + backup_jobs(backup))
+        jobs = self._jobs(db, start.boot.id, supervisor) + backup_jobs(backup) + [plan_job(db, self.clock, self.settings, info)]
+        scheduler = build_scheduler(jobs)
         app = create_app(context)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
         app.state.stopping = ServerExiting(server)
@@ -355,6 +357,12 @@ def backup_jobs(backup: Backup | None) -> list[Job]:
     settings = backup.settings.backup
     return [Job("backup_checkpoints", settings.checkpoint_scan_s, backup.checkpoints),
             Job("backup_db", settings.db_interval_s, backup.database)]
+
+
+def plan_job(db: Database, clock: Clock, settings: Settings, info: DaemonInfo) -> Job:
+    """The plan's predictions recorded, to be judged against what happens (docs/planning.md)."""
+    return Job("plan", settings.plan.record_interval_s,
+               lambda: record_plan(db, settings, info.boot_pk, info.started_at, clock.now()))  # fmt: skip
 
 
 def notify_job(notifier: Notifier, supervisor: Supervisor) -> None:

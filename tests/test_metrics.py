@@ -70,6 +70,10 @@ def test_game_fleet_and_uptime_metrics(settings: Settings, db: Database, clock: 
     assert values(families["fleetd_host_reboots"]) == {(): 0.0}
     assert families["fleetd_host_reboots"].type == "counter"
     assert families["fleetd_host_recent_reboots"].type == "gauge"
+    # pong has no goal: every goal (none) is reached now; no price, no cost; nothing judged yet.
+    assert values(families["fleetd_plan_time_to_all_goals_seconds"]) == {(): 0.0}
+    assert values(families["fleetd_plan_downtime_ratio"]) == {(): 0.0}
+    assert values(families["fleetd_plan_cost_to_all_goals"]) == {} and values(families["fleetd_plan_error_ratio"]) == {}
 
 
 def test_every_metric_is_in_the_reference_and_every_documented_one_exists(

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from fleetd.api.context import AppContext
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
+from fleetd.planning.service import PlanReport, fleet_plan
 from fleetd.states import Shown, shown
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
@@ -31,6 +32,23 @@ from fleetd.uptime import uptime_report
 
 GAME_STATES = list(Shown)
 SECONDS_PER_HOUR = 3600.0
+PLAN_MAX_AGE_S = 60.0  # a plan covers every game: scrapes within a minute share one
+
+
+class PlanCache:
+    """The plan /metrics shows, made again once it is older than `PLAN_MAX_AGE_S`."""
+
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
+        self._latest: PlanReport | None = None
+
+    def get(self, now: datetime) -> PlanReport:
+        latest = self._latest
+        if latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at:
+            context = self.context
+            latest = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now)
+            self._latest = latest
+        return latest
 
 
 class FleetCollector:
@@ -38,6 +56,7 @@ class FleetCollector:
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
+        self.plans = PlanCache(context)
 
     def collect(self) -> Iterator[Metric]:
         now = self.context.clock.now()
@@ -46,6 +65,7 @@ class FleetCollector:
             hosts = read_hosts(session)
         yield from uptime_metrics(self.context, reboots, now)
         yield from host_metrics(hosts)
+        yield from plan_metrics(self.plans.get(now))
         snapshot = self.context.snapshot
         if snapshot is not None:
             yield from fleet_metrics(snapshot.governor)
@@ -211,6 +231,26 @@ def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:
     yield GaugeMetricFamily("fleetd_fleet_allowed_games", "Games the governor allows now", value=governor.allowed)
     yield GaugeMetricFamily("fleetd_fleet_admitted_games", "Games admitted", value=len(governor.admitted))
     yield GaugeMetricFamily("fleetd_fleet_pending_games", "Games waiting for admission", value=len(governor.pending))
+
+
+def plan_metrics(report: PlanReport) -> Iterator[Metric]:
+    """The plan (docs/planning.md): each family always declared, a sample only where it is known."""
+    result = report.plan
+    families = (
+        ("fleetd_plan_time_to_all_goals_seconds", "Wall seconds until every game's goal, queue and reboots included",
+         None if result.hours_to_all_goals is None else result.hours_to_all_goals * SECONDS_PER_HOUR),
+        ("fleetd_plan_downtime_ratio", "Share of wall time the host's reboots take, from its reboot log",
+         result.downtime.share),
+        ("fleetd_plan_cost_to_all_goals", "What the host costs until every goal, in [costs] currency (with a price set)",
+         result.cost_to_all_goals),
+        ("fleetd_plan_error_ratio", "Median of |ETA error| / predicted hours over the games judged",
+         report.median_error),
+    )  # fmt: skip
+    for name, doc, value in families:
+        family = _gauge(name, doc)
+        if value is not None:
+            family.add_metric([], value)
+        yield family
 
 
 def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:

@@ -9,6 +9,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from fleetd.game_spec import GameSpec
 from fleetd.health.rules import Health as LearningHealth
+from fleetd.planning.goals import GoalUnit
+from fleetd.planning.queue import PlanState, RateSource
 from fleetd.states import Desired, Shown
 
 
@@ -323,7 +325,7 @@ class SampleSeries(Out):
 
 
 class GoalOut(Out):
-    kind: Literal["episodes", "timesteps"]
+    kind: GoalUnit
     target: int
     done: int
     remaining: int
@@ -332,19 +334,65 @@ class GoalOut(Out):
 class GameProjectionOut(Out):
     name: str
     state: Shown
+    plan_state: PlanState  # running (holds a slot) | pending | done | off (wants no slot: not planned)
     goal: GoalOut | None
-    rate_per_hour: float | None
-    eta_hours: float | None
+    rate_per_hour: float | None  # in the goal's unit (episodes without a goal), at the plan's rung
+    rate_source: RateSource  # own | same_env_algo_size | rung | none
+    start_hours: float | None  # wall hours from now (0: running); null: no slot in the plan
+    start_at: datetime | None
+    eta_hours: float | None  # wall hours from now to its goal
     eta_days: float | None
     eta_at: datetime | None
-    cost_to_goal: float | None
+    cost_to_goal: float | None  # its share of the host's price while it runs; null: no price set
+    slot: int | None  # the slot it runs in (the timeline's lane)
 
 
 class FleetProjectionOut(Out):
     running_games: int
-    hours_to_all_goals: float | None
+    pending_games: int
+    slots: int
+    rung: str
+    training_hours: float | None  # to every goal, the host up all along
+    downtime_hours: float | None  # what the reboots add
+    hours_to_all_goals: float | None  # wall hours: training and downtime
+    days_to_all_goals: float | None
     cost_to_all_goals: float | None
     cost_per_hour: float
+
+
+class DowntimeOut(Out):
+    window_hours: float
+    reboots_per_day: float
+    mean_downtime_s: float
+    share: float
+
+
+class RungPlanOut(Out):
+    rung: str
+    games: int
+    num_envs: int
+    proven: bool
+    current: bool
+    training_hours: float | None
+    downtime_hours: float | None
+    hours_to_all_goals: float | None
+    cost_to_all_goals: float | None
+
+
+class PlanErrorOut(Out):
+    game: str
+    made_at: datetime
+    predicted_eta_at: datetime
+    outcome_at: datetime  # when it reached its goal, or (not yet) the ETA the plan gives now
+    finished: bool
+    error_hours: float  # positive: later than predicted
+    relative_error: float | None  # over the hours the prediction gave
+
+
+class PlanErrorsOut(Out):
+    horizon_hours: float
+    median_abs_relative_error: float | None
+    games: list[PlanErrorOut]
 
 
 class RebootCostOut(Out):
@@ -360,4 +408,7 @@ class ProjectionOut(Out):
     price_per_host_hour: float
     games: list[GameProjectionOut]
     fleet: FleetProjectionOut
+    downtime: DowntimeOut
     reboots: RebootCostOut
+    what_if: list[RungPlanOut]
+    error: PlanErrorsOut

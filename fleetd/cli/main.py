@@ -17,6 +17,7 @@ from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.help import FleetdGroup, command_group
 from fleetd.cli.logs_cmd import register as register_logs
+from fleetd.cli.plan_cmd import register as register_plan
 from fleetd.cli.systemd_cmd import register as register_systemd
 from fleetd.host import BootIdError
 from fleetd.logs import configure_logging
@@ -31,6 +32,7 @@ register_games(app)
 register_backup(app)
 register_apply(app)
 register_logs(app)
+register_plan(app)
 register_systemd(app)
 
 

@@ -326,3 +326,27 @@ class Footprint(Base):
     samples: Mapped[int]
     gpu_name: Mapped[str | None] = mapped_column(String(128))
     measured_at: Mapped[datetime]
+
+
+class PlanPrediction(Base):
+    """One game's place in a plan, as the plan job recorded it: later compared with what
+    happened (fleetd.planning.error). By name, as events are: it outlives its game."""
+
+    __tablename__ = "plan_predictions"
+    __table_args__ = (
+        CheckConstraint("goal_kind IN ('episodes', 'timesteps')", name="goal_kind"),
+        Index(None, "game", "made_at"),
+        Index(None, "made_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    game: Mapped[str] = mapped_column(String(64))
+    made_at: Mapped[datetime]
+    goal_kind: Mapped[str] = mapped_column(String(16))
+    target: Mapped[int]
+    done: Mapped[int]
+    rate_per_hour: Mapped[float | None]
+    rate_source: Mapped[str] = mapped_column(String(32))
+    start_at: Mapped[datetime | None]
+    eta_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]  # when the game reached its goal, once it did

@@ -291,3 +291,19 @@ class FootprintRecord:
     @property
     def sizes(self) -> tuple[int, int]:
         return (self.num_envs, self.batch_size)
+
+
+@dataclass(frozen=True)
+class PlanPrediction:
+    """One game's place in a plan, as the plan job recorded it (fleetd.planning.error)."""
+
+    game: str
+    made_at: datetime
+    goal_kind: str  # episodes | timesteps
+    target: int
+    done: int
+    rate_per_hour: float | None
+    rate_source: str
+    start_at: datetime | None
+    eta_at: datetime | None
+    finished_at: datetime | None = None  # when the game reached its goal, once it did

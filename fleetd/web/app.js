@@ -818,6 +818,57 @@
 
   window.addEventListener('hashchange', bootFromHash);
 
+  // The plan's timeline: one bar per planned game, from its start to its ETA (hours from now),
+  // drawn in the page's own SVG as the plots are; a game without an ETA runs to the edge, open.
+  const PLAN_BARS = 60;
+
+  function planTimeline(projection) {
+    const planned = (projection.games || []).filter((g) => g.plan_state === 'running' || g.plan_state === 'pending');
+    if (!planned.length) return h('p', { class: 'muted small' }, 'nothing to plan: no game waits for its goal');
+    const shown = planned.slice(0, PLAN_BARS);
+    const ends = shown.map((g) => (isNum(g.eta_hours) ? g.eta_hours : g.start_hours)).filter(isNum);
+    const total = projection.fleet.hours_to_all_goals;
+    const span = Math.max(isNum(total) ? total : Math.max(0, ...ends) * 1.1, 1 / 60);
+    const W = 900;
+    const left = 130;
+    const right = 8;
+    const rowH = 16;
+    const top = 4;
+    const H = top + shown.length * rowH + 22;
+    const x = (hours) => left + (Math.min(Math.max(hours, 0), span) / span) * (W - left - right);
+    const chart = svg('svg', {
+      class: 'plan-timeline', viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': 'the plan: each game from its start to its goal',
+      'data-hours': span,
+    });
+    shown.forEach((g, i) => {
+      const y = top + i * rowH;
+      chart.appendChild(svg('text', { class: 'plan-label', x: left - 6, y: y + rowH - 5, 'text-anchor': 'end' }, g.name));
+      if (!isNum(g.start_hours)) {
+        chart.appendChild(svg('text', { class: 'plan-note', x: left + 4, y: y + rowH - 5 }, 'no slot before the last goal'));
+        return;
+      }
+      const open = !isNum(g.eta_hours);
+      const x0 = x(g.start_hours);
+      const x1 = open ? W - right : x(g.eta_hours);
+      const title = g.name + ': ' + (g.plan_state === 'running' ? 'running now' : 'starts in ' + fmtHours(g.start_hours)) +
+        ', ' + (open ? 'no ETA yet' : 'goal in ' + fmtHours(g.eta_hours) + (g.eta_at ? ' (' + fmtTime(g.eta_at) + ')' : '')) +
+        ' · rate from ' + g.rate_source;
+      chart.appendChild(svg('rect', {
+        class: 'plan-bar ' + g.plan_state + (open ? ' open' : ''), 'data-game': g.name,
+        x: x0.toFixed(2), y: y + 2, width: Math.max(x1 - x0, 1.5).toFixed(2), height: rowH - 4,
+      }, svg('title', null, title)));
+    });
+    const axisY = top + shown.length * rowH;
+    const axis = svg('g', { class: 'axis' });
+    axis.appendChild(svg('line', { x1: left, x2: W - right, y1: axisY + 2, y2: axisY + 2 }));
+    axis.appendChild(svg('text', { x: left, y: axisY + 16, 'text-anchor': 'start' }, 'now'));
+    axis.appendChild(svg('text', { x: W - right, y: axisY + 16, 'text-anchor': 'end' },
+      (isNum(total) ? 'all goals in ' : '') + fmtHours(span)));
+    chart.appendChild(axis);
+    const more = planned.length > shown.length ? h('p', { class: 'muted small' }, 'and ' + fmtInt(planned.length - shown.length) + ' more games (fleetd plan lists all)') : null;
+    return h('div', { id: 'plan-timeline' }, chart, more);
+  }
+
   function renderProjection(projection) {
     const panel = $('projection-panel');
     if (!projection) {
@@ -826,7 +877,7 @@
     }
     panel.hidden = false;
     const box = $('projection');
-    if (projection.error) {
+    if (projection.error && !projection.fleet) {
       box.replaceChildren(h('p', { class: 'notice' }, 'projection unavailable: ' + projection.error));
       return;
     }
@@ -835,31 +886,39 @@
       h('td', { class: 'name' }, g.name),
       h('td', null, g.goal ? fmtInt(g.goal.target) + ' ' + g.goal.kind : h('span', { class: 'muted' }, 'no goal')),
       h('td', { class: 'r num' }, g.goal ? fmtInt(g.goal.done) : DASH),
-      h('td', { class: 'r num' }, g.goal ? fmtInt(g.goal.remaining) : DASH),
-      h('td', { class: 'r num' }, fmtNum(g.rate_per_hour, 0)),
+      h('td', { class: 'r num', title: 'rate from: ' + g.rate_source }, fmtNum(g.rate_per_hour, 0)),
+      h('td', { class: 'r num' }, g.plan_state === 'running' ? 'now' : fmtHours(g.start_hours)),
       h('td', { class: 'r num' }, fmtHours(g.eta_hours)),
       h('td', { class: 'num' }, g.eta_at ? fmtTime(g.eta_at) : DASH),
       h('td', { class: 'r num' }, fmtMoney(g.cost_to_goal, currency))));
     const table = h('div', { class: 'scroll' }, h('table', { class: 'grid' },
-      h('thead', null, h('tr', null, h('th', null, 'game'), h('th', null, 'goal'), h('th', { class: 'r' }, 'done'), h('th', { class: 'r' }, 'remaining'),
-        h('th', { class: 'r' }, 'rate/h'), h('th', { class: 'r' }, 'ETA'), h('th', null, 'ETA at'), h('th', { class: 'r' }, 'cost to goal'))),
+      h('thead', null, h('tr', null, h('th', null, 'game'), h('th', null, 'goal'), h('th', { class: 'r' }, 'done'),
+        h('th', { class: 'r' }, 'rate/h'), h('th', { class: 'r' }, 'starts in'), h('th', { class: 'r' }, 'ETA'), h('th', null, 'ETA at'), h('th', { class: 'r' }, 'cost to goal'))),
       h('tbody', null, rows)));
     const fleet = projection.fleet || {};
     const totals = h('dl', { class: 'facts' });
     fact(totals, 'price', projection.price_per_host_hour > 0
       ? h('span', { class: 'num' }, fmtMoney(projection.price_per_host_hour, currency) + ' per host hour')
       : h('span', { class: 'muted' }, 'not set ([costs] price_per_host_hour)'));
-    fact(totals, 'running games', h('span', { class: 'num' }, fmtInt(fleet.running_games)));
-    fact(totals, 'cost per hour', h('span', { class: 'num' }, fmtMoney(fleet.cost_per_hour, currency)));
+    fact(totals, 'rung', h('span', { class: 'num' }, fleet.rung + ' · ' + fmtInt(fleet.running_games) + ' running, ' + fmtInt(fleet.pending_games) + ' pending'));
     fact(totals, 'all goals in', h('span', { class: 'num' }, fmtHours(fleet.hours_to_all_goals) +
       (isNum(fleet.hours_to_all_goals) && fleet.hours_to_all_goals >= 48 ? ' (' + fleet.hours_to_all_goals.toFixed(0) + ' h)' : '')));
-    fact(totals, 'cost to all goals', h('span', { class: 'num' }, fmtMoney(fleet.cost_to_all_goals, currency)));
-    const lost = projection.reboots;
-    if (lost) {
-      fact(totals, 'lost to reboots', h('span', { class: 'num' + (lost.lost_share > 0.05 ? ' warn' : '') },
-        fmtDuration(lost.lost_s) + ' (' + fmtPct(lost.lost_share, 1) + ') · ' + fmtInt(lost.reboots) + ' reboots in ' + fmtInt(lost.window_hours) + ' h'));
+    const downtime = projection.downtime;
+    if (downtime) {
+      fact(totals, 'of which reboots', h('span', { class: 'num' + (downtime.share > 0.05 ? ' warn' : '') },
+        fmtHours(fleet.downtime_hours) + ' (' + fmtPct(downtime.share, 1) + ': ' + fmtNum(downtime.reboots_per_day, 1) + ' a day × ' + fmtDuration(downtime.mean_downtime_s) + ')'));
     }
-    box.replaceChildren(h('div', { class: 'split' }, table, totals));
+    fact(totals, 'cost to all goals', h('span', { class: 'num' }, fmtMoney(fleet.cost_to_all_goals, currency)));
+    for (const rung of projection.what_if || []) {
+      if (rung.current) continue;
+      fact(totals, 'at ' + rung.rung + (rung.proven ? '' : ' (unproven)'), h('span', { class: 'num' },
+        fmtHours(rung.hours_to_all_goals) + (isNum(rung.cost_to_all_goals) ? ' · ' + fmtMoney(rung.cost_to_all_goals, currency) : '')));
+    }
+    const error = projection.error;
+    if (error && isNum(error.median_abs_relative_error)) {
+      fact(totals, 'plan error', h('span', { class: 'num' }, fmtPct(error.median_abs_relative_error, 0) + ' median over ' + fmtInt(error.games.length) + ' games'));
+    }
+    box.replaceChildren(planTimeline(projection), h('div', { class: 'split' }, table, totals));
   }
 
   function renderSummary(games, fleet) {

@@ -1,78 +1,98 @@
+"""GET /api/v1/projection: the plan (docs/planning.md). Each game's start, ETA and cost with the
+queue simulated at the governor's rung; the fleet's time and cost to every goal, the reboots'
+downtime apart; the same at each proven rung and the next to probe; the plan's measured error."""
+
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
-
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.schemas import FleetProjectionOut, GameProjectionOut, GoalOut, ProjectionOut, RebootCostOut
-from fleetd.games import shown_state
-from fleetd.projection import (
-    RATE_WINDOW,
-    GameProjection,
-    Goal,
-    project_fleet,
-    project_game,
-    recent_rate_per_hour,
-    reboot_cost,
+from fleetd.api.schemas import (
+    DowntimeOut,
+    FleetProjectionOut,
+    GameProjectionOut,
+    GoalOut,
+    PlanErrorOut,
+    PlanErrorsOut,
+    ProjectionOut,
+    RebootCostOut,
+    RungPlanOut,
 )
-from fleetd.states import TRAINING
-from fleetd.store.games import read_games
+from fleetd.games import shown_state
+from fleetd.planning.error import PlanError
+from fleetd.planning.goals import Goal
+from fleetd.planning.queue import GamePlan, Plan, PlanState
+from fleetd.planning.service import PlanReport, fleet_plan
 from fleetd.store.records import GameRecord
-from fleetd.store.samples import read_samples
-from fleetd.uptime import WEEK, uptime_report
 
 router = APIRouter(tags=["projection"])
 
 
 @router.get("/projection", response_model=ProjectionOut)
-def read_projection(context: AppContext = Depends(get_context)) -> ProjectionOut:
-    """ETA and cost to each game's goal from its recent rate; fleet totals; time lost to reboots."""
+def read_projection(
+    rung: str | None = Query(None, max_length=64, description="plan at this rung: a tier name or GAMESxENVS"),
+    context: AppContext = Depends(get_context),
+) -> ProjectionOut:
     now, costs = context.clock.now(), context.settings.costs
-    with context.db.transaction() as session:
-        games = read_games(session)
-        rates = {game.name: _rate(session, game, now) for game in games}
-    running = sum(1 for game in games if game.state in TRAINING)
-    projected = [project_game(g, rates[g.name], running, costs.price_per_host_hour, now) for g in games]
-    fleet = project_fleet(projected, running, costs.price_per_host_hour)
-    week = uptime_report(context.db, context.daemon.boot_pk, context.daemon.started_at, now).week
-    lost = reboot_cost(week.reboots, week.downtime_s, week.observed_s, WEEK)
+    report = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now, rung)
+    result = report.plan
     return ProjectionOut(
         at=now,
         currency=costs.currency,
         price_per_host_hour=costs.price_per_host_hour,
-        games=[_game_out(p, g) for p, g in zip(projected, games, strict=True)],
-        fleet=FleetProjectionOut(**vars(fleet)),
-        reboots=RebootCostOut(**vars(lost)),
+        games=[_game_out(g, report.games[g.name], result) for g in result.games],
+        fleet=_fleet_out(result, costs.price_per_host_hour),
+        downtime=DowntimeOut(window_hours=result.downtime.window_s / 3600, reboots_per_day=result.downtime.reboots_per_day,
+                             mean_downtime_s=result.downtime.mean_downtime_s, share=result.downtime.share),  # fmt: skip
+        reboots=RebootCostOut(**vars(report.reboots)),
+        what_if=[_rung_out(p) for p in report.what_if],
+        error=_errors_out(report),
     )
-
-
-def _rate(session: Any, game: GameRecord, now: datetime) -> float | None:
-    # The goal's own unit; episodes when there is no goal (the rate people compare).
-    timesteps_goal = game.target_episodes is None and game.total_timesteps is not None
-    metric, fallback = ("steps", None) if timesteps_goal else ("episodes", game.episodes_per_hour)
-    if game.progress_at is None or game.progress_at < now - RATE_WINDOW:
-        return recent_rate_per_hour([], fallback)  # no sample in the window: no query (10,000 pending games)
-    points = read_samples(session, game.name, None, metric, now - RATE_WINDOW, 1000)
-    return recent_rate_per_hour([(p.at, p.value) for p in points], fallback)
 
 
 def _goal_out(goal: Goal | None) -> GoalOut | None:
     if goal is None:
         return None
-    return GoalOut(kind=goal.kind, target=goal.target, done=goal.done, remaining=goal.remaining)  # type: ignore[arg-type]
+    return GoalOut(kind=goal.kind, target=goal.target, done=goal.done, remaining=goal.remaining)
 
 
-def _game_out(projection: GameProjection, game: GameRecord) -> GameProjectionOut:
-    eta = projection.eta_hours
+def _game_out(g: GamePlan, game: GameRecord, result: Plan) -> GameProjectionOut:
     return GameProjectionOut(
-        name=projection.name,
-        state=shown_state(game),
-        goal=_goal_out(projection.goal),
-        rate_per_hour=projection.rate_per_hour,
-        eta_hours=eta,
-        eta_days=eta / 24 if eta is not None else None,
-        eta_at=projection.eta_at,
-        cost_to_goal=projection.cost_to_goal,
-    )
+        name=g.name, state=shown_state(game), plan_state=g.state, goal=_goal_out(g.goal),
+        rate_per_hour=g.rate_per_hour, rate_source=g.rate_source,
+        start_hours=g.start_h, start_at=g.start_at(result.at),
+        eta_hours=g.end_h, eta_days=None if g.end_h is None else g.end_h / 24, eta_at=g.end_at(result.at),
+        cost_to_goal=g.cost, slot=g.slot,
+    )  # fmt: skip
+
+
+def _fleet_out(result: Plan, price: float) -> FleetProjectionOut:
+    hours = result.hours_to_all_goals
+    return FleetProjectionOut(
+        running_games=sum(1 for g in result.games if g.state is PlanState.RUNNING),
+        pending_games=sum(1 for g in result.games if g.state is PlanState.PENDING),
+        slots=result.rung.games, rung=result.rung.label,
+        training_hours=result.training_hours, downtime_hours=result.downtime_hours,
+        hours_to_all_goals=hours, days_to_all_goals=None if hours is None else hours / 24,
+        cost_to_all_goals=result.cost_to_all_goals, cost_per_hour=price,
+    )  # fmt: skip
+
+
+def _rung_out(result: Plan) -> RungPlanOut:
+    rung = result.rung
+    return RungPlanOut(
+        rung=rung.label, games=rung.games, num_envs=rung.num_envs, proven=rung.proven, current=rung.current,
+        training_hours=result.training_hours, downtime_hours=result.downtime_hours,
+        hours_to_all_goals=result.hours_to_all_goals, cost_to_all_goals=result.cost_to_all_goals,
+    )  # fmt: skip
+
+
+def _error_out(error: PlanError) -> PlanErrorOut:
+    return PlanErrorOut(game=error.game, made_at=error.made_at, predicted_eta_at=error.predicted_eta_at,
+                        outcome_at=error.outcome_at, finished=error.finished, error_hours=error.error_hours,
+                        relative_error=error.relative)  # fmt: skip
+
+
+def _errors_out(report: PlanReport) -> PlanErrorsOut:
+    return PlanErrorsOut(horizon_hours=report.error_horizon.total_seconds() / 3600,
+                         median_abs_relative_error=report.median_error, games=[_error_out(e) for e in report.errors])  # fmt: skip

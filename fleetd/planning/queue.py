@@ -1,0 +1,284 @@
+"""The plan: the governor's queue simulated to the last goal.
+
+Pure: a snapshot of the fleet in, a plan out; no store, no clock. Running games train at their
+measured rates; when one reaches its goal, its slot goes to the next pending game in the
+governor's admission order (priority, then age); a pending game's rate is estimated from its own
+history if it ran before, else from running games of the same env and algorithm at the same envs
+per game, else from the rung's per-game rate; the plan names the estimate it used.
+
+The simulation runs in training hours. Reboots stop every game alike, so the plan's wall hours
+are its training hours over the share of time the host is up (`Downtime`); the difference is
+shown apart. A rate is taken as proportional to a game's envs per game, so the same snapshot
+planned at another rung (a what-if) scales each rate by that rung's envs over today's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from fleetd.planning.downtime import NO_DOWNTIME, Downtime
+from fleetd.planning.goals import Goal, GoalUnit
+
+FINISH_TOLERANCE = 1e-9  # of a training hour: two games ending together end in one step
+
+
+class PlanState(StrEnum):
+    RUNNING = "running"  # holds a slot now
+    PENDING = "pending"  # waits for a slot
+    DONE = "done"  # its goal is reached
+    OFF = "off"  # wants no slot (stopped, given up, ended without a goal): not planned
+
+
+class RateSource(StrEnum):
+    OWN = "own"  # its own measured rate: running now, or its last run
+    SAME_KIND = "same_env_algo_size"  # running games of the same env, algorithm and envs per game
+    RUNG = "rung"  # the mean per-game rate of the games running at the rung, per env
+    NONE = "none"  # nothing measured yet
+
+
+@dataclass(frozen=True)
+class Rates:
+    episodes_per_hour: float | None = None
+    steps_per_hour: float | None = None
+
+    def per_hour(self, unit: GoalUnit) -> float | None:
+        rate = self.episodes_per_hour if unit is GoalUnit.EPISODES else self.steps_per_hour
+        return rate if rate is not None and rate > 0 else None
+
+
+@dataclass(frozen=True)
+class PlanGame:
+    name: str
+    env_id: str
+    algo: str
+    priority: int
+    created_at: datetime
+    state: PlanState
+    goal: Goal | None
+    rates: Rates = Rates()  # its own, measured at `envs_measured` envs per game
+    num_envs: int | None = None  # its own envs per game (a hyperparameter); None: the rung's
+
+
+@dataclass(frozen=True)
+class RungOption:
+    label: str  # games x envs per game, e.g. "4x64 (medium)"
+    games: int
+    num_envs: int
+    proven: bool = True
+    current: bool = True
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    now: datetime
+    games: tuple[PlanGame, ...]
+    rung: RungOption  # the rung planned at
+    envs_measured: int  # envs per game of the rung the rates were measured at
+    downtime: Downtime = NO_DOWNTIME
+    price_per_host_hour: float | None = None  # None: no price set, no money shown
+
+
+@dataclass(frozen=True)
+class GamePlan:
+    name: str
+    state: PlanState
+    goal: Goal | None
+    rate_per_hour: float | None  # in the goal's unit (episodes without a goal), at the plan's rung
+    rate_source: RateSource
+    start_h: float | None  # wall hours from now (0: running); None: never gets a slot in the plan
+    end_h: float | None  # wall hours from now to its goal; None: not known, or no goal
+    cost: float | None  # its share of the host's price while it runs; None: no price, or no end
+    slot: int | None = None  # the slot it runs in (the timeline's lane)
+
+    def start_at(self, now: datetime) -> datetime | None:
+        return _at(now, self.start_h)
+
+    def end_at(self, now: datetime) -> datetime | None:
+        return _at(now, self.end_h)
+
+
+@dataclass(frozen=True)
+class Plan:
+    at: datetime
+    rung: RungOption
+    games: tuple[GamePlan, ...]  # running, then pending in admission order, then done and off
+    training_hours: float | None  # to every goal, the host up all along
+    hours_to_all_goals: float | None  # wall hours: the training hours and the reboots' downtime
+    downtime: Downtime
+    price_per_host_hour: float | None
+    cost_to_all_goals: float | None  # the host is paid until the last goal, whoever still trains
+
+    @property
+    def downtime_hours(self) -> float | None:
+        if self.training_hours is None or self.hours_to_all_goals is None:
+            return None
+        return self.hours_to_all_goals - self.training_hours
+
+
+def _at(now: datetime, hours: float | None) -> datetime | None:
+    return None if hours is None else now + timedelta(hours=hours)
+
+
+# -- rates -------------------------------------------------------------------------------------
+
+
+def unit_of(game: PlanGame) -> GoalUnit:
+    return game.goal.kind if game.goal is not None else GoalUnit.EPISODES
+
+
+def envs_of(game: PlanGame, rung_envs: int) -> int:
+    return game.num_envs or rung_envs
+
+
+def measured_rate(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, RateSource]:
+    """Its rate at today's envs per game, and where the figure comes from."""
+    unit, envs = unit_of(game), envs_of(game, snapshot.envs_measured)
+    own = game.rates.per_hour(unit)
+    if own is not None:
+        return own, RateSource.OWN
+    running = [g for g in snapshot.games if g.state is PlanState.RUNNING and g.rates.per_hour(unit) is not None]
+    same = [g.rates.per_hour(unit) or 0.0 for g in running if _same_kind(g, game, snapshot.envs_measured)]
+    if same:
+        return sum(same) / len(same), RateSource.SAME_KIND
+    per_env = [(g.rates.per_hour(unit) or 0.0) / envs_of(g, snapshot.envs_measured) for g in running]
+    if per_env:
+        return sum(per_env) / len(per_env) * envs, RateSource.RUNG
+    return None, RateSource.NONE
+
+
+def _same_kind(a: PlanGame, b: PlanGame, rung_envs: int) -> bool:
+    return (a.env_id, a.algo, envs_of(a, rung_envs)) == (b.env_id, b.algo, envs_of(b, rung_envs))
+
+
+def rate_at_rung(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, RateSource]:
+    """Its rate at the plan's rung: proportional to its envs per game there."""
+    rate, source = measured_rate(game, snapshot)
+    if rate is None:
+        return None, source
+    scale = envs_of(game, snapshot.rung.num_envs) / envs_of(game, snapshot.envs_measured)
+    return rate * scale, source
+
+
+# -- the simulation ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    name: str
+    remaining: float | None  # None: no goal, it holds its slot for good
+    rate: float | None
+    slot: int
+    start: float
+    share_h: float = 0.0  # host hours it is charged: each interval split over the games running
+
+    def hours_left(self) -> float | None:
+        if self.remaining is None or self.rate is None:
+            return None
+        return self.remaining / self.rate
+
+
+@dataclass
+class _Queue:
+    slots: int
+    waiting: list[tuple[str, float | None, float | None]]  # name, remaining, rate; in order
+    running: dict[str, _Run] = field(default_factory=dict)
+    ended: dict[str, _Run] = field(default_factory=dict)
+    end_h: dict[str, float] = field(default_factory=dict)
+    now: float = 0.0
+
+    def fill(self) -> None:
+        free = sorted(set(range(max(self.slots, len(self.running)))) - {r.slot for r in self.running.values()})
+        while self.waiting and len(self.running) < self.slots:
+            name, remaining, rate = self.waiting.pop(0)
+            self.running[name] = _Run(name, remaining, rate, free.pop(0), self.now)
+
+    def step(self) -> bool:
+        """To the next goal reached; False when no running game will reach one."""
+        left = [h for r in self.running.values() if (h := r.hours_left()) is not None]
+        if not left:
+            return False
+        dt, sharing = min(left), len(self.running)
+        for run in list(self.running.values()):
+            run.share_h += dt / sharing
+            hours = run.hours_left()
+            if hours is not None and run.rate is not None and run.remaining is not None:
+                run.remaining = max(0.0, run.remaining - run.rate * dt)
+                if hours - dt <= FINISH_TOLERANCE:
+                    self._end(run, self.now + dt)
+        self.now += dt
+        self.fill()
+        return True
+
+    def _end(self, run: _Run, at: float) -> None:
+        del self.running[run.name]
+        self.ended[run.name] = run
+        self.end_h[run.name] = at
+
+
+def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
+    """Running games first (they hold their slots), then pending ones as the governor admits them."""
+    running = [g for g in games if g.state is PlanState.RUNNING]
+    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=lambda g: (-g.priority, g.created_at, g.name))
+    return running + pending
+
+
+def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> _Queue:
+    order = admission_order(snapshot.games)
+    queue = _Queue(snapshot.rung.games, [])
+    for game in order:
+        remaining = float(game.goal.remaining) if game.goal is not None else None
+        if game.state is PlanState.RUNNING:
+            queue.running[game.name] = _Run(game.name, remaining, rates[game.name], len(queue.running), 0.0)
+        else:
+            queue.waiting.append((game.name, remaining, rates[game.name]))
+    queue.fill()
+    while queue.step():
+        pass
+    return queue
+
+
+# -- the plan ----------------------------------------------------------------------------------
+
+
+def plan(snapshot: PlanInput) -> Plan:
+    estimates = {g.name: rate_at_rung(g, snapshot) for g in snapshot.games}
+    queue = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
+    order = admission_order(snapshot.games) + [g for g in snapshot.games if g.state in (PlanState.DONE, PlanState.OFF)]
+    games = tuple(_game_plan(g, estimates[g.name], queue, snapshot) for g in order)
+    training = _training_hours(snapshot.games, queue)
+    wall = None if training is None else snapshot.downtime.wall_hours(training)
+    price = snapshot.price_per_host_hour
+    cost = None if wall is None or price is None else wall * price
+    return Plan(snapshot.now, snapshot.rung, games, training, wall, snapshot.downtime, price, cost)
+
+
+def _training_hours(games: tuple[PlanGame, ...], queue: _Queue) -> float | None:
+    """Until the last goal; none if a game with a goal never reaches it in the plan."""
+    planned = [g for g in games if g.goal is not None and g.state in (PlanState.RUNNING, PlanState.PENDING)]
+    if any(g.name not in queue.end_h for g in planned):
+        return None
+    return max((queue.end_h[g.name] for g in planned), default=0.0)
+
+
+def _game_plan(game: PlanGame, estimate: tuple[float | None, RateSource], queue: _Queue, snapshot: PlanInput) -> GamePlan:
+    rate, source = estimate
+    if game.state in (PlanState.DONE, PlanState.OFF):
+        done = 0.0 if game.state is PlanState.DONE else None
+        return GamePlan(game.name, game.state, game.goal, rate, source, None, done, None)
+    run = queue.running.get(game.name) or queue.ended.get(game.name)
+    wall = snapshot.downtime.wall_hours
+    end = queue.end_h.get(game.name)
+    price = snapshot.price_per_host_hour
+    share = None if price is None or end is None or run is None else wall(run.share_h)
+    return GamePlan(
+        game.name, game.state, game.goal, rate, source,
+        start_h=None if run is None else wall(run.start), end_h=None if end is None else wall(end),
+        cost=None if share is None or price is None else share * price, slot=None if run is None else run.slot,
+    )  # fmt: skip
+
+
+def what_if(snapshot: PlanInput, rungs: list[RungOption]) -> list[Plan]:
+    """The same fleet planned at each rung: slots and envs per game as that rung has them."""
+    return [plan(replace(snapshot, rung=rung)) for rung in rungs]

@@ -1,0 +1,37 @@
+"""Which rungs a what-if plan covers: every rung of the ladder this host has proven, the rung it
+stands at, and the next one the governor would probe (marked unproven). And the rung a user
+names (`fleetd plan --rung medium`, `--rung 6x48`)."""
+
+from __future__ import annotations
+
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.governor.core import Governor
+from fleetd.planning.queue import RungOption
+
+
+def option(governor: Governor, index: int) -> RungOption:
+    rung = governor.ladder[index]
+    proven = governor.remembered(index).proven
+    return RungOption(rung.label, rung.games, rung.num_envs, proven, index == governor.index())
+
+
+def what_if_rungs(governor: Governor, wanting: int) -> list[RungOption]:
+    """Proven rungs, the current one, and the next to probe above the highest of those that runs
+    more for the games wanting a slot. The whole ladder, not only up to a manual tier: what a
+    heavier tier would buy is what a user asks before `fleetd tier`."""
+    top = len(governor.ladder) - 1
+    chosen = {i for i in range(top + 1) if governor.remembered(i).proven} | {governor.index()}
+    highest = max(chosen)
+    load = governor.ladder[highest].load_for(wanting)
+    probe = next((i for i in range(highest + 1, top + 1) if governor.ladder[i].load_for(wanting) > load), None)
+    return [option(governor, i) for i in sorted(chosen | ({probe} if probe is not None else set()))]
+
+
+def named_rung(governor: Governor, name: str) -> RungOption:
+    """A tier's name (its rung) or a rung as GAMESxENVS; an error lists the ladder otherwise."""
+    for index, rung in enumerate(governor.ladder):
+        if name in (rung.tier, f"{rung.games}x{rung.num_envs}", rung.label):
+            return option(governor, index)
+    known = ", ".join(r.label for r in governor.ladder)
+    raise FleetdError(ErrorCode.VALIDATION, f"rung {name!r} is not on this host's ladder; name a tier or one of: {known}",
+                      {"field": "rung", "value": name})  # fmt: skip

@@ -1,0 +1,158 @@
+"""The plan from the store, and its predictions recorded: the one module of fleetd.planning that
+reads and writes (the API's route, `fleetd plan` through it, /metrics and the plan job call it).
+
+The governor's rung and ladder memory are read from the store (the supervisor thread keeps them
+there at every change), so the route and the job need nothing of that thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from fleetd.config import Settings
+from fleetd.governor.core import FleetState, Governor
+from fleetd.governor.ladder import build_ladder, nearest_rung
+from fleetd.planning.downtime import Downtime, downtime_from_log
+from fleetd.planning.error import PlanError, median_abs_relative, plan_errors
+from fleetd.planning.goals import Goal, goal_of
+from fleetd.planning.projection import RATE_WINDOW, RebootCost, reboot_cost, recent_rate_per_hour
+from fleetd.planning.queue import Plan, PlanGame, PlanInput, PlanState, Rates, plan, what_if
+from fleetd.planning.rungs import named_rung, option, what_if_rungs
+from fleetd.states import State, wants_slot
+from fleetd.store import fleet as fleet_store
+from fleetd.store import plans as plan_store
+from fleetd.store.engine import Database
+from fleetd.store.games import read_games
+from fleetd.store.records import GameRecord, PlanPrediction
+from fleetd.store.samples import read_samples
+from fleetd.uptime import WEEK, uptime_report
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    plan: Plan
+    what_if: list[Plan]
+    errors: list[PlanError]
+    error_horizon: timedelta
+    games: dict[str, GameRecord]
+    reboots: RebootCost  # the week's reboots as the projection has shown them
+
+    @property
+    def median_error(self) -> float | None:
+        return median_abs_relative(self.errors)
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def plan_state(game: GameRecord, goal: Goal | None) -> PlanState:
+    if goal is not None and goal.remaining == 0:
+        return PlanState.DONE
+    if not wants_slot(game.desired, game.state):
+        return PlanState.OFF
+    return PlanState.RUNNING if game.admitted_at is not None else PlanState.PENDING
+
+
+def own_rates(session: Any, game: GameRecord) -> Rates:
+    """Its rates over the last window it reported in (now if it runs, its last run if not)."""
+    if game.progress_at is None:
+        return Rates(game.episodes_per_hour)
+    since = game.progress_at - RATE_WINDOW
+    rates = {}
+    for metric, fallback in (("episodes", game.episodes_per_hour), ("steps", None)):
+        points = read_samples(session, game.name, None, metric, since, 1000)
+        rates[metric] = recent_rate_per_hour([(p.at, p.value) for p in points], fallback)
+    return Rates(rates["episodes"], rates["steps"])
+
+
+def plan_game(session: Any, game: GameRecord) -> PlanGame:
+    goal = goal_of(game)
+    state = plan_state(game, goal)
+    rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
+    envs = game.hyperparams.get("num_envs")
+    return PlanGame(game.name, game.env_id, game.algo, game.priority, game.created_at, state, goal, rates,
+                    envs if isinstance(envs, int) else None)  # fmt: skip
+
+
+def stored_governor(session: Any, settings: Settings, now: datetime) -> Governor:
+    """The governor as the store holds it: its rung, its requested tier, its rungs' memory."""
+    record, memory = fleet_store.read_fleet(session), fleet_store.read_rungs(session)
+    if record is None:
+        return Governor.initial(settings.fleet, now, memory)
+    ladder = build_ladder(settings.fleet.tiers)
+    rung = nearest_rung(ladder, record.level, record.num_envs)
+    return Governor(settings.fleet, FleetState(record.requested, rung, record.stable_since, record.long_window), memory, ladder)
+
+
+def read_downtime(db: Database, boot_pk: int, started_at: datetime, now: datetime) -> tuple[Downtime, RebootCost]:
+    week = uptime_report(db, boot_pk, started_at, now).week
+    return downtime_from_log(week.reboots, week.downtime_s, week.observed_s), reboot_cost(
+        week.reboots, week.downtime_s, week.observed_s, WEEK
+    )
+
+
+def price_of(settings: Settings) -> float | None:
+    """Money only where a price is set."""
+    price = settings.costs.price_per_host_hour
+    return price if price > 0 else None
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
+               rung: str | None = None) -> PlanReport:  # fmt: skip
+    """The plan at the rung the governor stands at (or `rung`), the what-ifs, the error so far."""
+    downtime, reboots = read_downtime(db, boot_pk, started_at, now)
+    horizon = timedelta(seconds=settings.plan.error_horizon_s)
+    with db.transaction() as session:
+        records = read_games(session)
+        games = tuple(plan_game(session, game) for game in records)
+        governor = stored_governor(session, settings, now)
+        predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
+    here = option(governor, governor.index())
+    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings))
+    base = plan(snapshot)
+    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung)])[0]
+    wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
+    others = what_if(snapshot, what_if_rungs(governor, wanting))
+    eta_now = {g.name: g.end_at(now) for g in base.games}
+    errors = plan_errors(predictions, eta_now, now, horizon)
+    return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots)
+
+
+# -- recording ---------------------------------------------------------------------------------
+
+
+def predictions_of(result: Plan) -> list[PlanPrediction]:
+    """Every planned game with a goal: its start and ETA as this plan gives them."""
+    now = result.at
+    return [
+        PlanPrediction(g.name, now, str(g.goal.kind), g.goal.target, g.goal.done, g.rate_per_hour, str(g.rate_source),
+                       g.start_at(now), g.end_at(now))  # fmt: skip
+        for g in result.games
+        if g.goal is not None and g.state in (PlanState.RUNNING, PlanState.PENDING)
+    ]
+
+
+def finished_at(game: GameRecord, now: datetime) -> datetime:
+    """When it reached its goal: its worker's exit, else its last report."""
+    if game.state is State.EXITED:
+        return game.state_changed_at
+    return game.progress_at or now
+
+
+def record_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime) -> int:
+    """The plan job: tell the predictions of games that reached their goal when they did, record
+    the plan's predictions now, forget those older than `keep_days`. The predictions recorded."""
+    report = fleet_plan(db, settings, boot_pk, started_at, now)
+    predictions = predictions_of(report.plan)
+    done = {g.name for g in report.plan.games if g.state is PlanState.DONE}
+    with db.transaction() as session:
+        for name in plan_store.read_unfinished_prediction_games(session) & done:
+            plan_store.update_plan_predictions_finished(session, name, finished_at(report.games[name], now))
+        plan_store.create_plan_predictions(session, predictions)
+        plan_store.delete_plan_predictions_before(session, now - timedelta(days=settings.plan.keep_days))
+    return len(predictions)

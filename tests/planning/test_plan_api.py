@@ -1,0 +1,135 @@
+"""GET /api/v1/projection over a real store, with the fake clock: the queue planned at the
+governor's rung, the reboot log's downtime, what-ifs, `?rung=`, and the plan job's recorded
+predictions judged once a game reaches its goal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext
+from fleetd.cli.plan_cmd import plan_view
+from fleetd.planning.service import record_plan
+from fleetd.states import State
+from fleetd.store.games import update_game_state
+from tests.planning.helpers import TOKEN, govern, progress
+
+
+def get(context: AppContext, query: str = "") -> dict:
+    with TestClient(create_app(context), raise_server_exceptions=False) as client:
+        response = client.get(f"/api/v1/projection{query}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_waiting_game_has_a_start_and_an_eta(fleet) -> None:
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour
+    body = get(context)
+    games = {g["name"]: g for g in body["games"]}
+    assert [games[n]["plan_state"] for n in ("cart1", "cart2", "cart3")] == ["running", "running", "pending"]
+    assert games["cart3"]["state"] == "pending" and games["cart3"]["rate_source"] == "same_env_algo_size"
+    # Training hours: the running ones end at 2,700 / 600 = 4.5 h, cart3 runs 3,000 / 600 = 5 h
+    # after: 9.5 h. One reboot of 30 min in 24 h observed: wall = training x 48/47.
+    stretch = 48 / 47
+    assert body["downtime"]["reboots_per_day"] == pytest.approx(1) and body["downtime"]["share"] == pytest.approx(1 / 48)
+    assert games["cart3"]["start_hours"] == pytest.approx(4.5 * stretch)
+    assert games["cart3"]["eta_hours"] == pytest.approx(9.5 * stretch)
+    fleet_ = body["fleet"]
+    assert (fleet_["slots"], fleet_["rung"], fleet_["running_games"], fleet_["pending_games"]) == (2, "2x32 (light)", 2, 1)
+    assert fleet_["training_hours"] == pytest.approx(9.5) and fleet_["hours_to_all_goals"] == pytest.approx(9.5 * stretch)
+    assert fleet_["downtime_hours"] == pytest.approx(9.5 * stretch - 9.5)
+    assert fleet_["cost_to_all_goals"] == pytest.approx(2 * 9.5 * stretch)
+    # What-ifs: the rung it stands at (unproven: no window completed yet) and the next it would probe.
+    assert [(w["rung"], w["proven"], w["current"]) for w in body["what_if"]] == [("2x32 (light)", False, True), ("3x32", False, False)]
+    assert body["what_if"][1]["training_hours"] == pytest.approx(5.0)  # three slots: all at once
+
+
+def test_a_named_rung_and_an_unknown_one(fleet) -> None:
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    # medium: 4 games at 64 envs, twice the rate: cart3 starts now, 3,000 / 1,200 = 2.5 h.
+    body = get(context, "?rung=medium")
+    cart3 = next(g for g in body["games"] if g["name"] == "cart3")
+    assert (cart3["start_hours"], cart3["rate_per_hour"]) == (0.0, 1200.0)
+    assert body["fleet"]["training_hours"] == pytest.approx(2.5) and body["fleet"]["rung"] == "4x64 (medium)"
+    with TestClient(create_app(context), raise_server_exceptions=False) as client:
+        response = client.get("/api/v1/projection?rung=9x9", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["details"] == {"field": "rung", "value": "9x9"} and "2x32 (light)" in error["message"]
+
+
+def test_no_price_no_money(fleet, tmp_path: Path) -> None:
+    context, _ = fleet
+    progress(context, "cart1", 300, 30)
+    unpriced = AppContext(context.settings.model_copy(update={"costs": context.settings.costs.model_copy(update={"price_per_host_hour": 0.0})}),
+                          context.db, context.clock, TOKEN, context.daemon, context.catalog)  # fmt: skip
+    body = get(unpriced)
+    assert body["fleet"]["cost_to_all_goals"] is None and all(g["cost_to_goal"] is None for g in body["games"])
+    assert body["fleet"]["hours_to_all_goals"] is not None
+
+
+def test_the_plan_job_records_predictions_and_the_error_once_a_game_finishes(fleet) -> None:
+    context, controller = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    args = (context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at)
+    assert record_plan(*args, context.clock.now()) == 3
+    predicted = {g["name"]: g["eta_at"] for g in get(context)["games"]}
+    # cart1 goes faster than planned: it ends 2 h later instead of 4.5 h (stretched by the reboots).
+    context.clock.advance(2 * 3600)
+    progress(context, "cart1", 3_000, 120)
+    with context.db.transaction() as session:
+        update_game_state(session, "cart1", State.EXITED, "goal reached", context.clock.now())
+    govern(controller, context.db)
+    record_plan(*args, context.clock.now())
+    body = get(context)
+    games = {g["name"]: g for g in body["games"]}
+    assert games["cart3"]["plan_state"] == "running" and games["cart1"]["plan_state"] == "done"
+    errors = {e["game"]: e for e in body["error"]["games"]}
+    cart1 = errors["cart1"]
+    assert cart1["finished"] and cart1["predicted_eta_at"] == predicted["cart1"]
+    assert cart1["error_hours"] == pytest.approx(2 - 4.5 * 48 / 47)
+    assert cart1["relative_error"] == pytest.approx(2 / (4.5 * 48 / 47) - 1)
+    assert not errors["cart2"]["finished"] and body["error"]["median_abs_relative_error"] is not None
+
+
+def test_metrics_show_the_fleets_time_and_cost_to_all_goals(fleet) -> None:
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    with TestClient(create_app(context)) as client:
+        text = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    value = {name: families[name].samples[0].value for name in families if name.startswith("fleetd_plan_") and families[name].samples}
+    assert value["fleetd_plan_time_to_all_goals_seconds"] == pytest.approx(9.5 * 48 / 47 * 3600)
+    assert value["fleetd_plan_cost_to_all_goals"] == pytest.approx(2 * 9.5 * 48 / 47)
+    assert value["fleetd_plan_downtime_ratio"] == pytest.approx(1 / 48) and "fleetd_plan_error_ratio" not in value
+
+
+def test_the_cli_table_reads_like_the_users_own(fleet) -> None:
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    console = Console(record=True, width=200)
+    console.print(plan_view(get(context)))
+    text = console.export_text()
+    cart3 = next(line for line in text.splitlines() if "cart3" in line)
+    # game, goal, done, rate/h, from, starts in h, hours, days, cost: 4.5 h and 9.5 h stretched by
+    # 48/47; cart3 alone on the host for its 5 h: 5 x $2 x 48/47.
+    assert [c.strip() for c in cart3.split("│")[1:-1]] == [
+        "cart3", "3,000 episodes", "0", "600", "same_env_algo_size", "4.6", "9.7", "0.4", "$10.21",
+    ]
+    total = next(line for line in text.splitlines() if "TOTAL" in line)
+    assert [c.strip() for c in total.split("│")[1:-1]][:2] == ["TOTAL", "9,000 episodes"]
+    assert "9.7" in total and "$19.40" in total
+    assert "Plan at 2x32 (light) (2 slots)" in text and "1.0 a day x 30m 0s: 2.1% of the time" in text
+    assert "no, here" in text and "no, next to probe" in text

@@ -1,0 +1,48 @@
+"""Goals, recent rates and the cost of reboots against hand-computed figures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from fleetd.planning.goals import Goal, GoalUnit, goal_of
+from fleetd.planning.projection import reboot_cost, recent_rate_per_hour
+from fleetd.store.records import GameRecord
+from tests.fakes import EPOCH
+
+
+def game(name: str, episodes: int = 0, steps: int = 0, target: int | None = None, total: int | None = None,
+         rate: float | None = None, state: str = "running") -> GameRecord:
+    return GameRecord(
+        id=1, name=name, env_id="Pong-v5", algo="ppo", desired="running", priority=0,
+        total_timesteps=total, target_episodes=target, checkpoint_interval_s=None, hyperparams={},
+        state=state, state_reason=None, state_changed_at=EPOCH, restarts=0, steps=steps,
+        episodes=episodes, episodes_per_hour=rate, mean_reward_100=None, best_reward=None,
+        progress_at=None, admitted_at=EPOCH, created_at=EPOCH, updated_at=EPOCH,
+        current_run=None, last_checkpoint=None,
+    )  # fmt: skip
+
+
+def test_the_goal_is_episodes_when_set_else_steps() -> None:
+    assert goal_of(game("a", episodes=10, steps=500, target=30, total=1_000)) == Goal(GoalUnit.EPISODES, 30, 10)
+    assert goal_of(game("b", steps=400, total=1_000)).remaining == 600
+    assert goal_of(game("c", steps=400, total=1_000)).kind is GoalUnit.TIMESTEPS
+    assert goal_of(game("d")) is None and goal_of(game("e", episodes=40, target=30)).remaining == 0
+
+
+def test_recent_rate_from_samples() -> None:
+    points = [(EPOCH, 1_000.0), (EPOCH + timedelta(minutes=30), 1_450.0)]
+    assert recent_rate_per_hour(points, fallback=5.0) == 900.0
+    assert recent_rate_per_hour(points[:1], fallback=5.0) == 5.0
+    restarted = [(EPOCH, 1_000.0), (EPOCH + timedelta(minutes=30), 10.0)]  # counters went back
+    assert recent_rate_per_hour(restarted, fallback=None) is None
+
+
+def test_reboots_cost_the_seeds_17_percent() -> None:
+    # 3 min down per 18 min cycle: 15 min up + 3 down, over a 7-day window.
+    cycles = 7 * 24 * 60 / 18
+    cost = reboot_cost(int(cycles), cycles * 180.0, 7 * 86400.0, timedelta(days=7))
+    assert cost.lost_share == pytest.approx(3 / 18) and cost.window_hours == 168
+    assert replace(cost, reboots=0).reboots == 0
