@@ -163,6 +163,7 @@ def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     if json_out:
         render.print_json({"games": games, "fleet": fleet, "uptime": uptime, "projection": projection})
         return
+    render.console.print(f"daemon: {render.daemon_text(uptime)}")
     for table in (
         render.games_table(games),
         render.fleet_table(fleet),
