@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -285,7 +286,7 @@ class Daemon:
         supervisor: Supervisor,
         counters: ProgressCounters,
     ) -> None:
-        info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at)
+        info = DaemonInfo(boot_pk=start.boot.id, started_at=start.boot.daemon_started_at, pid=os.getpid())
         backup = Backup(self.settings, db, self.clock) if self.settings.backup.target else None
         context = AppContext(
             self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters, backup

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import load_settings
 from tests.daemon_harness import free_port
 
@@ -33,8 +34,10 @@ def test_a_daemon_slow_to_answer_is_not_called_absent(tmp_path: Path, silent_por
     message = str(caught.value)
     assert "did not answer GET /api/v1/games within 0.5 s" in message and "running but busy" in message
     assert "not answering" not in message
+    assert caught.value.code == ExitCode.TEMPFAIL  # `fleetd`'s exit status: busy, try again
 
 
 def test_no_daemon_is_not_answering(tmp_path: Path) -> None:
-    with pytest.raises(ClientError, match="fleetd is not answering on http://127.0.0.1:"):
+    with pytest.raises(ClientError, match="fleetd is not answering on http://127.0.0.1:") as caught:
         client(tmp_path, free_port()).get("/api/v1/games")
+    assert caught.value.code == ExitCode.UNAVAILABLE

@@ -57,6 +57,7 @@ def _host() -> dict[str, Any]:
 
 def _uptime() -> dict[str, Any]:
     return {"boot_id": SHORT + "-rest", "booted_at": AT, "host_uptime_s": 1.0, "daemon_uptime_s": 1.0,
+            "daemon_started_at": AT, "daemon_pid": 4321, "daemon_version": MARK,
             "reboots_24h": 0, "reboots_7d": 0, "availability_24h": 1.0, "availability_7d": 1.0,
             "mean_time_between_reboots_s": None}
 

@@ -38,7 +38,7 @@ def test_empty_tables_say_none() -> None:
         assert "none" in captured.get()
 
 
-def test_events_json_is_the_api_document_and_no_games_or_reboots_say_so(daemon: Daemon) -> None:  # noqa: F811
+def test_a_fresh_daemon_as_the_cli_shows_it(daemon: Daemon) -> None:  # noqa: F811
     printed = fleetd_cli(daemon.config, "events", "--json")
     assert printed.returncode == 0, printed.stderr
     document = json.loads(printed.stdout)
@@ -47,6 +47,11 @@ def test_events_json_is_the_api_document_and_no_games_or_reboots_say_so(daemon: 
     assert document["items"] and {"at", "kind", "message"} <= set(document["items"][0])
     listed = fleetd_cli(daemon.config, "games", "list")
     assert listed.returncode == 0 and "none" in listed.stdout, listed.stdout
+    status = fleetd_cli(daemon.config, "status")  # issue 25 item 3: the daemon's own pid, version, uptime
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"daemon: fleetd {__version__}, pid {daemon.process.pid}, up "), status.stdout
+    uptime = json.loads(fleetd_cli(daemon.config, "uptime", "--json").stdout)
+    assert (uptime["daemon_pid"], uptime["daemon_version"]) == (daemon.process.pid, __version__)
     reboots = fleetd_cli(daemon.config, "reboots")  # issue 25 item 9: one line, not an empty table
     assert reboots.returncode == 0 and reboots.stdout.count("\n") == 1, reboots.stdout
     assert reboots.stdout.startswith("no reboots since fleetd first saw this host boot ("), reboots.stdout

@@ -121,7 +121,7 @@ def test_listening_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
 def test_cli_without_a_daemon_says_so(config: DaemonConfig, daemons: list[Daemon]) -> None:
     start(config, daemons).terminate()
     result = fleetd_cli(config, "uptime")
-    assert result.returncode == 1
+    assert result.returncode == 69  # ExitCode.UNAVAILABLE
     assert f"fleetd is not answering on {config.url}" in result.stderr
 
 

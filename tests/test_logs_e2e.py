@@ -102,7 +102,7 @@ def test_cli_follows_picks_older_runs_and_a_readded_game_starts_a_fresh_log(daem
     listed = fleetd_cli(daemon.config, "logs", "chat", "--runs")
     assert str(first) in listed.stdout and str(second) in listed.stdout
     missing = fleetd_cli(daemon.config, "logs", "chat", "--run", "999")
-    assert missing.returncode == 1 and "has no run 999" in missing.stderr
+    assert missing.returncode == 4 and "has no run 999" in missing.stderr
 
     # Removed (files kept) and added again: new run ids, so a new log file, holding only the new run.
     stop(daemon, "chat")

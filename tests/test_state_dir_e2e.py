@@ -190,7 +190,7 @@ def test_status_without_access_to_the_token_says_what_to_do(config: DaemonConfig
     token.write_text("t" * 43 + "\n")
     token.chmod(0o600)
     result = _as_nobody(config, "status")
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 77, result.stderr  # ExitCode.NOPERM
     line = one_line(result.stderr)
     assert f"cannot read the API token {token}: Permission denied" in line
     assert "sudo -u" in line and "FLEETD_API__TOKEN" in line

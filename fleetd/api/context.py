@@ -20,6 +20,7 @@ from fleetd.supervision.counters import ProgressCounters
 class DaemonInfo:
     boot_pk: int
     started_at: datetime
+    pid: int | None = None  # the daemon's process; None for an app served in a test's own process
 
 
 class SupervisorPort(Protocol):

@@ -133,6 +133,8 @@ class UptimeOut(Out):
     host_uptime_s: float
     daemon_started_at: datetime
     daemon_uptime_s: float
+    daemon_pid: int | None = Field(description="the daemon's process id (`fleetd status` shows it); null only in tests")
+    daemon_version: str = Field(description="the running daemon's fleetd version")
     reboots_24h: int
     reboots_7d: int
     availability_24h: float | None

@@ -9,7 +9,8 @@ import typer
 
 from fleetd.cli import render
 from fleetd.cli.help import command_group
-from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, call, fail, settings_from
+from fleetd.cli.exit_codes import ExitCode
+from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, settings_from
 
 backup_app = command_group("Backups to [backup] target: run one now, or show the last.")
 BACKUP_TIMEOUT_S = 3600.0  # the first backup copies every checkpoint, over the network maybe
@@ -61,11 +62,11 @@ def restore(
         check_empty(target_dir)  # before the lock file makes it non-empty
         lock = lock_state_dir(target_dir)  # and no daemon starts on it halfway through
     except (BackupError, StateDirError) as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), ExitCode.CONFIG)
     try:
         done = fill_state_dir(source, target_dir)
     except (BackupError, OSError) as exc:
-        fail(f"restore from {source} failed: {exc}", EXIT_CONFIG)
+        fail(f"restore from {source} failed: {exc}", ExitCode.CONFIG)
     finally:
         lock.release()
     typer.echo(f"restored {source} into {target_dir}: database of {done.info.get('db_at', 'unknown time')}, "

@@ -8,12 +8,18 @@ from typing import Any
 
 import httpx
 
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import Settings
 from fleetd.token import find_token
 
 
 class ClientError(Exception):
-    """The daemon could not be asked, or said no: the message is for the user."""
+    """The daemon could not be asked, or said no: the message is for the user, the code for
+    the shell (`fleetd`'s exit status)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ApiClient:
@@ -47,12 +53,12 @@ class ApiClient:
             raise ClientError(
                 f"fleetd on {self.base_url} accepted the connection but did not answer {method} {path} "
                 f"within {timeout:g} s ({exc.__class__.__name__}); it is running but busy: "
-                "see its log (journalctl -u fleetd), and try again"
+                "see its log (journalctl -u fleetd), and try again", ExitCode.TEMPFAIL
             ) from None
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
         if response.status_code >= 400:
-            raise ClientError(_error_message(response))
+            raise _refused(response)
         return None if response.status_code == 204 else response.json()
 
     def upload(self, path: str, source: Path, params: dict[str, Any], timeout_s: float) -> Any:
@@ -68,7 +74,7 @@ class ApiClient:
             with httpx.stream("GET", url, params=params, headers=self._auth(), timeout=timeout_s) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise ClientError(_error_message(response))
+                    raise _refused(response)
                 with target.open("wb") as out:
                     for chunk in response.iter_bytes():
                         out.write(chunk)
@@ -83,7 +89,7 @@ class ApiClient:
                               headers=self._auth(), timeout=timeout) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise ClientError(_error_message(response))
+                    raise _refused(response)
                 yield from response.iter_bytes()
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
@@ -94,8 +100,16 @@ class ApiClient:
     def _unreachable(self, exc: Exception) -> ClientError:
         return ClientError(
             f"fleetd is not answering on {self.base_url} ({exc.__class__.__name__}); "
-            "is `fleetd serve` running with this config?"
+            "is `fleetd serve` running with this config?", ExitCode.UNAVAILABLE
         )
+
+
+# What an HTTP refusal means to a script; any other 4xx or 5xx is ExitCode.ERROR.
+REFUSALS = {401: ExitCode.NOPERM, 403: ExitCode.NOPERM, 404: ExitCode.NOT_FOUND, 503: ExitCode.TEMPFAIL}
+
+
+def _refused(response: httpx.Response) -> ClientError:
+    return ClientError(_error_message(response), REFUSALS.get(response.status_code, ExitCode.ERROR))
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -9,12 +9,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import ConfigError, Settings, config_path_from, load_settings
 from fleetd.token import TokenError
-
-# sysexits' EX_CONFIG: the unit file tells systemd not to restart on it, since only an
-# operator can fix a bad config or a database that needs `fleetd db upgrade`.
-EXIT_CONFIG = 78
 
 ConfigOption = Annotated[
     Path | None,
@@ -23,7 +20,7 @@ ConfigOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table.")]
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = ExitCode.ERROR) -> NoReturn:
     typer.echo(f"fleetd: error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -33,7 +30,7 @@ def settings_from(config: Path | None) -> tuple[Settings, Path | None]:
     try:
         return load_settings(path), path
     except ConfigError as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), ExitCode.CONFIG)
 
 
 def call(config: Path | None, action: Callable[[ApiClient], Any]) -> Any:
@@ -41,8 +38,10 @@ def call(config: Path | None, action: Callable[[ApiClient], Any]) -> Any:
     settings, _ = settings_from(config)
     try:
         return action(ApiClient(settings))
-    except (ClientError, TokenError) as exc:
-        fail(str(exc))
+    except ClientError as exc:
+        fail(str(exc), exc.code)
+    except TokenError as exc:
+        fail(str(exc), ExitCode.NOPERM)
 
 
 def ask(config: Path | None, path: str, **params: object) -> Any:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from fleetd.cli import render
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.states import Desired, Shown
@@ -67,7 +68,8 @@ def add(
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Add a game; it starts training unless --stopped."""
+    """Add a game; it starts training unless --stopped. Says its state; exits 3 when it waits
+    for a slot (pending), with why."""
     body = {
         "name": name,
         "env_id": env_id,
@@ -81,6 +83,7 @@ def add(
     }
     game = call(config, lambda client: client.request("POST", "/api/v1/games", json=body, params={"wait": "true"}))
     _show(game, json_out, render.added_text(game))
+    _exit_if_waiting(game)
 
 
 @games_app.command("stop")
@@ -105,10 +108,19 @@ def start(
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Start a game (also clears FATAL and restarts a completed game); says if it must wait, and why."""
+    """Start a game (also clears FATAL and restarts a completed game); says if it must wait, and why.
+    Exits 3 when it was not admitted (it waits, pending)."""
     params = {"now": "true"} if now else None
     game = call(config, lambda client: client.request("POST", f"/api/v1/games/{name}/start", params=params))
     _show(game, json_out, render.admission_text(name, game.get("admission")))
+    _exit_if_waiting(game)
+
+
+def _exit_if_waiting(game: dict[str, Any]) -> None:
+    """A script learns from the status that the game waits for a slot (docs/operations.md#exit-codes)."""
+    admission = game.get("admission")
+    if admission is not None and not admission["admitted"]:
+        raise typer.Exit(ExitCode.NOT_ADMITTED)
 
 
 @games_app.command("rm")
@@ -130,7 +142,7 @@ def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: 
             if game["state"] in states:
                 return game
             if time.monotonic() >= deadline:
-                fail(f"{name} is still {game['state']} after {timeout:.0f}s")
+                fail(f"{name} is still {game['state']} after {timeout:.0f}s", ExitCode.TEMPFAIL)
             spinner.update(f"{name}: {what}... ({game['state']}, steps {game['steps']})")
             time.sleep(0.5)
 
@@ -151,6 +163,7 @@ def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     if json_out:
         render.print_json({"games": games, "fleet": fleet, "uptime": uptime, "projection": projection})
         return
+    render.console.print(f"daemon: {render.daemon_text(uptime)}")
     for table in (
         render.games_table(games),
         render.fleet_table(fleet),
@@ -170,7 +183,7 @@ def tier(
         fleet = ask(config, "/api/v1/fleet")
     else:
         if choice not in ("light", "medium", "heavy", "auto"):
-            fail(f"tier {choice!r}: choose light, medium, heavy or auto", 2)
+            fail(f"tier {choice!r}: choose light, medium, heavy or auto", ExitCode.USAGE)
         body = {"mode": "auto"} if choice == "auto" else {"tier": choice}
         fleet = call(config, lambda client: client.request("PUT", "/api/v1/fleet", json=body))
     if json_out:

@@ -9,6 +9,7 @@ import typer
 
 from fleetd.cli import render
 from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.common import ConfigOption, fail, settings_from
 from fleetd.token import TokenError
 
@@ -37,8 +38,10 @@ def logs(
             _write(b"".join(client.stream(path, {"lines": lines, "run": run}, read_timeout_s=None)))
             return
         _follow(client, path, lines, run)
-    except (ClientError, TokenError) as exc:
-        fail(str(exc))
+    except ClientError as exc:
+        fail(str(exc), exc.code)
+    except TokenError as exc:
+        fail(str(exc), ExitCode.NOPERM)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

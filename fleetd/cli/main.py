@@ -10,7 +10,8 @@ import typer
 
 from fleetd import __version__
 from fleetd.cli import render
-from fleetd.cli.common import EXIT_CONFIG, ConfigOption, JsonOption, ask, fail, settings_from
+from fleetd.cli.exit_codes import ExitCode, exit_codes_help
+from fleetd.cli.common import ConfigOption, JsonOption, ask, fail, settings_from
 from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.backup_cmd import register as register_backup
 from fleetd.cli.apply_cmd import register as register_apply
@@ -25,7 +26,7 @@ from fleetd.statedir import StateDirError, lock_state_dir
 from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
 from fleetd.token import TokenError
 
-app = command_group("Supervisor for multi-game RL training fleets.", cls=FleetdGroup)
+app = command_group("Supervisor for multi-game RL training fleets.", cls=FleetdGroup, epilog=exit_codes_help())
 db_app = command_group("The SQLite store: schema status and upgrades.")
 app.add_typer(db_app, name="db")
 register_games(app)
@@ -60,7 +61,7 @@ def serve(config: ConfigOption = None) -> None:
         code = Daemon(settings, config_path=path).run()
     except (StartupError, StateDirError, SchemaError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
-        raise typer.Exit(EXIT_CONFIG) from None
+        raise typer.Exit(ExitCode.CONFIG) from None
     raise typer.Exit(code)
 
 
@@ -132,10 +133,10 @@ def db_status(config: ConfigOption = None) -> None:
     try:
         status = inspect_schema(settings.db_path)
     except SchemaError as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), ExitCode.CONFIG)
     typer.echo(f"{settings.db_path}: {status.state.value} (database {status.current or '-'}, fleetd {status.head})")
     if status.state not in (SchemaState.CURRENT, SchemaState.EMPTY):
-        raise typer.Exit(EXIT_CONFIG)
+        raise typer.Exit(ExitCode.CONFIG)
 
 
 @db_app.command("upgrade")
@@ -145,11 +146,11 @@ def db_upgrade(config: ConfigOption = None) -> None:
     try:
         lock = lock_state_dir(settings.state_dir)  # never under a running daemon
     except StateDirError as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), ExitCode.CONFIG)
     try:
         result = upgrade_database(settings.db_path, settings.backups_dir)
     except SchemaError as exc:
-        fail(str(exc), EXIT_CONFIG)
+        fail(str(exc), ExitCode.CONFIG)
     finally:
         lock.release()
     if result.backup is not None:

@@ -98,7 +98,7 @@ def uptime_table(uptime: dict[str, Any]) -> Table:
     rows = [
         ("boot", f"{uptime['boot_id'][:8]} since {when(uptime['booted_at'])}"),
         ("host up", duration(uptime["host_uptime_s"])),
-        ("daemon up", duration(uptime["daemon_uptime_s"])),
+        ("daemon", daemon_text(uptime)),
         ("reboots 24 h / 7 d", f"{uptime['reboots_24h']} / {uptime['reboots_7d']}"),
         ("availability 24 h / 7 d", f"{percent(uptime['availability_24h'])} / {percent(uptime['availability_7d'])}"),
         ("mean time between reboots", duration(uptime["mean_time_between_reboots_s"])),
@@ -106,6 +106,13 @@ def uptime_table(uptime: dict[str, Any]) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def daemon_text(uptime: dict[str, Any]) -> str:
+    """The daemon itself: what `kill -9` or a bug report needs (absent from an older daemon's answer)."""
+    pid, version = uptime.get("daemon_pid"), uptime.get("daemon_version")
+    return (f"fleetd {version or '(version unknown)'}, pid {pid or '-'}, up {duration(uptime['daemon_uptime_s'])}"
+            f" (since {when(uptime['daemon_started_at'])})")
 
 
 def events_table(events: list[dict[str, Any]]) -> Table:

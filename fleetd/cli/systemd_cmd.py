@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.systemd_unit import InstallPaths, render_ray_node_unit, render_unit
 
 DEFAULT_CONFIG = Path("/etc/fleetd/fleetd.toml")
@@ -75,7 +76,7 @@ def systemd_unit(
             unit = render_unit(str(installed_fleetd()), str(config), user, install_paths(config))
     except ValueError as exc:
         typer.echo(f"fleetd: error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(ExitCode.USAGE) from None
     typer.echo(unit, nl=False)
 
 

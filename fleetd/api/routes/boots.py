@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from fleetd import __version__
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import NOT_FOUND
 from fleetd.api.schemas import (
@@ -98,6 +99,8 @@ def read_uptime(context: AppContext = Depends(get_context)) -> UptimeOut:
         host_uptime_s=report.host_uptime_s,
         daemon_started_at=report.daemon_started_at,
         daemon_uptime_s=report.daemon_uptime_s,
+        daemon_pid=context.daemon.pid,
+        daemon_version=__version__,
         reboots_24h=report.day.reboots,
         reboots_7d=report.week.reboots,
         availability_24h=report.day.availability,

@@ -1,0 +1,76 @@
+"""Issue 25 item 5: `fleetd` exits with a distinct, documented code for each answer a script
+may act on. The CLI talks over real HTTP to the API, served in a thread, whose supervisor is
+the real one on fakes (tests/test_supervisor_loop.py), stepped as each command arrives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.cli.exit_codes import ExitCode
+from fleetd.cli.main import app
+from tests.api_context import CATALOG, serving
+from tests.daemon_harness import free_port
+from tests.test_operator_intent import SteppingPort
+from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+
+TOKEN = "t" * 32
+
+
+def config_for(tmp_path: Path, port: int, token: str = TOKEN) -> Path:
+    path = tmp_path / f"cli-{port}.toml"
+    path.write_text(f'state_dir = "{tmp_path / "state"}"\n[api]\nport = {port}\ntoken = "{token}"\n')
+    return path
+
+
+def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": "200"})
+
+
+@pytest.fixture
+def full_fleet(loop: Loop, tmp_path: Path) -> Iterator[int]:  # noqa: F811
+    """The light tier's two slots held by a and b; c waits. Yields the API's port."""
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    info = DaemonInfo(loop.boot_pk, loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, TOKEN, info, CATALOG, SteppingPort(loop))
+    with serving(context) as url:
+        yield int(url.rsplit(":", 1)[1])
+
+
+def test_codes_a_script_can_tell_apart(full_fleet: int, tmp_path: Path) -> None:
+    config = config_for(tmp_path, full_fleet)
+    waiting = fleetd(config, "games", "start", "c")
+    assert waiting.exit_code == ExitCode.NOT_ADMITTED == 3, waiting.output
+    assert waiting.output.startswith("c: not admitted: the light tier runs 2 games"), waiting.output
+    added = fleetd(config, "games", "add", "pong", "CartPole-v1")
+    assert added.exit_code == ExitCode.NOT_ADMITTED and added.output.startswith("added pong: pending\n"), added.output
+    assert fleetd(config, "games", "add", "later", "CartPole-v1", "--stopped").exit_code == ExitCode.OK
+    taken = fleetd(config, "games", "start", "c", "--now")
+    assert taken.exit_code == ExitCode.OK and "admitted: took" in taken.output, taken.output
+    missing = fleetd(config, "games", "start", "nosuch")
+    assert missing.exit_code == ExitCode.NOT_FOUND == 4 and "nosuch" in missing.output, missing.output
+    refused = fleetd(config, "games", "add", "c", "CartPole-v1")  # the name is taken: 409
+    assert refused.exit_code == ExitCode.ERROR, refused.output
+    wrong_token = fleetd(config_for(tmp_path, full_fleet, token="w" * 32), "games", "list")
+    assert wrong_token.exit_code == ExitCode.NOPERM == 77, wrong_token.output
+
+
+def test_no_daemon(tmp_path: Path) -> None:
+    """(A daemon that accepts and does not answer: ExitCode.TEMPFAIL, in tests/test_cli_client.py.)"""
+    absent = fleetd(config_for(tmp_path, free_port()), "games", "list")
+    assert absent.exit_code == ExitCode.UNAVAILABLE == 69 and "not answering" in absent.output
+
+
+def test_help_lists_the_codes() -> None:
+    shown = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0
+    for code in ExitCode:
+        assert f"\n  {int(code):>4}  " in shown.output or f"  {int(code)}  " in shown.output, (code, shown.output)
+    assert "Exits 3 when it was not admitted" in CliRunner().invoke(app, ["games", "start", "--help"]).output
