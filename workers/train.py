@@ -202,6 +202,7 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
         return ExitCode.CUDA_OOM
     finally:
         reporter.stop()
+        log.info("%s", callback.phases.describe())
     return _exit_code(outcome, counters)
 
 
