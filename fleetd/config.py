@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -135,6 +136,25 @@ class WorkerSettings(_Section):
     cpu_threads: int = Field(0, ge=0)
     log_max_bytes: int = Field(50_000_000, ge=10_000)
     log_keep_runs: int = Field(10, ge=1)
+    # The CNN policy's forward passes under bf16 autocast, and its convolutions in channels-last
+    # memory format. Off: neither is measured to help yet (bench/gpu_fleet.py --bf16 --channels-last).
+    bf16_autocast: bool = False
+    channels_last: bool = False
+
+
+class MpsMode(StrEnum):
+    AUTO = "auto"  # where nvidia-cuda-mps-control is on PATH and workers may use a GPU
+    ON = "on"  # required: the daemon does not start without it
+    OFF = "off"
+
+
+class GpuSettings(_Section):
+    """Sharing the GPU between the workers (docs/configuration.md#gpu, fleetd/supervision/mps.py)."""
+
+    mps: MpsMode = MpsMode.AUTO
+    # A control daemon that died is started again this many times, then workers go without MPS.
+    mps_restarts: int = Field(3, ge=0)
+    mps_check_s: float = Field(10.0, gt=0)
 
 
 class TierSettings(_Section):
@@ -399,6 +419,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = RetentionSettings()
     supervisor: SupervisorSettings = SupervisorSettings()
     worker: WorkerSettings = WorkerSettings()
+    gpu: GpuSettings = GpuSettings()
     fleet: FleetSettings = FleetSettings()
     costs: CostSettings = CostSettings()
     plan: PlanSettings = PlanSettings()
@@ -458,6 +479,11 @@ class Settings(BaseSettings):
         if self.cluster.backend == "ray" and self.cluster.storage is not None and self.cluster.storage_url is None:
             return Path(self.cluster.storage) / "games"
         return self.state_dir / "games"
+
+    @property
+    def mps_dir(self) -> Path:
+        """The MPS control daemon's pipe and log folders (fleetd/supervision/mps.py)."""
+        return self.state_dir / "mps"
 
     @property
     def run_dir(self) -> Path:

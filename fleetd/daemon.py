@@ -36,10 +36,12 @@ from fleetd.scheduler import build_scheduler
 from fleetd.statedir import lock_state_dir
 from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
+from fleetd.store.events import create_event
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
 from fleetd.supervision.launcher import OsLauncher
+from fleetd.supervision.mps import Mps, MpsDirs, MpsEvent, MpsSeam, MpsStartError, OsMps
 from fleetd.supervision.reactor import OsReactor
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.recorder import Recorder
@@ -149,12 +151,15 @@ class Daemon:
         clock: Clock | None = None,
         host: HostReader | None = None,
         journal: JournalReader | None = None,
+        mps_seam: MpsSeam | None = None,
     ) -> None:
         self.settings = settings
         self.config_path = config_path
         self.clock = clock or SystemClock()
         self.host = host or HostReader(settings.host.boot_id_path)
         self.journal = journal or Journalctl()
+        self.mps_seam = mps_seam or OsMps()
+        self.mps: Mps | None = None  # NVIDIA MPS for local workers, when it runs
         self.stop = StopRequest()
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
@@ -228,7 +233,7 @@ class Daemon:
             ) from None
 
     def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
-        launcher, reactor, probe = self._executor()
+        launcher, reactor, probe = self._executor(db)
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
         cluster = self.settings.cluster.backend == "ray"  # one governor per host (docs/governor.md)
@@ -254,8 +259,27 @@ class Daemon:
             grace = self.settings.supervisor.stopwaitsecs + 15
             thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
             reactor.close()
+            if self.mps is not None and not self.stop.leave_workers:  # workers that keep training keep it
+                self.mps.stop()
 
-    def _executor(self) -> tuple[Launcher, Reactor, ProcessProbe]:
+    def _start_mps(self, db: Database) -> Mps:
+        """Before the first worker spawns: they join it through their environment."""
+        gpu = self.settings.gpu
+
+        def record(kind: MpsEvent, message: str, severity: str) -> None:
+            log.log(logging.ERROR if severity == "error" else logging.INFO, "%s", message)
+            with db.transaction() as session:
+                create_event(session, self.clock.now(), kind.value, message, severity=severity)
+
+        mps = Mps(gpu.mps, MpsDirs(self.settings.mps_dir), self.mps_seam, record, gpu.mps_restarts,
+                  uses_gpu=self.settings.worker.device != "cpu")
+        try:
+            mps.start()
+        except MpsStartError as exc:
+            raise StartupError(str(exc)) from None
+        return mps
+
+    def _executor(self, db: Database) -> tuple[Launcher, Reactor, ProcessProbe]:
         """Where workers run: child processes of this host, or actors on a Ray cluster. Ray is
         imported only for the latter (an optional extra)."""
         if self.settings.cluster.backend == "ray":
@@ -275,7 +299,13 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot open the progress socket: {exc}") from None
         worker = self.settings.worker
-        return OsLauncher(worker.python, worker.log_keep_runs, worker.module), reactor, OsProcessProbe()
+        try:
+            self.mps = self._start_mps(db)
+        except StartupError:
+            reactor.close()
+            raise
+        launcher = OsLauncher(worker.python, worker.log_keep_runs, worker.module, self.mps.worker_env)
+        return launcher, reactor, OsProcessProbe()
 
     def _serve(
         self,
@@ -339,6 +369,8 @@ class Daemon:
                                       self._footprints(supervisor)),
             ),
         ]
+        if self.mps is not None and self.mps.active:
+            jobs.append(Job("mps", settings.gpu.mps_check_s, self.mps.check))
         if self.cluster_nodes is not None:
             nodes = self.cluster_nodes
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))

@@ -15,6 +15,7 @@ from workers import checkpoint
 from workers.counters import Counters
 from workers.evaluation import Evaluator
 from workers.guards import check_finite
+from workers.phases import PhaseTimer
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
@@ -137,6 +138,7 @@ class FleetCallback(BaseCallback):
         self.stop = stop
         self.checkpointer = checkpointer
         self.outcome: Outcome | None = None
+        self.phases = PhaseTimer()
 
     def _on_step(self) -> bool:
         self.counters.steps = self.num_timesteps
@@ -154,5 +156,9 @@ class FleetCallback(BaseCallback):
             self.checkpointer.write(self.model, self.counters)
         return True
 
+    def _on_rollout_start(self) -> None:
+        self.phases.rollout_start()
+
     def _on_rollout_end(self) -> None:
+        self.phases.rollout_end()
         check_finite(self.model, self.num_timesteps)  # after the previous update's parameters

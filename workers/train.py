@@ -24,6 +24,7 @@ from workers.guards import Diverged, apply_lr_scale, non_finite_forward
 from workers.defaults import family
 from workers.hyperparams import (Plan, algo_kwargs, configure_torch, dqn_updates, make_plan, policy_name,
                                  schedule_horizon, select_device)
+from workers.precision import apply_precision
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
 from workers.protocol.spec import RunSpec
@@ -74,6 +75,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     if found.unusable:
         log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
     model = _model_from(found, spec, plan, venv)
+    apply_precision(model, spec.bf16_autocast, spec.channels_last)
     horizon = schedule_horizon(spec, plan, _image_obs(venv))
     set_schedule_horizon(model, horizon)
     apply_lr_scale(model, spec.lr_scale)
@@ -218,6 +220,7 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
         return ExitCode.CUDA_OOM
     finally:
         reporter.stop()
+        log.info("%s", callback.phases.describe())
     return _exit_code(outcome, counters)
 
 

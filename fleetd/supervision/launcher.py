@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -29,10 +30,12 @@ def process_start_time(pid: int) -> float:
 
 
 class OsLauncher:
-    def __init__(self, python: str = "", keep_runs: int = 10, module: str = "workers") -> None:
+    def __init__(self, python: str = "", keep_runs: int = 10, module: str = "workers",
+                 extra_env: Callable[[], dict[str, str]] = dict) -> None:
         self.python = python or sys.executable
         self.keep_runs = keep_runs
         self.module = module
+        self.extra_env = extra_env  # asked at each spawn: MPS's folders while it runs (mps.py)
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         logs = launch.game_dir / "logs"
@@ -42,7 +45,7 @@ class OsLauncher:
             spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", spec)
             log_path = logs / f"run-{run_id:06d}.log"
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
-            pid = self._spawn(argv, log_path, worker_env(spec.cpu_threads, spec.gpu))
+            pid = self._spawn(argv, log_path, worker_env(spec.cpu_threads, spec.gpu) | self.extra_env())
         except OSError as exc:
             raise LaunchError(f"{exc.strerror or exc} ({exc.filename or self.python})") from None
         _prune_run_files(logs, self.keep_runs)

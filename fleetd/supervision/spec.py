@@ -64,4 +64,6 @@ def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: T
             # OOM (fleetd/supervision/remedies.py) for the runs that follow.
             lr_scale=1.0,
             batch_scale=1.0,
+            bf16_autocast=worker.bf16_autocast,
+            channels_last=worker.channels_last,
         )

@@ -221,6 +221,10 @@ class LaunchSpec(_Strict):
     # the learning rate is scaled down, after a CUDA out-of-memory the batch (then the envs).
     lr_scale: Annotated[float, Field(gt=0, le=1)] = 1.0
     batch_scale: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # Worker options ([worker] in fleetd's config, workers/precision.py): the policy's features
+    # extractor under bf16 autocast; its convolutions in channels-last memory format.
+    bf16_autocast: bool = False
+    channels_last: bool = False
 
     @field_validator("version")
     @classmethod

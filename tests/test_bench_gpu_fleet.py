@@ -1,0 +1,107 @@
+"""bench/gpu_fleet.py (issue 22 item 1): without CUDA it exits 2 saying why; its CPU test mode
+(CartPole PPO and DQN, N = 1, 2, a few seconds each) runs the real daemon, the loops and raw
+EnvPool and writes the JSON, the PNG and the table. Its figures are not checked for speed: this
+machine has no GPU, and what the bench measures on one is in docs/benchmarks.md (GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.fleet_loops import Meter
+from bench.gpu_fleet import SIDES, rung_for
+from workers.phases import PhaseTimer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "bench/gpu_fleet.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_without_cuda_it_exits_2_saying_why(tmp_path: Path) -> None:
+    done = bench("--out", str(tmp_path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no CUDA device" in done.stderr and "NVIDIA GPU" in done.stderr
+    assert not any(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+def test_the_cpu_mode_is_refused_without_its_switch(tmp_path: Path) -> None:
+    done = bench("--device", "cpu", "--out", str(tmp_path))
+    assert done.returncode == 2 and "--allow-cpu" in done.stderr
+
+
+def test_each_n_runs_at_the_ladders_rung_for_it() -> None:
+    assert (rung_for(1).games, rung_for(1).num_envs) == (1, 32)
+    assert (rung_for(2).num_envs, rung_for(2).tier) == (32, "light")
+    assert (rung_for(4).num_envs, rung_for(4).tier) == (64, "medium")
+    assert (rung_for(8).num_envs, rung_for(8).batch_size, rung_for(8).tier) == (256, 2048, "heavy")
+    assert (rung_for(10).games, rung_for(10).num_envs, rung_for(10).tier) == (10, 256, None)  # past the top
+
+
+def test_the_meter_counts_only_the_window() -> None:
+    meter = Meter(start=10.0, seconds=10.0)
+    meter.add("collect", 5.0, 15.0, steps=100)  # half inside
+    meter.add("update", 15.0, 17.0)
+    meter.add("collect", 19.0, 23.0, steps=40)  # a quarter inside
+    assert meter.steps == pytest.approx(60.0)
+    assert meter.phases == pytest.approx({"collect": 6.0, "update": 2.0})
+    assert meter.result()["steps_per_s"] == pytest.approx(6.0)
+
+
+def test_the_worker_splits_its_time_at_the_rollout_hooks() -> None:
+    now = [0.0]
+    timer = PhaseTimer(clock=lambda: now[0])
+    for collect, update in ((3.0, 1.0), (2.0, 0.5)):
+        timer.rollout_start()
+        now[0] += collect
+        timer.rollout_end()
+        now[0] += update
+    timer.rollout_start()  # the second update ends here
+    assert (timer.collect_s, timer.update_s, timer.rollouts) == (5.0, 1.5, 2)
+    assert timer.describe().startswith("time split: collection 5.000 s, updates 1.500 s over 2 rollouts")
+
+
+@pytest.mark.e2e
+def test_cpu_mode_writes_json_png_and_table(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    done = bench("--device", "cpu", "--allow-cpu", "--quick", "--out", str(tmp_path), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads((tmp_path / "gpu_fleet.json").read_text())
+    assert report["device"] == "cpu" and report["gpu"] is None
+    assert [r["n"] for r in report["results"]] == [1, 2]
+    for result in report["results"]:
+        names = [g["name"] for g in result["games"]]
+        assert names == ["cart-ppo", "cart-dqn"][: result["n"]]
+        assert all(g["num_envs"] == 2 and g["batch_size"] == 64 for g in result["games"])  # CPU cap, 1 thread
+        for side in SIDES:
+            figures = result[side]
+            assert set(figures["per_game"]) == set(names)
+            assert all(g["steps_per_s"] > 0 and g["rss_mib"] > 10 and g["cpu_cores"] > 0
+                       for g in figures["per_game"].values()), figures
+            assert figures["total_steps_per_s"] == pytest.approx(
+                sum(g["steps_per_s"] for g in figures["per_game"].values()), abs=0.5)
+            assert 0 < figures["host_cpu_busy_pct"] <= 100
+            assert figures["gpu"] is None and figures["gpu_util_pct"] is None  # NVML: no GPU here
+            assert figures["mps"] is False  # a CPU fleet never starts MPS
+            assert all(g["gpu_mem_mib"] is None for g in figures["per_game"].values())
+        for side in ("fleetd", "loops"):  # raw EnvPool only collects
+            shares = [g["collect_share"] for g in result[side]["per_game"].values()]
+            assert all(s is not None and 0 < s < 1 for s in shares), (side, shares)
+        daemon_cpu = result["fleetd"]["daemon_cpu_cores"]
+        assert 0 < daemon_cpu < 0.5 * result["n"], daemon_cpu  # the daemon alone, not its workers
+        assert result["loops"]["daemon_cpu_cores"] is None
+        assert result["fleetd_over_loops"] > 0 and result["fleetd_over_raw"] > 0
+    assert (tmp_path / "gpu_fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "gpu_fleet.md").read_text()
+    assert table.startswith("GPU: none (cpu)")
+    assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "rung" not in line] == ["1", "2"]

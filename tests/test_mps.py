@@ -1,0 +1,190 @@
+"""NVIDIA MPS for the workers (fleetd/supervision/mps.py), through a fake seam: which program is
+found, what it is run with, whether its pid lives. Deterministic, no processes, no sleeping.
+tests/test_mps_e2e.py runs the same against a stand-in program; real MPS is measured on a GPU
+host only (bench/gpu_fleet.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import MpsMode, load_settings
+from fleetd.supervision.mps import CONTROL, PID_FILE, READY_POLLS, Mps, MpsDirs, MpsEvent, MpsStartError
+
+BINARY = f"/usr/bin/{CONTROL}"
+
+
+@dataclass
+class FakeMps:
+    """The control program as the seam sees it: `-d` writes its pid file (unless told to fail),
+    `quit` on stdin ends it."""
+
+    installed: bool = True
+    start_code: int = 0
+    writes_pid: bool = True
+    runs: list[tuple[list[str], str | None, dict[str, str]]] = field(default_factory=list)
+    live: set[int] = field(default_factory=set)
+    next_pid: int = 4000
+    sleeps: int = 0
+
+    def which(self, program: str) -> str | None:
+        assert program == CONTROL
+        return BINARY if self.installed else None
+
+    def run(self, argv: list[str], env: dict[str, str], stdin: str | None) -> tuple[int, str]:
+        self.runs.append((argv, stdin, env))
+        pid_file = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / PID_FILE
+        if argv[1:] == ["-d"] and self.start_code == 0 and self.writes_pid:
+            self.next_pid += 1
+            self.live.add(self.next_pid)
+            pid_file.write_text(f"{self.next_pid}\n")
+        if stdin == "quit\n":
+            self.live.discard(int(pid_file.read_text()))
+        return (self.start_code if argv[1:] == ["-d"] else 0), ""
+
+    def alive(self, pid: int) -> bool:
+        return pid in self.live
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+
+    def die(self) -> None:
+        self.live.clear()
+
+
+@dataclass
+class Events:
+    seen: list[tuple[MpsEvent, str, str]] = field(default_factory=list)
+
+    def __call__(self, kind: MpsEvent, message: str, severity: str) -> None:
+        self.seen.append((kind, message, severity))
+
+    @property
+    def kinds(self) -> list[MpsEvent]:
+        return [kind for kind, _, _ in self.seen]
+
+
+def make(tmp_path: Path, mode: MpsMode = MpsMode.AUTO, seam: FakeMps | None = None, **kwargs) -> tuple[Mps, FakeMps, Events]:
+    seam, events = seam or FakeMps(), Events()
+    return Mps(mode, MpsDirs(tmp_path / "mps"), seam, events, **kwargs), seam, events
+
+
+def test_auto_starts_it_under_the_state_dir_and_workers_join_through_their_environment(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path)
+    mps.start()
+    assert mps.active and events.kinds == [MpsEvent.STARTED]
+    (argv, stdin, env), = seam.runs
+    assert argv == [BINARY, "-d"] and stdin is None
+    expected = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps" / "log")}
+    assert {k: env[k] for k in expected} == expected == mps.worker_env()
+    assert (tmp_path / "mps" / "pipe").is_dir() and (tmp_path / "mps" / "log").is_dir()
+
+
+def test_auto_without_the_program_goes_without_and_says_so(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path, seam=FakeMps(installed=False))
+    mps.start()
+    assert not mps.active and mps.worker_env() == {} and seam.runs == []
+    (kind, message, severity), = events.seen
+    assert kind is MpsEvent.UNAVAILABLE and severity == "warning" and f"{CONTROL} is not on PATH" in message
+
+
+def test_on_without_the_program_refuses_to_start_naming_the_setting(tmp_path: Path) -> None:
+    mps, _, events = make(tmp_path, MpsMode.ON, FakeMps(installed=False))
+    with pytest.raises(MpsStartError, match=r"\[gpu\] mps = 'on' but nvidia-cuda-mps-control is not on PATH"):
+        mps.start()
+    assert events.seen == []
+
+
+def test_on_refuses_when_the_program_fails_to_start(tmp_path: Path) -> None:
+    mps, _, _ = make(tmp_path, MpsMode.ON, FakeMps(start_code=1))
+    with pytest.raises(MpsStartError, match="exited 1"):
+        mps.start()
+
+
+def test_off_and_auto_on_a_cpu_fleet_never_look_for_it(tmp_path: Path) -> None:
+    for mps, seam, events in (make(tmp_path, MpsMode.OFF), make(tmp_path, uses_gpu=False)):
+        mps.start()
+        assert not mps.active and seam.runs == [] and events.seen == [] and mps.worker_env() == {}
+
+
+def test_a_program_that_starts_nothing_is_waited_for_boundedly(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path, seam=FakeMps(writes_pid=False))
+    mps.start()
+    assert not mps.active and seam.sleeps == READY_POLLS
+    assert events.kinds == [MpsEvent.UNAVAILABLE] and "left no running control daemon" in events.seen[0][1]
+
+
+def test_one_left_running_in_its_folders_is_adopted_not_started_twice(tmp_path: Path) -> None:
+    seam = FakeMps(live={77})
+    (tmp_path / "mps" / "pipe").mkdir(parents=True)
+    (tmp_path / "mps" / "pipe" / PID_FILE).write_text("77\n")
+    mps, _, events = make(tmp_path, seam=seam)
+    mps.start()
+    assert mps.active and seam.runs == [] and events.kinds == [MpsEvent.ADOPTED]
+
+
+def test_a_stale_pid_file_is_not_adopted(tmp_path: Path) -> None:
+    (tmp_path / "mps" / "pipe").mkdir(parents=True)
+    (tmp_path / "mps" / "pipe" / PID_FILE).write_text("77\n")  # nothing lives at 77
+    mps, seam, events = make(tmp_path)
+    mps.start()
+    assert events.kinds == [MpsEvent.STARTED] and len(seam.runs) == 1
+
+
+def test_its_death_is_survived_by_a_restart(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path)
+    mps.start()
+    mps.check()  # alive: nothing to do
+    assert len(seam.runs) == 1
+    seam.die()
+    mps.check()
+    assert events.kinds == [MpsEvent.STARTED, MpsEvent.DIED, MpsEvent.RESTARTED]
+    assert mps.active and mps.running() and mps.restarts == 1 and seam.runs[-1][0] == [BINARY, "-d"]
+
+
+def test_past_its_restarts_workers_fall_back_to_no_mps_with_an_event(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path, max_restarts=1)
+    mps.start()
+    for _ in range(2):
+        seam.die()
+        mps.check()
+    assert events.kinds == [MpsEvent.STARTED, MpsEvent.DIED, MpsEvent.RESTARTED, MpsEvent.DIED, MpsEvent.FALLBACK]
+    kind, message, severity = events.seen[-1]
+    assert severity == "error" and "restarted too often" in message and "without it" in message
+    assert not mps.active and mps.worker_env() == {}
+    mps.check()  # given up: no more attempts
+    assert len(seam.runs) == 2
+
+
+def test_a_restart_that_fails_falls_back(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path)
+    mps.start()
+    seam.die()
+    seam.start_code = 1
+    mps.check()
+    assert events.kinds[-1] is MpsEvent.FALLBACK and "exited 1" in events.seen[-1][1] and not mps.active
+
+
+def test_a_clean_stop_quits_it(tmp_path: Path) -> None:
+    mps, seam, events = make(tmp_path)
+    mps.start()
+    mps.stop()
+    argv, stdin, env = seam.runs[-1]
+    assert argv == [BINARY] and stdin == "quit\n" and env["CUDA_MPS_PIPE_DIRECTORY"].endswith("mps/pipe")
+    assert not mps.running() and not mps.active and events.kinds[-1] is MpsEvent.STOPPED
+    mps.stop()  # once only
+    assert len(seam.runs) == 2
+
+
+def test_the_setting_takes_auto_on_off_and_names_a_bad_value(tmp_path: Path) -> None:
+    config = tmp_path / "fleetd.toml"
+    config.write_text('[gpu]\nmps = "on"\n')
+    settings = load_settings(config)
+    assert settings.gpu.mps is MpsMode.ON and settings.mps_dir == settings.state_dir / "mps"
+    assert load_settings(None).gpu.mps is MpsMode.AUTO
+    config.write_text('[gpu]\nmps = "yes"\n')
+    with pytest.raises(Exception, match=r"gpu\.mps = 'yes'.*(auto|'on').*FLEETD_GPU__MPS"):
+        load_settings(config)
