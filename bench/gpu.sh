@@ -7,6 +7,7 @@
 #   bench/gpu.sh                        # CartPole-v1 and Breakout-v5
 #   STEPS=20000 ROUNDS=3 bench/gpu.sh   # longer measurements
 #   OUT=/some/dir bench/gpu.sh          # also keep the JSON results there
+#   ENV_COUNTS="8 32" bench/gpu.sh      # the by-env-count section at these counts only (8 32 64 256)
 #
 # Exits 2 with a message when no GPU is usable, 1 when a check fails.
 set -euo pipefail
@@ -49,6 +50,20 @@ echo "== PPO training throughput on cuda, Breakout-v5 (NVML sampled during it)"
 "$PYTHON" bench/gpu_checks.py nvml -- "$PYTHON" bench/training.py --device cuda --env-id Breakout-v5 \
   --steps "$STEPS" --rounds "$ROUNDS" --threads "$(nproc)" --batch-size 256 \
   --json "$OUT/training-breakout.json" || failed=1
+
+# Issue 22 item 4: the worker against the loop at the tiers' env counts (batch as the tier sets
+# it), each before the device rollout (--sb3-rollout: SB3's host buffer and update) and after.
+declare -A TIER_BATCH=([8]=256 [32]=512 [64]=1024 [256]=2048)
+for n in ${ENV_COUNTS:-8 32 64 256}; do
+  steps=$(( STEPS > 2 * 128 * n ? STEPS : 2 * 128 * n ))  # two rollouts at least
+  for side in after before; do
+    extra=(); [[ $side == before ]] && extra=(--sb3-rollout)
+    echo "== PPO on cuda, Breakout-v5, $n envs, batch ${TIER_BATCH[$n]:-256}, worker $side the device rollout"
+    "$PYTHON" bench/gpu_checks.py nvml -- "$PYTHON" bench/training.py --device cuda --env-id Breakout-v5 \
+      --num-envs "$n" --batch-size "${TIER_BATCH[$n]:-256}" --threads "$(nproc)" --steps "$steps" \
+      --rounds "$ROUNDS" ${extra[@]+"${extra[@]}"} --json "$OUT/training-breakout-$n-$side.json" || failed=1
+  done
+done
 
 if [[ $failed -ne 0 ]]; then
   echo "bench/gpu.sh: FAILED: a check above failed" >&2

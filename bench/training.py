@@ -18,6 +18,13 @@ env and the model (about a second).
     PYTHONPATH=. python bench/training.py --env-id Breakout-v5 --steps 4096 --rounds 2
     PYTHONPATH=. python bench/training.py --device cuda ...     # bench/gpu.sh
     PYTHONPATH=. python bench/training.py --profile             # where the worker's time goes
+    PYTHONPATH=. python bench/training.py --sb3-rollout ...     # the worker with SB3's host rollout
+
+`--games N --env-threads K,L` runs N workers at once instead (no loop), one process each, for
+each EnvPool thread count in turn (rounds alternate the order), and reports their summed steps/s:
+what threads over a game's core share give the games that share a host.
+
+    PYTHONPATH=. python bench/training.py --env-id Breakout-v5 --games 2 --env-threads 1,2
 """
 
 from __future__ import annotations
@@ -48,9 +55,10 @@ from workers.protocol.spec import RunSpec  # noqa: E402
 SB3_PPO = {"gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5}
 
 
-def run_spec(args, checkpoint_dir: str, steps: int) -> RunSpec:
+def run_spec(args, checkpoint_dir: str, steps: int, env_threads: int | None = None) -> RunSpec:
     return RunSpec(version=1, game="bench", run_id=1, env_id=args.env_id, algo="ppo",
                    total_timesteps=steps, checkpoint_dir=checkpoint_dir, cpu_threads=args.threads,
+                   env_threads=env_threads,
                    device=args.device, seed=args.seed, allow_fresh_start=True,
                    checkpoint_interval_steps=args.checkpoint_steps, progress_interval_s=2.0,
                    hyperparams={"num_envs": args.num_envs, "batch_size": args.batch_size})
@@ -66,18 +74,81 @@ def settings(args) -> dict:
 
 # -- the worker -----------------------------------------------------------------------------
 
-def worker_seconds(args, steps: int) -> tuple[float, float]:
+def worker_seconds(args, steps: int, env_threads: int | None = None) -> tuple[float, float]:
     """(wall, CPU) seconds of the process for one worker run of `steps` steps."""
     from workers.callback import StopFlag
     from workers.train import run
 
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         started, cpu = time.perf_counter(), time.process_time()
-        code = run(run_spec(args, tmp, steps), StopFlag())
+        code = run(run_spec(args, tmp, steps, env_threads), StopFlag())
         took = time.perf_counter() - started, time.process_time() - cpu
     if code != ExitCode.COMPLETED:
         raise RuntimeError(f"the worker exited {code}, not {ExitCode.COMPLETED} (completed)")
     return took
+
+
+def use_sb3_rollout() -> None:
+    """The worker's PPO as before issue 22: SB3's host RolloutBuffer and PPO.train."""
+    from stable_baselines3 import PPO
+
+    from workers import algos
+
+    class HostRolloutPPO(algos.HorizonSchedules, PPO):
+        pass
+
+    algos.ALGO_CLASSES["ppo"] = HostRolloutPPO
+
+
+# -- several workers at once --------------------------------------------------------------------
+
+def _one_game(args, steps: int, env_threads: int, barrier, results) -> None:
+    """A child: warm up, wait for the others, train `steps` steps, send (start, end)."""
+    logging.basicConfig(level=logging.WARNING)
+    configure_torch(select_device(args.device), args.threads)
+    worker_seconds(args, steps // 4, env_threads)  # imports, EnvPool's first pool, allocator
+    barrier.wait()
+    started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
+    worker_seconds(args, steps, env_threads)
+    results.put((started, time.monotonic()))
+
+
+def games_rate(args, steps: int, env_threads: int) -> dict:
+    """`args.games` workers training at once: their summed steps/s over the whole window."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(args.games), context.Queue()
+    children = [context.Process(target=_one_game, args=(args, steps, env_threads, barrier, results))
+                for _ in range(args.games)]
+    for child in children:
+        child.start()
+    spans = [results.get(timeout=3600) for _ in children]
+    for child in children:
+        child.join()
+    window = max(end for _, end in spans) - min(start for start, _ in spans)
+    return {"env_threads": env_threads, "steps_per_s": args.games * steps / window,
+            "per_game": [steps / (end - start) for start, end in spans], "load": os.getloadavg()[0]}
+
+
+def measure_games(args) -> dict:
+    hp = settings(args)
+    rollout = hp["num_envs"] * hp["n_steps"]
+    steps = max(rollout, args.steps // rollout * rollout)
+    counts = [int(k) for k in args.env_threads.split(",")]
+    rounds = []
+    for i in range(args.rounds):
+        for threads in counts if i % 2 == 0 else counts[::-1]:
+            rounds.append(games_rate(args, steps, threads) | {"round": i + 1})
+            r = rounds[-1]
+            print(f"  round {i + 1}, {threads} EnvPool thread(s) a game: {r['steps_per_s']:.0f} steps/s "
+                  f"summed (games {', '.join(f'{x:.0f}' for x in r['per_game'])}; load {r['load']:.1f})",
+                  flush=True)
+    medians = {k: statistics.median(r["steps_per_s"] for r in rounds if r["env_threads"] == k) for k in counts}
+    return {"env_id": args.env_id, "games": args.games, "steps": steps, "torch_threads": args.threads,
+            "num_envs": hp["num_envs"], "rounds": rounds, "median_steps_per_s": medians,
+            "machine": f"{os.cpu_count()} cores {platform.machine()}, torch {torch.__version__}, "
+                       f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"}
 
 
 # -- the CleanRL-style loop -------------------------------------------------------------------
@@ -242,11 +313,19 @@ def main() -> None:
     parser.add_argument("--checkpoint-steps", type=int, default=5000,
                         help="the worker's checkpoint interval (the default for CartPole's 100k horizon)")
     parser.add_argument("--profile", action="store_true", help="cProfile one worker run instead")
+    parser.add_argument("--sb3-rollout", action="store_true",
+                        help="the worker's PPO with SB3's host rollout buffer and update (the 'before')")
+    parser.add_argument("--games", type=int, default=0, help="run this many workers at once instead")
+    parser.add_argument("--env-threads", default="1,2", help="with --games: EnvPool threads a game, each in turn")
     parser.add_argument("--json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.sb3_rollout:
+        use_sb3_rollout()
     if args.profile:
         return profile(args)
+    if args.games:
+        return print_games(args)
     print(f"PPO training, {args.env_id}, {args.device}, {args.threads} thread(s):", flush=True)
     result = measure(args)
     print(f"settings: {result['settings']}")
@@ -254,6 +333,15 @@ def main() -> None:
           f"{result['cleanrl_steps_per_s']:.0f} steps/s, worker/loop {result['ratio']:.3f} "
           f"(per CPU second {result['cpu_ratio']:.3f}) "
           f"(median of {args.rounds} rounds, {result['steps']} steps each); {result['machine']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_games(args) -> None:
+    print(f"{args.games} PPO workers at once, {args.env_id}, {args.threads} torch thread(s) each:", flush=True)
+    result = measure_games(args)
+    print("summed steps/s by EnvPool threads a game (median of rounds): " + ", ".join(
+        f"{k}: {v:.0f}" for k, v in result["median_steps_per_s"].items()) + f"; {result['machine']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 

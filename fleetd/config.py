@@ -134,6 +134,10 @@ class WorkerSettings(_Section):
     progress_interval_s: float = Field(2.0, gt=0)
     # torch/EnvPool threads per worker; 0: the host's cores shared over the running games.
     cpu_threads: int = Field(0, ge=0)
+    # EnvPool's threads per worker: cpu_threads times this, at most the host's cores. Above 1,
+    # a game's envs may use the cores another game leaves while it updates on a GPU; the default
+    # is what measured best (docs/benchmarks.md, "EnvPool threads over the core share").
+    env_thread_factor: float = Field(1.0, ge=1.0, le=16.0)
     log_max_bytes: int = Field(50_000_000, ge=10_000)
     log_keep_runs: int = Field(10, ge=1)
     # The CNN policy's forward passes under bf16 autocast, and its convolutions in channels-last

@@ -60,6 +60,24 @@ def test_launch_for_sets_every_field_and_sizes_for_the_worker(settings: Settings
     assert launch.spec.with_run(9).run_id == 9
 
 
+@pytest.mark.parametrize(("cpu_threads", "factor", "expected"), [
+    (2, 1.0, 2),  # the core share
+    (2, 2.0, 4),  # over it
+    (1, 1.5, 2),  # rounded
+])
+def test_envpool_threads_are_the_core_share_times_the_factor(settings: Settings, monkeypatch,
+                                                             cpu_threads: int, factor: float, expected: int) -> None:
+    monkeypatch.setattr("fleetd.supervision.spec.os.cpu_count", lambda: 16)
+    settings = with_worker(settings, cpu_threads=cpu_threads, env_thread_factor=factor)
+    assert launch_for(game(), settings, 1, None).spec.env_threads == expected
+
+
+def test_envpool_threads_stay_within_the_host_cores_but_never_below_the_share(settings: Settings, monkeypatch) -> None:
+    monkeypatch.setattr("fleetd.supervision.spec.os.cpu_count", lambda: 16)
+    assert launch_for(game(), with_worker(settings, cpu_threads=6, env_thread_factor=4.0), 1, None).spec.env_threads == 16
+    assert launch_for(game(), with_worker(settings, cpu_threads=32, env_thread_factor=2.0), 1, None).spec.env_threads == 32
+
+
 def test_before_the_governor_a_launch_has_no_tier_values(settings: Settings) -> None:
     launch = launch_for(game(), settings, 1, None)
     assert launch.spec is not None and launch.spec.tier_defaults == TierDefaults()

@@ -11,12 +11,18 @@
    buffer would train at once on a handful of transitions. It now re-collects `learning_starts`
    transitions first, acting with the restored policy and epsilon (not at random: SB3 samples
    random actions only below `learning_starts` absolute steps).
+3. PPO and A2C keep their rollout on the policy's device (`workers.rollout`), and PPO's update
+   reads its logged figures once, not five times a minibatch (`workers.ppo_update`): the same
+   samples and the same weights as SB3's, without the host round trips and waits.
 """
 
 from __future__ import annotations
 
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
+
+from workers import ppo_update
+from workers.rollout import DeviceRolloutBuffer, DeviceRollouts
 
 
 class HorizonSchedules:
@@ -29,11 +35,15 @@ class HorizonSchedules:
         self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(horizon))
 
 
-class FleetPPO(HorizonSchedules, PPO):
-    pass
+class FleetPPO(HorizonSchedules, DeviceRollouts, PPO):
+    def train(self) -> None:
+        if isinstance(self.rollout_buffer, DeviceRolloutBuffer):
+            ppo_update.train(self)  # SB3's update, its figures read once (workers/ppo_update.py)
+        else:
+            super().train()
 
 
-class FleetA2C(HorizonSchedules, A2C):
+class FleetA2C(HorizonSchedules, DeviceRollouts, A2C):
     pass
 
 

@@ -23,10 +23,12 @@ class Diverged(Exception):
 
 def non_finite(model: BaseAlgorithm) -> str | None:
     """Where the model first holds a NaN or inf (a parameter or a logged loss), else None."""
-    with torch.no_grad():
-        for name, param in model.policy.named_parameters():
-            if not bool(torch.isfinite(param).all()):
-                return f"parameter {name}"
+    named = list(model.policy.named_parameters())
+    with torch.no_grad():  # one read from the device for all parameters, not one a parameter
+        finite = torch.stack([torch.isfinite(param).all() for _, param in named]).tolist()
+    for (name, _), ok in zip(named, finite):
+        if not ok:
+            return f"parameter {name}"
     logger = getattr(model, "_logger", None)  # set by learn()
     logged = getattr(logger, "name_to_value", {}) if logger is not None else {}
     for key in LOSS_KEYS:

@@ -55,7 +55,8 @@ def run(spec: RunSpec, stop: StopFlag | None = None) -> int:
 
 def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
     return EnvConfig(env_id=spec.env_id, num_envs=plan.num_envs, seed=spec.seed,
-                     num_threads=spec.cpu_threads, max_episode_steps=plan.max_episode_steps,
+                     num_threads=spec.env_threads or spec.cpu_threads,
+                     max_episode_steps=plan.max_episode_steps,
                      frame_stack=plan.frame_stack)
 
 

@@ -18,6 +18,12 @@ def cpu_allotment(settings: Settings, running_games: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, running_games))
 
 
+def env_thread_allotment(settings: Settings, cpu_threads: int) -> int:
+    """EnvPool's threads: the torch allotment times `env_thread_factor`, within the host's cores."""
+    cores = os.cpu_count() or 1
+    return max(cpu_threads, min(cores, round(cpu_threads * settings.worker.env_thread_factor)))
+
+
 def launch_for(game: GameRecord, settings: Settings, running_games: int, tier: Scaled | None) -> Launch:
     """The game's launch; a spec the worker would refuse (a stored game that an older fleetd
     accepted) is kept as the refusal, and the game goes FATAL instead of starting."""
@@ -54,6 +60,7 @@ def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: T
             progress_socket=str(settings.progress_socket),
             progress_interval_s=worker.progress_interval_s,
             cpu_threads=cpu_threads,
+            env_threads=env_thread_allotment(settings, cpu_threads),
             device=worker.device,
             gpu=None,  # placed at each spawn (Supervisor._place): the free memory then decides
             seed=game.id,

@@ -271,3 +271,17 @@ def test_a_resumed_model_takes_this_runs_batch_size():
     apply_batch_size(a2c, Plan(DeviceInfo("cpu", "cpu"), num_envs=2, batch_size=64))  # no batch: no-op
     assert not hasattr(a2c, "batch_size")
     env.close()
+
+
+@pytest.mark.parametrize(("overrides", "pool_threads"), [
+    ({"cpu_threads": 1}, 1),  # an older fleetd's spec: EnvPool gets the torch allotment
+    ({"cpu_threads": 1, "env_threads": 2}, 2),  # over the core share
+    ({"cpu_threads": 1, "env_threads": 8}, 2),  # never more than the envs
+])
+def test_envpool_runs_the_spec_env_threads(make_spec, overrides, pool_threads):
+    spec = make_spec(**overrides)
+    venv = make_vec_env(env_config(spec, make_plan(spec, select_device("cpu"))))
+    try:
+        assert venv.pool.config["num_threads"] == pool_threads
+    finally:
+        venv.close()
