@@ -93,6 +93,24 @@ def test_the_first_step_above_a_tier_adds_two_games_at_three_quarters_of_its_env
     assert [r.label for r in build_ladder(tiers)] == ["1x32", "2x32 (light)", "3x32", "3x48", "3x64 (medium)", "5x48", "5x64", "6x64 (heavy)"]
 
 
+def test_equal_tiers_share_one_rung_and_every_tier_name_finds_it() -> None:
+    """An operator's equal tiers (the soak's 3 games of 8 envs at every tier, issue 23): the
+    config allows them, and the daemon died at start (max() of nothing) looking for the light
+    tier's rung, which the ladder had kept under the name heavy."""
+    same = {"games": 3, "num_envs": 8, "batch_size": 256}
+    tiers = {name: same for name in ("light", "medium", "heavy")}
+    for tier in ("light", "medium", "heavy"):
+        fleet = Fleet(tier, tiers=tiers, start_games=4)
+        fleet.tick()
+        assert fleet.governor.rung.key == (3, 8) and fleet.admitted == ["a", "b", "c"], tier
+    light_is_medium = {"light": TierSettings(games=2, num_envs=8, batch_size=256),
+                       "medium": TierSettings(games=2, num_envs=8, batch_size=256),
+                       "heavy": TierSettings(games=4, num_envs=8, batch_size=256)}  # fmt: skip
+    fleet = Fleet("light", tiers=light_is_medium, start_games=4)
+    fleet.tick(24 * 60)
+    assert fleet.admitted == ["a", "b"]  # the light tier's top is the merged 2x8 rung, not heavy's
+
+
 def test_a_rung_that_adds_only_slots_nobody_waits_for_is_passed_over() -> None:
     fleet = Fleet("medium")
     fleet.pending = ["a", "b", "c"]

@@ -109,7 +109,10 @@ def _dedupe(rungs: list[Rung]) -> list[Rung]:
 
 
 def tier_rung(ladder: tuple[Rung, ...], tier: str) -> int:
-    return max(i for i, rung in enumerate(ladder) if rung.tier == tier)
+    """The tier's rung: the lowest rung named for it or a tier above it (a tier equal to the one
+    above it shares that tier's rung, which _dedupe keeps under the higher name)."""
+    at_or_above = TIER_NAMES[TIER_NAMES.index(tier):]
+    return min(i for i, rung in enumerate(ladder) if rung.tier in at_or_above)
 
 
 def tier_of(ladder: tuple[Rung, ...], index: int) -> str:
