@@ -155,13 +155,13 @@ HEALTH_EXPLAINED = ("plateau", "collapsed", "rolled_back", "held")
 HEALTH_STYLE = {"plateau": "yellow", "collapsed": "bold red", "rolled_back": "yellow", "held": "bold red"}
 
 
-def health_cell(game: dict[str, Any]) -> str:
+def health_cell(game: dict[str, Any]) -> Text:
     """Its learning health (absent from an older daemon's answer: -), with the rollbacks."""
     health = game.get("health")
     if health is None:
-        return "-"
+        return Text("-")
     text = health + (f" ({game['rollbacks']}x)" if game.get("rollbacks") else "")
-    return f"[{HEALTH_STYLE[health]}]{text}[/]" if health in HEALTH_STYLE else text
+    return Text(text, style=HEALTH_STYLE.get(health, ""))
 
 
 def number(value: float | None, digits: int = 1) -> str:

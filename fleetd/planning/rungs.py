@@ -33,5 +33,6 @@ def named_rung(governor: Governor, name: str) -> RungOption:
         if name in (rung.tier, f"{rung.games}x{rung.num_envs}", rung.label):
             return option(governor, index)
     known = ", ".join(r.label for r in governor.ladder)
-    raise FleetdError(ErrorCode.VALIDATION, f"rung {name!r} is not on this host's ladder; name a tier or one of: {known}",
+    # Not found, not invalid: any name is a well-formed query; this ladder just lacks it.
+    raise FleetdError(ErrorCode.NOT_FOUND, f"rung {name!r} is not on this host's ladder; name a tier or one of: {known}",
                       {"field": "rung", "value": name})  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import NOT_FOUND
 from fleetd.api.schemas import (
     DowntimeOut,
     FleetProjectionOut,
@@ -28,7 +29,7 @@ from fleetd.store.records import GameRecord
 router = APIRouter(tags=["projection"])
 
 
-@router.get("/projection", response_model=ProjectionOut)
+@router.get("/projection", response_model=ProjectionOut, responses=NOT_FOUND)
 def read_projection(
     rung: str | None = Query(None, max_length=64, description="plan at this rung: a tier name or GAMESxENVS"),
     context: AppContext = Depends(get_context),
