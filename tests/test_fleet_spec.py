@@ -47,6 +47,8 @@ def error_of(response, status: int) -> dict:
 
 
 def patch(client: TestClient, body: dict, name: str = "cart", **params):
+    """Hyperparameters come with the game's algorithm (every game here is PPO)."""
+    body = body | {"algo": "ppo"} if "hyperparams" in body and "algo" not in body else body
     return client.patch(f"/api/v1/games/{name}", json=body, params=params)
 
 
@@ -126,6 +128,17 @@ def test_restart_is_asked_for_training_settings_of_a_running_game(client: TestCl
     game = patch(client, {"hyperparams": {"ent_coef": 0.01}}, restart="true").json()
     assert game["restarting"] is True and context.supervisor.commands[-2:] == ["Reconcile", "RestartGame"]
     assert events(client, "settings_changed")[0]["details"]["restart"] is True
+
+
+def test_patch_names_the_games_algo_beside_hyperparameters(client: TestClient) -> None:
+    client.post("/api/v1/games", json=CART)
+    bare = client.patch("/api/v1/games/cart", json={"hyperparams": {"learning_rate": 0.01}})
+    problem = error_of(bare, 422)["details"]["errors"][0]
+    assert problem["field"] == "algo" and "'ppo'" in problem["reason"], problem
+    other = error_of(patch(client, {"algo": "dqn", "hyperparams": {"learning_starts": 10}}), 409)
+    assert other["details"]["errors"][0]["field"] == "algo" and "cannot change 'ppo' to 'dqn'" in other["message"]
+    assert patch(client, {"algo": "ppo", "priority": 2}).json()["changes"] == [
+        {"field": "priority", "old": 0, "new": 2}]  # algo is no setting: not a change
 
 
 def test_patch_of_an_unknown_game_is_404(client: TestClient) -> None:

@@ -106,7 +106,8 @@ def set_settings(
     body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key != "hyperparams"}
     hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items() if key not in body}
     if hyperparams:
-        body["hyperparams"] = _merged(ask(config, f"/api/v1/games/{name}")["hyperparams"], hyperparams)
+        game = ask(config, f"/api/v1/games/{name}")
+        body["algo"], body["hyperparams"] = game["algo"], _merged(game["hyperparams"], hyperparams)
     params = {"restart": str(restart).lower()}
     game = call(config, lambda client: client.request("PATCH", f"/api/v1/games/{name}", json=body, params=params))
     if json_out:
