@@ -184,6 +184,16 @@ def test_apply_updates_what_differs_and_leaves_unnamed_games_alone(client: TestC
     assert "RestartGame" not in context.supervisor.commands  # no --restart: at the next start
 
 
+def test_the_plan_says_what_priority_does_not_that_it_waits_for_a_start(client: TestClient) -> None:
+    put_spec(client, FLEET)
+    notes = {g["name"]: g["note"] for g in put_spec(client, [FLEET[0] | {"priority": 9}]).json()["games"]}
+    assert "next start" not in notes["cart"]  # the issue: priority read as a training setting
+    assert "orders the pending queue" in notes["cart"] and "preempt_min_run_s" in notes["cart"]
+    assert "fleetd games start NAME --now" in notes["cart"]
+    both = put_spec(client, [FLEET[0] | {"priority": 1, "hyperparams": {"n_epochs": 2}}]).json()["games"][0]["note"]
+    assert both.startswith("settings apply at its next start; priority takes effect at the governor's next step")
+
+
 def test_dry_run_reports_the_plan_and_writes_nothing(client: TestClient) -> None:
     before = events(client)
     response = put_spec(client, FLEET, dry_run="true")
