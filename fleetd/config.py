@@ -208,6 +208,12 @@ class FleetSettings(_Section):
     # An unclean reboot at a rung stable this long (whole windows since its last instability)
     # is an outside event (a power cut, maintenance): every admitted game comes back.
     reboot_outside_after_s: float = Field(7200.0, gt=0)
+    # Priority pre-empts at the governor's step: a pending game of higher priority takes the
+    # slot of a lower-priority running game once that one has held its slot this long (it
+    # writes a final checkpoint and goes pending). false: priority only orders the queue, and
+    # only `games start NAME --now` takes a running game's slot (docs/governor.md#priority).
+    preempt: bool = True
+    preempt_min_run_s: float = Field(900.0, ge=0)
     # Crashes of this many different running games within the window count as instability
     # (a crash before the worker is up, startsecs, is the game's own fault: never counted).
     crash_games: int = Field(2, ge=1)

@@ -110,8 +110,21 @@ def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, ca
     if not changes:
         return GamePlan(entry.name, "none", note="unchanged")
     again = will_restart(game, changes, restart) and entry.desired is Desired.RUNNING
-    when = "restarts now from a final checkpoint" if again else "settings apply at its next start"
-    return GamePlan(entry.name, "update", changes, note=when, restarting=again)
+    return GamePlan(entry.name, "update", changes, note=_when(changes, again), restarting=again)
+
+
+PRIORITY_NOTE = ("priority takes effect at the governor's next step: it orders the pending queue, and a pending "
+                 "game that outranks a running one takes its slot once that one has held it [fleet] "
+                 "preempt_min_run_s (unless [fleet] preempt = false); `fleetd games start NAME --now` takes it at once")
+
+
+def _when(changes: list[SettingChange], again: bool) -> str:
+    """What the plan says of an update: training settings wait for a start, priority does not."""
+    fields = {change.field for change in changes} - {"desired"}
+    training = "restarts now from a final checkpoint" if again else "settings apply at its next start"
+    if "priority" not in fields:
+        return training
+    return PRIORITY_NOTE if fields == {"priority"} else f"{training}; {PRIORITY_NOTE}"
 
 
 def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:

@@ -99,6 +99,16 @@ def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -
                               {"errors": [{"field": f"{prefix}{field}", "reason": reason}]})
 
 
+def check_algo(game: GameRecord, values: Mapping[str, Any]) -> None:
+    """PATCH names the game's algorithm beside hyperparameters (the schema checks their keys as
+    that algorithm's); it is not a setting: another one is a conflict, as in a fleet file."""
+    if "algo" in values:
+        check_identity(game, game.env_id, values["algo"])
+    elif "hyperparams" in values:
+        refuse_field("algo", f"required with hyperparams: the game's algorithm ({game.algo!r}), whose keys "
+                             f"they must be; send \"algo\": \"{game.algo}\"")
+
+
 def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Mapping[str, Any],
                    changes: list[SettingChange], restart: bool) -> GameRecord:
     """Store the new settings and the event naming old and new values (the caller checked them);
@@ -129,6 +139,7 @@ def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, 
     wanted = with_defaults(values)
     with db.transaction() as session:
         game = game_store.read_game(session, name)
+        check_algo(game, values)
         changes = setting_changes(game, wanted)
         if not changes:
             return game, []

@@ -10,16 +10,38 @@ from pydantic.fields import FieldInfo
 
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
-from workers.protocol.spec import Hyperparams
+from workers.protocol.spec import Hyperparams, algo_refusal
 
 ALGOS = ("ppo", "dqn", "a2c")
+DEFAULT_ALGO = "ppo"
 
 
-def hyperparams_schema() -> dict[str, Any]:
-    """The worker's own hyperparameter model as the API documents it: every key it knows, with
-    its type and bound, and no other (a key is left out rather than set to null)."""
+def hyperparams_schema(algo: str | None = None) -> dict[str, Any]:
+    """The worker's own hyperparameter model as the API documents it: every key it knows (or,
+    given `algo`, every key that algorithm takes: workers/protocol/spec.py RESUMABLE), with its
+    type and bound, and no other (a key is left out rather than set to null)."""
     schema = Hyperparams.model_json_schema()
-    return _without_nulls(schema, schema.pop("$defs", {}))
+    schema = _without_nulls(schema, schema.pop("$defs", {}))
+    if algo is not None:
+        schema["title"] = f"{algo.upper()} hyperparameters"
+        schema["properties"] = {key: value for key, value in schema["properties"].items()
+                                if algo_refusal(key, algo) is None}
+    return schema
+
+
+def _algo_branch(algo: str, hyperparams: str = "hyperparams") -> dict[str, Any]:
+    """One arm of the union keyed by `algo`: that algorithm, and its hyperparameters only."""
+    branch: dict[str, Any] = {"title": f"{algo.upper()} game",
+                              "properties": {"algo": {"const": algo}, hyperparams: hyperparams_schema(algo)}}
+    if algo != DEFAULT_ALGO:
+        branch["required"] = ["algo"]  # left out, algo is ppo: only ppo's arm takes that body
+    return branch
+
+
+def per_algo_schema(schema: dict[str, Any]) -> None:
+    """json_schema_extra of a game body: hyperparameters per algorithm, a union keyed by `algo`
+    (docs/operations.md#changing-a-game). Exactly one arm matches any body: `algo`'s."""
+    schema["oneOf"] = [_algo_branch(algo) for algo in ALGOS]
 
 
 def _without_nulls(node: Any, defs: dict[str, Any]) -> Any:
@@ -54,7 +76,7 @@ def _not_bool(value: Any) -> Any:
 class GameSpec(BaseModel):
     """Unknown fields are refused: a typo is an error, not a silent default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=per_algo_schema)
 
     # The validator gives the rule in words; the pattern documents it in the OpenAPI schema.
     name: Annotated[str, AfterValidator(check_game_name)] = Field(
@@ -99,8 +121,18 @@ def _optional(name: str) -> tuple[Any, FieldInfo]:
     return annotation, FieldInfo.merge_field_infos(field, default=None, default_factory=None)
 
 
+def _settings_schema(schema: dict[str, Any]) -> None:
+    """A PATCH body's union: no algo and no hyperparameters, or `algo` (the game's, required)
+    with that algorithm's hyperparameters."""
+    neither = {"title": "no hyperparameters", "not": {"anyOf": [{"required": ["algo"]}, {"required": ["hyperparams"]}]}}
+    schema["oneOf"] = [neither, *({**_algo_branch(algo), "required": ["algo"]} for algo in ALGOS)]
+
+
 class _SettingsBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_settings_schema)
+    algo: Literal["ppo", "dqn", "a2c"] = Field(None, description=(  # type: ignore[assignment]
+        "the game's algorithm, required with `hyperparams` so that the schema checks their keys as "
+        "that algorithm's; not a setting (another algorithm than the game's: 409)"))
     _not_bool = field_validator(*NUMBERS, mode="before", check_fields=False)(_not_bool)
 
 
@@ -108,6 +140,6 @@ GameSettings = create_model(
     "GameSettings", __base__=_SettingsBase, __doc__="""The settings to change; a key left out stays as
     it is. null sets a field back to its default: no goal (`total_timesteps`, `target_episodes`),
     [worker]'s checkpoint interval, priority 0. `hyperparams` replaces the game's overrides as a
-    whole (`{}`: none).""",
+    whole (`{}`: none) and comes with `algo`, the game's algorithm.""",
     **{name: _optional(name) for name in SETTABLE},
 )

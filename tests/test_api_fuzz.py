@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 import schemathesis
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import CHECKS as ALL_CHECKS
 from schemathesis.checks import load_all_checks
@@ -26,7 +28,7 @@ from fleetd.config import Settings
 from fleetd.store.games import create_game, update_game_state
 from fleetd.store.records import GameDraft
 from tests.api_context import CATALOG, shared_context
-from workers.protocol.spec import algo_refusal
+from workers.protocol.spec import ALL_ALGOS, Hyperparams, algo_refusal
 
 TOKEN = "f" * 32
 MAX_EXAMPLES = 25  # per operation; with the schema's explicit examples and its boundary cases
@@ -95,7 +97,7 @@ def _new_games(case) -> list[dict]:
     if case.method == "POST" and case.path == "/api/v1/games":
         return [body]
     if case.method == "PATCH" and case.path == "/api/v1/games/{name}":
-        return [body | {"algo": "ppo"}]
+        return [body]
     if case.method == "PUT" and case.path == "/api/v1/fleet/spec" and isinstance(body.get("games"), list):
         return [game for game in body["games"] if isinstance(game, dict) and game.get("absent") is not True]
     return []
@@ -107,8 +109,8 @@ def _unknown_env(case) -> bool:
 
 
 def _foreign_hyperparams(case) -> bool:
-    """A hyperparameter of another algorithm (`learning_starts` for PPO): the schema has one
-    hyperparameter model for all three; fleetd refuses such a key, naming it."""
+    """A hyperparameter of another algorithm (`learning_starts` for PPO): the schema refuses it
+    (hyperparameters are a union keyed by `algo`), and so does fleetd, naming it."""
     for game in _new_games(case):
         algo, hyperparams = game.get("algo", "ppo"), game.get("hyperparams")
         if isinstance(algo, str) and isinstance(hyperparams, dict) and any(algo_refusal(k, algo) for k in hyperparams):
@@ -121,7 +123,7 @@ def _false_positives(case) -> list:
     whether it names an environment fleetd can make is a fact of the installed registries, not
     of the schema, so a well-formed unknown id is refused (422, naming the field) though the
     schema accepts it. That it is refused is checked above instead."""
-    return [POSITIVE_DATA_ACCEPTANCE] if _unknown_env(case) or _foreign_hyperparams(case) or _misfed_link(case) or _model_upload(case) else []
+    return [POSITIVE_DATA_ACCEPTANCE] if _unknown_env(case) or _misfed_link(case) or _model_upload(case) else []
 
 
 def _model_upload(case) -> bool:
@@ -136,6 +138,59 @@ def _misfed_link(case) -> bool:
     422 for that string as a refusal of valid data. The value breaks the schema; not a bug."""
     value = (case.path_parameters or {}).get("boot_pk")
     return value is not None and not str(value).isdigit()
+
+
+# -- hyperparameters per algorithm: the schema says what fleetd keeps, key by key -------------
+
+DOCUMENT = openapi_document()
+SAMPLE = {"num_envs": 2, "batch_size": 8, "n_steps": 16, "n_epochs": 2, "learning_rate": 0.001, "gamma": 0.9,
+          "gae_lambda": 0.9, "clip_range": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5,
+          "buffer_size": 1000, "learning_starts": 10, "train_freq": 4, "gradient_steps": 1,
+          "target_update_interval": 100, "exploration_fraction": 0.1, "exploration_final_eps": 0.05,
+          "policy": "MlpPolicy", "policy_kwargs": {"net_arch": [8]}, "normalize": False, "save_replay_buffer": False,
+          "replay_buffer_max_bytes": 0, "schedule_timesteps": 1000, "frame_stack": 2, "max_episode_steps": 100,
+          "eval_interval_steps": 1000, "eval_episodes": 1}
+
+
+def _body_schema(path: str, method: str) -> jsonschema.Validator:
+    media = DOCUMENT["paths"][path][method]["requestBody"]["content"]["application/json"]
+    root = {**media["schema"], "components": DOCUMENT["components"]}
+    return jsonschema.Draft202012Validator(root)
+
+
+def _bodies(algo: str, hyperparams: dict) -> dict[tuple[str, str], dict]:
+    game = {"name": "new", "env_id": "CartPole-v1", "algo": algo, "hyperparams": hyperparams}
+    return {("/api/v1/games", "post"): game, ("/api/v1/fleet/spec", "put"): {"games": [game]},
+            ("/api/v1/games/{name}", "patch"): {"algo": algo, "hyperparams": hyperparams}}
+
+
+def test_every_sample_key_is_a_hyperparameter() -> None:
+    assert set(SAMPLE) == set(Hyperparams.model_fields)
+
+
+@pytest.mark.parametrize("algo", ALL_ALGOS)
+def test_the_schema_takes_a_hyperparameter_exactly_when_fleetd_does(algo: str, app: FastAPI) -> None:
+    """For POST and PATCH of a game and PUT of the fleet spec, each key with each algorithm:
+    the schema allows it if and only if the server's rule (algo_refusal) does. Then the server
+    agrees on the POSTs, each key sent alone (the fuzzer sends them at random)."""
+    for key, value in SAMPLE.items():
+        takes = algo_refusal(key, algo) is None
+        for (path, method), body in _bodies(algo, {key: value}).items():
+            assert _body_schema(path, method).is_valid(body) == takes, (path, method, algo, key)
+    client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    for key, value in SAMPLE.items():
+        dry = client.put("/api/v1/fleet/spec", params={"dry_run": "true"}, json=_bodies(algo, {key: value})[
+            ("/api/v1/fleet/spec", "put")])
+        assert (dry.status_code == 200) == (algo_refusal(key, algo) is None), (algo, key, dry.text)
+
+
+def test_a_patch_without_algo_takes_no_hyperparameters_in_the_schema() -> None:
+    patch = _body_schema("/api/v1/games/{name}", "patch")
+    assert patch.is_valid({"priority": 1}) and patch.is_valid({"algo": "dqn", "priority": 1})
+    assert not patch.is_valid({"hyperparams": {"learning_rate": 0.1}})  # which algorithm's keys?
+    post = _body_schema("/api/v1/games", "post")
+    assert post.is_valid({"name": "n", "env_id": "CartPole-v1", "hyperparams": {"n_epochs": 2}})  # ppo by default
+    assert not post.is_valid({"name": "n", "env_id": "CartPole-v1", "hyperparams": {"learning_starts": 2}})
 
 
 STATEFUL_EXAMPLES = 15  # scenarios of up to STATEFUL_STEPS linked calls

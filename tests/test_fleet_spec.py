@@ -47,6 +47,8 @@ def error_of(response, status: int) -> dict:
 
 
 def patch(client: TestClient, body: dict, name: str = "cart", **params):
+    """Hyperparameters come with the game's algorithm (every game here is PPO)."""
+    body = body | {"algo": "ppo"} if "hyperparams" in body and "algo" not in body else body
     return client.patch(f"/api/v1/games/{name}", json=body, params=params)
 
 
@@ -128,6 +130,17 @@ def test_restart_is_asked_for_training_settings_of_a_running_game(client: TestCl
     assert events(client, "settings_changed")[0]["details"]["restart"] is True
 
 
+def test_patch_names_the_games_algo_beside_hyperparameters(client: TestClient) -> None:
+    client.post("/api/v1/games", json=CART)
+    bare = client.patch("/api/v1/games/cart", json={"hyperparams": {"learning_rate": 0.01}})
+    problem = error_of(bare, 422)["details"]["errors"][0]
+    assert problem["field"] == "algo" and "'ppo'" in problem["reason"], problem
+    other = error_of(patch(client, {"algo": "dqn", "hyperparams": {"learning_starts": 10}}), 409)
+    assert other["details"]["errors"][0]["field"] == "algo" and "cannot change 'ppo' to 'dqn'" in other["message"]
+    assert patch(client, {"algo": "ppo", "priority": 2}).json()["changes"] == [
+        {"field": "priority", "old": 0, "new": 2}]  # algo is no setting: not a change
+
+
 def test_patch_of_an_unknown_game_is_404(client: TestClient) -> None:
     assert error_of(patch(client, {"priority": 1}, name="nope"), 404)["code"] == "not_found"
 
@@ -169,6 +182,16 @@ def test_apply_updates_what_differs_and_leaves_unnamed_games_alone(client: TestC
     assert client.get("/api/v1/games/dqn").json()["desired"] == "running"
     assert client.get("/api/v1/games/other").status_code == 200
     assert "RestartGame" not in context.supervisor.commands  # no --restart: at the next start
+
+
+def test_the_plan_says_what_priority_does_not_that_it_waits_for_a_start(client: TestClient) -> None:
+    put_spec(client, FLEET)
+    notes = {g["name"]: g["note"] for g in put_spec(client, [FLEET[0] | {"priority": 9}]).json()["games"]}
+    assert "next start" not in notes["cart"]  # the issue: priority read as a training setting
+    assert "orders the pending queue" in notes["cart"] and "preempt_min_run_s" in notes["cart"]
+    assert "fleetd games start NAME --now" in notes["cart"]
+    both = put_spec(client, [FLEET[0] | {"priority": 1, "hyperparams": {"n_epochs": 2}}]).json()["games"][0]["note"]
+    assert both.startswith("settings apply at its next start; priority takes effect at the governor's next step")
 
 
 def test_dry_run_reports_the_plan_and_writes_nothing(client: TestClient) -> None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+from fleetd.game_settings import update_settings
 from fleetd.games import set_desired
 from fleetd.governor.admission import Admission
 from fleetd.states import Desired, Shown, State
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.store.events import EventFilter, read_events
 from fleetd.supervision.supervisor import Reconcile, StartGame
+from tests.api_context import CATALOG
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 
 
@@ -189,3 +191,61 @@ def test_an_added_game_says_its_state_and_why_it_waits(loop: Loop) -> None:
     stopped = client.post("/api/v1/games?wait=true", json={"name": "later", "env_id": "CartPole-v1", "desired": "stopped"})
     assert stopped.json()["admission"] is None
     assert added_text(stopped.json()) == "added later: stopped (--stopped; fleetd games start later trains it)"
+
+
+# -- priority pre-empts at the governor's step (docs/governor.md#priority) ---------------------
+
+
+def raise_priority(loop: Loop, name: str, priority: int) -> None:
+    update_settings(loop.db, loop.clock, name, {"priority": priority}, CATALOG)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+
+
+def train_for(loop: Loop, seconds: float) -> None:
+    """Time passes while the running games report progress (the hang watchdog stays quiet)."""
+    for _ in range(int(seconds // 60)):
+        loop.clock.advance(60)
+        for name, proc in loop.sup.procs.items():
+            if proc.state is State.RUNNING:
+                loop.report(name, int(loop.clock.monotonic()))
+        loop.steps()
+
+
+def full_fleet_and_a_pending_game(loop: Loop) -> None:
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    assert loop.shown()["c"] is Shown.PENDING
+
+
+def test_a_higher_priority_pending_game_takes_a_slot_once_the_holder_ran_its_minimum(loop: Loop) -> None:
+    full_fleet_and_a_pending_game(loop)
+    raise_priority(loop, "c", 5)
+    train_for(loop, loop.settings.fleet.preempt_min_run_s - 60)
+    assert loop.shown()["c"] is Shown.PENDING and loop.launcher.signals == []
+    train_for(loop, 60)
+    [(pid, sig)] = loop.launcher.signals  # one game stops, with a final checkpoint (SIGTERM)
+    holder = next(name for name in ("a", "b") if loop.sup.procs[name].pid == pid)
+    assert sig == "SIGTERM" and loop.state(holder) is State.STOPPING
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    assert loop.state("c") is State.STARTING and loop.shown()[holder] is Shown.PENDING
+    with loop.db.transaction() as session:
+        messages = [e.message for e in read_events(session, EventFilter(kind="fleet_evict"))]
+    assert any(m.startswith(f"{holder} (priority 0) back to pending: its slot goes to c (pre-empted: priority 5 > 0")
+               for m in messages), messages
+    loop.report("c", 1)
+    train_for(loop, 3 * loop.settings.fleet.preempt_min_run_s)  # the pre-empted game (priority 0) never takes the slot back from c
+    assert loop.state("c") is not State.STOPPING and loop.shown()[holder] is Shown.PENDING
+
+
+def test_equal_priority_never_pre_empts_and_preempt_false_turns_it_off(loop: Loop) -> None:
+    loop.settings = loop.settings.model_copy(update={"fleet": loop.settings.fleet.model_copy(update={"preempt": False})})
+    full_fleet_and_a_pending_game(loop)
+    train_for(loop, 2 * loop.settings.fleet.preempt_min_run_s)
+    assert loop.launcher.signals == [] and loop.shown()["c"] is Shown.PENDING  # equal: the queue waits
+    raise_priority(loop, "c", 5)
+    train_for(loop, 2 * loop.settings.fleet.preempt_min_run_s)
+    assert loop.launcher.signals == [] and loop.shown()["c"] is Shown.PENDING  # off: only --now pre-empts

@@ -8,6 +8,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 from fleetd import __version__
 from fleetd.api.auth import refuse_unknown_query, require_token
@@ -21,11 +22,14 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
 def create_app(context: AppContext) -> FastAPI:
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from assets shipped in the fastapi-offline
+    # wheel (served under /static-offline-docs), not from a CDN: a GPU box is often offline.
+    app = FastAPIOffline(
         title="fleetd",
         version=__version__,
         description="Supervisor for multi-game RL training fleets.",
         docs_url="/docs",
+        redoc_url="/redoc",
     )
     app.state.context = context
     app.state.stopping = threading.Event()  # the daemon's replaces it: follows end as it stops

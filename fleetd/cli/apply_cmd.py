@@ -111,7 +111,7 @@ def set_settings(
                    if key not in body and _health_key(key) is None}
     current = ask(config, f"/api/v1/games/{name}") if hyperparams or health else {}
     if hyperparams:
-        body["hyperparams"] = _merged(current["hyperparams"], hyperparams)
+        body["algo"], body["hyperparams"] = current["algo"], _merged(current["hyperparams"], hyperparams)
     if health:
         body["health_settings"] = _merged(current["health_settings"], health)
     params = {"restart": str(restart).lower()}

@@ -1,13 +1,13 @@
 """The governor in the daemon: its state in the store, its view of the games, its decisions applied.
 
-Runs on the supervisor's thread only; other threads read the snapshot that thread publishes.
-What the governor knows of each game's process is derived afresh at every step from the
-supervisor's live process table (a `GameSlot` list), never kept as a copy that could drift.
-Which games hold a slot (`admitted`) is the governor's own state, persisted in the store.
+Runs on the supervisor's thread only; other threads read the snapshot that thread publishes. What
+the governor knows of each game's process is derived afresh at every step from the supervisor's
+live process table (a `GameSlot` list), never kept as a copy that could drift. Which games hold a
+slot (`admitted`) is the governor's own state, persisted in the store.
 
-On a cluster ([cluster] backend = "ray") each host has a governor of its own: its own rung and
-its rungs' memory, persisted by host name (docs/governor.md, Per-host rungs). The fan-out is
-here, the rules stay in core.py:
+On a cluster ([cluster] backend = "ray") each host has a governor of its own: its own rung and its
+rungs' memory, persisted by host name (docs/governor.md, Per-host rungs). The fan-out is here, the
+rules stay in core.py:
 
 - every game belongs to a home host (given at its first admission wait: the live host with
   the fewest games of its own) and climbs that host's ladder; a host's governor admits its own
@@ -123,6 +123,9 @@ class FleetController:
 
     def admitted(self, name: str) -> bool:
         return name in self._admitted
+
+    def admitted_at(self, name: str) -> datetime | None:
+        return self._admitted.get(name)
 
     def admitted_count(self) -> int:
         return len(self._admitted)
@@ -297,16 +300,12 @@ class FleetController:
         holder = min(holders, key=lambda s: (s.priority, -admitted_at[s.name].timestamp(), -s.created_at.timestamp(), s.name))
         return SlotHolder(holder.name, holder.priority)
 
-    def give_slot(self, holder: SlotHolder, to: str) -> None:
-        """The operator's intent wins over admission order: `holder` goes back to pending and
-        `to` is admitted in its place (on a cluster, on the holder's host). The level does not
-        change: no more games run than before."""
-        command = f"fleetd games start {to} --now"
-        host = self.host_of(holder.name) or LOCAL
+    def give_slot(self, holder: SlotHolder, to: str, why: str | None = None) -> None:
+        """`--now` (or pre-emption, `why`): `holder` goes pending, `to` takes its slot (and host)."""
+        command, host = why or f"fleetd games start {to} --now", self.host_of(holder.name) or LOCAL
         self._apply_placed([
             (host, Decision("evict", f"{holder.name} (priority {holder.priority}) back to pending: its slot goes to {to} ({command})", holder.name)),
-            (host, Decision("admit", f"{to} admitted in {holder.name}'s slot ({command})", to)),
-        ])  # fmt: skip
+            (host, Decision("admit", f"{to} admitted in {holder.name}'s slot ({command})", to))])  # fmt: skip
 
     def yield_slot(self, name: str, message: str) -> None:
         """A game on a plateau with on_plateau = "yield": back to pending; the next step admits

@@ -24,6 +24,7 @@ from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
+from fleetd.governor.preemption import pick_preemption
 from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
 from fleetd.states import LIVE, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
@@ -322,6 +323,7 @@ class Supervisor:
             self._publish()
             return
         self.fleet.govern(self._slots())
+        self._preempt()
         self._size_launches()
         for proc in list(self.procs.values()):
             self._apply_desired(proc)
@@ -656,6 +658,15 @@ class Supervisor:
         self._handovers[name] = holder.name
         self._stop(self.procs[holder.name], f"back to pending: its slot went to {name} (fleetd games start {name} --now)")
         return True
+
+    def _preempt(self) -> None:
+        """A pending game of higher priority takes the slot of a lower-priority one that has held
+        it `[fleet] preempt_min_run_s`, as `--now` would (fleetd/governor/preemption.py)."""
+        chosen = pick_preemption(self._slots(), self.fleet.admitted_at, self.clock.now(), self.settings.fleet)
+        if chosen is not None:
+            why = chosen.why(self.settings.fleet.preempt_min_run_s)
+            self.fleet.give_slot(chosen.holder, chosen.to, f"pre-empted: {why}")
+            self._stop(self.procs[chosen.holder.name], f"back to pending: its slot went to {chosen.to} ({why})")
 
     def _admission(self, name: str) -> Admission:
         """What the start of `name` came to, in the operator's words."""

@@ -32,7 +32,7 @@ def _tell(context: AppContext, restart: list[str]) -> None:
             context.supervisor.submit(RestartGame(name))
 
 
-@router.patch("/games/{name}", response_model=GameChangedOut, responses={**NOT_FOUND, **BAD_BODY})
+@router.patch("/games/{name}", response_model=GameChangedOut, responses={**NOT_FOUND, **BAD_BODY, **CONFLICT})
 def patch_game(
     body: GameSettings,  # type: ignore[valid-type]
     name: str = GameName,
@@ -40,8 +40,9 @@ def patch_game(
     context: AppContext = Depends(get_context),
 ) -> GameChangedOut:
     """Change a game's priority, goals, checkpoint interval or hyperparameters; applied at its
-    next start (or now, with `restart`). A hyperparameter that needs a fresh start is refused
-    (422) once the game has trained. The event `settings_changed` names old and new values."""
+    next start (or now, with `restart`). `hyperparams` come with `algo`, the game's algorithm
+    (422 without it, 409 for another), and are that algorithm's keys only. A hyperparameter
+    that needs a fresh start is refused (422) once the game has trained. The event `settings_changed` names old and new values."""
     values = body.model_dump(include=body.model_fields_set)
     game, changes = update_settings(context.db, context.clock, name, values, context.catalog, restart)
     restarting = will_restart(game, changes, restart)

@@ -1,0 +1,51 @@
+"""Priority at the governor's step: a pending game of higher priority than a running one takes
+its slot, without `--now`, once that game has held its slot `[fleet] preempt_min_run_s`
+(docs/governor.md#priority). Pure: the supervisor applies the choice as it applies `--now`.
+
+The wait bounds the churn: a game admitted now cannot be pre-empted before it has trained that
+long (and written checkpoints), and a game pre-empted goes back to pending with a final
+checkpoint, from which it resumes when a slot is free again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from fleetd.config import FleetSettings
+from fleetd.governor.admission import SlotHolder
+from fleetd.governor.controller import GameSlot
+from fleetd.states import State
+
+
+@dataclass(frozen=True)
+class Preemption:
+    holder: SlotHolder  # the lower-priority running game that goes back to pending
+    to: str  # the pending game that takes its slot
+    priority: int  # `to`'s
+    ran_s: float  # how long `holder` has held its slot
+
+    def why(self, min_run_s: float) -> str:
+        return (f"priority {self.priority} > {self.holder.priority}; {self.holder.name} held its slot "
+                f"{self.ran_s:.0f} s >= [fleet] preempt_min_run_s = {min_run_s:.0f}")
+
+
+def pick_preemption(slots: Sequence[GameSlot], admitted_at: Callable[[str], datetime | None], now: datetime,
+                    settings: FleetSettings) -> Preemption | None:
+    """The oldest of the highest-priority pending games, and the lowest-priority running game
+    (newest admitted among equals) that has run long enough, if the first outranks the second."""
+    if not settings.preempt:
+        return None
+    waiting = [s for s in slots if s.wants_slot and admitted_at(s.name) is None]
+    if not waiting:
+        return None
+    top = min(waiting, key=lambda s: (-s.priority, s.created_at, s.name))
+    held = {s.name: (now - at).total_seconds() for s in slots if (at := admitted_at(s.name)) is not None}
+    ripe = [s for s in slots if s.state is State.RUNNING and held.get(s.name, -1.0) >= settings.preempt_min_run_s]
+    if not ripe:
+        return None
+    low = min(ripe, key=lambda s: (s.priority, held[s.name], s.name))
+    if low.priority >= top.priority:
+        return None
+    return Preemption(SlotHolder(low.name, low.priority), top.name, top.priority, held[low.name])
