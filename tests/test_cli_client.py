@@ -11,6 +11,7 @@ import pytest
 from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import load_settings
+from fleetd.endpoint import Endpoint
 from tests.daemon_harness import free_port
 
 
@@ -25,7 +26,7 @@ def silent_port() -> Iterator[int]:
 
 def client(tmp_path: Path, port: int) -> ApiClient:
     settings = load_settings(state_dir=tmp_path / "state", api={"port": port, "token": "c" * 32})
-    return ApiClient(settings, timeout_s=0.5)
+    return ApiClient(Endpoint.of(settings), timeout_s=0.5)
 
 
 def test_a_daemon_slow_to_answer_is_not_called_absent(tmp_path: Path, silent_port: int) -> None:

@@ -1,8 +1,6 @@
 """`fleetd apply`, `fleetd export-spec` and `fleetd games set`: the fleet as a file, and one
 game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
 
-from __future__ import annotations
-
 import os
 import tempfile
 import tomllib
@@ -11,11 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from fleetd.cli import render
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.cli.games_cmd import games_app, parse_hyperparams
-from fleetd.fleet_spec import to_toml
-from fleetd.game_spec import SETTABLE
+from fleetd.game_fields import SETTABLE
 
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take changed settings.")]
@@ -43,6 +39,8 @@ def apply(
     json_out: JsonOption = False,
 ) -> None:
     """Make the fleet match a file: add or update its games, stop and remove those marked absent."""
+    from fleetd.cli import render
+
     body = read_fleet_file(path)
     params = {"dry_run": str(dry_run).lower(), "restart": str(restart).lower()}
     result = call(config, lambda client: client.request("PUT", "/api/v1/fleet/spec", json=body, params=params))
@@ -77,6 +75,8 @@ def export_spec(
     config: ConfigOption = None,
 ) -> None:
     """Write the fleet as a file that `fleetd apply` takes: applying it changes nothing."""
+    from fleetd.fleet_spec import to_toml  # pydantic and the store: only when it runs
+
     text = to_toml(ask(config, "/api/v1/fleet/spec")["games"])
     if output is None:
         typer.echo(text, nl=False)
@@ -102,6 +102,8 @@ def set_settings(
     json_out: JsonOption = False,
 ) -> None:
     """Change a game's settings; applied at its next start (or now with --restart)."""
+    from fleetd.cli import render
+
     values = parse_hyperparams(pairs, usage="fleetd games set NAME")
     body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key != "hyperparams"}
     hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items() if key not in body}

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.config import Settings
+from fleetd.endpoint import Endpoint
 from fleetd.token import find_token
 
 
@@ -23,14 +23,14 @@ class ClientError(Exception):
 
 
 class ApiClient:
-    def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
-        host = settings.api.host
+    def __init__(self, endpoint: Endpoint, timeout_s: float = 10.0) -> None:
+        host = endpoint.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"  # listening everywhere includes loopback
         if ":" in host:
             host = f"[{host}]"
-        self.base_url = f"http://{host}:{settings.api.port}"
-        self._settings = settings
+        self.base_url = f"http://{host}:{endpoint.port}"
+        self._endpoint = endpoint
         self._timeout_s = timeout_s
 
     def get(self, path: str, **params: Any) -> Any:
@@ -95,7 +95,7 @@ class ApiClient:
             raise self._unreachable(exc) from None
 
     def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {find_token(self._settings)}"}
+        return {"Authorization": f"Bearer {find_token(self._endpoint)}"}
 
     def _unreachable(self, exc: Exception) -> ClientError:
         return ClientError(

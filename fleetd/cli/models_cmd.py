@@ -1,10 +1,7 @@
 """`fleetd games import` and `fleetd games export`: plain stable-baselines3 models in and out."""
 
-from __future__ import annotations
-
 import json
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +10,6 @@ import typer
 from fleetd.cli.common import ConfigOption, JsonOption, call, fail
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
-from workers.bundle import BUNDLE_FILES, METADATA, MODEL, REPLAY_BUFFER, VECNORMALIZE
 
 TRANSFER_TIMEOUT_S = 1800.0  # the daemon checks the model in a subprocess; a replay buffer is slow
 
@@ -41,6 +37,8 @@ def import_model(
     json_out: JsonOption = False,
 ) -> None:
     """Start a game from an existing SB3 model: it resumes at the model's step count."""
+    from workers.bundle import REPLAY_BUFFER, VECNORMALIZE
+
     _readable(source, "--from")
     extras = {VECNORMALIZE: _readable(vecnormalize, "--vecnormalize"),
               REPLAY_BUFFER: _readable(replay_buffer, "--replay-buffer")}
@@ -57,6 +55,10 @@ def import_model(
 
 def _bundle(model: Path, extras: dict[str, Path | None], target: Path) -> Path:
     """The model zip itself when it comes alone; else a stored zip of it and its files."""
+    import zipfile
+
+    from workers.bundle import MODEL
+
     present = {name: path for name, path in extras.items() if path is not None}
     if not present:
         return model
@@ -75,6 +77,8 @@ def export_model(
     config: ConfigOption = None,
 ) -> None:
     """Write a game's model as a plain SB3 zip (plus VecNormalize statistics, metadata, README)."""
+    from workers.bundle import METADATA, MODEL
+
     if (out / MODEL).exists():
         fail(f"{out / MODEL} exists: export into an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +94,10 @@ def export_model(
 
 def _extract(archive: Path, out: Path) -> list[str]:
     """Only the bundle's known files, by name: nothing lands outside `out`."""
+    import zipfile
+
+    from workers.bundle import BUNDLE_FILES
+
     with zipfile.ZipFile(archive) as bundle:
         names = [n for n in BUNDLE_FILES if n in bundle.namelist()]
         for name in names:

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetd.states import Desired, Shown
-from fleetd.uptime import format_duration
+from fleetd.durations import format_duration
 
 # Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
 # No markup, no emoji codes: what fleetd prints is stored or configured text, printed as written.

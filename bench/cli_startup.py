@@ -1,0 +1,110 @@
+"""CLI start-up: `fleetd --version`, `fleetd --help` and `fleetd status` against `python -c pass`.
+
+Aims (issue 25 item 2): `--version` and `--help` under 150 ms; `status` under 300 ms plus the
+server's time. Each command runs as a user runs it, a fresh interpreter per run
+(`python -m fleetd ...`), interleaved round by round with `python -c pass` so that load on the
+machine falls on all of them alike; the minimum over the rounds is the figure (the least
+disturbed run), the median is shown beside it. `status` asks a real daemon (no games but two
+stopped ones); its server time is the same requests as `fleetd status` sends
+(games, fleet, uptime, projection), timed from a warm client in this process in the same round.
+
+Run from the repository root:  .venv/bin/python bench/cli_startup.py [--rounds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.daemon_harness import Daemon, DaemonConfig, clean_env, short_tmp_dir  # noqa: E402
+
+STATUS_PATHS = ("/api/v1/games?limit=1000", "/api/v1/fleet", "/api/v1/uptime", "/api/v1/projection")
+AIMS_MS = {"--version": 150.0, "--help": 150.0, "status": 300.0}
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, env=env, check=False)
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, (command, done.stderr.decode()[-2000:])
+    return elapsed
+
+
+def server_time(client: httpx.Client) -> float:
+    started = time.perf_counter()
+    for path in STATUS_PATHS:
+        client.get(path).raise_for_status()
+    return time.perf_counter() - started
+
+
+def measure(config: DaemonConfig, rounds: int) -> dict[str, list[float]]:
+    env = clean_env() | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    commands = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "--version": [sys.executable, "-m", "fleetd", "--version"],
+        "--help": [sys.executable, "-m", "fleetd", "--help"],
+        "status": [sys.executable, "-m", "fleetd", "status", "--config", str(config.path)],
+    }
+    times: dict[str, list[float]] = {name: [] for name in [*commands, "server"]}
+    headers = {"Authorization": f"Bearer {config.token()}"}
+    with httpx.Client(base_url=config.url, headers=headers, timeout=30) as client:
+        server_time(client)  # warm
+        for _ in range(rounds):
+            for name, command in commands.items():
+                times[name].append(timed(command, env))
+            times["server"].append(server_time(client))
+    return times
+
+
+def report(times: dict[str, list[float]]) -> str:
+    ms = {name: [t * 1000 for t in values] for name, values in times.items()}
+    base, server = min(ms["python -c pass"]), min(ms["server"])
+    lines = ["| command | min ms | median ms | min over `python -c pass` | aim |", "|---|---|---|---|---|"]
+    for name, values in ms.items():
+        aim = AIMS_MS.get(name)
+        over = "" if name in ("python -c pass", "server") else f"{min(values) - base:.0f}"
+        if name == "status":
+            cli = min(values) - server
+            aim_text = f"{cli:.0f} ms without the server's {server:.0f} ms; aim < {aim:.0f}: {'met' if cli < aim else 'MISSED'}"
+        elif aim is not None:
+            aim_text = f"< {aim:.0f}: {'met' if min(values) < aim else 'MISSED'}"
+        else:
+            aim_text = ""
+        lines.append(f"| {name} | {min(values):.0f} | {statistics.median(values):.0f} | {over} | {aim_text} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+    config = DaemonConfig(short_tmp_dir())
+    config.write()
+    config.set_boot_id("bench-boot")
+    daemon = Daemon(config, env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    try:
+        daemon.wait_healthy()
+        for name in ("pong", "cart"):
+            daemon.post("/api/v1/games", {"name": name, "env_id": "CartPole-v1", "desired": "stopped"}).raise_for_status()
+        times = measure(config, args.rounds)
+    finally:
+        daemon.ensure_stopped()
+        shutil.rmtree(config.root, ignore_errors=True)
+    print(f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"{args.rounds} rounds, load {os.getloadavg()[0]:.2f}")
+    print(report(times))
+
+
+if __name__ == "__main__":
+    main()
