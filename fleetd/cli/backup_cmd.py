@@ -6,6 +6,7 @@ from typing import Annotated, Any
 import typer
 
 from fleetd.cli.help import command_group
+from fleetd.cli.progress import Progress
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, settings_from
 
@@ -18,6 +19,7 @@ def backup_now(config: ConfigOption = None, json_out: JsonOption = False) -> Non
     """Copy new verified checkpoints and an online copy of the database to the target."""
     from fleetd.cli import render
 
+    Progress().step("backing up the database and new checkpoints (the first backup copies every checkpoint) ...")
     run = call(config, lambda client: client.request("POST", "/api/v1/backup", BACKUP_TIMEOUT_S))
     if json_out:
         render.print_json(run)
@@ -64,6 +66,7 @@ def restore(
         lock = lock_state_dir(target_dir)  # and no daemon starts on it halfway through
     except (BackupError, StateDirError) as exc:
         fail(str(exc), ExitCode.CONFIG)
+    Progress().step(f"restoring {source} into {target_dir} (the database, then every checkpoint) ...")
     try:
         done = fill_state_dir(source, target_dir)
     except (BackupError, OSError) as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,9 @@ import httpx
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.endpoint import Endpoint
 from fleetd.token import find_token
+
+
+OnBytes = Callable[[int, int | None], None]
 
 
 class ClientError(Exception):
@@ -67,17 +70,21 @@ class ApiClient:
             return self.request("POST", path, timeout_s, params={k: v for k, v in params.items() if v is not None},
                                 content=body, headers={"Content-Type": "application/zip"})
 
-    def download(self, path: str, target: Path, timeout_s: float, **params: Any) -> None:
-        """GET a file into `target`, streamed."""
+    def download(self, path: str, target: Path, timeout_s: float, on_bytes: OnBytes | None = None,
+                 **params: Any) -> None:
+        """GET a file into `target`, streamed; `on_bytes(done, total)` after each chunk."""
         url = self.base_url + path
         try:
             with httpx.stream("GET", url, params=params, headers=self._auth(), timeout=timeout_s) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise _refused(response)
+                total = int(response.headers["Content-Length"]) if "Content-Length" in response.headers else None
                 with target.open("wb") as out:
                     for chunk in response.iter_bytes():
                         out.write(chunk)
+                        if on_bytes is not None:
+                            on_bytes(out.tell(), total)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
 

@@ -8,6 +8,7 @@ import typer
 
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
+from fleetd.cli.progress import Progress
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.states import Desired, Shown
 
@@ -141,7 +142,8 @@ def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: 
     from fleetd.cli import render
 
     deadline = time.monotonic() + timeout
-    with render.console.status(f"{name}: {what}...") as spinner:
+    Progress().step(f"{name}: {what} ...")  # the spinner below draws only on a terminal
+    with render.err_console.status(f"{name}: {what}...") as spinner:
         while True:
             game = ask(config, f"/api/v1/games/{name}")
             if game["state"] in states:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from fleetd.cli.progress import MIB, Progress
 from fleetd.cli.common import ConfigOption, JsonOption, call, fail
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
@@ -48,6 +49,8 @@ def import_model(
               "desired": str(Desired.STOPPED if stopped else Desired.RUNNING)}
     with tempfile.TemporaryDirectory(prefix="fleetd-import-") as work:
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
+        Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
+                        "the daemon then loads it in a subprocess to check it ...")
         game = call(config, lambda client: client.upload(f"/api/v1/games/{name}/import", upload, params,
                                                          TRANSFER_TIMEOUT_S))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
@@ -82,10 +85,14 @@ def export_model(
     if (out / MODEL).exists():
         fail(f"{out / MODEL} exists: export into an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
+    progress, which = Progress(), "best" if best else "latest"
+    progress.step(f"exporting {name}: the daemon packs its {which} checkpoint (with a replay buffer: minutes) ...")
     with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
         archive = Path(work) / "bundle.zip"
+        on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731
         call(config, lambda client: client.download(f"/api/v1/games/{name}/export", archive, TRANSFER_TIMEOUT_S,
-                                                    which="best" if best else "latest"))
+                                                    on_bytes, which=which))
+        progress.step(f"unpacking into {out}")
         written = _extract(archive, out)
     meta = json.loads((out / METADATA).read_text())
     typer.echo(f"exported {name} ({meta['algo']}, {meta['steps']} steps, {meta['checkpoint']}): "
