@@ -2,7 +2,6 @@
 game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
 
 import os
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -86,6 +85,8 @@ def export_spec(
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    import tempfile
+
     fd, temporary = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
         handle.write(text)

@@ -1,6 +1,5 @@
 """The `fleetd` command. `serve` runs the daemon; the other commands ask it over the API."""
 
-import logging
 from typing import Annotated
 
 import typer
@@ -47,6 +46,8 @@ def _main(
 @app.command()
 def serve(config: ConfigOption = None) -> None:
     """Run the daemon: the store, the boot log, the jobs and the API."""
+    import logging
+
     from fleetd.daemon import Daemon, StartupError
     from fleetd.host import BootIdError
     from fleetd.logs import configure_logging

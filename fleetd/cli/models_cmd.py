@@ -1,7 +1,6 @@
 """`fleetd games import` and `fleetd games export`: plain stable-baselines3 models in and out."""
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +46,8 @@ def import_model(
               "target_episodes": target_episodes, "priority": priority,
               "hyperparams": json.dumps(parse_hyperparams(hp or [])) if hp else None,
               "desired": str(Desired.STOPPED if stopped else Desired.RUNNING)}
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="fleetd-import-") as work:
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
@@ -87,6 +88,8 @@ def export_model(
     out.mkdir(parents=True, exist_ok=True)
     progress, which = Progress(), "best" if best else "latest"
     progress.step(f"exporting {name}: the daemon packs its {which} checkpoint (with a replay buffer: minutes) ...")
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
         archive = Path(work) / "bundle.zip"
         on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731

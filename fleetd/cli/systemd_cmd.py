@@ -1,6 +1,5 @@
 """`fleetd systemd-unit`: print the unit file for this installation."""
 
-import socket
 import sys
 import tomllib
 from importlib.util import find_spec
@@ -74,6 +73,8 @@ def systemd_unit(
         if ray_node:
             if head is None:
                 raise ValueError("--ray-node needs --head HOST:PORT, the Ray head's GCS address")
+            import socket
+
             name = host_name or socket.gethostname().split(".")[0]
             unit = render_ray_node_unit(str(Path(sys.executable).parent / "ray"), head, name, user, storage)
         else:
