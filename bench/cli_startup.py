@@ -10,7 +10,9 @@ far less with the load than wall time does, and on a quiet one wall time is litt
 stopped ones); its server time is the same requests as `fleetd status` sends
 (games, fleet, uptime, projection), timed from a warm client in this process in the same round.
 
-Run from the repository root:  .venv/bin/python bench/cli_startup.py [--rounds 20]
+Run from the repository root:  .venv/bin/python bench/cli_startup.py [--rounds 20] [--compare CHECKOUT]
+(--compare: the same commands from another checkout too, e.g. the commit before the change,
+interleaved in the same rounds; their rows are marked `before`.)
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ def cpu_of_children() -> float:
 
 
 def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU seconds of one run."""
+    """Wall and CPU seconds of one run; in the checkout it is from (`python -m` puts the
+    working directory first on the import path)."""
     cpu, started = cpu_of_children(), time.perf_counter()
-    done = subprocess.run(command, capture_output=True, env=env, check=False)
+    done = subprocess.run(command, capture_output=True, env=env, check=False, cwd=env.get("PYTHONPATH"))
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, (command, done.stderr.decode()[-2000:])
     return elapsed, cpu_of_children() - cpu
@@ -57,21 +60,25 @@ def server_time(client: httpx.Client) -> float:
     return time.perf_counter() - started
 
 
-def measure(config: DaemonConfig, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    env = clean_env() | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    commands = {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        "--version": [sys.executable, "-m", "fleetd", "--version"],
-        "--help": [sys.executable, "-m", "fleetd", "--help"],
-        "status": [sys.executable, "-m", "fleetd", "status", "--config", str(config.path)],
-    }
+def fleetd_commands(config: DaemonConfig, checkout: Path, label: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+    env = clean_env() | {"PYTHONPATH": str(checkout)}
+    fleetd = [sys.executable, "-m", "fleetd"]
+    return {f"--version{label}": ([*fleetd, "--version"], env), f"--help{label}": ([*fleetd, "--help"], env),
+            f"status{label}": ([*fleetd, "status", "--config", str(config.path)], env)}
+
+
+def measure(config: DaemonConfig, rounds: int, before: Path | None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    commands = {"python -c pass": ([sys.executable, "-c", "pass"], clean_env()),
+                **fleetd_commands(config, Path(__file__).resolve().parent.parent, "")}
+    if before is not None:
+        commands |= fleetd_commands(config, before, " (before)")
     times: dict[str, list[float]] = {name: [] for name in [*commands, "server"]}
     cpu: dict[str, list[float]] = {name: [] for name in commands}
     headers = {"Authorization": f"Bearer {config.token()}"}
     with httpx.Client(base_url=config.url, headers=headers, timeout=30) as client:
         server_time(client)  # warm
         for _ in range(rounds):
-            for name, command in commands.items():
+            for name, (command, env) in commands.items():
                 wall, used = timed(command, env)
                 times[name].append(wall)
                 cpu[name].append(used)
@@ -86,9 +93,9 @@ def report(times: dict[str, list[float]], cpu: dict[str, list[float]]) -> str:
     lines = ["| command | wall min ms | wall median ms | wall min over `python -c pass` | CPU min ms | CPU median ms | aim (wall) |",
              "|---|---|---|---|---|---|---|"]
     for name, values in ms.items():
-        aim = AIMS_MS.get(name)
+        aim = AIMS_MS.get(name.split(" (")[0])
         over = "" if name in ("python -c pass", "server") else f"{min(values) - base:.0f}"
-        if name == "status":
+        if name.startswith("status"):
             cli = min(values) - server
             aim_text = f"{cli:.0f} ms without the server's {server:.0f} ms; aim < {aim:.0f}: {'met' if cli < aim else 'MISSED'}"
         elif aim is not None:
@@ -104,6 +111,7 @@ def report(times: dict[str, list[float]], cpu: dict[str, list[float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--compare", type=Path, default=None, help="another checkout: its CLI measured alongside")
     args = parser.parse_args()
     config = DaemonConfig(short_tmp_dir())
     config.write()
@@ -113,7 +121,7 @@ def main() -> None:
         daemon.wait_healthy()
         for name in ("pong", "cart"):
             daemon.post("/api/v1/games", {"name": name, "env_id": "CartPole-v1", "desired": "stopped"}).raise_for_status()
-        times, cpu = measure(config, args.rounds)
+        times, cpu = measure(config, args.rounds, args.compare)
     finally:
         daemon.ensure_stopped()
         shutil.rmtree(config.root, ignore_errors=True)
