@@ -1,3 +1,4 @@
-from fleetd.cli.main import app
+"""The CLI."""
+from fleetd.cli.entry import main
 
-app(prog_name="fleetd")
+main()

@@ -7,7 +7,6 @@ Precedence, highest first: explicit arguments, environment, TOML file, defaults.
 from __future__ import annotations
 
 import ipaddress
-import os
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -21,11 +20,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, MIN_TOKEN_CHARS, TOKEN_FILE,
+                             config_path_from, default_state_dir)
 from fleetd.game_spec import GameSpec
 from workers.protocol.exit_codes import ExitCode
 
-ENV_PREFIX = "FLEETD_"
-ENV_NESTED = "__"
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 
@@ -43,8 +42,8 @@ class _Section(BaseModel):
 
 
 class ApiSettings(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8642, ge=1, le=65535)
+    host: str = DEFAULT_API_HOST
+    port: int = Field(DEFAULT_API_PORT, ge=1, le=65535)
     # Bearer token for /api/v1. Unset: generated on first start into state_dir/api-token.
     token: SecretStr | None = None
     # Requests larger than this are refused with 413 before they are parsed.
@@ -56,7 +55,7 @@ class ApiSettings(_Section):
     @field_validator("token")
     @classmethod
     def _token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 16:
+        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:
             raise ValueError("must be at least 16 characters")
         return value
 
@@ -409,19 +408,13 @@ class GameSeed(GameSpec):
     """A `[[games]]` entry: the same model, bounds and errors as `POST /api/v1/games`."""
 
 
-def _default_state_dir() -> Path:
-    # systemd's StateDirectory= sets $STATE_DIRECTORY (colon-separated when several).
-    from_systemd = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(from_systemd or "/var/lib/fleetd")
-
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid", frozen=True
     )
     toml_file: ClassVar[Path | None] = None
 
-    state_dir: Path = Field(default_factory=_default_state_dir)
+    state_dir: Path = Field(default_factory=default_state_dir)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     api: ApiSettings = ApiSettings()
     host: HostSettings = HostSettings()
@@ -470,7 +463,7 @@ class Settings(BaseSettings):
 
     @property
     def token_path(self) -> Path:
-        return self.state_dir / "api-token"
+        return self.state_dir / TOKEN_FILE
 
     @property
     def backups_dir(self) -> Path:
@@ -505,14 +498,6 @@ class Settings(BaseSettings):
 
     def game_dir(self, name: str) -> Path:
         return self.games_dir / name
-
-
-def config_path_from(explicit: Path | None, environ: dict[str, str] | None = None) -> Path | None:
-    environ = os.environ if environ is None else environ
-    if explicit is not None:
-        return explicit
-    from_env = environ.get(f"{ENV_PREFIX}CONFIG")
-    return Path(from_env) if from_env else None
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
 from pydantic.fields import FieldInfo
 
+from fleetd.game_fields import SETTABLE
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
 from workers.protocol.spec import Hyperparams, algo_refusal
@@ -107,10 +108,6 @@ class GameSpec(BaseModel):
     _not_bool = field_validator(*NUMBERS, mode="before")(_not_bool)
 
 
-# What `PATCH /games/{name}` and `fleetd games set` may change (docs/operations.md#changing-a-game).
-# env_id and algo never change (workers/protocol/spec.py FRESH_START_FIELDS); desired has its
-# own start and stop.
-SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s", "hyperparams", "health_settings")
 
 
 def _optional(name: str) -> tuple[Any, FieldInfo]:

@@ -7,8 +7,12 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fleetd.config import Settings
+from fleetd.endpoint import MIN_TOKEN_CHARS, Endpoint
+
+if TYPE_CHECKING:  # the CLI's fast path never builds the settings tree
+    from fleetd.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +32,11 @@ def ensure_token(settings: Settings) -> str:
     return _read(path)
 
 
-def find_token(settings: Settings) -> str:
+def find_token(endpoint: Endpoint) -> str:
     """For the CLI: the configured token, or the one the daemon stored."""
-    if settings.api.token is not None:
-        return settings.api.token.get_secret_value()
-    path = settings.token_path
+    if endpoint.token is not None:
+        return endpoint.token
+    path = endpoint.token_path
     try:
         exists = path.exists()  # raises when a parent directory cannot be searched
     except OSError as exc:
@@ -73,6 +77,6 @@ def _read(path: Path, owner: bool = True) -> str:
     except OSError as exc:
         reason = f"cannot read the API token {path}: {exc.strerror}" if owner else _unreadable(path, exc)
         raise TokenError(reason) from None
-    if len(token) < 16:
+    if len(token) < MIN_TOKEN_CHARS:
         raise TokenError(f"the API token in {path} is shorter than 16 characters; delete the file to regenerate it")
     return token

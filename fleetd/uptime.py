@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from fleetd.durations import format_duration
 from fleetd.host import HostBoot
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
@@ -164,20 +165,6 @@ def mean_time_between_reboots(boots: list[BootRecord]) -> float | None:
     if not reboots:
         return None
     return sum(r.uptime_before_s for r in reboots) / len(reboots)
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{secs}s"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def test_restore_from_backup_resumes_training(roots, daemons):
 
     done = fleetd_cli(first, "backup", "now", timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "backed up to" in done.stdout
+    assert "backed up to" in done.stdout and done.stderr.startswith("fleetd: backing up the database"), done.stderr
     status = fleetd_cli(first, "backup", "status")
     assert "last database:" in status.stdout and "none since" not in status.stdout, status.stdout
     daemon.terminate()

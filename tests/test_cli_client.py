@@ -11,6 +11,7 @@ import pytest
 from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import load_settings
+from fleetd.endpoint import Endpoint
 from tests.daemon_harness import free_port
 
 
@@ -25,7 +26,7 @@ def silent_port() -> Iterator[int]:
 
 def client(tmp_path: Path, port: int) -> ApiClient:
     settings = load_settings(state_dir=tmp_path / "state", api={"port": port, "token": "c" * 32})
-    return ApiClient(settings, timeout_s=0.5)
+    return ApiClient(Endpoint.of(settings), timeout_s=0.5)
 
 
 def test_a_daemon_slow_to_answer_is_not_called_absent(tmp_path: Path, silent_port: int) -> None:
@@ -41,3 +42,22 @@ def test_no_daemon_is_not_answering(tmp_path: Path) -> None:
     with pytest.raises(ClientError, match="fleetd is not answering on http://127.0.0.1:") as caught:
         client(tmp_path, free_port()).get("/api/v1/games")
     assert caught.value.code == ExitCode.UNAVAILABLE
+
+
+def test_uploads_and_downloads_stream_through_the_real_api(tmp_path: Path) -> None:
+    """The standard-library client (issue 25 item 2) against the real API over HTTP: a streamed
+    upload reaches the route and its refusal comes back whole; a download's refusal too."""
+    from tests.api_context import serving, shared_context
+
+    with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
+        endpoint = Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]), "c" * 32, tmp_path / "state")
+        api = ApiClient(endpoint, timeout_s=30)
+        garbage = tmp_path / "model.zip"
+        garbage.write_bytes(b"not a zip" * 100_000)
+        with pytest.raises(ClientError, match="not a zip") as refused:
+            api.upload("/api/v1/games/cart/import", garbage, {"env_id": "CartPole-v1", "algo": None}, 30)
+        assert refused.value.code == ExitCode.ERROR
+        with pytest.raises(ClientError, match="nosuch") as missing:
+            api.download("/api/v1/games/nosuch/export", tmp_path / "out.zip", 30, which="latest")
+        assert missing.value.code == ExitCode.NOT_FOUND
+        assert api.get("/api/v1/games", limit=10, cursor=None)["items"] == []

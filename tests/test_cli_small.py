@@ -13,6 +13,7 @@ from fleetd import __version__
 from fleetd.cli import render
 from fleetd.cli.main import app
 from tests.daemon_harness import Daemon, clean_env, fleetd_cli
+from tests.test_cli_startup import NEVER, heavy, loaded_by
 from tests.test_api_e2e import daemon  # noqa: F401 - the daemon fixture
 
 
@@ -49,6 +50,8 @@ def test_a_fresh_daemon_as_the_cli_shows_it(daemon: Daemon) -> None:  # noqa: F8
     assert listed.returncode == 0 and "none" in listed.stdout, listed.stdout
     status = fleetd_cli(daemon.config, "status")  # issue 25 item 3: the daemon's own pid, version, uptime
     assert status.returncode == 0, status.stderr
+    # Item 2: asking the daemon loads neither the store nor the settings tree nor the API's server.
+    assert heavy(loaded_by("status", "--config", str(daemon.config.path)), NEVER) == []
     assert status.stdout.startswith(f"daemon: fleetd {__version__}, pid {daemon.process.pid}, up "), status.stdout
     uptime = json.loads(fleetd_cli(daemon.config, "uptime", "--json").stdout)
     assert (uptime["daemon_pid"], uptime["daemon_version"]) == (daemon.process.pid, __version__)

@@ -59,6 +59,7 @@ def test_imported_model_resumes_at_its_step_count_and_exports_for_plain_sb3(conf
     daemon = start_daemon(config, daemons)
     done = fleetd_cli(config, "games", "import", "cart", "CartPole-v1", "--from", str(model_zip), *SMALL, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("fleetd: importing cart: uploading "), done.stderr
     game = daemon.wait_for_game("cart", lambda g: g["state"] == "running" and g["steps"] > steps,
                                 WORKER_START_S, f"training past {steps} steps")
     assert game["algo"] == "ppo"  # detected from the zip
@@ -69,6 +70,9 @@ def test_imported_model_resumes_at_its_step_count_and_exports_for_plain_sb3(conf
     out = tmp_path / "export"
     done = fleetd_cli(config, "games", "export", "cart", "--latest", "-o", str(out), timeout=300)
     assert done.returncode == 0, done.stderr
+    # Issue 25 item 4: what it is doing, on stderr; stdout is the result alone.
+    assert done.stderr.startswith("fleetd: exporting cart: the daemon packs its latest checkpoint"), done.stderr
+    assert f"fleetd: unpacking into {out}" in done.stderr and done.stdout.startswith("exported cart ("), done.stdout
     meta = json.loads((out / "fleetd-export.json").read_text())
     assert meta["env_id"] == "CartPole-v1" and meta["algo"] == "ppo" and meta["steps"] >= steps
     played = play_without_fleetd(out)

@@ -1,21 +1,16 @@
 """`fleetd apply`, `fleetd export-spec` and `fleetd games set`: the fleet as a file, and one
 game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
 
-from __future__ import annotations
-
 import os
-import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from fleetd.cli import render
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.cli.games_cmd import games_app, parse_hyperparams
-from fleetd.fleet_spec import to_toml
-from fleetd.game_spec import SETTABLE
+from fleetd.game_fields import SETTABLE
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 RestartOption = Annotated[bool, typer.Option(
@@ -44,6 +39,8 @@ def apply(
     json_out: JsonOption = False,
 ) -> None:
     """Make the fleet match a file: add or update its games, stop and remove those marked absent."""
+    from fleetd.cli import render
+
     body = read_fleet_file(path)
     params = {"dry_run": str(dry_run).lower(), "restart": str(restart).lower()}
     result = call(config, lambda client: client.request("PUT", "/api/v1/fleet/spec", json=body, params=params))
@@ -78,6 +75,8 @@ def export_spec(
     config: ConfigOption = None,
 ) -> None:
     """Write the fleet as a file that `fleetd apply` takes: applying it changes nothing."""
+    from fleetd.fleet_spec import to_toml  # pydantic and the store: only when it runs
+
     text = to_toml(ask(config, "/api/v1/fleet/spec")["games"])
     if output is None:
         typer.echo(text, nl=False)
@@ -87,6 +86,8 @@ def export_spec(
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    import tempfile
+
     fd, temporary = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
@@ -104,6 +105,8 @@ def set_settings(
     json_out: JsonOption = False,
 ) -> None:
     """Change a game's settings; applied at its next start (or now with --restart)."""
+    from fleetd.cli import render
+
     values = parse_hyperparams(pairs, usage="fleetd games set NAME")
     body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key not in DICTS}
     health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}

@@ -1,14 +1,12 @@
 """`fleetd backup now|status` (asks the daemon) and `fleetd restore FROM` (no daemon)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from fleetd.cli import render
 from fleetd.cli.help import command_group
+from fleetd.cli.progress import Progress
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, settings_from
 
@@ -19,6 +17,9 @@ BACKUP_TIMEOUT_S = 3600.0  # the first backup copies every checkpoint, over the 
 @backup_app.command("now")
 def backup_now(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """Copy new verified checkpoints and an online copy of the database to the target."""
+    from fleetd.cli import render
+
+    Progress().step("backing up the database and new checkpoints (the first backup copies every checkpoint) ...")
     run = call(config, lambda client: client.request("POST", "/api/v1/backup", BACKUP_TIMEOUT_S))
     if json_out:
         render.print_json(run)
@@ -30,6 +31,8 @@ def backup_now(config: ConfigOption = None, json_out: JsonOption = False) -> Non
 @backup_app.command("status")
 def backup_status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """Where backups go and when the last ones were made."""
+    from fleetd.cli import render
+
     status = ask(config, "/api/v1/backup")
     if json_out:
         render.print_json(status)
@@ -63,6 +66,7 @@ def restore(
         lock = lock_state_dir(target_dir)  # and no daemon starts on it halfway through
     except (BackupError, StateDirError) as exc:
         fail(str(exc), ExitCode.CONFIG)
+    Progress().step(f"restoring {source} into {target_dir} (the database, then every checkpoint) ...")
     try:
         done = fill_state_dir(source, target_dir)
     except (BackupError, OSError) as exc:

@@ -1,16 +1,24 @@
-"""The CLI's way to the running daemon: its API, with the token the daemon stored."""
+"""The CLI's way to the running daemon: its API, with the token the daemon stored.
+
+The standard library's http.client, not httpx: a CLI command asks a loopback daemon a few
+plain requests, and httpx's import (with the rich and click its own CLI loads) was a third
+of `fleetd status`'s start-up (docs/benchmarks.md, CLI start-up)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import http.client
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import Any, BinaryIO
+from urllib.parse import urlencode
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.config import Settings
+from fleetd.endpoint import Endpoint
 from fleetd.token import find_token
+
+OnBytes = Callable[[int, int | None], None]
+CHUNK = 256 * 1024
 
 
 class ClientError(Exception):
@@ -23,79 +31,106 @@ class ClientError(Exception):
 
 
 class ApiClient:
-    def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
-        host = settings.api.host
+    def __init__(self, endpoint: Endpoint, timeout_s: float = 10.0) -> None:
+        host = endpoint.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"  # listening everywhere includes loopback
-        if ":" in host:
-            host = f"[{host}]"
-        self.base_url = f"http://{host}:{settings.api.port}"
-        self._settings = settings
+        self._host = host.strip("[]")
+        self.base_url = f"http://{f'[{self._host}]' if ':' in self._host else self._host}:{endpoint.port}"
+        self._endpoint = endpoint
+        self._port = endpoint.port
         self._timeout_s = timeout_s
 
     def get(self, path: str, **params: Any) -> Any:
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+        return self.request("GET", path, params=params)
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self.request("POST", path, json=body)
 
     def delete(self, path: str, **params: Any) -> Any:
-        return self.request("DELETE", path, params={k: v for k, v in params.items() if v is not None})
+        return self.request("DELETE", path, params=params)
 
-    def request(self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        headers = {**kwargs.pop("headers", {}), **self._auth()}
-        url = self.base_url + path
-        timeout = timeout_s or self._timeout_s
-        try:
-            response = httpx.request(method, url, headers=headers, timeout=timeout, **kwargs)
-        except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
-            # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6).
-            raise ClientError(
-                f"fleetd on {self.base_url} accepted the connection but did not answer {method} {path} "
-                f"within {timeout:g} s ({exc.__class__.__name__}); it is running but busy: "
-                "see its log (journalctl -u fleetd), and try again", ExitCode.TEMPFAIL
-            ) from None
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from None
-        if response.status_code >= 400:
-            raise _refused(response)
-        return None if response.status_code == 204 else response.json()
+    def request(self, method: str, path: str, timeout_s: float | None = None, *, params: dict[str, Any] | None = None,
+                json: Any = None, content: BinaryIO | None = None, headers: dict[str, str] | None = None) -> Any:
+        """One request; its JSON answer (None for 204), or ClientError with the daemon's message."""
+        headers, timeout = dict(headers or {}), timeout_s or self._timeout_s
+        body: bytes | BinaryIO | None = content  # None: no body (http.client says Content-Length: 0)
+        if json is not None:
+            body, headers["Content-Type"] = _dumps(json), "application/json"
+        with self._exchange(method, path, params, body, headers, timeout, timeout) as response:
+            data = self._read(response, method, path, timeout)
+        return None if response.status == 204 else _loads(data)
 
     def upload(self, path: str, source: Path, params: dict[str, Any], timeout_s: float) -> Any:
         """POST a file as the body, streamed (a model can be gigabytes)."""
         with source.open("rb") as body:
-            return self.request("POST", path, timeout_s, params={k: v for k, v in params.items() if v is not None},
-                                content=body, headers={"Content-Type": "application/zip"})
+            headers = {"Content-Type": "application/zip", "Content-Length": str(source.stat().st_size)}
+            return self.request("POST", path, timeout_s, params=params, content=body, headers=headers)
 
-    def download(self, path: str, target: Path, timeout_s: float, **params: Any) -> None:
-        """GET a file into `target`, streamed."""
-        url = self.base_url + path
-        try:
-            with httpx.stream("GET", url, params=params, headers=self._auth(), timeout=timeout_s) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _refused(response)
-                with target.open("wb") as out:
-                    for chunk in response.iter_bytes():
-                        out.write(chunk)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from None
+    def download(self, path: str, target: Path, timeout_s: float, on_bytes: OnBytes | None = None,
+                 **params: Any) -> None:
+        """GET a file into `target`, streamed; `on_bytes(done, total)` after each chunk."""
+        with self._exchange("GET", path, params, None, {}, timeout_s, timeout_s) as response:
+            length = response.getheader("Content-Length")
+            with target.open("wb") as out:
+                for chunk in self._chunks(response, "GET", path, timeout_s):
+                    out.write(chunk)
+                    if on_bytes is not None:
+                        on_bytes(out.tell(), int(length) if length else None)
 
     def stream(self, path: str, params: dict[str, Any], read_timeout_s: float | None) -> Iterator[bytes]:
         """GET a response as it comes (a followed log): its bytes, chunk by chunk."""
-        timeout = httpx.Timeout(self._timeout_s, read=read_timeout_s)
+        with self._exchange("GET", path, params, None, {}, self._timeout_s, read_timeout_s) as response:
+            yield from self._chunks(response, "GET", path, read_timeout_s, partial=True)
+
+    # -- one exchange ----------------------------------------------------------------------------
+
+    def _exchange(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | BinaryIO | None,
+                  headers: dict[str, str], timeout_s: float, read_timeout_s: float | None) -> _Exchange:
+        """Connect (within `timeout_s`), send, and take the answer's head (each socket wait
+        within `read_timeout_s`; None: as long as it takes, a followed log)."""
+        query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+        target = path + (f"?{query}" if query else "")
+        connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
         try:
-            with httpx.stream("GET", self.base_url + path, params={k: v for k, v in params.items() if v is not None},
-                              headers=self._auth(), timeout=timeout) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise _refused(response)
-                yield from response.iter_bytes()
-        except httpx.TransportError as exc:
+            connection.connect()
+        except OSError as exc:  # refused, no route, or no answer to the connect itself
+            connection.close()
+            raise self._unreachable(exc) from None
+        if connection.sock is not None:
+            connection.sock.settimeout(read_timeout_s)
+        try:
+            connection.request(method, target, body=body, headers={**headers, **self._auth()})
+            response = connection.getresponse()
+        except TimeoutError as exc:
+            connection.close()
+            raise _busy(self.base_url, method, path, timeout_s, exc) from None
+        except OSError as exc:
+            connection.close()
+            raise self._unreachable(exc) from None
+        if response.status >= 400:
+            data = self._read(response, method, path, timeout_s)
+            connection.close()
+            raise _refused(response.status, data)
+        return _Exchange(connection, response)
+
+    def _read(self, response: http.client.HTTPResponse, method: str, path: str, timeout_s: float | None) -> bytes:
+        return b"".join(self._chunks(response, method, path, timeout_s))
+
+    def _chunks(self, response: http.client.HTTPResponse, method: str, path: str, timeout_s: float | None,
+                partial: bool = False) -> Iterator[bytes]:
+        """The body as it arrives; `partial`: hand on whatever came (a followed log) rather than
+        waiting for full chunks."""
+        try:
+            while chunk := (response.read1(CHUNK) if partial else response.read(CHUNK)):
+                yield chunk
+        except TimeoutError as exc:
+            raise _busy(self.base_url, method, path, timeout_s or 0.0, exc) from None
+        except (OSError, http.client.HTTPException) as exc:
             raise self._unreachable(exc) from None
 
     def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {find_token(self._settings)}"}
+        return {"Authorization": f"Bearer {find_token(self._endpoint)}"}
 
     def _unreachable(self, exc: Exception) -> ClientError:
         return ClientError(
@@ -104,17 +139,47 @@ class ApiClient:
         )
 
 
+class _Exchange:
+    """A response with its connection, closed together."""
+
+    def __init__(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        self.connection, self.response = connection, response
+
+    def __enter__(self) -> http.client.HTTPResponse:
+        return self.response
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.close()
+
+
+def _busy(base_url: str, method: str, path: str, timeout_s: float, exc: Exception) -> ClientError:
+    # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6).
+    return ClientError(
+        f"fleetd on {base_url} accepted the connection but did not answer {method} {path} "
+        f"within {timeout_s:g} s ({exc.__class__.__name__}); it is running but busy: "
+        "see its log (journalctl -u fleetd), and try again", ExitCode.TEMPFAIL
+    )
+
+
 # What an HTTP refusal means to a script; any other 4xx or 5xx is ExitCode.ERROR.
 REFUSALS = {401: ExitCode.NOPERM, 403: ExitCode.NOPERM, 404: ExitCode.NOT_FOUND, 503: ExitCode.TEMPFAIL}
 
 
-def _refused(response: httpx.Response) -> ClientError:
-    return ClientError(_error_message(response), REFUSALS.get(response.status_code, ExitCode.ERROR))
+def _refused(status: int, data: bytes) -> ClientError:
+    return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR))
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(status: int, data: bytes) -> str:
     try:
-        error = response.json()["error"]
-        return f"{error['message']} ({error['code']}, HTTP {response.status_code})"
+        error = json.loads(data)["error"]
+        return f"{error['message']} ({error['code']}, HTTP {status})"
     except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}: {response.text[:200]}"
+        return f"HTTP {status}: {data[:200].decode(errors='replace')}"
+
+
+def _dumps(document: Any) -> bytes:
+    return json.dumps(document).encode()
+
+
+def _loads(data: bytes) -> Any:
+    return json.loads(data) if data else None

@@ -1,17 +1,21 @@
-"""What every CLI command shares: options, the settings, the API client, failing clearly."""
+"""What every CLI command shares: options, the settings, the API client, failing clearly.
 
-from __future__ import annotations
+Light to import: `fleetd --help` and `--version` load only this and typer. The API client
+(httpx), the settings tree (pydantic-settings) and the tables (rich) are imported by the
+command that uses them, when it runs (docs/benchmarks.md, CLI start-up)."""
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.config import ConfigError, Settings, config_path_from, load_settings
-from fleetd.token import TokenError
+from fleetd.endpoint import Endpoint, EndpointUnclear, config_path_from, read_endpoint
+
+if TYPE_CHECKING:
+    from fleetd.cli.client import ApiClient
+    from fleetd.config import Settings
 
 ConfigOption = Annotated[
     Path | None,
@@ -25,7 +29,9 @@ def fail(message: str, code: int = ExitCode.ERROR) -> NoReturn:
     raise typer.Exit(code)
 
 
-def settings_from(config: Path | None) -> tuple[Settings, Path | None]:
+def settings_from(config: Path | None) -> "tuple[Settings, Path | None]":
+    from fleetd.config import ConfigError, load_settings
+
     path = config_path_from(config)
     try:
         return load_settings(path), path
@@ -33,11 +39,28 @@ def settings_from(config: Path | None) -> tuple[Settings, Path | None]:
         fail(str(exc), ExitCode.CONFIG)
 
 
-def call(config: Path | None, action: Callable[[ApiClient], Any]) -> Any:
-    """Run one API action against the daemon this config names; fail with its message."""
-    settings, _ = settings_from(config)
+def endpoint_from(config: Path | None) -> Endpoint:
+    """Where the daemon listens: read directly when the file is plain, else from the settings
+    tree (which fails naming the key when the config is wrong)."""
     try:
-        return action(ApiClient(settings))
+        return read_endpoint(config_path_from(config))
+    except EndpointUnclear:
+        return Endpoint.of(settings_from(config)[0])
+
+
+def client_for(config: Path | None) -> "ApiClient":
+    from fleetd.cli.client import ApiClient
+
+    return ApiClient(endpoint_from(config))
+
+
+def call(config: Path | None, action: "Callable[[ApiClient], Any]") -> Any:
+    """Run one API action against the daemon this config names; fail with its message."""
+    from fleetd.cli.client import ClientError
+    from fleetd.token import TokenError
+
+    try:
+        return action(client_for(config))
     except ClientError as exc:
         fail(str(exc), exc.code)
     except TokenError as exc:

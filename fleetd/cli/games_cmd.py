@@ -1,16 +1,14 @@
 """`fleetd games add|stop|start|rm|list` and `fleetd status`."""
 
-from __future__ import annotations
-
 import json
 import time
 from typing import Annotated, Any
 
 import typer
 
-from fleetd.cli import render
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
+from fleetd.cli.progress import Progress
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.states import Desired, Shown
 
@@ -47,6 +45,8 @@ def every_game(config: ConfigOption) -> list[dict]:
 @games_app.command("list")
 def list_games(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """Every game with its state and progress."""
+    from fleetd.cli import render
+
     games = every_game(config)
     if json_out:
         render.print_json(games)
@@ -70,6 +70,8 @@ def add(
 ) -> None:
     """Add a game; it starts training unless --stopped. Says its state; exits 3 when it waits
     for a slot (pending), with why."""
+    from fleetd.cli import render
+
     body = {
         "name": name,
         "env_id": env_id,
@@ -110,6 +112,8 @@ def start(
 ) -> None:
     """Start a game (also clears FATAL and restarts a completed game); says if it must wait, and why.
     Exits 3 when it was not admitted (it waits, pending)."""
+    from fleetd.cli import render
+
     params = {"now": "true"} if now else None
     game = call(config, lambda client: client.request("POST", f"/api/v1/games/{name}/start", params=params))
     _show(game, json_out, render.admission_text(name, game.get("admission")))
@@ -135,8 +139,11 @@ def remove(
 
 
 def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: str) -> dict[str, Any]:
+    from fleetd.cli import render
+
     deadline = time.monotonic() + timeout
-    with render.console.status(f"{name}: {what}...") as spinner:
+    Progress().step(f"{name}: {what} ...")  # the spinner below draws only on a terminal
+    with render.err_console.status(f"{name}: {what}...") as spinner:
         while True:
             game = ask(config, f"/api/v1/games/{name}")
             if game["state"] in states:
@@ -148,6 +155,8 @@ def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: 
 
 
 def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
+    from fleetd.cli import render
+
     if json_out:
         render.print_json(game)
     else:
@@ -156,6 +165,8 @@ def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
 
 def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
     """The fleet at a glance: games, the governor, projections, uptime."""
+    from fleetd.cli import render
+
     games = every_game(config)
     fleet = ask(config, "/api/v1/fleet")
     uptime = ask(config, "/api/v1/uptime")
@@ -179,6 +190,8 @@ def tier(
     json_out: JsonOption = False,
 ) -> None:
     """Show the fleet's tier and admissions, or choose a tier (manual) or auto."""
+    from fleetd.cli import render
+
     if choice is None:
         fleet = ask(config, "/api/v1/fleet")
     else:

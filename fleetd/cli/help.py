@@ -16,12 +16,17 @@ def command_group(help_text: str, **kwargs: Any) -> typer.Typer:
 
 
 def plain_flags(command: Any) -> None:
-    """Flags, --help included, of this command and every command under it: no type shown."""
+    """Flags, --help included, of this command and every command under it: no type shown,
+    and False when not given."""
     help_option = command.get_help_option(type(command).context_class(command))  # click caches it per command
     for param in [*command.params, help_option]:
         # typer's options are its vendored click's, not `click.Option`: asked by what they are.
-        if param is not None and getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
+        if param is not None and getattr(param, "is_flag", False):
+            param.metavar = "" if param.metavar is None else param.metavar
+            # typer coerces a flag's value through pydantic unless it is already a bool; a flag
+            # left out (--help, --install-completion) is None, and coercing it would import
+            # pydantic (75 ms) on every `fleetd status`.
+            param.default = False if param.default is None else param.default
     for sub in getattr(command, "commands", {}).values():
         plain_flags(sub)
 

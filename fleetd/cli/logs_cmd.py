@@ -1,17 +1,16 @@
 """`fleetd logs GAME`: a game's worker output, like `supervisorctl tail` (-f to follow)."""
 
-from __future__ import annotations
-
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fleetd.cli import render
-from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.cli.common import ConfigOption, fail, settings_from
-from fleetd.token import TokenError
+from fleetd.cli.common import ConfigOption, client_for, fail
+
+if TYPE_CHECKING:
+    from fleetd.cli.client import ApiClient
+    from fleetd.cli.render import PlainTable
 
 
 def register(app: typer.Typer) -> None:
@@ -27,8 +26,11 @@ def logs(
     config: ConfigOption = None,
 ) -> None:
     """The last lines of a game's worker log (the newest run's, or --run's)."""
-    settings, _ = settings_from(config)
-    client = ApiClient(settings)
+    from fleetd.cli import render
+    from fleetd.cli.client import ClientError
+    from fleetd.token import TokenError
+
+    client = client_for(config)
     path = f"/api/v1/games/{game}/logs"
     try:
         if runs:
@@ -46,7 +48,7 @@ def logs(
         raise typer.Exit(0) from None
 
 
-def _follow(client: ApiClient, path: str, lines: int, run: int | None) -> None:
+def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None:
     # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
     # A line written between the two requests may be missed; none is printed twice.
     while True:
@@ -60,7 +62,9 @@ def _write(data: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
-def runs_table(game: str, items: list[dict[str, Any]]) -> render.PlainTable:
+def runs_table(game: str, items: list[dict[str, Any]]) -> "PlainTable":
+    from fleetd.cli import render
+
     table = render.PlainTable(title=f"Runs of {game} (newest first, UTC)")
     for column in ("run", "started", "ended", "cause", "exit"):
         table.add_column(column)

@@ -1,34 +1,29 @@
 """The `fleetd` command. `serve` runs the daemon; the other commands ask it over the API."""
 
-from __future__ import annotations
-
-import logging
-import sys
 from typing import Annotated
 
 import typer
 
-from fleetd import __version__
-from fleetd.cli import render
+from fleetd.cli.entry import version_line
 from fleetd.cli.exit_codes import ExitCode, exit_codes_help
-from fleetd.cli.common import ConfigOption, JsonOption, ask, fail, settings_from
+from fleetd.cli.common import ConfigOption, JsonOption, ask, settings_from
 from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.backup_cmd import register as register_backup
 from fleetd.cli.apply_cmd import register as register_apply
+from fleetd.cli.db_cmd import register as register_db
 from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.help import FleetdGroup, command_group
 from fleetd.cli.logs_cmd import register as register_logs
 from fleetd.cli.plan_cmd import register as register_plan
 from fleetd.cli.systemd_cmd import register as register_systemd
-from fleetd.host import BootIdError
-from fleetd.logs import configure_logging
-from fleetd.statedir import StateDirError, lock_state_dir
-from fleetd.store.schema import SchemaError, SchemaState, inspect_schema, upgrade_database
-from fleetd.token import TokenError
 
+# Every module above is light to import (typer and the standard library): what a command
+# needs beyond that (httpx, rich, the settings tree, the store) it imports when it runs, so
+# `--help` answers at once. The command modules leave out `from __future__ import annotations`
+# on purpose: typer reads every command's signature on each run, and string annotations cost
+# it an eval each (50 ms of `fleetd --help`). tests/test_cli_startup.py keeps both true.
 app = command_group("Supervisor for multi-game RL training fleets.", cls=FleetdGroup, epilog=exit_codes_help())
-db_app = command_group("The SQLite store: schema status and upgrades.")
-app.add_typer(db_app, name="db")
+register_db(app)
 register_games(app)
 register_backup(app)
 register_apply(app)
@@ -38,8 +33,8 @@ register_systemd(app)
 
 
 def _print_version(wanted: bool) -> None:
-    if wanted:
-        typer.echo(f"fleetd {__version__}")
+    if wanted:  # the console script answers `fleetd --version` itself (entry.py); `app` called directly gets here
+        typer.echo(version_line())
         raise typer.Exit()
 
 
@@ -53,7 +48,14 @@ def _main(
 @app.command()
 def serve(config: ConfigOption = None) -> None:
     """Run the daemon: the store, the boot log, the jobs and the API."""
+    import logging
+
     from fleetd.daemon import Daemon, StartupError
+    from fleetd.host import BootIdError
+    from fleetd.logs import configure_logging
+    from fleetd.statedir import StateDirError
+    from fleetd.store.schema import SchemaError
+    from fleetd.token import TokenError
 
     settings, path = settings_from(config)
     configure_logging(settings.log_level)
@@ -73,6 +75,8 @@ def reboots(
     json: JsonOption = False,
 ) -> None:
     """The reboot log: when, uptime before, downtime, clean or not."""
+    from fleetd.cli import render
+
     if detail is not None:
         boot = ask(config, f"/api/v1/boots/{detail}")
         if json:
@@ -93,6 +97,8 @@ def reboots(
 @app.command()
 def hosts(config: ConfigOption = None, json: JsonOption = False) -> None:
     """The cluster's hosts ([cluster] backend = "ray"): up or not, boots of their Ray node, downtime."""
+    from fleetd.cli import render
+
     document = ask(config, "/api/v1/hosts")
     if json:
         render.print_json(document)
@@ -103,6 +109,8 @@ def hosts(config: ConfigOption = None, json: JsonOption = False) -> None:
 @app.command()
 def uptime(config: ConfigOption = None, json: JsonOption = False) -> None:
     """Host and daemon uptime, reboots and availability."""
+    from fleetd.cli import render
+
     document = ask(config, "/api/v1/uptime")
     if json:
         render.print_json(document)
@@ -119,51 +127,10 @@ def events(
     json: JsonOption = False,
 ) -> None:
     """The event log, newest first."""
+    from fleetd.cli import render
+
     document = ask(config, "/api/v1/events", limit=limit, kind=kind, game=game)
     if json:
         render.print_json(document)  # the API's document, as --json says everywhere
         return
     render.console.print(render.events_table(document["items"]))
-
-
-@db_app.command("status")
-def db_status(config: ConfigOption = None) -> None:
-    """Show the database's schema revision against this fleetd's."""
-    settings, _ = settings_from(config)
-    try:
-        status = inspect_schema(settings.db_path)
-    except SchemaError as exc:
-        fail(str(exc), ExitCode.CONFIG)
-    typer.echo(f"{settings.db_path}: {status.state.value} (database {status.current or '-'}, fleetd {status.head})")
-    if status.state not in (SchemaState.CURRENT, SchemaState.EMPTY):
-        raise typer.Exit(ExitCode.CONFIG)
-
-
-@db_app.command("upgrade")
-def db_upgrade(config: ConfigOption = None) -> None:
-    """Copy the database aside, then migrate it to this fleetd's schema. Stop the daemon first."""
-    settings, _ = settings_from(config)
-    try:
-        lock = lock_state_dir(settings.state_dir)  # never under a running daemon
-    except StateDirError as exc:
-        fail(str(exc), ExitCode.CONFIG)
-    try:
-        result = upgrade_database(settings.db_path, settings.backups_dir)
-    except SchemaError as exc:
-        fail(str(exc), ExitCode.CONFIG)
-    finally:
-        lock.release()
-    if result.backup is not None:
-        typer.echo(f"backed up {settings.db_path} to {result.backup}")
-    if result.before == result.after:
-        typer.echo(f"{settings.db_path} is already at schema {result.after}")
-    else:
-        typer.echo(f"upgraded {settings.db_path} from schema {result.before or '(new)'} to {result.after}")
-
-
-def main() -> None:
-    app(prog_name="fleetd")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

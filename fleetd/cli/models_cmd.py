@@ -1,19 +1,15 @@
 """`fleetd games import` and `fleetd games export`: plain stable-baselines3 models in and out."""
 
-from __future__ import annotations
-
 import json
-import tempfile
-import zipfile
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from fleetd.cli.progress import MIB, Progress
 from fleetd.cli.common import ConfigOption, JsonOption, call, fail
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
-from workers.bundle import BUNDLE_FILES, METADATA, MODEL, REPLAY_BUFFER, VECNORMALIZE
 
 TRANSFER_TIMEOUT_S = 1800.0  # the daemon checks the model in a subprocess; a replay buffer is slow
 
@@ -41,6 +37,8 @@ def import_model(
     json_out: JsonOption = False,
 ) -> None:
     """Start a game from an existing SB3 model: it resumes at the model's step count."""
+    from workers.bundle import REPLAY_BUFFER, VECNORMALIZE
+
     _readable(source, "--from")
     extras = {VECNORMALIZE: _readable(vecnormalize, "--vecnormalize"),
               REPLAY_BUFFER: _readable(replay_buffer, "--replay-buffer")}
@@ -48,8 +46,12 @@ def import_model(
               "target_episodes": target_episodes, "priority": priority,
               "hyperparams": json.dumps(parse_hyperparams(hp or [])) if hp else None,
               "desired": str(Desired.STOPPED if stopped else Desired.RUNNING)}
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="fleetd-import-") as work:
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
+        Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
+                        "the daemon then loads it in a subprocess to check it ...")
         game = call(config, lambda client: client.upload(f"/api/v1/games/{name}/import", upload, params,
                                                          TRANSFER_TIMEOUT_S))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
@@ -57,6 +59,10 @@ def import_model(
 
 def _bundle(model: Path, extras: dict[str, Path | None], target: Path) -> Path:
     """The model zip itself when it comes alone; else a stored zip of it and its files."""
+    import zipfile
+
+    from workers.bundle import MODEL
+
     present = {name: path for name, path in extras.items() if path is not None}
     if not present:
         return model
@@ -75,13 +81,21 @@ def export_model(
     config: ConfigOption = None,
 ) -> None:
     """Write a game's model as a plain SB3 zip (plus VecNormalize statistics, metadata, README)."""
+    from workers.bundle import METADATA, MODEL
+
     if (out / MODEL).exists():
         fail(f"{out / MODEL} exists: export into an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
+    progress, which = Progress(), "best" if best else "latest"
+    progress.step(f"exporting {name}: the daemon packs its {which} checkpoint (with a replay buffer: minutes) ...")
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
         archive = Path(work) / "bundle.zip"
+        on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731
         call(config, lambda client: client.download(f"/api/v1/games/{name}/export", archive, TRANSFER_TIMEOUT_S,
-                                                    which="best" if best else "latest"))
+                                                    on_bytes, which=which))
+        progress.step(f"unpacking into {out}")
         written = _extract(archive, out)
     meta = json.loads((out / METADATA).read_text())
     typer.echo(f"exported {name} ({meta['algo']}, {meta['steps']} steps, {meta['checkpoint']}): "
@@ -90,6 +104,10 @@ def export_model(
 
 def _extract(archive: Path, out: Path) -> list[str]:
     """Only the bundle's known files, by name: nothing lands outside `out`."""
+    import zipfile
+
+    from workers.bundle import BUNDLE_FILES
+
     with zipfile.ZipFile(archive) as bundle:
         names = [n for n in BUNDLE_FILES if n in bundle.namelist()]
         for name in names:

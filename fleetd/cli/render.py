@@ -12,11 +12,12 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetd.states import Desired, Shown
-from fleetd.uptime import format_duration
+from fleetd.durations import format_duration
 
 # Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
 # No markup, no emoji codes: what fleetd prints is stored or configured text, printed as written.
 console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False)  # progress: stdout stays the result
 
 
 def literal(value: RenderableType | None) -> RenderableType | None:

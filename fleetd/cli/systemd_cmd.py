@@ -1,18 +1,17 @@
 """`fleetd systemd-unit`: print the unit file for this installation."""
 
-from __future__ import annotations
-
-import socket
 import sys
 import tomllib
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.systemd_unit import InstallPaths, render_ray_node_unit, render_unit
+
+if TYPE_CHECKING:
+    from fleetd.systemd_unit import InstallPaths
 
 DEFAULT_CONFIG = Path("/etc/fleetd/fleetd.toml")
 DEFAULT_USER = "fleetd"
@@ -24,12 +23,14 @@ def installed_fleetd() -> Path:
     return Path(sys.executable).parent / "fleetd"
 
 
-def install_paths(config: Path) -> InstallPaths:
+def install_paths(config: Path) -> "InstallPaths":
     """What the service reads and writes, as written and as real paths (symlinks followed).
 
     A venv's python is often a symlink to an interpreter elsewhere (pyenv under /root or a
     home); an editable install's code lives in its checkout. Each must be visible to the service.
     """
+    from fleetd.systemd_unit import InstallPaths
+
     read = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable), config, *package_roots()]
     state_dir = configured_state_dir(config)
     return InstallPaths(read_only=with_real_paths(read), state_dir=with_real_paths([state_dir] if state_dir else []))
@@ -65,11 +66,15 @@ def systemd_unit(
 ) -> None:
     """Print the systemd unit with this installation's paths; redirect it to /etc/systemd/system/fleetd.service
     (with --ray-node: to /etc/systemd/system/fleetd-ray-node.service on each GPU host)."""
+    from fleetd.systemd_unit import render_ray_node_unit, render_unit
+
     config = config.absolute()
     try:
         if ray_node:
             if head is None:
                 raise ValueError("--ray-node needs --head HOST:PORT, the Ray head's GCS address")
+            import socket
+
             name = host_name or socket.gethostname().split(".")[0]
             unit = render_ray_node_unit(str(Path(sys.executable).parent / "ray"), head, name, user, storage)
         else:

@@ -169,6 +169,14 @@ def update_game_state(
     return row.id
 
 
+def update_game_resumed(session: Session, name: str, steps: int) -> None:
+    """A new run resumed from a checkpoint: the game's steps are the checkpoint's. The run
+    before flushed its last report earlier, maybe before it wrote that checkpoint (behind it),
+    maybe after (ahead of it: a rewind, counted as steps lost)."""
+    session.execute(update(Game).where(Game.name == name).values(steps=steps))
+    session.flush()
+
+
 def update_games_progress(session: Session, progress: dict[str, ProgressSnapshot]) -> dict[str, int]:
     """Many games' latest progress in one executemany; returns their ids by name."""
     table = Game.__table__

@@ -152,8 +152,12 @@ class Recorder:
         # its first progress report (which already holds steps the new run trained).
         self.counters.progress(game, steps or 0, episodes)
         now = self.clock.now()
+        if taken:
+            self._dirty.discard(game)  # the run before's last report, unflushed: never written over the checkpoint's steps
         with self.db.transaction() as session:
             run_store.update_run_resumed(session, run_id, steps if taken else None)
+            if taken and steps is not None:
+                game_store.update_game_resumed(session, game, steps)
             for path, why in skipped:
                 create_event(session, now, "checkpoint_skipped", f"skipped {path}: {why}", severity="warning", game=game)
             message = f"resumed from {taken} at step {steps}" if taken else "started from scratch (no checkpoint)"

@@ -1,0 +1,114 @@
+"""Where the daemon listens and keeps its API token: the four settings a CLI command needs to ask
+it anything, read from the config file and the environment without the settings tree.
+
+Standard library only. `fleetd status` must answer at once, and building the settings tree
+(pydantic-settings, every section, the game spec) costs half a second; the daemon and every
+command that uses more than these four settings still build it (fleetd/config.py, which takes
+its defaults and the file's location from here). Anything this reader is not sure of, it leaves
+to the settings tree, whose errors name the key, the value and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetd.config import Settings
+
+ENV_PREFIX = "FLEETD_"
+ENV_NESTED = "__"
+DEFAULT_API_HOST = "127.0.0.1"
+DEFAULT_API_PORT = 8642
+TOKEN_FILE = "api-token"  # under state_dir, generated on the daemon's first start (mode 0600)
+MIN_TOKEN_CHARS = 16
+
+
+class EndpointUnclear(Exception):
+    """This reader cannot tell for sure: build the settings tree, which says what is wrong."""
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    # systemd's StateDirectory= sets $STATE_DIRECTORY (colon-separated when several).
+    from_systemd = (os.environ if environ is None else environ).get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(from_systemd or "/var/lib/fleetd")
+
+
+def config_path_from(explicit: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    environ = os.environ if environ is None else environ
+    if explicit is not None:
+        return explicit
+    from_env = environ.get(f"{ENV_PREFIX}CONFIG")
+    return Path(from_env) if from_env else None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    token: str | None  # [api] token; None: the one the daemon stored in state_dir
+    state_dir: Path
+
+    @property
+    def token_path(self) -> Path:
+        return self.state_dir / TOKEN_FILE
+
+    @classmethod
+    def of(cls, settings: Settings) -> Endpoint:
+        token = settings.api.token.get_secret_value() if settings.api.token is not None else None
+        return cls(settings.api.host, settings.api.port, token, settings.state_dir)
+
+
+def read_endpoint(config: Path | None, environ: Mapping[str, str] | None = None) -> Endpoint:
+    """The config file's [api] host, port, token and its state_dir, under FLEETD_* overrides
+    (the settings tree's precedence). Raises EndpointUnclear on anything unexpected."""
+    environ = os.environ if environ is None else environ
+    if f"{ENV_PREFIX}API" in environ:
+        raise EndpointUnclear("FLEETD_API: a whole section as JSON")
+    document = _document(config)
+    api = document.get("api", {})
+    if not isinstance(api, dict):
+        raise EndpointUnclear("[api] is not a table")
+    pick = lambda key, default: environ.get(f"{ENV_PREFIX}API{ENV_NESTED}{key.upper()}", api.get(key, default))  # noqa: E731
+    state_dir = environ.get(f"{ENV_PREFIX}STATE_DIR", document.get("state_dir", default_state_dir(environ)))
+    return Endpoint(_text(pick("host", DEFAULT_API_HOST)), _port(pick("port", DEFAULT_API_PORT)),
+                    _token(pick("token", None)), Path(_text(state_dir)).expanduser().absolute())
+
+
+def _document(config: Path | None) -> dict[str, Any]:
+    if config is None:
+        return {}
+    try:
+        return tomllib.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise EndpointUnclear(str(exc)) from None
+
+
+def _text(value: object) -> str:
+    if isinstance(value, Path):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise EndpointUnclear(f"{value!r} is not a non-empty string")
+    return value
+
+
+def _port(value: object) -> int:
+    try:
+        port = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else 0
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise EndpointUnclear(f"port {value!r}")
+    return port
+
+
+def _token(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < MIN_TOKEN_CHARS:
+        raise EndpointUnclear("[api] token is not a string of 16 characters or more")
+    return value

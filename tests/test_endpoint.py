@@ -1,0 +1,48 @@
+"""The CLI's fast reader of where the daemon listens agrees with the settings tree, and leaves
+to it what it is not sure of (issue 25 item 2: `fleetd status` without pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import load_settings
+from fleetd.endpoint import Endpoint, EndpointUnclear, read_endpoint
+
+CASES = [
+    ("", {}),
+    ('state_dir = "STATE"\n[api]\nport = 9001\nhost = "::1"\n', {}),
+    ('state_dir = "STATE"\n[api]\ntoken = "' + "k" * 20 + '"\n', {}),
+    ('state_dir = "STATE"\n[api]\nport = 9001\n', {"FLEETD_API__PORT": "9002", "FLEETD_API__TOKEN": "e" * 16}),
+    ("[api]\nport = 9001\n", {"STATE_DIRECTORY": "/srv/fleetd:/other"}),
+    ('state_dir = "~/x"\n', {"FLEETD_STATE_DIR": "STATE", "FLEETD_API__HOST": "0.0.0.0"}),
+]
+
+
+@pytest.mark.parametrize(("text", "environ"), CASES)
+def test_agrees_with_the_settings_tree(text: str, environ: dict[str, str], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "fleetd.toml"
+    config.write_text(text.replace("STATE", str(tmp_path / "state")))
+    environ = {k: v.replace("STATE", str(tmp_path / "state")) for k, v in environ.items()}
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert read_endpoint(config, environ) == Endpoint.of(load_settings(config))
+
+
+@pytest.mark.parametrize(("text", "environ"), [
+    ("[api]\nport = 70000\n", {}),
+    ('[api]\nport = "high"\n', {}),
+    ('[api]\ntoken = "short"\n', {}),
+    ("api = 3\n", {}),
+    ("[api\n", {}),
+    ("", {"FLEETD_API__PORT": "x"}),
+    ("", {"FLEETD_API": '{"port": 9000}'}),
+])
+def test_leaves_what_it_is_unsure_of_to_the_settings_tree(text: str, environ: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "fleetd.toml"
+    config.write_text(text)
+    with pytest.raises(EndpointUnclear):
+        read_endpoint(config, environ)
