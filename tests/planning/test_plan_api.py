@@ -13,7 +13,7 @@ from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
-from fleetd.cli.plan_cmd import plan_view
+from fleetd.cli.plan_render import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import State
 from fleetd.store.games import update_game_state
