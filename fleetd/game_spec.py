@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.fields import FieldInfo
 
 from fleetd.game_fields import SETTABLE
+from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
 from workers.protocol.spec import Hyperparams, algo_refusal
@@ -99,7 +100,7 @@ class GameSpec(BaseModel):
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
     # Checked by fleetd/health/settings.py (fleetd/games.py check_draft), which names the culprit.
-    health_settings: dict[str, Any] = Field(
+    health_settings: Annotated[dict[str, Any], WithJsonSchema(health_settings_schema())] = Field(
         default_factory=dict, description="learning-health overrides (docs/learning-health.md)",
         examples=[{"on_plateau": "yield", "plateau_steps": 2000000}],
     )

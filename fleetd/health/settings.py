@@ -91,3 +91,14 @@ def _number(key: str, value: Any) -> float | int:
     if not low <= value <= high:
         raise HealthSettingError(key, f"must be between {low:g} and {high:g}, got {value}")
     return kind(value)
+
+
+def settings_schema() -> dict[str, Any]:
+    """The JSON schema the API publishes for a game's health settings: the keys and bounds
+    `settings_for` keeps, and no other key (an outside client learns the contract from it)."""
+    properties: dict[str, Any] = {key: {"type": "integer" if kind is int else "number", "minimum": low, "maximum": high}
+                                  for key, (kind, low, high) in _BOUNDS.items()}  # fmt: skip
+    properties["on_plateau"] = {"enum": [action.value for action in PlateauAction]}
+    properties["enabled"] = {"type": "boolean"}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
