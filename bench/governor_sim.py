@@ -12,7 +12,7 @@ Assumptions (the model):
   are admitted. They free their slot and never count as instability (the daemon leaves out
   crashes before `startsecs`). A running game trains with its rung's num_envs (the ladder:
   1x32, 2x32 light, 3x32, 4x32, 4x48, 4x64 medium, 6x48, 6x64, 7x64, 8x64, 8x96, 8x128, 8x192,
-  8x256 heavy; the GPU is taken to be large enough that GPU auto-scaling keeps these values).
+  8x256 heavy; the GPU is taken to be large enough that sizing keeps these values).
 - Load = env processes = sum of num_envs over running games (the seeds' heavy run: 365
   processes). The host has a capacity the governor does not know (default sweep 150, 300,
   600, 1200, 1800). While load > capacity the host reboots after an overload of

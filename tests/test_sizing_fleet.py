@@ -19,9 +19,15 @@ from fleetd.governor.controller import FleetController
 from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
 from fleetd.jobs import telemetry_job
 from fleetd.store.engine import Database
+from fleetd.governor.scaling import Scaled
 from fleetd.store.footprints import read_footprints
+from fleetd.supervision.policy import Policy
+from fleetd.supervision.process import WorkerProcess
+from fleetd.supervision.spec import launch_for
 from fleetd.telemetry import GpuSample, HostSample, Snapshot, TelemetrySampler
 from tests.fakes import FakeClock
+from tests.supervision_fakes import FakeLauncher, RecordingSink
+from tests.test_launch_spec import game
 
 GIB = 2**30
 MIB = 2**20
@@ -108,3 +114,21 @@ def test_a_config_that_still_sets_the_reference_gib_is_refused_saying_what_repla
     message = str(caught.value)
     assert "gpu_reference_gib_per_game = 10 is no longer a setting" in message
     assert "measured" in message and "footprint_tolerance" in message and "remove the line" in message
+
+
+def test_a_workers_kind_and_age_come_from_its_spawn_and_the_clock(settings: Settings, clock: FakeClock) -> None:
+    """What the telemetry job is told of a worker: nothing before it is RUNNING; then the sizes it
+    was started with (after a CUDA out-of-memory's batch_scale) and its age by the fake clock."""
+    launch = launch_for(game(), settings, 1, Scaled(256, 2048, "heavy tier values", on_gpu=True))
+    policy = Policy()
+    proc = WorkerProcess(launch, policy, FakeLauncher(), clock, RecordingSink())
+    proc.start()
+    assert proc.running_worker(clock.monotonic()) is None  # STARTING
+    proc.on_progress(proc.run_id, 100)
+    clock.advance(policy.startsecs)
+    proc.tick()
+    clock.advance(130.0)
+    worker = proc.running_worker(clock.monotonic())
+    assert worker == RunningWorker(proc.pid, "CartPole-v1", "ppo", 256, 2048, policy.startsecs + 130.0)
+    proc.remedies = replace(proc.remedies, batch_scale=0.5)
+    assert proc.running_worker(clock.monotonic()).batch_size == 1024
