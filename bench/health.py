@@ -44,9 +44,10 @@ from tests.daemon_harness import Daemon, kill_leftover_workers  # noqa: E402
 EVAL_LINE = re.compile(r"evaluation at (\d+) steps: mean return (-?[\d.]+)")
 CARTPOLE = {"num_envs": 8, "eval_interval_steps": 2048, "eval_episodes": 4}
 # The collapse scenario: the e2e test's (tests/test_health_e2e.py), an absurd learning rate
-# that the rollback's scale brings back to 5e-3.
-COLLAPSE_HEALTH = {"warmup_evals": 2, "collapse_evals": 2, "min_rise": 10, "rollback_lr_scale": 0.001}
-ABSURD_LR, GOOD = 5.0, 200.0
+# that the rollback's scale brings back to 1e-3 (the zoo's).
+COLLAPSE_HEALTH = {"warmup_evals": 2, "collapse_evals": 2, "min_rise": 10, "rollback_lr_scale": 0.0002,
+                   "plateau_gain": 0.3}
+ABSURD_LR, GOOD = 5.0, 400.0
 HEALTHY = {  # name: (body, step goal); the health settings are the defaults
     "ppo-cartpole": ({"env_id": "CartPole-v1", "algo": "ppo", "hyperparams": CARTPOLE}, 60_000),
     "dqn-cartpole": ({"env_id": "CartPole-v1", "algo": "dqn", "hyperparams": CARTPOLE}, 30_000),
