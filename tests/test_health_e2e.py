@@ -92,9 +92,11 @@ def test_a_collapse_rolls_back_to_the_best_checkpoint_and_a_second_one_holds(dae
     resumed = [e for e in events(daemon, "resumed") if e["details"]["steps"] == best_steps]
     assert resumed, "the run after the collapse did not resume from the best-evaluated checkpoint"
     deadline = time.monotonic() + 60
-    while not any(r >= best - 0.1 * abs(best) for _, r in (after := evaluations_after(daemon, best_steps))):
+    after = evaluations_after(daemon, best_steps)
+    while not any(r >= best - 0.1 * abs(best) for _, r in after):
         assert time.monotonic() < deadline, f"evaluations after the rollback {after}, best {best}"
         time.sleep(0.5)
+        after = evaluations_after(daemon, best_steps)
     assert daemon.game("cart")["health"] == "rolled_back"
     [sent] = alerts(receiver, "learning_collapse")
     assert sent["game"] == "cart" and "best-evaluated checkpoint" in sent["action"]
