@@ -56,8 +56,10 @@ class LearningWatch:
     def load(self, games: list[GameRecord]) -> None:
         """The games as just read from the store: their records and settings."""
         names = {game.name for game in games}
-        for name in [n for n in self._records if n not in names]:
-            del self._records[name]
+        for name in [n for n in self._settings if n not in names]:  # removed games
+            self._records.pop(name, None)
+            self._settings.pop(name, None)
+            self._train.pop(name, None)
         for game in games:
             self._records.setdefault(game.name, game.health)
             self._settings[game.name] = _settings(game.health_settings)

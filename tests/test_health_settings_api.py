@@ -1,0 +1,61 @@
+"""Health settings through the API and the fleet file: set per game, refused by field, applied
+without a restart, exported and applied back unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.cli.apply_cmd import _health_key
+from fleetd.config import Settings
+from fleetd.fleet_spec import to_toml
+from fleetd.states import State
+from fleetd.store.engine import Database
+from fleetd.store.games import update_game_state
+from tests.api_context import api_context
+from tests.fakes import FakeClock, FakeHost
+
+TOKEN = "h" * 32
+CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo"}
+
+
+@pytest.fixture
+def client(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Iterator[TestClient]:
+    with TestClient(create_app(api_context(settings, db, clock, host, TOKEN)), raise_server_exceptions=False) as made:
+        made.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield made
+
+
+def test_health_settings_are_added_changed_and_refused_by_field(client: TestClient, db: Database, clock: FakeClock) -> None:
+    assert client.post("/api/v1/games", json={**CART, "health_settings": {"collapse_evals": 2}}).status_code == 201
+    with db.transaction() as session:
+        update_game_state(session, "cart", State.RUNNING, "up", clock.now())
+    response = client.patch("/api/v1/games/cart", json={"health_settings": {"collapse_evals": 2, "on_plateau": "yield"}},
+                            params={"restart": "true"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["changes"] == [{"field": "health_settings.on_plateau", "old": None, "new": "yield"}]
+    assert body["restarting"] is False  # the supervisor reads them at the next evaluation
+    bad = client.patch("/api/v1/games/cart", json={"health_settings": {"on_plateau": "nap"}})
+    assert bad.status_code == 422
+    assert bad.json()["error"]["details"]["errors"] == [
+        {"field": "health_settings.on_plateau", "reason": "must be one of flag, stop, yield; got 'nap'"}]
+    unknown = client.post("/api/v1/games", json={**CART, "name": "cart2", "health_settings": {"colapse_evals": 1}})
+    assert unknown.status_code == 422 and "health_settings.colapse_evals: unknown health setting" in unknown.text
+
+
+def test_the_fleet_file_carries_them_and_applying_the_export_changes_nothing(client: TestClient) -> None:
+    assert client.post("/api/v1/games", json={**CART, "health_settings": {"plateau_steps": 2000000}}).status_code == 201
+    exported = client.get("/api/v1/fleet/spec").json()["games"]
+    assert "health_settings = { plateau_steps = 2000000 }" in to_toml(exported)
+    plan = client.put("/api/v1/fleet/spec", json={"games": exported}).json()
+    assert plan["changed"] is False
+
+
+def test_the_cli_takes_health_dot_key_and_health_settings_dot_key() -> None:
+    assert _health_key("health.on_plateau") == "on_plateau"
+    assert _health_key("health_settings.plateau_steps") == "plateau_steps"
+    assert _health_key("learning_rate") is None and _health_key("hyperparams.gamma") is None
