@@ -401,7 +401,13 @@ class MemoryCgroup:
         return 0
 
     def remove(self, timeout: float = 30) -> None:
-        """rmdir once empty (the killed worker gone); a cgroup with tasks cannot be removed."""
+        """rmdir once empty: a process still in it (one the limit did not kill) goes back to the
+        root group first; a cgroup with tasks cannot be removed."""
+        for pid in (self.path / "cgroup.procs").read_text().split() if self.path.exists() else []:
+            try:
+                (CGROUP_MEMORY / "cgroup.procs").write_text(pid)
+            except OSError:  # gone meanwhile
+                pass
         deadline = time.monotonic() + timeout
         while self.path.exists():
             try:
