@@ -244,6 +244,10 @@ class Prober(threading.Thread):
             self.halt.wait(1.0)
 
 
+class NotYet(Exception):
+    """The fault has nothing to act on yet: it is tried again later."""
+
+
 # -- the soak ----------------------------------------------------------------------------------
 
 
@@ -337,7 +341,7 @@ class Soak:
     def corrupt(self, game: str) -> str:
         pid, target = self.require_pid(game), newest_verified(self.faulted.ckpt_dir(game))
         if target is None:
-            raise RuntimeError(f"{game}: no verified checkpoint to corrupt")
+            raise NotYet(f"{game}: no verified checkpoint to corrupt yet")
         how = self.rng.choice(DAMAGES)
         damage(target.path, how, self.rng)
         self.corrupted.setdefault(game, []).append(target.path.name)
@@ -400,7 +404,7 @@ class Soak:
         self.rng.shuffle(first)
         return first + [self.rng.choice(kinds) for _ in range(200)]
 
-    def inject(self, kind: str) -> Done:
+    def inject(self, kind: str) -> Done | None:
         game = self.quota_game if kind == "disk_full" else self.pick()
         at, runs = self.now(), {name: g["run_id"] for name, g in self.faulted.db.games().items()}
         burst, fault_done = None, threading.Event()
@@ -410,13 +414,16 @@ class Soak:
         problems = []
         try:
             detail = getattr(self, kind)(game)
+        except NotYet:
+            fault_done.set()
+            return None
         except Exception as exc:  # noqa: BLE001 - the report must still come out
             detail, problems = "", [f"the fault itself failed: {exc!r}"]
         fault_done.set()
         if burst is not None:
             burst.join(300)
         whole = kind in ("daemon_kill", "power_cut")
-        replaced = [] if kind == "daemon_kill" else list(runs) if whole else [game]
+        replaced = [] if kind == "daemon_kill" or problems else list(runs) if whole else [game]
         if not (self.faulted.wait_new_runs({n: runs[n] for n in replaced}, 900) and self.faulted.wait_training(900)):
             problems.append("the fleet did not train again within 900 s")
         return Done(Fault(kind, None if whole else game, at, self.now()), detail, problems)
@@ -431,14 +438,20 @@ class Soak:
             thread.start()
         deadline = self.t0 + self.options.minutes * 60
         settled = self.faulted.wait_training(900) and self.baseline.wait_training(900)
-        for kind in self.plan() if settled else []:
-            gap = self.rng.uniform(*self.options.gap_s)
+        queue, deferred = (self.plan() if settled else []), 0
+        while queue:
+            kind, gap = queue.pop(0), self.rng.uniform(*self.options.gap_s)
             if time.monotonic() + gap > deadline and not self.options.short:
                 break
             time.sleep(gap)
-            self.done.append(self.inject(kind))
-            last = self.done[-1]
-            self.say(f"[{last.fault.at_s:6.0f}s] {kind} {last.detail}: {'; '.join(last.problems) or 'ok'}")
+            done = self.inject(kind)
+            if done is None:  # nothing to do it to yet (no checkpoint before the first interval)
+                deferred += 1
+                if deferred <= 20:
+                    queue.insert(min(2, len(queue)), kind)
+                continue
+            self.done.append(done)
+            self.say(f"[{done.fault.at_s:6.0f}s] {kind} {done.detail}: {'; '.join(done.problems) or 'ok'}")
         if time.monotonic() < deadline and not self.options.short:
             time.sleep(deadline - time.monotonic())
         return self.finish(settled)
