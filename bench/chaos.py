@@ -36,22 +36,20 @@ What it does (issue 8, item 1; figures in docs/benchmarks.md, section "Chaos soa
 
 `--schedule worker_kill,daemon_kill,...` runs exactly those incidents in that order (the test
 suite's short soak) and ends once they are done or the time is up.
+
+The fleet set-up, the database reader, the faults and the check lines are bench/fleet_faults.py's,
+shared with bench/soak.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import os
-import platform
 import random
-import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -66,15 +64,30 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as `python bench/chaos.py`
     sys.path.insert(0, str(REPO))
 
+from bench.fleet_faults import (
+    Check,
+    Fleet,
+    Tmpfs,
+    check_lines,
+    damage,
+    fill,
+    group,
+    is_ours,
+    machine,
+    newest_verified,
+    power_cut,
+    toml_value,
+    verified_count,
+    wait_gone,
+)
+from bench.fleet_faults import alive as _alive
+from bench.fleet_faults import fmt as _fmt
 from tests.daemon_harness import (
     TINY,
     Daemon,
-    DaemonConfig,
-    kill_leftover_workers,
-    short_tmp_dir,
     worker_processes,
 )
-from workers.checkpoint import CheckpointInfo, list_checkpoints, verify
+from workers.checkpoint import list_checkpoints, verify
 
 KINDS = ("worker_kill", "worker_stop", "daemon_kill", "reboot", "corrupt", "disk_full")
 LABELS = {
@@ -87,7 +100,6 @@ LABELS = {
 }
 GAMES = ("cart-a", "cart-b", "cart-c")
 QUOTA_GAME = "cart-c"
-SPEC_RE = re.compile(r"/games/([^/]+)/logs/run-(\d+)\.spec\.json$")
 POLL_S = 0.5
 
 
@@ -106,7 +118,7 @@ class Options:
 
 def config_text(options: Options) -> str:
     games = "".join(
-        f'\n[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\nalgo = "ppo"\nhyperparams = {_toml(TINY)}\n'
+        f'\n[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\nalgo = "ppo"\nhyperparams = {toml_value(TINY)}\n'
         for name in GAMES
     )
     return (
@@ -121,151 +133,6 @@ def config_text(options: Options) -> str:
         'tier = "medium"\nstart_games = 3\nreboot_is_instability = false\ncrash_games = 4\n'
         "first_window_s = 5\nwindow_s = 5\ncooldown_s = 5\n" + games
     )
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
-
-
-# -- reading the daemon's database and the disk ----------------------------------------------
-
-
-class Db:
-    """Fresh read-only connections to the daemon's SQLite file: each query sees the newest commit."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def rows(self, sql: str, *args: object) -> list[dict]:
-        for attempt in range(20):
-            try:
-                con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
-                try:
-                    con.row_factory = sqlite3.Row
-                    return [dict(row) for row in con.execute(sql, args)]
-                finally:
-                    con.close()
-            except sqlite3.OperationalError:
-                if attempt == 19:
-                    raise
-                time.sleep(0.25)
-        return []
-
-    def one(self, sql: str, *args: object) -> dict | None:
-        found = self.rows(sql, *args)
-        return found[0] if found else None
-
-    def games(self) -> dict[str, dict]:
-        found = self.rows(
-            "SELECT g.name, g.state, g.state_reason, g.steps, r.id AS run_id, r.pid, r.ended_at,"
-            " r.resumed_from_steps, r.adoptions FROM games g"
-            " LEFT JOIN runs r ON r.id = (SELECT MAX(id) FROM runs WHERE game_id = g.id)"
-        )
-        return {row["name"]: row for row in found}
-
-    def run(self, run_id: int) -> dict:
-        row = self.one("SELECT * FROM runs WHERE id = ?", run_id)
-        assert row is not None, run_id
-        return row
-
-    def runs_after(self, game: str, run_id: int) -> list[dict]:
-        return self.rows(
-            "SELECT r.* FROM runs r JOIN games g ON g.id = r.game_id WHERE g.name = ? AND r.id > ? ORDER BY r.id",
-            game, run_id,
-        )
-
-    def max_id(self, table: str) -> int:
-        row = self.one(f"SELECT COALESCE(MAX(id), 0) AS m FROM {table}")
-        return row["m"] if row else 0
-
-    def events_after(self, event_id: int, kind: str | None = None, game: str | None = None) -> list[dict]:
-        sql, args = "SELECT * FROM events WHERE id > ?", [event_id]
-        if kind is not None:
-            sql, args = sql + " AND kind = ?", [*args, kind]
-        if game is not None:
-            sql, args = sql + " AND game = ?", [*args, game]
-        return self.rows(sql + " ORDER BY id", *args)
-
-
-def newest_verified(directory: Path) -> CheckpointInfo | None:
-    """workers.checkpoint.newest_verified, retried when a live worker prunes a folder under us."""
-    for _ in range(20):
-        try:
-            for info in list_checkpoints(directory):
-                if verify(info.path)[0]:
-                    return info
-            return None
-        except OSError:
-            time.sleep(0.05)
-    return None
-
-
-def verified_count(directory: Path) -> int:
-    try:
-        return sum(1 for info in list_checkpoints(directory) if verify(info.path)[0])
-    except OSError:
-        return 0
-
-
-def is_ours(pid: int, state_dir: Path) -> bool:
-    """Signal only processes whose command line names this soak's state dir."""
-    try:
-        return any(str(state_dir) in part for part in psutil.Process(pid).cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-
-
-# -- never two workers for one game ------------------------------------------------------------
-
-
-class Sampler(threading.Thread):
-    """Counts, every second, the live worker processes of each game (process group leaders)."""
-
-    def __init__(self, state_dir: Path, interval_s: float = 1.0) -> None:
-        super().__init__(daemon=True, name="chaos-sampler")
-        self.state_dir = str(state_dir)
-        self.interval_s = interval_s
-        self.halt = threading.Event()
-        self.samples = 0
-        self.max_per_game: Counter[str] = Counter()
-        self.doubles: list[str] = []
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            self.sample()
-            self.halt.wait(self.interval_s)
-
-    def sample(self) -> None:
-        per_game: dict[str, list[int]] = {}
-        for process in psutil.process_iter(["cmdline", "status"]):
-            try:
-                if process.info["status"] == psutil.STATUS_ZOMBIE:
-                    continue
-                cmdline = process.info["cmdline"] or []
-                if "--spec" not in cmdline or cmdline.index("--spec") + 1 >= len(cmdline):
-                    continue
-                spec = cmdline[cmdline.index("--spec") + 1]
-                match = SPEC_RE.search(spec)
-                if not spec.startswith(self.state_dir) or match is None:
-                    continue
-                if os.getpgid(process.pid) != process.pid:
-                    continue  # an env subprocess of a worker, not a worker
-                per_game.setdefault(match.group(1), []).append(process.pid)
-            except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        self.samples += 1
-        for game, pids in per_game.items():
-            self.max_per_game[game] = max(self.max_per_game[game], len(pids))
-            if len(pids) > 1:
-                self.doubles.append(f"{datetime.now(UTC):%H:%M:%S} {game}: pids {sorted(pids)}")
 
 
 # -- incidents ---------------------------------------------------------------------------------
@@ -305,13 +172,6 @@ class Incident:
 
 
 @dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-@dataclass
 class Report:
     options: Options
     started: datetime
@@ -332,18 +192,14 @@ class Soak:
         self.options = options
         self.say = say
         self.rng = random.Random(options.seed)
-        self.root = short_tmp_dir()
-        self.config = DaemonConfig(self.root, extra=config_text(options))
-        self.config.write()
-        self.config.set_boot_id(f"chaos-boot-0-{uuid.uuid4().hex[:8]}")
-        self.db = Db(self.config.state_dir / "fleetd.db")
-        self.daemons: list[Daemon] = []
-        self.sampler = Sampler(self.config.state_dir)
+        self.fleet = Fleet("chaos", config_text(options))
+        self.root, self.config, self.db = self.fleet.root, self.fleet.config, self.fleet.db
+        self.daemons, self.sampler, self.start_failures = self.fleet.daemons, self.fleet.sampler, self.fleet.start_failures
         self.incidents: list[Incident] = []
         self.mount: Path | None = None
+        self.quota = Tmpfs(self.ckpt_dir(QUOTA_GAME), options.quota_mib, "chaos-quota")
         self.quota_note = ""
         self.t0 = time.monotonic()
-        self.start_failures: list[str] = []
 
     # -- set-up and tear-down ---------------------------------------------------------------
 
@@ -355,52 +211,22 @@ class Soak:
         return self.config.state_dir / "games" / game / "checkpoints"
 
     def mount_quota(self) -> None:
-        target = self.ckpt_dir(QUOTA_GAME)
-        target.mkdir(parents=True)
-        if os.geteuid() != 0:
-            self.quota_note = "not root: no tmpfs quota mounted; disk_full incidents skipped"
-            return
-        size = f"{self.options.quota_mib}m"
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "chaos-quota", str(target)],
-            capture_output=True, text=True, check=False,
-        )
-        if done.returncode != 0:
-            self.quota_note = f"mount -t tmpfs refused ({done.stderr.strip()}): disk_full incidents skipped"
-            return
-        self.mount = target
-        self.quota_note = f"tmpfs of {self.options.quota_mib} MiB mounted over {QUOTA_GAME}'s checkpoints folder"
+        if self.quota.mount():
+            self.mount = self.quota.target
+        self.quota_note = self.quota.note.replace(str(self.quota.target), f"{QUOTA_GAME}'s checkpoints folder")
 
     def start_daemon(self) -> Daemon:
         """Start `fleetd serve`; a start that fails is recorded and retried, as systemd would."""
-        for _ in range(3):
-            daemon = Daemon(self.config, log_name=f"daemon-{len(self.daemons)}.log")
-            self.daemons.append(daemon)
-            try:
-                daemon.wait_healthy(120)
-                return daemon
-            except AssertionError as exc:
-                daemon.ensure_stopped()
-                self.start_failures.append(f"{daemon.log_path.name}: {str(exc)[-400:]}")
-                self.say(f"daemon start failed ({daemon.log_path.name}); starting it again")
-        raise RuntimeError("the daemon failed to start three times in a row")
+        return self.fleet.start(120, self.say)
 
     def cleanup(self) -> None:
         self.sampler.halt.set()
         for daemon in self.daemons:
             daemon.ensure_stopped()
-        kill_leftover_workers(self.config)  # only groups whose spec lies under this soak's dir
-        if self.mount is not None:
-            for _ in range(10):
-                if subprocess.run(["umount", str(self.mount)], capture_output=True, check=False).returncode == 0:
-                    break
-                time.sleep(0.5)
-            else:
-                subprocess.run(["umount", "-l", str(self.mount)], capture_output=True, check=False)
+        self.quota.unmount()  # before the fleet's dir is removed
+        self.fleet.cleanup(self.options.keep)
         if self.options.keep:
             self.say(f"kept {self.root}")
-        else:
-            shutil.rmtree(self.root, ignore_errors=True)
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -485,16 +311,6 @@ class Soak:
             return None
         return pid
 
-    def wait_gone(self, pid: int, timeout: float = 10) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    return
-            except psutil.NoSuchProcess:
-                return
-            time.sleep(0.02)
-
     def on_disk(self, row: Row) -> None:
         """Once the worker can write no more: the newest verified checkpoint is the floor for the
         resume, and the worker had reached at least its steps (the database's steps lag the
@@ -526,7 +342,7 @@ class Soak:
             return incident
         event0 = self.db.max_id("events")
         os.kill(pid, signal.SIGKILL)
-        self.wait_gone(pid)
+        wait_gone(pid)
         self.on_disk(row)
         incident.detail = f"pid {pid}"
         self.wait_recovered(incident, {name: game["run_id"]})
@@ -608,23 +424,12 @@ class Soak:
         rows = {name: Row(name, g["steps"]) for name, g in games.items()}
         incident.rows.extend(rows.values())
         event0, boot0 = self.db.max_id("events"), self.db.max_id("boots")
-        groups = [p.pid for p in worker_processes(self.config)]
-        self.daemon.process.send_signal(signal.SIGKILL)  # the power cut: everything at once
-        for pgid in groups:
-            try:
-                if os.getpgid(pgid) == pgid:
-                    os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.daemon.process.wait(10)
-        for pid in groups:
-            self.wait_gone(pid)
+        new_boot = f"chaos-boot-{incident.n}-{uuid.uuid4().hex[:8]}"
+        groups = power_cut(self.daemon, self.config, new_boot)  # everything at once, a new boot id
         for row in rows.values():
             self.on_disk(row)
-        new_boot = f"chaos-boot-{incident.n}-{uuid.uuid4().hex[:8]}"
-        self.config.set_boot_id(new_boot)
         down = self.rng.uniform(1.0, 3.0)
-        incident.detail = f"{len(groups)} groups, down {down:.1f}s"
+        incident.detail = f"{groups} groups, down {down:.1f}s"
         time.sleep(down)
         self.start_daemon()
         self.wait_recovered(incident, {name: g["run_id"] for name, g in games.items()})
@@ -664,7 +469,7 @@ class Soak:
         except FileNotFoundError:  # pruned in the meantime: cannot happen to the newest, but say so
             incident.problems.append(f"{target.path.name} vanished before it could be corrupted")
         os.kill(pid, signal.SIGKILL)  # so that a resume happens now
-        self.wait_gone(pid)
+        wait_gone(pid)
         incident.detail = f"{how} of {target.path.name}, then SIGKILL pid {pid}"
         self.on_disk(row)
         row.before_steps = max(row.before_steps or 0, target.steps)
@@ -835,7 +640,7 @@ class Soak:
         except subprocess.TimeoutExpired:
             code = None
         left = [p.pid for p in worker_processes(self.config) if _alive(p)]
-        stragglers = sorted({pid for pgid in run_pids for pid in _group(pgid) if is_ours(pid, self.config.state_dir)})
+        stragglers = sorted({pid for pgid in run_pids for pid in group(pgid) if is_ours(pid, self.config.state_dir)})
         checks.append(Check(
             "clean SIGTERM stop, no orphan process", code == 0 and not left and not stragglers,
             f"daemon exit {code}; worker processes left {left or 0}; members of the {len(set(run_pids))} runs' "
@@ -850,14 +655,9 @@ class Soak:
             "; ".join(low) or f"{resumes} resumes checked",
         ))
 
-        con = sqlite3.connect(self.db.path, timeout=30)
-        try:
-            integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
-            foreign = con.execute("PRAGMA foreign_key_check").fetchall()
-        finally:
-            con.close()
+        integrity, foreign = self.db.integrity()
         checks.append(Check("SQLite integrity_check ok", integrity == "ok" and not foreign,
-                            f"integrity_check: {integrity}; foreign_key_check: {len(foreign)} rows"))
+                            f"integrity_check: {integrity}; foreign_key_check: {foreign} rows"))
 
         unrecorded = [f"#{i.n} {p}" for i in self.incidents for p in i.problems if p not in low]
         kills = sum(1 for i in self.incidents if i.kind in ("worker_kill", "worker_stop", "daemon_kill", "reboot", "corrupt"))
@@ -879,67 +679,7 @@ class Soak:
         return checks
 
 
-def damage(ckpt: Path, how: str, rng: random.Random) -> None:
-    if how == "truncate model.zip":
-        path = ckpt / "model.zip"
-        os.truncate(path, path.stat().st_size // 2)
-    elif how == "flip bytes in model.zip":
-        path = ckpt / "model.zip"
-        data = bytearray(path.read_bytes())
-        for _ in range(16):
-            i = rng.randrange(len(data))
-            data[i] ^= 0xFF
-        path.write_bytes(bytes(data))
-    else:
-        (ckpt / "manifest.json").write_bytes(b'{"version": 1, "steps": ')
-
-
-def fill(path: Path) -> int:
-    """Write until the file system says ENOSPC; return the bytes written."""
-    written = 0
-    with open(path, "wb", buffering=0) as handle:
-        for chunk in (1 << 20, 1 << 12, 1):
-            block = b"\0" * chunk
-            while True:
-                try:
-                    written += handle.write(block)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-    return written
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _group(pgid: int) -> list[int]:
-    members = []
-    for process in psutil.process_iter(["status"]):
-        try:
-            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
-                members.append(process.pid)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return members
-
-
-def machine() -> str:
-    gib = psutil.virtual_memory().total / 2**30
-    gpu = "GPU" if Path("/dev/nvidia0").exists() else "no GPU"
-    return (f"{os.cpu_count()}-core {platform.machine()}, {gib:.0f} GiB, {gpu}, Linux {platform.release()}, "
-            f"Python {platform.python_version()}")
-
-
 # -- the report --------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, spec: str = "") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def render(report: Report) -> str:
@@ -995,8 +735,7 @@ def render(report: Report) -> str:
               + "; ".join(f"{LABELS[k]}: n={len(v)}, mean {sum(v) / len(v):.0f}, max {max(v)}"
                           for k, v in lost_by_kind.items()) + "; daemon SIGKILL: 0 (adopted, training went on)"]
     lines += ["", "checks:"]
-    for check in report.checks:
-        lines.append(f"  {'PASS' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+    lines += check_lines(report.checks)
     lines.append(f"\nresult: {'all checks PASS' if report.ok else 'some check FAILED'}")
     return "\n".join(lines)
 

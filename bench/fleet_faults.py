@@ -375,12 +375,13 @@ class Tmpfs:
 
 
 class MemoryCgroup:
-    """A cgroup v1 memory group the bench makes itself: a worker moved into it with a limit far
-    below what it allocates next is killed by the kernel's OOM killer (no swap here, and
-    swappiness 0 in the group). Its charges do not move with it (move_charge_at_immigrate 0), so
-    the limit counts only what it allocates after the move."""
+    """A cgroup v1 memory group the bench makes itself: a worker moved into it with a limit below
+    what it allocates next is killed by the kernel's OOM killer (no swap here, and swappiness 0 in
+    the group). Its charges do not move with it (this kernel ignores move_charge_at_immigrate), so
+    the limit counts only pages it faults in after the move: 64 KiB, less than one fresh rollout
+    buffer (a steady worker reuses its heap, and an 8 MiB limit never killed a CartPole one)."""
 
-    def __init__(self, name: str, limit_bytes: int = 8 << 20) -> None:
+    def __init__(self, name: str, limit_bytes: int = 64 << 10) -> None:
         self.path = CGROUP_MEMORY / name
         self.limit_bytes = limit_bytes
 
@@ -401,7 +402,13 @@ class MemoryCgroup:
         return 0
 
     def remove(self, timeout: float = 30) -> None:
-        """rmdir once empty (the killed worker gone); a cgroup with tasks cannot be removed."""
+        """rmdir once empty: a process still in it (one the limit did not kill) goes back to the
+        root group first; a cgroup with tasks cannot be removed."""
+        for pid in (self.path / "cgroup.procs").read_text().split() if self.path.exists() else []:
+            try:
+                (CGROUP_MEMORY / "cgroup.procs").write_text(pid)
+            except OSError:  # gone meanwhile
+                pass
         deadline = time.monotonic() + timeout
         while self.path.exists():
             try:

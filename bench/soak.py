@@ -13,7 +13,7 @@ once in a random order, then kinds drawn at random:
 - `worker_kill` SIGKILL to a worker; `worker_stop` SIGSTOP (the hang watchdog must act);
 - `daemon_kill` SIGKILL to the daemon, started again 1-5 s later (it adopts the workers);
 - `power_cut` the daemon and every worker group SIGKILLed at once, a new boot id, started again;
-- `disk_full` a 64 MiB tmpfs over MsPacman's checkpoints folder filled to ENOSPC, then the game
+- `disk_full` a 256 MiB tmpfs over MsPacman's checkpoints folder filled to ENOSPC, then the game
   stopped through the API so that its final checkpoint write hits the full disk; freed, started;
 - `corrupt` the newest verified checkpoint damaged, its worker SIGKILLed so that it resumes;
 - `memory_kill` the worker moved into a cgroup (v1 memory controller) with an 8 MiB limit: the
@@ -61,7 +61,6 @@ from bench.fleet_faults import (
     Fleet,
     MemoryCgroup,
     Tmpfs,
-    check_lines,
     damage,
     fill,
     is_ours,
@@ -74,13 +73,18 @@ from bench.fleet_faults import (
     write_json,
 )
 from bench.soak_checks import Fault, StepBack
+from bench import soak_report
+from bench.soak_report import draw, render
 from fleetd.config import load_settings
 from tests.daemon_harness import TINY
 from workers.checkpoint import list_checkpoints
 
-KINDS = ("worker_kill", "worker_stop", "daemon_kill", "power_cut", "disk_full", "corrupt", "memory_kill")
+KINDS = soak_report.KINDS
 ATARI = (("breakout", "Breakout-v5"), ("pong", "Pong-v5"), ("mspacman", "MsPacman-v5"))
-CARTPOLE = (("cart-a", "CartPole-v1"), ("cart-b", "CartPole-v1"))
+CARTPOLE = (("cart", "CartPole-v1"),)
+# The short mode's rollout buffer is fresh pages every rollout (16,384 observations, 256 KiB: numpy
+# maps it anew), which the memory-limit kill needs; the chaos soak's TINY reuses its heap.
+SHORT_HYPERPARAMS = TINY | {"num_envs": 16, "n_steps": 1024}
 # The power cut first: the daemon's last life then sees every other fault (a leak per restart).
 SHORT_SCHEDULE = ("power_cut", "worker_kill", "memory_kill", "corrupt", "disk_full")
 # The ceiling this 2-core machine runs: 3 games of 8 envs at every tier (games must not decrease).
@@ -88,7 +92,11 @@ TIERS = "\n[fleet.tiers.light]\ngames = 3\nnum_envs = 8\nbatch_size = 256\n" \
         "[fleet.tiers.medium]\ngames = 3\nnum_envs = 8\nbatch_size = 256\n" \
         "[fleet.tiers.heavy]\ngames = 3\nnum_envs = 8\nbatch_size = 256\n"
 SETTLE_S = 600.0  # growth of the daemon's RSS and fds counts after its first 10 minutes
-API_P99_LIMIT_S = 2.0  # an API read during a fault, on this loaded 2-core machine
+# MsPacman's checkpoints folder: an Atari PPO checkpoint is some 20 MB, and retention keeps the
+# newest 3 and one an hour; a fill makes it ENOSPC whatever its size.
+QUOTA_MIB = 256
+API_P99_LIMIT_S = 5.0  # an API read during a fault: half the CLI's 10 s timeout, on a loaded 2-core machine
+FDS_FLOOR = 4  # fds that come and go (the database pool's connections, a worker's pipes)
 DB_LIMIT_BYTES = 1 << 30  # the database after the samples' retention at the measured growth
 SHORT_TIMINGS = ("\n[supervisor]\nstartsecs = 2\nbackoff_initial_s = 0.5\nbackoff_max_s = 2\nhang_timeout_s = 10\n"
                  "progress_flush_s = 0.5\n"
@@ -101,7 +109,7 @@ class Options:
     seed: int = 1
     short: bool = False
     out: Path | None = None
-    gap_s: tuple[float, float] = (60.0, 240.0)
+    gap_s: tuple[float, float] = (30.0, 150.0)  # after the previous fault recovered
     keep: bool = False
 
     @property
@@ -110,7 +118,7 @@ class Options:
 
 
 def config_text(options: Options) -> str:
-    body = {"algo": "ppo"} | ({"hyperparams": TINY} if options.short else {})
+    body = {"algo": "ppo"} | ({"hyperparams": SHORT_HYPERPARAMS} if options.short else {})
     games = "".join(
         f'\n[[games]]\nname = "{name}"\nenv_id = "{env}"\n' + "".join(f"{k} = {toml_value(v)}\n" for k, v in body.items())
         for name, env in options.games
@@ -146,6 +154,16 @@ class SoakFleet(Fleet):
             g["state"] == "running" and g["ended_at"] is None and g["steps"] > (g["resumed_from_steps"] or 0)
             and is_ours(g["pid"] or 0, self.state_dir) for g in admitted
         )
+
+    def wait_new_runs(self, runs: dict[str, int], timeout: float) -> bool:
+        """Each game has a run after the given one (the killed run's end seen), or was shed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            games = self.db.games()
+            if all(games[n]["run_id"] != r or games[n]["admitted_at"] is None for n, r in runs.items()):
+                return True
+            time.sleep(0.5)
+        return False
 
     def wait_training(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -226,6 +244,10 @@ class Prober(threading.Thread):
             self.halt.wait(1.0)
 
 
+class NotYet(Exception):
+    """The fault has nothing to act on yet: it is tried again later."""
+
+
 # -- the soak ----------------------------------------------------------------------------------
 
 
@@ -242,7 +264,7 @@ class Soak:
         self.rng = random.Random(options.seed)
         self.faulted, self.baseline = SoakFleet("faulted", options), SoakFleet("baseline", options)
         self.quota_game = options.games[-1][0]
-        self.quota = Tmpfs(self.faulted.ckpt_dir(self.quota_game), 8 if options.short else 64, "fleetd-soak-quota")
+        self.quota = Tmpfs(self.faulted.ckpt_dir(self.quota_game), 8 if options.short else QUOTA_MIB, "fleetd-soak-quota")
         self.t0 = time.monotonic()
         interval = 1.0 if options.short else 5.0
         self.recorders = [Recorder(f, self.now, interval) for f in (self.faulted, self.baseline)]
@@ -319,7 +341,7 @@ class Soak:
     def corrupt(self, game: str) -> str:
         pid, target = self.require_pid(game), newest_verified(self.faulted.ckpt_dir(game))
         if target is None:
-            raise RuntimeError(f"{game}: no verified checkpoint to corrupt")
+            raise NotYet(f"{game}: no verified checkpoint to corrupt yet")
         how = self.rng.choice(DAMAGES)
         damage(target.path, how, self.rng)
         self.corrupted.setdefault(game, []).append(target.path.name)
@@ -337,7 +359,7 @@ class Soak:
             cgroup.remove()
         if kills < 1:
             raise RuntimeError(f"{game}: pid {pid} not killed by the cgroup's OOM killer")
-        return f"{game} pid {pid}, 8 MiB cgroup limit, {kills} OOM kill"
+        return f"{game} pid {pid}, {cgroup.limit_bytes // 1024} KiB cgroup limit, {kills} OOM kill"
 
     def require_pid(self, game: str) -> int:
         pid = self.faulted.live_pid(game)
@@ -382,9 +404,9 @@ class Soak:
         self.rng.shuffle(first)
         return first + [self.rng.choice(kinds) for _ in range(200)]
 
-    def inject(self, kind: str) -> Done:
+    def inject(self, kind: str) -> Done | None:
         game = self.quota_game if kind == "disk_full" else self.pick()
-        at = self.now()
+        at, runs = self.now(), {name: g["run_id"] for name, g in self.faulted.db.games().items()}
         burst, fault_done = None, threading.Event()
         if len(self.done) % 2 == 0:
             burst = threading.Thread(target=self.burst, args=(len(self.done), fault_done), daemon=True)
@@ -392,14 +414,18 @@ class Soak:
         problems = []
         try:
             detail = getattr(self, kind)(game)
+        except NotYet:
+            fault_done.set()
+            return None
         except Exception as exc:  # noqa: BLE001 - the report must still come out
             detail, problems = "", [f"the fault itself failed: {exc!r}"]
         fault_done.set()
         if burst is not None:
             burst.join(300)
-        if not self.faulted.wait_training(900):
-            problems.append("the fleet did not train again within 900 s")
         whole = kind in ("daemon_kill", "power_cut")
+        replaced = [] if kind == "daemon_kill" or problems else list(runs) if whole else [game]
+        if not (self.faulted.wait_new_runs({n: runs[n] for n in replaced}, 900) and self.faulted.wait_training(900)):
+            problems.append("the fleet did not train again within 900 s")
         return Done(Fault(kind, None if whole else game, at, self.now()), detail, problems)
 
     def run(self) -> dict:
@@ -412,14 +438,20 @@ class Soak:
             thread.start()
         deadline = self.t0 + self.options.minutes * 60
         settled = self.faulted.wait_training(900) and self.baseline.wait_training(900)
-        for kind in self.plan() if settled else []:
-            gap = self.rng.uniform(*self.options.gap_s)
+        queue, deferred = (self.plan() if settled else []), 0
+        while queue:
+            kind, gap = queue.pop(0), self.rng.uniform(*self.options.gap_s)
             if time.monotonic() + gap > deadline and not self.options.short:
                 break
             time.sleep(gap)
-            self.done.append(self.inject(kind))
-            last = self.done[-1]
-            self.say(f"[{last.fault.at_s:6.0f}s] {kind} {last.detail}: {'; '.join(last.problems) or 'ok'}")
+            done = self.inject(kind)
+            if done is None:  # nothing to do it to yet (no checkpoint before the first interval)
+                deferred += 1
+                if deferred <= 20:
+                    queue.insert(min(2, len(queue)), kind)
+                continue
+            self.done.append(done)
+            self.say(f"[{done.fault.at_s:6.0f}s] {kind} {done.detail}: {'; '.join(done.problems) or 'ok'}")
         if time.monotonic() < deadline and not self.options.short:
             time.sleep(deadline - time.monotonic())
         return self.finish(settled)
@@ -488,16 +520,19 @@ class Soak:
         return {g: unverified(self.faulted.ckpt_dir(g)) for g in games}, self.corrupted, total
 
     def daemon_checks(self, end: float) -> list[Check]:
-        """The baseline daemon lives the whole soak; the faulted one from its last start."""
+        """The baseline daemon lives the whole soak; the faulted one is checked over its longest
+        life (from one start to the next kill), which saw the most faults' restarts."""
         faulted, baseline = self.recorders[0].record, self.recorders[1].record
         settle = end / 3 if self.options.short else SETTLE_S
-        life = max(faulted.lives or [0.0])
-        life_settle = life + min(settle, (end - life) / 3)
+        starts = [*(faulted.lives or [0.0]), end]
+        begin, until = max(zip(starts, starts[1:]), key=lambda life: life[1] - life[0])
+        life_settle = begin + min(settle, (until - begin) / 3)
+        rss, fds = ([p for p in series if begin <= p[0] < until] for series in (faulted.rss, faulted.fds))
         return [
             checks.check_growth("baseline daemon RSS", baseline.rss, settle),
-            checks.check_growth("baseline daemon fds", baseline.fds, settle),
-            checks.check_growth("faulted daemon's last life RSS", [p for p in faulted.rss if p[0] >= life], life_settle),
-            checks.check_growth("faulted daemon's last life fds", [p for p in faulted.fds if p[0] >= life], life_settle),
+            checks.check_growth("baseline daemon fds", baseline.fds, settle, floor=FDS_FLOOR),
+            checks.check_growth("faulted daemon's longest life RSS", rss, life_settle),
+            checks.check_growth("faulted daemon's longest life fds", fds, life_settle, floor=FDS_FLOOR),
         ]
 
     def sizes_after(self, end: float) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
@@ -529,60 +564,6 @@ class Soak:
 
 
 
-# -- the report --------------------------------------------------------------------------------
-
-
-def render(report: dict) -> str:
-    o: Options = report["options"]
-    counts: dict[str, int] = {}
-    for done in report["faults"]:
-        counts[done.fault.kind] = counts.get(done.fault.kind, 0) + 1
-    lines = [
-        f"fleetd soak, {report['machine']}",
-        f"seed {o.seed}; {o.minutes:g} min planned, {report['duration_s'] / 60:.1f} min run; "
-        f"{'short mode, ' if o.short else ''}games {', '.join(env for _, env in o.games)} (PPO) in two fleets: "
-        "faulted and baseline; shipped defaults but for the state dir, port and tier table",
-        "faults: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KINDS) + f"; API write bursts {len(report['bursts'])}",
-        "",
-        "| t (s) | fault | detail | recovered after (s) | result |",
-        "|---:|---|---|---:|---|",
-    ]
-    for done in report["faults"]:
-        f = done.fault
-        lines.append(f"| {f.at_s:.0f} | {f.kind} | {done.detail} | {f.end_s - f.at_s:.0f} | {'; '.join(done.problems) or 'ok'} |")
-    lines += ["", "checks:", *check_lines(report["checks"])]
-    ok = all(c.ok for c in report["checks"])
-    lines.append(f"\nresult: {'all checks PASS' if ok else 'some check FAILED'}")
-    return "\n".join(lines)
-
-
-def draw(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    games = [name for name, _ in report["options"].games]
-    fig, axes = plt.subplots(1, len(games), figsize=(5 * len(games), 3.6), dpi=100, squeeze=False)
-    for ax, game in zip(axes[0], games, strict=True):
-        for label, record, style in (("baseline", report["baseline"], "--"), ("faulted", report["faulted"], "-")):
-            curve = record.returns.get(game, [])
-            ax.plot([s for s, _ in curve], [v for _, v in curve], style, label=label)
-        steps = dict(report["faulted"].steps.get(game, []))
-        for done in report["faults"]:
-            if done.fault.hits(game) or done.fault.game is None:
-                near = [v for t, v in steps.items() if t <= done.fault.at_s]
-                if near:
-                    ax.axvline(near[-1], color="red", alpha=0.25, linewidth=0.8)
-        ax.set_title(f"{game}: mean return (last 100) vs env steps", fontsize=9)
-        ax.set_xlabel("env steps")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"fleetd soak, seed {report['seed']}, {report['duration_s'] / 60:.0f} min; red: faults", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def run_soak(options: Options, say: Callable[[str], None] = print) -> dict:
     soak = Soak(options, say)
     try:
@@ -602,11 +583,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--short", action="store_true", help="CartPole, short timings, a fixed schedule")
     parser.add_argument("--gap", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
-                        help="random wait before each fault, seconds (default 60-240; --short 1-3)")
+                        help="random wait before each fault, seconds (default 30-150; --short 1-3)")
     parser.add_argument("--out", type=Path, help="write soak.json and soak.png here")
     parser.add_argument("--keep", action="store_true", help="keep the fleets' directories")
     args = parser.parse_args()
-    gap = tuple(args.gap) if args.gap else ((1.0, 3.0) if args.short else (60.0, 240.0))
+    gap = tuple(args.gap) if args.gap else ((1.0, 3.0) if args.short else (30.0, 150.0))
     options = Options(minutes=args.minutes, seed=args.seed, short=args.short, out=args.out, gap_s=gap, keep=args.keep)
     report = run_soak(options)
     print()

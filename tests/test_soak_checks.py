@@ -96,6 +96,8 @@ def test_growth_after_the_settling_time_fails_beyond_ten_percent() -> None:
     check = check_growth("daemon RSS", leak, 600)
     assert not check.ok and "+" in check.detail
     assert not check_growth("fds", [(700, 10.0)], 600).ok  # too few samples to tell
+    two_more = [(t, 19.0 if t < 2000 else 21.0) for t in range(600, 3600, 60)]
+    assert not check_growth("fds", two_more, 600).ok and check_growth("fds", two_more, 600, floor=4).ok
 
 
 def test_sizes_fail_when_the_database_would_outgrow_its_bound() -> None:
@@ -118,8 +120,9 @@ def test_api_p99_counts_only_calls_during_faults_and_fails_on_5xx() -> None:
 
 def test_returns_fail_below_the_baselines_spread_at_equal_steps() -> None:
     baseline = {"pong": [(s, -21 + s / 10_000) for s in range(0, 100_001, 5_000)]}
-    assert spread(baseline["pong"], 50_000) == (-17.0, -15.0)
+    assert spread(baseline["pong"], 50_000, 0.2) == (-17.0, -15.0)
+    assert spread(baseline["pong"], 50_000) == (-18.5, -13.5)  # +-50% by default
     assert check_returns({"pong": [(40_000, -19.0), (50_000, -16.5)]}, baseline).ok
-    check = check_returns({"pong": [(50_000, -19.0)]}, baseline)
+    check = check_returns({"pong": [(50_000, -19.0)]}, baseline)  # below -18.5
     assert not check.ok and "below" in check.detail
     assert not check_returns({"pong": [(500_000, -10.0)]}, baseline).ok  # the baseline never got there
