@@ -74,8 +74,12 @@ def test_envpool_threads_are_the_core_share_times_the_factor(settings: Settings,
 
 def test_envpool_threads_stay_within_the_host_cores_but_never_below_the_share(settings: Settings, monkeypatch) -> None:
     monkeypatch.setattr("fleetd.supervision.spec.os.cpu_count", lambda: 16)
-    assert launch_for(game(), with_worker(settings, cpu_threads=6, env_thread_factor=4.0), 1, None).spec.env_threads == 16
-    assert launch_for(game(), with_worker(settings, cpu_threads=32, env_thread_factor=2.0), 1, None).spec.env_threads == 32
+    def env_threads(cpu_threads: int, factor: float) -> int:
+        worker = with_worker(settings, cpu_threads=cpu_threads, env_thread_factor=factor)
+        return launch_for(game(), worker, 1, None).spec.env_threads
+
+    assert env_threads(6, 4.0) == 16  # 24 over 16 cores
+    assert env_threads(32, 2.0) == 32  # an explicit cpu_threads over the cores stays
 
 
 def test_before_the_governor_a_launch_has_no_tier_values(settings: Settings) -> None:
