@@ -77,6 +77,7 @@ class Job:
     seed: int = 1
     bf16: bool = False
     channels_last: bool = False
+    environ: dict = field(default_factory=dict)  # set before CUDA starts (the side's MPS pipe)
 
 
 def make_envs(job: Job):
@@ -292,6 +293,7 @@ LOOPS = {"ppo": PpoLoop, "dqn": DqnLoop, "raw": RawLoop}
 
 
 def run_job(job: Job) -> dict:
+    os.environ.update(job.environ)
     device = torch.device(job.device)
     torch.set_num_threads(job.threads)
     if device.type == "cuda":
@@ -313,7 +315,11 @@ def run_job(job: Job) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0])
+    path, parent = Path(argv[0]), os.getppid()
+    while not path.exists():  # started early to import torch; its job comes at its side's turn
+        if os.getppid() != parent:
+            return 1
+        time.sleep(0.05)
     job = Job(**json.loads(path.read_text()))
     result = run_job(job) | {"job": asdict(job)}
     path.with_suffix(".result.json").write_text(json.dumps(result, indent=2) + "\n")

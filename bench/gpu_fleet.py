@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,7 @@ class Options:
     threads: int = 0  # per game; 0: the host's cores over the N games, as fleetd shares them
     mps: str = "auto"  # [gpu] mps for fleetd; the loops and raw EnvPool get an MPS of their own alike
     start_timeout_s: float = 600.0
+    fault_one: bool = False  # fleetd, N >= 2: SIGKILL one worker mid-window, the others' steps/s before and after
 
     @property
     def games(self) -> tuple[tuple[str, str, str], ...]:
@@ -83,7 +85,7 @@ class Options:
         return self.threads or max(1, (os.cpu_count() or 1) // n)
 
 
-QUICK_CPU = {"counts": (1, 2), "warmup_s": 1.0, "window_s": 3.0, "dqn_learning_starts": 200, "threads": 1,
+QUICK_CPU = {"warmup_s": 1.0, "window_s": 3.0, "dqn_learning_starts": 200, "threads": 1,
              "start_timeout_s": 240.0}
 
 
@@ -255,7 +257,9 @@ def run_fleetd(n: int, rung: Rung, options: Options) -> tuple[dict, dict[str, di
         watch = Watch({name: first[name]["pid"] for name in names}, daemon.pid)
         before = {name: daemon.game(name)["steps"] for name in names}
         watch.start()
-        time.sleep(options.window_s)
+        fault = window_with_fault(daemon, names, before, first, options) if options.fault_one else None
+        if fault is None:
+            time.sleep(options.window_s)
         after = {name: daemon.game(name) for name in names}
         seconds = time.monotonic() - watch.t0
         figures = watch.finish()
@@ -265,11 +269,48 @@ def run_fleetd(n: int, rung: Rung, options: Options) -> tuple[dict, dict[str, di
         figures["mps"] = bool({"mps_started", "mps_adopted"} & set(mps_events)) and "mps_fallback" not in mps_events
         side = side_result({name: (after[name]["steps"] - before[name]) / seconds for name in names},
                            {name: worker_split(config, name) for name in names}, figures)
+        if fault is not None:
+            side["fault"] = fault | fault_result(fault["victim"], fault.pop("steps"), fault.pop("times"),
+                                                 {name: first[name]["pid"] for name in names}, after)
         return side, {name: after[name]["settings"] for name in names}
     finally:
         daemon.ensure_stopped()
         kill_leftover_workers(config)
         shutil.rmtree(config.root, ignore_errors=True)
+
+
+def window_with_fault(daemon: Daemon, names: list[str], before: dict[str, int], first: dict[str, dict],
+                      options: Options) -> dict | None:
+    """--fault-one: half the window, then SIGKILL the last game's worker (under MPS, as a fatal
+    GPU error ends a client), then the other half; the steps at each point for fault_result."""
+    if len(names) < 2:
+        return None
+    t0 = time.monotonic()
+    time.sleep(options.window_s / 2)
+    mid, t_kill = {name: daemon.game(name)["steps"] for name in names}, time.monotonic()
+    victim = names[-1]
+    os.kill(first[victim]["pid"], signal.SIGKILL)
+    time.sleep(options.window_s / 2)
+    end, t_end = {name: daemon.game(name)["steps"] for name in names}, time.monotonic()
+    return {"victim": victim, "signal": "SIGKILL", "steps": [before, mid, end], "times": [t0, t_kill, t_end]}
+
+
+def fault_result(victim: str, steps: list[dict[str, int]], times: list[float], pids: dict[str, int],
+                 after: dict[str, dict]) -> dict:
+    """The other games' steps/s before and after the victim's kill, and whether each kept its
+    worker (same pid, still running); the victim's state and whether the daemon restarted it."""
+    others = [name for name in steps[0] if name != victim]
+    rate = lambda name, i: (steps[i + 1][name] - steps[i][name]) / (times[i + 1] - times[i])  # noqa: E731
+    per_game = {name: {"before": round(rate(name, 0), 1), "after": round(rate(name, 1), 1),
+                       "kept_running": after[name]["pid"] == pids[name] and after[name]["state"] == "running"}
+                for name in others}
+    total_before, total_after = (sum(rate(name, i) for name in others) for i in (0, 1))
+    return {"others": per_game, "others_steps_per_s_before": round(total_before, 1),
+            "others_steps_per_s_after": round(total_after, 1),
+            "after_over_before": round(total_after / total_before, 3) if total_before else None,
+            "others_kept_running": all(g["kept_running"] for g in per_game.values()),
+            "victim_state_after": after[victim]["state"],
+            "victim_restarted": after[victim]["pid"] not in (None, pids[victim])}
 
 
 def side_result(rates: dict[str, float], splits: dict[str, dict | None], figures: dict) -> dict:
@@ -310,21 +351,37 @@ def loop_settings(env_id: str, algo: str, sizes: dict, options: Options) -> dict
     return resolved | {"schedule_timesteps": schedule} | ({"policy_kwargs": {"net_arch": net_arch}} if net_arch else {})
 
 
-def run_processes(kind: str, n: int, sizes: dict[str, dict], options: Options) -> dict:
-    """N bench/fleet_loops.py processes (loops, or raw EnvPool), one window for all."""
-    work = Path(tempfile.mkdtemp(prefix="gpu-fleet-"))
-    go, procs, threads = work / "go", {}, options.threads_for(n)
-    mps = own_mps(work, options)
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    env |= mps.worker_env()
+class Side:
+    """One side's processes (loops or raw EnvPool), started early so that they import torch
+    while the daemon runs; each waits for its job file, written at the side's turn."""
+
+    def __init__(self, kind: str, names: list[str]) -> None:
+        self.kind, self.work = kind, Path(tempfile.mkdtemp(prefix=f"gpu-fleet-{kind}-"))
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        self.procs = {name: spawn(self.work, name, env) for name in names}
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def run_processes(side: Side, n: int, sizes: dict[str, dict], options: Options) -> dict:
+    """The side's N bench/fleet_loops.py processes (loops, or raw EnvPool), one window for all."""
+    kind, work, procs, threads = side.kind, side.work, side.procs, options.threads_for(n)
+    go, mps = work / "go", own_mps(work, options)
+    environ = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} | mps.worker_env()
     try:
         for name, env_id, algo in options.games[:n]:
             job = {"kind": algo if kind == "loops" else "raw", "env_id": env_id, "num_envs": sizes[name]["num_envs"],
                    "threads": threads, "device": options.device, "warmup_s": options.warmup_s,
                    "window_s": options.window_s, "go_file": str(go), "bf16": options.bf16,
-                   "channels_last": options.channels_last,
+                   "channels_last": options.channels_last, "environ": environ,
                    "settings": loop_settings(env_id, algo, sizes[name], options) if kind == "loops" else {}}
-            procs[name] = launch(work, name, job, env)
+            (work / f"{name}.tmp").write_text(json.dumps(job))
+            (work / f"{name}.tmp").rename(work / f"{name}.json")
         wait_ready(work, procs, options.start_timeout_s)
         watch = Watch({name: p.pid for name, p in procs.items()})
         go.write_text(f"{time.time()}\n")
@@ -340,12 +397,8 @@ def run_processes(kind: str, n: int, sizes: dict[str, dict], options: Options) -
         figures["mps"] = mps.active
         return side_result({n_: r["steps_per_s"] for n_, r in results.items()}, results, figures)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        side.close()
         mps.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def own_mps(work: Path, options: Options):
@@ -360,8 +413,7 @@ def own_mps(work: Path, options: Options):
     return mps
 
 
-def launch(work: Path, name: str, job: dict, env: dict[str, str]) -> subprocess.Popen:
-    (work / f"{name}.json").write_text(json.dumps(job))
+def spawn(work: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
     with (work / f"{name}.log").open("wb") as log:
         return subprocess.Popen([sys.executable, str(Path(__file__).with_name("fleet_loops.py")), str(work / f"{name}.json")],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -381,11 +433,17 @@ def wait_ready(work: Path, procs: dict[str, subprocess.Popen], timeout: float) -
 def measure_n(n: int, options: Options, say=print) -> dict:
     rung = rung_for(n)
     say(f"N = {n}: rung {rung.label}, batch {rung.batch_size}; fleetd ...")
-    fleetd, sizes = run_fleetd(n, rung, options)
-    say(f"  fleetd {fleetd['total_steps_per_s']:.0f} steps/s; loops ...")
-    loops = run_processes("loops", n, sizes, options)
-    say(f"  loops {loops['total_steps_per_s']:.0f} steps/s; raw EnvPool ...")
-    raw = run_processes("raw", n, sizes, options)
+    names = [g[0] for g in options.games[:n]]
+    loop_side, raw_side = Side("loops", names), Side("raw", names)
+    try:
+        fleetd, sizes = run_fleetd(n, rung, options)
+        say(f"  fleetd {fleetd['total_steps_per_s']:.0f} steps/s; loops ...")
+        loops = run_processes(loop_side, n, sizes, options)
+        say(f"  loops {loops['total_steps_per_s']:.0f} steps/s; raw EnvPool ...")
+        raw = run_processes(raw_side, n, sizes, options)
+    finally:
+        loop_side.close()
+        raw_side.close()
     say(f"  raw EnvPool {raw['total_steps_per_s']:.0f} steps/s")
     games = [{"name": g, "env_id": e, "algo": a, **sizes[g]} for g, e, a in options.games[:n]]
     return {"n": n, "rung": asdict(rung), "threads_per_game": options.threads_for(n), "games": games,
@@ -459,7 +517,7 @@ def write_outputs(report: dict, out: Path) -> None:
 
 def parse(argv: list[str] | None) -> tuple[Options, bool]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--counts", type=int, nargs="+", default=list(Options.counts))
+    parser.add_argument("--counts", type=int, nargs="+", help="games per run (default 1 2 4 8 10; --quick: 1 2)")
     parser.add_argument("--warmup-s", type=float, default=Options.warmup_s)
     parser.add_argument("--window-s", type=float, default=Options.window_s)
     parser.add_argument("--out", type=Path, default=Options.out)
@@ -469,12 +527,15 @@ def parse(argv: list[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--channels-last", action="store_true", help="channels-last CNN in workers and loops")
     parser.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
                         help="NVIDIA MPS for every side ([gpu] mps for fleetd)")
+    parser.add_argument("--fault-one", action="store_true",
+                        help="fleetd, N >= 2: SIGKILL one worker mid-window; the others' steps/s before and after")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    options = Options(tuple(args.counts), args.device, args.warmup_s, args.window_s, args.out,
-                      args.dqn_learning_starts, args.bf16, args.channels_last, args.threads, args.mps)
+    counts = tuple(args.counts or ((1, 2) if args.quick else Options.counts))
+    options = Options(counts, args.device, args.warmup_s, args.window_s, args.out, args.dqn_learning_starts,
+                      args.bf16, args.channels_last, args.threads, args.mps, fault_one=args.fault_one)
     if args.quick:
         options = Options(**(asdict(options) | QUICK_CPU))
     return options, args.allow_cpu

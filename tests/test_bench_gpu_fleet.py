@@ -1,6 +1,6 @@
 """bench/gpu_fleet.py (issue 22 item 1): without CUDA it exits 2 saying why; its CPU test mode
-(CartPole PPO and DQN, N = 1, 2, a few seconds each) runs the real daemon, the loops and raw
-EnvPool and writes the JSON, the PNG and the table. Its figures are not checked for speed: this
+(CartPole PPO, N = 1 here, a few seconds each) runs the real daemon, the loops and raw EnvPool
+and writes the JSON, the PNG and the table; --fault-one's arithmetic is checked on its own. Its figures are not checked for speed: this
 machine has no GPU, and what the bench measures on one is in docs/benchmarks.md (GPU)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench.fleet_loops import Meter
-from bench.gpu_fleet import SIDES, rung_for
+from bench.gpu_fleet import SIDES, fault_result, parse, rung_for
 from workers.phases import PhaseTimer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,14 +71,35 @@ def test_the_worker_splits_its_time_at_the_rollout_hooks() -> None:
     assert timer.describe().startswith("time split: collection 5.000 s, updates 1.500 s over 2 rollouts")
 
 
+def test_quick_keeps_the_counts_it_is_given() -> None:
+    assert parse(["--device", "cpu", "--quick"])[0].counts == (1, 2)
+    options, allow = parse(["--device", "cpu", "--allow-cpu", "--quick", "--counts", "1", "--fault-one"])
+    assert (options.counts, options.fault_one, options.window_s, allow) == ((1,), True, 3.0, True)
+
+
+def test_fault_one_gives_the_others_steps_per_s_before_and_after_the_kill() -> None:
+    steps = [{"a": 0, "b": 0, "v": 0}, {"a": 100, "b": 50, "v": 80}, {"a": 300, "b": 50, "v": 80}]
+    after = {"a": {"pid": 11, "state": "running"}, "b": {"pid": 22, "state": "backoff"},
+             "v": {"pid": 99, "state": "running"}}
+    fault = fault_result("v", steps, [10.0, 20.0, 30.0], {"a": 11, "b": 22, "v": 33}, after)
+    assert fault["others"] == {"a": {"before": 10.0, "after": 20.0, "kept_running": True},
+                               "b": {"before": 5.0, "after": 0.0, "kept_running": False}}
+    assert (fault["others_steps_per_s_before"], fault["others_steps_per_s_after"]) == (15.0, 20.0)
+    assert fault["after_over_before"] == pytest.approx(1.333)
+    assert fault["others_kept_running"] is False  # b stopped stepping and left `running`
+    assert (fault["victim_state_after"], fault["victim_restarted"]) == ("running", True)
+    after["v"]["pid"] = None
+    assert fault_result("v", steps, [10.0, 20.0, 30.0], {"a": 11, "b": 22, "v": 33}, after)["victim_restarted"] is False
+
+
 @pytest.mark.e2e
 def test_cpu_mode_writes_json_png_and_table(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    done = bench("--device", "cpu", "--allow-cpu", "--quick", "--out", str(tmp_path), timeout=900)
+    done = bench("--device", "cpu", "--allow-cpu", "--quick", "--counts", "1", "--out", str(tmp_path), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads((tmp_path / "gpu_fleet.json").read_text())
     assert report["device"] == "cpu" and report["gpu"] is None
-    assert [r["n"] for r in report["results"]] == [1, 2]
+    assert [r["n"] for r in report["results"]] == [1]  # N = 2 is the same code with two games: 2x the time
     for result in report["results"]:
         names = [g["name"] for g in result["games"]]
         assert names == ["cart-ppo", "cart-dqn"][: result["n"]]
@@ -104,4 +125,4 @@ def test_cpu_mode_writes_json_png_and_table(tmp_path: Path) -> None:
     assert (tmp_path / "gpu_fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "gpu_fleet.md").read_text()
     assert table.startswith("GPU: none (cpu)")
-    assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "rung" not in line] == ["1", "2"]
+    assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "rung" not in line] == ["1"]
