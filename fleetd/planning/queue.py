@@ -14,6 +14,7 @@ planned at another rung (a what-if) scales each rate by that rung's envs over to
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -132,29 +133,48 @@ def envs_of(game: PlanGame, rung_envs: int) -> int:
     return game.num_envs or rung_envs
 
 
-def measured_rate(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, RateSource]:
+@dataclass(frozen=True)
+class RatePool:
+    """What the running games measure, gathered once for every estimate (10,000 pending games)."""
+
+    same_kind: dict[tuple[str, str, int, GoalUnit], list[float]]  # env, algo, envs per game, unit
+    per_env: dict[GoalUnit, list[float]]  # each running game's rate over its envs per game
+
+    @classmethod
+    def of(cls, snapshot: PlanInput) -> RatePool:
+        same: dict[tuple[str, str, int, GoalUnit], list[float]] = {}
+        per_env: dict[GoalUnit, list[float]] = {unit: [] for unit in GoalUnit}
+        for game in (g for g in snapshot.games if g.state is PlanState.RUNNING):
+            envs = envs_of(game, snapshot.envs_measured)
+            for unit in GoalUnit:
+                rate = game.rates.per_hour(unit)
+                if rate is not None:
+                    same.setdefault((game.env_id, game.algo, envs, unit), []).append(rate)
+                    per_env[unit].append(rate / envs)
+        return cls(same, per_env)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def measured_rate(game: PlanGame, snapshot: PlanInput, pool: RatePool) -> tuple[float | None, RateSource]:
     """Its rate at today's envs per game, and where the figure comes from."""
     unit, envs = unit_of(game), envs_of(game, snapshot.envs_measured)
     own = game.rates.per_hour(unit)
     if own is not None:
         return own, RateSource.OWN
-    running = [g for g in snapshot.games if g.state is PlanState.RUNNING and g.rates.per_hour(unit) is not None]
-    same = [g.rates.per_hour(unit) or 0.0 for g in running if _same_kind(g, game, snapshot.envs_measured)]
+    same = pool.same_kind.get((game.env_id, game.algo, envs, unit))
     if same:
-        return sum(same) / len(same), RateSource.SAME_KIND
-    per_env = [(g.rates.per_hour(unit) or 0.0) / envs_of(g, snapshot.envs_measured) for g in running]
-    if per_env:
-        return sum(per_env) / len(per_env) * envs, RateSource.RUNG
+        return _mean(same), RateSource.SAME_KIND
+    if pool.per_env[unit]:
+        return _mean(pool.per_env[unit]) * envs, RateSource.RUNG
     return None, RateSource.NONE
 
 
-def _same_kind(a: PlanGame, b: PlanGame, rung_envs: int) -> bool:
-    return (a.env_id, a.algo, envs_of(a, rung_envs)) == (b.env_id, b.algo, envs_of(b, rung_envs))
-
-
-def rate_at_rung(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, RateSource]:
+def rate_at_rung(game: PlanGame, snapshot: PlanInput, pool: RatePool) -> tuple[float | None, RateSource]:
     """Its rate at the plan's rung: proportional to its envs per game there."""
-    rate, source = measured_rate(game, snapshot)
+    rate, source = measured_rate(game, snapshot, pool)
     if rate is None:
         return None, source
     scale = envs_of(game, snapshot.rung.num_envs) / envs_of(game, snapshot.envs_measured)
@@ -182,7 +202,7 @@ class _Run:
 @dataclass
 class _Queue:
     slots: int
-    waiting: list[tuple[str, float | None, float | None]]  # name, remaining, rate; in order
+    waiting: deque[tuple[str, float | None, float | None]]  # name, remaining, rate; in order
     running: dict[str, _Run] = field(default_factory=dict)
     ended: dict[str, _Run] = field(default_factory=dict)
     end_h: dict[str, float] = field(default_factory=dict)
@@ -191,7 +211,7 @@ class _Queue:
     def fill(self) -> None:
         free = sorted(set(range(max(self.slots, len(self.running)))) - {r.slot for r in self.running.values()})
         while self.waiting and len(self.running) < self.slots:
-            name, remaining, rate = self.waiting.pop(0)
+            name, remaining, rate = self.waiting.popleft()
             self.running[name] = _Run(name, remaining, rate, free.pop(0), self.now)
 
     def step(self) -> bool:
@@ -226,7 +246,7 @@ def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
 
 def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> _Queue:
     order = admission_order(snapshot.games)
-    queue = _Queue(snapshot.rung.games, [])
+    queue = _Queue(snapshot.rung.games, deque())
     for game in order:
         remaining = float(game.goal.remaining) if game.goal is not None else None
         if game.state is PlanState.RUNNING:
@@ -243,7 +263,8 @@ def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> _Queue:
 
 
 def plan(snapshot: PlanInput) -> Plan:
-    estimates = {g.name: rate_at_rung(g, snapshot) for g in snapshot.games}
+    pool = RatePool.of(snapshot)
+    estimates = {g.name: rate_at_rung(g, snapshot, pool) for g in snapshot.games}
     queue = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
     order = admission_order(snapshot.games) + [g for g in snapshot.games if g.state in (PlanState.DONE, PlanState.OFF)]
     games = tuple(_game_plan(g, estimates[g.name], queue, snapshot) for g in order)
