@@ -6,7 +6,7 @@ recorded by the plan job and shown by `fleetd plan`."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -35,7 +35,11 @@ batch_size = 64
 record_interval_s = 1
 error_horizon_s = 0
 """
-GOALS = {"quick": 600, "long": 1_000_000, "waiting": 1_000_000}  # episodes; long and waiting never end here
+# Episodes: quick's goal takes a few seconds of training at ~100 episodes/s, long enough for the
+# running games to report rates (so the waiting game has an ETA) before it ends; long and waiting
+# never end here.
+GOALS = {"quick": 400, "long": 1_000_000, "waiting": 1_000_000}
+WORKER_STOP_S = 10  # from its report at the goal to its exit: the final model saved
 
 
 def wait_for(daemon: Daemon, check, timeout: float, what: str) -> dict:
@@ -83,7 +87,9 @@ def test_the_waiting_game_is_planned_and_the_finished_games_error_recorded(
 
     error = wait_for(daemon, judged, 30, "judged prediction for quick")
     outcome, predicted = datetime.fromisoformat(error["outcome_at"]), datetime.fromisoformat(error["predicted_eta_at"])
-    assert abs((outcome - exited_at).total_seconds()) < 1e-3  # judged against its real finish
+    # Judged against its real finish: its worker's exit, or its last report (at the goal) when the
+    # plan job saw the goal before the worker had saved its model and exited.
+    assert timedelta(0) <= exited_at - outcome <= timedelta(seconds=WORKER_STOP_S), (outcome, exited_at)
     assert error["error_hours"] == pytest.approx((outcome - predicted).total_seconds() / 3600)
     assert error["relative_error"] is not None
     assert planned(daemon.get("/api/v1/projection").json())["quick"]["plan_state"] == "done"
