@@ -7,5 +7,5 @@ host's reboots included (docs/planning.md).
 - `rungs.py`: which rungs the what-if plans cover (the proven ones and the next to probe);
 - `error.py`: the plan's past predictions against what happened;
 - `projection.py`: recent rates from samples, and time lost to reboots;
-- `gather.py`: the plan's input read from the store (the only module here that does I/O).
+- `service.py`: the plan from the store, and its predictions recorded (the only module here with I/O).
 """

@@ -5,6 +5,7 @@ left (1 - share) are the wall-clock hours a user waits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 DAY_S = 86400.0
 
@@ -15,7 +16,7 @@ class Downtime:
     mean_downtime_s: float
     window_s: float  # the part of the window the log covers (fleetd observed)
 
-    @property
+    @cached_property
     def share(self) -> float:
         """Of each wall hour, the part the host is down (capped below 1: see `wall_hours`)."""
         return min(self.reboots_per_day * self.mean_downtime_s / DAY_S, 1.0)

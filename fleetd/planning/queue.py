@@ -14,14 +14,14 @@ planned at another rung (a what-if) scales each rate by that rung's envs over to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import heapq
+import math
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from fleetd.planning.downtime import NO_DOWNTIME, Downtime
 from fleetd.planning.goals import Goal, GoalUnit
-
-FINISH_TOLERANCE = 1e-9  # of a training hour: two games ending together end in one step
 
 
 class PlanState(StrEnum):
@@ -132,29 +132,48 @@ def envs_of(game: PlanGame, rung_envs: int) -> int:
     return game.num_envs or rung_envs
 
 
-def measured_rate(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, RateSource]:
+@dataclass(frozen=True)
+class RatePool:
+    """What the running games measure, gathered once for every estimate (10,000 pending games)."""
+
+    same_kind: dict[tuple[str, str, int, GoalUnit], list[float]]  # env, algo, envs per game, unit
+    per_env: dict[GoalUnit, list[float]]  # each running game's rate over its envs per game
+
+    @classmethod
+    def of(cls, snapshot: PlanInput) -> RatePool:
+        same: dict[tuple[str, str, int, GoalUnit], list[float]] = {}
+        per_env: dict[GoalUnit, list[float]] = {unit: [] for unit in GoalUnit}
+        for game in (g for g in snapshot.games if g.state is PlanState.RUNNING):
+            envs = envs_of(game, snapshot.envs_measured)
+            for unit in GoalUnit:
+                rate = game.rates.per_hour(unit)
+                if rate is not None:
+                    same.setdefault((game.env_id, game.algo, envs, unit), []).append(rate)
+                    per_env[unit].append(rate / envs)
+        return cls(same, per_env)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def measured_rate(game: PlanGame, snapshot: PlanInput, pool: RatePool) -> tuple[float | None, RateSource]:
     """Its rate at today's envs per game, and where the figure comes from."""
     unit, envs = unit_of(game), envs_of(game, snapshot.envs_measured)
     own = game.rates.per_hour(unit)
     if own is not None:
         return own, RateSource.OWN
-    running = [g for g in snapshot.games if g.state is PlanState.RUNNING and g.rates.per_hour(unit) is not None]
-    same = [g.rates.per_hour(unit) or 0.0 for g in running if _same_kind(g, game, snapshot.envs_measured)]
+    same = pool.same_kind.get((game.env_id, game.algo, envs, unit))
     if same:
-        return sum(same) / len(same), RateSource.SAME_KIND
-    per_env = [(g.rates.per_hour(unit) or 0.0) / envs_of(g, snapshot.envs_measured) for g in running]
-    if per_env:
-        return sum(per_env) / len(per_env) * envs, RateSource.RUNG
+        return _mean(same), RateSource.SAME_KIND
+    if pool.per_env[unit]:
+        return _mean(pool.per_env[unit]) * envs, RateSource.RUNG
     return None, RateSource.NONE
 
 
-def _same_kind(a: PlanGame, b: PlanGame, rung_envs: int) -> bool:
-    return (a.env_id, a.algo, envs_of(a, rung_envs)) == (b.env_id, b.algo, envs_of(b, rung_envs))
-
-
-def rate_at_rung(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, RateSource]:
+def rate_at_rung(game: PlanGame, snapshot: PlanInput, pool: RatePool) -> tuple[float | None, RateSource]:
     """Its rate at the plan's rung: proportional to its envs per game there."""
-    rate, source = measured_rate(game, snapshot)
+    rate, source = measured_rate(game, snapshot, pool)
     if rate is None:
         return None, source
     scale = envs_of(game, snapshot.rung.num_envs) / envs_of(game, snapshot.envs_measured)
@@ -163,58 +182,16 @@ def rate_at_rung(game: PlanGame, snapshot: PlanInput) -> tuple[float | None, Rat
 
 # -- the simulation ----------------------------------------------------------------------------
 
+NEVER = math.inf
 
-@dataclass
-class _Run:
-    name: str
-    remaining: float | None  # None: no goal, it holds its slot for good
-    rate: float | None
-    slot: int
+
+@dataclass(frozen=True)
+class Scheduled:
+    """A game's place in the simulated queue, in training hours from now."""
+
     start: float
-    share_h: float = 0.0  # host hours it is charged: each interval split over the games running
-
-    def hours_left(self) -> float | None:
-        if self.remaining is None or self.rate is None:
-            return None
-        return self.remaining / self.rate
-
-
-@dataclass
-class _Queue:
-    slots: int
-    waiting: list[tuple[str, float | None, float | None]]  # name, remaining, rate; in order
-    running: dict[str, _Run] = field(default_factory=dict)
-    ended: dict[str, _Run] = field(default_factory=dict)
-    end_h: dict[str, float] = field(default_factory=dict)
-    now: float = 0.0
-
-    def fill(self) -> None:
-        free = sorted(set(range(max(self.slots, len(self.running)))) - {r.slot for r in self.running.values()})
-        while self.waiting and len(self.running) < self.slots:
-            name, remaining, rate = self.waiting.pop(0)
-            self.running[name] = _Run(name, remaining, rate, free.pop(0), self.now)
-
-    def step(self) -> bool:
-        """To the next goal reached; False when no running game will reach one."""
-        left = [h for r in self.running.values() if (h := r.hours_left()) is not None]
-        if not left:
-            return False
-        dt, sharing = min(left), len(self.running)
-        for run in list(self.running.values()):
-            run.share_h += dt / sharing
-            hours = run.hours_left()
-            if hours is not None and run.rate is not None and run.remaining is not None:
-                run.remaining = max(0.0, run.remaining - run.rate * dt)
-                if hours - dt <= FINISH_TOLERANCE:
-                    self._end(run, self.now + dt)
-        self.now += dt
-        self.fill()
-        return True
-
-    def _end(self, run: _Run, at: float) -> None:
-        del self.running[run.name]
-        self.ended[run.name] = run
-        self.end_h[run.name] = at
+    end: float  # NEVER: it holds its slot for good (no goal, or no rate)
+    slot: int
 
 
 def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
@@ -224,58 +201,88 @@ def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
     return running + pending
 
 
-def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> _Queue:
+def _hours(game: PlanGame, rate: float | None) -> float:
+    if game.goal is None or rate is None:
+        return NEVER
+    return game.goal.remaining / rate
+
+
+def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> dict[str, Scheduled]:
+    """Rates do not change while a game runs, so each slot is free again at a known time: the next
+    pending game takes the slot free first (the lowest slot among equals). A game that never gets
+    a slot is left out."""
     order = admission_order(snapshot.games)
-    queue = _Queue(snapshot.rung.games, [])
-    for game in order:
-        remaining = float(game.goal.remaining) if game.goal is not None else None
-        if game.state is PlanState.RUNNING:
-            queue.running[game.name] = _Run(game.name, remaining, rates[game.name], len(queue.running), 0.0)
-        else:
-            queue.waiting.append((game.name, remaining, rates[game.name]))
-    queue.fill()
-    while queue.step():
-        pass
-    return queue
+    running = [g for g in order if g.state is PlanState.RUNNING]
+    placed = {g.name: Scheduled(0.0, _hours(g, rates[g.name]), slot) for slot, g in enumerate(running)}
+    free = [(p.end, p.slot) for p in placed.values()] + [(0.0, slot) for slot in range(len(running), snapshot.rung.games)]
+    heapq.heapify(free)
+    surplus = max(0, len(running) - snapshot.rung.games)  # slots the rung no longer has: not given again
+    for game in order[len(running) :]:
+        while surplus and free and free[0][0] < NEVER:
+            heapq.heappop(free)
+            surplus -= 1
+        if not free or free[0][0] == NEVER:
+            break
+        at, slot = heapq.heappop(free)
+        placed[game.name] = Scheduled(at, at + _hours(game, rates[game.name]), slot)
+        heapq.heappush(free, (placed[game.name].end, slot))
+    return placed
+
+
+def charged_hours(placed: dict[str, Scheduled]) -> dict[float, float]:
+    """At each start and end, the host hours charged so far to one game that ran all along: each
+    interval's hours split over the games running in it. A game's share is the difference
+    between its end's and its start's."""
+    changes: dict[float, int] = {}
+    for p in placed.values():
+        changes[p.start] = changes.get(p.start, 0) + 1
+        if p.end < NEVER:
+            changes[p.end] = changes.get(p.end, 0) - 1
+    charged, total, running, previous = {}, 0.0, 0, 0.0
+    for at in sorted(changes):
+        total += (at - previous) / running if running else 0.0
+        charged[at], running, previous = total, running + changes[at], at
+    return charged
 
 
 # -- the plan ----------------------------------------------------------------------------------
 
 
 def plan(snapshot: PlanInput) -> Plan:
-    estimates = {g.name: rate_at_rung(g, snapshot) for g in snapshot.games}
-    queue = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
+    pool = RatePool.of(snapshot)
+    estimates = {g.name: rate_at_rung(g, snapshot, pool) for g in snapshot.games}
+    placed = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
+    charged = charged_hours(placed) if snapshot.price_per_host_hour is not None else {}
     order = admission_order(snapshot.games) + [g for g in snapshot.games if g.state in (PlanState.DONE, PlanState.OFF)]
-    games = tuple(_game_plan(g, estimates[g.name], queue, snapshot) for g in order)
-    training = _training_hours(snapshot.games, queue)
+    games = tuple(_game_plan(g, estimates[g.name], placed.get(g.name), charged, snapshot) for g in order)
+    training = _training_hours(snapshot.games, placed)
     wall = None if training is None else snapshot.downtime.wall_hours(training)
     price = snapshot.price_per_host_hour
     cost = None if wall is None or price is None else wall * price
     return Plan(snapshot.now, snapshot.rung, games, training, wall, snapshot.downtime, price, cost)
 
 
-def _training_hours(games: tuple[PlanGame, ...], queue: _Queue) -> float | None:
+def _training_hours(games: tuple[PlanGame, ...], placed: dict[str, Scheduled]) -> float | None:
     """Until the last goal; none if a game with a goal never reaches it in the plan."""
     planned = [g for g in games if g.goal is not None and g.state in (PlanState.RUNNING, PlanState.PENDING)]
-    if any(g.name not in queue.end_h for g in planned):
-        return None
-    return max((queue.end_h[g.name] for g in planned), default=0.0)
+    ends = [placed[g.name].end if g.name in placed else NEVER for g in planned]
+    latest = max(ends, default=0.0)
+    return None if latest == NEVER else latest
 
 
-def _game_plan(game: PlanGame, estimate: tuple[float | None, RateSource], queue: _Queue, snapshot: PlanInput) -> GamePlan:
+def _game_plan(game: PlanGame, estimate: tuple[float | None, RateSource], placed: Scheduled | None,
+               charged: dict[float, float], snapshot: PlanInput) -> GamePlan:  # fmt: skip
     rate, source = estimate
-    if game.state in (PlanState.DONE, PlanState.OFF):
-        done = 0.0 if game.state is PlanState.DONE else None
-        return GamePlan(game.name, game.state, game.goal, rate, source, None, done, None)
-    run = queue.running.get(game.name) or queue.ended.get(game.name)
-    wall = snapshot.downtime.wall_hours
-    end = queue.end_h.get(game.name)
-    price = snapshot.price_per_host_hour
-    share = None if price is None or end is None or run is None else wall(run.share_h)
+    if game.state in (PlanState.DONE, PlanState.OFF) or placed is None:
+        end = 0.0 if game.state is PlanState.DONE else None
+        return GamePlan(game.name, game.state, game.goal, rate, source, None, end, None)
+    wall, price = snapshot.downtime.wall_hours, snapshot.price_per_host_hour
+    ends = placed.end < NEVER
+    share = wall(charged[placed.end] - charged[placed.start]) if ends and price is not None else None
     return GamePlan(
-        game.name, game.state, game.goal, rate, source,
-        start_h=None if run is None else wall(run.start), end_h=None if end is None else wall(end),
-        cost=None if share is None or price is None else share * price, slot=None if run is None else run.slot,
+        game.name, game.state, game.goal, rate, source, start_h=wall(placed.start),
+        end_h=wall(placed.end) if ends else None, cost=None if share is None or price is None else share * price,
+        slot=placed.slot,
     )  # fmt: skip
 
 
