@@ -13,8 +13,8 @@ the default health settings; the daemon's collapse and plateau verdicts on them 
 Every run's evaluations (from the worker's log) and training returns (polled) are kept, and
 `--sweep` replays them through the rules for other settings (pure, no training).
 
-    PYTHONPATH=. python bench/health.py collapse [--seeds 1 2 3] [--json out.json]
-    PYTHONPATH=. python bench/health.py healthy [--seeds 1 2] [--breakout-steps 30000] [--json out.json]
+    PYTHONPATH=. python bench/health.py collapse [--seeds 1 2 3] [--rules e2e|defaults] [--json out.json]
+    PYTHONPATH=. python bench/health.py healthy [--seeds 1 2] [--cases ppo-cartpole ...] [--json out.json]
     PYTHONPATH=. python bench/health.py sweep runs.json [...]
 
 Figures go to docs/benchmarks.md#learning-health. Run it under the heavy lock.
@@ -45,8 +45,10 @@ EVAL_LINE = re.compile(r"evaluation at (\d+) steps: mean return (-?[\d.]+)")
 CARTPOLE = {"num_envs": 8, "eval_interval_steps": 2048, "eval_episodes": 4}
 # The collapse scenario: the e2e test's (tests/test_health_e2e.py), an absurd learning rate
 # that the rollback's scale brings back to 1e-3 (the zoo's).
-COLLAPSE_HEALTH = {"warmup_evals": 2, "collapse_evals": 2, "min_rise": 10, "rollback_lr_scale": 0.0002,
-                   "plateau_gain": 0.3}
+COLLAPSE_HEALTH = {  # --rules: e2e (the test's quick settings) or defaults (only the rollback's scale set)
+    "e2e": {"warmup_evals": 2, "collapse_evals": 2, "min_rise": 10, "rollback_lr_scale": 0.0002, "plateau_gain": 0.3},
+    "defaults": {"rollback_lr_scale": 0.0002},
+}
 ABSURD_LR, GOOD = 5.0, 400.0
 HEALTHY = {  # name: (body, step goal); the health settings are the defaults
     "ppo-cartpole": ({"env_id": "CartPole-v1", "algo": "ppo", "hyperparams": CARTPOLE}, 60_000),
@@ -121,10 +123,11 @@ def healthy_run(case: str, seed: int) -> Trace:
 
 # -- the collapse scenario ---------------------------------------------------------------------
 
-def collapse_run(seed: int) -> Trace:
+def collapse_run(seed: int, rules: str) -> Trace:
     name = "cart"
     daemon, started, curve = Daemon(daemon_config()), time.monotonic(), []
-    body = {"name": name, "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": CARTPOLE, "health_settings": COLLAPSE_HEALTH}
+    body = {"name": name, "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": CARTPOLE,
+            "health_settings": COLLAPSE_HEALTH[rules]}
     try:
         daemon.wait_healthy(180)
         add_seeded_game(daemon, body, seed)
@@ -144,7 +147,7 @@ def collapse_run(seed: int) -> Trace:
 def set_learning_rate(daemon: Daemon, name: str, value: float) -> None:
     """`fleetd games set NAME learning_rate=VALUE --restart`, as its PATCH."""
     headers = {"Authorization": f"Bearer {daemon.config.token()}"}
-    body = {"hyperparams": {**CARTPOLE, "learning_rate": value}}
+    body = {"algo": "ppo", "hyperparams": {**CARTPOLE, "learning_rate": value}}
     url = f"{daemon.config.url}/api/v1/games/{name}?restart=true"
     response = patiently(lambda: httpx.patch(url, json=body, headers=headers, timeout=30))
     assert response.status_code == 200, response.text
@@ -235,13 +238,14 @@ def main() -> None:
     parser.add_argument("inputs", nargs="*", help="sweep: JSON files written by --json")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--cases", nargs="+", default=list(HEALTHY), choices=list(HEALTHY))
+    parser.add_argument("--rules", choices=list(COLLAPSE_HEALTH), default="e2e", help="collapse: the health settings")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.scenario == "sweep":
         print_sweep(sweep(load(args.inputs)))
         return
     if args.scenario == "collapse":
-        traces = [collapse_run(seed) for seed in args.seeds]
+        traces = [collapse_run(seed, args.rules) for seed in args.seeds]
     else:
         traces = [healthy_run(case, seed) for case in args.cases for seed in args.seeds
                   if case != "ppo-breakout" or seed == args.seeds[0]]
@@ -253,7 +257,8 @@ def main() -> None:
               f"{statistics.median(recover) if recover else float('nan'):.0f} ({len(recover)}/{len(traces)} recovered)")
     print(machine())
     if args.json:
-        write_json(args.json, {"scenario": args.scenario, "machine": machine(), "traces": [asdict(t) for t in traces]})
+        write_json(args.json, {"scenario": args.scenario, "rules": args.rules, "machine": machine(),
+                               "traces": [asdict(t) for t in traces]})
 
 
 if __name__ == "__main__":
