@@ -17,7 +17,8 @@ Every run's evaluations (from the worker's log) and training returns (polled) ar
     PYTHONPATH=. python bench/health.py healthy [--seeds 1 2] [--cases ppo-cartpole ...] [--json out.json]
     PYTHONPATH=. python bench/health.py sweep runs.json [...]
 
-Figures go to docs/benchmarks.md#learning-health. Run it under the heavy lock.
+Figures in docs/benchmarks.md#learning-health-benchhealthpy-issue-24. Run it under the heavy lock
+(or under `nice -n 10` beside other work: the figures are env steps).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import itertools
 import json
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -117,6 +119,7 @@ def healthy_run(case: str, seed: int) -> Trace:
     finally:
         daemon.ensure_stopped()
         kill_leftover_workers(daemon.config)
+        shutil.rmtree(daemon.config.root, ignore_errors=True)
     trace.seconds = time.monotonic() - started
     return trace
 
@@ -140,6 +143,7 @@ def collapse_run(seed: int, rules: str) -> Trace:
     finally:
         daemon.ensure_stopped()
         kill_leftover_workers(daemon.config)
+        shutil.rmtree(daemon.config.root, ignore_errors=True)
     trace.seconds = time.monotonic() - started
     return trace
 
