@@ -15,7 +15,8 @@ from rich.console import Console
 from fleetd.api import create_app
 from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
-from fleetd.governor.controller import GameSlot, pressure_reasons
+from fleetd.governor.controller import GameSlot
+from fleetd.governor.pressure import pressure_reasons
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.telemetry import GpuSample, HostPressure, HostSample, Snapshot, _throttle, read_pressure, sample_rows

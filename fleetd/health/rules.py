@@ -1,6 +1,6 @@
 """The learning-health rules, evaluated on each new evaluation of a game: pure functions from
 a game's health record and one evaluation to its next record and a verdict. No clock, no I/O:
-the supervisor acts on the verdicts (fleetd/supervision/learning.py).
+the supervisor acts on the verdicts (fleetd/supervision/learning.py, learning_actions.py).
 
 Thresholds are a fraction of the range between the game's floor (its lowest evaluation: the
 first, about random play, unless a later one fell lower) and its best, not a fraction of the best: Atari returns may be negative (Pong runs

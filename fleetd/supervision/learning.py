@@ -1,7 +1,7 @@
 """The supervisor's learning-health watch: each evaluation a worker reports is judged by the
 rules (fleetd/health/rules.py); the record is stored, a change of state is an event, a
 collapse or a plateau an alert. What the verdict asks of the worker (a rollback, a stop, a
-yielded slot) the supervisor does (fleetd/supervision/supervisor.py); the checkpoints a
+yielded slot) is done in fleetd/supervision/learning_actions.py; the checkpoints a
 rollback sets aside are moved here (docs/learning-health.md)."""
 
 from __future__ import annotations

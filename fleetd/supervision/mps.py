@@ -8,8 +8,9 @@ system-wide MPS another user set up:
 - `[gpu] mps = "auto"` (default): where `nvidia-cuda-mps-control` is on PATH and workers may
   use a GPU, start it (`nvidia-cuda-mps-control -d`) with CUDA_MPS_PIPE_DIRECTORY and
   CUDA_MPS_LOG_DIRECTORY under `<state_dir>/mps`; workers join it through the same two
-  variables in their environment. Not found, or failing to start: workers run without MPS
-  (an event says why). `"on"`: the same, but the daemon refuses to start without it.
+  variables in their environment. Not found: workers run without MPS (a log line says so:
+  the normal state of a host without NVIDIA's utilities); failing to start: workers run
+  without it and an event says why. `"on"`: the same, but the daemon refuses to start without it.
   `"off"`: never.
 - One already running in those folders (left by a daemon that stopped with SIGUSR1 so its
   workers kept training, or was killed) is adopted, not started twice.
@@ -134,6 +135,11 @@ class Mps:
         if self.mode is MpsMode.OFF or (self.mode is MpsMode.AUTO and not self.uses_gpu):
             return
         self.binary = self.seam.which(CONTROL)
+        if self.binary is None and self.mode is MpsMode.AUTO:
+            # The normal state of a host without NVIDIA's utilities (every CPU host): logged,
+            # not an event on each start. A program that is there and fails is an event.
+            log.info("MPS not used: %s is not on PATH", CONTROL)
+            return
         if self.binary is None:
             self._unavailable(f"{CONTROL} is not on PATH")
             return

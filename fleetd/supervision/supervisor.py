@@ -12,9 +12,8 @@ import logging
 import queue
 import signal
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetd.clock import Clock
@@ -32,18 +31,16 @@ from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
 from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
-from fleetd.health.rules import Action, Health, Verdict
 from fleetd.supervision.index import scan_checkpoints
-from fleetd.supervision.learning import LearningWatch, best_evaluated, set_aside_after
+from fleetd.supervision.learning import LearningWatch
+from fleetd.supervision.learning_actions import FleetSide, LearningActions
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import (
-    Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported, Spawned,
-)  # fmt: skip
+from fleetd.supervision.seams import Exited, Happening, Launch, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
-from fleetd.supervision.remedies import Remedies
-from workers.protocol.reports import CheckpointReport, CheckpointSummary, ProgressReport, ResumedReport
+from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
+from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
 from workers.protocol.spec import RunSpec, Sizes, SpecError, TierDefaults
 
 log = logging.getLogger(__name__)
@@ -81,69 +78,6 @@ class Shutdown:
 
 
 Command = Reconcile | StartGame | RestartGame | Shutdown
-
-
-class WatchingLauncher:
-    """Every spawned worker is watched by the reactor from its first moment."""
-
-    def __init__(self, inner: Launcher, reactor: Reactor) -> None:
-        self._inner, self._reactor = inner, reactor
-
-    def spawn(self, launch: Launch, run_id: int) -> Spawned:
-        spawned = self._inner.spawn(launch, run_id)
-        self._reactor.watch(spawned.pid, own_child=True)
-        return spawned
-
-    def signal_group(self, pid: int, sig: int) -> None:
-        self._inner.signal_group(pid, sig)
-
-
-class PlacingLauncher:
-    """Each worker is placed on a GPU at its spawn (fleetd/governor/placement.py), when NVML
-    sees any: the spec names it and the launcher makes it the only one the worker sees. On a
-    cluster it is pinned to the host whose slot the game holds (its governor admitted it)."""
-
-    def __init__(self, inner: Launcher, place: Callable[[str], int | None], host_of: Callable[[str], str | None]) -> None:
-        self._inner, self._place, self._host_of = inner, place, host_of
-        self.hosts: dict[str, str | None] = {}  # the host each game's newest worker was pinned to
-
-    def spawn(self, launch: Launch, run_id: int) -> Spawned:
-        gpu = None if launch.spec is None else self._place(launch.game)
-        if gpu is not None and launch.spec is not None:
-            launch = replace(launch, spec=launch.spec.model_copy(update={"gpu": gpu}))
-        host = self._host_of(launch.game)
-        if host is not None:
-            launch = replace(launch, host=host)
-        self.hosts[launch.game] = host
-        return self._inner.spawn(launch, run_id)
-
-    def signal_group(self, pid: int, sig: int) -> None:
-        self._inner.signal_group(pid, sig)
-
-
-class TransitionTap:
-    """The recorder as the processes' sink, noting for the loop that some game's state changed:
-    the governor then looks again in the same step (a game gone FATAL frees its slot at once)."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-        self.changed = False
-
-    def begin_run(self, game: str) -> int:
-        return self._recorder.begin_run(game)
-
-    def run_spawned(self, run_id: int, spawned: Spawned) -> None:
-        self._recorder.run_spawned(run_id, spawned)
-
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
-        self._recorder.run_ended(run_id, status, cause)
-
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
-        self._recorder.transition(game, old, new, reason, restart)
-        self.changed = True
-
-    def note(self, game: str, kind: str, message: str, severity: str) -> None:
-        self._recorder.note(game, kind, message, severity)
 
 
 class Supervisor:
@@ -185,11 +119,11 @@ class Supervisor:
         self._games_read = 0  # bumped at every read of the games: their launches are stale
         self._worker_tier = TierDefaults()  # what a worker is told of the tier now
         self.loop_beat = clock.monotonic()
-        # Learning health (docs/learning-health.md): games stopping to roll back to their best
-        # checkpoint, and games that yielded their slot on a plateau (judged afresh at their next start).
+        # Learning health (docs/learning-health.md): the watch judges evaluations; the actions
+        # roll back, hold or yield through what the loop lends them.
         self.learning = LearningWatch(db, clock, recorder.alerts)
-        self._rollbacks: set[str] = set()
-        self._yielded: set[str] = set()
+        lent = FleetSide(self._slots, fleet.admitted, self._stop, self._keep_stopped, self._give_up_slot)
+        self._health = LearningActions(self.learning, lent, recorder, clock)
 
     # -- from any thread ------------------------------------------------------------------
 
@@ -235,7 +169,7 @@ class Supervisor:
         for run in runs.live:
             self._adopt(run)
         self._settle_stale_states()
-        self._resume_rollbacks()
+        self._health.resume(self.procs)
         if self._unclean_reboot:
             self.fleet.rebooted()
         self._govern()
@@ -360,9 +294,7 @@ class Supervisor:
         desired = self._desired.get(proc.name)
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
-                if proc.name in self._yielded:
-                    self._yielded.discard(proc.name)
-                    self.learning.released(proc.name)
+                self._health.starting(proc.name)
                 proc.start("admitted: desired state is running")
             elif proc.state in (State.STARTING, State.RUNNING) and self._moved(proc.name):
                 self._stop(proc, f"moving to host {self.fleet.host_of(proc.name)}: it restarts there from its checkpoint")
@@ -379,6 +311,23 @@ class Supervisor:
             return False
         proc.stop(reason, stays)
         return True
+
+    def _keep_stopped(self, name: str) -> None:
+        """A learning-health hold, or a plateau's stop: desired stopped; the governor looks again."""
+        self._desired[name] = Desired.STOPPED
+        self._tap.changed = True
+
+    def _give_up_slot(self, proc: WorkerProcess, reason: str) -> None:
+        """A plateau's yield: back to pending (queued last, read again); the games admitted in its
+        place start once it has stopped."""
+        before = {s.name for s in self._slots() if self.fleet.admitted(s.name)}
+        self._load_games()
+        self.fleet.yield_slot(proc.name, f"{proc.name} back to pending: {reason}")
+        self._stop(proc, f"yielded its slot: {reason}")
+        self.fleet.govern(self._slots())
+        for name in {s.name for s in self._slots() if self.fleet.admitted(s.name)} - before:
+            self._handovers[name] = proc.name  # it starts once the yielder has stopped
+        self._govern()
 
     def _moved(self, name: str) -> bool:
         """On a cluster: the game's slot is now another host's than the one its worker runs on
@@ -473,8 +422,7 @@ class Supervisor:
             self.fleet.crashed(proc.name)
         elif outcome is not None and outcome.cause == "node_lost":
             self.fleet.node_lost(proc.name, spawned_at, self._placing.hosts.get(proc.name))
-        if proc.name in self._rollbacks and proc.state not in LIVE:
-            self._roll_back(proc)
+        self._health.exited(proc)
         self._govern()
 
     def _on_located(self, located: Located) -> None:
@@ -495,7 +443,7 @@ class Supervisor:
             proc.on_checkpoint(report.run_id, report.checkpoint.steps)
             self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
             if report.checkpoint.eval_return is not None:
-                self._judge(proc, report.checkpoint)
+                self._health.judge(proc, report.checkpoint)
         elif isinstance(report, ResumedReport):
             proc.on_resumed(report.run_id, report.steps if report.from_ else None)
             proc.on_progress(report.run_id, report.steps)
@@ -506,85 +454,6 @@ class Supervisor:
                 self.recorder.note(report.game, "worker_note", note, "warning")
             if report.changed:
                 self.recorder.hyperparams_applied(report.game, report.run_id, report.changed)
-
-    # -- learning health (docs/learning-health.md) ------------------------------------------------
-
-    def _judge(self, proc: WorkerProcess, summary: CheckpointSummary) -> None:
-        """An evaluation came in: the watch judges it; a verdict's action on the worker is here."""
-        verdict = self.learning.evaluated(proc.name, summary)
-        if verdict.action is Action.ROLLBACK:
-            self._rollbacks.add(proc.name)
-            self._stop(proc, verdict.reason)
-        elif verdict.action in (Action.HOLD, Action.STOP):
-            self._hold(proc, verdict)
-        elif verdict.action is Action.YIELD:
-            self._yield(proc, verdict.reason)
-
-    def _hold(self, proc: WorkerProcess, verdict: Verdict) -> None:
-        """Stopped, desired stopped: it stays so until the operator starts it."""
-        self._rollbacks.discard(proc.name)
-        self.learning.stopped(proc.name)
-        self._desired[proc.name] = Desired.STOPPED
-        self._stop(proc, verdict.reason, stays=verdict.reason)
-        self._tap.changed = True
-
-    def _roll_back(self, proc: WorkerProcess) -> None:
-        """The collapsed worker has stopped: the checkpoints after the best-evaluated one are set
-        aside, the learning rate scaled, and it starts again from that checkpoint."""
-        self._rollbacks.discard(proc.name)
-        checkpoints = proc.launch.game_dir / "checkpoints"
-        best = best_evaluated(checkpoints)
-        if best is None:
-            self._hold(proc, self.learning.hold(proc.name, "held: learning collapsed and no evaluated checkpoint "
-                                                "is left to roll back to; fix its settings, then `fleetd games start`"))
-            return
-        into = proc.launch.game_dir / "rolled_back" / f"{self.clock.now():%Y%m%dT%H%M%S}-after-{best.steps}"
-        moved = set_aside_after(checkpoints, best.steps, into)
-        self.recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
-        scale = self.learning.settings(proc.name).rollback_lr_scale
-        proc.remedies = replace(proc.remedies, lr_scale=proc.remedies.lr_scale * scale)
-        self.learning.rolled_back(proc.name, best, moved)
-        if proc.state is State.STOPPED and self._desired.get(proc.name) is Desired.RUNNING and self.fleet.admitted(proc.name):
-            proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
-                       f"with lr_scale {proc.remedies.lr_scale:g}")
-
-    def _resume_rollbacks(self) -> None:
-        """At start: a rollback the previous daemon decided and did not finish."""
-        for name, proc in self.procs.items():
-            if self.learning.record(name).state is Health.COLLAPSED:
-                self._rollbacks.add(name)
-                if proc.state in LIVE:
-                    self._stop(proc, "finishing a rollback decided before fleetd restarted")
-                else:
-                    self._roll_back(proc)
-
-    def _yield(self, proc: WorkerProcess, reason: str) -> None:
-        """Its slot to the first pending game of its priority or higher; it queues last. With no
-        such game waiting, it keeps its slot (marked plateau only)."""
-        game = next((g for g in self._games if g.name == proc.name), None)
-        if game is None or not self._waiting_at_or_above(game.priority, proc.name):
-            return
-        before = {s.name for s in self._slots() if self.fleet.admitted(s.name)}
-        self.learning.queued_last(proc.name)
-        self._load_games()
-        self.fleet.yield_slot(proc.name, f"{proc.name} back to pending: {reason}")
-        self._stop(proc, f"yielded its slot: {reason}")
-        self._yielded.add(proc.name)
-        self.fleet.govern(self._slots())
-        for name in {s.name for s in self._slots() if self.fleet.admitted(s.name)} - before:
-            self._handovers[name] = proc.name  # it starts once the yielder has stopped
-        self._govern()
-
-    def _waiting_at_or_above(self, priority: int, name: str) -> bool:
-        return any(s.wants_slot and s.name != name and s.priority >= priority and not self.fleet.admitted(s.name)
-                   for s in self._slots())
-
-    def _release_health(self, name: str) -> None:
-        """`games start` on a held game (or one stopped on a plateau): judged afresh, its
-        rollback's learning-rate scale dropped (the operator fixed its settings)."""
-        proc = self.procs.get(name)
-        if self.learning.released(name) and proc is not None and proc.state not in LIVE:
-            proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
 
     # -- commands and shutdown ------------------------------------------------------------------
 
@@ -606,7 +475,7 @@ class Supervisor:
         self._load_games()
         for start in starts:
             self._clear_ended(start.name)
-            self._release_health(start.name)
+            self._health.release(start.name, self.procs.get(start.name))
         self._govern()
         for restart in (c for c in commands if isinstance(c, RestartGame)):
             self._restart(restart.name)

@@ -1,0 +1,51 @@
+"""What the telemetry shows of pressure on the host and its GPUs, against `[fleet]`'s limits:
+one line per limit crossed, with the number that crossed it. Any blocks admission and climbing
+at once; sustained, it steps the fleet down (fleetd/governor/core.py, `Pressure`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetd.config import FleetSettings
+
+
+def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
+    reasons = []
+    for gpu in snapshot.gpus if snapshot.gpu_available else ():
+        if gpu.memory_fraction > settings.gpu_memory_max_fraction:
+            reasons.append(f"GPU {gpu.index} memory {gpu.memory_fraction:.0%} > {settings.gpu_memory_max_fraction:.0%}")
+        if gpu.temperature_c is not None and gpu.temperature_c > settings.gpu_temperature_max_c:
+            reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")
+        reasons += gpu_distress_reasons(gpu, settings)
+    host = snapshot.host
+    available = host.memory_available_bytes / max(1, host.memory_total_bytes)
+    if available < settings.host_memory_min_available_fraction:
+        reasons.append(f"host memory available {available:.0%} < {settings.host_memory_min_available_fraction:.0%}")
+    return reasons + psi_reasons(host.pressure, settings)
+
+
+def gpu_distress_reasons(gpu: Any, settings: FleetSettings) -> list[str]:
+    """The GPU drawing its power cap, slowing its clocks to protect itself, or reporting
+    critical Xid errors."""
+    reasons = []
+    cap = settings.gpu_power_cap_fraction
+    if gpu.power_w is not None and gpu.power_limit_w and gpu.power_w >= cap * gpu.power_limit_w:
+        reasons.append(f"GPU {gpu.index} power {gpu.power_w:.0f} W >= {cap:.0%} of its {gpu.power_limit_w:.0f} W cap")
+    if gpu.throttle:
+        reasons.append(f"GPU {gpu.index} clocks throttled: {', '.join(gpu.throttle)}")
+    if gpu.xid_errors:
+        count = len(gpu.xid_errors)
+        codes = ", ".join(str(xid) for xid in dict.fromkeys(gpu.xid_errors))
+        plural = "s" if count > 1 else ""
+        reasons.append(f"GPU {gpu.index}: {count} NVML Xid error{plural} ({codes}) in the last {settings.xid_window_s / 60:g} min")
+    return reasons
+
+
+def psi_reasons(psi: Any, settings: FleetSettings) -> list[str]:
+    """Host pressure stall information over its limits, with the number that tripped."""
+    limits = (
+        ("CPU some", psi.cpu_some_pct, settings.psi_cpu_some_max_pct),
+        ("memory full", psi.memory_full_pct, settings.psi_memory_full_max_pct),
+        ("IO full", psi.io_full_pct, settings.psi_io_full_max_pct),
+    )
+    return [f"host PSI {name} {value:.1f}% > {limit:g}% (avg10)" for name, value, limit in limits if value is not None and value > limit]

@@ -1,0 +1,132 @@
+"""What a learning-health verdict does to a game's worker (docs/learning-health.md): a collapse
+stops it, sets aside the checkpoints after its best-evaluated one and starts it again from that
+one with a scaled learning rate; a hold, or a plateau's stop, keeps it stopped until the operator
+starts it; a plateau's yield gives its slot to a pending game. A rollback the previous daemon
+decided and did not finish is finished at start.
+
+The judging and the storing are the watch's (fleetd/supervision/learning.py); the fleet's side
+of each action (stopping a worker, desired state, slots) is the supervisor's, lent through one
+seam, `FleetSide`, so that this module never reaches into the supervisor's tables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from fleetd.clock import Clock
+from fleetd.governor.controller import GameSlot
+from fleetd.health.rules import Action, Health, Verdict
+from fleetd.states import LIVE, Desired, State
+from fleetd.supervision.index import scan_checkpoints
+from fleetd.supervision.learning import LearningWatch, best_evaluated, set_aside_after
+from fleetd.supervision.process import WorkerProcess
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.remedies import Remedies
+from workers.protocol.reports import CheckpointSummary
+
+
+@dataclass(frozen=True)
+class FleetSide:
+    """What the supervisor lends the learning-health actions."""
+
+    slots: Callable[[], list[GameSlot]]  # the governor's view of the games, derived now
+    admitted: Callable[[str], bool]  # the game holds a slot
+    stop: Callable[[WorkerProcess, str, str | None], bool]  # (worker, reason, stays): see Supervisor._stop
+    keep_stopped: Callable[[str], None]  # desired stopped in the loop's table; the governor looks again
+    give_up_slot: Callable[[WorkerProcess, str], None]  # back to pending; games admitted instead start after it
+
+
+class LearningActions:
+    """The games stopping to roll back to their best checkpoint, and the games that yielded their
+    slot on a plateau (judged afresh at their next start)."""
+
+    def __init__(self, watch: LearningWatch, fleet: FleetSide, recorder: Recorder, clock: Clock) -> None:
+        self.watch, self._fleet, self._recorder, self._clock = watch, fleet, recorder, clock
+        self._rollbacks: set[str] = set()
+        self._yielded: set[str] = set()
+
+    def judge(self, proc: WorkerProcess, summary: CheckpointSummary) -> None:
+        """An evaluation came in: the watch judges it; a verdict's action on the worker is here."""
+        verdict = self.watch.evaluated(proc.name, summary)
+        if verdict.action is Action.ROLLBACK:
+            self._rollbacks.add(proc.name)
+            self._fleet.stop(proc, verdict.reason, None)
+        elif verdict.action in (Action.HOLD, Action.STOP):
+            self._hold(proc, verdict)
+        elif verdict.action is Action.YIELD:
+            self._yield(proc, verdict.reason)
+
+    def exited(self, proc: WorkerProcess) -> None:
+        """A worker's exit: one stopped for a rollback is rolled back now."""
+        if proc.name in self._rollbacks and proc.state not in LIVE:
+            self._roll_back(proc)
+
+    def resume(self, procs: dict[str, WorkerProcess]) -> None:
+        """At start: a rollback the previous daemon decided and did not finish."""
+        for name, proc in procs.items():
+            if self.watch.record(name).state is Health.COLLAPSED:
+                self._rollbacks.add(name)
+                if proc.state in LIVE:
+                    self._fleet.stop(proc, "finishing a rollback decided before fleetd restarted", None)
+                else:
+                    self._roll_back(proc)
+
+    def starting(self, name: str) -> None:
+        """A game admitted again after it yielded its slot on a plateau: judged afresh."""
+        if name in self._yielded:
+            self._yielded.discard(name)
+            self.watch.released(name)
+
+    def release(self, name: str, proc: WorkerProcess | None) -> None:
+        """`games start` on a held game (or one stopped on a plateau): judged afresh, its
+        rollback's learning-rate scale dropped (the operator fixed its settings)."""
+        if self.watch.released(name) and proc is not None and proc.state not in LIVE:
+            proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
+
+    def _hold(self, proc: WorkerProcess, verdict: Verdict) -> None:
+        """Stopped, desired stopped: it stays so until the operator starts it."""
+        self._rollbacks.discard(proc.name)
+        self.watch.stopped(proc.name)
+        self._fleet.keep_stopped(proc.name)
+        self._fleet.stop(proc, verdict.reason, verdict.reason)
+
+    def _roll_back(self, proc: WorkerProcess) -> None:
+        """The collapsed worker has stopped: the checkpoints after the best-evaluated one are set
+        aside, the learning rate scaled, and it starts again from that checkpoint."""
+        self._rollbacks.discard(proc.name)
+        checkpoints = proc.launch.game_dir / "checkpoints"
+        best = best_evaluated(checkpoints)
+        if best is None:
+            self._hold(proc, self.watch.hold(proc.name, "held: learning collapsed and no evaluated checkpoint "
+                                             "is left to roll back to; fix its settings, then `fleetd games start`"))
+            return
+        into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{best.steps}"
+        moved = set_aside_after(checkpoints, best.steps, into)
+        self._recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
+        scale = self.watch.settings(proc.name).rollback_lr_scale
+        proc.remedies = replace(proc.remedies, lr_scale=proc.remedies.lr_scale * scale)
+        self.watch.rolled_back(proc.name, best, moved)
+        if proc.state is State.STOPPED and self._wants_running(proc.name) and self._fleet.admitted(proc.name):
+            proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
+                       f"with lr_scale {proc.remedies.lr_scale:g}")
+
+    def _yield(self, proc: WorkerProcess, reason: str) -> None:
+        """Its slot to the first pending game of its priority or higher; it queues last. With no
+        such game waiting, it keeps its slot (marked plateau only)."""
+        if not self._someone_waiting(proc.name):
+            return
+        self.watch.queued_last(proc.name)
+        self._yielded.add(proc.name)
+        self._fleet.give_up_slot(proc, reason)
+
+    def _someone_waiting(self, name: str) -> bool:
+        """A game wanting a slot, not holding one, of `name`'s priority or higher."""
+        slots = self._fleet.slots()
+        own = next((s for s in slots if s.name == name), None)
+        return own is not None and any(
+            s.wants_slot and s.name != name and s.priority >= own.priority and not self._fleet.admitted(s.name)
+            for s in slots
+        )
+
+    def _wants_running(self, name: str) -> bool:
+        return any(s.name == name and s.desired is Desired.RUNNING for s in self._fleet.slots())

@@ -1,0 +1,75 @@
+"""What the supervisor wraps around the seams it is given: every spawned worker watched by the
+reactor from its first moment, placed on a GPU (and a cluster host) at its spawn, and every
+state change noted for the loop, which then governs again in the same step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from fleetd.states import State
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.seams import ExitStatus, Launch, Launcher, Reactor, Spawned
+
+
+class WatchingLauncher:
+    """Every spawned worker is watched by the reactor from its first moment."""
+
+    def __init__(self, inner: Launcher, reactor: Reactor) -> None:
+        self._inner, self._reactor = inner, reactor
+
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        spawned = self._inner.spawn(launch, run_id)
+        self._reactor.watch(spawned.pid, own_child=True)
+        return spawned
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        self._inner.signal_group(pid, sig)
+
+
+class PlacingLauncher:
+    """Each worker is placed on a GPU at its spawn (fleetd/governor/placement.py), when NVML
+    sees any: the spec names it and the launcher makes it the only one the worker sees. On a
+    cluster it is pinned to the host whose slot the game holds (its governor admitted it)."""
+
+    def __init__(self, inner: Launcher, place: Callable[[str], int | None], host_of: Callable[[str], str | None]) -> None:
+        self._inner, self._place, self._host_of = inner, place, host_of
+        self.hosts: dict[str, str | None] = {}  # the host each game's newest worker was pinned to
+
+    def spawn(self, launch: Launch, run_id: int) -> Spawned:
+        gpu = None if launch.spec is None else self._place(launch.game)
+        if gpu is not None and launch.spec is not None:
+            launch = replace(launch, spec=launch.spec.model_copy(update={"gpu": gpu}))
+        host = self._host_of(launch.game)
+        if host is not None:
+            launch = replace(launch, host=host)
+        self.hosts[launch.game] = host
+        return self._inner.spawn(launch, run_id)
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        self._inner.signal_group(pid, sig)
+
+
+class TransitionTap:
+    """The recorder as the processes' sink, noting for the loop that some game's state changed:
+    the governor then looks again in the same step (a game gone FATAL frees its slot at once)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.changed = False
+
+    def begin_run(self, game: str) -> int:
+        return self._recorder.begin_run(game)
+
+    def run_spawned(self, run_id: int, spawned: Spawned) -> None:
+        self._recorder.run_spawned(run_id, spawned)
+
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
+        self._recorder.run_ended(run_id, status, cause)
+
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+        self._recorder.transition(game, old, new, reason, restart)
+        self.changed = True
+
+    def note(self, game: str, kind: str, message: str, severity: str) -> None:
+        self._recorder.note(game, kind, message, severity)
