@@ -91,6 +91,9 @@ class ApiClient:
         within `read_timeout_s`; None: as long as it takes, a followed log)."""
         query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
         target = path + (f"?{query}" if query else "")
+        # The token first: a user who cannot read it is told so (exit 77) whether or not the
+        # daemon is up, rather than told to start a daemon that may be running.
+        auth = self._auth()
         connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
         try:
             connection.connect()
@@ -100,7 +103,7 @@ class ApiClient:
         if connection.sock is not None:
             connection.sock.settimeout(read_timeout_s)
         try:
-            connection.request(method, target, body=body, headers={**headers, **self._auth()})
+            connection.request(method, target, body=body, headers={**headers, **auth})
             response = connection.getresponse()
         except TimeoutError as exc:
             connection.close()
