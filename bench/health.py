@@ -31,6 +31,8 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -107,19 +109,27 @@ def poll(daemon: Daemon, name: str, curve: list, until, timeout: float, what: st
 
 # -- healthy runs ------------------------------------------------------------------------------
 
-def healthy_run(case: str, seed: int) -> Trace:
-    body, goal = HEALTHY[case]
-    daemon, started, curve = Daemon(daemon_config()), time.monotonic(), []
+@contextmanager
+def fresh_daemon() -> Iterator[Daemon]:
+    """A healthy daemon of its own for one run; stopped, its workers ended, its state removed."""
+    daemon = Daemon(daemon_config())
     try:
         daemon.wait_healthy(180)
-        add_seeded_game(daemon, {**body, "name": case, "total_timesteps": goal}, seed)
-        poll(daemon, case, curve, lambda g: g["state"] in ("exited", "fatal", "stopped"), 1800, "done")
-        trace = Trace(case, seed, evaluations(daemon, case, curve), len(events(daemon, case, "learning_collapse")),
-                      len(events(daemon, case, "plateau")))
+        yield daemon
     finally:
         daemon.ensure_stopped()
         kill_leftover_workers(daemon.config)
         shutil.rmtree(daemon.config.root, ignore_errors=True)
+
+
+def healthy_run(case: str, seed: int) -> Trace:
+    body, goal = HEALTHY[case]
+    started, curve = time.monotonic(), []
+    with fresh_daemon() as daemon:
+        add_seeded_game(daemon, {**body, "name": case, "total_timesteps": goal}, seed)
+        poll(daemon, case, curve, lambda g: g["state"] in ("exited", "fatal", "stopped"), 1800, "done")
+        trace = Trace(case, seed, evaluations(daemon, case, curve), len(events(daemon, case, "learning_collapse")),
+                      len(events(daemon, case, "plateau")))
     trace.seconds = time.monotonic() - started
     return trace
 
@@ -128,11 +138,10 @@ def healthy_run(case: str, seed: int) -> Trace:
 
 def collapse_run(seed: int, rules: str) -> Trace:
     name = "cart"
-    daemon, started, curve = Daemon(daemon_config()), time.monotonic(), []
+    started, curve = time.monotonic(), []
     body = {"name": name, "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": CARTPOLE,
             "health_settings": COLLAPSE_HEALTH[rules]}
-    try:
-        daemon.wait_healthy(180)
+    with fresh_daemon() as daemon:
         add_seeded_game(daemon, body, seed)
         poll(daemon, name, curve, lambda g: (g["best_eval_return"] or 0) >= GOOD, 900, f"evaluated {GOOD}")
         changed_at = patiently(lambda: daemon.game(name))["steps"]
@@ -140,10 +149,6 @@ def collapse_run(seed: int, rules: str) -> Trace:
         poll(daemon, name, curve, lambda g: g["health"] == "held" or (g["health"] == "rolled_back" and g["state"] == "running"),
              600, "rolled back")
         trace = collapse_trace(daemon, name, seed, curve, changed_at)
-    finally:
-        daemon.ensure_stopped()
-        kill_leftover_workers(daemon.config)
-        shutil.rmtree(daemon.config.root, ignore_errors=True)
     trace.seconds = time.monotonic() - started
     return trace
 
