@@ -1,7 +1,8 @@
 """Issue 25 item 2: the CLI's fast paths import nothing heavy. `fleetd --version` and `--help`
 answer from typer and the standard library alone, without SQLAlchemy, the settings tree
 (pydantic-settings), httpx or rich (their figures: docs/benchmarks.md, CLI start-up, by
-bench/cli_startup.py). `fleetd status` (tests/test_cli_small.py) adds rich and, through typer, pydantic only."""
+bench/cli_startup.py). `fleetd status` (tests/test_cli_small.py) adds rich only
+(typer is held below 0.29, whose option coercion imports pydantic)."""
 
 from __future__ import annotations
 
