@@ -230,7 +230,9 @@ class Trainer:
                         last.lowest_after = mean if last.lowest_after is None else min(last.lowest_after, mean)
                     if mean >= run.threshold and run.reached_at is None:
                         run.reached_at = steps
-                if run.reached_at is not None and not pending:  # every planned kill happened
+                # Every planned kill happened and the mean is at the threshold now: reached before
+                # the last kill is not enough (a resume's mean may sit below it for a while).
+                if run.reached_at is not None and not pending and mean is not None and mean >= run.threshold:
                     break
                 if steps >= run.budget:
                     break

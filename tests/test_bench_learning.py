@@ -31,6 +31,7 @@ def test_quick_cartpole_run_reports_every_scenario(tmp_path: Path) -> None:
         assert run["algo"] == "ppo" and run["seed"] == 1
         # The quick threshold (40) is reached well within the budget by the default PPO.
         assert run["reached_at"] is not None and 0 < run["reached_at"] <= run["budget"], run
+        # Each run ends at the threshold, after its last kill too (not merely reached before it).
         assert run["curve"] and run["curve"][-1][1] >= run["threshold"]
     assert runs[UNINTERRUPTED]["kills"] == []
     assert [k["kind"] for k in runs[SIGKILLS]["kills"]] == ["SIGKILL"] * 3
