@@ -19,6 +19,7 @@ class FakeLauncher:
     spawned: list[tuple[str, int, int]] = field(default_factory=list)  # (game, run_id, pid)
     signals: list[tuple[int, str]] = field(default_factory=list)  # (pid, signal name)
     launches: list[Launch] = field(default_factory=list)  # what each spawn was given (its GPU placement included)
+    stopped_pids: set[int] = field(default_factory=set)  # processes someone stopped (SIGSTOP)
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         if launch.game in self.fail_games:
@@ -34,6 +35,9 @@ class FakeLauncher:
 
     def signal_group(self, pid: int, sig: int) -> None:
         self.signals.append((pid, signal.Signals(sig).name))
+
+    def stopped(self, pid: int) -> bool:
+        return pid in self.stopped_pids
 
 
 @dataclass
@@ -98,10 +102,12 @@ class FakeReactor:
     def close(self) -> None:
         self.watched.clear()
 
-    def exit(self, pid: int, code: int | None = 0, sig: int | None = None, node_lost: bool = False) -> None:
-        """The process ended (exit code, or killed by `sig`; or its cluster node died)."""
+    def exit(self, pid: int, code: int | None = 0, sig: int | None = None, node_lost: bool = False,
+             oom_known: bool = False) -> None:
+        """The process ended (exit code, or killed by `sig`, the kernel's OOM count read or not;
+        or its cluster node died)."""
         self.watched.pop(pid, None)
-        status = ExitStatus(node_lost=True) if node_lost else ExitStatus(None if sig else code, sig)
+        status = ExitStatus(node_lost=True) if node_lost else ExitStatus(None if sig else code, sig, oom_known=oom_known)
         self.queued.append(Exited(pid, status))
 
     def report(self, report: Report) -> None:

@@ -430,3 +430,46 @@ def test_cuda_oom_restarts_with_the_batch_halved(clock: FakeClock, sink: Recordi
     assert proc.state is State.BACKOFF and "batch_scale 1 -> 0.5" in proc.reason
     advance(clock, proc, 1)
     assert launcher.launches[-1].spec.batch_scale == 0.5 and sink.causes()[0] == "cuda_oom"
+
+
+# -- what the host did, and what someone outside did (issue 23) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "host_fault", "said"),
+    [
+        (ExitStatus(signal=signal.SIGKILL, oom_known=True), False, "killed by SIGKILL, sent from outside fleetd (not the OOM killer)"),
+        (ExitStatus(signal=signal.SIGKILL), True, "crash: killed by SIGKILL"),  # the OOM count unread: maybe the kernel's
+        (ExitStatus(signal=signal.SIGTERM), False, "killed by SIGTERM, sent from outside fleetd: not counted"),
+        (ExitStatus(signal=signal.SIGSEGV), True, "crash: killed by SIGSEGV"),
+        (ExitStatus(signal=signal.SIGABRT, oom_known=True), True, "crash: killed by SIGABRT"),
+        (ExitStatus(code=1), True, "crash: exit"),
+        (ExitStatus(signal=signal.SIGKILL, oom_killed=True, oom_known=True), True, "oom: killed by the OOM killer"),
+    ],
+)
+def test_a_kill_from_outside_is_restarted_but_not_the_hosts_fault(
+    proc: WorkerProcess, status: ExitStatus, host_fault: bool, said: str
+) -> None:
+    proc.start()
+    outcome = proc.on_exit(status)
+    assert outcome is not None and outcome.host_fault is host_fault
+    assert said in outcome.reason and proc.state is State.BACKOFF
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_hang_of_a_stopped_process_is_not_the_hosts_fault(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink, stopped: bool
+) -> None:
+    proc.start()
+    advance(clock, proc, 10)
+    proc.on_progress(proc.run_id, 500)
+    if stopped:
+        launcher.stopped_pids.add(proc.pid)  # kill -STOP: it stays alive and silent
+    advance(clock, proc, 120)
+    assert launcher.signals == [(proc.pid, "SIGKILL")]
+    outcome = proc.on_exit(KILLED)
+    assert outcome is not None and outcome.cause == "hang" and sink.causes() == ["hang"]
+    assert outcome.host_fault is not stopped
+    assert ("stopped by a signal" in outcome.reason) is stopped
+    advance(clock, proc, 1)
+    assert proc.state is State.STARTING  # restarted either way

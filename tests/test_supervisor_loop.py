@@ -427,3 +427,41 @@ def test_games_lost_with_their_cluster_node_restart_without_moving_the_fleet(loo
     assert after.governor.rung == rung and after.governor.last_backoff is None
     with loop.db.transaction() as session:
         assert read_events(session, EventFilter(kind="fleet_backoff")) == []
+
+
+@pytest.mark.parametrize(("how", "backs_off"), [("kill -9", False), ("kill -STOP", False), ("segfault", True)])
+def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: Loop, how: str, backs_off: bool) -> None:
+    # crash_games = 2: two running games crashing within the window is instability. Two killed
+    # by an operator (SIGKILL that the kernel's OOM count says it did not send) or stopped
+    # (SIGSTOP, then the hang watchdog) are restarted the same, and the rung stays.
+    fleet = loop.settings.fleet.model_copy(update={"tier": "medium", "start_games": 4})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    for name in ("a", "b", "c", "d"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b", "c", "d")
+    assert loop.sup.snapshot.governor.rung == "4x32"
+    for name in ("a", "b"):
+        pid = loop.pid(name)
+        if how == "kill -9":
+            loop.reactor.exit(pid, sig=signal.SIGKILL, oom_known=True)
+        elif how == "segfault":
+            loop.reactor.exit(pid, sig=signal.SIGSEGV)
+        else:
+            loop.launcher.stopped_pids.add(pid)
+    if how == "kill -STOP":  # c and d keep training; a and b fall silent until the watchdog kills them
+        for steps in range(10, 10**6, 10):
+            if all((loop.pid(name), "SIGKILL") in loop.launcher.signals for name in ("a", "b")):
+                break
+            loop.clock.advance(5)
+            for name in ("c", "d"):
+                loop.report(name, steps)
+            loop.steps()
+        for name in ("a", "b"):
+            loop.reactor.exit(loop.pid(name), sig=signal.SIGKILL, oom_known=True)
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.BACKOFF, State.BACKOFF]
+    with loop.db.transaction() as session:
+        backoffs = read_events(session, EventFilter(kind="fleet_backoff"))
+    assert bool(backoffs) is backs_off
+    assert (loop.sup.snapshot.governor.rung == "4x32") is not backs_off

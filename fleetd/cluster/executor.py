@@ -192,6 +192,9 @@ class RayExecutor:
             options["scheduling_strategy"] = "SPREAD"
         return options
 
+    def stopped(self, pid: int) -> bool:
+        return False  # the worker runs under an actor on some node: its state is not seen here
+
     def signal_group(self, pid: int, sig: int) -> None:
         run = self._runs.get(pid) or self._ended.pop(pid, None) or self._adoptable.pop(pid, None)
         if run is None:

@@ -73,6 +73,20 @@ class OsLauncher:
         except PermissionError:
             log.error("not allowed to signal process group %d", pid)
 
+    def stopped(self, pid: int) -> bool:
+        return process_stopped(pid)
+
+
+def process_stopped(pid: int) -> bool:
+    """State T (stopped by a signal) or t (stopped by a tracer) in /proc/PID/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ')'.
+    fields = stat[stat.rfind(")") + 1 :].split()
+    return bool(fields) and fields[0] in ("T", "t")
+
 
 def _run_spec(launch: Launch, run_id: int) -> RunSpec:
     if launch.spec is None:

@@ -20,6 +20,10 @@ from fleetd.supervision.states import check_transition
 from workers.protocol.exit_codes import ExitCode
 
 _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
+# Signals that only someone outside fleetd sends a worker (an operator, a script, a stop):
+# SIGKILL too, once the kernel's OOM count says its OOM killer did not. Not SIGABRT or SIGSEGV,
+# which a process raises itself (a failed assertion in a driver, a bad pointer).
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,9 @@ class Outcome:
     cause: str  # what runs.cause records
     state: State | None  # None: a failure, BACKOFF or FATAL by the count
     reason: str
+    # A crash or hang the host may have caused: the governor counts it (crash_games). False for
+    # a worker killed or stopped from outside fleetd: restarted the same, not the host's doing.
+    host_fault: bool = True
 
 
 class WorkerProcess:
@@ -51,6 +58,7 @@ class WorkerProcess:
         self._backoff_until = 0.0
         self._stop_deadline = 0.0
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
+        self._hung_stopped = False  # the hang was a process stopped by a signal from outside
         self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
         self.last_steps: int | None = None
         self._progress_at = 0.0
@@ -161,6 +169,7 @@ class WorkerProcess:
             self._kill("stop_timeout", f"still running {self.policy.stopwaitsecs:g}s after the stop signal")
         if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
             if now - self._progress_at >= self._silence_limit():
+                self._hung_stopped = self.pid is not None and self._launcher.stopped(self.pid)
                 self._kill("hang", self._silence_message())
 
     def next_deadline(self) -> float | None:
@@ -225,6 +234,7 @@ class WorkerProcess:
     def _fresh_watch(self, steps: int | None) -> None:
         self._reported = False
         self._killed_for = None
+        self._hung_stopped = False
         self.progressed = False
         self._resumed_steps = -1
         self.last_steps = steps
@@ -235,6 +245,9 @@ class WorkerProcess:
             how = " (SIGKILL after stopwaitsecs)" if self._killed_for == "stop_timeout" else ""
             stays, self._stays = self._stays, None
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
+        if self._killed_for == "hang" and self._hung_stopped:
+            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
+                           "(SIGSTOP or SIGTSTP, from outside fleetd): not counted as the host's instability", host_fault=False)
         if self._killed_for == "hang":
             return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
         if status.code == ExitCode.COMPLETED:
@@ -255,9 +268,13 @@ class WorkerProcess:
             return Outcome("node_lost", _FAILED, f"node_lost: {status.describe()}")
         if not self.policy.restarts_after(status.code):
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
-        cause = "oom" if status.oom_killed else "crash"
-        what = "killed by the OOM killer" if status.oom_killed else status.describe()
-        return Outcome(cause, _FAILED, f"{cause}: {what}")
+        if status.oom_killed:
+            return Outcome("oom", _FAILED, "oom: killed by the OOM killer")
+        if _sent_from_outside(status):
+            not_oom = " (not the OOM killer)" if status.signal == signal.SIGKILL else ""
+            return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
+                           "not counted as the host's instability", host_fault=False)
+        return Outcome("crash", _FAILED, f"crash: {status.describe()}")
 
     def _remedy(self, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
         old = getattr(self.remedies, field)
@@ -292,3 +309,11 @@ class WorkerProcess:
         check_transition(self.state, new)
         old, self.state, self.reason = self.state, new, reason
         self._sink.transition(self.name, old, new, reason, restart)
+
+
+def _sent_from_outside(status: ExitStatus) -> bool:
+    """Killed by a signal only someone outside fleetd sends; a SIGKILL only where the kernel's
+    OOM count was read (an unknown count leaves it possibly the OOM killer's: the host's)."""
+    if status.signal not in OUTSIDE_SIGNALS:
+        return False
+    return status.signal != signal.SIGKILL or status.oom_known

@@ -12,6 +12,7 @@ import selectors
 import signal
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from fleetd.supervision.oom import OomCounter
@@ -91,8 +92,9 @@ class OsReactor:
         if own_child:
             _, wait_status = os.waitpid(pid, 0)  # the pidfd says it exited: this returns at once
             status = ExitStatus.from_wait_status(wait_status)
-        if status.signal == signal.SIGKILL and self._oom.killed_since_last():
-            status = ExitStatus(status.code, status.signal, oom_killed=True)
+        if status.signal == signal.SIGKILL:
+            killed = self._oom.killed_since_last()
+            status = replace(status, oom_killed=bool(killed), oom_known=killed is not None)
         return Exited(pid, status)
 
     def _read_reports(self) -> list[Reported]:

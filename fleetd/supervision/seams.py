@@ -49,6 +49,9 @@ class ExitStatus:
     code: int | None = None
     signal: int | None = None
     oom_killed: bool = False
+    # The kernel's OOM count could be read when it died: `oom_killed` False is then known, not
+    # assumed (a SIGKILL it did not send came from outside fleetd).
+    oom_known: bool = False
     node_lost: bool = False
 
     @classmethod
@@ -100,6 +103,10 @@ class Launcher(Protocol):
 
     def signal_group(self, pid: int, sig: int) -> None:
         """Signal the worker's whole process group; a group already gone is not an error."""
+
+    def stopped(self, pid: int) -> bool:
+        """The worker's process is stopped by a signal (SIGSTOP, SIGTSTP: state T), which
+        fleetd never sends; False when that cannot be seen (gone, or on another host)."""
 
 
 class Sink(Protocol):

@@ -418,7 +418,7 @@ class Supervisor:
         self.recorder.sync_checkpoints(proc.name, on_disk)
         if outcome is not None and outcome.cause == "oom":
             self.fleet.instability("oom", f"{proc.name}'s worker was killed by the OOM killer", proc.name)
-        elif outcome is not None and outcome.cause in ("crash", "hang") and was_running:
+        elif outcome is not None and outcome.cause in ("crash", "hang") and was_running and outcome.host_fault:
             self.fleet.crashed(proc.name)
         elif outcome is not None and outcome.cause == "node_lost":
             self.fleet.node_lost(proc.name, spawned_at, self._placing.hosts.get(proc.name))

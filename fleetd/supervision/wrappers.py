@@ -26,6 +26,9 @@ class WatchingLauncher:
     def signal_group(self, pid: int, sig: int) -> None:
         self._inner.signal_group(pid, sig)
 
+    def stopped(self, pid: int) -> bool:
+        return self._inner.stopped(pid)
+
 
 class PlacingLauncher:
     """Each worker is placed on a GPU at its spawn (fleetd/governor/placement.py), when NVML
@@ -48,6 +51,9 @@ class PlacingLauncher:
 
     def signal_group(self, pid: int, sig: int) -> None:
         self._inner.signal_group(pid, sig)
+
+    def stopped(self, pid: int) -> bool:
+        return self._inner.stopped(pid)
 
 
 class TransitionTap:
