@@ -78,14 +78,11 @@ class OsLauncher:
 
 
 def process_stopped(pid: int) -> bool:
-    """State T (stopped by a signal) or t (stopped by a tracer) in /proc/PID/stat."""
+    """Stopped by a signal (state T) or by a tracer (t); False when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
         return False
-    # pid (comm) state ...: comm may hold spaces and parentheses, the state follows the last ')'.
-    fields = stat[stat.rfind(")") + 1 :].split()
-    return bool(fields) and fields[0] in ("T", "t")
 
 
 def _run_spec(launch: Launch, run_id: int) -> RunSpec:

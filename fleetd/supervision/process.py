@@ -24,6 +24,7 @@ _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
 # SIGKILL too, once the kernel's OOM count says its OOM killer did not. Not SIGABRT or SIGSEGV,
 # which a process raises itself (a failed assertion in a driver, a bad pointer).
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+NOT_THE_HOST = "not counted as the host's instability"
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ class WorkerProcess:
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
         if self._killed_for == "hang" and self._hung_stopped:
             return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
-                           "(SIGSTOP or SIGTSTP, from outside fleetd): not counted as the host's instability", host_fault=False)
+                           f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
         if self._killed_for == "hang":
             return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
         if status.code == ExitCode.COMPLETED:
@@ -273,7 +274,7 @@ class WorkerProcess:
         if _sent_from_outside(status):
             not_oom = " (not the OOM killer)" if status.signal == signal.SIGKILL else ""
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
-                           "not counted as the host's instability", host_fault=False)
+                           f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
 
     def _remedy(self, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
