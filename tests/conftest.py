@@ -11,6 +11,7 @@ from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
 from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
 from tests.fakes import FakeClock, FakeHost
+from tests.test_alerts import Receiver
 
 
 @pytest.fixture(autouse=True)
@@ -78,3 +79,11 @@ def fleet_daemons(fleet_config: DaemonConfig, daemons: list[Daemon]) -> list[Dae
     """The daemons a test starts on `fleet_config`, stopped after it as `daemons` are (and
     before `fleet_config` removes their folder)."""
     return daemons
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on loopback that answers 200 to every alert."""
+    made = Receiver([200])
+    yield made
+    made.close()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,6 +206,22 @@ def kill_leftover_workers(config: DaemonConfig) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextmanager
+def daemon_on_fresh_config(extra: str) -> Iterator[Daemon]:
+    """A daemon (started, not yet healthy) on a config of its own with `extra` and boot id
+    boot-one; afterwards stopped, its workers ended and its folder removed."""
+    config = DaemonConfig(short_tmp_dir(), extra=extra)
+    config.write()
+    config.set_boot_id("boot-one")
+    made = Daemon(config)
+    try:
+        yield made
+    finally:
+        made.ensure_stopped()
+        kill_leftover_workers(config)
+        shutil.rmtree(config.root, ignore_errors=True)
 
 
 def group_members(pgid: int) -> list[int]:

@@ -23,13 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    made = Receiver([200])
-    yield made
-    made.close()
-
-
-@pytest.fixture
 def chat() -> Iterator[Receiver]:
     """A second receiver, reached through apprise (its JSON service) rather than the webhook."""
     made = Receiver([200])

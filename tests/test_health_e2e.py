@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, fleetd_cli, kill_leftover_workers, short_tmp_dir
+from tests.daemon_harness import SUPERVISION, Daemon, daemon_on_fresh_config, fleetd_cli
 from tests.test_alerts import Receiver
 from workers.checkpoint import list_checkpoints, read_manifest
 
@@ -30,23 +30,10 @@ GOOD = 400.0  # a good CartPole return: random play is ~22, the untrained determ
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    made = Receiver([200])
-    yield made
-    made.close()
-
-
-@pytest.fixture
 def daemon(receiver: Receiver) -> Iterator[Daemon]:
-    root = short_tmp_dir()
     extra = SUPERVISION + f'[alerts]\nwebhook_url = "{receiver.url}"\nbackoff_initial_s = 0.1\n'
-    config = DaemonConfig(root, extra=extra)
-    config.write()
-    config.set_boot_id("boot-one")
-    made = Daemon(config)
-    yield made
-    made.ensure_stopped()
-    kill_leftover_workers(config)
+    with daemon_on_fresh_config(extra) as made:
+        yield made
 
 
 def evaluations_after(daemon: Daemon, steps: int) -> list[tuple[int, float]]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, fleetd_cli, kill_leftover_workers, short_tmp_dir
+from tests.daemon_harness import SUPERVISION, Daemon, daemon_on_fresh_config, fleetd_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -21,13 +21,8 @@ NEXT = {"name": "next", "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": T
 
 @pytest.fixture
 def daemon() -> Iterator[Daemon]:
-    config = DaemonConfig(short_tmp_dir(), extra=SUPERVISION + "[fleet]\nstart_games = 1\n")
-    config.write()
-    config.set_boot_id("boot-one")
-    made = Daemon(config)
-    yield made
-    made.ensure_stopped()
-    kill_leftover_workers(config)
+    with daemon_on_fresh_config(SUPERVISION + "[fleet]\nstart_games = 1\n") as made:
+        yield made
 
 
 def test_a_game_that_cannot_improve_is_marked_plateau_and_yields_its_slot(daemon: Daemon) -> None:
