@@ -8,7 +8,7 @@ dir, the API port and the tier table (the ceiling this 2-core machine can run: 3
 are set. Both get the same games in the same order (so the same ids, the worker's seeds): Breakout,
 Pong and MsPacman (EnvPool, PPO). The baseline fleet is left alone. The faulted fleet gets, at
 seeded random times (`--seed` repeats the schedule), one fault after another: each of the kinds
-once in a random order, then kinds drawn at random:
+once in a random order, again in another, then kinds drawn at random:
 
 - `worker_kill` SIGKILL to a worker; `worker_stop` SIGSTOP (the hang watchdog must act);
 - `daemon_kill` SIGKILL to the daemon, started again 1-5 s later (it adopts the workers);
@@ -400,9 +400,8 @@ class Soak:
         kinds = [k for k in KINDS if (k != "disk_full" or self.quota.mounted) and (k != "memory_kill" or MemoryCgroup.usable())]
         if self.options.short:
             return [k for k in SHORT_SCHEDULE if k in kinds]
-        first = kinds[:]
-        self.rng.shuffle(first)
-        return first + [self.rng.choice(kinds) for _ in range(200)]
+        rounds = [self.rng.sample(kinds, len(kinds)) for _ in range(2)]  # the issue asks two of each
+        return [kind for kind_round in rounds for kind in kind_round] + [self.rng.choice(kinds) for _ in range(200)]
 
     def inject(self, kind: str) -> Done | None:
         game = self.quota_game if kind == "disk_full" else self.pick()
