@@ -9,7 +9,8 @@ schedules, gamma, GAE lambda, coefficients) and the same network as SB3's defaul
 init; Adam eps 1e-5; per-minibatch advantage normalisation; grad-norm clip 0.5).
 
 The worker side is `workers.train.run` with a real run spec: the EnvPool adapter, SB3's PPO, the
-worker's callback (counters, guards at every rollout, checkpoints every `--checkpoint-steps`,
+worker's callback (counters, guards at every rollout, checkpoints and evaluations at the intervals a
+fleet game of that env and algorithm gets (`fleet_intervals`; `--checkpoint-steps` overrides),
 progress reports to an absent socket, dropped). The loop side is raw EnvPool (its auto-reset
 step is counted as a step, as CleanRL does) and plain torch. Both timings include building the
 env and the model (about a second).
@@ -47,6 +48,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workers import defaults  # noqa: E402
 from workers.envs import EnvConfig, envpool_kwargs, is_atari_envpool  # noqa: E402
 from workers.hyperparams import algo_kwargs, configure_torch, make_plan, select_device  # noqa: E402
 from workers.protocol.exit_codes import ExitCode  # noqa: E402
@@ -56,12 +58,27 @@ SB3_PPO = {"gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.0, "vf_coef": 0.5, "
 
 
 def run_spec(args, checkpoint_dir: str, steps: int, env_threads: int | None = None) -> RunSpec:
-    return RunSpec(version=1, game="bench", run_id=1, env_id=args.env_id, algo="ppo",
+    algo = getattr(args, "algo", "ppo")
+    learning = {"learning_starts": args.learning_starts} if algo == "dqn" else {}
+    checkpoint_steps, eval_steps = fleet_intervals(args)
+    return RunSpec(version=1, game="bench", run_id=1, env_id=args.env_id, algo=algo,
                    total_timesteps=steps, checkpoint_dir=checkpoint_dir, cpu_threads=args.threads,
                    env_threads=env_threads,
                    device=args.device, seed=args.seed, allow_fresh_start=True,
-                   checkpoint_interval_steps=args.checkpoint_steps, progress_interval_s=2.0,
-                   hyperparams={"num_envs": args.num_envs, "batch_size": args.batch_size})
+                   checkpoint_interval_steps=checkpoint_steps, progress_interval_s=2.0,
+                   hyperparams={"num_envs": args.num_envs, "batch_size": args.batch_size,
+                                "eval_interval_steps": eval_steps} | learning)
+
+
+def fleet_intervals(args) -> tuple[int, int]:
+    """The checkpoint and evaluation intervals a game of this env and algorithm gets in a fleet:
+    the defaults over the zoo's horizon (CartPole 100k: a checkpoint every 5,000 steps; Atari
+    10M: every 500,000, an evaluation every 1M). A measurement of tens of thousands of steps with
+    the intervals of its own length as horizon would checkpoint and evaluate (5 whole games, in
+    process) every 5,000 steps, 20-50 times as often as a fleet does."""
+    horizon = defaults.SCHEDULE_TIMESTEPS[(getattr(args, "algo", "ppo"), defaults.family(is_atari_envpool(args.env_id)))]
+    checkpoint = args.checkpoint_steps or defaults.checkpoint_interval_steps(horizon)
+    return checkpoint, defaults.eval_interval_steps(horizon)
 
 
 def settings(args) -> dict:
@@ -298,6 +315,7 @@ def profile(args) -> None:
     worker_seconds(args, args.steps)
     profiler.disable()
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(35)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
 
 def main() -> None:
@@ -310,9 +328,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch and EnvPool threads, both sides")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--checkpoint-steps", type=int, default=5000,
-                        help="the worker's checkpoint interval (the default for CartPole's 100k horizon)")
+    parser.add_argument("--checkpoint-steps", type=int, default=None,
+                        help="the worker's checkpoint interval (default: a fleet's for this env and algorithm)")
     parser.add_argument("--profile", action="store_true", help="cProfile one worker run instead")
+    parser.add_argument("--algo", default="ppo", choices=["ppo", "dqn"], help="dqn: with --profile only")
+    parser.add_argument("--learning-starts", type=int, default=10_000, help="dqn's, with --algo dqn")
     parser.add_argument("--sb3-rollout", action="store_true",
                         help="the worker's PPO with SB3's host rollout buffer and update (the 'before')")
     parser.add_argument("--games", type=int, default=0, help="run this many workers at once instead")
@@ -324,6 +344,8 @@ def main() -> None:
         use_sb3_rollout()
     if args.profile:
         return profile(args)
+    if args.algo != "ppo":
+        parser.error("--algo dqn profiles the worker (--profile); the loop side is PPO's")
     if args.games:
         return print_games(args)
     print(f"PPO training, {args.env_id}, {args.device}, {args.threads} thread(s):", flush=True)
