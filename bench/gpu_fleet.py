@@ -337,11 +337,15 @@ def loop_settings(env_id: str, algo: str, sizes: dict, options: Options) -> dict
     from workers import defaults
     from workers.envs import is_atari_envpool
     from workers.hyperparams import DeviceInfo, algo_kwargs, make_plan
-    from workers.protocol.spec import RunSpec
+    from workers.protocol.spec import RunSpec, TierDefaults
 
     body = game_body("x", env_id, algo, options)
+    # As the daemon's spec carries them: the rung's sizes are tier values, not explicit
+    # hyperparameters. An explicit batch would make DQN keep it (one step of 2048 a vector step at
+    # 256 envs) where the worker takes the zoo's reuse (64 steps of 32): not the same work.
     spec = RunSpec(version=1, game="bench", run_id=0, env_id=env_id, algo=algo, checkpoint_dir="/nonexistent",
-                   hyperparams=body["hyperparams"] | {"num_envs": sizes["num_envs"], "batch_size": sizes["batch_size"]})
+                   hyperparams=body["hyperparams"],
+                   tier_defaults=TierDefaults(num_envs=sizes["num_envs"], batch_size=sizes["batch_size"]))
     image = is_atari_envpool(env_id)
     kwargs = algo_kwargs(algo, make_plan(spec, DeviceInfo(options.device, options.device)), image)
     base = SB3_PPO if algo == "ppo" else {"gamma": 0.99, "max_grad_norm": 10.0}

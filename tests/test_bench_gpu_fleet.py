@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bench.fleet_loops import Meter
-from bench.gpu_fleet import SIDES, fault_result, parse, rung_for
+from bench.gpu_fleet import SIDES, Options, fault_result, loop_settings, parse, rung_for
 from workers.phases import PhaseTimer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +46,25 @@ def test_each_n_runs_at_the_ladders_rung_for_it() -> None:
     assert (rung_for(4).num_envs, rung_for(4).tier) == (64, "medium")
     assert (rung_for(8).num_envs, rung_for(8).batch_size, rung_for(8).tier) == (256, 2048, "heavy")
     assert (rung_for(10).games, rung_for(10).num_envs, rung_for(10).tier) == (10, 256, None)  # past the top
+
+
+def test_the_loops_train_dqn_with_the_workers_updates_not_the_rungs_batch() -> None:
+    """The daemon hands a worker the rung's sizes as tier values, and DQN then takes the zoo's
+    sample reuse (64 gradient steps of 32 a vector step at 256 Atari envs). The loop must do the
+    same work: given the batch as an explicit hyperparameter it would do one step of 2,048."""
+    from workers.hyperparams import DeviceInfo, algo_kwargs, make_plan
+    from workers.protocol.spec import RunSpec, TierDefaults
+
+    sizes = {"num_envs": 256, "batch_size": 2048}
+    loop = loop_settings("Pong-v5", "dqn", sizes, Options(device="cpu"))
+    spec = RunSpec(version=1, game="pong", run_id=0, env_id="Pong-v5", algo="dqn", checkpoint_dir="/nonexistent",
+                   tier_defaults=TierDefaults(**sizes))
+    worker = algo_kwargs("dqn", make_plan(spec, DeviceInfo("cpu", "cpu")), True)
+    assert (loop["batch_size"], loop["train_freq"], loop["gradient_steps"]) == (32, 1, 64)
+    assert {k: worker[k] for k in ("batch_size", "train_freq", "gradient_steps")} == \
+        {k: loop[k] for k in ("batch_size", "train_freq", "gradient_steps")}
+    ppo = loop_settings("Breakout-v5", "ppo", sizes, Options(device="cpu"))
+    assert ppo["batch_size"] == 2048 and ppo["n_steps"] == 128
 
 
 def test_the_meter_counts_only_the_window() -> None:
