@@ -15,7 +15,8 @@ once in a random order, again in another, then kinds drawn at random:
 - `power_cut` the daemon and every worker group SIGKILLed at once, a new boot id, started again;
 - `disk_full` a 256 MiB tmpfs over MsPacman's checkpoints folder filled to ENOSPC, then the game
   stopped through the API so that its final checkpoint write hits the full disk; freed, started;
-- `corrupt` the newest verified checkpoint damaged, its worker SIGKILLed so that it resumes;
+- `corrupt` the newest verified checkpoint damaged (once the game has an older one to fall back to),
+  its worker SIGKILLed so that it resumes;
 - `memory_kill` the worker moved into a cgroup (v1 memory controller) with an 8 MiB limit: the
   kernel's OOM killer kills it; the cgroup is removed;
 - every second fault also gets a burst of API writes while it is under way (games added, set,
@@ -69,6 +70,7 @@ from bench.fleet_faults import (
     power_cut,
     toml_value,
     unverified,
+    verified_count,
     wait_gone,
     write_json,
 )
@@ -339,9 +341,13 @@ class Soak:
         return f"{game}: filler {filled // 1024} KiB, run {run} ended {ended['cause']}/exit {ended['exit_code']}"
 
     def corrupt(self, game: str) -> str:
-        pid, target = self.require_pid(game), newest_verified(self.faulted.ckpt_dir(game))
-        if target is None:
-            raise NotYet(f"{game}: no verified checkpoint to corrupt yet")
+        folder = self.faulted.ckpt_dir(game)
+        pid, target = self.require_pid(game), newest_verified(folder)
+        if target is None or verified_count(folder) < 2:
+            # The fault is a damaged newest checkpoint with an older one to fall back to. The only
+            # one damaged leaves nothing to resume from: the worker rightly refuses to start from
+            # scratch and the game goes fatal (the 60-minute run of 2026-11-25 did that twice).
+            raise NotYet(f"{game}: fewer than two verified checkpoints yet")
         how = self.rng.choice(DAMAGES)
         damage(target.path, how, self.rng)
         self.corrupted.setdefault(game, []).append(target.path.name)
