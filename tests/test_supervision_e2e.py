@@ -65,6 +65,12 @@ def test_kill_9_daemon_readopts_the_same_worker(fleet_config: DaemonConfig, flee
     again.wait_for_game("cart", lambda g: g["steps"] > steps, 30, "reporting to the new daemon")
     assert again.runs("cart")[0]["adoptions"] == 1
     assert len(again.runs("cart")) == 1
+    # Killed from outside now that it is adopted: the new daemon is not its parent, so no wait()
+    # status; no exit record and an unmoved OOM count say a signal from outside (issue 23's soak).
+    os.kill(pid, signal.SIGKILL)
+    again.wait_for_game("cart", lambda g: g["pid"] not in (None, pid), WORKER_START_S, "restarted")
+    said = [e["message"] for e in again.get("/api/v1/events?game=cart").json()["items"]]
+    assert any("an adopted worker ended without leaving its exit code" in m and "not counted" in m for m in said), said
 
 
 def test_sigstop_worker_is_killed_and_restarted_as_hung(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:

@@ -32,6 +32,8 @@ from fleetd.supervision.supervisor import Reconcile, Shutdown, StartGame, Superv
 from fleetd.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
+from fleetd.supervision.launcher import run_spec_path
+from workers.protocol.exit_codes import ExitCode, write_exit_record
 from workers.protocol.reports import ProgressReport
 
 
@@ -203,8 +205,8 @@ def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop)
     assert loop.state("a") is State.RUNNING and len(loop.launcher.spawned) == 1  # explicit values win
 
 
-def record_live_run(loop: Loop, game: str, pid: int) -> None:
-    """What a previous daemon left: an open run, and the spec it started the worker with."""
+def record_live_run(loop: Loop, game: str, pid: int) -> int:
+    """What a previous daemon left: an open run, and the spec it started the worker with; the run's id."""
     with loop.db.transaction() as session:
         record = game_store.read_game(session, game)
         run_id = run_store.create_run(session, record.id, loop.boot_pk, loop.clock.now())
@@ -215,6 +217,7 @@ def record_live_run(loop: Loop, game: str, pid: int) -> None:
     launch = launch_for(record, loop.settings, 1, Scaled(tier.num_envs, tier.batch_size, "light tier values"))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.with_suffix(".spec.json").write_text(launch.spec.with_run(run_id).to_json())
+    return run_id
 
 
 def test_start_up_adopts_the_live_worker_and_kills_a_second_one(loop: Loop) -> None:
@@ -465,3 +468,44 @@ def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: 
         backoffs = read_events(session, EventFilter(kind="fleet_backoff"))
     assert bool(backoffs) is backs_off
     assert (loop.sup.snapshot.governor.rung == "4x32") is not backs_off
+
+
+@pytest.mark.parametrize(("record", "oom_known", "backs_off"), [
+    (None, True, False),  # no exit record, the OOM count read and unmoved: a signal from outside
+    (None, False, True),  # no record and no OOM count: possibly the OOM killer's, the host's
+    (1, True, True),  # a Python crash it recorded: a crash as a child's would be
+])
+def test_adopted_workers_are_judged_by_the_exit_code_they_left(loop: Loop, record: int | None, oom_known: bool,
+                                                               backs_off: bool) -> None:
+    # A restarted daemon is not its adopted workers' parent: wait() gives it no status. The worker
+    # leaves its code beside its run spec; without one it died by a signal (issue 23's soak: a
+    # kill -9 and a memory-limit kill of adopted workers stepped the fleet back as crashes).
+    fleet = loop.settings.fleet.model_copy(update={"crash_games": 1})  # one running game's crash is instability
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    loop.probe.live = {4242}
+    loop.start()
+    assert loop.state("a") is State.RUNNING
+    if record is not None:
+        write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), record)
+    loop.reactor.exit(4242, code=None, oom_known=oom_known)
+    loop.steps()
+    assert loop.state("a") in (State.BACKOFF, State.STARTING)  # restarted either way
+    with loop.db.transaction() as session:
+        backoffs = read_events(session, EventFilter(kind="fleet_backoff"))
+        [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
+    assert bool(backoffs) is backs_off
+    assert (ended.cause, ended.exit_code) == ("crash", record)
+
+
+def test_an_adopted_worker_that_reached_its_goal_is_not_restarted(loop: Loop) -> None:
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    loop.probe.live = {4242}
+    loop.start()
+    write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.COMPLETED)
+    loop.reactor.exit(4242, code=None)
+    loop.steps()
+    assert loop.state("a") is State.EXITED
+    assert loop.launcher.spawned == []

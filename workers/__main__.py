@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from workers.protocol.exit_codes import ExitCode
+from workers.protocol.exit_codes import ExitCode, write_exit_record
 from workers.protocol.spec import RunSpec, SpecError
 
 log = logging.getLogger("workers")
@@ -39,5 +39,31 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_SPEC
 
 
+def main_recorded(argv: list[str] | None = None) -> int:
+    """main(), leaving the exit code beside the run spec for a daemon that adopted this worker
+    (workers.protocol.exit_codes.exit_record_path). An uncaught exception is recorded as the
+    interpreter's own exit status for it, 1; death by a signal leaves no record."""
+    code: int = 1
+    try:
+        code = main(argv)
+        return code
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    finally:
+        spec, _ = _spec_arg().parse_known_args(argv)
+        if spec.spec:
+            try:
+                write_exit_record(spec.spec, code)
+            except OSError as exc:
+                log.warning("could not leave the exit code beside %s: %s", spec.spec, exc)
+
+
+def _spec_arg() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--spec")
+    return parser
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_recorded())

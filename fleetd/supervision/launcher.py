@@ -42,7 +42,7 @@ class OsLauncher:
         spec = _run_spec(launch, run_id)
         try:
             logs.mkdir(parents=True, exist_ok=True)
-            spec_path = _write_spec(logs / f"run-{run_id:06d}.spec.json", spec)
+            spec_path = _write_spec(run_spec_path(launch.game_dir, run_id), spec)
             log_path = logs / f"run-{run_id:06d}.log"
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
             pid = self._spawn(argv, log_path, worker_env(spec.cpu_threads, spec.gpu) | self.extra_env())
@@ -75,6 +75,11 @@ class OsLauncher:
 
     def stopped(self, pid: int) -> bool:
         return process_stopped(pid)
+
+
+def run_spec_path(game_dir: Path, run_id: int) -> Path:
+    """The run spec a worker is started with; its exit record lies beside it."""
+    return game_dir / "logs" / f"run-{run_id:06d}.spec.json"
 
 
 def process_stopped(pid: int) -> bool:

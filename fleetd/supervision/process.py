@@ -271,6 +271,10 @@ class WorkerProcess:
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
         if status.oom_killed:
             return Outcome("oom", _FAILED, "oom: killed by the OOM killer")
+        if status.unknown and status.oom_known:
+            return Outcome("crash", _FAILED, "crash: an adopted worker ended without leaving its exit code, so by a "
+                           "signal, and not the OOM killer's (its count did not move): sent from outside fleetd, "
+                           f"or a native crash; {NOT_THE_HOST}", host_fault=False)
         if _sent_from_outside(status):
             not_oom = " (not the OOM killer)" if status.signal == signal.SIGKILL else ""
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "

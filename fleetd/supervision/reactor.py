@@ -92,7 +92,7 @@ class OsReactor:
         if own_child:
             _, wait_status = os.waitpid(pid, 0)  # the pidfd says it exited: this returns at once
             status = ExitStatus.from_wait_status(wait_status)
-        if status.signal == signal.SIGKILL:
+        if status.signal == signal.SIGKILL or not own_child:  # adopted: it may have been the OOM killer too
             killed = self._oom.killed_since_last()
             status = replace(status, oom_killed=bool(killed), oom_known=killed is not None)
         return Exited(pid, status)

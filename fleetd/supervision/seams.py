@@ -61,6 +61,11 @@ class ExitStatus:
             return cls(signal=-code, oom_killed=oom_killed)
         return cls(code=code, oom_killed=oom_killed)
 
+    @property
+    def unknown(self) -> bool:
+        """Neither code nor signal: an adopted worker that left no exit record."""
+        return self.code is None and self.signal is None and not self.node_lost
+
     def describe(self) -> str:
         if self.node_lost:
             return "its cluster node died"

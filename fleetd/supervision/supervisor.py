@@ -32,14 +32,16 @@ from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
 from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
 from fleetd.supervision.index import scan_checkpoints
+from fleetd.supervision.launcher import run_spec_path
 from fleetd.supervision.learning import LearningWatch
 from fleetd.supervision.learning_actions import FleetSide, LearningActions
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import Exited, Happening, Launch, Launcher, Located, Reactor, Reported
+from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
+from workers.protocol.exit_codes import exit_record_path, read_exit_record
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
 from workers.protocol.spec import RunSpec, Sizes, SpecError, TierDefaults
 
@@ -413,7 +415,7 @@ class Supervisor:
         # (bad hyperparameters, a missing env): it never moves the fleet.
         was_running = proc.state is State.RUNNING
         spawned_at = proc.spawned_wall
-        outcome = proc.on_exit(exited.status)
+        outcome = proc.on_exit(_recorded(exited.status, proc))
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, on_disk)
         if outcome is not None and outcome.cause == "oom":
@@ -567,6 +569,15 @@ class Supervisor:
 
     def _wait_s(self) -> float:
         return max(0.0, min(self._next_due - self.clock.monotonic(), MAX_WAIT_S))
+
+
+def _recorded(status: ExitStatus, proc: WorkerProcess) -> ExitStatus:
+    """An adopted worker's exit, which wait() cannot give: the code it left beside its run spec,
+    else the status as it is (no record: it died by a signal; the OOM count says whose)."""
+    if not status.unknown or proc.run_id is None:
+        return status
+    code = read_exit_record(exit_record_path(run_spec_path(proc.launch.game_dir, proc.run_id)))
+    return status if code is None else ExitStatus(code=code)
 
 
 def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]) -> None:

@@ -6,13 +6,15 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from workers.__main__ import main
 from pydantic import ValidationError
 
-from workers.protocol.exit_codes import ExitCode, describe
+from workers.protocol.exit_codes import ExitCode, describe, exit_record_path, read_exit_record
 from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
                                       ReportError, ResumedReport, SkippedCheckpoint, decode_report,
                                       encode_report)
@@ -102,6 +104,29 @@ def test_main_unreadable_or_invalid_json_is_bad_spec(tmp_path, caplog):
     assert main(["--spec", str(tmp_path / "absent.json")]) == ExitCode.BAD_SPEC
     (tmp_path / "broken.json").write_text("{not json")
     assert main(["--spec", str(tmp_path / "broken.json")]) == ExitCode.BAD_SPEC
+
+
+def test_the_worker_process_leaves_its_exit_code_beside_its_spec(tmp_path):
+    # A daemon that adopted the worker after a restart is not its parent: it reads this record.
+    spec = tmp_path / "run-000007.spec.json"
+    spec.write_text('{"version": 1}')
+    done = subprocess.run([sys.executable, "-m", "workers", "--spec", str(spec)], capture_output=True, timeout=60)
+    assert done.returncode == ExitCode.BAD_SPEC
+    assert read_exit_record(exit_record_path(spec)) == ExitCode.BAD_SPEC == int((tmp_path / "run-000007.exit").read_text())
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_an_uncaught_exception_is_recorded_as_the_interpreters_exit_status(tmp_path, monkeypatch):
+    import workers.__main__ as entry
+
+    def boom(argv=None):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(entry, "main", boom)
+    spec = tmp_path / "run-000008.spec.json"
+    with pytest.raises(RuntimeError):
+        entry.main_recorded(["--spec", str(spec)])
+    assert read_exit_record(exit_record_path(spec)) == 1
 
 
 def _reports():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
+from pathlib import Path
 
 
 class ExitCode(IntEnum):
@@ -24,3 +26,26 @@ def describe(code: int) -> str:
         return f"exit code {code} ({ExitCode(code).meaning})"
     except ValueError:
         return f"exit code {code}"
+
+
+def exit_record_path(spec_path: str | Path) -> Path:
+    """Where a worker leaves its exit code, beside its run spec (`run-000012.spec.json` ->
+    `run-000012.exit`). Its parent learns the code from wait(); a daemon that adopted the worker
+    after a restart is not its parent and reads it here. No record: the worker died by a signal."""
+    path = Path(spec_path)
+    return path.with_name(path.name.removesuffix(".json").removesuffix(".spec") + ".exit")
+
+
+def write_exit_record(spec_path: str | Path, code: int) -> None:
+    """Written whole (a temporary file renamed over it), as the worker's last act."""
+    path = exit_record_path(spec_path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{int(code)}\n")
+    os.replace(tmp, path)
+
+
+def read_exit_record(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
