@@ -8,7 +8,7 @@ for the whole fleet), when it began and when its recovery ended.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,16 +42,28 @@ class StepBack:
 # -- nothing lost ------------------------------------------------------------------------------
 
 
-def steps_per_interval(series: Series, interval_s: float) -> float:
-    """The most steps the game trained in any `interval_s` while it ran without a rewind."""
+def steps_per_interval(series: Series, interval_s: float, min_span_s: float = 60.0) -> float:
+    """The steps the game trains in `interval_s` at its fastest rate over any stretch of at least
+    `min_span_s` without a rewind (or over the whole stretch, where none is that long). A game
+    faulted every minute or two never runs a whole interval unrewound, yet a fault costs it at
+    most what it trained since its newest checkpoint: up to an interval's worth at that rate."""
     best = 0.0
-    times = [t for t, _ in series]
-    for i, (t, steps) in enumerate(series):
-        j = bisect_right(times, t + interval_s) - 1
-        stretch = series[i:j + 1]
-        if all(b[1] >= a[1] for a, b in zip(stretch, stretch[1:])):
-            best = max(best, stretch[-1][1] - steps)
-    return best
+    start = 0
+    for end in range(1, len(series) + 1):
+        if end < len(series) and series[end][1] >= series[end - 1][1]:
+            continue
+        stretch = series[start:end]  # no rewind inside
+        times = [t for t, _ in stretch]
+        for i, (t, steps) in enumerate(stretch):
+            j = bisect_left(times, t + min_span_s)
+            if j >= len(stretch):
+                j = len(stretch) - 1
+                if i > 0:
+                    break  # the stretch's own span is measured from its first sample only
+            if stretch[j][0] > t:
+                best = max(best, (stretch[j][1] - steps) / (stretch[j][0] - t))
+        start = end
+    return best * interval_s
 
 
 def rewinds(series: Series) -> list[tuple[float, float, float]]:

@@ -33,6 +33,17 @@ def test_steps_per_interval_is_the_most_trained_in_one_interval() -> None:
     assert steps_per_interval(rewound, 10) == 100
 
 
+def test_a_game_rewound_every_two_minutes_is_allowed_an_interval_at_its_rate() -> None:
+    # 10 steps/s, a fault every 120 s that sends it back 500 steps: it never runs a whole 600-s
+    # interval unrewound, yet one interval at its rate is 6,000 steps (the 60-minute soak's game
+    # under dense faults was allowed a tenth of what it trained in an interval).
+    series, steps = [], 0.0
+    for t in range(0, 1200, 5):
+        steps = steps - 500 if t and t % 120 == 0 else steps + 50
+        series.append((float(t), steps))
+    assert steps_per_interval(series, 600) == 6000
+
+
 def test_a_rewind_within_one_interval_at_a_kill_passes() -> None:
     series = [*climb(10, 100), (110, 700), (120, 800)]  # 1000 -> 700: 300 lost
     assert check_steps_back({"breakout": series}, [KILL], {"breakout": 300}).ok
