@@ -54,6 +54,9 @@ def goal_reached(spec: RunSpec, counters: Counters) -> bool:
     return by_steps or by_episodes
 
 
+FIRST_AFTER_RESUME = 0.1  # of the interval: the earliest checkpoint after a resume
+
+
 class Checkpointer:
     """Writes verified checkpoints every `interval_s` seconds and every `interval_steps` steps,
     each after an evaluation when one is due (its figure goes in the manifest)."""
@@ -70,17 +73,27 @@ class Checkpointer:
         self.reporter = reporter
         self._clock = clock
         self._last_at = clock()
+        self._not_before = self._last_at
         self._last_steps: int | None = None
 
     def due(self, steps: int) -> bool:
-        if self._clock() - self._last_at >= self.interval_s:
+        now = self._clock()
+        if now - self._last_at >= self.interval_s and now >= self._not_before:
             return True
         base = self._last_steps or 0
         return self.interval_steps is not None and steps - base >= self.interval_steps
 
-    def mark_current(self, steps: int) -> None:
-        """The state at `steps` is already on disk (resumed from it)."""
+    def mark_current(self, steps: int, saved_age_s: float | None = None) -> None:
+        """The state at `steps` is already on disk (resumed from it), saved `saved_age_s` ago.
+        The interval runs from that save, not from this start: a game whose workers die every
+        few minutes (a crash loop, an operator's kills; the 60-minute soak) would otherwise
+        never live one interval and never checkpoint past its first. Not sooner than a tenth
+        of the interval into this run, so that the checkpoint holds new training."""
         self._last_steps = steps
+        if saved_age_s is not None:
+            now = self._clock()
+            self._last_at = min(self._last_at, now - max(0.0, saved_age_s))
+            self._not_before = now + self.interval_s * FIRST_AFTER_RESUME
 
     def write(self, model: BaseAlgorithm, counters: Counters,
               evaluate: bool = True) -> CheckpointSummary | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from stable_baselines3 import DQN
@@ -91,9 +92,17 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
                           should_stop=lambda: stop.requested)
     checkpointer = Checkpointer(spec, replay, reporter, interval_steps, evaluator=evaluator)
     if found.taken is not None:
-        checkpointer.mark_current(counters.steps)
+        checkpointer.mark_current(counters.steps, _age_s(found.taken))
         _resume_evaluation(found.taken, evaluator, reporter)
     return _train(spec, model, counters, reporter, stop, checkpointer)
+
+
+def _age_s(taken) -> float | None:
+    """How long ago the checkpoint resumed from was written (its manifest's wall time)."""
+    try:
+        return max(0.0, time.time() - checkpoint.read_manifest(taken).created_at)
+    except checkpoint.CheckpointError:
+        return None
 
 
 def _resume_evaluation(taken, evaluator: Evaluator, reporter: Reporter) -> None:

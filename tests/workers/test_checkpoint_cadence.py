@@ -1,0 +1,71 @@
+"""When the worker's next checkpoint is due (workers/callback.py `Checkpointer.due`): the interval
+runs from when the state it resumed from was saved, so a game whose workers die every few
+minutes still checkpoints its progress (issue 23's 60-minute soak: a game faulted every 45-480 s
+never lived the 600-s interval and ended the hour near zero steps). Fake clock, no training."""
+
+from __future__ import annotations
+
+from workers.callback import Checkpointer
+from workers.snapshot import ReplayPolicy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def checkpointer(make_spec, clock: Clock) -> Checkpointer:
+    spec = make_spec(checkpoint_interval_s=600.0)
+    return Checkpointer(spec, ReplayPolicy(), reporter=None, interval_steps=None, clock=clock)
+
+
+def first_due_after(ckpt: Checkpointer, clock: Clock, steps: int = 10) -> float:
+    start = clock.now
+    while not ckpt.due(steps):
+        clock.now += 1.0
+    return clock.now - start
+
+
+def test_a_fresh_run_checkpoints_one_interval_after_its_start(make_spec) -> None:
+    clock = Clock()
+    assert first_due_after(checkpointer(make_spec, clock), clock) == 600
+
+
+def test_a_run_resumed_from_a_fresh_checkpoint_waits_the_interval_from_that_save(make_spec) -> None:
+    clock = Clock()
+    ckpt = checkpointer(make_spec, clock)
+    ckpt.mark_current(5000, saved_age_s=5.0)  # a stop's final checkpoint, just written
+    assert first_due_after(ckpt, clock) == 595
+
+
+def test_a_run_resumed_from_an_old_checkpoint_saves_its_progress_soon(make_spec) -> None:
+    # Its predecessor died 500 s after that checkpoint: 100 s after this start the state saved
+    # is 600 s old. Resumed from one older than the interval: a tenth of the interval in.
+    for age, due in ((500.0, 100), (590.0, 60), (5000.0, 60)):
+        clock = Clock()
+        ckpt = checkpointer(make_spec, clock)
+        ckpt.mark_current(5000, saved_age_s=age)
+        assert first_due_after(ckpt, clock) == due, age
+
+
+def test_a_run_killed_every_few_minutes_still_moves_its_checkpoint_on(make_spec) -> None:
+    # Lives of 200 s each over 3,000 s, every one resumed from the newest checkpoint: before, the
+    # 600-s timer started anew at each start and no life ever checkpointed; now the state on
+    # disk is never more than an interval (and a life) old.
+    saved_at, now, progress = 0.0, 0.0, []
+    for _ in range(15):
+        clock = Clock()
+        clock.now = now
+        ckpt = checkpointer(make_spec, clock)
+        ckpt.mark_current(0, saved_age_s=now - saved_at)
+        while clock.now < now + 200:
+            clock.now += 1.0
+            if ckpt.due(1):
+                saved_at = clock.now
+                progress.append(saved_at)
+                break
+        now += 200
+    assert progress == [600.0, 1200.0, 1800.0, 2400.0, 3000.0]
