@@ -43,27 +43,36 @@ class StepBack:
 
 
 def steps_per_interval(series: Series, interval_s: float, min_span_s: float = 60.0) -> float:
-    """The steps the game trains in `interval_s` at its fastest rate over any stretch of at least
-    `min_span_s` without a rewind (or over the whole stretch, where none is that long). A game
-    faulted every minute or two never runs a whole interval unrewound, yet a fault costs it at
-    most what it trained since its newest checkpoint: up to an interval's worth at that rate."""
+    """The steps the game trains in `interval_s` at its fastest rate over `min_span_s` without a
+    rewind (over its longest rewind-free stretch where none is that long). A game faulted every
+    minute or two never runs a whole interval unrewound, yet a fault costs it at most what it
+    trained since its newest checkpoint: up to an interval's worth at that rate. Shorter spans
+    are left out: a progress flush makes steps arrive in lumps."""
+    stretches = rewind_free(series)
+    long = [s for s in stretches if s[-1][0] - s[0][0] >= min_span_s]
     best = 0.0
-    start = 0
-    for end in range(1, len(series) + 1):
-        if end < len(series) and series[end][1] >= series[end - 1][1]:
-            continue
-        stretch = series[start:end]  # no rewind inside
+    for stretch in long:
         times = [t for t, _ in stretch]
         for i, (t, steps) in enumerate(stretch):
             j = bisect_left(times, t + min_span_s)
-            if j >= len(stretch):
-                j = len(stretch) - 1
-                if i > 0:
-                    break  # the stretch's own span is measured from its first sample only
-            if stretch[j][0] > t:
-                best = max(best, (stretch[j][1] - steps) / (stretch[j][0] - t))
-        start = end
+            if j == len(stretch):
+                break
+            best = max(best, (stretch[j][1] - steps) / (stretch[j][0] - t))
+    if not long and stretches:
+        stretch = max(stretches, key=lambda s: s[-1][0] - s[0][0])
+        if stretch[-1][0] > stretch[0][0]:
+            best = (stretch[-1][1] - stretch[0][1]) / (stretch[-1][0] - stretch[0][0])
     return best * interval_s
+
+
+def rewind_free(series: Series) -> list[Series]:
+    """The series cut at every fall of the step count."""
+    stretches, start = [], 0
+    for i in range(1, len(series) + 1):
+        if i == len(series) or series[i][1] < series[i - 1][1]:
+            stretches.append(series[start:i])
+            start = i
+    return [s for s in stretches if s]
 
 
 def rewinds(series: Series) -> list[tuple[float, float, float]]:

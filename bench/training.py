@@ -58,10 +58,9 @@ SB3_PPO = {"gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.0, "vf_coef": 0.5, "
 
 
 def run_spec(args, checkpoint_dir: str, steps: int, env_threads: int | None = None) -> RunSpec:
-    algo = getattr(args, "algo", "ppo")
-    learning = {"learning_starts": args.learning_starts} if algo == "dqn" else {}
+    learning = {"learning_starts": args.learning_starts} if args.algo == "dqn" else {}
     checkpoint_steps, eval_steps = fleet_intervals(args)
-    return RunSpec(version=1, game="bench", run_id=1, env_id=args.env_id, algo=algo,
+    return RunSpec(version=1, game="bench", run_id=1, env_id=args.env_id, algo=args.algo,
                    total_timesteps=steps, checkpoint_dir=checkpoint_dir, cpu_threads=args.threads,
                    env_threads=env_threads,
                    device=args.device, seed=args.seed, allow_fresh_start=True,
@@ -76,7 +75,7 @@ def fleet_intervals(args) -> tuple[int, int]:
     10M: every 500,000, an evaluation every 1M). A measurement of tens of thousands of steps with
     the intervals of its own length as horizon would checkpoint and evaluate (5 whole games, in
     process) every 5,000 steps: for Atari 100 and 200 times as often as a fleet game does."""
-    horizon = defaults.SCHEDULE_TIMESTEPS[(getattr(args, "algo", "ppo"), defaults.family(is_atari_envpool(args.env_id)))]
+    horizon = defaults.SCHEDULE_TIMESTEPS[(args.algo, defaults.family(is_atari_envpool(args.env_id)))]
     checkpoint = args.checkpoint_steps or defaults.checkpoint_interval_steps(horizon)
     return checkpoint, defaults.eval_interval_steps(horizon)
 
