@@ -1,17 +1,21 @@
 """What the daemon reads from the OS to tell the host's faults from someone else's (issue 23):
-the kernel's OOM-kill count (the daemon's cgroup v2 memory.events, else the host's /proc/vmstat)
-and whether a worker's process is stopped by a signal. Real files and a real stopped process."""
+the kernel's OOM-kill count (the daemon's memory cgroup's: v2 memory.events, v1
+memory.oom_control; else the host's /proc/vmstat) and whether a worker's process is stopped by a
+signal. Real files, real OOM kills in cgroups the tests make, and a real stopped process."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fleetd.supervision.launcher import process_stopped
-from fleetd.supervision.oom import OomCounter
+from fleetd.supervision.oom import OomCounter, own_cgroup_counts
 
 
 def test_the_cgroups_count_is_read_and_its_growth_is_an_oom_kill(tmp_path: Path) -> None:
@@ -45,6 +49,31 @@ def test_an_unreadable_count_is_unknown_not_no(tmp_path: Path) -> None:
     assert counter.killed_since_last() is None
 
 
+def test_the_daemons_own_memory_cgroup_is_found_on_v2_v1_and_hybrid_hosts(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\n"
+                      "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,cpu,cpuacct 0 0\n"
+                      "cgroup /cg/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0\n")
+    own = tmp_path / "cgroup"
+    own.write_text("0::/system.slice/fleetd.service\n")
+    assert own_cgroup_counts(own, mounts, v2_root=tmp_path / "v2") == [tmp_path / "v2/system.slice/fleetd.service/memory.events"]
+    own.write_text("4:memory:/system.slice/fleetd.service\n2:cpu,cpuacct:/\n")
+    assert own_cgroup_counts(own, mounts) == [Path("/cg/memory/system.slice/fleetd.service/memory.oom_control")]
+    # a hybrid host lists both; the v2 file is tried first and the v1 one is taken where it is absent
+    v1 = tmp_path / "v1"
+    (v1 / "fleetd").mkdir(parents=True)
+    (v1 / "fleetd" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
+    mounts.write_text(f"cgroup {v1} cgroup rw,memory 0 0\n")
+    own.write_text("4:memory:/fleetd\n0::/\n")
+    found = own_cgroup_counts(own, mounts, v2_root=tmp_path / "v2")
+    assert found == [tmp_path / "v2/memory.events", v1 / "fleetd/memory.oom_control"]
+    counter = OomCounter(found[1], host_path=tmp_path / "absent")
+    assert counter.read() == 4 and not counter.host_wide
+    # no memory controller mounted, no /proc/self/cgroup: nothing to read, the host's count is used
+    assert own_cgroup_counts(own, tmp_path / "no-mounts", v2_root=tmp_path / "v2") == [tmp_path / "v2/memory.events"]
+    assert own_cgroup_counts(tmp_path / "none", mounts) == []
+
+
 def test_this_hosts_count_is_readable() -> None:
     # /proc/vmstat has had oom_kill since Linux 4.13: a SIGKILL's sender is known here.
     assert OomCounter().read() is not None
@@ -68,3 +97,87 @@ def test_a_process_stopped_by_sigstop_is_seen_stopped() -> None:
         child.kill()
         child.wait()
     assert process_stopped(child.pid) is False  # gone: not stopped
+
+
+# -- real OOM kills, in memory cgroups (v1) the tests make -----------------------------------
+
+MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+needs_v1_memory = pytest.mark.skipif(
+    os.geteuid() != 0 or not (MEMORY_V1 / "cgroup.procs").exists() or Path("/sys/fs/cgroup/cgroup.controllers").exists(),
+    reason="needs root and the cgroup v1 memory controller (where v2 is in use, memory.events is read: tested above)")
+
+# Grows by 1 MiB a step until killed; the first thing it does is make itself the OOM killer's choice.
+GROW = ("import time\nopen('/proc/self/oom_score_adj', 'w').write('1000')\nx = []\n"
+        "while True:\n    x.append(bytearray(1 << 20))\n    time.sleep(0.002)\n")
+
+
+class _Group:
+    def __init__(self, name: str, limit_bytes: int) -> None:
+        self.path = MEMORY_V1 / f"fleetd-test-{os.getpid()}-{name}"
+        self.path.mkdir()
+        (self.path / "memory.swappiness").write_text("0")
+        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+
+    def join(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        deadline = time.monotonic() + 10
+        while self.path.exists():
+            try:
+                self.path.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def _host_oom_kills() -> int:
+    return OomCounter(Path("/nonexistent"), host_path=Path("/proc/vmstat")).read() or 0
+
+
+@needs_v1_memory
+def test_a_worker_moved_into_someone_elses_limited_cgroup_and_oom_killed_there_is_not_the_daemons() -> None:
+    """What the soak's memory-limit fault does to a worker: the kernel's OOM killer kills it, but
+    in a group the daemon is not in; the daemon's own group's count (read by default) stays put,
+    so the kill is someone else's. Reading the host's /proc/vmstat, it would be taken for the
+    host's memory running out."""
+    counter = OomCounter()
+    assert not counter.host_wide, counter.describe()
+    host_before = _host_oom_kills()
+    group = _Group("outside", 64 << 20)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)\n" + GROW])
+    try:
+        group.join(child.pid)
+        assert child.wait(30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        group.remove()
+    assert _host_oom_kills() > host_before  # a real OOM kill
+    assert counter.killed_since_last() is False
+
+
+# A stand-in for the daemon: it lives in the group the test made, reads its own group's count as
+# the daemon does, starts a worker there that grows until the group's limit is hit, and prints
+# the worker's exit and what its counter saw.
+DAEMON = f"""
+import subprocess, sys
+from fleetd.supervision.oom import OomCounter
+counter = OomCounter()
+worker = subprocess.Popen([sys.executable, "-c", {GROW!r}])
+print(worker.wait(), counter.host_wide, counter.killed_since_last(), flush=True)
+"""
+
+
+@needs_v1_memory
+def test_a_worker_oom_killed_in_the_daemons_own_cgroup_is_the_daemons() -> None:
+    group = _Group("own", 96 << 20)
+    try:
+        done = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True, timeout=60,
+                              preexec_fn=lambda: group.join(os.getpid()))
+    finally:
+        group.remove()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGKILL), "False", "True"]

@@ -1,24 +1,56 @@
-"""Was a worker killed by the OOM killer? The kernel counts its kills: in the daemon's cgroup v2
-memory.events (under systemd: the service, workers included), else, where that file is not
-there (cgroup v1), in the host's /proc/vmstat (every OOM kill on the host: one that killed
-something else just before is taken as the worker's, the cautious way round)."""
+"""Was a worker killed by the OOM killer? The kernel counts its kills per memory cgroup, and the
+daemon reads its own group's count (under systemd the service's, workers included): cgroup v2
+`memory.events` (the group and every group below it), cgroup v1 `memory.oom_control` (that group
+alone: v1 keeps no sum over children). A worker someone moved into a memory group of their own
+and killed by that group's limit does not move it: that kill was theirs, as an operator's
+`kill -9` is, not the host's memory or fleetd's load. Where neither file can be read, the host's
+/proc/vmstat (every OOM kill on the host: one that killed something else just before is taken as
+the worker's, the cautious way round)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 VMSTAT = Path("/proc/vmstat")
+SELF_CGROUP = Path("/proc/self/cgroup")
+MOUNTS = Path("/proc/self/mounts")
+CGROUP2_ROOT = Path("/sys/fs/cgroup")
 
 
-def _own_cgroup_events() -> Path | None:
+def _memory_v1_root(mounts: Path) -> Path | None:
+    """Where the cgroup v1 memory controller is mounted (its mount options name it)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = mounts.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
-        if line.startswith("0::"):  # cgroup v2
-            return Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "memory.events"
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup" and "memory" in fields[3].split(","):
+            return Path(fields[1])
     return None
+
+
+def own_cgroup_counts(self_cgroup: Path = SELF_CGROUP, mounts: Path = MOUNTS,
+                      v2_root: Path = CGROUP2_ROOT) -> list[Path]:
+    """The files that may hold the daemon's own memory cgroup's OOM-kill count, best first: the
+    v2 group's memory.events, then the v1 memory group's memory.oom_control (a hybrid host lists
+    both lines in /proc/self/cgroup; the one whose file is there counts)."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, group = rest.partition(":")
+        group = group.lstrip("/")
+        if controllers == "" and line.startswith("0::"):
+            found.insert(0, v2_root / group / "memory.events")
+        elif "memory" in controllers.split(","):
+            root = _memory_v1_root(mounts)
+            if root is not None:
+                found.append(root / group / "memory.oom_control")
+    return found
 
 
 def _oom_kills(path: Path) -> int | None:
@@ -33,12 +65,20 @@ def _oom_kills(path: Path) -> int | None:
 
 
 class OomCounter:
-    """The kernel's OOM-kill count: the daemon's cgroup's, or the host's where that is unreadable."""
+    """The kernel's OOM-kill count: the daemon's memory cgroup's, or the host's where that is
+    unreadable. `events_path` names the cgroup's file (tests); by default it is found."""
 
     def __init__(self, events_path: Path | None = None, host_path: Path = VMSTAT) -> None:
-        cgroup = events_path if events_path is not None else _own_cgroup_events()
-        self.path = cgroup if cgroup is not None and _oom_kills(cgroup) is not None else host_path
+        candidates = [events_path] if events_path is not None else own_cgroup_counts()
+        readable = [path for path in candidates if _oom_kills(path) is not None]
+        self.host_wide = not readable
+        self.path = readable[0] if readable else host_path
         self._last = self.read()
+
+    def describe(self) -> str:
+        """Whose kills it counts, for the daemon's log."""
+        whose = "the host's" if self.host_wide else "the daemon's memory cgroup's"
+        return f"{whose} ({self.path})"
 
     def read(self) -> int | None:
         return _oom_kills(self.path)

@@ -32,6 +32,7 @@ class OsReactor:
     def __init__(self, progress_socket: Path, oom: OomCounter | None = None) -> None:
         self._selector = selectors.DefaultSelector()
         self._oom = oom or OomCounter()
+        log.info("OOM kills of workers are read from %s count", self._oom.describe())
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
         self._sock = _bind_datagram(progress_socket)
