@@ -125,6 +125,16 @@ def test_settings_refusals_name_the_field_and_value():
         settings_for({"colapse_evals": 2})
 
 
+def test_a_whole_float_is_an_integer_as_json_schema_says():
+    # The API publishes `"type": "integer"`; JSON Schema counts 2003.0 as one, and so does a
+    # client that serialises every number as a float (found by tests/test_api_fuzz.py).
+    settings = settings_for({"warmup_evals": 2003.0, "plateau_steps": 1e6})
+    assert (settings.warmup_evals, settings.plateau_steps) == (2003, 1_000_000)
+    assert type(settings.warmup_evals) is int
+    with pytest.raises(HealthSettingError, match=r"health.warmup_evals: expected an integer, got inf"):
+        settings_for({"warmup_evals": float("inf")})
+
+
 def test_a_quick_learner_whose_first_evaluation_is_its_best_is_judged_from_its_floor():
     record, verdicts = feed([450, 460, 455])  # CartPole learned before its first evaluation
     assert not armed(record, SETTINGS)  # nothing lower seen yet: no range

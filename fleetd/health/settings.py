@@ -85,7 +85,10 @@ def _plateau_action(value: Any) -> PlateauAction:
 
 def _number(key: str, value: Any) -> float | int:
     kind, low, high = _BOUNDS[key]
-    ok_kind = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    # JSON has one number type: 2003.0 is an integer to JSON Schema (and to the published
+    # schema's clients), so a float with no fraction passes where an integer is asked for.
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    ok_kind = whole if kind is int else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_kind or not math.isfinite(value):
         raise HealthSettingError(key, f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
     if not low <= value <= high:
