@@ -243,11 +243,7 @@ class Daemon:
                                 footprints=footprints)
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, probe, fleet,
-            unclean_reboot=(
-                start.kind is StartKind.REBOOT
-                and not start.previous_clean
-                and self.settings.fleet.reboot_is_instability
-            ),
+            unclean_reboot=start.unclean_reboot and self.settings.fleet.reboot_is_instability,
         )  # fmt: skip
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:

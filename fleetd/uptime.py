@@ -21,7 +21,7 @@ from fleetd.host import HostBoot
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
-from fleetd.store.records import BootRecord
+from fleetd.store.records import BootRecord, ExpectedRebootRecord
 
 DAY = timedelta(days=1)
 WEEK = timedelta(days=7)
@@ -38,6 +38,13 @@ class DaemonStart:
     kind: StartKind
     boot: BootRecord
     previous: BootRecord | None  # the boot that a reboot closed, or this boot before restart
+    # An unclean reboot inside an operator's expected-reboot window: not the load's doing.
+    expected: ExpectedRebootRecord | None = None
+
+    @property
+    def unclean_reboot(self) -> bool:
+        """A reboot without a clean stop that nobody said was coming: what the governor weighs."""
+        return self.kind is StartKind.REBOOT and not self.previous_clean and self.expected is None
 
     @property
     def previous_clean(self) -> bool:
@@ -80,7 +87,10 @@ def record_daemon_start(db: Database, host: HostBoot, now: datetime) -> DaemonSt
         else:
             previous_id = None if latest is None else latest.id
             boot = boot_store.create_boot(session, host.boot_id, host.booted_at, now, previous_id)
-            start = DaemonStart(StartKind.FIRST if latest is None else StartKind.REBOOT, boot, latest)
+            expected = None
+            if latest is not None and not latest.daemon_clean_stop:
+                expected = boot_store.explain_reboot(session, latest)
+            start = DaemonStart(StartKind.FIRST if latest is None else StartKind.REBOOT, boot, latest, expected)
         kind, severity, message, details = describe_start(start)
         create_event(session, now, kind, message, severity=severity, boot_id=boot.id, details=details)
     return start
@@ -101,12 +111,18 @@ def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]
         f"host rebooted ({how}): up {format_duration(reboot.uptime_before_s)} before, "
         f"down {format_duration(reboot.downtime_s)}"
     )
-    details = {
+    details: dict[str, object] = {
         "previous_boot_id": start.previous.boot_id,
         "uptime_before_s": reboot.uptime_before_s,
         "downtime_s": reboot.downtime_s,
         "clean": reboot.clean,
     }
+    if start.expected is not None:
+        word = start.expected
+        message += (f"; expected (#{word.id}, {word.reason!r}, said at {word.announced_at:%Y-%m-%d %H:%M} UTC "
+                    f"for until {word.until:%H:%M}): not counted as the host's instability")
+        details["expected_reboot"] = word.id
+        return "reboot", "info", message, details
     return "reboot", "info" if reboot.clean else "warning", message, details
 
 

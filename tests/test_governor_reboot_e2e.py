@@ -11,6 +11,7 @@ e2e tests do: the daemon and every worker SIGKILLed at once, a new boot id, a ne
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -152,6 +153,51 @@ def test_a_reboot_within_the_window_after_a_scale_up_steps_back_to_the_proven_ru
     table = fleetd_cli(config, "tier")
     assert table.returncode == 0, table.stderr
     assert "back-off after reboot" in table.stdout and "failed 1x" in table.stdout
+
+
+def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_nothing(
+    fleet_config: DaemonConfig, fleet_daemons: list[Daemon]
+) -> None:
+    # The climb as above, then the operator says a reboot is coming (`fleetd expect-reboot`):
+    # the power cut inside the window is not the load's doing, so 2x1 keeps both games.
+    seeds = "".join(f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\n' for name in ("a", "b", "c"))
+    config = configure(fleet_config, 'tier = "auto"\nstart_games = 1\nfirst_window_s = 1\nwindow_s = 3600\n')
+    config.extra += seeds
+    config.write()
+    daemon = start_daemon(config, fleet_daemons, ENV)
+    before = wait_until(lambda: running(daemon, ["a", "b"]), "a and b running after the climb", daemon)
+    # Bad input names the field; nothing is recorded.
+    for body, field in (({"for_s": 0, "reason": "x"}, "for_s"), ({"for_s": 60, "reason": " "}, "reason"),
+                        ({"for_s": 8 * 86400, "reason": "x"}, "for_s"), ({"for_s": 60}, "reason")):
+        refused = daemon.post("/api/v1/reboots/expected", body)
+        assert refused.status_code == 422 and field in refused.text, refused.text
+    usage = fleetd_cli(config, "expect-reboot", "--for", "10x", "--reason", "drill")
+    assert usage.returncode == 2 and "--for: '10x' is not a duration" in usage.stderr
+    assert daemon.get("/api/v1/reboots/expected").json()["items"] == []
+
+    said = fleetd_cli(config, "expect-reboot", "--for", "10m", "--reason", "fault drill")
+    assert said.returncode == 0, said.stderr
+    assert said.stdout.startswith("#1 until ") and "(open): fault drill; explained 0 reboots" in said.stdout
+
+    power_cut(daemon, config)
+    config.set_boot_id("boot-two")
+    after = start_daemon(config, fleet_daemons, ENV)
+    back = wait_until(lambda: running(after, ["a", "b"]), "a and b running again", after)
+    assert all(back[name] != before[name] for name in back)
+    [reboot] = events(after, "reboot")
+    assert "expected (#1, 'fault drill'" in reboot["message"] and reboot["severity"] == "info"
+    assert events(after, "fleet_backoff") == [] and events(after, "fleet_evict") == []
+    fleet = after.get("/api/v1/fleet").json()
+    assert (fleet["rung"], fleet["admitted"], fleet["pending"], fleet["last_backoff"]) == ("2x1 (light)", ["a", "b"], ["c"], None)
+    assert rung_memory(config, 2)[2] == 0
+    [word] = after.get("/api/v1/reboots/expected").json()["items"]
+    assert (word["explained"], word["holds"]) == (1, True)
+
+    withdrawn = fleetd_cli(config, "expect-reboot", "--withdraw", "1")
+    assert withdrawn.returncode == 0 and "(withdrawn): fault drill; explained 1 reboot" in withdrawn.stdout
+    assert fleetd_cli(config, "expect-reboot", "--withdraw", "7").returncode == 4
+    listed = fleetd_cli(config, "expect-reboot", "--list", "--json")
+    assert [w["holds"] for w in json.loads(listed.stdout)] == [False]
 
 
 def test_two_games_with_bad_hyperparameters_go_fatal_and_touch_no_other_game(

@@ -6,9 +6,11 @@ from datetime import timedelta
 
 import pytest
 
+from fleetd.durations import parse_duration
 from fleetd.jobs import heartbeat_job, retention_job
 from fleetd.config import RetentionSettings
 from fleetd.games import SEEDED_EVENT, seeding_needed
+from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.uptime import (
@@ -86,6 +88,73 @@ def test_clean_shutdown_before_reboot_is_recorded_as_clean(db: Database, host: F
     assert reboot is not None and reboot.clean is True and reboot.downtime_s == 60
 
 
+def expect(db: Database, clock: FakeClock, boot_pk: int, for_s: float, reason: str = "kernel update"):
+    with db.transaction() as session:
+        return boot_store.create_expected_reboot(session, clock.now(), clock.now() + timedelta(seconds=for_s), reason, boot_pk)
+
+
+def test_an_unclean_reboot_inside_an_expected_window_is_not_the_hosts_instability(
+    db: Database, host: FakeHost, clock: FakeClock
+) -> None:
+    first = start(db, host, clock)
+    clock.advance(100)
+    word = expect(db, clock, first.boot.id, 600)
+    clock.advance(30)
+    heartbeat_job(db, clock, first.boot.id)
+    host.reboot(down_s=90)  # power cut 30 s into the window, no clean stop
+    second = start(db, host, clock)
+    assert second.kind is StartKind.REBOOT and not second.previous_clean
+    assert second.expected is not None and second.expected.id == word.id and second.expected.explained == 1
+    assert second.unclean_reboot is False
+    [event] = events(db, "reboot")
+    assert event.severity == "info" and event.details["expected_reboot"] == word.id
+    assert "expected (#1, 'kernel update'" in event.message and "not counted as the host's instability" in event.message
+    # A second power cut in the same window (a drill cuts twice; firmware updates reboot twice).
+    clock.advance(60)
+    host.reboot(down_s=30)
+    third = start(db, host, clock)
+    assert third.expected is not None and third.expected.explained == 2 and not third.unclean_reboot
+    # After the window: counted again.
+    clock.advance(600)
+    heartbeat_job(db, clock, third.boot.id)
+    host.reboot(down_s=30)
+    assert start(db, host, clock).unclean_reboot is True
+
+
+def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
+    db: Database, host: FakeHost, clock: FakeClock
+) -> None:
+    first = start(db, host, clock)
+    # Said before the host's last heartbeat, ended before it: the host went down after the window.
+    expect(db, clock, first.boot.id, 60)
+    clock.advance(120)
+    heartbeat_job(db, clock, first.boot.id)
+    host.reboot(down_s=30)
+    second = start(db, host, clock)
+    assert second.expected is None and second.unclean_reboot is True
+    # Withdrawn before the cut: counted.
+    word = expect(db, clock, second.boot.id, 3600)
+    clock.advance(10)
+    with db.transaction() as session:
+        assert boot_store.withdraw_expected_reboot(session, word.id, clock.now()).withdrawn_at == clock.now()
+    clock.advance(10)
+    heartbeat_job(db, clock, second.boot.id)
+    host.reboot(down_s=30)
+    third = start(db, host, clock)
+    assert third.expected is None and third.unclean_reboot is True
+    # A clean reboot inside a window never asks: the word is not used up on it.
+    word = expect(db, clock, third.boot.id, 3600)
+    clock.advance(10)
+    record_daemon_stop(db, third.boot.id, clock.now(), "received SIGTERM")
+    host.reboot(down_s=30)
+    fourth = start(db, host, clock)
+    assert fourth.expected is None and fourth.previous_clean and not fourth.unclean_reboot
+    with db.transaction() as session:
+        assert boot_store.read_expected_reboot(session, word.id).explained == 0
+    # A word said in a later boot does not cover an earlier boot's end.
+    assert not word.covers(first.boot)
+
+
 def test_uptime_report_figures(db: Database, host: FakeHost, clock: FakeClock) -> None:
     """Three boots: up 1 h, down 10 min, up 2 h, down 20 min, then up 30 min now."""
     boot = start(db, host, clock).boot
@@ -158,6 +227,19 @@ def test_retention_keeps_the_games_seeded_marker(db: Database, host: FakeHost, c
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400),
+                                               ("1h30m", 5400), (" 1.5h ", 5400)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "says"), [("", "empty"), ("30x", "not a duration"), ("1h30", "without a unit"),
+                                            ("m", "not a duration"), ("1..5h", "not a duration")])
+def test_parse_duration_says_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_duration(text)
 
 
 def test_rotate_logs_keeps_the_open_file_appending(tmp_path) -> None:

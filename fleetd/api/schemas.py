@@ -166,6 +166,31 @@ class In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MAX_EXPECTED_REBOOT_S = 7 * 86400
+
+
+class ExpectedRebootCreate(In):
+    """An operator's word that the host will go down within `for_s` (maintenance, a driver
+    update, a fault drill): an unclean reboot inside the window is not the load's doing."""
+
+    for_s: float = Field(gt=0, le=MAX_EXPECTED_REBOOT_S, description="the window, in seconds from now (at most 7 days)")
+    reason: str = Field(min_length=1, max_length=200, pattern=r"\S", description="why; kept with the reboot's event")
+
+
+class ExpectedRebootOut(Out):
+    id: int
+    announced_at: datetime
+    until: datetime
+    reason: str
+    withdrawn_at: datetime | None
+    explained: int = Field(description="unclean reboots inside the window it kept from counting as instability")
+    holds: bool = Field(description="whether a reboot now would be covered: the window is open and not withdrawn")
+
+
+class ExpectedRebootList(Out):
+    items: list[ExpectedRebootOut]
+
+
 class GameCreate(GameSpec):
     """A new game: the same model, bounds and errors as a config `[[games]]` entry."""
 

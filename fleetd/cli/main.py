@@ -94,6 +94,46 @@ def reboots(
         render.console.print(render.reboots_table(reboots))
 
 
+@app.command("expect-reboot")
+def expect_reboot(
+    config: ConfigOption = None,
+    within: Annotated[str, typer.Option("--for", help="The window from now: 30m, 2h, 1h30m (at most 7d).")] = "30m",
+    reason: Annotated[str | None, typer.Option(help="Why: kept with the reboot's event (required to say one).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="The expected reboots open now or ended within a day.")] = False,
+    withdraw: Annotated[int | None, typer.Option(help="Take back expected reboot ID: a reboot counts as usual again.")] = None,
+    json: JsonOption = False,
+) -> None:
+    """Say the host will go down (maintenance, a driver update, a fault drill): an unclean reboot
+    before the window ends brings every game back but is not counted as the host's instability."""
+    from fleetd.cli import render
+    from fleetd.cli.common import call, fail
+    from fleetd.durations import parse_duration
+
+    if list_ or withdraw is not None:
+        if list_ and withdraw is not None:
+            fail("--list and --withdraw: give one", ExitCode.USAGE)
+        if list_:
+            words = ask(config, "/api/v1/reboots/expected")["items"]
+        else:
+            words = [call(config, lambda client: client.request("DELETE", f"/api/v1/reboots/expected/{withdraw}"))]
+    else:
+        if not reason:
+            fail("--reason: say why the host will go down (it is kept with the reboot's event)", ExitCode.USAGE)
+        try:
+            seconds = parse_duration(within)
+        except ValueError as exc:
+            fail(f"--for: {exc}", ExitCode.USAGE)
+        body = {"for_s": seconds, "reason": reason}
+        words = [call(config, lambda client: client.request("POST", "/api/v1/reboots/expected", json=body))]
+    if json:
+        render.print_json(words if list_ else words[0])
+    elif not words:
+        typer.echo("no expected reboot open or ended within a day")
+    else:
+        for word in words:
+            typer.echo(render.expected_reboot_line(word))
+
+
 @app.command()
 def hosts(config: ConfigOption = None, json: JsonOption = False) -> None:
     """The cluster's hosts ([cluster] backend = "ray"): up or not, boots of their Ray node, downtime."""

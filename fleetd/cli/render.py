@@ -84,6 +84,14 @@ def reboots_table(boots: list[dict[str, Any]]) -> Table:
     return none_if_empty(table)
 
 
+def expected_reboot_line(word: dict[str, Any]) -> str:
+    """One expected reboot: `#3 until 2026-11-26 14:00 UTC (open): kernel update; explained 1 reboot`."""
+    state = "open" if word["holds"] else ("withdrawn" if word["withdrawn_at"] else "ended")
+    explained = word["explained"]
+    return (f"#{word['id']} until {when(word['until'])} UTC ({state}): {word['reason']}; "
+            f"explained {explained} reboot{'' if explained == 1 else 's'}")
+
+
 def no_reboots_text(boots: list[dict[str, Any]]) -> str:
     """`fleetd reboots` on a host that has not rebooted under fleetd: one line, not an empty table."""
     if not boots:

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from fleetd.store.models import Boot
+from fleetd.store.models import Boot, ExpectedReboot
 from fleetd.store.mapping import to_record
-from fleetd.store.records import BootRecord
+from fleetd.store.records import BootRecord, ExpectedRebootRecord
 
 
 def _record(row: Boot) -> BootRecord:
@@ -105,3 +105,49 @@ def read_recent_boots(session: Session, limit: int) -> list[BootRecord]:
     wanted = {row.previous_id for row in newest if row.previous_id not in have} - {None}
     older = list(session.scalars(select(Boot).where(Boot.id.in_(wanted)))) if wanted else []
     return sorted((_record(row) for row in newest + older), key=lambda boot: boot.id)
+
+
+# -- expected reboots --------------------------------------------------------------------------
+
+
+def create_expected_reboot(session: Session, now: datetime, until: datetime, reason: str, boot_pk: int) -> ExpectedRebootRecord:
+    row = ExpectedReboot(announced_at=now, until=until, reason=reason, boot_id=boot_pk, withdrawn_at=None, explained=0)
+    session.add(row)
+    session.flush()
+    return to_record(ExpectedRebootRecord, row)
+
+
+def read_expected_reboots(session: Session, since: datetime, limit: int = 100) -> list[ExpectedRebootRecord]:
+    """The words whose window had not ended by `since`, and any that explained a reboot then,
+    newest first."""
+    rows = session.scalars(select(ExpectedReboot).where(ExpectedReboot.until >= since)
+                           .order_by(ExpectedReboot.id.desc()).limit(limit))
+    return [to_record(ExpectedRebootRecord, row) for row in rows if row.withdrawn_at is None or row.withdrawn_at >= since]
+
+
+def read_expected_reboot(session: Session, pk: int) -> ExpectedRebootRecord | None:
+    row = session.get(ExpectedReboot, pk)
+    return None if row is None else to_record(ExpectedRebootRecord, row)
+
+
+def withdraw_expected_reboot(session: Session, pk: int, now: datetime) -> ExpectedRebootRecord | None:
+    row = session.get(ExpectedReboot, pk)
+    if row is None:
+        return None
+    if row.withdrawn_at is None:
+        row.withdrawn_at = now
+        session.flush()
+    return to_record(ExpectedRebootRecord, row)
+
+
+def explain_reboot(session: Session, ended: BootRecord) -> ExpectedRebootRecord | None:
+    """The word that covers the boot `ended` going down (the newest, where several do), counted
+    as having explained it; None where no word does."""
+    rows = session.scalars(select(ExpectedReboot).where(ExpectedReboot.boot_id <= ended.id)
+                           .where(ExpectedReboot.until >= ended.last_seen_at).order_by(ExpectedReboot.id.desc()))
+    for row in rows:
+        if to_record(ExpectedRebootRecord, row).covers(ended):
+            row.explained += 1
+            session.flush()
+            return to_record(ExpectedRebootRecord, row)
+    return None

@@ -77,6 +77,23 @@ class Boot(Base):
     kernel_log: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
+class ExpectedReboot(Base):
+    """An operator's word that the host will go down (maintenance, a driver update, a fault
+    drill): an unclean reboot whose boot ended inside the window is not the load's doing."""
+
+    __tablename__ = "expected_reboots"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    announced_at: Mapped[datetime]
+    until: Mapped[datetime]  # the host goes down before this, or the word no longer holds
+    reason: Mapped[str] = mapped_column(String(200))
+    boot_id: Mapped[int] = mapped_column(ForeignKey("boots.id"))  # the boot it was given in
+    withdrawn_at: Mapped[datetime | None]
+    # Unclean reboots it explained: a word covers every one inside its window (a firmware
+    # update may reboot twice, a drill cut the power more than once).
+    explained: Mapped[int] = mapped_column(default=0)
+
+
 class Game(Base):
     __tablename__ = "games"
     __table_args__ = (

@@ -25,6 +25,27 @@ class BootRecord:
 
 
 @dataclass(frozen=True)
+class ExpectedRebootRecord:
+    id: int
+    announced_at: datetime
+    until: datetime
+    reason: str
+    boot_id: int
+    withdrawn_at: datetime | None
+    explained: int  # unclean reboots it explained so far
+
+    def ends_at(self) -> datetime:
+        """When the word stops holding: its window's end, or when it was withdrawn."""
+        return self.until if self.withdrawn_at is None else min(self.until, self.withdrawn_at)
+
+    def covers(self, ended: BootRecord) -> bool:
+        """Whether the boot `ended` went down inside the window: it was up when the word was
+        given or began after it, and its last heartbeat came before the window closed."""
+        alive_at_word = ended.id == self.boot_id or ended.first_seen_at >= self.announced_at
+        return alive_at_word and ended.last_seen_at <= self.ends_at()
+
+
+@dataclass(frozen=True)
 class EventRecord:
     id: int
     at: datetime

@@ -1,15 +1,20 @@
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from fastapi import APIRouter, Depends, Path, Query
 
 from fleetd import __version__
 from fleetd.api.context import AppContext, get_context
-from fleetd.api.errors import NOT_FOUND
+from fleetd.api.errors import BAD_BODY, NOT_FOUND
 from fleetd.api.schemas import (
     MAX_ID,
     BootDetailOut,
     BootList,
     BootOut,
+    ExpectedRebootCreate,
+    ExpectedRebootList,
+    ExpectedRebootOut,
     ForensicsOut,
     KernelLogOut,
     RebootOut,
@@ -17,7 +22,10 @@ from fleetd.api.schemas import (
     WindowOut,
 )
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.store.records import BootRecord
+from fleetd.durations import format_duration
+from fleetd.store import boots as boot_store
+from fleetd.store.events import create_event
+from fleetd.store.records import BootRecord, ExpectedRebootRecord
 from fleetd.uptime import Reboot, WindowStats, boot_detail, boot_log, uptime_report
 
 router = APIRouter(tags=["boots"])
@@ -110,3 +118,61 @@ def read_uptime(context: AppContext = Depends(get_context)) -> UptimeOut:
         mean_time_between_reboots_s=report.mean_time_between_reboots_s,
         last_reboot=reboot_out(report.last_reboot) if report.last_reboot else None,
     )
+
+
+# -- expected reboots (docs/governor.md, Back-off) -----------------------------------------------
+
+
+def _expected_out(word: ExpectedRebootRecord, now: datetime) -> ExpectedRebootOut:
+    return ExpectedRebootOut(id=word.id, announced_at=word.announced_at, until=word.until, reason=word.reason,
+                             withdrawn_at=word.withdrawn_at, explained=word.explained, holds=now < word.ends_at())
+
+
+@router.post("/reboots/expected", response_model=ExpectedRebootOut, status_code=201, responses=BAD_BODY)
+def expect_reboot(body: ExpectedRebootCreate, context: AppContext = Depends(get_context)) -> ExpectedRebootOut:
+    """Say the host will go down within `for_s`: an unclean reboot whose boot ends inside the
+    window brings every game back as any reboot does, but the governor does not count it as
+    the host's instability (no step back, no failed rung). A clean reboot never counts."""
+    now = context.clock.now()
+    until = now + timedelta(seconds=body.for_s)
+    reason = body.reason.strip()
+    with context.db.transaction() as session:
+        word = boot_store.create_expected_reboot(session, now, until, reason, context.daemon.boot_pk)
+        create_event(session, now, "reboot_expected",
+                     f"a reboot is expected within {format_duration(body.for_s)} (until {until:%Y-%m-%d %H:%M} UTC): "
+                     f"{reason}; an unclean one before then is not counted as the host's instability",
+                     details={"expected_reboot": word.id, "until": until.isoformat()})
+    return _expected_out(word, now)
+
+
+@router.get("/reboots/expected", response_model=ExpectedRebootList)
+def list_expected_reboots(
+    hours: float = Query(24.0, gt=0, le=24 * 365, description="also those whose window ended this many hours ago"),
+    context: AppContext = Depends(get_context),
+) -> ExpectedRebootList:
+    """Expected reboots whose window is open or ended within `hours`, newest first."""
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        words = boot_store.read_expected_reboots(session, now - timedelta(hours=hours))
+    return ExpectedRebootList(items=[_expected_out(word, now) for word in words])
+
+
+@router.delete("/reboots/expected/{pk}", response_model=ExpectedRebootOut, responses=NOT_FOUND)
+def withdraw_expected_reboot(
+    pk: int = Path(ge=1, le=MAX_ID, description="the expected reboot's `id`"),
+    context: AppContext = Depends(get_context),
+) -> ExpectedRebootOut:
+    """Take the word back: a reboot from now on counts as usual. Withdrawing twice is the same
+    as once."""
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        before = boot_store.read_expected_reboot(session, pk)
+        word = boot_store.withdraw_expected_reboot(session, pk, now)
+        if word is None:
+            raise FleetdError(ErrorCode.NOT_FOUND, f"no expected reboot {pk}: see fleetd expect-reboot --list",
+                              {"id": pk})
+        if before is not None and before.withdrawn_at is None:
+            create_event(session, now, "reboot_expected",
+                         f"expected reboot #{pk} withdrawn ({word.reason}): a reboot counts as usual again",
+                         details={"expected_reboot": pk, "withdrawn": True})
+    return _expected_out(word, now)
