@@ -13,6 +13,8 @@ once in a random order, again in another, then kinds drawn at random:
 - `worker_kill` SIGKILL to a worker; `worker_stop` SIGSTOP (the hang watchdog must act);
 - `daemon_kill` SIGKILL to the daemon, started again 1-5 s later (it adopts the workers);
 - `power_cut` the daemon and every worker group SIGKILLed at once, a new boot id, started again;
+  said first through `POST /api/v1/reboots/expected` (`fleetd expect-reboot`), as an operator
+  says a drill or a maintenance reboot: unsaid, the governor takes it for the host's instability;
 - `disk_full` a 256 MiB tmpfs over MsPacman's checkpoints folder filled to ENOSPC, then the game
   stopped through the API so that its final checkpoint write hits the full disk; freed, started;
 - `corrupt` the newest verified checkpoint damaged (once the game has an older one to fall back to),
@@ -317,6 +319,12 @@ class Soak:
         return f"down {down:.1f}s"
 
     def power_cut(self, _game: str) -> str:
+        # Said first, as an operator says a maintenance reboot or a drill (`fleetd expect-reboot`):
+        # a deliberate cut is not the host's instability, and without the word the governor could
+        # not know it (an unannounced unclean reboot steps back: tests/test_governor_reboot_e2e.py).
+        said = self.faulted.daemon.post("/api/v1/reboots/expected", {"for_s": 300, "reason": "soak: a deliberate power cut"})
+        if said.status_code != 201:
+            raise RuntimeError(f"POST /api/v1/reboots/expected answered {said.status_code}: {said.text}")
         groups = power_cut(self.faulted.daemon, self.faulted.config, f"soak-boot-{uuid.uuid4().hex[:8]}")
         down = self.rng.uniform(1.0, 3.0)
         time.sleep(down)
@@ -487,7 +495,9 @@ class Soak:
         rows = self.faulted.db.rows("SELECT * FROM events WHERE kind IN ('fleet_backoff', 'fleet_admit', 'fleet_evict') ORDER BY id")
         backs = [StepBack(t_of(r), r["message"]) for r in rows if r["kind"] == "fleet_backoff"]
         admissions = [(t_of(r), r["game"], r["kind"] == "fleet_admit") for r in rows if r["kind"] != "fleet_backoff"]
-        return {"step_backs": backs, "admissions": admissions}
+        reboots = [r["message"] for r in self.faulted.db.rows("SELECT * FROM events WHERE kind = 'reboot' ORDER BY id")]
+        return {"step_backs": backs, "admissions": admissions,
+                "reboots": [("expected (#" in m) for m in reboots if "(unclean)" in m]}
 
     def checks(self, settled: bool, end: float, events: dict, codes: dict) -> list[Check]:
         faulted, faults = self.recorders[0].record, [d.fault for d in self.done]
@@ -497,7 +507,7 @@ class Soak:
             checks.check_steps_back(faulted.steps, faults, self.interval_steps()),
             checks.check_checkpoints(*self.checkpoints_on_disk()),
             checks.check_one_worker(dict(sampler.max_per_game), sampler.doubles, sampler.samples),
-            checks.check_governor(events["step_backs"], faults, events["admissions"], fleet.cooldown_s, end),
+            checks.check_governor(events["step_backs"], faults, events["admissions"], fleet.cooldown_s, end, events["reboots"]),
             *self.daemon_checks(end),
             checks.check_sizes(*self.sizes_after(end), self.retention_days(end), DB_LIMIT_BYTES, self.log_bound()),
             checks.check_api(self.prober.calls, faults, API_P99_LIMIT_S),

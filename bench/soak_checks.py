@@ -144,13 +144,18 @@ def shed_spans(admissions: list[tuple[float, str, bool]], end_s: float) -> dict[
 
 
 def check_governor(step_backs: list[StepBack], faults: list[Fault], admissions: list[tuple[float, str, bool]],
-                   cooldown_s: float, end_s: float) -> Check:
-    """No game shed longer than the cooldown; every step-back listed with its cause, judged."""
+                   cooldown_s: float, end_s: float, reboots: Sequence[bool] = ()) -> Check:
+    """No step-back after the soak's own faults (a deliberate fault is not the host's
+    instability) and no game shed longer than the cooldown; every step-back listed with its
+    cause, judged. `reboots`: for each unclean reboot, whether the daemon took it as expected."""
     spans = shed_spans(admissions, end_s)
     long = [f"{g} out {b - a:.0f}s from {a:.0f}s" for g, s in spans.items() for a, b in s if b - a > cooldown_s]
     judged = judge_step_backs(step_backs, faults)
-    return Check(f"governor under the defaults: no game shed longer than the cooldown ({cooldown_s:g}s)", not long,
-                 "; ".join(long + judged) or "no step-back, no game shed")
+    wrong = [line for line in judged if "(wrong:" in line]
+    said = f"{sum(reboots)} of {len(reboots)} unclean reboots taken as expected (said before each power cut)"
+    return Check(f"governor under the defaults: no step-back for the soak's faults, no game shed longer than the "
+                 f"cooldown ({cooldown_s:g}s)", not long and not wrong,
+                 "; ".join([said, *long, *judged]) if long or judged else f"{said}; no step-back, no game shed")
 
 
 # -- the daemon over time ----------------------------------------------------------------------

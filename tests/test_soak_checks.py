@@ -86,11 +86,15 @@ def test_governor_fails_on_a_game_shed_past_the_cooldown_and_judges_step_backs()
     backs = [StepBack(110.0, "crashes of 2 games: medium -> light"), StepBack(5000.0, "memory pressure")]
     short = [(110.0, "pong", False), (900.0, "pong", True)]
     check = check_governor(backs, [KILL], short, cooldown_s=1800, end_s=6000)
-    assert check.ok
+    assert not check.ok  # the first step-back followed the soak's own kill: the soak's doing
     assert "wrong: after the soak's own worker_kill" in check.detail and "right: no fault near it" in check.detail
+    check = check_governor(backs[1:], [KILL], short, cooldown_s=1800, end_s=6000, reboots=[True, True])
+    assert check.ok and "2 of 2 unclean reboots taken as expected" in check.detail
     long = [(110.0, "pong", False)]
-    check = check_governor(backs, [KILL], long, cooldown_s=1800, end_s=6000)
+    check = check_governor(backs[1:], [KILL], long, cooldown_s=1800, end_s=6000)
     assert not check.ok and "pong out 5890s" in check.detail
+    calm = check_governor([], [KILL], [], cooldown_s=1800, end_s=6000, reboots=[True])
+    assert calm.ok and calm.detail == "1 of 1 unclean reboots taken as expected (said before each power cut); no step-back, no game shed"
 
 
 def test_shed_spans_pair_evicts_with_the_next_admit() -> None:
