@@ -152,9 +152,9 @@ def check_governor(step_backs: list[StepBack], faults: list[Fault], admissions: 
     long = [f"{g} out {b - a:.0f}s from {a:.0f}s" for g, s in spans.items() for a, b in s if b - a > cooldown_s]
     judged = judge_step_backs(step_backs, faults)
     wrong = [line for line in judged if "(wrong:" in line]
-    said = f"{sum(reboots)} of {len(reboots)} unclean reboots taken as expected (said before each power cut)"
-    return Check(f"governor under the defaults: no step-back for the soak's faults, no game shed longer than the "
-                 f"cooldown ({cooldown_s:g}s)", not long and not wrong,
+    said = f"{sum(reboots)} of {len(reboots)} unclean reboots taken as expected (each power cut was said first)"
+    return Check(f"governor under the defaults: no step-back for the soak's faults, every said power cut taken as "
+                 f"expected, no game shed longer than the cooldown ({cooldown_s:g}s)", not long and not wrong and all(reboots),
                  "; ".join([said, *long, *judged]) if long or judged else f"{said}; no step-back, no game shed")
 
 

@@ -119,8 +119,8 @@ def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]
     }
     if start.expected is not None:
         word = start.expected
-        message += (f"; expected (#{word.id}, {word.reason!r}, said at {word.announced_at:%Y-%m-%d %H:%M} UTC "
-                    f"for until {word.until:%H:%M}): not counted as the host's instability")
+        message += (f"; expected (#{word.id}: {word.reason}; said {word.announced_at:%Y-%m-%d %H:%M} UTC, "
+                    f"window until {word.until:%Y-%m-%d %H:%M} UTC): not counted as the host's instability")
         details["expected_reboot"] = word.id
         return "reboot", "info", message, details
     return "reboot", "info" if reboot.clean else "warning", message, details

@@ -129,3 +129,36 @@ def test_openapi_documents_bearer_auth_and_the_error_body(client: TestClient) ->
     uptime = schema["paths"]["/api/v1/uptime"]["get"]
     assert uptime["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert client.get("/docs").status_code == 200
+
+
+def test_expected_reboots_are_said_listed_and_withdrawn(client: TestClient, clock: FakeClock) -> None:
+    said = client.post("/api/v1/reboots/expected", json={"for_s": 3600.0, "reason": "kernel 6.19", "reboots": 2.0})
+    assert said.status_code == 201, said.text
+    word = said.json()
+    assert (word["reason"], word["reboots"], word["explained"], word["holds"], word["withdrawn_at"]) == (
+        "kernel 6.19", 2, 0, True, None)
+    # Any text is kept as given ("\u00a0" too); a lone surrogate, which JSON can carry but no
+    # Unicode text holds, is refused naming the field rather than failing at the store.
+    odd = client.post("/api/v1/reboots/expected", json={"for_s": 60, "reason": "\u00a0"})
+    assert odd.status_code == 201 and odd.json()["reason"] == "\u00a0", odd.text
+    lone = client.post("/api/v1/reboots/expected", content=b'{"for_s": 60, "reason": "\\ud800 x"}',
+                       headers={"Content-Type": "application/json"})
+    assert "body.reason" in assert_envelope(lone, 422, "validation_error")["message"]
+    for body, field in (({"for_s": True, "reason": "x"}, "for_s"), ({"for_s": "60", "reason": "x"}, "for_s"),
+                        ({"for_s": 60, "reason": "x", "reboots": 11}, "reboots"),
+                        ({"for_s": 60, "reason": "x", "reboots": 1.5}, "reboots"),
+                        ({"for_s": 60, "reason": ""}, "reason"), ({"for_s": 60, "reason": "x", "until": 5}, "until")):
+        error = assert_envelope(client.post("/api/v1/reboots/expected", json=body), 422, "validation_error")
+        assert any(field in e["field"] for e in error["details"]["errors"]), (body, error)
+    clock.advance(60)
+    assert [(w["id"], w["holds"]) for w in client.get("/api/v1/reboots/expected").json()["items"]] == [
+        (2, False), (1, True)]  # the 60-s one ended now; both within the day
+    withdrawn = client.delete(f"/api/v1/reboots/expected/{word['id']}")
+    assert withdrawn.status_code == 200 and withdrawn.json()["withdrawn_at"] is not None
+    assert client.delete(f"/api/v1/reboots/expected/{word['id']}").json() == withdrawn.json()  # twice: the same
+    assert_envelope(client.delete("/api/v1/reboots/expected/99"), 404, "not_found")
+    kinds = [e["kind"] for e in client.get("/api/v1/events?limit=10").json()["items"]]
+    assert kinds.count("reboot_expected") == 2 and kinds.count("reboot_expected_withdrawn") == 1
+    clock.advance(25 * 3600)
+    assert client.get("/api/v1/reboots/expected").json()["items"] == []
+    assert len(client.get("/api/v1/reboots/expected?hours=48").json()["items"]) == 2

@@ -171,13 +171,18 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
                         ({"for_s": 8 * 86400, "reason": "x"}, "for_s"), ({"for_s": 60}, "reason")):
         refused = daemon.post("/api/v1/reboots/expected", body)
         assert refused.status_code == 422 and field in refused.text, refused.text
-    usage = fleetd_cli(config, "expect-reboot", "--for", "10x", "--reason", "drill")
-    assert usage.returncode == 2 and "--for: '10x' is not a duration" in usage.stderr
+    for args, says in ((("--for", "10x", "--reason", "drill"), "--for: '10x' is not a duration"),
+                       (("--for", "8d", "--reason", "drill"), "--for: 8d is outside the window"),
+                       (("--reason", "  "), "--reason: say why"),
+                       (("--list", "--reason", "drill"), "--reason: only when saying"),
+                       (("--withdraw", "0"), "--withdraw")):
+        usage = fleetd_cli(config, "expect-reboot", *args)
+        assert usage.returncode == 2 and says in usage.stderr, (args, usage.stderr)
     assert daemon.get("/api/v1/reboots/expected").json()["items"] == []
 
     said = fleetd_cli(config, "expect-reboot", "--for", "10m", "--reason", "fault drill")
     assert said.returncode == 0, said.stderr
-    assert said.stdout.startswith("#1 until ") and "(open): fault drill; explained 0 reboots" in said.stdout
+    assert said.stdout.startswith("#1 until ") and "(holds): fault drill; explained 0 of 1 reboot" in said.stdout
 
     power_cut(daemon, config)
     config.set_boot_id("boot-two")
@@ -185,19 +190,24 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
     back = wait_until(lambda: running(after, ["a", "b"]), "a and b running again", after)
     assert all(back[name] != before[name] for name in back)
     [reboot] = events(after, "reboot")
-    assert "expected (#1, 'fault drill'" in reboot["message"] and reboot["severity"] == "info"
+    assert "expected (#1: fault drill; said " in reboot["message"] and reboot["severity"] == "info"
     assert events(after, "fleet_backoff") == [] and events(after, "fleet_evict") == []
     fleet = after.get("/api/v1/fleet").json()
     assert (fleet["rung"], fleet["admitted"], fleet["pending"], fleet["last_backoff"]) == ("2x1 (light)", ["a", "b"], ["c"], None)
     assert rung_memory(config, 2)[2] == 0
     [word] = after.get("/api/v1/reboots/expected").json()["items"]
-    assert (word["explained"], word["holds"]) == (1, True)
+    assert (word["explained"], word["reboots"], word["holds"]) == (1, 1, False)  # said for one reboot: used
+    listed = fleetd_cli(config, "expect-reboot", "--list")
+    assert listed.returncode == 0 and "(used): fault drill; explained 1 of 1 reboot" in listed.stdout, listed.stderr
 
-    withdrawn = fleetd_cli(config, "expect-reboot", "--withdraw", "1")
-    assert withdrawn.returncode == 0 and "(withdrawn): fault drill; explained 1 reboot" in withdrawn.stdout
+    again = fleetd_cli(config, "expect-reboot", "--for", "1h", "--reason", "second drill", "--reboots", "2")
+    assert again.returncode == 0 and "#2 until" in again.stdout and "explained 0 of 2 reboots" in again.stdout
+    withdrawn = fleetd_cli(config, "expect-reboot", "--withdraw", "2")
+    assert withdrawn.returncode == 0 and "#2 until" in withdrawn.stdout and "(withdrawn): second drill" in withdrawn.stdout
     assert fleetd_cli(config, "expect-reboot", "--withdraw", "7").returncode == 4
     listed = fleetd_cli(config, "expect-reboot", "--list", "--json")
-    assert [w["holds"] for w in json.loads(listed.stdout)] == [False]
+    assert [(w["id"], w["holds"]) for w in json.loads(listed.stdout)] == [(2, False), (1, False)]
+    assert [e["message"].split(" ")[0] for e in events(after, "reboot_expected_withdrawn")] == ["#2"]
 
 
 def test_two_games_with_bad_hyperparameters_go_fatal_and_touch_no_other_game(

@@ -50,28 +50,36 @@ def test_an_unreadable_count_is_unknown_not_no(tmp_path: Path) -> None:
 
 
 def test_the_daemons_own_memory_cgroup_is_found_on_v2_v1_and_hybrid_hosts(tmp_path: Path) -> None:
-    mounts = tmp_path / "mounts"
-    mounts.write_text("proc /proc proc rw 0 0\n"
-                      "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,cpu,cpuacct 0 0\n"
-                      "cgroup /cg/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("22 1 0:21 / /proc rw,nosuid shared:12 - proc proc rw\n"
+                         "34 31 0:31 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+                         "35 31 0:32 / /cg/memory rw,nosuid,nodev,noexec,relatime - cgroup cgroup rw,memory\n")
     own = tmp_path / "cgroup"
     own.write_text("0::/system.slice/fleetd.service\n")
-    assert own_cgroup_counts(own, mounts, v2_root=tmp_path / "v2") == [tmp_path / "v2/system.slice/fleetd.service/memory.events"]
+    assert own_cgroup_counts(own, mountinfo, v2_root=tmp_path / "v2") == [tmp_path / "v2/system.slice/fleetd.service/memory.events"]
     own.write_text("4:memory:/system.slice/fleetd.service\n2:cpu,cpuacct:/\n")
-    assert own_cgroup_counts(own, mounts) == [Path("/cg/memory/system.slice/fleetd.service/memory.oom_control")]
+    assert own_cgroup_counts(own, mountinfo) == [Path("/cg/memory/system.slice/fleetd.service/memory.oom_control")]
+    # In a container on a v1 host the mount's root is the container's group, which
+    # /proc/self/cgroup names from the host's root.
+    mountinfo.write_text("1204 1198 0:32 /docker/abc /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory\n")
+    own.write_text("4:memory:/docker/abc\n")
+    assert own_cgroup_counts(own, mountinfo) == [Path("/sys/fs/cgroup/memory/memory.oom_control")]
+    own.write_text("4:memory:/docker/abc/fleetd\n")
+    assert own_cgroup_counts(own, mountinfo) == [Path("/sys/fs/cgroup/memory/fleetd/memory.oom_control")]
     # a hybrid host lists both; the v2 file is tried first and the v1 one is taken where it is absent
     v1 = tmp_path / "v1"
     (v1 / "fleetd").mkdir(parents=True)
     (v1 / "fleetd" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")
-    mounts.write_text(f"cgroup {v1} cgroup rw,memory 0 0\n")
+    mountinfo.write_text(f"35 31 0:32 / {v1} rw - cgroup cgroup rw,memory\n")
     own.write_text("4:memory:/fleetd\n0::/\n")
-    found = own_cgroup_counts(own, mounts, v2_root=tmp_path / "v2")
+    found = own_cgroup_counts(own, mountinfo, v2_root=tmp_path / "v2")
     assert found == [tmp_path / "v2/memory.events", v1 / "fleetd/memory.oom_control"]
     counter = OomCounter(found[1], host_path=tmp_path / "absent")
     assert counter.read() == 4 and not counter.host_wide
     # no memory controller mounted, no /proc/self/cgroup: nothing to read, the host's count is used
-    assert own_cgroup_counts(own, tmp_path / "no-mounts", v2_root=tmp_path / "v2") == [tmp_path / "v2/memory.events"]
-    assert own_cgroup_counts(tmp_path / "none", mounts) == []
+    assert own_cgroup_counts(own, tmp_path / "no-mountinfo", v2_root=tmp_path / "v2") == [tmp_path / "v2/memory.events"]
+    assert own_cgroup_counts(tmp_path / "none", mountinfo) == []
+    assert OomCounter(tmp_path / "none", host_path=tmp_path / "vmstat-absent").host_wide
 
 
 def test_this_hosts_count_is_readable() -> None:

@@ -94,7 +94,11 @@ def test_governor_fails_on_a_game_shed_past_the_cooldown_and_judges_step_backs()
     check = check_governor(backs[1:], [KILL], long, cooldown_s=1800, end_s=6000)
     assert not check.ok and "pong out 5890s" in check.detail
     calm = check_governor([], [KILL], [], cooldown_s=1800, end_s=6000, reboots=[True])
-    assert calm.ok and calm.detail == "1 of 1 unclean reboots taken as expected (said before each power cut); no step-back, no game shed"
+    assert calm.ok and calm.detail == "1 of 1 unclean reboots taken as expected (each power cut was said first); no step-back, no game shed"
+    # A said power cut the daemon did not take as expected fails, even with nothing stepped back
+    # (at a rung stable for hours an unclean reboot moves nothing either way).
+    unsaid = check_governor([], [KILL], [], cooldown_s=1800, end_s=6000, reboots=[True, False])
+    assert not unsaid.ok and "1 of 2 unclean reboots taken as expected" in unsaid.detail
 
 
 def test_shed_spans_pair_evicts_with_the_next_admit() -> None:

@@ -21,7 +21,7 @@ from fleetd.uptime import (
     record_daemon_stop,
     uptime_report,
 )
-from tests.fakes import FakeClock, FakeHost
+from tests.fakes import EPOCH, FakeClock, FakeHost
 
 
 def start(db: Database, host: FakeHost, clock: FakeClock):
@@ -88,9 +88,10 @@ def test_clean_shutdown_before_reboot_is_recorded_as_clean(db: Database, host: F
     assert reboot is not None and reboot.clean is True and reboot.downtime_s == 60
 
 
-def expect(db: Database, clock: FakeClock, boot_pk: int, for_s: float, reason: str = "kernel update"):
+def expect(db: Database, clock: FakeClock, boot_pk: int, for_s: float, reason: str = "kernel update", reboots: int = 1):
     with db.transaction() as session:
-        return boot_store.create_expected_reboot(session, clock.now(), clock.now() + timedelta(seconds=for_s), reason, boot_pk)
+        return boot_store.create_expected_reboot(session, clock.now(), clock.now() + timedelta(seconds=for_s), reason,
+                                                 boot_pk, reboots)
 
 
 def test_an_unclean_reboot_inside_an_expected_window_is_not_the_hosts_instability(
@@ -98,7 +99,7 @@ def test_an_unclean_reboot_inside_an_expected_window_is_not_the_hosts_instabilit
 ) -> None:
     first = start(db, host, clock)
     clock.advance(100)
-    word = expect(db, clock, first.boot.id, 600)
+    word = expect(db, clock, first.boot.id, 600, reboots=2)
     clock.advance(30)
     heartbeat_job(db, clock, first.boot.id)
     host.reboot(down_s=90)  # power cut 30 s into the window, no clean stop
@@ -108,15 +109,15 @@ def test_an_unclean_reboot_inside_an_expected_window_is_not_the_hosts_instabilit
     assert second.unclean_reboot is False
     [event] = events(db, "reboot")
     assert event.severity == "info" and event.details["expected_reboot"] == word.id
-    assert "expected (#1, 'kernel update'" in event.message and "not counted as the host's instability" in event.message
+    assert "expected (#1: kernel update; said 2026-01-01 00:01 UTC, window until 2026-01-01 00:11 UTC)" in event.message
+    assert "not counted as the host's instability" in event.message
     # A second power cut in the same window (a drill cuts twice; firmware updates reboot twice).
     clock.advance(60)
     host.reboot(down_s=30)
     third = start(db, host, clock)
     assert third.expected is not None and third.expected.explained == 2 and not third.unclean_reboot
-    # After the window: counted again.
-    clock.advance(600)
-    heartbeat_job(db, clock, third.boot.id)
+    # The word explained the two reboots it was said for: a third inside the window counts.
+    clock.advance(10)
     host.reboot(down_s=30)
     assert start(db, host, clock).unclean_reboot is True
 
@@ -125,10 +126,10 @@ def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
     db: Database, host: FakeHost, clock: FakeClock
 ) -> None:
     first = start(db, host, clock)
-    # Said before the host's last heartbeat, ended before it: the host went down after the window.
+    # Said, then the window ended before the host's last heartbeat: it went down after the window.
     expect(db, clock, first.boot.id, 60)
-    clock.advance(120)
-    heartbeat_job(db, clock, first.boot.id)
+    clock.advance(60)
+    heartbeat_job(db, clock, first.boot.id)  # exactly at the window's end: already outside it
     host.reboot(down_s=30)
     second = start(db, host, clock)
     assert second.expected is None and second.unclean_reboot is True
@@ -137,9 +138,8 @@ def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
     clock.advance(10)
     with db.transaction() as session:
         assert boot_store.withdraw_expected_reboot(session, word.id, clock.now()).withdrawn_at == clock.now()
-    clock.advance(10)
-    heartbeat_job(db, clock, second.boot.id)
-    host.reboot(down_s=30)
+        boot_store.update_boot_last_seen(session, second.boot.id, clock.now())  # as the API does
+    host.reboot(down_s=30)  # at once: the boot's last sign of life is the withdrawal itself
     third = start(db, host, clock)
     assert third.expected is None and third.unclean_reboot is True
     # A clean reboot inside a window never asks: the word is not used up on it.
@@ -151,6 +151,13 @@ def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
     assert fourth.expected is None and fourth.previous_clean and not fourth.unclean_reboot
     with db.transaction() as session:
         assert boot_store.read_expected_reboot(session, word.id).explained == 0
+        # The list: what holds now and what stopped holding since `since`, newest first.
+        listed = boot_store.read_expected_reboots(session, clock.now() - timedelta(seconds=1))
+        assert [w.id for w in listed] == [word.id]
+        assert [w.id for w in boot_store.read_expected_reboots(session, EPOCH)] == [3, 2, 1]
+        # Withdrawing after the window ended, or twice, changes nothing.
+        clock.advance(3600)
+        assert boot_store.withdraw_expected_reboot(session, word.id, clock.now()).withdrawn_at is None
     # A word said in a later boot does not cover an earlier boot's end.
     assert not word.covers(first.boot)
 
@@ -230,13 +237,15 @@ def test_format_duration(seconds: float, text: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400),
-                                               ("1h30m", 5400), (" 1.5h ", 5400)])
+                                               ("1h30m", 5400), (" 1.5h ", 5400), ("1d2h3m4s", 93784)])
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize(("text", "says"), [("", "empty"), ("30x", "not a duration"), ("1h30", "without a unit"),
-                                            ("m", "not a duration"), ("1..5h", "not a duration")])
+@pytest.mark.parametrize(("text", "says"), [("", "empty"), ("30x", "not a duration"), ("1h30", "not a duration"),
+                                            ("m", "not a duration"), ("1..5h", "not a duration"), (".h", "not a duration"),
+                                            ("\u00b2", "not a duration"), ("1h1h", "each unit once"),
+                                            ("30s2h", "largest first")])
 def test_parse_duration_says_what_is_wrong(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         parse_duration(text)

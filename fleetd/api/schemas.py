@@ -12,6 +12,7 @@ from fleetd.health.rules import Health as LearningHealth
 from fleetd.planning.goals import GoalUnit
 from fleetd.planning.queue import PlanState, RateSource
 from fleetd.states import Desired, Shown
+from workers.protocol.spec import integral
 
 
 def _iso_8601(value: Any) -> Any:
@@ -167,14 +168,21 @@ class In(BaseModel):
 
 
 MAX_EXPECTED_REBOOT_S = 7 * 86400
+MAX_EXPECTED_REBOOTS = 10
 
 
 class ExpectedRebootCreate(In):
     """An operator's word that the host will go down within `for_s` (maintenance, a driver
-    update, a fault drill): an unclean reboot inside the window is not the load's doing."""
+    update, a fault drill): up to `reboots` unclean reboots inside the window are not the load's
+    doing."""
 
-    for_s: float = Field(gt=0, le=MAX_EXPECTED_REBOOT_S, description="the window, in seconds from now (at most 7 days)")
-    reason: str = Field(min_length=1, max_length=200, pattern=r"\S", description="why; kept with the reboot's event")
+    for_s: float = Field(gt=0, le=MAX_EXPECTED_REBOOT_S, strict=True, allow_inf_nan=False,
+                         description="the window, in seconds from now (at most 7 days)")
+    # Free text, kept as given: any 1-200 characters the schema allows are taken (the CLI refuses
+    # a blank one itself), so that what the schema publishes and what is taken never differ.
+    reason: str = Field(min_length=1, max_length=200, description="why; kept with the reboot's event")
+    reboots: Annotated[int, Field(ge=1, le=MAX_EXPECTED_REBOOTS, strict=True), BeforeValidator(integral)] = Field(
+        1, description="how many unclean reboots it may explain (a firmware update or a drill may need 2)")
 
 
 class ExpectedRebootOut(Out):
@@ -183,8 +191,9 @@ class ExpectedRebootOut(Out):
     until: datetime
     reason: str
     withdrawn_at: datetime | None
+    reboots: int = Field(description="the most unclean reboots it may explain")
     explained: int = Field(description="unclean reboots inside the window it kept from counting as instability")
-    holds: bool = Field(description="whether a reboot now would be covered: the window is open and not withdrawn")
+    holds: bool = Field(description="whether a reboot now would be covered: the window open, not withdrawn, reboots left")
 
 
 class ExpectedRebootList(Out):

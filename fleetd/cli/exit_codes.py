@@ -12,7 +12,7 @@ class ExitCode(IntEnum):
     ERROR = 1  # the daemon refused the request (its message says why), or the command failed
     USAGE = 2  # a bad command line (click's own code)
     NOT_ADMITTED = 3  # `games start` / `games add`: done, but the game waits for a slot (pending)
-    NOT_FOUND = 4  # no such game, run or boot (HTTP 404)
+    NOT_FOUND = 4  # no such game, run, boot or expected reboot (HTTP 404)
     UNAVAILABLE = 69  # the daemon is not answering (EX_UNAVAILABLE): is `fleetd serve` running?
     TEMPFAIL = 75  # the daemon is busy (it did not answer in time), or a wait timed out (EX_TEMPFAIL)
     NOPERM = 77  # no readable API token, or the daemon refused it (EX_NOPERM)
@@ -24,7 +24,7 @@ MEANINGS = {
     ExitCode.ERROR: "the daemon refused the request, or the command failed",
     ExitCode.USAGE: "bad command line",
     ExitCode.NOT_ADMITTED: "games start/add: the game waits for a slot (pending)",
-    ExitCode.NOT_FOUND: "no such game, run or boot",
+    ExitCode.NOT_FOUND: "no such game, run, boot or expected reboot",
     ExitCode.UNAVAILABLE: "the daemon is not answering",
     ExitCode.TEMPFAIL: "the daemon is busy, or a wait timed out",
     ExitCode.NOPERM: "no readable API token, or the token was refused",

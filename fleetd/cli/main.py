@@ -97,10 +97,11 @@ def reboots(
 @app.command("expect-reboot")
 def expect_reboot(
     config: ConfigOption = None,
-    within: Annotated[str, typer.Option("--for", help="The window from now: 30m, 2h, 1h30m (at most 7d).")] = "30m",
+    within: Annotated[str | None, typer.Option("--for", help="The window from now: 30m, 2h, 1h30m (at most 7d; default 30m).")] = None,
     reason: Annotated[str | None, typer.Option(help="Why: kept with the reboot's event (required to say one).")] = None,
-    list_: Annotated[bool, typer.Option("--list", help="The expected reboots open now or ended within a day.")] = False,
-    withdraw: Annotated[int | None, typer.Option(help="Take back expected reboot ID: a reboot counts as usual again.")] = None,
+    reboots: Annotated[int | None, typer.Option(min=1, max=10, help="How many unclean reboots it may explain (default 1).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="The expected reboots that hold now or stopped within a day.")] = False,
+    withdraw: Annotated[int | None, typer.Option(min=1, help="Take back expected reboot ID: a reboot counts as usual again.")] = None,
     json: JsonOption = False,
 ) -> None:
     """Say the host will go down (maintenance, a driver update, a fault drill): an unclean reboot
@@ -109,26 +110,31 @@ def expect_reboot(
     from fleetd.cli.common import call, fail
     from fleetd.durations import parse_duration
 
-    if list_ or withdraw is not None:
-        if list_ and withdraw is not None:
-            fail("--list and --withdraw: give one", ExitCode.USAGE)
-        if list_:
-            words = ask(config, "/api/v1/reboots/expected")["items"]
-        else:
-            words = [call(config, lambda client: client.request("DELETE", f"/api/v1/reboots/expected/{withdraw}"))]
+    saying = [name for name, given in (("--for", within), ("--reason", reason), ("--reboots", reboots)) if given is not None]
+    if list_ and withdraw is not None:
+        fail("--list and --withdraw: give one", ExitCode.USAGE)
+    if (list_ or withdraw is not None) and saying:
+        fail(f"{', '.join(saying)}: only when saying a reboot is expected, not with {'--list' if list_ else '--withdraw'}",
+             ExitCode.USAGE)
+    if list_:
+        words = ask(config, "/api/v1/reboots/expected")["items"]
+    elif withdraw is not None:
+        words = [call(config, lambda client: client.request("DELETE", f"/api/v1/reboots/expected/{withdraw}"))]
     else:
-        if not reason:
+        if reason is None or not reason.strip():
             fail("--reason: say why the host will go down (it is kept with the reboot's event)", ExitCode.USAGE)
         try:
-            seconds = parse_duration(within)
+            seconds = parse_duration(within or "30m")
         except ValueError as exc:
             fail(f"--for: {exc}", ExitCode.USAGE)
-        body = {"for_s": seconds, "reason": reason}
+        if not 0 < seconds <= 7 * 86400:
+            fail(f"--for: {within} is outside the window fleetd takes (more than 0, at most 7d)", ExitCode.USAGE)
+        body = {"for_s": seconds, "reason": reason, "reboots": reboots or 1}
         words = [call(config, lambda client: client.request("POST", "/api/v1/reboots/expected", json=body))]
     if json:
         render.print_json(words if list_ else words[0])
     elif not words:
-        typer.echo("no expected reboot open or ended within a day")
+        typer.echo("no expected reboot holds now or stopped holding within a day")
     else:
         for word in words:
             typer.echo(render.expected_reboot_line(word))

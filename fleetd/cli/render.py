@@ -85,11 +85,18 @@ def reboots_table(boots: list[dict[str, Any]]) -> Table:
 
 
 def expected_reboot_line(word: dict[str, Any]) -> str:
-    """One expected reboot: `#3 until 2026-11-26 14:00 UTC (open): kernel update; explained 1 reboot`."""
-    state = "open" if word["holds"] else ("withdrawn" if word["withdrawn_at"] else "ended")
-    explained = word["explained"]
+    """One expected reboot: `#3 until 2026-11-26 14:00:00 UTC (holds): kernel update; explained 0 of 1 reboot`."""
+    if word["holds"]:
+        state = "holds"
+    elif word["withdrawn_at"]:
+        state = "withdrawn"
+    elif word["explained"] >= word["reboots"]:
+        state = "used"
+    else:
+        state = "ended"
+    reboots = word["reboots"]
     return (f"#{word['id']} until {when(word['until'])} UTC ({state}): {word['reason']}; "
-            f"explained {explained} reboot{'' if explained == 1 else 's'}")
+            f"explained {word['explained']} of {reboots} reboot{'' if reboots == 1 else 's'}")
 
 
 def no_reboots_text(boots: list[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Boot, ExpectedReboot
@@ -110,19 +110,22 @@ def read_recent_boots(session: Session, limit: int) -> list[BootRecord]:
 # -- expected reboots --------------------------------------------------------------------------
 
 
-def create_expected_reboot(session: Session, now: datetime, until: datetime, reason: str, boot_pk: int) -> ExpectedRebootRecord:
-    row = ExpectedReboot(announced_at=now, until=until, reason=reason, boot_id=boot_pk, withdrawn_at=None, explained=0)
+def create_expected_reboot(session: Session, now: datetime, until: datetime, reason: str, boot_pk: int,
+                           reboots: int = 1) -> ExpectedRebootRecord:
+    row = ExpectedReboot(announced_at=now, until=until, reason=reason, boot_id=boot_pk, withdrawn_at=None,
+                         reboots=reboots, explained=0)
     session.add(row)
     session.flush()
     return to_record(ExpectedRebootRecord, row)
 
 
 def read_expected_reboots(session: Session, since: datetime, limit: int = 100) -> list[ExpectedRebootRecord]:
-    """The words whose window had not ended by `since`, and any that explained a reboot then,
-    newest first."""
-    rows = session.scalars(select(ExpectedReboot).where(ExpectedReboot.until >= since)
-                           .order_by(ExpectedReboot.id.desc()).limit(limit))
-    return [to_record(ExpectedRebootRecord, row) for row in rows if row.withdrawn_at is None or row.withdrawn_at >= since]
+    """The words that still held at `since` (window open, not withdrawn before it), newest
+    first, at most `limit`."""
+    query = (select(ExpectedReboot).where(ExpectedReboot.until >= since)
+             .where(or_(ExpectedReboot.withdrawn_at.is_(None), ExpectedReboot.withdrawn_at >= since))
+             .order_by(ExpectedReboot.id.desc()).limit(limit))
+    return [to_record(ExpectedRebootRecord, row) for row in session.scalars(query)]
 
 
 def read_expected_reboot(session: Session, pk: int) -> ExpectedRebootRecord | None:
@@ -131,10 +134,12 @@ def read_expected_reboot(session: Session, pk: int) -> ExpectedRebootRecord | No
 
 
 def withdraw_expected_reboot(session: Session, pk: int, now: datetime) -> ExpectedRebootRecord | None:
+    """Withdrawn now, where it still held; as it was otherwise (withdrawing twice, or after its
+    window ended, changes nothing)."""
     row = session.get(ExpectedReboot, pk)
     if row is None:
         return None
-    if row.withdrawn_at is None:
+    if row.withdrawn_at is None and now < row.until:
         row.withdrawn_at = now
         session.flush()
     return to_record(ExpectedRebootRecord, row)
@@ -144,7 +149,7 @@ def explain_reboot(session: Session, ended: BootRecord) -> ExpectedRebootRecord 
     """The word that covers the boot `ended` going down (the newest, where several do), counted
     as having explained it; None where no word does."""
     rows = session.scalars(select(ExpectedReboot).where(ExpectedReboot.boot_id <= ended.id)
-                           .where(ExpectedReboot.until >= ended.last_seen_at).order_by(ExpectedReboot.id.desc()))
+                           .where(ExpectedReboot.until > ended.last_seen_at).order_by(ExpectedReboot.id.desc()))
     for row in rows:
         if to_record(ExpectedRebootRecord, row).covers(ended):
             row.explained += 1

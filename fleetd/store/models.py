@@ -89,8 +89,9 @@ class ExpectedReboot(Base):
     reason: Mapped[str] = mapped_column(String(200))
     boot_id: Mapped[int] = mapped_column(ForeignKey("boots.id"))  # the boot it was given in
     withdrawn_at: Mapped[datetime | None]
-    # Unclean reboots it explained: a word covers every one inside its window (a firmware
-    # update may reboot twice, a drill cut the power more than once).
+    # It explains at most `reboots` unclean reboots inside its window (a firmware update may
+    # reboot twice; a long window must not hide a reboot loop): `explained` so far.
+    reboots: Mapped[int] = mapped_column(default=1)
     explained: Mapped[int] = mapped_column(default=0)
 
 

@@ -30,19 +30,23 @@ class ExpectedRebootRecord:
     announced_at: datetime
     until: datetime
     reason: str
-    boot_id: int
+    boot_id: int  # the boot it was said in (fleetd's number: they only grow)
     withdrawn_at: datetime | None
+    reboots: int  # the most unclean reboots it may explain
     explained: int  # unclean reboots it explained so far
 
     def ends_at(self) -> datetime:
         """When the word stops holding: its window's end, or when it was withdrawn."""
         return self.until if self.withdrawn_at is None else min(self.until, self.withdrawn_at)
 
+    def holds(self, now: datetime) -> bool:
+        return now < self.ends_at() and self.explained < self.reboots
+
     def covers(self, ended: BootRecord) -> bool:
-        """Whether the boot `ended` went down inside the window: it was up when the word was
-        given or began after it, and its last heartbeat came before the window closed."""
-        alive_at_word = ended.id == self.boot_id or ended.first_seen_at >= self.announced_at
-        return alive_at_word and ended.last_seen_at <= self.ends_at()
+        """Whether the boot `ended` going down is one this word announced: the boot it was said
+        in or a later one, whose last heartbeat came before the window closed (so it went down
+        at most one heartbeat after), while the word had reboots left to explain."""
+        return ended.id >= self.boot_id and ended.last_seen_at < self.ends_at() and self.explained < self.reboots
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,27 @@ from pathlib import Path
 
 VMSTAT = Path("/proc/vmstat")
 SELF_CGROUP = Path("/proc/self/cgroup")
-MOUNTS = Path("/proc/self/mounts")
+MOUNTINFO = Path("/proc/self/mountinfo")
 CGROUP2_ROOT = Path("/sys/fs/cgroup")
 
 
-def _memory_v1_root(mounts: Path) -> Path | None:
-    """Where the cgroup v1 memory controller is mounted (its mount options name it)."""
+def _memory_v1_mount(mountinfo: Path) -> tuple[str, Path] | None:
+    """(the part of the hierarchy mounted, where) for the cgroup v1 memory controller. In a
+    container the mount's root is the container's own group (/docker/<id>), which
+    /proc/self/cgroup names from the host's root: the path below the mount drops that part."""
     try:
-        lines = mounts.read_text().splitlines()
+        lines = mountinfo.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
-        fields = line.split()
-        if len(fields) >= 4 and fields[2] == "cgroup" and "memory" in fields[3].split(","):
-            return Path(fields[1])
+        mount, sep, source = line.partition(" - ")
+        fields, after = mount.split(), source.split()
+        if sep and len(fields) >= 5 and len(after) >= 3 and after[0] == "cgroup" and "memory" in after[2].split(","):
+            return fields[3], Path(fields[4])
     return None
 
 
-def own_cgroup_counts(self_cgroup: Path = SELF_CGROUP, mounts: Path = MOUNTS,
+def own_cgroup_counts(self_cgroup: Path = SELF_CGROUP, mountinfo: Path = MOUNTINFO,
                       v2_root: Path = CGROUP2_ROOT) -> list[Path]:
     """The files that may hold the daemon's own memory cgroup's OOM-kill count, best first: the
     v2 group's memory.events, then the v1 memory group's memory.oom_control (a hybrid host lists
@@ -43,13 +46,13 @@ def own_cgroup_counts(self_cgroup: Path = SELF_CGROUP, mounts: Path = MOUNTS,
     for line in lines:
         _, _, rest = line.partition(":")
         controllers, _, group = rest.partition(":")
-        group = group.lstrip("/")
         if controllers == "" and line.startswith("0::"):
-            found.insert(0, v2_root / group / "memory.events")
-        elif "memory" in controllers.split(","):
-            root = _memory_v1_root(mounts)
-            if root is not None:
-                found.append(root / group / "memory.oom_control")
+            found.insert(0, v2_root / group.lstrip("/") / "memory.events")
+        elif "memory" in controllers.split(",") and (mount := _memory_v1_mount(mountinfo)) is not None:
+            root, where = mount
+            if root != "/" and (group == root or group.startswith(root + "/")):
+                group = group[len(root):]
+            found.append(where / group.lstrip("/") / "memory.oom_control")
     return found
 
 

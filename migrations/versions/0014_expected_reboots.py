@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("reason", sa.String(200), nullable=False),
         sa.Column("boot_id", sa.Integer(), nullable=False),
         sa.Column("withdrawn_at", sa.DateTime(), nullable=True),
+        sa.Column("reboots", sa.Integer(), nullable=False),
         sa.Column("explained", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(["boot_id"], ["boots.id"], name="fk_expected_reboots_boot_id_boots"),
         sa.PrimaryKeyConstraint("id", name="pk_expected_reboots"),

@@ -30,7 +30,7 @@ STANDALONE_BATCH_SIZE = 256
 
 
 
-def _integral(value: Any) -> Any:
+def integral(value: Any) -> Any:
     # JSON has one number type: 2048.0 is an integer to JSON Schema (and to clients that write
     # every number as a float); 2048.5, "2048" and true stay refused by the strict check.
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -38,8 +38,8 @@ def _integral(value: Any) -> Any:
 
 # The bound before the validator: after it, pydantic publishes the bound as "ge" (not JSON
 # Schema's "minimum"), which clients and schemathesis then ignore.
-Positive = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
-NonNegative = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1), BeforeValidator(integral)]
+NonNegative = Annotated[int, Field(ge=0), BeforeValidator(integral)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 Text = Annotated[str, Field(min_length=1)]
 

@@ -125,54 +125,58 @@ def read_uptime(context: AppContext = Depends(get_context)) -> UptimeOut:
 
 def _expected_out(word: ExpectedRebootRecord, now: datetime) -> ExpectedRebootOut:
     return ExpectedRebootOut(id=word.id, announced_at=word.announced_at, until=word.until, reason=word.reason,
-                             withdrawn_at=word.withdrawn_at, explained=word.explained, holds=now < word.ends_at())
+                             withdrawn_at=word.withdrawn_at, reboots=word.reboots, explained=word.explained,
+                             holds=word.holds(now))
 
 
 @router.post("/reboots/expected", response_model=ExpectedRebootOut, status_code=201, responses=BAD_BODY)
 def expect_reboot(body: ExpectedRebootCreate, context: AppContext = Depends(get_context)) -> ExpectedRebootOut:
-    """Say the host will go down within `for_s`: an unclean reboot whose boot ends inside the
-    window brings every game back as any reboot does, but the governor does not count it as
-    the host's instability (no step back, no failed rung). A clean reboot never counts."""
+    """Say the host will go down within `for_s`: up to `reboots` unclean reboots whose boot ends
+    inside the window bring every game back as any reboot does, but the governor does not count
+    them as the host's instability (no step back, no failed rung). A clean reboot never counts."""
     now = context.clock.now()
     until = now + timedelta(seconds=body.for_s)
-    reason = body.reason.strip()
     with context.db.transaction() as session:
-        word = boot_store.create_expected_reboot(session, now, until, reason, context.daemon.boot_pk)
+        word = boot_store.create_expected_reboot(session, now, until, body.reason, context.daemon.boot_pk, body.reboots)
+        times = "a reboot is" if body.reboots == 1 else f"up to {body.reboots} reboots are"
         create_event(session, now, "reboot_expected",
-                     f"a reboot is expected within {format_duration(body.for_s)} (until {until:%Y-%m-%d %H:%M} UTC): "
-                     f"{reason}; an unclean one before then is not counted as the host's instability",
-                     details={"expected_reboot": word.id, "until": until.isoformat()})
+                     f"#{word.id}: {times} expected within {format_duration(body.for_s)} (until "
+                     f"{until:%Y-%m-%d %H:%M} UTC): {body.reason}; an unclean one before then is not counted as "
+                     "the host's instability", details={"expected_reboot": word.id, "until": until.isoformat()})
     return _expected_out(word, now)
 
 
 @router.get("/reboots/expected", response_model=ExpectedRebootList)
 def list_expected_reboots(
-    hours: float = Query(24.0, gt=0, le=24 * 365, description="also those whose window ended this many hours ago"),
+    hours: float = Query(24.0, gt=0, le=24 * 365, description="also those that stopped holding this many hours ago"),
     context: AppContext = Depends(get_context),
 ) -> ExpectedRebootList:
-    """Expected reboots whose window is open or ended within `hours`, newest first."""
+    """Expected reboots that hold now or stopped holding within `hours` (at most 100), newest first."""
     now = context.clock.now()
     with context.db.transaction() as session:
         words = boot_store.read_expected_reboots(session, now - timedelta(hours=hours))
     return ExpectedRebootList(items=[_expected_out(word, now) for word in words])
 
 
-@router.delete("/reboots/expected/{pk}", response_model=ExpectedRebootOut, responses=NOT_FOUND)
+@router.delete("/reboots/expected/{expected_pk}", response_model=ExpectedRebootOut, responses=NOT_FOUND)
 def withdraw_expected_reboot(
-    pk: int = Path(ge=1, le=MAX_ID, description="the expected reboot's `id`"),
+    expected_pk: int = Path(ge=1, le=MAX_ID, description="the expected reboot's `id`"),
     context: AppContext = Depends(get_context),
 ) -> ExpectedRebootOut:
-    """Take the word back: a reboot from now on counts as usual. Withdrawing twice is the same
-    as once."""
+    """Take the word back: a reboot from now on counts as usual. Withdrawing twice, or after
+    its window ended, changes nothing."""
     now = context.clock.now()
     with context.db.transaction() as session:
-        before = boot_store.read_expected_reboot(session, pk)
-        word = boot_store.withdraw_expected_reboot(session, pk, now)
-        if word is None:
-            raise FleetdError(ErrorCode.NOT_FOUND, f"no expected reboot {pk}: see fleetd expect-reboot --list",
-                              {"id": pk})
-        if before is not None and before.withdrawn_at is None:
-            create_event(session, now, "reboot_expected",
-                         f"expected reboot #{pk} withdrawn ({word.reason}): a reboot counts as usual again",
-                         details={"expected_reboot": pk, "withdrawn": True})
+        before = boot_store.read_expected_reboot(session, expected_pk)
+        if before is None:
+            raise FleetdError(ErrorCode.NOT_FOUND, f"no expected reboot {expected_pk}: see fleetd expect-reboot --list",
+                              {"id": expected_pk})
+        word = boot_store.withdraw_expected_reboot(session, expected_pk, now)
+        if word is not None and before.withdrawn_at is None and word.withdrawn_at is not None:
+            # The host is up now: a cut from here on ends this boot after the word was withdrawn.
+            boot_store.update_boot_last_seen(session, context.daemon.boot_pk, now)
+            create_event(session, now, "reboot_expected_withdrawn",
+                         f"#{expected_pk} withdrawn ({word.reason}): an unclean reboot counts as usual again",
+                         details={"expected_reboot": expected_pk})
+    assert word is not None
     return _expected_out(word, now)
