@@ -30,6 +30,8 @@ def _fleet() -> dict[str, Any]:
     return {"tier": "light", "mode": "auto", "ceiling": None, "ceiling_until": None, "rung": MARK, "allowed": 2,
             "level": 1, "rungs": [MARK], "pressure": [MARK], "last_backoff": MARK, "admitted": [], "pending": [],
             "next_scale_up_at": None, "waiting_reason": MARK,
+            "expected_reboots": [{"id": 1, "until": AT, "reason": MARK, "holds": True, "withdrawn_at": None,
+                                  "reboots": 1, "explained": 0}],
             "settings": {"num_envs": 8, "batch_size": 64, "reason": MARK},
             "telemetry": {"available": False, "reason": MARK}}
 

@@ -167,7 +167,7 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
     daemon = start_daemon(config, fleet_daemons, ENV)
     before = wait_until(lambda: running(daemon, ["a", "b"]), "a and b running after the climb", daemon)
     # Bad input names the field; nothing is recorded.
-    for body, field in (({"for_s": 0, "reason": "x"}, "for_s"), ({"for_s": 60, "reason": " "}, "reason"),
+    for body, field in (({"for_s": 0, "reason": "x"}, "for_s"), ({"for_s": 60, "reason": ""}, "reason"),
                         ({"for_s": 8 * 86400, "reason": "x"}, "for_s"), ({"for_s": 60}, "reason")):
         refused = daemon.post("/api/v1/reboots/expected", body)
         assert refused.status_code == 422 and field in refused.text, refused.text
@@ -183,6 +183,8 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
     said = fleetd_cli(config, "expect-reboot", "--for", "10m", "--reason", "fault drill")
     assert said.returncode == 0, said.stderr
     assert said.stdout.startswith("#1 until ") and "(holds): fault drill; explained 0 of 1 reboot" in said.stdout
+    tier = fleetd_cli(config, "tier")  # shown beside the governor, whose judgement it changes
+    assert tier.returncode == 0 and "reboot expected" in tier.stdout and "fault drill" in tier.stdout, tier.stdout
 
     power_cut(daemon, config)
     config.set_boot_id("boot-two")
@@ -197,6 +199,7 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
     assert rung_memory(config, 2)[2] == 0
     [word] = after.get("/api/v1/reboots/expected").json()["items"]
     assert (word["explained"], word["reboots"], word["holds"]) == (1, 1, False)  # said for one reboot: used
+    assert fleet["expected_reboots"] == []
     listed = fleetd_cli(config, "expect-reboot", "--list")
     assert listed.returncode == 0 and "(used): fault drill; explained 1 of 1 reboot" in listed.stdout, listed.stderr
 

@@ -330,6 +330,8 @@ class FleetOut(Out):
     rungs: list[str]
     last_backoff: str | None
     pressure: list[str]
+    expected_reboots: list[ExpectedRebootOut] = Field(
+        description="words that hold now: an unclean reboot now would not count as instability (`fleetd expect-reboot`)")
     settings: SettingsOut
     tiers: dict[str, TierOut]
     telemetry: dict[str, Any]

@@ -227,6 +227,7 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
         ("ladder", "\n".join(fleet["rungs"]) or "-"),
         ("pressure", "; ".join(fleet["pressure"]) or "none"),
         ("last back-off", fleet["last_backoff"] or "-"),
+        ("reboot expected", "\n".join(expected_reboot_line(w) for w in fleet.get("expected_reboots", [])) or "-"),
         ("admitted", ", ".join(fleet["admitted"]) or "-"),
         ("pending", ", ".join(fleet["pending"]) or "-"),
         ("next scale-up", when(fleet["next_scale_up_at"])),

@@ -123,7 +123,7 @@ def read_uptime(context: AppContext = Depends(get_context)) -> UptimeOut:
 # -- expected reboots (docs/governor.md, Back-off) -----------------------------------------------
 
 
-def _expected_out(word: ExpectedRebootRecord, now: datetime) -> ExpectedRebootOut:
+def expected_out(word: ExpectedRebootRecord, now: datetime) -> ExpectedRebootOut:
     return ExpectedRebootOut(id=word.id, announced_at=word.announced_at, until=word.until, reason=word.reason,
                              withdrawn_at=word.withdrawn_at, reboots=word.reboots, explained=word.explained,
                              holds=word.holds(now))
@@ -143,7 +143,7 @@ def expect_reboot(body: ExpectedRebootCreate, context: AppContext = Depends(get_
                      f"#{word.id}: {times} expected within {format_duration(body.for_s)} (until "
                      f"{until:%Y-%m-%d %H:%M} UTC): {body.reason}; an unclean one before then is not counted as "
                      "the host's instability", details={"expected_reboot": word.id, "until": until.isoformat()})
-    return _expected_out(word, now)
+    return expected_out(word, now)
 
 
 @router.get("/reboots/expected", response_model=ExpectedRebootList)
@@ -155,7 +155,7 @@ def list_expected_reboots(
     now = context.clock.now()
     with context.db.transaction() as session:
         words = boot_store.read_expected_reboots(session, now - timedelta(hours=hours))
-    return ExpectedRebootList(items=[_expected_out(word, now) for word in words])
+    return ExpectedRebootList(items=[expected_out(word, now) for word in words])
 
 
 @router.delete("/reboots/expected/{expected_pk}", response_model=ExpectedRebootOut, responses=NOT_FOUND)
@@ -179,4 +179,4 @@ def withdraw_expected_reboot(
                          f"#{expected_pk} withdrawn ({word.reason}): an unclean reboot counts as usual again",
                          details={"expected_reboot": expected_pk})
     assert word is not None
-    return _expected_out(word, now)
+    return expected_out(word, now)

@@ -4,9 +4,11 @@ from fastapi import APIRouter, Depends
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import BAD_BODY
-from fleetd.api.schemas import FleetOut, FleetUpdate, SettingsOut, TierOut
+from fleetd.api.routes.boots import expected_out
+from fleetd.api.schemas import ExpectedRebootOut, FleetOut, FleetUpdate, SettingsOut, TierOut
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.supervisor import Reconcile
@@ -20,6 +22,14 @@ def _snapshot(context: AppContext) -> FleetSnapshot:
     if snapshot is None:
         raise FleetdError(ErrorCode.BUSY, "the governor has not taken its first step yet; try again in a second")
     return snapshot
+
+
+def holding_words(context: AppContext) -> list[ExpectedRebootOut]:
+    """The expected reboots that hold now: shown beside the governor, whose judgement they change."""
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        words = boot_store.read_expected_reboots(session, now)
+    return [expected_out(word, now) for word in words if word.holds(now)]
 
 
 def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | None = None) -> FleetOut:
@@ -44,6 +54,7 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
         rungs=list(governor.rungs),
         last_backoff=governor.last_backoff,
         pressure=list(governor.pressure),
+        expected_reboots=holding_words(context),
         settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason,
                              sizing=None if scaled.sizing is None else scaled.sizing.json()),
         tiers=tiers,
