@@ -46,11 +46,15 @@ class RecordingSink:
     transitions: list[tuple[State, State, str]] = field(default_factory=list)
     notes: list[tuple[str, str]] = field(default_factory=list)
     restarts: int = 0
+    unsaved: dict[str, float] = field(default_factory=dict)  # game -> unsaved_since
 
     def begin_run(self, game: str) -> int:
         run_id = len(self.runs) + 1
         self.runs[run_id] = {"game": game}
         return run_id
+
+    def unsaved_since(self, game: str) -> float | None:
+        return self.unsaved.get(game)
 
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         self.runs[run_id]["pid"] = spawned.pid

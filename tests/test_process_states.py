@@ -473,3 +473,16 @@ def test_a_hang_of_a_stopped_process_is_not_the_hosts_fault(
     assert ("stopped by a signal" in outcome.reason) is stopped
     advance(clock, proc, 1)
     assert proc.state is State.STARTING  # restarted either way
+
+
+def test_each_spawn_tells_the_worker_since_when_its_game_trained_unsaved(clock: FakeClock, sink: RecordingSink) -> None:
+    # The store's answer (tests/test_store_runs... read_unsaved_since) goes into the spawned spec,
+    # and only there: the game's own launch is unchanged.
+    proc, launcher = _remedied_proc(clock, sink)
+    proc.start()
+    assert launcher.launches[-1].spec.unsaved_since is None  # no earlier run
+    sink.unsaved["pong"] = 1_700_000_000.0
+    proc.on_exit(CRASH)
+    advance(clock, proc, 1)
+    assert launcher.launches[-1].spec.unsaved_since == 1_700_000_000.0
+    assert proc.launch.spec.unsaved_since is None

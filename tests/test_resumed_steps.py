@@ -51,3 +51,48 @@ def test_steps_after_a_restart_are_never_below_the_resumed_checkpoint(
     recorder.progress(report(second, CHECKPOINT + 128))  # the new run trains on from there
     recorder.flush_progress()
     assert client.get("/api/v1/games/pong").json()["steps"] == CHECKPOINT + 128
+
+
+def test_unsaved_since_is_the_first_spawned_run_after_the_newest_verified_checkpoint(
+    db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """What each spawn tells the worker (workers/protocol/spec.py `unsaved_since`): since when its
+    game has trained without a checkpoint to show for it."""
+    from fleetd.store.checkpoints import upsert_checkpoint
+    from fleetd.store.records import CheckpointRecord
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    recorder = Recorder(db, clock, start.boot.id)
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+        game = game_id_of(session, "pong")
+
+    def run(spawned: bool = True) -> int:
+        with db.transaction() as session:
+            run_id = run_store.create_run(session, game, start.boot.id, clock.now())
+            if spawned:
+                run_store.update_run_spawned(session, run_id, 4321, 1.0, ["python"], "/logs/x.log")
+        return run_id
+
+    assert recorder.unsaved_since("pong") is None  # never ran
+    first_at = clock.now()
+    run()
+    clock.advance(200)
+    run(spawned=False)  # a spawn that failed trained nothing
+    clock.advance(200)
+    run()
+    assert recorder.unsaved_since("pong") == first_at.timestamp()  # every run since the first lost
+    with db.transaction() as session:
+        upsert_checkpoint(session, game, CheckpointRecord("c/broken", 10, 1, 5, clock.now(), False, "bad", None))
+    clock.advance(10)
+    run()
+    assert recorder.unsaved_since("pong") == first_at.timestamp()  # an unverified one holds nothing
+    with db.transaction() as session:
+        upsert_checkpoint(session, game, CheckpointRecord("c/good", 20, 2, 5, clock.now(), True, None, None))
+    assert recorder.unsaved_since("pong") is None  # the newest checkpoint is newer than every run
+    clock.advance(30)
+    after = clock.now()
+    run()
+    clock.advance(100)
+    run()
+    assert recorder.unsaved_since("pong") == after.timestamp()

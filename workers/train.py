@@ -94,6 +94,8 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     if found.taken is not None:
         checkpointer.mark_current(counters.steps, _age_s(found.taken))
         _resume_evaluation(found.taken, evaluator, reporter)
+    elif spec.unsaved_since is not None:  # from scratch, after runs that left nothing
+        checkpointer.mark_current(0, max(0.0, time.time() - spec.unsaved_since))
     return _train(spec, model, counters, reporter, stop, checkpointer)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from fleetd.store.models import Game, Run
+from fleetd.store.models import Checkpoint, Game, Run
 from fleetd.store.mapping import to_record
 from fleetd.store.records import RunRecord
 
@@ -69,3 +69,14 @@ def read_run(session: Session, run_id: int) -> RunRecord | None:
     if row is None:
         return None
     return run_record(row, session.get_one(Game, row.game_id).name)
+
+
+def read_unsaved_since(session: Session, game_id: int) -> datetime | None:
+    """When the game began training that no checkpoint holds: the start of its first spawned run
+    after its newest verified checkpoint was written; None where it has no such run."""
+    newest = session.scalar(select(func.max(Checkpoint.created_at))
+                            .where(Checkpoint.game_id == game_id, Checkpoint.verified.is_(True)))
+    query = select(func.min(Run.started_at)).where(Run.game_id == game_id, Run.pid.is_not(None))
+    if newest is not None:
+        query = query.where(Run.started_at > newest)
+    return session.scalar(query)

@@ -204,8 +204,11 @@ class WorkerProcess:
             self._sink.run_ended(run_id, ExitStatus(), "bad_spec")
             self._to(State.FATAL, f"run spec refused: {self.launch.refused}")
             return
+        launch = self._remedied_launch()
+        if launch.spec is not None and (since := self._sink.unsaved_since(self.name)) is not None:
+            launch = replace(launch, spec=launch.spec.model_copy(update={"unsaved_since": since}))
         try:
-            spawned = self._launcher.spawn(self._remedied_launch(), run_id)
+            spawned = self._launcher.spawn(launch, run_id)
         except LaunchError as exc:
             self._sink.run_ended(run_id, ExitStatus(), "spawn_error")
             self._failed(f"could not start the worker: {exc}")

@@ -53,6 +53,11 @@ class Recorder:
         with self.db.transaction() as session:
             return run_store.create_run(session, game_store.game_id_of(session, game), self.boot_pk, self.clock.now())
 
+    def unsaved_since(self, game: str) -> float | None:
+        with self.db.transaction() as session:
+            since = run_store.read_unsaved_since(session, game_store.game_id_of(session, game))
+        return None if since is None else since.timestamp()
+
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         with self.db.transaction() as session:
             run_store.update_run_spawned(

@@ -120,6 +120,10 @@ class Sink(Protocol):
     def begin_run(self, game: str) -> int:
         """A new run for `game`; returns its id."""
 
+    def unsaved_since(self, game: str) -> float | None:
+        """Since when (Unix seconds) `game` has trained without a checkpoint to show for it: the
+        start of its first run after its newest checkpoint; None where no run before this one."""
+
     def run_spawned(self, run_id: int, spawned: Spawned) -> None: ...
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None: ...

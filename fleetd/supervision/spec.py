@@ -66,6 +66,7 @@ def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: T
             seed=game.id,
             # Never silently from scratch: the worker refuses when checkpoints exist and none verifies.
             allow_fresh_start=False,
+            unsaved_since=None,  # set at each spawn from the game's runs (WorkerProcess._spawn)
             tensorboard_dir=str(game_dir / "tensorboard"),
             # The game's own settings; WorkerProcess scales them after a divergence or a CUDA
             # OOM (fleetd/supervision/remedies.py) for the runs that follow.

@@ -67,6 +67,9 @@ class TransitionTap:
     def begin_run(self, game: str) -> int:
         return self._recorder.begin_run(game)
 
+    def unsaved_since(self, game: str) -> float | None:
+        return self._recorder.unsaved_since(game)
+
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         self._recorder.run_spawned(run_id, spawned)
 

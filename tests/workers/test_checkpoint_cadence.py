@@ -69,3 +69,38 @@ def test_a_run_killed_every_few_minutes_still_moves_its_checkpoint_on(make_spec)
                 break
         now += 200
     assert progress == [600.0, 1200.0, 1800.0, 2400.0, 3000.0]
+
+
+def test_a_run_from_scratch_after_runs_that_left_nothing_saves_soon(make_spec) -> None:
+    # No checkpoint yet, but fleetd says the game has trained unsaved for 1,000 s (its earlier
+    # runs all died before their first 600-s checkpoint: the 60-minute soak's Pong, which
+    # started from scratch at every fault for the whole hour): a tenth of the interval in.
+    clock = Clock()
+    ckpt = checkpointer(make_spec, clock)
+    ckpt.mark_current(0, saved_age_s=1000.0)
+    assert first_due_after(ckpt, clock) == 60
+
+
+def test_the_worker_takes_unsaved_since_from_its_spec(make_spec, write_spec, inbox, tmp_path) -> None:
+    """A real worker started from scratch with `unsaved_since` an hour ago and a 200-s interval
+    writes its first checkpoint a tenth of the interval in (20 s), not 200 s in."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.workers.conftest import spec_dict
+
+    data = spec_dict(tmp_path, total_timesteps=10_000_000, checkpoint_interval_s=200.0, checkpoint_interval_steps=None,
+                     progress_socket=str(inbox.path), unsaved_since=time.time() - 3600)
+    data["hyperparams"]["eval_interval_steps"] = 10**9  # no evaluation in the way
+    worker = subprocess.Popen([sys.executable, "-m", "workers", "--spec", str(write_spec(data))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        resumed = inbox.wait_for(lambda r: r.type == "resumed", timeout=60)
+        first = inbox.wait_for(lambda r: r.type == "checkpoint", timeout=120)
+        assert 15 <= first.at - resumed.at <= 60, first.at - resumed.at
+    finally:
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.wait(60)

@@ -34,7 +34,8 @@ EVERY_FIELD: dict[str, Any] = {
     "keep_hourly": 12, "keep_daily": 3,
     "progress_socket": "/run/fleetd/progress.sock", "progress_interval_s": 0.5, "cpu_threads": 4,
     "env_threads": 8,
-    "device": "cpu", "gpu": 2, "seed": 9, "allow_fresh_start": True, "tensorboard_dir": "/g/pong/tb",
+    "device": "cpu", "gpu": 2, "seed": 9, "allow_fresh_start": True, "unsaved_since": 1_700_000_000.5,
+    "tensorboard_dir": "/g/pong/tb",
     "lr_scale": 0.5, "batch_scale": 0.25, "bf16_autocast": True, "channels_last": True,
 }
 

@@ -219,6 +219,12 @@ class LaunchSpec(_Strict):
     gpu: NonNegative | None = None
     seed: NonNegative = 0
     allow_fresh_start: bool = False
+    # Set by fleetd: since when (wall clock, Unix seconds) the game has trained without a
+    # checkpoint to show for it (the start of its first run after its newest checkpoint). A run
+    # that starts from scratch counts its checkpoint interval from then, as a resumed run counts
+    # it from its checkpoint's save: a game whose workers never lived one interval otherwise
+    # starts from scratch at every fault (the 60-minute soak's Pong). Null: from this start.
+    unsaved_since: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     tensorboard_dir: Text | None = None
     # Set by fleetd from the game's run history (docs/worker.md#guards): after a divergence
     # the learning rate is scaled down, after a CUDA out-of-memory the batch (then the envs).
