@@ -115,18 +115,23 @@ def test_a_power_cut_after_the_rung_was_proven_brings_every_game_back(
         assert [r["cause"] for r in after.runs(name)][1] == "lost_host"
 
 
-def test_a_reboot_within_the_window_after_a_scale_up_steps_back_to_the_proven_rung(
-    fleet_config: DaemonConfig, fleet_daemons: list[Daemon]
-) -> None:
-    # Auto from one game: 1x1 is proven after a 1-s window, then the fleet climbs to 2x1, whose
-    # window (an hour) the reboot interrupts. The games are in the config, so that all three
-    # wait before the first window ends (a climb nobody waits for is passed over).
+def climbed_to_two(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> tuple[DaemonConfig, Daemon, dict[str, int]]:
+    """Auto from one game: 1x1 is proven after a 1-s window, then the fleet climbs to 2x1, whose
+    window (an hour) a reboot then interrupts. The games are in the config, so that all three
+    wait before the first window ends (a climb nobody waits for is passed over)."""
     seeds = "".join(f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\n' for name in ("a", "b", "c"))
     config = configure(fleet_config, 'tier = "auto"\nstart_games = 1\nfirst_window_s = 1\nwindow_s = 3600\n')
     config.extra += seeds
     config.write()
     daemon = start_daemon(config, fleet_daemons, ENV)
-    wait_until(lambda: running(daemon, ["a", "b"]), "a and b running after the climb", daemon)
+    pids = wait_until(lambda: running(daemon, ["a", "b"]), "a and b running after the climb", daemon)
+    return config, daemon, pids
+
+
+def test_a_reboot_within_the_window_after_a_scale_up_steps_back_to_the_proven_rung(
+    fleet_config: DaemonConfig, fleet_daemons: list[Daemon]
+) -> None:
+    config, daemon, _ = climbed_to_two(fleet_config, fleet_daemons)
     fleet = daemon.get("/api/v1/fleet").json()
     assert (fleet["rung"], fleet["admitted"], fleet["pending"]) == ("2x1 (light)", ["a", "b"], ["c"])
     assert rung_memory(config, 1)[0] is not None and rung_memory(config, 2)[0] is None
@@ -160,12 +165,7 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
 ) -> None:
     # The climb as above, then the operator says a reboot is coming (`fleetd expect-reboot`):
     # the power cut inside the window is not the load's doing, so 2x1 keeps both games.
-    seeds = "".join(f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\n' for name in ("a", "b", "c"))
-    config = configure(fleet_config, 'tier = "auto"\nstart_games = 1\nfirst_window_s = 1\nwindow_s = 3600\n')
-    config.extra += seeds
-    config.write()
-    daemon = start_daemon(config, fleet_daemons, ENV)
-    before = wait_until(lambda: running(daemon, ["a", "b"]), "a and b running after the climb", daemon)
+    config, daemon, before = climbed_to_two(fleet_config, fleet_daemons)
     # Bad input names the field; nothing is recorded.
     for body, field in (({"for_s": 0, "reason": "x"}, "for_s"), ({"for_s": 60, "reason": ""}, "reason"),
                         ({"for_s": 8 * 86400, "reason": "x"}, "for_s"), ({"for_s": 60}, "reason")):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.supervision.launcher import process_stopped
+from bench.fleet_faults import MemoryCgroup
 from fleetd.supervision.oom import OomCounter, own_cgroup_counts
 
 
@@ -119,27 +120,6 @@ GROW = ("import time\nopen('/proc/self/oom_score_adj', 'w').write('1000')\nx = [
         "while True:\n    x.append(bytearray(1 << 20))\n    time.sleep(0.002)\n")
 
 
-class _Group:
-    def __init__(self, name: str, limit_bytes: int) -> None:
-        self.path = MEMORY_V1 / f"fleetd-test-{os.getpid()}-{name}"
-        self.path.mkdir()
-        (self.path / "memory.swappiness").write_text("0")
-        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
-
-    def join(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def remove(self) -> None:
-        deadline = time.monotonic() + 10
-        while self.path.exists():
-            try:
-                self.path.rmdir()
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
 def _host_oom_kills() -> int:
     return OomCounter(Path("/nonexistent"), host_path=Path("/proc/vmstat")).read() or 0
 
@@ -153,10 +133,10 @@ def test_a_worker_moved_into_someone_elses_limited_cgroup_and_oom_killed_there_i
     counter = OomCounter()
     assert not counter.host_wide, counter.describe()
     host_before = _host_oom_kills()
-    group = _Group("outside", 64 << 20)
+    group = MemoryCgroup(f"fleetd-test-{os.getpid()}-outside", 64 << 20)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)\n" + GROW])
     try:
-        group.join(child.pid)
+        group.kill_by_limit(child.pid)  # the soak's memory-limit fault: the group, its limit, the move
         assert child.wait(30) == -signal.SIGKILL
     finally:
         if child.poll() is None:
@@ -181,10 +161,10 @@ print(worker.wait(), counter.host_wide, counter.killed_since_last(), flush=True)
 
 @needs_v1_memory
 def test_a_worker_oom_killed_in_the_daemons_own_cgroup_is_the_daemons() -> None:
-    group = _Group("own", 96 << 20)
-    try:
+    group = MemoryCgroup(f"fleetd-test-{os.getpid()}-own", 96 << 20)
+    try:  # the stand-in joins the group before it runs, and its worker is born in it
         done = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True, timeout=60,
-                              preexec_fn=lambda: group.join(os.getpid()))
+                              preexec_fn=lambda: group.kill_by_limit(os.getpid()))
     finally:
         group.remove()
     assert done.returncode == 0, done.stderr
