@@ -1,6 +1,8 @@
 """A short chaos soak (bench/chaos.py): a real daemon, three real training games, and one each
-of a worker SIGKILL, a worker SIGSTOP (the hang watchdog), a daemon SIGKILL (adoption) and a
-simulated reboot; every check of the soak must pass."""
+of a worker SIGKILL, a daemon SIGKILL (adoption) and a simulated reboot; every check of the soak
+must pass. Its SIGSTOP incident (the hang watchdog, 40 s at the least) is left to the real-daemon
+test of it (tests/test_supervision_e2e.py::test_sigstop_worker_is_killed_and_restarted_as_hung)
+and to the Atari soak, to keep the suite short."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ def test_short_chaos_soak_passes_every_check() -> None:
     options = Options(
         minutes=4.0,  # a bound on when incidents may start; the schedule ends the soak sooner
         seed=7,
-        schedule=["worker_kill", "daemon_kill", "worker_stop", "reboot"],
+        schedule=["worker_kill", "daemon_kill", "reboot"],
         gap_s=(0.5, 2.0),
         # The watchdog counts from the spawn: a torch worker under load takes 20-30 s to its first step.
         hang_timeout_s=40.0,
@@ -29,7 +31,5 @@ def test_short_chaos_soak_passes_every_check() -> None:
     assert all(i.ok for i in report.incidents), text
     failed = [f"{c.name}: {c.detail}" for c in report.checks if not c.ok]
     assert not failed, text
-    stop = next(i for i in report.incidents if i.kind == "worker_stop")
-    assert any("hang" in r for r in stop.recorded), text
     reboot = next(i for i in report.incidents if i.kind == "reboot")
     assert len(reboot.rows) == 3 and all(row.resumed is not None for row in reboot.rows), text
