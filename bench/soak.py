@@ -37,6 +37,7 @@ short supervision timings (a checkpoint every 3 s, hang watchdog 10 s) and a fix
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -495,9 +496,9 @@ class Soak:
         rows = self.faulted.db.rows("SELECT * FROM events WHERE kind IN ('fleet_backoff', 'fleet_admit', 'fleet_evict') ORDER BY id")
         backs = [StepBack(t_of(r), r["message"]) for r in rows if r["kind"] == "fleet_backoff"]
         admissions = [(t_of(r), r["game"], r["kind"] == "fleet_admit") for r in rows if r["kind"] != "fleet_backoff"]
-        reboots = [r["message"] for r in self.faulted.db.rows("SELECT * FROM events WHERE kind = 'reboot' ORDER BY id")]
+        reboots = [json.loads(r["details"]) for r in self.faulted.db.rows("SELECT details FROM events WHERE kind = 'reboot' ORDER BY id")]
         return {"step_backs": backs, "admissions": admissions,
-                "reboots": [("expected (#" in m) for m in reboots if "(unclean)" in m]}
+                "reboots": ["expected_reboot" in d for d in reboots if not d["clean"]]}
 
     def checks(self, settled: bool, end: float, events: dict, codes: dict) -> list[Check]:
         faulted, faults = self.recorders[0].record, [d.fault for d in self.done]

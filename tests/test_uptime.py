@@ -137,7 +137,8 @@ def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
     word = expect(db, clock, second.boot.id, 3600)
     clock.advance(10)
     with db.transaction() as session:
-        assert boot_store.withdraw_expected_reboot(session, word.id, clock.now()).withdrawn_at == clock.now()
+        withdrawn, now = boot_store.withdraw_expected_reboot(session, word.id, clock.now())
+        assert now and withdrawn.withdrawn_at == clock.now()
         boot_store.update_boot_last_seen(session, second.boot.id, clock.now())  # as the API does
     host.reboot(down_s=30)  # at once: the boot's last sign of life is the withdrawal itself
     third = start(db, host, clock)
@@ -150,14 +151,15 @@ def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
     fourth = start(db, host, clock)
     assert fourth.expected is None and fourth.previous_clean and not fourth.unclean_reboot
     with db.transaction() as session:
-        assert boot_store.read_expected_reboot(session, word.id).explained == 0
+        [unused] = [w for w in boot_store.read_expected_reboots(session, EPOCH) if w.id == word.id]
+        assert unused.explained == 0
         # The list: what holds now and what stopped holding since `since`, newest first.
         listed = boot_store.read_expected_reboots(session, clock.now() - timedelta(seconds=1))
         assert [w.id for w in listed] == [word.id]
         assert [w.id for w in boot_store.read_expected_reboots(session, EPOCH)] == [3, 2, 1]
         # Withdrawing after the window ended, or twice, changes nothing.
         clock.advance(3600)
-        assert boot_store.withdraw_expected_reboot(session, word.id, clock.now()).withdrawn_at is None
+        assert boot_store.withdraw_expected_reboot(session, word.id, clock.now()) == (unused, False)
     # A word said in a later boot does not cover an earlier boot's end.
     assert not word.covers(first.boot)
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from fleetd import expected_reboots
 from fleetd.game_spec import GameSpec
 from fleetd.health.rules import Health as LearningHealth
 from fleetd.planning.goals import GoalUnit
@@ -167,21 +168,17 @@ class In(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-MAX_EXPECTED_REBOOT_S = 7 * 86400
-MAX_EXPECTED_REBOOTS = 10
-
-
 class ExpectedRebootCreate(In):
     """An operator's word that the host will go down within `for_s` (maintenance, a driver
     update, a fault drill): up to `reboots` unclean reboots inside the window are not the load's
     doing."""
 
-    for_s: float = Field(gt=0, le=MAX_EXPECTED_REBOOT_S, strict=True, allow_inf_nan=False,
+    for_s: float = Field(gt=0, le=expected_reboots.MAX_WINDOW_S, strict=True, allow_inf_nan=False,
                          description="the window, in seconds from now (at most 7 days)")
     # Free text, kept as given: any 1-200 characters the schema allows are taken (the CLI refuses
     # a blank one itself), so that what the schema publishes and what is taken never differ.
     reason: str = Field(min_length=1, max_length=200, description="why; kept with the reboot's event")
-    reboots: Annotated[int, Field(ge=1, le=MAX_EXPECTED_REBOOTS, strict=True), BeforeValidator(integral)] = Field(
+    reboots: Annotated[int, Field(ge=1, le=expected_reboots.MAX_REBOOTS, strict=True), BeforeValidator(integral)] = Field(
         1, description="how many unclean reboots it may explain (a firmware update or a drill may need 2)")
 
 

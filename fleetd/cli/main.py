@@ -4,6 +4,7 @@ from typing import Annotated
 
 import typer
 
+from fleetd import expected_reboots
 from fleetd.cli.entry import version_line
 from fleetd.cli.exit_codes import ExitCode, exit_codes_help
 from fleetd.cli.common import ConfigOption, JsonOption, ask, settings_from
@@ -99,7 +100,7 @@ def expect_reboot(
     config: ConfigOption = None,
     within: Annotated[str | None, typer.Option("--for", help="The window from now: 30m, 2h, 1h30m (at most 7d; default 30m).")] = None,
     reason: Annotated[str | None, typer.Option(help="Why: kept with the reboot's event (required to say one).")] = None,
-    reboots: Annotated[int | None, typer.Option(min=1, max=10, help="How many unclean reboots it may explain (default 1).")] = None,
+    reboots: Annotated[int | None, typer.Option(min=1, max=expected_reboots.MAX_REBOOTS, help="How many unclean reboots it may explain (default 1).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="The expected reboots that hold now or stopped within a day.")] = False,
     withdraw: Annotated[int | None, typer.Option(min=1, help="Take back expected reboot ID: a reboot counts as usual again.")] = None,
     json: JsonOption = False,
@@ -127,7 +128,7 @@ def expect_reboot(
             seconds = parse_duration(within or "30m")
         except ValueError as exc:
             fail(f"--for: {exc}", ExitCode.USAGE)
-        if not 0 < seconds <= 7 * 86400:
+        if not 0 < seconds <= expected_reboots.MAX_WINDOW_S:
             fail(f"--for: {within} is outside the window fleetd takes (more than 0, at most 7d)", ExitCode.USAGE)
         body = {"for_s": seconds, "reason": reason, "reboots": reboots or 1}
         words = [call(config, lambda client: client.request("POST", "/api/v1/reboots/expected", json=body))]

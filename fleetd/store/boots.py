@@ -128,21 +128,17 @@ def read_expected_reboots(session: Session, since: datetime, limit: int = 100) -
     return [to_record(ExpectedRebootRecord, row) for row in session.scalars(query)]
 
 
-def read_expected_reboot(session: Session, pk: int) -> ExpectedRebootRecord | None:
-    row = session.get(ExpectedReboot, pk)
-    return None if row is None else to_record(ExpectedRebootRecord, row)
-
-
-def withdraw_expected_reboot(session: Session, pk: int, now: datetime) -> ExpectedRebootRecord | None:
-    """Withdrawn now, where it still held; as it was otherwise (withdrawing twice, or after its
-    window ended, changes nothing)."""
+def withdraw_expected_reboot(session: Session, pk: int, now: datetime) -> tuple[ExpectedRebootRecord, bool] | None:
+    """The word, and whether it was withdrawn now: only where its window was open and it had
+    not been withdrawn (withdrawing twice, or after its window ended, changes nothing)."""
     row = session.get(ExpectedReboot, pk)
     if row is None:
         return None
-    if row.withdrawn_at is None and now < row.until:
+    withdrawn = row.withdrawn_at is None and now < row.until
+    if withdrawn:
         row.withdrawn_at = now
         session.flush()
-    return to_record(ExpectedRebootRecord, row)
+    return to_record(ExpectedRebootRecord, row), withdrawn
 
 
 def explain_reboot(session: Session, ended: BootRecord) -> ExpectedRebootRecord | None:

@@ -46,7 +46,7 @@ def own_cgroup_counts(self_cgroup: Path = SELF_CGROUP, mountinfo: Path = MOUNTIN
     for line in lines:
         _, _, rest = line.partition(":")
         controllers, _, group = rest.partition(":")
-        if controllers == "" and line.startswith("0::"):
+        if line.startswith("0::"):
             found.insert(0, v2_root / group.lstrip("/") / "memory.events")
         elif "memory" in controllers.split(",") and (mount := _memory_v1_mount(mountinfo)) is not None:
             root, where = mount

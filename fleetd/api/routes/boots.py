@@ -167,16 +167,15 @@ def withdraw_expected_reboot(
     its window ended, changes nothing."""
     now = context.clock.now()
     with context.db.transaction() as session:
-        before = boot_store.read_expected_reboot(session, expected_pk)
-        if before is None:
+        found = boot_store.withdraw_expected_reboot(session, expected_pk, now)
+        if found is None:
             raise FleetdError(ErrorCode.NOT_FOUND, f"no expected reboot {expected_pk}: see fleetd expect-reboot --list",
                               {"id": expected_pk})
-        word = boot_store.withdraw_expected_reboot(session, expected_pk, now)
-        if word is not None and before.withdrawn_at is None and word.withdrawn_at is not None:
+        word, withdrawn = found
+        if withdrawn:
             # The host is up now: a cut from here on ends this boot after the word was withdrawn.
             boot_store.update_boot_last_seen(session, context.daemon.boot_pk, now)
             create_event(session, now, "reboot_expected_withdrawn",
                          f"#{expected_pk} withdrawn ({word.reason}): an unclean reboot counts as usual again",
                          details={"expected_reboot": expected_pk})
-    assert word is not None
     return expected_out(word, now)
