@@ -3,7 +3,7 @@
 
 For each (env, algorithm, env count, batch) a real worker (`python -m workers --spec`) trains
 on its own with those sizes as its tier values; fleetd's own telemetry sampler
-(`fleetd.telemetry.TelemetrySampler`, NVML where there is a GPU) reads its tree every
+(`fleetd.host.telemetry.TelemetrySampler`, NVML where there is a GPU) reads its tree every
 `--interval` seconds once it has run `--settle` seconds, for `--window` seconds; the peak of each
 figure is the footprint, as in the daemon's footprints table. `--record DB` writes them into a
 fleetd database's table (daemon stopped), so a new GPU host's rungs are sized from measurements
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fleetd.config import DEFAULT_TIERS  # noqa: E402 - after the path set-up above
 from fleetd.governor.footprint import FootprintBook, Reading, RunningWorker  # noqa: E402
 from fleetd.governor.ladder import build_ladder  # noqa: E402
-from fleetd.telemetry import NvmlReader, TelemetrySampler  # noqa: E402
+from fleetd.host.telemetry import NvmlReader, TelemetrySampler  # noqa: E402
 
 MIB = 2**20
 LADDER_SIZES = sorted({(rung.num_envs, rung.batch_size) for rung in build_ladder(DEFAULT_TIERS)})

@@ -22,7 +22,7 @@ from pydantic_settings import (
 
 from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, MIN_TOKEN_CHARS, TOKEN_FILE,
                              config_path_from, default_state_dir)
-from fleetd.game_spec import GameSpec
+from fleetd.games.spec import GameSpec
 from workers.protocol.exit_codes import ExitCode
 
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")

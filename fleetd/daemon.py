@@ -15,25 +15,25 @@ from typing import Any
 
 import uvicorn
 
-from fleetd.alerts import Alert, AlertSender
+from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.backup import Backup
-from fleetd.catalog import EnvCatalog
+from fleetd.operations.backup import Backup
+from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
-from fleetd import forensics
+from fleetd.host import forensics
 from fleetd.errors import FleetdError
-from fleetd.forensics import JournalReader, Journalctl
-from fleetd.games import check_seeds, seed_games, seeding_needed
+from fleetd.host.forensics import JournalReader, Journalctl
+from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
 from fleetd.governor.controller import FleetController
 from fleetd.governor.footprint import FootprintBook, FootprintSource
-from fleetd.host import HostBoot, HostReader
+from fleetd.host.boot import HostBoot, HostReader
 from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
-from fleetd.notify import Notifier
+from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import record_plan
 from fleetd.scheduler import build_scheduler
-from fleetd.statedir import lock_state_dir
+from fleetd.host.statedir import lock_state_dir
 from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
 from fleetd.store.events import create_event
@@ -48,9 +48,9 @@ from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import Launcher, Reactor
 from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
 from fleetd.supervision.thread import SupervisorThread
-from fleetd.telemetry import NvmlReader, TelemetrySampler
+from fleetd.host.telemetry import NvmlReader, TelemetrySampler
 from fleetd.token import ensure_token
-from fleetd.uptime import DaemonStart, StartKind, describe_start, record_daemon_start, record_daemon_stop
+from fleetd.host.uptime import DaemonStart, StartKind, describe_start, record_daemon_start, record_daemon_stop
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
-from fleetd.games import SEEDED_EVENT
+from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.footprint import FootprintSource
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, delete_events_before
@@ -21,8 +21,8 @@ from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
 from fleetd.store.samples import create_metric_rows, delete_samples_before
-from fleetd.telemetry import TelemetrySampler, sample_rows
-from fleetd.uptime import heartbeat
+from fleetd.host.telemetry import TelemetrySampler, sample_rows
+from fleetd.host.uptime import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def heartbeat_job(
     db: Database, clock: Clock, boot_pk: int, last_state: Callable[[], dict[str, Any]] | None = None
 ) -> None:
     """The host is up: bounds when it went down if the next start finds a new boot id, and
-    keeps what it looked like (`fleetd.forensics`), since an unclean reboot gives no warning."""
+    keeps what it looked like (`fleetd.host.forensics`), since an unclean reboot gives no warning."""
     heartbeat(db, boot_pk, clock.now(), None if last_state is None else last_state())
 
 

@@ -18,7 +18,7 @@ import uvicorn
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
 from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
@@ -27,7 +27,7 @@ from fleetd.states import Desired, State, shown
 from fleetd.store.games import read_games
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
-from fleetd.uptime import record_daemon_start
+from fleetd.host.uptime import record_daemon_start
 from tests.daemon_harness import free_port
 from tests.fakes import FakeClock, FakeHost
 

@@ -11,7 +11,7 @@ from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
 from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
 from tests.fakes import FakeClock, FakeHost
-from tests.test_alerts import Receiver
+from tests.operations.test_alerts import Receiver
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from fleetd.host import HostBoot
+from fleetd.host.boot import HostBoot
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

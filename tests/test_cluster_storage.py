@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.backup import Target
+from fleetd.operations.backup import Target
 from fleetd.cluster.storage import RunSync, checkpoints_of, mirror, pull_newest, push_missing, push_new
-from tests.test_backup import write_ckpt
+from tests.operations.test_backup import write_ckpt
 from workers import checkpoint
 
 GAME = "cartpole"

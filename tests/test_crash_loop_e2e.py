@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, short_tmp_dir
-from tests.test_alerts import Receiver
+from tests.operations.test_alerts import Receiver
 
 pytestmark = pytest.mark.e2e
 

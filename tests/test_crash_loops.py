@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetd.alerts import Alert
+from fleetd.operations.alerts import Alert
 from fleetd.states import Shown, State
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 from workers.checkpoint import write_checkpoint

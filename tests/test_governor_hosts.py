@@ -27,7 +27,7 @@ from fleetd.store.runs import read_runs
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
-from fleetd.uptime import record_daemon_start
+from fleetd.host.uptime import record_daemon_start
 from tests.api_context import CATALOG
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor

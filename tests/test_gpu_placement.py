@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings, TierSettings
 from fleetd.governor.placement import GpuRoom, choose_gpu
 from fleetd.states import State
@@ -23,8 +23,8 @@ from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.supervision.launcher import OsLauncher, worker_env
 from fleetd.supervision.seams import Launch
-from fleetd.telemetry import NvmlReader, TelemetrySampler
-from fleetd.uptime import record_daemon_start
+from fleetd.host.telemetry import NvmlReader, TelemetrySampler
+from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_harness import SUPERVISION, Daemon, daemon_on_fresh_config, fleetd_cli
-from tests.test_alerts import Receiver
+from tests.operations.test_alerts import Receiver
 from workers.checkpoint import list_checkpoints, read_manifest
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from fleetd.api import create_app
 from fleetd.cli.apply_cmd import _health_key
 from fleetd.config import Settings
-from fleetd.fleet_spec import to_toml
+from fleetd.games.fleet_spec import to_toml
 from fleetd.states import State
 from fleetd.store.engine import Database
 from fleetd.store.games import update_game_state

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.cli.render import games_table
 from fleetd.config import Settings
 from fleetd.governor.controller import FleetController
@@ -21,8 +21,8 @@ from fleetd.store.games import create_game, update_game_state, update_games_prog
 from fleetd.store.records import GameDraft, ProgressSnapshot
 from fleetd.supervision.counters import GameCounts, ProgressCounters
 from fleetd.supervision.recorder import Recorder
-from fleetd.telemetry import GpuSample, HostSample, Snapshot
-from fleetd.uptime import record_daemon_start
+from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
+from fleetd.host.uptime import record_daemon_start
 from workers.protocol.reports import ProgressReport
 from tests.api_context import RecordingSupervisor
 from tests.fakes import FakeClock, FakeHost

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from fleetd.game_settings import update_settings
-from fleetd.games import set_desired
+from fleetd.games.settings import update_settings
+from fleetd.games.lifecycle import set_desired
 from fleetd.governor.admission import Admission
 from fleetd.states import Desired, Shown, State
 from fleetd.store.fleet import update_fleet_requested
@@ -140,7 +140,7 @@ def stepping_client(loop: Loop, port: SteppingPort):  # type: ignore[no-untyped-
 
     from fleetd.api import create_app
     from fleetd.api.context import AppContext, DaemonInfo
-    from fleetd.catalog import EnvCatalog
+    from fleetd.games.catalog import EnvCatalog
 
     info = DaemonInfo(loop.boot_pk, loop.clock.now())
     context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, info, EnvCatalog(), port)

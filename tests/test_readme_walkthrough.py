@@ -40,7 +40,7 @@ STAND_IN = "bench.protocol_worker"  # speaks the worker protocol, trains nothing
 # The README commands this test does not run, and where what they show is checked instead.
 NOT_RUN = {
     ("logs",): "follows until Ctrl+C; tests/test_logs_e2e.py follows a log",
-    ("games", "export"): "needs a real worker's checkpoint; tests/test_models_e2e.py exports one",
+    ("games", "export"): "needs a real worker's checkpoint; tests/operations/test_models_e2e.py exports one",
 }
 
 

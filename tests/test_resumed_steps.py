@@ -15,7 +15,7 @@ from fleetd.store.engine import Database
 from fleetd.store.games import create_game, game_id_of
 from fleetd.store.records import GameDraft
 from fleetd.supervision.recorder import Recorder
-from fleetd.uptime import record_daemon_start
+from fleetd.host.uptime import record_daemon_start
 from workers.protocol.reports import ProgressReport
 from tests.api_context import CATALOG
 from tests.fakes import FakeClock, FakeHost

@@ -24,7 +24,7 @@ from fleetd.store.footprints import read_footprints
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.spec import launch_for
-from fleetd.telemetry import GpuSample, HostSample, Snapshot, TelemetrySampler
+from fleetd.host.telemetry import GpuSample, HostSample, Snapshot, TelemetrySampler
 from tests.fakes import FakeClock
 from tests.supervision_fakes import FakeLauncher, RecordingSink
 from tests.test_launch_spec import game

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings
-from fleetd.games import set_desired
+from fleetd.games.lifecycle import set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
 from fleetd.jobs import hosts_job
@@ -29,7 +29,7 @@ from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
 from fleetd.supervision.supervisor import Reconcile, Shutdown, StartGame, Supervisor
-from fleetd.uptime import record_daemon_start
+from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from fleetd.supervision.launcher import run_spec_path

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.governor.snapshot import FleetSnapshot
@@ -35,7 +35,7 @@ class SupervisorPort(Protocol):
 
 class TelemetrySource(Protocol):
     @property
-    def latest(self) -> Any: ...  # fleetd.telemetry.Snapshot | None, itself published whole
+    def latest(self) -> Any: ...  # fleetd.host.telemetry.Snapshot | None, itself published whole
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class AppContext:
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
     telemetry: TelemetrySource | None = None
     counters: ProgressCounters | None = None  # fed by the recorder; None: /metrics makes its own
-    backup: Any = None  # fleetd.backup.Backup when [backup] target is set
+    backup: Any = None  # fleetd.operations.backup.Backup when [backup] target is set
 
 
     @property

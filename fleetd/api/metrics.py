@@ -27,8 +27,8 @@ from fleetd.store.games import read_game_figures
 from fleetd.store.hosts import read_hosts
 from fleetd.store.records import GameFigures, HostRecord
 from fleetd.supervision.counters import GameCounts, ProgressCounters
-from fleetd.telemetry import Snapshot as TelemetrySnapshot
-from fleetd.uptime import uptime_report
+from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
+from fleetd.host.uptime import uptime_report
 
 GAME_STATES = list(Shown)
 SECONDS_PER_HOUR = 3600.0

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from fleetd import expected_reboots
-from fleetd.game_spec import GameSpec
+from fleetd.host import expected_reboots
+from fleetd.games.spec import GameSpec
 from fleetd.health.rules import Health as LearningHealth
 from fleetd.planning.goals import GoalUnit
 from fleetd.planning.queue import PlanState, RateSource

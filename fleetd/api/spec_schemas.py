@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleetd.api import schemas
 from fleetd.api.schemas import GameOut, Out
-from fleetd.fleet_spec import FleetEntry, FleetGame
+from fleetd.games.fleet_spec import FleetEntry, FleetGame
 
 
 class SettingChangeOut(Out):

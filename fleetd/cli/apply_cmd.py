@@ -10,7 +10,7 @@ import typer
 
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.cli.games_cmd import games_app, parse_hyperparams
-from fleetd.game_fields import SETTABLE
+from fleetd.games.fields import SETTABLE
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 RestartOption = Annotated[bool, typer.Option(
@@ -75,7 +75,7 @@ def export_spec(
     config: ConfigOption = None,
 ) -> None:
     """Write the fleet as a file that `fleetd apply` takes: applying it changes nothing."""
-    from fleetd.fleet_spec import to_toml  # pydantic and the store: only when it runs
+    from fleetd.games.fleet_spec import to_toml  # pydantic and the store: only when it runs
 
     text = to_toml(ask(config, "/api/v1/fleet/spec")["games"])
     if output is None:

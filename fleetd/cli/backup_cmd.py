@@ -57,8 +57,8 @@ def restore(
     config: ConfigOption = None,
 ) -> None:
     """Restore a backup onto an empty state_dir; then start fleetd on it and training resumes."""
-    from fleetd.backup import BackupError, check_empty, fill_state_dir
-    from fleetd.statedir import StateDirError, lock_state_dir
+    from fleetd.operations.backup import BackupError, check_empty, fill_state_dir
+    from fleetd.host.statedir import StateDirError, lock_state_dir
 
     target_dir = (state_dir or settings_from(config)[0].state_dir).expanduser().absolute()
     try:

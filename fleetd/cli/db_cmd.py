@@ -27,7 +27,7 @@ def db_status(config: ConfigOption = None) -> None:
 @db_app.command("upgrade")
 def db_upgrade(config: ConfigOption = None) -> None:
     """Copy the database aside, then migrate it to this fleetd's schema. Stop the daemon first."""
-    from fleetd.statedir import StateDirError, lock_state_dir
+    from fleetd.host.statedir import StateDirError, lock_state_dir
     from fleetd.store.schema import SchemaError, upgrade_database
 
     settings, _ = settings_from(config)

@@ -4,7 +4,7 @@ from typing import Annotated
 
 import typer
 
-from fleetd import expected_reboots
+from fleetd.host import expected_reboots
 from fleetd.cli.entry import version_line
 from fleetd.cli.exit_codes import ExitCode, exit_codes_help
 from fleetd.cli.common import ConfigOption, JsonOption, ask, settings_from
@@ -52,9 +52,9 @@ def serve(config: ConfigOption = None) -> None:
     import logging
 
     from fleetd.daemon import Daemon, StartupError
-    from fleetd.host import BootIdError
+    from fleetd.host.boot import BootIdError
     from fleetd.logs import configure_logging
-    from fleetd.statedir import StateDirError
+    from fleetd.host.statedir import StateDirError
     from fleetd.store.schema import SchemaError
     from fleetd.token import TokenError
 

@@ -11,7 +11,7 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 
 if TYPE_CHECKING:
-    from fleetd.systemd_unit import InstallPaths
+    from fleetd.host.systemd_unit import InstallPaths
 
 DEFAULT_CONFIG = Path("/etc/fleetd/fleetd.toml")
 DEFAULT_USER = "fleetd"
@@ -29,7 +29,7 @@ def install_paths(config: Path) -> "InstallPaths":
     A venv's python is often a symlink to an interpreter elsewhere (pyenv under /root or a
     home); an editable install's code lives in its checkout. Each must be visible to the service.
     """
-    from fleetd.systemd_unit import InstallPaths
+    from fleetd.host.systemd_unit import InstallPaths
 
     read = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable), config, *package_roots()]
     state_dir = configured_state_dir(config)
@@ -66,7 +66,7 @@ def systemd_unit(
 ) -> None:
     """Print the systemd unit with this installation's paths; redirect it to /etc/systemd/system/fleetd.service
     (with --ray-node: to /etc/systemd/system/fleetd-ray-node.service on each GPU host)."""
-    from fleetd.systemd_unit import render_ray_node_unit, render_unit
+    from fleetd.host.systemd_unit import render_ray_node_unit, render_unit
 
     config = config.absolute()
     try:

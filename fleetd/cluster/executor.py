@@ -27,7 +27,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
-from fleetd.backup import Target
+from fleetd.operations.backup import Target
 from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
 from fleetd.cluster.storage import mirror, push_missing
 from fleetd.config import Settings

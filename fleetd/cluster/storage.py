@@ -1,6 +1,6 @@
 """`[cluster] storage` as an fsspec URL (s3://, gs://, file://): games synced, not mounted.
 
-The URL holds each game's verified checkpoints in the backup layout (fleetd/backup.py)::
+The URL holds each game's verified checkpoints in the backup layout (fleetd/operations/backup.py)::
 
     URL/games/NAME/checkpoints/ckpt-*/{manifest.json, model.zip, ...}
 
@@ -22,7 +22,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from fleetd.backup import Target, fetch_checkpoint, sync_game
+from fleetd.operations.backup import Target, fetch_checkpoint, sync_game
 from workers import checkpoint
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from fleetd.alerts import Alert, AlertSender
+from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.config import FleetSettings
 from fleetd.governor.admission import SlotHolder
@@ -53,7 +53,7 @@ LOCAL = ""  # the local executor's one host: its rungs are stored under this nam
 
 class TelemetrySource(Protocol):
     @property
-    def latest(self) -> Any:  # fleetd.telemetry.Snapshot | None
+    def latest(self) -> Any:  # fleetd.host.telemetry.Snapshot | None
         ...
 
 

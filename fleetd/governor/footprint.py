@@ -40,7 +40,7 @@ class RunningWorker:
 
 @dataclass(frozen=True)
 class Reading:
-    """One telemetry reading of one worker's tree (fleetd.telemetry.ProcessSample's figures)."""
+    """One telemetry reading of one worker's tree (fleetd.host.telemetry.ProcessSample's figures)."""
 
     game: str
     pid: int
@@ -143,7 +143,7 @@ class FootprintSource:
     settle_s: float
 
     def take(self, snapshot: Any, running: Mapping[str, RunningWorker], now: datetime) -> list[FootprintRecord]:
-        """`snapshot`: fleetd.telemetry.Snapshot. The footprints it changed, for the store."""
+        """`snapshot`: fleetd.host.telemetry.Snapshot. The footprints it changed, for the store."""
         readings = [Reading(p.game, p.pid, p.rss_bytes, p.gpu_memory_bytes) for p in snapshot.processes]
         counted = settled_readings(readings, running, self.settle_s)
         if not counted:

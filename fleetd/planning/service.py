@@ -27,7 +27,7 @@ from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, PlanPrediction
 from fleetd.store.samples import read_samples
-from fleetd.uptime import WEEK, uptime_report
+from fleetd.host.uptime import WEEK, uptime_report
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from fleetd.notify import NOTIFY_ENV_KEYS
+from fleetd.host.sd_notify import NOTIFY_ENV_KEYS
 from fleetd.supervision.seams import Launch, LaunchError, Spawned
 from workers.protocol.spec import RunSpec
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fleetd.alerts import Alert, AlertSender
+from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.health.rules import Action, Evaluation, Health, HealthRecord, Verdict, observe, released, rolled_back
 from fleetd.health.settings import HealthSettingError, HealthSettings, settings_for

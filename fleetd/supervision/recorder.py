@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from fleetd.alerts import Alert, AlertSender
+from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store

@@ -10,7 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT
 from fleetd.api.schemas import Out
-from fleetd.backup import status_dict
+from fleetd.operations.backup import status_dict
 from fleetd.errors import ErrorCode, FleetdError
 
 router = APIRouter(tags=["backup"])

@@ -26,7 +26,7 @@ from fleetd.durations import format_duration
 from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
 from fleetd.store.records import BootRecord, ExpectedRebootRecord
-from fleetd.uptime import Reboot, WindowStats, boot_detail, boot_log, uptime_report
+from fleetd.host.uptime import Reboot, WindowStats, boot_detail, boot_log, uptime_report
 
 router = APIRouter(tags=["boots"])
 

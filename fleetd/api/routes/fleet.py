@@ -12,7 +12,7 @@ from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.supervisor import Reconcile
-from fleetd.telemetry import snapshot_json
+from fleetd.host.telemetry import snapshot_json
 
 router = APIRouter(tags=["fleet"])
 

@@ -23,9 +23,9 @@ from fleetd.api.schemas import (
     SettingsOut,
 )
 from fleetd.governor.snapshot import FleetSnapshot
-from fleetd.games import add_game, remove_game, set_desired, shown_reason, shown_state
+from fleetd.games.lifecycle import add_game, remove_game, set_desired, shown_reason, shown_state
 from fleetd.health.rules import HealthRecord
-from fleetd.slug import GAME_NAME_PATTERN
+from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store

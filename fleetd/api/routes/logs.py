@@ -17,7 +17,7 @@ from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.run_logs import read_from, tail
+from fleetd.operations.run_logs import read_from, tail
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import RunRecord

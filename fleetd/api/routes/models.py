@@ -25,8 +25,8 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName, _tell_supervisor, game_out
 from fleetd.api.schemas import GameOut
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.game_spec import GameSpec
-from fleetd.model_io import ImportRequest, export_game, export_name, import_game
+from fleetd.games.spec import GameSpec
+from fleetd.operations.model_io import ImportRequest, export_game, export_name, import_game
 from fleetd.states import Desired
 from fleetd.supervision.supervisor import Reconcile
 

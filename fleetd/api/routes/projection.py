@@ -19,7 +19,7 @@ from fleetd.api.schemas import (
     RebootCostOut,
     RungPlanOut,
 )
-from fleetd.games import shown_state
+from fleetd.games.lifecycle import shown_state
 from fleetd.planning.error import PlanError
 from fleetd.planning.goals import Goal
 from fleetd.planning.queue import GamePlan, Plan, PlanState

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.schemas import IsoDateTime, SampleOut, SampleSeries
-from fleetd.slug import GAME_NAME_PATTERN
+from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.store.samples import read_samples
 
 router = APIRouter(tags=["samples"])

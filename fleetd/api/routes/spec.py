@@ -10,9 +10,9 @@ from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName, game_out
 from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut,
                                      SettingChangeOut)
-from fleetd.fleet_spec import GamePlan, apply_fleet, export_fleet
-from fleetd.game_settings import SettingChange, update_settings, will_restart
-from fleetd.game_spec import GameSettings
+from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet
+from fleetd.games.settings import SettingChange, update_settings, will_restart
+from fleetd.games.spec import GameSettings
 from fleetd.supervision.supervisor import Reconcile, RestartGame
 
 router = APIRouter(tags=["fleet spec"])

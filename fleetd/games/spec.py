@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
 from pydantic.fields import FieldInfo
 
-from fleetd.game_fields import SETTABLE
+from fleetd.games.fields import SETTABLE
 from fleetd.health.settings import settings_schema as health_settings_schema
-from fleetd.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
+from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.states import Desired
 from workers.protocol.spec import Hyperparams, algo_refusal
 
@@ -95,11 +95,11 @@ class GameSpec(BaseModel):
     checkpoint_interval_s: float | None = Field(
         None, ge=1, le=86400, description="seconds between checkpoints; default from [worker]"
     )
-    # Checked by the worker's own model (fleetd/games.py check_draft), which names the culprit.
+    # Checked by the worker's own model (fleetd/games/lifecycle.py check_draft), which names the culprit.
     hyperparams: HyperparamsDict = Field(
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
-    # Checked by fleetd/health/settings.py (fleetd/games.py check_draft), which names the culprit.
+    # Checked by fleetd/health/settings.py (fleetd/games/lifecycle.py check_draft), which names the culprit.
     health_settings: Annotated[dict[str, Any], WithJsonSchema(health_settings_schema())] = Field(
         default_factory=dict, description="learning-health overrides (docs/learning-health.md)",
         examples=[{"on_plateau": "yield", "plateau_steps": 2000000}],

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.config import Settings
-from fleetd.fleet_spec import to_toml, toml_value
+from fleetd.games.fleet_spec import to_toml, toml_value
 from fleetd.states import State
 from fleetd.store.engine import Database
 from fleetd.store.games import update_game_state, update_games_progress

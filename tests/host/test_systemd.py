@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from fleetd.cli.systemd_cmd import configured_state_dir, install_paths, register, with_real_paths
 from fleetd.config import load_settings
-from fleetd.notify import Notifier
-from fleetd.systemd_unit import PLACEHOLDER, InstallPaths, render_unit, template_path
+from fleetd.host.sd_notify import Notifier
+from fleetd.host.systemd_unit import PLACEHOLDER, InstallPaths, render_unit, template_path
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 
@@ -177,7 +177,7 @@ def test_install_paths_of_this_interpreter_and_the_config_state_dir(tmp_path: Pa
     config.write_text('state_dir = "/home/carol/state"\n[api]\nport = 1\n')
     paths = install_paths(config)
     assert {Path(sys.prefix), Path(sys.executable).resolve(), config} <= set(paths.read_only)
-    assert Path(__file__).resolve().parents[1] in paths.read_only or any(p.name == "site-packages" for p in paths.read_only)
+    assert Path(__file__).resolve().parents[2] in paths.read_only or any(p.name == "site-packages" for p in paths.read_only)
     assert paths.state_dir == (Path("/home/carol/state"),)
     assert configured_state_dir(tmp_path / "absent.toml") is None
     config.write_text("[api]\nport = 1\n")
@@ -295,7 +295,7 @@ def test_no_socket_makes_every_call_a_no_op(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_missing_socket_does_not_raise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     notifier = Notifier.from_env({"NOTIFY_SOCKET": str(tmp_path / "gone.sock"), "WATCHDOG_USEC": "1000000"}, pid=1)
-    caplog.set_level("DEBUG", logger="fleetd.notify")
+    caplog.set_level("DEBUG", logger="fleetd.host.sd_notify")
     assert drive_protocol(notifier) == [False] * 4
     assert "sd_notify" in caplog.text
 
@@ -309,7 +309,7 @@ def test_full_socket_does_not_block(path_socket: tuple[str, socket.socket]) -> N
 
 
 def test_ray_node_unit_joins_the_head_and_names_its_host(tmp_path: Path) -> None:
-    from fleetd.systemd_unit import render_ray_node_unit
+    from fleetd.host.systemd_unit import render_ray_node_unit
 
     ray_bin = str(Path(sys.executable).parent / "ray")
     text = render_ray_node_unit(ray_bin, "head.lan:6379", "gpu1", "fleetd", "/mnt/fleet")

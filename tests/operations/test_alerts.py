@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fleetd import __version__
-from fleetd.alerts import Alert, AlertGate, AlertSender, retry_delay, safe_url
+from fleetd.operations.alerts import Alert, AlertGate, AlertSender, retry_delay, safe_url
 from fleetd.config import AlertSettings
 
 AT = datetime(2024, 5, 1, 12, 30, 0, tzinfo=UTC)
@@ -247,7 +247,7 @@ def test_overflow_drops_the_oldest_with_one_warning(receiver_factory, senders, c
     receiver = receiver_factory([200])
     sender = AlertSender(fast(receiver.url), host="h", max_queue=3)
     senders.append(sender)
-    caplog.set_level(logging.WARNING, logger="fleetd.alerts")
+    caplog.set_level(logging.WARNING, logger="fleetd.operations.alerts")
     for n in range(6):  # not started yet: the queue only fills
         assert sender.send(alert(n)) is True
     full = [r for r in caplog.records if "queue full" in r.getMessage()]

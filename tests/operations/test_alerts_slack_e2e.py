@@ -21,12 +21,12 @@ import psutil
 import pytest
 
 from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, short_tmp_dir
-from tests.test_alerts import Receiver
+from tests.operations.test_alerts import Receiver
 
 pytestmark = pytest.mark.e2e
 
 MODULE = "tests.e2e_workers.crash_after_running"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Backups and restores in-process, through fsspec's memory:// filesystem (the daemon's own
-round trip, with a directory target, is tests/test_backup_e2e.py)."""
+round trip, with a directory target, is tests/operations/test_backup_e2e.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from fleetd.backup import Backup, BackupError, Target, restore
+from fleetd.operations.backup import Backup, BackupError, Target, restore
 from fleetd.config import ConfigError, load_settings
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events

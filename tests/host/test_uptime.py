@@ -9,11 +9,11 @@ import pytest
 from fleetd.durations import parse_duration
 from fleetd.jobs import heartbeat_job, retention_job
 from fleetd.config import RetentionSettings
-from fleetd.games import SEEDED_EVENT, seeding_needed
+from fleetd.games.lifecycle import SEEDED_EVENT, seeding_needed
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
-from fleetd.uptime import (
+from fleetd.host.uptime import (
     StartKind,
     boot_log,
     format_duration,

@@ -273,7 +273,7 @@ def close_backed_up_boot(db_path: Path) -> bool:
     which the daemon asks to upgrade first; the reboot is then counted as unclean."""
     from fleetd.store.boots import read_latest_boot
     from fleetd.store.schema import SchemaState, inspect_schema
-    from fleetd.uptime import record_daemon_stop
+    from fleetd.host.uptime import record_daemon_stop
 
     if inspect_schema(db_path).state is not SchemaState.CURRENT:
         return False

@@ -53,7 +53,7 @@ def covering(paths: Iterable[Path]) -> tuple[Path, ...]:
 
 
 def template_path() -> Path:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # fleetd/
     bundled = package / "_systemd" / TEMPLATE_NAME  # inside an installed wheel
     return bundled if bundled.is_file() else package.parent / "deploy" / "systemd" / TEMPLATE_NAME
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
 from fleetd.errors import ErrorCode, FleetdError
@@ -103,7 +103,7 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     if purge:
         shutil.rmtree(game_dir, ignore_errors=True)
         if storage_url is not None:
-            from fleetd.backup import Target
+            from fleetd.operations.backup import Target
 
             Target(storage_url).remove(f"games/{name}")
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
-from fleetd.run_logs import TAIL_BLOCK, read_from, tail
+from fleetd.operations.run_logs import TAIL_BLOCK, read_from, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft

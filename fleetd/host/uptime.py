@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from fleetd.durations import format_duration
-from fleetd.host import HostBoot
+from fleetd.host.boot import HostBoot
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCatalog
 from fleetd.errors import ErrorCode, FleetdError
 
 
@@ -31,7 +31,7 @@ def test_warm_lists_the_registries_once_and_requests_then_take_them_without_a_su
 def test_a_warm_up_that_fails_is_logged_and_the_first_request_gets_the_reason(tmp_path: Path, caplog) -> None:
     missing = tmp_path / "no-such-python"
     catalog = EnvCatalog(str(missing))
-    with caplog.at_level(logging.WARNING, logger="fleetd.catalog"):
+    with caplog.at_level(logging.WARNING, logger="fleetd.games.catalog"):
         catalog.warm().join(30)
     assert any("cannot list the env registries" in r.getMessage() for r in caplog.records)
     with pytest.raises(FleetdError) as caught:  # not cached: asked again, failing with its reason
@@ -45,7 +45,7 @@ def test_close_ends_a_listing_under_way_and_says_nothing(tmp_path: Path, caplog)
     slow.write_text("#!/bin/sh\nexec sleep 60\n")
     slow.chmod(0o755)
     catalog = EnvCatalog(str(slow))
-    with caplog.at_level(logging.WARNING, logger="fleetd.catalog"):
+    with caplog.at_level(logging.WARNING, logger="fleetd.games.catalog"):
         thread = catalog.warm()
         deadline = time.monotonic() + 10
         while catalog._child is None and time.monotonic() < deadline:

@@ -26,7 +26,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV_FLEETD = Path(sys.executable).parent / "fleetd"
 CONFIG = "/etc/fleetd/fleetd.toml"
 NSPAWN = shutil.which("systemd-nspawn")

@@ -18,7 +18,7 @@ import psutil
 import pynvml
 import pytest
 
-from fleetd.telemetry import (
+from fleetd.host.telemetry import (
     GpuSample,
     HostSample,
     NvmlReader,
@@ -175,7 +175,7 @@ def test_a_failed_init_is_retried_at_most_once_a_minute(
     monkeypatch.setattr(pynvml, "nvmlInit", failing_init)
     clock = Monotonic()
     reader = NvmlReader(monotonic=clock)
-    with caplog.at_level(logging.WARNING, logger="fleetd.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="fleetd.host.telemetry"):
         assert reader.read()[2] is not None
         clock.now += 30
         assert reader.read()[2] is not None

@@ -1,0 +1,1 @@
+"""Tests of fleetd/host/: boots, uptime, telemetry, forensics, the state dir lock, systemd."""

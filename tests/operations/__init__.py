@@ -1,0 +1,1 @@
+"""Tests of fleetd/operations/: alerts, backups, model import and export, run logs."""
