@@ -305,6 +305,17 @@ class Soak:
         self.incidents.append(incident)
         return incident
 
+    def on_one_game(self, kind: str) -> tuple[str, dict, int | None, Incident, Row]:
+        """A game drawn at random, its live worker's pid (None when it has none) and a new
+        incident whose first row is that game's, with its steps before the fault."""
+        name = self.rng.choice(GAMES)
+        game = self.db.games()[name]
+        pid = self.live_pid(game)
+        incident = self.new_incident(kind)
+        row = Row(name, game["steps"])
+        incident.rows.append(row)
+        return name, game, pid, incident, row
+
     def live_pid(self, game: dict) -> int | None:
         pid = game["pid"]
         if pid is None or game["ended_at"] is not None or not is_ours(pid, self.config.state_dir):
@@ -331,12 +342,7 @@ class Soak:
             incident.problems.append(f"run {run['id']} recorded as {run['cause']}/{run['exit_signal']}, not {expected[0]}/{expected[1]}")
 
     def worker_kill(self) -> Incident:
-        name = self.rng.choice(GAMES)
-        game = self.db.games()[name]
-        pid = self.live_pid(game)
-        incident = self.new_incident("worker_kill")
-        row = Row(name, game["steps"])
-        incident.rows.append(row)
+        name, game, pid, incident, row = self.on_one_game("worker_kill")
         if pid is None:
             incident.problems.append(f"{name}: no live worker to kill")
             return incident
@@ -353,12 +359,7 @@ class Soak:
         return incident
 
     def worker_stop(self) -> Incident:
-        name = self.rng.choice(GAMES)
-        game = self.db.games()[name]
-        pid = self.live_pid(game)
-        incident = self.new_incident("worker_stop")
-        row = Row(name, game["steps"])
-        incident.rows.append(row)
+        name, game, pid, incident, row = self.on_one_game("worker_stop")
         if pid is None:
             incident.problems.append(f"{name}: no live worker to stop")
             return incident
@@ -452,12 +453,7 @@ class Soak:
         return incident
 
     def corrupt(self) -> Incident:
-        name = self.rng.choice(GAMES)
-        game = self.db.games()[name]
-        pid = self.live_pid(game)
-        incident = self.new_incident("corrupt")
-        row = Row(name, game["steps"])
-        incident.rows.append(row)
+        name, game, pid, incident, row = self.on_one_game("corrupt")
         target = newest_verified(self.ckpt_dir(name))
         if pid is None or target is None:
             incident.problems.append(f"{name}: no live worker or no verified checkpoint to corrupt")
