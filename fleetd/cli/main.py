@@ -109,7 +109,6 @@ def expect_reboot(
     before the window ends brings every game back but is not counted as the host's instability."""
     from fleetd.cli import render
     from fleetd.cli.common import call, fail
-    from fleetd.durations import parse_duration
 
     saying = [name for name, given in (("--for", within), ("--reason", reason), ("--reboots", reboots)) if given is not None]
     if list_ and withdraw is not None:
@@ -122,15 +121,7 @@ def expect_reboot(
     elif withdraw is not None:
         words = [call(config, lambda client: client.request("DELETE", f"/api/v1/reboots/expected/{withdraw}"))]
     else:
-        if reason is None or not reason.strip():
-            fail("--reason: say why the host will go down (it is kept with the reboot's event)", ExitCode.USAGE)
-        try:
-            seconds = parse_duration(within or "30m")
-        except ValueError as exc:
-            fail(f"--for: {exc}", ExitCode.USAGE)
-        if not 0 < seconds <= expected_reboots.MAX_WINDOW_S:
-            fail(f"--for: {within} is outside the window fleetd takes (more than 0, at most 7d)", ExitCode.USAGE)
-        body = {"for_s": seconds, "reason": reason, "reboots": reboots or 1}
+        body = _expected_reboot_body(within, reason, reboots)
         words = [call(config, lambda client: client.request("POST", "/api/v1/reboots/expected", json=body))]
     if json:
         render.print_json(words if list_ else words[0])
@@ -139,6 +130,22 @@ def expect_reboot(
     else:
         for word in words:
             typer.echo(render.expected_reboot_line(word))
+
+
+def _expected_reboot_body(within: str | None, reason: str | None, reboots: int | None) -> dict:
+    """The POST body, checked here first so a typo exits 2 without asking the daemon."""
+    from fleetd.cli.common import fail
+    from fleetd.durations import parse_duration
+
+    if reason is None or not reason.strip():
+        fail("--reason: say why the host will go down (it is kept with the reboot's event)", ExitCode.USAGE)
+    try:
+        seconds = parse_duration(within or "30m")
+    except ValueError as exc:
+        fail(f"--for: {exc}", ExitCode.USAGE)
+    if not 0 < seconds <= expected_reboots.MAX_WINDOW_S:
+        fail(f"--for: {within} is outside the window fleetd takes (more than 0, at most 7d)", ExitCode.USAGE)
+    return {"for_s": seconds, "reason": reason, "reboots": reboots or 1}
 
 
 @app.command()
