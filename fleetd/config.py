@@ -250,11 +250,25 @@ class FleetSettings(_Section):
                 "(footprint_tolerance, footprint_settle_s; docs/governor.md#sizing); remove the line")
         return data
 
+    @field_validator("tiers", mode="before")
+    @classmethod
+    def _tiers_over_defaults(cls, tiers: Any) -> Any:
+        """A tier table holds only what it changes: `[fleet.tiers.heavy] num_envs = 128` (or
+        FLEETD_FLEET__TIERS__HEAVY__NUM_ENVS=128) keeps heavy's games and batch size and the
+        other two tiers as they were (the A100 of the seeds took 16 envs where 8 was the default)."""
+        if not isinstance(tiers, dict):
+            return tiers
+        unknown = sorted(set(tiers) - set(TIER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tier {', '.join(map(repr, unknown))}: the tiers are {', '.join(TIER_NAMES)}")
+        merged: dict[str, Any] = dict(DEFAULT_TIERS)
+        for name, given in tiers.items():
+            merged[name] = {**DEFAULT_TIERS[name].model_dump(), **given} if isinstance(given, dict) else given
+        return merged
+
     @field_validator("tiers")
     @classmethod
-    def _three_tiers(cls, tiers: dict[str, TierSettings]) -> dict[str, TierSettings]:
-        if set(tiers) != set(TIER_NAMES):
-            raise ValueError(f"must define exactly {', '.join(TIER_NAMES)}")
+    def _games_not_decreasing(cls, tiers: dict[str, TierSettings]) -> dict[str, TierSettings]:
         sizes = [tiers[name].games for name in TIER_NAMES]
         if sizes != sorted(sizes):
             raise ValueError("games must not decrease from light to medium to heavy")

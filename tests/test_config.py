@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.config import ConfigError, load_settings
+from fleetd.config import DEFAULT_TIERS, ConfigError, load_settings
 from fleetd.daemon import StartupError, check_listen_policy
 
 
@@ -102,3 +102,25 @@ def test_games_entries_and_the_api_refuse_the_same_values(tmp_path: Path, field:
     toml = "[[games]]\n" + "".join(f"{key} = {value!r}\n".replace("'", '"') for key, value in entry.items())
     with pytest.raises(ConfigError, match=rf"games\.0\.{field}"):
         load_settings(write(tmp_path, toml))
+
+
+def test_a_tier_table_changes_only_what_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETD_FLEET__TIERS__LIGHT__GAMES", "3")
+    tiers = load_settings(write(tmp_path, "[fleet.tiers.heavy]\nnum_envs = 128\n")).fleet.tiers
+    assert (tiers["heavy"].games, tiers["heavy"].num_envs, tiers["heavy"].batch_size) == (8, 128, 2048)
+    assert (tiers["light"].games, tiers["light"].num_envs, tiers["light"].batch_size) == (3, 32, 512)
+    assert tiers["medium"] == DEFAULT_TIERS["medium"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[fleet.tiers.huge]\ngames = 16\n", "unknown tier 'huge': the tiers are light, medium, heavy"),
+        ("[fleet.tiers.light]\ngames = 6\n", "games must not decrease from light to medium to heavy"),
+        ("[fleet.tiers.medium]\nnum_envs = 0\n", "fleet.tiers.medium.num_envs = 0"),
+    ],
+)
+def test_a_bad_tier_table_is_named(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text))
+    assert expected in str(caught.value)
