@@ -200,6 +200,12 @@ def test_an_expected_reboot_inside_its_window_brings_every_game_back_and_moves_n
     [word] = after.get("/api/v1/reboots/expected").json()["items"]
     assert (word["explained"], word["reboots"], word["holds"]) == (1, 1, False)  # said for one reboot: used
     assert fleet["expected_reboots"] == []
+    logged = fleetd_cli(config, "reboots")  # the reboot log and one reboot's detail, through the CLI
+    assert logged.returncode == 0 and "unclean" in logged.stdout and "boot-two"[:8] in logged.stdout, logged.stderr
+    detail = fleetd_cli(config, "reboots", "--detail", "2")
+    assert detail.returncode == 0 and "Boot #2" in detail.stdout and "unclean" in detail.stdout, detail.stderr
+    assert "games running" in detail.stdout and "a, b" in detail.stdout  # the host at its last heartbeat
+    assert fleetd_cli(config, "reboots", "--detail", "99").returncode == 4
     listed = fleetd_cli(config, "expect-reboot", "--list")
     assert listed.returncode == 0 and "(used): fault drill; explained 1 of 1 reboot" in listed.stdout, listed.stderr
 
