@@ -46,7 +46,8 @@ from fleetd.supervision.reactor import OsReactor
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import Launcher, Reactor
-from fleetd.supervision.supervisor import MAX_WAIT_S, Shutdown, Supervisor
+from fleetd.supervision.commands import Shutdown
+from fleetd.supervision.supervisor import MAX_WAIT_S, Supervisor
 from fleetd.supervision.thread import SupervisorThread
 from fleetd.host.telemetry import NvmlReader, TelemetrySampler
 from fleetd.token import ensure_token

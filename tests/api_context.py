@@ -20,6 +20,7 @@ from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.snapshot import FleetSnapshot
@@ -27,6 +28,7 @@ from fleetd.states import Desired, State, shown
 from fleetd.store.games import read_games
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
+from fleetd.supervision.rollback import RollBack
 from fleetd.host.uptime import record_daemon_start
 from tests.daemon_harness import free_port
 from tests.fakes import FakeClock, FakeHost
@@ -58,7 +60,13 @@ class RecordingSupervisor:
 
 
 def answer_start(command: object) -> None:
-    """A start waits for the supervisor's answer: give the one a free fleet would."""
+    """A start waits for the supervisor's answer: give the one a free fleet would. A rollback
+    gets the one a game with no checkpoint on disk gets (no worker ever trained here)."""
+    if isinstance(command, RollBack):
+        reason = f"{command.name} has no verified checkpoint at {command.to_steps} steps; it has none"
+        command.reply.set_exception(FleetdError(ErrorCode.VALIDATION, f"to_steps: {reason}",
+                                                {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": []}))
+        return
     reply = getattr(command, "reply", None)
     if reply is not None:
         reply.set_result(Admission(True, "admitted: it holds one of the 2 slots"))

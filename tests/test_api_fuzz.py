@@ -88,6 +88,8 @@ def test_every_operation_conforms(case, app: FastAPI) -> None:
         assert response.status_code not in (200, 201)  # refused: 422 naming env_id, or 401/409 first
     if _foreign_hyperparams(case):
         assert response.status_code not in (200, 201)  # refused: 422 naming the key, or 401/404/409 first
+    if _rollback(case):
+        assert response.status_code != 200  # refused: 422 naming to_steps (no checkpoint here), or 401/404 first
 
 
 def _new_games(case) -> list[dict]:
@@ -123,7 +125,15 @@ def _false_positives(case) -> list:
     whether it names an environment fleetd can make is a fact of the installed registries, not
     of the schema, so a well-formed unknown id is refused (422, naming the field) though the
     schema accepts it. That it is refused is checked above instead."""
-    return [POSITIVE_DATA_ACCEPTANCE] if _unknown_env(case) or _misfed_link(case) or _model_upload(case) else []
+    return [POSITIVE_DATA_ACCEPTANCE] if (_unknown_env(case) or _misfed_link(case) or _model_upload(case)
+                                          or _rollback(case)) else []
+
+
+def _rollback(case) -> bool:
+    """The same for a rollback: the schema says `to_steps` is a count; whether the game has a
+    verified checkpoint there is a fact of its folder (none here: no worker trained), so it is
+    refused (422, naming to_steps and the checkpoints it has)."""
+    return case.method == "POST" and case.path == "/api/v1/games/{name}/rollback"
 
 
 def _model_upload(case) -> bool:

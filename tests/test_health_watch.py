@@ -19,7 +19,7 @@ from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
-from fleetd.supervision.supervisor import StartGame
+from fleetd.supervision.commands import StartGame
 from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor

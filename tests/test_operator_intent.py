@@ -12,7 +12,7 @@ from fleetd.governor.admission import Admission
 from fleetd.states import Desired, Shown, State
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.store.events import EventFilter, read_events
-from fleetd.supervision.supervisor import Reconcile, StartGame
+from fleetd.supervision.commands import Reconcile, StartGame
 from tests.api_context import CATALOG
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 

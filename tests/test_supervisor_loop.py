@@ -28,7 +28,8 @@ from fleetd.store.fleet import update_fleet_requested
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
-from fleetd.supervision.supervisor import Reconcile, Shutdown, StartGame, Supervisor
+from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
+from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor

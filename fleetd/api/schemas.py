@@ -289,6 +289,21 @@ class AdmissionOut(Out):
     options: list[AdmissionOptionOut]
 
 
+class RollbackCreate(In):
+    """`fleetd games rollback NAME --to STEPS`: a stopped game back to one of its checkpoints."""
+
+    to_steps: Annotated[int, Field(ge=0, strict=True), BeforeValidator(integral)] = Field(
+        description="the step count of a verified checkpoint of the game (GET .../checkpoints lists them)")
+
+
+class RollbackOut(Out):
+    to_steps: int
+    checkpoint: str = Field(description="the checkpoint folder its next start resumes from")
+    set_aside: list[str] = Field(description="the newer checkpoints, moved out of the worker's sight (not deleted)")
+    into: str | None = Field(description="where they are kept, under the game's rolled_back/ folder; null if none were newer")
+    game: GameOut
+
+
 class GameStartOut(GameOut):
     admission: AdmissionOut | None = Field(
         description="the supervisor's answer to this start; null if it did not answer in time"

@@ -127,6 +127,38 @@ def _exit_if_waiting(game: dict[str, Any]) -> None:
         raise typer.Exit(ExitCode.NOT_ADMITTED)
 
 
+@games_app.command("checkpoints")
+def checkpoints(name: str, config: ConfigOption = None, json_out: JsonOption = False) -> None:
+    """A game's checkpoints on disk, newest first: steps, episodes, when written, verified."""
+    from fleetd.cli import render
+
+    items = ask(config, f"/api/v1/games/{name}/checkpoints")["items"]
+    if json_out:
+        render.print_json(items)
+    else:
+        render.console.print(render.checkpoints_table(name, items))
+
+
+@games_app.command("rollback")
+def rollback(
+    name: str,
+    to: Annotated[int, typer.Option("--to", min=0, help="The step count of the checkpoint to go back to (`fleetd games checkpoints NAME` lists them).")],
+    config: ConfigOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Send a stopped game back to one of its checkpoints: the newer ones are set aside (kept,
+    not deleted) and its next start resumes there. Stop it first."""
+    body = {"to_steps": to}
+    done = call(config, lambda client: client.request("POST", f"/api/v1/games/{name}/rollback", json=body))
+    if json_out:
+        _show(done, json_out, "")
+        return
+    aside = done["set_aside"]
+    kept = f"{len(aside)} newer set aside in {done['into']}" if aside else "none was newer"
+    typer.echo(f"{name}: rolled back to {done['checkpoint']} ({done['to_steps']} steps); {kept}. "
+               f"`fleetd games start {name}` resumes from it.")
+
+
 @games_app.command("rm")
 def remove(
     name: str,

@@ -142,6 +142,19 @@ def events_table(events: list[dict[str, Any]]) -> Table:
     return none_if_empty(table)
 
 
+def checkpoints_table(name: str, checkpoints: list[dict[str, Any]]) -> Table:
+    """`fleetd games checkpoints NAME`: what `games rollback --to STEPS` can go back to."""
+    table = PlainTable(title=f"{name}: checkpoints (newest first, UTC)")
+    for column in ("steps", "episodes", "written", "MiB", "verified"):
+        table.add_column(column)
+    table.caption = f"fleetd games rollback {name} --to STEPS: back to one (stop it first)"
+    for checkpoint in checkpoints:
+        verified = "yes" if checkpoint["verified"] else Text(f"no: {checkpoint['problem']}", style="red")
+        table.add_row(str(checkpoint["steps"]), str(checkpoint["episodes"]), when(checkpoint["created_at"]),
+                      f"{checkpoint['size_bytes'] / 2**20:.1f}", verified)
+    return none_if_empty(table)
+
+
 def hosts_table(document: dict[str, Any]) -> Table:
     table = PlainTable(title=f"Cluster hosts ([cluster] backend = {document['backend']}, UTC)")
     for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "rung", "games", "resources"):

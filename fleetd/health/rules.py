@@ -170,6 +170,14 @@ def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 
+def rolled_back_by_operator(record: HealthRecord, steps: int) -> HealthRecord:
+    """The operator sent the stopped game back to its checkpoint at `steps`: judged afresh from
+    there when it starts, its floor and best kept."""
+    reason = f"rolled back by the operator to its checkpoint at {steps} steps"
+    return replace(record, state=Health.LEARNING, reason=reason, below=0, rollbacks=0, improved_steps=steps,
+                   last_steps=steps)
+
+
 def released(record: HealthRecord) -> HealthRecord:
     """The operator started a held (or stopped-on-plateau) game: judged afresh from here, its
     floor and best kept."""

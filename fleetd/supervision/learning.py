@@ -13,7 +13,17 @@ from typing import Any
 
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
-from fleetd.health.rules import Action, Evaluation, Health, HealthRecord, Verdict, observe, released, rolled_back
+from fleetd.health.rules import (
+    Action,
+    Evaluation,
+    Health,
+    HealthRecord,
+    Verdict,
+    observe,
+    released,
+    rolled_back,
+    rolled_back_by_operator,
+)
 from fleetd.health.settings import HealthSettingError, HealthSettings, settings_for
 from fleetd.states import Desired
 from fleetd.store import games as game_store
@@ -90,6 +100,12 @@ class LearningWatch:
         self._store(game, old, new, "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
+
+    def rolled_back_by_operator(self, game: str, steps: int, checkpoint: str, set_aside: list[str]) -> None:
+        """`fleetd games rollback`: recorded as a `rollback` event, whatever the health state."""
+        old = self.record(game)
+        self._store(game, old, rolled_back_by_operator(old, steps), "rollback",
+                    {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"})
 
     def released(self, game: str) -> bool:
         """The operator started a held game, or one stopped on a plateau. True if it was."""

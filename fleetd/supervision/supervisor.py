@@ -12,12 +12,11 @@ import logging
 import queue
 import signal
 from collections import Counter
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor import admission
 from fleetd.governor.admission import Admission
 from fleetd.governor.controller import FleetController, GameSlot
@@ -31,6 +30,7 @@ from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
 from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
+from fleetd.supervision.commands import Command, RestartGame, Shutdown, StartGame
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.launcher import run_spec_path
 from fleetd.supervision.learning import LearningWatch
@@ -38,6 +38,7 @@ from fleetd.supervision.learning_actions import FleetSide, LearningActions
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.rollback import RollBack, roll_back
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
@@ -51,35 +52,6 @@ MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the 
 GOVERNOR_TICK_S = 5.0
 
 
-@dataclass(frozen=True)
-class Reconcile:
-    pass
-
-
-@dataclass(frozen=True)
-class StartGame:
-    """`games start NAME`; with `now`, take the slot of the lowest-priority running game. The
-    supervisor answers on `reply` (if given) with the `Admission` it arrived at."""
-
-    name: str
-    now: bool = False
-    reply: Future[Admission] | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class RestartGame:
-    """`fleetd games set NAME ... --restart`: a live worker stops with a final checkpoint and,
-    still admitted, starts again with the game's new settings (read by the same turn)."""
-
-    name: str
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    leave_workers: bool
-
-
-Command = Reconcile | StartGame | RestartGame | Shutdown
 
 
 class Supervisor:
@@ -472,9 +444,13 @@ class Supervisor:
         if self._shutdown is not None:
             for start in (c for c in commands if isinstance(c, StartGame) and c.reply is not None):
                 start.reply.set_result(Admission(False, "not admitted: fleetd is stopping"))
+            for rollback in (c for c in commands if isinstance(c, RollBack)):
+                rollback.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: roll back after it starts"))
             return True
         starts = [c for c in commands if isinstance(c, StartGame)]
         self._load_games()
+        for rollback in (c for c in commands if isinstance(c, RollBack)):
+            self._roll_back(rollback)
         for start in starts:
             self._clear_ended(start.name)
             self._health.release(start.name, self.procs.get(start.name))
@@ -488,6 +464,20 @@ class Supervisor:
             if start.reply is not None:
                 start.reply.set_result(self._admission(start.name))
         return True
+
+    def _roll_back(self, command: RollBack) -> None:
+        """`fleetd games rollback`: between two turns, so no worker of the game starts meanwhile."""
+        proc = self.procs.get(command.name)
+        try:
+            if proc is None:
+                raise FleetdError(ErrorCode.NOT_FOUND, f"no game named {command.name!r}")
+            done = roll_back(proc, self._desired[command.name], command.to_steps, self.clock.now())
+        except (FleetdError, OSError) as exc:
+            command.reply.set_exception(exc)
+            return
+        self.recorder.sync_checkpoints(done.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
+        self.learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside)
+        command.reply.set_result(done)
 
     def _take_commands(self) -> list[Command]:
         commands: list[Command] = []

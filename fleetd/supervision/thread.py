@@ -6,7 +6,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from fleetd.supervision.supervisor import Shutdown, Supervisor
+from fleetd.supervision.commands import Shutdown
+from fleetd.supervision.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

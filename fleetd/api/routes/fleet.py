@@ -11,7 +11,7 @@ from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
 from fleetd.store.fleet import update_fleet_requested
-from fleetd.supervision.supervisor import Reconcile
+from fleetd.supervision.commands import Reconcile
 from fleetd.host.telemetry import snapshot_json
 
 router = APIRouter(tags=["fleet"])

@@ -18,6 +18,8 @@ from fleetd.api.schemas import (
     GameCreate,
     GameList,
     GameOut,
+    RollbackCreate,
+    RollbackOut,
     RunList,
     RunOut,
     SettingsOut,
@@ -31,11 +33,14 @@ from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import CheckpointRecord, GameDraft, GamePosition, GameRecord, RunRecord
 from fleetd.states import Desired
-from fleetd.supervision.supervisor import Reconcile, StartGame
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.supervision.commands import Reconcile, StartGame
+from fleetd.supervision.rollback import RollBack
 from workers.protocol.spec import effective_sizes
 
 router = APIRouter(tags=["games"])
 ADMISSION_WAIT_S = 5.0  # the loop turns at least once a second; a busy SQLite may slow it
+ROLLBACK_WAIT_S = 30.0  # renames within one folder, and a busy SQLite
 GAMES_PAGE_MAX = 1000
 CURSOR_PATTERN = r"^-?[0-9]{1,4}\.-?[0-9]{1,16}\.[0-9]{1,18}$"  # priority.created_at_us.id
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
@@ -187,6 +192,28 @@ def _start(context: AppContext, command: StartGame) -> AdmissionOut | None:
         return None
     options = [AdmissionOptionOut(**asdict(option)) for option in answer.options]
     return AdmissionOut(admitted=answer.admitted, reason=answer.reason, options=options)
+
+
+@router.post("/games/{name}/rollback", response_model=RollbackOut, responses={**NOT_FOUND, **CONFLICT, **BAD_BODY})
+def roll_back_game(body: RollbackCreate, name: str = GameName, context: AppContext = Depends(get_context)) -> RollbackOut:
+    """Send a stopped game back to its verified checkpoint at `to_steps`: the newer ones are set
+    aside (kept under its rolled_back/ folder), so its next start resumes there. 409 while it
+    runs or is meant to (stop it first); 422 without a verified checkpoint at that step count."""
+    with context.db.transaction() as session:
+        game_store.read_game(session, name)  # 404 before anything is asked of the supervisor
+    if context.supervisor is None:
+        raise FleetdError(ErrorCode.CONFLICT, "no supervisor runs in this process: roll back through the daemon")
+    command = RollBack(name, body.to_steps, Future())
+    context.supervisor.submit(command)
+    try:
+        done = command.reply.result(timeout=ROLLBACK_WAIT_S)
+    except FutureTimeout:
+        raise FleetdError(ErrorCode.BUSY, f"the supervisor did not answer within {ROLLBACK_WAIT_S:.0f} s: "
+                          "the rollback may still be done; see `fleetd events --kind rollback`") from None
+    with context.db.transaction() as session:
+        game = game_store.read_game(session, name)
+    return RollbackOut(to_steps=done.to_steps, checkpoint=done.checkpoint, set_aside=done.set_aside, into=done.into,
+                       game=game_out(game, context.snapshot))
 
 
 @router.get("/games/{name}/runs", response_model=RunList, responses=NOT_FOUND)

@@ -28,7 +28,7 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.spec import GameSpec
 from fleetd.operations.model_io import ImportRequest, export_game, export_name, import_game
 from fleetd.states import Desired
-from fleetd.supervision.supervisor import Reconcile
+from fleetd.supervision.commands import Reconcile
 
 router = APIRouter(tags=["models"])
 UPLOAD_PATHS = r"^/api/v1/games/[^/]+/import$"  # the body size limit is [api] max_upload_bytes here

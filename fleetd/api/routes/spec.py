@@ -13,7 +13,7 @@ from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, G
 from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet
 from fleetd.games.settings import SettingChange, update_settings, will_restart
 from fleetd.games.spec import GameSettings
-from fleetd.supervision.supervisor import Reconcile, RestartGame
+from fleetd.supervision.commands import Reconcile, RestartGame
 
 router = APIRouter(tags=["fleet spec"])
 RESTART = Query(False, description="restart a running game now, from a final checkpoint, to take the new "

@@ -1,0 +1,41 @@
+"""What other threads ask of the supervisor: they change the desired state in the store and
+submit one of these; the supervisor's thread carries it out at its next turn."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from fleetd.governor.admission import Admission
+from fleetd.supervision.rollback import RollBack
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    pass
+
+
+@dataclass(frozen=True)
+class StartGame:
+    """`games start NAME`; with `now`, take the slot of the lowest-priority running game. The
+    supervisor answers on `reply` (if given) with the `Admission` it arrived at."""
+
+    name: str
+    now: bool = False
+    reply: Future[Admission] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RestartGame:
+    """`fleetd games set NAME ... --restart`: a live worker stops with a final checkpoint and,
+    still admitted, starts again with the game's new settings (read by the same turn)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    leave_workers: bool
+
+
+Command = Reconcile | StartGame | RestartGame | RollBack | Shutdown
