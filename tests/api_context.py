@@ -72,6 +72,12 @@ def answer_start(command: object) -> None:
         reply.set_result(Admission(True, "admitted: it holds one of the 2 slots"))
 
 
+def on_ray(settings: Settings) -> Settings:
+    """`[cluster] backend = "ray"`, for an app over hosts the hosts job recorded (no Ray needed:
+    the API reads the store; the storage the daemon would ask for plays no part)."""
+    return settings.model_copy(update={"cluster": settings.cluster.model_copy(update={"backend": "ray"})})
+
+
 def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, token: str) -> AppContext:
     """As the daemon builds it, with the governor, minus the supervisor thread."""
     start = record_daemon_start(db, host.current_boot(), clock.now())

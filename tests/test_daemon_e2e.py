@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import time
 from pathlib import Path
@@ -61,6 +62,18 @@ def test_reboots_are_logged_with_uptime_downtime_and_cleanliness(config: DaemonC
 
     uptime = third.get("/api/v1/uptime").json()
     assert uptime["boot_id"] == "boot-cccc" and uptime["reboots_24h"] == 2
+
+    # `fleetd hosts` on one host: this host, its three boots its lives, as the boot log says.
+    listed = fleetd_cli(config, "hosts", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (host,) = json.loads(listed.stdout)["items"]
+    assert host["name"] == socket.gethostname() and host["alive"] and host["boots"] == 3
+    assert [life["node_id"] for life in host["lives"]] == ["boot-aaaa", "boot-bbbb", "boot-cccc"]
+    assert [life["clean"] for life in host["lives"]] == [True, False, None]
+    downtimes = [b["reboot"]["downtime_s"] for b in reversed(reboots)]
+    assert [life["downtime_before_s"] for life in host["lives"][1:]] == pytest.approx(downtimes)
+    table = fleetd_cli(config, "hosts")
+    assert table.returncode == 0 and "backend = local" in table.stdout and host["address"] in table.stdout
 
     kinds = [e["kind"] for e in third.get("/api/v1/events").json()["items"]]
     # The unclean reboot also made the governor step back (the clean one did not).

@@ -28,7 +28,7 @@ from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
-from tests.api_context import CATALOG
+from tests.api_context import CATALOG, on_ray
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from workers.protocol.reports import ProgressReport
@@ -298,7 +298,7 @@ def test_each_hosts_rung_in_the_hosts_api_and_fleetd_hosts(cluster: Cluster) -> 
     cluster.rejoin("a")
     cluster.run(1)
     info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
-    context = AppContext(cluster.settings, cluster.db, cluster.clock, "t" * 32, info, CATALOG, cluster.sup)
+    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, cluster.sup)
     client = TestClient(create_app(context))
     client.headers["Authorization"] = "Bearer " + "t" * 32
     document = client.get("/api/v1/hosts").json()

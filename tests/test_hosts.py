@@ -1,19 +1,31 @@
 """Cluster hosts from the GCS's node table: lives (a new node id each time a host's Ray node
 joins), downtime between them, a host's death as an event; `GET /api/v1/hosts`, the per-host
-series on /metrics and `fleetd hosts`'s table. A real store, nodes as the executor hands them."""
+series on /metrics and `fleetd hosts`'s table. A real store, nodes as the executor hands them.
+On one host (the local backend) the same answer holds this host, its lives its kernel boots."""
 
 from __future__ import annotations
+
+import os
+import socket
+from dataclasses import replace
+from datetime import datetime
+from types import SimpleNamespace
 
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import Settings
+from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
+from fleetd.host.uptime import heartbeat, record_daemon_start
 from fleetd.jobs import hosts_job
+from fleetd.states import State
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
-from fleetd.store.records import NodeSeen
-from tests.api_context import api_context
+from fleetd.store.games import create_game, game_id_of, update_game_state
+from fleetd.store.records import GameDraft, NodeSeen
+from fleetd.store.runs import create_run
+from tests.api_context import api_context, on_ray
 from tests.fakes import FakeClock, FakeHost
 
 TOKEN = "t" * 32
@@ -40,11 +52,11 @@ def test_a_host_that_dies_and_rejoins_has_two_lives_and_its_downtime(
     nodes = [*nodes, node("n-a2", "a")]  # the GCS keeps listing the dead node id
     hosts_job(db, clock, lambda: nodes)
 
-    client = TestClient(create_app(api_context(settings, db, clock, host, TOKEN)))
+    client = TestClient(create_app(api_context(on_ray(settings), db, clock, host, TOKEN)))
     client.headers["Authorization"] = f"Bearer {TOKEN}"
     document = client.get("/api/v1/hosts").json()
     hosts = {h["name"]: h for h in document["items"]}
-    assert sorted(hosts) == ["a", "b", "head"] and document["backend"] == "local"
+    assert sorted(hosts) == ["a", "b", "head"] and document["backend"] == "ray"
     a = hosts["a"]
     assert a["alive"] and a["boots"] == 2 and [life["node_id"] for life in a["lives"]] == ["n-a1", "n-a2"]
     # Last seen alive at +30 s, back at +155 s: 125 s down.
@@ -69,8 +81,57 @@ def test_a_host_whose_only_node_died_is_down(settings: Settings, db: Database, c
     hosts_job(db, clock, lambda: [node("n-a1", "a")])
     clock.advance(10)
     hosts_job(db, clock, lambda: [node("n-a1", "a", alive=False)])
-    client = TestClient(create_app(api_context(settings, db, clock, host, TOKEN)))
+    client = TestClient(create_app(api_context(on_ray(settings), db, clock, host, TOKEN)))
     client.headers["Authorization"] = f"Bearer {TOKEN}"
     (a,) = client.get("/api/v1/hosts").json()["items"]
     assert not a["alive"] and a["boots"] == 1
     assert 'fleetd_cluster_host_up{host="a"} 0.0' in client.get("/metrics").text
+
+
+def test_on_one_host_the_hosts_are_this_host_its_lives_its_kernel_boots(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """[cluster] backend = "local": one row, derived from the boot log, with the games whose open
+    run began in this boot; an unclean reboot ends the first life (45 s down)."""
+    first = record_daemon_start(db, host.current_boot(), clock.now())
+    add_game_running(db, "old", first.boot.id, clock.now())  # its worker died with the boot: not live
+    clock.advance(60)
+    heartbeat(db, first.boot.id, clock.now())
+    host.reboot(down_s=30)  # no clean stop: the power went
+    clock.advance(15)  # the kernel boots; fleetd starts
+    context = api_context(settings, db, clock, host, TOKEN)
+    for name in ("pole", "cart"):
+        add_game_running(db, name, context.daemon.boot_pk, clock.now())
+    gpu = GpuSample(0, "H100", 0.0, 0, 80 * 2**30, None, None)
+    telemetry = SimpleNamespace(latest=Snapshot(0.0, (gpu, gpu), True, None, HostSample(64 * 2**30, 2**30, 0.0, 0.0), ()))
+    clock.advance(100)
+
+    client = TestClient(create_app(replace(context, telemetry=telemetry)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    document = client.get("/api/v1/hosts").json()
+    assert document["backend"] == "local"
+    (this,) = document["items"]
+    assert (this["name"], this["hostname"], this["address"]) == (socket.gethostname(), socket.gethostname(), "127.0.0.1")
+    assert this["resources"] == {"CPU": float(os.cpu_count() or 1), "memory": 64.0 * 2**30, "GPU": 2.0}
+    assert this["alive"] and this["boots"] == 2 and this["games"] == ["cart", "pole"]
+    lives = this["lives"]
+    assert [life["node_id"] for life in lives] == ["boot-0", "boot-1"]
+    assert [life["clean"] for life in lives] == [False, None]  # the reboot was unclean; the second life goes on
+    assert lives[0]["ended_at"] == lives[1]["joined_at"] and lives[1]["ended_at"] is None
+    # Last heartbeat at +60 s, fleetd back at +105 s: the boot log's 45 s; up since the kernel booted at +90 s.
+    assert lives[1]["downtime_before_s"] == 45.0 and this["downtime_s"] == 45.0 and this["uptime_s"] == 115.0
+    fleet = context.snapshot.governor
+    assert this["governor"]["rung"] == fleet.rung and this["governor"]["tier"] == fleet.tier
+    assert this["governor"]["guests"] == [] and this["governor"]["allowed"] == fleet.allowed
+
+    with console.capture() as captured:
+        console.print(hosts_table(document))
+    assert socket.gethostname() in captured.get() and "45s" in captured.get()
+
+
+def add_game_running(db: Database, name: str, boot_pk: int, now: datetime) -> None:
+    """A game with an open run begun in boot `boot_pk` (fleetd's number for the boot)."""
+    with db.transaction() as session:
+        create_game(session, GameDraft(name, "CartPole-v1", "ppo"), now)
+        update_game_state(session, name, State.RUNNING, "up", now)
+        create_run(session, game_id_of(session, name), boot_pk, now)

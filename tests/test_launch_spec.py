@@ -67,13 +67,13 @@ def test_launch_for_sets_every_field_and_sizes_for_the_worker(settings: Settings
 ])
 def test_envpool_threads_are_the_core_share_times_the_factor(settings: Settings, monkeypatch,
                                                              cpu_threads: int, factor: float, expected: int) -> None:
-    monkeypatch.setattr("fleetd.supervision.spec.os.cpu_count", lambda: 16)
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 16)
     settings = with_worker(settings, cpu_threads=cpu_threads, env_thread_factor=factor)
     assert launch_for(game(), settings, 1, None).spec.env_threads == expected
 
 
 def test_envpool_threads_stay_within_the_host_cores_but_never_below_the_share(settings: Settings, monkeypatch) -> None:
-    monkeypatch.setattr("fleetd.supervision.spec.os.cpu_count", lambda: 16)
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 16)
     def env_threads(cpu_threads: int, factor: float) -> int:
         worker = with_worker(settings, cpu_threads=cpu_threads, env_thread_factor=factor)
         return launch_for(game(), worker, 1, None).spec.env_threads

@@ -31,6 +31,7 @@ from fleetd.supervision.spec import launch_for
 from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
+from tests.api_context import on_ray
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from fleetd.supervision.launcher import run_spec_path
@@ -360,7 +361,7 @@ def test_a_run_located_on_a_cluster_node_shows_its_host_in_the_games_and_hosts_a
         assert [run.node_id for run in run_store.read_open_runs(session)] == ["n-gpu1", None]
     loop.clock.advance(90)
     start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
-    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
+    context = AppContext(on_ray(loop.settings), loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
                          EnvCatalog(), loop.sup)  # fmt: skip
     client = TestClient(create_app(context))
     client.headers["Authorization"] = "Bearer " + "t" * 32

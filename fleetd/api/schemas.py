@@ -61,11 +61,16 @@ class BootList(Out):
 
 
 class HostBootOut(Out):
-    node_id: str = Field(description="the Ray node id of this life of the host")
-    joined_at: datetime
-    last_seen_at: datetime
-    ended_at: datetime | None = Field(description="when fleetd saw the node dead; null while it lives")
+    """One life of the host: its Ray node's (a cluster), or a kernel boot (one host, the local backend)."""
+
+    node_id: str = Field(description="what this life is known by: its Ray node id, or on one host the kernel boot id")
+    joined_at: datetime = Field(description="its Ray node's join; on one host fleetd's first start in the boot")
+    last_seen_at: datetime = Field(description="its last sign of life: seen in the node table, or fleetd's heartbeat")
+    ended_at: datetime | None = Field(description="when fleetd saw it over: its node dead, or the next boot's first "
+                                                  "start; null while it lives")
     downtime_before_s: float | None = Field(description="from the previous life's last sign to this join")
+    clean: bool | None = Field(None, description="one host: whether fleetd had stopped in order before this boot "
+                                                 "ended (a clean reboot); null while it lives, and on a Ray cluster")
 
 
 class HostGovernorOut(Out):
@@ -89,16 +94,19 @@ class HostOut(Out):
     joined_at: datetime
     last_seen_at: datetime
     alive: bool
-    boots: int = Field(description="lives of its Ray node: joins of the cluster")
+    boots: int = Field(description="its lives: joins of its Ray node, or on one host its kernel boots")
     downtime_s: float = Field(description="total time between its lives")
-    uptime_s: float | None = Field(description="its current life's: since its node joined; null while the host is down")
+    uptime_s: float | None = Field(description="its current life's: since its node joined, or on one host since its "
+                                               "kernel booted; null while the host is down")
     games: list[str] = Field(description="the games whose current run is on this host, by name")
     lives: list[HostBootOut]
-    governor: HostGovernorOut | None = Field(None, description="its own rung; null when it runs no games (no CPUs) or before the first step")
+    governor: HostGovernorOut | None = Field(None, description="its own rung (on one host the fleet's); null when it "
+                                                               "runs no games (no CPUs) or before the first step")
 
 
 class HostList(Out):
-    backend: str = Field(description="[cluster] backend: hosts are recorded on a Ray cluster only")
+    backend: str = Field(description="[cluster] backend: ray lists every node's host; local lists this host alone, "
+                                     "its lives its kernel boots")
     items: list[HostOut]
 
 

@@ -150,7 +150,7 @@ def _expected_reboot_body(within: str | None, reason: str | None, reboots: int |
 
 @app.command()
 def hosts(config: ConfigOption = None, json: JsonOption = False) -> None:
-    """The cluster's hosts ([cluster] backend = "ray"): up or not, boots of their Ray node, downtime."""
+    """Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime."""
     from fleetd.cli import render
 
     document = ask(config, "/api/v1/hosts")

@@ -156,11 +156,11 @@ def checkpoints_table(name: str, checkpoints: list[dict[str, Any]]) -> Table:
 
 
 def hosts_table(document: dict[str, Any]) -> Table:
-    table = PlainTable(title=f"Cluster hosts ([cluster] backend = {document['backend']}, UTC)")
+    table = PlainTable(title=f"Hosts ([cluster] backend = {document['backend']}, UTC)")
     for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "rung", "games", "resources"):
         table.add_column(column)
     for host in document["items"]:
-        resources = ", ".join(f"{k}={v:g}" for k, v in sorted(host["resources"].items()) if not k.startswith("node:"))
+        resources = ", ".join(resource_text(k, v) for k, v in sorted(host["resources"].items()) if not k.startswith("node:"))
         governor = host.get("governor")
         rung = "-" if governor is None else f"{governor['rung']} ({governor['tier']})"
         games = str(len(host.get("games", []))) if governor is None else f"{len(governor['games'])}/{governor['allowed']}" + (
@@ -169,6 +169,14 @@ def hosts_table(document: dict[str, Any]) -> Table:
                       when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", rung, games, resources,
                       style="" if host["alive"] else "red")
     return table
+
+
+BYTE_RESOURCES = ("memory", "object_store_memory")
+
+
+def resource_text(key: str, value: float) -> str:
+    """Memory in GiB (Ray's `memory` resource and this host's are bytes); counts as they are."""
+    return f"{key}={gib(value)}" if key in BYTE_RESOURCES else f"{key}={value:g}"
 
 
 STATE_STYLE = {

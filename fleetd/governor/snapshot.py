@@ -56,6 +56,14 @@ class GovernorView:
     last_backoff: str | None = None  # the latest back-off and the number that tripped it
     hosts: tuple[HostRung, ...] = ()  # on a cluster: each host's own rung (the figures above add them up)
 
+    def as_host_rung(self, host: str) -> HostRung | None:
+        """On one host (the local backend) the fleet's governor is the host's own; None before it
+        has a rung."""
+        if not self.rung:
+            return None
+        return HostRung(host, True, self.rung, self.tier, self.level, self.allowed, self.admitted, (),
+                        self.last_backoff, self.rungs)
+
 
 @dataclass(frozen=True)
 class FleetSnapshot:

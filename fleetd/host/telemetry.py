@@ -390,6 +390,11 @@ def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
     return found
 
 
+def host_cores() -> int:
+    """The host's CPUs: what a worker's threads are sized by, and what GET /hosts lists."""
+    return os.cpu_count() or 1
+
+
 def _read_host(psi_dir: Path = PSI_DIR) -> HostSample:
     memory = psutil.virtual_memory()
     return HostSample(

@@ -270,12 +270,15 @@ class NodeSeen:
 
 @dataclass(frozen=True)
 class HostBootRecord:
-    """One life of a host's Ray node (a node id), from its join until it was seen dead."""
+    """One life of a host: on Ray its node (a node id), from its join until it was seen dead; on
+    the local backend a kernel boot (its boot id), from fleetd's first start in it until the next."""
 
     node_id: str
     joined_at: datetime
     last_seen_at: datetime
     ended_at: datetime | None
+    booted_at: datetime | None = None  # its kernel's boot (local); None on Ray, where a life begins at its join
+    clean: bool | None = None  # ended after fleetd stopped in order (local); None while it lives, and on Ray
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from fleetd.config import Settings
 from fleetd.governor.scaling import Scaled
+from fleetd.host.telemetry import host_cores
 from fleetd.store.records import GameRecord
 from fleetd.supervision.seams import Launch
 from workers.protocol import PROTOCOL_VERSION
@@ -15,12 +14,12 @@ from workers.protocol.spec import LaunchSpec, SpecError, TierDefaults, refusals
 def cpu_allotment(settings: Settings, running_games: int) -> int:
     if settings.worker.cpu_threads:
         return settings.worker.cpu_threads
-    return max(1, (os.cpu_count() or 1) // max(1, running_games))
+    return max(1, host_cores() // max(1, running_games))
 
 
 def env_thread_allotment(settings: Settings, cpu_threads: int) -> int:
     """EnvPool's threads: the torch allotment times `env_thread_factor`, within the host's cores."""
-    cores = os.cpu_count() or 1
+    cores = host_cores()
     return max(cpu_threads, min(cores, round(cpu_threads * settings.worker.env_thread_factor)))
 
 

@@ -449,7 +449,7 @@
     return h('td', { class: 'r num', title: projection.eta_at ? 'at ' + fmtTime(projection.eta_at) : '' }, fmtHours(projection.eta_hours));
   }
 
-  let onCluster = false; // hosts recorded: the games table names each game's host
+  let onCluster = false; // cluster hosts recorded: the games table names each game's host
 
   function renderGames(games, projectionByName) {
     $('games-host').hidden = !onCluster;
@@ -728,7 +728,7 @@
       list);
   }
 
-  // Nothing at all on the local executor: the hosts table is filled on a Ray cluster only.
+  // Nothing at all on the local executor (no cluster hosts handed in): not an empty section.
   function renderHosts(hosts, nowMs) {
     const items = (hosts && hosts.items) || [];
     $('hosts-panel').hidden = items.length === 0;
@@ -997,7 +997,10 @@
       $('login').hidden = true;
       $('main').hidden = false;
       $('logout').hidden = false;
-      onCluster = Boolean(hosts && (hosts.items || []).length);
+      // The Hosts section is a cluster's: on one host its one row (its kernel boots) is what the
+      // boot timeline and the uptime panel already show.
+      const clusterHosts = hosts && hosts.backend !== 'local' ? hosts : null;
+      onCluster = Boolean(clusterHosts && (clusterHosts.items || []).length);
       renderSummary(items, fleet);
       renderFleet(fleet, nowMs);
       renderGames(items, lastProjection);
@@ -1006,7 +1009,7 @@
       renderGpu(fleet.telemetry, gpuSeries);
       renderTimeline(boots.items || [], nowMs);
       renderUptime(uptime, boots.items || []);
-      renderHosts(hosts, nowMs);
+      renderHosts(clusterHosts, nowMs);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
       renderGames(items, lastProjection);

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.schemas import HostBootOut, HostGovernorOut, HostList, HostOut
 from fleetd.governor.snapshot import HostRung
+from fleetd.host.lives import host_resources, this_host
 from fleetd.store.hosts import read_hosts
 from fleetd.store.records import HostRecord
 
@@ -25,25 +26,38 @@ def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None) -> H
     current = host.boots[-1] if host.alive and host.boots and host.boots[-1].ended_at is None else None
     lives = [
         HostBootOut(node_id=boot.node_id, joined_at=boot.joined_at, last_seen_at=boot.last_seen_at,
-                    ended_at=boot.ended_at, downtime_before_s=downtimes[i - 1] if i else None)
+                    ended_at=boot.ended_at, downtime_before_s=downtimes[i - 1] if i else None, clean=boot.clean)
         for i, boot in enumerate(host.boots)
     ]
+    # A kernel boot's life is up since the kernel booted (as GET /uptime says); a Ray node's since its join.
+    up_since = None if current is None else current.booted_at or current.joined_at
     return HostOut(
         name=host.name, hostname=host.hostname, address=host.address,
         resources={k: float(v) for k, v in host.resources.items()}, joined_at=host.joined_at,
         last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes),
-        uptime_s=max(0.0, (now - current.joined_at).total_seconds()) if current else None, games=list(host.games), lives=lives,
+        uptime_s=max(0.0, (now - up_since).total_seconds()) if up_since else None, games=list(host.games), lives=lives,
         governor=governor_out(rung),
     )  # fmt: skip
 
 
 @router.get("/hosts", response_model=HostList)
 def list_hosts(context: AppContext = Depends(get_context)) -> HostList:
-    """The cluster's hosts: each one's Ray node lives (joins until death), downtime between them,
-    and its own governor's rung."""
+    """The hosts: on a Ray cluster each one's node lives (joins until death), the downtime between
+    them and its own governor's rung; on one host (the local backend) this host, its lives its
+    kernel boots, its rung the fleet's."""
+    if context.settings.cluster.backend == "local":
+        return HostList(backend="local", items=[local_host_out(context)])
     with context.db.transaction() as session:
         hosts = read_hosts(session)
     snapshot = context.snapshot
     rungs = {} if snapshot is None else {rung.name: rung for rung in snapshot.governor.hosts}
     now = context.clock.now()
     return HostList(backend=context.settings.cluster.backend, items=[host_out(host, now, rungs.get(host.name)) for host in hosts])
+
+
+def local_host_out(context: AppContext) -> HostOut:
+    telemetry = None if context.telemetry is None else context.telemetry.latest
+    host = this_host(context.db, context.daemon.boot_pk, context.settings.api.host, host_resources(telemetry))
+    snapshot = context.snapshot
+    rung = None if snapshot is None else snapshot.governor.as_host_rung(host.name)
+    return host_out(host, context.clock.now(), rung)
