@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.module_envs import ModuleEnvFindings, check_findings, check_form, is_module_env_id
+from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form, is_module_env_id
 
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ class EnvCatalog:
             return
         close = difflib.get_close_matches(env_id, sorted(ids), n=5, cutoff=0.6)
         hint = f"; close matches: {', '.join(close)}" if close else ""
+        hint += f"; for your own env, {MODULE_FORM_HINT}"
         raise FleetdError(
             ErrorCode.VALIDATION,
             f"{field}: {env_id!r} is not an EnvPool or Gymnasium env id{hint}",
@@ -123,7 +124,8 @@ class EnvCatalog:
             now = self._monotonic()
             self._module_envs = {k: v for k, v in self._module_envs.items() if v[0].usable or now < v[1]}
             if env_id not in self._module_envs:
-                self._module_envs[env_id] = (self._import_module_env(env_id), now + REFUSAL_KEPT_S)
+                findings = self._import_module_env(env_id)
+                self._module_envs[env_id] = (findings, self._monotonic() + REFUSAL_KEPT_S)
             return self._module_envs[env_id][0]
 
     def _import_module_env(self, env_id: str) -> ModuleEnvFindings:

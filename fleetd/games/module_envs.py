@@ -17,6 +17,7 @@ from fleetd.errors import ErrorCode, FleetdError
 # A dotted module path, one colon, then a Gymnasium id (an optional namespace/, name, -vN).
 MODULE_ENV_ID = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<env>(?:[\w.-]+/)?[\w.-]+)", re.ASCII)
 FORM = "module:EnvName-vN (a Python module that registers EnvName-vN with Gymnasium when imported)"
+MODULE_FORM_HINT = "name it module:EnvName-vN (docs/worker.md#your-own-gymnasium-envs)"
 HOW = ("install its package in the workers' Python environment, or put its folder on the service's "
        "PYTHONPATH (docs/worker.md#your-own-gymnasium-envs)")
 
