@@ -76,7 +76,8 @@ def is_atari_envpool(env_id: str) -> bool:
 
 
 def make_vec_env(config: EnvConfig) -> VecEnv:
-    """EnvPool where it has the id, else Gymnasium/ale-py under SubprocVecEnv."""
+    """EnvPool where it has the id, else Gymnasium/ale-py under SubprocVecEnv (always for a
+    user's own `module:EnvName-vN`)."""
     if is_envpool_id(config.env_id):
         return make_envpool_vec_env(config)
     if is_module_env_id(config.env_id):
