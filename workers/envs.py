@@ -18,6 +18,7 @@ but not the game; the unclipped return (EnvPool's `info["reward"]`) is summed un
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 import signal
@@ -53,7 +54,15 @@ def envpool_ids() -> frozenset[str]:
     return frozenset(envpool.list_all_envs())
 
 
+def is_module_env_id(env_id: str) -> bool:
+    """`module:EnvName-vN`: a user's own Gymnasium env, registered by importing `module`
+    (Gymnasium's own form; `gym.make` imports it, here and in each SubprocVecEnv child)."""
+    return ":" in env_id
+
+
 def is_envpool_id(env_id: str) -> bool:
+    if is_module_env_id(env_id):  # EnvPool has none, and importing it costs seconds and memory
+        return False
     try:
         return env_id in envpool_ids()
     except ImportError:
@@ -67,10 +76,14 @@ def is_atari_envpool(env_id: str) -> bool:
 
 
 def make_vec_env(config: EnvConfig) -> VecEnv:
-    """EnvPool where it has the id, else Gymnasium/ale-py under SubprocVecEnv."""
+    """EnvPool where it has the id, else Gymnasium/ale-py under SubprocVecEnv (always for a
+    user's own `module:EnvName-vN`)."""
     if is_envpool_id(config.env_id):
         return make_envpool_vec_env(config)
-    log.info("EnvPool has no %s; using Gymnasium envs", config.env_id)
+    if is_module_env_id(config.env_id):
+        log.info("%s is a module:EnvName-vN id; using Gymnasium envs", config.env_id)
+    else:
+        log.info("EnvPool has no %s; using Gymnasium envs", config.env_id)
     return make_gym_vec_env(config)
 
 
@@ -223,8 +236,16 @@ def register_ale_envs() -> bool:
 
 def is_ale_id(env_id: str) -> bool:
     register_ale_envs()
-    spec = gym.spec(env_id)
-    return "ale_py" in str(spec.entry_point)
+    return "ale_py" in str(gym_spec(env_id).entry_point)
+
+
+def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """`gym.spec`, which (unlike `gym.make`) does not take `module:EnvName-vN`: the module is
+    imported first, as `gym.make` does, so that its ids are registered."""
+    module, colon, name = env_id.partition(":")
+    if colon:
+        importlib.import_module(module)
+    return gym.spec(name if colon else env_id)
 
 
 def ignore_stop_signals_in_subprocess() -> None:

@@ -57,7 +57,7 @@ def list_games(config: ConfigOption = None, json_out: JsonOption = False) -> Non
 @games_app.command("add")
 def add(
     name: Annotated[str, typer.Argument(help="A slug: a-z 0-9 - _ (it names folders).")],
-    env_id: Annotated[str, typer.Argument(help="EnvPool id (Breakout-v5, CartPole-v1) or Gymnasium id.")],
+    env_id: Annotated[str, typer.Argument(help="EnvPool id (Breakout-v5, CartPole-v1), Gymnasium id, or module:EnvName-vN for your own env.")],
     algo: Annotated[str, typer.Option(help="ppo, dqn or a2c.")] = "ppo",
     total_timesteps: Annotated[int | None, typer.Option(help="Goal in env steps.")] = None,
     target_episodes: Annotated[int | None, typer.Option(help="Goal in whole episodes.")] = None,

@@ -6,6 +6,7 @@
 - `lifecycle.py`: adding, starting, stopping and removing games;
 - `fleet_spec.py`: the fleet as a file (`fleetd apply`, `fleetd export-spec`);
 - `catalog.py`: which env ids exist;
+- `module_envs.py`: a user's own env, `module:EnvName-vN`, judged from what importing it did;
 - `slug.py`: game names as folder names.
 
 Nothing is imported here: the CLI reads `fields` without pydantic.

@@ -1,4 +1,5 @@
-"""Which env ids exist: EnvPool's and Gymnasium's registries, listed once by a subprocess."""
+"""Which env ids exist: EnvPool's and Gymnasium's registries, listed once by a subprocess; and
+a user's own `module:EnvName-vN`, checked per id by a subprocess that imports the module."""
 
 from __future__ import annotations
 
@@ -8,21 +9,31 @@ import logging
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form, is_module_env_id
 
 
 log = logging.getLogger(__name__)
 LISTING_TIMEOUT_S = 120
+MODULE_IMPORT_TIMEOUT_S = 60  # a module that takes longer (waits on a server at import?) is refused
+# A module env that does not check out is asked again after this long, not the next minute's
+# requests each (an apply retried in a loop): the user may install the package and retry.
+REFUSAL_KEPT_S = 10.0
 
 
 class EnvCatalog:
-    def __init__(self, python: str = "") -> None:
+    def __init__(self, python: str = "", monotonic: Callable[[], float] = time.monotonic) -> None:
         self._python = python or sys.executable
+        self._monotonic = monotonic
         self._ids: frozenset[str] | None = None
         self._lock = threading.Lock()
-        self._child: subprocess.Popen | None = None  # the listing under way, for close()
+        self._children: set[subprocess.Popen] = set()  # the listing, a module check: for close()
         self._closed = False
+        self._module_envs: dict[str, tuple[ModuleEnvFindings, float]] = {}  # id -> findings, asked at
+        self._module_lock = threading.Lock()  # one user module imported at a time
 
     def ids(self) -> frozenset[str]:
         with self._lock:
@@ -52,49 +63,75 @@ class EnvCatalog:
         """The daemon is stopping: end a listing still under way (its process is ours, and
         must not outlive the daemon); later requests fail at once."""
         self._closed = True
-        child = self._child
-        if child is not None and child.poll() is None:
-            child.kill()
+        for child in list(self._children):
+            if child.poll() is None:
+                child.kill()
 
     def _list(self) -> list[str]:
         try:
-            return list(json.loads(self._run_listing()))
+            return list(json.loads(self._run([], LISTING_TIMEOUT_S)))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            # The child's last stderr line is usually the reason (an import that failed).
-            stderr = (getattr(exc, "stderr", None) or "").strip().splitlines()
-            why = f" ({stderr[-1]})" if stderr else ""
-            raise FleetdError(
-                ErrorCode.INTERNAL, f"cannot list the env registries with {self._python}: {exc}{why}"
-            ) from None
+            raise self._failure("list the env registries", exc) from None
 
-    def _run_listing(self) -> str:
-        """`python -m workers.catalog`'s output, its process kept where close() can kill it."""
+    def _failure(self, doing: str, exc: Exception) -> FleetdError:
+        # The child's last stderr line is usually the reason (an import that failed).
+        stderr = (getattr(exc, "stderr", None) or "").strip().splitlines()
+        why = f" ({stderr[-1]})" if stderr else ""
+        return FleetdError(ErrorCode.INTERNAL, f"cannot {doing} with {self._python}: {exc}{why}")
+
+    def _run(self, args: list[str], timeout_s: float) -> str:
+        """`python -m workers.catalog ARGS`'s output, its process kept where close() can kill it."""
         if self._closed:
             raise OSError("the daemon is stopping")
-        command = [self._python, "-m", "workers.catalog"]
-        self._child = child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        command = [self._python, "-m", "workers.catalog", *args]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._children.add(child)
         if self._closed:  # close() ran while it started
             child.kill()
         try:
-            stdout, stderr = child.communicate(timeout=LISTING_TIMEOUT_S)
+            stdout, stderr = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             child.kill()
             child.communicate()
             raise
         finally:
-            self._child = None
+            self._children.discard(child)
         if child.returncode != 0:
             raise subprocess.CalledProcessError(child.returncode, command, stdout, stderr)
         return stdout
 
     def check(self, env_id: str, field: str = "env_id") -> None:
+        if is_module_env_id(env_id):
+            check_form(env_id, field)
+            check_findings(env_id, field, self._module_env(env_id), self._python)
+            return
         ids = self.ids()
         if env_id in ids:
             return
         close = difflib.get_close_matches(env_id, sorted(ids), n=5, cutoff=0.6)
         hint = f"; close matches: {', '.join(close)}" if close else ""
+        hint += f"; for your own env, {MODULE_FORM_HINT}"
         raise FleetdError(
             ErrorCode.VALIDATION,
             f"{field}: {env_id!r} is not an EnvPool or Gymnasium env id{hint}",
             {"errors": [{"field": field, "reason": "unknown env id"}], "close_matches": close},
         )
+
+    def _module_env(self, env_id: str) -> ModuleEnvFindings:
+        """What importing the module of `env_id` does: kept for good once it checks out (as
+        the listing is), else for REFUSAL_KEPT_S."""
+        with self._module_lock:
+            now = self._monotonic()
+            self._module_envs = {k: v for k, v in self._module_envs.items() if v[0].usable or now < v[1]}
+            if env_id not in self._module_envs:
+                findings = self._import_module_env(env_id)
+                self._module_envs[env_id] = (findings, self._monotonic() + REFUSAL_KEPT_S)
+            return self._module_envs[env_id][0]
+
+    def _import_module_env(self, env_id: str) -> ModuleEnvFindings:
+        try:
+            return ModuleEnvFindings.from_json(self._run(["--module-env", env_id], MODULE_IMPORT_TIMEOUT_S))
+        except subprocess.TimeoutExpired:
+            return ModuleEnvFindings(import_error=f"the import did not finish within {MODULE_IMPORT_TIMEOUT_S} s")
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            raise self._failure(f"check {env_id!r}", exc) from None

@@ -86,7 +86,8 @@ class GameSpec(BaseModel):
         examples=["pong"],
     )  # fmt: skip
     env_id: str = Field(
-        min_length=1, max_length=128, description="an EnvPool or Gymnasium env id", examples=["Pong-v5"]
+        min_length=1, max_length=128, examples=["Pong-v5"],
+        description="an EnvPool or Gymnasium env id, or module:EnvName-vN (a module that registers it)",
     )
     algo: Literal["ppo", "dqn", "a2c"] = "ppo"
     total_timesteps: int | None = Field(None, ge=1, le=10**13, description="goal: stop after this many env steps")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from fleetd.games import catalog as catalog_module
 from fleetd.games.catalog import EnvCatalog
 from fleetd.errors import ErrorCode, FleetdError
 
@@ -48,9 +50,9 @@ def test_close_ends_a_listing_under_way_and_says_nothing(tmp_path: Path, caplog)
     with caplog.at_level(logging.WARNING, logger="fleetd.games.catalog"):
         thread = catalog.warm()
         deadline = time.monotonic() + 10
-        while catalog._child is None and time.monotonic() < deadline:
+        while not catalog._children and time.monotonic() < deadline:
             time.sleep(0.02)
-        child = catalog._child
+        child = next(iter(catalog._children), None)
         assert child is not None, "the listing did not start"
         catalog.close()
         thread.join(10)
@@ -58,3 +60,70 @@ def test_close_ends_a_listing_under_way_and_says_nothing(tmp_path: Path, caplog)
     assert caplog.records == []
     with pytest.raises(FleetdError, match="stopping"):
         catalog.ids()
+
+
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_module_that_does_not_import_is_asked_again_once_a_refusal_is_old(tmp_path: Path, monkeypatch) -> None:
+    """The user installs the package and retries: not refused for good. A module env that
+    checks out is kept, as the listing is: the same id later costs no subprocess."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    ticks = Ticks()
+    catalog = EnvCatalog(sys.executable, monotonic=ticks)
+    with pytest.raises(FleetdError, match="No module named 'userpkg'"):
+        catalog.check("userpkg.envs:Corridor-v0")
+    (tmp_path / "userpkg").mkdir()  # installed: a package whose module registers the env
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    (tmp_path / "userpkg" / "envs.py").write_text(
+        "import gymnasium\ngymnasium.register('Corridor-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    with pytest.raises(FleetdError, match="No module named 'userpkg'"):  # within REFUSAL_KEPT_S, as it was
+        catalog.check("userpkg.envs:Corridor-v0")
+    ticks.now += catalog_module.REFUSAL_KEPT_S
+    catalog.check("userpkg.envs:Corridor-v0")
+    monkeypatch.setattr(catalog, "_run", lambda *args: pytest.fail("checked twice"))
+    ticks.now += 1e6
+    catalog.check("userpkg.envs:Corridor-v0")
+
+
+def test_close_ends_a_module_import_under_way(tmp_path: Path, monkeypatch) -> None:
+    """A module that never finishes importing (waiting on a server, say) does not outlive the
+    daemon; nor, with no daemon stopping, a request's wait (MODULE_IMPORT_TIMEOUT_S)."""
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    catalog = EnvCatalog(sys.executable)
+    caught: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            catalog.check("hangs:Corridor-v0")
+        except FleetdError as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=check)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not catalog._children and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = next(iter(catalog._children), None)
+    assert child is not None, "the module check did not start"
+    catalog.close()
+    thread.join(10)
+    assert not thread.is_alive() and child.poll() is not None
+    assert caught[0].code is ErrorCode.INTERNAL  # not the user's module: the daemon stopped
+
+
+def test_a_module_whose_import_does_not_finish_in_time_is_refused(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(catalog_module, "MODULE_IMPORT_TIMEOUT_S", 1)
+    with pytest.raises(FleetdError, match="the import did not finish within 1 s") as caught:
+        EnvCatalog(sys.executable).check("hangs:Corridor-v0")
+    assert caught.value.code is ErrorCode.VALIDATION

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -83,6 +84,51 @@ def test_unknown_env_id_names_close_matches(client: TestClient) -> None:
     assert error["details"]["errors"] == [{"field": "env_id", "reason": "unknown env id"}]
     assert "Pong-v5" in error["details"]["close_matches"]
     assert "close matches: Pong-v5" in error["message"]
+
+
+CORRIDOR = "tests.e2e_workers.corridor_env:Corridor-v0"  # a user's own env, as a module:EnvName-vN id
+
+
+@pytest.fixture
+def on_workers_path(monkeypatch) -> None:
+    """The package of the user's env where the workers (and the catalog's child) import from."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+
+
+def test_a_module_env_id_whose_module_registers_it_is_accepted(client: TestClient, on_workers_path) -> None:
+    response = add(client, name="corridor", env_id=CORRIDOR)
+    assert response.status_code == 201, response.text
+    assert client.get("/api/v1/games/corridor").json()["env_id"] == CORRIDOR
+
+
+def test_a_module_env_id_whose_module_does_not_import_is_refused_with_its_error(
+        client: TestClient, on_workers_path) -> None:
+    error = error_of(add(client, env_id="fleetd_no_such_package.envs:Corridor-v0"), 422)
+    reason = "module fleetd_no_such_package.envs does not import: ModuleNotFoundError: No module named 'fleetd_no_such_package'"
+    assert error["details"]["errors"] == [{"field": "env_id", "reason": reason}]
+    assert "PYTHONPATH" in error["message"]  # and what to do about it
+
+
+def test_a_module_env_id_the_module_does_not_register_is_refused_naming_what_it_registers(
+        client: TestClient, on_workers_path) -> None:
+    error = error_of(add(client, env_id="tests.e2e_workers.corridor_env:Coridor-v0"), 422)
+    reason = "module tests.e2e_workers.corridor_env registers no Coridor-v0"
+    assert error["details"]["errors"] == [{"field": "env_id", "reason": reason}]
+    assert error["details"]["registered"] == ["Corridor-v0"] and "registers: Corridor-v0" in error["message"]
+
+
+def test_a_malformed_module_env_id_is_refused_without_importing_anything(client: TestClient, monkeypatch) -> None:
+    monkeypatch.setattr(CATALOG, "_run", lambda *args: pytest.fail("a subprocess for a malformed id"))
+    for env_id in ["a:b:Corridor-v0", "tests/e2e:Corridor-v0", ":Corridor-v0", "os:", "1x:Corridor-v0", "os :X-v0"]:
+        error = error_of(add(client, env_id=env_id), 422)
+        assert error["details"]["errors"] == [{"field": "env_id", "reason": "not of the form module:EnvName-vN"}], env_id
+
+
+def test_a_fleet_spec_names_the_entry_of_a_module_env_id_that_does_not_import(
+        client: TestClient, on_workers_path) -> None:
+    games = [{"name": "corridor", "env_id": CORRIDOR}, {"name": "other", "env_id": "fleetd_no_such_package:X-v0"}]
+    error = error_of(client.put("/api/v1/fleet/spec", json={"games": games}), 422)
+    assert error["details"]["errors"][0]["field"] == "games[1].env_id"
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ _ZIP_BODY = {"requestBody": {"required": True, "description": "a plain SB3 model
 async def import_model(
     request: Request,
     name: str = GameName,
-    env_id: str = Query(description="the env the model was trained on (EnvPool or Gymnasium id)"),
+    env_id: str = Query(description="the env the model was trained on (EnvPool or Gymnasium id, or module:EnvName-vN)"),
     algo: Literal["ppo", "dqn", "a2c"] | None = Query(None, description="default: detected from the zip"),
     priority: int = Query(0, ge=-1000, le=1000),
     total_timesteps: int | None = Query(None, ge=1, le=10**13),
