@@ -31,6 +31,8 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack
 
+from workers.protocol.spec import is_module_env_id
+
 log = logging.getLogger(__name__)
 
 # EnvPool builds float64 Box bounds that Gymnasium then narrows; harmless, and noisy per env.
@@ -52,12 +54,6 @@ def envpool_ids() -> frozenset[str]:
     import envpool
 
     return frozenset(envpool.list_all_envs())
-
-
-def is_module_env_id(env_id: str) -> bool:
-    """`module:EnvName-vN`: a user's own Gymnasium env, registered by importing `module`
-    (Gymnasium's own form; `gym.make` imports it, here and in each SubprocVecEnv child)."""
-    return ":" in env_id
 
 
 def is_envpool_id(env_id: str) -> bool:

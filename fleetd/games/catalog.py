@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form, is_module_env_id
+from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form
+from workers.protocol.spec import is_module_env_id
 
 
 log = logging.getLogger(__name__)

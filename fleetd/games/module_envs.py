@@ -22,10 +22,6 @@ HOW = ("install its package in the workers' Python environment, or put its folde
        "PYTHONPATH (docs/worker.md#your-own-gymnasium-envs)")
 
 
-def is_module_env_id(env_id: str) -> bool:
-    return ":" in env_id
-
-
 @dataclass(frozen=True)
 class ModuleEnvFindings:
     """What importing the module did: its error's last line, else whether the id is then
