@@ -84,7 +84,7 @@ import importlib.util, json, sys
 # The venv's editable install adds the checkout by a .pth file: keep the standard library and
 # site-packages only (the venv's site-packages holds no fleetd code, only its packaged data).
 sys.path[:] = [p for p in sys.path if p.startswith(sys.base_prefix) or p.endswith("site-packages")]
-for module in ("workers", "fleetd.config", "fleetd.operations.model_io"):
+for module in ("workers", "fleetd.config", "fleetd.operations"):
     assert importlib.util.find_spec(module) is None, (module, sys.path)
 meta = json.load(open("fleetd-export.json"))
 from stable_baselines3 import PPO
