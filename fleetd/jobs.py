@@ -15,14 +15,14 @@ from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.footprint import FootprintSource
+from fleetd.host.telemetry import TelemetrySampler, sample_rows
+from fleetd.host.uptime import heartbeat
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, delete_events_before
 from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
 from fleetd.store.samples import create_metric_rows, delete_samples_before
-from fleetd.host.telemetry import TelemetrySampler, sample_rows
-from fleetd.host.uptime import heartbeat
 
 log = logging.getLogger(__name__)
 

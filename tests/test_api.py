@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.store.engine import Database
+from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import heartbeat, record_daemon_start
+from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
 
 TOKEN = "t" * 32

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.operations.backup import Target
 from fleetd.cluster.storage import RunSync, checkpoints_of, mirror, pull_newest, push_missing, push_new
+from fleetd.operations.backup import Target
 from tests.operations.test_backup import write_ckpt
 from workers import checkpoint
 

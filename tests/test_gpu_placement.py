@@ -15,16 +15,16 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings, TierSettings
+from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
+from fleetd.host.telemetry import NvmlReader, TelemetrySampler
+from fleetd.host.uptime import record_daemon_start
 from fleetd.states import State
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.supervision.launcher import OsLauncher, worker_env
 from fleetd.supervision.seams import Launch
-from fleetd.host.telemetry import NvmlReader, TelemetrySampler
-from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop

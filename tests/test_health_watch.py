@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.operations.alerts import Alert
 from fleetd.config import Settings
 from fleetd.games.lifecycle import set_desired
 from fleetd.health.rules import Health
+from fleetd.host.uptime import record_daemon_start
+from fleetd.operations.alerts import Alert
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
 from fleetd.supervision.commands import StartGame
-from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop

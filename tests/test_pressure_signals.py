@@ -17,9 +17,9 @@ from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
 from fleetd.governor.controller import GameSlot
 from fleetd.governor.pressure import pressure_reasons
+from fleetd.host.telemetry import GpuSample, HostPressure, HostSample, Snapshot, _throttle, read_pressure, sample_rows
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
-from fleetd.host.telemetry import GpuSample, HostPressure, HostSample, Snapshot, _throttle, read_pressure, sample_rows
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
 

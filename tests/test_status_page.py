@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings
-from fleetd.store.engine import Database
+from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
+from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
 
 TOKEN = "s" * 32

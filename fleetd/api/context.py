@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
-from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.store.engine import Database
 from fleetd.supervision.counters import ProgressCounters

@@ -20,6 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from fleetd.api.context import AppContext
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
+from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
+from fleetd.host.uptime import uptime_report
 from fleetd.planning.service import PlanReport, fleet_plan
 from fleetd.states import Shown, shown
 from fleetd.store.boots import count_reboots
@@ -27,8 +29,6 @@ from fleetd.store.games import read_game_figures
 from fleetd.store.hosts import read_hosts
 from fleetd.store.records import GameFigures, HostRecord
 from fleetd.supervision.counters import GameCounts, ProgressCounters
-from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
-from fleetd.host.uptime import uptime_report
 
 GAME_STATES = list(Shown)
 SECONDS_PER_HOUR = 3600.0

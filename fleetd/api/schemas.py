@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from fleetd.host import expected_reboots
 from fleetd.games.spec import GameSpec
 from fleetd.health.rules import Health as LearningHealth
+from fleetd.host import expected_reboots
 from fleetd.planning.goals import GoalUnit
 from fleetd.planning.queue import PlanState, RateSource
 from fleetd.states import Desired, Shown

@@ -27,10 +27,10 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
-from fleetd.operations.backup import Target
 from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
 from fleetd.cluster.storage import mirror, push_missing
 from fleetd.config import Settings
+from fleetd.operations.backup import Target
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned

@@ -16,7 +16,6 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form
 from workers.protocol.spec import is_module_env_id
 
-
 log = logging.getLogger(__name__)
 LISTING_TIMEOUT_S = 120
 MODULE_IMPORT_TIMEOUT_S = 60  # a module that takes longer (waits on a server at import?) is refused

@@ -12,14 +12,20 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.settings import (SettingChange, check_changes, check_identity, record_changes, will_restart,
-                                  setting_changes)
-from fleetd.games.spec import SETTABLE, GameSpec
+from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed
+from fleetd.games.settings import (
+    SettingChange,
+    check_changes,
+    check_identity,
+    record_changes,
+    setting_changes,
+    will_restart,
+)
 from fleetd.games.slug import GAME_NAME_PATTERN
+from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.states import REMOVABLE, Desired
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database

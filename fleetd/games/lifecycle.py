@@ -7,10 +7,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.health.settings import HealthSettingError, settings_for
 from fleetd.states import REMOVABLE, Desired, Shown, State, shown

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.spec import SETTABLE, GameSpec
+from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import check_draft, refuse_field
+from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.states import State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database

@@ -9,8 +9,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.fields import FieldInfo
 
 from fleetd.games.fields import SETTABLE
-from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
+from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.states import Desired
 from workers.protocol.spec import Hyperparams, algo_refusal
 

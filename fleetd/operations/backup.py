@@ -271,9 +271,9 @@ def close_backed_up_boot(db_path: Path) -> bool:
     the first start here would count an unclean reboot (instability, for the governor). It
     ends where the old host was last seen: a move, not a crash. False on an older schema,
     which the daemon asks to upgrade first; the reboot is then counted as unclean."""
+    from fleetd.host.uptime import record_daemon_stop
     from fleetd.store.boots import read_latest_boot
     from fleetd.store.schema import SchemaState, inspect_schema
-    from fleetd.host.uptime import record_daemon_stop
 
     if inspect_schema(db_path).state is not SchemaState.CURRENT:
         return False

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import add_game, check_draft
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database

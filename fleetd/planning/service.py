@@ -14,6 +14,7 @@ from typing import Any
 from fleetd.config import Settings
 from fleetd.governor.core import FleetState, Governor
 from fleetd.governor.ladder import build_ladder, nearest_rung
+from fleetd.host.uptime import WEEK, uptime_report
 from fleetd.planning.downtime import Downtime, downtime_from_log
 from fleetd.planning.error import PlanError, median_abs_relative, plan_errors
 from fleetd.planning.goals import Goal, goal_of
@@ -27,7 +28,6 @@ from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, PlanPrediction
 from fleetd.store.samples import read_samples
-from fleetd.host.uptime import WEEK, uptime_report
 
 
 @dataclass(frozen=True)

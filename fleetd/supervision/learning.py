@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.health.rules import (
     Action,
@@ -25,6 +24,7 @@ from fleetd.health.rules import (
     rolled_back_by_operator,
 )
 from fleetd.health.settings import HealthSettingError, HealthSettings, settings_for
+from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.states import Desired
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games import catalog as catalog_module
 from fleetd.games.catalog import EnvCatalog
-from fleetd.errors import ErrorCode, FleetdError
 
 
 def test_warm_lists_the_registries_once_and_requests_then_take_them_without_a_subprocess(monkeypatch) -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import (WORKER_START_S, Daemon, DaemonConfig, cartpole, fleetd_cli, start_daemon,
-                                  wait_for_run)
+from tests.daemon_harness import WORKER_START_S, Daemon, DaemonConfig, cartpole, fleetd_cli, start_daemon, wait_for_run
 from workers.changes import saved_values
 
 pytestmark = pytest.mark.e2e

@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings
+from fleetd.games.catalog import EnvCatalog
+from fleetd.host.uptime import record_daemon_start
 from fleetd.store.engine import Database
 from fleetd.store.games import update_game_state
-from fleetd.host.uptime import record_daemon_start
 from tests.api_context import answer_start
 from tests.fakes import FakeClock, FakeHost
 

@@ -10,12 +10,12 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.cli.render import boot_detail, console
+from fleetd.games.catalog import EnvCatalog
 from fleetd.host.forensics import Journalctl, KernelLog, capture, record_kernel_log
-from fleetd.jobs import heartbeat_job
 from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
 from fleetd.host.uptime import record_daemon_start
+from fleetd.jobs import heartbeat_job
 from tests.fakes import FakeHost
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 

@@ -6,13 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from fleetd.durations import parse_duration
-from fleetd.jobs import heartbeat_job, retention_job
 from fleetd.config import RetentionSettings
+from fleetd.durations import parse_duration
 from fleetd.games.lifecycle import SEEDED_EVENT, seeding_needed
-from fleetd.store import boots as boot_store
-from fleetd.store.engine import Database
-from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.host.uptime import (
     StartKind,
     boot_log,
@@ -21,6 +17,10 @@ from fleetd.host.uptime import (
     record_daemon_stop,
     uptime_report,
 )
+from fleetd.jobs import heartbeat_job, retention_job
+from fleetd.store import boots as boot_store
+from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, create_event, read_events
 from tests.fakes import EPOCH, FakeClock, FakeHost
 
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from fleetd import __version__
-from fleetd.operations.alerts import Alert, AlertGate, AlertSender, retry_delay, safe_url
 from fleetd.config import AlertSettings
+from fleetd.operations.alerts import Alert, AlertGate, AlertSender, retry_delay, safe_url
 
 AT = datetime(2024, 5, 1, 12, 30, 0, tzinfo=UTC)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from fleetd.operations.backup import Backup, BackupError, Target, restore
 from fleetd.config import ConfigError, load_settings
+from fleetd.operations.backup import Backup, BackupError, Target, restore
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.schema import SchemaState, ensure_schema, inspect_schema

@@ -8,9 +8,17 @@ import shutil
 
 import pytest
 
-from tests.daemon_harness import (SUPERVISION, WORKER_START_S, DaemonConfig, add_and_wait_running,
-                                  cartpole, fleetd_cli, short_tmp_dir, start_daemon,
-                                  wait_for_run)
+from tests.daemon_harness import (
+    SUPERVISION,
+    WORKER_START_S,
+    DaemonConfig,
+    add_and_wait_running,
+    cartpole,
+    fleetd_cli,
+    short_tmp_dir,
+    start_daemon,
+    wait_for_run,
+)
 from workers.checkpoint import list_checkpoints, newest_verified
 
 pytestmark = pytest.mark.e2e

@@ -14,8 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.daemon_harness import (SUPERVISION, WORKER_START_S, Daemon, DaemonConfig, fleetd_cli,
-                                  kill_leftover_workers, short_tmp_dir, start_daemon)
+from tests.daemon_harness import (
+    SUPERVISION,
+    WORKER_START_S,
+    Daemon,
+    DaemonConfig,
+    fleetd_cli,
+    kill_leftover_workers,
+    short_tmp_dir,
+    start_daemon,
+)
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings, load_settings
+from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.controller import FleetController
+from fleetd.host.uptime import heartbeat, record_daemon_start
 from fleetd.store.engine import Database
 from fleetd.store.games import create_game
 from fleetd.store.records import GameDraft
 from fleetd.store.schema import ensure_schema
-from fleetd.host.uptime import heartbeat, record_daemon_start
 from tests.api_context import RecordingSupervisor
 from tests.fakes import FakeClock, FakeHost
 from tests.planning.helpers import TOKEN, govern

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workers import checkpoint
 from tests.workers.conftest import spec_dict
+from workers import checkpoint
 from workers.protocol.exit_codes import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT
 from fleetd.api.schemas import Out
-from fleetd.operations.backup import status_dict
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.operations.backup import status_dict
 
 router = APIRouter(tags=["backup"])
 

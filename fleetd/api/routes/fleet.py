@@ -8,11 +8,11 @@ from fleetd.api.routes.boots import expected_out
 from fleetd.api.schemas import ExpectedRebootOut, FleetOut, FleetUpdate, SettingsOut, TierOut
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.host.telemetry import snapshot_json
 from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.commands import Reconcile
-from fleetd.host.telemetry import snapshot_json
 
 router = APIRouter(tags=["fleet"])
 
