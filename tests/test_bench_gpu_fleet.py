@@ -145,3 +145,28 @@ def test_cpu_mode_writes_json_png_and_table(tmp_path: Path) -> None:
     table = (tmp_path / "gpu_fleet.md").read_text()
     assert table.startswith("GPU: none (cpu)")
     assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and "rung" not in line] == ["1"]
+
+
+def test_the_device_carry_is_fleetds_closure_less_the_device_image() -> None:
+    from bench.gpu_carry import closure, to_carry
+
+    pins = {pin.split("==")[0] for pin in to_carry(closure())}
+    assert {"envpool", "ale-py", "gymnasium", "stable-baselines3", "sqlalchemy", "alembic", "fastapi"} <= pins
+    assert not pins & {"torch", "numpy", "psutil", "nvidia-ml-py"}  # the image's own: never shadowed
+    assert not any(pin.startswith("envpool-assets-mujoco") for pin in pins)
+
+
+def test_the_device_carry_keeps_envpool_to_the_families_the_benches_use(tmp_path) -> None:
+    from bench.gpu_carry import prune_envpool
+
+    root = tmp_path / "envpool"
+    families = ("atari", "classic_control", "mujoco", "vizdoom")
+    for family in families:
+        (root / family).mkdir(parents=True)
+        (root / family / "registration.py").write_text("")
+    (root / "__init__.py").write_text("import envpool.entry\n")
+    (root / "entry.py").write_text('"""All."""\n\n' + "".join(f"import envpool.{f}.registration  # noqa\n" for f in families))
+    assert prune_envpool(tmp_path) == ["mujoco", "vizdoom"]
+    assert sorted(p.name for p in root.iterdir()) == ["__init__.py", "atari", "classic_control", "entry.py"]
+    assert (root / "entry.py").read_text() == ('"""All."""\n\nimport envpool.atari.registration  # noqa\n'
+                                               "import envpool.classic_control.registration  # noqa\n")
