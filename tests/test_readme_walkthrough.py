@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,9 @@ def expected_after(words: list[str], done: subprocess.CompletedProcess[str], out
     elif words[1] == "reboots":  # one line on a host with none (item 9)
         assert done.returncode == 0 and text.startswith("no reboots since fleetd first saw this host boot ("), text
         assert text.count("\n") == 1, text
+    elif words[1] == "hosts":  # this host, one row: its one boot so far, the light rung
+        assert done.returncode == 0 and text.strip().startswith("Hosts ([cluster] backend = local, UTC)"), text
+        assert socket.gethostname()[:8] in text and " 2x32 (light) " in text, text
     else:
         raise AssertionError(f"the README's `{command}` has no expected output here: add it")
 

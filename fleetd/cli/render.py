@@ -162,13 +162,19 @@ def hosts_table(document: dict[str, Any]) -> Table:
     for host in document["items"]:
         resources = ", ".join(resource_text(k, v) for k, v in sorted(host["resources"].items()) if not k.startswith("node:"))
         governor = host.get("governor")
-        rung = "-" if governor is None else f"{governor['rung']} ({governor['tier']})"
+        rung = "-" if governor is None else host_rung_text(governor)
         games = str(len(host.get("games", []))) if governor is None else f"{len(governor['games'])}/{governor['allowed']}" + (
             f", {len(governor['guests'])} guests" if governor["guests"] else "")
         table.add_row(host["name"], host["address"], "yes" if host["alive"] else "no", when(host["joined_at"]),
                       when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", rung, games, resources,
                       style="" if host["alive"] else "red")
     return table
+
+
+def host_rung_text(governor: dict[str, Any]) -> str:
+    """A tier's own rung is labelled with it already ("2x32 (light)"); a rung between two, not."""
+    rung = governor["rung"]
+    return rung if rung.endswith(")") else f"{rung} ({governor['tier']})"
 
 
 BYTE_RESOURCES = ("memory", "object_store_memory")
