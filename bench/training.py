@@ -235,6 +235,12 @@ def cleanrl_seconds(args, steps: int, hp: dict) -> tuple[float, float]:
             rewards[t] = torch.as_tensor(reward, device=device)
             obs = torch.as_tensor(next_obs, device=device)
             done = torch.as_tensor(np.logical_or(terminated, truncated), device=device, dtype=torch.float32)
+        if update == updates - 1:
+            # The worker stops at its steps goal on the rollout's last step (its callback ends
+            # learn() there), so SB3 never trains on the rollout that reaches it: neither does
+            # the loop, or it would do one update more (at 256 envs and two rollouts, twice the
+            # worker's updates).
+            break
         with torch.no_grad():  # GAE(lambda), bootstrapped from the value of the next observation
             next_value = agent(obs)[1]
             advantages, last = torch.zeros_like(rewards), torch.zeros(n, device=device)
