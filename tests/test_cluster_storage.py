@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.cluster.storage import RunSync, checkpoints_of, mirror, pull_newest, push_missing, push_new
+from fleetd.cluster.storage import RunSync, checkpoints_of, drop_after, mirror, pull_newest, push_missing, push_new
 from fleetd.operations.backup import Target
 from tests.operations.test_backup import write_ckpt
 from workers import checkpoint
@@ -145,3 +145,16 @@ def test_a_runs_sync_on_its_node_pulls_before_and_pushes_while_and_after(tmp_pat
     assert sync.push() == ["ckpt-000000000300"]
     assert sorted(p.name for p in remote(target).iterdir()) == ["ckpt-000000000200", "ckpt-000000000300"]
     assert pull_newest(target, GAME, tmp_path / "next-node") == "ckpt-000000000300"
+
+
+def test_a_rollback_drops_the_urls_newer_checkpoints_so_the_next_run_pulls_the_chosen_one(
+    tmp_path: Path, target: Target
+) -> None:
+    head = tmp_path / "head" / "checkpoints"
+    for steps in (100, 200, 300):
+        write_ckpt(head, steps)
+    push_missing(target, GAME, head)
+    assert drop_after(target, GAME, 100) == ["ckpt-000000000200", "ckpt-000000000300"]
+    assert names(remote(target)) == ["ckpt-000000000100"]
+    assert pull_newest(target, GAME, tmp_path / "node" / "checkpoints") == "ckpt-000000000100"
+    assert drop_after(target, GAME, 100) == []  # asked again: nothing left to drop

@@ -5,11 +5,13 @@ a plateau flags, stops or yields its slot. Deterministic: no sleeps, no processe
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from fleetd.cluster.storage import remote_names
 from fleetd.config import Settings
 from fleetd.games.lifecycle import set_desired
 from fleetd.health.rules import Health
@@ -17,6 +19,7 @@ from fleetd.host.uptime import record_daemon_start
 from fleetd.operations.alerts import Alert
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
+from fleetd.operations.backup import Target
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
@@ -111,6 +114,24 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert len(collapse) == 1 and collapse[0].severity == "error" and collapse[0].details["action"] == "rollback"
     assert events(loop, "learning_rollback")[0].details["to_steps"] == 3000
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
+
+
+def test_on_a_url_storage_the_collapsed_runs_checkpoints_go_there_too(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, tmp_path: Path
+) -> None:
+    """A Ray run pulls the URL's newest checkpoint: the rollback drops the collapsed run's there,
+    or the restart would resume from one of them."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    url = f"file://{bucket}"
+    on_url = settings.model_copy(update={"cluster": settings.cluster.model_copy(update={"storage": url})})
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    loop = Loop(on_url, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, alerts=FakeAlerts())
+    trained_then_collapsed(loop)
+    shutil.copytree(checkpoints(loop, "cp"), bucket / "games" / "cp" / "checkpoints")  # as the runs' actors pushed them
+    stop_exits(loop, "cp")
+    assert remote_names(Target(url), "cp") == ["ckpt-000000003000", "ckpt-000000002000", "ckpt-000000001000"]
+    assert loop.state("cp") is State.STARTING
 
 
 def test_a_second_collapse_after_the_rollback_holds_the_game(loop: Loop) -> None:

@@ -6,18 +6,24 @@ the next start resuming from the chosen one. The real daemon, CLI and worker: te
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from fleetd.cluster.storage import remote_names
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.lifecycle import set_desired
 from fleetd.health.rules import Health
+from fleetd.operations.backup import Target
 from fleetd.states import Desired, State
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.supervision.commands import Reconcile, StartGame
-from fleetd.supervision.rollback import RollBack, RolledBack
+from fleetd.supervision import rollback as rollback_module
+from fleetd.supervision.rollback import RollBack, RolledBack, roll_back
 from tests.test_health_watch import add, checkpoints, evaluate, events, game, loop, stop_exits  # noqa: F401
 from tests.test_supervisor_loop import Loop
 from workers.checkpoint import list_checkpoints
@@ -55,6 +61,8 @@ def trained_then_stopped(loop: Loop) -> None:
 
 def test_a_rollback_sets_the_newer_checkpoints_aside_and_the_next_start_resumes_from_the_chosen_one(loop: Loop) -> None:
     trained_then_stopped(loop)
+    proc = loop.sup.procs["cp"]
+    proc.remedies = replace(proc.remedies, lr_scale=0.25)  # as a learning-health rollback leaves it
     done = ask(loop, 2000).result(timeout=0)
     assert (done.to_steps, done.checkpoint, done.set_aside) == (2000, "ckpt-000000002000", ["ckpt-000000003000"])
     assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [2000, 1000]
@@ -70,7 +78,7 @@ def test_a_rollback_sets_the_newer_checkpoints_aside_and_the_next_start_resumes_
     set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
     loop.sup.submit(StartGame("cp"))
     loop.steps()
-    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0  # scale dropped
 
 
 def test_without_a_verified_checkpoint_at_that_count_nothing_moves_and_the_error_lists_them(loop: Loop) -> None:
@@ -96,3 +104,38 @@ def test_rolling_back_to_the_newest_moves_nothing_and_an_unknown_game_is_not_fou
     with pytest.raises(FleetdError) as caught:
         missing.reply.result(timeout=0)
     assert caught.value.code is ErrorCode.NOT_FOUND
+
+
+def test_on_a_url_storage_the_newer_checkpoints_go_there_too(loop: Loop, tmp_path: Path) -> None:
+    """The next run on a Ray cluster pulls the URL's newest checkpoint: the URL keeps none past
+    the chosen one, or the rollback would be undone."""
+    trained_then_stopped(loop)
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    url = f"file://{bucket}"
+    shutil.copytree(checkpoints(loop, "cp"), bucket / "games" / "cp" / "checkpoints")  # as the runs pushed them
+    done = roll_back(loop.sup.procs["cp"], Desired.STOPPED, 2000, loop.clock.now(), url)
+    assert done.set_aside == ["ckpt-000000003000"]
+    assert remote_names(Target(url), "cp") == ["ckpt-000000002000", "ckpt-000000001000"]
+
+
+def test_a_move_cut_short_is_answered_the_index_follows_the_disk_and_the_loop_goes_on(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained_then_stopped(loop)
+    real = rollback_module.set_aside_after
+
+    def disk_fails_after_one(directory: Path, steps: int, into: Path, moved: list[str]) -> list[str]:
+        real(directory, 2500, into, moved)  # the newest moves...
+        raise OSError(28, "No space left on device")  # ...then the disk fails
+
+    monkeypatch.setattr(rollback_module, "set_aside_after", disk_fails_after_one)
+    error = refused(loop, 1000)
+    assert error.code is ErrorCode.INTERNAL and "stopped after 1 of them" in error.message and "ask again" in error.message
+    assert error.details["set_aside"] == ["ckpt-000000003000"]
+    with loop.db.transaction() as session:
+        indexed = checkpoint_store.read_checkpoints(session, game_store.game_id_of(session, "cp"))
+    assert [c.steps for c in indexed] == [2000, 1000]  # what is on disk, not what was
+    assert events(loop, "rollback") == []
+    monkeypatch.setattr(rollback_module, "set_aside_after", real)
+    assert ask(loop, 1000).result(timeout=0).set_aside == ["ckpt-000000002000"]  # asked again: finished

@@ -149,7 +149,8 @@ def rollback(
     """Send a stopped game back to one of its checkpoints: the newer ones are set aside (kept,
     not deleted) and its next start resumes there. Stop it first."""
     body = {"to_steps": to}
-    done = call(config, lambda client: client.request("POST", f"/api/v1/games/{name}/rollback", json=body))
+    # The daemon waits up to 30 s for its supervisor's turn (a busy SQLite): wait longer than it.
+    done = call(config, lambda client: client.request("POST", f"/api/v1/games/{name}/rollback", 40.0, json=body))
     if json_out:
         _show(done, json_out, "")
         return

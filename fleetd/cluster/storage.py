@@ -71,6 +71,16 @@ def push_missing(target: Target, game: str, folder: Path) -> list[str]:
     return sync_game(target, folder, checkpoints_of(game), owned=set())[0]
 
 
+def drop_after(target: Target, game: str, steps: int) -> list[str]:
+    """A rollback to `steps` (the operator's, or learning health's): the URL's checkpoints of the
+    game newer than that go, or the next run would pull the newest and resume past the rollback.
+    The head set its own copies aside first. Their names, oldest first."""
+    dropped = sorted(name for name in remote_names(target, game) if int(name[5:]) > steps)
+    for name in dropped:
+        target.remove(f"{checkpoints_of(game)}/{name}")
+    return dropped
+
+
 def mirror(target: Target, game: str, folder: Path) -> tuple[list[str], list[str]]:
     """Make `folder` hold the URL's verified checkpoints of the game: fetch the ones it lacks,
     delete the ones the URL no longer has (when the URL has any). (fetched, removed)."""

@@ -3,11 +3,15 @@ a user's own `module:EnvName-vN`, checked per id by a subprocess that imports th
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -60,12 +64,12 @@ class EnvCatalog:
         return thread
 
     def close(self) -> None:
-        """The daemon is stopping: end a listing still under way (its process is ours, and
-        must not outlive the daemon); later requests fail at once."""
+        """The daemon is stopping: end a listing or a check still under way, and what it
+        started (its processes are ours, and must not outlive the daemon); later requests fail
+        at once."""
         self._closed = True
         for child in list(self._children):
-            if child.poll() is None:
-                child.kill()
+            _kill_group(child)
 
     def _list(self) -> list[str]:
         try:
@@ -80,22 +84,26 @@ class EnvCatalog:
         return FleetdError(ErrorCode.INTERNAL, f"cannot {doing} with {self._python}: {exc}{why}")
 
     def _run(self, args: list[str], timeout_s: float) -> str:
-        """`python -m workers.catalog ARGS`'s output, its process kept where close() can kill it."""
+        """`python -m workers.catalog ARGS`'s output, its process kept where close() can kill it.
+
+        In a process group of its own, writing to files, not pipes: a user's module may start
+        processes at import (a server, a pool) that would hold a pipe open past the answer, and
+        those die with the group once the child has answered or run out of time."""
         if self._closed:
             raise OSError("the daemon is stopping")
         command = [self._python, "-m", "workers.catalog", *args]
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._children.add(child)
-        if self._closed:  # close() ran while it started
-            child.kill()
-        try:
-            stdout, stderr = child.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
-            raise
-        finally:
-            self._children.discard(child)
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            child = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, text=True)
+            self._children.add(child)
+            if self._closed:  # close() ran while it started
+                _kill_group(child)
+            try:
+                child.wait(timeout=timeout_s)
+            finally:
+                _kill_group(child)
+                self._children.discard(child)
+            stdout, stderr = _read(out), _read(err)
         if child.returncode != 0:
             raise subprocess.CalledProcessError(child.returncode, command, stdout, stderr)
         return stdout
@@ -129,9 +137,36 @@ class EnvCatalog:
             return self._module_envs[env_id][0]
 
     def _import_module_env(self, env_id: str) -> ModuleEnvFindings:
+        """A module that ends its process, crashes the interpreter or answers nothing readable
+        at import is refused like one that raises: the import is what failed, not fleetd."""
         try:
             return ModuleEnvFindings.from_json(self._run(["--module-env", env_id], MODULE_IMPORT_TIMEOUT_S))
         except subprocess.TimeoutExpired:
             return ModuleEnvFindings(import_error=f"the import did not finish within {MODULE_IMPORT_TIMEOUT_S} s")
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        except subprocess.CalledProcessError as exc:
+            if self._closed:  # killed by close(): the daemon is stopping, not the module's doing
+                raise self._failure(f"check {env_id!r}", exc) from None
+            last = (exc.stderr or "").strip().splitlines()
+            why = last[-1] if last else "no error printed"
+            return ModuleEnvFindings(import_error=f"the importing process exited with {_exit_text(exc.returncode)} ({why})")
+        except (ValueError, IndexError):
+            return ModuleEnvFindings(import_error="the importing process printed no answer (it ended before it could)")
+        except OSError as exc:
             raise self._failure(f"check {env_id!r}", exc) from None
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    """The child and whatever it started in its session (start_new_session: pgid = its pid)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=5)
+
+
+def _read(handle) -> str:
+    handle.seek(0)
+    return handle.read()
+
+
+def _exit_text(code: int) -> str:
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"

@@ -188,11 +188,12 @@ def _sizes_match(path: Path, manifest: Any) -> bool:
         return False
 
 
-def set_aside_after(directory: Path, steps: int, into: Path) -> list[str]:
+def set_aside_after(directory: Path, steps: int, into: Path, moved: list[str] | None = None) -> list[str]:
     """Move the checkpoints newer than `steps` out of the worker's sight (into `into`, kept for a
     look): it then resumes from the one at `steps`, and a later restart never resumes from one
-    of the collapsed run's."""
-    moved = []
+    of the collapsed run's. Each moved name is appended to `moved` as it goes (what a move that
+    fails part-way did)."""
+    moved = [] if moved is None else moved
     for info in list_checkpoints(directory):
         if info.steps > steps:
             into.mkdir(parents=True, exist_ok=True)

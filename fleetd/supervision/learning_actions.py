@@ -40,8 +40,10 @@ class LearningActions:
     """The games stopping to roll back to their best checkpoint, and the games that yielded their
     slot on a plateau (judged afresh at their next start)."""
 
-    def __init__(self, watch: LearningWatch, fleet: FleetSide, recorder: Recorder, clock: Clock) -> None:
+    def __init__(self, watch: LearningWatch, fleet: FleetSide, recorder: Recorder, clock: Clock,
+                 storage_url: str | None = None) -> None:
         self.watch, self._fleet, self._recorder, self._clock = watch, fleet, recorder, clock
+        self._storage_url = storage_url  # [cluster] storage as a URL: the newer checkpoints go there too
         self._rollbacks: set[str] = set()
         self._yielded: set[str] = set()
 
@@ -103,12 +105,32 @@ class LearningActions:
         into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{best.steps}"
         moved = set_aside_after(checkpoints, best.steps, into)
         self._recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
+        if not self._dropped_from_storage(proc, best.steps):
+            return
         scale = self.watch.settings(proc.name).rollback_lr_scale
         proc.remedies = replace(proc.remedies, lr_scale=proc.remedies.lr_scale * scale)
         self.watch.rolled_back(proc.name, best, moved)
         if proc.state is State.STOPPED and self._wants_running(proc.name) and self._fleet.admitted(proc.name):
             proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
                        f"with lr_scale {proc.remedies.lr_scale:g}")
+
+    def _dropped_from_storage(self, proc: WorkerProcess, steps: int) -> bool:
+        """On a URL storage the next run pulls the URL's newest checkpoint, the collapsed run's:
+        those newer than the best go there too. If they cannot, the game is held rather than
+        resumed from them."""
+        if self._storage_url is None:
+            return True
+        from fleetd.cluster.storage import drop_after
+        from fleetd.operations.backup import Target
+
+        try:
+            drop_after(Target(self._storage_url), proc.name, steps)
+        except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backends'
+            self._hold(proc, self.watch.hold(proc.name, f"held: rolled back here, but the newer checkpoints at "
+                                             f"[cluster] storage could not be removed ({exc}); remove the ckpt-* "
+                                             f"after {steps} steps there, then `fleetd games start`"))
+            return False
+        return True
 
     def _yield(self, proc: WorkerProcess, reason: str) -> None:
         """Its slot to the first pending game of its priority or higher; it queues last. With no

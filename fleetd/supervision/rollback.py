@@ -11,16 +11,21 @@ asking again.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
-from fleetd.supervision.learning import set_aside_after
+from fleetd.supervision.learning import LearningWatch, set_aside_after
 from fleetd.supervision.process import WorkerProcess
+from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.remedies import Remedies
+
+log = logging.getLogger(__name__)
 
 # A game in backoff is about to start again: it must be stopped first like a running one.
 NOT_STOPPED = LIVE | {State.BACKOFF}
@@ -45,10 +50,47 @@ class RollBack:
     reply: Future[RolledBack] = field(compare=False)
 
 
-def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetime) -> RolledBack:
-    """Set aside the checkpoints after the verified one at `to_steps`. Refused while the game
-    runs or is meant to (409), or without a verified checkpoint at exactly that step count (422,
-    with the ones it has)."""
+def carry_out(command: RollBack, proc: WorkerProcess | None, desired: Desired | None, now: datetime,
+              storage_url: str | None, recorder: Recorder, learning: LearningWatch) -> None:
+    """The supervisor's part: roll back, the checkpoint index and the health record following,
+    and answer the API. Whatever it meets is the answer (the game removed meanwhile, a disk
+    error part-way); the supervisor's loop goes on."""
+    try:
+        if proc is None or desired is None:
+            raise FleetdError(ErrorCode.NOT_FOUND, f"no game named {command.name!r}")
+        done = _roll_back_indexed(proc, desired, command.to_steps, now, storage_url, recorder)
+        # Judged afresh from the chosen checkpoint, at the learning rate its settings give: a
+        # learning-health rollback's scale is dropped, as `games start` drops it for a held game.
+        proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
+        learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside)
+    except Exception as exc:  # noqa: BLE001 - the answer, not the loop's end
+        if not isinstance(exc, FleetdError):
+            log.exception("rolling %s back failed", command.name)
+            exc = FleetdError(ErrorCode.INTERNAL, f"rolling {command.name} back failed: {exc}")
+        command.reply.set_exception(exc)
+    else:
+        command.reply.set_result(done)
+
+
+def _roll_back_indexed(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetime,
+                       storage_url: str | None, recorder: Recorder) -> RolledBack:
+    checkpoints = proc.launch.game_dir / "checkpoints"
+    try:
+        done = roll_back(proc, desired, to_steps, now, storage_url)
+    except FleetdError as exc:
+        if "set_aside" in exc.details:  # cut short after moving some: the index follows the disk
+            recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
+        raise
+    recorder.sync_checkpoints(done.name, scan_checkpoints(checkpoints))
+    return done
+
+
+def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetime,
+              storage_url: str | None = None) -> RolledBack:
+    """Set aside the checkpoints after the verified one at `to_steps`, and on a URL storage drop
+    the newer ones there. Refused while the game runs or is meant to (409), or without a
+    verified checkpoint at exactly that step count (422, with the ones it has). A move that fails
+    part-way raises with what it moved in `details["set_aside"]`."""
     if desired is not Desired.STOPPED or proc.state in NOT_STOPPED:
         raise FleetdError(
             ErrorCode.CONFLICT,
@@ -63,9 +105,34 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
         raise FleetdError(ErrorCode.VALIDATION, f"to_steps: {reason}",
                           {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": verified})
     into = proc.launch.game_dir / "rolled_back" / f"{now:%Y%m%dT%H%M%S}-after-{to_steps}-by-operator"
-    moved = set_aside_after(directory, to_steps, into)
+    moved: list[str] = []
+    try:
+        set_aside_after(directory, to_steps, into, moved)
+    except OSError as exc:
+        raise FleetdError(ErrorCode.INTERNAL,
+                          f"setting aside {proc.name}'s checkpoints after {to_steps} steps stopped after "
+                          f"{len(moved)} of them: {exc}; ask again to finish",
+                          {"set_aside": moved, "into": str(into)}) from exc
+    if storage_url is not None:
+        _drop_from_storage(proc.name, to_steps, storage_url, moved, into)
     target = next(r for r in scan_checkpoints(directory) if r.verified and r.steps == to_steps)
     return RolledBack(proc.name, to_steps, Path(target.path).name, sorted(moved), str(into) if moved else None)
+
+
+def _drop_from_storage(name: str, to_steps: int, storage_url: str, moved: list[str], into: Path) -> None:
+    """On a URL storage the next run pulls the URL's newest checkpoint: the newer ones go there
+    too (the head's copies are the ones set aside). Asked again after a failure, nothing is
+    left to move here and the URL's are dropped then."""
+    from fleetd.cluster.storage import drop_after
+    from fleetd.operations.backup import Target
+
+    try:
+        drop_after(Target(storage_url), name, to_steps)
+    except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backends'
+        raise FleetdError(ErrorCode.INTERNAL,
+                          f"{name}: set aside here, but the newer checkpoints at [cluster] storage ({storage_url}) "
+                          f"could not be removed: {exc}; ask again before starting it, or the next run resumes "
+                          "from the newest there", {"set_aside": moved, "into": str(into)}) from exc
 
 
 def _listed(steps: list[int]) -> str:

@@ -38,7 +38,7 @@ from fleetd.supervision.learning_actions import FleetSide, LearningActions
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.rollback import RollBack, roll_back
+from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
@@ -97,7 +97,7 @@ class Supervisor:
         # roll back, hold or yield through what the loop lends them.
         self.learning = LearningWatch(db, clock, recorder.alerts)
         lent = FleetSide(self._slots, fleet.admitted, self._stop, self._keep_stopped, self._give_up_slot)
-        self._health = LearningActions(self.learning, lent, recorder, clock)
+        self._health = LearningActions(self.learning, lent, recorder, clock, settings.cluster.storage_url)
 
     # -- from any thread ------------------------------------------------------------------
 
@@ -467,17 +467,9 @@ class Supervisor:
 
     def _roll_back(self, command: RollBack) -> None:
         """`fleetd games rollback`: between two turns, so no worker of the game starts meanwhile."""
-        proc = self.procs.get(command.name)
-        try:
-            if proc is None:
-                raise FleetdError(ErrorCode.NOT_FOUND, f"no game named {command.name!r}")
-            done = roll_back(proc, self._desired[command.name], command.to_steps, self.clock.now())
-        except (FleetdError, OSError) as exc:
-            command.reply.set_exception(exc)
-            return
-        self.recorder.sync_checkpoints(done.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
-        self.learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside)
-        command.reply.set_result(done)
+        name = command.name
+        carry_out(command, self.procs.get(name), self._desired.get(name), self.clock.now(),
+                  self.settings.cluster.storage_url, self.recorder, self.learning)
 
     def _take_commands(self) -> list[Command]:
         commands: list[Command] = []

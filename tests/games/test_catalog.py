@@ -127,3 +127,44 @@ def test_a_module_whose_import_does_not_finish_in_time_is_refused(tmp_path: Path
     with pytest.raises(FleetdError, match="the import did not finish within 1 s") as caught:
         EnvCatalog(sys.executable).check("hangs:Corridor-v0")
     assert caught.value.code is ErrorCode.VALIDATION
+
+
+def test_what_a_module_starts_at_import_neither_delays_the_answer_nor_outlives_it(tmp_path: Path, monkeypatch) -> None:
+    """A module that starts a server at import holds the check's output open: the answer is
+    read once the importing process has exited, and its process group is ended then."""
+    pidfile = tmp_path / "server.pid"
+    (tmp_path / "serves.py").write_text(
+        "import subprocess, gymnasium\n"
+        f"open({str(pidfile)!r}, 'w').write(str(subprocess.Popen(['sleep', '60']).pid))\n"
+        "gymnasium.register('Corridor-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    started = time.monotonic()
+    EnvCatalog(sys.executable).check("serves:Corridor-v0")
+    assert time.monotonic() - started < 20  # the import's time, not the server's 60 s
+    server = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(server), "the module's server outlived the check"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("import os\nos._exit(3)\n", "the importing process exited with code 3 (no error printed)"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "exited with signal SIGSEGV"),
+])
+def test_a_module_that_ends_its_process_at_import_is_refused_not_an_internal_error(
+    tmp_path: Path, monkeypatch, body: str, says: str
+) -> None:
+    (tmp_path / "ends.py").write_text(body)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(FleetdError) as caught:
+        EnvCatalog(sys.executable).check("ends:Corridor-v0")
+    assert caught.value.code is ErrorCode.VALIDATION and says in caught.value.message, caught.value.message
