@@ -49,17 +49,23 @@ def test_close_ends_a_listing_under_way_and_says_nothing(tmp_path: Path, caplog)
     catalog = EnvCatalog(str(slow))
     with caplog.at_level(logging.WARNING, logger="fleetd.games.catalog"):
         thread = catalog.warm()
-        deadline = time.monotonic() + 10
-        while not catalog._children and time.monotonic() < deadline:
-            time.sleep(0.02)
-        child = next(iter(catalog._children), None)
-        assert child is not None, "the listing did not start"
+        child = started_child(catalog, "the listing")
         catalog.close()
         thread.join(10)
     assert not thread.is_alive() and child.poll() is not None  # killed, and reaped by communicate
     assert caplog.records == []
     with pytest.raises(FleetdError, match="stopping"):
         catalog.ids()
+
+
+def started_child(catalog: EnvCatalog, what: str):
+    """The subprocess the catalog started, once it has (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while not catalog._children and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = next(iter(catalog._children), None)
+    assert child is not None, f"{what} did not start"
+    return child
 
 
 class Ticks:
@@ -109,11 +115,7 @@ def test_close_ends_a_module_import_under_way(tmp_path: Path, monkeypatch) -> No
 
     thread = threading.Thread(target=check)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not catalog._children and time.monotonic() < deadline:
-        time.sleep(0.02)
-    child = next(iter(catalog._children), None)
-    assert child is not None, "the module check did not start"
+    child = started_child(catalog, "the module check")
     catalog.close()
     thread.join(10)
     assert not thread.is_alive() and child.poll() is not None
