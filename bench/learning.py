@@ -48,6 +48,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleetd.states import Shown  # noqa: E402 - after the path set-up above
+from workers import checkpoint  # noqa: E402 - after the path set-up above
 from tests.daemon_harness import (  # noqa: E402 - after the path set-up above
     TINY,
     Daemon,
@@ -273,6 +274,10 @@ class Trainer:
         after = patiently(lambda: daemon.game(self.name))
         if after["pid"] != game["pid"] and after["steps"] >= kill.at_steps:  # what was recorded last
             kill.at_steps = max(after["steps"], (after["last_checkpoint"] or {}).get("steps", 0))
+        # The killed worker had reached at least its newest checkpoint on disk, whose report may
+        # have died with it (the daemon then finds it only when it respawns the game).
+        folder = self.config.state_dir / "games" / self.name / "checkpoints"
+        kill.at_steps = max([kill.at_steps, *(info.steps for info in checkpoint.list_checkpoints(folder))])
         try:
             kill.resumed_from = wait_for(lambda: resumed(daemon, self.name, runs_before, kill.at_steps), WORKER_START_S,
                                          f"resumed after the {kind}", daemon)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import SUPERVISION, Daemon, daemon_on_fresh_config, fleetd_cli
+from tests.daemon_harness import SUPERVISION, Daemon, daemon_on_fresh_config, fleetd_cli, wait_for_run
 from tests.operations.test_alerts import Receiver
 from workers.checkpoint import list_checkpoints, read_manifest
 
@@ -64,8 +64,12 @@ def test_a_collapse_rolls_back_to_the_best_checkpoint_and_a_second_one_holds(dae
     assert daemon.post("/api/v1/games", GAME).status_code == 201
     game = daemon.wait_for_game("cart", lambda g: (g["best_eval_return"] or 0) >= GOOD, 120, f"evaluated {GOOD}")
     assert game["health"] == "learning"
+    runs_before = len(daemon.runs("cart"))
     set_lr(daemon, 5.0)
-    set_at = daemon.game("cart")["steps"]
+    # Where the rate took effect: the restarted run's resume point (the game's recorded steps lag
+    # the worker's by a report and a flush, more on a loaded machine).
+    set_at = wait_for_run(daemon, "cart", lambda runs: len(runs) > runs_before and runs[0]["resumed_from_steps"] is not None,
+                          "restarted with the new rate")["resumed_from_steps"]
     game = daemon.wait_for_game("cart", lambda g: g["health"] in ("collapsed", "rolled_back"), 120, "collapsed")
     [collapse] = events(daemon, "learning_collapse")
     assert collapse["details"]["action"] == "rollback" and collapse["severity"] == "error"
