@@ -73,6 +73,8 @@ def test_a_rollback_sets_the_newer_checkpoints_aside_and_the_next_start_resumes_
     assert [c.steps for c in indexed] == [2000, 1000]
     [event] = events(loop, "rollback")
     assert event.game == "cp" and event.details["by"] == "operator" and event.details["set_aside"] == ["ckpt-000000003000"]
+    assert event.message == ("rolled back by the operator to ckpt-000000002000 (2000 steps; 1 newer set aside); "
+                             "learning health learning -> learning, judged afresh from there")
     health = game(loop, "cp").health
     assert (health.state, health.last_steps, health.best) == (Health.LEARNING, 2000, 200)
     set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)

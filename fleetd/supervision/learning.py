@@ -104,8 +104,11 @@ class LearningWatch:
     def rolled_back_by_operator(self, game: str, steps: int, checkpoint: str, set_aside: list[str]) -> None:
         """`fleetd games rollback`: recorded as a `rollback` event, whatever the health state."""
         old = self.record(game)
+        aside = f"{len(set_aside)} newer set aside" if set_aside else "none was newer"
         self._store(game, old, rolled_back_by_operator(old, steps), "rollback",
-                    {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"})
+                    {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"},
+                    f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
+                    f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
     def released(self, game: str) -> bool:
         """The operator started a held game, or one stopped on a plateau. True if it was."""
@@ -132,13 +135,13 @@ class LearningWatch:
             update_game_queued(session, game, self.clock.now())
 
     def _store(self, game: str, old: HealthRecord, new: HealthRecord, kind: str = "health",
-               details: dict[str, Any] | None = None) -> None:
+               details: dict[str, Any] | None = None, message: str | None = None) -> None:
         self._records[game] = new
         now = self.clock.now()
         with self.db.transaction() as session:
             update_health(session, game_store.game_id_of(session, game), new, now)
             if old.state != new.state or kind != "health":
-                message = f"learning health {old.state} -> {new.state}: {new.reason}"
+                message = message or f"learning health {old.state} -> {new.state}: {new.reason}"
                 info = {"from": old.state.value, "to": new.state.value, "steps": new.last_steps, **(details or {})}
                 create_event(session, now, kind, message, game=game, details=info)
 
