@@ -58,3 +58,13 @@ def test_a_fresh_daemon_as_the_cli_shows_it(daemon: Daemon) -> None:  # noqa: F8
     reboots = fleetd_cli(daemon.config, "reboots")  # issue 25 item 9: one line, not an empty table
     assert reboots.returncode == 0 and reboots.stdout.count("\n") == 1, reboots.stdout
     assert reboots.stdout.startswith("no reboots since fleetd first saw this host boot ("), reboots.stdout
+
+
+def test_the_cli_waits_out_the_module_checks_a_request_causes() -> None:
+    """A `module:EnvName-vN` env id is checked by importing its module (up to 60 s): `games add`
+    and `apply` wait longer than that for the answer, not the client's 10 s."""
+    from fleetd.cli.games_cmd import module_check_wait
+
+    assert module_check_wait("CartPole-v1", None) is None
+    assert module_check_wait("pkg.envs:Grid-v0") == 75.0
+    assert module_check_wait("pkg.envs:Grid-v0", "Breakout-v5", "pkg.envs:Maze-v1") == 135.0

@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack
 
-from workers.protocol.spec import is_module_env_id
+from workers.protocol import is_module_env_id
 
 log = logging.getLogger(__name__)
 

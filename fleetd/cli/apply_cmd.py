@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
-from fleetd.cli.games_cmd import games_app, parse_hyperparams
+from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import SETTABLE
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
@@ -43,7 +43,8 @@ def apply(
 
     body = read_fleet_file(path)
     params = {"dry_run": str(dry_run).lower(), "restart": str(restart).lower()}
-    result = call(config, lambda client: client.request("PUT", "/api/v1/fleet/spec", json=body, params=params))
+    wait = module_check_wait(*(game.get("env_id") for game in body["games"] if isinstance(game, dict)))
+    result = call(config, lambda client: client.request("PUT", "/api/v1/fleet/spec", wait, json=body, params=params))
     if json_out:
         render.print_json(result)
         return

@@ -83,9 +83,19 @@ def add(
         "hyperparams": parse_hyperparams(hp or []),
         "desired": Desired.STOPPED if stopped else Desired.RUNNING,
     }
-    game = call(config, lambda client: client.request("POST", "/api/v1/games", json=body, params={"wait": "true"}))
+    wait = module_check_wait(env_id)
+    game = call(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params={"wait": "true"}))
     _show(game, json_out, render.added_text(game))
     _exit_if_waiting(game)
+
+
+def module_check_wait(*env_ids: object) -> float | None:
+    """The request's wait when the daemon imports a user module to check an env id (up to
+    MODULE_IMPORT_TIMEOUT_S each): longer than that, else the client's own."""
+    from workers.protocol import MODULE_IMPORT_TIMEOUT_S, is_module_env_id  # not at start-up: `--help` stays light
+
+    checks = sum(1 for env_id in env_ids if isinstance(env_id, str) and is_module_env_id(env_id))
+    return checks * MODULE_IMPORT_TIMEOUT_S + 15.0 if checks else None
 
 
 @games_app.command("stop")

@@ -18,11 +18,10 @@ from collections.abc import Callable
 
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form
-from workers.protocol.spec import is_module_env_id
+from workers.protocol import MODULE_IMPORT_TIMEOUT_S, is_module_env_id  # a slower import is refused
 
 log = logging.getLogger(__name__)
 LISTING_TIMEOUT_S = 120
-MODULE_IMPORT_TIMEOUT_S = 60  # a module that takes longer (waits on a server at import?) is refused
 # A module env that does not check out is asked again after this long, not the next minute's
 # requests each (an apply retried in a loop): the user may install the package and retry.
 REFUSAL_KEPT_S = 10.0

@@ -9,3 +9,14 @@ Standard library and pydantic only: the daemon imports these without pulling in 
 """
 
 PROTOCOL_VERSION = 1
+# How long the daemon lets a user module import when it checks a `module:EnvName-vN` env id
+# (fleetd/games/catalog.py); the CLI waits longer than that for an answer that includes one.
+MODULE_IMPORT_TIMEOUT_S = 60
+
+
+def is_module_env_id(env_id: str) -> bool:
+    """`module:EnvName-vN`: a user's own Gymnasium env, registered by importing `module`
+    (Gymnasium's own form). The daemon checks it by a subprocess and the worker makes it through
+    Gymnasium, never EnvPool (docs/worker.md#your-own-gymnasium-envs). Standard library only:
+    the CLI asks it without pydantic."""
+    return ":" in env_id

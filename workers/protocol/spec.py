@@ -159,13 +159,6 @@ FRESH_START_FIELDS: dict[str, str] = {
 }
 
 
-def is_module_env_id(env_id: str) -> bool:
-    """`module:EnvName-vN`: a user's own Gymnasium env, registered by importing `module`
-    (Gymnasium's own form). The daemon checks it by a subprocess and the worker makes it through
-    Gymnasium, never EnvPool (docs/worker.md#your-own-gymnasium-envs)."""
-    return ":" in env_id
-
-
 def algo_refusal(key: str, algo: str) -> str | None:
     """Why hyperparameter `key` does not apply to `algo` (None: it does)."""
     algos = RESUMABLE.get(key, ALL_ALGOS)
