@@ -78,8 +78,8 @@ class EnvCatalog:
 
     def _failure(self, doing: str, exc: Exception) -> FleetdError:
         # The child's last stderr line is usually the reason (an import that failed).
-        stderr = (getattr(exc, "stderr", None) or "").strip().splitlines()
-        why = f" ({stderr[-1]})" if stderr else ""
+        last = _last_line(getattr(exc, "stderr", None))
+        why = f" ({last})" if last else ""
         return FleetdError(ErrorCode.INTERNAL, f"cannot {doing} with {self._python}: {exc}{why}")
 
     def _run(self, args: list[str], timeout_s: float) -> str:
@@ -145,8 +145,7 @@ class EnvCatalog:
         except subprocess.CalledProcessError as exc:
             if self._closed:  # killed by close(): the daemon is stopping, not the module's doing
                 raise self._failure(f"check {env_id!r}", exc) from None
-            last = (exc.stderr or "").strip().splitlines()
-            why = last[-1] if last else "no error printed"
+            why = _last_line(exc.stderr) or "no error printed"
             return ModuleEnvFindings(import_error=f"the importing process exited with {_exit_text(exc.returncode)} ({why})")
         except (ValueError, IndexError):
             return ModuleEnvFindings(import_error="the importing process printed no answer (it ended before it could)")
@@ -160,6 +159,11 @@ def _kill_group(child: subprocess.Popen) -> None:
         os.killpg(child.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=5)
+
+
+def _last_line(text: str | None) -> str | None:
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else None
 
 
 def _read(handle) -> str:

@@ -99,11 +99,11 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
             {"state": proc.state.value, "desired": desired.value},
         )
     directory = proc.launch.game_dir / "checkpoints"
-    verified = sorted(record.steps for record in scan_checkpoints(directory) if record.verified)
+    verified = {record.steps: Path(record.path).name for record in scan_checkpoints(directory) if record.verified}
     if to_steps not in verified:
-        reason = f"{proc.name} has no verified checkpoint at {to_steps} steps; it has {_listed(verified)}"
+        reason = f"{proc.name} has no verified checkpoint at {to_steps} steps; it has {_listed(sorted(verified))}"
         raise FleetdError(ErrorCode.VALIDATION, f"to_steps: {reason}",
-                          {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": verified})
+                          {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": sorted(verified)})
     into = proc.launch.game_dir / "rolled_back" / f"{now:%Y%m%dT%H%M%S}-after-{to_steps}-by-operator"
     moved: list[str] = []
     try:
@@ -115,8 +115,7 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
                           {"set_aside": moved, "into": str(into)}) from exc
     if storage_url is not None:
         _drop_from_storage(proc.name, to_steps, storage_url, moved, into)
-    target = next(r for r in scan_checkpoints(directory) if r.verified and r.steps == to_steps)
-    return RolledBack(proc.name, to_steps, Path(target.path).name, sorted(moved), str(into) if moved else None)
+    return RolledBack(proc.name, to_steps, verified[to_steps], sorted(moved), str(into) if moved else None)
 
 
 def _drop_from_storage(name: str, to_steps: int, storage_url: str, moved: list[str], into: Path) -> None:
