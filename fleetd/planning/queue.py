@@ -118,7 +118,12 @@ class Plan:
 
 
 def _at(now: datetime, hours: float | None) -> datetime | None:
-    return None if hours is None else now + timedelta(hours=hours)
+    if hours is None:
+        return None
+    try:
+        return now + timedelta(hours=hours)
+    except OverflowError:  # past the year 9999 (a goal of 10**13 steps at a slow rate): no date, the hours stand
+        return None
 
 
 # -- rates -------------------------------------------------------------------------------------

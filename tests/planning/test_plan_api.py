@@ -16,7 +16,8 @@ from fleetd.api.context import AppContext
 from fleetd.cli.plan_render import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import State
-from fleetd.store.games import update_game_state
+from fleetd.store.games import create_game, update_game_state
+from fleetd.store.records import GameDraft
 from tests.planning.helpers import TOKEN, govern, progress
 
 
@@ -133,3 +134,25 @@ def test_the_cli_table_reads_like_the_users_own(fleet) -> None:
     assert "9.7" in total and "$19.40" in total
     assert "Plan at 2x32 (light) (2 slots)" in text and "1.0 a day x 30m 0s: 2.1% of the time" in text
     assert "no, here" in text and "no, next to probe" in text
+
+
+def test_a_goal_past_the_year_9999_has_hours_but_no_date(fleet) -> None:
+    # The largest goal the API takes (10**13 steps) at 120,000 steps an hour ends in some 8e7 h:
+    # past datetime's range. It once took down the projection, /metrics and the plan job (500).
+    context, controller = fleet
+    with context.db.transaction() as session:
+        create_game(session, GameDraft("forever", "CartPole-v1", "ppo", priority=10, total_timesteps=10**13), context.clock.now())
+    govern(controller, context.db)
+    for name in ("cart1", "cart2", "forever"):
+        progress(context, name, 300, 30)
+    body = get(context)
+    forever = next(g for g in body["games"] if g["name"] == "forever")
+    assert forever["eta_at"] is None and forever["eta_hours"] > 24 * 365 * 8000
+    assert body["fleet"]["hours_to_all_goals"] > 24 * 365 * 8000
+    with TestClient(create_app(context)) as client:
+        assert client.get("/metrics").status_code == 200
+    args = (context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at)
+    assert record_plan(*args, context.clock.now()) == 4
+    console = Console(record=True, width=200)
+    console.print(plan_view(body))
+    assert "forever" in console.export_text()
