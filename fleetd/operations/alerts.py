@@ -32,7 +32,18 @@ from fleetd.config import AlertSettings
 
 log = logging.getLogger(__name__)
 
-ALERT_KINDS = ("reboot", "fatal", "backoff", "completed", "learning_collapse", "learning_held", "plateau")
+# Every kind with its severity, as apprise names them (a chat's colour or icon): one table, so a
+# new kind cannot reach a channel that has no severity for it.
+ALERT_SEVERITY = {
+    "reboot": "warning",
+    "fatal": "failure",
+    "backoff": "warning",
+    "completed": "success",
+    "learning_collapse": "failure",
+    "learning_held": "failure",
+    "plateau": "warning",
+}
+ALERT_KINDS = tuple(ALERT_SEVERITY)
 DEFAULT_MAX_QUEUE = 1000
 JSON_HEADERS = {"Content-Type": "application/json"}
 # One attempt's result: True, delivered; a str, refused (the reason; no retry); else a problem
@@ -181,8 +192,6 @@ class AppriseChannel:
     """One apprise URL: apprise writes the service's own format (Slack blocks, a Telegram
     message, an email...). Its logs keep the URL's secrets out; ours name the service only."""
 
-    _TYPES = {"reboot": "warning", "fatal": "failure", "backoff": "warning", "completed": "success"}
-
     def __init__(self, url: str) -> None:
         import apprise  # only where an apprise URL is configured
 
@@ -192,7 +201,7 @@ class AppriseChannel:
 
     def attempt(self, client: httpx.Client, alert: Alert, host: str) -> _Outcome:
         title = f"fleetd: {alert.kind}" + (f" {alert.game}" if alert.game else "") + f" on {host}"
-        delivered = self._apprise.notify(body=alert.text(host), title=title, notify_type=self._TYPES[alert.kind])
+        delivered = self._apprise.notify(body=alert.text(host), title=title, notify_type=ALERT_SEVERITY[alert.kind])
         return True if delivered else ("not delivered (apprise's log says why)", None)
 
 
@@ -347,8 +356,15 @@ class AlertSender:
 
     def _deliver(self, client: httpx.Client, alert: Alert) -> bool:
         """To every channel, each retried on its own; True when all took it."""
-        results = [self._deliver_to(channel, client, alert) for channel in self._channels]
+        results = [self._deliver_or_log(channel, client, alert) for channel in self._channels]
         return all(results)
+
+    def _deliver_or_log(self, channel: WebhookChannel | AppriseChannel, client: httpx.Client, alert: Alert) -> bool:
+        try:
+            return self._deliver_to(channel, client, alert)
+        except Exception:  # one channel's bug must not keep the alert from the channels after it
+            log.exception("alerts: delivering %s to %s failed", alert.kind, channel.name)
+            return False
 
     def _deliver_to(self, channel: WebhookChannel | AppriseChannel, client: httpx.Client, alert: Alert) -> bool:
         attempts = self._settings.max_attempts

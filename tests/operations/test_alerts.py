@@ -18,7 +18,7 @@ import pytest
 
 from fleetd import __version__
 from fleetd.config import AlertSettings
-from fleetd.operations.alerts import Alert, AlertGate, AlertSender, retry_delay, safe_url
+from fleetd.operations.alerts import ALERT_KINDS, ALERT_SEVERITY, Alert, AlertGate, AlertSender, retry_delay, safe_url
 
 AT = datetime(2024, 5, 1, 12, 30, 0, tzinfo=UTC)
 
@@ -305,6 +305,37 @@ def test_an_apprise_url_delivers_through_apprise(receiver_factory, senders) -> N
     (body,) = receiver.requests
     assert body["title"] == "fleetd: completed pong on gpu-1" and body["type"] == "success"
     assert body["message"] == "[fleetd pong on gpu-1] pong reached its goal. its slot goes to the next game"
+
+
+@pytest.mark.parametrize("kind", ALERT_KINDS)
+def test_every_kind_reaches_an_apprise_url_with_its_severity(kind, receiver_factory, senders) -> None:
+    # The learning-health kinds once raised a KeyError there: a held game's alert never reached a chat.
+    receiver = receiver_factory([200])
+    sender = AlertSender(fast(None, urls=[receiver.url.replace("http://", "json://")]), host="gpu-1")
+    senders.append(sender)
+    sender.start()
+    sender.send(Alert(kind, "pong: something happened", AT, "pong", {}, "fleetd did a thing"))
+    sender.stop(timeout=5.0)
+    assert sender.delivered == 1
+    (body,) = receiver.requests
+    assert body["type"] == ALERT_SEVERITY[kind]
+
+
+def test_a_channel_that_raises_does_not_keep_the_alert_from_the_next(receiver_factory, senders) -> None:
+    class Broken:
+        name = "broken://..."
+
+        def attempt(self, *_: object) -> bool:
+            raise RuntimeError("a bug in a channel")
+
+    receiver = receiver_factory([200])
+    sender = AlertSender(fast(receiver.url), host="gpu-1")
+    senders.append(sender)
+    sender._channels.insert(0, Broken())  # a channel with a bug, ahead of the webhook
+    sender.start()
+    sender.send(Alert("fatal", "pong is FATAL", AT, "pong"))
+    sender.stop(timeout=3.0)
+    assert len(receiver.requests) == 1 and sender.failed == 1
 
 
 def test_an_apprise_url_it_does_not_know_is_refused_naming_it() -> None:
