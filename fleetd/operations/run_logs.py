@@ -9,10 +9,12 @@ fresh files instead of appending to the old game's.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 TAIL_BLOCK = 64 * 1024
 FOLLOW_READ_MAX = 1024 * 1024  # at most this much per poll, so one huge burst streams in pieces
+LINE = re.compile(rb"[^\n]*\n|[^\n]+\Z")
 
 
 def tail(path: Path, lines: int) -> tuple[bytes, int]:
@@ -21,14 +23,18 @@ def tail(path: Path, lines: int) -> tuple[bytes, int]:
         end = log.seek(0, os.SEEK_END)
         if lines <= 0:
             return b"", end
-        start, chunk = end, b""
-        # Read back block by block until there are more newlines than lines asked for (the file's
-        # last line may lack its newline while the worker writes it).
-        while start > 0 and chunk.count(b"\n") <= lines:
-            start = max(0, start - TAIL_BLOCK)
+        blocks, start, newlines = [], end, 0
+        # Read back block by block, each once, until there are more newlines than lines asked for
+        # (the file's last line may lack its newline while the worker writes it).
+        while start > 0 and newlines <= lines:
+            size = min(TAIL_BLOCK, start)
+            start -= size
             log.seek(start)
-            chunk = log.read(end - start)
-        kept = chunk.splitlines(keepends=True)[-lines:]
+            blocks.append(log.read(size))
+            newlines += blocks[-1].count(b"\n")
+        chunk = b"".join(reversed(blocks))
+        # A line ends at \n only, as `tail -n` counts: a \r is a progress bar redrawn in place.
+        kept = LINE.findall(chunk)[-lines:]
         return b"".join(kept), end
 
 

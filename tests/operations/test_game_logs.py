@@ -39,6 +39,31 @@ def test_tail_reads_back_across_blocks(tmp_path: Path) -> None:
     assert text == b"".join(lines[-100:]) and end == log.stat().st_size
 
 
+def test_a_progress_bar_redrawn_with_cr_is_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    bar = b"".join(b"epoch 1: %3d%%\r" % p for p in range(101))
+    log.write_bytes(b"worker: started\nworker: env ready\n" + bar + b"epoch 1 done\n")
+    text, _ = tail(log, 2)
+    assert text == b"worker: env ready\n" + bar + b"epoch 1 done\n"
+
+
+def read_bytes_of_this_process() -> int:
+    """What read() calls have returned so far (the kernel's count, /proc/self/io rchar)."""
+    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(io["rchar"])
+
+
+def test_tail_reads_each_block_once(tmp_path: Path) -> None:
+    # A log of long \r-redrawn lines makes tail read far back; it once read everything from
+    # each new start again (64 reads of up to 4 MiB here: 136 MiB for a 4 MiB file).
+    log = tmp_path / "run.log"
+    log.write_bytes(b"starting\n" + (b"step 12/99 [==>  ] 1.2 it/s\r" * 150_000)[: 4 << 20] + b"\n")
+    before = read_bytes_of_this_process()
+    text, end = tail(log, 2)
+    assert text.startswith(b"starting\nstep 12/99") and end == log.stat().st_size
+    assert read_bytes_of_this_process() - before < 2 * end
+
+
 def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_bytes(b"a\n")
