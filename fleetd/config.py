@@ -532,6 +532,8 @@ def _check_readable_toml(path: Path) -> None:
         tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError([f"cannot read config file: {exc.strerror}"], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"not UTF-8 text (byte {exc.start}): TOML files are UTF-8; save it as UTF-8"], str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"not valid TOML: {exc}"], str(path)) from None
 

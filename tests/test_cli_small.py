@@ -68,3 +68,14 @@ def test_the_cli_waits_out_the_module_checks_a_request_causes() -> None:
     assert module_check_wait("CartPole-v1", None) is None
     assert module_check_wait("pkg.envs:Grid-v0") == 75.0
     assert module_check_wait("pkg.envs:Grid-v0", "Breakout-v5", "pkg.envs:Maze-v1") == 135.0
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ('[[games]]\nname = "café"\n'.encode("latin-1"), "not UTF-8 text (byte 21)"),
+    (b"games = 5\n", "games is int: a fleet file's games are [[games]] tables"),
+])
+def test_apply_refuses_a_file_it_cannot_read_as_games_before_calling_the_daemon(tmp_path, content: bytes, says: str) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_bytes(content)
+    result = CliRunner().invoke(app, ["apply", str(fleet), "--dry-run"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and says in result.output, result.output  # no traceback

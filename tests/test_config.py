@@ -69,6 +69,10 @@ def test_unreadable_or_broken_file(tmp_path: Path) -> None:
         load_settings(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_settings(write(tmp_path, "[api\n"))
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('state_dir = "café"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 16\)"):
+        load_settings(latin1)
 
 
 def test_token_value_never_echoed(tmp_path: Path) -> None:

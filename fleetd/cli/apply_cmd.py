@@ -20,15 +20,20 @@ RestartOption = Annotated[bool, typer.Option(
 def read_fleet_file(path: Path) -> dict[str, Any]:
     """The file's `[[games]]` as the API body; any other table is refused, not ignored."""
     try:
-        document = tomllib.loads(path.read_text())
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         fail(f"{path}: cannot read: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        fail(f"{path}: not UTF-8 text (byte {exc.start}): TOML files are UTF-8; save it as UTF-8")
     except tomllib.TOMLDecodeError as exc:
         fail(f"{path}: not valid TOML: {exc}")
     others = sorted(set(document) - {"games"})
     if others:
         fail(f"{path}: unknown table(s) {', '.join(others)}: a fleet file holds only [[games]] entries")
-    return {"games": document.get("games", [])}
+    games = document.get("games", [])
+    if not isinstance(games, list):
+        fail(f"{path}: games is {type(games).__name__}: a fleet file's games are [[games]] tables")
+    return {"games": games}
 
 
 def apply(
