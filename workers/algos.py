@@ -64,3 +64,23 @@ def set_schedule_horizon(model: BaseAlgorithm, horizon: int) -> None:
     """Schedules over `horizon` total steps from now on; progress as of the current step count."""
     model.schedule_timesteps = horizon
     model._update_current_progress_remaining(model.num_timesteps, horizon)
+
+
+def schedule_end_note(model: BaseAlgorithm, game: str, step_goal: int | None, first_run: bool) -> str | None:
+    """A warning when the learning rate decays to 0 before the game ends: a game whose goal is in
+    episodes (or none) trains on past its schedules' end without learning (docs/worker.md,
+    "Schedules over total steps"). Said at the first run, and at every start once past the end."""
+    horizon = model.schedule_timesteps
+    if horizon is None or (step_goal is not None and step_goal <= horizon):
+        return None  # it ends with its schedules
+    if model.lr_schedule(1.0) <= 0 or model.lr_schedule(0.0) > 0:
+        return None  # a constant learning rate, or a schedule that does not end at 0
+    fix = f"fleetd games set {game} schedule_timesteps=N --restart"
+    if model.num_timesteps >= horizon:
+        return (f"its learning rate reached 0 at {horizon:,} steps, where its schedules end "
+                f"(schedule_timesteps): it trains without learning. To go on, raise it above its steps: {fix}")
+    if not first_run:
+        return None
+    return (f"its learning rate decays to 0 at {horizon:,} steps, where its schedules end (schedule_timesteps), "
+            f"and its goal is not a step count by then: past that it trains without learning. "
+            f"Set the steps it needs: {fix}")

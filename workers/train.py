@@ -16,7 +16,7 @@ from stable_baselines3.common.utils import configure_logger, set_random_seed
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from workers import checkpoint, defaults
-from workers.algos import ALGO_CLASSES, set_schedule_horizon
+from workers.algos import ALGO_CLASSES, schedule_end_note, set_schedule_horizon
 from workers.callback import Checkpointer, FleetCallback, Outcome, StopFlag, goal_reached
 from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
@@ -84,7 +84,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     log.info("schedules run over %d total steps (%.0f%% done)", horizon,
              100 * (1 - model._current_progress_remaining))
     replay = ReplayPolicy(plan.save_replay_buffer, plan.replay_buffer_max_bytes)
-    reporter.send_resumed(taken, found.skipped, _replay_notes(found, model, replay),
+    reporter.send_resumed(taken, found.skipped, _start_notes(found, spec, model, replay),
                           tuple((c.key, c.old, c.new) for c in found.changes))
     interval_steps = spec.checkpoint_interval_steps or defaults.checkpoint_interval_steps(horizon)
     evaluator = Evaluator(env_config(spec, plan), plan.eval_episodes,
@@ -119,8 +119,18 @@ def _resume_evaluation(taken, evaluator: Evaluator, reporter: Reporter) -> None:
         evaluator.mark_current(manifest.steps)
 
 
+def _start_notes(found: ResumeResult, spec: RunSpec, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:
+    """Warnings at start, logged and reported as events: the replay buffer's, the schedules'."""
+    notes = list(_replay_notes(found, model, replay))
+    first_run = found.taken is None and not found.unusable
+    if (note := schedule_end_note(model, spec.game, spec.total_timesteps, first_run)) is not None:
+        log.warning("%s", note)
+        notes.append(note)
+    return tuple(notes)
+
+
 def _replay_notes(found: ResumeResult, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:
-    """Warnings about an off-policy model's replay buffer, logged and reported as events."""
+    """Warnings about an off-policy model's replay buffer."""
     notes = []
     if (refusal := replay.refusal(model)) is not None:
         notes.append(f"checkpoints leave the replay buffer out: {refusal}; a resumed run "

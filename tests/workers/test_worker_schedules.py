@@ -171,3 +171,27 @@ def test_a_dqn_run_resumes_with_its_buffer_and_reports_no_note(make_spec, inbox)
     resumed = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
     assert resumed[0].notes == () and resumed[1].from_ is not None
     assert len(resumed[1].notes) == 1 and "replay_buffer_max_bytes" in resumed[1].notes[0]
+
+
+# -- the schedules' end ---------------------------------------------------------------------------
+
+
+def test_a_game_that_outlives_its_learning_rate_is_told_at_its_first_run_and_once_past_it(make_spec, inbox, tmp_path):
+    # An episode goal on PPO's zoo schedules (learning rate linear to 0): a goal of 10,000,000
+    # steps' worth of episodes trained on for days at a learning rate of 0, without a word.
+    tiny = {"num_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 1, "policy_kwargs": {"net_arch": [16]},
+            "schedule_timesteps": 256}
+    common = {"algo": "ppo", "total_timesteps": None, "progress_socket": str(inbox.path), "hyperparams": tiny}
+    inbox.collect()  # the kernel queues a few reports only
+    assert run(make_spec(target_episodes=20, **common), stop=StopFlag()) == ExitCode.COMPLETED
+    assert run(make_spec(target_episodes=25, **common), stop=StopFlag()) == ExitCode.COMPLETED
+    first, again = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
+    assert first.from_ is None and len(first.notes) == 1
+    assert "decays to 0 at 256 steps" in first.notes[0] and "games set cartpole schedule_timesteps=N" in first.notes[0]
+    assert again.steps > 256 and len(again.notes) == 1 and "reached 0 at 256 steps" in again.notes[0]
+    # A step goal within the schedules, or a constant learning rate: nothing to say.
+    inside = {**common, "total_timesteps": 256, "hyperparams": {**tiny, "learning_rate": 3e-4}}
+    inbox.collect()
+    assert run(make_spec(checkpoint_dir=str(tmp_path / "other"), **inside), stop=StopFlag()) == ExitCode.COMPLETED
+    (third,) = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
+    assert third.notes == ()
