@@ -152,8 +152,9 @@ def _live_database(path: Path) -> None:
 def test_the_database_copy_finishes_while_another_process_keeps_committing(tmp_path):
     # A copy in page batches restarts from page 0 whenever another connection commits between
     # two batches: under a daemon that commits every few seconds it could run for ever. The
-    # writer is another process, as the daemon is to `fleetd backup now`'s request handler's
-    # GIL: a thread would share the GIL and leave the copy gaps to finish in by luck.
+    # writer here is another process, not a thread: a thread shares the GIL with the copy, so
+    # its commits would come when the scheduler lets them, and a batched copy could get through
+    # in a lucky gap; a process commits between every two batches, and the test can fail.
     source, target = tmp_path / "live.db", tmp_path / "copy.db"
     _live_database(source)
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(source), str(WRITER_GIVES_UP_S)],
