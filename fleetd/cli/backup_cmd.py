@@ -57,19 +57,19 @@ def restore(
     config: ConfigOption = None,
 ) -> None:
     """Restore a backup onto an empty state_dir; then start fleetd on it and training resumes."""
-    from fleetd.operations.backup import BackupError, check_empty, fill_state_dir
-    from fleetd.host.statedir import StateDirError, lock_state_dir
+    from fleetd.host.statedir import StateDirError
+    from fleetd.operations.backup import BackupError, fill_state_dir, prepare_restore
+    from fleetd.store.schema import SchemaError
 
     target_dir = (state_dir or settings_from(config)[0].state_dir).expanduser().absolute()
     try:
-        check_empty(target_dir)  # before the lock file makes it non-empty
-        lock = lock_state_dir(target_dir)  # and no daemon starts on it halfway through
+        backup, lock = prepare_restore(source, target_dir)
     except (BackupError, StateDirError) as exc:
         fail(str(exc), ExitCode.CONFIG)
     Progress().step(f"restoring {source} into {target_dir} (the database, then every checkpoint) ...")
     try:
-        done = fill_state_dir(source, target_dir)
-    except (BackupError, OSError) as exc:
+        done = fill_state_dir(backup, target_dir)
+    except (BackupError, SchemaError, OSError) as exc:  # what it wrote is removed: it can be run again
         fail(f"restore from {source} failed: {exc}", ExitCode.CONFIG)
     finally:
         lock.release()

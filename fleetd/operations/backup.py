@@ -28,6 +28,7 @@ from typing import Any
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.host.statedir import LOCK_NAME, StateDirLock, lock_state_dir
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -243,16 +244,54 @@ class Restored:
 
 def restore(source: str, state_dir: Path) -> Restored:
     """Copy a backup onto an empty state_dir: the database, then every checkpoint that verifies."""
-    check_empty(state_dir)
-    return fill_state_dir(source, state_dir)
+    target, lock = prepare_restore(source, state_dir)
+    try:
+        return fill_state_dir(target, state_dir)
+    finally:
+        lock.release()
 
 
-def fill_state_dir(source: str, state_dir: Path) -> Restored:
-    """`restore` on a state_dir found empty (and locked since, by the caller)."""
-    target = Target(source)
+def prepare_restore(source: str, state_dir: Path) -> tuple[Target, StateDirLock]:
+    """The backup, opened, then the state_dir, found empty and locked so no daemon starts on it
+    halfway: in that order, so a mistyped source leaves no fleetd.lock behind."""
+    target = open_backup(source)
+    check_empty(state_dir)  # before the lock: a wrong --state-dir gets no fleetd.lock in it
+    lock = lock_state_dir(state_dir)
+    try:
+        check_empty(state_dir)  # again under the lock: what is there from now on is this restore's
+    except BackupError:
+        lock.release()
+        raise
+    return target, lock
+
+
+def open_backup(source: str) -> Target:
+    """The backup target at `source`, or why it is none."""
+    try:
+        target = Target(source)
+    except (ValueError, ImportError) as exc:  # an unknown protocol, or its package not installed
+        raise BackupError(f"cannot open {source}: {exc}. Give the directory or fsspec URL that "
+                          "[backup] target named") from None
     if DB_NAME not in target.names(""):
-        raise BackupError(f"{source} holds no {DB_NAME}: not a fleetd backup target (or nothing was backed up yet)")
-    state_dir.mkdir(parents=True, exist_ok=True)
+        raise BackupError(f"{source} holds no {DB_NAME}: not a fleetd backup target (or nothing was backed "
+                          "up yet). Give the directory or fsspec URL that [backup] target named")
+    return target
+
+
+def fill_state_dir(target: Target, state_dir: Path) -> Restored:
+    """`restore` on a state_dir found empty and locked by the caller. A restore that fails
+    part-way removes what it wrote, so that the same command can simply be run again."""
+    try:
+        return _fill(target, state_dir)
+    except BaseException as exc:
+        left = _remove_restored(state_dir)
+        if left and isinstance(exc, Exception):
+            raise BackupError(f"{exc}. What it restored could not all be removed: delete {', '.join(left)} "
+                              "before you run the restore again") from exc
+        raise
+
+
+def _fill(target: Target, state_dir: Path) -> Restored:
     info = _read_info(target)
     target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
     (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
@@ -264,6 +303,23 @@ def fill_state_dir(source: str, state_dir: Path) -> Restored:
         count += taken
         skipped += bad
     return Restored(games, count, skipped, info)
+
+
+def _remove_restored(state_dir: Path) -> list[str]:
+    """Empty the state_dir but for its lock file (removing that would race a daemon's start):
+    it was empty and locked before, so all else is this restore's. The paths left, if any."""
+    left = []
+    for path in sorted(state_dir.iterdir()):
+        if path.name == LOCK_NAME:
+            continue
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:
+            left.append(str(path))
+    return left
 
 
 def close_backed_up_boot(db_path: Path) -> bool:
@@ -289,7 +345,9 @@ def close_backed_up_boot(db_path: Path) -> bool:
 
 
 def check_empty(state_dir: Path) -> None:
-    if state_dir.exists() and (not state_dir.is_dir() or any(state_dir.iterdir())):
+    """A lone fleetd.lock counts as empty: a restore that failed leaves one (removing it would
+    race a daemon's start), and the flock on it, not the file, is what keeps a daemon out."""
+    if state_dir.exists() and (not state_dir.is_dir() or {p.name for p in state_dir.iterdir()} - {LOCK_NAME}):
         raise BackupError(f"state_dir {state_dir} is not empty: a restore only fills an empty one, so "
                           "nothing is overwritten. Restore into a new directory and point state_dir at it")
 

@@ -3,14 +3,18 @@
 Never a file copy: the live database is in WAL mode, and a copy of `fleetd.db` alone misses
 what the -wal file holds (or catches a page mid-write). The backup API copies a consistent
 snapshot while the daemon keeps writing.
+
+The copy is one backup step (`pages=-1`), never batches of pages: SQLite restarts a batched
+backup from page 0 whenever another connection commits between two batches, and the daemon
+commits every few seconds, so a large database's copy could restart for ever. One step is one
+read transaction: in WAL mode it holds no writer up (commits go on into the -wal file, which
+only grows until the copy ends and the next checkpoint), and it copies one consistent snapshot.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-
-PAGES_PER_STEP = 1024  # copied between lock releases: writers are never held up for long
 
 
 def copy_database(source: Path, target: Path, busy_timeout_ms: int = 5000) -> int:
@@ -20,7 +24,7 @@ def copy_database(source: Path, target: Path, busy_timeout_ms: int = 5000) -> in
     try:
         copy = sqlite3.connect(target)
         try:
-            live.backup(copy, pages=PAGES_PER_STEP)
+            live.backup(copy, pages=-1)  # all at once: see above
             copy.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, no -wal beside it
         finally:
             copy.close()

@@ -4,6 +4,8 @@ round trip, with a directory target, is tests/operations/test_backup_e2e.py)."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from fleetd.config import ConfigError, load_settings
 from fleetd.operations.backup import Backup, BackupError, Target, restore
+from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.schema import SchemaState, ensure_schema, inspect_schema
@@ -114,3 +117,60 @@ def test_backup_target_must_be_absolute_or_a_url_fsspec_can_open(tmp_path):
         load_settings(state_dir=tmp_path, backup={"target": "relative/dir"})
     with pytest.raises(ConfigError, match="backup.target.*fsspec cannot open it"):
         load_settings(state_dir=tmp_path, backup={"target": "nosuchproto://bucket/x"})
+
+
+# -- the online database copy (fleetd/store/backup.py) -----------------------------------------
+
+WRITER_GIVES_UP_S = 30  # only a bound for the broken case: the copy itself takes well under 1 s
+WRITER = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], timeout=5)
+con.execute("PRAGMA synchronous=NORMAL")  # as the daemon: a commit need not wait for the disk
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:  # a debit and its credit, as often as SQLite lets
+    with con:
+        con.executemany("INSERT INTO ledger (amount) VALUES (?)", [(5,), (-5,)])
+    if not sys.stdout.closed:
+        print("committing", flush=True)
+        sys.stdout.close()
+"""
+
+
+def _live_database(path: Path) -> None:
+    """A WAL database of 20 MB in 40,000 small pages (40 batches of the old 1,024 pages per
+    step: a commit between any two restarted it) with a ledger whose rows sum to 0."""
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA page_size=512")
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("CREATE TABLE filler (data BLOB)")
+        con.execute("CREATE TABLE ledger (amount INTEGER)")
+        con.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000) "
+                    "INSERT INTO filler (data) SELECT zeroblob(4000) FROM n")
+    con.close()
+
+
+def test_the_database_copy_finishes_while_another_process_keeps_committing(tmp_path):
+    # A copy in page batches restarts from page 0 whenever another connection commits between
+    # two batches: under a daemon that commits every few seconds it could run for ever. The
+    # writer here is another process, not a thread: a thread shares the GIL with the copy, so
+    # its commits would come when the scheduler lets them, and a batched copy could get through
+    # in a lucky gap; a process commits between every two batches, and the test can fail.
+    source, target = tmp_path / "live.db", tmp_path / "copy.db"
+    _live_database(source)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(source), str(WRITER_GIVES_UP_S)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "committing\n"
+        copy_database(source, target)
+        still_writing = writer.poll() is None
+    finally:
+        writer.kill()
+        writer.wait()
+
+    assert still_writing, f"the copy finished only once the writer stopped ({WRITER_GIVES_UP_S} s)"
+    with sqlite3.connect(target) as copy:
+        assert copy.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert copy.execute("SELECT count(*) FROM filler").fetchone()[0] == 5000
+        pairs, balance = copy.execute("SELECT count(*), total(amount) FROM ledger").fetchone()
+    copy.close()
+    assert pairs >= 2 and pairs % 2 == 0 and balance == 0  # whole transactions only: a snapshot

@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import ValidationError
-from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT, NOT_FOUND
@@ -104,15 +104,44 @@ async def _receive(request: Request, folder: FsPath) -> FsPath:
     return path
 
 
+class OneShotFileResponse(FileResponse):
+    """A file made for this one response, sent whole, then deleted whatever happened.
+
+    Ranges are ignored (Accept-Ranges: none): each request builds a fresh archive, so a resumed
+    download would join the bytes of two archives; and Starlette answers a range it cannot
+    serve itself (400, 416, in text/plain) and then skips the background task, which left the
+    file behind. The delete is in a `finally`: a client that disconnects, or a send that fails,
+    leaves nothing in state_dir/transfers either."""
+
+    def __init__(self, path: FsPath, media_type: str, filename: str) -> None:
+        super().__init__(path, media_type=media_type, filename=filename, headers={"Accept-Ranges": "none"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(_whole_file_scope(scope), receive, send)
+        finally:
+            FsPath(self.path).unlink(missing_ok=True)
+
+
+def _whole_file_scope(scope: Scope) -> Scope:
+    """The request without its Range and If-Range, and without the server's pathsend
+    extension (a server that has it may read the file after `send` returns: after the delete)."""
+    headers = [(key, value) for key, value in scope["headers"] if key not in (b"range", b"if-range")]
+    extensions = {k: v for k, v in scope.get("extensions", {}).items() if k != "http.response.pathsend"}
+    return {**scope, "headers": headers, "extensions": extensions}
+
+
+# response_class documents a file; the handler returns the subclass, whose __init__ takes no
+# status_code for FastAPI to read the default from.
 @router.get("/games/{name}/export", response_class=FileResponse, responses={
     200: {"content": {"application/zip": {}}, "description": "model.zip, vecnormalize.pkl if the game "
-          "normalizes, fleetd-export.json and README.md, zipped"}, **NOT_FOUND, **CONFLICT})
+          "normalizes, fleetd-export.json and README.md, zipped; always whole (Accept-Ranges: none)"},
+    **NOT_FOUND, **CONFLICT})
 def export_model(
     name: str = GameName,
     which: Literal["latest", "best"] = Query("latest", description="newest verified, or best by evaluation"),
     context: AppContext = Depends(get_context),
-) -> FileResponse:
+) -> OneShotFileResponse:
     """A game's checkpoint as a plain SB3 bundle that `PPO.load` opens without fleetd."""
     archive = export_game(context.settings, context.db, name, which)
-    return FileResponse(archive, media_type="application/zip", filename=export_name(archive),
-                        background=BackgroundTask(archive.unlink, missing_ok=True))
+    return OneShotFileResponse(archive, media_type="application/zip", filename=export_name(archive))

@@ -1,0 +1,68 @@
+"""`GET /games/{name}/export` through the app (Starlette's TestClient, which returns once the
+app has finished with the request, so the folder is checked after the delete, not racing it):
+the archive is sent whole, whatever Range the client asks for, and deleted once sent.
+
+The archive comes from a stand-in for `export_game` (the real one runs SB3 in a subprocess on
+a trained checkpoint: tests/operations/test_models_e2e.py); what is tested is how the route
+serves and removes what `export_game` leaves in the transfers folder."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.routes import models as models_route
+from fleetd.store.games import create_game
+from fleetd.store.records import GameDraft
+from tests.api_context import api_context
+from tests.fakes import FakeClock, FakeHost
+
+TOKEN = "t" * 32
+MODEL = bytes(range(256)) * 400  # 100 kB: more than one 64 kB chunk of the response
+
+
+def export_into_transfers(settings, db, name, which) -> Path:
+    """What export_game leaves: a new zip in the transfers folder, named for this export."""
+    settings.transfers_dir.mkdir(parents=True, exist_ok=True)
+    archive = settings.transfers_dir / f"export-{len(list(settings.transfers_dir.iterdir()))}.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("fleetd-export.json", json.dumps({"game": name, "steps": 1000}))
+        out.writestr("model.zip", MODEL)
+    return archive
+
+
+@pytest.fixture
+def client(settings, db, monkeypatch):
+    clock = FakeClock()
+    context = api_context(settings, db, clock, FakeHost(clock), TOKEN)
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "CartPole-v1", "ppo"), clock.now())
+    monkeypatch.setattr(models_route, "export_game", export_into_transfers)
+    with TestClient(create_app(context)) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+@pytest.mark.parametrize("asked", [
+    {},
+    {"Range": "bytes=0-99"},  # satisfiable: was 206, a slice of an archive built for this request
+    {"Range": "bytes=999999999-"},  # past the end (a resume after the whole file): was 416
+    {"Range": "bytes=abc"},  # malformed: was 400
+    {"Range": "bytes=0-99", "If-Range": '"some-etag"'},
+])
+def test_an_export_is_sent_whole_whatever_range_is_asked_and_then_deleted(client, settings, asked):
+    response = client.get("/api/v1/games/pong/export", headers=asked)
+
+    assert response.status_code == 200, response.headers
+    assert response.headers["content-type"] == "application/zip"
+    assert response.headers["accept-ranges"] == "none" and "content-range" not in response.headers
+    assert response.headers["content-disposition"] == 'attachment; filename="pong-1000.zip"'
+    with zipfile.ZipFile(io.BytesIO(response.content)) as bundle:
+        assert bundle.read("model.zip") == MODEL
+    assert list(settings.transfers_dir.iterdir()) == []

@@ -1,0 +1,76 @@
+"""`fleetd restore` as an operator runs it (`python -m fleetd`, a directory backup made by
+`Backup`): a restore that fails leaves a state_dir the same command can be run on again."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import load_settings
+from fleetd.operations.backup import Backup
+from fleetd.store.engine import Database
+from fleetd.store.schema import ensure_schema
+from tests.daemon_harness import clean_env
+from tests.fakes import FakeClock
+from tests.operations.test_backup import write_ckpt
+from workers import checkpoint
+
+
+@pytest.fixture
+def backup_dir(tmp_path: Path) -> Path:
+    """A fleet's backup: its database and two verified checkpoints of one game."""
+    target = tmp_path / "backup"
+    settings = load_settings(state_dir=tmp_path / "live", backup={"target": str(target)})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 200)
+    db = Database.open(settings.db_path)
+    try:
+        Backup(settings, db, FakeClock()).now()
+    finally:
+        db.close()
+    return target
+
+
+def fleetd_restore(source: Path, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fleetd", "restore", str(source), "--state-dir", str(state_dir)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=clean_env())
+
+
+def restored_steps(state_dir: Path) -> list[int]:
+    return sorted(c.steps for c in checkpoint.list_checkpoints(state_dir / "games/pong/checkpoints"))
+
+
+def test_a_mistyped_source_changes_nothing_and_the_right_one_then_restores(backup_dir, tmp_path):
+    fresh = tmp_path / "fresh"
+
+    mistyped = fleetd_restore(backup_dir.with_name("bakup"), fresh)
+
+    assert mistyped.returncode == 78, mistyped.stderr
+    assert "holds no fleetd.db: not a fleetd backup target" in mistyped.stderr
+    assert not fresh.exists()  # checked before the state_dir is made and locked
+    done = fleetd_restore(backup_dir, fresh)
+    assert done.returncode == 0, done.stderr
+    assert restored_steps(fresh) == [100, 200]
+
+
+def test_a_restore_that_fails_part_way_removes_what_it_wrote_so_a_retry_works(backup_dir, tmp_path):
+    # A damaged database copy fails the restore once it is in the state_dir (its schema is
+    # read there, to close the backed-up boot); the retry is from an intact backup.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(backup_dir, damaged)
+    (damaged / "fleetd.db").write_bytes(b"not a database " * 1000)
+    fresh = tmp_path / "fresh"
+
+    failed = fleetd_restore(damaged, fresh)
+
+    assert failed.returncode == 78, failed.stderr
+    assert f"restore from {damaged} failed: cannot read the database" in failed.stderr
+    assert sorted(p.name for p in fresh.iterdir()) == ["fleetd.lock"]  # the database went again
+    done = fleetd_restore(backup_dir, fresh)
+    assert done.returncode == 0, done.stderr
+    assert restored_steps(fresh) == [100, 200]
