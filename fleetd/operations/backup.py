@@ -355,7 +355,11 @@ def check_empty(state_dir: Path) -> None:
 def _read_info(target: Target) -> dict[str, Any]:
     if INFO_NAME not in target.names(""):
         return {}
-    return json.loads(target.fs.cat_file(target.path(INFO_NAME)))
+    try:
+        return dict(json.loads(target.fs.cat_file(target.path(INFO_NAME))))
+    except (ValueError, TypeError) as exc:  # damaged: say which file, as for the database
+        raise BackupError(f"{INFO_NAME} in the backup is damaged ({exc}); restore from another backup, "
+                          f"or delete {INFO_NAME} there to restore without it") from None
 
 
 def _restore_game(target: Target, game: str, folder: Path) -> tuple[int, list[str]]:

@@ -74,3 +74,13 @@ def test_a_restore_that_fails_part_way_removes_what_it_wrote_so_a_retry_works(ba
     done = fleetd_restore(backup_dir, fresh)
     assert done.returncode == 0, done.stderr
     assert restored_steps(fresh) == [100, 200]
+
+
+def test_a_damaged_backup_json_is_named_and_nothing_is_left_but_the_lock(backup_dir, tmp_path):
+    from fleetd.operations.backup import BackupError, restore
+
+    (backup_dir / "backup.json").write_text("{not json")
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BackupError, match=r"backup.json in the backup is damaged"):
+        restore(str(backup_dir), fresh)
+    assert sorted(p.name for p in fresh.iterdir()) == ["fleetd.lock"]
