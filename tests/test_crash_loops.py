@@ -100,3 +100,26 @@ def test_a_checkpoint_found_on_disk_counts_when_its_report_was_lost(loop: Loop) 
 
 def _payload(folder: Path) -> None:
     (folder / "state.json").write_text(json.dumps({"ok": True}))
+
+
+def test_a_run_that_refuses_its_unusable_checkpoints_never_shows_running_or_a_fresh_start(loop: Loop) -> None:
+    from fleetd.store.events import EventFilter, read_events
+    from workers.protocol.exit_codes import ExitCode
+    from workers.protocol.reports import SkippedCheckpoint
+
+    loop.add("pong")
+    loop.start()
+    proc = loop.sup.procs["pong"]
+    skipped = (SkippedCheckpoint("/s/ckpt-000000005000", "loads with another observation space"),)
+    loop.reactor.report(ResumedReport("pong", proc.run_id, proc.pid, loop.clock.now().timestamp(), None, skipped,
+                                      refused=True))
+    loop.steps(int(loop.settings.supervisor.startsecs) + 2)
+    assert loop.state("pong") is State.STARTING  # it said it will not train: no "running"
+    loop.reactor.exit(loop.pid("pong"), code=ExitCode.CHECKPOINTS_UNUSABLE)
+    loop.steps()
+    assert loop.state("pong") is State.FATAL
+    with loop.db.transaction() as session:
+        kinds = [e.kind for e in reversed(read_events(session, EventFilter(game="pong")))]
+        (skip,) = read_events(session, EventFilter(kind="checkpoint_skipped"))
+    assert "resumed" not in kinds and "another observation space" in skip.message
+    assert "none verifies and loads" in loop.sup.procs["pong"].reason

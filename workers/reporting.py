@@ -80,10 +80,11 @@ class Reporter:
         self.sender.send(CheckpointReport(**self._header(), checkpoint=summary))
 
     def send_resumed(self, taken: str | None, skipped: list[SkippedCheckpoint],
-                     notes: tuple[str, ...] = (), changed: tuple[tuple[str, Any, Any], ...] = ()) -> None:
+                     notes: tuple[str, ...] = (), changed: tuple[tuple[str, Any, Any], ...] = (),
+                     refused: bool = False) -> None:
         self.sender.send(ResumedReport(**self._header(), from_=taken, skipped=tuple(skipped[:20]),
                                        steps=self.counters.steps, episodes=self.counters.episodes,
-                                       notes=notes[:10], changed=changed))
+                                       notes=notes[:10], changed=changed, refused=refused))
 
     # -- the timer thread --------------------------------------------------------------
 

@@ -69,7 +69,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
     taken = str(found.taken) if found.taken else None
     if found.unusable and not spec.allow_fresh_start:
-        reporter.send_resumed(None, found.skipped)
+        reporter.send_resumed(None, found.skipped, refused=True)
         log.error("checkpoints exist in %s but none verifies and loads; refusing to start from "
                   "scratch. Inspect them, or set allow_fresh_start to train anew (exit %d)",
                   spec.checkpoint_dir, ExitCode.CHECKPOINTS_UNUSABLE)

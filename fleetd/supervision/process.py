@@ -257,7 +257,8 @@ class WorkerProcess:
         if status.code == ExitCode.COMPLETED:
             return Outcome("completed", State.EXITED, "completed: goal reached")
         if status.code == ExitCode.CHECKPOINTS_UNUSABLE:
-            return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies")
+            return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies and loads "
+                           "(its checkpoint_skipped events say why each was passed over)")
         if status.code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
         if status.code == ExitCode.DIVERGED:

@@ -163,10 +163,14 @@ class Recorder:
             run_store.update_run_resumed(session, run_id, steps if taken else None)
             if taken and steps is not None:
                 game_store.update_game_resumed(session, game, steps)
-            for path, why in skipped:
-                create_event(session, now, "checkpoint_skipped", f"skipped {path}: {why}", severity="warning", game=game)
+            _record_skipped(session, now, game, skipped)
             message = f"resumed from {taken} at step {steps}" if taken else "started from scratch (no checkpoint)"
             create_event(session, now, "resumed", message, game=game, details={"checkpoint": taken, "steps": steps})
+
+    def skipped(self, game: str, skipped: list[tuple[str, str]]) -> None:
+        """A run that found checkpoints and none it could resume from: why each was passed over."""
+        with self.db.transaction() as session:
+            _record_skipped(session, self.clock.now(), game, skipped)
 
     def hyperparams_applied(self, game: str, run_id: int, changed: tuple[tuple[str, Any, Any], ...]) -> None:
         """The worker applied hyperparameters changed since its checkpoint (docs/worker.md)."""
@@ -232,3 +236,8 @@ def _sample_values(report: ProgressReport) -> dict[str, float]:
     if report.eval_return is not None:
         values["eval_return"] = report.eval_return
     return values
+
+
+def _record_skipped(session: Any, at: datetime, game: str, skipped: list[tuple[str, str]]) -> None:
+    for path, why in skipped:
+        create_event(session, at, "checkpoint_skipped", f"skipped {path}: {why}", severity="warning", game=game)

@@ -418,6 +418,8 @@ class Supervisor:
             self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
             if report.checkpoint.eval_return is not None:
                 self._health.judge(proc, report.checkpoint)
+        elif isinstance(report, ResumedReport) and report.refused:  # it exits 21 without training
+            self.recorder.skipped(report.game, [(s.path, s.reason) for s in report.skipped])
         elif isinstance(report, ResumedReport):
             proc.on_resumed(report.run_id, report.steps if report.from_ else None)
             proc.on_progress(report.run_id, report.steps)

@@ -227,7 +227,7 @@ def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
     spec = make_spec(total_timesteps=640, progress_socket=str(inbox.path))
     assert _run(spec) == ExitCode.CHECKPOINTS_UNUSABLE
     resumed = [r for r in _reports(inbox) if isinstance(r, ResumedReport)][0]
-    assert resumed.from_ is None and len(resumed.skipped) == 3
+    assert resumed.from_ is None and len(resumed.skipped) == 3 and resumed.refused
     assert len(checkpoint.list_checkpoints(trained.checkpoint_dir)) == 3  # evidence untouched
 
 

@@ -87,6 +87,9 @@ class ResumedReport:
     # Hyperparameters applied to the resumed model that differ from its checkpoint's:
     # (key, old, new), JSON values (docs/worker.md#changing-settings).
     changed: tuple[tuple[str, Any, Any], ...] = ()
+    # True: checkpoints exist and none verifies and loads, and the run exits without training
+    # (exit 21) rather than start from scratch; `skipped` says why each was passed over.
+    refused: bool = False
     type: str = "resumed"
 
 
