@@ -27,7 +27,7 @@ def _game() -> dict[str, Any]:
 
 
 def _fleet() -> dict[str, Any]:
-    return {"tier": "light", "mode": "auto", "ceiling": None, "ceiling_until": None, "rung": MARK, "allowed": 2,
+    return {"tier": "light", "mode": "auto", "requested": "auto", "ceiling": None, "ceiling_until": None, "rung": MARK, "allowed": 2,
             "level": 1, "rungs": [MARK], "pressure": [MARK], "last_backoff": MARK, "admitted": [], "pending": [],
             "next_scale_up_at": None, "waiting_reason": MARK,
             "expected_reboots": [{"id": 1, "until": AT, "reason": MARK, "holds": True, "withdrawn_at": None,

@@ -249,7 +249,7 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
     ceiling = f"{fleet['ceiling']} until {when(fleet['ceiling_until'])}" if fleet["ceiling"] else "-"
     settings = fleet["settings"]
     rows = [
-        ("tier", f"{fleet['tier']} ({fleet['mode']})"),
+        ("tier", tier_text(fleet)),
         ("rung", f"{fleet['rung']}: {fleet['allowed']} games (rung {fleet['level']}, waiting out a failure: {ceiling})"),
         ("ladder", "\n".join(fleet["rungs"]) or "-"),
         ("pressure", "; ".join(fleet["pressure"]) or "none"),
@@ -266,6 +266,23 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+# The operator's tiers, lightest first (fleetd/config.py TIER_NAMES; not imported: the CLI stays
+# off pydantic).
+TIER_ORDER = ("light", "medium", "heavy")
+
+
+def tier_text(fleet: dict[str, Any]) -> str:
+    """Where the fleet stands and what the operator asked, when they differ: right after
+    `fleetd tier medium` the fleet is still at light and climbs a rung per stable window, and a
+    row that said only `light (manual)` read as if the request had been ignored."""
+    tier, requested = fleet["tier"], fleet["requested"]
+    if requested in ("auto", tier):
+        return f"{tier} ({fleet['mode']})"
+    if requested in TIER_ORDER and tier in TIER_ORDER and TIER_ORDER.index(requested) < TIER_ORDER.index(tier):
+        return f"{tier} (manual, asked: {requested}; stepping down at the governor's next step)"
+    return f"{tier} (manual, asked: {requested}; climbing to it rung by rung: see waiting)"
 
 
 def gib(value: float | None) -> str:
