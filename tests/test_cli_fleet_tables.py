@@ -13,6 +13,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli import render
 from fleetd.states import Desired
 from tests.api_context import CATALOG, serving
+from tests.planning.helpers import progress
 from tests.test_cli_exit_codes import config_for, fleetd
 from tests.test_operator_intent import SteppingPort
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
@@ -20,8 +21,8 @@ from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 
 @pytest.fixture
 def served(loop: Loop, tmp_path: Path) -> Iterator[tuple[AppContext, Path]]:  # noqa: F811
-    """The light tier's two slots held by a and b, c pending, idle stopped and never run. Yields
-    the API's context and a config that names it."""
+    """The light tier's two slots held by a and b, c pending, idle stopped and never run; no price
+    set. Yields the API's context and a config that names it."""
     for name in ("a", "b", "c"):
         loop.add(name)
     loop.add("idle", desired=Desired.STOPPED)
@@ -65,3 +66,19 @@ def test_a_tier_above_the_one_asked_steps_down() -> None:
     """Only in the answer to `fleetd tier light`: the governor lowers the rung at its next step."""
     fleet = {"tier": "heavy", "requested": "light", "mode": "manual"}
     assert render.tier_text(fleet) == "heavy (manual, asked: light; stepping down at the governor's next step)"
+
+
+def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:
+    """The audit: `Projection (at $0.00 per host hour)` with no price set, and a stopped game that
+    never ran showing a rate with nothing to say it was another game's."""
+    context, config = served
+    for name in ("a", "b"):
+        progress(context, name, 300, 30)  # 600 episodes an hour each
+    status = fleetd(config, "status")
+    assert status.exit_code == 0, status.output
+    assert "Projection (no price set: [costs] price_per_host_hour)" in status.output
+    assert "$0.00" not in status.output
+    projection = status.output[status.output.index("Projection ("):]
+    assert row(projection, "a") == "- - 600 own - - - -"
+    assert row(projection, "idle") == "- - 600 same_env_algo_size - - - -"
+    assert render.price_text({"price_per_host_hour": 2.0, "currency": "$"}) == "at $2.00 per host hour"

@@ -319,11 +319,20 @@ def money(value: float | None, currency: str) -> str:
     return "-" if value is None else f"{currency}{value:,.2f}"
 
 
+def price_text(projection: dict[str, Any]) -> str:
+    """The same words as `fleetd plan`: at a price of 0 (unset) no money is shown, so the
+    title must not read as if the host cost nothing."""
+    price = projection["price_per_host_hour"]
+    if price > 0:
+        return f"at {money(price, projection['currency'])} per host hour"
+    return "no price set: [costs] price_per_host_hour"
+
+
 def projection_table(projection: dict[str, Any]) -> Table:
     currency = projection["currency"]
-    table = PlainTable(title=f"Projection (at {money(projection['price_per_host_hour'], currency)} per host hour)")
-    for column in ("game", "goal", "done", "rate/h", "hours left", "days", "ETA (UTC)", "cost"):
-        table.add_column(column, justify="left" if column in ("game", "goal", "ETA (UTC)") else "right")
+    table = PlainTable(title=f"Projection ({price_text(projection)})")
+    for column in ("game", "goal", "done", "rate/h", "rate from", "hours left", "days", "ETA (UTC)", "cost"):
+        table.add_column(column, justify="left" if column in ("game", "goal", "rate from", "ETA (UTC)") else "right")
     for game in projection["games"]:
         goal = game["goal"]
         table.add_row(
@@ -331,10 +340,12 @@ def projection_table(projection: dict[str, Any]) -> Table:
             f"{goal['target']:,} {goal['kind']}" if goal else "-",
             f"{goal['done']:,}" if goal else "-",
             number(game["rate_per_hour"], 0),
+            game["rate_source"],  # a game with no rate of its own borrows one (docs/planning.md): say so
             number(game["eta_hours"]),
             number(game["eta_days"], 2),
             when(game["eta_at"]),
             money(game["cost_to_goal"], currency),
+            style="dim" if game["plan_state"] in ("done", "off") else None,  # not planned: as `fleetd plan` shows them
         )
     fleet, reboots = projection["fleet"], projection["reboots"]
     table.caption = (
