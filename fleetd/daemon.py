@@ -26,7 +26,8 @@ from fleetd.host import forensics
 from fleetd.errors import FleetdError
 from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
-from fleetd.governor.controller import FleetController
+from fleetd.games.fleet_spec import seeds_not_applied
+from fleetd.governor.controller import FleetController, tier_not_applied
 from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host.boot import HostBoot, HostReader
 from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd's TimeoutStopSec)
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
+CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
 
 
 class StartupError(Exception):
@@ -117,6 +119,17 @@ def reboot_alert(start: DaemonStart, now: datetime) -> Alert:
     return Alert("reboot", message, now, None, details,
                  "fleetd restarts the games from their newest verified checkpoints, as many as the governor's "
                  "rung after this reboot allows (`fleetd tier` says which and why)")
+
+
+def say_config_not_applied(db: Database, settings: Settings, clock: Clock) -> list[str]:
+    """The config's tier and [[games]] count at the first start only; after that the database
+    rules. An edit to them would change nothing without a word: a warning and an event say so."""
+    notes = [note for note in (tier_not_applied(db, settings.fleet), seeds_not_applied(db, list(settings.games))) if note]
+    with db.transaction() as session:
+        for note in notes:
+            log.warning("%s", note)
+            create_event(session, clock.now(), CONFIG_NOT_APPLIED, note, severity="warning")
+    return notes
 
 
 def upgrade_hint(config_path: Path | None) -> str:
@@ -207,6 +220,7 @@ class Daemon:
             if seeds:
                 names = seed_games(db, self.clock, seeds)
                 log.info("seeded games from the config: %s", ", ".join(names))
+            say_config_not_applied(db, self.settings, self.clock)
             self._supervise_and_serve(db, start, token, sock)
         finally:
             record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())

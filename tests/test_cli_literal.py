@@ -27,7 +27,7 @@ def _game() -> dict[str, Any]:
 
 
 def _fleet() -> dict[str, Any]:
-    return {"tier": "light", "mode": "auto", "ceiling": None, "ceiling_until": None, "rung": MARK, "allowed": 2,
+    return {"tier": "light", "mode": "auto", "requested": "auto", "ceiling": None, "ceiling_until": None, "rung": MARK, "allowed": 2,
             "level": 1, "rungs": [MARK], "pressure": [MARK], "last_backoff": MARK, "admitted": [], "pending": [],
             "next_scale_up_at": None, "waiting_reason": MARK,
             "expected_reboots": [{"id": 1, "until": AT, "reason": MARK, "holds": True, "withdrawn_at": None,
@@ -37,8 +37,8 @@ def _fleet() -> dict[str, Any]:
 
 
 def _projection() -> dict[str, Any]:
-    game = {"name": "pong", "goal": None, "rate_per_hour": None, "eta_hours": None, "eta_days": None,
-            "eta_at": None, "cost_to_goal": 1.0}
+    game = {"name": "pong", "goal": None, "rate_per_hour": None, "rate_source": "none", "plan_state": "running",
+            "eta_hours": None, "eta_days": None, "eta_at": None, "cost_to_goal": 1.0}
     return {"currency": MARK, "price_per_host_hour": 1.0, "games": [game],
             "fleet": {"hours_to_all_goals": None, "cost_to_all_goals": 2.0},
             "reboots": {"window_hours": 24.0, "reboots": 0, "lost_s": 0.0, "lost_share": 0.0}}

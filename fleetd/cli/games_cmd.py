@@ -242,10 +242,27 @@ def tier(
             fail(f"tier {choice!r}: choose light, medium, heavy or auto", ExitCode.USAGE)
         body = {"mode": "auto"} if choice == "auto" else {"tier": choice}
         fleet = call(config, lambda client: client.request("PUT", "/api/v1/fleet", json=body))
+        fleet = _taken_up(config, choice) or fleet
     if json_out:
         render.print_json(fleet)
         return
     render.console.print(render.fleet_table(fleet))
+
+
+TAKE_UP_S = 5.0  # the supervisor thread takes a request at its next step: well under a second when it is well
+
+
+def _taken_up(config: ConfigOption, choice: str) -> dict[str, Any] | None:
+    """The fleet once the governor has taken up the request, or None if it has not in TAKE_UP_S.
+    The PUT's answer is the fleet as it was: its waiting reason and ladder are the old tier's
+    ("the light tier runs 2 games" beside "asked: medium"), which read as if the request failed."""
+    deadline = time.monotonic() + TAKE_UP_S
+    while time.monotonic() < deadline:
+        fleet = ask(config, "/api/v1/fleet")
+        if fleet["requested"] == choice:
+            return fleet
+        time.sleep(0.2)
+    return None
 
 
 def register(app: typer.Typer) -> None:

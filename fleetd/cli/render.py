@@ -249,7 +249,7 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
     ceiling = f"{fleet['ceiling']} until {when(fleet['ceiling_until'])}" if fleet["ceiling"] else "-"
     settings = fleet["settings"]
     rows = [
-        ("tier", f"{fleet['tier']} ({fleet['mode']})"),
+        ("tier", tier_text(fleet)),
         ("rung", f"{fleet['rung']}: {fleet['allowed']} games (rung {fleet['level']}, waiting out a failure: {ceiling})"),
         ("ladder", "\n".join(fleet["rungs"]) or "-"),
         ("pressure", "; ".join(fleet["pressure"]) or "none"),
@@ -266,6 +266,23 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+# The operator's tiers, lightest first (fleetd/config.py TIER_NAMES; not imported: the CLI stays
+# off pydantic).
+TIER_ORDER = ("light", "medium", "heavy")
+
+
+def tier_text(fleet: dict[str, Any]) -> str:
+    """Where the fleet stands and what the operator asked, when they differ: right after
+    `fleetd tier medium` the fleet is still at light and climbs a rung per stable window, and a
+    row that said only `light (manual)` read as if the request had been ignored."""
+    tier, requested = fleet["tier"], fleet["requested"]
+    if requested in ("auto", tier):
+        return f"{tier} ({fleet['mode']})"
+    if requested in TIER_ORDER and tier in TIER_ORDER and TIER_ORDER.index(requested) < TIER_ORDER.index(tier):
+        return f"{tier} (manual, asked: {requested}; stepping down at the governor's next step)"
+    return f"{tier} (manual, asked: {requested}; climbing to it rung by rung: see waiting)"
 
 
 def gib(value: float | None) -> str:
@@ -302,11 +319,20 @@ def money(value: float | None, currency: str) -> str:
     return "-" if value is None else f"{currency}{value:,.2f}"
 
 
+def price_text(projection: dict[str, Any]) -> str:
+    """The same words as `fleetd plan`: at a price of 0 (unset) no money is shown, so the
+    title must not read as if the host cost nothing."""
+    price = projection["price_per_host_hour"]
+    if price > 0:
+        return f"at {money(price, projection['currency'])} per host hour"
+    return "no price set: [costs] price_per_host_hour"
+
+
 def projection_table(projection: dict[str, Any]) -> Table:
     currency = projection["currency"]
-    table = PlainTable(title=f"Projection (at {money(projection['price_per_host_hour'], currency)} per host hour)")
-    for column in ("game", "goal", "done", "rate/h", "hours left", "days", "ETA (UTC)", "cost"):
-        table.add_column(column, justify="left" if column in ("game", "goal", "ETA (UTC)") else "right")
+    table = PlainTable(title=f"Projection ({price_text(projection)})")
+    for column in ("game", "goal", "done", "rate/h", "rate from", "hours left", "days", "ETA (UTC)", "cost"):
+        table.add_column(column, justify="left" if column in ("game", "goal", "rate from", "ETA (UTC)") else "right")
     for game in projection["games"]:
         goal = game["goal"]
         table.add_row(
@@ -314,10 +340,12 @@ def projection_table(projection: dict[str, Any]) -> Table:
             f"{goal['target']:,} {goal['kind']}" if goal else "-",
             f"{goal['done']:,}" if goal else "-",
             number(game["rate_per_hour"], 0),
+            game["rate_source"],  # a game with no rate of its own borrows one (docs/planning.md): say so
             number(game["eta_hours"]),
             number(game["eta_days"], 2),
             when(game["eta_at"]),
             money(game["cost_to_goal"], currency),
+            style="dim" if game["plan_state"] in ("done", "off") else None,  # not planned: as `fleetd plan` shows them
         )
     fleet, reboots = projection["fleet"], projection["reboots"]
     table.caption = (

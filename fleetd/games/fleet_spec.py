@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
-from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed
+from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
     SettingChange,
     check_changes,
@@ -183,6 +183,36 @@ def _write_update(session: Session, clock: Clock, plan: GamePlan, entry: Any) ->
         desired = Desired.STOPPED if isinstance(entry, AbsentGame) else entry.desired
         game_store.update_game_desired(session, plan.name, desired, clock.now())
         record_desired(session, clock.now(), plan.name, desired)
+
+
+# -- the config's [[games]] after the first start -----------------------------------------------
+
+
+def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
+    """[[games]] seeds a database that never had games, once (lifecycle.seeding_needed); after that
+    the config's entries change nothing, and a config edited since would say nothing of it. Says
+    which entries the database lacks or holds with other settings (as `fleetd apply` compares
+    them), and how to apply them. `desired` is left out: it is the operator's start and stop."""
+    if not seeds or seeding_needed(db):
+        return None
+    with db.transaction() as session:
+        held = {game.name: game for game in game_store.read_games(session)}
+    missing = [seed.name for seed in seeds if seed.name not in held]
+    differing = [f"{seed.name} ({'; '.join(map(str, changes))})" for seed in seeds if seed.name in held
+                 and (changes := _seed_changes(held[seed.name], seed))]  # fmt: skip
+    if not missing and not differing:
+        return None
+    found = "; ".join(([f"not in the database: {', '.join(missing)}"] if missing else []) + (
+        [f"held with other settings (database -> config): {', '.join(differing)}"] if differing else []))
+    return ("[[games]] in the config is not applied: this database already had games, and [[games]] seeds only "
+            f"a database that never had any. {found[0].upper() + found[1:]}. To apply them: put these entries in a "
+            "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the config")
+
+
+def _seed_changes(game: GameRecord, seed: GameSpec) -> list[SettingChange]:
+    identity = [SettingChange(key, getattr(game, key), getattr(seed, key)) for key in ("env_id", "algo")
+                if getattr(game, key) != getattr(seed, key)]  # fmt: skip
+    return identity + setting_changes(game, {key: getattr(seed, key) for key in SETTABLE})
 
 
 # -- exporting ---------------------------------------------------------------------------------

@@ -72,6 +72,21 @@ class GameSlot:
         return wants_slot(self.desired, self.state)
 
 
+def tier_not_applied(db: Database, settings: FleetSettings) -> str | None:
+    """The config's `[fleet] tier` is read at the first start only (`FleetController._load`); from
+    then on the database's request rules, whatever the config says. A config edited since would
+    change nothing without a word, so say it. A tier the config leaves at its default was never
+    asked for: nothing to say."""
+    with db.transaction() as session:
+        record = fleet_store.read_fleet(session)
+    if record is None or "tier" not in settings.model_fields_set or settings.tier == record.requested:
+        return None
+    held = "auto" if record.requested == "auto" else f"{record.requested} (manual)"
+    return (f"[fleet] tier = {settings.tier} in the config (or FLEETD_FLEET__TIER) is not applied: the database's "
+            f"tier, {held}, rules (set by `fleetd tier` or an earlier start; the config's tier counts at the first "
+            f"start only). To change it: fleetd tier {settings.tier}")
+
+
 class FleetController:
     def __init__(
         self,

@@ -4,6 +4,7 @@ the daemon's token."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -167,6 +168,32 @@ def test_failed_first_start_then_a_fixed_one_seeds_the_games(config: DaemonConfi
     daemon.terminate()
     again = start_daemon(config, daemons)
     assert again.get("/api/v1/games").json()["items"] == []
+
+
+def test_a_restart_says_which_config_edits_the_database_overrules(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    """The audit: `[fleet] tier` and `[[games]]` count at the first start only, and a restart with
+    FLEETD_FLEET__TIER=auto logged nothing while the fleet stayed manual/medium. Now a WARNING and
+    a `config_not_applied` event say what is not applied and how to apply it; a restart whose
+    config matches says nothing."""
+    config.extra = '[fleet]\ntier = "medium"\n' + SEEDS.format(env_id="CartPole-v1")
+    config.write()
+    start_daemon(config, daemons).terminate()
+    same = start_daemon(config, daemons)  # nothing edited: nothing said
+    assert "config_not_applied" not in [e["kind"] for e in same.get("/api/v1/events").json()["items"]]
+    same.terminate()
+
+    config.extra = config.extra.replace('desired = "stopped"', 'desired = "stopped"\npriority = 3')
+    config.write()
+    edited = start_daemon(config, daemons, env={"FLEETD_FLEET__TIER": "auto"})
+    said = [e for e in edited.get("/api/v1/events").json()["items"] if e["kind"] == "config_not_applied"]
+    assert [e["severity"] for e in said] == ["warning", "warning"], said
+    messages = " ".join(e["message"] for e in said)
+    assert "tier, medium (manual), rules" in messages and "To change it: fleetd tier auto" in messages
+    assert "cart (priority 0 -> 3)" in messages and "`fleetd apply FILE`" in messages
+    warnings = [line for line in edited.log().splitlines() if "WARNING" in line and "is not applied" in line]
+    assert len(warnings) == 2, edited.log()
+    fleet = json.loads(fleetd_cli(config, "tier", "--json").stdout)
+    assert (fleet["requested"], fleet["mode"]) == ("medium", "manual")  # the database's, as the warning says
 
 
 # -- a client that cannot read the token --------------------------------------------------------

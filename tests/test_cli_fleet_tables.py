@@ -1,0 +1,84 @@
+"""What `fleetd tier` and `fleetd status` print, read as an operator reads them: the CLI over real
+HTTP to the API, served in a thread over a real store, its supervisor the real one on fakes
+(tests/test_supervisor_loop.py), stepped as each command arrives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.cli import render
+from fleetd.states import Desired
+from tests.api_context import CATALOG, serving
+from tests.planning.helpers import progress
+from tests.test_cli_exit_codes import config_for, fleetd
+from tests.test_operator_intent import SteppingPort
+from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+
+
+@pytest.fixture
+def served(loop: Loop, tmp_path: Path) -> Iterator[tuple[AppContext, Path]]:  # noqa: F811
+    """The light tier's two slots held by a and b, c pending, idle stopped and never run; no price
+    set. Yields the API's context and a config that names it."""
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.add("idle", desired=Desired.STOPPED)
+    loop.start()
+    loop.run_up("a", "b")
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(loop.boot_pk, loop.clock.now()),
+                         CATALOG, SteppingPort(loop))  # fmt: skip
+    with serving(context) as url:
+        yield context, config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+
+
+def row(output: str, first: str) -> str:
+    """A table's row by its first cell: its other cells, joined by single spaces."""
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0] == first:
+            return " ".join(cells[1:])
+    raise AssertionError(f"no row {first!r} in:\n{output}")
+
+
+CLIMBING = "light (manual, asked: medium; climbing to it rung by rung: see waiting)"
+
+
+def test_tier_says_what_was_asked_and_where_the_fleet_stands(served: tuple[AppContext, Path]) -> None:
+    """The audit: `fleetd tier medium` answered with a table that said `tier light (manual)`."""
+    _, config = served
+    assert row(fleetd(config, "tier").output, "tier") == "light (manual)"  # the config's tier, as asked
+    asked = fleetd(config, "tier", "medium")
+    assert asked.exit_code == 0, asked.output
+    # The answer is the fleet once the governor took the request up: not the old tier's reason
+    # ("the light tier runs 2 games") beside "asked: medium".
+    assert row(asked.output, "tier") == CLIMBING
+    assert row(asked.output, "waiting").startswith("stable window: next game at "), asked.output
+    assert "4x64 (medium): 256 envs" in asked.output  # the ladder up to the tier asked
+    assert row(fleetd(config, "tier").output, "tier") == CLIMBING
+    assert row(fleetd(config, "status").output, "tier") == CLIMBING
+    assert row(fleetd(config, "tier", "auto").output, "tier") == "light (auto)"
+
+
+def test_a_tier_above_the_one_asked_steps_down() -> None:
+    """Only in the answer to `fleetd tier light`: the governor lowers the rung at its next step."""
+    fleet = {"tier": "heavy", "requested": "light", "mode": "manual"}
+    assert render.tier_text(fleet) == "heavy (manual, asked: light; stepping down at the governor's next step)"
+
+
+def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:
+    """The audit: `Projection (at $0.00 per host hour)` with no price set, and a stopped game that
+    never ran showing a rate with nothing to say it was another game's."""
+    context, config = served
+    for name in ("a", "b"):
+        progress(context, name, 300, 30)  # 600 episodes an hour each
+    status = fleetd(config, "status")
+    assert status.exit_code == 0, status.output
+    assert "Projection (no price set: [costs] price_per_host_hour)" in status.output
+    assert "$0.00" not in status.output
+    projection = status.output[status.output.index("Projection ("):]
+    assert row(projection, "a") == "- - 600 own - - - -"
+    assert row(projection, "idle") == "- - 600 same_env_algo_size - - - -"
+    assert render.price_text({"price_per_host_hour": 2.0, "currency": "$"}) == "at $2.00 per host hour"
