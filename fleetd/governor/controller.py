@@ -205,7 +205,6 @@ class FleetController:
     def _host_rungs(self, now: datetime) -> list[HostRung]:
         rungs = []
         for host, governor in sorted(self.governors.items()):
-            life = self._lives.get(host)
             on = self._on(host)
             guests = tuple(name for name in on if self._placed[name].home != host)
             rungs.append(HostRung(
