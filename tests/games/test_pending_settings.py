@@ -11,10 +11,11 @@ from fastapi.testclient import TestClient
 
 from fleetd.cli.apply_cmd import plan_lines, settings_text
 from fleetd.states import State
+from fleetd.store import games as game_store
 from fleetd.store.events import EventFilter, read_events
 from fleetd.supervision.commands import RestartGame
 from tests.test_operator_intent import SteppingPort, stepping_client
-from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+from tests.test_supervisor_loop import Loop, loop, record_live_run  # noqa: F401  (the fixture)
 
 CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo"}
 
@@ -115,6 +116,21 @@ def test_a_restart_command_leaves_a_worker_that_runs_with_its_settings(loop: Loo
     loop.sup.submit(RestartGame("cart"))
     loop.steps()
     assert loop.state("cart") is State.RUNNING and not loop.launcher.signals
+
+
+def test_an_adopted_worker_is_judged_by_the_spec_file_it_was_started_with(loop: Loop) -> None:
+    """After a daemon restart the worker's settings are those of its run's spec file, not the
+    store's: a goal stored while fleetd was down is pending, and `--restart` takes it."""
+    loop.add("cart")
+    record_live_run(loop, "cart", 4242)  # its spec: the settings stored then
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "cart", {"target_episodes": 100}, loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    client = stepping_client(loop, SteppingPort(loop))
+    game = patch(client, {}, restart="true")
+    assert (game["changes"], game["pending"], game["restarting"]) == ([], [TARGET], True)
+    assert loop.state("cart") is State.STOPPING and (4242, "SIGTERM") in loop.launcher.signals
 
 
 def test_apply_restart_after_a_plain_apply_restarts_for_the_pending_change(loop: Loop) -> None:
