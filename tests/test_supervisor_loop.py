@@ -184,6 +184,9 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     loop.clock.advance(31)  # a window later, one rung up the ladder: 4x48 (2 games, 48 envs each)
     loop.steps()
     assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    with loop.db.transaction() as session:
+        [why] = [e.message for e in read_events(session, EventFilter(game="a", kind="state", limit=1))]
+    assert why.endswith("restarting from its checkpoint with num_envs 32 -> 48 (the tier's)")  # whose sizes
     loop.reactor.exit(loop.pid("a"), code=0)
     loop.steps()
     assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING  # still one at a time

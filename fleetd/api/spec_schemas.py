@@ -19,7 +19,12 @@ class SettingChangeOut(Out):
 
 class GameChangedOut(GameOut):
     changes: list[SettingChangeOut] = Field(description="what changed; empty: nothing did, and no event")
-    restarting: bool = Field(description="the game restarts now from a final checkpoint to take them")
+    pending: list[SettingChangeOut] = Field(
+        description="what its live worker was not started with (`old`: the run's value), this request's changes "
+                    "or earlier ones': taken at its next start, or now by a restart; empty: no live worker, or "
+                    "it runs with the game's settings")
+    restarting: bool = Field(description="its live worker restarts now from a final checkpoint to take them: asked "
+                                         "(`restart`) and something was pending, or num_envs or batch_size changed")
 
 
 GameChangedOut.model_rebuild(_types_namespace=vars(schemas))  # GameOut's fields name types of that module
@@ -38,7 +43,9 @@ class FleetSpecOut(Out):
 
 class GamePlanOut(Out):
     name: str
-    action: Literal["add", "update", "stop", "remove", "none"]
+    action: Literal["add", "update", "restart", "stop", "remove", "none"] = Field(
+        description="`restart`: nothing to change, but the running worker restarts (`restart`) for settings "
+                    "it was not started with")
     changes: list[SettingChangeOut]
     note: str = Field(description="what happens, in words")
     restarting: bool
@@ -46,5 +53,6 @@ class GamePlanOut(Out):
 
 class FleetApplyOut(Out):
     dry_run: bool
-    changed: bool = Field(description="false: the fleet already matched the file; nothing was written")
+    changed: bool = Field(description="false: the fleet already matched the file; nothing was written, "
+                                      "nothing restarts")
     games: list[GamePlanOut] = Field(description="every game the file names, in its order")

@@ -14,7 +14,8 @@ from fleetd.games.fields import SETTABLE
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 RestartOption = Annotated[bool, typer.Option(
-    "--restart", help="Restart running games now, from a final checkpoint, to take changed settings.")]
+    "--restart", help="Restart running games now, from a final checkpoint, to take settings they were not "
+                      "started with (this change's, or an earlier one's).")]
 
 
 def read_fleet_file(path: Path) -> dict[str, Any]:
@@ -110,7 +111,8 @@ def set_settings(
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Change a game's settings; applied at its next start (or now with --restart)."""
+    """Change a game's settings; applied at its next start (or now with --restart, which also applies
+    settings an earlier set left pending). A change of num_envs or batch_size restarts a running game."""
     from fleetd.cli import render
 
     values = parse_hyperparams(pairs, usage="fleetd games set NAME")
@@ -128,7 +130,7 @@ def set_settings(
     if json_out:
         render.print_json(game)
         return
-    typer.echo(settings_text(name, game))
+    typer.echo(settings_text(name, game, restart))
 
 
 def _health_key(key: str) -> str | None:
@@ -147,12 +149,27 @@ def _merged(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in merged.items() if value is not None}
 
 
-def settings_text(name: str, game: dict[str, Any]) -> str:
-    if not game["changes"]:
+def settings_text(name: str, game: dict[str, Any], asked: bool) -> str:
+    """What changed and when the worker takes it; settings it runs without from an earlier
+    `set` are named too (`pending` less this request's fields)."""
+    changed = {c["field"] for c in game["changes"]}
+    earlier = _listed([c for c in game["pending"] if c["field"] not in changed])
+    if game["restarting"]:
+        when = "restarting now from a final checkpoint"
+        when += f" to apply the pending change: {earlier}" if earlier else ""
+        when += "" if asked else " (a change of num_envs or batch_size applies only by a restart)"
+    elif earlier:
+        when = f"pending until its next start (--restart applies it now): {earlier}"
+        when = f"applied at its next start; {when}" if changed else when
+    elif changed:
+        when = "applied at its next start"
+    else:
         return f"{name}: no change"
-    said = ", ".join(f"{c['field']} {_shown(c['old'])} -> {_shown(c['new'])}" for c in game["changes"])
-    when = "restarting now from a final checkpoint" if game["restarting"] else "applied at its next start"
-    return f"{name}: {said}; {when}"
+    return f"{name}: {_listed(game['changes']) or 'no change'}; {when}"
+
+
+def _listed(changes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{c['field']} {_shown(c['old'])} -> {_shown(c['new'])}" for c in changes)
 
 
 def register(app: typer.Typer) -> None:

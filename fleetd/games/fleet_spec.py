@@ -17,12 +17,14 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
+    NO_WORKERS,
+    LiveWorkers,
     SettingChange,
     check_changes,
     check_identity,
     record_changes,
     setting_changes,
-    will_restart,
+    with_settings,
 )
 from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.games.spec import SETTABLE, GameSpec
@@ -34,7 +36,7 @@ from fleetd.store.records import GameDraft, GameRecord
 if TYPE_CHECKING:
     from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
 
-Action = Literal["add", "update", "stop", "remove", "none"]
+Action = Literal["add", "update", "restart", "stop", "remove", "none"]
 
 
 def _boolean(value: Any) -> Any:
@@ -86,11 +88,12 @@ class GamePlan:
 # -- planning ----------------------------------------------------------------------------------
 
 
-def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCatalog, restart: bool) -> list[GamePlan]:
+def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCatalog, restart: bool,
+               workers: LiveWorkers = NO_WORKERS) -> list[GamePlan]:
     """What applying `games` would do, every entry checked first (FleetdError names the culprit)."""
     _check_unique(games)
     current = {game.name: game for game in game_store.read_games(session)}
-    return [_plan(index, entry, current.get(entry.name), catalog, restart) for index, entry in enumerate(games)]
+    return [_plan(index, entry, current.get(entry.name), catalog, restart, workers) for index, entry in enumerate(games)]
 
 
 def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
@@ -101,7 +104,8 @@ def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
         seen.add(entry.name)
 
 
-def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCatalog, restart: bool) -> GamePlan:
+def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCatalog, restart: bool,
+          workers: LiveWorkers) -> GamePlan:
     prefix = f"games[{index}]."
     if isinstance(entry, AbsentGame):
         return _plan_absent(entry.name, game)
@@ -113,24 +117,53 @@ def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, ca
     check_changes(game, entry.wanted(), changes, catalog, prefix)
     if game.desired != entry.desired:
         changes.append(SettingChange("desired", game.desired.value, entry.desired.value))
+    return _plan_update(entry, game, changes, restart, workers)
+
+
+def _plan_update(entry: FleetGame, game: GameRecord, changes: list[SettingChange], asked: bool,
+                 workers: LiveWorkers) -> GamePlan:
+    """A game in both: what changes, and whether its live worker restarts now (asked, for
+    settings it was not started with; or new sizes, in any case)."""
+    after = with_settings(game, entry.wanted())
+    again = entry.desired is Desired.RUNNING and workers.restart_reason(after, asked) is not None
+    changed = {change.field for change in changes}
+    pending = [change for change in workers.pending(after) if change.field not in changed]  # an earlier change's
     if not changes:
-        return GamePlan(entry.name, "none", note="unchanged")
-    again = will_restart(game, changes, restart) and entry.desired is Desired.RUNNING
-    return GamePlan(entry.name, "update", changes, note=_when(changes, again), restarting=again)
+        return _plan_unchanged(entry.name, pending, again)
+    return GamePlan(entry.name, "update", changes, note=_when(changes, pending, again, asked), restarting=again)
 
 
+def _plan_unchanged(name: str, pending: list[SettingChange], again: bool) -> GamePlan:
+    """The file matches the game; its live worker may still run with older settings (applied
+    without `--restart`): `--restart` restarts it for them, else they wait for its next start."""
+    listed = ", ".join(map(str, pending))
+    if again:
+        return GamePlan(name, "restart", note=f"restarts now from a final checkpoint to apply the pending change: "
+                                              f"{listed}", restarting=True)
+    if pending:
+        return GamePlan(name, "none", note=f"unchanged; pending until its next start (--restart applies it now): {listed}")
+    return GamePlan(name, "none", note="unchanged")
+
+
+WAITS = "settings apply at its next start"
+SIZES_NOTE = "a change of num_envs or batch_size applies only by a restart"
 PRIORITY_NOTE = ("priority takes effect at the governor's next step: it orders the pending queue, and a pending "
                  "game that outranks a running one takes its slot once that one has held it [fleet] "
                  "preempt_min_run_s (unless [fleet] preempt = false); `fleetd games start NAME --now` takes it at once")
 
 
-def _when(changes: list[SettingChange], again: bool) -> str:
-    """What the plan says of an update: training settings wait for a start, priority does not."""
+def _when(changes: list[SettingChange], pending: list[SettingChange], again: bool, asked: bool) -> str:
+    """What the plan says of an update: training settings wait for a start (unless restarted:
+    asked, or new sizes, which only a restart applies), priority does not."""
     fields = {change.field for change in changes} - {"desired"}
-    training = "restarts now from a final checkpoint" if again else "settings apply at its next start"
+    training = "restarts now from a final checkpoint" if again else WAITS
+    if pending:
+        training += f", with the pending change: {', '.join(map(str, pending))}"
+    if again and not asked:
+        training += f" ({SIZES_NOTE})"
     if "priority" not in fields:
         return training
-    return PRIORITY_NOTE if fields == {"priority"} else f"{training}; {PRIORITY_NOTE}"
+    return PRIORITY_NOTE if fields == {"priority"} and training == WAITS else f"{training}; {PRIORITY_NOTE}"
 
 
 def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
@@ -152,11 +185,12 @@ def _draft(entry: FleetGame) -> GameDraft:
 
 
 def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame], catalog: EnvCatalog,
-                dry_run: bool = False, restart: bool = False) -> list[GamePlan]:
-    """Plan, check, and (unless `dry_run`) write every change in one transaction."""
+                dry_run: bool = False, restart: bool = False, workers: LiveWorkers = NO_WORKERS) -> list[GamePlan]:
+    """Plan, check, and (unless `dry_run`) write every change in one transaction; a `restart`
+    plan writes nothing (the caller restarts the worker)."""
     entries = {entry.name: entry for entry in games}
     with db.transaction() as session:
-        plans = plan_fleet(session, games, catalog, restart)
+        plans = plan_fleet(session, games, catalog, restart, workers)
         if not dry_run:
             for plan in plans:
                 _write(session, clock, plan, entries[plan.name])

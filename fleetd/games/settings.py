@@ -1,18 +1,19 @@
 """Changing a game's settings (`PATCH /games/{name}`, `fleetd games set`, `fleetd apply`):
-what changed, whether it may, and the record of it. Applied at the game's next start; the
-worker applies changed hyperparameters to the model it resumes (workers/changes.py)."""
+what changed, whether it may, and the record of it. Applied at the game's next start, or now by
+a restart (asked for, or new sizes: `LiveWorkers`); the worker applies changed hyperparameters
+to the model it resumes (workers/changes.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
+from fleetd.games.fields import SettingChange, key_changes
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
-from fleetd.states import State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -22,27 +23,40 @@ from workers.protocol.spec import FRESH_START_FIELDS, change_refusal
 if TYPE_CHECKING:
     from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
 
-# Changes a running worker does not need a restart for: the governor reads priority at its step,
-# the supervisor's health watch its health settings at the next evaluation.
-NO_RESTART = frozenset({"priority", "desired", "health_settings"})
 DICT_FIELDS = ("hyperparams", "health_settings")  # changed key by key, shown as `field.KEY`
 
 
+class LiveWorkers(Protocol):
+    """What the supervisor last showed of the games' live workers: the settings a game's worker
+    was not started with, and why it restarts now (fleetd/supervision/pending.py `LiveRuns`)."""
+
+    def pending(self, game: GameRecord) -> list[SettingChange]: ...
+
+    def restart_reason(self, game: GameRecord, asked: bool) -> str | None: ...
+
+
+class NoWorkers:
+    """No supervisor in this process: no worker to restart, nothing pending."""
+
+    def pending(self, game: GameRecord) -> list[SettingChange]:
+        return []
+
+    def restart_reason(self, game: GameRecord, asked: bool) -> str | None:
+        return None
+
+
+NO_WORKERS = NoWorkers()
+
+
 @dataclass(frozen=True)
-class SettingChange:
-    field: str  # a game field, or `hyperparams.KEY`
-    old: Any  # None: not set (a goal off, a hyperparameter at its default)
-    new: Any
+class SettingsUpdate:
+    """What `PATCH /games/{name}` did: the game as stored, what changed, what its live worker
+    was not started with (after the change), and why it restarts now (None: it does not)."""
 
-    def __str__(self) -> str:
-        return f"{self.field} {_shown(self.old)} -> {_shown(self.new)}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "old": self.old, "new": self.new}
-
-
-def _shown(value: Any) -> str:
-    return "default" if value is None else str(value)
+    game: GameRecord
+    changes: list[SettingChange]
+    pending: list[SettingChange]
+    restart: str | None
 
 
 def with_defaults(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,15 +70,15 @@ def setting_changes(game: GameRecord, wanted: Mapping[str, Any]) -> list[Setting
     changes = []
     for key in (k for k in SETTABLE if k in wanted):
         if key in DICT_FIELDS:
-            changes += _key_changes(key, getattr(game, key), wanted[key])
+            changes += key_changes(key, getattr(game, key), wanted[key])
         elif getattr(game, key) != wanted[key]:
             changes.append(SettingChange(key, getattr(game, key), wanted[key]))
     return changes
 
 
-def _key_changes(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[SettingChange]:
-    keys = sorted(set(old) | set(new))
-    return [SettingChange(f"{field}.{k}", old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
+def with_settings(game: GameRecord, wanted: Mapping[str, Any]) -> GameRecord:
+    """The game as it is once `wanted` is stored: what its next start gets."""
+    return replace(game, **{key: wanted[key] for key in SETTABLE if key in wanted})
 
 
 def trained(game: GameRecord) -> bool:
@@ -112,7 +126,7 @@ def check_algo(game: GameRecord, values: Mapping[str, Any]) -> None:
 def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Mapping[str, Any],
                    changes: list[SettingChange], restart: bool) -> GameRecord:
     """Store the new settings and the event naming old and new values (the caller checked them);
-    `restart`: the caller restarts the worker now (`will_restart`)."""
+    `restart`: the caller restarts the worker now (`LiveWorkers.restart_reason`)."""
     now = clock.now()
     updated = game_store.update_game_settings(session, game.name, {k: wanted[k] for k in SETTABLE if k in wanted}, now)
     when = "restarting now from a final checkpoint" if restart else "applied at the next start"
@@ -122,27 +136,20 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
     return updated
 
 
-def restarts(changes: list[SettingChange]) -> bool:
-    """A restart makes the worker take them: anything but priority (and desired state)."""
-    return any(change.field.split(".")[0] not in NO_RESTART for change in changes)
-
-
-def will_restart(game: GameRecord, changes: list[SettingChange], restart: bool) -> bool:
-    """`--restart` restarts a live worker that has changes to take; any other game takes them
-    when it next starts."""
-    return restart and restarts(changes) and game.state in (State.STARTING, State.RUNNING)
-
-
 def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCatalog,
-                    restart: bool = False) -> tuple[GameRecord, list[SettingChange]]:
-    """`PATCH /games/{name}`: check, store, record; no change, no event."""
+                    restart: bool = False, workers: LiveWorkers = NO_WORKERS) -> SettingsUpdate:
+    """`PATCH /games/{name}`: check, store, record (no change, no event). The live worker
+    restarts now for new sizes, or with `restart` for any setting it was not started with,
+    this request's or an earlier one's (a `--restart` after a plain `set` of the same value)."""
     wanted = with_defaults(values)
     with db.transaction() as session:
         game = game_store.read_game(session, name)
         check_algo(game, values)
         changes = setting_changes(game, wanted)
-        if not changes:
-            return game, []
-        check_changes(game, wanted, changes, catalog)
-        return record_changes(session, clock, game, wanted, changes, will_restart(game, changes, restart)), changes
+        if changes:
+            check_changes(game, wanted, changes, catalog)
+        why = workers.restart_reason(with_settings(game, wanted), restart)
+        if changes:
+            game = record_changes(session, clock, game, wanted, changes, why is not None)
+        return SettingsUpdate(game, changes, workers.pending(game), why)
 

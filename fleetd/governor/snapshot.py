@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from fleetd.governor.scaling import Scaled
 from fleetd.states import Shown
-from workers.protocol.spec import TierDefaults
+from workers.protocol.spec import LaunchSpec, TierDefaults
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,14 @@ class FleetSnapshot:
     governor: GovernorView
     games: Mapping[str, Shown] = field(default_factory=dict)  # every game's shown state
     worker_tier: TierDefaults = field(default_factory=TierDefaults)  # the tier's sizes as a worker gets them
+    # Each starting or running worker's run spec: what it was started with, which its game's
+    # stored settings may since differ from (fleetd/supervision/pending.py). Specs are frozen.
+    started: Mapping[str, LaunchSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A read-only view of a private copy: no reader can change what others see.
         object.__setattr__(self, "games", MappingProxyType(dict(self.games)))
+        object.__setattr__(self, "started", MappingProxyType(dict(self.started)))
 
     def counts(self) -> Counter[Shown]:
         return Counter(self.games.values())

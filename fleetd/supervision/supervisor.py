@@ -12,6 +12,7 @@ import logging
 import queue
 import signal
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from fleetd.clock import Clock
@@ -24,7 +25,7 @@ from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
 from fleetd.governor.preemption import pick_preemption
 from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
-from fleetd.states import LIVE, Desired, State, shown, wants_slot
+from fleetd.states import LIVE, TRAINING, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
@@ -35,6 +36,7 @@ from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.launcher import run_spec_path
 from fleetd.supervision.learning import LearningWatch
 from fleetd.supervision.learning_actions import FleetSide, LearningActions
+from fleetd.supervision.pending import restart_reason
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
@@ -44,7 +46,7 @@ from fleetd.supervision.spec import cpu_allotment, launch_for
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
 from workers.protocol.exit_codes import exit_record_path, read_exit_record
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.protocol.spec import RunSpec, Sizes, SpecError, TierDefaults
+from workers.protocol.spec import LaunchSpec, RunSpec, SpecError, TierDefaults
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ class Supervisor:
         # cost the loop most of its time, so they are ticked only when one is due (or after an
         # exit or a command, which change deadlines).
         self._next_due = clock.monotonic()
-        self._rolling: str | None = None  # the game restarting with new tier settings
+        self._rolling: str | None = None  # the game restarting for new sizes, one at a time
         # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
@@ -259,7 +261,7 @@ class Supervisor:
         slots = self._slots()
         games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
         view = self.fleet.governor_view(slots)
-        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier)
+        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, _started(self.procs))
         self.snapshots.publish(snapshot)
 
     def _apply_desired(self, proc: WorkerProcess) -> None:
@@ -326,16 +328,16 @@ class Supervisor:
         return False
 
     def _roll_tier_changes(self) -> None:
-        """Restart running workers whose tier settings changed, one at a time, from checkpoint."""
+        """Restart running workers whose num_envs or batch_size changed (a tier's or their own
+        setting's), one at a time, from checkpoint; the reason says whose."""
         current = self.procs.get(self._rolling) if self._rolling else None
         if current is not None and current.state in (State.STOPPING, State.STOPPED, State.STARTING, State.BACKOFF):
             if current.state is not State.STOPPED or self.fleet.admitted(current.name):
                 return  # still on its way back
         self._rolling = None
         for proc in self.procs.values():
-            if proc.state is State.RUNNING and _sizes(proc.spawned_launch) != _sizes(proc.launch) and self._stop(
-                proc, "restarting from its checkpoint with the new tier settings"
-            ):
+            why = _restart_reason(proc, asked=False) if proc.state is State.RUNNING else None
+            if why is not None and self._stop(proc, why):
                 self._rolling = proc.name
                 return
 
@@ -488,11 +490,14 @@ class Supervisor:
             proc.reset("start requested: waiting for admission")
 
     def _restart(self, name: str) -> None:
-        """The launch was rebuilt by `_govern` from the games just read; the restart follows
-        from desired `running` once the worker has stopped."""
+        """`--restart` (or new sizes): a live worker started with other settings than its game's
+        stops; one that already runs with them is left alone (a second `--restart`). The launch
+        was rebuilt by `_govern` from the games just read; the restart follows from desired
+        `running` once the worker has stopped."""
         proc = self.procs.get(name)
-        if proc is not None and proc.state in (State.STARTING, State.RUNNING):
-            self._stop(proc, "restarting with its changed settings")
+        why = _restart_reason(proc, asked=True) if proc is not None and proc.state in TRAINING else None
+        if proc is not None and why is not None:
+            self._stop(proc, why)
 
     def _start_waiting(self, name: str) -> None:
         """`games start` on a game in backoff that holds a slot: no need to wait out the delay."""
@@ -574,10 +579,19 @@ def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]
             proc.on_checkpoint(proc.run_id, record.steps)
 
 
-def _sizes(launch: Launch | None) -> Sizes | None:
-    """What a tier change can change in a running worker: its env count and batch size, after
-    explicit hyperparams (a game that sets both is never restarted for a tier change)."""
-    return None if launch is None or launch.spec is None else launch.spec.sizes()
+def _restart_reason(proc: WorkerProcess, asked: bool) -> str | None:
+    """Why its live worker restarts now for what it was started with (`spawned_launch`) against
+    what the game's settings and tier give now (`launch`); None: it keeps running."""
+    started, wanted = proc.spawned_launch, proc.launch
+    if started is None or started.spec is None or wanted.spec is None:
+        return None
+    return restart_reason(started.spec, wanted.spec, asked)
+
+
+def _started(procs: Mapping[str, WorkerProcess]) -> dict[str, LaunchSpec]:
+    """Each starting or running worker's run spec, for the snapshot (the API's pending settings)."""
+    return {name: proc.spawned_launch.spec for name, proc in procs.items()
+            if proc.state in TRAINING and proc.spawned_launch is not None and proc.spawned_launch.spec is not None}
 
 
 def _launch_of_run(current: Launch, run: RunRecord) -> Launch:

@@ -119,15 +119,8 @@ def test_a_fresh_start_only_key_is_refused_once_the_game_has_trained(client: Tes
     assert resumable.status_code == 200  # the unchanged fresh-start key may stay
 
 
-def test_restart_is_asked_for_training_settings_of_a_running_game(client: TestClient, context, db, clock) -> None:
-    client.post("/api/v1/games", json=CART)
-    assert patch(client, {"hyperparams": {"ent_coef": 0.02}}, restart="true").json()["restarting"] is False  # stopped
-    running(db, clock, "cart")
-    assert patch(client, {"priority": 2}, restart="true").json()["restarting"] is False
-    assert "RestartGame" not in context.supervisor.commands
-    game = patch(client, {"hyperparams": {"ent_coef": 0.01}}, restart="true").json()
-    assert game["restarting"] is True and context.supervisor.commands[-2:] == ["Reconcile", "RestartGame"]
-    assert events(client, "settings_changed")[0]["details"]["restart"] is True
+# Restarts (`restart=true`, new sizes) and pending settings: tests/games/test_pending_settings.py,
+# against what the real supervisor loop shows of its workers.
 
 
 def test_patch_names_the_games_algo_beside_hyperparameters(client: TestClient) -> None:

@@ -11,14 +11,16 @@ from fleetd.api.routes.games import GameName, game_out
 from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut,
                                      SettingChangeOut)
 from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet
-from fleetd.games.settings import SettingChange, update_settings, will_restart
+from fleetd.games.settings import SettingChange, update_settings
 from fleetd.games.spec import GameSettings
 from fleetd.supervision.commands import Reconcile, RestartGame
+from fleetd.supervision.pending import LiveRuns
 
 router = APIRouter(tags=["fleet spec"])
-RESTART = Query(False, description="restart a running game now, from a final checkpoint, to take the new "
-                                   "settings (priority alone needs no restart; a game not running takes them "
-                                   "when it starts)")
+RESTART = Query(False, description="restart a running game now, from a final checkpoint, if it runs with other "
+                                   "settings than its stored ones: this request's, or an earlier one's (priority "
+                                   "and health settings need no restart; a game not running takes them when it "
+                                   "starts; a change of num_envs or batch_size restarts it in any case)")
 
 
 def _changes(changes: list[SettingChange]) -> list[SettingChangeOut]:
@@ -40,14 +42,18 @@ def patch_game(
     context: AppContext = Depends(get_context),
 ) -> GameChangedOut:
     """Change a game's priority, goals, checkpoint interval or hyperparameters; applied at its
-    next start (or now, with `restart`). `hyperparams` come with `algo`, the game's algorithm
-    (422 without it, 409 for another), and are that algorithm's keys only. A hyperparameter
-    that needs a fresh start is refused (422) once the game has trained. The event `settings_changed` names old and new values."""
+    next start (or now, with `restart`; a change of num_envs or batch_size restarts a running
+    game in any case). `pending` lists what its live worker was not started with. `hyperparams`
+    come with `algo`, the game's algorithm (422 without it, 409 for another), and are that
+    algorithm's keys only. A hyperparameter that needs a fresh start is refused (422) once the
+    game has trained. The event `settings_changed` names old and new values."""
     values = body.model_dump(include=body.model_fields_set)
-    game, changes = update_settings(context.db, context.clock, name, values, context.catalog, restart)
-    restarting = will_restart(game, changes, restart)
+    workers = LiveRuns.of(context.snapshot, context.settings)
+    done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers)
+    restarting = done.restart is not None
     _tell(context, [name] if restarting else [])
-    return GameChangedOut(**game_out(game).model_dump(), changes=_changes(changes), restarting=restarting)
+    return GameChangedOut(**game_out(done.game).model_dump(), changes=_changes(done.changes),
+                          pending=_changes(done.pending), restarting=restarting)
 
 
 @router.get("/fleet/spec", response_model=FleetSpecOut)
@@ -65,7 +71,8 @@ def apply_fleet_spec(
 ) -> FleetApplyOut:
     """Add or update the games of the file; stop and remove those marked `absent`. Games the
     file does not name are left alone. All of it is checked before anything is written."""
-    plans = apply_fleet(context.db, context.clock, list(body.games), context.catalog, dry_run, restart)
+    workers = LiveRuns.of(context.snapshot, context.settings)
+    plans = apply_fleet(context.db, context.clock, list(body.games), context.catalog, dry_run, restart, workers)
     changed = any(plan.action != "none" for plan in plans)
     if changed and not dry_run:
         _tell(context, [plan.name for plan in plans if plan.restarting])
