@@ -104,11 +104,13 @@ def test_cli_follows_picks_older_runs_and_a_readded_game_starts_a_fresh_log(daem
     missing = fleetd_cli(daemon.config, "logs", "chat", "--run", "999")
     assert missing.returncode == 4 and "has no run 999" in missing.stderr
 
-    # Removed (files kept) and added again: new run ids, so a new log file, holding only the new run.
+    # Removed (files kept) and added again, resuming from them: new run ids, so a new log file,
+    # holding only the new run.
     stop(daemon, "chat")
     assert httpx.delete(f"{daemon.config.url}/api/v1/games/chat", timeout=10,
                         headers={"Authorization": f"Bearer {daemon.config.token()}"}).status_code == 204
-    assert daemon.post("/api/v1/games", {"name": "chat", "env_id": "CartPole-v1", "algo": "ppo"}).status_code == 201
+    body = {"name": "chat", "env_id": "CartPole-v1", "algo": "ppo"}
+    assert daemon.post("/api/v1/games?kept=resume", body).status_code == 201
     third = start_and_wait(daemon, "chat")
     assert third > second
     whole = logs(daemon, "chat", lines=10000).text

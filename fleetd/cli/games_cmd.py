@@ -2,6 +2,7 @@
 
 import json
 import time
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +16,13 @@ from fleetd.states import Desired, Shown
 games_app = command_group("Add, stop, start, remove and list games.")
 
 SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
+
+
+class KeptChoice(StrEnum):
+    """`--kept`: the API's `kept` (fleetd.games.kept.Kept), spelled as an option value."""
+
+    RESUME = "resume"
+    SET_ASIDE = "set-aside"
 
 
 def parse_hyperparams(pairs: list[str], usage: str = "--hp") -> dict[str, Any]:
@@ -65,11 +73,15 @@ def add(
     checkpoint_interval: Annotated[float | None, typer.Option(help="Seconds between checkpoints.")] = None,
     hp: Annotated[list[str] | None, typer.Option(help="Hyperparameter override key=value; repeat.")] = None,
     stopped: Annotated[bool, typer.Option("--stopped", help="Add it without starting it.")] = False,
+    kept: Annotated[KeptChoice | None, typer.Option(
+        help="A removed game of this name left checkpoints (rm without --purge): resume trains on from them "
+             "(same env and algo only); set-aside moves them under the game's removed/ folder and starts afresh.")] = None,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Add a game; it starts training unless --stopped. Says its state; exits 3 when it waits
-    for a slot (pending), with why."""
+    for a slot (pending), with why. Refused, saying so, where a removed game of the name left
+    checkpoints and --kept does not say what to do with them."""
     from fleetd.cli import render
 
     body = {
@@ -84,7 +96,8 @@ def add(
         "desired": Desired.STOPPED if stopped else Desired.RUNNING,
     }
     wait = module_check_wait(env_id)
-    game = call(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params={"wait": "true"}))
+    params = {"wait": "true", "kept": kept.value.replace("-", "_") if kept else None}
+    game = call(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params=params))
     _show(game, json_out, render.added_text(game))
     _exit_if_waiting(game)
 
@@ -178,7 +191,8 @@ def remove(
 ) -> None:
     """Remove a stopped game (stop it first). Its files stay on disk unless --purge."""
     call(config, lambda client: client.delete(f"/api/v1/games/{name}", purge=str(purge).lower()))
-    typer.echo(f"removed {name}" + ("" if purge else " (files kept)"))
+    kept = f" (files kept: adding {name} again asks --kept resume or set-aside for its checkpoints)"
+    typer.echo(f"removed {name}" + ("" if purge else kept))
 
 
 def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: str) -> dict[str, Any]:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
+from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
     NO_WORKERS,
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
 
 Action = Literal["add", "update", "restart", "stop", "remove", "none"]
+Found = tuple[KeptFiles, int]  # a removed game's checkpoints under a name, and the newest one's step count
 
 
 def _boolean(value: Any) -> Any:
@@ -89,11 +92,14 @@ class GamePlan:
 
 
 def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCatalog, restart: bool,
-               workers: LiveWorkers = NO_WORKERS) -> list[GamePlan]:
-    """What applying `games` would do, every entry checked first (FleetdError names the culprit)."""
+               workers: LiveWorkers = NO_WORKERS, kept: Mapping[str, Found] | None = None) -> list[GamePlan]:
+    """What applying `games` would do, every entry checked first (FleetdError names the culprit).
+    `kept`: the names a removed game left checkpoints under (`kept_of_new`)."""
     _check_unique(games)
     current = {game.name: game for game in game_store.read_games(session)}
-    return [_plan(index, entry, current.get(entry.name), catalog, restart, workers) for index, entry in enumerate(games)]
+    kept = kept or {}
+    return [_plan(index, entry, current.get(entry.name), catalog, restart, workers, kept.get(entry.name))
+            for index, entry in enumerate(games)]
 
 
 def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
@@ -105,12 +111,14 @@ def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
 
 
 def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCatalog, restart: bool,
-          workers: LiveWorkers) -> GamePlan:
+          workers: LiveWorkers, kept: Found | None = None) -> GamePlan:
     prefix = f"games[{index}]."
     if isinstance(entry, AbsentGame):
         return _plan_absent(entry.name, game)
     if game is None:
         check_draft(_draft(entry), catalog, prefix)
+        if kept is not None:
+            _refuse_kept(prefix, entry, *kept)
         return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
     check_identity(game, entry.env_id, entry.algo, prefix)
     changes = setting_changes(game, entry.wanted())
@@ -166,6 +174,23 @@ def _when(changes: list[SettingChange], pending: list[SettingChange], again: boo
     return PRIORITY_NOTE if fields == {"priority"} and training == WAITS else f"{training}; {PRIORITY_NOTE}"
 
 
+def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) -> NoReturn:
+    """A file cannot say what to do with a removed game's checkpoints: `games add` says it once."""
+    refuse(files, steps, f"{prefix}name", f"add it first with `fleetd games add {entry.name} {entry.env_id} "
+           "--kept resume|set-aside` (resume: train on from them, only with that game's env_id and algo; "
+           "set-aside: start afresh with them moved aside), then apply; or give it another name")
+
+
+def kept_of_new(db: Database, games: list[FleetGame | AbsentGame],
+                files_of: Callable[[str], KeptFiles]) -> dict[str, Found]:
+    """The entries to add whose name a removed game left checkpoints under. Looked for before
+    the plan's transaction: a listing at a URL storage must not hold it open."""
+    with db.transaction() as session:
+        current = {game.name for game in game_store.read_games(session)}
+    new = [files_of(entry.name) for entry in games if isinstance(entry, FleetGame) and entry.name not in current]
+    return {files.name: (files, steps) for files in new if (steps := files.newest_steps()) is not None}
+
+
 def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
     if game is None:
         return GamePlan(name, "none", note="absent: not there")
@@ -185,12 +210,15 @@ def _draft(entry: FleetGame) -> GameDraft:
 
 
 def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame], catalog: EnvCatalog,
-                dry_run: bool = False, restart: bool = False, workers: LiveWorkers = NO_WORKERS) -> list[GamePlan]:
+                files_of: Callable[[str], KeptFiles], dry_run: bool = False, restart: bool = False,
+                workers: LiveWorkers = NO_WORKERS) -> list[GamePlan]:
     """Plan, check, and (unless `dry_run`) write every change in one transaction; a `restart`
-    plan writes nothing (the caller restarts the worker)."""
+    plan writes nothing (the caller restarts the worker). `files_of`: where a game of that name
+    keeps checkpoints; an entry to add is refused where a removed game left some."""
     entries = {entry.name: entry for entry in games}
+    kept = kept_of_new(db, games, files_of)
     with db.transaction() as session:
-        plans = plan_fleet(session, games, catalog, restart, workers)
+        plans = plan_fleet(session, games, catalog, restart, workers, kept)
         if not dry_run:
             for plan in plans:
                 _write(session, clock, plan, entries[plan.name])

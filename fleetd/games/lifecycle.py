@@ -11,6 +11,7 @@ from fleetd.clock import Clock
 from fleetd.config import GameSeed
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
+from fleetd.games.kept import Kept, KeptFiles, sort_kept
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.health.settings import HealthSettingError, settings_for
 from fleetd.states import REMOVABLE, Desired, Shown, State, shown
@@ -62,15 +63,36 @@ def refuse_field(field: str, reason: str) -> None:
     raise FleetdError(ErrorCode.VALIDATION, f"{field}: {reason}", {"errors": [{"field": field, "reason": reason}]})
 
 
-def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog) -> GameRecord:
+def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog,
+             files: KeptFiles | None = None, kept: Kept | None = None) -> GameRecord:
+    """`files`: where a removed game of the name may have left checkpoints, and `kept` what to do
+    with them (fleetd/games/kept.py); None for an import, which checked them itself."""
     check_draft(draft, catalog)
+    # Looked for before the write transaction: a listing at a URL must not hold SQLite's lock.
+    steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
     now = clock.now()
     with db.transaction() as session:
-        return record_added(session, now, draft, game_store.create_game(session, draft, now))
+        game = game_store.create_game(session, draft, now)  # a taken name is refused before any move
+        # In the transaction: a set-aside that fails leaves no game to resume from what stayed.
+        note = sort_kept(files, steps, kept, now) if files is not None and steps is not None else ""
+        return record_added(session, now, draft, game, note)
 
 
-def record_added(session: Session, now: datetime, draft: GameDraft, game: GameRecord) -> GameRecord:
-    create_event(session, now, "game_added", f"added {draft.name} ({draft.env_id}, {draft.algo})", game=draft.name)
+def name_free(db: Database, name: str) -> bool:
+    """No game has the name now (an add may still find it taken: its create says so)."""
+    try:
+        with db.transaction() as session:
+            game_store.read_game(session, name)
+    except FleetdError as exc:
+        if exc.code is ErrorCode.NOT_FOUND:
+            return True
+        raise
+    return False
+
+
+def record_added(session: Session, now: datetime, draft: GameDraft, game: GameRecord, note: str = "") -> GameRecord:
+    message = f"added {draft.name} ({draft.env_id}, {draft.algo}){note}"
+    create_event(session, now, "game_added", message, game=draft.name)
     return game
 
 

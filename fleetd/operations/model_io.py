@@ -22,7 +22,8 @@ from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
-from fleetd.games.lifecycle import add_game, check_draft
+from fleetd.games.kept import KeptFiles, kept_files, refuse
+from fleetd.games.lifecycle import add_game, check_draft, name_free
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -73,7 +74,7 @@ def import_game(settings: Settings, db: Database, clock: Clock, catalog: EnvCata
     """Check the upload, write it as the game's first checkpoint, add the game."""
     catalog.check(request.env_id)
     game_dir = settings.game_dir(request.name)
-    _check_new(db, request.name, game_dir / "checkpoints")
+    _check_new(db, kept_files(settings, request.name), request.env_id)
     with tempfile.TemporaryDirectory(prefix="import-", dir=_transfers(settings)) as work:
         staged = _unpack(upload, Path(work) / "upload")
         facts = _facts(staged, request.algo)
@@ -92,19 +93,14 @@ def _transfers(settings: Settings) -> Path:
     return settings.transfers_dir
 
 
-def _check_new(db: Database, name: str, checkpoint_dir: Path) -> None:
-    try:
-        with db.transaction() as session:
-            game_store.read_game(session, name)
-    except FleetdError as exc:
-        if exc.code is not ErrorCode.NOT_FOUND:
-            raise
-    else:
+def _check_new(db: Database, files: KeptFiles, env_id: str) -> None:
+    name = files.name
+    if not name_free(db, name):
         raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} already exists: import under a new name",
                           {"name": name})
-    if checkpoint.list_checkpoints(checkpoint_dir):
-        raise FleetdError(ErrorCode.CONFLICT, f"{checkpoint_dir} already holds checkpoints (a removed game's "
-                          "files?): move them away, or import under a new name", {"name": name})
+    if (steps := files.newest_steps()) is not None:  # an import is its model's game, never a removed one's
+        refuse(files, steps, "name", f"import under another name, or set them aside first: `fleetd games add "
+               f"{name} {env_id} --kept set-aside --stopped`, `fleetd games rm {name}`, then import")
 
 
 def _unpack(upload: Path, folder: Path) -> Staged:

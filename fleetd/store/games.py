@@ -74,6 +74,10 @@ def _row(session: Session, name: str) -> Game:
 
 
 def create_game(session: Session, draft: GameDraft, now: datetime) -> GameRecord:
+    """A taken name is a CONFLICT, and the caller's transaction is then done for (it rolls back).
+    No savepoint: pysqlite begins no transaction for a SAVEPOINT, so one issued as a transaction's
+    first write was the transaction itself, and releasing it committed the game whatever the
+    caller did next (an add whose next step failed left its game behind)."""
     row = Game(
         name=draft.name,
         env_id=draft.env_id,
@@ -90,10 +94,9 @@ def create_game(session: Session, draft: GameDraft, now: datetime) -> GameRecord
         created_at=now,
         updated_at=now,
     )
+    session.add(row)
     try:
-        with session.begin_nested():
-            session.add(row)
-            session.flush()
+        session.flush()
     except IntegrityError:
         raise FleetdError(ErrorCode.CONFLICT, f"a game named {draft.name!r} exists", {"name": draft.name}) from None
     return _record(session, row)

@@ -14,7 +14,8 @@ from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
 from fleetd.store.engine import Database
-from fleetd.store.games import update_game_state
+from fleetd.store.games import create_game, read_games, update_game_state
+from fleetd.store.records import GameDraft
 from tests.api_context import answer_start
 from tests.fakes import FakeClock, FakeHost
 
@@ -71,6 +72,15 @@ def test_duplicate_name_is_409(client: TestClient) -> None:
     add(client)
     error = error_of(add(client), 409)
     assert error["code"] == "conflict" and "pong" in error["message"]
+
+
+def test_a_game_added_in_a_transaction_that_then_fails_is_not_there(db: Database, clock: FakeClock) -> None:
+    """The add and what follows it in the transaction (an event, a set-aside) are one unit."""
+    with pytest.raises(RuntimeError), db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+        raise RuntimeError("the step after the add failed")
+    with db.transaction() as session:
+        assert read_games(session) == []
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", "Pong", "", "-x", "x" * 65, "a b", "nul\x00", "ünï"])

@@ -25,6 +25,7 @@ from fleetd.api.schemas import (
     SettingsOut,
 )
 from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.games.kept import Kept, kept_files
 from fleetd.games.lifecycle import add_game, remove_game, set_desired, shown_reason, shown_state
 from fleetd.health.rules import HealthRecord
 from fleetd.games.slug import GAME_NAME_PATTERN
@@ -44,6 +45,11 @@ ROLLBACK_WAIT_S = 30.0  # renames within one folder, and a busy SQLite
 GAMES_PAGE_MAX = 1000
 CURSOR_PATTERN = r"^-?[0-9]{1,4}\.-?[0-9]{1,16}\.[0-9]{1,18}$"  # priority.created_at_us.id
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
+KEPT_HELP = ("what to do with the checkpoints a removed game of this name left (`fleetd games rm` without "
+             "`purge` keeps them): `resume` trains on from them (only with that game's env_id and algo); "
+             "`set_aside` moves them under the game's `removed/` folder (and drops them from [cluster] storage "
+             "when a URL) and starts afresh. Without it such an add is refused (409 naming `kept`); ignored "
+             "when none were left")
 
 
 def checkpoint_out(record: CheckpointRecord) -> CheckpointOut:
@@ -123,12 +129,15 @@ def position_of(cursor: str) -> GamePosition:
 def create_game(
     body: GameCreate,
     wait: bool = Query(False, description="wait for the supervisor's admission, as a start does, and answer with it"),
+    kept: Kept | None = Query(None, description=KEPT_HELP),
     context: AppContext = Depends(get_context),
 ) -> GameStartOut:
     """Add a game; with `desired: running` (the default) the supervisor starts it. With `wait`,
     `admission` says whether the governor admitted it and, if not, why and what would (null
-    without `wait`: a burst of adds is not held up one supervisor turn each)."""
-    game = add_game(context.db, context.clock, GameDraft(**body.model_dump()), context.catalog)
+    without `wait`: a burst of adds is not held up one supervisor turn each). 409 naming `kept`
+    when a removed game of the name left checkpoints and `kept` does not say what to do with them."""
+    files = kept_files(context.settings, body.name)
+    game = add_game(context.db, context.clock, GameDraft(**body.model_dump()), context.catalog, files, kept)
     if not wait or game.desired != Desired.RUNNING:
         _tell_supervisor(context, Reconcile())
         return GameStartOut(**game_out(game).model_dump(), admission=None)

@@ -3,6 +3,8 @@ from a file (`PUT /fleet/spec`, `GET /fleet/spec`); docs/operations.md#the-fleet
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
@@ -10,6 +12,7 @@ from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName, game_out
 from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut,
                                      SettingChangeOut)
+from fleetd.games.kept import kept_files
 from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet
 from fleetd.games.settings import SettingChange, update_settings
 from fleetd.games.spec import GameSettings
@@ -70,9 +73,13 @@ def apply_fleet_spec(
     context: AppContext = Depends(get_context),
 ) -> FleetApplyOut:
     """Add or update the games of the file; stop and remove those marked `absent`. Games the
-    file does not name are left alone. All of it is checked before anything is written."""
+    file does not name are left alone. All of it is checked before anything is written. A game
+    to add whose name a removed game left checkpoints under is refused (409 naming
+    `games[i].name`): add it with `POST /games?kept=...` first, which says what to do with them."""
     workers = LiveRuns.of(context.snapshot, context.settings)
-    plans = apply_fleet(context.db, context.clock, list(body.games), context.catalog, dry_run, restart, workers)
+    files_of = partial(kept_files, context.settings)
+    plans = apply_fleet(context.db, context.clock, list(body.games), context.catalog, files_of, dry_run, restart,
+                        workers)
     changed = any(plan.action != "none" for plan in plans)
     if changed and not dry_run:
         _tell(context, [plan.name for plan in plans if plan.restarting])

@@ -1,0 +1,145 @@
+"""A removed game's checkpoints, met by a game added under its name.
+
+`fleetd games rm NAME` without `--purge` keeps `games/NAME/` (and, with `[cluster] storage` a URL,
+the game's copies there). A game added later under the name would resume from them: another
+env's checkpoints do not load (FATAL), another network's load as the old one. So an add that
+finds them is refused until it says which it wants (`kept`): `resume` trains on from them,
+`set_aside` moves them under the game's `removed/` folder (kept for a look, as a rollback keeps
+what it sets aside under `rolled_back/`) and starts afresh.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import NoReturn
+
+from fleetd.config import Settings
+from fleetd.errors import ErrorCode, FleetdError
+from workers import checkpoint
+
+
+class Kept(StrEnum):
+    """What a game added under a removed game's name does with that game's checkpoints."""
+
+    RESUME = "resume"
+    SET_ASIDE = "set_aside"
+
+
+@dataclass(frozen=True)
+class KeptFiles:
+    """Where a game of this name keeps checkpoints: its folder, and [cluster] storage when a URL."""
+
+    name: str
+    game_dir: Path
+    storage_url: str | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.game_dir / "checkpoints"
+
+    def newest_steps(self) -> int | None:
+        """The step count of the newest checkpoint kept here or at the URL; None when none is."""
+        steps = [info.steps for info in checkpoint.list_checkpoints(self.checkpoints)[:1]]
+        steps += [int(name[5:]) for name in self._remote_names()[:1]]
+        return max(steps, default=None)
+
+    def where(self) -> str:
+        if checkpoint.list_checkpoints(self.checkpoints) or self.storage_url is None:
+            return str(self.checkpoints)
+        return f"[cluster] storage ({self.storage_url})"
+
+    def _remote_names(self) -> list[str]:
+        if self.storage_url is None:
+            return []
+        from fleetd.cluster.storage import remote_names
+        from fleetd.operations.backup import Target
+
+        try:
+            return remote_names(Target(self.storage_url), self.name)
+        except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backends'
+            raise FleetdError(ErrorCode.INTERNAL, f"{self.name}: cannot look for a removed game's checkpoints at "
+                              f"[cluster] storage ({self.storage_url}): {exc}; nothing was added: retry once "
+                              "it answers", {"name": self.name}) from exc
+
+
+def kept_files(settings: Settings, name: str) -> KeptFiles:
+    return KeptFiles(name, settings.game_dir(name), settings.cluster.storage_url)
+
+
+def describe(files: KeptFiles, steps: int) -> str:
+    return (f"{files.where()} holds the checkpoints of a removed game named {files.name!r} "
+            f"(newest at {steps} steps)")
+
+
+def refuse(files: KeptFiles, steps: int, field: str, what_to_do: str) -> NoReturn:
+    """409 naming `field`: a choice about the kept checkpoints is needed, and `what_to_do` says how."""
+    raise FleetdError(ErrorCode.CONFLICT, f"{field}: {describe(files, steps)}: {what_to_do}",
+                      {"field": field, "name": files.name, "newest_steps": steps})
+
+
+ADD_CHOICES = ("add it with kept=resume to train on from them (only with that game's env_id and algo; "
+               "`--kept resume` on the CLI), with kept=set_aside to start afresh with them moved aside "
+               "(`--kept set-aside`), or under another name")
+
+
+def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime) -> str:
+    """Do what `kept` says with the checkpoints found (newest at `steps`); what the game_added
+    event adds to its message. Refused (409 naming `kept`) without a choice."""
+    if kept is None:
+        refuse(files, steps, "kept", ADD_CHOICES)
+    if kept is Kept.RESUME:
+        return f"; it resumes from the kept checkpoints of the removed game at {steps} steps"
+    into = set_aside(files, now)
+    moved = f" in {into}" if into is not None else ""
+    dropped = " (and dropped from [cluster] storage)" if files.storage_url is not None else ""
+    return f"; the removed game's kept checkpoints (newest at {steps} steps) set aside{moved}{dropped}: " \
+           "it starts afresh"
+
+
+def set_aside(files: KeptFiles, now: datetime) -> Path | None:
+    """The local folder moved under `removed/` (in one rename), then the URL's copies dropped:
+    each run pulls the URL's newest. Where the folder went; None when only the URL held some."""
+    into = _move_folder(files, now) if checkpoint.list_checkpoints(files.checkpoints) else None
+    if files.storage_url is not None:
+        _drop_from_storage(files, files.storage_url, into)
+    return into
+
+
+def _move_folder(files: KeptFiles, now: datetime) -> Path:
+    into = _unused(files.game_dir / "removed" / f"{now:%Y%m%dT%H%M%S}-checkpoints")
+    try:
+        into.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(files.checkpoints, into)
+        for folder in (files.game_dir, into.parent):  # the rename, durable on both sides
+            checkpoint.fsync_path(folder)
+    except OSError as exc:
+        raise FleetdError(ErrorCode.INTERNAL, f"{files.name}: setting the removed game's checkpoints aside failed: "
+                          f"moving {files.checkpoints} to {into}: {exc}; nothing was added: fix that (or move the "
+                          "folder away yourself) and add it again", {"name": files.name}) from exc
+    return into
+
+
+def _unused(path: Path) -> Path:
+    """Two set-asides within a second (remove and add again, twice) each keep their own folder."""
+    candidate, number = path, 1
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.name}-{number}")
+    return candidate
+
+
+def _drop_from_storage(files: KeptFiles, url: str, into: Path | None) -> None:
+    from fleetd.cluster.storage import drop_after
+    from fleetd.operations.backup import Target
+
+    try:
+        drop_after(Target(url), files.name, -1)  # every step count is above -1
+    except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backends'
+        moved = f"those here were moved to {into}; " if into is not None else ""
+        raise FleetdError(ErrorCode.INTERNAL, f"{files.name}: the removed game's checkpoints at [cluster] storage "
+                          f"({url}) could not be removed: {exc}; {moved}nothing was added: add it "
+                          "again with kept=set_aside once the storage answers", {"name": files.name}) from exc

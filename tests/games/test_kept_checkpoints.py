@@ -1,0 +1,196 @@
+"""A game added under the name of a removed game whose checkpoints were kept (`games rm` without
+`--purge`): refused until `kept` says resume or set them aside, never resumed silently. Through
+the FastAPI app on a real store, with checkpoints written by the worker's own writer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from fleetd.api import create_app
+from fleetd.cli.main import app
+from fleetd.cluster.storage import push_missing, remote_names
+from fleetd.config import Settings
+from fleetd.operations.backup import Target
+from fleetd.store.engine import Database
+from tests.api_context import api_context, serving
+from tests.fakes import FakeClock, FakeHost
+from tests.operations.test_backup import write_ckpt
+from workers import checkpoint
+
+TOKEN = "k" * 32
+CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
+ACROBOT = CART | {"env_id": "Acrobot-v1"}
+
+
+@pytest.fixture
+def context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost):
+    return api_context(settings, db, clock, host, TOKEN)
+
+
+@pytest.fixture
+def client(context) -> Iterator[TestClient]:
+    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def removed_with_checkpoints(client: TestClient, settings: Settings, *steps: int) -> Path:
+    """cart added, trained (its checkpoints on disk), removed without --purge: its folder."""
+    assert client.post("/api/v1/games", json=CART).status_code == 201
+    for count in steps:
+        write_ckpt(settings.game_dir("cart") / "checkpoints", count)
+    assert client.delete("/api/v1/games/cart").status_code == 204
+    return settings.game_dir("cart") / "checkpoints"
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def added_events(client: TestClient) -> list[str]:
+    return [e["message"] for e in client.get("/api/v1/events", params={"kind": "game_added"}).json()["items"]]
+
+
+def names(folder: Path) -> list[str]:
+    return [info.path.name for info in checkpoint.list_checkpoints(folder)]
+
+
+def test_an_add_over_a_removed_games_checkpoints_is_refused_naming_kept(client: TestClient, settings: Settings) -> None:
+    kept = removed_with_checkpoints(client, settings, 2000, 5000)
+    error = error_of(client.post("/api/v1/games", json=ACROBOT), 409)
+    assert error["code"] == "conflict"
+    assert error["details"] == {"field": "kept", "name": "cart", "newest_steps": 5000}
+    assert f"{kept} holds the checkpoints of a removed game named 'cart' (newest at 5000 steps)" in error["message"]
+    for choice in ("kept=resume", "kept=set_aside", "--kept resume", "--kept set-aside", "another name"):
+        assert choice in error["message"], choice
+    assert client.get("/api/v1/games/cart").status_code == 404
+    assert names(kept) == ["ckpt-000000005000", "ckpt-000000002000"]
+
+
+def test_a_taken_name_is_refused_as_taken_not_as_kept_checkpoints(client: TestClient, settings: Settings) -> None:
+    client.post("/api/v1/games", json=CART)
+    write_ckpt(settings.game_dir("cart") / "checkpoints", 5000)  # its own, not a removed game's
+    error = error_of(client.post("/api/v1/games", json=CART, params={"kept": "set_aside"}), 409)
+    assert "exists" in error["message"] and "kept" not in error["details"]
+    assert names(settings.game_dir("cart") / "checkpoints") == ["ckpt-000000005000"]
+
+
+def test_set_aside_moves_them_under_removed_and_the_game_starts_afresh(client: TestClient, settings: Settings) -> None:
+    kept = removed_with_checkpoints(client, settings, 5000)
+    response = client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"})
+    assert response.status_code == 201, response.text
+    assert response.json()["last_checkpoint"] is None and response.json()["env_id"] == "Acrobot-v1"
+    assert names(kept) == []
+    [aside] = (settings.game_dir("cart") / "removed").iterdir()
+    assert aside.name == "20260101T000000-checkpoints"
+    assert names(aside) == ["ckpt-000000005000"] and checkpoint.verify(aside / "ckpt-000000005000")[0]
+    assert client.get("/api/v1/games/cart/checkpoints").json()["items"] == []
+    assert f"set aside in {aside}" in added_events(client)[0]
+
+
+def test_resume_keeps_them_and_the_event_says_it_resumes(client: TestClient, settings: Settings) -> None:
+    kept = removed_with_checkpoints(client, settings, 5000)
+    response = client.post("/api/v1/games", json=CART, params={"kept": "resume"})
+    assert response.status_code == 201, response.text
+    assert names(kept) == ["ckpt-000000005000"]
+    newest = added_events(client)[0]
+    assert newest == "added cart (CartPole-v1, ppo); it resumes from the kept checkpoints of the removed game at 5000 steps"
+
+
+def test_kept_with_nothing_kept_is_accepted_and_moves_nothing(client: TestClient, settings: Settings) -> None:
+    response = client.post("/api/v1/games", json=CART, params={"kept": "set_aside"})
+    assert response.status_code == 201, response.text
+    assert not (settings.game_dir("cart") / "removed").exists()
+    assert added_events(client) == ["added cart (CartPole-v1, ppo)"]
+    refused = error_of(client.post("/api/v1/games", json=CART | {"name": "b"}, params={"kept": "later"}), 422)
+    assert refused["details"]["errors"][0]["field"] == "query.kept"
+
+
+def test_a_set_aside_that_fails_adds_no_game(client: TestClient, settings: Settings) -> None:
+    kept = removed_with_checkpoints(client, settings, 5000)
+    (settings.game_dir("cart") / "removed").write_text("a file where the folder would go")
+    error = error_of(client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"}), 500)
+    assert f"moving {kept} to " in error["message"] and "nothing was added" in error["message"]
+    assert client.get("/api/v1/games/cart").status_code == 404
+    assert names(kept) == ["ckpt-000000005000"]
+    assert len(added_events(client)) == 1  # the first add's only
+
+
+# -- [cluster] storage as a URL ---------------------------------------------------------------
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> Target:
+    (tmp_path / "bucket").mkdir()
+    return Target(f"file://{tmp_path / 'bucket'}")
+
+
+@pytest.fixture
+def url_client(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, bucket: Target) -> Iterator[TestClient]:
+    cluster = settings.cluster.model_copy(update={"storage": bucket.url})
+    context = api_context(settings.model_copy(update={"cluster": cluster}), db, clock, host, TOKEN)
+    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
+        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield test_client
+
+
+def test_checkpoints_kept_at_the_url_alone_refuse_and_set_aside_drops_them(
+    url_client: TestClient, settings: Settings, bucket: Target, tmp_path: Path
+) -> None:
+    for steps in (100, 300):
+        write_ckpt(tmp_path / "node" / "checkpoints", steps)
+    push_missing(bucket, "cart", tmp_path / "node" / "checkpoints")  # the URL's copies; none on the head
+    error = error_of(url_client.post("/api/v1/games", json=ACROBOT), 409)
+    assert error["details"]["newest_steps"] == 300 and f"[cluster] storage ({bucket.url})" in error["message"]
+    assert url_client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"}).status_code == 201
+    assert remote_names(bucket, "cart") == []
+    assert "dropped from [cluster] storage" in added_events(url_client)[0]
+
+
+def test_an_import_under_a_name_kept_at_the_url_is_refused(url_client: TestClient, bucket: Target, tmp_path: Path) -> None:
+    write_ckpt(tmp_path / "node" / "checkpoints", 300)
+    push_missing(bucket, "cart", tmp_path / "node" / "checkpoints")
+    response = url_client.post("/api/v1/games/cart/import", params={"env_id": "CartPole-v1"}, content=b"not a zip",
+                               headers={"Content-Type": "application/zip"})
+    error = error_of(response, 409)
+    assert error["details"]["field"] == "name" and "import under another name" in error["message"]
+
+
+# -- the fleet file and the CLI ---------------------------------------------------------------
+
+
+def test_apply_refuses_a_new_entry_over_kept_checkpoints_naming_its_name(client: TestClient, settings: Settings) -> None:
+    removed_with_checkpoints(client, settings, 5000)
+    spec = {"games": [CART | {"name": "other"}, ACROBOT]}
+    for dry_run in ("true", "false"):
+        error = error_of(client.put("/api/v1/fleet/spec", json=spec, params={"dry_run": dry_run}), 409)
+        assert error["details"] == {"field": "games[1].name", "name": "cart", "newest_steps": 5000}
+        assert error["message"].startswith("games[1].name: ")
+        assert "add it first with `fleetd games add cart Acrobot-v1 --kept resume|set-aside`" in error["message"]
+    assert client.get("/api/v1/games/other").status_code == 404  # nothing of the file was written
+    assert client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"}).status_code == 201
+    applied = client.put("/api/v1/fleet/spec", json=spec).json()
+    assert [(g["name"], g["action"]) for g in applied["games"]] == [("other", "add"), ("cart", "none")]
+
+
+def test_the_cli_prints_the_refusal_and_takes_kept(context, settings: Settings, tmp_path: Path) -> None:
+    write_ckpt(settings.game_dir("cart") / "checkpoints", 5000)  # left by a removed cart
+    with serving(context) as url:
+        config = tmp_path / "cli.toml"
+        config.write_text(f'state_dir = "{tmp_path / "cli-state"}"\n[api]\nport = {url.rsplit(":", 1)[1]}\n'
+                          f'token = "{TOKEN}"\n')
+        refused = fleetd(config, "games", "add", "cart", "Acrobot-v1", "--stopped")
+        assert refused.exit_code == 1 and "holds the checkpoints of a removed game named 'cart'" in refused.output
+        assert "--kept resume" in refused.output and "(conflict, HTTP 409)" in refused.output
+        added = fleetd(config, "games", "add", "cart", "Acrobot-v1", "--stopped", "--kept", "set-aside")
+        assert added.exit_code == 0 and added.output.startswith("added cart"), added.output
+
+
+def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": "200"})
