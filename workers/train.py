@@ -71,8 +71,10 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     if found.unusable and not spec.allow_fresh_start:
         reporter.send_resumed(None, found.skipped, refused=True)
         log.error("checkpoints exist in %s but none verifies and loads; refusing to start from "
-                  "scratch. Inspect them, or set allow_fresh_start to train anew (exit %d)",
-                  spec.checkpoint_dir, ExitCode.CHECKPOINTS_UNUSABLE)
+                  "scratch (exit %d). Inspect them (the reasons above); to train this game anew under "
+                  "fleetd: fleetd games rm %s, then fleetd games add %s %s --kept set-aside (a worker run "
+                  "by hand: allow_fresh_start in its spec)", spec.checkpoint_dir, ExitCode.CHECKPOINTS_UNUSABLE,
+                  spec.game, spec.game, spec.env_id)
         return ExitCode.CHECKPOINTS_UNUSABLE
     if found.unusable:
         log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")

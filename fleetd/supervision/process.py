@@ -258,7 +258,8 @@ class WorkerProcess:
             return Outcome("completed", State.EXITED, "completed: goal reached")
         if status.code == ExitCode.CHECKPOINTS_UNUSABLE:
             return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies and loads "
-                           "(its checkpoint_skipped events say why each was passed over)")
+                           "(its checkpoint_skipped events say why each was passed over); to start afresh: "
+                           "games rm, then games add --kept set-aside")
         if status.code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
         if status.code == ExitCode.DIVERGED:
