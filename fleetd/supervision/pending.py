@@ -15,6 +15,8 @@ from fleetd.config import Settings
 from fleetd.games.fields import SettingChange, key_changes
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.store.records import GameRecord
+from fleetd.states import TRAINING
+from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.spec import launch_spec
 from workers.protocol.spec import LaunchSpec, Sizes, SpecError
 
@@ -85,3 +87,18 @@ class LiveRuns:
             return started, launch_spec(game, self.settings, started.cpu_threads, started.tier_defaults)
         except SpecError:
             return None  # settings its worker would refuse: its next start goes FATAL, saying why
+
+
+def proc_restart_reason(proc: WorkerProcess, asked: bool) -> str | None:
+    """Why its live worker restarts now for what it was started with (`spawned_launch`) against
+    what the game's settings and tier give now (`launch`); None: it keeps running."""
+    started, wanted = proc.spawned_launch, proc.launch
+    if started is None or started.spec is None or wanted.spec is None:
+        return None
+    return restart_reason(started.spec, wanted.spec, asked)
+
+
+def started_specs(procs: Mapping[str, WorkerProcess]) -> dict[str, LaunchSpec]:
+    """Each starting or running worker's run spec, for the snapshot (the API's pending settings)."""
+    return {name: proc.spawned_launch.spec for name, proc in procs.items()
+            if proc.state in TRAINING and proc.spawned_launch is not None and proc.spawned_launch.spec is not None}

@@ -12,7 +12,6 @@ import logging
 import queue
 import signal
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 
 from fleetd.clock import Clock
@@ -36,7 +35,7 @@ from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.launcher import run_spec_path
 from fleetd.supervision.learning import LearningWatch
 from fleetd.supervision.learning_actions import FleetSide, LearningActions
-from fleetd.supervision.pending import restart_reason
+from fleetd.supervision.pending import proc_restart_reason, started_specs
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
@@ -46,7 +45,7 @@ from fleetd.supervision.spec import cpu_allotment, launch_for
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
 from workers.protocol.exit_codes import exit_record_path, read_exit_record
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.protocol.spec import LaunchSpec, RunSpec, SpecError, TierDefaults
+from workers.protocol.spec import RunSpec, SpecError, TierDefaults
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +260,7 @@ class Supervisor:
         slots = self._slots()
         games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
         view = self.fleet.governor_view(slots)
-        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, _started(self.procs))
+        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, started_specs(self.procs))
         self.snapshots.publish(snapshot)
 
     def _apply_desired(self, proc: WorkerProcess) -> None:
@@ -336,7 +335,7 @@ class Supervisor:
                 return  # still on its way back
         self._rolling = None
         for proc in self.procs.values():
-            why = _restart_reason(proc, asked=False) if proc.state is State.RUNNING else None
+            why = proc_restart_reason(proc, asked=False) if proc.state is State.RUNNING else None
             if why is not None and self._stop(proc, why):
                 self._rolling = proc.name
                 return
@@ -495,7 +494,7 @@ class Supervisor:
         was rebuilt by `_govern` from the games just read; the restart follows from desired
         `running` once the worker has stopped."""
         proc = self.procs.get(name)
-        why = _restart_reason(proc, asked=True) if proc is not None and proc.state in TRAINING else None
+        why = proc_restart_reason(proc, asked=True) if proc is not None and proc.state in TRAINING else None
         if proc is not None and why is not None:
             self._stop(proc, why)
 
@@ -577,21 +576,6 @@ def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]
     for record in on_disk:
         if record.verified and record.created_at >= proc.spawned_wall:
             proc.on_checkpoint(proc.run_id, record.steps)
-
-
-def _restart_reason(proc: WorkerProcess, asked: bool) -> str | None:
-    """Why its live worker restarts now for what it was started with (`spawned_launch`) against
-    what the game's settings and tier give now (`launch`); None: it keeps running."""
-    started, wanted = proc.spawned_launch, proc.launch
-    if started is None or started.spec is None or wanted.spec is None:
-        return None
-    return restart_reason(started.spec, wanted.spec, asked)
-
-
-def _started(procs: Mapping[str, WorkerProcess]) -> dict[str, LaunchSpec]:
-    """Each starting or running worker's run spec, for the snapshot (the API's pending settings)."""
-    return {name: proc.spawned_launch.spec for name, proc in procs.items()
-            if proc.state in TRAINING and proc.spawned_launch is not None and proc.spawned_launch.spec is not None}
 
 
 def _launch_of_run(current: Launch, run: RunRecord) -> Launch:
