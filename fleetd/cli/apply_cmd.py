@@ -160,12 +160,20 @@ def settings_text(name: str, game: dict[str, Any], asked: bool) -> str:
         when += "" if asked else " (a change of num_envs or batch_size applies only by a restart)"
     elif earlier:
         when = f"pending until its next start (--restart applies it now): {earlier}"
-        when = f"applied at its next start; {when}" if changed else when
+        when = f"{_taken_when(changed)}; {when}" if changed else when
     elif changed:
-        when = "applied at its next start"
+        when = _taken_when(changed)
     else:
         return f"{name}: no change"
     return f"{name}: {_listed(game['changes']) or 'no change'}; {when}"
+
+
+def _taken_when(changed: set[str]) -> str:
+    """Priority and health settings are read by the daemon, not the worker: no start needed."""
+    said = ["applied at its next start"] if {f for f in changed if not f.startswith(("priority", "health_settings"))} else []
+    said += ["priority at the governor's next step"] if "priority" in changed else []
+    said += ["health settings at its next evaluation"] if any(f.startswith("health_settings") for f in changed) else []
+    return "; ".join(said)
 
 
 def _listed(changes: list[dict[str, Any]]) -> str:

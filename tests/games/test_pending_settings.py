@@ -88,8 +88,12 @@ def test_restart_after_a_plain_set_of_the_same_value_restarts_for_it(loop: Loop)
 def test_restart_is_asked_for_training_settings_of_a_running_game_only(loop: Loop) -> None:
     client = running_cart(loop)
     pid = loop.pid("cart")
-    assert patch(client, {"priority": 2}, restart="true")["restarting"] is False  # the governor reads it
-    assert patch(client, {"health_settings": {"on_plateau": "yield"}}, restart="true")["restarting"] is False
+    priority = patch(client, {"priority": 2}, restart="true")
+    assert priority["restarting"] is False  # the governor reads it
+    assert settings_text("cart", priority, asked=True) == "cart: priority 0 -> 2; priority at the governor's next step"
+    health = patch(client, {"health_settings": {"on_plateau": "yield"}}, restart="true")
+    assert health["restarting"] is False
+    assert settings_text("cart", health, asked=True).endswith("; health settings at its next evaluation")
     assert loop.state("cart") is State.RUNNING
     game = patch(client, {"algo": "ppo", "hyperparams": {"ent_coef": 0.01}}, restart="true")
     assert game["restarting"] is True
