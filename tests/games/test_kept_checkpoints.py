@@ -19,24 +19,12 @@ from fleetd.operations.backup import Target
 from fleetd.store.engine import Database
 from tests.api_context import api_context, serving
 from tests.fakes import FakeClock, FakeHost
+from tests.games.test_fleet_spec import TOKEN, client, context  # noqa: F401 - the app's fixtures
 from tests.operations.test_backup import write_ckpt
 from workers import checkpoint
 
-TOKEN = "k" * 32
 CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
 ACROBOT = CART | {"env_id": "Acrobot-v1"}
-
-
-@pytest.fixture
-def context(settings: Settings, db: Database, clock: FakeClock, host: FakeHost):
-    return api_context(settings, db, clock, host, TOKEN)
-
-
-@pytest.fixture
-def client(context) -> Iterator[TestClient]:
-    with TestClient(create_app(context), raise_server_exceptions=False) as test_client:
-        test_client.headers["Authorization"] = f"Bearer {TOKEN}"
-        yield test_client
 
 
 def removed_with_checkpoints(client: TestClient, settings: Settings, *steps: int) -> Path:
