@@ -101,12 +101,30 @@ def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime) ->
 
 
 def set_aside(files: KeptFiles, now: datetime) -> Path | None:
-    """The local folder moved under `removed/` (in one rename), then the URL's copies dropped:
-    each run pulls the URL's newest. Where the folder went; None when only the URL held some."""
+    """The URL's checkpoints the head lacks fetched into its folder (kept, not lost), the folder
+    moved under `removed/` (in one rename), then the URL's copies dropped: each run pulls the
+    URL's newest. Where the folder went."""
+    if files.storage_url is not None:
+        _fetch_missing(files, files.storage_url)
     into = _move_folder(files, now) if checkpoint.list_checkpoints(files.checkpoints) else None
     if files.storage_url is not None:
         _drop_from_storage(files, files.storage_url, into)
     return into
+
+
+def _fetch_missing(files: KeptFiles, url: str) -> None:
+    from fleetd.cluster.storage import checkpoints_of
+    from fleetd.operations.backup import Target, fetch_checkpoint
+
+    here = {info.path.name for info in checkpoint.list_checkpoints(files.checkpoints)}
+    missing = [name for name in files._remote_names() if name not in here]
+    files.checkpoints.mkdir(parents=True, exist_ok=True)
+    for name in missing:
+        reason = fetch_checkpoint(Target(url), f"{checkpoints_of(files.name)}/{name}", files.checkpoints / name)
+        if reason is not None:
+            raise FleetdError(ErrorCode.INTERNAL, f"{files.name}: fetching the removed game's {name} from [cluster] "
+                              f"storage ({url}) to keep it failed: {reason}; nothing was added: retry once it "
+                              "answers", {"name": files.name})
 
 
 def _move_folder(files: KeptFiles, now: datetime) -> Path:

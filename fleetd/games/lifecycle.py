@@ -68,14 +68,14 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog,
     """`files`: where a removed game of the name may have left checkpoints, and `kept` what to do
     with them (fleetd/games/kept.py); None for an import, which checked them itself."""
     check_draft(draft, catalog)
-    # Looked for before the write transaction: a listing at a URL must not hold SQLite's lock.
-    steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
     now = clock.now()
+    # Before the write transaction: calls to a URL storage must not hold SQLite's write lock (the
+    # supervisor's writes wait for it, then fail). A set-aside that fails adds no game; an add
+    # that then finds the name taken leaves them set aside, as asked.
+    steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
+    note = sort_kept(files, steps, kept, now) if files is not None and steps is not None else ""
     with db.transaction() as session:
-        game = game_store.create_game(session, draft, now)  # a taken name is refused before any move
-        # In the transaction: a set-aside that fails leaves no game to resume from what stayed.
-        note = sort_kept(files, steps, kept, now) if files is not None and steps is not None else ""
-        return record_added(session, now, draft, game, note)
+        return record_added(session, now, draft, game_store.create_game(session, draft, now), note)
 
 
 def name_free(db: Database, name: str) -> bool:

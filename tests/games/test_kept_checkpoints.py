@@ -128,7 +128,7 @@ def url_client(settings: Settings, db: Database, clock: FakeClock, host: FakeHos
         yield test_client
 
 
-def test_checkpoints_kept_at_the_url_alone_refuse_and_set_aside_drops_them(
+def test_checkpoints_kept_at_the_url_alone_refuse_and_set_aside_keeps_them_on_the_head(
     url_client: TestClient, settings: Settings, bucket: Target, tmp_path: Path
 ) -> None:
     for steps in (100, 300):
@@ -137,8 +137,39 @@ def test_checkpoints_kept_at_the_url_alone_refuse_and_set_aside_drops_them(
     error = error_of(url_client.post("/api/v1/games", json=ACROBOT), 409)
     assert error["details"]["newest_steps"] == 300 and f"[cluster] storage ({bucket.url})" in error["message"]
     assert url_client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"}).status_code == 201
-    assert remote_names(bucket, "cart") == []
+    assert remote_names(bucket, "cart") == []  # the next run starts afresh
     assert "dropped from [cluster] storage" in added_events(url_client)[0]
+    (aside,) = (settings.game_dir("cart") / "removed").iterdir()  # fetched first: kept for a look
+    assert [info.steps for info in checkpoint.list_checkpoints(aside)] == [300, 100]
+    assert not checkpoint.list_checkpoints(settings.game_dir("cart") / "checkpoints")
+
+
+def test_the_url_is_cleared_without_holding_the_databases_write_lock(
+    url_client: TestClient, settings: Settings, bucket: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An object store can take seconds; the supervisor's writes meanwhile must not wait for the
+    # add's transaction (they fail after busy_timeout, and the supervision loop with them).
+    import fleetd.cluster.storage as storage
+    from fleetd.store.events import create_event
+
+    write_ckpt(tmp_path / "node" / "checkpoints", 300)
+    push_missing(bucket, "cart", tmp_path / "node" / "checkpoints")
+    other = Database.open(settings.db_path, busy_timeout_ms=0)  # another writer that does not wait
+    real_drop, wrote = storage.drop_after, []
+
+    def drop_while_another_writes(*args):
+        with other.transaction() as session:
+            create_event(session, FakeClock().now(), "probe", "a write while the URL is cleared")
+        wrote.append(True)
+        return real_drop(*args)
+
+    monkeypatch.setattr(storage, "drop_after", drop_while_another_writes)
+    try:
+        response = url_client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"})
+    finally:
+        other.close()
+    assert response.status_code == 201, response.text
+    assert wrote == [True] and remote_names(bucket, "cart") == []
 
 
 def test_an_import_under_a_name_kept_at_the_url_is_refused(url_client: TestClient, bucket: Target, tmp_path: Path) -> None:
