@@ -73,14 +73,23 @@ def schedule_end_note(model: BaseAlgorithm, game: str, step_goal: int | None, fi
     horizon = model.schedule_timesteps
     if horizon is None or (step_goal is not None and step_goal <= horizon):
         return None  # it ends with its schedules
-    if model.lr_schedule(1.0) <= 0 or model.lr_schedule(0.0) > 0:
-        return None  # a constant learning rate, or a schedule that does not end at 0
+    names = _ending_at_zero(model)
+    if not names:
+        return None  # constant, or schedules that do not end at 0
+    ending = " and ".join(names)
     fix = f"fleetd games set {game} schedule_timesteps=N --restart"
     if model.num_timesteps >= horizon:
-        return (f"its learning rate reached 0 at {horizon:,} steps, where its schedules end "
+        return (f"its {ending} reached 0 at {horizon:,} steps, where its schedules end "
                 f"(schedule_timesteps): it trains without learning. To go on, raise it above its steps: {fix}")
     if not first_run:
         return None
-    return (f"its learning rate decays to 0 at {horizon:,} steps, where its schedules end (schedule_timesteps), "
+    return (f"its {ending} {'decays' if len(names) == 1 else 'decay'} to 0 at {horizon:,} steps, where its schedules end (schedule_timesteps), "
             f"and its goal is not a step count by then: past that it trains without learning. "
             f"Set the steps it needs: {fix}")
+
+
+def _ending_at_zero(model: BaseAlgorithm) -> list[str]:
+    """The schedules that stop learning at their end: the learning rate, and PPO's clip range
+    (a ratio clipped to 1 +- 0 leaves the policy where it is)."""
+    schedules = (("learning rate", model.lr_schedule), ("clip range", getattr(model, "clip_range", None)))
+    return [name for name, schedule in schedules if callable(schedule) and schedule(1.0) > 0 >= schedule(0.0)]

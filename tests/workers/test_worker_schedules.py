@@ -187,11 +187,13 @@ def test_a_game_that_outlives_its_learning_rate_is_told_at_its_first_run_and_onc
     assert run(make_spec(target_episodes=25, **common), stop=StopFlag()) == ExitCode.COMPLETED
     first, again = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
     assert first.from_ is None and len(first.notes) == 1
-    assert "decays to 0 at 256 steps" in first.notes[0] and "games set cartpole schedule_timesteps=N" in first.notes[0]
+    assert "learning rate and clip range decay to 0 at 256 steps" in first.notes[0] and "games set cartpole schedule_timesteps=N" in first.notes[0]
     assert again.steps > 256 and len(again.notes) == 1 and "reached 0 at 256 steps" in again.notes[0]
     # A step goal within the schedules, or a constant learning rate: nothing to say.
-    inside = {**common, "total_timesteps": 256, "hyperparams": {**tiny, "learning_rate": 3e-4}}
-    inbox.collect()
-    assert run(make_spec(checkpoint_dir=str(tmp_path / "other"), **inside), stop=StopFlag()) == ExitCode.COMPLETED
-    (third,) = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
-    assert third.notes == ()
+    within = {**common, "total_timesteps": 256}
+    constant = {**common, "target_episodes": 20, "hyperparams": {**tiny, "learning_rate": 3e-4, "clip_range": 0.2}}
+    for index, fields in enumerate((within, constant)):
+        inbox.collect()
+        assert run(make_spec(checkpoint_dir=str(tmp_path / f"other{index}"), **fields), stop=StopFlag()) == ExitCode.COMPLETED
+        (quiet,) = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
+        assert quiet.notes == (), fields
