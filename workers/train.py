@@ -69,13 +69,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
     taken = str(found.taken) if found.taken else None
     if found.unusable and not spec.allow_fresh_start:
-        reporter.send_resumed(None, found.skipped, refused=True)
-        log.error("checkpoints exist in %s but none verifies and loads; refusing to start from "
-                  "scratch (exit %d). Inspect them (the reasons above); to train this game anew under "
-                  "fleetd: fleetd games rm %s, then fleetd games add %s %s --kept set-aside (a worker run "
-                  "by hand: allow_fresh_start in its spec)", spec.checkpoint_dir, ExitCode.CHECKPOINTS_UNUSABLE,
-                  spec.game, spec.game, spec.env_id)
-        return ExitCode.CHECKPOINTS_UNUSABLE
+        return _refuse_unusable(spec, found, reporter)
     if found.unusable:
         log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
     model = _model_from(found, spec, plan, venv)
@@ -99,6 +93,17 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     elif spec.unsaved_since is not None:  # from scratch, after runs that left nothing
         checkpointer.mark_current(0, max(0.0, time.time() - spec.unsaved_since))
     return _train(spec, model, counters, reporter, stop, checkpointer)
+
+
+def _refuse_unusable(spec: RunSpec, found: ResumeResult, reporter: Reporter) -> int:
+    """Checkpoints exist and none is usable: never train from scratch over them unasked."""
+    reporter.send_resumed(None, found.skipped, refused=True)
+    log.error("checkpoints exist in %s but none verifies and loads; refusing to start from "
+              "scratch (exit %d). Inspect them (the reasons above); to train this game anew under "
+              "fleetd: fleetd games rm %s, then fleetd games add %s %s --kept set-aside (a worker run "
+              "by hand: allow_fresh_start in its spec)", spec.checkpoint_dir, ExitCode.CHECKPOINTS_UNUSABLE,
+              spec.game, spec.game, spec.env_id)
+    return ExitCode.CHECKPOINTS_UNUSABLE
 
 
 def _age_s(taken) -> float | None:

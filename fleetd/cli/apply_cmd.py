@@ -10,7 +10,7 @@ import typer
 
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
-from fleetd.games.fields import SETTABLE
+from fleetd.games.fields import PENDING_NOTE, SETTABLE, SIZES_NOTE
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 RestartOption = Annotated[bool, typer.Option(
@@ -157,9 +157,9 @@ def settings_text(name: str, game: dict[str, Any], asked: bool) -> str:
     if game["restarting"]:
         when = "restarting now from a final checkpoint"
         when += f" to apply the pending change: {earlier}" if earlier else ""
-        when += "" if asked else " (a change of num_envs or batch_size applies only by a restart)"
+        when += "" if asked else f" ({SIZES_NOTE})"
     elif earlier:
-        when = f"pending until its next start (--restart applies it now): {earlier}"
+        when = f"{PENDING_NOTE}: {earlier}"
         when = f"{_taken_when(changed)}; {when}" if changed else when
     elif changed:
         when = _taken_when(changed)

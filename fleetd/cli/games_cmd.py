@@ -191,7 +191,7 @@ def remove(
 ) -> None:
     """Remove a stopped game (stop it first). Its files stay on disk unless --purge."""
     call(config, lambda client: client.delete(f"/api/v1/games/{name}", purge=str(purge).lower()))
-    kept = f" (files kept: adding {name} again asks --kept resume or set-aside for its checkpoints)"
+    kept = f" (files kept; if it left checkpoints, adding {name} again asks --kept resume or set-aside)"
     typer.echo(f"removed {name}" + ("" if purge else kept))
 
 

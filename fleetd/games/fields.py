@@ -11,6 +11,9 @@ from typing import Any, Mapping
 # env_id and algo never change (workers/protocol/spec.py FRESH_START_FIELDS); desired has its
 # own start and stop.
 SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s", "hyperparams", "health_settings")
+# What the plan of `fleetd apply` and the answer of `fleetd games set` say alike.
+SIZES_NOTE = "a change of num_envs or batch_size applies only by a restart"
+PENDING_NOTE = "pending until its next start (--restart applies it now)"
 
 
 @dataclass(frozen=True)

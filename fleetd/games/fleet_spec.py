@@ -1,7 +1,8 @@
 """The fleet as a file (`fleetd apply`, `PUT /fleet/spec`, `fleetd export-spec`): the config's
 `[[games]]` entries, plus `absent = true` for a game that must go. Applying computes a plan
-(add, update, stop, remove, or nothing per game), checks all of it, then writes it in one
-transaction; the same file applied again plans nothing, so it writes nothing and no event."""
+(add, update, restart, stop, remove, or nothing per game), checks all of it, then writes it in
+one transaction; the same file applied again plans nothing, so it writes nothing and no event
+(with `restart`, a live worker still without stored settings plans a restart, which writes nothing)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from fleetd.games.settings import (
     with_settings,
 )
 from fleetd.games.slug import GAME_NAME_PATTERN
+from fleetd.games.fields import PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.states import REMOVABLE, Desired
 from fleetd.store import games as game_store
@@ -149,12 +151,11 @@ def _plan_unchanged(name: str, pending: list[SettingChange], again: bool) -> Gam
         return GamePlan(name, "restart", note=f"restarts now from a final checkpoint to apply the pending change: "
                                               f"{listed}", restarting=True)
     if pending:
-        return GamePlan(name, "none", note=f"unchanged; pending until its next start (--restart applies it now): {listed}")
+        return GamePlan(name, "none", note=f"unchanged; {PENDING_NOTE}: {listed}")
     return GamePlan(name, "none", note="unchanged")
 
 
 WAITS = "settings apply at its next start"
-SIZES_NOTE = "a change of num_envs or batch_size applies only by a restart"
 PRIORITY_NOTE = ("priority takes effect at the governor's next step: it orders the pending queue, and a pending "
                  "game that outranks a running one takes its slot once that one has held it [fleet] "
                  "preempt_min_run_s (unless [fleet] preempt = false); `fleetd games start NAME --now` takes it at once")
