@@ -241,6 +241,17 @@ class RunList(Out):
     items: list[RunOut]
 
 
+class SettingChangeOut(Out):
+    field: str = Field(description="a game field, or `hyperparams.KEY`")
+    old: Any = Field(description="null: not set (no goal, the default)")
+    new: Any
+    takes_effect: Literal["next_start", "governor_step", "next_evaluation", "now"] = Field(
+        description="when it is taken: `next_start`, the worker's next start (or now, where `restarting`); "
+                    "`governor_step`, priority, at the governor's next step; `next_evaluation`, a health "
+                    "setting, at the game's next learning-health evaluation; `now`, `desired`, at the "
+                    "supervisor's next turn")
+
+
 class GameOut(Out):
     name: str
     env_id: str
@@ -276,6 +287,10 @@ class GameOut(Out):
     best_eval_steps: int | None = Field(None, description="the env steps of that evaluation (its best-evaluated checkpoint)")
     rollbacks: int = Field(0, description="rollbacks to its best-evaluated checkpoint since its last new best")
     health_settings: dict[str, Any] = Field(default_factory=dict, description="its learning-health overrides; {}: the defaults")
+    pending: list[SettingChangeOut] = Field(
+        default_factory=list,
+        description="settings its live worker was not started with (`old`: the run's value), taken at its next "
+                    "start or now by `PATCH ?restart=true`; empty: no live worker, or it runs with the stored settings")
 
 
 class GameList(Out):

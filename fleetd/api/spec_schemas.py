@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetd.api import schemas
-from fleetd.api.schemas import GameOut, Out
+from fleetd.api.schemas import GameOut, Out, SettingChangeOut
 from fleetd.games.fleet_spec import FleetEntry, FleetGame
-
-
-class SettingChangeOut(Out):
-    field: str = Field(description="a game field, or `hyperparams.KEY`")
-    old: Any = Field(description="null: not set (no goal, the default)")
-    new: Any
 
 
 class GameChangedOut(GameOut):

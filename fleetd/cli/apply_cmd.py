@@ -10,7 +10,7 @@ import typer
 
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
-from fleetd.games.fields import PENDING_NOTE, SETTABLE, SIZES_NOTE
+from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 RestartOption = Annotated[bool, typer.Option(
@@ -68,13 +68,9 @@ def plan_lines(result: dict[str, Any]) -> list[str]:
 
 
 def _plan_line(game: dict[str, Any]) -> str:
-    changes = "; ".join(f"{c['field']} {_shown(c['old'])} -> {_shown(c['new'])}" for c in game["changes"])
+    changes = listed(game["changes"], "; ")
     what = f"{changes}; {game['note']}" if changes else game["note"]
     return f"{game['action']:<7} {game['name']}: {what}"
-
-
-def _shown(value: Any) -> str:
-    return "default" if value is None else str(value)
 
 
 def export_spec(
@@ -153,31 +149,24 @@ def settings_text(name: str, game: dict[str, Any], asked: bool) -> str:
     """What changed and when the worker takes it; settings it runs without from an earlier
     `set` are named too (`pending` less this request's fields)."""
     changed = {c["field"] for c in game["changes"]}
-    earlier = _listed([c for c in game["pending"] if c["field"] not in changed])
+    effects = {c["takes_effect"] for c in game["changes"]}  # the server's word on when each is taken
+    earlier = listed([c for c in game["pending"] if c["field"] not in changed])
     if game["restarting"]:
         when = "restarting now from a final checkpoint"
         when += f" to apply the pending change: {earlier}" if earlier else ""
         when += "" if asked else f" ({SIZES_NOTE})"
+        daemons = when_taken(effects - {AT_START}, False)  # priority, health settings: no restart needed
+        when = f"{when}; {daemons}" if daemons else when
     elif earlier:
         when = f"{PENDING_NOTE}: {earlier}"
-        when = f"{_taken_when(changed)}; {when}" if changed else when
+        when = f"{when_taken(effects, False)}; {when}" if changed else when
     elif changed:
-        when = _taken_when(changed)
+        when = when_taken(effects, False)
     else:
         return f"{name}: no change"
-    return f"{name}: {_listed(game['changes']) or 'no change'}; {when}"
+    return f"{name}: {listed(game['changes']) or 'no change'}; {when}"
 
 
-def _taken_when(changed: set[str]) -> str:
-    """Priority and health settings are read by the daemon, not the worker: no start needed."""
-    said = ["applied at its next start"] if {f for f in changed if not f.startswith(("priority", "health_settings"))} else []
-    said += ["priority at the governor's next step"] if "priority" in changed else []
-    said += ["health settings at its next evaluation"] if any(f.startswith("health_settings") for f in changed) else []
-    return "; ".join(said)
-
-
-def _listed(changes: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{c['field']} {_shown(c['old'])} -> {_shown(c['new'])}" for c in changes)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from fleetd.games.fields import PENDING_NOTE, listed
 from fleetd.states import Desired, Shown
 from fleetd.durations import format_duration
 
@@ -237,6 +238,7 @@ def games_table(games: list[dict[str, Any]]) -> Table:
     reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in EXPLAINED and g["state_reason"]]
     reasons += [f"{g['name']}: {g['health_reason']}" for g in games if g.get("health", "learning") in HEALTH_EXPLAINED
                 and g.get("health_reason")]
+    reasons += [f"{g['name']}: {PENDING_NOTE}: {listed(g['pending'])}" for g in games if g.get("pending")]
     if reasons:
         table.caption = "\n".join(reasons)
     return none_if_empty(table)

@@ -5,7 +5,7 @@ supervisor names a worker's pending settings with the same `SettingChange`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 # What `PATCH /games/{name}` and `fleetd games set` may change (docs/operations.md#changing-a-game).
 # env_id and algo never change (workers/protocol/spec.py FRESH_START_FIELDS); desired has its
@@ -14,6 +14,29 @@ SETTABLE = ("priority", "total_timesteps", "target_episodes", "checkpoint_interv
 # What the plan of `fleetd apply` and the answer of `fleetd games set` say alike.
 SIZES_NOTE = "a change of num_envs or batch_size applies only by a restart"
 PENDING_NOTE = "pending until its next start (--restart applies it now)"
+
+# When a changed setting takes effect (`takes_effect` in the API's answers). Priority is read by
+# the governor and health settings by the learning-health watch, both in the daemon; every other
+# setting is in the worker's run spec (supervision/pending.py SPEC_SETTINGS, hyperparams), and
+# `desired` is the supervisor's to act on at its next turn.
+AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE = "next_start", "governor_step", "next_evaluation", "now"
+EFFECTS = (AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE)
+
+
+def takes_effect(field: str) -> str:
+    """When a change of `field` (a game field, or `field.KEY`) takes effect: one of EFFECTS."""
+    head = field.partition(".")[0]
+    return {"priority": AT_GOVERNOR_STEP, "health_settings": AT_EVALUATION, "desired": AT_ONCE}.get(head, AT_START)
+
+
+def when_taken(effects: set[str], restarting: bool) -> str:
+    """The changes' effects in words, as `fleetd games set` and the `settings_changed` event say
+    them: the worker's settings at its next start (or now, `restarting`), the daemon's without one."""
+    said = ["restarting now from a final checkpoint"] if restarting else []
+    said += ["applied at its next start"] if AT_START in effects and not restarting else []
+    said += ["priority at the governor's next step"] if AT_GOVERNOR_STEP in effects else []
+    said += ["health settings at its next evaluation"] if AT_EVALUATION in effects else []
+    return "; ".join(said)
 
 
 @dataclass(frozen=True)
@@ -25,8 +48,17 @@ class SettingChange:
     def __str__(self) -> str:
         return f"{self.field} {_shown(self.old)} -> {_shown(self.new)}"
 
+    @property
+    def takes_effect(self) -> str:
+        return takes_effect(self.field)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"field": self.field, "old": self.old, "new": self.new}
+        return {"field": self.field, "old": self.old, "new": self.new, "takes_effect": self.takes_effect}
+
+
+def listed(changes: Iterable[Mapping[str, Any]], sep: str = ", ") -> str:
+    """Changes as an API answer gives them (`field`, `old`, `new`), in words."""
+    return sep.join(str(SettingChange(c["field"], c["old"], c["new"])) for c in changes)
 
 
 def _shown(value: Any) -> str:

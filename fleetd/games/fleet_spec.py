@@ -30,7 +30,7 @@ from fleetd.games.settings import (
     with_settings,
 )
 from fleetd.games.slug import GAME_NAME_PATTERN
-from fleetd.games.fields import PENDING_NOTE, SIZES_NOTE
+from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.states import REMOVABLE, Desired
 from fleetd.store import games as game_store
@@ -159,20 +159,24 @@ WAITS = "settings apply at its next start"
 PRIORITY_NOTE = ("priority takes effect at the governor's next step: it orders the pending queue, and a pending "
                  "game that outranks a running one takes its slot once that one has held it [fleet] "
                  "preempt_min_run_s (unless [fleet] preempt = false); `fleetd games start NAME --now` takes it at once")
+DESIRED_NOTE = {Desired.RUNNING: "it starts at the supervisor's next turn where a slot is free, else waits pending",
+                Desired.STOPPED: "it stops at the supervisor's next turn, from a final checkpoint"}
+HEALTH_NOTE = "health settings take effect at its next learning-health evaluation, with no restart"
 
 
 def _when(changes: list[SettingChange], pending: list[SettingChange], again: bool, asked: bool) -> str:
-    """What the plan says of an update: training settings wait for a start (unless restarted:
-    asked, or new sizes, which only a restart applies), priority does not."""
-    fields = {change.field for change in changes} - {"desired"}
-    training = "restarts now from a final checkpoint" if again else WAITS
-    if pending:
-        training += f", with the pending change: {', '.join(map(str, pending))}"
-    if again and not asked:
-        training += f" ({SIZES_NOTE})"
-    if "priority" not in fields:
-        return training
-    return PRIORITY_NOTE if fields == {"priority"} and training == WAITS else f"{training}; {PRIORITY_NOTE}"
+    """What the plan says of an update: the worker's settings wait for a start (unless restarted:
+    asked, or new sizes, which only a restart applies); priority and health settings do not."""
+    effects = {change.takes_effect for change in changes}
+    said = []
+    if AT_START in effects or again or pending:
+        training = "restarts now from a final checkpoint" if again else WAITS
+        training += f", with the pending change: {', '.join(map(str, pending))}" if pending else ""
+        training += "" if asked or not again else f" ({SIZES_NOTE})"
+        said.append(training)
+    said += [HEALTH_NOTE] if AT_EVALUATION in effects else []
+    said += [PRIORITY_NOTE] if AT_GOVERNOR_STEP in effects else []
+    return "; ".join(said) or DESIRED_NOTE[changes[-1].new]
 
 
 def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) -> NoReturn:

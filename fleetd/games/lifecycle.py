@@ -14,7 +14,7 @@ from fleetd.games.catalog import EnvCatalog
 from fleetd.games.kept import Kept, KeptFiles, sort_kept
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.health.settings import HealthSettingError, settings_for
-from fleetd.states import REMOVABLE, Desired, Shown, State, shown
+from fleetd.states import REMOVABLE, Desired, Shown, shown
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events

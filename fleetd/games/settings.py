@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
-from fleetd.games.fields import SettingChange, key_changes
+from fleetd.games.fields import SettingChange, key_changes, when_taken
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.store import games as game_store
@@ -129,7 +129,7 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
     `restart`: the caller restarts the worker now (`LiveWorkers.restart_reason`)."""
     now = clock.now()
     updated = game_store.update_game_settings(session, game.name, {k: wanted[k] for k in SETTABLE if k in wanted}, now)
-    when = "restarting now from a final checkpoint" if restart else "applied at the next start"
+    when = when_taken({change.takes_effect for change in changes}, restart)
     message = f"{game.name}: {', '.join(str(c) for c in changes)}; {when}"
     details = {"changes": [c.as_dict() for c in changes], "restart": restart}
     create_event(session, now, "settings_changed", message, game=game.name, details=details)

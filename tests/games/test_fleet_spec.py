@@ -76,7 +76,7 @@ def test_patch_changes_settings_with_an_event_naming_old_and_new(client: TestCli
     assert game["restarting"] is False and context.supervisor.commands[-1] == "Reconcile"
     [event] = events(client, "settings_changed")
     assert "hyperparams.learning_rate 0.0003 -> 0.001" in event["message"]
-    assert "applied at the next start" in event["message"]
+    assert event["message"].endswith("; applied at its next start; priority at the governor's next step")
     assert client.get("/api/v1/games/cart").json()["hyperparams"] == {"learning_rate": 0.001}
 
 
@@ -131,7 +131,7 @@ def test_patch_names_the_games_algo_beside_hyperparameters(client: TestClient) -
     other = error_of(patch(client, {"algo": "dqn", "hyperparams": {"learning_starts": 10}}), 409)
     assert other["details"]["errors"][0]["field"] == "algo" and "cannot change 'ppo' to 'dqn'" in other["message"]
     assert patch(client, {"algo": "ppo", "priority": 2}).json()["changes"] == [
-        {"field": "priority", "old": 0, "new": 2}]  # algo is no setting: not a change
+        {"field": "priority", "old": 0, "new": 2, "takes_effect": "governor_step"}]  # algo is no setting: not a change
 
 
 def test_patch_of_an_unknown_game_is_404(client: TestClient) -> None:
@@ -170,8 +170,8 @@ def test_apply_updates_what_differs_and_leaves_unnamed_games_alone(client: TestC
     response = put_spec(client, changed)
     assert actions(response) == {"cart": "update", "dqn": "update"}
     plan = {g["name"]: g["changes"] for g in response.json()["games"]}
-    assert plan["cart"] == [{"field": "hyperparams.n_epochs", "old": 4, "new": 8}]
-    assert plan["dqn"] == [{"field": "desired", "old": "stopped", "new": "running"}]
+    assert plan["cart"] == [{"field": "hyperparams.n_epochs", "old": 4, "new": 8, "takes_effect": "next_start"}]
+    assert plan["dqn"] == [{"field": "desired", "old": "stopped", "new": "running", "takes_effect": "now"}]
     assert client.get("/api/v1/games/dqn").json()["desired"] == "running"
     assert client.get("/api/v1/games/other").status_code == 200
     assert "RestartGame" not in context.supervisor.commands  # no --restart: at the next start

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from fleetd.cli.apply_cmd import plan_lines, settings_text
+from fleetd.cli.render import games_table
 from fleetd.states import State
 from fleetd.store import games as game_store
 from fleetd.store.events import EventFilter, read_events
@@ -57,7 +58,7 @@ def restarted(loop: Loop, pid: int) -> None:
     assert loop.state("cart") is State.STARTING
 
 
-TARGET = {"field": "target_episodes", "old": None, "new": 100}
+TARGET = {"field": "target_episodes", "old": None, "new": 100, "takes_effect": "next_start"}
 
 
 def test_restart_after_a_plain_set_of_the_same_value_restarts_for_it(loop: Loop) -> None:
@@ -185,3 +186,47 @@ def test_apply_of_a_new_num_envs_says_it_restarts(loop: Loop) -> None:
     assert plan["restarting"] is True and plan["note"] == (
         "restarts now from a final checkpoint (a change of num_envs or batch_size applies only by a restart)")
     assert loop.state("cart") is State.STOPPING
+
+
+def test_each_change_says_when_it_is_taken_and_the_event_says_the_same(loop: Loop) -> None:
+    """The server says when each change is taken (`takes_effect`); the CLI and the event say it
+    from that. The event said "applied at the next start" for priority and health settings,
+    which the daemon reads without a start."""
+    client = running_cart(loop)
+    priority = patch(client, {"priority": 2})
+    assert [c["takes_effect"] for c in priority["changes"]] == ["governor_step"]
+    health = patch(client, {"health_settings": {"on_plateau": "yield"}})
+    assert [c["takes_effect"] for c in health["changes"]] == ["next_evaluation"]
+    said = {e.message for e in events(loop, "settings_changed")}
+    assert said == {"cart: priority 0 -> 2; priority at the governor's next step",
+                    "cart: health_settings.on_plateau default -> yield; health settings at its next evaluation"}
+    both = patch(client, {"priority": 3, "target_episodes": 100}, restart="true")
+    assert sorted(c["takes_effect"] for c in both["changes"]) == ["governor_step", "next_start"]
+    assert settings_text("cart", both, asked=True) == (
+        "cart: priority 2 -> 3, target_episodes default -> 100; restarting now from a final checkpoint; "
+        "priority at the governor's next step")
+    [event] = [e for e in events(loop, "settings_changed") if "priority 2 -> 3" in e.message]
+    assert event.message.endswith("; restarting now from a final checkpoint; priority at the governor's next step")
+    assert [c["takes_effect"] for c in event.details["changes"]] == ["governor_step", "next_start"]
+
+
+def test_the_game_and_the_list_show_what_its_worker_was_not_started_with(loop: Loop) -> None:
+    """Only the PATCH answer listed pending settings: `GET /games/{name}` and the list now do,
+    and `fleetd games list` says them under its table."""
+    client = running_cart(loop)
+    assert client.get("/api/v1/games/cart").json()["pending"] == []
+    patch(client, {"target_episodes": 100})
+    assert client.get("/api/v1/games/cart").json()["pending"] == [TARGET]
+    games = client.get("/api/v1/games").json()["items"]
+    assert [g["pending"] for g in games] == [[TARGET]]
+    assert str(games_table(games).caption) == (
+        "cart: pending until its next start (--restart applies it now): target_episodes default -> 100")
+
+
+def test_the_plan_of_a_health_setting_says_it_needs_no_start(loop: Loop) -> None:
+    client = running_cart(loop)
+    plan = put_spec(client, CART | {"health_settings": {"on_plateau": "yield"}})["games"][0]
+    assert plan["note"] == "health settings take effect at its next learning-health evaluation, with no restart"
+    assert [c["takes_effect"] for c in plan["changes"]] == ["next_evaluation"]
+    stop = put_spec(client, CART | {"health_settings": {"on_plateau": "yield"}, "desired": "stopped"})["games"][0]
+    assert stop["note"] == "it stops at the supervisor's next turn, from a final checkpoint"

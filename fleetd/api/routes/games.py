@@ -22,11 +22,14 @@ from fleetd.api.schemas import (
     RollbackOut,
     RunList,
     RunOut,
+    SettingChangeOut,
     SettingsOut,
 )
 from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.games.fields import SettingChange
 from fleetd.games.kept import Kept, kept_files
 from fleetd.games.lifecycle import add_game, remove_game, set_desired, shown_reason, shown_state
+from fleetd.games.settings import NO_WORKERS, LiveWorkers
 from fleetd.health.rules import HealthRecord
 from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.store import checkpoints as checkpoint_store
@@ -36,6 +39,7 @@ from fleetd.store.records import CheckpointRecord, GameDraft, GamePosition, Game
 from fleetd.states import Desired
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.supervision.commands import Reconcile, StartGame
+from fleetd.supervision.pending import LiveRuns
 from fleetd.supervision.rollback import RollBack
 from workers.protocol.spec import effective_sizes
 
@@ -60,7 +64,9 @@ def run_out(record: RunRecord) -> RunOut:
     return RunOut(**{k: getattr(record, k) for k in RunOut.model_fields})
 
 
-def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None) -> GameOut:
+def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None, runs: LiveWorkers = NO_WORKERS) -> GameOut:
+    """The game as the API shows it; `snapshot` adds its sizes under the tier, `runs` what its
+    live worker was not started with."""
     run = game.current_run
 
     fields = {k: getattr(game, k) for k in GameOut.model_fields if hasattr(game, k)}
@@ -71,9 +77,14 @@ def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None) -> GameOut
         started_at=run.started_at if run else None,
         last_checkpoint=checkpoint_out(game.last_checkpoint) if game.last_checkpoint else None,
         settings=game_settings(game, snapshot) if snapshot is not None else None,
+        pending=setting_changes_out(runs.pending(game)),
         **health_fields(game.health),
     )
     return GameOut(**fields)
+
+
+def setting_changes_out(changes: list[SettingChange]) -> list[SettingChangeOut]:
+    return [SettingChangeOut(**change.as_dict()) for change in changes]
 
 
 def health_fields(health: HealthRecord) -> dict[str, object]:
@@ -109,9 +120,9 @@ def list_games(
     the last page)."""
     with context.db.transaction() as session:
         games = game_store.read_games(session, limit, position_of(cursor) if cursor else None)
-    scaled = context.snapshot
+    scaled, runs = context.snapshot, LiveRuns.of(context.snapshot, context.settings)
     next_cursor = cursor_of(games[-1]) if len(games) == limit else None
-    return GameList(items=[game_out(game, scaled) for game in games], next_cursor=next_cursor)
+    return GameList(items=[game_out(game, scaled, runs) for game in games], next_cursor=next_cursor)
 
 
 def cursor_of(game: GameRecord) -> str:
@@ -151,7 +162,7 @@ def create_game(
 def read_game(name: str = GameName, context: AppContext = Depends(get_context)) -> GameOut:
     with context.db.transaction() as session:
         game = game_store.read_game(session, name)
-    return game_out(game, context.snapshot)
+    return game_out(game, context.snapshot, LiveRuns.of(context.snapshot, context.settings))
 
 
 @router.delete("/games/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})

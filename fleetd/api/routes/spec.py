@@ -9,12 +9,11 @@ from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
-from fleetd.api.routes.games import GameName, game_out
-from fleetd.api.spec_schemas import (FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut,
-                                     SettingChangeOut)
+from fleetd.api.routes.games import GameName, game_out, setting_changes_out
+from fleetd.api.spec_schemas import FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut
 from fleetd.games.kept import kept_files
 from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet
-from fleetd.games.settings import SettingChange, update_settings
+from fleetd.games.settings import update_settings
 from fleetd.games.spec import GameSettings
 from fleetd.supervision.commands import Reconcile, RestartGame
 from fleetd.supervision.pending import LiveRuns
@@ -24,10 +23,6 @@ RESTART = Query(False, description="restart a running game now, from a final che
                                    "settings than its stored ones: this request's, or an earlier one's (priority "
                                    "and health settings need no restart; a game not running takes them when it "
                                    "starts; a change of num_envs or batch_size restarts it in any case)")
-
-
-def _changes(changes: list[SettingChange]) -> list[SettingChangeOut]:
-    return [SettingChangeOut(**change.as_dict()) for change in changes]
 
 
 def _tell(context: AppContext, restart: list[str]) -> None:
@@ -55,8 +50,9 @@ def patch_game(
     done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers)
     restarting = done.restart is not None
     _tell(context, [name] if restarting else [])
-    return GameChangedOut(**game_out(done.game).model_dump(), changes=_changes(done.changes),
-                          pending=_changes(done.pending), restarting=restarting)
+    shown = game_out(done.game).model_dump(exclude={"pending"})
+    return GameChangedOut(**shown, changes=setting_changes_out(done.changes),
+                          pending=setting_changes_out(done.pending), restarting=restarting)
 
 
 @router.get("/fleet/spec", response_model=FleetSpecOut)
@@ -87,5 +83,5 @@ def apply_fleet_spec(
 
 
 def _plan_out(plan: GamePlan) -> GamePlanOut:
-    return GamePlanOut(name=plan.name, action=plan.action, changes=_changes(plan.changes), note=plan.note,
+    return GamePlanOut(name=plan.name, action=plan.action, changes=setting_changes_out(plan.changes), note=plan.note,
                        restarting=plan.restarting)
