@@ -22,6 +22,8 @@ ConfigOption = Annotated[
     typer.Option("--config", "-c", help="TOML config file (default: $FLEETD_CONFIG, else built-in defaults)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table.")]
+# A listing's --json: its items, every page's, as one list (not the API's paged document).
+ItemsJsonOption = Annotated[bool, typer.Option("--json", help="Print the items as one JSON list instead of a table.")]
 
 
 def fail(message: str, code: int = ExitCode.ERROR) -> NoReturn:

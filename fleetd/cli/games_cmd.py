@@ -10,7 +10,7 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail
+from fleetd.cli.common import ConfigOption, ItemsJsonOption, JsonOption, ask, call, fail
 from fleetd.states import Desired, Shown
 
 games_app = command_group("Add, stop, start, remove and list games.")
@@ -51,7 +51,7 @@ def every_game(config: ConfigOption) -> list[dict]:
 
 
 @games_app.command("list")
-def list_games(config: ConfigOption = None, json_out: JsonOption = False) -> None:
+def list_games(config: ConfigOption = None, json_out: ItemsJsonOption = False) -> None:
     """Every game with its state and progress."""
     from fleetd.cli import render
 
@@ -151,7 +151,7 @@ def _exit_if_waiting(game: dict[str, Any]) -> None:
 
 
 @games_app.command("checkpoints")
-def checkpoints(name: str, config: ConfigOption = None, json_out: JsonOption = False) -> None:
+def checkpoints(name: str, config: ConfigOption = None, json_out: ItemsJsonOption = False) -> None:
     """A game's checkpoints on disk, newest first: steps, episodes, when written, verified."""
     from fleetd.cli import render
 
@@ -220,7 +220,10 @@ def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
         typer.echo(message)
 
 
-def status(config: ConfigOption = None, json_out: JsonOption = False) -> None:
+def status(
+    config: ConfigOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: games (every game), fleet, uptime, projection (the API's documents).")] = False,
+) -> None:
     """The fleet at a glance: games, the governor, projections, uptime."""
     from fleetd.cli import render
 

@@ -73,7 +73,7 @@ def reboots(
     config: ConfigOption = None,
     limit: int = 50,
     detail: Annotated[int | None, typer.Option("--detail", help="One reboot (its # in the log): what the host looked like just before.")] = None,
-    json: JsonOption = False,
+    json: Annotated[bool, typer.Option("--json", help="Print the reboots as one JSON list (with --detail: the API's JSON of that boot).")] = False,
 ) -> None:
     """The reboot log: when, uptime before, downtime, clean or not."""
     from fleetd.cli import render
@@ -103,7 +103,7 @@ def expect_reboot(
     reboots: Annotated[int | None, typer.Option(min=1, max=expected_reboots.MAX_REBOOTS, help="How many unclean reboots it may explain (default 1).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="The expected reboots that hold now or stopped within a day.")] = False,
     withdraw: Annotated[int | None, typer.Option(min=1, help="Take back expected reboot ID: a reboot counts as usual again.")] = None,
-    json: JsonOption = False,
+    json: Annotated[bool, typer.Option("--json", help="Print the API's JSON (with --list: the items as one list).")] = False,
 ) -> None:
     """Say the host will go down (maintenance, a driver update, a fault drill): an unclean reboot
     before the window ends brings every game back but is not counted as the host's instability."""
