@@ -70,6 +70,10 @@ def systemd_unit(
 
     config = config.absolute()
     try:
+        ray_only = [name for name, given in (("--head", head), ("--host-name", host_name), ("--storage", storage))
+                    if given is not None]
+        if ray_only and not ray_node:
+            raise ValueError(f"{', '.join(ray_only)}: only with --ray-node (they describe a Ray worker node's unit)")
         if ray_node:
             if head is None:
                 raise ValueError("--ray-node needs --head HOST:PORT, the Ray head's GCS address")

@@ -334,3 +334,11 @@ def test_ray_node_unit_refuses_what_it_cannot_carry() -> None:
     assert result.exit_code == 2 and "must be the Ray head's GCS address HOST:PORT" in result.output
     result = CliRunner().invoke(app, ["--ray-node", "--head", "head:6379", "--host-name", "a b"])
     assert result.exit_code == 2 and "--host-name 'a b'" in result.output
+
+
+def test_ray_node_options_without_ray_node_are_refused_not_ignored() -> None:
+    app = typer.Typer()
+    register(app)
+    result = CliRunner().invoke(app, ["--head", "head:6379", "--storage", "/mnt/fleet"])
+    assert result.exit_code == 2 and "--head, --storage: only with --ray-node" in result.output
+    assert "[Unit]" not in result.output
