@@ -69,6 +69,13 @@ def test_no_daemon(tmp_path: Path) -> None:
     assert absent.exit_code == ExitCode.UNAVAILABLE == 69 and "not answering" in absent.output
 
 
+def test_a_malformed_pair_is_a_bad_command_line(tmp_path: Path) -> None:
+    config = config_for(tmp_path, free_port())  # refused before the daemon is asked
+    for args in (["games", "add", "pong", "CartPole-v1", "--hp", "foo"], ["games", "set", "pong", "foo"]):
+        bad = fleetd(config, *args)
+        assert bad.exit_code == ExitCode.USAGE == 2 and "'foo': expected key=value" in bad.output, bad.output
+
+
 def test_help_lists_the_codes() -> None:
     shown = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
     assert shown.exit_code == 0

@@ -31,7 +31,7 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp") -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
-            fail(f"{usage} {pair!r}: expected key=value, e.g. {usage} learning_rate=0.0003")
+            fail(f"{usage} {pair!r}: expected key=value, e.g. {usage} learning_rate=0.0003", ExitCode.USAGE)
         try:
             result[key] = json.loads(text)
         except ValueError:
