@@ -32,6 +32,34 @@ def test_flags_show_no_type_and_valued_options_do(command: list[str]) -> None:
         assert "<int" in result.output  # --lines, --limit: the type of a value is still shown
 
 
+def test_every_option_says_what_it_does() -> None:
+    import typer
+
+    def bare(command, path):  # type: ignore[no-untyped-def]
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            yield from bare(sub, [*path, name])
+        for param in getattr(command, "params", []):
+            if param.param_type_name == "option" and not param.help:
+                yield f"{' '.join(path)} {param.opts[0]}"
+
+    assert list(bare(typer.main.get_command(app), [])) == []
+    shown = CliRunner().invoke(app, ["games", "set", "--help"], env={"COLUMNS": "200"}).output
+    assert "Restart the game now if it runs" in shown and "Restart running games" not in shown
+
+
+def test_events_pages_with_before() -> None:
+    from unittest import mock
+
+    asked = []
+    page = {"items": [{"at": "2026-01-01T00:00:00Z", "kind": "k", "game": None, "severity": "info", "message": "m"}],
+            "next_before": 7}
+    with mock.patch("fleetd.cli.main.ask", lambda config, path, **params: asked.append(params) or page):
+        shown = CliRunner().invoke(app, ["events", "--limit", "1", "--before", "9"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and asked[0]["before"] == 9, (shown.output, asked)
+    assert "older: fleetd events --before 7" in shown.output, shown.output
+    assert CliRunner().invoke(app, ["reboots", "--limit", "0"]).exit_code == 2
+
+
 def test_empty_tables_say_none() -> None:
     for table in (render.events_table([]), render.reboots_table([])):
         with render.console.capture() as captured:

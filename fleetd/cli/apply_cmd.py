@@ -16,6 +16,9 @@ DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` 
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take settings they were not "
                       "started with (this change's, or an earlier one's).")]
+SetRestartOption = Annotated[bool, typer.Option(
+    "--restart", help="Restart the game now if it runs, from a final checkpoint, to take settings it was not "
+                      "started with (this change's, or an earlier one's).")]
 
 
 def read_fleet_file(path: Path) -> dict[str, Any]:
@@ -103,7 +106,7 @@ def set_settings(
     pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(k for k in SETTABLE if k not in DICTS)}, "
                                                     "a hyperparameter (learning_rate=0.0001) or a learning-health setting "
                                                     "(health.on_plateau=yield); key= sets it back to its default.")],
-    restart: RestartOption = False,
+    restart: SetRestartOption = False,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:

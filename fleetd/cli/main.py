@@ -71,7 +71,7 @@ def serve(config: ConfigOption = None) -> None:
 @app.command()
 def reboots(
     config: ConfigOption = None,
-    limit: int = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Read the newest N boots (not reboots): the reboots among them are shown.")] = 50,
     detail: Annotated[int | None, typer.Option("--detail", help="One reboot (its # in the log): what the host looked like just before.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the reboots as one JSON list (with --detail: the API's JSON of that boot).")] = False,
 ) -> None:
@@ -175,7 +175,8 @@ def uptime(config: ConfigOption = None, json: JsonOption = False) -> None:
 @app.command()
 def events(
     config: ConfigOption = None,
-    limit: int = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most N events, the newest first.")] = 50,
+    before: Annotated[int | None, typer.Option(min=1, help="Only events older than event ID: the next page, as the last one's caption (or --json's next_before) says.")] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
     game: Annotated[str | None, typer.Option(help="Only events of this game.")] = None,
     json: JsonOption = False,
@@ -183,8 +184,8 @@ def events(
     """The event log, newest first."""
     from fleetd.cli import render
 
-    document = ask(config, "/api/v1/events", limit=limit, kind=kind, game=game)
+    document = ask(config, "/api/v1/events", limit=limit, before=before, kind=kind, game=game)
     if json:
         render.print_json(document)  # the API's document, as --json says everywhere
         return
-    render.console.print(render.events_table(document["items"]))
+    render.console.print(render.events_table(document["items"], document.get("next_before")))

@@ -132,10 +132,12 @@ def daemon_text(uptime: dict[str, Any]) -> str:
             f" (since {when(uptime['daemon_started_at'])})")
 
 
-def events_table(events: list[dict[str, Any]]) -> Table:
+def events_table(events: list[dict[str, Any]], next_before: int | None = None) -> Table:
     table = PlainTable(title="Events (newest first, UTC)")
     for column in ("at", "kind", "game", "message"):
         table.add_column(column)
+    if next_before is not None:
+        table.caption = f"older: fleetd events --before {next_before}"
     colour = {"warning": "yellow", "error": "red"}
     for event in events:
         style = colour.get(event["severity"], "")
