@@ -69,6 +69,14 @@ def test_no_daemon(tmp_path: Path) -> None:
     assert absent.exit_code == ExitCode.UNAVAILABLE == 69 and "not answering" in absent.output
 
 
+def test_set_of_env_id_or_algo_says_why_as_apply_does(full_fleet: int, tmp_path: Path) -> None:
+    config = config_for(tmp_path, full_fleet)
+    for pairs, field in ((["env_id=Acrobot-v1"], "env_id"), (["algo=dqn", "learning_rate=0.001"], "algo")):
+        refused = fleetd(config, "games", "set", "a", *pairs)
+        assert refused.exit_code == ExitCode.ERROR, refused.output
+        assert f"{field}: cannot change" in refused.output and "add a game with another name" in refused.output, refused.output
+
+
 def test_a_malformed_pair_is_a_bad_command_line(tmp_path: Path) -> None:
     config = config_for(tmp_path, free_port())  # refused before the daemon is asked
     for args in (["games", "add", "pong", "CartPole-v1", "--hp", "foo"], ["games", "set", "pong", "foo"]):

@@ -13,6 +13,7 @@ from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
 
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
+IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take settings they were not "
                       "started with (this change's, or an earlier one's).")]
@@ -116,12 +117,14 @@ def set_settings(
 
     values = parse_hyperparams(pairs, usage="fleetd games set NAME")
     body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key not in DICTS}
+    body |= {key: value for key, value in values.items() if key in IDENTITY}
     health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}
     hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items()
                    if key not in body and _health_key(key) is None}
     current = ask(config, f"/api/v1/games/{name}") if hyperparams or health else {}
     if hyperparams:
-        body["algo"], body["hyperparams"] = current["algo"], _merged(current["hyperparams"], hyperparams)
+        body.setdefault("algo", current["algo"])
+        body["hyperparams"] = _merged(current["hyperparams"], hyperparams)
     if health:
         body["health_settings"] = _merged(current["health_settings"], health)
     params = {"restart": str(restart).lower()}

@@ -115,10 +115,11 @@ def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -
 
 def check_algo(game: GameRecord, values: Mapping[str, Any]) -> None:
     """PATCH names the game's algorithm beside hyperparameters (the schema checks their keys as
-    that algorithm's); it is not a setting: another one is a conflict, as in a fleet file."""
-    if "algo" in values:
-        check_identity(game, game.env_id, values["algo"])
-    elif "hyperparams" in values:
+    that algorithm's); neither it nor env_id is a setting: another one is a conflict, as in a
+    fleet file, with the same reason."""
+    if "algo" in values or "env_id" in values:
+        check_identity(game, values.get("env_id", game.env_id), values.get("algo", game.algo))
+    if "hyperparams" in values and "algo" not in values:
         refuse_field("algo", f"required with hyperparams: the game's algorithm ({game.algo!r}), whose keys "
                              f"they must be; send \"algo\": \"{game.algo}\"")
 

@@ -129,6 +129,9 @@ def _settings_schema(schema: dict[str, Any]) -> None:
 
 class _SettingsBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_settings_schema)
+    env_id: str = Field(None, min_length=1, max_length=128, description=(  # type: ignore[assignment]
+        "not a setting: the game's env, which its checkpoints were trained on (another env than the game's: "
+        "409; add a game with another name)"))
     algo: Literal["ppo", "dqn", "a2c"] = Field(None, description=(  # type: ignore[assignment]
         "the game's algorithm, required with `hyperparams` so that the schema checks their keys as "
         "that algorithm's; not a setting (another algorithm than the game's: 409)"))

@@ -97,7 +97,7 @@ def test_null_sets_a_field_back_to_its_default(client: TestClient) -> None:
     ({"priorty": 1}, "body.priorty", "Extra inputs"),
     ({"priority": True}, "body.priority", "not true or false"),
     ({"priority": 5000}, "body.priority", "less than or equal"),
-    ({"env_id": "Pong-v5"}, "body.env_id", "Extra inputs"),
+    ({"env_id": ""}, "body.env_id", "at least 1 character"),  # another env: 409, below
     ({"hyperparams": {"learing_rate": 0.1}}, "hyperparams.learing_rate", "unknown hyperparameter"),
     ({"hyperparams": {"learning_starts": 10}}, "hyperparams.learning_starts", "not a setting of PPO"),
 ])
@@ -132,6 +132,15 @@ def test_patch_names_the_games_algo_beside_hyperparameters(client: TestClient) -
     assert other["details"]["errors"][0]["field"] == "algo" and "cannot change 'ppo' to 'dqn'" in other["message"]
     assert patch(client, {"algo": "ppo", "priority": 2}).json()["changes"] == [
         {"field": "priority", "old": 0, "new": 2, "takes_effect": "governor_step"}]  # algo is no setting: not a change
+
+
+def test_patch_of_another_env_says_why_as_apply_does(client: TestClient) -> None:
+    client.post("/api/v1/games", json=CART)
+    other = error_of(patch(client, {"env_id": "Acrobot-v1"}), 409)
+    assert other["details"]["errors"][0]["field"] == "env_id", other
+    assert "cannot change 'CartPole-v1' to 'Acrobot-v1'" in other["message"]
+    assert "add a game with another name" in other["message"]
+    assert patch(client, {"env_id": "CartPole-v1", "priority": 2}).json()["changes"][0]["field"] == "priority"
 
 
 def test_patch_of_an_unknown_game_is_404(client: TestClient) -> None:
