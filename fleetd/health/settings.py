@@ -1,5 +1,5 @@
 """A game's learning-health settings: defaults that fit Atari returns, settable per game
-(`fleetd games set NAME health.KEY=VALUE`, `health = {...}` in a `[[games]]` entry).
+(`fleetd games set NAME health.KEY=VALUE`, `health_settings = {...}` in a `[[games]]` entry).
 Standard library only (docs/learning-health.md gives each default's reason)."""
 
 from __future__ import annotations
