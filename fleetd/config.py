@@ -7,7 +7,9 @@ Precedence, highest first: explicit arguments, environment, TOML file, defaults.
 from __future__ import annotations
 
 import ipaddress
+import os
 import tomllib
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -520,11 +522,29 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     source = str(path) if path else "defaults and environment"
     if path is not None:
         _check_readable_toml(path)
+    unknown = _unknown_env(os.environ)
     bound = type("Settings", (Settings,), {"toml_file": path})
     try:
-        return bound(**overrides)
+        settings = bound(**overrides)
     except ValidationError as exc:
-        raise ConfigError([_describe(err) for err in exc.errors()], source) from None
+        raise ConfigError(unknown + [_describe(err, os.environ) for err in exc.errors()], source) from None
+    if unknown:
+        raise ConfigError(unknown, source)
+    return settings
+
+
+def _unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """`FLEETD_*` variables that name no setting: pydantic-settings reads only the names it knows
+    (a section's unknown key, `FLEETD_API__PROT`, it refuses), so a misspelt top-level one
+    (`FLEETD_LOGLEVEL`, `FLEETD_CONFIGG`) would be ignored without a word."""
+    sections = [name for name, field in Settings.model_fields.items()
+                if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)]
+    known = {f"{ENV_PREFIX}CONFIG", *(ENV_PREFIX + name.upper() for name in Settings.model_fields)}
+    nested = tuple(ENV_PREFIX + name.upper() + ENV_NESTED for name in sections)
+    return [f"{name} = {'<hidden>' if 'TOKEN' in name.upper() else value!r}: unknown environment variable (check its "
+            "spelling: FLEETD_KEY for a top-level key, FLEETD_SECTION__KEY in a section, or FLEETD_CONFIG)"
+            for name, value in sorted(environ.items())
+            if name.upper().startswith(ENV_PREFIX) and name.upper() not in known and not name.upper().startswith(nested)]
 
 
 def _check_readable_toml(path: Path) -> None:
@@ -538,14 +558,24 @@ def _check_readable_toml(path: Path) -> None:
         raise ConfigError([f"not valid TOML: {exc}"], str(path)) from None
 
 
-def _describe(error: Any) -> str:
+def _describe(error: Any, environ: Mapping[str, str]) -> str:
     loc = [str(part) for part in error["loc"]]
     key = ".".join(loc)
-    env_name = ENV_PREFIX + ENV_NESTED.join(part.upper() for part in loc)
     reason = error["msg"]
     if error["type"] == "extra_forbidden":
         reason = "unknown key (check its spelling and section)"
     value = error.get("input")
     if "token" in loc:
         value = "<hidden>"
-    return f"{key} = {value!r}: {reason} (env {env_name})"
+    return f"{key} = {value!r}: {reason}{_env_source(loc, environ)}"
+
+
+def _env_source(loc: list[str], environ: Mapping[str, str]) -> str:
+    """` (env NAME)` when the value came from the environment: its own variable, or a section's
+    given whole (`FLEETD_API='{...}'`); empty when it came from the file."""
+    names = {name.upper() for name in environ}
+    for end in range(len(loc), 0, -1):
+        env_name = ENV_PREFIX + ENV_NESTED.join(part.upper() for part in loc[:end])
+        if env_name in names:
+            return f" (env {env_name})"
+    return ""

@@ -47,7 +47,7 @@ def test_bad_value_names_key_value_and_reason(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "api.port = 'eighty'" in message
     assert "valid integer" in message
-    assert "FLEETD_API__PORT" in message
+    assert "(env " not in message  # from the file, not the environment
 
 
 def test_out_of_range_and_unknown_keys_are_all_reported(tmp_path: Path) -> None:
@@ -60,8 +60,34 @@ def test_out_of_range_and_unknown_keys_are_all_reported(tmp_path: Path) -> None:
 
 def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETD_HOST__HEARTBEAT_INTERVAL_S", "-3")
-    with pytest.raises(ConfigError, match=r"host.heartbeat_interval_s = '-3': Input should be greater than 0"):
+    with pytest.raises(ConfigError, match=r"host.heartbeat_interval_s = '-3': Input should be greater than 0"
+                                          r".*\(env FLEETD_HOST__HEARTBEAT_INTERVAL_S\)"):
         load_settings()
+    monkeypatch.delenv("FLEETD_HOST__HEARTBEAT_INTERVAL_S")
+    monkeypatch.setenv("FLEETD_API", '{"prot": 1}')  # a section given whole
+    with pytest.raises(ConfigError, match=r"api.prot = 1: unknown key .*\(env FLEETD_API\)"):
+        load_settings()
+
+
+def test_an_unknown_top_level_environment_variable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETD_LOGLEVEL", "DEBUG")
+    monkeypatch.setenv("FLEETD_STATE_DIRR", "/x")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "[api]\nport = 70000\n"))  # reported beside the file's mistakes
+    problems = caught.value.problems
+    assert [p.split(":")[0] for p in problems[:2]] == ["FLEETD_LOGLEVEL = 'DEBUG'", "FLEETD_STATE_DIRR = '/x'"]
+    assert "unknown environment variable" in problems[0] and problems[2].startswith("api.port = 70000")
+    for name in ("FLEETD_LOGLEVEL", "FLEETD_STATE_DIRR"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FLEETD_API_TOKEN", "s" * 32)  # one underscore short: refused, and never echoed
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert caught.value.problems[0].startswith("FLEETD_API_TOKEN = '<hidden>': unknown") and "sss" not in str(caught.value)
+    monkeypatch.delenv("FLEETD_API_TOKEN")
+    for name, value in (("FLEETD_LOG_LEVEL", "DEBUG"), ("FLEETD_CONFIG", str(write(tmp_path, ""))),
+                        ("FLEETD_GPU__MPS", "off"), ("FLEETD_COSTS", "{}")):
+        monkeypatch.setenv(name, value)  # every kind of name it reads is still taken
+    assert load_settings().log_level == "DEBUG"
 
 
 def test_unreadable_or_broken_file(tmp_path: Path) -> None:
