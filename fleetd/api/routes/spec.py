@@ -43,8 +43,9 @@ def patch_game(
     next start (or now, with `restart`; a change of num_envs or batch_size restarts a running
     game in any case). `pending` lists what its live worker was not started with. `hyperparams`
     come with `algo`, the game's algorithm (422 without it, 409 for another), and are that
-    algorithm's keys only. A hyperparameter that needs a fresh start is refused (422) once the
-    game has trained. The event `settings_changed` names old and new values."""
+    algorithm's keys only. `env_id` may be named too, but not changed (409, as for `algo`). A
+    hyperparameter that needs a fresh start is refused (422) once the game has trained. The
+    event `settings_changed` names old and new values."""
     values = body.model_dump(include=body.model_fields_set)
     workers = LiveRuns.of(context.snapshot, context.settings)
     done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers)
