@@ -5,7 +5,8 @@ the game's copies there). A game added later under the name would resume from th
 env's checkpoints do not load (FATAL), another network's load as the old one. So an add that
 finds them is refused until it says which it wants (`kept`): `resume` trains on from them,
 `set_aside` moves them under the game's `removed/` folder (kept for a look, as a rollback keeps
-what it sets aside under `rolled_back/`) and starts afresh.
+what it sets aside under `rolled_back/`), with the removed game's TensorBoard curves (else the new
+game's runs would sit beside them, under the same name), and starts afresh.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import NoReturn
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from workers import checkpoint
+
+
+TENSORBOARD = "tensorboard"  # the worker's curves in the game's folder (supervision/spec.py)
 
 
 class Kept(StrEnum):
@@ -128,15 +132,24 @@ def _fetch_missing(files: KeptFiles, url: str) -> None:
 
 
 def _move_folder(files: KeptFiles, now: datetime) -> Path:
-    into = _unused(files.game_dir / "removed" / f"{now:%Y%m%dT%H%M%S}-checkpoints")
+    """`checkpoints/` to `removed/<UTC time>-checkpoints`, its TensorBoard curves first beside it
+    (a failure there leaves the checkpoints in place, so adding again retries the whole)."""
+    stamp = f"{now:%Y%m%dT%H%M%S}"
+    curves = files.game_dir / TENSORBOARD
+    if curves.is_dir():
+        _move(files, curves, _unused(files.game_dir / "removed" / f"{stamp}-{TENSORBOARD}"))
+    return _move(files, files.checkpoints, _unused(files.game_dir / "removed" / f"{stamp}-checkpoints"))
+
+
+def _move(files: KeptFiles, folder: Path, into: Path) -> Path:
     try:
         into.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(files.checkpoints, into)
-        for folder in (files.game_dir, into.parent):  # the rename, durable on both sides
-            checkpoint.fsync_path(folder)
+        os.rename(folder, into)
+        for parent in (files.game_dir, into.parent):  # the rename, durable on both sides
+            checkpoint.fsync_path(parent)
     except OSError as exc:
-        raise FleetdError(ErrorCode.INTERNAL, f"{files.name}: setting the removed game's checkpoints aside failed: "
-                          f"moving {files.checkpoints} to {into}: {exc}; nothing was added: fix that (or move the "
+        raise FleetdError(ErrorCode.INTERNAL, f"{files.name}: setting the removed game's {folder.name} aside failed: "
+                          f"moving {folder} to {into}: {exc}; nothing was added: fix that (or move the "
                           "folder away yourself) and add it again", {"name": files.name}) from exc
     return into
 

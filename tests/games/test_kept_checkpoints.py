@@ -82,6 +82,20 @@ def test_set_aside_moves_them_under_removed_and_the_game_starts_afresh(client: T
     assert f"set aside in {aside}" in added_events(client)[0]
 
 
+def test_set_aside_takes_the_removed_games_curves_too(client: TestClient, settings: Settings) -> None:
+    """Left in `tensorboard/`, the removed game's runs sat beside the new game's (PPO_1, PPO_2, ...
+    under one name), as if one game."""
+    removed_with_checkpoints(client, settings, 5000)
+    curves = settings.game_dir("cart") / "tensorboard" / "PPO_1"
+    curves.mkdir(parents=True)
+    (curves / "events.out.tfevents.1").write_bytes(b"curve")
+    assert client.post("/api/v1/games", json=ACROBOT, params={"kept": "set_aside"}).status_code == 201
+    assert not (settings.game_dir("cart") / "tensorboard").exists()
+    removed = settings.game_dir("cart") / "removed"
+    assert sorted(p.name for p in removed.iterdir()) == ["20260101T000000-checkpoints", "20260101T000000-tensorboard"]
+    assert (removed / "20260101T000000-tensorboard" / "PPO_1" / "events.out.tfevents.1").read_bytes() == b"curve"
+
+
 def test_resume_keeps_them_and_the_event_says_it_resumes(client: TestClient, settings: Settings) -> None:
     kept = removed_with_checkpoints(client, settings, 5000)
     response = client.post("/api/v1/games", json=CART, params={"kept": "resume"})
