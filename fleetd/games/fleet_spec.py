@@ -94,14 +94,21 @@ class GamePlan:
 
 
 def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCatalog, restart: bool,
-               workers: LiveWorkers = NO_WORKERS, kept: Mapping[str, Found] | None = None) -> list[GamePlan]:
+               workers: LiveWorkers = NO_WORKERS, kept: Mapping[str, Found | FleetdError] | None = None) -> list[GamePlan]:
     """What applying `games` would do, every entry checked first (FleetdError names the culprit).
-    `kept`: the names a removed game left checkpoints under (`kept_of_new`)."""
+    `kept`: the names a removed game left checkpoints under (`kept_of_new`), or why they could not
+    be looked for: met only once every entry passed its own checks, so a bad entry is named first."""
     _check_unique(games)
     current = {game.name: game for game in game_store.read_games(session)}
-    kept = kept or {}
-    return [_plan(index, entry, current.get(entry.name), catalog, restart, workers, kept.get(entry.name))
-            for index, entry in enumerate(games)]
+    plans = [_plan(index, entry, current.get(entry.name), catalog, restart, workers)
+             for index, entry in enumerate(games)]
+    for index, (entry, plan) in enumerate(zip(games, plans)):
+        found = (kept or {}).get(entry.name)
+        if plan.action == "add" and isinstance(found, FleetdError):
+            raise found
+        if plan.action == "add" and found is not None:
+            _refuse_kept(f"games[{index}].", entry, *found)
+    return plans
 
 
 def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
@@ -113,14 +120,12 @@ def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
 
 
 def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCatalog, restart: bool,
-          workers: LiveWorkers, kept: Found | None = None) -> GamePlan:
+          workers: LiveWorkers) -> GamePlan:
     prefix = f"games[{index}]."
     if isinstance(entry, AbsentGame):
         return _plan_absent(entry.name, game)
     if game is None:
         check_draft(_draft(entry), catalog, prefix)
-        if kept is not None:
-            _refuse_kept(prefix, entry, *kept)
         return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
     check_identity(game, entry.env_id, entry.algo, prefix)
     changes = setting_changes(game, entry.wanted())
@@ -187,13 +192,23 @@ def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) ->
 
 
 def kept_of_new(db: Database, games: list[FleetGame | AbsentGame],
-                files_of: Callable[[str], KeptFiles]) -> dict[str, Found]:
-    """The entries to add whose name a removed game left checkpoints under. Looked for before
-    the plan's transaction: a listing at a URL storage must not hold it open."""
+                files_of: Callable[[str], KeptFiles]) -> dict[str, Found | FleetdError]:
+    """The entries to add whose name a removed game left checkpoints under, or why a URL storage
+    could not be asked (the plan raises it once the entries passed their checks). Looked for
+    before the plan's transaction: a listing at a URL storage must not hold it open."""
     with db.transaction() as session:
         current = {game.name for game in game_store.read_games(session)}
     new = [files_of(entry.name) for entry in games if isinstance(entry, FleetGame) and entry.name not in current]
-    return {files.name: (files, steps) for files in new if (steps := files.newest_steps()) is not None}
+    found = {files.name: _newest(files) for files in new}
+    return {name: kept for name, kept in found.items() if kept is not None}
+
+
+def _newest(files: KeptFiles) -> Found | FleetdError | None:
+    try:
+        steps = files.newest_steps()
+    except FleetdError as exc:
+        return exc
+    return None if steps is None else (files, steps)
 
 
 def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:

@@ -195,6 +195,21 @@ def test_an_import_under_a_name_kept_at_the_url_is_refused(url_client: TestClien
     assert error["details"]["field"] == "name" and "import under another name" in error["message"]
 
 
+def test_a_bad_entry_is_named_before_a_storage_that_does_not_answer(url_client: TestClient, tmp_path: Path) -> None:
+    """The lookup of kept checkpoints at the URL ran before the entries' own checks: a file with
+    a typo got the storage's 500, not the 422 naming the entry."""
+    bucket = tmp_path / "bucket"
+    bucket.rmdir()
+    bucket.write_text("a file where the store's folder would be")  # every listing fails: NotADirectoryError
+    bad = {"games": [CART, ACROBOT | {"name": "typo", "env_id": "NoSuchGame-v9"}]}
+    error = error_of(url_client.put("/api/v1/fleet/spec", json=bad), 422)
+    assert error["message"].startswith("games[1].env_id"), error
+    good = {"games": [CART]}
+    error = error_of(url_client.put("/api/v1/fleet/spec", json=good), 500)
+    assert "cannot look for a removed game's checkpoints at [cluster] storage" in error["message"]
+    assert url_client.get("/api/v1/games").json()["items"] == []
+
+
 # -- the fleet file and the CLI ---------------------------------------------------------------
 
 
