@@ -134,6 +134,21 @@ def test_on_a_url_storage_the_collapsed_runs_checkpoints_go_there_too(
     assert loop.state("cp") is State.STARTING
 
 
+def test_a_file_error_setting_aside_holds_the_game_and_the_loop_goes_on(loop: Loop) -> None:
+    """A full or read-only disk, or a file where the folder goes: held with the reason, not an
+    exception out of the loop and again out of every later daemon's start."""
+    trained_then_collapsed(loop)
+    (loop.settings.game_dir("cp") / "rolled_back").write_text("a file where the folder goes")
+    stop_exits(loop, "cp")
+    record = game(loop, "cp")
+    assert record.health.state is Health.HELD and record.desired is Desired.STOPPED
+    assert "setting aside the checkpoints after 3000 steps stopped after 0 of them" in record.health.reason
+    assert loop.state("cp") is State.STOPPED and len(loop.launcher.spawned) == 1
+    loop.start()  # the next daemon
+    loop.steps()
+    assert loop.state("cp") is State.STOPPED and game(loop, "cp").health.state is Health.HELD
+
+
 def test_a_second_collapse_after_the_rollback_holds_the_game(loop: Loop) -> None:
     trained_then_collapsed(loop)
     stop_exits(loop, "cp")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.governor.controller import GameSlot
@@ -102,10 +103,8 @@ class LearningActions:
             self._hold(proc, self.watch.hold(proc.name, "held: learning collapsed and no evaluated checkpoint "
                                              "is left to roll back to; fix its settings, then `fleetd games start`"))
             return
-        into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{best.steps}"
-        moved = set_aside_after(checkpoints, best.steps, into)
-        self._recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
-        if not self._dropped_from_storage(proc, best.steps):
+        moved = self._set_aside(proc, checkpoints, best.steps)
+        if moved is None or not self._dropped_from_storage(proc, best.steps):
             return
         scale = self.watch.settings(proc.name).rollback_lr_scale
         proc.remedies = replace(proc.remedies, lr_scale=proc.remedies.lr_scale * scale)
@@ -113,6 +112,24 @@ class LearningActions:
         if proc.state is State.STOPPED and self._wants_running(proc.name) and self._fleet.admitted(proc.name):
             proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
                        f"with lr_scale {proc.remedies.lr_scale:g}")
+
+    def _set_aside(self, proc: WorkerProcess, checkpoints: Path, steps: int) -> list[str] | None:
+        """The checkpoints after `steps` moved out of the worker's sight; the names moved. A
+        file error (a full or read-only disk, a file where the folder goes) holds the game: left
+        collapsed, it would stop the loop here and every later daemon at its start."""
+        into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{steps}"
+        moved: list[str] = []
+        try:
+            set_aside_after(checkpoints, steps, into, moved)
+        except OSError as exc:
+            self._hold(proc, self.watch.hold(proc.name, f"held: learning collapsed, but setting aside the checkpoints "
+                                             f"after {steps} steps stopped after {len(moved)} of them ({exc}); move "
+                                             f"the ckpt-* after {steps} steps out of {checkpoints}, then "
+                                             "`fleetd games start`"))
+            return None
+        finally:
+            self._recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
+        return moved
 
     def _dropped_from_storage(self, proc: WorkerProcess, steps: int) -> bool:
         """On a URL storage the next run pulls the URL's newest checkpoint, the collapsed run's:
