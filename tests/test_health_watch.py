@@ -13,7 +13,7 @@ import pytest
 
 from fleetd.cluster.storage import remote_names
 from fleetd.config import Settings
-from fleetd.games.lifecycle import set_desired
+from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.health.rules import Health
 from fleetd.host.uptime import record_daemon_start
 from fleetd.operations.alerts import Alert
@@ -23,7 +23,7 @@ from fleetd.operations.backup import Target
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
-from fleetd.supervision.commands import StartGame
+from fleetd.supervision.commands import Reconcile, StartGame
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
@@ -173,6 +173,21 @@ def test_starting_a_held_game_judges_it_afresh_without_the_rollback_scale(loop: 
     loop.steps()
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
     assert game(loop, "cp").health.state is Health.LEARNING
+
+
+def test_a_game_removed_and_added_again_within_one_turn_is_a_new_game(loop: Loop) -> None:
+    """DELETE then POST of the name before the supervisor's next turn: the new game's worker
+    gets none of the old one's rollback scale, its health none of the old one's best."""
+    test_a_second_collapse_after_the_rollback_holds_the_game(loop)
+    remove_game(loop.db, loop.clock, "cp", loop.settings.game_dir("cp"), purge=True)
+    add(loop, "cp", QUICK)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.run_up("cp")
+    assert loop.launcher.launches[-1].spec.lr_scale == 1.0
+    evaluate(loop, "cp", 1000, 9)
+    health = game(loop, "cp").health
+    assert health.state is Health.LEARNING and health.best == 9 and health.rollbacks == 0
 
 
 def test_a_training_return_that_holds_up_is_no_collapse(loop: Loop) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +63,17 @@ class LearningWatch:
     _records: dict[str, HealthRecord] = field(default_factory=dict)
     _settings: dict[str, HealthSettings] = field(default_factory=dict)
     _train: dict[str, float | None] = field(default_factory=dict)
+    _ids: dict[str, tuple[int, datetime]] = field(default_factory=dict)  # the game each name's record is of
 
     def load(self, games: list[GameRecord]) -> None:
-        """The games as just read from the store: their records and settings."""
-        names = {game.name for game in games}
-        for name in [n for n in self._settings if n not in names]:  # removed games
+        """The games as just read from the store: their records and settings. A game removed and
+        added again under its name between two reads is another game: its record is the new one's."""
+        ids = {game.name: game.identity for game in games}
+        for name in [n for n, id_ in self._ids.items() if ids.get(n) != id_]:  # removed, or replaced
             self._records.pop(name, None)
             self._settings.pop(name, None)
             self._train.pop(name, None)
+        self._ids = ids
         for game in games:
             self._records.setdefault(game.name, game.health)
             self._settings[game.name] = _settings(game.health_settings)
