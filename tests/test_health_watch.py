@@ -116,6 +116,19 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
 
 
+def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
+    """Kept with the health record: the next daemon (or the host's reboot) does not start the
+    game again at the rate that collapsed."""
+    trained_then_collapsed(loop)
+    stop_exits(loop, "cp")
+    loop.run_up("cp")
+    assert game(loop, "cp").health.lr_scale == 0.25
+    launches = len(loop.launcher.launches)
+    loop.start()  # the next daemon: the worker died with the previous one
+    loop.steps()
+    assert len(loop.launcher.launches) == launches + 1 and loop.launcher.launches[-1].spec.lr_scale == 0.25
+
+
 def test_on_a_url_storage_the_collapsed_runs_checkpoints_go_there_too(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, tmp_path: Path
 ) -> None:
@@ -172,7 +185,8 @@ def test_starting_a_held_game_judges_it_afresh_without_the_rollback_scale(loop: 
     loop.sup.submit(StartGame("cp"))
     loop.steps()
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
-    assert game(loop, "cp").health.state is Health.LEARNING
+    health = game(loop, "cp").health
+    assert health.state is Health.LEARNING and health.lr_scale == 1.0  # for the next daemon too
 
 
 def test_a_game_removed_and_added_again_within_one_turn_is_a_new_game(loop: Loop) -> None:

@@ -40,6 +40,7 @@ from fleetd.supervision.pending import proc_restart_reason, started_specs
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
@@ -346,6 +347,7 @@ class Supervisor:
 
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
         proc = WorkerProcess(launch_for(game, self.settings, 1, None), self.policy, self._launcher, self.clock, self._tap)
+        proc.remedies = Remedies(lr_scale=game.health.lr_scale)  # its rollbacks', kept in the store
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
