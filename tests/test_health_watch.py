@@ -257,6 +257,23 @@ def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Lo
     assert loop.shown()["a"] is Shown.PENDING  # last in the queue now
 
 
+def test_a_yield_outlives_a_daemon_restart(loop: Loop) -> None:
+    """Admitted again under the next daemon, the yielder is judged afresh, as when it is under
+    the same one: on its plateau it would hold the slot for good while others wait."""
+    test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop)
+    set_desired(loop.db, loop.clock, "b", Desired.STOPPED)  # while fleetd was down (its worker went with the host)
+    loop.start()
+    loop.steps()
+    assert loop.state("a") is State.STARTING and game(loop, "a").health.state is Health.LEARNING
+    loop.run_up("a")
+    add(loop, "d", {})
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 4000, 10.0)
+    evaluate(loop, "a", 5000, 10.0)  # flat for 2000 steps since it was admitted again: d gets its slot
+    assert loop.state("a") is State.STOPPING and game(loop, "a").health.state is Health.PLATEAU
+
+
 def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     loop.start()

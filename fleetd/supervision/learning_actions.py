@@ -17,6 +17,7 @@ from pathlib import Path
 from fleetd.clock import Clock
 from fleetd.governor.controller import GameSlot
 from fleetd.health.rules import Action, Health, Verdict
+from fleetd.health.settings import PlateauAction
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.learning import LearningWatch, best_evaluated, set_aside_after
@@ -65,7 +66,7 @@ class LearningActions:
             self._roll_back(proc)
 
     def resume(self, procs: dict[str, WorkerProcess]) -> None:
-        """At start: a rollback the previous daemon decided and did not finish."""
+        """At start: a rollback the previous daemon decided and did not finish; a yield it did."""
         for name, proc in procs.items():
             if self.watch.record(name).state is Health.COLLAPSED:
                 self._rollbacks.add(name)
@@ -73,6 +74,15 @@ class LearningActions:
                     self._fleet.stop(proc, "finishing a rollback decided before fleetd restarted", None)
                 else:
                     self._roll_back(proc)
+            elif self._yielded_before(name, proc):
+                self._yielded.add(name)
+
+    def _yielded_before(self, name: str, proc: WorkerProcess) -> bool:
+        """A plateau under on_plateau = yield with no worker at start: the previous daemon's
+        yield, which only its memory held. Admitted again, it is judged afresh, or it would hold
+        its slot on the plateau for good (a plateau is judged only from `learning`)."""
+        return (self.watch.record(name).state is Health.PLATEAU and proc.state not in LIVE
+                and self.watch.settings(name).on_plateau is PlateauAction.YIELD)
 
     def starting(self, name: str) -> None:
         """A game admitted again after it yielded its slot on a plateau: judged afresh."""
