@@ -13,7 +13,7 @@ import pytest
 
 from fleetd.cluster.storage import remote_names
 from fleetd.config import Settings
-from fleetd.games.lifecycle import set_desired
+from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.health.rules import Health
 from fleetd.host.uptime import record_daemon_start
 from fleetd.operations.alerts import Alert
@@ -23,7 +23,7 @@ from fleetd.operations.backup import Target
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
-from fleetd.supervision.commands import StartGame
+from fleetd.supervision.commands import Reconcile, StartGame
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
@@ -116,6 +116,19 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
 
 
+def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
+    """Kept with the health record: the next daemon (or the host's reboot) does not start the
+    game again at the rate that collapsed."""
+    trained_then_collapsed(loop)
+    stop_exits(loop, "cp")
+    loop.run_up("cp")
+    assert game(loop, "cp").health.lr_scale == 0.25
+    launches = len(loop.launcher.launches)
+    loop.start()  # the next daemon: the worker died with the previous one
+    loop.steps()
+    assert len(loop.launcher.launches) == launches + 1 and loop.launcher.launches[-1].spec.lr_scale == 0.25
+
+
 def test_on_a_url_storage_the_collapsed_runs_checkpoints_go_there_too(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, tmp_path: Path
 ) -> None:
@@ -132,6 +145,21 @@ def test_on_a_url_storage_the_collapsed_runs_checkpoints_go_there_too(
     stop_exits(loop, "cp")
     assert remote_names(Target(url), "cp") == ["ckpt-000000003000", "ckpt-000000002000", "ckpt-000000001000"]
     assert loop.state("cp") is State.STARTING
+
+
+def test_a_file_error_setting_aside_holds_the_game_and_the_loop_goes_on(loop: Loop) -> None:
+    """A full or read-only disk, or a file where the folder goes: held with the reason, not an
+    exception out of the loop and again out of every later daemon's start."""
+    trained_then_collapsed(loop)
+    (loop.settings.game_dir("cp") / "rolled_back").write_text("a file where the folder goes")
+    stop_exits(loop, "cp")
+    record = game(loop, "cp")
+    assert record.health.state is Health.HELD and record.desired is Desired.STOPPED
+    assert "setting aside the checkpoints after 3000 steps stopped after 0 of them" in record.health.reason
+    assert loop.state("cp") is State.STOPPED and len(loop.launcher.spawned) == 1
+    loop.start()  # the next daemon
+    loop.steps()
+    assert loop.state("cp") is State.STOPPED and game(loop, "cp").health.state is Health.HELD
 
 
 def test_a_second_collapse_after_the_rollback_holds_the_game(loop: Loop) -> None:
@@ -157,7 +185,23 @@ def test_starting_a_held_game_judges_it_afresh_without_the_rollback_scale(loop: 
     loop.sup.submit(StartGame("cp"))
     loop.steps()
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
-    assert game(loop, "cp").health.state is Health.LEARNING
+    health = game(loop, "cp").health
+    assert health.state is Health.LEARNING and health.lr_scale == 1.0  # for the next daemon too
+
+
+def test_a_game_removed_and_added_again_within_one_turn_is_a_new_game(loop: Loop) -> None:
+    """DELETE then POST of the name before the supervisor's next turn: the new game's worker
+    gets none of the old one's rollback scale, its health none of the old one's best."""
+    test_a_second_collapse_after_the_rollback_holds_the_game(loop)
+    remove_game(loop.db, loop.clock, "cp", loop.settings.game_dir("cp"), purge=True)
+    add(loop, "cp", QUICK)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.run_up("cp")
+    assert loop.launcher.launches[-1].spec.lr_scale == 1.0
+    evaluate(loop, "cp", 1000, 9)
+    health = game(loop, "cp").health
+    assert health.state is Health.LEARNING and health.best == 9 and health.rollbacks == 0
 
 
 def test_a_training_return_that_holds_up_is_no_collapse(loop: Loop) -> None:
@@ -211,6 +255,23 @@ def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Lo
     loop.run_up("c")
     loop.steps(10)
     assert loop.shown()["a"] is Shown.PENDING  # last in the queue now
+
+
+def test_a_yield_outlives_a_daemon_restart(loop: Loop) -> None:
+    """Admitted again under the next daemon, the yielder is judged afresh, as when it is under
+    the same one: on its plateau it would hold the slot for good while others wait."""
+    test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop)
+    set_desired(loop.db, loop.clock, "b", Desired.STOPPED)  # while fleetd was down (its worker went with the host)
+    loop.start()
+    loop.steps()
+    assert loop.state("a") is State.STARTING and game(loop, "a").health.state is Health.LEARNING
+    loop.run_up("a")
+    add(loop, "d", {})
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 4000, 10.0)
+    evaluate(loop, "a", 5000, 10.0)  # flat for 2000 steps since it was admitted again: d gets its slot
+    assert loop.state("a") is State.STOPPING and game(loop, "a").health.state is Health.PLATEAU
 
 
 def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:

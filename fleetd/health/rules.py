@@ -57,6 +57,7 @@ class HealthRecord:
     below: int = 0  # evaluations in a row below the collapse threshold
     rollbacks: int = 0  # since the last new best
     last_steps: int = 0
+    lr_scale: float = 1.0  # the rollbacks' learning-rate scale, its runs' until the operator starts it afresh
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ class GameHealth(Base):
     below: Mapped[int]
     rollbacks: Mapped[int]
     last_steps: Mapped[int]
+    lr_scale: Mapped[float] = mapped_column(server_default="1.0")  # the rollbacks' learning-rate scale
     changed_at: Mapped[datetime]
 
 

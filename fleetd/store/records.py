@@ -139,6 +139,13 @@ class GameRecord:
         """Where it waits among games of its priority: created, or yielded on a plateau."""
         return self.queued_at or self.created_at
 
+    @property
+    def identity(self) -> tuple[int, datetime]:
+        """Which game this is, beyond its name: a game removed and added again under its name is
+        another. The id alone is not: SQLite gives the next game max(id)+1, the removed one's own
+        id when it was the newest."""
+        return self.id, self.created_at
+
 
 @dataclass(frozen=True)
 class GameFigures:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +63,17 @@ class LearningWatch:
     _records: dict[str, HealthRecord] = field(default_factory=dict)
     _settings: dict[str, HealthSettings] = field(default_factory=dict)
     _train: dict[str, float | None] = field(default_factory=dict)
+    _ids: dict[str, tuple[int, datetime]] = field(default_factory=dict)  # the game each name's record is of
 
     def load(self, games: list[GameRecord]) -> None:
-        """The games as just read from the store: their records and settings."""
-        names = {game.name for game in games}
-        for name in [n for n in self._settings if n not in names]:  # removed games
+        """The games as just read from the store: their records and settings. A game removed and
+        added again under its name between two reads is another game: its record is the new one's."""
+        ids = {game.name: game.identity for game in games}
+        for name in [n for n, id_ in self._ids.items() if ids.get(n) != id_]:  # removed, or replaced
             self._records.pop(name, None)
             self._settings.pop(name, None)
             self._train.pop(name, None)
+        self._ids = ids
         for game in games:
             self._records.setdefault(game.name, game.health)
             self._settings[game.name] = _settings(game.health_settings)
@@ -95,8 +99,10 @@ class LearningWatch:
         return verdict
 
     def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str]) -> None:
+        """Recorded with the rollbacks' learning-rate scale, which the game's runs keep after a
+        daemon restart or a reboot: the rate that collapsed is not tried again unasked."""
         old = self.record(game)
-        new = rolled_back(old, best.steps)
+        new = replace(rolled_back(old, best.steps), lr_scale=old.lr_scale * self.settings(game).rollback_lr_scale)
         self._store(game, old, new, "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
@@ -105,17 +111,18 @@ class LearningWatch:
         """`fleetd games rollback`: recorded as a `rollback` event, whatever the health state."""
         old = self.record(game)
         aside = f"{len(set_aside)} newer set aside" if set_aside else "none was newer"
-        self._store(game, old, rolled_back_by_operator(old, steps), "rollback",
+        self._store(game, old, replace(rolled_back_by_operator(old, steps), lr_scale=1.0), "rollback",
                     {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"},
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
     def released(self, game: str) -> bool:
-        """The operator started a held game, or one stopped on a plateau. True if it was."""
+        """The operator started a held game, or one stopped on a plateau: its rollbacks'
+        learning-rate scale dropped (the operator fixed its settings). True if it was."""
         old = self.record(game)
         if old.state not in (Health.HELD, Health.PLATEAU):
             return False
-        self._store(game, old, released(old))
+        self._store(game, old, replace(released(old), lr_scale=1.0))
         return True
 
     def hold(self, game: str, reason: str) -> Verdict:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.governor.controller import GameSlot
 from fleetd.health.rules import Action, Health, Verdict
+from fleetd.health.settings import PlateauAction
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.learning import LearningWatch, best_evaluated, set_aside_after
@@ -64,7 +66,7 @@ class LearningActions:
             self._roll_back(proc)
 
     def resume(self, procs: dict[str, WorkerProcess]) -> None:
-        """At start: a rollback the previous daemon decided and did not finish."""
+        """At start: a rollback the previous daemon decided and did not finish; a yield it did."""
         for name, proc in procs.items():
             if self.watch.record(name).state is Health.COLLAPSED:
                 self._rollbacks.add(name)
@@ -72,6 +74,15 @@ class LearningActions:
                     self._fleet.stop(proc, "finishing a rollback decided before fleetd restarted", None)
                 else:
                     self._roll_back(proc)
+            elif self._yielded_before(name, proc):
+                self._yielded.add(name)
+
+    def _yielded_before(self, name: str, proc: WorkerProcess) -> bool:
+        """A plateau under on_plateau = yield with no worker at start: the previous daemon's
+        yield, which only its memory held. Admitted again, it is judged afresh, or it would hold
+        its slot on the plateau for good (a plateau is judged only from `learning`)."""
+        return (self.watch.record(name).state is Health.PLATEAU and proc.state not in LIVE
+                and self.watch.settings(name).on_plateau is PlateauAction.YIELD)
 
     def starting(self, name: str) -> None:
         """A game admitted again after it yielded its slot on a plateau: judged afresh."""
@@ -102,10 +113,8 @@ class LearningActions:
             self._hold(proc, self.watch.hold(proc.name, "held: learning collapsed and no evaluated checkpoint "
                                              "is left to roll back to; fix its settings, then `fleetd games start`"))
             return
-        into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{best.steps}"
-        moved = set_aside_after(checkpoints, best.steps, into)
-        self._recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
-        if not self._dropped_from_storage(proc, best.steps):
+        moved = self._set_aside(proc, checkpoints, best.steps)
+        if moved is None or not self._dropped_from_storage(proc, best.steps):
             return
         scale = self.watch.settings(proc.name).rollback_lr_scale
         proc.remedies = replace(proc.remedies, lr_scale=proc.remedies.lr_scale * scale)
@@ -113,6 +122,24 @@ class LearningActions:
         if proc.state is State.STOPPED and self._wants_running(proc.name) and self._fleet.admitted(proc.name):
             proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
                        f"with lr_scale {proc.remedies.lr_scale:g}")
+
+    def _set_aside(self, proc: WorkerProcess, checkpoints: Path, steps: int) -> list[str] | None:
+        """The checkpoints after `steps` moved out of the worker's sight; the names moved. A
+        file error (a full or read-only disk, a file where the folder goes) holds the game: left
+        collapsed, it would stop the loop here and every later daemon at its start."""
+        into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{steps}"
+        moved: list[str] = []
+        try:
+            set_aside_after(checkpoints, steps, into, moved)
+        except OSError as exc:
+            self._hold(proc, self.watch.hold(proc.name, f"held: learning collapsed, but setting aside the checkpoints "
+                                             f"after {steps} steps stopped after {len(moved)} of them ({exc}); move "
+                                             f"the ckpt-* after {steps} steps out of {checkpoints}, then "
+                                             "`fleetd games start`"))
+            return None
+        finally:
+            self._recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
+        return moved
 
     def _dropped_from_storage(self, proc: WorkerProcess, steps: int) -> bool:
         """On a URL storage the next run pulls the URL's newest checkpoint, the collapsed run's:

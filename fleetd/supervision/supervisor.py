@@ -12,6 +12,7 @@ import logging
 import queue
 import signal
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 from fleetd.clock import Clock
@@ -39,6 +40,7 @@ from fleetd.supervision.pending import proc_restart_reason, started_specs
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
@@ -90,6 +92,7 @@ class Supervisor:
         # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
+        self._ids: dict[str, tuple[int, datetime]] = {}  # the game each name's process is for
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
         self._games_read = 0  # bumped at every read of the games: their launches are stale
         self._worker_tier = TierDefaults()  # what a worker is told of the tier now
@@ -199,7 +202,7 @@ class Supervisor:
             games = read_games(session)
         self._desired = {game.name: game.desired for game in games}
         self.learning.load(games)
-        self._forget_removed()
+        self._forget_removed({game.name: game.identity for game in games})
         for game in games:
             if game.name not in self.procs:
                 self._new_proc(game)
@@ -344,6 +347,7 @@ class Supervisor:
 
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
         proc = WorkerProcess(launch_for(game, self.settings, 1, None), self.policy, self._launcher, self.clock, self._tap)
+        proc.remedies = Remedies(lr_scale=game.health.lr_scale)  # its rollbacks', kept in the store
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
@@ -372,10 +376,14 @@ class Supervisor:
         games_on = Counter(p.gpu for name, p in self.procs.items() if name != game and p.state in LIVE and p.gpu is not None)
         return choose_gpu(self.fleet.gpu_rooms(), games_on)
 
-    def _forget_removed(self) -> None:
-        for name in [n for n, p in self.procs.items() if n not in self._desired and p.state not in LIVE]:
+    def _forget_removed(self, ids: dict[str, tuple[int, datetime]]) -> None:
+        """The processes of games removed, or removed and added again under their name within one
+        turn (another game): the new game starts with none of the old one's remedies."""
+        gone = [n for n in self.procs if n not in ids or ids[n] != self._ids.get(n)]
+        for name in [n for n in gone if self.procs[n].state not in LIVE]:
             del self.procs[name]
             self.recorder.forget(name)
+        self._ids = ids
 
     def _on_exit(self, exited: Exited) -> None:
         proc = next((p for p in self.procs.values() if p.pid == exited.pid), None)
