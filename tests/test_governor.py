@@ -307,3 +307,17 @@ def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_30_
         waits.append((governor.memory[governor.ladder[governor.index() + 1].key].retry_at - now) / timedelta(hours=1))
         governor.state = replace(governor.state, rung=governor.index() + 1)
     assert waits == [0.5, 24, 48]
+
+
+def test_pressure_sustained_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
+    """One back-off every `pressure_grace_s` at the bottom rung (a GPU above 85 C for days):
+    48.0 ** 184 overflowed a float after 185 failures, about 3 h, and the OverflowError stopped
+    the daemon, then each restart a minute later (the failures are stored)."""
+    fleet = Fleet("light", pressure_grace_s=1 * MIN, reprobe_factor=48.0)
+    fleet.tick()
+    fleet.pressure = Pressure(("GPU 0: 87 C > 85 C",))
+    for _ in range(3 * 24 * 60):
+        fleet.tick(1)
+    memory = fleet.governor.remembered(fleet.governor.index())
+    assert fleet.governor.rung.label == "1x32" and memory.failures > 1000
+    assert memory.retry_at - fleet.now == timedelta(seconds=fleet.governor.settings.reprobe_max_s)
