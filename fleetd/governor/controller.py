@@ -256,6 +256,21 @@ class FleetController:
             return False
         return self._apply(self.governor.rebooted(self.clock.now(), len(self._admitted)))
 
+    def restarted(self, workers_ran_on: bool) -> None:
+        """The daemon starts again. The time it was down is stable time only if the load ran on
+        through it (every open run's worker adopted: a daemon that crashed, or was stopped alone
+        by SIGUSR1). After a clean stop, a reboot, or workers that ended meanwhile, nothing
+        (or less) ran: a window that counted that time would prove a rung, and climb, on time the
+        host stood idle. Each window starts again, as a cluster host's does after its node's new
+        life (`_observe_hosts`)."""
+        if workers_ran_on:
+            return
+        now = self.clock.now()
+        for governor in (self.governor, *self.governors.values()):
+            governor.resume(now)
+        with self.db.transaction() as session:
+            self._save_governors(session, now)
+
     def crashed(self, name: str) -> bool:
         host, governor = self._governor_of(name)
         if governor is None:
@@ -461,9 +476,7 @@ class FleetController:
             for name in set(homes) | {d.game for _, d in decisions if d.game is not None}:
                 if self.cluster and name in self._placed:
                     fleet_store.update_game_placement(session, name, self._placed[name])
-            fleet_store.save_fleet(session, self._record(self.governor, now))
-            for host, governor in self.governors.items():
-                fleet_store.save_host_governor(session, self._host_record(host, governor, now))
+            self._save_governors(session, now)
             self._save_memory(session)
         for host, decision in decisions:
             log.info("governor%s: %s", f" (host {host})" if host else "", decision.message)
@@ -495,6 +508,12 @@ class FleetController:
     def _save(self, governor: Governor) -> None:
         with self.db.transaction() as session:
             fleet_store.save_fleet(session, self._record(governor, self.clock.now()))
+
+    def _save_governors(self, session: Any, now: datetime) -> None:
+        """Each governor's place (rung, window) in the store: the fleet's, and every host's."""
+        fleet_store.save_fleet(session, self._record(self.governor, now))
+        for host, governor in self.governors.items():
+            fleet_store.save_host_governor(session, self._host_record(host, governor, now))
 
     def _save_memory(self, session: Any = None) -> None:
         """The rungs' memory the governors changed (a window proven, a failure), stored."""

@@ -241,8 +241,8 @@ class Governor:
         return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target)
 
     def resume(self, now: datetime) -> None:
-        """The host was away (a cluster node's death and new life, not taken as a reboot): its
-        downtime is no stable time, the window starts again."""
+        """The host was away (a cluster node's death and new life, not taken as a reboot), or the
+        daemon was with its workers: the downtime is no stable time, the window starts again."""
         self.state = replace(self.state, stable_since=now)
 
     def _one_down(self, running: int) -> int:
