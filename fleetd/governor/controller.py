@@ -113,6 +113,7 @@ class FleetController:
             self._load_hosts()
         self._known_gpu: GpuMemory | None = None
         self._host_memory: int | None = None
+        self._stored = self._states()  # each governor's state as the store holds it
 
     def _load(self) -> Governor:
         with self.db.transaction() as session:
@@ -456,6 +457,9 @@ class FleetController:
     def _apply_placed(self, decisions: list[tuple[str, Decision]], homes_given: set[str] | None = None) -> bool:
         homes = {name: self._placed.get(name, Placement(None, None)).home for name in homes_given or ()}
         if not decisions and not homes:
+            if self._states() != self._stored:  # a window started again, with nothing to say
+                with self.db.transaction() as session:
+                    self._save_governors(session, self.clock.now())
             self._save_memory()
             return False
         now = self.clock.now()
@@ -514,6 +518,10 @@ class FleetController:
         fleet_store.save_fleet(session, self._record(self.governor, now))
         for host, governor in self.governors.items():
             fleet_store.save_host_governor(session, self._host_record(host, governor, now))
+        self._stored = self._states()
+
+    def _states(self) -> dict[str, FleetState]:
+        return {LOCAL: self.governor.state} | {host: governor.state for host, governor in self.governors.items()}
 
     def _save_memory(self, session: Any = None) -> None:
         """The rungs' memory the governors changed (a window proven, a failure), stored."""
