@@ -111,6 +111,48 @@ def test_equal_tiers_share_one_rung_and_every_tier_name_finds_it() -> None:
     assert fleet.admitted == ["a", "b"]  # the light tier's top is the merged 2x8 rung, not heavy's
 
 
+def test_stable_time_at_fewer_games_does_not_make_a_reboot_after_more_joined_an_outside_event() -> None:
+    """One game at 2x32 for hours made 2x32 "stable for 4 h"; a second game joined, and an
+    unclean reboot 10 min later was taken as an outside event: no back-off."""
+    fleet = Fleet("light", reboot_outside_after_s=120 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    for _ in range(4 * 60):
+        fleet.tick(1)
+    assert fleet.governor.memory[(2, 32)].stable_s >= 120 * MIN
+    fleet.pending = ["b"]
+    assert fleet.tick(1) == ["admit"]
+    assert fleet.governor.memory[(2, 32)].stable_s == 0
+    fleet.now += timedelta(minutes=10)
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]
+    assert fleet.governor.rung.label == "1x32"
+
+
+def test_a_window_whose_free_slot_filled_late_starts_again_before_the_climb() -> None:
+    """4x48 with 3 games (the 4th slot nobody's) gets a 4th game 21 min into its 30-min window:
+    it climbs after a full window at 4 games, not 9 min after the load grew."""
+    fleet = Fleet("medium")
+    fleet.pending = ["a", "b", "c"]
+    fleet.tick()
+    fleet.until_admitted(3)
+    fleet.tick(30)
+    assert fleet.governor.rung.label == "4x48" and fleet.admitted == ["a", "b", "c"]
+    fleet.tick(20)
+    fleet.pending = ["d"]
+    assert fleet.tick(1) == ["admit"]
+    assert fleet.tick(9) == [] and fleet.tick(20) == [] and fleet.governor.rung.label == "4x48"
+    assert fleet.tick(1) == ["proven", "tier"] and fleet.governor.rung.label == "4x64 (medium)"
+
+
+def test_a_slot_freed_and_taken_in_one_step_keeps_the_window() -> None:
+    fleet = Fleet("light")
+    fleet.tick()
+    fleet.tick(50)
+    fleet.admitted.remove("a")  # completed: c takes its slot in the same step
+    assert fleet.tick() == ["admit"]
+    assert fleet.governor.window_ends() == EPOCH + timedelta(minutes=60)
+
+
 def test_a_rung_that_adds_only_slots_nobody_waits_for_is_passed_over() -> None:
     fleet = Fleet("medium")
     fleet.pending = ["a", "b", "c"]
@@ -307,3 +349,17 @@ def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_30_
         waits.append((governor.memory[governor.ladder[governor.index() + 1].key].retry_at - now) / timedelta(hours=1))
         governor.state = replace(governor.state, rung=governor.index() + 1)
     assert waits == [0.5, 24, 48]
+
+
+def test_pressure_sustained_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
+    """One back-off every `pressure_grace_s` at the bottom rung (a GPU above 85 C for days):
+    48.0 ** 184 overflowed a float after 185 failures, about 3 h, and the OverflowError stopped
+    the daemon, then each restart a minute later (the failures are stored)."""
+    fleet = Fleet("light", pressure_grace_s=1 * MIN, reprobe_factor=48.0)
+    fleet.tick()
+    fleet.pressure = Pressure(("GPU 0: 87 C > 85 C",))
+    for _ in range(3 * 24 * 60):
+        fleet.tick(1)
+    memory = fleet.governor.remembered(fleet.governor.index())
+    assert fleet.governor.rung.label == "1x32" and memory.failures > 1000
+    assert memory.retry_at - fleet.now == timedelta(seconds=fleet.governor.settings.reprobe_max_s)

@@ -514,3 +514,52 @@ def test_an_adopted_worker_that_reached_its_goal_is_not_restarted(loop: Loop) ->
     loop.steps()
     assert loop.state("a") is State.EXITED
     assert loop.launcher.spawned == []
+
+
+def stop_and_start_again(loop: Loop, down_s: float, leave_workers: bool) -> None:
+    """The daemon stops (its workers with it, unless it leaves them), stays down `down_s`, starts again."""
+    pids = [proc.pid for proc in loop.sup.procs.values() if proc.pid is not None]
+    loop.sup.submit(Shutdown(leave_workers=leave_workers))
+    loop.steps()
+    if not leave_workers:
+        for pid in pids:
+            loop.reactor.exit(pid, code=0)
+        loop.steps()
+    assert loop.sup._finished()
+    loop.clock.advance(down_s)
+    loop.probe.live = set(pids) if leave_workers else set()
+    loop.start()
+
+
+def four_games_at_4x32(loop: Loop) -> None:
+    fleet = loop.settings.fleet.model_copy(update={"tier": "medium", "start_games": 4})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    for name in ("a", "b", "c", "d"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b", "c", "d")
+    assert loop.sup.snapshot.governor.rung == "4x32"
+
+
+def test_the_time_the_daemon_is_down_is_no_stable_time(loop: Loop) -> None:
+    """5 min at 4x32, a clean stop, an hour off: 4x32 ran 5 min of its 30-min window. The first
+    step after the restart proved it and climbed on the hour the host stood idle."""
+    four_games_at_4x32(loop)
+    loop.clock.advance(5 * 60)
+    stop_and_start_again(loop, 3600, leave_workers=False)
+    restarted_at = loop.clock.now()
+    loop.steps(3)
+    assert loop.sup.snapshot.governor.rung == "4x32"
+    assert loop.sup.fleet.governor.window_ends() == restarted_at + loop.sup.fleet.governor.window()
+    with loop.db.transaction() as session:
+        assert read_events(session, EventFilter(kind="fleet_proven")) == []
+
+
+def test_the_time_the_daemon_is_down_counts_when_its_workers_ran_on(loop: Loop) -> None:
+    """SIGUSR1 stops the daemon alone: the workers it adopts again kept the load on the host meanwhile."""
+    four_games_at_4x32(loop)
+    loop.clock.advance(5 * 60)
+    stop_and_start_again(loop, 3600, leave_workers=True)
+    assert loop.sup.snapshot.governor.rung == "4x48"
+    with loop.db.transaction() as session:
+        assert [e.message for e in read_events(session, EventFilter(kind="fleet_proven"))] == ["4x32 proven: stable for 30 min"]

@@ -113,6 +113,7 @@ class FleetController:
             self._load_hosts()
         self._known_gpu: GpuMemory | None = None
         self._host_memory: int | None = None
+        self._stored = self._states()  # each governor's state as the store holds it
 
     def _load(self) -> Governor:
         with self.db.transaction() as session:
@@ -255,6 +256,21 @@ class FleetController:
         if self.cluster:
             return False
         return self._apply(self.governor.rebooted(self.clock.now(), len(self._admitted)))
+
+    def restarted(self, workers_ran_on: bool) -> None:
+        """The daemon starts again. The time it was down is stable time only if the load ran on
+        through it (every open run's worker adopted: a daemon that crashed, or was stopped alone
+        by SIGUSR1). After a clean stop, a reboot, or workers that ended meanwhile, nothing
+        (or less) ran: a window that counted that time would prove a rung, and climb, on time the
+        host stood idle. Each window starts again, as a cluster host's does after its node's new
+        life (`_observe_hosts`)."""
+        if workers_ran_on:
+            return
+        now = self.clock.now()
+        for governor in (self.governor, *self.governors.values()):
+            governor.resume(now)
+        with self.db.transaction() as session:
+            self._save_governors(session, now)
 
     def crashed(self, name: str) -> bool:
         host, governor = self._governor_of(name)
@@ -441,6 +457,9 @@ class FleetController:
     def _apply_placed(self, decisions: list[tuple[str, Decision]], homes_given: set[str] | None = None) -> bool:
         homes = {name: self._placed.get(name, Placement(None, None)).home for name in homes_given or ()}
         if not decisions and not homes:
+            if self._states() != self._stored:  # a window started again, with nothing to say
+                with self.db.transaction() as session:
+                    self._save_governors(session, self.clock.now())
             self._save_memory()
             return False
         now = self.clock.now()
@@ -461,9 +480,7 @@ class FleetController:
             for name in set(homes) | {d.game for _, d in decisions if d.game is not None}:
                 if self.cluster and name in self._placed:
                     fleet_store.update_game_placement(session, name, self._placed[name])
-            fleet_store.save_fleet(session, self._record(self.governor, now))
-            for host, governor in self.governors.items():
-                fleet_store.save_host_governor(session, self._host_record(host, governor, now))
+            self._save_governors(session, now)
             self._save_memory(session)
         for host, decision in decisions:
             log.info("governor%s: %s", f" (host {host})" if host else "", decision.message)
@@ -495,6 +512,16 @@ class FleetController:
     def _save(self, governor: Governor) -> None:
         with self.db.transaction() as session:
             fleet_store.save_fleet(session, self._record(governor, self.clock.now()))
+
+    def _save_governors(self, session: Any, now: datetime) -> None:
+        """Each governor's place (rung, window) in the store: the fleet's, and every host's."""
+        fleet_store.save_fleet(session, self._record(self.governor, now))
+        for host, governor in self.governors.items():
+            fleet_store.save_host_governor(session, self._host_record(host, governor, now))
+        self._stored = self._states()
+
+    def _states(self) -> dict[str, FleetState]:
+        return {LOCAL: self.governor.state} | {host: governor.state for host, governor in self.governors.items()}
 
     def _save_memory(self, session: Any = None) -> None:
         """The rungs' memory the governors changed (a window proven, a failure), stored."""

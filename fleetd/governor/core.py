@@ -7,7 +7,8 @@ and fake telemetry, without sleeping.
 The rules:
 - start at `start_games` games at the light tier's envs; after a stable window at full
   admission the rung is proven and the fleet climbs one rung (the first window long, then
-  shorter ones); a rung that adds nothing for the games wanting a slot is passed over;
+  shorter ones); a rung that adds nothing for the games wanting a slot is passed over; games
+  admitted into slots that stood free start the window and the rung's stable time again;
 - a game that ends frees its slot for the next pending one at once;
 - on instability (an OOM kill, crashes of several running games, sustained pressure) step
   down one rung; the failed rung is tried again only after a wait that grows with each failure;
@@ -81,6 +82,7 @@ class Governor:
     last_backoff: str | None = None
     _pressure_since: datetime | None = None
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
+    _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
 
     def __post_init__(self) -> None:
         self.ladder = self.ladder or build_ladder(self.settings.tiers)
@@ -160,12 +162,28 @@ class Governor:
         admitted = [name for name in view.admitted if name not in gone]
         pending = list(view.pending) + [name for name in reversed(view.admitted) if name in gone]
         if view.pressure.reasons:
+            self._held = (self.index(), len(admitted))
             return decisions
         decisions += self._admit(admitted, pending)
+        self._restart_if_load_grew(now, len(admitted))
         if now >= self.window_ends() and (len(admitted) >= self.allowed() or not pending):
             decisions += self._window_done(now, view.wanting)
             decisions += self._admit(admitted, pending)
+        self._held = (self.index(), len(admitted))
         return decisions
+
+    def _restart_if_load_grew(self, now: datetime, admitted: int) -> None:
+        """Games admitted into slots of this rung that stood free (nobody waited for them): it
+        runs more than the load its window and its stable time were earned at, so both start
+        again. A full window at full admission means at this admission: one game at 2x32 for
+        hours does not prove two, nor make a reboot soon after the second joined an outside
+        event. A slot freed and filled in one step (a game ended) is no growth."""
+        if self._held is None or self._held[0] != self.index() or admitted <= self._held[1]:
+            return
+        memory = self.remembered(self.index())
+        if memory.stable_s:
+            self._remember(replace(memory, stable_s=0.0))
+        self.state = replace(self.state, stable_since=now)
 
     def _watch_pressure(self, now: datetime, pressure: Pressure, running: int) -> list[Decision]:
         if not pressure.reasons:
@@ -241,8 +259,8 @@ class Governor:
         return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target)
 
     def resume(self, now: datetime) -> None:
-        """The host was away (a cluster node's death and new life, not taken as a reboot): its
-        downtime is no stable time, the window starts again."""
+        """The host was away (a cluster node's death and new life, not taken as a reboot), or the
+        daemon was with its workers: the downtime is no stable time, the window starts again."""
         self.state = replace(self.state, stable_since=now)
 
     def _one_down(self, running: int) -> int:

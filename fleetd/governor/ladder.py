@@ -15,6 +15,7 @@ time, failures, when it may be tried again) is kept in the store across restarts
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -143,7 +144,19 @@ def failed(memory: RungMemory, now: datetime, why: str, settings: FleetSettings)
     """Instability at the rung: try it again later, later each time; fail it twice and its
     proof is withdrawn (demoted)."""
     failures = memory.failures + 1
-    wait = min(settings.reprobe_max_s, settings.cooldown_s * settings.reprobe_factor ** (failures - 1))
+    wait = reprobe_wait(failures, settings)
     proven_at = None if failures >= settings.demote_after else memory.proven_at
     retry_at = now + timedelta(seconds=wait)
     return replace(memory, proven_at=proven_at, stable_s=0.0, failures=failures, retry_at=retry_at, last_failure=why)
+
+
+def reprobe_wait(failures: int, settings: FleetSettings) -> float:
+    """`cooldown_s` after the first failure, `reprobe_factor` times longer after each further
+    one, at most `reprobe_max_s`. The cap is checked in log space before the power is taken:
+    the power itself overflows a float (48.0 ** 184) once sustained pressure at the bottom rung,
+    one failure every `pressure_grace_s`, has lasted a few hours, and the OverflowError stopped
+    the daemon, and again at each restart, since the failures are stored."""
+    exponent = failures - 1
+    if exponent * math.log(settings.reprobe_factor) >= math.log(settings.reprobe_max_s / settings.cooldown_s):
+        return settings.reprobe_max_s
+    return min(settings.reprobe_max_s, settings.cooldown_s * settings.reprobe_factor**exponent)

@@ -144,10 +144,12 @@ class Supervisor:
         for run in runs.lost_with_daemon:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
         self._load_games()
+        adopted = 0
         for run in runs.live:
-            self._adopt(run)
+            adopted += self._adopt(run)
         self._settle_stale_states()
         self._health.resume(self.procs)
+        self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs))
         if self._unclean_reboot:
             self.fleet.rebooted()
         self._govern()
@@ -354,20 +356,22 @@ class Supervisor:
         self.procs[game.name] = proc
         return proc
 
-    def _adopt(self, run: RunRecord) -> None:
+    def _adopt(self, run: RunRecord) -> bool:
+        """A live worker of this boot left by the previous daemon: watched again; True if kept."""
         proc = self.procs.get(run.game)
         if proc is None or proc.state in LIVE:
             # A second live worker for one game: never keep two.
             log.error("game %s has a second live worker pid %d; killing its group", run.game, run.pid)
             self._launcher.signal_group(run.pid, signal.SIGKILL)
             self.recorder.run_lost(run, "duplicate", self.clock.now(), f"second worker pid {run.pid} killed")
-            return
+            return False
         if not self._reactor.watch(run.pid, own_child=False):
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
-            return
+            return False
         self.recorder.adopted(run)
         proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu)
         proc.spawned_launch = _launch_of_run(proc.launch, run)
+        return True
 
     def _place(self, game: str) -> int | None:
         """The GPU for a game's next worker: by free memory and the live workers on each GPU."""
