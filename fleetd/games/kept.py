@@ -11,6 +11,7 @@ game's runs would sit beside them, under the same name), and starts afresh.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -90,18 +91,46 @@ ADD_CHOICES = ("add it with kept=resume to train on from them (only with that ga
                "(`--kept set-aside`), or under another name")
 
 
-def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime) -> str:
-    """Do what `kept` says with the checkpoints found (newest at `steps`); what the game_added
-    event adds to its message. Refused (409 naming `kept`) without a choice."""
+def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime, env_id: str, algo: str) -> str:
+    """Do what `kept` says with the checkpoints found (newest at `steps`) for a game of `env_id`
+    and `algo`; what the game_added event adds to its message. Refused (409 naming `kept`)
+    without a choice; a resume with another env or algorithm than the removed game's (409 naming
+    the field): its worker would refuse them, or train them as what they are not."""
     if kept is None:
         refuse(files, steps, "kept", ADD_CHOICES)
     if kept is Kept.RESUME:
+        _check_resumable(files, steps, {"env_id": env_id, "algo": algo})
         return f"; it resumes from the kept checkpoints of the removed game at {steps} steps"
     into = set_aside(files, now)
     moved = f" in {into}" if into is not None else ""
     dropped = " (and dropped from [cluster] storage)" if files.storage_url is not None else ""
     return f"; the removed game's kept checkpoints (newest at {steps} steps) set aside{moved}{dropped}: " \
            "it starts afresh"
+
+
+def _check_resumable(files: KeptFiles, steps: int, wanted: dict[str, str]) -> None:
+    """The removed game's env_id and algo are those of its last run's spec (`logs/`, kept with
+    its folder); where none is left, the worker's own check at load says what does not fit."""
+    last = last_run_spec(files.game_dir)
+    for field, new in wanted.items():
+        old = last[1].get(field) if last is not None else None
+        if isinstance(old, str) and old != new:
+            raise FleetdError(ErrorCode.CONFLICT, f"{field}: {describe(files, steps)}, whose runs were of {field} "
+                              f"{old!r} ({last[0].name}), not {new!r}: resume only with {old!r}, or add it with "
+                              "kept=set_aside (`--kept set-aside`) to start afresh",
+                              {"field": field, "name": files.name, "newest_steps": steps, "kept_value": old})
+
+
+def last_run_spec(game_dir: Path) -> tuple[Path, dict[str, object]] | None:
+    """The newest run spec a worker of this game was started with that still reads, and its path."""
+    for path in sorted((game_dir / "logs").glob("run-*.spec.json"), reverse=True):  # zero-padded run ids
+        try:
+            spec = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(spec, dict):
+            return path, spec
+    return None
 
 
 def set_aside(files: KeptFiles, now: datetime) -> Path | None:

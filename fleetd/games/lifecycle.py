@@ -73,7 +73,8 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog,
     # supervisor's writes wait for it, then fail). A set-aside that fails adds no game; an add
     # that then finds the name taken leaves them set aside, as asked.
     steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
-    note = sort_kept(files, steps, kept, now) if files is not None and steps is not None else ""
+    found = files is not None and steps is not None
+    note = sort_kept(files, steps, kept, now, draft.env_id, draft.algo) if found else ""
     with db.transaction() as session:
         return record_added(session, now, draft, game_store.create_game(session, draft, now), note)
 

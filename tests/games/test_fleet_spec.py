@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient

@@ -16,7 +16,10 @@ from fleetd.cli.main import app
 from fleetd.cluster.storage import push_missing, remote_names
 from fleetd.config import Settings
 from fleetd.operations.backup import Target
+from fleetd.store import games as game_store
 from fleetd.store.engine import Database
+from fleetd.supervision.launcher import run_spec_path
+from fleetd.supervision.spec import launch_for
 from tests.api_context import api_context, serving
 from tests.fakes import FakeClock, FakeHost
 from tests.games.test_fleet_spec import TOKEN, client, context  # noqa: F401 - the app's fixtures
@@ -94,6 +97,34 @@ def test_set_aside_takes_the_removed_games_curves_too(client: TestClient, settin
     removed = settings.game_dir("cart") / "removed"
     assert sorted(p.name for p in removed.iterdir()) == ["20260101T000000-checkpoints", "20260101T000000-tensorboard"]
     assert (removed / "20260101T000000-tensorboard" / "PPO_1" / "events.out.tfevents.1").read_bytes() == b"curve"
+
+
+def ran_and_removed(client: TestClient, settings: Settings, db: Database, game: dict) -> None:
+    """A game that ran once (the run spec its worker got, as the launcher writes it) and left a
+    checkpoint, removed without --purge."""
+    assert client.post("/api/v1/games", json=game).status_code == 201
+    with db.transaction() as session:
+        launch = launch_for(game_store.read_game(session, game["name"]), settings, 1, None)
+    path = run_spec_path(launch.game_dir, 3)
+    path.parent.mkdir(parents=True)
+    path.write_text(launch.spec.with_run(3).to_json())
+    write_ckpt(launch.game_dir / "checkpoints", 5000)
+    assert client.delete(f"/api/v1/games/{game['name']}").status_code == 204
+
+
+@pytest.mark.parametrize(("field", "other"), [("env_id", ACROBOT), ("algo", CART | {"algo": "a2c"})])
+def test_resume_with_another_env_or_algo_than_the_removed_games_is_refused_naming_it(
+    client: TestClient, settings: Settings, db: Database, field: str, other: dict
+) -> None:
+    """kept=resume took any env and algorithm: the worker then went FATAL ("none verifies") on
+    another env's checkpoints, or trained them as what they are not."""
+    ran_and_removed(client, settings, db, CART)
+    error = error_of(client.post("/api/v1/games", json=other, params={"kept": "resume"}), 409)
+    assert error["details"] == {"field": field, "name": "cart", "newest_steps": 5000, "kept_value": CART[field]}
+    assert error["message"].startswith(f"{field}: ") and "(run-000003.spec.json)" in error["message"]
+    assert f"resume only with {CART[field]!r}" in error["message"] and "kept=set_aside" in error["message"]
+    assert client.get("/api/v1/games/cart").status_code == 404
+    assert client.post("/api/v1/games", json=CART, params={"kept": "resume"}).status_code == 201
 
 
 def test_resume_keeps_them_and_the_event_says_it_resumes(client: TestClient, settings: Settings) -> None:
