@@ -170,12 +170,18 @@ def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 
-def rolled_back_by_operator(record: HealthRecord, steps: int) -> HealthRecord:
+def rolled_back_by_operator(record: HealthRecord, steps: int, kept: list[Evaluation]) -> HealthRecord:
     """The operator sent the stopped game back to its checkpoint at `steps`: judged afresh from
-    there when it starts, its floor and best kept."""
+    there when it starts. `kept`: the evaluations of the checkpoints left (newest first). Its best
+    and its count of evaluations (the warm-up) are theirs, not the set-aside run's: a best that
+    run set would call the game collapsed while it learns again from below it. Its floors (random
+    play) are kept; the training return's best is taken afresh from the evaluations to come."""
+    best = max(kept, key=lambda ev: ev.eval_return, default=None)
     reason = f"rolled back by the operator to its checkpoint at {steps} steps"
-    return replace(record, state=Health.LEARNING, reason=reason, below=0, rollbacks=0, improved_steps=steps,
-                   last_steps=steps)
+    return replace(record, state=Health.LEARNING, reason=reason, evaluations=len(kept),
+                   best=None if best is None else best.eval_return, best_steps=0 if best is None else best.steps,
+                   best_checkpoint=None if best is None else best.checkpoint, train_best=None, below=0, rollbacks=0,
+                   improved_steps=steps, last_steps=steps)
 
 
 def released(record: HealthRecord) -> HealthRecord:
