@@ -98,6 +98,17 @@ def test_an_operator_rollback_takes_the_best_and_the_warmup_from_the_checkpoints
     assert feed([50], record=none_kept)[0].best == 50
 
 
+def test_a_new_best_by_less_than_the_plateau_gain_after_a_rollback_leaves_it_rolled_back():
+    """docs/learning-health.md: only a real new best (`plateau_gain` of the range) ends
+    `rolled_back` and clears the rollbacks; a collapse after noise above the best holds."""
+    settings = HealthSettings(warmup_evals=3, collapse_evals=2)
+    record, _ = feed([10, 200, 500, 20, 15], settings=settings)
+    record, verdicts = feed([510], settings=settings, record=rolled_back(record, 3000))  # 2% of the range
+    assert (record.state, record.best, record.rollbacks) == (Health.ROLLED_BACK, 510, 1)
+    record, verdicts = feed([20, 15], settings=settings, record=record)
+    assert verdicts[-1] is Action.HOLD and "collapsed again after 1 rollback(s)" in record.reason
+
+
 def test_max_rollbacks_zero_holds_at_the_first_collapse():
     record, verdicts = feed([10, 200, 500, 20, 20, 20], settings=HealthSettings(warmup_evals=3, max_rollbacks=0))
     assert verdicts[-1] is Action.HOLD

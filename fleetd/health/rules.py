@@ -19,7 +19,7 @@ class Health(StrEnum):
     LEARNING = "learning"  # improving, or not yet long enough without a new best to say otherwise
     PLATEAU = "plateau"  # no new best over `plateau_steps` env steps
     COLLAPSED = "collapsed"  # returns fell and stayed down; the rollback is under way
-    ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best since
+    ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best by `plateau_gain` since
     HELD = "held"  # collapsed again after a rollback: stopped until the operator starts it
 
 
@@ -55,7 +55,7 @@ class HealthRecord:
     train_best: float | None = None
     improved_steps: int = 0  # steps of the last evaluation that raised the best by `plateau_gain`
     below: int = 0  # evaluations in a row below the collapse threshold
-    rollbacks: int = 0  # since the last new best
+    rollbacks: int = 0  # since the last new best by `plateau_gain` (a smaller gain is noise)
     last_steps: int = 0
 
 
@@ -109,7 +109,7 @@ def _new_best(record: HealthRecord, ev: Evaluation, settings: HealthSettings) ->
     gain = settings.plateau_gain * (record.best - record.floor) if record.best is not None else 0.0
     improved = record.best is None or ev.eval_return >= record.best + gain
     record = replace(record, best=ev.eval_return, best_steps=ev.steps, best_checkpoint=ev.checkpoint)
-    if not improved:
+    if not improved:  # noise around the best: not the plateau clock, `rolled_back` or the rollbacks
         return record
     record = replace(record, improved_steps=ev.steps, rollbacks=0)
     if record.state in (Health.PLATEAU, Health.ROLLED_BACK):
