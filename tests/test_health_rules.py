@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetd.health.rules import Action, Evaluation, Health, HealthRecord, armed, observe, released, rolled_back, threshold
+from fleetd.health.rules import (Action, Evaluation, Health, HealthRecord, armed, observe, released, rolled_back,
+                                 rolled_back_by_operator, threshold)
 from fleetd.health.settings import HealthSettingError, HealthSettings, PlateauAction, settings_for
 
 SETTINGS = HealthSettings(collapse_evals=3, warmup_evals=3, plateau_steps=10_000)
@@ -82,6 +83,30 @@ def test_a_new_best_after_a_rollback_is_learning_again_and_clears_the_rollbacks(
     record, _ = feed([10, 200, 400, 20, 20, 20])
     record, verdicts = feed([350, 450], record=rolled_back(record, 3000))
     assert record.state is Health.LEARNING and record.rollbacks == 0
+
+
+def test_an_operator_rollback_takes_the_best_and_the_warmup_from_the_checkpoints_kept():
+    record, _ = feed([10, 200, 500, 480], train=[10, 150, 450, 460])
+    kept = [Evaluation(2000, 200, None, "ckpt-2000"), Evaluation(1000, 10, None, "ckpt-1000")]
+    back = rolled_back_by_operator(record, 2000, kept)
+    assert (back.best, back.best_steps, back.best_checkpoint, back.evaluations) == (200, 2000, "ckpt-2000", 2)
+    assert (back.floor, back.train_floor, back.train_best, back.state) == (10, 10, None, Health.LEARNING)
+    record, verdicts = feed([150, 160, 170, 180], record=back, train=[120, 125, 130, 135])
+    assert set(verdicts) == {Action.NONE} and record.state is Health.LEARNING  # not below 255 of the best set aside
+    none_kept = rolled_back_by_operator(record, 1000, [])
+    assert (none_kept.best, none_kept.best_steps, none_kept.evaluations) == (None, 0, 0)
+    assert feed([50], record=none_kept)[0].best == 50
+
+
+def test_a_new_best_by_less_than_the_plateau_gain_after_a_rollback_leaves_it_rolled_back():
+    """docs/learning-health.md: only a real new best (`plateau_gain` of the range) ends
+    `rolled_back` and clears the rollbacks; a collapse after noise above the best holds."""
+    settings = HealthSettings(warmup_evals=3, collapse_evals=2)
+    record, _ = feed([10, 200, 500, 20, 15], settings=settings)
+    record, verdicts = feed([510], settings=settings, record=rolled_back(record, 3000))  # 2% of the range
+    assert (record.state, record.best, record.rollbacks) == (Health.ROLLED_BACK, 510, 1)
+    record, verdicts = feed([20, 15], settings=settings, record=record)
+    assert verdicts[-1] is Action.HOLD and "collapsed again after 1 rollback(s)" in record.reason
 
 
 def test_max_rollbacks_zero_holds_at_the_first_collapse():

@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from fastapi.testclient import TestClient
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cluster.storage import remote_names
 from fleetd.config import Settings
+from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.health.rules import Health
 from fleetd.host.uptime import record_daemon_start
@@ -202,6 +207,37 @@ def test_a_game_removed_and_added_again_within_one_turn_is_a_new_game(loop: Loop
     evaluate(loop, "cp", 1000, 9)
     health = game(loop, "cp").health
     assert health.state is Health.LEARNING and health.best == 9 and health.rollbacks == 0
+
+
+def test_a_fleet_file_that_starts_a_held_game_releases_it_as_games_start_does(loop: Loop) -> None:
+    """`fleetd apply` (PUT /fleet/spec) with the game desired running: it starts judged afresh,
+    without the rollback's scale, and a collapse is judged again (not held for good unseen)."""
+    test_a_second_collapse_after_the_rollback_holds_the_game(loop)
+    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
+                         EnvCatalog(), loop.sup)  # fmt: skip
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    spec = client.get("/api/v1/fleet/spec").json()
+    assert spec["games"][0]["desired"] == "stopped"
+    spec["games"][0]["desired"] = "running"
+    assert client.put("/api/v1/fleet/spec", json=spec).json()["changed"]
+    loop.steps()
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
+    assert game(loop, "cp").health.state is Health.LEARNING
+    loop.run_up("cp")
+    for steps, value in ((7000, 500), (8000, 5), (9000, 4)):
+        evaluate(loop, "cp", steps, value)
+    assert game(loop, "cp").health.state is Health.COLLAPSED and loop.state("cp") is State.STOPPING
+
+
+def test_a_held_game_found_desired_running_at_start_is_released(loop: Loop) -> None:
+    """As an older fleetd left a held game that a fleet file started: running, never judged."""
+    test_a_second_collapse_after_the_rollback_holds_the_game(loop)
+    with loop.db.transaction() as session:
+        game_store.update_game_desired(session, "cp", Desired.RUNNING, loop.clock.now())
+    loop.start()  # the next daemon
+    assert loop.state("cp") is State.STARTING and game(loop, "cp").health.state is Health.LEARNING
 
 
 def test_a_training_return_that_holds_up_is_no_collapse(loop: Loop) -> None:

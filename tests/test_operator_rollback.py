@@ -141,3 +141,31 @@ def test_a_move_cut_short_is_answered_the_index_follows_the_disk_and_the_loop_go
     assert events(loop, "rollback") == []
     monkeypatch.setattr(rollback_module, "set_aside_after", real)
     assert ask(loop, 1000).result(timeout=0).set_aside == ["ckpt-000000002000"]  # asked again: finished
+
+
+def test_after_a_rollback_the_game_is_judged_against_the_best_it_kept_not_one_set_aside(loop: Loop) -> None:
+    """Its best (500 at 6000 steps) is set aside with its checkpoint: learning again from 200 at
+    3000 steps, rising, is no collapse below a best that no checkpoint holds any more."""
+    add(loop, "cp", {})
+    loop.start()
+    loop.run_up("cp")
+    for steps, value, train in ((1000, 10, 10), (2000, 100, 80), (3000, 200, 150), (4000, 300, 250), (5000, 400, 350),
+                                (6000, 500, 450), (7000, 480, 460)):
+        evaluate(loop, "cp", steps, value, train)
+    set_desired(loop.db, loop.clock, "cp", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    stop_exits(loop, "cp")
+    assert ask(loop, 3000).result(timeout=0).set_aside[-1] == "ckpt-000000007000"
+    health = game(loop, "cp").health
+    assert (health.best, health.best_steps, health.evaluations, health.floor) == (200, 3000, 3, 10)
+    assert health.best_checkpoint is not None and health.best_checkpoint.endswith("ckpt-000000003000")
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+    loop.run_up("cp")
+    for steps, value, train in ((4000, 220, 160), (5000, 230, 170), (6000, 240, 180)):
+        evaluate(loop, "cp", steps, value, train)
+    health = game(loop, "cp").health
+    assert loop.state("cp") is State.RUNNING and health.state is Health.LEARNING
+    assert (health.best, health.best_steps, health.evaluations) == (240, 6000, 6)

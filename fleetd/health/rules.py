@@ -19,7 +19,7 @@ class Health(StrEnum):
     LEARNING = "learning"  # improving, or not yet long enough without a new best to say otherwise
     PLATEAU = "plateau"  # no new best over `plateau_steps` env steps
     COLLAPSED = "collapsed"  # returns fell and stayed down; the rollback is under way
-    ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best since
+    ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best by `plateau_gain` since
     HELD = "held"  # collapsed again after a rollback: stopped until the operator starts it
 
 
@@ -55,7 +55,7 @@ class HealthRecord:
     train_best: float | None = None
     improved_steps: int = 0  # steps of the last evaluation that raised the best by `plateau_gain`
     below: int = 0  # evaluations in a row below the collapse threshold
-    rollbacks: int = 0  # since the last new best
+    rollbacks: int = 0  # since the last new best by `plateau_gain` (a smaller gain is noise)
     last_steps: int = 0
     lr_scale: float = 1.0  # the rollbacks' learning-rate scale, its runs' until the operator starts it afresh
 
@@ -110,7 +110,7 @@ def _new_best(record: HealthRecord, ev: Evaluation, settings: HealthSettings) ->
     gain = settings.plateau_gain * (record.best - record.floor) if record.best is not None else 0.0
     improved = record.best is None or ev.eval_return >= record.best + gain
     record = replace(record, best=ev.eval_return, best_steps=ev.steps, best_checkpoint=ev.checkpoint)
-    if not improved:
+    if not improved:  # noise around the best: not the plateau clock, `rolled_back` or the rollbacks
         return record
     record = replace(record, improved_steps=ev.steps, rollbacks=0)
     if record.state in (Health.PLATEAU, Health.ROLLED_BACK):
@@ -171,12 +171,18 @@ def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 
-def rolled_back_by_operator(record: HealthRecord, steps: int) -> HealthRecord:
+def rolled_back_by_operator(record: HealthRecord, steps: int, kept: list[Evaluation]) -> HealthRecord:
     """The operator sent the stopped game back to its checkpoint at `steps`: judged afresh from
-    there when it starts, its floor and best kept."""
+    there when it starts. `kept`: the evaluations of the checkpoints left (newest first). Its best
+    and its count of evaluations (the warm-up) are theirs, not the set-aside run's: a best that
+    run set would call the game collapsed while it learns again from below it. Its floors (random
+    play) are kept; the training return's best is taken afresh from the evaluations to come."""
+    best = max(kept, key=lambda ev: ev.eval_return, default=None)
     reason = f"rolled back by the operator to its checkpoint at {steps} steps"
-    return replace(record, state=Health.LEARNING, reason=reason, below=0, rollbacks=0, improved_steps=steps,
-                   last_steps=steps)
+    return replace(record, state=Health.LEARNING, reason=reason, evaluations=len(kept),
+                   best=None if best is None else best.eval_return, best_steps=0 if best is None else best.steps,
+                   best_checkpoint=None if best is None else best.checkpoint, train_best=None, below=0, rollbacks=0,
+                   improved_steps=steps, last_steps=steps)
 
 
 def released(record: HealthRecord) -> HealthRecord:

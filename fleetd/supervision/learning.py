@@ -107,11 +107,13 @@ class LearningWatch:
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
 
-    def rolled_back_by_operator(self, game: str, steps: int, checkpoint: str, set_aside: list[str]) -> None:
-        """`fleetd games rollback`: recorded as a `rollback` event, whatever the health state."""
+    def rolled_back_by_operator(self, game: str, steps: int, checkpoint: str, set_aside: list[str],
+                                kept: list[Evaluation]) -> None:
+        """`fleetd games rollback`: recorded as a `rollback` event, whatever the health state.
+        `kept`: the evaluations of the checkpoints left (rules.rolled_back_by_operator)."""
         old = self.record(game)
         aside = f"{len(set_aside)} newer set aside" if set_aside else "none was newer"
-        self._store(game, old, replace(rolled_back_by_operator(old, steps), lr_scale=1.0), "rollback",
+        self._store(game, old, replace(rolled_back_by_operator(old, steps, kept), lr_scale=1.0), "rollback",
                     {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"},
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")

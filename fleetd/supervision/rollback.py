@@ -18,12 +18,14 @@ from datetime import datetime
 from pathlib import Path
 
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.health.rules import Evaluation
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.learning import LearningWatch, set_aside_after
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
+from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,8 @@ def carry_out(command: RollBack, proc: WorkerProcess | None, desired: Desired | 
         # Judged afresh from the chosen checkpoint, at the learning rate its settings give: a
         # learning-health rollback's scale is dropped, as `games start` drops it for a held game.
         proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
-        learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside)
+        kept = _kept_evaluations(proc.launch.game_dir / "checkpoints")
+        learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside, kept)
     except Exception as exc:  # noqa: BLE001 - the answer, not the loop's end
         if not isinstance(exc, FleetdError):
             log.exception("rolling %s back failed", command.name)
@@ -116,6 +119,20 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
     if storage_url is not None:
         _drop_from_storage(proc.name, to_steps, storage_url, moved, into)
     return RolledBack(proc.name, to_steps, verified[to_steps], sorted(moved), str(into) if moved else None)
+
+
+def _kept_evaluations(directory: Path) -> list[Evaluation]:
+    """The evaluations in the manifests of the checkpoints left, newest first: the health record
+    is judged from them after a rollback, not from the set-aside run's."""
+    kept = []
+    for info in list_checkpoints(directory):
+        try:
+            manifest = read_manifest(info.path)
+        except CheckpointError:
+            continue
+        if manifest.eval_return is not None:
+            kept.append(Evaluation(manifest.steps, manifest.eval_return, None, str(info.path)))
+    return kept
 
 
 def _drop_from_storage(name: str, to_steps: int, storage_url: str, moved: list[str], into: Path) -> None:

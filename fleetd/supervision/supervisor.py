@@ -25,6 +25,7 @@ from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
 from fleetd.governor.preemption import pick_preemption
 from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
+from fleetd.health.rules import Health
 from fleetd.states import LIVE, TRAINING, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
@@ -202,14 +203,25 @@ class Supervisor:
     def _load_games(self) -> None:
         with self.db.transaction() as session:
             games = read_games(session)
-        self._desired = {game.name: game.desired for game in games}
+        before, self._desired = self._desired, {game.name: game.desired for game in games}
         self.learning.load(games)
+        started = [game.name for game in games if self._started(game, before.get(game.name))]
         self._forget_removed({game.name: game.identity for game in games})
         for game in games:
             if game.name not in self.procs:
                 self._new_proc(game)
         self._games = games
         self._games_read += 1
+        for name in started:
+            self._health.release(name, self.procs.get(name))
+
+    def _started(self, game: GameRecord, before: Desired | None) -> bool:
+        """Desired running now, stopped at the last read (`games start`, a fleet file's `desired`:
+        whatever wrote it), or held (a held game is stopped; running, someone started it). It is
+        released as `games start` releases it: judged afresh, the rollbacks' scale dropped."""
+        if game.desired is not Desired.RUNNING:
+            return False
+        return before is Desired.STOPPED or self.learning.record(game.name).state is Health.HELD
 
     def _settle_stale_states(self) -> None:
         """A game the store shows live, with no worker adopted now, is stopped: its worker died
@@ -466,9 +478,8 @@ class Supervisor:
         self._load_games()
         for rollback in (c for c in commands if isinstance(c, RollBack)):
             self._roll_back(rollback)
-        for start in starts:
+        for start in starts:  # a held game was released as `_load_games` read it desired running
             self._clear_ended(start.name)
-            self._health.release(start.name, self.procs.get(start.name))
         self._govern()
         for restart in (c for c in commands if isinstance(c, RestartGame)):
             self._restart(restart.name)
