@@ -107,6 +107,12 @@ def test_cap_holds() -> None:
     assert [policy.backoff_delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 8, 8]
 
 
+def test_cap_holds_after_any_number_of_failures() -> None:
+    """startretries set huge to mean "for ever": the delay must not overflow a float."""
+    policy = Policy(startretries=10**6, backoff_initial_s=1.0, backoff_max_s=60.0)  # floats, as from the config
+    assert [policy.backoff_delay(n) for n in (1026, 10**6)] == [60, 60]
+
+
 def run_up(proc: WorkerProcess, clock: FakeClock, resumed_from: int | None = None) -> None:
     """The worker resumes, reports and stays up startsecs: RUNNING."""
     proc.on_resumed(proc.run_id, resumed_from)

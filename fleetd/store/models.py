@@ -229,8 +229,9 @@ class Run(Base):
     game_id: Mapped[int] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"))
     boot_id: Mapped[int] = mapped_column(ForeignKey("boots.id"))
     pid: Mapped[int | None]
-    # Process start time (epoch seconds, as /proc reports it): with the pid and the command
-    # line it tells a recorded worker from an unrelated process that reused its pid.
+    # Process start time, in seconds since boot (/proc/PID/stat; epoch seconds from an older
+    # fleetd, told apart by size in adoption.py): with the pid and the command line it tells a
+    # recorded worker from an unrelated process that reused its pid.
     proc_start_time: Mapped[float | None]
     cmdline: Mapped[list[str]] = mapped_column(JSON, default=list)
     log_path: Mapped[str | None] = mapped_column(Text)

@@ -12,8 +12,13 @@ from typing import Protocol
 import psutil
 
 from fleetd.store.records import RunRecord
+from fleetd.supervision.launcher import CLOCK_TICKS, process_start_ticks
 
-# psutil derives the start time from /proc in clock ticks: the same process reads the same.
+# Start times are recorded in seconds since boot (launcher.process_start_time). An older fleetd
+# recorded epoch seconds (psutil's create_time()); its runs must still be adopted after an
+# upgrade. A start since boot stays below this (31 years of uptime), an epoch one above (2001).
+EPOCH_FORM_FROM_S = 1e9
+# An epoch-seconds start, as an older fleetd compared it.
 START_TIME_TOLERANCE_S = 0.05
 
 
@@ -28,10 +33,17 @@ class OsProcessProbe:
             with process.oneshot():
                 if process.status() == psutil.STATUS_ZOMBIE:
                     return False
-                same_start = abs(process.create_time() - start_time) <= START_TIME_TOLERANCE_S
-                return same_start and tuple(process.cmdline()) == cmdline
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+                return same_start(process, start_time) and tuple(process.cmdline()) == cmdline
+        except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError, PermissionError):
             return False
+
+
+def same_start(process: psutil.Process, recorded: float) -> bool:
+    """A start since boot compares to the clock tick, whatever the wall clock did since. An
+    epoch-seconds one (from an older fleetd) compares as it did: it moves with a clock step."""
+    if recorded < EPOCH_FORM_FROM_S:
+        return round(recorded * CLOCK_TICKS) == process_start_ticks(process.pid)
+    return abs(process.create_time() - recorded) <= START_TIME_TOLERANCE_S
 
 
 @dataclass

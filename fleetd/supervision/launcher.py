@@ -25,8 +25,25 @@ log = logging.getLogger(__name__)
 _PRIVATE_ENV = (*NOTIFY_ENV_KEYS, "LISTEN_FDS", "LISTEN_PID")
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def process_start_time(pid: int) -> float:
-    return psutil.Process(pid).create_time()
+    """Seconds from boot to the process's start, exact to the clock tick. Not psutil's
+    create_time(): that adds /proc/stat's boot time, which the kernel works out from the wall
+    clock, so a clock step (NTP, a manual date) moves it by whole seconds."""
+    return process_start_ticks(pid) / CLOCK_TICKS
+
+
+def process_start_ticks(pid: int) -> int:
+    """Field 22 of /proc/PID/stat: clock ticks from boot to the start; no clock step changes it."""
+    return stat_start_ticks(Path(f"/proc/{pid}/stat").read_bytes())
+
+
+def stat_start_ticks(stat: bytes) -> int:
+    """The command name (field 2, in parentheses) may hold spaces and ')': the fields are
+    counted from the last ')', where field 3 begins."""
+    return int(stat[stat.rindex(b")") + 1:].split()[22 - 3])
 
 
 class OsLauncher:
@@ -51,7 +68,7 @@ class OsLauncher:
         _prune_run_files(logs, self.keep_runs)
         try:
             started = process_start_time(pid)
-        except psutil.NoSuchProcess:
+        except (FileNotFoundError, ProcessLookupError):
             started = 0.0  # gone already: its exit is on its way to the reactor
         return Spawned(pid, started, tuple(argv), str(log_path), spec.gpu)
 

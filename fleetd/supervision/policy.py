@@ -44,8 +44,15 @@ class Policy:
         )
 
     def backoff_delay(self, failures: int) -> float:
-        """Doubles with each consecutive failure, up to the cap."""
-        return min(self.backoff_initial_s * 2 ** max(0, failures - 1), self.backoff_max_s)
+        """Doubles with each consecutive failure, up to the cap. The doubling stops there: with a
+        huge `startretries` ("retry for ever") 2 ** failures would outgrow a float and crash the
+        supervision loop after a thousand failures in a row."""
+        delay = self.backoff_initial_s
+        for _ in range(max(0, failures - 1)):
+            if delay >= self.backoff_max_s:
+                break
+            delay *= 2
+        return min(delay, self.backoff_max_s)
 
     def restarts_after(self, exit_code: int | None) -> bool:
         if self.autorestart == "true":

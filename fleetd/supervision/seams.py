@@ -33,7 +33,7 @@ class Launch:
 @dataclass(frozen=True)
 class Spawned:
     pid: int
-    start_time: float  # the process's start time as /proc reports it (epoch seconds)
+    start_time: float  # seconds from boot to the process's start (/proc/PID/stat): no clock step moves it
     cmdline: tuple[str, ...]
     log_path: str
     gpu: int | None = None  # the GPU (NVML index) the run was placed on
