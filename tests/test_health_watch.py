@@ -60,10 +60,15 @@ def evaluate(loop: Loop, name: str, steps: int, eval_return: float, train: float
     at = loop.clock.now().timestamp()
     loop.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 10, 100.0, 0.0,
                                        eval_return if train is None else train, None, None))
-    folder = write_checkpoint(checkpoints(loop, name), steps, 10, lambda tmp: (tmp / "model.zip").write_bytes(b"m"),
-                              eval_return)
+    folder = write_checkpoint(checkpoints(loop, name), steps, 10, payload, eval_return)
     loop.reactor.report(CheckpointReport(name, proc.run_id, proc.pid, at, summarize(folder)))
     loop.steps()
+
+
+def payload(tmp: Path) -> None:
+    """What a checkpoint must hold (workers.checkpoint.REQUIRED_FILES), as the worker writes it."""
+    (tmp / "model.zip").write_bytes(b"m")
+    (tmp / "state.json").write_text("{}")
 
 
 def checkpoints(loop: Loop, name: str) -> Path:
