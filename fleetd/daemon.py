@@ -83,6 +83,8 @@ class StopRequest:
 
     SIGTERM and SIGINT stop the daemon and every worker (each writes a final checkpoint).
     SIGUSR1 stops the daemon alone: workers keep training and the next daemon adopts them.
+    Only the first is a clean stop in the boot log: after SIGUSR1 the host still carries the
+    fleet's load, so a crash before the next daemon adopts it is the load's as much as any.
     """
 
     signals: list[int] = field(default_factory=list)
@@ -175,6 +177,7 @@ class Daemon:
         self.mps_seam = mps_seam or OsMps()
         self.mps: Mps | None = None  # NVIDIA MPS for local workers, when it runs
         self.stop = StopRequest()
+        self.workers_stopped = False  # the supervisor stopped every worker: the stop is clean
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
@@ -223,10 +226,20 @@ class Daemon:
             say_config_not_applied(db, self.settings, self.clock)
             self._supervise_and_serve(db, start, token, sock)
         finally:
-            record_daemon_stop(db, start.boot.id, self.clock.now(), self.stop.describe())
+            reason = self._stop_reason()
+            record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
+                               severity="warning" if self.stop.failure else "info")
             self.alerts.stop(timeout=ALERT_DRAIN_S)
-            log.info("stopped: %s", self.stop.describe())
+            log.info("stopped: %s", reason)
         return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
+
+    def _stop_reason(self) -> str:
+        """What the stop event says; a stop meant to stop the workers that did not get to
+        (an error on the way, a supervisor that did not finish) says so."""
+        reason = self.stop.describe()
+        if self.workers_stopped or self.stop.leave_workers:
+            return reason
+        return reason + ", workers not known to be stopped"
 
     def _read_kernel_log(self, db: Database, start: DaemonStart) -> None:
         """The previous boot's kernel warnings, while journald still has them (bounded, with a
@@ -268,7 +281,10 @@ class Daemon:
             self._serve(db, start, token, sock, supervisor, recorder.counters)
         finally:
             grace = self.settings.supervisor.stopwaitsecs + 15
-            thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
+            ended = thread.shut_down(Shutdown(leave_workers=self.stop.leave_workers), grace)
+            # Clean only if the workers stopped too: a host that crashes under workers left
+            # training (SIGUSR1, a failed loop) is an unclean reboot (fleetd.host.uptime).
+            self.workers_stopped = ended and not self.stop.leave_workers
             reactor.close()
             if self.mps is not None and not self.stop.leave_workers:  # workers that keep training keep it
                 self.mps.stop()

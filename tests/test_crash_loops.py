@@ -99,6 +99,7 @@ def test_a_checkpoint_found_on_disk_counts_when_its_report_was_lost(loop: Loop) 
 
 
 def _payload(folder: Path) -> None:
+    (folder / "model.zip").write_bytes(b"m")
     (folder / "state.json").write_text(json.dumps({"ok": True}))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import time
@@ -79,6 +80,23 @@ def test_reboots_are_logged_with_uptime_downtime_and_cleanliness(config: DaemonC
     # The unclean reboot also made the governor step back (the clean one did not).
     assert kinds == ["fleet_backoff", "reboot", "reboot", "daemon_stop", "first_start"]
     assert third.terminate() == 0
+
+
+def test_a_stop_that_left_the_workers_running_is_not_clean(config: DaemonConfig, daemons: list[Daemon]) -> None:
+    """SIGUSR1 (an upgrade) leaves the workers training: the host crashing before the next daemon
+    adopts them is an unclean reboot, and the governor steps back."""
+    first = start(config, daemons)
+    first.process.send_signal(signal.SIGUSR1)
+    assert first.process.wait(30) == 0
+
+    config.set_boot_id("boot-bbbb")
+    second = start(config, daemons)
+    reboots = json.loads(fleetd_cli(config, "reboots", "--json").stdout)
+    assert [(b["boot_id"], b["reboot"]["clean"]) for b in reboots] == [("boot-bbbb", False)]
+    items = second.get("/api/v1/events").json()["items"]
+    assert [e["kind"] for e in items] == ["fleet_backoff", "reboot", "daemon_stop", "first_start"]
+    assert "fleetd had stopped alone before (received SIGUSR1, workers left running)" in items[1]["message"]
+    assert second.terminate() == 0
 
 
 def test_daemon_restart_on_the_same_boot_is_not_a_reboot(config: DaemonConfig, daemons: list[Daemon]) -> None:

@@ -26,7 +26,8 @@ from fleetd.supervision import rollback as rollback_module
 from fleetd.supervision.rollback import RollBack, RolledBack, roll_back
 from tests.test_health_watch import add, checkpoints, evaluate, events, game, loop, stop_exits  # noqa: F401
 from tests.test_supervisor_loop import Loop
-from workers.checkpoint import list_checkpoints
+from fleetd.supervision.index import scan_checkpoints
+from workers.checkpoint import list_checkpoints, verify, write_checkpoint
 
 
 def ask(loop: Loop, steps: int) -> Future[RolledBack]:
@@ -94,6 +95,40 @@ def test_without_a_verified_checkpoint_at_that_count_nothing_moves_and_the_error
         "to_steps: ", "").replace("1500", "1000")}]
     assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [3000, 2000, 1000]
     assert events(loop, "rollback") == []
+
+
+def flip_a_byte(folder: Path, name: str = "model.zip") -> None:
+    """Damage that keeps the size: only the hash sees it."""
+    data = bytearray((folder / name).read_bytes())
+    data[0] ^= 0xFF
+    (folder / name).write_bytes(bytes(data))
+
+
+def test_a_target_whose_hash_does_not_match_is_refused_and_nothing_moves(loop: Loop) -> None:
+    """The index checks sizes only; the worker hashes at resume and would skip the damaged one
+    for an older checkpoint, after every newer good one was set aside."""
+    trained_then_stopped(loop)
+    flip_a_byte(checkpoints(loop, "cp") / "ckpt-000000002000")
+    error = refused(loop, 2000)
+    assert error.code is ErrorCode.VALIDATION
+    reason = "cp's checkpoint at 2000 steps does not verify: model.zip sha256 does not match the manifest (corrupt); nothing was moved"
+    assert error.message == f"to_steps: {reason}"
+    assert error.details == {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": [1000, 3000]}
+    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [3000, 2000, 1000]
+    assert not (loop.settings.game_dir("cp") / "rolled_back").exists() and events(loop, "rollback") == []
+    assert ask(loop, 1000).result(timeout=0).set_aside == ["ckpt-000000002000", "ckpt-000000003000"]
+
+
+def test_a_checkpoint_without_the_files_a_checkpoint_must_hold_is_not_verified(loop: Loop) -> None:
+    """As the worker's verify() sees it: a manifest that lists no model.zip is no checkpoint."""
+    trained_then_stopped(loop)
+    folder = write_checkpoint(checkpoints(loop, "cp"), 2500, 10, lambda tmp: (tmp / "state.json").write_text("{}"))
+    assert verify(folder) == (False, "manifest lists no model.zip")
+    [record] = [r for r in scan_checkpoints(checkpoints(loop, "cp")) if r.steps == 2500]
+    assert (record.verified, record.problem) == (False, "manifest lists no model.zip")
+    error = refused(loop, 2500)
+    assert error.code is ErrorCode.VALIDATION and error.details["verified_steps"] == [1000, 2000, 3000]
+    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [3000, 2500, 2000, 1000]
 
 
 def test_rolling_back_to_the_newest_moves_nothing_and_an_unknown_game_is_not_found(loop: Loop) -> None:

@@ -3,7 +3,10 @@
 A boot is known by the kernel's boot id. At start the daemon compares it with the newest boot
 recorded: the same id is a daemon restart (an event), a new id is a reboot, which closes the
 previous boot. The previous boot's `last_seen_at` (the heartbeat) bounds when the host went
-down; its `daemon_clean_stop` says whether the daemon had stopped in order before that.
+down; its `daemon_clean_stop` says whether the daemon had stopped in order before that: stopped
+itself and its workers (SIGTERM, SIGINT), so the host went down without the fleet's load on it.
+A daemon that stopped alone (SIGUSR1, a failed supervision loop) left its workers training: not
+a clean stop, and its `daemon_stop` event says why it stopped.
 
 Downtime is what fleetd observed: from the previous boot's last heartbeat to the daemon's first
 start in the new boot. That is the time the fleet could not train.
@@ -14,15 +17,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetd.durations import format_duration
 from fleetd.host.boot import HostBoot
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
-from fleetd.store.events import create_event
+from fleetd.store.events import create_event, read_latest_of_boot
 from fleetd.store.records import BootRecord, ExpectedRebootRecord
 
+if TYPE_CHECKING:
+    from fleetd.store.engine import Session  # the store's; only the store imports SQLAlchemy
+
+STOP_KIND = "daemon_stop"
+START_KINDS = ("first_start", "daemon_restart", "reboot")
 DAY = timedelta(days=1)
 WEEK = timedelta(days=7)
 
@@ -40,6 +48,9 @@ class DaemonStart:
     previous: BootRecord | None  # the boot that a reboot closed, or this boot before restart
     # An unclean reboot inside an operator's expected-reboot window: not the load's doing.
     expected: ExpectedRebootRecord | None = None
+    # Why the previous daemon stopped alone, leaving its workers training; None after a clean
+    # stop or a death without a word (crash, SIGKILL).
+    previous_stop: str | None = None
 
     @property
     def unclean_reboot(self) -> bool:
@@ -81,19 +92,29 @@ class Reboot:
 def record_daemon_start(db: Database, host: HostBoot, now: datetime) -> DaemonStart:
     with db.transaction() as session:
         latest = boot_store.read_latest_boot(session)
+        stopped_alone = None if latest is None or latest.daemon_clean_stop else _stopped_alone(session, latest)
         if latest is not None and latest.boot_id == host.boot_id:
             boot = boot_store.update_boot_daemon_start(session, latest.id, now)
-            start = DaemonStart(StartKind.RESTART, boot, latest)
+            start = DaemonStart(StartKind.RESTART, boot, latest, previous_stop=stopped_alone)
         else:
             previous_id = None if latest is None else latest.id
             boot = boot_store.create_boot(session, host.boot_id, host.booted_at, now, previous_id)
             expected = None
             if latest is not None and not latest.daemon_clean_stop:
                 expected = boot_store.explain_reboot(session, latest)
-            start = DaemonStart(StartKind.FIRST if latest is None else StartKind.REBOOT, boot, latest, expected)
+            kind = StartKind.FIRST if latest is None else StartKind.REBOOT
+            start = DaemonStart(kind, boot, latest, expected, stopped_alone)
         kind, severity, message, details = describe_start(start)
         create_event(session, now, kind, message, severity=severity, boot_id=boot.id, details=details)
     return start
+
+
+def _stopped_alone(session: Session, boot: BootRecord) -> str | None:
+    """The reason the boot's last daemon gave for stopping, when it stopped last (no start since)."""
+    event = read_latest_of_boot(session, boot.id, (*START_KINDS, STOP_KIND))
+    if event is None or event.kind != STOP_KIND:
+        return None
+    return event.details.get("reason")
 
 
 def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]]:
@@ -102,9 +123,7 @@ def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]
         return "first_start", "info", f"fleetd started for the first time on boot {start.boot.boot_id}", {}
     assert start.previous is not None
     if start.kind is StartKind.RESTART:
-        clean = start.previous.daemon_clean_stop
-        how = "after a clean stop" if clean else "after it died without stopping (crash or SIGKILL)"
-        return "daemon_restart", "info" if clean else "warning", f"fleetd restarted {how}", {"clean": clean}
+        return _describe_restart(start.previous.daemon_clean_stop, start.previous_stop)
     reboot = Reboot(start.boot, start.previous)
     how = "clean" if reboot.clean else "unclean"
     message = (
@@ -117,6 +136,9 @@ def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]
         "downtime_s": reboot.downtime_s,
         "clean": reboot.clean,
     }
+    if start.previous_stop is not None:
+        message += f"; fleetd had stopped alone before ({start.previous_stop})"
+        details["stopped"] = start.previous_stop
     if start.expected is not None:
         word = start.expected
         message += (f"; expected (#{word.id}: {word.reason}; said {word.announced_at:%Y-%m-%d %H:%M} UTC, "
@@ -126,16 +148,34 @@ def describe_start(start: DaemonStart) -> tuple[str, str, str, dict[str, object]
     return "reboot", "info" if reboot.clean else "warning", message, details
 
 
+def _describe_restart(clean: bool, stopped: str | None) -> tuple[str, str, str, dict[str, object]]:
+    """A stop that left the workers training is no clean stop, nor a crash: the daemon said why."""
+    if clean:
+        return "daemon_restart", "info", "fleetd restarted after a clean stop", {"clean": True}
+    if stopped is not None:
+        return ("daemon_restart", "info", f"fleetd restarted after it stopped alone: {stopped}",
+                {"clean": False, "stopped": stopped})
+    return ("daemon_restart", "warning", "fleetd restarted after it died without stopping (crash or SIGKILL)",
+            {"clean": False})
+
+
 def heartbeat(db: Database, boot_pk: int, now: datetime, last_state: dict[str, Any] | None = None) -> None:
     """The host is up at `now`; `last_state` is what it looked like (kept for forensics)."""
     with db.transaction() as session:
         boot_store.update_boot_last_seen(session, boot_pk, now, last_state)
 
 
-def record_daemon_stop(db: Database, boot_pk: int, now: datetime, reason: str) -> None:
+def record_daemon_stop(db: Database, boot_pk: int, now: datetime, reason: str, *, clean: bool,
+                       severity: str = "info") -> None:
+    """The daemon stops; `clean` only when it stopped its workers too (SIGTERM, SIGINT). A host
+    that goes down after a clean stop went down without the fleet's load on it, so the governor
+    does not count it (`DaemonStart.unclean_reboot`). A stop that leaves the workers training
+    (SIGUSR1's upgrade, a failed supervision loop) is not clean: until the next daemon adopts
+    them the host carries the same load, unwatched, and a crash meanwhile may be the load's."""
     with db.transaction() as session:
-        boot_store.update_boot_clean_stop(session, boot_pk, now)
-        create_event(session, now, "daemon_stop", f"fleetd stopped: {reason}", boot_id=boot_pk)
+        boot_store.update_boot_stop(session, boot_pk, now, clean)
+        create_event(session, now, STOP_KIND, f"fleetd stopped: {reason}", severity=severity, boot_id=boot_pk,
+                     details={"clean": clean, "reason": reason})
 
 
 def reboots_of(boots: list[BootRecord]) -> list[Reboot]:

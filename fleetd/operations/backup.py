@@ -338,7 +338,8 @@ def close_backed_up_boot(db_path: Path) -> bool:
         with db.transaction() as session:
             boot = read_latest_boot(session)
         if boot is not None and not boot.daemon_clean_stop:
-            record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir")
+            record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir",
+                               clean=True)
     finally:
         db.close()
     return True

@@ -91,10 +91,10 @@ def update_boot_kernel_log(session: Session, boot_pk: int, kernel_log: dict[str,
     session.flush()
 
 
-def update_boot_clean_stop(session: Session, boot_pk: int, now: datetime) -> None:
+def update_boot_stop(session: Session, boot_pk: int, now: datetime, clean: bool) -> None:
     row = session.get_one(Boot, boot_pk)
     row.last_seen_at = max(row.last_seen_at, now)
-    row.daemon_clean_stop = True
+    row.daemon_clean_stop = clean
     session.flush()
 
 

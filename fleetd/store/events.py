@@ -65,6 +65,14 @@ def read_events(session: Session, where: EventFilter) -> list[EventRecord]:
     return [_record(row) for row in session.scalars(query)]
 
 
+def read_latest_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) -> EventRecord | None:
+    """The newest event of `kinds` in boot `boot_id`, by id: the order they were written in, which
+    a clock stepped back between them does not change."""
+    query = select(Event).where(Event.boot_id == boot_id, Event.kind.in_(kinds)).order_by(Event.id.desc()).limit(1)
+    row = session.scalars(query).first()
+    return None if row is None else _record(row)
+
+
 def delete_events_before(session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = ()) -> int:
     """Events older than the cutoff, except those of `keep_kinds` (markers that must last)."""
     result = session.execute(delete(Event).where(Event.at < cutoff, Event.kind.not_in(keep_kinds)))

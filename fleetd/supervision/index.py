@@ -1,7 +1,12 @@
-"""The checkpoint index from disk: manifests read and sizes checked, without hashing.
+"""The checkpoint index from disk: manifests read, required files and sizes checked, no hashing.
 
-Hashing every file (a DQN replay buffer can be gigabytes) is the worker's job, when it writes
-a checkpoint and when it resumes; the supervisor only needs to know what is there.
+The index is rebuilt at every scan of every game, and hashing every file each time (a DQN
+replay buffer can be gigabytes) would make the scan as slow as reading every checkpoint whole.
+So `verified` here is the worker's own check (`workers.checkpoint.check`) less the sha256: a
+checkpoint the worker would reject for a missing file, a missing `model.zip` or a wrong size is
+never listed verified, and only a damaged byte passes. Where a damaged byte matters before the
+worker looks, the caller hashes its one checkpoint: `games rollback` verifies its target in full
+(fleetd.supervision.rollback) before it sets the newer ones aside.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fleetd.store.records import CheckpointRecord
-from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from workers.checkpoint import CheckpointError, check, list_checkpoints
 
 
 def scan_checkpoints(directory: Path) -> list[CheckpointRecord]:
@@ -25,16 +30,9 @@ def scan_checkpoints(directory: Path) -> list[CheckpointRecord]:
 
 def _describe(path: Path, steps: int) -> CheckpointRecord:
     try:
-        manifest = read_manifest(path)
+        manifest = check(path, hashes=False)
     except CheckpointError as exc:
         return _broken(path, steps, str(exc))
-    for name, entry in manifest.files.items():
-        try:
-            size = (path / name).stat().st_size
-        except FileNotFoundError:
-            size = None
-        if size != entry.size:
-            return _broken(path, steps, f"{name}: {size} bytes on disk, {entry.size} in the manifest")
     created = datetime.fromtimestamp(manifest.created_at, UTC)
     return CheckpointRecord(str(path), manifest.steps, manifest.episodes, manifest.size_bytes, created, True, None, None)
 

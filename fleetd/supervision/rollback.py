@@ -25,7 +25,7 @@ from fleetd.supervision.learning import LearningWatch, set_aside_after
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
-from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest, verify
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,9 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
               storage_url: str | None = None) -> RolledBack:
     """Set aside the checkpoints after the verified one at `to_steps`, and on a URL storage drop
     the newer ones there. Refused while the game runs or is meant to (409), or without a
-    verified checkpoint at exactly that step count (422, with the ones it has). A move that fails
-    part-way raises with what it moved in `details["set_aside"]`."""
+    verified checkpoint at exactly that step count (422, with the ones it has): one the index
+    lists, whose files then match their hashes too. A move that fails part-way raises with
+    what it moved in `details["set_aside"]`."""
     if desired is not Desired.STOPPED or proc.state in NOT_STOPPED:
         raise FleetdError(
             ErrorCode.CONFLICT,
@@ -104,9 +105,9 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
     directory = proc.launch.game_dir / "checkpoints"
     verified = {record.steps: Path(record.path).name for record in scan_checkpoints(directory) if record.verified}
     if to_steps not in verified:
-        reason = f"{proc.name} has no verified checkpoint at {to_steps} steps; it has {_listed(sorted(verified))}"
-        raise FleetdError(ErrorCode.VALIDATION, f"to_steps: {reason}",
-                          {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": sorted(verified)})
+        raise _refused(f"{proc.name} has no verified checkpoint at {to_steps} steps; it has {_listed(sorted(verified))}",
+                       sorted(verified))
+    _check_target(proc.name, directory / verified[to_steps], to_steps, sorted(verified))
     into = proc.launch.game_dir / "rolled_back" / f"{now:%Y%m%dT%H%M%S}-after-{to_steps}-by-operator"
     moved: list[str] = []
     try:
@@ -133,6 +134,22 @@ def _kept_evaluations(directory: Path) -> list[Evaluation]:
         if manifest.eval_return is not None:
             kept.append(Evaluation(manifest.steps, manifest.eval_return, None, str(info.path)))
     return kept
+
+
+def _check_target(name: str, folder: Path, to_steps: int, verified: list[int]) -> None:
+    """Hash the target, as the worker will when it resumes: the index checked sizes only, to stay
+    cheap (fleetd.supervision.index). A damaged target let through would have every newer, good
+    checkpoint set aside, and the worker then skip it for an older one, or find none and exit
+    (FATAL). One checkpoint's files, hashed in the supervisor's turn: an operator's rare ask."""
+    ok, problem = verify(folder)
+    if not ok:
+        raise _refused(f"{name}'s checkpoint at {to_steps} steps does not verify: {problem}; nothing was moved",
+                       [steps for steps in verified if steps != to_steps])
+
+
+def _refused(reason: str, verified: list[int]) -> FleetdError:
+    return FleetdError(ErrorCode.VALIDATION, f"to_steps: {reason}",
+                       {"errors": [{"field": "to_steps", "reason": reason}], "verified_steps": verified})
 
 
 def _drop_from_storage(name: str, to_steps: int, storage_url: str, moved: list[str], into: Path) -> None:

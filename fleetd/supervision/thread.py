@@ -28,12 +28,18 @@ class SupervisorThread:
         if self._error is not None:
             raise self._error
 
-    def shut_down(self, command: Shutdown, timeout_s: float) -> None:
+    def shut_down(self, command: Shutdown, timeout_s: float) -> bool:
+        """True when the supervisor carried the command out: its loop was running and ended
+        within `timeout_s`. False when it never ran (recovery failed) or had failed: then
+        nothing stopped the workers, whatever the command said."""
+        if not self._thread.is_alive():
+            return False
+        self.supervisor.submit(command)
+        self._thread.join(timeout_s)
         if self._thread.is_alive():
-            self.supervisor.submit(command)
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                log.error("the supervisor did not finish within %.0fs", timeout_s)
+            log.error("the supervisor did not finish within %.0fs", timeout_s)
+            return False
+        return not self.failed
 
     def _main(self) -> None:
         try:

@@ -44,7 +44,7 @@ def test_first_start_records_the_boot(db: Database, host: FakeHost, clock: FakeC
 def test_daemon_restart_on_same_boot_is_an_event_not_a_reboot(db: Database, host: FakeHost, clock: FakeClock) -> None:
     first = start(db, host, clock)
     clock.advance(600)
-    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGTERM")
+    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGTERM", clean=True)
     clock.advance(5)
     clean = start(db, host, clock)
     clock.advance(60)  # this time the daemon dies without stopping
@@ -81,11 +81,46 @@ def test_reboot_closes_the_previous_boot(db: Database, host: FakeHost, clock: Fa
 def test_clean_shutdown_before_reboot_is_recorded_as_clean(db: Database, host: FakeHost, clock: FakeClock) -> None:
     first = start(db, host, clock)
     clock.advance(100)
-    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGTERM")
+    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGTERM", clean=True)
     host.reboot(down_s=60)
     start(db, host, clock)
     [(_, reboot), _] = boot_log(db, 10)
     assert reboot is not None and reboot.clean is True and reboot.downtime_s == 60
+
+
+def test_a_stop_that_leaves_the_workers_running_is_not_clean(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    """SIGUSR1 or a failed supervision loop: the workers train on, unwatched, until the next
+    daemon adopts them; the host crashing meanwhile is an unclean reboot the governor weighs."""
+    first = start(db, host, clock)
+    clock.advance(600)
+    record_daemon_stop(db, first.boot.id, clock.now(), "the supervision loop failed, workers left running",
+                       clean=False, severity="warning")
+    again = start(db, host, clock)
+    assert again.kind is StartKind.RESTART and not again.previous_clean
+    [restart] = events(db, "daemon_restart")
+    assert restart.message == "fleetd restarted after it stopped alone: the supervision loop failed, workers left running"
+    assert restart.details == {"clean": False, "stopped": "the supervision loop failed, workers left running"}
+    clock.advance(60)
+    record_daemon_stop(db, again.boot.id, clock.now(), "received SIGUSR1, workers left running", clean=False)
+    host.reboot(down_s=120)  # before the next daemon started: the load was on the host
+    third = start(db, host, clock)
+    assert third.unclean_reboot is True
+    [reboot] = events(db, "reboot")
+    assert reboot.severity == "warning" and reboot.message.startswith("host rebooted (unclean)")
+    assert reboot.details["clean"] is False and reboot.details["stopped"] == "received SIGUSR1, workers left running"
+
+
+def test_a_death_after_a_later_start_is_not_taken_for_the_earlier_stop(
+    db: Database, host: FakeHost, clock: FakeClock
+) -> None:
+    first = start(db, host, clock)
+    record_daemon_stop(db, first.boot.id, clock.now(), "received SIGUSR1, workers left running", clean=False)
+    start(db, host, clock)  # adopts them, then dies without a word
+    clock.advance(60)
+    start(db, host, clock)
+    newest = events(db, "daemon_restart")[0]
+    assert newest.severity == "warning" and newest.details == {"clean": False}
+    assert "died without stopping" in newest.message
 
 
 def expect(db: Database, clock: FakeClock, boot_pk: int, for_s: float, reason: str = "kernel update", reboots: int = 1):
@@ -146,7 +181,7 @@ def test_an_expected_reboot_covers_only_its_window_and_not_once_withdrawn(
     # A clean reboot inside a window never asks: the word is not used up on it.
     word = expect(db, clock, third.boot.id, 3600)
     clock.advance(10)
-    record_daemon_stop(db, third.boot.id, clock.now(), "received SIGTERM")
+    record_daemon_stop(db, third.boot.id, clock.now(), "received SIGTERM", clean=True)
     host.reboot(down_s=30)
     fourth = start(db, host, clock)
     assert fourth.expected is None and fourth.previous_clean and not fourth.unclean_reboot
