@@ -1,6 +1,7 @@
 """Daemon start-up with open runs that tell too little (fleetd/supervision/recovery.py): a run
-whose worker's pid was never recorded, found by its run spec and adopted. The real supervisor
-loop with the fakes of tests/test_supervisor_loop.py, and once with a real process."""
+whose worker's pid was never recorded, found by its run spec and adopted; a run whose worker
+ended while the daemon was down, judged by the exit code it left. The real supervisor loop with
+the fakes of tests/test_supervisor_loop.py, and once with a real process."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from fleetd.supervision.launcher import process_start_time, run_spec_path
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.recovery import FoundWorker, OsWorkerFinder
 from fleetd.supervision.seams import Spawned
+from tests.test_crash_loops import FakeAlerts
 from tests.test_supervisor_loop import Loop, loop, record_live_run  # noqa: F401  (the fixture)
+from workers.protocol.exit_codes import ExitCode, write_exit_record
 
 
 def runs_of(loop: Loop, game: str) -> list[RunRecord]:
@@ -90,6 +93,54 @@ def test_the_processes_are_scanned_once_and_only_for_runs_without_a_pid(loop: Lo
     assert [r.cause for n in ("a", "b") for r in runs_of(loop, n)] == ["lost_daemon", None, "lost_daemon", None]
     restart_daemon(loop)  # every open run has its pid now
     assert loop.finder.asked == [specs]
+
+
+@pytest.mark.parametrize(("code", "state", "cause", "alert"), [
+    (ExitCode.COMPLETED, State.EXITED, "completed", "completed"),
+    (ExitCode.CHECKPOINTS_UNUSABLE, State.FATAL, "checkpoints_unusable", "fatal"),
+    (ExitCode.BAD_SPEC, State.FATAL, "bad_spec", "fatal"),
+    (ExitCode.DIVERGED, State.BACKOFF, "diverged", None),  # restarted with a smaller learning rate
+    (None, State.STARTING, "lost_daemon", None),  # no record: died by a signal, restarted as before
+])
+def test_a_worker_that_ended_while_the_daemon_was_down_is_judged_by_its_exit_code(
+    loop: Loop, code: int | None, state: State, cause: str, alert: str | None
+) -> None:
+    loop.alerts = FakeAlerts()
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)  # and pid 4242 is gone
+    if code is not None:
+        write_exit_record(spec_of(loop, "a", run_id), code)
+    loop.start()
+    assert loop.state("a") is state
+    assert len(loop.launcher.spawned) == (state is State.STARTING)
+    ended = runs_of(loop, "a")[0]
+    assert (ended.cause, ended.exit_code, ended.ended_at is not None) == (cause, code, True)
+    assert [a.kind for a in loop.alerts.sent] == ([alert] if alert else [])
+    if code == ExitCode.DIVERGED:
+        assert loop.sup.procs["a"].remedies.lr_scale == 0.5
+    if state is not State.STARTING:
+        assert "while fleetd was down" in loop.sup.procs["a"].reason
+        loop.steps(3)
+        assert loop.launcher.signals == []  # the pid may be another's by now: never signalled
+
+
+def test_a_worker_whose_pid_was_never_recorded_and_that_completed_is_not_started_again(loop: Loop) -> None:
+    loop.add("a")
+    write_exit_record(spec_of(loop, "a", record_pidless_run(loop, "a")), ExitCode.COMPLETED)
+    loop.start()
+    assert loop.state("a") is State.EXITED and loop.launcher.spawned == []
+    assert runs_of(loop, "a")[0].cause == "completed"
+
+
+def test_an_ended_run_beside_an_adopted_worker_of_its_game_leaves_the_adopted_one_in_charge(loop: Loop) -> None:
+    loop.add("a")
+    ended = record_live_run(loop, "a", 4242)
+    write_exit_record(spec_of(loop, "a", ended), ExitCode.COMPLETED)
+    record_live_run(loop, "a", 4343)
+    loop.probe.live = {4343}
+    loop.start()
+    assert loop.state("a") is State.RUNNING and loop.pid("a") == 4343
+    assert [r.cause for r in runs_of(loop, "a")] == ["lost_daemon", None]
 
 
 # -- a real process ---------------------------------------------------------------------------

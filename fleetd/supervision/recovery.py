@@ -1,9 +1,12 @@
-"""At daemon start, the open runs whose recorded worker tells too little: a run with no pid.
+"""At daemon start, the open runs whose recorded worker tells too little: a run with no pid, and
+a run whose worker ended while no daemon watched it.
 
 A run's row is written before its worker is spawned and its pid only after: a daemon that died
 in between (or whose write failed) leaves a live worker under a run with no pid. Its run spec
 path, unique to the run, is in the worker's command line (`python -m workers --spec
 .../logs/run-NNNNNN.spec.json`), so the worker is found by it and adopted like a recorded one.
+A worker that ended while the daemon was down left its exit code beside that spec: its run is
+judged by it as its exit would have been, not closed as lost and started again.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from typing import Protocol
 
 import psutil
 
+from fleetd.states import State
 from fleetd.store.records import RunRecord
 from fleetd.supervision.launcher import process_start_time, run_spec_path
+from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import Spawned
+from fleetd.supervision.seams import ExitStatus, Spawned
+from workers.protocol.exit_codes import exit_record_path, read_exit_record
 from workers.protocol.spec import RunSpec, SpecError
 
 log = logging.getLogger(__name__)
@@ -119,3 +125,15 @@ def close_lost_with_host(runs: list[RunRecord], recorder: Recorder, now: datetim
         ended = recorder.boot_last_seen(run.boot_pk) or now
         recorder.run_lost(run, "lost_host", ended, f"worker pid {run.pid} was lost with the host (reboot)")
 
+
+def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir: GameDir, recorder: Recorder,
+                           now: datetime) -> None:
+    """A run of this boot whose worker is gone. Its exit code, left beside its spec, judges it
+    as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL);
+    without one (killed by a signal, or never spawned) it is lost, and the game restarts. Only
+    for a game with no worker now: one adopted meanwhile is its state."""
+    code = read_exit_record(exit_record_path(run_spec_path(game_dir(run.game), run.id)))
+    if code is None or proc is None or proc.state is not State.STOPPED:
+        recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down")
+        return
+    proc.ended_unwatched(run.id, ExitStatus(code=code))

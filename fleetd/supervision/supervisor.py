@@ -40,7 +40,7 @@ from fleetd.supervision.pending import proc_restart_reason, started_specs
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.recovery import WorkerFinder, close_lost_with_host, find_unrecorded
+from fleetd.supervision.recovery import WorkerFinder, close_lost_with_daemon, close_lost_with_host, find_unrecorded
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
@@ -138,13 +138,14 @@ class Supervisor:
         """At start: adopt live workers of this boot, close the runs of dead ones, reconcile."""
         with self.db.transaction() as session:
             open_runs = read_open_runs(session)
-        open_runs = find_unrecorded(open_runs, self.recorder.boot_pk, self._finder, self.settings.game_dir, self.recorder)
+        game_dir = self.settings.game_dir
+        open_runs = find_unrecorded(open_runs, self.recorder.boot_pk, self._finder, game_dir, self.recorder)
         runs = sort_open_runs(open_runs, self.recorder.boot_pk, self._probe)
         close_lost_with_host(runs.lost_with_host, self.recorder, self.clock.now())
-        for run in runs.lost_with_daemon:
-            self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
         self._load_games()
         adopted = sum(self._adopt(run) for run in runs.live)
+        for run in runs.lost_with_daemon:  # after the adoptions: a game's live worker is its state
+            close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
         self._health.resume(self.procs)
         self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs))
