@@ -1,4 +1,5 @@
-"""A fake launcher, a fake reactor and a recording sink for deterministic supervision tests."""
+"""A fake launcher, a fake reactor, a fake worker finder and a recording sink for deterministic
+supervision tests."""
 
 from __future__ import annotations
 

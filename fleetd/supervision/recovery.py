@@ -52,7 +52,8 @@ class OsWorkerFinder:
     """This host's process table, read once whatever the number of runs to look for."""
 
     def find(self, specs: Collection[str]) -> dict[str, FoundWorker]:
-        wanted, found = set(specs), {}
+        wanted = set(specs)
+        found: dict[str, FoundWorker] = {}
         for process in psutil.process_iter(["cmdline"]):
             spec = spec_argument(process.info["cmdline"] or ())
             if spec in wanted and spec not in found and _session_leader(process.pid):
