@@ -44,6 +44,7 @@ from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
 from fleetd.supervision.launcher import OsLauncher
 from fleetd.supervision.mps import Mps, MpsDirs, MpsEvent, MpsSeam, MpsStartError, OsMps
 from fleetd.supervision.reactor import OsReactor
+from fleetd.supervision.recovery import OsWorkerFinder
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import Launcher, Reactor
@@ -272,6 +273,7 @@ class Daemon:
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, probe, fleet,
             unclean_reboot=start.unclean_reboot and self.settings.fleet.reboot_is_instability,
+            finder=None if cluster else OsWorkerFinder(),  # a Ray run is a named actor, not a local process
         )  # fmt: skip
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:

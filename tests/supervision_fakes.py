@@ -1,11 +1,14 @@
-"""A fake launcher, a fake reactor and a recording sink for deterministic supervision tests."""
+"""A fake launcher, a fake reactor, a fake worker finder and a recording sink for deterministic
+supervision tests."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from fleetd.states import State
+from fleetd.supervision.recovery import FoundWorker
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
 from tests.fakes import FakeClock
 from workers.protocol.reports import Report
@@ -120,3 +123,15 @@ class FakeReactor:
     def locate(self, pid: int, node_id: str) -> None:
         """The cluster said where this run's worker is (the Ray executor's `where`)."""
         self.queued.append(Located(pid, node_id))
+
+
+@dataclass
+class FakeFinder:
+    """The live workers a process table scan would find, by the run spec path in their argv."""
+
+    live: dict[str, FoundWorker] = field(default_factory=dict)
+    asked: list[set[str]] = field(default_factory=list)  # the spec paths of each scan
+
+    def find(self, specs: Collection[str]) -> dict[str, FoundWorker]:
+        self.asked.append(set(specs))
+        return {spec: worker for spec, worker in self.live.items() if spec in specs}

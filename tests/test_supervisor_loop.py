@@ -33,7 +33,7 @@ from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
 from tests.api_context import on_ray
 from tests.fakes import FakeClock, FakeHost
-from tests.supervision_fakes import FakeLauncher, FakeReactor
+from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
 from fleetd.supervision.launcher import run_spec_path
 from workers.protocol.exit_codes import ExitCode, write_exit_record
 from workers.protocol.reports import ProgressReport
@@ -61,12 +61,14 @@ class Loop:
     supervisor: Supervisor | None = None
     alerts: Any = None  # an AlertSender, or a fake with `send`
     telemetry: Any = None  # a TelemetrySampler (over a fake NVML), or None: no GPU seen
+    finder: Any = field(default_factory=FakeFinder)  # workers whose pid no run recorded
 
     def start(self) -> Supervisor:
         recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
         fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry)
         self.supervisor = Supervisor(
-            self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet
+            self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet,
+            finder=self.finder,
         )
         self.supervisor.recover()
         return self.supervisor

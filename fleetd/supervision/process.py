@@ -153,10 +153,17 @@ class WorkerProcess:
         # The leader is gone; SubprocVecEnv children and other stragglers go with it.
         self._launcher.signal_group(self.pid, signal.SIGKILL)
         self.run_id = self.pid = None
-        if outcome.state is _FAILED:
-            self._failed(outcome.reason)
-        else:
-            self._to(outcome.state, outcome.reason)
+        self._settle(outcome)
+        return outcome
+
+    def ended_unwatched(self, run_id: int, status: ExitStatus) -> Outcome:
+        """A run whose worker ended while no daemon watched it, known at start by the code it
+        left: judged as its exit would have been, so a goal reached is not started again and a
+        refused spec is FATAL. Its group is not signalled: its pid may be another's by now."""
+        outcome = self._classify(status)
+        outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
+        self._sink.run_ended(run_id, status, outcome.cause)
+        self._settle(outcome)
         return outcome
 
     def tick(self) -> None:
@@ -295,6 +302,12 @@ class WorkerProcess:
         self.remedies = scaled
         return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
                        f"with {field} {old:g} -> {getattr(scaled, field):g}")
+
+    def _settle(self, outcome: Outcome) -> None:
+        if outcome.state is _FAILED:
+            self._failed(outcome.reason)
+        else:
+            self._to(outcome.state, outcome.reason)
 
     def _failed(self, reason: str) -> None:
         self.failures += 1

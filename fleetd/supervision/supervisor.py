@@ -41,6 +41,7 @@ from fleetd.supervision.pending import proc_restart_reason, started_specs
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.recovery import WorkerFinder, close_lost_with_daemon, close_lost_with_host, find_unrecorded
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
@@ -56,8 +57,6 @@ MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the 
 GOVERNOR_TICK_S = 5.0
 
 
-
-
 class Supervisor:
     def __init__(
         self,
@@ -70,12 +69,14 @@ class Supervisor:
         probe: ProcessProbe,
         fleet: FleetController,
         unclean_reboot: bool = False,
+        finder: WorkerFinder | None = None,
     ) -> None:
         self.settings, self.db, self.clock = settings, db, clock
         self.policy = Policy.from_settings(settings.supervisor)
         self._placing = PlacingLauncher(launcher, self._place, fleet.host_of)
         self._launcher = WatchingLauncher(self._placing, reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
+        self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
         self._tap = TransitionTap(recorder)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
@@ -138,16 +139,14 @@ class Supervisor:
         """At start: adopt live workers of this boot, close the runs of dead ones, reconcile."""
         with self.db.transaction() as session:
             open_runs = read_open_runs(session)
+        game_dir = self.settings.game_dir
+        open_runs = find_unrecorded(open_runs, self.recorder.boot_pk, self._finder, game_dir, self.recorder)
         runs = sort_open_runs(open_runs, self.recorder.boot_pk, self._probe)
-        for run in runs.lost_with_host:
-            ended = self.recorder.boot_last_seen(run.boot_pk) or self.clock.now()
-            self.recorder.run_lost(run, "lost_host", ended, f"worker pid {run.pid} was lost with the host (reboot)")
-        for run in runs.lost_with_daemon:
-            self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
+        close_lost_with_host(runs.lost_with_host, self.recorder, self.clock.now())
         self._load_games()
-        adopted = 0
-        for run in runs.live:
-            adopted += self._adopt(run)
+        adopted = sum(self._adopt(run) for run in runs.live)
+        for run in runs.lost_with_daemon:  # after the adoptions: a game's live worker is its state
+            close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
         self._health.resume(self.procs)
         self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs))
