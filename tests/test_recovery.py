@@ -101,6 +101,8 @@ def test_the_processes_are_scanned_once_and_only_for_runs_without_a_pid(loop: Lo
     (ExitCode.BAD_SPEC, State.FATAL, "bad_spec", "fatal"),
     (ExitCode.DIVERGED, State.BACKOFF, "diverged", None),  # restarted with a smaller learning rate
     (None, State.STARTING, "lost_daemon", None),  # no record: died by a signal, restarted as before
+    (ExitCode.STOPPED, State.STARTING, "lost_daemon", None),  # stopped by a dying daemon: no crash to count
+    (1, State.STARTING, "lost_daemon", None),
 ])
 def test_a_worker_that_ended_while_the_daemon_was_down_is_judged_by_its_exit_code(
     loop: Loop, code: int | None, state: State, cause: str, alert: str | None

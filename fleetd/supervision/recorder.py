@@ -188,9 +188,11 @@ class Recorder:
                 checkpoint_store.upsert_checkpoint(session, game_id, record)
             checkpoint_store.delete_checkpoints_except(session, game_id, {r.path for r in records})
 
-    def run_lost(self, run: RunRecord, cause: str, ended_at: datetime, message: str) -> None:
+    def run_lost(self, run: RunRecord, cause: str, ended_at: datetime, message: str,
+                 exit_code: int | None = None) -> None:
+        """`exit_code`: the one its worker left, where it did (read, not watched)."""
         with self.db.transaction() as session:
-            run_store.update_run_ended(session, run.id, ended_at, cause, None, None)
+            run_store.update_run_ended(session, run.id, ended_at, cause, exit_code, None)
             create_event(session, self.clock.now(), cause, message, severity="warning", game=run.game,
                          details={"run_id": run.id, "pid": run.pid})
 
