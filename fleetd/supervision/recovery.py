@@ -6,7 +6,9 @@ in between (or whose write failed) leaves a live worker under a run with no pid.
 path, unique to the run, is in the worker's command line (`python -m workers --spec
 .../logs/run-NNNNNN.spec.json`), so the worker is found by it and adopted like a recorded one.
 A worker that ended while the daemon was down left its exit code beside that spec: its run is
-judged by it as its exit would have been, not closed as lost and started again.
+judged by it as its exit would have been, not closed as lost and started again. An adopted
+worker's end, and what it was started with, are read from the same files (`exit_left`,
+`launch_of_run`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fleetd.store.records import RunRecord
 from fleetd.supervision.launcher import process_start_time, run_spec_path
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import ExitStatus, Spawned
+from fleetd.supervision.seams import ExitStatus, Launch, Spawned
 from workers.protocol.exit_codes import ExitCode, exit_record_path, read_exit_record
 from workers.protocol.spec import RunSpec, SpecError
 
@@ -146,3 +148,23 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
         recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down{left}", code)
         return
     proc.ended_unwatched(run.id, ExitStatus(code=code))
+
+
+def exit_left(status: ExitStatus, proc: WorkerProcess) -> ExitStatus:
+    """An adopted worker's exit, which wait() cannot give: the code it left beside its run spec,
+    else the status as it is (no record: it died by a signal; the OOM count says whose)."""
+    if not status.unknown or proc.run_id is None:
+        return status
+    code = read_exit_record(exit_record_path(run_spec_path(proc.launch.game_dir, proc.run_id)))
+    return status if code is None else ExitStatus(code=code)
+
+
+def launch_of_run(current: Launch, run: RunRecord) -> Launch:
+    """What an adopted worker was started with: the spec saved beside its log."""
+    if run.log_path is None:
+        return current
+    try:
+        spec = RunSpec.load(Path(run.log_path).with_suffix(".spec.json"))
+    except SpecError:
+        return current
+    return Launch(current.game, current.game_dir, spec.launch())

@@ -13,7 +13,6 @@ import queue
 import signal
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
@@ -34,22 +33,21 @@ from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
 from fleetd.supervision.commands import Command, RestartGame, Shutdown, StartGame
 from fleetd.supervision.index import scan_checkpoints
-from fleetd.supervision.launcher import run_spec_path
 from fleetd.supervision.learning import LearningWatch
 from fleetd.supervision.learning_actions import FleetSide, LearningActions
 from fleetd.supervision.pending import proc_restart_reason, started_specs
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.recovery import WorkerFinder, close_lost_with_daemon, close_lost_with_host, find_unrecorded
+from fleetd.supervision.recovery import (WorkerFinder, close_lost_with_daemon, close_lost_with_host, exit_left,
+                                         find_unrecorded, launch_of_run)
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.rollback import RollBack, carry_out
-from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, Launcher, Located, Reactor, Reported
+from fleetd.supervision.seams import Exited, Happening, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
-from workers.protocol.exit_codes import exit_record_path, read_exit_record
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
-from workers.protocol.spec import RunSpec, SpecError, TierDefaults
+from workers.protocol.spec import TierDefaults
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +379,7 @@ class Supervisor:
             return False
         self.recorder.adopted(run)
         proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu)
-        proc.spawned_launch = _launch_of_run(proc.launch, run)
+        proc.spawned_launch = launch_of_run(proc.launch, run)
         return True
 
     def _place(self, game: str) -> int | None:
@@ -411,7 +409,7 @@ class Supervisor:
         # (bad hyperparameters, a missing env): it never moves the fleet.
         was_running = proc.state is State.RUNNING
         spawned_at = proc.spawned_wall
-        outcome = proc.on_exit(_recorded(exited.status, proc))
+        outcome = proc.on_exit(exit_left(exited.status, proc))
         self.recorder.flush_progress()
         self.recorder.sync_checkpoints(proc.name, on_disk)
         if outcome is not None and outcome.cause == "oom":
@@ -581,15 +579,6 @@ class Supervisor:
         return max(0.0, min(self._next_due - self.clock.monotonic(), MAX_WAIT_S))
 
 
-def _recorded(status: ExitStatus, proc: WorkerProcess) -> ExitStatus:
-    """An adopted worker's exit, which wait() cannot give: the code it left beside its run spec,
-    else the status as it is (no record: it died by a signal; the OOM count says whose)."""
-    if not status.unknown or proc.run_id is None:
-        return status
-    code = read_exit_record(exit_record_path(run_spec_path(proc.launch.game_dir, proc.run_id)))
-    return status if code is None else ExitStatus(code=code)
-
-
 def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]) -> None:
     """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk written
     since this run was spawned counts as its progress too."""
@@ -598,14 +587,3 @@ def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]
     for record in on_disk:
         if record.verified and record.created_at >= proc.spawned_wall:
             proc.on_checkpoint(proc.run_id, record.steps)
-
-
-def _launch_of_run(current: Launch, run: RunRecord) -> Launch:
-    """What an adopted worker was started with: the spec saved beside its log."""
-    if run.log_path is None:
-        return current
-    try:
-        spec = RunSpec.load(Path(run.log_path).with_suffix(".spec.json"))
-    except SpecError:
-        return current
-    return Launch(current.game, current.game_dir, spec.launch())
