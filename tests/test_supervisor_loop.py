@@ -444,13 +444,7 @@ def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: 
     # crash_games = 2: two running games crashing within the window is instability. Two killed
     # by an operator (SIGKILL that the kernel's OOM count says it did not send) or stopped
     # (SIGSTOP, then the hang watchdog) are restarted the same, and the rung stays.
-    fleet = loop.settings.fleet.model_copy(update={"tier": "medium", "start_games": 4})
-    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
-    for name in ("a", "b", "c", "d"):
-        loop.add(name)
-    loop.start()
-    loop.run_up("a", "b", "c", "d")
-    assert loop.sup.snapshot.governor.rung == "4x32"
+    four_games_at_4x32(loop)
     for name in ("a", "b"):
         pid = loop.pid(name)
         if how == "kill -9":
