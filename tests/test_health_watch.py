@@ -126,18 +126,6 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
 
 
-def test_a_best_checkpoint_whose_hash_does_not_match_is_passed_over_for_the_next_best(loop: Loop) -> None:
-    """Sizes alone would pick it; the worker hashes at resume and would skip it for an older one
-    than the next best, which the rollback had already set aside."""
-    trained_then_collapsed(loop)
-    model = checkpoints(loop, "cp") / "ckpt-000000003000" / "model.zip"
-    model.write_bytes(bytes([model.read_bytes()[0] ^ 0xFF]) + model.read_bytes()[1:])  # same size
-    stop_exits(loop, "cp")
-    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [4000, 3000, 2000, 1000]
-    assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000
-    assert "rolling back to its best-evaluated checkpoint (ckpt-000000004000, return 480)" in game(loop, "cp").state_reason
-
-
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
     """Kept with the health record: the next daemon (or the host's reboot) does not start the
     game again at the rate that collapsed."""

@@ -32,7 +32,7 @@ from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
-from workers.checkpoint import best_verified, list_checkpoints, read_manifest
+from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
 from workers.protocol.reports import CheckpointSummary
 
 _EVENT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_collapse", Action.FLAG: "plateau",
@@ -179,16 +179,25 @@ def _settings(overrides: dict[str, Any]) -> HealthSettings:
 
 
 def best_evaluated(directory: Path) -> BestCheckpoint | None:
-    """The verified checkpoint with the highest evaluation return in its manifest (the one
-    retention keeps: `workers.checkpoint.best_verified`), its files hashed. A damaged one let
-    through would see the newer checkpoints set aside and the worker, which hashes at resume,
-    skip it for an older one than the best it could have had."""
-    info = best_verified(directory)
-    if info is None:
-        return None
-    manifest = read_manifest(info.path)
-    assert manifest.eval_return is not None, "best_verified picks evaluated checkpoints only"
-    return BestCheckpoint(info.path, manifest.steps, manifest.eval_return)
+    """The checkpoint with the highest evaluation return in its manifest (the one retention
+    keeps), its files' sizes checked; the worker hashes them when it resumes from it."""
+    best: BestCheckpoint | None = None
+    for info in list_checkpoints(directory):
+        try:
+            manifest = read_manifest(info.path)
+        except CheckpointError:
+            continue
+        score = manifest.eval_return
+        if score is not None and (best is None or score > best.eval_return) and _sizes_match(info.path, manifest):
+            best = BestCheckpoint(info.path, manifest.steps, float(score))
+    return best
+
+
+def _sizes_match(path: Path, manifest: Any) -> bool:
+    try:
+        return all((path / name).stat().st_size == entry.size for name, entry in manifest.files.items())
+    except OSError:
+        return False
 
 
 def set_aside_after(directory: Path, steps: int, into: Path, moved: list[str] | None = None) -> list[str]:
