@@ -204,3 +204,15 @@ def test_after_a_rollback_the_game_is_judged_against_the_best_it_kept_not_one_se
     health = game(loop, "cp").health
     assert loop.state("cp") is State.RUNNING and health.state is Health.LEARNING
     assert (health.best, health.best_steps, health.evaluations) == (240, 6000, 6)
+
+
+def test_the_best_after_a_rollback_comes_from_checkpoints_the_index_verifies(tmp_path: Path) -> None:
+    """A kept checkpoint missing a file every checkpoint holds is no best: no rollback reaches it,
+    and a collapse judged against it would be against a figure the game cannot go back to."""
+    from fleetd.supervision.rollback import _kept_evaluations
+    from tests.test_health_watch import payload
+
+    for steps, value in ((1000, 10.0), (2000, 300.0), (3000, 200.0)):
+        write_checkpoint(tmp_path, steps, 10, payload, value)
+    (tmp_path / "ckpt-000000002000" / "state.json").unlink()
+    assert [(ev.steps, ev.eval_return) for ev in _kept_evaluations(tmp_path)] == [(3000, 200.0), (1000, 10.0)]

@@ -21,7 +21,7 @@ from fleetd.store.records import RunRecord
 from fleetd.supervision.adoption import OsProcessProbe
 from fleetd.supervision.launcher import process_start_time, run_spec_path
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.recovery import FoundWorker, OsWorkerFinder
+from fleetd.supervision.recovery import FoundWorker, OsWorkerFinder, _found
 from fleetd.supervision.seams import Spawned
 from tests.test_crash_loops import FakeAlerts
 from tests.test_supervisor_loop import Loop, loop, record_live_run  # noqa: F401  (the fixture)
@@ -187,3 +187,12 @@ def test_the_finder_takes_only_a_session_leader(tmp_path: Path, children: list[s
     children.extend([sleeper(leader, own_session=True), sleeper(child, own_session=False)])
     found = OsWorkerFinder().find({leader, child, str(tmp_path / "run-000003.spec.json")})
     assert list(found) == [leader] and found[leader].pid == children[0].pid
+
+
+def test_a_worker_gone_between_the_scan_and_its_start_time_is_not_found(tmp_path: Path) -> None:
+    """The scan sees a worker that exits before its start time is read: the daemon's start
+    crashed (FileNotFoundError from /proc/PID/stat) rather than closing its run as lost."""
+    gone = sleeper(str(tmp_path / "run-000001.spec.json"), own_session=True)
+    gone.kill()
+    gone.wait()  # reaped: /proc/PID is no more
+    assert _found(gone.pid, tuple(gone.args)) is None

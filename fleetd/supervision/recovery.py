@@ -86,7 +86,7 @@ def _session_leader(pid: int) -> bool:
 def _found(pid: int, cmdline: tuple[str, ...]) -> FoundWorker | None:
     try:
         return FoundWorker(pid, process_start_time(pid), cmdline)
-    except psutil.Error:
+    except (psutil.Error, OSError):  # its /proc/PID/stat read: FileNotFoundError once it is gone
         return None  # gone meanwhile: its run is lost, or judged by its exit record
 
 

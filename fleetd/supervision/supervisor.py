@@ -393,10 +393,11 @@ class Supervisor:
         """The processes of games removed, or removed and added again under their name within one
         turn (another game): the new game starts with none of the old one's remedies."""
         gone = [n for n in self.procs if n not in ids or ids[n] != self._ids.get(n)]
-        for name in [n for n in gone if self.procs[n].state not in LIVE]:
+        live = [n for n in gone if self.procs[n].state in LIVE]  # forgotten once it has ended
+        for name in [n for n in gone if n not in live]:
             del self.procs[name]
             self.recorder.forget(name)
-        self._ids = ids
+        self._ids = ids | {name: self._ids[name] for name in live if name in self._ids}
 
     def _on_exit(self, exited: Exited) -> None:
         proc = next((p for p in self.procs.values() if p.pid == exited.pid), None)
