@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_ONCE, AT_START
 from fleetd.games.spec import GameSpec
 from fleetd.health.rules import Health as LearningHealth
 from fleetd.host import expected_reboots
@@ -245,7 +246,7 @@ class SettingChangeOut(Out):
     field: str = Field(description="a game field, or `hyperparams.KEY`")
     old: Any = Field(description="null: not set (no goal, the default)")
     new: Any
-    takes_effect: Literal["next_start", "governor_step", "next_evaluation", "now"] = Field(
+    takes_effect: Literal[AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE] = Field(  # type: ignore[valid-type]
         description="when it is taken: `next_start`, the worker's next start (or now, where `restarting`); "
                     "`governor_step`, priority, at the governor's next step; `next_evaluation`, a health "
                     "setting, at the game's next learning-health evaluation; `now`, `desired`, at the "

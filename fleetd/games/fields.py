@@ -20,11 +20,10 @@ PENDING_NOTE = "pending until its next start (--restart applies it now)"
 # setting is in the worker's run spec (supervision/pending.py SPEC_SETTINGS, hyperparams), and
 # `desired` is the supervisor's to act on at its next turn.
 AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE = "next_start", "governor_step", "next_evaluation", "now"
-EFFECTS = (AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE)
 
 
 def takes_effect(field: str) -> str:
-    """When a change of `field` (a game field, or `field.KEY`) takes effect: one of EFFECTS."""
+    """When a change of `field` (a game field, or `field.KEY`) takes effect: one of the AT_* above."""
     head = field.partition(".")[0]
     return {"priority": AT_GOVERNOR_STEP, "health_settings": AT_EVALUATION, "desired": AT_ONCE}.get(head, AT_START)
 

@@ -60,7 +60,7 @@ class OsLauncher:
         try:
             logs.mkdir(parents=True, exist_ok=True)
             spec_path = _write_spec(run_spec_path(launch.game_dir, run_id), spec)
-            log_path = logs / f"run-{run_id:06d}.log"
+            log_path = run_log_path(launch.game_dir, run_id)
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
             pid = self._spawn(argv, log_path, worker_env(spec.cpu_threads, spec.gpu) | self.extra_env())
         except OSError as exc:
@@ -92,6 +92,11 @@ class OsLauncher:
 
     def stopped(self, pid: int) -> bool:
         return process_stopped(pid)
+
+
+def run_log_path(game_dir: Path, run_id: int) -> Path:
+    """The worker's stdout and stderr, beside its run spec."""
+    return game_dir / "logs" / f"run-{run_id:06d}.log"
 
 
 def run_spec_path(game_dir: Path, run_id: int) -> Path:

@@ -25,7 +25,7 @@ import psutil
 
 from fleetd.states import State
 from fleetd.store.records import RunRecord
-from fleetd.supervision.launcher import process_start_time, run_spec_path
+from fleetd.supervision.launcher import process_start_time, run_log_path, run_spec_path
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import ExitStatus, Launch, Spawned
@@ -99,14 +99,14 @@ def find_unrecorded(runs: list[RunRecord], boot_pk: int, finder: WorkerFinder | 
     specs = {str(run_spec_path(game_dir(r.game), r.id)): r for r in runs if r.pid is None and r.boot_pk == boot_pk}
     if finder is None or not specs:
         return runs
-    found = {specs[spec].id: _record(specs[spec], Path(spec), worker, recorder)
+    found = {specs[spec].id: _record(specs[spec], game_dir(specs[spec].game), worker, recorder)
              for spec, worker in finder.find(specs).items()}
     return [found.get(run.id, run) for run in runs]
 
 
-def _record(run: RunRecord, spec: Path, worker: FoundWorker, recorder: Recorder) -> RunRecord:
-    log_path = str(spec.with_name(spec.name.removesuffix(".spec.json") + ".log"))
-    spawned = Spawned(worker.pid, worker.start_time, worker.cmdline, log_path, _spec_gpu(spec))
+def _record(run: RunRecord, folder: Path, worker: FoundWorker, recorder: Recorder) -> RunRecord:
+    log_path = str(run_log_path(folder, run.id))
+    spawned = Spawned(worker.pid, worker.start_time, worker.cmdline, log_path, _spec_gpu(run_spec_path(folder, run.id)))
     log.warning("game %s's run %d recorded no pid; found its worker pid %d by its run spec", run.game, run.id,
                 worker.pid)
     recorder.run_spawned(run.id, spawned)
@@ -142,7 +142,7 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
     as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL);
     without one (killed by a signal, or never spawned) it is lost, and the game restarts. Only
     for a game with no worker now: one adopted meanwhile is its state."""
-    code = read_exit_record(exit_record_path(run_spec_path(game_dir(run.game), run.id)))
+    code = code_left(game_dir(run.game), run.id)
     if code not in VERDICTS or proc is None or proc.state is not State.STOPPED:
         left = "" if code is None else f" (it left exit code {code})"
         recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down{left}", code)
@@ -155,8 +155,13 @@ def exit_left(status: ExitStatus, proc: WorkerProcess) -> ExitStatus:
     else the status as it is (no record: it died by a signal; the OOM count says whose)."""
     if not status.unknown or proc.run_id is None:
         return status
-    code = read_exit_record(exit_record_path(run_spec_path(proc.launch.game_dir, proc.run_id)))
+    code = code_left(proc.launch.game_dir, proc.run_id)
     return status if code is None else ExitStatus(code=code)
+
+
+def code_left(folder: Path, run_id: int) -> int | None:
+    """The exit code the run's worker left beside its spec; None where it left none."""
+    return read_exit_record(exit_record_path(run_spec_path(folder, run_id)))
 
 
 def launch_of_run(current: Launch, run: RunRecord) -> Launch:
