@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,7 +90,7 @@ class Container:
         binds = [f"--bind-ro={path}" for path in covering_tmp((REPO, Path(sys.prefix)))]
         command = [
             str(NSPAWN), "-D", str(self.root), "--boot", "--register=no", "--keep-unit", "--private-network",
-            "--console=read-only", "--quiet", "--machine", self.base.name.replace("_", "-"), *binds,
+            "--console=read-only", "--quiet", "--machine", machine_name(self.base.name), *binds,
             # basic.target: journald and the service manager without the host's own services.
             "--", "systemd.unit=basic.target",
         ]
@@ -170,6 +171,12 @@ def namespace_pid(pid: int) -> int | None:
     line = next(line for line in status.splitlines() if line.startswith("NSpid:"))
     ids = line.split()[1:]
     return int(ids[-1]) if len(ids) > 1 else None
+
+
+def machine_name(folder: str) -> str:
+    """nspawn's --machine is a hostname: letters, digits and inner hyphens. mkdtemp's suffix may
+    hold "_" anywhere, last too, so each is spelt "0" (a "-" there made a trailing hyphen)."""
+    return folder.replace("_", "0")
 
 
 def own_cgroups(name: str) -> list[Path]:
@@ -373,3 +380,11 @@ def test_an_install_under_home_runs_as_a_service(service: Service) -> None:
     assert exe == str(Path(sys.executable).resolve()), exe
     assert c.run("cat", f"/proc/{main}/cmdline").stdout.split("\0")[1] == "/home/alice/venv/bin/fleetd"
     service.wait_workers(2)
+
+
+@pytest.mark.parametrize("suffix", ["abc123_", "_abc123", "ab__c1", "abcdefgh"])
+def test_machine_name_is_a_hostname_for_every_mkdtemp_suffix(suffix: str) -> None:
+    # CI failed once on "fleetd-nspawn-vl7oddy-" ("Invalid machine name"): mkdtemp's last
+    # character was "_", which became a trailing hyphen.
+    name = machine_name(f"fleetd-nspawn-{suffix}")
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name), name
