@@ -156,13 +156,18 @@ class WorkerProcess:
         self._settle(outcome)
         return outcome
 
-    def ended_unwatched(self, run_id: int, status: ExitStatus) -> Outcome:
+    def ended_unwatched(self, run_id: int, code: int) -> Outcome | None:
         """A run whose worker ended while no daemon watched it, known at start by the code it
-        left: judged as its exit would have been, so a goal reached is not started again and a
-        refused spec is FATAL. Its group is not signalled: its pid may be another's by now."""
-        outcome = self._classify(status)
+        left. A code that is the worker's own verdict judges it as its exit would have been (a goal
+        reached is not started again; a refused spec is FATAL); for any other (0: stopped on a
+        signal, most likely by a daemon that died stopping the fleet; a crash's) None: the run is
+        lost, not a crash the governor would step back for. Its group is not signalled: its pid may
+        be another's by now. Only for a game with no worker now."""
+        outcome = self._verdict(code) if self.state is State.STOPPED else None
+        if outcome is None:
+            return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
-        self._sink.run_ended(run_id, status, outcome.cause)
+        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause)
         self._settle(outcome)
         return outcome
 
@@ -261,20 +266,9 @@ class WorkerProcess:
                            f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
         if self._killed_for == "hang":
             return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
-        if status.code == ExitCode.COMPLETED:
-            return Outcome("completed", State.EXITED, "completed: goal reached")
-        if status.code == ExitCode.CHECKPOINTS_UNUSABLE:
-            return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies and loads "
-                           "(its checkpoint_skipped events say why each was passed over); to start afresh: "
-                           "games rm, then games add --kept set-aside")
-        if status.code == ExitCode.BAD_SPEC:
-            return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
-        if status.code == ExitCode.DIVERGED:
-            return self._remedy("diverged", "lr_scale", "NaN or inf in the model (see its log)",
-                                self.policy.diverged_lr_factor, self.policy.diverged_lr_floor)
-        if status.code == ExitCode.CUDA_OOM:
-            return self._remedy("cuda_oom", "batch_scale", "CUDA out of memory",
-                                self.policy.oom_batch_factor, self.policy.oom_batch_floor)
+        verdict = self._verdict(status.code)
+        if verdict is not None:
+            return verdict
         if status.node_lost:  # the host's doing: restarts from its checkpoint on any node with room
             if not self.policy.restarts_after(None):
                 return Outcome("node_lost", State.EXITED, f"node_lost: {status.describe()}; autorestart does not apply")
@@ -292,6 +286,25 @@ class WorkerProcess:
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
                            f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
+
+    def _verdict(self, code: int | None) -> Outcome | None:
+        """What the worker said of its own end by its exit code; None for a code that says
+        nothing of it (0, a crash's, none)."""
+        if code == ExitCode.COMPLETED:
+            return Outcome("completed", State.EXITED, "completed: goal reached")
+        if code == ExitCode.CHECKPOINTS_UNUSABLE:
+            return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies and loads "
+                           "(its checkpoint_skipped events say why each was passed over); to start afresh: "
+                           "games rm, then games add --kept set-aside")
+        if code == ExitCode.BAD_SPEC:
+            return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
+        if code == ExitCode.DIVERGED:
+            return self._remedy("diverged", "lr_scale", "NaN or inf in the model (see its log)",
+                                self.policy.diverged_lr_factor, self.policy.diverged_lr_floor)
+        if code == ExitCode.CUDA_OOM:
+            return self._remedy("cuda_oom", "batch_scale", "CUDA out of memory",
+                                self.policy.oom_batch_factor, self.policy.oom_batch_floor)
+        return None
 
     def _remedy(self, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
         old = getattr(self.remedies, field)

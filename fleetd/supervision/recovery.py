@@ -23,13 +23,12 @@ from typing import Protocol
 
 import psutil
 
-from fleetd.states import State
 from fleetd.store.records import RunRecord
 from fleetd.supervision.launcher import process_start_time, run_log_path, run_spec_path
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.seams import ExitStatus, Launch, Spawned
-from workers.protocol.exit_codes import ExitCode, exit_record_path, read_exit_record
+from workers.protocol.exit_codes import exit_record_path, read_exit_record
 from workers.protocol.spec import RunSpec, SpecError
 
 log = logging.getLogger(__name__)
@@ -129,13 +128,6 @@ def close_lost_with_host(runs: list[RunRecord], recorder: Recorder, now: datetim
         recorder.run_lost(run, "lost_host", ended, f"worker pid {run.pid} was lost with the host (reboot)")
 
 
-# The exit codes that say what became of a run without a daemon watching. Not exit 0 (stopped
-# on a signal: most likely by a daemon that died while stopping the fleet) nor a crash's code:
-# lost and restarted as before, not counted as crashes the governor would step back for.
-VERDICTS = frozenset({ExitCode.COMPLETED, ExitCode.CHECKPOINTS_UNUSABLE, ExitCode.BAD_SPEC, ExitCode.DIVERGED,
-                      ExitCode.CUDA_OOM})
-
-
 def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir: GameDir, recorder: Recorder,
                            now: datetime) -> None:
     """A run of this boot whose worker is gone. Its exit code, left beside its spec, judges it
@@ -143,11 +135,10 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
     without one (killed by a signal, or never spawned) it is lost, and the game restarts. Only
     for a game with no worker now: one adopted meanwhile is its state."""
     code = code_left(game_dir(run.game), run.id)
-    if code not in VERDICTS or proc is None or proc.state is not State.STOPPED:
-        left = "" if code is None else f" (it left exit code {code})"
-        recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down{left}", code)
+    if code is not None and proc is not None and proc.ended_unwatched(run.id, code) is not None:
         return
-    proc.ended_unwatched(run.id, ExitStatus(code=code))
+    left = "" if code is None else f" (it left exit code {code})"
+    recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down{left}", code)
 
 
 def exit_left(status: ExitStatus, proc: WorkerProcess) -> ExitStatus:
