@@ -559,3 +559,18 @@ def test_the_time_the_daemon_is_down_counts_when_its_workers_ran_on(loop: Loop) 
     assert loop.sup.snapshot.governor.rung == "4x48"
     with loop.db.transaction() as session:
         assert [e.message for e in read_events(session, EventFilter(kind="fleet_proven"))] == ["4x32 proven: stable for 30 min"]
+
+
+def test_a_tier_request_survives_a_governor_save_before_the_next_step(loop: Loop) -> None:
+    # The operator's request is the fleet row's own: a save of the governor's place (an OOM met
+    # in the same turn as the PUT) wrote the request back as it had been, and it was lost.
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())  # as the API's PUT /fleet does
+    assert loop.sup.fleet.instability("oom", "the host's OOM killer", "a")
+    loop.steps()
+    assert loop.sup.fleet.governor.state.requested == "medium"  # taken up (the OOM holds the rung)

@@ -22,8 +22,12 @@ def read_fleet(session: Session) -> FleetRecord | None:
 
 
 def save_fleet(session: Session, record: FleetRecord) -> None:
-    row = session.get(Fleet, 1) or Fleet(id=1)
-    row.requested, row.tier, row.level = record.requested, record.tier, record.level
+    """The governor's place. The request is the operator's (`update_fleet_requested`), written
+    here only with the row: a save from the governor's copy, read before a PUT, would undo it."""
+    row = session.get(Fleet, 1)
+    if row is None:
+        row = Fleet(id=1, requested=record.requested)
+    row.tier, row.level = record.tier, record.level
     row.num_envs = record.num_envs
     row.stable_since, row.long_window, row.updated_at = record.stable_since, record.long_window, record.updated_at
     session.add(row)
