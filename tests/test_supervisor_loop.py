@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings
-from fleetd.games.lifecycle import set_desired
+from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
 from fleetd.jobs import hosts_job
@@ -574,3 +575,27 @@ def test_a_tier_request_survives_a_governor_save_before_the_next_step(loop: Loop
     assert loop.sup.fleet.instability("oom", "the host's OOM killer", "a")
     loop.steps()
     assert loop.sup.fleet.governor.state.requested == "medium"  # taken up (the OOM holds the rung)
+
+
+def test_a_game_removed_between_the_supervisors_read_and_its_start_is_let_go(loop: Loop, tmp_path: Path) -> None:
+    # `games start a` then `games rm a` at once: the removal (a stopped game, no open run) lands
+    # after the supervisor read the games and before it began a's run. The loop raised on the
+    # missing row, and the daemon stopped ("the supervision loop failed").
+    loop.add("a", desired=Desired.STOPPED)
+    loop.start()
+    loop.steps()
+    set_desired(loop.db, loop.clock, "a", Desired.RUNNING)
+    loop.sup.submit(StartGame("a"))
+    govern = loop.sup.fleet.govern
+
+    def removed_first(slots: Any) -> bool:
+        remove_game(loop.db, loop.clock, "a", tmp_path / "a", purge=False)
+        loop.sup.fleet.govern = govern
+        return govern(slots)
+
+    loop.sup.fleet.govern = removed_first  # type: ignore[method-assign]
+    loop.steps()
+    assert loop.launcher.spawned == [] and "a" in loop.sup.procs  # nothing began; let go at the next read
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert "a" not in loop.sup.procs and loop.launcher.spawned == []

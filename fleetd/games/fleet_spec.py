@@ -237,7 +237,7 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     keeps checkpoints; an entry to add is refused where a removed game left some."""
     entries = {entry.name: entry for entry in games}
     kept = kept_of_new(db, games, files_of)
-    with db.transaction() as session:
+    with db.transaction(immediate=not dry_run) as session:  # checked as written (a removal, as remove_game)
         plans = plan_fleet(session, games, catalog, restart, workers, kept)
         if not dry_run:
             for plan in plans:

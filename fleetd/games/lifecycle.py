@@ -113,7 +113,7 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     """`storage_url`: [cluster] storage when a URL; a purge deletes the game's copy there too,
     else a game added again under the name would resume from its checkpoints."""
     now = clock.now()
-    with db.transaction() as session:
+    with db.transaction(immediate=True) as session:
         game = game_store.read_game(session, name)
         if game.state not in REMOVABLE or game.current_run is not None:
             raise FleetdError(

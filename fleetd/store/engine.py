@@ -54,10 +54,17 @@ class Database:
         return cls(make_engine(path, busy_timeout_ms))
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        """One unit of work: commits on success, rolls back on any error."""
+    def transaction(self, immediate: bool = False) -> Iterator[Session]:
+        """One unit of work: commits on success, rolls back on any error.
+
+        The driver begins a transaction at the first write only: reads before it see each
+        commit as it lands. `immediate` takes the write lock first (waiting out a writer, as
+        busy_timeout allows), so what a unit checks still holds when it writes: removing a game
+        that has no open run, while the supervisor may be creating one."""
         try:
             with self._sessions.begin() as session:
+                if immediate:
+                    session.connection().exec_driver_sql("BEGIN IMMEDIATE")
                 yield session
         except OperationalError as exc:
             if _is_busy(exc):

@@ -210,6 +210,10 @@ def update_games_progress(session: Session, progress: dict[str, ProgressSnapshot
     return {name: game_id for name, game_id in found}
 
 
+def game_exists(session: Session, name: str) -> bool:
+    return session.scalar(select(Game.id).where(Game.name == name)) is not None
+
+
 def game_id_of(session: Session, name: str) -> int:
     return _row(session, name).id
 

@@ -14,7 +14,7 @@ from fleetd.clock import Clock
 from fleetd.governor.footprint import RunningWorker
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ExitStatus, Launch, LaunchError, Launcher, Sink
+from fleetd.supervision.seams import ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
 from workers.protocol.exit_codes import ExitCode
@@ -210,8 +210,11 @@ class WorkerProcess:
     # -- steps ------------------------------------------------------------------------------
 
     def _spawn(self, reason: str, restart: bool = False) -> None:
+        try:  # the run first: a game removed since the supervisor's read has no row for one
+            run_id = self._sink.begin_run(self.name)
+        except GameRemoved:
+            return  # it stays as it was, and is forgotten at the next read of the games
         self._to(State.STARTING, reason, restart=restart)
-        run_id = self._sink.begin_run(self.name)
         if self.launch.refused is not None:  # the worker would exit 78: no use starting it
             self._sink.run_ended(run_id, ExitStatus(), "bad_spec")
             self._to(State.FATAL, f"run spec refused: {self.launch.refused}")

@@ -22,7 +22,8 @@ from fleetd.store.boots import read_boot
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
-from fleetd.supervision.seams import ExitStatus, Spawned
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.supervision.seams import ExitStatus, GameRemoved, Spawned
 from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
 
@@ -50,8 +51,13 @@ class Recorder:
     # -- Sink -------------------------------------------------------------------------------
 
     def begin_run(self, game: str) -> int:
-        with self.db.transaction() as session:
-            return run_store.create_run(session, game_store.game_id_of(session, game), self.boot_pk, self.clock.now())
+        try:
+            with self.db.transaction() as session:
+                return run_store.create_run(session, game_store.game_id_of(session, game), self.boot_pk, self.clock.now())
+        except FleetdError as exc:
+            if exc.code is not ErrorCode.NOT_FOUND:
+                raise
+            raise GameRemoved(game) from exc
 
     def unsaved_since(self, game: str) -> float | None:
         with self.db.transaction() as session:
@@ -79,6 +85,9 @@ class Recorder:
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
         now = self.clock.now()
         with self.db.transaction() as session:
+            if not game_store.game_exists(session, game):  # removed since the supervisor's read
+                log.info("%s: %s -> %s not recorded: the game was removed", game, old.value, new.value)
+                return
             game_store.update_game_state(session, game, new.value, reason, now, restart)
             kind, message = _state_event(old, new, reason)
             details = {"from": old.value, "to": new.value, "reason": reason}

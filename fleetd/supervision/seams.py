@@ -102,6 +102,12 @@ class LaunchError(Exception):
     pass
 
 
+class GameRemoved(Exception):
+    """The game was removed (API, fleet file) after the supervisor last read the games: it has
+    no row to begin a run under. Removal refuses a game with an open run, so a run once begun
+    is the game's until it ends."""
+
+
 class Launcher(Protocol):
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         """Start the worker in a session and process group of its own; raise LaunchError."""
@@ -118,7 +124,7 @@ class Sink(Protocol):
     """Where the state machine records what it did (the store, in the daemon)."""
 
     def begin_run(self, game: str) -> int:
-        """A new run for `game`; returns its id."""
+        """A new run for `game`; returns its id. Raises GameRemoved."""
 
     def unsaved_since(self, game: str) -> float | None:
         """Since when (Unix seconds) `game` has trained without a checkpoint to show for it: the

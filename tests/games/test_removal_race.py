@@ -1,0 +1,64 @@
+"""Removing a game checks that it has no open run, then deletes it and its runs: both in one
+unit that holds SQLite's write lock from its first read, so the supervisor cannot begin a run
+between the check and the delete (the delete's cascade wiped the new run's row, and its worker
+ran on with no game). Two connections to one real file, as the API and the supervisor have."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetd.config import Settings
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.lifecycle import remove_game
+from fleetd.states import Desired
+from fleetd.store import games as game_store
+from fleetd.store import runs as run_store
+from fleetd.store.engine import Database
+from fleetd.store.records import GameDraft
+from fleetd.host.uptime import record_daemon_start
+from tests.fakes import FakeClock, FakeHost
+
+
+def test_an_immediate_unit_holds_the_write_lock_from_its_first_read(settings: Settings, db: Database) -> None:
+    other = Database.open(settings.db_path, busy_timeout_ms=50)
+    try:
+        with db.transaction() as session:  # the driver's default: no lock until the first write
+            game_store.read_games(session)
+            with other.transaction() as theirs:
+                game_store.create_game(theirs, GameDraft("b", "CartPole-v1", "ppo", Desired.STOPPED, 0), FakeClock().now())
+        with db.transaction(immediate=True) as session:
+            game_store.read_games(session)
+            with pytest.raises(FleetdError) as busy, other.transaction() as theirs:
+                game_store.create_game(theirs, GameDraft("c", "CartPole-v1", "ppo", Desired.STOPPED, 0), FakeClock().now())
+        assert busy.value.code is ErrorCode.BUSY
+    finally:
+        other.close()
+
+
+def test_no_run_begins_between_removals_check_and_its_delete(settings: Settings, db: Database, clock: FakeClock,
+                                                              host: FakeHost, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    boot_pk = record_daemon_start(db, host.current_boot(), clock.now()).boot.id
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0), clock.now()).id
+    supervisor = Database.open(settings.db_path, busy_timeout_ms=50)
+    tried: list[str] = []
+    delete = game_store.delete_game
+
+    def supervisor_begins_a_run_first(session, name):  # type: ignore[no-untyped-def]
+        try:
+            with supervisor.transaction() as theirs:
+                run_store.create_run(theirs, game_id, boot_pk, clock.now())
+            tried.append("run begun")
+        except FleetdError as exc:
+            tried.append(exc.code.value)
+        delete(session, name)
+
+    monkeypatch.setattr(game_store, "delete_game", supervisor_begins_a_run_first)
+    try:
+        remove_game(db, clock, "a", tmp_path / "a", purge=False)
+    finally:
+        supervisor.close()
+    assert tried == [ErrorCode.BUSY.value]  # it waits for the removal, then finds no game
