@@ -507,3 +507,25 @@ def test_games_are_listed_a_page_at_a_time_in_three_queries(client: TestClient) 
     # their number; none asks about one game (the old listing made two such queries per game).
     assert statements and not [s for s in statements if "game_id = ?" in s], statements
     envelope(client.get("/api/v1/games?cursor=nonsense"), 422)
+
+
+# -- API edges: times, ids, hyperparams, content types, HEAD --------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/v1/events", "/api/v1/samples?metric=steps"])
+def test_a_time_without_an_offset_is_utc(client: TestClient, path: str) -> None:
+    """Every time the API answers is UTC, so one without an offset is too (it was a 500: the
+    store takes aware times only)."""
+    join = "&" if "?" in path else "?"
+    for naive in ("2026-01-01T00:00:00", "2026-01-01T00:00:01", "2026-01-01"):
+        aware = naive + ("T00:00:00" if "T" not in naive else "") + "Z"
+        response = client.get(f"{path}{join}since={naive}")
+        assert response.status_code == 200, response.text
+        assert response.json() == client.get(f"{path}{join}since={aware}").json()
+
+
+@pytest.mark.parametrize("since", ["0001-01-01T00:00:00%2B14:00", "9999-12-31T23:59:59-05:00"])
+def test_a_time_with_no_utc_equivalent_is_422_naming_the_field(client: TestClient, since: str) -> None:
+    for path in ("/api/v1/events?", "/api/v1/samples?metric=steps&"):
+        error = envelope(client.get(f"{path}since={since}"), 422)
+        assert error["details"]["errors"][0]["field"] == "query.since", error

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -19,10 +19,18 @@ from workers.protocol.spec import integral
 
 def _iso_8601(value: Any) -> Any:
     """A time in a query is ISO 8601, as the schema says; pydantic would also take `0.5` as
-    seconds since 1970."""
-    if isinstance(value, str):
-        return datetime.fromisoformat(value)
-    return value
+    seconds since 1970. One without an offset (or a date alone) is UTC, as every time the API
+    answers is; the store takes aware UTC times only, so the time is made one here, where a
+    time that has no UTC equivalent (year 1 at +14:00) is a 422 naming the field, not a 500."""
+    if not isinstance(value, str):
+        return value
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value!r} is outside the years 1-9999 in UTC") from None
 
 
 IsoDateTime = Annotated[datetime, BeforeValidator(_iso_8601)]
