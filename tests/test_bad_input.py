@@ -446,6 +446,10 @@ def test_an_id_past_sqlite_integers_answers_422_not_500(client: TestClient) -> N
     assert error["details"]["errors"][0]["field"] == "query.before"
     assert client.get("/api/v1/events?before=9223372036854775807").status_code == 200
     envelope(client.get("/api/v1/boots/9223372036854775808"), 422)
+    # A run id too (it was a 500: SQLite's integer overflow).
+    error = envelope(client.get("/api/v1/games/somegame/logs?run=9223372036854775808"), 422)
+    assert error["details"]["errors"][0]["field"] == "query.run"
+    envelope(client.get("/api/v1/games/somegame/logs?run=9223372036854775807"), 404)
 
 
 def test_a_405_allows_every_method_of_the_path(client: TestClient) -> None:
