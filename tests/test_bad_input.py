@@ -533,3 +533,20 @@ def test_a_time_with_no_utc_equivalent_is_422_naming_the_field(client: TestClien
     for path in ("/api/v1/events?", "/api/v1/samples?metric=steps&"):
         error = envelope(client.get(f"{path}since={since}"), 422)
         assert error["details"]["errors"][0]["field"] == "query.since", error
+
+
+@pytest.mark.parametrize(("hyperparams", "field", "shown"), [
+    (b'{"policy_kwargs": {"net_arch": [64, 1e999]}}', "hyperparams.policy_kwargs.net_arch", "inf at [1]"),
+    (b'{"policy_kwargs": {"net_arch": {"pi": [-1e999]}}}', "hyperparams.policy_kwargs.net_arch", "-inf at ['pi'][0]"),
+    (b'{"policy_kwargs": {"ortho_init": NaN}}', "hyperparams.policy_kwargs.ortho_init", "nan"),
+])
+def test_a_policy_kwarg_that_is_not_finite_is_refused(client: TestClient, hyperparams: bytes, field: str,
+                                                      shown: str) -> None:
+    """Python's json reads 1e999 and NaN; kept, the API showed them as null and an exported
+    spec no longer matched the game it came from."""
+    body = b'{"name": "infnet", "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": ' + hyperparams + b"}"
+    response = client.post("/api/v1/games", content=body, headers={"Content-Type": "application/json"})
+    error = envelope(response, 422)
+    assert error["details"]["errors"][0]["field"] == field, error
+    assert error["details"]["errors"][0]["reason"] == f"must be finite, got {shown}"
+    envelope(client.get("/api/v1/games/infnet"), 404)
