@@ -458,6 +458,25 @@ def test_a_405_allows_every_method_of_the_path(client: TestClient) -> None:
     assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD", "DELETE", "PATCH"}
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/api/v1/games", "/"])
+def test_head_is_the_get_without_its_body(client: TestClient, path: str) -> None:
+    """A 405 named HEAD in its Allow, but FastAPI's routes served GET alone."""
+    got, head = client.get(path), client.head(path)
+    assert (head.status_code, got.status_code) == (200, 200), head.headers
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.headers["content-length"] == got.headers["content-length"]
+    assert client.head("/api/v1/games", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_a_405_on_a_post_only_route_allows_post_alone(client: TestClient) -> None:
+    for method in ("GET", "HEAD"):
+        response = client.request(method, "/api/v1/games/somegame/stop")
+        assert response.status_code == 405, response.text
+        assert response.headers["Allow"] == "POST"
+    assert client.post("/").headers["Allow"] == "GET, HEAD"  # the status page, out of the schema
+
+
 def test_put_fleet_with_an_empty_body_changes_nothing(client: TestClient) -> None:
     response = client.put("/api/v1/fleet", json={})
     assert response.status_code == 202, response.text

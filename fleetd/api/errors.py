@@ -65,14 +65,16 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         # Starlette names the methods of the first route whose path matched; a path served by
-        # several routes (GET and DELETE /games/{name}) allows all of theirs.
-        headers["Allow"] = ", ".join(_methods_for(request))
+        # several routes (GET and DELETE /games/{name}) allows all of theirs, and one out of
+        # the schema (the status page's `/`) those Starlette named.
+        headers["Allow"] = ", ".join(_methods_for(request, headers.get("Allow", "")))
     return _respond(FleetdError(code, str(exc.detail)), headers or None)
 
 
-def _methods_for(request: Request) -> list[str]:
-    """Every method the app's schema gives the request's path, and HEAD wherever GET is."""
-    methods: set[str] = set()
+def _methods_for(request: Request, named: str) -> list[str]:
+    """Every method the app's schema gives the request's path, and HEAD wherever GET is (the
+    app's HeadAsGet serves it)."""
+    methods = {method.strip().upper() for method in named.split(",") if method.strip()}
     for template, operations in request.app.openapi()["paths"].items():
         if compile_path(template)[0].match(request.url.path):
             methods |= {method.upper() for method in operations}
