@@ -477,6 +477,20 @@ def test_a_405_on_a_post_only_route_allows_post_alone(client: TestClient) -> Non
     assert client.post("/").headers["Allow"] == "GET, HEAD"  # the status page, out of the schema
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_json_body_of_another_content_type_is_415_naming_it(client: TestClient, content_type: str | None) -> None:
+    """FastAPI reads a body as JSON only when its Content-Type says so; the model then got the
+    bytes, and the answer was a 422 "body: Input should be a valid dictionary"."""
+    body = json.dumps(GAME | {"name": "plaintext"}).encode()
+    headers = {"Content-Type": content_type} if content_type else {}
+    for method, path in (("POST", "/api/v1/games"), ("PUT", "/api/v1/fleet")):
+        error = envelope(client.request(method, path, content=body, headers=headers), 415)
+        assert error["code"] == "unsupported_media_type"
+        assert "Content-Type: application/json" in error["message"]
+        assert (content_type or "without a Content-Type") in error["message"]
+    envelope(client.get("/api/v1/games/plaintext"), 404)
+
+
 def test_put_fleet_with_an_empty_body_changes_nothing(client: TestClient) -> None:
     response = client.put("/api/v1/fleet", json={})
     assert response.status_code == 202, response.text
