@@ -190,8 +190,8 @@ class ExpectedRebootCreate(In):
     update, a fault drill): up to `reboots` unclean reboots inside the window are not the load's
     doing."""
 
-    for_s: float = Field(gt=0, le=expected_reboots.MAX_WINDOW_S, strict=True, allow_inf_nan=False,
-                         description="the window, in seconds from now (at most 7 days)")
+    for_s: float = Field(ge=expected_reboots.MIN_WINDOW_S, le=expected_reboots.MAX_WINDOW_S, strict=True,
+                         allow_inf_nan=False, description="the window, in seconds from now (at least 1, at most 7 days)")
     # Free text, kept as given: any 1-200 characters the schema allows are taken (the CLI refuses
     # a blank one itself), so that what the schema publishes and what is taken never differ.
     reason: str = Field(min_length=1, max_length=200, description="why; kept with the reboot's event")
