@@ -47,7 +47,8 @@ async def game_logs(
     request: Request,
     name: str = GameName,
     lines: int = Query(100, ge=0, le=LINES_MAX, description="how many of the last lines to send first"),
-    run: int | None = Query(None, ge=1, le=MAX_ID, description="this run's log (an id from /games/{name}/runs); default the newest"),
+    run: int | None = Query(None, ge=1, le=MAX_ID,
+                            description="this run's log (an id from /games/{name}/runs); default the newest"),
     follow: bool = Query(False, description="keep the response open and stream lines as they are written"),
     context: AppContext = Depends(get_context),
 ) -> Response:
