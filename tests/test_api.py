@@ -147,7 +147,9 @@ def test_expected_reboots_are_said_listed_and_withdrawn(client: TestClient, cloc
     for body, field in (({"for_s": True, "reason": "x"}, "for_s"), ({"for_s": "60", "reason": "x"}, "for_s"),
                         ({"for_s": 60, "reason": "x", "reboots": 11}, "reboots"),
                         ({"for_s": 60, "reason": "x", "reboots": 1.5}, "reboots"),
-                        ({"for_s": 60, "reason": ""}, "reason"), ({"for_s": 60, "reason": "x", "until": 5}, "until")):
+                        ({"for_s": 60, "reason": ""}, "reason"), ({"for_s": 60, "reason": "x", "until": 5}, "until"),
+                        # no window at all: it was taken, and its event said "expected within 0s"
+                        ({"for_s": 1e-300, "reason": "x"}, "for_s"), ({"for_s": 0.5, "reason": "x"}, "for_s")):
         error = assert_envelope(client.post("/api/v1/reboots/expected", json=body), 422, "validation_error")
         assert any(field in e["field"] for e in error["details"]["errors"]), (body, error)
     clock.advance(60)

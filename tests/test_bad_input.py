@@ -446,12 +446,49 @@ def test_an_id_past_sqlite_integers_answers_422_not_500(client: TestClient) -> N
     assert error["details"]["errors"][0]["field"] == "query.before"
     assert client.get("/api/v1/events?before=9223372036854775807").status_code == 200
     envelope(client.get("/api/v1/boots/9223372036854775808"), 422)
+    # A run id too (it was a 500: SQLite's integer overflow).
+    error = envelope(client.get("/api/v1/games/somegame/logs?run=9223372036854775808"), 422)
+    assert error["details"]["errors"][0]["field"] == "query.run"
+    envelope(client.get("/api/v1/games/somegame/logs?run=9223372036854775807"), 404)
 
 
 def test_a_405_allows_every_method_of_the_path(client: TestClient) -> None:
     response = client.put("/api/v1/games/somegame")
     envelope(response, 405)
     assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD", "DELETE", "PATCH"}
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/api/v1/games", "/"])
+def test_head_is_the_get_without_its_body(client: TestClient, path: str) -> None:
+    """A 405 named HEAD in its Allow, but FastAPI's routes served GET alone."""
+    got, head = client.get(path), client.head(path)
+    assert (head.status_code, got.status_code) == (200, 200), head.headers
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.headers["content-length"] == got.headers["content-length"]
+    assert client.head("/api/v1/games", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_a_405_on_a_post_only_route_allows_post_alone(client: TestClient) -> None:
+    for method in ("GET", "HEAD"):
+        response = client.request(method, "/api/v1/games/somegame/stop")
+        assert response.status_code == 405, response.text
+        assert response.headers["Allow"] == "POST"
+    assert client.post("/").headers["Allow"] == "GET, HEAD"  # the status page, out of the schema
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_json_body_of_another_content_type_is_415_naming_it(client: TestClient, content_type: str | None) -> None:
+    """FastAPI reads a body as JSON only when its Content-Type says so; the model then got the
+    bytes, and the answer was a 422 "body: Input should be a valid dictionary"."""
+    body = json.dumps(GAME | {"name": "plaintext"}).encode()
+    headers = {"Content-Type": content_type} if content_type else {}
+    for method, path in (("POST", "/api/v1/games"), ("PUT", "/api/v1/fleet")):
+        error = envelope(client.request(method, path, content=body, headers=headers), 415)
+        assert error["code"] == "unsupported_media_type"
+        assert "Content-Type: application/json" in error["message"]
+        assert (content_type or "without a Content-Type") in error["message"]
+    envelope(client.get("/api/v1/games/plaintext"), 404)
 
 
 def test_put_fleet_with_an_empty_body_changes_nothing(client: TestClient) -> None:
@@ -507,3 +544,42 @@ def test_games_are_listed_a_page_at_a_time_in_three_queries(client: TestClient) 
     # their number; none asks about one game (the old listing made two such queries per game).
     assert statements and not [s for s in statements if "game_id = ?" in s], statements
     envelope(client.get("/api/v1/games?cursor=nonsense"), 422)
+
+
+# -- API edges: times, ids, hyperparams, content types, HEAD --------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/v1/events", "/api/v1/samples?metric=steps"])
+def test_a_time_without_an_offset_is_utc(client: TestClient, path: str) -> None:
+    """Every time the API answers is UTC, so one without an offset is too (it was a 500: the
+    store takes aware times only)."""
+    join = "&" if "?" in path else "?"
+    for naive in ("2026-01-01T00:00:00", "2026-01-01T00:00:01", "2026-01-01"):
+        aware = naive + ("T00:00:00" if "T" not in naive else "") + "Z"
+        response = client.get(f"{path}{join}since={naive}")
+        assert response.status_code == 200, response.text
+        assert response.json() == client.get(f"{path}{join}since={aware}").json()
+
+
+@pytest.mark.parametrize("since", ["0001-01-01T00:00:00%2B14:00", "9999-12-31T23:59:59-05:00"])
+def test_a_time_with_no_utc_equivalent_is_422_naming_the_field(client: TestClient, since: str) -> None:
+    for path in ("/api/v1/events?", "/api/v1/samples?metric=steps&"):
+        error = envelope(client.get(f"{path}since={since}"), 422)
+        assert error["details"]["errors"][0]["field"] == "query.since", error
+
+
+@pytest.mark.parametrize(("hyperparams", "field", "shown"), [
+    (b'{"policy_kwargs": {"net_arch": [64, 1e999]}}', "hyperparams.policy_kwargs.net_arch", "inf at [1]"),
+    (b'{"policy_kwargs": {"net_arch": {"pi": [-1e999]}}}', "hyperparams.policy_kwargs.net_arch", "-inf at ['pi'][0]"),
+    (b'{"policy_kwargs": {"ortho_init": NaN}}', "hyperparams.policy_kwargs.ortho_init", "nan"),
+])
+def test_a_policy_kwarg_that_is_not_finite_is_refused(client: TestClient, hyperparams: bytes, field: str,
+                                                      shown: str) -> None:
+    """Python's json reads 1e999 and NaN; kept, the API showed them as null and an exported
+    spec no longer matched the game it came from."""
+    body = b'{"name": "infnet", "env_id": "CartPole-v1", "algo": "ppo", "hyperparams": ' + hyperparams + b"}"
+    response = client.post("/api/v1/games", content=body, headers={"Content-Type": "application/json"})
+    error = envelope(response, 422)
+    assert error["details"]["errors"][0]["field"] == field, error
+    assert error["details"]["errors"][0]["reason"] == f"must be finite, got {shown}"
+    envelope(client.get("/api/v1/games/infnet"), 404)

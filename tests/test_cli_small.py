@@ -107,3 +107,10 @@ def test_apply_refuses_a_file_it_cannot_read_as_games_before_calling_the_daemon(
     fleet.write_bytes(content)
     result = CliRunner().invoke(app, ["apply", str(fleet), "--dry-run"], env={"COLUMNS": "200"})
     assert result.exit_code == 1 and says in result.output, result.output  # no traceback
+
+
+@pytest.mark.parametrize("within", ["0.5s", "0", "8d"])
+def test_expect_reboot_refuses_a_window_the_api_refuses_before_calling_the_daemon(within: str) -> None:
+    result = CliRunner().invoke(app, ["expect-reboot", "--for", within, "--reason", "drill"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert f"--for: {within} is outside the window fleetd takes (at least 1s, at most 7d)" in result.output

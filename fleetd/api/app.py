@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetd import __version__
 from fleetd.api.auth import refuse_unknown_query, require_token
@@ -37,6 +38,7 @@ def create_app(context: AppContext) -> FastAPI:
     api_settings = context.settings.api
     app.add_middleware(BodySizeLimit, max_bytes=api_settings.max_body_bytes,
                        upload_max_bytes=api_settings.max_upload_bytes, upload_paths=models.UPLOAD_PATHS)
+    app.add_middleware(HeadAsGet)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.state.metrics = Exposition(context)
@@ -46,6 +48,37 @@ def create_app(context: AppContext) -> FastAPI:
     app.include_router(api)
     install_status_page(app)
     return app
+
+
+class HeadAsGet:
+    """HEAD on every GET route: the GET's status and headers, no body (RFC 9110, 9.3.2).
+    FastAPI's routes answer GET alone, so a monitor's `HEAD /healthz` was a 405 whose `Allow`
+    named HEAD; here, in one place, a HEAD is served as the GET and its body dropped."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        sent = False
+
+        async def headers_only(message: Message) -> None:
+            nonlocal sent
+            if message["type"] == "http.response.body":
+                if sent:
+                    return
+                sent = True
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        async def gone_once_sent() -> Message:
+            # Once the empty body is sent, the client is gone as far as the app can tell: a
+            # stream (a log followed) ends instead of running on with nobody to read it.
+            return {"type": "http.disconnect"} if sent else await receive()
+
+        await self.app(dict(scope, method="GET"), gone_once_sent, headers_only)
 
 
 def install_status_page(app: FastAPI) -> None:

@@ -42,7 +42,8 @@ def error_responses(*codes: ErrorCode) -> Responses:
 # What any /api/v1 operation may answer: no token, an oversized body (even on a GET), a bad
 # parameter, SQLite busy past its timeout. Routes add 400, 404 and 409 where they apply.
 ERROR_RESPONSES = error_responses(ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE, ErrorCode.VALIDATION, ErrorCode.BUSY)
-BAD_BODY = error_responses(ErrorCode.BAD_REQUEST)  # a body that is not UTF-8 cannot be parsed as JSON
+# A body that is not UTF-8 cannot be parsed as JSON (400); one sent as another type is not read (415).
+BAD_BODY = error_responses(ErrorCode.BAD_REQUEST, ErrorCode.UNSUPPORTED_MEDIA_TYPE)
 NOT_FOUND = error_responses(ErrorCode.NOT_FOUND)
 CONFLICT = error_responses(ErrorCode.CONFLICT)
 
@@ -65,22 +66,31 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         # Starlette names the methods of the first route whose path matched; a path served by
-        # several routes (GET and DELETE /games/{name}) allows all of theirs.
-        headers["Allow"] = ", ".join(_methods_for(request))
+        # several routes (GET and DELETE /games/{name}) allows all of theirs, and one out of
+        # the schema (the status page's `/`) those Starlette named.
+        headers["Allow"] = ", ".join(_methods_for(request, headers.get("Allow", "")))
     return _respond(FleetdError(code, str(exc.detail)), headers or None)
 
 
-def _methods_for(request: Request) -> list[str]:
-    """Every method the app's schema gives the request's path, and HEAD wherever GET is."""
-    methods: set[str] = set()
+def _methods_for(request: Request, named: str) -> list[str]:
+    """Every method the app's schema gives the request's path, and HEAD wherever GET is (the
+    app's HeadAsGet serves it)."""
+    methods = {method.strip().upper() for method in named.split(",") if method.strip()}
     for template, operations in request.app.openapi()["paths"].items():
         if compile_path(template)[0].match(request.url.path):
             methods |= {method.upper() for method in operations}
     return sorted(methods | ({"HEAD"} if "GET" in methods else set()))
 
 
-async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    if any(err.get("loc") == ("body",) and isinstance(err.get("input"), bytes) for err in exc.errors()):
+        # FastAPI reads a body as JSON only when its Content-Type says so, and hands the model
+        # the bytes otherwise: "Input should be a valid dictionary" hid what was wrong.
+        sent = request.headers.get("content-type")
+        what = f"of Content-Type {sent!r}" if sent else "without a Content-Type"
+        message = f"a body {what} is not read: send JSON with Content-Type: application/json"
+        return _respond(FleetdError(ErrorCode.UNSUPPORTED_MEDIA_TYPE, message, {"content_type": sent}))
     problems = [_problem(err) for err in exc.errors()]
     summary = "; ".join(f"{p['field']}: {p['reason']}" for p in problems)
     if any(err.get("type") == "json_invalid" for err in exc.errors()):  # not JSON: 400, as documented

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -19,10 +19,18 @@ from workers.protocol.spec import integral
 
 def _iso_8601(value: Any) -> Any:
     """A time in a query is ISO 8601, as the schema says; pydantic would also take `0.5` as
-    seconds since 1970."""
-    if isinstance(value, str):
-        return datetime.fromisoformat(value)
-    return value
+    seconds since 1970. One without an offset (or a date alone) is UTC, as every time the API
+    answers is; the store takes aware UTC times only, so the time is made one here, where a
+    time that has no UTC equivalent (year 1 at +14:00) is a 422 naming the field, not a 500."""
+    if not isinstance(value, str):
+        return value
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value!r} is outside the years 1-9999 in UTC") from None
 
 
 IsoDateTime = Annotated[datetime, BeforeValidator(_iso_8601)]
@@ -182,8 +190,8 @@ class ExpectedRebootCreate(In):
     update, a fault drill): up to `reboots` unclean reboots inside the window are not the load's
     doing."""
 
-    for_s: float = Field(gt=0, le=expected_reboots.MAX_WINDOW_S, strict=True, allow_inf_nan=False,
-                         description="the window, in seconds from now (at most 7 days)")
+    for_s: float = Field(ge=expected_reboots.MIN_WINDOW_S, le=expected_reboots.MAX_WINDOW_S, strict=True,
+                         allow_inf_nan=False, description="the window, in seconds from now (at least 1, at most 7 days)")
     # Free text, kept as given: any 1-200 characters the schema allows are taken (the CLI refuses
     # a blank one itself), so that what the schema publishes and what is taken never differ.
     reason: str = Field(min_length=1, max_length=200, description="why; kept with the reboot's event")

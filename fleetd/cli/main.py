@@ -143,8 +143,8 @@ def _expected_reboot_body(within: str | None, reason: str | None, reboots: int |
         seconds = parse_duration(within or "30m")
     except ValueError as exc:
         fail(f"--for: {exc}", ExitCode.USAGE)
-    if not 0 < seconds <= expected_reboots.MAX_WINDOW_S:
-        fail(f"--for: {within} is outside the window fleetd takes (more than 0, at most 7d)", ExitCode.USAGE)
+    if not expected_reboots.MIN_WINDOW_S <= seconds <= expected_reboots.MAX_WINDOW_S:
+        fail(f"--for: {within} is outside the window fleetd takes (at least 1s, at most 7d)", ExitCode.USAGE)
     return {"for_s": seconds, "reason": reason, "reboots": reboots or 1}
 
 

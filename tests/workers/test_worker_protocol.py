@@ -62,6 +62,10 @@ def test_bad_field_is_named_with_reason(tmp_path, make_spec, field, value, reaso
     ({"learning_rate": "fast"}, "hyperparams.learning_rate"),
     ({"policy_kwargs": {"activation_fn": "swish"}}, "hyperparams.policy_kwargs.activation_fn"),
     ({"learning_rate": float("nan")}, "hyperparams.learning_rate"),
+    # Extra policy keys go to SB3 as given, but finite, at any depth
+    ({"policy_kwargs": {"net_arch": [64, float("inf")]}}, "hyperparams.policy_kwargs.net_arch"),
+    ({"policy_kwargs": {"net_arch": {"pi": [float("-inf")]}}}, "hyperparams.policy_kwargs.net_arch"),
+    ({"policy_kwargs": {"ortho_init": float("nan")}}, "hyperparams.policy_kwargs.ortho_init"),
     ({"normalize": 1}, "hyperparams.normalize"),
     ({"n_steps": None}, "hyperparams.n_steps"),
 ])
@@ -90,6 +94,8 @@ def test_missing_required_field_is_named(make_spec, required):
 @pytest.mark.parametrize(("content", "needle"), [
     ({"tier_defaults": {"num_envs": 8, "gpus": 1}}, "tier_defaults.gpus"),
     ({"seed": -1}, "'seed'"),
+    # json.dumps writes Infinity and json.loads reads it back: the worker's parser refuses it
+    ({"hyperparams": {"policy_kwargs": {"net_arch": [64, float("inf")]}}}, "hyperparams.policy_kwargs.net_arch"),
 ])
 def test_main_returns_bad_spec_exit_code(make_spec, write_spec, caplog, content, needle):
     data = make_spec().to_dict()

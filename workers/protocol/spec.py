@@ -10,12 +10,13 @@ floats finite). A refusal is a `SpecError` naming the field path and the reason.
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, NamedTuple, Self, get_args
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer)
 from pydantic_core import PydanticCustomError
 
@@ -76,10 +77,32 @@ class _Overrides(_Strict):
         return self.model_dump()
 
 
+def _finite_json(value: Any) -> Any:
+    """No NaN or infinity anywhere in a value (Python's json reads `1e999` and `NaN`): the
+    store would keep it, the API show it as null, and an exported spec then differ from the
+    game's."""
+
+    def walk(item: Any, where: str) -> None:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise PydanticCustomError("non_finite", f"must be finite, got {item}{where and f' at {where}'}")
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                walk(inner, f"{where}[{key!r}]")
+        elif isinstance(item, list):
+            for index, inner in enumerate(item):
+                walk(inner, f"{where}[{index}]")
+
+    walk(value, "")
+    return value
+
+
 class PolicyKwargs(_Overrides):
-    """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is."""
+    """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is
+    (finite numbers only)."""
 
     model_config = ConfigDict(extra="allow")
+    # The strict config's allow_inf_nan reaches declared fields only, not these extra keys.
+    __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite_json)]]
     activation_fn: Activation | None = None
 
 

@@ -16,7 +16,8 @@ def list_events(
     before: int | None = Query(None, ge=1, le=MAX_ID, description="only events older than this id (paging)"),
     kind: str | None = Query(None, max_length=32),
     game: str | None = Query(None, max_length=64),
-    since: IsoDateTime | None = Query(None, description="only events at or after this time"),
+    since: IsoDateTime | None = Query(None, description="only events at or after this time (ISO 8601; "
+                                                        "without an offset, UTC)"),
     context: AppContext = Depends(get_context),
 ) -> EventList:
     """The event log, newest first."""

@@ -16,6 +16,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
+from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.operations.run_logs import read_from, tail
 from fleetd.store import games as game_store
@@ -46,7 +47,8 @@ async def game_logs(
     request: Request,
     name: str = GameName,
     lines: int = Query(100, ge=0, le=LINES_MAX, description="how many of the last lines to send first"),
-    run: int | None = Query(None, ge=1, description="this run's log (an id from /games/{name}/runs); default the newest"),
+    run: int | None = Query(None, ge=1, le=MAX_ID,
+                            description="this run's log (an id from /games/{name}/runs); default the newest"),
     follow: bool = Query(False, description="keep the response open and stream lines as they are written"),
     context: AppContext = Depends(get_context),
 ) -> Response:

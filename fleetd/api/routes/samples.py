@@ -17,7 +17,8 @@ def list_samples(
     metric: str = Query(max_length=48, pattern=r"^[a-z0-9_]+$", description="e.g. steps, episodes, mean_reward_100, gpu_utilization_pct"),
     game: str | None = Query(None, pattern=GAME_NAME_PATTERN, description="a game's samples"),
     gpu: int | None = Query(None, ge=0, le=63, description="a GPU's samples"),
-    since: IsoDateTime | None = Query(None, description="default: the last 24 hours"),
+    since: IsoDateTime | None = Query(None, description="ISO 8601, without an offset UTC; "
+                                                        "default: the last 24 hours"),
     limit: int = Query(2000, ge=1, le=20000, description="the newest this many points"),
     context: AppContext = Depends(get_context),
 ) -> SampleSeries:
