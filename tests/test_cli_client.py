@@ -61,3 +61,25 @@ def test_uploads_and_downloads_stream_through_the_real_api(tmp_path: Path) -> No
             api.download("/api/v1/games/nosuch/export", tmp_path / "out.zip", 30, which="latest")
         assert missing.value.code == ExitCode.NOT_FOUND
         assert api.get("/api/v1/games", limit=10, cursor=None)["items"] == []
+
+
+@pytest.mark.parametrize("follow", [[], ["-f"]])
+def test_logs_of_a_daemon_that_never_answers_is_busy_not_a_hang(tmp_path: Path, silent_port: int,
+                                                                monkeypatch: pytest.MonkeyPatch, follow: list[str]) -> None:
+    """The log's head is waited for as any answer is (exit 75); only a followed log's body may
+    pause for ever once the head came."""
+    import threading
+
+    from typer.testing import CliRunner
+
+    from fleetd.cli import logs_cmd
+    from fleetd.cli.main import app
+
+    monkeypatch.setattr(logs_cmd, "client_for", lambda config: client(tmp_path, silent_port))
+    done: list = []
+    asking = threading.Thread(target=lambda: done.append(CliRunner().invoke(app, ["logs", "g001", *follow])), daemon=True)
+    asking.start()
+    asking.join(timeout=15)
+    assert done, "`fleetd logs` still waits for a daemon that accepted and never answered"
+    assert done[0].exit_code == ExitCode.TEMPFAIL == 75, done[0].output
+    assert "did not answer GET /api/v1/games/g001/logs within 0.5 s" in done[0].output

@@ -78,8 +78,11 @@ class ApiClient:
                     if on_bytes is not None:
                         on_bytes(out.tell(), int(length) if length else None)
 
-    def stream(self, path: str, params: dict[str, Any], read_timeout_s: float | None) -> Iterator[bytes]:
-        """GET a response as it comes (a followed log): its bytes, chunk by chunk."""
+    def stream(self, path: str, params: dict[str, Any], follow: bool = False) -> Iterator[bytes]:
+        """GET a response as it comes (a log): its bytes, chunk by chunk. `follow`: the body may
+        pause as long as the worker writes nothing, so once the head has come no wait is timed;
+        the head itself is (a daemon that accepts and never answers is busy, not a quiet log)."""
+        read_timeout_s = None if follow else self._timeout_s
         with self._exchange("GET", path, params, None, {}, self._timeout_s, read_timeout_s) as response:
             yield from self._chunks(response, "GET", path, read_timeout_s, partial=True)
 
@@ -87,8 +90,9 @@ class ApiClient:
 
     def _exchange(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | BinaryIO | None,
                   headers: dict[str, str], timeout_s: float, read_timeout_s: float | None) -> _Exchange:
-        """Connect (within `timeout_s`), send, and take the answer's head (each socket wait
-        within `read_timeout_s`; None: as long as it takes, a followed log)."""
+        """Connect, send, and take the answer's head, each socket wait within `timeout_s`; then
+        read the body with each wait within `read_timeout_s` (None: as long as it takes, a
+        followed log)."""
         query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
         target = path + (f"?{query}" if query else "")
         # The token first: a user who cannot read it is told so (exit 77) whether or not the
@@ -100,8 +104,6 @@ class ApiClient:
         except OSError as exc:  # refused, no route, or no answer to the connect itself
             connection.close()
             raise self._unreachable(exc) from None
-        if connection.sock is not None:
-            connection.sock.settimeout(read_timeout_s)
         try:
             connection.request(method, target, body=body, headers={**headers, **auth})
             response = connection.getresponse()
@@ -115,6 +117,10 @@ class ApiClient:
             data = self._read(response, method, path, timeout_s)
             connection.close()
             raise _refused(response.status, data)
+        # Only now: a followed log's untimed waits must not cover the head's too (`fleetd logs`
+        # hung on a daemon that accepted the connection and never answered).
+        if connection.sock is not None:
+            connection.sock.settimeout(read_timeout_s)
         return _Exchange(connection, response)
 
     def _read(self, response: http.client.HTTPResponse, method: str, path: str, timeout_s: float | None) -> bytes:
