@@ -83,3 +83,10 @@ def test_logs_of_a_daemon_that_never_answers_is_busy_not_a_hang(tmp_path: Path, 
     assert done, "`fleetd logs` still waits for a daemon that accepted and never answered"
     assert done[0].exit_code == ExitCode.TEMPFAIL == 75, done[0].output
     assert "did not answer GET /api/v1/games/g001/logs within 0.5 s" in done[0].output
+
+
+@pytest.mark.parametrize("path", ["/api/v1/games/my game", "/api/v1/games/pöng", "/api/v1/games/a\nb"])
+def test_a_path_http_client_cannot_send_is_an_error_not_a_traceback(tmp_path: Path, silent_port: int, path: str) -> None:
+    with pytest.raises(ClientError, match="cannot send GET") as caught:
+        client(tmp_path, silent_port).get(path)
+    assert caught.value.code == ExitCode.ERROR

@@ -90,3 +90,20 @@ def test_help_lists_the_codes() -> None:
     for code in ExitCode:
         assert f"\n  {int(code):>4}  " in shown.output or f"  {int(code)}  " in shown.output, (code, shown.output)
     assert "Exits 3 when it was not admitted" in CliRunner().invoke(app, ["games", "start", "--help"]).output
+
+
+
+@pytest.mark.parametrize("args", [
+    ["games", "stop", "my game"], ["games", "checkpoints", "pöng"], ["games", "rm", "a?purge=true"],
+    ["logs", "x#y"], ["games", "start", "a/b"],
+])
+def test_a_name_the_url_cannot_hold_as_is_reaches_the_daemon_whole(tmp_path: Path, args: list[str]) -> None:
+    """The name is one quoted path segment: the daemon judges it (the name's pattern, 422) rather
+    than http.client tracebacking on a space or a letter beyond ASCII, or a `?` or `#` in it
+    asking for something else. A `/` leaves the route: no such path, 404."""
+    from tests.api_context import shared_context
+
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        answered = fleetd(config_for(tmp_path, int(url.rsplit(":", 1)[1])), *args)
+    says, code = ("Not Found", ExitCode.NOT_FOUND) if "/" in args[-1] else ("path.name: String should match", ExitCode.ERROR)
+    assert answered.exit_code == code and says in answered.output, (answered.output, answered.exception)

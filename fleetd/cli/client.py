@@ -113,6 +113,9 @@ class ApiClient:
         except OSError as exc:
             connection.close()
             raise self._unreachable(exc) from None
+        except (ValueError, http.client.InvalidURL) as exc:  # UnicodeError too: a request not sendable as given
+            connection.close()
+            raise ClientError(f"cannot send {method} {path!r} to fleetd: {exc}") from None
         if response.status >= 400:
             data = self._read(response, method, path, timeout_s)
             connection.close()

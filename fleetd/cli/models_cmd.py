@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fleetd.cli.progress import MIB, Progress
-from fleetd.cli.common import ConfigOption, JsonOption, call, fail
+from fleetd.cli.common import ConfigOption, JsonOption, call, fail, segment
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
 
@@ -52,7 +52,7 @@ def import_model(
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
                         "the daemon then loads it in a subprocess to check it ...")
-        game = call(config, lambda client: client.upload(f"/api/v1/games/{name}/import", upload, params,
+        game = call(config, lambda client: client.upload(f"/api/v1/games/{segment(name)}/import", upload, params,
                                                          TRANSFER_TIMEOUT_S))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
 
@@ -93,7 +93,7 @@ def export_model(
     with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
         archive = Path(work) / "bundle.zip"
         on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731
-        call(config, lambda client: client.download(f"/api/v1/games/{name}/export", archive, TRANSFER_TIMEOUT_S,
+        call(config, lambda client: client.download(f"/api/v1/games/{segment(name)}/export", archive, TRANSFER_TIMEOUT_S,
                                                     on_bytes, which=which))
         progress.step(f"unpacking into {out}")
         written = _extract(archive, out)
