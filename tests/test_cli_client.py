@@ -90,3 +90,34 @@ def test_a_path_http_client_cannot_send_is_an_error_not_a_traceback(tmp_path: Pa
     with pytest.raises(ClientError, match="cannot send GET") as caught:
         client(tmp_path, silent_port).get(path)
     assert caught.value.code == ExitCode.ERROR
+
+
+@pytest.mark.parametrize(("reply", "says"), [
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "it does not speak HTTP (BadStatusLine)"),
+    (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 13\r\n\r\n<html></html>", "was not the JSON fleetd sends"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "was not the JSON fleetd sends"),
+    (b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"items":', "or cut short"),
+])
+def test_another_program_on_the_port_is_not_fleetd(tmp_path: Path, reply: bytes, says: str) -> None:
+    """A greeting that is not HTTP, a web page, an empty or a cut answer: not fleetd, exit 69
+    as for no daemon, not a traceback (nor None handed on to a command that expects a list)."""
+    import threading
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+
+        def answer() -> None:
+            connection, _ = sock.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(reply)
+
+        answering = threading.Thread(target=answer, daemon=True)
+        answering.start()
+        with pytest.raises(ClientError) as caught:
+            client(tmp_path, port).get("/api/v1/games")
+        answering.join(timeout=5)
+    assert caught.value.code == ExitCode.UNAVAILABLE, caught.value
+    assert says in str(caught.value) and f":{port}" in str(caught.value), caught.value

@@ -59,7 +59,12 @@ class ApiClient:
             body, headers["Content-Type"] = _dumps(json), "application/json"
         with self._exchange(method, path, params, body, headers, timeout, timeout) as response:
             data = self._read(response, method, path, timeout)
-        return None if response.status == 204 else _loads(data)
+        if response.status == 204:
+            return None
+        try:
+            return _loads(data)  # every answer of fleetd's but 204 has a JSON body, never an empty one
+        except ValueError:
+            raise self._not_fleetd(f"its answer to {method} {path} was not the JSON fleetd sends (another program's, or cut short)") from None
 
     def upload(self, path: str, source: Path, params: dict[str, Any], timeout_s: float) -> Any:
         """POST a file as the body, streamed (a model can be gigabytes)."""
@@ -116,6 +121,9 @@ class ApiClient:
         except (ValueError, http.client.InvalidURL) as exc:  # UnicodeError too: a request not sendable as given
             connection.close()
             raise ClientError(f"cannot send {method} {path!r} to fleetd: {exc}") from None
+        except http.client.HTTPException as exc:  # no HTTP status line: another protocol on the port
+            connection.close()
+            raise self._not_fleetd(f"it does not speak HTTP ({exc.__class__.__name__})") from None
         if response.status >= 400:
             data = self._read(response, method, path, timeout_s)
             connection.close()
@@ -148,6 +156,14 @@ class ApiClient:
         return ClientError(
             f"fleetd is not answering on {self.base_url} ({exc.__class__.__name__}); "
             "is `fleetd serve` running with this config?", ExitCode.UNAVAILABLE
+        )
+
+    def _not_fleetd(self, what: str) -> ClientError:
+        # Something answers, but not as fleetd does (another program, or an answer cut short):
+        # to a script the same as no daemon (exit 69).
+        return ClientError(
+            f"what answers on {self.base_url} is not fleetd: {what}; is the config's port "
+            f"({self._port}) fleetd's, and is `fleetd serve` running with this config?", ExitCode.UNAVAILABLE
         )
 
 
@@ -194,4 +210,4 @@ def _dumps(document: Any) -> bytes:
 
 
 def _loads(data: bytes) -> Any:
-    return json.loads(data) if data else None
+    return json.loads(data)  # (not in request(): its `json` argument hides the module there)
