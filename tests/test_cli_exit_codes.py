@@ -107,3 +107,17 @@ def test_a_name_the_url_cannot_hold_as_is_reaches_the_daemon_whole(tmp_path: Pat
         answered = fleetd(config_for(tmp_path, int(url.rsplit(":", 1)[1])), *args)
     says, code = ("Not Found", ExitCode.NOT_FOUND) if "/" in args[-1] else ("path.name: String should match", ExitCode.ERROR)
     assert answered.exit_code == code and says in answered.output, (answered.output, answered.exception)
+
+
+def test_a_rung_not_on_the_ladder_is_a_bad_command_line(tmp_path: Path) -> None:
+    """Exit 4 is a missing game, run, boot or expected reboot: a --rung the daemon's ladder lacks
+    (only the daemon knows its tiers) is exit 2, naming the option and the rungs there are."""
+    from tests.api_context import shared_context
+
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+        bogus = fleetd(config, "plan", "--rung", "bogus")
+        missing = fleetd(config, "games", "stop", "nosuch")  # any other 404 keeps its code
+    assert bogus.exit_code == ExitCode.USAGE, (bogus.output, bogus.exception)
+    assert "--rung: rung 'bogus' is not on this host's ladder; name a tier or one of: " in bogus.output, bogus.output
+    assert missing.exit_code == ExitCode.NOT_FOUND, missing.output

@@ -25,9 +25,10 @@ class ClientError(Exception):
     """The daemon could not be asked, or said no: the message is for the user, the code for
     the shell (`fleetd`'s exit status)."""
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR) -> None:
+    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.details = details or {}  # a refusal's error.details (`field`: which input it was)
 
 
 class ApiClient:
@@ -194,7 +195,15 @@ REFUSALS = {401: ExitCode.NOPERM, 403: ExitCode.NOPERM, 404: ExitCode.NOT_FOUND,
 
 
 def _refused(status: int, data: bytes) -> ClientError:
-    return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR))
+    return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR), _error_details(data))
+
+
+def _error_details(data: bytes) -> dict[str, Any]:
+    try:
+        details = json.loads(data)["error"].get("details")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return details if isinstance(details, dict) else {}
 
 
 def _error_message(status: int, data: bytes) -> str:
