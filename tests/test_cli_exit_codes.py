@@ -121,3 +121,22 @@ def test_a_rung_not_on_the_ladder_is_a_bad_command_line(tmp_path: Path) -> None:
     assert bogus.exit_code == ExitCode.USAGE, (bogus.output, bogus.exception)
     assert "--rung: rung 'bogus' is not on this host's ladder; name a tier or one of: " in bogus.output, bogus.output
     assert missing.exit_code == ExitCode.NOT_FOUND, missing.output
+
+
+def test_an_export_that_cannot_be_written_or_fails_leaves_no_folder(tmp_path: Path) -> None:
+    from tests.api_context import shared_context
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+        onto_a_file = fleetd(config, "games", "export", "nosuch", "-o", str(afile))
+        missing = fleetd(config, "games", "export", "nosuch", "-o", str(tmp_path / "ex2" / "model"))
+        into_a_folder = fleetd(config, "games", "export", "nosuch", "-o", str(kept))
+    assert onto_a_file.exit_code == ExitCode.USAGE and "a file, not a folder" in onto_a_file.output, onto_a_file.output
+    assert afile.read_text() == "mine\n"
+    assert missing.exit_code == ExitCode.NOT_FOUND and "nosuch" in missing.output, missing.output
+    assert not (tmp_path / "ex2").exists()  # the folders it made for the export are taken away again
+    assert into_a_folder.exit_code == ExitCode.NOT_FOUND and kept.is_dir() and not list(kept.iterdir())
