@@ -61,3 +61,63 @@ def test_uploads_and_downloads_stream_through_the_real_api(tmp_path: Path) -> No
             api.download("/api/v1/games/nosuch/export", tmp_path / "out.zip", 30, which="latest")
         assert missing.value.code == ExitCode.NOT_FOUND
         assert api.get("/api/v1/games", limit=10, cursor=None)["items"] == []
+
+
+@pytest.mark.parametrize("follow", [[], ["-f"]])
+def test_logs_of_a_daemon_that_never_answers_is_busy_not_a_hang(tmp_path: Path, silent_port: int,
+                                                                monkeypatch: pytest.MonkeyPatch, follow: list[str]) -> None:
+    """The log's head is waited for as any answer is (exit 75); only a followed log's body may
+    pause for ever once the head came."""
+    import threading
+
+    from typer.testing import CliRunner
+
+    from fleetd.cli import logs_cmd
+    from fleetd.cli.main import app
+
+    monkeypatch.setattr(logs_cmd, "client_for", lambda config: client(tmp_path, silent_port))
+    done: list = []
+    asking = threading.Thread(target=lambda: done.append(CliRunner().invoke(app, ["logs", "g001", *follow])), daemon=True)
+    asking.start()
+    asking.join(timeout=15)
+    assert done, "`fleetd logs` still waits for a daemon that accepted and never answered"
+    assert done[0].exit_code == ExitCode.TEMPFAIL == 75, done[0].output
+    assert "did not answer GET /api/v1/games/g001/logs within 0.5 s" in done[0].output
+
+
+@pytest.mark.parametrize("path", ["/api/v1/games/my game", "/api/v1/games/pöng", "/api/v1/games/a\nb"])
+def test_a_path_http_client_cannot_send_is_an_error_not_a_traceback(tmp_path: Path, silent_port: int, path: str) -> None:
+    with pytest.raises(ClientError, match="cannot send GET") as caught:
+        client(tmp_path, silent_port).get(path)
+    assert caught.value.code == ExitCode.ERROR
+
+
+@pytest.mark.parametrize(("reply", "says"), [
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "it does not speak HTTP (BadStatusLine)"),
+    (b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 13\r\n\r\n<html></html>", "was not the JSON fleetd sends"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "was not the JSON fleetd sends"),
+    (b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"items":', "or cut short"),
+])
+def test_another_program_on_the_port_is_not_fleetd(tmp_path: Path, reply: bytes, says: str) -> None:
+    """A greeting that is not HTTP, a web page, an empty or a cut answer: not fleetd, exit 69
+    as for no daemon, not a traceback (nor None handed on to a command that expects a list)."""
+    import threading
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+
+        def answer() -> None:
+            connection, _ = sock.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(reply)
+
+        answering = threading.Thread(target=answer, daemon=True)
+        answering.start()
+        with pytest.raises(ClientError) as caught:
+            client(tmp_path, port).get("/api/v1/games")
+        answering.join(timeout=5)
+    assert caught.value.code == ExitCode.UNAVAILABLE, caught.value
+    assert says in str(caught.value) and f":{port}" in str(caught.value), caught.value

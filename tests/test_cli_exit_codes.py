@@ -90,3 +90,53 @@ def test_help_lists_the_codes() -> None:
     for code in ExitCode:
         assert f"\n  {int(code):>4}  " in shown.output or f"  {int(code)}  " in shown.output, (code, shown.output)
     assert "Exits 3 when it was not admitted" in CliRunner().invoke(app, ["games", "start", "--help"]).output
+
+
+
+@pytest.mark.parametrize("args", [
+    ["games", "stop", "my game"], ["games", "checkpoints", "pöng"], ["games", "rm", "a?purge=true"],
+    ["logs", "x#y"], ["games", "start", "a/b"],
+])
+def test_a_name_the_url_cannot_hold_as_is_reaches_the_daemon_whole(tmp_path: Path, args: list[str]) -> None:
+    """The name is one quoted path segment: the daemon judges it (the name's pattern, 422) rather
+    than http.client tracebacking on a space or a letter beyond ASCII, or a `?` or `#` in it
+    asking for something else. A `/` leaves the route: no such path, 404."""
+    from tests.api_context import shared_context
+
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        answered = fleetd(config_for(tmp_path, int(url.rsplit(":", 1)[1])), *args)
+    says, code = ("Not Found", ExitCode.NOT_FOUND) if "/" in args[-1] else ("path.name: String should match", ExitCode.ERROR)
+    assert answered.exit_code == code and says in answered.output, (answered.output, answered.exception)
+
+
+def test_a_rung_not_on_the_ladder_is_a_bad_command_line(tmp_path: Path) -> None:
+    """Exit 4 is a missing game, run, boot or expected reboot: a --rung the daemon's ladder lacks
+    (only the daemon knows its tiers) is exit 2, naming the option and the rungs there are."""
+    from tests.api_context import shared_context
+
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+        bogus = fleetd(config, "plan", "--rung", "bogus")
+        missing = fleetd(config, "games", "stop", "nosuch")  # any other 404 keeps its code
+    assert bogus.exit_code == ExitCode.USAGE, (bogus.output, bogus.exception)
+    assert "--rung: rung 'bogus' is not on this host's ladder; name a tier or one of: " in bogus.output, bogus.output
+    assert missing.exit_code == ExitCode.NOT_FOUND, missing.output
+
+
+def test_an_export_that_cannot_be_written_or_fails_leaves_no_folder(tmp_path: Path) -> None:
+    from tests.api_context import shared_context
+
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+        onto_a_file = fleetd(config, "games", "export", "nosuch", "-o", str(afile))
+        missing = fleetd(config, "games", "export", "nosuch", "-o", str(tmp_path / "ex2" / "model"))
+        into_a_folder = fleetd(config, "games", "export", "nosuch", "-o", str(kept))
+    assert onto_a_file.exit_code == ExitCode.USAGE and "a file, not a folder" in onto_a_file.output, onto_a_file.output
+    assert afile.read_text() == "mine\n"
+    assert missing.exit_code == ExitCode.NOT_FOUND and "nosuch" in missing.output, missing.output
+    assert not (tmp_path / "ex2").exists()  # the folders it made for the export are taken away again
+    assert into_a_folder.exit_code == ExitCode.NOT_FOUND and kept.is_dir() and not list(kept.iterdir())

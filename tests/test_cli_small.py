@@ -56,8 +56,20 @@ def test_events_pages_with_before() -> None:
     with mock.patch("fleetd.cli.main.ask", lambda config, path, **params: asked.append(params) or page):
         shown = CliRunner().invoke(app, ["events", "--limit", "1", "--before", "9"], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and asked[0]["before"] == 9, (shown.output, asked)
-    assert "older: fleetd events --before 7" in shown.output, shown.output
+    assert "older: fleetd events --limit 1 --before 7" in shown.output, shown.output
     assert CliRunner().invoke(app, ["reboots", "--limit", "0"]).exit_code == 2
+
+
+def test_the_next_page_of_events_repeats_the_filters() -> None:
+    from unittest import mock
+
+    page = {"items": [{"at": "2026-01-01T00:00:00Z", "kind": "k", "game": "g001", "severity": "info", "message": "m"}],
+            "next_before": 142}
+    with mock.patch("fleetd.cli.main.ask", lambda config, path, **params: page):
+        shown = CliRunner().invoke(app, ["events", "--game", "g001", "--kind", "game started", "--limit", "1"],
+                                   env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "older: fleetd events --game g001 --kind 'game started' --limit 1 --before 142" in shown.output, shown.output
 
 
 def test_empty_tables_say_none() -> None:

@@ -25,9 +25,10 @@ class ClientError(Exception):
     """The daemon could not be asked, or said no: the message is for the user, the code for
     the shell (`fleetd`'s exit status)."""
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR) -> None:
+    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.details = details or {}  # a refusal's error.details (`field`: which input it was)
 
 
 class ApiClient:
@@ -59,7 +60,12 @@ class ApiClient:
             body, headers["Content-Type"] = _dumps(json), "application/json"
         with self._exchange(method, path, params, body, headers, timeout, timeout) as response:
             data = self._read(response, method, path, timeout)
-        return None if response.status == 204 else _loads(data)
+        if response.status == 204:
+            return None
+        try:
+            return _loads(data)  # every answer of fleetd's but 204 has a JSON body, never an empty one
+        except ValueError:
+            raise self._not_fleetd(f"its answer to {method} {path} was not the JSON fleetd sends (another program's, or cut short)") from None
 
     def upload(self, path: str, source: Path, params: dict[str, Any], timeout_s: float) -> Any:
         """POST a file as the body, streamed (a model can be gigabytes)."""
@@ -78,8 +84,11 @@ class ApiClient:
                     if on_bytes is not None:
                         on_bytes(out.tell(), int(length) if length else None)
 
-    def stream(self, path: str, params: dict[str, Any], read_timeout_s: float | None) -> Iterator[bytes]:
-        """GET a response as it comes (a followed log): its bytes, chunk by chunk."""
+    def stream(self, path: str, params: dict[str, Any], follow: bool = False) -> Iterator[bytes]:
+        """GET a response as it comes (a log): its bytes, chunk by chunk. `follow`: the body may
+        pause as long as the worker writes nothing, so once the head has come no wait is timed;
+        the head itself is (a daemon that accepts and never answers is busy, not a quiet log)."""
+        read_timeout_s = None if follow else self._timeout_s
         with self._exchange("GET", path, params, None, {}, self._timeout_s, read_timeout_s) as response:
             yield from self._chunks(response, "GET", path, read_timeout_s, partial=True)
 
@@ -87,8 +96,9 @@ class ApiClient:
 
     def _exchange(self, method: str, path: str, params: dict[str, Any] | None, body: bytes | BinaryIO | None,
                   headers: dict[str, str], timeout_s: float, read_timeout_s: float | None) -> _Exchange:
-        """Connect (within `timeout_s`), send, and take the answer's head (each socket wait
-        within `read_timeout_s`; None: as long as it takes, a followed log)."""
+        """Connect, send, and take the answer's head, each socket wait within `timeout_s`; then
+        read the body with each wait within `read_timeout_s` (None: as long as it takes, a
+        followed log)."""
         query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
         target = path + (f"?{query}" if query else "")
         # The token first: a user who cannot read it is told so (exit 77) whether or not the
@@ -100,8 +110,6 @@ class ApiClient:
         except OSError as exc:  # refused, no route, or no answer to the connect itself
             connection.close()
             raise self._unreachable(exc) from None
-        if connection.sock is not None:
-            connection.sock.settimeout(read_timeout_s)
         try:
             connection.request(method, target, body=body, headers={**headers, **auth})
             response = connection.getresponse()
@@ -111,10 +119,20 @@ class ApiClient:
         except OSError as exc:
             connection.close()
             raise self._unreachable(exc) from None
+        except (ValueError, http.client.InvalidURL) as exc:  # UnicodeError too: a request not sendable as given
+            connection.close()
+            raise ClientError(f"cannot send {method} {path!r} to fleetd: {exc}") from None
+        except http.client.HTTPException as exc:  # no HTTP status line: another protocol on the port
+            connection.close()
+            raise self._not_fleetd(f"it does not speak HTTP ({exc.__class__.__name__})") from None
         if response.status >= 400:
             data = self._read(response, method, path, timeout_s)
             connection.close()
             raise _refused(response.status, data)
+        # Only now: a followed log's untimed waits must not cover the head's too (`fleetd logs`
+        # hung on a daemon that accepted the connection and never answered).
+        if connection.sock is not None:
+            connection.sock.settimeout(read_timeout_s)
         return _Exchange(connection, response)
 
     def _read(self, response: http.client.HTTPResponse, method: str, path: str, timeout_s: float | None) -> bytes:
@@ -139,6 +157,14 @@ class ApiClient:
         return ClientError(
             f"fleetd is not answering on {self.base_url} ({exc.__class__.__name__}); "
             "is `fleetd serve` running with this config?", ExitCode.UNAVAILABLE
+        )
+
+    def _not_fleetd(self, what: str) -> ClientError:
+        # Something answers, but not as fleetd does (another program, or an answer cut short):
+        # to a script the same as no daemon (exit 69).
+        return ClientError(
+            f"what answers on {self.base_url} is not fleetd: {what}; is the config's port "
+            f"({self._port}) fleetd's, and is `fleetd serve` running with this config?", ExitCode.UNAVAILABLE
         )
 
 
@@ -169,7 +195,15 @@ REFUSALS = {401: ExitCode.NOPERM, 403: ExitCode.NOPERM, 404: ExitCode.NOT_FOUND,
 
 
 def _refused(status: int, data: bytes) -> ClientError:
-    return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR))
+    return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR), _error_details(data))
+
+
+def _error_details(data: bytes) -> dict[str, Any]:
+    try:
+        details = json.loads(data)["error"].get("details")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return details if isinstance(details, dict) else {}
 
 
 def _error_message(status: int, data: bytes) -> str:
@@ -185,4 +219,4 @@ def _dumps(document: Any) -> bytes:
 
 
 def _loads(data: bytes) -> Any:
-    return json.loads(data) if data else None
+    return json.loads(data)  # (not in request(): its `json` argument hides the module there)

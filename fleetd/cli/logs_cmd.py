@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.cli.common import ConfigOption, client_for, fail
+from fleetd.cli.common import ConfigOption, client_for, fail, segment
 
 if TYPE_CHECKING:
     from fleetd.cli.client import ApiClient
@@ -31,13 +31,13 @@ def logs(
     from fleetd.token import TokenError
 
     client = client_for(config)
-    path = f"/api/v1/games/{game}/logs"
+    path = f"/api/v1/games/{segment(game)}/logs"
     try:
         if runs:
-            render.console.print(runs_table(game, client.get(f"/api/v1/games/{game}/runs")["items"]))
+            render.console.print(runs_table(game, client.get(f"/api/v1/games/{segment(game)}/runs")["items"]))
             return
         if not follow:
-            _write(b"".join(client.stream(path, {"lines": lines, "run": run}, read_timeout_s=None)))
+            _write(b"".join(client.stream(path, {"lines": lines, "run": run})))
             return
         _follow(client, path, lines, run)
     except ClientError as exc:
@@ -52,7 +52,7 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None
     # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
     # A line written between the two requests may be missed; none is printed twice.
     while True:
-        for chunk in client.stream(path, {"lines": lines, "run": run, "follow": "true"}, read_timeout_s=None):
+        for chunk in client.stream(path, {"lines": lines, "run": run, "follow": "true"}, follow=True):
             _write(chunk)
         lines = 0
 

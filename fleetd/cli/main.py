@@ -1,5 +1,6 @@
 """The `fleetd` command. `serve` runs the daemon; the other commands ask it over the API."""
 
+import shlex
 from typing import Annotated
 
 import typer
@@ -172,10 +173,13 @@ def uptime(config: ConfigOption = None, json: JsonOption = False) -> None:
     render.console.print(render.uptime_table(document))
 
 
+EVENTS_LIMIT = 50
+
+
 @app.command()
 def events(
     config: ConfigOption = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most N events, the newest first.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most N events, the newest first.")] = EVENTS_LIMIT,
     before: Annotated[int | None, typer.Option(min=1, help="Only events older than event ID: the next page, as the last one's caption (or --json's next_before) says.")] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
     game: Annotated[str | None, typer.Option(help="Only events of this game.")] = None,
@@ -188,4 +192,7 @@ def events(
     if json:
         render.print_json(document)  # the API's document, as --json says everywhere
         return
-    render.console.print(render.events_table(document["items"], document.get("next_before")))
+    # The caption's next page repeats this page's filters, or it lists another log.
+    given = (("--game", game), ("--kind", kind), ("--limit", None if limit == EVENTS_LIMIT else limit))
+    filters = " ".join(f"{option} {shlex.quote(str(value))}" for option, value in given if value is not None)
+    render.console.print(render.events_table(document["items"], document.get("next_before"), filters))

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.progress import MIB, Progress
-from fleetd.cli.common import ConfigOption, JsonOption, call, fail
+from fleetd.cli.common import ConfigOption, JsonOption, call, fail, segment
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
 
@@ -52,7 +53,7 @@ def import_model(
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
                         "the daemon then loads it in a subprocess to check it ...")
-        game = call(config, lambda client: client.upload(f"/api/v1/games/{name}/import", upload, params,
+        game = call(config, lambda client: client.upload(f"/api/v1/games/{segment(name)}/import", upload, params,
                                                          TRANSFER_TIMEOUT_S))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
 
@@ -83,20 +84,36 @@ def export_model(
     """Write a game's model as a plain SB3 zip (plus VecNormalize statistics, metadata, README)."""
     from workers.bundle import METADATA, MODEL
 
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: a file, not a folder: name a new or empty folder for model.zip and its files", ExitCode.USAGE)
     if (out / MODEL).exists():
         fail(f"{out / MODEL} exists: export into an empty or new folder")
-    out.mkdir(parents=True, exist_ok=True)
+    # The folders this command makes, deepest first: taken away again if the export fails (a
+    # missing game left an empty folder behind), unless something else was put in them.
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out {out}: cannot create the folder ({exc.strerror or exc})")
     progress, which = Progress(), "best" if best else "latest"
     progress.step(f"exporting {name}: the daemon packs its {which} checkpoint (with a replay buffer: minutes) ...")
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
-        archive = Path(work) / "bundle.zip"
-        on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731
-        call(config, lambda client: client.download(f"/api/v1/games/{name}/export", archive, TRANSFER_TIMEOUT_S,
-                                                    on_bytes, which=which))
-        progress.step(f"unpacking into {out}")
-        written = _extract(archive, out)
+    try:
+        with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
+            archive = Path(work) / "bundle.zip"
+            on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731
+            call(config, lambda client: client.download(f"/api/v1/games/{segment(name)}/export", archive,
+                                                        TRANSFER_TIMEOUT_S, on_bytes, which=which))
+            progress.step(f"unpacking into {out}")
+            written = _extract(archive, out)
+    except BaseException:  # typer.Exit from call() too
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty (or gone): kept, and so is every folder above it
+        raise
     meta = json.loads((out / METADATA).read_text())
     typer.echo(f"exported {name} ({meta['algo']}, {meta['steps']} steps, {meta['checkpoint']}): "
                + ", ".join(str(out / n) for n in written))

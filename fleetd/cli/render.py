@@ -132,12 +132,16 @@ def daemon_text(uptime: dict[str, Any]) -> str:
             f" (since {when(uptime['daemon_started_at'])})")
 
 
-def events_table(events: list[dict[str, Any]], next_before: int | None = None) -> Table:
+def events_table(events: list[dict[str, Any]], next_before: int | None = None, filters: str = "") -> Table:
+    """`filters`: the options this page was asked with (`--game g001 --limit 1`), which the
+    next page's command must repeat to be the next page of the same listing."""
     table = PlainTable(title="Events (newest first, UTC)")
     for column in ("at", "kind", "game", "message"):
         table.add_column(column)
     if next_before is not None:
-        table.caption = f"older: fleetd events --before {next_before}"
+        # One line, however narrow the table: a command to copy, which a wrap would break.
+        table.caption = Text(f"older: fleetd events {filters + ' ' if filters else ''}--before {next_before}",
+                             no_wrap=True, overflow="ignore")
     colour = {"warning": "yellow", "error": "red"}
     for event in events:
         style = colour.get(event["severity"], "")
