@@ -124,3 +124,40 @@ def test_plot_axis_ticks_are_round_values_covering_the_data(lo: float, hi: float
 def test_a_host_rung_is_shown_in_whatever_shape_the_api_gives_it(rung: object, shown: str) -> None:
     # GET /hosts gives each host its governor ({rung, tier, level, allowed, games, ...}); the card names its rung.
     assert page_function("fmtRung", f"fmtRung({json.dumps(rung)})", needs=("isNum",)) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (89, "89 s"),
+        (5369, "89 min"),
+        (5370, "1 h 30 min"),  # 89.5 min: rounds to 90 min
+        (7185, "2 h 0 min"),  # 1 h 59.75 min: rounded to minutes first, not "1 h 60 min"
+        (90061, "25 h 1 min"),
+        (172770, "2 d 0 h"),  # 47 h 59.5 min rounds to 48 h
+        (258300, "3 d 0 h"),  # 2 d 23.75 h, not "2 d 24 h"
+        (266400, "3 d 2 h"),
+    ],
+)
+def test_a_duration_is_rounded_to_its_last_unit_before_it_is_split(seconds: int, shown: str) -> None:
+    assert page_function("fmtDuration", f"fmtDuration({seconds})", needs=("isNum", "DASH")) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (9999.4, "9999"),
+        (9999.6, "10.0k"),
+        (999949, "999.9k"),
+        (999999, "1.00M"),  # not "1000.0k"
+        (-999999, "-1.00M"),
+        (999994999, "999.99M"),
+        (999999999, "1.00G"),
+        (99.94, "99.9"),
+        (99.96, "100"),  # not "100.0"
+        (9.996, "10.0"),  # not "10.00"
+        (1.5, "1.50"),
+    ],
+)
+def test_a_compact_number_takes_its_unit_after_rounding(value: float, shown: str) -> None:
+    assert page_function("fmtCompact", f"fmtCompact({value})", needs=("isNum", "DASH")) == shown

@@ -174,26 +174,27 @@
     return v.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
   }
 
+  // Each unit is chosen after rounding to it: 999,999 is 1.00M, not 1000.0k.
   function fmtCompact(v) {
     if (!isNum(v)) return DASH;
-    const a = Math.abs(v);
-    if (a >= 1e9) return (v / 1e9).toFixed(2) + 'G';
-    if (a >= 1e6) return (v / 1e6).toFixed(2) + 'M';
-    if (a >= 1e4) return (v / 1e3).toFixed(1) + 'k';
-    if (a >= 100 || Number.isInteger(v)) return String(Math.round(v));
-    return v.toFixed(a >= 10 ? 1 : 2);
+    const rounded = (scale, digits) => Math.abs(Number((v / scale).toFixed(digits)));
+    if (rounded(1e6, 2) >= 1000) return (v / 1e9).toFixed(2) + 'G';
+    if (rounded(1e3, 1) >= 1000) return (v / 1e6).toFixed(2) + 'M';
+    if (rounded(1, 0) >= 1e4) return (v / 1e3).toFixed(1) + 'k';
+    if (rounded(1, 1) >= 100 || Number.isInteger(v)) return String(Math.round(v));
+    return v.toFixed(rounded(1, 2) >= 10 ? 1 : 2);
   }
 
+  // Rounded to the last unit shown, then split (as fleetd/durations.py does): 7185 s is 2 h 0 min, not 1 h 60 min.
   function fmtDuration(seconds) {
     if (!isNum(seconds)) return DASH;
     const s = Math.max(0, Math.round(seconds));
     if (s < 90) return s + ' s';
     const m = Math.round(s / 60);
     if (m < 90) return m + ' min';
-    const hours = Math.floor(s / 3600);
-    if (hours < 48) return hours + ' h ' + Math.round((s - hours * 3600) / 60) + ' min';
-    const days = Math.floor(s / 86400);
-    return days + ' d ' + Math.round((s - days * 86400) / 3600) + ' h';
+    if (Math.floor(m / 60) < 48) return Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
+    const hours = Math.round(s / 3600);
+    return Math.floor(hours / 24) + ' d ' + (hours % 24) + ' h';
   }
 
   function fmtHours(hours) {
