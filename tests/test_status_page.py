@@ -17,6 +17,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
+from fleetd.states import Shown
 from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
 
@@ -161,3 +162,12 @@ def test_a_duration_is_rounded_to_its_last_unit_before_it_is_split(seconds: int,
 )
 def test_a_compact_number_takes_its_unit_after_rounding(value: float, shown: str) -> None:
     assert page_function("fmtCompact", f"fmtCompact({value})", needs=("isNum", "DASH")) == shown
+
+
+def test_every_state_the_api_shows_has_its_place_and_style_on_the_page() -> None:
+    # The summary line counts only the states in STATES, and a state outside it gets the fallback style.
+    line = next(line for line in (WEB / "app.js").read_text().splitlines() if line.startswith("  const STATES = "))
+    states = json.loads(line[line.index("["):line.index("]") + 1].replace("'", '"'))
+    assert sorted(states) == sorted(Shown)
+    style = (WEB / "style.css").read_text()
+    assert [state for state in states if f".state-{state} {{" not in style] == []

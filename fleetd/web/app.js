@@ -10,7 +10,7 @@
   const DAY_MS = 86400000;
   const GAMES_PAGE = 100; // GET /games's default page; the table shows one page at a time
   const PLOTTED_GAMES = 12; // plots for the first games of the page only: two series each
-  const STATES = ['pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal'];
+  const STATES = ['stopped', 'pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal']; // fleetd/states.py Shown
 
   const $ = (id) => document.getElementById(id);
 
@@ -463,7 +463,7 @@
         h('td', null, g.env_id),
         h('td', null, g.algo),
         h('td', null, h('span', { class: stateClass(g.state), title: g.state_reason || '' }, g.state),
-          g.desired === 'stopped' && g.state !== 'exited' ? h('span', { class: 'muted small' }, ' → stop') : null,
+          g.desired === 'stopped' && g.state !== 'exited' && g.state !== 'stopped' ? h('span', { class: 'muted small' }, ' → stop') : null,
           g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null),
         h('td', { class: 'r num' }, g.pid === null || g.pid === undefined ? DASH : String(g.pid)),
         h('td', { class: 'host-col', hidden: !onCluster }, g.host || DASH),
