@@ -171,3 +171,16 @@ def test_every_state_the_api_shows_has_its_place_and_style_on_the_page() -> None
     assert sorted(states) == sorted(Shown)
     style = (WEB / "style.css").read_text()
     assert [state for state in states if f".state-{state} {{" not in style] == []
+
+
+@pytest.mark.parametrize(
+    ("fleet", "asked"),
+    [
+        ({"tier": "light", "mode": "auto", "requested": "auto"}, None),  # not "light · auto (asked: auto)"
+        ({"tier": "medium", "mode": "manual", "requested": "medium"}, None),
+        ({"tier": "light", "mode": "manual", "requested": "medium"}, " (asked: medium)"),
+        ({"tier": "light", "mode": "auto", "requested": None}, None),
+    ],
+)
+def test_the_fleet_names_the_tier_asked_only_when_it_differs_as_the_cli_does(fleet: dict[str, object], asked: str | None) -> None:
+    assert page_function("tierAsked", f"tierAsked({json.dumps(fleet)})") == asked

@@ -418,11 +418,16 @@
     list.appendChild(h('dd', null, ...value));
   }
 
+  // What the operator asked, when it is a tier other than the fleet's ("auto" asks for none), as the CLI's tier_text.
+  function tierAsked(fleet) {
+    const requested = fleet.requested;
+    return requested && requested !== 'auto' && requested !== fleet.tier ? ' (asked: ' + requested + ')' : null;
+  }
+
   function renderFleet(fleet, nowMs) {
     const list = $('fleet');
     list.replaceChildren();
-    fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode,
-      fleet.requested && fleet.requested !== fleet.tier ? ' (asked: ' + fleet.requested + ')' : null);
+    fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
       isNum(fleet.ceiling) ? h('span', { class: 'warn' }, ' · ceiling ' + fleet.ceiling +
