@@ -184,3 +184,17 @@ def test_every_state_the_api_shows_has_its_place_and_style_on_the_page() -> None
 )
 def test_the_fleet_names_the_tier_asked_only_when_it_differs_as_the_cli_does(fleet: dict[str, object], asked: str | None) -> None:
     assert page_function("tierAsked", f"tierAsked({json.dumps(fleet)})") == asked
+
+
+def eta_cell(projection: dict[str, object]) -> str:
+    # etaCell's text, with the DOM's `h` stood in for by one that keeps the cell's text.
+    call = f"(globalThis.h = (tag, attrs, ...kids) => kids.join(''), etaCell({json.dumps(projection)}))"
+    return page_function("etaCell", call, needs=("isNum", "DASH"))
+
+
+@pytest.mark.parametrize("state", ["stopped", "fatal", "exited"])
+def test_a_game_that_wants_no_slot_is_not_called_stalled_but_named_as_fleetd_plan_names_it(state: str) -> None:
+    goal = {"kind": "episodes", "target": 1000, "done": 10, "remaining": 990}
+    off = {"name": "g", "state": state, "plan_state": "off", "goal": goal, "eta_hours": None}
+    assert eta_cell(off) == state
+    assert eta_cell({**off, "state": "running", "plan_state": "running"}) == "stalled"  # no recent progress

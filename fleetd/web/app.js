@@ -449,6 +449,8 @@
 
   function etaCell(projection) {
     if (!projection) return h('td', { class: 'r num muted' }, DASH);
+    // Wants no slot (stopped, given up, ended): not planned, so not stalled; named by its state, as `fleetd plan` does.
+    if (projection.plan_state === 'off') return h('td', { class: 'r muted', title: 'not planned: it wants no slot' }, projection.state);
     if (!projection.goal) return h('td', { class: 'r muted' }, 'no goal');
     if (projection.goal.remaining <= 0) return h('td', { class: 'r ok' }, 'done');
     if (!isNum(projection.eta_hours)) return h('td', { class: 'r muted', title: 'no recent progress' }, 'stalled');
