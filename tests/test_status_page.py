@@ -79,16 +79,22 @@ NODE = "/usr/bin/node"
 WEB = Path(__file__).resolve().parents[1] / "fleetd" / "web"
 
 
-def page_function(name: str, call: str, needs: tuple[str, ...] = ()) -> object:
-    """One of the page's functions, run by node from app.js itself (with the one-line helpers
-    it `needs`), called as `call`; its JSON result."""
+def page_function(name: str, call: str, needs: tuple[str, ...] = (), stubs: str = "") -> object:
+    """One of the page's functions, run by node from app.js itself (with the one-line helpers or
+    functions it `needs`, after `stubs` for the rest), called as `call`; its JSON result, awaited."""
     if shutil.which(NODE) is None:
         pytest.skip("needs node to run the page's function")
     script = (WEB / "app.js").read_text()
-    start = script.index(f"  function {name}(")
-    source = script[start:script.index("\n  }\n", start) + 4]
-    helpers = [next(line for line in script.splitlines() if line.startswith(f"  const {need} = ")) for need in needs]
-    program = "\n".join([*helpers, source, f"console.log(JSON.stringify({call}));"])
+
+    def function(name: str) -> str:
+        start = re.search(rf"^  (?:async )?function {name}\(", script, re.MULTILINE)
+        assert start is not None, f"app.js has no function {name}"
+        return script[start.start():script.index("\n  }\n", start.start()) + 4]
+
+    def helper(need: str) -> str:
+        return next((line for line in script.splitlines() if line.startswith(f"  const {need} = ")), None) or function(need)
+
+    program = "\n".join([stubs, *map(helper, needs), function(name), f"Promise.resolve({call}).then((r) => console.log(JSON.stringify(r)));"])
     result = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True)
     return json.loads(result.stdout)
 
@@ -198,3 +204,22 @@ def test_a_game_that_wants_no_slot_is_not_called_stalled_but_named_as_fleetd_pla
     off = {"name": "g", "state": state, "plan_state": "off", "goal": goal, "eta_hours": None}
     assert eta_cell(off) == state
     assert eta_cell({**off, "state": "running", "plan_state": "running"}) == "stalled"  # no recent progress
+
+
+# The page's DOM and fetch, stood in for: `h` keeps a node's tag, class and text; what the panel shows is kept.
+LOG_STUBS = """
+globalThis.readToken = () => 'token';
+globalThis.AuthError = class extends Error {};
+globalThis.fetch = async () => ({ ok: false, status: 404, statusText: 'Not Found',
+  json: async () => ({ error: { code: 'not_found', message: "game 'g1' has not run yet: it has no log" } }) });
+globalThis.h = (tag, attrs, ...kids) => ({ tag, class: attrs && attrs.class, text: kids.map((k) => k.text || k).join('') });
+globalThis.shown = [];
+globalThis.$ = () => ({ replaceChildren: (...kids) => { shown = kids; } });
+"""
+
+
+def test_a_game_that_never_ran_shows_no_log_yet_not_an_error() -> None:
+    # GET /games/{name}/logs answers 404 "has not run yet: it has no log" for a game without a run.
+    call = "showGameLog('g1').then(() => shown[1])"
+    body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
+    assert body == {"tag": "p", "class": "muted small", "text": "no log yet: it has not run"}

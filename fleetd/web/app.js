@@ -801,7 +801,7 @@
     const title = h('h3', null, name + ' ', h('span', { class: 'muted small' }, 'last ' + LOG_LINES + ' log lines · fleetd logs ' + name + ' -f'));
     let body;
     try {
-      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true });
+      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true, optional: true });
       body = text ? h('pre', { class: 'log small', 'data-game': name }, text) : h('p', { class: 'muted small' }, 'no log yet: it has not run');
     } catch (error) {
       if (error instanceof AuthError) throw error;
