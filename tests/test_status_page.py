@@ -58,6 +58,11 @@ def test_assets_are_served_and_self_contained(client: TestClient, path: str, kin
     assert kind in response.headers["content-type"]
     assert external_urls(response.text) == []
     assert "@import" not in response.text
+    # Revalidated as the page is: after an upgrade a cached old script never runs under the new page.
+    assert response.headers["cache-control"] == client.get("/").headers["cache-control"] == "no-cache"
+    again = client.get(path, headers={"If-None-Match": response.headers["etag"]})
+    assert again.status_code == 304
+    assert again.headers["cache-control"] == "no-cache"
 
 
 def test_script_inserts_no_markup_and_keeps_the_token_out_of_urls(client: TestClient) -> None:
