@@ -228,3 +228,10 @@ def test_a_game_that_never_ran_shows_no_log_yet_not_an_error() -> None:
     call = "showGameLog('g1').then(() => shown[1])"
     body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
     assert body == {"tag": "p", "class": "muted small", "text": "no log yet: it has not run"}
+
+
+def test_a_refresh_asked_for_while_one_runs_is_run_after_it_not_lost() -> None:
+    # A page turned while a refresh is out: that refresh's answer is dropped (the page it loaded is
+    # not the one shown), and the refresh the turn asked for runs as soon as it ends.
+    call = "((load) => [mayRefresh(load), mayRefresh(load), load])({ running: false, again: false })"
+    assert page_function("mayRefresh", call) == [True, False, {"running": True, "again": True}]

@@ -504,6 +504,8 @@
     if (step < 0 && paging.index === 0) return;
     if (step > 0) paging.cursors[paging.index + 1] = paging.next;
     paging.index += step;
+    paging.next = null; // the new page's own comes with it: a `next` meanwhile would reopen this one
+    $('games-next').disabled = true;
     $('games-pager').dataset.loading = 'true';
     refresh();
   }
@@ -941,7 +943,7 @@
   // ---------------------------------------------------------------- the loop
 
   let timer = null;
-  let running = false;
+  const load = { running: false, again: false };
   let lastGood = null;
   let lastProjection = new Map(); // ETAs by game, from the last projection (drawn before the new one arrives)
 
@@ -962,14 +964,26 @@
     banner.hidden = false;
   }
 
+  // Whether a refresh starts now. One asked for while another runs (a page turned) is not lost:
+  // `again` runs it as soon as that one ends.
+  function mayRefresh(state) {
+    if (state.running) {
+      state.again = true;
+      return false;
+    }
+    state.running = true;
+    return true;
+  }
+
   async function refresh() {
-    if (running) return;
+    if (!mayRefresh(load)) return;
     if (!readToken()) {
+      load.running = false;
       clearTimeout(timer); // nothing to poll until a token is given
       showLogin();
       return;
     }
-    running = true;
+    let page = paging.index; // what this refresh loads is dropped if another page is turned to meanwhile
     try {
       // The projection covers every game: it may take longer, so the rest does not wait for it.
       const projectionLoad = api('/projection', { optional: true }).catch((error) => {
@@ -979,9 +993,12 @@
       let [games, fleet, boots, uptime, hosts] = await Promise.all([
         api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
+      if (paging.index !== page) return;
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
         Object.assign(paging, { cursors: [null], index: 0 });
+        page = 0;
         games = await api(gamesPath());
+        if (paging.index !== page) return;
       }
       paging.next = games.next_cursor || null;
       const items = games.items || [];
@@ -997,6 +1014,7 @@
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);
       forgetUnusedSeries();
+      if (paging.index !== page) return;
       // The server's clock, so a skewed laptop clock does not shift the timeline.
       const serverNow = toMs(uptime.daemon_started_at) + uptime.daemon_uptime_s * 1000;
       const nowMs = Number.isFinite(serverNow) ? serverNow : Date.now();
@@ -1020,6 +1038,7 @@
       renderHosts(clusterHosts, nowMs);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
+      if (paging.index !== page) return;
       renderGames(items, lastProjection);
       renderProjection(projection);
       if (shownGame) await showGameLog(shownGame);
@@ -1039,8 +1058,13 @@
         showBanner(String(error.message || error));
       }
     } finally {
-      running = false;
-      if (readToken()) schedule();
+      load.running = false;
+      if (load.again) {
+        load.again = false;
+        refresh();
+      } else if (readToken()) {
+        schedule();
+      }
     }
   }
 
