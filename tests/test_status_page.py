@@ -17,6 +17,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
+from fleetd.states import Shown
 from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
 
@@ -57,6 +58,11 @@ def test_assets_are_served_and_self_contained(client: TestClient, path: str, kin
     assert kind in response.headers["content-type"]
     assert external_urls(response.text) == []
     assert "@import" not in response.text
+    # Revalidated as the page is: after an upgrade a cached old script never runs under the new page.
+    assert response.headers["cache-control"] == client.get("/").headers["cache-control"] == "no-cache"
+    again = client.get(path, headers={"If-None-Match": response.headers["etag"]})
+    assert again.status_code == 304
+    assert again.headers["cache-control"] == "no-cache"
 
 
 def test_script_inserts_no_markup_and_keeps_the_token_out_of_urls(client: TestClient) -> None:
@@ -78,16 +84,22 @@ NODE = "/usr/bin/node"
 WEB = Path(__file__).resolve().parents[1] / "fleetd" / "web"
 
 
-def page_function(name: str, call: str, needs: tuple[str, ...] = ()) -> object:
-    """One of the page's functions, run by node from app.js itself (with the one-line helpers
-    it `needs`), called as `call`; its JSON result."""
+def page_function(name: str, call: str, needs: tuple[str, ...] = (), stubs: str = "") -> object:
+    """One of the page's functions, run by node from app.js itself (with the one-line helpers or
+    functions it `needs`, after `stubs` for the rest), called as `call`; its JSON result, awaited."""
     if shutil.which(NODE) is None:
         pytest.skip("needs node to run the page's function")
     script = (WEB / "app.js").read_text()
-    start = script.index(f"  function {name}(")
-    source = script[start:script.index("\n  }\n", start) + 4]
-    helpers = [next(line for line in script.splitlines() if line.startswith(f"  const {need} = ")) for need in needs]
-    program = "\n".join([*helpers, source, f"console.log(JSON.stringify({call}));"])
+
+    def function(name: str) -> str:
+        start = re.search(rf"^  (?:async )?function {name}\(", script, re.MULTILINE)
+        assert start is not None, f"app.js has no function {name}"
+        return script[start.start():script.index("\n  }\n", start.start()) + 4]
+
+    def helper(need: str) -> str:
+        return next((line for line in script.splitlines() if line.startswith(f"  const {need} = ")), None) or function(need)
+
+    program = "\n".join([stubs, *map(helper, needs), function(name), f"Promise.resolve({call}).then((r) => console.log(JSON.stringify(r)));"])
     result = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True)
     return json.loads(result.stdout)
 
@@ -124,3 +136,102 @@ def test_plot_axis_ticks_are_round_values_covering_the_data(lo: float, hi: float
 def test_a_host_rung_is_shown_in_whatever_shape_the_api_gives_it(rung: object, shown: str) -> None:
     # GET /hosts gives each host its governor ({rung, tier, level, allowed, games, ...}); the card names its rung.
     assert page_function("fmtRung", f"fmtRung({json.dumps(rung)})", needs=("isNum",)) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (89, "89 s"),
+        (5369, "89 min"),
+        (5370, "1 h 30 min"),  # 89.5 min: rounds to 90 min
+        (7185, "2 h 0 min"),  # 1 h 59.75 min: rounded to minutes first, not "1 h 60 min"
+        (90061, "25 h 1 min"),
+        (172770, "2 d 0 h"),  # 47 h 59.5 min rounds to 48 h
+        (258300, "3 d 0 h"),  # 2 d 23.75 h, not "2 d 24 h"
+        (266400, "3 d 2 h"),
+    ],
+)
+def test_a_duration_is_rounded_to_its_last_unit_before_it_is_split(seconds: int, shown: str) -> None:
+    assert page_function("fmtDuration", f"fmtDuration({seconds})", needs=("isNum", "DASH")) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (9999.4, "9999"),
+        (9999.6, "10.0k"),
+        (999949, "999.9k"),
+        (999999, "1.00M"),  # not "1000.0k"
+        (-999999, "-1.00M"),
+        (999994999, "999.99M"),
+        (999999999, "1.00G"),
+        (99.94, "99.9"),
+        (99.96, "100"),  # not "100.0"
+        (9.996, "10.0"),  # not "10.00"
+        (1.5, "1.50"),
+    ],
+)
+def test_a_compact_number_takes_its_unit_after_rounding(value: float, shown: str) -> None:
+    assert page_function("fmtCompact", f"fmtCompact({value})", needs=("isNum", "DASH")) == shown
+
+
+def test_every_state_the_api_shows_has_its_place_and_style_on_the_page() -> None:
+    # The summary line counts only the states in STATES, and a state outside it gets the fallback style.
+    line = next(line for line in (WEB / "app.js").read_text().splitlines() if line.startswith("  const STATES = "))
+    states = json.loads(line[line.index("["):line.index("]") + 1].replace("'", '"'))
+    assert sorted(states) == sorted(Shown)
+    style = (WEB / "style.css").read_text()
+    assert [state for state in states if f".state-{state} {{" not in style] == []
+
+
+@pytest.mark.parametrize(
+    ("fleet", "asked"),
+    [
+        ({"tier": "light", "mode": "auto", "requested": "auto"}, None),  # not "light · auto (asked: auto)"
+        ({"tier": "medium", "mode": "manual", "requested": "medium"}, None),
+        ({"tier": "light", "mode": "manual", "requested": "medium"}, " (asked: medium)"),
+        ({"tier": "light", "mode": "auto", "requested": None}, None),
+    ],
+)
+def test_the_fleet_names_the_tier_asked_only_when_it_differs_as_the_cli_does(fleet: dict[str, object], asked: str | None) -> None:
+    assert page_function("tierAsked", f"tierAsked({json.dumps(fleet)})") == asked
+
+
+def eta_cell(projection: dict[str, object]) -> str:
+    # etaCell's text, with the DOM's `h` stood in for by one that keeps the cell's text.
+    call = f"(globalThis.h = (tag, attrs, ...kids) => kids.join(''), etaCell({json.dumps(projection)}))"
+    return page_function("etaCell", call, needs=("isNum", "DASH"))
+
+
+@pytest.mark.parametrize("state", ["stopped", "fatal", "exited"])
+def test_a_game_that_wants_no_slot_is_not_called_stalled_but_named_as_fleetd_plan_names_it(state: str) -> None:
+    goal = {"kind": "episodes", "target": 1000, "done": 10, "remaining": 990}
+    off = {"name": "g", "state": state, "plan_state": "off", "goal": goal, "eta_hours": None}
+    assert eta_cell(off) == state
+    assert eta_cell({**off, "state": "running", "plan_state": "running"}) == "stalled"  # no recent progress
+
+
+# The page's DOM and fetch, stood in for: `h` keeps a node's tag, class and text; what the panel shows is kept.
+LOG_STUBS = """
+globalThis.readToken = () => 'token';
+globalThis.AuthError = class extends Error {};
+globalThis.fetch = async () => ({ ok: false, status: 404, statusText: 'Not Found',
+  json: async () => ({ error: { code: 'not_found', message: "game 'g1' has not run yet: it has no log" } }) });
+globalThis.h = (tag, attrs, ...kids) => ({ tag, class: attrs && attrs.class, text: kids.map((k) => k.text || k).join('') });
+globalThis.shown = [];
+globalThis.$ = () => ({ replaceChildren: (...kids) => { shown = kids; } });
+"""
+
+
+def test_a_game_that_never_ran_shows_no_log_yet_not_an_error() -> None:
+    # GET /games/{name}/logs answers 404 "has not run yet: it has no log" for a game without a run.
+    call = "showGameLog('g1').then(() => shown[1])"
+    body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
+    assert body == {"tag": "p", "class": "muted small", "text": "no log yet: it has not run"}
+
+
+def test_a_refresh_asked_for_while_one_runs_is_run_after_it_not_lost() -> None:
+    # A page turned while a refresh is out: that refresh's answer is dropped (the page it loaded is
+    # not the one shown), and the refresh the turn asked for runs as soon as it ends.
+    call = "((load) => [mayRefresh(load), mayRefresh(load), load])({ running: false, again: false })"
+    assert page_function("mayRefresh", call) == [True, False, {"running": True, "again": True}]

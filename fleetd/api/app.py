@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -88,4 +89,14 @@ def install_status_page(app: FastAPI) -> None:
     def status_page() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
-    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    app.mount("/static", RevalidatedFiles(directory=WEB_DIR), name="static")
+
+
+class RevalidatedFiles(StaticFiles):
+    """The page's assets, revalidated on every load as the page is (a 304 while unchanged): after
+    an upgrade a browser never runs a cached old script under the new page."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response

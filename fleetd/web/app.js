@@ -10,7 +10,7 @@
   const DAY_MS = 86400000;
   const GAMES_PAGE = 100; // GET /games's default page; the table shows one page at a time
   const PLOTTED_GAMES = 12; // plots for the first games of the page only: two series each
-  const STATES = ['pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal'];
+  const STATES = ['stopped', 'pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal']; // fleetd/states.py Shown
 
   const $ = (id) => document.getElementById(id);
 
@@ -174,26 +174,27 @@
     return v.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
   }
 
+  // Each unit is chosen after rounding to it: 999,999 is 1.00M, not 1000.0k.
   function fmtCompact(v) {
     if (!isNum(v)) return DASH;
-    const a = Math.abs(v);
-    if (a >= 1e9) return (v / 1e9).toFixed(2) + 'G';
-    if (a >= 1e6) return (v / 1e6).toFixed(2) + 'M';
-    if (a >= 1e4) return (v / 1e3).toFixed(1) + 'k';
-    if (a >= 100 || Number.isInteger(v)) return String(Math.round(v));
-    return v.toFixed(a >= 10 ? 1 : 2);
+    const rounded = (scale, digits) => Math.abs(Number((v / scale).toFixed(digits)));
+    if (rounded(1e6, 2) >= 1000) return (v / 1e9).toFixed(2) + 'G';
+    if (rounded(1e3, 1) >= 1000) return (v / 1e6).toFixed(2) + 'M';
+    if (rounded(1, 0) >= 1e4) return (v / 1e3).toFixed(1) + 'k';
+    if (rounded(1, 1) >= 100 || Number.isInteger(v)) return String(Math.round(v));
+    return v.toFixed(rounded(1, 2) >= 10 ? 1 : 2);
   }
 
+  // Rounded to the last unit shown, then split (as fleetd/durations.py does): 7185 s is 2 h 0 min, not 1 h 60 min.
   function fmtDuration(seconds) {
     if (!isNum(seconds)) return DASH;
     const s = Math.max(0, Math.round(seconds));
     if (s < 90) return s + ' s';
     const m = Math.round(s / 60);
     if (m < 90) return m + ' min';
-    const hours = Math.floor(s / 3600);
-    if (hours < 48) return hours + ' h ' + Math.round((s - hours * 3600) / 60) + ' min';
-    const days = Math.floor(s / 86400);
-    return days + ' d ' + Math.round((s - days * 86400) / 3600) + ' h';
+    if (Math.floor(m / 60) < 48) return Math.floor(m / 60) + ' h ' + (m % 60) + ' min';
+    const hours = Math.round(s / 3600);
+    return Math.floor(hours / 24) + ' d ' + (hours % 24) + ' h';
   }
 
   function fmtHours(hours) {
@@ -417,11 +418,16 @@
     list.appendChild(h('dd', null, ...value));
   }
 
+  // What the operator asked, when it is a tier other than the fleet's ("auto" asks for none), as the CLI's tier_text.
+  function tierAsked(fleet) {
+    const requested = fleet.requested;
+    return requested && requested !== 'auto' && requested !== fleet.tier ? ' (asked: ' + requested + ')' : null;
+  }
+
   function renderFleet(fleet, nowMs) {
     const list = $('fleet');
     list.replaceChildren();
-    fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode,
-      fleet.requested && fleet.requested !== fleet.tier ? ' (asked: ' + fleet.requested + ')' : null);
+    fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
       isNum(fleet.ceiling) ? h('span', { class: 'warn' }, ' · ceiling ' + fleet.ceiling +
@@ -443,6 +449,8 @@
 
   function etaCell(projection) {
     if (!projection) return h('td', { class: 'r num muted' }, DASH);
+    // Wants no slot (stopped, given up, ended): not planned, so not stalled; named by its state, as `fleetd plan` does.
+    if (projection.plan_state === 'off') return h('td', { class: 'r muted', title: 'not planned: it wants no slot' }, projection.state);
     if (!projection.goal) return h('td', { class: 'r muted' }, 'no goal');
     if (projection.goal.remaining <= 0) return h('td', { class: 'r ok' }, 'done');
     if (!isNum(projection.eta_hours)) return h('td', { class: 'r muted', title: 'no recent progress' }, 'stalled');
@@ -462,7 +470,7 @@
         h('td', null, g.env_id),
         h('td', null, g.algo),
         h('td', null, h('span', { class: stateClass(g.state), title: g.state_reason || '' }, g.state),
-          g.desired === 'stopped' && g.state !== 'exited' ? h('span', { class: 'muted small' }, ' → stop') : null,
+          g.desired === 'stopped' && g.state !== 'exited' && g.state !== 'stopped' ? h('span', { class: 'muted small' }, ' → stop') : null,
           g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null),
         h('td', { class: 'r num' }, g.pid === null || g.pid === undefined ? DASH : String(g.pid)),
         h('td', { class: 'host-col', hidden: !onCluster }, g.host || DASH),
@@ -496,6 +504,8 @@
     if (step < 0 && paging.index === 0) return;
     if (step > 0) paging.cursors[paging.index + 1] = paging.next;
     paging.index += step;
+    paging.next = null; // the new page's own comes with it: a `next` meanwhile would reopen this one
+    $('games-next').disabled = true;
     $('games-pager').dataset.loading = 'true';
     refresh();
   }
@@ -793,7 +803,7 @@
     const title = h('h3', null, name + ' ', h('span', { class: 'muted small' }, 'last ' + LOG_LINES + ' log lines · fleetd logs ' + name + ' -f'));
     let body;
     try {
-      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true });
+      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true, optional: true });
       body = text ? h('pre', { class: 'log small', 'data-game': name }, text) : h('p', { class: 'muted small' }, 'no log yet: it has not run');
     } catch (error) {
       if (error instanceof AuthError) throw error;
@@ -933,7 +943,7 @@
   // ---------------------------------------------------------------- the loop
 
   let timer = null;
-  let running = false;
+  const load = { running: false, again: false };
   let lastGood = null;
   let lastProjection = new Map(); // ETAs by game, from the last projection (drawn before the new one arrives)
 
@@ -954,14 +964,26 @@
     banner.hidden = false;
   }
 
+  // Whether a refresh starts now. One asked for while another runs (a page turned) is not lost:
+  // `again` runs it as soon as that one ends.
+  function mayRefresh(state) {
+    if (state.running) {
+      state.again = true;
+      return false;
+    }
+    state.running = true;
+    return true;
+  }
+
   async function refresh() {
-    if (running) return;
+    if (!mayRefresh(load)) return;
     if (!readToken()) {
+      load.running = false;
       clearTimeout(timer); // nothing to poll until a token is given
       showLogin();
       return;
     }
-    running = true;
+    let page = paging.index; // what this refresh loads is dropped if another page is turned to meanwhile
     try {
       // The projection covers every game: it may take longer, so the rest does not wait for it.
       const projectionLoad = api('/projection', { optional: true }).catch((error) => {
@@ -971,9 +993,12 @@
       let [games, fleet, boots, uptime, hosts] = await Promise.all([
         api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
+      if (paging.index !== page) return;
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
         Object.assign(paging, { cursors: [null], index: 0 });
+        page = 0;
         games = await api(gamesPath());
+        if (paging.index !== page) return;
       }
       paging.next = games.next_cursor || null;
       const items = games.items || [];
@@ -989,6 +1014,7 @@
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);
       forgetUnusedSeries();
+      if (paging.index !== page) return;
       // The server's clock, so a skewed laptop clock does not shift the timeline.
       const serverNow = toMs(uptime.daemon_started_at) + uptime.daemon_uptime_s * 1000;
       const nowMs = Number.isFinite(serverNow) ? serverNow : Date.now();
@@ -1012,6 +1038,7 @@
       renderHosts(clusterHosts, nowMs);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
+      if (paging.index !== page) return;
       renderGames(items, lastProjection);
       renderProjection(projection);
       if (shownGame) await showGameLog(shownGame);
@@ -1031,8 +1058,13 @@
         showBanner(String(error.message || error));
       }
     } finally {
-      running = false;
-      if (readToken()) schedule();
+      load.running = false;
+      if (load.again) {
+        load.again = false;
+        refresh();
+      } else if (readToken()) {
+        schedule();
+      }
     }
   }
 
