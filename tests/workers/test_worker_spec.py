@@ -190,3 +190,15 @@ def test_the_tiers_bounds_are_the_workers():
         worker = model.model_json_schema()["properties"]
         for name in ("num_envs", "batch_size"):
             assert tier[name]["maximum"] == worker[name]["anyOf"][0]["maximum"], (model, name)
+
+
+def test_the_seed_is_envpools_int32_and_derived_seeds_stay_in_it():
+    from workers.protocol.spec import derived_seed
+
+    assert RunSpec.from_dict({**EVERY_FIELD, "seed": 2**31 - 1}).seed == 2**31 - 1
+    for bad, reason in ((2**31, "must be <= 2147483647"), (-1, "must be >= 0")):
+        with pytest.raises(SpecError) as err:
+            RunSpec.from_dict({**EVERY_FIELD, "seed": bad})
+        assert err.value.field == "seed" and err.value.reason.startswith(reason)
+    assert derived_seed(5, 1_000_003) == 1_000_008
+    assert derived_seed(2**31 - 1, 1_000_003) == 1_000_002

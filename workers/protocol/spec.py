@@ -238,7 +238,9 @@ class LaunchSpec(_Strict):
     # The GPU fleetd placed this run on (NVML index, PCI bus order); fleetd's launcher also sets
     # CUDA_VISIBLE_DEVICES to it, so the worker sees it alone. None: not placed (use the current device).
     gpu: NonNegative | None = None
-    seed: NonNegative = 0
+    # EnvPool's seed is an int32 (a larger one is a TypeError at start); seeds derived from it
+    # (evaluation's) wrap within it: `derived_seed`.
+    seed: Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(integral)] = 0
     allow_fresh_start: bool = False
     # Set by fleetd: since when (wall clock, Unix seconds) the game has trained without a
     # checkpoint to show for it (the start of its first run after its newest checkpoint). A run
@@ -317,6 +319,12 @@ class LaunchSpec(_Strict):
 
     def with_run(self, run_id: int) -> RunSpec:
         return RunSpec.from_dict({**self.to_dict(), "run_id": run_id})
+
+
+def derived_seed(seed: int, offset: int) -> int:
+    """`seed + offset` within EnvPool's int32 seeds: a spec's seed near the top otherwise passes
+    the start and crashes where the derived env is made (every evaluation, at every restart)."""
+    return (seed + offset) % (INT32_MAX + 1)
 
 
 def effective_sizes(num_envs: int | None, batch_size: int | None, tier: TierDefaults) -> Sizes:
