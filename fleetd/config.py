@@ -26,6 +26,7 @@ from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV
                              config_path_from, default_state_dir)
 from fleetd.games.spec import GameSpec
 from workers.protocol.exit_codes import ExitCode
+from workers.protocol.spec import MAX_BATCH_SIZE, MAX_NUM_ENVS
 
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
@@ -166,8 +167,9 @@ class TierSettings(_Section):
     """One load tier: how many games run at once, and each game's env count and batch size."""
 
     games: int = Field(ge=1, le=256)
-    num_envs: int = Field(ge=1, le=4096)
-    batch_size: int = Field(ge=1, le=65536)
+    # The worker's own bounds (workers/protocol/spec.py): a tier's values pass as a game's would.
+    num_envs: int = Field(ge=1, le=MAX_NUM_ENVS)
+    batch_size: int = Field(ge=1, le=MAX_BATCH_SIZE)
 
 
 TIER_NAMES = ("light", "medium", "heavy")

@@ -211,6 +211,22 @@ def test_a_patch_without_algo_takes_no_hyperparameters_in_the_schema() -> None:
     assert not post.is_valid({"name": "n", "env_id": "CartPole-v1", "hyperparams": {"learning_starts": 2}})
 
 
+
+@pytest.mark.parametrize(("hyperparams", "ppo"), [
+    ({"n_steps": 1, "num_envs": 1}, False), ({"batch_size": 1}, False),
+    ({"n_steps": 1}, True), ({"n_steps": 1, "num_envs": 2}, True), ({"batch_size": 2}, True),
+])
+def test_the_schema_refuses_a_ppo_batch_of_one_as_fleetd_does(hyperparams: dict, ppo: bool, app: FastAPI) -> None:
+    """A rule of two keys (LaunchSpec._ppo_batches) is in PPO's arm of the schema too: the fuzzer
+    would otherwise send a schema-valid body that fleetd refuses. DQN's arm takes them."""
+    client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    for algo, takes in (("ppo", ppo), ("dqn", True)):
+        for (path, method), body in _bodies(algo, hyperparams).items():
+            assert _body_schema(path, method).is_valid(body) == takes, (path, method, algo)
+        dry = client.put("/api/v1/fleet/spec", params={"dry_run": "true"}, json=_bodies(algo, hyperparams)[
+            ("/api/v1/fleet/spec", "put")])
+        assert (dry.status_code == 200) == takes, (algo, dry.text)
+
 STATEFUL_EXAMPLES = 15  # scenarios of up to STATEFUL_STEPS linked calls
 STATEFUL_STEPS = 6
 

@@ -583,3 +583,17 @@ def test_a_policy_kwarg_that_is_not_finite_is_refused(client: TestClient, hyperp
     assert error["details"]["errors"][0]["field"] == field, error
     assert error["details"]["errors"][0]["reason"] == f"must be finite, got {shown}"
     envelope(client.get("/api/v1/games/infnet"), 404)
+
+
+@pytest.mark.parametrize(("hyperparams", "field"), [
+    ({"learning_rate": -0.1}, "hyperparams.learning_rate"),
+    ({"num_envs": 100_000_000}, "hyperparams.num_envs"),
+    ({"policy": "NoSuchPolicy"}, "hyperparams.policy"),
+    ({"n_steps": 1, "num_envs": 1}, "hyperparams.n_steps"),
+])
+def test_a_hyperparameter_the_worker_would_crash_on_is_a_422_naming_it(client: TestClient, hyperparams, field) -> None:
+    """Refused when the game is added, not by SB3 in a worker that then crash-loops."""
+    error = envelope(client.post("/api/v1/games", json=GAME | {"name": "badhp", "hyperparams": hyperparams}), 422)
+    assert error["details"]["errors"][0]["field"] == field, error
+    assert field in error["message"]
+    assert client.get("/api/v1/games/badhp").status_code == 404

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack
 
 from workers.protocol import is_module_env_id
@@ -268,30 +269,80 @@ class GymEnvFactory:
         self.max_episode_steps = max_episode_steps
 
     def __call__(self) -> gym.Env:
-        from stable_baselines3.common.monitor import Monitor
-
         ignore_stop_signals_in_subprocess()
         register_ale_envs()
+        if self.atari:  # gray from the emulator; the wrappers do the max-pooled frame skip of 4
+            # and the episode cap, in agent steps as EnvPool counts it (not frames)
+            return atari_env(gym.make(self.env_id, frameskip=1, obs_type="grayscale"),
+                             self.learning_wrappers, self.max_episode_steps)
         kwargs: dict[str, Any] = {}
         if self.max_episode_steps is not None:
             kwargs["max_episode_steps"] = self.max_episode_steps
-        if self.atari:  # gray from the emulator; the wrappers do the max-pooled frame skip of 4
-            kwargs.update(frameskip=1, obs_type="grayscale")
-        env = Monitor(gym.make(self.env_id, **kwargs))  # below the life/clip wrappers: whole games
-        return atari_wrappers(env, self.learning_wrappers) if self.atari else env
+        return Monitor(gym.make(self.env_id, **kwargs))
 
 
-def atari_wrappers(env: gym.Env, learning: bool) -> gym.Env:
-    """SB3's AtariWrapper chain, with a Pillow resize instead of its OpenCV `WarpFrame`."""
+def atari_env(env: gym.Env, learning: bool, max_episode_steps: int | None) -> gym.Env:
+    """SB3's AtariWrapper chain, with a Pillow resize instead of its OpenCV `WarpFrame`, and
+    EnvPool's episode cap and lengths: agent steps of a whole game (4 frames each; the no-ops,
+    FIRE and lost-life steps the reset wrappers play are not counted)."""
     from stable_baselines3.common import atari_wrappers as aw
 
     env = aw.MaxAndSkipEnv(aw.NoopResetEnv(env, noop_max=30), skip=4)
+    # Below the life wrapper: its truncation ends the game (a real reset), and the Monitor
+    # above it sees whole games with unclipped rewards.
+    limit = env = GameStepLimit(env, max_episode_steps)
+    env = AgentStepMonitor(env)
     if learning:
         env = aw.EpisodicLifeEnv(env)
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = aw.FireResetEnv(env)
     env = GrayResize(env)
-    return aw.ClipRewardEnv(env) if learning else env
+    env = aw.ClipRewardEnv(env) if learning else env
+    return AgentSteps(env, limit)
+
+
+class GameStepLimit(gym.Wrapper):
+    """Truncates a game after `max_steps` agent steps (None: never). The steps are counted by
+    `AgentSteps`, the outermost wrapper, so that the steps reset wrappers play in between are
+    not; a real reset of the game starts the count again."""
+
+    def __init__(self, env: gym.Env, max_steps: int | None):
+        super().__init__(env)
+        self.max_steps = max_steps
+        self.agent_steps = 0
+
+    def reset(self, **kwargs):
+        self.agent_steps = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.max_steps is not None and self.agent_steps >= self.max_steps:
+            truncated = True
+        return obs, reward, terminated, truncated, info
+
+
+class AgentSteps(gym.Wrapper):
+    """Counts the agent's own steps into the `GameStepLimit` below (before they reach it)."""
+
+    def __init__(self, env: gym.Env, limit: GameStepLimit):
+        super().__init__(env)
+        self.limit = limit
+
+    def step(self, action):
+        self.limit.agent_steps += 1
+        return self.env.step(action)
+
+
+class AgentStepMonitor(Monitor):
+    """SB3's Monitor on a `GameStepLimit`, with the game's length in agent steps (as EnvPool
+    reports it) rather than in the steps that reached it."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if "episode" in info:
+            info["episode"]["l"] = self.episode_lengths[-1] = self.env.agent_steps
+        return obs, reward, terminated, truncated, info
 
 
 class GrayResize(gym.ObservationWrapper):

@@ -17,6 +17,7 @@ import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from workers.envs import EnvConfig, make_vec_env
+from workers.protocol.spec import derived_seed
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Evaluator:
                  should_stop: Callable[[], bool] = lambda: False, max_s: float = EVAL_MAX_S,
                  clock=time.monotonic):
         self.config = replace(config, num_envs=max(1, min(episodes, MAX_EVAL_ENVS)),
-                              seed=config.seed + EVAL_SEED_OFFSET)
+                              seed=derived_seed(config.seed, EVAL_SEED_OFFSET))
         self.episodes = episodes
         self.interval_steps = interval_steps
         self.should_stop = should_stop

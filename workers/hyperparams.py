@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from workers import defaults
-from workers.protocol.spec import RunSpec, SpecError
+from workers.protocol.spec import PPO_MIN_BATCH, RunSpec, SpecError
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,9 @@ def algo_kwargs(algo: str, plan: Plan, image_obs: bool) -> dict[str, Any]:
         kwargs["policy_kwargs"] = {**kwargs.get("policy_kwargs", {}),
                                    **policy_kwargs(overrides.pop("policy_kwargs"))}
     kwargs.update(overrides)
-    if algo == "ppo":  # a minibatch larger than the rollout is an SB3 error
-        kwargs["batch_size"] = min(kwargs["batch_size"], kwargs["n_steps"] * plan.num_envs)
+    if algo == "ppo":  # a minibatch larger than the rollout is an SB3 error, and so is one of 1
+        # (a batch_scale after CUDA out-of-memory can halve it there; the spec keeps the rollout >= 2)
+        kwargs["batch_size"] = max(PPO_MIN_BATCH, min(kwargs["batch_size"], kwargs["n_steps"] * plan.num_envs))
     return kwargs
 
 

@@ -143,10 +143,13 @@ def env_recipe(env_id: str, hp: dict[str, Any]) -> dict[str, Any]:
         return {"env_backend": "envpool", "env_make": "envpool.make_gymnasium", "env_kwargs": kwargs,
                 "wrappers": wrappers}
     atari = is_ale_id(env_id)
-    wrappers = (["SB3 AtariWrapper chain: NoopReset(30), MaxAndSkip(4), FireReset, 84x84 gray "
+    cap = (f", a cap of {config.max_episode_steps} agent steps per game (above the frame skip)"
+           if config.max_episode_steps else "")
+    wrappers = ([f"SB3 AtariWrapper chain: NoopReset(30), MaxAndSkip(4){cap}, FireReset, 84x84 gray "
                  "(area resize); in training also EpisodicLife and ClipReward",
                  f"VecFrameStack(n_stack={config.frame_stack})"] if atari else [])
-    kwargs = {"max_episode_steps": config.max_episode_steps} if config.max_episode_steps else {}
+    # Atari's cap is a wrapper's (workers/envs.py atari_env): gym.make's would count frames.
+    kwargs = {"max_episode_steps": config.max_episode_steps} if config.max_episode_steps and not atari else {}
     return {"env_backend": "gymnasium", "env_make": "gymnasium.make", "env_kwargs": kwargs, "wrappers": wrappers}
 
 

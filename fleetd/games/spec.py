@@ -12,7 +12,7 @@ from fleetd.games.fields import SETTABLE
 from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
 from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.states import Desired
-from workers.protocol.spec import Hyperparams, algo_refusal
+from workers.protocol.spec import PPO_MIN_BATCH, Hyperparams, algo_refusal
 
 ALGOS = ("ppo", "dqn", "a2c")
 DEFAULT_ALGO = "ppo"
@@ -28,6 +28,10 @@ def hyperparams_schema(algo: str | None = None) -> dict[str, Any]:
         schema["title"] = f"{algo.upper()} hyperparameters"
         schema["properties"] = {key: value for key, value in schema["properties"].items()
                                 if algo_refusal(key, algo) is None}
+    if algo == "ppo":  # LaunchSpec._ppo_batches: no batch of one (the rollout's env count is the tier's unless given)
+        schema["properties"]["batch_size"] = {**schema["properties"]["batch_size"], "minimum": PPO_MIN_BATCH}
+        one = {"type": "integer", "maximum": PPO_MIN_BATCH - 1}  # not null: a PATCH's null clears the key
+        schema["not"] = {"required": ["n_steps", "num_envs"], "properties": {"n_steps": one, "num_envs": one}}
     return schema
 
 

@@ -227,3 +227,27 @@ def test_fallback_to_dummy_with_warning_when_subprocesses_fail(monkeypatch, capl
 def test_unknown_to_envpool_goes_to_gymnasium():
     assert envs.is_envpool_id("CartPole-v1") and envs.is_envpool_id("Pong-v5")
     assert not envs.is_envpool_id("ALE/Pong-v5")
+
+
+@pytest.mark.parametrize("game", ["Pong", "Breakout"])
+def test_the_episode_cap_counts_agent_steps_on_envpool_and_ale_alike(game):
+    """`max_episode_steps` is EnvPool's: agent steps of a whole game (Breakout: across its lost
+    lives). On ale-py it counted frames (frameskip=1 under the wrappers' skip of 4), no-op
+    resets included: the same setting gave games a quarter as long, reported in frames."""
+    for env_id in (f"{game}-v5", f"ALE/{game}-v5"):
+        venv = make_vec_env(EnvConfig(env_id, 1, seed=0, max_episode_steps=40))
+        venv.reset()
+        rng = np.random.default_rng(0)
+        lengths, steps, lives_lost = [], 0, 0
+        while len(lengths) < 2:
+            _, _, dones, infos = venv.step(rng.integers(0, venv.action_space.n, size=1))
+            steps += 1
+            if "episode" in infos[0]:
+                assert infos[0]["TimeLimit.truncated"] is True, (env_id, infos[0])
+                lengths.append((steps, infos[0]["episode"]["l"]))
+                steps = 0
+            else:
+                lives_lost += int(dones[0])
+        venv.close()
+        assert lengths == [(40, 40), (40, 40)], env_id
+        assert game == "Pong" or lives_lost > 0, env_id  # the count goes on over a lost life

@@ -85,3 +85,11 @@ def test_best_checkpoint_survives_pruning_and_resume_reports_its_figure(make_spe
     assert checkpoint.best_verified(spec.checkpoint_dir).steps == best_before.steps
     first = next(r for r in inbox.drain() if isinstance(r, ProgressReport))
     assert first.eval_return is not None  # resumed from 512, which was evaluated
+
+
+def test_a_seed_at_the_top_of_envpools_int32_evaluates(make_spec):
+    """The evaluation env's seed (the game's + 1,000,003) wraps within EnvPool's int32: a seed
+    near 2^31 trained, then crashed at its first evaluation, and at every restart again."""
+    spec = make_spec(total_timesteps=256, hyperparams=EVAL, seed=2**31 - 1)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert _scores(spec.checkpoint_dir)[256] is not None

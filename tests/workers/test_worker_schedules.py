@@ -197,3 +197,10 @@ def test_a_game_that_outlives_its_learning_rate_is_told_at_its_first_run_and_onc
         assert run(make_spec(checkpoint_dir=str(tmp_path / f"other{index}"), **fields), stop=StopFlag()) == ExitCode.COMPLETED
         (quiet,) = [r for r in inbox.drain() if isinstance(r, ResumedReport)]
         assert quiet.notes == (), fields
+
+
+def test_a_ppo_minibatch_halved_after_out_of_memory_stays_above_one(make_spec):
+    """batch_scale after CUDA OOMs can take a small batch to 1; SB3's PPO asserts it above 1."""
+    _, plan = _plan(make_spec, algo="ppo", hyperparams={"num_envs": 2, "batch_size": 3}, batch_scale=0.25)
+    assert plan.batch_size == 1
+    assert algo_kwargs("ppo", plan, image_obs=False)["batch_size"] == 2

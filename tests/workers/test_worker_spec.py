@@ -131,3 +131,74 @@ def test_an_integral_float_is_an_integer_as_json_schema_says_and_nothing_else_is
     for bad in (2048.5, "2048", True):
         with pytest.raises(ValueError):
             Hyperparams.model_validate({"n_steps": bad})
+
+
+@pytest.mark.parametrize(("hyperparams", "field", "reason"), [
+    ({"learning_rate": 0.0}, "learning_rate", "must be > 0"),
+    ({"learning_rate": -0.1}, "learning_rate", "must be > 0"),
+    ({"gamma": 5.0}, "gamma", "must be <= 1"),
+    ({"gamma": -0.1}, "gamma", "must be >= 0"),
+    ({"gae_lambda": 1.5}, "gae_lambda", "must be <= 1"),
+    ({"clip_range": 0.0}, "clip_range", "must be > 0"),
+    ({"max_grad_norm": -1.0}, "max_grad_norm", "must be > 0"),
+    ({"ent_coef": -0.01}, "ent_coef", "must be >= 0"),
+    ({"vf_coef": -0.5}, "vf_coef", "must be >= 0"),
+    ({"exploration_fraction": 0.0}, "exploration_fraction", "must be > 0"),  # SB3 divides by it
+    ({"exploration_fraction": 7.0}, "exploration_fraction", "must be <= 1"),
+    ({"exploration_final_eps": -1.0}, "exploration_final_eps", "must be >= 0"),
+    ({"num_envs": 100_000_000}, "num_envs", "must be <= 4096"),
+    ({"batch_size": 2**20}, "batch_size", "must be <= 65536"),
+    ({"max_episode_steps": 2**31}, "max_episode_steps", "must be <= 2147483647"),  # EnvPool's int32
+    ({"policy": "NoSuchPolicy"}, "policy", "must be one of MlpPolicy, CnnPolicy, MultiInputPolicy"),
+    ({"n_steps": 1, "num_envs": 1}, "n_steps", "n_steps x num_envs (1) must be >= 2 for PPO"),
+    ({"batch_size": 1}, "batch_size", "must be >= 2 for PPO"),
+])
+def test_a_hyperparameter_sb3_would_reject_is_refused_by_name(hyperparams, field, reason):
+    """Refused up front (exit 78, or the API's 422 naming it), not by SB3 at start (exit 1: a crash loop)."""
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict({**EVERY_FIELD, "algo": "ppo", "tier_defaults": {}, "hyperparams": hyperparams})
+    assert err.value.field == f"hyperparams.{field}" and err.value.reason.startswith(reason), err.value
+
+
+@pytest.mark.parametrize("hyperparams", [
+    {"learning_rate": 1e-9, "gamma": 0.0, "gae_lambda": 1.0, "ent_coef": 0.0, "vf_coef": 0.0},
+    {"num_envs": 4096, "batch_size": 65536, "policy": "CnnPolicy", "max_episode_steps": 2**31 - 1},
+    {"n_steps": 2, "num_envs": 1, "batch_size": 2},  # PPO's smallest rollout and minibatch
+    {"n_steps": 1, "num_envs": 2},
+    {"n_steps": 1},  # with a worker's 8 envs
+])
+def test_the_edges_of_the_bounds_are_accepted(hyperparams):
+    RunSpec.from_dict({**EVERY_FIELD, "algo": "ppo", "tier_defaults": {}, "hyperparams": hyperparams})
+
+
+def test_a_ppo_rollout_of_one_counts_the_tiers_env_count():
+    base = {**EVERY_FIELD, "algo": "ppo", "hyperparams": {"n_steps": 1}}
+    RunSpec.from_dict({**base, "tier_defaults": {"num_envs": 2}})
+    with pytest.raises(SpecError) as err:
+        RunSpec.from_dict({**base, "tier_defaults": {"num_envs": 1}})
+    assert err.value.field == "hyperparams.n_steps"
+    # DQN's n_steps is its n-step return, and its batch samples the replay buffer: one is fine.
+    RunSpec.from_dict({**base, "algo": "dqn", "hyperparams": {"n_steps": 1, "num_envs": 1, "batch_size": 1}})
+
+
+def test_the_tiers_bounds_are_the_workers():
+    """Nothing a tier sizes is refused by the worker's spec: the same bounds, stated once."""
+    from fleetd.config import TierSettings
+
+    tier = TierSettings.model_json_schema()["properties"]
+    for model in (Hyperparams, TierDefaults):
+        worker = model.model_json_schema()["properties"]
+        for name in ("num_envs", "batch_size"):
+            assert tier[name]["maximum"] == worker[name]["anyOf"][0]["maximum"], (model, name)
+
+
+def test_the_seed_is_envpools_int32_and_derived_seeds_stay_in_it():
+    from workers.protocol.spec import derived_seed
+
+    assert RunSpec.from_dict({**EVERY_FIELD, "seed": 2**31 - 1}).seed == 2**31 - 1
+    for bad, reason in ((2**31, "must be <= 2147483647"), (-1, "must be >= 0")):
+        with pytest.raises(SpecError) as err:
+            RunSpec.from_dict({**EVERY_FIELD, "seed": bad})
+        assert err.value.field == "seed" and err.value.reason.startswith(reason)
+    assert derived_seed(5, 1_000_003) == 1_000_008
+    assert derived_seed(2**31 - 1, 1_000_003) == 1_000_002

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, NamedTuple, Self, get_args
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
-                      model_serializer)
-from pydantic_core import PydanticCustomError
+                      model_serializer, model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from workers.protocol import PROTOCOL_VERSION
 
@@ -28,7 +28,19 @@ ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 # A worker run on its own, with no tier values in its spec, trains with these (any device).
 STANDALONE_NUM_ENVS = 8
 STANDALONE_BATCH_SIZE = 256
-
+# The most envs and the largest batch a game may ask for: the load tiers' own bounds
+# (fleetd/config.py TierSettings), so nothing fleetd sizes is refused. 10^8 envs exhausted the
+# host's memory before the worker could say why; 4096 is 16 times the heavy tier's 256.
+MAX_NUM_ENVS = 4096
+MAX_BATCH_SIZE = 65536
+# EnvPool takes its seed and episode cap as C++ int32 (a larger value is a TypeError at start).
+INT32_MAX = 2**31 - 1
+# SB3's PPO normalizes the advantages of each minibatch: one sample is NaN, and SB3 asserts
+# both its batch_size and its rollout (n_steps x num_envs) above 1.
+PPO_MIN_BATCH = 2
+# The policy names SB3 knows for PPO, A2C and DQN alike (`policy_aliases`); the worker passes the
+# name as given, and any other is SB3's error at start.
+Policy = Literal["MlpPolicy", "CnnPolicy", "MultiInputPolicy"]
 
 
 def integral(value: Any) -> Any:
@@ -41,7 +53,15 @@ def integral(value: Any) -> Any:
 # Schema's "minimum"), which clients and schemathesis then ignore.
 Positive = Annotated[int, Field(ge=1), BeforeValidator(integral)]
 NonNegative = Annotated[int, Field(ge=0), BeforeValidator(integral)]
+EnvCount = Annotated[int, Field(ge=1, le=MAX_NUM_ENVS), BeforeValidator(integral)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE), BeforeValidator(integral)]
+Int32Positive = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(integral)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
+# SB3 takes these as given and fails (or learns nothing) outside them: a learning rate, clip
+# range or gradient norm of 0 or below, a discount or probability outside [0, 1].
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -110,32 +130,33 @@ class Hyperparams(_Overrides):
     """Overrides the worker understands; explicit values win over every default. Anything else
     is refused, so that a typo (`learing_rate`) fails loudly instead of being ignored."""
 
-    num_envs: Positive | None = None
-    batch_size: Positive | None = None
+    num_envs: EnvCount | None = None
+    batch_size: BatchSize | None = None  # PPO: at least 2 (LaunchSpec._ppo_batches)
     n_steps: Positive | None = None
     n_epochs: Positive | None = None
-    learning_rate: float | None = None
-    gamma: float | None = None
-    gae_lambda: float | None = None
-    clip_range: float | None = None
-    ent_coef: float | None = None
-    vf_coef: float | None = None
-    max_grad_norm: float | None = None
+    learning_rate: PositiveFloat | None = None
+    gamma: Fraction | None = None
+    gae_lambda: Fraction | None = None
+    clip_range: PositiveFloat | None = None
+    ent_coef: NonNegativeFloat | None = None
+    vf_coef: NonNegativeFloat | None = None
+    max_grad_norm: PositiveFloat | None = None
     buffer_size: Positive | None = None
     learning_starts: NonNegative | None = None
     train_freq: Positive | None = None
     gradient_steps: Positive | None = None
     target_update_interval: Positive | None = None
-    exploration_fraction: float | None = None
-    exploration_final_eps: float | None = None
-    policy: Text | None = None
+    # SB3's exploration schedule divides by the fraction: 0 is a ZeroDivisionError.
+    exploration_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    exploration_final_eps: Fraction | None = None
+    policy: Policy | None = None
     policy_kwargs: PolicyKwargs | None = None
     normalize: bool | None = None
     save_replay_buffer: bool | None = None
     replay_buffer_max_bytes: NonNegative | None = None
     schedule_timesteps: Positive | None = None
     frame_stack: Positive | None = None
-    max_episode_steps: Positive | None = None
+    max_episode_steps: Int32Positive | None = None
     # Deterministic evaluation (docs/worker.md#evaluation): every this many steps, at the next
     # checkpoint, `eval_episodes` whole games on a separate env; 0 episodes turns it off.
     eval_interval_steps: Positive | None = None
@@ -202,8 +223,8 @@ def change_refusal(key: str, algo: str, trained: bool) -> str | None:
 class TierDefaults(_Overrides):
     """The game's load tier, already sized for the device by fleetd (fleetd/governor/scaling.py)."""
 
-    num_envs: Positive | None = None
-    batch_size: Positive | None = None
+    num_envs: EnvCount | None = None
+    batch_size: BatchSize | None = None
 
 
 class Sizes(NamedTuple):
@@ -240,7 +261,9 @@ class LaunchSpec(_Strict):
     # The GPU fleetd placed this run on (NVML index, PCI bus order); fleetd's launcher also sets
     # CUDA_VISIBLE_DEVICES to it, so the worker sees it alone. None: not placed (use the current device).
     gpu: NonNegative | None = None
-    seed: NonNegative = 0
+    # EnvPool's seed is an int32 (a larger one is a TypeError at start); seeds derived from it
+    # (evaluation's) wrap within it: `derived_seed`.
+    seed: Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(integral)] = 0
     allow_fresh_start: bool = False
     # Set by fleetd: since when (wall clock, Unix seconds) the game has trained without a
     # checkpoint to show for it (the start of its first run after its newest checkpoint). A run
@@ -265,6 +288,23 @@ class LaunchSpec(_Strict):
             raise PydanticCustomError("protocol", "this worker speaks protocol {ours}, got {got}",
                                       {"ours": PROTOCOL_VERSION, "got": value})
         return value
+
+    @model_validator(mode="after")
+    def _ppo_batches(self) -> Self:
+        """PPO's batch of one (see PPO_MIN_BATCH), refused here rather than asserted by SB3 at
+        start. The rollout counts the env count the worker will use: explicit, else the tier's
+        (fleetd checks a game's hyperparameters without a tier: a worker's 8)."""
+        if self.algo != "ppo":
+            return self
+        hp = self.hyperparams
+        if hp.batch_size is not None and hp.batch_size < PPO_MIN_BATCH:
+            raise _field_error(("hyperparams", "batch_size"), hp.batch_size,
+                               f"must be >= {PPO_MIN_BATCH} for PPO (its advantages are normalized per minibatch)")
+        if hp.n_steps is not None and hp.n_steps * self.sizes().num_envs < PPO_MIN_BATCH:
+            raise _field_error(("hyperparams", "n_steps"), hp.n_steps,
+                               f"n_steps x num_envs ({self.sizes().num_envs}) must be >= {PPO_MIN_BATCH} for PPO "
+                               "(a rollout of one step cannot be normalized)")
+        return self
 
     @classmethod
     def from_dict(cls, data: Any) -> Self:
@@ -304,6 +344,12 @@ class LaunchSpec(_Strict):
         return RunSpec.from_dict({**self.to_dict(), "run_id": run_id})
 
 
+def derived_seed(seed: int, offset: int) -> int:
+    """`seed + offset` within EnvPool's int32 seeds: a spec's seed near the top otherwise passes
+    the start and crashes where the derived env is made (every evaluation, at every restart)."""
+    return (seed + offset) % (INT32_MAX + 1)
+
+
 def effective_sizes(num_envs: int | None, batch_size: int | None, tier: TierDefaults) -> Sizes:
     """The one rule: explicit hyperparams win over the tier's values, which fleetd sized for
     the device; without either a worker takes 8 / 256."""
@@ -334,6 +380,12 @@ def refusals() -> Iterator[None]:
         raise _spec_error(exc) from None
 
 
+def _field_error(loc: tuple[str, ...], value: Any, reason: str) -> ValidationError:
+    """A refusal of one field from a check of several (a model validator's errors have no field)."""
+    return ValidationError.from_exception_data("LaunchSpec", [InitErrorDetails(
+        type=PydanticCustomError("field_rule", "{reason}", {"reason": reason}), loc=loc, input=value)])
+
+
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
@@ -358,6 +410,10 @@ _EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": 
              "dict_type": "an object", "model_type": "an object"}
 
 
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+           "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+
+
 def _reason(error: Any) -> str:
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
     if kind == "extra_forbidden":
@@ -368,8 +424,9 @@ def _reason(error: Any) -> str:
         return f"expected {_EXPECTED[kind]}, got {_type_name(value)} {value!r}"
     if kind == "finite_number":
         return f"must be finite, got {value!r}"
-    if kind in ("greater_than_equal", "greater_than"):
-        return f"must be {'>=' if kind == 'greater_than_equal' else '>'} {ctx.get('ge', ctx.get('gt'))}, got {value}"
+    if kind in _BOUNDS:
+        sign, key = _BOUNDS[kind]
+        return f"must be {sign} {ctx[key]}, got {value}"
     if kind == "literal_error":
         choices = str(ctx["expected"]).replace("'", "").replace(" or ", ", ")
         return f"must be one of {choices}; got {value!r}"
