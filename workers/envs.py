@@ -272,8 +272,10 @@ class GymEnvFactory:
         ignore_stop_signals_in_subprocess()
         register_ale_envs()
         if self.atari:  # gray from the emulator; the wrappers do the max-pooled frame skip of 4
-            # and the episode cap, in agent steps as EnvPool counts it (not frames)
-            return atari_env(gym.make(self.env_id, frameskip=1, obs_type="grayscale"),
+            # and the episode cap, in agent steps as EnvPool counts it (not frames). No sticky
+            # actions: ale-py's v5 ids repeat the last action a quarter of the time, EnvPool's
+            # and the zoo's NoFrameskip-v4 never, and the two paths are one game.
+            return atari_env(gym.make(self.env_id, frameskip=1, obs_type="grayscale", repeat_action_probability=0.0),
                              self.learning_wrappers, self.max_episode_steps)
         kwargs: dict[str, Any] = {}
         if self.max_episode_steps is not None:

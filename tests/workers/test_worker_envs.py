@@ -251,3 +251,16 @@ def test_the_episode_cap_counts_agent_steps_on_envpool_and_ale_alike(game):
         venv.close()
         assert lengths == [(40, 40), (40, 40)], env_id
         assert game == "Pong" or lives_lost > 0, env_id  # the count goes on over a lost life
+
+
+def test_ale_ids_play_without_sticky_actions_as_envpool_does():
+    # ale-py's v5 ids repeat the previous action with probability 0.25 unless told otherwise;
+    # EnvPool's Pong-v5 and the zoo's NoFrameskip-v4 never do.
+    import envpool
+
+    env = envs.GymEnvFactory("ALE/Pong-v5", atari=True, learning_wrappers=True, max_episode_steps=None)()
+    try:
+        assert env.unwrapped.spec.kwargs["repeat_action_probability"] == 0.0
+    finally:
+        env.close()
+    assert envpool.make_spec("Pong-v5").config.repeat_action_probability == 0.0
