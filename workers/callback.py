@@ -135,14 +135,14 @@ class Checkpointer:
             self.reporter.eval_return = eval_return
         return eval_return
 
-    def write_final(self, model: BaseAlgorithm, counters: Counters,
-                    evaluate: bool = False) -> CheckpointSummary | None:
+    def write_final(self, model: BaseAlgorithm, counters: Counters, evaluate: bool = False) -> bool:
         """The last checkpoint; `evaluate` (a reached goal) evaluates it if an evaluation is
-        due. A stop does not: the supervisor's stop timeout is for the checkpoint alone."""
+        due. A stop does not: the supervisor's stop timeout is for the checkpoint alone.
+        Whether the final state is on disk (already, or written now): the exit code says so."""
         if self._last_steps == counters.steps:
             log.info("final state (%d steps) is already checkpointed", counters.steps)
-            return None
-        return self.write(model, counters, evaluate=evaluate)
+            return True
+        return self.write(model, counters, evaluate=evaluate) is not None
 
 
 class FleetCallback(BaseCallback):

@@ -236,7 +236,7 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
                         reset_num_timesteps=False, tb_log_name=spec.game)
             counters.steps = model.num_timesteps
         outcome = _outcome(spec, counters, callback, stop)
-        checkpointer.write_final(model, counters, evaluate=outcome is Outcome.COMPLETED)
+        final_saved = checkpointer.write_final(model, counters, evaluate=outcome is Outcome.COMPLETED)
     except (Diverged, ValueError) as exc:
         if isinstance(exc, ValueError) and (exc := non_finite_forward(exc, model.num_timesteps)) is None:
             raise
@@ -250,7 +250,20 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
     finally:
         reporter.stop()
         log.info("%s", callback.phases.describe())
+    if not final_saved:
+        return _final_not_saved(outcome, counters)
     return _exit_code(outcome, counters)
+
+
+def _final_not_saved(outcome: Outcome, counters: Counters) -> int:
+    """Neither 20 nor 0: fleetd would take the game as done (or cleanly stopped) and the
+    training since the newest checkpoint would be lost. A crash's code restarts it from that
+    checkpoint, to train the rest again and save it then."""
+    log.error("%s at %d steps, but the final checkpoint was not written (the error above); the "
+              "newest checkpoint on disk is older (exit %d: a crash, restarted from that one)",
+              "goal reached" if outcome is Outcome.COMPLETED else "stopped on signal", counters.steps,
+              ExitCode.FINAL_CHECKPOINT_FAILED)
+    return ExitCode.FINAL_CHECKPOINT_FAILED
 
 
 def _budget(spec: RunSpec, counters: Counters) -> int:

@@ -96,6 +96,29 @@ def test_stop_flag_ends_training_with_final_checkpoint_and_exit_0(make_spec):
     assert len(checkpoint.list_checkpoints(spec.checkpoint_dir)) == 1
 
 
+@pytest.mark.parametrize("stopped", [False, True], ids=["goal", "stop"])
+def test_a_final_checkpoint_not_written_exits_as_a_crash(make_spec, monkeypatch, caplog, stopped):
+    """A full disk at the end: not 20 (fleetd would never restart a completed game) nor 0, and
+    the training since the newest checkpoint would be lost; a crash restarts it from that one."""
+    import errno
+
+    write = checkpoint.write_checkpoint
+    full_from = 0 if stopped else 256
+
+    def full_disk(directory, steps, *args, **kwargs):
+        if steps >= full_from:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(directory, steps, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", full_disk)
+    spec = make_spec(total_timesteps=None if stopped else 256)
+    stop = StopFlag()
+    stop.signum = 15 if stopped else None  # as if SIGTERM arrived before the first step
+    assert run(spec, stop=stop) == ExitCode.FINAL_CHECKPOINT_FAILED
+    assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == ([] if stopped else [128])
+    assert "final checkpoint was not written" in caplog.text
+
+
 # -- round trip -------------------------------------------------------------------------------
 
 
