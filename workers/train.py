@@ -63,17 +63,20 @@ def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
 
 def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSender, stop: StopFlag) -> int:
     checkpoint.remove_temporaries(spec.checkpoint_dir)
-    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.torch, plan.normalize,
-                           plan.overrides)
-    counters = found.restored.counters if found.restored else Counters()
-    reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
+    try:  # the model comes to the GPU here, before `_train`: its OOM is the same remedy's
+        found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.torch, plan.normalize,
+                               plan.overrides)
+        counters = found.restored.counters if found.restored else Counters()
+        reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
+        if found.unusable and not spec.allow_fresh_start:
+            return _refuse_unusable(spec, found, reporter)
+        if found.unusable:
+            log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
+        model = _model_from(found, spec, plan, venv)
+        apply_precision(model, spec.bf16_autocast, spec.channels_last)
+    except torch.OutOfMemoryError as exc:
+        return _cuda_oom(exc, "loading or building the model")
     taken = str(found.taken) if found.taken else None
-    if found.unusable and not spec.allow_fresh_start:
-        return _refuse_unusable(spec, found, reporter)
-    if found.unusable:
-        log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
-    model = _model_from(found, spec, plan, venv)
-    apply_precision(model, spec.bf16_autocast, spec.channels_last)
     horizon = schedule_horizon(spec, plan, _image_obs(venv))
     set_schedule_horizon(model, horizon)
     apply_lr_scale(model, spec.lr_scale)
@@ -244,9 +247,7 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
                   "(exit %d)", exc, ExitCode.DIVERGED)
         return ExitCode.DIVERGED
     except torch.OutOfMemoryError as exc:
-        log.error("CUDA out of memory at %d steps: %s; no checkpoint written (exit %d)",
-                  model.num_timesteps, str(exc).splitlines()[0] if str(exc) else "", ExitCode.CUDA_OOM)
-        return ExitCode.CUDA_OOM
+        return _cuda_oom(exc, f"at {model.num_timesteps} steps")
     finally:
         reporter.stop()
         log.info("%s", callback.phases.describe())
@@ -264,6 +265,12 @@ def _final_not_saved(outcome: Outcome, counters: Counters) -> int:
               "goal reached" if outcome is Outcome.COMPLETED else "stopped on signal", counters.steps,
               ExitCode.FINAL_CHECKPOINT_FAILED)
     return ExitCode.FINAL_CHECKPOINT_FAILED
+
+
+def _cuda_oom(exc: torch.OutOfMemoryError, when: str) -> int:
+    log.error("CUDA out of memory %s: %s; no checkpoint written (exit %d)",
+              when, str(exc).splitlines()[0] if str(exc) else "", ExitCode.CUDA_OOM)
+    return ExitCode.CUDA_OOM
 
 
 def _budget(spec: RunSpec, counters: Counters) -> int:

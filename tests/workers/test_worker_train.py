@@ -262,6 +262,38 @@ def test_allow_fresh_start_trains_anew_over_unusable_checkpoints(trained, make_s
     assert checkpoint.newest_verified(spec.checkpoint_dir).steps == 128
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["resume", "fresh"])
+def test_cuda_oom_while_loading_or_building_the_model_exits_23(make_spec, request, monkeypatch, fresh):
+    """Short of GPU memory as the model (its rollout buffer) is allocated: the supervisor's
+    remedy (exit 23, a smaller batch), not every checkpoint skipped as one that does not load
+    (exit 21, FATAL), nor an uncaught exception (exit 1) on a fresh start."""
+    from workers import rollout
+
+    if not fresh:
+        request.getfixturevalue("trained")
+
+    def oom(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 920.00 MiB")
+
+    monkeypatch.setattr(rollout.DeviceRolloutBuffer, "reset", oom)
+    spec = make_spec(total_timesteps=640)
+    assert _run(spec) == ExitCode.CUDA_OOM
+    assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == ([] if fresh else [512, 384, 256])
+
+
+def test_host_memory_short_while_loading_a_checkpoint_does_not_reject_it(trained, make_spec, monkeypatch):
+    from workers import resume
+
+    def short(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(resume, "load_snapshot", short)
+    spec = make_spec()
+    plan = make_plan(spec, select_device("cpu"))
+    with pytest.raises(MemoryError):
+        find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
+
+
 def test_resume_continues_counting_and_completes_immediately_when_done(trained, make_spec, inbox):
     spec = make_spec(progress_socket=str(inbox.path))
     assert _run(spec) == ExitCode.COMPLETED  # the goal (512) was already reached
