@@ -28,7 +28,7 @@ from workers.hyperparams import (Plan, algo_kwargs, configure_torch, dqn_updates
 from workers.precision import apply_precision
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
-from workers.protocol.spec import RunSpec
+from workers.protocol.spec import RunSpec, SpecError
 from workers.reporting import Reporter
 from workers.resume import ResumeResult, find_resumable
 from workers.snapshot import ReplayPolicy, restore_rng
@@ -204,9 +204,16 @@ def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
     env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
     kwargs = algo_kwargs(spec.algo, plan, image_obs)
     log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
-    return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.torch,
-                                   seed=spec.seed, verbose=0,
-                                   tensorboard_log=tensorboard_dir(spec), **kwargs)
+    try:
+        return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.torch,
+                                       seed=spec.seed, verbose=0,
+                                       tensorboard_log=tensorboard_dir(spec), **kwargs)
+    except (ValueError, TypeError, AssertionError) as exc:
+        # SB3 and torch check the settings as they build the model (a negative learning rate,
+        # an unknown policy, a batch of one, a malformed net_arch): the spec's fault, which no
+        # restart fixes. A bad spec (exit 78, FATAL with this reason), not a crash to retry.
+        raise SpecError("hyperparams", f"SB3 cannot build a {spec.algo.upper()} model from them: "
+                        f"{type(exc).__name__}: {exc}") from exc
 
 
 def tensorboard_dir(spec: RunSpec) -> str | None:
