@@ -244,6 +244,19 @@ def test_resume_skips_bad_newest_for_previous(trained, make_spec, inbox, corrupt
     assert reason in resumed.skipped[0].reason
 
 
+def test_a_rewrite_at_the_steps_of_one_that_does_not_load_replaces_it(trained, make_spec):
+    # The newest (512) verifies but does not load: the run resumes from 384 and reaches its goal
+    # at 512 again. Its final checkpoint takes that place; kept, the broken one would be skipped
+    # at every start, and this run's training lost while it reported it written.
+    newest = checkpoint.list_checkpoints(trained.checkpoint_dir)[0]
+    _corrupt_but_rehash(newest.path)
+    assert _run(make_spec()) == ExitCode.COMPLETED
+    spec = make_spec()
+    plan = make_plan(spec, select_device("cpu"))
+    found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
+    assert found.taken == newest.path and found.skipped == []
+
+
 def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
     for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
         _corrupt_flip(info.path)
