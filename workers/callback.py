@@ -74,14 +74,14 @@ class Checkpointer:
         self._clock = clock
         self._last_at = clock()
         self._not_before = self._last_at
-        self._last_steps: int | None = None
+        self._last_steps: int | None = None  # the state on disk (resumed from or written)
+        self._from_steps = 0  # the step interval runs from here: the last save, or try
 
     def due(self, steps: int) -> bool:
         now = self._clock()
         if now - self._last_at >= self.interval_s and now >= self._not_before:
             return True
-        base = self._last_steps or 0
-        return self.interval_steps is not None and steps - base >= self.interval_steps
+        return self.interval_steps is not None and steps - self._from_steps >= self.interval_steps
 
     def mark_current(self, steps: int, saved_age_s: float | None = None) -> None:
         """The state at `steps` is already on disk (resumed from it), saved `saved_age_s` ago.
@@ -89,7 +89,7 @@ class Checkpointer:
         few minutes (a crash loop, an operator's kills; the 60-minute soak) would otherwise
         never live one interval and never checkpoint past its first. Not sooner than a tenth
         of the interval into this run, so that the checkpoint holds new training."""
-        self._last_steps = steps
+        self._last_steps = self._from_steps = steps
         if saved_age_s is not None:
             now = self._clock()
             self._last_at = min(self._last_at, now - max(0.0, saved_age_s))
@@ -106,12 +106,16 @@ class Checkpointer:
                 lambda tmp: save_snapshot(tmp, model, counters, self.replay), eval_return)
         except OSError as exc:
             # A full disk (ENOSPC) or a quota: the partial folder is gone, the newest
-            # verified checkpoint is intact. Training goes on; the next interval tries again.
-            self._last_at = self._clock()
-            log.error("checkpoint at %d steps not written: %s; training goes on, next try in %g s",
-                      counters.steps, exc, self.interval_s)
+            # verified checkpoint is intact. Training goes on; the next interval tries again:
+            # both intervals restart here (the step one too, or every step after this one
+            # would try again), but the state on disk (`_last_steps`) is still the old one.
+            self._last_at, self._from_steps = self._clock(), counters.steps
+            log.error("checkpoint at %d steps not written: %s; training goes on, next try in %g s%s",
+                      counters.steps, exc, self.interval_s,
+                      f" or {self.interval_steps} steps" if self.interval_steps is not None else "")
             return None
         self._last_at, self._last_steps = self._clock(), counters.steps
+        self._from_steps = counters.steps
         ok, reason = checkpoint.verify(path)
         if not ok:
             log.error("checkpoint %s does not verify right after writing: %s", path.name, reason)
@@ -131,14 +135,14 @@ class Checkpointer:
             self.reporter.eval_return = eval_return
         return eval_return
 
-    def write_final(self, model: BaseAlgorithm, counters: Counters,
-                    evaluate: bool = False) -> CheckpointSummary | None:
+    def write_final(self, model: BaseAlgorithm, counters: Counters, evaluate: bool = False) -> bool:
         """The last checkpoint; `evaluate` (a reached goal) evaluates it if an evaluation is
-        due. A stop does not: the supervisor's stop timeout is for the checkpoint alone."""
+        due. A stop does not: the supervisor's stop timeout is for the checkpoint alone.
+        Whether the final state is on disk (already, or written now): the exit code says so."""
         if self._last_steps == counters.steps:
             log.info("final state (%d steps) is already checkpointed", counters.steps)
-            return None
-        return self.write(model, counters, evaluate=evaluate)
+            return True
+        return self.write(model, counters, evaluate=evaluate) is not None
 
 
 class FleetCallback(BaseCallback):

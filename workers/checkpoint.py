@@ -11,6 +11,8 @@ Layout (docs/worker-protocol.md, section 3)::
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import logging
@@ -245,14 +247,38 @@ def _write_file_durably(path: Path, data: bytes) -> None:
 
 
 def _move_into_place(tmp: Path, final: Path) -> Path:
-    if final.exists():
-        if verify(final)[0]:  # same step count already saved and sound: keep the first one
-            shutil.rmtree(tmp)
-            return final
-        _discard(final)
-    os.rename(tmp, final)
+    """A folder of the same step count already there is replaced, sound or not: one that
+    verifies may still not load (skipped at resume, so this run trained from an older one
+    to here), and keeping it would report this write as done while the next start skips it
+    again. Swapped in one step where the system can: the name holds the old or the new."""
+    if not final.exists():
+        os.rename(tmp, final)
+    elif not _exchange(tmp, final):
+        _discard(final)  # no atomic swap here: for a moment, neither under the name
+        os.rename(tmp, final)
     fsync_path(final.parent)
+    shutil.rmtree(tmp, ignore_errors=True)  # after a swap, the old folder (a `.tmp-*` if left)
     return final
+
+
+_RENAME_EXCHANGE = 2  # <linux/fs.h>
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system or
+    the filesystem has no such call."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _discard(path: Path) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
 from stable_baselines3.common.vec_env import VecEnv
 
 from workers import checkpoint
@@ -53,7 +54,11 @@ def _reject_reason(path: Path, algo: str, venv: VecEnv, device: str, normalize: 
     try:
         changes = pending_changes(path / MODEL, overrides)
         result.restored = load_snapshot(path, algo, venv, device, normalize, custom_objects(changes))
-    except Exception as exc:  # noqa: BLE001 - whatever stops it loading disqualifies it
+    except (torch.OutOfMemoryError, MemoryError):
+        # Short of memory says nothing of this checkpoint: counted against it, every one
+        # would be rejected in turn (exit 21, or a fresh start over them). The caller's.
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever else stops it loading disqualifies it
         return f"verifies but does not load: {type(exc).__name__}: {exc}"
     result.taken, result.changes = path, changes
     for change in changes:

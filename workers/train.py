@@ -28,7 +28,7 @@ from workers.hyperparams import (Plan, algo_kwargs, configure_torch, dqn_updates
 from workers.precision import apply_precision
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
-from workers.protocol.spec import RunSpec
+from workers.protocol.spec import RunSpec, SpecError
 from workers.reporting import Reporter
 from workers.resume import ResumeResult, find_resumable
 from workers.snapshot import ReplayPolicy, restore_rng
@@ -63,17 +63,20 @@ def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
 
 def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSender, stop: StopFlag) -> int:
     checkpoint.remove_temporaries(spec.checkpoint_dir)
-    found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.torch, plan.normalize,
-                           plan.overrides)
-    counters = found.restored.counters if found.restored else Counters()
-    reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
+    try:  # the model comes to the GPU here, before `_train`: its OOM is the same remedy's
+        found = find_resumable(spec.checkpoint_dir, spec.algo, venv, plan.device.torch, plan.normalize,
+                               plan.overrides)
+        counters = found.restored.counters if found.restored else Counters()
+        reporter = Reporter(sender, spec.game, spec.run_id, counters, spec.progress_interval_s)
+        if found.unusable and not spec.allow_fresh_start:
+            return _refuse_unusable(spec, found, reporter)
+        if found.unusable:
+            log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
+        model = _model_from(found, spec, plan, venv)
+        apply_precision(model, spec.bf16_autocast, spec.channels_last)
+    except torch.OutOfMemoryError as exc:
+        return _cuda_oom(exc, "loading or building the model")
     taken = str(found.taken) if found.taken else None
-    if found.unusable and not spec.allow_fresh_start:
-        return _refuse_unusable(spec, found, reporter)
-    if found.unusable:
-        log.warning("no checkpoint is usable; starting from scratch (allow_fresh_start)")
-    model = _model_from(found, spec, plan, venv)
-    apply_precision(model, spec.bf16_autocast, spec.channels_last)
     horizon = schedule_horizon(spec, plan, _image_obs(venv))
     set_schedule_horizon(model, horizon)
     apply_lr_scale(model, spec.lr_scale)
@@ -201,9 +204,16 @@ def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
     env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
     kwargs = algo_kwargs(spec.algo, plan, image_obs)
     log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
-    return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.torch,
-                                   seed=spec.seed, verbose=0,
-                                   tensorboard_log=tensorboard_dir(spec), **kwargs)
+    try:
+        return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.torch,
+                                       seed=spec.seed, verbose=0,
+                                       tensorboard_log=tensorboard_dir(spec), **kwargs)
+    except (ValueError, TypeError, AssertionError) as exc:
+        # SB3 and torch check the settings as they build the model (a negative learning rate,
+        # an unknown policy, a batch of one, a malformed net_arch): the spec's fault, which no
+        # restart fixes. A bad spec (exit 78, FATAL with this reason), not a crash to retry.
+        raise SpecError("hyperparams", f"SB3 cannot build a {spec.algo.upper()} model from them: "
+                        f"{type(exc).__name__}: {exc}") from exc
 
 
 def tensorboard_dir(spec: RunSpec) -> str | None:
@@ -236,7 +246,7 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
                         reset_num_timesteps=False, tb_log_name=spec.game)
             counters.steps = model.num_timesteps
         outcome = _outcome(spec, counters, callback, stop)
-        checkpointer.write_final(model, counters, evaluate=outcome is Outcome.COMPLETED)
+        final_saved = checkpointer.write_final(model, counters, evaluate=outcome is Outcome.COMPLETED)
     except (Diverged, ValueError) as exc:
         if isinstance(exc, ValueError) and (exc := non_finite_forward(exc, model.num_timesteps)) is None:
             raise
@@ -244,13 +254,30 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
                   "(exit %d)", exc, ExitCode.DIVERGED)
         return ExitCode.DIVERGED
     except torch.OutOfMemoryError as exc:
-        log.error("CUDA out of memory at %d steps: %s; no checkpoint written (exit %d)",
-                  model.num_timesteps, str(exc).splitlines()[0] if str(exc) else "", ExitCode.CUDA_OOM)
-        return ExitCode.CUDA_OOM
+        return _cuda_oom(exc, f"at {model.num_timesteps} steps")
     finally:
         reporter.stop()
         log.info("%s", callback.phases.describe())
+    if not final_saved:
+        return _final_not_saved(outcome, counters)
     return _exit_code(outcome, counters)
+
+
+def _final_not_saved(outcome: Outcome, counters: Counters) -> int:
+    """Neither 20 nor 0: fleetd would take the game as done (or cleanly stopped) and the
+    training since the newest checkpoint would be lost. A crash's code restarts it from that
+    checkpoint, to train the rest again and save it then."""
+    log.error("%s at %d steps, but the final checkpoint was not written (the error above); the "
+              "newest checkpoint on disk is older (exit %d: a crash, restarted from that one)",
+              "goal reached" if outcome is Outcome.COMPLETED else "stopped on signal", counters.steps,
+              ExitCode.FINAL_CHECKPOINT_FAILED)
+    return ExitCode.FINAL_CHECKPOINT_FAILED
+
+
+def _cuda_oom(exc: torch.OutOfMemoryError, when: str) -> int:
+    log.error("CUDA out of memory %s: %s; no checkpoint written (exit %d)",
+              when, str(exc).splitlines()[0] if str(exc) else "", ExitCode.CUDA_OOM)
+    return ExitCode.CUDA_OOM
 
 
 def _budget(spec: RunSpec, counters: Counters) -> int:

@@ -104,3 +104,35 @@ def test_the_worker_takes_unsaved_since_from_its_spec(make_spec, write_spec, inb
     finally:
         os.kill(worker.pid, signal.SIGTERM)
         worker.wait(60)
+
+
+def test_a_failed_write_restarts_both_intervals_and_leaves_the_final_write_to_do(make_spec, monkeypatch) -> None:
+    """A full disk: the failed write is tried again one interval later (by time or by steps, as
+    its log says), not at every step after it (the step interval ran from the last save, so it
+    stayed due: 1,001 attempts in 6,000 steps); the final checkpoint still writes that state."""
+    import errno
+
+    from workers import callback
+    from workers.counters import Counters
+
+    attempts = []
+
+    def full_disk(directory, steps, *args, **kwargs):
+        attempts.append(steps)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(callback.checkpoint, "write_checkpoint", full_disk)
+    monkeypatch.setattr(callback, "check_finite", lambda model, steps: None)  # no model here
+    clock = Clock()
+    ckpt = Checkpointer(make_spec(checkpoint_interval_s=600.0), ReplayPolicy(), reporter=None,
+                        interval_steps=1000, clock=clock)
+    for steps in range(0, 5004, 4):  # 4 envs, a vector step a second; ends on a try
+        clock.now += 1.0
+        if ckpt.due(steps):
+            assert ckpt.write(None, Counters(steps=steps)) is None
+    assert attempts == [1000, 2000, 3000, 4000, 5000]
+    clock.now += 599.0
+    assert not ckpt.due(5004)
+    clock.now += 1.0
+    assert ckpt.due(5004)
+    assert ckpt.write_final(None, Counters(steps=5000)) is False and len(attempts) == 6  # tried again

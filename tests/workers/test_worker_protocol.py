@@ -106,6 +106,21 @@ def test_main_returns_bad_spec_exit_code(make_spec, write_spec, caplog, content,
     assert needle in caplog.text
 
 
+@pytest.mark.parametrize(("hyperparams", "needle"), [
+    ({"policy": "NoSuchPolicy"}, "ValueError: Policy NoSuchPolicy unknown"),
+    ({"policy_kwargs": {"net_arch": "abc"}}, "TypeError"),
+    ({"num_envs": 1, "n_steps": 1}, "AssertionError"),
+])
+def test_main_returns_bad_spec_when_sb3_refuses_to_build_the_model(make_spec, write_spec, caplog, hyperparams, needle):
+    # Settings the spec passes but SB3 refuses as it builds the model: restarting cannot fix
+    # them (exit 1 was a crash, restarted until the crash loop went FATAL without the reason).
+    data = make_spec().to_dict()
+    data["hyperparams"] = {**data["hyperparams"], **hyperparams}
+    with caplog.at_level(logging.ERROR):
+        assert main(["--spec", str(write_spec(data))]) == ExitCode.BAD_SPEC
+    assert "SB3 cannot build a PPO model" in caplog.text and needle in caplog.text
+
+
 def test_main_unreadable_or_invalid_json_is_bad_spec(tmp_path, caplog):
     assert main(["--spec", str(tmp_path / "absent.json")]) == ExitCode.BAD_SPEC
     (tmp_path / "broken.json").write_text("{not json")

@@ -96,6 +96,29 @@ def test_stop_flag_ends_training_with_final_checkpoint_and_exit_0(make_spec):
     assert len(checkpoint.list_checkpoints(spec.checkpoint_dir)) == 1
 
 
+@pytest.mark.parametrize("stopped", [False, True], ids=["goal", "stop"])
+def test_a_final_checkpoint_not_written_exits_as_a_crash(make_spec, monkeypatch, caplog, stopped):
+    """A full disk at the end: not 20 (fleetd would never restart a completed game) nor 0, and
+    the training since the newest checkpoint would be lost; a crash restarts it from that one."""
+    import errno
+
+    write = checkpoint.write_checkpoint
+    full_from = 0 if stopped else 256
+
+    def full_disk(directory, steps, *args, **kwargs):
+        if steps >= full_from:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(directory, steps, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", full_disk)
+    spec = make_spec(total_timesteps=None if stopped else 256)
+    stop = StopFlag()
+    stop.signum = 15 if stopped else None  # as if SIGTERM arrived before the first step
+    assert run(spec, stop=stop) == ExitCode.FINAL_CHECKPOINT_FAILED
+    assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == ([] if stopped else [128])
+    assert "final checkpoint was not written" in caplog.text
+
+
 # -- round trip -------------------------------------------------------------------------------
 
 
@@ -221,6 +244,19 @@ def test_resume_skips_bad_newest_for_previous(trained, make_spec, inbox, corrupt
     assert reason in resumed.skipped[0].reason
 
 
+def test_a_rewrite_at_the_steps_of_one_that_does_not_load_replaces_it(trained, make_spec):
+    # The newest (512) verifies but does not load: the run resumes from 384 and reaches its goal
+    # at 512 again. Its final checkpoint takes that place; kept, the broken one would be skipped
+    # at every start, and this run's training lost while it reported it written.
+    newest = checkpoint.list_checkpoints(trained.checkpoint_dir)[0]
+    _corrupt_but_rehash(newest.path)
+    assert _run(make_spec()) == ExitCode.COMPLETED
+    spec = make_spec()
+    plan = make_plan(spec, select_device("cpu"))
+    found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
+    assert found.taken == newest.path and found.skipped == []
+
+
 def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
     for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
         _corrupt_flip(info.path)
@@ -237,6 +273,38 @@ def test_allow_fresh_start_trains_anew_over_unusable_checkpoints(trained, make_s
     spec = make_spec(total_timesteps=128, allow_fresh_start=True)
     assert _run(spec) == ExitCode.COMPLETED
     assert checkpoint.newest_verified(spec.checkpoint_dir).steps == 128
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["resume", "fresh"])
+def test_cuda_oom_while_loading_or_building_the_model_exits_23(make_spec, request, monkeypatch, fresh):
+    """Short of GPU memory as the model (its rollout buffer) is allocated: the supervisor's
+    remedy (exit 23, a smaller batch), not every checkpoint skipped as one that does not load
+    (exit 21, FATAL), nor an uncaught exception (exit 1) on a fresh start."""
+    from workers import rollout
+
+    if not fresh:
+        request.getfixturevalue("trained")
+
+    def oom(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 920.00 MiB")
+
+    monkeypatch.setattr(rollout.DeviceRolloutBuffer, "reset", oom)
+    spec = make_spec(total_timesteps=640)
+    assert _run(spec) == ExitCode.CUDA_OOM
+    assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == ([] if fresh else [512, 384, 256])
+
+
+def test_host_memory_short_while_loading_a_checkpoint_does_not_reject_it(trained, make_spec, monkeypatch):
+    from workers import resume
+
+    def short(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(resume, "load_snapshot", short)
+    spec = make_spec()
+    plan = make_plan(spec, select_device("cpu"))
+    with pytest.raises(MemoryError):
+        find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
 
 
 def test_resume_continues_counting_and_completes_immediately_when_done(trained, make_spec, inbox):
