@@ -201,8 +201,11 @@ def _apply_dqn_updates(model: DQN, updates: dict[str, int]) -> None:
 
 def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
     image_obs = _image_obs(venv)
-    env = VecNormalize(venv, norm_obs=not image_obs) if plan.normalize else venv
     kwargs = algo_kwargs(spec.algo, plan, image_obs)
+    # The returns it scales rewards by are discounted as the algorithm discounts (the zoo's
+    # choice); VecNormalize's own default is 0.99 whatever the algorithm's gamma.
+    gamma = kwargs.get("gamma", 0.99)
+    env = VecNormalize(venv, norm_obs=not image_obs, gamma=gamma) if plan.normalize else venv
     log.info("fresh %s model, %s: %s", spec.algo.upper(), policy_name(plan, image_obs), kwargs)
     try:
         return ALGO_CLASSES[spec.algo](policy_name(plan, image_obs), env, device=plan.device.torch,

@@ -353,3 +353,10 @@ def test_envpool_runs_the_spec_env_threads(make_spec, overrides, pool_threads):
         assert venv.pool.config["num_threads"] == pool_threads
     finally:
         venv.close()
+
+
+def test_normalized_rewards_are_discounted_by_the_algorithms_gamma(make_spec):
+    spec = make_spec(total_timesteps=None, hyperparams={"normalize": True, "gamma": 0.9, "n_steps": 16})
+    plan = make_plan(spec, select_device("cpu"))
+    model = build_model(spec, plan, make_vec_env(env_config(spec, plan)))
+    assert model.get_vec_normalize_env().gamma == model.gamma == 0.9
