@@ -289,6 +289,9 @@ busy_timeout_ms = "soon"
 
 [retention]
 events_days = "forever"
+
+[fleet]
+telemetry_interval_s = inf
 """
 
 
@@ -305,6 +308,7 @@ def test_config_with_wrong_types_exits_78_naming_key_value_reason(tmp_path: Path
         "supervisor.startretries = -1: Input should be greater than or equal to 0",
         "database.busy_timeout_ms = 'soon': Input should be a valid integer",
         "retention.events_days = 'forever': Input should be a valid number",
+        "fleet.telemetry_interval_s = inf: Input should be a finite number",
     ]:
         assert expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr

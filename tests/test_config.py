@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.config import DEFAULT_TIERS, ConfigError, load_settings
+from pydantic import BaseModel
+
+from fleetd.config import DEFAULT_TIERS, MAX_SECONDS, ConfigError, Settings, load_settings
 from fleetd.daemon import StartupError, check_listen_policy
 
 
@@ -154,3 +156,36 @@ def test_a_bad_tier_table_is_named(tmp_path: Path, text: str, expected: str) -> 
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, text))
     assert expected in str(caught.value)
+
+
+# Each turned into a timedelta, a scheduler's next run or a thread join once the workers run.
+INTERVALS = [("fleet", "telemetry_interval_s"), ("gpu", "mps_check_s"), ("backup", "db_interval_s"),
+             ("backup", "checkpoint_scan_s"), ("plan", "record_interval_s"), ("fleet", "crash_window_s"),
+             ("supervisor", "stopwaitsecs")]
+
+
+@pytest.mark.parametrize(("section", "key"), INTERVALS)
+def test_an_interval_that_is_not_finite_or_past_a_week_is_refused_at_start(tmp_path: Path, section: str, key: str) -> None:
+    """TOML's inf passed `gt=0` and crashed the daemon after its workers had started
+    (OverflowError in timedelta); a huge finite value did the same."""
+    for value, reason in [("inf", "Input should be a finite number"), ("nan", "Input should be a finite number"),
+                          ("1e12", f"Input should be less than or equal to {MAX_SECONDS}")]:
+        with pytest.raises(ConfigError) as caught:
+            load_settings(write(tmp_path, f"[{section}]\n{key} = {value}\n"))
+        assert caught.value.problems == [f"{section}.{key} = {float(value)!r}: {reason}"]
+    assert getattr(getattr(load_settings(write(tmp_path, f"[{section}]\n{key} = {MAX_SECONDS}\n")), section), key) == MAX_SECONDS
+
+
+def test_no_float_setting_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every section's every float: `gt=0` alone lets inf through (as FLEETD_..._S=inf does)."""
+    floats = [(name, key) for name, field in Settings.model_fields.items()
+              if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+              for key, sub in field.annotation.model_fields.items() if sub.annotation in (float, float | None)]
+    assert len(floats) > 40
+    for section, key in floats:
+        for value in ("inf", "nan"):
+            variable = f"FLEETD_{section.upper()}__{key.upper()}"
+            monkeypatch.setenv(variable, value)
+            with pytest.raises(ConfigError, match=rf"{section}\.{key} = '{value}': Input should be a finite number"):
+                load_settings()
+            monkeypatch.delenv(variable)
