@@ -33,6 +33,9 @@ DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 # scheduler's next run or a thread join after its workers have started, where a huge value (or
 # inf) raised OverflowError and systemd restarted it into the same crash: refused at start instead.
 MAX_SECONDS = 7 * 86400
+# The most a retention may keep, in days (100 years): `now - timedelta(days=...)` overflows
+# past year 1, and the hourly retention job failed before it deleted anything.
+MAX_DAYS = 36500
 
 
 class ConfigError(Exception):
@@ -90,8 +93,8 @@ class DatabaseSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    events_days: float = Field(90, gt=0)
-    samples_days: float = Field(14, gt=0)
+    events_days: float = Field(90, gt=0, le=MAX_DAYS)
+    samples_days: float = Field(14, gt=0, le=MAX_DAYS)
 
 
 class SupervisorSettings(_Section):
@@ -300,7 +303,7 @@ class PlanSettings(_Section):
 
     record_interval_s: float = Field(3600.0, ge=1, le=MAX_SECONDS)
     error_horizon_s: float = Field(86400.0, ge=0, le=MAX_SECONDS)
-    keep_days: float = Field(3.0, gt=0)
+    keep_days: float = Field(3.0, gt=0, le=MAX_DAYS)
 
 
 class AlertSettings(_Section):

@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.games.lifecycle import SEEDED_EVENT
@@ -78,13 +80,25 @@ def telemetry_job(
 
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
+    """Events and samples past their retention, each kind on its own: one that fails (logged,
+    naming it) leaves the other deleted, so samples do not pile up behind a failing events delete."""
     now = clock.now()
-    with db.transaction() as session:
-        events = delete_events_before(session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,))
-        samples = delete_samples_before(session, now - timedelta(days=retention.samples_days))
+    events = _delete_old(db, "events", lambda session: delete_events_before(
+        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,)))
+    samples = _delete_old(db, "samples", lambda session: delete_samples_before(
+        session, now - timedelta(days=retention.samples_days)))
     if events or samples:
         log.info("retention: deleted %d events and %d samples", events, samples)
     return events, samples
+
+
+def _delete_old(db: Database, kind: str, delete: Callable[[Session], int]) -> int:
+    try:
+        with db.transaction() as session:
+            return delete(session)
+    except Exception:
+        log.exception("retention: could not delete old %s; the next run tries again", kind)
+        return 0
 
 
 def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -> list[str]:

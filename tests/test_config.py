@@ -6,7 +6,7 @@ import pytest
 
 from pydantic import BaseModel
 
-from fleetd.config import DEFAULT_TIERS, MAX_SECONDS, ConfigError, Settings, load_settings
+from fleetd.config import DEFAULT_TIERS, MAX_DAYS, MAX_SECONDS, ConfigError, Settings, load_settings
 from fleetd.daemon import StartupError, check_listen_policy
 
 
@@ -189,3 +189,13 @@ def test_no_float_setting_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch) -> N
             with pytest.raises(ConfigError, match=rf"{section}\.{key} = '{value}': Input should be a finite number"):
                 load_settings()
             monkeypatch.delenv(variable)
+
+
+@pytest.mark.parametrize(("section", "key"), [("retention", "events_days"), ("retention", "samples_days"), ("plan", "keep_days")])
+def test_a_retention_past_a_century_is_refused_at_start(tmp_path: Path, section: str, key: str) -> None:
+    """`events_days = 1000000` passed and the hourly retention job raised OverflowError
+    (`now - timedelta(days=...)`) before it deleted anything."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, f"[{section}]\n{key} = 1000000\n"))
+    assert caught.value.problems == [f"{section}.{key} = 1000000: Input should be less than or equal to {MAX_DAYS}"]
+    assert getattr(getattr(load_settings(write(tmp_path, f"[{section}]\n{key} = {MAX_DAYS}\n")), section), key) == MAX_DAYS

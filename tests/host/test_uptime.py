@@ -21,6 +21,7 @@ from fleetd.jobs import heartbeat_job, retention_job
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.store.samples import create_metric_rows
 from tests.fakes import EPOCH, FakeClock, FakeHost
 
 
@@ -264,6 +265,24 @@ def test_retention_keeps_the_games_seeded_marker(db: Database, host: FakeHost, c
     assert not seeding_needed(db)
     assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (0, 0)
     assert not seeding_needed(db)
+
+
+def test_retention_of_each_kind_goes_on_when_the_other_fails(
+    db: Database, host: FakeHost, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An events delete that failed (events_days past a date's range, as a config once allowed)
+    left the samples undeleted too: samples_days was ignored and the database grew for ever."""
+    start(db, host, clock)
+    with db.transaction() as session:
+        create_event(session, clock.now() - timedelta(days=100), "old", "long ago")
+        create_metric_rows(session, clock.now() - timedelta(days=30), [(None, None, "host_cpu_pct", 1.0)])
+    broken = RetentionSettings.model_construct(events_days=10**9, samples_days=14)  # as the bound now refuses
+    assert retention_job(db, clock, broken) == (0, 1)
+    assert "could not delete old events" in caplog.text
+    with db.transaction() as session:
+        create_metric_rows(session, clock.now() - timedelta(days=30), [(None, None, "host_cpu_pct", 1.0)])
+    assert retention_job(db, clock, RetentionSettings.model_construct(events_days=90, samples_days=10**9)) == (1, 0)
+    assert "could not delete old samples" in caplog.text
 
 
 @pytest.mark.parametrize(
