@@ -553,12 +553,15 @@ def _unknown_env(environ: Mapping[str, str]) -> list[str]:
     (`FLEETD_LOGLEVEL`, `FLEETD_CONFIGG`) would be ignored without a word."""
     sections = [name for name, field in Settings.model_fields.items()
                 if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)]
-    known = {f"{ENV_PREFIX}CONFIG", *(ENV_PREFIX + name.upper() for name in Settings.model_fields)}
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
     nested = tuple(ENV_PREFIX + name.upper() + ENV_NESTED for name in sections)
+    # The settings' names are read in any case (pydantic-settings), FLEETD_CONFIG in capitals only
+    # (config_path_from): `fleetd_config` would be ignored without a word.
     return [f"{name} = {'<hidden>' if 'TOKEN' in name.upper() else value!r}: unknown environment variable (check its "
             "spelling: FLEETD_KEY for a top-level key, FLEETD_SECTION__KEY in a section, or FLEETD_CONFIG)"
             for name, value in sorted(environ.items())
-            if name.upper().startswith(ENV_PREFIX) and name.upper() not in known and not name.upper().startswith(nested)]
+            if name.upper().startswith(ENV_PREFIX) and name != f"{ENV_PREFIX}CONFIG" and name.upper() not in known
+            and not name.upper().startswith(nested)]
 
 
 def _check_readable_toml(path: Path) -> None:

@@ -67,16 +67,27 @@ def read_endpoint(config: Path | None, environ: Mapping[str, str] | None = None)
     """The config file's [api] host, port, token and its state_dir, under FLEETD_* overrides
     (the settings tree's precedence). Raises EndpointUnclear on anything unexpected."""
     environ = os.environ if environ is None else environ
-    if f"{ENV_PREFIX}API" in environ:
+    if _env(environ, f"{ENV_PREFIX}API") is not None:
         raise EndpointUnclear("FLEETD_API: a whole section as JSON")
     document = _document(config)
     api = document.get("api", {})
     if not isinstance(api, dict):
         raise EndpointUnclear("[api] is not a table")
-    pick = lambda key, default: environ.get(f"{ENV_PREFIX}API{ENV_NESTED}{key.upper()}", api.get(key, default))  # noqa: E731
-    state_dir = environ.get(f"{ENV_PREFIX}STATE_DIR", document.get("state_dir", default_state_dir(environ)))
+    pick = lambda key, default: _env(environ, f"{ENV_PREFIX}API{ENV_NESTED}{key.upper()}", api.get(key, default))  # noqa: E731
+    state_dir = _env(environ, f"{ENV_PREFIX}STATE_DIR", document.get("state_dir", default_state_dir(environ)))
     return Endpoint(_text(pick("host", DEFAULT_API_HOST)), _port(pick("port", DEFAULT_API_PORT)),
                     _token(pick("token", None)), Path(_text(state_dir)).expanduser().absolute())
+
+
+def _env(environ: Mapping[str, str], name: str, default: Any = None) -> Any:
+    """The variable `name` in any case: the settings tree (pydantic-settings) matches FLEETD_*
+    names case-insensitively, so `fleetd_api__port=18710` moves the daemon, and the CLI must
+    ask it there. Spelt in several cases with different values, the one the tree takes depends
+    on the environment's order: left to the tree."""
+    values = {value for key, value in environ.items() if key.upper() == name}
+    if len(values) > 1:
+        raise EndpointUnclear(f"{name} is set more than once, in different cases")
+    return values.pop() if values else default
 
 
 def _document(config: Path | None) -> dict[str, Any]:

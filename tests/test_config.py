@@ -86,6 +86,10 @@ def test_an_unknown_top_level_environment_variable_is_refused(tmp_path: Path, mo
         load_settings()
     assert caught.value.problems[0].startswith("FLEETD_API_TOKEN = '<hidden>': unknown") and "sss" not in str(caught.value)
     monkeypatch.delenv("FLEETD_API_TOKEN")
+    monkeypatch.setenv("fleetd_config", "/etc/fleetd/fleetd.toml")  # the settings' names in any case, this one not
+    with pytest.raises(ConfigError, match="fleetd_config = '/etc/fleetd/fleetd.toml': unknown environment variable"):
+        load_settings()
+    monkeypatch.delenv("fleetd_config")
     for name, value in (("FLEETD_LOG_LEVEL", "DEBUG"), ("FLEETD_CONFIG", str(write(tmp_path, ""))),
                         ("FLEETD_GPU__MPS", "off"), ("FLEETD_COSTS", "{}")):
         monkeypatch.setenv(name, value)  # every kind of name it reads is still taken

@@ -17,6 +17,9 @@ CASES = [
     ('state_dir = "STATE"\n[api]\nport = 9001\n', {"FLEETD_API__PORT": "9002", "FLEETD_API__TOKEN": "e" * 16}),
     ("[api]\nport = 9001\n", {"STATE_DIRECTORY": "/srv/fleetd:/other"}),
     ('state_dir = "~/x"\n', {"FLEETD_STATE_DIR": "STATE", "FLEETD_API__HOST": "0.0.0.0"}),
+    # The settings tree reads FLEETD_* in any case: the daemon listened on 18710 while `fleetd status` asked 8642.
+    ("[api]\nport = 9001\n", {"fleetd_api__port": "18710", "Fleetd_State_Dir": "STATE", "fleetd_api__token": "t" * 16}),
+    ("", {"FLEETD_API__PORT": "18710", "fleetd_api__port": "18710"}),
 ]
 
 
@@ -40,6 +43,8 @@ def test_agrees_with_the_settings_tree(text: str, environ: dict[str, str], tmp_p
     ("[api\n", {}),
     ("", {"FLEETD_API__PORT": "x"}),
     ("", {"FLEETD_API": '{"port": 9000}'}),
+    ("", {"fleetd_api": '{"port": 9000}'}),
+    ("", {"FLEETD_API__PORT": "9001", "fleetd_api__port": "9002"}),  # which one wins is the environment's order
 ])
 def test_leaves_what_it_is_unsure_of_to_the_settings_tree(text: str, environ: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "fleetd.toml"
