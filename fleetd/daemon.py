@@ -61,6 +61,7 @@ ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # StopRequest says what each does
 
 
 class StartupError(Exception):
@@ -103,6 +104,10 @@ class StopRequest:
     def _exit_server(self) -> None:
         if self.server is not None:
             self.server.should_exit = True
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.signals) or self.failure is not None
 
     @property
     def leave_workers(self) -> bool:
@@ -188,6 +193,11 @@ class Daemon:
 
     def run(self) -> int:
         """Returns the process exit code."""
+        # First of all: until the handlers are in, SIGTERM's default action kills the daemon at
+        # once, and `systemctl stop` during start-up (KillMode=process) would leave the workers
+        # it just started running, with no stop recorded. Start-up checks the request instead.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.stop.handle)
         check_listen_policy(self.settings)
         # Before anything reads or writes the state_dir: one daemon per state_dir.
         lock = lock_state_dir(self.settings.state_dir)
@@ -278,6 +288,9 @@ class Daemon:
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:
             thread.start_and_wait_ready()
+            if self.stop.requested:  # a stop during start-up stops what it started, as any stop does
+                log.info("stop requested during start-up: %s", self.stop.describe())
+                return
             # Schema verified, boot recorded, every game reconciled: tell systemd.
             self.notifier.ready(supervisor.summary())
             self._serve(db, start, token, sock, supervisor, recorder.counters)
@@ -355,10 +368,11 @@ class Daemon:
         app = create_app(context)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
         app.state.stopping = ServerExiting(server)
+        # The handlers are in since run() began; uvicorn wraps TERM and INT and calls them
+        # again once it has shut down. A stop that came before the server was known stops it now.
         self.stop.server = server
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            # uvicorn wraps TERM and INT and calls these again once it has shut down.
-            signal.signal(signum, self.stop.handle)
+        if self.stop.requested:
+            server.should_exit = True  # uvicorn then shuts down without serving
         scheduler.start()
         self.catalog.warm()
         log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)
