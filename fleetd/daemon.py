@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -65,7 +66,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # StopRequest sa
 
 
 class StartupError(Exception):
-    """The daemon cannot start; the message says why and what to do."""
+    """The daemon cannot start; the message says why and what to do. `transient`: the cause may
+    pass by itself (a Ray cluster not up yet at boot, a port still held), so the exit code is one
+    systemd retries (75), not the operator's to fix (78, which it does not retry)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port} ([api] host/port): {exc.strerror}") from None
+        # A port another process still holds, or an address the network brings up later, may
+        # free up by itself; a port below 1024 (EACCES) does not.
+        transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+        raise StartupError(f"cannot listen on {host}:{port} ([api] host/port): {exc.strerror}",
+                           transient=transient) from None
     sock.listen(128)
     return sock
 
@@ -318,7 +329,7 @@ class Daemon:
         try:
             mps.start()
         except MpsStartError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupError(str(exc), transient=exc.transient) from None
         return mps
 
     def _executor(self, db: Database) -> tuple[Launcher, Reactor, ProcessProbe]:
@@ -326,13 +337,13 @@ class Daemon:
         imported only for the latter (an optional extra)."""
         if self.settings.cluster.backend == "ray":
             try:
-                from fleetd.cluster.executor import ClusterError, connect
+                from fleetd.cluster.executor import ClusterError, ClusterUnreachable, connect
             except ImportError as exc:
                 raise StartupError(f"[cluster] backend = 'ray' needs Ray: pip install 'fleetd[ray]' ({exc})") from None
             try:
                 executor = connect(self.settings)
             except ClusterError as exc:
-                raise StartupError(str(exc)) from None
+                raise StartupError(str(exc), transient=isinstance(exc, ClusterUnreachable)) from None
             self.local_workers = False
             self.cluster_nodes = executor.nodes
             return executor, executor, executor
