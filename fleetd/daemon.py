@@ -195,6 +195,7 @@ class Daemon:
         self.mps: Mps | None = None  # NVIDIA MPS for local workers, when it runs
         self.stop = StopRequest()
         self.workers_stopped = False  # the supervisor stopped every worker: the stop is clean
+        self.executor_closed = False
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
@@ -226,14 +227,26 @@ class Daemon:
             host_boot = self.host.current_boot()
             sock = bind_socket(self.settings.api.host, self.settings.api.port)
             try:
-                return self._record_and_run(db, seeds, token, host_boot, sock)
+                # Where workers run, before the start is recorded: a start that fails here (the
+                # Ray cluster not up yet, MPS, the progress socket) started and adopted nothing,
+                # so it leaves the boot log as the last daemon left it (a SIGUSR1's "stopped
+                # alone" included) instead of an unclean stop the next boot would count.
+                executor = self._executor(db)
+                try:
+                    return self._record_and_run(db, seeds, token, host_boot, sock, executor)
+                finally:
+                    # A failure before supervision closed it; MPS stays up for the workers a
+                    # previous daemon may have left running (SIGUSR1), which nobody adopted.
+                    if not self.executor_closed:
+                        executor[1].close()
             finally:
                 sock.close()
         finally:
             db.close()
 
     def _record_and_run(
-        self, db: Database, seeds: list[GameDraft], token: str, host_boot: HostBoot, sock: socket.socket
+        self, db: Database, seeds: list[GameDraft], token: str, host_boot: HostBoot, sock: socket.socket,
+        executor: tuple[Launcher, Reactor, ProcessProbe],
     ) -> int:
         start = record_daemon_start(db, host_boot, self.clock.now())
         log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
@@ -246,7 +259,7 @@ class Daemon:
                 names = seed_games(db, self.clock, seeds)
                 log.info("seeded games from the config: %s", ", ".join(names))
             say_config_not_applied(db, self.settings, self.clock)
-            self._supervise_and_serve(db, start, token, sock)
+            self._supervise_and_serve(db, start, token, sock, executor)
         finally:
             reason = self._stop_reason()
             record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
@@ -282,8 +295,11 @@ class Daemon:
                 f"[[games]] in the config: {exc.message}; fix it and start again (nothing was recorded yet)"
             ) from None
 
-    def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
-        launcher, reactor, probe = self._executor(db)
+    def _supervise_and_serve(
+        self, db: Database, start: DaemonStart, token: str, sock: socket.socket,
+        executor: tuple[Launcher, Reactor, ProcessProbe],
+    ) -> None:
+        launcher, reactor, probe = executor
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
         cluster = self.settings.cluster.backend == "ray"  # one governor per host (docs/governor.md)
@@ -312,6 +328,7 @@ class Daemon:
             # training (SIGUSR1, a failed loop) is an unclean reboot (fleetd.host.uptime).
             self.workers_stopped = ended and not self.stop.leave_workers
             reactor.close()
+            self.executor_closed = True
             if self.mps is not None and not self.stop.leave_workers:  # workers that keep training keep it
                 self.mps.stop()
 

@@ -221,3 +221,25 @@ def test_a_reboot_is_posted_to_the_webhook(tmp_path: Path, daemons: list[Daemon]
         assert "s3cret" not in daemon.log()
     finally:
         server.shutdown()
+
+
+def test_a_start_that_failed_before_any_worker_records_no_unclean_stop(
+    config: DaemonConfig, daemons: list[Daemon]
+) -> None:
+    """The Ray cluster not up yet: the start records nothing, so after a clean stop, a start that
+    could not reach the cluster and a reboot, the reboot is still a clean one (no back-off)."""
+    local = config.path.read_text()
+    assert start(config, daemons).terminate() == 0
+    config.path.write_text(local + f'[cluster]\nbackend = "ray"\nstorage = "{config.root / "shared"}"\n'
+                           f'address = "ray://127.0.0.1:{free_port()}"\n')
+    quick = {"RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
+    assert fleetd_cli(config, "serve", timeout=120, env=quick).returncode == 75
+
+    config.path.write_text(local)
+    config.set_boot_id("boot-bbbb")
+    second = start(config, daemons)
+    reboots = json.loads(fleetd_cli(config, "reboots", "--json").stdout)
+    assert [(b["boot_id"], b["reboot"]["clean"]) for b in reboots] == [("boot-bbbb", True)]
+    kinds = [e["kind"] for e in second.get("/api/v1/events").json()["items"]]
+    assert kinds == ["reboot", "daemon_stop", "first_start"]
+    assert second.terminate() == 0
