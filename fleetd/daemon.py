@@ -62,7 +62,8 @@ ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # StopRequest says what each does
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # StopRequest says what each does
+LEAVE_WORKERS = (signal.SIGUSR1, signal.SIGHUP)
 
 
 class StartupError(Exception):
@@ -92,6 +93,8 @@ class StopRequest:
 
     SIGTERM and SIGINT stop the daemon and every worker (each writes a final checkpoint).
     SIGUSR1 stops the daemon alone: workers keep training and the next daemon adopts them.
+    SIGHUP (the terminal of a hand-started `fleetd serve` closed) does the same: the workers, in
+    sessions of their own, never see it, and killing the daemon outright recorded no stop.
     Only the first is a clean stop in the boot log: after SIGUSR1 the host still carries the
     fleet's load, so a crash before the next daemon adopts it is the load's as much as any.
     """
@@ -118,7 +121,7 @@ class StopRequest:
 
     @property
     def leave_workers(self) -> bool:
-        return self.failure is not None or (bool(self.signals) and self.signals[0] == signal.SIGUSR1)
+        return self.failure is not None or (bool(self.signals) and self.signals[0] in LEAVE_WORKERS)
 
     def describe(self) -> str:
         if self.failure is not None:
