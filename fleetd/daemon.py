@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -61,10 +62,18 @@ ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # StopRequest says what each does
+LEAVE_WORKERS = (signal.SIGUSR1, signal.SIGHUP)
 
 
 class StartupError(Exception):
-    """The daemon cannot start; the message says why and what to do."""
+    """The daemon cannot start; the message says why and what to do. `transient`: the cause may
+    pass by itself (a Ray cluster not up yet at boot, a port still held), so the exit code is one
+    systemd retries (75), not the operator's to fix (78, which it does not retry)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,8 @@ class StopRequest:
 
     SIGTERM and SIGINT stop the daemon and every worker (each writes a final checkpoint).
     SIGUSR1 stops the daemon alone: workers keep training and the next daemon adopts them.
+    SIGHUP (the terminal of a hand-started `fleetd serve` closed) does the same: the workers, in
+    sessions of their own, never see it, and killing the daemon outright recorded no stop.
     Only the first is a clean stop in the boot log: after SIGUSR1 the host still carries the
     fleet's load, so a crash before the next daemon adopts it is the load's as much as any.
     """
@@ -105,8 +116,12 @@ class StopRequest:
             self.server.should_exit = True
 
     @property
+    def requested(self) -> bool:
+        return bool(self.signals) or self.failure is not None
+
+    @property
     def leave_workers(self) -> bool:
-        return self.failure is not None or (bool(self.signals) and self.signals[0] == signal.SIGUSR1)
+        return self.failure is not None or (bool(self.signals) and self.signals[0] in LEAVE_WORKERS)
 
     def describe(self) -> str:
         if self.failure is not None:
@@ -155,7 +170,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port} ([api] host/port): {exc.strerror}") from None
+        # A port another process still holds, or an address the network brings up later, may
+        # free up by itself; a port below 1024 (EACCES) does not.
+        transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+        raise StartupError(f"cannot listen on {host}:{port} ([api] host/port): {exc.strerror}",
+                           transient=transient) from None
     sock.listen(128)
     return sock
 
@@ -179,6 +198,7 @@ class Daemon:
         self.mps: Mps | None = None  # NVIDIA MPS for local workers, when it runs
         self.stop = StopRequest()
         self.workers_stopped = False  # the supervisor stopped every worker: the stop is clean
+        self.executor_closed = False
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
@@ -188,6 +208,11 @@ class Daemon:
 
     def run(self) -> int:
         """Returns the process exit code."""
+        # First of all: until the handlers are in, SIGTERM's default action kills the daemon at
+        # once, and `systemctl stop` during start-up (KillMode=process) would leave the workers
+        # it just started running, with no stop recorded. Start-up checks the request instead.
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.stop.handle)
         check_listen_policy(self.settings)
         # Before anything reads or writes the state_dir: one daemon per state_dir.
         lock = lock_state_dir(self.settings.state_dir)
@@ -205,14 +230,26 @@ class Daemon:
             host_boot = self.host.current_boot()
             sock = bind_socket(self.settings.api.host, self.settings.api.port)
             try:
-                return self._record_and_run(db, seeds, token, host_boot, sock)
+                # Where workers run, before the start is recorded: a start that fails here (the
+                # Ray cluster not up yet, MPS, the progress socket) started and adopted nothing,
+                # so it leaves the boot log as the last daemon left it (a SIGUSR1's "stopped
+                # alone" included) instead of an unclean stop the next boot would count.
+                executor = self._executor(db)
+                try:
+                    return self._record_and_run(db, seeds, token, host_boot, sock, executor)
+                finally:
+                    # A failure before supervision closed it; MPS stays up for the workers a
+                    # previous daemon may have left running (SIGUSR1), which nobody adopted.
+                    if not self.executor_closed:
+                        executor[1].close()
             finally:
                 sock.close()
         finally:
             db.close()
 
     def _record_and_run(
-        self, db: Database, seeds: list[GameDraft], token: str, host_boot: HostBoot, sock: socket.socket
+        self, db: Database, seeds: list[GameDraft], token: str, host_boot: HostBoot, sock: socket.socket,
+        executor: tuple[Launcher, Reactor, ProcessProbe],
     ) -> int:
         start = record_daemon_start(db, host_boot, self.clock.now())
         log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
@@ -225,7 +262,7 @@ class Daemon:
                 names = seed_games(db, self.clock, seeds)
                 log.info("seeded games from the config: %s", ", ".join(names))
             say_config_not_applied(db, self.settings, self.clock)
-            self._supervise_and_serve(db, start, token, sock)
+            self._supervise_and_serve(db, start, token, sock, executor)
         finally:
             reason = self._stop_reason()
             record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
@@ -261,8 +298,11 @@ class Daemon:
                 f"[[games]] in the config: {exc.message}; fix it and start again (nothing was recorded yet)"
             ) from None
 
-    def _supervise_and_serve(self, db: Database, start: DaemonStart, token: str, sock: socket.socket) -> None:
-        launcher, reactor, probe = self._executor(db)
+    def _supervise_and_serve(
+        self, db: Database, start: DaemonStart, token: str, sock: socket.socket,
+        executor: tuple[Launcher, Reactor, ProcessProbe],
+    ) -> None:
+        launcher, reactor, probe = executor
         recorder = Recorder(db, self.clock, start.boot.id, self.settings.supervisor.sample_interval_s, self.alerts)
         self.telemetry.sample({})  # GPU memory known before the first game's settings are chosen
         cluster = self.settings.cluster.backend == "ray"  # one governor per host (docs/governor.md)
@@ -278,6 +318,9 @@ class Daemon:
         thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
         try:
             thread.start_and_wait_ready()
+            if self.stop.requested:  # a stop during start-up stops what it started, as any stop does
+                log.info("stop requested during start-up: %s", self.stop.describe())
+                return
             # Schema verified, boot recorded, every game reconciled: tell systemd.
             self.notifier.ready(supervisor.summary())
             self._serve(db, start, token, sock, supervisor, recorder.counters)
@@ -288,6 +331,7 @@ class Daemon:
             # training (SIGUSR1, a failed loop) is an unclean reboot (fleetd.host.uptime).
             self.workers_stopped = ended and not self.stop.leave_workers
             reactor.close()
+            self.executor_closed = True
             if self.mps is not None and not self.stop.leave_workers:  # workers that keep training keep it
                 self.mps.stop()
 
@@ -305,7 +349,7 @@ class Daemon:
         try:
             mps.start()
         except MpsStartError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupError(str(exc), transient=exc.transient) from None
         return mps
 
     def _executor(self, db: Database) -> tuple[Launcher, Reactor, ProcessProbe]:
@@ -313,13 +357,13 @@ class Daemon:
         imported only for the latter (an optional extra)."""
         if self.settings.cluster.backend == "ray":
             try:
-                from fleetd.cluster.executor import ClusterError, connect
+                from fleetd.cluster.executor import ClusterError, ClusterUnreachable, connect
             except ImportError as exc:
                 raise StartupError(f"[cluster] backend = 'ray' needs Ray: pip install 'fleetd[ray]' ({exc})") from None
             try:
                 executor = connect(self.settings)
             except ClusterError as exc:
-                raise StartupError(str(exc)) from None
+                raise StartupError(str(exc), transient=isinstance(exc, ClusterUnreachable)) from None
             self.local_workers = False
             self.cluster_nodes = executor.nodes
             return executor, executor, executor
@@ -355,10 +399,11 @@ class Daemon:
         app = create_app(context)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
         app.state.stopping = ServerExiting(server)
+        # The handlers are in since run() began; uvicorn wraps TERM and INT and calls them
+        # again once it has shut down. A stop that came before the server was known stops it now.
         self.stop.server = server
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            # uvicorn wraps TERM and INT and calls these again once it has shut down.
-            signal.signal(signum, self.stop.handle)
+        if self.stop.requested:
+            server.should_exit = True  # uvicorn then shuts down without serving
         scheduler.start()
         self.catalog.warm()
         log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)

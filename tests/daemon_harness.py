@@ -78,9 +78,10 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def fleetd_cli(config: DaemonConfig, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def fleetd_cli(config: DaemonConfig, *args: str, timeout: float = 60,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "fleetd", *args, "--config", str(config.path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=clean_env())
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=clean_env() | (env or {}))
 
 
 class Daemon:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.daemon_harness import Daemon, DaemonConfig, fleetd_cli
+from tests.daemon_harness import Daemon, DaemonConfig, fleetd_cli, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -129,8 +129,26 @@ def test_second_daemon_on_the_same_port_fails_clearly(
     other.set_boot_id("boot-aaaa")
     rival = Daemon(other, log_name="rival.log")
     daemons.append(rival)
-    assert rival.process.wait(30) == 78
+    assert rival.process.wait(30) == 75  # EX_TEMPFAIL: a port held may free up, systemd retries
     assert f"cannot listen on 127.0.0.1:{config.port}" in rival.log()
+
+
+def test_a_ray_cluster_not_up_yet_is_retried_a_config_error_is_not(tmp_path: Path) -> None:
+    """At boot Ray's own unit may not listen yet: exit 75, which systemd restarts after RestartSec;
+    78 (RestartPreventExitStatus) stays for what the operator must fix."""
+    config = DaemonConfig(tmp_path, extra=(
+        f'[cluster]\nbackend = "ray"\nstorage = "{tmp_path / "shared"}"\naddress = "ray://127.0.0.1:{free_port()}"\n'))
+    config.write()
+    config.set_boot_id("boot-aaaa")
+    # Ray's client gives up after 3 tries of these (30 s by default): nothing listens there.
+    quick = {"RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
+    result = fleetd_cli(config, "serve", timeout=120, env=quick)
+    assert result.returncode == 75, result.stderr
+    assert "cannot connect to the Ray cluster" in result.stderr
+
+    config.path.write_text(config.path.read_text().replace('backend = "ray"', 'backend = "slurm"'))
+    result = fleetd_cli(config, "serve", timeout=60)
+    assert result.returncode == 78 and "cluster.backend" in result.stderr, result.stderr
 
 
 def test_invalid_config_fails_at_start_naming_the_key(config: DaemonConfig) -> None:
@@ -203,3 +221,25 @@ def test_a_reboot_is_posted_to_the_webhook(tmp_path: Path, daemons: list[Daemon]
         assert "s3cret" not in daemon.log()
     finally:
         server.shutdown()
+
+
+def test_a_start_that_failed_before_any_worker_records_no_unclean_stop(
+    config: DaemonConfig, daemons: list[Daemon]
+) -> None:
+    """The Ray cluster not up yet: the start records nothing, so after a clean stop, a start that
+    could not reach the cluster and a reboot, the reboot is still a clean one (no back-off)."""
+    local = config.path.read_text()
+    assert start(config, daemons).terminate() == 0
+    config.path.write_text(local + f'[cluster]\nbackend = "ray"\nstorage = "{config.root / "shared"}"\n'
+                           f'address = "ray://127.0.0.1:{free_port()}"\n')
+    quick = {"RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
+    assert fleetd_cli(config, "serve", timeout=120, env=quick).returncode == 75
+
+    config.path.write_text(local)
+    config.set_boot_id("boot-bbbb")
+    second = start(config, daemons)
+    reboots = json.loads(fleetd_cli(config, "reboots", "--json").stdout)
+    assert [(b["boot_id"], b["reboot"]["clean"]) for b in reboots] == [("boot-bbbb", True)]
+    kinds = [e["kind"] for e in second.get("/api/v1/events").json()["items"]]
+    assert kinds == ["reboot", "daemon_stop", "first_start"]
+    assert second.terminate() == 0

@@ -96,15 +96,17 @@ def test_auto_without_the_program_goes_without_and_logs_it_without_an_event(tmp_
 
 def test_on_without_the_program_refuses_to_start_naming_the_setting(tmp_path: Path) -> None:
     mps, _, events = make(tmp_path, MpsMode.ON, FakeMps(installed=False))
-    with pytest.raises(MpsStartError, match=r"\[gpu\] mps = 'on' but nvidia-cuda-mps-control is not on PATH"):
+    with pytest.raises(MpsStartError, match=r"\[gpu\] mps = 'on' but nvidia-cuda-mps-control is not on PATH") as raised:
         mps.start()
     assert events.seen == []
+    assert not raised.value.transient  # the operator installs it: exit 78, not retried
 
 
 def test_on_refuses_when_the_program_fails_to_start(tmp_path: Path) -> None:
     mps, _, _ = make(tmp_path, MpsMode.ON, FakeMps(start_code=1))
-    with pytest.raises(MpsStartError, match="exited 1"):
+    with pytest.raises(MpsStartError, match="exited 1") as raised:
         mps.start()
+    assert raised.value.transient  # a driver still loading at boot: exit 75, systemd retries
 
 
 def test_off_and_auto_on_a_cpu_fleet_never_look_for_it(tmp_path: Path) -> None:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
+import signal
 import socket
+import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import Daemon, DaemonConfig, cartpole, worker_processes
+from tests.daemon_harness import (
+    SUPERVISION, Daemon, DaemonConfig, cartpole, kill_leftover_workers, short_tmp_dir, worker_processes,
+)
 
 pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def receive(sock: socket.socket, timeout: float) -> list[str]:
@@ -54,3 +62,71 @@ def test_notify_sequence_from_a_running_daemon(fleet_config: DaemonConfig, fleet
     assert "STOPPING=1" in tail
     assert daemon.process.wait(60) == 0
     sock.close()
+
+
+STAND_IN = "bench.protocol_worker"  # the protocol stand-in: starts at once, no torch
+TWO_GAMES = "".join(f'\n[[games]]\nname = "{n}"\nenv_id = "CartPole-v1"\nalgo = "ppo"\n' for n in ("a", "b"))
+
+
+def stored_events(config: DaemonConfig) -> list[tuple[str, str]]:
+    with sqlite3.connect(config.state_dir / "fleetd.db") as db:
+        return db.execute("SELECT kind, message FROM events ORDER BY id").fetchall()
+
+
+def stand_in_config(root: Path) -> DaemonConfig:
+    extra = SUPERVISION.replace("[worker]\n", f'[worker]\nmodule = "{STAND_IN}"\ndevice = "cpu"\n')
+    config = DaemonConfig(root, extra=extra + '\n[gpu]\nmps = "off"\n' + TWO_GAMES)
+    config.write()
+    config.set_boot_id("boot-one")
+    return config
+
+
+def test_sigterm_right_at_ready_stops_the_daemon_and_its_workers(daemons: list[Daemon]) -> None:
+    """`systemctl stop` while the unit starts: the handlers are in from the first instant, so the
+    workers just started are stopped and the stop is recorded clean, as any SIGTERM's."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    path = root / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    try:
+        daemon = Daemon(config, env={"NOTIFY_SOCKET": str(path), "PYTHONPATH": str(REPO)})
+        daemons.append(daemon)
+        messages: list[str] = []
+        deadline = time.monotonic() + 90
+        while "READY=1" not in messages and time.monotonic() < deadline and daemon.process.poll() is None:
+            messages += receive(sock, 5)
+        assert "READY=1" in messages, daemon.log()
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(60) == 0, daemon.log()
+        assert worker_processes(config) == []
+        kind, message = stored_events(config)[-1]
+        assert (kind, message) == ("daemon_stop", "fleetd stopped: received SIGTERM")
+        with sqlite3.connect(config.state_dir / "fleetd.db") as db:
+            assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(1,)]
+    finally:
+        sock.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_sighup_stops_the_daemon_alone_as_sigusr1_does(daemons: list[Daemon]) -> None:
+    """The terminal of a hand-started `fleetd serve` closes: the daemon stops in order and says
+    so, the workers (sessions of their own) keep training for the next daemon to adopt."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    try:
+        daemon = Daemon(config, env={"PYTHONPATH": str(REPO)})
+        daemons.append(daemon)
+        daemon.wait_healthy()
+        for name in ("a", "b"):
+            daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+        workers = {p.pid for p in worker_processes(config)}
+        assert len(workers) == 2
+        daemon.process.send_signal(signal.SIGHUP)
+        assert daemon.process.wait(60) == 0, daemon.log()
+        assert {p.pid for p in worker_processes(config)} == workers
+        kind, message = stored_events(config)[-1]
+        assert (kind, message) == ("daemon_stop", "fleetd stopped: received SIGHUP, workers left running")
+    finally:
+        kill_leftover_workers(config)  # before their folder goes
+        shutil.rmtree(root, ignore_errors=True)

@@ -14,7 +14,7 @@ class ExitCode(IntEnum):
     NOT_ADMITTED = 3  # `games start` / `games add`: done, but the game waits for a slot (pending)
     NOT_FOUND = 4  # no such game, run, boot or expected reboot (HTTP 404)
     UNAVAILABLE = 69  # the daemon is not answering (EX_UNAVAILABLE): is `fleetd serve` running?
-    TEMPFAIL = 75  # the daemon is busy (it did not answer in time), or a wait timed out (EX_TEMPFAIL)
+    TEMPFAIL = 75  # the daemon is busy, a wait timed out, or `serve` cannot start yet (EX_TEMPFAIL: systemd restarts it)
     NOPERM = 77  # no readable API token, or the daemon refused it (EX_NOPERM)
     CONFIG = 78  # a bad config or a database behind the schema (EX_CONFIG: systemd does not restart)
 
@@ -26,7 +26,7 @@ MEANINGS = {
     ExitCode.NOT_ADMITTED: "games start/add: the game waits for a slot (pending)",
     ExitCode.NOT_FOUND: "no such game, run, boot or expected reboot",
     ExitCode.UNAVAILABLE: "the daemon is not answering",
-    ExitCode.TEMPFAIL: "the daemon is busy, or a wait timed out",
+    ExitCode.TEMPFAIL: "the daemon is busy, or a wait timed out; serve: cannot start yet (Ray, MPS, port), retried",
     ExitCode.NOPERM: "no readable API token, or the token was refused",
     ExitCode.CONFIG: "bad config, or the database needs `fleetd db upgrade`",
 }

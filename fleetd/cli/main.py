@@ -63,7 +63,12 @@ def serve(config: ConfigOption = None) -> None:
     configure_logging(settings.log_level)
     try:
         code = Daemon(settings, config_path=path).run()
-    except (StartupError, StateDirError, SchemaError, BootIdError, TokenError) as exc:
+    except StartupError as exc:
+        # 78 stops systemd's restarts for good: only for what the operator must fix. A cause that
+        # may pass (a Ray cluster not up yet at boot) exits 75, which it retries.
+        logging.getLogger("fleetd").error("%s", exc)
+        raise typer.Exit(ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG) from None
+    except (StateDirError, SchemaError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(ExitCode.CONFIG) from None
     raise typer.Exit(code)

@@ -53,6 +53,10 @@ class ClusterError(Exception):
     """The cluster cannot be used; the message says why and what to do."""
 
 
+class ClusterUnreachable(ClusterError):
+    """Nothing answers at the cluster's address: at boot Ray's own unit may not listen yet."""
+
+
 def actor_name(game: str, run_id: int) -> str:
     return f"{ACTOR_PREFIX}{run_id:06d}-{game}"
 
@@ -61,7 +65,9 @@ def connect(settings: Settings) -> RayExecutor:
     cluster = settings.cluster
     try:
         ray.init(address=cluster.address, namespace=cluster.namespace, logging_level="WARNING", log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except ConnectionError as exc:
+        raise ClusterUnreachable(f"cannot connect to the Ray cluster at {cluster.address!r} ([cluster] address): {exc}") from None
+    except (RuntimeError, ValueError) as exc:
         # Ray refuses a driver whose ray or Python version differs from the cluster's here.
         raise ClusterError(f"cannot connect to the Ray cluster at {cluster.address!r} ([cluster] address): {exc}") from None
     expected = versions()

@@ -60,7 +60,12 @@ class MpsEvent(StrEnum):
 
 
 class MpsStartError(Exception):
-    """`mps = "on"` and MPS cannot run: the daemon does not start."""
+    """`mps = "on"` and MPS cannot run: the daemon does not start. `transient`: the control daemon
+    is there and failed to start (a driver still loading at boot), which a later start may not."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -151,15 +156,15 @@ class Mps:
             return
         problem = self._launch()
         if problem is not None:
-            self._unavailable(problem)
+            self._unavailable(problem, transient=True)
             return
         self.active = True
         self.record(MpsEvent.STARTED, f"MPS control daemon started for the workers ({self.dirs.pipe})", "info")
 
-    def _unavailable(self, why: str) -> None:
+    def _unavailable(self, why: str, *, transient: bool = False) -> None:
         if self.mode is MpsMode.ON:
             raise MpsStartError(f"[gpu] mps = 'on' but {why}: install the NVIDIA driver's utilities "
-                                f"(they ship {CONTROL}), or set [gpu] mps = 'auto' or 'off'")
+                                f"(they ship {CONTROL}), or set [gpu] mps = 'auto' or 'off'", transient=transient)
         self.record(MpsEvent.UNAVAILABLE, f"MPS not used: {why}; workers share the GPU without it", "warning")
 
     def worker_env(self) -> dict[str, str]:
