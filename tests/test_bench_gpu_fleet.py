@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bench.fleet_loops import Meter
-from bench.gpu_fleet import SIDES, Options, fault_result, loop_settings, parse, rung_for
+from bench.gpu_fleet import (SIDES, Options, fault_result, loop_settings, parse, ratio, rung_for, table,
+                             wait_until_training)
 from workers.phases import PhaseTimer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,13 +112,81 @@ def test_fault_one_gives_the_others_steps_per_s_before_and_after_the_kill() -> N
     assert fault_result("v", steps, [10.0, 20.0, 30.0], {"a": 11, "b": 22, "v": 33}, after)["victim_restarted"] is False
 
 
+def test_start_timeout_has_a_flag_that_quick_does_not_override() -> None:
+    assert parse([])[0].start_timeout_s == 600.0
+    assert parse(["--start-timeout-s", "180"])[0].start_timeout_s == 180.0
+    assert parse(["--device", "cpu", "--quick", "--start-timeout-s", "30"])[0].start_timeout_s == 30.0
+
+
+def _game(state: str, steps: int = 0, restarts: int = 0) -> dict:
+    return {"state": state, "steps": steps, "restarts": restarts, "state_reason": None, "pid": 1}
+
+
+def _poll(sequence: dict[str, list[dict]], timeout: float = 600.0) -> tuple[dict | Exception, float]:
+    """wait_until_training over scripted states (the last repeats), on a fake clock: what it
+    returned or raised, and the seconds it waited."""
+    now, calls = [0.0], dict.fromkeys(sequence, 0)
+
+    def read(name: str) -> dict:
+        calls[name] += 1
+        return sequence[name][min(calls[name], len(sequence[name])) - 1]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    try:
+        return wait_until_training(read, lambda: True, list(sequence), timeout, clock=lambda: now[0], sleep=sleep), now[0]
+    except RuntimeError as error:
+        return error, now[0]
+
+
+def test_waiting_for_training_returns_once_every_game_steps() -> None:
+    games, waited = _poll({"a": [_game("starting"), _game("running", 5)], "b": [_game("running", 0), _game("running", 9)]})
+    assert isinstance(games, dict) and games["b"]["steps"] == 9 and waited == 0.5
+
+
+@pytest.mark.parametrize("bad", [[_game("fatal")], [_game("exited")],
+                                 [_game("starting"), _game("backoff"), _game("starting"), _game("backoff")],
+                                 [_game("starting", restarts=2)]])
+def test_waiting_for_training_fails_at_once_on_a_game_given_up_or_crash_looping(bad: list[dict]) -> None:
+    error, waited = _poll({"a": [_game("running", 5)], "b": bad})
+    assert isinstance(error, RuntimeError) and "crash-looping" in str(error) and "'b'" in str(error)
+    assert waited < 5  # not the 600 s timeout
+
+
+def test_waiting_for_training_gives_up_at_its_timeout_and_when_the_daemon_is_gone() -> None:
+    error, waited = _poll({"a": [_game("starting")]}, timeout=30)
+    assert isinstance(error, RuntimeError) and "after 30 s" in str(error) and 30 <= waited <= 31
+    with pytest.raises(RuntimeError, match="daemon exited"):
+        wait_until_training(lambda name: _game("starting"), lambda: False, ["a"], 600, sleep=lambda s: None)
+
+
+def test_a_failed_or_missing_side_is_na_in_the_ratios_and_the_table() -> None:
+    side = {"total_steps_per_s": 100.0, "per_game": {"a": {"gpu_mem_mib": None}}, "gpu": None, "mps": False,
+            "gpu_util_pct": None, "host_cpu_busy_pct": 50.0, "daemon_cpu_cores": 0.1}
+    assert ratio(side, {"total_steps_per_s": 50.0}) == 2.0
+    assert ratio(side, {"error": "RuntimeError: boom"}) is None and ratio(side, None) is None
+    assert ratio({"error": "x"}, side) is None and ratio(side, {"total_steps_per_s": 0}) is None
+    result = {"n": 1, "rung": {"num_envs": 2, "batch_size": 64}, "games": [{"num_envs": 2, "batch_size": 64}],
+              "fleetd": side, "loops": {"error": "RuntimeError: loops processes failed"},
+              "fleetd_over_loops": None, "fleetd_over_raw": None}  # raw: never reached
+    report = {"gpu": None, "device": "cpu", "machine": "m", "complete": False, "results": [result],
+              "options": {"mps": "auto", "bf16": False, "channels_last": False}}
+    rows = [line for line in table(report).splitlines() if line.startswith("| 1 |")]
+    assert [cell.strip() for cell in rows[0].split("|")[3:8]] == ["100", "n/a", "n/a", "-", "-"]
+    assert "failed: N = 1 loops: RuntimeError" in table(report) and "partial" in table(report)
+    report["results"][0] = {"n": 1, "rung": {"num_envs": 2, "batch_size": 64}, "games": None,
+                            "fleetd": {"error": "boom"}}
+    assert "| 1 | 2 envs x 1, batch 64 | n/a | n/a | n/a |" in table(report)
+
+
 @pytest.mark.e2e
 def test_cpu_mode_writes_json_png_and_table(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     done = bench("--device", "cpu", "--allow-cpu", "--quick", "--counts", "1", "--out", str(tmp_path), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads((tmp_path / "gpu_fleet.json").read_text())
-    assert report["device"] == "cpu" and report["gpu"] is None
+    assert report["device"] == "cpu" and report["gpu"] is None and report["complete"] is True
     assert [r["n"] for r in report["results"]] == [1]  # N = 2 is the same code with two games: 2x the time
     for result in report["results"]:
         names = [g["name"] for g in result["games"]]
