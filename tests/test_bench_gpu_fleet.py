@@ -239,3 +239,43 @@ def test_the_device_carry_keeps_envpool_to_the_families_the_benches_use(tmp_path
     assert sorted(p.name for p in root.iterdir()) == ["__init__.py", "atari", "classic_control", "entry.py"]
     assert (root / "entry.py").read_text() == ('"""All."""\n\nimport envpool.atari.registration  # noqa\n'
                                                "import envpool.classic_control.registration  # noqa\n")
+
+
+SESSION = ROOT / "bench" / "gpu_session.sh"
+
+
+def session(*stages: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(SESSION), *stages], cwd="/", env=os.environ | (env or {}),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_gpu_session_script_parses_and_takes_several_stages_a_call(tmp_path: Path) -> None:
+    assert subprocess.run(["bash", "-n", str(SESSION)]).returncode == 0
+    dry = session("fleet", "worker", env={"DRY_RUN": "1", "LEFTOVERS": "0", "OUT": str(tmp_path)})
+    assert dry.returncode == 0, dry.stderr
+    caps = [int(line.split()[7]) for line in dry.stdout.splitlines() if line.startswith("would run: timeout -s TERM -k 15")]
+    assert [line.split()[-1] for line in dry.stdout.splitlines()] == ["fleet", "worker"]
+    assert sum(caps) + 15 * len(caps) + 30 <= 590  # call A, set-up included, under its timeout_s
+    assert session("fleet", "nonsense", env={"DRY_RUN": "1", "LEFTOVERS": "0"}).returncode == 2
+
+
+def test_a_failed_stage_does_not_stop_the_next_nor_a_failed_env_count_the_other(tmp_path: Path) -> None:
+    """A stand-in python: gpu_fleet.py fails, training.py at 8 envs fails; the worker stage still
+    runs 256 envs, and the call exits 1 naming both stages."""
+    log, fake = tmp_path / "calls.log", tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
+                    'case "$*" in *gpu_fleet.py*|*"--num-envs 8 "*) exit 1 ;; esac\nexit 0\n')
+    fake.chmod(0o755)
+    done = session("fleet", "worker", env={"PYTHON": str(fake), "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1",
+                                           "OUT": str(tmp_path / "out")})
+    assert done.returncode == 1, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    assert any("bench/gpu_fleet.py --counts 8" in c and "--start-timeout-s 180" in c for c in calls)
+    training = [c for c in calls if "bench/training.py" in c]
+    assert len(training) == 2 and all("--rounds 1" in c for c in training) and "--num-envs 256" in training[1]
+    assert "stage fleet FAILED" in done.stderr and "stage worker FAILED" in done.stderr
+
+
+def test_the_gpu_session_refuses_to_run_without_its_carried_packages(tmp_path: Path) -> None:
+    done = session("worker", env={"LEFTOVERS": "0", "OUT": str(tmp_path)})
+    assert done.returncode == 2 and "gpu_carry.py" in done.stderr
