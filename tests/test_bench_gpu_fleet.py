@@ -279,3 +279,51 @@ def test_a_failed_stage_does_not_stop_the_next_nor_a_failed_env_count_the_other(
 def test_the_gpu_session_refuses_to_run_without_its_carried_packages(tmp_path: Path) -> None:
     done = session("worker", env={"LEFTOVERS": "0", "OUT": str(tmp_path)})
     assert done.returncode == 2 and "gpu_carry.py" in done.stderr
+
+
+class _EndsAfter(Meter):
+    """A window that ends after `checks` calls of done()."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__(start=0.0, seconds=1e12)
+        self.checks = checks
+
+    def done(self) -> bool:
+        self.checks -= 1
+        return self.checks < 0
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_the_loops_stop_at_the_windows_end_not_an_iteration_later(algo: str) -> None:
+    from bench.fleet_loops import Job, LOOPS, make_envs
+
+    settings = loop_settings("CartPole-v1", algo, {"num_envs": 2, "batch_size": 64}, Options(device="cpu"))
+    settings |= {"learning_starts": 0, "gradient_steps": 50, "train_freq": 1} if algo == "dqn" else {}
+    job = Job(algo, "CartPole-v1", 2, 1, "cpu", settings, 1.0, 0.0, "/nonexistent")
+    envs = make_envs(job)
+    try:
+        loop = LOOPS[algo](envs, job, torch.device("cpu"))
+        if algo == "ppo":
+            loop.update = lambda: pytest.fail("an update after the window's end")
+            meter = _EndsAfter(3)  # three vector steps of the rollout, then the window is over
+            loop.iteration(meter)
+            assert meter.steps == pytest.approx(2 * 3)
+        else:
+            while loop.steps < settings["batch_size"]:  # enough in the buffer for a batch
+                loop.step()
+            calls = []
+            loop.gradient_step = lambda: calls.append(1)
+            loop.iteration(_EndsAfter(1 + 1 + 5))  # the step, the update's check, five gradient steps
+            assert len(calls) == 5
+    finally:
+        envs.close()
+
+
+def test_the_device_carry_says_which_python_to_use_where_fleetd_is_not_installed(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-I", "-c", "import sys, runpy; sys.argv = ['gpu_carry.py', '--out', "
+                           f"'{tmp_path / 'site.tgz'}']; import importlib.metadata as m; m.distribution = "
+                           "lambda name: (_ for _ in ()).throw(m.PackageNotFoundError(name)); "
+                           f"runpy.run_path('{ROOT / 'bench' / 'gpu_carry.py'}', run_name='__main__')"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and ".venv/bin/python bench/gpu_carry.py" in done.stderr
+    assert not (tmp_path / "site.tgz").exists()
