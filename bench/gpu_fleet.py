@@ -122,6 +122,11 @@ def quit_mps(pipe: Path) -> None:
     binary = shutil.which(MPS_CONTROL)
     if binary is None or not pipe.exists():
         return
+    try:  # its pid file naming a dead process: it quit already (a stop that went well)
+        if not psutil.pid_exists(int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())):
+            return
+    except (OSError, ValueError):
+        pass  # no pid file (or an unreadable one): told anyway
     try:
         subprocess.run([binary], input="quit\n", env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
                        capture_output=True, text=True, timeout=10)

@@ -327,3 +327,26 @@ def test_the_device_carry_says_which_python_to_use_where_fleetd_is_not_installed
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and ".venv/bin/python bench/gpu_carry.py" in done.stderr
     assert not (tmp_path / "site.tgz").exists()
+
+
+def test_quit_mps_tells_a_live_control_daemon_and_skips_one_that_quit(tmp_path: Path, monkeypatch) -> None:
+    """A stand-in control program records its pipe folder and stdin: `quit` goes where the pid
+    file names a live process or is missing, not where it names a dead one, nor with no program."""
+    from bench import gpu_fleet
+
+    seen, fake = tmp_path / "seen", tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/usr/bin/env bash\necho "$CUDA_MPS_PIPE_DIRECTORY $(cat)" >> {seen}\n')
+    fake.chmod(0o755)
+    live, dead, bare = (tmp_path / name / "pipe" for name in ("live", "dead", "bare"))
+    for pipe in (live, dead, bare):
+        pipe.mkdir(parents=True)
+    (live / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    (dead / "nvidia-cuda-mps-control.pid").write_text("999999999\n")
+    monkeypatch.setenv("PATH", str(fake.parent), prepend=os.pathsep)
+    for pipe in (live, dead, bare, tmp_path / "gone" / "pipe"):
+        gpu_fleet.quit_mps(pipe)
+    assert seen.read_text().splitlines() == [f"{live} quit", f"{bare} quit"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    gpu_fleet.quit_mps(live)  # no program: nothing to tell, no error
+    assert len(seen.read_text().splitlines()) == 2
