@@ -22,11 +22,9 @@
 set -euo pipefail
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$SELF")/.."
-OUT="${OUT:-$(mktemp -d /tmp/fleetd-gpu-session-XXXXXX)}"
 PYTHON="${PYTHON:-python3}"
 DRY_RUN="${DRY_RUN:-0}"
-export OUT PYTHON
-mkdir -p "$OUT"
+export PYTHON
 
 # stage -> its cap in seconds (the stage's own timeouts inside are shorter)
 declare -A CAP=([fleet]=375 [fleet-no-mps]=330 [worker]=135)
@@ -62,6 +60,9 @@ if [[ "${1:-}" == "--one" ]]; then  # internal: bench/gpu_session.sh --one STAGE
 fi
 [[ $# -ge 1 ]] || usage
 for stage in "$@"; do [[ -n "${CAP[$stage]:-}" ]] || usage; done
+OUT="${OUT:-$(mktemp -d /tmp/fleetd-gpu-session-XXXXXX)}"
+export OUT
+mkdir -p "$OUT"
 
 # What a cut-off earlier call left on this machine (it stays warm 30 s): the daemons and workers
 # of bench/gpu_fleet.py's fleets (setsid: they outlive a killed call), each worker by its process
