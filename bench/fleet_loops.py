@@ -52,6 +52,11 @@ class Meter:
     def done(self) -> bool:
         return time.time() >= self.end
 
+    @classmethod
+    def warm_up(cls) -> "Meter":
+        """Before the window's start is known: never done, its figures thrown away."""
+        return cls(0.0, float("inf"))
+
     def add(self, phase: str, t0: float, t1: float, steps: int = 0) -> None:
         inside = max(0.0, min(t1, self.end) - max(t0, self.start))
         if t1 > t0 and inside > 0:
@@ -98,13 +103,15 @@ def prepare(module: nn.Module, job: Job, device: torch.device) -> nn.Module:
 
 
 class Timed:
-    """`with Timed(meter, "collect", steps):` adds the block's time to the meter."""
+    """`with Timed(meter, "collect", steps):` adds the block's time to the meter (`steps` may be
+    set inside the block, where the block stops early)."""
 
     def __init__(self, meter: Meter, phase: str, steps: int = 0) -> None:
         self.meter, self.phase, self.steps = meter, phase, steps
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "Timed":
         self.t0 = time.time()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.meter.add(self.phase, self.t0, time.time(), self.steps)
@@ -145,15 +152,20 @@ class PpoLoop:
         self.done = torch.zeros(self.n, device=device)
 
     def iteration(self, meter: Meter) -> None:
-        with Timed(meter, "collect", self.n * self.n_steps):
-            self.collect()
+        with Timed(meter, "collect") as timed:
+            timed.steps = self.n * self.collect(meter)
+        if meter.done():  # the window ended during the rollout: no update past it (a whole one at
+            return        # 256 envs x 128 steps would overrun the window by up to ~20 s)
         with Timed(meter, "update"):
             self.update()
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
 
-    def collect(self) -> None:
+    def collect(self, meter: Meter) -> int:
+        """One rollout, cut short where the meter's window ends; the vector steps taken."""
         for t in range(self.n_steps):
+            if meter.done():
+                return t
             self.obs_buf[t], self.dones[t] = self.obs, self.done
             with torch.no_grad(), autocast(self.job, self.device):
                 logits, value = self.agent(self.obs)
@@ -165,6 +177,7 @@ class PpoLoop:
             self.obs = torch.as_tensor(next_obs, device=self.device)
             self.done = torch.as_tensor(np.logical_or(terminated, truncated), device=self.device,
                                         dtype=torch.float32)
+        return self.n_steps
 
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
         hp = self.job.settings
@@ -245,12 +258,17 @@ class DqnLoop:
 
     def iteration(self, meter: Meter) -> None:
         hp = self.job.settings
-        with Timed(meter, "collect", self.n * hp["train_freq"]):
+        with Timed(meter, "collect") as timed:
             for _ in range(hp["train_freq"]):
+                if meter.done():
+                    break
                 self.step()
-        if self.steps >= max(hp["learning_starts"], hp["batch_size"]):
+                timed.steps += self.n
+        if self.steps >= max(hp["learning_starts"], hp["batch_size"]) and not meter.done():
             with Timed(meter, "update"):
                 for _ in range(hp["gradient_steps"]):
+                    if meter.done():  # 64 gradient steps a vector step at 256 envs: none past the window
+                        break
                     self.gradient_step()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
@@ -305,7 +323,7 @@ def run_job(job: Job) -> dict:
     ready.write_text("ready\n")
     try:
         while not go.exists():  # warming up until every side's process is ready
-            loop.iteration(Meter(0.0, 0.0))
+            loop.iteration(Meter.warm_up())
         meter = Meter(float(go.read_text()) + job.warmup_s, job.window_s)
         while not meter.done():
             loop.iteration(meter)

@@ -8,8 +8,11 @@ only), less what the image already has, prunes EnvPool to the env families the b
 (Atari and classic control: its MuJoCo, ViZDoom and the rest are 90 % of its size, over the
 device tool's 64 MiB transfer), and writes `.gpu/site.tgz` (git-ignored).
 
-    python3 bench/gpu_carry.py                      # .gpu/site.tgz for the device's Python 3.12
-    python3 bench/gpu_carry.py --python-version 3.11 --out /tmp/carry   # to try it on this machine
+    .venv/bin/python bench/gpu_carry.py                      # .gpu/site.tgz for the device's Python 3.12
+    .venv/bin/python bench/gpu_carry.py --python-version 3.11 --out /tmp/carry   # to try it on this machine
+
+With the venv's Python, where fleetd is installed: its closure is read from that environment's
+metadata (a python3 without fleetd finds nothing to carry and says so).
 
 On the device, the call carries `.gpu` and begins with bench/gpu_session.sh (which unpacks it).
 """
@@ -120,7 +123,12 @@ def main() -> int:
     parser.add_argument("--python-version", default="3.12", help="the device's python3 (KINDS.md: 3.12)")
     parser.add_argument("--out", type=Path, default=REPO / ".gpu" / "site.tgz")
     args = parser.parse_args()
-    pins = to_carry(closure())
+    needed = closure()
+    if not needed:
+        print(f"bench/gpu_carry.py: {sys.executable} has no fleetd installed, so no closure to carry: run it "
+              "with the venv's Python, `.venv/bin/python bench/gpu_carry.py`", file=sys.stderr)
+        return 2
+    pins = to_carry(needed)
     print(f"carrying {len(pins)} distributions: {' '.join(pins)}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp) / "site"

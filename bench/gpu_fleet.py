@@ -23,6 +23,12 @@ figure, a PNG of total steps/s against N for the three, a markdown table for doc
 No network. Exits 2 saying why where torch sees no CUDA device (`--device cpu --allow-cpu` is the
 test switch: CartPole PPO and DQN, N = 1, 2, a few seconds each; its figures mean nothing).
 The worker's collection / update split is the run's (its log's last `time split` line).
+
+Made for a lent machine whose call can be cut off: `gpu_fleet.json` is written after each side
+(`"complete": false` until the end, the sides not yet measured absent), a side that fails is
+recorded as `{"error": ...}` and the others still run (exit 1), SIGTERM (`timeout`) stops the
+daemon, the processes and each MPS before exiting 143, and every wait is bounded by
+`--start-timeout-s` (a game that goes fatal, exits or keeps restarting fails at once).
 """
 
 from __future__ import annotations
@@ -87,6 +93,45 @@ class Options:
 
 QUICK_CPU = {"warmup_s": 1.0, "window_s": 3.0, "dqn_learning_starts": 200, "threads": 1,
              "start_timeout_s": 240.0}
+MAX_RESTARTS = 2  # a game restarted this often (or seen in backoff this often) before training: crash-looping
+GIVE_UP = ("fatal", "exited", "stopped")  # states a game never trains from without being asked
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+class Terminated(SystemExit):
+    """SIGTERM (from `timeout`): raised in the main thread so that every `finally` runs."""
+
+
+_terminating = False
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    global _terminating
+    _terminating = True
+    raise Terminated(128 + signal.SIGTERM)
+
+
+def cleanup_s(normal: float) -> float:
+    """How long a cleanup may wait: short once SIGTERM came (`timeout -k 15` SIGKILLs after 15 s)."""
+    return min(normal, 8.0) if _terminating else normal
+
+
+def quit_mps(pipe: Path) -> None:
+    """`quit` to an MPS control daemon whose pipe folder is `pipe`, where the program exists:
+    before that folder is removed, or the daemon outlives it with no way left to reach it."""
+    binary = shutil.which(MPS_CONTROL)
+    if binary is None or not pipe.exists():
+        return
+    try:  # its pid file naming a dead process: it quit already (a stop that went well)
+        if not psutil.pid_exists(int((pipe / "nvidia-cuda-mps-control.pid").read_text().strip())):
+            return
+    except (OSError, ValueError):
+        pass  # no pid file (or an unreadable one): told anyway
+    try:
+        subprocess.run([binary], input="quit\n", env=os.environ | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+                       capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def rung_for(n: int, ladder: tuple[Rung, ...] | None = None) -> Rung:
@@ -222,14 +267,32 @@ def game_body(name: str, env_id: str, algo: str, options: Options) -> dict:
 
 def wait_training(daemon: Daemon, names: list[str], timeout: float) -> dict[str, dict]:
     deadline = time.monotonic() + timeout
+    return wait_until_training(
+        lambda name: patiently(lambda: daemon.game(name), max(1.0, deadline - time.monotonic())),
+        lambda: daemon.process.poll() is None, names, timeout, lambda: daemon.log()[-3000:])
+
+
+def wait_until_training(read, alive, names: list[str], timeout: float, log=lambda: "",
+                        clock=time.monotonic, sleep=time.sleep) -> dict[str, dict]:
+    """Every game `running` with steps, or RuntimeError: at the deadline, when the daemon is gone,
+    and at once when a game is fatal, exited or stopped, or restarted (or seen in backoff)
+    MAX_RESTARTS times: a crash-looping worker is not waited on for the whole timeout."""
+    deadline, backoffs, was = clock() + timeout, dict.fromkeys(names, 0), dict.fromkeys(names, "")
     while True:
-        games = {name: patiently(lambda n=name: daemon.game(n)) for name in names}
+        games = {name: read(name) for name in names}
         if all(g["state"] == "running" and g["steps"] > 0 for g in games.values()):
             return games
-        if time.monotonic() > deadline or daemon.process.poll() is not None:
-            raise RuntimeError(f"games not all training after {timeout:.0f} s: "
-                               f"{ {n: (g['state'], g['steps']) for n, g in games.items()} }\n{daemon.log()[-3000:]}")
-        time.sleep(0.5)
+        for name, game in games.items():
+            backoffs[name] += game["state"] == "backoff" and was[name] != "backoff"
+            was[name] = game["state"]
+        stuck = {name: f"{g['state']} ({g.get('state_reason') or 'no reason given'}), {g.get('restarts', 0)} restarts"
+                 for name, g in games.items() if g["state"] in GIVE_UP
+                 or max(g.get("restarts", 0), backoffs[name]) >= MAX_RESTARTS}
+        why = (f"games given up or crash-looping: {stuck}" if stuck else "the daemon exited" if not alive()
+               else f"games not all training after {timeout:.0f} s" if clock() > deadline else None)
+        if why:
+            raise RuntimeError(f"{why}: { {n: (g['state'], g['steps']) for n, g in games.items()} }\n{log()}")
+        sleep(0.5)
 
 
 def worker_split(config: DaemonConfig, name: str) -> dict | None:
@@ -248,7 +311,7 @@ def run_fleetd(n: int, rung: Rung, options: Options) -> tuple[dict, dict[str, di
     config.set_boot_id("bench-gpu-fleet")
     daemon = Daemon(config)
     try:
-        daemon.wait_healthy(180)
+        daemon.wait_healthy(min(180.0, options.start_timeout_s))
         for name, env_id, algo in games:
             add_game(daemon, game_body(name, env_id, algo, options))
         names = [g[0] for g in games]
@@ -265,7 +328,7 @@ def run_fleetd(n: int, rung: Rung, options: Options) -> tuple[dict, dict[str, di
         figures = watch.finish()
         mps_events = [e["kind"] for e in daemon.get("/api/v1/events?limit=500").json()["items"]
                       if e["kind"].startswith("mps_")]
-        daemon.terminate(300)  # every worker writes its final checkpoint and its time split
+        daemon.terminate(options.start_timeout_s)  # every worker writes its final checkpoint and its time split
         figures["mps"] = bool({"mps_started", "mps_adopted"} & set(mps_events)) and "mps_fallback" not in mps_events
         side = side_result({name: (after[name]["steps"] - before[name]) / seconds for name in names},
                            {name: worker_split(config, name) for name in names}, figures)
@@ -274,9 +337,22 @@ def run_fleetd(n: int, rung: Rung, options: Options) -> tuple[dict, dict[str, di
                                                  {name: first[name]["pid"] for name in names}, after)
         return side, {name: after[name]["settings"] for name in names}
     finally:
-        daemon.ensure_stopped()
-        kill_leftover_workers(config)
-        shutil.rmtree(config.root, ignore_errors=True)
+        stop_fleetd(daemon, config)
+
+
+def stop_fleetd(daemon: Daemon, config: DaemonConfig) -> None:
+    """After an error or SIGTERM: a clean stop first (the daemon quits its MPS after its workers),
+    then SIGKILL, the workers by their groups, and `quit` to an MPS left behind before its pipe
+    folder goes with the rest."""
+    if daemon.process.poll() is None:
+        try:
+            daemon.terminate(cleanup_s(60.0))
+        except subprocess.TimeoutExpired:
+            pass
+    daemon.ensure_stopped()
+    kill_leftover_workers(config)
+    quit_mps(config.state_dir / "mps" / "pipe")
+    shutil.rmtree(config.root, ignore_errors=True)
 
 
 def window_with_fault(daemon: Daemon, names: list[str], before: dict[str, int], first: dict[str, dict],
@@ -364,11 +440,15 @@ class Side:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         self.procs = {name: spawn(self.work, name, env) for name in names}
 
-    def close(self) -> None:
+    def end(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+    def close(self) -> None:
+        self.end()
+        quit_mps(self.work / "mps" / "pipe")  # where the side's MPS outlived its stop
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -393,7 +473,8 @@ def run_processes(side: Side, n: int, sizes: dict[str, dict], options: Options) 
         watch.start()
         time.sleep(options.window_s)
         figures = watch.finish()  # before they exit: their CPU times go with them
-        codes = {name: p.wait(options.window_s + options.start_timeout_s) for name, p in procs.items()}
+        done_by = time.monotonic() + options.start_timeout_s  # the window is over: one iteration to finish
+        codes = {name: p.wait(max(1.0, done_by - time.monotonic())) for name, p in procs.items()}
         failed = {name: (work / f"{name}.log").read_text()[-2000:] for name, code in codes.items() if code}
         if failed:
             raise RuntimeError(f"{kind} processes failed: {failed}")
@@ -401,8 +482,9 @@ def run_processes(side: Side, n: int, sizes: dict[str, dict], options: Options) 
         figures["mps"] = mps.active
         return side_result({n_: r["steps_per_s"] for n_, r in results.items()}, results, figures)
     finally:
-        side.close()
+        side.end()  # its clients gone first, then MPS told to quit while its pipe folder is still there
         mps.stop()
+        side.close()
 
 
 def own_mps(work: Path, options: Options):
@@ -434,41 +516,85 @@ def wait_ready(work: Path, procs: dict[str, subprocess.Popen], timeout: float) -
 
 # -- one N, every N, the reports -----------------------------------------------------------------
 
-def measure_n(n: int, options: Options, say=print) -> dict:
+def measure_n(n: int, options: Options, say=print, progress=lambda result: None) -> dict:
+    """The three sides for N games, one after the other. A side that fails is recorded as
+    {"error": ...} and the next still runs (without fleetd's sizes, the rung's); `progress` is
+    given what is known after each side."""
     rung = rung_for(n)
     say(f"N = {n}: rung {rung.label}, batch {rung.batch_size}; fleetd ...")
     names = [g[0] for g in options.games[:n]]
+    result = {"n": n, "rung": asdict(rung), "threads_per_game": options.threads_for(n), "games": None}
+    sizes = {name: {"num_envs": rung.num_envs, "batch_size": rung.batch_size} for name in names}
+
+    def finish_side(side: str, run_side) -> None:
+        nonlocal sizes
+        try:
+            figures = run_side()
+            if side == "fleetd":
+                figures, sizes = figures
+            say(f"  {side} {figures['total_steps_per_s']:.0f} steps/s")
+        except Exception as error:  # noqa: BLE001 - recorded; SIGTERM's SystemExit is not caught
+            figures = {"error": f"{type(error).__name__}: {error}"[-4000:]}
+            say(f"  {side} FAILED: {figures['error'][:2000]}")
+        result[side] = figures
+        result["games"] = [{"name": g, "env_id": e, "algo": a, **sizes[g]} for g, e, a in options.games[:n]]
+        if side == "fleetd" and "error" in figures:
+            result["sizes_from"] = "rung (fleetd failed: its own sizing unknown)"
+        result["fleetd_over_loops"] = ratio(result.get("fleetd"), result.get("loops"))
+        result["fleetd_over_raw"] = ratio(result.get("fleetd"), result.get("raw"))
+        progress(result)
+
     loop_side, raw_side = Side("loops", names), Side("raw", names)
     try:
-        fleetd, sizes = run_fleetd(n, rung, options)
-        say(f"  fleetd {fleetd['total_steps_per_s']:.0f} steps/s; loops ...")
-        loops = run_processes(loop_side, n, sizes, options)
-        say(f"  loops {loops['total_steps_per_s']:.0f} steps/s; raw EnvPool ...")
-        raw = run_processes(raw_side, n, sizes, options)
+        finish_side("fleetd", lambda: run_fleetd(n, rung, options))
+        finish_side("loops", lambda: run_processes(loop_side, n, sizes, options))
+        finish_side("raw", lambda: run_processes(raw_side, n, sizes, options))
     finally:
         loop_side.close()
         raw_side.close()
-    say(f"  raw EnvPool {raw['total_steps_per_s']:.0f} steps/s")
-    games = [{"name": g, "env_id": e, "algo": a, **sizes[g]} for g, e, a in options.games[:n]]
-    return {"n": n, "rung": asdict(rung), "threads_per_game": options.threads_for(n), "games": games,
-            "fleetd": fleetd, "loops": loops, "raw": raw,
-            "fleetd_over_loops": ratio(fleetd, loops), "fleetd_over_raw": ratio(fleetd, raw)}
+    return result
 
 
-def ratio(a: dict, b: dict) -> float | None:
-    return round(a["total_steps_per_s"] / b["total_steps_per_s"], 3) if b["total_steps_per_s"] else None
+def measured(side: dict | None) -> bool:
+    return bool(side) and "total_steps_per_s" in side
 
 
-def run(options: Options, say=print) -> dict:
-    results = [measure_n(n, options, say) for n in options.counts]
-    gpu = next((r[s]["gpu"] for r in results for s in SIDES if r[s]["gpu"]), None)
-    return {"machine": machine(), "device": options.device, "gpu": gpu,
-            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
-            "results": results}
+def ratio(a: dict | None, b: dict | None) -> float | None:
+    """a's total over b's; None where either side is missing or failed."""
+    if not (measured(a) and measured(b)) or not b["total_steps_per_s"]:
+        return None
+    return round(a["total_steps_per_s"] / b["total_steps_per_s"], 3)
+
+
+def failures(report: dict) -> list[str]:
+    return [f"N = {r['n']} {side}: {r[side]['error']}" for r in report["results"] for side in SIDES
+            if side in r and "error" in r[side]]
+
+
+def run(options: Options, say=print, progress=lambda report: None) -> dict:
+    report = {"machine": machine(), "device": options.device, "gpu": None,
+              "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
+              "complete": False, "results": []}
+
+    def update(result: dict) -> None:
+        report["results"] = [r for r in report["results"] if r["n"] != result["n"]] + [result]
+        report["gpu"] = next((r[s]["gpu"] for r in report["results"] for s in SIDES if r.get(s, {}).get("gpu")), None)
+        progress(report)
+
+    for n in options.counts:
+        update(measure_n(n, options, say, update))
+    report["complete"] = True
+    return report
 
 
 def _fmt(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _side(result: dict, side: str, key: str, spec: str = ".0f") -> str:
+    """One side's figure for the table: n/a where the side failed or was not measured."""
+    figures = result.get(side)
+    return _fmt(figures.get(key), spec) if measured(figures) else "n/a"
 
 
 def table(report: dict) -> str:
@@ -479,14 +605,23 @@ def table(report: dict) -> str:
              "| GPU util % (fleetd, loops) | GPU MiB per worker (max) | host CPU busy % | daemon CPU cores |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
-        f, lo = r["fleetd"], r["loops"]
-        mem = max((g["gpu_mem_mib"] or 0 for g in f["per_game"].values()), default=0) if f["gpu"] else None
-        mps = "MPS, " if f["mps"] else ""
-        lines.append(f"| {r['n']} | {mps}{r['games'][0]['num_envs']} envs x {r['n']}, batch {r['games'][0]['batch_size']} "
-                     f"| {f['total_steps_per_s']:.0f} | {lo['total_steps_per_s']:.0f} | {r['raw']['total_steps_per_s']:.0f} "
-                     f"| {_fmt(r['fleetd_over_loops'], '.3f')} | {_fmt(r['fleetd_over_raw'], '.3f')} "
-                     f"| {_fmt(f['gpu_util_pct'])}, {_fmt(lo['gpu_util_pct'])} | {_fmt(mem)} "
-                     f"| {_fmt(f['host_cpu_busy_pct'])} | {_fmt(f['daemon_cpu_cores'], '.2f')} |")
+        f = r.get("fleetd") or {}
+        mem = "n/a"
+        if measured(f):
+            mem = _fmt(max((g["gpu_mem_mib"] or 0 for g in f["per_game"].values()), default=0) if f["gpu"] else None)
+        mps = "MPS, " if f.get("mps") else ""
+        games = r.get("games") or [{"num_envs": r["rung"]["num_envs"], "batch_size": r["rung"]["batch_size"]}]
+        lines.append(f"| {r['n']} | {mps}{games[0]['num_envs']} envs x {r['n']}, batch {games[0]['batch_size']} "
+                     f"| {_side(r, 'fleetd', 'total_steps_per_s')} | {_side(r, 'loops', 'total_steps_per_s')} "
+                     f"| {_side(r, 'raw', 'total_steps_per_s')} "
+                     f"| {_fmt(r.get('fleetd_over_loops'), '.3f')} | {_fmt(r.get('fleetd_over_raw'), '.3f')} "
+                     f"| {_side(r, 'fleetd', 'gpu_util_pct')}, {_side(r, 'loops', 'gpu_util_pct')} | {mem} "
+                     f"| {_side(r, 'fleetd', 'host_cpu_busy_pct')} | {_side(r, 'fleetd', 'daemon_cpu_cores', '.2f')} |")
+    errors = failures(report)
+    if errors:
+        lines += ["", *(f"- failed: {e[:300]}" for e in errors)]
+    if not report.get("complete", True):
+        lines += ["", "- partial: the run was cut off; the sides not listed were not measured"]
     return "\n".join(lines) + "\n"
 
 
@@ -500,7 +635,8 @@ def draw(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for side, label in (("fleetd", "fleetd (real daemon)"), ("loops", "hand-launched CleanRL-style loops"),
                         ("raw", "raw EnvPool, random actions")):
-        ax.plot(counts, [r[side]["total_steps_per_s"] for r in report["results"]], marker="o", label=label)
+        ax.plot(counts, [r[side]["total_steps_per_s"] if measured(r.get(side)) else float("nan")
+                         for r in report["results"]], marker="o", label=label)
     ax.set_xlabel("games (N)")
     ax.set_ylabel("total env steps/s")
     ax.set_title(f"{report['gpu'] or report['device']}: total env steps/s against N", fontsize=9)
@@ -512,9 +648,20 @@ def draw(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(report: dict, out: Path) -> None:
+def write_report(report: dict, out: Path) -> None:
+    """gpu_fleet.json, whole or not at all (a SIGTERM mid-write leaves the last one)."""
     out.mkdir(parents=True, exist_ok=True)
-    write_json(str(out / "gpu_fleet.json"), report)
+    write_json(str(out / "gpu_fleet.json.tmp"), report)
+    os.replace(out / "gpu_fleet.json.tmp", out / "gpu_fleet.json")
+
+
+def write_partial(report: dict, out: Path) -> None:
+    """gpu_fleet.json as known so far (`"complete": false`): what a cut-off call still brings back."""
+    write_report(report, out)
+
+
+def write_outputs(report: dict, out: Path) -> None:
+    write_report(report, out)
     (out / "gpu_fleet.md").write_text(table(report))
     draw(report, out / "gpu_fleet.png")
 
@@ -533,6 +680,10 @@ def parse(argv: list[str] | None) -> tuple[Options, bool]:
                         help="NVIDIA MPS for every side ([gpu] mps for fleetd)")
     parser.add_argument("--fault-one", action="store_true",
                         help="fleetd, N >= 2: SIGKILL one worker mid-window; the others' steps/s before and after")
+    parser.add_argument("--start-timeout-s", type=float, default=None,
+                        help=f"how long the daemon, the games and the processes may take to start, and to stop "
+                             f"after the window (default {Options.start_timeout_s:.0f}; --quick: "
+                             f"{QUICK_CPU['start_timeout_s']:.0f})")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
@@ -542,6 +693,8 @@ def parse(argv: list[str] | None) -> tuple[Options, bool]:
                       args.bf16, args.channels_last, args.threads, args.mps, fault_one=args.fault_one)
     if args.quick:
         options = Options(**(asdict(options) | QUICK_CPU))
+    if args.start_timeout_s is not None:
+        options = Options(**(asdict(options) | {"start_timeout_s": args.start_timeout_s}))
     return options, args.allow_cpu
 
 
@@ -554,10 +707,14 @@ def main(argv: list[str] | None = None) -> int:
     if options.device == "cuda" and (problem := cuda_problem()):
         print(f"bench/gpu_fleet.py: {problem}", file=sys.stderr)
         return NO_GPU
-    report = run(options)
+    signal.signal(signal.SIGTERM, on_sigterm)  # `timeout`'s TERM: every finally runs, nothing is left behind
+    report = run(options, progress=lambda partial: write_partial(partial, options.out))
     write_outputs(report, options.out)
     print(table(report))
     print(f"JSON, PNG and table in {options.out}")
+    if errors := failures(report):
+        print("bench/gpu_fleet.py: a side failed:\n" + "\n".join(e[:2000] for e in errors), file=sys.stderr)
+        return 1
     return 0
 
 
