@@ -102,7 +102,7 @@ end_leftovers() {
 }
 [[ "${LEFTOVERS:-1}" == 0 ]] || end_leftovers  # LEFTOVERS=0: the tests, on a machine shared with other daemons
 
-if [[ -f .gpu/site.tgz ]]; then  # the carried packages, beside the image's own, if built for this Python
+if [[ "${FLEETD_NO_CARRY:-0}" != 1 && -f .gpu/site.tgz ]]; then  # the carried packages, beside the image's own, if built for this Python
   mkdir -p /tmp/fleetd-site && tar xzf .gpu/site.tgz -C /tmp/fleetd-site
   built="$(cat /tmp/fleetd-site/fleetd-carry-python 2>/dev/null || true)"
   here="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"

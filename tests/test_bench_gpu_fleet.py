@@ -251,12 +251,13 @@ def session(*stages: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def test_the_gpu_session_script_parses_and_takes_several_stages_a_call(tmp_path: Path) -> None:
     assert subprocess.run(["bash", "-n", str(SESSION)]).returncode == 0
-    dry = session("fleet", "worker", env={"DRY_RUN": "1", "LEFTOVERS": "0", "OUT": str(tmp_path)})
+    # FLEETD_NO_CARRY: a checkout's own .gpu (built for the device's Python) is not this test's.
+    dry = session("fleet", "worker", env={"DRY_RUN": "1", "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1", "OUT": str(tmp_path)})
     assert dry.returncode == 0, dry.stderr
     caps = [int(line.split()[7]) for line in dry.stdout.splitlines() if line.startswith("would run: timeout -s TERM -k 15")]
     assert [line.split()[-1] for line in dry.stdout.splitlines()] == ["fleet", "worker"]
     assert sum(caps) + 15 * len(caps) + 30 <= 590  # call A, set-up included, under its timeout_s
-    assert session("fleet", "nonsense", env={"DRY_RUN": "1", "LEFTOVERS": "0"}).returncode == 2
+    assert session("fleet", "nonsense", env={"DRY_RUN": "1", "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1"}).returncode == 2
 
 
 def test_a_failed_stage_does_not_stop_the_next_nor_a_failed_env_count_the_other(tmp_path: Path) -> None:
