@@ -134,8 +134,7 @@ def test_an_integral_float_is_an_integer_as_json_schema_says_and_nothing_else_is
 
 
 @pytest.mark.parametrize(("hyperparams", "field", "reason"), [
-    ({"learning_rate": 0.0}, "learning_rate", "must be > 0"),
-    ({"learning_rate": -0.1}, "learning_rate", "must be > 0"),
+    ({"learning_rate": -0.1}, "learning_rate", "must be >= 0"),
     ({"gamma": 5.0}, "gamma", "must be <= 1"),
     ({"gamma": -0.1}, "gamma", "must be >= 0"),
     ({"gae_lambda": 1.5}, "gae_lambda", "must be <= 1"),
@@ -161,7 +160,7 @@ def test_a_hyperparameter_sb3_would_reject_is_refused_by_name(hyperparams, field
 
 
 @pytest.mark.parametrize("hyperparams", [
-    {"learning_rate": 1e-9, "gamma": 0.0, "gae_lambda": 1.0, "ent_coef": 0.0, "vf_coef": 0.0},
+    {"learning_rate": 0.0, "gamma": 0.0, "gae_lambda": 1.0, "ent_coef": 0.0, "vf_coef": 0.0},
     {"num_envs": 4096, "batch_size": 65536, "policy": "CnnPolicy", "max_episode_steps": 2**31 - 1},
     {"n_steps": 2, "num_envs": 1, "batch_size": 2},  # PPO's smallest rollout and minibatch
     {"n_steps": 1, "num_envs": 2},

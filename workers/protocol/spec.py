@@ -134,7 +134,7 @@ class Hyperparams(_Overrides):
     batch_size: BatchSize | None = None  # PPO: at least 2 (LaunchSpec._ppo_batches)
     n_steps: Positive | None = None
     n_epochs: Positive | None = None
-    learning_rate: PositiveFloat | None = None
+    learning_rate: NonNegativeFloat | None = None  # 0: the weights stay as they are (a frozen game)
     gamma: Fraction | None = None
     gae_lambda: Fraction | None = None
     clip_range: PositiveFloat | None = None
