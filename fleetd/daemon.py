@@ -411,7 +411,11 @@ class Daemon:
             server.run(sockets=[sock])
         finally:
             self.catalog.close()
-            scheduler.shutdown(wait=True)
+            # Not waiting for a job still running (a backup copying to a slow mount): the workers
+            # are stopped first, and the process ends once that job has (its pool's threads are
+            # joined at exit). Waiting here ran a stop into systemd's TimeoutStopSec, which then
+            # killed the daemon alone and left the workers unstopped.
+            scheduler.shutdown(wait=False)
             self.notifier.stopping(f"stopping: {self.stop.describe()}")
             log.info("stopping: %s", self.stop.describe())
 

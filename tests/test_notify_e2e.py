@@ -6,13 +6,15 @@ import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.daemon_harness import (
-    SUPERVISION, Daemon, DaemonConfig, cartpole, kill_leftover_workers, short_tmp_dir, worker_processes,
+    SUPERVISION, Daemon, DaemonConfig, cartpole, clean_env, kill_leftover_workers, short_tmp_dir, worker_processes,
 )
 
 pytestmark = pytest.mark.e2e
@@ -129,4 +131,69 @@ def test_sighup_stops_the_daemon_alone_as_sigusr1_does(daemons: list[Daemon]) ->
         assert (kind, message) == ("daemon_stop", "fleetd stopped: received SIGHUP, workers left running")
     finally:
         kill_leftover_workers(config)  # before their folder goes
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# `fleetd serve` whose telemetry job, the first time it runs, takes 15 s (a backup copying to a
+# slow mount stands for any job): marks in the folder named first say when it began and ended.
+SLOW_JOB_SERVE = """
+import sys, time
+from pathlib import Path
+import fleetd.daemon
+from fleetd.cli.entry import main
+
+marks = Path(sys.argv.pop(1))
+
+def slow_job(*args, **kwargs):
+    if not (marks / "began").exists():
+        (marks / "began").write_text("")
+        time.sleep(15)
+        (marks / "ended").write_text("")
+
+fleetd.daemon.telemetry_job = slow_job
+sys.argv[0] = "fleetd"
+main()
+"""
+
+
+class SlowJobDaemon(Daemon):
+    def __init__(self, config: DaemonConfig, marks: Path) -> None:
+        self.config, self.log_path = config, config.root / "daemon.log"
+        command = [sys.executable, "-c", SLOW_JOB_SERVE, str(marks), "serve", "--config", str(config.path)]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                            env=clean_env() | {"PYTHONPATH": str(REPO)})
+
+
+def test_a_stop_stops_the_workers_without_waiting_for_a_running_job(daemons: list[Daemon]) -> None:
+    """The workers are stopped first; a job still running is waited for after (the process ends
+    with it). A stop that waited for the job first ran into systemd's TimeoutStopSec behind a
+    slow backup, and systemd then killed the daemon alone: the workers were never stopped."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    config.path.write_text(config.path.read_text().replace("[gpu]\n", "[fleet]\ntelemetry_interval_s = 0.5\n[gpu]\n", 1))
+    marks = root / "marks"
+    marks.mkdir()
+    try:
+        daemon = SlowJobDaemon(config, marks)
+        daemons.append(daemon)
+        daemon.wait_healthy()
+        for name in ("a", "b"):
+            daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+        deadline = time.monotonic() + 30
+        while not (marks / "began").exists():
+            assert time.monotonic() < deadline, daemon.log()
+            time.sleep(0.1)
+        daemon.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while worker_processes(config):
+            assert time.monotonic() < deadline, f"workers still running 10 s into the stop:\n{daemon.log()[-3000:]}"
+            time.sleep(0.2)
+        assert not (marks / "ended").exists()  # stopped while the job ran on
+        assert daemon.process.wait(60) == 0, daemon.log()
+        assert (marks / "ended").exists()  # and the process ended with it, not before
+        kind, message = stored_events(config)[-1]
+        assert (kind, message) == ("daemon_stop", "fleetd stopped: received SIGTERM")
+    finally:
+        kill_leftover_workers(config)
         shutil.rmtree(root, ignore_errors=True)
