@@ -198,7 +198,6 @@ class Daemon:
         self.mps: Mps | None = None  # NVIDIA MPS for local workers, when it runs
         self.stop = StopRequest()
         self.workers_stopped = False  # the supervisor stopped every worker: the stop is clean
-        self.executor_closed = False
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
@@ -238,10 +237,10 @@ class Daemon:
                 try:
                     return self._record_and_run(db, seeds, token, host_boot, sock, executor)
                 finally:
-                    # A failure before supervision closed it; MPS stays up for the workers a
-                    # previous daemon may have left running (SIGUSR1), which nobody adopted.
-                    if not self.executor_closed:
-                        executor[1].close()
+                    # The reactor, however the run ended. MPS is stopped only by a stop that
+                    # stopped the workers: after a failure before supervision it stays up for the
+                    # workers a previous daemon may have left running (SIGUSR1), unadopted.
+                    executor[1].close()
             finally:
                 sock.close()
         finally:
@@ -330,8 +329,6 @@ class Daemon:
             # Clean only if the workers stopped too: a host that crashes under workers left
             # training (SIGUSR1, a failed loop) is an unclean reboot (fleetd.host.uptime).
             self.workers_stopped = ended and not self.stop.leave_workers
-            reactor.close()
-            self.executor_closed = True
             if self.mps is not None and not self.stop.leave_workers:  # workers that keep training keep it
                 self.mps.stop()
 

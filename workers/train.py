@@ -212,9 +212,9 @@ def build_model(spec: RunSpec, plan: Plan, venv: VecEnv) -> BaseAlgorithm:
                                        seed=spec.seed, verbose=0,
                                        tensorboard_log=tensorboard_dir(spec), **kwargs)
     except (ValueError, TypeError, AssertionError) as exc:
-        # SB3 and torch check the settings as they build the model (a negative learning rate,
-        # an unknown policy, a batch of one, a malformed net_arch): the spec's fault, which no
-        # restart fixes. A bad spec (exit 78, FATAL with this reason), not a crash to retry.
+        # SB3 and torch check what the spec's own bounds cannot (a malformed net_arch, an
+        # optimizer's kwargs) as they build the model: the spec's fault, which no restart
+        # fixes. A bad spec (exit 78, FATAL with this reason), not a crash to retry.
         raise SpecError("hyperparams", f"SB3 cannot build a {spec.algo.upper()} model from them: "
                         f"{type(exc).__name__}: {exc}") from exc
 

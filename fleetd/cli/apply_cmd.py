@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, segment
+from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
 
@@ -121,14 +121,14 @@ def set_settings(
     health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}
     hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items()
                    if key not in body and _health_key(key) is None}
-    current = ask(config, f"/api/v1/games/{segment(name)}") if hyperparams or health else {}
+    current = ask(config, game_path(name)) if hyperparams or health else {}
     if hyperparams:
         body.setdefault("algo", current["algo"])
         body["hyperparams"] = _merged(current["hyperparams"], hyperparams)
     if health:
         body["health_settings"] = _merged(current["health_settings"], health)
     params = {"restart": str(restart).lower()}
-    game = call(config, lambda client: client.request("PATCH", f"/api/v1/games/{segment(name)}", json=body, params=params))
+    game = call(config, lambda client: client.request("PATCH", game_path(name), json=body, params=params))
     if json_out:
         render.print_json(game)
         return

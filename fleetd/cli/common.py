@@ -35,6 +35,11 @@ def segment(value: object) -> str:
     return quote(str(value), safe="")
 
 
+def game_path(name: str, tail: str = "") -> str:
+    """The API path of a game (and `tail` below it), its name one segment."""
+    return f"/api/v1/games/{segment(name)}{tail}"
+
+
 def fail(message: str, code: int = ExitCode.ERROR) -> NoReturn:
     typer.echo(f"fleetd: error: {message}", err=True)
     raise typer.Exit(code)

@@ -10,7 +10,7 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import ConfigOption, ItemsJsonOption, JsonOption, ask, call, fail, segment
+from fleetd.cli.common import ConfigOption, ItemsJsonOption, JsonOption, ask, call, fail, game_path
 from fleetd.states import Desired, Shown
 
 games_app = command_group("Add, stop, start, remove and list games.")
@@ -120,7 +120,7 @@ def stop(
     json_out: JsonOption = False,
 ) -> None:
     """Stop a game's worker gracefully (final checkpoint); it stays stopped across restarts."""
-    game = call(config, lambda client: client.post(f"/api/v1/games/{segment(name)}/stop"))
+    game = call(config, lambda client: client.post(game_path(name, "/stop")))
     if wait and game["state"] not in SETTLED:
         game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
     _show(game, json_out, f"{name}: {game['state']}")
@@ -138,7 +138,7 @@ def start(
     from fleetd.cli import render
 
     params = {"now": "true"} if now else None
-    game = call(config, lambda client: client.request("POST", f"/api/v1/games/{segment(name)}/start", params=params))
+    game = call(config, lambda client: client.request("POST", game_path(name, "/start"), params=params))
     _show(game, json_out, render.admission_text(name, game.get("admission")))
     _exit_if_waiting(game)
 
@@ -155,7 +155,7 @@ def checkpoints(name: str, config: ConfigOption = None, json_out: ItemsJsonOptio
     """A game's checkpoints on disk, newest first: steps, episodes, when written, verified."""
     from fleetd.cli import render
 
-    items = ask(config, f"/api/v1/games/{segment(name)}/checkpoints")["items"]
+    items = ask(config, game_path(name, "/checkpoints"))["items"]
     if json_out:
         render.print_json(items)
     else:
@@ -173,7 +173,7 @@ def rollback(
     not deleted) and its next start resumes there. Stop it first."""
     body = {"to_steps": to}
     # The daemon waits up to 30 s for its supervisor's turn (a busy SQLite): wait longer than it.
-    done = call(config, lambda client: client.request("POST", f"/api/v1/games/{segment(name)}/rollback", 40.0, json=body))
+    done = call(config, lambda client: client.request("POST", game_path(name, "/rollback"), 40.0, json=body))
     if json_out:
         _show(done, json_out, "")
         return
@@ -190,7 +190,7 @@ def remove(
     config: ConfigOption = None,
 ) -> None:
     """Remove a stopped game (stop it first). Its files stay on disk unless --purge."""
-    call(config, lambda client: client.delete(f"/api/v1/games/{segment(name)}", purge=str(purge).lower()))
+    call(config, lambda client: client.delete(game_path(name), purge=str(purge).lower()))
     kept = f" (files kept; if it left checkpoints, adding {name} again asks --kept resume or set-aside)"
     typer.echo(f"removed {name}" + ("" if purge else kept))
 
@@ -202,7 +202,7 @@ def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: 
     Progress().step(f"{name}: {what} ...")  # the spinner below draws only on a terminal
     with render.err_console.status(f"{name}: {what}...") as spinner:
         while True:
-            game = ask(config, f"/api/v1/games/{segment(name)}")
+            game = ask(config, game_path(name))
             if game["state"] in states:
                 return game
             if time.monotonic() >= deadline:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.cli.common import ConfigOption, client_for, fail, segment
+from fleetd.cli.common import ConfigOption, client_for, fail, game_path
 
 if TYPE_CHECKING:
     from fleetd.cli.client import ApiClient
@@ -31,10 +31,10 @@ def logs(
     from fleetd.token import TokenError
 
     client = client_for(config)
-    path = f"/api/v1/games/{segment(game)}/logs"
+    path = game_path(game, "/logs")
     try:
         if runs:
-            render.console.print(runs_table(game, client.get(f"/api/v1/games/{segment(game)}/runs")["items"]))
+            render.console.print(runs_table(game, client.get(game_path(game, "/runs"))["items"]))
             return
         if not follow:
             _write(b"".join(client.stream(path, {"lines": lines, "run": run})))

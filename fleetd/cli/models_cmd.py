@@ -8,7 +8,7 @@ import typer
 
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.progress import MIB, Progress
-from fleetd.cli.common import ConfigOption, JsonOption, call, fail, segment
+from fleetd.cli.common import ConfigOption, JsonOption, call, fail, game_path
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
 
@@ -53,7 +53,7 @@ def import_model(
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
                         "the daemon then loads it in a subprocess to check it ...")
-        game = call(config, lambda client: client.upload(f"/api/v1/games/{segment(name)}/import", upload, params,
+        game = call(config, lambda client: client.upload(game_path(name, "/import"), upload, params,
                                                          TRANSFER_TIMEOUT_S))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
 
@@ -103,7 +103,7 @@ def export_model(
         with tempfile.TemporaryDirectory(prefix=".export-", dir=out) as work:
             archive = Path(work) / "bundle.zip"
             on_bytes = lambda done, total: progress.count("downloading", done, total)  # noqa: E731
-            call(config, lambda client: client.download(f"/api/v1/games/{segment(name)}/export", archive,
+            call(config, lambda client: client.download(game_path(name, "/export"), archive,
                                                         TRANSFER_TIMEOUT_S, on_bytes, which=which))
             progress.step(f"unpacking into {out}")
             written = _extract(archive, out)
