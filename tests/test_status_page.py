@@ -211,6 +211,23 @@ def test_a_game_that_wants_no_slot_is_not_called_stalled_but_named_as_fleetd_pla
     assert eta_cell({**off, "state": "running", "plan_state": "running"}) == "stalled"  # no recent progress
 
 
+
+@pytest.mark.parametrize(
+    ("game", "shown"),
+    [
+        ({"plan_state": "running", "state": "running", "start_hours": 0}, "now"),
+        ({"plan_state": "pending", "state": "pending", "start_hours": 2.5}, "2.5 h"),
+        ({"plan_state": "pending", "state": "pending", "start_hours": None}, "—"),
+        ({"plan_state": "done", "state": "completed", "start_hours": None}, "done"),
+        ({"plan_state": "off", "state": "stopped", "start_hours": None}, "stopped"),
+        ({"plan_state": "off", "state": "fatal", "start_hours": None}, "fatal"),
+    ],
+)
+def test_the_projection_says_when_a_game_starts_as_fleetd_plan_does(game: dict[str, object], shown: str) -> None:
+    # A stopped game's "starts in" was a dash, where `fleetd plan` names its state.
+    assert page_function("startsIn", f"startsIn({json.dumps(game)})", needs=("isNum", "DASH", "fmtHours")) == shown
+
+
 # The page's DOM and fetch, stood in for: `h` keeps a node's tag, class and text; what the panel shows is kept.
 LOG_STUBS = """
 globalThis.readToken = () => 'token';

@@ -879,6 +879,15 @@
     return h('div', { id: 'plan-timeline' }, chart, more);
   }
 
+  // When a game's training starts, in the plan: now, in so many hours, or (as `fleetd plan` says)
+  // done, or the state that keeps a game out of the plan (stopped, fatal, ...).
+  function startsIn(g) {
+    if (g.plan_state === 'running') return 'now';
+    if (g.plan_state === 'done') return 'done';
+    if (g.plan_state === 'off') return g.state || DASH;
+    return fmtHours(g.start_hours);
+  }
+
   function renderProjection(projection) {
     const panel = $('projection-panel');
     if (!projection) {
@@ -897,7 +906,7 @@
       h('td', null, g.goal ? fmtInt(g.goal.target) + ' ' + g.goal.kind : h('span', { class: 'muted' }, 'no goal')),
       h('td', { class: 'r num' }, g.goal ? fmtInt(g.goal.done) : DASH),
       h('td', { class: 'r num', title: 'rate from: ' + g.rate_source }, fmtNum(g.rate_per_hour, 0)),
-      h('td', { class: 'r num' }, g.plan_state === 'running' ? 'now' : fmtHours(g.start_hours)),
+      h('td', { class: 'r num' }, startsIn(g)),
       h('td', { class: 'r num' }, fmtHours(g.eta_hours)),
       h('td', { class: 'num' }, g.eta_at ? fmtTime(g.eta_at) : DASH),
       h('td', { class: 'r num' }, fmtMoney(g.cost_to_goal, currency))));
