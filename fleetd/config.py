@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -36,6 +36,11 @@ MAX_SECONDS = 7 * 86400
 # The most a retention may keep, in days (100 years): `now - timedelta(days=...)` overflows
 # past year 1, and the hourly retention job failed before it deleted anything.
 MAX_DAYS = 36500
+# An interval, window or timeout in seconds; `SecondsOrZero` where 0 means "none" (no grace, no wait).
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+SecondsOrZero = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+# A retention, in days.
+Days = Annotated[float, Field(gt=0, le=MAX_DAYS)]
 
 
 class ConfigError(Exception):
@@ -93,33 +98,33 @@ class DatabaseSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    events_days: float = Field(90, gt=0, le=MAX_DAYS)
-    samples_days: float = Field(14, gt=0, le=MAX_DAYS)
+    events_days: Days = 90
+    samples_days: Days = 14
 
 
 class SupervisorSettings(_Section):
     """Per-worker process policy, with supervisord's names and meanings."""
 
     # A worker must stay up this long to count as started; that resets the retry count.
-    startsecs: float = Field(10.0, ge=0, le=MAX_SECONDS)
+    startsecs: SecondsOrZero = 10.0
     # Consecutive failed starts before the game goes FATAL (cleared by `fleetd games start`).
     startretries: int = Field(5, ge=0)
     # After the stop signal, wait this long for a final checkpoint, then SIGKILL the group.
-    stopwaitsecs: float = Field(60.0, gt=0, le=MAX_SECONDS)
+    stopwaitsecs: Seconds = 60.0
     stopsignal: Literal["TERM", "INT", "QUIT", "HUP", "USR1", "USR2"] = "TERM"
     # true: restart after any exit; false: never; unexpected: unless the code is in exitcodes.
     autorestart: Literal["true", "false", "unexpected"] = "unexpected"
     exitcodes: list[int] = [int(ExitCode.COMPLETED)]  # the worker's "goal reached"
-    backoff_initial_s: float = Field(1.0, gt=0, le=MAX_SECONDS)
-    backoff_max_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
+    backoff_initial_s: Seconds = 1.0
+    backoff_max_s: Seconds = 60.0
     # No step advanced for this long while a worker should run: kill its group, restart.
-    hang_timeout_s: float = Field(300.0, gt=0, le=MAX_SECONDS)
+    hang_timeout_s: Seconds = 300.0
     # Before its first report a worker is importing torch, building envs, loading a replay
     # buffer: it gets this long instead (a slow start is not a hang).
-    start_timeout_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    start_timeout_s: Seconds = 600.0
     # How often progress snapshots reach the database, and metric samples are kept.
-    progress_flush_s: float = Field(5.0, gt=0, le=MAX_SECONDS)
-    sample_interval_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
+    progress_flush_s: Seconds = 5.0
+    sample_interval_s: Seconds = 30.0
 
     @field_validator("autorestart", mode="before")
     @classmethod
@@ -136,14 +141,14 @@ class WorkerSettings(_Section):
     # docs/worker-protocol.md (bench/ uses a minimal one to supervise hundreds).
     module: str = Field("workers", pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    checkpoint_interval_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    checkpoint_interval_s: Seconds = 600.0
     checkpoint_interval_steps: int | None = Field(None, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
     # Retention beyond the newest K (docs/worker.md#retention): the newest checkpoint of each
     # hour for the last `keep_hourly` hours, of each day for the last `keep_daily` days.
     keep_hourly: int = Field(24, ge=0)
     keep_daily: int = Field(7, ge=0)
-    progress_interval_s: float = Field(2.0, gt=0, le=MAX_SECONDS)
+    progress_interval_s: Seconds = 2.0
     # torch/EnvPool threads per worker; 0: the host's cores shared over the running games.
     cpu_threads: int = Field(0, ge=0)
     # EnvPool's threads per worker: cpu_threads times this, at most the host's cores. Above 1,
@@ -170,7 +175,7 @@ class GpuSettings(_Section):
     mps: MpsMode = MpsMode.AUTO
     # A control daemon that died is started again this many times, then workers go without MPS.
     mps_restarts: int = Field(3, ge=0)
-    mps_check_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
+    mps_check_s: Seconds = 10.0
 
 
 class TierSettings(_Section):
@@ -203,15 +208,15 @@ class FleetSettings(_Section):
     # The first window after a start or a back-off is the long one. A window must outlast the
     # time an overloaded host takes to reboot (15-20 min on the seeds' host): 25 min does, and
     # climbs the ladder to 300-600 env processes in 2-3 h (bench/governor_sim.py).
-    first_window_s: float = Field(1800.0, gt=0, le=MAX_SECONDS)
-    window_s: float = Field(1500.0, gt=0, le=MAX_SECONDS)
+    first_window_s: Seconds = 1800.0
+    window_s: Seconds = 1500.0
     # A rung that failed is not tried again for cooldown_s, then reprobe_factor times longer
     # after each further failure, at most reprobe_max_s: a host that cannot take a rung stops
     # rebooting on it (30 min, then 24 h, then 48 h: one probe soon, in case the first failure
     # was an outside event, then at most one a day; soon, so that an outside event hitting the
     # climb delays it little and both probes of a rung the host cannot take come early).
     # Failing demote_after times withdraws a rung's proof.
-    cooldown_s: float = Field(1800.0, gt=0, le=MAX_SECONDS)
+    cooldown_s: Seconds = 1800.0
     reprobe_factor: float = Field(48.0, ge=1)
     # A year, not MAX_SECONDS: a long wait is a way to say "hardly ever again" (retry_at stays a date).
     reprobe_max_s: float = Field(172800.0, gt=0, le=365 * 86400)
@@ -221,22 +226,22 @@ class FleetSettings(_Section):
     reboot_is_instability: bool = True
     # An unclean reboot at a rung stable this long (whole windows since its last instability)
     # is an outside event (a power cut, maintenance): every admitted game comes back.
-    reboot_outside_after_s: float = Field(7200.0, gt=0, le=MAX_SECONDS)
+    reboot_outside_after_s: Seconds = 7200.0
     # Priority pre-empts at the governor's step: a pending game of higher priority takes the
     # slot of a lower-priority running game once that one has held its slot this long (it
     # writes a final checkpoint and goes pending). false: priority only orders the queue, and
     # only `games start NAME --now` takes a running game's slot (docs/governor.md#priority).
     preempt: bool = True
-    preempt_min_run_s: float = Field(900.0, ge=0, le=MAX_SECONDS)
+    preempt_min_run_s: SecondsOrZero = 900.0
     # Crashes of this many different running games within the window count as instability
     # (a crash before the worker is up, startsecs, is the game's own fault: never counted).
     crash_games: int = Field(2, ge=1)
-    crash_window_s: float = Field(900.0, gt=0, le=MAX_SECONDS)
+    crash_window_s: Seconds = 900.0
     # Pressure: blocks admission at once; sustained for pressure_grace_s, it is instability.
     gpu_memory_max_fraction: float = Field(0.90, gt=0, le=1)
     gpu_temperature_max_c: float = Field(85.0, gt=0)
     host_memory_min_available_fraction: float = Field(0.10, ge=0, lt=1)
-    pressure_grace_s: float = Field(60.0, ge=0, le=MAX_SECONDS)
+    pressure_grace_s: SecondsOrZero = 60.0
     # Host pressure stall information (/proc/pressure, avg10 in %): cpu "some", memory and io "full".
     # CPU "some" is normal under RL load (more env processes than cores): 100, the default, never trips.
     psi_cpu_some_max_pct: float = Field(100.0, gt=0, le=100)
@@ -247,13 +252,13 @@ class FleetSettings(_Section):
     gpu_power_cap_fraction: float = Field(0.98, gt=0, le=1)
     # An NVML critical Xid error (read live from NVML events) is pressure for this long: it
     # blocks admission at once and, lasting past pressure_grace_s, counts as instability.
-    xid_window_s: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    xid_window_s: Seconds = 600.0
     # Sizing on a GPU host (docs/governor.md#sizing): a rung's values hold if the footprint
     # workers were measured to take there (GPU memory, host RSS), times 1 + footprint_tolerance
     # for its games, fits; a reading counts once its worker has run footprint_settle_s.
     footprint_tolerance: float = Field(0.10, ge=0, le=4)
-    footprint_settle_s: float = Field(120.0, ge=0, le=MAX_SECONDS)
-    telemetry_interval_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
+    footprint_settle_s: SecondsOrZero = 120.0
+    telemetry_interval_s: Seconds = 10.0
 
     @model_validator(mode="before")
     @classmethod
@@ -302,8 +307,8 @@ class PlanSettings(_Section):
     is judged against what happened (the ETA a day ago), how long they are kept."""
 
     record_interval_s: float = Field(3600.0, ge=1, le=MAX_SECONDS)
-    error_horizon_s: float = Field(86400.0, ge=0, le=MAX_SECONDS)
-    keep_days: float = Field(3.0, gt=0, le=MAX_DAYS)
+    error_horizon_s: SecondsOrZero = 86400.0
+    keep_days: Days = 3.0
 
 
 class AlertSettings(_Section):
@@ -315,12 +320,12 @@ class AlertSettings(_Section):
     webhook_url: str | None = Field(None, pattern=r"^https?://")
     webhook_format: Literal["json", "slack"] = "json"
     urls: list[str] = Field(default_factory=list, max_length=32)
-    dedup_window_s: float = Field(600.0, ge=0, le=MAX_SECONDS)
-    timeout_s: float = Field(5.0, gt=0, le=MAX_SECONDS)
+    dedup_window_s: SecondsOrZero = 600.0
+    timeout_s: Seconds = 5.0
     # At most 1000: the backoff doubles per attempt, and 2 ** 1024 is past a float (OverflowError).
     max_attempts: int = Field(6, ge=1, le=1000)
-    backoff_initial_s: float = Field(2.0, gt=0, le=MAX_SECONDS)
-    backoff_max_s: float = Field(300.0, gt=0, le=MAX_SECONDS)
+    backoff_initial_s: Seconds = 2.0
+    backoff_max_s: Seconds = 300.0
 
     @field_validator("urls")
     @classmethod
@@ -346,9 +351,9 @@ class BackupSettings(_Section):
     # Unset: no backups.
     target: str | None = None
     # How often the database is copied (SQLite's online backup API; `fleetd backup now` too).
-    db_interval_s: float = Field(3600.0, gt=0, le=MAX_SECONDS)
+    db_interval_s: Seconds = 3600.0
     # How often new verified checkpoints are looked for and copied.
-    checkpoint_scan_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
+    checkpoint_scan_s: Seconds = 60.0
 
     @field_validator("target")
     @classmethod
