@@ -43,16 +43,22 @@ def judged(predictions: list[PlanPrediction], reference: datetime, horizon: time
 
 
 def plan_errors(
-    predictions: list[PlanPrediction], eta_now: dict[str, datetime | None], now: datetime, horizon: timedelta
+    predictions: list[PlanPrediction], eta_now: dict[str, datetime | None], now: datetime, horizon: timedelta,
+    created: dict[str, datetime],
 ) -> list[PlanError]:
-    """One judgement per game: finished games against their finish, others against the plan now."""
-    by_game: dict[str, list[PlanPrediction]] = {}
+    """One judgement per game: finished games against their finish, others against the plan now.
+    A game is its name and its creation (`created`: the games there are now): the predictions of
+    a game removed and added again under its name are the old game's, judged by its finish alone
+    (it has no ETA now). A prediction kept before the creation was (None) is of the game now."""
+    by_game: dict[tuple[str, datetime | None], list[PlanPrediction]] = {}
     for prediction in sorted(predictions, key=lambda p: p.made_at):
-        by_game.setdefault(prediction.game, []).append(prediction)
+        key = (prediction.game, prediction.game_created_at or created.get(prediction.game))
+        by_game.setdefault(key, []).append(prediction)
     errors = []
-    for game, own in sorted(by_game.items()):
+    for (game, created_at), own in sorted(by_game.items(), key=lambda item: (item[0][0], item[1][0].made_at)):
         finished_at = next((p.finished_at for p in reversed(own) if p.finished_at is not None), None)
-        outcome = finished_at or eta_now.get(game)
+        current = created_at is not None and created_at == created.get(game)
+        outcome = finished_at or (eta_now.get(game) if current else None)
         chosen = None if outcome is None else judged(own, finished_at or now, horizon)
         if chosen is not None and chosen.eta_at is not None and outcome is not None:
             errors.append(PlanError(game, chosen.made_at, chosen.eta_at, outcome, finished_at is not None))

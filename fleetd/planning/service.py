@@ -119,19 +119,20 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
     others = what_if(snapshot, what_if_rungs(governor, wanting))
     eta_now = {g.name: g.end_at(now) for g in base.games}
-    errors = plan_errors(predictions, eta_now, now, horizon)
+    errors = plan_errors(predictions, eta_now, now, horizon, {g.name: g.created_at for g in records})
     return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots)
 
 
 # -- recording ---------------------------------------------------------------------------------
 
 
-def predictions_of(result: Plan) -> list[PlanPrediction]:
-    """Every planned game with a goal: its start and ETA as this plan gives them."""
+def predictions_of(result: Plan, created: dict[str, datetime]) -> list[PlanPrediction]:
+    """Every planned game with a goal: its start and ETA as this plan gives them (each game known
+    by its name and `created`, when it was created)."""
     now = result.at
     return [
         PlanPrediction(g.name, now, str(g.goal.kind), g.goal.target, g.goal.done, g.rate_per_hour, str(g.rate_source),
-                       g.start_at(now), g.end_at(now))  # fmt: skip
+                       g.start_at(now), g.end_at(now), game_created_at=created[g.name])  # fmt: skip
         for g in result.games
         if g.goal is not None and g.state in (PlanState.RUNNING, PlanState.PENDING)
     ]
@@ -148,11 +149,12 @@ def record_plan(db: Database, settings: Settings, boot_pk: int, started_at: date
     """The plan job: tell the predictions of games that reached their goal when they did, record
     the plan's predictions now, forget those older than `keep_days`. The predictions recorded."""
     report = fleet_plan(db, settings, boot_pk, started_at, now)
-    predictions = predictions_of(report.plan)
+    predictions = predictions_of(report.plan, {name: game.created_at for name, game in report.games.items()})
     done = {g.name for g in report.plan.games if g.state is PlanState.DONE}
     with db.transaction() as session:
         for name in plan_store.read_unfinished_prediction_games(session) & done:
-            plan_store.update_plan_predictions_finished(session, name, finished_at(report.games[name], now))
+            game = report.games[name]
+            plan_store.update_plan_predictions_finished(session, name, game.created_at, finished_at(game, now))
         plan_store.create_plan_predictions(session, predictions)
         plan_store.delete_plan_predictions_before(session, now - timedelta(days=settings.plan.keep_days))
     return len(predictions)

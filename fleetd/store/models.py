@@ -350,7 +350,8 @@ class Footprint(Base):
 
 class PlanPrediction(Base):
     """One game's place in a plan, as the plan job recorded it: later compared with what
-    happened (fleetd.planning.error). By name, as events are: it outlives its game."""
+    happened (fleetd.planning.error). By name, as events are: it outlives its game; and by the
+    game's creation, since a game removed and added again under its name is another game."""
 
     __tablename__ = "plan_predictions"
     __table_args__ = (
@@ -370,3 +371,4 @@ class PlanPrediction(Base):
     start_at: Mapped[datetime | None]
     eta_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]  # when the game reached its goal, once it did
+    game_created_at: Mapped[datetime | None]  # None: recorded before revision 0016 (the game of that name now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from fleetd.store.mapping import to_record
@@ -29,11 +29,14 @@ def read_plan_predictions(session: Session, since: datetime, games: list[str] | 
     return [to_record(PlanPrediction, row) for row in rows]
 
 
-def update_plan_predictions_finished(session: Session, game: str, finished_at: datetime) -> int:
-    """The game reached its goal at `finished_at`: its predictions not yet told so are."""
+def update_plan_predictions_finished(session: Session, game: str, created_at: datetime, finished_at: datetime) -> int:
+    """The game (of that name, created at `created_at`) reached its goal at `finished_at`: its
+    predictions not yet told so are; not those of an earlier game of its name."""
+    of_this_game = or_(PlanPredictionRow.game_created_at == created_at, PlanPredictionRow.game_created_at.is_(None))
     result = session.execute(
         update(PlanPredictionRow)
-        .where(PlanPredictionRow.game == game, PlanPredictionRow.finished_at.is_(None), PlanPredictionRow.made_at <= finished_at)
+        .where(PlanPredictionRow.game == game, of_this_game, PlanPredictionRow.finished_at.is_(None),
+               PlanPredictionRow.made_at <= finished_at)  # fmt: skip
         .values(finished_at=finished_at)
     )
     session.flush()

@@ -342,3 +342,4 @@ class PlanPrediction:
     start_at: datetime | None
     eta_at: datetime | None
     finished_at: datetime | None = None  # when the game reached its goal, once it did
+    game_created_at: datetime | None = None  # which game of that name (None: recorded before it was kept)

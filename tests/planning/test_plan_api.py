@@ -16,7 +16,7 @@ from fleetd.api.context import AppContext
 from fleetd.cli.plan_render import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import State
-from fleetd.store.games import create_game, update_game_state
+from fleetd.store.games import create_game, delete_game, update_game_state
 from fleetd.store.records import GameDraft
 from tests.planning.helpers import TOKEN, govern, progress
 
@@ -101,6 +101,43 @@ def test_the_plan_job_records_predictions_and_the_error_once_a_game_finishes(fle
     assert cart1["error_hours"] == pytest.approx(2 - 4.5 * 48 / 47)
     assert cart1["relative_error"] == pytest.approx(2 / (4.5 * 48 / 47) - 1)
     assert not errors["cart2"]["finished"] and body["error"]["median_abs_relative_error"] is not None
+
+
+def test_a_game_removed_and_added_again_under_its_name_is_another_game_to_the_plans_error(fleet) -> None:
+    # The predictions were kept by name alone: the new cart1 was judged "finished", against the
+    # old one's finish, and the old one's judgement was lost.
+    context, controller = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    args = (context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at)
+    record_plan(*args, context.clock.now())
+    context.clock.advance(2 * 3600)
+    progress(context, "cart1", 3_000, 120)
+    with context.db.transaction() as session:
+        update_game_state(session, "cart1", State.EXITED, "goal reached", context.clock.now())
+    record_plan(*args, context.clock.now())  # tells the old cart1's predictions its finish
+    finished = context.clock.now()
+    with context.db.transaction() as session:
+        delete_game(session, "cart1")
+        create_game(session, GameDraft("cart1", "CartPole-v1", "ppo", target_episodes=3_000), context.clock.now())
+    govern(controller, context.db)
+    context.clock.advance(600)
+    progress(context, "cart1", 100, 10)
+    record_plan(*args, context.clock.now())
+    context.clock.advance(600)
+    judged = [e for e in get(context)["error"]["games"] if e["game"] == "cart1"]
+    assert [e["finished"] for e in judged] == [True, False]  # the old game, then the new one
+    old, new = judged
+    assert old["outcome_at"].startswith(finished.isoformat()[:19])
+    assert new["made_at"] > old["made_at"] and new["outcome_at"] != old["outcome_at"]
+    # The new cart1 reaches its goal: its own predictions are told, the old game's stay its own.
+    progress(context, "cart1", 3_000, 20)
+    with context.db.transaction() as session:
+        update_game_state(session, "cart1", State.EXITED, "goal reached", context.clock.now())
+    record_plan(*args, context.clock.now())
+    judged = [e for e in get(context)["error"]["games"] if e["game"] == "cart1"]
+    assert [e["finished"] for e in judged] == [True, True]
+    assert judged[0]["outcome_at"].startswith(finished.isoformat()[:19]) and judged[1]["outcome_at"] > judged[0]["outcome_at"]
 
 
 def test_metrics_show_the_fleets_time_and_cost_to_all_goals(fleet) -> None:
