@@ -601,3 +601,13 @@ def test_a_hyperparameter_the_worker_would_crash_on_is_a_422_naming_it(client: T
     assert error["details"]["errors"][0]["field"] == field, error
     assert field in error["message"]
     assert client.get("/api/v1/games/badhp").status_code == 404
+
+
+def test_a_log_asked_of_a_game_that_has_not_run_says_so_apart_from_no_such_game(client: TestClient) -> None:
+    # The status page shows "no log yet" for the first and an error for the second (a mistyped
+    # #game= link): the 404s differ by `runs` in their details.
+    assert client.post("/api/v1/games", json={**GAME, "name": "never-ran", "desired": "stopped"}).status_code == 201
+    error = envelope(client.get("/api/v1/games/never-ran/logs"), 404)
+    assert error["details"] == {"name": "never-ran", "runs": 0} and "has not run yet" in error["message"]
+    error = envelope(client.get("/api/v1/games/no-such-game/logs"), 404)
+    assert error["details"] == {"name": "no-such-game"} and "no game named" in error["message"]

@@ -232,8 +232,9 @@ def test_the_projection_says_when_a_game_starts_as_fleetd_plan_does(game: dict[s
 LOG_STUBS = """
 globalThis.readToken = () => 'token';
 globalThis.AuthError = class extends Error {};
-globalThis.fetch = async () => ({ ok: false, status: 404, statusText: 'Not Found',
-  json: async () => ({ error: { code: 'not_found', message: "game 'g1' has not run yet: it has no log" } }) });
+globalThis.fetch = async (path) => ({ ok: false, status: 404, statusText: 'Not Found', json: async () => (path.includes('/g1/')
+  ? { error: { code: 'not_found', message: "game 'g1' has not run yet: it has no log", details: { name: 'g1', runs: 0 } } }
+  : { error: { code: 'not_found', message: "no game named 'typo'", details: { name: 'typo' } } }) });
 globalThis.h = (tag, attrs, ...kids) => ({ tag, class: attrs && attrs.class, text: kids.map((k) => k.text || k).join('') });
 globalThis.shown = [];
 globalThis.$ = () => ({ replaceChildren: (...kids) => { shown = kids; } });
@@ -245,6 +246,13 @@ def test_a_game_that_never_ran_shows_no_log_yet_not_an_error() -> None:
     call = "showGameLog('g1').then(() => shown[1])"
     body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
     assert body == {"tag": "p", "class": "muted small", "text": "no log yet: it has not run"}
+
+
+def test_a_game_that_does_not_exist_is_an_error_not_no_log_yet() -> None:
+    # A mistyped #game= link: every 404 was "no log yet: it has not run".
+    call = "showGameLog('typo').then(() => shown[1])"
+    body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
+    assert body == {"tag": "p", "class": "bad small", "text": "/games/typo/logs?lines=40: 404 no game named 'typo'"}
 
 
 def test_a_refresh_asked_for_while_one_runs_is_run_after_it_not_lost() -> None:

@@ -84,7 +84,10 @@
     } catch (_) { /* not JSON: described below */ }
     if (!response.ok) {
       const message = body && body.error && body.error.message ? body.error.message : response.statusText;
-      throw new Error(path + ': ' + response.status + ' ' + message);
+      const error = new Error(path + ': ' + response.status + ' ' + message);
+      error.status = response.status;
+      error.details = (body && body.error && body.error.details) || {};
+      throw error;
     }
     return body;
   }
@@ -803,11 +806,14 @@
     const title = h('h3', null, name + ' ', h('span', { class: 'muted small' }, 'last ' + LOG_LINES + ' log lines · fleetd logs ' + name + ' -f'));
     let body;
     try {
-      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true, optional: true });
-      body = text ? h('pre', { class: 'log small', 'data-game': name }, text) : h('p', { class: 'muted small' }, 'no log yet: it has not run');
+      const text = await api('/games/' + encodeURIComponent(name) + '/logs?lines=' + LOG_LINES, { text: true });
+      body = h('pre', { class: 'log small', 'data-game': name }, text);
     } catch (error) {
       if (error instanceof AuthError) throw error;
-      body = h('p', { class: 'bad small' }, error.message);
+      // A game that has not run has no log yet (the daemon's 404 says runs: 0); any other 404
+      // (no such game: a mistyped #game= link, a log gone) is the daemon's own words, as an error.
+      const notRun = error.status === 404 && error.details.runs === 0;
+      body = notRun ? h('p', { class: 'muted small' }, 'no log yet: it has not run') : h('p', { class: 'bad small' }, error.message);
     }
     if (shownGame !== name) return; // another game was chosen meanwhile
     box.replaceChildren(title, body);

@@ -72,7 +72,7 @@ def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord
             newest = run_store.read_runs(session, game.id, name, 1)
             if not newest:
                 raise FleetdError(ErrorCode.NOT_FOUND, f"game {name!r} has not run yet: it has no log",
-                                  {"name": name})
+                                  {"name": name, "runs": 0})  # the page tells "no log yet" from "no such game" by it
             return newest[0]
         record = run_store.read_run(session, run_id)
     if record is None or record.game != name:
