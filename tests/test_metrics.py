@@ -54,8 +54,10 @@ def values(family) -> dict:
 
 def test_game_fleet_and_uptime_metrics(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> None:
     families = scrape(settings, db, clock, host)
-    assert values(families["fleetd_game_steps"]) == {(("game", "pong"),): 5000.0}
+    # A counter starts at 0 in each daemon process: the store's 5000 steps are its baseline.
+    assert values(families["fleetd_game_steps"]) == {(("game", "pong"),): 0.0}
     assert families["fleetd_game_steps"].type == "counter"
+    assert values(families["fleetd_game_progress_steps"]) == {(("game", "pong"),): 5000.0}
     state = values(families["fleetd_game_state"])
     assert state[(("game", "pong"), ("state", "running"))] == 1.0
     assert sum(state.values()) == 1.0
@@ -98,7 +100,8 @@ def test_game_counters_never_go_down_when_a_game_rewinds(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost
 ) -> None:
     """A restart from an older checkpoint: the step count falls, the counters do not; the steps
-    lost are their own counter. A scrape before any report starts from the store's figures."""
+    lost are their own counter. A scrape before any report takes the store's figures as the
+    baseline: the counters start at 0 in each daemon process."""
     start = record_daemon_start(db, host.current_boot(), clock.now())
     with db.transaction() as session:
         create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
@@ -116,11 +119,54 @@ def test_game_counters_never_go_down_when_a_game_rewinds(
     def series(name: str) -> list[float]:
         return [values(families[name])[(("game", "pong"),)] for families in scrapes]
 
-    assert series("fleetd_game_steps") == [900, 1000, 1500, 1500, 1600]
+    assert series("fleetd_game_steps") == [0, 100, 600, 600, 700]
     assert series("fleetd_game_steps_lost") == [0, 0, 0, 300, 300]
-    assert series("fleetd_game_episodes") == [3, 4, 6, 6, 6]
+    assert series("fleetd_game_episodes") == [0, 1, 3, 3, 3]
     assert series("fleetd_game_episodes_lost") == [0, 0, 0, 1, 1]
     assert series("fleetd_game_progress_steps") == [900, 1000, 1500, 1200, 1300]
+
+
+def test_a_daemon_restart_after_a_rewind_adds_only_what_was_trained_since(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """Two daemon processes on one store: a counter starts at 0 in each, so the new process's
+    counter reset makes Prometheus's `increase()` add only what was trained since, not the
+    game's whole count (a counter that started at the game's count stood, after a rewind, above
+    the stored count the next process started at: a reset worth millions of steps)."""
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+
+    def daemon() -> tuple[Recorder, TestClient]:
+        start = record_daemon_start(db, host.current_boot(), clock.now())
+        recorder = Recorder(db, clock, start.boot.id)
+        info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+        context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), counters=recorder.counters)
+        return recorder, TestClient(create_app(context))
+
+    def scraped(client: TestClient) -> tuple[float, float]:
+        families = parse(client.get("/metrics"))
+        key = (("game", "pong"),)
+        return values(families["fleetd_game_steps"])[key], values(families["fleetd_game_episodes"])[key]
+
+    series = []
+    recorder, client = daemon()
+    for steps in (1_000_000, 2_000_000, 1_900_000, 2_000_000):  # 2.0M -> 1.9M: a worker crash's rewind
+        recorder.progress(_report(steps, steps // 100))
+        recorder.flush_progress()
+        series.append(scraped(client))
+    recorder, client = daemon()  # the daemon restarted: the store holds 2.0M
+    series.append(scraped(client))
+    recorder.progress(_report(2_010_000, 20_100))
+    recorder.flush_progress()
+    series.append(scraped(client))
+
+    def increase(samples: list[float]) -> float:  # Prometheus: a drop is a reset, the new value all gained
+        return sum(b - a if b >= a else b for a, b in zip(samples, samples[1:]))
+
+    trained = (2_000_000 - 1_000_000) + 100_000 + 10_000  # the rewound 100k trained again, then 10k more
+    assert increase([steps for steps, _ in series]) == trained
+    assert increase([episodes for _, episodes in series]) == trained // 100
+    assert series[4] == (0, 0)  # the new process's first scrape: nothing trained in it yet
 
 
 def _report(steps: int, episodes: int, eval_return: float | None = None) -> ProgressReport:
@@ -166,7 +212,7 @@ def test_a_rewind_is_measured_from_the_checkpoint_the_new_run_resumed_from() -> 
     counters.progress("pong", 2000, 8)
     counters.progress("pong", 1000, 4)  # resumed: killed, back at the checkpoint of step 1000
     counters.progress("pong", 1500, 6)
-    assert counters.read({"pong": (0, 0)})["pong"] == GameCounts(2500, 1000, 10, 4)
+    assert counters.read({"pong": (0, 0)})["pong"] == GameCounts(500, 1000, 2, 4)
 
 
 def test_progress_counters_forget_a_removed_game() -> None:

@@ -4,8 +4,10 @@ A game's step and episode counts in the store rewind to its checkpoint after a c
 as Prometheus counters they would go down, and `increase()` would take the drop for a counter
 reset and report the game's whole count as a spike. So the recorder feeds every progress report
 here, and each game accumulates what it gained (`trained`) apart from what a rewind took back
-(`lost`): both only ever grow while this process lives. A new daemon starts them again, which
-Prometheus handles as the ordinary counter reset.
+(`lost`): both only ever grow while this process lives. They start at 0 in each daemon process,
+the Prometheus convention: the first figure seen for a game is only the baseline the gains are
+measured from. A new daemon's counters are then an ordinary counter reset, and `increase()` adds
+what was trained since the new process started, never the game's whole count.
 
 Fed by the supervisor thread (the recorder), read by the API's threads at scrape time: one lock.
 """
@@ -49,8 +51,11 @@ def _grow(gained: int, lost: int, delta: int) -> tuple[int, int]:
 
 
 class ProgressCounters:
-    """Per-game accumulators. The first figure seen for a game (a report, or the store's count
-    when a scrape comes first) is its starting value, so a counter starts where the game stands."""
+    """Per-game accumulators, each at 0 when this process first sees the game. The first figure
+    seen (a report, the checkpoint a run resumed from, or the store's count when a scrape comes
+    first) is the baseline gains and rewinds are measured from, not a starting value: a counter
+    that started at the game's count would, after a rewind, start the next daemon process below
+    where this one left it, and `increase()` would take that reset for the game's whole count."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -61,7 +66,7 @@ class ProgressCounters:
         with self._lock:
             tally = self._games.get(game)
             if tally is None:
-                self._games[game] = _Tally(steps, episodes, steps, episodes)
+                self._games[game] = _Tally(steps, episodes, 0, 0)
             else:
                 tally.add(steps, episodes)
 
@@ -72,9 +77,9 @@ class ProgressCounters:
 
     def read(self, stored: dict[str, tuple[int, int]]) -> dict[str, GameCounts]:
         """The counters of the games in `stored` (name -> the store's steps and episodes, taken
-        as the starting figures of a game that has not reported yet)."""
+        as the baseline of a game that has not reported yet)."""
         with self._lock:
             for name, (steps, episodes) in stored.items():
                 if name not in self._games:
-                    self._games[name] = _Tally(steps, episodes, steps, episodes)
+                    self._games[name] = _Tally(steps, episodes, 0, 0)
             return {name: self._games[name].counts() for name in stored}
