@@ -78,6 +78,28 @@ def test_game_fleet_and_uptime_metrics(settings: Settings, db: Database, clock: 
     assert values(families["fleetd_plan_cost_to_all_goals"]) == {} and values(families["fleetd_plan_error_ratio"]) == {}
 
 
+def test_the_episode_rate_is_exported_only_while_the_game_runs(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The stored rate is the last progress report's: a game that stopped, crashed or was given up
+    on keeps it, and /metrics showed it on as if the game still trained."""
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    client = TestClient(create_app(AppContext(settings, db, clock, "t" * 32, info, EnvCatalog())))
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+        update_game_state(session, "pong", "running", "up", clock.now())
+        update_games_progress(session, {"pong": ProgressSnapshot(5000, 12, 900.0, 6.5, 11.0, clock.now())})
+    rate = parse(client.get("/metrics"))["fleetd_game_episodes_per_second"]
+    assert values(rate) == {(("game", "pong"),): 0.25}
+    for state in ("backoff", "fatal", "stopping", "stopped", "exited"):
+        with db.transaction() as session:
+            update_game_state(session, "pong", state, "x", clock.now())
+        families = parse(client.get("/metrics"))
+        assert values(families["fleetd_game_episodes_per_second"]) == {}, state
+        assert values(families["fleetd_game_state"])[(("game", "pong"), ("state", "running"))] == 0.0
+
+
 def test_every_metric_is_in_the_reference_and_every_documented_one_exists(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost
 ) -> None:

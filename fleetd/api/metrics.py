@@ -123,7 +123,7 @@ class StateFamily:
     doc: str = "1 for the game's current state, 0 for the others"
 
     def lines(self, game: GameFigures, _count: GameCounts, _now: datetime) -> list[str]:
-        current = shown(game.desired, game.state, game.admitted_at is not None)
+        current = _shown(game)
         prefix = f'{self.name}{{game="{game.name}",state="'
         return [f'{prefix}{state}"}} {"1.0" if state is current else "0.0"}' for state in GAME_STATES]
 
@@ -146,8 +146,16 @@ def _checkpoint_age(game: GameFigures, _count: GameCounts, now: datetime) -> flo
     return None if game.checkpoint_at is None else max(0.0, (now - game.checkpoint_at).total_seconds())
 
 
-def _per_second(per_hour: float | None) -> float | None:
-    return None if per_hour is None else per_hour / SECONDS_PER_HOUR
+def _shown(game: GameFigures) -> Shown:
+    return shown(game.desired, game.state, game.admitted_at is not None)
+
+
+def _episodes_per_second(game: GameFigures, _count: GameCounts, _now: datetime) -> float | None:
+    """The worker's recent rate, only while the game runs: the stored rate is its last report's,
+    which a stopped, crashed or given-up game would otherwise show on as if it still trained."""
+    if game.episodes_per_hour is None or _shown(game) is not Shown.RUNNING:
+        return None
+    return game.episodes_per_hour / SECONDS_PER_HOUR
 
 
 GAME_FAMILIES: tuple[GameFamily | StateFamily | HealthFamily, ...] = (
@@ -165,8 +173,8 @@ GAME_FAMILIES: tuple[GameFamily | StateFamily | HealthFamily, ...] = (
                lambda g, c, _: g.restarts),
     GameFamily("fleetd_game_progress_steps", "gauge", "The game's step count (back to its checkpoint after a crash)",
                lambda g, c, _: g.steps),
-    GameFamily("fleetd_game_episodes_per_second", "gauge", "Episodes per second, the worker's recent rate",
-               lambda g, c, _: _per_second(g.episodes_per_hour)),
+    GameFamily("fleetd_game_episodes_per_second", "gauge", "Episodes per second, the worker's recent rate, while running",
+               _episodes_per_second),
     GameFamily("fleetd_game_mean_return", "gauge", "Mean return over the last 100 episodes",
                lambda g, c, _: g.mean_reward_100),
     GameFamily("fleetd_game_best_return", "gauge", "Best episode return", lambda g, c, _: g.best_reward),
