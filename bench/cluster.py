@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:  # run as `python bench/cluster.py`
     sys.path.insert(0, str(REPO))
 
 from bench.ray_cluster import FAST_HEALTH_CHECKS, LocalRayCluster  # noqa: E402
-from bench.supervision import WORKER_MODULE, BenchDaemon, Params, machine, measure_fleet  # noqa: E402
+from bench.supervision import WORKER_MODULE, BenchDaemon, Params, machine, measure_fleet, percentile  # noqa: E402
 
 NODES = ("n1", "n2", "n3")
 BATCH = 20
@@ -213,7 +213,6 @@ def report(results: Results, local: tuple[float, float]) -> str:
     local_cpu, local_window = local
     per_game_local = 1000 * local_cpu / local_window / games
     per_game_ray = 1000 * results.ray_cpu_s / results.window_s / games
-    q = lambda values, p: statistics.quantiles(values, n=100)[p - 1] if len(values) > 1 else (values or [0])[0]  # noqa: E731
     lines = [
         f"machine: {machine()}; {dt.date.today().isoformat()}; ray {__import__('ray').__version__}",
         f"Ray health checks: {', '.join(f'{k}={v}' for k, v in FAST_HEALTH_CHECKS.items())}",
@@ -225,7 +224,7 @@ def report(results: Results, local: tuple[float, float]) -> str:
         f"power cut of {results.victim}: {results.moved} games",
         f"  to node_lost recorded: median {statistics.median(results.to_node_lost_s):.1f} s, max {max(results.to_node_lost_s):.1f} s",
         f"  to training elsewhere: median {statistics.median(results.to_training_s):.1f} s,"
-        f" p95 {q(results.to_training_s, 95):.1f} s, all {max(results.to_training_s):.1f} s",
+        f" p95 {percentile(results.to_training_s, 95):.1f} s, all {max(results.to_training_s):.1f} s",
         f"  steps lost per game: median {statistics.median(results.steps_lost):.0f} (the stand-in writes no checkpoints)",
         f"daemon stop: {results.leftovers.get('daemon_exit')} after {results.leftovers.get('stop_s', 0):.1f} s",
     ]
