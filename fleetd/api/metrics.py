@@ -75,7 +75,7 @@ class FleetCollector:
 
 class Exposition:
     """All of /metrics. The per-game families are written here directly: 10,000 games are some
-    150,000 samples, which prometheus_client's generic writer takes seconds over (issue #13
+    190,000 samples, which prometheus_client's generic writer takes seconds over (issue #13
     item 6); game names are slugs, so their label values need no escaping."""
 
     def __init__(self, context: AppContext) -> None:
