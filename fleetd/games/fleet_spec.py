@@ -237,12 +237,34 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     keeps checkpoints; an entry to add is refused where a removed game left some."""
     entries = {entry.name: entry for entry in games}
     kept = kept_of_new(db, games, files_of)
-    with db.transaction(immediate=not dry_run) as session:  # checked as written (a removal, as remove_game)
-        plans = plan_fleet(session, games, catalog, restart, workers, kept)
-        if not dry_run:
-            for plan in plans:
-                _write(session, clock, plan, entries[plan.name])
+    checked = _CheckedOnce(catalog)
+    # Every check first, without the write lock: checking a `module:Env-vN` id imports the
+    # user's module (up to MODULE_IMPORT_TIMEOUT_S), and the supervisor's writes wait at most
+    # busy_timeout for the lock, then fail. Planned again inside, against the games as written
+    # (a removal, as remove_game), where the env ids are the ones already checked.
+    with db.transaction() as session:
+        plans = plan_fleet(session, games, checked, restart, workers, kept)  # type: ignore[arg-type]
+    if dry_run:
+        return plans
+    with db.transaction(immediate=True) as session:
+        plans = plan_fleet(session, games, checked, restart, workers, kept)  # type: ignore[arg-type]
+        for plan in plans:
+            _write(session, clock, plan, entries[plan.name])
     return plans
+
+
+class _CheckedOnce:
+    """The catalog's check, asked once per env id: the plan before the write transaction asks
+    it (slow: a listing, a module's import), the plan inside finds it answered."""
+
+    def __init__(self, catalog: EnvCatalog) -> None:
+        self._catalog = catalog
+        self._passed: set[str] = set()
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        if env_id not in self._passed:
+            self._catalog.check(env_id, field)
+            self._passed.add(env_id)
 
 
 def _write(session: Session, clock: Clock, plan: GamePlan, entry: Any) -> None:

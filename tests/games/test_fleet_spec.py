@@ -3,18 +3,21 @@ through the FastAPI app on a real store: the plan, its checks, idempotence, the 
 
 from __future__ import annotations
 
+import sqlite3
 import tomllib
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.config import Settings
-from fleetd.games.fleet_spec import to_toml, toml_value
+from fleetd.games.fleet_spec import FleetGame, apply_fleet, to_toml, toml_value
+from fleetd.games.kept import kept_files
 from fleetd.states import State
 from fleetd.store.engine import Database
-from fleetd.store.games import update_game_state, update_games_progress
+from fleetd.store.games import read_game, update_game_state, update_games_progress
 from fleetd.store.records import ProgressSnapshot
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
@@ -259,3 +262,32 @@ def test_export_then_apply_is_no_change_through_toml(client: TestClient) -> None
 def test_toml_values_read_back_as_written() -> None:
     for value in [1, -3, 0.1, 1e-5, 2.5e-4, True, "a \"q\" \\ é", [1, [2.0]], {"a b": {"c": []}}, {}]:
         assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
+
+
+class WritableWhileChecked:
+    """A catalog whose check (a module's import, up to a minute) asserts that another connection
+    can take SQLite's write lock meanwhile: the supervisor's writes wait only busy_timeout."""
+
+    def __init__(self, path) -> None:
+        self.path, self.checked = path, []
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        other = sqlite3.connect(self.path, timeout=0.05, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # raises 'database is locked' where apply holds it
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        self.checked.append(field)
+
+
+def test_apply_checks_env_ids_without_holding_the_write_lock(settings: Settings, db: Database, clock) -> None:
+    catalog = WritableWhileChecked(settings.db_path)
+    entries = [FleetGame(name="slow", env_id="slowenv:Slow-v0"), FleetGame(name="cart", env_id="CartPole-v1")]
+    files_of = partial(kept_files, settings)
+    assert [p.action for p in apply_fleet(db, clock, entries, catalog, files_of)] == ["add", "add"]
+    again = [entries[0], entries[1].model_copy(update={"priority": 3})]  # unchanged and changed: both checked
+    assert [p.action for p in apply_fleet(db, clock, again, catalog, files_of)] == ["none", "update"]
+    assert catalog.checked == ["games[0].env_id", "games[1].env_id"] * 2  # once per apply, outside the lock
+    with db.transaction() as session:
+        assert read_game(session, "cart").priority == 3
