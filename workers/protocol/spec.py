@@ -100,9 +100,13 @@ class _Overrides(_Strict):
 def _finite_json(value: Any) -> Any:
     """No NaN or infinity anywhere in a value (Python's json reads `1e999` and `NaN`): the
     store would keep it, the API show it as null, and an exported spec then differ from the
-    game's."""
+    game's. No null either: TOML has none, so a fleet file could not hold it (export-spec
+    failed on it), and a declared key refuses it too."""
 
     def walk(item: Any, where: str) -> None:
+        if item is None:
+            raise PydanticCustomError("null", f"expected a value, got null{where and f' at {where}'} "
+                                              "(leave the key out instead)")
         if isinstance(item, float) and not math.isfinite(item):
             raise PydanticCustomError("non_finite", f"must be finite, got {item}{where and f' at {where}'}")
         if isinstance(item, dict):
@@ -118,7 +122,7 @@ def _finite_json(value: Any) -> Any:
 
 class PolicyKwargs(_Overrides):
     """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is
-    (finite numbers only)."""
+    (finite numbers only, no null)."""
 
     model_config = ConfigDict(extra="allow")
     # The strict config's allow_inf_nan reaches declared fields only, not these extra keys.
