@@ -96,7 +96,7 @@ def _write_atomically(path: Path, text: str) -> None:
     import tempfile
 
     fd, temporary = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(temporary, path)
 

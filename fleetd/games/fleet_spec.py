@@ -344,13 +344,13 @@ def to_toml(games: list[dict[str, Any]]) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """A JSON value as TOML (dicts inline). Strings as JSON strings, which TOML reads the same."""
+    """A JSON value as TOML (dicts inline). Strings as TOML basic strings (`_string`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _string(value)
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, dict):
@@ -359,5 +359,12 @@ def toml_value(value: Any) -> str:
 
 
 def _key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _string(key)
+
+
+def _string(text: str) -> str:
+    """A JSON string is a TOML basic string where it escapes only what TOML reads back the
+    same: characters as themselves (json's ASCII escapes write a character beyond U+FFFF as
+    two surrogates, which TOML refuses), and DEL escaped (TOML refuses it bare; json leaves it)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 

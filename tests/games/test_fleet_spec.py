@@ -291,3 +291,25 @@ def test_apply_checks_env_ids_without_holding_the_write_lock(settings: Settings,
     assert catalog.checked == ["games[0].env_id", "games[1].env_id"] * 2  # once per apply, outside the lock
     with db.transaction() as session:
         assert read_game(session, "cart").priority == 3
+
+
+def test_export_then_apply_is_no_change_with_any_character_in_a_string(client: TestClient) -> None:
+    """json.dumps's ASCII escapes wrote a character beyond U+FFFF as two surrogates, and DEL
+    bare: TOML refuses both, so `fleetd apply` refused what `fleetd export-spec` wrote."""
+    odd = "snow ☃, face 😀, del \x7f, tab \t, nul \x00"
+    put_spec(client, [CART | {"hyperparams": {"policy_kwargs": {"net_arch": [64], "label": odd, f"k 😀\x7f": odd}}}])
+    text = to_toml(client.get("/api/v1/fleet/spec").json()["games"])
+    response = put_spec(client, tomllib.loads(text)["games"])
+    assert response.json()["changed"] is False, response.json()
+    assert "😀" in text and "\\u007f" in text and "\x7f" not in text
+
+
+@pytest.mark.parametrize("policy_kwargs,where", [({"net_arch": None}, ""), ({"net_arch": [64, None]}, " at [1]")])
+def test_null_in_policy_kwargs_is_refused_naming_the_field(client: TestClient, policy_kwargs, where) -> None:
+    """A declared key refuses null; an extra one took it, and export-spec then failed (no TOML null)."""
+    for response, field in ((put_spec(client, [CART | {"hyperparams": {"policy_kwargs": policy_kwargs}}]), "games[0]."),
+                            (client.post("/api/v1/games", json=CART | {"hyperparams": {"policy_kwargs": policy_kwargs}}), "")):
+        error = error_of(response, 422)
+        assert error["details"]["errors"][0]["field"].endswith("hyperparams.policy_kwargs.net_arch"), error
+        assert f"got null{where}" in error["message"]
+    assert client.get("/api/v1/games").json()["items"] == []
