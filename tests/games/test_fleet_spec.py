@@ -313,3 +313,14 @@ def test_null_in_policy_kwargs_is_refused_naming_the_field(client: TestClient, p
         assert error["details"]["errors"][0]["field"].endswith("hyperparams.policy_kwargs.net_arch"), error
         assert f"got null{where}" in error["message"]
     assert client.get("/api/v1/games").json()["items"] == []
+
+
+def test_a_schema_error_names_the_entry_as_the_docs_and_fleetds_checks_do(client: TestClient) -> None:
+    """Not `body.games.1.present.priority`: the location pydantic gives carries the union's tag."""
+    error = error_of(put_spec(client, [CART, {"name": "pg", "env_id": "CartPole-v1", "priority": "x"}]), 422)
+    assert error["details"]["errors"] == [{"field": "games[1].priority", "game": "pg",
+                                           "reason": "Input should be a valid integer, unable to parse string as an integer"}]
+    assert error["message"].startswith("invalid request: games[1].priority (pg): Input should be a valid integer")
+    nested = error_of(put_spec(client, [{"env_id": "CartPole-v1", "health_settings": []}, {"absent": True}]), 422)
+    assert [e["field"] for e in nested["details"]["errors"]] == ["games[0].name", "games[0].health_settings",
+                                                                 "games[1].name"]
