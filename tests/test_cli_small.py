@@ -113,6 +113,10 @@ def test_the_cli_waits_out_the_module_checks_a_request_causes() -> None:
 @pytest.mark.parametrize(("content", "says"), [
     ('[[games]]\nname = "café"\n'.encode("latin-1"), "not UTF-8 text (byte 21)"),
     (b"games = 5\n", "games is int: a fleet file's games are [[games]] tables"),
+    (b'[[games]]\nname = "a"\n[[games]]\nname = "b"\ntotal_timesteps = 1979-05-27\n',
+     "games[1].total_timesteps: a date/time, not a number or string"),  # was a 108-line traceback
+    (b'[[games]]\nname = "a"\nhyperparams = { policy_kwargs = { net_arch = [64, 07:32:00] } }\n',
+     "games[0].hyperparams.policy_kwargs.net_arch[1]: a date/time, not a number or string"),
 ])
 def test_apply_refuses_a_file_it_cannot_read_as_games_before_calling_the_daemon(tmp_path, content: bytes, says: str) -> None:
     fleet = tmp_path / "fleet.toml"

@@ -1,6 +1,7 @@
 """`fleetd apply`, `fleetd export-spec` and `fleetd games set`: the fleet as a file, and one
 game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
 
+import datetime
 import os
 import tomllib
 from pathlib import Path
@@ -38,7 +39,23 @@ def read_fleet_file(path: Path) -> dict[str, Any]:
     games = document.get("games", [])
     if not isinstance(games, list):
         fail(f"{path}: games is {type(games).__name__}: a fleet file's games are [[games]] tables")
+    if (where := _date_in(games, "games")) is not None:
+        fail(f"{path}: {where}: a date/time, not a number or string (quote it to send it as a string)")
     return {"games": games}
+
+
+def _date_in(value: Any, where: str) -> str | None:
+    """Where a TOML date, time or date-time is (`games[0].total_timesteps`): no JSON value
+    holds one, so the request could not be sent."""
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        return where
+    if isinstance(value, dict):
+        items = ((f"{where}.{key}", inner) for key, inner in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{index}]", inner) for index, inner in enumerate(value))
+    else:
+        return None
+    return next((found for inner_where, inner in items if (found := _date_in(inner, inner_where)) is not None), None)
 
 
 def apply(
