@@ -310,7 +310,24 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
         [f"held with other settings (database -> config): {', '.join(differing)}"] if differing else []))
     return ("[[games]] in the config is not applied: this database already had games, and [[games]] seeds only "
             f"a database that never had any. {found[0].upper() + found[1:]}. To apply them: put these entries in a "
-            "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the config")
+            "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the "
+            f"config{_desired_applied(held, seeds)}")
+
+
+def _desired_applied(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
+    """An applied entry sets its game's desired state too, running unless it says otherwise:
+    games the operator stopped (`fleetd games stop`) would start. Said, with how to keep them."""
+    moved = [seed for seed in seeds if seed.name in held and held[seed.name].desired != seed.desired]
+    starts = [seed.name for seed in moved if seed.desired is Desired.RUNNING]
+    stops = [seed.name for seed in moved if seed.desired is Desired.STOPPED]
+    said = []
+    if starts:
+        said.append(f"Applied as they are, the entries also start {', '.join(starts)}, stopped in the database: an "
+                    'entry without desired = "stopped" starts its game (give it that line to keep it stopped)')
+    if stops:
+        said.append(f"Applied as they are, the entries also stop {', '.join(stops)}, running in the database: "
+                    'their entries say desired = "stopped"')
+    return "".join(f". {sentence}" for sentence in said)
 
 
 def _seed_changes(game: GameRecord, seed: GameSpec) -> list[SettingChange]:
