@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -130,3 +132,27 @@ def test_expect_reboot_refuses_a_window_the_api_refuses_before_calling_the_daemo
     result = CliRunner().invoke(app, ["expect-reboot", "--for", within, "--reason", "drill"], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert f"--for: {within} is outside the window fleetd takes (at least 1s, at most 7d)" in result.output
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_export_spec_output_gets_the_mode_a_new_file_gets(tmp_path, umask: int, mode: int) -> None:
+    """Written through mkstemp, the file was 0600 whatever the umask."""
+    from fleetd.cli.apply_cmd import _write_atomically
+
+    before = os.umask(umask)
+    try:
+        _write_atomically(tmp_path / "fleet.toml", "[[games]]\n")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "fleet.toml").stat().st_mode) == mode
+    assert (tmp_path / "fleet.toml").read_text() == "[[games]]\n" and os.listdir(tmp_path) == ["fleet.toml"]
+
+
+def test_export_spec_that_cannot_write_leaves_no_temporary_and_says_why(tmp_path, monkeypatch) -> None:
+    from fleetd.cli import apply_cmd
+
+    monkeypatch.setattr(apply_cmd, "ask", lambda config, path: {"games": []})
+    monkeypatch.setattr(apply_cmd.os, "replace", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    result = CliRunner().invoke(app, ["export-spec", "-o", str(tmp_path / "fleet.toml")], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "fleet.toml: cannot write: No space left on device" in result.output, result.output
+    assert os.listdir(tmp_path) == []

@@ -1,6 +1,7 @@
 """`fleetd apply`, `fleetd export-spec` and `fleetd games set`: the fleet as a file, and one
 game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
 
+import contextlib
 import datetime
 import os
 import tomllib
@@ -105,17 +106,33 @@ def export_spec(
     if output is None:
         typer.echo(text, nl=False)
         return
-    _write_atomically(output, text)
+    try:
+        _write_atomically(output, text)
+    except OSError as exc:
+        fail(f"{output}: cannot write: {exc.strerror or exc}")
     typer.echo(f"wrote {text.count('[[games]]')} games to {output}")
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """A whole file or none: written to a temporary beside it, synced, renamed over it (the
+    temporary removed on failure), with the mode a new file gets (0666 less the umask), not
+    mkstemp's 0600."""
     import tempfile
 
-    fd, temporary = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(handle.fileno(), 0o666 & ~umask)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 @games_app.command("set")
