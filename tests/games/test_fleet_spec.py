@@ -8,6 +8,7 @@ import tomllib
 from collections.abc import Iterator
 from functools import partial
 
+import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
@@ -15,6 +16,7 @@ from fleetd.api import create_app
 from fleetd.config import Settings
 from fleetd.games.fleet_spec import FleetGame, apply_fleet, to_toml, toml_value
 from fleetd.games.kept import kept_files
+from fleetd.games.spec import hyperparams_schema
 from fleetd.states import State
 from fleetd.store.engine import Database
 from fleetd.store.games import read_game, update_game_state, update_games_progress
@@ -324,3 +326,17 @@ def test_a_schema_error_names_the_entry_as_the_docs_and_fleetds_checks_do(client
     nested = error_of(put_spec(client, [{"env_id": "CartPole-v1", "health_settings": []}, {"absent": True}]), 422)
     assert [e["field"] for e in nested["details"]["errors"]] == ["games[0].name", "games[0].health_settings",
                                                                  "games[1].name"]
+
+
+@pytest.mark.parametrize("policy_kwargs,takes", [
+    ({"net_arch": [{"pi": [64], "vf": [64]}], "x": [[[[1]]]], "y": {"a": {"b": {"c": {"d": "e"}}}}}, True),
+    ({"x": [[[[[1]]]]]}, False), ({"y": {"a": {"b": {"c": {"d": {}}}}}}, False),
+    ({"net_arch": None}, False), ({"net_arch": [64, None]}, False), ({"x": [[[{"a": None}]]]}, False),
+])
+def test_the_schema_takes_policy_kwargs_exactly_when_fleetd_does(client: TestClient, policy_kwargs, takes) -> None:
+    """No null at any depth is what fleetd takes; a schema cannot recurse inline, so nesting is
+    bounded (POLICY_KWARGS_DEPTH) and the schema says exactly that (the fuzzer holds them to it)."""
+    schema = jsonschema.Draft202012Validator(hyperparams_schema("ppo"))
+    assert schema.is_valid({"policy_kwargs": policy_kwargs}) == takes
+    response = put_spec(client, [CART | {"hyperparams": {"policy_kwargs": policy_kwargs}}], dry_run="true")
+    assert (response.status_code == 200) == takes, response.text
