@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -113,6 +115,10 @@ def test_the_cli_waits_out_the_module_checks_a_request_causes() -> None:
 @pytest.mark.parametrize(("content", "says"), [
     ('[[games]]\nname = "café"\n'.encode("latin-1"), "not UTF-8 text (byte 21)"),
     (b"games = 5\n", "games is int: a fleet file's games are [[games]] tables"),
+    (b'[[games]]\nname = "a"\n[[games]]\nname = "b"\ntotal_timesteps = 1979-05-27\n',
+     "games[1].total_timesteps: a date/time, not a number or string"),  # was a 108-line traceback
+    (b'[[games]]\nname = "a"\nhyperparams = { policy_kwargs = { net_arch = [64, 07:32:00] } }\n',
+     "games[0].hyperparams.policy_kwargs.net_arch[1]: a date/time, not a number or string"),
 ])
 def test_apply_refuses_a_file_it_cannot_read_as_games_before_calling_the_daemon(tmp_path, content: bytes, says: str) -> None:
     fleet = tmp_path / "fleet.toml"
@@ -126,3 +132,27 @@ def test_expect_reboot_refuses_a_window_the_api_refuses_before_calling_the_daemo
     result = CliRunner().invoke(app, ["expect-reboot", "--for", within, "--reason", "drill"], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert f"--for: {within} is outside the window fleetd takes (at least 1s, at most 7d)" in result.output
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_export_spec_output_gets_the_mode_a_new_file_gets(tmp_path, umask: int, mode: int) -> None:
+    """Written through mkstemp, the file was 0600 whatever the umask."""
+    from fleetd.cli.apply_cmd import _write_atomically
+
+    before = os.umask(umask)
+    try:
+        _write_atomically(tmp_path / "fleet.toml", "[[games]]\n")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "fleet.toml").stat().st_mode) == mode
+    assert (tmp_path / "fleet.toml").read_text() == "[[games]]\n" and os.listdir(tmp_path) == ["fleet.toml"]
+
+
+def test_export_spec_that_cannot_write_leaves_no_temporary_and_says_why(tmp_path, monkeypatch) -> None:
+    from fleetd.cli import apply_cmd
+
+    monkeypatch.setattr(apply_cmd, "ask", lambda config, path: {"games": []})
+    monkeypatch.setattr(apply_cmd.os, "replace", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    result = CliRunner().invoke(app, ["export-spec", "-o", str(tmp_path / "fleet.toml")], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "fleet.toml: cannot write: No space left on device" in result.output, result.output
+    assert os.listdir(tmp_path) == []

@@ -136,3 +136,23 @@ def test_games_removed_since_their_seeding_are_named_too(starts: Starts) -> None
         game_store.delete_game(session, "cart")
     notes = starts.start(CART)
     assert len(notes) == 1 and "Not in the database: cart." in notes[0]
+
+
+def test_the_advice_to_apply_says_which_stopped_games_that_would_start(starts: Starts) -> None:
+    """`fleetd apply` of the config's entries sets desired too (running where they say nothing):
+    the advice named only the settings, and applying it started games the operator had stopped."""
+    two = CART + '[[games]]\nname = "pong"\nenv_id = "CartPole-v1"\n'
+    assert starts.start(two) == []
+    assert starts.db is not None
+    for name in ("cart", "pong"):
+        set_desired(starts.db, starts.clock, name, Desired.STOPPED)  # `fleetd games stop`
+    kept = two.replace('name = "pong"', 'name = "pong"\ndesired = "stopped"')
+    [note] = starts.start(kept.replace("priority = 1", "priority = 5"))
+    assert note.endswith(
+        "or take them out of the config. Applied as they are, the entries also start cart, stopped in the database: "
+        'an entry without desired = "stopped" starts its game (give it that line to keep it stopped)'), note
+    assert "pong" not in note  # its entry keeps it stopped, and its settings match
+    set_desired(starts.db, starts.clock, "pong", Desired.RUNNING)
+    [note] = starts.start(kept.replace("priority = 1", "priority = 5"))
+    assert note.endswith('Applied as they are, the entries also stop pong, running in the database: their entries '
+                         'say desired = "stopped"'), note

@@ -5,6 +5,7 @@ snapshot that the API and systemd's status line read. Deterministic: no sleeps, 
 from __future__ import annotations
 
 import signal
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -599,3 +600,53 @@ def test_a_game_removed_between_the_supervisors_read_and_its_start_is_let_go(loo
     loop.sup.submit(Reconcile())
     loop.steps()
     assert "a" not in loop.sup.procs and loop.launcher.spawned == []
+
+
+def test_a_progress_flush_that_finds_the_database_busy_stops_nothing_and_loses_nothing(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """Another process (a `fleetd apply`) holds SQLite's write lock past busy_timeout: the flush
+    fails BUSY. The loop goes on, and the next flush writes the reports kept pending."""
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
+    loop = Loop(settings, quick, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id)
+    loop.add("cart")
+    loop.start()
+    loop.run_up("cart")
+    flush_s = settings.supervisor.progress_flush_s
+    clock.advance(flush_s)
+    loop.steps()  # flushes what run_up reported
+    loop.report("cart", 500)
+    clock.advance(flush_s)
+    holder = sqlite3.connect(settings.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        loop.steps()  # the flush is due, and fails BUSY: the loop raised, and the daemon exited 70
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with db.transaction() as session:
+        assert game_store.read_game(session, "cart").steps == 1
+    clock.advance(flush_s)
+    loop.steps()
+    with db.transaction() as session:
+        assert game_store.read_game(session, "cart").steps == 500
+    quick.close()
+
+
+def test_a_flush_that_fails_otherwise_still_raises(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a busy database is passing: any other failure of the store is the loop's to report."""
+    from fleetd.errors import ErrorCode, FleetdError
+
+    loop.add("cart")
+    loop.start()
+    loop.run_up("cart")
+    loop.report("cart", 500)
+    loop.clock.advance(loop.settings.supervisor.progress_flush_s)
+
+    def broken(session, snapshots):
+        raise FleetdError(ErrorCode.INTERNAL, "disk I/O error")
+
+    monkeypatch.setattr(game_store, "update_games_progress", broken)
+    with pytest.raises(FleetdError, match="disk I/O error"):
+        loop.steps()

@@ -91,18 +91,40 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
         what = f"of Content-Type {sent!r}" if sent else "without a Content-Type"
         message = f"a body {what} is not read: send JSON with Content-Type: application/json"
         return _respond(FleetdError(ErrorCode.UNSUPPORTED_MEDIA_TYPE, message, {"content_type": sent}))
-    problems = [_problem(err) for err in exc.errors()]
-    summary = "; ".join(f"{p['field']}: {p['reason']}" for p in problems)
+    problems = [_problem(err, exc.body) for err in exc.errors()]
+    summary = "; ".join(f"{p['field']}{_of_game(p)}: {p['reason']}" for p in problems)
     if any(err.get("type") == "json_invalid" for err in exc.errors()):  # not JSON: 400, as documented
         message = f"the body is not valid JSON ({summary}); send a JSON object"
         return _respond(FleetdError(ErrorCode.BAD_REQUEST, message, {"errors": problems}))
     return _respond(FleetdError(ErrorCode.VALIDATION, f"invalid request: {summary}", {"errors": problems}))
 
 
-def _problem(err: dict[str, Any]) -> dict[str, str]:
-    field = ".".join(str(part) for part in err.get("loc", ()))
+def _problem(err: dict[str, Any], body: Any = None) -> dict[str, str]:
+    loc = tuple(err.get("loc", ()))
     reason = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-    return {"field": field, "reason": reason}
+    if loc[:2] == ("body", "games") and len(loc) > 2 and isinstance(loc[2], int):
+        return _fleet_entry_problem(loc[2], loc[3:], reason, body)
+    return {"field": ".".join(str(part) for part in loc), "reason": reason}
+
+
+_ENTRY_TAGS = ("present", "absent")  # fleet_spec.FleetEntry's union: pydantic puts the tag in the location
+
+
+def _fleet_entry_problem(index: int, rest: tuple[Any, ...], reason: str, body: Any) -> dict[str, str]:
+    """A fleet file's entry (PUT /fleet/spec) named as fleetd's own checks and the docs name it,
+    `games[0].priority`, not `body.games.0.present.priority`; with the entry's name, if it has one."""
+    rest = rest[1:] if rest[:1] and rest[0] in _ENTRY_TAGS else rest
+    field = f"games[{index}]" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
+    problem = {"field": field, "reason": reason}
+    games = body.get("games") if isinstance(body, dict) else None
+    entry = games[index] if isinstance(games, list) and index < len(games) else None
+    if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+        problem["game"] = entry["name"]
+    return problem
+
+
+def _of_game(problem: dict[str, str]) -> str:
+    return f" ({problem['game']})" if "game" in problem else ""
 
 
 async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:

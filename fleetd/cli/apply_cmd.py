@@ -1,6 +1,8 @@
 """`fleetd apply`, `fleetd export-spec` and `fleetd games set`: the fleet as a file, and one
 game's settings changed in place (docs/operations.md#the-fleet-as-a-file)."""
 
+import contextlib
+import datetime
 import os
 import tomllib
 from pathlib import Path
@@ -38,7 +40,23 @@ def read_fleet_file(path: Path) -> dict[str, Any]:
     games = document.get("games", [])
     if not isinstance(games, list):
         fail(f"{path}: games is {type(games).__name__}: a fleet file's games are [[games]] tables")
+    if (where := _date_in(games, "games")) is not None:
+        fail(f"{path}: {where}: a date/time, not a number or string (quote it to send it as a string)")
     return {"games": games}
+
+
+def _date_in(value: Any, where: str) -> str | None:
+    """Where a TOML date, time or date-time is (`games[0].total_timesteps`): no JSON value
+    holds one, so the request could not be sent."""
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        return where
+    if isinstance(value, dict):
+        items = ((f"{where}.{key}", inner) for key, inner in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{index}]", inner) for index, inner in enumerate(value))
+    else:
+        return None
+    return next((found for inner_where, inner in items if (found := _date_in(inner, inner_where)) is not None), None)
 
 
 def apply(
@@ -88,17 +106,33 @@ def export_spec(
     if output is None:
         typer.echo(text, nl=False)
         return
-    _write_atomically(output, text)
+    try:
+        _write_atomically(output, text)
+    except OSError as exc:
+        fail(f"{output}: cannot write: {exc.strerror or exc}")
     typer.echo(f"wrote {text.count('[[games]]')} games to {output}")
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """A whole file or none: written to a temporary beside it, synced, renamed over it (the
+    temporary removed on failure), with the mode a new file gets (0666 less the umask), not
+    mkstemp's 0600."""
     import tempfile
 
-    fd, temporary = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(handle.fileno(), 0o666 & ~umask)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 @games_app.command("set")

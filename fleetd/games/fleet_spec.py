@@ -237,12 +237,34 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     keeps checkpoints; an entry to add is refused where a removed game left some."""
     entries = {entry.name: entry for entry in games}
     kept = kept_of_new(db, games, files_of)
-    with db.transaction(immediate=not dry_run) as session:  # checked as written (a removal, as remove_game)
-        plans = plan_fleet(session, games, catalog, restart, workers, kept)
-        if not dry_run:
-            for plan in plans:
-                _write(session, clock, plan, entries[plan.name])
+    checked = _CheckedOnce(catalog)
+    # Every check first, without the write lock: checking a `module:Env-vN` id imports the
+    # user's module (up to MODULE_IMPORT_TIMEOUT_S), and the supervisor's writes wait at most
+    # busy_timeout for the lock, then fail. Planned again inside, against the games as written
+    # (a removal, as remove_game), where the env ids are the ones already checked.
+    with db.transaction() as session:
+        plans = plan_fleet(session, games, checked, restart, workers, kept)  # type: ignore[arg-type]
+    if dry_run:
+        return plans
+    with db.transaction(immediate=True) as session:
+        plans = plan_fleet(session, games, checked, restart, workers, kept)  # type: ignore[arg-type]
+        for plan in plans:
+            _write(session, clock, plan, entries[plan.name])
     return plans
+
+
+class _CheckedOnce:
+    """The catalog's check, asked once per env id: the plan before the write transaction asks
+    it (slow: a listing, a module's import), the plan inside finds it answered."""
+
+    def __init__(self, catalog: EnvCatalog) -> None:
+        self._catalog = catalog
+        self._passed: set[str] = set()
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        if env_id not in self._passed:
+            self._catalog.check(env_id, field)
+            self._passed.add(env_id)
 
 
 def _write(session: Session, clock: Clock, plan: GamePlan, entry: Any) -> None:
@@ -288,7 +310,24 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
         [f"held with other settings (database -> config): {', '.join(differing)}"] if differing else []))
     return ("[[games]] in the config is not applied: this database already had games, and [[games]] seeds only "
             f"a database that never had any. {found[0].upper() + found[1:]}. To apply them: put these entries in a "
-            "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the config")
+            "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the "
+            f"config{_desired_applied(held, seeds)}")
+
+
+def _desired_applied(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
+    """An applied entry sets its game's desired state too, running unless it says otherwise:
+    games the operator stopped (`fleetd games stop`) would start. Said, with how to keep them."""
+    moved = [seed for seed in seeds if seed.name in held and held[seed.name].desired != seed.desired]
+    starts = [seed.name for seed in moved if seed.desired is Desired.RUNNING]
+    stops = [seed.name for seed in moved if seed.desired is Desired.STOPPED]
+    said = []
+    if starts:
+        said.append(f"Applied as they are, the entries also start {', '.join(starts)}, stopped in the database: an "
+                    'entry without desired = "stopped" starts its game (give it that line to keep it stopped)')
+    if stops:
+        said.append(f"Applied as they are, the entries also stop {', '.join(stops)}, running in the database: "
+                    'their entries say desired = "stopped"')
+    return "".join(f". {sentence}" for sentence in said)
 
 
 def _seed_changes(game: GameRecord, seed: GameSpec) -> list[SettingChange]:
@@ -322,13 +361,13 @@ def to_toml(games: list[dict[str, Any]]) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """A JSON value as TOML (dicts inline). Strings as JSON strings, which TOML reads the same."""
+    """A JSON value as TOML (dicts inline). Strings as TOML basic strings (`_string`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _string(value)
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, dict):
@@ -337,5 +376,12 @@ def toml_value(value: Any) -> str:
 
 
 def _key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _string(key)
+
+
+def _string(text: str) -> str:
+    """A JSON string is a TOML basic string where it escapes only what TOML reads back the
+    same: characters as themselves (json's ASCII escapes write a character beyond U+FFFF as
+    two surrogates, which TOML refuses), and DEL escaped (TOML refuses it bare; json leaves it)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 

@@ -122,24 +122,30 @@ class Recorder:
 
     def flush_progress(self) -> int:
         """Write the newest report of every game that reported since the last flush, in one
-        transaction of two statements, whatever the number of games."""
+        transaction of two statements, whatever the number of games. A database busy past
+        busy_timeout (another process holds the write lock) loses nothing and stops nothing:
+        the reports stay pending for the next flush, which writes the newest of them."""
         if not self._dirty:
             return 0
-        names, self._dirty = self._dirty, set()
+        names = set(self._dirty)
         snapshots = {name: _snapshot(self._progress[name].report) for name in names}
-        due = self._due_for_samples(names)
-        with self.db.transaction() as session:
-            ids = game_store.update_games_progress(session, snapshots)
-            sampled = {ids[n]: _sample_values(self._progress[n].report) for n in due if n in ids}
-            create_game_samples(session, {ids[n]: snapshots[n].at for n in due if n in ids}, sampled)
-        return len(names)
-
-    def _due_for_samples(self, names: set[str]) -> list[str]:
         mono = self.clock.monotonic()
         due = [n for n in names if mono - self._progress[n].sampled_at >= self.sample_interval_s]
+        try:
+            with self.db.transaction() as session:
+                ids = game_store.update_games_progress(session, snapshots)
+                sampled = {ids[n]: _sample_values(self._progress[n].report) for n in due if n in ids}
+                create_game_samples(session, {ids[n]: snapshots[n].at for n in due if n in ids}, sampled)
+        except FleetdError as exc:
+            if exc.code is not ErrorCode.BUSY:
+                raise
+            log.warning("progress of %d game(s) not written: %s; kept for the next flush", len(names), exc.message)
+            return 0
+        self._dirty -= names
         for name in due:
-            self._progress[name].sampled_at = mono
-        return due
+            if name in self._progress:
+                self._progress[name].sampled_at = mono
+        return len(names)
 
     def forget(self, game: str) -> None:
         self._progress.pop(game, None)

@@ -3,18 +3,23 @@ through the FastAPI app on a real store: the plan, its checks, idempotence, the 
 
 from __future__ import annotations
 
+import sqlite3
 import tomllib
 from collections.abc import Iterator
+from functools import partial
 
+import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.config import Settings
-from fleetd.games.fleet_spec import to_toml, toml_value
+from fleetd.games.fleet_spec import FleetGame, apply_fleet, to_toml, toml_value
+from fleetd.games.kept import kept_files
+from fleetd.games.spec import hyperparams_schema
 from fleetd.states import State
 from fleetd.store.engine import Database
-from fleetd.store.games import update_game_state, update_games_progress
+from fleetd.store.games import read_game, update_game_state, update_games_progress
 from fleetd.store.records import ProgressSnapshot
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
@@ -259,3 +264,79 @@ def test_export_then_apply_is_no_change_through_toml(client: TestClient) -> None
 def test_toml_values_read_back_as_written() -> None:
     for value in [1, -3, 0.1, 1e-5, 2.5e-4, True, "a \"q\" \\ é", [1, [2.0]], {"a b": {"c": []}}, {}]:
         assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
+
+
+class WritableWhileChecked:
+    """A catalog whose check (a module's import, up to a minute) asserts that another connection
+    can take SQLite's write lock meanwhile: the supervisor's writes wait only busy_timeout."""
+
+    def __init__(self, path) -> None:
+        self.path, self.checked = path, []
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        other = sqlite3.connect(self.path, timeout=0.05, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # raises 'database is locked' where apply holds it
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        self.checked.append(field)
+
+
+def test_apply_checks_env_ids_without_holding_the_write_lock(settings: Settings, db: Database, clock) -> None:
+    catalog = WritableWhileChecked(settings.db_path)
+    entries = [FleetGame(name="slow", env_id="slowenv:Slow-v0"), FleetGame(name="cart", env_id="CartPole-v1")]
+    files_of = partial(kept_files, settings)
+    assert [p.action for p in apply_fleet(db, clock, entries, catalog, files_of)] == ["add", "add"]
+    again = [entries[0], entries[1].model_copy(update={"priority": 3})]  # unchanged and changed: both checked
+    assert [p.action for p in apply_fleet(db, clock, again, catalog, files_of)] == ["none", "update"]
+    assert catalog.checked == ["games[0].env_id", "games[1].env_id"] * 2  # once per apply, outside the lock
+    with db.transaction() as session:
+        assert read_game(session, "cart").priority == 3
+
+
+def test_export_then_apply_is_no_change_with_any_character_in_a_string(client: TestClient) -> None:
+    """json.dumps's ASCII escapes wrote a character beyond U+FFFF as two surrogates, and DEL
+    bare: TOML refuses both, so `fleetd apply` refused what `fleetd export-spec` wrote."""
+    odd = "snow ☃, face 😀, del \x7f, tab \t, nul \x00"
+    put_spec(client, [CART | {"hyperparams": {"policy_kwargs": {"net_arch": [64], "label": odd, f"k 😀\x7f": odd}}}])
+    text = to_toml(client.get("/api/v1/fleet/spec").json()["games"])
+    response = put_spec(client, tomllib.loads(text)["games"])
+    assert response.json()["changed"] is False, response.json()
+    assert "😀" in text and "\\u007f" in text and "\x7f" not in text
+
+
+@pytest.mark.parametrize("policy_kwargs,where", [({"net_arch": None}, ""), ({"net_arch": [64, None]}, " at [1]")])
+def test_null_in_policy_kwargs_is_refused_naming_the_field(client: TestClient, policy_kwargs, where) -> None:
+    """A declared key refuses null; an extra one took it, and export-spec then failed (no TOML null)."""
+    for response, field in ((put_spec(client, [CART | {"hyperparams": {"policy_kwargs": policy_kwargs}}]), "games[0]."),
+                            (client.post("/api/v1/games", json=CART | {"hyperparams": {"policy_kwargs": policy_kwargs}}), "")):
+        error = error_of(response, 422)
+        assert error["details"]["errors"][0]["field"].endswith("hyperparams.policy_kwargs.net_arch"), error
+        assert f"got null{where}" in error["message"]
+    assert client.get("/api/v1/games").json()["items"] == []
+
+
+def test_a_schema_error_names_the_entry_as_the_docs_and_fleetds_checks_do(client: TestClient) -> None:
+    """Not `body.games.1.present.priority`: the location pydantic gives carries the union's tag."""
+    error = error_of(put_spec(client, [CART, {"name": "pg", "env_id": "CartPole-v1", "priority": "x"}]), 422)
+    assert error["details"]["errors"] == [{"field": "games[1].priority", "game": "pg",
+                                           "reason": "Input should be a valid integer, unable to parse string as an integer"}]
+    assert error["message"].startswith("invalid request: games[1].priority (pg): Input should be a valid integer")
+    nested = error_of(put_spec(client, [{"env_id": "CartPole-v1", "health_settings": []}, {"absent": True}]), 422)
+    assert [e["field"] for e in nested["details"]["errors"]] == ["games[0].name", "games[0].health_settings",
+                                                                 "games[1].name"]
+
+
+@pytest.mark.parametrize("policy_kwargs,takes", [
+    ({"net_arch": [{"pi": [64], "vf": [64]}], "x": [[[[1]]]], "y": {"a": {"b": {"c": {"d": "e"}}}}}, True),
+    ({"x": [[[[[1]]]]]}, False), ({"y": {"a": {"b": {"c": {"d": {}}}}}}, False),
+    ({"net_arch": None}, False), ({"net_arch": [64, None]}, False), ({"x": [[[{"a": None}]]]}, False),
+])
+def test_the_schema_takes_policy_kwargs_exactly_when_fleetd_does(client: TestClient, policy_kwargs, takes) -> None:
+    """No null at any depth is what fleetd takes; a schema cannot recurse inline, so nesting is
+    bounded (POLICY_KWARGS_DEPTH) and the schema says exactly that (the fuzzer holds them to it)."""
+    schema = jsonschema.Draft202012Validator(hyperparams_schema("ppo"))
+    assert schema.is_valid({"policy_kwargs": policy_kwargs}) == takes
+    response = put_spec(client, [CART | {"hyperparams": {"policy_kwargs": policy_kwargs}}], dry_run="true")
+    assert (response.status_code == 200) == takes, response.text

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, NamedTuple, Self, get_args
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema,
+                      field_validator,
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
@@ -100,29 +101,51 @@ class _Overrides(_Strict):
 def _finite_json(value: Any) -> Any:
     """No NaN or infinity anywhere in a value (Python's json reads `1e999` and `NaN`): the
     store would keep it, the API show it as null, and an exported spec then differ from the
-    game's."""
+    game's. No null either: TOML has none, so a fleet file could not hold it (export-spec
+    failed on it), and a declared key refuses it too."""
 
-    def walk(item: Any, where: str) -> None:
+    def walk(item: Any, where: str, depth: int) -> None:
+        if item is None:
+            raise PydanticCustomError("null", f"expected a value, got null{where and f' at {where}'} "
+                                              "(leave the key out instead)")
         if isinstance(item, float) and not math.isfinite(item):
             raise PydanticCustomError("non_finite", f"must be finite, got {item}{where and f' at {where}'}")
+        if isinstance(item, (dict, list)) and depth == POLICY_KWARGS_DEPTH:
+            raise PydanticCustomError("too_deep", f"lists and objects nest at most {POLICY_KWARGS_DEPTH} deep, "
+                                                  f"got more{where and f' at {where}'}")
         if isinstance(item, dict):
             for key, inner in item.items():
-                walk(inner, f"{where}[{key!r}]")
+                walk(inner, f"{where}[{key!r}]", depth + 1)
         elif isinstance(item, list):
             for index, inner in enumerate(item):
-                walk(inner, f"{where}[{index}]")
+                walk(inner, f"{where}[{index}]", depth + 1)
 
-    walk(value, "")
+    walk(value, "", 0)
     return value
+
+
+# How deep a policy_kwargs value may nest lists and objects: SB3's deepest, net_arch as
+# [{"pi": [64], "vf": [64]}], is 3. Bounded so that the API's schema (which cannot recurse
+# inline) says exactly what is taken: no null at any depth.
+POLICY_KWARGS_DEPTH = 4
+
+
+def _json_schema(depth: int) -> dict[str, Any]:
+    """A JSON value without null, nesting lists and objects at most `depth` deep."""
+    if depth == 0:
+        return {"type": ["string", "number", "boolean"]}
+    inner = _json_schema(depth - 1)
+    return {"type": ["string", "number", "boolean", "array", "object"], "items": inner, "additionalProperties": inner}
 
 
 class PolicyKwargs(_Overrides):
     """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is
-    (finite numbers only)."""
+    (finite numbers only, no null, nested at most POLICY_KWARGS_DEPTH deep)."""
 
     model_config = ConfigDict(extra="allow")
     # The strict config's allow_inf_nan reaches declared fields only, not these extra keys.
-    __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite_json)]]
+    __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite_json),
+                                            WithJsonSchema(_json_schema(POLICY_KWARGS_DEPTH))]]
     activation_fn: Activation | None = None
 
 
