@@ -229,6 +229,10 @@ def test_a_higher_priority_pending_game_takes_a_slot_once_the_holder_ran_its_min
     [(pid, sig)] = loop.launcher.signals  # one game stops, with a final checkpoint (SIGTERM)
     holder = next(name for name in ("a", "b") if loop.sup.procs[name].pid == pid)
     assert sig == "SIGTERM" and loop.state(holder) is State.STOPPING
+    # c waits for the holder's final checkpoint, as after --now: never more workers than slots.
+    assert loop.state("c") is State.STOPPED
+    loop.steps(3)
+    assert loop.state("c") is State.STOPPED and loop.state(holder) is State.STOPPING
     loop.reactor.exit(pid, code=0)
     loop.steps()
     assert loop.state("c") is State.STARTING and loop.shown()[holder] is Shown.PENDING
