@@ -245,6 +245,33 @@ def test_a_higher_priority_pending_game_takes_a_slot_once_the_holder_ran_its_min
     assert loop.state("c") is not State.STOPPING and loop.shown()[holder] is Shown.PENDING
 
 
+def test_a_back_off_after_a_pre_emption_stops_one_game_the_lowest_priority(loop: Loop) -> None:
+    """c (priority 5) took a slot by pre-emption and is the newest admission; a back-off to one
+    game sheds the priority-0 game, not c (which the same step would pre-empt back, stopping
+    both workers for one slot less)."""
+    full_fleet_and_a_pending_game(loop)
+    raise_priority(loop, "c", 5)
+    train_for(loop, loop.settings.fleet.preempt_min_run_s)
+    [(pid, _)] = loop.launcher.signals
+    holder = next(name for name in ("a", "b") if loop.sup.procs[name].pid == pid)
+    other = ({"a", "b"} - {holder}).pop()
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    loop.run_up("c")
+    train_for(loop, 120)
+    with loop.db.transaction() as session:
+        seen = len(read_events(session, EventFilter(kind="fleet_evict")))
+    loop.sup.fleet.instability("oom", "test: one OOM kill", "c")  # 2x32 -> 1x32
+    loop.sup.submit(Reconcile())  # the governor's next step
+    loop.steps()
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(kind="fleet_evict"))  # newest first
+    evicted = [e.game for e in events[: len(events) - seen]]
+    assert evicted == [other] and (loop.pid(other), "SIGTERM") in loop.launcher.signals
+    assert loop.state(other) is State.STOPPING and loop.state("c") is not State.STOPPED
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.admitted == ("c",)
+
+
 def test_equal_priority_never_pre_empts_and_preempt_false_turns_it_off(loop: Loop) -> None:
     loop.settings = loop.settings.model_copy(update={"fleet": loop.settings.fleet.model_copy(update={"preempt": False})})
     full_fleet_and_a_pending_game(loop)

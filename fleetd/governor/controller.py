@@ -183,7 +183,8 @@ class FleetController:
         admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
         pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
         pressure = Pressure() if self.cluster else self.pressure()  # the head's telemetry is no node's
-        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure)
+        priorities = {s.name: s.priority for s in wanting}
+        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities)
 
     def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
         governor, view, now = self.governor, self.view(slots), self.clock.now()
@@ -367,6 +368,7 @@ class FleetController:
         requested = self._requested()
         self.governor.request(requested, now)  # the fleet row keeps the operator's request
         wanting = [slot for slot in slots if slot.wants_slot]
+        priorities = {slot.name: slot.priority for slot in wanting}
         pending = list(self.view(slots).pending)
         decisions = self._observe_hosts(now, wanting)
         live = self._live_hosts()
@@ -381,7 +383,7 @@ class FleetController:
             governor = self.governors[host]
             moves = governor.request(requested, now)
             own = [name for name in step.pending if step.home.get(name) == host]
-            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure()))
+            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure(), priorities))
             step.take(decisions, host, moves)
         for host in live:  # guests go home once it has room
             room = self.governors[host].allowed() - len(step.on(host))
