@@ -5,6 +5,7 @@ fakes (tests/test_supervisor_loop.py's `Loop`): deterministic, no sleeps, no pro
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 from fleetd.games.settings import update_settings
 from fleetd.games.lifecycle import set_desired
@@ -147,6 +148,52 @@ def stepping_client(loop: Loop, port: SteppingPort):  # type: ignore[no-untyped-
     client = TestClient(create_app(context))
     client.headers["Authorization"] = "Bearer " + "t" * 32
     return client
+
+
+def request_tier(loop: Loop, requested: str) -> None:
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, requested, loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+
+
+def test_mode_manual_alone_keeps_a_manual_request(loop: Loop) -> None:
+    """Manual heavy, still climbing at light: `{"mode": "manual"}` keeps heavy (the rung's tier
+    name is no request: it would cap the climb at light)."""
+    for name in "abcdef":
+        loop.add(name)
+    loop.start()
+    request_tier(loop, "heavy")
+    client = stepping_client(loop, SteppingPort(loop))
+    assert client.get("/api/v1/fleet").json()["tier"] == "light"
+    answer = client.put("/api/v1/fleet", json={"mode": "manual"}).json()
+    loop.steps()
+    fleet = client.get("/api/v1/fleet").json()
+    assert answer["requested"] == fleet["requested"] == "heavy" and fleet["mode"] == "manual"
+
+
+def test_mode_manual_from_auto_takes_the_lowest_tier_that_sheds_nothing(loop: Loop) -> None:
+    """Auto at 4x48 (named light: the highest tier at or below it): manual light would shed two
+    games; the lowest tier whose rung is at or above 4x48 is medium."""
+    for name in "abcd":
+        loop.add(name)
+    loop.start()
+    request_tier(loop, "auto")
+    governor = loop.sup.fleet.governor
+    governor.state = replace(governor.state, rung=[r.label for r in governor.ladder].index("4x48"))
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    client = stepping_client(loop, SteppingPort(loop))
+    before = client.get("/api/v1/fleet").json()
+    assert (before["mode"], before["tier"], before["rung"], len(before["admitted"])) == ("auto", "light", "4x48", 4)
+    answer = client.put("/api/v1/fleet", json={"mode": "manual"}).json()
+    loop.steps()
+    fleet = client.get("/api/v1/fleet").json()
+    assert answer["requested"] == fleet["requested"] == "medium" and fleet["mode"] == "manual"
+    assert fleet["rung"] == "4x48" and len(fleet["admitted"]) == 4 and fleet["pending"] == []
+    # a tier named still wins, and auto still means auto
+    assert client.put("/api/v1/fleet", json={"mode": "manual", "tier": "heavy"}).json()["requested"] == "heavy"
+    assert client.put("/api/v1/fleet", json={"mode": "auto"}).json()["requested"] == "auto"
 
 
 def test_the_api_answers_a_start_with_the_supervisors_admission(loop: Loop) -> None:
