@@ -279,9 +279,12 @@ def test_each_hosts_rung_and_memory_survive_a_controller_reload(cluster: Cluster
     cluster.run(1)
     before = {h: (g.rung.label, g.memory, g.state.stable_since) for h, g in cluster.fleet.governors.items()}
     placed = {n: cluster.fleet.host_of(n) for n in ("g1", "g2", "g3", "g4", "g5")}
+    backoffs = {h: g.last_backoff for h, g in cluster.fleet.governors.items()}
+    assert backoffs["a"] is not None and backoffs["b"] is None  # the reboot's, a's alone
 
     reloaded = FleetController(settings.fleet, cluster.db, cluster.clock, telemetry=None, cluster=True)
     assert {h: (g.rung.label, g.memory, g.state.stable_since) for h, g in reloaded.governors.items()} == before
+    assert {h: g.last_backoff for h, g in reloaded.governors.items()} == backoffs  # `fleetd hosts` still shows it
     assert {n: reloaded.host_of(n) for n in placed} == placed
     # The life a's governor accounted for is stored: the reload is no second reboot.
     reloaded.govern(cluster.sup._slots())

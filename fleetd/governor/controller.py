@@ -41,7 +41,7 @@ from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.states import Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
-from fleetd.store.events import create_event
+from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.hosts import read_host_lives
 from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Placement
 
@@ -111,6 +111,7 @@ class FleetController:
         self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
             self._load_hosts()
+        self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -135,6 +136,20 @@ class FleetController:
                 state = FleetState(requested, rung, record.stable_since, record.long_window)
                 self.governors[host] = Governor(self.settings, state, fleet_store.read_rungs(session, host), ladder)
                 self._nodes[host] = record.node_id
+
+    def _load_backoffs(self) -> None:
+        """Each governor's latest back-off (`fleetd tier`, `last_backoff`), as its `fleet_backoff`
+        event told it: the text is the governor's own, so a restart does not forget it."""
+        found: dict[str, str] = {}
+        with self.db.transaction() as session:
+            events = read_events(session, EventFilter(kind="fleet_backoff", limit=1000))  # newest first
+        for event in events:
+            host = str(event.details.get("host") or LOCAL)
+            prefix = f"host {host}: " if host else ""
+            if host not in found and event.message.startswith(prefix):
+                found[host] = f"{event.at:%Y-%m-%d %H:%M} UTC {event.message[len(prefix):]}"
+        for host, governor in [(LOCAL, self.governor), *self.governors.items()]:
+            governor.last_backoff = found.get(host)
 
     # -- what the supervisor asks ------------------------------------------------------------
 
