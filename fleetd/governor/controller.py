@@ -432,8 +432,7 @@ class FleetController:
                 continue
             governor = self.governors.get(life.name)
             if governor is None:
-                governor = Governor.initial(self.settings, now, memories.get(life.name))
-                governor.request(self.governor.state.requested, now)
+                governor = Governor.initial(self.settings, now, memories.get(life.name), self.governor.state.requested)
                 self.governors[life.name] = governor
                 self._nodes[life.name] = life.node_id
                 decisions.append((life.name, Decision("host", f"host {life.name} joined: its governor starts at {governor.rung.label}")))

@@ -90,8 +90,10 @@ class Governor:
         self.ladder = self.ladder or build_ladder(self.settings.tiers)
 
     @classmethod
-    def initial(cls, settings: FleetSettings, now: datetime, memory: dict | None = None) -> Governor:
-        governor = cls(settings, FleetState(settings.tier, 0, now, True), dict(memory or {}))
+    def initial(cls, settings: FleetSettings, now: datetime, memory: dict | None = None, requested: str | None = None) -> Governor:
+        """At `start_games`, capped by the request: the config's tier at the first start, the
+        stored one (`requested`) for a cluster host's governor that starts later."""
+        governor = cls(settings, FleetState(requested or settings.tier, 0, now, True), dict(memory or {}))
         governor.state = replace(governor.state, rung=min(governor.start_rung(), governor.top()))
         return governor
 
