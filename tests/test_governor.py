@@ -286,6 +286,18 @@ def test_sustained_pressure_is_instability() -> None:
     assert len(fleet.admitted) == 2 and "host memory available 4%" in fleet.governor.last_backoff
 
 
+def test_a_back_off_sheds_the_lowest_priority_game_first_then_the_newest() -> None:
+    """As pre-emption and `--now` take a slot: a high-priority game admitted last stays."""
+    fleet = Fleet("medium")
+    fleet.tick()
+    fleet.until_admitted(4)  # a, b, c, d: d the newest
+    view = FleetView(tuple(fleet.admitted), tuple(fleet.pending), Pressure(), {"a": 1, "b": 0, "c": 0, "d": 5})
+    fleet.apply(fleet.governor.instability(fleet.now, "oom", "test", 4))  # 4x32 -> 3x32
+    assert [d.game for d in fleet.governor.tick(fleet.now, view) if d.kind == "evict"] == ["c"]
+    fleet.apply(fleet.governor.instability(fleet.now, "oom", "test", 4))  # -> 2x32: two go
+    assert [d.game for d in fleet.governor.tick(fleet.now, view) if d.kind == "evict"] == ["c", "b"]
+
+
 def test_crashes_of_several_games_are_instability() -> None:
     fleet = Fleet("medium", crash_games=2, crash_window_s=15 * MIN)
     fleet.tick()

@@ -271,6 +271,21 @@ def test_crashes_of_running_games_count_against_the_host_they_ran_on(cluster: Cl
     assert cluster.rung("a") == "2x32 (light)" and cluster.rung("b") == "4x48"
 
 
+def test_a_host_that_joins_starts_capped_by_the_stored_request_not_the_configs_tier(cluster: Cluster, settings: Settings) -> None:
+    """The stored request is auto; the config now says light (not applied: the database's tier
+    rules). A host joining starts at start_games (4x32), as auto does, not at light's 2x32."""
+    cluster.add("g1", "g2", "g3", "g4", "g5")
+    cluster.start()
+    cluster.run(1)
+    cluster.lives["c"] = ["n-c-1"]
+    cluster.observe()
+    edited = settings.fleet.model_copy(update={"tier": "light", "start_games": 4})
+    restarted = FleetController(edited, cluster.db, cluster.clock, telemetry=None, cluster=True)
+    restarted.govern(cluster.sup._slots())
+    joined = restarted.governors["c"]
+    assert joined.state.requested == "auto" and joined.rung.label == "4x32"
+
+
 def test_each_hosts_rung_and_memory_survive_a_controller_reload(cluster: Cluster, settings: Settings) -> None:
     climbed(cluster)
     cluster.run(10)
@@ -279,9 +294,12 @@ def test_each_hosts_rung_and_memory_survive_a_controller_reload(cluster: Cluster
     cluster.run(1)
     before = {h: (g.rung.label, g.memory, g.state.stable_since) for h, g in cluster.fleet.governors.items()}
     placed = {n: cluster.fleet.host_of(n) for n in ("g1", "g2", "g3", "g4", "g5")}
+    backoffs = {h: g.last_backoff for h, g in cluster.fleet.governors.items()}
+    assert backoffs["a"] is not None and backoffs["b"] is None  # the reboot's, a's alone
 
     reloaded = FleetController(settings.fleet, cluster.db, cluster.clock, telemetry=None, cluster=True)
     assert {h: (g.rung.label, g.memory, g.state.stable_since) for h, g in reloaded.governors.items()} == before
+    assert {h: g.last_backoff for h, g in reloaded.governors.items()} == backoffs  # `fleetd hosts` still shows it
     assert {n: reloaded.host_of(n) for n in placed} == placed
     # The life a's governor accounted for is stored: the reload is no second reboot.
     reloaded.govern(cluster.sup._slots())

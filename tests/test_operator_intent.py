@@ -5,6 +5,7 @@ fakes (tests/test_supervisor_loop.py's `Loop`): deterministic, no sleeps, no pro
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 from fleetd.games.settings import update_settings
 from fleetd.games.lifecycle import set_desired
@@ -149,6 +150,52 @@ def stepping_client(loop: Loop, port: SteppingPort):  # type: ignore[no-untyped-
     return client
 
 
+def request_tier(loop: Loop, requested: str) -> None:
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, requested, loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+
+
+def test_mode_manual_alone_keeps_a_manual_request(loop: Loop) -> None:
+    """Manual heavy, still climbing at light: `{"mode": "manual"}` keeps heavy (the rung's tier
+    name is no request: it would cap the climb at light)."""
+    for name in "abcdef":
+        loop.add(name)
+    loop.start()
+    request_tier(loop, "heavy")
+    client = stepping_client(loop, SteppingPort(loop))
+    assert client.get("/api/v1/fleet").json()["tier"] == "light"
+    answer = client.put("/api/v1/fleet", json={"mode": "manual"}).json()
+    loop.steps()
+    fleet = client.get("/api/v1/fleet").json()
+    assert answer["requested"] == fleet["requested"] == "heavy" and fleet["mode"] == "manual"
+
+
+def test_mode_manual_from_auto_takes_the_lowest_tier_that_sheds_nothing(loop: Loop) -> None:
+    """Auto at 4x48 (named light: the highest tier at or below it): manual light would shed two
+    games; the lowest tier whose rung is at or above 4x48 is medium."""
+    for name in "abcd":
+        loop.add(name)
+    loop.start()
+    request_tier(loop, "auto")
+    governor = loop.sup.fleet.governor
+    governor.state = replace(governor.state, rung=[r.label for r in governor.ladder].index("4x48"))
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    client = stepping_client(loop, SteppingPort(loop))
+    before = client.get("/api/v1/fleet").json()
+    assert (before["mode"], before["tier"], before["rung"], len(before["admitted"])) == ("auto", "light", "4x48", 4)
+    answer = client.put("/api/v1/fleet", json={"mode": "manual"}).json()
+    loop.steps()
+    fleet = client.get("/api/v1/fleet").json()
+    assert answer["requested"] == fleet["requested"] == "medium" and fleet["mode"] == "manual"
+    assert fleet["rung"] == "4x48" and len(fleet["admitted"]) == 4 and fleet["pending"] == []
+    # a tier named still wins, and auto still means auto
+    assert client.put("/api/v1/fleet", json={"mode": "manual", "tier": "heavy"}).json()["requested"] == "heavy"
+    assert client.put("/api/v1/fleet", json={"mode": "auto"}).json()["requested"] == "auto"
+
+
 def test_the_api_answers_a_start_with_the_supervisors_admission(loop: Loop) -> None:
     """`POST /games/{name}/start?now=true` carries `now` to the supervisor and answers with
     what it decided. (The loop here is stepped by a fake port: the route waits for its answer.)"""
@@ -229,6 +276,10 @@ def test_a_higher_priority_pending_game_takes_a_slot_once_the_holder_ran_its_min
     [(pid, sig)] = loop.launcher.signals  # one game stops, with a final checkpoint (SIGTERM)
     holder = next(name for name in ("a", "b") if loop.sup.procs[name].pid == pid)
     assert sig == "SIGTERM" and loop.state(holder) is State.STOPPING
+    # c waits for the holder's final checkpoint, as after --now: never more workers than slots.
+    assert loop.state("c") is State.STOPPED
+    loop.steps(3)
+    assert loop.state("c") is State.STOPPED and loop.state(holder) is State.STOPPING
     loop.reactor.exit(pid, code=0)
     loop.steps()
     assert loop.state("c") is State.STARTING and loop.shown()[holder] is Shown.PENDING
@@ -239,6 +290,33 @@ def test_a_higher_priority_pending_game_takes_a_slot_once_the_holder_ran_its_min
     loop.report("c", 1)
     train_for(loop, 3 * loop.settings.fleet.preempt_min_run_s)  # the pre-empted game (priority 0) never takes the slot back from c
     assert loop.state("c") is not State.STOPPING and loop.shown()[holder] is Shown.PENDING
+
+
+def test_a_back_off_after_a_pre_emption_stops_one_game_the_lowest_priority(loop: Loop) -> None:
+    """c (priority 5) took a slot by pre-emption and is the newest admission; a back-off to one
+    game sheds the priority-0 game, not c (which the same step would pre-empt back, stopping
+    both workers for one slot less)."""
+    full_fleet_and_a_pending_game(loop)
+    raise_priority(loop, "c", 5)
+    train_for(loop, loop.settings.fleet.preempt_min_run_s)
+    [(pid, _)] = loop.launcher.signals
+    holder = next(name for name in ("a", "b") if loop.sup.procs[name].pid == pid)
+    other = ({"a", "b"} - {holder}).pop()
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    loop.run_up("c")
+    train_for(loop, 120)
+    with loop.db.transaction() as session:
+        seen = len(read_events(session, EventFilter(kind="fleet_evict")))
+    loop.sup.fleet.instability("oom", "test: one OOM kill", "c")  # 2x32 -> 1x32
+    loop.sup.submit(Reconcile())  # the governor's next step
+    loop.steps()
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(kind="fleet_evict"))  # newest first
+    evicted = [e.game for e in events[: len(events) - seen]]
+    assert evicted == [other] and (loop.pid(other), "SIGTERM") in loop.launcher.signals
+    assert loop.state(other) is State.STOPPING and loop.state("c") is not State.STOPPED
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.admitted == ("c",)
 
 
 def test_equal_priority_never_pre_empts_and_preempt_false_turns_it_off(loop: Loop) -> None:

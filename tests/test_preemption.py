@@ -38,3 +38,24 @@ def test_no_pre_emption_before_the_minimum_run_among_equals_or_when_off() -> Non
     assert pick([slot("a", 5), slot("p", 5, State.STOPPED)], {"a": 9000}) is None  # equal: the queue waits
     assert pick(slots, {"a": 9000}, FleetSettings(preempt=False)) is None
     assert pick([slot("a", 0, State.STARTING), slot("p", 5, State.STOPPED)], {"a": 9000}) is None  # not yet up
+
+
+def test_the_victim_is_the_lowest_priority_game_even_before_its_minimum_run() -> None:
+    """The lowest-priority game has not run its minimum: pre-emption waits for it, rather than
+    take the slot of a higher-priority game that has (which would pre-empt the low one back)."""
+    slots = [slot("low", 0), slot("mid", 3), slot("top", 5, State.STOPPED)]
+    assert pick(slots, {"low": 100, "mid": 5000}) is None
+    chosen = pick(slots, {"low": 900, "mid": 5000})
+    assert chosen is not None and (chosen.holder.name, chosen.to) == ("low", "top")
+    # the lowest-priority game is not up yet (restarting): wait for it too
+    assert pick([slot("low", 0, State.STARTING), slot("mid", 3), slot("top", 5, State.STOPPED)], {"low": 9000, "mid": 9000}) is None
+
+
+def test_among_equals_the_victim_is_the_one_now_would_take() -> None:
+    """Admitted at the same moment: the youngest game, as `--now` (not the first name)."""
+    slots = [slot("a", 0, age_s=10), slot("b", 0, age_s=500), slot("p", 5, State.STOPPED)]
+    chosen = pick(slots, {"a": 1000, "b": 1000})
+    assert chosen is not None and chosen.holder.name == "a"
+    slots = [slot("a", 0, age_s=500), slot("b", 0, age_s=10), slot("p", 5, State.STOPPED)]
+    chosen = pick(slots, {"a": 1000, "b": 1000})
+    assert chosen is not None and chosen.holder.name == "b"

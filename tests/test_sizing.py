@@ -116,6 +116,21 @@ def test_games_spread_over_several_gpus() -> None:
     assert heavy.num_envs == 256 and heavy.sizing.games_per_gpu == 4
 
 
+def test_host_ram_holds_every_game_whatever_the_gpus() -> None:
+    """The GPUs share the games out; the host's memory holds all of them: 8 DQN games at 7 GiB
+    RSS take 61.6 GiB of a 64 GiB host (57.6 GiB room) on one GPU or eight."""
+    dqn = footprint(256, 2048, 2.0, 7.0, algo="dqn")
+    eight = GpuMemory(H100.name, H100.total_bytes, count=8)
+    scaled = sized("8x256", host(eight, dqn, memory=64 * GIB))
+    own = scaled.sizing
+    assert scaled.num_envs == 192 and own is not None and "8 games x 1.1" in scaled.reason
+    assert sized("8x256", host(eight, dqn, memory=128 * GIB)).num_envs == 256
+    fits = sized("8x256", host(eight, dqn, memory=128 * GIB)).sizing
+    assert fits is not None and (fits.games_per_gpu, fits.games) == (1, 8)
+    assert fits.host_needed_bytes == round(8 * 7 * GIB * 1.1) and fits.gpu_needed_bytes == round(2 * GIB * 1.1)
+    assert "1 game a GPU x 1.1 = 2.20 GiB GPU, 8 games x 1.1 = 61.60 GiB host" in fits.figures()
+
+
 def test_without_a_gpu_the_cpu_caps_hold() -> None:
     rung, below = rung_and_below("8x256")
     scaled = scale("heavy tier", rung, below, None, SETTINGS)

@@ -578,6 +578,21 @@ def test_a_tier_request_survives_a_governor_save_before_the_next_step(loop: Loop
     assert loop.sup.fleet.governor.state.requested == "medium"  # taken up (the OOM holds the rung)
 
 
+def test_the_latest_back_off_survives_a_daemon_restart(loop: Loop) -> None:
+    """`fleetd tier` and GET /fleet show the latest back-off; a restart (a new controller on the
+    same store) still shows it, as its fleet_backoff event told it."""
+    for name in "abc":
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    assert loop.sup.fleet.instability("oom", "a's worker was killed by the OOM killer", "a")
+    before = loop.sup.fleet.governor_view(loop.sup._slots()).last_backoff
+    assert before is not None and "back-off after oom" in before
+    loop.clock.advance(3600)
+    again = FleetController(loop.settings.fleet, loop.db, loop.clock, telemetry=None)
+    assert again.governor_view(loop.sup._slots()).last_backoff == before
+
+
 def test_a_game_removed_between_the_supervisors_read_and_its_start_is_let_go(loop: Loop, tmp_path: Path) -> None:
     # `games start a` then `games rm a` at once: the removal (a stopped game, no open run) lands
     # after the supervisor read the games and before it began a's run. The loop raised on the

@@ -391,7 +391,9 @@ class FleetUpdate(In):
         }
     )
     tier: Literal["light", "medium", "heavy"] | None = Field(None, description="a tier; alone, it means manual")
-    mode: Literal["manual", "auto"] | None = Field(None, description="auto: the governor moves between tiers")
+    mode: Literal["manual", "auto"] | None = Field(
+        None, description="auto: the governor moves between tiers; manual alone keeps a manual request, "
+        "and from auto asks for the lowest tier at or above the fleet's rung")
 
 
 class SampleOut(Out):

@@ -307,10 +307,13 @@ def sizing_line(sizing: dict[str, Any] | None) -> str:
         return f"not measured yet at {at}: the rung's own values ({room})"
     measured = f"{sizing['measured_num_envs']} envs, batch {sizing['measured_batch_size']}"
     verdict = "fits" if sizing["fits"] else "does not fit"
+    # One GPU holds its share of the games; the host's memory holds them all.
+    per_gpu, games, factor = sizing["games_per_gpu"], sizing.get("games", sizing["games_per_gpu"]), f"x {1 + sizing['tolerance']:g}"
+    gpu, host = f"{gib(sizing['gpu_needed_bytes'])} GPU", f"{gib(sizing['host_needed_bytes'])} host"
+    needed = f"{games} games {factor} = {gpu}, {host}" if per_gpu == games else f"{per_gpu} game{'s' if per_gpu != 1 else ''} a GPU {factor} = {gpu}, {games} games {factor} = {host}"
     return (f"{at}: measured at {measured} ({', '.join(sizing['kinds'])}; {sizing['readings']} readings): "
             f"{gib(sizing['gpu_bytes_per_game'])} GPU, {gib(sizing['rss_bytes_per_game'])} RSS a game; "
-            f"{sizing['games_per_gpu']} games x {1 + sizing['tolerance']:g} = {gib(sizing['gpu_needed_bytes'])} GPU, "
-            f"{gib(sizing['host_needed_bytes'])} host; {room}: {verdict}")
+            f"{needed}; {room}: {verdict}")
 
 
 def gpu_line(telemetry: dict[str, Any]) -> str:

@@ -41,7 +41,7 @@ from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.states import Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
-from fleetd.store.events import create_event
+from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.hosts import read_host_lives
 from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Placement
 
@@ -111,6 +111,7 @@ class FleetController:
         self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
             self._load_hosts()
+        self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -135,6 +136,20 @@ class FleetController:
                 state = FleetState(requested, rung, record.stable_since, record.long_window)
                 self.governors[host] = Governor(self.settings, state, fleet_store.read_rungs(session, host), ladder)
                 self._nodes[host] = record.node_id
+
+    def _load_backoffs(self) -> None:
+        """Each governor's latest back-off (`fleetd tier`, `last_backoff`), as its `fleet_backoff`
+        event told it: the text is the governor's own, so a restart does not forget it."""
+        found: dict[str, str] = {}
+        with self.db.transaction() as session:
+            events = read_events(session, EventFilter(kind="fleet_backoff", limit=1000))  # newest first
+        for event in events:
+            host = str(event.details.get("host") or LOCAL)
+            prefix = f"host {host}: " if host else ""
+            if host not in found and event.message.startswith(prefix):
+                found[host] = f"{event.at:%Y-%m-%d %H:%M} UTC {event.message[len(prefix):]}"
+        for host, governor in [(LOCAL, self.governor), *self.governors.items()]:
+            governor.last_backoff = found.get(host)
 
     # -- what the supervisor asks ------------------------------------------------------------
 
@@ -183,7 +198,8 @@ class FleetController:
         admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
         pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
         pressure = Pressure() if self.cluster else self.pressure()  # the head's telemetry is no node's
-        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure)
+        priorities = {s.name: s.priority for s in wanting}
+        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities)
 
     def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
         governor, view, now = self.governor, self.view(slots), self.clock.now()
@@ -367,6 +383,7 @@ class FleetController:
         requested = self._requested()
         self.governor.request(requested, now)  # the fleet row keeps the operator's request
         wanting = [slot for slot in slots if slot.wants_slot]
+        priorities = {slot.name: slot.priority for slot in wanting}
         pending = list(self.view(slots).pending)
         decisions = self._observe_hosts(now, wanting)
         live = self._live_hosts()
@@ -381,7 +398,7 @@ class FleetController:
             governor = self.governors[host]
             moves = governor.request(requested, now)
             own = [name for name in step.pending if step.home.get(name) == host]
-            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure()))
+            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure(), priorities))
             step.take(decisions, host, moves)
         for host in live:  # guests go home once it has room
             room = self.governors[host].allowed() - len(step.on(host))
@@ -415,8 +432,7 @@ class FleetController:
                 continue
             governor = self.governors.get(life.name)
             if governor is None:
-                governor = Governor.initial(self.settings, now, memories.get(life.name))
-                governor.request(self.governor.state.requested, now)
+                governor = Governor.initial(self.settings, now, memories.get(life.name), self.governor.state.requested)
                 self.governors[life.name] = governor
                 self._nodes[life.name] = life.node_id
                 decisions.append((life.name, Decision("host", f"host {life.name} joined: its governor starts at {governor.rung.label}")))

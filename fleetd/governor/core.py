@@ -20,6 +20,7 @@ The rules:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -59,6 +60,7 @@ class FleetView:
     admitted: tuple[str, ...]  # oldest admission first
     pending: tuple[str, ...]  # in admission order: priority, then age
     pressure: Pressure = Pressure()
+    priorities: Mapping[str, int] = field(default_factory=dict)  # a game's; 0 if not given
 
     @property
     def wanting(self) -> int:
@@ -88,8 +90,10 @@ class Governor:
         self.ladder = self.ladder or build_ladder(self.settings.tiers)
 
     @classmethod
-    def initial(cls, settings: FleetSettings, now: datetime, memory: dict | None = None) -> Governor:
-        governor = cls(settings, FleetState(settings.tier, 0, now, True), dict(memory or {}))
+    def initial(cls, settings: FleetSettings, now: datetime, memory: dict | None = None, requested: str | None = None) -> Governor:
+        """At `start_games`, capped by the request: the config's tier at the first start, the
+        stored one (`requested`) for a cluster host's governor that starts later."""
+        governor = cls(settings, FleetState(requested or settings.tier, 0, now, True), dict(memory or {}))
         governor.state = replace(governor.state, rung=min(governor.start_rung(), governor.top()))
         return governor
 
@@ -197,9 +201,15 @@ class Governor:
         return self.instability(now, "pressure", "; ".join(pressure.reasons), running)
 
     def _shed(self, view: FleetView) -> list[Decision]:
+        """More games admitted than the rung allows: the lowest priority go back to pending first,
+        the newest admission among equals (the games pre-emption and `--now` take a slot from),
+        so a pre-emption at the same step takes no second game's slot to hand it back."""
         excess = len(view.admitted) - self.allowed()
-        newest_first = list(reversed(view.admitted))[: max(0, excess)]
-        return [Decision("evict", f"{name} back to pending: {self.rung.label} allows {self.allowed()} games", name) for name in newest_first]
+        if excess <= 0:
+            return []
+        order = sorted(range(len(view.admitted)), key=lambda i: (view.priorities.get(view.admitted[i], 0), -i))
+        shed = [view.admitted[i] for i in order[:excess]]
+        return [Decision("evict", f"{name} back to pending: {self.rung.label} allows {self.allowed()} games", name) for name in shed]
 
     def _admit(self, admitted: list[str], pending: list[str]) -> list[Decision]:
         decisions = []

@@ -33,8 +33,11 @@ class Preemption:
 
 def pick_preemption(slots: Sequence[GameSlot], admitted_at: Callable[[str], datetime | None], now: datetime,
                     settings: FleetSettings) -> Preemption | None:
-    """The oldest of the highest-priority pending games, and the lowest-priority running game
-    (newest admitted among equals) that has run long enough, if the first outranks the second."""
+    """The oldest of the highest-priority pending games, and the game `--now` would take a slot
+    from (the lowest priority, the newest admitted among equals, then the youngest game), if the
+    first outranks the second and the second is running and has held its slot long enough. If it
+    has not, nothing yet: a game of higher priority that has run its minimum is never taken
+    instead (it would take its slot back from the lower one later, for nothing)."""
     if not settings.preempt:
         return None
     waiting = [s for s in slots if s.wants_slot and admitted_at(s.name) is None]
@@ -42,10 +45,10 @@ def pick_preemption(slots: Sequence[GameSlot], admitted_at: Callable[[str], date
         return None
     top = min(waiting, key=lambda s: (-s.priority, s.created_at, s.name))
     held = {s.name: (now - at).total_seconds() for s in slots if (at := admitted_at(s.name)) is not None}
-    ripe = [s for s in slots if s.state is State.RUNNING and held.get(s.name, -1.0) >= settings.preempt_min_run_s]
-    if not ripe:
+    holders = [s for s in slots if s.name in held]
+    if not holders:
         return None
-    low = min(ripe, key=lambda s: (s.priority, held[s.name], s.name))
-    if low.priority >= top.priority:
+    low = min(holders, key=lambda s: (s.priority, held[s.name], -s.created_at.timestamp(), s.name))
+    if low.priority >= top.priority or low.state is not State.RUNNING or held[low.name] < settings.preempt_min_run_s:
         return None
     return Preemption(SlotHolder(low.name, low.priority), top.name, top.priority, held[low.name])

@@ -47,7 +47,8 @@ class Sizing:
 
     num_envs: int  # the sizes checked
     batch_size: int
-    games_per_gpu: int
+    games_per_gpu: int  # the rung's games spread over the GPUs: what one GPU's memory holds
+    games: int  # all the rung's games: what the host's memory holds (it is shared by every GPU's)
     gpu: str
     gpu_room_bytes: int  # gpu_memory_max_fraction of one GPU's memory
     host_room_bytes: int | None  # the host's memory less its minimum available share
@@ -61,7 +62,7 @@ class Sizing:
 
     @property
     def host_needed_bytes(self) -> int | None:
-        return None if self.need is None else round(self.need.rss_bytes * self.games_per_gpu * (1 + self.tolerance))
+        return None if self.need is None else round(self.need.rss_bytes * self.games * (1 + self.tolerance))
 
     @property
     def fits(self) -> bool | None:
@@ -77,14 +78,14 @@ class Sizing:
         if self.need is None:
             return f"nothing measured at {self.num_envs} envs, batch {self.batch_size} or above ({room})"
         gpu = "no GPU reading" if self.need.gpu_bytes is None else f"{_gib(self.need.gpu_bytes)} GPU"
-        needed = f"{_gib(self.gpu_needed_bytes or 0)} GPU, {_gib(self.host_needed_bytes or 0)} host"
-        return (f"measured at {self.need.where}: {gpu}, {_gib(self.need.rss_bytes)} RSS a game; "
-                f"{self.games_per_gpu} games x {1 + self.tolerance:g} = {needed} of {room}")  # fmt: skip
+        needed = _needed_words(self.games_per_gpu, self.games, self.tolerance, self.gpu_needed_bytes, self.host_needed_bytes)
+        return f"measured at {self.need.where}: {gpu}, {_gib(self.need.rss_bytes)} RSS a game; {needed} of {room}"
 
     def json(self) -> dict[str, Any]:
         need = self.need
         return {
             "num_envs": self.num_envs, "batch_size": self.batch_size, "games_per_gpu": self.games_per_gpu,
+            "games": self.games,
             "gpu": self.gpu, "gpu_room_bytes": self.gpu_room_bytes, "host_room_bytes": self.host_room_bytes,
             "tolerance": self.tolerance, "measured": need is not None, "fits": self.fits,
             "measured_num_envs": None if need is None else need.num_envs,
@@ -149,10 +150,19 @@ def check(sizes: TierSettings, games: int, host: Host, settings: FleetSettings) 
     per_gpu = -(-games // max(1, host.gpu.count))
     host_room = None if host.memory_bytes is None else round(host.memory_bytes * (1 - settings.host_memory_min_available_fraction))
     return Sizing(
-        sizes.num_envs, sizes.batch_size, per_gpu, host.gpu.name,
+        sizes.num_envs, sizes.batch_size, per_gpu, games, host.gpu.name,
         round(host.gpu.total_bytes * settings.gpu_memory_max_fraction), host_room,
         settings.footprint_tolerance, need_at(host.footprints, sizes.num_envs, sizes.batch_size),
     )  # fmt: skip
+
+
+def _needed_words(per_gpu: int, games: int, tolerance: float, gpu_bytes: int | None, host_bytes: int | None) -> str:
+    """What the games need: one GPU's share of them in its memory, all of them in the host's."""
+    factor = f"x {1 + tolerance:g}"
+    gpu, host = f"{_gib(gpu_bytes or 0)} GPU", f"{_gib(host_bytes or 0)} host"
+    if per_gpu == games:
+        return f"{games} games {factor} = {gpu}, {host}"
+    return f"{per_gpu} game{'s' if per_gpu != 1 else ''} a GPU {factor} = {gpu}, {games} games {factor} = {host}"
 
 
 def _gib(value: int) -> str:

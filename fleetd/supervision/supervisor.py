@@ -18,7 +18,7 @@ from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor import admission
-from fleetd.governor.admission import Admission
+from fleetd.governor.admission import Admission, SlotHolder
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
@@ -534,19 +534,22 @@ class Supervisor:
         holder = self.fleet.lowest_priority_holder(name, self._slots())
         if holder is None:
             return False
-        self.fleet.give_slot(holder, name)
-        self._handovers[name] = holder.name
-        self._stop(self.procs[holder.name], f"back to pending: its slot went to {name} (fleetd games start {name} --now)")
+        self._hand_over(holder, name, f"fleetd games start {name} --now")
         return True
+
+    def _hand_over(self, holder: SlotHolder, to: str, why: str) -> None:
+        """`--now` or pre-emption: `holder` stops with a final checkpoint and goes pending; `to`
+        holds its slot and starts only once it has stopped (`_awaiting_handover`)."""
+        self.fleet.give_slot(holder, to, why)
+        self._handovers[to] = holder.name
+        self._stop(self.procs[holder.name], f"back to pending: its slot went to {to} ({why})")
 
     def _preempt(self) -> None:
         """A pending game of higher priority takes the slot of a lower-priority one that has held
         it `[fleet] preempt_min_run_s`, as `--now` would (fleetd/governor/preemption.py)."""
         chosen = pick_preemption(self._slots(), self.fleet.admitted_at, self.clock.now(), self.settings.fleet)
         if chosen is not None:
-            why = chosen.why(self.settings.fleet.preempt_min_run_s)
-            self.fleet.give_slot(chosen.holder, chosen.to, f"pre-empted: {why}")
-            self._stop(self.procs[chosen.holder.name], f"back to pending: its slot went to {chosen.to} ({why})")
+            self._hand_over(chosen.holder, chosen.to, f"pre-empted: {chosen.why(self.settings.fleet.preempt_min_run_s)}")
 
     def _admission(self, name: str) -> Admission:
         """What the start of `name` came to, in the operator's words."""

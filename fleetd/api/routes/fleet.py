@@ -6,11 +6,14 @@ from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import BAD_BODY
 from fleetd.api.routes.boots import expected_out
 from fleetd.api.schemas import ExpectedRebootOut, FleetOut, FleetUpdate, SettingsOut, TierOut
+from fleetd.config import TIER_NAMES
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.governor.ladder import Rung, build_ladder, tier_rung
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.host.telemetry import snapshot_json
 from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
+from fleetd.store import fleet as fleet_store
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.commands import Reconcile
 
@@ -74,9 +77,11 @@ def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) 
     snapshot = _snapshot(context)
     if body.tier is None and body.mode is None:
         return fleet_out(context, snapshot)  # `{}`: nothing to change, the fleet as it is
-    requested = requested_of(body, snapshot.governor.tier)
     now = context.clock.now()
+    ladder = build_ladder(context.settings.fleet.tiers)
     with context.db.transaction() as session:
+        record = fleet_store.read_fleet(session)  # the operator's latest request, perhaps not yet taken up
+        requested = requested_of(body, record.requested if record else snapshot.governor.requested, snapshot.governor.level - 1, ladder)
         update_fleet_requested(session, requested, now)
         create_event(session, now, "fleet_request", f"tier {requested} requested")
     if context.supervisor is not None:
@@ -84,7 +89,11 @@ def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) 
     return fleet_out(context, snapshot, requested)
 
 
-def requested_of(body: FleetUpdate, current_tier: str) -> str:
+def requested_of(body: FleetUpdate, requested: str, index: int, ladder: tuple[Rung, ...]) -> str:
+    """The request a body makes, given the one standing (`requested`) and the rung the fleet is
+    at (`index`). `{"mode": "manual"}` alone: a manual request stays (the fleet may still be
+    climbing to it: its rung's tier is no request); from auto, the lowest tier whose rung is at
+    or above the fleet's, so that no game is shed (auto at 4x48, named light, becomes medium)."""
     if body.mode == "auto":
         if body.tier is not None:
             raise FleetdError(
@@ -93,4 +102,8 @@ def requested_of(body: FleetUpdate, current_tier: str) -> str:
                 {"errors": [{"field": "body.tier", "reason": "not with mode auto"}]},
             )
         return "auto"
-    return body.tier or current_tier
+    if body.tier is not None:
+        return body.tier
+    if requested != "auto":
+        return requested
+    return next((tier for tier in TIER_NAMES if tier_rung(ladder, tier) >= index), TIER_NAMES[-1])
