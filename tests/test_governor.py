@@ -29,10 +29,11 @@ class Fleet:
         self.admitted: list[str] = []
         self.pending: list[str] = list(GAMES)
         self.pressure = Pressure()
+        self.settling = False  # workers stopping, starting or rolling to new sizes
         self.log: list[str] = []
 
     def view(self) -> FleetView:
-        return FleetView(tuple(self.admitted), tuple(self.pending), self.pressure)
+        return FleetView(tuple(self.admitted), tuple(self.pending), self.pressure, self.settling)
 
     def tick(self, minutes: float = 0) -> list[str]:
         self.now += timedelta(minutes=minutes)
@@ -351,14 +352,45 @@ def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_30_
     assert waits == [0.5, 24, 48]
 
 
-def test_pressure_sustained_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
-    """One back-off every `pressure_grace_s` at the bottom rung (a GPU above 85 C for days):
-    48.0 ** 184 overflowed a float after 185 failures, about 3 h, and the OverflowError stopped
-    the daemon, then each restart a minute later (the failures are stored)."""
+def test_one_pressure_episode_waits_for_each_back_off_to_be_carried_out_and_fails_one_rung() -> None:
+    """6 min of GPU memory at 93% took 8x256 to 6x64 and failed 6 rungs: pressure counted again
+    every `pressure_grace_s` (60 s) while the first back-off's workers were still restarting one
+    at a time (each stop up to stopwaitsecs, 60 s). Now the next count waits for the roll to
+    end, then a grace period; the episode's later step downs record no failure."""
+    fleet = Fleet("auto", pressure_grace_s=1 * MIN)
+    fleet.pending = list("abcdefgh")
+    fleet.governor.state = replace(fleet.governor.state, rung=len(fleet.governor.ladder) - 1)
+    fleet.tick()
+    assert fleet.governor.rung.label == "8x256 (heavy)" and len(fleet.admitted) == 8
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    assert fleet.tick(1) == [] and fleet.tick(1) == ["backoff"]
+    assert fleet.governor.rung.label == "8x192"
+    fleet.settling = True  # 8 workers restart at 192 envs, one at a time
+    for _ in range(10):
+        assert fleet.tick(1) == []
+    assert fleet.governor.rung.label == "8x192"
+    fleet.settling = False  # the roll is over: a grace period at the new load first
+    assert fleet.tick(1) == [] and fleet.tick(0.5) == []
+    assert fleet.tick(0.5) == ["backoff"] and fleet.governor.rung.label == "8x128"
+    assert "no failure recorded at 8x192" in fleet.governor.last_backoff
+    assert sorted(k for k, m in fleet.governor.memory.items() if m.failures) == [(8, 256)]
+    fleet.pressure = Pressure()  # the episode ends; the next one fails the rung it begins at
+    fleet.tick(1)
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    fleet.tick(1)
+    assert fleet.tick(1) == ["backoff"] and fleet.governor.memory[(8, 128)].failures == 1
+
+
+def test_pressure_in_episodes_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
+    """A back-off every few minutes at the bottom rung (a GPU above 85 C for days, dropping
+    below for a moment now and then): 48.0 ** 184 overflowed a float after 185 failures, and
+    the OverflowError stopped the daemon, then each restart a minute later (the failures are
+    stored)."""
     fleet = Fleet("light", pressure_grace_s=1 * MIN, reprobe_factor=48.0)
     fleet.tick()
-    fleet.pressure = Pressure(("GPU 0: 87 C > 85 C",))
-    for _ in range(3 * 24 * 60):
+    hot = Pressure(("GPU 0: 87 C > 85 C",))
+    for minute in range(3 * 24 * 60):
+        fleet.pressure = Pressure() if minute % 3 == 0 else hot
         fleet.tick(1)
     memory = fleet.governor.remembered(fleet.governor.index())
     assert fleet.governor.rung.label == "1x32" and memory.failures > 1000

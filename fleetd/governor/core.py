@@ -59,6 +59,9 @@ class FleetView:
     admitted: tuple[str, ...]  # oldest admission first
     pending: tuple[str, ...]  # in admission order: priority, then age
     pressure: Pressure = Pressure()
+    # A worker of a game wanting a slot is stopping or starting, or a roll to new sizes is under
+    # way (workers restart one at a time): what the last back-off asked is not carried out yet.
+    settling: bool = False
 
     @property
     def wanting(self) -> int:
@@ -81,6 +84,8 @@ class Governor:
     changed: set[tuple[int, int]] = field(default_factory=set)  # memory not yet stored
     last_backoff: str | None = None
     _pressure_since: datetime | None = None
+    _carrying_out: bool = False  # a back-off whose stops and restarts may still be under way
+    _pressure_rung: str | None = None  # the rung failed for the pressure episode going on, if any
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
     _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
 
@@ -156,7 +161,7 @@ class Governor:
     # -- the clock ---------------------------------------------------------------------------
 
     def tick(self, now: datetime, view: FleetView) -> list[Decision]:
-        decisions = self._watch_pressure(now, view.pressure, len(view.admitted))
+        decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
         gone = {d.game for d in decisions if d.kind == "evict"}
         admitted = [name for name in view.admitted if name not in gone]
@@ -185,16 +190,31 @@ class Governor:
             self._remember(replace(memory, stable_s=0.0))
         self.state = replace(self.state, stable_since=now)
 
-    def _watch_pressure(self, now: datetime, pressure: Pressure, running: int) -> list[Decision]:
+    def _watch_pressure(self, now: datetime, pressure: Pressure, running: int, settling: bool) -> list[Decision]:
+        """Pressure for `pressure_grace_s` is instability. After a back-off, pressure counts
+        again only once the back-off is carried out (no worker stopping or starting, no roll to
+        the new sizes under way: workers restart one at a time, each stop up to stopwaitsecs),
+        and then for a grace period of its own: the lower rung's load has to be running before
+        its pressure says anything. One pressure episode (pressure at every step) records its
+        failure on the rung that ran when it began; a further step down in it records none."""
+        if self._carrying_out and not settling:
+            self._carrying_out = False
         if not pressure.reasons:
+            self._pressure_since, self._pressure_rung = None, None
+            return []
+        if self._carrying_out:
             self._pressure_since = None
             return []
         if self._pressure_since is None:
             self._pressure_since = now
         if (now - self._pressure_since).total_seconds() < self.settings.pressure_grace_s:
             return []
-        self._pressure_since = now  # another back-off needs another grace period
-        return self.instability(now, "pressure", "; ".join(pressure.reasons), running)
+        self._pressure_since = None  # the next one waits for this back-off, then a grace period
+        detail = "; ".join(pressure.reasons)
+        if self._pressure_rung is None:
+            self._pressure_rung = self.rung.label
+            return self.instability(now, "pressure", detail, running)
+        return self._back_off(now, "pressure", detail, self._one_down(running), failure_at=self._pressure_rung)
 
     def _shed(self, view: FleetView) -> list[Decision]:
         excess = len(view.admitted) - self.allowed()
@@ -269,8 +289,17 @@ class Governor:
         lower = [i for i in range(self.index()) if self.ladder[i].load_for(running) < load]
         return max(lower, default=max(0, self.index() - 1))
 
-    def _back_off(self, now: datetime, kind: str, detail: str, target: int) -> list[Decision]:
+    def _back_off(self, now: datetime, kind: str, detail: str, target: int, failure_at: str | None = None) -> list[Decision]:
+        """One rung down (to `target`), the failure recorded on the rung that ran, unless the
+        failure is another rung's (`failure_at`: the rung a pressure episode began at)."""
         failed_rung = self.rung
+        self._carrying_out = True
+        if failure_at is not None:
+            self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
+            message = (f"back-off after {kind} ({detail}): {failed_rung.label} -> {self.rung.label}; the same pressure "
+                       f"episode as the failure recorded at {failure_at}: no failure recorded at {failed_rung.label}")  # fmt: skip
+            self.last_backoff = f"{now:%Y-%m-%d %H:%M} UTC {message}"
+            return [Decision("backoff", message)]
         memory = failed(self.remembered(self.index()), now, f"{kind}: {detail}", self.settings)
         self._remember(memory)
         self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
