@@ -9,9 +9,11 @@ The rules:
   admission the rung is proven and the fleet climbs one rung (the first window long, then
   shorter ones); a rung that adds nothing for the games wanting a slot is passed over; games
   admitted into slots that stood free start the window and the rung's stable time again;
+- a rung is proven for the games that ran it: games beyond those join one a stable window;
 - a game that ends frees its slot for the next pending one at once;
 - on instability (an OOM kill, crashes of several running games, sustained pressure) step
-  down one rung; the failed rung is tried again only after a wait that grows with each failure;
+  down one rung, onto load proven; the failed rung is tried again only after a wait that grows
+  with each failure; pressure counts again only once the back-off is carried out;
 - an unclean reboot at a rung proven for long is an outside event: nothing moves; at a rung
   proven lately, one rung down; at an unproven rung, back to the highest proven rung;
 - pressure blocks admission and climbing at once, before it lasts long enough to count;
