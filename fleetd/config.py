@@ -289,9 +289,15 @@ class FleetSettings(_Section):
     @field_validator("tiers")
     @classmethod
     def _games_not_decreasing(cls, tiers: dict[str, TierSettings]) -> dict[str, TierSettings]:
-        sizes = [tiers[name].games for name in TIER_NAMES]
-        if sizes != sorted(sizes):
-            raise ValueError("games must not decrease from light to medium to heavy")
+        """Neither games nor num_envs may decrease from light to heavy: the ladder climbs from
+        light's envs to heavy's (docs/governor.md, The ladder), so a light tier with more envs
+        than medium made the ladder run more than either tier asked (light num_envs = 128 under
+        a default medium: 2x128, 3x128, 4x128, then 4x64, a climb that took load away)."""
+        for name in ("games", "num_envs"):
+            sizes = [getattr(tiers[tier], name) for tier in TIER_NAMES]
+            if sizes != sorted(sizes):
+                given = ", ".join(f"{tier} {size}" for tier, size in zip(TIER_NAMES, sizes, strict=True))
+                raise ValueError(f"{name} must not decrease from light to medium to heavy ({given})")
         return tiers
 
 

@@ -153,6 +153,8 @@ def test_a_tier_table_changes_only_what_it_names(tmp_path: Path, monkeypatch: py
     [
         ("[fleet.tiers.huge]\ngames = 16\n", "unknown tier 'huge': the tiers are light, medium, heavy"),
         ("[fleet.tiers.light]\ngames = 6\n", "games must not decrease from light to medium to heavy"),
+        ("[fleet.tiers.light]\nnum_envs = 128\n", "num_envs must not decrease from light to medium to heavy (light 128, medium 64, heavy 256)"),
+        ("[fleet.tiers.heavy]\nnum_envs = 48\n", "num_envs must not decrease from light to medium to heavy (light 32, medium 64, heavy 48)"),
         ("[fleet.tiers.medium]\nnum_envs = 0\n", "fleet.tiers.medium.num_envs = 0"),
     ],
 )

@@ -29,10 +29,11 @@ class Fleet:
         self.admitted: list[str] = []
         self.pending: list[str] = list(GAMES)
         self.pressure = Pressure()
+        self.settling = False  # workers stopping, starting or rolling to new sizes
         self.log: list[str] = []
 
     def view(self) -> FleetView:
-        return FleetView(tuple(self.admitted), tuple(self.pending), self.pressure)
+        return FleetView(tuple(self.admitted), tuple(self.pending), self.pressure, self.settling)
 
     def tick(self, minutes: float = 0) -> list[str]:
         self.now += timedelta(minutes=minutes)
@@ -128,9 +129,10 @@ def test_stable_time_at_fewer_games_does_not_make_a_reboot_after_more_joined_an_
     assert fleet.governor.rung.label == "1x32"
 
 
-def test_a_window_whose_free_slot_filled_late_starts_again_before_the_climb() -> None:
-    """4x48 with 3 games (the 4th slot nobody's) gets a 4th game 21 min into its 30-min window:
-    it climbs after a full window at 4 games, not 9 min after the load grew."""
+def test_a_game_for_a_slot_that_stood_free_joins_as_a_climb_after_a_full_window() -> None:
+    """4x48 climbed to with 3 games (the 4th slot nobody's) gets a 4th game 21 min into its
+    30-min window: it waits for the window (3x48 proven), joins as a climb, and the fleet climbs
+    on after a full window at 4 games."""
     fleet = Fleet("medium")
     fleet.pending = ["a", "b", "c"]
     fleet.tick()
@@ -139,9 +141,13 @@ def test_a_window_whose_free_slot_filled_late_starts_again_before_the_climb() ->
     assert fleet.governor.rung.label == "4x48" and fleet.admitted == ["a", "b", "c"]
     fleet.tick(20)
     fleet.pending = ["d"]
-    assert fleet.tick(1) == ["admit"]
-    assert fleet.tick(9) == [] and fleet.tick(20) == [] and fleet.governor.rung.label == "4x48"
-    assert fleet.tick(1) == ["proven", "tier"] and fleet.governor.rung.label == "4x64 (medium)"
+    assert fleet.tick(1) == [] and fleet.governor.allowed() == 3
+    assert fleet.governor.waiting_reason(fleet.now, fleet.view()).startswith("stable window: next game at")
+    assert fleet.tick(9) == ["proven", "level", "admit"] and fleet.governor.rung.label == "4x48"
+    assert fleet.governor.memory[(4, 48)].proven_games == 3
+    assert fleet.tick(29) == [] and fleet.governor.rung.label == "4x48"
+    assert fleet.tick(1) == ["tier"] and fleet.governor.rung.label == "4x64 (medium)"
+    assert fleet.governor.memory[(4, 48)].proven_games == 4
 
 
 def test_a_slot_freed_and_taken_in_one_step_keeps_the_window() -> None:
@@ -363,15 +369,130 @@ def test_the_defaults_climb_in_25_min_windows_from_4_games_and_reprobe_after_30_
     assert waits == [0.5, 24, 48]
 
 
-def test_pressure_sustained_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
-    """One back-off every `pressure_grace_s` at the bottom rung (a GPU above 85 C for days):
-    48.0 ** 184 overflowed a float after 185 failures, about 3 h, and the OverflowError stopped
-    the daemon, then each restart a minute later (the failures are stored)."""
+def test_one_pressure_episode_waits_for_each_back_off_to_be_carried_out_and_fails_one_rung() -> None:
+    """6 min of GPU memory at 93% took 8x256 to 6x64 and failed 6 rungs: pressure counted again
+    every `pressure_grace_s` (60 s) while the first back-off's workers were still restarting one
+    at a time (each stop up to stopwaitsecs, 60 s). Now the next count waits for the roll to
+    end, then a grace period; the episode's later step downs record no failure."""
+    fleet = Fleet("auto", pressure_grace_s=1 * MIN)
+    fleet.pending = list("abcdefgh")
+    fleet.governor.state = replace(fleet.governor.state, rung=len(fleet.governor.ladder) - 1)
+    for rung in fleet.governor.ladder:  # climbed with 8 games wanting: each rung proven with its games
+        fleet.governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    fleet.tick()
+    assert fleet.governor.rung.label == "8x256 (heavy)" and len(fleet.admitted) == 8
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    assert fleet.tick(1) == [] and fleet.tick(1) == ["backoff"]
+    assert fleet.governor.rung.label == "8x192"
+    fleet.settling = True  # 8 workers restart at 192 envs, one at a time
+    for _ in range(10):
+        assert fleet.tick(1) == []
+    assert fleet.governor.rung.label == "8x192"
+    fleet.settling = False  # the roll is over: a grace period at the new load first
+    assert fleet.tick(1) == [] and fleet.tick(0.5) == []
+    assert fleet.tick(0.5) == ["backoff"] and fleet.governor.rung.label == "8x128"
+    assert "no failure recorded at 8x192" in fleet.governor.last_backoff
+    assert sorted(k for k, m in fleet.governor.memory.items() if m.failures) == [(8, 256)]
+    fleet.pressure = Pressure()  # the episode ends; the next one fails the rung it begins at
+    fleet.tick(1)
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    fleet.tick(1)
+    assert fleet.tick(1) == ["backoff"] and fleet.governor.memory[(8, 128)].failures == 1
+
+
+def test_pressure_in_episodes_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
+    """A back-off every few minutes at the bottom rung (a GPU above 85 C for days, dropping
+    below for a moment now and then): 48.0 ** 184 overflowed a float after 185 failures, and
+    the OverflowError stopped the daemon, then each restart a minute later (the failures are
+    stored)."""
     fleet = Fleet("light", pressure_grace_s=1 * MIN, reprobe_factor=48.0)
     fleet.tick()
-    fleet.pressure = Pressure(("GPU 0: 87 C > 85 C",))
-    for _ in range(3 * 24 * 60):
+    hot = Pressure(("GPU 0: 87 C > 85 C",))
+    for minute in range(3 * 24 * 60):
+        fleet.pressure = Pressure() if minute % 3 == 0 else hot
         fleet.tick(1)
     memory = fleet.governor.remembered(fleet.governor.index())
     assert fleet.governor.rung.label == "1x32" and memory.failures > 1000
     assert memory.retry_at - fleet.now == timedelta(seconds=fleet.governor.settings.reprobe_max_s)
+
+
+def climbed_with_four_wanting() -> Fleet:
+    """Auto, 4 games wanting: the ladder passes over the rungs that only add slots (6x48 to
+    8x64) and climbs envs to 8x256, each rung proven with the 4 games that ran."""
+    fleet = Fleet("auto", first_window_s=30 * MIN, window_s=25 * MIN, start_games=4)
+    fleet.pending = ["a", "b", "c", "d"]
+    fleet.tick()
+    for _ in range(24 * 60):
+        fleet.tick(1)
+        if fleet.governor.rung.key == (8, 256):
+            break
+    fleet.tick(25)  # a window at 8x256: 4x256 proven
+    assert fleet.admitted == ["a", "b", "c", "d"] and fleet.governor.rung.label == "8x256 (heavy)"
+    assert fleet.governor.memory[(8, 256)].proven_games == 4
+    return fleet
+
+
+def test_games_that_join_a_rung_proven_with_fewer_are_admitted_one_a_stable_window() -> None:
+    """4 games climbed 8x256, proving 4x256 (1024 env processes); 4 games added later were all
+    admitted in one step: 2048 env processes, the load that rebooted the seeds' hosts. Now each
+    joins as a climb, after a stable window at the load before it."""
+    fleet = climbed_with_four_wanting()
+    fleet.pending += ["e", "f", "g", "h"]
+    assert fleet.tick(1) == [] and len(fleet.admitted) == 4
+    assert fleet.governor.allowed() == 4
+    assert fleet.governor.next_scale_up(fleet.view(), fleet.now) == fleet.governor.window_ends()
+    loads = [len(fleet.admitted) * 256]
+    for _ in range(4 * 25):
+        fleet.tick(1)
+        if len(fleet.admitted) * 256 != loads[-1]:
+            loads.append(len(fleet.admitted) * 256)
+    assert loads == [1024, 1280, 1536, 1792, 2048]  # one game (256 env processes) a window
+    assert fleet.governor.memory[(8, 256)].proven_games == 7  # the 8th has yet to run a window
+
+
+def test_a_reboot_after_a_game_joined_a_rung_proven_with_fewer_lands_on_the_load_proven() -> None:
+    """A reboot soon after the 5th game joined 8x256 (proven with 4): the fleet steps back to
+    4 games there (1024, proven), not one rung down (8x192 with 5, which never ran), and the 5th
+    waits out the re-probe time."""
+    fleet = climbed_with_four_wanting()
+    fleet.pending += ["e", "f", "g", "h"]
+    while len(fleet.admitted) < 5:
+        fleet.tick(1)
+    fleet.now += timedelta(minutes=10)
+    messages = [d.message for d in fleet.governor.rebooted(fleet.now, 5)]
+    assert "proven with 4 games, not 5): 8x256 (heavy) with 5 games -> 8x256 (heavy) with 4 games" in messages[0]
+    assert fleet.tick() == ["evict"] and fleet.admitted == ["a", "b", "c", "d"]
+    assert fleet.governor.rung.label == "8x256 (heavy)" and fleet.governor.memory[(8, 256)].failures == 1
+    fleet.tick(29)
+    assert len(fleet.admitted) == 4  # the 5th again after the long window and the re-probe wait
+    assert fleet.governor.waiting_reason(fleet.now, fleet.view()).startswith("8x256 (heavy) failed 1 time(s)")
+    assert fleet.tick(1) == ["level", "admit"] and len(fleet.admitted) == 5
+
+
+def test_a_reboot_at_a_rung_climbed_game_by_game_steps_back_one_game_not_to_a_rung_never_run_with_them() -> None:
+    """8 games at 8x256, joined one a window after 4 climbed it; a reboot before it is proven
+    for long: one rung down would be 8x192 with 8 games, which ran with 4 only. The step lands
+    on 7 games at 8x256, proven."""
+    fleet = climbed_with_four_wanting()
+    fleet.pending += ["e", "f", "g", "h"]
+    while len(fleet.admitted) < 8:
+        fleet.tick(1)
+    fleet.tick(25)
+    assert fleet.governor.memory[(8, 256)].proven_games == 8
+    fleet.apply(fleet.governor.rebooted(fleet.now, 8))
+    assert fleet.governor.rung.label == "8x256 (heavy)" and fleet.governor.allowed() == 7
+    assert fleet.tick() == ["evict"] and len(fleet.admitted) == 7
+
+
+def test_games_joining_an_unproven_rung_climbed_with_fewer_wait_for_its_window() -> None:
+    """4x64 -> 8x96 with 4 games wanting; 4 more added in 8x96's window joined at once (768 env
+    processes where 256 were proven). They wait: one joins after the window, and so on."""
+    fleet = Fleet("auto", first_window_s=30 * MIN, window_s=25 * MIN, start_games=4)
+    fleet.pending = ["a", "b", "c", "d"]
+    fleet.tick()
+    while fleet.governor.rung.key != (8, 96):
+        fleet.tick(1)
+    fleet.pending += ["e", "f", "g", "h"]
+    assert fleet.tick(1) == [] and len(fleet.admitted) == 4
+    fleet.tick(24)
+    assert len(fleet.admitted) == 5 and fleet.governor.rung.label == "8x96"

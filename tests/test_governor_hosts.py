@@ -24,7 +24,7 @@ from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.runs import read_runs
-from fleetd.store.records import GameDraft, NodeSeen
+from fleetd.store.records import GameDraft, NodeSeen, RungMemory
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
@@ -157,7 +157,10 @@ def cluster(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) 
 
 def climbed(cluster: Cluster) -> None:
     """Homes a: g1 g3 g5, b: g2 g4. After the first window a climbs to 3 games (3x32) and b,
-    wanting no third game, to 4x48 (more envs for its two): b has room for two more."""
+    wanting no third game, to 4x48 (more envs for its two): b has room for two more, since b
+    ran 4 games at 4x48 before (a rung proven with 2 games only holds 2 until more prove it)."""
+    with cluster.db.transaction() as session:
+        fleet_store.save_rung(session, RungMemory(4, 48, proven_at=cluster.clock.now(), proven_games=4), "b")
     cluster.add("g1", "g2", "g3", "g4", "g5")
     cluster.start()
     cluster.run(1)

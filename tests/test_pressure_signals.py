@@ -134,3 +134,35 @@ def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier
     assert fleet.governor.last_backoff is not None
     assert f"back-off after pressure ({reason})" in fleet.governor.last_backoff
     assert client.get("/api/v1/fleet").json()["last_backoff"] == fleet.governor.last_backoff
+
+
+def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The controller tells the governor a back-off is still being carried out (a worker
+    stopping or starting, the roll to new sizes under way): sustained pressure then steps the
+    fleet down no further until it is over and a grace period has passed."""
+    context = api_context(settings, db, clock, host, "t" * 32)
+    fleet = context.supervisor.fleet
+    xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
+    fleet.telemetry = Telemetry(gpu_host(xid))
+    running = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
+    assert not fleet.view(running).settling
+    assert fleet.view([*running[:2], replace(running[2], state=State.STOPPING)]).settling  # sent back to pending
+    assert fleet.view([*running[:2], replace(running[2], state=State.STARTING)]).settling
+    rolling = [*running[:2], replace(running[2], rolling=True)]
+    assert fleet.view(rolling).settling
+
+    fleet.govern(running)
+    clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.govern(running)
+    first = fleet.governor.last_backoff
+    assert first is not None
+    for _ in range(10):  # the roll: one worker at a time, each stop up to stopwaitsecs
+        clock.advance(settings.fleet.pressure_grace_s)
+        fleet.govern(rolling)
+    assert fleet.governor.last_backoff == first
+    fleet.govern(running)  # carried out: the grace period starts now
+    clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.govern(running)
+    assert fleet.governor.last_backoff != first and "no failure recorded" in fleet.governor.last_backoff

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import shutil
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
+from fleetd.store import fleet as fleet_store
+from fleetd.store.engine import Database
 from fleetd.store.models import Base
 from fleetd.store.schema import (
     SchemaError,
@@ -227,3 +230,26 @@ def test_0009_keeps_the_local_rungs_memory_as_host_empty_and_games_get_no_host(t
     command.downgrade(config, "0008")
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT games, num_envs, stable_s FROM rungs").fetchall() == [(4, 64, 7200.0)]
+
+
+def test_0017_takes_a_rung_proven_before_as_proven_for_its_games(tmp_path: Path) -> None:
+    """A proof stored before 0017 says nothing of how many games ran it: it is taken as it was
+    meant then, for the rung's games; an unproven rung has none. The store reads it back."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "0016")
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("INSERT INTO rungs (host, games, num_envs, proven_at, stable_s, failures)"
+                     " VALUES ('', 8, 96, '2026-01-01 00:00:00', 1500.0, 0), ('', 8, 128, NULL, 0, 1)")
+    command.upgrade(config, "0017")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT games, num_envs, proven_games FROM rungs ORDER BY num_envs").fetchall() == [(8, 96, 8), (8, 128, 0)]
+    command.upgrade(config, "head")
+    db = Database.open(db_path)
+    with db.transaction() as session:
+        memory = fleet_store.read_rungs(session)
+        assert (memory[(8, 96)].proven_games, memory[(8, 128)].proven_games) == (8, 0)
+        fleet_store.save_rung(session, replace(memory[(8, 128)], proven_at=memory[(8, 96)].proven_at, proven_games=4))
+    with db.transaction() as session:
+        assert fleet_store.read_rungs(session)[(8, 128)].proven_games == 4
+    db.close()

@@ -66,6 +66,7 @@ class GameSlot:
     priority: int
     created_at: datetime  # its place in the queue among its priority (GameRecord.queue_position)
     state: State
+    rolling: bool = False  # its worker restarts for new sizes: the supervisor's roll, one at a time
 
     @property
     def wants_slot(self) -> bool:
@@ -199,7 +200,18 @@ class FleetController:
         pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
         pressure = Pressure() if self.cluster else self.pressure()  # the head's telemetry is no node's
         priorities = {s.name: s.priority for s in wanting}
-        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities)
+        return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities,
+                         self._settling(wanting))
+
+    def _settling(self, wanting: Sequence[GameSlot]) -> bool:
+        """A back-off still being carried out, as far as the live process table shows: a worker
+        of a game wanting a slot stopping (sent back to pending, or restarting for new sizes) or
+        starting, one admitted and stopped on its way back, or the roll to new sizes under way
+        (its current worker is named until it runs again, and the next is stopped in that step)."""
+        return any(
+            s.rolling or s.state in (State.STOPPING, State.STARTING) or (s.state is State.STOPPED and s.name in self._admitted)
+            for s in wanting
+        )  # fmt: skip
 
     def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
         governor, view, now = self.governor, self.view(slots), self.clock.now()

@@ -9,9 +9,11 @@ The rules:
   admission the rung is proven and the fleet climbs one rung (the first window long, then
   shorter ones); a rung that adds nothing for the games wanting a slot is passed over; games
   admitted into slots that stood free start the window and the rung's stable time again;
+- a rung is proven for the games that ran it: games beyond those join one a stable window;
 - a game that ends frees its slot for the next pending one at once;
 - on instability (an OOM kill, crashes of several running games, sustained pressure) step
-  down one rung; the failed rung is tried again only after a wait that grows with each failure;
+  down one rung, onto load proven; the failed rung is tried again only after a wait that grows
+  with each failure; pressure counts again only once the back-off is carried out;
 - an unclean reboot at a rung proven for long is an outside event: nothing moves; at a rung
   proven lately, one rung down; at an unproven rung, back to the highest proven rung;
 - pressure blocks admission and climbing at once, before it lasts long enough to count;
@@ -61,6 +63,9 @@ class FleetView:
     pending: tuple[str, ...]  # in admission order: priority, then age
     pressure: Pressure = Pressure()
     priorities: Mapping[str, int] = field(default_factory=dict)  # a game's; 0 if not given
+    # A worker of a game wanting a slot is stopping or starting, or a roll to new sizes is under
+    # way (workers restart one at a time): what the last back-off asked is not carried out yet.
+    settling: bool = False
 
     @property
     def wanting(self) -> int:
@@ -83,8 +88,13 @@ class Governor:
     changed: set[tuple[int, int]] = field(default_factory=set)  # memory not yet stored
     last_backoff: str | None = None
     _pressure_since: datetime | None = None
+    _carrying_out: bool = False  # a back-off whose stops and restarts may still be under way
+    _pressure_rung: str | None = None  # the rung failed for the pressure episode going on, if any
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
     _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
+    # (rung, games it may hold now): fewer than its games where only fewer are proven there (a
+    # rung climbed with few games wanting); None, or another rung: not known yet (`_sync_cap`).
+    _cap: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.ladder = self.ladder or build_ladder(self.settings.tiers)
@@ -95,6 +105,7 @@ class Governor:
         stored one (`requested`) for a cluster host's governor that starts later."""
         governor = cls(settings, FleetState(requested or settings.tier, 0, now, True), dict(memory or {}))
         governor.state = replace(governor.state, rung=min(governor.start_rung(), governor.top()))
+        governor._cap = (governor.index(), governor.rung.games)
         return governor
 
     # -- the ladder ----------------------------------------------------------------------------
@@ -118,7 +129,38 @@ class Governor:
         return tier_of(self.ladder, self.index())
 
     def allowed(self) -> int:
-        return self.rung.games
+        """The games the fleet may hold now: the rung's, or fewer where only fewer are proven
+        there and the rest join one a stable window (`climb_target`)."""
+        if self._cap is None or self._cap[0] != self.index():
+            return self.rung.games
+        return min(self.rung.games, self._cap[1])
+
+    def proven_games(self, index: int) -> int:
+        """The most games that ran a full window at the rung (0: unproven)."""
+        memory = self.remembered(index)
+        return min(memory.proven_games, self.ladder[index].games) if memory.proven else 0
+
+    def holdable(self, index: int) -> int:
+        """The games the rung may hold on what is proven: those that proved it, or as many as
+        keep within the largest load (env processes) proven at or below it or the first start's
+        load; never none. Where nothing at or below it is proven (a ladder whose tiers were
+        edited), nothing says less than its games."""
+        envs = self.ladder[index].num_envs
+        proven = [self.proven_games(i) * self.ladder[i].num_envs for i in range(index + 1) if self.proven_games(i)]
+        if not proven:
+            return self.ladder[index].games
+        load = max(self.ladder[self.start_rung()].load, *proven)
+        return min(self.ladder[index].games, max(1, self.proven_games(index), load // envs))
+
+    def _cap_at(self, index: int, running: int) -> int:
+        """The games a rung the fleet steps back to may hold: no more than ran, nor than is proven."""
+        return min(self.ladder[index].games, running if running > 0 else self.ladder[index].games, self.holdable(index))
+
+    def _sync_cap(self, admitted: int) -> None:
+        """The cap of a rung the fleet came to other than by this governor's step (a restart,
+        the operator's tier): what it holds, or what is proven there, whichever is more."""
+        if self._cap is None or self._cap[0] != self.index():
+            self._cap = (self.index(), min(self.rung.games, max(admitted, self.holdable(self.index()))))
 
     def remembered(self, index: int) -> RungMemory:
         rung = self.ladder[index]
@@ -138,7 +180,11 @@ class Governor:
 
     def climb_target(self, wanting: int) -> int | None:
         """The next rung up that runs more for the games wanting a slot (rungs that would only
-        add slots nobody waits for are passed over), if the top is not reached."""
+        add slots nobody waits for are passed over), if the top is not reached; this rung
+        itself while games wait for slots it has beyond those proven: one more game is the climb
+        (a rung climbed with 4 games wanting, 8x256, proved 4x256 only, not 8x256)."""
+        if wanting > self.allowed() and self.allowed() < self.rung.games:
+            return self.index()
         here = self.rung.load_for(wanting)
         return next((i for i in range(self.index() + 1, self.top() + 1) if self.ladder[i].load_for(wanting) > here), None)
 
@@ -160,7 +206,8 @@ class Governor:
     # -- the clock ---------------------------------------------------------------------------
 
     def tick(self, now: datetime, view: FleetView) -> list[Decision]:
-        decisions = self._watch_pressure(now, view.pressure, len(view.admitted))
+        self._sync_cap(len(view.admitted))
+        decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
         gone = {d.game for d in decisions if d.kind == "evict"}
         admitted = [name for name in view.admitted if name not in gone]
@@ -189,16 +236,31 @@ class Governor:
             self._remember(replace(memory, stable_s=0.0))
         self.state = replace(self.state, stable_since=now)
 
-    def _watch_pressure(self, now: datetime, pressure: Pressure, running: int) -> list[Decision]:
+    def _watch_pressure(self, now: datetime, pressure: Pressure, running: int, settling: bool) -> list[Decision]:
+        """Pressure for `pressure_grace_s` is instability. After a back-off, pressure counts
+        again only once the back-off is carried out (no worker stopping or starting, no roll to
+        the new sizes under way: workers restart one at a time, each stop up to stopwaitsecs),
+        and then for a grace period of its own: the lower rung's load has to be running before
+        its pressure says anything. One pressure episode (pressure at every step) records its
+        failure on the rung that ran when it began; a further step down in it records none."""
+        if self._carrying_out and not settling:
+            self._carrying_out = False
         if not pressure.reasons:
+            self._pressure_since, self._pressure_rung = None, None
+            return []
+        if self._carrying_out:
             self._pressure_since = None
             return []
         if self._pressure_since is None:
             self._pressure_since = now
         if (now - self._pressure_since).total_seconds() < self.settings.pressure_grace_s:
             return []
-        self._pressure_since = now  # another back-off needs another grace period
-        return self.instability(now, "pressure", "; ".join(pressure.reasons), running)
+        self._pressure_since = None  # the next one waits for this back-off, then a grace period
+        detail = "; ".join(pressure.reasons)
+        if self._pressure_rung is None:
+            self._pressure_rung = self.rung.label
+            return self.instability(now, "pressure", detail, running)
+        return self._back_off(now, "pressure", detail, *self._step_down(running), failure_at=self._pressure_rung)
 
     def _shed(self, view: FleetView) -> list[Decision]:
         """More games admitted than the rung allows: the lowest priority go back to pending first,
@@ -224,14 +286,22 @@ class Governor:
         there is one worth climbing and it is not waiting out a failure."""
         memory = self.remembered(self.index())
         window_s = self.window().total_seconds()
-        self._remember(proven_window(memory, now, window_s, self.settings.reboot_outside_after_s))
+        held = min(wanting, self.allowed())
+        self._remember(proven_window(memory, now, window_s, self.settings.reboot_outside_after_s, held))
         decisions = [] if memory.proven else [Decision("proven", f"{self.rung.label} proven: stable for {window_s / 60:g} min")]
         target = self.climb_target(wanting)
         if target is None or self.blocked_until(target, now) is not None:
             self.state = replace(self.state, stable_since=now, long_window=False)
             return decisions
+        if target == self.index():  # one game more at this rung: more load, its stable time again
+            self._remember(replace(self.remembered(target), stable_s=0.0))
+            self._cap = (target, held + 1)
+            self.state = replace(self.state, stable_since=now, long_window=False)
+            message = f"stable for {window_s / 60:g} min at {self.rung.label} with {held} games: one game more ({held + 1} of {self.rung.games})"
+            return decisions + [Decision("level", message)]
         old = self.rung
         self.state = replace(self.state, rung=target, stable_since=now, long_window=False)
+        self._cap = (target, min(self.rung.games, max(wanting, self.proven_games(target))))
         kind = "tier" if self.rung.tier and self.rung.tier != old.tier else "level"
         return decisions + [Decision(kind, f"stable for {window_s / 60:g} min at {old.label}: up to {self.rung.label}")]
 
@@ -251,27 +321,49 @@ class Governor:
 
     def instability(self, now: datetime, kind: str, detail: str, running: int) -> list[Decision]:
         """One rung down from what runs, and the failed rung waits before it is tried again."""
-        return self._back_off(now, kind, detail, self._one_down(running))
+        self._sync_cap(running)
+        return self._back_off(now, kind, detail, *self._step_down(running))
 
     def rebooted(self, now: datetime, running: int) -> list[Decision]:
         """The host went down without a clean stop, at the rung in force then."""
+        self._sync_cap(running)
         here, memory = self.index(), self.remembered(self.index())
-        if memory.proven and memory.stable_s >= self.settings.reboot_outside_after_s:
+        held = min(running, self.rung.games)
+        if memory.proven and self.proven_games(here) >= held and memory.stable_s >= self.settings.reboot_outside_after_s:
             self._remember(replace(memory, stable_s=0.0))  # a second one soon is load
             self.state = replace(self.state, stable_since=now, long_window=False)
             message = (f"unclean reboot at {self.rung.label}, stable there for {memory.stable_s / 3600:.1f} h: "
                        "taken as an outside event (power, maintenance); every admitted game comes back")  # fmt: skip
             return [Decision("reboot_outside", message)]
         if memory.proven:
-            return self._back_off(now, "reboot", f"at {self.rung.label}, proven {memory.stable_s / 60:.0f} min only", self._one_down(running))
+            why = (f"proven {memory.stable_s / 60:.0f} min only" if self.proven_games(here) >= held
+                   else f"proven with {self.proven_games(here)} games, not {held}")  # fmt: skip
+            return self._back_off(now, "reboot", f"at {self.rung.label}, {why}", *self._step_down(running))
         proven = [i for i in range(here) if self.remembered(i).proven]
         target = max(proven, default=max(0, min(here - 1, self.start_rung())))
-        return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target)
+        return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target, self._cap_at(target, running))
 
     def resume(self, now: datetime) -> None:
         """The host was away (a cluster node's death and new life, not taken as a reboot), or the
         daemon was with its workers: the downtime is no stable time, the window starts again."""
         self.state = replace(self.state, stable_since=now)
+
+    def _step_down(self, running: int) -> tuple[int, int]:
+        """(rung, games) one step down from what runs, landing on load proven: the rung below
+        (`_one_down`) with no more games than ran or are proven there; but where that rung (or
+        this one, for the games running) is not proven for them, this rung with the games that
+        proved it, if that runs more: a 5th game joined at 8x256, proven with 4, steps back to
+        4 games there, and a fleet that climbed 8x256 game by game from 4x256 steps back to 7
+        games there, not to 4 games at 8x192, all that 8x192 proved."""
+        here, held = self.index(), min(running, self.rung.games)
+        proven_here = self.proven_games(here)
+        target = self._one_down(running)
+        games = self._cap_at(target, running)
+        fewer = min(proven_here, held - 1)
+        unproven = proven_here < held or games < min(self.ladder[target].games, running)
+        if unproven and fewer >= 1 and fewer * self.rung.num_envs > games * self.ladder[target].num_envs:
+            return here, fewer
+        return target, games
 
     def _one_down(self, running: int) -> int:
         """The highest rung below that runs less for the games running now."""
@@ -279,16 +371,38 @@ class Governor:
         lower = [i for i in range(self.index()) if self.ladder[i].load_for(running) < load]
         return max(lower, default=max(0, self.index() - 1))
 
-    def _back_off(self, now: datetime, kind: str, detail: str, target: int) -> list[Decision]:
-        failed_rung = self.rung
+    def _back_off(self, now: datetime, kind: str, detail: str, target: int, games: int,
+                  failure_at: str | None = None) -> list[Decision]:  # fmt: skip
+        """One step down (to `target` holding `games`), the failure recorded on the rung that
+        ran, unless the failure is another rung's (`failure_at`: the rung a pressure episode
+        began at)."""
+        failed_rung, here, held = self.rung, self.index(), self.allowed()
+        self._carrying_out = True
+        if failure_at is not None:
+            self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
+            self._cap = (self.index(), games)
+            message = (f"back-off after {kind} ({detail}): {self._step_label(here, held, games)}; the same pressure "
+                       f"episode as the failure recorded at {failure_at}: no failure recorded at {failed_rung.label}")  # fmt: skip
+            self.last_backoff = f"{now:%Y-%m-%d %H:%M} UTC {message}"
+            return [Decision("backoff", message)]
         memory = failed(self.remembered(self.index()), now, f"{kind}: {detail}", self.settings)
         self._remember(memory)
         self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
+        self._cap = (self.index(), games)
+        step = self._step_label(here, held, games)
         demoted = "" if memory.proven or memory.failures < self.settings.demote_after else f"; {failed_rung.label} demoted (failed {memory.failures} times)"
-        message = (f"back-off after {kind} ({detail}): {failed_rung.label} -> {self.rung.label}; "
+        message = (f"back-off after {kind} ({detail}): {step}; "
                    f"{failed_rung.label} not tried again before {memory.retry_at:%Y-%m-%d %H:%M} UTC{demoted}")  # fmt: skip
         self.last_backoff = f"{now:%Y-%m-%d %H:%M} UTC {message}"
         return [Decision("backoff", message)]
+
+    def _step_label(self, before: int, held: int, games: int) -> str:
+        """A step down as people read it: `8x256 -> 8x192`, or with the games where the rung stays
+        and holds fewer: `8x256 (heavy) with 5 games -> 8x256 (heavy) with 4 games`."""
+        old, new = self.ladder[before], self.rung
+        if before != self.index() or games >= held:
+            return f"{old.label} -> {new.label}"
+        return f"{old.label} with {held} games -> {new.label} with {games} game{'s' if games != 1 else ''}"
 
     # -- for people --------------------------------------------------------------------------
 

@@ -133,11 +133,12 @@ def nearest_rung(ladder: tuple[Rung, ...], games: int, num_envs: int) -> int:
 # -- what the governor remembers of a rung (fleetd.store.records.RungMemory) -------------------
 
 
-def proven_window(memory: RungMemory, now: datetime, window_s: float, long_s: float) -> RungMemory:
-    """A full window at the rung without instability."""
+def proven_window(memory: RungMemory, now: datetime, window_s: float, long_s: float, games: int) -> RungMemory:
+    """A full window at the rung without instability, with `games` games running."""
     stable = memory.stable_s + window_s
     failures = 0 if stable >= long_s else memory.failures  # long proven: its past is forgiven
-    return replace(memory, proven_at=memory.proven_at or now, stable_s=stable, failures=failures)
+    proven_games = max(memory.proven_games if memory.proven else 0, min(games, memory.games))
+    return replace(memory, proven_at=memory.proven_at or now, proven_games=proven_games, stable_s=stable, failures=failures)
 
 
 def failed(memory: RungMemory, now: datetime, why: str, settings: FleetSettings) -> RungMemory:
@@ -146,8 +147,10 @@ def failed(memory: RungMemory, now: datetime, why: str, settings: FleetSettings)
     failures = memory.failures + 1
     wait = reprobe_wait(failures, settings)
     proven_at = None if failures >= settings.demote_after else memory.proven_at
+    proven_games = memory.proven_games if proven_at is not None else 0
     retry_at = now + timedelta(seconds=wait)
-    return replace(memory, proven_at=proven_at, stable_s=0.0, failures=failures, retry_at=retry_at, last_failure=why)
+    return replace(memory, proven_at=proven_at, proven_games=proven_games, stable_s=0.0, failures=failures,
+                   retry_at=retry_at, last_failure=why)  # fmt: skip
 
 
 def reprobe_wait(failures: int, settings: FleetSettings) -> float:

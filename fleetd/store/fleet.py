@@ -77,6 +77,7 @@ def save_rung(session: Session, memory: RungMemory, host: str = "") -> None:
     key = (host, memory.games, memory.num_envs)
     row = session.get(Rung, key) or Rung(host=host, games=memory.games, num_envs=memory.num_envs)
     row.proven_at, row.stable_s, row.failures = memory.proven_at, memory.stable_s, memory.failures
+    row.proven_games = memory.proven_games
     row.retry_at, row.last_failure = memory.retry_at, (memory.last_failure or "")[:500] or None
     session.add(row)
     session.flush()

@@ -192,6 +192,7 @@ class Rung(Base):
     games: Mapped[int] = mapped_column(primary_key=True)
     num_envs: Mapped[int] = mapped_column(primary_key=True)
     proven_at: Mapped[datetime | None]
+    proven_games: Mapped[int] = mapped_column(server_default="0")
     stable_s: Mapped[float]
     failures: Mapped[int]
     retry_at: Mapped[datetime | None]

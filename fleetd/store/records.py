@@ -217,6 +217,9 @@ class RungMemory:
     games: int
     num_envs: int
     proven_at: datetime | None = None  # its first full window without instability (None: unproven)
+    # The most games that ran a full window there at full admission: a proof with 4 games wanting
+    # is no proof of the rung's 8 (those beyond join one a stable window). 0 while unproven.
+    proven_games: int = 0
     stable_s: float = 0.0  # stable windows completed since its last instability
     failures: int = 0  # instabilities at it since it was last proven for long
     retry_at: datetime | None = None  # not tried again before this

@@ -232,7 +232,8 @@ class Supervisor:
     def _slots(self) -> list[GameSlot]:
         """What the governor sees, derived now from the live process table."""
         return [
-            GameSlot(game.name, self._desired[game.name], game.priority, game.queue_position, self.procs[game.name].state)
+            GameSlot(game.name, self._desired[game.name], game.priority, game.queue_position, self.procs[game.name].state,
+                     game.name == self._rolling)
             for game in self._games
             if game.name in self.procs and game.name in self._desired
         ]
