@@ -33,7 +33,7 @@ class Fleet:
         self.log: list[str] = []
 
     def view(self) -> FleetView:
-        return FleetView(tuple(self.admitted), tuple(self.pending), self.pressure, self.settling)
+        return FleetView(tuple(self.admitted), tuple(self.pending), self.pressure, settling=self.settling)
 
     def tick(self, minutes: float = 0) -> list[str]:
         self.now += timedelta(minutes=minutes)
