@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.cluster.storage import RunSync, checkpoints_of, drop_after, mirror, pull_newest, push_missing, push_new
+from fleetd.cluster import storage
+from fleetd.cluster.storage import (CheckpointsUnusable, RunSync, checkpoints_of, drop_after, mirror, pull_newest,
+                                     push_missing, push_new)
 from fleetd.operations.backup import Target
 from tests.operations.test_backup import write_ckpt
 from workers import checkpoint
+from workers.protocol.exit_codes import ExitCode
 
 GAME = "cartpole"
 
@@ -65,6 +68,47 @@ def test_a_half_uploaded_checkpoint_is_never_pulled(tmp_path: Path, target: Targ
 
 def test_nothing_verified_at_the_url_pulls_nothing(tmp_path: Path, target: Target) -> None:
     assert pull_newest(target, GAME, tmp_path / "b") is None
+
+
+def damage_at_url(target: Target, tmp_path: Path, *steps: int) -> None:
+    """The URL's copies of these checkpoints lost a file's bytes (bit rot, an object store's
+    half-done rename): listed there, none verifies."""
+    for n in steps:
+        shutil.copytree(write_ckpt(tmp_path / "scratch", n), remote(target) / checkpoint.checkpoint_name(n))
+        (remote(target) / checkpoint.checkpoint_name(n) / "model.zip").write_bytes(b"bitrot")
+
+
+def test_checkpoints_at_the_url_none_verifying_refuse_the_run_and_keep_the_cache(tmp_path: Path, target: Target) -> None:
+    """Never a silent fresh start: as the worker refuses (exit 21) on a mount, the pull refuses,
+    and the node's cache, a verified checkpoint of an earlier run included, is left as it was."""
+    damage_at_url(target, tmp_path, 1000, 2000)
+    sync = RunSync(target.url, GAME, tmp_path / "cache")
+    write_ckpt(sync.checkpoints, 500)  # an earlier run's, on this node
+    with pytest.raises(CheckpointsUnusable) as refused:
+        sync.pull()
+    assert refused.value.exit_code == ExitCode.CHECKPOINTS_UNUSABLE
+    assert sorted(refused.value.reasons) == ["ckpt-000000001000", "ckpt-000000002000"]
+    assert "none verifies" in str(refused.value) and target.url in str(refused.value)
+    assert names(sync.checkpoints) == ["ckpt-000000000500"]
+    assert checkpoint.verify(sync.checkpoints / "ckpt-000000000500")[0]
+
+
+def test_checkpoints_removed_at_the_url_while_pulled_are_retried_not_called_unusable(
+        tmp_path: Path, target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_ckpt(tmp_path / "a", 100)
+    push_missing(target, GAME, tmp_path / "a")
+    monkeypatch.setattr(storage, "fetch_checkpoint", lambda *a: "gone while copied: [Errno 2] model.zip")
+    with pytest.raises(RuntimeError, match="changed while pulled") as failed:
+        pull_newest(target, GAME, tmp_path / "b")
+    assert not isinstance(failed.value, CheckpointsUnusable)
+
+
+def test_the_heads_mirror_keeps_its_copies_while_nothing_at_the_url_verifies(tmp_path: Path, target: Target) -> None:
+    head = tmp_path / "head" / "checkpoints"
+    write_ckpt(head, 500)
+    damage_at_url(target, tmp_path, 1000)
+    assert mirror(target, GAME, head) == ([], [])
+    assert names(head) == ["ckpt-000000000500"]  # the last verified copy anywhere: kept
 
 
 def test_pruned_in_the_cache_is_dropped_at_the_url_but_never_what_the_node_never_had(tmp_path: Path, target: Target) -> None:
@@ -158,3 +202,25 @@ def test_a_rollback_drops_the_urls_newer_checkpoints_so_the_next_run_pulls_the_c
     assert names(remote(target)) == ["ckpt-000000000100"]
     assert pull_newest(target, GAME, tmp_path / "node" / "checkpoints") == "ckpt-000000000100"
     assert drop_after(target, GAME, 100) == []  # asked again: nothing left to drop
+
+
+def test_a_runs_actor_ends_a_run_refused_by_its_pull_as_the_workers_exit_21(tmp_path: Path, target: Target) -> None:
+    """RunActor's start, without a cluster: the pull's refusal is the run's exit status, code 21,
+    which the daemon takes as `checkpoints_unusable` (FATAL); no worker starts; its log says why."""
+    pytest.importorskip("ray")
+    from fleetd.cluster.actors import RunActor
+
+    damage_at_url(target, tmp_path, 1000)
+    actor = object.__new__(RunActor)
+    actor._sync = RunSync(target.url, GAME, tmp_path / "cache")
+    actor._log_path = str(actor._sync.localize({"game": GAME}, "run-000003.log"))
+    actor._argv = ["/bin/false"]
+    actor._cpu_threads = 1
+    actor._child, actor._status = None, None
+    actor._started, actor._done, actor._relayed = threading.Event(), threading.Event(), threading.Event()
+    actor._relayed.set()  # no relay thread here
+    actor._run_worker()
+    assert actor._done.is_set() and actor._child is None
+    assert actor._status["code"] == ExitCode.CHECKPOINTS_UNUSABLE and actor._status["signal"] is None
+    assert "none verifies" in actor._status["error"]
+    assert "none verifies" in Path(actor._log_path).read_text()

@@ -161,7 +161,14 @@ class RunActor:
                     env=worker_env(self._cpu_threads), start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - an unreachable storage URL too: the run ends, with why
-            self._finish({"code": None, "signal": None, "error": f"could not start the worker: {exc}"})
+            # The URL's checkpoints all damaged (storage.CheckpointsUnusable): exit 21, as the worker's refusal.
+            error = f"could not start the worker: {exc}"
+            try:
+                with open(self._log_path, "a") as log:
+                    log.write(f"fleetd: {error}\n")
+            except OSError:
+                pass
+            self._finish({"code": getattr(exc, "exit_code", None), "signal": None, "error": error})
             return
         finally:
             self._started.set()

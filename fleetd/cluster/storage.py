@@ -24,10 +24,12 @@ from pathlib import Path
 
 from fleetd.operations.backup import Target, fetch_checkpoint, sync_game
 from workers import checkpoint
+from workers.protocol.exit_codes import ExitCode
 
 log = logging.getLogger(__name__)
 
 CACHE_NAME = "fleetd-cache"
+GONE = "gone while copied"  # fetch_checkpoint's reason when the URL's copy was removed meanwhile
 
 
 def checkpoints_of(game: str) -> str:
@@ -41,18 +43,39 @@ def remote_names(target: Target, game: str) -> list[str]:
     return sorted(names, reverse=True)  # zero-padded step counts: by name is by steps
 
 
+class CheckpointsUnusable(Exception):
+    """The URL holds checkpoints of the game and none verifies: the run must not start from
+    scratch over them (the worker's own refusal on a mount, exit 21 `checkpoints_unusable`)."""
+
+    exit_code = ExitCode.CHECKPOINTS_UNUSABLE  # the status the run's actor reports, as the worker would
+
+    def __init__(self, game: str, url: str, reasons: dict[str, str]) -> None:
+        self.reasons = reasons
+        why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        super().__init__(f"{game}: checkpoints exist at {url} but none verifies ({why}); refusing to "
+                         "start from scratch over them (exit 21, checkpoints_unusable)")
+
+
 def pull_newest(target: Target, game: str, folder: Path) -> str | None:
     """Put the URL's newest verified checkpoint of the game in `folder` (kept if already there);
-    its name, or None when the URL has none that verifies."""
+    its name, or None when the URL has none. Raises CheckpointsUnusable when the URL has
+    checkpoints and none verifies, and a RuntimeError when they changed while copied (a prune
+    under way): then nothing says they are unusable, and the run is retried."""
     folder.mkdir(parents=True, exist_ok=True)
+    reasons: dict[str, str] = {}
     for name in remote_names(target, game):
         if (folder / name).is_dir() and checkpoint.verify(folder / name)[0]:
             return name
-        shutil.rmtree(folder / name, ignore_errors=True)
+        shutil.rmtree(folder / name, ignore_errors=True)  # a copy here that does not verify
         reason = fetch_checkpoint(target, f"{checkpoints_of(game)}/{name}", folder / name)
         if reason is None:
             return name
         log.warning("%s: %s at %s not taken: %s", game, name, target.url, reason)
+        reasons[name] = reason
+    if any(reason.startswith(GONE) for reason in reasons.values()):
+        raise RuntimeError(f"{game}: checkpoints at {target.url} changed while pulled ({'; '.join(reasons.values())})")
+    if reasons:
+        raise CheckpointsUnusable(game, target.url, reasons)
     return None
 
 
@@ -83,7 +106,7 @@ def drop_after(target: Target, game: str, steps: int) -> list[str]:
 
 def mirror(target: Target, game: str, folder: Path) -> tuple[list[str], list[str]]:
     """Make `folder` hold the URL's verified checkpoints of the game: fetch the ones it lacks,
-    delete the ones the URL no longer has (when the URL has any). (fetched, removed)."""
+    delete the ones the URL no longer has (when the URL has one that verifies). (fetched, removed)."""
     folder.mkdir(parents=True, exist_ok=True)
     there = remote_names(target, game)
     here = {info.path.name for info in checkpoint.list_checkpoints(folder)}
@@ -96,7 +119,10 @@ def mirror(target: Target, game: str, folder: Path) -> tuple[list[str], list[str
             fetched.append(name)
         else:
             log.warning("%s: %s at %s not mirrored: %s", game, name, target.url, reason)
-    removed = sorted(here - set(there)) if there else []
+    # Only once the head holds one of the URL's checkpoints (each verified as it arrived): when
+    # none at the URL verifies, the head's older copies are the last good ones anywhere.
+    current = here | set(fetched)
+    removed = sorted(here - set(there)) if current & set(there) else []
     for name in removed:
         shutil.rmtree(folder / name, ignore_errors=True)
     return fetched, removed
@@ -141,7 +167,9 @@ class RunSync:
     def pull(self) -> str | None:
         """Before the worker starts: the URL's newest verified checkpoint in the cache. Cache
         checkpoints newer than it are dropped (left by an earlier run here, never uploaded, or
-        pruned at the URL since): the worker resumes from what any other node would."""
+        pruned at the URL since): the worker resumes from what any other node would. When the
+        URL has checkpoints and none verifies, CheckpointsUnusable, and the cache is left as it
+        was: nothing of the game's is deleted when nothing was pulled."""
         name = pull_newest(self.target, self.game, self.checkpoints)
         for info in checkpoint.list_checkpoints(self.checkpoints):
             if name is None or info.path.name > name:
