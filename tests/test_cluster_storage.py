@@ -215,7 +215,7 @@ def test_a_runs_actor_ends_a_run_refused_by_its_pull_as_the_workers_exit_21(tmp_
     actor._sync = RunSync(target.url, GAME, tmp_path / "cache")
     actor._log_path = str(actor._sync.localize({"game": GAME}, "run-000003.log"))
     actor._argv = ["/bin/false"]
-    actor._cpu_threads = 1
+    actor._cpu_threads, actor._gpu_ids = 1, []
     actor._child, actor._status = None, None
     actor._started, actor._done, actor._relayed = threading.Event(), threading.Event(), threading.Event()
     actor._relayed.set()  # no relay thread here
