@@ -12,10 +12,10 @@ import pytest
 
 from fleetd.cluster import storage
 from fleetd.cluster.storage import (CheckpointsUnusable, RunSync, checkpoints_of, drop_after, mirror, pull_newest,
-                                     push_missing, push_new)
+                                     push_missing, push_new, put_lease)
 from fleetd.operations.backup import Target
 from tests.operations.test_backup import write_ckpt
-from workers import checkpoint
+from workers import checkpoint, lease
 from workers.protocol.exit_codes import ExitCode
 
 GAME = "cartpole"
@@ -224,3 +224,63 @@ def test_a_runs_actor_ends_a_run_refused_by_its_pull_as_the_workers_exit_21(tmp_
     assert actor._status["code"] == ExitCode.CHECKPOINTS_UNUSABLE and actor._status["signal"] is None
     assert "none verifies" in actor._status["error"]
     assert "none verifies" in Path(actor._log_path).read_text()
+
+
+# -- the checkpoint lease (workers/lease.py): one run writes a game's checkpoints -------------------
+
+
+def test_a_run_superseded_at_the_url_pushes_nothing_more_and_its_worker_is_told(tmp_path: Path, target: Target) -> None:
+    """Run 5's node was declared lost while its worker trained on; the daemon started run 6
+    elsewhere, writing the lease at the URL first: run 5's actor uploads nothing more, and the
+    lease in its cache stops its worker at its next checkpoint (exit 25)."""
+    put_lease(target, GAME, 5)
+    sync = RunSync(target.url, GAME, tmp_path / "cache", run_id=5)
+    assert sync.pull() is None
+    assert lease.holder(sync.checkpoints) == 5
+    write_ckpt(sync.checkpoints, 100)
+    assert sync.push() == ["ckpt-000000000100"]
+
+    put_lease(target, GAME, 6)
+    write_ckpt(sync.checkpoints, 200)
+    assert sync.push() == []
+    assert sorted(p.name for p in remote(target).iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000000000100"]
+    with pytest.raises(lease.Superseded):
+        lease.check(sync.checkpoints, 5)  # what the worker does before its next checkpoint
+    assert names(tmp_path / "head") == [] and mirror(target, GAME, tmp_path / "head")[0] == ["ckpt-000000000100"]
+
+    # A run that finds itself superseded before its worker starts ends as the worker would.
+    late = RunSync(target.url, GAME, tmp_path / "cache2", run_id=5)
+    with pytest.raises(lease.Superseded) as superseded:
+        late.pull()
+    assert superseded.value.exit_code == ExitCode.SUPERSEDED
+
+
+def test_the_executor_writes_the_new_runs_lease_before_its_actor_starts(tmp_path: Path) -> None:
+    """A mounted storage: the lease in the game's shared checkpoint folder names the run."""
+    pytest.importorskip("ray")
+    from fleetd.cluster.executor import RayExecutor
+    from fleetd.config import load_settings
+    from fleetd.supervision.seams import Launch
+    from workers.protocol import PROTOCOL_VERSION
+    from workers.protocol.spec import LaunchSpec
+
+    settings = load_settings(state_dir=tmp_path / "state", cluster={"backend": "ray", "storage": str(tmp_path / "shared")})
+    executor = RayExecutor(settings, None, {})
+    leased = []
+
+    class Remote:
+        def options(self, **_):
+            return self
+
+        def remote(self, *_):
+            leased.append(lease.holder(game_dir / "checkpoints"))
+            return "actor"
+
+    executor._remote_run, executor._track = Remote(), lambda *_: None
+    executor._offers = lambda host: False
+    game_dir = settings.game_dir(GAME)
+    spec = LaunchSpec(version=PROTOCOL_VERSION, game=GAME, env_id="CartPole-v1", algo="ppo",
+                      checkpoint_dir=str(game_dir / "checkpoints"))
+    executor.spawn(Launch(GAME, game_dir, spec), 41)
+    executor.spawn(Launch(GAME, game_dir, spec), 42)
+    assert leased == [41, 42] and lease.holder(game_dir / "checkpoints") == 42

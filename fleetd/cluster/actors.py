@@ -102,7 +102,7 @@ class RunActor:
             from fleetd.cluster.storage import RunSync
 
             cache = storage.get("cache_dir")
-            self._sync = RunSync(str(storage["url"]), spec["game"], Path(cache) if cache else None)
+            self._sync = RunSync(str(storage["url"]), spec["game"], Path(cache) if cache else None, spec.get("run_id"))
             log_path = str(self._sync.localize(spec, Path(log_path).name))
         spec_path = self._dir / "spec.json"
         spec_path.write_text(json.dumps(spec))

@@ -17,13 +17,14 @@ Nothing here imports ray: the tests drive these functions in-process.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
 from pathlib import Path
 
 from fleetd.operations.backup import Target, fetch_checkpoint, sync_game
-from workers import checkpoint
+from workers import checkpoint, lease
 from workers.protocol.exit_codes import ExitCode
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,32 @@ def pull_newest(target: Target, game: str, folder: Path) -> str | None:
     if reasons:
         raise CheckpointsUnusable(game, target.url, reasons)
     return None
+
+
+def put_lease(target: Target, game: str, run_id: int) -> None:
+    """The game's checkpoint lease at the URL names `run_id` (workers/lease.py): written by the
+    daemon before the run starts; an earlier run still pushing from a node cut off stops."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / lease.LEASE
+        source.write_text(lease.lease_text(run_id))
+        target.put_file(source, f"{checkpoints_of(game)}/{lease.LEASE}")
+
+
+def fetch_lease(target: Target, game: str, folder: Path) -> int | None:
+    """The run the URL's lease names, copied into `folder` (the worker checks it there before
+    each checkpoint); None when the URL has none."""
+    try:
+        with target.fs.open(target.path(f"{checkpoints_of(game)}/{lease.LEASE}"), "r") as handle:
+            holder = int(json.loads(handle.read())["run_id"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("%s: the checkpoint lease at %s is unreadable (%s): ignored", game, target.url, exc)
+        return None
+    lease.write(folder, holder)
+    return holder
 
 
 def push_new(target: Target, game: str, folder: Path, owned: set[str]) -> list[str]:
@@ -148,9 +175,10 @@ class RunSync:
     """One run's side of a URL storage, on its node: the game dir in the node-local cache, the
     newest checkpoint pulled before the worker starts, each new one pushed after it is written."""
 
-    def __init__(self, url: str, game: str, cache_dir: Path | None) -> None:
+    def __init__(self, url: str, game: str, cache_dir: Path | None, run_id: int | None = None) -> None:
         self.target = Target(url)
         self.game = game
+        self.run_id = run_id  # fenced by the URL's lease when a newer run holds it (workers/lease.py)
         self.game_dir = (cache_dir or default_cache_dir()) / "games" / game
         self.checkpoints = self.game_dir / "checkpoints"
         self._owned: set[str] = set()
@@ -170,6 +198,7 @@ class RunSync:
         pruned at the URL since): the worker resumes from what any other node would. When the
         URL has checkpoints and none verifies, CheckpointsUnusable, and the cache is left as it
         was: nothing of the game's is deleted when nothing was pulled."""
+        self.check_lease()
         name = pull_newest(self.target, self.game, self.checkpoints)
         for info in checkpoint.list_checkpoints(self.checkpoints):
             if name is None or info.path.name > name:
@@ -178,7 +207,23 @@ class RunSync:
             self._owned.add(name)
         return name
 
+    def check_lease(self) -> None:
+        """The URL's lease into the cache, where the worker checks it before each checkpoint;
+        lease.Superseded when it names a newer run than this one."""
+        if self.run_id is None:
+            return
+        holder = fetch_lease(self.target, self.game, self.checkpoints)
+        if holder is not None and holder > self.run_id:
+            raise lease.Superseded(self.run_id, holder)
+
     def push(self) -> list[str]:
+        """Nothing is uploaded once a newer run holds the game's lease (this run's node was
+        declared lost, the game restarted elsewhere): its worker stops at its next checkpoint."""
+        try:
+            self.check_lease()
+        except lease.Superseded as exc:
+            log.warning("%s: not pushing: %s", self.game, exc)
+            return []
         return push_new(self.target, self.game, self.checkpoints, self._owned)
 
     def push_until(self, stop: threading.Event, every_s: float = PUSH_EVERY_S) -> None:
