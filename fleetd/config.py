@@ -553,9 +553,21 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
         settings = bound(**overrides)
     except ValidationError as exc:
         raise ConfigError(unknown + [_describe(err, os.environ) for err in exc.errors()], source) from None
-    if unknown:
-        raise ConfigError(unknown, source)
+    problems = unknown + _across_sections(settings)
+    if problems:
+        raise ConfigError(problems, source)
     return settings
+
+
+def _across_sections(settings: Settings) -> list[str]:
+    """What no one section can say is wrong alone."""
+    cluster = settings.cluster
+    if cluster.backend == "ray" and settings.worker.device == "cuda" and cluster.num_gpus_per_game == 0:
+        # On Ray the GPUs are Ray's to place: an actor given none sees none (fleetd/cluster/actors.py).
+        return [f"cluster.num_gpus_per_game = {cluster.num_gpus_per_game!r}: worker.device = 'cuda' on "
+                "backend = 'ray' needs a GPU share for each game's actor (num_gpus_per_game > 0, e.g. 0.25 "
+                "for four games a GPU; Ray places GPUs, and a game given none sees none), or device 'auto' or 'cpu'"]
+    return []
 
 
 def _unknown_env(environ: Mapping[str, str]) -> list[str]:

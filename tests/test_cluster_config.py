@@ -71,3 +71,15 @@ def test_bad_cluster_settings_name_the_key_and_the_reason(tmp_path: Path, cluste
 def test_good_addresses(tmp_path: Path) -> None:
     for address in ("auto", "ray://head.lan:10001", "10.0.0.1:6379"):
         assert load_settings(state_dir=tmp_path, cluster={"address": address}).cluster.address == address
+
+
+def test_device_cuda_on_ray_needs_a_gpu_share_per_game(tmp_path: Path) -> None:
+    """On Ray the GPUs are Ray's to place: an actor asking for none is given none and sees none
+    (fleetd/cluster/actors.py), so device 'cuda' with num_gpus_per_game 0 could never train."""
+    ray = {"backend": "ray", "storage": "/mnt/fleet"}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(state_dir=tmp_path, cluster=ray, worker={"device": "cuda"})
+    assert "cluster.num_gpus_per_game = 0.0: worker.device = 'cuda' on backend = 'ray' needs a GPU share" in str(caught.value)
+    assert load_settings(state_dir=tmp_path, cluster=ray | {"num_gpus_per_game": 0.25}, worker={"device": "cuda"})
+    assert load_settings(state_dir=tmp_path, cluster=ray, worker={"device": "auto"})  # a CPU cluster: trains on CPU
+    assert load_settings(state_dir=tmp_path, worker={"device": "cuda"})  # local: fleetd places GPUs itself

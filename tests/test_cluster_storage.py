@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.cluster.storage import RunSync, checkpoints_of, drop_after, mirror, pull_newest, push_missing, push_new
+from fleetd.cluster import storage
+from fleetd.cluster.storage import (CheckpointsUnusable, RunSync, checkpoints_of, drop_after, mirror, pull_newest,
+                                     push_missing, push_new, put_lease)
 from fleetd.operations.backup import Target
 from tests.operations.test_backup import write_ckpt
-from workers import checkpoint
+from workers import checkpoint, lease
+from workers.protocol.exit_codes import ExitCode
 
 GAME = "cartpole"
 
@@ -65,6 +68,47 @@ def test_a_half_uploaded_checkpoint_is_never_pulled(tmp_path: Path, target: Targ
 
 def test_nothing_verified_at_the_url_pulls_nothing(tmp_path: Path, target: Target) -> None:
     assert pull_newest(target, GAME, tmp_path / "b") is None
+
+
+def damage_at_url(target: Target, tmp_path: Path, *steps: int) -> None:
+    """The URL's copies of these checkpoints lost a file's bytes (bit rot, an object store's
+    half-done rename): listed there, none verifies."""
+    for n in steps:
+        shutil.copytree(write_ckpt(tmp_path / "scratch", n), remote(target) / checkpoint.checkpoint_name(n))
+        (remote(target) / checkpoint.checkpoint_name(n) / "model.zip").write_bytes(b"bitrot")
+
+
+def test_checkpoints_at_the_url_none_verifying_refuse_the_run_and_keep_the_cache(tmp_path: Path, target: Target) -> None:
+    """Never a silent fresh start: as the worker refuses (exit 21) on a mount, the pull refuses,
+    and the node's cache, a verified checkpoint of an earlier run included, is left as it was."""
+    damage_at_url(target, tmp_path, 1000, 2000)
+    sync = RunSync(target.url, GAME, tmp_path / "cache")
+    write_ckpt(sync.checkpoints, 500)  # an earlier run's, on this node
+    with pytest.raises(CheckpointsUnusable) as refused:
+        sync.pull()
+    assert refused.value.exit_code == ExitCode.CHECKPOINTS_UNUSABLE
+    assert sorted(refused.value.reasons) == ["ckpt-000000001000", "ckpt-000000002000"]
+    assert "none verifies" in str(refused.value) and target.url in str(refused.value)
+    assert names(sync.checkpoints) == ["ckpt-000000000500"]
+    assert checkpoint.verify(sync.checkpoints / "ckpt-000000000500")[0]
+
+
+def test_checkpoints_removed_at_the_url_while_pulled_are_retried_not_called_unusable(
+        tmp_path: Path, target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_ckpt(tmp_path / "a", 100)
+    push_missing(target, GAME, tmp_path / "a")
+    monkeypatch.setattr(storage, "fetch_checkpoint", lambda *a: "gone while copied: [Errno 2] model.zip")
+    with pytest.raises(RuntimeError, match="changed while pulled") as failed:
+        pull_newest(target, GAME, tmp_path / "b")
+    assert not isinstance(failed.value, CheckpointsUnusable)
+
+
+def test_the_heads_mirror_keeps_its_copies_while_nothing_at_the_url_verifies(tmp_path: Path, target: Target) -> None:
+    head = tmp_path / "head" / "checkpoints"
+    write_ckpt(head, 500)
+    damage_at_url(target, tmp_path, 1000)
+    assert mirror(target, GAME, head) == ([], [])
+    assert names(head) == ["ckpt-000000000500"]  # the last verified copy anywhere: kept
 
 
 def test_pruned_in_the_cache_is_dropped_at_the_url_but_never_what_the_node_never_had(tmp_path: Path, target: Target) -> None:
@@ -158,3 +202,85 @@ def test_a_rollback_drops_the_urls_newer_checkpoints_so_the_next_run_pulls_the_c
     assert names(remote(target)) == ["ckpt-000000000100"]
     assert pull_newest(target, GAME, tmp_path / "node" / "checkpoints") == "ckpt-000000000100"
     assert drop_after(target, GAME, 100) == []  # asked again: nothing left to drop
+
+
+def test_a_runs_actor_ends_a_run_refused_by_its_pull_as_the_workers_exit_21(tmp_path: Path, target: Target) -> None:
+    """RunActor's start, without a cluster: the pull's refusal is the run's exit status, code 21,
+    which the daemon takes as `checkpoints_unusable` (FATAL); no worker starts; its log says why."""
+    pytest.importorskip("ray")
+    from fleetd.cluster.actors import RunActor
+
+    damage_at_url(target, tmp_path, 1000)
+    actor = object.__new__(RunActor)
+    actor._sync = RunSync(target.url, GAME, tmp_path / "cache")
+    actor._log_path = str(actor._sync.localize({"game": GAME}, "run-000003.log"))
+    actor._argv = ["/bin/false"]
+    actor._cpu_threads, actor._gpu_ids = 1, []
+    actor._child, actor._status = None, None
+    actor._started, actor._done, actor._relayed = threading.Event(), threading.Event(), threading.Event()
+    actor._relayed.set()  # no relay thread here
+    actor._run_worker()
+    assert actor._done.is_set() and actor._child is None
+    assert actor._status["code"] == ExitCode.CHECKPOINTS_UNUSABLE and actor._status["signal"] is None
+    assert "none verifies" in actor._status["error"]
+    assert "none verifies" in Path(actor._log_path).read_text()
+
+
+# -- the checkpoint lease (workers/lease.py): one run writes a game's checkpoints -------------------
+
+
+def test_a_run_superseded_at_the_url_pushes_nothing_more_and_its_worker_is_told(tmp_path: Path, target: Target) -> None:
+    """Run 5's node was declared lost while its worker trained on; the daemon started run 6
+    elsewhere, writing the lease at the URL first: run 5's actor uploads nothing more, and the
+    lease in its cache stops its worker at its next checkpoint (exit 25)."""
+    put_lease(target, GAME, 5)
+    sync = RunSync(target.url, GAME, tmp_path / "cache", run_id=5)
+    assert sync.pull() is None
+    assert lease.holder(sync.checkpoints) == 5
+    write_ckpt(sync.checkpoints, 100)
+    assert sync.push() == ["ckpt-000000000100"]
+
+    put_lease(target, GAME, 6)
+    write_ckpt(sync.checkpoints, 200)
+    assert sync.push() == []
+    assert sorted(p.name for p in remote(target).iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000000000100"]
+    with pytest.raises(lease.Superseded):
+        lease.check(sync.checkpoints, 5)  # what the worker does before its next checkpoint
+    assert names(tmp_path / "head") == [] and mirror(target, GAME, tmp_path / "head")[0] == ["ckpt-000000000100"]
+
+    # A run that finds itself superseded before its worker starts ends as the worker would.
+    late = RunSync(target.url, GAME, tmp_path / "cache2", run_id=5)
+    with pytest.raises(lease.Superseded) as superseded:
+        late.pull()
+    assert superseded.value.exit_code == ExitCode.SUPERSEDED
+
+
+def test_the_executor_writes_the_new_runs_lease_before_its_actor_starts(tmp_path: Path) -> None:
+    """A mounted storage: the lease in the game's shared checkpoint folder names the run."""
+    pytest.importorskip("ray")
+    from fleetd.cluster.executor import RayExecutor
+    from fleetd.config import load_settings
+    from fleetd.supervision.seams import Launch
+    from workers.protocol import PROTOCOL_VERSION
+    from workers.protocol.spec import LaunchSpec
+
+    settings = load_settings(state_dir=tmp_path / "state", cluster={"backend": "ray", "storage": str(tmp_path / "shared")})
+    executor = RayExecutor(settings, None, {})
+    leased = []
+
+    class Remote:
+        def options(self, **_):
+            return self
+
+        def remote(self, *_):
+            leased.append(lease.holder(game_dir / "checkpoints"))
+            return "actor"
+
+    executor._remote_run, executor._track = Remote(), lambda *_: None
+    executor._offers = lambda host: False
+    game_dir = settings.game_dir(GAME)
+    spec = LaunchSpec(version=PROTOCOL_VERSION, game=GAME, env_id="CartPole-v1", algo="ppo",
+                      checkpoint_dir=str(game_dir / "checkpoints"))
+    executor.spawn(Launch(GAME, game_dir, spec), 41)
+    executor.spawn(Launch(GAME, game_dir, spec), 42)
+    assert leased == [41, 42] and lease.holder(game_dir / "checkpoints") == 42

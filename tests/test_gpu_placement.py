@@ -147,14 +147,21 @@ def test_the_daemon_places_each_game_and_records_it_with_the_run(loop: Loop, fou
     assert loop.state("a") is State.STARTING and loop.sup.procs["a"].gpu == 2
 
 
-@pytest.mark.parametrize("case", ["device cpu", "no GPU seen"])
+@pytest.mark.parametrize("case", ["device cpu", "no GPU seen", "ray backend"])
 def test_device_cpu_or_no_gpu_seen_places_nothing(
     case: str, settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
 ) -> None:
+    """Nor does it on a Ray cluster, where the head's GPUs are not the node's: Ray places the
+    run's actor and makes its share visible (cluster.num_gpus_per_game), and a spec naming the
+    head's GPU would be refused by the worker there (exit 78, bad_spec)."""
     start = record_daemon_start(db, host.current_boot(), clock.now())
     if case == "device cpu":
         settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"device": "cpu"})})
-    telemetry = sampled() if case == "device cpu" else None
+    if case == "ray backend":
+        cluster = settings.cluster.model_copy(update={"backend": "ray", "storage": str(settings.state_dir / "shared"),
+                                                      "num_gpus_per_game": 0.25})
+        settings = settings.model_copy(update={"cluster": cluster})
+    telemetry = sampled() if case != "no GPU seen" else None
     loop = Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, telemetry=telemetry)
     loop.add("a")
     loop.start()
@@ -189,3 +196,15 @@ def test_the_worker_uses_the_placed_gpu_not_cuda_0() -> None:
         cuda_index(5, None, 4, current)
     with pytest.raises(SpecError, match="GPU 1 is not visible here"):
         cuda_index(1, "0,2", 2, current)
+
+
+def test_on_ray_the_worker_sees_the_gpus_ray_gave_its_actor_and_none_without() -> None:
+    pytest.importorskip("ray")
+    from fleetd.cluster.actors import _worker_env
+
+    given = _worker_env(2, [1])  # num_gpus_per_game > 0: Ray set CUDA_VISIBLE_DEVICES for the actor; kept
+    assert given.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES") and given["OMP_NUM_THREADS"] == "2"
+    assert "CUDA_DEVICE_ORDER" not in given or given["CUDA_DEVICE_ORDER"] == os.environ.get("CUDA_DEVICE_ORDER")
+    # none given (num_gpus_per_game 0): Ray leaves the node's GPUs visible; the worker sees none
+    assert _worker_env(2, [])["CUDA_VISIBLE_DEVICES"] == ""
+    assert cuda_index(None, "0", 1, lambda: 0) == 0  # no spec.gpu (Ray placed it): its one visible GPU

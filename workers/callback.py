@@ -11,7 +11,7 @@ from pathlib import Path
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 
-from workers import checkpoint
+from workers import checkpoint, lease
 from workers.counters import Counters
 from workers.evaluation import Evaluator
 from workers.guards import check_finite
@@ -65,6 +65,7 @@ class Checkpointer:
                  interval_steps: int | None = None, clock=time.monotonic,
                  evaluator: Evaluator | None = None):
         self.directory = Path(spec.checkpoint_dir)
+        self.run_id = spec.run_id
         self.retention = checkpoint.Retention(spec.keep_checkpoints, spec.keep_hourly, spec.keep_daily)
         self.evaluator = evaluator
         self.interval_s = spec.checkpoint_interval_s
@@ -100,6 +101,7 @@ class Checkpointer:
         check_finite(model, counters.steps)  # a diverged model is never checkpointed
         eval_return = self._evaluate(model, counters.steps) if evaluate else None
         started = self._clock()
+        lease.check(self.directory, self.run_id)  # Superseded: another run writes this game's checkpoints now
         try:
             path = checkpoint.write_checkpoint(
                 self.directory, counters.steps, counters.episodes,

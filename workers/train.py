@@ -22,6 +22,7 @@ from workers.counters import Counters
 from workers.envs import EnvConfig, make_vec_env
 from workers.evaluation import Evaluator
 from workers.guards import Diverged, apply_lr_scale, non_finite_forward
+from workers.lease import Superseded
 from workers.defaults import family
 from workers.hyperparams import (Plan, algo_kwargs, configure_torch, dqn_updates, make_plan, policy_name,
                                  schedule_horizon, select_device)
@@ -258,6 +259,9 @@ def _train(spec: RunSpec, model: BaseAlgorithm, counters: Counters, reporter: Re
         return ExitCode.DIVERGED
     except torch.OutOfMemoryError as exc:
         return _cuda_oom(exc, f"at {model.num_timesteps} steps")
+    except Superseded as exc:
+        log.error("%s; no checkpoint written, exiting (exit %d)", exc, ExitCode.SUPERSEDED)
+        return ExitCode.SUPERSEDED
     finally:
         reporter.stop()
         log.info("%s", callback.phases.describe())

@@ -102,7 +102,7 @@ class RunActor:
             from fleetd.cluster.storage import RunSync
 
             cache = storage.get("cache_dir")
-            self._sync = RunSync(str(storage["url"]), spec["game"], Path(cache) if cache else None)
+            self._sync = RunSync(str(storage["url"]), spec["game"], Path(cache) if cache else None, spec.get("run_id"))
             log_path = str(self._sync.localize(spec, Path(log_path).name))
         spec_path = self._dir / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -110,6 +110,7 @@ class RunActor:
         self._argv = [argv[0] or sys.executable, *argv[1:], "--spec", str(spec_path)]
         self._log_path = log_path
         self._cpu_threads = cpu_threads
+        self._gpu_ids = ray.get_gpu_ids()  # this actor's share (num_gpus_per_game), as Ray made them visible
         self._child: subprocess.Popen | None = None
         self._status: dict[str, Any] | None = None
         self._started = threading.Event()
@@ -150,18 +151,22 @@ class RunActor:
         """Starts the worker and waits for it, from this one thread: the parent-death signal
         fires when the thread that forked exits, so this thread outlives the worker."""
         try:
-            # GPUs: Ray makes the actor's share the only ones visible (num_gpus_per_game).
-            from fleetd.supervision.launcher import worker_env
-
             if self._sync is not None:
                 self._sync.pull()
             with open(self._log_path, "ab") as log, open(os.devnull, "rb") as devnull:
                 self._child = subprocess.Popen(
                     self._argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-                    env=worker_env(self._cpu_threads), start_new_session=True, preexec_fn=_die_with_parent,
+                    env=_worker_env(self._cpu_threads, self._gpu_ids), start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - an unreachable storage URL too: the run ends, with why
-            self._finish({"code": None, "signal": None, "error": f"could not start the worker: {exc}"})
+            # The URL's checkpoints all damaged (storage.CheckpointsUnusable): exit 21, as the worker's refusal.
+            error = f"could not start the worker: {exc}"
+            try:
+                with open(self._log_path, "a") as log:
+                    log.write(f"fleetd: {error}\n")
+            except OSError:
+                pass
+            self._finish({"code": getattr(exc, "exit_code", None), "signal": None, "error": error})
             return
         finally:
             self._started.set()
@@ -214,6 +219,18 @@ class RunActor:
         self._sock.close()
         shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
         self._relayed.set()
+
+
+def _worker_env(cpu_threads: int, gpu_ids: list) -> dict[str, str]:
+    """The worker's environment. GPUs are Ray's to place: an actor given a share of one
+    (num_gpus_per_game) has it alone visible, set by Ray; one given none sees none (Ray leaves
+    CUDA_VISIBLE_DEVICES alone then, and the worker would take the node's GPU 0 unaccounted)."""
+    from fleetd.supervision.launcher import worker_env
+
+    env = worker_env(cpu_threads)
+    if not gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def _die_with_parent() -> None:

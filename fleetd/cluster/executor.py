@@ -28,12 +28,13 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
 from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
-from fleetd.cluster.storage import mirror, push_missing
+from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
 from fleetd.operations.backup import Target
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
+from workers import lease
 from workers.protocol.reports import ReportError, decode_report
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,8 @@ class RayExecutor:
         try:
             logs.mkdir(parents=True, exist_ok=True)
             _write_spec(logs / f"run-{run_id:06d}.spec.json", spec)  # read back at adoption
+            if self._storage is None:  # a worker of an earlier run on a node cut off stops writing (workers/lease.py)
+                lease.write(launch.game_dir / "checkpoints", run_id)
         except OSError as exc:
             raise LaunchError(f"{exc.strerror or exc} ({exc.filename}): is [cluster] storage mounted?") from None
         log_path = logs / f"run-{run_id:06d}.log"
@@ -167,6 +170,7 @@ class RayExecutor:
         if self._storage is not None:
             try:  # a model imported on the head, a restored backup: at the URL before the run pulls
                 push_missing(self._storage, launch.game, launch.game_dir / "checkpoints")
+                put_lease(self._storage, launch.game, run_id)
             except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backend's
                 raise LaunchError(f"cannot reach [cluster] storage {self._storage.url}: {exc}") from None
             cache = self._cluster.cache_dir

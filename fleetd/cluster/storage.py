@@ -17,17 +17,20 @@ Nothing here imports ray: the tests drive these functions in-process.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
 from pathlib import Path
 
 from fleetd.operations.backup import Target, fetch_checkpoint, sync_game
-from workers import checkpoint
+from workers import checkpoint, lease
+from workers.protocol.exit_codes import ExitCode
 
 log = logging.getLogger(__name__)
 
 CACHE_NAME = "fleetd-cache"
+GONE = "gone while copied"  # fetch_checkpoint's reason when the URL's copy was removed meanwhile
 
 
 def checkpoints_of(game: str) -> str:
@@ -41,19 +44,66 @@ def remote_names(target: Target, game: str) -> list[str]:
     return sorted(names, reverse=True)  # zero-padded step counts: by name is by steps
 
 
+class CheckpointsUnusable(Exception):
+    """The URL holds checkpoints of the game and none verifies: the run must not start from
+    scratch over them (the worker's own refusal on a mount, exit 21 `checkpoints_unusable`)."""
+
+    exit_code = ExitCode.CHECKPOINTS_UNUSABLE  # the status the run's actor reports, as the worker would
+
+    def __init__(self, game: str, url: str, reasons: dict[str, str]) -> None:
+        self.reasons = reasons
+        why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        super().__init__(f"{game}: checkpoints exist at {url} but none verifies ({why}); refusing to "
+                         "start from scratch over them (exit 21, checkpoints_unusable)")
+
+
 def pull_newest(target: Target, game: str, folder: Path) -> str | None:
     """Put the URL's newest verified checkpoint of the game in `folder` (kept if already there);
-    its name, or None when the URL has none that verifies."""
+    its name, or None when the URL has none. Raises CheckpointsUnusable when the URL has
+    checkpoints and none verifies, and a RuntimeError when they changed while copied (a prune
+    under way): then nothing says they are unusable, and the run is retried."""
     folder.mkdir(parents=True, exist_ok=True)
+    reasons: dict[str, str] = {}
     for name in remote_names(target, game):
         if (folder / name).is_dir() and checkpoint.verify(folder / name)[0]:
             return name
-        shutil.rmtree(folder / name, ignore_errors=True)
+        shutil.rmtree(folder / name, ignore_errors=True)  # a copy here that does not verify
         reason = fetch_checkpoint(target, f"{checkpoints_of(game)}/{name}", folder / name)
         if reason is None:
             return name
         log.warning("%s: %s at %s not taken: %s", game, name, target.url, reason)
+        reasons[name] = reason
+    if any(reason.startswith(GONE) for reason in reasons.values()):
+        raise RuntimeError(f"{game}: checkpoints at {target.url} changed while pulled ({'; '.join(reasons.values())})")
+    if reasons:
+        raise CheckpointsUnusable(game, target.url, reasons)
     return None
+
+
+def put_lease(target: Target, game: str, run_id: int) -> None:
+    """The game's checkpoint lease at the URL names `run_id` (workers/lease.py): written by the
+    daemon before the run starts; an earlier run still pushing from a node cut off stops."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / lease.LEASE
+        source.write_text(lease.lease_text(run_id))
+        target.put_file(source, f"{checkpoints_of(game)}/{lease.LEASE}")
+
+
+def fetch_lease(target: Target, game: str, folder: Path) -> int | None:
+    """The run the URL's lease names, copied into `folder` (the worker checks it there before
+    each checkpoint); None when the URL has none."""
+    try:
+        with target.fs.open(target.path(f"{checkpoints_of(game)}/{lease.LEASE}"), "r") as handle:
+            holder = int(json.loads(handle.read())["run_id"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("%s: the checkpoint lease at %s is unreadable (%s): ignored", game, target.url, exc)
+        return None
+    lease.write(folder, holder)
+    return holder
 
 
 def push_new(target: Target, game: str, folder: Path, owned: set[str]) -> list[str]:
@@ -83,7 +133,7 @@ def drop_after(target: Target, game: str, steps: int) -> list[str]:
 
 def mirror(target: Target, game: str, folder: Path) -> tuple[list[str], list[str]]:
     """Make `folder` hold the URL's verified checkpoints of the game: fetch the ones it lacks,
-    delete the ones the URL no longer has (when the URL has any). (fetched, removed)."""
+    delete the ones the URL no longer has (when the URL has one that verifies). (fetched, removed)."""
     folder.mkdir(parents=True, exist_ok=True)
     there = remote_names(target, game)
     here = {info.path.name for info in checkpoint.list_checkpoints(folder)}
@@ -96,7 +146,10 @@ def mirror(target: Target, game: str, folder: Path) -> tuple[list[str], list[str
             fetched.append(name)
         else:
             log.warning("%s: %s at %s not mirrored: %s", game, name, target.url, reason)
-    removed = sorted(here - set(there)) if there else []
+    # Only once the head holds one of the URL's checkpoints (each verified as it arrived): when
+    # none at the URL verifies, the head's older copies are the last good ones anywhere.
+    current = here | set(fetched)
+    removed = sorted(here - set(there)) if current & set(there) else []
     for name in removed:
         shutil.rmtree(folder / name, ignore_errors=True)
     return fetched, removed
@@ -122,9 +175,10 @@ class RunSync:
     """One run's side of a URL storage, on its node: the game dir in the node-local cache, the
     newest checkpoint pulled before the worker starts, each new one pushed after it is written."""
 
-    def __init__(self, url: str, game: str, cache_dir: Path | None) -> None:
+    def __init__(self, url: str, game: str, cache_dir: Path | None, run_id: int | None = None) -> None:
         self.target = Target(url)
         self.game = game
+        self.run_id = run_id  # fenced by the URL's lease when a newer run holds it (workers/lease.py)
         self.game_dir = (cache_dir or default_cache_dir()) / "games" / game
         self.checkpoints = self.game_dir / "checkpoints"
         self._owned: set[str] = set()
@@ -141,7 +195,10 @@ class RunSync:
     def pull(self) -> str | None:
         """Before the worker starts: the URL's newest verified checkpoint in the cache. Cache
         checkpoints newer than it are dropped (left by an earlier run here, never uploaded, or
-        pruned at the URL since): the worker resumes from what any other node would."""
+        pruned at the URL since): the worker resumes from what any other node would. When the
+        URL has checkpoints and none verifies, CheckpointsUnusable, and the cache is left as it
+        was: nothing of the game's is deleted when nothing was pulled."""
+        self.check_lease()
         name = pull_newest(self.target, self.game, self.checkpoints)
         for info in checkpoint.list_checkpoints(self.checkpoints):
             if name is None or info.path.name > name:
@@ -150,7 +207,23 @@ class RunSync:
             self._owned.add(name)
         return name
 
+    def check_lease(self) -> None:
+        """The URL's lease into the cache, where the worker checks it before each checkpoint;
+        lease.Superseded when it names a newer run than this one."""
+        if self.run_id is None:
+            return
+        holder = fetch_lease(self.target, self.game, self.checkpoints)
+        if holder is not None and holder > self.run_id:
+            raise lease.Superseded(self.run_id, holder)
+
     def push(self) -> list[str]:
+        """Nothing is uploaded once a newer run holds the game's lease (this run's node was
+        declared lost, the game restarted elsewhere): its worker stops at its next checkpoint."""
+        try:
+            self.check_lease()
+        except lease.Superseded as exc:
+            log.warning("%s: not pushing: %s", self.game, exc)
+            return []
         return push_new(self.target, self.game, self.checkpoints, self._owned)
 
     def push_until(self, stop: threading.Event, every_s: float = PUSH_EVERY_S) -> None:

@@ -384,8 +384,10 @@ class Supervisor:
         return True
 
     def _place(self, game: str) -> int | None:
-        """The GPU for a game's next worker: by free memory and the live workers on each GPU."""
-        if self.settings.worker.device == "cpu":
+        """The GPU for a game's next worker: by free memory and the live workers on each GPU.
+        None on a Ray cluster: the head's GPUs are not the node's, and Ray places it there
+        (`num_gpus_per_game`; its share is what the worker sees, CUDA_VISIBLE_DEVICES)."""
+        if self.settings.worker.device == "cpu" or self.settings.cluster.backend == "ray":
             return None
         games_on = Counter(p.gpu for name, p in self.procs.items() if name != game and p.state in LIVE and p.gpu is not None)
         return choose_gpu(self.fleet.gpu_rooms(), games_on)

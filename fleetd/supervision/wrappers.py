@@ -33,7 +33,8 @@ class WatchingLauncher:
 class PlacingLauncher:
     """Each worker is placed on a GPU at its spawn (fleetd/governor/placement.py), when NVML
     sees any: the spec names it and the launcher makes it the only one the worker sees. On a
-    cluster it is pinned to the host whose slot the game holds (its governor admitted it)."""
+    cluster it is pinned to the host whose slot the game holds (its governor admitted it), and
+    Ray places its GPU (`place` answers None there)."""
 
     def __init__(self, inner: Launcher, place: Callable[[str], int | None], host_of: Callable[[str], str | None]) -> None:
         self._inner, self._place, self._host_of = inner, place, host_of

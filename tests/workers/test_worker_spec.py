@@ -119,7 +119,7 @@ def test_every_hyperparameter_reaches_the_worker():
 def test_exit_codes_are_the_protocols():
     assert {code.name: int(code) for code in ExitCode} == {
         "STOPPED": 0, "COMPLETED": 20, "CHECKPOINTS_UNUSABLE": 21, "DIVERGED": 22, "CUDA_OOM": 23,
-        "FINAL_CHECKPOINT_FAILED": 24, "BAD_SPEC": 78}
+        "FINAL_CHECKPOINT_FAILED": 24, "SUPERSEDED": 25, "BAD_SPEC": 78}
     assert describe(20) == "exit code 20 (completed)" and describe(21) == "exit code 21 (checkpoints unusable)"
     assert describe(3) == "exit code 3"
 
