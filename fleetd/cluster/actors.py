@@ -10,6 +10,10 @@ hub, which the daemon drains. The actor outlives the daemon (detached, named fro
 the run id), so a restarted daemon finds and adopts it; once its worker has exited it keeps
 the exit status until the daemon has read it and ends the actor.
 
+A `wait` returns within 30 s (None while the worker runs; the daemon asks again), and `where`
+and `signal` have a concurrency group of their own: a probe or a stop is answered at once,
+however many waits are under way.
+
 The worker is started from a thread that lives until it exits, with PR_SET_PDEATHSIG: an actor
 that dies (killed, or its node's power cut) takes its worker with it.
 """
@@ -36,6 +40,9 @@ import ray
 
 RELAY_BATCH_S = 0.2  # reports are relayed in batches at most this often (as the local reactor reads them)
 HUB_MAX_HELD = 200_000  # reports kept while no daemon drains; the oldest are dropped beyond
+WAIT_MAX_S = 30.0  # a `wait` call returns within this even if the worker runs on: a daemon asks again
+CONTROL = "control"  # the concurrency group of `where` and `signal`: never behind blocked waits
+CONTROL_THREADS = 2
 _PR_SET_PDEATHSIG = 1
 
 
@@ -122,11 +129,13 @@ class RunActor:
 
     # -- what the daemon calls ---------------------------------------------------------------
 
+    @ray.method(concurrency_group=CONTROL)
     def where(self) -> dict[str, Any]:
         """The node this run is on, and its worker's pid there."""
         return {"node_id": self.node_id, "hostname": socket.gethostname(),
                 "pid": None if self._child is None else self._child.pid, "log_path": self._log_path}
 
+    @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:
         """Signal the worker's whole process group; False when it has exited already."""
         child = self._child
@@ -138,9 +147,13 @@ class RunActor:
             return False
         return True
 
-    def wait(self) -> dict[str, Any]:
-        """Returns once the worker has exited and its last reports are with the hub."""
-        self._done.wait()
+    def wait(self, timeout_s: float = WAIT_MAX_S) -> dict[str, Any] | None:
+        """The exit status once the worker has exited and its last reports are with the hub;
+        None after `timeout_s` (at most WAIT_MAX_S) while it runs on. Bounded, so a call left by a
+        daemon that died ends by itself and gives its thread back (a run outlives any number of
+        daemon restarts)."""
+        if not self._done.wait(max(0.0, min(timeout_s, WAIT_MAX_S))):
+            return None
         assert self._status is not None
         return self._status
 

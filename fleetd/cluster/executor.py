@@ -27,7 +27,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
-from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
+from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, ReportHub, RunActor, skew, versions
 from fleetd.cluster.storage import mirror, push_missing
 from fleetd.config import Settings
 from fleetd.operations.backup import Target
@@ -46,6 +46,8 @@ WAKE_SLICE_S = 0.1  # a wake-up from another thread is seen within this (ray.wai
 HUB_TAKE_S = 1.0  # a take waits this long for reports at most
 REPORT_BATCH_S = 0.2  # as the local reactor: reports are read in batches at most this often
 PROBE_TIMEOUT_S = 30.0
+RUN_WAIT_S = 10.0  # a run's `wait` call returns None after this while its worker runs; asked again
+RUN_THREADS = 8  # a run actor's threads for `wait` calls (`where` and `signal` have their own)
 CONNECT_CHECK_TIMEOUT_S = 60.0
 
 
@@ -134,7 +136,8 @@ class RayExecutor:
         self._cluster = settings.cluster
         self._hub = hub
         self._expected = expected
-        self._remote_run = ray.remote(RunActor)
+        # Concurrency groups are fixed at ray.remote, not .options().
+        self._remote_run = ray.remote(concurrency_groups={CONTROL: CONTROL_THREADS})(RunActor)
         self._runs: dict[int, _Run] = {}  # watched runs by handle (run id)
         self._ended: dict[int, _Run] = {}  # exited, until the supervisor's last SIGKILL ends the actor
         self._adoptable: dict[int, _Run] = {}  # found alive by the probe, not yet watched
@@ -186,7 +189,7 @@ class RayExecutor:
         operator pinned the game in [cluster] pins."""
         cluster = self._cluster
         options: dict[str, Any] = dict(
-            namespace=cluster.namespace, lifetime="detached", max_restarts=0, max_concurrency=8,
+            namespace=cluster.namespace, lifetime="detached", max_restarts=0, max_concurrency=RUN_THREADS,
             num_cpus=cpu_threads if cluster.num_cpus_per_game is None else cluster.num_cpus_per_game,
             num_gpus=cluster.num_gpus_per_game,
         )  # fmt: skip
@@ -296,12 +299,17 @@ class RayExecutor:
     # -- inside --------------------------------------------------------------------------------
 
     def _track(self, handle: int, run: _Run) -> None:
-        run.wait_ref = run.actor.wait.remote()
-        self._refs[run.wait_ref] = ("wait", handle)
+        self._ask_exit(handle, run)
         if run.node_id is None:
             run.where_ref = run.actor.where.remote()
             self._refs[run.where_ref] = ("where", handle)
         self._runs[handle] = run
+
+    def _ask_exit(self, handle: int, run: _Run) -> None:
+        """One `wait` call at a time per run, each ending within RUN_WAIT_S: one left behind by
+        this daemon's death ends by itself."""
+        run.wait_ref = run.actor.wait.remote(RUN_WAIT_S)
+        self._refs[run.wait_ref] = ("wait", handle)
 
     def _ask_hub(self) -> None:
         if self._hub_ref is None and time.monotonic() >= self._hub_due:
@@ -362,20 +370,24 @@ class RayExecutor:
 
     def _exited(self, handle: int, ref: Any) -> Exited | None:
         run = self._runs[handle]
+        exc: RayActorError | None = None
         try:
             result = ray.get(ref)
         except ActorUnavailableError:
             # The connection to the actor broke: its node may be dying, or a network blip. Not
-            # an ending yet: ask again; the GCS says `died` once it has declared it dead.
+            # an ending yet: ask again; the GCS says `died` once it has declared it dead. A
+            # call of ours still in the actor ends by itself within RUN_WAIT_S.
             if not run.killed:
                 time.sleep(min(WAKE_SLICE_S, 0.05))
-                run.wait_ref = run.actor.wait.remote()
-                self._refs[run.wait_ref] = ("wait", handle)
+                self._ask_exit(handle, run)
                 return None
             result = None
-            exc: RayActorError | None = None
         except RayActorError as died:
             result, exc = None, died
+        else:
+            if result is None:  # the worker runs on: ask again
+                self._ask_exit(handle, run)
+                return None
         self._runs.pop(handle)
         if run.where_ref is not None:
             self._refs.pop(run.where_ref, None)
