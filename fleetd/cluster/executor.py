@@ -27,7 +27,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
-from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, ReportHub, RunActor, skew, versions
+from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
 from fleetd.cluster.storage import mirror, push_missing
 from fleetd.config import Settings
 from fleetd.operations.backup import Target
@@ -38,7 +38,6 @@ from workers.protocol.reports import ReportError, decode_report
 
 log = logging.getLogger(__name__)
 
-HUB_NAME = "reports"
 HOST_RESOURCE = "fleetd_host_"
 HOST_SHARE = 0.0001  # of a node's `fleetd_host_<name>` (1 unit; Ray counts to 1e-4): pins a run there, up to 10,000 a host
 ACTOR_PREFIX = "run-"
@@ -78,10 +77,7 @@ def connect(settings: Settings) -> RayExecutor:
     except ClusterError:
         ray.shutdown()
         raise
-    hub = ray.remote(ReportHub).options(
-        name=HUB_NAME, namespace=cluster.namespace, lifetime="detached", get_if_exists=True,
-        num_cpus=0, resources={"node:__internal_head__": 0.001},
-    ).remote()  # fmt: skip
+    hub = report_hub(cluster.namespace)
     return RayExecutor(settings, hub, expected)
 
 
@@ -176,7 +172,8 @@ class RayExecutor:
             storage = {"url": self._storage.url, "cache_dir": None if cache is None else str(cache)}
         try:
             actor = self._remote_run.options(name=name, **self._placement(launch.game, spec.cpu_threads, launch.host)).remote(
-                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub, storage
+                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub, storage,
+                self._cluster.namespace,
             )
         except (ValueError, RayError) as exc:
             raise LaunchError(f"Ray refused the actor {name}: {exc}") from None
@@ -344,9 +341,7 @@ class RayExecutor:
             batch = ray.get(ref)
         except RayError as exc:
             log.error("the report hub failed (%s); starting another", exc)
-            self._hub = ray.remote(ReportHub).options(
-                name=HUB_NAME, namespace=self._cluster.namespace, lifetime="detached", get_if_exists=True, num_cpus=0
-            ).remote()
+            self._hub = report_hub(self._cluster.namespace)  # or the one a run actor started already
             return []
         reports = []
         for datagram in batch:
