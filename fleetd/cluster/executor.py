@@ -81,6 +81,13 @@ def connect(settings: Settings) -> RayExecutor:
     return RayExecutor(settings, hub, expected)
 
 
+def creation_error(exc: RayActorError) -> str:
+    """What an actor's constructor raised, as its last line says it ("RuntimeError: version skew
+    on node ..."), without Ray's wrapping and traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else str(exc)
+
+
 def node_seen(node: dict[str, Any]) -> NodeSeen:
     """A host's name: the `fleetd_host_<name>` custom resource its node offers (several Ray nodes
     on one machine, as in tests), else its hostname."""
@@ -408,16 +415,28 @@ class RayExecutor:
     def _actor_died(self, run: _Run, exc: RayActorError | None) -> ExitStatus:
         if run.killed:
             return ExitStatus(signal=signal.SIGKILL)
-        if self._node_died(run, exc):
+        if exc is not None and exc.actor_init_failed:
+            # Raised in its constructor (a version skew on its node, a bad spec): the node lives
+            # on, whatever the message says; why is in the daemon's log.
+            log.error("%s: its actor could not start: %s", run.name, creation_error(exc))
+            return ExitStatus()
+        if self._node_died(run):
             log.warning("%s: its node %s died", run.name, (run.node_id or "?")[:12])
             return ExitStatus(node_lost=True)
         log.warning("%s: its actor died on a live node: %s", run.name, exc)
         return ExitStatus()
 
-    def _node_died(self, run: _Run, exc: RayActorError | None) -> bool:
-        if run.node_id is None:
-            # Never located: the actor died before it answered; Ray's message names the cause.
-            return "node" in str(exc).lower() and "died" in str(exc).lower()
+    def _node_died(self, run: _Run) -> bool:
+        """From the GCS's node table, for the node the actor was on: never from a message."""
+        if run.node_id is None:  # never located: the GCS's actor table says where it was placed
+            try:
+                placed = ray._private.state.actors(actor_id=run.actor._actor_id.hex())
+                run.node_id = (placed.get("Address") or {}).get("NodeID") or None
+            except Exception as exc:  # noqa: BLE001 - not known: not a node's loss
+                log.warning("%s: could not read where its actor was: %s", run.name, exc)
+            if run.node_id is None or set(run.node_id) <= {"0", "f"}:  # never placed (a nil id)
+                run.node_id = None
+                return False
         alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
         return not alive.get(run.node_id, False)
 
