@@ -405,6 +405,10 @@ def test_a_run_actor_whose_node_has_other_versions_is_a_crash_logged_not_a_lost_
     assert any("its actor could not start: RuntimeError: version skew on node" in m and "(the daemon has 0.0.1)" in m
                for m in said), said
     assert not any("died" in m for m in said), said
+    # Where it was is read from the GCS (never located: it never answered), and that node lives.
+    run = ex._ended[handle]
+    assert run.node_id is None and ex._node_died(run) is False
+    assert run.node_id in {n.node_id for n in ex.nodes() if n.alive and n.host in ("a", "b")}, run
     ex.signal_group(handle, signal.SIGKILL)
 
 

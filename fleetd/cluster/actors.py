@@ -6,10 +6,10 @@ shared storage. With a URL storage (fleetd/cluster/storage.py) the game dir is i
 cache instead: the newest verified checkpoint is pulled before the worker starts, new ones are
 pushed while it runs and once more after it exits, and the log stays on the node. The worker sends its typed reports (workers/protocol/reports.py) as datagrams
 to a unix socket the actor binds on its own node; the actor relays them, still encoded, to the
-hub, which the daemon drains; a hub that died is looked up by name again (the daemon starts
-a new one, as does an actor that finds none). The actor outlives the daemon (detached, named from the game and
-the run id), so a restarted daemon finds and adopts it; once its worker has exited it keeps
-the exit status until the daemon has read it and ends the actor.
+hub, which the daemon drains; a hub that died is looked up by name again (the daemon starts a
+new one, as does an actor that finds none). The actor outlives the daemon (detached, named from
+the game and the run id), so a restarted daemon finds and adopts it; once its worker has exited
+it keeps the exit status until the daemon has read it and ends the actor.
 
 A `wait` returns within 30 s (None while the worker runs; the daemon asks again), and `where`
 and `signal` have a concurrency group of their own: a probe or a stop is answered at once,
@@ -239,7 +239,6 @@ class RunActor:
         self._sock.close()
         shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
         self._relayed.set()
-
 
     def _deliver(self, batch: list[bytes]) -> None:
         """Puts a batch to the hub; a hub that died is looked up by name again (the daemon's

@@ -430,7 +430,9 @@ class RayExecutor:
         """From the GCS's node table, for the node the actor was on: never from a message."""
         if run.node_id is None:  # never located: the GCS's actor table says where it was placed
             try:
-                placed = ray._private.state.actors(actor_id=run.actor._actor_id.hex())
+                from ray._private.state import actors  # the GCS's actor table; no dashboard needed
+
+                placed = actors(actor_id=run.actor._actor_id.hex())
                 run.node_id = (placed.get("Address") or {}).get("NodeID") or None
             except Exception as exc:  # noqa: BLE001 - not known: not a node's loss
                 log.warning("%s: could not read where its actor was: %s", run.name, exc)
