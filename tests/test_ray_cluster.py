@@ -408,7 +408,7 @@ def test_a_run_actor_whose_node_has_other_versions_is_a_crash_logged_not_a_lost_
     # Where it was is read from the GCS (never located: it never answered), and that node lives.
     run = ex._ended[handle]
     assert run.node_id is None and ex._node_died(run) is False
-    assert run.node_id in {n.node_id for n in ex.nodes() if n.alive and n.host in ("a", "b")}, run
+    assert run.node_id in {n.node_id for n in ex.nodes() if n.alive}, run  # (any node: it asks no CPUs)
     ex.signal_group(handle, signal.SIGKILL)
 
 
