@@ -16,12 +16,15 @@ The head's GCS declares a node dead after 3 missed health checks 1 s apart
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -92,18 +95,27 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
+def cluster() -> Iterator[LocalRayCluster]:
     root = short_tmp_dir()
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     cluster = LocalRayCluster(root / "cluster", python=sys.executable, env={"PYTHONPATH": pythonpath})
-    config = DaemonConfig(root)
-    daemons: list[Daemon] = []
     try:
         # No games on the head: it runs fleetd and the GCS. `fleetd_host_<name>` names each
         # node's host (three Ray nodes share this machine's hostname).
         cluster.start_head(num_cpus=0, resources={"fleetd_host_head": 1})
         cluster.add_node("a", num_cpus=2, resources={"node_a": 1, "fleetd_host_a": 1})
         cluster.add_node("b", num_cpus=2, resources={"node_b": 1, "fleetd_host_b": 1})
+        yield cluster
+    finally:
+        cluster.stop()  # every node's tree, by the pids recorded at its start
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster: LocalRayCluster) -> Iterator[Fleet]:
+    root = cluster.root.parent
+    config = DaemonConfig(root)
+    daemons: list[Daemon] = []
+    try:
         config.extra = SUPERVISION + (
             "[cluster]\n"
             'backend = "ray"\n'
@@ -120,7 +132,6 @@ def fleet() -> Iterator[Fleet]:
     finally:
         for daemon in daemons:
             daemon.ensure_stopped()
-        cluster.stop()  # every node's tree, by the pids recorded at its start
 
 
 def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None:
@@ -277,6 +288,145 @@ def test_a_url_storage_trains_in_a_node_cache_and_a_crashed_run_resumes_from_the
     fleet.wait(lambda: fleet.training("gu"), "gu training again")
     # The head mirrors the URL as each run ends: its checkpoint index reads local files.
     assert sorted((config.state_dir / "games" / "gu" / "checkpoints").glob("ckpt-*"))
+
+
+# -- the executor's own seams on the same cluster: run actors of a stand-in worker ------------------
+# A namespace of their own (no daemon of the fleet above sweeps them) and no CPUs asked for (the
+# fleet's games may hold the nodes'); each test takes well under 30 s.
+
+STAND_IN = "tests.e2e_workers.crash_after_running"  # reports until SIGTERM, then exits 0
+
+
+@dataclass
+class Executor:
+    executor: Any
+    settings: Any
+
+    def spawn(self, game: str, run_id: int) -> int:
+        from fleetd.supervision.seams import Launch
+        from workers.protocol import PROTOCOL_VERSION
+        from workers.protocol.spec import LaunchSpec
+
+        game_dir = self.settings.game_dir(game)
+        spec = LaunchSpec(version=PROTOCOL_VERSION, game=game, env_id="CartPole-v1", algo="ppo",
+                          checkpoint_dir=str(game_dir / "checkpoints"))
+        return self.executor.spawn(Launch(game, game_dir, spec=spec), run_id).pid
+
+    def until(self, check, what: str, timeout: float = 60.0) -> list:
+        """Waits as the supervisor does, until `check` holds of the happenings seen so far."""
+        seen: list = []
+        deadline = time.monotonic() + timeout
+        while not check(seen):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not {what} after {timeout:.0f}s: {seen[-3:]}")
+            seen.extend(self.executor.wait(0.5))
+        return seen
+
+    def reports(self, handle: int, seen: list) -> list[int]:
+        from fleetd.supervision.seams import Reported
+
+        return [h.report.steps for h in seen if isinstance(h, Reported) and h.report.run_id == handle
+                and hasattr(h.report, "steps")]
+
+    def exit_of(self, handle: int, seen: list):
+        from fleetd.supervision.seams import Exited
+
+        return next((h.status for h in seen if isinstance(h, Exited) and h.pid == handle), None)
+
+    def stop(self, handle: int) -> None:
+        self.executor.signal_group(handle, signal.SIGTERM)
+        status = self.exit_of(handle, self.until(lambda seen: self.exit_of(handle, seen), f"run {handle} stopped"))
+        assert status.code == 0 and status.signal is None, status
+        self.executor.signal_group(handle, signal.SIGKILL)  # the supervisor's last word: the actor ends
+
+
+@pytest.fixture(scope="module")
+def executor(cluster: LocalRayCluster) -> Iterator[Executor]:
+    import ray
+
+    from fleetd.cluster.actors import report_hub, versions
+    from fleetd.cluster.executor import RayExecutor
+    from fleetd.config import load_settings
+
+    root = cluster.root.parent / "executor"
+    settings = load_settings(state_dir=root / "state", worker={"module": STAND_IN}, cluster={
+        "backend": "ray", "address": cluster.address, "storage": str(root / "storage"),
+        "namespace": "executor-test", "num_cpus_per_game": 0,
+    })  # fmt: skip
+    ray.init(address=cluster.address, namespace="executor-test", logging_level="ERROR", log_to_driver=False)
+    try:
+        ex = RayExecutor(settings, report_hub("executor-test"), versions())
+        ex._swept = True  # nothing of this namespace to sweep
+        yield Executor(ex, settings)
+    finally:
+        ray.shutdown()
+
+
+def test_a_run_outlives_more_daemons_than_its_actor_has_threads(executor: Executor, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from fleetd.cluster import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "RUN_WAIT_S", 1.0, raising=False)
+    handle = executor.spawn("ta", 1)
+    seen = executor.until(lambda seen: executor.reports(handle, seen), "ta reporting")
+    run = executor.executor._runs[handle]
+    first = run.wait_ref
+    seen += executor.until(lambda _: run.wait_ref != first, "the exit asked for again", timeout=10)
+    assert executor.exit_of(handle, seen) is None  # a wait that timed out is no ending
+    # Each daemon that died left its wait for the exit in the actor, more than it has threads
+    # for them (as a daemon before this fix asked: the actor's own bound).
+    left = [run.actor.wait.remote() for _ in range(getattr(executor_module, "RUN_THREADS", 8) + 2)]
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert ray.get(run.actor.where.remote(), timeout=5)["pid"]  # a next daemon's probe
+    assert ray.get(run.actor.signal.remote(int(signal.SIGTERM)), timeout=5) is True  # a stop, delivered
+    assert time.monotonic() - started < 5
+    status = executor.exit_of(handle, executor.until(lambda seen: executor.exit_of(handle, seen), "ta stopped"))
+    assert status.code == 0 and status.signal is None, status  # its final checkpoint, its own exit
+    assert [s["code"] for s in ray.get(left, timeout=10)] == [0] * len(left)
+    executor.executor.signal_group(handle, signal.SIGKILL)
+
+
+def test_a_run_actor_whose_node_has_other_versions_is_a_crash_logged_not_a_lost_node(
+    executor: Executor, caplog: pytest.LogCaptureFixture
+) -> None:
+    ex = executor.executor
+    expected = ex._expected
+    ex._expected = {**expected, "fleetd": "0.0.1"}  # as a node with another fleetd sees this daemon
+    try:
+        with caplog.at_level(logging.WARNING, logger="fleetd.cluster.executor"):
+            handle = executor.spawn("tskew", 2)
+            status = executor.exit_of(handle, executor.until(lambda seen: executor.exit_of(handle, seen), "its end"))
+    finally:
+        ex._expected = expected
+    assert not status.node_lost and status.code is None and status.signal is None, status
+    said = [r.getMessage() for r in caplog.records if "run-000002-tskew" in r.getMessage()]
+    assert any("its actor could not start: RuntimeError: version skew on node" in m and "(the daemon has 0.0.1)" in m
+               for m in said), said
+    assert not any("died" in m for m in said), said
+    # Where it was is read from the GCS (never located: it never answered), and that node lives.
+    run = ex._ended[handle]
+    assert run.node_id is None and ex._node_died(run) is False
+    assert run.node_id in {n.node_id for n in ex.nodes() if n.alive}, run  # (any node: it asks no CPUs)
+    ex.signal_group(handle, signal.SIGKILL)
+
+
+def test_reports_resume_after_the_report_hub_dies_and_its_replacement_is_on_the_head(executor: Executor) -> None:
+    import ray
+
+    ex = executor.executor
+    handle = executor.spawn("thub", 3)
+    seen = executor.until(lambda seen: executor.reports(handle, seen), "thub reporting")
+    old = ex._hub
+    ray.kill(old, no_restart=True)
+    before = max(executor.reports(handle, seen))
+    seen = executor.until(lambda seen: [s for s in executor.reports(handle, seen) if s > before], "thub reporting again", 20)
+    assert ex._hub._actor_id != old._actor_id
+    placed = ray._private.state.actors(actor_id=ex._hub._actor_id.hex())["Address"]["NodeID"]
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    assert placed == head
+    executor.stop(handle)
 
 
 def spec_game(cmdline: list[str]) -> str | None:

@@ -6,9 +6,14 @@ shared storage. With a URL storage (fleetd/cluster/storage.py) the game dir is i
 cache instead: the newest verified checkpoint is pulled before the worker starts, new ones are
 pushed while it runs and once more after it exits, and the log stays on the node. The worker sends its typed reports (workers/protocol/reports.py) as datagrams
 to a unix socket the actor binds on its own node; the actor relays them, still encoded, to the
-hub, which the daemon drains. The actor outlives the daemon (detached, named from the game and
-the run id), so a restarted daemon finds and adopts it; once its worker has exited it keeps
-the exit status until the daemon has read it and ends the actor.
+hub, which the daemon drains; a hub that died is looked up by name again (the daemon starts a
+new one, as does an actor that finds none). The actor outlives the daemon (detached, named from
+the game and the run id), so a restarted daemon finds and adopts it; once its worker has exited
+it keeps the exit status until the daemon has read it and ends the actor.
+
+A `wait` returns within 30 s (None while the worker runs; the daemon asks again), and `where`
+and `signal` have a concurrency group of their own: a probe or a stop is answered at once,
+however many waits are under way.
 
 The worker is started from a thread that lives until it exits, with PR_SET_PDEATHSIG: an actor
 that dies (killed, or its node's power cut) takes its worker with it.
@@ -33,9 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
+HUB_NAME = "reports"
 RELAY_BATCH_S = 0.2  # reports are relayed in batches at most this often (as the local reactor reads them)
 HUB_MAX_HELD = 200_000  # reports kept while no daemon drains; the oldest are dropped beyond
+HUB_PUT_TIMEOUT_S = 10.0
+WAIT_MAX_S = 30.0  # a `wait` call returns within this even if the worker runs on: a daemon asks again
+CONTROL = "control"  # the concurrency group of `where` and `signal`: never behind blocked waits
+CONTROL_THREADS = 2
 _PR_SET_PDEATHSIG = 1
 
 
@@ -79,9 +90,19 @@ class ReportHub:
         return True
 
 
+def report_hub(namespace: str) -> Any:
+    """The head's report hub by name: the live one, else a new one, pinned to the head node. The
+    daemon and every run actor call this when the hub they had failed: all find the same one."""
+    return ray.remote(ReportHub).options(
+        name=HUB_NAME, namespace=namespace, lifetime="detached", get_if_exists=True,
+        num_cpus=0, resources={"node:__internal_head__": 0.001},
+    ).remote()  # fmt: skip
+
+
 class RunActor:
     def __init__(self, spec_json: str, log_path: str, argv: list[str], cpu_threads: int,
-                 expected: dict[str, str], hub: Any, storage: dict[str, str | None] | None = None) -> None:
+                 expected: dict[str, str], hub: Any, storage: dict[str, str | None] | None = None,
+                 namespace: str | None = None) -> None:
         here = versions()
         differs = skew(expected, here)
         context = ray.get_runtime_context()
@@ -90,6 +111,7 @@ class RunActor:
             raise RuntimeError(f"version skew on node {self.node_id} ({socket.gethostname()}): {differs}; "
                                "install the daemon's versions there (docs/cluster.md)")
         self._hub = hub
+        self._namespace = namespace or context.namespace  # the hub's, to find it again by name
         self._dir = Path(tempfile.mkdtemp(prefix="fleetd-run-"))  # node-local, short: a unix socket path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(str(self._dir / "p.sock"))
@@ -123,11 +145,13 @@ class RunActor:
 
     # -- what the daemon calls ---------------------------------------------------------------
 
+    @ray.method(concurrency_group=CONTROL)
     def where(self) -> dict[str, Any]:
         """The node this run is on, and its worker's pid there."""
         return {"node_id": self.node_id, "hostname": socket.gethostname(),
                 "pid": None if self._child is None else self._child.pid, "log_path": self._log_path}
 
+    @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:
         """Signal the worker's whole process group; False when it has exited already."""
         child = self._child
@@ -139,9 +163,13 @@ class RunActor:
             return False
         return True
 
-    def wait(self) -> dict[str, Any]:
-        """Returns once the worker has exited and its last reports are with the hub."""
-        self._done.wait()
+    def wait(self, timeout_s: float = WAIT_MAX_S) -> dict[str, Any] | None:
+        """The exit status once the worker has exited and its last reports are with the hub;
+        None after `timeout_s` (at most WAIT_MAX_S) while it runs on. Bounded, so a call left by a
+        daemon that died ends by itself and gives its thread back (a run outlives any number of
+        daemon restarts)."""
+        if not self._done.wait(max(0.0, min(timeout_s, WAIT_MAX_S))):
+            return None
         assert self._status is not None
         return self._status
 
@@ -209,16 +237,29 @@ class RunActor:
             except OSError:
                 break
             if batch and time.monotonic() - flushed >= RELAY_BATCH_S:
-                self._hub.put.remote(batch)
+                self._deliver(batch)
                 batch, flushed = [], time.monotonic()
         if batch:
-            try:
-                ray.get(self._hub.put.remote(batch), timeout=10)  # delivered before the exit is
-            except Exception:  # noqa: BLE001 - the hub is gone with the head: nothing to tell
-                pass
+            self._deliver(batch)  # delivered before the exit is
         self._sock.close()
         shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
         self._relayed.set()
+
+    def _deliver(self, batch: list[bytes]) -> None:
+        """Puts a batch to the hub; a hub that died is looked up by name again (the daemon's
+        replacement, or a new one) and the batch goes there."""
+        for attempt in range(2):
+            try:
+                ray.get(self._hub.put.remote(batch), timeout=HUB_PUT_TIMEOUT_S)
+                return
+            except RayActorError:
+                if attempt == 0:
+                    try:
+                        self._hub = report_hub(self._namespace)
+                    except Exception:  # noqa: BLE001 - the head is unreachable: the next batch tries again
+                        return
+            except Exception:  # noqa: BLE001 - slow or gone with the head: this batch is lost
+                return
 
 
 def _worker_env(cpu_threads: int, gpu_ids: list) -> dict[str, str]:

@@ -27,7 +27,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
-from fleetd.cluster.actors import ReportHub, RunActor, skew, versions
+from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
 from fleetd.operations.backup import Target
@@ -39,7 +39,6 @@ from workers.protocol.reports import ReportError, decode_report
 
 log = logging.getLogger(__name__)
 
-HUB_NAME = "reports"
 HOST_RESOURCE = "fleetd_host_"
 HOST_SHARE = 0.0001  # of a node's `fleetd_host_<name>` (1 unit; Ray counts to 1e-4): pins a run there, up to 10,000 a host
 ACTOR_PREFIX = "run-"
@@ -47,6 +46,8 @@ WAKE_SLICE_S = 0.1  # a wake-up from another thread is seen within this (ray.wai
 HUB_TAKE_S = 1.0  # a take waits this long for reports at most
 REPORT_BATCH_S = 0.2  # as the local reactor: reports are read in batches at most this often
 PROBE_TIMEOUT_S = 30.0
+RUN_WAIT_S = 10.0  # a run's `wait` call returns None after this while its worker runs; asked again
+RUN_THREADS = 8  # a run actor's threads for `wait` calls (`where` and `signal` have their own)
 CONNECT_CHECK_TIMEOUT_S = 60.0
 
 
@@ -77,11 +78,15 @@ def connect(settings: Settings) -> RayExecutor:
     except ClusterError:
         ray.shutdown()
         raise
-    hub = ray.remote(ReportHub).options(
-        name=HUB_NAME, namespace=cluster.namespace, lifetime="detached", get_if_exists=True,
-        num_cpus=0, resources={"node:__internal_head__": 0.001},
-    ).remote()  # fmt: skip
+    hub = report_hub(cluster.namespace)
     return RayExecutor(settings, hub, expected)
+
+
+def creation_error(exc: RayActorError) -> str:
+    """What an actor's constructor raised, as its last line says it ("RuntimeError: version skew
+    on node ..."), without Ray's wrapping and traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else str(exc)
 
 
 def node_seen(node: dict[str, Any]) -> NodeSeen:
@@ -135,7 +140,8 @@ class RayExecutor:
         self._cluster = settings.cluster
         self._hub = hub
         self._expected = expected
-        self._remote_run = ray.remote(RunActor)
+        # Concurrency groups are fixed at ray.remote, not .options().
+        self._remote_run = ray.remote(concurrency_groups={CONTROL: CONTROL_THREADS})(RunActor)
         self._runs: dict[int, _Run] = {}  # watched runs by handle (run id)
         self._ended: dict[int, _Run] = {}  # exited, until the supervisor's last SIGKILL ends the actor
         self._adoptable: dict[int, _Run] = {}  # found alive by the probe, not yet watched
@@ -177,7 +183,8 @@ class RayExecutor:
             storage = {"url": self._storage.url, "cache_dir": None if cache is None else str(cache)}
         try:
             actor = self._remote_run.options(name=name, **self._placement(launch.game, spec.cpu_threads, launch.host)).remote(
-                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub, storage
+                spec.to_json(), str(log_path), argv, spec.cpu_threads, self._expected, self._hub, storage,
+                self._cluster.namespace,
             )
         except (ValueError, RayError) as exc:
             raise LaunchError(f"Ray refused the actor {name}: {exc}") from None
@@ -190,7 +197,7 @@ class RayExecutor:
         operator pinned the game in [cluster] pins."""
         cluster = self._cluster
         options: dict[str, Any] = dict(
-            namespace=cluster.namespace, lifetime="detached", max_restarts=0, max_concurrency=8,
+            namespace=cluster.namespace, lifetime="detached", max_restarts=0, max_concurrency=RUN_THREADS,
             num_cpus=cpu_threads if cluster.num_cpus_per_game is None else cluster.num_cpus_per_game,
             num_gpus=cluster.num_gpus_per_game,
         )  # fmt: skip
@@ -300,12 +307,17 @@ class RayExecutor:
     # -- inside --------------------------------------------------------------------------------
 
     def _track(self, handle: int, run: _Run) -> None:
-        run.wait_ref = run.actor.wait.remote()
-        self._refs[run.wait_ref] = ("wait", handle)
+        self._ask_exit(handle, run)
         if run.node_id is None:
             run.where_ref = run.actor.where.remote()
             self._refs[run.where_ref] = ("where", handle)
         self._runs[handle] = run
+
+    def _ask_exit(self, handle: int, run: _Run) -> None:
+        """One `wait` call at a time per run, each ending within RUN_WAIT_S: one left behind by
+        this daemon's death ends by itself."""
+        run.wait_ref = run.actor.wait.remote(RUN_WAIT_S)
+        self._refs[run.wait_ref] = ("wait", handle)
 
     def _ask_hub(self) -> None:
         if self._hub_ref is None and time.monotonic() >= self._hub_due:
@@ -340,9 +352,7 @@ class RayExecutor:
             batch = ray.get(ref)
         except RayError as exc:
             log.error("the report hub failed (%s); starting another", exc)
-            self._hub = ray.remote(ReportHub).options(
-                name=HUB_NAME, namespace=self._cluster.namespace, lifetime="detached", get_if_exists=True, num_cpus=0
-            ).remote()
+            self._hub = report_hub(self._cluster.namespace)  # or the one a run actor started already
             return []
         reports = []
         for datagram in batch:
@@ -366,20 +376,24 @@ class RayExecutor:
 
     def _exited(self, handle: int, ref: Any) -> Exited | None:
         run = self._runs[handle]
+        exc: RayActorError | None = None
         try:
             result = ray.get(ref)
         except ActorUnavailableError:
             # The connection to the actor broke: its node may be dying, or a network blip. Not
-            # an ending yet: ask again; the GCS says `died` once it has declared it dead.
+            # an ending yet: ask again; the GCS says `died` once it has declared it dead. A
+            # call of ours still in the actor ends by itself within RUN_WAIT_S.
             if not run.killed:
                 time.sleep(min(WAKE_SLICE_S, 0.05))
-                run.wait_ref = run.actor.wait.remote()
-                self._refs[run.wait_ref] = ("wait", handle)
+                self._ask_exit(handle, run)
                 return None
             result = None
-            exc: RayActorError | None = None
         except RayActorError as died:
             result, exc = None, died
+        else:
+            if result is None:  # the worker runs on: ask again
+                self._ask_exit(handle, run)
+                return None
         self._runs.pop(handle)
         if run.where_ref is not None:
             self._refs.pop(run.where_ref, None)
@@ -405,16 +419,30 @@ class RayExecutor:
     def _actor_died(self, run: _Run, exc: RayActorError | None) -> ExitStatus:
         if run.killed:
             return ExitStatus(signal=signal.SIGKILL)
-        if self._node_died(run, exc):
+        if exc is not None and exc.actor_init_failed:
+            # Raised in its constructor (a version skew on its node, a bad spec): the node lives
+            # on, whatever the message says; why is in the daemon's log.
+            log.error("%s: its actor could not start: %s", run.name, creation_error(exc))
+            return ExitStatus()
+        if self._node_died(run):
             log.warning("%s: its node %s died", run.name, (run.node_id or "?")[:12])
             return ExitStatus(node_lost=True)
         log.warning("%s: its actor died on a live node: %s", run.name, exc)
         return ExitStatus()
 
-    def _node_died(self, run: _Run, exc: RayActorError | None) -> bool:
-        if run.node_id is None:
-            # Never located: the actor died before it answered; Ray's message names the cause.
-            return "node" in str(exc).lower() and "died" in str(exc).lower()
+    def _node_died(self, run: _Run) -> bool:
+        """From the GCS's node table, for the node the actor was on: never from a message."""
+        if run.node_id is None:  # never located: the GCS's actor table says where it was placed
+            try:
+                from ray._private.state import actors  # the GCS's actor table; no dashboard needed
+
+                placed = actors(actor_id=run.actor._actor_id.hex())
+                run.node_id = (placed.get("Address") or {}).get("NodeID") or None
+            except Exception as exc:  # noqa: BLE001 - not known: not a node's loss
+                log.warning("%s: could not read where its actor was: %s", run.name, exc)
+            if run.node_id is None or set(run.node_id) <= {"0", "f"}:  # never placed (a nil id)
+                run.node_id = None
+                return False
         alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
         return not alive.get(run.node_id, False)
 
