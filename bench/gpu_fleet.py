@@ -468,7 +468,10 @@ def run_processes(side: Side, n: int, sizes: dict[str, dict], options: Options) 
             (work / f"{name}.tmp").rename(work / f"{name}.json")
         wait_ready(work, procs, options.start_timeout_s)
         watch = Watch({name: p.pid for name, p in procs.items()})
-        go.write_text(f"{time.time()}\n")
+        # Renamed into place: the loops poll for the file and read it at once; written in place,
+        # one read it empty between its creation and its write (CI: "could not convert string to float: ''").
+        (work / "go.tmp").write_text(f"{time.time()}\n")
+        (work / "go.tmp").rename(go)
         time.sleep(options.warmup_s)
         watch.start()
         time.sleep(options.window_s)
