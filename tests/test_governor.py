@@ -484,6 +484,30 @@ def test_a_reboot_at_a_rung_climbed_game_by_game_steps_back_one_game_not_to_a_ru
     assert fleet.tick() == ["evict"] and len(fleet.admitted) == 7
 
 
+def test_a_restart_keeps_a_step_down_to_fewer_games_until_the_re_probe_time() -> None:
+    """The step down to 7 games at 8x256 lived in the governor only: a daemon restart 10 min
+    later rebuilt the cap from what is proven there (8 games) and admitted the 8th at once,
+    before 8x256's re-probe time. Now a restarted governor holds no more than is admitted while
+    the rung waits out its failure; the 8th joins after it, one game more after a window."""
+    fleet = climbed_with_four_wanting()
+    fleet.pending += ["e", "f", "g", "h"]
+    while len(fleet.admitted) < 8:
+        fleet.tick(1)
+    fleet.tick(25)
+    fleet.apply(fleet.governor.rebooted(fleet.now, 8))
+    assert fleet.tick() == ["evict"] and len(fleet.admitted) == 7
+    retry_at = fleet.governor.memory[(8, 256)].retry_at
+    fleet.now += timedelta(minutes=10)
+    old = fleet.governor
+    fleet.governor = Governor(old.settings, old.state, dict(old.memory))  # the daemon restarts
+    assert fleet.tick() == [] and len(fleet.admitted) == 7 and fleet.governor.allowed() == 7
+    while fleet.now + timedelta(minutes=1) < retry_at:
+        fleet.tick(1)
+        assert len(fleet.admitted) == 7
+    fleet.until_admitted(8)
+    assert fleet.now >= retry_at
+
+
 def test_games_joining_an_unproven_rung_climbed_with_fewer_wait_for_its_window() -> None:
     """4x64 -> 8x96 with 4 games wanting; 4 more added in 8x96's window joined at once (768 env
     processes where 256 were proven). They wait: one joins after the window, and so on."""

@@ -156,11 +156,16 @@ class Governor:
         """The games a rung the fleet steps back to may hold: no more than ran, nor than is proven."""
         return min(self.ladder[index].games, running if running > 0 else self.ladder[index].games, self.holdable(index))
 
-    def _sync_cap(self, admitted: int) -> None:
+    def _sync_cap(self, admitted: int, now: datetime) -> None:
         """The cap of a rung the fleet came to other than by this governor's step (a restart,
-        the operator's tier): what it holds, or what is proven there, whichever is more."""
+        the operator's tier): what it holds, or what is proven there, whichever is more; but
+        while the rung waits out a failure (a step down that kept it with fewer games, which
+        only this governor's memory held), no more than it holds (at least one game): a restart
+        does not lift the step down before the re-probe time."""
         if self._cap is None or self._cap[0] != self.index():
-            self._cap = (self.index(), min(self.rung.games, max(admitted, self.holdable(self.index()))))
+            here = self.index()
+            games = max(admitted, self.holdable(here)) if self.blocked_until(here, now) is None else max(1, admitted)
+            self._cap = (here, min(self.rung.games, games))
 
     def remembered(self, index: int) -> RungMemory:
         rung = self.ladder[index]
@@ -206,7 +211,7 @@ class Governor:
     # -- the clock ---------------------------------------------------------------------------
 
     def tick(self, now: datetime, view: FleetView) -> list[Decision]:
-        self._sync_cap(len(view.admitted))
+        self._sync_cap(len(view.admitted), now)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
         gone = {d.game for d in decisions if d.kind == "evict"}
@@ -321,12 +326,12 @@ class Governor:
 
     def instability(self, now: datetime, kind: str, detail: str, running: int) -> list[Decision]:
         """One rung down from what runs, and the failed rung waits before it is tried again."""
-        self._sync_cap(running)
+        self._sync_cap(running, now)
         return self._back_off(now, kind, detail, *self._step_down(running))
 
     def rebooted(self, now: datetime, running: int) -> list[Decision]:
         """The host went down without a clean stop, at the rung in force then."""
-        self._sync_cap(running)
+        self._sync_cap(running, now)
         here, memory = self.index(), self.remembered(self.index())
         held = min(running, self.rung.games)
         if memory.proven and self.proven_games(here) >= held and memory.stable_s >= self.settings.reboot_outside_after_s:
