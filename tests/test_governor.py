@@ -400,6 +400,46 @@ def test_one_pressure_episode_waits_for_each_back_off_to_be_carried_out_and_fail
     assert fleet.tick(1) == ["backoff"] and fleet.governor.memory[(8, 128)].failures == 1
 
 
+def at_the_top_with_eight(**settings: object) -> Fleet:
+    """Auto at 8x256 with 8 games, every rung proven with its games."""
+    fleet = Fleet("auto", pressure_grace_s=1 * MIN, **settings)
+    fleet.pending = list("abcdefgh")
+    fleet.governor.state = replace(fleet.governor.state, rung=len(fleet.governor.ladder) - 1)
+    for rung in fleet.governor.ladder:
+        fleet.governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    fleet.tick()
+    assert fleet.governor.rung.label == "8x256 (heavy)" and len(fleet.admitted) == 8
+    return fleet
+
+
+def test_a_back_off_outside_a_tick_is_not_taken_as_carried_out_by_a_view_from_before_it() -> None:
+    """Crashes (or an OOM kill) back off outside the governor's tick; the supervisor then governs
+    with the view it took before: nothing stopping or rolling yet. That view cleared the back-off
+    as carried out, and pressure during the roll that followed counted, failing 8x192 too. Now
+    only the views after it say whether the back-off is carried out."""
+    fleet = at_the_top_with_eight()
+    fleet.apply(fleet.governor.instability(fleet.now, "crashes", "2 running games crashed within 15 min", 8))
+    assert fleet.governor.rung.label == "8x192"
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    assert fleet.tick() == []  # the view from before the back-off: no roll yet
+    fleet.settling = True  # 8 workers restart at 192 envs, one at a time
+    for _ in range(10):
+        assert fleet.tick(1) == []
+    fleet.settling = False  # the roll is over: a grace period at the new load first
+    assert fleet.tick(1) == [] and fleet.tick(0.5) == []
+    assert fleet.tick(0.5) == ["backoff"] and fleet.governor.rung.label == "8x128"
+
+
+def test_a_back_off_outside_a_tick_that_needs_no_roll_is_carried_out_at_the_tick_after_the_next() -> None:
+    """Nothing to stop or restart (no view ever settling): the back-off is carried out once a
+    view from after it shows so, and pressure counts again."""
+    fleet = at_the_top_with_eight()
+    fleet.apply(fleet.governor.instability(fleet.now, "oom", "a's worker was killed by the OOM killer", 8))
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    assert fleet.tick() == [] and fleet.tick(1) == []
+    assert fleet.tick(1) == ["backoff"]
+
+
 def test_pressure_in_episodes_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
     """A back-off every few minutes at the bottom rung (a GPU above 85 C for days, dropping
     below for a moment now and then): 48.0 ** 184 overflowed a float after 185 failures, and

@@ -89,6 +89,9 @@ class Governor:
     last_backoff: str | None = None
     _pressure_since: datetime | None = None
     _carrying_out: bool = False  # a back-off whose stops and restarts may still be under way
+    _carried_from: int = 0  # the first tick whose view shows that back-off taken up (`_ticks`)
+    _ticks: int = 0  # ticks so far
+    _ticking: bool = False  # in a tick (a back-off outside one: crashes, an OOM kill, a reboot)
     _pressure_rung: str | None = None  # the rung failed for the pressure episode going on, if any
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
     _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
@@ -211,6 +214,14 @@ class Governor:
     # -- the clock ---------------------------------------------------------------------------
 
     def tick(self, now: datetime, view: FleetView) -> list[Decision]:
+        self._ticks += 1
+        self._ticking = True
+        try:
+            return self._tick(now, view)
+        finally:
+            self._ticking = False
+
+    def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
@@ -247,25 +258,31 @@ class Governor:
         the new sizes under way: workers restart one at a time, each stop up to stopwaitsecs),
         and then for a grace period of its own: the lower rung's load has to be running before
         its pressure says anything. One pressure episode (pressure at every step) records its
-        failure on the rung that ran when it began; a further step down in it records none."""
-        if self._carrying_out and not settling:
+        failure on the rung that ran when it began; a further step down in it records none.
+
+        A view taken before the back-off's decisions were applied says nothing of it: the
+        tick that decides one is followed by views that show it taken up; a back-off decided
+        outside a tick (crashes, an OOM kill: the supervisor then governs with a view it took
+        before) only from the tick after the next."""
+        decisions = []
+        if self._carrying_out and not settling and self._ticks >= self._carried_from:
             self._carrying_out = False
         if not pressure.reasons:
             self._pressure_since, self._pressure_rung = None, None
-            return []
+            return decisions
         if self._carrying_out:
             self._pressure_since = None
-            return []
+            return decisions
         if self._pressure_since is None:
             self._pressure_since = now
         if (now - self._pressure_since).total_seconds() < self.settings.pressure_grace_s:
-            return []
+            return decisions
         self._pressure_since = None  # the next one waits for this back-off, then a grace period
         detail = "; ".join(pressure.reasons)
         if self._pressure_rung is None:
             self._pressure_rung = self.rung.label
-            return self.instability(now, "pressure", detail, running)
-        return self._back_off(now, "pressure", detail, *self._step_down(running), failure_at=self._pressure_rung)
+            return decisions + self.instability(now, "pressure", detail, running)
+        return decisions + self._back_off(now, "pressure", detail, *self._step_down(running), failure_at=self._pressure_rung)
 
     def _shed(self, view: FleetView) -> list[Decision]:
         """More games admitted than the rung allows: the lowest priority go back to pending first,
@@ -383,6 +400,7 @@ class Governor:
         began at)."""
         failed_rung, here, held = self.rung, self.index(), self.allowed()
         self._carrying_out = True
+        self._carried_from = self._ticks + (1 if self._ticking else 2)
         if failure_at is not None:
             self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
             self._cap = (self.index(), games)
