@@ -242,6 +242,11 @@ class FleetSettings(_Section):
     gpu_temperature_max_c: float = Field(85.0, gt=0)
     host_memory_min_available_fraction: float = Field(0.10, ge=0, lt=1)
     pressure_grace_s: SecondsOrZero = 60.0
+    # After a back-off, pressure counts again once it is carried out (its workers stopped and
+    # restarted at the new sizes), or after this long at most: a worker that never exits (stuck
+    # in the GPU driver) leaves it never carried out. 8 games each rolling within
+    # [supervisor] stopwaitsecs + start_timeout_s (60 + 600 s) take 88 min: 90 min.
+    backoff_carry_out_max_s: Seconds = 5400.0
     # Host pressure stall information (/proc/pressure, avg10 in %): cpu "some", memory and io "full".
     # CPU "some" is normal under RL load (more env processes than cores): 100, the default, never trips.
     psi_cpu_some_max_pct: float = Field(100.0, gt=0, le=100)

@@ -440,6 +440,23 @@ def test_a_back_off_outside_a_tick_that_needs_no_roll_is_carried_out_at_the_tick
     assert fleet.tick(1) == ["backoff"]
 
 
+def test_a_back_off_never_carried_out_lets_pressure_count_again_after_its_bound() -> None:
+    """A worker the back-off stopped never exits (SIGKILLed, stuck in the GPU driver): the view
+    settles for ever, and pressure never counted again, however long it lasted. Now after
+    `backoff_carry_out_max_s` the back-off is taken as carried out, with an event saying so."""
+    fleet = at_the_top_with_eight(backoff_carry_out_max_s=30 * MIN)
+    fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
+    assert fleet.tick(1) == [] and fleet.tick(1) == ["backoff"]
+    fleet.settling = True  # for ever
+    for _ in range(29):
+        assert fleet.tick(1) == []
+    decisions = fleet.governor.tick(fleet.now + timedelta(minutes=1), fleet.view())
+    fleet.now += timedelta(minutes=1)
+    assert [d.kind for d in decisions] == ["backoff_overdue"]
+    assert "not carried out after 30 min" in decisions[0].message and "pressure counts again" in decisions[0].message
+    assert fleet.tick(1) == ["backoff"] and fleet.governor.rung.label == "8x128"
+
+
 def test_pressure_in_episodes_for_days_at_the_bottom_rung_keeps_the_wait_at_its_cap() -> None:
     """A back-off every few minutes at the bottom rung (a GPU above 85 C for days, dropping
     below for a moment now and then): 48.0 ** 184 overflowed a float after 185 failures, and

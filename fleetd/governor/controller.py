@@ -47,7 +47,7 @@ from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Plac
 
 log = logging.getLogger(__name__)
 
-_SEVERITY = {"backoff": "warning", "evict": "warning", "reboot_outside": "warning"}
+_SEVERITY = {"backoff": "warning", "backoff_overdue": "warning", "evict": "warning", "reboot_outside": "warning"}
 LOCAL = ""  # the local executor's one host: its rungs are stored under this name
 
 

@@ -74,7 +74,7 @@ class FleetView:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # admit | evict | level | tier | proven | backoff | reboot_outside
+    kind: str  # admit | evict | level | tier | proven | backoff | backoff_overdue | reboot_outside
     message: str
     game: str | None = None
 
@@ -89,6 +89,7 @@ class Governor:
     last_backoff: str | None = None
     _pressure_since: datetime | None = None
     _carrying_out: bool = False  # a back-off whose stops and restarts may still be under way
+    _carrying_since: datetime | None = None  # when that back-off was decided
     _carried_from: int = 0  # the first tick whose view shows that back-off taken up (`_ticks`)
     _ticks: int = 0  # ticks so far
     _ticking: bool = False  # in a tick (a back-off outside one: crashes, an OOM kill, a reboot)
@@ -263,10 +264,19 @@ class Governor:
         A view taken before the back-off's decisions were applied says nothing of it: the
         tick that decides one is followed by views that show it taken up; a back-off decided
         outside a tick (crashes, an OOM kill: the supervisor then governs with a view it took
-        before) only from the tick after the next."""
+        before) only from the tick after the next. A back-off not carried out within
+        `backoff_carry_out_max_s` (a worker that never exits: stuck in the GPU driver) is taken
+        as carried out: pressure counts again, and the governor says so."""
         decisions = []
         if self._carrying_out and not settling and self._ticks >= self._carried_from:
             self._carrying_out = False
+        elif self._carrying_out and self._carrying_since is not None and \
+                (now - self._carrying_since).total_seconds() >= self.settings.backoff_carry_out_max_s:  # fmt: skip
+            self._carrying_out = False
+            minutes = self.settings.backoff_carry_out_max_s / 60
+            decisions.append(Decision("backoff_overdue", f"the back-off of {self._carrying_since:%Y-%m-%d %H:%M} UTC is not "
+                                      f"carried out after {minutes:g} min (a worker still stopping or starting): "
+                                      "pressure counts again"))  # fmt: skip
         if not pressure.reasons:
             self._pressure_since, self._pressure_rung = None, None
             return decisions
@@ -399,7 +409,7 @@ class Governor:
         ran, unless the failure is another rung's (`failure_at`: the rung a pressure episode
         began at)."""
         failed_rung, here, held = self.rung, self.index(), self.allowed()
-        self._carrying_out = True
+        self._carrying_out, self._carrying_since = True, now
         self._carried_from = self._ticks + (1 if self._ticking else 2)
         if failure_at is not None:
             self.state = replace(self.state, rung=min(target, self.index()), stable_since=now, long_window=True)
