@@ -232,23 +232,36 @@ def test_0009_keeps_the_local_rungs_memory_as_host_empty_and_games_get_no_host(t
         assert conn.execute("SELECT games, num_envs, stable_s FROM rungs").fetchall() == [(4, 64, 7200.0)]
 
 
-def test_0017_takes_a_rung_proven_before_as_proven_for_its_games(tmp_path: Path) -> None:
-    """A proof stored before 0017 says nothing of how many games ran it: it is taken as it was
-    meant then, for the rung's games; an unproven rung has none. The store reads it back."""
+def test_0017_takes_a_rung_proven_before_as_proven_for_the_games_admitted_at_the_upgrade(tmp_path: Path) -> None:
+    """A proof stored before 0017 says nothing of how many games ran it. Taken as one for the
+    rung's games, a fleet that climbed 8x256 with 4 games admitted 4 more at once after the
+    upgrade. It is taken as one for the games admitted now (a cluster host's rung: those on that
+    host), no more than the rung's, at least one; an unproven rung has none. The store reads it back."""
     db_path = tmp_path / "fleetd.db"
     config = alembic_config(db_path)
     command.upgrade(config, "0016")
     with sqlite3.connect(db_path) as conn:
-        conn.execute("INSERT INTO rungs (host, games, num_envs, proven_at, stable_s, failures)"
-                     " VALUES ('', 8, 96, '2026-01-01 00:00:00', 1500.0, 0), ('', 8, 128, NULL, 0, 1)")
+        conn.execute("INSERT INTO rungs (host, games, num_envs, proven_at, stable_s, failures) VALUES"
+                     " ('', 8, 96, '2026-01-01 00:00:00', 1500.0, 0), ('', 8, 128, NULL, 0, 1),"
+                     " ('', 2, 32, '2026-01-01 00:00:00', 1500.0, 0),"
+                     " ('gpu-2', 4, 64, '2026-01-01 00:00:00', 1500.0, 0), ('gpu-3', 4, 64, '2026-01-01 00:00:00', 1500.0, 0)")  # fmt: skip
+        for name, admitted_at, host in [("a", "2026-01-01", "gpu-2"), ("b", "2026-01-01", None), ("c", "2026-01-01", None), ("d", None, None)]:
+            conn.execute(
+                "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+                " restarts, steps, episodes, admitted_at, host, created_at, updated_at) VALUES (?, 'Pong-v5', 'ppo',"
+                " 'running', 0, '{}', 'running', '2026-01-01', 0, 1, 0, ?, ?, '2026-01-01', '2026-01-01')",
+                (name, admitted_at, host),
+            )
     command.upgrade(config, "0017")
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT games, num_envs, proven_games FROM rungs ORDER BY num_envs").fetchall() == [(8, 96, 8), (8, 128, 0)]
+        rows = conn.execute("SELECT host, games, num_envs, proven_games FROM rungs ORDER BY host, games, num_envs").fetchall()
+        # 3 games admitted in all (one on gpu-2), none on gpu-3
+        assert rows == [("", 2, 32, 2), ("", 8, 96, 3), ("", 8, 128, 0), ("gpu-2", 4, 64, 1), ("gpu-3", 4, 64, 1)]
     command.upgrade(config, "head")
     db = Database.open(db_path)
     with db.transaction() as session:
         memory = fleet_store.read_rungs(session)
-        assert (memory[(8, 96)].proven_games, memory[(8, 128)].proven_games) == (8, 0)
+        assert (memory[(8, 96)].proven_games, memory[(8, 128)].proven_games) == (3, 0)
         fleet_store.save_rung(session, replace(memory[(8, 128)], proven_at=memory[(8, 96)].proven_at, proven_games=4))
     with db.transaction() as session:
         assert fleet_store.read_rungs(session)[(8, 128)].proven_games == 4
