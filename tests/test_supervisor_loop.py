@@ -665,3 +665,62 @@ def test_a_flush_that_fails_otherwise_still_raises(loop: Loop, monkeypatch: pyte
     monkeypatch.setattr(game_store, "update_games_progress", broken)
     with pytest.raises(FleetdError, match="disk I/O error"):
         loop.steps()
+
+
+def test_pressure_during_the_roll_after_a_crash_back_off_does_not_count(loop: Loop) -> None:
+    """Two running games crash at 4x48: the supervisor backs off to 4x32 from the exit, then
+    governs with the view it took before: no roll started. That view cleared the back-off as
+    carried out and GPU memory pressure during the roll to 32 envs failed 4x32 too, while game c
+    still rolled. Now the second back-off comes only after the roll, and a grace period."""
+    from fleetd.governor.core import Pressure
+
+    fleet = loop.settings.fleet.model_copy(update={"tier": "medium", "start_games": 4, "crash_games": 2, "pressure_grace_s": 60.0})
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet, "worker": worker})
+    for name in "abcd":
+        loop.add(name)
+    loop.start()
+    loop.run_up(*"abcd")
+
+    def five_seconds() -> None:
+        for n, p in loop.sup.procs.items():
+            if p.state in (State.STARTING, State.RUNNING) and p.pid:
+                loop.report(n, int(loop.clock.monotonic()))
+        loop.clock.advance(5)
+        loop.steps()
+
+    for _ in range(2000):  # climb 4x32 -> 4x48, the roll done (every stop at once)
+        five_seconds()
+        for p in loop.sup.procs.values():
+            if p.state is State.STOPPING and p.pid:
+                loop.reactor.exit(p.pid, code=0)
+        if loop.sup.fleet.governor.rung.label == "4x48" and loop.sup._rolling is None and all(
+                p.state is State.RUNNING for p in loop.sup.procs.values()):  # fmt: skip
+            break
+    governor = loop.sup.fleet.governor
+    assert governor.rung.label == "4x48"
+    ticks: list[tuple[bool, bool, list[str]]] = []  # (settling, rolling, decisions) at each tick
+    tick = governor.tick
+
+    def watched(now, view):  # noqa: ANN001, ANN202
+        decisions = tick(now, view)
+        ticks.append((view.settling, loop.sup._rolling is not None, [d.kind for d in decisions]))
+        return decisions
+
+    governor.tick = watched  # type: ignore[method-assign]
+    loop.reactor.exit(loop.pid("a"), sig=signal.SIGSEGV)
+    loop.reactor.exit(loop.pid("b"), sig=signal.SIGSEGV)
+    loop.steps()
+    assert governor.rung.label == "4x32" and loop.sup._rolling is not None
+    loop.sup.fleet.pressure = lambda: Pressure(("GPU 0 memory 93% > 90%",))
+    for _ in range(120):  # each stop takes ~40 s
+        five_seconds()
+        for p in loop.sup.procs.values():
+            if p.state is State.STOPPING and p.pid and loop.clock.monotonic() - p._stop_deadline > -20:
+                loop.reactor.exit(p.pid, code=0)
+        if "backoff" in ticks[-1][2]:
+            break
+    second = next(i for i, t in enumerate(ticks) if "backoff" in t[2])
+    assert not any(rolling for _, rolling, _ in ticks[second - 12 : second + 1])  # the roll ended a minute before
+    assert not any(settling for settling, _, _ in ticks[second - 12 : second + 1])
+    assert any(rolling for _, rolling, _ in ticks[:second])
