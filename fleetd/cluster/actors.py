@@ -149,7 +149,8 @@ class RunActor:
     def where(self) -> dict[str, Any]:
         """The node this run is on, and its worker's pid there."""
         return {"node_id": self.node_id, "hostname": socket.gethostname(),
-                "pid": None if self._child is None else self._child.pid, "log_path": self._log_path}
+                "pid": None if self._child is None else self._child.pid, "log_path": self._log_path,
+                "bounded_wait": True}  # `wait` takes a timeout (an actor of an earlier fleetd says nothing)
 
     @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:
