@@ -125,3 +125,35 @@ def test_an_error_raised_in_an_actors_wait_ends_that_run_as_a_logged_crash(
     assert 5 in executor._ended and 5 not in executor._runs
     assert any("run-000005-pong: waiting for its exit failed" in r.getMessage() and "TypeError: RunActor.wait() takes 1" in r.getMessage()
                for r in caplog.records)
+
+
+# -- the run actor's relay of reports to the hub -------------------------------------------------
+
+
+def relay(hub: Handle) -> RunActor:
+    """A run actor's relay side alone: no worker, no socket."""
+    actor = RunActor.__new__(RunActor)
+    actor._hub, actor._namespace = hub, "units"
+    actor._pending = deque()
+    return actor
+
+
+def test_a_batch_the_hub_may_have_taken_is_not_sent_again(fake_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ActorUnavailableError: the hub did not answer, and may have run the put. A second copy of
+    a batch would be reports taken twice (a second ResumedReport resets the run's counters)."""
+    hub = Handle(put=[ActorUnavailableError("connection lost", None)])
+    looked_up: list[str] = []
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: looked_up.append(namespace) or Handle())
+    actor = relay(hub)
+    actor._deliver([b"r1", b"r2"])
+    assert [c.args for c in hub.calls] == [([b"r1", b"r2"],)] and looked_up == []
+
+
+def test_a_batch_whose_hub_died_goes_to_the_hub_found_again_by_name(fake_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = Handle(put=[ActorDiedError()])
+    replacement = Handle()
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: replacement)
+    actor = relay(hub)
+    actor._deliver([b"r1"])
+    assert [c.args for c in hub.calls] == [([b"r1"],)]
+    assert [c.args for c in replacement.calls] == [([b"r1"],)] and actor._hub is replacement

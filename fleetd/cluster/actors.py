@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import logging
 import os
 import shutil
 import signal
@@ -38,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+log = logging.getLogger(__name__)
 
 HUB_NAME = "reports"
 RELAY_BATCH_S = 0.2  # reports are relayed in batches at most this often (as the local reactor reads them)
@@ -247,13 +250,18 @@ class RunActor:
         self._relayed.set()
 
     def _deliver(self, batch: list[bytes]) -> None:
-        """Puts a batch to the hub; a hub that died is looked up by name again (the daemon's
-        replacement, or a new one) and the batch goes there."""
+        """Puts a batch to the hub; a hub that died (ActorDiedError) is looked up by name again
+        (the daemon's replacement, or a new one) and the batch goes there. One that only did not
+        answer (ActorUnavailableError) may have taken it: it is not sent again, as a report taken
+        twice is not the same report (a second ResumedReport resets the run's counters)."""
         for attempt in range(2):
             try:
                 ray.get(self._hub.put.remote(batch), timeout=HUB_PUT_TIMEOUT_S)
                 return
-            except RayActorError:
+            except ActorUnavailableError as exc:
+                log.warning("the report hub did not answer (%s): %d reports may be lost", exc, len(batch))
+                return
+            except ActorDiedError:
                 if attempt == 0:
                     try:
                         self._hub = report_hub(self._namespace)
