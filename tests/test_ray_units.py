@@ -22,11 +22,16 @@ from fleetd.cluster.executor import RayExecutor, _Run  # noqa: E402
 from fleetd.config import load_settings  # noqa: E402
 
 
+PENDING = object()  # an outcome: the call is under way (not ready)
+BLOCKED: list[float] = []  # the timeouts of the ray.get/ray.wait calls that would have blocked on a call under way
+
+
 class Ref:
     """An ObjectRef stand-in: what ray.get gives for it (a value, or an error raised)."""
 
     def __init__(self, method: str, args: tuple, outcome: Any = None) -> None:
         self.method, self.args, self.outcome = method, args, outcome
+        self.ready = outcome is not PENDING
 
 
 class Method:
@@ -54,17 +59,26 @@ class Handle:
 
 
 def fake_get(ref: Ref, timeout: float | None = None) -> Any:
+    from ray.exceptions import GetTimeoutError
+
+    if not ref.ready:
+        BLOCKED.append(timeout if timeout is not None else float("inf"))
+        raise GetTimeoutError("under way")
     if isinstance(ref.outcome, BaseException):
         raise ref.outcome
     return ref.outcome
 
 
 def fake_wait(refs: list[Ref], num_returns: int = 1, timeout: float | None = None, fetch_local: bool = True):
-    return refs[:num_returns], refs[num_returns:]
+    ready = [ref for ref in refs if ref.ready][:num_returns]
+    if len(ready) < num_returns and (timeout is None or timeout > 0):
+        BLOCKED.append(timeout if timeout is not None else float("inf"))
+    return ready, [ref for ref in refs if ref not in ready]
 
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    BLOCKED.clear()
     for module in (actors_module, executor_module):
         monkeypatch.setattr(module.ray, "get", fake_get)
         monkeypatch.setattr(module.ray, "wait", fake_wait)
@@ -145,7 +159,7 @@ def test_a_batch_the_hub_may_have_taken_is_not_sent_again(fake_ray: None, monkey
     looked_up: list[str] = []
     monkeypatch.setattr(actors_module, "report_hub", lambda namespace: looked_up.append(namespace) or Handle())
     actor = relay(hub)
-    actor._deliver([b"r1", b"r2"])
+    actor._deliver([b"r1", b"r2"], final=True)
     assert [c.args for c in hub.calls] == [([b"r1", b"r2"],)] and looked_up == []
 
 
@@ -154,6 +168,33 @@ def test_a_batch_whose_hub_died_goes_to_the_hub_found_again_by_name(fake_ray: No
     replacement = Handle()
     monkeypatch.setattr(actors_module, "report_hub", lambda namespace: replacement)
     actor = relay(hub)
-    actor._deliver([b"r1"])
+    actor._deliver([b"r1"], final=True)
     assert [c.args for c in hub.calls] == [([b"r1"],)]
     assert [c.args for c in replacement.calls] == [([b"r1"],)] and actor._hub is replacement
+
+
+def test_a_batch_while_the_worker_runs_is_not_waited_for_the_final_one_waits_for_all(fake_ray: None) -> None:
+    """A slow hub: the relay reads on (the worker's datagrams are not left in the socket, nor its
+    exit held past the actor's wait for the relay); the final batch waits for all puts."""
+    hub = Handle(put=[PENDING, PENDING])
+    actor = relay(hub)
+    actor._deliver([b"r1"])
+    actor._deliver([b"r2"])
+    assert BLOCKED == [] and len(actor._pending) == 2
+    for call in hub.calls:
+        call.ready = True  # the hub took them
+    actor._deliver([b"r3"], final=True)
+    assert [c.args for c in hub.calls] == [([b"r1"],), ([b"r2"],), ([b"r3"],)] and not actor._pending
+
+
+def test_batches_a_dead_hub_failed_go_to_its_replacement_in_order(fake_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = Handle(put=[ActorDiedError(), ActorDiedError()])
+    replacement = Handle()
+    looked_up: list[Handle] = []
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: looked_up.append(replacement) or replacement)
+    actor = relay(hub)
+    actor._deliver([b"r1"])
+    actor._deliver([b"r2"])  # r1's failure is seen now: the hub is looked up again
+    actor._deliver([b"r3"], final=True)
+    assert [c.args for c in replacement.calls] == [([b"r1"],), ([b"r2"],), ([b"r3"],)]
+    assert len(looked_up) == 1 and not actor._pending
