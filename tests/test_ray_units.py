@@ -198,3 +198,28 @@ def test_batches_a_dead_hub_failed_go_to_its_replacement_in_order(fake_ray: None
     actor._deliver([b"r3"], final=True)
     assert [c.args for c in replacement.calls] == [([b"r1"],), ([b"r2"],), ([b"r3"],)]
     assert len(looked_up) == 1 and not actor._pending
+
+
+def test_an_actor_whose_handle_refuses_a_timeout_is_asked_without_one(executor: RayExecutor) -> None:
+    """Ray checks a call against the method's signature where the handle was got: an earlier
+    fleetd's actor that did not say so in `where` refuses the timeout at once, with a TypeError."""
+
+    class Refusing(Handle):
+        def __getattr__(self, name: str) -> Method:
+            method = super().__getattr__(name)
+            if name == "wait":
+                plain = method.remote
+
+                def remote(*args: Any) -> Ref:
+                    if args:
+                        raise TypeError("too many positional arguments")
+                    return plain()
+
+                method.remote = remote  # type: ignore[method-assign]
+            return method
+
+    old = Refusing(wait=[{"code": 3, "signal": None}])
+    executor._track(6, _Run("run-000006-pong", old, None, node_id="n1"))
+    assert [c.args for c in old.calls if c.method == "wait"] == [()]
+    exited = executor._exited(6, executor._runs[6].wait_ref)
+    assert exited is not None and exited.status.code == 3

@@ -322,7 +322,14 @@ class RayExecutor:
         """One `wait` call at a time per run, each ending within RUN_WAIT_S: one left behind by
         this daemon's death ends by itself. An actor of an earlier fleetd (adopted across an
         upgrade) has a `wait` that takes no timeout: asked without one, it returns at the exit."""
-        run.wait_ref = run.actor.wait.remote(RUN_WAIT_S) if run.bounded_wait else run.actor.wait.remote()
+        if run.bounded_wait:
+            try:
+                run.wait_ref = run.actor.wait.remote(RUN_WAIT_S)
+            except TypeError:  # the handle knows its `wait` takes no timeout: an earlier fleetd's actor
+                log.warning("run actor %s was started by an earlier fleetd: its exit is asked for without a timeout", run.name)
+                run.bounded_wait = False
+        if not run.bounded_wait:
+            run.wait_ref = run.actor.wait.remote()
         self._refs[run.wait_ref] = ("wait", handle)
 
     def _ask_hub(self) -> None:
