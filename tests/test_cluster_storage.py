@@ -255,6 +255,33 @@ def test_a_run_superseded_at_the_url_pushes_nothing_more_and_its_worker_is_told(
     assert superseded.value.exit_code == ExitCode.SUPERSEDED
 
 
+def test_a_run_started_before_a_lower_numbered_one_is_superseded_at_the_url(tmp_path: Path, target: Target) -> None:
+    """Run ids went backwards (the daemon's database restored from a backup): run 500 trains on
+    a node cut off while the daemon starts run 401. The lease names 401: 500 pushes nothing."""
+    put_lease(target, GAME, 500)
+    orphan = RunSync(target.url, GAME, tmp_path / "cache", run_id=500)
+    orphan.pull()
+    put_lease(target, GAME, 401)
+    write_ckpt(orphan.checkpoints, 200)
+    assert orphan.push() == []
+    with pytest.raises(lease.Superseded):
+        lease.check(orphan.checkpoints, 500)
+    current = RunSync(target.url, GAME, tmp_path / "cache2", run_id=401)
+    current.pull()
+    write_ckpt(current.checkpoints, 300)
+    assert current.push() == ["ckpt-000000000300"]
+
+
+def test_a_lease_left_in_the_cache_goes_when_the_url_has_none(tmp_path: Path, target: Target) -> None:
+    """An earlier run's lease in this node's cache, none at the URL (a storage emptied, another
+    URL): it fences nothing, so it is not left there for the worker to find."""
+    sync = RunSync(target.url, GAME, tmp_path / "cache", run_id=9)
+    lease.write(sync.checkpoints, 3)
+    assert sync.pull() is None
+    assert lease.holder(sync.checkpoints) is None
+    lease.check(sync.checkpoints, 9)
+
+
 def test_the_executor_writes_the_new_runs_lease_before_its_actor_starts(tmp_path: Path) -> None:
     """A mounted storage: the lease in the game's shared checkpoint folder names the run."""
     pytest.importorskip("ray")

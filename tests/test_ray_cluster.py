@@ -429,6 +429,46 @@ def test_reports_resume_after_the_report_hub_dies_and_its_replacement_is_on_the_
     executor.stop(handle)
 
 
+def test_a_run_actor_of_an_earlier_fleetd_is_adopted_and_waited_on_until_its_exit(executor: Executor) -> None:
+    """The documented upgrade (docs/operations.md): the new daemon adopts the run actors the old
+    one started, whose `wait` takes no timeout; asking it with one failed the supervision loop."""
+    import threading
+
+    import ray
+
+    class EarlierRunActor:  # the interface of fleetd before bounded waits (defined here: pickled by value)
+        def __init__(self) -> None:
+            self._done = threading.Event()
+
+        def where(self) -> dict:
+            return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": "earlier", "pid": 1, "log_path": ""}
+
+        def signal(self, sig: int) -> bool:
+            self._done.set()
+            return True
+
+        def wait(self) -> dict:
+            self._done.wait()
+            return {"code": 0, "signal": None}
+
+    ex = executor.executor
+    name = "run-000004-tearlier"
+    actor = ray.remote(EarlierRunActor).options(name=name, namespace="executor-test", lifetime="detached",
+                                                max_restarts=0, max_concurrency=8, num_cpus=0).remote()
+    ray.get(actor.where.remote(), timeout=60)
+    assert ex.matches(4, 0.0, ("ray-actor", "executor-test", name))
+    assert ex.watch(4, False)
+    seen: list = []
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:  # its exit is asked for; nothing fails while it runs on
+        seen.extend(ex.wait(0.5))
+    assert executor.exit_of(4, seen) is None
+    ex.signal_group(4, signal.SIGTERM)
+    status = executor.exit_of(4, executor.until(lambda seen: executor.exit_of(4, seen), "tearlier's exit", 30))
+    assert status.code == 0 and status.signal is None, status
+    ex.signal_group(4, signal.SIGKILL)
+
+
 def spec_game(cmdline: list[str]) -> str | None:
     """The game a worker's command line trains (read from its run spec); None for any other process."""
     if "workers" not in cmdline or "--spec" not in cmdline:

@@ -6,7 +6,8 @@ shared storage. With a URL storage (fleetd/cluster/storage.py) the game dir is i
 cache instead: the newest verified checkpoint is pulled before the worker starts, new ones are
 pushed while it runs and once more after it exits, and the log stays on the node. The worker sends its typed reports (workers/protocol/reports.py) as datagrams
 to a unix socket the actor binds on its own node; the actor relays them, still encoded, to the
-hub, which the daemon drains; a hub that died is looked up by name again (the daemon starts a
+hub, which the daemon drains (not waiting for each batch while the worker runs; at its exit,
+for all of them, before the exit is known); a hub that died is looked up by name again (the daemon starts a
 new one, as does an actor that finds none). The actor outlives the daemon (detached, named from
 the game and the run id), so a restarted daemon finds and adopts it; once its worker has exited
 it keeps the exit status until the daemon has read it and ends the actor.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import logging
 import os
 import shutil
 import signal
@@ -38,12 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+log = logging.getLogger(__name__)
 
 HUB_NAME = "reports"
 RELAY_BATCH_S = 0.2  # reports are relayed in batches at most this often (as the local reactor reads them)
 HUB_MAX_HELD = 200_000  # reports kept while no daemon drains; the oldest are dropped beyond
-HUB_PUT_TIMEOUT_S = 10.0
+HUB_PUT_TIMEOUT_S = 10.0  # the final batch's wait for the run's puts to land, resends included
+PENDING_PUTS_MAX = 1000  # puts in flight the relay keeps an eye on
 WAIT_MAX_S = 30.0  # a `wait` call returns within this even if the worker runs on: a daemon asks again
 CONTROL = "control"  # the concurrency group of `where` and `signal`: never behind blocked waits
 CONTROL_THREADS = 2
@@ -139,6 +144,7 @@ class RunActor:
         self._done = threading.Event()
         self._relaying = True
         self._relayed = threading.Event()
+        self._pending: deque[tuple[Any, list[bytes], Any, bool]] = deque()  # puts sent: (ref, batch, hub, resent)
         threading.Thread(target=self._relay, name="relay", daemon=True).start()
         threading.Thread(target=self._run_worker, name="worker", daemon=True).start()
         self._started.wait(60)
@@ -149,7 +155,8 @@ class RunActor:
     def where(self) -> dict[str, Any]:
         """The node this run is on, and its worker's pid there."""
         return {"node_id": self.node_id, "hostname": socket.gethostname(),
-                "pid": None if self._child is None else self._child.pid, "log_path": self._log_path}
+                "pid": None if self._child is None else self._child.pid, "log_path": self._log_path,
+                "bounded_wait": True}  # `wait` takes a timeout (an actor of an earlier fleetd says nothing)
 
     @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:
@@ -221,7 +228,7 @@ class RunActor:
     def _finish(self, status: dict[str, Any]) -> None:
         time.sleep(RELAY_BATCH_S)  # the worker's last datagrams are in the socket: let the relay take them
         self._relaying = False
-        self._relayed.wait(10)
+        self._relayed.wait(HUB_PUT_TIMEOUT_S + 5.0)  # the relay's final batch waits HUB_PUT_TIMEOUT_S at most
         self._status = status
         self._done.set()
 
@@ -239,27 +246,54 @@ class RunActor:
             if batch and time.monotonic() - flushed >= RELAY_BATCH_S:
                 self._deliver(batch)
                 batch, flushed = [], time.monotonic()
-        if batch:
-            self._deliver(batch)  # delivered before the exit is
+        self._deliver(batch, final=True)  # this one and all before it delivered before the exit is
         self._sock.close()
         shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
         self._relayed.set()
 
-    def _deliver(self, batch: list[bytes]) -> None:
-        """Puts a batch to the hub; a hub that died is looked up by name again (the daemon's
-        replacement, or a new one) and the batch goes there."""
-        for attempt in range(2):
+    def _deliver(self, batch: list[bytes], final: bool = False) -> None:
+        """Puts a batch to the hub. A batch while the worker runs is not waited for (the relay
+        reads on: a slow hub never holds up the worker's datagrams); how the earlier ones went is
+        looked at as each next one goes, and the final batch waits for all of them, up to
+        HUB_PUT_TIMEOUT_S, so that they are with the hub before the exit is known."""
+        self._settle(None)
+        if batch:
+            self._pending.append((self._hub.put.remote(batch), batch, self._hub, False))
+            if len(self._pending) > PENDING_PUTS_MAX:
+                self._pending.popleft()  # a hub this slow: the oldest is left to arrive or not, unwatched
+        if final:
+            self._settle(time.monotonic() + HUB_PUT_TIMEOUT_S)
+
+    def _settle(self, deadline: float | None) -> None:
+        """Looks at the puts sent, in order: those done leave; until `deadline` (None: not at all)
+        it waits for the rest. A put that failed because the hub died (ActorDiedError) is sent
+        again, once, to the hub looked up by name again (the daemon's replacement, or a new one);
+        one whose hub only did not answer (ActorUnavailableError: it may have taken it) is not,
+        as a report taken twice is not the same report (a second ResumedReport resets counters)."""
+        while self._pending:
+            ref, sent, hub, resent = self._pending[0]
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            if deadline is not None and left <= 0:
+                return  # slow, or gone with the head: what has not arrived is lost
+            ready, _ = ray.wait([ref], num_returns=1, timeout=left, fetch_local=False)
+            if not ready:
+                return  # under way: looked at again with the next batch
+            self._pending.popleft()
             try:
-                ray.get(self._hub.put.remote(batch), timeout=HUB_PUT_TIMEOUT_S)
-                return
-            except RayActorError:
-                if attempt == 0:
+                ray.get(ref)
+            except ActorDiedError:
+                if resent:
+                    continue
+                if hub is self._hub:  # not looked up again since this put went
                     try:
                         self._hub = report_hub(self._namespace)
-                    except Exception:  # noqa: BLE001 - the head is unreachable: the next batch tries again
-                        return
-            except Exception:  # noqa: BLE001 - slow or gone with the head: this batch is lost
-                return
+                    except Exception:  # noqa: BLE001 - the head is unreachable: this batch is lost
+                        continue
+                self._pending.append((self._hub.put.remote(sent), sent, self._hub, True))
+            except ActorUnavailableError as exc:
+                log.warning("the report hub did not answer (%s): %d reports may be lost", exc, len(sent))
+            except Exception:  # noqa: BLE001 - gone with the head: this batch is lost
+                continue
 
 
 def _worker_env(cpu_threads: int, gpu_ids: list) -> dict[str, str]:

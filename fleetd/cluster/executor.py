@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
 from fleetd.cluster.storage import mirror, push_missing, put_lease
@@ -132,6 +132,7 @@ class _Run:
     where_ref: Any | None = None
     node_id: str | None = None
     killed: bool = False  # fleetd killed the actor: its death is the SIGKILL asked for
+    bounded_wait: bool = True  # False: an actor of an earlier fleetd, whose `wait` takes no timeout
 
 
 class RayExecutor:
@@ -301,7 +302,11 @@ class RayExecutor:
             log.warning("run actor %s did not answer (%s); killing it", name, exc)
             ray.kill(actor, no_restart=True)
             return False
-        self._adoptable[pid] = _Run(name, actor, None, node_id=where["node_id"])
+        bounded = bool(where.get("bounded_wait"))
+        if not bounded:
+            log.warning("run actor %s was started by an earlier fleetd: it is waited on as that one was, "
+                        "one call that returns at its worker's exit", name)
+        self._adoptable[pid] = _Run(name, actor, None, node_id=where["node_id"], bounded_wait=bounded)
         return True
 
     # -- inside --------------------------------------------------------------------------------
@@ -315,8 +320,16 @@ class RayExecutor:
 
     def _ask_exit(self, handle: int, run: _Run) -> None:
         """One `wait` call at a time per run, each ending within RUN_WAIT_S: one left behind by
-        this daemon's death ends by itself."""
-        run.wait_ref = run.actor.wait.remote(RUN_WAIT_S)
+        this daemon's death ends by itself. An actor of an earlier fleetd (adopted across an
+        upgrade) has a `wait` that takes no timeout: asked without one, it returns at the exit."""
+        if run.bounded_wait:
+            try:
+                run.wait_ref = run.actor.wait.remote(RUN_WAIT_S)
+            except TypeError:  # the handle knows its `wait` takes no timeout: an earlier fleetd's actor
+                log.warning("run actor %s was started by an earlier fleetd: its exit is asked for without a timeout", run.name)
+                run.bounded_wait = False
+        if not run.bounded_wait:
+            run.wait_ref = run.actor.wait.remote()
         self._refs[run.wait_ref] = ("wait", handle)
 
     def _ask_hub(self) -> None:
@@ -390,20 +403,30 @@ class RayExecutor:
             result = None
         except RayActorError as died:
             result, exc = None, died
+        except RayTaskError as failed:
+            # The actor lives but its `wait` raised (an interface this daemon does not know): the
+            # run ends as a crash, logged, and the supervisor's SIGKILL ends the actor; the loop
+            # goes on for every other run.
+            log.error("%s: waiting for its exit failed: %s", run.name, creation_error(failed))
+            self._end(handle, run)
+            return Exited(handle, ExitStatus())
         else:
             if result is None:  # the worker runs on: ask again
                 self._ask_exit(handle, run)
                 return None
-        self._runs.pop(handle)
-        if run.where_ref is not None:
-            self._refs.pop(run.where_ref, None)
-        self._ended[handle] = run
-        self._mirror(run.name)
+        self._end(handle, run)
         if result is None:
             return Exited(handle, self._actor_died(run, exc))
         if result.get("error"):
             log.warning("%s: %s", run.name, result["error"])
         return Exited(handle, ExitStatus(result.get("code"), result.get("signal")))
+
+    def _end(self, handle: int, run: _Run) -> None:
+        self._runs.pop(handle)
+        if run.where_ref is not None:
+            self._refs.pop(run.where_ref, None)
+        self._ended[handle] = run
+        self._mirror(run.name)
 
     def _mirror(self, name: str) -> None:
         """With a URL storage, the head's copy of the game's checkpoints follows the URL before

@@ -93,14 +93,17 @@ def put_lease(target: Target, game: str, run_id: int) -> None:
 
 def fetch_lease(target: Target, game: str, folder: Path) -> int | None:
     """The run the URL's lease names, copied into `folder` (the worker checks it there before
-    each checkpoint); None when the URL has none."""
+    each checkpoint); None when the URL has none (nor has the cache then: one left there by an
+    earlier run on this node fences nothing)."""
     try:
         with target.fs.open(target.path(f"{checkpoints_of(game)}/{lease.LEASE}"), "r") as handle:
             holder = int(json.loads(handle.read())["run_id"])
     except FileNotFoundError:
+        lease.remove(folder)
         return None
     except (ValueError, KeyError, TypeError) as exc:
         log.warning("%s: the checkpoint lease at %s is unreadable (%s): ignored", game, target.url, exc)
+        lease.remove(folder)
         return None
     lease.write(folder, holder)
     return holder
@@ -178,7 +181,7 @@ class RunSync:
     def __init__(self, url: str, game: str, cache_dir: Path | None, run_id: int | None = None) -> None:
         self.target = Target(url)
         self.game = game
-        self.run_id = run_id  # fenced by the URL's lease when a newer run holds it (workers/lease.py)
+        self.run_id = run_id  # fenced by the URL's lease when another run holds it (workers/lease.py)
         self.game_dir = (cache_dir or default_cache_dir()) / "games" / game
         self.checkpoints = self.game_dir / "checkpoints"
         self._owned: set[str] = set()
@@ -209,15 +212,15 @@ class RunSync:
 
     def check_lease(self) -> None:
         """The URL's lease into the cache, where the worker checks it before each checkpoint;
-        lease.Superseded when it names a newer run than this one."""
+        lease.Superseded when it names another run than this one (one the daemon started after it)."""
         if self.run_id is None:
             return
         holder = fetch_lease(self.target, self.game, self.checkpoints)
-        if holder is not None and holder > self.run_id:
+        if holder is not None and holder != self.run_id:
             raise lease.Superseded(self.run_id, holder)
 
     def push(self) -> list[str]:
-        """Nothing is uploaded once a newer run holds the game's lease (this run's node was
+        """Nothing is uploaded once another run holds the game's lease (this run's node was
         declared lost, the game restarted elsewhere): its worker stops at its next checkpoint."""
         try:
             self.check_lease()

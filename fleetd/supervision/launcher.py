@@ -17,6 +17,7 @@ import psutil
 
 from fleetd.host.sd_notify import NOTIFY_ENV_KEYS
 from fleetd.supervision.seams import Launch, LaunchError, Spawned
+from workers import lease
 from workers.protocol.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class OsLauncher:
         spec = _run_spec(launch, run_id)
         try:
             logs.mkdir(parents=True, exist_ok=True)
+            lease.remove(spec.checkpoint_dir)  # one left by a cluster run (workers/lease.py) would fence this one
             spec_path = _write_spec(run_spec_path(launch.game_dir, run_id), spec)
             log_path = run_log_path(launch.game_dir, run_id)
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]

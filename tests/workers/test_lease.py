@@ -5,6 +5,7 @@ and the finite check are stubbed."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,9 +56,21 @@ def test_a_worker_writes_while_its_run_holds_the_lease_or_none_does(make_spec) -
     assert ckpt.write(None, at(100)) is not None  # no lease: the local backend, a run by hand
     lease.write(folder, 7)
     assert ckpt.write(None, at(200)) is not None
-    lease.write(folder, 3)  # an older run's, left behind: fences nothing
-    assert ckpt.write(None, at(300)) is not None
-    assert [i.steps for i in checkpoint.list_checkpoints(folder)] == [300, 200, 100]
+    assert [i.steps for i in checkpoint.list_checkpoints(folder)] == [200, 100]
+
+
+def test_run_ids_going_backwards_still_fence_the_run_started_first(make_spec) -> None:
+    """The daemon's database restored from a backup: its next run has a lower id than the one
+    still training on a node cut off. The lease names the run the daemon started last."""
+    orphan, folder = writer(make_spec, 500)
+    lease.write(folder, 500)
+    assert orphan.write(None, at(100)) is not None
+    lease.write(folder, 401)  # the daemon, restored, starts run 401 of the game elsewhere
+    with pytest.raises(lease.Superseded, match="run 401 of this game holds its checkpoint lease"):
+        orphan.write(None, at(200))
+    current, _ = writer(make_spec, 401)
+    assert current.write(None, at(300)) is not None
+    assert [i.steps for i in checkpoint.list_checkpoints(folder)] == [300, 100]
 
 
 def test_a_superseded_worker_writes_nothing_and_its_final_checkpoint_neither(make_spec) -> None:
@@ -87,3 +100,20 @@ def test_an_unreadable_lease_fences_nothing(tmp_path: Path) -> None:
     (tmp_path / lease.LEASE).write_text("{half")
     assert lease.holder(tmp_path) is None
     lease.check(tmp_path, 1)
+
+
+def test_the_local_backend_removes_a_lease_left_by_a_cluster_run(tmp_path: Path) -> None:
+    """A game that ran on a Ray cluster, then on the local backend (which writes no lease): the
+    cluster's lease names another run and would fence every local one."""
+    from fleetd.supervision.launcher import OsLauncher
+    from fleetd.supervision.seams import Launch
+    from workers.protocol import PROTOCOL_VERSION
+    from workers.protocol.spec import LaunchSpec
+
+    folder = tmp_path / "pong" / "checkpoints"
+    lease.write(folder, 41)
+    spec = LaunchSpec(version=PROTOCOL_VERSION, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(folder))
+    spawned = OsLauncher("/bin/true").spawn(Launch("pong", tmp_path / "pong", spec), 7)
+    os.waitpid(spawned.pid, 0)
+    assert lease.holder(folder) is None
+    lease.check(folder, 7)

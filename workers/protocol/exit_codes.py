@@ -14,7 +14,7 @@ class ExitCode(IntEnum):
     DIVERGED = 22  # NaN or inf in the parameters or the loss, caught before a checkpoint
     CUDA_OOM = 23  # torch.OutOfMemoryError: restart with a smaller batch (then fewer envs)
     FINAL_CHECKPOINT_FAILED = 24  # goal reached or stopped, but not saved: a crash, restarted
-    SUPERSEDED = 25  # a newer run of the game holds its checkpoint lease (workers/lease.py): nothing written
+    SUPERSEDED = 25  # another run of the game, started after this one, holds its checkpoint lease (workers/lease.py): nothing written
     BAD_SPEC = 78  # sysexits' EX_CONFIG: the run spec is missing, unreadable or invalid
 
     @property

@@ -1,0 +1,225 @@
+"""The Ray backend's error handling, with stand-in actor handles and no cluster: what the run
+actor's relay and the executor's exit watch do with each error Ray raises. (A real cluster:
+tests/test_ray_cluster.py.)"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="ray is not installed: pip install 'fleetd[ray]' (make install does)")
+
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError  # noqa: E402
+
+from fleetd.cluster import actors as actors_module  # noqa: E402
+from fleetd.cluster import executor as executor_module  # noqa: E402
+from fleetd.cluster.actors import RunActor  # noqa: E402
+from fleetd.cluster.executor import RayExecutor, _Run  # noqa: E402
+from fleetd.config import load_settings  # noqa: E402
+
+
+PENDING = object()  # an outcome: the call is under way (not ready)
+BLOCKED: list[float] = []  # the timeouts of the ray.get/ray.wait calls that would have blocked on a call under way
+
+
+class Ref:
+    """An ObjectRef stand-in: what ray.get gives for it (a value, or an error raised)."""
+
+    def __init__(self, method: str, args: tuple, outcome: Any = None) -> None:
+        self.method, self.args, self.outcome = method, args, outcome
+        self.ready = outcome is not PENDING
+
+
+class Method:
+    def __init__(self, handle: Handle, name: str) -> None:
+        self.handle, self.name = handle, name
+
+    def remote(self, *args: Any) -> Ref:
+        ref = Ref(self.name, args, self.handle.outcomes[self.name].popleft() if self.handle.outcomes[self.name] else None)
+        self.handle.calls.append(ref)
+        return ref
+
+
+class Handle:
+    """An actor handle stand-in: each method's call gives the next of its outcomes."""
+
+    def __init__(self, **outcomes: list[Any]) -> None:
+        self.outcomes = {name: deque(values) for name, values in outcomes.items()}
+        self.calls: list[Ref] = []
+
+    def __getattr__(self, name: str) -> Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self.outcomes.setdefault(name, deque())
+        return Method(self, name)
+
+
+def fake_get(ref: Ref, timeout: float | None = None) -> Any:
+    from ray.exceptions import GetTimeoutError
+
+    if not ref.ready:
+        BLOCKED.append(timeout if timeout is not None else float("inf"))
+        raise GetTimeoutError("under way")
+    if isinstance(ref.outcome, BaseException):
+        raise ref.outcome
+    return ref.outcome
+
+
+def fake_wait(refs: list[Ref], num_returns: int = 1, timeout: float | None = None, fetch_local: bool = True):
+    ready = [ref for ref in refs if ref.ready][:num_returns]
+    if len(ready) < num_returns and (timeout is None or timeout > 0):
+        BLOCKED.append(timeout if timeout is not None else float("inf"))
+    return ready, [ref for ref in refs if ref not in ready]
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    BLOCKED.clear()
+    for module in (actors_module, executor_module):
+        monkeypatch.setattr(module.ray, "get", fake_get)
+        monkeypatch.setattr(module.ray, "wait", fake_wait)
+
+
+def task_error(cause: Exception) -> RayTaskError:
+    """What ray.get raises for a method that raised `cause` in a live actor."""
+    traceback = f'Traceback (most recent call last):\n  File "actors.py", line 1, in wait\n{type(cause).__name__}: {cause}'
+    return RayTaskError("wait", traceback, cause).as_instanceof_cause()
+
+
+# -- the executor's watch on a run's exit --------------------------------------------------------
+
+
+@pytest.fixture
+def executor(tmp_path: Path, fake_ray: None) -> RayExecutor:
+    settings = load_settings(state_dir=tmp_path / "state", cluster={
+        "backend": "ray", "address": "127.0.0.1:1", "storage": str(tmp_path / "storage"), "namespace": "units",
+    })  # fmt: skip
+    ex = RayExecutor(settings, Handle(), {})
+    ex._swept = True
+    return ex
+
+
+def test_an_actor_of_an_earlier_fleetd_is_adopted_and_waited_on_without_a_timeout(
+    executor: RayExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its `where` says nothing of a bounded wait; its `wait` takes no argument (a TypeError
+    # raised inside it for any), and returns the exit status at the worker's exit.
+    old = Handle(where=[{"node_id": "n1", "hostname": "h", "pid": 9, "log_path": "l"}],
+                 wait=[{"code": 0, "signal": None}])
+    monkeypatch.setattr(executor_module.ray, "get_actor", lambda name, namespace: old)
+    assert executor.matches(7, 0.0, ("ray-actor", "units", "run-000007-pong"))
+    assert executor.watch(7, False)
+    asked = [c for c in old.calls if c.method == "wait"]
+    assert [c.args for c in asked] == [()]  # no timeout: the old interface
+    exited = executor._exited(7, asked[0])
+    assert exited is not None and exited.status.code == 0 and not exited.status.node_lost
+
+
+def test_an_actor_of_this_fleetd_is_asked_with_a_bounded_wait(executor: RayExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
+    new = Handle(where=[{"node_id": "n1", "hostname": "h", "pid": 9, "log_path": "l", "bounded_wait": True}])
+    monkeypatch.setattr(executor_module.ray, "get_actor", lambda name, namespace: new)
+    assert executor.matches(8, 0.0, ("ray-actor", "units", "run-000008-pong"))
+    assert executor.watch(8, False)
+    assert [c.args for c in new.calls if c.method == "wait"] == [(executor_module.RUN_WAIT_S,)]
+
+
+def test_an_error_raised_in_an_actors_wait_ends_that_run_as_a_logged_crash(
+    executor: RayExecutor, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = Handle(wait=[task_error(TypeError("RunActor.wait() takes 1 positional argument but 2 were given"))])
+    executor._track(5, _Run("run-000005-pong", failing, None, node_id="n1"))
+    ref = failing.calls[0]
+    with caplog.at_level(logging.ERROR, logger="fleetd.cluster.executor"):
+        exited = executor._collect([ref])  # what the loop does with a ready ref: no exception escapes
+    assert [(e.pid, e.status.code, e.status.signal, e.status.node_lost) for e in exited] == [(5, None, None, False)]
+    assert 5 in executor._ended and 5 not in executor._runs
+    assert any("run-000005-pong: waiting for its exit failed" in r.getMessage() and "TypeError: RunActor.wait() takes 1" in r.getMessage()
+               for r in caplog.records)
+
+
+# -- the run actor's relay of reports to the hub -------------------------------------------------
+
+
+def relay(hub: Handle) -> RunActor:
+    """A run actor's relay side alone: no worker, no socket."""
+    actor = RunActor.__new__(RunActor)
+    actor._hub, actor._namespace = hub, "units"
+    actor._pending = deque()
+    return actor
+
+
+def test_a_batch_the_hub_may_have_taken_is_not_sent_again(fake_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ActorUnavailableError: the hub did not answer, and may have run the put. A second copy of
+    a batch would be reports taken twice (a second ResumedReport resets the run's counters)."""
+    hub = Handle(put=[ActorUnavailableError("connection lost", None)])
+    looked_up: list[str] = []
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: looked_up.append(namespace) or Handle())
+    actor = relay(hub)
+    actor._deliver([b"r1", b"r2"], final=True)
+    assert [c.args for c in hub.calls] == [([b"r1", b"r2"],)] and looked_up == []
+
+
+def test_a_batch_whose_hub_died_goes_to_the_hub_found_again_by_name(fake_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = Handle(put=[ActorDiedError()])
+    replacement = Handle()
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: replacement)
+    actor = relay(hub)
+    actor._deliver([b"r1"], final=True)
+    assert [c.args for c in hub.calls] == [([b"r1"],)]
+    assert [c.args for c in replacement.calls] == [([b"r1"],)] and actor._hub is replacement
+
+
+def test_a_batch_while_the_worker_runs_is_not_waited_for_the_final_one_waits_for_all(fake_ray: None) -> None:
+    """A slow hub: the relay reads on (the worker's datagrams are not left in the socket, nor its
+    exit held past the actor's wait for the relay); the final batch waits for all puts."""
+    hub = Handle(put=[PENDING, PENDING])
+    actor = relay(hub)
+    actor._deliver([b"r1"])
+    actor._deliver([b"r2"])
+    assert BLOCKED == [] and len(actor._pending) == 2
+    for call in hub.calls:
+        call.ready = True  # the hub took them
+    actor._deliver([b"r3"], final=True)
+    assert [c.args for c in hub.calls] == [([b"r1"],), ([b"r2"],), ([b"r3"],)] and not actor._pending
+
+
+def test_batches_a_dead_hub_failed_go_to_its_replacement_in_order(fake_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = Handle(put=[ActorDiedError(), ActorDiedError()])
+    replacement = Handle()
+    looked_up: list[Handle] = []
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: looked_up.append(replacement) or replacement)
+    actor = relay(hub)
+    actor._deliver([b"r1"])
+    actor._deliver([b"r2"])  # r1's failure is seen now: the hub is looked up again
+    actor._deliver([b"r3"], final=True)
+    assert [c.args for c in replacement.calls] == [([b"r1"],), ([b"r2"],), ([b"r3"],)]
+    assert len(looked_up) == 1 and not actor._pending
+
+
+def test_an_actor_whose_handle_refuses_a_timeout_is_asked_without_one(executor: RayExecutor) -> None:
+    """Ray checks a call against the method's signature where the handle was got: an earlier
+    fleetd's actor that did not say so in `where` refuses the timeout at once, with a TypeError."""
+
+    class Refusing(Handle):
+        def __getattr__(self, name: str) -> Method:
+            method = super().__getattr__(name)
+            if name == "wait":
+                plain = method.remote
+
+                def remote(*args: Any) -> Ref:
+                    if args:
+                        raise TypeError("too many positional arguments")
+                    return plain()
+
+                method.remote = remote  # type: ignore[method-assign]
+            return method
+
+    old = Refusing(wait=[{"code": 3, "signal": None}])
+    executor._track(6, _Run("run-000006-pong", old, None, node_id="n1"))
+    assert [c.args for c in old.calls if c.method == "wait"] == [()]
+    exited = executor._exited(6, executor._runs[6].wait_ref)
+    assert exited is not None and exited.status.code == 3
