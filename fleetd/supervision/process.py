@@ -297,7 +297,8 @@ class WorkerProcess:
             return Outcome("completed", State.EXITED, "completed: goal reached")
         if code == ExitCode.CHECKPOINTS_UNUSABLE:
             return Outcome("checkpoints_unusable", State.FATAL, "checkpoints unusable: none verifies and loads "
-                           "(its checkpoint_skipped events say why each was passed over); to start afresh: "
+                           "(its checkpoint_skipped events say why each was passed over; with [cluster] storage a URL, the "
+                           "run's log and the daemon's do); to start afresh: "
                            "games rm, then games add --kept set-aside")
         if code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
