@@ -200,6 +200,26 @@ def test_batches_a_dead_hub_failed_go_to_its_replacement_in_order(fake_ray: None
     assert len(looked_up) == 1 and not actor._pending
 
 
+def test_a_batch_sent_to_the_new_hub_does_not_overtake_one_whose_failure_is_seen_later(
+    fake_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r1 and r2 both went to the hub before it died; r1's failure is seen first, r2's is not yet
+    when r3 goes. r2 goes again with r1, before r3: the daemon takes them in the worker's order."""
+    hub = Handle(put=[ActorDiedError(), ActorDiedError()])
+    replacement = Handle()
+    monkeypatch.setattr(actors_module, "report_hub", lambda namespace: replacement)
+    actor = relay(hub)
+    actor._deliver([b"r1"])
+    hub.calls[0].ready = False  # r1's put under way
+    actor._deliver([b"r2"])
+    hub.calls[0].ready, hub.calls[1].ready = True, False  # r1's failure is in; r2's is not yet
+    actor._deliver([b"r3"])
+    hub.calls[1].ready = True
+    actor._deliver([b"r4"], final=True)
+    assert [c.args for c in replacement.calls] == [([b"r1"],), ([b"r2"],), ([b"r3"],), ([b"r4"],)]
+    assert not actor._pending
+
+
 def test_an_actor_whose_handle_refuses_a_timeout_is_asked_without_one(executor: RayExecutor) -> None:
     """Ray checks a call against the method's signature where the handle was got: an earlier
     fleetd's actor that did not say so in `where` refuses the timeout at once, with a TypeError."""

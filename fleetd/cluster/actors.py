@@ -267,9 +267,9 @@ class RunActor:
     def _settle(self, deadline: float | None) -> None:
         """Looks at the puts sent, in order: those done leave; until `deadline` (None: not at all)
         it waits for the rest. A put that failed because the hub died (ActorDiedError) is sent
-        again, once, to the hub looked up by name again (the daemon's replacement, or a new one);
-        one whose hub only did not answer (ActorUnavailableError: it may have taken it) is not,
-        as a report taken twice is not the same report (a second ResumedReport resets counters)."""
+        again, once, with every later one put to that hub (`_resend`); one whose hub only did not
+        answer (ActorUnavailableError: it may have taken it) is not, as a report taken twice is
+        not the same report (a second ResumedReport resets counters)."""
         while self._pending:
             ref, sent, hub, resent = self._pending[0]
             left = 0.0 if deadline is None else deadline - time.monotonic()
@@ -282,18 +282,31 @@ class RunActor:
             try:
                 ray.get(ref)
             except ActorDiedError:
-                if resent:
-                    continue
-                if hub is self._hub:  # not looked up again since this put went
-                    try:
-                        self._hub = report_hub(self._namespace)
-                    except Exception:  # noqa: BLE001 - the head is unreachable: this batch is lost
-                        continue
-                self._pending.append((self._hub.put.remote(sent), sent, self._hub, True))
+                if not resent:  # a resend that failed too is lost
+                    self._resend(hub, sent)
             except ActorUnavailableError as exc:
                 log.warning("the report hub did not answer (%s): %d reports may be lost", exc, len(sent))
             except Exception:  # noqa: BLE001 - gone with the head: this batch is lost
                 continue
+
+
+    def _resend(self, dead: Any, first: list[bytes]) -> None:
+        """The hub `dead` died under the put of `first`: that batch and every later one put to
+        it go again, at once and in the order they were sent, to the hub looked up by name again
+        (the daemon's replacement, or a new one). All at once, so that no batch sent to the new
+        hub since overtakes one whose failure is not seen yet: the reports reach the daemon in
+        the worker's order (a resumed or checkpoint report after a later one would be taken as
+        the newer)."""
+        again = [first] + [batch for _, batch, hub, resent in self._pending if hub is dead and not resent]
+        self._pending = deque(p for p in self._pending if p[2] is not dead)
+        try:
+            self._hub = report_hub(self._namespace)
+        except Exception:  # noqa: BLE001 - the head is unreachable: these batches are lost
+            log.warning("the report hub died and could not be found again: %d reports lost",
+                        sum(len(batch) for batch in again))
+            return
+        for batch in again:
+            self._pending.append((self._hub.put.remote(batch), batch, self._hub, True))
 
 
 def _worker_env(cpu_threads: int, gpu_ids: list) -> dict[str, str]:
