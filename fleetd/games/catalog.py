@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.module_envs import MODULE_FORM_HINT, ModuleEnvFindings, check_findings, check_form
@@ -25,6 +26,13 @@ LISTING_TIMEOUT_S = 120
 # A module env that does not check out is asked again after this long, not the next minute's
 # requests each (an apply retried in a loop): the user may install the package and retry.
 REFUSAL_KEPT_S = 10.0
+
+
+class EnvCheck(Protocol):
+    """What checking a game's env id takes: `EnvCatalog`, or one that remembers its answers
+    (`fleetd apply` checks each id once, before its write transaction)."""
+
+    def check(self, env_id: str, field: str = "env_id") -> None: ...
 
 
 class EnvCatalog:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
@@ -93,7 +93,7 @@ class GamePlan:
 # -- planning ----------------------------------------------------------------------------------
 
 
-def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCatalog, restart: bool,
+def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCheck, restart: bool,
                workers: LiveWorkers = NO_WORKERS, kept: Mapping[str, Found | FleetdError] | None = None) -> list[GamePlan]:
     """What applying `games` would do, every entry checked first (FleetdError names the culprit).
     `kept`: the names a removed game left checkpoints under (`kept_of_new`), or why they could not
@@ -119,7 +119,7 @@ def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
         seen.add(entry.name)
 
 
-def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCatalog, restart: bool,
+def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCheck, restart: bool,
           workers: LiveWorkers) -> GamePlan:
     prefix = f"games[{index}]."
     if isinstance(entry, AbsentGame):
@@ -229,7 +229,7 @@ def _draft(entry: FleetGame) -> GameDraft:
 # -- applying ----------------------------------------------------------------------------------
 
 
-def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame], catalog: EnvCatalog,
+def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame], catalog: EnvCheck,
                 files_of: Callable[[str], KeptFiles], dry_run: bool = False, restart: bool = False,
                 workers: LiveWorkers = NO_WORKERS) -> list[GamePlan]:
     """Plan, check, and (unless `dry_run`) write every change in one transaction; a `restart`
@@ -243,11 +243,11 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     # busy_timeout for the lock, then fail. Planned again inside, against the games as written
     # (a removal, as remove_game), where the env ids are the ones already checked.
     with db.transaction() as session:
-        plans = plan_fleet(session, games, checked, restart, workers, kept)  # type: ignore[arg-type]
+        plans = plan_fleet(session, games, checked, restart, workers, kept)
     if dry_run:
         return plans
     with db.transaction(immediate=True) as session:
-        plans = plan_fleet(session, games, checked, restart, workers, kept)  # type: ignore[arg-type]
+        plans = plan_fleet(session, games, checked, restart, workers, kept)
         for plan in plans:
             _write(session, clock, plan, entries[plan.name])
     return plans
@@ -257,7 +257,7 @@ class _CheckedOnce:
     """The catalog's check, asked once per env id: the plan before the write transaction asks
     it (slow: a listing, a module's import), the plan inside finds it answered."""
 
-    def __init__(self, catalog: EnvCatalog) -> None:
+    def __init__(self, catalog: EnvCheck) -> None:
         self._catalog = catalog
         self._passed: set[str] = set()
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import Kept, KeptFiles, sort_kept
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.health.settings import HealthSettingError, settings_for
@@ -37,7 +37,7 @@ def shown_reason(game: GameRecord, snapshot: FleetSnapshot | None) -> str | None
     return game.state_reason
 
 
-def check_draft(draft: GameDraft, catalog: EnvCatalog, field_prefix: str = "") -> None:
+def check_draft(draft: GameDraft, catalog: EnvCheck, field_prefix: str = "") -> None:
     """The checks a type cannot express: the env id exists; the worker accepts the hyperparams."""
     catalog.check(draft.env_id, f"{field_prefix}env_id")
     try:
@@ -63,7 +63,7 @@ def refuse_field(field: str, reason: str) -> None:
     raise FleetdError(ErrorCode.VALIDATION, f"{field}: {reason}", {"errors": [{"field": field, "reason": reason}]})
 
 
-def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCatalog,
+def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
              files: KeptFiles | None = None, kept: Kept | None = None) -> GameRecord:
     """`files`: where a removed game of the name may have left checkpoints, and `kept` what to do
     with them (fleetd/games/kept.py); None for an import, which checked them itself."""
@@ -148,7 +148,7 @@ def seeding_needed(db: Database) -> bool:
         return not any(read_events(session, EventFilter(kind=kind, limit=1)) for kind in markers)
 
 
-def check_seeds(seeds: list[GameSeed], catalog: EnvCatalog) -> list[GameDraft]:
+def check_seeds(seeds: list[GameSeed], catalog: EnvCheck) -> list[GameDraft]:
     """Every [[games]] entry checked as `fleetd games add` would, before anything is recorded."""
     drafts = [GameDraft(**seed.model_dump()) for seed in seeds]
     seen: set[str] = set()

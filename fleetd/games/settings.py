@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.catalog import EnvCatalog
+from fleetd.games.catalog import EnvCheck
 from fleetd.games.fields import SettingChange, key_changes, when_taken
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
@@ -87,7 +87,7 @@ def trained(game: GameRecord) -> bool:
 
 
 def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[SettingChange],
-                  catalog: EnvCatalog, prefix: str = "") -> None:
+                  catalog: EnvCheck, prefix: str = "") -> None:
     """The game with its new settings is checked as `games add` would check it; then every
     changed hyperparameter must be one this game's algorithm takes, and may change on resume."""
     draft = GameDraft(name=game.name, env_id=game.env_id, algo=game.algo,
@@ -137,7 +137,7 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
     return updated
 
 
-def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCatalog,
+def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCheck,
                     restart: bool = False, workers: LiveWorkers = NO_WORKERS) -> SettingsUpdate:
     """`PATCH /games/{name}`: check, store, record (no change, no event). The live worker
     restarts now for new sizes, or with `restart` for any setting it was not started with,
