@@ -1,4 +1,7 @@
-"""APScheduler, configured one way: stable ids, one instance per job, missed runs coalesced."""
+"""APScheduler, configured one way: stable ids, one instance per job, missed runs coalesced
+into one that goes ahead however late (APScheduler's default skips a run more than a second late:
+a daemon stalled that long, a host swapping under load, would skip its sd_notify job's WATCHDOG=1
+for a whole interval, and systemd kill a daemon that was only slow)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ def build_scheduler(jobs: Iterable[Job]) -> BackgroundScheduler:
             id=job.id,
             max_instances=1,
             coalesce=True,
+            misfire_grace_time=None,
             replace_existing=True,
         )
     return scheduler
