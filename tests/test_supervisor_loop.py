@@ -593,6 +593,24 @@ def test_the_latest_back_off_survives_a_daemon_restart(loop: Loop) -> None:
     assert again.governor_view(loop.sup._slots()).last_backoff == before
 
 
+def test_the_ladder_says_for_how_many_games_a_rung_is_proven(loop: Loop) -> None:
+    """`fleetd tier`'s ladder: a rung proven with fewer games than it holds said "proven" alone,
+    while the governor admits the games beyond those one a stable window."""
+    from fleetd.store.fleet import save_rung
+    from fleetd.store.records import RungMemory
+
+    loop.start()
+    rung = loop.sup.fleet.governor.rung
+    with loop.db.transaction() as session:
+        save_rung(session, RungMemory(rung.games, rung.num_envs, proven_at=loop.clock.now(), proven_games=1, stable_s=3600))
+    lines = FleetController(loop.settings.fleet, loop.db, loop.clock, telemetry=None).governor_view([]).rungs
+    assert f"{rung.label}: {rung.load} envs, proven with 1 of {rung.games} games, stable 1.0 h <- here" in lines
+    with loop.db.transaction() as session:
+        save_rung(session, RungMemory(rung.games, rung.num_envs, proven_at=loop.clock.now(), proven_games=rung.games, stable_s=3600))
+    lines = FleetController(loop.settings.fleet, loop.db, loop.clock, telemetry=None).governor_view([]).rungs
+    assert f"{rung.label}: {rung.load} envs, proven, stable 1.0 h <- here" in lines
+
+
 def test_a_game_removed_between_the_supervisors_read_and_its_start_is_let_go(loop: Loop, tmp_path: Path) -> None:
     # `games start a` then `games rm a` at once: the removal (a stopped game, no open run) lands
     # after the supervisor read the games and before it began a's run. The loop raised on the

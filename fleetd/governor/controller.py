@@ -248,7 +248,9 @@ class FleetController:
         lines = []
         for index, rung in enumerate(governor.ladder[: governor.top() + 1]):
             memory = governor.remembered(index)
-            known = [f"proven, stable {memory.stable_s / 3600:.1f} h" if memory.proven else "unproven"]
+            games = governor.proven_games(index)
+            proven = "proven" if games >= rung.games else f"proven with {games} of {rung.games} games"
+            known = [f"{proven}, stable {memory.stable_s / 3600:.1f} h" if memory.proven else "unproven"]
             if memory.failures:
                 known.append(f"failed {memory.failures}x")
             if memory.retry_at is not None and memory.retry_at > now:
