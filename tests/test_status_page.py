@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.api.schemas import FleetOut, SettingsOut
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
@@ -260,3 +262,34 @@ def test_a_refresh_asked_for_while_one_runs_is_run_after_it_not_lost() -> None:
     # not the one shown), and the refresh the turn asked for runs as soon as it ends.
     call = "((load) => [mayRefresh(load), mayRefresh(load), load])({ running: false, again: false })"
     assert page_function("mayRefresh", call) == [True, False, {"running": True, "again": True}]
+
+
+# renderFleet's list as "term: value" lines, with the DOM's `h` and the list stood in for.
+FACT_STUBS = """
+const text = (n) => (typeof n === 'object' && n !== null ? (n.kids || []).map(text).join('') : String(n));
+globalThis.h = (tag, attrs, ...kids) => ({ tag, kids: kids.flat().filter((k) => k !== null && k !== undefined && k !== false) });
+globalThis.list = { kids: [], replaceChildren() { this.kids = []; }, appendChild(kid) { this.kids.push(kid); } };
+globalThis.$ = () => list;
+globalThis.facts = () => Object.fromEntries(list.kids.filter((_, i) => i % 2 === 0).map((dt, i) => [text(dt), text(list.kids[2 * i + 1])]));
+"""
+
+
+def fleet_facts(fleet: dict[str, object]) -> dict[str, str]:
+    call = f"(renderFleet({json.dumps(fleet)}, Date.parse('2026-01-01T00:05:00Z')), facts())"
+    needs = ("isNum", "DASH", "pad", "toMs", "fmtTime", "fmtDuration", "fmtRelative", "fact", "tierAsked")
+    return page_function("renderFleet", call, needs=needs, stubs=FACT_STUBS)
+
+
+def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it() -> None:
+    # GET /fleet's `ceiling` is a rung's label ("3x32"), not a number: the page tested it with
+    # isNum, so a ceiling was never shown there, where `fleetd fleet` shows it.
+    settings = SettingsOut(num_envs=32, batch_size=512, reason="light tier values")
+    fleet = FleetOut(
+        mode="auto", requested="auto", tier="light", level=2, allowed=2, ceiling="3x32",
+        ceiling_until=datetime(2026, 1, 1, 1, 0, tzinfo=UTC), admitted=["a", "b"], pending=["c"], next_scale_up_at=None,
+        waiting_reason="3x32 waits out a failure", rung="2x32 (light)", rungs=[], last_backoff=None, pressure=[],
+        expected_reboots=[], settings=settings, tiers={}, telemetry={},
+    ).model_dump(mode="json")  # fmt: skip
+    allowed = fleet_facts(fleet)["games allowed"]
+    assert re.fullmatch(r"2 · level 2 · waiting out a failure: 3x32 until \d{4}-\d\d-\d\d \d\d:\d\d", allowed), allowed  # local time
+    assert fleet_facts({**fleet, "ceiling": None, "ceiling_until": None})["games allowed"] == "2 · level 2"

@@ -433,7 +433,8 @@
     fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
-      isNum(fleet.ceiling) ? h('span', { class: 'warn' }, ' · ceiling ' + fleet.ceiling +
+      // The rung above, held back while it waits out a failure (a label, as `fleetd fleet` shows it).
+      fleet.ceiling ? h('span', { class: 'warn' }, ' · waiting out a failure: ' + fleet.ceiling +
         (fleet.ceiling_until ? ' until ' + fmtTime(fleet.ceiling_until) : '')) : null);
     fact(list, 'admitted', h('span', { class: 'num' }, String((fleet.admitted || []).length)), ' ',
       h('span', { class: 'muted' }, (fleet.admitted || []).join(', ')));
