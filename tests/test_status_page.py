@@ -293,3 +293,89 @@ def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it()
     allowed = fleet_facts(fleet)["games allowed"]
     assert re.fullmatch(r"2 · level 2 · waiting out a failure: 3x32 until \d{4}-\d\d-\d\d \d\d:\d\d", allowed), allowed  # local time
     assert fleet_facts({**fleet, "ceiling": None, "ceiling_until": None})["games allowed"] == "2 · level 2"
+
+
+# The whole app.js under node: a DOM that keeps each element's children, text and `hidden`, and a
+# fetch that answers each path from `answers` ({path without query: [status, body]}), held until
+# `release()` while `hold` is set, so that a test can act while a refresh's requests are out.
+PAGE_HARNESS = """
+class Node {
+  constructor(tag) { Object.assign(this, { tag, kids: [], attrs: {}, dataset: {}, hidden: false, listeners: {}, own: '' }); }
+  appendChild(kid) { this.kids.push(kid); return kid; }
+  replaceChildren(...kids) { this.kids = kids.map((k) => (k instanceof Node ? k : document.createTextNode(String(k)))); }
+  setAttribute(key, value) { this.attrs[key] = value; }
+  set textContent(value) { this.own = String(value); this.kids = []; }
+  get textContent() { return this.own + this.kids.map((k) => k.textContent).join(''); }
+  addEventListener(kind, fn) { (this.listeners[kind] ||= []).push(fn); }
+  focus() {}
+}
+globalThis.Node = Node;
+const byId = {};
+const text = (t) => Object.assign(new Node('#text'), { own: t });
+globalThis.document = { getElementById: (id) => (byId[id] ||= new Node('div')), createElement: (tag) => new Node(tag),
+  createElementNS: (ns, tag) => new Node(tag), createTextNode: text, body: new Node('body'), hidden: false, addEventListener() {} };
+const stored = {};
+globalThis.sessionStorage = { getItem: (k) => stored[k] ?? null, setItem: (k, v) => { stored[k] = v; }, removeItem: (k) => { delete stored[k]; } };
+globalThis.location = { hash: '#token=' + 'k'.repeat(32), pathname: '/', search: '', origin: 'http://127.0.0.1:8642' };
+globalThis.history = { replaceState: (state, title, url) => { location.hash = url.includes('#') ? url.slice(url.indexOf('#')) : ''; } };
+globalThis.window = { addEventListener() {} };
+globalThis.setTimeout = () => 0;
+globalThis.clearTimeout = () => {};
+const held = [];
+globalThis.fetch = (url) => {
+  const [status, body] = answers[url.replace('/api/v1', '').split('?')[0]] || [404, { error: { message: 'not found', details: {} } }];
+  const response = { ok: status < 400, status, statusText: '', json: async () => body, text: async () => '' };
+  return hold ? new Promise((resolve) => held.push(() => resolve(response))) : Promise.resolve(response);
+};
+const settle = async () => { for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve)); };
+globalThis.release = async () => { await settle(); while (held.length) { held.shift()(); await settle(); } };
+globalThis.$ = (id) => document.getElementById(id);
+"""
+
+
+def run_page(answers: dict[str, object], scenario: str, hold: bool = True) -> object:
+    """app.js, started with a token in the fragment, then `scenario` (an async body); its result."""
+    if shutil.which(NODE) is None:
+        pytest.skip("needs node to run the page")
+    program = "\n".join([
+        f"globalThis.answers = {json.dumps(answers)}; globalThis.hold = {json.dumps(hold)};", PAGE_HARNESS,
+        (WEB / "app.js").read_text(),
+        f"(async () => {{ {scenario} }})().then((r) => console.log(JSON.stringify(r)));",
+    ])  # fmt: skip
+    result = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def api_answers(client: TestClient, db: Database, clock: FakeClock) -> dict[str, object]:
+    """What the page reads, as the app answers it over a real store: a game that has not trained."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.post("/api/v1/games", json={"name": "pong", "env_id": "CartPole-v1", "algo": "ppo"}, headers=headers).status_code == 201
+    answers: dict[str, object] = {}
+    for path in ("/games", "/boots", "/uptime", "/hosts"):
+        response = client.get("/api/v1" + path, headers=headers)
+        assert response.status_code == 200, response.text
+        answers[path] = [200, response.json()]
+    # No governor runs behind this app (GET /fleet is 503 until its first step): the fleet as it answers.
+    fleet = FleetOut(mode="auto", requested="auto", tier="light", level=1, allowed=1, ceiling=None, ceiling_until=None,
+                     admitted=["pong"], pending=[], next_scale_up_at=None, waiting_reason="", rung="1x32", rungs=[],
+                     last_backoff=None, pressure=[], expected_reboots=[], settings=SettingsOut(num_envs=32, batch_size=512, reason=""),
+                     tiers={}, telemetry={})  # fmt: skip
+    answers["/fleet"] = [200, fleet.model_dump(mode="json")]
+    return answers
+
+
+def test_a_token_forgotten_while_a_refresh_is_out_keeps_the_token_field_not_the_fleet(api_answers: dict[str, object]) -> None:
+    # "forget token" clicked while the page's requests were out: their answers drew the fleet
+    # again over the token field (which they hid), though the token was gone and nothing polled.
+    scenario = """
+      $('logout').listeners.click[0]();
+      await release();
+      return { login: !$('login').hidden, main: !$('main').hidden, state: document.body.dataset.state,
+               rows: $('games-body').kids.length, token: sessionStorage.getItem('fleetd.token') };
+    """
+    shown = run_page(api_answers, scenario)
+    assert shown == {"login": True, "main": False, "state": "login", "rows": 0, "token": None}
+    # Without the click, the same answers draw the fleet.
+    drawn = run_page(api_answers, "await release(); return [document.body.dataset.state, $('games-body').kids.length];")
+    assert drawn == ["ready", 1]

@@ -999,7 +999,11 @@
       showLogin();
       return;
     }
-    let page = paging.index; // what this refresh loads is dropped if another page is turned to meanwhile
+    const token = readToken();
+    let page = paging.index;
+    // What this refresh loads is dropped if another page is turned to meanwhile, or the token is
+    // forgotten (or another given) meanwhile: a forgotten token's fleet is not shown again.
+    const stale = () => paging.index !== page || readToken() !== token;
     try {
       // The projection covers every game: it may take longer, so the rest does not wait for it.
       const projectionLoad = api('/projection', { optional: true }).catch((error) => {
@@ -1009,12 +1013,12 @@
       let [games, fleet, boots, uptime, hosts] = await Promise.all([
         api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
-      if (paging.index !== page) return;
+      if (stale()) return;
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
         Object.assign(paging, { cursors: [null], index: 0 });
         page = 0;
         games = await api(gamesPath());
-        if (paging.index !== page) return;
+        if (stale()) return;
       }
       paging.next = games.next_cursor || null;
       const items = games.items || [];
@@ -1030,7 +1034,7 @@
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);
       forgetUnusedSeries();
-      if (paging.index !== page) return;
+      if (stale()) return;
       // The server's clock, so a skewed laptop clock does not shift the timeline.
       const serverNow = toMs(uptime.daemon_started_at) + uptime.daemon_uptime_s * 1000;
       const nowMs = Number.isFinite(serverNow) ? serverNow : Date.now();
@@ -1054,7 +1058,7 @@
       renderHosts(clusterHosts, nowMs);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
-      if (paging.index !== page) return;
+      if (stale()) return;
       renderGames(items, lastProjection);
       renderProjection(projection);
       if (shownGame) await showGameLog(shownGame);
@@ -1064,6 +1068,7 @@
       document.body.dataset.state = 'ready';
       document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
     } catch (error) {
+      if (readToken() !== token) return; // forgotten meanwhile: the token field stays
       if (error instanceof AuthError) {
         storeToken('');
         showLogin(error.message); // and no polling (finally) until a token is given
