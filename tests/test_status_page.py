@@ -379,3 +379,28 @@ def test_a_token_forgotten_while_a_refresh_is_out_keeps_the_token_field_not_the_
     # Without the click, the same answers draw the fleet.
     drawn = run_page(api_answers, "await release(); return [document.body.dataset.state, $('games-body').kids.length];")
     assert drawn == ["ready", 1]
+
+
+@pytest.mark.parametrize(
+    ("hours", "shown"),
+    [
+        (0.5, "30 min"),
+        (0.9999, "1.0 h"),  # 59.99 min: not "60 min"
+        (1, "1.0 h"),
+        (47.94, "47.9 h"),
+        (47.96, "2.0 d"),  # rounds to 48.0 h: not "48.0 h"
+        (48, "2.0 d"),
+    ],
+)
+def test_hours_take_their_unit_after_rounding(hours: float, shown: str) -> None:
+    # ETAs and the plan: a unit was chosen before rounding, as fmtCompact's once was.
+    assert page_function("fmtHours", f"fmtHours({hours})", needs=("isNum", "DASH")) == shown
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(512 * 2**20, "512 MiB"), (2**30 - 2**19, "1.0 GiB"), (2**30 - 2**20, "1023 MiB"), (80 * 2**30, "80.0 GiB")],
+)
+def test_bytes_take_their_unit_after_rounding(size: int, shown: str) -> None:
+    # GPU and host memory: 1023.5 MiB was "1024 MiB".
+    assert page_function("fmtBytes", f"fmtBytes({size})", needs=("isNum", "DASH")) == shown

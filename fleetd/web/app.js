@@ -200,10 +200,12 @@
     return Math.floor(hours / 24) + ' d ' + (hours % 24) + ' h';
   }
 
+  // Each unit after rounding to it, as fmtCompact: 59.9 min is 1.0 h, not 60 min; 47.96 h is 2.0 d.
   function fmtHours(hours) {
     if (!isNum(hours)) return DASH;
-    if (hours < 1) return Math.round(hours * 60) + ' min';
-    if (hours < 48) return hours.toFixed(1) + ' h';
+    const minutes = Math.round(hours * 60);
+    if (minutes < 60) return minutes + ' min';
+    if (Number(hours.toFixed(1)) < 48) return hours.toFixed(1) + ' h';
     return (hours / 24).toFixed(1) + ' d';
   }
 
@@ -213,8 +215,8 @@
 
   function fmtBytes(bytes) {
     if (!isNum(bytes)) return DASH;
-    const gib = bytes / 2 ** 30;
-    return gib >= 1 ? gib.toFixed(1) + ' GiB' : (bytes / 2 ** 20).toFixed(0) + ' MiB';
+    const mib = Math.round(bytes / 2 ** 20); // 1023.6 MiB is 1.0 GiB, not 1024 MiB
+    return Math.abs(mib) >= 1024 ? (bytes / 2 ** 30).toFixed(1) + ' GiB' : mib + ' MiB';
   }
 
   // [costs] currency is a symbol ("$", "€") or an ISO code ("EUR").
