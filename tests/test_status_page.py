@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.api.schemas import FleetOut, SettingsOut
+from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
@@ -404,3 +404,37 @@ def test_hours_take_their_unit_after_rounding(hours: float, shown: str) -> None:
 def test_bytes_take_their_unit_after_rounding(size: int, shown: str) -> None:
     # GPU and host memory: 1023.5 MiB was "1024 MiB".
     assert page_function("fmtBytes", f"fmtBytes({size})", needs=("isNum", "DASH")) == shown
+
+
+# linePlot's figure as nested {tag, attrs, kids}: `marks()` lists its learning-health marks.
+PLOT_STUBS = """
+globalThis.svg = globalThis.h = (tag, attrs, ...kids) => ({ tag, attrs: attrs || {},
+  kids: kids.flat().filter((k) => k !== null && k !== undefined && k !== false), appendChild(k) { this.kids.push(k); return k; } });
+const text = (n) => (typeof n === 'object' && n !== null ? (n.kids || []).map(text).join('') : String(n));
+globalThis.marks = (node, out = []) => {
+  if (node && typeof node === 'object') {
+    if (node.attrs && node.attrs['data-mark']) out.push({ mark: node.attrs['data-mark'], cx: node.attrs.cx, title: text(node) });
+    (node.kids || []).forEach((kid) => marks(kid, out));
+  }
+  return out;
+};
+"""
+PLOT_NEEDS = ("isNum", "DASH", "pad", "toMs", "fmtTime", "fmtClock", "fmtInt", "fmtCompact", "thin", "median", "niceTicks", "PLOT", "markPlot")
+
+
+def eval_plot_marks(values: list[float], best: float) -> list[dict[str, str]]:
+    points = [SampleOut(at=datetime(2026, 1, 2, hour, tzinfo=UTC), value=v).model_dump(mode="json") for hour, v in enumerate(values)]
+    call = (f"marks(linePlot({json.dumps(points)}, {{ label: 'eval return', format: fmtCompact, key: 'g:eval_return', "
+            f"marks: {{ best: {best}, bestSteps: 40000, rollbacks: [] }} }}))")  # fmt: skip
+    return page_function("linePlot", call, needs=PLOT_NEEDS, stubs=PLOT_STUBS)
+
+
+def test_the_best_evaluation_is_ringed_where_it_was_reached_and_only_there() -> None:
+    # Within the plot's 24 h: the ring is on the first sample at the best (eval_return repeats
+    # the latest evaluation until the next one).
+    ringed = eval_plot_marks([1.0, 12.5, 12.5, 8.0], best=12.5)
+    assert [m["mark"] for m in ringed] == ["best"] and ringed[0]["title"] == "best evaluation 12.5 at 40,000 steps"
+    assert float(ringed[0]["cx"]) < float(eval_plot_marks([1.0, 2.0, 12.5, 12.5], best=12.5)[0]["cx"])
+    # Reached before the plot's 24 h: the ring was drawn on the nearest value (8, the newest),
+    # titled "best evaluation 50"; there is no such evaluation in the plot, so no ring.
+    assert eval_plot_marks([1.0, 4.0, 8.0], best=50.0) == []

@@ -396,8 +396,10 @@
   // Learning health on the eval plot: a ring on the best evaluation, a dashed line at each
   // rollback to the best-evaluated checkpoint (docs/learning-health.md).
   function markPlot(chart, points, marks, { x, y, t0, t1, top, innerH, format }) {
-    if (isNum(marks.best)) {
-      const best = points.reduce((a, p) => (Math.abs(p[1] - marks.best) < Math.abs(a[1] - marks.best) ? p : a), points[0]);
+    // The first sample at the best: when it was reached. None when that was before this plot's
+    // 24 h: a ring on the nearest value would call another evaluation the best.
+    const best = isNum(marks.best) ? points.find((p) => Math.abs(p[1] - marks.best) <= 1e-9 * Math.max(1, Math.abs(marks.best))) : null;
+    if (best) {
       chart.appendChild(svg('circle', { class: 'best', cx: x(best[0]).toFixed(1), cy: y(best[1]).toFixed(1), r: 4.5, 'data-mark': 'best' },
         svg('title', null, 'best evaluation ' + format(marks.best) + (isNum(marks.bestSteps) ? ' at ' + fmtInt(marks.bestSteps) + ' steps' : ''))));
     }
