@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -438,3 +438,27 @@ def test_the_best_evaluation_is_ringed_where_it_was_reached_and_only_there() -> 
     # Reached before the plot's 24 h: the ring was drawn on the nearest value (8, the newest),
     # titled "best evaluation 50"; there is no such evaluation in the plot, so no ring.
     assert eval_plot_marks([1.0, 4.0, 8.0], best=50.0) == []
+
+
+def test_the_steps_area_is_not_filled_across_a_gap_in_the_samples() -> None:
+    # 5 minutes of samples, 2 hours without (the daemon down), 5 minutes more: the line breaks at
+    # the gap, and the area under it was one shape whose closing edge ran back along the axis to
+    # the first sample, filling a triangle over the 2 hours as if steps had been made there.
+    start = datetime(2026, 1, 2, tzinfo=UTC)
+    samples = [SampleOut(at=start + timedelta(minutes=m), value=1000.0 * m) for m in range(6)]
+    samples += [SampleOut(at=start + timedelta(hours=2, minutes=m), value=5000.0 + 1000.0 * m) for m in range(6)]
+    points = [s.model_dump(mode="json") for s in samples]
+    stubs = PLOT_STUBS + """
+      globalThis.paths = (node, out = {}) => {
+        if (node && typeof node === 'object') { if (node.tag === 'path') out[node.attrs.class] = node.attrs.d; (node.kids || []).forEach((k) => paths(k, out)); }
+        return out;
+      };"""
+    call = f"paths(linePlot({json.dumps(points)}, {{ label: 'steps', format: fmtCompact, kind: 'area', key: 'g:steps' }}))"
+    drawn = page_function("linePlot", call, needs=PLOT_NEEDS, stubs=stubs)
+
+    def spans(d: str) -> list[tuple[float, float]]:  # each subpath's x extent
+        runs = [re.findall(r"[ML]([\d.]+) ", "M" + run) for run in d.split("M")[1:]]
+        return [(min(map(float, xs)), max(map(float, xs))) for xs in runs]
+
+    assert len(spans(drawn["line"])) == 2
+    assert spans(drawn["area"]) == spans(drawn["line"])  # each run filled under itself alone

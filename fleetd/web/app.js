@@ -357,13 +357,15 @@
     for (let i = 1; i < points.length; i++) gaps.push(points[i][0] - points[i - 1][0]);
     const gapMs = Math.max(90000, 10 * median(gaps));
 
-    let d = '';
+    const segments = []; // the runs of samples between gaps
     let previous = null;
     for (const p of thinned) {
-      const cmd = previous === null || p[0] - previous[0] > gapMs ? 'M' : 'L';
-      d += cmd + x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1);
+      if (previous === null || p[0] - previous[0] > gapMs) segments.push([]);
+      segments[segments.length - 1].push(p);
       previous = p;
     }
+    const xy = (p) => x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1);
+    const d = segments.map((run) => 'M' + run.map(xy).join('L')).join('');
 
     const chart = svg('svg', {
       class: 'plot plot-' + kind,
@@ -382,8 +384,9 @@
     grid.appendChild(svg('text', { x: left, y: height - 6, 'text-anchor': 'start' }, fmtClock(t0)));
     grid.appendChild(svg('text', { x: w - right, y: height - 6, 'text-anchor': 'end' }, fmtClock(t1)));
     chart.appendChild(grid);
-    if (kind === 'area' && points.length > 1) {
-      chart.appendChild(svg('path', { class: 'area', d: d + 'L' + x(last[0]).toFixed(1) + ' ' + (top + innerH) + 'L' + x(thinned[0][0]).toFixed(1) + ' ' + (top + innerH) + 'Z' }));
+    if (kind === 'area' && points.length > 1) { // each run filled down to the axis on its own: none across a gap
+      const base = (p) => 'L' + x(p[0]).toFixed(1) + ' ' + (top + innerH);
+      chart.appendChild(svg('path', { class: 'area', d: segments.map((run) => 'M' + run.map(xy).join('L') + base(run[run.length - 1]) + base(run[0]) + 'Z').join('') }));
     }
     chart.appendChild(svg('path', { class: 'line', d }));
     if (marks) markPlot(chart, points, marks, { x, y, t0, t1, top, innerH, format });
