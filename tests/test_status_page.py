@@ -462,3 +462,17 @@ def test_the_steps_area_is_not_filled_across_a_gap_in_the_samples() -> None:
 
     assert len(spans(drawn["line"])) == 2
     assert spans(drawn["area"]) == spans(drawn["line"])  # each run filled under itself alone
+
+
+def test_a_last_page_that_comes_out_full_has_no_cursor_to_an_empty_one(client: TestClient) -> None:
+    # With exactly a page of games the page's pager read "games 1–3 of more" and its "next" led to
+    # an empty page, which sent it back to the first: GET /games gave a cursor after a full last page.
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for i in range(4):
+        body = {"name": f"g{i}", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
+        assert client.post("/api/v1/games", json=body, headers=headers).status_code == 201
+        page = client.get("/api/v1/games", params={"limit": 3}, headers=headers).json()
+        assert len(page["items"]) == min(i + 1, 3)
+        assert (page["next_cursor"] is None) == (i < 3), (i, page["next_cursor"])  # a cursor only while more follow
+    rest = client.get("/api/v1/games", params={"limit": 3, "cursor": page["next_cursor"]}, headers=headers).json()
+    assert [g["name"] for g in rest["items"]] == ["g3"] and rest["next_cursor"] is None
