@@ -297,7 +297,8 @@ def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it()
 
 # The whole app.js under node: a DOM that keeps each element's children, text and `hidden`, and a
 # fetch that answers each path from `answers` ({path without query: [status, body]}), held until
-# `release()` while `hold` is set, so that a test can act while a refresh's requests are out.
+# `release()` (or `answerNewestFirst()`) while `hold` is set, so that a test can act while requests
+# are out; `goTo(hash)` follows a link within the page.
 PAGE_HARNESS = """
 class Node {
   constructor(tag) { Object.assign(this, { tag, kids: [], attrs: {}, dataset: {}, hidden: false, listeners: {}, own: '' }); }
@@ -318,7 +319,9 @@ const stored = {};
 globalThis.sessionStorage = { getItem: (k) => stored[k] ?? null, setItem: (k, v) => { stored[k] = v; }, removeItem: (k) => { delete stored[k]; } };
 globalThis.location = { hash: '#token=' + 'k'.repeat(32), pathname: '/', search: '', origin: 'http://127.0.0.1:8642' };
 globalThis.history = { replaceState: (state, title, url) => { location.hash = url.includes('#') ? url.slice(url.indexOf('#')) : ''; } };
-globalThis.window = { addEventListener() {} };
+const windowListeners = {};
+globalThis.window = { addEventListener: (kind, fn) => (windowListeners[kind] ||= []).push(fn) };
+globalThis.goTo = (hash) => { location.hash = hash; (windowListeners.hashchange || []).forEach((fn) => fn()); };
 globalThis.setTimeout = () => 0;
 globalThis.clearTimeout = () => {};
 const held = [];
@@ -329,6 +332,7 @@ globalThis.fetch = (url) => {
 };
 const settle = async () => { for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve)); };
 globalThis.release = async () => { await settle(); while (held.length) { held.shift()(); await settle(); } };
+globalThis.answerNewestFirst = async () => { await settle(); while (held.length) { held.pop()(); await settle(); } };
 globalThis.$ = (id) => document.getElementById(id);
 """
 
@@ -476,3 +480,21 @@ def test_a_last_page_that_comes_out_full_has_no_cursor_to_an_empty_one(client: T
         assert (page["next_cursor"] is None) == (i < 3), (i, page["next_cursor"])  # a cursor only while more follow
     rest = client.get("/api/v1/games", params={"limit": 3, "cursor": page["next_cursor"]}, headers=headers).json()
     assert [g["name"] for g in rest["items"]] == ["g3"] and rest["next_cursor"] is None
+
+
+def test_the_reboot_shown_is_the_one_last_chosen_whatever_order_the_answers_come_in(
+    client: TestClient, api_answers: dict[str, object]
+) -> None:
+    # Two reboots clicked in turn, the first's answer slower: it replaced the second's, and the
+    # page showed reboot 1 under #boot=2.
+    detail = client.get("/api/v1/boots/1", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    answers = {**api_answers, "/boots/1": [200, detail], "/boots/2": [200, {**detail, "id": 2}]}
+    scenario = """
+      await release();
+      hold = true;
+      goTo('#boot=1');
+      goTo('#boot=2');
+      await answerNewestFirst();
+      return [location.hash, $('boot-detail').textContent.slice(0, 9)];
+    """
+    assert run_page(answers, scenario, hold=False) == ["#boot=2", "Reboot #2"]

@@ -766,11 +766,17 @@
 
   // ---------------------------------------------------------------- one reboot's forensics
 
+  let shownBoot = null;
+
   async function showBoot(id) {
+    shownBoot = id;
     const box = $('boot-detail');
     try {
-      renderBootDetail(box, await api('/boots/' + encodeURIComponent(id)));
+      const boot = await api('/boots/' + encodeURIComponent(id));
+      if (shownBoot !== id) return; // another reboot was chosen meanwhile: its answer is the one shown
+      renderBootDetail(box, boot);
     } catch (error) {
+      if (shownBoot !== id) return;
       box.replaceChildren(h('p', { class: 'bad small' }, 'boot ' + id + ': ' + error.message));
     }
     box.hidden = false;
