@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.uptime import record_daemon_start
@@ -260,3 +262,239 @@ def test_a_refresh_asked_for_while_one_runs_is_run_after_it_not_lost() -> None:
     # not the one shown), and the refresh the turn asked for runs as soon as it ends.
     call = "((load) => [mayRefresh(load), mayRefresh(load), load])({ running: false, again: false })"
     assert page_function("mayRefresh", call) == [True, False, {"running": True, "again": True}]
+
+
+# renderFleet's list as "term: value" lines, with the DOM's `h` and the list stood in for.
+FACT_STUBS = """
+const text = (n) => (typeof n === 'object' && n !== null ? (n.kids || []).map(text).join('') : String(n));
+globalThis.h = (tag, attrs, ...kids) => ({ tag, kids: kids.flat().filter((k) => k !== null && k !== undefined && k !== false) });
+globalThis.list = { kids: [], replaceChildren() { this.kids = []; }, appendChild(kid) { this.kids.push(kid); } };
+globalThis.$ = () => list;
+globalThis.facts = () => Object.fromEntries(list.kids.filter((_, i) => i % 2 === 0).map((dt, i) => [text(dt), text(list.kids[2 * i + 1])]));
+"""
+
+
+def fleet_facts(fleet: dict[str, object]) -> dict[str, str]:
+    call = f"(renderFleet({json.dumps(fleet)}, Date.parse('2026-01-01T00:05:00Z')), facts())"
+    needs = ("isNum", "DASH", "pad", "toMs", "fmtTime", "fmtDuration", "fmtRelative", "fact", "tierAsked")
+    return page_function("renderFleet", call, needs=needs, stubs=FACT_STUBS)
+
+
+def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it() -> None:
+    # GET /fleet's `ceiling` is a rung's label ("3x32"), not a number: the page tested it with
+    # isNum, so a ceiling was never shown there, where `fleetd fleet` shows it.
+    settings = SettingsOut(num_envs=32, batch_size=512, reason="light tier values")
+    fleet = FleetOut(
+        mode="auto", requested="auto", tier="light", level=2, allowed=2, ceiling="3x32",
+        ceiling_until=datetime(2026, 1, 1, 1, 0, tzinfo=UTC), admitted=["a", "b"], pending=["c"], next_scale_up_at=None,
+        waiting_reason="3x32 waits out a failure", rung="2x32 (light)", rungs=[], last_backoff=None, pressure=[],
+        expected_reboots=[], settings=settings, tiers={}, telemetry={},
+    ).model_dump(mode="json")  # fmt: skip
+    allowed = fleet_facts(fleet)["games allowed"]
+    assert re.fullmatch(r"2 · level 2 · waiting out a failure: 3x32 until \d{4}-\d\d-\d\d \d\d:\d\d", allowed), allowed  # local time
+    assert fleet_facts({**fleet, "ceiling": None, "ceiling_until": None})["games allowed"] == "2 · level 2"
+
+
+# The whole app.js under node: a DOM that keeps each element's children, text and `hidden`, and a
+# fetch that answers each path from `answers` ({path without query: [status, body]}), held until
+# `release()` (or `answerNewestFirst()`) while `hold` is set, so that a test can act while requests
+# are out; `goTo(hash)` follows a link within the page.
+PAGE_HARNESS = """
+class Node {
+  constructor(tag) { Object.assign(this, { tag, kids: [], attrs: {}, dataset: {}, hidden: false, listeners: {}, own: '' }); }
+  appendChild(kid) { this.kids.push(kid); return kid; }
+  replaceChildren(...kids) { this.kids = kids.map((k) => (k instanceof Node ? k : document.createTextNode(String(k)))); }
+  setAttribute(key, value) { this.attrs[key] = value; }
+  set textContent(value) { this.own = String(value); this.kids = []; }
+  get textContent() { return this.own + this.kids.map((k) => k.textContent).join(''); }
+  addEventListener(kind, fn) { (this.listeners[kind] ||= []).push(fn); }
+  focus() {}
+}
+globalThis.Node = Node;
+const byId = {};
+const text = (t) => Object.assign(new Node('#text'), { own: t });
+globalThis.document = { getElementById: (id) => (byId[id] ||= new Node('div')), createElement: (tag) => new Node(tag),
+  createElementNS: (ns, tag) => new Node(tag), createTextNode: text, body: new Node('body'), hidden: false, addEventListener() {} };
+const stored = {};
+globalThis.sessionStorage = { getItem: (k) => stored[k] ?? null, setItem: (k, v) => { stored[k] = v; }, removeItem: (k) => { delete stored[k]; } };
+globalThis.location = { hash: '#token=' + 'k'.repeat(32), pathname: '/', search: '', origin: 'http://127.0.0.1:8642' };
+globalThis.history = { replaceState: (state, title, url) => { location.hash = url.includes('#') ? url.slice(url.indexOf('#')) : ''; } };
+const windowListeners = {};
+globalThis.window = { addEventListener: (kind, fn) => (windowListeners[kind] ||= []).push(fn) };
+globalThis.goTo = (hash) => { location.hash = hash; (windowListeners.hashchange || []).forEach((fn) => fn()); };
+globalThis.setTimeout = () => 0;
+globalThis.clearTimeout = () => {};
+const held = [];
+globalThis.fetch = (url) => {
+  const [status, body] = answers[url.replace('/api/v1', '').split('?')[0]] || [404, { error: { message: 'not found', details: {} } }];
+  const response = { ok: status < 400, status, statusText: '', json: async () => body, text: async () => '' };
+  return hold ? new Promise((resolve) => held.push(() => resolve(response))) : Promise.resolve(response);
+};
+const settle = async () => { for (let i = 0; i < 100; i++) await new Promise((resolve) => setImmediate(resolve)); };
+globalThis.release = async () => { await settle(); while (held.length) { held.shift()(); await settle(); } };
+globalThis.answerNewestFirst = async () => { await settle(); while (held.length) { held.pop()(); await settle(); } };
+globalThis.$ = (id) => document.getElementById(id);
+"""
+
+
+def run_page(answers: dict[str, object], scenario: str, hold: bool = True) -> object:
+    """app.js, started with a token in the fragment, then `scenario` (an async body); its result."""
+    if shutil.which(NODE) is None:
+        pytest.skip("needs node to run the page")
+    program = "\n".join([
+        f"globalThis.answers = {json.dumps(answers)}; globalThis.hold = {json.dumps(hold)};", PAGE_HARNESS,
+        (WEB / "app.js").read_text(),
+        f"(async () => {{ {scenario} }})().then((r) => console.log(JSON.stringify(r)));",
+    ])  # fmt: skip
+    result = subprocess.run([NODE, "-e", program], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def api_answers(client: TestClient, db: Database, clock: FakeClock) -> dict[str, object]:
+    """What the page reads, as the app answers it over a real store: a game that has not trained."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.post("/api/v1/games", json={"name": "pong", "env_id": "CartPole-v1", "algo": "ppo"}, headers=headers).status_code == 201
+    answers: dict[str, object] = {}
+    for path in ("/games", "/boots", "/uptime", "/hosts"):
+        response = client.get("/api/v1" + path, headers=headers)
+        assert response.status_code == 200, response.text
+        answers[path] = [200, response.json()]
+    # No governor runs behind this app (GET /fleet is 503 until its first step): the fleet as it answers.
+    fleet = FleetOut(mode="auto", requested="auto", tier="light", level=1, allowed=1, ceiling=None, ceiling_until=None,
+                     admitted=["pong"], pending=[], next_scale_up_at=None, waiting_reason="", rung="1x32", rungs=[],
+                     last_backoff=None, pressure=[], expected_reboots=[], settings=SettingsOut(num_envs=32, batch_size=512, reason=""),
+                     tiers={}, telemetry={})  # fmt: skip
+    answers["/fleet"] = [200, fleet.model_dump(mode="json")]
+    return answers
+
+
+def test_a_token_forgotten_while_a_refresh_is_out_keeps_the_token_field_not_the_fleet(api_answers: dict[str, object]) -> None:
+    # "forget token" clicked while the page's requests were out: their answers drew the fleet
+    # again over the token field (which they hid), though the token was gone and nothing polled.
+    scenario = """
+      $('logout').listeners.click[0]();
+      await release();
+      return { login: !$('login').hidden, main: !$('main').hidden, state: document.body.dataset.state,
+               rows: $('games-body').kids.length, token: sessionStorage.getItem('fleetd.token') };
+    """
+    shown = run_page(api_answers, scenario)
+    assert shown == {"login": True, "main": False, "state": "login", "rows": 0, "token": None}
+    # Without the click, the same answers draw the fleet.
+    drawn = run_page(api_answers, "await release(); return [document.body.dataset.state, $('games-body').kids.length];")
+    assert drawn == ["ready", 1]
+
+
+@pytest.mark.parametrize(
+    ("hours", "shown"),
+    [
+        (0.5, "30 min"),
+        (0.9999, "1.0 h"),  # 59.99 min: not "60 min"
+        (1, "1.0 h"),
+        (47.94, "47.9 h"),
+        (47.96, "2.0 d"),  # rounds to 48.0 h: not "48.0 h"
+        (48, "2.0 d"),
+    ],
+)
+def test_hours_take_their_unit_after_rounding(hours: float, shown: str) -> None:
+    # ETAs and the plan: a unit was chosen before rounding, as fmtCompact's once was.
+    assert page_function("fmtHours", f"fmtHours({hours})", needs=("isNum", "DASH")) == shown
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(512 * 2**20, "512 MiB"), (2**30 - 2**19, "1.0 GiB"), (2**30 - 2**20, "1023 MiB"), (80 * 2**30, "80.0 GiB")],
+)
+def test_bytes_take_their_unit_after_rounding(size: int, shown: str) -> None:
+    # GPU and host memory: 1023.5 MiB was "1024 MiB".
+    assert page_function("fmtBytes", f"fmtBytes({size})", needs=("isNum", "DASH")) == shown
+
+
+# linePlot's figure as nested {tag, attrs, kids}: `marks()` lists its learning-health marks.
+PLOT_STUBS = """
+globalThis.svg = globalThis.h = (tag, attrs, ...kids) => ({ tag, attrs: attrs || {},
+  kids: kids.flat().filter((k) => k !== null && k !== undefined && k !== false), appendChild(k) { this.kids.push(k); return k; } });
+const text = (n) => (typeof n === 'object' && n !== null ? (n.kids || []).map(text).join('') : String(n));
+globalThis.marks = (node, out = []) => {
+  if (node && typeof node === 'object') {
+    if (node.attrs && node.attrs['data-mark']) out.push({ mark: node.attrs['data-mark'], cx: node.attrs.cx, title: text(node) });
+    (node.kids || []).forEach((kid) => marks(kid, out));
+  }
+  return out;
+};
+"""
+PLOT_NEEDS = ("isNum", "DASH", "pad", "toMs", "fmtTime", "fmtClock", "fmtInt", "fmtCompact", "thin", "median", "niceTicks", "PLOT", "markPlot")
+
+
+def eval_plot_marks(values: list[float], best: float) -> list[dict[str, str]]:
+    points = [SampleOut(at=datetime(2026, 1, 2, hour, tzinfo=UTC), value=v).model_dump(mode="json") for hour, v in enumerate(values)]
+    call = (f"marks(linePlot({json.dumps(points)}, {{ label: 'eval return', format: fmtCompact, key: 'g:eval_return', "
+            f"marks: {{ best: {best}, bestSteps: 40000, rollbacks: [] }} }}))")  # fmt: skip
+    return page_function("linePlot", call, needs=PLOT_NEEDS, stubs=PLOT_STUBS)
+
+
+def test_the_best_evaluation_is_ringed_where_it_was_reached_and_only_there() -> None:
+    # Within the plot's 24 h: the ring is on the first sample at the best (eval_return repeats
+    # the latest evaluation until the next one).
+    ringed = eval_plot_marks([1.0, 12.5, 12.5, 8.0], best=12.5)
+    assert [m["mark"] for m in ringed] == ["best"] and ringed[0]["title"] == "best evaluation 12.5 at 40,000 steps"
+    assert float(ringed[0]["cx"]) < float(eval_plot_marks([1.0, 2.0, 12.5, 12.5], best=12.5)[0]["cx"])
+    # Reached before the plot's 24 h: the ring was drawn on the nearest value (8, the newest),
+    # titled "best evaluation 50"; there is no such evaluation in the plot, so no ring.
+    assert eval_plot_marks([1.0, 4.0, 8.0], best=50.0) == []
+
+
+def test_the_steps_area_is_not_filled_across_a_gap_in_the_samples() -> None:
+    # 5 minutes of samples, 2 hours without (the daemon down), 5 minutes more: the line breaks at
+    # the gap, and the area under it was one shape whose closing edge ran back along the axis to
+    # the first sample, filling a triangle over the 2 hours as if steps had been made there.
+    start = datetime(2026, 1, 2, tzinfo=UTC)
+    samples = [SampleOut(at=start + timedelta(minutes=m), value=1000.0 * m) for m in range(6)]
+    samples += [SampleOut(at=start + timedelta(hours=2, minutes=m), value=5000.0 + 1000.0 * m) for m in range(6)]
+    points = [s.model_dump(mode="json") for s in samples]
+    stubs = PLOT_STUBS + """
+      globalThis.paths = (node, out = {}) => {
+        if (node && typeof node === 'object') { if (node.tag === 'path') out[node.attrs.class] = node.attrs.d; (node.kids || []).forEach((k) => paths(k, out)); }
+        return out;
+      };"""
+    call = f"paths(linePlot({json.dumps(points)}, {{ label: 'steps', format: fmtCompact, kind: 'area', key: 'g:steps' }}))"
+    drawn = page_function("linePlot", call, needs=PLOT_NEEDS, stubs=stubs)
+
+    def spans(d: str) -> list[tuple[float, float]]:  # each subpath's x extent
+        runs = [re.findall(r"[ML]([\d.]+) ", "M" + run) for run in d.split("M")[1:]]
+        return [(min(map(float, xs)), max(map(float, xs))) for xs in runs]
+
+    assert len(spans(drawn["line"])) == 2
+    assert spans(drawn["area"]) == spans(drawn["line"])  # each run filled under itself alone
+
+
+def test_a_last_page_that_comes_out_full_has_no_cursor_to_an_empty_one(client: TestClient) -> None:
+    # With exactly a page of games the page's pager read "games 1–3 of more" and its "next" led to
+    # an empty page, which sent it back to the first: GET /games gave a cursor after a full last page.
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    for i in range(4):
+        body = {"name": f"g{i}", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
+        assert client.post("/api/v1/games", json=body, headers=headers).status_code == 201
+        page = client.get("/api/v1/games", params={"limit": 3}, headers=headers).json()
+        assert len(page["items"]) == min(i + 1, 3)
+        assert (page["next_cursor"] is None) == (i < 3), (i, page["next_cursor"])  # a cursor only while more follow
+    rest = client.get("/api/v1/games", params={"limit": 3, "cursor": page["next_cursor"]}, headers=headers).json()
+    assert [g["name"] for g in rest["items"]] == ["g3"] and rest["next_cursor"] is None
+
+
+def test_the_reboot_shown_is_the_one_last_chosen_whatever_order_the_answers_come_in(
+    client: TestClient, api_answers: dict[str, object]
+) -> None:
+    # Two reboots clicked in turn, the first's answer slower: it replaced the second's, and the
+    # page showed reboot 1 under #boot=2.
+    detail = client.get("/api/v1/boots/1", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    answers = {**api_answers, "/boots/1": [200, detail], "/boots/2": [200, {**detail, "id": 2}]}
+    scenario = """
+      await release();
+      hold = true;
+      goTo('#boot=1');
+      goTo('#boot=2');
+      await answerNewestFirst();
+      return [location.hash, $('boot-detail').textContent.slice(0, 9)];
+    """
+    assert run_page(answers, scenario, hold=False) == ["#boot=2", "Reboot #2"]

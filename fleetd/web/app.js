@@ -200,10 +200,12 @@
     return Math.floor(hours / 24) + ' d ' + (hours % 24) + ' h';
   }
 
+  // Each unit after rounding to it, as fmtCompact: 59.9 min is 1.0 h, not 60 min; 47.96 h is 2.0 d.
   function fmtHours(hours) {
     if (!isNum(hours)) return DASH;
-    if (hours < 1) return Math.round(hours * 60) + ' min';
-    if (hours < 48) return hours.toFixed(1) + ' h';
+    const minutes = Math.round(hours * 60);
+    if (minutes < 60) return minutes + ' min';
+    if (Number(hours.toFixed(1)) < 48) return hours.toFixed(1) + ' h';
     return (hours / 24).toFixed(1) + ' d';
   }
 
@@ -213,8 +215,8 @@
 
   function fmtBytes(bytes) {
     if (!isNum(bytes)) return DASH;
-    const gib = bytes / 2 ** 30;
-    return gib >= 1 ? gib.toFixed(1) + ' GiB' : (bytes / 2 ** 20).toFixed(0) + ' MiB';
+    const mib = Math.round(bytes / 2 ** 20); // 1023.6 MiB is 1.0 GiB, not 1024 MiB
+    return Math.abs(mib) >= 1024 ? (bytes / 2 ** 30).toFixed(1) + ' GiB' : mib + ' MiB';
   }
 
   // [costs] currency is a symbol ("$", "€") or an ISO code ("EUR").
@@ -355,13 +357,15 @@
     for (let i = 1; i < points.length; i++) gaps.push(points[i][0] - points[i - 1][0]);
     const gapMs = Math.max(90000, 10 * median(gaps));
 
-    let d = '';
+    const segments = []; // the runs of samples between gaps
     let previous = null;
     for (const p of thinned) {
-      const cmd = previous === null || p[0] - previous[0] > gapMs ? 'M' : 'L';
-      d += cmd + x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1);
+      if (previous === null || p[0] - previous[0] > gapMs) segments.push([]);
+      segments[segments.length - 1].push(p);
       previous = p;
     }
+    const xy = (p) => x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1);
+    const d = segments.map((run) => 'M' + run.map(xy).join('L')).join('');
 
     const chart = svg('svg', {
       class: 'plot plot-' + kind,
@@ -380,8 +384,9 @@
     grid.appendChild(svg('text', { x: left, y: height - 6, 'text-anchor': 'start' }, fmtClock(t0)));
     grid.appendChild(svg('text', { x: w - right, y: height - 6, 'text-anchor': 'end' }, fmtClock(t1)));
     chart.appendChild(grid);
-    if (kind === 'area' && points.length > 1) {
-      chart.appendChild(svg('path', { class: 'area', d: d + 'L' + x(last[0]).toFixed(1) + ' ' + (top + innerH) + 'L' + x(thinned[0][0]).toFixed(1) + ' ' + (top + innerH) + 'Z' }));
+    if (kind === 'area' && points.length > 1) { // each run filled down to the axis on its own: none across a gap
+      const base = (p) => 'L' + x(p[0]).toFixed(1) + ' ' + (top + innerH);
+      chart.appendChild(svg('path', { class: 'area', d: segments.map((run) => 'M' + run.map(xy).join('L') + base(run[run.length - 1]) + base(run[0]) + 'Z').join('') }));
     }
     chart.appendChild(svg('path', { class: 'line', d }));
     if (marks) markPlot(chart, points, marks, { x, y, t0, t1, top, innerH, format });
@@ -394,8 +399,10 @@
   // Learning health on the eval plot: a ring on the best evaluation, a dashed line at each
   // rollback to the best-evaluated checkpoint (docs/learning-health.md).
   function markPlot(chart, points, marks, { x, y, t0, t1, top, innerH, format }) {
-    if (isNum(marks.best)) {
-      const best = points.reduce((a, p) => (Math.abs(p[1] - marks.best) < Math.abs(a[1] - marks.best) ? p : a), points[0]);
+    // The first sample at the best: when it was reached. None when that was before this plot's
+    // 24 h: a ring on the nearest value would call another evaluation the best.
+    const best = isNum(marks.best) ? points.find((p) => Math.abs(p[1] - marks.best) <= 1e-9 * Math.max(1, Math.abs(marks.best))) : null;
+    if (best) {
       chart.appendChild(svg('circle', { class: 'best', cx: x(best[0]).toFixed(1), cy: y(best[1]).toFixed(1), r: 4.5, 'data-mark': 'best' },
         svg('title', null, 'best evaluation ' + format(marks.best) + (isNum(marks.bestSteps) ? ' at ' + fmtInt(marks.bestSteps) + ' steps' : ''))));
     }
@@ -433,7 +440,8 @@
     fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
-      isNum(fleet.ceiling) ? h('span', { class: 'warn' }, ' · ceiling ' + fleet.ceiling +
+      // The rung above, held back while it waits out a failure (a label, as `fleetd fleet` shows it).
+      fleet.ceiling ? h('span', { class: 'warn' }, ' · waiting out a failure: ' + fleet.ceiling +
         (fleet.ceiling_until ? ' until ' + fmtTime(fleet.ceiling_until) : '')) : null);
     fact(list, 'admitted', h('span', { class: 'num' }, String((fleet.admitted || []).length)), ' ',
       h('span', { class: 'muted' }, (fleet.admitted || []).join(', ')));
@@ -758,11 +766,17 @@
 
   // ---------------------------------------------------------------- one reboot's forensics
 
+  let shownBoot = null;
+
   async function showBoot(id) {
+    shownBoot = id;
     const box = $('boot-detail');
     try {
-      renderBootDetail(box, await api('/boots/' + encodeURIComponent(id)));
+      const boot = await api('/boots/' + encodeURIComponent(id));
+      if (shownBoot !== id) return; // another reboot was chosen meanwhile: its answer is the one shown
+      renderBootDetail(box, boot);
     } catch (error) {
+      if (shownBoot !== id) return;
       box.replaceChildren(h('p', { class: 'bad small' }, 'boot ' + id + ': ' + error.message));
     }
     box.hidden = false;
@@ -998,7 +1012,11 @@
       showLogin();
       return;
     }
-    let page = paging.index; // what this refresh loads is dropped if another page is turned to meanwhile
+    const token = readToken();
+    let page = paging.index;
+    // What this refresh loads is dropped if another page is turned to meanwhile, or the token is
+    // forgotten (or another given) meanwhile: a forgotten token's fleet is not shown again.
+    const stale = () => paging.index !== page || readToken() !== token;
     try {
       // The projection covers every game: it may take longer, so the rest does not wait for it.
       const projectionLoad = api('/projection', { optional: true }).catch((error) => {
@@ -1008,12 +1026,12 @@
       let [games, fleet, boots, uptime, hosts] = await Promise.all([
         api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
-      if (paging.index !== page) return;
+      if (stale()) return;
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
         Object.assign(paging, { cursors: [null], index: 0 });
         page = 0;
         games = await api(gamesPath());
-        if (paging.index !== page) return;
+        if (stale()) return;
       }
       paging.next = games.next_cursor || null;
       const items = games.items || [];
@@ -1029,7 +1047,7 @@
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);
       forgetUnusedSeries();
-      if (paging.index !== page) return;
+      if (stale()) return;
       // The server's clock, so a skewed laptop clock does not shift the timeline.
       const serverNow = toMs(uptime.daemon_started_at) + uptime.daemon_uptime_s * 1000;
       const nowMs = Number.isFinite(serverNow) ? serverNow : Date.now();
@@ -1053,7 +1071,7 @@
       renderHosts(clusterHosts, nowMs);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
-      if (paging.index !== page) return;
+      if (stale()) return;
       renderGames(items, lastProjection);
       renderProjection(projection);
       if (shownGame) await showGameLog(shownGame);
@@ -1063,6 +1081,7 @@
       document.body.dataset.state = 'ready';
       document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
     } catch (error) {
+      if (readToken() !== token) return; // forgotten meanwhile: the token field stays
       if (error instanceof AuthError) {
         storeToken('');
         showLogin(error.message); // and no polling (finally) until a token is given

@@ -119,9 +119,11 @@ def list_games(
     """Games, highest priority first, then oldest; a page at a time (`next_cursor` is null on
     the last page)."""
     with context.db.transaction() as session:
-        games = game_store.read_games(session, limit, position_of(cursor) if cursor else None)
+        # One more than the page: whether another follows (a full last page has no cursor to an empty one).
+        games = game_store.read_games(session, limit + 1, position_of(cursor) if cursor else None)
+    more, games = len(games) > limit, games[:limit]
     scaled, runs = context.snapshot, LiveRuns.of(context.snapshot, context.settings)
-    next_cursor = cursor_of(games[-1]) if len(games) == limit else None
+    next_cursor = cursor_of(games[-1]) if more else None
     return GameList(items=[game_out(game, scaled, runs) for game in games], next_cursor=next_cursor)
 
 
