@@ -99,7 +99,7 @@ class Checkpointer:
     def write(self, model: BaseAlgorithm, counters: Counters,
               evaluate: bool = True) -> CheckpointSummary | None:
         check_finite(model, counters.steps)  # a diverged model is never checkpointed
-        eval_return = self._evaluate(model, counters.steps) if evaluate else None
+        eval_return = self._evaluate(model, counters) if evaluate else None
         started = self._clock()
         lease.check(self.directory, self.run_id)  # Superseded: another run writes this game's checkpoints now
         try:
@@ -129,12 +129,13 @@ class Checkpointer:
         checkpoint.prune(self.directory, self.retention)
         return summary
 
-    def _evaluate(self, model: BaseAlgorithm, steps: int) -> float | None:
-        if self.evaluator is None or not self.evaluator.due(steps):
+    def _evaluate(self, model: BaseAlgorithm, counters: Counters) -> float | None:
+        if self.evaluator is None or not self.evaluator.due(counters.steps):
             return None
-        eval_return = self.evaluator.evaluate(model, steps)
+        eval_return = self.evaluator.evaluate(model, counters.steps)
         if eval_return is not None:
             self.reporter.eval_return = eval_return
+            counters.eval_steps, counters.eval_return = counters.steps, eval_return
         return eval_return
 
     def write_final(self, model: BaseAlgorithm, counters: Counters, evaluate: bool = False) -> bool:
