@@ -174,6 +174,9 @@ class FleetCallback(BaseCallback):
             return False
         if self.checkpointer.due(self.counters.steps):
             self.checkpointer.write(self.model, self.counters)
+            if self.stop.requested:  # came during that write (or its evaluation): it is the final
+                self.outcome = Outcome.STOPPED  # checkpoint, not one more write a step later
+                return False
         return True
 
     def _on_rollout_start(self) -> None:

@@ -96,6 +96,34 @@ def test_stop_flag_ends_training_with_final_checkpoint_and_exit_0(make_spec):
     assert len(checkpoint.list_checkpoints(spec.checkpoint_dir)) == 1
 
 
+@pytest.mark.parametrize("during", ["write", "evaluation"])
+def test_a_stop_during_a_checkpoint_makes_it_the_final_one(make_spec, monkeypatch, during):
+    """SIGTERM while a checkpoint is written (a DQN replay buffer takes seconds) or evaluated:
+    that checkpoint is the final one. The worker stepped once more and wrote a second whole
+    checkpoint, twice the stop time the supervisor's stop timeout is sized for."""
+    from workers.evaluation import Evaluator
+
+    stop = StopFlag()
+    write, evaluate = checkpoint.write_checkpoint, Evaluator.evaluate
+
+    def signalled_write(directory, steps, *args, **kwargs):
+        if steps >= 256 and during == "write":
+            stop.signum = 15
+        return write(directory, steps, *args, **kwargs)
+
+    def signalled_evaluate(self, model, steps):
+        stop.signum = 15
+        return evaluate(self, model, steps)
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", signalled_write)
+    monkeypatch.setattr(Evaluator, "evaluate", signalled_evaluate)
+    hyperparams = {"num_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 2,
+                   "policy_kwargs": {"net_arch": [16]}, "eval_interval_steps": 256, "eval_episodes": 1}
+    spec = make_spec(total_timesteps=None, hyperparams=hyperparams, keep_checkpoints=10)
+    assert run(spec, stop=stop) == ExitCode.STOPPED
+    assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == [256, 128]
+
+
 @pytest.mark.parametrize("stopped", [False, True], ids=["goal", "stop"])
 def test_a_final_checkpoint_not_written_exits_as_a_crash(make_spec, monkeypatch, caplog, stopped):
     """A full disk at the end: not 20 (fleetd would never restart a completed game) nor 0, and
