@@ -14,7 +14,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from workers import checkpoint, lease
 from workers.counters import Counters
 from workers.evaluation import Evaluator
-from workers.guards import check_finite
+from workers.guards import check_finite, check_finite_replay
 from workers.phases import PhaseTimer
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
@@ -98,7 +98,9 @@ class Checkpointer:
 
     def write(self, model: BaseAlgorithm, counters: Counters,
               evaluate: bool = True) -> CheckpointSummary | None:
-        check_finite(model, counters.steps)  # a diverged model is never checkpointed
+        check_finite(model, counters.steps)  # a diverged model is never checkpointed,
+        if self.replay.saves(model):  # nor a replay buffer that would diverge it again
+            check_finite_replay(model, counters.steps)
         eval_return = self._evaluate(model, counters) if evaluate else None
         started = self._clock()
         lease.check(self.directory, self.run_id)  # Superseded: another run writes this game's checkpoints now

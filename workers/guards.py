@@ -1,7 +1,8 @@
 """Divergence and out-of-memory guards (docs/worker.md#guards).
 
 A NaN or inf in the parameters, in the VecNormalize statistics (or in the last logged loss) is
-caught at the end of every rollout and before every checkpoint, so a diverged model is never checkpointed: the worker exits
+caught at the end of every rollout and before every checkpoint (with the replay buffer there),
+so a diverged model is never checkpointed: the worker exits
 `ExitCode.DIVERGED` and fleetd restarts the game from its last good checkpoint with the learning
 rate scaled down (`lr_scale` in the run spec). A CUDA out-of-memory exits `ExitCode.CUDA_OOM`;
 fleetd restarts with a smaller batch (`batch_scale`).
@@ -71,6 +72,30 @@ def check_finite(model: BaseAlgorithm, steps: int) -> None:
     where = non_finite(model)
     if where is not None:
         raise Diverged(f"NaN or inf in {where} at {steps} steps")
+
+
+def check_finite_replay(model: BaseAlgorithm, steps: int) -> None:
+    """Before a checkpoint that saves the replay buffer."""
+    where = non_finite_replay(model)
+    if where is not None:
+        raise Diverged(f"NaN or inf in {where} at {steps} steps")
+
+
+def non_finite_replay(model: BaseAlgorithm) -> str | None:
+    """Where an off-policy model's replay buffer (its filled part) holds a NaN or inf. An inf or
+    NaN observation is stored there steps before a sampled batch carries it into the weights: a
+    checkpoint taken meanwhile, with finite parameters, diverged again at every resume from it."""
+    buffer = getattr(model, "replay_buffer", None)
+    if buffer is None:
+        return None
+    filled = buffer.buffer_size if buffer.full else buffer.pos
+    for name, value in vars(buffer).items():
+        arrays = value.items() if isinstance(value, dict) else [("", value)]
+        for key, array in arrays:
+            if (isinstance(array, np.ndarray) and np.issubdtype(array.dtype, np.floating)
+                    and not np.isfinite(array[:filled]).all()):
+                return f"the replay buffer's {name}{'.' + key if key else ''}"
+    return None
 
 
 class ScaledSchedule:

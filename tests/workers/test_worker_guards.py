@@ -62,6 +62,21 @@ def test_lr_scale_is_absolute_and_batch_scale_shrinks_the_plan(make_spec):
     assert plan.batch_size == 32  # 64 halved
 
 
+def test_one_nan_observation_in_the_replay_buffer_never_reaches_a_checkpoint(make_spec):
+    """DQN stores the NaN observation and trains on for a while before a batch samples it: a
+    checkpoint taken meanwhile had finite weights and a NaN in its replay buffer, and every
+    resume from it diverged again (the lr halved to FATAL, the env long healthy again)."""
+    spec = make_spec(env_id="NanOnceCartPole-v0", algo="dqn", hyperparams=DQN_ONE_ENV, total_timesteps=5000,
+                     checkpoint_interval_steps=8, keep_checkpoints=1000)
+    assert run(spec, stop=StopFlag()) == ExitCode.DIVERGED
+    kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
+    assert kept and kept[0].steps < FAULT_AT_STEP + 64
+    for c in kept:
+        buffer = pickle.loads((c.path / "replay_buffer.pkl").read_bytes())
+        filled = buffer.buffer_size if buffer.full else buffer.pos
+        assert np.isfinite(buffer.observations[:filled]).all() and np.isfinite(buffer.next_observations[:filled]).all()
+
+
 def test_nan_observations_under_normalize_never_reach_a_checkpoint(make_spec):
     """VecNormalize takes the NaN observation into its statistics as the env steps, before the
     policy meets it: a checkpoint at that very step had finite parameters and NaN statistics,
