@@ -118,12 +118,12 @@ class Checkpointer:
                       counters.steps, exc, self.interval_s,
                       f" or {self.interval_steps} steps" if self.interval_steps is not None else "")
             return None
-        self._last_at, self._last_steps = self._clock(), counters.steps
-        self._from_steps = counters.steps
+        self._last_at, self._from_steps = self._clock(), counters.steps
         ok, reason = checkpoint.verify(path)
-        if not ok:
+        if not ok:  # not the state on disk: a final write at these steps must write it again
             log.error("checkpoint %s does not verify right after writing: %s", path.name, reason)
             return None
+        self._last_steps = counters.steps
         summary = checkpoint.summarize(path)
         log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
                  self._clock() - started)

@@ -124,6 +124,29 @@ def test_a_stop_during_a_checkpoint_makes_it_the_final_one(make_spec, monkeypatc
     assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == [256, 128]
 
 
+def test_a_checkpoint_that_does_not_verify_after_writing_is_not_the_final_one(make_spec, monkeypatch):
+    """A periodic checkpoint that fails its verification right after writing (a faulty disk),
+    then a stop at those steps: the worker took it as the final state on disk and exited 0,
+    and the next start skipped it for the one before. The final write writes it again."""
+    from workers import callback
+
+    stop = StopFlag()
+    verify, failed = checkpoint.verify, []
+
+    def flaky_verify(path):
+        if path.name == checkpoint.checkpoint_name(256) and not failed:
+            failed.append(path)
+            with open(path / "model.zip", "r+b") as model_zip:  # the disk lost the end of it
+                model_zip.truncate(100)
+            stop.signum = 15  # and SIGTERM came meanwhile
+        return verify(path)
+
+    monkeypatch.setattr(callback.checkpoint, "verify", flaky_verify)
+    spec = make_spec(total_timesteps=None, keep_checkpoints=10)
+    assert run(spec, stop=stop) == ExitCode.STOPPED
+    assert failed and checkpoint.newest_verified(spec.checkpoint_dir).steps >= 256
+
+
 @pytest.mark.parametrize("stopped", [False, True], ids=["goal", "stop"])
 def test_a_final_checkpoint_not_written_exits_as_a_crash(make_spec, monkeypatch, caplog, stopped):
     """A full disk at the end: not 20 (fleetd would never restart a completed game) nor 0, and
