@@ -128,7 +128,7 @@ class Checkpointer:
         log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
                  self._clock() - started)
         self.reporter.send_checkpoint(summary)
-        checkpoint.prune(self.directory, self.retention)
+        checkpoint.prune(self.directory, self.retention, written=counters.steps)
         return summary
 
     def _evaluate(self, model: BaseAlgorithm, counters: Counters) -> float | None:

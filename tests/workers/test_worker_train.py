@@ -308,6 +308,21 @@ def test_a_rewrite_at_the_steps_of_one_that_does_not_load_replaces_it(trained, m
     assert found.taken == newest.path and found.skipped == []
 
 
+def test_pruning_keeps_the_checkpoint_just_written_below_newer_ones_that_do_not_load(make_spec):
+    """The newest `keep_checkpoints` verify but do not load: the run resumes below them, and by
+    steps alone each checkpoint it wrote was pruned at once, with the one it resumed from. It
+    reported them written and exited 20; the next start found nothing usable (exit 21)."""
+    retention = {"keep_hourly": 0, "keep_daily": 0}
+    assert _run(make_spec(keep_checkpoints=10, **retention)) == ExitCode.COMPLETED
+    for info in checkpoint.list_checkpoints(make_spec().checkpoint_dir)[:3]:  # 512, 384, 256
+        _corrupt_but_rehash(info.path)
+    spec = make_spec(total_timesteps=250, checkpoint_interval_steps=100, keep_checkpoints=3, **retention)
+    assert _run(spec) == ExitCode.COMPLETED  # from 128; checkpoints at 228 and 250
+    plan = make_plan(spec, select_device("cpu"))
+    found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
+    assert found.restored is not None and found.restored.counters.steps == 250
+
+
 def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
     for info in checkpoint.list_checkpoints(trained.checkpoint_dir):
         _corrupt_flip(info.path)
