@@ -14,7 +14,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from workers import checkpoint, lease
 from workers.counters import Counters
 from workers.evaluation import Evaluator
-from workers.guards import check_finite
+from workers.guards import check_finite, check_finite_replay
 from workers.phases import PhaseTimer
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
@@ -98,8 +98,10 @@ class Checkpointer:
 
     def write(self, model: BaseAlgorithm, counters: Counters,
               evaluate: bool = True) -> CheckpointSummary | None:
-        check_finite(model, counters.steps)  # a diverged model is never checkpointed
-        eval_return = self._evaluate(model, counters.steps) if evaluate else None
+        check_finite(model, counters.steps)  # a diverged model is never checkpointed,
+        if self.replay.saves(model):  # nor a replay buffer that would diverge it again
+            check_finite_replay(model, counters.steps)
+        eval_return = self._evaluate(model, counters) if evaluate else None
         started = self._clock()
         lease.check(self.directory, self.run_id)  # Superseded: another run writes this game's checkpoints now
         try:
@@ -116,25 +118,26 @@ class Checkpointer:
                       counters.steps, exc, self.interval_s,
                       f" or {self.interval_steps} steps" if self.interval_steps is not None else "")
             return None
-        self._last_at, self._last_steps = self._clock(), counters.steps
-        self._from_steps = counters.steps
+        self._last_at, self._from_steps = self._clock(), counters.steps
         ok, reason = checkpoint.verify(path)
-        if not ok:
+        if not ok:  # not the state on disk: a final write at these steps must write it again
             log.error("checkpoint %s does not verify right after writing: %s", path.name, reason)
             return None
+        self._last_steps = counters.steps
         summary = checkpoint.summarize(path)
         log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
                  self._clock() - started)
         self.reporter.send_checkpoint(summary)
-        checkpoint.prune(self.directory, self.retention)
+        checkpoint.prune(self.directory, self.retention, written=counters.steps)
         return summary
 
-    def _evaluate(self, model: BaseAlgorithm, steps: int) -> float | None:
-        if self.evaluator is None or not self.evaluator.due(steps):
+    def _evaluate(self, model: BaseAlgorithm, counters: Counters) -> float | None:
+        if self.evaluator is None or not self.evaluator.due(counters.steps):
             return None
-        eval_return = self.evaluator.evaluate(model, steps)
+        eval_return = self.evaluator.evaluate(model, counters.steps)
         if eval_return is not None:
             self.reporter.eval_return = eval_return
+            counters.eval_steps, counters.eval_return = counters.steps, eval_return
         return eval_return
 
     def write_final(self, model: BaseAlgorithm, counters: Counters, evaluate: bool = False) -> bool:
@@ -173,6 +176,9 @@ class FleetCallback(BaseCallback):
             return False
         if self.checkpointer.due(self.counters.steps):
             self.checkpointer.write(self.model, self.counters)
+            if self.stop.requested:  # came during that write (or its evaluation): it is the final
+                self.outcome = Outcome.STOPPED  # checkpoint, not one more write a step later
+                return False
         return True
 
     def _on_rollout_start(self) -> None:

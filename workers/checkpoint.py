@@ -352,13 +352,18 @@ def _dated(info: CheckpointInfo) -> Dated:
 
 
 def prune(directory: str | os.PathLike, keep: int | Retention,
-          now: float | None = None) -> list[Path]:
+          now: float | None = None, written: int | None = None) -> list[Path]:
     """Delete the checkpoints the retention policy does not keep (a bare `keep` is the newest
-    `keep` only); the newest verified one and the best by evaluation are never deleted."""
+    `keep` only); the newest verified one, the best by evaluation and the one just `written`
+    (its steps) are never deleted. That last one is the newest *usable* one: newer ones may
+    verify and still not load (this run resumed below them), and by steps alone the one
+    written was pruned as soon as it was written, with the one resumed from."""
     policy = keep if isinstance(keep, Retention) else Retention(newest=keep, hourly=0, daily=0)
     checkpoints = list_checkpoints(directory)
     kept = retained([_dated(info) for info in checkpoints], policy,
                     time.time() if now is None else now)
+    if written is not None:
+        kept.setdefault(written, "just written")
     newest_ok = next((info for info in checkpoints if verify(info.path)[0]), None)
     if newest_ok is not None:
         kept.setdefault(newest_ok.steps, "newest verified")

@@ -1,7 +1,8 @@
 """Divergence and out-of-memory guards (docs/worker.md#guards).
 
-A NaN or inf in the parameters (or in the last logged loss) is caught at the end of every
-rollout and before every checkpoint, so a diverged model is never checkpointed: the worker exits
+A NaN or inf in the parameters, in the VecNormalize statistics (or in the last logged loss) is
+caught at the end of every rollout and before every checkpoint (with the replay buffer there),
+so a diverged model is never checkpointed: the worker exits
 `ExitCode.DIVERGED` and fleetd restarts the game from its last good checkpoint with the learning
 rate scaled down (`lr_scale` in the run spec). A CUDA out-of-memory exits `ExitCode.CUDA_OOM`;
 fleetd restarts with a smaller batch (`batch_scale`).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 
@@ -22,19 +24,37 @@ class Diverged(Exception):
 
 
 def non_finite(model: BaseAlgorithm) -> str | None:
-    """Where the model first holds a NaN or inf (a parameter or a logged loss), else None."""
+    """Where the model first holds a NaN or inf (a parameter, the VecNormalize statistics or a
+    logged loss), else None."""
     named = list(model.policy.named_parameters())
     with torch.no_grad():  # one read from the device for all parameters, not one a parameter
         finite = torch.stack([torch.isfinite(param).all() for _, param in named]).tolist()
     for (name, _), ok in zip(named, finite):
         if not ok:
             return f"parameter {name}"
+    if (stats := _non_finite_normalization(model)) is not None:
+        return stats
     logger = getattr(model, "_logger", None)  # set by learn()
     logged = getattr(logger, "name_to_value", {}) if logger is not None else {}
     for key in LOSS_KEYS:
         value = logged.get(key)
         if value is not None and not math.isfinite(value):
             return f"{key} = {value}"
+    return None
+
+
+def _non_finite_normalization(model: BaseAlgorithm) -> str | None:
+    """An inf or NaN observation (or reward) poisons VecNormalize's running statistics for good,
+    one env step before the policy meets it: a checkpoint taken then, with finite parameters,
+    would diverge again at every resume from it."""
+    vecnorm = model.get_vec_normalize_env()
+    if vecnorm is None:
+        return None
+    obs_rms = vecnorm.obs_rms if isinstance(vecnorm.obs_rms, dict) else {"": vecnorm.obs_rms}
+    named = [(f"obs_rms{'.' + key if key else ''}", rms) for key, rms in obs_rms.items()]
+    for name, rms in [*named, ("ret_rms", vecnorm.ret_rms)]:
+        if not (np.isfinite(rms.mean).all() and np.isfinite(rms.var).all()):
+            return f"VecNormalize {name} (the observation or reward statistics)"
     return None
 
 
@@ -52,6 +72,30 @@ def check_finite(model: BaseAlgorithm, steps: int) -> None:
     where = non_finite(model)
     if where is not None:
         raise Diverged(f"NaN or inf in {where} at {steps} steps")
+
+
+def check_finite_replay(model: BaseAlgorithm, steps: int) -> None:
+    """Before a checkpoint that saves the replay buffer."""
+    where = non_finite_replay(model)
+    if where is not None:
+        raise Diverged(f"NaN or inf in {where} at {steps} steps")
+
+
+def non_finite_replay(model: BaseAlgorithm) -> str | None:
+    """Where an off-policy model's replay buffer (its filled part) holds a NaN or inf. An inf or
+    NaN observation is stored there steps before a sampled batch carries it into the weights: a
+    checkpoint taken meanwhile, with finite parameters, diverged again at every resume from it."""
+    buffer = getattr(model, "replay_buffer", None)
+    if buffer is None:
+        return None
+    filled = buffer.buffer_size if buffer.full else buffer.pos
+    for name, value in vars(buffer).items():
+        arrays = value.items() if isinstance(value, dict) else [("", value)]
+        for key, array in arrays:
+            if (isinstance(array, np.ndarray) and np.issubdtype(array.dtype, np.floating)
+                    and not np.isfinite(array[:filled]).all()):
+                return f"the replay buffer's {name}{'.' + key if key else ''}"
+    return None
 
 
 class ScaledSchedule:

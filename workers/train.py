@@ -93,7 +93,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     checkpointer = Checkpointer(spec, replay, reporter, interval_steps, evaluator=evaluator)
     if found.taken is not None:
         checkpointer.mark_current(counters.steps, _age_s(found.taken))
-        _resume_evaluation(found.taken, evaluator, reporter)
+        _resume_evaluation(found.taken, counters, evaluator, reporter)
     elif spec.unsaved_since is not None:  # from scratch, after runs that left nothing
         checkpointer.mark_current(0, max(0.0, time.time() - spec.unsaved_since))
     return _train(spec, model, counters, reporter, stop, checkpointer)
@@ -118,9 +118,10 @@ def _age_s(taken) -> float | None:
         return None
 
 
-def _resume_evaluation(taken, evaluator: Evaluator, reporter: Reporter) -> None:
-    """The checkpoint resumed from was evaluated: report its figure, and count the next
-    evaluation's interval from it."""
+def _resume_evaluation(taken, counters: Counters, evaluator: Evaluator, reporter: Reporter) -> None:
+    """Report the latest evaluation's figure as of the checkpoint resumed from, and count the
+    next evaluation's interval from it: its own (the manifest's), or an earlier one's (its
+    counters; a checkpoint written before they carried it has only its own)."""
     try:
         manifest = checkpoint.read_manifest(taken)
     except checkpoint.CheckpointError:
@@ -128,6 +129,9 @@ def _resume_evaluation(taken, evaluator: Evaluator, reporter: Reporter) -> None:
     if manifest.eval_return is not None:
         reporter.eval_return = manifest.eval_return
         evaluator.mark_current(manifest.steps)
+    elif counters.eval_steps is not None:
+        reporter.eval_return = counters.eval_return
+        evaluator.mark_current(counters.eval_steps)
 
 
 def _start_notes(found: ResumeResult, spec: RunSpec, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:

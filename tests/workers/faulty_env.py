@@ -15,7 +15,8 @@ FAULT_AT_STEP = 300
 
 
 class FaultAt(gym.Wrapper):
-    """CartPole that, from its `at`-th step on, returns NaN observations or raises a CUDA OOM."""
+    """CartPole that, from its `at`-th step on, returns NaN observations or raises a CUDA OOM
+    (`nan_once`: a NaN observation at that step only)."""
 
     def __init__(self, env: gym.Env, fault: str, at: int = FAULT_AT_STEP):
         super().__init__(env)
@@ -26,7 +27,7 @@ class FaultAt(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if self.steps >= self.at and self.fault == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test env)")
-        if self.steps >= self.at and self.fault == "nan":
+        if (self.steps >= self.at and self.fault == "nan") or (self.steps == self.at and self.fault == "nan_once"):
             obs = np.full_like(obs, np.nan)
         return obs, reward, terminated, truncated, info
 
@@ -37,3 +38,4 @@ def _make(fault: str) -> gym.Env:
 
 for _fault in ("nan", "oom"):
     gym.register(f"{_fault.capitalize()}CartPole-v0", entry_point=_make, kwargs={"fault": _fault})
+gym.register("NanOnceCartPole-v0", entry_point=_make, kwargs={"fault": "nan_once"})  # one NaN observation

@@ -87,6 +87,22 @@ def test_best_checkpoint_survives_pruning_and_resume_reports_its_figure(make_spe
     assert first.eval_return is not None  # resumed from 512, which was evaluated
 
 
+def test_a_run_resumed_from_an_unevaluated_checkpoint_keeps_the_evaluation_cadence(make_spec):
+    """Resumed from a checkpoint that was not evaluated, the next evaluation is due an interval
+    after the last one before it, as in a run that never stopped; it came at the first
+    checkpoint past an interval from step 0 (after every restart, in a crash loop)."""
+    hyperparams = {**EVAL, "eval_interval_steps": 384}
+    first = make_spec(total_timesteps=512, hyperparams=hyperparams, keep_checkpoints=20)
+    assert run(first, stop=StopFlag()) == ExitCode.COMPLETED
+    assert [s for s, r in sorted(_scores(first.checkpoint_dir).items()) if r is not None] == [384]
+    longer = make_spec(total_timesteps=1024, hyperparams=hyperparams, keep_checkpoints=20)
+    assert run(longer, stop=StopFlag()) == ExitCode.COMPLETED
+    scores = _scores(longer.checkpoint_dir)
+    assert [s for s, r in sorted(scores.items()) if r is not None] == [384, 768]  # not 640
+    state = json.loads((checkpoint.list_checkpoints(longer.checkpoint_dir)[0].path / "state.json").read_text())
+    assert (state["counters"]["eval_steps"], state["counters"]["eval_return"]) == (768, scores[768])
+
+
 def test_a_seed_at_the_top_of_envpools_int32_evaluates(make_spec):
     """The evaluation env's seed (the game's + 1,000,003) wraps within EnvPool's int32: a seed
     near 2^31 trained, then crashed at its first evaluation, and at every restart again."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+
+import numpy as np
 import pytest
 
 import tests.workers.faulty_env  # noqa: F401 - registers NanCartPole-v0, OomCartPole-v0
@@ -57,3 +60,32 @@ def test_lr_scale_is_absolute_and_batch_scale_shrinks_the_plan(make_spec):
     assert isinstance(model.lr_schedule, ScaledSchedule) and model.lr_schedule(1.0) == pytest.approx(2.5e-4)
     plan = make_plan(make_spec(batch_scale=0.5), DeviceInfo("cpu", "cpu"))
     assert plan.batch_size == 32  # 64 halved
+
+
+def test_one_nan_observation_in_the_replay_buffer_never_reaches_a_checkpoint(make_spec):
+    """DQN stores the NaN observation and trains on for a while before a batch samples it: a
+    checkpoint taken meanwhile had finite weights and a NaN in its replay buffer, and every
+    resume from it diverged again (the lr halved to FATAL, the env long healthy again)."""
+    spec = make_spec(env_id="NanOnceCartPole-v0", algo="dqn", hyperparams=DQN_ONE_ENV, total_timesteps=5000,
+                     checkpoint_interval_steps=8, keep_checkpoints=1000)
+    assert run(spec, stop=StopFlag()) == ExitCode.DIVERGED
+    kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
+    assert kept and kept[0].steps < FAULT_AT_STEP + 64
+    for c in kept:
+        buffer = pickle.loads((c.path / "replay_buffer.pkl").read_bytes())
+        filled = buffer.buffer_size if buffer.full else buffer.pos
+        assert np.isfinite(buffer.observations[:filled]).all() and np.isfinite(buffer.next_observations[:filled]).all()
+
+
+def test_nan_observations_under_normalize_never_reach_a_checkpoint(make_spec):
+    """VecNormalize takes the NaN observation into its statistics as the env steps, before the
+    policy meets it: a checkpoint at that very step had finite parameters and NaN statistics,
+    and every resume from it diverged at once (the lr halved to FATAL over one bad step)."""
+    spec = make_spec(env_id="NanCartPole-v0", algo="ppo", hyperparams={**PPO_ONE_ENV, "normalize": True},
+                     total_timesteps=5000, checkpoint_interval_steps=FAULT_AT_STEP // 3)
+    assert run(spec, stop=StopFlag()) == ExitCode.DIVERGED
+    kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
+    assert kept and all(c.steps < FAULT_AT_STEP for c in kept)
+    for c in kept:
+        stats = pickle.loads((c.path / "vecnormalize.pkl").read_bytes())  # without its venv
+        assert np.isfinite(stats.obs_rms.mean).all() and np.isfinite(stats.obs_rms.var).all()

@@ -96,6 +96,57 @@ def test_stop_flag_ends_training_with_final_checkpoint_and_exit_0(make_spec):
     assert len(checkpoint.list_checkpoints(spec.checkpoint_dir)) == 1
 
 
+@pytest.mark.parametrize("during", ["write", "evaluation"])
+def test_a_stop_during_a_checkpoint_makes_it_the_final_one(make_spec, monkeypatch, during):
+    """SIGTERM while a checkpoint is written (a DQN replay buffer takes seconds) or evaluated:
+    that checkpoint is the final one. The worker stepped once more and wrote a second whole
+    checkpoint, twice the stop time the supervisor's stop timeout is sized for."""
+    from workers.evaluation import Evaluator
+
+    stop = StopFlag()
+    write, evaluate = checkpoint.write_checkpoint, Evaluator.evaluate
+
+    def signalled_write(directory, steps, *args, **kwargs):
+        if steps >= 256 and during == "write":
+            stop.signum = 15
+        return write(directory, steps, *args, **kwargs)
+
+    def signalled_evaluate(self, model, steps):
+        stop.signum = 15
+        return evaluate(self, model, steps)
+
+    monkeypatch.setattr(checkpoint, "write_checkpoint", signalled_write)
+    monkeypatch.setattr(Evaluator, "evaluate", signalled_evaluate)
+    hyperparams = {"num_envs": 2, "n_steps": 64, "batch_size": 64, "n_epochs": 2,
+                   "policy_kwargs": {"net_arch": [16]}, "eval_interval_steps": 256, "eval_episodes": 1}
+    spec = make_spec(total_timesteps=None, hyperparams=hyperparams, keep_checkpoints=10)
+    assert run(spec, stop=stop) == ExitCode.STOPPED
+    assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == [256, 128]
+
+
+def test_a_checkpoint_that_does_not_verify_after_writing_is_not_the_final_one(make_spec, monkeypatch):
+    """A periodic checkpoint that fails its verification right after writing (a faulty disk),
+    then a stop at those steps: the worker took it as the final state on disk and exited 0,
+    and the next start skipped it for the one before. The final write writes it again."""
+    from workers import callback
+
+    stop = StopFlag()
+    verify, failed = checkpoint.verify, []
+
+    def flaky_verify(path):
+        if path.name == checkpoint.checkpoint_name(256) and not failed:
+            failed.append(path)
+            with open(path / "model.zip", "r+b") as model_zip:  # the disk lost the end of it
+                model_zip.truncate(100)
+            stop.signum = 15  # and SIGTERM came meanwhile
+        return verify(path)
+
+    monkeypatch.setattr(callback.checkpoint, "verify", flaky_verify)
+    spec = make_spec(total_timesteps=None, keep_checkpoints=10)
+    assert run(spec, stop=stop) == ExitCode.STOPPED
+    assert failed and checkpoint.newest_verified(spec.checkpoint_dir).steps >= 256
+
+
 @pytest.mark.parametrize("stopped", [False, True], ids=["goal", "stop"])
 def test_a_final_checkpoint_not_written_exits_as_a_crash(make_spec, monkeypatch, caplog, stopped):
     """A full disk at the end: not 20 (fleetd would never restart a completed game) nor 0, and
@@ -255,6 +306,21 @@ def test_a_rewrite_at_the_steps_of_one_that_does_not_load_replaces_it(trained, m
     plan = make_plan(spec, select_device("cpu"))
     found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
     assert found.taken == newest.path and found.skipped == []
+
+
+def test_pruning_keeps_the_checkpoint_just_written_below_newer_ones_that_do_not_load(make_spec):
+    """The newest `keep_checkpoints` verify but do not load: the run resumes below them, and by
+    steps alone each checkpoint it wrote was pruned at once, with the one it resumed from. It
+    reported them written and exited 20; the next start found nothing usable (exit 21)."""
+    retention = {"keep_hourly": 0, "keep_daily": 0}
+    assert _run(make_spec(keep_checkpoints=10, **retention)) == ExitCode.COMPLETED
+    for info in checkpoint.list_checkpoints(make_spec().checkpoint_dir)[:3]:  # 512, 384, 256
+        _corrupt_but_rehash(info.path)
+    spec = make_spec(total_timesteps=250, checkpoint_interval_steps=100, keep_checkpoints=3, **retention)
+    assert _run(spec) == ExitCode.COMPLETED  # from 128; checkpoints at 228 and 250
+    plan = make_plan(spec, select_device("cpu"))
+    found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
+    assert found.restored is not None and found.restored.counters.steps == 250
 
 
 def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
