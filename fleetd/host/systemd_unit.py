@@ -157,7 +157,9 @@ def word(value: str, what: str) -> str:
         raise ValueError(f"the {what} path {value!r} contains a newline, quote or backslash")
     # '%' starts a unit specifier in every setting that takes a path.
     escaped = value.replace("%", "%%")
-    return f'"{escaped}"' if any(ch.isspace() for ch in escaped) else escaped
+    # systemd unquotes a word wherever a quote appears in it: a lone "'" (/srv/o'brien) is
+    # "Unbalanced quoting" and the whole setting is ignored. Inside double quotes it is a letter.
+    return f'"{escaped}"' if any(ch.isspace() or ch == "'" for ch in escaped) else escaped
 
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")

@@ -90,6 +90,23 @@ def test_render_escapes_what_systemd_would_expand() -> None:
     assert unit_settings(text)["ExecStart"] == '"/opt/fleet d/bin/fleetd" serve --config /etc/fleetd/100%%$$HOME.toml'
 
 
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (apt-get install systemd)")
+def test_a_path_with_an_apostrophe_is_quoted_so_systemd_keeps_the_setting(tmp_path: Path) -> None:
+    """Unquoted, systemd read /etc/o'brien/... as an unbalanced quote and dropped ExecStart=:
+    "Unit configuration has fatal error, unit will not be started"."""
+    paths = InstallPaths((Path("/home/o'brien/venv"),), (Path("/srv/o'brien"),))
+    text = render_unit(real_executable(), "/etc/o'brien/fleetd.toml", "fleetd", paths)
+    assert unit_settings(text)["ExecStart"].endswith('serve --config "/etc/o\'brien/fleetd.toml"')
+    assert unit_values(text, "BindReadOnlyPaths") == ['"/home/o\'brien/venv"']
+    assert unit_values(text, "ReadWritePaths") == ['"/srv/o\'brien"']
+    unit_file = tmp_path / "fleetd.service"
+    unit_file.write_text(text)
+    result = subprocess.run([str(SYSTEMD_ANALYZE), "--man=no", "verify", str(unit_file)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "fleetd.service" not in output, output
+
+
 @pytest.mark.parametrize(
     ("fleetd_bin", "config", "user"),
     [
