@@ -127,6 +127,17 @@ def test_an_install_under_tmp_is_mounted_back_into_the_private_tmp() -> None:
     assert unit_values(text, "BindReadOnlyPaths") == ["/tmp/ci-clone"]
 
 
+def test_a_state_dir_under_tmp_is_mounted_back_writable() -> None:
+    """BindReadOnlyPaths= of the state_dir beside ReadWritePaths= of it: systemd keeps the bind
+    mount (it ranks first for one path), so the daemon could not write its state_dir."""
+    paths = InstallPaths(read_only=(Path("/tmp/trial/venv"), Path("/tmp/trial/state/fleetd.toml")),
+                         state_dir=(Path("/tmp/trial/state"),))
+    text = render_unit("/tmp/trial/venv/bin/fleetd", "/tmp/trial/state/fleetd.toml", "fleetd", paths)
+    assert unit_values(text, "BindPaths") == ["/tmp/trial/state"]
+    assert unit_values(text, "BindReadOnlyPaths") == ["/tmp/trial/venv"]  # the config is inside state_dir
+    assert not unit_values(text, "ReadWritePaths")
+
+
 def test_unit_carries_the_issue_requirements() -> None:
     settings = unit_settings(render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd"))
     expected = {
