@@ -153,6 +153,14 @@ def test_unit_carries_the_issue_requirements() -> None:
     assert stop_timeout_s > load_settings().supervisor.stopwaitsecs
 
 
+def test_the_service_user_may_read_the_journal_for_the_kernels_last_words() -> None:
+    """journalctl run by an unprivileged user outside the systemd-journal group exits 1 with "No
+    journal files were opened due to insufficient permissions.": every reboot's forensics said
+    the kernel's warnings were not kept."""
+    settings = unit_settings(render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd"))
+    assert "systemd-journal" in settings["SupplementaryGroups"].split()
+
+
 def test_unit_hides_homes_when_nothing_lives_there() -> None:
     text = render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd", InstallPaths((Path("/opt/fleetd"),)))
     assert unit_settings(text)["ProtectHome"] == "yes"
