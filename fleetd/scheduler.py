@@ -1,4 +1,5 @@
-"""APScheduler, configured one way: stable ids, one instance per job, missed runs coalesced."""
+"""APScheduler, configured one way: stable ids, one instance per job, missed runs coalesced and
+run late rather than skipped."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def build_scheduler(jobs: Iterable[Job]) -> BackgroundScheduler:
             id=job.id,
             max_instances=1,
             coalesce=True,
+            # APScheduler skips a run more than 1 s late by default. A daemon stalled for a moment
+            # (a busy host, a long GIL hold) then skipped a WATCHDOG=1 ping and the next came a
+            # whole WatchdogSec after the last: systemd killed a daemon that had recovered.
+            misfire_grace_time=None,
             replace_existing=True,
         )
     return scheduler
