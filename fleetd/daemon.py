@@ -457,7 +457,9 @@ class Daemon:
             nodes = self.cluster_nodes
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))
         if self.notifier.enabled:
-            interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S
+            # Half the watchdog's timeout is 30 s with the unit's WatchdogSec=60s: `systemctl status`
+            # would show a summary that old. Pinging more often than needed is harmless.
+            interval = min(self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S, STATUS_INTERVAL_S)
             jobs.append(Job("sd_notify", interval, lambda: notify_job(self.notifier, supervisor)))
         return jobs
 

@@ -229,3 +229,31 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_request_that_never_ends(
         client.close()
         kill_leftover_workers(config)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_status_line_is_refreshed_every_10_s_under_the_units_watchdog(daemons: list[Daemon]) -> None:
+    """WatchdogSec=60s (the unit's) made the STATUS line, sent with each watchdog ping at half
+    that, 30 s stale in `systemctl status`; it follows the fleet every STATUS_INTERVAL_S."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    path = root / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    try:
+        daemon = Daemon(config, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "60000000", "PYTHONPATH": str(REPO)})
+        daemons.append(daemon)
+        messages: list[str] = []
+        deadline = time.monotonic() + 90
+        while "READY=1" not in messages and time.monotonic() < deadline and daemon.process.poll() is None:
+            messages += receive(sock, 5)
+        assert "READY=1" in messages, daemon.log()
+        after: list[str] = []
+        deadline = time.monotonic() + 15
+        while not (any(m.startswith("STATUS=") for m in after) and "WATCHDOG=1" in after) and time.monotonic() < deadline:
+            after += receive(sock, 1)
+        assert any(m.startswith("STATUS=") for m in after), f"no STATUS line within 15 s of READY: {after}"
+        assert "WATCHDOG=1" in after  # pinged with it: more often than needed is harmless
+    finally:
+        sock.close()
+        kill_leftover_workers(config)
+        shutil.rmtree(root, ignore_errors=True)
