@@ -59,6 +59,11 @@ from fleetd.host.uptime import DaemonStart, StartKind, describe_start, record_da
 log = logging.getLogger(__name__)
 
 ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd's TimeoutStopSec)
+# At stop, requests still running (an upload or an export download on a slow link, a client that
+# stopped sending its body) get this long, then are cut: the workers are stopped only after the
+# API has, and an unbounded wait ran into systemd's TimeoutStopSec, which then killed the daemon
+# alone and left every worker without its final checkpoint.
+API_SHUTDOWN_S = 10
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
@@ -78,8 +83,9 @@ class StartupError(Exception):
 
 @dataclass(frozen=True)
 class ServerExiting:
-    """Open log follows poll this: uvicorn waits for every response to end before it stops, and
-    runs fleetd's signal handlers only after that, so a follow must see uvicorn's own flag."""
+    """Open log follows poll this: uvicorn waits for every response to end before it stops (for
+    API_SHUTDOWN_S at most), and runs fleetd's signal handlers only after that, so a follow must
+    see uvicorn's own flag."""
 
     server: uvicorn.Server
 
@@ -394,7 +400,8 @@ class Daemon:
         jobs = self._jobs(db, start.boot.id, supervisor) + backup_jobs(backup) + [plan_job(db, self.clock, self.settings, info)]
         scheduler = build_scheduler(jobs)
         app = create_app(context)
-        server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
+        server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off",
+                                               timeout_graceful_shutdown=API_SHUTDOWN_S))
         app.state.stopping = ServerExiting(server)
         # The handlers are in since run() began; uvicorn wraps TERM and INT and calls them
         # again once it has shut down. A stop that came before the server was known stops it now.
@@ -450,7 +457,9 @@ class Daemon:
             nodes = self.cluster_nodes
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))
         if self.notifier.enabled:
-            interval = self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S
+            # Half the watchdog's timeout is 30 s with the unit's WatchdogSec=60s: `systemctl status`
+            # would show a summary that old. Pinging more often than needed is harmless.
+            interval = min(self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S, STATUS_INTERVAL_S)
             jobs.append(Job("sd_notify", interval, lambda: notify_job(self.notifier, supervisor)))
         return jobs
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -131,3 +132,38 @@ def test_on_without_the_program_refuses_to_start_naming_the_setting(
     fleet_daemons.append(daemon)
     assert daemon.process.wait(90) != 0
     assert "[gpu] mps = 'on' but nvidia-cuda-mps-control is not on PATH" in daemon.log()
+
+
+def test_a_pid_file_whose_pid_a_reboot_gave_another_process_is_not_adopted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pid file is in the state_dir and outlives the boot; after a reboot the pid it names
+    may be any process. Adopting that one left the workers without MPS, for ever: its check
+    saw the pid alive, and nothing restarted the control daemon."""
+    from fleetd.config import MpsMode
+    from fleetd.supervision.mps import Mps, MpsDirs, OsMps
+
+    monkeypatch.setenv("PATH", standin_path(tmp_path))
+    dirs = MpsDirs(tmp_path / "mps")
+    dirs.pipe.mkdir(parents=True)
+    seen: list[str] = []
+    other = subprocess.Popen(["sleep", "60"])  # holds the pid the previous boot's daemon had
+    try:
+        (dirs.pipe / PID_FILE).write_text(f"{other.pid}\n")
+        mps = Mps(MpsMode.AUTO, dirs, OsMps(), lambda kind, message, severity: seen.append(kind.value))
+        mps.start()
+        started = int((dirs.pipe / PID_FILE).read_text())
+        try:
+            assert seen == ["mps_started"] and started != other.pid and alive(started)
+            assert (dirs.pipe / "control").exists()
+            # The one it started is the control program: a later daemon adopts it.
+            again = Mps(MpsMode.AUTO, dirs, OsMps(), lambda kind, message, severity: seen.append(kind.value))
+            again.start()
+            assert seen[-1] == "mps_adopted"
+            again.stop()
+            wait("quit", lambda: not alive(started), 10)
+        finally:
+            if alive(started):
+                os.kill(started, signal.SIGKILL)
+    finally:
+        other.kill()
+        other.wait()

@@ -197,3 +197,63 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_running_job(daemons: lis
     finally:
         kill_leftover_workers(config)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_stop_stops_the_workers_without_waiting_for_a_request_that_never_ends(daemons: list[Daemon]) -> None:
+    """A client that stops sending its request's body (an upload on a link that went away) held
+    the API open, and the workers are stopped only after it: `systemctl stop` ran into
+    TimeoutStopSec, and systemd killed the daemon alone with every worker still training. Such a
+    request is cut after fleetd.daemon.API_SHUTDOWN_S."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    client = socket.socket()
+    try:
+        daemon = Daemon(config, env={"PYTHONPATH": str(REPO)})
+        daemons.append(daemon)
+        daemon.wait_healthy()
+        for name in ("a", "b"):
+            daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+        client.connect(("127.0.0.1", config.port))
+        client.sendall(f"POST /api/v1/games HTTP/1.1\r\nHost: fleetd\r\nAuthorization: Bearer {config.token()}\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"name\": ".encode())
+        time.sleep(0.5)  # the request is in the application, waiting for the rest of its body
+        daemon.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while worker_processes(config):
+            assert time.monotonic() < deadline, f"workers still running 30 s into the stop:\n{daemon.log()[-3000:]}"
+            time.sleep(0.2)
+        assert daemon.process.wait(30) == 0, daemon.log()
+        kind, message = stored_events(config)[-1]
+        assert (kind, message) == ("daemon_stop", "fleetd stopped: received SIGTERM")
+    finally:
+        client.close()
+        kill_leftover_workers(config)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_status_line_is_refreshed_every_10_s_under_the_units_watchdog(daemons: list[Daemon]) -> None:
+    """WatchdogSec=60s (the unit's) made the STATUS line, sent with each watchdog ping at half
+    that, 30 s stale in `systemctl status`; it follows the fleet every STATUS_INTERVAL_S."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    path = root / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    try:
+        daemon = Daemon(config, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "60000000", "PYTHONPATH": str(REPO)})
+        daemons.append(daemon)
+        messages: list[str] = []
+        deadline = time.monotonic() + 90
+        while "READY=1" not in messages and time.monotonic() < deadline and daemon.process.poll() is None:
+            messages += receive(sock, 5)
+        assert "READY=1" in messages, daemon.log()
+        after: list[str] = []
+        deadline = time.monotonic() + 15
+        while not (any(m.startswith("STATUS=") for m in after) and "WATCHDOG=1" in after) and time.monotonic() < deadline:
+            after += receive(sock, 1)
+        assert any(m.startswith("STATUS=") for m in after), f"no STATUS line within 15 s of READY: {after}"
+        assert "WATCHDOG=1" in after  # pinged with it: more often than needed is harmless
+    finally:
+        sock.close()
+        kill_leftover_workers(config)
+        shutil.rmtree(root, ignore_errors=True)

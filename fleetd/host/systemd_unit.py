@@ -33,9 +33,11 @@ class InstallPaths:
         return readable, writable
 
 
-    def under_tmp(self) -> tuple[Path, ...]:
-        """Paths that PrivateTmp=yes would hide, fewest that cover them."""
-        return covering(p for p in self.read_only + self.state_dir if inside_any(p, TMP_ROOTS))
+    def under_tmp(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+        """(read-only, read-write) paths that PrivateTmp=yes would hide, fewest that cover them."""
+        writable = covering(p for p in self.state_dir if inside_any(p, TMP_ROOTS))
+        readable = covering(p for p in self.read_only if inside_any(p, TMP_ROOTS) and not inside_any(p, writable))
+        return readable, writable
 
 
 def is_under_home(path: PurePosixPath) -> bool:
@@ -106,22 +108,25 @@ def protect_home(paths: InstallPaths) -> str:
 
 def private_tmp(paths: InstallPaths) -> str:
     """PrivateTmp=yes, with an installation that lives under /tmp mounted back into it."""
-    hidden = paths.under_tmp()
-    if not hidden:
+    readable, writable = paths.under_tmp()
+    if not readable and not writable:
         return "PrivateTmp=yes"
+    hidden = covering(readable + writable)
     note = (
         f"This installation lives under a temporary directory ({', '.join(map(str, hidden))}), which "
-        "PrivateTmp=yes replaces with an empty one: it is mounted back, read-only. /tmp may be emptied "
-        "at boot, taking the installation with it: install under /opt or /srv and regenerate."
+        "PrivateTmp=yes replaces with an empty one: it is mounted back, read-only except state_dir. /tmp "
+        "may be emptied at boot, taking the installation with it: install under /opt or /srv and regenerate."
     )
     lines = [*("# " + line for line in textwrap.wrap(note, 94)), "PrivateTmp=yes"]
-    return "\n".join(lines + [f"BindReadOnlyPaths={path_arg(p)}" for p in hidden])
+    lines += [f"BindReadOnlyPaths={path_arg(p)}" for p in readable]
+    return "\n".join(lines + [f"BindPaths={path_arg(p)}" for p in writable])
 
 
 def writable_state_dir(paths: InstallPaths) -> str:
     # ProtectSystem=strict leaves only StateDirectory= writable; a state_dir the config names
-    # elsewhere (and not under a home, which BindPaths= covers) must be opened up explicitly.
-    elsewhere = [p for p in covering(paths.state_dir) if not is_under_home(p) and not inside_any(p, [DEFAULT_STATE_DIR])]
+    # elsewhere (and not under a home or /tmp, which BindPaths= covers) must be opened up explicitly.
+    elsewhere = [p for p in covering(paths.state_dir)
+                 if not is_under_home(p) and not inside_any(p, [DEFAULT_STATE_DIR, *TMP_ROOTS])]
     if not elsewhere:
         return ""
     note = "\n# The config's state_dir: create it, owned by User=, before the first start."
@@ -157,7 +162,9 @@ def word(value: str, what: str) -> str:
         raise ValueError(f"the {what} path {value!r} contains a newline, quote or backslash")
     # '%' starts a unit specifier in every setting that takes a path.
     escaped = value.replace("%", "%%")
-    return f'"{escaped}"' if any(ch.isspace() for ch in escaped) else escaped
+    # systemd unquotes a word wherever a quote appears in it: a lone "'" (/srv/o'brien) is
+    # "Unbalanced quoting" and the whole setting is ignored. Inside double quotes it is a letter.
+    return f'"{escaped}"' if any(ch.isspace() or ch == "'" for ch in escaped) else escaped
 
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")

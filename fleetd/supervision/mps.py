@@ -13,7 +13,9 @@ system-wide MPS another user set up:
   without it and an event says why. `"on"`: the same, but the daemon refuses to start without it.
   `"off"`: never.
 - One already running in those folders (left by a daemon that stopped with SIGUSR1 so its
-  workers kept training, or was killed) is adopted, not started twice.
+  workers kept training, or was killed) is adopted, not started twice. Its pid file must name
+  a live `nvidia-cuda-mps-control`: the file outlives a reboot, and the pid it names may then
+  belong to any other process.
 - Its death is noticed by the periodic check (its pid file's process gone): it is started
   again, up to `mps_restarts` times; past that, or when a restart fails, workers started from
   then on run without MPS, and an event records the fallback.
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon in its pipe directory
+COMM_MAX = 15  # TASK_COMM_LEN - 1: how much of a program's name /proc/PID/comm keeps
 RUN_TIMEOUT_S = 30.0
 READY_POLLS, READY_POLL_S = 50, 0.1  # `-d` returns as it forks: its pid file follows shortly
 
@@ -91,7 +94,8 @@ class MpsSeam(Protocol):
     def run(self, argv: list[str], env: dict[str, str], stdin: str | None) -> tuple[int, str]:
         """Run to its end; (exit code, output)."""
 
-    def alive(self, pid: int) -> bool: ...
+    def alive(self, pid: int) -> bool:
+        """Whether the control daemon runs as `pid` (not merely some process)."""
 
     def sleep(self, seconds: float) -> None: ...
 
@@ -109,16 +113,32 @@ class OsMps:
         return done.returncode, (done.stdout + done.stderr).strip()
 
     def alive(self, pid: int) -> bool:
+        # The pid file outlives its daemon across a reboot (it is in the state_dir): the pid it
+        # names may be any process of the new boot, or of this one after the daemon was killed.
+        # Only a process that is the control program counts, by its name (the kernel's comm,
+        # the program's name cut to 15 characters).
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True  # someone else's process: alive
-        return True
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except FileNotFoundError:
+            if Path("/proc/self/comm").exists():
+                return False  # gone
+            return _signalable(pid)  # no /proc to ask: a live pid has to do
+        except OSError:
+            return _signalable(pid)
+        return comm == CONTROL[:COMM_MAX]
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+def _signalable(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
 
 
 Record = Callable[[MpsEvent, str, str], None]  # kind, message, severity

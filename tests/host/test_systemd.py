@@ -90,6 +90,23 @@ def test_render_escapes_what_systemd_would_expand() -> None:
     assert unit_settings(text)["ExecStart"] == '"/opt/fleet d/bin/fleetd" serve --config /etc/fleetd/100%%$$HOME.toml'
 
 
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed (apt-get install systemd)")
+def test_a_path_with_an_apostrophe_is_quoted_so_systemd_keeps_the_setting(tmp_path: Path) -> None:
+    """Unquoted, systemd read /etc/o'brien/... as an unbalanced quote and dropped ExecStart=:
+    "Unit configuration has fatal error, unit will not be started"."""
+    paths = InstallPaths((Path("/home/o'brien/venv"),), (Path("/srv/o'brien"),))
+    text = render_unit(real_executable(), "/etc/o'brien/fleetd.toml", "fleetd", paths)
+    assert unit_settings(text)["ExecStart"].endswith('serve --config "/etc/o\'brien/fleetd.toml"')
+    assert unit_values(text, "BindReadOnlyPaths") == ['"/home/o\'brien/venv"']
+    assert unit_values(text, "ReadWritePaths") == ['"/srv/o\'brien"']
+    unit_file = tmp_path / "fleetd.service"
+    unit_file.write_text(text)
+    result = subprocess.run([str(SYSTEMD_ANALYZE), "--man=no", "verify", str(unit_file)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "fleetd.service" not in output, output
+
+
 @pytest.mark.parametrize(
     ("fleetd_bin", "config", "user"),
     [
@@ -110,6 +127,17 @@ def test_an_install_under_tmp_is_mounted_back_into_the_private_tmp() -> None:
     assert unit_values(text, "BindReadOnlyPaths") == ["/tmp/ci-clone"]
 
 
+def test_a_state_dir_under_tmp_is_mounted_back_writable() -> None:
+    """BindReadOnlyPaths= of the state_dir beside ReadWritePaths= of it: systemd keeps the bind
+    mount (it ranks first for one path), so the daemon could not write its state_dir."""
+    paths = InstallPaths(read_only=(Path("/tmp/trial/venv"), Path("/tmp/trial/state/fleetd.toml")),
+                         state_dir=(Path("/tmp/trial/state"),))
+    text = render_unit("/tmp/trial/venv/bin/fleetd", "/tmp/trial/state/fleetd.toml", "fleetd", paths)
+    assert unit_values(text, "BindPaths") == ["/tmp/trial/state"]
+    assert unit_values(text, "BindReadOnlyPaths") == ["/tmp/trial/venv"]  # the config is inside state_dir
+    assert not unit_values(text, "ReadWritePaths")
+
+
 def test_unit_carries_the_issue_requirements() -> None:
     settings = unit_settings(render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd"))
     expected = {
@@ -123,6 +151,14 @@ def test_unit_carries_the_issue_requirements() -> None:
     assert not {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"} & settings.keys()
     stop_timeout_s = int(settings["TimeoutStopSec"].removesuffix("s"))
     assert stop_timeout_s > load_settings().supervisor.stopwaitsecs
+
+
+def test_the_service_user_may_read_the_journal_for_the_kernels_last_words() -> None:
+    """journalctl run by an unprivileged user outside the systemd-journal group exits 1 with "No
+    journal files were opened due to insufficient permissions.": every reboot's forensics said
+    the kernel's warnings were not kept."""
+    settings = unit_settings(render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd"))
+    assert "systemd-journal" in settings["SupplementaryGroups"].split()
 
 
 def test_unit_hides_homes_when_nothing_lives_there() -> None:
