@@ -11,6 +11,11 @@ directory target (a local disk, NFS); on object stores (s3://) fsspec's rename i
 delete, so a half-copied folder may exist for a moment, under the temporary name only. A
 checkpoint is hashed (`workers.checkpoint.verify`) before it is copied, and a restore verifies
 each one again before it takes it.
+
+A target holds one fleet's backup: `backup.json` names the fleet (its database's first boot,
+which a restore carries to the new host), and a daemon whose database is another's (a second
+host given the same config, a fresh state_dir started before `fleetd restore`) backs nothing up
+there: its database copy would replace the other's, and its checkpoints' sync delete theirs.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
+FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
 _TEMP = ".tmp-"
 
 
@@ -156,14 +162,13 @@ class Backup:
 
     def _database(self) -> int:
         try:
+            fleet = self._claim()
             with tempfile.TemporaryDirectory(prefix="db-", dir=self._scratch()) as work:
                 copy = Path(work) / DB_NAME
                 size = copy_database(self.settings.db_path, copy, self.settings.database.busy_timeout_ms)
                 self.target.put_file(copy, DB_NAME)
-                info = Path(work) / INFO_NAME
-                info.write_text(json.dumps({"db_at": self.clock.now().isoformat(), "db_bytes": size,
-                                            "fleetd_version": __version__}, indent=2))
-                self.target.put_file(info, INFO_NAME)
+                self._write_info({"db_at": self.clock.now().isoformat(), "db_bytes": size,
+                                  "fleetd_version": __version__, FLEET_KEY: fleet})
         except Exception as exc:
             self._failed("database", exc)
             raise
@@ -174,6 +179,7 @@ class Backup:
         copied: list[str] = []
         removed: list[str] = []
         try:
+            self._claim()
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
@@ -186,6 +192,42 @@ class Backup:
             self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
             self.status.checkpoints_copied += len(copied)
         return copied, removed
+
+    def fleet(self) -> str | None:
+        """Which fleet this database is: its first boot (a restore keeps it; a new database, or
+        another host's, has its own). None before any boot is recorded."""
+        from fleetd.store.boots import read_first_boot
+
+        with self.db.transaction() as session:
+            boot = read_first_boot(session)
+        return None if boot is None else f"first started {boot.first_seen_at.isoformat()} in boot {boot.boot_id}"
+
+    def _claim(self) -> str | None:
+        """This fleet's name for the target, written into backup.json where none is; refused
+        (BackupError) when the target holds another fleet's backup."""
+        fleet = self.fleet()
+        if fleet is None:
+            return None
+        try:
+            info = _read_info(self.target)
+        except BackupError:  # damaged: the database backup writes it anew
+            info = {}
+        theirs = info.get(FLEET_KEY)
+        if theirs is None:  # a new target, or one an older fleetd wrote: this fleet's from now on
+            self._write_info({**info, FLEET_KEY: fleet})
+        elif theirs != fleet:
+            raise BackupError(
+                f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "
+                "up here would replace its database and delete its checkpoints. Give each fleet its own [backup] "
+                "target; if that fleet is gone and this state_dir was meant to be it, stop fleetd and `fleetd "
+                f"restore` the backup into an empty state_dir; to start afresh, move that backup aside first")
+        return fleet
+
+    def _write_info(self, info: dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory(prefix="info-", dir=self._scratch()) as work:
+            path = Path(work) / INFO_NAME
+            path.write_text(json.dumps(info, indent=2))
+            self.target.put_file(path, INFO_NAME)
 
     def _scratch(self) -> Path:
         self.settings.backups_dir.mkdir(parents=True, exist_ok=True)

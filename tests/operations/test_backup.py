@@ -77,6 +77,53 @@ def test_pruned_checkpoints_leave_the_target_and_interrupted_copies_are_cleared(
     assert target.names("games/pong/checkpoints") == {"ckpt-000000000200"}
 
 
+def booted_fleet(state_dir: Path, url: str, boot_id: str):
+    """A state_dir whose database recorded a boot, as every daemon's does at start."""
+    from fleetd.store.boots import create_boot
+
+    settings = load_settings(state_dir=state_dir, backup={"target": url})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    db = Database.open(settings.db_path)
+    clock = FakeClock()
+    with db.transaction() as session:
+        create_boot(session, boot_id, clock.now(), clock.now(), None)
+    return settings, db
+
+
+def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
+    # Two hosts given the same config (or a fresh state_dir started before `fleetd restore`):
+    # the second one's backup replaced the first's database and deleted its checkpoints.
+    _, _, url = setup
+    a_settings, a_db = booted_fleet(tmp_path / "box-a", url, "boot-of-box-a")
+    for steps in (100, 200):
+        write_ckpt(a_settings.game_dir("pong") / "checkpoints", steps)
+    Backup(a_settings, a_db, FakeClock()).now()
+    target = Target(url)
+    a_copy = target.fs.cat_file(target.path("fleetd.db"))
+    b_settings, b_db = booted_fleet(tmp_path / "box-b", url, "boot-of-box-b")
+    write_ckpt(b_settings.game_dir("pong") / "checkpoints", 50)
+    b_backup = Backup(b_settings, b_db, FakeClock())
+
+    for run in (b_backup.now, b_backup.checkpoints, b_backup.database):
+        with pytest.raises(BackupError, match="holds the backup of another fleet .*boot-of-box-a"):
+            run()
+
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    assert target.fs.cat_file(target.path("fleetd.db")) == a_copy
+    assert "another fleet" in b_backup.status.last_error
+    with b_db.transaction() as session:
+        assert [e.kind for e in read_events(session, EventFilter(kind="backup_failed"))] == ["backup_failed"] * 3
+    # The first fleet, restored onto a new host, backs up there as before.
+    restored = tmp_path / "box-c"
+    restore(url, restored)
+    c_settings = load_settings(state_dir=restored, backup={"target": url})
+    c_db = Database.open(c_settings.db_path)
+    write_ckpt(c_settings.game_dir("pong") / "checkpoints", 300)
+    assert Backup(c_settings, c_db, FakeClock()).now().copied == ["pong/ckpt-000000000300"]
+    for db in (a_db, b_db, c_db):
+        db.close()
+
+
 def test_restore_fills_an_empty_state_dir_and_skips_what_does_not_verify(setup, tmp_path):
     settings, db, url = setup
     write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
