@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
 FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
+SCRATCH_PREFIXES = ("db-", "info-")  # Backup's work folders in state_dir/backups, beside `fleetd db upgrade`'s copies
 _TEMP = ".tmp-"
 
 
@@ -163,7 +164,7 @@ class Backup:
     def _database(self) -> int:
         try:
             fleet = self._claim()
-            with tempfile.TemporaryDirectory(prefix="db-", dir=self._scratch()) as work:
+            with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[0], dir=self._scratch()) as work:
                 copy = Path(work) / DB_NAME
                 size = copy_database(self.settings.db_path, copy, self.settings.database.busy_timeout_ms)
                 self.target.put_file(copy, DB_NAME)
@@ -224,12 +225,12 @@ class Backup:
         return fleet
 
     def _write_info(self, info: dict[str, Any]) -> None:
-        with tempfile.TemporaryDirectory(prefix="info-", dir=self._scratch()) as work:
+        with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[1], dir=self._scratch()) as work:
             path = Path(work) / INFO_NAME
             path.write_text(json.dumps(info, indent=2))
             self.target.put_file(path, INFO_NAME)
 
-    def _scratch(self) -> Path:
+    def _scratch(self) -> Path:  # its work folders: SCRATCH_PREFIXES
         self.settings.backups_dir.mkdir(parents=True, exist_ok=True)
         return self.settings.backups_dir
 
@@ -245,6 +246,17 @@ class Backup:
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), "backup_failed", f"backup of the {what} to "
                          f"{self.target.url} failed: {reason}", severity="error", details={"target": self.target.url})
+
+
+def remove_scratch_leftovers(settings: Settings) -> list[Path]:
+    """At start, under the state_dir's lock: the work folders of backups that a daemon's end cut
+    short (a database copy each); `fleetd db upgrade`'s copies beside them are kept."""
+    folder = settings.backups_dir
+    left = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(SCRATCH_PREFIXES)) \
+        if folder.is_dir() else []
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
+    return left
 
 
 def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None) -> tuple[list[str], list[str]]:
