@@ -294,6 +294,8 @@ class Restored:
     checkpoints: int
     skipped: list[str]
     info: dict[str, Any]
+    # What to do before the daemon starts there, when the database is not at this fleetd's schema.
+    schema_note: str | None = None
 
 
 def restore(source: str, state_dir: Path) -> Restored:
@@ -349,6 +351,7 @@ def _fill(target: Target, state_dir: Path) -> Restored:
     info = _read_info(target)
     target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
     (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
+    note = _check_database(state_dir / DB_NAME)
     close_backed_up_boot(state_dir / DB_NAME)
     games, count, skipped = [], 0, []
     for game in sorted(target.names("games")):
@@ -356,7 +359,29 @@ def _fill(target: Target, state_dir: Path) -> Restored:
         games.append(game)
         count += taken
         skipped += bad
-    return Restored(games, count, skipped, info)
+    return Restored(games, count, skipped, info, note)
+
+
+def _check_database(db_path: Path) -> str | None:
+    """The restored database copy: refused (BackupError) when damaged or not fleetd's, as the
+    daemon would refuse it at start; at another fleetd's schema, what to do before the start."""
+    from fleetd.store.schema import SchemaError, SchemaState, inspect_schema
+
+    try:
+        status = inspect_schema(db_path)
+    except SchemaError as exc:  # its advice is the daemon's, about a state_dir's own copies
+        reason = str(exc).removeprefix(f"cannot read the database {db_path}: ").split(". fleetd changed nothing")[0]
+        raise BackupError(f"{DB_NAME} in the backup is damaged ({reason}): restore from another backup") from None
+    if status.state is SchemaState.BEHIND:
+        return (f"its database is at schema {status.current}, this fleetd's is {status.head}: run `fleetd db "
+                "upgrade` (with the state_dir of this restore in its config) before you start fleetd")
+    if status.state is SchemaState.UNKNOWN:
+        return (f"its database is at schema {status.current}, which this fleetd does not know (a newer fleetd "
+                f"wrote it; this one's newest is {status.head}): install that fleetd before you start it")
+    if status.state is not SchemaState.CURRENT:
+        raise BackupError(f"{DB_NAME} in the backup is not a fleetd database ({status.state}): restore from "
+                          "the directory or URL that [backup] target named")
+    return None
 
 
 def _remove_restored(state_dir: Path) -> list[str]:
