@@ -186,6 +186,7 @@ class Backup:
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
+            removed += self._purged()
         except Exception as exc:
             self._failed("checkpoints", exc)
             raise
@@ -193,6 +194,24 @@ class Backup:
             self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
             self.status.checkpoints_copied += len(copied)
         return copied, removed
+
+    def _purged(self) -> list[str]:
+        """The target's copies of games removed with their files (`games rm --purge`): neither in
+        the database nor on the disk any more. Kept, a restore brought them back, and a game added
+        under the name was refused over them. A game's folder lost from the disk, its game still
+        in the database, is not this: its copies are what the backup is for."""
+        from fleetd.store.games import game_exists
+
+        purged = []
+        for game in sorted(self.target.names("games")):
+            if game.startswith(_TEMP) or self.settings.game_dir(game).exists():
+                continue
+            with self.db.transaction() as session:
+                if game_exists(session, game):
+                    continue
+            self.target.remove(f"games/{game}")
+            purged.append(f"{game}/*")
+        return purged
 
     def fleet(self) -> str | None:
         """Which fleet this database is: its first boot (a restore keeps it; a new database, or

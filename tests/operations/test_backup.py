@@ -3,6 +3,7 @@ round trip, with a directory target, is tests/operations/test_backup_e2e.py)."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
+import sqlalchemy
 
 from fleetd.config import ConfigError, load_settings
 from fleetd.operations.backup import Backup, BackupError, Target, restore
@@ -75,6 +77,36 @@ def test_pruned_checkpoints_leave_the_target_and_interrupted_copies_are_cleared(
 
     assert run.copied == ["pong/ckpt-000000000200"] and run.removed == ["pong/ckpt-000000000100"]
     assert target.names("games/pong/checkpoints") == {"ckpt-000000000200"}
+
+
+def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without_stays(setup, tmp_path):
+    # `games rm pong --purge` left pong's checkpoints on the target for ever: a restore brought
+    # them back, and adding a game named pong was then refused over them.
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+
+    settings, db, url = setup
+    clock = FakeClock()
+    with db.transaction() as session:
+        for name in ("pong", "kept", "lost"):
+            create_game(session, GameDraft(name=name, env_id="CartPole-v1", algo="ppo"), clock.now())
+    for name in ("pong", "kept", "lost"):
+        write_ckpt(settings.game_dir(name) / "checkpoints", 100)
+    backup = Backup(settings, db, clock)
+    backup.checkpoints()
+    with db.transaction() as session:
+        for name in ("pong", "kept"):
+            session.execute(sqlalchemy.text("UPDATE games SET state = 'stopped' WHERE name = :n"), {"n": name})
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
+    remove_game(db, clock, "kept", settings.game_dir("kept"), purge=False)  # its files stay: so do their copies
+    shutil.rmtree(settings.game_dir("lost"))  # lost from the disk, the game still there: the backup is for this
+
+    run = backup.now()
+
+    assert run.removed == ["pong/*"]
+    assert Target(url).names("games") == {"kept", "lost"}
+    assert restore(url, tmp_path / "fresh").games == ["kept", "lost"]
 
 
 def booted_fleet(state_dir: Path, url: str, boot_id: str):
