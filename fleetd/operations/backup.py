@@ -186,7 +186,7 @@ class Backup:
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
-            removed += self._purged()
+            removed += self._set_aside() + self._purged()
         except Exception as exc:
             self._failed("checkpoints", exc)
             raise
@@ -194,6 +194,32 @@ class Backup:
             self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
             self.status.checkpoints_copied += len(copied)
         return copied, removed
+
+    def _set_aside(self) -> list[str]:
+        """The target's copies of checkpoints set aside here under a game's `removed/` (a game added
+        with kept=set_aside under a removed game's name): the sync keeps a game's last copies
+        while it has no checkpoint of its own yet, and a restore then handed the removed game's
+        to the new one. A name the new game wrote again is dropped where its copy is the old one."""
+        dropped = []
+        for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
+            game = game_dir.parent.name
+            aside = {p.name for p in game_dir.glob("*-checkpoints/ckpt-*")}
+            relative = f"games/{game}/checkpoints"
+            on_target = self.target.names(relative) & aside if aside else set()
+            here = game_dir.parent / "checkpoints"
+            for name in sorted(on_target):
+                if (here / name).is_dir() and self._same_manifest(here / name, f"{relative}/{name}"):
+                    continue
+                self.target.remove(f"{relative}/{name}")
+                dropped.append(f"{game}/{name}")
+        return dropped
+
+    def _same_manifest(self, local: Path, relative: str) -> bool:
+        try:
+            return (local / checkpoint.MANIFEST).read_bytes() == self.target.fs.cat_file(
+                self.target.path(f"{relative}/{checkpoint.MANIFEST}"))
+        except FileNotFoundError:
+            return False
 
     def _purged(self) -> list[str]:
         """The target's copies of games removed with their files (`games rm --purge`): neither in

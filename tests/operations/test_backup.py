@@ -109,6 +109,37 @@ def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without
     assert restore(url, tmp_path / "fresh").games == ["kept", "lost"]
 
 
+def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
+    # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
+    # removed pong's checkpoints until the new one wrote its own (never the last ones), and a
+    # restore in between handed them to the new game (another env's: FATAL, or the old network).
+    from fleetd.games.kept import kept_files, set_aside
+
+    settings, db, url = setup
+    clock = FakeClock()
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    old_100 = write_ckpt(ckpts, 100)
+    old_manifest = (old_100 / checkpoint.MANIFEST).read_bytes()
+    write_ckpt(ckpts, 200)
+    backup = Backup(settings, db, clock)
+    backup.now()
+    set_aside(kept_files(settings, "pong"), clock.now())
+    target = Target(url)
+
+    run = backup.now()
+
+    assert sorted(run.removed) == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    assert target.names("games/pong/checkpoints") == set()
+    assert restore(url, tmp_path / "fresh").checkpoints == 0
+    # The new game's own checkpoint of a step count the removed one had is copied, and kept.
+    write_ckpt(ckpts, 100)
+    assert (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes() != old_manifest
+    assert backup.now().copied == ["pong/ckpt-000000000100"]
+    assert backup.now().removed == []
+    copy = target.fs.cat_file(target.path(f"games/pong/checkpoints/ckpt-000000000100/{checkpoint.MANIFEST}"))
+    assert copy == (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes()
+
+
 def booted_fleet(state_dir: Path, url: str, boot_id: str):
     """A state_dir whose database recorded a boot, as every daemon's does at start."""
     from fleetd.store.boots import create_boot
