@@ -137,6 +137,7 @@ class Backup:
         self.target = Target(settings.backup.target)
         self.status = BackupStatus(settings.backup.target)
         self._lock = threading.Lock()
+        self._purges: set[str] = set()  # games removed with their files since the last scan
 
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied."""
@@ -161,6 +162,11 @@ class Backup:
             self._record(f"copied {len(copied)} checkpoint(s), removed {len(removed)} pruned one(s)", run)
         return run
 
+    def purged(self, game: str) -> None:
+        """`games rm GAME --purge`: the next scan drops the target's copies first, even where a
+        game of the name was added meanwhile (its own checkpoints are then copied after)."""
+        self._purges.add(game)
+
     def _database(self) -> int:
         try:
             fleet = self._claim()
@@ -181,6 +187,11 @@ class Backup:
         removed: list[str] = []
         try:
             self._claim()
+            for game in sorted(self._purges):
+                if game in self.target.names("games"):
+                    self.target.remove(f"games/{game}")
+                    removed.append(f"{game}/*")
+                self._purges.discard(game)  # once gone: a target that failed is tried again
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")

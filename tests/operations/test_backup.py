@@ -3,6 +3,7 @@ round trip, with a directory target, is tests/operations/test_backup_e2e.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sqlite3
 import subprocess
@@ -284,3 +285,43 @@ def test_the_database_copy_finishes_while_another_process_keeps_committing(tmp_p
         pairs, balance = copy.execute("SELECT count(*), total(amount) FROM ledger").fetchone()
     copy.close()
     assert pairs >= 2 and pairs % 2 == 0 and balance == 0  # whole transactions only: a snapshot
+
+
+def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_behind(settings, db, tmp_path):
+    # rm --purge then add under the name within a scan's interval: the new game was in the
+    # database and had a folder (its logs), so its predecessor's copies stayed on the target
+    # until it wrote a checkpoint, and a restore then handed them to it.
+    from fastapi.testclient import TestClient
+
+    from fleetd.api import create_app
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+    from tests.api_context import api_context
+    from tests.fakes import FakeHost
+
+    url = f"memory://backup-{uuid.uuid4().hex}"
+    settings = settings.model_copy(update={"backup": settings.backup.model_copy(update={"target": url})})
+    clock = FakeClock()
+    context = dataclasses.replace(api_context(settings, db, clock, FakeHost(clock), "t" * 32),
+                                  backup=Backup(settings, db, clock))
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "CartPole-v1", "ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    context.backup.now()
+    try:
+        with TestClient(create_app(context)) as client:
+            client.headers["Authorization"] = f"Bearer {'t' * 32}"
+            assert client.delete("/api/v1/games/pong?purge=true").status_code == 204
+        with db.transaction() as session:  # added again, another env; its worker made its folder
+            create_game(session, GameDraft("pong", "Acrobot-v1", "ppo", desired="stopped"), clock.now())
+        (settings.game_dir("pong") / "logs").mkdir(parents=True)
+
+        run = context.backup.now()
+
+        assert run.removed == ["pong/*"]
+        assert restore(url, tmp_path / "fresh").checkpoints == 0
+        write_ckpt(settings.game_dir("pong") / "checkpoints", 50)  # the new game's own: copied, kept
+        assert context.backup.now().copied == ["pong/ckpt-000000000050"]
+        assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000050"}
+    finally:
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
