@@ -222,6 +222,7 @@ class Daemon:
         # Before anything reads or writes the state_dir: one daemon per state_dir.
         lock = lock_state_dir(self.settings.state_dir)
         try:
+            remove_leftovers(self.settings)
             return self._run_locked()
         finally:
             lock.release()  # on every way out, SIGUSR1 included: the next daemon adopts
@@ -465,6 +466,22 @@ class Daemon:
 
 
 STATUS_INTERVAL_S = 10.0
+
+
+def remove_leftovers(settings: Settings) -> None:
+    """What an earlier daemon's end cut short, where only a daemon writes (the lock is held):
+    uploads, imports and exports in state_dir/transfers, backups' database copies."""
+    from fleetd.operations.backup import remove_scratch_leftovers
+    from fleetd.operations.model_io import remove_transfer_leftovers
+
+    for what, remove in (("transfers", remove_transfer_leftovers), ("backup work folders", remove_scratch_leftovers)):
+        try:
+            removed = remove(settings)
+        except OSError as exc:
+            log.warning("could not remove the %s an earlier daemon left: %s", what, exc)
+            continue
+        if removed:
+            log.info("removed the %s an earlier daemon left: %s", what, ", ".join(p.name for p in removed))
 
 
 def backup_jobs(backup: Backup | None) -> list[Job]:

@@ -140,3 +140,18 @@ def test_an_export_that_cannot_be_written_or_fails_leaves_no_folder(tmp_path: Pa
     assert missing.exit_code == ExitCode.NOT_FOUND and "nosuch" in missing.output, missing.output
     assert not (tmp_path / "ex2").exists()  # the folders it made for the export are taken away again
     assert into_a_folder.exit_code == ExitCode.NOT_FOUND and kept.is_dir() and not list(kept.iterdir())
+
+
+def test_an_export_into_a_folder_holding_any_file_it_writes_is_refused_before_asking(tmp_path: Path) -> None:
+    # Only model.zip was checked: `fleetd games export pong -o .` in a project replaced its README.md.
+    from tests.api_context import shared_context
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("# my project\n")
+    with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+        refused = fleetd(config, "games", "export", "nosuch", "-o", str(project))
+    assert refused.exit_code == ExitCode.ERROR, refused.output
+    assert f"{project / 'README.md'} exists: the export writes model.zip" in refused.output, refused.output
+    assert [p.name for p in project.iterdir()] == ["README.md"] and (project / "README.md").read_text() == "# my project\n"

@@ -34,10 +34,10 @@ class Refused(Exception):
     """The model does not fit the env or does not load; the message says which and why."""
 
 
-def env_config(env_id: str, hp: dict[str, Any], learning_wrappers: bool = True):
+def env_config(env_id: str, hp: dict[str, Any], learning_wrappers: bool = True, num_envs: int = 1):
     from workers.envs import EnvConfig
 
-    return EnvConfig(env_id=env_id, num_envs=1, learning_wrappers=learning_wrappers,
+    return EnvConfig(env_id=env_id, num_envs=num_envs, learning_wrappers=learning_wrappers,
                      max_episode_steps=hp.get("max_episode_steps"), frame_stack=hp.get("frame_stack", 4))
 
 
@@ -48,11 +48,13 @@ def import_model(staged: Staged, env_id: str, algo: str, steps: int, hp: dict[st
                  checkpoint_dir: Path) -> dict[str, Any]:
     from workers.envs import make_vec_env
 
-    venv = make_vec_env(env_config(env_id, hp))
+    # As many envs as the game's runs will have where it pins them: a replay buffer fits only
+    # runs of the env count that filled it.
+    venv = make_vec_env(env_config(env_id, hp, num_envs=hp.get("num_envs") or 1))
     try:
         check_spaces(staged.model, algo, env_id, venv)
         path = checkpoint.write_checkpoint(checkpoint_dir, steps, 0, lambda tmp: _populate(tmp, staged, steps))
-        _check_resumes(path, algo, venv, staged.vecnormalize)
+        _check_resumes(path, algo, venv, staged)
     finally:
         venv.close()
     return {"checkpoint": str(path), "steps": steps, "algo": algo}
@@ -86,18 +88,20 @@ def _populate(folder: Path, staged: Staged, steps: int) -> None:
     write_state(folder, Counters(steps=steps), capture_rng())
 
 
-def _check_resumes(path: Path, algo: str, venv: Any, normalize: bool) -> None:
-    """Load the new checkpoint as `workers.resume` will; remove it if it does not load."""
+def _check_resumes(path: Path, algo: str, venv: Any, staged: Staged) -> None:
+    """Load the new checkpoint as `workers.resume` will; remove it if it does not load. A DQN
+    given without its replay buffer resumes as a worker does, collecting a fresh one."""
     from workers.snapshot import load_snapshot
 
     try:
-        restored = load_snapshot(path, algo, venv, "cpu", normalize)
+        restored = load_snapshot(path, algo, venv, "cpu", staged.vecnormalize)
     except Exception as exc:  # noqa: BLE001 - whatever stops a resume refuses the import
         shutil.rmtree(path, ignore_errors=True)
         raise Refused(f"the model does not load as fleetd resumes it: {type(exc).__name__}: {exc}") from None
-    if restored.replay_note:
+    if restored.replay_note and staged.replay_buffer:
         shutil.rmtree(path, ignore_errors=True)
-        raise Refused(f"{REPLAY_BUFFER}: {restored.replay_note}")
+        raise Refused(f"{REPLAY_BUFFER}: {restored.replay_note}: pin the game's num_envs to the count that "
+                      "filled it (--hp num_envs=N), or import the model without its replay buffer")
 
 
 # -- export -----------------------------------------------------------------------------------

@@ -82,12 +82,15 @@ def export_model(
     config: ConfigOption = None,
 ) -> None:
     """Write a game's model as a plain SB3 zip (plus VecNormalize statistics, metadata, README)."""
-    from workers.bundle import METADATA, MODEL
+    from workers.bundle import BUNDLE_FILES, METADATA
 
     if out.exists() and not out.is_dir():
         fail(f"--out {out}: a file, not a folder: name a new or empty folder for model.zip and its files", ExitCode.USAGE)
-    if (out / MODEL).exists():
-        fail(f"{out / MODEL} exists: export into an empty or new folder")
+    # Any of the names the export writes, not only model.zip: a folder's own README.md was replaced.
+    taken = [name for name in BUNDLE_FILES if (out / name).exists()]
+    if taken:
+        fail(f"{', '.join(str(out / name) for name in taken)} exist{'s' if len(taken) == 1 else ''}: the export "
+             f"writes {', '.join(BUNDLE_FILES[:2])}, {METADATA} and README.md: export into an empty or new folder")
     # The folders this command makes, deepest first: taken away again if the export fails (a
     # missing game left an empty folder behind), unless something else was put in them.
     created = [folder for folder in (out, *out.parents) if not folder.exists()]

@@ -11,6 +11,11 @@ directory target (a local disk, NFS); on object stores (s3://) fsspec's rename i
 delete, so a half-copied folder may exist for a moment, under the temporary name only. A
 checkpoint is hashed (`workers.checkpoint.verify`) before it is copied, and a restore verifies
 each one again before it takes it.
+
+A target holds one fleet's backup: `backup.json` names the fleet (its database's first boot,
+which a restore carries to the new host), and a daemon whose database is another's (a second
+host given the same config, a fresh state_dir started before `fleetd restore`) backs nothing up
+there: its database copy would replace the other's, and its checkpoints' sync delete theirs.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
+FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
+SCRATCH_PREFIXES = ("db-", "info-")  # Backup's work folders in state_dir/backups, beside `fleetd db upgrade`'s copies
 _TEMP = ".tmp-"
 
 
@@ -130,6 +137,7 @@ class Backup:
         self.target = Target(settings.backup.target)
         self.status = BackupStatus(settings.backup.target)
         self._lock = threading.Lock()
+        self._purges: set[str] = set()  # games removed with their files since the last scan
 
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied."""
@@ -154,16 +162,20 @@ class Backup:
             self._record(f"copied {len(copied)} checkpoint(s), removed {len(removed)} pruned one(s)", run)
         return run
 
+    def purged(self, game: str) -> None:
+        """`games rm GAME --purge`: the next scan drops the target's copies first, even where a
+        game of the name was added meanwhile (its own checkpoints are then copied after)."""
+        self._purges.add(game)
+
     def _database(self) -> int:
         try:
-            with tempfile.TemporaryDirectory(prefix="db-", dir=self._scratch()) as work:
+            fleet = self._claim()
+            with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[0], dir=self._scratch()) as work:
                 copy = Path(work) / DB_NAME
                 size = copy_database(self.settings.db_path, copy, self.settings.database.busy_timeout_ms)
                 self.target.put_file(copy, DB_NAME)
-                info = Path(work) / INFO_NAME
-                info.write_text(json.dumps({"db_at": self.clock.now().isoformat(), "db_bytes": size,
-                                            "fleetd_version": __version__}, indent=2))
-                self.target.put_file(info, INFO_NAME)
+                self._write_info({"db_at": self.clock.now().isoformat(), "db_bytes": size,
+                                  "fleetd_version": __version__, FLEET_KEY: fleet})
         except Exception as exc:
             self._failed("database", exc)
             raise
@@ -174,11 +186,18 @@ class Backup:
         copied: list[str] = []
         removed: list[str] = []
         try:
+            self._claim()
+            for game in sorted(self._purges):
+                if game in self.target.names("games"):
+                    self.target.remove(f"games/{game}")
+                    removed.append(f"{game}/*")
+                self._purges.discard(game)  # once gone: a target that failed is tried again
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
+            removed += self._set_aside() + self._purged()
         except Exception as exc:
             self._failed("checkpoints", exc)
             raise
@@ -187,7 +206,87 @@ class Backup:
             self.status.checkpoints_copied += len(copied)
         return copied, removed
 
-    def _scratch(self) -> Path:
+    def _set_aside(self) -> list[str]:
+        """The target's copies of checkpoints set aside here under a game's `removed/` (a game added
+        with kept=set_aside under a removed game's name): the sync keeps a game's last copies
+        while it has no checkpoint of its own yet, and a restore then handed the removed game's
+        to the new one. A name the new game wrote again is dropped where its copy is the old one."""
+        dropped = []
+        for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
+            game = game_dir.parent.name
+            aside = {p.name for p in game_dir.glob("*-checkpoints/ckpt-*")}
+            relative = f"games/{game}/checkpoints"
+            on_target = self.target.names(relative) & aside if aside else set()
+            here = game_dir.parent / "checkpoints"
+            for name in sorted(on_target):
+                if (here / name).is_dir() and self._same_manifest(here / name, f"{relative}/{name}"):
+                    continue
+                self.target.remove(f"{relative}/{name}")
+                dropped.append(f"{game}/{name}")
+        return dropped
+
+    def _same_manifest(self, local: Path, relative: str) -> bool:
+        try:
+            return (local / checkpoint.MANIFEST).read_bytes() == self.target.fs.cat_file(
+                self.target.path(f"{relative}/{checkpoint.MANIFEST}"))
+        except FileNotFoundError:
+            return False
+
+    def _purged(self) -> list[str]:
+        """The target's copies of games removed with their files (`games rm --purge`): neither in
+        the database nor on the disk any more. Kept, a restore brought them back, and a game added
+        under the name was refused over them. A game's folder lost from the disk, its game still
+        in the database, is not this: its copies are what the backup is for."""
+        from fleetd.store.games import game_exists
+
+        purged = []
+        for game in sorted(self.target.names("games")):
+            if game.startswith(_TEMP) or self.settings.game_dir(game).exists():
+                continue
+            with self.db.transaction() as session:
+                if game_exists(session, game):
+                    continue
+            self.target.remove(f"games/{game}")
+            purged.append(f"{game}/*")
+        return purged
+
+    def fleet(self) -> str | None:
+        """Which fleet this database is: its first boot (a restore keeps it; a new database, or
+        another host's, has its own). None before any boot is recorded."""
+        from fleetd.store.boots import read_first_boot
+
+        with self.db.transaction() as session:
+            boot = read_first_boot(session)
+        return None if boot is None else f"first started {boot.first_seen_at.isoformat()} in boot {boot.boot_id}"
+
+    def _claim(self) -> str | None:
+        """This fleet's name for the target, written into backup.json where none is; refused
+        (BackupError) when the target holds another fleet's backup."""
+        fleet = self.fleet()
+        if fleet is None:
+            return None
+        try:
+            info = _read_info(self.target)
+        except BackupError:  # damaged: the database backup writes it anew
+            info = {}
+        theirs = info.get(FLEET_KEY)
+        if theirs is None:  # a new target, or one an older fleetd wrote: this fleet's from now on
+            self._write_info({**info, FLEET_KEY: fleet})
+        elif theirs != fleet:
+            raise BackupError(
+                f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "
+                "up here would replace its database and delete its checkpoints. Give each fleet its own [backup] "
+                "target; if that fleet is gone and this state_dir was meant to be it, stop fleetd and `fleetd "
+                f"restore` the backup into an empty state_dir; to start afresh, move that backup aside first")
+        return fleet
+
+    def _write_info(self, info: dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[1], dir=self._scratch()) as work:
+            path = Path(work) / INFO_NAME
+            path.write_text(json.dumps(info, indent=2))
+            self.target.put_file(path, INFO_NAME)
+
+    def _scratch(self) -> Path:  # its work folders: SCRATCH_PREFIXES
         self.settings.backups_dir.mkdir(parents=True, exist_ok=True)
         return self.settings.backups_dir
 
@@ -203,6 +302,17 @@ class Backup:
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), "backup_failed", f"backup of the {what} to "
                          f"{self.target.url} failed: {reason}", severity="error", details={"target": self.target.url})
+
+
+def remove_scratch_leftovers(settings: Settings) -> list[Path]:
+    """At start, under the state_dir's lock: the work folders of backups that a daemon's end cut
+    short (a database copy each); `fleetd db upgrade`'s copies beside them are kept."""
+    folder = settings.backups_dir
+    left = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(SCRATCH_PREFIXES)) \
+        if folder.is_dir() else []
+    for path in left:
+        shutil.rmtree(path, ignore_errors=True)
+    return left
 
 
 def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None) -> tuple[list[str], list[str]]:
@@ -240,6 +350,8 @@ class Restored:
     checkpoints: int
     skipped: list[str]
     info: dict[str, Any]
+    # What to do before the daemon starts there, when the database is not at this fleetd's schema.
+    schema_note: str | None = None
 
 
 def restore(source: str, state_dir: Path) -> Restored:
@@ -295,6 +407,7 @@ def _fill(target: Target, state_dir: Path) -> Restored:
     info = _read_info(target)
     target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
     (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
+    note = _check_database(state_dir / DB_NAME)
     close_backed_up_boot(state_dir / DB_NAME)
     games, count, skipped = [], 0, []
     for game in sorted(target.names("games")):
@@ -302,7 +415,29 @@ def _fill(target: Target, state_dir: Path) -> Restored:
         games.append(game)
         count += taken
         skipped += bad
-    return Restored(games, count, skipped, info)
+    return Restored(games, count, skipped, info, note)
+
+
+def _check_database(db_path: Path) -> str | None:
+    """The restored database copy: refused (BackupError) when damaged or not fleetd's, as the
+    daemon would refuse it at start; at another fleetd's schema, what to do before the start."""
+    from fleetd.store.schema import SchemaError, SchemaState, inspect_schema
+
+    try:
+        status = inspect_schema(db_path)
+    except SchemaError as exc:  # its advice is the daemon's, about a state_dir's own copies
+        reason = str(exc).removeprefix(f"cannot read the database {db_path}: ").split(". fleetd changed nothing")[0]
+        raise BackupError(f"{DB_NAME} in the backup is damaged ({reason}): restore from another backup") from None
+    if status.state is SchemaState.BEHIND:
+        return (f"its database is at schema {status.current}, this fleetd's is {status.head}: run `fleetd db "
+                "upgrade` (with the state_dir of this restore in its config) before you start fleetd")
+    if status.state is SchemaState.UNKNOWN:
+        return (f"its database is at schema {status.current}, which this fleetd does not know (a newer fleetd "
+                f"wrote it; this one's newest is {status.head}): install that fleetd before you start it")
+    if status.state is not SchemaState.CURRENT:
+        raise BackupError(f"{DB_NAME} in the backup is not a fleetd database ({status.state}): restore from "
+                          "the directory or URL that [backup] target named")
+    return None
 
 
 def _remove_restored(state_dir: Path) -> list[str]:

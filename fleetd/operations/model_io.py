@@ -93,6 +93,20 @@ def _transfers(settings: Settings) -> Path:
     return settings.transfers_dir
 
 
+def remove_transfer_leftovers(settings: Settings) -> list[Path]:
+    """At start, under the state_dir's lock: everything in the transfers folder is an upload, an
+    import or an export of a daemon that ended during it (a kill, a crash, a power cut), which
+    no one will send or take any more; an upload may be gigabytes. The paths removed."""
+    folder = settings.transfers_dir
+    left = sorted(folder.iterdir()) if folder.is_dir() else []
+    for path in left:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return left
+
+
 def _check_new(db: Database, files: KeptFiles, env_id: str) -> None:
     name = files.name
     if not name_free(db, name):

@@ -34,6 +34,12 @@ def read_boots(session: Session, since: datetime | None = None) -> list[BootReco
     return [_record(row) for row in session.scalars(query)]
 
 
+def read_first_boot(session: Session) -> BootRecord | None:
+    """The first boot fleetd recorded in this database: it stays through a restore onto another host."""
+    row = session.scalars(select(Boot).order_by(Boot.id).limit(1)).first()
+    return None if row is None else _record(row)
+
+
 def read_first_seen(session: Session) -> datetime | None:
     """When fleetd first ran on this host: the start of everything it observed."""
     return session.scalar(select(func.min(Boot.first_seen_at)))

@@ -3,6 +3,8 @@ round trip, with a directory target, is tests/operations/test_backup_e2e.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
+import sqlalchemy
 
 from fleetd.config import ConfigError, load_settings
 from fleetd.operations.backup import Backup, BackupError, Target, restore
@@ -75,6 +78,114 @@ def test_pruned_checkpoints_leave_the_target_and_interrupted_copies_are_cleared(
 
     assert run.copied == ["pong/ckpt-000000000200"] and run.removed == ["pong/ckpt-000000000100"]
     assert target.names("games/pong/checkpoints") == {"ckpt-000000000200"}
+
+
+def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without_stays(setup, tmp_path):
+    # `games rm pong --purge` left pong's checkpoints on the target for ever: a restore brought
+    # them back, and adding a game named pong was then refused over them.
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+
+    settings, db, url = setup
+    clock = FakeClock()
+    with db.transaction() as session:
+        for name in ("pong", "kept", "lost"):
+            create_game(session, GameDraft(name=name, env_id="CartPole-v1", algo="ppo"), clock.now())
+    for name in ("pong", "kept", "lost"):
+        write_ckpt(settings.game_dir(name) / "checkpoints", 100)
+    backup = Backup(settings, db, clock)
+    backup.checkpoints()
+    with db.transaction() as session:
+        for name in ("pong", "kept"):
+            session.execute(sqlalchemy.text("UPDATE games SET state = 'stopped' WHERE name = :n"), {"n": name})
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
+    remove_game(db, clock, "kept", settings.game_dir("kept"), purge=False)  # its files stay: so do their copies
+    shutil.rmtree(settings.game_dir("lost"))  # lost from the disk, the game still there: the backup is for this
+
+    run = backup.now()
+
+    assert run.removed == ["pong/*"]
+    assert Target(url).names("games") == {"kept", "lost"}
+    assert restore(url, tmp_path / "fresh").games == ["kept", "lost"]
+
+
+def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
+    # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
+    # removed pong's checkpoints until the new one wrote its own (never the last ones), and a
+    # restore in between handed them to the new game (another env's: FATAL, or the old network).
+    from fleetd.games.kept import kept_files, set_aside
+
+    settings, db, url = setup
+    clock = FakeClock()
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    old_100 = write_ckpt(ckpts, 100)
+    old_manifest = (old_100 / checkpoint.MANIFEST).read_bytes()
+    write_ckpt(ckpts, 200)
+    backup = Backup(settings, db, clock)
+    backup.now()
+    set_aside(kept_files(settings, "pong"), clock.now())
+    target = Target(url)
+
+    run = backup.now()
+
+    assert sorted(run.removed) == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    assert target.names("games/pong/checkpoints") == set()
+    assert restore(url, tmp_path / "fresh").checkpoints == 0
+    # The new game's own checkpoint of a step count the removed one had is copied, and kept.
+    write_ckpt(ckpts, 100)
+    assert (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes() != old_manifest
+    assert backup.now().copied == ["pong/ckpt-000000000100"]
+    assert backup.now().removed == []
+    copy = target.fs.cat_file(target.path(f"games/pong/checkpoints/ckpt-000000000100/{checkpoint.MANIFEST}"))
+    assert copy == (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes()
+
+
+def booted_fleet(state_dir: Path, url: str, boot_id: str):
+    """A state_dir whose database recorded a boot, as every daemon's does at start."""
+    from fleetd.store.boots import create_boot
+
+    settings = load_settings(state_dir=state_dir, backup={"target": url})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    db = Database.open(settings.db_path)
+    clock = FakeClock()
+    with db.transaction() as session:
+        create_boot(session, boot_id, clock.now(), clock.now(), None)
+    return settings, db
+
+
+def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
+    # Two hosts given the same config (or a fresh state_dir started before `fleetd restore`):
+    # the second one's backup replaced the first's database and deleted its checkpoints.
+    _, _, url = setup
+    a_settings, a_db = booted_fleet(tmp_path / "box-a", url, "boot-of-box-a")
+    for steps in (100, 200):
+        write_ckpt(a_settings.game_dir("pong") / "checkpoints", steps)
+    Backup(a_settings, a_db, FakeClock()).now()
+    target = Target(url)
+    a_copy = target.fs.cat_file(target.path("fleetd.db"))
+    b_settings, b_db = booted_fleet(tmp_path / "box-b", url, "boot-of-box-b")
+    write_ckpt(b_settings.game_dir("pong") / "checkpoints", 50)
+    b_backup = Backup(b_settings, b_db, FakeClock())
+
+    for run in (b_backup.now, b_backup.checkpoints, b_backup.database):
+        with pytest.raises(BackupError, match="holds the backup of another fleet .*boot-of-box-a"):
+            run()
+
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    assert target.fs.cat_file(target.path("fleetd.db")) == a_copy
+    assert "another fleet" in b_backup.status.last_error
+    with b_db.transaction() as session:
+        assert [e.kind for e in read_events(session, EventFilter(kind="backup_failed"))] == ["backup_failed"] * 3
+    # The first fleet, restored onto a new host, backs up there as before.
+    restored = tmp_path / "box-c"
+    restore(url, restored)
+    c_settings = load_settings(state_dir=restored, backup={"target": url})
+    c_db = Database.open(c_settings.db_path)
+    write_ckpt(c_settings.game_dir("pong") / "checkpoints", 300)
+    assert Backup(c_settings, c_db, FakeClock()).now().copied == ["pong/ckpt-000000000300"]
+    for db in (a_db, b_db, c_db):
+        db.close()
 
 
 def test_restore_fills_an_empty_state_dir_and_skips_what_does_not_verify(setup, tmp_path):
@@ -174,3 +285,43 @@ def test_the_database_copy_finishes_while_another_process_keeps_committing(tmp_p
         pairs, balance = copy.execute("SELECT count(*), total(amount) FROM ledger").fetchone()
     copy.close()
     assert pairs >= 2 and pairs % 2 == 0 and balance == 0  # whole transactions only: a snapshot
+
+
+def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_behind(settings, db, tmp_path):
+    # rm --purge then add under the name within a scan's interval: the new game was in the
+    # database and had a folder (its logs), so its predecessor's copies stayed on the target
+    # until it wrote a checkpoint, and a restore then handed them to it.
+    from fastapi.testclient import TestClient
+
+    from fleetd.api import create_app
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+    from tests.api_context import api_context
+    from tests.fakes import FakeHost
+
+    url = f"memory://backup-{uuid.uuid4().hex}"
+    settings = settings.model_copy(update={"backup": settings.backup.model_copy(update={"target": url})})
+    clock = FakeClock()
+    context = dataclasses.replace(api_context(settings, db, clock, FakeHost(clock), "t" * 32),
+                                  backup=Backup(settings, db, clock))
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "CartPole-v1", "ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    context.backup.now()
+    try:
+        with TestClient(create_app(context)) as client:
+            client.headers["Authorization"] = f"Bearer {'t' * 32}"
+            assert client.delete("/api/v1/games/pong?purge=true").status_code == 204
+        with db.transaction() as session:  # added again, another env; its worker made its folder
+            create_game(session, GameDraft("pong", "Acrobot-v1", "ppo", desired="stopped"), clock.now())
+        (settings.game_dir("pong") / "logs").mkdir(parents=True)
+
+        run = context.backup.now()
+
+        assert run.removed == ["pong/*"]
+        assert restore(url, tmp_path / "fresh").checkpoints == 0
+        write_ckpt(settings.game_dir("pong") / "checkpoints", 50)  # the new game's own: copied, kept
+        assert context.backup.now().copied == ["pong/ckpt-000000000050"]
+        assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000050"}
+    finally:
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)

@@ -154,3 +154,23 @@ def test_import_refusals_name_what_does_not_fit(config, daemons, plain_model):
     assert again.status_code == 409 and "already exists" in again.json()["error"]["message"]
     best = daemon.get("/api/v1/games/cart/export?which=best")
     assert best.status_code == 409 and "no checkpoint of cart has an evaluation" in best.json()["error"]["message"]
+
+
+def test_a_start_removes_the_transfers_and_backup_copies_an_earlier_daemons_end_cut_short(config, daemons):
+    # A daemon killed during an import, an export or a backup (SIGKILL, OOM, a power cut) left
+    # its upload (up to [api] max_upload_bytes), its export folder or its database copy behind,
+    # and no later start removed them.
+    transfers, backups = config.state_dir / "transfers", config.state_dir / "backups"
+    (transfers / "export-x4spfqfc" / "bundle").mkdir(parents=True)
+    (transfers / "export-x4spfqfc" / "bundle" / "model.zip").write_bytes(b"x" * 1000)
+    (transfers / ".upload-abc123.zip").write_bytes(b"x" * 1000)
+    (transfers / "import-def456" / "upload").mkdir(parents=True)
+    (backups / "db-ghi789").mkdir(parents=True)
+    (backups / "db-ghi789" / "fleetd.db").write_bytes(b"x" * 1000)
+    upgrade_copy = backups / "fleetd-schema-0009-20260101T000000Z.db"  # `fleetd db upgrade`'s: kept
+    upgrade_copy.write_bytes(b"a database")
+
+    start_daemon(config, daemons)
+
+    assert list(transfers.iterdir()) == []
+    assert list(backups.iterdir()) == [upgrade_copy]

@@ -69,7 +69,11 @@ def test_a_restore_that_fails_part_way_removes_what_it_wrote_so_a_retry_works(ba
     failed = fleetd_restore(damaged, fresh)
 
     assert failed.returncode == 78, failed.stderr
-    assert f"restore from {damaged} failed: cannot read the database" in failed.stderr
+    # The backup's copy is named, not the daemon's advice about a state_dir's own copies (it
+    # named a backups folder in the fresh state_dir, which holds none).
+    assert f"restore from {damaged} failed: fleetd.db in the backup is damaged (file is not a database): " \
+        "restore from another backup" in failed.stderr, failed.stderr
+    assert "backups" not in failed.stderr.split("failed:")[1]
     assert sorted(p.name for p in fresh.iterdir()) == ["fleetd.lock"]  # the database went again
     done = fleetd_restore(backup_dir, fresh)
     assert done.returncode == 0, done.stderr
@@ -83,4 +87,35 @@ def test_a_damaged_backup_json_is_named_and_nothing_is_left_but_the_lock(backup_
     fresh = tmp_path / "fresh"
     with pytest.raises(BackupError, match=r"backup.json in the backup is damaged"):
         restore(str(backup_dir), fresh)
+    assert sorted(p.name for p in fresh.iterdir()) == ["fleetd.lock"]
+
+
+def test_a_database_at_an_older_schema_says_to_upgrade_and_one_not_fleetds_is_refused(backup_dir, tmp_path):
+    # Both restored "successfully" before, saying to start fleetd on them, which then refused.
+    import sqlite3
+
+    from alembic import command
+
+    from fleetd.store.schema import alembic_config
+
+    older = tmp_path / "older"
+    shutil.copytree(backup_dir, older)
+    (older / "fleetd.db").unlink()
+    config = alembic_config(older / "fleetd.db")
+    command.upgrade(config, "head")
+    command.downgrade(config, "-1")
+    done = fleetd_restore(older, tmp_path / "fresh-older")
+    assert done.returncode == 0, done.stderr
+    assert "run `fleetd db upgrade`" in done.stdout and "start fleetd with" not in done.stdout, done.stdout
+    assert restored_steps(tmp_path / "fresh-older") == [100, 200]
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(backup_dir, foreign)
+    (foreign / "fleetd.db").unlink()
+    with sqlite3.connect(foreign / "fleetd.db") as con:
+        con.execute("CREATE TABLE notes (text TEXT)")
+    con.close()
+    fresh = tmp_path / "fresh-foreign"
+    failed = fleetd_restore(foreign, fresh)
+    assert failed.returncode == 78 and "fleetd.db in the backup is not a fleetd database" in failed.stderr, failed.stderr
     assert sorted(p.name for p in fresh.iterdir()) == ["fleetd.lock"]

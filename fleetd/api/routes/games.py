@@ -176,6 +176,8 @@ def delete_game(
     """Remove a stopped game. Its files stay on disk unless `purge` is true."""
     remove_game(context.db, context.clock, name, context.settings.game_dir(name), purge,
                 context.settings.cluster.storage_url)
+    if purge and context.backup is not None:
+        context.backup.purged(name)
     _tell_supervisor(context, Reconcile())
     return Response(status_code=204)
 
