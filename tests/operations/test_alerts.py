@@ -271,6 +271,18 @@ def test_a_repeated_alert_is_held_back_within_the_window_and_counted_after() -> 
     assert "2 more like it in the last 10 min not sent" in after.message
 
 
+def test_the_window_is_per_host_for_a_clusters_host_wide_alerts() -> None:
+    """A back-off on cluster host b minutes after one on host a is another host's: sent."""
+    now = [0.0]
+    gate = AlertGate(600.0, monotonic=lambda: now[0])
+    backoff = lambda host: Alert("backoff", "back-off", AT, None, {"host": host})  # noqa: E731
+    assert gate.admit(backoff("a")) is not None
+    now[0] = 60.0
+    assert gate.admit(backoff("b")) is not None
+    assert gate.admit(backoff("a")) is None  # a again within its window: held back
+    assert gate.admit(Alert("backoff", "back-off", AT)) is not None  # this daemon's host
+
+
 def test_a_crash_loop_sends_one_alert_not_one_a_second(receiver_factory, senders) -> None:
     receiver = receiver_factory([200])
     sender = AlertSender(fast(receiver.url, dedup_window_s=600), host="h")
