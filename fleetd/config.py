@@ -347,7 +347,9 @@ class AlertSettings(_Section):
 
         for index, url in enumerate(urls):
             if apprise.Apprise.instantiate(url) is None:
-                scheme = url.split("://", 1)[0] if "://" in url else url[:12]
+                if "://" not in url:  # nothing of it is echoed: it may be a token alone
+                    raise ValueError(f"urls[{index}]: not a URL (service://...; see https://appriseit.com/services/)")
+                scheme = url.split("://", 1)[0]
                 raise ValueError(f"urls[{index}]: apprise does not take a {scheme!r} URL in this form "
                                  "(see https://appriseit.com/services/ for each service's URL)")
         return urls
@@ -585,7 +587,7 @@ def _unknown_env(environ: Mapping[str, str]) -> list[str]:
     nested = tuple(ENV_PREFIX + name.upper() + ENV_NESTED for name in sections)
     # The settings' names are read in any case (pydantic-settings), FLEETD_CONFIG in capitals only
     # (config_path_from): `fleetd_config` would be ignored without a word.
-    return [f"{name} = {'<hidden>' if 'TOKEN' in name.upper() else value!r}: unknown environment variable (check its "
+    return [f"{name} = {'<hidden>' if _secret(name) else value!r}: unknown environment variable (check its "
             "spelling: FLEETD_KEY for a top-level key, FLEETD_SECTION__KEY in a section, or FLEETD_CONFIG)"
             for name, value in sorted(environ.items())
             if name.upper().startswith(ENV_PREFIX) and name != f"{ENV_PREFIX}CONFIG" and name.upper() not in known
@@ -603,6 +605,15 @@ def _check_readable_toml(path: Path) -> None:
         raise ConfigError([f"not valid TOML: {exc}"], str(path)) from None
 
 
+# Keys whose values are secrets, never echoed in an error: the API token, and the alerts' URLs
+# (a webhook's path or an apprise URL carries the service's token or password).
+SECRET_KEYS = ("token", "webhook_url", "urls")
+
+
+def _secret(name: str) -> bool:
+    return any(key in name.lower() for key in SECRET_KEYS)
+
+
 def _describe(error: Any, environ: Mapping[str, str]) -> str:
     loc = [str(part) for part in error["loc"]]
     key = ".".join(loc)
@@ -610,7 +621,7 @@ def _describe(error: Any, environ: Mapping[str, str]) -> str:
     if error["type"] == "extra_forbidden":
         reason = "unknown key (check its spelling and section)"
     value = error.get("input")
-    if "token" in loc:
+    if any(_secret(part) for part in loc):
         value = "<hidden>"
     return f"{key} = {value!r}: {reason}{_env_source(loc, environ)}"
 

@@ -57,6 +57,11 @@ def configure_logging(level: str) -> None:
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     # httpx logs every request's full URL at INFO; a webhook URL may carry a secret.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # apprise (and urllib3 under it) log the URL an apprise URL posts to, a token in its path, at
+    # DEBUG; apprise's INFO and WARNING lines (sent, or why not) name the service only. So these
+    # two stay at INFO or above even when fleetd's level is DEBUG.
+    for name in ("apprise", "urllib3"):
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))
     # Alembic narrates every migration context at INFO; fleetd logs what it migrates itself.
     logging.getLogger("alembic").setLevel(logging.WARNING)
 

@@ -88,6 +88,15 @@ def test_events_filter_and_paging(client: TestClient) -> None:
     assert [e["kind"] for e in client.get("/api/v1/events", params={"kind": "reboot"}).json()["items"]] == ["reboot"]
 
 
+def test_a_full_page_that_ends_the_log_gives_no_next_page(client: TestClient) -> None:
+    """Two events, two asked for: no `next_before` pointing at an empty page (the CLI's caption
+    said `older: fleetd events --limit 2 --before 1`, which listed nothing)."""
+    page = client.get("/api/v1/events", params={"limit": 2}).json()
+    assert [e["kind"] for e in page["items"]] == ["reboot", "first_start"] and page["next_before"] is None
+    assert client.get("/api/v1/events", params={"limit": 1, "kind": "reboot"}).json()["next_before"] is None
+    assert client.get("/api/v1/events", params={"limit": 1}).json()["next_before"] == 2
+
+
 def test_validation_error_names_the_field(client: TestClient) -> None:
     error = assert_envelope(client.get("/api/v1/events", params={"limit": "lots"}), 422, "validation_error")
     assert error["details"]["errors"][0]["field"] == "query.limit"

@@ -96,6 +96,23 @@ def test_an_unknown_top_level_environment_variable_is_refused(tmp_path: Path, mo
     assert load_settings().log_level == "DEBUG"
 
 
+def test_a_refused_alert_url_is_not_echoed_in_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A webhook's path and an apprise URL carry the service's token: the error (printed, and in
+    the journal under systemd) names the key and why, not the secret, as for the API token."""
+    toml = ('[alerts]\nwebhook_url = "hooks.slack.com/services/T0/B0/s3cret1"\n'
+            'urls = ["json://127.0.0.1:9/x", "T1JJ3T3L2/A1BRTD4JD/s3cret2"]\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, toml))
+    assert "s3cret" not in str(caught.value) and "T1JJ3" not in str(caught.value)
+    assert caught.value.problems[0].startswith("alerts.webhook_url = '<hidden>': String should match")
+    assert caught.value.problems[1].startswith("alerts.urls = '<hidden>': Value error, urls[1]: not a URL")
+    monkeypatch.setenv("FLEETD_ALERTS_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/s3cret3")  # one _ short
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert caught.value.problems[0].startswith("FLEETD_ALERTS_WEBHOOK_URL = '<hidden>': unknown")
+    assert "s3cret" not in str(caught.value)
+
+
 def test_unreadable_or_broken_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_settings(tmp_path / "missing.toml")

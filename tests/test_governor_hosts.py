@@ -7,16 +7,19 @@ the controller reads them at its steps, as in the daemon. Deterministic: no slee
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.render import console, hosts_table
-from fleetd.config import Settings, load_settings
+from fleetd.config import AlertSettings, Settings, load_settings
 from fleetd.governor.controller import FleetController
+from fleetd.operations.alerts import AlertSender
 from fleetd.states import State
 from fleetd.store import fleet as fleet_store
 from fleetd.store import games as game_store
@@ -341,3 +344,29 @@ def test_each_hosts_rung_in_the_hosts_api_and_fleetd_hosts(cluster: Cluster) -> 
 def _events(cluster: Cluster, kind: str) -> list:
     with cluster.db.transaction() as session:
         return read_events(session, EventFilter(kind=kind, limit=100))
+
+
+def test_each_hosts_back_off_is_alerted_though_another_host_backed_off_within_the_window(cluster: Cluster) -> None:
+    """The de-duplication window is per host: b's back-off minutes after a's is not held back
+    as `one like it`, which would leave b's never said (its count waits for b's next one)."""
+    texts: list[str] = []
+
+    def receive(request: httpx.Request) -> httpx.Response:
+        texts.append(json.loads(request.content)["text"])
+        return httpx.Response(200)
+
+    sender = AlertSender(AlertSettings(webhook_url="http://hook.test/x", webhook_format="slack", dedup_window_s=600),
+                         host="head", transport=httpx.MockTransport(receive))
+    climbed(cluster)
+    cluster.fleet.alerts = sender
+    cluster.run(10)
+    for host in ("a", "b"):
+        cluster.power_cut(host)
+        cluster.run(1)
+        cluster.rejoin(host)
+        cluster.run(1)
+    sender.start()
+    sender.stop(timeout=5.0)
+    assert [e.details["host"] for e in _events(cluster, "fleet_backoff")] == ["b", "a"]
+    assert sender.held_back == 0 and len(texts) == 2
+    assert "stepped host a down" in texts[0] and "stepped host b down" in texts[1]

@@ -8,7 +8,7 @@ Supervision calls `AlertSender.send` from its loop, so sending only appends to a
 in-memory queue; one daemon thread delivers in order, retrying with backoff. A slow or dead
 receiver therefore costs supervision nothing, and alerts are best effort: the queue is lost on
 a restart and its oldest entries are dropped when it overflows. The same kind of alert for the
-same game within `dedup_window_s` is not sent again: the next one after the window says how
+same game (or host) within `dedup_window_s` is not sent again: the next one after the window says how
 many were held back, so a crash-looping game sends one alert, not one a second.
 """
 
@@ -86,6 +86,13 @@ class Alert:
         where = f"{self.game} on {host}" if self.game else host
         return f"[fleetd {where}] {self.message}" + (f". {self.action}" if self.action else "")
 
+    @property
+    def subject(self) -> tuple[str, str | None, str | None]:
+        """What the de-duplication window is per: this kind, for this game, on this host (a
+        cluster host's governor names it in `details`; None: this daemon's host)."""
+        host = self.details.get("host")
+        return self.kind, self.game, None if host is None else str(host)
+
     def held_back(self, count: int, window_s: float) -> Alert:
         """This alert, saying that `count` like it were not sent in the window before it."""
         note = f" ({count} more like it in the last {window_s / 60:g} min not sent)"
@@ -93,19 +100,19 @@ class Alert:
 
 
 class AlertGate:
-    """At most one alert per (kind, game) per window; counts what it holds back."""
+    """At most one alert per subject (kind, game, host) per window; counts what it holds back."""
 
     def __init__(self, window_s: float, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._window_s = window_s
         self._monotonic = monotonic
-        self._sent_at: dict[tuple[str, str | None], float] = {}
-        self._held: dict[tuple[str, str | None], int] = {}
+        self._sent_at: dict[tuple[str, str | None, str | None], float] = {}
+        self._held: dict[tuple[str, str | None, str | None], int] = {}
 
     def admit(self, alert: Alert) -> Alert | None:
         """The alert to send (with a held-back count when there was one), or None."""
         if self._window_s <= 0:
             return alert
-        key, now = (alert.kind, alert.game), self._monotonic()
+        key, now = alert.subject, self._monotonic()
         last = self._sent_at.get(key)
         if last is not None and now - last < self._window_s:
             self._held[key] = self._held.get(key, 0) + 1

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -271,6 +275,18 @@ def test_a_repeated_alert_is_held_back_within_the_window_and_counted_after() -> 
     assert "2 more like it in the last 10 min not sent" in after.message
 
 
+def test_the_window_is_per_host_for_a_clusters_host_wide_alerts() -> None:
+    """A back-off on cluster host b minutes after one on host a is another host's: sent."""
+    now = [0.0]
+    gate = AlertGate(600.0, monotonic=lambda: now[0])
+    backoff = lambda host: Alert("backoff", "back-off", AT, None, {"host": host})  # noqa: E731
+    assert gate.admit(backoff("a")) is not None
+    now[0] = 60.0
+    assert gate.admit(backoff("b")) is not None
+    assert gate.admit(backoff("a")) is None  # a again within its window: held back
+    assert gate.admit(Alert("backoff", "back-off", AT)) is not None  # this daemon's host
+
+
 def test_a_crash_loop_sends_one_alert_not_one_a_second(receiver_factory, senders) -> None:
     receiver = receiver_factory([200])
     sender = AlertSender(fast(receiver.url, dedup_window_s=600), host="h")
@@ -305,6 +321,36 @@ def test_an_apprise_url_delivers_through_apprise(receiver_factory, senders) -> N
     (body,) = receiver.requests
     assert body["title"] == "fleetd: completed pong on gpu-1" and body["type"] == "success"
     assert body["message"] == "[fleetd pong on gpu-1] pong reached its goal. its slot goes to the next game"
+
+
+APPRISE_AT_DEBUG = """
+import sys
+from fleetd.config import AlertSettings
+from fleetd.logs import configure_logging
+from fleetd.operations.alerts import AlertSender, Alert
+from datetime import UTC, datetime
+import logging
+configure_logging("DEBUG")
+logging.getLogger("fleetd.test").debug("debug is on")
+sender = AlertSender(AlertSettings(urls=[sys.argv[1]], dedup_window_s=0), host="gpu-1")
+sender.start()
+sender.send(Alert("fatal", "pong is FATAL", datetime.now(UTC), "pong"))
+sender.stop(timeout=10.0)
+assert sender.delivered == 1
+"""
+
+
+def test_an_apprise_urls_secret_stays_out_of_the_log_at_debug(receiver_factory) -> None:
+    """apprise logs the URL it posts to, its path's token included, at DEBUG: `[log] level =
+    "DEBUG"` must not put it in the journal."""
+    receiver = receiver_factory([200])
+    url = receiver.url.replace("http://", "json://").replace("/hook", "/s3cret-token/hook")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", APPRISE_AT_DEBUG, url], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert len(receiver.requests) == 1 and "debug is on" in done.stderr
+    assert "s3cret-token" not in done.stderr
 
 
 @pytest.mark.parametrize("kind", ALERT_KINDS)

@@ -21,9 +21,11 @@ def list_events(
     context: AppContext = Depends(get_context),
 ) -> EventList:
     """The event log, newest first."""
-    where = EventFilter(kind=kind, game=game, since=since, before_id=before, limit=limit)
+    # One more than asked: a page that ends the log says so (no next_before) even when it is full.
+    where = EventFilter(kind=kind, game=game, since=since, before_id=before, limit=limit + 1)
     with context.db.transaction() as session:
-        events = read_events(session, where)
+        found = read_events(session, where)
+    events = found[:limit]
     items = [EventOut(**vars(event)) for event in events]
-    next_before = events[-1].id if len(events) == limit else None
+    next_before = events[-1].id if len(found) > limit else None
     return EventList(items=items, next_before=next_before)
