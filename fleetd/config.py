@@ -608,6 +608,8 @@ def _check_readable_toml(path: Path) -> None:
 # Keys whose values are secrets, never echoed in an error: the API token, and the alerts' URLs
 # (a webhook's path or an apprise URL carries the service's token or password).
 SECRET_KEYS = ("token", "webhook_url", "urls")
+# Sections that hold secrets: a misspelt key there (`webhok_url`) may hold one too.
+SECRET_SECTIONS = ("api", "alerts", "backup")
 
 
 def _secret(name: str) -> bool:
@@ -621,7 +623,8 @@ def _describe(error: Any, environ: Mapping[str, str]) -> str:
     if error["type"] == "extra_forbidden":
         reason = "unknown key (check its spelling and section)"
     value = error.get("input")
-    if any(_secret(part) for part in loc):
+    misspelt_secret = error["type"] == "extra_forbidden" and len(loc) > 1 and loc[0] in SECRET_SECTIONS
+    if misspelt_secret or any(_secret(part) for part in loc):
         value = "<hidden>"
     return f"{key} = {value!r}: {reason}{_env_source(loc, environ)}"
 

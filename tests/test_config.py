@@ -66,8 +66,8 @@ def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> N
                                           r".*\(env FLEETD_HOST__HEARTBEAT_INTERVAL_S\)"):
         load_settings()
     monkeypatch.delenv("FLEETD_HOST__HEARTBEAT_INTERVAL_S")
-    monkeypatch.setenv("FLEETD_API", '{"prot": 1}')  # a section given whole
-    with pytest.raises(ConfigError, match=r"api.prot = 1: unknown key .*\(env FLEETD_API\)"):
+    monkeypatch.setenv("FLEETD_FLEET", '{"prot": 1}')  # a section given whole
+    with pytest.raises(ConfigError, match=r"fleet.prot = 1: unknown key .*\(env FLEETD_FLEET\)"):
         load_settings()
 
 
@@ -111,6 +111,10 @@ def test_a_refused_alert_url_is_not_echoed_in_the_error(tmp_path: Path, monkeypa
         load_settings()
     assert caught.value.problems[0].startswith("FLEETD_ALERTS_WEBHOOK_URL = '<hidden>': unknown")
     assert "s3cret" not in str(caught.value)
+    monkeypatch.delenv("FLEETD_ALERTS_WEBHOOK_URL")
+    with pytest.raises(ConfigError) as caught:  # a misspelt key in a section that holds secrets
+        load_settings(write(tmp_path, '[alerts]\nwebhok_url = "https://hooks.slack.com/services/T0/B0/s3cret4"\n'))
+    assert caught.value.problems == ["alerts.webhok_url = '<hidden>': unknown key (check its spelling and section)"]
 
 
 def test_unreadable_or_broken_file(tmp_path: Path) -> None:
