@@ -50,9 +50,13 @@ def _non_finite_normalization(model: BaseAlgorithm) -> str | None:
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is None:
         return None
-    obs_rms = vecnorm.obs_rms if isinstance(vecnorm.obs_rms, dict) else {"": vecnorm.obs_rms}
+    # Image observations are not normalized (train.build_model: norm_obs=False): SB3 keeps no
+    # obs_rms then, nor does one unpickled from such a game's vecnormalize.pkl.
+    obs_rms = getattr(vecnorm, "obs_rms", None) if vecnorm.norm_obs else None
+    obs_rms = obs_rms if isinstance(obs_rms, dict) else {} if obs_rms is None else {"": obs_rms}
     named = [(f"obs_rms{'.' + key if key else ''}", rms) for key, rms in obs_rms.items()]
-    for name, rms in [*named, ("ret_rms", vecnorm.ret_rms)]:
+    ret_rms = getattr(vecnorm, "ret_rms", None)
+    for name, rms in [*named, *([("ret_rms", ret_rms)] if ret_rms is not None else [])]:
         if not (np.isfinite(rms.mean).all() and np.isfinite(rms.var).all()):
             return f"VecNormalize {name} (the observation or reward statistics)"
     return None
@@ -93,9 +97,21 @@ def non_finite_replay(model: BaseAlgorithm) -> str | None:
         arrays = value.items() if isinstance(value, dict) else [("", value)]
         for key, array in arrays:
             if (isinstance(array, np.ndarray) and np.issubdtype(array.dtype, np.floating)
-                    and not np.isfinite(array[:filled]).all()):
+                    and not _all_finite(array[:filled])):
                 return f"the replay buffer's {name}{'.' + key if key else ''}"
     return None
+
+
+FINITE_CHUNK_BYTES = 64 << 20
+
+
+def _all_finite(array: np.ndarray) -> bool:
+    """np.isfinite over a buffer of gigabytes, a slice of rows at a time: its boolean copy of
+    the whole array would be a transient of a quarter of it (float32) at every checkpoint."""
+    if array.size == 0:
+        return True
+    rows = max(1, FINITE_CHUNK_BYTES // max(1, array[0].nbytes))
+    return all(np.isfinite(array[start:start + rows]).all() for start in range(0, len(array), rows))
 
 
 class ScaledSchedule:

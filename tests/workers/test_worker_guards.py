@@ -40,6 +40,29 @@ def test_nan_observations_under_ppo_diverge_too(make_spec):
     assert all(c.steps <= FAULT_AT_STEP + 64 for c in checkpoint.list_checkpoints(spec.checkpoint_dir))
 
 
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_an_atari_game_with_normalize_trains_and_checkpoints(make_spec, algo: str):
+    """Image observations are not normalized (only rewards are): VecNormalize keeps no obs_rms
+    then, and the guard that reads the statistics at each rollout end must not need one."""
+    tiny = {"ppo": {"num_envs": 2, "n_steps": 16, "batch_size": 16, "n_epochs": 1},
+            "dqn": {"num_envs": 2, "batch_size": 16, "buffer_size": 256, "learning_starts": 16,
+                    "train_freq": 4, "gradient_steps": 1}}[algo]
+    spec = make_spec(env_id="Breakout-v5", algo=algo, hyperparams={**tiny, "normalize": True},
+                     total_timesteps=64, checkpoint_interval_steps=32)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert checkpoint.list_checkpoints(spec.checkpoint_dir)[0].steps == 64
+
+
+def test_the_replay_buffer_check_reads_a_slice_of_rows_at_a_time(monkeypatch):
+    from workers import guards
+
+    monkeypatch.setattr(guards, "FINITE_CHUNK_BYTES", 64)  # 4 rows of 4 float32 a slice
+    rows = np.zeros((10, 4), np.float32)
+    assert guards._all_finite(rows) and guards._all_finite(rows[:0])
+    rows[9, 3] = np.nan  # in the last slice
+    assert not guards._all_finite(rows)
+
+
 def test_cuda_out_of_memory_exits_23_without_a_checkpoint_at_the_fault(make_spec):
     spec = make_spec(env_id="OomCartPole-v0", algo="dqn", hyperparams=DQN_ONE_ENV, total_timesteps=5000,
                      checkpoint_interval_steps=128)
