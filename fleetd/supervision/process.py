@@ -82,9 +82,7 @@ class WorkerProcess:
     def start(self, reason: str = "start requested") -> None:
         """Start now, from STOPPED, EXITED, FATAL or BACKOFF; clears the failure count."""
         if self.state in (State.STOPPED, State.EXITED, State.FATAL, State.BACKOFF):
-            self.failures = 0
-            if self.state is State.FATAL:  # the operator's new attempt, after fixing settings
-                self.remedies = Remedies()
+            self._clear_failures()
             self._spawn(reason)
 
     def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
@@ -100,8 +98,16 @@ class WorkerProcess:
     def reset(self, reason: str = "start requested") -> None:
         """Clear EXITED or FATAL (and the failure count): the game may start again."""
         if self.state in (State.EXITED, State.FATAL):
-            self.failures = 0
+            self._clear_failures()
             self._to(State.STOPPED, reason)
+
+    def _clear_failures(self) -> None:
+        """The failure count, and after FATAL the remedies too: the operator's new attempt, after
+        fixing the settings, starts from them as they are (a game FATAL at the batch floor would
+        otherwise start at 1/16 of the batch it was given, and its next CUDA OOM end it at once)."""
+        self.failures = 0
+        if self.state is State.FATAL:
+            self.remedies = Remedies()
 
     def restore(self, state: State, reason: str) -> None:
         """At daemon start: keep a game that had ended (EXITED) or given up (FATAL) that way."""
