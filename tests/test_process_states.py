@@ -450,6 +450,9 @@ def test_cuda_oom_restarts_with_the_batch_halved(clock: FakeClock, sink: Recordi
         (ExitStatus(signal=signal.SIGSEGV), True, "crash: killed by SIGSEGV"),
         (ExitStatus(signal=signal.SIGABRT, oom_known=True), True, "crash: killed by SIGABRT"),
         (ExitStatus(code=1), True, "crash: exit"),
+        # The worker traps SIGTERM/SIGINT, writes its final checkpoint and exits 0: an operator's
+        # `kill PID` ends it so, never as killed by SIGTERM.
+        (ExitStatus(code=0), False, "exit code 0 (stopped): it stopped on a signal fleetd did not send"),
         (ExitStatus(signal=signal.SIGKILL, oom_killed=True, oom_known=True), True, "oom: killed by the OOM killer"),
     ],
 )

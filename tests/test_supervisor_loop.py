@@ -461,7 +461,8 @@ def test_games_lost_with_their_cluster_node_restart_without_moving_the_fleet(loo
         assert read_events(session, EventFilter(kind="fleet_backoff")) == []
 
 
-@pytest.mark.parametrize(("how", "backs_off"), [("kill -9", False), ("kill -STOP", False), ("segfault", True)])
+@pytest.mark.parametrize(("how", "backs_off"), [("kill -9", False), ("kill", False), ("kill -STOP", False),
+                                                ("segfault", True)])
 def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: Loop, how: str, backs_off: bool) -> None:
     # crash_games = 2: two running games crashing within the window is instability. Two killed
     # by an operator (SIGKILL that the kernel's OOM count says it did not send) or stopped
@@ -471,6 +472,8 @@ def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: 
         pid = loop.pid(name)
         if how == "kill -9":
             loop.reactor.exit(pid, sig=signal.SIGKILL, oom_known=True)
+        elif how == "kill":  # SIGTERM: the worker traps it, writes its final checkpoint, exits 0
+            loop.reactor.exit(pid, code=0)
         elif how == "segfault":
             loop.reactor.exit(pid, sig=signal.SIGSEGV)
         else:

@@ -286,6 +286,9 @@ class WorkerProcess:
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
         if status.oom_killed:
             return Outcome("oom", _FAILED, "oom: killed by the OOM killer")
+        if status.code == ExitCode.STOPPED:  # it traps SIGTERM/SIGINT: this is how `kill PID` ends it
+            return Outcome("crash", _FAILED, f"crash: {status.describe()}: it stopped on a signal fleetd did not "
+                           f"send (SIGTERM or SIGINT, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
         if status.unknown and status.oom_known:
             return Outcome("crash", _FAILED, "crash: an adopted worker ended without leaving its exit code, so by a "
                            "signal, and not the OOM killer's (its count did not move): sent from outside fleetd, "
