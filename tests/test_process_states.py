@@ -438,6 +438,20 @@ def test_cuda_oom_restarts_with_the_batch_halved(clock: FakeClock, sink: Recordi
     assert launcher.launches[-1].spec.batch_scale == 0.5 and sink.causes()[0] == "cuda_oom"
 
 
+@pytest.mark.parametrize("code", [22, 23])
+def test_autorestart_false_does_not_restart_a_divergence_or_a_cuda_oom_either(clock: FakeClock, sink: RecordingSink,
+                                                                              code: int) -> None:
+    # `autorestart = false`: never restart (to look at a failure as it left things). A divergence
+    # or a CUDA OOM was restarted anyway, with its scale halved.
+    proc, launcher = _remedied_proc(clock, sink, Policy(autorestart="false"))
+    proc.start()
+    proc.on_exit(ExitStatus(code=code))
+    advance(clock, proc, 60)
+    assert proc.state is State.EXITED and "autorestart does not apply" in proc.reason
+    assert len(launcher.spawned) == 1 and sink.causes() == [("diverged" if code == 22 else "cuda_oom")]
+    assert proc.remedies.lr_scale == proc.remedies.batch_scale == 1.0
+
+
 # -- what the host did, and what someone outside did (issue 23) ---------------------------------
 
 

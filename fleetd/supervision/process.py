@@ -312,14 +312,16 @@ class WorkerProcess:
         if code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
         if code == ExitCode.DIVERGED:
-            return self._remedy("diverged", "lr_scale", "NaN or inf in the model (see its log)",
+            return self._remedy(code, "diverged", "lr_scale", "NaN or inf in the model (see its log)",
                                 self.policy.diverged_lr_factor, self.policy.diverged_lr_floor)
         if code == ExitCode.CUDA_OOM:
-            return self._remedy("cuda_oom", "batch_scale", "CUDA out of memory",
+            return self._remedy(code, "cuda_oom", "batch_scale", "CUDA out of memory",
                                 self.policy.oom_batch_factor, self.policy.oom_batch_floor)
         return None
 
-    def _remedy(self, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
+    def _remedy(self, code: int, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
+        if not self.policy.restarts_after(code):  # autorestart = false: a restart, remedied or not, is one
+            return Outcome(cause, State.EXITED, f"{cause}: {what}; autorestart does not apply")
         old = getattr(self.remedies, field)
         scaled = self.remedies.scaled(field, factor, floor)
         if scaled is None:
