@@ -452,6 +452,26 @@ def test_autorestart_false_does_not_restart_a_divergence_or_a_cuda_oom_either(cl
     assert proc.remedies.lr_scale == proc.remedies.batch_scale == 1.0
 
 
+@pytest.mark.parametrize(("status", "said"), [
+    (ExitStatus(code=0), "stopped"),
+    (ExitStatus(signal=signal.SIGTERM), "stopped"),  # before its handler was set up: nothing to save yet
+    (ExitStatus(code=24), "stopped (exit code 24 (final checkpoint failed): the training since its newest "
+                          "checkpoint is lost"),
+    (ExitStatus(signal=signal.SIGKILL, oom_killed=True, oom_known=True),
+     "stopped (killed by the OOM killer before its final checkpoint was written)"),
+    (ExitStatus(code=1), "stopped (exit code 1)"),
+])
+def test_a_stop_whose_final_checkpoint_was_not_written_says_so(proc: WorkerProcess, sink: RecordingSink,
+                                                               status: ExitStatus, said: str) -> None:
+    # A full disk at the final checkpoint (exit 24) read plain `stopped`: the operator took the
+    # game as saved, and its next start resumed from an older checkpoint.
+    proc.start()
+    proc.stop()
+    proc.on_exit(status)
+    assert proc.state is State.STOPPED and sink.causes() == ["stopped"]
+    assert proc.reason == said if said == "stopped" else proc.reason.startswith(said)
+
+
 # -- what the host did, and what someone outside did (issue 23) ---------------------------------
 
 

@@ -267,7 +267,7 @@ class WorkerProcess:
 
     def _classify(self, status: ExitStatus) -> Outcome:
         if self.state is State.STOPPING:
-            how = " (SIGKILL after stopwaitsecs)" if self._killed_for == "stop_timeout" else ""
+            how = self._how_stopped(status)
             stays, self._stays = self._stays, None
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
         if self._killed_for == "hang" and self._hung_stopped:
@@ -298,6 +298,20 @@ class WorkerProcess:
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
                            f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
+
+    def _how_stopped(self, status: ExitStatus) -> str:
+        """What a stop's end adds to `stopped`: nothing for a worker that stopped as asked (exit 0
+        after its final checkpoint, or the stop signal before it had set up its handler)."""
+        if self._killed_for == "stop_timeout":
+            return " (SIGKILL after stopwaitsecs)"
+        if status.code == ExitCode.FINAL_CHECKPOINT_FAILED:
+            return (f" ({status.describe()}: the training since its newest checkpoint is lost, and the next "
+                    "start resumes from that one; see its log)")
+        if status.oom_killed:
+            return " (killed by the OOM killer before its final checkpoint was written)"
+        if status.code in (None, ExitCode.STOPPED) and status.signal in (None, self.policy.stopsignal):
+            return ""
+        return f" ({status.describe()})"
 
     def _verdict(self, code: int | None) -> Outcome | None:
         """What the worker said of its own end by its exit code; None for a code that says
