@@ -40,6 +40,48 @@ def test_without_the_cgroups_count_the_hosts_is_read(tmp_path: Path) -> None:
     assert counter.killed_since_last() is True
 
 
+def test_two_workers_the_kernel_killed_in_one_go_are_both_oom_kills(tmp_path: Path) -> None:
+    # Both pidfds fire after the count moved by 2: the second was taken for a kill from outside
+    # fleetd ("not the OOM killer"), its run a `crash`, not `oom`.
+    from fleetd.supervision.reactor import OsReactor
+
+    events = tmp_path / "memory.events"
+    events.write_text("oom 0\noom_kill 0\n")
+    reactor = OsReactor(tmp_path / "p.sock", OomCounter(events, host_path=tmp_path / "absent"))
+    workers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        for worker in workers:
+            reactor.watch(worker.pid, own_child=True)
+        events.write_text("oom 2\noom_kill 2\n")
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGKILL)
+        seen = []
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            seen += reactor.wait(0.5)
+    finally:
+        reactor.close()
+    assert sorted(e.pid for e in seen) == sorted(w.pid for w in workers)
+    assert [(e.status.signal, e.status.oom_killed, e.status.oom_known) for e in seen] == [(signal.SIGKILL, True, True)] * 2
+
+
+def test_a_kill_no_worker_claimed_is_forgotten_not_taken_for_a_later_kill_9(tmp_path: Path) -> None:
+    # An env subprocess OOM-killed (its worker then exits 1), or another program where the host's
+    # count is read: an operator's kill -9 of a worker an hour later is not the OOM killer's.
+    events = tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    now = [0.0]
+    counter = OomCounter(events, host_path=tmp_path / "absent", clock=lambda: now[0])
+    events.write_text("oom_kill 1\n")
+    assert counter.poll()  # the reactor's turn sees it
+    now[0] += 3600
+    assert counter.poll()
+    assert counter.killed_since_last() is False
+    events.write_text("oom_kill 2\n")  # a fresh kill is still the worker's
+    now[0] += 1
+    assert counter.killed_since_last() is True
+
+
 def test_an_unreadable_count_is_unknown_not_no(tmp_path: Path) -> None:
     counter = OomCounter(tmp_path / "none", host_path=tmp_path / "none either")
     assert counter.killed_since_last() is None

@@ -438,6 +438,40 @@ def test_cuda_oom_restarts_with_the_batch_halved(clock: FakeClock, sink: Recordi
     assert launcher.launches[-1].spec.batch_scale == 0.5 and sink.causes()[0] == "cuda_oom"
 
 
+@pytest.mark.parametrize("code", [22, 23])
+def test_autorestart_false_does_not_restart_a_divergence_or_a_cuda_oom_either(clock: FakeClock, sink: RecordingSink,
+                                                                              code: int) -> None:
+    # `autorestart = false`: never restart (to look at a failure as it left things). A divergence
+    # or a CUDA OOM was restarted anyway, with its scale halved.
+    proc, launcher = _remedied_proc(clock, sink, Policy(autorestart="false"))
+    proc.start()
+    proc.on_exit(ExitStatus(code=code))
+    advance(clock, proc, 60)
+    assert proc.state is State.EXITED and "autorestart does not apply" in proc.reason
+    assert len(launcher.spawned) == 1 and sink.causes() == [("diverged" if code == 22 else "cuda_oom")]
+    assert proc.remedies.lr_scale == proc.remedies.batch_scale == 1.0
+
+
+@pytest.mark.parametrize(("status", "said"), [
+    (ExitStatus(code=0), "stopped"),
+    (ExitStatus(signal=signal.SIGTERM), "stopped"),  # before its handler was set up: nothing to save yet
+    (ExitStatus(code=24), "stopped (exit code 24 (final checkpoint failed): the training since its newest "
+                          "checkpoint is lost"),
+    (ExitStatus(signal=signal.SIGKILL, oom_killed=True, oom_known=True),
+     "stopped (killed by the OOM killer before its final checkpoint was written)"),
+    (ExitStatus(code=1), "stopped (exit code 1)"),
+])
+def test_a_stop_whose_final_checkpoint_was_not_written_says_so(proc: WorkerProcess, sink: RecordingSink,
+                                                               status: ExitStatus, said: str) -> None:
+    # A full disk at the final checkpoint (exit 24) read plain `stopped`: the operator took the
+    # game as saved, and its next start resumed from an older checkpoint.
+    proc.start()
+    proc.stop()
+    proc.on_exit(status)
+    assert proc.state is State.STOPPED and sink.causes() == ["stopped"]
+    assert proc.reason == said if said == "stopped" else proc.reason.startswith(said)
+
+
 # -- what the host did, and what someone outside did (issue 23) ---------------------------------
 
 
@@ -450,6 +484,9 @@ def test_cuda_oom_restarts_with_the_batch_halved(clock: FakeClock, sink: Recordi
         (ExitStatus(signal=signal.SIGSEGV), True, "crash: killed by SIGSEGV"),
         (ExitStatus(signal=signal.SIGABRT, oom_known=True), True, "crash: killed by SIGABRT"),
         (ExitStatus(code=1), True, "crash: exit"),
+        # The worker traps SIGTERM/SIGINT, writes its final checkpoint and exits 0: an operator's
+        # `kill PID` ends it so, never as killed by SIGTERM.
+        (ExitStatus(code=0), False, "exit code 0 (stopped): it stopped on a signal fleetd did not send"),
         (ExitStatus(signal=signal.SIGKILL, oom_killed=True, oom_known=True), True, "oom: killed by the OOM killer"),
     ],
 )

@@ -150,6 +150,26 @@ def test_a_game_fatal_from_spawn_failures_frees_its_slot_in_the_same_step(loop: 
     assert loop.shown()["a"] is Shown.FATAL
 
 
+def test_games_start_on_a_game_fatal_at_the_batch_floor_starts_it_with_its_whole_batch(loop: Loop) -> None:
+    # CUDA OOMs halved its batch down to the floor, then FATAL: "fix the settings, then start it".
+    # `games start` clears FATAL (to pending) and the governor starts it: at 1/16 of the batch it
+    # was given, its next CUDA OOM would end it again at once.
+    loop.add("a")
+    loop.start()
+    for _ in range(100):
+        if loop.state("a") is State.FATAL:
+            break
+        if loop.state("a") is State.STARTING:
+            loop.reactor.exit(loop.pid("a"), code=ExitCode.CUDA_OOM)
+        loop.steps()
+    assert loop.state("a") is State.FATAL and "would pass the floor" in loop.sup.procs["a"].reason
+    assert loop.launcher.launches[-1].spec.batch_scale == 1 / 16
+    loop.sup.submit(StartGame("a"))
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].failures == 0
+    assert loop.launcher.launches[-1].spec.batch_scale == 1.0
+
+
 def test_stop_then_the_pending_game_takes_the_slot_and_start_waits(loop: Loop) -> None:
     for name in ("a", "b", "c"):
         loop.add(name)
@@ -441,7 +461,8 @@ def test_games_lost_with_their_cluster_node_restart_without_moving_the_fleet(loo
         assert read_events(session, EventFilter(kind="fleet_backoff")) == []
 
 
-@pytest.mark.parametrize(("how", "backs_off"), [("kill -9", False), ("kill -STOP", False), ("segfault", True)])
+@pytest.mark.parametrize(("how", "backs_off"), [("kill -9", False), ("kill", False), ("kill -STOP", False),
+                                                ("segfault", True)])
 def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: Loop, how: str, backs_off: bool) -> None:
     # crash_games = 2: two running games crashing within the window is instability. Two killed
     # by an operator (SIGKILL that the kernel's OOM count says it did not send) or stopped
@@ -451,6 +472,8 @@ def test_two_running_games_killed_from_outside_do_not_step_the_fleet_back(loop: 
         pid = loop.pid(name)
         if how == "kill -9":
             loop.reactor.exit(pid, sig=signal.SIGKILL, oom_known=True)
+        elif how == "kill":  # SIGTERM: the worker traps it, writes its final checkpoint, exits 0
+            loop.reactor.exit(pid, code=0)
         elif how == "segfault":
             loop.reactor.exit(pid, sig=signal.SIGSEGV)
         else:

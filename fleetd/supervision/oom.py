@@ -9,6 +9,8 @@ the worker's, the cautious way round)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 VMSTAT = Path("/proc/vmstat")
@@ -69,14 +71,25 @@ def _oom_kills(path: Path) -> int | None:
 
 class OomCounter:
     """The kernel's OOM-kill count: the daemon's memory cgroup's, or the host's where that is
-    unreadable. `events_path` names the cgroup's file (tests); by default it is found."""
+    unreadable. `events_path` names the cgroup's file (tests); by default it is found.
 
-    def __init__(self, events_path: Path | None = None, host_path: Path = VMSTAT) -> None:
+    Each kill the count shows is taken for one worker's SIGKILL at most: two workers the kernel
+    killed in one go are both OOM kills, not the first one's and then a kill from outside. A kill
+    no worker's SIGKILL is taken for within `CLAIM_WINDOW_S` of being seen (a SubprocVecEnv child
+    or, counted host-wide, another program) is forgotten, so a `kill -9` hours later is not taken
+    for it. The reactor polls the count at every turn of the loop, so a kill is seen as it comes."""
+
+    CLAIM_WINDOW_S = 30.0
+
+    def __init__(self, events_path: Path | None = None, host_path: Path = VMSTAT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         candidates = [events_path] if events_path is not None else own_cgroup_counts()
         readable = [path for path in candidates if _oom_kills(path) is not None]
         self.host_wide = not readable
         self.path = readable[0] if readable else host_path
+        self._clock = clock
         self._last = self.read()
+        self._unclaimed: list[float] = []  # when each kill not yet taken for a worker's was seen
 
     def describe(self) -> str:
         """Whose kills it counts, for the daemon's log."""
@@ -86,11 +99,24 @@ class OomCounter:
     def read(self) -> int | None:
         return _oom_kills(self.path)
 
-    def killed_since_last(self) -> bool | None:
-        """Whether the kernel OOM-killed something since the last call; None: not known (the
-        count unreadable now or then)."""
-        now = self.read()
-        last, self._last = self._last, now
+    def poll(self) -> bool:
+        """Note the kills since the last read, and forget those unclaimed too long. False when
+        the count is not known (unreadable now, or at the last read: no baseline)."""
+        now, last = self.read(), self._last
+        self._last = now
+        at = self._clock()
+        self._unclaimed = [seen for seen in self._unclaimed if at - seen <= self.CLAIM_WINDOW_S]
         if now is None or last is None:
+            return False
+        self._unclaimed += [at] * max(0, now - last)
+        return True
+
+    def killed_since_last(self) -> bool | None:
+        """Whether the kernel OOM-killed something that no earlier call took, lately; None: not
+        known (the count unreadable now or at the last read). A True takes that kill."""
+        if not self.poll():
             return None
-        return now > last
+        if not self._unclaimed:
+            return False
+        self._unclaimed.pop(0)
+        return True

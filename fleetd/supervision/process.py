@@ -82,9 +82,7 @@ class WorkerProcess:
     def start(self, reason: str = "start requested") -> None:
         """Start now, from STOPPED, EXITED, FATAL or BACKOFF; clears the failure count."""
         if self.state in (State.STOPPED, State.EXITED, State.FATAL, State.BACKOFF):
-            self.failures = 0
-            if self.state is State.FATAL:  # the operator's new attempt, after fixing settings
-                self.remedies = Remedies()
+            self._clear_failures()
             self._spawn(reason)
 
     def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
@@ -100,8 +98,16 @@ class WorkerProcess:
     def reset(self, reason: str = "start requested") -> None:
         """Clear EXITED or FATAL (and the failure count): the game may start again."""
         if self.state in (State.EXITED, State.FATAL):
-            self.failures = 0
+            self._clear_failures()
             self._to(State.STOPPED, reason)
+
+    def _clear_failures(self) -> None:
+        """The failure count, and after FATAL the remedies too: the operator's new attempt, after
+        fixing the settings, starts from them as they are (a game FATAL at the batch floor would
+        otherwise start at 1/16 of the batch it was given, and its next CUDA OOM end it at once)."""
+        self.failures = 0
+        if self.state is State.FATAL:
+            self.remedies = Remedies()
 
     def restore(self, state: State, reason: str) -> None:
         """At daemon start: keep a game that had ended (EXITED) or given up (FATAL) that way."""
@@ -261,7 +267,7 @@ class WorkerProcess:
 
     def _classify(self, status: ExitStatus) -> Outcome:
         if self.state is State.STOPPING:
-            how = " (SIGKILL after stopwaitsecs)" if self._killed_for == "stop_timeout" else ""
+            how = self._how_stopped(status)
             stays, self._stays = self._stays, None
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
         if self._killed_for == "hang" and self._hung_stopped:
@@ -280,6 +286,9 @@ class WorkerProcess:
             return Outcome("exited", State.EXITED, f"exited ({status.describe()}); autorestart does not apply")
         if status.oom_killed:
             return Outcome("oom", _FAILED, "oom: killed by the OOM killer")
+        if status.code == ExitCode.STOPPED:  # it traps SIGTERM/SIGINT: this is how `kill PID` ends it
+            return Outcome("crash", _FAILED, f"crash: {status.describe()}: it stopped on a signal fleetd did not "
+                           f"send (SIGTERM or SIGINT, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
         if status.unknown and status.oom_known:
             return Outcome("crash", _FAILED, "crash: an adopted worker ended without leaving its exit code, so by a "
                            "signal, and not the OOM killer's (its count did not move): sent from outside fleetd, "
@@ -289,6 +298,20 @@ class WorkerProcess:
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
                            f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
+
+    def _how_stopped(self, status: ExitStatus) -> str:
+        """What a stop's end adds to `stopped`: nothing for a worker that stopped as asked (exit 0
+        after its final checkpoint, or the stop signal before it had set up its handler)."""
+        if self._killed_for == "stop_timeout":
+            return " (SIGKILL after stopwaitsecs)"
+        if status.code == ExitCode.FINAL_CHECKPOINT_FAILED:
+            return (f" ({status.describe()}: the training since its newest checkpoint is lost, and the next "
+                    "start resumes from that one; see its log)")
+        if status.oom_killed:
+            return " (killed by the OOM killer before its final checkpoint was written)"
+        if status.code in (None, ExitCode.STOPPED) and status.signal in (None, self.policy.stopsignal):
+            return ""
+        return f" ({status.describe()})"
 
     def _verdict(self, code: int | None) -> Outcome | None:
         """What the worker said of its own end by its exit code; None for a code that says
@@ -303,14 +326,16 @@ class WorkerProcess:
         if code == ExitCode.BAD_SPEC:
             return Outcome("bad_spec", State.FATAL, "the worker refused its run spec (see its log)")
         if code == ExitCode.DIVERGED:
-            return self._remedy("diverged", "lr_scale", "NaN or inf in the model (see its log)",
+            return self._remedy(code, "diverged", "lr_scale", "NaN or inf in the model (see its log)",
                                 self.policy.diverged_lr_factor, self.policy.diverged_lr_floor)
         if code == ExitCode.CUDA_OOM:
-            return self._remedy("cuda_oom", "batch_scale", "CUDA out of memory",
+            return self._remedy(code, "cuda_oom", "batch_scale", "CUDA out of memory",
                                 self.policy.oom_batch_factor, self.policy.oom_batch_floor)
         return None
 
-    def _remedy(self, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
+    def _remedy(self, code: int, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
+        if not self.policy.restarts_after(code):  # autorestart = false: a restart, remedied or not, is one
+            return Outcome(cause, State.EXITED, f"{cause}: {what}; autorestart does not apply")
         old = getattr(self.remedies, field)
         scaled = self.remedies.scaled(field, factor, floor)
         if scaled is None:

@@ -60,7 +60,9 @@ class OsReactor:
     def wait(self, timeout: float | None) -> list[Happening]:
         timeout = self._resume_reports(timeout)
         happenings: list[Happening] = []
-        for key, _ in self._selector.select(timeout):
+        selected = self._selector.select(timeout)
+        self._oom.poll()  # a kill is seen as it comes, and one no worker's exit claims is forgotten
+        for key, _ in selected:
             if key.data == "wake":
                 _drain(self._wake_read)
             elif key.data == "progress":
