@@ -197,7 +197,7 @@ class Backup:
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
-            removed += self._set_aside() + self._purged()
+            removed += self._set_aside()
         except Exception as exc:
             self._failed("checkpoints", exc)
             raise
@@ -232,32 +232,10 @@ class Backup:
         except FileNotFoundError:
             return False
 
-    def _purged(self) -> list[str]:
-        """The target's copies of games removed with their files (`games rm --purge`): neither in
-        the database nor on the disk any more. Kept, a restore brought them back, and a game added
-        under the name was refused over them. A game's folder lost from the disk, its game still
-        in the database, is not this: its copies are what the backup is for."""
-        from fleetd.store.games import game_exists
-
-        purged = []
-        for game in sorted(self.target.names("games")):
-            if game.startswith(_TEMP) or self.settings.game_dir(game).exists():
-                continue
-            with self.db.transaction() as session:
-                if game_exists(session, game):
-                    continue
-            self.target.remove(f"games/{game}")
-            purged.append(f"{game}/*")
-        return purged
-
     def fleet(self) -> str | None:
         """Which fleet this database is: its first boot (a restore keeps it; a new database, or
         another host's, has its own). None before any boot is recorded."""
-        from fleetd.store.boots import read_first_boot
-
-        with self.db.transaction() as session:
-            boot = read_first_boot(session)
-        return None if boot is None else f"first started {boot.first_seen_at.isoformat()} in boot {boot.boot_id}"
+        return _fleet_of(self.db)
 
     def _claim(self) -> str | None:
         """This fleet's name for the target, written into backup.json where none is; refused
@@ -270,15 +248,37 @@ class Backup:
         except BackupError:  # damaged: the database backup writes it anew
             info = {}
         theirs = info.get(FLEET_KEY)
-        if theirs is None:  # a new target, or one an older fleetd wrote: this fleet's from now on
-            self._write_info({**info, FLEET_KEY: fleet})
-        elif theirs != fleet:
+        if theirs is None:  # a new target, one an older fleetd wrote, or a damaged backup.json:
+            theirs = self._database_fleet()  # whose its database copy is, if it holds one
+            if theirs is None or theirs == fleet:  # this fleet's from now on
+                self._write_info({**info, FLEET_KEY: fleet})
+                return fleet
+        if theirs != fleet:
             raise BackupError(
                 f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "
                 "up here would replace its database and delete its checkpoints. Give each fleet its own [backup] "
                 "target; if that fleet is gone and this state_dir was meant to be it, stop fleetd and `fleetd "
                 f"restore` the backup into an empty state_dir; to start afresh, move that backup aside first")
         return fleet
+
+    def _database_fleet(self) -> str | None:
+        """The fleet whose database copy the target holds (None: it holds none, or one that does
+        not read). Asked only of a target whose backup.json does not say: an older fleetd's,
+        whose fleetd.db a fresh host's daemon must not replace before `fleetd restore`."""
+        if DB_NAME not in self.target.names(""):
+            return None
+        with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[0], dir=self._scratch()) as work:
+            copy = Path(work) / DB_NAME
+            self.target.get_file(DB_NAME, copy)
+            db = Database.open(copy)
+            try:
+                return _fleet_of(db)
+            except Exception as exc:  # noqa: BLE001 - a damaged copy is no one's backup: a good one replaces it
+                log.warning("%s: its %s does not read (%s: %s): this fleet's backup replaces it",
+                            self.target.url, DB_NAME, type(exc).__name__, exc)
+                return None
+            finally:
+                db.close()
 
     def _write_info(self, info: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[1], dir=self._scratch()) as work:
@@ -302,6 +302,15 @@ class Backup:
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), "backup_failed", f"backup of the {what} to "
                          f"{self.target.url} failed: {reason}", severity="error", details={"target": self.target.url})
+
+
+def _fleet_of(db: Database) -> str | None:
+    """A fleet's name: its database's first boot (a restore keeps it). None before any boot."""
+    from fleetd.store.boots import read_first_boot
+
+    with db.transaction() as session:
+        boot = read_first_boot(session)
+    return None if boot is None else f"first started {boot.first_seen_at.isoformat()} in boot {boot.boot_id}"
 
 
 def remove_scratch_leftovers(settings: Settings) -> list[Path]:

@@ -89,25 +89,29 @@ def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without
 
     settings, db, url = setup
     clock = FakeClock()
+    names = ("pong", "kept", "lost", "unmounted")
     with db.transaction() as session:
-        for name in ("pong", "kept", "lost"):
+        for name in names:
             create_game(session, GameDraft(name=name, env_id="CartPole-v1", algo="ppo"), clock.now())
-    for name in ("pong", "kept", "lost"):
+    for name in names:
         write_ckpt(settings.game_dir(name) / "checkpoints", 100)
     backup = Backup(settings, db, clock)
     backup.checkpoints()
     with db.transaction() as session:
-        for name in ("pong", "kept"):
+        for name in ("pong", "kept", "unmounted"):
             session.execute(sqlalchemy.text("UPDATE games SET state = 'stopped' WHERE name = :n"), {"n": name})
     remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
+    backup.purged("pong")  # as DELETE /games/pong?purge=true tells it
     remove_game(db, clock, "kept", settings.game_dir("kept"), purge=False)  # its files stay: so do their copies
+    remove_game(db, clock, "unmounted", settings.game_dir("unmounted"), purge=False)
+    shutil.rmtree(settings.game_dir("unmounted"))  # its folder gone too (a storage unmounted): not a purge
     shutil.rmtree(settings.game_dir("lost"))  # lost from the disk, the game still there: the backup is for this
 
     run = backup.now()
 
     assert run.removed == ["pong/*"]
-    assert Target(url).names("games") == {"kept", "lost"}
-    assert restore(url, tmp_path / "fresh").games == ["kept", "lost"]
+    assert Target(url).names("games") == {"kept", "lost", "unmounted"}
+    assert restore(url, tmp_path / "fresh").games == ["kept", "lost", "unmounted"]
 
 
 def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
@@ -185,6 +189,35 @@ def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
     write_ckpt(c_settings.game_dir("pong") / "checkpoints", 300)
     assert Backup(c_settings, c_db, FakeClock()).now().copied == ["pong/ckpt-000000000300"]
     for db in (a_db, b_db, c_db):
+        db.close()
+
+
+def test_a_backup_an_earlier_fleetd_wrote_is_claimed_only_by_the_fleet_whose_database_it_holds(setup, tmp_path):
+    # Its backup.json names no fleet. A new host's daemon started before `fleetd restore` took
+    # it over: its database copy replaced the fleet's, and its sync deleted the fleet's games.
+    import json
+
+    _, _, url = setup
+    a_settings, a_db = booted_fleet(tmp_path / "box-a", url, "boot-of-box-a")
+    write_ckpt(a_settings.game_dir("pong") / "checkpoints", 100)
+    Backup(a_settings, a_db, FakeClock()).now()
+    target = Target(url)
+    info = json.loads(target.fs.cat_file(target.path("backup.json")))
+    del info["fleet"]  # as an earlier fleetd wrote it
+    target.fs.pipe_file(target.path("backup.json"), json.dumps(info).encode())
+    a_copy = target.fs.cat_file(target.path("fleetd.db"))
+    b_settings, b_db = booted_fleet(tmp_path / "box-b", url, "boot-of-box-b")
+    b_backup = Backup(b_settings, b_db, FakeClock())
+
+    for run in (b_backup.checkpoints, b_backup.database):
+        with pytest.raises(BackupError, match="holds the backup of another fleet .*boot-of-box-a"):
+            run()
+
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100"}
+    assert target.fs.cat_file(target.path("fleetd.db")) == a_copy
+    Backup(a_settings, a_db, FakeClock()).checkpoints()  # its own fleet: claimed, named from now on
+    assert "boot-of-box-a" in json.loads(target.fs.cat_file(target.path("backup.json")))["fleet"]
+    for db in (a_db, b_db):
         db.close()
 
 
