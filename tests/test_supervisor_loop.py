@@ -170,6 +170,28 @@ def test_games_start_on_a_game_fatal_at_the_batch_floor_starts_it_with_its_whole
     assert loop.launcher.launches[-1].spec.batch_scale == 1.0
 
 
+def test_the_scales_after_a_cuda_oom_and_a_divergence_outlive_a_daemon_restart(loop: Loop) -> None:
+    # They were the supervisor's memory only: after `systemctl restart fleetd` (an upgrade, a
+    # reboot) the game started again at the batch and rate that failed, and lost the training
+    # since its checkpoint to the same CUDA OOM.
+    loop.add("a")
+    loop.start()
+    for code in (ExitCode.CUDA_OOM, ExitCode.DIVERGED):
+        loop.reactor.exit(loop.pid("a"), code=code)
+        loop.steps(3)
+        loop.run_up("a")
+    spec = loop.launcher.launches[-1].spec
+    scales = (spec.batch_scale, spec.lr_scale)
+    assert scales[0] < 1 and scales[1] < 1
+
+    stop_and_start_again(loop, 60, leave_workers=False)
+    loop.steps(3)
+
+    assert loop.state("a") in (State.STARTING, State.RUNNING)
+    spec = loop.launcher.launches[-1].spec
+    assert (spec.batch_scale, spec.lr_scale) == scales
+
+
 def test_stop_then_the_pending_game_takes_the_slot_and_start_waits(loop: Loop) -> None:
     for name in ("a", "b", "c"):
         loop.add(name)

@@ -162,12 +162,16 @@ def update_game_settings(session: Session, name: str, values: dict[str, Any], no
 
 
 def update_game_state(
-    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False
+    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False,
+    remedies: tuple[float, float] | None = None,
 ) -> int:
-    """Returns the game's id (for the event it goes with)."""
+    """Returns the game's id (for the event it goes with). `remedies`: the (learning-rate, batch)
+    scales its next run takes, where the supervisor says."""
     row = _row(session, name)
     row.state, row.state_reason, row.state_changed_at, row.updated_at = state, reason, now, now
     row.restarts += int(restart)
+    if remedies is not None:
+        row.remedy_lr_scale, row.remedy_batch_scale = remedies
     session.flush()
     return row.id
 

@@ -122,6 +122,10 @@ class Game(Base):
     state_reason: Mapped[str | None] = mapped_column(Text)
     state_changed_at: Mapped[datetime]
     restarts: Mapped[int] = mapped_column(default=0)
+    # The learning-rate and batch scales its next run takes after divergences and CUDA OOMs
+    # (fleetd/supervision/remedies.py), as of its latest state change. NULL: none recorded.
+    remedy_lr_scale: Mapped[float | None]
+    remedy_batch_scale: Mapped[float | None]
     # Latest progress report; the history lives in samples.
     steps: Mapped[int] = mapped_column(default=0)
     episodes: Mapped[int] = mapped_column(default=0)

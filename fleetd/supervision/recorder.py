@@ -23,6 +23,7 @@ from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import ExitStatus, GameRemoved, Spawned
 from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
@@ -82,13 +83,15 @@ class Recorder:
             self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id},
                         "It stopped with a final checkpoint; its slot goes to the next pending game")
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool,
+                   remedies: Remedies = Remedies()) -> None:
         now = self.clock.now()
         with self.db.transaction() as session:
             if not game_store.game_exists(session, game):  # removed since the supervisor's read
                 log.info("%s: %s -> %s not recorded: the game was removed", game, old.value, new.value)
                 return
-            game_store.update_game_state(session, game, new.value, reason, now, restart)
+            game_store.update_game_state(session, game, new.value, reason, now, restart,
+                                          (remedies.lr_scale, remedies.batch_scale))
             kind, message = _state_event(old, new, reason)
             details = {"from": old.value, "to": new.value, "reason": reason}
             create_event(session, now, kind, message, severity=_SEVERITY.get(new, "info"), game=game, details=details)

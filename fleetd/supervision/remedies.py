@@ -9,6 +9,7 @@ the reason. The scales reach the worker as `lr_scale` / `batch_scale` in its run
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -25,3 +26,12 @@ class Remedies:
         if self == Remedies() or spec is None:
             return spec
         return spec.model_copy(update={"lr_scale": self.lr_scale, "batch_scale": self.batch_scale})
+
+
+def remedies_of(game: Any) -> Remedies:
+    """The scales a game's next run takes, as the store keeps them (a GameRecord): those of its
+    latest state change, so a daemon restart does not start it again at the batch or rate that
+    failed; a game no state change recorded them for (an earlier fleetd's), its rollbacks' rate."""
+    if game.remedy_lr_scale is None or game.remedy_batch_scale is None:
+        return Remedies(lr_scale=game.health.lr_scale)
+    return Remedies(lr_scale=game.remedy_lr_scale, batch_scale=game.remedy_batch_scale)

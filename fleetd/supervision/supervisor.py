@@ -41,7 +41,7 @@ from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.recovery import (WorkerFinder, close_lost_with_daemon, close_lost_with_host, exit_left,
                                          find_unrecorded, launch_of_run)
-from fleetd.supervision.remedies import Remedies
+from fleetd.supervision.remedies import remedies_of
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, Happening, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
@@ -359,7 +359,7 @@ class Supervisor:
 
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
         proc = WorkerProcess(launch_for(game, self.settings, 1, None), self.policy, self._launcher, self.clock, self._tap)
-        proc.remedies = Remedies(lr_scale=game.health.lr_scale)  # its rollbacks', kept in the store
+        proc.remedies = remedies_of(game)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
