@@ -74,11 +74,11 @@ def host_names(session: Session, node_ids: set[str]) -> dict[str, str]:
 def read_hosts(session: Session) -> list[HostRecord]:
     boots: dict[int, list[HostBootRecord]] = {}
     host_of_node: dict[str, int] = {}
-    for row in session.scalars(select(HostBoot).order_by(HostBoot.id)):
-        boots.setdefault(row.host_id, []).append(
-            HostBootRecord(row.node_id, row.joined_at, row.last_seen_at, row.ended_at)
-        )
-        host_of_node[row.node_id] = row.host_id
+    # Columns, not rows: a host has a life per join, and ORM rows cost ten times as much to read.
+    lives = select(HostBoot.host_id, HostBoot.node_id, HostBoot.joined_at, HostBoot.last_seen_at, HostBoot.ended_at)
+    for host_id, node_id, joined_at, last_seen_at, ended_at in session.execute(lives.order_by(HostBoot.id)):
+        boots.setdefault(host_id, []).append(HostBootRecord(node_id, joined_at, last_seen_at, ended_at))
+        host_of_node[node_id] = host_id
     games: dict[int, list[str]] = {}
     query = select(Run.node_id, Game.name).join(Game, Game.id == Run.game_id)
     for node_id, game in session.execute(query.where(Run.ended_at.is_(None), Run.node_id.is_not(None))):
