@@ -319,6 +319,40 @@ def test_retention_of_each_kind_goes_on_when_the_other_fails(
     assert "could not delete old samples" in caplog.text
 
 
+def test_retention_deletes_a_batch_a_transaction(
+    db: Database, host: FakeHost, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the daemon was down for days (or samples_days was lowered) retention deleted
+    millions of samples in one transaction: 4 million took 11 s, and every other write meanwhile
+    (progress, heartbeat, the API's) failed "the database is busy" after busy_timeout_ms."""
+    from sqlalchemy import event
+
+    import fleetd.jobs
+
+    monkeypatch.setattr(fleetd.jobs, "RETENTION_BATCH", 3, raising=False)
+    start(db, host, clock)
+    with db.transaction() as session:
+        for days in range(100, 107):
+            create_event(session, clock.now() - timedelta(days=days), "old", "long ago")
+        create_event(session, clock.now() - timedelta(days=200), SEEDED_EVENT, "seeded [[games]] from the config")
+        for minutes in range(8):
+            create_metric_rows(session, clock.now() - timedelta(days=15, minutes=minutes), [(None, None, "host_cpu_pct", 1.0)])
+        create_metric_rows(session, clock.now() - timedelta(days=1), [(None, None, "host_cpu_pct", 2.0)])
+    commits: list[object] = []
+    listen = commits.append
+    event.listen(db.engine, "commit", listen)
+    try:
+        assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (7, 8)
+    finally:
+        event.remove(db.engine, "commit", listen)
+    assert len(commits) == 3 + 3  # 3 + 3 + 1 events (a short batch ends it), 3 + 3 + 2 samples
+    assert sorted(e.kind for e in events(db)) == ["first_start", SEEDED_EVENT]
+    with db.transaction() as session:
+        from fleetd.store.samples import read_samples
+
+        assert [s.value for s in read_samples(session, None, None, "host_cpu_pct", clock.now() - timedelta(days=30), 100)] == [2.0]
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"), [(0, "0s"), (59.6, "1m 0s"), (3599, "59m 59s"), (3600, "1h 0m"), (90061, "1d 1h")]
 )
