@@ -79,26 +79,39 @@ def telemetry_job(
             save_footprint(session, record)
 
 
+# Rows deleted per transaction. Hourly, retention deletes an hour's worth (about 40,000 samples
+# for 10 games on 8 GPUs); after the daemon was down for days, or a shorter samples_days, millions
+# at once: as one transaction that held the write lock for longer than busy_timeout_ms, and the
+# supervisor's, the heartbeat's and the API's writes failed "database is locked" meanwhile.
+RETENTION_BATCH = 20_000
+
+
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
     """Events and samples past their retention, each kind on its own: one that fails (logged,
     naming it) leaves the other deleted, so samples do not pile up behind a failing events delete."""
     now = clock.now()
-    events = _delete_old(db, "events", lambda session: delete_events_before(
-        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,)))
-    samples = _delete_old(db, "samples", lambda session: delete_samples_before(
-        session, now - timedelta(days=retention.samples_days)))
+    events = _delete_old(db, "events", lambda session, limit: delete_events_before(
+        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit))
+    samples = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
+        session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:
         log.info("retention: deleted %d events and %d samples", events, samples)
     return events, samples
 
 
-def _delete_old(db: Database, kind: str, delete: Callable[[Session], int]) -> int:
+def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) -> int:
+    """`RETENTION_BATCH` rows a transaction, so that other writers get their turn in between."""
+    deleted = 0
     try:
-        with db.transaction() as session:
-            return delete(session)
+        while True:
+            with db.transaction() as session:
+                batch = delete(session, RETENTION_BATCH)
+            deleted += batch
+            if batch < RETENTION_BATCH:
+                return deleted
     except Exception:
         log.exception("retention: could not delete old %s; the next run tries again", kind)
-        return 0
+        return deleted
 
 
 def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.models import Boot, ExpectedReboot
@@ -15,6 +15,18 @@ from fleetd.store.records import BootRecord, ExpectedRebootRecord
 
 def _record(row: Boot) -> BootRecord:
     return to_record(BootRecord, row)
+
+
+# A boot's row holds its forensics (`last_state`, `kernel_log`: about 10 kB of JSON each); a list
+# of boots (the boot log, its lives, the uptime window) reads none of them, only the boot it shows.
+_LISTED = [column for column in Boot.__table__.columns if column.name not in ("last_state", "kernel_log")]
+
+
+def _listed(session: Session, query: Select[Any]) -> list[BootRecord]:
+    """The boots `query` selects, without their forensics (None in the records)."""
+    rows = session.execute(query.with_only_columns(*_LISTED))
+    return [to_record(BootRecord, row, last_state=None, kernel_log=None) for row in rows]
+
 
 def read_latest_boot(session: Session) -> BootRecord | None:
     row = session.scalars(select(Boot).order_by(Boot.id.desc()).limit(1)).first()
@@ -31,7 +43,7 @@ def read_boots(session: Session, since: datetime | None = None) -> list[BootReco
         if first is None:
             return []
         query = query.where(Boot.id >= (first.previous_id or first.id))
-    return [_record(row) for row in session.scalars(query)]
+    return _listed(session, query)
 
 
 def read_first_boot(session: Session) -> BootRecord | None:
@@ -106,11 +118,11 @@ def update_boot_stop(session: Session, boot_pk: int, now: datetime, clean: bool)
 
 def read_recent_boots(session: Session, limit: int) -> list[BootRecord]:
     """The newest `limit` boots and the boots they followed, in the order they happened."""
-    newest = list(session.scalars(select(Boot).order_by(Boot.id.desc()).limit(limit)))
-    have = {row.id for row in newest}
-    wanted = {row.previous_id for row in newest if row.previous_id not in have} - {None}
-    older = list(session.scalars(select(Boot).where(Boot.id.in_(wanted)))) if wanted else []
-    return sorted((_record(row) for row in newest + older), key=lambda boot: boot.id)
+    newest = _listed(session, select(Boot).order_by(Boot.id.desc()).limit(limit))
+    have = {boot.id for boot in newest}
+    wanted = {boot.previous_id for boot in newest if boot.previous_id not in have} - {None}
+    older = _listed(session, select(Boot).where(Boot.id.in_(wanted))) if wanted else []
+    return sorted(newest + older, key=lambda boot: boot.id)
 
 
 # -- expected reboots --------------------------------------------------------------------------

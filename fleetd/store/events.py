@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import and_, delete, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.mapping import to_record
@@ -73,7 +73,13 @@ def read_latest_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) 
     return None if row is None else _record(row)
 
 
-def delete_events_before(session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = ()) -> int:
-    """Events older than the cutoff, except those of `keep_kinds` (markers that must last)."""
-    result = session.execute(delete(Event).where(Event.at < cutoff, Event.kind.not_in(keep_kinds)))
+def delete_events_before(
+    session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = (), limit: int | None = None
+) -> int:
+    """Events older than the cutoff, except those of `keep_kinds` (markers that must last); with
+    `limit`, at most that many of them (the oldest)."""
+    old = and_(Event.at < cutoff, Event.kind.not_in(keep_kinds))
+    if limit is not None:
+        old = Event.id.in_(select(Event.id).where(old).order_by(Event.at).limit(limit))
+    result = session.execute(delete(Event).where(old))
     return int(result.rowcount or 0)

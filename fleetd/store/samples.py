@@ -12,8 +12,12 @@ from fleetd.store.models import Game, Sample
 from fleetd.store.records import SampleRecord
 
 
-def delete_samples_before(session: Session, cutoff: datetime) -> int:
-    result = session.execute(delete(Sample).where(Sample.at < cutoff))
+def delete_samples_before(session: Session, cutoff: datetime, limit: int | None = None) -> int:
+    """Samples older than the cutoff; with `limit`, at most that many of them (the oldest)."""
+    old = Sample.at < cutoff
+    if limit is not None:
+        old = Sample.id.in_(select(Sample.id).where(old).order_by(Sample.at).limit(limit))
+    result = session.execute(delete(Sample).where(old))
     return int(result.rowcount or 0)
 
 

@@ -248,6 +248,40 @@ def test_heartbeat_never_moves_last_seen_back(db: Database, host: FakeHost, cloc
     assert latest.last_seen_at - latest.first_seen_at == timedelta(seconds=100)
 
 
+def test_the_boot_lists_read_no_boots_forensics(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    # Each boot keeps about 10 kB of forensics (its last heartbeat's state, its kernel log). The
+    # status page polls GET /boots?limit=1000 and GET /hosts (this host's lives: every boot) every
+    # 10 s, and each read parsed every boot's forensics: 0.14 s and 0.19 s at 1,000 boots, growing
+    # with every reboot. Lists read the boots' figures; only a boot's own page reads its forensics.
+    from sqlalchemy import event
+
+    from fleetd.host.lives import this_host
+    from fleetd.host.uptime import boot_detail
+
+    state = {"telemetry": {"gpus": [{"index": 0, "temperature_c": 90}]}, "games": {"pong": "running"}}
+    for _ in range(3):
+        boot = start(db, host, clock).boot
+        clock.advance(600)
+        heartbeat_job(db, clock, boot.id, lambda: state)
+        with db.transaction() as session:
+            boot_store.update_boot_kernel_log(session, boot.id, {"kept": True, "note": None, "lines": ["Xid 79"]})
+        host.reboot(down_s=60)
+    current = start(db, host, clock).boot
+    statements: list[str] = []
+    listen = lambda *args: statements.append(args[2])  # noqa: E731  (conn, cursor, statement, ...)
+    event.listen(db.engine, "before_cursor_execute", listen)
+    try:
+        assert len(boot_log(db, 1000)) == 4
+        assert len(this_host(db, current.id, "127.0.0.1", {}).boots) == 4
+    finally:
+        event.remove(db.engine, "before_cursor_execute", listen)
+    assert statements and not [s for s in statements if "last_state" in s or "kernel_log" in s], statements
+    found = boot_detail(db, current.id)
+    assert found is not None and found[1] is not None  # a boot's own page still has its forensics
+    assert found[1].last_state == state and found[1].kernel_log == {"kept": True, "note": None, "lines": ["Xid 79"]}
+    assert uptime_report(db, current.id, clock.now(), clock.now()).last_reboot is not None
+
+
 def test_retention_deletes_old_events_only(db: Database, host: FakeHost, clock: FakeClock) -> None:
     start(db, host, clock)
     with db.transaction() as session:
@@ -283,6 +317,40 @@ def test_retention_of_each_kind_goes_on_when_the_other_fails(
         create_metric_rows(session, clock.now() - timedelta(days=30), [(None, None, "host_cpu_pct", 1.0)])
     assert retention_job(db, clock, RetentionSettings.model_construct(events_days=90, samples_days=10**9)) == (1, 0)
     assert "could not delete old samples" in caplog.text
+
+
+def test_retention_deletes_a_batch_a_transaction(
+    db: Database, host: FakeHost, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the daemon was down for days (or samples_days was lowered) retention deleted
+    millions of samples in one transaction: 4 million took 11 s, and every other write meanwhile
+    (progress, heartbeat, the API's) failed "the database is busy" after busy_timeout_ms."""
+    from sqlalchemy import event
+
+    import fleetd.jobs
+
+    monkeypatch.setattr(fleetd.jobs, "RETENTION_BATCH", 3, raising=False)
+    start(db, host, clock)
+    with db.transaction() as session:
+        for days in range(100, 107):
+            create_event(session, clock.now() - timedelta(days=days), "old", "long ago")
+        create_event(session, clock.now() - timedelta(days=200), SEEDED_EVENT, "seeded [[games]] from the config")
+        for minutes in range(8):
+            create_metric_rows(session, clock.now() - timedelta(days=15, minutes=minutes), [(None, None, "host_cpu_pct", 1.0)])
+        create_metric_rows(session, clock.now() - timedelta(days=1), [(None, None, "host_cpu_pct", 2.0)])
+    commits: list[object] = []
+    listen = commits.append
+    event.listen(db.engine, "commit", listen)
+    try:
+        assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (7, 8)
+    finally:
+        event.remove(db.engine, "commit", listen)
+    assert len(commits) == 3 + 3  # 3 + 3 + 1 events (a short batch ends it), 3 + 3 + 2 samples
+    assert sorted(e.kind for e in events(db)) == ["first_start", SEEDED_EVENT]
+    with db.transaction() as session:
+        from fleetd.store.samples import read_samples
+
+        assert [s.value for s in read_samples(session, None, None, "host_cpu_pct", clock.now() - timedelta(days=30), 100)] == [2.0]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.schemas import HostBootOut, HostGovernorOut, HostList, HostOut
@@ -13,6 +13,10 @@ from fleetd.store.records import HostRecord
 
 router = APIRouter(tags=["hosts"])
 
+# A host has a life per join (per kernel boot on one host), and none is ever deleted: the status
+# page polls this every 10 s, so an answer that listed them all grew with every reboot.
+DEFAULT_LIVES = 100
+
 
 def governor_out(rung: HostRung | None) -> HostGovernorOut | None:
     if rung is None:
@@ -21,13 +25,15 @@ def governor_out(rung: HostRung | None) -> HostGovernorOut | None:
                            guests=list(rung.guests), last_backoff=rung.last_backoff, rungs=list(rung.rungs))
 
 
-def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None) -> HostOut:
+def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None, newest: int = DEFAULT_LIVES) -> HostOut:
+    """`boots` and `downtime_s` count every life; `lives` lists the `newest` of them."""
     downtimes = host.downtimes_s()
     current = host.boots[-1] if host.alive and host.boots and host.boots[-1].ended_at is None else None
+    first = max(0, len(host.boots) - newest)
     lives = [
         HostBootOut(node_id=boot.node_id, joined_at=boot.joined_at, last_seen_at=boot.last_seen_at,
                     ended_at=boot.ended_at, downtime_before_s=downtimes[i - 1] if i else None, clean=boot.clean)
-        for i, boot in enumerate(host.boots)
+        for i, boot in enumerate(host.boots[first:], start=first)
     ]
     # A kernel boot's life is up since the kernel booted (as GET /uptime says); a Ray node's since its join.
     up_since = None if current is None else current.booted_at or current.joined_at
@@ -41,23 +47,28 @@ def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None) -> H
 
 
 @router.get("/hosts", response_model=HostList)
-def list_hosts(context: AppContext = Depends(get_context)) -> HostList:
+def list_hosts(
+    lives: int = Query(DEFAULT_LIVES, ge=0, le=100_000, description="each host's newest lives listed; its `boots` "
+                                                                     "and `downtime_s` count them all"),
+    context: AppContext = Depends(get_context),
+) -> HostList:
     """The hosts: on a Ray cluster each one's node lives (joins until death), the downtime between
     them and its own governor's rung; on one host (the local backend) this host, its lives its
     kernel boots, its rung the fleet's."""
     if context.settings.cluster.backend == "local":
-        return HostList(backend="local", items=[local_host_out(context)])
+        return HostList(backend="local", items=[local_host_out(context, lives)])
     with context.db.transaction() as session:
         hosts = read_hosts(session)
     snapshot = context.snapshot
     rungs = {} if snapshot is None else {rung.name: rung for rung in snapshot.governor.hosts}
     now = context.clock.now()
-    return HostList(backend=context.settings.cluster.backend, items=[host_out(host, now, rungs.get(host.name)) for host in hosts])
+    return HostList(backend=context.settings.cluster.backend,
+                    items=[host_out(host, now, rungs.get(host.name), lives) for host in hosts])
 
 
-def local_host_out(context: AppContext) -> HostOut:
+def local_host_out(context: AppContext, lives: int = DEFAULT_LIVES) -> HostOut:
     telemetry = None if context.telemetry is None else context.telemetry.latest
     host = this_host(context.db, context.daemon.boot_pk, context.settings.api.host, host_resources(telemetry))
     snapshot = context.snapshot
     rung = None if snapshot is None else snapshot.governor.as_host_rung(host.name)
-    return host_out(host, context.clock.now(), rung)
+    return host_out(host, context.clock.now(), rung, lives)
