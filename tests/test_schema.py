@@ -266,3 +266,20 @@ def test_0017_takes_a_rung_proven_before_as_proven_for_the_games_admitted_at_the
     with db.transaction() as session:
         assert fleet_store.read_rungs(session)[(8, 128)].proven_games == 4
     db.close()
+
+
+def test_a_games_open_run_is_found_by_the_open_runs_index_not_among_all_its_runs(tmp_path: Path) -> None:
+    """Every listing of games looks up each game's open run; a game crash-looping for months has
+    thousands of ended runs, which the lookup scanned (GET /games 67 ms instead of 10 at 10 x 5,000)."""
+    from fleetd.store.games import open_runs_query
+
+    path = tmp_path / "fleetd.db"
+    ensure_schema(path, "fleetd db upgrade")
+    db = Database.open(path)
+    try:
+        with db.transaction() as session:
+            compiled = open_runs_query([1, 2]).compile(session.bind, compile_kwargs={"literal_binds": True})
+            plan = session.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}").fetchall()
+    finally:
+        db.close()
+    assert any("USING INDEX ix_runs_open" in row[-1] for row in plan), plan

@@ -6,7 +6,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import Select, and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -44,8 +44,12 @@ def _records(session: Session, rows: list[Game]) -> list[GameRecord]:
 
 
 def _open_runs(session: Session, ids: list[int]) -> dict[int, Run]:
-    query = select(Run).where(Run.game_id.in_(ids), Run.ended_at.is_(None)).order_by(Run.id)
-    return {run.game_id: run for run in session.scalars(query)}  # the newest open run wins
+    return {run.game_id: run for run in session.scalars(open_runs_query(ids))}  # the newest open run wins
+
+
+def open_runs_query(ids: list[int]) -> Select:
+    """These games' open runs (by the partial index ix_runs_open, not among all their runs)."""
+    return select(Run).where(Run.game_id.in_(ids), Run.ended_at.is_(None)).order_by(Run.id)
 
 
 def _build(

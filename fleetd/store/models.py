@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -226,8 +227,11 @@ class Run(Base):
     __tablename__ = "runs"
     # AUTOINCREMENT: an id is never handed out twice, even after the newest runs are deleted with
     # their game, so a run's log file (named by its id) is that run's alone.
+    # ix_runs_open: a game's open run (every listing of games looks it up) among its thousands
+    # of ended runs, a crash-looping game's months of them included.
     __table_args__ = (
-        Index(None, "game_id", "started_at"), Index(None, "boot_id", "ended_at"), {"sqlite_autoincrement": True}
+        Index(None, "game_id", "started_at"), Index(None, "boot_id", "ended_at"),
+        Index("ix_runs_open", "game_id", sqlite_where=text("ended_at IS NULL")), {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
