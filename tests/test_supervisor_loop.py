@@ -680,6 +680,25 @@ def test_a_game_removed_between_the_supervisors_read_and_its_start_is_let_go(loo
     assert "a" not in loop.sup.procs and loop.launcher.spawned == []
 
 
+def test_a_removed_games_placement_is_forgotten_with_it(loop: Loop, tmp_path: Path) -> None:
+    # The launcher's record of where each game's newest worker went kept every name ever spawned.
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    assert "a" in loop.sup._placing.hosts
+    pid = loop.pid("a")
+    set_desired(loop.db, loop.clock, "a", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    assert loop.state("a") is State.STOPPED
+    remove_game(loop.db, loop.clock, "a", tmp_path / "a", purge=False)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert "a" not in loop.sup.procs and "a" not in loop.sup._placing.hosts
+
+
 def test_a_progress_flush_that_finds_the_database_busy_stops_nothing_and_loses_nothing(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost
 ) -> None:

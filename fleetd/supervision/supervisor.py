@@ -400,6 +400,7 @@ class Supervisor:
         for name in [n for n in gone if n not in live]:
             del self.procs[name]
             self.recorder.forget(name)
+            self._placing.hosts.pop(name, None)
         self._ids = ids | {name: self._ids[name] for name in live if name in self._ids}
 
     def _on_exit(self, exited: Exited) -> None:
