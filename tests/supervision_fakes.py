@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from fleetd.states import State
 from fleetd.supervision.recovery import FoundWorker
-from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
 from tests.fakes import FakeClock
 from workers.protocol.reports import Report
@@ -66,8 +65,7 @@ class RecordingSink:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         self.runs[run_id].update(cause=cause, status=status)
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool,
-                   remedies: Remedies = Remedies()) -> None:
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
         self.transitions.append((old, new, reason))
         self.restarts += restart
 

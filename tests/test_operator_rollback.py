@@ -216,3 +216,58 @@ def test_the_best_after_a_rollback_comes_from_checkpoints_the_index_verifies(tmp
         write_checkpoint(tmp_path, steps, 10, payload, value)
     (tmp_path / "ckpt-000000002000" / "state.json").unlink()
     assert [(ev.steps, ev.eval_return) for ev in _kept_evaluations(tmp_path)] == [(3000, 200.0), (1000, 10.0)]
+
+
+# -- the scales a rollback leaves, across a daemon restart (games.remedy_*, migration 0018) --------
+
+
+def test_the_scales_an_operators_rollback_resets_stay_reset_after_a_daemon_restart(loop: Loop) -> None:  # noqa: F811
+    """A rollback while the game is stopped resets the divergence's lr_scale and records no state
+    change: the store kept the old scale, and the next daemon started the game at it again."""
+    from tests.test_supervisor_loop import stop_and_start_again
+    from workers.protocol.exit_codes import ExitCode
+
+    add(loop, "cp", {})
+    loop.start()
+    loop.run_up("cp")
+    loop.reactor.exit(loop.pid("cp"), code=ExitCode.DIVERGED)
+    loop.steps(3)
+    loop.run_up("cp")
+    assert loop.launcher.launches[-1].spec.lr_scale == 0.5
+    for steps, value in ((1000, 10), (2000, 200), (3000, 150)):
+        evaluate(loop, "cp", steps, value)
+    set_desired(loop.db, loop.clock, "cp", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    stop_exits(loop, "cp")
+    ask(loop, 2000).result(timeout=0)
+    loop.steps()
+
+    stop_and_start_again(loop, 60, leave_workers=False)
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
+
+
+def test_a_collapse_rollbacks_scale_outlives_a_daemon_restart_before_its_start(loop: Loop) -> None:  # noqa: F811
+    """The game was stopped while its rollback's worker stopped: nothing started it, and no state
+    change carried the rollback's scale to the store."""
+    from tests.test_health_watch import trained_then_collapsed
+    from tests.test_supervisor_loop import stop_and_start_again
+
+    trained_then_collapsed(loop)
+    assert loop.state("cp") is State.STOPPING
+    set_desired(loop.db, loop.clock, "cp", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    stop_exits(loop, "cp")
+    assert loop.state("cp") is State.STOPPED
+
+    stop_and_start_again(loop, 60, leave_workers=False)
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+
+    assert loop.launcher.launches[-1].spec.lr_scale == 0.25  # QUICK's rollback_lr_scale

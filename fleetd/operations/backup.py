@@ -30,6 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import DatabaseError, OperationalError
+
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
@@ -138,6 +140,7 @@ class Backup:
         self.status = BackupStatus(settings.backup.target)
         self._lock = threading.Lock()
         self._purges: set[str] = set()  # games removed with their files since the last scan
+        self._seen_database: tuple[tuple[Any, str], str | None] | None = None  # a keyless target's copy, and whose
 
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied."""
@@ -267,18 +270,25 @@ class Backup:
         whose fleetd.db a fresh host's daemon must not replace before `fleetd restore`."""
         if DB_NAME not in self.target.names(""):
             return None
+        info = self.target.fs.info(self.target.path(DB_NAME))
+        seen = (info.get("size"), str(info.get("mtime") or info.get("LastModified") or info.get("ETag") or info.get("created")))
+        if self._seen_database is not None and self._seen_database[0] == seen:
+            return self._seen_database[1]  # refused before: not downloaded again at every scan
         with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[0], dir=self._scratch()) as work:
             copy = Path(work) / DB_NAME
             self.target.get_file(DB_NAME, copy)
             db = Database.open(copy)
             try:
-                return _fleet_of(db)
-            except Exception as exc:  # noqa: BLE001 - a damaged copy is no one's backup: a good one replaces it
-                log.warning("%s: its %s does not read (%s: %s): this fleet's backup replaces it",
-                            self.target.url, DB_NAME, type(exc).__name__, exc)
-                return None
+                owner = _fleet_of(db)
+            except OperationalError as exc:  # a database, but no fleetd's boots in it: not known to be this one
+                owner = f"unknown: its {DB_NAME} is not fleetd's ({exc.orig})"
+            except DatabaseError as exc:  # not a database at all (damaged): no one's backup, a good one replaces it
+                log.warning("%s: its %s does not read (%s): this fleet's backup replaces it", self.target.url, DB_NAME, exc.orig)
+                owner = None
             finally:
                 db.close()
+        self._seen_database = (seen, owner)
+        return owner
 
     def _write_info(self, info: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[1], dir=self._scratch()) as work:
@@ -310,7 +320,7 @@ def _fleet_of(db: Database) -> str | None:
 
     with db.transaction() as session:
         boot = read_first_boot(session)
-    return None if boot is None else f"first started {boot.first_seen_at.isoformat()} in boot {boot.boot_id}"
+    return None if boot is None else f"first started {boot[1].isoformat()} in boot {boot[0]}"
 
 
 def remove_scratch_leftovers(settings: Settings) -> list[Path]:

@@ -46,10 +46,12 @@ def read_boots(session: Session, since: datetime | None = None) -> list[BootReco
     return _listed(session, query)
 
 
-def read_first_boot(session: Session) -> BootRecord | None:
-    """The first boot fleetd recorded in this database: it stays through a restore onto another host."""
-    row = session.scalars(select(Boot).order_by(Boot.id).limit(1)).first()
-    return None if row is None else _record(row)
+def read_first_boot(session: Session) -> tuple[str, datetime] | None:
+    """The first boot fleetd recorded in this database (its boot id, and when fleetd first saw
+    it): it stays through a restore onto another host. Those two columns only, which every
+    schema has: a backup's copy written by an earlier fleetd is read with it too."""
+    row = session.execute(select(Boot.boot_id, Boot.first_seen_at).order_by(Boot.id).limit(1)).first()
+    return None if row is None else (row[0], row[1])
 
 
 def read_first_seen(session: Session) -> datetime | None:

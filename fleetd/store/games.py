@@ -166,18 +166,23 @@ def update_game_settings(session: Session, name: str, values: dict[str, Any], no
 
 
 def update_game_state(
-    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False,
-    remedies: tuple[float, float] | None = None,
+    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False
 ) -> int:
-    """Returns the game's id (for the event it goes with). `remedies`: the (learning-rate, batch)
-    scales its next run takes, where the supervisor says."""
+    """Returns the game's id (for the event it goes with)."""
     row = _row(session, name)
     row.state, row.state_reason, row.state_changed_at, row.updated_at = state, reason, now, now
     row.restarts += int(restart)
-    if remedies is not None:
-        row.remedy_lr_scale, row.remedy_batch_scale = remedies
     session.flush()
     return row.id
+
+
+def update_games_remedies(session: Session, scales: dict[str, tuple[float, float]]) -> None:
+    """Each game's (learning-rate, batch) scales its next run takes; a game removed meanwhile
+    is skipped."""
+    for name, (lr_scale, batch_scale) in scales.items():
+        session.execute(update(Game).where(Game.name == name)
+                        .values(remedy_lr_scale=lr_scale, remedy_batch_scale=batch_scale))
+    session.flush()
 
 
 def update_game_resumed(session: Session, name: str, steps: int) -> None:

@@ -124,7 +124,7 @@ class Game(Base):
     state_changed_at: Mapped[datetime]
     restarts: Mapped[int] = mapped_column(default=0)
     # The learning-rate and batch scales its next run takes after divergences and CUDA OOMs
-    # (fleetd/supervision/remedies.py), as of its latest state change. NULL: none recorded.
+    # (fleetd/supervision/remedies.py), stored as they change. NULL: none recorded.
     remedy_lr_scale: Mapped[float | None]
     remedy_batch_scale: Mapped[float | None]
     # Latest progress report; the history lives in samples.

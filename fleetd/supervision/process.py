@@ -373,7 +373,7 @@ class WorkerProcess:
     def _to(self, new: State, reason: str, restart: bool = False) -> None:
         check_transition(self.state, new)
         old, self.state, self.reason = self.state, new, reason
-        self._sink.transition(self.name, old, new, reason, restart, self.remedies)
+        self._sink.transition(self.name, old, new, reason, restart)
 
 
 def _sent_from_outside(status: ExitStatus) -> bool:

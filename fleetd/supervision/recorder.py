@@ -83,15 +83,13 @@ class Recorder:
             self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id},
                         "It stopped with a final checkpoint; its slot goes to the next pending game")
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool,
-                   remedies: Remedies = Remedies()) -> None:
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
         now = self.clock.now()
         with self.db.transaction() as session:
             if not game_store.game_exists(session, game):  # removed since the supervisor's read
                 log.info("%s: %s -> %s not recorded: the game was removed", game, old.value, new.value)
                 return
-            game_store.update_game_state(session, game, new.value, reason, now, restart,
-                                          (remedies.lr_scale, remedies.batch_scale))
+            game_store.update_game_state(session, game, new.value, reason, now, restart)
             kind, message = _state_event(old, new, reason)
             details = {"from": old.value, "to": new.value, "reason": reason}
             create_event(session, now, kind, message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
@@ -99,6 +97,12 @@ class Recorder:
             self._alert("fatal", f"{game} is FATAL: {reason}", game, {"reason": reason},
                         f"fleetd will not restart it and gives its slot to the next pending game; fix the cause, "
                         f"then `fleetd games start {game}` (it resumes from its newest verified checkpoint)")
+
+    def remedies(self, scales: dict[str, Remedies]) -> None:
+        """The scales these games' next runs take (fleetd/supervision/remedies.py), kept so that a
+        daemon restart does not start them again at the batch or rate that failed."""
+        with self.db.transaction() as session:
+            game_store.update_games_remedies(session, {name: (r.lr_scale, r.batch_scale) for name, r in scales.items()})
 
     def _alert(self, kind: str, message: str, game: str | None, details: dict[str, Any], action: str) -> None:
         if self.alerts is not None:

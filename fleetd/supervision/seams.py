@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Protocol
 
 from fleetd.states import State
-from fleetd.supervision.remedies import Remedies
 from workers.protocol.exit_codes import describe
 from workers.protocol.reports import Report
 from workers.protocol.spec import LaunchSpec
@@ -135,9 +134,7 @@ class Sink(Protocol):
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None: ...
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool,
-                   remedies: Remedies = Remedies()) -> None:
-        """A state change, with the scales its next run takes (kept across daemon restarts)."""
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None: ...
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
         """An event that is not a state change (a hang detected, an escalation)."""

@@ -41,7 +41,7 @@ from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.recovery import (WorkerFinder, close_lost_with_daemon, close_lost_with_host, exit_left,
                                          find_unrecorded, launch_of_run)
-from fleetd.supervision.remedies import remedies_of
+from fleetd.supervision.remedies import Remedies, remedies_of
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, Happening, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import cpu_allotment, launch_for
@@ -76,6 +76,7 @@ class Supervisor:
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
         self._tap = TransitionTap(recorder)
+        self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_remedies`)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
@@ -169,6 +170,17 @@ class Supervisor:
         if now - self._flushed_at >= self.settings.supervisor.progress_flush_s:
             self._flushed_at = now
             self.recorder.flush_progress()
+        self._save_remedies()
+
+    def _save_remedies(self) -> None:
+        """The scales each game's next run takes, stored as they change, whatever changed them (a
+        divergence, a CUDA OOM, a rollback, the operator's start or rollback): a daemon restart
+        reads them back (`_new_proc`)."""
+        changed = {name: proc.remedies for name, proc in self.procs.items()
+                   if self._remedies_saved.get(name) != proc.remedies}
+        if changed:
+            self.recorder.remedies(changed)
+            self._remedies_saved.update(changed)
 
     def handle(self, happening: Happening) -> None:
         if isinstance(happening, Exited):
@@ -360,6 +372,7 @@ class Supervisor:
     def _new_proc(self, game: GameRecord) -> WorkerProcess:
         proc = WorkerProcess(launch_for(game, self.settings, 1, None), self.policy, self._launcher, self.clock, self._tap)
         proc.remedies = remedies_of(game)
+        self._remedies_saved[game.name] = proc.remedies
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
@@ -401,6 +414,7 @@ class Supervisor:
             del self.procs[name]
             self.recorder.forget(name)
             self._placing.hosts.pop(name, None)
+            self._remedies_saved.pop(name, None)
         self._ids = ids | {name: self._ids[name] for name in live if name in self._ids}
 
     def _on_exit(self, exited: Exited) -> None:

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from fleetd.states import State
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import ExitStatus, Launch, Launcher, Reactor, Spawned
 
 
@@ -78,9 +77,8 @@ class TransitionTap:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         self._recorder.run_ended(run_id, status, cause)
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool,
-                   remedies: Remedies = Remedies()) -> None:
-        self._recorder.transition(game, old, new, reason, restart, remedies)
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+        self._recorder.transition(game, old, new, reason, restart)
         self.changed = True
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:

@@ -221,6 +221,39 @@ def test_a_backup_an_earlier_fleetd_wrote_is_claimed_only_by_the_fleet_whose_dat
         db.close()
 
 
+def test_a_keyless_targets_database_of_an_early_schema_is_read_and_read_once(setup, tmp_path, monkeypatch):
+    # A copy at schema 0002 lacked the boots columns the model reads now: it was taken for a
+    # damaged one, and another fleet took the target over. And a refusal downloaded the whole
+    # copy again at every scan.
+    from alembic import command
+
+    from fleetd.store.schema import alembic_config
+
+    _, _, url = setup
+    early = tmp_path / "early" / "fleetd.db"
+    early.parent.mkdir()
+    command.upgrade(alembic_config(early), "0002")
+    with sqlite3.connect(early) as conn:
+        at = "'2026-01-01 00:00:00.000000'"
+        conn.execute("INSERT INTO boots (boot_id, booted_at, first_seen_at, last_seen_at, daemon_started_at, "
+                     f"daemon_clean_stop) VALUES ('boot-of-the-old-fleet', {at}, {at}, {at}, {at}, 0)")
+    target = Target(url)
+    target.put_file(early, "fleetd.db")  # and no backup.json: as an early fleetd left it
+    b_settings, b_db = booted_fleet(tmp_path / "box-b", url, "boot-of-box-b")
+    b_backup = Backup(b_settings, b_db, FakeClock())
+    fetched: list[str] = []
+    get_file = Target.get_file
+    monkeypatch.setattr(Target, "get_file", lambda self, name, to: fetched.append(name) or get_file(self, name, to))
+
+    for _ in range(2):
+        with pytest.raises(BackupError, match="holds the backup of another fleet .*boot-of-the-old-fleet"):
+            b_backup.checkpoints()
+
+    assert fetched == ["fleetd.db"]
+    assert target.fs.cat_file(target.path("fleetd.db")) == early.read_bytes()
+    b_db.close()
+
+
 def test_restore_fills_an_empty_state_dir_and_skips_what_does_not_verify(setup, tmp_path):
     settings, db, url = setup
     write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
