@@ -83,6 +83,15 @@ def stand_in_config(root: Path) -> DaemonConfig:
     return config
 
 
+def with_games_running(daemon: Daemon, daemons: list[Daemon]) -> Daemon:
+    """The daemon started (and ended by the fixture), healthy, both stand-in games running."""
+    daemons.append(daemon)
+    daemon.wait_healthy()
+    for name in ("a", "b"):
+        daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+    return daemon
+
+
 def test_sigterm_right_at_ready_stops_the_daemon_and_its_workers(daemons: list[Daemon]) -> None:
     """`systemctl stop` while the unit starts: the handlers are in from the first instant, so the
     workers just started are stopped and the stop is recorded clean, as any SIGTERM's."""
@@ -117,11 +126,7 @@ def test_sighup_stops_the_daemon_alone_as_sigusr1_does(daemons: list[Daemon]) ->
     root = short_tmp_dir()
     config = stand_in_config(root)
     try:
-        daemon = Daemon(config, env={"PYTHONPATH": str(REPO)})
-        daemons.append(daemon)
-        daemon.wait_healthy()
-        for name in ("a", "b"):
-            daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+        daemon = with_games_running(Daemon(config, env={"PYTHONPATH": str(REPO)}), daemons)
         workers = {p.pid for p in worker_processes(config)}
         assert len(workers) == 2
         daemon.process.send_signal(signal.SIGHUP)
@@ -175,11 +180,7 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_running_job(daemons: lis
     marks = root / "marks"
     marks.mkdir()
     try:
-        daemon = SlowJobDaemon(config, marks)
-        daemons.append(daemon)
-        daemon.wait_healthy()
-        for name in ("a", "b"):
-            daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+        daemon = with_games_running(SlowJobDaemon(config, marks), daemons)
         deadline = time.monotonic() + 30
         while not (marks / "began").exists():
             assert time.monotonic() < deadline, daemon.log()
@@ -208,11 +209,7 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_request_that_never_ends(
     config = stand_in_config(root)
     client = socket.socket()
     try:
-        daemon = Daemon(config, env={"PYTHONPATH": str(REPO)})
-        daemons.append(daemon)
-        daemon.wait_healthy()
-        for name in ("a", "b"):
-            daemon.wait_for_game(name, lambda g: g["state"] == "running", 60, "running")
+        daemon = with_games_running(Daemon(config, env={"PYTHONPATH": str(REPO)}), daemons)
         client.connect(("127.0.0.1", config.port))
         client.sendall(f"POST /api/v1/games HTTP/1.1\r\nHost: fleetd\r\nAuthorization: Bearer {config.token()}\r\n"
                        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"name\": ".encode())
