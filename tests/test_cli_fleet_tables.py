@@ -82,3 +82,10 @@ def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: t
     assert row(projection, "a") == "- - 600 own - - - -"
     assert row(projection, "idle") == "- - 600 same_env_algo_size - - - -"
     assert render.price_text({"price_per_host_hour": 2.0, "currency": "$"}) == "at $2.00 per host hour"
+
+
+def test_the_rung_row_names_a_rung_waiting_out_a_failure_only_when_one_does(served: tuple[AppContext, Path]) -> None:
+    """It read `(rung 2, waiting out a failure: -)` on a fleet with none."""
+    _, config = served
+    rung = row(fleetd(config, "tier").output, "rung")
+    assert "waiting out a failure" not in rung and rung.endswith("games (rung 2)"), rung

@@ -254,11 +254,12 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
     table = PlainTable(title="Fleet", show_header=False)
     table.add_column("what")
     table.add_column("value")
-    ceiling = f"{fleet['ceiling']} until {when(fleet['ceiling_until'])}" if fleet["ceiling"] else "-"
+    # The rung above, while it waits out a failure; nothing said when none does.
+    ceiling = f"; waiting out a failure: {fleet['ceiling']} until {when(fleet['ceiling_until'])}" if fleet["ceiling"] else ""
     settings = fleet["settings"]
     rows = [
         ("tier", tier_text(fleet)),
-        ("rung", f"{fleet['rung']}: {fleet['allowed']} games (rung {fleet['level']}, waiting out a failure: {ceiling})"),
+        ("rung", f"{fleet['rung']}: {fleet['allowed']} games (rung {fleet['level']}{ceiling})"),
         ("ladder", "\n".join(fleet["rungs"]) or "-"),
         ("pressure", "; ".join(fleet["pressure"]) or "none"),
         ("last back-off", fleet["last_backoff"] or "-"),
