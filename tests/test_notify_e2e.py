@@ -92,6 +92,17 @@ def with_games_running(daemon: Daemon, daemons: list[Daemon]) -> Daemon:
     return daemon
 
 
+def until_ready(daemon: Daemon, daemons: list[Daemon], sock: socket.socket) -> Daemon:
+    """The daemon started (and ended by the fixture), once it sent READY=1 to `sock`."""
+    daemons.append(daemon)
+    messages: list[str] = []
+    deadline = time.monotonic() + 90
+    while "READY=1" not in messages and time.monotonic() < deadline and daemon.process.poll() is None:
+        messages += receive(sock, 5)
+    assert "READY=1" in messages, daemon.log()
+    return daemon
+
+
 def test_sigterm_right_at_ready_stops_the_daemon_and_its_workers(daemons: list[Daemon]) -> None:
     """`systemctl stop` while the unit starts: the handlers are in from the first instant, so the
     workers just started are stopped and the stop is recorded clean, as any SIGTERM's."""
@@ -101,13 +112,7 @@ def test_sigterm_right_at_ready_stops_the_daemon_and_its_workers(daemons: list[D
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
     try:
-        daemon = Daemon(config, env={"NOTIFY_SOCKET": str(path), "PYTHONPATH": str(REPO)})
-        daemons.append(daemon)
-        messages: list[str] = []
-        deadline = time.monotonic() + 90
-        while "READY=1" not in messages and time.monotonic() < deadline and daemon.process.poll() is None:
-            messages += receive(sock, 5)
-        assert "READY=1" in messages, daemon.log()
+        daemon = until_ready(Daemon(config, env={"NOTIFY_SOCKET": str(path), "PYTHONPATH": str(REPO)}), daemons, sock)
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(60) == 0, daemon.log()
         assert worker_processes(config) == []
@@ -237,13 +242,8 @@ def test_the_status_line_is_refreshed_every_10_s_under_the_units_watchdog(daemon
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
     try:
-        daemon = Daemon(config, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "60000000", "PYTHONPATH": str(REPO)})
-        daemons.append(daemon)
-        messages: list[str] = []
-        deadline = time.monotonic() + 90
-        while "READY=1" not in messages and time.monotonic() < deadline and daemon.process.poll() is None:
-            messages += receive(sock, 5)
-        assert "READY=1" in messages, daemon.log()
+        env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "60000000", "PYTHONPATH": str(REPO)}
+        until_ready(Daemon(config, env=env), daemons, sock)
         after: list[str] = []
         deadline = time.monotonic() + 15
         while not (any(m.startswith("STATUS=") for m in after) and "WATCHDOG=1" in after) and time.monotonic() < deadline:
