@@ -444,9 +444,8 @@ def _check_database(db_path: Path) -> str | None:
 
     try:
         status = inspect_schema(db_path)
-    except SchemaError as exc:  # its advice is the daemon's, about a state_dir's own copies
-        reason = str(exc).removeprefix(f"cannot read the database {db_path}: ").split(". fleetd changed nothing")[0]
-        raise BackupError(f"{DB_NAME} in the backup is damaged ({reason}): restore from another backup") from None
+    except SchemaError as exc:  # its advice is the daemon's, about a state_dir's own copies: not this one's
+        raise BackupError(f"{DB_NAME} in the backup is damaged ({exc.reason or exc}): restore from another backup") from None
     if status.state is SchemaState.BEHIND:
         return (f"its database is at schema {status.current}, this fleetd's is {status.head}: run `fleetd db "
                 "upgrade` (with the state_dir of this restore in its config) before you start fleetd")

@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 
 
 class SchemaError(Exception):
-    """The database cannot be used as it is; the message says what to do."""
+    """The database cannot be used as it is; the message says what to do. `reason`: what is
+    wrong with the file alone, for a caller whose advice differs (a restore's copy)."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SchemaState(StrEnum):
@@ -86,7 +91,8 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
         raise SchemaError(
             f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
             f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
-            "or start with an empty state_dir."
+            "or start with an empty state_dir.",
+            reason=str(exc.orig),
         ) from None
     finally:
         engine.dispose()
