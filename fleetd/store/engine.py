@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,15 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetd.errors import ErrorCode, FleetdError
+
+
+IN_CHUNK = 500  # values per IN (...): well under SQLite's bound on parameters
+
+
+def in_chunks(values: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    """`values` a slice of IN_CHUNK at a time, for queries with IN (...)."""
+    for start in range(0, len(values), IN_CHUNK):
+        yield values[start : start + IN_CHUNK]
 
 
 def sqlite_url(path: Path) -> str:

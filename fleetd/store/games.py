@@ -15,6 +15,7 @@ from fleetd.states import Desired, State
 from fleetd.health.rules import HealthRecord
 from fleetd.store.checkpoints import read_newest_verified_many
 from fleetd.store.health import read_health_many
+from fleetd.store.engine import in_chunks
 from fleetd.store.hosts import host_names
 from fleetd.store.mapping import to_record
 from fleetd.store.models import Checkpoint, Game, GameHealth, Run
@@ -26,16 +27,12 @@ def _record(session: Session, row: Game) -> GameRecord:
     return _records(session, [row])[0]
 
 
-_IN_CHUNK = 500  # ids per IN (...): well under SQLite's bound on parameters
-
-
 def _records(session: Session, rows: list[Game]) -> list[GameRecord]:
     """Games with their open run and newest verified checkpoint: three queries for any number
     of games (per 500), not two more per game."""
     ids = [row.id for row in rows]
     runs, checkpoints, health = {}, {}, {}
-    for start in range(0, len(ids), _IN_CHUNK):
-        chunk = ids[start : start + _IN_CHUNK]
+    for chunk in in_chunks(ids):
         runs.update(_open_runs(session, chunk))
         checkpoints.update(read_newest_verified_many(session, chunk))
         health.update(read_health_many(session, chunk))

@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from fleetd.store.engine import in_chunks
 from fleetd.store.models import Game, Host, HostBoot, Run
 from fleetd.store.records import HostBootRecord, HostLife, HostRecord, NodeSeen
 
@@ -54,13 +55,10 @@ def _lives_to_observe(session: Session, node_ids: set[str]) -> dict[str, HostBoo
     gets one at each join, and this runs at every heartbeat."""
     boots = {row.node_id: row for row in session.scalars(select(HostBoot).where(HostBoot.ended_at.is_(None)))}
     listed = sorted(node_ids - set(boots))
-    for start in range(0, len(listed), _IN_CHUNK):
-        query = select(HostBoot).where(HostBoot.node_id.in_(listed[start : start + _IN_CHUNK]))
+    for chunk in in_chunks(listed):
+        query = select(HostBoot).where(HostBoot.node_id.in_(chunk))
         boots.update((row.node_id, row) for row in session.scalars(query))
     return boots
-
-
-_IN_CHUNK = 500  # node ids per IN (...): well under SQLite's bound on parameters
 
 
 def host_names(session: Session, node_ids: set[str]) -> dict[str, str]:
