@@ -9,7 +9,8 @@ the reason. The scales reach the worker as `lr_scale` / `batch_scale` in its run
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+
+from fleetd.store.records import GameRecord
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Remedies:
         return spec.model_copy(update={"lr_scale": self.lr_scale, "batch_scale": self.batch_scale})
 
 
-def remedies_of(game: Any) -> Remedies:
+def remedies_of(game: GameRecord) -> Remedies:
     """The scales a game's next run takes, as the store keeps them (a GameRecord; the supervisor
     stores them as they change), so a daemon restart does not start it again at the batch or
     rate that failed; a game none were stored for (an earlier fleetd's), its rollbacks' rate."""
