@@ -127,12 +127,12 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
 
 
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
-    """Kept with the health record: the next daemon (or the host's reboot) does not start the
-    game again at the rate that collapsed."""
+    """Kept with the game (`games.remedy_lr_scale`): the next daemon (or the host's reboot) does
+    not start the game again at the rate that collapsed."""
     trained_then_collapsed(loop)
     stop_exits(loop, "cp")
     loop.run_up("cp")
-    assert game(loop, "cp").health.lr_scale == 0.25
+    assert game(loop, "cp").remedy_lr_scale == 0.25
     launches = len(loop.launcher.launches)
     loop.start()  # the next daemon: the worker died with the previous one
     loop.steps()
@@ -195,8 +195,8 @@ def test_starting_a_held_game_judges_it_afresh_without_the_rollback_scale(loop: 
     loop.sup.submit(StartGame("cp"))
     loop.steps()
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
-    health = game(loop, "cp").health
-    assert health.state is Health.LEARNING and health.lr_scale == 1.0  # for the next daemon too
+    record = game(loop, "cp")
+    assert record.health.state is Health.LEARNING and record.remedy_lr_scale == 1.0  # for the next daemon too
 
 
 def test_a_game_removed_and_added_again_within_one_turn_is_a_new_game(loop: Loop) -> None:

@@ -283,3 +283,40 @@ def test_a_games_open_run_is_found_by_the_open_runs_index_not_among_all_its_runs
     finally:
         db.close()
     assert any("USING INDEX ix_runs_open" in row[-1] for row in plan), plan
+
+
+def test_0020_keeps_one_lr_scale_a_game_of_0015_keeps_its_rollbacks_rate(tmp_path: Path) -> None:
+    """The rollbacks' rate lived in game_health.lr_scale (0015), then in games.remedy_lr_scale
+    (0018), which the supervisor read first. 0020 keeps the remedy column: a game none were stored
+    for takes its health record's rate (1.0 without one); down again, the health column takes the
+    game's rate back."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "0019")
+    with sqlite3.connect(db_path) as conn:
+        for name, lr, batch in [("old", None, None), ("stored", 0.5, 0.25), ("fresh", None, None)]:
+            conn.execute(
+                "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+                " restarts, steps, episodes, remedy_lr_scale, remedy_batch_scale, created_at, updated_at)"
+                " VALUES (?, 'Pong-v5', 'ppo', 'running', 0, '{}', 'running', '2026-01-01', 0, 1, 0, ?, ?,"
+                " '2026-01-01', '2026-01-01')",
+                (name, lr, batch),
+            )
+        for name, lr in [("old", 0.25), ("stored", 0.125)]:
+            conn.execute(
+                "INSERT INTO game_health (game_id, state, reason, evaluations, best_steps, improved_steps, below,"
+                " rollbacks, last_steps, lr_scale, changed_at) SELECT id, 'learning', '', 3, 0, 0, 0, 1, 0, ?,"
+                " '2026-01-01' FROM games WHERE name = ?",
+                (lr, name),
+            )
+    command.upgrade(config, "0020")
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute("SELECT name, remedy_lr_scale, remedy_batch_scale FROM games ORDER BY name").fetchall()
+        assert rows == [("fresh", 1.0, 1.0), ("old", 0.25, 1.0), ("stored", 0.5, 0.25)]
+        assert "lr_scale" not in [row[1] for row in conn.execute("PRAGMA table_info(game_health)")]
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            conn.execute("UPDATE games SET remedy_lr_scale = NULL")
+    command.downgrade(config, "0019")
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute("SELECT g.name, h.lr_scale FROM game_health h JOIN games g ON g.id = h.game_id ORDER BY g.name")
+        assert rows.fetchall() == [("old", 0.25), ("stored", 0.5)]

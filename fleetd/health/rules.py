@@ -57,7 +57,6 @@ class HealthRecord:
     below: int = 0  # evaluations in a row below the collapse threshold
     rollbacks: int = 0  # since the last new best by `plateau_gain` (a smaller gain is noise)
     last_steps: int = 0
-    lr_scale: float = 1.0  # the rollbacks' learning-rate scale, its runs' until the operator starts it afresh
 
 
 @dataclass(frozen=True)

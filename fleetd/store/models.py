@@ -123,10 +123,10 @@ class Game(Base):
     state_reason: Mapped[str | None] = mapped_column(Text)
     state_changed_at: Mapped[datetime]
     restarts: Mapped[int] = mapped_column(default=0)
-    # The learning-rate and batch scales its next run takes after divergences and CUDA OOMs
-    # (fleetd/supervision/remedies.py), stored as they change. NULL: none recorded.
-    remedy_lr_scale: Mapped[float | None]
-    remedy_batch_scale: Mapped[float | None]
+    # The learning-rate and batch scales its next run takes after divergences, CUDA OOMs and
+    # learning-health rollbacks (fleetd/supervision/remedies.py), stored as they change.
+    remedy_lr_scale: Mapped[float] = mapped_column(server_default="1.0")
+    remedy_batch_scale: Mapped[float] = mapped_column(server_default="1.0")
     # Latest progress report; the history lives in samples.
     steps: Mapped[int] = mapped_column(default=0)
     episodes: Mapped[int] = mapped_column(default=0)
@@ -164,7 +164,6 @@ class GameHealth(Base):
     below: Mapped[int]
     rollbacks: Mapped[int]
     last_steps: Mapped[int]
-    lr_scale: Mapped[float] = mapped_column(server_default="1.0")  # the rollbacks' learning-rate scale
     changed_at: Mapped[datetime]
 
 

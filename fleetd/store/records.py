@@ -133,9 +133,9 @@ class GameRecord:
     health_settings: dict[str, Any] = field(default_factory=dict)  # learning-health overrides
     health: HealthRecord = HealthRecord()  # its learning health, judged at each evaluation
     queued_at: datetime | None = None  # its place in the admission queue (None: created_at)
-    # The scales its next run takes after divergences and CUDA OOMs (None: none recorded).
-    remedy_lr_scale: float | None = None
-    remedy_batch_scale: float | None = None
+    # The scales its next run takes after divergences, CUDA OOMs and learning-health rollbacks.
+    remedy_lr_scale: float = 1.0
+    remedy_batch_scale: float = 1.0
 
     @property
     def queue_position(self) -> datetime:

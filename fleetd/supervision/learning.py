@@ -99,11 +99,10 @@ class LearningWatch:
         return verdict
 
     def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str]) -> None:
-        """Recorded with the rollbacks' learning-rate scale, which the game's runs keep after a
-        daemon restart or a reboot: the rate that collapsed is not tried again unasked."""
+        """Recorded as a `learning_rollback` event. The learning-rate scale it leaves is the game's
+        remedies' (learning_actions.py), which the supervisor stores with the game."""
         old = self.record(game)
-        new = replace(rolled_back(old, best.steps), lr_scale=old.lr_scale * self.settings(game).rollback_lr_scale)
-        self._store(game, old, new, "learning_rollback", {
+        self._store(game, old, rolled_back(old, best.steps), "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
 
@@ -113,18 +112,18 @@ class LearningWatch:
         `kept`: the evaluations of the checkpoints left (rules.rolled_back_by_operator)."""
         old = self.record(game)
         aside = f"{len(set_aside)} newer set aside" if set_aside else "none was newer"
-        self._store(game, old, replace(rolled_back_by_operator(old, steps, kept), lr_scale=1.0), "rollback",
+        self._store(game, old, rolled_back_by_operator(old, steps, kept), "rollback",
                     {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"},
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
     def released(self, game: str) -> bool:
-        """The operator started a held game, or one stopped on a plateau: its rollbacks'
-        learning-rate scale dropped (the operator fixed its settings). True if it was."""
+        """The operator started a held game, or one stopped on a plateau: judged afresh (its
+        rollbacks' learning-rate scale is dropped by the caller). True if it was."""
         old = self.record(game)
         if old.state not in (Health.HELD, Health.PLATEAU):
             return False
-        self._store(game, old, replace(released(old), lr_scale=1.0))
+        self._store(game, old, released(old))
         return True
 
     def hold(self, game: str, reason: str) -> Verdict:

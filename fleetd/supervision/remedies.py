@@ -30,9 +30,6 @@ class Remedies:
 
 
 def remedies_of(game: GameRecord) -> Remedies:
-    """The scales a game's next run takes, as the store keeps them (a GameRecord; the supervisor
-    stores them as they change), so a daemon restart does not start it again at the batch or
-    rate that failed; a game none were stored for (an earlier fleetd's), its rollbacks' rate."""
-    if game.remedy_lr_scale is None or game.remedy_batch_scale is None:
-        return Remedies(lr_scale=game.health.lr_scale)
+    """The scales a game's next run takes, as the store keeps them (the supervisor stores them
+    as they change), so a daemon restart does not start it again at the batch or rate that failed."""
     return Remedies(lr_scale=game.remedy_lr_scale, batch_scale=game.remedy_batch_scale)
