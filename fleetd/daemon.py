@@ -458,10 +458,7 @@ class Daemon:
             nodes = self.cluster_nodes
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))
         if self.notifier.enabled:
-            # Half the watchdog's timeout is 30 s with the unit's WatchdogSec=60s: `systemctl status`
-            # would show a summary that old. Pinging more often than needed is harmless.
-            interval = min(self.notifier.watchdog_interval_s() or STATUS_INTERVAL_S, STATUS_INTERVAL_S)
-            jobs.append(Job("sd_notify", interval, lambda: notify_job(self.notifier, supervisor)))
+            jobs.append(sd_notify_job(self.notifier, supervisor))
         return jobs
 
 
@@ -497,6 +494,15 @@ def plan_job(db: Database, clock: Clock, settings: Settings, info: DaemonInfo) -
     """The plan's predictions recorded, to be judged against what happens (docs/planning.md)."""
     return Job("plan", settings.plan.record_interval_s,
                lambda: record_plan(db, settings, info.boot_pk, info.started_at, clock.now()))  # fmt: skip
+
+
+def sd_notify_job(notifier: Notifier, supervisor: Supervisor) -> Job:
+    """Steady: on the monotonic clock, so a step of the wall clock back does not hold the
+    watchdog's ping up (fleetd/scheduler.py). Half the watchdog's timeout is 30 s with the unit's
+    WatchdogSec=60s: `systemctl status` would show a summary that old; pinging more often than
+    needed is harmless."""
+    interval = min(notifier.watchdog_interval_s() or STATUS_INTERVAL_S, STATUS_INTERVAL_S)
+    return Job("sd_notify", interval, lambda: notify_job(notifier, supervisor), steady=True)
 
 
 def notify_job(notifier: Notifier, supervisor: Supervisor) -> None:

@@ -34,6 +34,9 @@ class Job:
     id: str  # stable: the scheduler replaces, never duplicates, a job with the same id
     interval_s: float
     run: Callable[[], object]
+    # Timed on the monotonic clock, on a thread of its own (fleetd/scheduler.py): the watchdog
+    # ping, which a step of the wall clock back must not hold up.
+    steady: bool = False
 
 
 def heartbeat_job(

@@ -1,11 +1,18 @@
-"""APScheduler, configured one way: stable ids, one instance per job, missed runs coalesced
-into one that goes ahead however late (APScheduler's default skips a run more than a second late:
-a daemon stalled that long, a host swapping under load, would skip its sd_notify job's WATCHDOG=1
-for a whole interval, and systemd kill a daemon that was only slow)."""
+"""The daemon's periodic jobs: APScheduler, configured one way (stable ids, one instance per job,
+missed runs coalesced into one that goes ahead however late), and a thread of its own on the
+monotonic clock for each `steady` job.
+
+However late: APScheduler's default skips a run more than a second late, and a daemon stalled that
+long (a host swapping under load) would skip its sd_notify job's WATCHDOG=1 for a whole interval,
+and systemd kill a daemon that was only slow. Steady: APScheduler times its runs on the wall
+clock, so a step of the clock back (chrony's first correction after boot, an operator's `date -s`)
+holds every job up by the step's size; a watchdog ping held a minute gets the daemon killed."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -15,10 +22,55 @@ from fleetd.jobs import Job
 log = logging.getLogger(__name__)
 
 
-def build_scheduler(jobs: Iterable[Job]) -> BackgroundScheduler:
-    scheduler = BackgroundScheduler(timezone="UTC")
+class Scheduler:
+    """Started once, shut down once; `shutdown` never waits for a job still running."""
+
+    def __init__(self, background: BackgroundScheduler, steady: list[SteadyJob]) -> None:
+        self._background = background
+        self._steady = steady
+
+    def start(self) -> None:
+        self._background.start()
+        for job in self._steady:
+            job.start()
+
+    def shutdown(self, wait: bool = False) -> None:
+        for job in self._steady:
+            job.stop()
+        self._background.shutdown(wait=wait)
+
+
+class SteadyJob:
+    """Runs every `interval_s` of the monotonic clock; a run that overran its interval is followed
+    by the next at once, and the schedule picks up from there (coalesced, as the others)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self._run = _logged(job)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"job-{job.id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        due = time.monotonic() + self.job.interval_s
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            self._run()
+            due = max(due + self.job.interval_s, time.monotonic())
+
+
+def build_scheduler(jobs: Iterable[Job]) -> Scheduler:
+    background = BackgroundScheduler(timezone="UTC")
+    steady: list[SteadyJob] = []
     for job in jobs:
-        scheduler.add_job(
+        if job.steady:
+            steady.append(SteadyJob(job))
+            continue
+        background.add_job(
             _logged(job),
             "interval",
             seconds=job.interval_s,
@@ -28,7 +80,7 @@ def build_scheduler(jobs: Iterable[Job]) -> BackgroundScheduler:
             misfire_grace_time=None,
             replace_existing=True,
         )
-    return scheduler
+    return Scheduler(background, steady)
 
 
 def _logged(job: Job) -> Callable[[], None]:

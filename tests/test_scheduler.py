@@ -40,3 +40,87 @@ def test_a_run_due_while_the_daemon_was_stalled_runs_when_it_can_not_skipped() -
     assert line.startswith("ran ")
     # Late, at about 4.5 s; skipped, the next is at 6 s.
     assert float(line.split()[1]) < 5.7, f"the run due at 3 s was skipped: the next one is {line!r}"
+
+
+STEPPED_CHILD = r"""
+import sys, time
+from datetime import datetime, timedelta
+
+import apscheduler.schedulers.base as base
+
+
+class Stepped(datetime):
+    # The wall clock as APScheduler reads it, which the test steps back (chrony's first
+    # correction after boot, an operator's `date -s`); setting the host's clock needs root.
+    back = timedelta(0)
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.now(tz) - cls.back
+
+
+base.datetime = Stepped
+
+from fleetd.daemon import sd_notify_job
+from fleetd.host.sd_notify import Notifier
+from fleetd.jobs import Job
+from fleetd.scheduler import build_scheduler
+
+
+class Turning:  # the supervision loop as the ping reads it: turning
+    def summary(self):
+        return "2 games running"
+
+    def healthy(self, max_age_s):
+        return True
+
+
+start = time.monotonic()
+notifier = Notifier.from_env({"NOTIFY_SOCKET": sys.argv[1], "WATCHDOG_USEC": "2000000"})  # a ping a second
+wall = Job("wall", 1.0, lambda: print(f"wall {time.monotonic() - start:.2f}", flush=True))
+scheduler = build_scheduler([sd_notify_job(notifier, Turning()), wall])
+scheduler.start()
+time.sleep(2.5)
+Stepped.back = timedelta(seconds=60)
+print("stepped", flush=True)
+time.sleep(30)
+"""
+
+
+def test_the_watchdog_ping_keeps_its_pace_when_the_wall_clock_steps_back(tmp_path) -> None:
+    """APScheduler times its jobs on the wall clock: a step back of a minute held every job a
+    minute, the WATCHDOG=1 ping too, and systemd (WatchdogSec=60s) killed a daemon that was fine.
+    The daemon's own ping job, to a real datagram socket, in a child whose APScheduler sees the
+    clock step back 60 s; the child's other job shows the step did hold APScheduler's."""
+    import socket
+
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    child = subprocess.Popen([sys.executable, "-c", STEPPED_CHILD, str(path)], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pings = 0
+    try:
+        assert child.stdout is not None
+        while (line := child.stdout.readline().strip()) != "stepped":
+            assert line.startswith("wall "), line  # before the step, the other job runs a second apart
+        sock.setblocking(False)
+        try:
+            while True:
+                sock.recv(4096)  # the pings before the step
+        except BlockingIOError:
+            pass
+        sock.setblocking(True)
+        until = time.monotonic() + 4.0
+        while (left := until - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                pings += "WATCHDOG=1" in sock.recv(4096).decode().splitlines()
+            except TimeoutError:
+                break
+    finally:
+        child.kill()
+        out, _ = child.communicate()
+        sock.close()
+    assert pings >= 3, f"{pings} WATCHDOG=1 in the 4 s after the clock stepped back (a ping a second)"
+    assert [line for line in out.splitlines() if line.startswith("wall")] == []  # the step held APScheduler's job
