@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
 FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
+PURGES_NAME = "purges.json"  # in state_dir/backups: the purges told that the target has not yet taken
 SCRATCH_PREFIXES = ("db-", "info-")  # Backup's work folders in state_dir/backups, beside `fleetd db upgrade`'s copies
 _TEMP = ".tmp-"
 
@@ -139,7 +141,8 @@ class Backup:
         self.target = Target(settings.backup.target)
         self.status = BackupStatus(settings.backup.target)
         self._lock = threading.Lock()
-        self._purges: set[str] = set()  # games removed with their files since the last scan
+        self._purges: set[str] = self._read_purges()  # games removed with their files, not yet off the target
+        self._purges_lock = threading.Lock()  # not `_lock`: a DELETE must not wait out a backup's copying
         self._seen_database: tuple[tuple[Any, str], str | None] | None = None  # a keyless target's copy, and whose
 
     def now(self) -> BackupRun:
@@ -167,8 +170,36 @@ class Backup:
 
     def purged(self, game: str) -> None:
         """`games rm GAME --purge`: the next scan drops the target's copies first, even where a
-        game of the name was added meanwhile (its own checkpoints are then copied after)."""
-        self._purges.add(game)
+        game of the name was added meanwhile (its own checkpoints are then copied after). Kept
+        on disk till then: a daemon restarted before that scan still drops them."""
+        with self._purges_lock:
+            self._purges.add(game)
+            self._write_purges()
+
+    def _read_purges(self) -> set[str]:
+        path = self.settings.backups_dir / PURGES_NAME
+        try:
+            names = json.loads(path.read_text())
+        except FileNotFoundError:
+            return set()
+        except (OSError, ValueError) as exc:
+            log.warning("could not read the purges the backup still owes its target (%s): %s", path, exc)
+            return set()
+        return {name for name in names if isinstance(name, str)} if isinstance(names, list) else set()
+
+    def _write_purges(self) -> None:
+        """Written whole under a temporary name and renamed into place; none left: removed. Not
+        written (a full disk): this daemon still has them, a restart before the scan would not."""
+        try:
+            path = self._scratch() / PURGES_NAME
+            if not self._purges:
+                path.unlink(missing_ok=True)
+                return
+            temp = path.with_name(f"{_TEMP}{PURGES_NAME}")
+            temp.write_text(json.dumps(sorted(self._purges)))
+            os.replace(temp, path)
+        except OSError as exc:
+            log.warning("could not keep the purges the backup owes its target on disk: %s", exc)
 
     def _database(self) -> int:
         try:
@@ -194,7 +225,9 @@ class Backup:
                 if game in self.target.names("games"):
                     self.target.remove(f"games/{game}")
                     removed.append(f"{game}/*")
-                self._purges.discard(game)  # once gone: a target that failed is tried again
+                with self._purges_lock:  # once gone: a target that failed is tried again
+                    self._purges.discard(game)
+                    self._write_purges()
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")

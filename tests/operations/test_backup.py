@@ -114,6 +114,29 @@ def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without
     assert restore(url, tmp_path / "fresh").games == ["kept", "lost", "unmounted"]
 
 
+def test_a_purge_told_before_a_daemon_restart_still_leaves_the_target(setup, tmp_path):
+    # The purge was this daemon's memory until its next scan (60 s): a `systemctl restart` in
+    # between left the game's copies on the target for good, and a restore brought them back.
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+
+    settings, db, url = setup
+    clock = FakeClock()
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    Backup(settings, db, clock).now()
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
+    Backup(settings, db, clock).purged("pong")  # as DELETE /games/pong?purge=true tells it; then the daemon restarts
+
+    after_restart = Backup(settings, db, clock)
+    assert after_restart.checkpoints().removed == ["pong/*"]
+    assert Target(url).names("games") == set() and restore(url, tmp_path / "fresh").games == []
+    assert Backup(settings, db, clock).checkpoints().removed == []  # owed no more
+    assert not (settings.backups_dir / "purges.json").exists()
+
+
 def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
     # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
     # removed pong's checkpoints until the new one wrote its own (never the last ones), and a
