@@ -109,6 +109,19 @@ def test_a_new_best_by_less_than_the_plateau_gain_after_a_rollback_leaves_it_rol
     assert verdicts[-1] is Action.HOLD and "collapsed again after 1 rollback(s)" in record.reason
 
 
+def test_a_game_rolled_back_that_never_gets_a_real_new_best_is_on_a_plateau():
+    """docs/learning-health.md: a rollback restarts the plateau clock, it does not stop it: a
+    game stuck below its best after a rollback is flagged (stopped, or yields) like any other."""
+    settings = HealthSettings(warmup_evals=3, collapse_evals=2, plateau_steps=5000, on_plateau=PlateauAction.YIELD)
+    record, _ = feed([10, 200, 500, 20, 15], settings=settings)
+    record = rolled_back(record, 3000)
+    record, verdicts = feed([300, 310, 300, 305, 300], settings=settings, record=record)
+    assert verdicts == [Action.NONE] * 4 + [Action.YIELD]  # 3000 + 5 * 1000: 5000 since the rollback
+    assert (record.state, record.rollbacks) == (Health.PLATEAU, 1) and "no new best over 5000" in record.reason
+    record, verdicts = feed([600], settings=settings, record=record)  # a real new best: learning again
+    assert (record.state, record.rollbacks) == (Health.LEARNING, 0)
+
+
 def test_max_rollbacks_zero_holds_at_the_first_collapse():
     record, verdicts = feed([10, 200, 500, 20, 20, 20], settings=HealthSettings(warmup_evals=3, max_rollbacks=0))
     assert verdicts[-1] is Action.HOLD

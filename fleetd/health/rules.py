@@ -17,7 +17,7 @@ from fleetd.health.settings import HealthSettings, PlateauAction
 
 class Health(StrEnum):
     LEARNING = "learning"  # improving, or not yet long enough without a new best to say otherwise
-    PLATEAU = "plateau"  # no new best over `plateau_steps` env steps
+    PLATEAU = "plateau"  # no new best over `plateau_steps` env steps (since the last rollback, if any)
     COLLAPSED = "collapsed"  # returns fell and stayed down; the rollback is under way
     ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best by `plateau_gain` since
     HELD = "held"  # collapsed again after a rollback: stopped until the operator starts it
@@ -157,8 +157,11 @@ def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRec
 
 
 def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+    """Judged from `learning` and from `rolled_back` (the rollback restarted the clock: a game
+    rolled back that never gets a real new best is on a plateau too, or it would hold its slot
+    for good)."""
     flat = ev.steps - record.improved_steps
-    if record.state is not Health.LEARNING or flat < settings.plateau_steps:
+    if record.state not in (Health.LEARNING, Health.ROLLED_BACK) or flat < settings.plateau_steps:
         return record, NOTHING
     why = (f"plateau: no new best over {flat} env steps (best {record.best:.4g} at {record.best_steps} steps; "
            f"limit {settings.plateau_steps}); on_plateau = {settings.on_plateau.value}")
