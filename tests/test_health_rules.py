@@ -135,7 +135,17 @@ def test_plateau_after_the_set_steps_without_a_new_best(action, expected):
     assert verdicts == [Action.NONE] * 5 + [expected]  # first at 1000, 6000 - 1000 = 5000
     assert record.state is Health.PLATEAU and "no new best over 5000 env steps" in record.reason
     record, verdicts = feed([10], settings=settings, record=record)
-    assert verdicts == [Action.NONE]  # said once
+    # Flagged once; a stop or a yield is asked again while it stands on its plateau (the watch tells it once).
+    assert verdicts == [Action.NONE if action is PlateauAction.FLAG else expected]
+
+
+def test_on_plateau_set_to_stop_after_the_flag_stops_it_at_the_next_evaluation():
+    """docs/learning-health.md: a changed setting applies at the next evaluation, a flagged plateau's too."""
+    record, verdicts = feed([10] * 6, settings=HealthSettings(plateau_steps=5000))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU
+    record, verdicts = feed([10], settings=HealthSettings(plateau_steps=5000, on_plateau=PlateauAction.STOP), record=record)
+    assert verdicts == [Action.STOP] and "no new best over 6000 env steps" in record.reason
+    assert "on_plateau = stop" in record.reason
 
 
 def test_a_small_gain_does_not_end_a_plateau_clock_but_a_real_one_does():

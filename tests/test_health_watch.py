@@ -321,3 +321,22 @@ def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
     loop.run_up("a")
     plateau(loop, "a")
     assert loop.state("a") is State.RUNNING and game(loop, "a").health.state is Health.PLATEAU
+
+
+def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_later(loop: Loop) -> None:
+    """Still on its plateau, the game yields at the next evaluation once a game waits: it would
+    otherwise keep the slot for good. The plateau is told once (one event, one alert)."""
+    test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop)
+    evaluate(loop, "a", 4000, 10.0)
+    assert loop.state("a") is State.RUNNING
+    add(loop, "b", {})
+    add(loop, "c", {})  # the light tier admits two: c waits
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.run_up("b")
+    assert loop.shown()["c"] is Shown.PENDING
+    evaluate(loop, "a", 5000, 10.0)
+    assert loop.state("a") is State.STOPPING
+    stop_exits(loop, "a")
+    assert loop.state("c") is State.STARTING and loop.shown()["a"] is Shown.PENDING
+    assert len(events(loop, "plateau")) == 1 and [a.kind for a in loop.alerts.sent] == ["plateau"]

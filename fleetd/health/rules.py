@@ -159,13 +159,17 @@ def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRec
 def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
     """Judged from `learning` and from `rolled_back` (the rollback restarted the clock: a game
     rolled back that never gets a real new best is on a plateau too, or it would hold its slot
-    for good)."""
+    for good). A game still on its plateau is asked again, at each evaluation, to stop or yield
+    when `on_plateau` says so now: set after the flag, or a yield that found no one waiting then
+    (the verdict is told once, when the state changes: fleetd/supervision/learning.py)."""
     flat = ev.steps - record.improved_steps
-    if record.state not in (Health.LEARNING, Health.ROLLED_BACK) or flat < settings.plateau_steps:
+    action = _PLATEAU_ACTIONS[settings.on_plateau]
+    standing = record.state is Health.PLATEAU and action is not Action.FLAG
+    if (record.state not in (Health.LEARNING, Health.ROLLED_BACK) and not standing) or flat < settings.plateau_steps:
         return record, NOTHING
     why = (f"plateau: no new best over {flat} env steps (best {record.best:.4g} at {record.best_steps} steps; "
            f"limit {settings.plateau_steps}); on_plateau = {settings.on_plateau.value}")
-    return replace(record, state=Health.PLATEAU, reason=why), Verdict(_PLATEAU_ACTIONS[settings.on_plateau], why)
+    return replace(record, state=Health.PLATEAU, reason=why), Verdict(action, why)
 
 
 def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:

@@ -94,7 +94,7 @@ class LearningWatch:
         old = self.record(game)
         new, verdict = observe(old, ev, self.settings(game))
         self._store(game, old, new)
-        if verdict.action is not Action.NONE:
+        if verdict.action is not Action.NONE and new.state != old.state:  # a plateau's verdict recurs: told once
             self._tell(game, new, verdict)
         return verdict
 
