@@ -126,6 +126,18 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
 
 
+def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(loop: Loop) -> None:
+    """A bit flipped in the best checkpoint (its size unchanged): the worker would skip it when it
+    resumes. Taken, the good checkpoint after it (480) was set aside and the worker went back to
+    the one before (200); the next best that verifies is the one rolled back to."""
+    trained_then_collapsed(loop)
+    (checkpoints(loop, "cp") / "ckpt-000000003000" / "model.zip").write_bytes(b"x")  # was b"m"
+    stop_exits(loop, "cp")
+    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [4000, 3000, 2000, 1000]
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000
+    assert "(ckpt-000000004000, return 480)" in game(loop, "cp").state_reason
+
+
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
     """Kept with the health record: the next daemon (or the host's reboot) does not start the
     game again at the rate that collapsed."""

@@ -32,7 +32,7 @@ from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
-from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest, verify
 from workers.protocol.reports import CheckpointSummary
 
 _EVENT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_collapse", Action.FLAG: "plateau",
@@ -179,25 +179,23 @@ def _settings(overrides: dict[str, Any]) -> HealthSettings:
 
 
 def best_evaluated(directory: Path) -> BestCheckpoint | None:
-    """The checkpoint with the highest evaluation return in its manifest (the one retention
-    keeps), its files' sizes checked; the worker hashes them when it resumes from it."""
-    best: BestCheckpoint | None = None
+    """The checkpoint with the highest evaluation return in its manifest whose files match their
+    hashes (the one retention keeps: workers.checkpoint.best_verified), as the worker checks them
+    when it resumes. One that does not is passed over for the next best: taken, it would have the
+    good checkpoints after it set aside and the worker then skip it for an older, worse one (or
+    find none). Hashed in the supervisor's turn, highest first: a collapse is rare."""
+    scored: list[tuple[float, int, Path]] = []
     for info in list_checkpoints(directory):
         try:
             manifest = read_manifest(info.path)
         except CheckpointError:
             continue
-        score = manifest.eval_return
-        if score is not None and (best is None or score > best.eval_return) and _sizes_match(info.path, manifest):
-            best = BestCheckpoint(info.path, manifest.steps, float(score))
-    return best
-
-
-def _sizes_match(path: Path, manifest: Any) -> bool:
-    try:
-        return all((path / name).stat().st_size == entry.size for name, entry in manifest.files.items())
-    except OSError:
-        return False
+        if manifest.eval_return is not None:
+            scored.append((manifest.eval_return, manifest.steps, info.path))
+    for score, steps, path in sorted(scored, reverse=True):  # ties: the newest, as retention's
+        if verify(path)[0]:
+            return BestCheckpoint(path, steps, float(score))
+    return None
 
 
 def set_aside_after(directory: Path, steps: int, into: Path, moved: list[str] | None = None) -> list[str]:
