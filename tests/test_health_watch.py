@@ -318,6 +318,9 @@ def test_a_yield_outlives_a_daemon_restart(loop: Loop) -> None:
     loop.start()
     loop.steps()
     assert loop.state("a") is State.STARTING and game(loop, "a").health.state is Health.LEARNING
+    # No operator started it: the reason and the event say what did.
+    assert game(loop, "a").health.reason == "admitted again after it yielded its slot on a plateau: judged afresh"
+    assert "plateau -> learning: admitted again after it yielded" in events(loop, "health")[0].message
     loop.run_up("a")
     add(loop, "d", {})
     loop.sup.submit(Reconcile())

@@ -118,13 +118,13 @@ class LearningWatch:
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
-    def released(self, game: str) -> bool:
+    def released(self, game: str, reason: str = "started by the operator") -> bool:
         """The operator started a held game, or one stopped on a plateau: its rollbacks'
         learning-rate scale dropped (the operator fixed its settings). True if it was."""
         old = self.record(game)
         if old.state not in (Health.HELD, Health.PLATEAU):
             return False
-        self._store(game, old, replace(released(old), lr_scale=1.0))
+        self._store(game, old, replace(released(old, reason), lr_scale=1.0))
         return True
 
     def hold(self, game: str, reason: str) -> Verdict:
