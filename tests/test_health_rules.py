@@ -125,6 +125,8 @@ def test_a_game_rolled_back_that_never_gets_a_real_new_best_is_on_a_plateau():
 def test_max_rollbacks_zero_holds_at_the_first_collapse():
     record, verdicts = feed([10, 200, 500, 20, 20, 20], settings=HealthSettings(warmup_evals=3, max_rollbacks=0))
     assert verdicts[-1] is Action.HOLD
+    assert record.reason.startswith("held: learning collapsed with max_rollbacks = 0: no rollback: evaluation return")
+    assert "again" not in record.reason  # it never collapsed before
 
 
 @pytest.mark.parametrize("action, expected", [(PlateauAction.FLAG, Action.FLAG), (PlateauAction.STOP, Action.STOP),

@@ -148,8 +148,9 @@ def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRec
             f"{record.floor:.4g} to the best {record.best:.4g} at {record.best_steps} steps) for "
             f"{record.below} evaluations in a row, at {record.last_steps} steps")
     if record.rollbacks >= settings.max_rollbacks:
-        why = (f"held: learning collapsed again after {record.rollbacks} rollback(s): {what}; fix its settings "
-               f"(`fleetd games set`), then `fleetd games start`")
+        again = (f"again after {record.rollbacks} rollback(s)" if record.rollbacks
+                 else f"with max_rollbacks = {settings.max_rollbacks}: no rollback")
+        why = f"held: learning collapsed {again}: {what}; fix its settings (`fleetd games set`), then `fleetd games start`"
         return replace(record, state=Health.HELD, reason=why, below=0), Verdict(Action.HOLD, why)
     why = f"learning collapsed: {what}; restarting from the best-evaluated checkpoint"
     record = replace(record, state=Health.COLLAPSED, reason=why, below=0, rollbacks=record.rollbacks + 1)
