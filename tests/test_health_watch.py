@@ -119,6 +119,7 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
     record = game(loop, "cp")
     assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1
+    assert record.health.reason == "rolled back to its best-evaluated checkpoint at 3000 steps (return 500)"
     assert "rolling back to its best-evaluated checkpoint (ckpt-000000003000, return 500)" in record.state_reason
     collapse = events(loop, "learning_collapse")
     assert len(collapse) == 1 and collapse[0].severity == "error" and collapse[0].details["action"] == "rollback"
@@ -136,6 +137,7 @@ def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(
     assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [4000, 3000, 2000, 1000]
     assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000
     assert "(ckpt-000000004000, return 480)" in game(loop, "cp").state_reason
+    assert game(loop, "cp").health.reason == "rolled back to its best-evaluated checkpoint at 4000 steps (return 480; best seen 500)"
 
 
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:

@@ -173,9 +173,12 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     return replace(record, state=Health.PLATEAU, reason=why), Verdict(action, why)
 
 
-def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
-    """The game restarted from its best-evaluated checkpoint at `steps`."""
-    reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (best {record.best})"
+def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = None) -> HealthRecord:
+    """The game restarted from its best-evaluated checkpoint at `steps` (evaluated `eval_return`:
+    the best seen, unless that one's checkpoint is gone or damaged)."""
+    score = record.best if eval_return is None else eval_return
+    seen = "" if record.best is None or score == record.best else f"; best seen {record.best:g}"
+    reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (return {score:g}{seen})"
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 

@@ -102,7 +102,7 @@ class LearningWatch:
         """Recorded with the rollbacks' learning-rate scale, which the game's runs keep after a
         daemon restart or a reboot: the rate that collapsed is not tried again unasked."""
         old = self.record(game)
-        new = replace(rolled_back(old, best.steps), lr_scale=old.lr_scale * self.settings(game).rollback_lr_scale)
+        new = replace(rolled_back(old, best.steps, best.eval_return), lr_scale=old.lr_scale * self.settings(game).rollback_lr_scale)
         self._store(game, old, new, "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
