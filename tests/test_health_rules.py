@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetd.health.rules import (Action, Evaluation, Health, HealthRecord, armed, observe, released, rolled_back,
-                                 rolled_back_by_operator, threshold)
+from fleetd.health.rules import (Action, Evaluation, Health, HealthRecord, armed, observe, readmitted, released,
+                                 rolled_back, rolled_back_by_operator, threshold)
 from fleetd.health.settings import HealthSettingError, HealthSettings, PlateauAction, settings_for
 
 SETTINGS = HealthSettings(collapse_evals=3, warmup_evals=3, plateau_steps=10_000)
@@ -120,6 +120,23 @@ def test_a_game_rolled_back_that_never_gets_a_real_new_best_is_on_a_plateau():
     assert (record.state, record.rollbacks) == (Health.PLATEAU, 1) and "no new best over 5000" in record.reason
     record, verdicts = feed([600], settings=settings, record=record)  # a real new best: learning again
     assert (record.state, record.rollbacks) == (Health.LEARNING, 0)
+
+
+def test_a_game_readmitted_after_its_yield_keeps_its_rollbacks():
+    """Admitted again after it yielded on a plateau, its plateau clock starts afresh, but no one
+    changed its settings: a collapse there holds it, or collapse, rollback, plateau and yield
+    would loop past max_rollbacks."""
+    settings = HealthSettings(warmup_evals=3, collapse_evals=2, plateau_steps=5000, on_plateau=PlateauAction.YIELD)
+    record, _ = feed([10, 200, 500, 20, 15], settings=settings)
+    record, verdicts = feed([300] * 5, settings=settings, record=rolled_back(record, 3000))
+    assert verdicts[-1] is Action.YIELD
+    back = readmitted(record)
+    assert (back.state, back.rollbacks, back.improved_steps) == (Health.ROLLED_BACK, 1, 8000)
+    assert back.reason == "admitted again after it yielded its slot on a plateau: judged afresh"
+    record, verdicts = feed([20, 15], settings=settings, record=back)
+    assert verdicts[-1] is Action.HOLD
+    fresh = readmitted(feed([10] * 6, settings=settings)[0])  # never rolled back: learning
+    assert (fresh.state, fresh.rollbacks) == (Health.LEARNING, 0)
 
 
 def test_max_rollbacks_zero_holds_at_the_first_collapse():

@@ -196,9 +196,18 @@ def rolled_back_by_operator(record: HealthRecord, steps: int, kept: list[Evaluat
                    improved_steps=steps, last_steps=steps)
 
 
-def released(record: HealthRecord, reason: str = "started by the operator") -> HealthRecord:
-    """The operator started a held (or stopped-on-plateau) game, or one that yielded its slot on
-    a plateau was admitted again (`reason` says which): judged afresh from here, its floor and
-    best kept."""
-    return replace(record, state=Health.LEARNING, reason=reason, below=0, rollbacks=0,
+def released(record: HealthRecord) -> HealthRecord:
+    """The operator started a held (or stopped-on-plateau) game: judged afresh from here, its
+    floor and best kept."""
+    return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
                    improved_steps=record.last_steps)
+
+
+def readmitted(record: HealthRecord) -> HealthRecord:
+    """A game that yielded its slot on a plateau was admitted again: its plateau clock starts
+    afresh. No one changed its settings: its rollbacks still count (rolled back, it is
+    `rolled_back` again), or a collapse, rollback, plateau and yield would loop past
+    `max_rollbacks`."""
+    state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
+    return replace(record, state=state, reason="admitted again after it yielded its slot on a plateau: judged afresh",
+                   below=0, improved_steps=record.last_steps)

@@ -20,6 +20,7 @@ from fleetd.health.rules import (
     HealthRecord,
     Verdict,
     observe,
+    readmitted,
     released,
     rolled_back,
     rolled_back_by_operator,
@@ -118,14 +119,20 @@ class LearningWatch:
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
-    def released(self, game: str, reason: str = "started by the operator") -> bool:
+    def released(self, game: str) -> bool:
         """The operator started a held game, or one stopped on a plateau: its rollbacks'
         learning-rate scale dropped (the operator fixed its settings). True if it was."""
         old = self.record(game)
         if old.state not in (Health.HELD, Health.PLATEAU):
             return False
-        self._store(game, old, replace(released(old, reason), lr_scale=1.0))
+        self._store(game, old, replace(released(old), lr_scale=1.0))
         return True
+
+    def readmitted(self, game: str) -> None:
+        """A game that yielded its slot on a plateau was admitted again (rules.readmitted)."""
+        old = self.record(game)
+        if old.state is Health.PLATEAU:
+            self._store(game, old, readmitted(old))
 
     def hold(self, game: str, reason: str) -> Verdict:
         """A rollback that cannot be done (no evaluated checkpoint on disk) holds the game."""
