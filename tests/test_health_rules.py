@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetd.health.rules import (Action, Evaluation, Health, HealthRecord, armed, observe, released, rolled_back,
-                                 rolled_back_by_operator, threshold)
+from fleetd.health.rules import (Action, Evaluation, Health, HealthRecord, armed, observe, readmitted, released,
+                                 rolled_back, rolled_back_by_operator, threshold)
 from fleetd.health.settings import HealthSettingError, HealthSettings, PlateauAction, settings_for
 
 SETTINGS = HealthSettings(collapse_evals=3, warmup_evals=3, plateau_steps=10_000)
@@ -109,9 +109,41 @@ def test_a_new_best_by_less_than_the_plateau_gain_after_a_rollback_leaves_it_rol
     assert verdicts[-1] is Action.HOLD and "collapsed again after 1 rollback(s)" in record.reason
 
 
+def test_a_game_rolled_back_that_never_gets_a_real_new_best_is_on_a_plateau():
+    """docs/learning-health.md: a rollback restarts the plateau clock, it does not stop it: a
+    game stuck below its best after a rollback is flagged (stopped, or yields) like any other."""
+    settings = HealthSettings(warmup_evals=3, collapse_evals=2, plateau_steps=5000, on_plateau=PlateauAction.YIELD)
+    record, _ = feed([10, 200, 500, 20, 15], settings=settings)
+    record = rolled_back(record, 3000)
+    record, verdicts = feed([300, 310, 300, 305, 300], settings=settings, record=record)
+    assert verdicts == [Action.NONE] * 4 + [Action.YIELD]  # 3000 + 5 * 1000: 5000 since the rollback
+    assert (record.state, record.rollbacks) == (Health.PLATEAU, 1) and "no new best over 5000" in record.reason
+    record, verdicts = feed([600], settings=settings, record=record)  # a real new best: learning again
+    assert (record.state, record.rollbacks) == (Health.LEARNING, 0)
+
+
+def test_a_game_readmitted_after_its_yield_keeps_its_rollbacks():
+    """Admitted again after it yielded on a plateau, its plateau clock starts afresh, but no one
+    changed its settings: a collapse there holds it, or collapse, rollback, plateau and yield
+    would loop past max_rollbacks."""
+    settings = HealthSettings(warmup_evals=3, collapse_evals=2, plateau_steps=5000, on_plateau=PlateauAction.YIELD)
+    record, _ = feed([10, 200, 500, 20, 15], settings=settings)
+    record, verdicts = feed([300] * 5, settings=settings, record=rolled_back(record, 3000))
+    assert verdicts[-1] is Action.YIELD
+    back = readmitted(record)
+    assert (back.state, back.rollbacks, back.improved_steps) == (Health.ROLLED_BACK, 1, 8000)
+    assert back.reason == "admitted again after it yielded its slot on a plateau: judged afresh"
+    record, verdicts = feed([20, 15], settings=settings, record=back)
+    assert verdicts[-1] is Action.HOLD
+    fresh = readmitted(feed([10] * 6, settings=settings)[0])  # never rolled back: learning
+    assert (fresh.state, fresh.rollbacks) == (Health.LEARNING, 0)
+
+
 def test_max_rollbacks_zero_holds_at_the_first_collapse():
     record, verdicts = feed([10, 200, 500, 20, 20, 20], settings=HealthSettings(warmup_evals=3, max_rollbacks=0))
     assert verdicts[-1] is Action.HOLD
+    assert record.reason.startswith("held: learning collapsed with max_rollbacks = 0: no rollback: evaluation return")
+    assert "again" not in record.reason  # it never collapsed before
 
 
 @pytest.mark.parametrize("action, expected", [(PlateauAction.FLAG, Action.FLAG), (PlateauAction.STOP, Action.STOP),
@@ -122,7 +154,17 @@ def test_plateau_after_the_set_steps_without_a_new_best(action, expected):
     assert verdicts == [Action.NONE] * 5 + [expected]  # first at 1000, 6000 - 1000 = 5000
     assert record.state is Health.PLATEAU and "no new best over 5000 env steps" in record.reason
     record, verdicts = feed([10], settings=settings, record=record)
-    assert verdicts == [Action.NONE]  # said once
+    # Flagged once; a stop or a yield is asked again while it stands on its plateau (the watch tells it once).
+    assert verdicts == [Action.NONE if action is PlateauAction.FLAG else expected]
+
+
+def test_on_plateau_set_to_stop_after_the_flag_stops_it_at_the_next_evaluation():
+    """docs/learning-health.md: a changed setting applies at the next evaluation, a flagged plateau's too."""
+    record, verdicts = feed([10] * 6, settings=HealthSettings(plateau_steps=5000))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU
+    record, verdicts = feed([10], settings=HealthSettings(plateau_steps=5000, on_plateau=PlateauAction.STOP), record=record)
+    assert verdicts == [Action.STOP] and "no new best over 6000 env steps" in record.reason
+    assert "on_plateau = stop" in record.reason
 
 
 def test_a_small_gain_does_not_end_a_plateau_clock_but_a_real_one_does():

@@ -119,11 +119,25 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
     record = game(loop, "cp")
     assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1
+    assert record.health.reason == "rolled back to its best-evaluated checkpoint at 3000 steps (return 500)"
     assert "rolling back to its best-evaluated checkpoint (ckpt-000000003000, return 500)" in record.state_reason
     collapse = events(loop, "learning_collapse")
     assert len(collapse) == 1 and collapse[0].severity == "error" and collapse[0].details["action"] == "rollback"
     assert events(loop, "learning_rollback")[0].details["to_steps"] == 3000
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
+
+
+def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(loop: Loop) -> None:
+    """A bit flipped in the best checkpoint (its size unchanged): the worker would skip it when it
+    resumes. Taken, the good checkpoint after it (480) was set aside and the worker went back to
+    the one before (200); the next best that verifies is the one rolled back to."""
+    trained_then_collapsed(loop)
+    (checkpoints(loop, "cp") / "ckpt-000000003000" / "model.zip").write_bytes(b"x")  # was b"m"
+    stop_exits(loop, "cp")
+    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [4000, 3000, 2000, 1000]
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000
+    assert "(ckpt-000000004000, return 480)" in game(loop, "cp").state_reason
+    assert game(loop, "cp").health.reason == "rolled back to its best-evaluated checkpoint at 4000 steps (return 480; best seen 500)"
 
 
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
@@ -306,6 +320,9 @@ def test_a_yield_outlives_a_daemon_restart(loop: Loop) -> None:
     loop.start()
     loop.steps()
     assert loop.state("a") is State.STARTING and game(loop, "a").health.state is Health.LEARNING
+    # No operator started it: the reason and the event say what did.
+    assert game(loop, "a").health.reason == "admitted again after it yielded its slot on a plateau: judged afresh"
+    assert "plateau -> learning: admitted again after it yielded" in events(loop, "health")[0].message
     loop.run_up("a")
     add(loop, "d", {})
     loop.sup.submit(Reconcile())
@@ -321,3 +338,22 @@ def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
     loop.run_up("a")
     plateau(loop, "a")
     assert loop.state("a") is State.RUNNING and game(loop, "a").health.state is Health.PLATEAU
+
+
+def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_later(loop: Loop) -> None:
+    """Still on its plateau, the game yields at the next evaluation once a game waits: it would
+    otherwise keep the slot for good. The plateau is told once (one event, one alert)."""
+    test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop)
+    evaluate(loop, "a", 4000, 10.0)
+    assert loop.state("a") is State.RUNNING
+    add(loop, "b", {})
+    add(loop, "c", {})  # the light tier admits two: c waits
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.run_up("b")
+    assert loop.shown()["c"] is Shown.PENDING
+    evaluate(loop, "a", 5000, 10.0)
+    assert loop.state("a") is State.STOPPING
+    stop_exits(loop, "a")
+    assert loop.state("c") is State.STARTING and loop.shown()["a"] is Shown.PENDING
+    assert len(events(loop, "plateau")) == 1 and [a.kind for a in loop.alerts.sent] == ["plateau"]

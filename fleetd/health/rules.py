@@ -17,7 +17,7 @@ from fleetd.health.settings import HealthSettings, PlateauAction
 
 class Health(StrEnum):
     LEARNING = "learning"  # improving, or not yet long enough without a new best to say otherwise
-    PLATEAU = "plateau"  # no new best over `plateau_steps` env steps
+    PLATEAU = "plateau"  # no new best over `plateau_steps` env steps (since the last rollback, if any)
     COLLAPSED = "collapsed"  # returns fell and stayed down; the rollback is under way
     ROLLED_BACK = "rolled_back"  # restarted from its best-evaluated checkpoint; no new best by `plateau_gain` since
     HELD = "held"  # collapsed again after a rollback: stopped until the operator starts it
@@ -147,8 +147,9 @@ def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRec
             f"{record.floor:.4g} to the best {record.best:.4g} at {record.best_steps} steps) for "
             f"{record.below} evaluations in a row, at {record.last_steps} steps")
     if record.rollbacks >= settings.max_rollbacks:
-        why = (f"held: learning collapsed again after {record.rollbacks} rollback(s): {what}; fix its settings "
-               f"(`fleetd games set`), then `fleetd games start`")
+        again = (f"again after {record.rollbacks} rollback(s)" if record.rollbacks
+                 else f"with max_rollbacks = {settings.max_rollbacks}: no rollback")
+        why = f"held: learning collapsed {again}: {what}; fix its settings (`fleetd games set`), then `fleetd games start`"
         return replace(record, state=Health.HELD, reason=why, below=0), Verdict(Action.HOLD, why)
     why = f"learning collapsed: {what}; restarting from the best-evaluated checkpoint"
     record = replace(record, state=Health.COLLAPSED, reason=why, below=0, rollbacks=record.rollbacks + 1)
@@ -156,17 +157,27 @@ def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRec
 
 
 def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+    """Judged from `learning` and from `rolled_back` (the rollback restarted the clock: a game
+    rolled back that never gets a real new best is on a plateau too, or it would hold its slot
+    for good). A game still on its plateau is asked again, at each evaluation, to stop or yield
+    when `on_plateau` says so now: set after the flag, or a yield that found no one waiting then
+    (the verdict is told once, when the state changes: fleetd/supervision/learning.py)."""
     flat = ev.steps - record.improved_steps
-    if record.state is not Health.LEARNING or flat < settings.plateau_steps:
+    action = _PLATEAU_ACTIONS[settings.on_plateau]
+    standing = record.state is Health.PLATEAU and action is not Action.FLAG
+    if (record.state not in (Health.LEARNING, Health.ROLLED_BACK) and not standing) or flat < settings.plateau_steps:
         return record, NOTHING
     why = (f"plateau: no new best over {flat} env steps (best {record.best:.4g} at {record.best_steps} steps; "
            f"limit {settings.plateau_steps}); on_plateau = {settings.on_plateau.value}")
-    return replace(record, state=Health.PLATEAU, reason=why), Verdict(_PLATEAU_ACTIONS[settings.on_plateau], why)
+    return replace(record, state=Health.PLATEAU, reason=why), Verdict(action, why)
 
 
-def rolled_back(record: HealthRecord, steps: int) -> HealthRecord:
-    """The game restarted from its best-evaluated checkpoint at `steps`."""
-    reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (best {record.best})"
+def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = None) -> HealthRecord:
+    """The game restarted from its best-evaluated checkpoint at `steps` (evaluated `eval_return`:
+    the best seen, unless that one's checkpoint is gone or damaged)."""
+    score = record.best if eval_return is None else eval_return
+    seen = "" if record.best is None or score == record.best else f"; best seen {record.best:g}"
+    reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (return {score:g}{seen})"
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 
@@ -189,3 +200,13 @@ def released(record: HealthRecord) -> HealthRecord:
     floor and best kept."""
     return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
                    improved_steps=record.last_steps)
+
+
+def readmitted(record: HealthRecord) -> HealthRecord:
+    """A game that yielded its slot on a plateau was admitted again: its plateau clock starts
+    afresh. No one changed its settings: its rollbacks still count (rolled back, it is
+    `rolled_back` again), or a collapse, rollback, plateau and yield would loop past
+    `max_rollbacks`."""
+    state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
+    return replace(record, state=state, reason="admitted again after it yielded its slot on a plateau: judged afresh",
+                   below=0, improved_steps=record.last_steps)

@@ -20,6 +20,7 @@ from fleetd.health.rules import (
     HealthRecord,
     Verdict,
     observe,
+    readmitted,
     released,
     rolled_back,
     rolled_back_by_operator,
@@ -32,7 +33,7 @@ from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
-from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest
+from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest, verify
 from workers.protocol.reports import CheckpointSummary
 
 _EVENT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_collapse", Action.FLAG: "plateau",
@@ -94,7 +95,7 @@ class LearningWatch:
         old = self.record(game)
         new, verdict = observe(old, ev, self.settings(game))
         self._store(game, old, new)
-        if verdict.action is not Action.NONE:
+        if verdict.action is not Action.NONE and new.state != old.state:  # a plateau's verdict recurs: told once
             self._tell(game, new, verdict)
         return verdict
 
@@ -102,7 +103,7 @@ class LearningWatch:
         """Recorded as a `learning_rollback` event. The learning-rate scale it leaves is the game's
         remedies' (learning_actions.py), which the supervisor stores with the game."""
         old = self.record(game)
-        self._store(game, old, rolled_back(old, best.steps), "learning_rollback", {
+        self._store(game, old, rolled_back(old, best.steps, best.eval_return), "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
 
@@ -125,6 +126,12 @@ class LearningWatch:
             return False
         self._store(game, old, released(old))
         return True
+
+    def readmitted(self, game: str) -> None:
+        """A game that yielded its slot on a plateau was admitted again (rules.readmitted)."""
+        old = self.record(game)
+        if old.state is Health.PLATEAU:
+            self._store(game, old, readmitted(old))
 
     def hold(self, game: str, reason: str) -> Verdict:
         """A rollback that cannot be done (no evaluated checkpoint on disk) holds the game."""
@@ -178,25 +185,23 @@ def _settings(overrides: dict[str, Any]) -> HealthSettings:
 
 
 def best_evaluated(directory: Path) -> BestCheckpoint | None:
-    """The checkpoint with the highest evaluation return in its manifest (the one retention
-    keeps), its files' sizes checked; the worker hashes them when it resumes from it."""
-    best: BestCheckpoint | None = None
+    """The checkpoint with the highest evaluation return in its manifest whose files match their
+    hashes (the one retention keeps: workers.checkpoint.best_verified), as the worker checks them
+    when it resumes. One that does not is passed over for the next best: taken, it would have the
+    good checkpoints after it set aside and the worker then skip it for an older, worse one (or
+    find none). Hashed in the supervisor's turn, highest first: a collapse is rare."""
+    scored: list[tuple[float, int, Path]] = []
     for info in list_checkpoints(directory):
         try:
             manifest = read_manifest(info.path)
         except CheckpointError:
             continue
-        score = manifest.eval_return
-        if score is not None and (best is None or score > best.eval_return) and _sizes_match(info.path, manifest):
-            best = BestCheckpoint(info.path, manifest.steps, float(score))
-    return best
-
-
-def _sizes_match(path: Path, manifest: Any) -> bool:
-    try:
-        return all((path / name).stat().st_size == entry.size for name, entry in manifest.files.items())
-    except OSError:
-        return False
+        if manifest.eval_return is not None:
+            scored.append((manifest.eval_return, manifest.steps, info.path))
+    for score, steps, path in sorted(scored, reverse=True):  # ties: the newest, as retention's
+        if verify(path)[0]:
+            return BestCheckpoint(path, steps, float(score))
+    return None
 
 
 def set_aside_after(directory: Path, steps: int, into: Path, moved: list[str] | None = None) -> list[str]:

@@ -88,7 +88,7 @@ class LearningActions:
         """A game admitted again after it yielded its slot on a plateau: judged afresh."""
         if name in self._yielded:
             self._yielded.discard(name)
-            self.watch.released(name)
+            self.watch.readmitted(name)
 
     def release(self, name: str, proc: WorkerProcess | None) -> None:
         """`games start` on a held game (or one stopped on a plateau): judged afresh, its
