@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,9 +110,12 @@ def record_desired(session: Session, now: datetime, name: str, desired: Desired)
     create_event(session, now, f"desired_{desired}", f"{name}: desired state {desired}", game=name)
 
 
-def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bool, storage_url: str | None = None) -> None:
+def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bool, storage_url: str | None = None,
+                purging: Callable[[str], None] | None = None) -> None:
     """`storage_url`: [cluster] storage when a URL; a purge deletes the game's copy there too,
-    else a game added again under the name would resume from its checkpoints."""
+    else a game added again under the name would resume from its checkpoints. `purging`: told
+    of a purge once the game is out of the database, before its files go (the backup, which then
+    drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
     now = clock.now()
     with db.transaction(immediate=True) as session:
         game = game_store.read_game(session, name)
@@ -124,6 +128,8 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
         game_store.delete_game(session, name)
         record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
     if purge:
+        if purging is not None:
+            purging(name)
         shutil.rmtree(game_dir, ignore_errors=True)
         if storage_url is not None:
             from fleetd.operations.backup import Target

@@ -137,6 +137,52 @@ def test_a_purge_told_before_a_daemon_restart_still_leaves_the_target(setup, tmp
     assert not (settings.backups_dir / "purges.json").exists()
 
 
+def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tmp_path, monkeypatch):
+    # The backup was told after the files and the cluster storage's copy were deleted: a storage
+    # outage (or the daemon's death during a long delete) lost the purge, the game was out of the
+    # database already (a retried DELETE: 404), and its copies stayed on the target for good.
+    from fastapi.testclient import TestClient
+
+    from fleetd.api import create_app
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+    from tests.api_context import api_context
+    from tests.fakes import FakeHost
+
+    url, storage = f"memory://backup-{uuid.uuid4().hex}", f"memory://storage-{uuid.uuid4().hex}"
+    settings = load_settings(state_dir=tmp_path / "state", backup={"target": url},
+                             cluster={"backend": "ray", "storage": storage})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    db = Database.open(settings.db_path)
+    clock = FakeClock()
+    try:
+        with db.transaction() as session:
+            create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+        write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+        Backup(settings, db, clock).now()
+        context = dataclasses.replace(api_context(settings, db, clock, FakeHost(clock), "t" * 32),
+                                      backup=Backup(settings, db, clock))
+        removing = Target.remove
+
+        def unreachable(self, relative):
+            if self.url == storage:
+                raise OSError("storage unreachable")
+            return removing(self, relative)
+
+        monkeypatch.setattr(Target, "remove", unreachable)
+        with TestClient(create_app(context), raise_server_exceptions=False) as client:
+            client.headers["Authorization"] = f"Bearer {'t' * 32}"
+            assert client.delete("/api/v1/games/pong?purge=true").status_code == 500
+            assert client.delete("/api/v1/games/pong?purge=true").status_code == 404  # out of the database
+        monkeypatch.undo()
+
+        assert Backup(settings, db, clock).checkpoints().removed == ["pong/*"]  # the next daemon's scan
+        assert Target(url).names("games") == set()
+    finally:
+        db.close()
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
 def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
     # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
     # removed pong's checkpoints until the new one wrote its own (never the last ones), and a

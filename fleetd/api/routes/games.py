@@ -174,10 +174,11 @@ def delete_game(
     context: AppContext = Depends(get_context),
 ) -> Response:
     """Remove a stopped game. Its files stay on disk unless `purge` is true."""
+    purging = context.backup.purged if context.backup is not None else None
     remove_game(context.db, context.clock, name, context.settings.game_dir(name), purge,
-                context.settings.cluster.storage_url)
-    if purge and context.backup is not None:
-        context.backup.purged(name)
+                context.settings.cluster.storage_url, purging)
+    if purge and purging is not None:
+        purging(name)  # again: a scan while its files were deleted may have copied some back
     _tell_supervisor(context, Reconcile())
     return Response(status_code=204)
 
