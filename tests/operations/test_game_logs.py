@@ -174,6 +174,34 @@ def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops
     assert lines[2].startswith(f"--- fleetd: run {events[0]} started ") and lines[3] == "next run"
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_follow_ends_when_its_game_is_removed(app, client: TestClient, pinned: bool) -> None:
+    # It stayed open, silent, for its hour: `fleetd logs -f` hung on a game that was gone.
+    name = f"removed-{'pinned' if pinned else 'newest'}"
+    run = new_run(app, name, "last words\n")
+    started, answered = time.monotonic(), threading.Event()
+
+    def remover() -> None:
+        time.sleep(0.5)
+        with app.state.context.db.transaction() as session:
+            delete_game(session, name)
+        if not answered.wait(10):
+            app.state.stopping.set()  # the old behaviour's only way out within the test
+
+    thread = threading.Thread(target=remover)
+    thread.start()
+    params = {"follow": "true", "lines": 5} | ({"run": run} if pinned else {})
+    try:
+        response = client.get(f"/api/v1/games/{name}/logs", params=params)
+    finally:
+        answered.set()
+        thread.join()
+    assert response.status_code == 200
+    assert response.text.splitlines() == ["last words", f"--- fleetd: game {name} was removed ---"]
+    assert time.monotonic() - started < 5
+    assert client.get(f"/api/v1/games/{name}/logs").status_code == 404  # what `fleetd logs -f` is told next
+
+
 def test_a_readded_game_gets_new_run_ids(app) -> None:
     """SQLite would hand the newest deleted id out again without AUTOINCREMENT."""
     run = new_run(app, "again", "first life\n")
