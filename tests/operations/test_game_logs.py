@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
+from fleetd.jobs import rotate_logs_job
 from fleetd.operations.run_logs import TAIL_BLOCK, read_from, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
@@ -62,6 +63,23 @@ def test_tail_reads_each_block_once(tmp_path: Path) -> None:
     text, end = tail(log, 2)
     assert text.startswith(b"starting\nstep 12/99") and end == log.stat().st_size
     assert read_bytes_of_this_process() - before < 2 * end
+
+
+def test_a_tail_right_after_a_rotation_reads_on_in_the_rotated_copy(tmp_path: Path) -> None:
+    # The rotation copies the log to .1 and truncates it: `fleetd logs GAME` then printed only
+    # what was written since (often nothing), though its last lines were all in the copy.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"".join(b"line %d %s\n" % (i, b"x" * 100) for i in range(200)) + b"cut at the rot")
+    assert rotate_logs_job(games, max_bytes=10_000) == [log]
+    with log.open("ab") as out:
+        out.write(b"after 1\nafter 2\n")
+    text, end = tail(log, 4)
+    assert text.splitlines() == [b"line 199 " + b"x" * 100, b"cut at the rot", b"after 1", b"after 2"]
+    assert end == log.stat().st_size  # a follow goes on from the live file's end
+    assert tail(log, 2)[0] == b"after 1\nafter 2\n"  # the live file alone when it holds enough
+    assert tail(log, 0) == (b"", end)
 
 
 def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> None:
