@@ -19,6 +19,7 @@ from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.footprint import FootprintSource
 from fleetd.host.telemetry import TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
+from fleetd.operations.run_logs import rotated_copy
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, delete_events_before
 from fleetd.store.footprints import save_footprint
@@ -58,7 +59,7 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
         try:
             if log_path.stat().st_size <= max_bytes:
                 continue
-            shutil.copyfile(log_path, log_path.with_name(log_path.name + ".1"))
+            shutil.copyfile(log_path, rotated_copy(log_path))
             os.truncate(log_path, 0)
         except OSError as exc:
             log.warning("could not rotate %s: %s", log_path, exc)

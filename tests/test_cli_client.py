@@ -121,3 +121,55 @@ def test_another_program_on_the_port_is_not_fleetd(tmp_path: Path, reply: bytes,
         answering.join(timeout=5)
     assert caught.value.code == ExitCode.UNAVAILABLE, caught.value
     assert says in str(caught.value) and f":{port}" in str(caught.value), caught.value
+
+
+class RestartingDaemon:
+    """`ApiClient.stream` as a daemon answers a follow across its restart: the log, its end as
+    the daemon stops, refusals while it is down (`down` of them), then the log again."""
+
+    def __init__(self, down: int) -> None:
+        self.answers = ["follow", *["down"] * down, "follow", "gone"]
+        self.asked: list[dict] = []
+
+    def stream(self, path: str, params: dict, follow: bool = False, on_head=None):
+        self.asked.append(params)
+        answer = self.answers.pop(0)
+        if answer == "down":
+            raise ClientError("fleetd is not answering on http://127.0.0.1:1", ExitCode.UNAVAILABLE)
+        if answer == "gone":
+            raise ClientError("no game named 'g001' (not_found, HTTP 404)", ExitCode.NOT_FOUND)
+        if on_head is not None:
+            on_head()
+        yield f"line {len(self.asked)}\n".encode()
+
+
+def follow_with(daemon: RestartingDaemon, monkeypatch: pytest.MonkeyPatch, reconnect_s: float = 60.0):
+    from typer.testing import CliRunner
+
+    from fleetd.cli import logs_cmd
+    from fleetd.cli.main import app
+
+    monkeypatch.setattr(logs_cmd, "client_for", lambda config: daemon)
+    monkeypatch.setattr(logs_cmd, "RECONNECT_POLL_S", 0.0)
+    monkeypatch.setattr(logs_cmd, "RECONNECT_S", reconnect_s)
+    return CliRunner().invoke(app, ["logs", "g001", "-f", "-n", "5"])
+
+
+def test_a_follow_waits_for_a_restarting_daemon_and_follows_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It asked again at once, was refused (the daemon was still starting), and exited 69.
+    daemon = RestartingDaemon(down=3)
+    result = follow_with(daemon, monkeypatch)
+    assert result.stdout == "line 1\nline 5\n"
+    assert "the daemon stopped answering; following again once it is back" in result.stderr
+    assert result.exit_code == ExitCode.NOT_FOUND, result.output  # then the game was removed: said, exit 4
+    assert [asked["lines"] for asked in daemon.asked] == [5, 0, 0, 0, 0, 0]
+
+
+def test_a_follow_gives_up_on_a_daemon_that_stays_away_and_never_waits_for_one_never_reached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stays_away = follow_with(RestartingDaemon(down=3), monkeypatch, reconnect_s=0.0)
+    assert stays_away.stdout == "line 1\n" and stays_away.exit_code == ExitCode.UNAVAILABLE
+    never_up = RestartingDaemon(down=0)
+    never_up.answers = ["down", "follow"]
+    first = follow_with(never_up, monkeypatch)
+    assert first.exit_code == ExitCode.UNAVAILABLE and "not answering" in first.stderr and len(never_up.asked) == 1

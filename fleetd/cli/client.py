@@ -84,12 +84,16 @@ class ApiClient:
                     if on_bytes is not None:
                         on_bytes(out.tell(), int(length) if length else None)
 
-    def stream(self, path: str, params: dict[str, Any], follow: bool = False) -> Iterator[bytes]:
+    def stream(self, path: str, params: dict[str, Any], follow: bool = False,
+               on_head: Callable[[], None] | None = None) -> Iterator[bytes]:
         """GET a response as it comes (a log): its bytes, chunk by chunk. `follow`: the body may
         pause as long as the worker writes nothing, so once the head has come no wait is timed;
-        the head itself is (a daemon that accepts and never answers is busy, not a quiet log)."""
+        the head itself is (a daemon that accepts and never answers is busy, not a quiet log).
+        `on_head()` once the daemon has answered, before any of the body."""
         read_timeout_s = None if follow else self._timeout_s
         with self._exchange("GET", path, params, None, {}, self._timeout_s, read_timeout_s) as response:
+            if on_head is not None:
+                on_head()
             yield from self._chunks(response, "GET", path, read_timeout_s, partial=True)
 
     # -- one exchange ----------------------------------------------------------------------------

@@ -48,12 +48,40 @@ def logs(
         raise typer.Exit(0) from None
 
 
+RECONNECT_S = 60.0  # how long a follow waits for a daemon that went away (a restart) to answer again
+RECONNECT_POLL_S = 1.0
+
+
 def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None:
     # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
     # A line written between the two requests may be missed; none is printed twice.
+    import time
+
+    from fleetd.cli.client import ClientError
+
+    answered, away_since = False, None
+
+    def on_head() -> None:
+        nonlocal answered, away_since
+        answered, away_since = True, None
+
     while True:
-        for chunk in client.stream(path, {"lines": lines, "run": run, "follow": "true"}, follow=True):
-            _write(chunk)
+        try:
+            for chunk in client.stream(path, {"lines": lines, "run": run, "follow": "true"}, follow=True,
+                                       on_head=on_head):
+                _write(chunk)
+        except ClientError as exc:
+            # Asked again at once, a restarting daemon (`systemctl restart fleetd`, an upgrade: its
+            # workers run on) was always refused, and the follow ended, exit 69: it waits for it.
+            if not answered or exc.code not in (ExitCode.UNAVAILABLE, ExitCode.TEMPFAIL):
+                raise
+            if away_since is None:
+                away_since = time.monotonic()
+                typer.echo(f"fleetd: the daemon stopped answering; following again once it is back "
+                           f"(waiting up to {RECONNECT_S:.0f} s) ...", err=True)
+            elif time.monotonic() - away_since >= RECONNECT_S:
+                raise
+            time.sleep(RECONNECT_POLL_S)
         lines = 0
 
 

@@ -107,11 +107,17 @@ def remove_transfer_leftovers(settings: Settings) -> list[Path]:
     return left
 
 
-def _check_new(db: Database, files: KeptFiles, env_id: str) -> None:
-    name = files.name
+def check_name_free(db: Database, name: str) -> None:
+    """Refuses an import under a taken name: asked before the upload too (a model can be
+    gigabytes, sent whole before the refusal), and again once it is in."""
     if not name_free(db, name):
         raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} already exists: import under a new name",
                           {"name": name})
+
+
+def _check_new(db: Database, files: KeptFiles, env_id: str) -> None:
+    name = files.name
+    check_name_free(db, name)
     if (steps := files.newest_steps()) is not None:  # an import is its model's game, never a removed one's
         refuse(files, steps, "name", f"import under another name, or set them aside first: `fleetd games add "
                f"{name} {env_id} --kept set-aside --stopped`, `fleetd games rm {name}`, then import")

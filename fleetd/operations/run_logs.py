@@ -11,31 +11,52 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import BinaryIO
 
 TAIL_BLOCK = 64 * 1024
 FOLLOW_READ_MAX = 1024 * 1024  # at most this much per poll, so one huge burst streams in pieces
 LINE = re.compile(rb"[^\n]*\n|[^\n]+\Z")
 
 
+def rotated_copy(path: Path) -> Path:
+    """Where the log's lines before its last rotation are (fleetd.jobs.rotate_logs_job)."""
+    return path.with_name(path.name + ".1")
+
+
 def tail(path: Path, lines: int) -> tuple[bytes, int]:
-    """The file's last `lines` lines, and the offset where its end was when read."""
+    """The file's last `lines` lines, and the offset where its end was when read. Lines it lacks
+    since it was rotated (copied to `.1` and truncated) come from that copy, so a tail right after
+    a rotation is not empty."""
     with path.open("rb") as log:
         end = log.seek(0, os.SEEK_END)
         if lines <= 0:
             return b"", end
-        blocks, start, newlines = [], end, 0
-        # Read back block by block, each once, until there are more newlines than lines asked for
-        # (the file's last line may lack its newline while the worker writes it).
-        while start > 0 and newlines <= lines:
-            size = min(TAIL_BLOCK, start)
-            start -= size
-            log.seek(start)
-            blocks.append(log.read(size))
-            newlines += blocks[-1].count(b"\n")
-        chunk = b"".join(reversed(blocks))
-        # A line ends at \n only, as `tail -n` counts: a \r is a progress bar redrawn in place.
-        kept = LINE.findall(chunk)[-lines:]
-        return b"".join(kept), end
+        kept = _last_lines(log, end, lines)
+    if len(kept) < lines:
+        try:
+            with rotated_copy(path).open("rb") as before:
+                earlier = _last_lines(before, before.seek(0, os.SEEK_END), lines - len(kept))
+        except FileNotFoundError:
+            earlier = []
+        if earlier and not earlier[-1].endswith(b"\n"):
+            earlier[-1] += b"\n"  # cut by the rotation: its end went with the truncation
+        kept = earlier + kept
+    return b"".join(kept), end
+
+
+def _last_lines(log: BinaryIO, end: int, lines: int) -> list[bytes]:
+    blocks, start, newlines = [], end, 0
+    # Read back block by block, each once, until there are more newlines than lines asked for
+    # (the file's last line may lack its newline while the worker writes it).
+    while start > 0 and newlines <= lines:
+        size = min(TAIL_BLOCK, start)
+        start -= size
+        log.seek(start)
+        blocks.append(log.read(size))
+        newlines += blocks[-1].count(b"\n")
+    chunk = b"".join(reversed(blocks))
+    # A line ends at \n only, as `tail -n` counts: a \r is a progress bar redrawn in place.
+    return LINE.findall(chunk)[-lines:]
 
 
 def read_from(path: Path, offset: int) -> tuple[bytes, int]:

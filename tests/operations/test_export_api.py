@@ -66,3 +66,20 @@ def test_an_export_is_sent_whole_whatever_range_is_asked_and_then_deleted(client
     with zipfile.ZipFile(io.BytesIO(response.content)) as bundle:
         assert bundle.read("model.zip") == MODEL
     assert list(settings.transfers_dir.iterdir()) == []
+
+
+def test_an_import_under_a_taken_name_is_refused_before_its_upload_is_taken_in(client, monkeypatch):
+    # The refusal came only once the whole body was written to the transfers folder (a model
+    # with its replay buffer can be gigabytes).
+    received: list[int] = []
+    real_receive = models_route._receive
+
+    async def receive(request, folder):
+        received.append(1)
+        return await real_receive(request, folder)
+
+    monkeypatch.setattr(models_route, "_receive", receive)
+    response = client.post("/api/v1/games/pong/import", params={"env_id": "CartPole-v1"}, content=MODEL,
+                           headers={"Content-Type": "application/zip"})
+    assert response.status_code == 409 and "'pong' already exists" in response.json()["error"]["message"]
+    assert received == []

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
+from fleetd.jobs import rotate_logs_job
 from fleetd.operations.run_logs import TAIL_BLOCK, read_from, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
@@ -62,6 +63,23 @@ def test_tail_reads_each_block_once(tmp_path: Path) -> None:
     text, end = tail(log, 2)
     assert text.startswith(b"starting\nstep 12/99") and end == log.stat().st_size
     assert read_bytes_of_this_process() - before < 2 * end
+
+
+def test_a_tail_right_after_a_rotation_reads_on_in_the_rotated_copy(tmp_path: Path) -> None:
+    # The rotation copies the log to .1 and truncates it: `fleetd logs GAME` then printed only
+    # what was written since (often nothing), though its last lines were all in the copy.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"".join(b"line %d %s\n" % (i, b"x" * 100) for i in range(200)) + b"cut at the rot")
+    assert rotate_logs_job(games, max_bytes=10_000) == [log]
+    with log.open("ab") as out:
+        out.write(b"after 1\nafter 2\n")
+    text, end = tail(log, 4)
+    assert text.splitlines() == [b"line 199 " + b"x" * 100, b"cut at the rot", b"after 1", b"after 2"]
+    assert end == log.stat().st_size  # a follow goes on from the live file's end
+    assert tail(log, 2)[0] == b"after 1\nafter 2\n"  # the live file alone when it holds enough
+    assert tail(log, 0) == (b"", end)
 
 
 def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> None:
@@ -172,6 +190,34 @@ def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops
     lines = response.text.splitlines()
     assert lines[:2] == ["before", "appended"]
     assert lines[2].startswith(f"--- fleetd: run {events[0]} started ") and lines[3] == "next run"
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_follow_ends_when_its_game_is_removed(app, client: TestClient, pinned: bool) -> None:
+    # It stayed open, silent, for its hour: `fleetd logs -f` hung on a game that was gone.
+    name = f"removed-{'pinned' if pinned else 'newest'}"
+    run = new_run(app, name, "last words\n")
+    started, answered = time.monotonic(), threading.Event()
+
+    def remover() -> None:
+        time.sleep(0.5)
+        with app.state.context.db.transaction() as session:
+            delete_game(session, name)
+        if not answered.wait(10):
+            app.state.stopping.set()  # the old behaviour's only way out within the test
+
+    thread = threading.Thread(target=remover)
+    thread.start()
+    params = {"follow": "true", "lines": 5} | ({"run": run} if pinned else {})
+    try:
+        response = client.get(f"/api/v1/games/{name}/logs", params=params)
+    finally:
+        answered.set()
+        thread.join()
+    assert response.status_code == 200
+    assert response.text.splitlines() == ["last words", f"--- fleetd: game {name} was removed ---"]
+    assert time.monotonic() - started < 5
+    assert client.get(f"/api/v1/games/{name}/logs").status_code == 404  # what `fleetd logs -f` is told next
 
 
 def test_a_readded_game_gets_new_run_ids(app) -> None:

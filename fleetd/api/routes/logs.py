@@ -41,7 +41,8 @@ def stopping_event(request: Request) -> Flag:
 
 @router.get("/games/{name}/logs", response_class=Response, response_model=None, responses={
     200: {"content": {"text/plain": {}}, "description": "the run's last lines; with follow=true, then what "
-          "is appended, streamed, until the client goes, the daemon stops or an hour has passed"},
+          "is appended, streamed, until the client goes, the daemon stops, the game is removed or an hour "
+          "has passed"},
     **NOT_FOUND, **CONFLICT})
 async def game_logs(
     request: Request,
@@ -91,6 +92,12 @@ def _newer_run(context: AppContext, name: str, than: int) -> RunRecord | None:
     return newest[0] if newest and newest[0].id > than and newest[0].log_path else None
 
 
+def _run_gone(context: AppContext, run_id: int) -> bool:
+    """The run's record is gone: its game was removed (its runs go with it)."""
+    with context.db.transaction() as session:
+        return run_store.read_run(session, run_id) is None
+
+
 def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
     if not record.log_path:
         raise FleetdError(ErrorCode.NOT_FOUND, f"run {record.id} of {record.game!r} has no log (it was adopted "
@@ -121,11 +128,16 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
         if data:
             yield data
             continue
-        if not pinned and time.monotonic() >= next_run_check:
+        if time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
-            newer = await run_in_threadpool(_newer_run, context, name, record.id)
+            newer = None if pinned else await run_in_threadpool(_newer_run, context, name, record.id)
             if newer is not None:
                 record, path, offset = newer, FsPath(newer.log_path or ""), 0
                 yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
                 continue
+            if await run_in_threadpool(_run_gone, context, record.id):
+                # Removed while followed: nothing more will be written here. The follow used to
+                # stay open, silent, for its hour; `fleetd logs -f` now asks again and is told.
+                yield f"--- fleetd: game {name} was removed ---\n".encode()
+                return
         await asyncio.sleep(FOLLOW_POLL_S)

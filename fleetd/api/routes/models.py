@@ -26,7 +26,7 @@ from fleetd.api.routes.games import GameName, _tell_supervisor, game_out
 from fleetd.api.schemas import GameOut
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.spec import GameSpec
-from fleetd.operations.model_io import ImportRequest, export_game, export_name, import_game
+from fleetd.operations.model_io import ImportRequest, check_name_free, export_game, export_name, import_game
 from fleetd.states import Desired
 from fleetd.supervision.commands import Reconcile
 
@@ -58,6 +58,8 @@ async def import_model(
                 "checkpoint_interval_s": checkpoint_interval_s, "hyperparams": _json_object(hyperparams),
                 "desired": desired}
     wanted = _import_request(name, env_id, algo, settings)
+    # Before the body: a taken name was refused only once a model of gigabytes had come.
+    await run_in_threadpool(check_name_free, context.db, name)
     upload = await _receive(request, context.settings.transfers_dir)
     try:
         game = await run_in_threadpool(import_game, context.settings, context.db, context.clock,
