@@ -2,9 +2,10 @@
 
 Pure: a snapshot of the fleet in, a plan out; no store, no clock. Running games train at their
 measured rates; when one reaches its goal, its slot goes to the next pending game in the
-governor's admission order (priority, then age); a pending game's rate is estimated from its own
-history if it ran before, else from running games of the same env and algorithm at the same envs
-per game, else from the rung's per-game rate; the plan names the estimate it used.
+governor's admission order (priority, then place in the queue); a pending game's rate is
+estimated from its own history if it ran before, else from running games of the same env and
+algorithm at the same envs per game, else from the rung's per-game rate; the plan names the
+estimate it used.
 
 The simulation runs in training hours. Reboots stop every game alike, so the plan's wall hours
 are its training hours over the share of time the host is up (`Downtime`); the difference is
@@ -54,7 +55,7 @@ class PlanGame:
     env_id: str
     algo: str
     priority: int
-    created_at: datetime
+    queue_position: datetime  # its place among its priority: created, or yielded on a plateau (GameRecord.queue_position)
     state: PlanState
     goal: Goal | None
     rates: Rates = Rates()  # its own, measured at `envs_measured` envs per game
@@ -202,7 +203,7 @@ class Scheduled:
 def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
     """Running games first (they hold their slots), then pending ones as the governor admits them."""
     running = [g for g in games if g.state is PlanState.RUNNING]
-    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=lambda g: (-g.priority, g.created_at, g.name))
+    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=lambda g: (-g.priority, g.queue_position, g.name))
     return running + pending
 
 

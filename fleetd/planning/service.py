@@ -72,7 +72,7 @@ def plan_game(session: Any, game: GameRecord) -> PlanGame:
     state = plan_state(game, goal)
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
     envs = game.hyperparams.get("num_envs")
-    return PlanGame(game.name, game.env_id, game.algo, game.priority, game.created_at, state, goal, rates,
+    return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
                     envs if isinstance(envs, int) else None)  # fmt: skip
 
 

@@ -4,6 +4,7 @@ predictions judged once a game reaches its goal."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from fleetd.cli.plan_render import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import State
 from fleetd.store.games import create_game, delete_game, update_game_state
+from fleetd.store.health import update_game_queued
 from fleetd.store.records import GameDraft
 from tests.planning.helpers import TOKEN, govern, progress
 
@@ -193,3 +195,18 @@ def test_a_goal_past_the_year_9999_has_hours_but_no_date(fleet) -> None:
     console = Console(record=True, width=200)
     console.print(plan_view(body))
     assert "forever" in console.export_text()
+
+
+def test_a_game_that_gave_its_slot_up_on_a_plateau_is_planned_behind_its_priority(fleet) -> None:
+    # The plan queued by creation: cart3, which gave its slot up (queued again later than cart4
+    # was created), was planned first while the governor admits cart4 first.
+    context, _ = fleet
+    with context.db.transaction() as session:
+        create_game(session, GameDraft("cart4", "CartPole-v1", "ppo", target_episodes=3_000), context.clock.now() + timedelta(seconds=10))
+        update_game_queued(session, "cart3", context.clock.now() + timedelta(minutes=1))
+    progress(context, "cart1", 300, 30)  # 600 episodes an hour: ends in 4.5 h
+    progress(context, "cart2", 600, 30)  # 1,200 an hour: ends in 2 h
+    body = get(context)
+    assert [g["name"] for g in body["games"] if g["plan_state"] == "pending"] == ["cart4", "cart3"]
+    games = {g["name"]: g for g in body["games"]}
+    assert games["cart4"]["start_hours"] < games["cart3"]["start_hours"]
