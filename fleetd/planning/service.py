@@ -68,9 +68,9 @@ def own_rates(session: Any, game: GameRecord) -> Rates:
 
 
 def plan_game(session: Any, game: GameRecord) -> PlanGame:
-    goal = goal_of(game)
-    state = plan_state(game, goal)
+    state = plan_state(game, goal_of(game))
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
+    goal = goal_of(game, rates.per_hour)  # of two goals, the one its rates reach first
     envs = game.hyperparams.get("num_envs")
     return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
                     envs if isinstance(envs, int) else None)  # fmt: skip

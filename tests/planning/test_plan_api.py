@@ -17,9 +17,9 @@ from fleetd.api.context import AppContext
 from fleetd.cli.plan_render import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import State
-from fleetd.store.games import create_game, delete_game, update_game_state
+from fleetd.store.games import create_game, delete_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
-from fleetd.store.records import GameDraft
+from fleetd.store.records import GameDraft, ProgressSnapshot
 from tests.planning.helpers import TOKEN, govern, progress
 
 
@@ -210,3 +210,29 @@ def test_a_game_that_gave_its_slot_up_on_a_plateau_is_planned_behind_its_priorit
     assert [g["name"] for g in body["games"] if g["plan_state"] == "pending"] == ["cart4", "cart3"]
     games = {g["name"]: g for g in body["games"]}
     assert games["cart4"]["start_hours"] < games["cart3"]["start_hours"]
+
+
+def test_a_game_with_both_goals_is_planned_to_the_first_it_reaches_and_done_at_it(fleet) -> None:
+    # Its worker stops at either goal: the plan had 4.5 h to its episodes goal where its steps
+    # goal ends it in 20 min, and once it stopped there called it "off" (ended without its goal),
+    # so its predictions were never judged.
+    context, controller = fleet
+    with context.db.transaction() as session:
+        update_game_settings(session, "cart1", {"total_timesteps": 100_000}, context.clock.now())
+    args = (context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at)
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes, 120,000 steps an hour; 60,000 steps done
+    cart1 = next(g for g in get(context)["games"] if g["name"] == "cart1")
+    assert cart1["goal"] == {"kind": "timesteps", "target": 100_000, "done": 60_000, "remaining": 40_000}
+    assert cart1["rate_per_hour"] == pytest.approx(120_000) and cart1["eta_hours"] == pytest.approx(40 / 120 * 48 / 47)
+    record_plan(*args, context.clock.now())
+    context.clock.advance(1200)
+    with context.db.transaction() as session:
+        update_games_progress(session, {"cart1": ProgressSnapshot(100_000, 500, None, None, None, context.clock.now())})
+        update_game_state(session, "cart1", State.EXITED, "completed: goal reached", context.clock.now())
+    govern(controller, context.db)
+    record_plan(*args, context.clock.now())
+    body = get(context)
+    cart1 = next(g for g in body["games"] if g["name"] == "cart1")
+    assert (cart1["plan_state"], cart1["goal"]["kind"], cart1["goal"]["remaining"]) == ("done", "timesteps", 0)
+    assert next(e for e in body["error"]["games"] if e["game"] == "cart1")["finished"]
