@@ -60,6 +60,7 @@ class PlanGame:
     goal: Goal | None
     rates: Rates = Rates()  # its own, measured at `envs_measured` envs per game
     num_envs: int | None = None  # its own envs per game (a hyperparameter); None: the rung's
+    admitted_at: datetime | None = None  # when it got the slot it holds (running)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class PlanInput:
     envs_measured: int  # envs per game of the rung the rates were measured at
     downtime: Downtime = NO_DOWNTIME
     price_per_host_hour: float | None = None  # None: no price set, no money shown
+    games_now: int | None = None  # the games of the rung the governor stands at; None: `rung`'s
 
 
 @dataclass(frozen=True)
@@ -254,8 +256,25 @@ def charged_hours(placed: dict[str, Scheduled]) -> dict[float, float]:
 # -- the plan ----------------------------------------------------------------------------------
 
 
+def shed(snapshot: PlanInput) -> PlanInput:
+    """At a rung with fewer slots than the one the governor stands at, the running games beyond
+    its slots back to pending, as the governor sheds them on stepping down: the lowest priority
+    first, the newest admission among equals. Only the governor's own slots count: games running
+    beyond them (a cluster's other hosts) keep theirs."""
+    running = [g for g in snapshot.games if g.state is PlanState.RUNNING]
+    now = snapshot.rung.games if snapshot.games_now is None else snapshot.games_now
+    excess = min(len(running), now) - snapshot.rung.games
+    if excess <= 0:
+        return snapshot
+    kept = sorted(running, key=lambda g: (-g.priority, g.admitted_at or snapshot.now))  # snapshot order among equals
+    gone = {g.name for g in kept[len(kept) - excess :]}
+    games = tuple(replace(g, state=PlanState.PENDING) if g.name in gone else g for g in snapshot.games)
+    return replace(snapshot, games=games)
+
+
 def plan(snapshot: PlanInput) -> Plan:
-    pool = RatePool.of(snapshot)
+    pool = RatePool.of(snapshot)  # what runs now measures, shed or not
+    snapshot = shed(snapshot)
     estimates = {g.name: rate_at_rung(g, snapshot, pool) for g in snapshot.games}
     placed = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
     charged = charged_hours(placed) if snapshot.price_per_host_hour is not None else {}

@@ -73,7 +73,7 @@ def plan_game(session: Any, game: GameRecord) -> PlanGame:
     goal = goal_of(game, rates.per_hour)  # of two goals, the one its rates reach first
     envs = game.hyperparams.get("num_envs")
     return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
-                    envs if isinstance(envs, int) else None)  # fmt: skip
+                    envs if isinstance(envs, int) else None, game.admitted_at)  # fmt: skip
 
 
 def stored_governor(session: Any, settings: Settings, now: datetime) -> Governor:
@@ -113,7 +113,7 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
         governor = stored_governor(session, settings, now)
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
     here = option(governor, governor.index())
-    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings))
+    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games)
     base = plan(snapshot)
     chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung)])[0]
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))

@@ -236,3 +236,16 @@ def test_a_game_with_both_goals_is_planned_to_the_first_it_reaches_and_done_at_i
     cart1 = next(g for g in body["games"] if g["name"] == "cart1")
     assert (cart1["plan_state"], cart1["goal"]["kind"], cart1["goal"]["remaining"]) == ("done", "timesteps", 0)
     assert next(e for e in body["error"]["games"] if e["game"] == "cart1")["finished"]
+
+
+def test_a_rung_with_fewer_slots_than_the_games_running_plans_them_one_at_a_time(fleet) -> None:
+    # At 1x32 the plan kept both running games in slots 0 and 1 of its one slot.
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour: 4.5 h left each
+    body = get(context, "?rung=1x32")
+    games = {g["name"]: g for g in body["games"]}
+    assert (body["fleet"]["slots"], body["fleet"]["running_games"], body["fleet"]["pending_games"]) == (1, 1, 2)
+    assert (games["cart1"]["plan_state"], games["cart2"]["plan_state"]) == ("running", "pending")
+    assert games["cart2"]["start_hours"] == pytest.approx(4.5 * 48 / 47)
+    assert body["fleet"]["training_hours"] == pytest.approx(4.5 + 4.5 + 5)
