@@ -68,8 +68,9 @@ class RungOption:
     label: str  # games x envs per game, e.g. "4x64 (medium)"
     games: int
     num_envs: int
-    proven: bool = True
+    proven: bool = True  # for the games planned there
     current: bool = True
+    proven_games: int = 0  # the most games that ran a full stable window there (0: unproven)
 
 
 @dataclass(frozen=True)

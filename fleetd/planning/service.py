@@ -112,11 +112,11 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
         games = tuple(plan_game(session, game) for game in records)
         governor = stored_governor(session, settings, now)
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
-    here = option(governor, governor.index())
+    wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
+    here = option(governor, governor.index(), wanting)
     snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games)
     base = plan(snapshot)
-    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung)])[0]
-    wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
+    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung, wanting)])[0]
     others = what_if(snapshot, what_if_rungs(governor, wanting))
     eta_now = {g.name: g.end_at(now) for g in base.games}
     errors = plan_errors(predictions, eta_now, now, horizon, {g.name: g.created_at for g in records})

@@ -17,9 +17,10 @@ from fleetd.api.context import AppContext
 from fleetd.cli.plan_render import plan_view
 from fleetd.planning.service import record_plan
 from fleetd.states import State
+from fleetd.store.fleet import save_rung
 from fleetd.store.games import create_game, delete_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
-from fleetd.store.records import GameDraft, ProgressSnapshot
+from fleetd.store.records import GameDraft, ProgressSnapshot, RungMemory
 from tests.planning.helpers import TOKEN, govern, progress
 
 
@@ -249,3 +250,26 @@ def test_a_rung_with_fewer_slots_than_the_games_running_plans_them_one_at_a_time
     assert (games["cart1"]["plan_state"], games["cart2"]["plan_state"]) == ("running", "pending")
     assert games["cart2"]["start_hours"] == pytest.approx(4.5 * 48 / 47)
     assert body["fleet"]["training_hours"] == pytest.approx(4.5 + 4.5 + 5)
+
+
+def test_a_rung_proven_with_fewer_games_than_the_plan_runs_there_is_not_called_proven(fleet) -> None:
+    # medium (4 games) was proven while 2 games wanted a slot: the what-if ran 6 games' plan on
+    # its 4 slots and called it "proven", which the governor's memory says it is not.
+    context, _ = fleet
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        for i in range(4, 7):
+            create_game(session, GameDraft(f"cart{i}", "CartPole-v1", "ppo", target_episodes=3_000), now + timedelta(seconds=i))
+        save_rung(session, RungMemory(2, 32, proven_at=now - timedelta(days=2), proven_games=2, stable_s=7200))
+        save_rung(session, RungMemory(4, 64, proven_at=now - timedelta(days=1), proven_games=2, stable_s=7200))
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    body = get(context)
+    assert {w["rung"]: w["proven"] for w in body["what_if"]} == {"2x32 (light)": True, "4x64 (medium)": False, "6x48": False}
+    assert [(w["proven_games"], w["current"]) for w in body["what_if"]] == [(2, True), (2, False), (0, False)]
+    assert get(context, "?rung=medium")["what_if"] == body["what_if"]
+    console = Console(width=200, record=True)
+    console.print(plan_view(body))
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in console.export_text().splitlines()
+            if line.startswith("│") and "x" in line.split("│")[1]}  # fmt: skip
+    assert (rows["2x32 (light)"], rows["4x64 (medium)"], rows["6x48"]) == ("yes, here", "2 of 4 games", "no, next to probe")
