@@ -15,6 +15,7 @@ from rich.console import Console
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
 from fleetd.cli.plan_render import plan_view
+from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
 from fleetd.store.fleet import save_rung
@@ -273,3 +274,18 @@ def test_a_rung_proven_with_fewer_games_than_the_plan_runs_there_is_not_called_p
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in console.export_text().splitlines()
             if line.startswith("│") and "x" in line.split("│")[1]}  # fmt: skip
     assert (rows["2x32 (light)"], rows["4x64 (medium)"], rows["6x48"]) == ("yes, here", "2 of 4 games", "no, next to probe")
+
+
+def test_an_imported_model_waiting_for_a_slot_is_planned_from_its_own_steps(fleet, tmp_path: Path) -> None:
+    # Imported at 900,000 of 1,000,000 steps: while it waited the plan counted 0 done (the game's
+    # steps came from its first run's report) and gave it ten times the hours it needs.
+    context, _ = fleet
+    staged = tmp_path / "staged" / "ckpt-900000"
+    staged.mkdir(parents=True)
+    draft = GameDraft("imported", "CartPole-v1", "ppo", total_timesteps=1_000_000)
+    game = _add_with_checkpoint(context.db, context.clock, context.catalog, draft, staged, tmp_path / "games" / "imported")
+    assert game.steps == 900_000
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 120,000 steps an hour
+    imported = next(g for g in get(context)["games"] if g["name"] == "imported")
+    assert (imported["plan_state"], imported["goal"]["done"], imported["goal"]["remaining"]) == ("pending", 900_000, 100_000)
