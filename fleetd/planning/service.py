@@ -7,8 +7,9 @@ there at every change), so the route and the job need nothing of that thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from fleetd.config import Settings
@@ -21,13 +22,14 @@ from fleetd.planning.goals import Goal, goal_of
 from fleetd.planning.projection import RATE_WINDOW, RebootCost, reboot_cost, recent_rate_per_hour
 from fleetd.planning.queue import Plan, PlanGame, PlanInput, PlanState, Rates, plan, what_if
 from fleetd.planning.rungs import named_rung, option, what_if_rungs
-from fleetd.states import State, wants_slot
+from fleetd.states import LIVE, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store import plans as plan_store
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, PlanPrediction
 from fleetd.store.samples import read_samples
+from workers.protocol.spec import RunSpec, SpecError
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,22 @@ def own_rates(session: Any, game: GameRecord) -> Rates:
     return Rates(rates["episodes"], rates["steps"])
 
 
+def started_goals(game: GameRecord) -> GameRecord:
+    """A live worker trains to the goals its run was started with: a goal set since is pending
+    until its next start (docs/operations.md, Changing a game). Its run spec, beside its log,
+    says them; the stored goals where it cannot be read (they are what its next start gets)."""
+    run = game.current_run
+    if game.state not in LIVE or run is None or run.log_path is None:
+        return game
+    try:
+        spec = RunSpec.load(Path(run.log_path).with_suffix(".spec.json"))
+    except SpecError:
+        return game
+    return replace(game, total_timesteps=spec.total_timesteps, target_episodes=spec.target_episodes)
+
+
 def plan_game(session: Any, game: GameRecord) -> PlanGame:
+    game = started_goals(game)
     state = plan_state(game, goal_of(game))
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
     goal = goal_of(game, rates.per_hour)  # of two goals, the one its rates reach first

@@ -19,10 +19,13 @@ from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
 from fleetd.store.fleet import save_rung
-from fleetd.store.games import create_game, delete_game, update_game_settings, update_game_state, update_games_progress
+from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
 from fleetd.store.records import GameDraft, ProgressSnapshot, RungMemory
+from fleetd.store.runs import create_run, update_run_spawned
+from fleetd.supervision.spec import launch_spec
 from tests.planning.helpers import TOKEN, govern, progress
+from workers.protocol.spec import RunSpec, TierDefaults
 
 
 def get(context: AppContext, query: str = "") -> dict:
@@ -289,3 +292,25 @@ def test_an_imported_model_waiting_for_a_slot_is_planned_from_its_own_steps(flee
         progress(context, name, 300, 30)  # 120,000 steps an hour
     imported = next(g for g in get(context)["games"] if g["name"] == "imported")
     assert (imported["plan_state"], imported["goal"]["done"], imported["goal"]["remaining"]) == ("pending", 900_000, 100_000)
+
+
+def test_a_running_game_is_planned_to_the_goal_its_worker_was_started_with(fleet) -> None:
+    # cart1's goal was raised to 6,000 episodes without --restart: its worker still stops at
+    # the 3,000 it was started with (the change waits for its next start), but the plan gave it
+    # 9.5 h to 6,000 and kept cart3 waiting for them.
+    context, _ = fleet
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        game = read_game(session, "cart1")
+        run_id = create_run(session, game.id, context.daemon.boot_pk, now)
+        log = context.settings.game_dir("cart1") / "logs" / f"run-{run_id:06d}.log"
+        log.parent.mkdir(parents=True)
+        launch = launch_spec(game, context.settings, 1, TierDefaults(num_envs=32, batch_size=64))
+        log.with_suffix(".spec.json").write_text(RunSpec(**launch.to_dict(), run_id=run_id).to_json())
+        update_run_spawned(session, run_id, 4242, 0.0, [], str(log))
+        update_game_settings(session, "cart1", {"target_episodes": 6_000}, now)
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour
+    games = {g["name"]: g for g in get(context)["games"]}
+    assert games["cart1"]["goal"]["target"] == 3_000 and games["cart1"]["eta_hours"] == pytest.approx(4.5 * 48 / 47)
+    assert games["cart3"]["start_hours"] == pytest.approx(4.5 * 48 / 47)
