@@ -210,7 +210,16 @@ def test_a_game_that_wants_no_slot_is_not_called_stalled_but_named_as_fleetd_pla
     goal = {"kind": "episodes", "target": 1000, "done": 10, "remaining": 990}
     off = {"name": "g", "state": state, "plan_state": "off", "goal": goal, "eta_hours": None}
     assert eta_cell(off) == state
-    assert eta_cell({**off, "state": "running", "plan_state": "running"}) == "stalled"  # no recent progress
+    assert eta_cell({**off, "state": "running", "plan_state": "running", "start_hours": 0}) == "no rate yet"
+
+
+def test_a_game_without_an_eta_is_not_called_stalled_but_says_why_it_has_none() -> None:
+    # Both were "stalled (no recent progress)": the plan gives every game with a rate an ETA,
+    # so a game without one either has no slot in the plan or nothing measured a rate yet.
+    goal = {"kind": "episodes", "target": 1000, "done": 0, "remaining": 1000}
+    waiting = {"name": "g", "state": "pending", "plan_state": "pending", "goal": goal, "eta_hours": None, "start_hours": None}
+    assert eta_cell(waiting) == "no slot"  # behind a game without a goal, which holds its slot for good
+    assert eta_cell({**waiting, "state": "running", "plan_state": "running", "start_hours": 0}) == "no rate yet"
 
 
 

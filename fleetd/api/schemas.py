@@ -455,7 +455,8 @@ class RungPlanOut(Out):
     rung: str
     games: int
     num_envs: int
-    proven: bool
+    proven: bool  # for the games planned there
+    proven_games: int  # the most games that ran a full stable window there (0: unproven)
     current: bool
     training_hours: float | None
     downtime_hours: float | None

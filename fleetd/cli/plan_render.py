@@ -79,11 +79,17 @@ def what_if_table(document: dict[str, Any]) -> Table:
     for name in ("rung", "proven", "slots", "envs/game", "hours", "days", "cost"):
         table.add_column(name, justify="left" if name in ("rung", "proven") else "right")
     for rung in document["what_if"]:
-        proven = ("yes" if rung["proven"] else "no") + (", here" if rung["current"] else "" if rung["proven"] else ", next to probe")
-        table.add_row(rung["rung"], proven, str(rung["games"]), str(rung["num_envs"]), hours(rung["hours_to_all_goals"]),
+        table.add_row(rung["rung"], _proven(rung), str(rung["games"]), str(rung["num_envs"]), hours(rung["hours_to_all_goals"]),
                       days(rung["hours_to_all_goals"]), money(rung["cost_to_all_goals"], currency))  # fmt: skip
     table.caption = "rates scale with envs per game; reboot downtime as the host's log has it"
     return render.none_if_empty(table)
+
+
+def _proven(rung: dict[str, Any]) -> str:
+    """Yes for the games planned there; else with how many it was proven, if any."""
+    games = rung.get("proven_games", 0)
+    proven = "yes" if rung["proven"] else f"{games} of {rung['games']} games" if games else "no"
+    return proven + (", here" if rung["current"] else "" if games else ", next to probe")
 
 
 def error_table(error: dict[str, Any]) -> Table:

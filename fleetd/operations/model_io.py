@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -166,10 +166,13 @@ def _add_with_checkpoint(db: Database, clock: Clock, catalog: EnvCatalog, draft:
         raise
     steps = int(staged_ckpt.name.removeprefix("ckpt-"))
     with db.transaction() as session:
+        # Its steps are the model's from now, not from its first run's report: a goal in steps
+        # counts them (the plan of a game still waiting for a slot, `fleetd games list`).
+        game_store.update_game_resumed(session, draft.name, steps)
         create_event(session, clock.now(), "game_imported",
                      f"{draft.name}: imported a {draft.algo.upper()} model at {steps} steps; it resumes from there",
                      game=draft.name, details={"steps": steps, "checkpoint": str(target)})
-    return game
+    return replace(game, steps=steps)
 
 
 # -- export -----------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Pure: a snapshot of the fleet in, a plan out; no store, no clock. Running games train at their
 measured rates; when one reaches its goal, its slot goes to the next pending game in the
-governor's admission order (priority, then age); a pending game's rate is estimated from its own
-history if it ran before, else from running games of the same env and algorithm at the same envs
-per game, else from the rung's per-game rate; the plan names the estimate it used.
+governor's admission order (priority, then place in the queue); a pending game's rate is
+estimated from its own history if it ran before, else from running games of the same env and
+algorithm at the same envs per game, else from the rung's per-game rate; the plan names the
+estimate it used.
 
 The simulation runs in training hours. Reboots stop every game alike, so the plan's wall hours
 are its training hours over the share of time the host is up (`Downtime`); the difference is
@@ -54,11 +55,12 @@ class PlanGame:
     env_id: str
     algo: str
     priority: int
-    created_at: datetime
+    queue_position: datetime  # its place among its priority: created, or yielded on a plateau (GameRecord.queue_position)
     state: PlanState
     goal: Goal | None
     rates: Rates = Rates()  # its own, measured at `envs_measured` envs per game
     num_envs: int | None = None  # its own envs per game (a hyperparameter); None: the rung's
+    admitted_at: datetime | None = None  # when it got the slot it holds (running)
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ class RungOption:
     label: str  # games x envs per game, e.g. "4x64 (medium)"
     games: int
     num_envs: int
-    proven: bool = True
+    proven: bool = True  # for the games planned there
     current: bool = True
+    proven_games: int = 0  # the most games that ran a full stable window there (0: unproven)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class PlanInput:
     envs_measured: int  # envs per game of the rung the rates were measured at
     downtime: Downtime = NO_DOWNTIME
     price_per_host_hour: float | None = None  # None: no price set, no money shown
+    games_now: int | None = None  # the games of the rung the governor stands at; None: `rung`'s
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,7 @@ class Scheduled:
 def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
     """Running games first (they hold their slots), then pending ones as the governor admits them."""
     running = [g for g in games if g.state is PlanState.RUNNING]
-    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=lambda g: (-g.priority, g.created_at, g.name))
+    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=lambda g: (-g.priority, g.queue_position, g.name))
     return running + pending
 
 
@@ -253,8 +257,25 @@ def charged_hours(placed: dict[str, Scheduled]) -> dict[float, float]:
 # -- the plan ----------------------------------------------------------------------------------
 
 
+def shed(snapshot: PlanInput) -> PlanInput:
+    """At a rung with fewer slots than the one the governor stands at, the running games beyond
+    its slots back to pending, as the governor sheds them on stepping down: the lowest priority
+    first, the newest admission among equals. Only the governor's own slots count: games running
+    beyond them (a cluster's other hosts) keep theirs."""
+    running = [g for g in snapshot.games if g.state is PlanState.RUNNING]
+    now = snapshot.rung.games if snapshot.games_now is None else snapshot.games_now
+    excess = min(len(running), now) - snapshot.rung.games
+    if excess <= 0:
+        return snapshot
+    kept = sorted(running, key=lambda g: (-g.priority, g.admitted_at or snapshot.now))  # snapshot order among equals
+    gone = {g.name for g in kept[len(kept) - excess :]}
+    games = tuple(replace(g, state=PlanState.PENDING) if g.name in gone else g for g in snapshot.games)
+    return replace(snapshot, games=games)
+
+
 def plan(snapshot: PlanInput) -> Plan:
-    pool = RatePool.of(snapshot)
+    pool = RatePool.of(snapshot)  # what runs now measures, shed or not
+    snapshot = shed(snapshot)
     estimates = {g.name: rate_at_rung(g, snapshot, pool) for g in snapshot.games}
     placed = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
     charged = charged_hours(placed) if snapshot.price_per_host_hour is not None else {}

@@ -9,10 +9,12 @@ from fleetd.governor.core import Governor
 from fleetd.planning.queue import RungOption
 
 
-def option(governor: Governor, index: int) -> RungOption:
-    rung = governor.ladder[index]
-    proven = governor.remembered(index).proven
-    return RungOption(rung.label, rung.games, rung.num_envs, proven, index == governor.index())
+def option(governor: Governor, index: int, wanting: int) -> RungOption:
+    """Proven: for as many games as the plan runs there (a rung proven with 2 games wanting is
+    no proof of its 4: those join one a stable window); `proven_games` says with how many."""
+    rung, games = governor.ladder[index], governor.proven_games(index)
+    proven = games > 0 and games >= min(rung.games, wanting)
+    return RungOption(rung.label, rung.games, rung.num_envs, proven, index == governor.index(), games)
 
 
 def what_if_rungs(governor: Governor, wanting: int) -> list[RungOption]:
@@ -24,14 +26,14 @@ def what_if_rungs(governor: Governor, wanting: int) -> list[RungOption]:
     highest = max(chosen)
     load = governor.ladder[highest].load_for(wanting)
     probe = next((i for i in range(highest + 1, top + 1) if governor.ladder[i].load_for(wanting) > load), None)
-    return [option(governor, i) for i in sorted(chosen | ({probe} if probe is not None else set()))]
+    return [option(governor, i, wanting) for i in sorted(chosen | ({probe} if probe is not None else set()))]
 
 
-def named_rung(governor: Governor, name: str) -> RungOption:
+def named_rung(governor: Governor, name: str, wanting: int) -> RungOption:
     """A tier's name (its rung) or a rung as GAMESxENVS; an error lists the ladder otherwise."""
     for index, rung in enumerate(governor.ladder):
         if name in (rung.tier, f"{rung.games}x{rung.num_envs}", rung.label):
-            return option(governor, index)
+            return option(governor, index, wanting)
     known = ", ".join(r.label for r in governor.ladder)
     # Not found, not invalid: any name is a well-formed query; this ladder just lacks it.
     raise FleetdError(ErrorCode.NOT_FOUND, f"rung {name!r} is not on this host's ladder; name a tier or one of: {known}",

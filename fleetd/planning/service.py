@@ -7,8 +7,9 @@ there at every change), so the route and the job need nothing of that thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from fleetd.config import Settings
@@ -21,13 +22,14 @@ from fleetd.planning.goals import Goal, goal_of
 from fleetd.planning.projection import RATE_WINDOW, RebootCost, reboot_cost, recent_rate_per_hour
 from fleetd.planning.queue import Plan, PlanGame, PlanInput, PlanState, Rates, plan, what_if
 from fleetd.planning.rungs import named_rung, option, what_if_rungs
-from fleetd.states import State, wants_slot
+from fleetd.states import LIVE, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store import plans as plan_store
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, PlanPrediction
 from fleetd.store.samples import read_samples
+from workers.protocol.spec import RunSpec, SpecError
 
 
 @dataclass(frozen=True)
@@ -67,13 +69,28 @@ def own_rates(session: Any, game: GameRecord) -> Rates:
     return Rates(rates["episodes"], rates["steps"])
 
 
+def started_goals(game: GameRecord) -> GameRecord:
+    """A live worker trains to the goals its run was started with: a goal set since is pending
+    until its next start (docs/operations.md, Changing a game). Its run spec, beside its log,
+    says them; the stored goals where it cannot be read (they are what its next start gets)."""
+    run = game.current_run
+    if game.state not in LIVE or run is None or run.log_path is None:
+        return game
+    try:
+        spec = RunSpec.load(Path(run.log_path).with_suffix(".spec.json"))
+    except SpecError:
+        return game
+    return replace(game, total_timesteps=spec.total_timesteps, target_episodes=spec.target_episodes)
+
+
 def plan_game(session: Any, game: GameRecord) -> PlanGame:
-    goal = goal_of(game)
-    state = plan_state(game, goal)
+    game = started_goals(game)
+    state = plan_state(game, goal_of(game))
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
+    goal = goal_of(game, rates.per_hour)  # of two goals, the one its rates reach first
     envs = game.hyperparams.get("num_envs")
-    return PlanGame(game.name, game.env_id, game.algo, game.priority, game.created_at, state, goal, rates,
-                    envs if isinstance(envs, int) else None)  # fmt: skip
+    return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
+                    envs if isinstance(envs, int) else None, game.admitted_at)  # fmt: skip
 
 
 def stored_governor(session: Any, settings: Settings, now: datetime) -> Governor:
@@ -112,11 +129,11 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
         games = tuple(plan_game(session, game) for game in records)
         governor = stored_governor(session, settings, now)
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
-    here = option(governor, governor.index())
-    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings))
-    base = plan(snapshot)
-    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung)])[0]
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
+    here = option(governor, governor.index(), wanting)
+    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games)
+    base = plan(snapshot)
+    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung, wanting)])[0]
     others = what_if(snapshot, what_if_rungs(governor, wanting))
     eta_now = {g.name: g.end_at(now) for g in base.games}
     errors = plan_errors(predictions, eta_now, now, horizon, {g.name: g.created_at for g in records})

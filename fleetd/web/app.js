@@ -464,7 +464,12 @@
     if (projection.plan_state === 'off') return h('td', { class: 'r muted', title: 'not planned: it wants no slot' }, projection.state);
     if (!projection.goal) return h('td', { class: 'r muted' }, 'no goal');
     if (projection.goal.remaining <= 0) return h('td', { class: 'r ok' }, 'done');
-    if (!isNum(projection.eta_hours)) return h('td', { class: 'r muted', title: 'no recent progress' }, 'stalled');
+    // No ETA: the plan gives it no slot (games without a goal hold theirs for good), or nothing
+    // has measured a rate yet; a game with a rate, however old, has an ETA.
+    if (!isNum(projection.eta_hours) && !isNum(projection.start_hours)) {
+      return h('td', { class: 'r muted', title: 'no slot in the plan: games without a goal hold theirs' }, 'no slot');
+    }
+    if (!isNum(projection.eta_hours)) return h('td', { class: 'r muted', title: 'no game has reported a rate yet' }, 'no rate yet');
     return h('td', { class: 'r num', title: projection.eta_at ? 'at ' + fmtTime(projection.eta_at) : '' }, fmtHours(projection.eta_hours));
   }
 

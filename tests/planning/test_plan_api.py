@@ -4,6 +4,7 @@ predictions judged once a game reaches its goal."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,17 @@ from rich.console import Console
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
 from fleetd.cli.plan_render import plan_view
+from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
-from fleetd.store.games import create_game, delete_game, update_game_state
-from fleetd.store.records import GameDraft
+from fleetd.store.fleet import save_rung
+from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
+from fleetd.store.health import update_game_queued
+from fleetd.store.records import GameDraft, ProgressSnapshot, RungMemory
+from fleetd.store.runs import create_run, update_run_spawned
+from fleetd.supervision.spec import launch_spec
 from tests.planning.helpers import TOKEN, govern, progress
+from workers.protocol.spec import RunSpec, TierDefaults
 
 
 def get(context: AppContext, query: str = "") -> dict:
@@ -193,3 +200,117 @@ def test_a_goal_past_the_year_9999_has_hours_but_no_date(fleet) -> None:
     console = Console(record=True, width=200)
     console.print(plan_view(body))
     assert "forever" in console.export_text()
+
+
+def test_a_game_that_gave_its_slot_up_on_a_plateau_is_planned_behind_its_priority(fleet) -> None:
+    # The plan queued by creation: cart3, which gave its slot up (queued again later than cart4
+    # was created), was planned first while the governor admits cart4 first.
+    context, _ = fleet
+    with context.db.transaction() as session:
+        create_game(session, GameDraft("cart4", "CartPole-v1", "ppo", target_episodes=3_000), context.clock.now() + timedelta(seconds=10))
+        update_game_queued(session, "cart3", context.clock.now() + timedelta(minutes=1))
+    progress(context, "cart1", 300, 30)  # 600 episodes an hour: ends in 4.5 h
+    progress(context, "cart2", 600, 30)  # 1,200 an hour: ends in 2 h
+    body = get(context)
+    assert [g["name"] for g in body["games"] if g["plan_state"] == "pending"] == ["cart4", "cart3"]
+    games = {g["name"]: g for g in body["games"]}
+    assert games["cart4"]["start_hours"] < games["cart3"]["start_hours"]
+
+
+def test_a_game_with_both_goals_is_planned_to_the_first_it_reaches_and_done_at_it(fleet) -> None:
+    # Its worker stops at either goal: the plan had 4.5 h to its episodes goal where its steps
+    # goal ends it in 20 min, and once it stopped there called it "off" (ended without its goal),
+    # so its predictions were never judged.
+    context, controller = fleet
+    with context.db.transaction() as session:
+        update_game_settings(session, "cart1", {"total_timesteps": 100_000}, context.clock.now())
+    args = (context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at)
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes, 120,000 steps an hour; 60,000 steps done
+    cart1 = next(g for g in get(context)["games"] if g["name"] == "cart1")
+    assert cart1["goal"] == {"kind": "timesteps", "target": 100_000, "done": 60_000, "remaining": 40_000}
+    assert cart1["rate_per_hour"] == pytest.approx(120_000) and cart1["eta_hours"] == pytest.approx(40 / 120 * 48 / 47)
+    record_plan(*args, context.clock.now())
+    context.clock.advance(1200)
+    with context.db.transaction() as session:
+        update_games_progress(session, {"cart1": ProgressSnapshot(100_000, 500, None, None, None, context.clock.now())})
+        update_game_state(session, "cart1", State.EXITED, "completed: goal reached", context.clock.now())
+    govern(controller, context.db)
+    record_plan(*args, context.clock.now())
+    body = get(context)
+    cart1 = next(g for g in body["games"] if g["name"] == "cart1")
+    assert (cart1["plan_state"], cart1["goal"]["kind"], cart1["goal"]["remaining"]) == ("done", "timesteps", 0)
+    assert next(e for e in body["error"]["games"] if e["game"] == "cart1")["finished"]
+
+
+def test_a_rung_with_fewer_slots_than_the_games_running_plans_them_one_at_a_time(fleet) -> None:
+    # At 1x32 the plan kept both running games in slots 0 and 1 of its one slot.
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour: 4.5 h left each
+    body = get(context, "?rung=1x32")
+    games = {g["name"]: g for g in body["games"]}
+    assert (body["fleet"]["slots"], body["fleet"]["running_games"], body["fleet"]["pending_games"]) == (1, 1, 2)
+    assert (games["cart1"]["plan_state"], games["cart2"]["plan_state"]) == ("running", "pending")
+    assert games["cart2"]["start_hours"] == pytest.approx(4.5 * 48 / 47)
+    assert body["fleet"]["training_hours"] == pytest.approx(4.5 + 4.5 + 5)
+
+
+def test_a_rung_proven_with_fewer_games_than_the_plan_runs_there_is_not_called_proven(fleet) -> None:
+    # medium (4 games) was proven while 2 games wanted a slot: the what-if ran 6 games' plan on
+    # its 4 slots and called it "proven", which the governor's memory says it is not.
+    context, _ = fleet
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        for i in range(4, 7):
+            create_game(session, GameDraft(f"cart{i}", "CartPole-v1", "ppo", target_episodes=3_000), now + timedelta(seconds=i))
+        save_rung(session, RungMemory(2, 32, proven_at=now - timedelta(days=2), proven_games=2, stable_s=7200))
+        save_rung(session, RungMemory(4, 64, proven_at=now - timedelta(days=1), proven_games=2, stable_s=7200))
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    body = get(context)
+    assert {w["rung"]: w["proven"] for w in body["what_if"]} == {"2x32 (light)": True, "4x64 (medium)": False, "6x48": False}
+    assert [(w["proven_games"], w["current"]) for w in body["what_if"]] == [(2, True), (2, False), (0, False)]
+    assert get(context, "?rung=medium")["what_if"] == body["what_if"]
+    console = Console(width=200, record=True)
+    console.print(plan_view(body))
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in console.export_text().splitlines()
+            if line.startswith("│") and "x" in line.split("│")[1]}  # fmt: skip
+    assert (rows["2x32 (light)"], rows["4x64 (medium)"], rows["6x48"]) == ("yes, here", "2 of 4 games", "no, next to probe")
+
+
+def test_an_imported_model_waiting_for_a_slot_is_planned_from_its_own_steps(fleet, tmp_path: Path) -> None:
+    # Imported at 900,000 of 1,000,000 steps: while it waited the plan counted 0 done (the game's
+    # steps came from its first run's report) and gave it ten times the hours it needs.
+    context, _ = fleet
+    staged = tmp_path / "staged" / "ckpt-900000"
+    staged.mkdir(parents=True)
+    draft = GameDraft("imported", "CartPole-v1", "ppo", total_timesteps=1_000_000)
+    game = _add_with_checkpoint(context.db, context.clock, context.catalog, draft, staged, tmp_path / "games" / "imported")
+    assert game.steps == 900_000
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 120,000 steps an hour
+    imported = next(g for g in get(context)["games"] if g["name"] == "imported")
+    assert (imported["plan_state"], imported["goal"]["done"], imported["goal"]["remaining"]) == ("pending", 900_000, 100_000)
+
+
+def test_a_running_game_is_planned_to_the_goal_its_worker_was_started_with(fleet) -> None:
+    # cart1's goal was raised to 6,000 episodes without --restart: its worker still stops at
+    # the 3,000 it was started with (the change waits for its next start), but the plan gave it
+    # 9.5 h to 6,000 and kept cart3 waiting for them.
+    context, _ = fleet
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        game = read_game(session, "cart1")
+        run_id = create_run(session, game.id, context.daemon.boot_pk, now)
+        log = context.settings.game_dir("cart1") / "logs" / f"run-{run_id:06d}.log"
+        log.parent.mkdir(parents=True)
+        launch = launch_spec(game, context.settings, 1, TierDefaults(num_envs=32, batch_size=64))
+        log.with_suffix(".spec.json").write_text(RunSpec(**launch.to_dict(), run_id=run_id).to_json())
+        update_run_spawned(session, run_id, 4242, 0.0, [], str(log))
+        update_game_settings(session, "cart1", {"target_episodes": 6_000}, now)
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour
+    games = {g["name"]: g for g in get(context)["games"]}
+    assert games["cart1"]["goal"]["target"] == 3_000 and games["cart1"]["eta_hours"] == pytest.approx(4.5 * 48 / 47)
+    assert games["cart3"]["start_hours"] == pytest.approx(4.5 * 48 / 47)

@@ -32,6 +32,18 @@ def test_the_goal_is_episodes_when_set_else_steps() -> None:
     assert goal_of(game("d")) is None and goal_of(game("e", episodes=40, target=30)).remaining == 0
 
 
+def test_of_two_goals_the_one_the_worker_stops_at() -> None:
+    # The worker stops at the first goal it reaches: 20 episodes left at 10 an hour (2 h), or
+    # 500 steps at 1,000 an hour (0.5 h). The plan had the episodes goal, hours too late.
+    both = game("a", episodes=10, steps=500, target=30, total=1_000)
+    rates = {GoalUnit.EPISODES: 10.0, GoalUnit.TIMESTEPS: 1_000.0}
+    assert goal_of(both, rates.get) == Goal(GoalUnit.TIMESTEPS, 1_000, 500)
+    assert goal_of(both, {GoalUnit.EPISODES: 10.0, GoalUnit.TIMESTEPS: 100.0}.get).kind is GoalUnit.EPISODES
+    assert goal_of(both, {GoalUnit.EPISODES: 10.0}.get).kind is GoalUnit.EPISODES  # no step rate: cannot tell
+    # Either goal reached is the goal: the game is done.
+    assert goal_of(game("b", episodes=10, steps=1_000, target=30, total=1_000)) == Goal(GoalUnit.TIMESTEPS, 1_000, 1_000)
+
+
 def test_recent_rate_from_samples() -> None:
     points = [(EPOCH, 1_000.0), (EPOCH + timedelta(minutes=30), 1_450.0)]
     assert recent_rate_per_hour(points, fallback=5.0) == 900.0

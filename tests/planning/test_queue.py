@@ -182,3 +182,21 @@ def test_priority_then_age_decides_who_waits() -> None:
              game("young_urgent", 10, rate=10.0, age_s=2, priority=5)]  # fmt: skip
     result = by_name(plan(snapshot(games, slots=1)))
     assert (result["young_urgent"].start_h, result["old"].start_h) == pytest.approx((1, 2))
+
+
+def test_a_rung_with_fewer_slots_sheds_the_games_beyond_them_as_the_governor_does() -> None:
+    # Four games run at 4x64, an hour left each. At 2x32 the plan kept all four running at
+    # once at half the rate (2 h for all): the governor runs two, the others wait (4 h).
+    games = [replace(game(name, 64, RUNNING, 64.0, priority=1 if name == "d" else 0), admitted_at=EPOCH + timedelta(minutes=i))
+             for i, name in enumerate("abcd")]  # fmt: skip
+    now = replace(snapshot(games, slots=4, envs=64), envs_measured=64, games_now=4)
+    here, light = what_if(now, [RungOption("4x64", 4, 64), RungOption("2x32", 2, 32)])
+    assert here.hours_to_all_goals == pytest.approx(1)
+    # Shed: the lowest priority first, the newest admission among equals (c, then b); d stays.
+    result = by_name(light)
+    assert {n: (g.state, g.start_h, g.end_h) for n, g in result.items()} == {
+        "a": (RUNNING, 0, 2), "d": (RUNNING, 0, 2), "b": (PENDING, 2, 4), "c": (PENDING, 2, 4),
+    }  # fmt: skip
+    assert light.hours_to_all_goals == pytest.approx(4) and sorted(g.slot for g in light.games) == [0, 0, 1, 1]
+    # Games beyond the governor's own slots (a cluster's other hosts) keep theirs: none is shed.
+    assert plan(replace(now, rung=RungOption("4x64", 4, 64), games_now=2)).hours_to_all_goals == pytest.approx(1)

@@ -82,7 +82,8 @@ def _fleet_out(result: Plan, price: float) -> FleetProjectionOut:
 def _rung_out(result: Plan) -> RungPlanOut:
     rung = result.rung
     return RungPlanOut(
-        rung=rung.label, games=rung.games, num_envs=rung.num_envs, proven=rung.proven, current=rung.current,
+        rung=rung.label, games=rung.games, num_envs=rung.num_envs, proven=rung.proven, proven_games=rung.proven_games,
+        current=rung.current,
         training_hours=result.training_hours, downtime_hours=result.downtime_hours,
         hours_to_all_goals=result.hours_to_all_goals, cost_to_all_goals=result.cost_to_all_goals,
     )  # fmt: skip
