@@ -32,7 +32,7 @@ from fleetd.games.settings import (
 from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
-from fleetd.states import REMOVABLE, Desired
+from fleetd.states import DONE, REMOVABLE, Desired
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.records import GameDraft, GameRecord
@@ -145,7 +145,9 @@ def _plan_update(entry: FleetGame, game: GameRecord, changes: list[SettingChange
     pending = [change for change in workers.pending(after) if change.field not in changed]  # an earlier change's
     if not changes:
         return _plan_unchanged(entry.name, pending, again)
-    return GamePlan(entry.name, "update", changes, note=_when(changes, pending, again, asked), restarting=again)
+    ended = game if entry.desired is Desired.RUNNING and game.state in DONE else None
+    return GamePlan(entry.name, "update", changes, note=_when(changes, pending, again, asked, ended),
+                    restarting=again)
 
 
 def _plan_unchanged(name: str, pending: list[SettingChange], again: bool) -> GamePlan:
@@ -167,11 +169,14 @@ PRIORITY_NOTE = ("priority takes effect at the governor's next step: it orders t
 DESIRED_NOTE = {Desired.RUNNING: "it starts at the supervisor's next turn where a slot is free, else waits pending",
                 Desired.STOPPED: "it stops at the supervisor's next turn, from a final checkpoint"}
 HEALTH_NOTE = "health settings take effect at its next learning-health evaluation, with no restart"
+ENDED_NOTE = "it stays {state}: an apply does not start it again; `fleetd games start {name}` does"
 
 
-def _when(changes: list[SettingChange], pending: list[SettingChange], again: bool, asked: bool) -> str:
+def _when(changes: list[SettingChange], pending: list[SettingChange], again: bool, asked: bool,
+          ended: GameRecord | None = None) -> str:
     """What the plan says of an update: the worker's settings wait for a start (unless restarted:
-    asked, or new sizes, which only a restart applies); priority and health settings do not."""
+    asked, or new sizes, which only a restart applies); priority and health settings do not.
+    `ended`: a FATAL or EXITED game the file wants running, which only `games start` starts again."""
     effects = {change.takes_effect for change in changes}
     said = []
     if AT_START in effects or again or pending:
@@ -181,6 +186,8 @@ def _when(changes: list[SettingChange], pending: list[SettingChange], again: boo
         said.append(training)
     said += [HEALTH_NOTE] if AT_EVALUATION in effects else []
     said += [PRIORITY_NOTE] if AT_GOVERNOR_STEP in effects else []
+    if ended is not None:
+        return "; ".join(said + [ENDED_NOTE.format(state=ended.state, name=ended.name)])
     return "; ".join(said) or DESIRED_NOTE[changes[-1].new]
 
 

@@ -230,3 +230,29 @@ def test_the_plan_of_a_health_setting_says_it_needs_no_start(loop: Loop) -> None
     assert [c["takes_effect"] for c in plan["changes"]] == ["next_evaluation"]
     stop = put_spec(client, CART | {"health_settings": {"on_plateau": "yield"}, "desired": "stopped"})["games"][0]
     assert stop["note"] == "it stops at the supervisor's next turn, from a final checkpoint"
+
+
+def test_the_plan_of_a_fatal_game_says_it_stays_fatal_as_the_supervisor_keeps_it(loop: Loop) -> None:
+    """Applying a fixed entry, or desired `running` after `games stop`, to a FATAL game said
+    "settings apply at its next start" and "it starts at the supervisor's next turn": it stayed
+    FATAL, as documented; only `games start` clears it. The plan says that now."""
+    loop.launcher.fail_games.add("cart")
+    loop.add("cart")
+    loop.start()
+    for _ in range(200):
+        loop.steps()
+        if loop.state("cart") is State.FATAL:
+            break
+    assert loop.state("cart") is State.FATAL
+    loop.launcher.fail_games.discard("cart")
+    client = stepping_client(loop, SteppingPort(loop))
+    stays = "it stays fatal: an apply does not start it again; `fleetd games start cart` does"
+    fixed = put_spec(client, CART | {"target_episodes": 10})["games"][0]
+    assert fixed["note"] == f"settings apply at its next start; {stays}"
+    assert client.post("/api/v1/games/cart/stop").status_code == 202
+    assert plan_lines(put_spec(client, CART | {"target_episodes": 10})) == [
+        f"update  cart: desired stopped -> running; {stays}"]
+    loop.steps(5)
+    assert loop.state("cart") is State.FATAL  # what the plan says
+    assert client.post("/api/v1/games/cart/start").status_code == 202
+    assert loop.state("cart") is State.STARTING
