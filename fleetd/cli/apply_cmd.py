@@ -82,7 +82,11 @@ def apply(
 
 def plan_lines(result: dict[str, Any]) -> list[str]:
     lines = [_plan_line(game) for game in result["games"]]
-    if not result["changed"]:
+    waiting = result.get("waiting") or []  # an older daemon's answer has none
+    if not result["changed"] and waiting:
+        lines.append(f"no change now: {', '.join(waiting)} still stopping; apply again once stopped to remove "
+                     f"{'it' if len(waiting) == 1 else 'them'}")
+    elif not result["changed"]:
         lines.append("no change: the fleet matches the file")
     elif result["dry_run"]:
         lines.append("dry run: nothing was changed")

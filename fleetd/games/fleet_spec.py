@@ -32,7 +32,7 @@ from fleetd.games.settings import (
 from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
-from fleetd.states import DONE, REMOVABLE, Desired
+from fleetd.states import DONE, REMOVABLE, Desired, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.records import GameDraft, GameRecord
@@ -88,6 +88,7 @@ class GamePlan:
     changes: list[SettingChange] = field(default_factory=list)
     note: str = ""
     restarting: bool = False
+    waiting: bool = False  # marked absent, still stopping: removed by an apply once stopped
 
 
 # -- planning ----------------------------------------------------------------------------------
@@ -224,7 +225,9 @@ def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
     if game.state in REMOVABLE and game.current_run is None:
         return GamePlan(name, "remove", note=f"removed; its files kept (it was {game.state})")
     if game.desired is Desired.STOPPED:
-        return GamePlan(name, "none", note=f"absent: {game.state}, stopping; apply again once stopped to remove it")
+        still = "stopping" if game.state is State.STOPPING else f"{game.state}, stopping"
+        return GamePlan(name, "none", note=f"absent: still {still}; apply again once stopped to remove it",
+                        waiting=True)
     change = SettingChange("desired", game.desired.value, Desired.STOPPED.value)
     return GamePlan(name, "stop", [change], note="stopped now (a final checkpoint); apply again once stopped to remove it")
 

@@ -256,3 +256,23 @@ def test_the_plan_of_a_fatal_game_says_it_stays_fatal_as_the_supervisor_keeps_it
     assert loop.state("cart") is State.FATAL  # what the plan says
     assert client.post("/api/v1/games/cart/start").status_code == 202
     assert loop.state("cart") is State.STARTING
+
+
+def test_apply_again_while_an_absent_game_stops_does_not_say_the_fleet_matches(loop: Loop) -> None:
+    """The second apply of `absent = true`, the worker still writing its final checkpoint, ended
+    with "no change: the fleet matches the file" (and `absent: stopping, stopping`), the game
+    still there: a script applying until no change stopped before the removal."""
+    client = running_cart(loop)
+    pid = loop.pid("cart")
+    absent = {"name": "cart", "absent": True}
+    assert put_spec(client, absent)["games"][0]["action"] == "stop"
+    assert loop.state("cart") is State.STOPPING
+    again = put_spec(client, absent)
+    assert (again["changed"], again["waiting"]) == (False, ["cart"])
+    assert plan_lines(again) == ["none    cart: absent: still stopping; apply again once stopped to remove it",
+                                 "no change now: cart still stopping; apply again once stopped to remove it"]
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    removed = put_spec(client, absent)
+    assert removed["games"][0]["action"] == "remove" and removed["waiting"] == []
+    assert plan_lines(put_spec(client, absent))[-1] == "no change: the fleet matches the file"
