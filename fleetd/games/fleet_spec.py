@@ -321,7 +321,19 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
     return ("[[games]] in the config is not applied: this database already had games, and [[games]] seeds only "
             f"a database that never had any. {found[0].upper() + found[1:]}. To apply them: put these entries in a "
             "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the "
-            f"config{_desired_applied(held, seeds)}")
+            f"config{_identity_refused(held, seeds)}{_desired_applied(held, seeds)}")
+
+
+def _identity_refused(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
+    """An entry with another env_id or algo than its game's is refused by `fleetd apply` (409),
+    the whole file with it: said, with what to do instead."""
+    names = [seed.name for seed in seeds if seed.name in held
+             and (held[seed.name].env_id, held[seed.name].algo) != (seed.env_id, seed.algo)]
+    if not names:
+        return ""
+    return (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
+            "the game's is never changed in place (its checkpoints are of those); give such an entry another name, "
+            "or remove the game first (`fleetd games rm`)")
 
 
 def _desired_applied(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
