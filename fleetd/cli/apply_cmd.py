@@ -14,6 +14,7 @@ from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_pa
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
 
+ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
 RestartOption = Annotated[bool, typer.Option(
@@ -208,6 +209,8 @@ def settings_text(name: str, game: dict[str, Any], asked: bool) -> str:
         when = when_taken(effects, False)
     else:
         return f"{name}: no change"
+    if AT_START in effects and game.get("state") in ENDED:  # only `games start` starts it again
+        when += f"; it stays {game['state']}: `fleetd games start {name}` starts it again"
     return f"{name}: {listed(game['changes']) or 'no change'}; {when}"
 
 

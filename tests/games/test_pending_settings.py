@@ -249,6 +249,12 @@ def test_the_plan_of_a_fatal_game_says_it_stays_fatal_as_the_supervisor_keeps_it
     stays = "it stays fatal: an apply does not start it again; `fleetd games start cart` does"
     fixed = put_spec(client, CART | {"target_episodes": 10})["games"][0]
     assert fixed["note"] == f"settings apply at its next start; {stays}"
+    assert settings_text("cart", patch(client, {"target_episodes": 20}), asked=False) == (
+        "cart: target_episodes 10 -> 20; applied at its next start; it stays fatal: `fleetd games start cart` "
+        "starts it again")
+    assert settings_text("cart", patch(client, {"priority": 1}), asked=False) == (
+        "cart: priority 0 -> 1; priority at the governor's next step")
+    put_spec(client, CART | {"target_episodes": 10})
     assert client.post("/api/v1/games/cart/stop").status_code == 202
     assert plan_lines(put_spec(client, CART | {"target_episodes": 10})) == [
         f"update  cart: desired stopped -> running; {stays}"]
