@@ -156,3 +156,14 @@ def test_the_advice_to_apply_says_which_stopped_games_that_would_start(starts: S
     [note] = starts.start(kept.replace("priority = 1", "priority = 5"))
     assert note.endswith('Applied as they are, the entries also stop pong, running in the database: their entries '
                          'say desired = "stopped"'), note
+
+
+def test_the_advice_to_apply_says_that_another_env_is_refused(starts: Starts) -> None:
+    """An entry edited to another env_id was named among "other settings" with the advice to
+    `fleetd apply` it, which refuses it (409: never changed in place), and the whole file with it."""
+    assert starts.start(CART) == []
+    [note] = starts.start(CART.replace('env_id = "CartPole-v1"', 'env_id = "Acrobot-v1"'))
+    assert "Held with other settings (database -> config): cart (env_id CartPole-v1 -> Acrobot-v1)" in note
+    assert note.endswith("or take them out of the config. `fleetd apply` refuses the entries of cart as they are: "
+                         "another env_id or algo than the game's is never changed in place (its checkpoints are of "
+                         "those); give such an entry another name, or remove the game first (`fleetd games rm`)"), note

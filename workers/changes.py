@@ -18,14 +18,10 @@ from typing import Any, Mapping
 
 from stable_baselines3.common.save_util import json_to_data
 
-from workers.protocol.spec import RESUMABLE
-
-# The worker's own keys (the plan applies them to every run) and batch_size (applied after load
-# by `train.apply_batch_size`, which also keeps PPO's minibatch within its rollout).
-NOT_MODEL_KEYS = frozenset({"num_envs", "save_replay_buffer", "replay_buffer_max_bytes",
-                            "schedule_timesteps", "max_episode_steps", "batch_size",
-                            "eval_interval_steps", "eval_episodes"})
-MODEL_KEYS = frozenset(RESUMABLE) - NOT_MODEL_KEYS
+# The keys saved in the model (workers/protocol/spec.py MODEL_KEYS): the worker's own and
+# batch_size (applied after load by `train.apply_batch_size`) are not; fleetd refuses to unset
+# one of them on a trained game, which would keep its saved value (change_refusal).
+from workers.protocol.spec import MODEL_KEYS
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ class GamePlanOut(Out):
 
 class FleetApplyOut(Out):
     dry_run: bool
-    changed: bool = Field(description="false: the fleet already matched the file; nothing was written, "
-                                      "nothing restarts")
+    changed: bool = Field(description="false: nothing was written, nothing restarts: the fleet already matched "
+                                      "the file, unless `waiting` names games")
+    waiting: list[str] = Field(description="games marked absent that are still stopping: an apply once they "
+                                           "have stopped removes them")
     games: list[GamePlanOut] = Field(description="every game the file names, in its order")

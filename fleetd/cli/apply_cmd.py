@@ -14,6 +14,7 @@ from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_pa
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
 
+ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
 RestartOption = Annotated[bool, typer.Option(
@@ -82,7 +83,11 @@ def apply(
 
 def plan_lines(result: dict[str, Any]) -> list[str]:
     lines = [_plan_line(game) for game in result["games"]]
-    if not result["changed"]:
+    waiting = result.get("waiting") or []  # an older daemon's answer has none
+    if not result["changed"] and waiting:
+        lines.append(f"no change now: {', '.join(waiting)} still stopping; apply again once stopped to remove "
+                     f"{'it' if len(waiting) == 1 else 'them'}")
+    elif not result["changed"]:
         lines.append("no change: the fleet matches the file")
     elif result["dry_run"]:
         lines.append("dry run: nothing was changed")
@@ -204,6 +209,8 @@ def settings_text(name: str, game: dict[str, Any], asked: bool) -> str:
         when = when_taken(effects, False)
     else:
         return f"{name}: no change"
+    if AT_START in effects and game.get("state") in ENDED:  # only `games start` starts it again
+        when += f"; it stays {game['state']}: `fleetd games start {name}` starts it again"
     return f"{name}: {listed(game['changes']) or 'no change'}; {when}"
 
 

@@ -32,7 +32,7 @@ from fleetd.games.settings import (
 from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
-from fleetd.states import REMOVABLE, Desired
+from fleetd.states import DONE, REMOVABLE, Desired, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.records import GameDraft, GameRecord
@@ -88,6 +88,7 @@ class GamePlan:
     changes: list[SettingChange] = field(default_factory=list)
     note: str = ""
     restarting: bool = False
+    waiting: bool = False  # marked absent, still stopping: removed by an apply once stopped
 
 
 # -- planning ----------------------------------------------------------------------------------
@@ -145,7 +146,9 @@ def _plan_update(entry: FleetGame, game: GameRecord, changes: list[SettingChange
     pending = [change for change in workers.pending(after) if change.field not in changed]  # an earlier change's
     if not changes:
         return _plan_unchanged(entry.name, pending, again)
-    return GamePlan(entry.name, "update", changes, note=_when(changes, pending, again, asked), restarting=again)
+    ended = game if entry.desired is Desired.RUNNING and game.state in DONE else None
+    return GamePlan(entry.name, "update", changes, note=_when(changes, pending, again, asked, ended),
+                    restarting=again)
 
 
 def _plan_unchanged(name: str, pending: list[SettingChange], again: bool) -> GamePlan:
@@ -167,11 +170,14 @@ PRIORITY_NOTE = ("priority takes effect at the governor's next step: it orders t
 DESIRED_NOTE = {Desired.RUNNING: "it starts at the supervisor's next turn where a slot is free, else waits pending",
                 Desired.STOPPED: "it stops at the supervisor's next turn, from a final checkpoint"}
 HEALTH_NOTE = "health settings take effect at its next learning-health evaluation, with no restart"
+ENDED_NOTE = "it stays {state}: an apply does not start it again; `fleetd games start {name}` does"
 
 
-def _when(changes: list[SettingChange], pending: list[SettingChange], again: bool, asked: bool) -> str:
+def _when(changes: list[SettingChange], pending: list[SettingChange], again: bool, asked: bool,
+          ended: GameRecord | None = None) -> str:
     """What the plan says of an update: the worker's settings wait for a start (unless restarted:
-    asked, or new sizes, which only a restart applies); priority and health settings do not."""
+    asked, or new sizes, which only a restart applies); priority and health settings do not.
+    `ended`: a FATAL or EXITED game the file wants running, which only `games start` starts again."""
     effects = {change.takes_effect for change in changes}
     said = []
     if AT_START in effects or again or pending:
@@ -181,6 +187,8 @@ def _when(changes: list[SettingChange], pending: list[SettingChange], again: boo
         said.append(training)
     said += [HEALTH_NOTE] if AT_EVALUATION in effects else []
     said += [PRIORITY_NOTE] if AT_GOVERNOR_STEP in effects else []
+    if ended is not None:
+        return "; ".join(said + [ENDED_NOTE.format(state=ended.state, name=ended.name)])
     return "; ".join(said) or DESIRED_NOTE[changes[-1].new]
 
 
@@ -217,7 +225,9 @@ def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
     if game.state in REMOVABLE and game.current_run is None:
         return GamePlan(name, "remove", note=f"removed; its files kept (it was {game.state})")
     if game.desired is Desired.STOPPED:
-        return GamePlan(name, "none", note=f"absent: {game.state}, stopping; apply again once stopped to remove it")
+        still = "stopping" if game.state is State.STOPPING else f"{game.state}, stopping"
+        return GamePlan(name, "none", note=f"absent: still {still}; apply again once stopped to remove it",
+                        waiting=True)
     change = SettingChange("desired", game.desired.value, Desired.STOPPED.value)
     return GamePlan(name, "stop", [change], note="stopped now (a final checkpoint); apply again once stopped to remove it")
 
@@ -311,7 +321,19 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
     return ("[[games]] in the config is not applied: this database already had games, and [[games]] seeds only "
             f"a database that never had any. {found[0].upper() + found[1:]}. To apply them: put these entries in a "
             "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the "
-            f"config{_desired_applied(held, seeds)}")
+            f"config{_identity_refused(held, seeds)}{_desired_applied(held, seeds)}")
+
+
+def _identity_refused(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
+    """An entry with another env_id or algo than its game's is refused by `fleetd apply` (409),
+    the whole file with it: said, with what to do instead."""
+    names = [seed.name for seed in seeds if seed.name in held
+             and (held[seed.name].env_id, held[seed.name].algo) != (seed.env_id, seed.algo)]
+    if not names:
+        return ""
+    return (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
+            "the game's is never changed in place (its checkpoints are of those); give such an entry another name, "
+            "or remove the game first (`fleetd games rm`)")
 
 
 def _desired_applied(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:

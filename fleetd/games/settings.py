@@ -96,7 +96,8 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
     check_draft(draft, catalog, prefix)
     for change in changes:
         key = change.field.removeprefix("hyperparams.")
-        why = change_refusal(key, game.algo, trained(game)) if key != change.field else None
+        unset = change.old if change.new is None else None  # an explicit value removed
+        why = change_refusal(key, game.algo, trained(game), unset) if key != change.field else None
         if why is not None:
             refuse_field(f"{prefix}{change.field}", why)
 

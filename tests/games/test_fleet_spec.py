@@ -226,10 +226,30 @@ def test_a_refused_entry_changes_nothing_at_all(client: TestClient, db, clock) -
     put_spec(client, FLEET)
     trained(db, clock)
     before = events(client)
-    bad = [{"name": "new", "env_id": "CartPole-v1"}, CART | {"hyperparams": {"policy": "CnnPolicy"}}]
+    bad = [{"name": "new", "env_id": "CartPole-v1"}, CART | {"hyperparams": {"n_epochs": 4, "policy": "CnnPolicy"}}]
     error = error_of(put_spec(client, bad), 422)
     assert error["details"]["errors"][0]["field"] == "games[1].hyperparams.policy"
     assert client.get("/api/v1/games/new").status_code == 404 and events(client) == before
+
+
+def test_a_model_hyperparameter_of_a_trained_game_is_not_unset_but_refused(client: TestClient, db, clock) -> None:
+    """A resumed model keeps the saved value of a key its spec leaves out (workers/changes.py):
+    deleting `learning_rate = 0.001` from the file planned `0.001 -> default`, and the game
+    trained on at 0.001. Refused now, in a file and a PATCH alike; before training, and for a
+    key the worker applies from the spec each run (batch_size), removing one still works."""
+    lr = CART | {"hyperparams": {"learning_rate": 0.001, "batch_size": 32}}
+    assert actions(put_spec(client, [lr])) == {"cart": "add"}
+    assert actions(put_spec(client, [CART | {"hyperparams": {"batch_size": 32}}], dry_run="true")) == {"cart": "update"}
+    trained(db, clock)
+    before = events(client)
+    error = error_of(put_spec(client, [CART | {"hyperparams": {"batch_size": 32}}]), 422)
+    assert error["details"]["errors"][0]["field"] == "games[0].hyperparams.learning_rate"
+    assert "cannot be unset once the game has trained: its model keeps the value it has (0.001)" in error["message"]
+    assert error_of(patch(client, {"hyperparams": {"batch_size": 32}}), 422)["details"]["errors"][0]["field"] == (
+        "hyperparams.learning_rate")
+    assert events(client) == before
+    assert actions(put_spec(client, [CART | {"hyperparams": {"learning_rate": 0.0003}}])) == {"cart": "update"}
+    assert client.get("/api/v1/games/cart").json()["hyperparams"] == {"learning_rate": 0.0003}
 
 
 @pytest.mark.parametrize("entry,field", [

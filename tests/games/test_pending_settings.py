@@ -230,3 +230,55 @@ def test_the_plan_of_a_health_setting_says_it_needs_no_start(loop: Loop) -> None
     assert [c["takes_effect"] for c in plan["changes"]] == ["next_evaluation"]
     stop = put_spec(client, CART | {"health_settings": {"on_plateau": "yield"}, "desired": "stopped"})["games"][0]
     assert stop["note"] == "it stops at the supervisor's next turn, from a final checkpoint"
+
+
+def test_the_plan_of_a_fatal_game_says_it_stays_fatal_as_the_supervisor_keeps_it(loop: Loop) -> None:
+    """Applying a fixed entry, or desired `running` after `games stop`, to a FATAL game said
+    "settings apply at its next start" and "it starts at the supervisor's next turn": it stayed
+    FATAL, as documented; only `games start` clears it. The plan says that now."""
+    loop.launcher.fail_games.add("cart")
+    loop.add("cart")
+    loop.start()
+    for _ in range(200):
+        loop.steps()
+        if loop.state("cart") is State.FATAL:
+            break
+    assert loop.state("cart") is State.FATAL
+    loop.launcher.fail_games.discard("cart")
+    client = stepping_client(loop, SteppingPort(loop))
+    stays = "it stays fatal: an apply does not start it again; `fleetd games start cart` does"
+    fixed = put_spec(client, CART | {"target_episodes": 10})["games"][0]
+    assert fixed["note"] == f"settings apply at its next start; {stays}"
+    assert settings_text("cart", patch(client, {"target_episodes": 20}), asked=False) == (
+        "cart: target_episodes 10 -> 20; applied at its next start; it stays fatal: `fleetd games start cart` "
+        "starts it again")
+    assert settings_text("cart", patch(client, {"priority": 1}), asked=False) == (
+        "cart: priority 0 -> 1; priority at the governor's next step")
+    put_spec(client, CART | {"target_episodes": 10})
+    assert client.post("/api/v1/games/cart/stop").status_code == 202
+    assert plan_lines(put_spec(client, CART | {"target_episodes": 10})) == [
+        f"update  cart: desired stopped -> running; {stays}"]
+    loop.steps(5)
+    assert loop.state("cart") is State.FATAL  # what the plan says
+    assert client.post("/api/v1/games/cart/start").status_code == 202
+    assert loop.state("cart") is State.STARTING
+
+
+def test_apply_again_while_an_absent_game_stops_does_not_say_the_fleet_matches(loop: Loop) -> None:
+    """The second apply of `absent = true`, the worker still writing its final checkpoint, ended
+    with "no change: the fleet matches the file" (and `absent: stopping, stopping`), the game
+    still there: a script applying until no change stopped before the removal."""
+    client = running_cart(loop)
+    pid = loop.pid("cart")
+    absent = {"name": "cart", "absent": True}
+    assert put_spec(client, absent)["games"][0]["action"] == "stop"
+    assert loop.state("cart") is State.STOPPING
+    again = put_spec(client, absent)
+    assert (again["changed"], again["waiting"]) == (False, ["cart"])
+    assert plan_lines(again) == ["none    cart: absent: still stopping; apply again once stopped to remove it",
+                                 "no change now: cart still stopping; apply again once stopped to remove it"]
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    removed = put_spec(client, absent)
+    assert removed["games"][0]["action"] == "remove" and removed["waiting"] == []
+    assert plan_lines(put_spec(client, absent))[-1] == "no change: the fleet matches the file"

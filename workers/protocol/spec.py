@@ -219,6 +219,14 @@ FRESH_START_ONLY: dict[str, str] = {
 FRESH_START_FOR: dict[tuple[str, str], str] = {
     ("dqn", "n_steps"): "DQN's n-step returns are built into its saved replay buffer",
 }
+# The resumable keys that are not the model's: the worker's own, and batch_size (applied after
+# load by `train.apply_batch_size`). The others (MODEL_KEYS) are SB3 attributes saved in the
+# checkpoint's model: a resumed model keeps its saved value unless the spec names another
+# (workers/changes.py), so removing an explicit one does not put the default back.
+NOT_MODEL_KEYS = frozenset({"num_envs", "save_replay_buffer", "replay_buffer_max_bytes",
+                            "schedule_timesteps", "max_episode_steps", "batch_size",
+                            "eval_interval_steps", "eval_episodes"})
+MODEL_KEYS = frozenset(RESUMABLE) - NOT_MODEL_KEYS
 # Fields of the game itself that no run can change: the checkpoints are of this env and algorithm.
 FRESH_START_FIELDS: dict[str, str] = {
     "env_id": "the checkpoints were trained on this env; its spaces and returns are its own",
@@ -234,12 +242,16 @@ def algo_refusal(key: str, algo: str) -> str | None:
     return f"not a setting of {algo.upper()} (only of {', '.join(a.upper() for a in algos)})"
 
 
-def change_refusal(key: str, algo: str, trained: bool) -> str | None:
+def change_refusal(key: str, algo: str, trained: bool, unset: Any = None) -> str | None:
     """Why setting hyperparameter `key` of a game is refused (None: it may be set). A game that
-    has trained resumes from its checkpoints, which fix the `FRESH_START_ONLY` keys."""
+    has trained resumes from its checkpoints, which fix the `FRESH_START_ONLY` keys, and keep
+    the value of a `MODEL_KEYS` key whose explicit value `unset` is removed."""
     why = FRESH_START_ONLY.get(key) or FRESH_START_FOR.get((algo, key))
     if trained and why:
         return f"needs a fresh start: {why}; add a new game to train with another value"
+    if trained and unset is not None and key in MODEL_KEYS:
+        return (f"cannot be unset once the game has trained: its model keeps the value it has ({unset}), as a "
+                "resumed model keeps what the spec does not name; set the value you want instead")
     return algo_refusal(key, algo)
 
 

@@ -80,7 +80,8 @@ def apply_fleet_spec(
     changed = any(plan.action != "none" for plan in plans)
     if changed and not dry_run:
         _tell(context, [plan.name for plan in plans if plan.restarting])
-    return FleetApplyOut(dry_run=dry_run, changed=changed, games=[_plan_out(plan) for plan in plans])
+    return FleetApplyOut(dry_run=dry_run, changed=changed, waiting=[plan.name for plan in plans if plan.waiting],
+                         games=[_plan_out(plan) for plan in plans])
 
 
 def _plan_out(plan: GamePlan) -> GamePlanOut:
