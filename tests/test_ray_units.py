@@ -141,6 +141,45 @@ def test_an_error_raised_in_an_actors_wait_ends_that_run_as_a_logged_crash(
                for r in caplog.records)
 
 
+# -- the version check at connect ------------------------------------------------------------------
+
+
+def test_a_node_that_does_not_answer_the_version_check_is_logged_not_refused_as_a_skew(
+    fake_ray: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung node (a swap storm, a partition the GCS has not declared yet) made the daemon
+    refuse to start as a version skew, exit 78, which systemd does not retry: one node down
+    stopped the whole fleet. It is named in the log now; a node that answers with other
+    versions is still refused, and a hung node costs one deadline for all nodes, not one each."""
+    from fleetd.cluster.actors import versions
+    from fleetd.cluster.executor import CONNECT_CHECK_TIMEOUT_S, ClusterError, check_nodes
+
+    here = versions()
+    answers: dict[str, Any] = {"ok": here, "hung": PENDING, "hung2": PENDING}  # by hostname
+    node_ids = {name: f"{index + 1:056x}" for index, name in enumerate(["ok", "hung", "hung2", "old"])}
+    by_id = {node_id: name for name, node_id in node_ids.items()}
+
+    class Probe:
+        def options(self, scheduling_strategy: Any, **_: Any) -> Any:
+            outcome = answers[by_id[scheduling_strategy.node_id]]
+            return type("Bound", (), {"remote": lambda self: Ref("versions", (), outcome)})()
+
+    def table() -> list[dict]:
+        return [{"NodeID": node_ids[name], "NodeManagerHostname": name, "Alive": True} for name in answers]
+
+    monkeypatch.setattr(executor_module.ray, "nodes", table)
+    monkeypatch.setattr(executor_module.ray, "remote", lambda function: Probe())
+    with caplog.at_level(logging.WARNING, logger="fleetd.cluster.executor"):
+        check_nodes(here)
+    assert BLOCKED == [CONNECT_CHECK_TIMEOUT_S]
+    assert any("did not answer the version check" in r.getMessage() and "hung (000000" in r.getMessage()
+               and "hung2 (000000" in r.getMessage() for r in caplog.records)
+    answers["old"] = {**here, "fleetd": "0.0.1"}
+    with pytest.raises(ClusterError) as caught:
+        check_nodes(here)
+    assert "old (000000000000): fleetd " in str(caught.value) and "hung" not in str(caught.value)
+
+
 # -- the run actor's relay of reports to the hub -------------------------------------------------
 
 
