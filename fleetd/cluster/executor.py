@@ -171,6 +171,7 @@ class RayExecutor:
         self._wake = threading.Event()
         self._swept = False
         self._named_hosts: set[str] = set()  # hosts whose nodes offer a `fleetd_host_<name>` resource
+        self._probes: dict[str, tuple[Any, Any, float]] | None = None  # name -> (actor, its `where`, until when)
         url = settings.cluster.storage_url
         self._storage = None if url is None else Target(url)  # games synced through it (fleetd/cluster/storage.py)
 
@@ -306,16 +307,17 @@ class RayExecutor:
 
     def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
         """A recorded run is alive when its named actor answers. One that exists but does not
-        answer is killed: never a second worker for a game beside the one we start."""
+        answer within PROBE_TIMEOUT_S is killed: never a second worker for a game beside the one
+        we start."""
         if len(cmdline) != 3 or cmdline[0] != "ray-actor":
             return False
         _, namespace, name = cmdline
-        try:
-            actor = ray.get_actor(name, namespace=namespace)
-        except ValueError:
+        probe = self._probe(namespace, name)
+        if probe is None:
             return False  # no such actor: it ended (or its node died) while fleetd was down
+        actor, asked, until = probe
         try:
-            where = ray.get(actor.where.remote(), timeout=PROBE_TIMEOUT_S)
+            where = ray.get(asked, timeout=max(0.0, until - time.monotonic()))
         except (RayActorError, GetTimeoutError) as exc:
             log.warning("run actor %s did not answer (%s); killing it", name, exc)
             ray.kill(actor, no_restart=True)
@@ -326,6 +328,34 @@ class RayExecutor:
                         "one call that returns at its worker's exit", name)
         self._adoptable[pid] = _Run(name, actor, None, node_id=where["node_id"], bounded_wait=bounded)
         return True
+
+    def _probe(self, namespace: str, name: str) -> tuple[Any, Any, float] | None:
+        """The actor named `name`, its `where` call and how long it is waited for; None when there
+        is no such actor. The first probe asks every run actor of the namespace at once: the
+        probes of a restarted daemon run before it is ready (systemd's start timeout), and the
+        runs of a hung node would cost PROBE_TIMEOUT_S each, one after another."""
+        if self._probes is None:
+            self._probes = {}
+            try:
+                named = [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                         if entry["namespace"] == namespace and entry["name"].startswith(ACTOR_PREFIX)]
+            except Exception as exc:  # noqa: BLE001 - each run is looked up by its name then
+                log.warning("could not list the cluster's actors: %s", exc)
+                named = []
+            until = time.monotonic() + PROBE_TIMEOUT_S
+            for each in named:
+                try:
+                    actor = ray.get_actor(each, namespace=namespace)
+                except ValueError:
+                    continue  # ended since it was listed
+                self._probes[each] = (actor, actor.where.remote(), until)
+        if name in self._probes:
+            return self._probes.pop(name)
+        try:
+            actor = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return None
+        return actor, actor.where.remote(), time.monotonic() + PROBE_TIMEOUT_S
 
     # -- inside --------------------------------------------------------------------------------
 
