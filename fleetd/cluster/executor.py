@@ -262,6 +262,8 @@ class RayExecutor:
         self._wake.set()
 
     def wait(self, timeout: float | None) -> list[Happening]:
+        if self._probes:  # the adoption is over: answers it did not take would go stale
+            self._probes.clear()
         if not self._swept:
             self._swept = True
             self._sweep_orphans()
