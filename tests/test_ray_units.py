@@ -146,7 +146,8 @@ def test_a_restarted_daemon_probes_every_run_actor_at_once_so_a_hung_nodes_runs_
         return fake_get(ref, timeout)
 
     monkeypatch.setattr(executor_module.ray, "get", blocking_get)
-    monkeypatch.setattr(executor_module, "time", SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: None))
+    clock = SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: None)
+    monkeypatch.setattr(executor_module, "time", clock)
     hung = {f"run-00000{i}-g{i}": Handle(where=[PENDING]) for i in (1, 2, 3)}
     live = Handle(where=[{"node_id": "n1", "hostname": "h", "pid": 9, "log_path": "l", "bounded_wait": True}])
     handles = {**hung, "run-000004-g4": live}

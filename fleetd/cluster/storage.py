@@ -30,8 +30,8 @@ from workers.protocol.exit_codes import ExitCode
 log = logging.getLogger(__name__)
 
 CACHE_NAME = "fleetd-cache"
-GONE = "gone while copied"
-PULLING = ".pulling"  # a pull's copy lands here until it verifies (a cache's own checkpoint of its name stays till then)  # fetch_checkpoint's reason when the URL's copy was removed meanwhile
+GONE = "gone while copied"  # fetch_checkpoint's reason when the URL's copy was removed meanwhile
+PULLING = ".pulling"  # a pull's copy lands here until it verifies (the cache's own of its name stays till then)
 
 
 def checkpoints_of(game: str) -> str:
