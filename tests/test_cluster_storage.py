@@ -191,6 +191,46 @@ def test_a_runs_sync_on_its_node_pulls_before_and_pushes_while_and_after(tmp_pat
     assert pull_newest(target, GAME, tmp_path / "next-node") == "ckpt-000000000300"
 
 
+def forked_ckpt(folder: Path, steps: int, who: bytes) -> Path:
+    def populate(tmp: Path) -> None:
+        (tmp / "model.zip").write_bytes(b"%s's model at %d" % (who, steps))
+        (tmp / "state.json").write_text('{"steps": %d}' % steps)
+
+    return checkpoint.write_checkpoint(folder, steps, 0, populate)
+
+
+def test_a_cache_checkpoint_of_another_run_at_the_same_steps_is_replaced_by_the_urls(tmp_path: Path, target: Target) -> None:
+    """Node a wrote ckpt-500 and lost power before pushing it; the game trained on node b from
+    the URL's 400 to b's own ckpt-500. Back on node a, its pull kept a's ckpt-500 (the same name,
+    and it verifies) and the run trained on from it: not the checkpoint the URL, the head and any
+    other node hold. It resumes from the URL's now."""
+    a = RunSync(target.url, GAME, tmp_path / "cache-a", run_id=1)
+    assert a.pull() is None
+    forked_ckpt(a.checkpoints, 400, b"a")
+    assert a.push() == ["ckpt-000000000400"]
+    forked_ckpt(a.checkpoints, 500, b"a")  # the power is cut before the next push
+    put_lease(target, GAME, 2)
+    b = RunSync(target.url, GAME, tmp_path / "cache-b", run_id=2)
+    assert b.pull() == "ckpt-000000000400"
+    forked_ckpt(b.checkpoints, 500, b"b")
+    assert b.push() == ["ckpt-000000000500"]
+
+    put_lease(target, GAME, 3)
+    again = RunSync(target.url, GAME, tmp_path / "cache-a", run_id=3)
+    assert again.pull() == "ckpt-000000000500"
+    assert (again.checkpoints / "ckpt-000000000500" / "model.zip").read_bytes() == b"b's model at 500"
+    assert checkpoint.verify(again.checkpoints / "ckpt-000000000500")[0]
+    assert not [p for p in again.checkpoints.iterdir() if p.name.startswith(".") and p.name != lease.LEASE]  # nothing staged left
+    assert again.pull() == "ckpt-000000000500"  # the URL's copy now: kept
+
+    # The URL's copy damaged: the node's own fork is not resumed from either; the next older is.
+    forked_ckpt(tmp_path / "cache-c" / "fork", 500, b"c")
+    shutil.rmtree(again.checkpoints / "ckpt-000000000500")
+    shutil.copytree(tmp_path / "cache-c" / "fork" / "ckpt-000000000500", again.checkpoints / "ckpt-000000000500")
+    (remote(target) / "ckpt-000000000500" / "model.zip").write_bytes(b"trunc")
+    assert again.pull() == "ckpt-000000000400" and names(again.checkpoints) == ["ckpt-000000000400"]
+
+
 def test_a_rollback_drops_the_urls_newer_checkpoints_so_the_next_run_pulls_the_chosen_one(
     tmp_path: Path, target: Target
 ) -> None:

@@ -88,6 +88,31 @@ def test_a_host_whose_only_node_died_is_down(settings: Settings, db: Database, c
     assert 'fleetd_cluster_host_up{host="a"} 0.0' in client.get("/metrics").text
 
 
+def test_a_restarted_head_forgets_every_node_and_a_host_that_does_not_come_back_is_down(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # A Ray head that restarts starts a GCS with an empty node table: the nodes of before are
+    # listed neither alive nor dead. Their lives stayed open, so host a, which never came back,
+    # was alive forever (its governor kept admitting games on it) and b's downtime was lost.
+    from fleetd.store.hosts import read_host_lives
+
+    hosts_job(db, clock, lambda: [node("n-head1", "head"), node("n-a1", "a"), node("n-b1", "b")])
+    clock.advance(60)
+    assert sorted(hosts_job(db, clock, lambda: [node("n-head2", "head"), node("n-b2", "b")])) == ["a", "b", "head"]
+    assert hosts_job(db, clock, lambda: [node("n-head2", "head"), node("n-b2", "b")]) == []  # recorded once
+    client = TestClient(create_app(api_context(on_ray(settings), db, clock, host, TOKEN)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    hosts = {h["name"]: h for h in client.get("/api/v1/hosts").json()["items"]}
+    assert not hosts["a"]["alive"] and hosts["a"]["lives"][0]["ended_at"] is not None
+    b = hosts["b"]
+    assert b["alive"] and [life["ended_at"] is None for life in b["lives"]] == [False, True]
+    assert b["downtime_s"] == 60.0
+    with db.transaction() as session:
+        assert {life.name: life.alive for life in read_host_lives(session)} == {"a": False, "b": True, "head": True}
+        assert sorted(e.details["host"] for e in read_events(session, EventFilter(kind="host_lost"))) == ["a", "b", "head"]
+    assert hosts_job(db, clock, lambda: []) == []  # an empty listing is no GCS's answer: nothing ends
+
+
 def test_the_hosts_job_and_the_governor_read_the_lives_they_need_not_every_life(db: Database, clock: FakeClock) -> None:
     # A host gets a life at each join of its Ray node, and none is ever deleted. The hosts job
     # (every heartbeat, in a write transaction) loaded every life ever recorded, and the governor

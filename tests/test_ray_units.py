@@ -82,6 +82,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     for module in (actors_module, executor_module):
         monkeypatch.setattr(module.ray, "get", fake_get)
         monkeypatch.setattr(module.ray, "wait", fake_wait)
+    monkeypatch.setattr(executor_module.ray.util, "list_named_actors", lambda all_namespaces=False: [])  # no cluster
 
 
 def task_error(cause: Exception) -> RayTaskError:
@@ -127,6 +128,48 @@ def test_an_actor_of_this_fleetd_is_asked_with_a_bounded_wait(executor: RayExecu
     assert [c.args for c in new.calls if c.method == "wait"] == [(executor_module.RUN_WAIT_S,)]
 
 
+def test_a_restarted_daemon_probes_every_run_actor_at_once_so_a_hung_nodes_runs_cost_one_timeout(
+    executor: RayExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probes run before the daemon is ready (systemd's TimeoutStartSec=120s). A hung node's
+    actors (a swap storm, a partition not declared yet) did not answer each for PROBE_TIMEOUT_S,
+    one after another: three of them took 66 s on a real cluster, past the unit's start timeout
+    with the connect's version check. Every run actor is asked at the first probe now: they cost
+    one timeout together, and each is still killed and lost."""
+    from types import SimpleNamespace
+
+    now = [1000.0]
+
+    def blocking_get(ref: Ref, timeout: float | None = None) -> Any:
+        if not ref.ready:
+            now[0] += timeout or 0.0  # waited that long, in vain
+        return fake_get(ref, timeout)
+
+    monkeypatch.setattr(executor_module.ray, "get", blocking_get)
+    clock = SimpleNamespace(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: None)
+    monkeypatch.setattr(executor_module, "time", clock)
+    hung = {f"run-00000{i}-g{i}": Handle(where=[PENDING]) for i in (1, 2, 3)}
+    live = Handle(where=[{"node_id": "n1", "hostname": "h", "pid": 9, "log_path": "l", "bounded_wait": True}])
+    handles = {**hung, "run-000004-g4": live}
+    monkeypatch.setattr(executor_module.ray.util, "list_named_actors", lambda all_namespaces=False: [
+        {"namespace": "units", "name": name} for name in handles] + [{"namespace": "other", "name": "run-000009-x"}])
+    def get_actor(name: str, namespace: str) -> Handle:
+        if name not in handles:
+            raise ValueError(f"Failed to look up actor with name '{name}'")
+        return handles[name]
+
+    monkeypatch.setattr(executor_module.ray, "get_actor", get_actor)
+    killed: list[Any] = []
+    monkeypatch.setattr(executor_module.ray, "kill", lambda actor, no_restart=True: killed.append(actor))
+
+    found = [executor.matches(i, 0.0, ("ray-actor", "units", name)) for i, name in enumerate(handles, start=1)]
+    assert found == [False, False, False, True]
+    assert now[0] - 1000.0 == executor_module.PROBE_TIMEOUT_S  # one timeout for all, not three
+    assert killed == list(hung.values()) and 4 in executor._adoptable
+    assert all(len(h.calls) == 1 for h in handles.values())  # each asked once
+    assert not executor.matches(5, 0.0, ("ray-actor", "units", "run-000005-gone"))  # no such actor: not waited for
+
+
 def test_an_error_raised_in_an_actors_wait_ends_that_run_as_a_logged_crash(
     executor: RayExecutor, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -139,6 +182,45 @@ def test_an_error_raised_in_an_actors_wait_ends_that_run_as_a_logged_crash(
     assert 5 in executor._ended and 5 not in executor._runs
     assert any("run-000005-pong: waiting for its exit failed" in r.getMessage() and "TypeError: RunActor.wait() takes 1" in r.getMessage()
                for r in caplog.records)
+
+
+# -- the version check at connect ------------------------------------------------------------------
+
+
+def test_a_node_that_does_not_answer_the_version_check_is_logged_not_refused_as_a_skew(
+    fake_ray: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung node (a swap storm, a partition the GCS has not declared yet) made the daemon
+    refuse to start as a version skew, exit 78, which systemd does not retry: one node down
+    stopped the whole fleet. It is named in the log now; a node that answers with other
+    versions is still refused, and a hung node costs one deadline for all nodes, not one each."""
+    from fleetd.cluster.actors import versions
+    from fleetd.cluster.executor import CONNECT_CHECK_TIMEOUT_S, ClusterError, check_nodes
+
+    here = versions()
+    answers: dict[str, Any] = {"ok": here, "hung": PENDING, "hung2": PENDING}  # by hostname
+    node_ids = {name: f"{index + 1:056x}" for index, name in enumerate(["ok", "hung", "hung2", "old"])}
+    by_id = {node_id: name for name, node_id in node_ids.items()}
+
+    class Probe:
+        def options(self, scheduling_strategy: Any, **_: Any) -> Any:
+            outcome = answers[by_id[scheduling_strategy.node_id]]
+            return type("Bound", (), {"remote": lambda self: Ref("versions", (), outcome)})()
+
+    def table() -> list[dict]:
+        return [{"NodeID": node_ids[name], "NodeManagerHostname": name, "Alive": True} for name in answers]
+
+    monkeypatch.setattr(executor_module.ray, "nodes", table)
+    monkeypatch.setattr(executor_module.ray, "remote", lambda function: Probe())
+    with caplog.at_level(logging.WARNING, logger="fleetd.cluster.executor"):
+        check_nodes(here)
+    assert BLOCKED == [CONNECT_CHECK_TIMEOUT_S]
+    assert any("did not answer the version check" in r.getMessage() and "hung (000000" in r.getMessage()
+               and "hung2 (000000" in r.getMessage() for r in caplog.records)
+    answers["old"] = {**here, "fleetd": "0.0.1"}
+    with pytest.raises(ClusterError) as caught:
+        check_nodes(here)
+    assert "old (000000000000): fleetd " in str(caught.value) and "hung" not in str(caught.value)
 
 
 # -- the run actor's relay of reports to the hub -------------------------------------------------

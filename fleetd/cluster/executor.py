@@ -100,7 +100,10 @@ def node_seen(node: dict[str, Any]) -> NodeSeen:
 
 
 def check_nodes(expected: dict[str, str]) -> None:
-    """Every node alive now runs the daemon's ray, fleetd and protocol versions, or none starts."""
+    """Every node alive now that answers runs the daemon's ray, fleetd and protocol versions, or
+    none starts. A node that does not answer within CONNECT_CHECK_TIMEOUT_S (hung, cut off, dying
+    before the GCS has declared it dead) is no skew: it is named in the log and not waited for,
+    and each run actor started there checks its versions itself (RunActor)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     probe = ray.remote(versions)
@@ -109,19 +112,34 @@ def check_nodes(expected: dict[str, str]) -> None:
         n["NodeID"]: probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
         for n in nodes
     }
-    problems = []
+    if not refs:
+        return
+    # One deadline for all: the checks run at once, and a hung node costs it once, not each.
+    answered, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CONNECT_CHECK_TIMEOUT_S, fetch_local=True)
+    problems, silent = [], []
     for node in nodes:
+        label = f"{node['NodeManagerHostname']} ({node['NodeID'][:12]})"
+        ref = refs[node["NodeID"]]
+        if ref not in answered:
+            silent.append(f"{label}: no answer within {CONNECT_CHECK_TIMEOUT_S:g}s")
+            continue
         try:
-            found = ray.get(refs[node["NodeID"]], timeout=CONNECT_CHECK_TIMEOUT_S)
-        except (RayError, GetTimeoutError) as exc:
-            problems.append(f"{node['NodeManagerHostname']} ({node['NodeID'][:12]}): did not answer the version check: {exc}")
+            found = ray.get(ref)
+        except RayTaskError as exc:  # it ran there and failed: fleetd is not what it should be there
+            problems.append(f"{label}: the version check failed there: {creation_error(exc)}")
+            continue
+        except RayError as exc:  # it never ran: the node died, or could not start a worker
+            silent.append(f"{label}: {exc}")
             continue
         differs = skew(expected, found)
         if differs:
-            problems.append(f"{node['NodeManagerHostname']} ({node['NodeID'][:12]}): {differs}")
+            problems.append(f"{label}: {differs}")
     if problems:
         raise ClusterError("version skew between fleetd and the cluster's nodes, refused: " + "; ".join(problems)
                            + ". Install the same fleetd and ray on every node (docs/cluster.md)")
+    if silent:
+        log.warning("nodes that did not answer the version check, not checked now (hung, cut off or dying: each run "
+                    "actor started there checks its versions itself): %s", "; ".join(silent))
 
 
 @dataclass
@@ -153,6 +171,7 @@ class RayExecutor:
         self._wake = threading.Event()
         self._swept = False
         self._named_hosts: set[str] = set()  # hosts whose nodes offer a `fleetd_host_<name>` resource
+        self._probes: dict[str, tuple[Any, Any, float]] | None = None  # name -> (actor, its `where`, until when)
         url = settings.cluster.storage_url
         self._storage = None if url is None else Target(url)  # games synced through it (fleetd/cluster/storage.py)
 
@@ -243,6 +262,8 @@ class RayExecutor:
         self._wake.set()
 
     def wait(self, timeout: float | None) -> list[Happening]:
+        if self._probes:  # the adoption is over: answers it did not take would go stale
+            self._probes.clear()
         if not self._swept:
             self._swept = True
             self._sweep_orphans()
@@ -288,16 +309,17 @@ class RayExecutor:
 
     def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
         """A recorded run is alive when its named actor answers. One that exists but does not
-        answer is killed: never a second worker for a game beside the one we start."""
+        answer within PROBE_TIMEOUT_S is killed: never a second worker for a game beside the one
+        we start."""
         if len(cmdline) != 3 or cmdline[0] != "ray-actor":
             return False
         _, namespace, name = cmdline
-        try:
-            actor = ray.get_actor(name, namespace=namespace)
-        except ValueError:
+        probe = self._probe(namespace, name)
+        if probe is None:
             return False  # no such actor: it ended (or its node died) while fleetd was down
+        actor, asked, until = probe
         try:
-            where = ray.get(actor.where.remote(), timeout=PROBE_TIMEOUT_S)
+            where = ray.get(asked, timeout=max(0.0, until - time.monotonic()))
         except (RayActorError, GetTimeoutError) as exc:
             log.warning("run actor %s did not answer (%s); killing it", name, exc)
             ray.kill(actor, no_restart=True)
@@ -308,6 +330,34 @@ class RayExecutor:
                         "one call that returns at its worker's exit", name)
         self._adoptable[pid] = _Run(name, actor, None, node_id=where["node_id"], bounded_wait=bounded)
         return True
+
+    def _probe(self, namespace: str, name: str) -> tuple[Any, Any, float] | None:
+        """The actor named `name`, its `where` call and how long it is waited for; None when there
+        is no such actor. The first probe asks every run actor of the namespace at once: the
+        probes of a restarted daemon run before it is ready (systemd's start timeout), and the
+        runs of a hung node would cost PROBE_TIMEOUT_S each, one after another."""
+        if self._probes is None:
+            self._probes = {}
+            try:
+                named = [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                         if entry["namespace"] == namespace and entry["name"].startswith(ACTOR_PREFIX)]
+            except Exception as exc:  # noqa: BLE001 - each run is looked up by its name then
+                log.warning("could not list the cluster's actors: %s", exc)
+                named = []
+            until = time.monotonic() + PROBE_TIMEOUT_S
+            for each in named:
+                try:
+                    actor = ray.get_actor(each, namespace=namespace)
+                except ValueError:
+                    continue  # ended since it was listed
+                self._probes[each] = (actor, actor.where.remote(), until)
+        if name in self._probes:
+            return self._probes.pop(name)
+        try:
+            actor = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return None
+        return actor, actor.where.remote(), time.monotonic() + PROBE_TIMEOUT_S
 
     # -- inside --------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 CACHE_NAME = "fleetd-cache"
 GONE = "gone while copied"  # fetch_checkpoint's reason when the URL's copy was removed meanwhile
+PULLING = ".pulling"  # a pull's copy lands here until it verifies (the cache's own of its name stays till then)
 
 
 def checkpoints_of(game: str) -> str:
@@ -64,20 +65,44 @@ def pull_newest(target: Target, game: str, folder: Path) -> str | None:
     under way): then nothing says they are unusable, and the run is retried."""
     folder.mkdir(parents=True, exist_ok=True)
     reasons: dict[str, str] = {}
-    for name in remote_names(target, game):
-        if (folder / name).is_dir() and checkpoint.verify(folder / name)[0]:
-            return name
-        shutil.rmtree(folder / name, ignore_errors=True)  # a copy here that does not verify
-        reason = fetch_checkpoint(target, f"{checkpoints_of(game)}/{name}", folder / name)
-        if reason is None:
-            return name
-        log.warning("%s: %s at %s not taken: %s", game, name, target.url, reason)
-        reasons[name] = reason
+    staging = folder / PULLING
+    try:
+        for name in remote_names(target, game):
+            here = folder / name
+            if here.is_dir() and checkpoint.verify(here)[0]:
+                if same_as_url(target, game, name, here):
+                    return name
+                # Another run's checkpoint at the same steps (this node's power was cut before
+                # it pushed it, and the game reached those steps again elsewhere; a rollback
+                # trained again): the URL's replaces it, once it verifies here.
+                log.warning("%s: %s in this node's cache is not the one at %s: replaced by it", game, name, target.url)
+            else:
+                shutil.rmtree(here, ignore_errors=True)  # a copy here that does not verify
+            reason = fetch_checkpoint(target, f"{checkpoints_of(game)}/{name}", staging / name)
+            if reason is None:
+                shutil.rmtree(here, ignore_errors=True)
+                (staging / name).rename(here)
+                return name
+            log.warning("%s: %s at %s not taken: %s", game, name, target.url, reason)
+            reasons[name] = reason
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     if any(reason.startswith(GONE) for reason in reasons.values()):
         raise RuntimeError(f"{game}: checkpoints at {target.url} changed while pulled ({'; '.join(reasons.values())})")
     if reasons:
         raise CheckpointsUnusable(game, target.url, reasons)
     return None
+
+
+def same_as_url(target: Target, game: str, name: str, local: Path) -> bool:
+    """The cache's copy of checkpoint `name` is the URL's: the same manifest (every file's hash),
+    not another run's checkpoint at the same steps."""
+    try:
+        with target.fs.open(target.path(f"{checkpoints_of(game)}/{name}/{checkpoint.MANIFEST}"), "rb") as handle:
+            theirs = handle.read()
+        return theirs == (local / checkpoint.MANIFEST).read_bytes()
+    except (OSError, ValueError):  # gone at the URL meanwhile: fetched (or not) as any other
+        return False
 
 
 def put_lease(target: Target, game: str, run_id: int) -> None:

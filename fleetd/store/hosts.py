@@ -14,7 +14,8 @@ from fleetd.store.records import HostBootRecord, HostLife, HostRecord, NodeSeen
 
 def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
     """Record what the GCS lists now: live nodes seen (a new node id is a new life of its host),
-    dead ones ended. Returns the hosts whose node was seen dead for the first time."""
+    dead ones ended, and so are open lives it no longer lists (the head restarted). Returns the
+    hosts whose node was seen dead (or gone) for the first time."""
     hosts = {row.name: row for row in session.scalars(select(Host))}
     boots = _lives_to_observe(session, {node.node_id for node in nodes})
     lost = []
@@ -35,13 +36,19 @@ def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> lis
         else:
             boot.last_seen_at = now
     names = {host.id: name for name, host in hosts.items()}
-    for node in (n for n in nodes if not n.alive):
-        boot = boots.get(node.node_id)
-        if boot is not None and boot.ended_at is None:
+    ended = [boots[n.node_id] for n in nodes if not n.alive and n.node_id in boots]
+    if nodes:  # a GCS that answers lists its head at least
+        # A life the GCS no longer lists at all ended too: a restarted head's GCS starts with an
+        # empty node table, so the nodes of before are neither alive nor dead there.
+        listed = {node.node_id for node in nodes}
+        ended += [boot for node_id, boot in boots.items() if node_id not in listed]
+    for boot in ended:
+        if boot.ended_at is None:
             boot.ended_at = now
             # By the life's host: the GCS lists a dead node without its resources, so its
             # `fleetd_host_` name is gone from what it says now.
-            lost.append(names[boot.host_id])
+            if names[boot.host_id] not in lost:
+                lost.append(names[boot.host_id])
     session.flush()
     open_hosts = {boot.host_id for boot in boots.values() if boot.ended_at is None}
     for host in hosts.values():
