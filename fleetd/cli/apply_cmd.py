@@ -145,7 +145,8 @@ def set_settings(
     name: str,
     pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(k for k in SETTABLE if k not in DICTS)}, "
                                                     "a hyperparameter (learning_rate=0.0001) or a learning-health setting "
-                                                    "(health.on_plateau=yield); key= sets it back to its default.")],
+                                                    "(health.on_plateau=yield); key= sets it back to its default (not a hyperparameter "
+                                                    "its trained model keeps, such as learning_rate: set the value).")],
     restart: SetRestartOption = False,
     config: ConfigOption = None,
     json_out: JsonOption = False,
