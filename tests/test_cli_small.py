@@ -156,3 +156,34 @@ def test_export_spec_that_cannot_write_leaves_no_temporary_and_says_why(tmp_path
     result = CliRunner().invoke(app, ["export-spec", "-o", str(tmp_path / "fleet.toml")], env={"COLUMNS": "200"})
     assert result.exit_code == 1 and "fleet.toml: cannot write: No space left on device" in result.output, result.output
     assert os.listdir(tmp_path) == []
+
+
+def _listed(name: str, steps: int) -> dict:
+    return {"name": name, "env_id": "ALE/SpaceInvaders-v5", "algo": "ppo", "state": "running", "desired": "running",
+            "pid": 4321, "steps": steps, "episodes": 1000, "episodes_per_hour": 500.0, "mean_reward_100": 650.5,
+            "best_reward": 910.0, "eval_return": 700.0, "last_checkpoint": {"steps": steps}, "restarts": 2,
+            "state_reason": None, "health": "learning"}
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 160])
+def test_the_games_table_fits_a_terminal_by_leaving_columns_out_never_by_cutting_names(width: int) -> None:
+    """At its natural width (about 150 columns) the table was shrunk column by column: at 80 both
+    `cart` and `cart2` read `ca…`, steps `5,8…`; piped output (160) cut a long name, and grep
+    did not find it. Columns are left out now, least needed first, until it fits."""
+    from rich.console import Console
+
+    games = [_listed("breakout-ppo", 5_812_345), _listed("cart", 12_000), _listed("cart2", 10_000_000)]
+    console = Console(width=width, record=True)
+    console.print(render.games_table(games, width=width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    if width >= 100:
+        assert "…" not in text  # at 80, with every column it can spare left out, the env id is cut last
+    header = [cell.strip() for cell in next(line for line in text.splitlines() if "┃" in line).split("┃")[1:-1]]
+    assert header[0] == "game" and {"env", "state", "steps", "eval", "health"} <= set(header)
+    for game in games:
+        assert f"│ {game['name']} " in text and f"{game['steps']:,}" in text
+    if width >= 160:
+        assert header == list(render.GAME_COLUMNS)
+    else:
+        assert "pid" not in header  # the first left out

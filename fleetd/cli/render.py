@@ -218,29 +218,26 @@ def number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def games_table(games: list[dict[str, Any]]) -> Table:
-    table = PlainTable(title="Games")
-    for column in ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval", "health", "ckpt", "restarts"):
-        table.add_column(column, justify="right" if column in {"pid", "steps", "episodes", "eps/h", "restarts"} else "left")
-    for game in games:
-        state = game["state"] + ("" if game["desired"] == Desired.RUNNING else " (stop)")
-        checkpoint = game["last_checkpoint"]
-        table.add_row(
-            game["name"],
-            game["env_id"],
-            game["algo"],
-            Text(state, style=STATE_STYLE.get(game["state"], "")),
-            str(game["pid"] or "-"),
-            f"{game['steps']:,}",
-            f"{game['episodes']:,}",
-            number(game["episodes_per_hour"], 0),
-            number(game["mean_reward_100"]),
-            number(game["best_reward"]),
-            number(game.get("eval_return")),  # absent from an older daemon's answer
-            health_cell(game),
-            f"{checkpoint['steps']:,}" if checkpoint else "-",
-            str(game["restarts"]),
-        )
+GAME_COLUMNS = ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval",
+                "health", "ckpt", "restarts")
+RIGHT = {"pid", "steps", "episodes", "eps/h", "restarts"}
+# Left out first where the table does not fit the terminal (every column shrunk, the names cut to
+# `ca…`, was unreadable at 80 columns): what `fleetd games list --json` or a wider terminal shows.
+DROPPED_FIRST = ("pid", "restarts", "ckpt", "eps/h", "mean100", "episodes", "best", "algo")
+
+
+def games_table(games: list[dict[str, Any]], width: int | None = None) -> Table:
+    """`width`: the terminal's (the console's by default); columns are left out, least needed
+    first, until the table fits. The game's name and steps are never cut."""
+    width = console.width if width is None else width
+    rows = [_game_cells(game) for game in games]
+    shown = list(GAME_COLUMNS)
+    for column in (None, *DROPPED_FIRST):
+        if column is not None:
+            shown.remove(column)
+        table = _games_columns(shown, rows)
+        if console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum <= width:
+            break
     reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in EXPLAINED and g["state_reason"]]
     reasons += [f"{g['name']}: {g['health_reason']}" for g in games if g.get("health", "learning") in HEALTH_EXPLAINED
                 and g.get("health_reason")]
@@ -248,6 +245,39 @@ def games_table(games: list[dict[str, Any]]) -> Table:
     if reasons:
         table.caption = "\n".join(reasons)
     return none_if_empty(table)
+
+
+UNBOUNDED = 100_000  # to measure a table's natural width, not the terminal's
+
+
+def _games_columns(shown: list[str], rows: list[dict[str, RenderableType]]) -> Table:
+    table = PlainTable(title="Games")
+    for column in shown:
+        table.add_column(column, justify="right" if column in RIGHT else "left", no_wrap=column in ("game", "steps"))
+    for row in rows:
+        table.add_row(*(row[column] for column in shown))
+    return table
+
+
+def _game_cells(game: dict[str, Any]) -> dict[str, RenderableType]:
+    state = game["state"] + ("" if game["desired"] == Desired.RUNNING else " (stop)")
+    checkpoint = game["last_checkpoint"]
+    return {
+        "game": game["name"],
+        "env": game["env_id"],
+        "algo": game["algo"],
+        "state": Text(state, style=STATE_STYLE.get(game["state"], "")),
+        "pid": str(game["pid"] or "-"),
+        "steps": f"{game['steps']:,}",
+        "episodes": f"{game['episodes']:,}",
+        "eps/h": number(game["episodes_per_hour"], 0),
+        "mean100": number(game["mean_reward_100"]),
+        "best": number(game["best_reward"]),
+        "eval": number(game.get("eval_return")),  # absent from an older daemon's answer
+        "health": health_cell(game),
+        "ckpt": f"{checkpoint['steps']:,}" if checkpoint else "-",
+        "restarts": str(game["restarts"]),
+    }
 
 
 def fleet_table(fleet: dict[str, Any]) -> Table:
