@@ -153,12 +153,12 @@ def _add_with_checkpoint(db: Database, clock: Clock, catalog: EnvCatalog, draft:
     target.parent.mkdir(parents=True, exist_ok=True)
     os.rename(staged_ckpt, target)
     checkpoint.fsync_path(target.parent)
+    steps = int(staged_ckpt.name.removeprefix("ckpt-"))
     try:
-        game = add_game(db, clock, draft, catalog)
+        game = add_game(db, clock, draft, catalog, resumes_at=steps)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
-    steps = int(staged_ckpt.name.removeprefix("ckpt-"))
     with db.transaction() as session:
         create_event(session, clock.now(), "game_imported",
                      f"{draft.name}: imported a {draft.algo.upper()} model at {steps} steps; it resumes from there",
