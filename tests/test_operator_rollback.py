@@ -84,6 +84,17 @@ def test_a_rollback_sets_the_newer_checkpoints_aside_and_the_next_start_resumes_
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0  # scale dropped
 
 
+def test_after_a_rollback_the_game_stands_at_the_chosen_checkpoint(loop: Loop) -> None:
+    """It kept the step count its last run stopped at until its next start: `fleetd status` and
+    `games list` showed 3000 steps for a game rolled back to 2000, and the plan counted from there."""
+    trained_then_stopped(loop)
+    loop.sup.recorder.flush_progress()
+    assert game(loop, "cp").steps == 3000
+    ask(loop, 2000).result(timeout=0)
+    loop.steps()
+    assert game(loop, "cp").steps == 2000
+
+
 def test_without_a_verified_checkpoint_at_that_count_nothing_moves_and_the_error_lists_them(loop: Loop) -> None:
     trained_then_stopped(loop)
     (checkpoints(loop, "cp") / "ckpt-000000001000" / "model.zip").write_bytes(b"truncated")  # sizes differ

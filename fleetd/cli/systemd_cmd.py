@@ -32,8 +32,7 @@ def install_paths(config: Path) -> "InstallPaths":
     from fleetd.host.systemd_unit import InstallPaths
 
     read = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable), config, *package_roots()]
-    state_dir = configured_state_dir(config)
-    return InstallPaths(read_only=with_real_paths(read), state_dir=with_real_paths([state_dir] if state_dir else []))
+    return InstallPaths(read_only=with_real_paths(read), writable=with_real_paths(configured_writable(config)))
 
 
 def package_roots() -> list[Path]:
@@ -47,13 +46,35 @@ def with_real_paths(paths: list[Path]) -> tuple[Path, ...]:
     return tuple({p.absolute() for p in paths} | {p.resolve() for p in paths})
 
 
-def configured_state_dir(config: Path) -> Path | None:
-    """The config's state_dir when it names one; None when absent or unreadable here."""
+def configured_writable(config: Path) -> list[Path]:
+    """Where the config has the daemon write outside StateDirectory=, as far as the file names it
+    (none when it is absent or unreadable here): its state_dir, a [backup] target directory, a
+    [cluster] storage mount (the head keeps its games' folders there). A URL is not a path."""
     try:
-        value = tomllib.loads(config.read_text()).get("state_dir")
+        document = tomllib.loads(config.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+    state_dir = configured_state_dir(document)
+    places = [state_dir] if state_dir is not None else []
+    for section in ("backup", "cluster"):
+        table = document.get(section)
+        value = table.get("target" if section == "backup" else "storage") if isinstance(table, dict) else None
+        if isinstance(value, str) and "://" not in value and Path(value).is_absolute():
+            places.append(Path(value))
+    return places
+
+
+def configured_state_dir(document: dict[str, object]) -> Path | None:
+    """The config's state_dir when it names one. A relative one is taken, as the daemon takes it,
+    from its working directory, the unit's WorkingDirectory=%S/fleetd (/var/lib/fleetd): not from
+    wherever `fleetd systemd-unit` happened to run."""
+    from fleetd.host.systemd_unit import DEFAULT_STATE_DIR
+
+    value = document.get("state_dir")
+    if not isinstance(value, str):
         return None
-    return Path(value).expanduser() if isinstance(value, str) else None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path(str(DEFAULT_STATE_DIR)) / path
 
 
 def systemd_unit(

@@ -65,9 +65,10 @@ def refuse_field(field: str, reason: str) -> None:
 
 
 def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
-             files: KeptFiles | None = None, kept: Kept | None = None) -> GameRecord:
+             files: KeptFiles | None = None, kept: Kept | None = None, resumes_at: int | None = None) -> GameRecord:
     """`files`: where a removed game of the name may have left checkpoints, and `kept` what to do
-    with them (fleetd/games/kept.py); None for an import, which checked them itself."""
+    with them (fleetd/games/kept.py); None for an import, which checked them itself and gives
+    `resumes_at`, the step count of the checkpoint it put in the game's folder."""
     check_draft(draft, catalog)
     now = clock.now()
     # Before the write transaction: calls to a URL storage must not hold SQLite's write lock (the
@@ -76,8 +77,17 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
     steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
     found = files is not None and steps is not None
     note = sort_kept(files, steps, kept, now, draft.env_id, draft.algo) if found else ""
+    if found and kept is Kept.RESUME:
+        resumes_at = steps
     with db.transaction() as session:
-        return record_added(session, now, draft, game_store.create_game(session, draft, now), note)
+        game = game_store.create_game(session, draft, now)
+        if resumes_at is not None:
+            # Its training stands at the checkpoint it resumes from, from the start: `status` and
+            # the plan count from there, and /metrics takes it as the baseline, not its first run's
+            # resume as that many steps trained (docs/metrics.md).
+            game_store.update_game_resumed(session, draft.name, resumes_at)
+            game = game_store.read_game(session, draft.name)
+        return record_added(session, now, draft, game, note)
 
 
 def name_free(db: Database, name: str) -> bool:

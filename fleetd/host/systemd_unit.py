@@ -24,18 +24,20 @@ class InstallPaths:
     """Where this installation lives, each path as written and as its real path."""
 
     read_only: tuple[Path, ...] = ()  # the venv, its real Python, the code, the config
-    state_dir: tuple[Path, ...] = ()  # only when the config names one; the service writes there
+    # Where the config has the daemon write, when it names such a place: its state_dir, a
+    # [backup] target directory, a [cluster] storage mount.
+    writable: tuple[Path, ...] = ()
 
     def under_home(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
         """(read-only, read-write) paths that ProtectHome=yes would hide, fewest that cover them."""
-        writable = covering(p for p in self.state_dir if is_under_home(p))
+        writable = covering(p for p in self.writable if is_under_home(p))
         readable = covering(p for p in self.read_only if is_under_home(p) and not inside_any(p, writable))
         return readable, writable
 
 
     def under_tmp(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
         """(read-only, read-write) paths that PrivateTmp=yes would hide, fewest that cover them."""
-        writable = covering(p for p in self.state_dir if inside_any(p, TMP_ROOTS))
+        writable = covering(p for p in self.writable if inside_any(p, TMP_ROOTS))
         readable = covering(p for p in self.read_only if inside_any(p, TMP_ROOTS) and not inside_any(p, writable))
         return readable, writable
 
@@ -82,7 +84,7 @@ def render_unit(fleetd_bin: str, config: str, user: str, paths: InstallPaths = I
 def protect_home(paths: InstallPaths) -> str:
     """ProtectHome=yes, or tmpfs with the installation's paths under a home mounted back."""
     readable, writable = paths.under_home()
-    extra = writable_state_dir(paths)
+    extra = writable_elsewhere(paths)
     if not readable and not writable:
         return "ProtectHome=yes" + extra
     # ProtectHome=yes would hide these: ExecStart= or the Python it names would not exist and
@@ -92,10 +94,10 @@ def protect_home(paths: InstallPaths) -> str:
     note = (
         f"This installation lives partly under {homes}, which ProtectHome=yes would hide: every start "
         "would fail with status=203/EXEC. tmpfs hides every home all the same and mounts back only the "
-        "paths below, read-only except state_dir (systemd before 257 leaves the tmpfs itself writable; "
-        "it is private to the service and discarded). Found by `fleetd systemd-unit`: regenerate after "
-        "moving the venv, its Python, the config or state_dir; add a path it cannot know of (a [worker] "
-        "python elsewhere) with BindReadOnlyPaths= in a drop-in."
+        "paths below, read-only except where fleetd writes (systemd before 257 leaves the tmpfs itself "
+        "writable; it is private to the service and discarded). Found by `fleetd systemd-unit`: regenerate "
+        "after moving the venv, its Python, the config, state_dir or a [backup] target; add a path it cannot "
+        "know of (a [worker] python elsewhere) with BindReadOnlyPaths= in a drop-in."
     )
     lines = [
         *("# " + line for line in textwrap.wrap(note, 94)),
@@ -114,22 +116,25 @@ def private_tmp(paths: InstallPaths) -> str:
     hidden = covering(readable + writable)
     note = (
         f"This installation lives under a temporary directory ({', '.join(map(str, hidden))}), which "
-        "PrivateTmp=yes replaces with an empty one: it is mounted back, read-only except state_dir. /tmp "
-        "may be emptied at boot, taking the installation with it: install under /opt or /srv and regenerate."
+        "PrivateTmp=yes replaces with an empty one: it is mounted back, read-only except where fleetd "
+        "writes. /tmp may be emptied at boot, taking the installation with it: install under /opt or /srv "
+        "and regenerate."
     )
     lines = [*("# " + line for line in textwrap.wrap(note, 94)), "PrivateTmp=yes"]
     lines += [f"BindReadOnlyPaths={path_arg(p)}" for p in readable]
     return "\n".join(lines + [f"BindPaths={path_arg(p)}" for p in writable])
 
 
-def writable_state_dir(paths: InstallPaths) -> str:
-    # ProtectSystem=strict leaves only StateDirectory= writable; a state_dir the config names
-    # elsewhere (and not under a home or /tmp, which BindPaths= covers) must be opened up explicitly.
-    elsewhere = [p for p in covering(paths.state_dir)
+def writable_elsewhere(paths: InstallPaths) -> str:
+    # ProtectSystem=strict leaves only StateDirectory= writable; a state_dir, [backup] target or
+    # [cluster] storage the config names elsewhere (and not under a home or /tmp, which BindPaths=
+    # covers) must be opened up explicitly, or each write there fails: Read-only file system.
+    elsewhere = [p for p in covering(paths.writable)
                  if not is_under_home(p) and not inside_any(p, [DEFAULT_STATE_DIR, *TMP_ROOTS])]
     if not elsewhere:
         return ""
-    note = "\n# The config's state_dir: create it, owned by User=, before the first start."
+    note = ("\n# Where the config has fleetd write (state_dir, [backup] target, [cluster] storage): create each,"
+            "\n# owned by User=, before the first start.")
     return note + "".join(f"\nReadWritePaths={path_arg(p)}" for p in elsewhere)
 
 

@@ -159,12 +159,12 @@ def _add_with_checkpoint(db: Database, clock: Clock, catalog: EnvCatalog, draft:
     target.parent.mkdir(parents=True, exist_ok=True)
     os.rename(staged_ckpt, target)
     checkpoint.fsync_path(target.parent)
+    steps = int(staged_ckpt.name.removeprefix("ckpt-"))
     try:
-        game = add_game(db, clock, draft, catalog)
+        game = add_game(db, clock, draft, catalog, resumes_at=steps)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
-    steps = int(staged_ckpt.name.removeprefix("ckpt-"))
     with db.transaction() as session:
         # Its steps are the model's from now, not from its first run's report: a goal in steps
         # counts them (the plan of a game still waiting for a slot, `fleetd games list`).

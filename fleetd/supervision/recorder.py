@@ -189,6 +189,13 @@ class Recorder:
             message = f"resumed from {taken} at step {steps}" if taken else "started from scratch (no checkpoint)"
             create_event(session, now, "resumed", message, game=game, details={"checkpoint": taken, "steps": steps})
 
+    def rolled_back(self, game: str, steps: int) -> None:
+        """`fleetd games rollback`: the game's training stands at the chosen checkpoint now, not
+        where its last run stopped (`status`, the plan); its next run resumes from there."""
+        self._dirty.discard(game)  # a last report left unflushed: never written over it
+        with self.db.transaction() as session:
+            game_store.update_game_resumed(session, game, steps)
+
     def skipped(self, game: str, skipped: list[tuple[str, str]]) -> None:
         """A run that found checkpoints and none it could resume from: why each was passed over."""
         with self.db.transaction() as session:

@@ -85,6 +85,7 @@ def _roll_back_indexed(proc: WorkerProcess, desired: Desired, to_steps: int, now
             recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
         raise
     recorder.sync_checkpoints(done.name, scan_checkpoints(checkpoints))
+    recorder.rolled_back(done.name, done.to_steps)
     return done
 
 

@@ -20,7 +20,10 @@ from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.supervision.launcher import run_spec_path
 from fleetd.supervision.spec import launch_for
-from tests.api_context import api_context, serving
+from fleetd.operations.model_io import _add_with_checkpoint
+from fleetd.states import Desired
+from fleetd.store.records import GameDraft
+from tests.api_context import CATALOG, api_context, serving
 from tests.fakes import FakeClock, FakeHost
 from tests.games.test_fleet_spec import TOKEN, client, context  # noqa: F401 - the app's fixtures
 from tests.operations.test_backup import write_ckpt
@@ -134,6 +137,25 @@ def test_resume_keeps_them_and_the_event_says_it_resumes(client: TestClient, set
     assert names(kept) == ["ckpt-000000005000"]
     newest = added_events(client)[0]
     assert newest == "added cart (CartPole-v1, ppo); it resumes from the kept checkpoints of the removed game at 5000 steps"
+
+
+def test_a_game_that_resumes_from_kept_or_imported_checkpoints_stands_at_their_steps(
+    client: TestClient, settings: Settings, db: Database, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Its steps were 0 until its first run resumed: `status` and the plan counted it from 0 (a
+    goal's whole budget left), and a scrape meanwhile took 0 for the baseline of
+    fleetd_game_steps_total, which then counted the checkpoint's steps as trained at the resume."""
+    removed_with_checkpoints(client, settings, 5000)
+    added = client.post("/api/v1/games", json=CART, params={"kept": "resume"})
+    assert added.status_code == 201, added.text
+    assert added.json()["steps"] == 5000
+    assert client.get("/api/v1/games/cart").json()["steps"] == 5000
+
+    staged = write_ckpt(tmp_path / "staged", 33820)  # the import's checked checkpoint
+    draft = GameDraft("imported", "CartPole-v1", "ppo", desired=Desired.STOPPED)
+    game = _add_with_checkpoint(db, clock, CATALOG, draft, staged, settings.game_dir("imported"))
+    assert game.steps == 33820
+    assert client.get("/api/v1/games/imported").json()["steps"] == 33820
 
 
 def test_kept_with_nothing_kept_is_accepted_and_moves_nothing(client: TestClient, settings: Settings) -> None:

@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fleetd.cli.systemd_cmd import configured_state_dir, install_paths, register, with_real_paths
+from fleetd.cli.systemd_cmd import configured_writable, install_paths, register, with_real_paths
 from fleetd.config import load_settings
 from fleetd.host.sd_notify import Notifier
 from fleetd.host.systemd_unit import PLACEHOLDER, InstallPaths, render_unit, template_path
@@ -131,7 +131,7 @@ def test_a_state_dir_under_tmp_is_mounted_back_writable() -> None:
     """BindReadOnlyPaths= of the state_dir beside ReadWritePaths= of it: systemd keeps the bind
     mount (it ranks first for one path), so the daemon could not write its state_dir."""
     paths = InstallPaths(read_only=(Path("/tmp/trial/venv"), Path("/tmp/trial/state/fleetd.toml")),
-                         state_dir=(Path("/tmp/trial/state"),))
+                         writable=(Path("/tmp/trial/state"),))
     text = render_unit("/tmp/trial/venv/bin/fleetd", "/tmp/trial/state/fleetd.toml", "fleetd", paths)
     assert unit_values(text, "BindPaths") == ["/tmp/trial/state"]
     assert unit_values(text, "BindReadOnlyPaths") == ["/tmp/trial/venv"]  # the config is inside state_dir
@@ -177,7 +177,7 @@ def test_install_under_a_home_gets_tmpfs_and_its_paths_mounted_back_read_only() 
 
 
 def test_state_dir_under_a_home_is_mounted_back_writable() -> None:
-    paths = InstallPaths(read_only=(Path("/home/bob/venv"), Path("/home/bob/run/fleetd.toml")), state_dir=(Path("/home/bob/run"),))
+    paths = InstallPaths(read_only=(Path("/home/bob/venv"), Path("/home/bob/run/fleetd.toml")), writable=(Path("/home/bob/run"),))
     text = render_unit("/home/bob/venv/bin/fleetd", "/home/bob/run/fleetd.toml", "fleetd", paths)
     assert unit_values(text, "BindPaths") == ["/home/bob/run"]
     assert unit_values(text, "BindReadOnlyPaths") == ["/home/bob/venv"]  # the config is inside state_dir
@@ -185,7 +185,7 @@ def test_state_dir_under_a_home_is_mounted_back_writable() -> None:
 
 
 def test_state_dir_elsewhere_is_made_writable() -> None:
-    paths = InstallPaths(read_only=(Path("/opt/fleetd"),), state_dir=(Path("/srv/fleet"), Path("/var/lib/fleetd")))
+    paths = InstallPaths(read_only=(Path("/opt/fleetd"),), writable=(Path("/srv/fleet"), Path("/var/lib/fleetd")))
     text = render_unit("/opt/fleetd/bin/fleetd", "/etc/fleetd/fleetd.toml", "fleetd", paths)
     assert unit_settings(text)["ProtectHome"] == "yes"
     assert unit_values(text, "ReadWritePaths") == ["/srv/fleet"]  # StateDirectory= covers /var/lib/fleetd
@@ -214,10 +214,50 @@ def test_install_paths_of_this_interpreter_and_the_config_state_dir(tmp_path: Pa
     paths = install_paths(config)
     assert {Path(sys.prefix), Path(sys.executable).resolve(), config} <= set(paths.read_only)
     assert Path(__file__).resolve().parents[2] in paths.read_only or any(p.name == "site-packages" for p in paths.read_only)
-    assert paths.state_dir == (Path("/home/carol/state"),)
-    assert configured_state_dir(tmp_path / "absent.toml") is None
+    assert paths.writable == (Path("/home/carol/state"),)
+    assert configured_writable(tmp_path / "absent.toml") == []
     config.write_text("[api]\nport = 1\n")
-    assert install_paths(config).state_dir == ()
+    assert install_paths(config).writable == ()
+
+
+def systemd_unit_of(config: Path) -> str:
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    register(app)
+    result = CliRunner().invoke(app, ["systemd-unit", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_relative_state_dir_is_the_services_working_directorys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon takes a relative state_dir from its working directory, the unit's
+    WorkingDirectory=%S/fleetd: the unit named the folder `fleetd systemd-unit` ran in instead,
+    mounting (BindPaths=) or opening (ReadWritePaths=) a path the daemon never writes, and one
+    that does not exist stops every start with status=226/NAMESPACE."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "fleetd.toml"
+    config.write_text('state_dir = "state"\n')
+    text = systemd_unit_of(config)
+    assert unit_settings(text)["WorkingDirectory"] == "%S/fleetd"
+    assert install_paths(config).writable == (Path("/var/lib/fleetd/state"),)
+    assert str(tmp_path / "state") not in text
+    assert not unit_values(text, "BindPaths") + unit_values(text, "ReadWritePaths")  # StateDirectory= covers it
+
+
+def test_a_backup_target_and_a_storage_mount_are_made_writable(tmp_path: Path) -> None:
+    """ProtectSystem=strict leaves every path but StateDirectory= read-only: a [backup] target
+    directory on another disk (docs/operations.md's /mnt/backup/fleetd) failed every backup with
+    Read-only file system, and the head could not write its games' folders under a [cluster]
+    storage mount. A URL is no path of the host's."""
+    config = tmp_path / "fleetd.toml"
+    config.write_text('[backup]\ntarget = "/mnt/backup/fleetd"\n[cluster]\nbackend = "ray"\nstorage = "/srv/fleet"\n')
+    text = systemd_unit_of(config)
+    assert unit_values(text, "ReadWritePaths") == ["/mnt/backup/fleetd", "/srv/fleet"]
+    config.write_text('[backup]\ntarget = "/home/ops/backup"\n')
+    assert unit_values(systemd_unit_of(config), "BindPaths") == ["/home/ops/backup"]
+    config.write_text('[backup]\ntarget = "s3://bucket/fleetd"\n[cluster]\nstorage = "s3://bucket/games"\n')
+    text = systemd_unit_of(config)
+    assert not unit_values(text, "BindPaths") + unit_values(text, "ReadWritePaths")
 
 
 def test_systemd_unit_command_prints_this_installation(tmp_path: Path) -> None:
