@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -166,13 +166,10 @@ def _add_with_checkpoint(db: Database, clock: Clock, catalog: EnvCatalog, draft:
         shutil.rmtree(target, ignore_errors=True)
         raise
     with db.transaction() as session:
-        # Its steps are the model's from now, not from its first run's report: a goal in steps
-        # counts them (the plan of a game still waiting for a slot, `fleetd games list`).
-        game_store.update_game_resumed(session, draft.name, steps)
         create_event(session, clock.now(), "game_imported",
                      f"{draft.name}: imported a {draft.algo.upper()} model at {steps} steps; it resumes from there",
                      game=draft.name, details={"steps": steps, "checkpoint": str(target)})
-    return replace(game, steps=steps)
+    return game  # at the model's steps from now (add_game's resumes_at)
 
 
 # -- export -----------------------------------------------------------------------------------
