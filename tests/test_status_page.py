@@ -214,12 +214,15 @@ def test_a_game_that_wants_no_slot_is_not_called_stalled_but_named_as_fleetd_pla
 
 
 def test_a_game_without_an_eta_is_not_called_stalled_but_says_why_it_has_none() -> None:
-    # Both were "stalled (no recent progress)": the plan gives every game with a rate an ETA,
-    # so a game without one either has no slot in the plan or nothing measured a rate yet.
+    # Both were "stalled (no recent progress)": a game without an ETA either has no rate measured
+    # for it yet, or no start in the plan (the games ahead of it have no goal or no rate yet).
     goal = {"kind": "episodes", "target": 1000, "done": 0, "remaining": 1000}
-    waiting = {"name": "g", "state": "pending", "plan_state": "pending", "goal": goal, "eta_hours": None, "start_hours": None}
-    assert eta_cell(waiting) == "no slot"  # behind a game without a goal, which holds its slot for good
-    assert eta_cell({**waiting, "state": "running", "plan_state": "running", "start_hours": 0}) == "no rate yet"
+    waiting = {"name": "g", "state": "pending", "plan_state": "pending", "goal": goal, "eta_hours": None,
+               "start_hours": None, "rate_per_hour": 600.0}
+    assert eta_cell(waiting) == "no start"  # behind a game without a goal, which holds its slot for good
+    # A fresh fleet: nothing has reported, so no game has a rate, and none a start: not "no slot".
+    assert eta_cell({**waiting, "rate_per_hour": None}) == "no rate yet"
+    assert eta_cell({**waiting, "state": "running", "plan_state": "running", "start_hours": 0, "rate_per_hour": None}) == "no rate yet"
 
 
 

@@ -4,7 +4,7 @@ the goal is the one it reaches first."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,14 +38,19 @@ def goals_of(game: GameRecord) -> list[Goal]:
 
 
 def goal_of(game: GameRecord, rate: Callable[[GoalUnit], float | None] | None = None) -> Goal | None:
-    """The goal its worker stops at: one it reached; else, of two, the one its own `rate` (per
-    hour, in a unit) reaches first; else the episodes goal when set, else the timesteps goal."""
-    goals = goals_of(game)
+    """The goal its worker stops at (first_goal)."""
+    return first_goal(goals_of(game), rate)
+
+
+def first_goal(goals: Sequence[Goal], rate: Callable[[GoalUnit], float | None] | None = None) -> Goal | None:
+    """One it reached; else, of two, the one `rate` (per hour, in a unit; None: not known) reaches
+    first, of those it knows a rate for (a unit it knows none for is not counted on); else the
+    episodes goal when set, else the timesteps goal."""
     reached = [goal for goal in goals if goal.remaining == 0]
     if reached:
         return reached[0]
     if len(goals) == 2 and rate is not None:
-        hours = [goal.remaining / per_hour for goal in goals if (per_hour := rate(goal.kind))]
-        if len(hours) == 2:
-            return goals[hours.index(min(hours))]
+        timed = [(goal.remaining / per_hour, index) for index, goal in enumerate(goals) if (per_hour := rate(goal.kind))]
+        if timed:
+            return goals[min(timed)[1]]
     return goals[0] if goals else None

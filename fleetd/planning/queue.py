@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from fleetd.planning.downtime import NO_DOWNTIME, Downtime
-from fleetd.planning.goals import Goal, GoalUnit
+from fleetd.planning.goals import Goal, GoalUnit, first_goal
 
 
 class PlanState(StrEnum):
@@ -61,6 +61,7 @@ class PlanGame:
     rates: Rates = Rates()  # its own, measured at `envs_measured` envs per game
     num_envs: int | None = None  # its own envs per game (a hyperparameter); None: the rung's
     admitted_at: datetime | None = None  # when it got the slot it holds (running)
+    goals: tuple[Goal, ...] = ()  # every goal it has: its worker stops at the first reached; `goal` is the one planned
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,11 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def measured_rate(game: PlanGame, snapshot: PlanInput, pool: RatePool) -> tuple[float | None, RateSource]:
-    """Its rate at today's envs per game, and where the figure comes from."""
-    unit, envs = unit_of(game), envs_of(game, snapshot.envs_measured)
+def measured_rate(game: PlanGame, snapshot: PlanInput, pool: RatePool,
+                  unit: GoalUnit | None = None) -> tuple[float | None, RateSource]:
+    """Its rate (in its goal's unit, or `unit`) at today's envs per game, and where the figure
+    comes from."""
+    unit, envs = unit or unit_of(game), envs_of(game, snapshot.envs_measured)
     own = game.rates.per_hour(unit)
     if own is not None:
         return own, RateSource.OWN
@@ -267,15 +270,29 @@ def shed(snapshot: PlanInput) -> PlanInput:
     excess = min(len(running), now) - snapshot.rung.games
     if excess <= 0:
         return snapshot
-    kept = sorted(running, key=lambda g: (-g.priority, g.admitted_at or snapshot.now))  # snapshot order among equals
+    kept = sorted(running, key=lambda g: (-g.priority, g.admitted_at or snapshot.now, g.name))  # as the governor orders them
     gone = {g.name for g in kept[len(kept) - excess :]}
     games = tuple(replace(g, state=PlanState.PENDING) if g.name in gone else g for g in snapshot.games)
     return replace(snapshot, games=games)
 
 
+def planned_goals(snapshot: PlanInput, pool: RatePool) -> PlanInput:
+    """Of a game's two goals, the one planned is the one its worker reaches first at the rates the
+    plan has for it in each unit: its own where it measured any (a unit it measured none in, no
+    episode ended in the window, is not counted on); else those of its kind, or the rung's."""
+    def rate(game: PlanGame, unit: GoalUnit) -> float | None:
+        if any(game.rates.per_hour(each) for each in GoalUnit):
+            return game.rates.per_hour(unit)
+        return measured_rate(game, snapshot, pool, unit)[0]
+
+    games = tuple(replace(g, goal=first_goal(g.goals, lambda unit, g=g: rate(g, unit))) if len(g.goals) == 2 else g
+                  for g in snapshot.games)
+    return replace(snapshot, games=games)
+
+
 def plan(snapshot: PlanInput) -> Plan:
     pool = RatePool.of(snapshot)  # what runs now measures, shed or not
-    snapshot = shed(snapshot)
+    snapshot = shed(planned_goals(snapshot, pool))
     estimates = {g.name: rate_at_rung(g, snapshot, pool) for g in snapshot.games}
     placed = simulate(snapshot, {name: rate for name, (rate, _) in estimates.items()})
     charged = charged_hours(placed) if snapshot.price_per_host_hour is not None else {}

@@ -22,7 +22,8 @@ def what_if_rungs(governor: Governor, wanting: int) -> list[RungOption]:
     more for the games wanting a slot. The whole ladder, not only up to a manual tier: what a
     heavier tier would buy is what a user asks before `fleetd tier`."""
     top = len(governor.ladder) - 1
-    chosen = {i for i in range(top + 1) if governor.remembered(i).proven} | {governor.index()}
+    # Proven with games: a window an idle fleet held (0 games) proves nothing to plan on.
+    chosen = {i for i in range(top + 1) if governor.proven_games(i) > 0} | {governor.index()}
     highest = max(chosen)
     load = governor.ladder[highest].load_for(wanting)
     probe = next((i for i in range(highest + 1, top + 1) if governor.ladder[i].load_for(wanting) > load), None)

@@ -18,7 +18,7 @@ from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.host.uptime import WEEK, uptime_report
 from fleetd.planning.downtime import Downtime, downtime_from_log
 from fleetd.planning.error import PlanError, median_abs_relative, plan_errors
-from fleetd.planning.goals import Goal, goal_of
+from fleetd.planning.goals import Goal, goal_of, goals_of
 from fleetd.planning.projection import RATE_WINDOW, RebootCost, reboot_cost, recent_rate_per_hour
 from fleetd.planning.queue import Plan, PlanGame, PlanInput, PlanState, Rates, plan, what_if
 from fleetd.planning.rungs import named_rung, option, what_if_rungs
@@ -87,10 +87,10 @@ def plan_game(session: Any, game: GameRecord) -> PlanGame:
     game = started_goals(game)
     state = plan_state(game, goal_of(game))
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
-    goal = goal_of(game, rates.per_hour)  # of two goals, the one its rates reach first
+    goal = goal_of(game, rates.per_hour)  # of two, the one its own rates reach first (queue.planned_goals)
     envs = game.hyperparams.get("num_envs")
     return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
-                    envs if isinstance(envs, int) else None, game.admitted_at)  # fmt: skip
+                    envs if isinstance(envs, int) else None, game.admitted_at, tuple(goals_of(game)))  # fmt: skip
 
 
 def stored_governor(session: Any, settings: Settings, now: datetime) -> Governor:

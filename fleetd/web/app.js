@@ -464,12 +464,12 @@
     if (projection.plan_state === 'off') return h('td', { class: 'r muted', title: 'not planned: it wants no slot' }, projection.state);
     if (!projection.goal) return h('td', { class: 'r muted' }, 'no goal');
     if (projection.goal.remaining <= 0) return h('td', { class: 'r ok' }, 'done');
-    // No ETA: the plan gives it no slot (games without a goal hold theirs for good), or nothing
-    // has measured a rate yet; a game with a rate, however old, has an ETA.
-    if (!isNum(projection.eta_hours) && !isNum(projection.start_hours)) {
-      return h('td', { class: 'r muted', title: 'no slot in the plan: games without a goal hold theirs' }, 'no slot');
+    // No ETA: nothing has measured a rate for it yet, or the plan gives it no start (the games
+    // ahead of it hold their slots for good: no goal, or no rate yet to say when they end).
+    if (!isNum(projection.rate_per_hour)) return h('td', { class: 'r muted', title: 'no rate measured for it yet' }, 'no rate yet');
+    if (!isNum(projection.eta_hours)) {
+      return h('td', { class: 'r muted', title: 'no start in the plan: the games ahead of it have no goal or no rate yet' }, 'no start');
     }
-    if (!isNum(projection.eta_hours)) return h('td', { class: 'r muted', title: 'no game has reported a rate yet' }, 'no rate yet');
     return h('td', { class: 'r num', title: projection.eta_at ? 'at ' + fmtTime(projection.eta_at) : '' }, fmtHours(projection.eta_hours));
   }
 

@@ -243,6 +243,46 @@ def test_a_game_with_both_goals_is_planned_to_the_first_it_reaches_and_done_at_i
     assert next(e for e in body["error"]["games"] if e["game"] == "cart1")["finished"]
 
 
+def test_of_two_goals_a_game_that_never_ran_and_one_with_no_episode_ended_are_planned_to_the_first(fleet) -> None:
+    # The choice took only a game's own rates for both units: a pending game that never ran (most
+    # of a queue) was planned to its episodes goal whatever its kind's rates said, every game behind
+    # it late too; a running game that ended no episode in the window, to its episodes goal with no
+    # rate at all (no ETA, no start for those behind it).
+    from fleetd.store.samples import create_metric_rows
+
+    context, _ = fleet
+    clock = context.clock
+    with context.db.transaction() as session:
+        for name in ("cart1", "cart3"):
+            update_game_settings(session, name, {"total_timesteps": 100_000}, clock.now())
+    progress(context, "cart2", 300, 30)  # 600 episodes, 120,000 steps an hour
+    with context.db.transaction() as session:  # cart1's episodes are long: none ended in the window
+        create_metric_rows(session, clock.now() - timedelta(minutes=30), [("cart1", None, "episodes", 10.0),
+                                                                         ("cart1", None, "steps", 0.0)])
+        create_metric_rows(session, clock.now(), [("cart1", None, "episodes", 10.0), ("cart1", None, "steps", 60_000.0)])
+        update_games_progress(session, {"cart1": ProgressSnapshot(60_000, 10, None, None, None, clock.now())})
+    games = {g["name"]: g for g in get(context)["games"]}
+    assert games["cart1"]["goal"]["kind"] == "timesteps" and games["cart1"]["rate_source"] == "own"
+    assert games["cart1"]["eta_hours"] == pytest.approx(40 / 120 * 48 / 47)  # its own 120,000 steps an hour
+    assert games["cart3"]["goal"]["kind"] == "timesteps" and games["cart3"]["rate_source"] == "same_env_algo_size"
+    assert games["cart3"]["eta_hours"] - games["cart3"]["start_hours"] == pytest.approx(100 / 120 * 48 / 47)
+
+
+def test_a_rung_an_idle_fleet_held_a_window_is_no_proof_to_plan_on(fleet) -> None:
+    # The governor stores a window an idle fleet held (0 games) as proven with 0 games: the
+    # what-if listed it with the next rung to probe, both rows "no, next to probe".
+    context, _ = fleet
+    with context.db.transaction() as session:
+        save_rung(session, RungMemory(1, 32, proven_at=context.clock.now() - timedelta(days=3), proven_games=0, stable_s=7200))
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)
+    body = get(context)
+    assert "1x32" not in [rung["rung"].split()[0] for rung in body["what_if"]]
+    console = Console(width=200, record=True)
+    console.print(plan_view(body))
+    assert len([line for line in console.export_text().splitlines() if "next to probe" in line]) == 1
+
+
 def test_a_rung_with_fewer_slots_than_the_games_running_plans_them_one_at_a_time(fleet) -> None:
     # At 1x32 the plan kept both running games in slots 0 and 1 of its one slot.
     context, _ = fleet

@@ -198,5 +198,13 @@ def test_a_rung_with_fewer_slots_sheds_the_games_beyond_them_as_the_governor_doe
         "a": (RUNNING, 0, 2), "d": (RUNNING, 0, 2), "b": (PENDING, 2, 4), "c": (PENDING, 2, 4),
     }  # fmt: skip
     assert light.hours_to_all_goals == pytest.approx(4) and sorted(g.slot for g in light.games) == [0, 0, 1, 1]
-    # Games beyond the governor's own slots (a cluster's other hosts) keep theirs: none is shed.
-    assert plan(replace(now, rung=RungOption("4x64", 4, 64), games_now=2)).hours_to_all_goals == pytest.approx(1)
+    # Games beyond the governor's own slots (a cluster's other hosts) keep theirs: of six running
+    # where the governor holds four, 2x64 sheds two (four back to two), not four.
+    six = [replace(game(name, 64, RUNNING, 64.0), admitted_at=EPOCH + timedelta(minutes=i)) for i, name in enumerate("abcdef")]
+    cluster = replace(snapshot(six, slots=2, envs=64), envs_measured=64, games_now=4)
+    assert sorted(g.name for g in plan(cluster).games if g.state is PENDING) == ["e", "f"]
+    # Admitted in one tick (a daemon's first start admits every game at once): the governor orders
+    # them by name and sheds the last; the plan shed the newest created (snapshot order).
+    together = [replace(game(name, 64, RUNNING, 64.0), admitted_at=EPOCH) for name in ("zeta", "alpha")]
+    one = replace(snapshot(together, slots=1, envs=64), envs_measured=64, games_now=2)
+    assert [g.name for g in plan(one).games if g.state is PENDING] == ["zeta"]
