@@ -32,7 +32,9 @@ def install_paths(config: Path) -> "InstallPaths":
     from fleetd.host.systemd_unit import InstallPaths
 
     read = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable), config, *package_roots()]
-    return InstallPaths(read_only=with_real_paths(read), writable=with_real_paths(configured_writable(config)))
+    state_dirs, elsewhere = configured_writable(config)
+    return InstallPaths(read_only=with_real_paths(read), writable=with_real_paths(state_dirs),
+                        optional=with_real_paths(elsewhere))
 
 
 def package_roots() -> list[Path]:
@@ -46,22 +48,25 @@ def with_real_paths(paths: list[Path]) -> tuple[Path, ...]:
     return tuple({p.absolute() for p in paths} | {p.resolve() for p in paths})
 
 
-def configured_writable(config: Path) -> list[Path]:
+def configured_writable(config: Path) -> tuple[list[Path], list[Path]]:
     """Where the config has the daemon write outside StateDirectory=, as far as the file names it
-    (none when it is absent or unreadable here): its state_dir, a [backup] target directory, a
-    [cluster] storage mount (the head keeps its games' folders there). A URL is not a path."""
+    (none when it is absent or unreadable here): its state_dir; and elsewhere, a [backup] target
+    directory, a [cluster] storage mount (the head keeps its games' folders there). A URL is not
+    a path, except a file:// one."""
     try:
         document = tomllib.loads(config.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return []
+        return [], []
     state_dir = configured_state_dir(document)
-    places = [state_dir] if state_dir is not None else []
+    elsewhere = []
     for section in ("backup", "cluster"):
         table = document.get(section)
         value = table.get("target" if section == "backup" else "storage") if isinstance(table, dict) else None
+        if isinstance(value, str) and value.startswith("file://"):
+            value = value.removeprefix("file://")
         if isinstance(value, str) and "://" not in value and Path(value).is_absolute():
-            places.append(Path(value))
-    return places
+            elsewhere.append(Path(value))
+    return ([state_dir] if state_dir is not None else []), elsewhere
 
 
 def configured_state_dir(document: dict[str, object]) -> Path | None:

@@ -24,20 +24,30 @@ class InstallPaths:
     """Where this installation lives, each path as written and as its real path."""
 
     read_only: tuple[Path, ...] = ()  # the venv, its real Python, the code, the config
-    # Where the config has the daemon write, when it names such a place: its state_dir, a
-    # [backup] target directory, a [cluster] storage mount.
-    writable: tuple[Path, ...] = ()
+    writable: tuple[Path, ...] = ()  # the config's state_dir, when it names one
+    # Where else the config has the daemon write: a [backup] target directory, a [cluster] storage
+    # mount. Mounted '-'-prefixed (ignored where missing at start): a backup disk not mounted
+    # after a reboot fails the backups, not every start of the daemon (status=226/NAMESPACE).
+    optional: tuple[Path, ...] = ()
+
+    def all_writable(self) -> tuple[Path, ...]:
+        return self.writable + self.optional
+
+    def rw_arg(self, path: PurePosixPath) -> str:
+        """A read-write entry: '-'-prefixed where only optional paths are under it."""
+        required = any(p == path or path in p.parents for p in self.writable)
+        return path_arg(path) if required else "-" + path_arg(path)
 
     def under_home(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
         """(read-only, read-write) paths that ProtectHome=yes would hide, fewest that cover them."""
-        writable = covering(p for p in self.writable if is_under_home(p))
+        writable = covering(p for p in self.all_writable() if is_under_home(p))
         readable = covering(p for p in self.read_only if is_under_home(p) and not inside_any(p, writable))
         return readable, writable
 
 
     def under_tmp(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
         """(read-only, read-write) paths that PrivateTmp=yes would hide, fewest that cover them."""
-        writable = covering(p for p in self.writable if inside_any(p, TMP_ROOTS))
+        writable = covering(p for p in self.all_writable() if inside_any(p, TMP_ROOTS))
         readable = covering(p for p in self.read_only if inside_any(p, TMP_ROOTS) and not inside_any(p, writable))
         return readable, writable
 
@@ -104,7 +114,7 @@ def protect_home(paths: InstallPaths) -> str:
         "ProtectHome=tmpfs",
     ]
     lines += [f"BindReadOnlyPaths={path_arg(p)}" for p in readable]
-    lines += [f"BindPaths={path_arg(p)}" for p in writable]
+    lines += [f"BindPaths={paths.rw_arg(p)}" for p in writable]
     return "\n".join(lines) + extra
 
 
@@ -122,20 +132,21 @@ def private_tmp(paths: InstallPaths) -> str:
     )
     lines = [*("# " + line for line in textwrap.wrap(note, 94)), "PrivateTmp=yes"]
     lines += [f"BindReadOnlyPaths={path_arg(p)}" for p in readable]
-    return "\n".join(lines + [f"BindPaths={path_arg(p)}" for p in writable])
+    return "\n".join(lines + [f"BindPaths={paths.rw_arg(p)}" for p in writable])
 
 
 def writable_elsewhere(paths: InstallPaths) -> str:
     # ProtectSystem=strict leaves only StateDirectory= writable; a state_dir, [backup] target or
     # [cluster] storage the config names elsewhere (and not under a home or /tmp, which BindPaths=
     # covers) must be opened up explicitly, or each write there fails: Read-only file system.
-    elsewhere = [p for p in covering(paths.writable)
+    elsewhere = [p for p in covering(paths.all_writable())
                  if not is_under_home(p) and not inside_any(p, [DEFAULT_STATE_DIR, *TMP_ROOTS])]
     if not elsewhere:
         return ""
     note = ("\n# Where the config has fleetd write (state_dir, [backup] target, [cluster] storage): create each,"
-            "\n# owned by User=, before the first start.")
-    return note + "".join(f"\nReadWritePaths={path_arg(p)}" for p in elsewhere)
+            "\n# owned by User=, before the first start ('-': one missing at start is left read-only, and"
+            "\n# what writes there fails until it exists and the service is restarted).")
+    return note + "".join(f"\nReadWritePaths={paths.rw_arg(p)}" for p in elsewhere)
 
 
 def home_of(path: PurePosixPath) -> str:

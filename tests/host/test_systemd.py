@@ -215,7 +215,7 @@ def test_install_paths_of_this_interpreter_and_the_config_state_dir(tmp_path: Pa
     assert {Path(sys.prefix), Path(sys.executable).resolve(), config} <= set(paths.read_only)
     assert Path(__file__).resolve().parents[2] in paths.read_only or any(p.name == "site-packages" for p in paths.read_only)
     assert paths.writable == (Path("/home/carol/state"),)
-    assert configured_writable(tmp_path / "absent.toml") == []
+    assert configured_writable(tmp_path / "absent.toml") == ([], [])
     config.write_text("[api]\nport = 1\n")
     assert install_paths(config).writable == ()
 
@@ -248,13 +248,17 @@ def test_a_backup_target_and_a_storage_mount_are_made_writable(tmp_path: Path) -
     """ProtectSystem=strict leaves every path but StateDirectory= read-only: a [backup] target
     directory on another disk (docs/operations.md's /mnt/backup/fleetd) failed every backup with
     Read-only file system, and the head could not write its games' folders under a [cluster]
-    storage mount. A URL is no path of the host's."""
+    storage mount. A URL is no path of the host's, except a file:// one. Each '-'-prefixed: a
+    backup disk not mounted after a reboot failed every start of the daemon (status=226/NAMESPACE),
+    where it should fail the backups only."""
     config = tmp_path / "fleetd.toml"
     config.write_text('[backup]\ntarget = "/mnt/backup/fleetd"\n[cluster]\nbackend = "ray"\nstorage = "/srv/fleet"\n')
     text = systemd_unit_of(config)
-    assert unit_values(text, "ReadWritePaths") == ["/mnt/backup/fleetd", "/srv/fleet"]
+    assert unit_values(text, "ReadWritePaths") == ["-/mnt/backup/fleetd", "-/srv/fleet"]
+    config.write_text('state_dir = "/srv/state"\n[backup]\ntarget = "file:///mnt/backup/fleetd"\n')
+    assert unit_values(systemd_unit_of(config), "ReadWritePaths") == ["-/mnt/backup/fleetd", "/srv/state"]
     config.write_text('[backup]\ntarget = "/home/ops/backup"\n')
-    assert unit_values(systemd_unit_of(config), "BindPaths") == ["/home/ops/backup"]
+    assert unit_values(systemd_unit_of(config), "BindPaths") == ["-/home/ops/backup"]
     config.write_text('[backup]\ntarget = "s3://bucket/fleetd"\n[cluster]\nstorage = "s3://bucket/games"\n')
     text = systemd_unit_of(config)
     assert not unit_values(text, "BindPaths") + unit_values(text, "ReadWritePaths")
