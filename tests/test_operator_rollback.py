@@ -86,13 +86,19 @@ def test_a_rollback_sets_the_newer_checkpoints_aside_and_the_next_start_resumes_
 
 def test_after_a_rollback_the_game_stands_at_the_chosen_checkpoint(loop: Loop) -> None:
     """It kept the step count its last run stopped at until its next start: `fleetd status` and
-    `games list` showed 3000 steps for a game rolled back to 2000, and the plan counted from there."""
+    `games list` showed 3000 steps for a game rolled back to 2000, and the plan counted from there;
+    and its episodes, those of the run set aside (an episodes goal it had reached still read done)."""
+    from fleetd.store.games import update_games_progress
+    from fleetd.store.records import ProgressSnapshot
+
     trained_then_stopped(loop)
     loop.sup.recorder.flush_progress()
-    assert game(loop, "cp").steps == 3000
+    with loop.db.transaction() as session:  # the run set aside played on past the 2000-step checkpoint's 10 episodes
+        update_games_progress(session, {"cp": ProgressSnapshot(3000, 300, None, None, None, loop.clock.now())})
+    assert (game(loop, "cp").steps, game(loop, "cp").episodes) == (3000, 300)
     ask(loop, 2000).result(timeout=0)
     loop.steps()
-    assert game(loop, "cp").steps == 2000
+    assert (game(loop, "cp").steps, game(loop, "cp").episodes) == (2000, 10)
 
 
 def test_without_a_verified_checkpoint_at_that_count_nothing_moves_and_the_error_lists_them(loop: Loop) -> None:

@@ -113,6 +113,14 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
 
 
+def episodes_at(ckpt_dir: str | os.PathLike) -> int | None:
+    """The episode count its manifest records; None where it cannot be read."""
+    try:
+        return read_manifest(ckpt_dir).episodes
+    except CheckpointError:
+        return None
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -20,6 +20,7 @@ from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft, GameRecord
+from workers.checkpoint import checkpoint_name, episodes_at
 from workers.protocol import PROTOCOL_VERSION
 from workers.protocol.spec import LaunchSpec, SpecError, algo_refusal, refusals
 
@@ -77,15 +78,17 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
     steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
     found = files is not None and steps is not None
     note = sort_kept(files, steps, kept, now, draft.env_id, draft.algo) if found else ""
+    episodes = None
     if found and kept is Kept.RESUME:
         resumes_at = steps
+        episodes = episodes_at(files.checkpoints / checkpoint_name(steps))  # None: only at the URL
     with db.transaction() as session:
         game = game_store.create_game(session, draft, now)
         if resumes_at is not None:
             # Its training stands at the checkpoint it resumes from, from the start: `status` and
             # the plan count from there, and /metrics takes it as the baseline, not its first run's
-            # resume as that many steps trained (docs/metrics.md).
-            game_store.update_game_resumed(session, draft.name, resumes_at)
+            # resume as that many steps (and episodes) trained (docs/metrics.md).
+            game_store.update_game_resumed(session, draft.name, resumes_at, episodes)
             game = game_store.read_game(session, draft.name)
         return record_added(session, now, draft, game, note)
 

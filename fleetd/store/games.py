@@ -182,11 +182,12 @@ def update_games_remedies(session: Session, scales: dict[str, tuple[float, float
     session.flush()
 
 
-def update_game_resumed(session: Session, name: str, steps: int) -> None:
-    """A new run resumed from a checkpoint: the game's steps are the checkpoint's. The run
-    before flushed its last report earlier, maybe before it wrote that checkpoint (behind it),
-    maybe after (ahead of it: a rewind, counted as steps lost)."""
-    session.execute(update(Game).where(Game.name == name).values(steps=steps))
+def update_game_resumed(session: Session, name: str, steps: int, episodes: int | None = None) -> None:
+    """A new run resumed from a checkpoint: the game's steps (and episodes, where known) are the
+    checkpoint's. The run before flushed its last report earlier, maybe before it wrote that
+    checkpoint (behind it), maybe after (ahead of it: a rewind, counted as steps lost)."""
+    values = {"steps": steps} if episodes is None else {"steps": steps, "episodes": episodes}
+    session.execute(update(Game).where(Game.name == name).values(**values))
     session.flush()
 
 

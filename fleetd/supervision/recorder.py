@@ -184,17 +184,18 @@ class Recorder:
         with self.db.transaction() as session:
             run_store.update_run_resumed(session, run_id, steps if taken else None)
             if taken and steps is not None:
-                game_store.update_game_resumed(session, game, steps)
+                game_store.update_game_resumed(session, game, steps, episodes)
             _record_skipped(session, now, game, skipped)
             message = f"resumed from {taken} at step {steps}" if taken else "started from scratch (no checkpoint)"
             create_event(session, now, "resumed", message, game=game, details={"checkpoint": taken, "steps": steps})
 
-    def rolled_back(self, game: str, steps: int) -> None:
-        """`fleetd games rollback`: the game's training stands at the chosen checkpoint now, not
-        where its last run stopped (`status`, the plan); its next run resumes from there."""
+    def rolled_back(self, game: str, steps: int, episodes: int | None) -> None:
+        """`fleetd games rollback`: the game's training stands at the chosen checkpoint now (its
+        steps and episodes), not where its last run stopped (`status`, the plan: an episodes goal
+        reached by the run set aside is not); its next run resumes from there."""
         self._dirty.discard(game)  # a last report left unflushed: never written over it
         with self.db.transaction() as session:
-            game_store.update_game_resumed(session, game, steps)
+            game_store.update_game_resumed(session, game, steps, episodes)
 
     def skipped(self, game: str, skipped: list[tuple[str, str]]) -> None:
         """A run that found checkpoints and none it could resume from: why each was passed over."""

@@ -25,7 +25,7 @@ from fleetd.supervision.learning import LearningWatch, set_aside_after
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
-from workers.checkpoint import CheckpointError, check, list_checkpoints, verify
+from workers.checkpoint import CheckpointError, check, episodes_at, list_checkpoints, verify
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _roll_back_indexed(proc: WorkerProcess, desired: Desired, to_steps: int, now
             recorder.sync_checkpoints(proc.name, scan_checkpoints(checkpoints))
         raise
     recorder.sync_checkpoints(done.name, scan_checkpoints(checkpoints))
-    recorder.rolled_back(done.name, done.to_steps)
+    recorder.rolled_back(done.name, done.to_steps, episodes_at(checkpoints / done.checkpoint))
     return done
 
 

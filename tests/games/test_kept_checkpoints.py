@@ -144,11 +144,15 @@ def test_a_game_that_resumes_from_kept_or_imported_checkpoints_stands_at_their_s
 ) -> None:
     """Its steps were 0 until its first run resumed: `status` and the plan counted it from 0 (a
     goal's whole budget left), and a scrape meanwhile took 0 for the baseline of
-    fleetd_game_steps_total, which then counted the checkpoint's steps as trained at the resume."""
-    removed_with_checkpoints(client, settings, 5000)
+    fleetd_game_steps_total, which then counted the checkpoint's steps as trained at the resume.
+    Its episodes too: an episodes goal counted from 0 (the worker counts on from the checkpoint's)."""
+    assert client.post("/api/v1/games", json=CART).status_code == 201
+    checkpoint.write_checkpoint(settings.game_dir("cart") / "checkpoints", 5000, 900,
+                                lambda tmp: (tmp / "model.zip").write_bytes(b"model"))
+    assert client.delete("/api/v1/games/cart").status_code == 204
     added = client.post("/api/v1/games", json=CART, params={"kept": "resume"})
     assert added.status_code == 201, added.text
-    assert added.json()["steps"] == 5000
+    assert (added.json()["steps"], added.json()["episodes"]) == (5000, 900)
     assert client.get("/api/v1/games/cart").json()["steps"] == 5000
 
     staged = write_ckpt(tmp_path / "staged", 33820)  # the import's checked checkpoint
