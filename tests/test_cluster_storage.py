@@ -231,6 +231,19 @@ def test_a_cache_checkpoint_of_another_run_at_the_same_steps_is_replaced_by_the_
     assert again.pull() == "ckpt-000000000400" and names(again.checkpoints) == ["ckpt-000000000400"]
 
 
+def test_a_pull_killed_before_its_last_rename_does_not_fail_the_next_pull(tmp_path: Path, target: Target) -> None:
+    """A pull's actor killed (or its node's power cut) after the copy verified in the staging
+    folder and before it was moved into place left `.pulling/ckpt-N`: every later pull of the
+    game on that node failed with `[Errno 39] Directory not empty`, and the game never ran there."""
+    write_ckpt(tmp_path / "earlier", 400)
+    push_new(target, GAME, tmp_path / "earlier", set())
+    node = RunSync(target.url, GAME, tmp_path / "cache")
+    shutil.copytree(remote(target) / "ckpt-000000000400", node.checkpoints / storage.PULLING / "ckpt-000000000400")
+    assert node.pull() == "ckpt-000000000400"
+    assert names(node.checkpoints) == ["ckpt-000000000400"] and checkpoint.verify(node.checkpoints / "ckpt-000000000400")[0]
+    assert not (node.checkpoints / storage.PULLING).exists()
+
+
 def test_a_rollback_drops_the_urls_newer_checkpoints_so_the_next_run_pulls_the_chosen_one(
     tmp_path: Path, target: Target
 ) -> None:

@@ -66,6 +66,7 @@ def pull_newest(target: Target, game: str, folder: Path) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     reasons: dict[str, str] = {}
     staging = folder / PULLING
+    shutil.rmtree(staging, ignore_errors=True)  # left by a pull killed before its last rename
     try:
         for name in remote_names(target, game):
             here = folder / name
