@@ -231,6 +231,50 @@ def test_a_cache_checkpoint_of_another_run_at_the_same_steps_is_replaced_by_the_
     assert again.pull() == "ckpt-000000000400" and names(again.checkpoints) == ["ckpt-000000000400"]
 
 
+def test_a_pull_killed_before_its_last_rename_does_not_fail_the_next_pull(tmp_path: Path, target: Target) -> None:
+    """A pull's actor killed (or its node's power cut) after the copy verified in the staging
+    folder and before it was moved into place left `.pulling/ckpt-N`: every later pull of the
+    game on that node failed with `[Errno 39] Directory not empty`, and the game never ran there."""
+    write_ckpt(tmp_path / "earlier", 400)
+    push_new(target, GAME, tmp_path / "earlier", set())
+    node = RunSync(target.url, GAME, tmp_path / "cache")
+    shutil.copytree(remote(target) / "ckpt-000000000400", node.checkpoints / storage.PULLING / "ckpt-000000000400")
+    assert node.pull() == "ckpt-000000000400"
+    assert names(node.checkpoints) == ["ckpt-000000000400"] and checkpoint.verify(node.checkpoints / "ckpt-000000000400")[0]
+    assert not (node.checkpoints / storage.PULLING).exists()
+
+
+def test_an_earlier_runs_older_unpushed_checkpoints_in_the_cache_never_reach_the_url(tmp_path: Path, target: Target) -> None:
+    """Node a pushed 300 and 400, wrote 420, 450 and 500 and lost power; the game trained on
+    node b from 400 to b's own 450 and 500. Back on a, the pull replaced a's 500 by the URL's,
+    but a's 420 stayed, and the first push uploaded it into the game's history at the URL (and
+    the head's mirror), where a rollback may pick it. The cache keeps only the URL's now."""
+    a = RunSync(target.url, GAME, tmp_path / "cache-a", run_id=1)
+    a.pull()
+    forked_ckpt(a.checkpoints, 300, b"a")
+    forked_ckpt(a.checkpoints, 400, b"a")
+    assert a.push() == ["ckpt-000000000300", "ckpt-000000000400"]
+    for steps in (420, 450, 500):  # never pushed: the power is cut
+        forked_ckpt(a.checkpoints, steps, b"a")
+    put_lease(target, GAME, 2)
+    b = RunSync(target.url, GAME, tmp_path / "cache-b", run_id=2)
+    assert b.pull() == "ckpt-000000000400"
+    forked_ckpt(b.checkpoints, 450, b"b")
+    forked_ckpt(b.checkpoints, 500, b"b")
+    assert b.push() == ["ckpt-000000000450", "ckpt-000000000500"]
+    at_url = names(remote(target))
+
+    put_lease(target, GAME, 3)
+    again = RunSync(target.url, GAME, tmp_path / "cache-a", run_id=3)
+    assert again.pull() == "ckpt-000000000500"
+    # 420 is not at the URL, a's 450 is not the URL's 450; a's 300 and 400 are the URL's: kept.
+    assert names(again.checkpoints) == ["ckpt-000000000500", "ckpt-000000000400", "ckpt-000000000300"]
+    assert again.push() == [] and names(remote(target)) == at_url
+    forked_ckpt(again.checkpoints, 600, b"a")  # this run's own checkpoint: pushed
+    assert again.push() == ["ckpt-000000000600"]
+    assert (remote(target) / "ckpt-000000000450" / "model.zip").read_bytes() == b"b's model at 450"
+
+
 def test_a_rollback_drops_the_urls_newer_checkpoints_so_the_next_run_pulls_the_chosen_one(
     tmp_path: Path, target: Target
 ) -> None:

@@ -113,6 +113,37 @@ def test_a_restarted_head_forgets_every_node_and_a_host_that_does_not_come_back_
     assert hosts_job(db, clock, lambda: []) == []  # an empty listing is no GCS's answer: nothing ends
 
 
+def test_a_node_left_out_of_one_listing_and_listed_alive_again_is_alive_again(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # A listing that leaves out a live node ends its life (the head restarted). When the same
+    # node id was listed alive again, only its last sight moved: its host stayed down for good
+    # in `fleetd hosts` and on /metrics, and its governor admitted nothing there again.
+    from fleetd.store.hosts import read_host_lives
+
+    full = [node("n-head", "head"), node("n-a1", "a"), node("n-b1", "b")]
+    hosts_job(db, clock, lambda: full)
+    clock.advance(30)
+    assert hosts_job(db, clock, lambda: [node("n-head", "head"), node("n-b1", "b")]) == ["a"]
+    clock.advance(30)
+    assert hosts_job(db, clock, lambda: full) == []
+    with db.transaction() as session:
+        lives = {life.name: (life.alive, life.node_id) for life in read_host_lives(session)}
+    assert lives["a"] == (True, "n-a1")
+    client = TestClient(create_app(api_context(on_ray(settings), db, clock, host, TOKEN)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    a = {h["name"]: h for h in client.get("/api/v1/hosts").json()["items"]}["a"]
+    assert a["alive"] and a["boots"] == 1 and a["lives"][0]["ended_at"] is None and a["downtime_s"] == 0.0
+    assert 'fleetd_cluster_host_up{host="a"} 1.0' in client.get("/metrics").text
+    clock.advance(30)  # gone again: lost again, then dead for good once the GCS says so
+    assert hosts_job(db, clock, lambda: [node("n-head", "head"), node("n-b1", "b")]) == ["a"]
+    clock.advance(30)
+    assert hosts_job(db, clock, lambda: [*full[::2], node("n-a1", "a", alive=False)]) == []
+    with db.transaction() as session:
+        assert {life.name: life.alive for life in read_host_lives(session)}["a"] is False
+        assert [e.details["host"] for e in read_events(session, EventFilter(kind="host_lost"))] == ["a", "a"]
+
+
 def test_the_hosts_job_and_the_governor_read_the_lives_they_need_not_every_life(db: Database, clock: FakeClock) -> None:
     # A host gets a life at each join of its Ray node, and none is ever deleted. The hosts job
     # (every heartbeat, in a write transaction) loaded every life ever recorded, and the governor

@@ -66,6 +66,7 @@ def pull_newest(target: Target, game: str, folder: Path) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     reasons: dict[str, str] = {}
     staging = folder / PULLING
+    shutil.rmtree(staging, ignore_errors=True)  # left by a pull killed before its last rename
     try:
         for name in remote_names(target, game):
             here = folder / name
@@ -223,14 +224,27 @@ class RunSync:
     def pull(self) -> str | None:
         """Before the worker starts: the URL's newest verified checkpoint in the cache. Cache
         checkpoints newer than it are dropped (left by an earlier run here, never uploaded, or
-        pruned at the URL since): the worker resumes from what any other node would. When the
-        URL has checkpoints and none verifies, CheckpointsUnusable, and the cache is left as it
-        was: nothing of the game's is deleted when nothing was pulled."""
+        pruned at the URL since): the worker resumes from what any other node would. So are
+        older ones the URL does not hold, or holds another copy of: an earlier run's here, never
+        uploaded (its node lost power) or pruned at the URL since, which the first push would
+        upload into the game's history, where a rollback may pick it. This run has written
+        nothing yet (its worker starts after), so none of them is its own. When the URL has
+        checkpoints and none verifies, CheckpointsUnusable, and the cache is left as it was:
+        nothing of the game's is deleted when nothing was pulled."""
         self.check_lease()
         name = pull_newest(self.target, self.game, self.checkpoints)
+        there = set(remote_names(self.target, self.game)) if name is not None else set()
+        dropped = []
         for info in checkpoint.list_checkpoints(self.checkpoints):
-            if name is None or info.path.name > name:
+            older = name is not None and info.path.name < name
+            if older and info.path.name in there and same_as_url(self.target, self.game, info.path.name, info.path):
+                continue
+            if name is None or info.path.name != name:
                 shutil.rmtree(info.path, ignore_errors=True)
+                dropped.append(info.path.name)
+        if dropped and name is not None:
+            log.warning("%s: dropped from this node's cache, an earlier run's that %s does not hold: %s",
+                        self.game, self.target.url, ", ".join(sorted(dropped)))
         if name is not None:
             self._owned.add(name)
         return name

@@ -14,8 +14,9 @@ from fleetd.store.records import HostBootRecord, HostLife, HostRecord, NodeSeen
 
 def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
     """Record what the GCS lists now: live nodes seen (a new node id is a new life of its host),
-    dead ones ended, and so are open lives it no longer lists (the head restarted). Returns the
-    hosts whose node was seen dead (or gone) for the first time."""
+    dead ones ended, and so are open lives it no longer lists (the head restarted); a life ended
+    so whose node id is listed alive again goes on. Returns the hosts whose node was seen dead
+    (or gone) for the first time since it was last seen alive."""
     hosts = {row.name: row for row in session.scalars(select(Host))}
     boots = _lives_to_observe(session, {node.node_id for node in nodes})
     lost = []
@@ -34,7 +35,10 @@ def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> lis
             boots[node.node_id] = HostBoot(host_id=host.id, node_id=node.node_id, joined_at=now, last_seen_at=now)
             session.add(boots[node.node_id])
         else:
-            boot.last_seen_at = now
+            # A life ended because a listing left its node out (a partial answer, a head that
+            # restarted and whose node table filled again) goes on when its node id is listed
+            # alive again: Ray never revives a node id it declared dead, so only those come back.
+            boot.last_seen_at, boot.ended_at = now, None
     names = {host.id: name for name, host in hosts.items()}
     ended = [boots[n.node_id] for n in nodes if not n.alive and n.node_id in boots]
     if nodes:  # a GCS that answers lists its head at least

@@ -326,7 +326,9 @@ class Host(Base):
 
 class HostBoot(Base):
     """One life of a host's Ray node: from joining the cluster (a new node id) until the GCS
-    declared it dead. The gap to the next one is the host's downtime."""
+    declared it dead, or listed it no more (a restarted head's empty node table). One ended by
+    absence goes on when its node id is listed alive again; one declared dead never does (Ray
+    never revives a dead node id). The gap to the next one is the host's downtime."""
 
     __tablename__ = "host_boots"
 
@@ -335,7 +337,7 @@ class HostBoot(Base):
     node_id: Mapped[str] = mapped_column(String(64), unique=True)
     joined_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
-    ended_at: Mapped[datetime | None]  # when fleetd saw it dead; None while alive
+    ended_at: Mapped[datetime | None]  # when fleetd saw it dead or gone; None while alive (again)
 
 
 class Footprint(Base):
