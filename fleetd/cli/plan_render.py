@@ -87,7 +87,7 @@ def what_if_table(document: dict[str, Any]) -> Table:
 
 def _proven(rung: dict[str, Any]) -> str:
     """Yes for the games planned there; else with how many it was proven, if any."""
-    games = rung.get("proven_games", 0)
+    games = rung.get("proven_games", rung["games"] if rung["proven"] else 0)  # an older daemon sends none
     proven = "yes" if rung["proven"] else f"{games} of {rung['games']} games" if games else "no"
     return proven + (", here" if rung["current"] else "" if games else ", next to probe")
 

@@ -101,7 +101,7 @@ def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: E
     be looked for: met only once every entry passed its own checks, so a bad entry is named first."""
     _check_unique(games)
     current = {game.name: game for game in game_store.read_games(session)}
-    plans = [_plan(index, entry, current.get(entry.name), catalog, restart, workers)
+    plans = [_plan(session, index, entry, current.get(entry.name), catalog, restart, workers)
              for index, entry in enumerate(games)]
     for index, (entry, plan) in enumerate(zip(games, plans)):
         found = (kept or {}).get(entry.name)
@@ -120,8 +120,8 @@ def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
         seen.add(entry.name)
 
 
-def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCheck, restart: bool,
-          workers: LiveWorkers) -> GamePlan:
+def _plan(session: Session, index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCheck,
+          restart: bool, workers: LiveWorkers) -> GamePlan:
     prefix = f"games[{index}]."
     if isinstance(entry, AbsentGame):
         return _plan_absent(entry.name, game)
@@ -130,7 +130,7 @@ def _plan(index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, ca
         return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
     check_identity(game, entry.env_id, entry.algo, prefix)
     changes = setting_changes(game, entry.wanted())
-    check_changes(game, entry.wanted(), changes, catalog, prefix)
+    check_changes(game, entry.wanted(), changes, catalog, prefix, session)
     if game.desired != entry.desired:
         changes.append(SettingChange("desired", game.desired.value, entry.desired.value))
     return _plan_update(entry, game, changes, restart, workers)

@@ -5,7 +5,9 @@ to the model it resumes (workers/changes.py)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from fleetd.clock import Clock
@@ -15,6 +17,7 @@ from fleetd.games.fields import SettingChange, key_changes, when_taken
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.store import games as game_store
+from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.records import GameDraft, GameRecord
@@ -87,9 +90,11 @@ def trained(game: GameRecord) -> bool:
 
 
 def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[SettingChange],
-                  catalog: EnvCheck, prefix: str = "") -> None:
+                  catalog: EnvCheck, prefix: str = "", session: Session | None = None) -> None:
     """The game with its new settings is checked as `games add` would check it; then every
-    changed hyperparameter must be one this game's algorithm takes, and may change on resume."""
+    changed hyperparameter must be one this game's algorithm takes, and may change on resume
+    (an explicit value its model keeps is not unset: unless its last run, as its spec says, never
+    trained with that value, an undo of a `set` no run took)."""
     draft = GameDraft(name=game.name, env_id=game.env_id, algo=game.algo,
                       hyperparams=wanted.get("hyperparams", game.hyperparams),
                       health_settings=wanted.get("health_settings", game.health_settings))
@@ -97,9 +102,26 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
     for change in changes:
         key = change.field.removeprefix("hyperparams.")
         unset = change.old if change.new is None else None  # an explicit value removed
+        if unset is not None and session is not None and not _trained_with(session, game, key, unset):
+            unset = None
         why = change_refusal(key, game.algo, trained(game), unset) if key != change.field else None
         if why is not None:
             refuse_field(f"{prefix}{change.field}", why)
+
+
+def _trained_with(session: Session, game: GameRecord, key: str, value: Any) -> bool:
+    """Its newest run with a readable spec was started with hyperparameter `key` at `value`; true
+    where no run says otherwise (an imported model, specs pruned): its model may hold it."""
+    for run in run_store.read_runs(session, game.id, game.name, 5):
+        if not run.log_path:
+            continue
+        try:
+            spec = json.loads(Path(run.log_path).with_suffix(".spec.json").read_bytes())
+        except (OSError, ValueError):
+            continue
+        overrides = spec.get("hyperparams") if isinstance(spec, dict) else None
+        return isinstance(overrides, dict) and overrides.get(key) == value
+    return True
 
 
 def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -> None:
@@ -149,7 +171,7 @@ def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, 
         check_algo(game, values)
         changes = setting_changes(game, wanted)
         if changes:
-            check_changes(game, wanted, changes, catalog)
+            check_changes(game, wanted, changes, catalog, session=session)
         why = workers.restart_reason(with_settings(game, wanted), restart)
         if changes:
             game = record_changes(session, clock, game, wanted, changes, why is not None)

@@ -252,6 +252,33 @@ def test_a_model_hyperparameter_of_a_trained_game_is_not_unset_but_refused(clien
     assert client.get("/api/v1/games/cart").json()["hyperparams"] == {"learning_rate": 0.0003}
 
 
+def test_undoing_a_set_no_run_took_is_no_unset_of_what_the_model_keeps(client: TestClient, context, tmp_path) -> None:
+    """The refusal above took every explicit value of a trained game for one its model holds:
+    `games set cart learning_rate=0.001` on a stopped game, then `learning_rate=` to undo it,
+    was refused ("its model keeps the value it has (0.001)"), though no run ever trained at it.
+    Its last run's spec says what the model was trained with."""
+    import json
+
+    from fleetd.store.games import read_game as read
+    from fleetd.store.runs import create_run, update_run_spawned
+
+    assert actions(put_spec(client, [CART])) == {"cart": "add"}
+    trained(context.db, context.clock)
+    log = tmp_path / "run-000001.log"
+    log.with_suffix(".spec.json").write_text(json.dumps({"hyperparams": {}}))  # trained at the defaults
+    with context.db.transaction() as session:
+        run = create_run(session, read(session, "cart").id, context.daemon.boot_pk, context.clock.now())
+        update_run_spawned(session, run, 4321, 0.0, ["worker"], str(log))
+    assert patch(client, {"hyperparams": {"learning_rate": 0.001}}).status_code == 200
+    undone = patch(client, {"hyperparams": {}})
+    assert undone.status_code == 200, undone.text
+    assert client.get("/api/v1/games/cart").json()["hyperparams"] == {}
+    # Trained at it (its last run's spec has it): refused, in a file as in a PATCH.
+    log.with_suffix(".spec.json").write_text(json.dumps({"hyperparams": {"learning_rate": 0.001}}))
+    assert patch(client, {"hyperparams": {"learning_rate": 0.001}}).status_code == 200
+    assert error_of(put_spec(client, [CART]), 422)["details"]["errors"][0]["field"] == "games[0].hyperparams.learning_rate"
+
+
 @pytest.mark.parametrize("entry,field", [
     (CART | {"algo": "dqn"}, "games[0].algo"),
     (CART | {"env_id": "Acrobot-v1"}, "games[0].env_id"),
