@@ -37,6 +37,7 @@ from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.host.statedir import LOCK_NAME, StateDirLock, lock_state_dir
+from fleetd.store import games as game_store
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -221,15 +222,20 @@ class Backup:
         removed: list[str] = []
         try:
             self._claim()
+            with self.db.transaction() as session:
+                in_fleet = game_store.game_names(session)
             for game in sorted(self._purges):
                 if game in self.target.names("games"):
                     self.target.remove(f"games/{game}")
                     removed.append(f"{game}/*")
-                with self._purges_lock:  # once gone: a target that failed is tried again
-                    self._purges.discard(game)
-                    self._write_purges()
+                if game in in_fleet or not self.settings.game_dir(game).exists():
+                    with self._purges_lock:  # once gone: a target that failed is tried again
+                        self._purges.discard(game)
+                        self._write_purges()
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
+                if game in self._purges:
+                    continue  # its files are being deleted: what is left of them is not copied back
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]

@@ -232,3 +232,8 @@ def game_id_of(session: Session, name: str) -> int:
 def delete_game(session: Session, name: str) -> None:
     session.delete(_row(session, name))
     session.flush()
+
+
+def game_names(session: Session) -> set[str]:
+    """Every game's name: what is in the fleet now."""
+    return set(session.scalars(select(Game.name)))

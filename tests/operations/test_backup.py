@@ -183,6 +183,32 @@ def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tm
         fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
 
 
+def test_a_scan_while_a_purged_games_files_are_deleted_copies_none_of_them_back(setup, tmp_path):
+    # The purge is told before the files go: a scan in between dropped the target's copies, took
+    # the purge as done and copied the checkpoints still on disk back; the delete then failing
+    # (a storage outage) or the daemon dying left them there for good.
+    from fleetd.store.games import create_game, delete_game
+    from fleetd.store.records import GameDraft
+
+    settings, db, url = setup
+    clock = FakeClock()
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    backup = Backup(settings, db, clock)
+    backup.now()
+    with db.transaction() as session:  # remove_game's own order: out of the database, the backup told, then the files
+        delete_game(session, "pong")
+    backup.purged("pong")
+
+    during = backup.checkpoints()  # the files are still there
+
+    assert (during.copied, during.removed) == ([], ["pong/*"])
+    assert Target(url).names("games") == set()
+    shutil.rmtree(settings.game_dir("pong"))  # the delete ends
+    assert backup.checkpoints().removed == [] and not (settings.backups_dir / "purges.json").exists()
+
+
 def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
     # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
     # removed pong's checkpoints until the new one wrote its own (never the last ones), and a
