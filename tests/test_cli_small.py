@@ -184,6 +184,7 @@ def test_the_games_table_fits_a_terminal_by_leaving_columns_out_never_by_cutting
     for game in games:
         assert f"│ {game['name']} " in text and f"{game['steps']:,}" in text
     if width >= 160:
-        assert header == list(render.GAME_COLUMNS)
+        assert header == list(render.GAME_COLUMNS) and "left out" not in text
     else:
-        assert "pid" not in header  # the first left out
+        assert "pid" not in header  # the first left out, and the caption says so
+        assert "left out to fit the terminal:" in text and "pid," in text

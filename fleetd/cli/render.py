@@ -242,18 +242,22 @@ def games_table(games: list[dict[str, Any]], width: int | None = None) -> Table:
     reasons += [f"{g['name']}: {g['health_reason']}" for g in games if g.get("health", "learning") in HEALTH_EXPLAINED
                 and g.get("health_reason")]
     reasons += [f"{g['name']}: {PENDING_NOTE}: {listed(g['pending'])}" for g in games if g.get("pending")]
+    left_out = [column for column in GAME_COLUMNS if column not in shown]
+    if left_out:
+        reasons.append(f"left out to fit the terminal: {', '.join(left_out)} (a wider one, or --json, shows them)")
     if reasons:
         table.caption = "\n".join(reasons)
     return none_if_empty(table)
 
 
 UNBOUNDED = 100_000  # to measure a table's natural width, not the terminal's
+NEVER_CUT = ("game", "state", "steps")  # `sto…` could be stopping or stopped
 
 
 def _games_columns(shown: list[str], rows: list[dict[str, RenderableType]]) -> Table:
     table = PlainTable(title="Games")
     for column in shown:
-        table.add_column(column, justify="right" if column in RIGHT else "left", no_wrap=column in ("game", "steps"))
+        table.add_column(column, justify="right" if column in RIGHT else "left", no_wrap=column in NEVER_CUT)
     for row in rows:
         table.add_row(*(row[column] for column in shown))
     return table
