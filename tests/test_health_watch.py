@@ -295,6 +295,34 @@ def test_plateau_stop_stops_it_with_the_reason(loop: Loop) -> None:
     assert record.desired is Desired.STOPPED and record.state_reason.startswith("stopped: plateau: no new best")
 
 
+def test_starting_a_rolled_back_game_stopped_on_its_plateau_keeps_its_rollbacks_and_rate(loop: Loop) -> None:
+    """No one fixed its settings: started as the plateau alert says, it trains on at the rollback's
+    rate, and its next collapse holds it (max_rollbacks 1), where it used to roll back again at
+    the rate that collapsed: collapse, rollback, plateau stop, start, for good."""
+    add(loop, "cp", {**QUICK, "plateau_steps": 2000, "on_plateau": "stop"})
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 20), (5000, 15)):
+        evaluate(loop, "cp", steps, value)
+    stop_exits(loop, "cp")  # rolled back to 3000
+    loop.run_up("cp")
+    for steps in (4000, 5000):
+        evaluate(loop, "cp", steps, 300)
+    assert game(loop, "cp").health.state is Health.PLATEAU and "rollbacks still count" in loop.alerts.sent[-1].action
+    stop_exits(loop, "cp")
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
+    record = game(loop, "cp")
+    assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1 and record.remedy_lr_scale == 0.25
+    loop.run_up("cp")
+    for steps in (6000, 7000):
+        evaluate(loop, "cp", steps, 15)
+    assert game(loop, "cp").health.state is Health.HELD
+    assert [e.details["action"] for e in events(loop, "learning_collapse")] == ["hold", "rollback"]
+
+
 def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     add(loop, "b", {})

@@ -197,9 +197,17 @@ def rolled_back_by_operator(record: HealthRecord, steps: int, kept: list[Evaluat
 
 def released(record: HealthRecord) -> HealthRecord:
     """The operator started a held (or stopped-on-plateau) game: judged afresh from here, its
-    floor and best kept."""
-    return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
-                   improved_steps=record.last_steps)
+    floor and best kept. Held, it was told to fix its settings: its rollbacks start from 0 (the
+    caller drops their learning-rate scale). Stopped on a plateau, no one was: its rollbacks
+    still count (rolled back, it is `rolled_back` again), as when it is readmitted after a
+    yield, or a collapse, rollback, plateau stop and start would loop past `max_rollbacks`."""
+    if record.state is Health.HELD:
+        return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
+                       improved_steps=record.last_steps)
+    state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
+    kept = f"; its {record.rollbacks} rollback(s) still count" if record.rollbacks else ""
+    return replace(record, state=state, reason=f"started by the operator after its plateau stop: judged afresh{kept}",
+                   below=0, improved_steps=record.last_steps)
 
 
 def readmitted(record: HealthRecord) -> HealthRecord:

@@ -44,7 +44,8 @@ _DOING = {
     Action.ROLLBACK: "fleetd restarts it from its best-evaluated checkpoint",
     Action.HOLD: "fleetd stopped it (desired stopped); fix its settings, then `fleetd games start {game}`",
     Action.FLAG: "fleetd only marks it (on_plateau = flag)",
-    Action.STOP: "fleetd stopped it (on_plateau = stop); `fleetd games start {game}` trains it on",
+    Action.STOP: "fleetd stopped it (on_plateau = stop); `fleetd games start {game}` trains it on, judged afresh "
+                 "(any rollbacks still count, at their learning-rate scale)",
     Action.YIELD: "fleetd gives its slot to a pending game and queues it last (on_plateau = yield)",
 }
 
@@ -118,14 +119,15 @@ class LearningWatch:
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
-    def released(self, game: str) -> bool:
-        """The operator started a held game, or one stopped on a plateau: judged afresh (its
-        rollbacks' learning-rate scale is dropped by the caller). True if it was."""
+    def released(self, game: str) -> Health | None:
+        """The operator started a held game, or one stopped on a plateau: judged afresh
+        (rules.released; a held one's rollbacks' learning-rate scale is dropped by the caller).
+        The state it was released from; None if it was neither."""
         old = self.record(game)
         if old.state not in (Health.HELD, Health.PLATEAU):
-            return False
+            return None
         self._store(game, old, released(old))
-        return True
+        return old.state
 
     def readmitted(self, game: str) -> None:
         """A game that yielded its slot on a plateau was admitted again (rules.readmitted)."""

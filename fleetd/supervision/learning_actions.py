@@ -91,9 +91,11 @@ class LearningActions:
             self.watch.readmitted(name)
 
     def release(self, name: str, proc: WorkerProcess | None) -> None:
-        """`games start` on a held game (or one stopped on a plateau): judged afresh, its
-        rollback's learning-rate scale dropped (the operator fixed its settings)."""
-        if self.watch.released(name) and proc is not None and proc.state not in LIVE:
+        """`games start` on a held game, or one stopped on a plateau: judged afresh. A held one
+        drops its rollbacks' learning-rate scale (the operator was told to fix its settings); one
+        stopped on its plateau keeps it, and its rollbacks, or it would train again at the rate
+        that collapsed and its next collapse roll back instead of holding, for good."""
+        if self.watch.released(name) is Health.HELD and proc is not None and proc.state not in LIVE:
             proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
 
     def _hold(self, proc: WorkerProcess, verdict: Verdict) -> None:
