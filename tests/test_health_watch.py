@@ -6,6 +6,7 @@ a plateau flags, stops or yields its slot. Deterministic: no sleeps, no processe
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from fleetd.supervision.commands import Reconcile, StartGame
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
+from workers import checkpoint as checkpoint_module
 from workers.checkpoint import list_checkpoints, summarize, write_checkpoint
 from workers.protocol.reports import CheckpointReport, ProgressReport
 
@@ -59,13 +61,14 @@ def add(loop: Loop, name: str, health: dict, priority: int = 0) -> None:
     loop.clock.advance(1)
 
 
-def evaluate(loop: Loop, name: str, steps: int, eval_return: float, train: float | None = None) -> None:
+def evaluate(loop: Loop, name: str, steps: int, eval_return: float, train: float | None = None,
+             populate: Callable[[Path], None] | None = None) -> None:
     """The worker writes a checkpoint with this evaluation and reports it (a training return first)."""
     proc = loop.sup.procs[name]
     at = loop.clock.now().timestamp()
     loop.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 10, 100.0, 0.0,
                                        eval_return if train is None else train, None, None))
-    folder = write_checkpoint(checkpoints(loop, name), steps, 10, payload, eval_return)
+    folder = write_checkpoint(checkpoints(loop, name), steps, 10, populate or payload, eval_return)
     loop.reactor.report(CheckpointReport(name, proc.run_id, proc.pid, at, summarize(folder)))
     loop.steps()
 
@@ -74,6 +77,25 @@ def payload(tmp: Path) -> None:
     """What a checkpoint must hold (workers.checkpoint.REQUIRED_FILES), as the worker writes it."""
     (tmp / "model.zip").write_bytes(b"m")
     (tmp / "state.json").write_text("{}")
+
+
+def with_buffer(tmp: Path) -> None:
+    """A DQN's checkpoint: a replay buffer beside the rest (gigabytes in earnest)."""
+    payload(tmp)
+    (tmp / "replay_buffer.pkl").write_bytes(b"r" * 4096)
+
+
+def hashes_recorded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files workers.checkpoint hashes from now on."""
+    hashed: list[str] = []
+    real = checkpoint_module.sha256_file
+
+    def recording(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(checkpoint_module, "sha256_file", recording)
+    return hashed
 
 
 def checkpoints(loop: Loop, name: str) -> Path:
@@ -138,6 +160,22 @@ def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(
     assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000
     assert "(ckpt-000000004000, return 480)" in game(loop, "cp").state_reason
     assert game(loop, "cp").health.reason == "rolled back to its best-evaluated checkpoint at 4000 steps (return 480; best seen 500)"
+
+
+def test_the_rollback_never_hashes_a_replay_buffer_in_the_loop(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DQN's buffer is gigabytes (10 s and more to hash from a cold disk: the loop's watchdog
+    pings stop): the loop checks its size only. The small files are hashed still, and a buffer
+    of the wrong size still passes its checkpoint over."""
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480), (5000, 20), (6000, 15)):
+        evaluate(loop, "cp", steps, value, populate=with_buffer)
+    (checkpoints(loop, "cp") / "ckpt-000000003000" / "replay_buffer.pkl").write_bytes(b"r" * 10)  # truncated
+    hashed = hashes_recorded(monkeypatch)
+    stop_exits(loop, "cp")
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000  # 3000's buffer is cut short
+    assert "model.zip" in hashed and "replay_buffer.pkl" not in hashed
 
 
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:

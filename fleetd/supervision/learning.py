@@ -33,7 +33,8 @@ from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
-from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest, verify
+from workers.bundle import REPLAY_BUFFER
+from workers.checkpoint import CheckpointError, check, list_checkpoints, read_manifest
 from workers.protocol.reports import CheckpointSummary
 
 _EVENT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_collapse", Action.FLAG: "plateau",
@@ -186,12 +187,24 @@ def _settings(overrides: dict[str, Any]) -> HealthSettings:
 # -- the rollback's files ----------------------------------------------------------------------
 
 
+def verified_in_loop(path: Path) -> tuple[bool, str]:
+    """workers.checkpoint.verify as the supervisor's loop may afford it: every file at its size,
+    every one but the replay buffer hashed. A DQN's buffer is gigabytes (2 GiB by default: 10 s
+    and more from a cold disk, past the loop's watchdog); the model, state and statistics are
+    small. A buffer damaged in place, its size unchanged, is the worker's to find when it resumes."""
+    try:
+        check(path, unhashed=(REPLAY_BUFFER,))
+    except CheckpointError as exc:
+        return False, str(exc)
+    return True, "ok"
+
+
 def best_evaluated(directory: Path) -> BestCheckpoint | None:
     """The checkpoint with the highest evaluation return in its manifest whose files match their
-    hashes (the one retention keeps: workers.checkpoint.best_verified), as the worker checks them
+    sizes and hashes (verified_in_loop: the replay buffer's size only), as the worker checks them
     when it resumes. One that does not is passed over for the next best: taken, it would have the
     good checkpoints after it set aside and the worker then skip it for an older, worse one (or
-    find none). Hashed in the supervisor's turn, highest first: a collapse is rare."""
+    find none). In the supervisor's turn, highest first: a collapse is rare."""
     scored: list[tuple[float, int, Path]] = []
     for info in list_checkpoints(directory):
         try:
@@ -201,7 +214,7 @@ def best_evaluated(directory: Path) -> BestCheckpoint | None:
         if manifest.eval_return is not None:
             scored.append((manifest.eval_return, manifest.steps, info.path))
     for score, steps, path in sorted(scored, reverse=True):  # ties: the newest, as retention's
-        if verify(path)[0]:
+        if verified_in_loop(path)[0]:
             return BestCheckpoint(path, steps, float(score))
     return None
 
