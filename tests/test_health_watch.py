@@ -361,6 +361,27 @@ def test_starting_a_rolled_back_game_stopped_on_its_plateau_keeps_its_rollbacks_
     assert [e.details["action"] for e in events(loop, "learning_collapse")] == ["hold", "rollback"]
 
 
+def test_on_plateau_set_to_stop_after_the_flag_stops_it_and_says_so(loop: Loop) -> None:
+    """The flag's alert said fleetd only marks it: the stop that follows, once on_plateau is
+    stop, is told too (an event and an alert), once; a flag still flagging is not told again."""
+    add(loop, "a", {"plateau_steps": 2000})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    evaluate(loop, "a", 4000, 10.0)
+    assert [e.details["action"] for e in events(loop, "plateau")] == ["flag"]
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"health_settings": {"plateau_steps": 2000, "on_plateau": "stop"}},
+                                        loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 5000, 10.0)
+    assert loop.state("a") is State.STOPPING and game(loop, "a").desired is Desired.STOPPED
+    evaluate(loop, "a", 5500, 10.0)  # its final checkpoint's evaluation, on the way out: told already
+    assert [e.details["action"] for e in events(loop, "plateau")] == ["stop", "flag"]  # newest first
+    assert [a.action.split(" (")[0] for a in loop.alerts.sent] == ["fleetd only marks it", "fleetd stopped it"]
+
+
 def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     add(loop, "b", {})
@@ -408,7 +429,8 @@ def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
 
 def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_later(loop: Loop) -> None:
     """Still on its plateau, the game yields at the next evaluation once a game waits: it would
-    otherwise keep the slot for good. The plateau is told once (one event, one alert)."""
+    otherwise keep the slot for good. Each action is told once: it keeps its slot (at its
+    plateau, not again at the next evaluation), then it yields."""
     test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop)
     evaluate(loop, "a", 4000, 10.0)
     assert loop.state("a") is State.RUNNING
@@ -422,4 +444,6 @@ def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_late
     assert loop.state("a") is State.STOPPING
     stop_exits(loop, "a")
     assert loop.state("c") is State.STARTING and loop.shown()["a"] is Shown.PENDING
-    assert len(events(loop, "plateau")) == 1 and [a.kind for a in loop.alerts.sent] == ["plateau"]
+    assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, True]  # newest first
+    assert [a.kind for a in loop.alerts.sent] == ["plateau", "plateau"]
+    assert "keeps its slot for now" in loop.alerts.sent[0].action and "gives its slot" in loop.alerts.sent[1].action

@@ -161,7 +161,8 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     rolled back that never gets a real new best is on a plateau too, or it would hold its slot
     for good). A game still on its plateau is asked again, at each evaluation, to stop or yield
     when `on_plateau` says so now: set after the flag, or a yield that found no one waiting then
-    (the verdict is told once, when the state changes: fleetd/supervision/learning.py)."""
+    (each verdict is told when its action differs from the last told for this plateau:
+    fleetd/supervision/learning.py)."""
     flat = ev.steps - record.improved_steps
     action = _PLATEAU_ACTIONS[settings.on_plateau]
     standing = record.state is Health.PLATEAU and action is not Action.FLAG

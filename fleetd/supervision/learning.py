@@ -49,6 +49,10 @@ _DOING = {
                  "(any rollbacks still count, at their learning-rate scale)",
     Action.YIELD: "fleetd gives its slot to a pending game and queues it last (on_plateau = yield)",
 }
+_KEPT = "KEPT"  # a yield with no game of its priority or higher waiting: told apart from the yield itself
+_DOING_KEPT = ("no game of its priority or higher is waiting: it keeps its slot for now (marked only) and yields "
+               "when one waits (on_plateau = yield)")
+_PLATEAU = (Action.FLAG, Action.STOP, Action.YIELD)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,9 @@ class LearningWatch:
     _settings: dict[str, HealthSettings] = field(default_factory=dict)
     _train: dict[str, float | None] = field(default_factory=dict)
     _ids: dict[str, tuple[int, datetime]] = field(default_factory=dict)  # the game each name's record is of
+    # The last plateau action told for each game on its plateau (an Action's value, or _KEPT):
+    # a plateau's verdict recurs at every evaluation; only a different action is told again.
+    _told: dict[str, str] = field(default_factory=dict)
 
     def load(self, games: list[GameRecord]) -> None:
         """The games as just read from the store: their records and settings. A game removed and
@@ -76,6 +83,7 @@ class LearningWatch:
             self._records.pop(name, None)
             self._settings.pop(name, None)
             self._train.pop(name, None)
+            self._told.pop(name, None)
         self._ids = ids
         for game in games:
             self._records.setdefault(game.name, game.health)
@@ -97,9 +105,21 @@ class LearningWatch:
         old = self.record(game)
         new, verdict = observe(old, ev, self.settings(game))
         self._store(game, old, new)
-        if verdict.action is not Action.NONE and new.state != old.state:  # a plateau's verdict recurs: told once
+        if verdict.action in (Action.ROLLBACK, Action.HOLD) and new.state != old.state:
             self._tell(game, new, verdict)
         return verdict
+
+    def plateau_told(self, game: str, verdict: Verdict, kept_slot: bool = False) -> None:
+        """A plateau's verdict as the actions carry it out (`kept_slot`: a yield that found no one
+        waiting). It recurs at every evaluation while the game stays on its plateau: told when its
+        action differs from the last one told for this plateau (the flag, then `on_plateau` set to
+        stop; a yield that finds a game waiting only later), never again for the same one."""
+        assert verdict.action in _PLATEAU
+        told = _KEPT if kept_slot else verdict.action.value
+        if self._told.get(game) == told:
+            return
+        self._told[game] = told
+        self._tell(game, self.record(game), verdict, kept_slot)
 
     def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str]) -> None:
         """Recorded as a `learning_rollback` event. The learning-rate scale it leaves is the game's
@@ -155,6 +175,8 @@ class LearningWatch:
     def _store(self, game: str, old: HealthRecord, new: HealthRecord, kind: str = "health",
                details: dict[str, Any] | None = None, message: str | None = None) -> None:
         self._records[game] = new
+        if new.state is not Health.PLATEAU:  # off its plateau: the next one is told afresh
+            self._told.pop(game, None)
         now = self.clock.now()
         with self.db.transaction() as session:
             update_health(session, game_store.game_id_of(session, game), new, now)
@@ -163,15 +185,17 @@ class LearningWatch:
                 info = {"from": old.state.value, "to": new.state.value, "steps": new.last_steps, **(details or {})}
                 create_event(session, now, kind, message, game=game, details=info)
 
-    def _tell(self, game: str, record: HealthRecord, verdict: Verdict) -> None:
+    def _tell(self, game: str, record: HealthRecord, verdict: Verdict, kept_slot: bool = False) -> None:
         severity = "error" if verdict.action in (Action.ROLLBACK, Action.HOLD) else "warning"
         details = {"action": verdict.action.value, "steps": record.last_steps, "best": record.best,
                    "best_steps": record.best_steps, "floor": record.floor, "rollbacks": record.rollbacks}
+        if verdict.action is Action.YIELD:
+            details["kept_slot"] = kept_slot
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), _EVENT[verdict.action], verdict.reason, severity=severity,
                          game=game, details=details)
         if self.alerts is not None:
-            action = _DOING[verdict.action].format(game=game)
+            action = _DOING_KEPT if kept_slot else _DOING[verdict.action].format(game=game)
             self.alerts.send(Alert(_ALERT[verdict.action], f"{game}: {verdict.reason}", self.clock.now(), game,
                                    details, action))
 

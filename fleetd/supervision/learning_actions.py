@@ -55,9 +55,16 @@ class LearningActions:
         if verdict.action is Action.ROLLBACK:
             self._rollbacks.add(proc.name)
             self._fleet.stop(proc, verdict.reason, None)
-        elif verdict.action in (Action.HOLD, Action.STOP):
+        elif verdict.action is Action.HOLD:
             self._hold(proc, verdict)
+        elif verdict.action is Action.STOP:
+            self.watch.plateau_told(proc.name, verdict)
+            self._hold(proc, verdict)
+        elif verdict.action is Action.FLAG:
+            self.watch.plateau_told(proc.name, verdict)
         elif verdict.action is Action.YIELD:
+            if proc.name not in self._yielded:  # yielded already: stopping, its slot given up
+                self.watch.plateau_told(proc.name, verdict, kept_slot=not self._someone_waiting(proc.name))
             self._yield(proc, verdict.reason)
 
     def exited(self, proc: WorkerProcess) -> None:
