@@ -6,6 +6,7 @@ a plateau flags, stops or yields its slot. Deterministic: no sleeps, no processe
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from fleetd.supervision.commands import Reconcile, StartGame
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
+from workers import checkpoint as checkpoint_module
 from workers.checkpoint import list_checkpoints, summarize, write_checkpoint
 from workers.protocol.reports import CheckpointReport, ProgressReport
 
@@ -59,13 +61,14 @@ def add(loop: Loop, name: str, health: dict, priority: int = 0) -> None:
     loop.clock.advance(1)
 
 
-def evaluate(loop: Loop, name: str, steps: int, eval_return: float, train: float | None = None) -> None:
+def evaluate(loop: Loop, name: str, steps: int, eval_return: float, train: float | None = None,
+             populate: Callable[[Path], None] | None = None) -> None:
     """The worker writes a checkpoint with this evaluation and reports it (a training return first)."""
     proc = loop.sup.procs[name]
     at = loop.clock.now().timestamp()
     loop.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 10, 100.0, 0.0,
                                        eval_return if train is None else train, None, None))
-    folder = write_checkpoint(checkpoints(loop, name), steps, 10, payload, eval_return)
+    folder = write_checkpoint(checkpoints(loop, name), steps, 10, populate or payload, eval_return)
     loop.reactor.report(CheckpointReport(name, proc.run_id, proc.pid, at, summarize(folder)))
     loop.steps()
 
@@ -74,6 +77,25 @@ def payload(tmp: Path) -> None:
     """What a checkpoint must hold (workers.checkpoint.REQUIRED_FILES), as the worker writes it."""
     (tmp / "model.zip").write_bytes(b"m")
     (tmp / "state.json").write_text("{}")
+
+
+def with_buffer(tmp: Path) -> None:
+    """A DQN's checkpoint: a replay buffer beside the rest (gigabytes in earnest)."""
+    payload(tmp)
+    (tmp / "replay_buffer.pkl").write_bytes(b"r" * 4096)
+
+
+def hashes_recorded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files workers.checkpoint hashes from now on."""
+    hashed: list[str] = []
+    real = checkpoint_module.sha256_file
+
+    def recording(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(checkpoint_module, "sha256_file", recording)
+    return hashed
 
 
 def checkpoints(loop: Loop, name: str) -> Path:
@@ -138,6 +160,22 @@ def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(
     assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000
     assert "(ckpt-000000004000, return 480)" in game(loop, "cp").state_reason
     assert game(loop, "cp").health.reason == "rolled back to its best-evaluated checkpoint at 4000 steps (return 480; best seen 500)"
+
+
+def test_the_rollback_never_hashes_a_replay_buffer_in_the_loop(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DQN's buffer is gigabytes (10 s and more to hash from a cold disk: the loop's watchdog
+    pings stop): the loop checks its size only. The small files are hashed still, and a buffer
+    of the wrong size still passes its checkpoint over."""
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480), (5000, 20), (6000, 15)):
+        evaluate(loop, "cp", steps, value, populate=with_buffer)
+    (checkpoints(loop, "cp") / "ckpt-000000003000" / "replay_buffer.pkl").write_bytes(b"r" * 10)  # truncated
+    hashed = hashes_recorded(monkeypatch)
+    stop_exits(loop, "cp")
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 4000  # 3000's buffer is cut short
+    assert "model.zip" in hashed and "replay_buffer.pkl" not in hashed
 
 
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
@@ -295,6 +333,55 @@ def test_plateau_stop_stops_it_with_the_reason(loop: Loop) -> None:
     assert record.desired is Desired.STOPPED and record.state_reason.startswith("stopped: plateau: no new best")
 
 
+def test_starting_a_rolled_back_game_stopped_on_its_plateau_keeps_its_rollbacks_and_rate(loop: Loop) -> None:
+    """No one fixed its settings: started as the plateau alert says, it trains on at the rollback's
+    rate, and its next collapse holds it (max_rollbacks 1), where it used to roll back again at
+    the rate that collapsed: collapse, rollback, plateau stop, start, for good."""
+    add(loop, "cp", {**QUICK, "plateau_steps": 2000, "on_plateau": "stop"})
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 20), (5000, 15)):
+        evaluate(loop, "cp", steps, value)
+    stop_exits(loop, "cp")  # rolled back to 3000
+    loop.run_up("cp")
+    for steps in (4000, 5000):
+        evaluate(loop, "cp", steps, 300)
+    assert game(loop, "cp").health.state is Health.PLATEAU and "rollbacks still count" in loop.alerts.sent[-1].action
+    stop_exits(loop, "cp")
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
+    record = game(loop, "cp")
+    assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1 and record.remedy_lr_scale == 0.25
+    loop.run_up("cp")
+    for steps in (6000, 7000):
+        evaluate(loop, "cp", steps, 15)
+    assert game(loop, "cp").health.state is Health.HELD
+    assert [e.details["action"] for e in events(loop, "learning_collapse")] == ["hold", "rollback"]
+
+
+def test_on_plateau_set_to_stop_after_the_flag_stops_it_and_says_so(loop: Loop) -> None:
+    """The flag's alert said fleetd only marks it: the stop that follows, once on_plateau is
+    stop, is told too (an event and an alert), once; a flag still flagging is not told again."""
+    add(loop, "a", {"plateau_steps": 2000})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    evaluate(loop, "a", 4000, 10.0)
+    assert [e.details["action"] for e in events(loop, "plateau")] == ["flag"]
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"health_settings": {"plateau_steps": 2000, "on_plateau": "stop"}},
+                                        loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 5000, 10.0)
+    assert loop.state("a") is State.STOPPING and game(loop, "a").desired is Desired.STOPPED
+    evaluate(loop, "a", 5500, 10.0)  # its final checkpoint's evaluation, on the way out: told already
+    assert [e.details["action"] for e in events(loop, "plateau")] == ["stop", "flag"]  # newest first
+    assert [a.action.split(" (")[0] for a in loop.alerts.sent] == ["fleetd only marks it", "fleetd stopped it"]
+
+
 def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     add(loop, "b", {})
@@ -342,7 +429,8 @@ def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
 
 def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_later(loop: Loop) -> None:
     """Still on its plateau, the game yields at the next evaluation once a game waits: it would
-    otherwise keep the slot for good. The plateau is told once (one event, one alert)."""
+    otherwise keep the slot for good. Each action is told once: it keeps its slot (at its
+    plateau, not again at the next evaluation), then it yields."""
     test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop)
     evaluate(loop, "a", 4000, 10.0)
     assert loop.state("a") is State.RUNNING
@@ -356,4 +444,6 @@ def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_late
     assert loop.state("a") is State.STOPPING
     stop_exits(loop, "a")
     assert loop.state("c") is State.STARTING and loop.shown()["a"] is Shown.PENDING
-    assert len(events(loop, "plateau")) == 1 and [a.kind for a in loop.alerts.sent] == ["plateau"]
+    assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, True]  # newest first
+    assert [a.kind for a in loop.alerts.sent] == ["plateau", "plateau"]
+    assert "keeps its slot for now" in loop.alerts.sent[0].action and "gives its slot" in loop.alerts.sent[1].action

@@ -24,7 +24,8 @@ from fleetd.store import games as game_store
 from fleetd.supervision.commands import Reconcile, StartGame
 from fleetd.supervision import rollback as rollback_module
 from fleetd.supervision.rollback import RollBack, RolledBack, roll_back
-from tests.test_health_watch import add, checkpoints, evaluate, events, game, loop, stop_exits  # noqa: F401
+from tests.test_health_watch import (add, checkpoints, evaluate, events, game, hashes_recorded, loop,  # noqa: F401
+                                     stop_exits, with_buffer)
 from tests.test_supervisor_loop import Loop
 from fleetd.supervision.index import scan_checkpoints
 from workers.checkpoint import list_checkpoints, verify, write_checkpoint
@@ -134,6 +135,22 @@ def test_a_target_whose_hash_does_not_match_is_refused_and_nothing_moves(loop: L
     assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [3000, 2000, 1000]
     assert not (loop.settings.game_dir("cp") / "rolled_back").exists() and events(loop, "rollback") == []
     assert ask(loop, 1000).result(timeout=0).set_aside == ["ckpt-000000002000", "ckpt-000000003000"]
+
+
+def test_the_targets_replay_buffer_is_not_hashed_in_the_loop(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gigabytes for a DQN: the supervisor's turn checks its size only, and hashes the rest."""
+    add(loop, "cp", {})
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 150)):
+        evaluate(loop, "cp", steps, value, populate=with_buffer)
+    set_desired(loop.db, loop.clock, "cp", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    stop_exits(loop, "cp")
+    hashed = hashes_recorded(monkeypatch)
+    assert ask(loop, 2000).result(timeout=0).set_aside == ["ckpt-000000003000"]
+    assert "model.zip" in hashed and "replay_buffer.pkl" not in hashed
 
 
 def test_a_checkpoint_without_the_files_a_checkpoint_must_hold_is_not_verified(loop: Loop) -> None:

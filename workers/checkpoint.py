@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from workers.protocol.reports import CheckpointSummary
 
@@ -138,11 +138,13 @@ def verify(ckpt_dir: str | os.PathLike) -> tuple[bool, str]:
     return True, "ok"
 
 
-def check(ckpt_dir: Path, hashes: bool = True) -> Manifest:
+def check(ckpt_dir: Path, hashes: bool = True, unhashed: Collection[str] = ()) -> Manifest:
     """The manifest, once the folder holds what a checkpoint must (REQUIRED_FILES, every listed
     file at its size) and, with `hashes`, every file's sha256 matches; else CheckpointError.
     `hashes=False` is the daemon's cheap look (fleetd.supervision.index): the same rules, so
-    it never calls complete a checkpoint that this module would reject for anything but a hash."""
+    it never calls complete a checkpoint that this module would reject for anything but a hash.
+    `unhashed`: files checked for their size only (the daemon's loop: a replay buffer is
+    gigabytes)."""
     manifest = read_manifest(ckpt_dir)
     for name in REQUIRED_FILES:
         if name not in manifest.files:
@@ -154,7 +156,7 @@ def check(ckpt_dir: Path, hashes: bool = True) -> Manifest:
         size = path.stat().st_size
         if size != entry.size:
             raise CheckpointError(f"{name} is {size} bytes, manifest says {entry.size} (truncated?)")
-        if hashes and sha256_file(path) != entry.sha256:
+        if hashes and name not in unhashed and sha256_file(path) != entry.sha256:
             raise CheckpointError(f"{name} sha256 does not match the manifest (corrupt)")
     return manifest
 

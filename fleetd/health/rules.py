@@ -161,7 +161,8 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     rolled back that never gets a real new best is on a plateau too, or it would hold its slot
     for good). A game still on its plateau is asked again, at each evaluation, to stop or yield
     when `on_plateau` says so now: set after the flag, or a yield that found no one waiting then
-    (the verdict is told once, when the state changes: fleetd/supervision/learning.py)."""
+    (each verdict is told when its action differs from the last told for this plateau:
+    fleetd/supervision/learning.py)."""
     flat = ev.steps - record.improved_steps
     action = _PLATEAU_ACTIONS[settings.on_plateau]
     standing = record.state is Health.PLATEAU and action is not Action.FLAG
@@ -197,9 +198,17 @@ def rolled_back_by_operator(record: HealthRecord, steps: int, kept: list[Evaluat
 
 def released(record: HealthRecord) -> HealthRecord:
     """The operator started a held (or stopped-on-plateau) game: judged afresh from here, its
-    floor and best kept."""
-    return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
-                   improved_steps=record.last_steps)
+    floor and best kept. Held, it was told to fix its settings: its rollbacks start from 0 (the
+    caller drops their learning-rate scale). Stopped on a plateau, no one was: its rollbacks
+    still count (rolled back, it is `rolled_back` again), as when it is readmitted after a
+    yield, or a collapse, rollback, plateau stop and start would loop past `max_rollbacks`."""
+    if record.state is Health.HELD:
+        return replace(record, state=Health.LEARNING, reason="started by the operator", below=0, rollbacks=0,
+                       improved_steps=record.last_steps)
+    state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
+    kept = f"; its {record.rollbacks} rollback(s) still count" if record.rollbacks else ""
+    return replace(record, state=state, reason=f"started by the operator after its plateau stop: judged afresh{kept}",
+                   below=0, improved_steps=record.last_steps)
 
 
 def readmitted(record: HealthRecord) -> HealthRecord:

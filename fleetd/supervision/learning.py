@@ -33,7 +33,8 @@ from fleetd.store.engine import Database
 from fleetd.store.events import create_event
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
-from workers.checkpoint import CheckpointError, list_checkpoints, read_manifest, verify
+from workers.bundle import REPLAY_BUFFER
+from workers.checkpoint import CheckpointError, check, list_checkpoints, read_manifest
 from workers.protocol.reports import CheckpointSummary
 
 _EVENT = {Action.ROLLBACK: "learning_collapse", Action.HOLD: "learning_collapse", Action.FLAG: "plateau",
@@ -44,9 +45,14 @@ _DOING = {
     Action.ROLLBACK: "fleetd restarts it from its best-evaluated checkpoint",
     Action.HOLD: "fleetd stopped it (desired stopped); fix its settings, then `fleetd games start {game}`",
     Action.FLAG: "fleetd only marks it (on_plateau = flag)",
-    Action.STOP: "fleetd stopped it (on_plateau = stop); `fleetd games start {game}` trains it on",
+    Action.STOP: "fleetd stopped it (on_plateau = stop); `fleetd games start {game}` trains it on, judged afresh "
+                 "(any rollbacks still count, at their learning-rate scale)",
     Action.YIELD: "fleetd gives its slot to a pending game and queues it last (on_plateau = yield)",
 }
+_KEPT = "KEPT"  # a yield with no game of its priority or higher waiting: told apart from the yield itself
+_DOING_KEPT = ("no game of its priority or higher is waiting: it keeps its slot for now (marked only) and yields "
+               "when one waits (on_plateau = yield)")
+_PLATEAU = (Action.FLAG, Action.STOP, Action.YIELD)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ class LearningWatch:
     _settings: dict[str, HealthSettings] = field(default_factory=dict)
     _train: dict[str, float | None] = field(default_factory=dict)
     _ids: dict[str, tuple[int, datetime]] = field(default_factory=dict)  # the game each name's record is of
+    # The last plateau action told for each game on its plateau (an Action's value, or _KEPT):
+    # a plateau's verdict recurs at every evaluation; only a different action is told again.
+    _told: dict[str, str] = field(default_factory=dict)
 
     def load(self, games: list[GameRecord]) -> None:
         """The games as just read from the store: their records and settings. A game removed and
@@ -74,6 +83,7 @@ class LearningWatch:
             self._records.pop(name, None)
             self._settings.pop(name, None)
             self._train.pop(name, None)
+            self._told.pop(name, None)
         self._ids = ids
         for game in games:
             self._records.setdefault(game.name, game.health)
@@ -95,9 +105,21 @@ class LearningWatch:
         old = self.record(game)
         new, verdict = observe(old, ev, self.settings(game))
         self._store(game, old, new)
-        if verdict.action is not Action.NONE and new.state != old.state:  # a plateau's verdict recurs: told once
+        if verdict.action in (Action.ROLLBACK, Action.HOLD) and new.state != old.state:
             self._tell(game, new, verdict)
         return verdict
+
+    def plateau_told(self, game: str, verdict: Verdict, kept_slot: bool = False) -> None:
+        """A plateau's verdict as the actions carry it out (`kept_slot`: a yield that found no one
+        waiting). It recurs at every evaluation while the game stays on its plateau: told when its
+        action differs from the last one told for this plateau (the flag, then `on_plateau` set to
+        stop; a yield that finds a game waiting only later), never again for the same one."""
+        assert verdict.action in _PLATEAU
+        told = _KEPT if kept_slot else verdict.action.value
+        if self._told.get(game) == told:
+            return
+        self._told[game] = told
+        self._tell(game, self.record(game), verdict, kept_slot)
 
     def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str]) -> None:
         """Recorded as a `learning_rollback` event. The learning-rate scale it leaves is the game's
@@ -118,14 +140,15 @@ class LearningWatch:
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 
-    def released(self, game: str) -> bool:
-        """The operator started a held game, or one stopped on a plateau: judged afresh (its
-        rollbacks' learning-rate scale is dropped by the caller). True if it was."""
+    def released(self, game: str) -> Health | None:
+        """The operator started a held game, or one stopped on a plateau: judged afresh
+        (rules.released; a held one's rollbacks' learning-rate scale is dropped by the caller).
+        The state it was released from; None if it was neither."""
         old = self.record(game)
         if old.state not in (Health.HELD, Health.PLATEAU):
-            return False
+            return None
         self._store(game, old, released(old))
-        return True
+        return old.state
 
     def readmitted(self, game: str) -> None:
         """A game that yielded its slot on a plateau was admitted again (rules.readmitted)."""
@@ -152,6 +175,8 @@ class LearningWatch:
     def _store(self, game: str, old: HealthRecord, new: HealthRecord, kind: str = "health",
                details: dict[str, Any] | None = None, message: str | None = None) -> None:
         self._records[game] = new
+        if new.state is not Health.PLATEAU:  # off its plateau: the next one is told afresh
+            self._told.pop(game, None)
         now = self.clock.now()
         with self.db.transaction() as session:
             update_health(session, game_store.game_id_of(session, game), new, now)
@@ -160,15 +185,17 @@ class LearningWatch:
                 info = {"from": old.state.value, "to": new.state.value, "steps": new.last_steps, **(details or {})}
                 create_event(session, now, kind, message, game=game, details=info)
 
-    def _tell(self, game: str, record: HealthRecord, verdict: Verdict) -> None:
+    def _tell(self, game: str, record: HealthRecord, verdict: Verdict, kept_slot: bool = False) -> None:
         severity = "error" if verdict.action in (Action.ROLLBACK, Action.HOLD) else "warning"
         details = {"action": verdict.action.value, "steps": record.last_steps, "best": record.best,
                    "best_steps": record.best_steps, "floor": record.floor, "rollbacks": record.rollbacks}
+        if verdict.action is Action.YIELD:
+            details["kept_slot"] = kept_slot
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), _EVENT[verdict.action], verdict.reason, severity=severity,
                          game=game, details=details)
         if self.alerts is not None:
-            action = _DOING[verdict.action].format(game=game)
+            action = _DOING_KEPT if kept_slot else _DOING[verdict.action].format(game=game)
             self.alerts.send(Alert(_ALERT[verdict.action], f"{game}: {verdict.reason}", self.clock.now(), game,
                                    details, action))
 
@@ -184,12 +211,24 @@ def _settings(overrides: dict[str, Any]) -> HealthSettings:
 # -- the rollback's files ----------------------------------------------------------------------
 
 
+def verified_in_loop(path: Path) -> tuple[bool, str]:
+    """workers.checkpoint.verify as the supervisor's loop may afford it: every file at its size,
+    every one but the replay buffer hashed. A DQN's buffer is gigabytes (2 GiB by default: 10 s
+    and more from a cold disk, past the loop's watchdog); the model, state and statistics are
+    small. A buffer damaged in place, its size unchanged, is the worker's to find when it resumes."""
+    try:
+        check(path, unhashed=(REPLAY_BUFFER,))
+    except CheckpointError as exc:
+        return False, str(exc)
+    return True, "ok"
+
+
 def best_evaluated(directory: Path) -> BestCheckpoint | None:
     """The checkpoint with the highest evaluation return in its manifest whose files match their
-    hashes (the one retention keeps: workers.checkpoint.best_verified), as the worker checks them
+    sizes and hashes (verified_in_loop: the replay buffer's size only), as the worker checks them
     when it resumes. One that does not is passed over for the next best: taken, it would have the
     good checkpoints after it set aside and the worker then skip it for an older, worse one (or
-    find none). Hashed in the supervisor's turn, highest first: a collapse is rare."""
+    find none). In the supervisor's turn, highest first: a collapse is rare."""
     scored: list[tuple[float, int, Path]] = []
     for info in list_checkpoints(directory):
         try:
@@ -199,7 +238,7 @@ def best_evaluated(directory: Path) -> BestCheckpoint | None:
         if manifest.eval_return is not None:
             scored.append((manifest.eval_return, manifest.steps, info.path))
     for score, steps, path in sorted(scored, reverse=True):  # ties: the newest, as retention's
-        if verify(path)[0]:
+        if verified_in_loop(path)[0]:
             return BestCheckpoint(path, steps, float(score))
     return None
 

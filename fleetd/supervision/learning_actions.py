@@ -55,9 +55,16 @@ class LearningActions:
         if verdict.action is Action.ROLLBACK:
             self._rollbacks.add(proc.name)
             self._fleet.stop(proc, verdict.reason, None)
-        elif verdict.action in (Action.HOLD, Action.STOP):
+        elif verdict.action is Action.HOLD:
             self._hold(proc, verdict)
+        elif verdict.action is Action.STOP:
+            self.watch.plateau_told(proc.name, verdict)
+            self._hold(proc, verdict)
+        elif verdict.action is Action.FLAG:
+            self.watch.plateau_told(proc.name, verdict)
         elif verdict.action is Action.YIELD:
+            if proc.name not in self._yielded:  # yielded already: stopping, its slot given up
+                self.watch.plateau_told(proc.name, verdict, kept_slot=not self._someone_waiting(proc.name))
             self._yield(proc, verdict.reason)
 
     def exited(self, proc: WorkerProcess) -> None:
@@ -91,9 +98,11 @@ class LearningActions:
             self.watch.readmitted(name)
 
     def release(self, name: str, proc: WorkerProcess | None) -> None:
-        """`games start` on a held game (or one stopped on a plateau): judged afresh, its
-        rollback's learning-rate scale dropped (the operator fixed its settings)."""
-        if self.watch.released(name) and proc is not None and proc.state not in LIVE:
+        """`games start` on a held game, or one stopped on a plateau: judged afresh. A held one
+        drops its rollbacks' learning-rate scale (the operator was told to fix its settings); one
+        stopped on its plateau keeps it, and its rollbacks, or it would train again at the rate
+        that collapsed and its next collapse roll back instead of holding, for good."""
+        if self.watch.released(name) is Health.HELD and proc is not None and proc.state not in LIVE:
             proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
 
     def _hold(self, proc: WorkerProcess, verdict: Verdict) -> None:

@@ -21,11 +21,11 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.health.rules import Evaluation
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
-from fleetd.supervision.learning import LearningWatch, set_aside_after
+from fleetd.supervision.learning import LearningWatch, set_aside_after, verified_in_loop
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
-from workers.checkpoint import CheckpointError, check, episodes_at, list_checkpoints, verify
+from workers.checkpoint import CheckpointError, check, episodes_at, list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,9 @@ def _check_target(name: str, folder: Path, to_steps: int, verified: list[int]) -
     """Hash the target, as the worker will when it resumes: the index checked sizes only, to stay
     cheap (fleetd.supervision.index). A damaged target let through would have every newer, good
     checkpoint set aside, and the worker then skip it for an older one, or find none and exit
-    (FATAL). One checkpoint's files, hashed in the supervisor's turn: an operator's rare ask."""
-    ok, problem = verify(folder)
+    (FATAL). One checkpoint's files, in the supervisor's turn: an operator's rare ask; its replay
+    buffer (gigabytes) checked for its size only (learning.verified_in_loop)."""
+    ok, problem = verified_in_loop(folder)
     if not ok:
         raise _refused(f"{name}'s checkpoint at {to_steps} steps does not verify: {problem}; nothing was moved",
                        [steps for steps in verified if steps != to_steps])

@@ -227,7 +227,7 @@ class Supervisor:
     def _started(self, game: GameRecord, before: Desired | None) -> bool:
         """Desired running now, stopped at the last read (`games start`, a fleet file's `desired`:
         whatever wrote it), or held (a held game is stopped; running, someone started it). It is
-        released as `games start` releases it: judged afresh, the rollbacks' scale dropped."""
+        released as `games start` releases it: judged afresh (a held one without its rollbacks' scale)."""
         if game.desired is not Desired.RUNNING:
             return False
         return before is Desired.STOPPED or self.learning.record(game.name).state is Health.HELD
