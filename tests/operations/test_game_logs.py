@@ -220,6 +220,36 @@ def test_a_follow_ends_when_its_game_is_removed(app, client: TestClient, pinned:
     assert client.get(f"/api/v1/games/{name}/logs").status_code == 404  # what `fleetd logs -f` is told next
 
 
+def test_a_follow_of_a_game_removed_and_added_again_says_it_was_removed(app, client: TestClient) -> None:
+    # A game of the name added and run before the follow's next look: the follow went on into
+    # the new game's log (another env's, maybe) as if it were a next run of the same game.
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+
+    name = "readded"
+    new_run(app, name, "old game line\n")
+    answered = threading.Event()
+
+    def swap() -> None:
+        time.sleep(0.3)
+        context = app.state.context
+        with context.db.transaction() as session:
+            delete_game(session, name)
+            create_game(session, GameDraft(name, "Acrobot-v1", "dqn"), context.clock.now())
+        new_run(app, name, "new game line\n")
+        if not answered.wait(10):
+            app.state.stopping.set()
+
+    thread = threading.Thread(target=swap)
+    thread.start()
+    try:
+        response = client.get(f"/api/v1/games/{name}/logs", params={"follow": "true", "lines": 5})
+    finally:
+        answered.set()
+        thread.join()
+    assert response.text.splitlines() == ["old game line", f"--- fleetd: game {name} was removed ---"]
+
+
 def test_a_readded_game_gets_new_run_ids(app) -> None:
     """SQLite would hand the newest deleted id out again without AUTOINCREMENT."""
     run = new_run(app, "again", "first life\n")

@@ -130,14 +130,15 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
             continue
         if time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
+            if await run_in_threadpool(_run_gone, context, record.id):
+                # Removed while followed: nothing more will be written here. The follow used to
+                # stay open, silent, for its hour; `fleetd logs -f` now asks again and is told.
+                # Asked first: a game added again under the name since is another game.
+                yield f"--- fleetd: game {name} was removed ---\n".encode()
+                return
             newer = None if pinned else await run_in_threadpool(_newer_run, context, name, record.id)
             if newer is not None:
                 record, path, offset = newer, FsPath(newer.log_path or ""), 0
                 yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
                 continue
-            if await run_in_threadpool(_run_gone, context, record.id):
-                # Removed while followed: nothing more will be written here. The follow used to
-                # stay open, silent, for its hour; `fleetd logs -f` now asks again and is told.
-                yield f"--- fleetd: game {name} was removed ---\n".encode()
-                return
         await asyncio.sleep(FOLLOW_POLL_S)
