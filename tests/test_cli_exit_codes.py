@@ -63,6 +63,22 @@ def test_codes_a_script_can_tell_apart(full_fleet: int, tmp_path: Path) -> None:
     assert wrong_token.exit_code == ExitCode.NOPERM == 77, wrong_token.output
 
 
+def test_an_import_under_a_taken_name_is_refused_before_the_upload(full_fleet: int, tmp_path: Path, monkeypatch) -> None:
+    """The daemon refuses a taken name only once the whole body has come: a model with a replay
+    buffer of gigabytes was sent whole, minutes over a slow link, to be told the name is taken."""
+    from fleetd.cli.client import ApiClient
+
+    def uploaded(*args, **kwargs):
+        raise AssertionError("the model was sent")
+
+    monkeypatch.setattr(ApiClient, "upload", uploaded)
+    model = tmp_path / "model.zip"
+    model.write_bytes(b"PK\x05\x06" + b"\x00" * 18)
+    refused = fleetd(config_for(tmp_path, full_fleet), "games", "import", "a", "CartPole-v1", "--from", str(model))
+    assert refused.exit_code == ExitCode.ERROR, refused.output
+    assert "game 'a' already exists: import under a new name" in refused.output
+
+
 def test_no_daemon(tmp_path: Path) -> None:
     """(A daemon that accepts and does not answer: ExitCode.TEMPFAIL, in tests/test_cli_client.py.)"""
     absent = fleetd(config_for(tmp_path, free_port()), "games", "list")

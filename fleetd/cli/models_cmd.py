@@ -2,7 +2,7 @@
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +11,9 @@ from fleetd.cli.progress import MIB, Progress
 from fleetd.cli.common import ConfigOption, JsonOption, call, fail, game_path
 from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
 from fleetd.states import Desired
+
+if TYPE_CHECKING:
+    from fleetd.cli.client import ApiClient
 
 TRANSFER_TIMEOUT_S = 1800.0  # the daemon checks the model in a subprocess; a replay buffer is slow
 
@@ -49,6 +52,10 @@ def import_model(
               "desired": str(Desired.STOPPED if stopped else Desired.RUNNING)}
     import tempfile
 
+    if call(config, lambda client: _exists(client, name)):
+        # Before the upload: the daemon refuses the name (409) only once the whole body has come,
+        # minutes for a model with a replay buffer of gigabytes over a slow link.
+        fail(f"game {name!r} already exists: import under a new name")
     with tempfile.TemporaryDirectory(prefix="fleetd-import-") as work:
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
@@ -56,6 +63,18 @@ def import_model(
         game = call(config, lambda client: client.upload(game_path(name, "/import"), upload, params,
                                                          TRANSFER_TIMEOUT_S))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
+
+
+def _exists(client: "ApiClient", name: str) -> bool:
+    from fleetd.cli.client import ClientError
+
+    try:
+        client.get(game_path(name))
+    except ClientError as exc:
+        if exc.code is ExitCode.NOT_FOUND:
+            return False
+        raise
+    return True
 
 
 def _bundle(model: Path, extras: dict[str, Path | None], target: Path) -> Path:
