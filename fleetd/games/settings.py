@@ -102,16 +102,19 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
     for change in changes:
         key = change.field.removeprefix("hyperparams.")
         unset = change.old if change.new is None else None  # an explicit value removed
-        if unset is not None and session is not None and not _trained_with(session, game, key, unset):
-            unset = None
+        if unset is not None and session is not None:
+            unset = _trained_value(session, game, key, unset)
         why = change_refusal(key, game.algo, trained(game), unset) if key != change.field else None
         if why is not None:
             refuse_field(f"{prefix}{change.field}", why)
 
 
-def _trained_with(session: Session, game: GameRecord, key: str, value: Any) -> bool:
-    """Its newest run with a readable spec was started with hyperparameter `key` at `value`; true
-    where no run says otherwise (an imported model, specs pruned): its model may hold it."""
+def _trained_value(session: Session, game: GameRecord, key: str, stored: Any) -> Any:
+    """The value of hyperparameter `key` its model holds, as its newest run with a readable spec
+    was started with it (whatever was set since: `set` 0.001 then unset, over a run at 0.01,
+    leaves the model at 0.01); None where that run named none (the model has the default: a set
+    no run took is undone). Where no spec says (an imported model, specs pruned), the value
+    stored: its model may hold it."""
     for run in run_store.read_runs(session, game.id, game.name, 5):
         if not run.log_path:
             continue
@@ -120,8 +123,8 @@ def _trained_with(session: Session, game: GameRecord, key: str, value: Any) -> b
         except (OSError, ValueError):
             continue
         overrides = spec.get("hyperparams") if isinstance(spec, dict) else None
-        return isinstance(overrides, dict) and overrides.get(key) == value
-    return True
+        return overrides.get(key) if isinstance(overrides, dict) else stored
+    return stored
 
 
 def check_identity(game: GameRecord, env_id: str, algo: str, prefix: str = "") -> None:

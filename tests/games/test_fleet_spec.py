@@ -273,10 +273,13 @@ def test_undoing_a_set_no_run_took_is_no_unset_of_what_the_model_keeps(client: T
     undone = patch(client, {"hyperparams": {}})
     assert undone.status_code == 200, undone.text
     assert client.get("/api/v1/games/cart").json()["hyperparams"] == {}
-    # Trained at it (its last run's spec has it): refused, in a file as in a PATCH.
-    log.with_suffix(".spec.json").write_text(json.dumps({"hyperparams": {"learning_rate": 0.001}}))
+    # Trained at 0.01 (its last run's spec has it), then set to 0.001 no run took: unset, the
+    # model would keep 0.01. Refused, naming what it keeps, in a file as in a PATCH.
+    log.with_suffix(".spec.json").write_text(json.dumps({"hyperparams": {"learning_rate": 0.01}}))
     assert patch(client, {"hyperparams": {"learning_rate": 0.001}}).status_code == 200
-    assert error_of(put_spec(client, [CART]), 422)["details"]["errors"][0]["field"] == "games[0].hyperparams.learning_rate"
+    error = error_of(put_spec(client, [CART]), 422)
+    assert error["details"]["errors"][0]["field"] == "games[0].hyperparams.learning_rate"
+    assert "its model keeps the value it has (0.01)" in error["message"]
 
 
 @pytest.mark.parametrize("entry,field", [
