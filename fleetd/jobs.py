@@ -125,6 +125,7 @@ def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -
     with db.transaction() as session:
         lost = observe_nodes(session, seen, now)
         for host in lost:
-            create_event(session, now, "host_lost", f"host {host}: its Ray node died; its games restart elsewhere",
+            create_event(session, now, "host_lost", f"host {host}: its Ray node died or left the cluster's listing; "
+                         "its games restart elsewhere",
                          severity="warning", details={"host": host})
     return lost

@@ -447,3 +447,31 @@ def test_a_yield_that_found_no_one_waiting_gives_the_slot_when_a_game_waits_late
     assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, True]  # newest first
     assert [a.kind for a in loop.alerts.sent] == ["plateau", "plateau"]
     assert "keeps its slot for now" in loop.alerts.sent[0].action and "gives its slot" in loop.alerts.sent[1].action
+
+
+def test_a_plateaus_stop_after_its_flag_passes_the_real_alert_gate(settings: Settings, db: Database, clock: FakeClock,
+                                                                   host: FakeHost) -> None:
+    """Every plateau action went out as one alert kind, `plateau`: the sender's de-duplication
+    window (600 s) held the stop that came two minutes after the flag back as a repeat, and the
+    only alert the operator had said 'fleetd only marks it' of a game it then stopped."""
+    from fleetd.config import AlertSettings
+    from fleetd.operations.alerts import AlertSender
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    sender = AlertSender(AlertSettings(webhook_url="http://127.0.0.1:9/hook"), host="h", monotonic=clock.monotonic)
+    loop = Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, alerts=sender)
+    add(loop, "a", {"plateau_steps": 2000})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"health_settings": {"plateau_steps": 2000, "on_plateau": "stop"}},
+                                        loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    clock.advance(120)
+    evaluate(loop, "a", 4000, 10.0)
+    assert loop.state("a") is State.STOPPING
+    queued = [alert.action for alert in sender._queue]  # the sender was never started: what it would send
+    assert len(queued) == 2 and "only marks it" in queued[0] and "stopped it" in queued[1], queued
+    assert sender.held_back == 0

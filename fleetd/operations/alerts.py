@@ -59,6 +59,9 @@ class Alert:
     game: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     action: str = ""  # what fleetd did about it, or what it leaves to the operator
+    # De-duplicated apart from the same kind's others (a plateau's stop after its flag, a yield
+    # after a kept slot: each is news, and the window would have held it back as a repeat).
+    variant: str = ""
 
     def __post_init__(self) -> None:
         # Fail at the call site, in the daemon's tests, rather than as a receiver's 400 later.
@@ -88,15 +91,17 @@ class Alert:
 
     @property
     def subject(self) -> tuple[str, str | None, str | None]:
-        """What the de-duplication window is per: this kind, for this game, on this host (a
-        cluster host's governor names it in `details`; None: this daemon's host)."""
+        """What the de-duplication window is per: this kind (and variant), for this game, on this
+        host (a cluster host's governor names it in `details`; None: this daemon's host)."""
         host = self.details.get("host")
-        return self.kind, self.game, None if host is None else str(host)
+        kind = f"{self.kind}/{self.variant}" if self.variant else self.kind
+        return kind, self.game, None if host is None else str(host)
 
     def held_back(self, count: int, window_s: float) -> Alert:
         """This alert, saying that `count` like it were not sent in the window before it."""
         note = f" ({count} more like it in the last {window_s / 60:g} min not sent)"
-        return Alert(self.kind, self.message + note, self.at, self.game, self.details | {"held_back": count}, self.action)
+        return Alert(self.kind, self.message + note, self.at, self.game, self.details | {"held_back": count}, self.action,
+                     self.variant)
 
 
 class AlertGate:

@@ -222,9 +222,10 @@ class Backup:
         removed: list[str] = []
         try:
             self._claim()
+            pending = sorted(self._purges)  # before the names: a purge told meanwhile is of a game out of them
             with self.db.transaction() as session:
                 in_fleet = game_store.game_names(session)
-            for game in sorted(self._purges):
+            for game in pending:
                 if game in self.target.names("games"):
                     self.target.remove(f"games/{game}")
                     removed.append(f"{game}/*")

@@ -196,8 +196,10 @@ class LearningWatch:
                          game=game, details=details)
         if self.alerts is not None:
             action = _DOING_KEPT if kept_slot else _DOING[verdict.action].format(game=game)
+            # A plateau's actions apart: its stop after the flag is news, not a repeat to hold back.
+            variant = (_KEPT if kept_slot else verdict.action.value) if verdict.action in _PLATEAU else ""
             self.alerts.send(Alert(_ALERT[verdict.action], f"{game}: {verdict.reason}", self.clock.now(), game,
-                                   details, action))
+                                   details, action, variant))
 
 
 def _settings(overrides: dict[str, Any]) -> HealthSettings:
