@@ -223,7 +223,7 @@ GAME_COLUMNS = ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps
 RIGHT = {"pid", "steps", "episodes", "eps/h", "restarts"}
 # Left out first where the table does not fit the terminal (every column shrunk, the names cut to
 # `ca…`, was unreadable at 80 columns): what `fleetd games list --json` or a wider terminal shows.
-DROPPED_FIRST = ("pid", "restarts", "ckpt", "eps/h", "mean100", "episodes", "best", "algo")
+DROPPED_FIRST = ("pid", "restarts", "ckpt", "eps/h", "mean100", "episodes", "best", "algo", "eval", "env", "health")
 
 
 def games_table(games: list[dict[str, Any]], width: int | None = None) -> Table:
