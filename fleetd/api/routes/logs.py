@@ -82,20 +82,19 @@ def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord
     return record
 
 
-def _newer_run(context: AppContext, name: str, than: int) -> RunRecord | None:
+def _next_look(context: AppContext, name: str, run_id: int, pinned: bool) -> tuple[bool, RunRecord | None]:
+    """(gone, newer): whether the followed run's record is gone (its game was removed: its runs go
+    with it), else the game's newer run with a log (None: none, or pinned to this run). In one
+    transaction: a game removed, added again and started between two looks would have its run
+    taken for the followed game's next."""
     with context.db.transaction() as session:
-        try:
-            game = game_store.read_game(session, name)
-        except FleetdError:
-            return None  # removed while followed
+        if run_store.read_run(session, run_id) is None:
+            return True, None
+        if pinned:
+            return False, None
+        game = game_store.read_game(session, name)
         newest = run_store.read_runs(session, game.id, name, 1)
-    return newest[0] if newest and newest[0].id > than and newest[0].log_path else None
-
-
-def _run_gone(context: AppContext, run_id: int) -> bool:
-    """The run's record is gone: its game was removed (its runs go with it)."""
-    with context.db.transaction() as session:
-        return run_store.read_run(session, run_id) is None
+    return False, (newest[0] if newest and newest[0].id > run_id and newest[0].log_path else None)
 
 
 def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
@@ -130,13 +129,13 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
             continue
         if time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
-            if await run_in_threadpool(_run_gone, context, record.id):
+            gone, newer = await run_in_threadpool(_next_look, context, name, record.id, pinned)
+            if gone:
                 # Removed while followed: nothing more will be written here. The follow used to
                 # stay open, silent, for its hour; `fleetd logs -f` now asks again and is told.
-                # Asked first: a game added again under the name since is another game.
+                # A game added again under the name since is another game.
                 yield f"--- fleetd: game {name} was removed ---\n".encode()
                 return
-            newer = None if pinned else await run_in_threadpool(_newer_run, context, name, record.id)
             if newer is not None:
                 record, path, offset = newer, FsPath(newer.log_path or ""), 0
                 yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
