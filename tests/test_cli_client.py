@@ -173,3 +173,34 @@ def test_a_follow_gives_up_on_a_daemon_that_stays_away_and_never_waits_for_one_n
     never_up.answers = ["down", "follow"]
     first = follow_with(never_up, monkeypatch)
     assert first.exit_code == ExitCode.UNAVAILABLE and "not answering" in first.stderr and len(never_up.asked) == 1
+
+
+class RemovedThenReadded(RestartingDaemon):
+    """The daemon ends the follow with its removal line; asked again, a game added since under
+    the name (another game) would answer with its own log."""
+
+    def __init__(self) -> None:
+        self.asked = []
+
+    def stream(self, path: str, params: dict, follow: bool = False, on_head=None):
+        self.asked.append(params)
+        if on_head is not None:
+            on_head()
+        if len(self.asked) > 2:
+            raise ClientError("no game named 'g001' (not_found, HTTP 404)", ExitCode.NOT_FOUND)
+        if len(self.asked) == 1:
+            yield b"old game line\n"
+            yield b"--- fleetd: game g001 was removed ---\n"
+        else:
+            yield b"new game line\n"
+
+
+def test_a_follow_ends_at_the_daemons_removal_line_not_asking_on_into_a_new_game_of_the_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Asked again after the removal line, a game added since under the name was followed on
+    # (its lines from then on, no header): another game's log, maybe another env's.
+    daemon = RemovedThenReadded()
+    result = follow_with(daemon, monkeypatch)
+    assert result.stdout == "old game line\n--- fleetd: game g001 was removed ---\n"
+    assert result.exit_code == ExitCode.NOT_FOUND and "no game named 'g001': it was removed" in result.stderr
+    assert len(daemon.asked) == 1

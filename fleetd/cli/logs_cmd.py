@@ -40,6 +40,7 @@ def logs(
             _write(b"".join(client.stream(path, {"lines": lines, "run": run})))
             return
         _follow(client, path, lines, run)
+        fail(f"no game named {game!r}: it was removed while followed", ExitCode.NOT_FOUND)
     except ClientError as exc:
         fail(str(exc), exc.code)
     except TokenError as exc:
@@ -54,7 +55,8 @@ RECONNECT_POLL_S = 1.0
 
 def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None:
     # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
-    # A line written between the two requests may be missed; none is printed twice.
+    # A line written between the two requests may be missed; none is printed twice. Returns once
+    # the daemon says the game was removed.
     import time
 
     from fleetd.cli.client import ClientError
@@ -66,10 +68,14 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None
         answered, away_since = True, None
 
     while True:
+        last = b""
         try:
             for chunk in client.stream(path, {"lines": lines, "run": run, "follow": "true"}, follow=True,
                                        on_head=on_head):
                 _write(chunk)
+                last = (last + chunk)[-200:]
+            if last.endswith(b" was removed ---\n") and b"\n--- fleetd: game " in b"\n" + last:
+                return  # the daemon's last line: not asked again (a game added since under the name is another)
         except ClientError as exc:
             # Asked again at once, a restarting daemon (`systemctl restart fleetd`, an upgrade: its
             # workers run on) was always refused, and the follow ended, exit 69: it waits for it.
