@@ -209,6 +209,39 @@ def test_a_scan_while_a_purged_games_files_are_deleted_copies_none_of_them_back(
     assert backup.checkpoints().removed == [] and not (settings.backups_dir / "purges.json").exists()
 
 
+def test_a_purge_told_while_a_scan_reads_the_fleets_names_is_not_taken_for_a_game_added_again(setup, monkeypatch):
+    # The scan read the names, then the owed purges: a purge told in between (its game just out of
+    # the database) found the name among them, was dropped as a game added again while the files
+    # were being deleted, and what was left of them was copied back for good.
+    from fleetd.operations import backup as backup_module
+    from fleetd.store.games import create_game, delete_game
+    from fleetd.store.records import GameDraft
+
+    settings, db, url = setup
+    clock = FakeClock()
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    backup = Backup(settings, db, clock)
+    backup.now()
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 200)
+    names = backup_module.game_store.game_names
+
+    def removed_right_after(session):
+        read = names(session)
+        with db.transaction() as other:  # DELETE ?purge=true on the API's thread, in remove_game's order
+            delete_game(other, "pong")
+        backup.purged("pong")
+        return read
+
+    monkeypatch.setattr(backup_module.game_store, "game_names", removed_right_after)
+    backup.checkpoints()
+    monkeypatch.undo()
+    shutil.rmtree(settings.game_dir("pong"))  # the delete ends
+    backup.checkpoints()
+    assert Target(url).names("games") == set()
+
+
 def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
     # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
     # removed pong's checkpoints until the new one wrote its own (never the last ones), and a
