@@ -114,19 +114,27 @@ def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without
     assert restore(url, tmp_path / "fresh").games == ["kept", "lost", "unmounted"]
 
 
+def backed_up_pong(settings, db, clock) -> Backup:
+    """pong (stopped) with one checkpoint, backed up: database and checkpoint on the target."""
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    backup = Backup(settings, db, clock)
+    backup.now()
+    return backup
+
+
 def test_a_purge_told_before_a_daemon_restart_still_leaves_the_target(setup, tmp_path):
     # The purge was this daemon's memory until its next scan (60 s): a `systemctl restart` in
     # between left the game's copies on the target for good, and a restore brought them back.
     from fleetd.games.lifecycle import remove_game
-    from fleetd.store.games import create_game
-    from fleetd.store.records import GameDraft
 
     settings, db, url = setup
     clock = FakeClock()
-    with db.transaction() as session:
-        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
-    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
-    Backup(settings, db, clock).now()
+    backed_up_pong(settings, db, clock)
     remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
     Backup(settings, db, clock).purged("pong")  # as DELETE /games/pong?purge=true tells it; then the daemon restarts
 
@@ -187,16 +195,11 @@ def test_a_scan_while_a_purged_games_files_are_deleted_copies_none_of_them_back(
     # The purge is told before the files go: a scan in between dropped the target's copies, took
     # the purge as done and copied the checkpoints still on disk back; the delete then failing
     # (a storage outage) or the daemon dying left them there for good.
-    from fleetd.store.games import create_game, delete_game
-    from fleetd.store.records import GameDraft
+    from fleetd.store.games import delete_game
 
     settings, db, url = setup
     clock = FakeClock()
-    with db.transaction() as session:
-        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
-    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
-    backup = Backup(settings, db, clock)
-    backup.now()
+    backup = backed_up_pong(settings, db, clock)
     with db.transaction() as session:  # remove_game's own order: out of the database, the backup told, then the files
         delete_game(session, "pong")
     backup.purged("pong")
@@ -214,16 +217,11 @@ def test_a_purge_told_while_a_scan_reads_the_fleets_names_is_not_taken_for_a_gam
     # the database) found the name among them, was dropped as a game added again while the files
     # were being deleted, and what was left of them was copied back for good.
     from fleetd.operations import backup as backup_module
-    from fleetd.store.games import create_game, delete_game
-    from fleetd.store.records import GameDraft
+    from fleetd.store.games import delete_game
 
     settings, db, url = setup
     clock = FakeClock()
-    with db.transaction() as session:
-        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
-    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
-    backup = Backup(settings, db, clock)
-    backup.now()
+    backup = backed_up_pong(settings, db, clock)
     write_ckpt(settings.game_dir("pong") / "checkpoints", 200)
     names = backup_module.game_store.game_names
 
