@@ -37,9 +37,10 @@ def goals_of(game: GameRecord) -> list[Goal]:
     return goals
 
 
-def goal_of(game: GameRecord, rate: Callable[[GoalUnit], float | None] | None = None) -> Goal | None:
-    """The goal its worker stops at (first_goal)."""
-    return first_goal(goals_of(game), rate)
+def goal_of(game: GameRecord) -> Goal | None:
+    """The goal it reached, else its first (episodes when set): without rates, the one to show;
+    the plan chooses between two at the rates it has for the game (queue.planned_goals)."""
+    return first_goal(goals_of(game))
 
 
 def first_goal(goals: Sequence[Goal], rate: Callable[[GoalUnit], float | None] | None = None) -> Goal | None:

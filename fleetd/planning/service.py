@@ -85,9 +85,9 @@ def started_goals(game: GameRecord) -> GameRecord:
 
 def plan_game(session: Any, game: GameRecord) -> PlanGame:
     game = started_goals(game)
-    state = plan_state(game, goal_of(game))
+    goal = goal_of(game)  # of two, the plan picks the one reached first at its rates (queue.planned_goals)
+    state = plan_state(game, goal)
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
-    goal = goal_of(game, rates.per_hour)  # of two, the one its own rates reach first (queue.planned_goals)
     envs = game.hyperparams.get("num_envs")
     return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
                     envs if isinstance(envs, int) else None, game.admitted_at, tuple(goals_of(game)))  # fmt: skip

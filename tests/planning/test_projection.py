@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from fleetd.planning.goals import Goal, GoalUnit, goal_of
+from fleetd.planning.goals import Goal, GoalUnit, first_goal, goal_of, goals_of
 from fleetd.planning.projection import reboot_cost, recent_rate_per_hour
 from fleetd.store.records import GameRecord
 from tests.fakes import EPOCH
@@ -37,9 +37,11 @@ def test_of_two_goals_the_one_the_worker_stops_at() -> None:
     # 500 steps at 1,000 an hour (0.5 h). The plan had the episodes goal, hours too late.
     both = game("a", episodes=10, steps=500, target=30, total=1_000)
     rates = {GoalUnit.EPISODES: 10.0, GoalUnit.TIMESTEPS: 1_000.0}
-    assert goal_of(both, rates.get) == Goal(GoalUnit.TIMESTEPS, 1_000, 500)
-    assert goal_of(both, {GoalUnit.EPISODES: 10.0, GoalUnit.TIMESTEPS: 100.0}.get).kind is GoalUnit.EPISODES
-    assert goal_of(both, {GoalUnit.EPISODES: 10.0}.get).kind is GoalUnit.EPISODES  # no step rate: cannot tell
+    goals = goals_of(both)
+    assert first_goal(goals, rates.get) == Goal(GoalUnit.TIMESTEPS, 1_000, 500)
+    assert first_goal(goals, {GoalUnit.EPISODES: 10.0, GoalUnit.TIMESTEPS: 100.0}.get).kind is GoalUnit.EPISODES
+    assert first_goal(goals, {GoalUnit.EPISODES: 10.0}.get).kind is GoalUnit.EPISODES  # no step rate: cannot tell
+    assert goal_of(both).kind is GoalUnit.EPISODES  # without rates: the one to show
     # Either goal reached is the goal: the game is done.
     assert goal_of(game("b", episodes=10, steps=1_000, target=30, total=1_000)) == Goal(GoalUnit.TIMESTEPS, 1_000, 1_000)
 
