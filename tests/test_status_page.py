@@ -510,3 +510,13 @@ def test_the_reboot_shown_is_the_one_last_chosen_whatever_order_the_answers_come
       return [location.hash, $('boot-detail').textContent.slice(0, 9)];
     """
     assert run_page(answers, scenario, hold=False) == ["#boot=2", "Reboot #2"]
+
+
+def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(client: TestClient, api_answers: dict[str, object]) -> None:
+    # pong has no goal: the page said "all goals in 0 min" and "cost to all goals" as if the fleet
+    # were done (the API's 0 hours: none to reach). It says no game has one, with no cost to it.
+    response = client.get("/api/v1/projection", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200 and response.json()["fleet"]["hours_to_all_goals"] == 0.0
+    answers = {**api_answers, "/projection": [200, response.json()]}
+    shown = run_page(answers, "await release(); return $('projection').textContent;")
+    assert "all goals inno game has a goal" in shown and "cost to all goals" not in shown, shown

@@ -36,8 +36,10 @@ def plan_table(document: dict[str, Any]) -> Table:
     fleet, currency = document["fleet"], document["currency"]
     table = render.PlainTable(title=f"Plan at {fleet['rung']} ({fleet['slots']} slots), hours from now", show_footer=True)
     columns = ("game", "goal", "done", "rate/h", "rate from", "starts in h", "hours", "days", "cost")
-    total = ("TOTAL", _total_goal(document["games"]), "", "", "", "", hours(fleet["hours_to_all_goals"]),
-             days(fleet["hours_to_all_goals"]), money(fleet["cost_to_all_goals"], currency))  # fmt: skip
+    goalless = render.goalless(document["games"])  # none to reach: dashes, not 0.0 hours at $0.00
+    to_all, cost = (None, None) if goalless else (fleet["hours_to_all_goals"], fleet["cost_to_all_goals"])
+    total = ("TOTAL", _total_goal(document["games"]) or "no goals", "", "", "", "", hours(to_all), days(to_all),
+             money(cost, currency))  # fmt: skip
     for name, footer in zip(columns, total, strict=True):
         table.add_column(name, footer=footer, justify="left" if name in ("game", "goal", "rate from") else "right")
     for game in document["games"]:
@@ -74,13 +76,14 @@ def _caption(document: dict[str, Any]) -> str:
 
 
 def what_if_table(document: dict[str, Any]) -> Table:
-    currency = document["currency"]
+    currency, goalless = document["currency"], render.goalless(document["games"])
     table = render.PlainTable(title="What if: the same games at each proven rung, and the next one to probe")
     for name in ("rung", "proven", "slots", "envs/game", "hours", "days", "cost"):
         table.add_column(name, justify="left" if name in ("rung", "proven") else "right")
     for rung in document["what_if"]:
-        table.add_row(rung["rung"], _proven(rung), str(rung["games"]), str(rung["num_envs"]), hours(rung["hours_to_all_goals"]),
-                      days(rung["hours_to_all_goals"]), money(rung["cost_to_all_goals"], currency))  # fmt: skip
+        to_all, cost = (None, None) if goalless else (rung["hours_to_all_goals"], rung["cost_to_all_goals"])
+        table.add_row(rung["rung"], _proven(rung), str(rung["games"]), str(rung["num_envs"]), hours(to_all), days(to_all),
+                      money(cost, currency))  # fmt: skip
     table.caption = "rates scale with envs per game; reboot downtime as the host's log has it"
     return render.none_if_empty(table)
 

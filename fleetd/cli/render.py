@@ -374,6 +374,11 @@ def price_text(projection: dict[str, Any]) -> str:
     return "no price set: [costs] price_per_host_hour"
 
 
+def goalless(games: list[dict[str, Any]]) -> bool:
+    """No game planned has a goal: the hours "to all goals" are 0 (none to reach) and say nothing."""
+    return all(game["goal"] is None or game["plan_state"] == "off" for game in games)
+
+
 def projection_table(projection: dict[str, Any]) -> Table:
     currency = projection["currency"]
     table = PlainTable(title=f"Projection ({price_text(projection)})")
@@ -394,8 +399,10 @@ def projection_table(projection: dict[str, Any]) -> Table:
             style="dim" if game["plan_state"] in ("done", "off") else None,  # not planned: as `fleetd plan` shows them
         )
     fleet, reboots = projection["fleet"], projection["reboots"]
+    goals = ("no game has a goal" if goalless(projection["games"])
+             else f"all goals in {number(fleet['hours_to_all_goals'])} h, {money(fleet['cost_to_all_goals'], currency)}")
     table.caption = (
-        f"all goals in {number(fleet['hours_to_all_goals'])} h, {money(fleet['cost_to_all_goals'], currency)}; "
+        f"{goals}; "
         f"reboots in the last {reboots['window_hours']:g} h: {reboots['reboots']}, "
         f"{duration(reboots['lost_s'])} lost ({percent(reboots['lost_share'])} of wall time)"
     )

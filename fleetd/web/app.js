@@ -857,12 +857,18 @@
   // drawn in the page's own SVG as the plots are; a game without an ETA runs to the edge, open.
   const PLAN_BARS = 60;
 
+  // No game planned has a goal: the fleet's hours "to all goals" are 0 (none to reach), which
+  // would read as done; the page says there are none.
+  function goalless(projection) {
+    return (projection.games || []).every((g) => !g.goal || g.plan_state === 'off');
+  }
+
   function planTimeline(projection) {
     const planned = (projection.games || []).filter((g) => g.plan_state === 'running' || g.plan_state === 'pending');
     if (!planned.length) return h('p', { class: 'muted small' }, 'nothing to plan: no game waits for its goal');
     const shown = planned.slice(0, PLAN_BARS);
     const ends = shown.map((g) => (isNum(g.eta_hours) ? g.eta_hours : g.start_hours)).filter(isNum);
-    const total = projection.fleet.hours_to_all_goals;
+    const total = goalless(projection) ? null : projection.fleet.hours_to_all_goals;
     const span = Math.max(isNum(total) ? total : Math.max(0, ...ends) * 1.1, 1 / 60);
     const W = 900;
     const left = 130;
@@ -945,15 +951,16 @@
       ? h('span', { class: 'num' }, fmtMoney(projection.price_per_host_hour, currency) + ' per host hour')
       : h('span', { class: 'muted' }, 'not set ([costs] price_per_host_hour)'));
     fact(totals, 'rung', h('span', { class: 'num' }, fleet.rung + ' · ' + fmtInt(fleet.running_games) + ' running, ' + fmtInt(fleet.pending_games) + ' pending'));
-    fact(totals, 'all goals in', h('span', { class: 'num' }, fmtHours(fleet.hours_to_all_goals) +
+    fact(totals, 'all goals in', goalless(projection) ? h('span', { class: 'muted' }, 'no game has a goal') : h('span', { class: 'num' }, fmtHours(fleet.hours_to_all_goals) +
       (isNum(fleet.hours_to_all_goals) && fleet.hours_to_all_goals >= 48 ? ' (' + fleet.hours_to_all_goals.toFixed(0) + ' h)' : '')));
     const downtime = projection.downtime;
     if (downtime) {
       fact(totals, 'of which reboots', h('span', { class: 'num' + (downtime.share > 0.05 ? ' warn' : '') },
         fmtHours(fleet.downtime_hours) + ' (' + fmtPct(downtime.share, 1) + ': ' + fmtNum(downtime.reboots_per_day, 1) + ' a day × ' + fmtDuration(downtime.mean_downtime_s) + ')'));
     }
-    fact(totals, 'cost to all goals', h('span', { class: 'num' }, fmtMoney(fleet.cost_to_all_goals, currency)));
-    for (const rung of projection.what_if || []) {
+    const reach = !goalless(projection);  // none to reach: no cost to it, no what-if of it
+    if (reach) fact(totals, 'cost to all goals', h('span', { class: 'num' }, fmtMoney(fleet.cost_to_all_goals, currency)));
+    for (const rung of reach ? projection.what_if || [] : []) {
       if (rung.current) continue;
       fact(totals, 'at ' + rung.rung + (rung.proven ? '' : ' (unproven)'), h('span', { class: 'num' },
         fmtHours(rung.hours_to_all_goals) + (isNum(rung.cost_to_all_goals) ? ' · ' + fmtMoney(rung.cost_to_all_goals, currency) : '')));

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
+from fleetd.cli import render
 from fleetd.cli.plan_render import plan_view
 from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
@@ -354,3 +355,24 @@ def test_a_running_game_is_planned_to_the_goal_its_worker_was_started_with(fleet
     games = {g["name"]: g for g in get(context)["games"]}
     assert games["cart1"]["goal"]["target"] == 3_000 and games["cart1"]["eta_hours"] == pytest.approx(4.5 * 48 / 47)
     assert games["cart3"]["start_hours"] == pytest.approx(4.5 * 48 / 47)
+
+
+def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(fleet) -> None:
+    # The demo fleet has no goals: `fleetd plan` said "0.0" hours to all goals and the projection
+    # "all goals in 0.0 h", as if every game were done. The figure stays 0 (none to reach, as
+    # /metrics has it); what is shown says there are none.
+    context, _ = fleet
+    with context.db.transaction() as session:
+        for name in ("cart1", "cart2", "cart3"):
+            delete_game(session, name)
+        create_game(session, GameDraft("free", "CartPole-v1", "ppo"), context.clock.now())
+    body = get(context)
+    assert body["fleet"]["hours_to_all_goals"] == 0.0
+    console = Console(record=True, width=200)
+    console.print(plan_view(body), render.projection_table(body))
+    text = console.export_text()
+    total = next(line for line in text.splitlines() if "TOTAL" in line)
+    assert [c.strip() for c in total.split("│")[1:-1]][:2] == ["TOTAL", "no goals"] and "0.0" not in total
+    assert "no game has a goal" in text and "all goals in" not in text
+    rungs = [line for line in text.splitlines() if "x32" in line and "│" in line]
+    assert rungs and all("0.0" not in line and "$0.00" not in line for line in rungs)
