@@ -25,6 +25,7 @@ from pydantic_settings import (
 from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, MIN_TOKEN_CHARS, TOKEN_FILE,
                              config_path_from, default_state_dir)
 from fleetd.games.spec import GameSpec
+from fleetd.tomlfile import read_toml
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.spec import MAX_BATCH_SIZE, MAX_NUM_ENVS
 
@@ -456,6 +457,13 @@ class GameSeed(GameSpec):
     """A `[[games]]` entry: the same model, bounds and errors as `POST /api/v1/games`."""
 
 
+class TomlSource(TomlConfigSettingsSource):
+    """The config file as every fleetd file is read: with or without a UTF-8 byte-order mark."""
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        return read_toml(Path(file_path))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid", frozen=True, allow_inf_nan=False
@@ -501,7 +509,7 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if cls.toml_file is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=cls.toml_file))
+            sources.append(TomlSource(settings_cls, toml_file=cls.toml_file))
         return tuple(sources)
 
     # Paths below state_dir: one place names them all.
@@ -596,7 +604,7 @@ def _unknown_env(environ: Mapping[str, str]) -> list[str]:
 
 def _check_readable_toml(path: Path) -> None:
     try:
-        tomllib.loads(path.read_text(encoding="utf-8"))
+        read_toml(path)
     except OSError as exc:
         raise ConfigError([f"cannot read config file: {exc.strerror}"], str(path)) from None
     except UnicodeDecodeError as exc:

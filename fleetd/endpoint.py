@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetd.tomlfile import read_toml
+
 if TYPE_CHECKING:
     from fleetd.config import Settings
 
@@ -94,7 +96,7 @@ def _document(config: Path | None) -> dict[str, Any]:
     if config is None:
         return {}
     try:
-        return tomllib.loads(config.read_text(encoding="utf-8"))
+        return read_toml(config)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise EndpointUnclear(str(exc)) from None
 

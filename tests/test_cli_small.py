@@ -127,6 +127,15 @@ def test_apply_refuses_a_file_it_cannot_read_as_games_before_calling_the_daemon(
     assert result.exit_code == 1 and says in result.output, result.output  # no traceback
 
 
+def test_apply_reads_a_fleet_file_saved_with_a_byte_order_mark(tmp_path) -> None:
+    # Notepad's UTF-8 puts a BOM first: apply failed with "Invalid statement (line 1, column 1)".
+    from fleetd.cli.apply_cmd import read_fleet_file
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_bytes(b'\xef\xbb\xbf[[games]]\nname = "pong"\nenv_id = "Pong-v5"\n')
+    assert read_fleet_file(fleet)["games"] == [{"name": "pong", "env_id": "Pong-v5"}]
+
+
 @pytest.mark.parametrize("within", ["0.5s", "0", "8d"])
 def test_expect_reboot_refuses_a_window_the_api_refuses_before_calling_the_daemon(within: str) -> None:
     result = CliRunner().invoke(app, ["expect-reboot", "--for", within, "--reason", "drill"], env={"COLUMNS": "200"})

@@ -128,6 +128,15 @@ def test_unreadable_or_broken_file(tmp_path: Path) -> None:
         load_settings(latin1)
 
 
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # Windows editors put a UTF-8 BOM first: TOML has none, and the daemon refused to start with
+    # "not valid TOML: Invalid statement (line 1, column 1)", nothing in the file to see.
+    config = tmp_path / "fleetd.toml"
+    config.write_bytes(b"\xef\xbb\xbf" + f'state_dir = "{tmp_path / "state"}"\n[api]\nport = 9001\n'.encode())
+    settings = load_settings(config)
+    assert (settings.api.port, settings.state_dir) == (9001, tmp_path / "state")
+
+
 def test_token_value_never_echoed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, '[api]\ntoken = "short-secret"\n'))

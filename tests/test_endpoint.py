@@ -20,6 +20,7 @@ CASES = [
     # The settings tree reads FLEETD_* in any case: the daemon listened on 18710 while `fleetd status` asked 8642.
     ("[api]\nport = 9001\n", {"fleetd_api__port": "18710", "Fleetd_State_Dir": "STATE", "fleetd_api__token": "t" * 16}),
     ("", {"FLEETD_API__PORT": "18710", "fleetd_api__port": "18710"}),
+    ("\ufeff[api]\nport = 9001\n", {}),  # saved by Notepad: a UTF-8 byte-order mark first
 ]
 
 

@@ -13,6 +13,7 @@ import typer
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
+from fleetd.tomlfile import read_toml
 
 ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
@@ -28,7 +29,7 @@ SetRestartOption = Annotated[bool, typer.Option(
 def read_fleet_file(path: Path) -> dict[str, Any]:
     """The file's `[[games]]` as the API body; any other table is refused, not ignored."""
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        document = read_toml(path)
     except OSError as exc:
         fail(f"{path}: cannot read: {exc.strerror or exc}")
     except UnicodeDecodeError as exc:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
+from fleetd.tomlfile import read_toml
 
 if TYPE_CHECKING:
     from fleetd.host.systemd_unit import InstallPaths
@@ -54,7 +55,7 @@ def configured_writable(config: Path) -> tuple[list[Path], list[Path]]:
     directory, a [cluster] storage mount (the head keeps its games' folders there). A URL is not
     a path, except a file:// one."""
     try:
-        document = tomllib.loads(config.read_text())
+        document = read_toml(config)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return [], []
     state_dir = configured_state_dir(document)

@@ -216,6 +216,8 @@ def test_install_paths_of_this_interpreter_and_the_config_state_dir(tmp_path: Pa
     assert Path(__file__).resolve().parents[2] in paths.read_only or any(p.name == "site-packages" for p in paths.read_only)
     assert paths.writable == (Path("/home/carol/state"),)
     assert configured_writable(tmp_path / "absent.toml") == ([], [])
+    config.write_text('\ufeffstate_dir = "/home/carol/state"\n')  # a byte-order mark first (Notepad's UTF-8)
+    assert install_paths(config).writable == (Path("/home/carol/state"),)
     config.write_text("[api]\nport = 1\n")
     assert install_paths(config).writable == ()
 
