@@ -204,3 +204,62 @@ def test_a_follow_ends_at_the_daemons_removal_line_not_asking_on_into_a_new_game
     assert result.stdout == "old game line\n--- fleetd: game g001 was removed ---\n"
     assert result.exit_code == ExitCode.NOT_FOUND and "no game named 'g001': it was removed" in result.stderr
     assert len(daemon.asked) == 1
+
+
+class RestartingApi:
+    """`ApiClient` as a daemon answers across its restart: the request taken, then `down`
+    refusals (it is restarting), then `after` for every GET."""
+
+    def __init__(self, taken: dict, down: int, after: dict) -> None:
+        self.taken, self.down, self.after, self.gets = taken, down, after, 0
+
+    def request(self, method: str, path: str, **kwargs):
+        return self.taken
+
+    def post(self, path: str, body=None):
+        return self.taken
+
+    def get(self, path: str, **params):
+        self.gets += 1
+        if self.gets <= self.down:
+            raise ClientError("fleetd is not answering on http://127.0.0.1:1", ExitCode.UNAVAILABLE)
+        return self.after
+
+
+def cli_with(api: RestartingApi, monkeypatch: pytest.MonkeyPatch, *args: str):
+    from typer.testing import CliRunner
+
+    from fleetd.cli import common, games_cmd
+    from fleetd.cli.main import app
+
+    monkeypatch.setattr(common, "client_for", lambda config: api)
+    monkeypatch.setattr(games_cmd, "call", lambda config, action: action(api))
+    monkeypatch.setattr(common, "AWAY_POLL_S", 0.0, raising=False)
+    return CliRunner().invoke(app, list(args))
+
+
+def test_a_stop_waits_for_a_restarting_daemon_rather_than_giving_up_on_a_stop_it_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `games stop` posted the stop (taken), then its wait for the final checkpoint met a daemon
+    # restarting and exited 69, "not answering", though the stop went ahead.
+    game = {"name": "pong", "state": "stopping", "steps": 10}
+    api = RestartingApi(game, down=3, after={**game, "state": "stopped"})
+    result = cli_with(api, monkeypatch, "games", "stop", "pong", "--timeout", "30")
+    assert result.exit_code == 0 and result.stdout.endswith("pong: stopped\n"), result.output
+    assert "the daemon stopped answering (restarting?)" in result.stderr and api.gets == 4
+    # One that stays away past the wait: said so, exit 69, naming the request as taken.
+    away = cli_with(RestartingApi(game, down=10**9, after=game), monkeypatch, "games", "stop", "pong", "--timeout", "0.2")
+    assert away.exit_code == ExitCode.UNAVAILABLE and "the request, which it took" in away.stderr, away.output
+    # Any other answer is not waited out: a removed game is said at once.
+    gone = RestartingApi(game, down=0, after=game)
+    gone.get = lambda path, **params: (_ for _ in ()).throw(ClientError("no game named 'pong'", ExitCode.NOT_FOUND))
+    removed = cli_with(gone, monkeypatch, "games", "stop", "pong")
+    assert removed.exit_code == ExitCode.NOT_FOUND and "no game named 'pong'" in removed.stderr
+
+
+def test_a_tier_asked_of_a_daemon_that_restarts_is_shown_as_answered_not_exit_69(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetd.cli import games_cmd
+
+    monkeypatch.setattr(games_cmd, "TAKE_UP_S", 0.3)
+    fleet = {"mode": "manual", "requested": "medium", "tier": "light"}
+    shown = cli_with(RestartingApi(fleet, down=10**9, after=fleet), monkeypatch, "tier", "medium", "--json")
+    assert shown.exit_code == 0 and '"requested": "medium"' in shown.stdout, shown.output

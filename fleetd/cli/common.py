@@ -85,3 +85,41 @@ def call(config: Path | None, action: "Callable[[ApiClient], Any]") -> Any:
 
 def ask(config: Path | None, path: str, **params: object) -> Any:
     return call(config, lambda client: client.get(path, **params))
+
+
+AWAY = (ExitCode.UNAVAILABLE, ExitCode.TEMPFAIL)  # no answer, or none in time: a daemon restarting
+AWAY_POLL_S = 1.0
+
+
+def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any | None:
+    """GET `path` while waiting on a request the daemon took: one that stops answering (a
+    `systemctl restart fleetd`, an upgrade) is asked again until `deadline` (time.monotonic), said
+    once on stderr, where the wait gave up with exit 69 though what it waited on went ahead.
+    None when it has not answered by then; any other error fails as `ask` does."""
+    import time
+
+    from fleetd.cli.client import ClientError
+
+    told = False
+    while True:
+        try:
+            return ask_or_raise(config, path)
+        except ClientError as exc:
+            if exc.code not in AWAY:
+                fail(str(exc), exc.code)
+            if time.monotonic() >= deadline:
+                return None
+            if not told:
+                typer.echo("fleetd: the daemon stopped answering (restarting?); asking again until it is back ...", err=True)
+                told = True
+            time.sleep(AWAY_POLL_S)
+
+
+def ask_or_raise(config: Path | None, path: str) -> Any:
+    """GET `path`; the client's error raised, not failed (a token error fails as `call` does)."""
+    from fleetd.token import TokenError
+
+    try:
+        return client_for(config).get(path)
+    except TokenError as exc:
+        fail(str(exc), ExitCode.NOPERM)

@@ -10,7 +10,7 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import ConfigOption, ItemsJsonOption, JsonOption, ask, call, fail, game_path
+from fleetd.cli.common import ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, fail, game_path
 from fleetd.states import Desired, Shown
 
 games_app = command_group("Add, stop, start, remove and list games.")
@@ -202,7 +202,10 @@ def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: 
     Progress().step(f"{name}: {what} ...")  # the spinner below draws only on a terminal
     with render.err_console.status(f"{name}: {what}...") as spinner:
         while True:
-            game = ask(config, game_path(name))
+            game = ask_through_restart(config, game_path(name), deadline)
+            if game is None:
+                fail(f"{name}: the daemon has not answered again within {timeout:.0f}s of the request, which it took; "
+                     "`fleetd games list` says how it stands once it is back", ExitCode.UNAVAILABLE)
             if game["state"] in states:
                 return game
             if time.monotonic() >= deadline:
@@ -275,7 +278,9 @@ def _taken_up(config: ConfigOption, choice: str) -> dict[str, Any] | None:
     ("the light tier runs 2 games" beside "asked: medium"), which read as if the request failed."""
     deadline = time.monotonic() + TAKE_UP_S
     while time.monotonic() < deadline:
-        fleet = ask(config, "/api/v1/fleet")
+        fleet = ask_through_restart(config, "/api/v1/fleet", deadline)  # the request is stored: a restart keeps it
+        if fleet is None:
+            return None
         if fleet["requested"] == choice:
             return fleet
         time.sleep(0.2)
