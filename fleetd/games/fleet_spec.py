@@ -189,7 +189,9 @@ def _when(changes: list[SettingChange], pending: list[SettingChange], again: boo
     said += [PRIORITY_NOTE] if AT_GOVERNOR_STEP in effects else []
     if ended is not None:
         return "; ".join(said + [ENDED_NOTE.format(state=ended.state, name=ended.name)])
-    return "; ".join(said) or DESIRED_NOTE[changes[-1].new]
+    # A start or stop is said with whatever else changes (it was said only when nothing else did).
+    said += [DESIRED_NOTE[change.new] for change in changes if change.field == "desired"]
+    return "; ".join(said)
 
 
 def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) -> NoReturn:

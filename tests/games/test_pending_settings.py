@@ -230,6 +230,11 @@ def test_the_plan_of_a_health_setting_says_it_needs_no_start(loop: Loop) -> None
     assert [c["takes_effect"] for c in plan["changes"]] == ["next_evaluation"]
     stop = put_spec(client, CART | {"health_settings": {"on_plateau": "yield"}, "desired": "stopped"})["games"][0]
     assert stop["note"] == "it stops at the supervisor's next turn, from a final checkpoint"
+    # With another change the start went unsaid: "priority takes effect at the governor's next step" alone.
+    both = put_spec(client, CART | {"health_settings": {"on_plateau": "yield"}, "desired": "running", "priority": 2})["games"][0]
+    assert [c["field"] for c in both["changes"]] == ["priority", "desired"]
+    assert both["note"].startswith("priority takes effect at the governor's next step")
+    assert both["note"].endswith("; it starts at the supervisor's next turn where a slot is free, else waits pending"), both["note"]
 
 
 def test_the_plan_of_a_fatal_game_says_it_stays_fatal_as_the_supervisor_keeps_it(loop: Loop) -> None:
