@@ -167,3 +167,24 @@ def test_the_advice_to_apply_says_that_another_env_is_refused(starts: Starts) ->
     assert note.endswith("or take them out of the config. `fleetd apply` refuses the entries of cart as they are: "
                          "another env_id or algo than the game's is never changed in place (its checkpoints are of "
                          "those); give such an entry another name, or remove the game first (`fleetd games rm`)"), note
+
+
+def test_the_advice_to_apply_says_which_entries_apply_refuses_as_they_are(starts: Starts) -> None:
+    """A `learning_rate` line deleted from a trained game's entry was named among "other
+    settings" with the advice to `fleetd apply` them, which refuses the file (422: the model
+    keeps the value). The note says so, with why."""
+    from fleetd.store.games import update_games_progress
+    from fleetd.store.records import ProgressSnapshot
+
+    lr = CART + "hyperparams = { learning_rate = 0.001, gamma = 0.98 }\n"
+    assert starts.start(lr) == []
+    assert starts.db is not None
+    with starts.db.transaction() as session:
+        update_games_progress(session, {"cart": ProgressSnapshot(5000, 20, None, 30.0, 50.0, starts.clock.now())})
+    [note] = starts.start(CART + "hyperparams = { gamma = 0.98 }\n")
+    assert "cart (hyperparams.learning_rate 0.001 -> default)" in note
+    assert ("`fleetd apply` refuses these as they are: cart (hyperparams.learning_rate: cannot be unset once the "
+            "game has trained: its model keeps the value it has (0.001)") in note, note
+    # A changed value, which apply takes, is advised without it.
+    [note] = starts.start(CART + "hyperparams = { learning_rate = 0.002, gamma = 0.98 }\n")
+    assert "refuses" not in note

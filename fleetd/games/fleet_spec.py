@@ -23,6 +23,7 @@ from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
     SettingChange,
+    change_refusals,
     check_changes,
     check_identity,
     record_changes,
@@ -313,6 +314,7 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
         return None
     with db.transaction() as session:
         held = {game.name: game for game in game_store.read_games(session)}
+        refused = _settings_refused(session, held, seeds)
     missing = [seed.name for seed in seeds if seed.name not in held]
     differing = [f"{seed.name} ({'; '.join(map(str, changes))})" for seed in seeds if seed.name in held
                  and (changes := _seed_changes(held[seed.name], seed))]  # fmt: skip
@@ -323,7 +325,7 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
     return ("[[games]] in the config is not applied: this database already had games, and [[games]] seeds only "
             f"a database that never had any. {found[0].upper() + found[1:]}. To apply them: put these entries in a "
             "file and run `fleetd apply FILE` (`--dry-run` first shows what it would change); or take them out of the "
-            f"config{_identity_refused(held, seeds)}{_desired_applied(held, seeds)}")
+            f"config{_identity_refused(held, seeds)}{refused}{_desired_applied(held, seeds)}")
 
 
 def _identity_refused(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
@@ -336,6 +338,22 @@ def _identity_refused(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str
     return (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
             "the game's is never changed in place (its checkpoints are of those); give such an entry another name, "
             "or remove the game first (`fleetd games rm`)")
+
+
+def _settings_refused(session: Session, held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
+    """An entry whose hyperparameter `fleetd apply` refuses (422), the whole file with it, as
+    `games set` would (a line deleted whose value the trained model keeps, a key its checkpoints
+    fix): said with why, where it was advised to apply them as they are."""
+    refused = [f"{seed.name} ({field}: {why})" for seed in seeds if (game := held.get(seed.name)) is not None
+               and (game.env_id, game.algo) == (seed.env_id, seed.algo)  # another identity: said already
+               for field, why in change_refusals(game, setting_changes(game, _settable(seed)), session)]
+    if not refused:
+        return ""
+    return f". `fleetd apply` refuses these as they are: {'; '.join(refused)}"
+
+
+def _settable(seed: GameSpec) -> dict[str, Any]:
+    return {key: getattr(seed, key) for key in SETTABLE}
 
 
 def _desired_applied(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
@@ -357,7 +375,7 @@ def _desired_applied(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
 def _seed_changes(game: GameRecord, seed: GameSpec) -> list[SettingChange]:
     identity = [SettingChange(key, getattr(game, key), getattr(seed, key)) for key in ("env_id", "algo")
                 if getattr(game, key) != getattr(seed, key)]  # fmt: skip
-    return identity + setting_changes(game, {key: getattr(seed, key) for key in SETTABLE})
+    return identity + setting_changes(game, _settable(seed))
 
 
 # -- exporting ---------------------------------------------------------------------------------

@@ -99,14 +99,25 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
                       hyperparams=wanted.get("hyperparams", game.hyperparams),
                       health_settings=wanted.get("health_settings", game.health_settings))
     check_draft(draft, catalog, prefix)
+    for field, why in change_refusals(game, changes, session)[:1]:
+        refuse_field(f"{prefix}{field}", why)
+
+
+def change_refusals(game: GameRecord, changes: list[SettingChange], session: Session | None = None) -> list[tuple[str, str]]:
+    """The hyperparameter changes refused for this game, each (field, why): one its algorithm does
+    not take, one its checkpoints fix, an explicit value its model keeps removed."""
+    refused = []
     for change in changes:
         key = change.field.removeprefix("hyperparams.")
+        if key == change.field:
+            continue
         unset = change.old if change.new is None else None  # an explicit value removed
         if unset is not None and session is not None:
             unset = _trained_value(session, game, key, unset)
-        why = change_refusal(key, game.algo, trained(game), unset) if key != change.field else None
+        why = change_refusal(key, game.algo, trained(game), unset)
         if why is not None:
-            refuse_field(f"{prefix}{change.field}", why)
+            refused.append((change.field, why))
+    return refused
 
 
 def _trained_value(session: Session, game: GameRecord, key: str, stored: Any) -> Any:
