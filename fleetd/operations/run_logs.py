@@ -60,15 +60,32 @@ def _last_lines(log: BinaryIO, end: int, lines: int) -> list[bytes]:
 
 
 def read_from(path: Path, offset: int) -> tuple[bytes, int]:
-    """What was appended since `offset`, and the new offset. A file that shrank (truncated by
-    hand) is read again from its start."""
+    """What was appended since `offset`, and the new offset. A file that shrank was rotated (or
+    truncated by hand) and is read again from its start, after what the rotated copy holds past
+    `offset`: the lines written between the last read and the rotation, which went to `.1` only."""
     try:
         with path.open("rb") as log:
             size = log.seek(0, os.SEEK_END)
+            earlier = b""
             if size < offset:
+                earlier = _rest_of_rotated(path, offset)
                 offset = 0
             log.seek(offset)
             data = log.read(FOLLOW_READ_MAX)
     except FileNotFoundError:
         return b"", offset  # pruned while followed: nothing more will come
-    return data, offset + len(data)
+    return earlier + data, offset + len(data)
+
+
+def _rest_of_rotated(path: Path, offset: int) -> bytes:
+    """The rotated copy's bytes from `offset` on (at most FOLLOW_READ_MAX), a line cut by the
+    rotation ended; nothing when there is no copy as long as `offset` (truncated by hand)."""
+    try:
+        with rotated_copy(path).open("rb") as before:
+            if before.seek(0, os.SEEK_END) < offset:
+                return b""
+            before.seek(offset)
+            rest = before.read(FOLLOW_READ_MAX)
+    except FileNotFoundError:
+        return b""
+    return rest + b"\n" if rest and not rest.endswith(b"\n") else rest

@@ -95,6 +95,25 @@ def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> Non
     assert read_from(log, 2) == (b"", 2)
 
 
+def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_path: Path) -> None:
+    # The follow had read up to `offset`; lines written after that and before the rotation went
+    # to the .1 copy only, and the follow, seeing the live file shrink, read on from its start:
+    # those lines never reached `fleetd logs -f`.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
+    _, offset = read_from(log, 0)
+    with log.open("ab") as out:
+        out.write(b"just before 1\njust before 2\ncut at the rot")
+    assert rotate_logs_job(games, max_bytes=1000) == [log]
+    with log.open("ab") as out:
+        out.write(b"after\n")
+    assert read_from(log, offset) == (b"just before 1\njust before 2\ncut at the rot\nafter\n", 6)
+    log.write_bytes(b"by hand\n")  # shrank again, the copy shorter than the offset: not its rest
+    assert read_from(log, 6 + 100_000) == (b"by hand\n", 8)
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory):
     with shared_context(tmp_path_factory.mktemp("logs"), TOKEN) as context:
