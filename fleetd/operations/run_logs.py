@@ -18,6 +18,14 @@ FOLLOW_READ_MAX = 1024 * 1024  # at most this much per poll, so one huge burst s
 LINE = re.compile(rb"[^\n]*\n|[^\n]+\Z")
 
 
+def run_order(name: str) -> tuple[int, str]:
+    """A run's file (run-NNNNNN.log, .spec.json, or the stem) by its run id: the names are padded
+    to 6 digits only, so by name run-1000000 comes before run-999999. A name that holds no id
+    comes first (as the oldest)."""
+    digits = name.removeprefix("run-").split(".", 1)[0]
+    return (int(digits), name) if digits.isascii() and digits.isdigit() else (-1, name)
+
+
 def rotated_copy(path: Path) -> Path:
     """Where the log's lines before its last rotation are (fleetd.jobs.rotate_logs_job)."""
     return path.with_name(path.name + ".1")
