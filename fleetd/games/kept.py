@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.operations.run_logs import run_order
 from workers import checkpoint
 
 
@@ -123,7 +124,7 @@ def _check_resumable(files: KeptFiles, steps: int, wanted: dict[str, str]) -> No
 
 def last_run_spec(game_dir: Path) -> tuple[Path, dict[str, object]] | None:
     """The newest run spec a worker of this game was started with that still reads, and its path."""
-    for path in sorted((game_dir / "logs").glob("run-*.spec.json"), reverse=True):  # zero-padded run ids
+    for path in sorted((game_dir / "logs").glob("run-*.spec.json"), key=lambda p: run_order(p.name), reverse=True):
         try:
             spec = json.loads(path.read_bytes())
         except (OSError, ValueError):

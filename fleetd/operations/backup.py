@@ -8,7 +8,8 @@ The target mirrors the state_dir's layout, so a restore is a copy back::
 
 Everything lands under a temporary name first and is renamed into place, which is atomic on a
 directory target (a local disk, NFS); on object stores (s3://) fsspec's rename is a copy and a
-delete, so a half-copied folder may exist for a moment, under the temporary name only. A
+delete, so one cut short leaves a folder under its final name with files missing: the next scan
+finds it lacking files the checkpoint has here and copies it again (`sync_game`). A
 checkpoint is hashed (`workers.checkpoint.verify`) before it is copied, and a restore verifies
 each one again before it takes it.
 
@@ -95,6 +96,20 @@ class Target:
         self._sync(temp)
         self.fs.mv(self.path(temp), self.path(relative), recursive=True)
         self._sync(parent)
+
+    def files_below(self, relative: str) -> dict[str, set[str]]:
+        """The files in each folder under `relative` (one listing, however many folders)."""
+        base = self.fs._strip_protocol(self.path(relative)).rstrip("/")
+        try:
+            found = self.fs.find(self.path(relative))
+        except FileNotFoundError:
+            return {}
+        held: dict[str, set[str]] = {}
+        for path in found:
+            inside = path.rstrip("/").removeprefix(base + "/").split("/")
+            if len(inside) == 2:
+                held.setdefault(inside[0], set()).add(inside[1])
+        return held
 
     def get_file(self, relative: str, target: Path) -> None:
         self.fs.get_file(self.path(relative), str(target))
@@ -382,10 +397,19 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     for stale in (n for n in on_target if n.startswith(_TEMP)):  # an interrupted copy
         target.remove(f"{relative}/{stale}")
     local = checkpoint.list_checkpoints(folder)
+    held = None if target.local else target.files_below(relative)
     copied = []
     for info in reversed(local):  # oldest first: the newest lands last
-        if info.path.name in on_target or not checkpoint.verify(info.path)[0]:
+        if info.path.name in on_target and not _cut_short(held, info.path):
             continue
+        if not checkpoint.verify(info.path)[0]:
+            continue
+        if info.path.name in on_target:
+            # On an object store the rename into place is a copy: one cut short (a network
+            # error, a crash) left some files under the final name, and the name alone kept
+            # that copy, which no restore takes, for good. Copied again whole.
+            log.warning("%s: the copy of %s at %s lacks files: copied again", relative, info.path.name, target.url)
+            target.remove(f"{relative}/{info.path.name}")
         try:
             target.put_folder(info.path, f"{relative}/{info.path.name}")
         except FileNotFoundError:  # pruned by its worker while we copied: it is not wanted
@@ -398,6 +422,18 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     for name in gone:
         target.remove(f"{relative}/{name}")
     return copied, gone
+
+
+def _cut_short(held: dict[str, set[str]] | None, local: Path) -> bool:
+    """The target's copy of this checkpoint lacks one of its files here (`held`: the files of each
+    checkpoint folder on the target; None on a directory target, whose rename is atomic)."""
+    if held is None:
+        return False
+    try:
+        here = {path.name for path in local.iterdir() if path.is_file()}
+    except OSError:  # pruned meanwhile: not copied either
+        return False
+    return bool(here - held.get(local.name, set()))
 
 
 # -- restore ----------------------------------------------------------------------------------

@@ -18,6 +18,14 @@ FOLLOW_READ_MAX = 1024 * 1024  # at most this much per poll, so one huge burst s
 LINE = re.compile(rb"[^\n]*\n|[^\n]+\Z")
 
 
+def run_order(name: str) -> tuple[int, str]:
+    """A run's file (run-NNNNNN.log, .spec.json, or the stem) by its run id: the names are padded
+    to 6 digits only, so by name run-1000000 comes before run-999999. A name that holds no id
+    comes first (as the oldest)."""
+    digits = name.removeprefix("run-").split(".", 1)[0]
+    return (int(digits), name) if digits.isascii() and digits.isdigit() else (-1, name)
+
+
 def rotated_copy(path: Path) -> Path:
     """Where the log's lines before its last rotation are (fleetd.jobs.rotate_logs_job)."""
     return path.with_name(path.name + ".1")
@@ -60,15 +68,32 @@ def _last_lines(log: BinaryIO, end: int, lines: int) -> list[bytes]:
 
 
 def read_from(path: Path, offset: int) -> tuple[bytes, int]:
-    """What was appended since `offset`, and the new offset. A file that shrank (truncated by
-    hand) is read again from its start."""
+    """What was appended since `offset`, and the new offset. A file that shrank was rotated (or
+    truncated by hand) and is read again from its start, after what the rotated copy holds past
+    `offset`: the lines written between the last read and the rotation, which went to `.1` only."""
     try:
         with path.open("rb") as log:
             size = log.seek(0, os.SEEK_END)
+            earlier = b""
             if size < offset:
+                earlier = _rest_of_rotated(path, offset)
                 offset = 0
             log.seek(offset)
             data = log.read(FOLLOW_READ_MAX)
     except FileNotFoundError:
         return b"", offset  # pruned while followed: nothing more will come
-    return data, offset + len(data)
+    return earlier + data, offset + len(data)
+
+
+def _rest_of_rotated(path: Path, offset: int) -> bytes:
+    """The rotated copy's bytes from `offset` on (at most FOLLOW_READ_MAX), a line cut by the
+    rotation ended; nothing when there is no copy as long as `offset` (truncated by hand)."""
+    try:
+        with rotated_copy(path).open("rb") as before:
+            if before.seek(0, os.SEEK_END) < offset:
+                return b""
+            before.seek(offset)
+            rest = before.read(FOLLOW_READ_MAX)
+    except FileNotFoundError:
+        return b""
+    return rest + b"\n" if rest and not rest.endswith(b"\n") else rest

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from fleetd.host.sd_notify import NOTIFY_ENV_KEYS
+from fleetd.operations.run_logs import run_order
 from fleetd.supervision.seams import Launch, LaunchError, Spawned
 from workers import lease
 from workers.protocol.spec import RunSpec
@@ -139,8 +140,10 @@ def _write_spec(path: Path, spec: RunSpec) -> Path:
 
 
 def _prune_run_files(logs: Path, keep: int) -> None:
-    """Keep the newest `keep` runs' logs and specs (run ids sort as names)."""
-    runs = sorted({p.name.split(".")[0] for p in logs.glob("run-*")})
+    """Keep the newest `keep` runs' logs and specs, by run id: not by name, which is padded to 6
+    digits only (run-1000000 sorted before run-999999, and each new run's log was deleted at its
+    spawn once the fleet's run ids passed a million)."""
+    runs = sorted({p.name.split(".")[0] for p in logs.glob("run-*")}, key=run_order)
     for old in runs[:-keep]:
         for path in logs.glob(f"{old}.*"):
             path.unlink(missing_ok=True)

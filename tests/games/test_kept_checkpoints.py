@@ -15,6 +15,7 @@ from fleetd.api import create_app
 from fleetd.cli.main import app
 from fleetd.cluster.storage import push_missing, remote_names
 from fleetd.config import Settings
+from fleetd.games.kept import last_run_spec
 from fleetd.operations.backup import Target
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
@@ -113,6 +114,17 @@ def ran_and_removed(client: TestClient, settings: Settings, db: Database, game: 
     path.write_text(launch.spec.with_run(3).to_json())
     write_ckpt(launch.game_dir / "checkpoints", 5000)
     assert client.delete(f"/api/v1/games/{game['name']}").status_code == 204
+
+
+def test_the_last_run_spec_is_the_newest_run_id_past_999999(tmp_path: Path) -> None:
+    # Sorted by name (padded to 6 digits), run-999999 came after run-1000000: the kept files
+    # were checked against an older run's spec than the last one.
+    logs = tmp_path / "cart" / "logs"
+    logs.mkdir(parents=True)
+    for run_id, env_id in ((999_999, "Acrobot-v1"), (1_000_000, "CartPole-v1")):
+        run_spec_path(tmp_path / "cart", run_id).write_text(f'{{"env_id": "{env_id}"}}')
+    path, spec = last_run_spec(tmp_path / "cart")
+    assert (path.name, spec["env_id"]) == ("run-1000000.spec.json", "CartPole-v1")
 
 
 @pytest.mark.parametrize(("field", "other"), [("env_id", ACROBOT), ("algo", CART | {"algo": "a2c"})])

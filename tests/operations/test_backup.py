@@ -80,6 +80,38 @@ def test_pruned_checkpoints_leave_the_target_and_interrupted_copies_are_cleared(
     assert target.names("games/pong/checkpoints") == {"ckpt-000000000200"}
 
 
+def test_a_copy_cut_short_under_its_final_name_on_an_object_store_is_copied_again(setup, tmp_path, monkeypatch):
+    # On an object store the rename into place is a copy and a delete: a network error in the
+    # copy left the checkpoint's name on the target with files missing, and every later scan
+    # skipped it by its name, so the target held for good a copy that no restore takes.
+    settings, db, url = setup
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
+    backup = Backup(settings, db, FakeClock())
+    fs, copies = backup.target.fs, []
+    real_copy = fs.cp_file
+
+    def cut_at_the_second_file(source, dest, **kwargs):
+        copies.append(dest)
+        if sum(not path.rstrip("/").rsplit("/", 1)[-1].startswith("ckpt-") for path in copies) == 2:
+            raise ConnectionError("connection reset")
+        return real_copy(source, dest, **kwargs)
+
+    monkeypatch.setattr(fs, "cp_file", cut_at_the_second_file)
+    with pytest.raises(ConnectionError):
+        backup.checkpoints()
+    monkeypatch.setattr(fs, "cp_file", real_copy)
+    name = "ckpt-000000000100"
+    assert name in Target(url).names("games/pong/checkpoints")  # under its final name, with files missing:
+    assert len(Target(url).names(f"games/pong/checkpoints/{name}")) == 1
+
+    assert backup.checkpoints().copied == [f"pong/{name}"]
+    assert Target(url).names(f"games/pong/checkpoints/{name}") == {"manifest.json", "model.zip", "state.json"}
+    assert backup.checkpoints().copied == []  # whole now: not copied again
+    backup.database()
+    restored = restore(url, tmp_path / "restored")
+    assert (restored.checkpoints, restored.skipped) == (1, [])
+
+
 def test_a_game_removed_with_its_files_leaves_the_target_and_one_removed_without_stays(setup, tmp_path):
     # `games rm pong --purge` left pong's checkpoints on the target for ever: a restore brought
     # them back, and adding a game named pong was then refused over them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,10 @@ from fleetd.operations.run_logs import TAIL_BLOCK, read_from, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
+from fleetd.supervision.launcher import OsLauncher, run_log_path
+from fleetd.supervision.seams import Launch
 from tests.api_context import shared_context
+from workers.protocol.spec import LaunchSpec
 
 TOKEN = "l" * 32
 
@@ -93,6 +97,45 @@ def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> Non
     assert read_from(log, 4) == (b"c\n", 2)
     log.unlink()
     assert read_from(log, 2) == (b"", 2)
+
+
+def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_path: Path) -> None:
+    # The follow had read up to `offset`; lines written after that and before the rotation went
+    # to the .1 copy only, and the follow, seeing the live file shrink, read on from its start:
+    # those lines never reached `fleetd logs -f`.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
+    _, offset = read_from(log, 0)
+    with log.open("ab") as out:
+        out.write(b"just before 1\njust before 2\ncut at the rot")
+    assert rotate_logs_job(games, max_bytes=1000) == [log]
+    with log.open("ab") as out:
+        out.write(b"after\n")
+    assert read_from(log, offset) == (b"just before 1\njust before 2\ncut at the rot\nafter\n", 6)
+    log.write_bytes(b"by hand\n")  # shrank again, the copy shorter than the offset: not its rest
+    assert read_from(log, 6 + 100_000) == (b"by hand\n", 8)
+
+
+def test_a_spawn_past_run_id_999999_keeps_its_own_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run ids are the fleet's (one sequence for every game) and the names are padded to 6 digits:
+    # the pruning sorted them as names, run-1000000 before run-999999, and deleted each new run's
+    # log at its spawn (the worker wrote on into an unlinked file; `fleetd logs` said it was gone).
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "says_hello.py").write_text("print('hello')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "modules"))
+    game_dir = tmp_path / "games" / "pong"
+    (game_dir / "logs").mkdir(parents=True)
+    for run_id in range(999_990, 1_000_000):
+        run_log_path(game_dir, run_id).write_text("older run\n")
+    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(game_dir))
+    spawned = OsLauncher(keep_runs=10, module="says_hello").spawn(Launch("pong", game_dir, spec), run_id=1_000_000)
+    os.waitpid(spawned.pid, 0)
+    assert Path(spawned.log_path).is_file(), "the new run's log was pruned at its spawn"
+    assert Path(spawned.log_path).read_text() == "hello\n"
+    logs = sorted(p.name for p in (game_dir / "logs").glob("run-*.log"))
+    assert logs == ["run-1000000.log"] + [f"run-{run_id}.log" for run_id in range(999_991, 1_000_000)]
 
 
 @pytest.fixture(scope="module")
