@@ -323,6 +323,32 @@ def test_plateau_flag_marks_it_and_keeps_it_running(loop: Loop) -> None:
     assert game(loop, "a").health.state is Health.LEARNING
 
 
+def test_a_plateau_told_before_a_daemon_restart_is_not_told_again_after_it(loop: Loop) -> None:
+    # What was told lived in the supervisor: after a daemon restart a yield that kept its slot (no
+    # one waiting), asked again at each evaluation, was told again (an event and an alert) at the
+    # first. Its events say what was told; a different action is news still.
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    assert [a.kind for a in loop.alerts.sent] == ["plateau"] and len(events(loop, "plateau")) == 1
+    loop.probe.live = {loop.pid("a")}
+    loop.start()  # a daemon restart: its worker trains on, adopted
+    stop_exits(loop, "a")  # restarted for its sizes (the fake's run has no spec beside its log to say them)
+    loop.run_up("a")
+    evaluate(loop, "a", 4000, 10.0)  # still on its plateau, still no one waiting
+    assert loop.state("a") is State.RUNNING and game(loop, "a").health.state is Health.PLATEAU
+    assert [a.kind for a in loop.alerts.sent] == ["plateau"] and len(events(loop, "plateau")) == 1
+    add(loop, "b", {})
+    add(loop, "c", {})  # the light tier admits two: c waits
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.run_up("b")
+    evaluate(loop, "a", 5000, 10.0)
+    assert loop.state("a") is State.STOPPING
+    assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, True]  # newest first
+
+
 def test_plateau_stop_stops_it_with_the_reason(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "stop"})
     loop.start()

@@ -29,8 +29,8 @@ from fleetd.health.settings import HealthSettingError, HealthSettings, settings_
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.states import Desired
 from fleetd.store import games as game_store
-from fleetd.store.engine import Database
-from fleetd.store.events import create_event
+from fleetd.store.engine import Database, Session
+from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
 from workers.bundle import REPLAY_BUFFER
@@ -73,6 +73,7 @@ class LearningWatch:
     _ids: dict[str, tuple[int, datetime]] = field(default_factory=dict)  # the game each name's record is of
     # The last plateau action told for each game on its plateau (an Action's value, or _KEPT):
     # a plateau's verdict recurs at every evaluation; only a different action is told again.
+    # A game first read on its plateau (a daemon restart) takes it from its events (told_before).
     _told: dict[str, str] = field(default_factory=dict)
 
     def load(self, games: list[GameRecord]) -> None:
@@ -84,7 +85,13 @@ class LearningWatch:
             self._settings.pop(name, None)
             self._train.pop(name, None)
             self._told.pop(name, None)
+        new_on_plateau = [g.name for g in games if self._ids.get(g.name) != g.identity and g.health.state is Health.PLATEAU]
         self._ids = ids
+        if new_on_plateau:
+            with self.db.transaction() as session:
+                for name in new_on_plateau:
+                    if (told := told_before(session, name)) is not None:
+                        self._told[name] = told
         for game in games:
             self._records.setdefault(game.name, game.health)
             self._settings[game.name] = _settings(game.health_settings)
@@ -200,6 +207,20 @@ class LearningWatch:
             variant = (_KEPT if kept_slot else verdict.action.value) if verdict.action in _PLATEAU else ""
             self.alerts.send(Alert(_ALERT[verdict.action], f"{game}: {verdict.reason}", self.clock.now(), game,
                                    details, action, variant))
+
+
+def told_before(session: Session, game: str) -> str | None:
+    """The plateau action last told for a game on its plateau, as its events say (newest first,
+    back to the one that put it there): after a daemon restart a plateau told before is not told
+    again (its flag, its yield, each alert once). None: nothing told since it went on it, or the
+    events that said so are past their retention."""
+    for event in read_events(session, EventFilter(game=game, limit=200)):
+        if event.kind == _EVENT[Action.FLAG]:
+            action = event.details.get("action")
+            return _KEPT if event.details.get("kept_slot") else action if isinstance(action, str) else None
+        if event.details.get("to") == Health.PLATEAU.value and event.details.get("from") != Health.PLATEAU.value:
+            return None  # the step onto this plateau: nothing told after it
+    return None
 
 
 def _settings(overrides: dict[str, Any]) -> HealthSettings:
