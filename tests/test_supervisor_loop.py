@@ -65,12 +65,12 @@ class Loop:
     telemetry: Any = None  # a TelemetrySampler (over a fake NVML), or None: no GPU seen
     finder: Any = field(default_factory=FakeFinder)  # workers whose pid no run recorded
 
-    def start(self) -> Supervisor:
+    def start(self, unclean_reboot: bool = False) -> Supervisor:
         recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
         fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry)
         self.supervisor = Supervisor(
             self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet,
-            finder=self.finder,
+            unclean_reboot=unclean_reboot, finder=self.finder,
         )
         self.supervisor.recover()
         return self.supervisor
@@ -606,6 +606,35 @@ def test_the_time_the_daemon_is_down_counts_when_its_workers_ran_on(loop: Loop) 
     assert loop.sup.snapshot.governor.rung == "4x48"
     with loop.db.transaction() as session:
         assert [e.message for e in read_events(session, EventFilter(kind="fleet_proven"))] == ["4x32 proven: stable for 30 min"]
+
+
+def test_an_unclean_reboot_with_every_game_stopped_moves_nothing(loop: Loop, host: FakeHost) -> None:
+    """The operator stopped every game at 4x32; the host then went down (a kernel panic, a power
+    cut) and came back: nothing of the fleet's ran on it, as after a clean stop. The new daemon
+    stepped the fleet down to 3x32 and failed 4x32 for a load that was not there."""
+    four_games_at_4x32(loop)
+    pids = [loop.pid(name) for name in "abcd"]
+    for name in "abcd":
+        set_desired(loop.db, loop.clock, name, Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    for pid in pids:
+        loop.reactor.exit(pid, code=0)
+    loop.steps()
+    assert loop.sup.fleet.admitted_count() == 0
+    host.reboot(300)
+    start = record_daemon_start(loop.db, host.current_boot(), loop.clock.now())
+    assert start.unclean_reboot
+    loop.boot_pk = start.boot.id
+    loop.start(unclean_reboot=True)
+    loop.steps()
+    assert loop.sup.snapshot.governor.rung == "4x32"
+    with loop.db.transaction() as session:
+        assert read_events(session, EventFilter(kind="fleet_backoff")) == []
+        [outside] = read_events(session, EventFilter(kind="fleet_reboot_outside"))
+    assert "no game holding a slot" in outside.message
+    rows = sqlite3.connect(loop.settings.db_path).execute("SELECT failures FROM rungs WHERE games = 4 AND num_envs = 32").fetchall()
+    assert rows in ([], [(0,)])
 
 
 def test_a_tier_request_survives_a_governor_save_before_the_next_step(loop: Loop) -> None:

@@ -15,8 +15,10 @@ The rules:
   down one rung, onto load proven; the failed rung is tried again only after a wait that grows
   with each failure; pressure counts again only once the back-off is carried out;
 - an unclean reboot at a rung proven for long is an outside event: nothing moves; at a rung
-  proven lately, one rung down; at an unproven rung, back to the highest proven rung;
-- pressure blocks admission and climbing at once, before it lasts long enough to count;
+  proven lately, one rung down; at an unproven rung, back to the highest proven rung; with no
+  game holding a slot, nothing moves (the fleet's load was not on the host);
+- pressure blocks admission and climbing at once, before it lasts long enough to count; while
+  no game holds a slot it never counts (it is not the fleet's load, and no step relieves it);
 - manual mode: the operator's tier is the top of the ladder; auto: heavy is.
 """
 
@@ -280,7 +282,9 @@ class Governor:
         if not pressure.reasons:
             self._pressure_since, self._pressure_rung = None, None
             return decisions
-        if self._carrying_out:
+        if self._carrying_out or running == 0:
+            # No game holds a slot: the pressure is not the fleet's load (another process heats
+            # the GPU or takes its memory), and no step down relieves it. It blocks admission.
             self._pressure_since = None
             return decisions
         if self._pressure_since is None:
@@ -357,7 +361,14 @@ class Governor:
         return self._back_off(now, kind, detail, *self._step_down(running))
 
     def rebooted(self, now: datetime, running: int) -> list[Decision]:
-        """The host went down without a clean stop, at the rung in force then."""
+        """The host went down without a clean stop, at the rung in force then. With no game
+        holding a slot it went down without the fleet's load on it, as after a clean stop:
+        nothing moves."""
+        if running == 0:
+            self.state = replace(self.state, stable_since=now)
+            message = (f"unclean reboot at {self.rung.label} with no game holding a slot: not the fleet's load; "
+                       "nothing moves")  # fmt: skip
+            return [Decision("reboot_outside", message)]
         self._sync_cap(running, now)
         here, memory = self.index(), self.remembered(self.index())
         held = min(running, self.rung.games)
