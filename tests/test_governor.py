@@ -612,3 +612,15 @@ def test_an_unclean_reboot_while_no_game_holds_a_slot_moves_nothing() -> None:
     assert fleet.governor.window_ends() == fleet.now + fleet.governor.window()  # the window starts again
     assert fleet.apply(fleet.governor.rebooted(fleet.now, 4)) == ["backoff"]  # under load, as before
 
+
+def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:
+    """One game at 1x32 under pressure that lasts: nothing is lighter, yet a "back-off 1x32 ->
+    1x32" event, log line and alert came every grace period for as long as it lasted."""
+    fleet = Fleet("light", start_games=1, pressure_grace_s=1 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    assert fleet.governor.rung.label == "1x32" and fleet.admitted == ["a"]
+    fleet.pressure = Pressure(("GPU 0 at 90 C > 85 C",))
+    kinds = [kind for _ in range(60) for kind in fleet.tick(1)]
+    assert kinds == ["backoff"] and fleet.admitted == ["a"]
+    assert fleet.governor.memory[(1, 32)].failures == 1

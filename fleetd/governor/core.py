@@ -296,7 +296,10 @@ class Governor:
         if self._pressure_rung is None:
             self._pressure_rung = self.rung.label
             return decisions + self.instability(now, "pressure", detail, running)
-        return decisions + self._back_off(now, "pressure", detail, *self._step_down(running), failure_at=self._pressure_rung)
+        target, games = self._step_down(running)
+        if target == self.index() and games >= self.allowed():  # nothing lighter: the bottom rung, one game
+            return decisions
+        return decisions + self._back_off(now, "pressure", detail, target, games, failure_at=self._pressure_rung)
 
     def _shed(self, view: FleetView) -> list[Decision]:
         """More games admitted than the rung allows: the lowest priority go back to pending first,
