@@ -389,6 +389,20 @@ class Governor:
         target = max(proven, default=max(0, min(here - 1, self.start_rung())))
         return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target, self._cap_at(target, running))
 
+    def clock_stepped(self, step: timedelta) -> None:
+        """The wall clock stepped by `step` (NTP setting a clock that booted stale, an operator's
+        `date`): every time the governor measures from moves with it, so that a window, a grace
+        period, the crash window, the carry-out bound and a re-probe wait last in real time what
+        they say. Before, a clock stepped 2 h forward after a back-off ended the lower rung's
+        window and the failed rung's wait at once: the fleet climbed straight back onto it."""
+        self.state = replace(self.state, stable_since=self.state.stable_since + step)
+        self._pressure_since = None if self._pressure_since is None else self._pressure_since + step
+        self._carrying_since = None if self._carrying_since is None else self._carrying_since + step
+        self._crashes = [(at + step, name) for at, name in self._crashes]
+        for memory in list(self.memory.values()):
+            if memory.retry_at is not None:
+                self._remember(replace(memory, retry_at=memory.retry_at + step))
+
     def resume(self, now: datetime) -> None:
         """The host was away (a cluster node's death and new life, not taken as a reboot), or the
         daemon was with its workers: the downtime is no stable time, the window starts again."""
