@@ -436,11 +436,16 @@ class Daemon:
 
     def _jobs(self, db: Database, boot_pk: int, supervisor: Supervisor) -> list[Job]:
         settings = self.settings
+        # The heartbeat and telemetry are steady (the monotonic clock, fleetd/scheduler.py): on
+        # APScheduler's wall clock a step back held them for its size, and meanwhile the governor
+        # judged pressure by a stale sample and a host that went down was logged down since the
+        # last heartbeat before the step.
         jobs = [
             Job(
                 "heartbeat",
                 settings.host.heartbeat_interval_s,
                 lambda: heartbeat_job(db, self.clock, boot_pk, lambda: self._last_state(supervisor)),
+                steady=True,
             ),
             Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
             Job("rotate_logs", 60, lambda: rotate_logs_job(settings.games_dir, settings.worker.log_max_bytes)),
@@ -450,6 +455,7 @@ class Daemon:
                 # On a cluster a run's handle is its run id, not a pid of this host.
                 lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict,
                                       self._footprints(supervisor)),
+                steady=True,
             ),
         ]
         if self.mps is not None and self.mps.active:

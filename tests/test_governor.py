@@ -577,3 +577,50 @@ def test_games_joining_an_unproven_rung_climbed_with_fewer_wait_for_its_window()
     assert fleet.tick(1) == [] and len(fleet.admitted) == 4
     fleet.tick(24)
     assert len(fleet.admitted) == 5 and fleet.governor.rung.label == "8x96"
+
+
+def test_pressure_while_no_game_holds_a_slot_moves_nothing() -> None:
+    """Every game stopped, and another process heats the GPU for half an hour: the pressure is
+    not the fleet's load and no step down relieves it. It walked a fleet proven at 8x256 down
+    the whole ladder to 1x32 (a rung a grace period) and failed 8x256; the games started again
+    at 1x32, 13 windows below. Now it blocks admission and moves nothing."""
+    fleet = at_the_top_with_eight()
+    fleet.admitted, fleet.pending = [], []  # every game stopped
+    fleet.pressure = Pressure(("GPU 0 at 90 C > 85 C",))
+    for _ in range(30):
+        assert fleet.tick(1) == []
+    assert fleet.governor.rung.label == "8x256 (heavy)"
+    assert not any(memory.failures for memory in fleet.governor.memory.values())
+    fleet.pending = list("abcdefgh")  # started again: pressure blocks admission, as ever
+    assert fleet.tick(1) == [] and fleet.admitted == []
+    fleet.pressure = Pressure()
+    assert fleet.tick(1) == ["admit"] * 8
+
+
+def test_an_unclean_reboot_while_no_game_holds_a_slot_moves_nothing() -> None:
+    """A host that went down with every game stopped went down without the fleet's load on it,
+    as after a clean stop: it stepped the fleet down a rung and failed the rung, as a reboot
+    under load would."""
+    fleet = Fleet("heavy")
+    fleet.tick()
+    fleet.until_admitted(4)
+    fleet.tick(10)  # at 4x32, in its window
+    fleet.admitted, fleet.pending = [], []  # every game stopped; then the host goes down
+    decisions = fleet.governor.rebooted(fleet.now, 0)
+    assert [d.kind for d in decisions] == ["reboot_outside"] and "no game holding a slot" in decisions[0].message
+    assert fleet.governor.rung.label == "4x32" and fleet.governor.memory.get((4, 32), RungMemory(4, 32)).failures == 0
+    assert fleet.governor.window_ends() == fleet.now + fleet.governor.window()  # the window starts again
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 4)) == ["backoff"]  # under load, as before
+
+
+def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:
+    """One game at 1x32 under pressure that lasts: nothing is lighter, yet a "back-off 1x32 ->
+    1x32" event, log line and alert came every grace period for as long as it lasted."""
+    fleet = Fleet("light", start_games=1, pressure_grace_s=1 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    assert fleet.governor.rung.label == "1x32" and fleet.admitted == ["a"]
+    fleet.pressure = Pressure(("GPU 0 at 90 C > 85 C",))
+    kinds = [kind for _ in range(60) for kind in fleet.tick(1)]
+    assert kinds == ["backoff"] and fleet.admitted == ["a"]
+    assert fleet.governor.memory[(1, 32)].failures == 1

@@ -110,18 +110,20 @@ def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
     xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
-    fleet.telemetry = Telemetry(gpu_host(xid))
+    fleet.telemetry = Telemetry(gpu_host(replace(xid, xid_errors=())))
     context = replace(context, telemetry=fleet.telemetry)
     client = TestClient(create_app(context))
     client.headers["Authorization"] = "Bearer " + "t" * 32
     for name in ("a", "b", "c"):
         assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
     slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.STARTING) for n in ("a", "b", "c")]
+    fleet.govern(slots)  # light: a and b hold the slots
+    fleet.telemetry.latest = gpu_host(xid)
 
     fleet.govern(slots)
     reason = "GPU 0: 1 NVML Xid error (79) in the last 10 min"
     answer = client.get("/api/v1/fleet").json()
-    assert answer["pressure"] == [reason] and answer["admitted"] == []  # blocked at once
+    assert answer["pressure"] == [reason] and (answer["admitted"], answer["pending"]) == (["a", "b"], ["c"])  # blocked at once
     assert answer["waiting_reason"] == f"admission blocked: {reason}"
     assert answer["telemetry"]["gpus"][0]["xid_errors"] == [79]
     console = Console(record=True, width=200)
@@ -142,11 +144,13 @@ def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
     """The controller tells the governor a back-off is still being carried out (a worker
     stopping or starting, the roll to new sizes under way): sustained pressure then steps the
     fleet down no further until it is over and a grace period has passed."""
+    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "medium"})})  # room for two steps
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
     xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
-    fleet.telemetry = Telemetry(gpu_host(xid))
     running = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
+    fleet.govern(running)  # admitted before the pressure: pressure while no game holds a slot is not the fleet's
+    fleet.telemetry = Telemetry(gpu_host(xid))
     assert not fleet.view(running).settling
     assert fleet.view([*running[:2], replace(running[2], state=State.STOPPING)]).settling  # sent back to pending
     assert fleet.view([*running[:2], replace(running[2], state=State.STARTING)]).settling

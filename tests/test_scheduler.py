@@ -124,3 +124,65 @@ def test_the_watchdog_ping_keeps_its_pace_when_the_wall_clock_steps_back(tmp_pat
         sock.close()
     assert pings >= 3, f"{pings} WATCHDOG=1 in the 4 s after the clock stepped back (a ping a second)"
     assert [line for line in out.splitlines() if line.startswith("wall")] == []  # the step held APScheduler's job
+
+
+JOBS_CHILD = r"""
+import sys, time
+from datetime import datetime, timedelta, UTC
+from types import SimpleNamespace
+
+import apscheduler.schedulers.base as base
+
+
+class Stepped(datetime):  # as STEPPED_CHILD's
+    back = timedelta(0)
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.now(tz) - cls.back
+
+
+base.datetime = Stepped
+
+from fleetd.config import load_settings
+from fleetd.daemon import Daemon
+from fleetd.governor.footprint import FootprintBook
+from fleetd.host.boot import HostBoot
+from fleetd.host.uptime import record_daemon_start
+from fleetd.scheduler import build_scheduler
+from fleetd.store import boots as boot_store
+from fleetd.store.engine import Database
+from fleetd.store.schema import ensure_schema
+
+settings = load_settings(state_dir=sys.argv[1], host={"heartbeat_interval_s": 1.0}, fleet={"telemetry_interval_s": 1.0})
+ensure_schema(settings.db_path, "fleetd db upgrade")
+db = Database.open(settings.db_path)
+daemon = Daemon(settings)
+boot = record_daemon_start(db, HostBoot("boot-1", datetime.now(UTC)), datetime.now(UTC)).boot
+supervisor = SimpleNamespace(worker_pids=dict, fleet=SimpleNamespace(footprints=FootprintBook()), running_workers=dict, snapshot=None)
+jobs = [job for job in daemon._jobs(db, boot.id, supervisor) if job.id in ("heartbeat", "telemetry")]
+scheduler = build_scheduler(jobs)
+scheduler.start()
+time.sleep(2.5)
+Stepped.back = timedelta(seconds=60)
+print("stepped", flush=True)
+stepped = time.time()
+time.sleep(4.0)
+with db.transaction() as session:
+    seen = boot_store.read_boot(session, boot.id).last_seen_at.timestamp()
+print(f"telemetry {daemon.telemetry.latest.at - stepped:.1f} heartbeat {seen - stepped:.1f}", flush=True)
+"""
+
+
+def test_the_heartbeat_and_telemetry_keep_their_pace_when_the_wall_clock_steps_back(tmp_path) -> None:
+    """The daemon's own heartbeat and telemetry jobs, in a child whose APScheduler sees the clock
+    step back 60 s: both were APScheduler's, and stood still for the step's size. Meanwhile the
+    governor judged pressure by a sample a minute old (or an hour, for an hour's step) and a
+    host that went down then was logged down since the last heartbeat before the step."""
+    child = subprocess.run([sys.executable, "-c", JOBS_CHILD, str(tmp_path / "state")], capture_output=True, text=True,
+                           timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    line = child.stdout.splitlines()[-1]
+    assert line.startswith("telemetry "), child.stdout + child.stderr
+    _, telemetry, _, heartbeat = line.split()
+    # Each runs every second: its latest run is at most a second or so before the end, 4 s after the step.
+    assert float(telemetry) >= 2.0 and float(heartbeat) >= 2.0, f"held by the step: {line}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import sqlite3
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
-from fleetd.store.fleet import update_fleet_requested
+from fleetd.store.fleet import read_rungs, update_fleet_requested
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
@@ -65,12 +66,12 @@ class Loop:
     telemetry: Any = None  # a TelemetrySampler (over a fake NVML), or None: no GPU seen
     finder: Any = field(default_factory=FakeFinder)  # workers whose pid no run recorded
 
-    def start(self) -> Supervisor:
+    def start(self, unclean_reboot: bool = False) -> Supervisor:
         recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
         fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry)
         self.supervisor = Supervisor(
             self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet,
-            finder=self.finder,
+            unclean_reboot=unclean_reboot, finder=self.finder,
         )
         self.supervisor.recover()
         return self.supervisor
@@ -606,6 +607,64 @@ def test_the_time_the_daemon_is_down_counts_when_its_workers_ran_on(loop: Loop) 
     assert loop.sup.snapshot.governor.rung == "4x48"
     with loop.db.transaction() as session:
         assert [e.message for e in read_events(session, EventFilter(kind="fleet_proven"))] == ["4x32 proven: stable for 30 min"]
+
+
+def test_an_unclean_reboot_with_every_game_stopped_moves_nothing(loop: Loop, host: FakeHost) -> None:
+    """The operator stopped every game at 4x32; the host then went down (a kernel panic, a power
+    cut) and came back: nothing of the fleet's ran on it, as after a clean stop. The new daemon
+    stepped the fleet down to 3x32 and failed 4x32 for a load that was not there."""
+    four_games_at_4x32(loop)
+    pids = [loop.pid(name) for name in "abcd"]
+    for name in "abcd":
+        set_desired(loop.db, loop.clock, name, Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    for pid in pids:
+        loop.reactor.exit(pid, code=0)
+    loop.steps()
+    assert loop.sup.fleet.admitted_count() == 0
+    host.reboot(300)
+    start = record_daemon_start(loop.db, host.current_boot(), loop.clock.now())
+    assert start.unclean_reboot
+    loop.boot_pk = start.boot.id
+    loop.start(unclean_reboot=True)
+    loop.steps()
+    assert loop.sup.snapshot.governor.rung == "4x32"
+    with loop.db.transaction() as session:
+        assert read_events(session, EventFilter(kind="fleet_backoff")) == []
+        [outside] = read_events(session, EventFilter(kind="fleet_reboot_outside"))
+    assert "no game holding a slot" in outside.message
+    rows = sqlite3.connect(loop.settings.db_path).execute("SELECT failures FROM rungs WHERE games = 4 AND num_envs = 32").fetchall()
+    assert rows in ([], [(0,)])
+
+
+def test_a_wall_clock_step_moves_the_governors_windows_and_waits_with_it(loop: Loop) -> None:
+    """An OOM kill stepped 4x32 back to 3x32 (4x32 waits 30 min, 3x32 a 30-min window); NTP then
+    stepped the wall clock 2 h forward (the host had booted on a stale clock). The next step took
+    3x32's window as run and 4x32's wait as over, and climbed straight back onto 4x32, 15 s after
+    it failed. A step back stretched both by as much. Now both last their time in real time."""
+    four_games_at_4x32(loop)
+    assert loop.sup.fleet.instability("oom", "a's worker was killed by the OOM killer", "a")
+    loop.steps()
+    governor = loop.sup.fleet.governor
+    assert governor.rung.label == "3x32"
+    ends, retry_at = governor.window_ends(), governor.memory[(4, 32)].retry_at
+    loop.clock.wall += timedelta(hours=2)
+    for _ in range(3):
+        loop.clock.advance(5)
+        loop.steps()
+    assert governor.rung.label == "3x32"
+    assert governor.window_ends() == ends + timedelta(hours=2)
+    with loop.db.transaction() as session:
+        assert read_rungs(session)[(4, 32)].retry_at == retry_at + timedelta(hours=2)
+    loop.clock.wall -= timedelta(hours=5)  # and back
+    loop.clock.advance(5)
+    loop.steps()
+    assert governor.window_ends() == ends - timedelta(hours=3)
+    assert governor.memory[(4, 32)].retry_at == retry_at - timedelta(hours=3)
+    loop.clock.advance(30 * 60)
+    loop.steps()
+    assert governor.rung.label == "4x32"  # after the window and the wait, in real time
 
 
 def test_a_tier_request_survives_a_governor_save_before_the_next_step(loop: Loop) -> None:

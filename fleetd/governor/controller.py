@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from fleetd.operations.alerts import Alert, AlertSender
@@ -47,6 +47,9 @@ from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Plac
 
 log = logging.getLogger(__name__)
 
+# The wall clock against the monotonic one between two of the governor's steps: a change at
+# least this big is a step of the wall clock (NTP's slew moves it by half a millisecond a second).
+CLOCK_STEP_S = 2.0
 _SEVERITY = {"backoff": "warning", "backoff_overdue": "warning", "evict": "warning", "reboot_outside": "warning"}
 LOCAL = ""  # the local executor's one host: its rungs are stored under this name
 
@@ -116,6 +119,8 @@ class FleetController:
         self._known_gpu: GpuMemory | None = None
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
+        self._clock_offset: float | None = None  # wall minus monotonic seconds at the last look
+        self._watch_clock()
 
     def _load(self) -> Governor:
         with self.db.transaction() as session:
@@ -264,6 +269,7 @@ class FleetController:
     def govern(self, slots: Sequence[GameSlot]) -> bool:
         """Release the slots of games that no longer want one (ended, gave up, stopped, removed),
         then take up the operator's request and the governor's clock. True if anything changed."""
+        self._watch_clock()
         released = self._release(slots)
         if self.cluster:
             return self._govern_hosts(slots) or released
@@ -274,6 +280,7 @@ class FleetController:
 
     def instability(self, kind: str, detail: str, game: str | None = None) -> bool:
         """Instability of the host: on a cluster, the host `game` ran on."""
+        self._watch_clock()
         host, governor = self._governor_of(game)
         if governor is None:
             return False
@@ -303,6 +310,7 @@ class FleetController:
             self._save_governors(session, now)
 
     def crashed(self, name: str) -> bool:
+        self._watch_clock()
         host, governor = self._governor_of(name)
         if governor is None:
             return False
@@ -387,6 +395,27 @@ class FleetController:
             for name in released:
                 del self._admitted[name]
         return bool(released)
+
+    def _watch_clock(self) -> None:
+        """A step of the wall clock since the last look (the monotonic clock does not step) moves
+        every time the governors measure from, and the admissions' times, with it: windows,
+        grace periods and re-probe waits are real time, whatever the wall clock did."""
+        now = self.clock.now()
+        offset = now.timestamp() - self.clock.monotonic()
+        last, self._clock_offset = self._clock_offset, offset
+        if last is None or abs(offset - last) < CLOCK_STEP_S:
+            return
+        step = timedelta(seconds=offset - last)
+        log.warning("the wall clock stepped by %+.0f s: the governor's windows, waits and admission times move with it",
+                    step.total_seconds())
+        for governor in (self.governor, *self.governors.values()):
+            governor.clock_stepped(step)
+        self._admitted = {name: at + step for name, at in self._admitted.items()}
+        with self.db.transaction() as session:
+            for name, at in self._admitted.items():
+                fleet_store.update_game_admitted(session, name, at)
+            self._save_governors(session, now)
+            self._save_memory(session)
 
     # -- a cluster: one governor per host ------------------------------------------------------
 

@@ -15,8 +15,10 @@ The rules:
   down one rung, onto load proven; the failed rung is tried again only after a wait that grows
   with each failure; pressure counts again only once the back-off is carried out;
 - an unclean reboot at a rung proven for long is an outside event: nothing moves; at a rung
-  proven lately, one rung down; at an unproven rung, back to the highest proven rung;
-- pressure blocks admission and climbing at once, before it lasts long enough to count;
+  proven lately, one rung down; at an unproven rung, back to the highest proven rung; with no
+  game holding a slot, nothing moves (the fleet's load was not on the host);
+- pressure blocks admission and climbing at once, before it lasts long enough to count; while
+  no game holds a slot it never counts (it is not the fleet's load, and no step relieves it);
 - manual mode: the operator's tier is the top of the ladder; auto: heavy is.
 """
 
@@ -280,7 +282,9 @@ class Governor:
         if not pressure.reasons:
             self._pressure_since, self._pressure_rung = None, None
             return decisions
-        if self._carrying_out:
+        if self._carrying_out or running == 0:
+            # No game holds a slot: the pressure is not the fleet's load (another process heats
+            # the GPU or takes its memory), and no step down relieves it. It blocks admission.
             self._pressure_since = None
             return decisions
         if self._pressure_since is None:
@@ -292,7 +296,10 @@ class Governor:
         if self._pressure_rung is None:
             self._pressure_rung = self.rung.label
             return decisions + self.instability(now, "pressure", detail, running)
-        return decisions + self._back_off(now, "pressure", detail, *self._step_down(running), failure_at=self._pressure_rung)
+        target, games = self._step_down(running)
+        if target == self.index() and games >= self.allowed():  # nothing lighter: the bottom rung, one game
+            return decisions
+        return decisions + self._back_off(now, "pressure", detail, target, games, failure_at=self._pressure_rung)
 
     def _shed(self, view: FleetView) -> list[Decision]:
         """More games admitted than the rung allows: the lowest priority go back to pending first,
@@ -357,7 +364,14 @@ class Governor:
         return self._back_off(now, kind, detail, *self._step_down(running))
 
     def rebooted(self, now: datetime, running: int) -> list[Decision]:
-        """The host went down without a clean stop, at the rung in force then."""
+        """The host went down without a clean stop, at the rung in force then. With no game
+        holding a slot it went down without the fleet's load on it, as after a clean stop:
+        nothing moves."""
+        if running == 0:
+            self.state = replace(self.state, stable_since=now)
+            message = (f"unclean reboot at {self.rung.label} with no game holding a slot: not the fleet's load; "
+                       "nothing moves")  # fmt: skip
+            return [Decision("reboot_outside", message)]
         self._sync_cap(running, now)
         here, memory = self.index(), self.remembered(self.index())
         held = min(running, self.rung.games)
@@ -374,6 +388,20 @@ class Governor:
         proven = [i for i in range(here) if self.remembered(i).proven]
         target = max(proven, default=max(0, min(here - 1, self.start_rung())))
         return self._back_off(now, "reboot", f"at {self.rung.label}, not proven", target, self._cap_at(target, running))
+
+    def clock_stepped(self, step: timedelta) -> None:
+        """The wall clock stepped by `step` (NTP setting a clock that booted stale, an operator's
+        `date`): every time the governor measures from moves with it, so that a window, a grace
+        period, the crash window, the carry-out bound and a re-probe wait last in real time what
+        they say. Before, a clock stepped 2 h forward after a back-off ended the lower rung's
+        window and the failed rung's wait at once: the fleet climbed straight back onto it."""
+        self.state = replace(self.state, stable_since=self.state.stable_since + step)
+        self._pressure_since = None if self._pressure_since is None else self._pressure_since + step
+        self._carrying_since = None if self._carrying_since is None else self._carrying_since + step
+        self._crashes = [(at + step, name) for at, name in self._crashes]
+        for memory in list(self.memory.values()):
+            if memory.retry_at is not None:
+                self._remember(replace(memory, retry_at=memory.retry_at + step))
 
     def resume(self, now: datetime) -> None:
         """The host was away (a cluster node's death and new life, not taken as a reboot), or the
