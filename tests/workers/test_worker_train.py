@@ -426,3 +426,22 @@ def test_normalized_rewards_are_discounted_by_the_algorithms_gamma(make_spec):
     plan = make_plan(spec, select_device("cpu"))
     model = build_model(spec, plan, make_vec_env(env_config(spec, plan)))
     assert model.get_vec_normalize_env().gamma == model.gamma == 0.9
+
+
+def test_a_resumed_ppo_keeps_a_minibatch_of_two_after_the_batch_is_scaled_to_one(make_spec):
+    """batch_scale after CUDA out-of-memory (down to 1/16) can scale a small batch to 1: a new
+    model takes PPO's least, 2 (algo_kwargs); a resumed one trained on minibatches of one, its
+    advantages not normalized."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env as sb3_vec_env
+
+    from workers.hyperparams import DeviceInfo, algo_kwargs, make_plan
+    from workers.train import apply_batch_size
+
+    spec = make_spec(hyperparams={"num_envs": 2, "batch_size": 16, "n_steps": 64}, batch_scale=1 / 16)
+    plan = make_plan(spec, DeviceInfo("cpu", "cpu"))
+    assert plan.batch_size == 1 and algo_kwargs("ppo", plan, image_obs=False)["batch_size"] == 2
+    ppo = PPO("MlpPolicy", sb3_vec_env("CartPole-v1", n_envs=2), n_steps=64, batch_size=16,
+              policy_kwargs={"net_arch": [8]}, device="cpu")
+    apply_batch_size(ppo, plan)
+    assert ppo.batch_size == 2
