@@ -60,7 +60,9 @@ def test_explicit_values_win_and_policy_kwargs_merge(make_spec):
     _, plan = _plan(make_spec, algo="dqn", hyperparams={"num_envs": 8, "train_freq": 4,
                                                         "policy_kwargs": {"net_arch": [16]}})
     dqn = algo_kwargs("dqn", plan, image_obs=False)
-    assert (dqn["train_freq"], dqn["gradient_steps"]) == (4, 128)  # explicit: not rescaled
+    # explicit train_freq kept; the gradient steps follow it at the zoo's samples per transition
+    # (32 transitions a train: 16 steps of 64), not the zoo's one-env 128
+    assert (dqn["train_freq"], dqn["gradient_steps"]) == (4, 16)
     assert dqn["policy_kwargs"] == {"net_arch": [16]}
     _, plan = _plan(make_spec, algo="a2c", hyperparams={"policy_kwargs": {"net_arch": [8]}})
     a2c = algo_kwargs("a2c", plan, image_obs=True)
