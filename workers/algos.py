@@ -9,8 +9,9 @@
 2. DQN does not train while its replay buffer holds fewer than `learning_starts` transitions.
    SB3 compares `learning_starts` with the absolute step count, so a run resumed without its
    buffer would train at once on a handful of transitions. It now re-collects `learning_starts`
-   transitions first, acting with the restored policy and epsilon (not at random: SB3 samples
-   random actions only below `learning_starts` absolute steps).
+   transitions first (or as many as the buffer holds, if fewer), acting with the restored policy
+   and epsilon (not at random: SB3 samples random actions only below `learning_starts` absolute
+   steps).
 3. PPO and A2C keep their rollout on the policy's device (`workers.rollout`), and PPO's update
    reads its logged figures once, not five times a minibatch (`workers.ppo_update`): the same
    samples and the same weights as SB3's, without the host round trips and waits.
@@ -51,8 +52,15 @@ class FleetDQN(HorizonSchedules, DQN):
     def buffered_transitions(self) -> int:
         return self.replay_buffer.size() * self.replay_buffer.n_envs if self.replay_buffer else 0
 
+    def buffer_capacity(self) -> int:
+        """The most transitions the replay buffer holds: SB3 keeps `buffer_size // n_envs` per
+        env, fewer than `buffer_size` where the env count does not divide it."""
+        return self.replay_buffer.buffer_size * self.replay_buffer.n_envs if self.replay_buffer else 0
+
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
-        if self.buffered_transitions() < max(self.learning_starts, batch_size):
+        # At most a full buffer: the zoo's Atari `learning_starts` is its `buffer_size`
+        # (100,000), which 64 or 256 envs (1,562 or 390 transitions each) never hold.
+        if self.buffered_transitions() < min(max(self.learning_starts, batch_size), self.buffer_capacity()):
             return  # refilling after a resume without the replay buffer
         super().train(gradient_steps, batch_size)
 

@@ -54,6 +54,14 @@ def goal_reached(spec: RunSpec, counters: Counters) -> bool:
     return by_steps or by_episodes
 
 
+def episodes_goal_reached(spec: RunSpec, counters: Counters) -> bool:
+    """The goal that ends training mid-rollout. A step goal is `learn()`'s own budget
+    (train._budget): SB3 ends it after the update of the rollout that reached it. Stopped here,
+    at that rollout's last step, the rollout was collected and never trained on (PPO on 256
+    Atari envs: 32,768 steps counted in the final model, and its export, but not learned)."""
+    return spec.target_episodes is not None and counters.episodes >= spec.target_episodes
+
+
 FIRST_AFTER_RESUME = 0.1  # of the interval: the earliest checkpoint after a resume
 
 
@@ -76,6 +84,7 @@ class Checkpointer:
         self._last_at = clock()
         self._not_before = self._last_at
         self._last_steps: int | None = None  # the state on disk (resumed from or written)
+        self._last_updates: int | None = None  # and the model's update count then (None: not known)
         self._from_steps = 0  # the step interval runs from here: the last save, or try
 
     def due(self, steps: int) -> bool:
@@ -91,6 +100,7 @@ class Checkpointer:
         never live one interval and never checkpoint past its first. Not sooner than a tenth
         of the interval into this run, so that the checkpoint holds new training."""
         self._last_steps = self._from_steps = steps
+        self._last_updates = None  # not updated since: no step has been taken
         if saved_age_s is not None:
             now = self._clock()
             self._last_at = min(self._last_at, now - max(0.0, saved_age_s))
@@ -123,7 +133,7 @@ class Checkpointer:
         if not ok:  # not the state on disk: a final write at these steps must write it again
             log.error("checkpoint %s does not verify right after writing: %s", path.name, reason)
             return None
-        self._last_steps = counters.steps
+        self._last_steps, self._last_updates = counters.steps, getattr(model, "_n_updates", None)
         summary = checkpoint.summarize(path)
         log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
                  self._clock() - started)
@@ -144,7 +154,9 @@ class Checkpointer:
         """The last checkpoint; `evaluate` (a reached goal) evaluates it if an evaluation is
         due. A stop does not: the supervisor's stop timeout is for the checkpoint alone.
         Whether the final state is on disk (already, or written now): the exit code says so."""
-        if self._last_steps == counters.steps:
+        # The same steps are not the same state where the model was updated since: a write at the
+        # last step of a rollout comes before SB3's update of that rollout.
+        if self._last_steps == counters.steps and self._last_updates in (None, getattr(model, "_n_updates", None)):
             log.info("final state (%d steps) is already checkpointed", counters.steps)
             return True
         return self.write(model, counters, evaluate=evaluate) is not None
@@ -168,13 +180,14 @@ class FleetCallback(BaseCallback):
             episode = info.get("episode")
             if episode is not None:
                 self.counters.record_episode(episode["r"], episode["l"])
-        if goal_reached(self.spec, self.counters):
+        if episodes_goal_reached(self.spec, self.counters):
             self.outcome = Outcome.COMPLETED
             return False
         if self.stop.requested:
             self.outcome = Outcome.STOPPED
             return False
-        if self.checkpointer.due(self.counters.steps):
+        if self.checkpointer.due(self.counters.steps) and not goal_reached(self.spec, self.counters):
+            # (at a step goal the final checkpoint follows the rollout's update: not this one too)
             self.checkpointer.write(self.model, self.counters)
             if self.stop.requested:  # came during that write (or its evaluation): it is the final
                 self.outcome = Outcome.STOPPED  # checkpoint, not one more write a step later

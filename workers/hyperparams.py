@@ -148,12 +148,22 @@ def dqn_updates(plan: Plan, fam: defaults.Family) -> dict[str, int]:
     """DQN's batch_size, train_freq and gradient_steps: the zoo's sample reuse on the plan's env
     count (`defaults.dqn_reuse`), not the tier's batch, which sizes PPO's minibatch; the zoo's
     batch is scaled by batch_scale after a CUDA out-of-memory. Explicit train_freq or
-    gradient_steps are taken as given, with the plan's batch if explicit, else the zoo's."""
+    gradient_steps are taken as given, with the plan's batch if explicit, else the zoo's; where
+    only one of them is given, the other follows it at the zoo's samples per transition on this
+    env count (the zoo's own value counts one env's transitions: its 256 vectorized steps beside
+    an explicit gradient_steps trained 32 times less often than the default at 32 envs)."""
     zoo_batch = max(1, int(defaults.ZOO_DQN_BATCH[fam] * plan.batch_scale))
     batch = plan.batch_size if plan.batch_explicit else None
-    if {"train_freq", "gradient_steps"} & set(plan.overrides):
-        return {"batch_size": batch or zoo_batch}
     reuse = defaults.dqn_reuse(plan.num_envs, fam, batch or (zoo_batch if plan.batch_scale < 1 else None))
+    freq, steps = plan.overrides.get("train_freq"), plan.overrides.get("gradient_steps")
+    if freq is not None and steps is not None:
+        return {"batch_size": batch or zoo_batch}
+    if steps is not None:
+        return {"batch_size": reuse.batch_size,
+                "train_freq": max(1, round(steps * reuse.train_freq / reuse.gradient_steps))}
+    if freq is not None:
+        return {"batch_size": reuse.batch_size,
+                "gradient_steps": max(1, round(freq * reuse.gradient_steps / reuse.train_freq))}
     return {"batch_size": reuse.batch_size, "train_freq": reuse.train_freq, "gradient_steps": reuse.gradient_steps}
 
 

@@ -132,6 +132,9 @@ def load_snapshot(folder: Path, algo: str, venv: VecEnv, device: str,
     model = ALGO_CLASSES[algo].load(folder / MODEL, env=env, device=device,
                                     custom_objects=overrides or None)
     note = _restore_replay(folder / REPLAY_BUFFER, model)
+    vecnorm = model.get_vec_normalize_env()
+    if vecnorm is not None:  # its returns are discounted as the algorithm discounts (train.build_model),
+        vecnorm.gamma = model.gamma  # a gamma changed since the checkpoint included
     if model.num_timesteps != counters.steps:
         raise ValueError(f"model.zip has {model.num_timesteps} steps, state.json {counters.steps}")
     return Restored(model, counters, rng, note)

@@ -6,7 +6,7 @@ import logging
 import time
 
 import torch
-from stable_baselines3 import DQN
+from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
@@ -29,7 +29,7 @@ from workers.hyperparams import (Plan, algo_kwargs, configure_torch, dqn_updates
 from workers.precision import apply_precision
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.sender import ProgressSender
-from workers.protocol.spec import RunSpec, SpecError
+from workers.protocol.spec import PPO_MIN_BATCH, RunSpec, SpecError
 from workers.reporting import Reporter
 from workers.resume import ResumeResult, find_resumable
 from workers.snapshot import ReplayPolicy, restore_rng
@@ -188,6 +188,8 @@ def apply_batch_size(model: BaseAlgorithm, plan: Plan, image_obs: bool = False) 
     batch = plan.batch_size
     if isinstance(model, OnPolicyAlgorithm):
         batch = min(batch, model.n_steps * model.n_envs)
+    if isinstance(model, PPO):  # no minibatch of one, as for a new model (algo_kwargs): a
+        batch = max(PPO_MIN_BATCH, batch)  # batch_scale after CUDA out-of-memory can make it 1
     if batch != model.batch_size:
         log.info("batch_size %d -> %d (this run's plan)", model.batch_size, batch)
         model.batch_size = batch

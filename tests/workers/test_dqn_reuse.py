@@ -68,3 +68,18 @@ def test_after_a_cuda_oom_the_zoos_batch_is_scaled_and_the_steps_keep_the_sample
                      tier_defaults={"num_envs": 256, "batch_size": 2048})
     kwargs = algo_kwargs("dqn", make_plan(spec, DeviceInfo("cpu", "cpu")), image_obs=True)
     assert (kwargs["batch_size"], kwargs["train_freq"], kwargs["gradient_steps"]) == (16, 1, 128)
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({"gradient_steps": 64}, (4, 64)),  # half the zoo's steps per train: trains twice as often
+    ({"train_freq": 4}, (4, 64)),  # trains twice as often: half the steps each time
+    ({"train_freq": 4, "gradient_steps": 16}, (4, 16)),  # both given: as given
+])
+def test_one_given_of_train_freq_and_gradient_steps_sets_the_other_at_the_zoos_reuse(make_spec, given, expected) -> None:
+    # The zoo's own train_freq (256) counts one env's transitions: beside an explicit
+    # gradient_steps it trained every 256 vectorized steps, 8,192 transitions at 32 envs.
+    spec = make_spec(algo="dqn", hyperparams={"num_envs": 32, **given})
+    kwargs = algo_kwargs("dqn", make_plan(spec, DeviceInfo("cpu", "cpu")), image_obs=False)
+    assert (kwargs["train_freq"], kwargs["gradient_steps"]) == expected
+    samples = kwargs["gradient_steps"] * kwargs["batch_size"] / (kwargs["train_freq"] * 32)
+    assert samples == (32.0 if len(given) == 1 else 8.0)  # the zoo's 32 samples per transition

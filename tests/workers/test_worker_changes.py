@@ -117,3 +117,18 @@ def test_dqn_exploration_changes_and_its_schedule_continues(make_spec):
 
 def test_model_keys_are_resumable_sb3_attributes():
     assert MODEL_KEYS <= set(RESUMABLE) and not MODEL_KEYS & set(WORKER_KEYS)
+
+
+def test_a_changed_gamma_reaches_vecnormalize_as_it_does_a_new_model(make_spec):
+    """VecNormalize discounts the returns it scales rewards by with the algorithm's gamma
+    (train.build_model); a gamma changed on resume kept the saved one there."""
+    hp = {"num_envs": 2, "n_steps": 32, "batch_size": 32, "policy_kwargs": {"net_arch": [16]}, "normalize": True}
+    first = make_spec(hyperparams={**hp, "gamma": 0.98}, total_timesteps=128)
+    assert _run(first) == ExitCode.COMPLETED
+    spec = make_spec(hyperparams={**hp, "gamma": 0.9})
+    plan = make_plan(spec, CPU)
+    found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu",
+                           True, plan.overrides)
+    model = found.restored.model
+    assert [c.key for c in found.changes] == ["gamma"] and model.gamma == 0.9
+    assert model.get_vec_normalize_env().gamma == 0.9

@@ -9,7 +9,7 @@ from stable_baselines3.common.utils import LinearSchedule
 from workers import checkpoint, defaults
 from workers.algos import FleetDQN, set_schedule_horizon
 from workers.callback import StopFlag
-from workers.envs import make_vec_env
+from workers.envs import EnvConfig, make_vec_env
 from workers.hyperparams import DeviceInfo, algo_kwargs, make_plan, schedule_horizon
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import ResumedReport
@@ -60,7 +60,9 @@ def test_explicit_values_win_and_policy_kwargs_merge(make_spec):
     _, plan = _plan(make_spec, algo="dqn", hyperparams={"num_envs": 8, "train_freq": 4,
                                                         "policy_kwargs": {"net_arch": [16]}})
     dqn = algo_kwargs("dqn", plan, image_obs=False)
-    assert (dqn["train_freq"], dqn["gradient_steps"]) == (4, 128)  # explicit: not rescaled
+    # explicit train_freq kept; the gradient steps follow it at the zoo's samples per transition
+    # (32 transitions a train: 16 steps of 64), not the zoo's one-env 128
+    assert (dqn["train_freq"], dqn["gradient_steps"]) == (4, 16)
     assert dqn["policy_kwargs"] == {"net_arch": [16]}
     _, plan = _plan(make_spec, algo="a2c", hyperparams={"policy_kwargs": {"net_arch": [8]}})
     a2c = algo_kwargs("a2c", plan, image_obs=True)
@@ -204,3 +206,14 @@ def test_a_ppo_minibatch_halved_after_out_of_memory_stays_above_one(make_spec):
     _, plan = _plan(make_spec, algo="ppo", hyperparams={"num_envs": 2, "batch_size": 3}, batch_scale=0.25)
     assert plan.batch_size == 1
     assert algo_kwargs("ppo", plan, image_obs=False)["batch_size"] == 2
+
+
+def test_dqn_trains_once_its_buffer_is_full_when_learning_starts_is_its_size_and_the_envs_do_not_divide_it():
+    # The zoo's Atari DQN has learning_starts == buffer_size (100,000); SB3 keeps buffer_size //
+    # n_envs transitions per env, so 64 or 256 envs hold 99,968 or 99,840: it never trained.
+    model = FleetDQN("MlpPolicy", make_vec_env(EnvConfig("CartPole-v1", num_envs=3, seed=1)), buffer_size=1000,
+                     learning_starts=1000, train_freq=1, gradient_steps=1, batch_size=32,
+                     policy_kwargs={"net_arch": [16]}, seed=1)
+    model.learn(1500)
+    assert model.replay_buffer.buffer_size * 3 == model.buffered_transitions() == 999  # full
+    assert model._n_updates > 0

@@ -317,10 +317,11 @@ def test_pruning_keeps_the_checkpoint_just_written_below_newer_ones_that_do_not_
     for info in checkpoint.list_checkpoints(make_spec().checkpoint_dir)[:3]:  # 512, 384, 256
         _corrupt_but_rehash(info.path)
     spec = make_spec(total_timesteps=250, checkpoint_interval_steps=100, keep_checkpoints=3, **retention)
-    assert _run(spec) == ExitCode.COMPLETED  # from 128; checkpoints at 228 and 250
+    # from 128; checkpoints at 228 and 256, where the rollout that reached 250 ends (and is trained on)
+    assert _run(spec) == ExitCode.COMPLETED
     plan = make_plan(spec, select_device("cpu"))
     found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
-    assert found.restored is not None and found.restored.counters.steps == 250
+    assert found.restored is not None and found.restored.counters.steps == 256
 
 
 def test_all_checkpoints_unusable_exits_21(trained, make_spec, inbox):
@@ -426,3 +427,36 @@ def test_normalized_rewards_are_discounted_by_the_algorithms_gamma(make_spec):
     plan = make_plan(spec, select_device("cpu"))
     model = build_model(spec, plan, make_vec_env(env_config(spec, plan)))
     assert model.get_vec_normalize_env().gamma == model.gamma == 0.9
+
+
+def test_a_resumed_ppo_keeps_a_minibatch_of_two_after_the_batch_is_scaled_to_one(make_spec):
+    """batch_scale after CUDA out-of-memory (down to 1/16) can scale a small batch to 1: a new
+    model takes PPO's least, 2 (algo_kwargs); a resumed one trained on minibatches of one, its
+    advantages not normalized."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env as sb3_vec_env
+
+    from workers.hyperparams import DeviceInfo, algo_kwargs, make_plan
+    from workers.train import apply_batch_size
+
+    spec = make_spec(hyperparams={"num_envs": 2, "batch_size": 16, "n_steps": 64}, batch_scale=1 / 16)
+    plan = make_plan(spec, DeviceInfo("cpu", "cpu"))
+    assert plan.batch_size == 1 and algo_kwargs("ppo", plan, image_obs=False)["batch_size"] == 2
+    ppo = PPO("MlpPolicy", sb3_vec_env("CartPole-v1", n_envs=2), n_steps=64, batch_size=16,
+              policy_kwargs={"net_arch": [8]}, device="cpu")
+    apply_batch_size(ppo, plan)
+    assert ppo.batch_size == 2
+
+
+def test_a_step_goal_trains_on_the_rollout_that_reached_it(make_spec):
+    """The goal's last step ended a PPO rollout and the callback stopped learn() before SB3's
+    update: the final checkpoint counted 512 steps with a model trained on 384."""
+    from workers.changes import saved_values
+
+    spec = make_spec(total_timesteps=512, hyperparams={"num_envs": 2, "n_steps": 64, "batch_size": 64,
+                                                       "n_epochs": 1, "policy_kwargs": {"net_arch": [8]}})
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert final.steps == 512
+    saved = saved_values(final.path / "model.zip", ["_n_updates"])
+    assert saved["_n_updates"] * 64 * 2 == 512  # one epoch an update: every rollout trained on
