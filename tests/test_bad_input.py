@@ -262,6 +262,26 @@ def test_body_that_is_not_utf8_is_400_in_the_envelope(client: TestClient) -> Non
     assert envelope(response, 400)["code"] == "bad_request"
 
 
+@pytest.mark.parametrize(("method", "path", "content", "field"), [
+    ("POST", "/api/v1/games", b'{"name": "nan", "env_id": "CartPole-v1", "checkpoint_interval_s": NaN}',
+     "body.checkpoint_interval_s"),
+    ("POST", "/api/v1/games", b'{"name": "nan", "env_id": "CartPole-v1", "checkpoint_interval_s": -Infinity}',
+     "body.checkpoint_interval_s"),
+    ("PATCH", "/api/v1/games/pong", b'{"checkpoint_interval_s": NaN}', "body.checkpoint_interval_s"),
+    ("GET", "/api/v1/reboots/expected?hours=nan", None, "query.hours"),
+    ("POST", "/api/v1/games/nan/import?env_id=CartPole-v1&checkpoint_interval_s=nan", b"PK", "query.checkpoint_interval_s"),
+])
+def test_a_number_that_is_not_finite_is_refused_as_such(client: TestClient, method: str, path: str,
+                                                        content: bytes | None, field: str) -> None:
+    """NaN fails every bound, and was refused for the upper one: "Input should be less than or
+    equal to 86400" of a NaN sent as the checkpoint interval."""
+    client.post("/api/v1/games", json=GAME | {"desired": "stopped"})
+    headers = {"Content-Type": "application/json"} if content and content.startswith(b"{") else {}
+    error = envelope(client.request(method, path, content=content, headers=headers), 422)
+    assert error["details"]["errors"] == [{"field": field, "reason": "Input should be a finite number"}], error
+    envelope(client.get("/api/v1/games/nan"), 404)
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
