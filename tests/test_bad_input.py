@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import auth, create_app
 from fleetd.config import Settings
+from fleetd.games.slug import GAME_NAME_RULE
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision import launcher as launcher_module
 from fleetd.supervision.launcher import OsLauncher
@@ -118,6 +119,29 @@ def test_hostile_path_names_are_refused_in_the_envelope(client: TestClient, sett
     assert file_tree(root) - {"state/fleetd.db-wal", "state/fleetd.db-shm"} <= before
     assert before <= file_tree(root)
     assert client.get("/api/v1/games/pong").status_code == 200
+
+
+@pytest.mark.parametrize(("name", "shown"), [("", "''"), ("a%2Fb", "'a/b'"), ("pong%2Fruns", "'pong/runs'")])
+def test_an_empty_name_or_one_holding_a_slash_is_a_422_naming_path_name(client: TestClient, name: str,
+                                                                        shown: str) -> None:
+    """As the CLI sends them (a name quoted whole). They were taken for other paths: `games/` a
+    307 to the listing (`fleetd games rm ""` then said no fleetd answered, exit 69), `games//stop`
+    and `games/a%2Fb` a bare "Not Found", and `games/pong%2Fruns` pong's runs."""
+    assert client.post("/api/v1/games", json=GAME | {"desired": "stopped"}).status_code in (201, 409)
+    for method, route in [*GAME_ROUTES, ("PATCH", "/api/v1/games/{}")]:
+        response = client.request(method, route.format(name), follow_redirects=False, json={})
+        error = envelope(response, 422)
+        assert error["details"]["errors"] == [{"field": "path.name", "reason": f"{GAME_NAME_RULE}, got {shown}"}]
+        assert error["message"].startswith(f"invalid request: path.name: {GAME_NAME_RULE}, got {shown}"), error
+    assert client.get("/api/v1/games/pong/runs").status_code == 200  # the name alone, its route as before
+
+
+def test_a_path_no_route_takes_says_so_rather_than_not_found(client: TestClient) -> None:
+    """A `/` sent as is ends the name: `games/a/b` is no route (and no game), said in words."""
+    error = envelope(client.post("/api/v1/games/a/b/stop"), 404)
+    assert error["message"] == ("no route POST /api/v1/games/a/b/stop (a game's name is one path segment, a slug): "
+                                "the API's routes are listed at /docs")
+    assert envelope(client.get("/api/v1/nothing"), 404)["message"].startswith("no route GET /api/v1/nothing: ")
 
 
 @pytest.mark.parametrize("query", ["game=..%2F..", "game=%00", "game=p%C3%B6ng", "game=" + "x" * 5000])
@@ -236,6 +260,26 @@ def test_body_that_is_not_utf8_is_400_in_the_envelope(client: TestClient) -> Non
         "/api/v1/games", content=b'{"name": "\xff\xfe"}', headers={"Content-Type": "application/json"}
     )
     assert envelope(response, 400)["code"] == "bad_request"
+
+
+@pytest.mark.parametrize(("method", "path", "content", "field"), [
+    ("POST", "/api/v1/games", b'{"name": "nan", "env_id": "CartPole-v1", "checkpoint_interval_s": NaN}',
+     "body.checkpoint_interval_s"),
+    ("POST", "/api/v1/games", b'{"name": "nan", "env_id": "CartPole-v1", "checkpoint_interval_s": -Infinity}',
+     "body.checkpoint_interval_s"),
+    ("PATCH", "/api/v1/games/pong", b'{"checkpoint_interval_s": NaN}', "body.checkpoint_interval_s"),
+    ("GET", "/api/v1/reboots/expected?hours=nan", None, "query.hours"),
+    ("POST", "/api/v1/games/nan/import?env_id=CartPole-v1&checkpoint_interval_s=nan", b"PK", "query.checkpoint_interval_s"),
+])
+def test_a_number_that_is_not_finite_is_refused_as_such(client: TestClient, method: str, path: str,
+                                                        content: bytes | None, field: str) -> None:
+    """NaN fails every bound, and was refused for the upper one: "Input should be less than or
+    equal to 86400" of a NaN sent as the checkpoint interval."""
+    client.post("/api/v1/games", json=GAME | {"desired": "stopped"})
+    headers = {"Content-Type": "application/json"} if content and content.startswith(b"{") else {}
+    error = envelope(client.request(method, path, content=content, headers=headers), 422)
+    assert error["details"]["errors"] == [{"field": field, "reason": "Input should be a finite number"}], error
+    envelope(client.get("/api/v1/games/nan"), 404)
 
 
 @pytest.mark.parametrize(

@@ -111,18 +111,21 @@ def test_help_lists_the_codes() -> None:
 
 @pytest.mark.parametrize("args", [
     ["games", "stop", "my game"], ["games", "checkpoints", "pöng"], ["games", "rm", "a?purge=true"],
-    ["logs", "x#y"], ["games", "start", "a/b"],
+    ["logs", "x#y"], ["games", "start", "a/b"], ["games", "rm", ""], ["games", "set", "", "priority=1"],
 ])
 def test_a_name_the_url_cannot_hold_as_is_reaches_the_daemon_whole(tmp_path: Path, args: list[str]) -> None:
     """The name is one quoted path segment: the daemon judges it (the name's pattern, 422) rather
     than http.client tracebacking on a space or a letter beyond ASCII, or a `?` or `#` in it
-    asking for something else. A `/` leaves the route: no such path, 404."""
+    asking for something else. A `/` (sent as %2F) or an empty name is refused as a name too:
+    they were a 404 "Not Found" (exit 4) and, `games rm ""`, a redirect taken for another
+    program than fleetd answering (exit 69)."""
     from tests.api_context import shared_context
 
     with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
         answered = fleetd(config_for(tmp_path, int(url.rsplit(":", 1)[1])), *args)
-    says, code = ("Not Found", ExitCode.NOT_FOUND) if "/" in args[-1] else ("path.name: String should match", ExitCode.ERROR)
-    assert answered.exit_code == code and says in answered.output, (answered.output, answered.exception)
+    name = args[2] if args[0] == "games" else args[1]
+    says = "path.name: must be a slug" if "/" in name or not name else "path.name: String should match"
+    assert answered.exit_code == ExitCode.ERROR and says in answered.output, (answered.output, answered.exception)
 
 
 def test_a_rung_not_on_the_ladder_is_a_bad_command_line(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse, Response
@@ -15,9 +16,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleetd import __version__
 from fleetd.api.auth import refuse_unknown_query, require_token
 from fleetd.api.context import AppContext
-from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers
+from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers, refusal
 from fleetd.api.routes import backup, boots, events, fleet, games, health, hosts, logs, metrics, models, projection, samples, spec
 from fleetd.api.metrics import Exposition
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.slug import GAME_NAME_RULE
 
 API_PREFIX = "/api/v1"
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -37,6 +40,7 @@ def create_app(context: AppContext) -> FastAPI:
     app.state.stopping = threading.Event()  # the daemon's replaces it: follows end as it stops
     install_error_handlers(app)
     api_settings = context.settings.api
+    app.add_middleware(GameNameSegment)
     app.add_middleware(BodySizeLimit, max_bytes=api_settings.max_body_bytes,
                        upload_max_bytes=api_settings.max_upload_bytes, upload_paths=models.UPLOAD_PATHS)
     app.add_middleware(HeadAsGet)
@@ -80,6 +84,44 @@ class HeadAsGet:
             return {"type": "http.disconnect"} if sent else await receive()
 
         await self.app(dict(scope, method="GET"), gone_once_sent, headers_only)
+
+
+GAMES_PREFIX = f"{API_PREFIX}/games/"
+
+
+class GameNameSegment:
+    """A game's name in a path, /api/v1/games/NAME[/...], is one segment; an empty one, or one
+    holding a `/` sent as %2F (the CLI quotes a name whole), is a 422 naming `path.name`, as any
+    other name that is not a slug is. Before routing, which took them for other paths: an empty
+    name made `/games/` a redirect to the listing (`fleetd games rm ""` read that as no fleetd
+    answering, exit 69), `/games//stop` or `/games/a/b/stop` a bare "Not Found", and
+    `/games/pong%2Fruns` pong's runs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rest = _below_games(scope) if scope["type"] == "http" else None
+        name = None if rest is None else unquote(rest.split("/", 1)[0])
+        if name is None or (name and "/" not in name):
+            await self.app(scope, receive, send)
+            return
+        reason = f"{GAME_NAME_RULE}, got {name!r}"
+        listing = not rest and scope["method"] == "GET"  # (a HEAD is a GET here: HeadAsGet is outside)
+        hint = f" (the games are listed at {API_PREFIX}/games, without the trailing /)" if listing else ""
+        error = FleetdError(ErrorCode.VALIDATION, f"invalid request: path.name: {reason}{hint}",
+                            {"errors": [{"field": "path.name", "reason": reason}]})
+        await refusal(error)(scope, receive, send)
+
+
+def _below_games(scope: Scope) -> str | None:
+    """What follows /api/v1/games/ in the path as sent (None: another path), where a `/` in a
+    name is still %2F: the decoded path has lost it."""
+    root = scope.get("root_path", "")
+    raw = scope.get("raw_path")
+    sent = raw.decode("latin-1") if isinstance(raw, bytes) else scope.get("path", "")
+    sent = sent[len(root):] if root and sent.startswith(root) else sent
+    return sent[len(GAMES_PREFIX):] if sent.startswith(GAMES_PREFIX) else None
 
 
 def install_status_page(app: FastAPI) -> None:

@@ -52,6 +52,11 @@ def _respond(error: FleetdError, headers: dict[str, str] | None = None) -> JSONR
     return JSONResponse(error.envelope(), status_code=error.http_status, headers=headers)
 
 
+def refusal(error: FleetdError) -> JSONResponse:
+    """The error's response, for a middleware that answers before any route is chosen."""
+    return _respond(error)
+
+
 async def _on_fleetd_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FleetdError)
     headers = {"WWW-Authenticate": "Bearer"} if exc.code is ErrorCode.UNAUTHORIZED else None
@@ -69,7 +74,17 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
         # several routes (GET and DELETE /games/{name}) allows all of theirs, and one out of
         # the schema (the status page's `/`) those Starlette named.
         headers["Allow"] = ", ".join(_methods_for(request, headers.get("Allow", "")))
-    return _respond(FleetdError(code, str(exc.detail)), headers or None)
+    message = str(exc.detail)
+    if exc.status_code == 404 and "endpoint" not in request.scope:  # no route took the path
+        message = _no_route(request)
+    return _respond(FleetdError(code, message), headers or None)
+
+
+def _no_route(request: Request) -> str:
+    """Said instead of Starlette's bare "Not Found", which read as no such game."""
+    path = request.url.path
+    game = " (a game's name is one path segment, a slug)" if path.startswith("/api/v1/games/") else ""
+    return f"no route {request.method} {path}{game}: the API's routes are listed at /docs"
 
 
 def _methods_for(request: Request, named: str) -> list[str]:

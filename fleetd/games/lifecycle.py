@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +73,12 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
     with them (fleetd/games/kept.py); None for an import, which checked them itself and gives
     `resumes_at`, the step count of the checkpoint it put in the game's folder."""
     check_draft(draft, catalog)
+    with _adding(draft.name):
+        return _add_checked(db, clock, draft, files, kept, resumes_at)
+
+
+def _add_checked(db: Database, clock: Clock, draft: GameDraft, files: KeptFiles | None, kept: Kept | None,
+                 resumes_at: int | None) -> GameRecord:
     now = clock.now()
     # Before the write transaction: calls to a URL storage must not hold SQLite's write lock (the
     # supervisor's writes wait for it, then fail). A set-aside that fails adds no game; an add
@@ -91,6 +99,32 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
             game_store.update_game_resumed(session, draft.name, resumes_at, episodes)
             game = game_store.read_game(session, draft.name)
         return record_added(session, now, draft, game, note)
+
+
+_ADDS_LOCK = threading.Lock()
+_ADDS: dict[str, tuple[threading.Lock, int]] = {}  # name -> (its lock, adds holding or awaiting it)
+
+
+@contextmanager
+def _adding(name: str) -> Iterator[None]:
+    """One add of a name at a time (the daemon is one process; adds of other names go on): two
+    adds of one name, each deciding on a removed game's kept checkpoints before either wrote its
+    game, had one set them aside while the other, resuming from them, won the name (its game
+    said it resumed at their steps, and its worker found none: a fresh start), or met a 500 as
+    its scan lost the folder the other moved. The second now finds the name taken, files untouched."""
+    with _ADDS_LOCK:
+        lock, waiting = _ADDS.get(name, (threading.Lock(), 0))
+        _ADDS[name] = (lock, waiting + 1)
+    try:
+        with lock:
+            yield
+    finally:
+        with _ADDS_LOCK:
+            lock, waiting = _ADDS[name]
+            if waiting == 1:
+                del _ADDS[name]
+            else:
+                _ADDS[name] = (lock, waiting - 1)
 
 
 def name_free(db: Database, name: str) -> bool:

@@ -97,8 +97,9 @@ class GameSpec(BaseModel):
     total_timesteps: int | None = Field(None, ge=1, le=10**13, description="goal: stop after this many env steps")
     target_episodes: int | None = Field(None, ge=1, le=10**10, description="goal: stop after this many episodes")
     priority: int = Field(0, ge=-1000, le=1000, description="higher is admitted first")
+    # Finite: NaN failed the bounds' checks too, but was told "less than or equal to 86400".
     checkpoint_interval_s: float | None = Field(
-        None, ge=1, le=86400, description="seconds between checkpoints; default from [worker]"
+        None, ge=1, le=86400, allow_inf_nan=False, description="seconds between checkpoints; default from [worker]"
     )
     # Checked by the worker's own model (fleetd/games/lifecycle.py check_draft), which names the culprit.
     hyperparams: HyperparamsDict = Field(

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Select, and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.states import Desired, State
@@ -70,8 +71,22 @@ def _build(
 def _row(session: Session, name: str) -> Game:
     row = session.scalars(select(Game).where(Game.name == name)).first()
     if row is None:
-        raise FleetdError(ErrorCode.NOT_FOUND, f"no game named {name!r}", {"name": name})
+        raise _not_found(name)
     return row
+
+
+def _not_found(name: str) -> FleetdError:
+    return FleetdError(ErrorCode.NOT_FOUND, f"no game named {name!r}", {"name": name})
+
+
+def _flush_row(session: Session, name: str) -> None:
+    """Write a game's row read earlier in the unit. The driver begins the transaction at the
+    first write, so a removal committed since the read leaves the write no row to match: the
+    game is gone, not a StaleDataError (a 500 for a PATCH, stop or start racing a DELETE)."""
+    try:
+        session.flush()
+    except StaleDataError:
+        raise _not_found(name) from None
 
 
 def create_game(session: Session, draft: GameDraft, now: datetime) -> GameRecord:
@@ -148,7 +163,7 @@ def read_game_figures(session: Session) -> list[GameFigures]:
 def update_game_desired(session: Session, name: str, desired: Desired, now: datetime) -> GameRecord:
     row = _row(session, name)
     row.desired, row.updated_at = desired, now
-    session.flush()
+    _flush_row(session, name)
     return _record(session, row)
 
 
@@ -158,7 +173,7 @@ def update_game_settings(session: Session, name: str, values: dict[str, Any], no
     for key, value in values.items():
         setattr(row, key, value)
     row.updated_at = now
-    session.flush()
+    _flush_row(session, name)
     return _record(session, row)
 
 
@@ -169,7 +184,7 @@ def update_game_state(
     row = _row(session, name)
     row.state, row.state_reason, row.state_changed_at, row.updated_at = state, reason, now, now
     row.restarts += int(restart)
-    session.flush()
+    _flush_row(session, name)
     return row.id
 
 
@@ -231,7 +246,7 @@ def game_id_of(session: Session, name: str) -> int:
 
 def delete_game(session: Session, name: str) -> None:
     session.delete(_row(session, name))
-    session.flush()
+    _flush_row(session, name)
 
 
 def game_names(session: Session) -> set[str]:

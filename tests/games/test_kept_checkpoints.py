@@ -174,6 +174,51 @@ def test_a_game_that_resumes_from_kept_or_imported_checkpoints_stands_at_their_s
     assert client.get("/api/v1/games/imported").json()["steps"] == 33820
 
 
+def test_two_adds_of_a_name_over_kept_checkpoints_one_resuming_one_setting_aside_agree(
+    client: TestClient, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each decided on the kept checkpoints before either wrote its game: the set-aside moved
+    them, the resume won the name, and its game said it resumed at 5000 steps (and stood there)
+    with none left for its worker: a fresh start. Now the second add waits for the first and
+    finds the name taken. Two requests at once, the set-aside held just before its game's insert."""
+    import threading
+
+    import httpx
+
+    kept = removed_with_checkpoints(client, settings, 5000)
+    at_insert, release = threading.Event(), threading.Event()
+    create = game_store.create_game
+
+    def held_at_insert(session, draft, now):  # type: ignore[no-untyped-def]
+        if not at_insert.is_set():
+            at_insert.set()
+            release.wait(10)
+        return create(session, draft, now)
+
+    monkeypatch.setattr(game_store, "create_game", held_at_insert)
+    answers: dict[str, httpx.Response] = {}
+
+    def add(kept_choice: str) -> None:
+        answers[kept_choice] = client.post("/api/v1/games", json=CART, params={"kept": kept_choice})
+
+    aside = threading.Thread(target=add, args=("set_aside",))
+    aside.start()
+    assert at_insert.wait(10)
+    resume = threading.Thread(target=add, args=("resume",))
+    resume.start()
+    resume.join(0.5)  # the race: it finished meanwhile; now it waits for the set-aside's add
+    release.set()
+    aside.join(30)
+    resume.join(30)
+    assert sorted(r.status_code for r in answers.values()) == [201, 409], {k: r.text for k, r in answers.items()}
+    game = client.get("/api/v1/games/cart").json()
+    if answers["resume"].status_code == 201:  # it resumes: its checkpoints are where its worker looks
+        assert names(kept) == ["ckpt-000000005000"] and game["steps"] == 5000
+    else:
+        assert names(kept) == [] and game["steps"] == 0
+        assert answers["resume"].json()["error"]["message"] == "a game named 'cart' exists"
+
+
 def test_kept_with_nothing_kept_is_accepted_and_moves_nothing(client: TestClient, settings: Settings) -> None:
     response = client.post("/api/v1/games", json=CART, params={"kept": "set_aside"})
     assert response.status_code == 201, response.text

@@ -16,6 +16,7 @@ from fleetd.states import Desired
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
 from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
@@ -62,3 +63,48 @@ def test_no_run_begins_between_removals_check_and_its_delete(settings: Settings,
     finally:
         supervisor.close()
     assert tried == [ErrorCode.BUSY.value]  # it waits for the removal, then finds no game
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("PATCH", "/api/v1/games/racy", {"priority": 5}),
+    ("POST", "/api/v1/games/racy/stop", None),
+    ("POST", "/api/v1/games/racy/start", None),
+])
+def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
+        settings: Settings, db: Database, clock: FakeClock, host: FakeHost, method: str, path: str,
+        body: dict | None) -> None:
+    """A PATCH, stop or start reads the game, then writes it in a transaction the driver begins
+    at the write: a DELETE from another request that lands in between (removal takes the write
+    lock at once) left the UPDATE matching no row, a StaleDataError, and a 500."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import event
+
+    from fleetd.api import create_app
+    from tests.api_context import api_context
+
+    context = api_context(settings, db, clock, host, "t" * 32)
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("racy", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    clock.advance(60)  # a stop of the stopped game still writes: its updated_at
+    other = Database.open(settings.db_path)
+    removed: list[str] = []
+
+    def removed_first(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
+        if statement.startswith("UPDATE games") and not removed:
+            removed.append("racy")
+            remove_game(other, clock, "racy", settings.game_dir("racy"), purge=False)
+
+    event.listen(db.engine, "before_cursor_execute", removed_first)
+    try:
+        with TestClient(create_app(context), raise_server_exceptions=False) as client:
+            response = client.request(method, path, json=body, headers={"Authorization": "Bearer " + "t" * 32})
+    finally:
+        event.remove(db.engine, "before_cursor_execute", removed_first)
+        other.close()
+    assert removed == ["racy"]
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["message"].startswith("no game named 'racy'"), response.text
+    with db.transaction() as session:
+        assert not game_store.game_exists(session, "racy")
+        kinds = [event.kind for event in read_events(session, EventFilter(game="racy", limit=10))]
+    assert kinds == ["game_removed"]  # no change recorded of a game no longer there

@@ -148,7 +148,7 @@ def expect_reboot(body: ExpectedRebootCreate, context: AppContext = Depends(get_
 
 @router.get("/reboots/expected", response_model=ExpectedRebootList)
 def list_expected_reboots(
-    hours: float = Query(24.0, gt=0, le=24 * 365, description="also those that stopped holding this many hours ago"),
+    hours: float = Query(24.0, gt=0, le=24 * 365, allow_inf_nan=False, description="also those that stopped holding this many hours ago"),
     context: AppContext = Depends(get_context),
 ) -> ExpectedRebootList:
     """Expected reboots that hold now or stopped holding within `hours` (at most 100), newest first."""

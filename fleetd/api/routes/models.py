@@ -47,7 +47,7 @@ async def import_model(
     priority: int = Query(0, ge=-1000, le=1000),
     total_timesteps: int | None = Query(None, ge=1, le=10**13),
     target_episodes: int | None = Query(None, ge=1, le=10**10),
-    checkpoint_interval_s: float | None = Query(None, ge=1, le=86400),
+    checkpoint_interval_s: float | None = Query(None, ge=1, le=86400, allow_inf_nan=False),
     hyperparams: str | None = Query(None, max_length=10_000, description="a JSON object of overrides"),
     desired: Desired = Query(Desired.RUNNING),
     context: AppContext = Depends(get_context),
