@@ -638,6 +638,11 @@ def test_a_policy_kwarg_that_is_not_finite_is_refused(client: TestClient, hyperp
     ({"num_envs": 100_000_000}, "hyperparams.num_envs"),
     ({"policy": "NoSuchPolicy"}, "hyperparams.policy"),
     ({"n_steps": 1, "num_envs": 1}, "hyperparams.n_steps"),
+    # Sizes of SB3's arrays past what numpy and EnvPool take: accepted, they crashed every start.
+    ({"n_steps": 10**20}, "hyperparams.n_steps"),
+    ({"frame_stack": 2**31}, "hyperparams.frame_stack"),
+    ({"eval_episodes": 10**12}, "hyperparams.eval_episodes"),
+    ({"schedule_timesteps": 2**53 + 1}, "hyperparams.schedule_timesteps"),
 ])
 def test_a_hyperparameter_the_worker_would_crash_on_is_a_422_naming_it(client: TestClient, hyperparams, field) -> None:
     """Refused when the game is added, not by SB3 in a worker that then crash-loops."""

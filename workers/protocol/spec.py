@@ -34,7 +34,9 @@ STANDALONE_BATCH_SIZE = 256
 # host's memory before the worker could say why; 4096 is 16 times the heavy tier's 256.
 MAX_NUM_ENVS = 4096
 MAX_BATCH_SIZE = 65536
-# EnvPool takes its seed and episode cap as C++ int32 (a larger value is a TypeError at start).
+# EnvPool takes its seed and episode cap as C++ int32 (a larger value is a TypeError at start);
+# the hyperparameters that count steps, updates, frames or transitions are bounded by it too (SB3
+# sizes arrays by them: 10^20 was accepted and crashed the worker at its start, over and over).
 INT32_MAX = 2**31 - 1
 # SB3's PPO normalizes the advantages of each minibatch: one sample is NaN, and SB3 asserts
 # both its batch_size and its rollout (n_steps x num_envs) above 1.
@@ -57,6 +59,12 @@ NonNegative = Annotated[int, Field(ge=0), BeforeValidator(integral)]
 EnvCount = Annotated[int, Field(ge=1, le=MAX_NUM_ENVS), BeforeValidator(integral)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE), BeforeValidator(integral)]
 Int32Positive = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(integral)]
+Int32NonNegative = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(integral)]
+# A count of steps or bytes numpy and torch take as int64 (10^20 was a crash at the worker's
+# start), bounded where JSON's numbers are exact (2^53: a client's double holds it as sent).
+JSON_INT_MAX = 2**53
+Int64Positive = Annotated[int, Field(ge=1, le=JSON_INT_MAX), BeforeValidator(integral)]
+Int64NonNegative = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(integral)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # SB3 takes these as given and fails (or learns nothing) outside them: a learning rate, clip
 # range or gradient norm of 0 or below, a discount or probability outside [0, 1].
@@ -155,8 +163,8 @@ class Hyperparams(_Overrides):
 
     num_envs: EnvCount | None = None
     batch_size: BatchSize | None = None  # PPO: at least 2 (LaunchSpec._ppo_batches)
-    n_steps: Positive | None = None
-    n_epochs: Positive | None = None
+    n_steps: Int32Positive | None = None
+    n_epochs: Int32Positive | None = None
     learning_rate: NonNegativeFloat | None = None  # 0: the weights stay as they are (a frozen game)
     gamma: Fraction | None = None
     gae_lambda: Fraction | None = None
@@ -164,11 +172,11 @@ class Hyperparams(_Overrides):
     ent_coef: NonNegativeFloat | None = None
     vf_coef: NonNegativeFloat | None = None
     max_grad_norm: PositiveFloat | None = None
-    buffer_size: Positive | None = None
-    learning_starts: NonNegative | None = None
-    train_freq: Positive | None = None
-    gradient_steps: Positive | None = None
-    target_update_interval: Positive | None = None
+    buffer_size: Int32Positive | None = None
+    learning_starts: Int32NonNegative | None = None
+    train_freq: Int32Positive | None = None
+    gradient_steps: Int32Positive | None = None
+    target_update_interval: Int32Positive | None = None
     # SB3's exploration schedule divides by the fraction: 0 is a ZeroDivisionError.
     exploration_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     exploration_final_eps: Fraction | None = None
@@ -176,14 +184,14 @@ class Hyperparams(_Overrides):
     policy_kwargs: PolicyKwargs | None = None
     normalize: bool | None = None
     save_replay_buffer: bool | None = None
-    replay_buffer_max_bytes: NonNegative | None = None
-    schedule_timesteps: Positive | None = None
-    frame_stack: Positive | None = None
+    replay_buffer_max_bytes: Int64NonNegative | None = None
+    schedule_timesteps: Int64Positive | None = None
+    frame_stack: Int32Positive | None = None
     max_episode_steps: Int32Positive | None = None
     # Deterministic evaluation (docs/worker.md#evaluation): every this many steps, at the next
     # checkpoint, `eval_episodes` whole games on a separate env; 0 episodes turns it off.
-    eval_interval_steps: Positive | None = None
-    eval_episodes: NonNegative | None = None
+    eval_interval_steps: Int32Positive | None = None
+    eval_episodes: Int32NonNegative | None = None
 
 
 # -- which hyperparameters may change between runs (docs/worker.md#changing-settings) ----------
