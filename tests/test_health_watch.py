@@ -27,7 +27,7 @@ from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.operations.backup import Target
 from fleetd.store.engine import Database
-from fleetd.store.events import EventFilter, read_events
+from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft
 from fleetd.supervision.commands import Reconcile, StartGame
 from tests.fakes import FakeClock, FakeHost
@@ -332,6 +332,9 @@ def test_a_plateau_told_before_a_daemon_restart_is_not_told_again_after_it(loop:
     loop.run_up("a")
     plateau(loop, "a")
     assert [a.kind for a in loop.alerts.sent] == ["plateau"] and len(events(loop, "plateau")) == 1
+    with loop.db.transaction() as session:  # days on its plateau: a worker restarting, re-sized, ...
+        for i in range(250):
+            create_event(session, loop.clock.now(), "state", f"-> running: restart {i}", game="a", details={"to": "running"})
     loop.probe.live = {loop.pid("a")}
     loop.start()  # a daemon restart: its worker trains on, adopted
     stop_exits(loop, "a")  # restarted for its sizes (the fake's run has no spec beside its log to say them)

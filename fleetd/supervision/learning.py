@@ -214,13 +214,18 @@ def told_before(session: Session, game: str) -> str | None:
     back to the one that put it there): after a daemon restart a plateau told before is not told
     again (its flag, its yield, each alert once). None: nothing told since it went on it, or the
     events that said so are past their retention."""
-    for event in read_events(session, EventFilter(game=game, limit=200)):
-        if event.kind == _EVENT[Action.FLAG]:
-            action = event.details.get("action")
-            return _KEPT if event.details.get("kept_slot") else action if isinstance(action, str) else None
-        if event.details.get("to") == Health.PLATEAU.value and event.details.get("from") != Health.PLATEAU.value:
-            return None  # the step onto this plateau: nothing told after it
-    return None
+    told = read_events(session, EventFilter(kind=_EVENT[Action.FLAG], game=game, limit=1))
+    if not told:
+        return None
+    # The step onto this plateau is a health event (an evaluation's: LearningWatch.evaluated);
+    # state changes alone, the only health events, are few beside the state, adopted, ... ones.
+    onto = next((event.id for event in read_events(session, EventFilter(kind="health", game=game, limit=1000))
+                 if event.details.get("to") == Health.PLATEAU.value and event.details.get("from") != Health.PLATEAU.value),
+                None)  # fmt: skip
+    if onto is not None and told[0].id < onto:
+        return None  # told of an earlier plateau: nothing since it went on this one
+    action, kept = told[0].details.get("action"), told[0].details.get("kept_slot")
+    return _KEPT if kept else action if isinstance(action, str) else None
 
 
 def _settings(overrides: dict[str, Any]) -> HealthSettings:
