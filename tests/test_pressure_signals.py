@@ -17,11 +17,13 @@ from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
 from fleetd.governor.controller import GameSlot
 from fleetd.governor.pressure import pressure_reasons
-from fleetd.host.telemetry import GpuSample, HostPressure, HostSample, Snapshot, _throttle, read_pressure, sample_rows
+from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Snapshot, TelemetrySampler, _throttle,
+                                   read_pressure, sample_rows)
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
+from tests.host.test_telemetry import Monotonic, fake_nvml, xid_event  # noqa: F401  (fake_nvml: the fixture)
 
 GiB = 2**30
 
@@ -170,3 +172,31 @@ def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
     clock.advance(settings.fleet.pressure_grace_s + 1)
     fleet.govern(running)
     assert fleet.governor.last_backoff != first and "no failure recorded" in fleet.governor.last_backoff
+
+
+def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, fake_nvml: SimpleNamespace
+) -> None:
+    """Xid 79 then GPU_IS_LOST (fake NVML, the real reader and sampler): the failed read still
+    blocks admission and, sustained, backs off; the lost GPU is no GPU to place a worker on or
+    to size by (the GPUs last read are kept for sizing)."""
+    context = api_context(settings, db, clock, host, "t" * 32)
+    fleet = context.supervisor.fleet
+    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
+    fleet.telemetry = Telemetry(replace(sampler.sample({}), host=HostSample(16 * GiB, 8 * GiB, 50.0, 1.0)))
+    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
+    fleet.govern(slots)  # light: a and b hold the slots
+    sized = fleet.scaled().sizing
+    assert [room.index for room in fleet.gpu_rooms()] == [0, 1] and sized is not None and sized.gpu == "Fake 0"
+
+    fake_nvml.events.append(xid_event(0, 79))
+    fake_nvml.lost.add(0)
+    fleet.telemetry.latest = replace(sampler.sample({}), host=fleet.telemetry.latest.host)
+    fleet.govern(slots)
+    lost = "GPU 0 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train"
+    assert fleet.pressure().reasons == (lost, "GPU 0: 1 NVML Xid error (79) in the last 10 min")
+    assert fleet.governor_view(slots).waiting_reason.startswith(f"admission blocked: {lost}")
+    assert fleet.gpu_rooms() == [] and fleet.scaled().sizing == sized  # not a GPU of 0 bytes, nor one free
+    clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.govern(slots)
+    assert fleet.governor.last_backoff is not None and lost in fleet.governor.last_backoff

@@ -462,8 +462,10 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
     rows.append(("games running", ", ".join(running) or "-"))
     telemetry = state.get("telemetry")
     if telemetry:
-        for gpu in telemetry.get("gpus", []):
-            rows.append((f"GPU {gpu['index']}", gpu_text(gpu)))
+        if telemetry.get("gpu_available") is False:
+            rows.append(("GPUs", f"unavailable ({telemetry.get('gpu_unavailable_reason') or 'no reason given'})"))
+        for gpu in telemetry.get("gpus", []):  # unavailable: only those lost or with Xid errors
+            rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
         host = telemetry.get("host") or {}
         if host:
             available = host["memory_available_bytes"] / max(1, host["memory_total_bytes"])
@@ -475,10 +477,13 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
-def gpu_text(gpu: dict[str, Any]) -> str:
+def gpu_text(gpu: dict[str, Any], readings: bool = True) -> str:
+    """`readings` False: NVML was unavailable, the GPU is listed for being lost or its Xids."""
     memory = gpu["memory_used_bytes"] / max(1, gpu["memory_total_bytes"])
-    extra = {k: v for k, v in gpu.items() if k not in {"index", "name", "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w"} and v not in (None, [], {})}
+    extra = {k: v for k, v in gpu.items() if k not in {"index", "name", "utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w", "lost"} and v not in (None, [], {})}
     text = f"{gpu['name']}: {number(gpu.get('temperature_c'), 0)} C, {memory:.0%} memory, {number(gpu.get('power_w'), 0)} W"
+    if not readings or gpu.get("lost"):
+        text = f"{gpu['name']}: {'lost (NVML: GPU is lost)' if gpu.get('lost') else 'no readings'}"
     return text + (f", {json.dumps(extra, sort_keys=True)}" if extra else "")
 
 

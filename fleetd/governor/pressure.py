@@ -11,8 +11,10 @@ from fleetd.config import FleetSettings
 
 def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
     reasons = []
-    for gpu in snapshot.gpus if snapshot.gpu_available else ():
-        if gpu.memory_fraction > settings.gpu_memory_max_fraction:
+    # While NVML is unavailable the snapshot lists only the GPUs lost or with Xid errors, without
+    # readings: their distress is pressure still (a GPU fallen off the bus fails the read).
+    for gpu in snapshot.gpus:
+        if snapshot.gpu_available and gpu.memory_fraction > settings.gpu_memory_max_fraction:
             reasons.append(f"GPU {gpu.index} memory {gpu.memory_fraction:.0%} > {settings.gpu_memory_max_fraction:.0%}")
         if gpu.temperature_c is not None and gpu.temperature_c > settings.gpu_temperature_max_c:
             reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")
@@ -25,9 +27,11 @@ def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
 
 
 def gpu_distress_reasons(gpu: Any, settings: FleetSettings) -> list[str]:
-    """The GPU drawing its power cap, slowing its clocks to protect itself, or reporting
-    critical Xid errors."""
+    """The GPU lost (fallen off the bus: its workers cannot train), drawing its power cap,
+    slowing its clocks to protect itself, or reporting critical Xid errors."""
     reasons = []
+    if gpu.lost:
+        reasons.append(f"GPU {gpu.index} lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train")
     cap = settings.gpu_power_cap_fraction
     if gpu.power_w is not None and gpu.power_limit_w and gpu.power_w >= cap * gpu.power_limit_w:
         reasons.append(f"GPU {gpu.index} power {gpu.power_w:.0f} W >= {cap:.0%} of its {gpu.power_limit_w:.0f} W cap")

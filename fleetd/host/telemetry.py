@@ -3,7 +3,9 @@
 The sampler runs on one scheduler job thread; the API and the governor read its latest
 snapshot from theirs. A host without a GPU, driver or NVML still gets host and process
 readings, with the GPU part marked unavailable and the reason given. Nothing here raises
-because NVML failed: a telemetry fault must never stop the daemon.
+because NVML failed: a telemetry fault must never stop the daemon. While NVML cannot be read,
+the GPUs known to be in distress (lost, or with Xid errors in the window) are still listed,
+without readings: a GPU fallen off the bus is the pressure the governor must not lose.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class GpuSample:
     power_limit_w: float | None = None  # the enforced power cap
     throttle: tuple[str, ...] = ()  # hardware clock-throttle reasons active now (THROTTLE_REASONS)
     xid_errors: tuple[int, ...] = ()  # NVML critical Xid errors in the last xid_window_s, oldest first
+    # NVML answers NVML_ERROR_GPU_IS_LOST for it (fallen off the bus, Xid 79): no readings (zeros
+    # and None), only its index, its last known name and its Xids. Listed only in a snapshot whose
+    # GPUs are unavailable (NVML's session is dropped on a lost GPU), never as free memory.
+    lost: bool = False
 
     @property
     def memory_fraction(self) -> float:
@@ -96,16 +102,23 @@ class Snapshot:
     host: HostSample
     processes: tuple[ProcessSample, ...]
 
+    @property
+    def read_gpus(self) -> tuple[GpuSample, ...]:
+        """The GPUs with readings: none while NVML is unavailable, when `gpus` lists only those in
+        distress (lost, or with Xid errors in the window), without readings."""
+        return self.gpus if self.gpu_available else ()
+
     def max_gpu_memory_fraction(self) -> float | None:
-        return max((gpu.memory_fraction for gpu in self.gpus), default=None)
+        return max((gpu.memory_fraction for gpu in self.read_gpus), default=None)
 
     def max_gpu_temperature_c(self) -> float | None:
-        return max((gpu.temperature_c for gpu in self.gpus if gpu.temperature_c is not None), default=None)
+        return max((gpu.temperature_c for gpu in self.read_gpus if gpu.temperature_c is not None), default=None)
 
 
 class GpuReader(Protocol):
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
-        """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable)."""
+        """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
+        unavailable, the GPUs known to be lost or to have Xid errors, without readings."""
 
 
 class NvmlReader:
@@ -119,6 +132,10 @@ class NvmlReader:
         self._xid_window_s = xid_window_s
         self._xid_events: Any = None  # the NVML event set the GPUs report critical Xid errors to
         self._xids: deque[tuple[float, int, int]] = deque()  # (monotonic time, GPU index, Xid)
+        # GPUs NVML answered GPU_IS_LOST for, until a read of them succeeds: kept through the
+        # dropped session and failed re-inits (nothing shows the GPU back), by index.
+        self._lost: set[int] = set()
+        self._names: dict[int, str] = {}  # by index, from the last good read: for a lost GPU's entry
         self._nvml: ModuleType | None = None  # set while NVML is initialised
         self._next_init = float("-inf")
         self._reason: str | None = "NVML not initialised yet"
@@ -127,14 +144,25 @@ class NvmlReader:
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         nvml = self._initialised()
         if nvml is None:
-            return [], {}, self._reason
+            return self._distressed(), {}, self._reason
         try:
             return *self._read_devices(nvml), None
         except nvml.NVMLError as exc:
             # A driver reload or a lost GPU leaves the NVML session stale: start a new one later.
             self._unavailable(f"NVML read failed: {exc}")
             self._shutdown(nvml)
-            return [], {}, self._reason
+            return self._distressed(), {}, self._reason
+
+    def _distressed(self) -> list[GpuSample]:
+        """While NVML cannot be read: the GPUs lost and those with Xid errors in the window (the
+        Xid 79 drained just before the read failed among them), without readings. A passing
+        error on a healthy GPU lists none."""
+        xids = self._window()
+        return [
+            GpuSample(index, self._names.get(index, "unknown"), None, 0, 0, None, None,
+                      xid_errors=xids.get(index, ()), lost=index in self._lost)
+            for index in sorted(self._lost | xids.keys())
+        ]  # fmt: skip
 
     def _initialised(self) -> ModuleType | None:
         if self._nvml is not None:
@@ -179,19 +207,41 @@ class NvmlReader:
             log.debug("nvmlShutdown failed: %s", exc)
 
     def _read_devices(self, nvml: ModuleType) -> tuple[list[GpuSample], dict[int, int]]:
-        xids = self._recent_xids(nvml)
+        """Every GPU, or NVMLError. A GPU lost (GPU_IS_LOST) is noted and the others still read,
+        so that every lost one is named, before the read fails as a whole."""
+        lost: Exception | None = None
+        try:
+            self._drain_xids(nvml)
+        except nvml.NVMLError as exc:
+            if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            lost = exc  # which GPU it is, the reads below say
+        xids = self._window()
         gpus: list[GpuSample] = []
         pid_memory: dict[int, int] = {}
         for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(replace(_read_gpu(nvml, index, handle), xid_errors=xids.get(index, ())))
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                gpu = _read_gpu(nvml, index, handle)
+            except nvml.NVMLError as exc:
+                if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
+                    raise
+                self._lost.add(index)
+                lost = lost or exc
+                continue
+            self._lost.discard(index)
+            self._names[index] = gpu.name
+            gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
             for pid, used in _gpu_processes(nvml, handle):
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
+        if lost is not None:
+            raise lost
+        self._lost.clear()  # every GPU NVML counts was read (one it no longer counts is not named lost)
         return gpus, pid_memory
 
-    def _recent_xids(self, nvml: ModuleType) -> dict[int, tuple[int, ...]]:
+    def _drain_xids(self, nvml: ModuleType) -> None:
         """The critical Xid errors NVML reported since the last read, added to those of the
-        window; per GPU index. Waits for none (timeout 0)."""
+        window. Waits for none (timeout 0). Those drained before an error are kept."""
         now = self._monotonic()
         if self._xid_events is not None:
             wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
@@ -206,6 +256,10 @@ class NvmlReader:
                     index = int(nvml.nvmlDeviceGetIndex(event.device))
                     self._xids.append((now, index, int(event.eventData)))
                     log.warning("GPU %d: NVML critical Xid error %d", index, int(event.eventData))
+
+    def _window(self) -> dict[int, tuple[int, ...]]:
+        """The Xid errors of the last xid_window_s, per GPU index, oldest first."""
+        now = self._monotonic()
         while self._xids and now - self._xids[0][0] > self._xid_window_s:
             self._xids.popleft()
         recent: dict[int, tuple[int, ...]] = {}
@@ -437,7 +491,7 @@ MetricRow = tuple[str | None, int | None, str, float]  # (game, GPU index, metri
 def sample_rows(snapshot: Snapshot) -> list[MetricRow]:
     """Rows for the store's `samples` table; readings that are None are left out."""
     rows: list[MetricRow] = []
-    for gpu in snapshot.gpus:
+    for gpu in snapshot.read_gpus:
         rows += [(None, gpu.index, metric, value) for metric, value in _gpu_metrics(gpu)]
     for proc in snapshot.processes:
         rows += [(proc.game, None, metric, value) for metric, value in _process_metrics(proc)]

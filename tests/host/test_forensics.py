@@ -5,12 +5,13 @@ kernel warnings read at the next start (journalctl faked), and both shown by
 from __future__ import annotations
 
 import subprocess
+from datetime import UTC, datetime
 
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.cli.render import boot_detail, console
+from fleetd.cli.render import boot_detail, console, forensics_rows
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.forensics import Journalctl, KernelLog, capture, record_kernel_log
 from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
@@ -70,6 +71,18 @@ def test_an_unclean_reboot_keeps_the_last_heartbeats_picture_and_the_kernels_war
     text = captured.get()
     for expected in ("unclean", "light tier, level 2", "a, b", "91 C", "88% memory", "690 W", "load 61.50", "Xid 79"):
         assert expected in text, (expected, text)
+
+
+def test_a_lost_gpu_in_the_last_picture_shows_as_lost_not_as_readings() -> None:
+    """A heartbeat taken while NVML answered GPU_IS_LOST: the GPU listed for it (and its Xids)
+    reads as lost, not as a GPU at 0% memory; a healthy GPU's picture is unchanged."""
+    lost = GpuSample(0, "NVIDIA H100", None, 0, 0, None, None, xid_errors=(79,), lost=True)
+    down = Snapshot(1767225600.0, (lost,), False, "NVML read failed: GPU is lost", HOT.host, ())
+    rows = dict(forensics_rows(capture(down, None, datetime(2026, 1, 1, tzinfo=UTC))))
+    assert rows["GPUs"] == "unavailable (NVML read failed: GPU is lost)"
+    assert rows["GPU 0"] == 'NVIDIA H100: lost (NVML: GPU is lost), {"xid_errors": [79]}'
+    rows = dict(forensics_rows(capture(HOT, None, datetime(2026, 1, 1, tzinfo=UTC))))
+    assert rows["GPU 0"] == "NVIDIA H100: 91 C, 88% memory, 690 W" and "GPUs" not in rows
 
 
 def test_a_boot_with_no_reboot_before_it_and_an_unknown_boot(loop: Loop) -> None:

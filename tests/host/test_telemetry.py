@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import NoReturn
 
@@ -18,6 +19,8 @@ import psutil
 import pynvml
 import pytest
 
+from fleetd.config import FleetSettings
+from fleetd.governor.pressure import pressure_reasons
 from fleetd.host.telemetry import (
     GpuSample,
     HostSample,
@@ -190,10 +193,13 @@ def test_a_failed_init_is_retried_at_most_once_a_minute(
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """pynvml with two GPUs: no power reading on either; pid 10 uses 1 GiB on each, on GPU 0 in
-    both the compute and the graphics list; GPU 1 does not support the graphics list."""
-    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None, events=[], registered=[], freed=0)
+    both the compute and the graphics list; GPU 1 does not support the graphics list. `lost`:
+    the GPUs fallen off the bus (GPU_IS_LOST); `memory_error`: an error every GPU's read raises."""
+    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None, lost=set(), events=[], registered=[], freed=0)
 
     def memory_info(handle: int) -> SimpleNamespace:
+        if handle in state.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
         if state.memory_error is not None:
             raise state.memory_error
         return SimpleNamespace(used=(handle + 1) * GiB, total=8 * GiB)
@@ -255,10 +261,10 @@ def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake
     clock = Monotonic()
     reader = NvmlReader(monotonic=clock)
     assert reader.read()[2] is None
-    fake_nvml.memory_error = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    fake_nvml.memory_error = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
     gpus, pid_memory, reason = reader.read()
-    assert (gpus, pid_memory) == ([], {})
-    assert reason is not None and "GPU is lost" in reason
+    assert (gpus, pid_memory) == ([], {})  # a passing error: no GPU in distress to list
+    assert reason is not None and "Unknown Error" in reason
     assert fake_nvml.shutdowns == 1
     fake_nvml.memory_error = None
     assert reader.read()[2] is not None and fake_nvml.inits == 1  # not before the retry interval
@@ -305,6 +311,60 @@ def test_the_xid_event_set_is_freed_when_the_nvml_session_is_dropped(fake_nvml: 
     fake_nvml.memory_error = nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
     assert reader.read()[2] is not None
     assert (fake_nvml.freed, fake_nvml.shutdowns) == (1, 1)
+
+
+def test_a_gpu_fallen_off_the_bus_stays_pressure_through_the_failed_reads(fake_nvml: SimpleNamespace) -> None:
+    """Xid 79, then GPU_IS_LOST on GPU 0's reads: the read fails as a whole (NVML's session is
+    dropped), yet the Xid drained in it and the lost GPU stay pressure, sample after sample,
+    until a read of the GPU succeeds; they are never readings (no samples rows, no memory)."""
+    clock = Monotonic()
+    sampler = TelemetrySampler(NvmlReader(monotonic=clock), clock=lambda: 0.0)
+
+    def gpu_pressure(snapshot: Snapshot) -> list[str]:  # this machine's own memory and PSI left out
+        return pressure_reasons(replace(snapshot, host=HOST), FleetSettings())
+
+    assert gpu_pressure(sampler.sample({})) == []
+    fake_nvml.events.append(xid_event(0, 79))
+    fake_nvml.lost.add(0)
+    reasons = [
+        "GPU 0 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train",
+        "GPU 0: 1 NVML Xid error (79) in the last 10 min",
+    ]
+    snapshot = sampler.sample({})
+    assert not snapshot.gpu_available and "GPU is lost" in (snapshot.gpu_unavailable_reason or "")
+    assert gpu_pressure(snapshot) == reasons
+    lost = GpuSample(0, "Fake 0", None, 0, 0, None, None, xid_errors=(79,), lost=True)  # no readings
+    assert snapshot.gpus == (lost,) and fake_nvml.shutdowns == 1
+    assert [row for row in sample_rows(snapshot) if row[1] is not None] == []
+    assert snapshot.max_gpu_memory_fraction() is None
+    assert snapshot_json(snapshot)["gpus"][0]["lost"] is True
+
+    clock.now += 30  # NVML not retried yet
+    assert gpu_pressure(sampler.sample({})) == reasons
+    clock.now += 31  # retried: still lost
+    assert sampler.sample({}).gpus == (lost,) and fake_nvml.inits == 2
+    fake_nvml.lost.clear()
+    clock.now += 61  # back: its Xid stays pressure for its window, the GPU is no longer lost
+    snapshot = sampler.sample({})
+    assert snapshot.gpu_available and [(gpu.lost, gpu.xid_errors) for gpu in snapshot.gpus] == [(False, (79,)), (False, ())]
+    assert gpu_pressure(snapshot) == reasons[1:]
+
+
+def test_every_lost_gpu_is_named_and_a_passing_error_invents_no_pressure(fake_nvml: SimpleNamespace) -> None:
+    clock = Monotonic()
+    reader = NvmlReader(monotonic=clock)
+    assert reader.read()[2] is None
+    fake_nvml.lost.update({0, 1})
+    gpus, _, reason = reader.read()
+    assert reason is not None and [(gpu.index, gpu.name, gpu.lost) for gpu in gpus] == [(0, "Fake 0", True), (1, "Fake 1", True)]
+
+    reader = NvmlReader(monotonic=clock)
+    fake_nvml.lost.clear()
+    assert reader.read()[2] is None
+    fake_nvml.memory_error = nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+    gpus, _, reason = reader.read()
+    assert reason is not None and gpus == []
+    assert pressure_reasons(Snapshot(0.0, tuple(gpus), False, reason, HOST, ()), FleetSettings()) == []
 
 
 # --- a real worker-like process tree -----------------------------------------------------
