@@ -437,7 +437,8 @@ class Supervisor:
             self.fleet.crashed(proc.name)
         elif outcome is not None and outcome.cause == "node_lost":
             self.fleet.node_lost(proc.name, spawned_at, self._placing.hosts.get(proc.name))
-        self._health.exited(proc)
+        if self._shutdown is None:  # a rollback's restart would start a worker no one stops: the next daemon finishes it
+            self._health.exited(proc)
         self._govern()
 
     def _on_located(self, located: Located) -> None:
