@@ -592,11 +592,16 @@ class Supervisor:
             return False
         if self._shutdown.leave_workers:
             return True
-        alive = [p.name for p in self.procs.values() if p.state in LIVE]
+        alive = self.live_workers()
         if alive and self.clock.monotonic() >= self._shutdown_deadline:
             log.error("workers still alive at shutdown: %s", ", ".join(alive))
             return True
         return not alive
+
+    def live_workers(self) -> list[str]:
+        """The games whose worker may be alive. After the loop has ended, what a stop left running:
+        one that outlived its SIGKILL (stuck in the kernel) until the loop's deadline."""
+        return [p.name for p in list(self.procs.values()) if p.state in LIVE]
 
     def _wait_s(self) -> float:
         return max(0.0, min(self._next_due - self.clock.monotonic(), MAX_WAIT_S))
