@@ -270,11 +270,8 @@ class WorkerProcess:
             how = self._how_stopped(status)
             stays, self._stays = self._stays, None
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
-        if self._killed_for == "hang" and self._hung_stopped:
-            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
-                           f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
         if self._killed_for == "hang":
-            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
+            return self._hang()
         verdict = self._verdict(status.code)
         if verdict is not None:
             return verdict
@@ -298,6 +295,16 @@ class WorkerProcess:
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
                            f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
+
+    def _hang(self) -> Outcome:
+        """The hang watchdog's kill: restarted as a crash is, and as a crash is, not under
+        `autorestart = false` (left as it hung, to be looked at)."""
+        if not self.policy.restarts_after(None):
+            return Outcome("hang", State.EXITED, f"hung: {self._silence_message()}; autorestart does not apply")
+        if self._hung_stopped:
+            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
+                           f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
+        return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
 
     def _how_stopped(self, status: ExitStatus) -> str:
         """What a stop's end adds to `stopped`: nothing for a worker that stopped as asked (exit 0
