@@ -305,6 +305,36 @@ def test_start_up_logs_each_adoption_and_records_it_as_adopted(loop: Loop, caplo
     assert not [e for e in states if e.details.get("from") == "stopped" and e.details.get("to") == "running"]
 
 
+def test_a_worker_adopted_while_it_was_starting_gets_the_start_timeout_not_the_hang_limit(loop: Loop) -> None:
+    """The daemon restarted (SIGUSR1's upgrade, a crash) while a worker was still starting: a DQN
+    loading its replay buffer, slower than hang_timeout_s and within start_timeout_s. Adopted, it
+    was held to the hang limit at once and SIGKILLed as hung before its first report."""
+    policy = loop.settings.supervisor
+    loop.add("a")
+    record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STARTING, "admitted", loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    assert loop.state("a") is State.RUNNING and loop.pid("a") == 4242
+    loop.clock.advance(policy.hang_timeout_s + 1)
+    loop.steps()
+    assert (4242, "SIGKILL") not in loop.launcher.signals
+    loop.clock.advance(policy.start_timeout_s - policy.hang_timeout_s)
+    loop.steps()
+    assert (4242, "SIGKILL") in loop.launcher.signals  # no first report within start_timeout_s: hung
+
+
+def test_a_worker_adopted_while_it_was_running_gets_the_hang_limit_at_once(loop: Loop) -> None:
+    loop.add("a")
+    record_live_run(loop, "a", 4242)
+    loop.probe.live = {4242}
+    loop.start()
+    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
+    loop.steps()
+    assert (4242, "SIGKILL") in loop.launcher.signals
+
+
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:
     loop.add("a", desired=Desired.STOPPED)
     with loop.db.transaction() as session:

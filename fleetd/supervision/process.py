@@ -115,14 +115,18 @@ class WorkerProcess:
             self.state, self.reason = state, reason
 
     def adopt(
-        self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None
+        self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None,
+        starting: bool = False,
     ) -> None:
-        """Watch a live worker that a previous daemon started (it is no longer our child)."""
+        """Watch a live worker that a previous daemon started (it is no longer our child).
+        `starting`: that daemon had it starting, so it may not have reported yet."""
         self.run_id, self.pid, self.gpu = run_id, pid, gpu
         self._fresh_watch(steps)
         self._resumed_steps = -1 if resumed_steps is None else resumed_steps
         self.spawned_wall = self._clock.now()
-        self._reported = True  # it was training already: the hang limit applies at once
+        # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
+        # building envs): start_timeout_s until its first report, as for a worker spawned now.
+        self._reported = not starting
         self._to(State.RUNNING, f"adopted live worker pid {pid} (run {run_id}): it kept training through a daemon restart")
 
     # -- what happened ---------------------------------------------------------------------

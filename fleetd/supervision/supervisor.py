@@ -392,7 +392,8 @@ class Supervisor:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
             return False
         self.recorder.adopted(run)
-        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu)
+        starting = any(game.name == run.game and game.state is State.STARTING for game in self._games)
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, starting)
         proc.spawned_launch = launch_of_run(proc.launch, run)
         return True
 
