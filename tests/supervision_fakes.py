@@ -89,12 +89,16 @@ class FakeReactor:
     watched: dict[int, bool] = field(default_factory=dict)  # pid -> our own child
     queued: list[Happening] = field(default_factory=list)
     wakes: int = 0
+    killed: set[int] = field(default_factory=set)  # pids fleetd sent SIGKILL (`killing`)
 
     def watch(self, pid: int, own_child: bool) -> bool:
         if pid in self.gone:
             return False
         self.watched[pid] = own_child
         return True
+
+    def killing(self, pid: int) -> None:
+        self.killed.add(pid)
 
     def wake(self) -> None:
         self.wakes += 1

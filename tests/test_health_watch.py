@@ -29,7 +29,7 @@ from fleetd.operations.backup import Target
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft
-from fleetd.supervision.commands import Reconcile, StartGame
+from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
@@ -189,6 +189,24 @@ def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
     loop.start()  # the next daemon: the worker died with the previous one
     loop.steps()
     assert len(loop.launcher.launches) == launches + 1 and loop.launcher.launches[-1].spec.lr_scale == 0.25
+
+
+def test_a_daemon_stop_during_a_rollback_starts_no_worker_and_the_next_daemon_finishes_it(loop: Loop) -> None:
+    """SIGTERM while a collapsed worker stops for its rollback: its exit started the rolled-back
+    run, a worker no one stopped; the loop then gave up at its deadline and left it training, an
+    orphan of a stop the boot log called clean. The next daemon rolls it back and starts it."""
+    trained_then_collapsed(loop)
+    assert loop.state("cp") is State.STOPPING
+    loop.sup.submit(Shutdown(leave_workers=False))
+    loop.steps()
+    stop_exits(loop, "cp")
+    assert len(loop.launcher.spawned) == 1 and loop.state("cp") is State.STOPPED
+    assert loop.sup._finished()
+    loop.start()  # the next daemon
+    loop.steps()
+    assert [info.steps for info in list_checkpoints(checkpoints(loop, "cp"))] == [3000, 2000, 1000]
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
+    assert game(loop, "cp").health.state is Health.ROLLED_BACK
 
 
 def test_on_a_url_storage_the_collapsed_runs_checkpoints_go_there_too(

@@ -65,6 +65,44 @@ def test_two_workers_the_kernel_killed_in_one_go_are_both_oom_kills(tmp_path: Pa
     assert [(e.status.signal, e.status.oom_killed, e.status.oom_known) for e in seen] == [(signal.SIGKILL, True, True)] * 2
 
 
+def test_fleetds_own_sigkill_does_not_take_the_oom_kill_of_another_worker(tmp_path: Path) -> None:
+    # Under memory pressure one worker stalls (the hang watchdog SIGKILLs it) while the kernel
+    # OOM-kills another, whose exit comes later (a big process takes a while to die): the hung
+    # one's exit took the kill, and the OOM-killed one was read as a `kill -9` from outside fleetd,
+    # not the host's instability, so the governor kept the load that was exhausting memory.
+    from fleetd.supervision.launcher import OsLauncher
+    from fleetd.supervision.reactor import OsReactor
+    from fleetd.supervision.wrappers import WatchingLauncher
+
+    events = tmp_path / "memory.events"
+    events.write_text("oom 0\noom_kill 0\n")
+    reactor = OsReactor(tmp_path / "p.sock", OomCounter(events, host_path=tmp_path / "absent"))
+    launcher = WatchingLauncher(OsLauncher(), reactor)
+    hung, oom_killed = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    try:
+        for worker in (hung, oom_killed):
+            reactor.watch(worker.pid, own_child=True)
+        events.write_text("oom 1\noom_kill 1\n")  # the kernel killed `oom_killed`; its exit is on its way
+        launcher.signal_group(hung.pid, signal.SIGKILL)  # fleetd's hang kill
+        seen = _exits(reactor, 1)
+        os.kill(oom_killed.pid, signal.SIGKILL)
+        seen += _exits(reactor, 1)
+    finally:
+        reactor.close()
+    status = {e.pid: e.status for e in seen}
+    assert status[oom_killed.pid].oom_killed and status[oom_killed.pid].oom_known
+    assert not status[hung.pid].oom_killed
+
+
+def _exits(reactor, count: int) -> list:
+    seen: list = []
+    deadline = time.monotonic() + 10
+    while len(seen) < count and time.monotonic() < deadline:
+        seen += reactor.wait(0.5)
+    assert len(seen) == count
+    return seen
+
+
 def test_a_kill_no_worker_claimed_is_forgotten_not_taken_for_a_later_kill_9(tmp_path: Path) -> None:
     # An env subprocess OOM-killed (its worker then exits 1), or another program where the host's
     # count is read: an operator's kill -9 of a worker an hour later is not the OOM killer's.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -310,6 +311,25 @@ def test_autorestart_false_and_expected_codes(clock: FakeClock, launcher: FakeLa
     expected.start()
     expected.on_exit(ExitStatus(code=0))
     assert expected.state is State.EXITED
+
+
+def test_autorestart_false_does_not_restart_a_hung_worker_either(clock: FakeClock, launcher: FakeLauncher,
+                                                                 sink: RecordingSink) -> None:
+    # The hang watchdog's kill was restarted like a crash whatever `autorestart` said, where every
+    # other end (a crash, a divergence, a lost node) is left as it is under `false`.
+    from pathlib import Path
+
+    never = WorkerProcess(Launch("a", Path("/a")), replace(POLICY, autorestart="false"), launcher, clock, sink)
+    never.start()
+    advance(clock, never, 10)
+    never.on_progress(never.run_id, 500)
+    advance(clock, never, POLICY.hang_timeout_s)
+    assert launcher.signals == [(never.pid, "SIGKILL")]
+    never.on_exit(KILLED)
+    advance(clock, never, 60)
+    assert never.state is State.EXITED and "autorestart does not apply" in never.reason
+    assert never.reason.startswith("hung: no progress for 120s")
+    assert len(launcher.spawned) == 1 and sink.causes() == ["hang"]
 
 
 def test_node_lost_restarts_after_the_usual_backoff(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:

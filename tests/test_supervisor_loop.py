@@ -33,6 +33,7 @@ from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
 from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
 from fleetd.supervision.supervisor import Supervisor
+from fleetd.supervision.thread import SupervisorThread
 from fleetd.host.uptime import record_daemon_start
 from tests.api_context import on_ray
 from tests.fakes import FakeClock, FakeHost
@@ -305,6 +306,36 @@ def test_start_up_logs_each_adoption_and_records_it_as_adopted(loop: Loop, caplo
     assert not [e for e in states if e.details.get("from") == "stopped" and e.details.get("to") == "running"]
 
 
+def test_a_worker_adopted_while_it_was_starting_gets_the_start_timeout_not_the_hang_limit(loop: Loop) -> None:
+    """The daemon restarted (SIGUSR1's upgrade, a crash) while a worker was still starting: a DQN
+    loading its replay buffer, slower than hang_timeout_s and within start_timeout_s. Adopted, it
+    was held to the hang limit at once and SIGKILLed as hung before its first report."""
+    policy = loop.settings.supervisor
+    loop.add("a")
+    record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STARTING, "admitted", loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    assert loop.state("a") is State.RUNNING and loop.pid("a") == 4242
+    loop.clock.advance(policy.hang_timeout_s + 1)
+    loop.steps()
+    assert (4242, "SIGKILL") not in loop.launcher.signals
+    loop.clock.advance(policy.start_timeout_s - policy.hang_timeout_s)
+    loop.steps()
+    assert (4242, "SIGKILL") in loop.launcher.signals  # no first report within start_timeout_s: hung
+
+
+def test_a_worker_adopted_while_it_was_running_gets_the_hang_limit_at_once(loop: Loop) -> None:
+    loop.add("a")
+    record_live_run(loop, "a", 4242)
+    loop.probe.live = {4242}
+    loop.start()
+    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
+    loop.steps()
+    assert (4242, "SIGKILL") in loop.launcher.signals
+
+
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:
     loop.add("a", desired=Desired.STOPPED)
     with loop.db.transaction() as session:
@@ -332,6 +363,41 @@ def test_shutdown_stops_every_worker_and_waits_for_them(loop: Loop) -> None:
     loop.steps()
     assert loop.sup._finished()
     assert {(pid, "SIGTERM") for pid in pids} <= set(loop.launcher.signals)
+
+
+def test_a_stop_whose_worker_outlived_its_sigkill_is_not_reported_as_having_stopped_them(loop: Loop) -> None:
+    """A worker stuck in the kernel (state D, a hung GPU driver) survives the SIGKILL after
+    stopwaitsecs; the loop gives up at its deadline. That stop did not stop the workers: the
+    daemon must not record it clean (a host that then hangs and reboots carried the load)."""
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    pid = loop.pid("a")
+    loop.sup.recover = lambda: None  # recovered already, by `loop.start`
+    thread = SupervisorThread(loop.sup, on_failure=lambda: None)
+    thread.start_and_wait_ready()
+    assert not thread.shut_down(Shutdown(leave_workers=False), timeout_s=30)
+    assert (pid, "SIGKILL") in loop.launcher.signals and loop.state("a") is State.STOPPING
+
+
+def test_a_stop_whose_workers_all_ended_is_reported_as_having_stopped_them(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    pid = loop.pid("a")
+    loop.sup.recover = lambda: None
+    real_signal = loop.launcher.signal_group
+
+    def ends_on_sigterm(to: int, sig: int) -> None:
+        real_signal(to, sig)
+        if to == pid and sig == signal.SIGTERM:
+            loop.reactor.exit(pid, code=0)
+
+    loop.launcher.signal_group = ends_on_sigterm  # type: ignore[method-assign]
+    thread = SupervisorThread(loop.sup, on_failure=lambda: None)
+    thread.start_and_wait_ready()
+    assert thread.shut_down(Shutdown(leave_workers=False), timeout_s=30)
+    assert loop.state("a") is State.STOPPED
 
 
 def test_shutdown_leaving_workers_signals_nothing(loop: Loop) -> None:

@@ -258,6 +258,9 @@ class RayExecutor:
             self._located.append(Located(pid, run.node_id))
         return True
 
+    def killing(self, pid: int) -> None:
+        pass  # no OOM count is read for a cluster's runs
+
     def wake(self) -> None:
         self._wake.set()
 

@@ -115,14 +115,18 @@ class WorkerProcess:
             self.state, self.reason = state, reason
 
     def adopt(
-        self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None
+        self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None,
+        starting: bool = False,
     ) -> None:
-        """Watch a live worker that a previous daemon started (it is no longer our child)."""
+        """Watch a live worker that a previous daemon started (it is no longer our child).
+        `starting`: that daemon had it starting, so it may not have reported yet."""
         self.run_id, self.pid, self.gpu = run_id, pid, gpu
         self._fresh_watch(steps)
         self._resumed_steps = -1 if resumed_steps is None else resumed_steps
         self.spawned_wall = self._clock.now()
-        self._reported = True  # it was training already: the hang limit applies at once
+        # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
+        # building envs): start_timeout_s until its first report, as for a worker spawned now.
+        self._reported = not starting
         self._to(State.RUNNING, f"adopted live worker pid {pid} (run {run_id}): it kept training through a daemon restart")
 
     # -- what happened ---------------------------------------------------------------------
@@ -270,11 +274,8 @@ class WorkerProcess:
             how = self._how_stopped(status)
             stays, self._stays = self._stays, None
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
-        if self._killed_for == "hang" and self._hung_stopped:
-            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
-                           f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
         if self._killed_for == "hang":
-            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
+            return self._hang()
         verdict = self._verdict(status.code)
         if verdict is not None:
             return verdict
@@ -298,6 +299,16 @@ class WorkerProcess:
             return Outcome("crash", _FAILED, f"crash: {status.describe()}, sent from outside fleetd{not_oom}: "
                            f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
+
+    def _hang(self) -> Outcome:
+        """The hang watchdog's kill: restarted as a crash is, and as a crash is, not under
+        `autorestart = false` (left as it hung, to be looked at)."""
+        if not self.policy.restarts_after(None):
+            return Outcome("hang", State.EXITED, f"hung: {self._silence_message()}; autorestart does not apply")
+        if self._hung_stopped:
+            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
+                           f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
+        return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
 
     def _how_stopped(self, status: ExitStatus) -> str:
         """What a stop's end adds to `stopped`: nothing for a worker that stopped as asked (exit 0

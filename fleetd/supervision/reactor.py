@@ -38,6 +38,7 @@ class OsReactor:
         self._sock = _bind_datagram(progress_socket)
         self._selector.register(self._sock, selectors.EVENT_READ, "progress")
         self._pidfds: dict[int, tuple[int, bool]] = {}  # pid -> (pidfd, our child)
+        self._killing: set[int] = set()  # watched processes fleetd itself sent SIGKILL
         self._reports_paused_until: float | None = None
 
     def watch(self, pid: int, own_child: bool) -> bool:
@@ -49,6 +50,10 @@ class OsReactor:
         self._pidfds[pid] = (pidfd, own_child)
         self._selector.register(pidfd, selectors.EVENT_READ, pid)
         return True
+
+    def killing(self, pid: int) -> None:
+        if pid in self._pidfds:
+            self._killing.add(pid)
 
     def wake(self) -> None:
         """Thread-safe: makes a wait() in progress return."""
@@ -95,7 +100,11 @@ class OsReactor:
         if own_child:
             _, wait_status = os.waitpid(pid, 0)  # the pidfd says it exited: this returns at once
             status = ExitStatus.from_wait_status(wait_status)
-        if status.signal == signal.SIGKILL or not own_child:  # adopted: it may have been the OOM killer too
+        ours = pid in self._killing
+        self._killing.discard(pid)
+        # Not on fleetd's own SIGKILL: it would take the kill of another worker whose exit is still
+        # to come (a big process takes a while to die), which would then read as a kill from outside.
+        if (status.signal == signal.SIGKILL or not own_child) and not ours:  # adopted: it may have been the OOM killer too
             killed = self._oom.killed_since_last()
             status = replace(status, oom_killed=bool(killed), oom_known=killed is not None)
         return Exited(pid, status)

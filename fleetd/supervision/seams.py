@@ -147,6 +147,10 @@ class Reactor(Protocol):
     def watch(self, pid: int, own_child: bool) -> bool:
         """Report this process's exit; False when it is gone already."""
 
+    def killing(self, pid: int) -> None:
+        """fleetd itself sends this process SIGKILL (a hang, a stop past stopwaitsecs): its exit is
+        no OOM kill's to take, whatever the kernel's count did meanwhile (another worker's)."""
+
     def wake(self) -> None:
         """Thread-safe: makes a wait() in progress return."""
 

@@ -392,7 +392,8 @@ class Supervisor:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
             return False
         self.recorder.adopted(run)
-        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu)
+        starting = any(game.name == run.game and game.state is State.STARTING for game in self._games)
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, starting)
         proc.spawned_launch = launch_of_run(proc.launch, run)
         return True
 
@@ -437,7 +438,8 @@ class Supervisor:
             self.fleet.crashed(proc.name)
         elif outcome is not None and outcome.cause == "node_lost":
             self.fleet.node_lost(proc.name, spawned_at, self._placing.hosts.get(proc.name))
-        self._health.exited(proc)
+        if self._shutdown is None:  # a rollback's restart would start a worker no one stops: the next daemon finishes it
+            self._health.exited(proc)
         self._govern()
 
     def _on_located(self, located: Located) -> None:
@@ -591,11 +593,16 @@ class Supervisor:
             return False
         if self._shutdown.leave_workers:
             return True
-        alive = [p.name for p in self.procs.values() if p.state in LIVE]
+        alive = self.live_workers()
         if alive and self.clock.monotonic() >= self._shutdown_deadline:
             log.error("workers still alive at shutdown: %s", ", ".join(alive))
             return True
         return not alive
+
+    def live_workers(self) -> list[str]:
+        """The games whose worker may be alive. After the loop has ended, what a stop left running:
+        one that outlived its SIGKILL (stuck in the kernel) until the loop's deadline."""
+        return [p.name for p in list(self.procs.values()) if p.state in LIVE]
 
     def _wait_s(self) -> float:
         return max(0.0, min(self._next_due - self.clock.monotonic(), MAX_WAIT_S))

@@ -30,8 +30,9 @@ class SupervisorThread:
 
     def shut_down(self, command: Shutdown, timeout_s: float) -> bool:
         """True when the supervisor carried the command out: its loop was running and ended
-        within `timeout_s`. False when it never ran (recovery failed) or had failed: then
-        nothing stopped the workers, whatever the command said."""
+        within `timeout_s`, and a stop of the workers ended every one. False when it never ran
+        (recovery failed) or had failed: then nothing stopped the workers, whatever the command
+        said; or when a worker outlived its SIGKILL (stuck in the kernel) past the loop's deadline."""
         if not self._thread.is_alive():
             return False
         self.supervisor.submit(command)
@@ -39,7 +40,9 @@ class SupervisorThread:
         if self._thread.is_alive():
             log.error("the supervisor did not finish within %.0fs", timeout_s)
             return False
-        return not self.failed
+        if self.failed:
+            return False
+        return command.leave_workers or not self.supervisor.live_workers()
 
     def _main(self) -> None:
         try:

@@ -4,6 +4,7 @@ state change noted for the loop, which then governs again in the same step."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -24,6 +25,8 @@ class WatchingLauncher:
         return spawned
 
     def signal_group(self, pid: int, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self._reactor.killing(pid)
         self._inner.signal_group(pid, sig)
 
     def stopped(self, pid: int) -> bool:
