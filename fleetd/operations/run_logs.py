@@ -67,16 +67,19 @@ def _last_lines(log: BinaryIO, end: int, lines: int) -> list[bytes]:
     return LINE.findall(chunk)[-lines:]
 
 
-def read_from(path: Path, offset: int) -> tuple[bytes, int]:
+def read_from(path: Path, offset: int, since: float | None = None) -> tuple[bytes, int]:
     """What was appended since `offset`, and the new offset. A file that shrank was rotated (or
     truncated by hand) and is read again from its start, after what the rotated copy holds past
-    `offset`: the lines written between the last read and the rotation, which went to `.1` only."""
+    `offset` when that copy was made after `since` (the wall time, time.time(), the read that
+    gave `offset` began; None: any copy): the lines written between the last read and the
+    rotation, which went to `.1` only. A copy older than that is an earlier rotation's, whose
+    lines were read: the file was truncated by hand."""
     try:
         with path.open("rb") as log:
             size = log.seek(0, os.SEEK_END)
             earlier = b""
             if size < offset:
-                earlier = _rest_of_rotated(path, offset)
+                earlier = _rest_of_rotated(path, offset, since)
                 offset = 0
             log.seek(offset)
             data = log.read(FOLLOW_READ_MAX)
@@ -85,15 +88,21 @@ def read_from(path: Path, offset: int) -> tuple[bytes, int]:
     return earlier + data, offset + len(data)
 
 
-def _rest_of_rotated(path: Path, offset: int) -> bytes:
-    """The rotated copy's bytes from `offset` on (at most FOLLOW_READ_MAX), a line cut by the
-    rotation ended; nothing when there is no copy as long as `offset` (truncated by hand)."""
+ROTATED_MTIME_SLACK_S = 1.0  # a file system's coarse mtime (some keep whole seconds)
+
+
+def _rest_of_rotated(path: Path, offset: int, since: float | None) -> bytes:
+    """The rotated copy's bytes from `offset` to its end (whole: at most what the log held at
+    its rotation, [worker] log_max_bytes and what came in the copy's time), a line cut by the
+    rotation ended; nothing where there is no copy made since `since` as long as `offset`
+    (truncated by hand)."""
     try:
         with rotated_copy(path).open("rb") as before:
-            if before.seek(0, os.SEEK_END) < offset:
+            made = os.fstat(before.fileno()).st_mtime
+            if before.seek(0, os.SEEK_END) < offset or (since is not None and made < since - ROTATED_MTIME_SLACK_S):
                 return b""
             before.seek(offset)
-            rest = before.read(FOLLOW_READ_MAX)
+            rest = before.read()
     except FileNotFoundError:
         return b""
     return rest + b"\n" if rest and not rest.endswith(b"\n") else rest

@@ -118,6 +118,37 @@ def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_pa
     assert read_from(log, 6 + 100_000) == (b"by hand\n", 8)
 
 
+def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_path: Path) -> None:
+    # The .1 of an earlier rotation, whose lines the follow had read, is nearly always longer than
+    # its offset: a log truncated by hand sent ~4 KiB of those old lines again, from mid-line.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"".join(b"old generation line %d\n" % i for i in range(200)))
+    assert rotate_logs_job(games, max_bytes=1000) == [log]
+    old = log.with_name(log.name + ".1").stat().st_mtime
+    os.utime(log.with_name(log.name + ".1"), (old - 60, old - 60))  # that rotation was a minute ago
+    log.write_bytes(b"".join(b"new generation line %d\n" % i for i in range(100)))
+    read_at = time.time()
+    _, offset = read_from(log, 0, read_at)
+    log.write_bytes(b"by hand\n")
+    assert read_from(log, offset, read_at) == (b"by hand\n", 8)
+
+
+def test_a_follow_far_behind_at_a_rotation_gets_the_whole_rest_of_the_copy(tmp_path: Path) -> None:
+    # The copy's rest was cut at FOLLOW_READ_MAX (1 MiB), a newline put where it cut a line.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"seen\n")
+    _, offset = read_from(log, 0)
+    burst = b"".join(b"burst line %07d\n" % i for i in range(200_000))  # 3.6 MB
+    with log.open("ab") as out:
+        out.write(burst)
+    assert rotate_logs_job(games, max_bytes=1000) == [log]
+    assert read_from(log, offset) == (burst, 0)
+
+
 def test_a_spawn_past_run_id_999999_keeps_its_own_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Run ids are the fleet's (one sequence for every game) and the names are padded to 6 digits:
     # the pruning sorted them as names, run-1000000 before run-999999, and deleted each new run's

@@ -59,10 +59,11 @@ async def game_logs(
     line naming it, as `journalctl -f` does across a service's restarts."""
     record = await run_in_threadpool(_chosen_run, context, name, run)
     path = _log_file(record, context.settings.cluster.storage_url)
+    read_at = time.time()  # a rotation after this is one the follow reads the rest of (read_from)
     text, offset = await run_in_threadpool(tail, path, lines)
     if not follow:
         return PlainTextResponse(text)
-    stream = _follow(request, context, name, record, path, text, offset, pinned=run is not None)
+    stream = _follow(request, context, name, record, path, text, offset, read_at, pinned=run is not None)
     return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
@@ -117,13 +118,15 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
 
 
 async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
-                  first: bytes, offset: int, pinned: bool) -> AsyncIterator[bytes]:
+                  first: bytes, offset: int, read_at: float, pinned: bool) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
-        data, offset = await run_in_threadpool(read_from, path, offset)
+        began = time.time()
+        data, offset = await run_in_threadpool(read_from, path, offset, read_at)
+        read_at = began
         if data:
             yield data
             continue
