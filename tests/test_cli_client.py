@@ -248,7 +248,13 @@ def test_a_stop_waits_for_a_restarting_daemon_rather_than_giving_up_on_a_stop_it
     assert "the daemon stopped answering (restarting?)" in result.stderr and api.gets == 4
     # One that stays away past the wait: said so, exit 69, naming the request as taken.
     away = cli_with(RestartingApi(game, down=10**9, after=game), monkeypatch, "games", "stop", "pong", "--timeout", "0.2")
-    assert away.exit_code == ExitCode.UNAVAILABLE and "the request, which it took" in away.stderr, away.output
+    assert away.exit_code == ExitCode.UNAVAILABLE and "the request was taken" in away.stderr, away.output
+    # One that answers busy (HTTP 503) past the wait is busy, exit 75, not "not answering".
+    busy = RestartingApi(game, down=10**9, after=game)
+    busy.get = lambda path, **params: (_ for _ in ()).throw(ClientError("fleetd is busy (HTTP 503)", ExitCode.TEMPFAIL))
+    stalled = cli_with(busy, monkeypatch, "games", "stop", "pong", "--timeout", "0.2")
+    assert stalled.exit_code == ExitCode.TEMPFAIL and "the daemon is busy" in stalled.stderr, stalled.output
+    assert "restarting" not in stalled.stderr
     # Any other answer is not waited out: a removed game is said at once.
     gone = RestartingApi(game, down=0, after=game)
     gone.get = lambda path, **params: (_ for _ in ()).throw(ClientError("no game named 'pong'", ExitCode.NOT_FOUND))

@@ -519,4 +519,4 @@ def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(client: 
     assert response.status_code == 200 and response.json()["fleet"]["hours_to_all_goals"] == 0.0
     answers = {**api_answers, "/projection": [200, response.json()]}
     shown = run_page(answers, "await release(); return $('projection').textContent;")
-    assert "all goals inno game has a goal" in shown and "cost to all goals" not in shown, shown
+    assert "all goals inno goal to reach (none set, or their games stopped)" in shown and "cost to all goals" not in shown, shown

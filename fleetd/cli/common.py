@@ -91,16 +91,17 @@ AWAY = (ExitCode.UNAVAILABLE, ExitCode.TEMPFAIL)  # no answer, or none in time: 
 AWAY_POLL_S = 1.0
 
 
-def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any | None:
+def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any:
     """GET `path` while waiting on a request the daemon took: one that stops answering (a
-    `systemctl restart fleetd`, an upgrade) is asked again until `deadline` (time.monotonic), said
-    once on stderr, where the wait gave up with exit 69 though what it waited on went ahead.
-    None when it has not answered by then; any other error fails as `ask` does."""
+    `systemctl restart fleetd`, an upgrade) or answers busy is asked again until `deadline`
+    (time.monotonic), said once on stderr, where the wait gave up with exit 69 though what it
+    waited on went ahead. The last ClientError is raised when it has not answered by then (its
+    code says which: 69 not answering, 75 busy); any other error fails as `ask` does."""
     import time
 
     from fleetd.cli.client import ClientError
 
-    told = False
+    told = None
     while True:
         try:
             return ask_or_raise(config, path)
@@ -108,10 +109,11 @@ def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any 
             if exc.code not in AWAY:
                 fail(str(exc), exc.code)
             if time.monotonic() >= deadline:
-                return None
-            if not told:
-                typer.echo("fleetd: the daemon stopped answering (restarting?); asking again until it is back ...", err=True)
-                told = True
+                raise
+            if told != exc.code:
+                said = "stopped answering (restarting?)" if exc.code == ExitCode.UNAVAILABLE else "is busy"
+                typer.echo(f"fleetd: the daemon {said}; asking again until it answers ...", err=True)
+                told = exc.code
             time.sleep(AWAY_POLL_S)
 
 

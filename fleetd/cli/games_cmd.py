@@ -197,15 +197,17 @@ def remove(
 
 def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: str) -> dict[str, Any]:
     from fleetd.cli import render
+    from fleetd.cli.client import ClientError
 
     deadline = time.monotonic() + timeout
     Progress().step(f"{name}: {what} ...")  # the spinner below draws only on a terminal
     with render.err_console.status(f"{name}: {what}...") as spinner:
         while True:
-            game = ask_through_restart(config, game_path(name), deadline)
-            if game is None:
-                fail(f"{name}: the daemon has not answered again within {timeout:.0f}s of the request, which it took; "
-                     "`fleetd games list` says how it stands once it is back", ExitCode.UNAVAILABLE)
+            try:
+                game = ask_through_restart(config, game_path(name), deadline)
+            except ClientError as exc:
+                fail(f"{name}: the request was taken, but no answer since within {timeout:.0f}s: {exc}; "
+                     "`fleetd games list` says how it stands once it answers", exc.code)
             if game["state"] in states:
                 return game
             if time.monotonic() >= deadline:
@@ -276,10 +278,13 @@ def _taken_up(config: ConfigOption, choice: str) -> dict[str, Any] | None:
     """The fleet once the governor has taken up the request, or None if it has not in TAKE_UP_S.
     The PUT's answer is the fleet as it was: its waiting reason and ladder are the old tier's
     ("the light tier runs 2 games" beside "asked: medium"), which read as if the request failed."""
+    from fleetd.cli.client import ClientError
+
     deadline = time.monotonic() + TAKE_UP_S
     while time.monotonic() < deadline:
-        fleet = ask_through_restart(config, "/api/v1/fleet", deadline)  # the request is stored: a restart keeps it
-        if fleet is None:
+        try:
+            fleet = ask_through_restart(config, "/api/v1/fleet", deadline)  # the request is stored: a restart keeps it
+        except ClientError:
             return None
         if fleet["requested"] == choice:
             return fleet

@@ -38,7 +38,7 @@ def plan_table(document: dict[str, Any]) -> Table:
     columns = ("game", "goal", "done", "rate/h", "rate from", "starts in h", "hours", "days", "cost")
     goalless = render.goalless(document["games"])  # none to reach: dashes, not 0.0 hours at $0.00
     to_all, cost = (None, None) if goalless else (fleet["hours_to_all_goals"], fleet["cost_to_all_goals"])
-    total = ("TOTAL", _total_goal(document["games"]) or "no goals", "", "", "", "", hours(to_all), days(to_all),
+    total = ("TOTAL", _total_goal(document["games"]) or "no goal to reach", "", "", "", "", hours(to_all), days(to_all),
              money(cost, currency))  # fmt: skip
     for name, footer in zip(columns, total, strict=True):
         table.add_column(name, footer=footer, justify="left" if name in ("game", "goal", "rate from") else "right")

@@ -374,6 +374,9 @@ def price_text(projection: dict[str, Any]) -> str:
     return "no price set: [costs] price_per_host_hour"
 
 
+GOALLESS = "no goal to reach (none set, or their games stopped)"
+
+
 def goalless(games: list[dict[str, Any]]) -> bool:
     """No game planned has a goal: the hours "to all goals" are 0 (none to reach) and say nothing."""
     return all(game["goal"] is None or game["plan_state"] == "off" for game in games)
@@ -399,7 +402,7 @@ def projection_table(projection: dict[str, Any]) -> Table:
             style="dim" if game["plan_state"] in ("done", "off") else None,  # not planned: as `fleetd plan` shows them
         )
     fleet, reboots = projection["fleet"], projection["reboots"]
-    goals = ("no game has a goal" if goalless(projection["games"])
+    goals = (GOALLESS if goalless(projection["games"])
              else f"all goals in {number(fleet['hours_to_all_goals'])} h, {money(fleet['cost_to_all_goals'], currency)}")
     table.caption = (
         f"{goals}; "

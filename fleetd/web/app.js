@@ -951,7 +951,7 @@
       ? h('span', { class: 'num' }, fmtMoney(projection.price_per_host_hour, currency) + ' per host hour')
       : h('span', { class: 'muted' }, 'not set ([costs] price_per_host_hour)'));
     fact(totals, 'rung', h('span', { class: 'num' }, fleet.rung + ' · ' + fmtInt(fleet.running_games) + ' running, ' + fmtInt(fleet.pending_games) + ' pending'));
-    fact(totals, 'all goals in', goalless(projection) ? h('span', { class: 'muted' }, 'no game has a goal') : h('span', { class: 'num' }, fmtHours(fleet.hours_to_all_goals) +
+    fact(totals, 'all goals in', goalless(projection) ? h('span', { class: 'muted' }, 'no goal to reach (none set, or their games stopped)') : h('span', { class: 'num' }, fmtHours(fleet.hours_to_all_goals) +
       (isNum(fleet.hours_to_all_goals) && fleet.hours_to_all_goals >= 48 ? ' (' + fleet.hours_to_all_goals.toFixed(0) + ' h)' : '')));
     const downtime = projection.downtime;
     if (downtime) {
