@@ -71,6 +71,9 @@ def _caption(document: dict[str, Any]) -> str:
     parts = [f"training {hours(fleet['training_hours'])} h + reboots {hours(fleet['downtime_hours'])} h "
              f"({downtime['reboots_per_day']:.1f} a day x {render.duration(downtime['mean_downtime_s'])}: "
              f"{downtime['share'] * 100:.1f}% of the time)"]  # fmt: skip
+    if render.goalless(document["games"]):  # 0.0 h of training to no goal says nothing
+        parts = [f"{render.GOALLESS}; reboots {downtime['reboots_per_day']:.1f} a day x "
+                 f"{render.duration(downtime['mean_downtime_s'])} ({downtime['share'] * 100:.1f}% of the time)"]
     parts.append(f"{money(price, document['currency'])} per host hour" if price > 0 else "no price set ([costs] price_per_host_hour)")
     return "; ".join(parts)
 

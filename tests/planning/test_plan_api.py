@@ -373,6 +373,6 @@ def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(fleet) -
     text = console.export_text()
     total = next(line for line in text.splitlines() if "TOTAL" in line)
     assert [c.strip() for c in total.split("│")[1:-1]][:2] == ["TOTAL", "no goal to reach"] and "0.0" not in total
-    assert render.GOALLESS in text and "all goals in" not in text
+    assert render.GOALLESS in text and "all goals in" not in text and "training 0.0 h" not in text
     rungs = [line for line in text.splitlines() if "x32" in line and "│" in line]
     assert rungs and all("0.0" not in line and "$0.00" not in line for line in rungs)
