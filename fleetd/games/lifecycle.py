@@ -73,7 +73,7 @@ def add_game(db: Database, clock: Clock, draft: GameDraft, catalog: EnvCheck,
     with them (fleetd/games/kept.py); None for an import, which checked them itself and gives
     `resumes_at`, the step count of the checkpoint it put in the game's folder."""
     check_draft(draft, catalog)
-    with _adding(draft.name):
+    with adding(draft.name):
         return _add_checked(db, clock, draft, files, kept, resumes_at)
 
 
@@ -102,18 +102,19 @@ def _add_checked(db: Database, clock: Clock, draft: GameDraft, files: KeptFiles 
 
 
 _ADDS_LOCK = threading.Lock()
-_ADDS: dict[str, tuple[threading.Lock, int]] = {}  # name -> (its lock, adds holding or awaiting it)
+_ADDS: dict[str, tuple[threading.RLock, int]] = {}  # name -> (its lock, adds holding or awaiting it)
 
 
 @contextmanager
-def _adding(name: str) -> Iterator[None]:
+def adding(name: str) -> Iterator[None]:
     """One add of a name at a time (the daemon is one process; adds of other names go on): two
     adds of one name, each deciding on a removed game's kept checkpoints before either wrote its
     game, had one set them aside while the other, resuming from them, won the name (its game
     said it resumed at their steps, and its worker found none: a fresh start), or met a 500 as
-    its scan lost the folder the other moved. The second now finds the name taken, files untouched."""
+    its scan lost the folder the other moved. The second now finds the name taken, files untouched.
+    Reentrant: an import holds it from putting its checkpoint in the game's folder to its add."""
     with _ADDS_LOCK:
-        lock, waiting = _ADDS.get(name, (threading.Lock(), 0))
+        lock, waiting = _ADDS.get(name, (threading.RLock(), 0))
         _ADDS[name] = (lock, waiting + 1)
     try:
         with lock:

@@ -23,7 +23,7 @@ from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCatalog
 from fleetd.games.kept import KeptFiles, kept_files, refuse
-from fleetd.games.lifecycle import add_game, check_draft, name_free
+from fleetd.games.lifecycle import add_game, adding, check_draft, name_free
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
@@ -156,15 +156,23 @@ def _add_with_checkpoint(db: Database, clock: Clock, catalog: EnvCatalog, draft:
     """Move the verified checkpoint into the game's folder (one rename), then add the game; a
     game that cannot be added takes its checkpoint back out."""
     target = game_dir / "checkpoints" / staged_ckpt.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(staged_ckpt, target)
-    checkpoint.fsync_path(target.parent)
     steps = int(staged_ckpt.name.removeprefix("ckpt-"))
-    try:
-        game = add_game(db, clock, draft, catalog, resumes_at=steps)
-    except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
-        raise
+    # The name's adds wait from the move to the add: an add of it with kept=resume in between
+    # took the import's checkpoint for a removed game's and resumed from it, and the import,
+    # refused the name, then deleted it under that game.
+    with adding(draft.name):
+        check_name_free(db, draft.name)  # again: an add of the name since the upload's check
+        if checkpoint.list_checkpoints(target.parent):
+            raise FleetdError(ErrorCode.CONFLICT, f"{target.parent} holds checkpoints now (a game of the name was removed "
+                              "since the import began): import under another name", {"name": draft.name})
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staged_ckpt, target)
+        checkpoint.fsync_path(target.parent)
+        try:
+            game = add_game(db, clock, draft, catalog, resumes_at=steps)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
     with db.transaction() as session:
         create_event(session, clock.now(), "game_imported",
                      f"{draft.name}: imported a {draft.algo.upper()} model at {steps} steps; it resumes from there",

@@ -219,6 +219,41 @@ def test_two_adds_of_a_name_over_kept_checkpoints_one_resuming_one_setting_aside
         assert answers["resume"].json()["error"]["message"] == "a game named 'cart' exists"
 
 
+def test_an_add_beside_an_import_of_the_name_never_takes_the_imports_checkpoint(
+    client: TestClient, settings: Settings, db: Database, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The import moved its checkpoint into the game's folder before the name's lock: an add
+    with kept=resume in between took it for a removed game's and resumed from it, then the
+    import, refused the name, deleted it under that game (which stood at 33820 steps with no
+    checkpoint). The add now waits for the import and finds the name taken."""
+    import threading
+
+    from fleetd.operations import model_io
+
+    answers = {}
+    real_add = model_io.add_game
+
+    def add_beside(*args, **kwargs):  # the import has put its checkpoint in: an API add comes now
+        adder = threading.Thread(target=lambda: answers.setdefault("add", client.post(
+            "/api/v1/games", json={**CART, "name": "imported"}, params={"kept": "resume"})))
+        adder.start()
+        adder.join(0.5)  # the race: it finished meanwhile; now it waits for the import's add
+        answers["adder"] = adder
+        return real_add(*args, **kwargs)
+
+    monkeypatch.setattr(model_io, "add_game", add_beside)
+    staged = write_ckpt(tmp_path / "staged", 33820)
+    draft = GameDraft("imported", "CartPole-v1", "ppo", desired=Desired.STOPPED)
+    try:
+        imported = _add_with_checkpoint(db, clock, CATALOG, draft, staged, settings.game_dir("imported")).steps
+    except Exception as exc:  # noqa: BLE001 - what the import met, asserted below
+        imported = exc
+    answers["adder"].join(30)
+    assert imported == 33820 and answers["add"].status_code == 409, (imported, answers["add"].text)
+    assert names(settings.game_dir("imported") / "checkpoints") == ["ckpt-000000033820"]
+    assert client.get("/api/v1/games/imported").json()["steps"] == 33820
+
+
 def test_kept_with_nothing_kept_is_accepted_and_moves_nothing(client: TestClient, settings: Settings) -> None:
     response = client.post("/api/v1/games", json=CART, params={"kept": "set_aside"})
     assert response.status_code == 201, response.text
