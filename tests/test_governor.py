@@ -613,6 +613,22 @@ def test_an_unclean_reboot_while_no_game_holds_a_slot_moves_nothing() -> None:
     assert fleet.apply(fleet.governor.rebooted(fleet.now, 4)) == ["backoff"]  # under load, as before
 
 
+def test_one_pressure_episode_on_one_game_backs_off_once_where_no_rung_below_is_lighter_for_it() -> None:
+    # One game at 4x32: every rung below runs 32 envs for it. The episode walked the ladder down,
+    # 4x32, 3x32, 2x32, 1x32, a back-off each grace period, the game's load never changed.
+    fleet = Fleet("heavy", pressure_grace_s=1 * MIN)
+    governor = fleet.governor
+    governor.state = replace(governor.state, rung=next(i for i, r in enumerate(governor.ladder) if r.label.startswith("4x32")))
+    for rung in governor.ladder:
+        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    fleet.pending = ["a"]
+    fleet.tick()
+    assert fleet.admitted == ["a"]
+    fleet.pressure = Pressure(("GPU 0 at 90 C > 85 C",))
+    kinds = [kind for _ in range(30) for kind in fleet.tick(1)]
+    assert kinds.count("backoff") == 1 and fleet.admitted == ["a"], (kinds, governor.rung.label)
+
+
 def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:
     """One game at 1x32 under pressure that lasts: nothing is lighter, yet a "back-off 1x32 ->
     1x32" event, log line and alert came every grace period for as long as it lasted."""

@@ -4,6 +4,7 @@ snapshot that the API and systemd's status line read. Deterministic: no sleeps, 
 
 from __future__ import annotations
 
+import logging
 import signal
 import sqlite3
 from dataclasses import dataclass, field
@@ -931,3 +932,27 @@ def test_pressure_during_the_roll_after_a_crash_back_off_does_not_count(loop: Lo
     assert not any(rolling for _, rolling, _ in ticks[second - 12 : second + 1])  # the roll ended a minute before
     assert not any(settling for settling, _, _ in ticks[second - 12 : second + 1])
     assert any(rolling for _, rolling, _ in ticks[:second])
+
+
+def test_a_stall_between_the_clock_reads_is_no_step_of_the_wall_clock(
+        loop: Loop, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wall clock was read, then the monotonic one: the thread descheduled 3 s between them (a
+    # host swapping) read as a step back, and the next look as one forward, each shifting the
+    # governor's times and rows.
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    real = FakeClock.monotonic
+    stall = {"armed": True}
+
+    def monotonic(clock: FakeClock) -> float:
+        if stall["armed"]:
+            stall["armed"] = False
+            clock.advance(3.0)  # descheduled between the reads
+        return real(clock)
+
+    monkeypatch.setattr(FakeClock, "monotonic", monotonic)
+    caplog.set_level(logging.WARNING)
+    loop.sup.fleet._watch_clock()
+    loop.sup.fleet._watch_clock()
+    assert [r.getMessage() for r in caplog.records if "stepped" in r.getMessage()] == []

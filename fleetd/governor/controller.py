@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # The wall clock against the monotonic one between two of the governor's steps: a change at
 # least this big is a step of the wall clock (NTP's slew moves it by half a millisecond a second).
 CLOCK_STEP_S = 2.0
+CLOCK_READ_MAX_S = 0.1  # the monotonic clock read on both sides of the wall clock, at most this apart
 _SEVERITY = {"backoff": "warning", "backoff_overdue": "warning", "evict": "warning", "reboot_outside": "warning"}
 LOCAL = ""  # the local executor's one host: its rungs are stored under this name
 
@@ -400,8 +401,12 @@ class FleetController:
         """A step of the wall clock since the last look (the monotonic clock does not step) moves
         every time the governors measure from, and the admissions' times, with it: windows,
         grace periods and re-probe waits are real time, whatever the wall clock did."""
+        before = self.clock.monotonic()
         now = self.clock.now()
-        offset = now.timestamp() - self.clock.monotonic()
+        after = self.clock.monotonic()
+        if after - before > CLOCK_READ_MAX_S:
+            return  # stalled between the reads (a host swapping): no measure of the offset this look
+        offset = now.timestamp() - after
         last, self._clock_offset = self._clock_offset, offset
         if last is None or abs(offset - last) < CLOCK_STEP_S:
             return

@@ -297,7 +297,10 @@ class Governor:
             self._pressure_rung = self.rung.label
             return decisions + self.instability(now, "pressure", detail, running)
         target, games = self._step_down(running)
-        if target == self.index() and games >= self.allowed():  # nothing lighter: the bottom rung, one game
+        if games >= min(running, self.allowed()) and self.ladder[target].load_for(running) >= self.rung.load_for(running):
+            # Nothing lighter for the games that run (the bottom rung; one game at 4x32, whose
+            # rungs below run 32 envs too): a step would change nothing but the ladder, a
+            # back-off event, line and alert each grace period, and the climb back.
             return decisions
         return decisions + self._back_off(now, "pressure", detail, target, games, failure_at=self._pressure_rung)
 
