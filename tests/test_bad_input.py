@@ -136,6 +136,22 @@ def test_an_empty_name_or_one_holding_a_slash_is_a_422_naming_path_name(client: 
     assert client.get("/api/v1/games/pong/runs").status_code == 200  # the name alone, its route as before
 
 
+@pytest.mark.parametrize("path", ["/api/v1/gam%65s/pong%2Fruns", "/api/v1/games%2Fpong%2Fruns", "/%61pi/v1/games/a%2Fb"])
+def test_a_name_holding_a_slash_is_refused_however_the_prefix_is_encoded(client: TestClient, path: str) -> None:
+    # The router decodes each segment: the prefix percent-encoded, the %2F went to pong's runs.
+    assert client.post("/api/v1/games", json=GAME | {"desired": "stopped"}).status_code in (201, 409)
+    error = envelope(client.get(path), 422)
+    assert error["details"]["errors"][0]["field"] == "path.name", error
+
+
+def test_a_name_refused_in_a_path_is_judged_after_the_token(client: TestClient) -> None:
+    # Without a token the refusal (naming the rule and echoing the name) came before the 401; it
+    # is now the router's answer to such a path, as for any other (no route, or the 401).
+    for path in ("/api/v1/games/", "/api/v1/games/a%2Fb"):
+        response = client.get(path, headers={"Authorization": "Bearer wrong"}, follow_redirects=False)
+        assert response.status_code != 422 and GAME_NAME_RULE not in response.text, response.text
+
+
 def test_a_path_no_route_takes_says_so_rather_than_not_found(client: TestClient) -> None:
     """A `/` sent as is ends the name: `games/a/b` is no route (and no game), said in words."""
     error = envelope(client.post("/api/v1/games/a/b/stop"), 404)
@@ -641,7 +657,7 @@ def test_a_policy_kwarg_that_is_not_finite_is_refused(client: TestClient, hyperp
     # Sizes of SB3's arrays past what numpy and EnvPool take: accepted, they crashed every start.
     ({"n_steps": 10**20}, "hyperparams.n_steps"),
     ({"frame_stack": 2**31}, "hyperparams.frame_stack"),
-    ({"eval_episodes": 10**12}, "hyperparams.eval_episodes"),
+    ({"eval_episodes": 2**53 + 1}, "hyperparams.eval_episodes"),
     ({"schedule_timesteps": 2**53 + 1}, "hyperparams.schedule_timesteps"),
 ])
 def test_a_hyperparameter_the_worker_would_crash_on_is_a_422_naming_it(client: TestClient, hyperparams, field) -> None:

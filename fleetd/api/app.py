@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hmac
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse, Response
@@ -87,6 +88,7 @@ class HeadAsGet:
 
 
 GAMES_PREFIX = f"{API_PREFIX}/games/"
+GAMES_SEGMENTS = ["", "api", "v1", "games"]
 
 
 class GameNameSegment:
@@ -102,8 +104,9 @@ class GameNameSegment:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rest = _below_games(scope) if scope["type"] == "http" else None
-        name = None if rest is None else unquote(rest.split("/", 1)[0])
-        if name is None or (name and "/" not in name):
+        name = None if rest is None else _name_in(rest)
+        # Judged for a caller with the token only: without it, the routes' 401 as for any path.
+        if name is None or (name and "/" not in name) or not _has_token(scope):
             await self.app(scope, receive, send)
             return
         reason = f"{GAME_NAME_RULE}, got {name!r}"
@@ -116,12 +119,33 @@ class GameNameSegment:
 
 def _below_games(scope: Scope) -> str | None:
     """What follows /api/v1/games/ in the path as sent (None: another path), where a `/` in a
-    name is still %2F: the decoded path has lost it."""
+    name is still %2F: the decoded path has lost it. Segment by segment, each decoded, as the
+    router takes them (`/api/v1/gam%65s/pong%2Fruns` is a games path); a `/` sent as %2F in the
+    prefix's own segments (`/api/v1/games%2Fpong`) puts the rest in a name."""
     root = scope.get("root_path", "")
     raw = scope.get("raw_path")
     sent = raw.decode("latin-1") if isinstance(raw, bytes) else scope.get("path", "")
     sent = sent[len(root):] if root and sent.startswith(root) else sent
-    return sent[len(GAMES_PREFIX):] if sent.startswith(GAMES_PREFIX) else None
+    segments = sent.split("/")
+    if [unquote(s) for s in segments[:4]] == GAMES_SEGMENTS and len(segments) > 4:
+        return "/".join(segments[4:])
+    decoded = unquote(sent)  # as the router reads it
+    if decoded.startswith(GAMES_PREFIX):  # a %2F in the prefix's own segments: the rest is one name
+        return quote(decoded[len(GAMES_PREFIX):], safe="")
+    return None
+
+
+def _name_in(rest: str) -> str:
+    """The name's segment of what follows /api/v1/games/, decoded."""
+    return unquote(rest.split("/", 1)[0])
+
+
+def _has_token(scope: Scope) -> bool:
+    context = getattr(getattr(scope.get("app"), "state", None), "context", None)
+    sent = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = sent.partition(" ")
+    return (context is not None and scheme.lower() == "bearer"
+            and hmac.compare_digest(token.strip().encode(), context.token.encode()))
 
 
 def install_status_page(app: FastAPI) -> None:

@@ -35,8 +35,8 @@ STANDALONE_BATCH_SIZE = 256
 MAX_NUM_ENVS = 4096
 MAX_BATCH_SIZE = 65536
 # EnvPool takes its seed and episode cap as C++ int32 (a larger value is a TypeError at start);
-# the hyperparameters that count steps, updates, frames or transitions are bounded by it too (SB3
-# sizes arrays by them: 10^20 was accepted and crashed the worker at its start, over and over).
+# the hyperparameters SB3 sizes arrays by (n_steps, buffer_size, frame_stack) are bounded by it
+# too: 10^20 was accepted and crashed the worker at its start, over and over.
 INT32_MAX = 2**31 - 1
 # SB3's PPO normalizes the advantages of each minibatch: one sample is NaN, and SB3 asserts
 # both its batch_size and its rollout (n_steps x num_envs) above 1.
@@ -59,9 +59,8 @@ NonNegative = Annotated[int, Field(ge=0), BeforeValidator(integral)]
 EnvCount = Annotated[int, Field(ge=1, le=MAX_NUM_ENVS), BeforeValidator(integral)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE), BeforeValidator(integral)]
 Int32Positive = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(integral)]
-Int32NonNegative = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(integral)]
-# A count of steps or bytes numpy and torch take as int64 (10^20 was a crash at the worker's
-# start), bounded where JSON's numbers are exact (2^53: a client's double holds it as sent).
+# The other counts (steps, updates, episodes, bytes) are compared and looped over as int64: bounded
+# where JSON's numbers are exact (2^53: a client's double holds it as sent).
 JSON_INT_MAX = 2**53
 Int64Positive = Annotated[int, Field(ge=1, le=JSON_INT_MAX), BeforeValidator(integral)]
 Int64NonNegative = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(integral)]
@@ -164,7 +163,7 @@ class Hyperparams(_Overrides):
     num_envs: EnvCount | None = None
     batch_size: BatchSize | None = None  # PPO: at least 2 (LaunchSpec._ppo_batches)
     n_steps: Int32Positive | None = None
-    n_epochs: Int32Positive | None = None
+    n_epochs: Int64Positive | None = None
     learning_rate: NonNegativeFloat | None = None  # 0: the weights stay as they are (a frozen game)
     gamma: Fraction | None = None
     gae_lambda: Fraction | None = None
@@ -173,10 +172,10 @@ class Hyperparams(_Overrides):
     vf_coef: NonNegativeFloat | None = None
     max_grad_norm: PositiveFloat | None = None
     buffer_size: Int32Positive | None = None
-    learning_starts: Int32NonNegative | None = None
-    train_freq: Int32Positive | None = None
-    gradient_steps: Int32Positive | None = None
-    target_update_interval: Int32Positive | None = None
+    learning_starts: Int64NonNegative | None = None
+    train_freq: Int64Positive | None = None
+    gradient_steps: Int64Positive | None = None
+    target_update_interval: Int64Positive | None = None
     # SB3's exploration schedule divides by the fraction: 0 is a ZeroDivisionError.
     exploration_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     exploration_final_eps: Fraction | None = None
@@ -190,8 +189,8 @@ class Hyperparams(_Overrides):
     max_episode_steps: Int32Positive | None = None
     # Deterministic evaluation (docs/worker.md#evaluation): every this many steps, at the next
     # checkpoint, `eval_episodes` whole games on a separate env; 0 episodes turns it off.
-    eval_interval_steps: Int32Positive | None = None
-    eval_episodes: Int32NonNegative | None = None
+    eval_interval_steps: Int64Positive | None = None
+    eval_episodes: Int64NonNegative | None = None
 
 
 # -- which hyperparameters may change between runs (docs/worker.md#changing-settings) ----------
