@@ -91,3 +91,10 @@ def test_every_documented_default_is_the_codes() -> None:
         if not _same(stated, value):
             wrong.append(f"{key}: the reference says {stated}, the code {value!r}")
     assert wrong == []
+
+
+def test_every_games_entry_field_is_in_the_reference() -> None:
+    from fleetd.config import GameSeed
+
+    section = REFERENCE.read_text().split("### `[[games]]`", 1)[1]
+    assert sorted(name for name in GameSeed.model_fields if f"`{name}`" not in section) == []
