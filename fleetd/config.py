@@ -171,7 +171,7 @@ class MpsMode(StrEnum):
 
 
 class GpuSettings(_Section):
-    """Sharing the GPU between the workers (docs/configuration.md#gpu, fleetd/supervision/mps.py)."""
+    """Sharing the GPU between the workers (docs/configuration.md#gpu-sharing-the-gpu-between-workers, fleetd/supervision/mps.py)."""
 
     mps: MpsMode = MpsMode.AUTO
     # A control daemon that died is started again this many times, then workers go without MPS.
@@ -231,7 +231,7 @@ class FleetSettings(_Section):
     # Priority pre-empts at the governor's step: a pending game of higher priority takes the
     # slot of a lower-priority running game once that one has held its slot this long (it
     # writes a final checkpoint and goes pending). false: priority only orders the queue, and
-    # only `games start NAME --now` takes a running game's slot (docs/governor.md#priority).
+    # only `games start NAME --now` takes a running game's slot (docs/governor.md#the-ladder, Priority).
     preempt: bool = True
     preempt_min_run_s: SecondsOrZero = 900.0
     # Crashes of this many different running games within the window count as instability

@@ -1,6 +1,6 @@
 """Priority at the governor's step: a pending game of higher priority than a running one takes
 its slot, without `--now`, once that game has held its slot `[fleet] preempt_min_run_s`
-(docs/governor.md#priority). Pure: the supervisor applies the choice as it applies `--now`.
+(docs/governor.md#the-ladder, Priority). Pure: the supervisor applies the choice as it applies `--now`.
 
 The wait bounds the churn: a game admitted now cannot be pre-empted before it has trained that
 long (and written checkpoints), and a game pre-empted goes back to pending with a final

@@ -1,4 +1,4 @@
-"""NVIDIA MPS (Multi-Process Service) for one daemon's workers (docs/configuration.md#gpu).
+"""NVIDIA MPS (Multi-Process Service) for one daemon's workers (docs/configuration.md#gpu-sharing-the-gpu-between-workers).
 
 Without MPS every worker holds a CUDA context of its own and the GPU time-slices between them:
 kernels of two games never overlap. With MPS the workers' kernels go through one server and

@@ -297,7 +297,7 @@ class LaunchSpec(_Strict):
     progress_interval_s: PositiveSeconds = 2.0
     cpu_threads: Positive = 1
     # EnvPool's threads; null: cpu_threads. fleetd may set more than the core share, so that
-    # other games' envs use the cores a game leaves while it updates (docs/worker.md#threads).
+    # other games' envs use the cores a game leaves while it updates (docs/worker.md#changing-settings, "Threads").
     env_threads: Positive | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # The GPU fleetd placed this run on (NVML index, PCI bus order); fleetd's launcher also sets
