@@ -330,6 +330,15 @@ def test_autorestart_false_does_not_restart_a_hung_worker_either(clock: FakeCloc
     assert never.state is State.EXITED and "autorestart does not apply" in never.reason
     assert never.reason.startswith("hung: no progress for 120s")
     assert len(launcher.spawned) == 1 and sink.causes() == ["hang"]
+    # One stopped from outside (kill -STOP) is not the host's doing there either, and says so.
+    stopped = WorkerProcess(Launch("b", Path("/b")), replace(POLICY, autorestart="false"), launcher, clock, sink)
+    stopped.start()
+    advance(clock, stopped, 10)
+    stopped.on_progress(stopped.run_id, 500)
+    launcher.stopped_pids.add(stopped.pid)
+    advance(clock, stopped, POLICY.hang_timeout_s)
+    outcome = stopped.on_exit(KILLED)
+    assert outcome is not None and outcome.host_fault is False and "stopped by a signal" in outcome.reason, outcome
 
 
 def test_node_lost_restarts_after_the_usual_backoff(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:

@@ -303,12 +303,12 @@ class WorkerProcess:
     def _hang(self) -> Outcome:
         """The hang watchdog's kill: restarted as a crash is, and as a crash is, not under
         `autorestart = false` (left as it hung, to be looked at)."""
+        reason = f"hung: {self._silence_message()}"
+        if self._hung_stopped:  # someone's doing, not the host's, whether it restarts or not
+            reason += f"; its process was stopped by a signal (SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}"
         if not self.policy.restarts_after(None):
-            return Outcome("hang", State.EXITED, f"hung: {self._silence_message()}; autorestart does not apply")
-        if self._hung_stopped:
-            return Outcome("hang", _FAILED, f"hung: {self._silence_message()}; its process was stopped by a signal "
-                           f"(SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}", host_fault=False)
-        return Outcome("hang", _FAILED, f"hung: {self._silence_message()}")
+            return Outcome("hang", State.EXITED, f"{reason}; autorestart does not apply", host_fault=not self._hung_stopped)
+        return Outcome("hang", _FAILED, reason, host_fault=not self._hung_stopped)
 
     def _how_stopped(self, status: ExitStatus) -> str:
         """What a stop's end adds to `stopped`: nothing for a worker that stopped as asked (exit 0
