@@ -73,7 +73,7 @@ def test_a_worker_whose_pid_write_failed_is_adopted_and_not_started_twice(loop: 
     loop.probe.live = {pid}
     restart_daemon(loop)
     loop.steps(5)
-    assert loop.state("a") is State.RUNNING and loop.pid("a") == pid
+    assert loop.state("a") is State.STARTING and loop.pid("a") == pid  # adopted as it was: starting
     assert len(loop.launcher.spawned) == 1  # no second worker for the game
     assert loop.reactor.watched == {pid: False}
     [run] = runs_of(loop, "a")

@@ -318,7 +318,13 @@ def test_a_worker_adopted_while_it_was_starting_gets_the_start_timeout_not_the_h
         game_store.update_game_state(session, "a", State.STARTING, "admitted", loop.clock.now())
     loop.probe.live = {4242}
     loop.start()
-    assert loop.state("a") is State.RUNNING and loop.pid("a") == 4242
+    assert loop.state("a") is State.STARTING and loop.pid("a") == 4242  # as stored, until it reports
+    loop.clock.advance(60)
+    loop.steps()
+    # Another restart before its first report (a crash loop, two upgrades): the adopting daemon
+    # stored it RUNNING, and the next held it to the hang limit at once.
+    loop.start()
+    assert loop.state("a") is State.STARTING
     loop.clock.advance(policy.hang_timeout_s + 1)
     loop.steps()
     assert (4242, "SIGKILL") not in loop.launcher.signals

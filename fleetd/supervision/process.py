@@ -127,7 +127,12 @@ class WorkerProcess:
         # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
         # building envs): start_timeout_s until its first report, as for a worker spawned now.
         self._reported = not starting
-        self._to(State.RUNNING, f"adopted live worker pid {pid} (run {run_id}): it kept training through a daemon restart")
+        adopted = f"adopted live worker pid {pid} (run {run_id})"
+        if starting:  # STARTING as stored: RUNNING once it reports and stays up, as a spawned one
+            self._spawned_at = self._clock.monotonic()
+            self._to(State.STARTING, f"{adopted}: still starting through a daemon restart")
+            return
+        self._to(State.RUNNING, f"{adopted}: it kept training through a daemon restart")
 
     # -- what happened ---------------------------------------------------------------------
 
