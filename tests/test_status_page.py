@@ -520,3 +520,16 @@ def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(client: 
     answers = {**api_answers, "/projection": [200, response.json()]}
     shown = run_page(answers, "await release(); return $('projection').textContent;")
     assert "all goals inno goal to reach (none set, or their games stopped)" in shown and "cost to all goals" not in shown, shown
+
+
+def test_a_gpu_fallen_off_the_bus_shows_as_lost_not_as_zero_readings(api_answers: dict[str, object]) -> None:
+    # The card showed "0 B / 0 B (0%)" with a meter and the reboot detail "0.00% memory": "lost"
+    # was never said on the page, where the CLI says it.
+    lost = {"index": 0, "name": "NVIDIA H100", "utilization_pct": None, "memory_used_bytes": 0, "memory_total_bytes": 0,
+            "memory_fraction": None, "temperature_c": None, "power_w": None, "power_limit_w": None, "throttle": [],
+            "xid_errors": [79], "lost": True}
+    fleet = dict(api_answers["/fleet"][1])
+    fleet["telemetry"] = {"available": False, "reason": "NVML read failed: GPU is lost", "at": None, "gpus": [lost],
+                          "host": None, "processes": []}
+    shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
+    assert "lost (NVML: GPU is lost" in shown and "0 MiB / 0 MiB" not in shown, shown

@@ -564,6 +564,12 @@
       box.appendChild(h('p', { class: 'notice' }, 'GPU readings unavailable: ' + (telemetry.reason || 'no reason given')));
     }
     (telemetry.gpus || []).forEach((gpu, i) => {
+      if (gpu.lost) {  // fallen off the bus: no readings, not 0 MiB at 0 %
+        box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
+          h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
+          h('p', { class: 'notice' }, 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train')));
+        return;
+      }
       const frac = isNum(gpu.memory_fraction) ? gpu.memory_fraction : 0;
       const list = h('dl', { class: 'facts' });
       fact(list, 'utilization', h('span', { class: 'num' }, isNum(gpu.utilization_pct) ? gpu.utilization_pct.toFixed(0) + '%' : DASH));
@@ -803,7 +809,8 @@
         fact(list, 'games running', running.join(', ') || '-');
         const telemetry = state.telemetry || {};
         for (const gpu of telemetry.gpus || []) {
-          fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W');
+          fact(list, 'GPU ' + gpu.index, gpu.lost ? gpu.name + ': lost (NVML: GPU is lost)'
+            : gpu.name + ': ' + fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W');
         }
         if (telemetry.host) fact(list, 'host', fmtPct(telemetry.host.memory_available_bytes / Math.max(1, telemetry.host.memory_total_bytes)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
       }
