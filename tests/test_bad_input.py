@@ -150,6 +150,10 @@ def test_a_name_refused_in_a_path_is_judged_after_the_token(client: TestClient) 
     for path in ("/api/v1/games/", "/api/v1/games/a%2Fb"):
         response = client.get(path, headers={"Authorization": "Bearer wrong"}, follow_redirects=False)
         assert response.status_code != 422 and GAME_NAME_RULE not in response.text, response.text
+    # Two Authorization headers: judged by the first, as the routes' token check is.
+    assert client.post("/api/v1/games", json=GAME | {"desired": "stopped"}).status_code in (201, 409)
+    both = [("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer wrong")]
+    assert envelope(client.get("/api/v1/games/pong%2Fruns", headers=both), 422)
 
 
 def test_a_path_no_route_takes_says_so_rather_than_not_found(client: TestClient) -> None:

@@ -629,6 +629,24 @@ def test_one_pressure_episode_on_one_game_backs_off_once_where_no_rung_below_is_
     assert kinds.count("backoff") == 1 and fleet.admitted == ["a"], (kinds, governor.rung.label)
 
 
+def test_pressure_on_one_game_steps_down_to_a_smaller_batch_at_the_same_envs() -> None:
+    # Envs alone were the load: one game at 5x32 batch 512 under GPU memory pressure stopped there
+    # (no rung below runs fewer than 32 envs), above 32-env rungs at batch 256.
+    tiers = {"light": TierSettings(games=2, num_envs=32, batch_size=256),
+             "medium": TierSettings(games=4, num_envs=32, batch_size=512),
+             "heavy": TierSettings(games=5, num_envs=32, batch_size=512)}
+    fleet = Fleet("heavy", tiers=tiers, pressure_grace_s=1 * MIN)
+    governor = fleet.governor
+    governor.state = replace(governor.state, rung=len(governor.ladder) - 1)
+    for rung in governor.ladder:
+        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    fleet.pending = ["a"]
+    fleet.tick()
+    fleet.pressure = Pressure(("GPU 0 memory 97% > 90%",))
+    kinds = [kind for _ in range(60) for kind in fleet.tick(1)]
+    assert governor.rung.batch_size == 256 and kinds.count("backoff") == 1, (kinds, governor.rung.label)
+
+
 def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:
     """One game at 1x32 under pressure that lasts: nothing is lighter, yet a "back-off 1x32 ->
     1x32" event, log line and alert came every grace period for as long as it lasted."""

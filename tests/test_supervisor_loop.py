@@ -948,17 +948,20 @@ def test_a_stall_between_the_clock_reads_is_no_step_of_the_wall_clock(
     loop.add("a")
     loop.start()
     loop.run_up("a")
-    real = FakeClock.monotonic
+    real = FakeClock.now
     stall = {"armed": True}
 
-    def monotonic(clock: FakeClock) -> float:
+    def now(clock: FakeClock):
+        read = real(clock)
         if stall["armed"]:
             stall["armed"] = False
-            clock.advance(3.0)  # descheduled between the reads
-        return real(clock)
+            clock.advance(3.0)  # descheduled right after the wall clock's read
+        return read
 
-    monkeypatch.setattr(FakeClock, "monotonic", monotonic)
+    offset = loop.sup.fleet._clock_offset
+    monkeypatch.setattr(FakeClock, "now", now)
     caplog.set_level(logging.WARNING)
     loop.sup.fleet._watch_clock()
+    assert loop.sup.fleet._clock_offset == offset  # no measure this look
     loop.sup.fleet._watch_clock()
     assert [r.getMessage() for r in caplog.records if "stepped" in r.getMessage()] == []

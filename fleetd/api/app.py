@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetd import __version__
@@ -142,7 +143,7 @@ def _name_in(rest: str) -> str:
 
 def _has_token(scope: Scope) -> bool:
     context = getattr(getattr(scope.get("app"), "state", None), "context", None)
-    sent = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+    sent = Headers(scope=scope).get("authorization", "")  # the first, as require_token reads it
     scheme, _, token = sent.partition(" ")
     return (context is not None and scheme.lower() == "bearer"
             and hmac.compare_digest(token.strip().encode(), context.token.encode()))

@@ -297,10 +297,11 @@ class Governor:
             self._pressure_rung = self.rung.label
             return decisions + self.instability(now, "pressure", detail, running)
         target, games = self._step_down(running)
-        if games >= min(running, self.allowed()) and self.ladder[target].load_for(running) >= self.rung.load_for(running):
-            # Nothing lighter for the games that run (the bottom rung; one game at 4x32, whose
-            # rungs below run 32 envs too): a step would change nothing but the ladder, a
-            # back-off event, line and alert each grace period, and the climb back.
+        if games >= min(running, self.allowed()) and not self._lighter(target, running):
+            # Nothing lighter for the games that run, in envs or batch (the bottom rung; one game
+            # at 4x32, whose rungs below run 32 envs at its batch too): a step would change
+            # nothing but the ladder, a back-off event, line and alert each grace period, and the
+            # climb back.
             return decisions
         return decisions + self._back_off(now, "pressure", detail, target, games, failure_at=self._pressure_rung)
 
@@ -429,10 +430,15 @@ class Governor:
         return target, games
 
     def _one_down(self, running: int) -> int:
-        """The highest rung below that runs less for the games running now."""
-        load = self.rung.load_for(running)
-        lower = [i for i in range(self.index()) if self.ladder[i].load_for(running) < load]
+        """The highest rung below that runs less for the games running now: fewer envs, or as
+        many at a smaller batch (GPU memory)."""
+        lower = [i for i in range(self.index()) if self._lighter(i, running)]
         return max(lower, default=max(0, self.index() - 1))
+
+    def _lighter(self, index: int, running: int) -> bool:
+        """Rung `index` takes less than this one for the games running now."""
+        here, there = self.rung.load_for(running), self.ladder[index].load_for(running)
+        return there < here or (there == here and self.ladder[index].batch_size < self.rung.batch_size)
 
     def _back_off(self, now: datetime, kind: str, detail: str, target: int, games: int,
                   failure_at: str | None = None) -> list[Decision]:  # fmt: skip

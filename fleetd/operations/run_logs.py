@@ -67,19 +67,31 @@ def _last_lines(log: BinaryIO, end: int, lines: int) -> list[bytes]:
     return LINE.findall(chunk)[-lines:]
 
 
-def read_from(path: Path, offset: int, since: float | None = None) -> tuple[bytes, int]:
+CopySignature = tuple[int, int]  # the rotated copy's size and mtime (ns): each rotation rewrites it
+
+
+def copy_signature(path: Path) -> CopySignature | None:
+    """The rotated copy as it is now (None: there is none), for `read_from`'s `seen`."""
+    try:
+        stat = rotated_copy(path).stat()
+    except OSError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
+def read_from(path: Path, offset: int, seen: CopySignature | None = None) -> tuple[bytes, int]:
     """What was appended since `offset`, and the new offset. A file that shrank was rotated (or
     truncated by hand) and is read again from its start, after what the rotated copy holds past
-    `offset` when that copy was made after `since` (the wall time, time.time(), the read that
-    gave `offset` began; None: any copy): the lines written between the last read and the
-    rotation, which went to `.1` only. A copy older than that is an earlier rotation's, whose
-    lines were read: the file was truncated by hand."""
+    `offset` unless the copy is the one `seen` just after the read that gave `offset`
+    (copy_signature; None: any copy): the lines written between the last read and the
+    rotation, which went to `.1` only. A copy seen before is an earlier rotation's, whose lines
+    were read: the file was truncated by hand."""
     try:
         with path.open("rb") as log:
             size = log.seek(0, os.SEEK_END)
             earlier = b""
             if size < offset:
-                earlier = _rest_of_rotated(path, offset, since)
+                earlier = _rest_of_rotated(path, offset, seen)
                 offset = 0
             log.seek(offset)
             data = log.read(FOLLOW_READ_MAX)
@@ -88,18 +100,15 @@ def read_from(path: Path, offset: int, since: float | None = None) -> tuple[byte
     return earlier + data, offset + len(data)
 
 
-ROTATED_MTIME_SLACK_S = 1.0  # a file system's coarse mtime (some keep whole seconds)
-
-
-def _rest_of_rotated(path: Path, offset: int, since: float | None) -> bytes:
+def _rest_of_rotated(path: Path, offset: int, seen: CopySignature | None) -> bytes:
     """The rotated copy's bytes from `offset` to its end (whole: at most what the log held at
     its rotation, [worker] log_max_bytes and what came in the copy's time), a line cut by the
-    rotation ended; nothing where there is no copy made since `since` as long as `offset`
+    rotation ended; nothing where the copy is the one `seen`, or shorter than `offset`
     (truncated by hand)."""
     try:
         with rotated_copy(path).open("rb") as before:
-            made = os.fstat(before.fileno()).st_mtime
-            if before.seek(0, os.SEEK_END) < offset or (since is not None and made < since - ROTATED_MTIME_SLACK_S):
+            stat = os.fstat(before.fileno())
+            if before.seek(0, os.SEEK_END) < offset or (seen is not None and (stat.st_size, stat.st_mtime_ns) == seen):
                 return b""
             before.seek(offset)
             rest = before.read()

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
 from fleetd.jobs import rotate_logs_job
-from fleetd.operations.run_logs import TAIL_BLOCK, read_from, tail
+from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, read_from, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
@@ -125,14 +125,17 @@ def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_p
     log = games / "pong" / "logs" / "run-000007.log"
     log.parent.mkdir(parents=True)
     log.write_bytes(b"".join(b"old generation line %d\n" % i for i in range(200)))
-    assert rotate_logs_job(games, max_bytes=1000) == [log]
-    old = log.with_name(log.name + ".1").stat().st_mtime
-    os.utime(log.with_name(log.name + ".1"), (old - 60, old - 60))  # that rotation was a minute ago
+    _, offset = read_from(log, 0)
+    seen = copy_signature(log)
+    with log.open("ab") as out:
+        out.write(b"just before\n")
+    assert rotate_logs_job(games, max_bytes=1000) == [log]  # a rotation the follow has not seen: its rest
+    assert read_from(log, offset, seen) == (b"just before\n", 0)
     log.write_bytes(b"".join(b"new generation line %d\n" % i for i in range(100)))
-    read_at = time.time()
-    _, offset = read_from(log, 0, read_at)
-    log.write_bytes(b"by hand\n")
-    assert read_from(log, offset, read_at) == (b"by hand\n", 8)
+    _, offset = read_from(log, 0, copy_signature(log))
+    seen = copy_signature(log)
+    log.write_bytes(b"by hand\n")  # the copy is the one seen: nothing from it
+    assert read_from(log, offset, seen) == (b"by hand\n", 8)
 
 
 def test_a_follow_far_behind_at_a_rotation_gets_the_whole_rest_of_the_copy(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.operations.run_logs import read_from, tail
+from fleetd.operations.run_logs import CopySignature, copy_signature, read_from, tail
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import RunRecord
@@ -59,11 +59,11 @@ async def game_logs(
     line naming it, as `journalctl -f` does across a service's restarts."""
     record = await run_in_threadpool(_chosen_run, context, name, run)
     path = _log_file(record, context.settings.cluster.storage_url)
-    read_at = time.time()  # a rotation after this is one the follow reads the rest of (read_from)
     text, offset = await run_in_threadpool(tail, path, lines)
+    seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (read_from)
     if not follow:
         return PlainTextResponse(text)
-    stream = _follow(request, context, name, record, path, text, offset, read_at, pinned=run is not None)
+    stream = _follow(request, context, name, record, path, text, offset, seen, pinned=run is not None)
     return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
@@ -118,15 +118,14 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
 
 
 async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
-                  first: bytes, offset: int, read_at: float, pinned: bool) -> AsyncIterator[bytes]:
+                  first: bytes, offset: int, seen: CopySignature | None, pinned: bool) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
-        began = time.time()
-        data, offset = await run_in_threadpool(read_from, path, offset, read_at)
-        read_at = began
+        data, offset = await run_in_threadpool(read_from, path, offset, seen)
+        seen = copy_signature(path)
         if data:
             yield data
             continue
@@ -141,6 +140,7 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 return
             if newer is not None:
                 record, path, offset = newer, FsPath(newer.log_path or ""), 0
+                seen = copy_signature(path)
                 yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
                 continue
         await asyncio.sleep(FOLLOW_POLL_S)
