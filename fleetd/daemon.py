@@ -108,10 +108,13 @@ class StopRequest:
     signals: list[int] = field(default_factory=list)
     server: uvicorn.Server | None = None
     failure: str | None = None
+    on_signal: Callable[[], None] | None = None  # ends a start-up step that waits (signal-safe)
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
         self._exit_server()
+        if self.on_signal is not None:
+            self.on_signal()
 
     def fail(self, reason: str) -> None:
         self.failure = reason
@@ -232,6 +235,13 @@ class Daemon:
         db = Database.open(self.settings.db_path, self.settings.database.busy_timeout_ms)
         try:
             seeds = self._seeds_to_add(db)  # checked before anything is recorded
+            if self.stop.requested:
+                # Nothing recorded or started yet: nothing to stop. Going on to reconcile first
+                # held a stop for as long as the env registries took to list ([[games]] checked:
+                # seconds, a minute or two on a loaded host), then started workers only to stop
+                # them, and ran into systemd's TimeoutStopSec.
+                log.info("stop requested during start-up, nothing recorded or started: %s", self.stop.describe())
+                return EXIT_OK
             token = ensure_token(self.settings)
             host_boot = self.host.current_boot()
             sock = bind_socket(self.settings.api.host, self.settings.api.port)
@@ -297,12 +307,20 @@ class Daemon:
         """[[games]] when this database never had games, checked; else nothing."""
         if not self.settings.games or not seeding_needed(db):
             return []
+        # A stop ends the listing (or a module env's import) under way: the start ends there.
+        self.stop.on_signal = self.catalog.interrupt
         try:
+            if self.stop.requested:  # before the hook was in
+                return []
             return check_seeds(self.settings.games, self.catalog)
         except FleetdError as exc:
+            if self.stop.requested:
+                return []
             raise StartupError(
                 f"[[games]] in the config: {exc.message}; fix it and start again (nothing was recorded yet)"
             ) from None
+        finally:
+            self.stop.on_signal = None
 
     def _supervise_and_serve(
         self, db: Database, start: DaemonStart, token: str, sock: socket.socket,

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, fleetd_cli, free_port, power_cut
@@ -103,6 +107,43 @@ def test_a_stop_that_left_the_workers_running_is_not_clean(config: DaemonConfig,
     assert [e["kind"] for e in items] == ["fleet_reboot_outside", "reboot", "daemon_stop", "first_start"]
     assert "fleetd had stopped alone before (received SIGUSR1, workers left running)" in items[1]["message"]
     assert second.terminate() == 0
+
+
+def test_a_stop_while_the_games_are_checked_ends_the_start_at_once(tmp_path: Path, daemons: list[Daemon]) -> None:
+    """SIGTERM while start-up lists the env registries to check [[games]] (seconds, a minute or
+    more on a loaded host; here a listing that takes 60 s): the listing is ended and the daemon
+    exits at once, with nothing recorded or started. It used to go on listing, then record the
+    start, seed the games and start their workers, and only then stop them: a `systemctl stop`
+    looked ignored and could run into TimeoutStopSec."""
+    listing = tmp_path / "listing-pid"
+    slow = tmp_path / "slow-python"
+    slow.write_text(f'#!/bin/sh\nif [ "$2" = workers.catalog ]; then echo $$ > {listing}; sleep 60; fi\n'
+                    f'exec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
+    config = DaemonConfig(tmp_path, extra=f'[worker]\npython = "{slow}"\nmodule = "bench.protocol_worker"\n'
+                                          '[[games]]\nname = "cart"\nenv_id = "CartPole-v1"\nalgo = "ppo"\n')
+    config.write()
+    config.set_boot_id("boot-aaaa")
+    daemon = Daemon(config, env=STANDIN_ENV)
+    daemons.append(daemon)
+    deadline = time.monotonic() + 60
+    while not (listing.exists() and listing.read_text().strip()):
+        assert daemon.process.poll() is None and time.monotonic() < deadline, daemon.log()
+        time.sleep(0.05)
+    lister = int(listing.read_text())
+    daemon.process.send_signal(signal.SIGTERM)
+    try:
+        code = daemon.process.wait(15)
+        listing_left = psutil.pid_exists(lister) and psutil.Process(lister).status() != psutil.STATUS_ZOMBIE
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running 15 s after SIGTERM:\n{daemon.log()}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(lister, signal.SIGKILL)  # its own session; already gone where the daemon ended it
+    assert code == 0, daemon.log()
+    assert "stop requested during start-up, nothing recorded or started: received SIGTERM" in daemon.log()
+    assert "boot boot-aaaa" not in daemon.log()  # no start recorded, no game seeded
+    assert not listing_left  # the daemon ended the listing it started
 
 
 def test_daemon_restart_on_the_same_boot_is_not_a_reboot(config: DaemonConfig, daemons: list[Daemon]) -> None:

@@ -78,6 +78,14 @@ class EnvCatalog:
         for child in list(self._children):
             _kill_group(child)
 
+    def interrupt(self) -> None:
+        """close() for a signal handler (the daemon stopping during start-up): kills without
+        waiting, and the wait under way (the listing, a module check) then ends at once."""
+        self._closed = True
+        for child in list(self._children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+
     def _list(self) -> list[str]:
         try:
             return list(json.loads(self._run([], LISTING_TIMEOUT_S)))
