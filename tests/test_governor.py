@@ -642,9 +642,23 @@ def test_pressure_on_one_game_steps_down_to_a_smaller_batch_at_the_same_envs() -
         governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
     fleet.pending = ["a"]
     fleet.tick()
-    fleet.pressure = Pressure(("GPU 0 memory 97% > 90%",))
+    fleet.pressure = Pressure(("GPU 0 memory 97% > 90%",), gpu_memory=True)
     kinds = [kind for _ in range(60) for kind in fleet.tick(1)]
     assert governor.rung.batch_size == 256 and kinds.count("backoff") == 1, (kinds, governor.rung.label)
+
+
+@pytest.mark.parametrize("kind", ["oom", "crashes", "reboot"])
+def test_a_back_off_for_the_hosts_sake_sheds_env_processes_not_only_batch(kind: str) -> None:
+    # A smaller batch at the same envs is what GPU memory pressure needs; counted for every kind,
+    # a host OOM at 6x48 batch 1024 with 4 games stepped to 4x48 batch 768: 192 env processes still.
+    governor = Governor.initial(FleetSettings(tier="heavy"), EPOCH)
+    governor.state = replace(governor.state, rung=next(i for i, r in enumerate(governor.ladder) if r.label.startswith("6x48")))
+    for rung in governor.ladder:
+        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    before = governor.rung.load_for(4)
+    now = EPOCH + timedelta(hours=1)
+    governor.rebooted(now, 4) if kind == "reboot" else governor.instability(now, kind, "x", 4)
+    assert governor.rung.load_for(4) < before, governor.rung.label
 
 
 def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:

@@ -307,6 +307,22 @@ def test_start_up_logs_each_adoption_and_records_it_as_adopted(loop: Loop, caplo
     assert not [e for e in states if e.details.get("from") == "stopped" and e.details.get("to") == "running"]
 
 
+def test_a_worker_adopted_while_it_was_starting_is_recorded_as_adopted(loop: Loop) -> None:
+    # Adopted STARTING (not yet up), its event was a `stopped -> starting` state event: a query
+    # for kind `adopted` missed it.
+    loop.add("a")
+    record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STARTING, "admitted", loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    with loop.db.transaction() as session:
+        adopted = read_events(session, EventFilter(kind="adopted", game="a"))
+        states = read_events(session, EventFilter(kind="state", game="a"))
+    assert [e.message.split(":")[0] for e in adopted] == ["adopted live worker pid 4242 (run 1)"], adopted
+    assert not [e for e in states if "adopted" in e.message]
+
+
 def test_a_worker_adopted_while_it_was_starting_gets_the_start_timeout_not_the_hang_limit(loop: Loop) -> None:
     """The daemon restarted (SIGUSR1's upgrade, a crash) while a worker was still starting: a DQN
     loading its replay buffer, slower than hang_timeout_s and within start_timeout_s. Adopted, it

@@ -34,7 +34,7 @@ from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.governor.placement import GpuRoom
-from fleetd.governor.pressure import pressure_reasons
+from fleetd.governor.pressure import gpu_memory_pressure, pressure_reasons
 from fleetd.governor.footprint import FootprintBook
 from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale
 from fleetd.governor.snapshot import GovernorView, HostRung
@@ -640,7 +640,7 @@ class FleetController:
         snapshot = self._snapshot()
         if snapshot is None:
             return Pressure()
-        return Pressure(tuple(pressure_reasons(snapshot, self.settings)))
+        return Pressure(tuple(pressure_reasons(snapshot, self.settings)), gpu_memory_pressure(snapshot, self.settings))
 
 
 

@@ -57,6 +57,7 @@ class Pressure:
     """What telemetry says now; `reasons` empty means no pressure."""
 
     reasons: tuple[str, ...] = ()
+    gpu_memory: bool = False  # a GPU's memory among them: a smaller batch at the same envs relieves it
 
 
 @dataclass(frozen=True)
@@ -295,9 +296,9 @@ class Governor:
         detail = "; ".join(pressure.reasons)
         if self._pressure_rung is None:
             self._pressure_rung = self.rung.label
-            return decisions + self.instability(now, "pressure", detail, running)
-        target, games = self._step_down(running)
-        if games >= min(running, self.allowed()) and not self._lighter(target, running):
+            return decisions + self.instability(now, "pressure", detail, running, by_batch=pressure.gpu_memory)
+        target, games = self._step_down(running, pressure.gpu_memory)
+        if games >= min(running, self.allowed()) and not self._lighter(target, running, pressure.gpu_memory):
             # Nothing lighter for the games that run, in envs or batch (the bottom rung; one game
             # at 4x32, whose rungs below run 32 envs at its batch too): a step would change
             # nothing but the ladder, a back-off event, line and alert each grace period, and the
@@ -362,10 +363,11 @@ class Governor:
         detail = f"{len(games)} running games crashed within {self.settings.crash_window_s / 60:g} min"
         return self.instability(now, "crashes", detail, running)
 
-    def instability(self, now: datetime, kind: str, detail: str, running: int) -> list[Decision]:
-        """One rung down from what runs, and the failed rung waits before it is tried again."""
+    def instability(self, now: datetime, kind: str, detail: str, running: int, by_batch: bool = False) -> list[Decision]:
+        """One rung down from what runs, and the failed rung waits before it is tried again
+        (`by_batch`: GPU memory pressure, which a smaller batch at the same envs relieves)."""
         self._sync_cap(running, now)
-        return self._back_off(now, kind, detail, *self._step_down(running))
+        return self._back_off(now, kind, detail, *self._step_down(running, by_batch))
 
     def rebooted(self, now: datetime, running: int) -> list[Decision]:
         """The host went down without a clean stop, at the rung in force then. With no game
@@ -412,7 +414,7 @@ class Governor:
         daemon was with its workers: the downtime is no stable time, the window starts again."""
         self.state = replace(self.state, stable_since=now)
 
-    def _step_down(self, running: int) -> tuple[int, int]:
+    def _step_down(self, running: int, by_batch: bool = False) -> tuple[int, int]:
         """(rung, games) one step down from what runs, landing on load proven: the rung below
         (`_one_down`) with no more games than ran or are proven there; but where that rung (or
         this one, for the games running) is not proven for them, this rung with the games that
@@ -421,7 +423,7 @@ class Governor:
         games there, not to 4 games at 8x192, all that 8x192 proved."""
         here, held = self.index(), min(running, self.rung.games)
         proven_here = self.proven_games(here)
-        target = self._one_down(running)
+        target = self._one_down(running, by_batch)
         games = self._cap_at(target, running)
         fewer = min(proven_here, held - 1)
         unproven = proven_here < held or games < min(self.ladder[target].games, running)
@@ -429,16 +431,18 @@ class Governor:
             return here, fewer
         return target, games
 
-    def _one_down(self, running: int) -> int:
-        """The highest rung below that runs less for the games running now: fewer envs, or as
-        many at a smaller batch (GPU memory)."""
-        lower = [i for i in range(self.index()) if self._lighter(i, running)]
+    def _one_down(self, running: int, by_batch: bool = False) -> int:
+        """The highest rung below that runs less for the games running now (`_lighter`)."""
+        lower = [i for i in range(self.index()) if self._lighter(i, running, by_batch)]
         return max(lower, default=max(0, self.index() - 1))
 
-    def _lighter(self, index: int, running: int) -> bool:
-        """Rung `index` takes less than this one for the games running now."""
+    def _lighter(self, index: int, running: int, by_batch: bool = False) -> bool:
+        """Rung `index` runs fewer env processes than this one for the games running now (what
+        a host OOM, crashes, a reboot or CPU and host-memory pressure are relieved by); with
+        `by_batch` (GPU memory pressure) as many at a smaller batch counts too."""
         here, there = self.rung.load_for(running), self.ladder[index].load_for(running)
-        return there < here or (there == here and self.ladder[index].batch_size < self.rung.batch_size)
+        smaller = by_batch and self.ladder[index].batch_size < self.rung.batch_size
+        return there < here or (there == here and smaller)
 
     def _back_off(self, now: datetime, kind: str, detail: str, target: int, games: int,
                   failure_at: str | None = None) -> list[Decision]:  # fmt: skip

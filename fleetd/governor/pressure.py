@@ -9,6 +9,12 @@ from typing import Any
 from fleetd.config import FleetSettings
 
 
+def gpu_memory_pressure(snapshot: Any, settings: FleetSettings) -> bool:
+    """A GPU's memory past `gpu_memory_max_fraction`: the pressure a smaller batch relieves."""
+    return bool(snapshot.gpu_available) and any(
+        gpu.memory_fraction > settings.gpu_memory_max_fraction for gpu in snapshot.gpus)
+
+
 def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
     reasons = []
     # While NVML is unavailable the snapshot lists only the GPUs lost or with Xid errors, without

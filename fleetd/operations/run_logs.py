@@ -80,38 +80,47 @@ def copy_signature(path: Path) -> CopySignature | None:
 
 
 def read_from(path: Path, offset: int, seen: CopySignature | None = None) -> tuple[bytes, int]:
-    """What was appended since `offset`, and the new offset. A file that shrank was rotated (or
-    truncated by hand) and is read again from its start, after what the rotated copy holds past
-    `offset` unless the copy is the one `seen` just after the read that gave `offset`
-    (copy_signature; None: any copy): the lines written between the last read and the
-    rotation, which went to `.1` only. A copy seen before is an earlier rotation's, whose lines
-    were read: the file was truncated by hand."""
+    """What was appended since `offset`, and the new offset (follow_read, less the copy)."""
+    data, offset, _ = follow_read(path, offset, seen)
+    return data, offset
+
+
+def follow_read(path: Path, offset: int, seen: CopySignature | None = None) -> tuple[bytes, int, CopySignature | None]:
+    """What was appended since `offset`, the new offset, and the rotated copy to pass as `seen`
+    next time. A file that shrank was rotated (or truncated by hand) and is read again from its
+    start, after what the rotated copy holds past `offset` unless the copy is the one `seen`
+    (None: any copy): the lines written between the last read and the rotation, which went to
+    `.1` only. The copy seen is an earlier rotation's, whose lines were read: the file was
+    truncated by hand. The copy returned is the one as it was before this read (a rotation
+    during it is one the next read takes the rest of), or the one whose rest this read took."""
+    before = copy_signature(path)
     try:
         with path.open("rb") as log:
             size = log.seek(0, os.SEEK_END)
             earlier = b""
             if size < offset:
-                earlier = _rest_of_rotated(path, offset, seen)
+                earlier, before = _rest_of_rotated(path, offset, seen)
                 offset = 0
             log.seek(offset)
             data = log.read(FOLLOW_READ_MAX)
     except FileNotFoundError:
-        return b"", offset  # pruned while followed: nothing more will come
-    return earlier + data, offset + len(data)
+        return b"", offset, before  # pruned while followed: nothing more will come
+    return earlier + data, offset + len(data), before
 
 
-def _rest_of_rotated(path: Path, offset: int, seen: CopySignature | None) -> bytes:
+def _rest_of_rotated(path: Path, offset: int, seen: CopySignature | None) -> tuple[bytes, CopySignature | None]:
     """The rotated copy's bytes from `offset` to its end (whole: at most what the log held at
     its rotation, [worker] log_max_bytes and what came in the copy's time), a line cut by the
     rotation ended; nothing where the copy is the one `seen`, or shorter than `offset`
-    (truncated by hand)."""
+    (truncated by hand). And the copy's signature."""
     try:
         with rotated_copy(path).open("rb") as before:
             stat = os.fstat(before.fileno())
-            if before.seek(0, os.SEEK_END) < offset or (seen is not None and (stat.st_size, stat.st_mtime_ns) == seen):
-                return b""
+            signature = (stat.st_size, stat.st_mtime_ns)
+            if before.seek(0, os.SEEK_END) < offset or signature == seen:
+                return b"", signature
             before.seek(offset)
             rest = before.read()
     except FileNotFoundError:
-        return b""
-    return rest + b"\n" if rest and not rest.endswith(b"\n") else rest
+        return b"", None
+    return (rest + b"\n" if rest and not rest.endswith(b"\n") else rest), signature

@@ -14,7 +14,7 @@ from fleetd.clock import Clock
 from fleetd.governor.footprint import RunningWorker
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
+from fleetd.supervision.seams import ADOPTED, ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
 from workers.protocol.exit_codes import ExitCode
@@ -127,7 +127,7 @@ class WorkerProcess:
         # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
         # building envs): start_timeout_s until its first report, as for a worker spawned now.
         self._reported = not starting
-        adopted = f"adopted live worker pid {pid} (run {run_id})"
+        adopted = f"{ADOPTED} pid {pid} (run {run_id})"
         if starting:  # STARTING as stored: RUNNING once it reports and stays up, as a spawned one
             self._spawned_at = self._clock.monotonic()
             self._to(State.STARTING, f"{adopted}: still starting through a daemon restart")

@@ -24,7 +24,7 @@ from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ExitStatus, GameRemoved, Spawned
+from fleetd.supervision.seams import ADOPTED, ExitStatus, GameRemoved, Spawned
 from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
 
@@ -232,16 +232,18 @@ class Recorder:
         return None if boot is None else boot.last_seen_at
 
     def adopted(self, run: RunRecord) -> None:
-        """The transition to RUNNING that follows carries the event (kind `adopted`)."""
+        """The transition that follows (to RUNNING, or STARTING if it was not up) carries the
+        event (kind `adopted`)."""
         log.info("adopted game %s's live worker pid %s (run %d) after a daemon restart", run.game, run.pid, run.id)
         with self.db.transaction() as session:
             run_store.update_run_adopted(session, run.id)
 
 
 def _state_event(old: State, new: State, reason: str) -> tuple[str, str]:
-    """The event of a transition. STOPPED -> RUNNING is only ever an adoption (states.py): the
-    worker never stopped, so the event says what happened rather than the two states."""
-    if old is State.STOPPED and new is State.RUNNING:
+    """The event of a transition. STOPPED -> RUNNING is only ever an adoption (states.py), and
+    STOPPED -> STARTING one of a worker not yet up (else a spawn): the worker never stopped, so
+    the event says what happened rather than the two states."""
+    if old is State.STOPPED and (new is State.RUNNING or (new is State.STARTING and reason.startswith(ADOPTED))):
         return "adopted", reason
     return "state", f"{old} -> {new}: {reason}"
 

@@ -7,6 +7,10 @@ sleeping.
 
 from __future__ import annotations
 
+# How an adoption's transition reason begins (process.WorkerProcess.adopt): its event has kind
+# `adopted` (recorder._state_event), whether it goes on as RUNNING or, not yet up, STARTING.
+ADOPTED = "adopted live worker"
+
 import os
 import signal
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
 from fleetd.jobs import rotate_logs_job
-from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, read_from, tail
+from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_read, read_from, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
@@ -136,6 +136,24 @@ def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_p
     seen = copy_signature(log)
     log.write_bytes(b"by hand\n")  # the copy is the one seen: nothing from it
     assert read_from(log, offset, seen) == (b"by hand\n", 8)
+
+
+def test_a_rotation_right_after_a_follows_read_is_one_it_takes_the_rest_of(tmp_path: Path) -> None:
+    # The copy was stat-ed after each read: a rotation between the read and the stat was taken
+    # for one already seen, and the lines written between them were lost.
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"a\n" * 600)
+    assert rotate_logs_job(games, max_bytes=1000) == [log]  # an earlier rotation: a copy there
+    log.write_bytes(b"b\n" * 10)
+    _, offset, seen = follow_read(log, 0, copy_signature(log))
+    with log.open("ab") as out:
+        out.write(b"between the read and the rotation\n")
+    assert rotate_logs_job(games, max_bytes=10) == [log]
+    with log.open("ab") as out:
+        out.write(b"after\n")
+    assert follow_read(log, offset, seen)[0] == b"between the read and the rotation\nafter\n"
 
 
 def test_a_follow_far_behind_at_a_rotation_gets_the_whole_rest_of_the_copy(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.operations.run_logs import CopySignature, copy_signature, read_from, tail
+from fleetd.operations.run_logs import CopySignature, copy_signature, follow_read, tail
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import RunRecord
@@ -59,8 +59,8 @@ async def game_logs(
     line naming it, as `journalctl -f` does across a service's restarts."""
     record = await run_in_threadpool(_chosen_run, context, name, run)
     path = _log_file(record, context.settings.cluster.storage_url)
+    seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
     text, offset = await run_in_threadpool(tail, path, lines)
-    seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (read_from)
     if not follow:
         return PlainTextResponse(text)
     stream = _follow(request, context, name, record, path, text, offset, seen, pinned=run is not None)
@@ -124,8 +124,7 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
-        data, offset = await run_in_threadpool(read_from, path, offset, seen)
-        seen = copy_signature(path)
+        data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
         if data:
             yield data
             continue
