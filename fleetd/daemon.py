@@ -234,12 +234,15 @@ class Daemon:
         ensure_schema(self.settings.db_path, upgrade_hint(self.config_path))
         db = Database.open(self.settings.db_path, self.settings.database.busy_timeout_ms)
         try:
-            seeds = self._seeds_to_add(db)  # checked before anything is recorded
-            if self.stop.requested:
-                # Nothing recorded or started yet: nothing to stop. Going on to reconcile first
-                # held a stop for as long as the env registries took to list ([[games]] checked:
-                # seconds, a minute or two on a loaded host), then started workers only to stop
-                # them, and ran into systemd's TimeoutStopSec.
+            seeding = bool(self.settings.games) and seeding_needed(db)
+            seeds = self._seeds_to_add(db) if seeding else []  # checked before anything is recorded
+            if seeding and self.stop.requested:
+                # A database that never had games: nothing recorded or started yet, no worker of
+                # an earlier daemon to adopt and stop. Going on held a stop for as long as the env
+                # registries took to list (seconds, a minute or two on a loaded host), then
+                # started workers only to stop them, and ran into systemd's TimeoutStopSec.
+                # Elsewhere a stop goes on to step 11: an earlier daemon's workers (a SIGUSR1, a
+                # crash) are adopted and stopped with a final checkpoint.
                 log.info("stop requested during start-up, nothing recorded or started: %s", self.stop.describe())
                 return EXIT_OK
             token = ensure_token(self.settings)
@@ -304,9 +307,7 @@ class Daemon:
         log.info("previous boot's kernel warnings: %s", kernel_log.note or f"{len(kernel_log.lines)} lines")
 
     def _seeds_to_add(self, db: Database) -> list[GameDraft]:
-        """[[games]] when this database never had games, checked; else nothing."""
-        if not self.settings.games or not seeding_needed(db):
-            return []
+        """[[games]] (for a database that never had games: the caller asks), checked."""
         # A stop ends the listing (or a module env's import) under way: the start ends there.
         self.stop.on_signal = self.catalog.interrupt
         try:
