@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    """Started once, shut down once; `shutdown` never waits for a job still running."""
+    """Started once, shut down once; `shutdown` never waits for a job still running (the
+    process does, at exit: no job's thread is a daemon thread)."""
 
     def __init__(self, background: BackgroundScheduler, steady: list[SteadyJob]) -> None:
         self._background = background
@@ -48,7 +49,10 @@ class SteadyJob:
         self.job = job
         self._run = _logged(job)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"job-{job.id}", daemon=True)
+        # Not a daemon thread: joined at exit as the pool's threads are, so that a run under way
+        # when the daemon stops (telemetry writing its samples) ends whole, after the workers
+        # are stopped (Scheduler.shutdown, always called once started, ends the loop).
+        self._thread = threading.Thread(target=self._loop, name=f"job-{job.id}", daemon=False)
 
     def start(self) -> None:
         self._thread.start()

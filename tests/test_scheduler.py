@@ -171,6 +171,7 @@ time.sleep(4.0)
 with db.transaction() as session:
     seen = boot_store.read_boot(session, boot.id).last_seen_at.timestamp()
 print(f"telemetry {daemon.telemetry.latest.at - stepped:.1f} heartbeat {seen - stepped:.1f}", flush=True)
+scheduler.shutdown()  # the jobs' threads are joined at exit, as the daemon's are after its stop
 """
 
 
