@@ -494,7 +494,7 @@ class FleetController:
                     governor.resume(now)
                     continue
                 running = sum(1 for s in wanting if (p := self._placed.get(s.name)) is not None and p.home == life.name)
-                decisions += [(life.name, d) for d in governor.rebooted(now, running)]
+                decisions += [(life.name, d) for d in governor.rebooted(now, running, held_known=False)]
         return decisions
 
     def _give_homes(self, step: _Step, live: list[str], wanting: Sequence[GameSlot]) -> None:

@@ -16,7 +16,8 @@ The rules:
   with each failure; pressure counts again only once the back-off is carried out;
 - an unclean reboot at a rung proven for long is an outside event: nothing moves; at a rung
   proven lately, one rung down; at an unproven rung, back to the highest proven rung; with no
-  game holding a slot, nothing moves (the fleet's load was not on the host);
+  game holding a slot, nothing moves (the fleet's load was not on the host; a cluster node's
+  games have moved on by its new life, so there the rung alone decides);
 - pressure blocks admission and climbing at once, before it lasts long enough to count; while
   no game holds a slot it never counts (it is not the fleet's load, and no step relieves it);
 - manual mode: the operator's tier is the top of the ladder; auto: heavy is.
@@ -369,11 +370,13 @@ class Governor:
         self._sync_cap(running, now)
         return self._back_off(now, kind, detail, *self._step_down(running, by_batch))
 
-    def rebooted(self, now: datetime, running: int) -> list[Decision]:
+    def rebooted(self, now: datetime, running: int, held_known: bool = True) -> list[Decision]:
         """The host went down without a clean stop, at the rung in force then. With no game
         holding a slot it went down without the fleet's load on it, as after a clean stop:
-        nothing moves."""
-        if running == 0:
+        nothing moves. `held_known`: `running` is what held a slot when it went down (the local
+        host's admissions, stored); a cluster node's games have moved to the others by the time
+        its new life is seen, so there no count says it ran none."""
+        if running == 0 and held_known:
             self.state = replace(self.state, stable_since=now)
             message = (f"unclean reboot at {self.rung.label} with no game holding a slot: not the fleet's load; "
                        "nothing moves")  # fmt: skip
