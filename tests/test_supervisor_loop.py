@@ -307,15 +307,20 @@ def test_start_up_logs_each_adoption_and_records_it_as_adopted(loop: Loop, caplo
     assert not [e for e in states if e.details.get("from") == "stopped" and e.details.get("to") == "running"]
 
 
-def test_a_worker_adopted_while_it_was_starting_is_recorded_as_adopted(loop: Loop) -> None:
-    # Adopted STARTING (not yet up), its event was a `stopped -> starting` state event: a query
-    # for kind `adopted` missed it.
+def adopt_while_starting(loop: Loop) -> None:
+    """A daemon starts (`loop.start`) over game a's live worker 4242, which the last one had starting."""
     loop.add("a")
     record_live_run(loop, "a", 4242)
     with loop.db.transaction() as session:
         game_store.update_game_state(session, "a", State.STARTING, "admitted", loop.clock.now())
     loop.probe.live = {4242}
     loop.start()
+
+
+def test_a_worker_adopted_while_it_was_starting_is_recorded_as_adopted(loop: Loop) -> None:
+    # Adopted STARTING (not yet up), its event was a `stopped -> starting` state event: a query
+    # for kind `adopted` missed it.
+    adopt_while_starting(loop)
     with loop.db.transaction() as session:
         adopted = read_events(session, EventFilter(kind="adopted", game="a"))
         states = read_events(session, EventFilter(kind="state", game="a"))
@@ -328,12 +333,7 @@ def test_a_worker_adopted_while_it_was_starting_gets_the_start_timeout_not_the_h
     loading its replay buffer, slower than hang_timeout_s and within start_timeout_s. Adopted, it
     was held to the hang limit at once and SIGKILLed as hung before its first report."""
     policy = loop.settings.supervisor
-    loop.add("a")
-    record_live_run(loop, "a", 4242)
-    with loop.db.transaction() as session:
-        game_store.update_game_state(session, "a", State.STARTING, "admitted", loop.clock.now())
-    loop.probe.live = {4242}
-    loop.start()
+    adopt_while_starting(loop)
     assert loop.state("a") is State.STARTING and loop.pid("a") == 4242  # as stored, until it reports
     loop.clock.advance(60)
     loop.steps()

@@ -72,9 +72,7 @@ def test_tail_reads_each_block_once(tmp_path: Path) -> None:
 def test_a_tail_right_after_a_rotation_reads_on_in_the_rotated_copy(tmp_path: Path) -> None:
     # The rotation copies the log to .1 and truncates it: `fleetd logs GAME` then printed only
     # what was written since (often nothing), though its last lines were all in the copy.
-    games = tmp_path / "games"
-    log = games / "pong" / "logs" / "run-000007.log"
-    log.parent.mkdir(parents=True)
+    games, log = a_run_log(tmp_path)
     log.write_bytes(b"".join(b"line %d %s\n" % (i, b"x" * 100) for i in range(200)) + b"cut at the rot")
     assert rotate_logs_job(games, max_bytes=10_000) == [log]
     with log.open("ab") as out:
@@ -99,13 +97,19 @@ def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> Non
     assert read_from(log, 2) == (b"", 2)
 
 
+def a_run_log(tmp_path: Path) -> tuple[Path, Path]:
+    """The games folder, and a run's log in it (not yet written)."""
+    games = tmp_path / "games"
+    log = games / "pong" / "logs" / "run-000007.log"
+    log.parent.mkdir(parents=True)
+    return games, log
+
+
 def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_path: Path) -> None:
     # The follow had read up to `offset`; lines written after that and before the rotation went
     # to the .1 copy only, and the follow, seeing the live file shrink, read on from its start:
     # those lines never reached `fleetd logs -f`.
-    games = tmp_path / "games"
-    log = games / "pong" / "logs" / "run-000007.log"
-    log.parent.mkdir(parents=True)
+    games, log = a_run_log(tmp_path)
     log.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
     _, offset = read_from(log, 0)
     with log.open("ab") as out:
@@ -121,9 +125,7 @@ def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_pa
 def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_path: Path) -> None:
     # The .1 of an earlier rotation, whose lines the follow had read, is nearly always longer than
     # its offset: a log truncated by hand sent ~4 KiB of those old lines again, from mid-line.
-    games = tmp_path / "games"
-    log = games / "pong" / "logs" / "run-000007.log"
-    log.parent.mkdir(parents=True)
+    games, log = a_run_log(tmp_path)
     log.write_bytes(b"".join(b"old generation line %d\n" % i for i in range(200)))
     _, offset = read_from(log, 0)
     seen = copy_signature(log)
@@ -141,9 +143,7 @@ def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_p
 def test_a_rotation_right_after_a_follows_read_is_one_it_takes_the_rest_of(tmp_path: Path) -> None:
     # The copy was stat-ed after each read: a rotation between the read and the stat was taken
     # for one already seen, and the lines written between them were lost.
-    games = tmp_path / "games"
-    log = games / "pong" / "logs" / "run-000007.log"
-    log.parent.mkdir(parents=True)
+    games, log = a_run_log(tmp_path)
     log.write_bytes(b"a\n" * 600)
     assert rotate_logs_job(games, max_bytes=1000) == [log]  # an earlier rotation: a copy there
     log.write_bytes(b"b\n" * 10)
@@ -158,9 +158,7 @@ def test_a_rotation_right_after_a_follows_read_is_one_it_takes_the_rest_of(tmp_p
 
 def test_a_follow_far_behind_at_a_rotation_gets_the_whole_rest_of_the_copy(tmp_path: Path) -> None:
     # The copy's rest was cut at FOLLOW_READ_MAX (1 MiB), a newline put where it cut a line.
-    games = tmp_path / "games"
-    log = games / "pong" / "logs" / "run-000007.log"
-    log.parent.mkdir(parents=True)
+    games, log = a_run_log(tmp_path)
     log.write_bytes(b"seen\n")
     _, offset = read_from(log, 0)
     burst = b"".join(b"burst line %07d\n" % i for i in range(200_000))  # 3.6 MB
