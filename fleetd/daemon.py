@@ -34,7 +34,7 @@ from fleetd.host.boot import HostBoot, HostReader
 from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
 from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import record_plan
-from fleetd.scheduler import build_scheduler
+from fleetd.scheduler import Scheduler, build_scheduler
 from fleetd.host.statedir import lock_state_dir
 from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
@@ -58,6 +58,7 @@ from fleetd.host.uptime import DaemonStart, StartKind, describe_start, record_da
 
 log = logging.getLogger(__name__)
 
+STEADY_JOIN_S = 5.0  # at stop, a steady job's run under way (telemetry's write) gets this long to end
 ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd's TimeoutStopSec)
 # At stop, requests still running (an upload or an export download on a slow link, a client that
 # stopped sending its body) get this long, then are cut: the workers are stopped only after the
@@ -207,6 +208,7 @@ class Daemon:
         self.mps: Mps | None = None  # NVIDIA MPS for local workers, when it runs
         self.stop = StopRequest()
         self.workers_stopped = False  # the supervisor stopped every worker: the stop is clean
+        self._scheduler: Scheduler | None = None  # the periodic jobs, once started
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
@@ -286,6 +288,8 @@ class Daemon:
             reason = self._stop_reason()
             record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
                                severity="warning" if self.stop.failure else "info")
+            if self._scheduler is not None:  # a telemetry run under way ends whole; a hung one is left
+                self._scheduler.join(STEADY_JOIN_S)
             self.alerts.stop(timeout=ALERT_DRAIN_S)
             log.info("stopped: %s", reason)
         return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
@@ -428,10 +432,11 @@ class Daemon:
         self.stop.server = server
         if self.stop.requested:
             server.should_exit = True  # uvicorn then shuts down without serving
-        scheduler.start()
-        self.catalog.warm()
-        log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)
+        self._scheduler = scheduler
         try:
+            scheduler.start()
+            self.catalog.warm()
+            log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)
             server.run(sockets=[sock])
         finally:
             self.catalog.close()

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     """Started once, shut down once; `shutdown` never waits for a job still running (the
-    process does, at exit: no job's thread is a daemon thread)."""
+    process does at exit for the pool's; `join` for the steady ones', for a bounded time)."""
 
     def __init__(self, background: BackgroundScheduler, steady: list[SteadyJob]) -> None:
         self._background = background
@@ -40,6 +40,12 @@ class Scheduler:
             job.stop()
         self._background.shutdown(wait=wait)
 
+    def join(self, timeout_s: float) -> None:
+        """Wait, `timeout_s` at most in all, for a steady job's run under way to end."""
+        deadline = time.monotonic() + timeout_s
+        for job in self._steady:
+            job.join(max(0.0, deadline - time.monotonic()))
+
 
 class SteadyJob:
     """Runs every `interval_s` of the monotonic clock; a run that overran its interval is followed
@@ -49,16 +55,20 @@ class SteadyJob:
         self.job = job
         self._run = _logged(job)
         self._stop = threading.Event()
-        # Not a daemon thread: joined at exit as the pool's threads are, so that a run under way
-        # when the daemon stops (telemetry writing its samples) ends whole, after the workers
-        # are stopped (Scheduler.shutdown, always called once started, ends the loop).
-        self._thread = threading.Thread(target=self._loop, name=f"job-{job.id}", daemon=False)
+        # A daemon thread, waited for at the daemon's exit for a bounded time (Scheduler.join):
+        # a run under way at the stop (telemetry writing its samples) ends whole, and one hung
+        # (an NVML call in a hung driver) does not hold the process up past it.
+        self._thread = threading.Thread(target=self._loop, name=f"job-{job.id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     def _loop(self) -> None:
         due = time.monotonic() + self.job.interval_s

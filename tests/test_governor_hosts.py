@@ -370,3 +370,19 @@ def test_each_hosts_back_off_is_alerted_though_another_host_backed_off_within_th
     assert [e.details["host"] for e in _events(cluster, "fleet_backoff")] == ["b", "a"]
     assert sender.held_back == 0 and len(texts) == 2
     assert "stepped host a down" in texts[0] and "stepped host b down" in texts[1]
+
+
+def test_a_node_that_held_no_game_reboots_without_a_back_off(cluster: Cluster) -> None:
+    # Its games moved to the other node by its new life, a node's reboot is judged by its rung;
+    # but one that held none when it went down (fewer games than nodes, every game stopped) went
+    # down without the fleet's load on it, as the daemon's own host does: nothing moves.
+    cluster.add("g1")
+    cluster.start()
+    cluster.run(10)
+    idle = "b" if not cluster.on("b") else "a"
+    cluster.power_cut(idle)
+    cluster.run(1)
+    cluster.rejoin(idle)
+    cluster.run(1)
+    assert not [e for e in _events(cluster, "fleet_backoff") if e.message.startswith(f"host {idle}")]
+    assert [e for e in _events(cluster, "fleet_reboot_outside") if e.message.startswith(f"host {idle}")]

@@ -160,7 +160,7 @@ def slow_job(*args, **kwargs):
         time.sleep(15)
         (marks / "ended").write_text("")
 
-fleetd.daemon.telemetry_job = slow_job
+fleetd.daemon.record_plan = slow_job  # the plan job: APScheduler's (a steady job's run gets STEADY_JOIN_S)
 sys.argv[0] = "fleetd"
 main()
 """
@@ -181,7 +181,7 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_running_job(daemons: lis
     slow backup, and systemd then killed the daemon alone: the workers were never stopped."""
     root = short_tmp_dir()
     config = stand_in_config(root)
-    config.path.write_text(config.path.read_text().replace("[gpu]\n", "[fleet]\ntelemetry_interval_s = 0.5\n[gpu]\n", 1))
+    config.path.write_text(config.path.read_text().replace("[gpu]\n", "[plan]\nrecord_interval_s = 1\n[gpu]\n", 1))
     marks = root / "marks"
     marks.mkdir()
     try:

@@ -171,7 +171,7 @@ time.sleep(4.0)
 with db.transaction() as session:
     seen = boot_store.read_boot(session, boot.id).last_seen_at.timestamp()
 print(f"telemetry {daemon.telemetry.latest.at - stepped:.1f} heartbeat {seen - stepped:.1f}", flush=True)
-scheduler.shutdown()  # the jobs' threads are joined at exit, as the daemon's are after its stop
+scheduler.shutdown()
 """
 
 
@@ -187,3 +187,31 @@ def test_the_heartbeat_and_telemetry_keep_their_pace_when_the_wall_clock_steps_b
     _, telemetry, _, heartbeat = line.split()
     # Each runs every second: its latest run is at most a second or so before the end, 4 s after the step.
     assert float(telemetry) >= 2.0 and float(heartbeat) >= 2.0, f"held by the step: {line}"
+
+
+def test_a_steady_run_under_way_at_the_stop_ends_whole_and_a_hung_one_holds_nothing_up() -> None:
+    # Daemon threads, the run under way at the stop (telemetry writing its samples) was cut by the
+    # process's end; joined unbounded, a run hung in an NVML call held the exit up for good.
+    import threading
+
+    from fleetd.jobs import Job
+    from fleetd.scheduler import build_scheduler
+
+    began, ended, hung = threading.Event(), threading.Event(), threading.Event()
+
+    def writing() -> None:
+        began.set()
+        time.sleep(0.5)
+        ended.set()
+
+    def stuck() -> None:
+        hung.set()
+        time.sleep(3600)  # nvmlDeviceGetMemoryInfo on a GPU fallen off the bus
+
+    scheduler = build_scheduler([Job("telemetry", 0.05, writing, steady=True), Job("stuck", 0.05, stuck, steady=True)])
+    scheduler.start()
+    assert began.wait(5) and hung.wait(5)
+    scheduler.shutdown()
+    waited = time.monotonic()
+    scheduler.join(1.5)
+    assert ended.is_set() and time.monotonic() - waited < 3.0

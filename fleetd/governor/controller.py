@@ -112,6 +112,7 @@ class FleetController:
             self._placed: dict[str, Placement] = fleet_store.read_placements(session) if cluster else {}
         self.governors: dict[str, Governor] = {}  # on a cluster: each host's, by its name
         self._nodes: dict[str, str] = {}  # the node life each host's governor accounted for
+        self._held_on: dict[str, int] = {}  # the games each host held at its life's last look alive
         self._lives: dict[str, HostLife] = {}
         self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
@@ -486,6 +487,8 @@ class FleetController:
                 decisions.append((life.name, Decision("host", f"host {life.name} joined: its governor starts at {governor.rung.label}")))
                 continue
             known = self._nodes.get(life.name, "")
+            if life.alive and life.node_id and life.node_id == known:
+                self._held_on[life.name] = sum(1 for name, p in self._placed.items() if p.host == life.name and name in self._admitted)
             if life.alive and life.node_id and life.node_id != known:
                 self._nodes[life.name] = life.node_id
                 if not known:
@@ -493,6 +496,10 @@ class FleetController:
                 if not self.settings.reboot_is_instability:
                     governor.resume(now)
                     continue
+                if self._held_on.pop(life.name, None) == 0:  # it held no game when last seen alive
+                    decisions += [(life.name, d) for d in governor.rebooted(now, 0)]
+                    continue
+                # Its games have moved to the others by now: those homed on it stand for them.
                 running = sum(1 for s in wanting if (p := self._placed.get(s.name)) is not None and p.home == life.name)
                 decisions += [(life.name, d) for d in governor.rebooted(now, running, held_known=False)]
         return decisions
