@@ -386,3 +386,16 @@ def test_a_node_that_held_no_game_reboots_without_a_back_off(cluster: Cluster) -
     cluster.run(1)
     assert not [e for e in _events(cluster, "fleet_backoff") if e.message.startswith(f"host {idle}")]
     assert [e for e in _events(cluster, "fleet_reboot_outside") if e.message.startswith(f"host {idle}")]
+
+
+def test_a_node_that_crashed_under_load_backs_off_though_the_hosts_job_saw_it_dead_late(cluster: Cluster) -> None:
+    # Its runs lost, its games were moved off before the hosts job listed it dead: counted then,
+    # it held none, and its reboot under load moved nothing.
+    climbed(cluster)
+    cluster.run(10)  # a at 3x32 for 10 min: unproven
+    cluster.power_cut("a", seen=False)
+    cluster.run(1)
+    cluster.observe()
+    cluster.rejoin("a")
+    cluster.run(1)
+    assert [e for e in _events(cluster, "fleet_backoff") if e.message.startswith("host a")]

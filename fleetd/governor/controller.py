@@ -487,8 +487,12 @@ class FleetController:
                 decisions.append((life.name, Decision("host", f"host {life.name} joined: its governor starts at {governor.rung.label}")))
                 continue
             known = self._nodes.get(life.name, "")
-            if life.alive and life.node_id and life.node_id == known:
-                self._held_on[life.name] = sum(1 for name, p in self._placed.items() if p.host == life.name and name in self._admitted)
+            if life.alive and life.node_id and life.node_id == known and self._lost.get(life.name) != life.node_id:
+                # Counted while it is live: once a run was lost with it (before the hosts job sees
+                # it dead) its games are moved off, and it held them when it went down. Its own
+                # games count too (homed there: placed on it as this step admits them).
+                self._held_on[life.name] = sum(1 for name, p in self._placed.items()
+                                               if p.home == life.name or (p.host == life.name and name in self._admitted))
             if life.alive and life.node_id and life.node_id != known:
                 self._nodes[life.name] = life.node_id
                 if not known:
