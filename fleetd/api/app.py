@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetd import __version__
-from fleetd.api.auth import refuse_unknown_query, require_token
+from fleetd.api.auth import refuse_unknown_query, require_token, token_matches
 from fleetd.api.context import AppContext
 from fleetd.api.errors import ERROR_RESPONSES, BodySizeLimit, install_error_handlers, refusal
 from fleetd.api.routes import backup, boots, events, fleet, games, health, hosts, logs, metrics, models, projection, samples, spec
@@ -145,8 +144,7 @@ def _has_token(scope: Scope) -> bool:
     context = getattr(getattr(scope.get("app"), "state", None), "context", None)
     sent = Headers(scope=scope).get("authorization", "")  # the first, as require_token reads it
     scheme, _, token = sent.partition(" ")
-    return (context is not None and scheme.lower() == "bearer"
-            and hmac.compare_digest(token.strip().encode(), context.token.encode()))
+    return context is not None and scheme.lower() == "bearer" and token_matches(token.strip(), context.token)
 
 
 def install_status_page(app: FastAPI) -> None:

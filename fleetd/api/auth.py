@@ -20,9 +20,13 @@ def require_token(
 ) -> None:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise FleetdError(ErrorCode.UNAUTHORIZED, "missing bearer token (Authorization: Bearer <token>)")
-    # Constant time, so the comparison does not leak how much of a guess was right.
-    if not hmac.compare_digest(credentials.credentials.encode(), context.token.encode()):
+    if not token_matches(credentials.credentials, context.token):
         raise FleetdError(ErrorCode.UNAUTHORIZED, "invalid bearer token")
+
+
+def token_matches(sent: str, token: str) -> bool:
+    # Constant time, so the comparison does not leak how much of a guess was right.
+    return hmac.compare_digest(sent.encode(), token.encode())
 
 
 def refuse_unknown_query(request: Request) -> None:

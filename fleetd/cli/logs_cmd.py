@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.cli.common import ConfigOption, client_for, fail, game_path
+from fleetd.cli.common import AWAY, ConfigOption, client_for, fail, game_path
 
 if TYPE_CHECKING:
     from fleetd.cli.client import ApiClient
@@ -79,7 +79,7 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None
         except ClientError as exc:
             # Asked again at once, a restarting daemon (`systemctl restart fleetd`, an upgrade: its
             # workers run on) was always refused, and the follow ended, exit 69: it waits for it.
-            if not answered or exc.code not in (ExitCode.UNAVAILABLE, ExitCode.TEMPFAIL):
+            if not answered or exc.code not in AWAY:
                 raise
             if away_since is None:
                 away_since = time.monotonic()

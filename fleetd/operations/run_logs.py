@@ -71,18 +71,12 @@ CopySignature = tuple[int, int]  # the rotated copy's size and mtime (ns): each 
 
 
 def copy_signature(path: Path) -> CopySignature | None:
-    """The rotated copy as it is now (None: there is none), for `read_from`'s `seen`."""
+    """The rotated copy as it is now (None: there is none), for `follow_read`'s `seen`."""
     try:
         stat = rotated_copy(path).stat()
     except OSError:
         return None
     return stat.st_size, stat.st_mtime_ns
-
-
-def read_from(path: Path, offset: int, seen: CopySignature | None = None) -> tuple[bytes, int]:
-    """What was appended since `offset`, and the new offset (follow_read, less the copy)."""
-    data, offset, _ = follow_read(path, offset, seen)
-    return data, offset
 
 
 def follow_read(path: Path, offset: int, seen: CopySignature | None = None) -> tuple[bytes, int, CopySignature | None]:

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
 from fleetd.jobs import rotate_logs_job
-from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_read, read_from, tail
+from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_read, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
@@ -87,14 +87,19 @@ def test_a_tail_right_after_a_rotation_reads_on_in_the_rotated_copy(tmp_path: Pa
 def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_bytes(b"a\n")
-    assert read_from(log, 2) == (b"", 2)
+    assert read_two(log, 2) == (b"", 2)
     with log.open("ab") as out:
         out.write(b"b\n")
-    assert read_from(log, 2) == (b"b\n", 4)
+    assert read_two(log, 2) == (b"b\n", 4)
     log.write_bytes(b"c\n")  # truncated by hand: read from the start again
-    assert read_from(log, 4) == (b"c\n", 2)
+    assert read_two(log, 4) == (b"c\n", 2)
     log.unlink()
-    assert read_from(log, 2) == (b"", 2)
+    assert read_two(log, 2) == (b"", 2)
+
+
+def read_two(path: Path, offset: int, seen=None) -> tuple[bytes, int]:
+    """What a follow reads, and its new offset."""
+    return follow_read(path, offset, seen)[:2]
 
 
 def a_run_log(tmp_path: Path) -> tuple[Path, Path]:
@@ -111,15 +116,15 @@ def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_pa
     # those lines never reached `fleetd logs -f`.
     games, log = a_run_log(tmp_path)
     log.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
-    _, offset = read_from(log, 0)
+    _, offset = read_two(log, 0)
     with log.open("ab") as out:
         out.write(b"just before 1\njust before 2\ncut at the rot")
     assert rotate_logs_job(games, max_bytes=1000) == [log]
     with log.open("ab") as out:
         out.write(b"after\n")
-    assert read_from(log, offset) == (b"just before 1\njust before 2\ncut at the rot\nafter\n", 6)
+    assert read_two(log, offset) == (b"just before 1\njust before 2\ncut at the rot\nafter\n", 6)
     log.write_bytes(b"by hand\n")  # shrank again, the copy shorter than the offset: not its rest
-    assert read_from(log, 6 + 100_000) == (b"by hand\n", 8)
+    assert read_two(log, 6 + 100_000) == (b"by hand\n", 8)
 
 
 def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_path: Path) -> None:
@@ -127,17 +132,17 @@ def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_p
     # its offset: a log truncated by hand sent ~4 KiB of those old lines again, from mid-line.
     games, log = a_run_log(tmp_path)
     log.write_bytes(b"".join(b"old generation line %d\n" % i for i in range(200)))
-    _, offset = read_from(log, 0)
+    _, offset = read_two(log, 0)
     seen = copy_signature(log)
     with log.open("ab") as out:
         out.write(b"just before\n")
     assert rotate_logs_job(games, max_bytes=1000) == [log]  # a rotation the follow has not seen: its rest
-    assert read_from(log, offset, seen) == (b"just before\n", 0)
+    assert read_two(log, offset, seen) == (b"just before\n", 0)
     log.write_bytes(b"".join(b"new generation line %d\n" % i for i in range(100)))
-    _, offset = read_from(log, 0, copy_signature(log))
+    _, offset = read_two(log, 0, copy_signature(log))
     seen = copy_signature(log)
     log.write_bytes(b"by hand\n")  # the copy is the one seen: nothing from it
-    assert read_from(log, offset, seen) == (b"by hand\n", 8)
+    assert read_two(log, offset, seen) == (b"by hand\n", 8)
 
 
 def test_a_rotation_right_after_a_follows_read_is_one_it_takes_the_rest_of(tmp_path: Path) -> None:
@@ -160,12 +165,12 @@ def test_a_follow_far_behind_at_a_rotation_gets_the_whole_rest_of_the_copy(tmp_p
     # The copy's rest was cut at FOLLOW_READ_MAX (1 MiB), a newline put where it cut a line.
     games, log = a_run_log(tmp_path)
     log.write_bytes(b"seen\n")
-    _, offset = read_from(log, 0)
+    _, offset = read_two(log, 0)
     burst = b"".join(b"burst line %07d\n" % i for i in range(200_000))  # 3.6 MB
     with log.open("ab") as out:
         out.write(burst)
     assert rotate_logs_job(games, max_bytes=1000) == [log]
-    assert read_from(log, offset) == (burst, 0)
+    assert read_two(log, offset) == (burst, 0)
 
 
 def test_a_spawn_past_run_id_999999_keeps_its_own_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,8 +62,8 @@ Int32Positive = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(integr
 # The other counts (steps, updates, episodes, bytes) are compared and looped over as int64: bounded
 # where JSON's numbers are exact (2^53: a client's double holds it as sent).
 JSON_INT_MAX = 2**53
-Int64Positive = Annotated[int, Field(ge=1, le=JSON_INT_MAX), BeforeValidator(integral)]
-Int64NonNegative = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(integral)]
+CountPositive = Annotated[int, Field(ge=1, le=JSON_INT_MAX), BeforeValidator(integral)]
+CountNonNegative = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(integral)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # SB3 takes these as given and fails (or learns nothing) outside them: a learning rate, clip
 # range or gradient norm of 0 or below, a discount or probability outside [0, 1].
@@ -163,7 +163,7 @@ class Hyperparams(_Overrides):
     num_envs: EnvCount | None = None
     batch_size: BatchSize | None = None  # PPO: at least 2 (LaunchSpec._ppo_batches)
     n_steps: Int32Positive | None = None
-    n_epochs: Int64Positive | None = None
+    n_epochs: CountPositive | None = None
     learning_rate: NonNegativeFloat | None = None  # 0: the weights stay as they are (a frozen game)
     gamma: Fraction | None = None
     gae_lambda: Fraction | None = None
@@ -172,10 +172,10 @@ class Hyperparams(_Overrides):
     vf_coef: NonNegativeFloat | None = None
     max_grad_norm: PositiveFloat | None = None
     buffer_size: Int32Positive | None = None
-    learning_starts: Int64NonNegative | None = None
-    train_freq: Int64Positive | None = None
-    gradient_steps: Int64Positive | None = None
-    target_update_interval: Int64Positive | None = None
+    learning_starts: CountNonNegative | None = None
+    train_freq: CountPositive | None = None
+    gradient_steps: CountPositive | None = None
+    target_update_interval: CountPositive | None = None
     # SB3's exploration schedule divides by the fraction: 0 is a ZeroDivisionError.
     exploration_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     exploration_final_eps: Fraction | None = None
@@ -183,14 +183,14 @@ class Hyperparams(_Overrides):
     policy_kwargs: PolicyKwargs | None = None
     normalize: bool | None = None
     save_replay_buffer: bool | None = None
-    replay_buffer_max_bytes: Int64NonNegative | None = None
-    schedule_timesteps: Int64Positive | None = None
+    replay_buffer_max_bytes: CountNonNegative | None = None
+    schedule_timesteps: CountPositive | None = None
     frame_stack: Int32Positive | None = None
     max_episode_steps: Int32Positive | None = None
     # Deterministic evaluation (docs/worker.md#evaluation): every this many steps, at the next
     # checkpoint, `eval_episodes` whole games on a separate env; 0 episodes turns it off.
-    eval_interval_steps: Int64Positive | None = None
-    eval_episodes: Int64NonNegative | None = None
+    eval_interval_steps: CountPositive | None = None
+    eval_episodes: CountNonNegative | None = None
 
 
 # -- which hyperparameters may change between runs (docs/worker.md#changing-settings) ----------
