@@ -49,6 +49,7 @@ class RecordingSink:
     transitions: list[tuple[State, State, str]] = field(default_factory=list)
     notes: list[tuple[str, str]] = field(default_factory=list)
     restarts: int = 0
+    adoptions: int = 0
     unsaved: dict[str, float] = field(default_factory=dict)  # game -> unsaved_since
 
     def begin_run(self, game: str) -> int:
@@ -65,8 +66,9 @@ class RecordingSink:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         self.runs[run_id].update(cause=cause, status=status)
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         self.transitions.append((old, new, reason))
+        self.adoptions += adopted
         self.restarts += restart
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:

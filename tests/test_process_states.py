@@ -368,9 +368,12 @@ def test_spawn_failure_backs_off(proc: WorkerProcess, clock: FakeClock, launcher
     assert proc.state is State.STARTING and proc.pid is not None
 
 
-def test_adopted_worker_is_watched_for_hangs(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:
+def test_adopted_worker_is_watched_for_hangs(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink,
+) -> None:
     proc.adopt(run_id=7, pid=4242, steps=5000)
     assert proc.state is State.RUNNING and proc.pid == 4242
+    assert sink.adoptions == 1  # the sink is told it is an adoption, not a stop and a start
     assert proc.on_progress(7, 5000) is True
     advance(clock, proc, 120)
     assert launcher.signals == [(4242, "SIGKILL")]

@@ -14,7 +14,7 @@ from fleetd.clock import Clock
 from fleetd.governor.footprint import RunningWorker
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ADOPTED, ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
+from fleetd.supervision.seams import ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
 from workers.protocol.exit_codes import ExitCode
@@ -127,12 +127,12 @@ class WorkerProcess:
         # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
         # building envs): start_timeout_s until its first report, as for a worker spawned now.
         self._reported = not starting
-        adopted = f"{ADOPTED} pid {pid} (run {run_id})"
+        adopted = f"adopted live worker pid {pid} (run {run_id})"
         if starting:  # STARTING as stored: RUNNING once it reports and stays up, as a spawned one
             self._spawned_at = self._clock.monotonic()
-            self._to(State.STARTING, f"{adopted}: still starting through a daemon restart")
+            self._to(State.STARTING, f"{adopted}: still starting through a daemon restart", adopted=True)
             return
-        self._to(State.RUNNING, f"{adopted}: it kept training through a daemon restart")
+        self._to(State.RUNNING, f"{adopted}: it kept training through a daemon restart", adopted=True)
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -386,10 +386,10 @@ class WorkerProcess:
         if self.pid is not None:
             self._launcher.signal_group(self.pid, sig)
 
-    def _to(self, new: State, reason: str, restart: bool = False) -> None:
+    def _to(self, new: State, reason: str, restart: bool = False, adopted: bool = False) -> None:
         check_transition(self.state, new)
         old, self.state, self.reason = self.state, new, reason
-        self._sink.transition(self.name, old, new, reason, restart)
+        self._sink.transition(self.name, old, new, reason, restart, adopted)
 
 
 def _sent_from_outside(status: ExitStatus) -> bool:

@@ -24,7 +24,7 @@ from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ADOPTED, ExitStatus, GameRemoved, Spawned
+from fleetd.supervision.seams import ExitStatus, GameRemoved, Spawned
 from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
 
@@ -83,14 +83,14 @@ class Recorder:
             self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id},
                         "It stopped with a final checkpoint; its slot goes to the next pending game")
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         now = self.clock.now()
         with self.db.transaction() as session:
             if not game_store.game_exists(session, game):  # removed since the supervisor's read
                 log.info("%s: %s -> %s not recorded: the game was removed", game, old.value, new.value)
                 return
             game_store.update_game_state(session, game, new.value, reason, now, restart)
-            kind, message = _state_event(old, new, reason)
+            kind, message = ("adopted", reason) if adopted else ("state", f"{old} -> {new}: {reason}")
             details = {"from": old.value, "to": new.value, "reason": reason}
             create_event(session, now, kind, message, severity=_SEVERITY.get(new, "info"), game=game, details=details)
         if new is State.FATAL:
@@ -237,15 +237,6 @@ class Recorder:
         log.info("adopted game %s's live worker pid %s (run %d) after a daemon restart", run.game, run.pid, run.id)
         with self.db.transaction() as session:
             run_store.update_run_adopted(session, run.id)
-
-
-def _state_event(old: State, new: State, reason: str) -> tuple[str, str]:
-    """The event of a transition. STOPPED -> RUNNING is only ever an adoption (states.py), and
-    STOPPED -> STARTING one of a worker not yet up (else a spawn): the worker never stopped, so
-    the event says what happened rather than the two states."""
-    if old is State.STOPPED and (new is State.RUNNING or (new is State.STARTING and reason.startswith(ADOPTED))):
-        return "adopted", reason
-    return "state", f"{old} -> {new}: {reason}"
 
 
 def _snapshot(report: ProgressReport) -> ProgressSnapshot:

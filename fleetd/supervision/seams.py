@@ -7,10 +7,6 @@ sleeping.
 
 from __future__ import annotations
 
-# How an adoption's transition reason begins (process.WorkerProcess.adopt): its event has kind
-# `adopted` (recorder._state_event), whether it goes on as RUNNING or, not yet up, STARTING.
-ADOPTED = "adopted live worker"
-
 import os
 import signal
 from dataclasses import dataclass
@@ -138,7 +134,9 @@ class Sink(Protocol):
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None: ...
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None: ...
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
+        """`adopted`: the worker did not change, a new daemon took over watching it (it goes on
+        RUNNING, or STARTING where it was not up yet); its event says so, not the two states."""
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
         """An event that is not a state change (a hang detected, an escalation)."""

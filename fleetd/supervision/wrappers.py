@@ -80,8 +80,8 @@ class TransitionTap:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         self._recorder.run_ended(run_id, status, cause)
 
-    def transition(self, game: str, old: State, new: State, reason: str, restart: bool) -> None:
-        self._recorder.transition(game, old, new, reason, restart)
+    def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
+        self._recorder.transition(game, old, new, reason, restart, adopted)
         self.changed = True
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
