@@ -9,7 +9,9 @@ in-memory queue; one daemon thread delivers in order, retrying with backoff. A s
 receiver therefore costs supervision nothing, and alerts are best effort: the queue is lost on
 a restart and its oldest entries are dropped when it overflows. The same kind of alert for the
 same game (or host) within `dedup_window_s` is not sent again: the next one after the window says how
-many were held back, so a crash-looping game sends one alert, not one a second.
+many were held back, so a crash-looping game sends one alert, not one a second. The window runs from
+an alert that reached a channel: one dropped from a full queue, or that no channel took, opens it
+again for the next like it (which counts it among those not sent).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class AlertGate:
         self._monotonic = monotonic
         self._sent_at: dict[tuple[str, str | None, str | None], float] = {}
         self._held: dict[tuple[str, str | None, str | None], int] = {}
+        self._opened_by: dict[tuple[str, str | None, str | None], Alert] = {}  # the alert each window is for
 
     def admit(self, alert: Alert) -> Alert | None:
         """The alert to send (with a held-back count when there was one), or None."""
@@ -124,7 +127,19 @@ class AlertGate:
             return None
         self._sent_at[key] = now
         held = self._held.pop(key, 0)
-        return alert.held_back(held, self._window_s) if held else alert
+        admitted = alert.held_back(held, self._window_s) if held else alert
+        self._opened_by[key] = admitted
+        return admitted
+
+    def not_sent(self, alert: Alert) -> None:
+        """`alert`, admitted, reached no channel (dropped from a full queue, or refused or failed
+        everywhere): its window is not held against the next like it, which counts it, and those
+        it carried, as not sent. Only its own window: a later one's is kept."""
+        key = alert.subject
+        if self._opened_by.get(key) is not alert:
+            return
+        del self._opened_by[key], self._sent_at[key]
+        self._held[key] = self._held.get(key, 0) + 1 + int(alert.details.get("held_back", 0))
 
 
 def safe_url(url: str) -> str:
@@ -322,7 +337,7 @@ class AlertSender:
     def _drop_oldest(self) -> None:
         # Called with the lock held. One warning per burst: a dead receiver and a crash loop
         # must not turn into a warning per alert.
-        self._queue.popleft()
+        self._gate.not_sent(self._queue.popleft())
         self._dropped += 1
         self._dropped_in_burst += 1
         if self._dropped_in_burst == 1:
@@ -355,21 +370,22 @@ class AlertSender:
     def _deliver_until_stopped(self, client: httpx.Client) -> None:
         while (alert := self._next()) is not None:
             try:
-                ok = self._deliver(client, alert)
+                took = self._deliver(client, alert)
             except Exception:  # a bug here must not end alerting for the daemon's lifetime
                 log.exception("alerts: delivering %s failed", alert.kind)
-                ok = False
+                took = [False]
             with self._cond:
                 self._in_flight = 0
-                if ok:
+                if all(took):
                     self._delivered += 1
                 else:
                     self._failed += 1
+                if not any(took):
+                    self._gate.not_sent(alert)
 
-    def _deliver(self, client: httpx.Client, alert: Alert) -> bool:
-        """To every channel, each retried on its own; True when all took it."""
-        results = [self._deliver_or_log(channel, client, alert) for channel in self._channels]
-        return all(results)
+    def _deliver(self, client: httpx.Client, alert: Alert) -> list[bool]:
+        """To every channel, each retried on its own; whether each took it."""
+        return [self._deliver_or_log(channel, client, alert) for channel in self._channels]
 
     def _deliver_or_log(self, channel: WebhookChannel | AppriseChannel, client: httpx.Client, alert: Alert) -> bool:
         try:

@@ -275,6 +275,35 @@ def test_a_repeated_alert_is_held_back_within_the_window_and_counted_after() -> 
     assert "2 more like it in the last 10 min not sent" in after.message
 
 
+def test_an_alert_that_reached_no_channel_does_not_hold_the_next_like_it_back() -> None:
+    # The window ran from the admission: an alert dropped from a full queue or refused by every
+    # channel held back every one like it for ten minutes, and none of them was ever sent.
+    now = [0.0]
+    gate = AlertGate(600.0, monotonic=lambda: now[0])
+    first = gate.admit(alert(0))
+    assert first is not None
+    now[0] = 1.0
+    assert gate.admit(alert(1)) is None  # held back while the first is on its way
+    gate.not_sent(first)
+    again = gate.admit(alert(2))
+    assert again is not None and again.details["held_back"] == 2  # the one not sent and the one held
+    gate.not_sent(first)  # an older alert's failure leaves the window the newer one opened
+    assert gate.admit(alert(3)) is None
+
+
+def test_a_refused_alert_lets_the_next_like_it_through(receiver_factory, senders) -> None:
+    receiver = receiver_factory([400, 200])  # the first refused (not retried), the next taken
+    sender = AlertSender(fast(receiver.url, dedup_window_s=600), host="h")
+    senders.append(sender)
+    sender.start()
+    assert sender.send(alert(0)) is True
+    wait_until(lambda: sender.failed == 1)
+    assert sender.send(alert(1)) is True
+    sender.stop(timeout=3.0)
+    assert [r["details"]["n"] for r in receiver.requests] == [0, 1]
+    assert receiver.requests[1]["details"]["held_back"] == 1 and sender.delivered == 1
+
+
 def test_the_window_is_per_host_for_a_clusters_host_wide_alerts() -> None:
     """A back-off on cluster host b minutes after one on host a is another host's: sent."""
     now = [0.0]
