@@ -136,6 +136,26 @@ def test_an_empty_name_or_one_holding_a_slash_is_a_422_naming_path_name(client: 
     assert client.get("/api/v1/games/pong/runs").status_code == 200  # the name alone, its route as before
 
 
+def test_a_name_off_the_slug_rule_is_refused_with_the_rule_in_words(client: TestClient) -> None:
+    # A path's name, a query's game and a fleet file's absent entry had pydantic's regex as their
+    # reason ("String should match pattern '^[a-z0-9]...'"), a body's name the rule.
+    answers = {
+        "path.name": client.get("/api/v1/games/Pong"),
+        "query.game": client.get("/api/v1/samples", params={"game": "Pong", "metric": "steps"}),
+        "games[0].name": client.put("/api/v1/fleet/spec", json={"games": [{"name": "Pong", "absent": True}]}),
+    }
+    for field, response in answers.items():
+        (problem,) = envelope(response, 422)["details"]["errors"]
+        assert problem["field"] == field and problem["reason"] == GAME_NAME_RULE, problem
+
+
+def test_a_fleet_file_naming_a_game_twice_names_the_field(client: TestClient) -> None:
+    # A 409 whose details were {}: a client reading details.errors, as for a 422, found nothing.
+    entry = GAME | {"name": "twice"}
+    error = envelope(client.put("/api/v1/fleet/spec", json={"games": [entry, entry]}), 409)
+    assert error["details"]["errors"] == [{"field": "games[1].name", "reason": "'twice' appears twice", "game": "twice"}]
+
+
 @pytest.mark.parametrize("path", ["/api/v1/gam%65s/pong%2Fruns", "/api/v1/games%2Fpong%2Fruns", "/%61pi/v1/games/a%2Fb"])
 def test_a_name_holding_a_slash_is_refused_however_the_prefix_is_encoded(client: TestClient, path: str) -> None:
     # The router decodes each segment: the prefix percent-encoded, the %2F went to pong's runs.

@@ -15,6 +15,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError
+from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 def _problem(err: dict[str, Any], body: Any = None) -> dict[str, str]:
     loc = tuple(err.get("loc", ()))
     reason = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == GAME_NAME_PATTERN:
+        reason = GAME_NAME_RULE  # a game name's rule in words (path, query, a fleet file's entry), not its regex
     if loc[:2] == ("body", "games") and len(loc) > 2 and isinstance(loc[2], int):
         return _fleet_entry_problem(loc[2], loc[3:], reason, body)
     return {"field": ".".join(str(part) for part in loc), "reason": reason}

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from fleetd.clock import Clock
-from fleetd.errors import ErrorCode, FleetdError
+from fleetd.errors import FleetdError
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
-from fleetd.games.lifecycle import check_draft, record_added, record_desired, record_removed, seeding_needed
+from fleetd.games.lifecycle import check_draft, duplicate_name, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
@@ -30,7 +30,7 @@ from fleetd.games.settings import (
     setting_changes,
     with_settings,
 )
-from fleetd.games.slug import GAME_NAME_PATTERN
+from fleetd.games.slug import GAME_NAME_PATTERN, check_game_name
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.states import DONE, REMOVABLE, Desired, State
@@ -67,7 +67,7 @@ class AbsentGame(BaseModel):
     name counts: the entry's other keys may stay (one line takes a game out) and are ignored."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-    name: str = Field(max_length=64, pattern=GAME_NAME_PATTERN)
+    name: Annotated[str, AfterValidator(check_game_name)] = Field(max_length=64, json_schema_extra={"pattern": GAME_NAME_PATTERN})
     absent: Literal[True]
     _bool = field_validator("absent", mode="before")(lambda value: _boolean(value))
 
@@ -117,7 +117,7 @@ def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
     seen: set[str] = set()
     for index, entry in enumerate(games):
         if entry.name in seen:
-            raise FleetdError(ErrorCode.CONFLICT, f"games[{index}].name: {entry.name!r} appears twice")
+            raise duplicate_name(index, entry.name)
         seen.add(entry.name)
 
 

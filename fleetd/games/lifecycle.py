@@ -202,13 +202,20 @@ def seeding_needed(db: Database) -> bool:
         return not any(read_events(session, EventFilter(kind=kind, limit=1)) for kind in markers)
 
 
+def duplicate_name(index: int, name: str) -> FleetdError:
+    """The second entry of a name in a fleet file or `[[games]]`: 409, naming the field, as a 422 would."""
+    reason = f"{name!r} appears twice"
+    return FleetdError(ErrorCode.CONFLICT, f"games[{index}].name: {reason}",
+                       {"errors": [{"field": f"games[{index}].name", "reason": reason, "game": name}]})
+
+
 def check_seeds(seeds: list[GameSeed], catalog: EnvCheck) -> list[GameDraft]:
     """Every [[games]] entry checked as `fleetd games add` would, before anything is recorded."""
     drafts = [GameDraft(**seed.model_dump()) for seed in seeds]
     seen: set[str] = set()
     for index, draft in enumerate(drafts):
         if draft.name in seen:
-            raise FleetdError(ErrorCode.CONFLICT, f"games[{index}].name: {draft.name!r} appears twice")
+            raise duplicate_name(index, draft.name)
         seen.add(draft.name)
         check_draft(draft, catalog, field_prefix=f"games[{index}].")
     return drafts
