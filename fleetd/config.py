@@ -40,8 +40,9 @@ MAX_DAYS = 36500
 # An interval, window or timeout in seconds; `SecondsOrZero` where 0 means "none" (no grace, no wait).
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 SecondsOrZero = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
-# A retention, in days.
+# A retention, in days; `DaysOrZero` where 0 means "for ever".
 Days = Annotated[float, Field(gt=0, le=MAX_DAYS)]
+DaysOrZero = Annotated[float, Field(ge=0, le=MAX_DAYS)]
 
 
 class ConfigError(Exception):
@@ -101,6 +102,10 @@ class DatabaseSettings(_Section):
 class RetentionSettings(_Section):
     events_days: Days = 90
     samples_days: Days = 14
+    # The folders a rollback or an add with kept=set_aside moved checkpoints into (a game's
+    # `rolled_back/<time>-...`, `removed/<time>-...`): deleted whole this long after that time;
+    # 0 keeps them for ever. A game's own `checkpoints/` is never touched (fleetd/jobs.py).
+    set_aside_days: DaysOrZero = 14
 
 
 class SupervisorSettings(_Section):

@@ -31,7 +31,7 @@ from fleetd.games.fleet_spec import seeds_not_applied
 from fleetd.governor.controller import FleetController, tier_not_applied
 from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host.boot import HostBoot, HostReader
-from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, telemetry_job
+from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, set_aside_job, telemetry_job
 from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import record_plan
 from fleetd.scheduler import Scheduler, build_scheduler
@@ -421,7 +421,8 @@ class Daemon:
         context = AppContext(
             self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters, backup
         )
-        jobs = self._jobs(db, start.boot.id, supervisor) + backup_jobs(backup) + [plan_job(db, self.clock, self.settings, info)]
+        jobs = (self._jobs(db, start.boot.id, supervisor, backup) + backup_jobs(backup)
+                + [plan_job(db, self.clock, self.settings, info)])
         scheduler = build_scheduler(jobs)
         app = create_app(context)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off",
@@ -458,7 +459,7 @@ class Daemon:
     def _last_state(self, supervisor: Supervisor) -> dict[str, Any]:
         return forensics.capture(self.telemetry.latest, supervisor.snapshot, self.clock.now())
 
-    def _jobs(self, db: Database, boot_pk: int, supervisor: Supervisor) -> list[Job]:
+    def _jobs(self, db: Database, boot_pk: int, supervisor: Supervisor, backup: Backup | None = None) -> list[Job]:
         settings = self.settings
         # The heartbeat and telemetry are steady (the monotonic clock, fleetd/scheduler.py): on
         # APScheduler's wall clock a step back held them for its size, and meanwhile the governor
@@ -472,6 +473,9 @@ class Daemon:
                 steady=True,
             ),
             Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
+            Job("retention_set_aside", 3600, lambda: set_aside_job(
+                db, self.clock, settings.games_dir, settings.retention.set_aside_days,
+                None if backup is None else backup.settle_set_aside)),
             Job("rotate_logs", 60, lambda: rotate_logs_job(settings.games_dir, settings.worker.log_max_bytes)),
             Job(
                 "telemetry",

@@ -118,6 +118,101 @@ def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) 
         return deleted
 
 
+# Where checkpoints moved out of a worker's sight are kept, under a game's folder, each set-aside
+# in a folder of its own named from the UTC time it was made: a rollback's
+# `rolled_back/<time>-after-<steps>[-by-operator]` (fleetd/supervision/learning_actions.py,
+# rollback.py), an add with kept=set_aside's `removed/<time>-checkpoints` and
+# `removed/<time>-tensorboard` (fleetd/games/kept.py).
+SET_ASIDE_DIRS = ("rolled_back", "removed")
+SET_ASIDE_STAMP = "%Y%m%dT%H%M%S"
+
+
+def set_aside_job(db: Database, clock: Clock, games_dir: Path, days: float,
+                  settle_backup: Callable[[], object] | None = None) -> list[Path]:
+    """Delete the set-aside folders made more than `days` ago (`[retention] set_aside_days`; 0:
+    none): nothing resumes from them, and a DQN's checkpoints with their replay buffers are
+    gigabytes each, which piled up for good, a rollback after another, until the disk was full.
+
+    Only whole folders under a game's `rolled_back/` and `removed/` whose name starts with
+    fleetd's time stamp, of a game in the fleet or of a removed one; never a game's
+    `checkpoints/` (a removed game's included: `--kept resume` resumes from them), nor anything
+    else there (a link, a folder named otherwise). `settle_backup` (the backup, where one is
+    set: `Backup.settle_set_aside`) first drops the target's copies of what `removed/` holds,
+    which it tells apart by those folders' names; when it cannot, `removed/` is kept this time,
+    or a restore could hand a removed game's checkpoints to the new game of its name. One
+    `set_aside_deleted` event a run that deleted any. Returns the folders deleted."""
+    if days == 0:
+        return []
+    now = clock.now()
+    cutoff = now - timedelta(days=days)
+    old = [folder for folder, made in _set_aside_folders(games_dir) if made < cutoff]
+    if settle_backup is not None and any(folder.parent.name == "removed" for folder in old):
+        try:
+            settle_backup()
+        except Exception as exc:  # noqa: BLE001 - a target's errors are its backend's
+            log.warning("retention: the backup target may still hold copies of checkpoints set aside under a "
+                        "game's removed/ (%s: %s): those folders are kept until it answers", type(exc).__name__, exc)
+            old = [folder for folder in old if folder.parent.name != "removed"]
+    deleted: list[Path] = []
+    freed = 0
+    for folder in old:
+        size = _size(folder)
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:
+            log.warning("retention: could not delete %s: %s; the next run tries again", folder, exc)
+            continue
+        deleted.append(folder)
+        freed += size
+        try:
+            folder.parent.rmdir()  # the last one gone: `rolled_back/` or `removed/` too
+        except OSError:
+            pass
+    if deleted:
+        names = [str(folder.relative_to(games_dir)) for folder in deleted]
+        message = (f"retention: deleted {len(deleted)} set-aside folder(s) older than {days:g} days "
+                   f"({freed} bytes): {', '.join(names)}")
+        log.info("%s", message)
+        with db.transaction() as session:
+            create_event(session, now, "set_aside_deleted", message,
+                         details={"folders": names, "bytes": freed, "set_aside_days": days})
+    return deleted
+
+
+def _set_aside_folders(games_dir: Path) -> list[tuple[Path, datetime]]:
+    """Each set-aside folder and when it was made, by the stamp its name starts with."""
+    found = []
+    for kind in SET_ASIDE_DIRS:
+        for folder in sorted(games_dir.glob(f"*/{kind}/*")):
+            if folder.is_symlink() or folder.parent.is_symlink() or not folder.is_dir():
+                continue
+            made = _stamp(folder.name)
+            if made is not None:
+                found.append((folder, made))
+    return found
+
+
+def _stamp(name: str) -> datetime | None:
+    stamp, dash, _ = name.partition("-")
+    if not dash:
+        return None
+    try:
+        return datetime.strptime(stamp, SET_ASIDE_STAMP).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
 def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -> list[str]:
     """Record the cluster's nodes as hosts and their lives; a host whose node died is an event."""
     seen = nodes()

@@ -227,7 +227,8 @@ def test_no_float_setting_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch) -> N
             monkeypatch.delenv(variable)
 
 
-@pytest.mark.parametrize(("section", "key"), [("retention", "events_days"), ("retention", "samples_days"), ("plan", "keep_days")])
+@pytest.mark.parametrize(("section", "key"), [("retention", "events_days"), ("retention", "samples_days"),
+                                              ("retention", "set_aside_days"), ("plan", "keep_days")])
 def test_a_retention_past_a_century_is_refused_at_start(tmp_path: Path, section: str, key: str) -> None:
     """`events_days = 1000000` passed and the hourly retention job raised OverflowError
     (`now - timedelta(days=...)`) before it deleted anything."""

@@ -5,7 +5,7 @@ the game's copies there). A game added later under the name would resume from th
 env's checkpoints do not load (FATAL), another network's load as the old one. So an add that
 finds them is refused until it says which it wants (`kept`): `resume` trains on from them,
 `set_aside` moves them under the game's `removed/` folder (kept for a look, as a rollback keeps
-what it sets aside under `rolled_back/`), with the removed game's TensorBoard curves (else the new
+what it sets aside under `rolled_back/`, for `[retention] set_aside_days`: fleetd.jobs.set_aside_job), with the removed game's TensorBoard curves (else the new
 game's runs would sit beside them, under the same name), and starts afresh.
 """
 

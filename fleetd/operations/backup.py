@@ -184,6 +184,15 @@ class Backup:
             self._record(f"copied {len(copied)} checkpoint(s), removed {len(removed)} pruned one(s)", run)
         return run
 
+    def settle_set_aside(self) -> list[str]:
+        """Before retention deletes a game's `removed/` folders (fleetd.jobs.set_aside_job): the
+        target's copies of the checkpoints set aside there dropped now, while their names still
+        tell them apart (the scan does the same each time; one that failed since the set-aside
+        would have left them for a restore to hand to the new game). Raises when it cannot."""
+        with self._lock:
+            self._claim()
+            return self._set_aside()
+
     def purged(self, game: str) -> None:
         """`games rm GAME --purge`: the next scan drops the target's copies first, even where a
         game of the name was added meanwhile (its own checkpoints are then copied after). Kept

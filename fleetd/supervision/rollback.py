@@ -2,7 +2,8 @@
 verified checkpoints (a change of settings that made it worse, a bad evaluation found later).
 
 The checkpoints after it are set aside under the game's `rolled_back/` folder, as a learning-health
-rollback sets them aside, kept for a look and never resumed from: the next start resumes from the
+rollback sets them aside, kept for a look (for `[retention] set_aside_days`: fleetd.jobs.set_aside_job)
+and never resumed from: the next start resumes from the
 chosen one, and no later restart finds a newer one. The supervisor's thread does it, between two
 of its turns, so no worker of the game can start while its checkpoints move; a move is a rename
 within the game's folder, and a rollback cut short (fleetd killed during it) is finished by
