@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,10 @@ class Notifier:
     def __init__(self, address: str | bytes | None, watchdog_usec: int | None) -> None:
         self._address = address
         self._watchdog_usec = watchdog_usec
+        # Once STOPPING=1 is sent no other STATUS follows it: a status job's send under way at the
+        # stop (its thread is not waited for) put the fleet's summary back over "stopping: ...".
+        self._lock = threading.Lock()
+        self._stopping = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, pid: int | None = None) -> Notifier:
@@ -39,10 +44,10 @@ class Notifier:
         return self._address is not None
 
     def ready(self, status: str) -> bool:
-        return self._send(("READY=1", status_line(status)))
+        return self._send(("READY=1", status_line(status)), status=True)
 
     def status(self, text: str) -> bool:
-        return self._send((status_line(text),))
+        return self._send((status_line(text),), status=True)
 
     def watchdog(self) -> bool:
         # A ping systemd is not waiting for is harmless, but skipping it saves a syscall a tick.
@@ -52,7 +57,7 @@ class Notifier:
 
     def stopping(self, status: str | None = None) -> bool:
         lines = ("STOPPING=1",) if status is None else ("STOPPING=1", status_line(status))
-        return self._send(lines)
+        return self._send(lines, stopping=True)
 
     def watchdog_interval_s(self) -> float | None:
         """How often to ping: half the timeout, as sd_watchdog_enabled(3) recommends."""
@@ -60,10 +65,16 @@ class Notifier:
             return None
         return self._watchdog_usec / 2 / 1_000_000
 
-    def _send(self, lines: tuple[str, ...]) -> bool:
+    def _send(self, lines: tuple[str, ...], status: bool = False, stopping: bool = False) -> bool:
         if self._address is None:
             return False
-        payload = "\n".join(lines).encode()
+        with self._lock:  # sent in order with STOPPING=1, and none of `status` after it
+            if status and self._stopping:
+                return False
+            self._stopping = self._stopping or stopping
+            return self._sendto("\n".join(lines).encode())
+
+    def _sendto(self, payload: bytes) -> bool:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
                 # Never block the supervision loop on a busy or wedged manager; drop the message.

@@ -348,6 +348,17 @@ def test_notify_protocol_in_order(bound: str, request: pytest.FixtureRequest, mo
     assert notifier.stopping() and receive_all(sock) == [b"STOPPING=1"]
 
 
+def test_no_status_follows_stopping(path_socket: tuple[str, socket.socket]) -> None:
+    # The status job's thread is not waited for at the stop: its summary, sent after STOPPING=1,
+    # replaced "stopping: ..." in `systemctl status` for the whole stop.
+    address, sock = path_socket
+    notifier = Notifier.from_env({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "60000000"}, pid=1)
+    assert notifier.stopping("stopping: received SIGTERM")
+    assert notifier.status("3 games running") is False and notifier.ready("up") is False
+    assert notifier.watchdog()  # the loop still turns while the workers stop
+    assert receive_all(sock) == [b"STOPPING=1\nSTATUS=stopping: received SIGTERM", b"WATCHDOG=1"]
+
+
 def test_watchdog_interval_is_half_the_timeout() -> None:
     env = {"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "60000000"}
     assert Notifier.from_env(env, pid=42).watchdog_interval_s() == 30.0
