@@ -57,11 +57,15 @@ class FleetDQN(HorizonSchedules, DQN):
         env, fewer than `buffer_size` where the env count does not divide it."""
         return self.replay_buffer.buffer_size * self.replay_buffer.n_envs if self.replay_buffer else 0
 
+    def refill_transitions(self) -> int:
+        """How many transitions the buffer must hold before training: `learning_starts` (a batch
+        at least), at most a full buffer: the zoo's Atari `learning_starts` is its `buffer_size`
+        (100,000), which 64 or 256 envs (1,562 or 390 transitions each) never hold."""
+        return min(max(self.learning_starts, self.batch_size), self.buffer_capacity())
+
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
-        # At most a full buffer: the zoo's Atari `learning_starts` is its `buffer_size`
-        # (100,000), which 64 or 256 envs (1,562 or 390 transitions each) never hold.
         if self.buffered_transitions() < min(max(self.learning_starts, batch_size), self.buffer_capacity()):
-            return  # refilling after a resume without the replay buffer
+            return  # refilling after a resume without the replay buffer (refill_transitions)
         super().train(gradient_steps, batch_size)
 
 

@@ -144,16 +144,25 @@ def _start_notes(found: ResumeResult, spec: RunSpec, model: BaseAlgorithm, repla
     return tuple(notes)
 
 
+def _refill_words(model: BaseAlgorithm) -> str:
+    """The transitions a resume without the buffer collects before training, as the notes say it."""
+    need = model.refill_transitions() if hasattr(model, "refill_transitions") else model.learning_starts
+    if need < model.learning_starts:
+        return f"{need:,} transitions (a full buffer: fewer than learning_starts, {model.learning_starts:,})"
+    if need > model.learning_starts:
+        return f"{need:,} transitions (a batch: more than learning_starts, {model.learning_starts:,})"
+    return f"learning_starts ({need:,}) transitions"
+
+
 def _replay_notes(found: ResumeResult, model: BaseAlgorithm, replay: ReplayPolicy) -> tuple[str, ...]:
     """Warnings about an off-policy model's replay buffer."""
     notes = []
     if (refusal := replay.refusal(model)) is not None:
-        notes.append(f"checkpoints leave the replay buffer out: {refusal}; a resumed run "
-                     f"re-collects learning_starts ({model.learning_starts}) transitions first")
+        notes.append(f"checkpoints leave the replay buffer out: {refusal}; a resumed run re-collects "
+                     f"{_refill_words(model)} first")
     if found.restored is not None and found.restored.replay_note:
         notes.append(f"resumed without the replay buffer ({found.restored.replay_note}): collecting "
-                     f"{model.learning_starts} transitions with the restored policy and exploration "
-                     "before training again")
+                     f"{_refill_words(model)} with the restored policy and exploration before training again")
     for note in notes:
         log.warning("%s", note)
     return tuple(notes)

@@ -15,7 +15,7 @@ from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import ResumedReport
 from workers.protocol.spec import RunSpec
 from workers.snapshot import REPLAY_BUFFER, ReplayPolicy, load_snapshot, replay_buffer_bytes
-from workers.train import env_config, run
+from workers.train import _refill_words, env_config, run
 
 from tests.workers.helpers import TINY_DQN, StopAt, save_checkpoint
 
@@ -217,3 +217,16 @@ def test_dqn_trains_once_its_buffer_is_full_when_learning_starts_is_its_size_and
     model.learn(1500)
     assert model.replay_buffer.buffer_size * 3 == model.buffered_transitions() == 999  # full
     assert model._n_updates > 0
+
+
+def test_the_refill_note_names_what_a_resume_without_the_buffer_collects():
+    # It said "re-collects learning_starts (1000) transitions" where the buffer holds 999 and the
+    # worker trains at 999 (the zoo's Atari DQN on 64 envs: 99,968, not 100,000).
+    env = make_vec_env(EnvConfig("CartPole-v1", num_envs=3, seed=1))
+    full = FleetDQN("MlpPolicy", env, buffer_size=1000, learning_starts=1000, batch_size=32, seed=1)
+    assert full.refill_transitions() == 999
+    assert _refill_words(full) == "999 transitions (a full buffer: fewer than learning_starts, 1,000)"
+    small = FleetDQN("MlpPolicy", env, buffer_size=1000, learning_starts=10, batch_size=32, seed=1)
+    assert _refill_words(small) == "32 transitions (a batch: more than learning_starts, 10)"
+    usual = FleetDQN("MlpPolicy", env, buffer_size=1002, learning_starts=300, batch_size=32, seed=1)
+    assert _refill_words(usual) == "learning_starts (300) transitions"
