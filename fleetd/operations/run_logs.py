@@ -102,6 +102,15 @@ def follow_read(path: Path, offset: int, seen: CopySignature | None = None) -> t
     return earlier + data, offset + len(data), before
 
 
+def follow_from_start(path: Path) -> tuple[bytes, int, CopySignature | None]:
+    """A log followed from its first line (a follow moving on to a newer run's): what a rotation
+    already moved to the copy, then the log; the offset and the copy as `follow_read` gives them.
+    Read from the live file alone, a log rotated before the follow reached it lost its start."""
+    earlier, seen = _rest_of_rotated(path, 0, None)
+    data, offset, seen = follow_read(path, 0, seen)
+    return earlier + data, offset, seen
+
+
 def _rest_of_rotated(path: Path, offset: int, seen: CopySignature | None) -> tuple[bytes, CopySignature | None]:
     """The rotated copy's bytes from `offset` to its end (whole: at most what the log held at
     its rotation, [worker] log_max_bytes and what came in the copy's time), a line cut by the

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api.app import create_app
 from fleetd.jobs import rotate_logs_job
-from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_read, tail
+from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_from_start, follow_read, tail
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
@@ -125,6 +125,21 @@ def test_a_follow_across_a_rotation_gets_the_lines_written_just_before_it(tmp_pa
     assert read_two(log, offset) == (b"just before 1\njust before 2\ncut at the rot\nafter\n", 6)
     log.write_bytes(b"by hand\n")  # shrank again, the copy shorter than the offset: not its rest
     assert read_two(log, 6 + 100_000) == (b"by hand\n", 8)
+
+
+def test_a_follow_moving_on_to_a_log_rotated_already_reads_its_start_in_the_copy(tmp_path: Path) -> None:
+    # A newer run's log was followed from the live file's offset 0 with its copy taken as seen:
+    # a rotation before the follow reached it (a chatty start) lost what went to `.1`.
+    games, log = a_run_log(tmp_path)
+    log.write_bytes(b"".join(b"start %d\n" % i for i in range(200)))
+    assert rotate_logs_job(games, max_bytes=1000) == [log]
+    log.write_bytes(b"after the rotation\n")
+    data, offset, seen = follow_from_start(log)
+    assert data.splitlines()[0] == b"start 0" and data.endswith(b"start 199\nafter the rotation\n")
+    assert offset == len(b"after the rotation\n") and seen == copy_signature(log)
+    with log.open("ab") as out:
+        out.write(b"more\n")
+    assert follow_read(log, offset, seen)[0] == b"more\n"
 
 
 def test_a_follow_across_a_hand_truncation_reads_no_earlier_rotations_copy(tmp_path: Path) -> None:
@@ -288,6 +303,31 @@ def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops
     lines = response.text.splitlines()
     assert lines[:2] == ["before", "appended"]
     assert lines[2].startswith(f"--- fleetd: run {events[0]} started ") and lines[3] == "next run"
+
+
+def test_a_follow_moving_on_to_a_newer_run_gets_what_its_log_rotated_away(app, client: TestClient) -> None:
+    new_run(app, "follow-rotated", "first run\n")
+    games = app.state.context.settings.state_dir / "games"
+
+    def writer() -> None:
+        time.sleep(0.3)
+        start = "".join(f"start {i}\n" for i in range(200))
+        newer = new_run(app, "follow-rotated", start)
+        assert rotate_logs_job(games, max_bytes=1000) == [log_path(app, newer)]  # before the follow looks
+        with log_path(app, newer).open("a") as log:
+            log.write("after the rotation\n")
+        time.sleep(2.5)  # the follow looks for a newer run once a second
+        app.state.stopping.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        response = client.get("/api/v1/games/follow-rotated/logs", params={"follow": "true", "lines": 5})
+    finally:
+        thread.join()
+    lines = response.text.splitlines()
+    assert lines[0] == "first run" and lines[1].startswith("--- fleetd: run "), lines[:3]
+    assert lines[2:] == [f"start {i}" for i in range(200)] + ["after the rotation"]
 
 
 @pytest.mark.parametrize("pinned", [False, True])

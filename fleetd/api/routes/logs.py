@@ -18,7 +18,7 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.operations.run_logs import CopySignature, copy_signature, follow_read, tail
+from fleetd.operations.run_logs import CopySignature, copy_signature, follow_from_start, follow_read, tail
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import RunRecord
@@ -138,8 +138,10 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 yield f"--- fleetd: game {name} was removed ---\n".encode()
                 return
             if newer is not None:
-                record, path, offset = newer, FsPath(newer.log_path or ""), 0
-                seen = copy_signature(path)
+                record, path = newer, FsPath(newer.log_path or "")
                 yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
+                data, offset, seen = await run_in_threadpool(follow_from_start, path)
+                if data:
+                    yield data
                 continue
         await asyncio.sleep(FOLLOW_POLL_S)
