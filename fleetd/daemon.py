@@ -238,25 +238,35 @@ class Daemon:
         try:
             seeding = bool(self.settings.games) and seeding_needed(db)
             seeds = self._seeds_to_add(db) if seeding else []  # checked before anything is recorded
-            if seeding and self.stop.requested:
-                # A database that never had games: nothing recorded or started yet, no worker of
-                # an earlier daemon to adopt and stop. Going on held a stop for as long as the env
-                # registries took to list (seconds, a minute or two on a loaded host), then
-                # started workers only to stop them, and ran into systemd's TimeoutStopSec.
-                # Elsewhere a stop goes on to step 11: an earlier daemon's workers (a SIGUSR1, a
-                # crash) are adopted and stopped with a final checkpoint.
-                log.info("stop requested during start-up, nothing recorded or started: %s", self.stop.describe())
+            # A stop during start-up ends it at the next step boundary (the steps: docs/operations.md).
+            # A database that never had games (seeding) has no earlier daemon's worker to adopt:
+            # the start ends there, nothing recorded or started. Going on held a stop for as long
+            # as the env registries took to list (seconds, a minute or two on a loaded host), then
+            # started workers only to stop them, and ran into systemd's TimeoutStopSec.
+            if self._start_ends(seeding):
                 return EXIT_OK
-            token = ensure_token(self.settings)
+            # Elsewhere only what adopting and stopping an earlier daemon's workers (a SIGUSR1, a
+            # crash) needs is done: no token, no API socket, and at step 11 no game started.
+            token = None if self.stop.requested else ensure_token(self.settings)
+            if self._start_ends(seeding):
+                return EXIT_OK
             host_boot = self.host.current_boot()
-            sock = bind_socket(self.settings.api.host, self.settings.api.port)
+            if self._start_ends(seeding):
+                return EXIT_OK
+            sock = None if self.stop.requested else bind_socket(self.settings.api.host, self.settings.api.port)
             try:
+                if self._start_ends(seeding):
+                    return EXIT_OK
                 # Where workers run, before the start is recorded: a start that fails here (the
                 # Ray cluster not up yet, MPS, the progress socket) started and adopted nothing,
                 # so it leaves the boot log as the last daemon left it (a SIGUSR1's "stopped
                 # alone" included) instead of an unclean stop the next boot would count.
                 executor = self._executor(db)
                 try:
+                    if self._start_ends(seeding):
+                        if self.mps is not None and not self.stop.leave_workers:
+                            self.mps.stop()  # started (or adopted) for no worker
+                        return EXIT_OK
                     return self._record_and_run(db, seeds, token, host_boot, sock, executor)
                 finally:
                     # The reactor, however the run ended. MPS is stopped only by a stop that
@@ -264,12 +274,21 @@ class Daemon:
                     # workers a previous daemon may have left running (SIGUSR1), unadopted.
                     executor[1].close()
             finally:
-                sock.close()
+                if sock is not None:
+                    sock.close()
         finally:
             db.close()
 
+    def _start_ends(self, seeding: bool) -> bool:
+        """At a step boundary before the start is recorded: a stop ends the start here, on a
+        database that never had games (`seeding`)."""
+        if not (seeding and self.stop.requested):
+            return False
+        log.info("stop requested during start-up, nothing recorded or started: %s", self.stop.describe())
+        return True
+
     def _record_and_run(
-        self, db: Database, seeds: list[GameDraft], token: str, host_boot: HostBoot, sock: socket.socket,
+        self, db: Database, seeds: list[GameDraft], token: str | None, host_boot: HostBoot, sock: socket.socket | None,
         executor: tuple[Launcher, Reactor, ProcessProbe],
     ) -> int:
         start = record_daemon_start(db, host_boot, self.clock.now())
@@ -328,7 +347,7 @@ class Daemon:
             self.stop.on_signal = None
 
     def _supervise_and_serve(
-        self, db: Database, start: DaemonStart, token: str, sock: socket.socket,
+        self, db: Database, start: DaemonStart, token: str | None, sock: socket.socket | None,
         executor: tuple[Launcher, Reactor, ProcessProbe],
     ) -> None:
         launcher, reactor, probe = executor
@@ -344,12 +363,16 @@ class Daemon:
             unclean_reboot=start.unclean_reboot and self.settings.fleet.reboot_is_instability,
             finder=None if cluster else OsWorkerFinder(),  # a Ray run is a named actor, not a local process
         )  # fmt: skip
-        thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"))
+        thread = SupervisorThread(supervisor, on_failure=lambda: self.stop.fail("the supervision loop failed"),
+                                  stopping=self._stopping_at_start)
         try:
             thread.start_and_wait_ready()
-            if self.stop.requested:  # a stop during start-up stops what it started, as any stop does
+            if self.stop.requested:
+                # The adopted workers are stopped (or left, SIGUSR1) as any stop does; recovery
+                # started none (`_stopping_at_start`), unless the stop came after it.
                 log.info("stop requested during start-up: %s", self.stop.describe())
                 return
+            assert token is not None and sock is not None  # left out only after a stop
             # Schema verified, boot recorded, every game reconciled: tell systemd.
             self.notifier.ready(supervisor.summary())
             self._serve(db, start, token, sock, supervisor, recorder.counters)
@@ -361,6 +384,11 @@ class Daemon:
             self.workers_stopped = ended and not self.stop.leave_workers
             if self.mps is not None and not self.stop.leave_workers:  # workers that keep training keep it
                 self.mps.stop()
+
+    def _stopping_at_start(self) -> Shutdown | None:
+        """Asked by recovery (step 11, the supervisor's thread) once it has adopted the live
+        workers: a stop by then starts no game, only stops those (or leaves them, SIGUSR1)."""
+        return Shutdown(leave_workers=self.stop.leave_workers) if self.stop.requested else None
 
     def _start_mps(self, db: Database) -> Mps:
         """Before the first worker spawns: they join it through their environment."""

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, fleetd_cli, free_port, power_cut
+from tests.daemon_harness import (SUPERVISION, Daemon, DaemonConfig, fleetd_cli, free_port, power_cut,
+                                  worker_processes)
 
 pytestmark = pytest.mark.e2e
 
@@ -144,6 +146,91 @@ def test_a_stop_while_the_games_are_checked_ends_the_start_at_once(tmp_path: Pat
     assert "stop requested during start-up, nothing recorded or started: received SIGTERM" in daemon.log()
     assert "boot boot-aaaa" not in daemon.log()  # no start recorded, no game seeded
     assert not listing_left  # the daemon ended the listing it started
+
+
+def stopped_while_reading_the_boot_id(config: DaemonConfig, boot_id: str, daemons: list[Daemon]) -> Daemon:
+    """A daemon sent SIGTERM during start-up step 7, held there by a FIFO as its boot id file
+    (the boot id written once the signal is sent); it must exit, with 0, within 15 s."""
+    config.boot_id_file.unlink(missing_ok=True)
+    os.mkfifo(config.boot_id_file)
+    daemon = Daemon(config, log_name=f"daemon-{len(daemons)}.log", env=STANDIN_ENV)
+    daemons.append(daemon)
+    deadline = time.monotonic() + 60
+    while True:  # a FIFO opens for writing without waiting only once its reader has it open
+        try:
+            fifo = os.open(config.boot_id_file, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert daemon.process.poll() is None and time.monotonic() < deadline, daemon.log()
+            time.sleep(0.05)
+    daemon.process.send_signal(signal.SIGTERM)
+    os.write(fifo, boot_id.encode() + b"\n")
+    os.close(fifo)
+    try:
+        assert daemon.process.wait(15) == 0, daemon.log()
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running 15 s after SIGTERM:\n{daemon.log()}") from None
+    return daemon
+
+
+def test_a_stop_early_in_start_up_adopts_and_stops_the_earlier_workers_and_starts_none(
+    fleet_config: DaemonConfig, fleet_daemons: list[Daemon]
+) -> None:
+    """A database with games: the daemon was killed (SIGKILL) with one game's worker training on
+    (`kept`) and the other's dead (`lost`). The next daemon gets SIGTERM while it reads the boot
+    id (step 7; a FIFO holds it there): it adopts `kept`'s worker and stops it, closes `lost`'s
+    run, records the stop, and exits, starting no worker. It used to go on through step 11 and
+    start `lost` again, only to stop it at once."""
+    config = fleet_config
+    config.path.write_text(config.path.read_text().replace("[worker]\n", '[worker]\nmodule = "bench.protocol_worker"\n'))
+    config.set_boot_id("boot-aaaa")
+    first = Daemon(config, log_name="daemon-0.log", env=STANDIN_ENV)
+    fleet_daemons.append(first)
+    first.wait_healthy()
+    for name in ("kept", "lost"):
+        assert first.post("/api/v1/games", {"name": name, "env_id": "CartPole-v1", "algo": "ppo"}).status_code == 201
+    pids = {name: first.wait_for_game(name, lambda g: g["state"] == "running" and g["pid"], 60, "running")["pid"]
+            for name in ("kept", "lost")}
+    first.kill()  # the workers live on, in sessions of their own
+    os.killpg(pids["lost"], signal.SIGKILL)
+    assert alive(pids["kept"])  # adopted next
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(pids["lost"]).wait(10)
+
+    second = stopped_while_reading_the_boot_id(config, "boot-aaaa", fleet_daemons)
+    assert not alive(pids["kept"]), second.log()
+    assert worker_processes(config) == [], second.log()
+    assert "stop requested during start-up: received SIGTERM" in second.log()
+    with contextlib.closing(sqlite3.connect(config.state_dir / "fleetd.db")) as db:
+        runs = db.execute("SELECT g.name, r.pid, r.ended_at IS NOT NULL, r.cause FROM runs r JOIN games g"
+                          " ON g.id = r.game_id ORDER BY r.id").fetchall()
+        boots = db.execute("SELECT boot_id, daemon_clean_stop FROM boots").fetchall()
+    assert sorted(runs) == [("kept", pids["kept"], 1, "stopped"), ("lost", pids["lost"], 1, "lost_daemon")], runs
+    assert boots == [("boot-aaaa", 1)]
+
+
+def test_a_stop_early_in_the_first_start_records_and_starts_nothing(fleet_config: DaemonConfig,
+                                                                     fleet_daemons: list[Daemon]) -> None:
+    """A database that never had games, [[games]] to seed: SIGTERM at step 7 ends the start at the
+    next step boundary, with nothing recorded (no start, no game seeded) and no worker started.
+    It used to record the start, seed the games, start their workers, and then stop them."""
+    config = fleet_config
+    config.path.write_text(config.path.read_text().replace("[worker]\n", '[worker]\nmodule = "bench.protocol_worker"\n')
+                           + '[[games]]\nname = "cart"\nenv_id = "CartPole-v1"\nalgo = "ppo"\n')
+    daemon = stopped_while_reading_the_boot_id(config, "boot-aaaa", fleet_daemons)
+    with contextlib.closing(sqlite3.connect(config.state_dir / "fleetd.db")) as db:
+        recorded = db.execute("SELECT (SELECT count(*) FROM boots), (SELECT count(*) FROM games),"
+                              " (SELECT count(*) FROM runs)").fetchone()
+    assert recorded == (0, 0, 0), daemon.log()  # boots, games seeded, runs started
+    assert worker_processes(config) == []
+    assert "stop requested during start-up, nothing recorded or started: received SIGTERM" in daemon.log()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_daemon_restart_on_the_same_boot_is_not_a_reboot(config: DaemonConfig, daemons: list[Daemon]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -68,14 +69,14 @@ class Loop:
     telemetry: Any = None  # a TelemetrySampler (over a fake NVML), or None: no GPU seen
     finder: Any = field(default_factory=FakeFinder)  # workers whose pid no run recorded
 
-    def start(self, unclean_reboot: bool = False) -> Supervisor:
+    def start(self, unclean_reboot: bool = False, stopping: Callable[[], Shutdown | None] = lambda: None) -> Supervisor:
         recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
         fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry)
         self.supervisor = Supervisor(
             self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet,
             unclean_reboot=unclean_reboot, finder=self.finder,
         )
-        self.supervisor.recover()
+        self.supervisor.recover(stopping)
         return self.supervisor
 
     def add(self, name: str, priority: int = 0, desired: Desired = Desired.RUNNING) -> None:
@@ -396,7 +397,7 @@ def test_a_stop_whose_worker_outlived_its_sigkill_is_not_reported_as_having_stop
     loop.start()
     loop.run_up("a")
     pid = loop.pid("a")
-    loop.sup.recover = lambda: None  # recovered already, by `loop.start`
+    loop.sup.recover = lambda stopping: None  # recovered already, by `loop.start`
     thread = SupervisorThread(loop.sup, on_failure=lambda: None)
     thread.start_and_wait_ready()
     assert not thread.shut_down(Shutdown(leave_workers=False), timeout_s=30)
@@ -408,7 +409,7 @@ def test_a_stop_whose_workers_all_ended_is_reported_as_having_stopped_them(loop:
     loop.start()
     loop.run_up("a")
     pid = loop.pid("a")
-    loop.sup.recover = lambda: None
+    loop.sup.recover = lambda stopping: None
     real_signal = loop.launcher.signal_group
 
     def ends_on_sigterm(to: int, sig: int) -> None:
@@ -421,6 +422,32 @@ def test_a_stop_whose_workers_all_ended_is_reported_as_having_stopped_them(loop:
     thread.start_and_wait_ready()
     assert thread.shut_down(Shutdown(leave_workers=False), timeout_s=30)
     assert loop.state("a") is State.STOPPED
+
+
+@pytest.mark.parametrize("leave_workers", [False, True])
+def test_a_stop_during_start_up_adopts_the_live_workers_and_starts_no_game(loop: Loop, leave_workers: bool) -> None:
+    """The daemon was stopped during start-up (SIGTERM; SIGUSR1 leaves the workers): recovery
+    adopts a's live worker and closes b's run (its worker died with the daemon), then starts no
+    game, b included, desired running: the shutdown begins there, stopping a's worker unless it
+    is left. Not even the loop's first turns start one before the daemon's own stop arrives."""
+    for name, pid in (("a", 4242), ("b", 4343)):
+        loop.add(name)
+        record_live_run(loop, name, pid)
+    loop.probe.live = {4242}
+    loop.start(stopping=lambda: Shutdown(leave_workers=leave_workers))
+    assert loop.state("a") is (State.RUNNING if leave_workers else State.STOPPING) and loop.state("b") is State.STOPPED
+    loop.clock.advance(10)
+    loop.steps(3)
+    loop.sup.submit(Shutdown(leave_workers=leave_workers))  # the daemon's, once recovery is done
+    loop.steps()
+    assert loop.launcher.spawned == []
+    assert loop.launcher.signals == ([] if leave_workers else [(4242, "SIGTERM")])
+    if not leave_workers:
+        loop.reactor.exit(4242, code=0)
+        loop.steps()
+    assert loop.sup._finished()
+    with loop.db.transaction() as session:
+        assert [r.game for r in run_store.read_open_runs(session)] == (["a"] if leave_workers else [])
 
 
 def test_shutdown_leaving_workers_signals_nothing(loop: Loop) -> None:

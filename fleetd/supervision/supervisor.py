@@ -12,6 +12,7 @@ import logging
 import queue
 import signal
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 
 from fleetd.clock import Clock
@@ -134,8 +135,12 @@ class Supervisor:
 
     # -- the supervisor thread -------------------------------------------------------------
 
-    def recover(self) -> None:
-        """At start: adopt live workers of this boot, close the runs of dead ones, reconcile."""
+    def recover(self, stopping: Callable[[], Shutdown | None] = lambda: None) -> None:
+        """At start: adopt live workers of this boot, close the runs of dead ones, reconcile.
+
+        `stopping`: the daemon's stop, if one came during start-up. Then no game is started: the
+        shutdown begins here, in this thread, before the loop's first turn could start one (its
+        own governor step), and stops the workers just adopted unless it leaves them."""
         with self.db.transaction() as session:
             open_runs = read_open_runs(session)
         game_dir = self.settings.game_dir
@@ -151,6 +156,12 @@ class Supervisor:
         self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs))
         if self._unclean_reboot:
             self.fleet.rebooted()
+        shutdown = stopping()
+        if shutdown is not None:
+            log.info("stopping during start-up: no game started, %d adopted worker(s) %s", adopted,
+                     "left running" if shutdown.leave_workers else "stopped")
+            self._begin_shutdown(shutdown)
+            return
         self._govern()
 
     def run(self) -> None:
@@ -484,7 +495,7 @@ class Supervisor:
         if not commands:
             return False
         stop = next((c for c in commands if isinstance(c, Shutdown)), None)
-        if stop is not None:
+        if stop is not None and self._shutdown is None:  # begun already by a stop during start-up (`recover`)
             self._begin_shutdown(stop)
         if self._shutdown is not None:
             for start in (c for c in commands if isinstance(c, StartGame) and c.reply is not None):

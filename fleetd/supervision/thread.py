@@ -13,9 +13,11 @@ log = logging.getLogger(__name__)
 
 
 class SupervisorThread:
-    def __init__(self, supervisor: Supervisor, on_failure: Callable[[], None]) -> None:
+    def __init__(self, supervisor: Supervisor, on_failure: Callable[[], None],
+                 stopping: Callable[[], Shutdown | None] = lambda: None) -> None:
         self.supervisor = supervisor
         self._on_failure = on_failure
+        self._stopping = stopping  # a stop during start-up: recovery starts no game (Supervisor.recover)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.failed = False
@@ -46,7 +48,7 @@ class SupervisorThread:
 
     def _main(self) -> None:
         try:
-            self.supervisor.recover()
+            self.supervisor.recover(self._stopping)
         except BaseException as exc:  # handed to the starting thread, which raises it
             self._error = exc
             self._ready.set()
