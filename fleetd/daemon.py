@@ -492,7 +492,8 @@ class Daemon:
         # The heartbeat and telemetry are steady (the monotonic clock, fleetd/scheduler.py): on
         # APScheduler's wall clock a step back held them for its size, and meanwhile the governor
         # judged pressure by a stale sample and a host that went down was logged down since the
-        # last heartbeat before the step.
+        # last heartbeat before the step. So are the MPS check (a dead MPS daemon restarted) and
+        # a cluster's hosts job (a dead node's games moved): neither waits out a step either.
         jobs = [
             Job(
                 "heartbeat",
@@ -515,10 +516,11 @@ class Daemon:
             ),
         ]
         if self.mps is not None and self.mps.active:
-            jobs.append(Job("mps", settings.gpu.mps_check_s, self.mps.check))
+            jobs.append(Job("mps", settings.gpu.mps_check_s, self.mps.check, steady=True))
         if self.cluster_nodes is not None:
             nodes = self.cluster_nodes
-            jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes)))
+            jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes),
+                            steady=True))
         if self.notifier.enabled:
             jobs.append(sd_notify_job(self.notifier, supervisor))
         return jobs

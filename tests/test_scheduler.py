@@ -158,9 +158,11 @@ settings = load_settings(state_dir=sys.argv[1], host={"heartbeat_interval_s": 1.
 ensure_schema(settings.db_path, "fleetd db upgrade")
 db = Database.open(settings.db_path)
 daemon = Daemon(settings)
+asked = [0.0]  # when a cluster's hosts job last listed the nodes
+daemon.cluster_nodes = lambda: asked.__setitem__(0, time.time()) or []
 boot = record_daemon_start(db, HostBoot("boot-1", datetime.now(UTC)), datetime.now(UTC)).boot
 supervisor = SimpleNamespace(worker_pids=dict, fleet=SimpleNamespace(footprints=FootprintBook()), running_workers=dict, snapshot=None)
-jobs = [job for job in daemon._jobs(db, boot.id, supervisor) if job.id in ("heartbeat", "telemetry")]
+jobs = [job for job in daemon._jobs(db, boot.id, supervisor) if job.id in ("heartbeat", "telemetry", "hosts")]
 scheduler = build_scheduler(jobs)
 scheduler.start()
 time.sleep(2.5)
@@ -170,7 +172,8 @@ stepped = time.time()
 time.sleep(4.0)
 with db.transaction() as session:
     seen = boot_store.read_boot(session, boot.id).last_seen_at.timestamp()
-print(f"telemetry {daemon.telemetry.latest.at - stepped:.1f} heartbeat {seen - stepped:.1f}", flush=True)
+print(f"telemetry {daemon.telemetry.latest.at - stepped:.1f} heartbeat {seen - stepped:.1f} hosts {asked[0] - stepped:.1f}",
+      flush=True)
 scheduler.shutdown()
 """
 
@@ -184,9 +187,10 @@ def test_the_heartbeat_and_telemetry_keep_their_pace_when_the_wall_clock_steps_b
                            timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     line = child.stdout.splitlines()[-1]
     assert line.startswith("telemetry "), child.stdout + child.stderr
-    _, telemetry, _, heartbeat = line.split()
+    _, telemetry, _, heartbeat, _, hosts = line.split()
     # Each runs every second: its latest run is at most a second or so before the end, 4 s after the step.
     assert float(telemetry) >= 2.0 and float(heartbeat) >= 2.0, f"held by the step: {line}"
+    assert float(hosts) >= 2.0, f"a cluster's hosts job held by the step: {line}"  # a dead node's games not moved
 
 
 def test_a_steady_run_under_way_at_the_stop_ends_whole_and_a_hung_one_holds_nothing_up() -> None:
