@@ -177,9 +177,10 @@ def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
 def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, fake_nvml: SimpleNamespace
 ) -> None:
-    """Xid 79 then GPU_IS_LOST (fake NVML, the real reader and sampler): the failed read still
-    blocks admission and, sustained, backs off; the lost GPU is no GPU to place a worker on or
-    to size by (the GPUs last read are kept for sizing)."""
+    """Xid 79 then GPU_IS_LOST on GPU 0 of two (fake NVML, the real reader and sampler): while
+    the governor cannot tell that no worker is on it (these games' GPUs are not known) it blocks
+    admission and, sustained, backs off; the lost GPU is no GPU to place a worker on or to size
+    by: GPU 1, still read, is."""
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
     sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
@@ -196,7 +197,10 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     lost = "GPU 0 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train"
     assert fleet.pressure().reasons == (lost, "GPU 0: 1 NVML Xid error (79) in the last 10 min")
     assert fleet.governor_view(slots).waiting_reason.startswith(f"admission blocked: {lost}")
-    assert fleet.gpu_rooms() == [] and fleet.scaled().sizing == sized  # not a GPU of 0 bytes, nor one free
+    assert [room.index for room in fleet.gpu_rooms()] == [1]  # not a GPU of 0 bytes, nor one free
+    resized = fleet.scaled().sizing
+    assert resized is not None and resized.gpu == "Fake 1" and resized.games_per_gpu == resized.games  # one GPU left
     clock.advance(settings.fleet.pressure_grace_s + 1)
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None and lost in fleet.governor.last_backoff
+
