@@ -53,6 +53,9 @@ CLOCK_STEP_S = 2.0
 CLOCK_READ_MAX_S = 0.1  # the monotonic clock read on both sides of the wall clock, at most this apart
 _SEVERITY = {"backoff": "warning", "backoff_overdue": "warning", "evict": "warning", "reboot_outside": "warning"}
 LOCAL = ""  # the local executor's one host: its rungs are stored under this name
+# A telemetry sample older than this many telemetry intervals is stale: its job has stalled (a hung
+# NVML call, the job's thread stuck) and the governor climbs nothing on it.
+TELEMETRY_STALE_INTERVALS = 3
 
 
 class TelemetrySource(Protocol):
@@ -120,6 +123,7 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
+        self._stale_logged = False  # the telemetry's sample was last seen stale (logged once per episode)
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
         self._clock_offset: float | None = None  # wall minus monotonic seconds at the last look
@@ -654,7 +658,8 @@ class FleetController:
         not known). A GPU lost on a host whose other GPUs answer is pressure only while the
         governor cannot tell that no live worker of theirs is on it: one is placed there, or one's
         GPU is not known; once they run elsewhere (placement never picks a lost GPU), the fleet
-        runs on the others and no step down would relieve it."""
+        runs on the others and no step down would relieve it. A sample too old to judge by (its
+        job stalled) is `stale`: its readings still say what they said, but nothing climbs on it."""
         snapshot = self._snapshot()
         if snapshot is None:
             return Pressure()
@@ -664,7 +669,27 @@ class FleetController:
             if all(slot.gpu is not None for slot in live):
                 idle_lost = {gpu.index for gpu in snapshot.gpus if gpu.lost} - {slot.gpu for slot in live}
         reasons = tuple(pressure_reasons(snapshot, self.settings, idle_lost))
-        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings))
+        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), self._stale(snapshot))
+
+    def stale_after_s(self) -> float:
+        """How old the telemetry's sample may be before the governor takes it as no reading."""
+        return TELEMETRY_STALE_INTERVALS * self.settings.telemetry_interval_s
+
+    def _stale(self, snapshot: Any) -> str | None:
+        """Why the sample is too old to climb on (logged once each time it goes stale), or None."""
+        age = self.clock.now().timestamp() - snapshot.at
+        limit = self.stale_after_s()
+        if age <= limit:
+            if self._stale_logged:
+                log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", max(0.0, age))
+            self._stale_logged = False
+            return None
+        why = (f"telemetry stale: last sample {age:.0f} s ago, more than {TELEMETRY_STALE_INTERVALS} telemetry intervals "
+               f"({limit:g} s; the telemetry job stalled?)")  # fmt: skip
+        if not self._stale_logged:
+            self._stale_logged = True
+            log.warning("%s; no rung is proven or climbed until a fresh sample", why)
+        return why
 
 
 
