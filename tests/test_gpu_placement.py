@@ -25,6 +25,7 @@ from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.supervision.launcher import OsLauncher, worker_env
 from fleetd.supervision.seams import Launch
+from fleetd.supervision.supervisor import GOVERNOR_TICK_S
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
@@ -67,8 +68,15 @@ def test_free_memory_shared_with_the_games_there_decides() -> None:
 
 @pytest.fixture
 def four_gpus(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
-    """pynvml with 4 x 80 GiB GPUs; GPU 2 has 60 GiB used by another tenant."""
+    """pynvml with 4 x 80 GiB GPUs; GPU 2 has 60 GiB used by another tenant. `lost`: the GPUs
+    fallen off the bus (NVML answers GPU_IS_LOST for their readings)."""
     used = {0: GiB, 1: GiB, 2: 60 * GiB, 3: GiB}
+    lost: set[int] = set()
+
+    def memory_info(handle: int) -> SimpleNamespace:
+        if handle in lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return SimpleNamespace(used=used[handle], total=80 * GiB)
 
     def unsupported(*_: object) -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -79,7 +87,7 @@ def four_gpus(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
         "nvmlDeviceGetCount": lambda: 4,
         "nvmlDeviceGetHandleByIndex": lambda index: index,
         "nvmlDeviceGetName": lambda handle: "NVIDIA H100 80GB HBM3",
-        "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=used[handle], total=80 * GiB),
+        "nvmlDeviceGetMemoryInfo": memory_info,
         "nvmlDeviceGetUtilizationRates": lambda handle: SimpleNamespace(gpu=50, memory=0),
         "nvmlDeviceGetTemperature": lambda handle, sensor: 60,
         "nvmlDeviceGetPowerUsage": lambda handle: 300_000,
@@ -92,7 +100,7 @@ def four_gpus(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     monkeypatch.delattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", raising=False)
     for name, fake in fakes.items():
         monkeypatch.setattr(pynvml, name, fake)
-    return SimpleNamespace(used=used)
+    return SimpleNamespace(used=used, lost=lost)
 
 
 def sampled() -> TelemetrySampler:
@@ -145,6 +153,45 @@ def test_the_daemon_places_each_game_and_records_it_with_the_run(loop: Loop, fou
         loop.steps()
     assert (loop.launcher.launches[-1].game, loop.launcher.launches[-1].spec.gpu) == ("a", 2)
     assert loop.state("a") is State.STARTING and loop.sup.procs["a"].gpu == 2
+
+
+def test_a_lost_gpu_takes_no_worker_and_the_others_run_on(loop: Loop, four_gpus: SimpleNamespace) -> None:
+    """GPU 0 of 4 falls off the bus (GPU_IS_LOST): the other three keep their readings, the
+    worker on GPU 0 dies and its restart is placed on a healthy GPU; the lost GPU is pressure only
+    while a worker of the fleet is on it: once none is, the fleet runs on the other three and
+    does not step down. Before, the one lost GPU failed the whole NVML read: the restart got no
+    GPU (its default device, perhaps the lost one), and the lost GPU's pressure, lasting until
+    the host is rebooted, stepped the fleet down though three GPUs were fine."""
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    assert placements(loop) == {"a": 0, "b": 1, "c": 3}
+    loop.run_up("a", "b", "c")
+    fleet, lost = loop.sup.fleet, "GPU 0 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train"
+
+    four_gpus.lost.add(0)
+    snapshot = loop.telemetry.sample({})
+    assert snapshot.gpu_available and [gpu.index for gpu in snapshot.read_gpus] == [1, 2, 3] and snapshot.gpus[0].lost
+    assert [room.index for room in fleet.gpu_rooms()] == [1, 2, 3]
+    loop.clock.advance(GOVERNOR_TICK_S)
+    loop.steps()
+    assert loop.sup.snapshot is not None and lost in loop.sup.snapshot.governor.pressure  # a's worker is on it
+
+    loop.reactor.exit(loop.pid("a"), code=1)  # its CUDA context is gone with the GPU
+    for _ in range(20):
+        loop.steps()
+    assert (loop.launcher.launches[-1].game, loop.launcher.launches[-1].spec.gpu) == ("a", 1)  # 79 GiB free, one game
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].gpu == 1
+    loop.run_up("a")
+    loop.clock.advance(GOVERNOR_TICK_S)
+    loop.steps()
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.pressure == ()
+    level = fleet.governor.index()
+    for _ in range(3):
+        loop.clock.advance(loop.settings.fleet.pressure_grace_s)
+        loop.telemetry.sample({})
+        loop.steps()
+    assert fleet.governor.last_backoff is None and fleet.governor.index() == level
 
 
 @pytest.mark.parametrize("case", ["device cpu", "no GPU seen", "ray backend"])

@@ -3,6 +3,7 @@ its cap and hardware clock throttling from fake NVML readings, as the governor j
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -177,9 +178,10 @@ def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
 def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, fake_nvml: SimpleNamespace
 ) -> None:
-    """Xid 79 then GPU_IS_LOST (fake NVML, the real reader and sampler): the failed read still
-    blocks admission and, sustained, backs off; the lost GPU is no GPU to place a worker on or
-    to size by (the GPUs last read are kept for sizing)."""
+    """Xid 79 then GPU_IS_LOST on GPU 0 of two (fake NVML, the real reader and sampler): while
+    the governor cannot tell that no worker is on it (these games' GPUs are not known) it blocks
+    admission and, sustained, backs off; the lost GPU is no GPU to place a worker on or to size
+    by: GPU 1, still read, is."""
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
     sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
@@ -196,7 +198,53 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     lost = "GPU 0 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train"
     assert fleet.pressure().reasons == (lost, "GPU 0: 1 NVML Xid error (79) in the last 10 min")
     assert fleet.governor_view(slots).waiting_reason.startswith(f"admission blocked: {lost}")
-    assert fleet.gpu_rooms() == [] and fleet.scaled().sizing == sized  # not a GPU of 0 bytes, nor one free
+    assert [room.index for room in fleet.gpu_rooms()] == [1]  # not a GPU of 0 bytes, nor one free
+    resized = fleet.scaled().sizing
+    assert resized is not None and resized.gpu == "Fake 1" and resized.games_per_gpu == resized.games  # one GPU left
     clock.advance(settings.fleet.pressure_grace_s + 1)
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None and lost in fleet.governor.last_backoff
+
+
+def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The telemetry job stalls (a hung NVML call): its last sample, showing free memory, grows
+    old. Past 3 telemetry intervals the governor takes it as no reading for climbing: the stable
+    window's end proves and climbs nothing, `fleetd tier` says why, a log line says it once; a
+    fresh sample lets the fleet climb. Before, it climbed on the sample as if it were fresh."""
+    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "medium"})})
+    context = api_context(settings, db, clock, host, "t" * 32)
+    fleet = context.supervisor.fleet
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0, power_limit_w=700.0)
+
+    def fresh() -> Snapshot:
+        return replace(gpu_host(idle), at=clock.now().timestamp())
+
+    fleet.telemetry = Telemetry(fresh())
+    client = TestClient(create_app(replace(context, telemetry=fleet.telemetry)))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    names = ("a", "b", "c", "d", "e", "f", "g", "h")
+    for name in names:
+        assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
+    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in names]
+    fleet.govern(slots)
+    load = (fleet.governor.index(), fleet.governor.allowed())
+    assert fleet.governor_view(slots).next_scale_up_at is not None
+
+    clock.advance(settings.fleet.first_window_s + 1)  # the window is over; the sample is as old
+    with caplog.at_level(logging.WARNING, logger="fleetd.governor.controller"):
+        for _ in range(3):
+            fleet.govern(slots)
+            clock.advance(settings.fleet.telemetry_interval_s)
+    assert (fleet.governor.index(), fleet.governor.allowed()) == load  # nothing climbed on it
+    answer = client.get("/api/v1/fleet").json()
+    assert answer["waiting_reason"].startswith("climbing held: telemetry stale: last sample ")
+    assert "3 telemetry intervals (30 s" in answer["waiting_reason"] and answer["next_scale_up_at"] is None
+    assert answer["pressure"] == []  # no pressure: nothing steps down on it either
+    assert len([r for r in caplog.records if "telemetry stale" in r.getMessage()]) == 1  # once, not every step
+
+    fleet.telemetry.latest = fresh()  # the job runs again
+    fleet.govern(slots)
+    assert (fleet.governor.index(), fleet.governor.allowed()) > load
+    assert not fleet.governor_view(slots).waiting_reason.startswith("climbing held")

@@ -271,7 +271,7 @@ def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:
     used = _gauge("fleetd_gpu_memory_used_bytes", "GPU memory in use", labels)
     total = _gauge("fleetd_gpu_memory_total_bytes", "GPU memory in all", labels)
     temp = _gauge("fleetd_gpu_temperature_celsius", "GPU temperature", labels)
-    for gpu in snapshot.gpus:
+    for gpu in snapshot.read_gpus:  # a lost GPU has no readings
         key = [str(gpu.index), gpu.name]
         if gpu.utilization_pct is not None:
             util.add_metric(key, gpu.utilization_pct / 100)

@@ -38,7 +38,7 @@ from fleetd.governor.pressure import gpu_memory_pressure, pressure_reasons
 from fleetd.governor.footprint import FootprintBook
 from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale
 from fleetd.governor.snapshot import GovernorView, HostRung
-from fleetd.states import Desired, State, wants_slot
+from fleetd.states import LIVE, Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
@@ -53,6 +53,9 @@ CLOCK_STEP_S = 2.0
 CLOCK_READ_MAX_S = 0.1  # the monotonic clock read on both sides of the wall clock, at most this apart
 _SEVERITY = {"backoff": "warning", "backoff_overdue": "warning", "evict": "warning", "reboot_outside": "warning"}
 LOCAL = ""  # the local executor's one host: its rungs are stored under this name
+# A telemetry sample older than this many telemetry intervals is stale: its job has stalled (a hung
+# NVML call, the job's thread stuck) and the governor climbs nothing on it.
+TELEMETRY_STALE_INTERVALS = 3
 
 
 class TelemetrySource(Protocol):
@@ -71,6 +74,7 @@ class GameSlot:
     created_at: datetime  # its place in the queue among its priority (GameRecord.queue_position)
     state: State
     rolling: bool = False  # its worker restarts for new sizes: the supervisor's roll, one at a time
+    gpu: int | None = None  # the GPU its live worker was placed on (None: not live, or not placed)
 
     @property
     def wants_slot(self) -> bool:
@@ -119,6 +123,7 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
+        self._stale_logged = False  # the telemetry's sample was last seen stale (logged once per episode)
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
         self._clock_offset: float | None = None  # wall minus monotonic seconds at the last look
@@ -205,7 +210,7 @@ class FleetController:
         wanting = [slot for slot in slots if slot.wants_slot]
         admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
         pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
-        pressure = Pressure() if self.cluster else self.pressure()  # the head's telemetry is no node's
+        pressure = Pressure() if self.cluster else self.pressure(wanting)  # the head's telemetry is no node's
         priorities = {s.name: s.priority for s in wanting}
         return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities,
                          self._settling(wanting))
@@ -630,9 +635,10 @@ class FleetController:
         a passing NVML error must not change every game's settings (and restart them all).
         None: no GPU seen yet."""
         snapshot = self._snapshot()
-        if snapshot is not None and snapshot.gpu_available and snapshot.gpus:
-            gpu = min(snapshot.gpus, key=lambda g: g.memory_total_bytes)
-            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(snapshot.gpus))
+        gpus = () if snapshot is None else snapshot.read_gpus  # a lost GPU holds no games: not counted
+        if gpus:
+            gpu = min(gpus, key=lambda g: g.memory_total_bytes)
+            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(gpus))
         if snapshot is not None and snapshot.host is not None:
             self._host_memory = snapshot.host.memory_total_bytes
         if self._known_gpu is None:
@@ -640,18 +646,50 @@ class FleetController:
         return Host(self._known_gpu, self._host_memory, self.footprints.table)
 
     def gpu_rooms(self) -> list[GpuRoom]:
-        """The GPUs NVML sees now and the memory free on each, for placing workers; none when
-        NVML is unavailable (the workers then use their current device)."""
+        """The GPUs NVML reads now and the memory free on each, for placing workers; never a lost
+        one; none when NVML is unavailable (the workers then use their current device)."""
         snapshot = self._snapshot()
-        if snapshot is None or not snapshot.gpu_available:
+        if snapshot is None:
             return []
-        return [GpuRoom(gpu.index, max(0, gpu.memory_total_bytes - gpu.memory_used_bytes)) for gpu in snapshot.gpus]
+        return [GpuRoom(gpu.index, max(0, gpu.memory_total_bytes - gpu.memory_used_bytes)) for gpu in snapshot.read_gpus]
 
-    def pressure(self) -> Pressure:
+    def pressure(self, wanting: Sequence[GameSlot] | None = None) -> Pressure:
+        """What the telemetry's newest sample says, for the games wanting a slot (`wanting`; None:
+        not known). A GPU lost on a host whose other GPUs answer is pressure only while the
+        governor cannot tell that no live worker of theirs is on it: one is placed there, or one's
+        GPU is not known; once they run elsewhere (placement never picks a lost GPU), the fleet
+        runs on the others and no step down would relieve it. A sample too old to judge by (its
+        job stalled) is `stale`: its readings still say what they said, but nothing climbs on it."""
         snapshot = self._snapshot()
         if snapshot is None:
             return Pressure()
-        return Pressure(tuple(pressure_reasons(snapshot, self.settings)), gpu_memory_pressure(snapshot, self.settings))
+        idle_lost: set[int] = set()
+        if snapshot.read_gpus and wanting is not None:
+            live = [slot for slot in wanting if slot.state in LIVE]
+            if all(slot.gpu is not None for slot in live):
+                idle_lost = {gpu.index for gpu in snapshot.gpus if gpu.lost} - {slot.gpu for slot in live}
+        reasons = tuple(pressure_reasons(snapshot, self.settings, idle_lost))
+        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), self._stale(snapshot))
+
+    def stale_after_s(self) -> float:
+        """How old the telemetry's sample may be before the governor takes it as no reading."""
+        return TELEMETRY_STALE_INTERVALS * self.settings.telemetry_interval_s
+
+    def _stale(self, snapshot: Any) -> str | None:
+        """Why the sample is too old to climb on (logged once each time it goes stale), or None."""
+        age = self.clock.now().timestamp() - snapshot.at
+        limit = self.stale_after_s()
+        if age <= limit:
+            if self._stale_logged:
+                log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", max(0.0, age))
+            self._stale_logged = False
+            return None
+        why = (f"telemetry stale: last sample {age:.0f} s ago, more than {TELEMETRY_STALE_INTERVALS} telemetry intervals "
+               f"({limit:g} s; the telemetry job stalled?)")  # fmt: skip
+        if not self._stale_logged:
+            self._stale_logged = True
+            log.warning("%s; no rung is proven or climbed until a fresh sample", why)
+        return why
 
 
 

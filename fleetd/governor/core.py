@@ -20,6 +20,7 @@ The rules:
   games have moved on by its new life, so there the rung alone decides);
 - pressure blocks admission and climbing at once, before it lasts long enough to count; while
   no game holds a slot it never counts (it is not the fleet's load, and no step relieves it);
+- a telemetry sample too old to judge by (its job stalled) proves and climbs nothing;
 - manual mode: the operator's tier is the top of the ladder; auto: heavy is.
 """
 
@@ -59,6 +60,9 @@ class Pressure:
 
     reasons: tuple[str, ...] = ()
     gpu_memory: bool = False  # a GPU's memory among them: a smaller batch at the same envs relieves it
+    # The telemetry's newest sample is too old to judge by (its job stalled: a hung NVML call):
+    # no rung is proven or climbed on it. Says why; None: fresh, or no telemetry at all.
+    stale: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,9 @@ class Governor:
             return decisions
         decisions += self._admit(admitted, pending)
         self._restart_if_load_grew(now, len(admitted))
+        if view.pressure.stale:  # no reading to climb on: the window ends once telemetry is fresh
+            self._held = (self.index(), len(admitted))
+            return decisions
         if now >= self.window_ends() and (len(admitted) >= self.allowed() or not pending):
             decisions += self._window_done(now, view.wanting)
             decisions += self._admit(admitted, pending)
@@ -492,6 +499,8 @@ class Governor:
     def waiting_reason(self, now: datetime, view: FleetView) -> str:
         if view.pressure.reasons:
             return "admission blocked: " + "; ".join(view.pressure.reasons)
+        if view.pressure.stale:
+            return f"climbing held: {view.pressure.stale}"
         target, ceiling = self.climb_target(view.wanting), self.ceiling(now, view)
         if ceiling is not None:
             rung, until = ceiling
@@ -514,7 +523,7 @@ class Governor:
 
     def next_scale_up(self, view: FleetView, now: datetime | None = None) -> datetime | None:
         target = self.climb_target(view.wanting)
-        if view.pressure.reasons or target is None:
+        if view.pressure.reasons or view.pressure.stale or target is None:
             return None
         until = self.blocked_until(target, now) if now is not None else None
         return max(self.window_ends(), until) if until is not None else self.window_ends()

@@ -148,5 +148,5 @@ class FootprintSource:
         counted = settled_readings(readings, running, self.settle_s)
         if not counted:
             return []
-        gpu_name = snapshot.gpus[0].name if snapshot.gpu_available and snapshot.gpus else None
+        gpu_name = snapshot.read_gpus[0].name if snapshot.read_gpus else None
         return self.book.add(counted, gpu_name, now)

@@ -4,6 +4,7 @@ at once; sustained, it steps the fleet down (fleetd/governor/core.py, `Pressure`
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from fleetd.config import FleetSettings
@@ -11,16 +12,21 @@ from fleetd.config import FleetSettings
 
 def gpu_memory_pressure(snapshot: Any, settings: FleetSettings) -> bool:
     """A GPU's memory past `gpu_memory_max_fraction`: the pressure a smaller batch relieves."""
-    return bool(snapshot.gpu_available) and any(
-        gpu.memory_fraction > settings.gpu_memory_max_fraction for gpu in snapshot.gpus)
+    return any(gpu.memory_fraction > settings.gpu_memory_max_fraction for gpu in snapshot.read_gpus)
 
 
-def pressure_reasons(snapshot: Any, settings: FleetSettings) -> list[str]:
+def pressure_reasons(snapshot: Any, settings: FleetSettings, idle_lost: Collection[int] = ()) -> list[str]:
+    """`idle_lost`: lost GPUs the governor can tell hold none of the fleet's workers, on a host
+    whose other GPUs answer: their distress (lost, their Xids) is left out, since the workers are
+    placed on the others and no step down relieves it (`FleetController.pressure`)."""
     reasons = []
     # While NVML is unavailable the snapshot lists only the GPUs lost or with Xid errors, without
-    # readings: their distress is pressure still (a GPU fallen off the bus fails the read).
+    # readings: their distress is pressure still (a GPU fallen off the bus fails the read). A GPU
+    # lost while the others answer is listed among them, marked lost, without readings.
     for gpu in snapshot.gpus:
-        if snapshot.gpu_available and gpu.memory_fraction > settings.gpu_memory_max_fraction:
+        if gpu.lost and gpu.index in idle_lost:
+            continue
+        if snapshot.gpu_available and not gpu.lost and gpu.memory_fraction > settings.gpu_memory_max_fraction:
             reasons.append(f"GPU {gpu.index} memory {gpu.memory_fraction:.0%} > {settings.gpu_memory_max_fraction:.0%}")
         if gpu.temperature_c is not None and gpu.temperature_c > settings.gpu_temperature_max_c:
             reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")

@@ -41,7 +41,7 @@ def host_resources(telemetry: Snapshot | None) -> dict[str, float]:
     if telemetry is not None and telemetry.host is not None:
         resources["memory"] = float(telemetry.host.memory_total_bytes)
     if telemetry is not None and telemetry.gpu_available:
-        resources["GPU"] = float(len(telemetry.gpus))
+        resources["GPU"] = float(len(telemetry.read_gpus))  # a lost GPU is no resource
     return resources
 
 

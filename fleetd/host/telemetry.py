@@ -5,7 +5,9 @@ snapshot from theirs. A host without a GPU, driver or NVML still gets host and p
 readings, with the GPU part marked unavailable and the reason given. Nothing here raises
 because NVML failed: a telemetry fault must never stop the daemon. While NVML cannot be read,
 the GPUs known to be in distress (lost, or with Xid errors in the window) are still listed,
-without readings: a GPU fallen off the bus is the pressure the governor must not lose.
+without readings: a GPU fallen off the bus is the pressure the governor must not lose. A GPU
+lost while NVML still answers for the others fails no read: the others keep their readings
+and the lost one is listed among them, marked lost, without readings.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ class GpuSample:
     throttle: tuple[str, ...] = ()  # hardware clock-throttle reasons active now (THROTTLE_REASONS)
     xid_errors: tuple[int, ...] = ()  # NVML critical Xid errors in the last xid_window_s, oldest first
     # NVML answers NVML_ERROR_GPU_IS_LOST for it (fallen off the bus, Xid 79): no readings (zeros
-    # and None), only its index, its last known name and its Xids. Listed only in a snapshot whose
-    # GPUs are unavailable (NVML's session is dropped on a lost GPU), never as free memory.
+    # and None), only its index, its last known name and its Xids; never free memory, never a
+    # GPU read (`Snapshot.read_gpus` leaves it out). Listed among the others' readings while NVML
+    # answers for them; alone, with any others in distress, when every GPU NVML counts is lost.
     lost: bool = False
 
     @property
@@ -105,8 +108,8 @@ class Snapshot:
     @property
     def read_gpus(self) -> tuple[GpuSample, ...]:
         """The GPUs with readings: none while NVML is unavailable, when `gpus` lists only those in
-        distress (lost, or with Xid errors in the window), without readings."""
-        return self.gpus if self.gpu_available else ()
+        distress (lost, or with Xid errors in the window), without readings; never a lost one."""
+        return tuple(gpu for gpu in self.gpus if not gpu.lost) if self.gpu_available else ()
 
     def max_gpu_memory_fraction(self) -> float | None:
         return max((gpu.memory_fraction for gpu in self.read_gpus), default=None)
@@ -136,6 +139,7 @@ class NvmlReader:
         # dropped session and failed re-inits (nothing shows the GPU back), by index.
         self._lost: set[int] = set()
         self._names: dict[int, str] = {}  # by index, from the last good read: for a lost GPU's entry
+        self._logged_lost: tuple[int, ...] = ()  # the lost GPUs last logged while the others answer
         self._nvml: ModuleType | None = None  # set while NVML is initialised
         self._next_init = float("-inf")
         self._reason: str | None = "NVML not initialised yet"
@@ -207,8 +211,10 @@ class NvmlReader:
             log.debug("nvmlShutdown failed: %s", exc)
 
     def _read_devices(self, nvml: ModuleType) -> tuple[list[GpuSample], dict[int, int]]:
-        """Every GPU, or NVMLError. A GPU lost (GPU_IS_LOST) is noted and the others still read,
-        so that every lost one is named, before the read fails as a whole."""
+        """Every GPU, or NVMLError. A GPU lost (GPU_IS_LOST) is noted and the others still read:
+        while one of them answers, the read is theirs, with each lost one listed in its place
+        without readings (`lost`); when none does, every lost one is named and the read fails
+        as a whole (NVML's session is then dropped and started again later)."""
         lost: Exception | None = None
         try:
             self._drain_xids(nvml)
@@ -228,16 +234,31 @@ class NvmlReader:
                     raise
                 self._lost.add(index)
                 lost = lost or exc
+                gpus.append(GpuSample(index, self._names.get(index, "unknown"), None, 0, 0, None, None,
+                                      xid_errors=xids.get(index, ()), lost=True))
                 continue
             self._lost.discard(index)
             self._names[index] = gpu.name
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
             for pid, used in _gpu_processes(nvml, handle):
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
-        if lost is not None:
-            raise lost
-        self._lost.clear()  # every GPU NVML counts was read (one it no longer counts is not named lost)
+        if lost is not None and not any(not gpu.lost for gpu in gpus):
+            raise lost  # no GPU answers: NVML itself may be gone with it
+        if lost is not None and not any(gpu.lost for gpu in gpus):
+            raise lost  # lost by the Xid drain, yet no GPU says which: as before, the read fails
+        counted = {gpu.index for gpu in gpus}
+        self._lost &= counted  # one NVML no longer counts is not named lost
+        self._log_lost()
         return gpus, pid_memory
+
+    def _log_lost(self) -> None:
+        """A GPU lost while the others answer: logged once each time the set of lost GPUs changes."""
+        lost = tuple(sorted(self._lost))
+        if lost != self._logged_lost:
+            self._logged_lost = lost
+            if lost:
+                log.warning("GPU %s lost (NVML: GPU is lost, fallen off the bus?); the other GPUs are read and placed on",
+                            ", ".join(map(str, lost)))
 
     def _drain_xids(self, nvml: ModuleType) -> None:
         """The critical Xid errors NVML reported since the last read, added to those of the

@@ -256,7 +256,7 @@ class Supervisor:
         """What the governor sees, derived now from the live process table."""
         return [
             GameSlot(game.name, self._desired[game.name], game.priority, game.queue_position, self.procs[game.name].state,
-                     game.name == self._rolling)
+                     game.name == self._rolling, self.procs[game.name].gpu if self.procs[game.name].state in LIVE else None)
             for game in self._games
             if game.name in self.procs and game.name in self._desired
         ]

@@ -313,10 +313,14 @@ def test_the_xid_event_set_is_freed_when_the_nvml_session_is_dropped(fake_nvml: 
     assert (fake_nvml.freed, fake_nvml.shutdowns) == (1, 1)
 
 
-def test_a_gpu_fallen_off_the_bus_stays_pressure_through_the_failed_reads(fake_nvml: SimpleNamespace) -> None:
-    """Xid 79, then GPU_IS_LOST on GPU 0's reads: the read fails as a whole (NVML's session is
-    dropped), yet the Xid drained in it and the lost GPU stay pressure, sample after sample,
-    until a read of the GPU succeeds; they are never readings (no samples rows, no memory)."""
+def test_a_gpu_fallen_off_the_bus_stays_pressure_through_the_failed_reads(
+    fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single-GPU host: Xid 79, then GPU_IS_LOST on its GPU's reads: no GPU answers, so the
+    read fails as a whole (NVML's session is dropped), yet the Xid drained in it and the lost GPU
+    stay pressure, sample after sample, until a read of the GPU succeeds; they are never readings
+    (no samples rows, no memory)."""
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
     clock = Monotonic()
     sampler = TelemetrySampler(NvmlReader(monotonic=clock), clock=lambda: 0.0)
 
@@ -346,8 +350,35 @@ def test_a_gpu_fallen_off_the_bus_stays_pressure_through_the_failed_reads(fake_n
     fake_nvml.lost.clear()
     clock.now += 61  # back: its Xid stays pressure for its window, the GPU is no longer lost
     snapshot = sampler.sample({})
-    assert snapshot.gpu_available and [(gpu.lost, gpu.xid_errors) for gpu in snapshot.gpus] == [(False, (79,)), (False, ())]
+    assert snapshot.gpu_available and [(gpu.lost, gpu.xid_errors) for gpu in snapshot.gpus] == [(False, (79,))]
     assert gpu_pressure(snapshot) == reasons[1:]
+
+
+def test_one_gpu_lost_among_several_leaves_the_others_read(fake_nvml: SimpleNamespace) -> None:
+    """Two GPUs, GPU 1 falls off the bus (Xid 79, then GPU_IS_LOST on its reads): NVML still
+    answers for GPU 0, so the read is GPU 0's readings with GPU 1 listed lost, without readings,
+    and NVML's session is kept. Before, the lost GPU failed the whole read: no GPU had readings
+    (nothing to place a worker on, the healthy GPU's memory and heat unwatched)."""
+    clock = Monotonic()
+    sampler = TelemetrySampler(NvmlReader(monotonic=clock), clock=lambda: 0.0)
+    sampler.sample({})
+    fake_nvml.events.append(xid_event(0, 79))  # a board whose events GPU 0 reports (GPU 1 cannot)
+    fake_nvml.lost.add(1)
+    snapshot = sampler.sample({})
+    assert snapshot.gpu_available and snapshot.gpu_unavailable_reason is None and fake_nvml.shutdowns == 0
+    lost = GpuSample(1, "Fake 1", None, 0, 0, None, None, lost=True)
+    assert snapshot.gpus == (GpuSample(0, "Fake 0", 40.0, GiB, 8 * GiB, 60.0, None, xid_errors=(79,)), lost)
+    assert [gpu.index for gpu in snapshot.read_gpus] == [0]
+    assert {row[1] for row in sample_rows(snapshot) if row[1] is not None} == {0}  # no rows for the lost one
+    assert snapshot.max_gpu_memory_fraction() == 1 / 8  # GPU 0's, the lost one's zeros are no reading
+    reasons = pressure_reasons(replace(snapshot, host=HOST), FleetSettings())
+    assert "GPU 1 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train" in reasons
+    assert snapshot_json(snapshot)["available"] is True and [gpu["lost"] for gpu in snapshot_json(snapshot)["gpus"]] == [False, True]
+
+    clock.now += 61
+    assert sampler.sample({}).gpus[1] == lost and fake_nvml.inits == 1  # still lost, the session kept
+    fake_nvml.lost.clear()
+    assert [gpu.lost for gpu in sampler.sample({}).gpus] == [False, False]
 
 
 def test_every_lost_gpu_is_named_and_a_passing_error_invents_no_pressure(fake_nvml: SimpleNamespace) -> None:
