@@ -162,6 +162,32 @@ def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(
     assert game(loop, "cp").health.reason == "rolled back to its best-evaluated checkpoint at 4000 steps (return 480; best seen 500)"
 
 
+def test_a_rollback_that_could_not_reach_the_best_judges_the_game_from_the_checkpoint_it_went_back_to(loop: Loop) -> None:
+    """The best (500) is damaged and the next that verifies evaluated far lower (200): the game
+    resumes from 200 and learns back up. Judged against the best it can no longer reach (the
+    line at 255), its first two evaluations while it climbed were a second collapse: held, the
+    operator paged, a sound game stopped. Its best is now the checkpoint it went back to, as an
+    operator's rollback takes the best of the checkpoints left."""
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 20), (5000, 15)):
+        evaluate(loop, "cp", steps, value)
+    assert loop.state("cp") is State.STOPPING
+    (checkpoints(loop, "cp") / "ckpt-000000003000" / "model.zip").write_bytes(b"x")  # was b"m"
+    stop_exits(loop, "cp")
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 2000
+    record = game(loop, "cp").health
+    assert record.state is Health.ROLLED_BACK and (record.best, record.best_steps) == (200, 2000)
+    assert record.reason == "rolled back to its best-evaluated checkpoint at 2000 steps (return 200; best seen 500)"
+    loop.run_up("cp")
+    evaluate(loop, "cp", 3000, 205)  # under 255 (half-way to 500), over 105 (half-way to 200)
+    assert game(loop, "cp").health.state is Health.ROLLED_BACK  # not a real new best (5% of 190 is 9.5)
+    evaluate(loop, "cp", 4000, 230)  # learning back up: a real new best over the one it went back to
+    assert game(loop, "cp").health.state is Health.LEARNING and loop.state("cp") is State.RUNNING
+    assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"]
+
+
 def test_the_rollback_never_hashes_a_replay_buffer_in_the_loop(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
     """A DQN's buffer is gigabytes (10 s and more to hash from a cold disk: the loop's watchdog
     pings stop): the loop checks its size only. The small files are hashed still, and a buffer

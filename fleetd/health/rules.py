@@ -173,12 +173,17 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     return replace(record, state=Health.PLATEAU, reason=why), Verdict(action, why)
 
 
-def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = None) -> HealthRecord:
+def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = None,
+                checkpoint: str | None = None) -> HealthRecord:
     """The game restarted from its best-evaluated checkpoint at `steps` (evaluated `eval_return`:
-    the best seen, unless that one's checkpoint is gone or damaged)."""
+    the best seen, unless that one's checkpoint is gone or damaged). That checkpoint's return is
+    its best from here: a best seen whose checkpoint it could not go back to would call it
+    collapsed again while it learns back up from below it (as after an operator's rollback)."""
     score = record.best if eval_return is None else eval_return
     seen = "" if record.best is None or score == record.best else f"; best seen {record.best:g}"
     reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (return {score:g}{seen})"
+    if eval_return is not None:
+        record = replace(record, best=eval_return, best_steps=steps, best_checkpoint=checkpoint)
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 
