@@ -167,6 +167,30 @@ def test_on_plateau_set_to_stop_after_the_flag_stops_it_at_the_next_evaluation()
     assert "on_plateau = stop" in record.reason
 
 
+def test_plateau_steps_raised_past_a_flagged_plateau_takes_it_off_at_the_next_evaluation():
+    """docs/learning-health.md: a changed setting applies at the next evaluation. A slow learner
+    flagged at 5,000 steps given 20,000: it stayed `plateau` (status, metrics, a yield's daemon
+    restart) until a real new best, though no longer on one by its settings; it is `learning`
+    again, and `plateau` again (told afresh) once 20,000 pass."""
+    record, verdicts = feed([10] * 6, settings=HealthSettings(plateau_steps=5000))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU
+    slow = HealthSettings(plateau_steps=20_000)
+    record, verdicts = feed([10], settings=slow, record=record)
+    assert verdicts == [Action.NONE] and record.state is Health.LEARNING
+    assert record.reason == "no longer on a plateau: no new best over 6000 env steps, under plateau_steps = 20000"
+    record, verdicts = feed([10] * 14, settings=slow, record=record)
+    assert verdicts == [Action.NONE] * 13 + [Action.FLAG] and record.state is Health.PLATEAU
+
+
+def test_a_rolled_back_game_off_its_plateau_by_a_raised_plateau_steps_is_rolled_back_again():
+    record, _ = feed([10, 200, 500, 500, 20, 20, 20])
+    record, verdicts = feed([500] * 10, record=rolled_back(record, 3000, 500))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU and record.rollbacks == 1
+    record, _ = feed([500], settings=HealthSettings(collapse_evals=3, warmup_evals=3, plateau_steps=50_000),
+                     record=record)
+    assert record.state is Health.ROLLED_BACK and record.rollbacks == 1  # a collapse from here still holds it
+
+
 def test_a_small_gain_does_not_end_a_plateau_clock_but_a_real_one_does():
     settings = HealthSettings(plateau_steps=5000, plateau_gain=0.05)
     record, verdicts = feed([0, 100, 101, 102, 103, 104, 104], settings=settings)

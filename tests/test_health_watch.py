@@ -455,6 +455,29 @@ def test_on_plateau_set_to_stop_after_the_flag_stops_it_and_says_so(loop: Loop) 
     assert [a.action.split(" (")[0] for a in loop.alerts.sent] == ["fleetd only marks it", "fleetd stopped it"]
 
 
+def test_plateau_steps_raised_past_a_flagged_plateau_takes_it_off_and_the_next_one_is_told(loop: Loop) -> None:
+    """The operator gives a slow learner more steps: at the next evaluation it is `learning`
+    again (an event says why), not `plateau` until a real new best; once the new limit passes
+    it is on its plateau again, flagged and alerted afresh."""
+    add(loop, "a", {"plateau_steps": 2000})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"health_settings": {"plateau_steps": 5000}}, loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 4000, 10.0)
+    record = game(loop, "a").health
+    assert record.state is Health.LEARNING and record.reason.startswith("no longer on a plateau")
+    assert events(loop, "health")[0].details["from"] == "plateau"
+    evaluate(loop, "a", 5000, 10.0)
+    evaluate(loop, "a", 6000, 10.0)  # 5000 steps since its best at 1000
+    assert game(loop, "a").health.state is Health.PLATEAU
+    assert [e.details["action"] for e in events(loop, "plateau")] == ["flag", "flag"]
+    assert [a.kind for a in loop.alerts.sent] == ["plateau", "plateau"]
+
+
 def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     add(loop, "b", {})
