@@ -122,6 +122,14 @@ def test_a_game_rolled_back_that_never_gets_a_real_new_best_is_on_a_plateau():
     assert (record.state, record.rollbacks) == (Health.LEARNING, 0)
 
 
+def test_a_rollback_to_a_checkpoint_never_judged_keeps_the_floor_under_the_best():
+    """Its evaluation came while the daemon restarted (the report lost): lower than the floor seen,
+    it is the floor too, or the range from floor to best would be negative."""
+    record, _ = feed([10, 200, 500, 500, 20, 20, 20])
+    record = rolled_back(record, 500, 8, "ckpt-500")
+    assert (record.floor, record.best, record.best_steps, record.best_checkpoint) == (8, 8, 500, "ckpt-500")
+
+
 def test_a_game_readmitted_after_its_yield_keeps_its_rollbacks():
     """Admitted again after it yielded on a plateau, its plateau clock starts afresh, but no one
     changed its settings: a collapse there holds it, or collapse, rollback, plateau and yield

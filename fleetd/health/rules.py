@@ -195,8 +195,9 @@ def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = No
     score = record.best if eval_return is None else eval_return
     seen = "" if record.best is None or score == record.best else f"; best seen {record.best:g}"
     reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (return {score:g}{seen})"
-    if eval_return is not None:
-        record = replace(record, best=eval_return, best_steps=steps, best_checkpoint=checkpoint)
+    if eval_return is not None:  # (its floor too, if that evaluation was never judged: during a daemon restart)
+        record = replace(record, best=eval_return, best_steps=steps, best_checkpoint=checkpoint,
+                         floor=_min(record.floor, eval_return))
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 
