@@ -122,6 +122,14 @@ def test_a_game_rolled_back_that_never_gets_a_real_new_best_is_on_a_plateau():
     assert (record.state, record.rollbacks) == (Health.LEARNING, 0)
 
 
+def test_a_rollback_to_a_checkpoint_never_judged_keeps_the_floor_under_the_best():
+    """Its evaluation came while the daemon restarted (the report lost): lower than the floor seen,
+    it is the floor too, or the range from floor to best would be negative."""
+    record, _ = feed([10, 200, 500, 500, 20, 20, 20])
+    record = rolled_back(record, 500, 8, "ckpt-500")
+    assert (record.floor, record.best, record.best_steps, record.best_checkpoint) == (8, 8, 500, "ckpt-500")
+
+
 def test_a_game_readmitted_after_its_yield_keeps_its_rollbacks():
     """Admitted again after it yielded on a plateau, its plateau clock starts afresh, but no one
     changed its settings: a collapse there holds it, or collapse, rollback, plateau and yield
@@ -165,6 +173,30 @@ def test_on_plateau_set_to_stop_after_the_flag_stops_it_at_the_next_evaluation()
     record, verdicts = feed([10], settings=HealthSettings(plateau_steps=5000, on_plateau=PlateauAction.STOP), record=record)
     assert verdicts == [Action.STOP] and "no new best over 6000 env steps" in record.reason
     assert "on_plateau = stop" in record.reason
+
+
+def test_plateau_steps_raised_past_a_flagged_plateau_takes_it_off_at_the_next_evaluation():
+    """docs/learning-health.md: a changed setting applies at the next evaluation. A slow learner
+    flagged at 5,000 steps given 20,000: it stayed `plateau` (status, metrics, a yield's daemon
+    restart) until a real new best, though no longer on one by its settings; it is `learning`
+    again, and `plateau` again (told afresh) once 20,000 pass."""
+    record, verdicts = feed([10] * 6, settings=HealthSettings(plateau_steps=5000))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU
+    slow = HealthSettings(plateau_steps=20_000)
+    record, verdicts = feed([10], settings=slow, record=record)
+    assert verdicts == [Action.NONE] and record.state is Health.LEARNING
+    assert record.reason == "no longer on a plateau: no new best over 6000 env steps, under plateau_steps = 20000"
+    record, verdicts = feed([10] * 14, settings=slow, record=record)
+    assert verdicts == [Action.NONE] * 13 + [Action.FLAG] and record.state is Health.PLATEAU
+
+
+def test_a_rolled_back_game_off_its_plateau_by_a_raised_plateau_steps_is_rolled_back_again():
+    record, _ = feed([10, 200, 500, 500, 20, 20, 20])
+    record, verdicts = feed([500] * 10, record=rolled_back(record, 3000, 500))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU and record.rollbacks == 1
+    record, _ = feed([500], settings=HealthSettings(collapse_evals=3, warmup_evals=3, plateau_steps=50_000),
+                     record=record)
+    assert record.state is Health.ROLLED_BACK and record.rollbacks == 1  # a collapse from here still holds it
 
 
 def test_a_small_gain_does_not_end_a_plateau_clock_but_a_real_one_does():

@@ -162,6 +162,32 @@ def test_a_best_checkpoint_whose_files_do_not_match_their_hashes_is_passed_over(
     assert game(loop, "cp").health.reason == "rolled back to its best-evaluated checkpoint at 4000 steps (return 480; best seen 500)"
 
 
+def test_a_rollback_that_could_not_reach_the_best_judges_the_game_from_the_checkpoint_it_went_back_to(loop: Loop) -> None:
+    """The best (500) is damaged and the next that verifies evaluated far lower (200): the game
+    resumes from 200 and learns back up. Judged against the best it can no longer reach (the
+    line at 255), its first two evaluations while it climbed were a second collapse: held, the
+    operator paged, a sound game stopped. Its best is now the checkpoint it went back to, as an
+    operator's rollback takes the best of the checkpoints left."""
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 20), (5000, 15)):
+        evaluate(loop, "cp", steps, value)
+    assert loop.state("cp") is State.STOPPING
+    (checkpoints(loop, "cp") / "ckpt-000000003000" / "model.zip").write_bytes(b"x")  # was b"m"
+    stop_exits(loop, "cp")
+    assert events(loop, "learning_rollback")[0].details["to_steps"] == 2000
+    record = game(loop, "cp").health
+    assert record.state is Health.ROLLED_BACK and (record.best, record.best_steps) == (200, 2000)
+    assert record.reason == "rolled back to its best-evaluated checkpoint at 2000 steps (return 200; best seen 500)"
+    loop.run_up("cp")
+    evaluate(loop, "cp", 3000, 205)  # under 255 (half-way to 500), over 105 (half-way to 200)
+    assert game(loop, "cp").health.state is Health.ROLLED_BACK  # not a real new best (5% of 190 is 9.5)
+    evaluate(loop, "cp", 4000, 230)  # learning back up: a real new best over the one it went back to
+    assert game(loop, "cp").health.state is Health.LEARNING and loop.state("cp") is State.RUNNING
+    assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"]
+
+
 def test_the_rollback_never_hashes_a_replay_buffer_in_the_loop(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
     """A DQN's buffer is gigabytes (10 s and more to hash from a cold disk: the loop's watchdog
     pings stop): the loop checks its size only. The small files are hashed still, and a buffer
@@ -427,6 +453,29 @@ def test_on_plateau_set_to_stop_after_the_flag_stops_it_and_says_so(loop: Loop) 
     evaluate(loop, "a", 5500, 10.0)  # its final checkpoint's evaluation, on the way out: told already
     assert [e.details["action"] for e in events(loop, "plateau")] == ["stop", "flag"]  # newest first
     assert [a.action.split(" (")[0] for a in loop.alerts.sent] == ["fleetd only marks it", "fleetd stopped it"]
+
+
+def test_plateau_steps_raised_past_a_flagged_plateau_takes_it_off_and_the_next_one_is_told(loop: Loop) -> None:
+    """The operator gives a slow learner more steps: at the next evaluation it is `learning`
+    again (an event says why), not `plateau` until a real new best; once the new limit passes
+    it is on its plateau again, flagged and alerted afresh."""
+    add(loop, "a", {"plateau_steps": 2000})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"health_settings": {"plateau_steps": 5000}}, loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 4000, 10.0)
+    record = game(loop, "a").health
+    assert record.state is Health.LEARNING and record.reason.startswith("no longer on a plateau")
+    assert events(loop, "health")[0].details["from"] == "plateau"
+    evaluate(loop, "a", 5000, 10.0)
+    evaluate(loop, "a", 6000, 10.0)  # 5000 steps since its best at 1000
+    assert game(loop, "a").health.state is Health.PLATEAU
+    assert [e.details["action"] for e in events(loop, "plateau")] == ["flag", "flag"]
+    assert [a.kind for a in loop.alerts.sent] == ["plateau", "plateau"]
 
 
 def test_plateau_yield_gives_the_slot_to_a_pending_game_and_queues_last(loop: Loop) -> None:

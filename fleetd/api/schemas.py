@@ -292,7 +292,7 @@ class GameOut(Out):
     )
     health: LearningHealth = Field(LearningHealth.LEARNING, description="learning health, judged at each evaluation (docs/learning-health.md)")
     health_reason: str | None = Field(None, description="why it is in that health state; null while it learns with nothing to say")
-    best_eval_return: float | None = Field(None, description="the best evaluation return it reached; null before the first")
+    best_eval_return: float | None = Field(None, description="the best evaluation return it is judged against: the best it reached, or after a rollback that of the checkpoint it went back to; null before the first")
     best_eval_steps: int | None = Field(None, description="the env steps of that evaluation (its best-evaluated checkpoint)")
     rollbacks: int = Field(0, description="rollbacks to its best-evaluated checkpoint since its last new best")
     health_settings: dict[str, Any] = Field(default_factory=dict, description="its learning-health overrides; {}: the defaults")

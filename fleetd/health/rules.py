@@ -85,6 +85,7 @@ def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> t
     """The record after one more evaluation, and what to do about it."""
     if not settings.enabled or record.state in (Health.HELD, Health.COLLAPSED):
         return replace(record, last_steps=ev.steps), NOTHING
+    reached = max(record.last_steps, ev.steps)  # an evaluation behind the last (a resume from an older checkpoint)
     record = _counted(record, ev, settings)
     if _below(record, ev, settings):
         record = replace(record, below=record.below + 1)
@@ -92,7 +93,7 @@ def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> t
             return _collapse(record, settings)
     else:
         record = replace(record, below=0)
-    return _plateau(record, ev, settings)
+    return _plateau(record, ev, settings, reached)
 
 
 def _counted(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> HealthRecord:
@@ -156,7 +157,8 @@ def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRec
     return record, Verdict(Action.ROLLBACK, why)
 
 
-def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings,
+             reached: int) -> tuple[HealthRecord, Verdict]:
     """Judged from `learning` and from `rolled_back` (the rollback restarted the clock: a game
     rolled back that never gets a real new best is on a plateau too, or it would hold its slot
     for good). A game still on its plateau is asked again, at each evaluation, to stop or yield
@@ -164,6 +166,8 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     (each verdict is told when its action differs from the last told for this plateau:
     fleetd/supervision/learning.py)."""
     flat = ev.steps - record.improved_steps
+    if record.state is Health.PLATEAU and reached - record.improved_steps < settings.plateau_steps:
+        return _off_plateau(record, flat, settings), NOTHING
     action = _PLATEAU_ACTIONS[settings.on_plateau]
     standing = record.state is Health.PLATEAU and action is not Action.FLAG
     if (record.state not in (Health.LEARNING, Health.ROLLED_BACK) and not standing) or flat < settings.plateau_steps:
@@ -173,12 +177,27 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     return replace(record, state=Health.PLATEAU, reason=why), Verdict(action, why)
 
 
-def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = None) -> HealthRecord:
+def _off_plateau(record: HealthRecord, flat: int, settings: HealthSettings) -> HealthRecord:
+    """On its plateau no longer by its settings (`plateau_steps` raised past it): what it was
+    before, `rolled_back` if it has rollbacks to its name. Its flag would otherwise stand until
+    a real new best, though the setting applies at the next evaluation."""
+    state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
+    why = f"no longer on a plateau: no new best over {flat} env steps, under plateau_steps = {settings.plateau_steps}"
+    return replace(record, state=state, reason=why)
+
+
+def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = None,
+                checkpoint: str | None = None) -> HealthRecord:
     """The game restarted from its best-evaluated checkpoint at `steps` (evaluated `eval_return`:
-    the best seen, unless that one's checkpoint is gone or damaged)."""
+    the best seen, unless that one's checkpoint is gone or damaged). That checkpoint's return is
+    its best from here: a best seen whose checkpoint it could not go back to would call it
+    collapsed again while it learns back up from below it (as after an operator's rollback)."""
     score = record.best if eval_return is None else eval_return
     seen = "" if record.best is None or score == record.best else f"; best seen {record.best:g}"
     reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (return {score:g}{seen})"
+    if eval_return is not None:  # (its floor too, if that evaluation was never judged: during a daemon restart)
+        record = replace(record, best=eval_return, best_steps=steps, best_checkpoint=checkpoint,
+                         floor=_min(record.floor, eval_return))
     return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
 
 

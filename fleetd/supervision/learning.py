@@ -132,7 +132,7 @@ class LearningWatch:
         """Recorded as a `learning_rollback` event. The learning-rate scale it leaves is the game's
         remedies' (learning_actions.py), which the supervisor stores with the game."""
         old = self.record(game)
-        self._store(game, old, rolled_back(old, best.steps, best.eval_return), "learning_rollback", {
+        self._store(game, old, rolled_back(old, best.steps, best.eval_return, str(best.path)), "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside})
 
