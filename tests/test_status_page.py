@@ -456,6 +456,21 @@ def test_the_best_evaluation_is_ringed_where_it_was_reached_and_only_there() -> 
     assert eval_plot_marks([1.0, 4.0, 8.0], best=50.0) == []
 
 
+def test_the_eval_plot_marks_the_operators_rollbacks_too() -> None:
+    # Only the learning-health rule's (`learning_rollback`) were asked for: a `fleetd games
+    # rollback` drew no dashed line, though docs/learning-health.md promises one at each.
+    stubs = """
+      const asked = [];
+      globalThis.api = async (path) => {
+        const kind = new URLSearchParams(path.split('?')[1]).get('kind');
+        asked.push(kind);
+        return kind === 'rollback' ? { items: [{ at: 'op' }] } : kind === 'learning_rollback' ? { items: [{ at: 'rule' }] } : null;
+      };
+    """
+    got = page_function("rollbackEvents", "rollbackEvents('pong')", stubs=stubs)
+    assert sorted(item["at"] for item in got["items"]) == ["op", "rule"]
+
+
 def test_the_steps_area_is_not_filled_across_a_gap_in_the_samples() -> None:
     # 5 minutes of samples, 2 hours without (the daemon down), 5 minutes more: the line breaks at
     # the gap, and the area under it was one shape whose closing edge ran back along the axis to

@@ -108,6 +108,14 @@
   const seriesCache = new Map();
   const seriesUsed = new Set();
 
+  // A game's rollbacks for its eval plot's dashed lines: the learning-health rule's and the
+  // operator's (`fleetd games rollback`, event kind `rollback`); the page drew the rule's only.
+  async function rollbackEvents(game) {
+    const answers = await Promise.all(['learning_rollback', 'rollback'].map((kind) =>
+      api('/events?' + new URLSearchParams({ game, kind, limit: '50' }), { optional: true })));
+    return { items: answers.flatMap((answer) => (answer && answer.items) || []) };
+  }
+
   async function series(query) {
     const key = new URLSearchParams(query).toString();
     seriesUsed.add(key);
@@ -1061,7 +1069,7 @@
           series({ game: g.name, metric: 'mean_reward_100' }),
           series({ game: g.name, metric: 'steps' }),
           series({ game: g.name, metric: 'eval_return' }),
-          api('/events?' + new URLSearchParams({ game: g.name, kind: 'learning_rollback', limit: '50' }), { optional: true }),
+          rollbackEvents(g.name),
         ]))),
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);
