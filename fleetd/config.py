@@ -631,8 +631,9 @@ def _secret(name: str) -> bool:
 
 def _describe(error: Any, environ: Mapping[str, str]) -> str:
     loc = [str(part) for part in error["loc"]]
-    key = ".".join(loc)
-    reason = error["msg"]
+    # `games[0].health_settings`, as the docs and every later check name a list's entry (not `games.0.`).
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
+    reason = str(error["msg"]).removeprefix("Value error, ")  # pydantic's wrapper of a validator's own reason
     if error["type"] == "extra_forbidden":
         reason = "unknown key (check its spelling and section)"
     value = error.get("input")

@@ -386,9 +386,9 @@ def test_config_with_wrong_types_exits_78_naming_key_value_reason(tmp_path: Path
     result = fleetd_cli(config, "serve", timeout=60)
     assert result.returncode == 78, result.stderr
     for expected in [
-        "games.0.name = '../pong': Value error, must be a slug",
-        "games.1.env_id = 7: Input should be a valid string",
-        "games.1.priority = 'high': Input should be a valid integer",
+        "games[0].name = '../pong': must be a slug",
+        "games[1].env_id = 7: Input should be a valid string",
+        "games[1].priority = 'high': Input should be a valid integer",
         "supervisor.startretries = -1: Input should be greater than or equal to 0",
         "database.busy_timeout_ms = 'soon': Input should be a valid integer",
         "retention.events_days = 'forever': Input should be a valid number",

@@ -105,7 +105,7 @@ def test_a_refused_alert_url_is_not_echoed_in_the_error(tmp_path: Path, monkeypa
         load_settings(write(tmp_path, toml))
     assert "s3cret" not in str(caught.value) and "T1JJ3" not in str(caught.value)
     assert caught.value.problems[0].startswith("alerts.webhook_url = '<hidden>': String should match")
-    assert caught.value.problems[1].startswith("alerts.urls = '<hidden>': Value error, urls[1]: not a URL")
+    assert caught.value.problems[1].startswith("alerts.urls = '<hidden>': urls[1]: not a URL")
     monkeypatch.setenv("FLEETD_ALERTS_WEBHOOK_URL", "https://hooks.slack.com/services/T0/B0/s3cret3")  # one _ short
     with pytest.raises(ConfigError) as caught:
         load_settings()
@@ -166,7 +166,7 @@ def test_games_entries_and_the_api_refuse_the_same_values(tmp_path: Path, field:
     with pytest.raises(ValidationError):
         GameCreate(**entry)
     toml = "[[games]]\n" + "".join(f"{key} = {value!r}\n".replace("'", '"') for key, value in entry.items())
-    with pytest.raises(ConfigError, match=rf"games\.0\.{field}"):
+    with pytest.raises(ConfigError, match=rf"games\[0\]\.{field}"):
         load_settings(write(tmp_path, toml))
 
 
