@@ -124,6 +124,28 @@ def test_a_stop_during_a_checkpoint_makes_it_the_final_one(make_spec, monkeypatc
     assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == [256, 128]
 
 
+def test_a_stop_during_an_update_ends_before_the_next_rollout_with_that_update_saved(make_spec, monkeypatch):
+    """SIGTERM while SB3 trains on a rollout: training ends before the next rollout's first env
+    step, and the final checkpoint is the updated model at the rollout's end. The worker took
+    one more env step and saved 2 steps its model never trained on."""
+    from workers import algos
+    from workers.changes import saved_values
+
+    stop, train = StopFlag(), algos.FleetPPO.train
+
+    def signalled_train(self):
+        train(self)
+        if self.num_timesteps == 256:
+            stop.signum = 15
+
+    monkeypatch.setattr(algos.FleetPPO, "train", signalled_train)
+    spec = make_spec(total_timesteps=None, checkpoint_interval_steps=None, keep_checkpoints=10)
+    assert run(spec, stop=stop) == ExitCode.STOPPED
+    final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert final.steps == 256
+    assert saved_values(final.path / "model.zip", ["_n_updates"])["_n_updates"] == 2 * 2  # 2 rollouts, 2 epochs
+
+
 def test_a_checkpoint_that_does_not_verify_after_writing_is_not_the_final_one(make_spec, monkeypatch):
     """A periodic checkpoint that fails its verification right after writing (a faulty disk),
     then a stop at those steps: the worker took it as the final state on disk and exited 0,
