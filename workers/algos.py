@@ -15,12 +15,20 @@
 3. PPO and A2C keep their rollout on the policy's device (`workers.rollout`), and PPO's update
    reads its logged figures once, not five times a minibatch (`workers.ppo_update`): the same
    samples and the same weights as SB3's, without the host round trips and waits.
+4. Every collection begins with the callback's `between_rollouts` hook
+   (`workers.callback.FleetCallback`): SB3's `learn()` calls `train()` right after a collection
+   and the next `collect_rollouts` right after that, so there the model has been trained on every
+   step it counts (a PPO or A2C rollout's, DQN's transitions stored and its `train_freq` update
+   done). The worker writes its periodic checkpoints there, not at an env step in a collection;
+   the hook's False ends `learn()` before another env step.
 """
 
 from __future__ import annotations
 
 from stable_baselines3 import A2C, DQN, PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.type_aliases import RolloutReturn
 
 from workers import ppo_update
 from workers.rollout import DeviceRolloutBuffer, DeviceRollouts
@@ -36,7 +44,27 @@ class HorizonSchedules:
         self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(horizon))
 
 
-class FleetPPO(HorizonSchedules, DeviceRollouts, PPO):
+def between_rollouts(callback: BaseCallback) -> bool:
+    """Run the `between_rollouts` hooks of `callback` (or of those in a CallbackList); False
+    when one of them ends training."""
+    callbacks = callback.callbacks if isinstance(callback, CallbackList) else [callback]
+    hooks = [hook for c in callbacks if (hook := getattr(c, "between_rollouts", None)) is not None]
+    return all([hook() for hook in hooks])  # every hook runs, as CallbackList runs every on_step
+
+
+class UpdateBoundary:
+    """Mixin: `between_rollouts` before every collection, after the previous one's update."""
+
+    def collect_rollouts(self, env, callback: BaseCallback, *args, **kwargs):
+        if not between_rollouts(callback):
+            return self._no_collection()
+        return super().collect_rollouts(env, callback, *args, **kwargs)
+
+    def _no_collection(self):
+        return False  # on-policy: `learn()` breaks out of its loop
+
+
+class FleetPPO(HorizonSchedules, UpdateBoundary, DeviceRollouts, PPO):
     def train(self) -> None:
         if isinstance(self.rollout_buffer, DeviceRolloutBuffer):
             ppo_update.train(self)  # SB3's update, its figures read once (workers/ppo_update.py)
@@ -44,11 +72,14 @@ class FleetPPO(HorizonSchedules, DeviceRollouts, PPO):
             super().train()
 
 
-class FleetA2C(HorizonSchedules, DeviceRollouts, A2C):
+class FleetA2C(HorizonSchedules, UpdateBoundary, DeviceRollouts, A2C):
     pass
 
 
-class FleetDQN(HorizonSchedules, DQN):
+class FleetDQN(HorizonSchedules, UpdateBoundary, DQN):
+    def _no_collection(self) -> RolloutReturn:
+        return RolloutReturn(0, 0, continue_training=False)
+
     def buffered_transitions(self) -> int:
         return self.replay_buffer.size() * self.replay_buffer.n_envs if self.replay_buffer else 0
 

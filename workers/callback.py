@@ -154,8 +154,8 @@ class Checkpointer:
         """The last checkpoint; `evaluate` (a reached goal) evaluates it if an evaluation is
         due. A stop does not: the supervisor's stop timeout is for the checkpoint alone.
         Whether the final state is on disk (already, or written now): the exit code says so."""
-        # The same steps are not the same state where the model was updated since: a write at the
-        # last step of a rollout comes before SB3's update of that rollout.
+        # The same steps are not the same state where the model was updated since (a guard: the
+        # periodic writes come after an update, between rollouts, and a stop ends there too).
         if self._last_steps == counters.steps and self._last_updates in (None, getattr(model, "_n_updates", None)):
             log.info("final state (%d steps) is already checkpointed", counters.steps)
             return True
@@ -163,7 +163,8 @@ class Checkpointer:
 
 
 class FleetCallback(BaseCallback):
-    """Counts whole games, stops on a signal or a reached goal, checkpoints when due."""
+    """Counts whole games, stops on a signal or a reached goal, checkpoints when due (between
+    rollouts, after an update)."""
 
     def __init__(self, spec: RunSpec, counters: Counters, stop: StopFlag, checkpointer: Checkpointer):
         super().__init__(verbose=0)
@@ -184,6 +185,22 @@ class FleetCallback(BaseCallback):
             self.outcome = Outcome.COMPLETED
             return False
         if self.stop.requested:
+            self.outcome = Outcome.STOPPED
+            return False
+        return True
+
+    def between_rollouts(self) -> bool:
+        """Called before each collection (workers/algos.py, `UpdateBoundary`): the previous
+        collection's update is done. Periodic checkpoints are written here, not at an env step:
+        there the rollout collected so far was counted in the steps and not yet trained on (SB3
+        calls `on_rollout_end` and `on_step` before `train()`), and a resume dropped it: up to
+        n_steps x num_envs steps of PPO (32,768 at 256 envs), a DQN step's transitions (stored
+        after `on_step`). So a checkpoint comes at the first collection's end after it is due,
+        with that collection's update. False ends `learn()` here, without another env step."""
+        if self.n_calls == 0:  # no step yet in this run: the state resumed from, or step 0
+            return True
+        self.counters.steps = self.model.num_timesteps
+        if self.stop.requested:  # the final checkpoint follows at once, of this same state
             self.outcome = Outcome.STOPPED
             return False
         if self.checkpointer.due(self.counters.steps) and not goal_reached(self.spec, self.counters):

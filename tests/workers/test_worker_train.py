@@ -124,6 +124,28 @@ def test_a_stop_during_a_checkpoint_makes_it_the_final_one(make_spec, monkeypatc
     assert [c.steps for c in checkpoint.list_checkpoints(spec.checkpoint_dir)] == [256, 128]
 
 
+def test_a_stop_during_an_update_ends_before_the_next_rollout_with_that_update_saved(make_spec, monkeypatch):
+    """SIGTERM while SB3 trains on a rollout: training ends before the next rollout's first env
+    step, and the final checkpoint is the updated model at the rollout's end. The worker took
+    one more env step and saved 2 steps its model never trained on."""
+    from workers import algos
+    from workers.changes import saved_values
+
+    stop, train = StopFlag(), algos.FleetPPO.train
+
+    def signalled_train(self):
+        train(self)
+        if self.num_timesteps == 256:
+            stop.signum = 15
+
+    monkeypatch.setattr(algos.FleetPPO, "train", signalled_train)
+    spec = make_spec(total_timesteps=None, checkpoint_interval_steps=None, keep_checkpoints=10)
+    assert run(spec, stop=stop) == ExitCode.STOPPED
+    final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert final.steps == 256
+    assert saved_values(final.path / "model.zip", ["_n_updates"])["_n_updates"] == 2 * 2  # 2 rollouts, 2 epochs
+
+
 def test_a_checkpoint_that_does_not_verify_after_writing_is_not_the_final_one(make_spec, monkeypatch):
     """A periodic checkpoint that fails its verification right after writing (a faulty disk),
     then a stop at those steps: the worker took it as the final state on disk and exited 0,
@@ -316,8 +338,11 @@ def test_pruning_keeps_the_checkpoint_just_written_below_newer_ones_that_do_not_
     assert _run(make_spec(keep_checkpoints=10, **retention)) == ExitCode.COMPLETED
     for info in checkpoint.list_checkpoints(make_spec().checkpoint_dir)[:3]:  # 512, 384, 256
         _corrupt_but_rehash(info.path)
-    spec = make_spec(total_timesteps=250, checkpoint_interval_steps=100, keep_checkpoints=3, **retention)
-    # from 128; checkpoints at 228 and 256, where the rollout that reached 250 ends (and is trained on)
+    spec = make_spec(total_timesteps=250, checkpoint_interval_steps=64, keep_checkpoints=3, **retention,
+                     hyperparams={"num_envs": 2, "n_steps": 32, "batch_size": 64, "n_epochs": 2,
+                                  "policy_kwargs": {"net_arch": [16]}})
+    # from 128, rollouts of 64 steps: checkpoints at 192 (after its rollout's update) and at 256,
+    # where the rollout that reached 250 ends (and is trained on)
     assert _run(spec) == ExitCode.COMPLETED
     plan = make_plan(spec, select_device("cpu"))
     found = find_resumable(spec.checkpoint_dir, "ppo", make_vec_env(env_config(spec, plan)), "cpu", False)
@@ -461,3 +486,39 @@ def test_a_step_goal_trains_on_the_rollout_that_reached_it(make_spec):
     assert final.steps == 512
     saved = saved_values(final.path / "model.zip", ["_n_updates"])
     assert saved["_n_updates"] * 64 * 2 == 512  # one epoch an update: every rollout trained on
+
+
+@pytest.mark.parametrize("algo,interval", [("ppo", 128), ("ppo", 100), ("dqn", 100)],
+                         ids=["ppo-at-rollout-ends", "ppo-mid-rollout", "dqn"])
+def test_a_periodic_checkpoint_holds_the_update_of_the_rollout_that_reached_it(make_spec, monkeypatch, algo, interval):
+    """Periodic checkpoints were written at a step, before SB3 trained on what had been
+    collected: one at the last step of a PPO rollout counted its steps (up to n_steps x num_envs,
+    32,768 at 256 envs) in a model never updated on them, and a resume from it dropped that
+    rollout; a DQN one lacked the step's transitions in its replay buffer. Each periodic
+    checkpoint at S must load into the model as trained after the collection that reached S."""
+    from workers import algos
+
+    trained, train = {}, {"ppo": algos.FleetPPO.train, "dqn": algos.FleetDQN.train}[algo]
+
+    def recording_train(self, *args, **kwargs):
+        train(self, *args, **kwargs)
+        trained[self.num_timesteps] = {k: v.clone() for k, v in self.policy.state_dict().items()}
+
+    monkeypatch.setattr({"ppo": algos.FleetPPO, "dqn": algos.FleetDQN}[algo], "train", recording_train)
+    hyperparams = {  # constant learning rates (every update moves the weights); no evaluation
+        "ppo": {"num_envs": 2, "n_steps": 32, "batch_size": 32, "n_epochs": 1, "learning_rate": 0.001},
+        "dqn": {**TINY_DQN, "learning_starts": 32}}[algo]
+    # PPO's rollouts are 64 steps (DQN trains every 8): 128 is reached at a rollout's last step, 100 within one
+    spec = make_spec(algo=algo, total_timesteps=448, checkpoint_interval_steps=interval, keep_checkpoints=10,
+                     hyperparams={**hyperparams, "policy_kwargs": {"net_arch": [8]}, "eval_episodes": 0})
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    plan = make_plan(spec, select_device("cpu"))
+    periodic = [c for c in checkpoint.list_checkpoints(spec.checkpoint_dir) if c.steps < 448]
+    assert len(periodic) >= 3, [c.steps for c in periodic]
+    for info in periodic:
+        restored = load_snapshot(info.path, algo, make_vec_env(env_config(spec, plan)), "cpu", False)
+        assert info.steps in trained, (info.steps, sorted(trained))  # at a collection's end, after its update
+        saved = restored.model.policy.state_dict()
+        assert all(torch.equal(saved[k], v) for k, v in trained[info.steps].items()), info.steps
+        if algo == "dqn":  # and every transition it counts is in its replay buffer
+            assert restored.model.replay_buffer.pos * 2 == info.steps
