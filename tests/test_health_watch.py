@@ -396,6 +396,26 @@ def test_a_plateau_told_before_a_daemon_restart_is_not_told_again_after_it(loop:
     assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, True]  # newest first
 
 
+def test_evaluations_made_while_the_daemon_was_down_are_judged_when_it_adopts_the_worker(loop: Loop) -> None:
+    # The worker's reports are datagrams: those sent while no daemon listened were lost, and the
+    # collapse in them went unseen by the daemon that adopted the worker (judged only from the
+    # next evaluations reported, as many again; never, had it recovered a little).
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480)):
+        evaluate(loop, "cp", steps, value)
+    pid = loop.pid("cp")
+    loop.clock.advance(600)  # the daemon is down (kill -9); its worker trains on and evaluates
+    for steps in (5000, 6000):
+        write_checkpoint(checkpoints(loop, "cp"), steps, 10, payload, 15.0)
+    loop.probe.live = {pid}
+    loop.start()  # a daemon again: it adopts the worker
+    assert game(loop, "cp").health.state is Health.COLLAPSED
+    assert loop.state("cp") is State.STOPPING and (pid, "SIGTERM") in loop.launcher.signals
+    assert game(loop, "cp").health.last_steps == 6000 and game(loop, "cp").health.evaluations == 6
+
+
 def test_plateau_stop_stops_it_with_the_reason(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "stop"})
     loop.start()

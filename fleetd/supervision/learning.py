@@ -251,6 +251,24 @@ def verified_in_loop(path: Path) -> tuple[bool, str]:
     return True, "ok"
 
 
+def evaluations_after(directory: Path, steps: int) -> list[CheckpointSummary]:
+    """The evaluated checkpoints on disk past `steps`, oldest first: the evaluations a worker
+    reported while no daemon listened (its reports are datagrams, lost then), to judge when a
+    daemon adopts it. Checked as the index checks them (sizes; hashing every one is the worker's)."""
+    found = []
+    for info in list_checkpoints(directory):
+        if info.steps <= steps:
+            break  # newest first: the rest are older
+        try:
+            manifest = check(info.path, hashes=False)
+        except CheckpointError:
+            continue
+        if manifest.eval_return is not None:
+            found.append(CheckpointSummary(str(info.path), manifest.steps, manifest.episodes, manifest.created_at,
+                                           manifest.size_bytes, manifest.eval_return))
+    return found[::-1]
+
+
 def best_evaluated(directory: Path) -> BestCheckpoint | None:
     """The checkpoint with the highest evaluation return in its manifest whose files match their
     sizes and hashes (verified_in_loop: the replay buffer's size only), as the worker checks them

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from fleetd.clock import Clock
@@ -20,7 +21,7 @@ from fleetd.health.rules import Action, Health, Verdict
 from fleetd.health.settings import PlateauAction
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
-from fleetd.supervision.learning import LearningWatch, best_evaluated, set_aside_after
+from fleetd.supervision.learning import LearningWatch, best_evaluated, evaluations_after, set_aside_after
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
@@ -83,6 +84,21 @@ class LearningActions:
                     self._roll_back(proc)
             elif self._yielded_before(name, proc):
                 self._yielded.add(name)
+
+    def catch_up(self, proc: WorkerProcess, run_started: datetime) -> None:
+        """At start, for a worker just adopted: judge, in step order, the evaluations its run wrote
+        past the last judged. Reported while no daemon listened (datagrams), they were lost, and
+        a collapse in them went unseen until as many more came, or for good had it recovered a
+        little. Its run's only (`run_started`): an older run's checkpoint past them on disk was
+        judged by then, or passed over as unusable at the resume."""
+        if self.watch.record(proc.name).state in (Health.COLLAPSED, Health.HELD):
+            return
+        since = run_started.timestamp()
+        for summary in evaluations_after(proc.launch.game_dir / "checkpoints", self.watch.record(proc.name).last_steps):
+            if proc.state not in (State.RUNNING, State.STARTING):
+                return  # stopping on a verdict (a rollback): the rest were the collapsed run's
+            if summary.at >= since:
+                self.judge(proc, summary)
 
     def _yielded_before(self, name: str, proc: WorkerProcess) -> bool:
         """A plateau under on_plateau = yield with no worker at start: the previous daemon's

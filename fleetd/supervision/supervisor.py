@@ -148,11 +148,14 @@ class Supervisor:
         runs = sort_open_runs(open_runs, self.recorder.boot_pk, self._probe)
         close_lost_with_host(runs.lost_with_host, self.recorder, self.clock.now())
         self._load_games()
-        adopted = sum(self._adopt(run) for run in runs.live)
+        kept = [run for run in runs.live if self._adopt(run)]
+        adopted = len(kept)
         for run in runs.lost_with_daemon:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
         self._health.resume(self.procs)
+        for run in kept:  # what they evaluated while no daemon listened
+            self._health.catch_up(self.procs[run.game], run.started_at)
         self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs))
         if self._unclean_reboot:
             self.fleet.rebooted()
