@@ -212,6 +212,17 @@ def test_disabled_does_nothing():
     assert set(verdicts) == {Action.NONE}
 
 
+def test_a_game_on_its_plateau_when_health_is_turned_off_is_off_it_at_the_next_evaluation():
+    # It stayed `plateau` for good (status page, metrics, API) though nothing judged it any more.
+    record, verdicts = feed([10] * 6, settings=HealthSettings(plateau_steps=5000))
+    assert verdicts[-1] is Action.FLAG and record.state is Health.PLATEAU
+    record, verdicts = feed([10], settings=HealthSettings(plateau_steps=5000, enabled=False), record=record)
+    assert verdicts == [Action.NONE] and record.state is Health.LEARNING
+    assert record.reason == "no longer judged: health_settings.enabled = false"
+    record, verdicts = feed([10], settings=HealthSettings(plateau_steps=5000), record=record)
+    assert verdicts == [Action.FLAG] and record.state is Health.PLATEAU  # on again: judged again, told afresh
+
+
 def test_settings_refusals_name_the_field_and_value():
     assert settings_for({"on_plateau": "yield", "collapse_evals": 2}).on_plateau is PlateauAction.YIELD
     with pytest.raises(HealthSettingError, match=r"health.on_plateau: must be one of flag, stop, yield; got 'nap'"):

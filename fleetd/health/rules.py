@@ -83,6 +83,11 @@ def armed(record: HealthRecord, settings: HealthSettings) -> bool:
 
 def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
     """The record after one more evaluation, and what to do about it."""
+    if not settings.enabled and record.state is Health.PLATEAU:
+        # Turned off on its plateau: shown `plateau` for good (status, metrics) though nothing judged it.
+        state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
+        return replace(record, state=state, reason="no longer judged: health_settings.enabled = false",
+                       below=0, last_steps=ev.steps), NOTHING
     if not settings.enabled or record.state in (Health.HELD, Health.COLLAPSED):
         return replace(record, last_steps=ev.steps), NOTHING
     reached = max(record.last_steps, ev.steps)  # an evaluation behind the last (a resume from an older checkpoint)
