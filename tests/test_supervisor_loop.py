@@ -450,6 +450,22 @@ def test_a_stop_during_start_up_adopts_the_live_workers_and_starts_no_game(loop:
         assert [r.game for r in run_store.read_open_runs(session)] == (["a"] if leave_workers else [])
 
 
+@pytest.mark.parametrize("leave_workers", [False, True])
+def test_a_stop_during_start_up_with_nothing_live_is_a_clean_stop(loop: Loop, leave_workers: bool) -> None:
+    # The loop ended on its own (nothing live to wait for) before the daemon's shut_down came:
+    # that was taken for a supervisor that never ran, the stop recorded unclean, and the host's
+    # next reboot counted unclean (an instability to the governor).
+    loop.add("a")  # desired running; its worker died with the last daemon, as it stopped cleanly
+    loop.start(stopping=lambda: Shutdown(leave_workers=leave_workers))
+    loop.sup.recover = lambda stopping: None  # recovered above, as the daemon's thread does it
+    thread = SupervisorThread(loop.sup, on_failure=lambda: None)
+    thread.start_and_wait_ready()
+    thread._thread.join(5)
+    assert not thread._thread.is_alive()  # it had nothing to wait for
+    assert thread.shut_down(Shutdown(leave_workers=leave_workers), timeout_s=5) is True
+    assert loop.launcher.spawned == []
+
+
 def test_shutdown_leaving_workers_signals_nothing(loop: Loop) -> None:
     loop.add("a")
     loop.start()

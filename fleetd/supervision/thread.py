@@ -21,6 +21,7 @@ class SupervisorThread:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.failed = False
+        self._ran = False  # its loop ran and ended on its own (a shutdown begun at start-up: nothing left to wait for)
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
 
     def start_and_wait_ready(self) -> None:
@@ -36,7 +37,9 @@ class SupervisorThread:
         (recovery failed) or had failed: then nothing stopped the workers, whatever the command
         said; or when a worker outlived its SIGKILL (stuck in the kernel) past the loop's deadline."""
         if not self._thread.is_alive():
-            return False
+            # Ended already: a stop during start-up began the shutdown in recovery, and the loop
+            # ended once nothing was left live (or at once, workers left running).
+            return self._ran and (command.leave_workers or not self.supervisor.live_workers())
         self.supervisor.submit(command)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -56,6 +59,7 @@ class SupervisorThread:
         self._ready.set()
         try:
             self.supervisor.run()
+            self._ran = True
         except Exception:
             log.exception("the supervision loop failed; fleetd stops and leaves the workers running")
             self.failed = True
