@@ -190,6 +190,17 @@ def test_plateau_steps_raised_past_a_flagged_plateau_takes_it_off_at_the_next_ev
     assert verdicts == [Action.NONE] * 13 + [Action.FLAG] and record.state is Health.PLATEAU
 
 
+def test_a_plateau_resumed_from_an_older_checkpoint_stays_on_it_without_a_flip_flop():
+    # Only its first evaluation behind the last was judged from the most steps seen: the next took
+    # it off its plateau (no setting changed) and the one after flagged it again, told afresh.
+    settings = HealthSettings(plateau_steps=1_000_000)
+    record = HealthRecord(state=Health.PLATEAU, evaluations=20, floor=0.0, best=100.0, improved_steps=0,
+                          last_steps=1_050_000, reason="plateau")
+    for steps in (850_000, 900_000, 950_000, 1_000_000, 1_050_000, 1_100_000):
+        record, verdict = observe(record, Evaluation(steps, 90.0, 90.0), settings)
+        assert record.state is Health.PLATEAU and verdict.action is Action.NONE, (steps, record.reason)
+
+
 def test_a_rolled_back_game_off_its_plateau_by_a_raised_plateau_steps_is_rolled_back_again():
     record, _ = feed([10, 200, 500, 500, 20, 20, 20])
     record, verdicts = feed([500] * 10, record=rolled_back(record, 3000, 500))

@@ -56,7 +56,7 @@ class HealthRecord:
     improved_steps: int = 0  # steps of the last evaluation that raised the best by `plateau_gain`
     below: int = 0  # evaluations in a row below the collapse threshold
     rollbacks: int = 0  # since the last new best by `plateau_gain` (a smaller gain is noise)
-    last_steps: int = 0
+    last_steps: int = 0  # the most steps evaluated (a rollback sets it back to its checkpoint's)
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,8 @@ def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> t
                        below=0, last_steps=ev.steps), NOTHING
     if not settings.enabled or record.state in (Health.HELD, Health.COLLAPSED):
         return replace(record, last_steps=ev.steps), NOTHING
-    reached = max(record.last_steps, ev.steps)  # an evaluation behind the last (a resume from an older checkpoint)
     record = _counted(record, ev, settings)
+    reached = record.last_steps  # the most steps evaluated: an evaluation behind it (a resume from an older checkpoint) leaves it
     if _below(record, ev, settings):
         record = replace(record, below=record.below + 1)
         if record.below >= settings.collapse_evals and armed(record, settings):
@@ -105,7 +105,7 @@ def _counted(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> 
     """Counts, floors, the best and the plateau clock brought up to this evaluation."""
     record = replace(record, evaluations=record.evaluations + 1, floor=_min(record.floor, ev.eval_return),
                      train_floor=_min(record.train_floor, ev.train_return),
-                     train_best=_max(record.train_best, ev.train_return), last_steps=ev.steps)
+                     train_best=_max(record.train_best, ev.train_return), last_steps=max(record.last_steps, ev.steps))
     if record.best is None or ev.eval_return > record.best:
         record = _new_best(record, ev, settings)
     return record
