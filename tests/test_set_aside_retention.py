@@ -7,11 +7,9 @@ fake clock; the backup through fsspec's memory:// filesystem."""
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import fsspec
 import pytest
 
 from fleetd.config import load_settings
@@ -26,7 +24,7 @@ from fleetd.store.schema import ensure_schema
 from fleetd.supervision.learning import set_aside_after
 from fleetd.supervision.rollback import roll_back
 from tests.fakes import FakeClock, FakeHost
-from tests.operations.test_backup import write_ckpt
+from tests.operations.test_backup import memory_target, write_ckpt
 from workers import checkpoint
 
 DAY = 86400
@@ -139,14 +137,7 @@ def test_set_aside_days_0_keeps_them_for_ever(tmp_path) -> None:
 
 @pytest.fixture
 def backed_up(tmp_path):
-    url = f"memory://backup-{uuid.uuid4().hex}"
-    settings = load_settings(state_dir=tmp_path / "state", backup={"target": url})
-    ensure_schema(settings.db_path, "fleetd db upgrade")
-    db = Database.open(settings.db_path)
-    yield settings, db, url
-    db.close()
-    if fsspec.filesystem("memory").exists(url.removeprefix("memory://")):
-        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+    yield from memory_target(tmp_path)
 
 
 def test_removed_set_asides_wait_for_the_backup_target_to_drop_their_copies(backed_up, tmp_path, monkeypatch,

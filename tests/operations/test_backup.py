@@ -33,15 +33,22 @@ def write_ckpt(folder: Path, steps: int) -> Path:
     return checkpoint.write_checkpoint(folder, steps, 0, populate)
 
 
-@pytest.fixture
-def setup(tmp_path):
+def memory_target(tmp_path):
+    """Settings backing up to a fresh memory:// target, the database, the target's URL; the
+    database closed and the target's files gone after."""
     url = f"memory://backup-{uuid.uuid4().hex}"
     settings = load_settings(state_dir=tmp_path / "state", backup={"target": url})
     ensure_schema(settings.db_path, "fleetd db upgrade")
     db = Database.open(settings.db_path)
     yield settings, db, url
     db.close()
-    fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+    if fsspec.filesystem("memory").exists(url.removeprefix("memory://")):
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    yield from memory_target(tmp_path)
 
 
 def test_backup_copies_verified_checkpoints_and_an_online_database_copy(setup):

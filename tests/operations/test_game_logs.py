@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -280,6 +280,17 @@ def test_refusals_name_what_is_missing(app, client: TestClient) -> None:
     assert client.get("/api/v1/games/mine/logs", headers={"Authorization": "Bearer nope"}).status_code == 401
 
 
+def follow_beside(client: TestClient, name: str, writer: Callable[[], None]):
+    """`logs -f` of `name` (its last 5 lines first) while `writer` runs in a thread beside it
+    (which ends the follow, setting the daemon's stop); the whole answer."""
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        return client.get(f"/api/v1/games/{name}/logs", params={"follow": "true", "lines": 5})
+    finally:
+        thread.join()
+
+
 def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops(app, client: TestClient) -> None:
     first = new_run(app, "follow", "before\n")
     events: list[int] = []
@@ -293,12 +304,7 @@ def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops
         time.sleep(2.5)  # the follow looks for a newer run once a second
         app.state.stopping.set()
 
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        response = client.get("/api/v1/games/follow/logs", params={"follow": "true", "lines": 5})
-    finally:
-        thread.join()
+    response = follow_beside(client, "follow", writer)
     assert response.status_code == 200
     lines = response.text.splitlines()
     assert lines[:2] == ["before", "appended"]
@@ -319,13 +325,7 @@ def test_a_follow_moving_on_to_a_newer_run_gets_what_its_log_rotated_away(app, c
         time.sleep(2.5)  # the follow looks for a newer run once a second
         app.state.stopping.set()
 
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        response = client.get("/api/v1/games/follow-rotated/logs", params={"follow": "true", "lines": 5})
-    finally:
-        thread.join()
-    lines = response.text.splitlines()
+    lines = follow_beside(client, "follow-rotated", writer).text.splitlines()
     assert lines[0] == "first run" and lines[1].startswith("--- fleetd: run "), lines[:3]
     assert lines[2:] == [f"start {i}" for i in range(200)] + ["after the rotation"]
 
