@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,12 @@ def chat() -> Iterator[Receiver]:
     made.close()
 
 
+def kill_workers_under(root: Path) -> None:
+    for process in psutil.process_iter(["cmdline"]):
+        if MODULE in (process.info["cmdline"] or []) and any(str(root) in p for p in process.info["cmdline"]):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def config(receiver: Receiver, chat: Receiver) -> Iterator[DaemonConfig]:
     root = short_tmp_dir()
@@ -42,9 +49,7 @@ def config(receiver: Receiver, chat: Receiver) -> Iterator[DaemonConfig]:
     made.write()
     made.set_boot_id("boot-one")
     yield made
-    for process in psutil.process_iter(["cmdline"]):
-        if MODULE in (process.info["cmdline"] or []) and any(str(root) in p for p in process.info["cmdline"]):
-            os.killpg(process.pid, signal.SIGKILL)
+    kill_workers_under(root)
 
 
 def test_a_crash_loop_after_running_goes_fatal_with_an_alert(config: DaemonConfig, receiver: Receiver, chat: Receiver) -> None:
@@ -81,3 +86,52 @@ def test_a_crash_loop_after_running_goes_fatal_with_an_alert(config: DaemonConfi
         assert daemon.terminate() == 0
     finally:
         daemon.ensure_stopped()
+
+
+@pytest.fixture
+def slow_backoff() -> Iterator[DaemonConfig]:
+    """Back-offs of 2 s, then 4 s."""
+    root = short_tmp_dir()
+    extra = (SUPERVISION.replace("[worker]\n", f'[worker]\nmodule = "{MODULE}"\n')
+             .replace("backoff_initial_s = 0.5", "backoff_initial_s = 2").replace("backoff_max_s = 2", "backoff_max_s = 4"))
+    made = DaemonConfig(root, extra=extra)
+    made.write()
+    made.set_boot_id("boot-one")
+    yield made
+    kill_workers_under(root)
+
+
+def test_a_crash_loop_goes_on_through_a_daemon_killed_in_its_back_off(slow_backoff: DaemonConfig) -> None:
+    """`kill -9` of the daemon while a game that fails at every start waits out its back-off: the
+    next daemon started it at once with its count at 0, giving it `startretries` more tries. Now it
+    waits the rest of the back-off and goes FATAL after `startretries + 1` failed runs in all."""
+    env = {"PYTHONPATH": str(REPO)}
+    first = Daemon(slow_backoff, env=env)
+    second: Daemon | None = None
+    try:
+        first.wait_healthy()
+        assert first.post("/api/v1/games", {"name": "bad-start", "env_id": "CartPole-v1", "algo": "ppo"}).status_code == 201
+        # Two failed starts (2 s apart): in back-off for 4 s.
+        first.wait_for_game("bad-start", lambda g: g["state"] == "backoff" and len(first.runs("bad-start")) == 2,
+                            30, "in back-off after two failed starts")
+        time.sleep(0.3)  # the loop's turn that recorded it ends
+        first.kill()
+        second = Daemon(slow_backoff, log_name="daemon2.log", env=env)
+        second.wait_healthy()
+        game = second.wait_for_game("bad-start", lambda g: g["state"] == "fatal", 60, "fatal")
+        assert "gave up after 3 failures in a row" in game["state_reason"]
+        runs = second.runs("bad-start")  # newest first
+        assert len(runs) == 3 and {r["cause"] for r in runs} == {"crash"}, runs
+        waited = (at(runs[0]["started_at"]) - at(runs[1]["ended_at"])).total_seconds()
+        # The 4 s back-off, though the daemon died in it (and a new daemon slower to start than
+        # that starts it at once: its reason saying "the rest of its back-off" is not asked for).
+        assert waited >= 3.5, runs
+        assert second.terminate() == 0
+    finally:
+        first.ensure_stopped()
+        if second is not None:
+            second.ensure_stopped()
+
+
+def at(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))

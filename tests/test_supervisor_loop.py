@@ -1024,3 +1024,128 @@ def test_a_stall_between_the_clock_reads_is_no_step_of_the_wall_clock(
     assert loop.sup.fleet._clock_offset == offset  # no measure this look
     loop.sup.fleet._watch_clock()
     assert [r.getMessage() for r in caplog.records if "stepped" in r.getMessage()] == []
+
+
+def crash_until(loop: Loop, name: str, failures: int) -> None:
+    """Game `name`'s workers die before their first report (a failed start each) until it has
+    `failures` in a row, and waits out its back-off."""
+    for _ in range(200):
+        if loop.sup.procs[name].failures >= failures:
+            break
+        if loop.state(name) is State.STARTING:
+            loop.reactor.exit(loop.pid(name), code=1)
+        loop.steps()
+    assert loop.sup.procs[name].failures == failures and loop.state(name) is State.BACKOFF
+
+
+def spawns_of(loop: Loop, name: str) -> int:
+    return sum(game == name for game, _, _ in loop.launcher.spawned)
+
+
+def test_a_crash_loops_count_and_back_off_outlive_a_daemon_crash(loop: Loop) -> None:
+    """A daemon restart (SIGUSR1's re-exec, a crash, `systemctl restart`) started a crash-looping
+    game again at once with its failure count at 0: each restart gave it `startretries` more tries
+    without a back-off, and under a flapping daemon it never went FATAL. The count and the back-off
+    due time are kept with the game: it waits out the rest of its back-off, then goes FATAL after
+    `startretries` failures in a row in all."""
+    policy = loop.settings.supervisor
+    loop.add("a")
+    loop.start()
+    crash_until(loop, "a", 3)  # BACKOFF for 4 s (1, 2, 4)
+    assert loop.sup.procs["a"].reason.endswith("restarting in 4s")
+    spawned = spawns_of(loop, "a")
+    loop.clock.advance(1)
+    loop.start()  # the daemon died (no stop): a new one over the same store
+    proc = loop.sup.procs["a"]
+    assert proc.state is State.BACKOFF and proc.failures == 3
+    assert loop.shown()["a"] is Shown.BACKOFF
+    loop.steps(2)  # 2 of the 3 s left
+    assert spawns_of(loop, "a") == spawned and loop.state("a") is State.BACKOFF
+    loop.steps(2)
+    assert spawns_of(loop, "a") == spawned + 1 and loop.state("a") is State.STARTING
+    for _ in range(200):
+        if loop.state("a") is State.FATAL:
+            break
+        if loop.state("a") is State.STARTING:
+            loop.reactor.exit(loop.pid("a"), code=1)
+        loop.steps()
+    assert loop.state("a") is State.FATAL
+    assert f"gave up after {policy.startretries + 1} failures in a row" in loop.sup.procs["a"].reason
+    assert spawns_of(loop, "a") == policy.startretries + 1  # in both daemons together
+    loop.start()  # FATAL stays FATAL through a restart
+    assert loop.state("a") is State.FATAL and spawns_of(loop, "a") == policy.startretries + 1
+    loop.sup.submit(StartGame("a"))  # the operator's start: a new attempt, from a count of 0
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].failures == 0
+
+
+def test_a_crash_loops_count_and_back_off_outlive_a_clean_daemon_restart(loop: Loop) -> None:
+    """`systemctl restart fleetd` stops the fleet: the game in back-off goes `stopped`. The next
+    daemon starts it once its back-off is over, not at once, and counts on from its failures."""
+    loop.add("a")
+    loop.start()
+    crash_until(loop, "a", 3)
+    spawned = spawns_of(loop, "a")
+    due = loop.sup.procs["a"].backoff_due
+    assert due is not None
+    stop_and_start_again(loop, 1, leave_workers=False)
+    assert loop.state("a") is State.BACKOFF and loop.sup.procs["a"].failures == 3
+    assert loop.sup.procs["a"].reason.endswith("the rest of its back-off") and loop.clock.now() < due
+    for _ in range(20):
+        if spawns_of(loop, "a") > spawned:
+            break
+        loop.steps()
+    assert loop.clock.now() >= due  # not before its back-off was over
+    loop.reactor.exit(loop.pid("a"), code=1)
+    loop.steps()
+    assert loop.sup.procs["a"].failures == 4 and loop.sup.procs["a"].reason.endswith("restarting in 8s")
+
+
+def test_a_worker_adopted_in_a_crash_loop_counts_on_from_its_failures(loop: Loop) -> None:
+    loop.add("a")
+    loop.start()
+    crash_until(loop, "a", 2)
+    for _ in range(10):
+        if loop.state("a") is State.STARTING:
+            break
+        loop.steps()
+    pid = loop.pid("a")
+    loop.probe.live = {pid}
+    loop.start()  # the daemon died; its worker, still starting, is adopted
+    assert loop.pid("a") == pid and loop.sup.procs["a"].failures == 2
+    loop.reactor.exit(pid, code=1)
+    loop.steps()
+    assert loop.sup.procs["a"].failures == 3 and loop.sup.procs["a"].reason.endswith("restarting in 4s")
+
+
+def test_a_reboot_starts_a_crash_looping_game_afresh(loop: Loop, host: FakeHost) -> None:
+    """A reboot is a fresh host (a wedged GPU, leaked memory: gone): the game starts at once,
+    from a count of 0, as every game that should run does after a reboot."""
+    loop.add("a")
+    loop.start()
+    crash_until(loop, "a", 3)
+    spawned = spawns_of(loop, "a")
+    host.reboot(1)
+    loop.boot_pk = record_daemon_start(loop.db, host.current_boot(), loop.clock.now()).boot.id
+    loop.start(unclean_reboot=True)
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].failures == 0
+    assert spawns_of(loop, "a") == spawned + 1
+
+
+def test_the_operators_stop_and_start_clear_a_crash_loops_count_and_back_off(loop: Loop) -> None:
+    """Neither a stop nor a daemon restart ends a crash loop's count; the operator's start does."""
+    loop.add("a")
+    loop.start()
+    crash_until(loop, "a", 3)
+    set_desired(loop.db, loop.clock, "a", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert loop.state("a") is State.STOPPED and loop.sup.procs["a"].failures == 3
+    spawned = spawns_of(loop, "a")
+    set_desired(loop.db, loop.clock, "a", Desired.RUNNING)
+    loop.sup.submit(StartGame("a"))
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].failures == 0
+    assert spawns_of(loop, "a") == spawned + 1  # at once: no back-off left to wait out
+    with loop.db.transaction() as session:
+        assert game_store.read_game(session, "a").failures == 0

@@ -197,6 +197,15 @@ def update_games_remedies(session: Session, scales: dict[str, tuple[float, float
     session.flush()
 
 
+def update_games_failures(session: Session, counts: dict[str, tuple[int, int, datetime | None]]) -> None:
+    """Each game's failures in a row, the boot they were counted on and when its back-off ends;
+    a game removed meanwhile is skipped."""
+    for name, (failures, boot_pk, backoff_until) in counts.items():
+        session.execute(update(Game).where(Game.name == name)
+                        .values(failures=failures, failures_boot_id=boot_pk, backoff_until=backoff_until))
+    session.flush()
+
+
 def update_game_resumed(session: Session, name: str, steps: int, episodes: int | None = None) -> None:
     """A new run resumed from a checkpoint: the game's steps (and episodes, where known) are the
     checkpoint's. The run before flushed its last report earlier, maybe before it wrote that

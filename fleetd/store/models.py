@@ -127,6 +127,11 @@ class Game(Base):
     # learning-health rollbacks (fleetd/supervision/remedies.py), stored as they change.
     remedy_lr_scale: Mapped[float] = mapped_column(server_default="1.0")
     remedy_batch_scale: Mapped[float] = mapped_column(server_default="1.0")
+    # Its failures in a row without progress, the boot they were counted on (a reboot starts the
+    # count afresh) and when its back-off ends (NULL: none): a daemon restart counts on from them.
+    failures: Mapped[int] = mapped_column(server_default="0")
+    failures_boot_id: Mapped[int | None]
+    backoff_until: Mapped[datetime | None]
     # Latest progress report; the history lives in samples.
     steps: Mapped[int] = mapped_column(default=0)
     episodes: Mapped[int] = mapped_column(default=0)

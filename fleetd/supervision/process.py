@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fleetd.clock import Clock
 from fleetd.governor.footprint import RunningWorker
@@ -57,6 +57,9 @@ class WorkerProcess:
         self.spawned_wall: datetime | None = None  # wall time of the spawn: checkpoints on disk newer are this run's
         self._spawned_at = 0.0
         self._backoff_until = 0.0
+        # The wall time its back-off ends, kept through a stop and stored with the game: a start
+        # by the governor (after a daemon restart too) waits out what is left of it. None: none.
+        self.backoff_due: datetime | None = None
         self._stop_deadline = 0.0
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
         self._hung_stopped = False  # the hang was a process stopped by a signal from outside
@@ -79,11 +82,29 @@ class WorkerProcess:
 
     # -- commands ---------------------------------------------------------------------------
 
-    def start(self, reason: str = "start requested") -> None:
-        """Start now, from STOPPED, EXITED, FATAL or BACKOFF; clears the failure count."""
-        if self.state in (State.STOPPED, State.EXITED, State.FATAL, State.BACKOFF):
+    def start(self, reason: str = "start requested", fresh: bool = True) -> None:
+        """Start now, from STOPPED, EXITED, FATAL or BACKOFF. `fresh` (the operator's start, a
+        rollback): the failure count starts again from 0. Otherwise (the governor admitting a game
+        that should run, a daemon restart's included) the count goes on, and a back-off that is not
+        over yet is waited out first: a stop or a daemon restart is no way out of a crash loop."""
+        if self.state not in (State.STOPPED, State.EXITED, State.FATAL, State.BACKOFF):
+            return
+        if fresh:
             self._clear_failures()
-            self._spawn(reason)
+        elif self.state is State.STOPPED and (left := self._backoff_left()) > 0:
+            self._backoff_until = self._clock.monotonic() + left
+            self._to(State.BACKOFF, f"{reason}; {self.failures} failures in a row: restarting in {left:.3g}s, "
+                     "the rest of its back-off")
+            return
+        self._spawn(reason)
+
+    def _backoff_left(self) -> float:
+        """The seconds left of its back-off by the wall clock, at most its whole delay (a clock
+        stepped back does not lengthen it)."""
+        if self.backoff_due is None or not self.failures:
+            return 0.0
+        left = (self.backoff_due - self._clock.now()).total_seconds()
+        return max(0.0, min(left, self.policy.backoff_delay(self.failures)))
 
     def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
         """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`."""
@@ -105,9 +126,20 @@ class WorkerProcess:
         """The failure count, and after FATAL the remedies too: the operator's new attempt, after
         fixing the settings, starts from them as they are (a game FATAL at the batch floor would
         otherwise start at 1/16 of the batch it was given, and its next CUDA OOM end it at once)."""
-        self.failures = 0
+        self.failures, self.backoff_due = 0, None
         if self.state is State.FATAL:
             self.remedies = Remedies()
+
+    def forgive(self) -> None:
+        """The operator started a game that was not running (`games start`, desired stopped ->
+        running): a new attempt, its failure count and back-off from nothing, as a start clears them."""
+        if self.state in (State.STOPPED, State.BACKOFF):
+            self.failures, self.backoff_due = 0, None
+
+    def carry(self, failures: int, backoff_due: datetime | None) -> None:
+        """At daemon start: the failures in a row and the back-off's end that the last daemon
+        left on this boot. A worker adopted counts on from them; a start waits out the back-off."""
+        self.failures, self.backoff_due = failures, backoff_due
 
     def restore(self, state: State, reason: str) -> None:
         """At daemon start: keep a game that had ended (EXITED) or given up (FATAL) that way."""
@@ -229,6 +261,7 @@ class WorkerProcess:
             run_id = self._sink.begin_run(self.name)
         except GameRemoved:
             return  # it stays as it was, and is forgotten at the next read of the games
+        self.backoff_due = None  # its back-off, if any, is over
         self._to(State.STARTING, reason, restart=restart)
         if self.launch.refused is not None:  # the worker would exit 78: no use starting it
             self._sink.run_ended(run_id, ExitStatus(), "bad_spec")
@@ -375,6 +408,7 @@ class WorkerProcess:
             return
         delay = self.policy.backoff_delay(self.failures)
         self._backoff_until = self._clock.monotonic() + delay
+        self.backoff_due = self._clock.now() + timedelta(seconds=delay)
         self._to(State.BACKOFF, f"{reason}; restarting in {delay:g}s")
 
     def _kill(self, why: str, message: str) -> None:

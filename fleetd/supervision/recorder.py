@@ -104,6 +104,12 @@ class Recorder:
         with self.db.transaction() as session:
             game_store.update_games_remedies(session, {name: (r.lr_scale, r.batch_scale) for name, r in scales.items()})
 
+    def failures(self, counts: dict[str, tuple[int, int, datetime | None]]) -> None:
+        """These games' failures in a row, the boot they were counted on and when their back-off
+        ends, kept so that a daemon restart counts on from them (docs/supervision.md)."""
+        with self.db.transaction() as session:
+            game_store.update_games_failures(session, counts)
+
     def _alert(self, kind: str, message: str, game: str | None, details: dict[str, Any], action: str) -> None:
         if self.alerts is not None:
             self.alerts.send(Alert(kind, message, self.clock.now(), game, details, action))

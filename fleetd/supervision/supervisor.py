@@ -52,6 +52,8 @@ from workers.protocol.spec import TierDefaults
 
 log = logging.getLogger(__name__)
 
+Carried = tuple[int, datetime | None]  # a game's failures in a row, and the end of its back-off
+
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
 GOVERNOR_TICK_S = 5.0
 
@@ -78,6 +80,7 @@ class Supervisor:
         self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
         self._tap = TransitionTap(recorder)
         self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_remedies`)
+        self._failures_saved: dict[str, Carried] = {}  # as the store holds them (`_save_failures`)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
@@ -185,6 +188,18 @@ class Supervisor:
             self._flushed_at = now
             self.recorder.flush_progress()
         self._save_remedies()
+        self._save_failures()
+
+    def _save_failures(self) -> None:
+        """Each game's failures in a row and the end of its back-off, stored as they change, with
+        the boot they were counted on: a daemon restart on this boot counts on from them
+        (`_new_proc`), where it started a crash-looping game again at once from 0."""
+        changed = {name: carried for name, proc in self.procs.items()
+                   if self._failures_saved.get(name) != (carried := (proc.failures, proc.backoff_due))}
+        if changed:
+            boot = self.recorder.boot_pk
+            self.recorder.failures({name: (count, boot, due) for name, (count, due) in changed.items()})
+            self._failures_saved.update(changed)
 
     def _save_remedies(self) -> None:
         """The scales each game's next run takes, stored as they change, whatever changed them (a
@@ -237,6 +252,8 @@ class Supervisor:
         self._games_read += 1
         for name in started:
             self._health.release(name, self.procs.get(name))
+            if name in self.procs:  # the operator's new attempt: its crash loop's count starts afresh
+                self.procs[name].forgive()
 
     def _started(self, game: GameRecord, before: Desired | None) -> bool:
         """Desired running now, stopped at the last read (`games start`, a fleet file's `desired`:
@@ -311,7 +328,7 @@ class Supervisor:
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
                 self._health.starting(proc.name)
-                proc.start("admitted: desired state is running")
+                proc.start("admitted: desired state is running", fresh=False)
             elif proc.state in (State.STARTING, State.RUNNING) and self._moved(proc.name):
                 self._stop(proc, f"moving to host {self.fleet.host_of(proc.name)}: it restarts there from its checkpoint")
         elif desired is Desired.RUNNING:
@@ -387,6 +404,11 @@ class Supervisor:
         proc = WorkerProcess(launch_for(game, self.settings, 1, None), self.policy, self._launcher, self.clock, self._tap)
         proc.remedies = remedies_of(game)
         self._remedies_saved[game.name] = proc.remedies
+        # A crash loop's count and back-off, as the last daemon left them on this boot; a reboot
+        # (a fresh host: a wedged GPU or leaked memory gone) starts the count afresh.
+        if game.failures_boot_id == self.recorder.boot_pk:
+            proc.carry(game.failures, game.backoff_until)
+        self._failures_saved[game.name] = (game.failures, game.backoff_until)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
         self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
@@ -430,6 +452,7 @@ class Supervisor:
             self.recorder.forget(name)
             self._placing.hosts.pop(name, None)
             self._remedies_saved.pop(name, None)
+            self._failures_saved.pop(name, None)
         self._ids = ids | {name: self._ids[name] for name in live if name in self._ids}
 
     def _on_exit(self, exited: Exited) -> None:
@@ -538,10 +561,13 @@ class Supervisor:
                 return commands
 
     def _clear_ended(self, name: str) -> None:
-        """`games start`: clears FATAL/EXITED; the game then waits for admission like any other."""
+        """`games start`: clears FATAL/EXITED, and the failure count of a game not running; the
+        game then waits for admission like any other."""
         proc = self.procs.get(name)
         if proc is not None and proc.state in (State.FATAL, State.EXITED):
             proc.reset("start requested: waiting for admission")
+        elif proc is not None:
+            proc.forgive()
 
     def _restart(self, name: str) -> None:
         """`--restart` (or new sizes): a live worker started with other settings than its game's
