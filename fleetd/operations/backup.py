@@ -160,6 +160,7 @@ class Backup:
         self._purges: set[str] = self._read_purges()  # games removed with their files, not yet off the target
         self._purges_lock = threading.Lock()  # not `_lock`: a DELETE must not wait out a backup's copying
         self._seen_database: tuple[tuple[Any, str], str | None] | None = None  # a keyless target's copy, and whose
+        self._confirmed: dict[str, bytes] = {}  # the target's checkpoint copies known to be ours: sync_game
 
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied."""
@@ -261,7 +262,7 @@ class Backup:
                 game = folder.parent.name
                 if game in self._purges:
                     continue  # its files are being deleted: what is left of them is not copied back
-                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
+                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed)
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
             removed += self._set_aside()
@@ -398,10 +399,15 @@ def remove_scratch_leftovers(settings: Settings) -> list[Path]:
     return left
 
 
-def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None) -> tuple[list[str], list[str]]:
+def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None,
+              confirmed: dict[str, bytes] | None = None) -> tuple[list[str], list[str]]:
     """Copy the game's verified checkpoints the target lacks; drop the ones pruned here since
     (the retention policy decides what is kept), never the last ones when none is left here.
-    `owned`: drop only those of these names (the others were never here to be pruned)."""
+    `owned`: drop only those of these names (the others were never here to be pruned).
+    `confirmed` (the backup's, kept between scans): a copy of a name the target holds is
+    compared by its manifest too, and copied again where the checkpoint here is another one
+    (written again at that step count: after a rollback, the run from the checkpoint it went
+    back to); the manifests found the same are remembered there, so each is read once."""
     on_target = target.names(relative)
     for stale in (n for n in on_target if n.startswith(_TEMP)):  # an interrupted copy
         target.remove(f"{relative}/{stale}")
@@ -409,28 +415,64 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     held = None if target.local else target.files_below(relative)
     copied = []
     for info in reversed(local):  # oldest first: the newest lands last
-        if info.path.name in on_target and not _cut_short(held, info.path):
+        name = info.path.name
+        cut_short = name in on_target and _cut_short(held, info.path)
+        replaced = name in on_target and not cut_short and confirmed is not None and \
+            not _same_copy(target, f"{relative}/{name}", info.path, confirmed)
+        if name in on_target and not cut_short and not replaced:
             continue
         if not checkpoint.verify(info.path)[0]:
             continue
-        if info.path.name in on_target:
+        manifest = _manifest_bytes(info.path)
+        if name in on_target:
             # On an object store the rename into place is a copy: one cut short (a network
             # error, a crash) left some files under the final name, and the name alone kept
-            # that copy, which no restore takes, for good. Copied again whole.
-            log.warning("%s: the copy of %s at %s lacks files: copied again", relative, info.path.name, target.url)
-            target.remove(f"{relative}/{info.path.name}")
+            # that copy, which no restore takes, for good. Copied again whole; so is the copy
+            # of another checkpoint of the name, which a restore would resume from.
+            log.warning("%s: the copy of %s at %s %s: copied again", relative, name, target.url,
+                        "lacks files" if cut_short else "is of another checkpoint of that step count")
+            target.remove(f"{relative}/{name}")
         try:
-            target.put_folder(info.path, f"{relative}/{info.path.name}")
+            target.put_folder(info.path, f"{relative}/{name}")
         except FileNotFoundError:  # pruned by its worker while we copied: it is not wanted
-            target.remove(f"{relative}/{_TEMP}{info.path.name}")
+            target.remove(f"{relative}/{_TEMP}{name}")
             continue
-        copied.append(info.path.name)
+        if confirmed is not None and manifest is not None:
+            confirmed[f"{relative}/{name}"] = manifest
+        copied.append(name)
     kept = {info.path.name for info in local}
+    if confirmed is not None:  # forget the names pruned here
+        for key in [k for k in confirmed if k.rpartition("/")[0] == relative and k.rpartition("/")[2] not in kept]:
+            del confirmed[key]
     gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept
                   and (owned is None or n in owned)) if kept else []
     for name in gone:
         target.remove(f"{relative}/{name}")
     return copied, gone
+
+
+def _manifest_bytes(local: Path) -> bytes | None:
+    try:
+        return (local / checkpoint.MANIFEST).read_bytes()
+    except OSError:  # pruned meanwhile
+        return None
+
+
+def _same_copy(target: Target, relative: str, local: Path, confirmed: dict[str, bytes]) -> bool:
+    """The target's copy at `relative` is of this checkpoint: the same manifest (every file's
+    hash), as found before (`confirmed`) or read from the target now. One pruned here
+    meanwhile counts as the same: it is not copied."""
+    here = _manifest_bytes(local)
+    if here is None or confirmed.get(relative) == here:
+        return True
+    try:
+        there = target.fs.cat_file(target.path(f"{relative}/{checkpoint.MANIFEST}"))
+    except FileNotFoundError:
+        there = None
+    if there != here:
+        return False
+    confirmed[relative] = here
+    return True
 
 
 def _cut_short(held: dict[str, set[str]] | None, local: Path) -> bool:

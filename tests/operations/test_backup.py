@@ -25,9 +25,9 @@ from tests.fakes import FakeClock
 from workers import checkpoint
 
 
-def write_ckpt(folder: Path, steps: int) -> Path:
+def write_ckpt(folder: Path, steps: int, model: bytes | None = None) -> Path:
     def populate(tmp: Path) -> None:
-        (tmp / "model.zip").write_bytes(b"model at %d" % steps)
+        (tmp / "model.zip").write_bytes(b"model at %d" % steps if model is None else model)
         (tmp / "state.json").write_text('{"steps": %d}' % steps)
 
     return checkpoint.write_checkpoint(folder, steps, 0, populate)
@@ -301,6 +301,37 @@ def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup
     assert backup.now().removed == []
     copy = target.fs.cat_file(target.path(f"games/pong/checkpoints/ckpt-000000000100/{checkpoint.MANIFEST}"))
     assert copy == (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes()
+
+
+def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_copy(setup, tmp_path):
+    # A rollback sets aside the checkpoints after the one it goes back to, and the run started
+    # from there writes checkpoints at the same step counts again (the step interval runs from
+    # the resumed step), under the same names. Where the target still held the set-aside
+    # (collapsed) ones at that scan (a scan interval, a target down for a while), it kept them
+    # for good, known by their names only, and a restore resumed the game from the run that
+    # was rolled back.
+    from fleetd.supervision.learning import set_aside_after
+
+    settings, db, url = setup
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    write_ckpt(ckpts, 100)
+    write_ckpt(ckpts, 200, b"collapsed")
+    backup = Backup(settings, db, FakeClock())
+    assert backup.checkpoints().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+
+    set_aside_after(ckpts, 100, settings.game_dir("pong") / "rolled_back" / "20260101T000000-after-100")
+    retrained = write_ckpt(ckpts, 200, b"trained again from 100")
+
+    assert backup.checkpoints().copied == ["pong/ckpt-000000000200"]
+    target = Target(url)
+    copy = target.fs.cat_file(target.path(f"games/pong/checkpoints/ckpt-000000000200/{checkpoint.MANIFEST}"))
+    assert copy == (retrained / checkpoint.MANIFEST).read_bytes()
+    assert backup.checkpoints().copied == []  # the same now: not copied again at every scan
+    backup.database()
+    restored = restore(url, tmp_path / "restored")
+    assert (restored.checkpoints, restored.skipped) == (2, [])
+    assert (tmp_path / "restored/games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == \
+        b"trained again from 100"
 
 
 def booted_fleet(state_dir: Path, url: str, boot_id: str):
