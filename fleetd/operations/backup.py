@@ -605,10 +605,15 @@ def _remove_restored(state_dir: Path) -> list[str]:
 def close_backed_up_boot(db_path: Path) -> bool:
     """The copy was taken from a running daemon, so its last boot never recorded a stop, and
     the first start here would count an unclean reboot (instability, for the governor). It
-    ends where the old host was last seen: a move, not a crash. False on an older schema,
-    which the daemon asks to upgrade first; the reboot is then counted as unclean."""
+    ends where the old host was last seen: a move, not a crash. The runs it recorded as alive
+    end there too (`lost_host`): their workers trained for the backed-up state_dir, never
+    this one, and on the same host in the same boot (a restore drill beside the live fleet, a
+    state_dir disk replaced without a reboot) the daemon started here would have adopted them
+    by pid, start and command line. False on an older schema, which the daemon asks to
+    upgrade first; the reboot is then counted as unclean, and those runs closed at its start."""
     from fleetd.host.uptime import record_daemon_stop
-    from fleetd.store.boots import read_latest_boot
+    from fleetd.store import runs as run_store
+    from fleetd.store.boots import read_boot, read_latest_boot
     from fleetd.store.schema import SchemaState, inspect_schema
 
     if inspect_schema(db_path).state is not SchemaState.CURRENT:
@@ -617,6 +622,13 @@ def close_backed_up_boot(db_path: Path) -> bool:
     try:
         with db.transaction() as session:
             boot = read_latest_boot(session)
+            for run in run_store.read_open_runs(session):
+                of_boot = read_boot(session, run.boot_pk)
+                ended = of_boot.last_seen_at if of_boot is not None else boot.last_seen_at if boot else run.started_at
+                run_store.update_run_ended(session, run.id, ended, "lost_host", None, None)
+                create_event(session, ended, "lost_host", f"worker pid {run.pid} stayed with the backed-up host "
+                             "(restored from a backup onto another state_dir)", severity="warning", game=run.game,
+                             details={"run_id": run.id, "pid": run.pid})
         if boot is not None and not boot.daemon_clean_stop:
             record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir",
                                clean=True)

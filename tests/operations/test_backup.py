@@ -347,6 +347,51 @@ def booted_fleet(state_dir: Path, url: str, boot_id: str):
     return settings, db
 
 
+def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path):
+    # A restore onto another state_dir of the same host, in the same boot (a restore drill beside
+    # the live fleet, or a lost state_dir disk replaced without a reboot): the copy's open runs
+    # were of this boot, and their workers, still running for the other state_dir, matched pid,
+    # start and command line. The daemon started on the restored state_dir adopted them (and
+    # would kill them at its hang timeout, or its stop), as if they trained for it.
+    import psutil
+
+    from fleetd.store.records import GameDraft
+    from fleetd.host.boot import HostBoot
+    from fleetd.host.uptime import record_daemon_start
+    from fleetd.store.games import create_game
+    from fleetd.store.runs import create_run, read_open_runs, read_runs, update_run_spawned
+    from fleetd.supervision.adoption import OsProcessProbe, sort_open_runs
+    from fleetd.supervision.launcher import process_start_time
+    from tests.test_adoption import sleeper
+
+    clock = FakeClock()
+    settings, db = booted_fleet(tmp_path / "live", setup[2], "this-host")
+    worker = sleeper()
+    try:
+        with db.transaction() as session:
+            game = create_game(session, GameDraft("pong", "CartPole-v1", "ppo"), clock.now())
+            run_id = create_run(session, game.id, 1, clock.now())
+            update_run_spawned(session, run_id, worker.pid, process_start_time(worker.pid),
+                               psutil.Process(worker.pid).cmdline(), "run.log")
+        Backup(settings, db, clock).now()
+        db.close()
+
+        restore(setup[2], tmp_path / "restored")
+        restored = Database.open(tmp_path / "restored" / "fleetd.db")
+        try:
+            start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
+            with restored.transaction() as session:
+                runs = sort_open_runs(read_open_runs(session), start.boot.id, OsProcessProbe())
+                (run,) = read_runs(session, game.id, "pong", 10)
+        finally:
+            restored.close()
+        assert runs.live == [] and worker.poll() is None  # alive, and the other state_dir's
+        assert run.ended_at is not None and run.cause == "lost_host", run
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
     # Two hosts given the same config (or a fresh state_dir started before `fleetd restore`):
     # the second one's backup replaced the first's database and deleted its checkpoints.
