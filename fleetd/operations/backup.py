@@ -609,14 +609,19 @@ def close_backed_up_boot(db_path: Path) -> bool:
     end there too (`lost_host`): their workers trained for the backed-up state_dir, never
     this one, and on the same host in the same boot (a restore drill beside the live fleet, a
     state_dir disk replaced without a reboot) the daemon started here would have adopted them
-    by pid, start and command line. False on an older schema, which the daemon asks to
-    upgrade first; the reboot is then counted as unclean, and those runs closed at its start."""
+    by pid, start and command line. On an older schema (restored, then upgraded with `fleetd
+    db upgrade`) the same is written in the tables and columns every schema has had, without
+    the events. False on one a newer fleetd wrote: left as it is."""
     from fleetd.host.uptime import record_daemon_stop
     from fleetd.store import runs as run_store
     from fleetd.store.boots import read_boot, read_latest_boot
     from fleetd.store.schema import SchemaState, inspect_schema
 
-    if inspect_schema(db_path).state is not SchemaState.CURRENT:
+    state = inspect_schema(db_path).state
+    if state is SchemaState.BEHIND:
+        _close_in_older_schema(db_path)
+        return True
+    if state is not SchemaState.CURRENT:
         return False
     db = Database.open(db_path)
     try:
@@ -635,6 +640,22 @@ def close_backed_up_boot(db_path: Path) -> bool:
     finally:
         db.close()
     return True
+
+
+def _close_in_older_schema(db_path: Path) -> None:
+    """close_backed_up_boot on a database at an older schema, in plain SQL on what its first
+    one (migrations/versions/0001_initial.py) had: the open runs end as `lost_host` at their
+    boot's last heartbeat, and the last boot's daemon stopped clean."""
+    import sqlite3
+
+    con = sqlite3.connect(db_path)
+    try:
+        with con:
+            con.execute("UPDATE runs SET cause = 'lost_host', ended_at = (SELECT boots.last_seen_at FROM boots "
+                        "WHERE boots.id = runs.boot_id) WHERE ended_at IS NULL")
+            con.execute("UPDATE boots SET daemon_clean_stop = 1 WHERE id = (SELECT max(id) FROM boots)")
+    finally:
+        con.close()
 
 
 def check_empty(state_dir: Path) -> None:

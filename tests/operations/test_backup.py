@@ -347,19 +347,22 @@ def booted_fleet(state_dir: Path, url: str, boot_id: str):
     return settings, db
 
 
-def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path):
+@pytest.mark.parametrize("schema", ["current", "older"])
+def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path, schema):
     # A restore onto another state_dir of the same host, in the same boot (a restore drill beside
     # the live fleet, or a lost state_dir disk replaced without a reboot): the copy's open runs
     # were of this boot, and their workers, still running for the other state_dir, matched pid,
     # start and command line. The daemon started on the restored state_dir adopted them (and
     # would kill them at its hang timeout, or its stop), as if they trained for it.
     import psutil
+    from alembic import command
 
     from fleetd.store.records import GameDraft
     from fleetd.host.boot import HostBoot
     from fleetd.host.uptime import record_daemon_start
     from fleetd.store.games import create_game
     from fleetd.store.runs import create_run, read_open_runs, read_runs, update_run_spawned
+    from fleetd.store.schema import alembic_config
     from fleetd.supervision.adoption import OsProcessProbe, sort_open_runs
     from fleetd.supervision.launcher import process_start_time
     from tests.test_adoption import sleeper
@@ -375,11 +378,20 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
                                psutil.Process(worker.pid).cmdline(), "run.log")
         Backup(settings, db, clock).now()
         db.close()
+        source = setup[2]
+        if schema == "older":  # restored as it is, upgraded by `fleetd db upgrade` before the start
+            source = str(tmp_path / "older")
+            fsspec.filesystem("memory").get(setup[2].removeprefix("memory://"), source, recursive=True)
+            command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
 
-        restore(setup[2], tmp_path / "restored")
+        restore(source, tmp_path / "restored")
+        if schema == "older":
+            assert inspect_schema(tmp_path / "restored" / "fleetd.db").state is SchemaState.BEHIND
+            command.upgrade(alembic_config(tmp_path / "restored" / "fleetd.db"), "head")
         restored = Database.open(tmp_path / "restored" / "fleetd.db")
         try:
             start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
+            assert start.previous is not None and start.previous.daemon_clean_stop
             with restored.transaction() as session:
                 runs = sort_open_runs(read_open_runs(session), start.boot.id, OsProcessProbe())
                 (run,) = read_runs(session, game.id, "pong", 10)
