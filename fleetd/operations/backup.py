@@ -160,6 +160,7 @@ class Backup:
         self._purges: set[str] = self._read_purges()  # games removed with their files, not yet off the target
         self._purges_lock = threading.Lock()  # not `_lock`: a DELETE must not wait out a backup's copying
         self._seen_database: tuple[tuple[Any, str], str | None] | None = None  # a keyless target's copy, and whose
+        self._confirmed: dict[str, bytes] = {}  # the target's checkpoint copies known to be ours: sync_game
 
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied."""
@@ -261,7 +262,7 @@ class Backup:
                 game = folder.parent.name
                 if game in self._purges:
                     continue  # its files are being deleted: what is left of them is not copied back
-                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints")
+                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed)
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
             removed += self._set_aside()
@@ -398,10 +399,15 @@ def remove_scratch_leftovers(settings: Settings) -> list[Path]:
     return left
 
 
-def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None) -> tuple[list[str], list[str]]:
+def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None,
+              confirmed: dict[str, bytes] | None = None) -> tuple[list[str], list[str]]:
     """Copy the game's verified checkpoints the target lacks; drop the ones pruned here since
     (the retention policy decides what is kept), never the last ones when none is left here.
-    `owned`: drop only those of these names (the others were never here to be pruned)."""
+    `owned`: drop only those of these names (the others were never here to be pruned).
+    `confirmed` (the backup's, kept between scans): a copy of a name the target holds is
+    compared by its manifest too, and copied again where the checkpoint here is another one
+    (written again at that step count: after a rollback, the run from the checkpoint it went
+    back to); the manifests found the same are remembered there, so each is read once."""
     on_target = target.names(relative)
     for stale in (n for n in on_target if n.startswith(_TEMP)):  # an interrupted copy
         target.remove(f"{relative}/{stale}")
@@ -409,28 +415,64 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     held = None if target.local else target.files_below(relative)
     copied = []
     for info in reversed(local):  # oldest first: the newest lands last
-        if info.path.name in on_target and not _cut_short(held, info.path):
+        name = info.path.name
+        cut_short = name in on_target and _cut_short(held, info.path)
+        replaced = name in on_target and not cut_short and confirmed is not None and \
+            not _same_copy(target, f"{relative}/{name}", info.path, confirmed)
+        if name in on_target and not cut_short and not replaced:
             continue
         if not checkpoint.verify(info.path)[0]:
             continue
-        if info.path.name in on_target:
+        manifest = _manifest_bytes(info.path)
+        if name in on_target:
             # On an object store the rename into place is a copy: one cut short (a network
             # error, a crash) left some files under the final name, and the name alone kept
-            # that copy, which no restore takes, for good. Copied again whole.
-            log.warning("%s: the copy of %s at %s lacks files: copied again", relative, info.path.name, target.url)
-            target.remove(f"{relative}/{info.path.name}")
+            # that copy, which no restore takes, for good. Copied again whole; so is the copy
+            # of another checkpoint of the name, which a restore would resume from.
+            log.warning("%s: the copy of %s at %s %s: copied again", relative, name, target.url,
+                        "lacks files" if cut_short else "is of another checkpoint of that step count")
+            target.remove(f"{relative}/{name}")
         try:
-            target.put_folder(info.path, f"{relative}/{info.path.name}")
+            target.put_folder(info.path, f"{relative}/{name}")
         except FileNotFoundError:  # pruned by its worker while we copied: it is not wanted
-            target.remove(f"{relative}/{_TEMP}{info.path.name}")
+            target.remove(f"{relative}/{_TEMP}{name}")
             continue
-        copied.append(info.path.name)
+        if confirmed is not None and manifest is not None:
+            confirmed[f"{relative}/{name}"] = manifest
+        copied.append(name)
     kept = {info.path.name for info in local}
+    if confirmed is not None:  # forget the names pruned here
+        for key in [k for k in confirmed if k.rpartition("/")[0] == relative and k.rpartition("/")[2] not in kept]:
+            del confirmed[key]
     gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept
                   and (owned is None or n in owned)) if kept else []
     for name in gone:
         target.remove(f"{relative}/{name}")
     return copied, gone
+
+
+def _manifest_bytes(local: Path) -> bytes | None:
+    try:
+        return (local / checkpoint.MANIFEST).read_bytes()
+    except OSError:  # pruned meanwhile
+        return None
+
+
+def _same_copy(target: Target, relative: str, local: Path, confirmed: dict[str, bytes]) -> bool:
+    """The target's copy at `relative` is of this checkpoint: the same manifest (every file's
+    hash), as found before (`confirmed`) or read from the target now. One pruned here
+    meanwhile counts as the same: it is not copied."""
+    here = _manifest_bytes(local)
+    if here is None or confirmed.get(relative) == here:
+        return True
+    try:
+        there = target.fs.cat_file(target.path(f"{relative}/{checkpoint.MANIFEST}"))
+    except FileNotFoundError:
+        there = None
+    if there != here:
+        return False
+    confirmed[relative] = here
+    return True
 
 
 def _cut_short(held: dict[str, set[str]] | None, local: Path) -> bool:
@@ -563,24 +605,57 @@ def _remove_restored(state_dir: Path) -> list[str]:
 def close_backed_up_boot(db_path: Path) -> bool:
     """The copy was taken from a running daemon, so its last boot never recorded a stop, and
     the first start here would count an unclean reboot (instability, for the governor). It
-    ends where the old host was last seen: a move, not a crash. False on an older schema,
-    which the daemon asks to upgrade first; the reboot is then counted as unclean."""
+    ends where the old host was last seen: a move, not a crash. The runs it recorded as alive
+    end there too (`lost_host`): their workers trained for the backed-up state_dir, never
+    this one, and on the same host in the same boot (a restore drill beside the live fleet, a
+    state_dir disk replaced without a reboot) the daemon started here would have adopted them
+    by pid, start and command line. On an older schema (restored, then upgraded with `fleetd
+    db upgrade`) the same is written in the tables and columns every schema has had, without
+    the events. False on one a newer fleetd wrote: left as it is."""
     from fleetd.host.uptime import record_daemon_stop
-    from fleetd.store.boots import read_latest_boot
+    from fleetd.store import runs as run_store
+    from fleetd.store.boots import read_boot, read_latest_boot
     from fleetd.store.schema import SchemaState, inspect_schema
 
-    if inspect_schema(db_path).state is not SchemaState.CURRENT:
+    state = inspect_schema(db_path).state
+    if state is SchemaState.BEHIND:
+        _close_in_older_schema(db_path)
+        return True
+    if state is not SchemaState.CURRENT:
         return False
     db = Database.open(db_path)
     try:
         with db.transaction() as session:
             boot = read_latest_boot(session)
+            for run in run_store.read_open_runs(session):
+                of_boot = read_boot(session, run.boot_pk)
+                ended = of_boot.last_seen_at if of_boot is not None else boot.last_seen_at if boot else run.started_at
+                run_store.update_run_ended(session, run.id, ended, "lost_host", None, None)
+                create_event(session, ended, "lost_host", f"worker pid {run.pid} stayed with the backed-up host "
+                             "(restored from a backup onto another state_dir)", severity="warning", game=run.game,
+                             details={"run_id": run.id, "pid": run.pid})
         if boot is not None and not boot.daemon_clean_stop:
             record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir",
                                clean=True)
     finally:
         db.close()
     return True
+
+
+def _close_in_older_schema(db_path: Path) -> None:
+    """close_backed_up_boot on a database at an older schema, in plain SQL on what its first
+    one (migrations/versions/0001_initial.py) had: the open runs end as `lost_host` at their
+    boot's last heartbeat, and the last boot's daemon stopped clean."""
+    import sqlite3
+
+    con = sqlite3.connect(db_path)
+    try:
+        with con:
+            con.execute("UPDATE runs SET cause = 'lost_host', ended_at = (SELECT boots.last_seen_at FROM boots "
+                        "WHERE boots.id = runs.boot_id) WHERE ended_at IS NULL")
+            con.execute("UPDATE boots SET daemon_clean_stop = 1 WHERE id = (SELECT max(id) FROM boots)")
+    finally:
+        con.close()
 
 
 def check_empty(state_dir: Path) -> None:

@@ -25,9 +25,9 @@ from tests.fakes import FakeClock
 from workers import checkpoint
 
 
-def write_ckpt(folder: Path, steps: int) -> Path:
+def write_ckpt(folder: Path, steps: int, model: bytes | None = None) -> Path:
     def populate(tmp: Path) -> None:
-        (tmp / "model.zip").write_bytes(b"model at %d" % steps)
+        (tmp / "model.zip").write_bytes(b"model at %d" % steps if model is None else model)
         (tmp / "state.json").write_text('{"steps": %d}' % steps)
 
     return checkpoint.write_checkpoint(folder, steps, 0, populate)
@@ -310,6 +310,37 @@ def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup
     assert copy == (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes()
 
 
+def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_copy(setup, tmp_path):
+    # A rollback sets aside the checkpoints after the one it goes back to, and the run started
+    # from there writes checkpoints at the same step counts again (the step interval runs from
+    # the resumed step), under the same names. Where the target still held the set-aside
+    # (collapsed) ones at that scan (a scan interval, a target down for a while), it kept them
+    # for good, known by their names only, and a restore resumed the game from the run that
+    # was rolled back.
+    from fleetd.supervision.learning import set_aside_after
+
+    settings, db, url = setup
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    write_ckpt(ckpts, 100)
+    write_ckpt(ckpts, 200, b"collapsed")
+    backup = Backup(settings, db, FakeClock())
+    assert backup.checkpoints().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+
+    set_aside_after(ckpts, 100, settings.game_dir("pong") / "rolled_back" / "20260101T000000-after-100")
+    retrained = write_ckpt(ckpts, 200, b"trained again from 100")
+
+    assert backup.checkpoints().copied == ["pong/ckpt-000000000200"]
+    target = Target(url)
+    copy = target.fs.cat_file(target.path(f"games/pong/checkpoints/ckpt-000000000200/{checkpoint.MANIFEST}"))
+    assert copy == (retrained / checkpoint.MANIFEST).read_bytes()
+    assert backup.checkpoints().copied == []  # the same now: not copied again at every scan
+    backup.database()
+    restored = restore(url, tmp_path / "restored")
+    assert (restored.checkpoints, restored.skipped) == (2, [])
+    assert (tmp_path / "restored/games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == \
+        b"trained again from 100"
+
+
 def booted_fleet(state_dir: Path, url: str, boot_id: str):
     """A state_dir whose database recorded a boot, as every daemon's does at start."""
     from fleetd.store.boots import create_boot
@@ -321,6 +352,63 @@ def booted_fleet(state_dir: Path, url: str, boot_id: str):
     with db.transaction() as session:
         create_boot(session, boot_id, clock.now(), clock.now(), None)
     return settings, db
+
+
+@pytest.mark.parametrize("schema", ["current", "older"])
+def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path, schema):
+    # A restore onto another state_dir of the same host, in the same boot (a restore drill beside
+    # the live fleet, or a lost state_dir disk replaced without a reboot): the copy's open runs
+    # were of this boot, and their workers, still running for the other state_dir, matched pid,
+    # start and command line. The daemon started on the restored state_dir adopted them (and
+    # would kill them at its hang timeout, or its stop), as if they trained for it.
+    import psutil
+    from alembic import command
+
+    from fleetd.store.records import GameDraft
+    from fleetd.host.boot import HostBoot
+    from fleetd.host.uptime import record_daemon_start
+    from fleetd.store.games import create_game
+    from fleetd.store.runs import create_run, read_open_runs, read_runs, update_run_spawned
+    from fleetd.store.schema import alembic_config
+    from fleetd.supervision.adoption import OsProcessProbe, sort_open_runs
+    from fleetd.supervision.launcher import process_start_time
+    from tests.test_adoption import sleeper
+
+    clock = FakeClock()
+    settings, db = booted_fleet(tmp_path / "live", setup[2], "this-host")
+    worker = sleeper()
+    try:
+        with db.transaction() as session:
+            game = create_game(session, GameDraft("pong", "CartPole-v1", "ppo"), clock.now())
+            run_id = create_run(session, game.id, 1, clock.now())
+            update_run_spawned(session, run_id, worker.pid, process_start_time(worker.pid),
+                               psutil.Process(worker.pid).cmdline(), "run.log")
+        Backup(settings, db, clock).now()
+        db.close()
+        source = setup[2]
+        if schema == "older":  # restored as it is, upgraded by `fleetd db upgrade` before the start
+            source = str(tmp_path / "older")
+            fsspec.filesystem("memory").get(setup[2].removeprefix("memory://"), source, recursive=True)
+            command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
+
+        restore(source, tmp_path / "restored")
+        if schema == "older":
+            assert inspect_schema(tmp_path / "restored" / "fleetd.db").state is SchemaState.BEHIND
+            command.upgrade(alembic_config(tmp_path / "restored" / "fleetd.db"), "head")
+        restored = Database.open(tmp_path / "restored" / "fleetd.db")
+        try:
+            start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
+            assert start.previous is not None and start.previous.daemon_clean_stop
+            with restored.transaction() as session:
+                runs = sort_open_runs(read_open_runs(session), start.boot.id, OsProcessProbe())
+                (run,) = read_runs(session, game.id, "pong", 10)
+        finally:
+            restored.close()
+        assert runs.live == [] and worker.poll() is None  # alive, and the other state_dir's
+        assert run.ended_at is not None and run.cause == "lost_host", run
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
