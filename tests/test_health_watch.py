@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -205,12 +205,12 @@ def test_the_rollback_never_hashes_a_replay_buffer_in_the_loop(loop: Loop, monke
 
 
 def test_the_rollbacks_lr_scale_outlives_a_daemon_restart(loop: Loop) -> None:
-    """Kept with the game (`games.remedy_lr_scale`): the next daemon (or the host's reboot) does
+    """Kept with the game (`games.remedy_rollback_lr_scale`): the next daemon (or the host's reboot) does
     not start the game again at the rate that collapsed."""
     trained_then_collapsed(loop)
     stop_exits(loop, "cp")
     loop.run_up("cp")
-    assert game(loop, "cp").remedy_lr_scale == 0.25
+    assert game(loop, "cp").remedy_rollback_lr_scale == 0.25 and game(loop, "cp").remedy_lr_scale == 1.0
     launches = len(loop.launcher.launches)
     loop.start()  # the next daemon: the worker died with the previous one
     loop.steps()
@@ -293,6 +293,20 @@ def test_starting_a_held_game_judges_it_afresh_without_the_rollback_scale(loop: 
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 1.0
     record = game(loop, "cp")
     assert record.health.state is Health.LEARNING and record.remedy_lr_scale == 1.0  # for the next daemon too
+
+
+def test_starting_a_held_game_keeps_a_divergences_scale(loop: Loop) -> None:
+    # One figure held both: `games start` on a held game dropped the divergence guard's scale with
+    # the rollbacks', and the game went back to the rate that had diverged (NaN, a restart lost).
+    test_a_second_collapse_after_the_rollback_holds_the_game(loop)
+    proc = loop.sup.procs["cp"]
+    proc.remedies = replace(proc.remedies, lr_scale=0.5)  # as a divergence before the collapses left it
+    set_desired(loop.db, loop.clock, "cp", Desired.RUNNING)
+    loop.sup.submit(StartGame("cp"))
+    loop.steps()
+    assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.5
+    record = game(loop, "cp")
+    assert (record.remedy_lr_scale, record.remedy_rollback_lr_scale) == (0.5, 1.0)  # for the next daemon too
 
 
 def test_a_game_removed_and_added_again_within_one_turn_is_a_new_game(loop: Loop) -> None:
@@ -446,7 +460,7 @@ def test_starting_a_rolled_back_game_stopped_on_its_plateau_keeps_its_rollbacks_
     loop.steps()
     assert loop.state("cp") is State.STARTING and loop.launcher.launches[-1].spec.lr_scale == 0.25
     record = game(loop, "cp")
-    assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1 and record.remedy_lr_scale == 0.25
+    assert record.health.state is Health.ROLLED_BACK and record.health.rollbacks == 1 and record.remedy_rollback_lr_scale == 0.25
     loop.run_up("cp")
     for steps in (6000, 7000):
         evaluate(loop, "cp", steps, 15)

@@ -320,3 +320,25 @@ def test_0020_keeps_one_lr_scale_a_game_of_0015_keeps_its_rollbacks_rate(tmp_pat
     with sqlite3.connect(db_path) as conn:
         rows = conn.execute("SELECT g.name, h.lr_scale FROM game_health h JOIN games g ON g.id = h.game_id ORDER BY g.name")
         assert rows.fetchall() == [("old", 0.25), ("stored", 0.5)]
+
+
+def test_0022_keeps_the_rollbacks_rate_apart_and_multiplies_it_back_down(tmp_path: Path) -> None:
+    """A game's scale so far stays the divergence guard's (which part was whose is not recorded);
+    the rollbacks' starts at 1.0. Down again, the two multiply into the one figure."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "0021")
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            " restarts, steps, episodes, remedy_lr_scale, remedy_batch_scale, created_at, updated_at)"
+            " VALUES ('pong', 'Pong-v5', 'ppo', 'running', 0, '{}', 'running', '2026-01-01', 0, 1, 0, 0.5, 1.0,"
+            " '2026-01-01', '2026-01-01')")
+    command.upgrade(config, "0022")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT remedy_lr_scale, remedy_rollback_lr_scale FROM games").fetchall() == [(0.5, 1.0)]
+        conn.execute("UPDATE games SET remedy_rollback_lr_scale = 0.25")
+    command.downgrade(config, "0021")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT remedy_lr_scale FROM games").fetchall() == [(0.125,)]
+        assert "remedy_rollback_lr_scale" not in [row[1] for row in conn.execute("PRAGMA table_info(games)")]

@@ -188,12 +188,12 @@ def update_game_state(
     return row.id
 
 
-def update_games_remedies(session: Session, scales: dict[str, tuple[float, float]]) -> None:
-    """Each game's (learning-rate, batch) scales its next run takes; a game removed meanwhile
-    is skipped."""
-    for name, (lr_scale, batch_scale) in scales.items():
-        session.execute(update(Game).where(Game.name == name)
-                        .values(remedy_lr_scale=lr_scale, remedy_batch_scale=batch_scale))
+def update_games_remedies(session: Session, scales: dict[str, tuple[float, float, float]]) -> None:
+    """Each game's (learning-rate, batch, rollbacks' learning-rate) scales its next run takes; a
+    game removed meanwhile is skipped."""
+    for name, (lr_scale, batch_scale, rollback_lr_scale) in scales.items():
+        session.execute(update(Game).where(Game.name == name).values(
+            remedy_lr_scale=lr_scale, remedy_batch_scale=batch_scale, remedy_rollback_lr_scale=rollback_lr_scale))
     session.flush()
 
 

@@ -123,10 +123,12 @@ class Game(Base):
     state_reason: Mapped[str | None] = mapped_column(Text)
     state_changed_at: Mapped[datetime]
     restarts: Mapped[int] = mapped_column(default=0)
-    # The learning-rate and batch scales its next run takes after divergences, CUDA OOMs and
-    # learning-health rollbacks (fleetd/supervision/remedies.py), stored as they change.
+    # The learning-rate and batch scales its next run takes after divergences and CUDA OOMs, and
+    # the learning-rate scale of its learning-health rollbacks (fleetd/supervision/remedies.py),
+    # stored as they change; the run's learning rate is scaled by both learning-rate scales.
     remedy_lr_scale: Mapped[float] = mapped_column(server_default="1.0")
     remedy_batch_scale: Mapped[float] = mapped_column(server_default="1.0")
+    remedy_rollback_lr_scale: Mapped[float] = mapped_column(server_default="1.0")
     # Its failures in a row without progress, the boot they were counted on (a reboot starts the
     # count afresh) and when its back-off ends (NULL: none): a daemon restart counts on from them.
     failures: Mapped[int] = mapped_column(server_default="0")

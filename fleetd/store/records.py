@@ -136,6 +136,7 @@ class GameRecord:
     # The scales its next run takes after divergences, CUDA OOMs and learning-health rollbacks.
     remedy_lr_scale: float = 1.0
     remedy_batch_scale: float = 1.0
+    remedy_rollback_lr_scale: float = 1.0
     # Its failures in a row, the boot they were counted on, and when its back-off ends (None: none).
     failures: int = 0
     failures_boot_id: int | None = None

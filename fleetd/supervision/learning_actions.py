@@ -119,7 +119,7 @@ class LearningActions:
         stopped on its plateau keeps it, and its rollbacks, or it would train again at the rate
         that collapsed and its next collapse roll back instead of holding, for good."""
         if self.watch.released(name) is Health.HELD and proc is not None and proc.state not in LIVE:
-            proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
+            proc.remedies = replace(proc.remedies, rollback_lr_scale=Remedies().rollback_lr_scale)
 
     def _hold(self, proc: WorkerProcess, verdict: Verdict) -> None:
         """Stopped, desired stopped: it stays so until the operator starts it."""
@@ -142,11 +142,11 @@ class LearningActions:
         if moved is None or not self._dropped_from_storage(proc, best.steps):
             return
         scale = self.watch.settings(proc.name).rollback_lr_scale
-        proc.remedies = replace(proc.remedies, lr_scale=proc.remedies.lr_scale * scale)
+        proc.remedies = replace(proc.remedies, rollback_lr_scale=proc.remedies.rollback_lr_scale * scale)
         self.watch.rolled_back(proc.name, best, moved)
         if proc.state is State.STOPPED and self._wants_running(proc.name) and self._fleet.admitted(proc.name):
             proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
-                       f"with lr_scale {proc.remedies.lr_scale:g}")
+                       f"with lr_scale {proc.remedies.learning_rate_scale:g}")
 
     def _set_aside(self, proc: WorkerProcess, checkpoints: Path, steps: int) -> list[str] | None:
         """The checkpoints after `steps` moved out of the worker's sight; the names moved. A

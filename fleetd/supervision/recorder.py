@@ -102,7 +102,8 @@ class Recorder:
         """The scales these games' next runs take (fleetd/supervision/remedies.py), kept so that a
         daemon restart does not start them again at the batch or rate that failed."""
         with self.db.transaction() as session:
-            game_store.update_games_remedies(session, {name: (r.lr_scale, r.batch_scale) for name, r in scales.items()})
+            game_store.update_games_remedies(
+                session, {name: (r.lr_scale, r.batch_scale, r.rollback_lr_scale) for name, r in scales.items()})
 
     def failures(self, counts: dict[str, tuple[int, int, datetime | None]]) -> None:
         """These games' failures in a row, the boot they were counted on and when their back-off

@@ -3,7 +3,9 @@
 The worker exits `ExitCode.DIVERGED` (NaN/inf, caught before any checkpoint) or
 `ExitCode.CUDA_OOM`; the game restarts from its last good checkpoint with the learning rate
 scaled down, or the batch halved, each down to a floor below which the game goes FATAL with
-the reason. The scales reach the worker as `lr_scale` / `batch_scale` in its run spec.
+the reason. A learning-health rollback scales the learning rate too, kept apart
+(`rollback_lr_scale`): starting a held game drops the rollbacks' scale, not a divergence's. The
+scales reach the worker as `lr_scale` (both learning-rate scales) / `batch_scale` in its run spec.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from fleetd.store.records import GameRecord
 
 @dataclass(frozen=True)
 class Remedies:
-    lr_scale: float = 1.0
+    lr_scale: float = 1.0  # the divergence guard's
     batch_scale: float = 1.0
+    rollback_lr_scale: float = 1.0  # the learning-health rollbacks'
 
     def scaled(self, field: str, factor: float, floor: float) -> Remedies | None:
         """With `field` times `factor`; None when that falls below `floor` (give up)."""
@@ -26,10 +29,16 @@ class Remedies:
     def applied_to(self, spec):
         if self == Remedies() or spec is None:
             return spec
-        return spec.model_copy(update={"lr_scale": self.lr_scale, "batch_scale": self.batch_scale})
+        return spec.model_copy(update={"lr_scale": self.learning_rate_scale, "batch_scale": self.batch_scale})
+
+    @property
+    def learning_rate_scale(self) -> float:
+        """What the run's learning rate is scaled by: the divergences' and the rollbacks' scales."""
+        return self.lr_scale * self.rollback_lr_scale
 
 
 def remedies_of(game: GameRecord) -> Remedies:
     """The scales a game's next run takes, as the store keeps them (the supervisor stores them
     as they change), so a daemon restart does not start it again at the batch or rate that failed."""
-    return Remedies(lr_scale=game.remedy_lr_scale, batch_scale=game.remedy_batch_scale)
+    return Remedies(lr_scale=game.remedy_lr_scale, batch_scale=game.remedy_batch_scale,
+                    rollback_lr_scale=game.remedy_rollback_lr_scale)

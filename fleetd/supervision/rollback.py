@@ -63,8 +63,9 @@ def carry_out(command: RollBack, proc: WorkerProcess | None, desired: Desired | 
             raise FleetdError(ErrorCode.NOT_FOUND, f"no game named {command.name!r}")
         done = _roll_back_indexed(proc, desired, command.to_steps, now, storage_url, recorder)
         # Judged afresh from the chosen checkpoint, at the learning rate its settings give: a
-        # learning-health rollback's scale is dropped, as `games start` drops it for a held game.
-        proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale)
+        # learning-health rollback's scale is dropped (as `games start` drops it for a held game),
+        # and a divergence's: the operator chose where it trains on from.
+        proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale, rollback_lr_scale=Remedies().rollback_lr_scale)
         kept = _kept_evaluations(proc.launch.game_dir / "checkpoints")
         learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside, kept)
     except Exception as exc:  # noqa: BLE001 - the answer, not the loop's end
