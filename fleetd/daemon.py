@@ -211,7 +211,8 @@ class Daemon:
         self._scheduler: Scheduler | None = None  # the periodic jobs, once started
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
-        self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
+        self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s),
+                                          monotonic=self.clock.monotonic)  # the governor's clock for its age
         self.alerts = AlertSender(settings.alerts)
         self.local_workers = True  # workers are this host's processes (not a cluster's actors)
         self.cluster_nodes: Callable[[], list[NodeSeen]] | None = None  # the Ray cluster's, when on one

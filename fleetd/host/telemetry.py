@@ -104,6 +104,9 @@ class Snapshot:
     gpu_unavailable_reason: str | None
     host: HostSample
     processes: tuple[ProcessSample, ...]
+    # When it was taken on the sampler's monotonic clock (the daemon's): its age for the governor,
+    # which a wall-clock step must not change. None: not known (then `at` is used).
+    monotonic: float | None = None
 
     @property
     def read_gpus(self) -> tuple[GpuSample, ...]:
@@ -392,11 +395,13 @@ class TelemetrySampler:
     """Takes snapshots; `latest` is safe to read from any thread."""
 
     def __init__(
-        self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR
+        self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._clock = clock
+        self._monotonic = monotonic
         self._sample_lock = threading.Lock()  # sample() mutates the process cache
         self._latest_lock = threading.Lock()
         self._latest: Snapshot | None = None
@@ -424,7 +429,8 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir), tuple(processes))
+            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir), tuple(processes),
+                                self._monotonic())
         with self._latest_lock:
             self._latest = snapshot
         return snapshot
