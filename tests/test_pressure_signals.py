@@ -198,7 +198,7 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     by: GPU 1, still read, is."""
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
-    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
+    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()), monotonic=clock.monotonic)
     fleet.telemetry = Telemetry(replace(sampler.sample({}), host=HostSample(16 * GiB, 8 * GiB, 50.0, 1.0)))
     slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
     fleet.govern(slots)  # light: a and b hold the slots
@@ -216,6 +216,7 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     resized = fleet.scaled().sizing
     assert resized is not None and resized.gpu == "Fake 1" and resized.games_per_gpu == resized.games  # one GPU left
     clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.telemetry.latest = replace(sampler.sample({}), host=fleet.telemetry.latest.host)  # still lost, a fresh sample
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None and lost in fleet.governor.last_backoff
 
