@@ -31,7 +31,7 @@ from fleetd.games.fleet_spec import seeds_not_applied
 from fleetd.governor.controller import FleetController, tier_not_applied
 from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host.boot import HostBoot, HostReader
-from fleetd.jobs import Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, set_aside_job, telemetry_job
+from fleetd.jobs import GpuLossNotice, Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, set_aside_job, telemetry_job
 from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import record_plan
 from fleetd.scheduler import Scheduler, build_scheduler
@@ -211,7 +211,8 @@ class Daemon:
         self._scheduler: Scheduler | None = None  # the periodic jobs, once started
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
-        self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s))
+        self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s),
+                                          monotonic=self.clock.monotonic)  # the governor's clock for its age
         self.alerts = AlertSender(settings.alerts)
         self.local_workers = True  # workers are this host's processes (not a cluster's actors)
         self.cluster_nodes: Callable[[], list[NodeSeen]] | None = None  # the Ray cluster's, when on one
@@ -494,6 +495,7 @@ class Daemon:
         # judged pressure by a stale sample and a host that went down was logged down since the
         # last heartbeat before the step. So are the MPS check (a dead MPS daemon restarted) and
         # a cluster's hosts job (a dead node's games moved): neither waits out a step either.
+        lost_gpus = GpuLossNotice(self.alerts)  # each GPU newly lost: an event and an alert
         jobs = [
             Job(
                 "heartbeat",
@@ -511,7 +513,7 @@ class Daemon:
                 settings.fleet.telemetry_interval_s,
                 # On a cluster a run's handle is its run id, not a pid of this host.
                 lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict,
-                                      self._footprints(supervisor)),
+                                      self._footprints(supervisor), lost_gpus),
                 steady=True,
             ),
         ]

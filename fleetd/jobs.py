@@ -17,8 +17,9 @@ from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.footprint import FootprintSource
-from fleetd.host.telemetry import TelemetrySampler, sample_rows
+from fleetd.host.telemetry import Snapshot, TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
+from fleetd.operations.alerts import Alert
 from fleetd.operations.run_logs import rotated_copy
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, delete_events_before
@@ -68,11 +69,50 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
     return rotated
 
 
+GPU_LOST_EVENT = "gpu_lost"
+
+
+class GpuLossNotice:
+    """Says each GPU newly lost (NVML: GPU is lost, fallen off the bus) once: a `gpu_lost`
+    warning event and a `gpu_lost` alert. One lost while no worker of the fleet is on it is no
+    pressure (docs/governor.md), so without this nothing but a log line said so. A GPU read again
+    is forgotten: lost again, it is news again. `alerts`: anything with `send(Alert)`."""
+
+    def __init__(self, alerts: Any = None) -> None:
+        self._alerts = alerts
+        self._lost: set[int] = set()
+
+    def observe(self, session: Session, snapshot: Snapshot, now: datetime) -> list[int]:
+        """The GPUs newly lost in `snapshot`, each recorded and alerted."""
+        lost = {gpu.index: gpu for gpu in snapshot.gpus if gpu.lost}
+        new = sorted(set(lost) - self._lost)
+        self._lost = set(lost)
+        others = [gpu.index for gpu in snapshot.read_gpus]
+        for index in new:
+            name = lost[index].name
+            message = f"GPU {index} ({name}) lost (NVML: GPU is lost, fallen off the bus?)"
+            if others:
+                action = (f"fleetd places no worker on it and runs the fleet on the GPUs still read "
+                          f"({', '.join(map(str, others))}); a worker that was on it cannot train, and "
+                          "the governor backs off while one is; a reboot (or a GPU reset) brings it back")
+            else:
+                action = ("no GPU answers: GPU telemetry is unavailable and the governor backs off; "
+                          "a reboot (or a GPU reset) brings it back")
+            details = {"gpu": index, "name": name, "gpus_read": others}
+            log.warning("%s: %s", message, action)
+            create_event(session, now, GPU_LOST_EVENT, f"{message}: {action}", severity="warning", details=details)
+            if self._alerts is not None:
+                self._alerts.send(Alert(GPU_LOST_EVENT, message, now, None, details, action, variant=str(index)))
+        return new
+
+
 def telemetry_job(
-    db: Database, sampler: TelemetrySampler, workers: Callable[[], dict[str, int]], footprints: FootprintSource | None = None
+    db: Database, sampler: TelemetrySampler, workers: Callable[[], dict[str, int]], footprints: FootprintSource | None = None,
+    lost: GpuLossNotice | None = None,
 ) -> None:
     """Sample the GPUs, the host and every worker's process tree; keep the figures, and the
-    footprints of the workers that have settled (docs/governor.md#sizing)."""
+    footprints of the workers that have settled (docs/governor.md#sizing); say each GPU newly
+    lost (`lost`)."""
     running = footprints.running() if footprints is not None else {}
     snapshot = sampler.sample(workers())
     at = datetime.fromtimestamp(snapshot.at, UTC)
@@ -81,6 +121,8 @@ def telemetry_job(
         create_metric_rows(session, at, sample_rows(snapshot))
         for record in changed:
             save_footprint(session, record)
+        if lost is not None:
+            lost.observe(session, snapshot, at)
 
 
 # Rows deleted per transaction. Hourly, retention deletes an hour's worth (about 40,000 samples

@@ -15,19 +15,24 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.api.metrics import gpu_metrics
 from fleetd.config import Settings, TierSettings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
 from fleetd.host.telemetry import NvmlReader, TelemetrySampler
+from fleetd.jobs import GpuLossNotice, telemetry_job
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import State
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
+from fleetd.store.records import EventRecord
 from fleetd.supervision.launcher import OsLauncher, worker_env
 from fleetd.supervision.seams import Launch
 from fleetd.supervision.supervisor import GOVERNOR_TICK_S
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
+from tests.test_crash_loops import FakeAlerts
 from tests.test_supervisor_loop import FakeProbe, Loop
 from workers.hyperparams import cuda_index
 from workers.protocol import PROTOCOL_VERSION
@@ -103,8 +108,9 @@ def four_gpus(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     return SimpleNamespace(used=used, lost=lost)
 
 
-def sampled() -> TelemetrySampler:
-    sampler = TelemetrySampler(NvmlReader())
+def sampled(clock: FakeClock) -> TelemetrySampler:
+    """The real sampler, its samples stamped on the test's clock (the governor judges their age)."""
+    sampler = TelemetrySampler(NvmlReader(), clock=lambda: clock.now().timestamp(), monotonic=clock.monotonic)
     assert sampler.sample({}).gpu_available
     return sampler
 
@@ -117,7 +123,7 @@ def loop(settings: Settings, db: Database, clock: FakeClock, host: FakeHost, fou
              "heavy": TierSettings(games=8, num_envs=64, batch_size=1024)}  # fmt: skip
     fleet = settings.fleet.model_copy(update={"tier": "medium", "start_games": 6, "tiers": tiers})
     settings = settings.model_copy(update={"fleet": fleet})
-    return Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, telemetry=sampled())
+    return Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, telemetry=sampled(clock))
 
 
 def placements(loop: Loop) -> dict[str, int | None]:
@@ -194,6 +200,56 @@ def test_a_lost_gpu_takes_no_worker_and_the_others_run_on(loop: Loop, four_gpus:
     assert fleet.governor.last_backoff is None and fleet.governor.index() == level
 
 
+def test_a_gpu_lost_with_no_worker_on_it_is_an_event_an_alert_and_a_metric(loop: Loop, four_gpus: SimpleNamespace) -> None:
+    """GPU 2 (another tenant's, none of the fleet's workers on it) falls off the bus: by design
+    no pressure, no step down; but it is not silent: one `gpu_lost` warning event and one
+    `gpu_lost` alert, however many samples see it lost, and `fleetd_gpu_lost{gpu="2"}` 1 in
+    /metrics. Lost again after it came back, it is news again. Before, nothing but a log line
+    said so: no event, no alert, and its GPU series just vanished from /metrics."""
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    assert 2 not in placements(loop).values()
+    loop.run_up("a", "b", "c")
+    alerts = FakeAlerts()
+    notice = GpuLossNotice(alerts)
+
+    def sample() -> None:
+        telemetry_job(loop.db, loop.telemetry, dict, None, notice)
+        loop.clock.advance(GOVERNOR_TICK_S)
+        loop.steps()
+
+    def lost_events() -> list[EventRecord]:
+        with loop.db.transaction() as session:
+            return read_events(session, EventFilter(kind="gpu_lost"))
+
+    sample()
+    four_gpus.lost.add(2)
+    for _ in range(3):
+        sample()
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.pressure == ()  # none of ours on it
+    (event,) = lost_events()
+    assert event.severity == "warning" and event.details["gpu"] == 2 and event.details["gpus_read"] == [0, 1, 3]
+    assert event.message.startswith("GPU 2 (NVIDIA H100 80GB HBM3) lost (NVML: GPU is lost, fallen off the bus?)")
+    assert [(alert.kind, alert.details["gpu"]) for alert in alerts.sent] == [("gpu_lost", 2)]
+    metrics = {family.name: family for family in gpu_metrics(loop.telemetry.latest)}
+    assert [(s.labels, s.value) for s in metrics["fleetd_gpu_lost"].samples] == [({"gpu": "2"}, 1.0)]
+    assert metrics["fleetd_gpu_telemetry_available"].samples[0].value == 1.0
+    assert {s.labels["gpu"] for s in metrics["fleetd_gpu_memory_used_bytes"].samples} == {"0", "1", "3"}
+
+    four_gpus.lost.clear()  # back (a GPU reset)
+    sample()
+    assert metrics_lost(loop) == [] and len(lost_events()) == 1
+    four_gpus.lost.add(2)
+    sample()
+    assert len(lost_events()) == 2 and len(alerts.sent) == 2
+
+
+def metrics_lost(loop: Loop) -> list[tuple[dict[str, str], float]]:
+    families = {family.name: family for family in gpu_metrics(loop.telemetry.latest)}
+    return [(s.labels, s.value) for s in families["fleetd_gpu_lost"].samples]
+
+
 @pytest.mark.parametrize("case", ["device cpu", "no GPU seen", "ray backend"])
 def test_device_cpu_or_no_gpu_seen_places_nothing(
     case: str, settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
@@ -208,7 +264,7 @@ def test_device_cpu_or_no_gpu_seen_places_nothing(
         cluster = settings.cluster.model_copy(update={"backend": "ray", "storage": str(settings.state_dir / "shared"),
                                                       "num_gpus_per_game": 0.25})
         settings = settings.model_copy(update={"cluster": cluster})
-    telemetry = sampled() if case != "no GPU seen" else None
+    telemetry = sampled(clock) if case != "no GPU seen" else None
     loop = Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, telemetry=telemetry)
     loop.add("a")
     loop.start()

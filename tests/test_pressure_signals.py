@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,8 +102,21 @@ def test_xid_errors_are_pressure_with_the_count_and_the_codes() -> None:
 
 
 class Telemetry:
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.latest = snapshot
+    """A telemetry source with a fixed sample; `live`: its job runs, so the sample is always
+    fresh (stamped now on `live`'s monotonic clock), else the sample grows old."""
+
+    def __init__(self, snapshot: Snapshot, live: FakeClock | None = None) -> None:
+        self._snapshot, self._live = snapshot, live
+
+    @property
+    def latest(self) -> Snapshot:
+        if self._live is None:
+            return self._snapshot
+        return replace(self._snapshot, monotonic=self._live.monotonic())
+
+    @latest.setter
+    def latest(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
 
 
 def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier(
@@ -113,7 +127,7 @@ def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
     xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
-    fleet.telemetry = Telemetry(gpu_host(replace(xid, xid_errors=())))
+    fleet.telemetry = Telemetry(gpu_host(replace(xid, xid_errors=())), live=clock)
     context = replace(context, telemetry=fleet.telemetry)
     client = TestClient(create_app(context))
     client.headers["Authorization"] = "Bearer " + "t" * 32
@@ -153,7 +167,7 @@ def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
     xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
     running = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
     fleet.govern(running)  # admitted before the pressure: pressure while no game holds a slot is not the fleet's
-    fleet.telemetry = Telemetry(gpu_host(xid))
+    fleet.telemetry = Telemetry(gpu_host(xid), live=clock)
     assert not fleet.view(running).settling
     assert fleet.view([*running[:2], replace(running[2], state=State.STOPPING)]).settling  # sent back to pending
     assert fleet.view([*running[:2], replace(running[2], state=State.STARTING)]).settling
@@ -184,7 +198,7 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     by: GPU 1, still read, is."""
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
-    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
+    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()), monotonic=clock.monotonic)
     fleet.telemetry = Telemetry(replace(sampler.sample({}), host=HostSample(16 * GiB, 8 * GiB, 50.0, 1.0)))
     slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
     fleet.govern(slots)  # light: a and b hold the slots
@@ -202,6 +216,7 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     resized = fleet.scaled().sizing
     assert resized is not None and resized.gpu == "Fake 1" and resized.games_per_gpu == resized.games  # one GPU left
     clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.telemetry.latest = replace(sampler.sample({}), host=fleet.telemetry.latest.host)  # still lost, a fresh sample
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None and lost in fleet.governor.last_backoff
 
@@ -212,7 +227,9 @@ def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
     """The telemetry job stalls (a hung NVML call): its last sample, showing free memory, grows
     old. Past 3 telemetry intervals the governor takes it as no reading for climbing: the stable
     window's end proves and climbs nothing, `fleetd tier` says why, a log line says it once; a
-    fresh sample lets the fleet climb. Before, it climbed on the sample as if it were fresh."""
+    fresh sample lets the fleet climb once a full window has run outside the stall. Before, it
+    climbed on the sample as if it were fresh, and then at the first fresh sample (the window
+    that ended during the stall taken as proven)."""
     settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "medium"})})
     context = api_context(settings, db, clock, host, "t" * 32)
     fleet = context.supervisor.fleet
@@ -246,5 +263,70 @@ def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
 
     fleet.telemetry.latest = fresh()  # the job runs again
     fleet.govern(slots)
-    assert (fleet.governor.index(), fleet.governor.allowed()) > load
     assert not fleet.governor_view(slots).waiting_reason.startswith("climbing held")
+    # The stall is no stable time: the window that ended during it is not proven at once, its
+    # start moved on by the stall (from the last sample, fresh until the stall, to now).
+    assert (fleet.governor.index(), fleet.governor.allowed()) == load
+    clock.advance(settings.fleet.first_window_s - 1)
+    fleet.telemetry.latest = fresh()
+    fleet.govern(slots)
+    assert (fleet.governor.index(), fleet.governor.allowed()) == load
+    clock.advance(1)
+    fleet.telemetry.latest = fresh()
+    fleet.govern(slots)
+    assert (fleet.governor.index(), fleet.governor.allowed()) > load
+
+
+def test_a_frozen_sample_showing_pressure_blocks_admission_but_walks_nothing_down(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The telemetry job hangs right after a sample with GPU memory at 97%: that sample blocks
+    admission as the last thing known, but steps the fleet down no rung; a fresh one showing
+    the same starts the grace period again. Before, the frozen sample walked 4x32 to 1x32, a
+    rung each grace period, on one reading never refreshed."""
+    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "heavy"})})
+    fleet = api_context(settings, db, clock, host, "t" * 32).supervisor.fleet
+    names = [chr(ord("a") + i) for i in range(8)]
+    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING, gpu=0) for n in names]
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    fleet.telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    fleet.govern(slots)
+    start = (fleet.governor.index(), fleet.governor.allowed())
+    hot = GpuSample(0, "H100", 99.0, 78 * GiB, 80 * GiB, 70.0, 300.0)  # memory 97.5%
+    fleet.telemetry.latest = replace(gpu_host(hot), monotonic=clock.monotonic())  # the last sample: the job hangs
+    for _ in range(20):
+        clock.advance(settings.fleet.pressure_grace_s + 1)
+        fleet.govern(slots)
+    assert fleet.pressure(slots).stale and fleet.pressure(slots).reasons  # still blocking admission
+    assert (fleet.governor.index(), fleet.governor.allowed()) == start and fleet.governor.last_backoff is None
+
+    fleet.telemetry = Telemetry(gpu_host(hot), live=clock)  # the job runs again: the pressure is real
+    fleet.govern(slots)
+    clock.advance(settings.fleet.pressure_grace_s - 1)
+    fleet.govern(slots)
+    assert fleet.governor.last_backoff is None  # the grace period started with the fresh sample
+    clock.advance(2)
+    fleet.govern(slots)
+    assert fleet.governor.last_backoff is not None and "GPU 0 memory 98%" in fleet.governor.last_backoff
+
+
+def test_a_samples_age_is_on_the_monotonic_clock_and_counts_from_the_first_look(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """A wall-clock step (NTP, `date`) neither makes a fresh sample stale nor a stale one fresh;
+    the daemon's start sample, taken before a recovery that ran long, is not stale at the first
+    look. Before, the age was wall-clock: 60 s forward held climbing with a false warning, 10 min
+    back hid a stall, and a recovery of 40 s read the start sample as stale."""
+    fleet = api_context(settings, db, clock, host, "t" * 32).supervisor.fleet
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    start = replace(gpu_host(idle), at=clock.now().timestamp(), monotonic=clock.monotonic())
+    fleet.telemetry = Telemetry(start)
+    clock.advance(40)  # recovery, before the telemetry job's first run
+    assert fleet.pressure().stale is None
+
+    fleet.telemetry.latest = replace(start, at=clock.now().timestamp(), monotonic=clock.monotonic())
+    clock.wall += timedelta(seconds=60)  # the wall clock steps forward
+    assert fleet.pressure().stale is None
+    clock.wall -= timedelta(minutes=10)  # and back, 9 min before the sample was taken
+    clock.advance(settings.fleet.telemetry_interval_s * 3 + 1)  # the job stalls past 3 intervals
+    assert fleet.pressure().stale is not None

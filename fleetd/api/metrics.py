@@ -264,6 +264,13 @@ def plan_metrics(report: PlanReport) -> Iterator[Metric]:
 def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:
     available = snapshot is not None and snapshot.gpu_available
     yield GaugeMetricFamily("fleetd_gpu_telemetry_available", "1 when NVML answers", value=1.0 if available else 0.0)
+    # A GPU lost (NVML: GPU is lost) has no readings, but is no silence: 1 each, whether NVML
+    # answers for the others or the read failed as a whole.
+    lost = _gauge("fleetd_gpu_lost", "1 for a GPU NVML says is lost (fallen off the bus)", ["gpu"])
+    for gpu in () if snapshot is None else snapshot.gpus:
+        if gpu.lost:
+            lost.add_metric([str(gpu.index)], 1.0)
+    yield lost
     if snapshot is None or not available:
         return
     labels = ["gpu", "name"]

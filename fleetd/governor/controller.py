@@ -124,6 +124,7 @@ class FleetController:
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
         self._stale_logged = False  # the telemetry's sample was last seen stale (logged once per episode)
+        self._first_look: float | None = None  # monotonic time the governor first judged a sample
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
         self._clock_offset: float | None = None  # wall minus monotonic seconds at the last look
@@ -669,15 +670,29 @@ class FleetController:
             if all(slot.gpu is not None for slot in live):
                 idle_lost = {gpu.index for gpu in snapshot.gpus if gpu.lost} - {slot.gpu for slot in live}
         reasons = tuple(pressure_reasons(snapshot, self.settings, idle_lost))
-        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), self._stale(snapshot))
+        stale = self._stale(snapshot)
+        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), stale,
+                        self._age(snapshot) if stale else 0.0)
 
     def stale_after_s(self) -> float:
         """How old the telemetry's sample may be before the governor takes it as no reading."""
         return TELEMETRY_STALE_INTERVALS * self.settings.telemetry_interval_s
 
+    def _age(self, snapshot: Any) -> float:
+        """The sample's age on the monotonic clock (a wall-clock step neither fakes a stall nor
+        hides one), counted from no earlier than the governor's first look: the daemon's start
+        sample did not go stale while recovery ran and the telemetry job had not started yet."""
+        now = self.clock.monotonic()
+        if self._first_look is None:
+            self._first_look = now
+        taken = getattr(snapshot, "monotonic", None)
+        if taken is None:  # a sample without a monotonic stamp: its wall-clock age
+            taken = now - (self.clock.now().timestamp() - snapshot.at)
+        return now - max(taken, self._first_look)
+
     def _stale(self, snapshot: Any) -> str | None:
         """Why the sample is too old to climb on (logged once each time it goes stale), or None."""
-        age = self.clock.now().timestamp() - snapshot.at
+        age = self._age(snapshot)
         limit = self.stale_after_s()
         if age <= limit:
             if self._stale_logged:

@@ -20,7 +20,8 @@ The rules:
   games have moved on by its new life, so there the rung alone decides);
 - pressure blocks admission and climbing at once, before it lasts long enough to count; while
   no game holds a slot it never counts (it is not the fleet's load, and no step relieves it);
-- a telemetry sample too old to judge by (its job stalled) proves and climbs nothing;
+- a telemetry sample too old to judge by (its job stalled) proves and climbs nothing, and its
+  pressure, while it blocks admission, counts toward no back-off; the stall is no stable time;
 - manual mode: the operator's tier is the top of the ladder; auto: heavy is.
 """
 
@@ -63,6 +64,7 @@ class Pressure:
     # The telemetry's newest sample is too old to judge by (its job stalled: a hung NVML call):
     # no rung is proven or climbed on it. Says why; None: fresh, or no telemetry at all.
     stale: str | None = None
+    stale_s: float = 0.0  # while stale: the sample's age, how long ago the telemetry stalled
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class Governor:
     _pressure_rung: str | None = None  # the rung failed for the pressure episode going on, if any
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
     _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
+    _stale_since: datetime | None = None  # the telemetry's sample went stale then (its job stalled)
     # (rung, games it may hold now): fewer than its games where only fewer are proven there (a
     # rung climbed with few games wanting); None, or another rung: not known yet (`_sync_cap`).
     _cap: tuple[int, int] | None = None
@@ -232,6 +235,7 @@ class Governor:
 
     def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
+        self._watch_staleness(now, view.pressure)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
         gone = {d.game for d in decisions if d.kind == "evict"}
@@ -264,6 +268,22 @@ class Governor:
             self._remember(replace(memory, stable_s=0.0))
         self.state = replace(self.state, stable_since=now)
 
+    def _watch_staleness(self, now: datetime, pressure: Pressure) -> None:
+        """A telemetry stall is no stable time: once a sample is fresh again, the stable window's
+        start moves forward by the part of the stall it ran through (from the stale sample's
+        time). Before, the window that
+        ended during the stall was proven at the first fresh sample, on nothing read meanwhile."""
+        if pressure.stale:
+            if self._stale_since is None:  # it stalled after its last sample, not when that went stale
+                self._stale_since = now - timedelta(seconds=max(0.0, pressure.stale_s))
+            return
+        if self._stale_since is None:
+            return
+        stalled = now - max(self._stale_since, self.state.stable_since)
+        self._stale_since = None
+        if stalled > timedelta(0):
+            self.state = replace(self.state, stable_since=self.state.stable_since + stalled)
+
     def _watch_pressure(self, now: datetime, pressure: Pressure, running: int, settling: bool) -> list[Decision]:
         """Pressure for `pressure_grace_s` is instability. After a back-off, pressure counts
         again only once the back-off is carried out (no worker stopping or starting, no roll to
@@ -290,6 +310,13 @@ class Governor:
                                       "pressure counts again"))  # fmt: skip
         if not pressure.reasons:
             self._pressure_since, self._pressure_rung = None, None
+            return decisions
+        if pressure.stale:
+            # A stale sample (the telemetry job stalled) still blocks admission, as the last thing
+            # known, but its pressure is no reading that lasts: it counts toward no back-off, and
+            # the grace period starts again on a fresh sample. Before, one frozen sample walked
+            # the fleet down the ladder, rung by rung, a grace period each.
+            self._pressure_since = None
             return decisions
         if self._carrying_out or running == 0:
             # No game holds a slot: the pressure is not the fleet's load (another process heats
@@ -414,6 +441,7 @@ class Governor:
         self.state = replace(self.state, stable_since=self.state.stable_since + step)
         self._pressure_since = None if self._pressure_since is None else self._pressure_since + step
         self._carrying_since = None if self._carrying_since is None else self._carrying_since + step
+        self._stale_since = None if self._stale_since is None else self._stale_since + step
         self._crashes = [(at + step, name) for at, name in self._crashes]
         for memory in list(self.memory.values()):
             if memory.retry_at is not None:

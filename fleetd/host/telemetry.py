@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +104,9 @@ class Snapshot:
     gpu_unavailable_reason: str | None
     host: HostSample
     processes: tuple[ProcessSample, ...]
+    # When it was taken on the sampler's monotonic clock (the daemon's): its age for the governor,
+    # which a wall-clock step must not change. None: not known (then `at` is used).
+    monotonic: float | None = None
 
     @property
     def read_gpus(self) -> tuple[GpuSample, ...]:
@@ -134,6 +137,9 @@ class NvmlReader:
         self._retry_s = retry_s
         self._xid_window_s = xid_window_s
         self._xid_events: Any = None  # the NVML event set the GPUs report critical Xid errors to
+        # The lost GPUs the event set was built without: a lost GPU in the set fails every wait
+        # (GPU_IS_LOST), so the healthy GPUs' Xids would never be read again.
+        self._events_without: frozenset[int] = frozenset()
         self._xids: deque[tuple[float, int, int]] = deque()  # (monotonic time, GPU index, Xid)
         # GPUs NVML answered GPU_IS_LOST for, until a read of them succeeds: kept through the
         # dropped session and failed re-inits (nothing shows the GPU back), by index.
@@ -189,7 +195,8 @@ class NvmlReader:
         self._nvml, self._reason = nvml, None
         self._logged_reasons.clear()  # a later failure is news again
         log.info("NVML initialised")
-        self._xid_events = _watch_xids(nvml)
+        self._events_without = frozenset(self._lost)
+        self._xid_events = _watch_xids(nvml, self._events_without)
         return nvml
 
     def _unavailable(self, reason: str) -> None:
@@ -222,6 +229,7 @@ class NvmlReader:
             if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
                 raise
             lost = exc  # which GPU it is, the reads below say
+        drain_lost = lost is not None
         xids = self._window()
         gpus: list[GpuSample] = []
         pid_memory: dict[int, int] = {}
@@ -249,7 +257,23 @@ class NvmlReader:
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
+        if drain_lost or self._lost != self._events_without:
+            self._rewatch_xids(nvml)
         return gpus, pid_memory
+
+    def _rewatch_xids(self, nvml: ModuleType) -> None:
+        """The Xid event set built again without the GPUs lost now (with one back again). The
+        driver fails every wait on a set holding a lost GPU (GPU_IS_LOST): kept, it would stop
+        every drain at its first call, and the healthy GPUs' Xids would go unread until a reboot.
+        The Xids already drained (a lost GPU's 79 among them) stay in the window."""
+        events, self._xid_events = self._xid_events, None
+        if events is not None:
+            try:
+                nvml.nvmlEventSetFree(events)
+            except nvml.NVMLError as exc:
+                log.debug("nvmlEventSetFree failed: %s", exc)
+        self._events_without = frozenset(self._lost)
+        self._xid_events = _watch_xids(nvml, self._events_without)
 
     def _log_lost(self) -> None:
         """A GPU lost while the others answer: logged once each time the set of lost GPUs changes."""
@@ -289,9 +313,10 @@ class NvmlReader:
         return recent
 
 
-def _watch_xids(nvml: ModuleType) -> Any:
-    """An NVML event set every GPU that can reports its critical Xid errors to; None if none can
-    (some boards and vGPUs do not support events: their Xids are left to the kernel log)."""
+def _watch_xids(nvml: ModuleType, without: Collection[int] = ()) -> Any:
+    """An NVML event set every GPU that can reports its critical Xid errors to, but those lost
+    (`without`: a lost GPU in the set fails every wait); None if none can (some boards and vGPUs
+    do not support events: their Xids are left to the kernel log)."""
     try:
         events = nvml.nvmlEventSetCreate()
     except nvml.NVMLError as exc:
@@ -299,6 +324,8 @@ def _watch_xids(nvml: ModuleType) -> Any:
         return None
     watched = 0
     for index in range(nvml.nvmlDeviceGetCount()):
+        if index in without:
+            continue
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
@@ -368,11 +395,13 @@ class TelemetrySampler:
     """Takes snapshots; `latest` is safe to read from any thread."""
 
     def __init__(
-        self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR
+        self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._clock = clock
+        self._monotonic = monotonic
         self._sample_lock = threading.Lock()  # sample() mutates the process cache
         self._latest_lock = threading.Lock()
         self._latest: Snapshot | None = None
@@ -400,7 +429,8 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir), tuple(processes))
+            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir), tuple(processes),
+                                self._monotonic())
         with self._latest_lock:
             self._latest = snapshot
         return snapshot

@@ -1,4 +1,4 @@
-"""Alerts on a reboot, a FATAL game, a governor back-off, a completed game.
+"""Alerts on a reboot, a FATAL game, a governor back-off, a completed game, a GPU lost.
 
 Each goes to every apprise URL configured (Slack, Discord, Telegram, ntfy, email and the rest:
 apprise knows each service's format) and to the webhook, as fleetd's JSON event or as Slack's
@@ -44,6 +44,7 @@ ALERT_SEVERITY = {
     "learning_collapse": "failure",
     "learning_held": "failure",
     "plateau": "warning",
+    "gpu_lost": "warning",
 }
 ALERT_KINDS = tuple(ALERT_SEVERITY)
 DEFAULT_MAX_QUEUE = 1000

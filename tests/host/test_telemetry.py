@@ -441,3 +441,55 @@ def test_a_process_tree_is_summed_and_a_killed_one_drops_out(worker_tree: subpro
     while sampler.sample({"pong": worker_tree.pid}).processes:
         assert time.monotonic() < deadline, "the killed tree is still sampled"
         time.sleep(0.02)
+
+
+def test_xids_of_the_healthy_gpus_are_still_read_after_one_is_lost(
+    fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU 1 reports Xid 79, then falls off the bus while GPU 0 answers. The real driver fails
+    every wait on an event set holding a lost GPU (GPU_IS_LOST), so the set is built again
+    without it: GPU 0's later Xid is read, and GPU 1's 79 drained before still counts. Before,
+    the set kept the lost GPU and every drain stopped at its first call until a reboot."""
+    sets: list[set[int]] = []  # each event set created, with the GPUs registered to it
+
+    def create() -> int:
+        sets.append(set())
+        return len(sets) - 1
+
+    def register(handle: int, types: int, events: int) -> None:
+        if handle in fake_nvml.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        sets[events].add(handle)
+
+    def wait(events: int, timeout_ms: int) -> SimpleNamespace:
+        if sets[events] & fake_nvml.lost:  # as NVIDIA's NVML mock: a lost GPU in the set fails the wait
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        mine = [event for event in fake_nvml.events if event.device in sets[events]]
+        if not mine:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+        fake_nvml.events.remove(mine[0])
+        return mine[0]
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", create)
+    monkeypatch.setattr(pynvml, "nvmlDeviceRegisterEvents", register)
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
+    clock = Monotonic()
+    reader = NvmlReader(monotonic=clock, xid_window_s=600)
+    reader.read()
+    assert sets == [{0, 1}]
+    fake_nvml.events.append(xid_event(1, 79))
+    assert [gpu.xid_errors for gpu in reader.read()[0]] == [(), (79,)]
+    fake_nvml.lost.add(1)
+    gpus, _, reason = reader.read()
+    assert reason is None and [(gpu.lost, gpu.xid_errors) for gpu in gpus] == [(False, ()), (True, (79,))]
+    assert sets[-1] == {0} and fake_nvml.freed == 1  # built again without the lost GPU
+    for minute in range(3):
+        clock.now += 60
+        fake_nvml.events.append(xid_event(0, 48 + minute))  # a double-bit ECC error, and more, on GPU 0
+        gpus, _, reason = reader.read()
+        assert reason is None and gpus[0].xid_errors == tuple(range(48, 49 + minute))
+        assert gpus[1].lost and gpus[1].xid_errors == (79,)
+    assert fake_nvml.events == [] and len(sets) == 2 and fake_nvml.inits == 1  # no set rebuilt every read, no session dropped
+    fake_nvml.lost.clear()  # back: watched again
+    reader.read()
+    assert sets[-1] == {0, 1}
