@@ -124,3 +124,31 @@ def test_a_run_that_refuses_its_unusable_checkpoints_never_shows_running_or_a_fr
         (skip,) = read_events(session, EventFilter(kind="checkpoint_skipped"))
     assert "resumed" not in kinds and "another observation space" in skip.message
     assert "none verifies and loads" in loop.sup.procs["pong"].reason
+
+
+def test_the_final_checkpoint_of_a_stop_does_not_clear_a_crash_loops_count(loop: Loop) -> None:
+    # `systemctl restart fleetd` while the crash-looping game was running: its worker's final
+    # checkpoint, a few steps past the one it resumed from, counted as progress, and the next
+    # daemon started it with no failures to its name (so a flapping daemon never made it fatal).
+    from fleetd.supervision.commands import Shutdown
+
+    loop.add("a")
+    loop.start()
+    for _ in range(3):
+        resume_and_run(loop, "a")
+        crash(loop, "a")
+        back_up(loop, "a")
+    resume_and_run(loop, "a")
+    proc = loop.sup.procs["a"]
+    assert proc.failures == 3
+    pid, run_id = proc.pid, proc.run_id
+    loop.sup.submit(Shutdown(leave_workers=False))
+    loop.steps()
+    final = CheckpointSummary("/ckpt-final", RESUMED_AT + 8, 1, loop.clock.now().timestamp(), 100)
+    loop.reactor.report(CheckpointReport("a", run_id, pid, final.at, final))
+    loop.reactor.exit(pid, code=0)
+    loop.steps()
+    assert proc.failures == 3
+    loop.clock.advance(1)
+    loop.start()  # the next daemon counts on from them
+    assert loop.sup.procs["a"].failures == 3

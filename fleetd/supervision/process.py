@@ -185,8 +185,10 @@ class WorkerProcess:
 
     def on_checkpoint(self, run_id: int, steps: int) -> bool:
         """A checkpoint this run wrote. Beyond the one it resumed from, it is progress: the
-        failure count starts again from zero. True if it counted as progress."""
-        if run_id != self.run_id or steps <= self._resumed_steps:
+        failure count starts again from zero. True if it counted as progress. Not the final one
+        of a stop (STOPPING): a stop the fleet makes neither counts nor clears the count, and that
+        checkpoint, a step past the resumed one, shows no run got past where the game crashed."""
+        if run_id != self.run_id or steps <= self._resumed_steps or self.state is State.STOPPING:
             return False
         self.progressed = True
         self.failures = 0
