@@ -1,4 +1,5 @@
-"""`fleetd backup now|status` (asks the daemon) and `fleetd restore FROM` (no daemon)."""
+"""`fleetd backup now|status` (asks the daemon), `fleetd backup claim` and `fleetd restore FROM`
+(no daemon needed)."""
 
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +11,7 @@ from fleetd.cli.progress import Progress
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, settings_from
 
-backup_app = command_group("Backups to [backup] target: run one now, or show the last.")
+backup_app = command_group("Backups to [backup] target: run one now, show the last, or claim a restored one.")
 BACKUP_TIMEOUT_S = 3600.0  # the first backup copies every checkpoint, over the network maybe
 
 
@@ -48,7 +49,34 @@ def _describe(status: dict[str, Any]) -> str:
              f"last checkpoint: {status['last_checkpoint'] or 'none'} ({status['checkpoints_copied']} copied)"]
     if status["last_error"]:
         lines.append(f"last error:      {status['last_error']} at {status['last_error_at']}")
+    if status.get("held"):
+        lines.append(f"not writing:     {status['held']}")
     return "\n".join(lines)
+
+
+@backup_app.command("claim")
+def backup_claim(
+    state_dir: Annotated[Path | None, typer.Option(help="The restored state_dir (default: the config's state_dir).")] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Make a restored state_dir the writer of the backup target it was restored from.
+
+    Run it once the fleet the backup came from is gone for good (a move, not a drill): its
+    daemon, running or not, then backs up there (a running one from its next backup)."""
+    from fleetd.operations.backup import claim_target
+
+    target_dir = (state_dir or settings_from(config)[0].state_dir).expanduser().absolute()
+    if not target_dir.is_dir():
+        fail(f"state_dir {target_dir} does not exist", ExitCode.CONFIG)
+    try:
+        mark = claim_target(target_dir / "backups")
+    except OSError as exc:
+        fail(f"could not remove the restore mark in {target_dir / 'backups'}: {exc}", ExitCode.CONFIG)
+    if mark is None:
+        typer.echo(f"{target_dir} carries no restore mark: its daemon already backs up to its [backup] target")
+        return
+    typer.echo(f"{target_dir} claimed {mark.get('target')}: its daemon backs up there from now on "
+               "(a running one from its next backup)")
 
 
 def restore(
@@ -77,7 +105,11 @@ def restore(
                f"{len(done.games)} game folder(s), {done.checkpoints} checkpoint(s)"
                + "".join(f"\n  skipped {line}" for line in done.skipped)
                + (f"\n{done.schema_note}" if done.schema_note else
-                  f"\nstart fleetd with state_dir = {target_dir}; games resume from their newest checkpoint"))
+                  f"\nstart fleetd with state_dir = {target_dir}; games resume from their newest checkpoint")
+               + f"\nit writes no backup to {source} until you run `fleetd backup claim"
+               + (f" --state-dir {target_dir}" if state_dir else "") + "` (once the fleet the "
+               "backup came from is gone for good); a drill beside that fleet: never claim it, or point "
+               "its [backup] target elsewhere")
 
 
 def register(app: typer.Typer) -> None:

@@ -17,6 +17,14 @@ A target holds one fleet's backup: `backup.json` names the fleet (its database's
 which a restore carries to the new host), and a daemon whose database is another's (a second
 host given the same config, a fresh state_dir started before `fleetd restore`) backs nothing up
 there: its database copy would replace the other's, and its checkpoints' sync delete theirs.
+
+A restore carries the fleet's name along, so that check cannot tell a restored state_dir from
+the fleet it was restored from; a restore drill beside the live fleet, given the same target,
+would undo the live fleet's backup (its scan deletes the live fleet's newer checkpoints there,
+its database copy replaces the live one's). So a restore marks the state_dir it fills
+(`state_dir/backups/restored.json`, never the database: that is the target's copy), and a
+daemon there writes nothing to that target (`Backup.held`) until `fleetd backup claim` removes
+the mark: once the fleet the backup came from is gone for good. Another target is not held.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +57,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
 FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
+RESTORED_NAME = "restored.json"  # in state_dir/backups: the target a restore filled this state_dir from
 PURGES_NAME = "purges.json"  # in state_dir/backups: the purges told that the target has not yet taken
 SCRATCH_PREFIXES = ("db-", "info-")  # Backup's work folders in state_dir/backups, beside `fleetd db upgrade`'s copies
 _TEMP = ".tmp-"
@@ -156,14 +165,45 @@ class Backup:
         self.clock = clock
         self.target = Target(settings.backup.target)
         self.status = BackupStatus(settings.backup.target)
+        self._key = target_key(settings.backup.target)
+        self._held_told: str | None = None  # the hold last warned of: once, not at every scan
         self._lock = threading.Lock()
         self._purges: set[str] = self._read_purges()  # games removed with their files, not yet off the target
         self._purges_lock = threading.Lock()  # not `_lock`: a DELETE must not wait out a backup's copying
         self._seen_database: tuple[tuple[Any, str], str | None] | None = None  # a keyless target's copy, and whose
         self._confirmed: dict[str, bytes] = {}  # the target's checkpoint copies known to be ours: sync_game
 
+    def held(self) -> str | None:
+        """Why this state_dir writes nothing to the target: a restore filled it from there
+        (`restored.json`, read at each call, so `fleetd backup claim` on a running daemon
+        counts from its next backup). None: it writes."""
+        mark = read_restored_mark(self.settings.backups_dir)
+        if mark is None or (mark.get("key") is not None and mark["key"] != self._key):
+            return None
+        return (f"restored from {mark.get('target') or self.target.url}: this state dir does not write to it until "
+                "`fleetd backup claim` — run it once the fleet the backup came from is gone for good, or point "
+                "[backup] target elsewhere")
+
+    def _skip_held(self) -> bool:
+        """A job's run on a held target: skipped, with one warning (a log line and a
+        `backup_skipped` event) until the hold ends or changes."""
+        reason = self.held()
+        if reason is None:
+            self._held_told = None
+            return False
+        if reason != self._held_told:
+            self._held_told = reason
+            log.warning("backup to %s skipped: %s", self.target.url, reason)
+            with self.db.transaction() as session:
+                create_event(session, self.clock.now(), "backup_skipped", f"backup to {self.target.url} skipped: "
+                             f"{reason}", severity="warning", details={"target": self.target.url})
+        return True
+
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied."""
+        reason = self.held()
+        if reason is not None:
+            raise BackupError(reason)
         with self._lock:
             copied, removed = self._checkpoints()
             size = self._database()
@@ -172,12 +212,16 @@ class Backup:
         return run
 
     def database(self) -> BackupRun:
+        if self._skip_held():
+            return BackupRun()
         with self._lock:
             run = BackupRun(self._database())
         self._record(f"backed up the database ({run.database_bytes} bytes)", run)
         return run
 
     def checkpoints(self) -> BackupRun:
+        if self._skip_held():
+            return BackupRun()
         with self._lock:
             copied, removed = self._checkpoints()
         run = BackupRun(None, copied, removed)
@@ -189,7 +233,11 @@ class Backup:
         """Before retention deletes a game's `removed/` folders (fleetd.jobs.set_aside_job): the
         target's copies of the checkpoints set aside there dropped now, while their names still
         tell them apart (the scan does the same each time; one that failed since the set-aside
-        would have left them for a restore to hand to the new game). Raises when it cannot."""
+        would have left them for a restore to hand to the new game). Raises when it cannot (a
+        held target included: those folders wait for the claim)."""
+        reason = self.held()
+        if reason is not None:
+            raise BackupError(reason)
         with self._lock:
             self._claim()
             return self._set_aside()
@@ -388,6 +436,50 @@ def _fleet_of(db: Database) -> str | None:
     return None if boot is None else f"first started {boot[1].isoformat()} in boot {boot[0]}"
 
 
+def target_key(url: str) -> str:
+    """One target however its URL is spelt (a trailing slash, a relative or a linked path)."""
+    try:
+        target = Target(url)
+    except (ValueError, ImportError):  # not one fsspec opens: the URL itself
+        return url
+    protocol = target.fs.protocol if isinstance(target.fs.protocol, str) else target.fs.protocol[0]
+    root = str(Path(target.root).resolve()) if target.local else target.root.rstrip("/")
+    return f"{protocol}://{root}"
+
+
+def read_restored_mark(backups_dir: Path) -> dict[str, Any] | None:
+    """The restore mark in `state_dir/backups` (`write_restored_mark`), or None. One that does
+    not read holds every target (a damaged mark cannot say which): `fleetd backup claim` removes it."""
+    path = backups_dir / RESTORED_NAME
+    try:
+        mark = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"target": f"a backup ({path} does not read: {exc})", "key": None}
+    return mark if isinstance(mark, dict) else {"target": f"a backup ({path} is not fleetd's)", "key": None}
+
+
+def write_restored_mark(state_dir: Path, target: Target, info: dict[str, Any]) -> None:
+    folder = state_dir / "backups"
+    folder.mkdir(parents=True, exist_ok=True)
+    temp = folder / f"{_TEMP}{RESTORED_NAME}"
+    temp.write_text(json.dumps({"target": target.url, "key": target_key(target.url),
+                                "restored_at": datetime.now(timezone.utc).isoformat(),
+                                "db_at": info.get("db_at"), FLEET_KEY: info.get(FLEET_KEY)}, indent=2))
+    checkpoint.fsync_path(temp)
+    os.replace(temp, folder / RESTORED_NAME)
+    checkpoint.fsync_path(folder)
+
+
+def claim_target(backups_dir: Path) -> dict[str, Any] | None:
+    """`fleetd backup claim`: the restore mark removed, so this state_dir's daemon writes to the
+    target it was restored from (a running one from its next backup). The mark, or None."""
+    mark = read_restored_mark(backups_dir)
+    (backups_dir / RESTORED_NAME).unlink(missing_ok=True)
+    return mark
+
+
 def remove_scratch_leftovers(settings: Settings) -> list[Path]:
     """At start, under the state_dir's lock: the work folders of backups that a daemon's end cut
     short (a database copy each); `fleetd db upgrade`'s copies beside them are kept."""
@@ -551,6 +643,7 @@ def fill_state_dir(target: Target, state_dir: Path) -> Restored:
 
 def _fill(target: Target, state_dir: Path) -> Restored:
     info = _read_info(target)
+    write_restored_mark(state_dir, target, info)  # first: no restored database without it
     target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
     (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
     note = _check_database(state_dir / DB_NAME)
@@ -710,5 +803,7 @@ def fetch_checkpoint(target: Target, relative: str, dest: Path) -> str | None:
 
 
 def status_dict(backup: Backup | None) -> dict[str, Any]:
-    return {"configured": False} if backup is None else {"configured": True, **asdict(backup.status)}
+    if backup is None:
+        return {"configured": False}
+    return {"configured": True, **asdict(backup.status), "held": backup.held()}
 

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy
 
 from fleetd.config import ConfigError, load_settings
-from fleetd.operations.backup import Backup, BackupError, Target, restore
+from fleetd.operations.backup import Backup, BackupError, BackupRun, Target, restore
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
@@ -412,6 +412,8 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
 
 
 def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
+    from fleetd.operations.backup import claim_target
+
     # Two hosts given the same config (or a fresh state_dir started before `fleetd restore`):
     # the second one's backup replaced the first's database and deleted its checkpoints.
     _, _, url = setup
@@ -440,6 +442,7 @@ def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
     c_settings = load_settings(state_dir=restored, backup={"target": url})
     c_db = Database.open(c_settings.db_path)
     write_ckpt(c_settings.game_dir("pong") / "checkpoints", 300)
+    claim_target(c_settings.backups_dir)  # box-a is gone for good
     assert Backup(c_settings, c_db, FakeClock()).now().copied == ["pong/ckpt-000000000300"]
     for db in (a_db, b_db, c_db):
         db.close()
@@ -644,3 +647,69 @@ def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_be
         assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000050"}
     finally:
         fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_claimed(setup, tmp_path):
+    # A restore drill: the backup restored into a new state_dir while the fleet goes on, the
+    # drill's daemon given the same target. Both databases are the same fleet, so the "another
+    # fleet" check let it through: its scan deleted the live fleet's newer checkpoint from the
+    # target and its database copy replaced the live one's.
+    _, _, url = setup
+    live, live_db = booted_fleet(tmp_path / "live", url, "boot-of-the-fleet")
+    ckpts = live.game_dir("pong") / "checkpoints"
+    write_ckpt(ckpts, 100)
+    Backup(live, live_db, FakeClock()).now()
+    restore(url, tmp_path / "drill")
+    drill = load_settings(state_dir=tmp_path / "drill", backup={"target": url})
+    drill_db = Database.open(drill.db_path)
+    write_ckpt(ckpts, 200)
+    live_backup = Backup(live, live_db, FakeClock())
+    assert live_backup.now().copied == ["pong/ckpt-000000000200"]
+    target = Target(url)
+    live_copy = target.fs.cat_file(target.path("fleetd.db"))
+    drill_backup = Backup(drill, drill_db, FakeClock())
+
+    runs = [drill_backup.checkpoints(), drill_backup.database(), drill_backup.checkpoints()]
+
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    assert target.fs.cat_file(target.path("fleetd.db")) == live_copy
+    assert runs == [BackupRun()] * 3
+    with pytest.raises(BackupError, match=r"restored from memory://.*`fleetd backup claim`"):
+        drill_backup.now()
+    with pytest.raises(BackupError, match="restored from"):
+        drill_backup.settle_set_aside()
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    from fleetd.operations.backup import claim_target, status_dict
+
+    held = drill_backup.held()
+    assert held is not None and held.startswith(f"restored from {url}: this state dir does not write to it")
+    assert status_dict(drill_backup)["held"] == held and status_dict(live_backup)["held"] is None
+    with drill_db.transaction() as session:  # one warning, not one a scan
+        skipped = read_events(session, EventFilter(kind="backup_skipped"))
+    assert [(e.severity, e.message) for e in skipped] == [("warning", f"backup to {url} skipped: {held}")]
+    # Another target is the drill's own to write.
+    elsewhere = f"{url}-drill"
+    other = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": elsewhere}), drill_db, FakeClock())
+    assert other.held() is None and other.now().copied == ["pong/ckpt-000000000100"]
+    fsspec.filesystem("memory").rm(elsewhere.removeprefix("memory://"), recursive=True)
+    assert live_backup.checkpoints().removed == []  # the live fleet goes on as before
+
+    # The fleet gone for good: the claim makes the restored state_dir the target's writer,
+    # the Backup already made included (a running daemon's next backup).
+    assert claim_target(drill.backups_dir)["target"] == url
+    assert drill_backup.held() is None
+    assert drill_backup.checkpoints().removed == ["pong/ckpt-000000000200"]  # it now writes what it holds
+    assert drill_backup.database().database_bytes > 0
+    assert claim_target(drill.backups_dir) is None
+    for db in (live_db, drill_db):
+        db.close()
+
+
+def test_the_restore_mark_knows_its_target_however_the_url_is_spelt(tmp_path):
+    from fleetd.operations.backup import target_key
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert target_key(str(tmp_path / "real")) == target_key(f"{tmp_path}/real/") == target_key(str(tmp_path / "link"))
+    assert target_key(str(tmp_path / "real")) == target_key(f"file://{tmp_path}/real")
+    assert target_key("memory://a/b/") == target_key("memory://a/b") != target_key("memory://a/c")

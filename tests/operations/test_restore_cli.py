@@ -119,3 +119,61 @@ def test_a_database_at_an_older_schema_says_to_upgrade_and_one_not_fleetds_is_re
     failed = fleetd_restore(foreign, fresh)
     assert failed.returncode == 78 and "fleetd.db in the backup is not a fleetd database" in failed.stderr, failed.stderr
     assert sorted(p.name for p in fresh.iterdir()) == ["fleetd.lock"]
+
+
+def test_a_restore_says_it_writes_no_backup_there_until_claimed_and_the_claim_ends_that(backup_dir, tmp_path):
+    from fleetd.operations.backup import Backup
+
+    fresh = tmp_path / "fresh"
+    done = fleetd_restore(backup_dir, fresh)
+    assert done.returncode == 0, done.stderr
+    assert f"it writes no backup to {backup_dir} until you run `fleetd backup claim --state-dir {fresh}` (once " \
+        "the fleet the backup came from is gone for good)" in done.stdout, done.stdout
+    from fleetd.operations.backup import read_restored_mark
+
+    assert read_restored_mark(fresh / "backups")["target"] == str(backup_dir)
+    settings = load_settings(state_dir=fresh, backup={"target": f"{backup_dir}/"})  # however it is spelt
+    db = Database.open(settings.db_path)
+    try:
+        backup = Backup(settings, db, FakeClock())
+        assert backup.held() is not None and backup.checkpoints().copied == []
+
+        command = [sys.executable, "-m", "fleetd", "backup", "claim", "--state-dir", str(fresh)]
+        claimed = subprocess.run(command, capture_output=True, text=True, timeout=120, env=clean_env())
+        assert claimed.returncode == 0, claimed.stderr
+        assert f"{fresh} claimed {backup_dir}: its daemon backs up there from now on" in claimed.stdout, claimed.stdout
+        assert backup.held() is None and backup.database().database_bytes > 0
+        again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=clean_env())
+        assert again.returncode == 0 and "carries no restore mark" in again.stdout, again.stdout
+    finally:
+        db.close()
+
+
+def test_the_api_refuses_a_backup_now_to_the_target_restored_from_and_shows_why(backup_dir, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from fleetd.api import create_app
+    from fleetd.api.context import AppContext, DaemonInfo
+    from fleetd.games.catalog import EnvCatalog
+    from fleetd.operations.backup import Backup, Target, restore
+
+    restore(str(backup_dir), tmp_path / "drill")
+    settings = load_settings(state_dir=tmp_path / "drill", backup={"target": str(backup_dir)})
+    db = Database.open(settings.db_path)
+    clock = FakeClock()
+    before = Target(str(backup_dir)).fs.cat_file(str(backup_dir / "fleetd.db"))
+    context = AppContext(settings, db, clock, "t" * 32, DaemonInfo(1, clock.now()), EnvCatalog(),
+                         backup=Backup(settings, db, clock))
+    try:
+        with TestClient(create_app(context), raise_server_exceptions=False) as client:
+            client.headers["Authorization"] = f"Bearer {'t' * 32}"
+            refused = client.post("/api/v1/backup")
+            status = client.get("/api/v1/backup").json()
+    finally:
+        db.close()
+    assert refused.status_code == 409, refused.text
+    assert f"restored from {backup_dir}: this state dir does not write to it" in refused.json()["error"]["message"]
+    assert status["held"].startswith(f"restored from {backup_dir}")
+    assert (backup_dir / "fleetd.db").read_bytes() == before
+    from fleetd.cli.backup_cmd import _describe
+    assert f"not writing:     restored from {backup_dir}" in _describe(status)

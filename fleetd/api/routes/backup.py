@@ -26,6 +26,8 @@ class BackupStatusOut(Out):
     checkpoints_copied: int = 0
     last_error: str | None = None
     last_error_at: datetime | None = None
+    # Why this state_dir writes nothing to the target (restored from it: `fleetd backup claim`).
+    held: str | None = None
 
 
 class BackupRunOut(Out):
@@ -47,6 +49,9 @@ async def run_backup(context: AppContext = Depends(get_context)) -> BackupRunOut
     if context.backup is None:
         raise FleetdError(ErrorCode.CONFLICT, "no [backup] target is configured: set [backup] target "
                           "(FLEETD_BACKUP__TARGET) to a directory or an fsspec URL, and restart")
+    held = context.backup.held()
+    if held is not None:
+        raise FleetdError(ErrorCode.CONFLICT, f"backup to {context.backup.target.url} not made: {held}")
     try:
         run = await run_in_threadpool(context.backup.now)
     except Exception as exc:  # noqa: BLE001 - the target's own error, for the operator
