@@ -38,6 +38,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.exc import DatabaseError, OperationalError
@@ -647,7 +648,7 @@ def _fill(target: Target, state_dir: Path) -> Restored:
     target.get_file(DB_NAME, state_dir / f"{_TEMP}{DB_NAME}")
     (state_dir / f"{_TEMP}{DB_NAME}").rename(state_dir / DB_NAME)
     note = _check_database(state_dir / DB_NAME)
-    close_backed_up_boot(state_dir / DB_NAME)
+    close_backed_up_boot(state_dir / DB_NAME, state_dir)
     games, count, skipped = [], 0, []
     for game in sorted(target.names("games")):
         taken, bad = _restore_game(target, game, state_dir / "games" / game / "checkpoints")
@@ -695,24 +696,28 @@ def _remove_restored(state_dir: Path) -> list[str]:
     return left
 
 
-def close_backed_up_boot(db_path: Path) -> bool:
+def close_backed_up_boot(db_path: Path, state_dir: Path | None = None) -> bool:
     """The copy was taken from a running daemon, so its last boot never recorded a stop, and
     the first start here would count an unclean reboot (instability, for the governor). It
     ends where the old host was last seen: a move, not a crash. The runs it recorded as alive
     end there too (`lost_host`): their workers trained for the backed-up state_dir, never
     this one, and on the same host in the same boot (a restore drill beside the live fleet, a
     state_dir disk replaced without a reboot) the daemon started here would have adopted them
-    by pid, start and command line. On an older schema (restored, then upgraded with `fleetd
-    db upgrade`) the same is written in the tables and columns every schema has had, without
-    the events. False on one a newer fleetd wrote: left as it is."""
+    by pid, start and command line. Not those whose log is under `state_dir`, the restore's own:
+    restored to the path the backup came from (its disk replaced without a reboot), they train
+    for this state_dir, and the daemon adopts them as after any restart (closed, a second
+    worker would start beside each, never stopped). On an older schema (restored, then upgraded
+    with `fleetd db upgrade`) the same is written in the tables and columns every schema has
+    had, without the events. False on one a newer fleetd wrote: left as it is."""
     from fleetd.host.uptime import record_daemon_stop
     from fleetd.store import runs as run_store
     from fleetd.store.boots import read_boot, read_latest_boot
     from fleetd.store.schema import SchemaState, inspect_schema
 
     state = inspect_schema(db_path).state
+    ours = _under(state_dir)
     if state is SchemaState.BEHIND:
-        _close_in_older_schema(db_path)
+        _close_in_older_schema(db_path, ours)
         return True
     if state is not SchemaState.CURRENT:
         return False
@@ -721,6 +726,8 @@ def close_backed_up_boot(db_path: Path) -> bool:
         with db.transaction() as session:
             boot = read_latest_boot(session)
             for run in run_store.read_open_runs(session):
+                if ours(run.log_path):
+                    continue
                 of_boot = read_boot(session, run.boot_pk)
                 ended = of_boot.last_seen_at if of_boot is not None else boot.last_seen_at if boot else run.started_at
                 run_store.update_run_ended(session, run.id, ended, "lost_host", None, None)
@@ -735,17 +742,30 @@ def close_backed_up_boot(db_path: Path) -> bool:
     return True
 
 
-def _close_in_older_schema(db_path: Path) -> None:
+def _under(state_dir: Path | None) -> Callable[[str | None], bool]:
+    """Whether a run's log is under `state_dir` (None: nothing is)."""
+    if state_dir is None:
+        return lambda _path: False
+    root = state_dir.resolve()
+
+    def ours(path: str | None) -> bool:
+        return path is not None and Path(path).resolve().is_relative_to(root)
+    return ours
+
+
+def _close_in_older_schema(db_path: Path, ours: Callable[[str | None], bool]) -> None:
     """close_backed_up_boot on a database at an older schema, in plain SQL on what its first
-    one (migrations/versions/0001_initial.py) had: the open runs end as `lost_host` at their
-    boot's last heartbeat, and the last boot's daemon stopped clean."""
+    one (migrations/versions/0001_initial.py) had: the open runs not `ours` end as `lost_host`
+    at their boot's last heartbeat, and the last boot's daemon stopped clean."""
     import sqlite3
 
     con = sqlite3.connect(db_path)
     try:
         with con:
-            con.execute("UPDATE runs SET cause = 'lost_host', ended_at = (SELECT boots.last_seen_at FROM boots "
-                        "WHERE boots.id = runs.boot_id) WHERE ended_at IS NULL")
+            open_runs = con.execute("SELECT id, log_path FROM runs WHERE ended_at IS NULL").fetchall()
+            for run_id in [run_id for run_id, log_path in open_runs if not ours(log_path)]:
+                con.execute("UPDATE runs SET cause = 'lost_host', ended_at = (SELECT boots.last_seen_at FROM boots "
+                            "WHERE boots.id = runs.boot_id) WHERE id = ?", (run_id,))
             con.execute("UPDATE boots SET daemon_clean_stop = 1 WHERE id = (SELECT max(id) FROM boots)")
     finally:
         con.close()

@@ -354,13 +354,16 @@ def booted_fleet(state_dir: Path, url: str, boot_id: str):
     return settings, db
 
 
+@pytest.mark.parametrize("where", ["beside", "same path"])
 @pytest.mark.parametrize("schema", ["current", "older"])
-def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path, schema):
+def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path, schema, where):
     # A restore onto another state_dir of the same host, in the same boot (a restore drill beside
     # the live fleet, or a lost state_dir disk replaced without a reboot): the copy's open runs
     # were of this boot, and their workers, still running for the other state_dir, matched pid,
     # start and command line. The daemon started on the restored state_dir adopted them (and
-    # would kill them at its hang timeout, or its stop), as if they trained for it.
+    # would kill them at its hang timeout, or its stop), as if they trained for it. Restored to
+    # the very path they write under (its disk replaced without a reboot), they train for it:
+    # adopted, not closed (a second worker per game started beside them, never stopped).
     import psutil
     from alembic import command
 
@@ -375,27 +378,31 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
     from tests.test_adoption import sleeper
 
     clock = FakeClock()
-    settings, db = booted_fleet(tmp_path / "live", setup[2], "this-host")
+    live = tmp_path / "live"
+    settings, db = booted_fleet(live, setup[2], "this-host")
+    into = live if where == "same path" else tmp_path / "restored"
     worker = sleeper()
     try:
         with db.transaction() as session:
             game = create_game(session, GameDraft("pong", "CartPole-v1", "ppo"), clock.now())
             run_id = create_run(session, game.id, 1, clock.now())
             update_run_spawned(session, run_id, worker.pid, process_start_time(worker.pid),
-                               psutil.Process(worker.pid).cmdline(), "run.log")
+                               psutil.Process(worker.pid).cmdline(), str(live / "games/pong/logs/run-000001.log"))
         Backup(settings, db, clock).now()
         db.close()
+        if where == "same path":
+            shutil.rmtree(live)  # its disk lost; the daemon died with it, its worker lives on
         source = setup[2]
         if schema == "older":  # restored as it is, upgraded by `fleetd db upgrade` before the start
             source = str(tmp_path / "older")
             fsspec.filesystem("memory").get(setup[2].removeprefix("memory://"), source, recursive=True)
             command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
 
-        restore(source, tmp_path / "restored")
+        restore(source, into)
         if schema == "older":
-            assert inspect_schema(tmp_path / "restored" / "fleetd.db").state is SchemaState.BEHIND
-            command.upgrade(alembic_config(tmp_path / "restored" / "fleetd.db"), "head")
-        restored = Database.open(tmp_path / "restored" / "fleetd.db")
+            assert inspect_schema(into / "fleetd.db").state is SchemaState.BEHIND
+            command.upgrade(alembic_config(into / "fleetd.db"), "head")
+        restored = Database.open(into / "fleetd.db")
         try:
             start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
             assert start.previous is not None and start.previous.daemon_clean_stop
@@ -404,8 +411,11 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
                 (run,) = read_runs(session, game.id, "pong", 10)
         finally:
             restored.close()
-        assert runs.live == [] and worker.poll() is None  # alive, and the other state_dir's
-        assert run.ended_at is not None and run.cause == "lost_host", run
+        assert worker.poll() is None
+        if where == "same path":
+            assert [r.id for r in runs.live] == [run.id] and run.ended_at is None, run  # adopted
+        else:
+            assert runs.live == [] and run.ended_at is not None and run.cause == "lost_host", run  # the other's
     finally:
         worker.kill()
         worker.wait()
