@@ -430,6 +430,27 @@ def test_evaluations_made_while_the_daemon_was_down_are_judged_when_it_adopts_th
     assert game(loop, "cp").health.last_steps == 6000 and game(loop, "cp").health.evaluations == 6
 
 
+def test_an_evaluation_judged_at_adoption_is_not_judged_again_from_its_report(loop: Loop) -> None:
+    # The progress socket is bound before recovery: a report sent in between waits there, and the
+    # loop's first turn judged again the evaluation catch-up had judged from its checkpoint (one
+    # bad evaluation counted twice: a collapse after fewer than collapse_evals).
+    add(loop, "cp", QUICK)
+    loop.start()
+    loop.run_up("cp")
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480)):
+        evaluate(loop, "cp", steps, value)
+    proc = loop.sup.procs["cp"]
+    pid, run_id = proc.pid, proc.run_id
+    loop.clock.advance(600)
+    folder = write_checkpoint(checkpoints(loop, "cp"), 5000, 10, payload, 15.0)
+    loop.reactor.report(CheckpointReport("cp", run_id, pid, loop.clock.now().timestamp(), summarize(folder)))
+    loop.probe.live = {pid}
+    loop.start()
+    loop.steps()
+    health = game(loop, "cp").health
+    assert (health.state, health.evaluations, health.below) == (Health.LEARNING, 5, 1)
+
+
 def test_plateau_stop_stops_it_with_the_reason(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "stop"})
     loop.start()

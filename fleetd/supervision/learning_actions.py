@@ -49,9 +49,14 @@ class LearningActions:
         self._storage_url = storage_url  # [cluster] storage as a URL: the newer checkpoints go there too
         self._rollbacks: set[str] = set()
         self._yielded: set[str] = set()
+        # The checkpoints catch_up judged from disk, by game, while that worker runs: its report of
+        # one may wait in the socket the daemon bound before recovery, and is not judged twice.
+        self._caught_up: dict[str, set[str]] = {}
 
     def judge(self, proc: WorkerProcess, summary: CheckpointSummary) -> None:
         """An evaluation came in: the watch judges it; a verdict's action on the worker is here."""
+        if summary.path in self._caught_up.get(proc.name, ()):
+            return  # judged at start-up from its checkpoint on disk
         verdict = self.watch.evaluated(proc.name, summary)
         if verdict.action is Action.ROLLBACK:
             self._rollbacks.add(proc.name)
@@ -70,6 +75,7 @@ class LearningActions:
 
     def exited(self, proc: WorkerProcess) -> None:
         """A worker's exit: one stopped for a rollback is rolled back now."""
+        self._caught_up.pop(proc.name, None)
         if proc.name in self._rollbacks and proc.state not in LIVE:
             self._roll_back(proc)
 
@@ -99,6 +105,7 @@ class LearningActions:
                 return  # stopping on a verdict (a rollback): the rest were the collapsed run's
             if summary.at >= since:
                 self.judge(proc, summary)
+                self._caught_up.setdefault(proc.name, set()).add(summary.path)
 
     def _yielded_before(self, name: str, proc: WorkerProcess) -> bool:
         """A plateau under on_plateau = yield with no worker at start: the previous daemon's
