@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, MIN_TOKEN_CHARS, TOKEN_FILE,
+from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, clean_token,
                              config_path_from, default_state_dir)
 from fleetd.games.spec import GameSpec
 from fleetd.tomlfile import read_toml
@@ -73,10 +73,9 @@ class ApiSettings(_Section):
 
     @field_validator("token")
     @classmethod
-    def _token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:
-            raise ValueError("must be at least 16 characters")
-        return value
+    def _token_sendable(cls, value: SecretStr | None) -> SecretStr | None:
+        # What clients send: stripped, printable ASCII (fleetd.endpoint.clean_token says why).
+        return None if value is None else SecretStr(clean_token(value.get_secret_value()))
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":

@@ -122,6 +122,22 @@ def _port(value: object) -> int:
 def _token(value: object) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) < MIN_TOKEN_CHARS:
-        raise EndpointUnclear("[api] token is not a string of 16 characters or more")
-    return value
+    if not isinstance(value, str):
+        raise EndpointUnclear("[api] token is not a string")
+    try:
+        return clean_token(value)
+    except ValueError as exc:
+        raise EndpointUnclear(f"[api] token {exc}") from None
+
+
+def clean_token(text: str) -> str:
+    """A token as sent and compared: without the whitespace around it (a pasted value's trailing
+    space, a CR of a file written on Windows), which an HTTP header cannot carry, so that a
+    token kept with it matched no request. ValueError, saying why (never the token), when what
+    is left is too short or holds a character a header cannot carry (not printable ASCII)."""
+    token = text.strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"must be at least {MIN_TOKEN_CHARS} characters")
+    if not all(" " <= char <= "~" for char in token):
+        raise ValueError("must be printable ASCII (letters, digits, punctuation): an HTTP header carries it")
+    return token
