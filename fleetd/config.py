@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, clean_token,
+from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, check_host, clean_token,
                              config_path_from, default_state_dir)
 from fleetd.games.spec import GameSpec
 from fleetd.tomlfile import read_toml
@@ -70,6 +70,11 @@ class ApiSettings(_Section):
     # A model upload (POST /games/{name}/import) may be this large: an SB3 zip with its
     # VecNormalize statistics and, for DQN, a replay buffer. It is spooled to state_dir/transfers.
     max_upload_bytes: int = Field(8 * 2**30, ge=1024)
+
+    @field_validator("host")
+    @classmethod
+    def _host_listenable(cls, value: str) -> str:
+        return check_host(value)  # a name or an address: not a URL, not host:port
 
     @field_validator("token")
     @classmethod

@@ -10,6 +10,7 @@ to the settings tree, whose errors name the key, the value and the reason.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -77,7 +78,7 @@ def read_endpoint(config: Path | None, environ: Mapping[str, str] | None = None)
         raise EndpointUnclear("[api] is not a table")
     pick = lambda key, default: _env(environ, f"{ENV_PREFIX}API{ENV_NESTED}{key.upper()}", api.get(key, default))  # noqa: E731
     state_dir = _env(environ, f"{ENV_PREFIX}STATE_DIR", document.get("state_dir", default_state_dir(environ)))
-    return Endpoint(_text(pick("host", DEFAULT_API_HOST)), _port(pick("port", DEFAULT_API_PORT)),
+    return Endpoint(_host(pick("host", DEFAULT_API_HOST)), _port(pick("port", DEFAULT_API_PORT)),
                     _token(pick("token", None)), Path(_text(state_dir)).expanduser().absolute())
 
 
@@ -107,6 +108,37 @@ def _text(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise EndpointUnclear(f"{value!r} is not a non-empty string")
     return value
+
+
+def _host(value: object) -> str:
+    try:
+        return check_host(_text(value))
+    except ValueError as exc:
+        raise EndpointUnclear(f"[api] host {exc}") from None
+
+
+def check_host(host: str) -> str:
+    """[api] host as the daemon listens on it and a client connects to it: a name or an IP
+    address, or ValueError saying what it is instead. A URL there (http://gpu-box:8642/fleetd)
+    had the daemon fail to listen and every client say that no daemon answers on
+    http://[http://gpu-box:8642/fleetd]:8642."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    else:
+        if bare != host:
+            raise ValueError(f"must be an IPv6 address without brackets ({bare})")
+        return host
+    if "://" in host or "/" in host:
+        raise ValueError("must be a host name or IP address, not a URL: the port is [api] port, "
+                         "and the API is served at / (no path prefix)")
+    if ":" in host:
+        raise ValueError("must be a host name or IP address without a port: the port is [api] port")
+    if not host or any(char.isspace() or char in "@?#[]" for char in host):
+        raise ValueError("must be a host name or IP address")
+    return host
 
 
 def _port(value: object) -> int:
