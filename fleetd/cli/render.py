@@ -31,6 +31,10 @@ class PlainTable(Table):
     an event's `seeded [[games]]` or a reason's `[cluster]` is text, never rich markup."""
 
     def add_column(self, header: RenderableType = "", **kwargs: Any) -> None:
+        if header == "game":
+            # A game's name is never cut: at 80 columns `fleetd plan` showed `gggggg…` and `games
+            # list` 64-character names to their 58th, one row as another. Too wide, it folds.
+            kwargs |= {"overflow": "fold", "no_wrap": False}
         super().add_column(literal(header), **kwargs)
 
     def add_row(self, *cells: RenderableType | None, **kwargs: Any) -> None:
@@ -251,7 +255,7 @@ def games_table(games: list[dict[str, Any]], width: int | None = None) -> Table:
 
 
 UNBOUNDED = 100_000  # to measure a table's natural width, not the terminal's
-NEVER_CUT = ("game", "state", "steps")  # `sto…` could be stopping or stopped
+NEVER_CUT = ("state", "steps")  # `sto…` could be stopping or stopped; the game's name folds (PlainTable)
 
 
 def _games_columns(shown: list[str], rows: list[dict[str, RenderableType]]) -> Table:
