@@ -226,3 +226,11 @@ def test_a_long_game_name_is_never_cut_in_a_table_it_folds(width: int) -> None:
         text = console.export_text()
         assert max(len(line) for line in text.splitlines()) <= width
         assert _column_text(text, "game") == "".join(names), text
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_boot_number_below_1_is_a_bad_command_line(value: str) -> None:
+    # It was asked of the daemon, which answered 422 "path.boot_pk: Input should be greater than
+    # or equal to 1" (exit 1): an API name, not the option given.
+    result = CliRunner().invoke(app, ["reboots", "--detail", value], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "--detail" in result.output, result.output
