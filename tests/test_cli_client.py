@@ -269,3 +269,19 @@ def test_a_tier_asked_of_a_daemon_that_restarts_is_shown_as_answered_not_exit_69
     fleet = {"mode": "manual", "requested": "medium", "tier": "light"}
     shown = cli_with(RestartingApi(fleet, down=10**9, after=fleet), monkeypatch, "tier", "medium", "--json")
     assert shown.exit_code == 0 and '"requested": "medium"' in shown.stdout, shown.output
+
+
+def test_a_route_the_daemon_lacks_is_an_older_daemon_not_a_missing_game(tmp_path: Path) -> None:
+    # A CLI upgraded before the daemon was restarted asked a route the old daemon lacked: "no route
+    # GET ...", exit 4, which a script reads as "no such game".
+    from tests.api_context import serving, shared_context
+
+    with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
+        api = ApiClient(Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]), "c" * 32, tmp_path / "state"), timeout_s=30)
+        with pytest.raises(ClientError) as lacking:
+            api.get("/api/v1/not-yet-a-route")
+        assert lacking.value.code == ExitCode.ERROR
+        assert "no route GET /api/v1/not-yet-a-route" in str(lacking.value) and "restart it" in str(lacking.value)
+        with pytest.raises(ClientError) as missing:
+            api.get("/api/v1/games/nosuch")
+        assert missing.value.code == ExitCode.NOT_FOUND and "restart" not in str(missing.value)

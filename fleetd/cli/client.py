@@ -199,7 +199,26 @@ REFUSALS = {401: ExitCode.NOPERM, 403: ExitCode.NOPERM, 404: ExitCode.NOT_FOUND,
 
 
 def _refused(status: int, data: bytes) -> ClientError:
+    if status == 404 and _no_route(data):
+        # Not a missing game (exit 4): the daemon lacks the route, which a daemon of this version
+        # has. Most often one still running from before an upgrade of the package.
+        from fleetd import __version__
+
+        return ClientError(f"{_error_message(status, data)}; this fleetd ({__version__}) asks for it: the daemon is "
+                           "an older version (still running since an upgrade?): restart it (systemctl restart fleetd)",
+                           ExitCode.ERROR)
     return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR), _error_details(data))
+
+
+def _no_route(data: bytes) -> bool:
+    """The daemon's 404 for a path no route takes (`no route GET /api/v1/...`; Starlette's bare
+    `Not Found` from a daemon older than that message), not one for a game, run or boot."""
+    try:
+        error = json.loads(data)["error"]
+        message = error["message"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(message, str) and (message.startswith("no route ") or message == "Not Found")
 
 
 def _error_details(data: bytes) -> dict[str, Any]:
