@@ -285,3 +285,49 @@ def test_a_route_the_daemon_lacks_is_an_older_daemon_not_a_missing_game(tmp_path
         with pytest.raises(ClientError) as missing:
             api.get("/api/v1/games/nosuch")
         assert missing.value.code == ExitCode.NOT_FOUND and "restart" not in str(missing.value)
+
+
+@pytest.fixture
+def slow_204(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A daemon that answers 204 after 0.8 s, for a client whose usual wait is 0.3 s: the config."""
+    import threading
+    import time
+
+    monkeypatch.setattr(ApiClient.__init__, "__defaults__", (0.3,))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+
+        def answer() -> None:
+            connection, _ = sock.accept()
+            with connection:
+                connection.recv(65536)
+                time.sleep(0.8)
+                connection.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        config = tmp_path / "fleetd.toml"
+        config.write_text(f'state_dir = "{tmp_path / "state"}"\n[api]\nport = {sock.getsockname()[1]}\ntoken = "{"c" * 32}"\n')
+        yield config
+
+
+def test_a_purge_is_waited_for_as_long_as_its_files_take(slow_204: Path) -> None:
+    # The daemon deletes the files before it answers: gigabytes of checkpoints, maybe on [cluster]
+    # storage, outlasted the usual wait; `rm --purge` said busy, "try again" (exit 75), and the
+    # second try found no game (exit 4).
+    from typer.testing import CliRunner
+
+    from fleetd.cli.main import app
+
+    result = CliRunner().invoke(app, ["games", "rm", "pong", "--purge", "--config", str(slow_204)])
+    assert result.exit_code == 0 and "removed pong" in result.output, result.output
+
+
+def test_a_change_not_answered_in_time_may_still_be_made(slow_204: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fleetd.cli.main import app
+
+    result = CliRunner().invoke(app, ["games", "rm", "pong", "--config", str(slow_204)])
+    assert result.exit_code == ExitCode.TEMPFAIL, result.output
+    assert "it may still make this change" in result.output and "and try again" not in result.output

@@ -186,11 +186,14 @@ class _Exchange:
 
 
 def _busy(base_url: str, method: str, path: str, timeout_s: float, exc: Exception) -> ClientError:
-    # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6).
+    # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6). A change it was sent
+    # may yet be made: "try again" had `games add` answered "already exists" the second time.
+    again = ("and try again" if method in ("GET", "HEAD") else
+             "it may still make this change: see `fleetd games list` or `fleetd events` before trying again")
     return ClientError(
         f"fleetd on {base_url} accepted the connection but did not answer {method} {path} "
         f"within {timeout_s:g} s ({exc.__class__.__name__}); it is running but busy: "
-        "see its log (journalctl -u fleetd), and try again", ExitCode.TEMPFAIL
+        f"see its log (journalctl -u fleetd), {again}", ExitCode.TEMPFAIL
     )
 
 
