@@ -218,7 +218,7 @@ def test_a_long_game_name_is_never_cut_in_a_table_it_folds(width: int) -> None:
     names = [f"{'breakout-ppo-seed-sweep-' * 2}{'x' * 13}-{n:02d}" for n in (1, 2, 3)]
     assert len(names[0]) == 64
     events = [{"at": "2026-11-27T11:00:00+00:00", "kind": "state", "game": name, "severity": "info",
-               "message": "starting -> running: up for 10s"} for name in names]
+               "message": f"checkpoint /var/lib/fleetd/games/{name}/checkpoints/ckpt-000001234567.zip"} for name in names]
     for table in (render.games_table([_listed(name, 5_000_000) for name in names], width=width),
                   render.events_table(events)):
         console = Console(width=width, record=True)
@@ -226,6 +226,7 @@ def test_a_long_game_name_is_never_cut_in_a_table_it_folds(width: int) -> None:
         text = console.export_text()
         assert max(len(line) for line in text.splitlines()) <= width
         assert _column_text(text, "game") == "".join(names), text
+    assert _column_text(text, "message").replace(" ", "") == "".join(e["message"] for e in events).replace(" ", ""), text
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])

@@ -141,7 +141,8 @@ def events_table(events: list[dict[str, Any]], next_before: int | None = None, f
     next page's command must repeat to be the next page of the same listing."""
     table = PlainTable(title="Events (newest first, UTC)")
     for column in ("at", "kind", "game", "message"):
-        table.add_column(column)
+        # A message's long word (a checkpoint's path) folds: cut, the path it names was lost.
+        table.add_column(column, overflow="fold" if column == "message" else "ellipsis")
     if next_before is not None:
         # One line, however narrow the table: a command to copy, which a wrap would break.
         table.caption = Text(f"older: fleetd events {filters + ' ' if filters else ''}--before {next_before}",
