@@ -235,3 +235,15 @@ def test_a_boot_number_below_1_is_a_bad_command_line(value: str) -> None:
     # or equal to 1" (exit 1): an API name, not the option given.
     result = CliRunner().invoke(app, ["reboots", "--detail", value], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "--detail" in result.output, result.output
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_not_utf8_gets_the_table_not_a_traceback(encoding: str) -> None:
+    # rich shortens a cell with `…`, which neither encoding has: UnicodeEncodeError, exit 1.
+    event = {"at": "2026-11-27T11:00:00+00:00", "kind": "a-kind-longer-than-its-column", "game": "pong",
+             "severity": "info", "message": "m"}
+    script = f"from fleetd.cli import render; render.console.width = 40; render.console.print(render.events_table([{event!r}]))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=clean_env() | {"PYTHONIOENCODING": encoding})
+    assert done.returncode == 0, done.stderr
+    assert "pong" in done.stdout and "Traceback" not in done.stderr

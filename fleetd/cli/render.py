@@ -15,6 +15,12 @@ from fleetd.games.fields import PENDING_NOTE, listed
 from fleetd.states import Desired, Shown
 from fleetd.durations import format_duration
 
+# A terminal or pipe whose encoding is not UTF-8 (LANG=en_US, ISO-8859-1): what it cannot show,
+# rich's `…` where it shortens a cell among them, is written as `?` rather than a traceback.
+for _stream in (sys.stdout, sys.stderr):
+    if not (getattr(_stream, "encoding", None) or "utf-8").lower().replace("_", "-").startswith("utf"):
+        getattr(_stream, "reconfigure", lambda **_: None)(errors="replace")
+
 # Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
 # No markup, no emoji codes: what fleetd prints is stored or configured text, printed as written.
 console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
