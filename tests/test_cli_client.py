@@ -331,3 +331,20 @@ def test_a_change_not_answered_in_time_may_still_be_made(slow_204: Path) -> None
     result = CliRunner().invoke(app, ["games", "rm", "pong", "--config", str(slow_204)])
     assert result.exit_code == ExitCode.TEMPFAIL, result.output
     assert "it may still make this change" in result.output and "and try again" not in result.output
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_a_refused_token_says_which_token_was_sent(tmp_path: Path, configured: bool) -> None:
+    # "invalid bearer token (unauthorized, HTTP 401)" alone: which token, from where? Another
+    # daemon's state_dir, a stale FLEETD_API__TOKEN, a relative state_dir read from elsewhere.
+    from tests.api_context import serving, shared_context
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "api-token").write_text("w" * 32 + "\n")
+    with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
+        endpoint = Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]), "w" * 32 if configured else None, tmp_path / "mine")
+        with pytest.raises(ClientError) as refused:
+            ApiClient(endpoint, timeout_s=30).get("/api/v1/games")
+    assert refused.value.code == ExitCode.NOPERM
+    where = "[api] token (the config's, or FLEETD_API__TOKEN)" if configured else str(tmp_path / "mine" / "api-token")
+    assert "invalid bearer token" in str(refused.value) and where in str(refused.value), refused.value

@@ -132,7 +132,10 @@ class ApiClient:
         if response.status >= 400:
             data = self._read(response, method, path, timeout_s)
             connection.close()
-            raise _refused(response.status, data)
+            refused = _refused(response.status, data)
+            if response.status == 401:  # which token was sent, from where: not the daemon's
+                raise ClientError(f"{refused}; {self._token_source()}", refused.code, refused.details)
+            raise refused
         # Only now: a followed log's untimed waits must not cover the head's too (`fleetd logs`
         # hung on a daemon that accepted the connection and never answered).
         if connection.sock is not None:
@@ -156,6 +159,14 @@ class ApiClient:
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {find_token(self._endpoint)}"}
+
+    def _token_source(self) -> str:
+        if self._endpoint.token is not None:
+            where = "[api] token (the config's, or FLEETD_API__TOKEN)"
+        else:
+            where = f"the one in {self._endpoint.token_path}"
+        return (f"the token sent was {where}, not the daemon's: is this the config (--config, FLEETD_CONFIG) "
+                "of the daemon that answers on this port?")
 
     def _unreachable(self, exc: Exception) -> ClientError:
         return ClientError(
