@@ -22,7 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, MIN_TOKEN_CHARS, TOKEN_FILE,
+from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, check_host, clean_token,
                              config_path_from, default_state_dir)
 from fleetd.games.spec import GameSpec
 from fleetd.tomlfile import read_toml
@@ -71,12 +71,16 @@ class ApiSettings(_Section):
     # VecNormalize statistics and, for DQN, a replay buffer. It is spooled to state_dir/transfers.
     max_upload_bytes: int = Field(8 * 2**30, ge=1024)
 
+    @field_validator("host")
+    @classmethod
+    def _host_listenable(cls, value: str) -> str:
+        return check_host(value)  # a name or an address: not a URL, not host:port
+
     @field_validator("token")
     @classmethod
-    def _token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_CHARS:
-            raise ValueError("must be at least 16 characters")
-        return value
+    def _token_sendable(cls, value: SecretStr | None) -> SecretStr | None:
+        # What clients send: stripped, printable ASCII (fleetd.endpoint.clean_token says why).
+        return None if value is None else SecretStr(clean_token(value.get_secret_value()))
 
     def is_loopback(self) -> bool:
         if self.host == "localhost":

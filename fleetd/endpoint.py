@@ -10,6 +10,7 @@ to the settings tree, whose errors name the key, the value and the reason.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -77,7 +78,7 @@ def read_endpoint(config: Path | None, environ: Mapping[str, str] | None = None)
         raise EndpointUnclear("[api] is not a table")
     pick = lambda key, default: _env(environ, f"{ENV_PREFIX}API{ENV_NESTED}{key.upper()}", api.get(key, default))  # noqa: E731
     state_dir = _env(environ, f"{ENV_PREFIX}STATE_DIR", document.get("state_dir", default_state_dir(environ)))
-    return Endpoint(_text(pick("host", DEFAULT_API_HOST)), _port(pick("port", DEFAULT_API_PORT)),
+    return Endpoint(_host(pick("host", DEFAULT_API_HOST)), _port(pick("port", DEFAULT_API_PORT)),
                     _token(pick("token", None)), Path(_text(state_dir)).expanduser().absolute())
 
 
@@ -109,6 +110,37 @@ def _text(value: object) -> str:
     return value
 
 
+def _host(value: object) -> str:
+    try:
+        return check_host(_text(value))
+    except ValueError as exc:
+        raise EndpointUnclear(f"[api] host {exc}") from None
+
+
+def check_host(host: str) -> str:
+    """[api] host as the daemon listens on it and a client connects to it: a name or an IP
+    address, or ValueError saying what it is instead. A URL there (http://gpu-box:8642/fleetd)
+    had the daemon fail to listen and every client say that no daemon answers on
+    http://[http://gpu-box:8642/fleetd]:8642."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        pass
+    else:
+        if bare != host:
+            raise ValueError(f"must be an IPv6 address without brackets ({bare})")
+        return host
+    if "://" in host or "/" in host:
+        raise ValueError("must be a host name or IP address, not a URL: the port is [api] port, "
+                         "and the API is served at / (no path prefix)")
+    if ":" in host:
+        raise ValueError("must be a host name or IP address without a port: the port is [api] port")
+    if not host or any(char.isspace() or char in "@?#[]" for char in host):
+        raise ValueError("must be a host name or IP address")
+    return host
+
+
 def _port(value: object) -> int:
     try:
         port = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else 0
@@ -122,6 +154,22 @@ def _port(value: object) -> int:
 def _token(value: object) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) < MIN_TOKEN_CHARS:
-        raise EndpointUnclear("[api] token is not a string of 16 characters or more")
-    return value
+    if not isinstance(value, str):
+        raise EndpointUnclear("[api] token is not a string")
+    try:
+        return clean_token(value)
+    except ValueError as exc:
+        raise EndpointUnclear(f"[api] token {exc}") from None
+
+
+def clean_token(text: str) -> str:
+    """A token as sent and compared: without the whitespace around it (a pasted value's trailing
+    space, a CR of a file written on Windows), which an HTTP header cannot carry, so that a
+    token kept with it matched no request. ValueError, saying why (never the token), when what
+    is left is too short or holds a character a header cannot carry (not printable ASCII)."""
+    token = text.strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"must be at least {MIN_TOKEN_CHARS} characters")
+    if not all(" " <= char <= "~" for char in token):
+        raise ValueError("must be printable ASCII (letters, digits, punctuation): an HTTP header carries it")
+    return token

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleetd.endpoint import MIN_TOKEN_CHARS, Endpoint
+from fleetd.endpoint import Endpoint, clean_token
 
 if TYPE_CHECKING:  # the CLI's fast path never builds the settings tree
     from fleetd.config import Settings
@@ -73,10 +73,15 @@ def _read(path: Path, owner: bool = True) -> str:
         if mode & 0o077 and owner:
             log.warning("%s was readable by others (mode %o); set it to 0600", path, mode)
             os.chmod(path, 0o600)
-        token = path.read_text(encoding="ascii").strip()
+        data = path.read_bytes()
     except OSError as exc:
         reason = f"cannot read the API token {path}: {exc.strerror}" if owner else _unreadable(path, exc)
         raise TokenError(reason) from None
-    if len(token) < MIN_TOKEN_CHARS:
-        raise TokenError(f"the API token in {path} is shorter than 16 characters; delete the file to regenerate it")
-    return token
+    # A token written in by hand may come with a UTF-8 byte order mark (a Windows editor) or a
+    # CRLF: neither is part of it. Anything else not ASCII was a traceback, daemon and client.
+    text = data.removeprefix(b"\xef\xbb\xbf").decode("ascii", errors="replace")
+    try:
+        return clean_token(text)
+    except ValueError as exc:
+        raise TokenError(f"the API token in {path} {exc}; delete the file to regenerate it, "
+                         "or write a token of 16 or more printable ASCII characters into it") from None

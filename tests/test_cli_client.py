@@ -269,3 +269,82 @@ def test_a_tier_asked_of_a_daemon_that_restarts_is_shown_as_answered_not_exit_69
     fleet = {"mode": "manual", "requested": "medium", "tier": "light"}
     shown = cli_with(RestartingApi(fleet, down=10**9, after=fleet), monkeypatch, "tier", "medium", "--json")
     assert shown.exit_code == 0 and '"requested": "medium"' in shown.stdout, shown.output
+
+
+def test_a_route_the_daemon_lacks_is_an_older_daemon_not_a_missing_game(tmp_path: Path) -> None:
+    # A CLI upgraded before the daemon was restarted asked a route the old daemon lacked: "no route
+    # GET ...", exit 4, which a script reads as "no such game".
+    from tests.api_context import serving, shared_context
+
+    with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
+        api = ApiClient(Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]), "c" * 32, tmp_path / "state"), timeout_s=30)
+        with pytest.raises(ClientError) as lacking:
+            api.get("/api/v1/not-yet-a-route")
+        assert lacking.value.code == ExitCode.ERROR
+        assert "no route GET /api/v1/not-yet-a-route" in str(lacking.value) and "restart it" in str(lacking.value)
+        with pytest.raises(ClientError) as missing:
+            api.get("/api/v1/games/nosuch")
+        assert missing.value.code == ExitCode.NOT_FOUND and "restart" not in str(missing.value)
+
+
+@pytest.fixture
+def slow_204(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A daemon that answers 204 after 0.8 s, for a client whose usual wait is 0.3 s: the config."""
+    import threading
+    import time
+
+    monkeypatch.setattr(ApiClient.__init__, "__defaults__", (0.3,))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+
+        def answer() -> None:
+            connection, _ = sock.accept()
+            with connection:
+                connection.recv(65536)
+                time.sleep(0.8)
+                connection.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        config = tmp_path / "fleetd.toml"
+        config.write_text(f'state_dir = "{tmp_path / "state"}"\n[api]\nport = {sock.getsockname()[1]}\ntoken = "{"c" * 32}"\n')
+        yield config
+
+
+def test_a_purge_is_waited_for_as_long_as_its_files_take(slow_204: Path) -> None:
+    # The daemon deletes the files before it answers: gigabytes of checkpoints, maybe on [cluster]
+    # storage, outlasted the usual wait; `rm --purge` said busy, "try again" (exit 75), and the
+    # second try found no game (exit 4).
+    from typer.testing import CliRunner
+
+    from fleetd.cli.main import app
+
+    result = CliRunner().invoke(app, ["games", "rm", "pong", "--purge", "--config", str(slow_204)])
+    assert result.exit_code == 0 and "removed pong" in result.output, result.output
+
+
+def test_a_change_not_answered_in_time_may_still_be_made(slow_204: Path) -> None:
+    from typer.testing import CliRunner
+
+    from fleetd.cli.main import app
+
+    result = CliRunner().invoke(app, ["games", "rm", "pong", "--config", str(slow_204)])
+    assert result.exit_code == ExitCode.TEMPFAIL, result.output
+    assert "it may still make this change" in result.output and "and try again" not in result.output
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_a_refused_token_says_which_token_was_sent(tmp_path: Path, configured: bool) -> None:
+    # "invalid bearer token (unauthorized, HTTP 401)" alone: which token, from where? Another
+    # daemon's state_dir, a stale FLEETD_API__TOKEN, a relative state_dir read from elsewhere.
+    from tests.api_context import serving, shared_context
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "api-token").write_text("w" * 32 + "\n")
+    with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
+        endpoint = Endpoint("127.0.0.1", int(url.rsplit(":", 1)[1]), "w" * 32 if configured else None, tmp_path / "mine")
+        with pytest.raises(ClientError) as refused:
+            ApiClient(endpoint, timeout_s=30).get("/api/v1/games")
+    assert refused.value.code == ExitCode.NOPERM
+    where = "[api] token (the config's, or FLEETD_API__TOKEN)" if configured else str(tmp_path / "mine" / "api-token")
+    assert "invalid bearer token" in str(refused.value) and where in str(refused.value), refused.value

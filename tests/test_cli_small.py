@@ -199,3 +199,51 @@ def test_the_games_table_fits_a_terminal_by_leaving_columns_out_never_by_cutting
     else:
         assert "pid" not in header  # the first left out, and the caption says so
         assert "left out to fit the terminal:" in text and "pid," in text
+
+
+def _column_text(text: str, header: str) -> str:
+    """A table's column, its cells' lines joined: a name folded onto several lines reads whole."""
+    lines = text.splitlines()
+    index = [cell.strip() for cell in next(line for line in lines if "┃" in line).split("┃")].index(header)
+    return "".join(line.split("│")[index].strip() for line in lines if line.startswith("│"))
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_a_long_game_name_is_never_cut_in_a_table_it_folds(width: int) -> None:
+    """Names of up to 64 characters (the daemon's limit) sharing a prefix: at 80 columns `games
+    list` showed each to its 58th character, `fleetd events` to its 16th and `fleetd plan` to
+    its 6th (`gggggg…`): one game's row could not be told from another's."""
+    from rich.console import Console
+
+    names = [f"{'breakout-ppo-seed-sweep-' * 2}{'x' * 13}-{n:02d}" for n in (1, 2, 3)]
+    assert len(names[0]) == 64
+    events = [{"at": "2026-11-27T11:00:00+00:00", "kind": "state", "game": name, "severity": "info",
+               "message": f"checkpoint /var/lib/fleetd/games/{name}/checkpoints/ckpt-000001234567.zip"} for name in names]
+    for table in (render.games_table([_listed(name, 5_000_000) for name in names], width=width),
+                  render.events_table(events)):
+        console = Console(width=width, record=True)
+        console.print(table)
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert _column_text(text, "game") == "".join(names), text
+    assert _column_text(text, "message").replace(" ", "") == "".join(e["message"] for e in events).replace(" ", ""), text
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_boot_number_below_1_is_a_bad_command_line(value: str) -> None:
+    # It was asked of the daemon, which answered 422 "path.boot_pk: Input should be greater than
+    # or equal to 1" (exit 1): an API name, not the option given.
+    result = CliRunner().invoke(app, ["reboots", "--detail", value], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "--detail" in result.output, result.output
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_not_utf8_gets_the_table_not_a_traceback(encoding: str) -> None:
+    # rich shortens a cell with `…`, which neither encoding has: UnicodeEncodeError, exit 1.
+    event = {"at": "2026-11-27T11:00:00+00:00", "kind": "a-kind-longer-than-its-column", "game": "pong",
+             "severity": "info", "message": "m"}
+    script = f"from fleetd.cli import render; render.console.width = 40; render.console.print(render.events_table([{event!r}]))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=clean_env() | {"PYTHONIOENCODING": encoding})
+    assert done.returncode == 0, done.stderr
+    assert "pong" in done.stdout and "Traceback" not in done.stderr

@@ -52,3 +52,33 @@ def test_leaves_what_it_is_unsure_of_to_the_settings_tree(text: str, environ: di
     config.write_text(text)
     with pytest.raises(EndpointUnclear):
         read_endpoint(config, environ)
+
+
+@pytest.mark.parametrize(("host", "says"), [
+    ("http://gpu-box:8642/fleetd", "not a URL"),
+    ("gpu-box:8642", "without a port"),
+    ("[::1]", "without brackets"),
+    ("gpu box", "a host name or IP address"),
+])
+def test_a_host_no_daemon_listens_on_is_a_config_error_not_no_daemon(tmp_path: Path, host: str, says: str) -> None:
+    # A URL as [api] host: the daemon failed to listen, and each client said "fleetd is not
+    # answering on http://[http://gpu-box:8642/fleetd]:8642 ... is `fleetd serve` running" (exit 69).
+    from typer.testing import CliRunner
+
+    from fleetd.cli.main import app
+    from fleetd.config import ConfigError
+
+    config = tmp_path / "fleetd.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[api]\nhost = "{host}"\ntoken = "{"t" * 20}"\n')
+    with pytest.raises(ConfigError, match=f"api.host = .*{says}"):
+        load_settings(config)
+    result = CliRunner().invoke(app, ["tier", "--config", str(config)])
+    assert result.exit_code == 78, result.output
+    assert "api.host" in result.output and says in result.output and "not answering" not in result.output
+
+
+@pytest.mark.parametrize("host", ["::1", "0.0.0.0", "gpu-box.lan", "localhost"])
+def test_a_name_or_an_address_is_a_host(tmp_path: Path, host: str) -> None:
+    config = tmp_path / "fleetd.toml"
+    config.write_text(f'[api]\nhost = "{host}"\n')
+    assert read_endpoint(config, {}).host == load_settings(config).api.host == host

@@ -6,7 +6,7 @@ import datetime
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_pa
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
 from fleetd.tomlfile import read_toml
+
+if TYPE_CHECKING:
+    from fleetd.cli.client import ApiClient
 
 ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
@@ -169,11 +172,45 @@ def set_settings(
     if health:
         body["health_settings"] = _merged(current["health_settings"], health)
     params = {"restart": str(restart).lower()}
-    game = call(config, lambda client: client.request("PATCH", game_path(name), json=body, params=params))
+    bare = {key: pair.partition("=")[2] for pair in pairs if (key := pair.partition("=")[0]) in hyperparams}
+
+    def patch(client: "ApiClient") -> Any:
+        from fleetd.cli.client import ClientError
+
+        try:
+            return client.request("PATCH", game_path(name), json=body, params=params)
+        except ClientError as exc:
+            hint = _meant(exc.details, bare)
+            if hint is None:
+                raise
+            raise ClientError(f"{exc}; {hint}", exc.code, exc.details) from None
+
+    game = call(config, patch)
     if json_out:
         render.print_json(game)
         return
     typer.echo(settings_text(name, game, restart))
+
+
+def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:
+    """A key given bare is a hyperparameter unless it is a game setting: one the daemon says is
+    no hyperparameter, close to a setting's name (`prority`, `checkpoint_interval` as in `games
+    add --checkpoint-interval`) or a learning-health setting's (`on_plateau`), is said to be
+    meant as that: its list of hyperparameters names neither."""
+    import difflib
+
+    from fleetd.health.settings import KEYS
+
+    settings = [key for key in SETTABLE if key not in DICTS] + [f"health.{key}" for key in KEYS]
+    for error in details.get("errors") or []:
+        key = str(error.get("field", "")).removeprefix("hyperparams.")
+        if key not in bare or not str(error.get("reason", "")).startswith("unknown hyperparameter"):
+            continue
+        close = difflib.get_close_matches(key, settings, n=1, cutoff=0.75)
+        close = close or difflib.get_close_matches(f"health.{key}", settings, n=1, cutoff=0.75)
+        if close:
+            return f"did you mean {close[0]}={bare[key]}?"
+    return None
 
 
 def _health_key(key: str) -> str | None:

@@ -132,7 +132,10 @@ class ApiClient:
         if response.status >= 400:
             data = self._read(response, method, path, timeout_s)
             connection.close()
-            raise _refused(response.status, data)
+            refused = _refused(response.status, data)
+            if response.status == 401:  # which token was sent, from where: not the daemon's
+                raise ClientError(f"{refused}; {self._token_source()}", refused.code, refused.details)
+            raise refused
         # Only now: a followed log's untimed waits must not cover the head's too (`fleetd logs`
         # hung on a daemon that accepted the connection and never answered).
         if connection.sock is not None:
@@ -156,6 +159,14 @@ class ApiClient:
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {find_token(self._endpoint)}"}
+
+    def _token_source(self) -> str:
+        if self._endpoint.token is not None:
+            where = "[api] token (the config's, or FLEETD_API__TOKEN)"
+        else:
+            where = f"the one in {self._endpoint.token_path}"
+        return (f"the token sent was {where}, not the daemon's: is this the config (--config, FLEETD_CONFIG) "
+                "of the daemon that answers on this port?")
 
     def _unreachable(self, exc: Exception) -> ClientError:
         return ClientError(
@@ -186,11 +197,14 @@ class _Exchange:
 
 
 def _busy(base_url: str, method: str, path: str, timeout_s: float, exc: Exception) -> ClientError:
-    # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6).
+    # Connected, so the daemon runs: it is slow, not gone (issue #13 item 6). A change it was sent
+    # may yet be made: "try again" had `games add` answered "already exists" the second time.
+    again = ("and try again" if method in ("GET", "HEAD") else
+             "it may still make this change: see `fleetd games list` or `fleetd events` before trying again")
     return ClientError(
         f"fleetd on {base_url} accepted the connection but did not answer {method} {path} "
         f"within {timeout_s:g} s ({exc.__class__.__name__}); it is running but busy: "
-        "see its log (journalctl -u fleetd), and try again", ExitCode.TEMPFAIL
+        f"see its log (journalctl -u fleetd), {again}", ExitCode.TEMPFAIL
     )
 
 
@@ -199,7 +213,26 @@ REFUSALS = {401: ExitCode.NOPERM, 403: ExitCode.NOPERM, 404: ExitCode.NOT_FOUND,
 
 
 def _refused(status: int, data: bytes) -> ClientError:
+    if status == 404 and _no_route(data):
+        # Not a missing game (exit 4): the daemon lacks the route, which a daemon of this version
+        # has. Most often one still running from before an upgrade of the package.
+        from fleetd import __version__
+
+        return ClientError(f"{_error_message(status, data)}; this fleetd ({__version__}) asks for it: the daemon is "
+                           "an older version (still running since an upgrade?): restart it (systemctl restart fleetd)",
+                           ExitCode.ERROR)
     return ClientError(_error_message(status, data), REFUSALS.get(status, ExitCode.ERROR), _error_details(data))
+
+
+def _no_route(data: bytes) -> bool:
+    """The daemon's 404 for a path no route takes (`no route GET /api/v1/...`; Starlette's bare
+    `Not Found` from a daemon older than that message), not one for a game, run or boot."""
+    try:
+        error = json.loads(data)["error"]
+        message = error["message"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(message, str) and (message.startswith("no route ") or message == "Not Found")
 
 
 def _error_details(data: bytes) -> dict[str, Any]:

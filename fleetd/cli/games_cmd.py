@@ -183,6 +183,9 @@ def rollback(
                f"`fleetd games start {name}` resumes from it.")
 
 
+PURGE_TIMEOUT_S = 600.0
+
+
 @games_app.command("rm")
 def remove(
     name: str,
@@ -190,7 +193,10 @@ def remove(
     config: ConfigOption = None,
 ) -> None:
     """Remove a stopped game (stop it first). Its files stay on disk unless --purge."""
-    call(config, lambda client: client.delete(game_path(name), purge=str(purge).lower()))
+    # A purge deletes its files before the daemon answers: gigabytes of checkpoints, maybe on
+    # [cluster] storage, outlast the usual wait, and the game, already gone, was called busy.
+    timeout = PURGE_TIMEOUT_S if purge else None
+    call(config, lambda client: client.request("DELETE", game_path(name), timeout, params={"purge": str(purge).lower()}))
     kept = f" (files kept; if it left checkpoints, adding {name} again asks --kept resume or set-aside)"
     typer.echo(f"removed {name}" + ("" if purge else kept))
 

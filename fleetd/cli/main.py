@@ -78,7 +78,7 @@ def serve(config: ConfigOption = None) -> None:
 def reboots(
     config: ConfigOption = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Read the newest N boots (not reboots): the reboots among them are shown.")] = 50,
-    detail: Annotated[int | None, typer.Option("--detail", help="One reboot (its # in the log): what the host looked like just before.")] = None,
+    detail: Annotated[int | None, typer.Option("--detail", min=1, help="One reboot (its # in the log): what the host looked like just before.")] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the reboots as one JSON list (with --detail: the API's JSON of that boot).")] = False,
 ) -> None:
     """The reboot log: when, uptime before, downtime, clean or not."""

@@ -15,6 +15,12 @@ from fleetd.games.fields import PENDING_NOTE, listed
 from fleetd.states import Desired, Shown
 from fleetd.durations import format_duration
 
+# A terminal or pipe whose encoding is not UTF-8 (LANG=en_US, ISO-8859-1): what it cannot show,
+# rich's `…` where it shortens a cell among them, is written as `?` rather than a traceback.
+for _stream in (sys.stdout, sys.stderr):
+    if not (getattr(_stream, "encoding", None) or "utf-8").lower().replace("_", "-").startswith("utf"):
+        getattr(_stream, "reconfigure", lambda **_: None)(errors="replace")
+
 # Piped output has no width to read; a fixed generous one keeps tables from being squeezed.
 # No markup, no emoji codes: what fleetd prints is stored or configured text, printed as written.
 console = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False)
@@ -31,6 +37,10 @@ class PlainTable(Table):
     an event's `seeded [[games]]` or a reason's `[cluster]` is text, never rich markup."""
 
     def add_column(self, header: RenderableType = "", **kwargs: Any) -> None:
+        if header == "game":
+            # A game's name is never cut: at 80 columns `fleetd plan` showed `gggggg…` and `games
+            # list` 64-character names to their 58th, one row as another. Too wide, it folds.
+            kwargs |= {"overflow": "fold", "no_wrap": False}
         super().add_column(literal(header), **kwargs)
 
     def add_row(self, *cells: RenderableType | None, **kwargs: Any) -> None:
@@ -137,7 +147,8 @@ def events_table(events: list[dict[str, Any]], next_before: int | None = None, f
     next page's command must repeat to be the next page of the same listing."""
     table = PlainTable(title="Events (newest first, UTC)")
     for column in ("at", "kind", "game", "message"):
-        table.add_column(column)
+        # A message's long word (a checkpoint's path) folds: cut, the path it names was lost.
+        table.add_column(column, overflow="fold" if column == "message" else "ellipsis")
     if next_before is not None:
         # One line, however narrow the table: a command to copy, which a wrap would break.
         table.caption = Text(f"older: fleetd events {filters + ' ' if filters else ''}--before {next_before}",
@@ -251,7 +262,7 @@ def games_table(games: list[dict[str, Any]], width: int | None = None) -> Table:
 
 
 UNBOUNDED = 100_000  # to measure a table's natural width, not the terminal's
-NEVER_CUT = ("game", "state", "steps")  # `sto…` could be stopping or stopped
+NEVER_CUT = ("state", "steps")  # `sto…` could be stopping or stopped; the game's name folds (PlainTable)
 
 
 def _games_columns(shown: list[str], rows: list[dict[str, RenderableType]]) -> Table:

@@ -1,0 +1,47 @@
+"""`fleetd games set NAME key=value`: a key given bare is a hyperparameter unless it is a game
+setting, so a misspelt setting came back as an unknown hyperparameter, and the list of known
+hyperparameters that followed named no setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from fleetd.cli.main import app
+
+TOKEN = "s" * 32
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.api_context import serving, shared_context
+
+    root = tmp_path_factory.mktemp("set-hints")
+    with shared_context(root, TOKEN) as context, serving(context) as url:
+        added = httpx.post(f"{url}/api/v1/games", headers={"Authorization": f"Bearer {TOKEN}"},
+                           json={"name": "pong", "env_id": "CartPole-v1", "desired": "stopped"})
+        assert added.status_code == 201, added.text
+        path = root / "fleetd.toml"
+        path.write_text(f'state_dir = "{root / "state"}"\n[api]\nport = {url.rsplit(":", 1)[1]}\ntoken = "{TOKEN}"\n')
+        yield path
+
+
+@pytest.mark.parametrize(("pair", "meant"), [
+    ("prority=5", "priority=5"),
+    ("checkpoint_interval=60", "checkpoint_interval_s=60"),  # as `games add --checkpoint-interval` spells it
+    ("total_timestep=1000", "total_timesteps=1000"),
+    ("on_plateau=yield", "health.on_plateau=yield"),
+])
+def test_a_misspelt_setting_is_said_to_be_meant(config: Path, pair: str, meant: str) -> None:
+    result = CliRunner().invoke(app, ["games", "set", "pong", pair, "--config", str(config)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "unknown hyperparameter" in result.output and f"did you mean {meant}?" in result.output, result.output
+
+
+def test_a_misspelt_hyperparameter_is_not_said_to_be_a_setting(config: Path) -> None:
+    result = CliRunner().invoke(app, ["games", "set", "pong", "learning_rat=0.1", "--config", str(config)],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "learning_rate" in result.output and "did you mean" not in result.output
