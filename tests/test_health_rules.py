@@ -201,6 +201,17 @@ def test_a_plateau_resumed_from_an_older_checkpoint_stays_on_it_without_a_flip_f
         assert record.state is Health.PLATEAU and verdict.action is Action.NONE, (steps, record.reason)
 
 
+def test_a_collapse_after_a_resume_from_an_older_checkpoint_says_its_own_steps():
+    # The most steps evaluated is kept for the plateau; the collapse's reason named it (8000),
+    # not the step it collapsed at.
+    record, _ = feed([10, 200, 500, 480, 470, 460, 450, 440])  # to 8000 steps
+    for steps in (5000, 6000):
+        record, _ = observe(record, Evaluation(steps, 15.0, 15.0, f"ckpt-{steps}"), SETTINGS)
+    record, verdict = observe(record, Evaluation(7000, 12.0, 12.0, "ckpt-7000"), SETTINGS)
+    assert verdict.action is Action.ROLLBACK and "at 7000 steps" in verdict.reason, verdict
+    assert record.last_steps == 8000
+
+
 def test_a_rolled_back_game_off_its_plateau_by_a_raised_plateau_steps_is_rolled_back_again():
     record, _ = feed([10, 200, 500, 500, 20, 20, 20])
     record, verdicts = feed([500] * 10, record=rolled_back(record, 3000, 500))

@@ -561,3 +561,19 @@ def test_each_spawn_tells_the_worker_since_when_its_game_trained_unsaved(clock: 
     advance(clock, proc, 1)
     assert launcher.launches[-1].spec.unsaved_since == 1_700_000_000.0
     assert proc.launch.spec.unsaved_since is None
+
+
+
+def test_the_divergence_floor_holds_for_the_learning_rate_the_run_is_given(clock: FakeClock, sink: RecordingSink) -> None:
+    # With a rollback's scale kept apart, the floor was checked against the divergences' part
+    # alone: a game rolled back to 0.25 went on diverging, its run's lr_scale far under the floor.
+    policy = Policy(startretries=10, backoff_initial_s=1, backoff_max_s=1, diverged_lr_factor=0.5, diverged_lr_floor=0.1)
+    proc, launcher = _remedied_proc(clock, sink, policy)
+    proc.remedies = replace(proc.remedies, rollback_lr_scale=0.25)
+    proc.start()
+    proc.on_exit(ExitStatus(code=22))
+    assert proc.state is State.BACKOFF and "lr_scale 0.25 -> 0.125" in proc.reason
+    advance(clock, proc, 1)
+    assert launcher.launches[-1].spec.lr_scale == 0.125
+    proc.on_exit(ExitStatus(code=22))  # 0.0625 would pass the floor 0.1
+    assert proc.state is State.FATAL and "at lr_scale 0.125" in proc.reason and "floor 0.1" in proc.reason

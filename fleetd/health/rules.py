@@ -87,15 +87,15 @@ def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> t
         # Turned off on its plateau: shown `plateau` for good (status, metrics) though nothing judged it.
         state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
         return replace(record, state=state, reason="no longer judged: health_settings.enabled = false",
-                       below=0, last_steps=ev.steps), NOTHING
+                       below=0, last_steps=max(record.last_steps, ev.steps)), NOTHING
     if not settings.enabled or record.state in (Health.HELD, Health.COLLAPSED):
-        return replace(record, last_steps=ev.steps), NOTHING
+        return replace(record, last_steps=max(record.last_steps, ev.steps)), NOTHING
     record = _counted(record, ev, settings)
     reached = record.last_steps  # the most steps evaluated: an evaluation behind it (a resume from an older checkpoint) leaves it
     if _below(record, ev, settings):
         record = replace(record, below=record.below + 1)
         if record.below >= settings.collapse_evals and armed(record, settings):
-            return _collapse(record, settings)
+            return _collapse(record, settings, ev.steps)
     else:
         record = replace(record, below=0)
     return _plateau(record, ev, settings, reached)
@@ -146,12 +146,12 @@ def _below(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> bo
     return ev.train_return < threshold(record.train_floor, record.train_best, settings.collapse_fraction)
 
 
-def _collapse(record: HealthRecord, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
+def _collapse(record: HealthRecord, settings: HealthSettings, steps: int) -> tuple[HealthRecord, Verdict]:
     assert record.floor is not None and record.best is not None
     line = threshold(record.floor, record.best, settings.collapse_fraction)
     what = (f"evaluation return below {line:.4g} ({settings.collapse_fraction:g} of the way from the floor "
             f"{record.floor:.4g} to the best {record.best:.4g} at {record.best_steps} steps) for "
-            f"{record.below} evaluations in a row, at {record.last_steps} steps")
+            f"{record.below} evaluations in a row, at {steps} steps")
     if record.rollbacks >= settings.max_rollbacks:
         again = (f"again after {record.rollbacks} rollback(s)" if record.rollbacks
                  else f"with max_rollbacks = {settings.max_rollbacks}: no rollback")

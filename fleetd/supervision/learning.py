@@ -111,9 +111,9 @@ class LearningWatch:
         ev = Evaluation(summary.steps, summary.eval_return, self._train.get(game), summary.path)
         old = self.record(game)
         new, verdict = observe(old, ev, self.settings(game))
-        self._store(game, old, new)
+        self._store(game, old, new, details={"steps": ev.steps})  # this evaluation's (last_steps: the most)
         if verdict.action in (Action.ROLLBACK, Action.HOLD) and new.state != old.state:
-            self._tell(game, new, verdict)
+            self._tell(game, new, verdict, steps=ev.steps)
         return verdict
 
     def plateau_told(self, game: str, verdict: Verdict, kept_slot: bool = False) -> None:
@@ -192,9 +192,10 @@ class LearningWatch:
                 info = {"from": old.state.value, "to": new.state.value, "steps": new.last_steps, **(details or {})}
                 create_event(session, now, kind, message, game=game, details=info)
 
-    def _tell(self, game: str, record: HealthRecord, verdict: Verdict, kept_slot: bool = False) -> None:
+    def _tell(self, game: str, record: HealthRecord, verdict: Verdict, kept_slot: bool = False,
+              steps: int | None = None) -> None:
         severity = "error" if verdict.action in (Action.ROLLBACK, Action.HOLD) else "warning"
-        details = {"action": verdict.action.value, "steps": record.last_steps, "best": record.best,
+        details = {"action": verdict.action.value, "steps": record.last_steps if steps is None else steps, "best": record.best,
                    "best_steps": record.best_steps, "floor": record.floor, "rollbacks": record.rollbacks}
         if verdict.action is Action.YIELD:
             details["kept_slot"] = kept_slot

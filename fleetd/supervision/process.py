@@ -387,14 +387,14 @@ class WorkerProcess:
     def _remedy(self, code: int, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
         if not self.policy.restarts_after(code):  # autorestart = false: a restart, remedied or not, is one
             return Outcome(cause, State.EXITED, f"{cause}: {what}; autorestart does not apply")
-        old = getattr(self.remedies, field)
+        old = self.remedies.run_scale(field)
         scaled = self.remedies.scaled(field, factor, floor)
         if scaled is None:
             return Outcome(cause, State.FATAL, f"{cause}: {what} at {field} {old:g}; scaling it "
                            f"by {factor:g} would pass the floor {floor:g}: fix the settings, then start it")
         self.remedies = scaled
         return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
-                       f"with {field} {old:g} -> {getattr(scaled, field):g}")
+                       f"with {field} {old:g} -> {scaled.run_scale(field):g}")
 
     def _settle(self, outcome: Outcome) -> None:
         if outcome.state is _FAILED:

@@ -22,9 +22,14 @@ class Remedies:
     rollback_lr_scale: float = 1.0  # the learning-health rollbacks'
 
     def scaled(self, field: str, factor: float, floor: float) -> Remedies | None:
-        """With `field` times `factor`; None when that falls below `floor` (give up)."""
-        value = getattr(self, field) * factor
-        return None if value < floor else replace(self, **{field: value})
+        """With `field` times `factor`; None when what the run is given (`run_scale`) falls below
+        `floor` (give up): the learning rate's is both learning-rate scales, a rollback's too."""
+        scaled = replace(self, **{field: getattr(self, field) * factor})
+        return None if scaled.run_scale(field) < floor else scaled
+
+    def run_scale(self, field: str) -> float:
+        """The scale the run spec carries for `field` (`lr_scale`: both learning-rate scales)."""
+        return self.learning_rate_scale if field == "lr_scale" else getattr(self, field)
 
     def applied_to(self, spec):
         if self == Remedies() or spec is None:
