@@ -265,9 +265,11 @@ def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
     fleet.govern(slots)
     assert not fleet.governor_view(slots).waiting_reason.startswith("climbing held")
     # The stall is no stable time: the window that ended during it is not proven at once, its
-    # start moved on by the stall (from the last sample, fresh until the stall, to now).
+    # start moved on by the stall (from when the sample went stale: fresh, and judged by, until
+    # then) to now. What ran before it counts: the window ends that much sooner.
     assert (fleet.governor.index(), fleet.governor.allowed()) == load
-    clock.advance(settings.fleet.first_window_s - 1)
+    fresh_for = 3 * settings.fleet.telemetry_interval_s
+    clock.advance(settings.fleet.first_window_s - fresh_for - 1)
     fleet.telemetry.latest = fresh()
     fleet.govern(slots)
     assert (fleet.governor.index(), fleet.governor.allowed()) == load
@@ -308,6 +310,37 @@ def test_a_frozen_sample_showing_pressure_blocks_admission_but_walks_nothing_dow
     clock.advance(2)
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None and "GPU 0 memory 98%" in fleet.governor.last_backoff
+
+
+@pytest.mark.parametrize("tier", ["heavy", "medium"])
+def test_a_slow_telemetry_job_neither_stops_a_back_off_nor_a_climb(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, tier: str,
+) -> None:
+    # A sample every 50 s (a swapping host, slow NVML): stale for 20 s of each. Each stale look
+    # restarted the pressure's grace period, and each stall moved the stable window on from the
+    # sample's time (its 30 s fresh counted as stall): 20 min of 97% GPU memory backed nothing
+    # off, and an idle fleet never climbed.
+    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": tier})})
+    fleet = api_context(settings, db, clock, host, "t" * 32).supervisor.fleet
+    names = [chr(ord("a") + i) for i in range(8)]
+    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING, gpu=0) for n in names]
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0, power_limit_w=700.0)
+    hot = GpuSample(0, "H100", 99.0, 78 * GiB, 80 * GiB, 70.0, 300.0)  # memory 97.5%
+    shown = hot if tier == "heavy" else idle
+    fleet.telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    fleet.govern(slots)
+    load, stale = (fleet.governor.index(), fleet.governor.allowed()), 0
+    for t in range(0, int(2 * settings.fleet.first_window_s), 10):
+        if t % 50 == 0:
+            fleet.telemetry.latest = replace(gpu_host(shown), monotonic=clock.monotonic())
+        fleet.govern(slots)
+        stale += bool(fleet.pressure(slots).stale)
+        clock.advance(10)
+    assert stale > 0  # the job was slow enough to go stale, again and again
+    if tier == "heavy":
+        assert fleet.governor.last_backoff is not None and "GPU 0 memory 98%" in fleet.governor.last_backoff
+    else:
+        assert (fleet.governor.index(), fleet.governor.allowed()) > load
 
 
 def test_a_samples_age_is_on_the_monotonic_clock_and_counts_from_the_first_look(

@@ -672,7 +672,7 @@ class FleetController:
         reasons = tuple(pressure_reasons(snapshot, self.settings, idle_lost))
         stale = self._stale(snapshot)
         return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), stale,
-                        self._age(snapshot) if stale else 0.0)
+                        max(0.0, self._age(snapshot) - self.stale_after_s()) if stale else 0.0)
 
     def stale_after_s(self) -> float:
         """How old the telemetry's sample may be before the governor takes it as no reading."""

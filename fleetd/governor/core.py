@@ -64,7 +64,7 @@ class Pressure:
     # The telemetry's newest sample is too old to judge by (its job stalled: a hung NVML call):
     # no rung is proven or climbed on it. Says why; None: fresh, or no telemetry at all.
     stale: str | None = None
-    stale_s: float = 0.0  # while stale: the sample's age, how long ago the telemetry stalled
+    stale_s: float = 0.0  # while stale: for how long (its age past the limit; fresh until then)
 
 
 @dataclass(frozen=True)
@@ -269,20 +269,25 @@ class Governor:
         self.state = replace(self.state, stable_since=now)
 
     def _watch_staleness(self, now: datetime, pressure: Pressure) -> None:
-        """A telemetry stall is no stable time: once a sample is fresh again, the stable window's
-        start moves forward by the part of the stall it ran through (from the stale sample's
-        time). Before, the window that
-        ended during the stall was proven at the first fresh sample, on nothing read meanwhile."""
+        """A telemetry stall is neither stable time nor pressure time: once a sample is fresh
+        again, the stable window's start and the pressure's move forward by the part of the stall
+        each ran through (counted from when the sample went stale: it was judged by until then).
+        Before, the window that ended during the stall was proven at the first fresh sample, on
+        nothing read meanwhile; and a slow telemetry job (a sample a little past the limit each
+        time, on a swapping host) restarted the pressure's grace period at each stale look, so
+        neither a back-off nor a climb ever came."""
         if pressure.stale:
-            if self._stale_since is None:  # it stalled after its last sample, not when that went stale
+            if self._stale_since is None:
                 self._stale_since = now - timedelta(seconds=max(0.0, pressure.stale_s))
             return
         if self._stale_since is None:
             return
-        stalled = now - max(self._stale_since, self.state.stable_since)
-        self._stale_since = None
+        stale_since, self._stale_since = self._stale_since, None
+        stalled = now - max(stale_since, self.state.stable_since)
         if stalled > timedelta(0):
             self.state = replace(self.state, stable_since=self.state.stable_since + stalled)
+        if self._pressure_since is not None and (held := now - max(stale_since, self._pressure_since)) > timedelta(0):
+            self._pressure_since += held
 
     def _watch_pressure(self, now: datetime, pressure: Pressure, running: int, settling: bool) -> list[Decision]:
         """Pressure for `pressure_grace_s` is instability. After a back-off, pressure counts
@@ -313,10 +318,9 @@ class Governor:
             return decisions
         if pressure.stale:
             # A stale sample (the telemetry job stalled) still blocks admission, as the last thing
-            # known, but its pressure is no reading that lasts: it counts toward no back-off, and
-            # the grace period starts again on a fresh sample. Before, one frozen sample walked
-            # the fleet down the ladder, rung by rung, a grace period each.
-            self._pressure_since = None
+            # known, but its pressure is no reading that lasts: the stall counts toward no back-off
+            # (_watch_staleness moves the grace period on by it once a sample is fresh). Before,
+            # one frozen sample walked the fleet down the ladder, rung by rung, a grace period each.
             return decisions
         if self._carrying_out or running == 0:
             # No game holds a slot: the pressure is not the fleet's load (another process heats
