@@ -152,3 +152,27 @@ def test_the_final_checkpoint_of_a_stop_does_not_clear_a_crash_loops_count(loop:
     loop.clock.advance(1)
     loop.start()  # the next daemon counts on from them
     assert loop.sup.procs["a"].failures == 3
+
+
+def test_a_checkpoint_written_while_it_trained_counts_though_seen_once_it_stops(loop: Loop) -> None:
+    # Its report read after the stop was sent (or lost, the checkpoint found on disk at the exit):
+    # taken for the stop's final checkpoint, it left the count standing though the run had made
+    # progress, so the next crash came nearer to fatal.
+    from fleetd.supervision.commands import Shutdown
+
+    loop.add("a")
+    loop.start()
+    resume_and_run(loop, "a")
+    crash(loop, "a")
+    back_up(loop, "a")
+    resume_and_run(loop, "a")
+    proc = loop.sup.procs["a"]
+    assert proc.failures == 1
+    written = CheckpointSummary("/ckpt-periodic", RESUMED_AT + 500, 7, loop.clock.now().timestamp(), 100)
+    loop.clock.advance(1)
+    loop.sup.submit(Shutdown(leave_workers=False))
+    loop.steps()
+    assert loop.state("a") is State.STOPPING
+    loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, written.at, written))
+    loop.steps()
+    assert proc.failures == 0

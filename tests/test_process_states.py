@@ -564,16 +564,36 @@ def test_each_spawn_tells_the_worker_since_when_its_game_trained_unsaved(clock: 
 
 
 
-def test_the_divergence_floor_holds_for_the_learning_rate_the_run_is_given(clock: FakeClock, sink: RecordingSink) -> None:
-    # With a rollback's scale kept apart, the floor was checked against the divergences' part
-    # alone: a game rolled back to 0.25 went on diverging, its run's lr_scale far under the floor.
-    policy = Policy(startretries=10, backoff_initial_s=1, backoff_max_s=1, diverged_lr_factor=0.5, diverged_lr_floor=0.1)
+def test_the_divergence_floor_bounds_the_guards_own_scale_and_its_reasons_say_the_runs(
+    clock: FakeClock, sink: RecordingSink,
+) -> None:
+    # A rollback's scale (rollback_lr_scale, as low as 1e-6) is multiplied into the run's
+    # lr_scale, but the floor bounds the divergences' own halving: held to the product, the first
+    # divergence after a rollback at 0.0002 was fatal at once. The reasons say the run's scale.
+    policy = Policy(startretries=10, backoff_initial_s=1, backoff_max_s=1, diverged_lr_factor=0.5, diverged_lr_floor=0.2)
     proc, launcher = _remedied_proc(clock, sink, policy)
-    proc.remedies = replace(proc.remedies, rollback_lr_scale=0.25)
+    proc.remedies = replace(proc.remedies, rollback_lr_scale=0.0002)
     proc.start()
     proc.on_exit(ExitStatus(code=22))
-    assert proc.state is State.BACKOFF and "lr_scale 0.25 -> 0.125" in proc.reason
+    assert proc.state is State.BACKOFF and "lr_scale 0.0002 -> 0.0001" in proc.reason
     advance(clock, proc, 1)
-    assert launcher.launches[-1].spec.lr_scale == 0.125
-    proc.on_exit(ExitStatus(code=22))  # 0.0625 would pass the floor 0.1
-    assert proc.state is State.FATAL and "at lr_scale 0.125" in proc.reason and "floor 0.1" in proc.reason
+    assert launcher.launches[-1].spec.lr_scale == 0.0001
+    proc.on_exit(ExitStatus(code=22))
+    assert proc.state is State.BACKOFF and "lr_scale 0.0001 -> 5e-05" in proc.reason
+    advance(clock, proc, 1)
+    proc.on_exit(ExitStatus(code=22))  # the guard's own 0.125 would pass its floor 0.2
+    assert proc.state is State.FATAL and "floor 0.2" in proc.reason
+
+
+def test_starting_a_fatal_game_keeps_a_learning_health_rollbacks_rate(clock: FakeClock, sink: RecordingSink) -> None:
+    # The operator's start after FATAL drops what divergences and CUDA OOMs left; it dropped the
+    # rollbacks' scale too, which only starting a held game drops (docs/learning-health.md).
+    proc, launcher = _remedied_proc(clock, sink, Policy(startretries=0, backoff_initial_s=1, backoff_max_s=1))
+    proc.remedies = replace(proc.remedies, lr_scale=0.5, batch_scale=0.5, rollback_lr_scale=0.25)
+    proc.start()
+    proc.on_exit(ExitStatus(code=1))
+    assert proc.state is State.FATAL
+    proc.reset()
+    proc.start()
+    assert (proc.remedies.lr_scale, proc.remedies.batch_scale, proc.remedies.rollback_lr_scale) == (1.0, 1.0, 0.25)
+    assert launcher.launches[-1].spec.lr_scale == 0.25

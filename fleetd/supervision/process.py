@@ -61,6 +61,7 @@ class WorkerProcess:
         # by the governor (after a daemon restart too) waits out what is left of it. None: none.
         self.backoff_due: datetime | None = None
         self._stop_deadline = 0.0
+        self._stop_sent_at: datetime | None = None  # when the stop signal was sent: a checkpoint written after is the stop's
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
         self._hung_stopped = False  # the hang was a process stopped by a signal from outside
         self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
@@ -111,6 +112,7 @@ class WorkerProcess:
         if self.state in (State.STARTING, State.RUNNING):
             self._stays = stays
             self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
+            self._stop_sent_at = self._clock.now()
             self._signal(self.policy.stopsignal)
             self._to(State.STOPPING, reason)
         elif self.state is State.BACKOFF:
@@ -127,8 +129,8 @@ class WorkerProcess:
         fixing the settings, starts from them as they are (a game FATAL at the batch floor would
         otherwise start at 1/16 of the batch it was given, and its next CUDA OOM end it at once)."""
         self.failures, self.backoff_due = 0, None
-        if self.state is State.FATAL:
-            self.remedies = Remedies()
+        if self.state is State.FATAL:  # a learning-health rollback's rate stays (learning.py's to drop)
+            self.remedies = Remedies(rollback_lr_scale=self.remedies.rollback_lr_scale)
 
     def forgive(self) -> None:
         """The operator started a game that was not running (`games start`, desired stopped ->
@@ -183,12 +185,17 @@ class WorkerProcess:
         if run_id == self.run_id:
             self._resumed_steps = -1 if steps is None else steps
 
-    def on_checkpoint(self, run_id: int, steps: int) -> bool:
+    def on_checkpoint(self, run_id: int, steps: int, written_at: datetime | None = None) -> bool:
         """A checkpoint this run wrote. Beyond the one it resumed from, it is progress: the
         failure count starts again from zero. True if it counted as progress. Not the final one
-        of a stop (STOPPING): a stop the fleet makes neither counts nor clears the count, and that
-        checkpoint, a step past the resumed one, shows no run got past where the game crashed."""
-        if run_id != self.run_id or steps <= self._resumed_steps or self.state is State.STOPPING:
+        of a stop (written once the stop was sent, or not known to be before it): a stop the
+        fleet makes neither counts nor clears the count, and that checkpoint, a step past the
+        resumed one, shows no run got past where the game crashed. One written while it trained,
+        seen only once it stops (its report lost, or read after the stop), counts."""
+        if run_id != self.run_id or steps <= self._resumed_steps:
+            return False
+        if self.state is State.STOPPING and (written_at is None or self._stop_sent_at is None
+                                             or written_at >= self._stop_sent_at):
             return False
         self.progressed = True
         self.failures = 0
@@ -264,6 +271,7 @@ class WorkerProcess:
         except GameRemoved:
             return  # it stays as it was, and is forgotten at the next read of the games
         self.backoff_due = None  # its back-off, if any, is over
+        self._stop_sent_at = None
         self._to(State.STARTING, reason, restart=restart)
         if self.launch.refused is not None:  # the worker would exit 78: no use starting it
             self._sink.run_ended(run_id, ExitStatus(), "bad_spec")

@@ -22,10 +22,12 @@ class Remedies:
     rollback_lr_scale: float = 1.0  # the learning-health rollbacks'
 
     def scaled(self, field: str, factor: float, floor: float) -> Remedies | None:
-        """With `field` times `factor`; None when what the run is given (`run_scale`) falls below
-        `floor` (give up): the learning rate's is both learning-rate scales, a rollback's too."""
-        scaled = replace(self, **{field: getattr(self, field) * factor})
-        return None if scaled.run_scale(field) < floor else scaled
+        """With `field` times `factor`; None when that falls below `floor` (give up). The floor
+        bounds the guard's own scaling: a learning-health rollback's scale, which its settings
+        choose (`rollback_lr_scale`, as low as 1e-6), is not held to it, or the first divergence
+        after such a rollback would be fatal at once."""
+        value = getattr(self, field) * factor
+        return None if value < floor else replace(self, **{field: value})
 
     def run_scale(self, field: str) -> float:
         """The scale the run spec carries for `field` (`lr_scale`: both learning-rate scales)."""

@@ -13,7 +13,7 @@ import queue
 import signal
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
@@ -494,7 +494,7 @@ class Supervisor:
             self.recorder.progress(report)
             self.learning.train_return(report.game, report.mean_reward_100)
         elif isinstance(report, CheckpointReport):
-            proc.on_checkpoint(report.run_id, report.checkpoint.steps)
+            proc.on_checkpoint(report.run_id, report.checkpoint.steps, datetime.fromtimestamp(report.checkpoint.at, UTC))
             self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
             if report.checkpoint.eval_return is not None:
                 self._health.judge(proc, report.checkpoint)
@@ -655,4 +655,4 @@ def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]
         return
     for record in on_disk:
         if record.verified and record.created_at >= proc.spawned_wall:
-            proc.on_checkpoint(proc.run_id, record.steps)
+            proc.on_checkpoint(proc.run_id, record.steps, record.created_at)
