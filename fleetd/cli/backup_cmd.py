@@ -107,7 +107,7 @@ def restore(
                + (f"\n{done.schema_note}" if done.schema_note else
                   f"\nstart fleetd with state_dir = {target_dir}; games resume from their newest checkpoint")
                + f"\nit writes no backup to {source} until you run `fleetd backup claim"
-               + (f" --state-dir {target_dir}" if state_dir else "") + "` (once the fleet the "
+               + f" --state-dir {target_dir}" + "` (once the fleet the "
                "backup came from is gone for good); a drill beside that fleet: never claim it, or point "
                "its [backup] target elsewhere")
 

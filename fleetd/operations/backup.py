@@ -179,11 +179,23 @@ class Backup:
         (`restored.json`, read at each call, so `fleetd backup claim` on a running daemon
         counts from its next backup). None: it writes."""
         mark = read_restored_mark(self.settings.backups_dir)
-        if mark is None or (mark.get("key") is not None and mark["key"] != self._key):
+        if mark is None or (mark.get("key") is not None and mark["key"] != self._key
+                            and not self._holds_fleet(mark.get(FLEET_KEY))):
             return None
         return (f"restored from {mark.get('target') or self.target.url}: this state dir does not write to it until "
                 "`fleetd backup claim` — run it once the fleet the backup came from is gone for good, or point "
                 "[backup] target elsewhere")
+
+    def _holds_fleet(self, fleet: Any) -> bool:
+        """Whether this target holds the backup of `fleet` (the one restored from): the target
+        restored from reached by another path (a bind mount, a share mounted elsewhere on a drill
+        box), which its URL alone does not tell. A target that does not answer: not known to."""
+        if not fleet:
+            return False
+        try:
+            return _read_info(self.target).get(FLEET_KEY) == fleet
+        except Exception:  # noqa: BLE001 - unreadable now: the jobs say so; held() is asked again at each
+            return False
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a

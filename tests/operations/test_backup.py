@@ -715,6 +715,30 @@ def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_cla
         db.close()
 
 
+def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(setup, tmp_path):
+    # The restore read the target at one path, the drill's config names it at another (a bind
+    # mount, a share mounted elsewhere on the drill box): told apart by URL alone, the drill wrote
+    # to it and deleted the live fleet's newer checkpoint. It is the same fleet's backup there.
+    import json
+
+    _, _, url = setup
+    live, live_db = booted_fleet(tmp_path / "live", url, "boot-of-the-fleet")
+    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
+    Backup(live, live_db, FakeClock()).now()
+    restore(url, tmp_path / "drill")
+    mark_path = tmp_path / "drill" / "backups" / "restored.json"
+    mark = json.loads(mark_path.read_text())
+    mark_path.write_text(json.dumps({**mark, "target": "file:///mnt/share/fleet", "key": "file:///mnt/share/fleet"}))
+    write_ckpt(live.game_dir("pong") / "checkpoints", 200)
+    Backup(live, live_db, FakeClock()).now()
+    drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
+    drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": url}), drill_db, FakeClock())
+    assert drill.held() is not None and drill.checkpoints() == BackupRun()
+    assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    for db in (live_db, drill_db):
+        db.close()
+
+
 def test_the_restore_mark_knows_its_target_however_the_url_is_spelt(tmp_path):
     from fleetd.operations.backup import target_key
 
