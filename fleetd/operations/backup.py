@@ -35,6 +35,7 @@ import os
 import shutil
 import tempfile
 import threading
+import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
 FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
+WRITER_NAME, WRITER_KEY = "writer-id", "writer"  # which state_dir wrote a target's backup.json
 RESTORED_NAME = "restored.json"  # in state_dir/backups: the target a restore filled this state_dir from
 PURGES_NAME = "purges.json"  # in state_dir/backups: the purges told that the target has not yet taken
 SCRATCH_PREFIXES = ("db-", "info-")  # Backup's work folders in state_dir/backups, beside `fleetd db upgrade`'s copies
@@ -187,15 +189,17 @@ class Backup:
                 "[backup] target elsewhere")
 
     def _holds_fleet(self, fleet: Any) -> bool:
-        """Whether this target holds the backup of `fleet` (the one restored from): the target
-        restored from reached by another path (a bind mount, a share mounted elsewhere on a drill
-        box), which its URL alone does not tell. A target that does not answer: not known to."""
+        """Whether this target holds the backup of `fleet` (the one restored from) that another
+        state_dir wrote: the target restored from reached by another path (a bind mount, a share
+        mounted elsewhere on a drill box), which its URL alone does not tell; not a target this
+        state_dir backed up to itself (a drill's own). A target that does not answer: not known to."""
         if not fleet:
             return False
         try:
-            return _read_info(self.target).get(FLEET_KEY) == fleet
+            info = _read_info(self.target)
         except Exception:  # noqa: BLE001 - unreadable now: the jobs say so; held() is asked again at each
             return False
+        return info.get(FLEET_KEY) == fleet and info.get(WRITER_KEY) != writer_id(self.settings.backups_dir)
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a
@@ -419,7 +423,7 @@ class Backup:
     def _write_info(self, info: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[1], dir=self._scratch()) as work:
             path = Path(work) / INFO_NAME
-            path.write_text(json.dumps(info, indent=2))
+            path.write_text(json.dumps({**info, WRITER_KEY: writer_id(self.settings.backups_dir)}, indent=2))
             self.target.put_file(path, INFO_NAME)
 
     def _scratch(self) -> Path:  # its work folders: SCRATCH_PREFIXES
@@ -458,6 +462,22 @@ def target_key(url: str) -> str:
     protocol = target.fs.protocol if isinstance(target.fs.protocol, str) else target.fs.protocol[0]
     root = str(Path(target.root).resolve()) if target.local else target.root.rstrip("/")
     return f"{protocol}://{root}"
+
+
+def writer_id(backups_dir: Path) -> str:
+    """This state_dir's own id (`state_dir/backups/writer-id`, made at its first backup; never
+    in the database, which a restore copies), written into the target's backup.json: a drill
+    restored from a target tells that target, reached by any path, from one it wrote itself."""
+    path = backups_dir / WRITER_NAME
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    backups_dir.mkdir(parents=True, exist_ok=True)
+    temp = backups_dir / f"{_TEMP}{WRITER_NAME}"
+    temp.write_text(uuid.uuid4().hex)
+    os.replace(temp, path)
+    return path.read_text().strip()
 
 
 def read_restored_mark(backups_dir: Path) -> dict[str, Any] | None:

@@ -701,6 +701,7 @@ def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_cla
     elsewhere = f"{url}-drill"
     other = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": elsewhere}), drill_db, FakeClock())
     assert other.held() is None and other.now().copied == ["pong/ckpt-000000000100"]
+    assert other.held() is None and other.now().copied == []  # one it wrote itself: its own, the same fleet's as it is
     fsspec.filesystem("memory").rm(elsewhere.removeprefix("memory://"), recursive=True)
     assert live_backup.checkpoints().removed == []  # the live fleet goes on as before
 
