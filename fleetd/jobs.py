@@ -94,7 +94,7 @@ class GpuLossNotice:
             if others:
                 action = (f"fleetd places no worker on it and runs the fleet on the GPUs still read "
                           f"({', '.join(map(str, others))}); a worker that was on it cannot train, and "
-                          "the governor backs off while one is; a reboot (or a GPU reset) brings it back")
+                          "the governor backs off while one is (while telemetry is fresh); a reboot (or a GPU reset) brings it back")
             else:
                 action = ("no GPU answers: GPU telemetry is unavailable and the governor backs off; "
                           "a reboot (or a GPU reset) brings it back")
