@@ -67,15 +67,22 @@ def test_crashes_after_running_without_progress_go_fatal_alert_and_free_the_slot
     assert loop.state("c") is State.STARTING  # the slot went to the next pending game at once
 
 
-def test_a_checkpoint_report_beyond_the_resumed_one_resets_the_count(loop: Loop) -> None:
+def running_after_crashes(loop: Loop, crashes: int):
+    """Game a, started, crashed `crashes` times (each resumed and up first), running again: its process."""
     loop.add("a")
     loop.start()
+    for _ in range(crashes):
+        resume_and_run(loop, "a")
+        crash(loop, "a")
+        back_up(loop, "a")
     resume_and_run(loop, "a")
-    crash(loop, "a")
-    back_up(loop, "a")
-    resume_and_run(loop, "a")
-    assert loop.sup.procs["a"].failures == 1
     proc = loop.sup.procs["a"]
+    assert proc.failures == crashes
+    return proc
+
+
+def test_a_checkpoint_report_beyond_the_resumed_one_resets_the_count(loop: Loop) -> None:
+    proc = running_after_crashes(loop, 1)
     summary = CheckpointSummary("/ckpt-6000", RESUMED_AT + 1000, 10, loop.clock.now().timestamp(), 100)
     loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, summary.at, summary))
     loop.steps()
@@ -132,15 +139,7 @@ def test_the_final_checkpoint_of_a_stop_does_not_clear_a_crash_loops_count(loop:
     # daemon started it with no failures to its name (so a flapping daemon never made it fatal).
     from fleetd.supervision.commands import Shutdown
 
-    loop.add("a")
-    loop.start()
-    for _ in range(3):
-        resume_and_run(loop, "a")
-        crash(loop, "a")
-        back_up(loop, "a")
-    resume_and_run(loop, "a")
-    proc = loop.sup.procs["a"]
-    assert proc.failures == 3
+    proc = running_after_crashes(loop, 3)
     pid, run_id = proc.pid, proc.run_id
     loop.sup.submit(Shutdown(leave_workers=False))
     loop.steps()
@@ -160,14 +159,7 @@ def test_a_checkpoint_written_while_it_trained_counts_though_seen_once_it_stops(
     # progress, so the next crash came nearer to fatal.
     from fleetd.supervision.commands import Shutdown
 
-    loop.add("a")
-    loop.start()
-    resume_and_run(loop, "a")
-    crash(loop, "a")
-    back_up(loop, "a")
-    resume_and_run(loop, "a")
-    proc = loop.sup.procs["a"]
-    assert proc.failures == 1
+    proc = running_after_crashes(loop, 1)
     written = CheckpointSummary("/ckpt-periodic", RESUMED_AT + 500, 7, loop.clock.now().timestamp(), 100)
     loop.clock.advance(1)
     loop.sup.submit(Shutdown(leave_workers=False))
