@@ -181,25 +181,37 @@ class Backup:
         (`restored.json`, read at each call, so `fleetd backup claim` on a running daemon
         counts from its next backup). None: it writes."""
         mark = read_restored_mark(self.settings.backups_dir)
-        if mark is None or (mark.get("key") is not None and mark["key"] != self._key
-                            and not self._holds_fleet(mark.get(FLEET_KEY))):
+        if mark is None:
             return None
-        return (f"restored from {mark.get('target') or self.target.url}: this state dir does not write to it until "
-                "`fleetd backup claim` — run it once the fleet the backup came from is gone for good, or point "
-                "[backup] target elsewhere")
+        restored_from = mark.get("target") or self.target.url
+        claim = ("until `fleetd backup claim` — run it once the fleet the backup came from is gone for good, or "
+                 "point [backup] target elsewhere")
+        if mark.get("key") is None or mark["key"] == self._key:
+            return f"restored from {restored_from}: this state dir does not write to it {claim}"
+        why = self._holds_restored(mark)
+        if why is None:
+            return None
+        return f"restored from {restored_from}; {self.target.url} {why}: this state dir does not write to it {claim}"
 
-    def _holds_fleet(self, fleet: Any) -> bool:
-        """Whether this target holds the backup of `fleet` (the one restored from) that another
-        state_dir wrote: the target restored from reached by another path (a bind mount, a share
-        mounted elsewhere on a drill box), which its URL alone does not tell; not a target this
-        state_dir backed up to itself (a drill's own). A target that does not answer: not known to."""
+    def _holds_restored(self, mark: dict[str, Any]) -> str | None:
+        """Why this target, not the one the mark names, is held: it holds the backup restored
+        from (the same target reached by another path: a bind mount, a share mounted elsewhere on
+        a drill box), which its URL alone does not tell; or it cannot be read to know. None: it is
+        another target (one this state_dir, or another drill of the fleet, backed up to)."""
+        fleet = mark.get(FLEET_KEY)
         if not fleet:
-            return False
+            return None
         try:
             info = _read_info(self.target)
-        except Exception:  # noqa: BLE001 - unreadable now: the jobs say so; held() is asked again at each
-            return False
-        return info.get(FLEET_KEY) == fleet and info.get(WRITER_KEY) != writer_id(self.settings.backups_dir)
+        except Exception as exc:  # noqa: BLE001 - held while unknown: a blip must not let a drill write there
+            return f"cannot be read to tell whose backup it holds ({type(exc).__name__}: {exc})"
+        if info.get(FLEET_KEY) != fleet:
+            return None
+        # The backup restored from: written by the state_dir the mark names (a source from before
+        # writer ids: by any state_dir but this one).
+        theirs = info.get(WRITER_KEY)
+        same = theirs == mark["writer"] if mark.get("writer") else theirs != writer_id(self.settings.backups_dir)
+        return "holds the backup restored from (the same target by another path?)" if same else None
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a
@@ -474,9 +486,15 @@ def writer_id(backups_dir: Path) -> str:
     except FileNotFoundError:
         pass
     backups_dir.mkdir(parents=True, exist_ok=True)
-    temp = backups_dir / f"{_TEMP}{WRITER_NAME}"
-    temp.write_text(uuid.uuid4().hex)
-    os.replace(temp, path)
+    made = uuid.uuid4().hex
+    temp = backups_dir / f"{_TEMP}{WRITER_NAME}-{made}"
+    temp.write_text(made)
+    try:
+        os.link(temp, path)  # whole, and only if none is there: two first callers keep one id
+    except FileExistsError:
+        pass
+    finally:
+        temp.unlink(missing_ok=True)
     return path.read_text().strip()
 
 
@@ -497,7 +515,7 @@ def write_restored_mark(state_dir: Path, target: Target, info: dict[str, Any]) -
     folder = state_dir / "backups"
     folder.mkdir(parents=True, exist_ok=True)
     temp = folder / f"{_TEMP}{RESTORED_NAME}"
-    temp.write_text(json.dumps({"target": target.url, "key": target_key(target.url),
+    temp.write_text(json.dumps({"target": target.url, "key": target_key(target.url), "writer": info.get(WRITER_KEY),
                                 "restored_at": datetime.now(timezone.utc).isoformat(),
                                 "db_at": info.get("db_at"), FLEET_KEY: info.get(FLEET_KEY)}, indent=2))
     checkpoint.fsync_path(temp)

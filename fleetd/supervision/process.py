@@ -395,14 +395,15 @@ class WorkerProcess:
     def _remedy(self, code: int, cause: str, field: str, what: str, factor: float, floor: float) -> Outcome:
         if not self.policy.restarts_after(code):  # autorestart = false: a restart, remedied or not, is one
             return Outcome(cause, State.EXITED, f"{cause}: {what}; autorestart does not apply")
-        old = self.remedies.run_scale(field)
-        scaled = self.remedies.scaled(field, factor, floor)
+        old = self.remedies
+        scaled = old.scaled(field, factor, floor)
         if scaled is None:
-            return Outcome(cause, State.FATAL, f"{cause}: {what} at {field} {old:g}; scaling it "
+            own = "" if old.shown(field) == f"{getattr(old, field):g}" else f" (its own {getattr(old, field):g})"
+            return Outcome(cause, State.FATAL, f"{cause}: {what} at {field} {old.shown(field)}; scaling it{own} "
                            f"by {factor:g} would pass the floor {floor:g}: fix the settings, then start it")
         self.remedies = scaled
         return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
-                       f"with {field} {old:g} -> {scaled.run_scale(field):g}")
+                       f"with {field} {old.run_scale(field):g} -> {scaled.run_scale(field):g}")
 
     def _settle(self, outcome: Outcome) -> None:
         if outcome.state is _FAILED:

@@ -29,6 +29,13 @@ class Remedies:
         value = getattr(self, field) * factor
         return None if value < floor else replace(self, **{field: value})
 
+    def shown(self, field: str) -> str:
+        """`field`'s scale as the run is given it, and where a rollback's is multiplied in, of what."""
+        if field == "lr_scale" and self.rollback_lr_scale != 1.0:
+            return (f"{self.learning_rate_scale:g} (the divergences' {self.lr_scale:g} x a rollback's "
+                    f"{self.rollback_lr_scale:g})")
+        return f"{self.run_scale(field):g}"
+
     def run_scale(self, field: str) -> float:
         """The scale the run spec carries for `field` (`lr_scale`: both learning-rate scales)."""
         return self.learning_rate_scale if field == "lr_scale" else getattr(self, field)

@@ -734,10 +734,52 @@ def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(s
     Backup(live, live_db, FakeClock()).now()
     drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
     drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": url}), drill_db, FakeClock())
-    assert drill.held() is not None and drill.checkpoints() == BackupRun()
+    held = drill.held()
+    assert held is not None and "holds the backup restored from" in held and drill.checkpoints() == BackupRun()
+    # A blip reading it: held still (it let the drill through once, and its scan deleted ckpt 200).
+    real_cat = drill.target.fs.cat_file
+    reads = iter([OSError("connection reset")])
+
+    def blip(path, *args, **kwargs):
+        error = next(reads, None)
+        if error is not None:
+            raise error
+        return real_cat(path, *args, **kwargs)
+
+    drill.target.fs.cat_file = blip
+    try:
+        assert "cannot be read" in (drill.held() or "")
+    finally:
+        drill.target.fs.cat_file = real_cat
+    assert drill.checkpoints() == BackupRun()
     assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
-    for db in (live_db, drill_db):
+    # A second drill of the fleet backing up to the first drill's own target: another target.
+    restore(url, tmp_path / "drill-2")
+    own = f"{url}-drills"
+    first = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": own}), drill_db, FakeClock())
+    assert first.held() is None and first.now().copied == ["pong/ckpt-000000000100"]
+    second_db = Database.open(tmp_path / "drill-2" / "fleetd.db")
+    second = Backup(load_settings(state_dir=tmp_path / "drill-2", backup={"target": own}), second_db, FakeClock())
+    assert second.held() is None
+    fsspec.filesystem("memory").rm(own.removeprefix("memory://"), recursive=True)
+    for db in (live_db, drill_db, second_db):
         db.close()
+
+
+def test_two_first_asks_for_a_state_dirs_writer_id_get_the_one_kept(tmp_path):
+    import threading
+
+    from fleetd.operations.backup import writer_id
+
+    for n in range(40):
+        folder, got = tmp_path / str(n), []
+        threads = [threading.Thread(target=lambda: got.append(writer_id(folder))) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert got == [(folder / "writer-id").read_text()] * 2
+        assert sorted(p.name for p in folder.iterdir()) == ["writer-id"]
 
 
 def test_the_restore_mark_knows_its_target_however_the_url_is_spelt(tmp_path):

@@ -49,7 +49,7 @@ async def run_backup(context: AppContext = Depends(get_context)) -> BackupRunOut
     if context.backup is None:
         raise FleetdError(ErrorCode.CONFLICT, "no [backup] target is configured: set [backup] target "
                           "(FLEETD_BACKUP__TARGET) to a directory or an fsspec URL, and restart")
-    held = context.backup.held()
+    held = await run_in_threadpool(context.backup.held)  # it may read the target
     if held is not None:
         raise FleetdError(ErrorCode.CONFLICT, f"backup to {context.backup.target.url} not made: {held}")
     try:
