@@ -57,5 +57,6 @@ async def run_backup(context: AppContext = Depends(get_context)) -> BackupRunOut
     except Exception as exc:  # noqa: BLE001 - the target's own error, for the operator
         raise FleetdError(ErrorCode.INTERNAL, f"backup to {context.backup.target.url} failed: "
                           f"{type(exc).__name__}: {exc}") from None
+    status = await run_in_threadpool(status_dict, context.backup)  # held() may read the target
     return BackupRunOut(database_bytes=run.database_bytes, copied=run.copied, removed=run.removed,
-                        status=BackupStatusOut(**status_dict(context.backup)))
+                        status=BackupStatusOut(**status))
