@@ -60,6 +60,7 @@ DB_NAME = "fleetd.db"
 INFO_NAME = "backup.json"
 FLEET_KEY = "fleet"  # in backup.json: whose backup the target holds (Backup.fleet)
 WRITER_NAME, WRITER_KEY = "writer-id", "writer"  # which state_dir wrote a target's backup.json
+WRITER_RESTORED_KEY = "writer_restored"  # that state_dir held a restore mark when it wrote it
 RESTORED_NAME = "restored.json"  # in state_dir/backups: the target a restore filled this state_dir from
 PURGES_NAME = "purges.json"  # in state_dir/backups: the purges told that the target has not yet taken
 SCRATCH_PREFIXES = ("db-", "info-")  # Backup's work folders in state_dir/backups, beside `fleetd db upgrade`'s copies
@@ -188,30 +189,30 @@ class Backup:
                  "point [backup] target elsewhere")
         if mark.get("key") is None or mark["key"] == self._key:
             return f"restored from {restored_from}: this state dir does not write to it {claim}"
-        why = self._holds_restored(mark)
-        if why is None:
-            return None
-        return f"restored from {restored_from}; {self.target.url} {why}: this state dir does not write to it {claim}"
-
-    def _holds_restored(self, mark: dict[str, Any]) -> str | None:
-        """Why this target, not the one the mark names, is held: it holds the backup restored
-        from (the same target reached by another path: a bind mount, a share mounted elsewhere on
-        a drill box), which its URL alone does not tell; or it cannot be read to know. None: it is
-        another target (one this state_dir, or another drill of the fleet, backed up to)."""
-        fleet = mark.get(FLEET_KEY)
-        if not fleet:
+        if not mark.get(FLEET_KEY):
             return None
         try:
             info = _read_info(self.target)
         except Exception as exc:  # noqa: BLE001 - held while unknown: a blip must not let a drill write there
-            return f"cannot be read to tell whose backup it holds ({type(exc).__name__}: {exc})"
-        if info.get(FLEET_KEY) != fleet:
+            return (f"restored from {restored_from}; {self.target.url} cannot be read to tell whether it holds that "
+                    f"fleet's backup ({type(exc).__name__}: {exc}): nothing is written to it until it can be (asked "
+                    "again at each backup; a damaged backup.json there, if this is a target of its own: delete it)")
+        if not self._fleets_own(mark, info):
             return None
-        # The backup restored from: written by the state_dir the mark names (a source from before
-        # writer ids: by any state_dir but this one).
-        theirs = info.get(WRITER_KEY)
-        same = theirs == mark["writer"] if mark.get("writer") else theirs != writer_id(self.settings.backups_dir)
-        return "holds the backup restored from (the same target by another path?)" if same else None
+        return (f"restored from {restored_from}; {self.target.url} holds that fleet's backup (the same target by "
+                f"another path?): this state dir does not write to it {claim}")
+
+    def _fleets_own(self, mark: dict[str, Any], info: dict[str, Any]) -> bool:
+        """Whether this target (not the one the mark names) holds the backup of the fleet restored
+        from, as the fleet writes it: the target restored from reached by another path (a bind
+        mount, a share mounted elsewhere on a drill box), or the fleet's target since it moved,
+        which its URL alone does not tell. Not a target this state_dir wrote, nor one another
+        restored copy wrote while it too held a restore mark (another drill's own)."""
+        if info.get(FLEET_KEY) != mark.get(FLEET_KEY):
+            return False
+        if info.get(WRITER_KEY) == writer_id(self.settings.backups_dir):
+            return False
+        return not info.get(WRITER_RESTORED_KEY)
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a
@@ -435,7 +436,11 @@ class Backup:
     def _write_info(self, info: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIXES[1], dir=self._scratch()) as work:
             path = Path(work) / INFO_NAME
-            path.write_text(json.dumps({**info, WRITER_KEY: writer_id(self.settings.backups_dir)}, indent=2))
+            # Which state_dir wrote it, and whether that one was a restored copy not yet claimed
+            # (a drill's own target: other restored copies of the fleet are not held from it).
+            path.write_text(json.dumps({**info, WRITER_KEY: writer_id(self.settings.backups_dir),
+                                        WRITER_RESTORED_KEY: read_restored_mark(self.settings.backups_dir) is not None},
+                                       indent=2))
             self.target.put_file(path, INFO_NAME)
 
     def _scratch(self) -> Path:  # its work folders: SCRATCH_PREFIXES
@@ -493,6 +498,12 @@ def writer_id(backups_dir: Path) -> str:
         os.link(temp, path)  # whole, and only if none is there: two first callers keep one id
     except FileExistsError:
         pass
+    except OSError:  # a filesystem without hard links (vfat, CIFS without unix extensions)
+        try:
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as out:
+                out.write(made)
+        except FileExistsError:
+            pass
     finally:
         temp.unlink(missing_ok=True)
     return path.read_text().strip()

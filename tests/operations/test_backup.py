@@ -735,7 +735,7 @@ def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(s
     drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
     drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": url}), drill_db, FakeClock())
     held = drill.held()
-    assert held is not None and "holds the backup restored from" in held and drill.checkpoints() == BackupRun()
+    assert held is not None and "holds that fleet's backup" in held and drill.checkpoints() == BackupRun()
     # A blip reading it: held still (it let the drill through once, and its scan deleted ckpt 200).
     real_cat = drill.target.fs.cat_file
     reads = iter([OSError("connection reset")])
@@ -790,3 +790,56 @@ def test_the_restore_mark_knows_its_target_however_the_url_is_spelt(tmp_path):
     assert target_key(str(tmp_path / "real")) == target_key(f"{tmp_path}/real/") == target_key(str(tmp_path / "link"))
     assert target_key(str(tmp_path / "real")) == target_key(f"file://{tmp_path}/real")
     assert target_key("memory://a/b/") == target_key("memory://a/b") != target_key("memory://a/c")
+
+
+def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_drills_own_holds_none(tmp_path):
+    # Held only from a target the backup's own writer wrote, a drill restored from a drill's
+    # backup was let into the live fleet's target, and an old drill into the fleet's target once
+    # the fleet had moved (a new writer): each deleted the fleet's newer checkpoints there.
+    import json
+
+    from fleetd.operations.backup import claim_target
+
+    t0, t1 = f"memory://fleet-{uuid.uuid4().hex}", f"memory://drill-{uuid.uuid4().hex}"
+    live, live_db = booted_fleet(tmp_path / "live", t0, "boot-of-the-fleet")
+    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
+    Backup(live, live_db, FakeClock()).now()
+    restore(t0, tmp_path / "d1")
+    d1_db = Database.open(tmp_path / "d1" / "fleetd.db")
+    d1 = Backup(load_settings(state_dir=tmp_path / "d1", backup={"target": t1}), d1_db, FakeClock())
+    assert d1.held() is None and d1.now().copied == ["pong/ckpt-000000000100"]  # its own target
+    assert d1.held() is None
+    restore(t1, tmp_path / "d2")  # a drill of the drill's backup
+    d2_db = Database.open(tmp_path / "d2" / "fleetd.db")
+    d2 = Backup(load_settings(state_dir=tmp_path / "d2", backup={"target": t0}), d2_db, FakeClock())
+    write_ckpt(live.game_dir("pong") / "checkpoints", 200)
+    Backup(live, live_db, FakeClock()).now()
+    assert "holds that fleet's backup" in (d2.held() or "") and d2.checkpoints() == BackupRun()
+    # The fleet moves: restored on a new box, claimed, backing up to its target as a new writer.
+    restore(t0, tmp_path / "moved")
+    claim_target(tmp_path / "moved" / "backups")
+    moved_db = Database.open(tmp_path / "moved" / "fleetd.db")
+    moved = load_settings(state_dir=tmp_path / "moved", backup={"target": t0})
+    write_ckpt(moved.game_dir("pong") / "checkpoints", 300)
+    Backup(moved, moved_db, FakeClock()).now()
+    mark = tmp_path / "d1" / "backups" / "restored.json"  # d1 reaches the fleet's target by another path
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "key": "file:///mnt/share/fleet"}))
+    old = Backup(load_settings(state_dir=tmp_path / "d1", backup={"target": t0}), d1_db, FakeClock())
+    assert old.held() is not None and old.checkpoints() == BackupRun()
+    assert Target(t0).names("games/pong/checkpoints") >= {"ckpt-000000000300"}
+    for db in (live_db, d1_db, d2_db, moved_db):
+        db.close()
+    for url in (t0, t1):
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+def test_a_state_dirs_writer_id_is_made_where_hard_links_are_refused(tmp_path, monkeypatch):
+    from fleetd.operations import backup as backup_module
+
+    def refused(*_args, **_kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(backup_module.os, "link", refused)
+    made = backup_module.writer_id(tmp_path)
+    assert len(made) == 32 and backup_module.writer_id(tmp_path) == made
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["writer-id"]
