@@ -189,7 +189,10 @@ class Backup:
                  "point [backup] target elsewhere")
         if mark.get("key") is None or mark["key"] == self._key:
             return f"restored from {restored_from}: this state dir does not write to it {claim}"
-        if not mark.get(FLEET_KEY):
+        # The fleet restored: the mark's, or the restored database's (a mark from a backup.json
+        # deleted for a damaged one, or an older fleetd's that named none).
+        mark = {**mark, FLEET_KEY: mark.get(FLEET_KEY) or self.fleet()}
+        if not mark[FLEET_KEY]:
             return None
         try:
             info = _read_info(self.target)
@@ -212,6 +215,8 @@ class Backup:
             return False
         if info.get(WRITER_KEY) == writer_id(self.settings.backups_dir):
             return False
+        if mark.get("writer") and info.get(WRITER_KEY) == mark["writer"]:
+            return True  # the state_dir restored from, still writing there (a moved fleet not yet claimed too)
         return not info.get(WRITER_RESTORED_KEY)
 
     def _skip_held(self) -> bool:
@@ -399,6 +404,8 @@ class Backup:
             if theirs is None or theirs == fleet:  # this fleet's from now on
                 self._write_info({**info, FLEET_KEY: fleet})
                 return fleet
+        if theirs == fleet and (info.get(WRITER_KEY), bool(info.get(WRITER_RESTORED_KEY))) != self._writer():
+            self._write_info(info)  # this state_dir writes here now (claimed, or a drill's own): say so at once
         if theirs != fleet:
             raise BackupError(
                 f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "
@@ -438,10 +445,13 @@ class Backup:
             path = Path(work) / INFO_NAME
             # Which state_dir wrote it, and whether that one was a restored copy not yet claimed
             # (a drill's own target: other restored copies of the fleet are not held from it).
-            path.write_text(json.dumps({**info, WRITER_KEY: writer_id(self.settings.backups_dir),
-                                        WRITER_RESTORED_KEY: read_restored_mark(self.settings.backups_dir) is not None},
-                                       indent=2))
+            writer, restored = self._writer()
+            path.write_text(json.dumps({**info, WRITER_KEY: writer, WRITER_RESTORED_KEY: restored}, indent=2))
             self.target.put_file(path, INFO_NAME)
+
+    def _writer(self) -> tuple[str, bool]:
+        """This state_dir as backup.json names its writer: its id, and whether it holds a restore mark."""
+        return writer_id(self.settings.backups_dir), read_restored_mark(self.settings.backups_dir) is not None
 
     def _scratch(self) -> Path:  # its work folders: SCRATCH_PREFIXES
         self.settings.backups_dir.mkdir(parents=True, exist_ok=True)
@@ -487,7 +497,9 @@ def writer_id(backups_dir: Path) -> str:
     restored from a target tells that target, reached by any path, from one it wrote itself."""
     path = backups_dir / WRITER_NAME
     try:
-        return path.read_text().strip()
+        if kept := path.read_text().strip():
+            return kept
+        path.unlink()  # empty: cut short as it was made (without hard links, made in two steps)
     except FileNotFoundError:
         pass
     backups_dir.mkdir(parents=True, exist_ok=True)

@@ -843,3 +843,48 @@ def test_a_state_dirs_writer_id_is_made_where_hard_links_are_refused(tmp_path, m
     made = backup_module.writer_id(tmp_path)
     assert len(made) == 32 and backup_module.writer_id(tmp_path) == made
     assert sorted(p.name for p in tmp_path.iterdir()) == ["writer-id"]
+
+
+def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tmp_path):
+    # The fleet restored on a new box and pointed at a new target without a claim writes there
+    # as a restored copy (writer_restored): a drill of that target, reaching it by another path,
+    # was let in and deleted the fleet's newer checkpoint. The mark names the backup's writer.
+    # A mark naming no fleet (backup.json deleted for a damaged one) takes the database's.
+    import json
+
+    from fleetd.operations.backup import claim_target
+
+    t0, t2 = f"memory://old-{uuid.uuid4().hex}", f"memory://new-{uuid.uuid4().hex}"
+    live, live_db = booted_fleet(tmp_path / "live", t0, "boot-of-the-fleet")
+    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
+    Backup(live, live_db, FakeClock()).now()
+    restore(t0, tmp_path / "moved")
+    moved_db = Database.open(tmp_path / "moved" / "fleetd.db")
+    moved = Backup(load_settings(state_dir=tmp_path / "moved", backup={"target": t2}), moved_db, FakeClock())
+    write_ckpt(moved.settings.game_dir("pong") / "checkpoints", 200)
+    assert moved.held() is None and moved.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    restore(t2, tmp_path / "drill")
+    mark = tmp_path / "drill" / "backups" / "restored.json"
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "key": "file:///mnt/share/new", "fleet": None}))
+    drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
+    drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": t2}), drill_db, FakeClock())
+    write_ckpt(moved.settings.game_dir("pong") / "checkpoints", 300)
+    moved.checkpoints()
+    assert drill.held() is not None and drill.checkpoints() == BackupRun()
+    assert "ckpt-000000000300" in Target(t2).names("games/pong/checkpoints")
+    # Claimed, the fleet says so at its next backup of any kind, not only its next database copy.
+    claim_target(moved.settings.backups_dir)
+    moved.checkpoints()
+    assert json.loads(Target(t2).fs.cat_file(Target(t2).path("backup.json")))["writer_restored"] is False
+    for db in (live_db, moved_db, drill_db):
+        db.close()
+    for url in (t0, t2):
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+def test_an_empty_writer_id_is_made_again(tmp_path):
+    from fleetd.operations.backup import writer_id
+
+    (tmp_path / "writer-id").write_text("")
+    made = writer_id(tmp_path)
+    assert len(made) == 32 and writer_id(tmp_path) == made
