@@ -196,6 +196,8 @@ class Backup:
             return None
         try:
             info = _read_info(self.target)
+            if not info.get(FLEET_KEY) and (owner := self._database_fleet()) is not None:
+                info = {**info, FLEET_KEY: owner}  # a backup.json deleted, or an older fleetd's: its database's
         except Exception as exc:  # noqa: BLE001 - held while unknown: a blip must not let a drill write there
             return (f"restored from {restored_from}; {self.target.url} cannot be read to tell whether it holds that "
                     f"fleet's backup ({type(exc).__name__}: {exc}): nothing is written to it until it can be (asked "
@@ -404,8 +406,10 @@ class Backup:
             if theirs is None or theirs == fleet:  # this fleet's from now on
                 self._write_info({**info, FLEET_KEY: fleet})
                 return fleet
-        if theirs == fleet and (info.get(WRITER_KEY), bool(info.get(WRITER_RESTORED_KEY))) != self._writer():
-            self._write_info(info)  # this state_dir writes here now (claimed, or a drill's own): say so at once
+        if theirs == fleet and (info.get(WRITER_KEY) is None or (info.get(WRITER_RESTORED_KEY) and not self._writer()[1])):
+            # Claimed (or a fleet upgraded): say so at once, not at the next database copy. Not at
+            # every scan where two restored copies share a target: they would take turns.
+            self._write_info(info)
         if theirs != fleet:
             raise BackupError(
                 f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "

@@ -888,3 +888,27 @@ def test_an_empty_writer_id_is_made_again(tmp_path):
     (tmp_path / "writer-id").write_text("")
     made = writer_id(tmp_path)
     assert len(made) == 32 and writer_id(tmp_path) == made
+
+
+def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_database(tmp_path):
+    # The restore's advice for a damaged backup.json is to delete it: the mark then names no
+    # fleet or writer, and until the fleet wrote a new one the drill, by another path, was let in.
+    import json
+
+    from fleetd.operations.backup import INFO_NAME
+
+    t0 = f"memory://nameless-{uuid.uuid4().hex}"
+    live, live_db = booted_fleet(tmp_path / "live", t0, "boot-of-the-fleet")
+    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
+    Backup(live, live_db, FakeClock()).now()
+    target = Target(t0)
+    target.fs.rm(target.path(INFO_NAME))
+    restore(t0, tmp_path / "drill")
+    mark = tmp_path / "drill" / "backups" / "restored.json"
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "key": "file:///mnt/share/fleet"}))
+    drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
+    drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": t0}), drill_db, FakeClock())
+    assert drill.held() is not None and drill.database() == BackupRun()
+    for db in (live_db, drill_db):
+        db.close()
+    fsspec.filesystem("memory").rm(t0.removeprefix("memory://"), recursive=True)
