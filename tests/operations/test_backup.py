@@ -716,24 +716,40 @@ def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_cla
         db.close()
 
 
+def fleet_backed_up(tmp_path, url):
+    """The live fleet, its checkpoint at 100 backed up to `url`: its settings and database."""
+    live, live_db = booted_fleet(tmp_path / "live", url, "boot-of-the-fleet")
+    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
+    Backup(live, live_db, FakeClock()).now()
+    return live, live_db
+
+
+def restored_backup(tmp_path, name, source, target):
+    """`source` restored into tmp_path/name, its daemon's backup to `target`: the Backup, its database."""
+    restore(source, tmp_path / name)
+    db = Database.open(tmp_path / name / "fleetd.db")
+    return Backup(load_settings(state_dir=tmp_path / name, backup={"target": target}), db, FakeClock()), db
+
+
+def by_another_path(state_dir, **mark):
+    """The restore mark as if the target restored from were reached at another path (a bind
+    mount, a share mounted elsewhere): its URL key another's, and `mark`'s other keys."""
+    import json
+
+    path = state_dir / "backups" / "restored.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "key": "file:///mnt/share/fleet", **mark}))
+
+
 def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(setup, tmp_path):
     # The restore read the target at one path, the drill's config names it at another (a bind
     # mount, a share mounted elsewhere on the drill box): told apart by URL alone, the drill wrote
     # to it and deleted the live fleet's newer checkpoint. It is the same fleet's backup there.
-    import json
-
     _, _, url = setup
-    live, live_db = booted_fleet(tmp_path / "live", url, "boot-of-the-fleet")
-    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
-    Backup(live, live_db, FakeClock()).now()
-    restore(url, tmp_path / "drill")
-    mark_path = tmp_path / "drill" / "backups" / "restored.json"
-    mark = json.loads(mark_path.read_text())
-    mark_path.write_text(json.dumps({**mark, "target": "file:///mnt/share/fleet", "key": "file:///mnt/share/fleet"}))
+    live, live_db = fleet_backed_up(tmp_path, url)
+    drill, drill_db = restored_backup(tmp_path, "drill", url, url)
+    by_another_path(tmp_path / "drill", target="file:///mnt/share/fleet")
     write_ckpt(live.game_dir("pong") / "checkpoints", 200)
     Backup(live, live_db, FakeClock()).now()
-    drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
-    drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": url}), drill_db, FakeClock())
     held = drill.held()
     assert held is not None and "holds that fleet's backup" in held and drill.checkpoints() == BackupRun()
     # A blip reading it: held still (it let the drill through once, and its scan deleted ckpt 200).
@@ -796,34 +812,23 @@ def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_dri
     # Held only from a target the backup's own writer wrote, a drill restored from a drill's
     # backup was let into the live fleet's target, and an old drill into the fleet's target once
     # the fleet had moved (a new writer): each deleted the fleet's newer checkpoints there.
-    import json
-
     from fleetd.operations.backup import claim_target
 
     t0, t1 = f"memory://fleet-{uuid.uuid4().hex}", f"memory://drill-{uuid.uuid4().hex}"
-    live, live_db = booted_fleet(tmp_path / "live", t0, "boot-of-the-fleet")
-    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
-    Backup(live, live_db, FakeClock()).now()
-    restore(t0, tmp_path / "d1")
-    d1_db = Database.open(tmp_path / "d1" / "fleetd.db")
-    d1 = Backup(load_settings(state_dir=tmp_path / "d1", backup={"target": t1}), d1_db, FakeClock())
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    d1, d1_db = restored_backup(tmp_path, "d1", t0, t1)
     assert d1.held() is None and d1.now().copied == ["pong/ckpt-000000000100"]  # its own target
     assert d1.held() is None
-    restore(t1, tmp_path / "d2")  # a drill of the drill's backup
-    d2_db = Database.open(tmp_path / "d2" / "fleetd.db")
-    d2 = Backup(load_settings(state_dir=tmp_path / "d2", backup={"target": t0}), d2_db, FakeClock())
+    d2, d2_db = restored_backup(tmp_path, "d2", t1, t0)  # a drill of the drill's backup
     write_ckpt(live.game_dir("pong") / "checkpoints", 200)
     Backup(live, live_db, FakeClock()).now()
     assert "holds that fleet's backup" in (d2.held() or "") and d2.checkpoints() == BackupRun()
     # The fleet moves: restored on a new box, claimed, backing up to its target as a new writer.
-    restore(t0, tmp_path / "moved")
+    moved, moved_db = restored_backup(tmp_path, "moved", t0, t0)
     claim_target(tmp_path / "moved" / "backups")
-    moved_db = Database.open(tmp_path / "moved" / "fleetd.db")
-    moved = load_settings(state_dir=tmp_path / "moved", backup={"target": t0})
-    write_ckpt(moved.game_dir("pong") / "checkpoints", 300)
-    Backup(moved, moved_db, FakeClock()).now()
-    mark = tmp_path / "d1" / "backups" / "restored.json"  # d1 reaches the fleet's target by another path
-    mark.write_text(json.dumps({**json.loads(mark.read_text()), "key": "file:///mnt/share/fleet"}))
+    write_ckpt(moved.settings.game_dir("pong") / "checkpoints", 300)
+    moved.now()
+    by_another_path(tmp_path / "d1")  # d1 reaches the fleet's target by another path
     old = Backup(load_settings(state_dir=tmp_path / "d1", backup={"target": t0}), d1_db, FakeClock())
     assert old.held() is not None and old.checkpoints() == BackupRun()
     assert Target(t0).names("games/pong/checkpoints") >= {"ckpt-000000000300"}
@@ -855,19 +860,12 @@ def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tm
     from fleetd.operations.backup import claim_target
 
     t0, t2 = f"memory://old-{uuid.uuid4().hex}", f"memory://new-{uuid.uuid4().hex}"
-    live, live_db = booted_fleet(tmp_path / "live", t0, "boot-of-the-fleet")
-    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
-    Backup(live, live_db, FakeClock()).now()
-    restore(t0, tmp_path / "moved")
-    moved_db = Database.open(tmp_path / "moved" / "fleetd.db")
-    moved = Backup(load_settings(state_dir=tmp_path / "moved", backup={"target": t2}), moved_db, FakeClock())
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    moved, moved_db = restored_backup(tmp_path, "moved", t0, t2)
     write_ckpt(moved.settings.game_dir("pong") / "checkpoints", 200)
     assert moved.held() is None and moved.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
-    restore(t2, tmp_path / "drill")
-    mark = tmp_path / "drill" / "backups" / "restored.json"
-    mark.write_text(json.dumps({**json.loads(mark.read_text()), "key": "file:///mnt/share/new", "fleet": None}))
-    drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
-    drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": t2}), drill_db, FakeClock())
+    drill, drill_db = restored_backup(tmp_path, "drill", t2, t2)
+    by_another_path(tmp_path / "drill", fleet=None)
     write_ckpt(moved.settings.game_dir("pong") / "checkpoints", 300)
     moved.checkpoints()
     assert drill.held() is not None and drill.checkpoints() == BackupRun()
@@ -893,21 +891,14 @@ def test_an_empty_writer_id_is_made_again(tmp_path):
 def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_database(tmp_path):
     # The restore's advice for a damaged backup.json is to delete it: the mark then names no
     # fleet or writer, and until the fleet wrote a new one the drill, by another path, was let in.
-    import json
-
     from fleetd.operations.backup import INFO_NAME
 
     t0 = f"memory://nameless-{uuid.uuid4().hex}"
-    live, live_db = booted_fleet(tmp_path / "live", t0, "boot-of-the-fleet")
-    write_ckpt(live.game_dir("pong") / "checkpoints", 100)
-    Backup(live, live_db, FakeClock()).now()
+    live, live_db = fleet_backed_up(tmp_path, t0)
     target = Target(t0)
     target.fs.rm(target.path(INFO_NAME))
-    restore(t0, tmp_path / "drill")
-    mark = tmp_path / "drill" / "backups" / "restored.json"
-    mark.write_text(json.dumps({**json.loads(mark.read_text()), "key": "file:///mnt/share/fleet"}))
-    drill_db = Database.open(tmp_path / "drill" / "fleetd.db")
-    drill = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": t0}), drill_db, FakeClock())
+    drill, drill_db = restored_backup(tmp_path, "drill", t0, t0)
+    by_another_path(tmp_path / "drill")
     assert drill.held() is not None and drill.database() == BackupRun()
     for db in (live_db, drill_db):
         db.close()
