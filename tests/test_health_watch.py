@@ -120,12 +120,18 @@ def events(loop: Loop, kind: str) -> list:
         return read_events(session, EventFilter(kind=kind))
 
 
-def trained_then_collapsed(loop: Loop) -> None:
+def learned(loop: Loop) -> None:
+    """Game cp (QUICK settings) started and evaluated at 1000-4000 steps: armed, its best 500."""
     add(loop, "cp", QUICK)
     loop.start()
     loop.run_up("cp")
-    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480), (5000, 20)):
+    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480)):
         evaluate(loop, "cp", steps, value)
+
+
+def trained_then_collapsed(loop: Loop) -> None:
+    learned(loop)
+    evaluate(loop, "cp", 5000, 20)
     assert loop.state("cp") is State.RUNNING  # one evaluation below: not yet
     evaluate(loop, "cp", 6000, 15)
 
@@ -414,11 +420,7 @@ def test_evaluations_made_while_the_daemon_was_down_are_judged_when_it_adopts_th
     # The worker's reports are datagrams: those sent while no daemon listened were lost, and the
     # collapse in them went unseen by the daemon that adopted the worker (judged only from the
     # next evaluations reported, as many again; never, had it recovered a little).
-    add(loop, "cp", QUICK)
-    loop.start()
-    loop.run_up("cp")
-    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480)):
-        evaluate(loop, "cp", steps, value)
+    learned(loop)
     pid = loop.pid("cp")
     loop.clock.advance(600)  # the daemon is down (kill -9); its worker trains on and evaluates
     for steps in (5000, 6000):
@@ -434,11 +436,7 @@ def test_an_evaluation_judged_at_adoption_is_not_judged_again_from_its_report(lo
     # The progress socket is bound before recovery: a report sent in between waits there, and the
     # loop's first turn judged again the evaluation catch-up had judged from its checkpoint (one
     # bad evaluation counted twice: a collapse after fewer than collapse_evals).
-    add(loop, "cp", QUICK)
-    loop.start()
-    loop.run_up("cp")
-    for steps, value in ((1000, 10), (2000, 200), (3000, 500), (4000, 480)):
-        evaluate(loop, "cp", steps, value)
+    learned(loop)
     proc = loop.sup.procs["cp"]
     pid, run_id = proc.pid, proc.run_id
     loop.clock.advance(600)
