@@ -807,10 +807,8 @@ def close_backed_up_boot(db_path: Path, state_dir: Path | None = None) -> bool:
                     continue
                 of_boot = read_boot(session, run.boot_pk)
                 ended = of_boot.last_seen_at if of_boot is not None else boot.last_seen_at if boot else run.started_at
-                run_store.update_run_ended(session, run.id, ended, "lost_host", None, None)
-                create_event(session, ended, "lost_host", f"worker pid {run.pid} stayed with the backed-up host "
-                             "(restored from a backup onto another state_dir)", severity="warning", game=run.game,
-                             details={"run_id": run.id, "pid": run.pid})
+                run_store.end_lost_run(session, run, "lost_host", ended, ended, f"worker pid {run.pid} stayed with "
+                                       "the backed-up host (restored from a backup onto another state_dir)")
         if boot is not None and not boot.daemon_clean_stop:
             record_daemon_stop(db, boot.id, boot.last_seen_at, "restored from a backup onto another state_dir",
                                clean=True)

@@ -7,6 +7,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from fleetd.store.events import create_event
 from fleetd.store.models import Checkpoint, Game, Run
 from fleetd.store.mapping import to_record
 from fleetd.store.records import RunRecord
@@ -36,6 +37,14 @@ def update_run_ended(
     row = session.get_one(Run, run_id)
     row.ended_at, row.cause, row.exit_code, row.exit_signal = now, cause, exit_code, exit_signal
     session.flush()
+
+
+def end_lost_run(session: Session, run: RunRecord, cause: str, ended_at: datetime, at: datetime, message: str,
+                 exit_code: int | None = None) -> None:
+    """A run whose worker was not seen to exit (lost with the host, the daemon, or a restored
+    copy's other host): ended at `ended_at` with `cause`, and an event of that kind at `at`."""
+    update_run_ended(session, run.id, ended_at, cause, exit_code, None)
+    create_event(session, at, cause, message, severity="warning", game=run.game, details={"run_id": run.id, "pid": run.pid})
 
 
 def update_run_located(session: Session, run_id: int, node_id: str) -> None:

@@ -229,9 +229,7 @@ class Recorder:
                  exit_code: int | None = None) -> None:
         """`exit_code`: the one its worker left, where it did (read, not watched)."""
         with self.db.transaction() as session:
-            run_store.update_run_ended(session, run.id, ended_at, cause, exit_code, None)
-            create_event(session, self.clock.now(), cause, message, severity="warning", game=run.game,
-                         details={"run_id": run.id, "pid": run.pid})
+            run_store.end_lost_run(session, run, cause, ended_at, self.clock.now(), message, exit_code)
 
     def boot_last_seen(self, boot_pk: int) -> datetime | None:
         with self.db.transaction() as session:
