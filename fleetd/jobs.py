@@ -27,6 +27,7 @@ from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
 from fleetd.store.samples import create_metric_rows, delete_samples_before
+from fleetd.games.set_aside import REMOVED, SET_ASIDE_DIRS, SET_ASIDE_STAMP
 
 log = logging.getLogger(__name__)
 
@@ -160,15 +161,6 @@ def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) 
         return deleted
 
 
-# Where checkpoints moved out of a worker's sight are kept, under a game's folder, each set-aside
-# in a folder of its own named from the UTC time it was made: a rollback's
-# `rolled_back/<time>-after-<steps>[-by-operator]` (fleetd/supervision/learning_actions.py,
-# rollback.py), an add with kept=set_aside's `removed/<time>-checkpoints` and
-# `removed/<time>-tensorboard` (fleetd/games/kept.py).
-SET_ASIDE_DIRS = ("rolled_back", "removed")
-SET_ASIDE_STAMP = "%Y%m%dT%H%M%S"
-
-
 def set_aside_job(db: Database, clock: Clock, games_dir: Path, days: float,
                   settle_backup: Callable[[], object] | None = None) -> list[Path]:
     """Delete the set-aside folders made more than `days` ago (`[retention] set_aside_days`; 0:
@@ -188,13 +180,13 @@ def set_aside_job(db: Database, clock: Clock, games_dir: Path, days: float,
     now = clock.now()
     cutoff = now - timedelta(days=days)
     old = [folder for folder, made in _set_aside_folders(games_dir) if made < cutoff]
-    if settle_backup is not None and any(folder.parent.name == "removed" for folder in old):
+    if settle_backup is not None and any(folder.parent.name == REMOVED for folder in old):
         try:
             settle_backup()
         except Exception as exc:  # noqa: BLE001 - a target's errors are its backend's
             log.warning("retention: the backup target may still hold copies of checkpoints set aside under a "
                         "game's removed/ (%s: %s): those folders are kept until it answers", type(exc).__name__, exc)
-            old = [folder for folder in old if folder.parent.name != "removed"]
+            old = [folder for folder in old if folder.parent.name != REMOVED]
     deleted: list[Path] = []
     freed = 0
     for folder in old:

@@ -22,6 +22,7 @@ from typing import NoReturn
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.operations.run_logs import run_order
+from fleetd.games.set_aside import REMOVED, set_aside_path
 from workers import checkpoint
 
 
@@ -164,11 +165,10 @@ def _fetch_missing(files: KeptFiles, url: str) -> None:
 def _move_folder(files: KeptFiles, now: datetime) -> Path:
     """`checkpoints/` to `removed/<UTC time>-checkpoints`, its TensorBoard curves first beside it
     (a failure there leaves the checkpoints in place, so adding again retries the whole)."""
-    stamp = f"{now:%Y%m%dT%H%M%S}"
     curves = files.game_dir / TENSORBOARD
     if curves.is_dir():
-        _move(files, curves, _unused(files.game_dir / "removed" / f"{stamp}-{TENSORBOARD}"))
-    return _move(files, files.checkpoints, _unused(files.game_dir / "removed" / f"{stamp}-checkpoints"))
+        _move(files, curves, _unused(set_aside_path(files.game_dir, REMOVED, now, TENSORBOARD)))
+    return _move(files, files.checkpoints, _unused(set_aside_path(files.game_dir, REMOVED, now, "checkpoints")))
 
 
 def _move(files: KeptFiles, folder: Path, into: Path) -> Path:

@@ -25,6 +25,7 @@ from fleetd.supervision.learning import LearningWatch, best_evaluated, evaluatio
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
+from fleetd.games.set_aside import ROLLED_BACK, set_aside_path
 from workers.protocol.reports import CheckpointSummary
 
 
@@ -159,7 +160,7 @@ class LearningActions:
         """The checkpoints after `steps` moved out of the worker's sight; the names moved. A
         file error (a full or read-only disk, a file where the folder goes) holds the game: left
         collapsed, it would stop the loop here and every later daemon at its start."""
-        into = proc.launch.game_dir / "rolled_back" / f"{self._clock.now():%Y%m%dT%H%M%S}-after-{steps}"
+        into = set_aside_path(proc.launch.game_dir, ROLLED_BACK, self._clock.now(), f"after-{steps}")
         moved: list[str] = []
         try:
             set_aside_after(checkpoints, steps, into, moved)

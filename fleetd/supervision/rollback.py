@@ -26,6 +26,7 @@ from fleetd.supervision.learning import LearningWatch, set_aside_after, verified
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
+from fleetd.games.set_aside import ROLLED_BACK, set_aside_path
 from workers.checkpoint import CheckpointError, check, episodes_at, list_checkpoints
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
         raise _refused(f"{proc.name} has no verified checkpoint at {to_steps} steps; it has {_listed(sorted(verified))}",
                        sorted(verified))
     _check_target(proc.name, directory / verified[to_steps], to_steps, sorted(verified))
-    into = proc.launch.game_dir / "rolled_back" / f"{now:%Y%m%dT%H%M%S}-after-{to_steps}-by-operator"
+    into = set_aside_path(proc.launch.game_dir, ROLLED_BACK, now, f"after-{to_steps}-by-operator")
     moved: list[str] = []
     try:
         set_aside_after(directory, to_steps, into, moved)
