@@ -583,7 +583,7 @@ def test_the_divergence_floor_bounds_the_guards_own_scale_and_its_reasons_say_th
     advance(clock, proc, 1)
     proc.on_exit(ExitStatus(code=22))  # the guard's own 0.125 would pass its floor 0.2
     assert proc.state is State.FATAL and "at lr_scale 5e-05 (the divergences' 0.25 x a rollback's 0.0002); scaling " \
-        "it (its own 0.25) by 0.5 would pass the floor 0.2" in proc.reason, proc.reason
+        "it by 0.5 would pass the floor 0.2" in proc.reason, proc.reason
 
 
 def test_starting_a_fatal_game_keeps_a_learning_health_rollbacks_rate(clock: FakeClock, sink: RecordingSink) -> None:

@@ -95,8 +95,8 @@ class FleetDQN(HorizonSchedules, UpdateBoundary, DQN):
         return min(max(self.learning_starts, self.batch_size), self.buffer_capacity())
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
-        if self.buffered_transitions() < min(max(self.learning_starts, batch_size), self.buffer_capacity()):
-            return  # refilling after a resume without the replay buffer (refill_transitions)
+        if self.buffered_transitions() < self.refill_transitions():
+            return  # refilling after a resume without the replay buffer
         super().train(gradient_steps, batch_size)
 
 

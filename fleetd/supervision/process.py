@@ -398,8 +398,7 @@ class WorkerProcess:
         old = self.remedies
         scaled = old.scaled(field, factor, floor)
         if scaled is None:
-            own = "" if old.shown(field) == f"{getattr(old, field):g}" else f" (its own {getattr(old, field):g})"
-            return Outcome(cause, State.FATAL, f"{cause}: {what} at {field} {old.shown(field)}; scaling it{own} "
+            return Outcome(cause, State.FATAL, f"{cause}: {what} at {field} {old.shown(field)}; scaling it "
                            f"by {factor:g} would pass the floor {floor:g}: fix the settings, then start it")
         self.remedies = scaled
         return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
