@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from fleetd.clock import Clock
 from fleetd.errors import FleetdError
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
-from fleetd.games.lifecycle import check_draft, duplicate_name, record_added, record_desired, record_removed, seeding_needed
+from fleetd.games.lifecycle import check_draft, check_unique_names, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
@@ -30,7 +30,7 @@ from fleetd.games.settings import (
     setting_changes,
     with_settings,
 )
-from fleetd.games.slug import GAME_NAME_PATTERN, check_game_name
+from fleetd.games.slug import GameName
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.states import DONE, REMOVABLE, Desired, State
@@ -67,7 +67,7 @@ class AbsentGame(BaseModel):
     name counts: the entry's other keys may stay (one line takes a game out) and are ignored."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-    name: Annotated[str, AfterValidator(check_game_name)] = Field(max_length=64, json_schema_extra={"pattern": GAME_NAME_PATTERN})
+    name: GameName
     absent: Literal[True]
     _bool = field_validator("absent", mode="before")(lambda value: _boolean(value))
 
@@ -100,7 +100,7 @@ def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: E
     """What applying `games` would do, every entry checked first (FleetdError names the culprit).
     `kept`: the names a removed game left checkpoints under (`kept_of_new`), or why they could not
     be looked for: met only once every entry passed its own checks, so a bad entry is named first."""
-    _check_unique(games)
+    check_unique_names([entry.name for entry in games])
     current = {game.name: game for game in game_store.read_games(session)}
     plans = [_plan(session, index, entry, current.get(entry.name), catalog, restart, workers)
              for index, entry in enumerate(games)]
@@ -111,14 +111,6 @@ def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: E
         if plan.action == "add" and found is not None:
             _refuse_kept(f"games[{index}].", entry, *found)
     return plans
-
-
-def _check_unique(games: list[FleetGame | AbsentGame]) -> None:
-    seen: set[str] = set()
-    for index, entry in enumerate(games):
-        if entry.name in seen:
-            raise duplicate_name(index, entry.name)
-        seen.add(entry.name)
 
 
 def _plan(session: Session, index: int, entry: FleetGame | AbsentGame, game: GameRecord | None, catalog: EnvCheck,

@@ -209,14 +209,20 @@ def duplicate_name(index: int, name: str) -> FleetdError:
                        {"errors": [{"field": f"games[{index}].name", "reason": reason, "game": name}]})
 
 
+def check_unique_names(names: list[str]) -> None:
+    """A fleet file's or [[games]]' names, each once: the second of a name is refused (duplicate_name)."""
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if name in seen:
+            raise duplicate_name(index, name)
+        seen.add(name)
+
+
 def check_seeds(seeds: list[GameSeed], catalog: EnvCheck) -> list[GameDraft]:
     """Every [[games]] entry checked as `fleetd games add` would, before anything is recorded."""
     drafts = [GameDraft(**seed.model_dump()) for seed in seeds]
-    seen: set[str] = set()
+    check_unique_names([draft.name for draft in drafts])
     for index, draft in enumerate(drafts):
-        if draft.name in seen:
-            raise duplicate_name(index, draft.name)
-        seen.add(draft.name)
         check_draft(draft, catalog, field_prefix=f"games[{index}].")
     return drafts
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from fleetd.games.fields import SETTABLE
-from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE, check_game_name
+from fleetd.games.slug import GameName
 from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.states import Desired
 from workers.protocol.spec import PPO_MIN_BATCH, Hyperparams, algo_refusal
@@ -84,11 +84,7 @@ class GameSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=per_algo_schema)
 
-    # The validator gives the rule in words; the pattern documents it in the OpenAPI schema.
-    name: Annotated[str, AfterValidator(check_game_name)] = Field(
-        max_length=64, json_schema_extra={"pattern": GAME_NAME_PATTERN}, description=GAME_NAME_RULE,
-        examples=["pong"],
-    )  # fmt: skip
+    name: GameName
     env_id: str = Field(
         min_length=1, max_length=128, examples=["Pong-v5"],
         description="an EnvPool or Gymnasium env id, or module:EnvName-vN (a module that registers it)",
