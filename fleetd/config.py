@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, check_host, clean_token,
                              config_path_from, default_state_dir)
+from fleetd.errors import field_path, validator_reason
 from fleetd.games.spec import GameSpec
 from fleetd.tomlfile import read_toml
 from workers.protocol.exit_codes import ExitCode
@@ -635,9 +636,7 @@ def _secret(name: str) -> bool:
 
 def _describe(error: Any, environ: Mapping[str, str]) -> str:
     loc = [str(part) for part in error["loc"]]
-    # `games[0].health_settings`, as the docs and every later check name a list's entry (not `games.0.`).
-    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
-    reason = str(error["msg"]).removeprefix("Value error, ")  # pydantic's wrapper of a validator's own reason
+    key, reason = field_path(error["loc"]), validator_reason(error["msg"])
     if error["type"] == "extra_forbidden":
         reason = "unknown key (check its spelling and section)"
     value = error.get("input")

@@ -46,3 +46,14 @@ class FleetdError(Exception):
 
     def envelope(self) -> dict[str, Any]:
         return {"error": {"code": str(self.code), "message": self.message, "details": self.details}}
+
+
+def field_path(parts: tuple[Any, ...] | list[Any]) -> str:
+    """A pydantic error location as fleetd's checks and docs name a field: `games[0].priority`,
+    not `games.0.priority`."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
+
+
+def validator_reason(message: object) -> str:
+    """A pydantic error's message without the "Value error, " it puts before a validator's own reason."""
+    return str(message).removeprefix("Value error, ")

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError
+from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, field_path, validator_reason
 from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 def _problem(err: dict[str, Any], body: Any = None) -> dict[str, str]:
     loc = tuple(err.get("loc", ()))
-    reason = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    reason = validator_reason(err.get("msg", "invalid"))
     if err.get("type") == "string_pattern_mismatch" and (err.get("ctx") or {}).get("pattern") == GAME_NAME_PATTERN:
         reason = GAME_NAME_RULE  # a game name's rule in words (path, query, a fleet file's entry), not its regex
     if loc[:2] == ("body", "games") and len(loc) > 2 and isinstance(loc[2], int):
@@ -132,7 +132,7 @@ def _fleet_entry_problem(index: int, rest: tuple[Any, ...], reason: str, body: A
     """A fleet file's entry (PUT /fleet/spec) named as fleetd's own checks and the docs name it,
     `games[0].priority`, not `body.games.0.present.priority`; with the entry's name, if it has one."""
     rest = rest[1:] if rest[:1] and rest[0] in _ENTRY_TAGS else rest
-    field = f"games[{index}]" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
+    field = field_path(("games", index, *rest))
     problem = {"field": field, "reason": reason}
     games = body.get("games") if isinstance(body, dict) else None
     entry = games[index] if isinstance(games, list) and index < len(games) else None
