@@ -252,13 +252,12 @@ def verified_in_loop(path: Path) -> tuple[bool, str]:
     return True, "ok"
 
 
-def evaluations_after(directory: Path, steps: int) -> list[CheckpointSummary]:
-    """The evaluated checkpoints on disk past `steps`, oldest first: the evaluations a worker
-    reported while no daemon listened (its reports are datagrams, lost then), to judge when a
-    daemon adopts it. Checked as the index checks them (sizes; hashing every one is the worker's)."""
+def evaluated_checkpoints(directory: Path, after: int = -1) -> list[CheckpointSummary]:
+    """The checkpoints on disk past `after` steps whose manifest holds an evaluation, newest
+    first, checked as the index checks them (sizes; hashing every one is the worker's)."""
     found = []
     for info in list_checkpoints(directory):
-        if info.steps <= steps:
+        if info.steps <= after:
             break  # newest first: the rest are older
         try:
             manifest = check(info.path, hashes=False)
@@ -267,7 +266,13 @@ def evaluations_after(directory: Path, steps: int) -> list[CheckpointSummary]:
         if manifest.eval_return is not None:
             found.append(CheckpointSummary(str(info.path), manifest.steps, manifest.episodes, manifest.created_at,
                                            manifest.size_bytes, manifest.eval_return))
-    return found[::-1]
+    return found
+
+
+def evaluations_after(directory: Path, steps: int) -> list[CheckpointSummary]:
+    """The evaluations in checkpoints past `steps`, oldest first: those a worker reported while
+    no daemon listened (its reports are datagrams, lost then), to judge when a daemon adopts it."""
+    return evaluated_checkpoints(directory, steps)[::-1]
 
 
 def best_evaluated(directory: Path) -> BestCheckpoint | None:

@@ -22,12 +22,12 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.health.rules import Evaluation
 from fleetd.states import LIVE, Desired, State
 from fleetd.supervision.index import scan_checkpoints
-from fleetd.supervision.learning import LearningWatch, set_aside_after, verified_in_loop
+from fleetd.supervision.learning import LearningWatch, evaluated_checkpoints, set_aside_after, verified_in_loop
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.remedies import Remedies
 from fleetd.games.set_aside import ROLLED_BACK, set_aside_path
-from workers.checkpoint import CheckpointError, check, episodes_at, list_checkpoints
+from workers.checkpoint import episodes_at
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +128,10 @@ def roll_back(proc: WorkerProcess, desired: Desired, to_steps: int, now: datetim
 
 def _kept_evaluations(directory: Path) -> list[Evaluation]:
     """The evaluations in the manifests of the checkpoints left, newest first: the health record
-    is judged from them after a rollback, not from the set-aside run's."""
-    kept = []
-    for info in list_checkpoints(directory):
-        try:
-            manifest = check(info.path, hashes=False)  # as the index verifies: a best no rollback reaches is none
-        except CheckpointError:
-            continue
-        if manifest.eval_return is not None:
-            kept.append(Evaluation(manifest.steps, manifest.eval_return, None, str(info.path)))
-    return kept
+    is judged from them after a rollback, not from the set-aside run's (as the index verifies
+    them: a best no rollback reaches is none)."""
+    return [Evaluation(found.steps, found.eval_return, None, found.path) for found in evaluated_checkpoints(directory)
+            if found.eval_return is not None]
 
 
 def _check_target(name: str, folder: Path, to_steps: int, verified: list[int]) -> None:
