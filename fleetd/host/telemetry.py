@@ -195,8 +195,7 @@ class NvmlReader:
         self._nvml, self._reason = nvml, None
         self._logged_reasons.clear()  # a later failure is news again
         log.info("NVML initialised")
-        self._events_without = frozenset(self._lost)
-        self._xid_events = _watch_xids(nvml, self._events_without)
+        self._rewatch_xids(nvml)
         return nvml
 
     def _unavailable(self, reason: str) -> None:
@@ -206,12 +205,8 @@ class NvmlReader:
             log.warning("GPU telemetry unavailable: %s; retrying every %.0f s", reason, self._retry_s)
 
     def _shutdown(self, nvml: ModuleType) -> None:
-        self._nvml, events, self._xid_events = None, self._xid_events, None
-        if events is not None:
-            try:
-                nvml.nvmlEventSetFree(events)
-            except nvml.NVMLError as exc:
-                log.debug("nvmlEventSetFree failed: %s", exc)
+        self._nvml = None
+        self._free_xid_events(nvml)
         try:
             nvml.nvmlShutdown()
         except nvml.NVMLError as exc:  # already broken; nothing more to learn
@@ -261,17 +256,20 @@ class NvmlReader:
             self._rewatch_xids(nvml)
         return gpus, pid_memory
 
-    def _rewatch_xids(self, nvml: ModuleType) -> None:
-        """The Xid event set built again without the GPUs lost now (with one back again). The
-        driver fails every wait on a set holding a lost GPU (GPU_IS_LOST): kept, it would stop
-        every drain at its first call, and the healthy GPUs' Xids would go unread until a reboot.
-        The Xids already drained (a lost GPU's 79 among them) stay in the window."""
+    def _free_xid_events(self, nvml: ModuleType) -> None:
         events, self._xid_events = self._xid_events, None
         if events is not None:
             try:
                 nvml.nvmlEventSetFree(events)
             except nvml.NVMLError as exc:
                 log.debug("nvmlEventSetFree failed: %s", exc)
+
+    def _rewatch_xids(self, nvml: ModuleType) -> None:
+        """The Xid event set built again without the GPUs lost now (with one back again). The
+        driver fails every wait on a set holding a lost GPU (GPU_IS_LOST): kept, it would stop
+        every drain at its first call, and the healthy GPUs' Xids would go unread until a reboot.
+        The Xids already drained (a lost GPU's 79 among them) stay in the window."""
+        self._free_xid_events(nvml)
         self._events_without = frozenset(self._lost)
         self._xid_events = _watch_xids(nvml, self._events_without)
 
