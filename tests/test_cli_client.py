@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.cli.client import ApiClient, ClientError
+from fleetd.cli import client as client_module
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import load_settings
 from fleetd.endpoint import Endpoint
@@ -293,7 +294,7 @@ def slow_204(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     import threading
     import time
 
-    monkeypatch.setattr(ApiClient.__init__, "__defaults__", (0.3,))
+    monkeypatch.setattr(client_module, "REQUEST_TIMEOUT_S", 0.3)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.config import load_settings
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.endpoint import Endpoint, EndpointUnclear, read_endpoint
 
 CASES = [
@@ -73,7 +74,7 @@ def test_a_host_no_daemon_listens_on_is_a_config_error_not_no_daemon(tmp_path: P
     with pytest.raises(ConfigError, match=f"api.host = .*{says}"):
         load_settings(config)
     result = CliRunner().invoke(app, ["tier", "--config", str(config)])
-    assert result.exit_code == 78, result.output
+    assert result.exit_code == ExitCode.CONFIG, result.output
     assert "api.host" in result.output and says in result.output and "not answering" not in result.output
 
 

@@ -31,8 +31,11 @@ class ClientError(Exception):
         self.details = details or {}  # a refusal's error.details (`field`: which input it was)
 
 
+REQUEST_TIMEOUT_S = 10.0  # a request's wait for the daemon's answer, unless the command gives its own
+
+
 class ApiClient:
-    def __init__(self, endpoint: Endpoint, timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoint: Endpoint, timeout_s: float | None = None) -> None:
         host = endpoint.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"  # listening everywhere includes loopback
@@ -40,7 +43,7 @@ class ApiClient:
         self.base_url = f"http://{f'[{self._host}]' if ':' in self._host else self._host}:{endpoint.port}"
         self._endpoint = endpoint
         self._port = endpoint.port
-        self._timeout_s = timeout_s
+        self._timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
