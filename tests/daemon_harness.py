@@ -265,3 +265,11 @@ def power_cut(daemon: Daemon, config: DaemonConfig) -> None:
     for pgid in groups:
         os.killpg(pgid, signal.SIGKILL)
     daemon.process.wait(10)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` names a running process (a zombie, waiting for its parent to reap it, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

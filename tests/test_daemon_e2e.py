@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.daemon_harness import (SUPERVISION, Daemon, DaemonConfig, fleetd_cli, free_port, power_cut,
+from tests.daemon_harness import (SUPERVISION, Daemon, alive, DaemonConfig, fleetd_cli, free_port, power_cut,
                                   worker_processes)
 
 pytestmark = pytest.mark.e2e
@@ -136,7 +136,7 @@ def test_a_stop_while_the_games_are_checked_ends_the_start_at_once(tmp_path: Pat
     daemon.process.send_signal(signal.SIGTERM)
     try:
         code = daemon.process.wait(15)
-        listing_left = psutil.pid_exists(lister) and psutil.Process(lister).status() != psutil.STATUS_ZOMBIE
+        listing_left = alive(lister)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"still running 15 s after SIGTERM:\n{daemon.log()}") from None
     finally:
@@ -224,13 +224,6 @@ def test_a_stop_early_in_the_first_start_records_and_starts_nothing(fleet_config
     assert recorded == (0, 0, 0), daemon.log()  # boots, games seeded, runs started
     assert worker_processes(config) == []
     assert "stop requested during start-up, nothing recorded or started: received SIGTERM" in daemon.log()
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_daemon_restart_on_the_same_boot_is_not_a_reboot(config: DaemonConfig, daemons: list[Daemon]) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.supervision.mps import CONTROL, PID_FILE
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, start_daemon
+from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, alive, start_daemon
 
 pytestmark = pytest.mark.e2e
 
@@ -48,14 +48,6 @@ def control_pid(config: DaemonConfig) -> int | None:
         return int((config.state_dir / "mps" / "pipe" / PID_FILE).read_text())
     except (OSError, ValueError):
         return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
 def events(daemon: Daemon) -> list[str]:

@@ -665,19 +665,14 @@ def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_cla
     # fleet" check let it through: its scan deleted the live fleet's newer checkpoint from the
     # target and its database copy replaced the live one's.
     _, _, url = setup
-    live, live_db = booted_fleet(tmp_path / "live", url, "boot-of-the-fleet")
-    ckpts = live.game_dir("pong") / "checkpoints"
-    write_ckpt(ckpts, 100)
-    Backup(live, live_db, FakeClock()).now()
-    restore(url, tmp_path / "drill")
-    drill = load_settings(state_dir=tmp_path / "drill", backup={"target": url})
-    drill_db = Database.open(drill.db_path)
-    write_ckpt(ckpts, 200)
+    live, live_db = fleet_backed_up(tmp_path, url)
+    drill_backup, drill_db = restored_backup(tmp_path, "drill", url, url)
+    drill = drill_backup.settings
+    write_ckpt(live.game_dir("pong") / "checkpoints", 200)
     live_backup = Backup(live, live_db, FakeClock())
     assert live_backup.now().copied == ["pong/ckpt-000000000200"]
     target = Target(url)
     live_copy = target.fs.cat_file(target.path("fleetd.db"))
-    drill_backup = Backup(drill, drill_db, FakeClock())
 
     runs = [drill_backup.checkpoints(), drill_backup.database(), drill_backup.checkpoints()]
 
