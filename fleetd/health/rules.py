@@ -83,29 +83,29 @@ def armed(record: HealthRecord, settings: HealthSettings) -> bool:
 
 def observe(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
     """The record after one more evaluation, and what to do about it."""
+    # The most steps evaluated: an evaluation behind it (a resume from an older checkpoint) leaves it.
+    record = replace(record, last_steps=max(record.last_steps, ev.steps))
     if not settings.enabled and record.state is Health.PLATEAU:
         # Turned off on its plateau: shown `plateau` for good (status, metrics) though nothing judged it.
         state = Health.ROLLED_BACK if record.rollbacks else Health.LEARNING
-        return replace(record, state=state, reason="no longer judged: health_settings.enabled = false",
-                       below=0, last_steps=max(record.last_steps, ev.steps)), NOTHING
+        return replace(record, state=state, reason="no longer judged: health_settings.enabled = false", below=0), NOTHING
     if not settings.enabled or record.state in (Health.HELD, Health.COLLAPSED):
-        return replace(record, last_steps=max(record.last_steps, ev.steps)), NOTHING
+        return record, NOTHING
     record = _counted(record, ev, settings)
-    reached = record.last_steps  # the most steps evaluated: an evaluation behind it (a resume from an older checkpoint) leaves it
     if _below(record, ev, settings):
         record = replace(record, below=record.below + 1)
         if record.below >= settings.collapse_evals and armed(record, settings):
             return _collapse(record, settings, ev.steps)
     else:
         record = replace(record, below=0)
-    return _plateau(record, ev, settings, reached)
+    return _plateau(record, ev, settings)
 
 
 def _counted(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> HealthRecord:
     """Counts, floors, the best and the plateau clock brought up to this evaluation."""
     record = replace(record, evaluations=record.evaluations + 1, floor=_min(record.floor, ev.eval_return),
                      train_floor=_min(record.train_floor, ev.train_return),
-                     train_best=_max(record.train_best, ev.train_return), last_steps=max(record.last_steps, ev.steps))
+                     train_best=_max(record.train_best, ev.train_return))
     if record.best is None or ev.eval_return > record.best:
         record = _new_best(record, ev, settings)
     return record
@@ -162,8 +162,7 @@ def _collapse(record: HealthRecord, settings: HealthSettings, steps: int) -> tup
     return record, Verdict(Action.ROLLBACK, why)
 
 
-def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings,
-             reached: int) -> tuple[HealthRecord, Verdict]:
+def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings) -> tuple[HealthRecord, Verdict]:
     """Judged from `learning` and from `rolled_back` (the rollback restarted the clock: a game
     rolled back that never gets a real new best is on a plateau too, or it would hold its slot
     for good). A game still on its plateau is asked again, at each evaluation, to stop or yield
@@ -171,7 +170,7 @@ def _plateau(record: HealthRecord, ev: Evaluation, settings: HealthSettings,
     (each verdict is told when its action differs from the last told for this plateau:
     fleetd/supervision/learning.py)."""
     flat = ev.steps - record.improved_steps
-    if record.state is Health.PLATEAU and reached - record.improved_steps < settings.plateau_steps:
+    if record.state is Health.PLATEAU and record.last_steps - record.improved_steps < settings.plateau_steps:
         return _off_plateau(record, flat, settings), NOTHING
     action = _PLATEAU_ACTIONS[settings.on_plateau]
     standing = record.state is Health.PLATEAU and action is not Action.FLAG
