@@ -670,11 +670,11 @@ class FleetController:
             if all(slot.gpu is not None for slot in live):
                 idle_lost = {gpu.index for gpu in snapshot.gpus if gpu.lost} - {slot.gpu for slot in live}
         reasons = tuple(pressure_reasons(snapshot, self.settings, idle_lost))
-        stale = self._stale(snapshot)
-        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), stale,
-                        max(0.0, self._age(snapshot) - self.stale_after_s()) if stale else 0.0)
+        age, limit = self._age(snapshot), self._stale_after_s()
+        stale = self._stale(age, limit)
+        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), stale, age - limit if stale else 0.0)
 
-    def stale_after_s(self) -> float:
+    def _stale_after_s(self) -> float:
         """How old the telemetry's sample may be before the governor takes it as no reading."""
         return TELEMETRY_STALE_INTERVALS * self.settings.telemetry_interval_s
 
@@ -690,10 +690,9 @@ class FleetController:
             taken = now - (self.clock.now().timestamp() - snapshot.at)
         return now - max(taken, self._first_look)
 
-    def _stale(self, snapshot: Any) -> str | None:
-        """Why the sample is too old to climb on (logged once each time it goes stale), or None."""
-        age = self._age(snapshot)
-        limit = self.stale_after_s()
+    def _stale(self, age: float, limit: float) -> str | None:
+        """Why the sample, `age` s old, is too old to climb on (logged once each time it goes
+        stale), or None."""
         if age <= limit:
             if self._stale_logged:
                 log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", max(0.0, age))
