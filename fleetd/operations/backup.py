@@ -71,6 +71,11 @@ class BackupError(Exception):
     """A backup or restore that cannot go on; the message says what and what to do."""
 
 
+class BackupHeld(BackupError):
+    """Not made: this state_dir was restored from the target and writes nothing to it until
+    claimed (Backup.held says why)."""
+
+
 class Target:
     """A directory or fsspec URL, addressed by paths relative to its root."""
 
@@ -240,7 +245,7 @@ class Backup:
         """The database and every checkpoint not yet copied."""
         reason = self.held()
         if reason is not None:
-            raise BackupError(reason)
+            raise BackupHeld(reason)
         with self._lock:
             copied, removed = self._checkpoints()
             size = self._database()
@@ -274,7 +279,7 @@ class Backup:
         held target included: those folders wait for the claim)."""
         reason = self.held()
         if reason is not None:
-            raise BackupError(reason)
+            raise BackupHeld(reason)
         with self._lock:
             self._claim()
             return self._set_aside()

@@ -11,7 +11,7 @@ from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT
 from fleetd.api.schemas import Out
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.operations.backup import status_dict
+from fleetd.operations.backup import BackupHeld, status_dict
 
 router = APIRouter(tags=["backup"])
 
@@ -49,11 +49,10 @@ async def run_backup(context: AppContext = Depends(get_context)) -> BackupRunOut
     if context.backup is None:
         raise FleetdError(ErrorCode.CONFLICT, "no [backup] target is configured: set [backup] target "
                           "(FLEETD_BACKUP__TARGET) to a directory or an fsspec URL, and restart")
-    held = await run_in_threadpool(context.backup.held)  # it may read the target
-    if held is not None:
-        raise FleetdError(ErrorCode.CONFLICT, f"backup to {context.backup.target.url} not made: {held}")
     try:
         run = await run_in_threadpool(context.backup.now)
+    except BackupHeld as exc:
+        raise FleetdError(ErrorCode.CONFLICT, f"backup to {context.backup.target.url} not made: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the target's own error, for the operator
         raise FleetdError(ErrorCode.INTERNAL, f"backup to {context.backup.target.url} failed: "
                           f"{type(exc).__name__}: {exc}") from None
