@@ -84,7 +84,8 @@ def configured_state_dir(document: dict[str, object]) -> Path | None:
 
 
 def systemd_unit(
-    config: Annotated[Path, typer.Option("--config", "-c", help="Config file the service reads.")] = DEFAULT_CONFIG,
+    config: Annotated[Path, typer.Option("--config", "-c", envvar="FLEETD_CONFIG", show_envvar=False,
+                                         help=f"Config file the service reads (default: $FLEETD_CONFIG, else {DEFAULT_CONFIG}).")] = DEFAULT_CONFIG,
     user: Annotated[str, typer.Option("--user", help="System user (and group) the service runs as.")] = DEFAULT_USER,
     ray_node: Annotated[bool, typer.Option("--ray-node", help="A Ray worker node's unit instead (a GPU host of the cluster).")] = False,
     head: Annotated[str | None, typer.Option("--head", help="With --ray-node: the Ray head's GCS address HOST:PORT.")] = None,

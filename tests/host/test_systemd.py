@@ -277,12 +277,16 @@ def test_systemd_unit_command_prints_this_installation(tmp_path: Path) -> None:
     assert settings["User"] == "rl"
 
 
-def test_systemd_unit_command_defaults_and_errors() -> None:
+def test_systemd_unit_command_defaults_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     app = typer.Typer()
     app.callback()(lambda: None)
     register(app)
+    monkeypatch.delenv("FLEETD_CONFIG", raising=False)
     settings = unit_settings(CliRunner().invoke(app, ["systemd-unit"]).output)
     assert settings["ExecStart"].endswith(" serve --config /etc/fleetd/fleetd.toml")
+    # FLEETD_CONFIG names the config as for every other command (the unit named /etc's before)
+    result = CliRunner().invoke(app, ["systemd-unit"], env={"FLEETD_CONFIG": str(tmp_path / "ops.toml")})
+    assert unit_settings(result.output)["ExecStart"].endswith(f" serve --config {tmp_path / 'ops.toml'}")
     assert settings["User"] == "fleetd"
     result = CliRunner().invoke(app, ["systemd-unit", "--user", "Not Valid"])
     assert result.exit_code == 2
