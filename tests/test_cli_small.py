@@ -237,6 +237,12 @@ def test_a_boot_number_below_1_is_a_bad_command_line(value: str) -> None:
     assert result.exit_code == 2 and "--detail" in result.output, result.output
 
 
+def test_a_negative_stop_timeout_is_a_bad_command_line() -> None:
+    # It was taken: the stop was sent, then "still stopping after -1s" (exit 75) at once.
+    result = CliRunner().invoke(app, ["games", "stop", "pong", "--timeout", "-1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "--timeout" in result.output, result.output
+
+
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_a_terminal_not_utf8_gets_the_table_not_a_traceback(encoding: str) -> None:
     # rich shortens a cell with `…`, which neither encoding has: UnicodeEncodeError, exit 1.

@@ -115,7 +115,7 @@ def module_check_wait(*env_ids: object) -> float | None:
 def stop(
     name: str,
     wait: Annotated[bool, typer.Option(help="Wait until the worker has written its final checkpoint and exited.")] = True,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 180.0,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait.")] = 180.0,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
