@@ -25,6 +25,7 @@ from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
 from fleetd.host import forensics
 from fleetd.errors import FleetdError
+from fleetd.endpoint import http_url
 from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
 from fleetd.games.fleet_spec import seeds_not_applied
@@ -466,7 +467,7 @@ class Daemon:
         try:
             scheduler.start()
             self.catalog.warm()
-            log.info("serving the API on http://%s:%d", self.settings.api.host, self.settings.api.port)
+            log.info("serving the API on %s", http_url(self.settings.api.host, self.settings.api.port))
             server.run(sockets=[sock])
         finally:
             self.catalog.close()

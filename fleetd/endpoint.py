@@ -31,6 +31,11 @@ TOKEN_FILE = "api-token"  # under state_dir, generated on the daemon's first sta
 MIN_TOKEN_CHARS = 16
 
 
+def http_url(host: str, port: int) -> str:
+    """`http://HOST:PORT`, an IPv6 address in brackets (`http://[::]:8642`, not `http://:::8642`)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class EndpointUnclear(Exception):
     """This reader cannot tell for sure: build the settings tree, which says what is wrong."""
 

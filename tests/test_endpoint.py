@@ -9,7 +9,8 @@ import pytest
 
 from fleetd.config import load_settings
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.endpoint import Endpoint, EndpointUnclear, read_endpoint
+from fleetd.endpoint import Endpoint, EndpointUnclear, http_url, read_endpoint
+from fleetd.cli.client import ApiClient
 
 CASES = [
     ("", {}),
@@ -83,3 +84,13 @@ def test_a_name_or_an_address_is_a_host(tmp_path: Path, host: str) -> None:
     config = tmp_path / "fleetd.toml"
     config.write_text(f'[api]\nhost = "{host}"\n')
     assert read_endpoint(config, {}).host == load_settings(config).api.host == host
+
+
+@pytest.mark.parametrize(("host", "url"), [("::", "http://[::]:8642"), ("::1", "http://[::1]:8642"),
+                                           ("0.0.0.0", "http://0.0.0.0:8642"), ("gpu-box.lan", "http://gpu-box.lan:8642")])
+def test_the_daemons_url_puts_an_ipv6_address_in_brackets(host: str, url: str) -> None:
+    # The daemon's "serving the API on" line said http://:::8642 for host = "::" (the CLI's own
+    # URL had the brackets): one function makes both now.
+    assert http_url(host, 8642) == url
+    assert ApiClient(Endpoint(host, 8642, None, Path("/tmp")), 1.0).base_url == http_url(
+        "127.0.0.1" if host in ("::", "0.0.0.0") else host, 8642)

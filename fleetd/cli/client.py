@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urlencode
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.endpoint import Endpoint
+from fleetd.endpoint import Endpoint, http_url
 from fleetd.token import find_token
 
 OnBytes = Callable[[int, int | None], None]
@@ -40,7 +40,7 @@ class ApiClient:
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"  # listening everywhere includes loopback
         self._host = host.strip("[]")
-        self.base_url = f"http://{f'[{self._host}]' if ':' in self._host else self._host}:{endpoint.port}"
+        self.base_url = http_url(self._host, endpoint.port)
         self._endpoint = endpoint
         self._port = endpoint.port
         self._timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
