@@ -237,6 +237,17 @@ def test_a_boot_number_below_1_is_a_bad_command_line(value: str) -> None:
     assert result.exit_code == 2 and "--detail" in result.output, result.output
 
 
+def test_a_refusal_names_the_option_typed_not_the_api_field(daemon: Daemon) -> None:  # noqa: F811
+    # It said "body.checkpoint_interval_s: Input should be ...", a name the user never typed.
+    refused = fleetd_cli(daemon.config, "games", "add", "x", "CartPole-v1", "--checkpoint-interval", "0",
+                         "--algo", "foo", "--hp", "n_steps=-3")
+    assert refused.returncode == 1, refused.stderr
+    assert "--checkpoint-interval: Input should be greater than or equal to 1" in refused.stderr, refused.stderr
+    assert "--algo: Input should be 'ppo'" in refused.stderr and "body." not in refused.stderr, refused.stderr
+    refused = fleetd_cli(daemon.config, "games", "add", "x", "CartPole-v1", "--hp", "n_steps=-3")
+    assert "error: --hp n_steps: must be >= 1, got -3" in refused.stderr, refused.stderr
+
+
 def test_a_negative_stop_timeout_is_a_bad_command_line() -> None:
     # It was taken: the stop was sent, then "still stopping after -1s" (exit 75) at once.
     result = CliRunner().invoke(app, ["games", "stop", "pong", "--timeout", "-1"], env={"COLUMNS": "200"})

@@ -83,6 +83,33 @@ def call(config: Path | None, action: "Callable[[ApiClient], Any]") -> Any:
         fail(str(exc), ExitCode.NOPERM)
 
 
+def call_as_typed(config: Path | None, action: "Callable[[ApiClient], Any]", typed: dict[str, str]) -> Any:
+    """`call`, its refusal naming what was typed (`--checkpoint-interval`, `--hp n_steps`), not the
+    request's field (`body.checkpoint_interval_s`, `hyperparams.n_steps`): `typed` maps the
+    request's field names to the command's options and arguments."""
+    from fleetd.cli.client import ClientError
+
+    def as_typed(client: "ApiClient") -> Any:
+        try:
+            return action(client)
+        except ClientError as exc:
+            message = str(exc)
+            for field in _refused_fields(exc.details):
+                where, _, name = field.partition(".")
+                if where in ("body", "query", "path") and name in typed:
+                    message = message.replace(f"{field}:", f"{typed[name]}:")
+                elif where == "hyperparams" and name:
+                    message = message.replace(f"{field}:", f"--hp {name}:")
+            raise ClientError(message, exc.code, exc.details) from None
+
+    return call(config, as_typed)
+
+
+def _refused_fields(details: dict[str, Any]) -> list[str]:
+    fields = [str(error.get("field", "")) for error in details.get("errors") or [] if isinstance(error, dict)]
+    return fields + ([str(details["field"])] if "field" in details else [])
+
+
 def ask(config: Path | None, path: str, **params: object) -> Any:
     return call(config, lambda client: client.get(path, **params))
 

@@ -10,12 +10,16 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, fail, game_path
+from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, call_as_typed, fail,
+                               game_path)
 from fleetd.states import Desired, Shown
 
 games_app = command_group("Add, stop, start, remove and list games.")
 
 SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
+# A new game's fields as `games add` and `games import` take them, for a refusal to name them so.
+GAME_OPTIONS = {"name": "NAME", "env_id": "ENV_ID", "algo": "--algo", "total_timesteps": "--total-timesteps",
+                "target_episodes": "--target-episodes", "priority": "--priority"}
 
 
 class KeptChoice(StrEnum):
@@ -97,7 +101,8 @@ def add(
     }
     wait = module_check_wait(env_id)
     params = {"wait": "true", "kept": kept.value.replace("-", "_") if kept else None}
-    game = call(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params=params))
+    game = call_as_typed(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params=params),
+                         GAME_OPTIONS | {"checkpoint_interval_s": "--checkpoint-interval"})
     _show(game, json_out, render.added_text(game))
     _exit_if_waiting(game)
 

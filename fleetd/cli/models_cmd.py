@@ -8,8 +8,8 @@ import typer
 
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.progress import MIB, Progress
-from fleetd.cli.common import ConfigOption, JsonOption, call, fail, game_path
-from fleetd.cli.games_cmd import _show, games_app, parse_hyperparams
+from fleetd.cli.common import ConfigOption, JsonOption, call, call_as_typed, fail, game_path
+from fleetd.cli.games_cmd import GAME_OPTIONS, _show, games_app, parse_hyperparams
 from fleetd.states import Desired
 
 if TYPE_CHECKING:
@@ -60,8 +60,8 @@ def import_model(
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
                         "the daemon then loads it in a subprocess to check it ...")
-        game = call(config, lambda client: client.upload(game_path(name, "/import"), upload, params,
-                                                         TRANSFER_TIMEOUT_S))
+        game = call_as_typed(config, lambda client: client.upload(game_path(name, "/import"), upload, params,
+                                                                  TRANSFER_TIMEOUT_S), GAME_OPTIONS)
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
 
 
