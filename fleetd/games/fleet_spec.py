@@ -190,7 +190,7 @@ def _when(changes: list[SettingChange], pending: list[SettingChange], again: boo
 def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) -> NoReturn:
     """A file cannot say what to do with a removed game's checkpoints: `games add` says it once."""
     refuse(files, steps, f"{prefix}name", f"add it first with `fleetd games add {entry.name} {entry.env_id} "
-           "--kept resume|set-aside` (resume: train on from them, only with that game's env_id and algo; "
+           "--kept resume|set-aside` (resume: train on from them, only with that game's env_id, algo and network; "
            "set-aside: start afresh with them moved aside), then apply; or give it another name")
 
 

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, Mapping, NoReturn
 
 from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.operations.run_logs import run_order
 from fleetd.games.set_aside import REMOVED, set_aside_path
 from workers import checkpoint
+from workers.protocol.spec import fixed_by_checkpoints
 
 
 TENSORBOARD = "tensorboard"  # the worker's curves in the game's folder (supervision/spec.py)
@@ -88,20 +89,22 @@ def refuse(files: KeptFiles, steps: int, field: str, what_to_do: str) -> NoRetur
                       {"field": field, "name": files.name, "newest_steps": steps})
 
 
-ADD_CHOICES = ("add it with kept=resume to train on from them (only with that game's env_id and algo; "
+ADD_CHOICES = ("add it with kept=resume to train on from them (only with that game's env_id, algo and network; "
                "`--kept resume` on the CLI), with kept=set_aside to start afresh with them moved aside "
                "(`--kept set-aside`), or under another name")
 
 
-def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime, env_id: str, algo: str) -> str:
-    """Do what `kept` says with the checkpoints found (newest at `steps`) for a game of `env_id`
-    and `algo`; what the game_added event adds to its message. Refused (409 naming `kept`)
-    without a choice; a resume with another env or algorithm than the removed game's (409 naming
-    the field): its worker would refuse them, or train them as what they are not."""
+def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime, env_id: str, algo: str,
+              hyperparams: Mapping[str, Any]) -> str:
+    """Do what `kept` says with the checkpoints found (newest at `steps`) for a game of `env_id`,
+    `algo` and `hyperparams`; what the game_added event adds to its message. Refused (409 naming
+    `kept`) without a choice; a resume with another env or algorithm than the removed game's, or
+    another value of a hyperparameter its checkpoints fix (409 naming the field): its worker
+    would refuse them, or train them as what they are not (the saved network, not the one asked)."""
     if kept is None:
         refuse(files, steps, "kept", ADD_CHOICES)
     if kept is Kept.RESUME:
-        _check_resumable(files, steps, {"env_id": env_id, "algo": algo})
+        _check_resumable(files, steps, {"env_id": env_id, "algo": algo}, hyperparams)
         return f"; it resumes from the kept checkpoints of the removed game at {steps} steps"
     into = set_aside(files, now)
     moved = f" in {into}" if into is not None else ""
@@ -110,17 +113,36 @@ def sort_kept(files: KeptFiles, steps: int, kept: Kept | None, now: datetime, en
            "it starts afresh"
 
 
-def _check_resumable(files: KeptFiles, steps: int, wanted: dict[str, str]) -> None:
-    """The removed game's env_id and algo are those of its last run's spec (`logs/`, kept with
-    its folder); where none is left, the worker's own check at load says what does not fit."""
+def _check_resumable(files: KeptFiles, steps: int, wanted: dict[str, str], hyperparams: Mapping[str, Any]) -> None:
+    """The removed game's env_id, algo and the hyperparameters its checkpoints fix (the network,
+    the observations: `FRESH_START_ONLY`) are those of its last run's spec (`logs/`, kept with its
+    folder), an unset one the default in both; where no spec is left, the worker's own check at
+    load says what does not fit."""
     last = last_run_spec(files.game_dir)
+    if last is None:
+        return
+    path, spec = last
     for field, new in wanted.items():
-        old = last[1].get(field) if last is not None else None
+        old = spec.get(field)
         if isinstance(old, str) and old != new:
-            raise FleetdError(ErrorCode.CONFLICT, f"{field}: {describe(files, steps)}, whose runs were of {field} "
-                              f"{old!r} ({last[0].name}), not {new!r}: resume only with {old!r}, or add it with "
-                              "kept=set_aside (`--kept set-aside`) to start afresh",
-                              {"field": field, "name": files.name, "newest_steps": steps, "kept_value": old})
+            _refuse_resume(files, steps, field, old, new, path)
+    ran_with = spec.get("hyperparams")
+    if not isinstance(ran_with, dict):
+        return
+    for key in fixed_by_checkpoints(wanted["algo"]):
+        old, new = ran_with.get(key), hyperparams.get(key)
+        if old != new:
+            _refuse_resume(files, steps, f"hyperparams.{key}", "the default" if old is None else old,
+                           "the default" if new is None else new, path)
+
+
+def _refuse_resume(files: KeptFiles, steps: int, field: str, old: Any, new: Any, spec: Path) -> NoReturn:
+    said = (lambda value: value if value == "the default" else repr(value))
+    raise FleetdError(ErrorCode.CONFLICT, f"{field}: {describe(files, steps)}, whose runs were of {field} "
+                      f"{said(old)} ({spec.name}), not {said(new)}: resume only with {said(old)}, or add it with "
+                      "kept=set_aside (`--kept set-aside`) to start afresh",
+                      {"field": field, "name": files.name, "newest_steps": steps,
+                       "kept_value": None if old == "the default" else old})
 
 
 def last_run_spec(game_dir: Path) -> tuple[Path, dict[str, object]] | None:

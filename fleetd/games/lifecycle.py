@@ -85,7 +85,7 @@ def _add_checked(db: Database, clock: Clock, draft: GameDraft, files: KeptFiles 
     # that then finds the name taken leaves them set aside, as asked.
     steps = files.newest_steps() if files is not None and name_free(db, draft.name) else None
     found = files is not None and steps is not None
-    note = sort_kept(files, steps, kept, now, draft.env_id, draft.algo) if found else ""
+    note = sort_kept(files, steps, kept, now, draft.env_id, draft.algo, draft.hyperparams) if found else ""
     episodes = None
     if found and kept is Kept.RESUME:
         resumes_at = steps

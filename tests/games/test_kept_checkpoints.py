@@ -142,6 +142,25 @@ def test_resume_with_another_env_or_algo_than_the_removed_games_is_refused_namin
     assert client.post("/api/v1/games", json=CART, params={"kept": "resume"}).status_code == 201
 
 
+def test_resume_with_another_network_than_the_removed_games_is_refused_naming_it(
+    client: TestClient, settings: Settings, db: Database
+) -> None:
+    """kept=resume took any hyperparameters: the worker then loaded the saved network, not the one
+    asked for (policy_kwargs), without a word; as `games set` refuses it on a trained game."""
+    small = {"policy_kwargs": {"net_arch": [32]}}
+    ran_and_removed(client, settings, db, CART | {"hyperparams": small})
+    for other, was, asked in (({"policy_kwargs": {"net_arch": [64, 64]}}, small["policy_kwargs"], "{'net_arch': [64, 64]}"),
+                              ({}, small["policy_kwargs"], "the default")):
+        error = error_of(client.post("/api/v1/games", json=CART | {"hyperparams": other}, params={"kept": "resume"}), 409)
+        assert error["details"] == {"field": "hyperparams.policy_kwargs", "name": "cart", "newest_steps": 5000,
+                                    "kept_value": was}
+        assert f"not {asked}: resume only with {was!r}" in error["message"], error["message"]
+    # A resumable one may differ; the fixed ones as they ran go through.
+    added = client.post("/api/v1/games", json=CART | {"hyperparams": small | {"learning_rate": 0.001}},
+                        params={"kept": "resume"})
+    assert added.status_code == 201, added.text
+
+
 def test_resume_keeps_them_and_the_event_says_it_resumes(client: TestClient, settings: Settings) -> None:
     kept = removed_with_checkpoints(client, settings, 5000)
     response = client.post("/api/v1/games", json=CART, params={"kept": "resume"})

@@ -249,6 +249,11 @@ def algo_refusal(key: str, algo: str) -> str | None:
     return f"not a setting of {algo.upper()} (only of {', '.join(a.upper() for a in algos)})"
 
 
+def fixed_by_checkpoints(algo: str) -> list[str]:
+    """The hyperparameters `algo`'s checkpoints fix: a resume from them takes none other."""
+    return [*FRESH_START_ONLY, *(key for (of, key) in FRESH_START_FOR if of == algo)]
+
+
 def change_refusal(key: str, algo: str, trained: bool, unset: Any = None) -> str | None:
     """Why setting hyperparameter `key` of a game is refused (None: it may be set). A game that
     has trained resumes from its checkpoints, which fix the `FRESH_START_ONLY` keys, and keep

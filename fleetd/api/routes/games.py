@@ -50,7 +50,7 @@ GAMES_PAGE_MAX = 1000
 CURSOR_PATTERN = r"^-?[0-9]{1,4}\.-?[0-9]{1,16}\.[0-9]{1,18}$"  # priority.created_at_us.id
 GameName = Path(pattern=GAME_NAME_PATTERN, description="the game's name (a slug)")
 KEPT_HELP = ("what to do with the checkpoints a removed game of this name left (`fleetd games rm` without "
-             "`purge` keeps them): `resume` trains on from them (only with that game's env_id and algo); "
+             "`purge` keeps them): `resume` trains on from them (only with that game's env_id, algo and network); "
              "`set_aside` moves them under the game's `removed/` folder (and drops them from [cluster] storage "
              "when a URL) and starts afresh. Without it such an add is refused (409 naming `kept`); ignored "
              "when none were left")
