@@ -130,6 +130,19 @@ def test_a_rollback_to_a_checkpoint_never_judged_keeps_the_floor_under_the_best(
     assert (record.floor, record.best, record.best_steps, record.best_checkpoint) == (8, 8, 500, "ckpt-500")
 
 
+def test_a_rollback_to_a_lower_checkpoint_takes_the_training_best_afresh():
+    """The best checkpoint damaged, it went back to a lower one: its training return's best stayed
+    the old run's (500), so training sound at the lower level (180, an evaluation dipping) read as
+    collapsed and rolled it back again; the operator's rollback takes it afresh already."""
+    record, _ = feed([10, 200, 500, 500, 20, 20, 20])
+    record = rolled_back(record, 2000, 200, "ckpt-2000")
+    assert record.train_best is None and record.train_floor == 10
+    record, verdicts = feed([90, 90, 90], record=record, train=[180, 180, 180])
+    assert Action.ROLLBACK not in verdicts and record.train_best == 180
+    record, verdicts = feed([90, 90, 90], record=record, train=[60, 50, 40])  # and a real fall still is one
+    assert verdicts[-1] is Action.HOLD and "again after 1 rollback" in record.reason  # (max_rollbacks = 1)
+
+
 def test_a_game_readmitted_after_its_yield_keeps_its_rollbacks():
     """Admitted again after it yielded on a plateau, its plateau clock starts afresh, but no one
     changed its settings: a collapse there holds it, or collapse, rollback, plateau and yield
