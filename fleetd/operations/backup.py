@@ -340,8 +340,13 @@ class Backup:
             pending = sorted(self._purges)  # before the names: a purge told meanwhile is of a game out of them
             with self.db.transaction() as session:
                 in_fleet = game_store.game_names(session)
+            dropping = [game for game in pending if game in self.target.names("games")]
+            if dropping:
+                # The database copy first, the game out of it: one taken before the purge, restored,
+                # would bring the game back without its checkpoints (a fresh start under its name).
+                self._database()
             for game in pending:
-                if game in self.target.names("games"):
+                if game in dropping:
                     self.target.remove(f"games/{game}")
                     removed.append(f"{game}/*")
                 if game in in_fleet or not self.settings.game_dir(game).exists():

@@ -184,6 +184,27 @@ def test_a_purge_told_before_a_daemon_restart_still_leaves_the_target(setup, tmp
     assert not (settings.backups_dir / "purges.json").exists()
 
 
+def test_a_purge_takes_the_game_out_of_the_targets_database_before_its_files(setup, tmp_path):
+    # The scan dropped the purged game's copies; the database copy, hourly, still had the game: a
+    # restore in between brought it back, its checkpoints gone (a fresh start under its name).
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.store.games import game_names
+
+    settings, db, url = setup
+    clock = FakeClock()
+    backup = backed_up_pong(settings, db, clock)
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
+    backup.purged("pong")
+    assert backup.checkpoints().removed == ["pong/*"]  # the scan; no database job since
+    restore(url, tmp_path / "fresh")
+    restored = Database.open(tmp_path / "fresh" / "fleetd.db")
+    try:
+        with restored.transaction() as session:
+            assert game_names(session) == set()
+    finally:
+        restored.close()
+
+
 def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tmp_path, monkeypatch):
     # The backup was told after the files and the cluster storage's copy were deleted: a storage
     # outage (or the daemon's death during a long delete) lost the purge, the game was out of the
