@@ -4,6 +4,7 @@ its cap and hardware clock throttling from fake NVML readings, as the governor j
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -18,10 +19,11 @@ from rich.console import Console
 from fleetd.api import create_app
 from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
-from fleetd.governor.controller import GameSlot
+from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.pressure import pressure_reasons
 from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Snapshot, TelemetrySampler, _throttle,
                                    read_pressure, sample_rows)
+from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
@@ -452,3 +454,32 @@ def test_the_start_sample_is_no_stall_in_metrics_while_the_api_is_young(
     clock.advance(3 * settings.fleet.telemetry_interval_s + 1)
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     assert families["fleetd_gpu_telemetry_available"].samples[0].value == 0.0
+
+
+def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """Another process holds SQLite's write lock past busy_timeout as the sample goes stale: the
+    governor's look goes on (the supervision loop does not end on it), nothing is sent yet, and
+    the next look writes the event and sends the alert, once."""
+    record_daemon_start(db, host.current_boot(), clock.now())
+    quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
+    alerts = FakeAlerts()
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
+    assert fleet.pressure().stale is None
+    clock.advance(4 * settings.fleet.telemetry_interval_s)
+    holder = sqlite3.connect(settings.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        assert fleet.pressure().stale is not None  # judged stale all the same
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert alerts.sent == []
+    assert fleet.pressure().stale is not None and fleet.pressure().stale is not None
+    with db.transaction() as session:
+        assert len(read_events(session, EventFilter(kind="telemetry_stale"))) == 1
+    assert [alert.kind for alert in alerts.sent] == ["telemetry_stale"]
+    quick.close()

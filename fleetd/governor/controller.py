@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.config import FleetSettings
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
@@ -719,8 +720,8 @@ class FleetController:
                   "if it showed pressure); /metrics has fleetd_gpu_telemetry_available 0; if nvidia-smi hangs too, "
                   "the NVIDIA driver is hung: a reboot clears it")
         details = {"age_s": round(age, 1), "limit_s": limit}
-        with self.db.transaction() as session:
-            create_event(session, now, TELEMETRY_STALE_EVENT, f"{message}; {action}", severity="warning", details=details)
+        if not self._telemetry_event(TELEMETRY_STALE_EVENT, f"{message}; {action}", "warning", details):
+            return
         if self.alerts is not None:
             self.alerts.send(Alert(TELEMETRY_STALE_EVENT, message, now, None, details, action))
         self._stale_logged, self._stalled_at = True, self.clock.monotonic() - (age - limit)
@@ -731,10 +732,22 @@ class FleetController:
         log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", age)
         message = (f"GPU telemetry resumed: a fresh sample ({age:.0f} s old) after {stalled_s:.0f} s stale; "
                    "the governor may prove and climb rungs again")
-        with self.db.transaction() as session:
-            create_event(session, self.clock.now(), TELEMETRY_RESUMED_EVENT, message,
-                         details={"age_s": round(age, 1), "stale_s": round(stalled_s, 1)})
-        self._stale_logged, self._stalled_at = False, None
+        if self._telemetry_event(TELEMETRY_RESUMED_EVENT, message, "info",
+                                 {"age_s": round(age, 1), "stale_s": round(stalled_s, 1)}):
+            self._stale_logged, self._stalled_at = False, None
+
+    def _telemetry_event(self, kind: str, message: str, severity: str, details: dict[str, Any]) -> bool:
+        """The event written, or False with the database busy: the next look tries again (a look
+        at the telemetry must not end the supervision loop)."""
+        try:
+            with self.db.transaction() as session:
+                create_event(session, self.clock.now(), kind, message, severity=severity, details=details)
+        except FleetdError as exc:
+            if exc.code is not ErrorCode.BUSY:
+                raise
+            log.warning("%s event not written: %s; tried again at the next look", kind, exc.message)
+            return False
+        return True
 
 
 class _Step:
