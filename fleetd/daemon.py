@@ -496,7 +496,7 @@ class Daemon:
         # judged pressure by a stale sample and a host that went down was logged down since the
         # last heartbeat before the step. So are the MPS check (a dead MPS daemon restarted) and
         # a cluster's hosts job (a dead node's games moved): neither waits out a step either.
-        lost_gpus = GpuLossNotice(self.alerts)  # each GPU newly lost: an event and an alert
+        lost_gpus = GpuLossNotice(self.alerts, boot_pk)  # each GPU newly lost in this boot: an event and an alert
         jobs = [
             Job(
                 "heartbeat",

@@ -22,7 +22,7 @@ from fleetd.host.uptime import heartbeat
 from fleetd.operations.alerts import Alert
 from fleetd.operations.run_logs import rotated_copy
 from fleetd.store.engine import Database
-from fleetd.store.events import create_event, delete_events_before
+from fleetd.store.events import create_event, delete_events_before, read_of_boot
 from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
@@ -71,24 +71,41 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
 
 
 GPU_LOST_EVENT = "gpu_lost"
+GPU_BACK_EVENT = "gpu_back"
 
 
 class GpuLossNotice:
     """Says each GPU newly lost (NVML: GPU is lost, fallen off the bus) once: a `gpu_lost`
     warning event and a `gpu_lost` alert. One lost while no worker of the fleet is on it is no
     pressure (docs/governor.md), so without this nothing but a log line said so. A GPU read again
-    is forgotten: lost again, it is news again. `alerts`: anything with `send(Alert)`."""
+    is a `gpu_back` event and is forgotten: lost again, it is news again. `alerts`: anything with
+    `send(Alert)`.
 
-    def __init__(self, alerts: Any = None) -> None:
+    With `boot_id` (the boots row of the host's boot, which a daemon restart keeps), what was
+    told is read back from that boot's `gpu_lost` and `gpu_back` events at the first look: a
+    daemon restarted while a GPU stays lost does not tell it again; after a reboot (a new boot
+    row) it is news again. Before, the memory was the process's own, and every restart sent the
+    event and the alert again for a GPU still lost."""
+
+    def __init__(self, alerts: Any = None, boot_id: int | None = None) -> None:
         self._alerts = alerts
-        self._lost: set[int] = set()
+        self._boot_id = boot_id
+        self._lost: set[int] | None = None if boot_id is not None else set()  # None: not read back yet
 
     def observe(self, session: Session, snapshot: Snapshot, now: datetime) -> list[int]:
         """The GPUs newly lost in `snapshot`, each recorded and alerted."""
+        told = self._told(session)
         lost = {gpu.index: gpu for gpu in snapshot.gpus if gpu.lost}
-        new = sorted(set(lost) - self._lost)
-        self._lost = set(lost)
         others = [gpu.index for gpu in snapshot.read_gpus]
+        new = sorted(set(lost) - told)
+        # Forgotten only once read again: a GPU NVML says nothing of (NVML unavailable as a
+        # restarted daemon starts, before any read) is not taken as back.
+        back = sorted(told & set(others))
+        self._lost = (told - set(others)) | set(lost)
+        for index in back:
+            message = f"GPU {index} is read again (NVML answers for it: reset, or back on the bus)"
+            log.info("%s", message)
+            create_event(session, now, GPU_BACK_EVENT, message, boot_id=self._boot_id, details={"gpu": index})
         for index in new:
             name = lost[index].name
             message = f"GPU {index} ({name}) lost (NVML: GPU is lost, fallen off the bus?)"
@@ -101,10 +118,28 @@ class GpuLossNotice:
                           "a reboot (or a GPU reset) brings it back")
             details = {"gpu": index, "name": name, "gpus_read": others}
             log.warning("%s: %s", message, action)
-            create_event(session, now, GPU_LOST_EVENT, f"{message}: {action}", severity="warning", details=details)
+            create_event(session, now, GPU_LOST_EVENT, f"{message}: {action}", severity="warning", boot_id=self._boot_id,
+                         details=details)
             if self._alerts is not None:
                 self._alerts.send(Alert(GPU_LOST_EVENT, message, now, None, details, action, variant=str(index)))
         return new
+
+    def _told(self, session: Session) -> set[int]:
+        """The GPUs already told lost and not read since: this boot's events, at the first look."""
+        if self._lost is None:
+            assert self._boot_id is not None
+            told: set[int] = set()
+            for event in read_of_boot(session, self._boot_id, (GPU_LOST_EVENT, GPU_BACK_EVENT)):
+                gpu = event.details.get("gpu")
+                if event.kind == GPU_LOST_EVENT and isinstance(gpu, int):
+                    told.add(gpu)
+                elif isinstance(gpu, int):
+                    told.discard(gpu)
+            self._lost = told
+            if told:
+                log.info("GPU %s told lost earlier in this boot: not told again while it stays lost",
+                         ", ".join(map(str, sorted(told))))
+        return self._lost
 
 
 def telemetry_job(

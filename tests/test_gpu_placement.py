@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
@@ -243,6 +244,60 @@ def test_a_gpu_lost_with_no_worker_on_it_is_an_event_an_alert_and_a_metric(loop:
     four_gpus.lost.add(2)
     sample()
     assert len(lost_events()) == 2 and len(alerts.sent) == 2
+
+
+def test_a_restarted_daemon_does_not_tell_again_a_gpu_lost_earlier_in_this_boot(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
+) -> None:
+    """GPU 2 falls off the bus and is told (an event, an alert); the daemon restarts twice while
+    it stays lost: neither start tells it again (read back from the boot's events), and /metrics
+    still has `fleetd_gpu_lost{gpu="2"}` 1 after each. Read again, it is a `gpu_back` event; lost
+    again after a restart, it is news again; after a reboot (a new boot) too. Before, the memory
+    of what was told was the process's own: each restart sent the event and the alert again."""
+
+    def start() -> tuple[TelemetrySampler, GpuLossNotice, FakeAlerts, TestClient]:
+        """A daemon's start: its boot recorded, a new NVML session, a notice and an API of its own."""
+        begun = record_daemon_start(db, host.current_boot(), clock.now())
+        sampler, alerts = sampled(clock), FakeAlerts()
+        info = DaemonInfo(begun.boot.id, begun.boot.daemon_started_at)
+        client = TestClient(create_app(AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), None, sampler)))
+        return sampler, GpuLossNotice(alerts, begun.boot.id), alerts, client
+
+    def events(kind: str) -> list[EventRecord]:
+        with db.transaction() as session:
+            return read_events(session, EventFilter(kind=kind))
+
+    def lost_in_metrics(client: TestClient) -> list[tuple[dict[str, str], float]]:
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        return [(s.labels, s.value) for s in families["fleetd_gpu_lost"].samples]
+
+    sampler, notice, alerts, client = start()
+    telemetry_job(db, sampler, dict, None, notice)
+    four_gpus.lost.add(2)
+    telemetry_job(db, sampler, dict, None, notice)
+    assert len(events("gpu_lost")) == 1 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+
+    for _ in range(2):  # restarted (a crash, an upgrade) while GPU 2 stays lost
+        clock.advance(60)
+        sampler, notice, alerts, client = start()
+        for _ in range(3):
+            telemetry_job(db, sampler, dict, None, notice)
+        assert len(events("gpu_lost")) == 1 and alerts.sent == []
+        assert lost_in_metrics(client) == [({"gpu": "2"}, 1.0)]
+
+    four_gpus.lost.clear()  # a GPU reset: read again
+    telemetry_job(db, sampler, dict, None, notice)
+    assert [event.details["gpu"] for event in events("gpu_back")] == [2] and lost_in_metrics(client) == []
+    sampler, notice, alerts, client = start()
+    four_gpus.lost.add(2)  # lost again, in a daemon started after it came back: news again
+    telemetry_job(db, sampler, dict, None, notice)
+    assert len(events("gpu_lost")) == 2 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+
+    host.reboot(120)  # the host rebooted and the GPU is lost again in the new boot
+    sampler, notice, alerts, client = start()
+    telemetry_job(db, sampler, dict, None, notice)
+    assert len(events("gpu_lost")) == 3 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+    assert lost_in_metrics(client) == [({"gpu": "2"}, 1.0)]
 
 
 def metrics_lost(loop: Loop) -> list[tuple[dict[str, str], float]]:

@@ -4,6 +4,7 @@ its cap and hardware clock throttling from fake NVML readings, as the governor j
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -12,19 +13,24 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
-from fleetd.governor.controller import GameSlot
+from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.pressure import pressure_reasons
 from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Snapshot, TelemetrySampler, _throttle,
                                    read_pressure, sample_rows)
+from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
+from fleetd.store.records import EventRecord
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
+from tests.test_crash_loops import FakeAlerts
 from tests.host.test_telemetry import Monotonic, fake_nvml, xid_event  # noqa: F401  (fake_nvml: the fixture)
 
 GiB = 2**30
@@ -363,3 +369,117 @@ def test_a_samples_age_is_on_the_monotonic_clock_and_counts_from_the_first_look(
     clock.wall -= timedelta(minutes=10)  # and back, 9 min before the sample was taken
     clock.advance(settings.fleet.telemetry_interval_s * 3 + 1)  # the job stalls past 3 intervals
     assert fleet.pressure().stale is not None
+
+
+def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metrics(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The telemetry job hangs in an NVML call: its last sample grows old. Past 3 telemetry
+    intervals, however many looks the governor takes, one `telemetry_stale` warning event and one
+    alert; /metrics shows the sample's age, `fleetd_gpu_telemetry_available` 0 and none of the
+    frozen readings. A fresh sample: one `telemetry_resumed` event saying how long it was stale,
+    the gauges fresh again, no alert; a second stall is news again. Before, the stall was a log
+    line and a `waiting_reason` only, and /metrics served the frozen readings as available."""
+    context = api_context(settings, db, clock, host, "t" * 32)
+    fleet = context.supervisor.fleet
+    fleet.alerts = alerts = FakeAlerts()
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+
+    def fresh() -> Snapshot:
+        return replace(gpu_host(idle), at=clock.now().timestamp(), monotonic=clock.monotonic())
+
+    fleet.telemetry = Telemetry(fresh())
+    client = TestClient(create_app(replace(context, telemetry=fleet.telemetry)))
+    slots = [GameSlot("a", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
+    interval = settings.fleet.telemetry_interval_s
+
+    def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
+        response = client.get("/metrics")
+        assert response.status_code == 200
+        return {f.name: [(s.labels, s.value) for s in f.samples] for f in text_string_to_metric_families(response.text)}
+
+    def events(kind: str) -> list[EventRecord]:
+        with db.transaction() as session:
+            return read_events(session, EventFilter(kind=kind))
+
+    fleet.govern(slots)
+    metrics = scrape()
+    assert metrics["fleetd_gpu_telemetry_age_seconds"] == [({}, 0.0)]
+    assert metrics["fleetd_gpu_telemetry_available"] == [({}, 1.0)]
+    assert metrics["fleetd_gpu_utilization_ratio"] == [({"gpu": "0", "name": "H100"}, 0.1)]
+
+    for _ in range(10):  # the job hangs: 100 s without a sample, a governor step and a view each 10 s
+        clock.advance(interval)
+        fleet.govern(slots)
+        fleet.governor_view(slots)
+    (stale,) = events("telemetry_stale")
+    assert stale.severity == "warning" and stale.details == {"age_s": 40.0, "limit_s": 3 * interval}
+    assert stale.message.startswith("GPU telemetry stale: its last sample is 40 s old, more than 3 telemetry intervals")
+    assert [(alert.kind, alert.details["age_s"]) for alert in alerts.sent] == [("telemetry_stale", 40.0)]
+    metrics = scrape()
+    assert metrics["fleetd_gpu_telemetry_age_seconds"] == [({}, 100.0)]
+    assert metrics["fleetd_gpu_telemetry_available"] == [({}, 0.0)]
+    assert "fleetd_gpu_utilization_ratio" not in metrics and "fleetd_gpu_memory_used_bytes" not in metrics
+    assert events("telemetry_resumed") == []
+
+    fleet.telemetry.latest = fresh()  # the job runs again
+    fleet.govern(slots)
+    fleet.governor_view(slots)
+    (resumed,) = events("telemetry_resumed")
+    assert resumed.severity == "info" and resumed.details == {"age_s": 0.0, "stale_s": 70.0}
+    assert len(events("telemetry_stale")) == 1 and len(alerts.sent) == 1
+    metrics = scrape()
+    assert metrics["fleetd_gpu_telemetry_age_seconds"] == [({}, 0.0)]
+    assert metrics["fleetd_gpu_telemetry_available"] == [({}, 1.0)]
+
+    clock.advance(4 * interval)  # it hangs again: news again
+    fleet.govern(slots)
+    assert len(events("telemetry_stale")) == 2 and [alert.kind for alert in alerts.sent] == ["telemetry_stale"] * 2
+
+
+def test_the_start_sample_is_no_stall_in_metrics_while_the_api_is_young(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The daemon's start sample, taken before a recovery that ran long, is as old as it is, but
+    no stall until the telemetry job had 3 intervals of the API's time to run, as the governor
+    counts it: available stays 1 and the readings are served."""
+    context = api_context(settings, db, clock, host, "t" * 32)
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = Telemetry(replace(gpu_host(idle), at=clock.now().timestamp(), monotonic=clock.monotonic()))
+    clock.advance(120)  # recovery
+    client = TestClient(create_app(replace(context, telemetry=telemetry)))
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert families["fleetd_gpu_telemetry_age_seconds"].samples[0].value == 120.0
+    assert families["fleetd_gpu_telemetry_available"].samples[0].value == 1.0
+    clock.advance(3 * settings.fleet.telemetry_interval_s + 1)
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert families["fleetd_gpu_telemetry_available"].samples[0].value == 0.0
+
+
+def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """Another process holds SQLite's write lock past busy_timeout as the sample goes stale: the
+    governor's look goes on (the supervision loop does not end on it), nothing is sent yet, and
+    the next look writes the event and sends the alert, once."""
+    record_daemon_start(db, host.current_boot(), clock.now())
+    quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
+    alerts = FakeAlerts()
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
+    assert fleet.pressure().stale is None
+    clock.advance(4 * settings.fleet.telemetry_interval_s)
+    holder = sqlite3.connect(settings.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        assert fleet.pressure().stale is not None  # judged stale all the same
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert alerts.sent == []
+    assert fleet.pressure().stale is not None and fleet.pressure().stale is not None
+    with db.transaction() as session:
+        assert len(read_events(session, EventFilter(kind="telemetry_stale"))) == 1
+    assert [alert.kind for alert in alerts.sent] == ["telemetry_stale"]
+    quick.close()

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleetd.api.context import AppContext
+from fleetd.clock import Clock
+from fleetd.governor.controller import TELEMETRY_STALE_INTERVALS
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
@@ -57,6 +59,8 @@ class FleetCollector:
     def __init__(self, context: AppContext) -> None:
         self.context = context
         self.plans = PlanCache(context)
+        self._started = context.clock.monotonic()
+        self._stale_after_s = TELEMETRY_STALE_INTERVALS * context.settings.fleet.telemetry_interval_s
 
     def collect(self) -> Iterator[Metric]:
         now = self.context.clock.now()
@@ -70,7 +74,12 @@ class FleetCollector:
         if snapshot is not None:
             yield from fleet_metrics(snapshot.governor)
         telemetry = self.context.telemetry
-        yield from gpu_metrics(telemetry.latest if telemetry is not None else None)
+        latest = telemetry.latest if telemetry is not None else None
+        age = sample_age(latest, self.context.clock)
+        # Stale as the governor judges it: counted from no earlier than the API's start, so the
+        # daemon's start sample, taken before a recovery that ran long, is no stall.
+        stale = age is not None and min(age, self.context.clock.monotonic() - self._started) > self._stale_after_s
+        yield from gpu_metrics(latest, age, stale)
 
 
 class Exposition:
@@ -261,9 +270,28 @@ def plan_metrics(report: PlanReport) -> Iterator[Metric]:
         yield family
 
 
-def gpu_metrics(snapshot: TelemetrySnapshot | None) -> Iterator[Metric]:
-    available = snapshot is not None and snapshot.gpu_available
-    yield GaugeMetricFamily("fleetd_gpu_telemetry_available", "1 when NVML answers", value=1.0 if available else 0.0)
+def sample_age(snapshot: TelemetrySnapshot | None, clock: Clock) -> float | None:
+    """How long ago the telemetry's newest sample was taken, on the monotonic clock where it has
+    its stamp (as the governor reads it: a step of the wall clock neither fakes nor hides a
+    stall); None before the first."""
+    if snapshot is None:
+        return None
+    if snapshot.monotonic is None:
+        return max(0.0, clock.now().timestamp() - snapshot.at)
+    return max(0.0, clock.monotonic() - snapshot.monotonic)
+
+
+def gpu_metrics(snapshot: TelemetrySnapshot | None, age_s: float | None = None, stale: bool = False) -> Iterator[Metric]:
+    """The GPU families. `age_s`: the sample's age. `stale`: older than 3 telemetry intervals (its
+    job stalled, a hung NVML call): its readings are no longer what the GPUs do, so available is
+    0 and they are left out, as when NVML does not answer. A GPU lost stays lost until a reset
+    or a reboot: `fleetd_gpu_lost` still says so."""
+    if age_s is not None:
+        yield GaugeMetricFamily("fleetd_gpu_telemetry_age_seconds", "Seconds since the telemetry's newest sample",
+                                value=age_s)
+    available = snapshot is not None and snapshot.gpu_available and not stale
+    yield GaugeMetricFamily("fleetd_gpu_telemetry_available", "1 when NVML answers and its sample is fresh",
+                            value=1.0 if available else 0.0)
     # A GPU lost (NVML: GPU is lost) has no readings, but is no silence: 1 each, whether NVML
     # answers for the others or the read failed as a whole.
     lost = _gauge("fleetd_gpu_lost", "1 for a GPU NVML says is lost (fallen off the bus)", ["gpu"])

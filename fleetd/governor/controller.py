@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
 from fleetd.config import FleetSettings
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
@@ -56,6 +57,8 @@ LOCAL = ""  # the local executor's one host: its rungs are stored under this nam
 # A telemetry sample older than this many telemetry intervals is stale: its job has stalled (a hung
 # NVML call, the job's thread stuck) and the governor climbs nothing on it.
 TELEMETRY_STALE_INTERVALS = 3
+TELEMETRY_STALE_EVENT = "telemetry_stale"  # an event and an alert, once a stall
+TELEMETRY_RESUMED_EVENT = "telemetry_resumed"
 
 
 class TelemetrySource(Protocol):
@@ -123,7 +126,8 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
-        self._stale_logged = False  # the telemetry's sample was last seen stale (logged once per episode)
+        self._stale_logged = False  # the telemetry's sample was last seen stale (told once per episode)
+        self._stalled_at: float | None = None  # monotonic time the sample went stale (its age past the limit)
         self._first_look: float | None = None  # monotonic time the governor first judged a sample
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -691,20 +695,59 @@ class FleetController:
         return now - max(taken, self._first_look)
 
     def _stale(self, age: float, limit: float) -> str | None:
-        """Why the sample, `age` s old, is too old to climb on (logged once each time it goes
-        stale), or None."""
+        """Why the sample, `age` s old, is too old to climb on, or None. Each time it goes stale,
+        once: a log line, a `telemetry_stale` warning event and alert; each time it is fresh
+        again, once: a `telemetry_resumed` event (`_stalled`, `_resumed`)."""
         if age <= limit:
             if self._stale_logged:
-                log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", max(0.0, age))
-            self._stale_logged = False
+                self._resumed(max(0.0, age))
             return None
         why = (f"telemetry stale: last sample {age:.0f} s ago, more than {TELEMETRY_STALE_INTERVALS} telemetry intervals "
                f"({limit:g} s; the telemetry job stalled?)")  # fmt: skip
         if not self._stale_logged:
-            self._stale_logged = True
-            log.warning("%s; no rung is proven or climbed until a fresh sample", why)
+            self._stalled(age, limit, why)
         return why
 
+    def _stalled(self, age: float, limit: float, why: str) -> None:
+        """The sample went stale: the telemetry job stalled (a hung NVML call). Told once a stall,
+        not at every look; recorded before it is taken as told, so a write that failed (the
+        database busy) is tried again at the next look."""
+        log.warning("%s; no rung is proven or climbed until a fresh sample", why)
+        now = self.clock.now()
+        message = (f"GPU telemetry stale: its last sample is {age:.0f} s old, more than {TELEMETRY_STALE_INTERVALS} "
+                   f"telemetry intervals ({limit:g} s): the telemetry job stalled (a hung NVML call?)")
+        action = ("the governor proves and climbs no rung until a fresh sample (the last one still blocks admission "
+                  "if it showed pressure); /metrics has fleetd_gpu_telemetry_available 0; if nvidia-smi hangs too, "
+                  "the NVIDIA driver is hung: a reboot clears it")
+        details = {"age_s": round(age, 1), "limit_s": limit}
+        if not self._telemetry_event(TELEMETRY_STALE_EVENT, f"{message}; {action}", "warning", details):
+            return
+        if self.alerts is not None:
+            self.alerts.send(Alert(TELEMETRY_STALE_EVENT, message, now, None, details, action))
+        self._stale_logged, self._stalled_at = True, self.clock.monotonic() - (age - limit)
+
+    def _resumed(self, age: float) -> None:
+        """A fresh sample after a stall: the telemetry job runs again."""
+        stalled_s = max(0.0, self.clock.monotonic() - (self._stalled_at or 0.0))
+        log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", age)
+        message = (f"GPU telemetry resumed: a fresh sample ({age:.0f} s old) after {stalled_s:.0f} s stale; "
+                   "the governor may prove and climb rungs again")
+        if self._telemetry_event(TELEMETRY_RESUMED_EVENT, message, "info",
+                                 {"age_s": round(age, 1), "stale_s": round(stalled_s, 1)}):
+            self._stale_logged, self._stalled_at = False, None
+
+    def _telemetry_event(self, kind: str, message: str, severity: str, details: dict[str, Any]) -> bool:
+        """The event written, or False with the database busy: the next look tries again (a look
+        at the telemetry must not end the supervision loop)."""
+        try:
+            with self.db.transaction() as session:
+                create_event(session, self.clock.now(), kind, message, severity=severity, details=details)
+        except FleetdError as exc:
+            if exc.code is not ErrorCode.BUSY:
+                raise
+            log.warning("%s event not written: %s; tried again at the next look", kind, exc.message)
+            return False
+        return True
 
 
 class _Step:

@@ -1,4 +1,5 @@
-"""Alerts on a reboot, a FATAL game, a governor back-off, a completed game, a GPU lost.
+"""Alerts on a reboot, a FATAL game, a governor back-off, a completed game, a GPU lost, a GPU
+telemetry stall.
 
 Each goes to every apprise URL configured (Slack, Discord, Telegram, ntfy, email and the rest:
 apprise knows each service's format) and to the webhook, as fleetd's JSON event or as Slack's
@@ -45,6 +46,7 @@ ALERT_SEVERITY = {
     "learning_held": "failure",
     "plateau": "warning",
     "gpu_lost": "warning",
+    "telemetry_stale": "warning",
 }
 ALERT_KINDS = tuple(ALERT_SEVERITY)
 DEFAULT_MAX_QUEUE = 1000

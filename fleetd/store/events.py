@@ -73,6 +73,12 @@ def read_latest_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) 
     return None if row is None else _record(row)
 
 
+def read_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) -> list[EventRecord]:
+    """Every event of `kinds` in boot `boot_id`, oldest first by id (the order they were written in)."""
+    query = select(Event).where(Event.boot_id == boot_id, Event.kind.in_(kinds)).order_by(Event.id)
+    return [_record(row) for row in session.scalars(query)]
+
+
 def delete_events_before(
     session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = (), limit: int | None = None
 ) -> int:
