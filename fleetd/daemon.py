@@ -245,16 +245,13 @@ class Daemon:
             # the start ends there, nothing recorded or started. Going on held a stop for as long
             # as the env registries took to list (seconds, a minute or two on a loaded host), then
             # started workers only to stop them, and ran into systemd's TimeoutStopSec.
-            if self._start_ends(seeding):
-                return EXIT_OK
             # Elsewhere only what adopting and stopping an earlier daemon's workers (a SIGUSR1, a
-            # crash) needs is done: no token, no API socket, and at step 11 no game started.
+            # crash) needs is done: no token, no API socket, and at step 11 no game started. The
+            # token and the socket are skipped on a stop, so the start ends at the check after each.
             token = None if self.stop.requested else ensure_token(self.settings)
             if self._start_ends(seeding):
                 return EXIT_OK
             host_boot = self.host.current_boot()
-            if self._start_ends(seeding):
-                return EXIT_OK
             sock = None if self.stop.requested else bind_socket(self.settings.api.host, self.settings.api.port)
             try:
                 if self._start_ends(seeding):

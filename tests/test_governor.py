@@ -613,6 +613,17 @@ def test_an_unclean_reboot_while_no_game_holds_a_slot_moves_nothing() -> None:
     assert fleet.apply(fleet.governor.rebooted(fleet.now, 4)) == ["backoff"]  # under load, as before
 
 
+def test_a_cluster_nodes_unclean_reboot_under_load_backs_off_with_none_of_its_games_homed_there() -> None:
+    """A cluster node that held games when it went down: they have moved to the others by the
+    time its new life is seen, so that none homed on it is no sign it ran none: it backs off."""
+    fleet = Fleet("heavy")
+    fleet.tick()
+    fleet.until_admitted(4)
+    fleet.tick(10)  # at 4x32, in its window
+    decisions = fleet.governor.rebooted_under_load(fleet.now, 0)
+    assert [d.kind for d in decisions] == ["backoff"] and fleet.governor.rung.label != "4x32"
+
+
 def test_one_pressure_episode_on_one_game_backs_off_once_where_no_rung_below_is_lighter_for_it() -> None:
     # One game at 4x32: every rung below runs 32 envs for it. The episode walked the ladder down,
     # 4x32, 3x32, 2x32, 1x32, a back-off each grace period, the game's load never changed.

@@ -2,6 +2,7 @@
 
 import json
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -213,18 +214,32 @@ def _wait_for(config: Any, name: str, states: set[Shown], timeout: float, what: 
     deadline = time.monotonic() + timeout
     Progress().step(f"{name}: {what} ...")  # the spinner below draws only on a terminal
     with render.err_console.status(f"{name}: {what}...") as spinner:
-        while True:
-            try:
-                game = ask_through_restart(config, game_path(name), deadline)
-            except ClientError as exc:
-                fail(f"{name}: the request was taken, but no answer since within {timeout:.0f}s: {exc}; "
-                     "`fleetd games list` says how it stands once it answers", exc.code)
-            if game["state"] in states:
-                return game
-            if time.monotonic() >= deadline:
-                fail(f"{name} is still {game['state']} after {timeout:.0f}s", ExitCode.TEMPFAIL)
-            spinner.update(f"{name}: {what}... ({game['state']}, steps {game['steps']})")
-            time.sleep(0.5)
+        try:
+            game, reached = _ask_until(
+                config, game_path(name), lambda game: game["state"] in states, deadline, 0.5,
+                lambda game: spinner.update(f"{name}: {what}... ({game['state']}, steps {game['steps']})"))
+        except ClientError as exc:
+            fail(f"{name}: the request was taken, but no answer since within {timeout:.0f}s: {exc}; "
+                 "`fleetd games list` says how it stands once it answers", exc.code)
+        if not reached:
+            fail(f"{name} is still {game['state']} after {timeout:.0f}s", ExitCode.TEMPFAIL)
+        return game
+
+
+def _ask_until(config: Any, path: str, done: Callable[[dict[str, Any]], bool], deadline: float, poll_s: float,
+               waiting: Callable[[dict[str, Any]], None] = lambda _answer: None) -> tuple[dict[str, Any], bool]:
+    """GET `path` (through a daemon restart: `ask_through_restart`) every `poll_s` until `done`
+    says its answer is the one waited for, or `deadline` (time.monotonic) has passed: the last
+    answer, and whether it is done. `waiting` is told each answer that is not; a ClientError is
+    raised as `ask_through_restart` raises it."""
+    while True:
+        answer = ask_through_restart(config, path, deadline)
+        if done(answer):
+            return answer, True
+        if time.monotonic() >= deadline:
+            return answer, False
+        waiting(answer)
+        time.sleep(poll_s)
 
 
 def _show(game: dict[str, Any], json_out: bool, message: str) -> None:
@@ -291,16 +306,12 @@ def _taken_up(config: ConfigOption, choice: str) -> dict[str, Any] | None:
     ("the light tier runs 2 games" beside "asked: medium"), which read as if the request failed."""
     from fleetd.cli.client import ClientError
 
-    deadline = time.monotonic() + TAKE_UP_S
-    while time.monotonic() < deadline:
-        try:
-            fleet = ask_through_restart(config, "/api/v1/fleet", deadline)  # the request is stored: a restart keeps it
-        except ClientError:
-            return None
-        if fleet["requested"] == choice:
-            return fleet
-        time.sleep(0.2)
-    return None
+    try:  # the request is stored: a restart keeps it
+        fleet, taken = _ask_until(config, "/api/v1/fleet", lambda fleet: fleet["requested"] == choice,
+                                  time.monotonic() + TAKE_UP_S, 0.2)
+    except ClientError:
+        return None
+    return fleet if taken else None
 
 
 def register(app: typer.Typer) -> None:

@@ -83,8 +83,7 @@ class EnvCatalog:
         waiting, and the wait under way (the listing, a module check) then ends at once."""
         self._closed = True
         for child in list(self._children):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
+            _kill_group(child, wait=False)
 
     def _list(self) -> list[str]:
         try:
@@ -169,12 +168,14 @@ class EnvCatalog:
             raise self._failure(f"check {env_id!r}", exc) from None
 
 
-def _kill_group(child: subprocess.Popen) -> None:
-    """The child and whatever it started in its session (start_new_session: pgid = its pid)."""
+def _kill_group(child: subprocess.Popen, wait: bool = True) -> None:
+    """The child and whatever it started in its session (start_new_session: pgid = its pid);
+    `wait`: for the child to end, 5 s at most (not in a signal handler: `interrupt`)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=5)
+    if wait:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
 
 
 def _last_line(text: str | None) -> str | None:

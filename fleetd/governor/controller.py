@@ -515,7 +515,7 @@ class FleetController:
                     continue
                 # Its games have moved to the others by now: those homed on it stand for them.
                 running = sum(1 for s in wanting if (p := self._placed.get(s.name)) is not None and p.home == life.name)
-                decisions += [(life.name, d) for d in governor.rebooted(now, running, held_known=False)]
+                decisions += [(life.name, d) for d in governor.rebooted_under_load(now, running)]
         return decisions
 
     def _give_homes(self, step: _Step, live: list[str], wanting: Sequence[GameSlot]) -> None:

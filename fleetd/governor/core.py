@@ -408,17 +408,21 @@ class Governor:
         self._sync_cap(running, now)
         return self._back_off(now, kind, detail, *self._step_down(running, by_batch))
 
-    def rebooted(self, now: datetime, running: int, held_known: bool = True) -> list[Decision]:
-        """The host went down without a clean stop, at the rung in force then. With no game
-        holding a slot it went down without the fleet's load on it, as after a clean stop:
-        nothing moves. `held_known`: `running` is what held a slot when it went down (the local
-        host's admissions, stored); a cluster node's games have moved to the others by the time
-        its new life is seen, so there no count says it ran none."""
-        if running == 0 and held_known:
+    def rebooted(self, now: datetime, running: int) -> list[Decision]:
+        """The host went down without a clean stop, at the rung in force then, with `running`
+        games holding a slot (the local host's admissions, stored). With none it went down
+        without the fleet's load on it, as after a clean stop: nothing moves."""
+        if running == 0:
             self.state = replace(self.state, stable_since=now)
             message = (f"unclean reboot at {self.rung.label} with no game holding a slot: not the fleet's load; "
                        "nothing moves")  # fmt: skip
             return [Decision("reboot_outside", message)]
+        return self.rebooted_under_load(now, running)
+
+    def rebooted_under_load(self, now: datetime, running: int) -> list[Decision]:
+        """`rebooted` for a host known to have held games when it went down: a cluster node,
+        whose games have moved to the others by the time its new life is seen, so that no count
+        of them says it ran none; `running` is those homed on it (0 included)."""
         self._sync_cap(running, now)
         here, memory = self.index(), self.remembered(self.index())
         held = min(running, self.rung.games)

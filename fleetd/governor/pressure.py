@@ -12,7 +12,13 @@ from fleetd.config import FleetSettings
 
 def gpu_memory_pressure(snapshot: Any, settings: FleetSettings) -> bool:
     """A GPU's memory past `gpu_memory_max_fraction`: the pressure a smaller batch relieves."""
-    return any(gpu.memory_fraction > settings.gpu_memory_max_fraction for gpu in snapshot.read_gpus)
+    return any(_memory_over(snapshot, gpu, settings) for gpu in snapshot.gpus)
+
+
+def _memory_over(snapshot: Any, gpu: Any, settings: FleetSettings) -> bool:
+    """`gpu`, one of `snapshot`'s with readings (`read_gpus`: not lost, NVML available), past
+    `gpu_memory_max_fraction`."""
+    return snapshot.gpu_available and not gpu.lost and gpu.memory_fraction > settings.gpu_memory_max_fraction
 
 
 def pressure_reasons(snapshot: Any, settings: FleetSettings, idle_lost: Collection[int] = ()) -> list[str]:
@@ -26,7 +32,7 @@ def pressure_reasons(snapshot: Any, settings: FleetSettings, idle_lost: Collecti
     for gpu in snapshot.gpus:
         if gpu.lost and gpu.index in idle_lost:
             continue
-        if snapshot.gpu_available and not gpu.lost and gpu.memory_fraction > settings.gpu_memory_max_fraction:
+        if _memory_over(snapshot, gpu, settings):
             reasons.append(f"GPU {gpu.index} memory {gpu.memory_fraction:.0%} > {settings.gpu_memory_max_fraction:.0%}")
         if gpu.temperature_c is not None and gpu.temperature_c > settings.gpu_temperature_max_c:
             reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")

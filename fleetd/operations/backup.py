@@ -117,7 +117,7 @@ class Target:
 
     def files_below(self, relative: str) -> dict[str, set[str]]:
         """The files in each folder under `relative` (one listing, however many folders)."""
-        base = self.fs._strip_protocol(self.path(relative)).rstrip("/")
+        base = self.path(relative).rstrip("/")  # as `find` names them: the root is url_to_fs's, the fs's own form
         try:
             found = self.fs.find(self.path(relative))
         except FileNotFoundError:

@@ -136,7 +136,7 @@ class WorkerProcess:
         """The operator started a game that was not running (`games start`, desired stopped ->
         running): a new attempt, its failure count and back-off from nothing, as a start clears them."""
         if self.state in (State.STOPPED, State.BACKOFF):
-            self.failures, self.backoff_due = 0, None
+            self._clear_failures()  # not FATAL: its remedies stay
 
     def carry(self, failures: int, backoff_due: datetime | None) -> None:
         """At daemon start: the failures in a row and the back-off's end that the last daemon

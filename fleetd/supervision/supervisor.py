@@ -14,6 +14,7 @@ import signal
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
@@ -52,6 +53,7 @@ from workers.protocol.spec import TierDefaults
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Carried = tuple[int, datetime | None]  # a game's failures in a row, and the end of its back-off
 
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
@@ -79,8 +81,8 @@ class Supervisor:
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
         self._tap = TransitionTap(recorder)
-        self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_remedies`)
-        self._failures_saved: dict[str, Carried] = {}  # as the store holds them (`_save_failures`)
+        self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_carried`)
+        self._failures_saved: dict[str, Carried] = {}  # as the store holds them (`_save_carried`)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
@@ -187,29 +189,26 @@ class Supervisor:
         if now - self._flushed_at >= self.settings.supervisor.progress_flush_s:
             self._flushed_at = now
             self.recorder.flush_progress()
-        self._save_remedies()
-        self._save_failures()
+        self._save_carried()
 
-    def _save_failures(self) -> None:
-        """Each game's failures in a row and the end of its back-off, stored as they change, with
-        the boot they were counted on: a daemon restart on this boot counts on from them
-        (`_new_proc`), where it started a crash-looping game again at once from 0."""
-        changed = {name: carried for name, proc in self.procs.items()
-                   if self._failures_saved.get(name) != (carried := (proc.failures, proc.backoff_due))}
-        if changed:
-            boot = self.recorder.boot_pk
-            self.recorder.failures({name: (count, boot, due) for name, (count, due) in changed.items()})
-            self._failures_saved.update(changed)
+    def _save_carried(self) -> None:
+        """What each game's next run carries, stored as it changes: a daemon restart reads it back
+        (`_new_proc`). Its scales, whatever changed them (a divergence, a CUDA OOM, a rollback, the
+        operator's start or rollback); its failures in a row and the end of its back-off, with the
+        boot they were counted on: a restart on this boot counts on from them, where it started a
+        crash-looping game again at once from 0."""
+        boot = self.recorder.boot_pk
+        self._save_changed(self._remedies_saved, lambda proc: proc.remedies, self.recorder.remedies)
+        self._save_changed(self._failures_saved, lambda proc: (proc.failures, proc.backoff_due), lambda changed:
+                           self.recorder.failures({name: (n, boot, due) for name, (n, due) in changed.items()}))
 
-    def _save_remedies(self) -> None:
-        """The scales each game's next run takes, stored as they change, whatever changed them (a
-        divergence, a CUDA OOM, a rollback, the operator's start or rollback): a daemon restart
-        reads them back (`_new_proc`)."""
-        changed = {name: proc.remedies for name, proc in self.procs.items()
-                   if self._remedies_saved.get(name) != proc.remedies}
+    def _save_changed(self, saved: dict[str, T], value_of: Callable[[WorkerProcess], T],
+                      store: Callable[[dict[str, T]], None]) -> None:
+        """Each game's `value_of` that differs from `saved` (as the store holds them), stored."""
+        changed = {name: value for name, proc in self.procs.items() if saved.get(name) != (value := value_of(proc))}
         if changed:
-            self.recorder.remedies(changed)
-            self._remedies_saved.update(changed)
+            store(changed)
+            saved.update(changed)
 
     def handle(self, happening: Happening) -> None:
         if isinstance(happening, Exited):
