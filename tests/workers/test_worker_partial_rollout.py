@@ -23,6 +23,8 @@ from tests.workers.helpers import TINY_DQN
 
 PPO_HP = {"num_envs": 2, "n_steps": 32, "batch_size": 32, "n_epochs": 1, "learning_rate": 0.001,
           "normalize": True, "policy_kwargs": {"net_arch": [8]}, "eval_episodes": 0}  # rollouts of 64 steps
+ON_POLICY_HP = {"ppo": PPO_HP, "a2c": {"num_envs": 2, "n_steps": 32, "learning_rate": 0.001, "normalize": True,
+                                       "policy_kwargs": {"net_arch": [8]}, "eval_episodes": 0}}
 
 
 @pytest.fixture
@@ -49,14 +51,17 @@ def _state(path):
     return json.loads((path / "state.json").read_text())
 
 
-@pytest.mark.parametrize("interval", [None, 64], ids=["no-checkpoint-there", "periodic-checkpoint-there"])
-def test_a_stop_within_a_rollout_checkpoints_the_state_of_its_last_update(make_spec, monkeypatch, tmp_path, inbox, interval):
+@pytest.mark.parametrize("algo,interval", [("ppo", None), ("ppo", 64), ("a2c", None)],
+                         ids=["ppo", "ppo-periodic-checkpoint-there", "a2c"])
+def test_a_stop_within_a_rollout_checkpoints_the_state_of_its_last_update(make_spec, monkeypatch, tmp_path, inbox,
+                                                                          algo, interval):
     """SIGTERM 58 steps into the rollout that began at 192: the final checkpoint counted 250 steps
     (and the episodes ended in them) with a model last updated at 192, and a resume from it never
     collected those 58 steps again. It must now be the learner as it was at 192, after that update:
     the same checkpoint, counters, RNG and VecNormalize statistics as a run stopped right there
     (during the update at 192); and where a periodic checkpoint was written at 192, no new one."""
-    train, trained = algos.FleetPPO.train, []
+    cls = {"ppo": algos.FleetPPO, "a2c": algos.FleetA2C}[algo]
+    train, trained = cls.train, []
 
     def signalled_train(self):
         train(self)
@@ -64,9 +69,9 @@ def test_a_stop_within_a_rollout_checkpoints_the_state_of_its_last_update(make_s
         if self.num_timesteps == 192 and reference:
             stop.signum = 15
 
-    monkeypatch.setattr(algos.FleetPPO, "train", signalled_train)
+    monkeypatch.setattr(cls, "train", signalled_train)
     reference, stop = True, StopFlag()
-    at_boundary = make_spec(total_timesteps=None, hyperparams=PPO_HP, checkpoint_interval_steps=interval,
+    at_boundary = make_spec(algo=algo, total_timesteps=None, hyperparams=ON_POLICY_HP[algo], checkpoint_interval_steps=interval,
                             keep_checkpoints=10, checkpoint_dir=str(tmp_path / "at-boundary"))
     assert run(at_boundary, stop=stop) == ExitCode.STOPPED
     expected = checkpoint.list_checkpoints(at_boundary.checkpoint_dir)[0]
@@ -74,7 +79,7 @@ def test_a_stop_within_a_rollout_checkpoints_the_state_of_its_last_update(make_s
 
     reference, stop = False, StopFlag()
     _signal_at(monkeypatch, stop, 250)
-    spec = make_spec(total_timesteps=None, hyperparams=PPO_HP, checkpoint_interval_steps=interval,
+    spec = make_spec(algo=algo, total_timesteps=None, hyperparams=ON_POLICY_HP[algo], checkpoint_interval_steps=interval,
                      keep_checkpoints=10, progress_socket=str(inbox.path))
     assert run(spec, stop=stop) == ExitCode.STOPPED
     kept = checkpoint.list_checkpoints(spec.checkpoint_dir)
@@ -89,7 +94,7 @@ def test_a_stop_within_a_rollout_checkpoints_the_state_of_its_last_update(make_s
     assert [e["r"] for e in got["ep_info_buffer"]] == [e["r"] for e in want["ep_info_buffer"]]
     assert got["_current_progress_remaining"] == want["_current_progress_remaining"]
     plan = make_plan(spec, select_device("cpu"))
-    a, b = (load_snapshot(p.path, "ppo", make_vec_env(env_config(spec, plan)), "cpu", True) for p in (final, expected))
+    a, b = (load_snapshot(p.path, algo, make_vec_env(env_config(spec, plan)), "cpu", True) for p in (final, expected))
     wa, wb = a.model.policy.state_dict(), b.model.policy.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     na, nb = (pickle.loads((p.path / "vecnormalize.pkl").read_bytes()) for p in (final, expected))
