@@ -19,8 +19,10 @@
    (`workers.callback.FleetCallback`): SB3's `learn()` calls `train()` right after a collection
    and the next `collect_rollouts` right after that, so there the model has been trained on every
    step it counts (a PPO or A2C rollout's, DQN's transitions stored and its `train_freq` update
-   done). The worker writes its periodic checkpoints there, not at an env step in a collection;
-   the hook's False ends `learn()` before another env step.
+   done). The worker writes its periodic checkpoints there, not at an env step in a collection,
+   and ends there at an episode goal or, for DQN, a stop; the hook's False ends `learn()` before
+   another env step. (A PPO or A2C stop within a rollout ends it at once and goes back to the
+   state of this boundary: `workers.callback.Boundary`.)
 """
 
 from __future__ import annotations
