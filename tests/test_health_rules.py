@@ -130,15 +130,18 @@ def test_a_rollback_to_a_checkpoint_never_judged_keeps_the_floor_under_the_best(
     assert (record.floor, record.best, record.best_steps, record.best_checkpoint) == (8, 8, 500, "ckpt-500")
 
 
-def test_a_rollback_to_a_lower_checkpoint_takes_the_training_best_afresh():
-    """The best checkpoint damaged, it went back to a lower one: its training return's best stayed
-    the old run's (500), so training sound at the lower level (180, an evaluation dipping) read as
-    collapsed and rolled it back again; the operator's rollback takes it afresh already."""
-    record, _ = feed([10, 200, 500, 500, 20, 20, 20])
-    record = rolled_back(record, 2000, 200, "ckpt-2000")
+@pytest.mark.parametrize(("steps", "eval_return", "train_at_it"), [(2000, 200, 180), (3000, 500, 300)])
+def test_a_rollback_takes_the_training_best_afresh(steps: int, eval_return: float, train_at_it: float):
+    """Its training return's best stayed the old run's (600, reached after the best evaluation, as
+    training rose on while no evaluation beat 500), so training sound at the checkpoint's level (an
+    evaluation dipping) read as collapsed and held it: after a rollback to the best checkpoint, and
+    to a lower one (the best damaged). The operator's rollback takes it afresh already."""
+    record, verdicts = feed([10, 200, 500, 480, 490, 20, 20, 20], train=[10, 150, 300, 600, 600, 20, 20, 20])
+    assert verdicts[-1] is Action.ROLLBACK
+    record = rolled_back(record, steps, eval_return, f"ckpt-{steps}")
     assert record.train_best is None and record.train_floor == 10
-    record, verdicts = feed([90, 90, 90], record=record, train=[180, 180, 180])
-    assert Action.ROLLBACK not in verdicts and record.train_best == 180
+    record, verdicts = feed([90, 90, 90], record=record, train=[train_at_it] * 3)
+    assert set(verdicts) == {Action.NONE} and record.train_best == train_at_it
     record, verdicts = feed([90, 90, 90], record=record, train=[60, 50, 40])  # and a real fall still is one
     assert verdicts[-1] is Action.HOLD and "again after 1 rollback" in record.reason  # (max_rollbacks = 1)
 

@@ -196,16 +196,17 @@ def rolled_back(record: HealthRecord, steps: int, eval_return: float | None = No
     the best seen, unless that one's checkpoint is gone or damaged). That checkpoint's return is
     its best from here: a best seen whose checkpoint it could not go back to would call it
     collapsed again while it learns back up from below it (as after an operator's rollback). So
-    would the training return's best: below the best seen, it is taken afresh from the
-    evaluations to come, as after an operator's rollback."""
+    would the training return's best, which may have come after that checkpoint (training rose on
+    while no evaluation beat it): it is taken afresh from the evaluations to come, as after an
+    operator's rollback."""
     score = record.best if eval_return is None else eval_return
-    lower = record.best is not None and score < record.best
-    seen = f"; best seen {record.best:g}" if lower else ""
+    seen = "" if record.best is None or score == record.best else f"; best seen {record.best:g}"
     reason = f"rolled back to its best-evaluated checkpoint at {steps} steps (return {score:g}{seen})"
     if eval_return is not None:  # (its floor too, if that evaluation was never judged: during a daemon restart)
         record = replace(record, best=eval_return, best_steps=steps, best_checkpoint=checkpoint,
-                         floor=_min(record.floor, eval_return), train_best=None if lower else record.train_best)
-    return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps)
+                         floor=_min(record.floor, eval_return))
+    return replace(record, state=Health.ROLLED_BACK, reason=reason, below=0, improved_steps=steps, last_steps=steps,
+                   train_best=None)
 
 
 def rolled_back_by_operator(record: HealthRecord, steps: int, kept: list[Evaluation]) -> HealthRecord:
