@@ -25,7 +25,7 @@ from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
 from fleetd.host import forensics
 from fleetd.errors import FleetdError
-from fleetd.endpoint import http_url
+from fleetd.endpoint import host_port, http_url
 from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
 from fleetd.games.fleet_spec import seeds_not_applied
@@ -184,7 +184,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         # A port another process still holds, or an address the network brings up later, may
         # free up by itself; a port below 1024 (EACCES) does not.
         transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
-        raise StartupError(f"cannot listen on {host}:{port} ([api] host/port): {exc.strerror}",
+        raise StartupError(f"cannot listen on {host_port(host, port)} ([api] host/port): {exc.strerror}",
                            transient=transient) from None
     sock.listen(128)
     return sock

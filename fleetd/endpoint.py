@@ -31,9 +31,13 @@ TOKEN_FILE = "api-token"  # under state_dir, generated on the daemon's first sta
 MIN_TOKEN_CHARS = 16
 
 
+def host_port(host: str, port: int) -> str:
+    """`HOST:PORT`, an IPv6 address in brackets (`[::]:8642`, not `:::8642`)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def http_url(host: str, port: int) -> str:
-    """`http://HOST:PORT`, an IPv6 address in brackets (`http://[::]:8642`, not `http://:::8642`)."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{host_port(host, port)}"
 
 
 class EndpointUnclear(Exception):

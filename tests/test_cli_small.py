@@ -246,11 +246,23 @@ def test_a_refusal_names_the_option_typed_not_the_api_field(daemon: Daemon) -> N
     assert "--algo: Input should be 'ppo'" in refused.stderr and "body." not in refused.stderr, refused.stderr
     refused = fleetd_cli(daemon.config, "games", "add", "x", "CartPole-v1", "--hp", "n_steps=-3")
     assert "error: --hp n_steps: must be >= 1, got -3" in refused.stderr, refused.stderr
+    # The other commands that send what was typed under other names (review).
+    assert fleetd_cli(daemon.config, "games", "add", "x", "CartPole-v1", "--stopped").returncode == 0
+    for command, typed in ((["games", "set", "x", "n_steps=-3"], "n_steps"),
+                           (["games", "set", "x", "health.on_plateau=bogus"], "health.on_plateau"),
+                           (["games", "set", "x", "priority=abc"], "priority"),
+                           (["games", "rollback", "x", "--to", "5"], "--to"),
+                           (["expect-reboot", "--reason", "r" * 201], "--reason")):
+        refused = fleetd_cli(daemon.config, *command)
+        assert refused.returncode != 0 and f": {typed}: " in refused.stderr, (command, refused.stderr)
+        assert not any(f"{api}." in refused.stderr for api in ("body", "hyperparams", "health_settings")), refused.stderr
 
 
-def test_a_negative_stop_timeout_is_a_bad_command_line() -> None:
-    # It was taken: the stop was sent, then "still stopping after -1s" (exit 75) at once.
-    result = CliRunner().invoke(app, ["games", "stop", "pong", "--timeout", "-1"], env={"COLUMNS": "200"})
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_stop_timeout_below_0_or_not_a_number_is_a_bad_command_line(value: str) -> None:
+    # It was taken: the stop was sent, then "still stopping after -1s" (exit 75) at once, or, for
+    # nan (which passes click's range check), a wait that never ended.
+    result = CliRunner().invoke(app, ["games", "stop", "pong", "--timeout", value], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "--timeout" in result.output, result.output
 
 

@@ -94,3 +94,23 @@ def test_the_daemons_url_puts_an_ipv6_address_in_brackets(host: str, url: str) -
     assert http_url(host, 8642) == url
     assert ApiClient(Endpoint(host, 8642, None, Path("/tmp")), 1.0).base_url == http_url(
         "127.0.0.1" if host in ("::", "0.0.0.0") else host, 8642)
+
+
+def test_a_port_taken_on_an_ipv6_address_is_named_in_brackets() -> None:
+    # "cannot listen on ::1:39669": the address and the port ran together.
+    import socket
+
+    from fleetd.daemon import StartupError, bind_socket
+
+    taken = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        taken.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(StartupError, match=rf"cannot listen on \[::1\]:{port} "):
+            bind_socket("::1", port).close()
+    finally:
+        taken.close()

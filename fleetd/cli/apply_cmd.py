@@ -185,11 +185,20 @@ def set_settings(
                 raise
             raise ClientError(f"{exc}; {hint}", exc.code, exc.details) from None
 
-    game = call(config, patch)
+    game = call(config, patch, set_key_typed)
     if json_out:
         render.print_json(game)
         return
     typer.echo(settings_text(name, game, restart))
+
+
+def set_key_typed(field: str) -> str:
+    """A refused field of `games set` as its key is typed: `health.on_plateau`, not
+    `health_settings.on_plateau`; `n_steps`, not `hyperparams.n_steps`; `priority`."""
+    for prefix, typed in (("hyperparams.", ""), ("health_settings.", "health.")):
+        if field.startswith(prefix):
+            return typed + field.removeprefix(prefix)
+    return field
 
 
 def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:

@@ -14,7 +14,7 @@ from fleetd.cli.exit_codes import ExitCode
 from fleetd.endpoint import Endpoint, EndpointUnclear, config_path_from, read_endpoint
 
 if TYPE_CHECKING:
-    from fleetd.cli.client import ApiClient
+    from fleetd.cli.client import ApiClient, ClientError
     from fleetd.config import Settings
 
 ConfigOption = Annotated[
@@ -70,39 +70,51 @@ def client_for(config: Path | None) -> "ApiClient":
     return ApiClient(endpoint_from(config))
 
 
-def call(config: Path | None, action: "Callable[[ApiClient], Any]") -> Any:
-    """Run one API action against the daemon this config names; fail with its message."""
+def call(config: Path | None, action: "Callable[[ApiClient], Any]",
+         typed: "Callable[[str], str | None] | None" = None) -> Any:
+    """Run one API action against the daemon this config names; fail with its message, naming what
+    was typed (`NAME`, `--checkpoint-interval`, `--hp n_steps`), not the request's field
+    (`path.name`, `body.checkpoint_interval_s`, `hyperparams.n_steps`): `typed` gives the command's
+    option or argument for a field (its `body.`/`query.`/`path.` taken off), None to leave it."""
     from fleetd.cli.client import ClientError
     from fleetd.token import TokenError
 
     try:
         return action(client_for(config))
     except ClientError as exc:
-        fail(str(exc), exc.code)
+        fail(as_typed(exc, typed), exc.code)
     except TokenError as exc:
         fail(str(exc), ExitCode.NOPERM)
 
 
-def call_as_typed(config: Path | None, action: "Callable[[ApiClient], Any]", typed: dict[str, str]) -> Any:
-    """`call`, its refusal naming what was typed (`--checkpoint-interval`, `--hp n_steps`), not the
-    request's field (`body.checkpoint_interval_s`, `hyperparams.n_steps`): `typed` maps the
-    request's field names to the command's options and arguments."""
-    from fleetd.cli.client import ClientError
+def as_typed(exc: "ClientError", typed: "Callable[[str], str | None] | None" = None) -> str:
+    """The refusal's message, its fields named as `call` names them."""
+    message = str(exc)
+    for field in _refused_fields(exc.details):
+        where, _, rest = field.partition(".")
+        plain = rest if where in ("body", "query", "path") and rest else field
+        said = "NAME" if field == "path.name" else typed(plain) if typed is not None else None
+        if said is not None:
+            message = message.replace(f"{field}:", f"{said}:")
+    return message
 
-    def as_typed(client: "ApiClient") -> Any:
-        try:
-            return action(client)
-        except ClientError as exc:
-            message = str(exc)
-            for field in _refused_fields(exc.details):
-                where, _, name = field.partition(".")
-                if where in ("body", "query", "path") and name in typed:
-                    message = message.replace(f"{field}:", f"{typed[name]}:")
-                elif where == "hyperparams" and name:
-                    message = message.replace(f"{field}:", f"--hp {name}:")
-            raise ClientError(message, exc.code, exc.details) from None
 
-    return call(config, as_typed)
+def a_number(value: float) -> float:
+    """An option's float that is a number: click takes `nan`, which passes every range check (a
+    wait until a NaN deadline never ends)."""
+    if value != value:
+        raise typer.BadParameter("not a number")
+    return value
+
+
+def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":
+    """The command's options by the request's field names; a hyperparameter as `--hp KEY`."""
+
+    def typed(field: str) -> str | None:
+        key = field.removeprefix("hyperparams.")
+        return options.get(field) or (f"--hp {key}" if key != field else None)
+
+    return typed
 
 
 def _refused_fields(details: dict[str, Any]) -> list[str]:

@@ -11,8 +11,8 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, call_as_typed, fail,
-                               game_path)
+from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, a_number, ask, ask_through_restart, call,
+                               fail, game_path, options_typed)
 from fleetd.states import Desired, Shown
 
 games_app = command_group("Add, stop, start, remove and list games.")
@@ -102,8 +102,8 @@ def add(
     }
     wait = module_check_wait(env_id)
     params = {"wait": "true", "kept": kept.value.replace("-", "_") if kept else None}
-    game = call_as_typed(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params=params),
-                         GAME_OPTIONS | {"checkpoint_interval_s": "--checkpoint-interval"})
+    game = call(config, lambda client: client.request("POST", "/api/v1/games", wait, json=body, params=params),
+                         options_typed(GAME_OPTIONS | {"checkpoint_interval_s": "--checkpoint-interval"}))
     _show(game, json_out, render.added_text(game))
     _exit_if_waiting(game)
 
@@ -121,7 +121,7 @@ def module_check_wait(*env_ids: object) -> float | None:
 def stop(
     name: str,
     wait: Annotated[bool, typer.Option(help="Wait until the worker has written its final checkpoint and exited.")] = True,
-    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait.")] = 180.0,
+    timeout: Annotated[float, typer.Option(min=0, callback=a_number, help="Seconds to wait.")] = 180.0,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -179,7 +179,8 @@ def rollback(
     not deleted) and its next start resumes there. Stop it first."""
     body = {"to_steps": to}
     # The daemon waits up to 30 s for its supervisor's turn (a busy SQLite): wait longer than it.
-    done = call(config, lambda client: client.request("POST", game_path(name, "/rollback"), 40.0, json=body))
+    done = call(config, lambda client: client.request("POST", game_path(name, "/rollback"), 40.0, json=body),
+                         options_typed({"to_steps": "--to", "name": "NAME"}))
     if json_out:
         _show(done, json_out, "")
         return

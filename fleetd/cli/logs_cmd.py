@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.cli.common import AWAY, ConfigOption, client_for, fail, game_path
+from fleetd.cli.common import AWAY, ConfigOption, as_typed, client_for, fail, game_path
 
 if TYPE_CHECKING:
     from fleetd.cli.client import ApiClient
@@ -42,7 +42,7 @@ def logs(
         _follow(client, path, lines, run)
         fail(f"no game named {game!r}: it was removed while followed", ExitCode.NOT_FOUND)
     except ClientError as exc:
-        fail(str(exc), exc.code)
+        fail(as_typed(exc), exc.code)
     except TokenError as exc:
         fail(str(exc), ExitCode.NOPERM)
     except KeyboardInterrupt:

@@ -114,7 +114,7 @@ def expect_reboot(
     """Say the host will go down (maintenance, a driver update, a fault drill): an unclean reboot
     before the window ends brings every game back but is not counted as the host's instability."""
     from fleetd.cli import render
-    from fleetd.cli.common import call, fail
+    from fleetd.cli.common import call, fail, options_typed
 
     saying = [name for name, given in (("--for", within), ("--reason", reason), ("--reboots", reboots)) if given is not None]
     if list_ and withdraw is not None:
@@ -128,7 +128,8 @@ def expect_reboot(
         words = [call(config, lambda client: client.request("DELETE", f"/api/v1/reboots/expected/{withdraw}"))]
     else:
         body = _expected_reboot_body(within, reason, reboots)
-        words = [call(config, lambda client: client.request("POST", "/api/v1/reboots/expected", json=body))]
+        words = [call(config, lambda client: client.request("POST", "/api/v1/reboots/expected", json=body),
+                               options_typed({"for_s": "--for", "reason": "--reason", "reboots": "--reboots"}))]
     if json:
         render.print_json(words if list_ else words[0])
     elif not words:

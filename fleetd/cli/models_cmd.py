@@ -8,7 +8,7 @@ import typer
 
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.progress import MIB, Progress
-from fleetd.cli.common import ConfigOption, JsonOption, call, call_as_typed, fail, game_path
+from fleetd.cli.common import ConfigOption, JsonOption, call, fail, game_path, options_typed
 from fleetd.cli.games_cmd import GAME_OPTIONS, _show, games_app, parse_hyperparams
 from fleetd.states import Desired
 
@@ -52,7 +52,7 @@ def import_model(
               "desired": str(Desired.STOPPED if stopped else Desired.RUNNING)}
     import tempfile
 
-    if call(config, lambda client: _exists(client, name)):
+    if call(config, lambda client: _exists(client, name), options_typed(GAME_OPTIONS)):
         # Before the upload: the daemon refuses the name (409) only once the whole body has come,
         # minutes for a model with a replay buffer of gigabytes over a slow link.
         fail(f"game {name!r} already exists: import under a new name")
@@ -60,8 +60,8 @@ def import_model(
         upload = _bundle(source, extras, Path(work) / "bundle.zip")
         Progress().step(f"importing {name}: uploading {source.name} ({upload.stat().st_size / MIB:.1f} MiB); "
                         "the daemon then loads it in a subprocess to check it ...")
-        game = call_as_typed(config, lambda client: client.upload(game_path(name, "/import"), upload, params,
-                                                                  TRANSFER_TIMEOUT_S), GAME_OPTIONS)
+        game = call(config, lambda client: client.upload(game_path(name, "/import"), upload, params,
+                                                                  TRANSFER_TIMEOUT_S), options_typed(GAME_OPTIONS))
     _show(game, json_out, f"imported {name} ({game['algo']}, {env_id}); it resumes from the model's step count")
 
 
