@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from fleetd.api.context import AppContext
 from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli import client as client_module
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.config import load_settings
 from fleetd.endpoint import Endpoint
+from fleetd.store.games import create_game, read_games
+from fleetd.store.records import GameDraft
 from tests.daemon_harness import free_port
 
 
@@ -289,30 +292,47 @@ def test_a_route_the_daemon_lacks_is_an_older_daemon_not_a_missing_game(tmp_path
 
 
 @pytest.fixture
-def slow_204(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A daemon that answers 204 after 0.8 s, for a client whose usual wait is 0.3 s: the config."""
-    import threading
+def slow_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, AppContext]]:
+    """The real API served over HTTP, with a stopped game pong whose removal takes 0.8 s (its
+    files deleted on slow storage), for a client whose usual wait is 0.3 s: the CLI's config and
+    the daemon's context."""
     import time
 
-    monkeypatch.setattr(client_module, "REQUEST_TIMEOUT_S", 0.3)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
+    from fleetd.api.routes import games as games_routes
+    from tests.api_context import serving, shared_context
 
-        def answer() -> None:
-            connection, _ = sock.accept()
-            with connection:
-                connection.recv(65536)
-                time.sleep(0.8)
-                connection.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+    removing = games_routes.remove_game
 
-        threading.Thread(target=answer, daemon=True).start()
+    def slowly(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        removing(*args, **kwargs)
+        time.sleep(0.8)
+
+    with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
+        with context.db.transaction() as session:
+            create_game(session, GameDraft("pong", "CartPole-v1", "ppo", desired="stopped"), context.clock.now())
+        (context.settings.game_dir("pong") / "checkpoints").mkdir(parents=True)
+        monkeypatch.setattr(games_routes, "remove_game", slowly)
+        monkeypatch.setattr(client_module, "REQUEST_TIMEOUT_S", 0.3)
         config = tmp_path / "fleetd.toml"
-        config.write_text(f'state_dir = "{tmp_path / "state"}"\n[api]\nport = {sock.getsockname()[1]}\ntoken = "{"c" * 32}"\n')
-        yield config
+        config.write_text(f'state_dir = "{tmp_path / "state"}"\n[api]\nport = {url.rsplit(":", 1)[1]}\ntoken = "{"c" * 32}"\n')
+        yield config, context
 
 
-def test_a_purge_is_waited_for_as_long_as_its_files_take(slow_204: Path) -> None:
+def pong_removed(context: AppContext, timeout_s: float = 10) -> bool:
+    """Whether the daemon removed pong (a request still under way there is waited for)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with context.db.transaction() as session:
+            if not any(game.name == "pong" for game in read_games(session)):
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_a_purge_is_waited_for_as_long_as_its_files_take(slow_removal: tuple[Path, AppContext]) -> None:
     # The daemon deletes the files before it answers: gigabytes of checkpoints, maybe on [cluster]
     # storage, outlasted the usual wait; `rm --purge` said busy, "try again" (exit 75), and the
     # second try found no game (exit 4).
@@ -320,18 +340,22 @@ def test_a_purge_is_waited_for_as_long_as_its_files_take(slow_204: Path) -> None
 
     from fleetd.cli.main import app
 
-    result = CliRunner().invoke(app, ["games", "rm", "pong", "--purge", "--config", str(slow_204)])
+    config, context = slow_removal
+    result = CliRunner().invoke(app, ["games", "rm", "pong", "--purge", "--config", str(config)])
     assert result.exit_code == 0 and "removed pong" in result.output, result.output
+    assert pong_removed(context, timeout_s=0) and not context.settings.game_dir("pong").exists()  # done when it said so
 
 
-def test_a_change_not_answered_in_time_may_still_be_made(slow_204: Path) -> None:
+def test_a_change_not_answered_in_time_may_still_be_made(slow_removal: tuple[Path, AppContext]) -> None:
     from typer.testing import CliRunner
 
     from fleetd.cli.main import app
 
-    result = CliRunner().invoke(app, ["games", "rm", "pong", "--config", str(slow_204)])
+    config, context = slow_removal
+    result = CliRunner().invoke(app, ["games", "rm", "pong", "--config", str(config)])
     assert result.exit_code == ExitCode.TEMPFAIL, result.output
     assert "it may still make this change" in result.output and "and try again" not in result.output
+    assert pong_removed(context) and context.settings.game_dir("pong").exists()  # it did: removed, its files kept
 
 
 @pytest.mark.parametrize("configured", [True, False])

@@ -60,6 +60,27 @@ class Fleet:
         return waited
 
 
+def proven_everywhere(governor: Governor, at: str | None = None) -> Governor:
+    """The governor on the rung whose label starts with `at` (the top one when None), every rung
+    proven with its games, as after a climb with enough games wanting."""
+    top = len(governor.ladder) - 1
+    index = top if at is None else next(i for i, r in enumerate(governor.ladder) if r.label.startswith(at))
+    governor.state = replace(governor.state, rung=index)
+    for rung in governor.ladder:
+        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    return governor
+
+
+def at_the_top_with_eight(**settings: object) -> Fleet:
+    """Auto at 8x256 with 8 games, every rung proven with its games."""
+    fleet = Fleet("auto", pressure_grace_s=1 * MIN, **settings)
+    fleet.pending = list("abcdefgh")
+    proven_everywhere(fleet.governor)
+    fleet.tick()
+    assert fleet.governor.rung.label == "8x256 (heavy)" and len(fleet.admitted) == 8
+    return fleet
+
+
 def test_ramp_two_then_three_after_60_min_then_four_after_30_then_envs_up_to_the_tier() -> None:
     fleet = Fleet("medium")
     fleet.tick()
@@ -374,13 +395,7 @@ def test_one_pressure_episode_waits_for_each_back_off_to_be_carried_out_and_fail
     every `pressure_grace_s` (60 s) while the first back-off's workers were still restarting one
     at a time (each stop up to stopwaitsecs, 60 s). Now the next count waits for the roll to
     end, then a grace period; the episode's later step downs record no failure."""
-    fleet = Fleet("auto", pressure_grace_s=1 * MIN)
-    fleet.pending = list("abcdefgh")
-    fleet.governor.state = replace(fleet.governor.state, rung=len(fleet.governor.ladder) - 1)
-    for rung in fleet.governor.ladder:  # climbed with 8 games wanting: each rung proven with its games
-        fleet.governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
-    fleet.tick()
-    assert fleet.governor.rung.label == "8x256 (heavy)" and len(fleet.admitted) == 8
+    fleet = at_the_top_with_eight()
     fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
     assert fleet.tick(1) == [] and fleet.tick(1) == ["backoff"]
     assert fleet.governor.rung.label == "8x192"
@@ -398,18 +413,6 @@ def test_one_pressure_episode_waits_for_each_back_off_to_be_carried_out_and_fail
     fleet.pressure = Pressure(("GPU 0 memory 93% > 90%",))
     fleet.tick(1)
     assert fleet.tick(1) == ["backoff"] and fleet.governor.memory[(8, 128)].failures == 1
-
-
-def at_the_top_with_eight(**settings: object) -> Fleet:
-    """Auto at 8x256 with 8 games, every rung proven with its games."""
-    fleet = Fleet("auto", pressure_grace_s=1 * MIN, **settings)
-    fleet.pending = list("abcdefgh")
-    fleet.governor.state = replace(fleet.governor.state, rung=len(fleet.governor.ladder) - 1)
-    for rung in fleet.governor.ladder:
-        fleet.governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
-    fleet.tick()
-    assert fleet.governor.rung.label == "8x256 (heavy)" and len(fleet.admitted) == 8
-    return fleet
 
 
 def test_a_back_off_outside_a_tick_is_not_taken_as_carried_out_by_a_view_from_before_it() -> None:
@@ -628,10 +631,7 @@ def test_one_pressure_episode_on_one_game_backs_off_once_where_no_rung_below_is_
     # One game at 4x32: every rung below runs 32 envs for it. The episode walked the ladder down,
     # 4x32, 3x32, 2x32, 1x32, a back-off each grace period, the game's load never changed.
     fleet = Fleet("heavy", pressure_grace_s=1 * MIN)
-    governor = fleet.governor
-    governor.state = replace(governor.state, rung=next(i for i, r in enumerate(governor.ladder) if r.label.startswith("4x32")))
-    for rung in governor.ladder:
-        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    governor = proven_everywhere(fleet.governor, "4x32")
     fleet.pending = ["a"]
     fleet.tick()
     assert fleet.admitted == ["a"]
@@ -647,10 +647,7 @@ def test_pressure_on_one_game_steps_down_to_a_smaller_batch_at_the_same_envs() -
              "medium": TierSettings(games=4, num_envs=32, batch_size=512),
              "heavy": TierSettings(games=5, num_envs=32, batch_size=512)}
     fleet = Fleet("heavy", tiers=tiers, pressure_grace_s=1 * MIN)
-    governor = fleet.governor
-    governor.state = replace(governor.state, rung=len(governor.ladder) - 1)
-    for rung in governor.ladder:
-        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    governor = proven_everywhere(fleet.governor)
     fleet.pending = ["a"]
     fleet.tick()
     fleet.pressure = Pressure(("GPU 0 memory 97% > 90%",), gpu_memory=True)
@@ -662,10 +659,7 @@ def test_pressure_on_one_game_steps_down_to_a_smaller_batch_at_the_same_envs() -
 def test_a_back_off_for_the_hosts_sake_sheds_env_processes_not_only_batch(kind: str) -> None:
     # A smaller batch at the same envs is what GPU memory pressure needs; counted for every kind,
     # a host OOM at 6x48 batch 1024 with 4 games stepped to 4x48 batch 768: 192 env processes still.
-    governor = Governor.initial(FleetSettings(tier="heavy"), EPOCH)
-    governor.state = replace(governor.state, rung=next(i for i, r in enumerate(governor.ladder) if r.label.startswith("6x48")))
-    for rung in governor.ladder:
-        governor.memory[rung.key] = RungMemory(*rung.key, proven_at=EPOCH, proven_games=rung.games)
+    governor = proven_everywhere(Governor.initial(FleetSettings(tier="heavy"), EPOCH), "6x48")
     before = governor.rung.load_for(4)
     now = EPOCH + timedelta(hours=1)
     governor.rebooted(now, 4) if kind == "reboot" else governor.instability(now, kind, "x", 4)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from fleetd.api import create_app
+from fleetd.api.context import AppContext
 from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
 from fleetd.governor.controller import FleetController, GameSlot
@@ -125,23 +127,66 @@ class Telemetry:
         self._snapshot = snapshot
 
 
+TOKEN = "t" * 32
+IDLE = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+HOT = GpuSample(0, "H100", 99.0, 78 * GiB, 80 * GiB, 70.0, 300.0)  # memory 97.5%
+XID = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
+EIGHT = tuple("abcdefgh")
+
+
+@dataclass
+class Governed:
+    """The supervisor's fleet controller on the API's context (a real database, the fake clock):
+    what each test below governs, and the API that shows it."""
+
+    settings: Settings
+    context: AppContext
+    clock: FakeClock
+
+    @property
+    def fleet(self) -> FleetController:
+        return self.context.supervisor.fleet
+
+    def slots(self, names: Sequence[str], state: State = State.RUNNING, gpu: int | None = None) -> list[GameSlot]:
+        return [GameSlot(n, Desired.RUNNING, 0, self.clock.now(), state, gpu=gpu) for n in names]
+
+    def load(self) -> tuple[int, int]:
+        """The governor's rung and games allowed."""
+        return self.fleet.governor.index(), self.fleet.governor.allowed()
+
+    def api(self, games: Sequence[str]) -> TestClient:
+        """The API over the fleet's telemetry as it is now, `games` added through it."""
+        client = TestClient(create_app(replace(self.context, telemetry=self.fleet.telemetry)))
+        client.headers["Authorization"] = "Bearer " + TOKEN
+        for name in games:
+            assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
+        return client
+
+
+@pytest.fixture
+def governed(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Callable[..., Governed]:
+    """`governed(tier)`: the fleet at `tier` (the settings' own when None)."""
+
+    def make(tier: str | None = None) -> Governed:
+        at = settings if tier is None else settings.model_copy(
+            update={"fleet": settings.fleet.model_copy(update={"tier": tier})})
+        return Governed(at, api_context(at, db, clock, host, TOKEN), clock)
+
+    return make
+
+
 def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+    governed: Callable[..., Governed], clock: FakeClock
 ) -> None:
     """A live Xid error, as the API and `fleetd tier` show it: admission blocked at once, a
     back-off one rung down once it lasted `pressure_grace_s`, with the number that tripped."""
-    context = api_context(settings, db, clock, host, "t" * 32)
-    fleet = context.supervisor.fleet
-    xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
-    fleet.telemetry = Telemetry(gpu_host(replace(xid, xid_errors=())), live=clock)
-    context = replace(context, telemetry=fleet.telemetry)
-    client = TestClient(create_app(context))
-    client.headers["Authorization"] = "Bearer " + "t" * 32
-    for name in ("a", "b", "c"):
-        assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
-    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.STARTING) for n in ("a", "b", "c")]
+    g = governed()
+    fleet = g.fleet
+    fleet.telemetry = Telemetry(gpu_host(replace(XID, xid_errors=())), live=clock)
+    client = g.api(("a", "b", "c"))
+    slots = g.slots(("a", "b", "c"), State.STARTING)
     fleet.govern(slots)  # light: a and b hold the slots
-    fleet.telemetry.latest = gpu_host(xid)
+    fleet.telemetry.latest = gpu_host(XID)
 
     fleet.govern(slots)
     reason = "GPU 0: 1 NVML Xid error (79) in the last 10 min"
@@ -153,7 +198,7 @@ def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier
     console.print(fleet_table(answer))
     assert reason in console.export_text()
 
-    clock.advance(settings.fleet.pressure_grace_s + 1)
+    clock.advance(g.settings.fleet.pressure_grace_s + 1)
     fleet.govern(slots)
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None
@@ -161,19 +206,15 @@ def test_sustained_xid_errors_block_admission_then_back_off_shown_in_fleetd_tier
     assert client.get("/api/v1/fleet").json()["last_backoff"] == fleet.governor.last_backoff
 
 
-def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
-) -> None:
+def test_pressure_counts_again_only_once_the_back_off_is_carried_out(governed: Callable[..., Governed], clock: FakeClock) -> None:
     """The controller tells the governor a back-off is still being carried out (a worker
     stopping or starting, the roll to new sizes under way): sustained pressure then steps the
     fleet down no further until it is over and a grace period has passed."""
-    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "medium"})})  # room for two steps
-    context = api_context(settings, db, clock, host, "t" * 32)
-    fleet = context.supervisor.fleet
-    xid = GpuSample(0, "H100", 99.0, GiB, 80 * GiB, 70.0, 300.0, power_limit_w=700.0, xid_errors=(79,))
-    running = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
+    g = governed("medium")  # room for two steps
+    fleet, grace_s = g.fleet, g.settings.fleet.pressure_grace_s
+    running = g.slots(("a", "b", "c"))
     fleet.govern(running)  # admitted before the pressure: pressure while no game holds a slot is not the fleet's
-    fleet.telemetry = Telemetry(gpu_host(xid), live=clock)
+    fleet.telemetry = Telemetry(gpu_host(XID), live=clock)
     assert not fleet.view(running).settling
     assert fleet.view([*running[:2], replace(running[2], state=State.STOPPING)]).settling  # sent back to pending
     assert fleet.view([*running[:2], replace(running[2], state=State.STARTING)]).settling
@@ -181,32 +222,32 @@ def test_pressure_counts_again_only_once_the_back_off_is_carried_out(
     assert fleet.view(rolling).settling
 
     fleet.govern(running)
-    clock.advance(settings.fleet.pressure_grace_s + 1)
+    clock.advance(grace_s + 1)
     fleet.govern(running)
     first = fleet.governor.last_backoff
     assert first is not None
     for _ in range(10):  # the roll: one worker at a time, each stop up to stopwaitsecs
-        clock.advance(settings.fleet.pressure_grace_s)
+        clock.advance(grace_s)
         fleet.govern(rolling)
     assert fleet.governor.last_backoff == first
     fleet.govern(running)  # carried out: the grace period starts now
-    clock.advance(settings.fleet.pressure_grace_s + 1)
+    clock.advance(grace_s + 1)
     fleet.govern(running)
     assert fleet.governor.last_backoff != first and "no failure recorded" in fleet.governor.last_backoff
 
 
 def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, fake_nvml: SimpleNamespace
+    governed: Callable[..., Governed], clock: FakeClock, fake_nvml: SimpleNamespace
 ) -> None:
     """Xid 79 then GPU_IS_LOST on GPU 0 of two (fake NVML, the real reader and sampler): while
     the governor cannot tell that no worker is on it (these games' GPUs are not known) it blocks
     admission and, sustained, backs off; the lost GPU is no GPU to place a worker on or to size
     by: GPU 1, still read, is."""
-    context = api_context(settings, db, clock, host, "t" * 32)
-    fleet = context.supervisor.fleet
+    g = governed()
+    fleet = g.fleet
     sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()), monotonic=clock.monotonic)
     fleet.telemetry = Telemetry(replace(sampler.sample({}), host=HostSample(16 * GiB, 8 * GiB, 50.0, 1.0)))
-    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in ("a", "b", "c")]
+    slots = g.slots(("a", "b", "c"))
     fleet.govern(slots)  # light: a and b hold the slots
     sized = fleet.scaled().sizing
     assert [room.index for room in fleet.gpu_rooms()] == [0, 1] and sized is not None and sized.gpu == "Fake 0"
@@ -221,14 +262,14 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     assert [room.index for room in fleet.gpu_rooms()] == [1]  # not a GPU of 0 bytes, nor one free
     resized = fleet.scaled().sizing
     assert resized is not None and resized.gpu == "Fake 1" and resized.games_per_gpu == resized.games  # one GPU left
-    clock.advance(settings.fleet.pressure_grace_s + 1)
+    clock.advance(g.settings.fleet.pressure_grace_s + 1)
     fleet.telemetry.latest = replace(sampler.sample({}), host=fleet.telemetry.latest.host)  # still lost, a fresh sample
     fleet.govern(slots)
     assert fleet.governor.last_backoff is not None and lost in fleet.governor.last_backoff
 
 
 def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, caplog: pytest.LogCaptureFixture
+    governed: Callable[..., Governed], clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The telemetry job stalls (a hung NVML call): its last sample, showing free memory, grows
     old. Past 3 telemetry intervals the governor takes it as no reading for climbing: the stable
@@ -236,31 +277,25 @@ def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
     fresh sample lets the fleet climb once a full window has run outside the stall. Before, it
     climbed on the sample as if it were fresh, and then at the first fresh sample (the window
     that ended during the stall taken as proven)."""
-    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "medium"})})
-    context = api_context(settings, db, clock, host, "t" * 32)
-    fleet = context.supervisor.fleet
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0, power_limit_w=700.0)
+    g = governed("medium")
+    fleet, fleet_settings = g.fleet, g.settings.fleet
 
     def fresh() -> Snapshot:
-        return replace(gpu_host(idle), at=clock.now().timestamp())
+        return replace(gpu_host(IDLE), at=clock.now().timestamp())
 
     fleet.telemetry = Telemetry(fresh())
-    client = TestClient(create_app(replace(context, telemetry=fleet.telemetry)))
-    client.headers["Authorization"] = "Bearer " + "t" * 32
-    names = ("a", "b", "c", "d", "e", "f", "g", "h")
-    for name in names:
-        assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
-    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING) for n in names]
+    client = g.api(EIGHT)
+    slots = g.slots(EIGHT)
     fleet.govern(slots)
-    load = (fleet.governor.index(), fleet.governor.allowed())
+    load = g.load()
     assert fleet.governor_view(slots).next_scale_up_at is not None
 
-    clock.advance(settings.fleet.first_window_s + 1)  # the window is over; the sample is as old
+    clock.advance(fleet_settings.first_window_s + 1)  # the window is over; the sample is as old
     with caplog.at_level(logging.WARNING, logger="fleetd.governor.controller"):
         for _ in range(3):
             fleet.govern(slots)
-            clock.advance(settings.fleet.telemetry_interval_s)
-    assert (fleet.governor.index(), fleet.governor.allowed()) == load  # nothing climbed on it
+            clock.advance(fleet_settings.telemetry_interval_s)
+    assert g.load() == load  # nothing climbed on it
     answer = client.get("/api/v1/fleet").json()
     assert answer["waiting_reason"].startswith("climbing held: telemetry stale: last sample ")
     assert "3 telemetry intervals (30 s" in answer["waiting_reason"] and answer["next_scale_up_at"] is None
@@ -273,44 +308,41 @@ def test_a_stale_telemetry_sample_is_no_reading_to_climb_on(
     # The stall is no stable time: the window that ended during it is not proven at once, its
     # start moved on by the stall (from when the sample went stale: fresh, and judged by, until
     # then) to now. What ran before it counts: the window ends that much sooner.
-    assert (fleet.governor.index(), fleet.governor.allowed()) == load
-    fresh_for = 3 * settings.fleet.telemetry_interval_s
-    clock.advance(settings.fleet.first_window_s - fresh_for - 1)
+    assert g.load() == load
+    fresh_for = 3 * fleet_settings.telemetry_interval_s
+    clock.advance(fleet_settings.first_window_s - fresh_for - 1)
     fleet.telemetry.latest = fresh()
     fleet.govern(slots)
-    assert (fleet.governor.index(), fleet.governor.allowed()) == load
+    assert g.load() == load
     clock.advance(1)
     fleet.telemetry.latest = fresh()
     fleet.govern(slots)
-    assert (fleet.governor.index(), fleet.governor.allowed()) > load
+    assert g.load() > load
 
 
 def test_a_frozen_sample_showing_pressure_blocks_admission_but_walks_nothing_down(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+    governed: Callable[..., Governed], clock: FakeClock
 ) -> None:
     """The telemetry job hangs right after a sample with GPU memory at 97%: that sample blocks
     admission as the last thing known, but steps the fleet down no rung; a fresh one showing
     the same starts the grace period again. Before, the frozen sample walked 4x32 to 1x32, a
     rung each grace period, on one reading never refreshed."""
-    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": "heavy"})})
-    fleet = api_context(settings, db, clock, host, "t" * 32).supervisor.fleet
-    names = [chr(ord("a") + i) for i in range(8)]
-    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING, gpu=0) for n in names]
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
-    fleet.telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    g = governed("heavy")
+    fleet, grace_s = g.fleet, g.settings.fleet.pressure_grace_s
+    slots = g.slots(EIGHT, gpu=0)
+    fleet.telemetry = Telemetry(replace(gpu_host(IDLE), monotonic=clock.monotonic()))
     fleet.govern(slots)
-    start = (fleet.governor.index(), fleet.governor.allowed())
-    hot = GpuSample(0, "H100", 99.0, 78 * GiB, 80 * GiB, 70.0, 300.0)  # memory 97.5%
-    fleet.telemetry.latest = replace(gpu_host(hot), monotonic=clock.monotonic())  # the last sample: the job hangs
+    start = g.load()
+    fleet.telemetry.latest = replace(gpu_host(HOT), monotonic=clock.monotonic())  # the last sample: the job hangs
     for _ in range(20):
-        clock.advance(settings.fleet.pressure_grace_s + 1)
+        clock.advance(grace_s + 1)
         fleet.govern(slots)
     assert fleet.pressure(slots).stale and fleet.pressure(slots).reasons  # still blocking admission
-    assert (fleet.governor.index(), fleet.governor.allowed()) == start and fleet.governor.last_backoff is None
+    assert g.load() == start and fleet.governor.last_backoff is None
 
-    fleet.telemetry = Telemetry(gpu_host(hot), live=clock)  # the job runs again: the pressure is real
+    fleet.telemetry = Telemetry(gpu_host(HOT), live=clock)  # the job runs again: the pressure is real
     fleet.govern(slots)
-    clock.advance(settings.fleet.pressure_grace_s - 1)
+    clock.advance(grace_s - 1)
     fleet.govern(slots)
     assert fleet.governor.last_backoff is None  # the grace period started with the fresh sample
     clock.advance(2)
@@ -320,23 +352,20 @@ def test_a_frozen_sample_showing_pressure_blocks_admission_but_walks_nothing_dow
 
 @pytest.mark.parametrize("tier", ["heavy", "medium"])
 def test_a_slow_telemetry_job_neither_stops_a_back_off_nor_a_climb(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, tier: str,
+    governed: Callable[..., Governed], clock: FakeClock, tier: str,
 ) -> None:
     # A sample every 50 s (a swapping host, slow NVML): stale for 20 s of each. Each stale look
     # restarted the pressure's grace period, and each stall moved the stable window on from the
     # sample's time (its 30 s fresh counted as stall): 20 min of 97% GPU memory backed nothing
     # off, and an idle fleet never climbed.
-    settings = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"tier": tier})})
-    fleet = api_context(settings, db, clock, host, "t" * 32).supervisor.fleet
-    names = [chr(ord("a") + i) for i in range(8)]
-    slots = [GameSlot(n, Desired.RUNNING, 0, clock.now(), State.RUNNING, gpu=0) for n in names]
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0, power_limit_w=700.0)
-    hot = GpuSample(0, "H100", 99.0, 78 * GiB, 80 * GiB, 70.0, 300.0)  # memory 97.5%
-    shown = hot if tier == "heavy" else idle
-    fleet.telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    g = governed(tier)
+    fleet = g.fleet
+    slots = g.slots(EIGHT, gpu=0)
+    shown = HOT if tier == "heavy" else IDLE
+    fleet.telemetry = Telemetry(replace(gpu_host(IDLE), monotonic=clock.monotonic()))
     fleet.govern(slots)
-    load, stale = (fleet.governor.index(), fleet.governor.allowed()), 0
-    for t in range(0, int(2 * settings.fleet.first_window_s), 10):
+    load, stale = g.load(), 0
+    for t in range(0, int(2 * g.settings.fleet.first_window_s), 10):
         if t % 50 == 0:
             fleet.telemetry.latest = replace(gpu_host(shown), monotonic=clock.monotonic())
         fleet.govern(slots)
@@ -346,19 +375,19 @@ def test_a_slow_telemetry_job_neither_stops_a_back_off_nor_a_climb(
     if tier == "heavy":
         assert fleet.governor.last_backoff is not None and "GPU 0 memory 98%" in fleet.governor.last_backoff
     else:
-        assert (fleet.governor.index(), fleet.governor.allowed()) > load
+        assert g.load() > load
 
 
 def test_a_samples_age_is_on_the_monotonic_clock_and_counts_from_the_first_look(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+    governed: Callable[..., Governed], clock: FakeClock
 ) -> None:
     """A wall-clock step (NTP, `date`) neither makes a fresh sample stale nor a stale one fresh;
     the daemon's start sample, taken before a recovery that ran long, is not stale at the first
     look. Before, the age was wall-clock: 60 s forward held climbing with a false warning, 10 min
     back hid a stall, and a recovery of 40 s read the start sample as stale."""
-    fleet = api_context(settings, db, clock, host, "t" * 32).supervisor.fleet
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
-    start = replace(gpu_host(idle), at=clock.now().timestamp(), monotonic=clock.monotonic())
+    g = governed()
+    fleet = g.fleet
+    start = replace(gpu_host(IDLE), at=clock.now().timestamp(), monotonic=clock.monotonic())
     fleet.telemetry = Telemetry(start)
     clock.advance(40)  # recovery, before the telemetry job's first run
     assert fleet.pressure().stale is None
@@ -367,12 +396,12 @@ def test_a_samples_age_is_on_the_monotonic_clock_and_counts_from_the_first_look(
     clock.wall += timedelta(seconds=60)  # the wall clock steps forward
     assert fleet.pressure().stale is None
     clock.wall -= timedelta(minutes=10)  # and back, 9 min before the sample was taken
-    clock.advance(settings.fleet.telemetry_interval_s * 3 + 1)  # the job stalls past 3 intervals
+    clock.advance(g.settings.fleet.telemetry_interval_s * 3 + 1)  # the job stalls past 3 intervals
     assert fleet.pressure().stale is not None
 
 
 def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metrics(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+    governed: Callable[..., Governed], db: Database, clock: FakeClock
 ) -> None:
     """The telemetry job hangs in an NVML call: its last sample grows old. Past 3 telemetry
     intervals, however many looks the governor takes, one `telemetry_stale` warning event and one
@@ -380,18 +409,17 @@ def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metr
     frozen readings. A fresh sample: one `telemetry_resumed` event saying how long it was stale,
     the gauges fresh again, no alert; a second stall is news again. Before, the stall was a log
     line and a `waiting_reason` only, and /metrics served the frozen readings as available."""
-    context = api_context(settings, db, clock, host, "t" * 32)
-    fleet = context.supervisor.fleet
+    g = governed()
+    fleet = g.fleet
     fleet.alerts = alerts = FakeAlerts()
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
 
     def fresh() -> Snapshot:
-        return replace(gpu_host(idle), at=clock.now().timestamp(), monotonic=clock.monotonic())
+        return replace(gpu_host(IDLE), at=clock.now().timestamp(), monotonic=clock.monotonic())
 
     fleet.telemetry = Telemetry(fresh())
-    client = TestClient(create_app(replace(context, telemetry=fleet.telemetry)))
-    slots = [GameSlot("a", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
-    interval = settings.fleet.telemetry_interval_s
+    client = g.api(())
+    slots = g.slots(("a",))
+    interval = g.settings.fleet.telemetry_interval_s
 
     def scrape() -> dict[str, list[tuple[dict[str, str], float]]]:
         response = client.get("/metrics")
@@ -438,20 +466,19 @@ def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metr
 
 
 def test_the_start_sample_is_no_stall_in_metrics_while_the_api_is_young(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+    governed: Callable[..., Governed], clock: FakeClock
 ) -> None:
     """The daemon's start sample, taken before a recovery that ran long, is as old as it is, but
     no stall until the telemetry job had 3 intervals of the API's time to run, as the governor
     counts it: available stays 1 and the readings are served."""
-    context = api_context(settings, db, clock, host, "t" * 32)
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
-    telemetry = Telemetry(replace(gpu_host(idle), at=clock.now().timestamp(), monotonic=clock.monotonic()))
+    g = governed()
+    g.fleet.telemetry = Telemetry(replace(gpu_host(IDLE), at=clock.now().timestamp(), monotonic=clock.monotonic()))
     clock.advance(120)  # recovery
-    client = TestClient(create_app(replace(context, telemetry=telemetry)))
+    client = g.api(())
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     assert families["fleetd_gpu_telemetry_age_seconds"].samples[0].value == 120.0
     assert families["fleetd_gpu_telemetry_available"].samples[0].value == 1.0
-    clock.advance(3 * settings.fleet.telemetry_interval_s + 1)
+    clock.advance(3 * g.settings.fleet.telemetry_interval_s + 1)
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     assert families["fleetd_gpu_telemetry_available"].samples[0].value == 0.0
 
@@ -465,8 +492,7 @@ def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
     record_daemon_start(db, host.current_boot(), clock.now())
     quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
     alerts = FakeAlerts()
-    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
-    telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    telemetry = Telemetry(replace(gpu_host(IDLE), monotonic=clock.monotonic()))
     fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
     assert fleet.pressure().stale is None
     clock.advance(4 * settings.fleet.telemetry_interval_s)

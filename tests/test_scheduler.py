@@ -201,7 +201,8 @@ def test_a_steady_run_under_way_at_the_stop_ends_whole_and_a_hung_one_holds_noth
     from fleetd.jobs import Job
     from fleetd.scheduler import build_scheduler
 
-    began, ended, hung = threading.Event(), threading.Event(), threading.Event()
+    began, ended, hung, unstuck = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    stuck_threads: list[threading.Thread] = []
 
     def writing() -> None:
         began.set()
@@ -209,13 +210,21 @@ def test_a_steady_run_under_way_at_the_stop_ends_whole_and_a_hung_one_holds_noth
         ended.set()
 
     def stuck() -> None:
+        stuck_threads.append(threading.current_thread())
         hung.set()
-        time.sleep(3600)  # nvmlDeviceGetMemoryInfo on a GPU fallen off the bus
+        unstuck.wait(3600)  # nvmlDeviceGetMemoryInfo on a GPU fallen off the bus, until the test lets it go
 
     scheduler = build_scheduler([Job("telemetry", 0.05, writing, steady=True), Job("stuck", 0.05, stuck, steady=True)])
     scheduler.start()
-    assert began.wait(5) and hung.wait(5)
-    scheduler.shutdown()
-    waited = time.monotonic()
-    scheduler.join(1.5)
-    assert ended.is_set() and time.monotonic() - waited < 3.0
+    try:
+        assert began.wait(5) and hung.wait(5)
+        scheduler.shutdown()
+        waited = time.monotonic()
+        scheduler.join(1.5)
+        assert ended.is_set() and time.monotonic() - waited < 3.0
+        assert stuck_threads[0].is_alive()  # the join gave up on it: still hung, as on the real host
+    finally:
+        unstuck.set()  # the hung call returns: its thread ends here, not an hour into later tests
+        for thread in stuck_threads:
+            thread.join(5)
+    assert not any(thread.is_alive() for thread in stuck_threads)

@@ -194,8 +194,14 @@ def test_a_failed_init_is_retried_at_most_once_a_minute(
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """pynvml with two GPUs: no power reading on either; pid 10 uses 1 GiB on each, on GPU 0 in
     both the compute and the graphics list; GPU 1 does not support the graphics list. `lost`:
-    the GPUs fallen off the bus (GPU_IS_LOST); `memory_error`: an error every GPU's read raises."""
-    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None, lost=set(), events=[], registered=[], freed=0)
+    the GPUs fallen off the bus (GPU_IS_LOST); `memory_error`: an error every GPU's read raises.
+    Events: `events`, queued for the GPUs' event sets; `sets`, each set created (its index is its
+    handle) with the GPUs registered to it, `registered` the registrations in order; `no_events`,
+    the GPUs that cannot report events (GPU 1, as some boards and vGPUs); a lost GPU cannot be
+    registered; `lost_fails_wait`: a wait on a set holding a lost GPU fails (GPU_IS_LOST), as in
+    NVIDIA's NVML mock, else the events queued are still delivered."""
+    state = SimpleNamespace(inits=0, shutdowns=0, memory_error=None, lost=set(), events=[], registered=[], freed=0,
+                            sets=[], no_events={1}, lost_fails_wait=False)
 
     def memory_info(handle: int) -> SimpleNamespace:
         if handle in state.lost:
@@ -212,16 +218,27 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 
     compute = {0: [SimpleNamespace(pid=10, usedGpuMemory=GiB), SimpleNamespace(pid=11, usedGpuMemory=None)]}
 
-    def register(handle: int, types: int, events: str) -> None:
-        if handle == 1:  # GPU 1 does not support events (some boards, vGPUs)
+    def create() -> int:
+        state.sets.append(set())
+        return len(state.sets) - 1
+
+    def register(handle: int, types: int, events: int) -> None:
+        if handle in state.no_events:
             unsupported()
+        if handle in state.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        state.sets[events].add(handle)
         state.registered.append((handle, types, events))
 
-    def wait(events: str, timeout_ms: int) -> SimpleNamespace:
-        assert (events, timeout_ms) == ("xid-set", 0)  # never blocks the sampler
-        if not state.events:
+    def wait(events: int, timeout_ms: int) -> SimpleNamespace:
+        assert timeout_ms == 0  # never blocks the sampler
+        if state.lost_fails_wait and state.sets[events] & state.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        mine = [event for event in state.events if event.device in state.sets[events]]
+        if not mine:
             raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
-        return state.events.pop(0)
+        state.events.remove(mine[0])
+        return mine[0]
     fakes = {
         "nvmlInit": lambda: setattr(state, "inits", state.inits + 1),
         "nvmlShutdown": lambda: setattr(state, "shutdowns", state.shutdowns + 1),
@@ -236,7 +253,7 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
             handle, [SimpleNamespace(pid=10, usedGpuMemory=GiB)]
         ),
         "nvmlDeviceGetGraphicsRunningProcesses": graphics,
-        "nvmlEventSetCreate": lambda: "xid-set",
+        "nvmlEventSetCreate": create,
         "nvmlEventSetFree": lambda events: setattr(state, "freed", state.freed + 1),
         "nvmlDeviceRegisterEvents": register,
         "nvmlEventSetWait_v2": wait,
@@ -281,7 +298,7 @@ def test_xid_errors_are_read_live_from_nvml_events_and_kept_for_their_window(fak
     reader = NvmlReader(monotonic=clock, xid_window_s=600)
     gpus, _, _ = reader.read()
     assert [gpu.xid_errors for gpu in gpus] == [(), ()]
-    assert fake_nvml.registered == [(0, pynvml.nvmlEventTypeXidCriticalError, "xid-set")]  # GPU 1 cannot: skipped
+    assert fake_nvml.registered == [(0, pynvml.nvmlEventTypeXidCriticalError, 0)]  # GPU 1 cannot: skipped
 
     fake_nvml.events += [xid_event(0, 79), xid_event(0, 0x1234, event_type=pynvml.nvmlEventTypeSingleBitEccError)]
     clock.now += 10
@@ -443,36 +460,14 @@ def test_a_process_tree_is_summed_and_a_killed_one_drops_out(worker_tree: subpro
         time.sleep(0.02)
 
 
-def test_xids_of_the_healthy_gpus_are_still_read_after_one_is_lost(
-    fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_xids_of_the_healthy_gpus_are_still_read_after_one_is_lost(fake_nvml: SimpleNamespace) -> None:
     """GPU 1 reports Xid 79, then falls off the bus while GPU 0 answers. The real driver fails
     every wait on an event set holding a lost GPU (GPU_IS_LOST), so the set is built again
     without it: GPU 0's later Xid is read, and GPU 1's 79 drained before still counts. Before,
     the set kept the lost GPU and every drain stopped at its first call until a reboot."""
-    sets: list[set[int]] = []  # each event set created, with the GPUs registered to it
-
-    def create() -> int:
-        sets.append(set())
-        return len(sets) - 1
-
-    def register(handle: int, types: int, events: int) -> None:
-        if handle in fake_nvml.lost:
-            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        sets[events].add(handle)
-
-    def wait(events: int, timeout_ms: int) -> SimpleNamespace:
-        if sets[events] & fake_nvml.lost:  # as NVIDIA's NVML mock: a lost GPU in the set fails the wait
-            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        mine = [event for event in fake_nvml.events if event.device in sets[events]]
-        if not mine:
-            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
-        fake_nvml.events.remove(mine[0])
-        return mine[0]
-
-    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", create)
-    monkeypatch.setattr(pynvml, "nvmlDeviceRegisterEvents", register)
-    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", wait)
+    fake_nvml.no_events.clear()  # both GPUs report events
+    fake_nvml.lost_fails_wait = True
+    sets = fake_nvml.sets
     clock = Monotonic()
     reader = NvmlReader(monotonic=clock, xid_window_s=600)
     reader.read()

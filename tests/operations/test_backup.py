@@ -33,22 +33,48 @@ def write_ckpt(folder: Path, steps: int, model: bytes | None = None) -> Path:
     return checkpoint.write_checkpoint(folder, steps, 0, populate)
 
 
+def remove_memory_target(url):
+    """A memory:// target's files gone: the memory filesystem is the process's, every later test's."""
+    path = url.removeprefix("memory://")
+    if fsspec.filesystem("memory").exists(path):
+        fsspec.filesystem("memory").rm(path, recursive=True)
+
+
 def memory_target(tmp_path):
     """Settings backing up to a fresh memory:// target, the database, the target's URL; the
-    database closed and the target's files gone after."""
+    database closed and the target's files gone after, however the test ended."""
     url = f"memory://backup-{uuid.uuid4().hex}"
     settings = load_settings(state_dir=tmp_path / "state", backup={"target": url})
     ensure_schema(settings.db_path, "fleetd db upgrade")
     db = Database.open(settings.db_path)
-    yield settings, db, url
-    db.close()
-    if fsspec.filesystem("memory").exists(url.removeprefix("memory://")):
-        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+    try:
+        yield settings, db, url
+    finally:
+        try:
+            db.close()
+        finally:
+            remove_memory_target(url)
 
 
 @pytest.fixture
 def setup(tmp_path):
     yield from memory_target(tmp_path)
+
+
+@pytest.fixture
+def memory_url():
+    """Fresh memory:// target URLs, `memory_url("drill")` one each; all removed after the test,
+    pass or fail (a removal at the test's end was skipped by a failing assert before it, and the
+    target's files met later tests)."""
+    made = []
+
+    def new(name="backup"):
+        made.append(f"memory://{name}-{uuid.uuid4().hex}")
+        return made[-1]
+
+    yield new
+    for url in made:
+        remove_memory_target(url)
 
 
 def test_backup_copies_verified_checkpoints_and_an_online_database_copy(setup):
@@ -205,7 +231,7 @@ def test_a_purge_takes_the_game_out_of_the_targets_database_before_its_files(set
         restored.close()
 
 
-def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tmp_path, monkeypatch):
+def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tmp_path, monkeypatch, memory_url):
     # The backup was told after the files and the cluster storage's copy were deleted: a storage
     # outage (or the daemon's death during a long delete) lost the purge, the game was out of the
     # database already (a retried DELETE: 404), and its copies stayed on the target for good.
@@ -217,7 +243,7 @@ def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tm
     from tests.api_context import api_context
     from tests.fakes import FakeHost
 
-    url, storage = f"memory://backup-{uuid.uuid4().hex}", f"memory://storage-{uuid.uuid4().hex}"
+    url, storage = memory_url("backup"), memory_url("storage")
     settings = load_settings(state_dir=tmp_path / "state", backup={"target": url},
                              cluster={"backend": "ray", "storage": storage})
     ensure_schema(settings.db_path, "fleetd db upgrade")
@@ -248,7 +274,6 @@ def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tm
         assert Target(url).names("games") == set()
     finally:
         db.close()
-        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
 
 
 def test_a_scan_while_a_purged_games_files_are_deleted_copies_none_of_them_back(setup, tmp_path):
@@ -640,7 +665,7 @@ def test_the_database_copy_finishes_while_another_process_keeps_committing(tmp_p
     assert pairs >= 2 and pairs % 2 == 0 and balance == 0  # whole transactions only: a snapshot
 
 
-def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_behind(settings, db, tmp_path):
+def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_behind(settings, db, tmp_path, memory_url):
     # rm --purge then add under the name within a scan's interval: the new game was in the
     # database and had a folder (its logs), so its predecessor's copies stayed on the target
     # until it wrote a checkpoint, and a restore then handed them to it.
@@ -652,7 +677,7 @@ def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_be
     from tests.api_context import api_context
     from tests.fakes import FakeHost
 
-    url = f"memory://backup-{uuid.uuid4().hex}"
+    url = memory_url()
     settings = settings.model_copy(update={"backup": settings.backup.model_copy(update={"target": url})})
     clock = FakeClock()
     context = dataclasses.replace(api_context(settings, db, clock, FakeHost(clock), "t" * 32),
@@ -661,26 +686,23 @@ def test_a_game_purged_and_added_again_before_the_next_scan_leaves_its_copies_be
         create_game(session, GameDraft("pong", "CartPole-v1", "ppo", desired="stopped"), clock.now())
     write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
     context.backup.now()
-    try:
-        with TestClient(create_app(context)) as client:
-            client.headers["Authorization"] = f"Bearer {'t' * 32}"
-            assert client.delete("/api/v1/games/pong?purge=true").status_code == 204
-        with db.transaction() as session:  # added again, another env; its worker made its folder
-            create_game(session, GameDraft("pong", "Acrobot-v1", "ppo", desired="stopped"), clock.now())
-        (settings.game_dir("pong") / "logs").mkdir(parents=True)
+    with TestClient(create_app(context)) as client:
+        client.headers["Authorization"] = f"Bearer {'t' * 32}"
+        assert client.delete("/api/v1/games/pong?purge=true").status_code == 204
+    with db.transaction() as session:  # added again, another env; its worker made its folder
+        create_game(session, GameDraft("pong", "Acrobot-v1", "ppo", desired="stopped"), clock.now())
+    (settings.game_dir("pong") / "logs").mkdir(parents=True)
 
-        run = context.backup.now()
+    run = context.backup.now()
 
-        assert run.removed == ["pong/*"]
-        assert restore(url, tmp_path / "fresh").checkpoints == 0
-        write_ckpt(settings.game_dir("pong") / "checkpoints", 50)  # the new game's own: copied, kept
-        assert context.backup.now().copied == ["pong/ckpt-000000000050"]
-        assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000050"}
-    finally:
-        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+    assert run.removed == ["pong/*"]
+    assert restore(url, tmp_path / "fresh").checkpoints == 0
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 50)  # the new game's own: copied, kept
+    assert context.backup.now().copied == ["pong/ckpt-000000000050"]
+    assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000050"}
 
 
-def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_claimed(setup, tmp_path):
+def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_claimed(setup, tmp_path, memory_url):
     # A restore drill: the backup restored into a new state_dir while the fleet goes on, the
     # drill's daemon given the same target. Both databases are the same fleet, so the "another
     # fleet" check let it through: its scan deleted the live fleet's newer checkpoint from the
@@ -714,11 +736,10 @@ def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_cla
         skipped = read_events(session, EventFilter(kind="backup_skipped"))
     assert [(e.severity, e.message) for e in skipped] == [("warning", f"backup to {url} skipped: {held}")]
     # Another target is the drill's own to write.
-    elsewhere = f"{url}-drill"
+    elsewhere = memory_url("drill")
     other = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": elsewhere}), drill_db, FakeClock())
     assert other.held() is None and other.now().copied == ["pong/ckpt-000000000100"]
     assert other.held() is None and other.now().copied == []  # one it wrote itself: its own, the same fleet's as it is
-    fsspec.filesystem("memory").rm(elsewhere.removeprefix("memory://"), recursive=True)
     assert live_backup.checkpoints().removed == []  # the live fleet goes on as before
 
     # The fleet gone for good: the claim makes the restored state_dir the target's writer,
@@ -756,7 +777,7 @@ def by_another_path(state_dir, **mark):
     path.write_text(json.dumps({**json.loads(path.read_text()), "key": "file:///mnt/share/fleet", **mark}))
 
 
-def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(setup, tmp_path):
+def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(setup, tmp_path, memory_url):
     # The restore read the target at one path, the drill's config names it at another (a bind
     # mount, a share mounted elsewhere on the drill box): told apart by URL alone, the drill wrote
     # to it and deleted the live fleet's newer checkpoint. It is the same fleet's backup there.
@@ -787,13 +808,12 @@ def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(s
     assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
     # A second drill of the fleet backing up to the first drill's own target: another target.
     restore(url, tmp_path / "drill-2")
-    own = f"{url}-drills"
+    own = memory_url("drills")
     first = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": own}), drill_db, FakeClock())
     assert first.held() is None and first.now().copied == ["pong/ckpt-000000000100"]
     second_db = Database.open(tmp_path / "drill-2" / "fleetd.db")
     second = Backup(load_settings(state_dir=tmp_path / "drill-2", backup={"target": own}), second_db, FakeClock())
     assert second.held() is None
-    fsspec.filesystem("memory").rm(own.removeprefix("memory://"), recursive=True)
     for db in (live_db, drill_db, second_db):
         db.close()
 
@@ -824,13 +844,13 @@ def test_the_restore_mark_knows_its_target_however_the_url_is_spelt(tmp_path):
     assert target_key("memory://a/b/") == target_key("memory://a/b") != target_key("memory://a/c")
 
 
-def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_drills_own_holds_none(tmp_path):
+def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_drills_own_holds_none(tmp_path, memory_url):
     # Held only from a target the backup's own writer wrote, a drill restored from a drill's
     # backup was let into the live fleet's target, and an old drill into the fleet's target once
     # the fleet had moved (a new writer): each deleted the fleet's newer checkpoints there.
     from fleetd.operations.backup import claim_target
 
-    t0, t1 = f"memory://fleet-{uuid.uuid4().hex}", f"memory://drill-{uuid.uuid4().hex}"
+    t0, t1 = memory_url("fleet"), memory_url("drill")
     live, live_db = fleet_backed_up(tmp_path, t0)
     d1, d1_db = restored_backup(tmp_path, "d1", t0, t1)
     assert d1.held() is None and d1.now().copied == ["pong/ckpt-000000000100"]  # its own target
@@ -850,8 +870,6 @@ def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_dri
     assert Target(t0).names("games/pong/checkpoints") >= {"ckpt-000000000300"}
     for db in (live_db, d1_db, d2_db, moved_db):
         db.close()
-    for url in (t0, t1):
-        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
 
 
 def test_a_state_dirs_writer_id_is_made_where_hard_links_are_refused(tmp_path, monkeypatch):
@@ -866,7 +884,7 @@ def test_a_state_dirs_writer_id_is_made_where_hard_links_are_refused(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["writer-id"]
 
 
-def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tmp_path):
+def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tmp_path, memory_url):
     # The fleet restored on a new box and pointed at a new target without a claim writes there
     # as a restored copy (writer_restored): a drill of that target, reaching it by another path,
     # was let in and deleted the fleet's newer checkpoint. The mark names the backup's writer.
@@ -875,7 +893,7 @@ def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tm
 
     from fleetd.operations.backup import claim_target
 
-    t0, t2 = f"memory://old-{uuid.uuid4().hex}", f"memory://new-{uuid.uuid4().hex}"
+    t0, t2 = memory_url("old"), memory_url("new")
     live, live_db = fleet_backed_up(tmp_path, t0)
     moved, moved_db = restored_backup(tmp_path, "moved", t0, t2)
     write_ckpt(moved.settings.game_dir("pong") / "checkpoints", 200)
@@ -892,8 +910,6 @@ def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tm
     assert json.loads(Target(t2).fs.cat_file(Target(t2).path("backup.json")))["writer_restored"] is False
     for db in (live_db, moved_db, drill_db):
         db.close()
-    for url in (t0, t2):
-        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
 
 
 def test_an_empty_writer_id_is_made_again(tmp_path):
@@ -904,12 +920,12 @@ def test_an_empty_writer_id_is_made_again(tmp_path):
     assert len(made) == 32 and writer_id(tmp_path) == made
 
 
-def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_database(tmp_path):
+def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_database(tmp_path, memory_url):
     # The restore's advice for a damaged backup.json is to delete it: the mark then names no
     # fleet or writer, and until the fleet wrote a new one the drill, by another path, was let in.
     from fleetd.operations.backup import INFO_NAME
 
-    t0 = f"memory://nameless-{uuid.uuid4().hex}"
+    t0 = memory_url("nameless")
     live, live_db = fleet_backed_up(tmp_path, t0)
     target = Target(t0)
     target.fs.rm(target.path(INFO_NAME))
@@ -918,4 +934,3 @@ def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_databa
     assert drill.held() is not None and drill.database() == BackupRun()
     for db in (live_db, drill_db):
         db.close()
-    fsspec.filesystem("memory").rm(t0.removeprefix("memory://"), recursive=True)
