@@ -1,6 +1,6 @@
 """`[cluster] storage` as an fsspec URL (s3://, gs://, file://): games synced, not mounted.
 
-The URL holds each game's verified checkpoints in the backup layout (fleetd/operations/backup.py)::
+The URL holds each game's verified checkpoints in the backup layout (fleetd/operations/backup/job.py)::
 
     URL/games/NAME/checkpoints/ckpt-*/{manifest.json, model.zip, ...}
 
@@ -23,7 +23,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from fleetd.operations.backup import Target, fetch_checkpoint, sync_game
+from fleetd.operations.backup.job import Target, fetch_checkpoint, sync_game
 from workers import checkpoint, lease
 from workers.protocol.exit_codes import ExitCode
 

@@ -1,0 +1,1 @@
+"""Backups to `[backup] target` and restores from it (`job.py`)."""
