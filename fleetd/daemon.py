@@ -19,7 +19,7 @@ import uvicorn
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.operations.backup import Backup
+from fleetd.operations.backup.job import Backup
 from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
@@ -532,7 +532,7 @@ STATUS_INTERVAL_S = 10.0
 def remove_leftovers(settings: Settings) -> None:
     """What an earlier daemon's end cut short, where only a daemon writes (the lock is held):
     uploads, imports and exports in state_dir/transfers, backups' database copies."""
-    from fleetd.operations.backup import remove_scratch_leftovers
+    from fleetd.operations.backup.job import remove_scratch_leftovers
     from fleetd.operations.model_io import remove_transfer_leftovers
 
     for what, remove in (("transfers", remove_transfer_leftovers), ("backup work folders", remove_scratch_leftovers)):

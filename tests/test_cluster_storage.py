@@ -13,7 +13,7 @@ import pytest
 from fleetd.cluster import storage
 from fleetd.cluster.storage import (CheckpointsUnusable, RunSync, checkpoints_of, drop_after, mirror, pull_newest,
                                      push_missing, push_new, put_lease)
-from fleetd.operations.backup import Target
+from fleetd.operations.backup.target import Target
 from tests.operations.test_backup import write_ckpt
 from workers import checkpoint, lease
 from workers.protocol.exit_codes import ExitCode

@@ -25,7 +25,7 @@ from fleetd.host.uptime import record_daemon_start
 from fleetd.operations.alerts import Alert
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
-from fleetd.operations.backup import Target
+from fleetd.operations.backup.target import Target
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft

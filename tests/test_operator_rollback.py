@@ -17,7 +17,7 @@ from fleetd.cluster.storage import remote_names
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.lifecycle import set_desired
 from fleetd.health.rules import Health
-from fleetd.operations.backup import Target
+from fleetd.operations.backup.target import Target
 from fleetd.states import Desired, State
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store

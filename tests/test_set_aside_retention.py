@@ -16,7 +16,9 @@ from fleetd.config import load_settings
 from fleetd.daemon import Daemon
 from fleetd.games.kept import kept_files, set_aside
 from fleetd.host.uptime import record_daemon_start
-from fleetd.operations.backup import Backup, Target, restore
+from fleetd.operations.backup.job import Backup
+from fleetd.operations.backup.restore import restore
+from fleetd.operations.backup.target import Target
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events

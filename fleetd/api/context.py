@@ -49,7 +49,7 @@ class AppContext:
     supervisor: SupervisorPort | None = None  # None: a read-only app (tests of the API alone)
     telemetry: TelemetrySource | None = None
     counters: ProgressCounters | None = None  # fed by the recorder; None: /metrics makes its own
-    backup: Any = None  # fleetd.operations.backup.Backup when [backup] target is set
+    backup: Any = None  # fleetd.operations.backup.job.Backup when [backup] target is set
 
 
     @property

@@ -63,7 +63,7 @@ def backup_claim(
 
     Run it once the fleet the backup came from is gone for good (a move, not a drill): its
     daemon, running or not, then backs up there (a running one from its next backup)."""
-    from fleetd.operations.backup import claim_target
+    from fleetd.operations.backup.marks import claim_target
 
     target_dir = (state_dir or settings_from(config)[0].state_dir).expanduser().absolute()
     if not target_dir.is_dir():
@@ -86,7 +86,8 @@ def restore(
 ) -> None:
     """Restore a backup onto an empty state_dir; then start fleetd on it and training resumes."""
     from fleetd.host.statedir import StateDirError
-    from fleetd.operations.backup import BackupError, fill_state_dir, prepare_restore
+    from fleetd.operations.backup.restore import fill_state_dir, prepare_restore
+    from fleetd.operations.backup.target import BackupError
     from fleetd.store.schema import SchemaError
 
     target_dir = (state_dir or settings_from(config)[0].state_dir).expanduser().absolute()

@@ -30,7 +30,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
-from fleetd.operations.backup import Target
+from fleetd.operations.backup.target import Target
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned

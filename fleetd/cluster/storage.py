@@ -1,6 +1,6 @@
 """`[cluster] storage` as an fsspec URL (s3://, gs://, file://): games synced, not mounted.
 
-The URL holds each game's verified checkpoints in the backup layout (fleetd/operations/backup.py)::
+The URL holds each game's verified checkpoints in the backup layout (fleetd/operations/backup/target.py)::
 
     URL/games/NAME/checkpoints/ckpt-*/{manifest.json, model.zip, ...}
 
@@ -23,7 +23,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from fleetd.operations.backup import Target, fetch_checkpoint, sync_game
+from fleetd.operations.backup.sync import sync_game
+from fleetd.operations.backup.target import Target, fetch_checkpoint
 from workers import checkpoint, lease
 from workers.protocol.exit_codes import ExitCode
 

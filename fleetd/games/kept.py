@@ -64,7 +64,7 @@ class KeptFiles:
         if self.storage_url is None:
             return []
         from fleetd.cluster.storage import remote_names
-        from fleetd.operations.backup import Target
+        from fleetd.operations.backup.target import Target
 
         try:
             return remote_names(Target(self.storage_url), self.name)
@@ -171,7 +171,7 @@ def set_aside(files: KeptFiles, now: datetime) -> Path | None:
 
 def _fetch_missing(files: KeptFiles, url: str) -> None:
     from fleetd.cluster.storage import checkpoints_of
-    from fleetd.operations.backup import Target, fetch_checkpoint
+    from fleetd.operations.backup.target import Target, fetch_checkpoint
 
     here = {info.path.name for info in checkpoint.list_checkpoints(files.checkpoints)}
     missing = [name for name in files._remote_names() if name not in here]
@@ -217,7 +217,7 @@ def _unused(path: Path) -> Path:
 
 def _drop_from_storage(files: KeptFiles, url: str, into: Path | None) -> None:
     from fleetd.cluster.storage import drop_after
-    from fleetd.operations.backup import Target
+    from fleetd.operations.backup.target import Target
 
     try:
         drop_after(Target(url), files.name, -1)  # every step count is above -1

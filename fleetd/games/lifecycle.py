@@ -180,7 +180,7 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
             purging(name)
         shutil.rmtree(game_dir, ignore_errors=True)
         if storage_url is not None:
-            from fleetd.operations.backup import Target
+            from fleetd.operations.backup.target import Target
 
             Target(storage_url).remove(f"games/{name}")
 

@@ -181,7 +181,7 @@ class LearningActions:
         if self._storage_url is None:
             return True
         from fleetd.cluster.storage import drop_after
-        from fleetd.operations.backup import Target
+        from fleetd.operations.backup.target import Target
 
         try:
             drop_after(Target(self._storage_url), proc.name, steps)

@@ -156,7 +156,7 @@ def _drop_from_storage(name: str, to_steps: int, storage_url: str, moved: list[s
     too (the head's copies are the ones set aside). Asked again after a failure, nothing is
     left to move here and the URL's are dropped then."""
     from fleetd.cluster.storage import drop_after
-    from fleetd.operations.backup import Target
+    from fleetd.operations.backup.target import Target
 
     try:
         drop_after(Target(storage_url), name, to_steps)

@@ -16,7 +16,7 @@ from fleetd.cli.main import app
 from fleetd.cluster.storage import push_missing, remote_names
 from fleetd.config import Settings
 from fleetd.games.kept import last_run_spec
-from fleetd.operations.backup import Target
+from fleetd.operations.backup.target import Target
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.supervision.launcher import run_spec_path

@@ -16,7 +16,9 @@ import pytest
 import sqlalchemy
 
 from fleetd.config import ConfigError, load_settings
-from fleetd.operations.backup import Backup, BackupError, BackupRun, Target, restore
+from fleetd.operations.backup.job import Backup, BackupRun
+from fleetd.operations.backup.restore import restore
+from fleetd.operations.backup.target import BackupError, Target
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
@@ -301,14 +303,14 @@ def test_a_purge_told_while_a_scan_reads_the_fleets_names_is_not_taken_for_a_gam
     # The scan read the names, then the owed purges: a purge told in between (its game just out of
     # the database) found the name among them, was dropped as a game added again while the files
     # were being deleted, and what was left of them was copied back for good.
-    from fleetd.operations import backup as backup_module
+    from fleetd.operations.backup import job as backup_job
     from fleetd.store.games import delete_game
 
     settings, db, url = setup
     clock = FakeClock()
     backup = backed_up_pong(settings, db, clock)
     write_ckpt(settings.game_dir("pong") / "checkpoints", 200)
-    names = backup_module.game_store.game_names
+    names = backup_job.game_store.game_names
 
     def removed_right_after(session):
         read = names(session)
@@ -317,7 +319,7 @@ def test_a_purge_told_while_a_scan_reads_the_fleets_names_is_not_taken_for_a_gam
         backup.purged("pong")
         return read
 
-    monkeypatch.setattr(backup_module.game_store, "game_names", removed_right_after)
+    monkeypatch.setattr(backup_job.game_store, "game_names", removed_right_after)
     backup.checkpoints()
     monkeypatch.undo()
     shutil.rmtree(settings.game_dir("pong"))  # the delete ends
@@ -468,7 +470,7 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
 
 
 def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
-    from fleetd.operations.backup import claim_target
+    from fleetd.operations.backup.marks import claim_target
 
     # Two hosts given the same config (or a fresh state_dir started before `fleetd restore`):
     # the second one's backup replaced the first's database and deleted its checkpoints.
@@ -727,7 +729,8 @@ def test_a_restore_drill_beside_the_live_fleet_leaves_its_backup_alone_until_cla
     with pytest.raises(BackupError, match="restored from"):
         drill_backup.settle_set_aside()
     assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
-    from fleetd.operations.backup import claim_target, status_dict
+    from fleetd.operations.backup.job import status_dict
+    from fleetd.operations.backup.marks import claim_target
 
     held = drill_backup.held()
     assert held is not None and held.startswith(f"restored from {url}: this state dir does not write to it")
@@ -821,7 +824,7 @@ def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(s
 def test_two_first_asks_for_a_state_dirs_writer_id_get_the_one_kept(tmp_path):
     import threading
 
-    from fleetd.operations.backup import writer_id
+    from fleetd.operations.backup.marks import writer_id
 
     for n in range(40):
         folder, got = tmp_path / str(n), []
@@ -835,7 +838,7 @@ def test_two_first_asks_for_a_state_dirs_writer_id_get_the_one_kept(tmp_path):
 
 
 def test_the_restore_mark_knows_its_target_however_the_url_is_spelt(tmp_path):
-    from fleetd.operations.backup import target_key
+    from fleetd.operations.backup.target import target_key
 
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
@@ -848,7 +851,7 @@ def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_dri
     # Held only from a target the backup's own writer wrote, a drill restored from a drill's
     # backup was let into the live fleet's target, and an old drill into the fleet's target once
     # the fleet had moved (a new writer): each deleted the fleet's newer checkpoints there.
-    from fleetd.operations.backup import claim_target
+    from fleetd.operations.backup.marks import claim_target
 
     t0, t1 = memory_url("fleet"), memory_url("drill")
     live, live_db = fleet_backed_up(tmp_path, t0)
@@ -873,14 +876,14 @@ def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_dri
 
 
 def test_a_state_dirs_writer_id_is_made_where_hard_links_are_refused(tmp_path, monkeypatch):
-    from fleetd.operations import backup as backup_module
+    from fleetd.operations.backup import marks
 
     def refused(*_args, **_kwargs):
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(backup_module.os, "link", refused)
-    made = backup_module.writer_id(tmp_path)
-    assert len(made) == 32 and backup_module.writer_id(tmp_path) == made
+    monkeypatch.setattr(marks.os, "link", refused)
+    made = marks.writer_id(tmp_path)
+    assert len(made) == 32 and marks.writer_id(tmp_path) == made
     assert sorted(p.name for p in tmp_path.iterdir()) == ["writer-id"]
 
 
@@ -891,7 +894,7 @@ def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tm
     # A mark naming no fleet (backup.json deleted for a damaged one) takes the database's.
     import json
 
-    from fleetd.operations.backup import claim_target
+    from fleetd.operations.backup.marks import claim_target
 
     t0, t2 = memory_url("old"), memory_url("new")
     live, live_db = fleet_backed_up(tmp_path, t0)
@@ -913,7 +916,7 @@ def test_a_moved_fleet_not_yet_claimed_still_holds_drills_from_its_new_target(tm
 
 
 def test_an_empty_writer_id_is_made_again(tmp_path):
-    from fleetd.operations.backup import writer_id
+    from fleetd.operations.backup.marks import writer_id
 
     (tmp_path / "writer-id").write_text("")
     made = writer_id(tmp_path)
@@ -923,7 +926,7 @@ def test_an_empty_writer_id_is_made_again(tmp_path):
 def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_database(tmp_path, memory_url):
     # The restore's advice for a damaged backup.json is to delete it: the mark then names no
     # fleet or writer, and until the fleet wrote a new one the drill, by another path, was let in.
-    from fleetd.operations.backup import INFO_NAME
+    from fleetd.operations.backup.target import INFO_NAME
 
     t0 = memory_url("nameless")
     live, live_db = fleet_backed_up(tmp_path, t0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.config import load_settings
-from fleetd.operations.backup import Backup
+from fleetd.operations.backup.job import Backup
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
 from tests.daemon_harness import clean_env
@@ -81,7 +81,8 @@ def test_a_restore_that_fails_part_way_removes_what_it_wrote_so_a_retry_works(ba
 
 
 def test_a_damaged_backup_json_is_named_and_nothing_is_left_but_the_lock(backup_dir, tmp_path):
-    from fleetd.operations.backup import BackupError, restore
+    from fleetd.operations.backup.restore import restore
+    from fleetd.operations.backup.target import BackupError
 
     (backup_dir / "backup.json").write_text("{not json")
     fresh = tmp_path / "fresh"
@@ -122,14 +123,14 @@ def test_a_database_at_an_older_schema_says_to_upgrade_and_one_not_fleetds_is_re
 
 
 def test_a_restore_says_it_writes_no_backup_there_until_claimed_and_the_claim_ends_that(backup_dir, tmp_path):
-    from fleetd.operations.backup import Backup
+    from fleetd.operations.backup.job import Backup
 
     fresh = tmp_path / "fresh"
     done = fleetd_restore(backup_dir, fresh)
     assert done.returncode == 0, done.stderr
     assert f"it writes no backup to {backup_dir} until you run `fleetd backup claim --state-dir {fresh}` (once " \
         "the fleet the backup came from is gone for good)" in done.stdout, done.stdout
-    from fleetd.operations.backup import read_restored_mark
+    from fleetd.operations.backup.marks import read_restored_mark
 
     assert read_restored_mark(fresh / "backups")["target"] == str(backup_dir)
     settings = load_settings(state_dir=fresh, backup={"target": f"{backup_dir}/"})  # however it is spelt
@@ -155,7 +156,9 @@ def test_the_api_refuses_a_backup_now_to_the_target_restored_from_and_shows_why(
     from fleetd.api import create_app
     from fleetd.api.context import AppContext, DaemonInfo
     from fleetd.games.catalog import EnvCatalog
-    from fleetd.operations.backup import Backup, Target, restore
+    from fleetd.operations.backup.job import Backup
+    from fleetd.operations.backup.restore import restore
+    from fleetd.operations.backup.target import Target
 
     restore(str(backup_dir), tmp_path / "drill")
     settings = load_settings(state_dir=tmp_path / "drill", backup={"target": str(backup_dir)})

@@ -11,7 +11,7 @@ from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT
 from fleetd.api.schemas import Out
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.operations.backup import BackupHeld, status_dict
+from fleetd.operations.backup.job import BackupHeld, status_dict
 
 router = APIRouter(tags=["backup"])
 
