@@ -29,7 +29,7 @@ from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, PlanPrediction
 from fleetd.store.samples import read_samples
-from workers.protocol.spec import RunSpec, SpecError
+from workers.protocol.spec import RunSpec, SpecError, integral
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def plan_game(session: Any, game: GameRecord) -> PlanGame:
     goal = goal_of(game)  # of two, the plan picks the one reached first at its rates (queue.planned_goals)
     state = plan_state(game, goal)
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
-    envs = game.hyperparams.get("num_envs")
+    envs = integral(game.hyperparams.get("num_envs"))  # 16.0 as a row stored before whole_counts holds it
     return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
                     envs if isinstance(envs, int) else None, game.admitted_at, tuple(goals_of(game)))  # fmt: skip
 

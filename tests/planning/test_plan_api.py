@@ -376,3 +376,21 @@ def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(fleet) -
     assert render.GOALLESS in text and "all goals in" not in text and "training 0.0 h" not in text
     rungs = [line for line in text.splitlines() if "x32" in line and "│" in line]
     assert rungs and all("0.0" not in line and "$0.00" not in line for line in rungs)
+
+
+def test_a_games_own_env_count_sent_as_a_float_is_planned_as_that_count(fleet) -> None:
+    # JSON has one number type: a client (or a fleet file) that writes 16.0 for num_envs gets a
+    # worker with 16 envs, but the value was stored as 16.0 and the plan, which reads only an
+    # integer as the game's own count, planned cart3 at the rung's 32 envs: twice the rate.
+    context, _ = fleet
+    entry = {"name": "cart3", "env_id": "CartPole-v1", "target_episodes": 3_000, "hyperparams": {"num_envs": 16.0}}
+    with TestClient(create_app(context), raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        applied = client.put("/api/v1/fleet/spec", json={"games": [entry]})
+        assert applied.status_code == 200, applied.text
+        stored = client.get("/api/v1/games/cart3").json()["hyperparams"]
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour at 32 envs each
+    cart3 = next(g for g in get(context)["games"] if g["name"] == "cart3")
+    assert (cart3["rate_source"], cart3["rate_per_hour"]) == ("rung", pytest.approx(300.0))  # 600 / 32 x 16
+    assert stored == {"num_envs": 16} and type(stored["num_envs"]) is int  # as the worker takes it
