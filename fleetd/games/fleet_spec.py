@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from fleetd.clock import Clock
-from fleetd.errors import FleetdError
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import check_draft, check_unique_names, record_added, record_desired, record_removed, seeding_needed
@@ -96,15 +96,19 @@ class GamePlan:
 
 
 def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCheck, restart: bool,
-               workers: LiveWorkers = NO_WORKERS, kept: Mapping[str, Found | FleetdError] | None = None) -> list[GamePlan]:
+               workers: LiveWorkers = NO_WORKERS,
+               kept: Mapping[str, Found | FleetdError | None] | None = None) -> list[GamePlan]:
     """What applying `games` would do, every entry checked first (FleetdError names the culprit).
-    `kept`: the names a removed game left checkpoints under (`kept_of_new`), or why they could not
-    be looked for: met only once every entry passed its own checks, so a bad entry is named first."""
+    `kept`: for each name the fleet lacked (`kept_of_new`), the checkpoints a removed game left
+    under it, or why they could not be looked for: met only once every entry passed its own
+    checks, so a bad entry is named first. An add of a name not in it is refused (removed since)."""
     check_unique_names([entry.name for entry in games])
     current = {game.name: game for game in game_store.read_games(session)}
     plans = [_plan(session, index, entry, current.get(entry.name), catalog, restart, workers)
              for index, entry in enumerate(games)]
     for index, (entry, plan) in enumerate(zip(games, plans)):
+        if plan.action == "add" and kept is not None and entry.name not in kept:
+            _refuse_removed_meanwhile(index, entry.name)
         found = (kept or {}).get(entry.name)
         if plan.action == "add" and isinstance(found, FleetdError):
             raise found
@@ -195,15 +199,26 @@ def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) ->
 
 
 def kept_of_new(db: Database, games: list[FleetGame | AbsentGame],
-                files_of: Callable[[str], KeptFiles]) -> dict[str, Found | FleetdError]:
-    """The entries to add whose name a removed game left checkpoints under, or why a URL storage
-    could not be asked (the plan raises it once the entries passed their checks). Looked for
-    before the plan's transaction: a listing at a URL storage must not hold it open."""
+                files_of: Callable[[str], KeptFiles]) -> dict[str, Found | FleetdError | None]:
+    """Each entry to add (a name the fleet lacks now): the checkpoints a removed game left under
+    its name (None: none), or why a URL storage could not be asked (the plan raises it once the
+    entries passed their checks). Looked for before the plan's transaction: a listing at a URL
+    storage must not hold it open."""
     with db.transaction() as session:
         current = {game.name for game in game_store.read_games(session)}
     new = [files_of(entry.name) for entry in games if isinstance(entry, FleetGame) and entry.name not in current]
-    found = {files.name: _newest(files) for files in new}
-    return {name: kept for name, kept in found.items() if kept is not None}
+    return {files.name: _newest(files) for files in new}
+
+
+def _refuse_removed_meanwhile(index: int, name: str) -> NoReturn:
+    """An entry the plan adds whose name the fleet held when the kept checkpoints were looked
+    for: its game was removed since (`fleetd games rm` while the file's env ids were checked),
+    so its checkpoints were never looked for. Adding it could resume from them with no choice
+    asked; applying again looks, and refuses it if they are there."""
+    field = f"games[{index}].name"
+    reason = (f"game {name!r} was removed while this apply was checked: its folder may hold its checkpoints, "
+              "not looked for; apply again")
+    raise FleetdError(ErrorCode.CONFLICT, f"{field}: {reason}", {"field": field, "name": name})
 
 
 def _newest(files: KeptFiles) -> Found | FleetdError | None:
