@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
+LISTED = 10  # games named in the apply's "left alone" line; the JSON answer has them all
 IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take settings they were not "
@@ -88,9 +89,16 @@ def apply(
 def plan_lines(result: dict[str, Any]) -> list[str]:
     lines = [_plan_line(game) for game in result["games"]]
     waiting = result.get("waiting") or []  # an older daemon's answer has none
+    alone = result.get("left_alone") or []
+    if alone:
+        named = ", ".join(alone[:LISTED]) + (f" and {len(alone) - LISTED} more" if len(alone) > LISTED else "")
+        lines.append(f"left alone (not in the file): {named}; deleting an entry does not remove its game: "
+                     "give it `absent = true` to take it out")
     if not result["changed"] and waiting:
         lines.append(f"no change now: {', '.join(waiting)} still stopping; apply again once stopped to remove "
                      f"{'it' if len(waiting) == 1 else 'them'}")
+    elif not result["changed"] and alone:
+        lines.append("no change: the games the file names match it")
     elif not result["changed"]:
         lines.append("no change: the fleet matches the file")
     elif result["dry_run"]:

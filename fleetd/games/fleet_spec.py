@@ -273,6 +273,14 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     return plans
 
 
+def left_alone(db: Database, plans: list[GamePlan]) -> list[str]:
+    """The fleet's games a file does not name, which its apply leaves as they are: a game whose
+    entry was deleted from the file is not taken out (only `absent = true` does that)."""
+    named = {plan.name for plan in plans}
+    with db.transaction() as session:
+        return sorted(game.name for game in game_store.read_games(session) if game.name not in named)
+
+
 class _CheckedOnce:
     """The catalog's check, asked once per env id: the plan before the write transaction asks
     it (slow: a listing, a module's import), the plan inside finds it answered."""
