@@ -37,6 +37,10 @@ def patch_game(
     body: GameSettings,  # type: ignore[valid-type]
     name: str = GameName,
     restart: bool = RESTART,
+    expect_overrides: str | None = Query(None, description=(
+        "the tag of the hyperparams and health settings this change was merged into (as `fleetd games set` "
+        "computes it: fleetd/games/fields.py overrides_tag); others now, changed since they were read, "
+        "are a conflict (409, field `expect_overrides`), nothing written")),
     context: AppContext = Depends(get_context),
 ) -> GameChangedOut:
     """Change a game's priority, goals, checkpoint interval or hyperparameters; applied at its
@@ -48,7 +52,7 @@ def patch_game(
     event `settings_changed` names old and new values."""
     values = body.model_dump(include=body.model_fields_set)
     workers = LiveRuns.of(context.snapshot, context.settings)
-    done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers)
+    done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers, expect_overrides)
     restarting = done.restart is not None
     _tell(context, [name] if restarting else [])
     shown = game_out(done.game).model_dump(exclude={"pending"})
