@@ -32,7 +32,7 @@ from fleetd.games.settings import (
 )
 from fleetd.games.slug import GameName
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
-from fleetd.games.spec import SETTABLE, GameSpec
+from fleetd.games.spec import DEFAULT_ALGO, SETTABLE, GameSpec
 from fleetd.states import DONE, REMOVABLE, Desired, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
@@ -125,12 +125,23 @@ def _plan(session: Session, index: int, entry: FleetGame | AbsentGame, game: Gam
     if game is None:
         check_draft(_draft(entry), catalog, prefix)
         return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
+    if "algo" not in entry.model_fields_set and entry.algo != game.algo:
+        _refuse_algo_left_out(prefix, game)
     check_identity(game, entry.env_id, entry.algo, prefix)
     changes = setting_changes(game, entry.wanted())
     check_changes(game, entry.wanted(), changes, catalog, prefix, session)
     if game.desired != entry.desired:
         changes.append(SettingChange("desired", game.desired.value, entry.desired.value))
     return _plan_update(entry, game, changes, restart, workers)
+
+
+def _refuse_algo_left_out(prefix: str, game: GameRecord) -> NoReturn:
+    """An entry without `algo` is a PPO game's: for a game of another algorithm that is no change
+    of algorithm the user asked for (nor one to give another name), but a line left out."""
+    field = f"{prefix}algo"
+    reason = (f"the entry leaves algo out, which makes it {DEFAULT_ALGO}; game {game.name!r} is {game.algo}: "
+              f'add algo = "{game.algo}" to its entry')
+    raise FleetdError(ErrorCode.CONFLICT, f"{field}: {reason}", {"errors": [{"field": field, "reason": reason}]})
 
 
 def _plan_update(entry: FleetGame, game: GameRecord, changes: list[SettingChange], asked: bool,

@@ -207,6 +207,19 @@ def test_a_game_whose_entry_was_deleted_from_the_file_is_named_as_left_alone(cli
     assert put_spec(client, FLEET).json()["left_alone"] == []
 
 
+def test_an_entry_that_leaves_algo_out_for_a_dqn_game_is_told_to_name_it(client: TestClient) -> None:
+    # An entry written by hand to change dqn's goal, without `algo` (ppo by default), was refused
+    # as a change of algorithm, "add a game with another name": the user asked for no ppo.
+    put_spec(client, FLEET)
+    entry = {key: value for key, value in FLEET[1].items() if key != "algo"} | {"target_episodes": 900}
+    error = error_of(put_spec(client, [entry]), 409)
+    assert error["message"].startswith("games[0].algo: ")
+    assert "leaves algo out" in error["message"] and 'algo = "dqn"' in error["message"], error["message"]
+    assert "another name" not in error["message"]
+    assert client.get("/api/v1/games/dqn").json()["target_episodes"] == 500  # nothing written
+    assert actions(put_spec(client, [entry | {"algo": "dqn"}])) == {"dqn": "update"}
+
+
 def test_the_plan_says_what_priority_does_not_that_it_waits_for_a_start(client: TestClient) -> None:
     put_spec(client, FLEET)
     notes = {g["name"]: g["note"] for g in put_spec(client, [FLEET[0] | {"priority": 9}]).json()["games"]}
