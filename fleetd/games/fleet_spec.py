@@ -125,7 +125,7 @@ def _plan(session: Session, index: int, entry: FleetGame | AbsentGame, game: Gam
     if game is None:
         check_draft(_draft(entry), catalog, prefix)
         return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
-    if "algo" not in entry.model_fields_set and entry.algo != game.algo:
+    if "algo" not in entry.model_fields_set and entry.algo != game.algo and entry.env_id == game.env_id:
         _refuse_algo_left_out(prefix, game)
     check_identity(game, entry.env_id, entry.algo, prefix)
     changes = setting_changes(game, entry.wanted())
@@ -357,13 +357,21 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
 def _identity_refused(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
     """An entry with another env_id or algo than its game's is refused by `fleetd apply` (409),
     the whole file with it: said, with what to do instead."""
-    names = [seed.name for seed in seeds if seed.name in held
+    left_out = [seed for seed in seeds if seed.name in held and "algo" not in seed.model_fields_set
+                and held[seed.name].algo != seed.algo and held[seed.name].env_id == seed.env_id]
+    names = [seed.name for seed in seeds if seed.name in held and seed not in left_out
              and (held[seed.name].env_id, held[seed.name].algo) != (seed.env_id, seed.algo)]
-    if not names:
-        return ""
-    return (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
-            "the game's is never changed in place (its checkpoints are of those); give such an entry another name, "
-            "or remove the game first (`fleetd games rm`)")
+    said = ""
+    if names:
+        said += (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
+                 "the game's is never changed in place (its checkpoints are of those); give such an entry another "
+                 "name, or remove the game first (`fleetd games rm`)")
+    if left_out:
+        lines = ", ".join(f'algo = "{held[seed.name].algo}" for {seed.name}' for seed in left_out)
+        said += (f". `fleetd apply` refuses the entries of {', '.join(seed.name for seed in left_out)} as they are: "
+                 f"each leaves algo out, which makes it {DEFAULT_ALGO}, and its game is of another algorithm: add its "
+                 f"algo line ({lines})")
+    return said
 
 
 def _settings_refused(session: Session, held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
