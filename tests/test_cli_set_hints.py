@@ -45,3 +45,30 @@ def test_a_misspelt_hyperparameter_is_not_said_to_be_a_setting(config: Path) -> 
     result = CliRunner().invoke(app, ["games", "set", "pong", "learning_rat=0.1", "--config", str(config)],
                                 env={"COLUMNS": "200"})
     assert result.exit_code == 1 and "learning_rate" in result.output and "did you mean" not in result.output
+
+
+def game(config: Path) -> dict:
+    port = config.read_text().split("port = ")[1].split("\n")[0]
+    response = httpx.get(f"http://127.0.0.1:{port}/api/v1/games/pong", headers={"Authorization": f"Bearer {TOKEN}"})
+    return response.json()
+
+
+def test_a_key_given_twice_is_refused_not_the_last_one_taken(config: Path) -> None:
+    # `priority=5 ... priority=6` set 6 and said nothing of the 5: one of two was dropped unseen.
+    result = CliRunner().invoke(app, ["games", "set", "pong", "priority=5", "ent_coef=0.01", "priority=6",
+                                      "--config", str(config)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "priority given twice" in result.output, result.output
+    assert game(config)["priority"] == 0 and "ent_coef" not in game(config)["hyperparams"]  # nothing sent
+
+
+@pytest.mark.parametrize(("text", "value"), [(".0001", 0.0001), ("1.", 1.0), ("+0.5", 0.5), ("1_000", 1000), ("05", 5)])
+def test_a_number_as_python_writes_it_is_a_number(config: Path, text: str, value: float) -> None:
+    # `learning_rate=.0001` was sent as the string ".0001" (JSON needs 0.0001) and refused:
+    # "expected a number, got str '.0001'".
+    key = "n_epochs" if isinstance(value, int) else "ent_coef"
+    result = CliRunner().invoke(app, ["games", "set", "pong", f"{key}={text}", "--config", str(config)],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    stored = game(config)["hyperparams"][key]
+    assert stored == value and type(stored) is type(value)

@@ -169,6 +169,16 @@ def test_the_advice_to_apply_says_that_another_env_is_refused(starts: Starts) ->
                          "those); give such an entry another name, or remove the game first (`fleetd games rm`)"), note
 
 
+def test_an_entry_whose_algo_line_was_deleted_is_told_to_name_it_not_to_rename_it(starts: Starts) -> None:
+    """A DQN game's entry without its `algo` line is a PPO game's: the note said to give it
+    another name, as for another algorithm asked for; `fleetd apply` says to add the line."""
+    assert starts.start(CART + 'algo = "dqn"\n') == []
+    [note] = starts.start(CART)
+    assert note.endswith("`fleetd apply` refuses the entries of cart as they are: each leaves algo out, which makes "
+                         'it ppo, and its game is of another algorithm: add its algo line (algo = "dqn" for cart)'), note
+    assert "another name" not in note
+
+
 def test_the_advice_to_apply_says_which_entries_apply_refuses_as_they_are(starts: Starts) -> None:
     """A `learning_rate` line deleted from a trained game's entry was named among "other
     settings" with the advice to `fleetd apply` them, which refuses the file (422: the model

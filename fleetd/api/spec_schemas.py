@@ -52,3 +52,6 @@ class FleetApplyOut(Out):
     waiting: list[str] = Field(description="games marked absent that are still stopping: an apply once they "
                                            "have stopped removes them")
     games: list[GamePlanOut] = Field(description="every game the file names, in its order")
+    left_alone: list[str] = Field(default_factory=list, description=(
+        "the fleet's games the file does not name: not changed (an entry with `absent = true` takes one out; "
+        "deleting its entry does not)"))

@@ -12,7 +12,7 @@ import typer
 
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
-from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, when_taken
+from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, overrides_tag, when_taken
 from fleetd.tomlfile import read_toml
 
 if TYPE_CHECKING:
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
+EXPECT = "expect_overrides"  # PATCH's query parameter (fleetd/games/settings.py EXPECT_FIELD)
+MERGE_TRIES = 5  # reads and writes of a set whose game's overrides another client changed meanwhile
+LISTED = 10  # games named in the apply's "left alone" line; the JSON answer has them all
 IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take settings they were not "
@@ -88,9 +91,16 @@ def apply(
 def plan_lines(result: dict[str, Any]) -> list[str]:
     lines = [_plan_line(game) for game in result["games"]]
     waiting = result.get("waiting") or []  # an older daemon's answer has none
+    alone = result.get("left_alone") or []
+    if alone:
+        named = ", ".join(alone[:LISTED]) + (f" and {len(alone) - LISTED} more" if len(alone) > LISTED else "")
+        lines.append(f"left alone (not in the file): {named}; deleting an entry does not remove its game: "
+                     "give it `absent = true` to take it out")
     if not result["changed"] and waiting:
         lines.append(f"no change now: {', '.join(waiting)} still stopping; apply again once stopped to remove "
                      f"{'it' if len(waiting) == 1 else 'them'}")
+    elif not result["changed"] and alone:
+        lines.append("no change: the games the file names match it")
     elif not result["changed"]:
         lines.append("no change: the fleet matches the file")
     elif result["dry_run"]:
@@ -165,25 +175,32 @@ def set_settings(
     health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}
     hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items()
                    if key not in body and _health_key(key) is None}
-    current = ask(config, game_path(name)) if hyperparams or health else {}
-    if hyperparams:
-        body.setdefault("algo", current["algo"])
-        body["hyperparams"] = _merged(current["hyperparams"], hyperparams)
-    if health:
-        body["health_settings"] = _merged(current["health_settings"], health)
-    params = {"restart": str(restart).lower()}
     bare = {key: pair.partition("=")[2] for pair in pairs if (key := pair.partition("=")[0]) in hyperparams}
 
     def patch(client: "ApiClient") -> Any:
         from fleetd.cli.client import ClientError
 
-        try:
-            return client.request("PATCH", game_path(name), json=body, params=params)
-        except ClientError as exc:
-            hint = _meant(exc.details, bare)
-            if hint is None:
-                raise
-            raise ClientError(f"{exc}; {hint}", exc.code, exc.details) from None
+        # The keys are merged into the game's sets as read; the tag of what was read makes a change
+        # made between the read and the write (an apply, another set) a conflict, read again.
+        for attempt in range(MERGE_TRIES):
+            sent, params = dict(body), {"restart": str(restart).lower()}
+            if hyperparams or health:
+                current = client.get(game_path(name))
+                params[EXPECT] = overrides_tag(current["hyperparams"], current["health_settings"])
+                if hyperparams:
+                    sent.setdefault("algo", current["algo"])
+                    sent["hyperparams"] = _merged(current["hyperparams"], hyperparams)
+                if health:
+                    sent["health_settings"] = _merged(current["health_settings"], health)
+            try:
+                return client.request("PATCH", game_path(name), json=sent, params=params)
+            except ClientError as exc:
+                if exc.details.get("field") == EXPECT and attempt + 1 < MERGE_TRIES:
+                    continue
+                hint = _meant(exc.details, bare)
+                if hint is None:
+                    raise
+                raise ClientError(f"{exc}; {hint}", exc.code, exc.details) from None
 
     game = call(config, patch, set_key_typed)
     if json_out:

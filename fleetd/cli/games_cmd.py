@@ -1,6 +1,8 @@
 """`fleetd games add|stop|start|rm|list` and `fleetd status`."""
 
+import contextlib
 import json
+import re
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -30,18 +32,35 @@ class KeptChoice(StrEnum):
     SET_ASIDE = "set-aside"
 
 
+# A number as Python (and most people) write it where JSON refuses it: `.0001`, `1.`, `+0.5`,
+# `1_000`, `05`. Taken as the number, not sent as a string the daemon refuses as one.
+LOOSE_NUMBER = re.compile(r"[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?")
+
+
 def parse_hyperparams(pairs: list[str], usage: str = "--hp") -> dict[str, Any]:
-    """`key=value` pairs; a value that parses as JSON is taken as JSON (numbers, lists, objects)."""
+    """`key=value` pairs; a value that parses as JSON is taken as JSON (numbers, lists, objects),
+    or as a number where Python reads one; a key given twice is refused (one would be dropped)."""
     result: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
             fail(f"{usage} {pair!r}: expected key=value, e.g. {usage} learning_rate=0.0003", ExitCode.USAGE)
-        try:
-            result[key] = json.loads(text)
-        except ValueError:
-            result[key] = text
+        if key in result:
+            fail(f"{usage}: {key} given twice ({pair!r} and an earlier one): give it once", ExitCode.USAGE)
+        result[key] = _value(text)
     return result
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if LOOSE_NUMBER.fullmatch(text):
+        number = text.replace("_", "")
+        with contextlib.suppress(ValueError):
+            return int(number) if re.fullmatch(r"[+-]?\d+", number) else float(number)
+    return text
 
 
 def every_game(config: ConfigOption) -> list[dict]:

@@ -4,6 +4,8 @@ supervisor names a worker's pending settings with the same `SettingChange`."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -20,6 +22,14 @@ PENDING_NOTE = "pending until its next start (--restart applies it now)"
 # setting is in the worker's run spec (supervision/pending.py SPEC_SETTINGS, hyperparams), and
 # `desired` is the supervisor's to act on at its next turn.
 AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE = "next_start", "governor_step", "next_evaluation", "now"
+
+
+def overrides_tag(hyperparams: Mapping[str, Any], health_settings: Mapping[str, Any]) -> str:
+    """A game's hyperparameters and health settings as one short tag: `fleetd games set` merges its
+    keys into them as it read them and sends it (`PATCH ?expect_overrides=`), so that a change
+    made between its read and its write (an apply's, another set's) is refused, not undone."""
+    text = json.dumps([hyperparams, health_settings], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def takes_effect(field: str) -> str:

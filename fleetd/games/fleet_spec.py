@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from fleetd.clock import Clock
-from fleetd.errors import FleetdError
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import check_draft, check_unique_names, record_added, record_desired, record_removed, seeding_needed
@@ -32,7 +32,7 @@ from fleetd.games.settings import (
 )
 from fleetd.games.slug import GameName
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
-from fleetd.games.spec import SETTABLE, GameSpec
+from fleetd.games.spec import DEFAULT_ALGO, SETTABLE, GameSpec
 from fleetd.states import DONE, REMOVABLE, Desired, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
@@ -96,15 +96,19 @@ class GamePlan:
 
 
 def plan_fleet(session: Session, games: list[FleetGame | AbsentGame], catalog: EnvCheck, restart: bool,
-               workers: LiveWorkers = NO_WORKERS, kept: Mapping[str, Found | FleetdError] | None = None) -> list[GamePlan]:
+               workers: LiveWorkers = NO_WORKERS,
+               kept: Mapping[str, Found | FleetdError | None] | None = None) -> list[GamePlan]:
     """What applying `games` would do, every entry checked first (FleetdError names the culprit).
-    `kept`: the names a removed game left checkpoints under (`kept_of_new`), or why they could not
-    be looked for: met only once every entry passed its own checks, so a bad entry is named first."""
+    `kept`: for each name the fleet lacked (`kept_of_new`), the checkpoints a removed game left
+    under it, or why they could not be looked for: met only once every entry passed its own
+    checks, so a bad entry is named first. An add of a name not in it is refused (removed since)."""
     check_unique_names([entry.name for entry in games])
     current = {game.name: game for game in game_store.read_games(session)}
     plans = [_plan(session, index, entry, current.get(entry.name), catalog, restart, workers)
              for index, entry in enumerate(games)]
     for index, (entry, plan) in enumerate(zip(games, plans)):
+        if plan.action == "add" and kept is not None and entry.name not in kept:
+            _refuse_removed_meanwhile(index, entry.name)
         found = (kept or {}).get(entry.name)
         if plan.action == "add" and isinstance(found, FleetdError):
             raise found
@@ -121,12 +125,23 @@ def _plan(session: Session, index: int, entry: FleetGame | AbsentGame, game: Gam
     if game is None:
         check_draft(_draft(entry), catalog, prefix)
         return GamePlan(entry.name, "add", note=f"added ({entry.env_id}, {entry.algo}), desired {entry.desired}")
+    if "algo" not in entry.model_fields_set and entry.algo != game.algo and entry.env_id == game.env_id:
+        _refuse_algo_left_out(prefix, game)
     check_identity(game, entry.env_id, entry.algo, prefix)
     changes = setting_changes(game, entry.wanted())
     check_changes(game, entry.wanted(), changes, catalog, prefix, session)
     if game.desired != entry.desired:
         changes.append(SettingChange("desired", game.desired.value, entry.desired.value))
     return _plan_update(entry, game, changes, restart, workers)
+
+
+def _refuse_algo_left_out(prefix: str, game: GameRecord) -> NoReturn:
+    """An entry without `algo` is a PPO game's: for a game of another algorithm that is no change
+    of algorithm the user asked for (nor one to give another name), but a line left out."""
+    field = f"{prefix}algo"
+    reason = (f"the entry leaves algo out, which makes it {DEFAULT_ALGO}; game {game.name!r} is {game.algo}: "
+              f'add algo = "{game.algo}" to its entry')
+    raise FleetdError(ErrorCode.CONFLICT, f"{field}: {reason}", {"errors": [{"field": field, "reason": reason}]})
 
 
 def _plan_update(entry: FleetGame, game: GameRecord, changes: list[SettingChange], asked: bool,
@@ -195,15 +210,26 @@ def _refuse_kept(prefix: str, entry: FleetGame, files: KeptFiles, steps: int) ->
 
 
 def kept_of_new(db: Database, games: list[FleetGame | AbsentGame],
-                files_of: Callable[[str], KeptFiles]) -> dict[str, Found | FleetdError]:
-    """The entries to add whose name a removed game left checkpoints under, or why a URL storage
-    could not be asked (the plan raises it once the entries passed their checks). Looked for
-    before the plan's transaction: a listing at a URL storage must not hold it open."""
+                files_of: Callable[[str], KeptFiles]) -> dict[str, Found | FleetdError | None]:
+    """Each entry to add (a name the fleet lacks now): the checkpoints a removed game left under
+    its name (None: none), or why a URL storage could not be asked (the plan raises it once the
+    entries passed their checks). Looked for before the plan's transaction: a listing at a URL
+    storage must not hold it open."""
     with db.transaction() as session:
         current = {game.name for game in game_store.read_games(session)}
     new = [files_of(entry.name) for entry in games if isinstance(entry, FleetGame) and entry.name not in current]
-    found = {files.name: _newest(files) for files in new}
-    return {name: kept for name, kept in found.items() if kept is not None}
+    return {files.name: _newest(files) for files in new}
+
+
+def _refuse_removed_meanwhile(index: int, name: str) -> NoReturn:
+    """An entry the plan adds whose name the fleet held when the kept checkpoints were looked
+    for: its game was removed since (`fleetd games rm` while the file's env ids were checked),
+    so its checkpoints were never looked for. Adding it could resume from them with no choice
+    asked; applying again looks, and refuses it if they are there."""
+    field = f"games[{index}].name"
+    reason = (f"game {name!r} was removed while this apply was checked: its folder may hold its checkpoints, "
+              "not looked for; apply again")
+    raise FleetdError(ErrorCode.CONFLICT, f"{field}: {reason}", {"field": field, "name": name})
 
 
 def _newest(files: KeptFiles) -> Found | FleetdError | None:
@@ -256,6 +282,14 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
         for plan in plans:
             _write(session, clock, plan, entries[plan.name])
     return plans
+
+
+def left_alone(db: Database, plans: list[GamePlan]) -> list[str]:
+    """The fleet's games a file does not name, which its apply leaves as they are: a game whose
+    entry was deleted from the file is not taken out (only `absent = true` does that)."""
+    named = {plan.name for plan in plans}
+    with db.transaction() as session:
+        return sorted(game.name for game in game_store.read_games(session) if game.name not in named)
 
 
 class _CheckedOnce:
@@ -323,13 +357,21 @@ def seeds_not_applied(db: Database, seeds: list[GameSpec]) -> str | None:
 def _identity_refused(held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:
     """An entry with another env_id or algo than its game's is refused by `fleetd apply` (409),
     the whole file with it: said, with what to do instead."""
-    names = [seed.name for seed in seeds if seed.name in held
+    left_out = [seed for seed in seeds if seed.name in held and "algo" not in seed.model_fields_set
+                and held[seed.name].algo != seed.algo and held[seed.name].env_id == seed.env_id]
+    names = [seed.name for seed in seeds if seed.name in held and seed not in left_out
              and (held[seed.name].env_id, held[seed.name].algo) != (seed.env_id, seed.algo)]
-    if not names:
-        return ""
-    return (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
-            "the game's is never changed in place (its checkpoints are of those); give such an entry another name, "
-            "or remove the game first (`fleetd games rm`)")
+    said = ""
+    if names:
+        said += (f". `fleetd apply` refuses the entries of {', '.join(names)} as they are: another env_id or algo than "
+                 "the game's is never changed in place (its checkpoints are of those); give such an entry another "
+                 "name, or remove the game first (`fleetd games rm`)")
+    if left_out:
+        lines = ", ".join(f'algo = "{held[seed.name].algo}" for {seed.name}' for seed in left_out)
+        said += (f". `fleetd apply` refuses the entries of {', '.join(seed.name for seed in left_out)} as they are: "
+                 f"each leaves algo out, which makes it {DEFAULT_ALGO}, and its game is of another algorithm: add its "
+                 f"algo line ({lines})")
+    return said
 
 
 def _settings_refused(session: Session, held: dict[str, GameRecord], seeds: list[GameSpec]) -> str:

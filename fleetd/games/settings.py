@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import EnvCheck
-from fleetd.games.fields import SettingChange, key_changes, when_taken
+from fleetd.games.fields import SettingChange, key_changes, overrides_tag, when_taken
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.store import games as game_store
@@ -174,14 +174,23 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
     return updated
 
 
+EXPECT_FIELD = "expect_overrides"
+
+
 def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCheck,
-                    restart: bool = False, workers: LiveWorkers = NO_WORKERS) -> SettingsUpdate:
+                    restart: bool = False, workers: LiveWorkers = NO_WORKERS, expect: str | None = None) -> SettingsUpdate:
     """`PATCH /games/{name}`: check, store, record (no change, no event). The live worker
     restarts now for new sizes, or with `restart` for any setting it was not started with,
-    this request's or an earlier one's (a `--restart` after a plain `set` of the same value)."""
+    this request's or an earlier one's (a `--restart` after a plain `set` of the same value).
+    `expect`: the `overrides_tag` of the hyperparameters and health settings the caller merged
+    its change into; other ones now (changed since it read them) are a conflict, nothing written."""
     wanted = with_defaults(values)
     with db.transaction() as session:
         game = game_store.read_game(session, name)
+        if expect is not None and overrides_tag(game.hyperparams, game.health_settings) != expect:
+            reason = ("the game's hyperparams or health settings changed since they were read (another apply or "
+                      "set): read them again and merge the change into them")
+            raise FleetdError(ErrorCode.CONFLICT, f"{EXPECT_FIELD}: {reason}", {"field": EXPECT_FIELD, "reason": reason})
         check_algo(game, values)
         changes = setting_changes(game, wanted)
         if changes:

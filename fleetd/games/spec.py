@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from fleetd.games.fields import SETTABLE
@@ -65,8 +65,21 @@ def _without_nulls(node: Any, defs: dict[str, Any]) -> Any:
     return {key: _without_nulls(value, defs) for key, value in node.items()}
 
 
+def whole_counts(values: dict[str, Any]) -> dict[str, Any]:
+    """A count written as a float (`num_envs = 16.0`: JSON has one number type, and some clients
+    write every number so) is stored as the integer the worker takes it for, so that what reads
+    the stored value (the plan's envs per game, the changes and events, export-spec) reads 16.
+    Values the worker's model refuses are left as given: the game's checks name them."""
+    try:
+        parsed = Hyperparams.model_validate(values)
+    except ValidationError:
+        return values
+    return {key: getattr(parsed, key) if isinstance(value, float) and type(getattr(parsed, key)) is int else value
+            for key, value in values.items()}
+
+
 # Built once, at import: a plain dict in Python, the worker's model in the OpenAPI schema.
-HyperparamsDict = Annotated[dict[str, Any], WithJsonSchema(hyperparams_schema())]
+HyperparamsDict = Annotated[dict[str, Any], WithJsonSchema(hyperparams_schema()), AfterValidator(whole_counts)]
 
 
 NUMBERS = ("total_timesteps", "target_episodes", "priority", "checkpoint_interval_s")

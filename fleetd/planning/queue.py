@@ -5,7 +5,8 @@ measured rates; when one reaches its goal, its slot goes to the next pending gam
 governor's admission order (priority, then place in the queue); a pending game's rate is
 estimated from its own history if it ran before, else from running games of the same env and
 algorithm at the same envs per game, else from the rung's per-game rate; the plan names the
-estimate it used.
+estimate it used. With pre-emption on, a pending game that outranks a running one takes its
+slot once that one has held it the minimum run, as the governor does (`_simulate_preemption`).
 
 The simulation runs in training hours. Reboots stop every game alike, so the plan's wall hours
 are its training hours over the share of time the host is up (`Downtime`); the difference is
@@ -83,6 +84,9 @@ class PlanInput:
     downtime: Downtime = NO_DOWNTIME
     price_per_host_hour: float | None = None  # None: no price set, no money shown
     games_now: int | None = None  # the games of the rung the governor stands at; None: `rung`'s
+    # [fleet] preempt: a pending game that outranks a running one takes its slot once that one has held
+    # it this long, in training hours ([fleet] preempt_min_run_s); None: pre-emption off.
+    preempt_min_run_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,11 @@ class Scheduled:
     start: float
     end: float  # NEVER: it holds its slot for good (no goal, or no rate)
     slot: int
+    # Its runs, where it is pre-empted and resumes later (start to end less the pause); empty: one run.
+    spans: tuple[tuple[float, float], ...] = ()
+
+    def runs(self) -> tuple[tuple[float, float], ...]:
+        return self.spans or ((self.start, self.end),)
 
 
 def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
@@ -225,6 +234,8 @@ def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> dict[str, S
     a slot is left out."""
     order = admission_order(snapshot.games)
     running = [g for g in order if g.state is PlanState.RUNNING]
+    if snapshot.preempt_min_run_h is not None and _outranked(order, snapshot.rung.games):
+        return _simulate_preemption(snapshot, order, rates, snapshot.preempt_min_run_h)
     placed = {g.name: Scheduled(0.0, _hours(g, rates[g.name]), slot) for slot, g in enumerate(running)}
     free = [(p.end, p.slot) for p in placed.values()] + [(0.0, slot) for slot in range(len(running), snapshot.rung.games)]
     heapq.heapify(free)
@@ -241,15 +252,95 @@ def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> dict[str, S
     return placed
 
 
+def _outranked(order: list[PlanGame], slots: int) -> bool:
+    """Whether, once the free slots are filled, a pending game outranks a running one: only then
+    does the governor pre-empt (after that every pending game ranks at most as the running ones,
+    and a slot freed goes to the highest of them, so no later pre-emption is possible). Running
+    games beyond the rung's slots (a cluster's other hosts) are planned without it."""
+    running = [g for g in order if g.state is PlanState.RUNNING]
+    pending = [g for g in order if g.state is PlanState.PENDING]
+    if len(running) > slots:
+        return False
+    admitted, waiting = running + pending[: slots - len(running)], pending[slots - len(running):]
+    return bool(admitted and waiting) and waiting[0].priority > min(g.priority for g in admitted)
+
+
+def _pending_key(game: PlanGame) -> tuple[int, datetime, str]:
+    return -game.priority, game.queue_position, game.name
+
+
+def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict[str, float | None],
+                         min_run_h: float) -> dict[str, Scheduled]:
+    """`simulate` with the governor's pre-emption (fleetd/governor/preemption.py): while the
+    highest pending game outranks the lowest running one (the lowest priority, the newest
+    admission among equals), that one goes back to pending once it has held its slot
+    `min_run_h`, with what it has left to train, and the pending game takes its slot; a slot
+    freed meanwhile goes to the highest pending game as ever. Once none outranks, as `simulate`."""
+    t = 0.0
+    left = {g.name: _hours(g, rates[g.name]) for g in order}  # training hours to its goal from its run's start
+    runs: dict[str, list[list[float]]] = {}  # each game's runs: [start, end, slot]
+    holders: dict[int, tuple[PlanGame, float]] = {}  # slot -> the game and when it was admitted (hours; < 0: before now)
+    pending = [g for g in order if g.state is PlanState.PENDING]
+
+    def start(game: PlanGame, slot: int, at: float, admitted: float) -> None:
+        holders[slot] = (game, admitted)
+        runs.setdefault(game.name, []).append([at, NEVER, slot])
+
+    def ends(game: PlanGame) -> float:
+        return runs[game.name][-1][0] + left[game.name]
+
+    for slot, game in enumerate(g for g in order if g.state is PlanState.RUNNING):
+        held = 0.0 if game.admitted_at is None else (snapshot.now - game.admitted_at).total_seconds() / 3600
+        start(game, slot, 0.0, -held)
+    while True:
+        for slot in range(snapshot.rung.games):
+            if slot not in holders and pending:
+                start(pending.pop(0), slot, t, t)
+        if not pending or not holders:
+            break
+        low_slot = min(holders, key=lambda s: (holders[s][0].priority, t - holders[s][1],
+                                               -holders[s][0].queue_position.timestamp(), holders[s][0].name))
+        low, admitted = holders[low_slot]
+        if pending[0].priority <= low.priority:
+            break  # no pre-emption now nor later
+        due = admitted + min_run_h
+        if due <= t:  # low goes back to pending with what it has left; the top pending game takes its slot
+            run = runs[low.name][-1]
+            run[1] = t
+            left[low.name] -= t - run[0]
+            del holders[low_slot]
+            pending = sorted(pending + [low], key=_pending_key)
+            start(pending.pop(0), low_slot, t, t)
+            continue
+        t = min(due, min(ends(game) for game, _ in holders.values()))
+        for slot, (game, _) in list(holders.items()):
+            if ends(game) <= t:
+                runs[game.name][-1][1] = ends(game)
+                del holders[slot]
+    free = [(ends(game), slot) for slot, (game, _) in holders.items()]
+    free += [(t, slot) for slot in range(snapshot.rung.games) if slot not in holders]
+    heapq.heapify(free)
+    for game in pending:
+        if not free or free[0][0] == NEVER:
+            break
+        at, slot = heapq.heappop(free)
+        runs.setdefault(game.name, []).append([at, at + left[game.name], slot])
+        heapq.heappush(free, (at + left[game.name], slot))
+    for game, _ in holders.values():
+        runs[game.name][-1][1] = ends(game)
+    return {name: Scheduled(r[0][0], r[-1][1], int(r[0][2]), tuple((a, b) for a, b, _ in r) if len(r) > 1 else ())
+            for name, r in runs.items()}
+
+
 def charged_hours(placed: dict[str, Scheduled]) -> dict[float, float]:
     """At each start and end, the host hours charged so far to one game that ran all along: each
     interval's hours split over the games running in it. A game's share is the difference
     between its end's and its start's."""
     changes: dict[float, int] = {}
-    for p in placed.values():
-        changes[p.start] = changes.get(p.start, 0) + 1
-        if p.end < NEVER:
-            changes[p.end] = changes.get(p.end, 0) - 1
+    for start, end in (run for p in placed.values() for run in p.runs()):
+        changes[start] = changes.get(start, 0) + 1
+        if end < NEVER:
+            changes[end] = changes.get(end, 0) - 1
     charged, total, running, previous = {}, 0.0, 0, 0.0
     for at in sorted(changes):
         total += (at - previous) / running if running else 0.0
@@ -321,7 +412,8 @@ def _game_plan(game: PlanGame, estimate: tuple[float | None, RateSource], placed
         return GamePlan(game.name, game.state, game.goal, rate, source, None, end, None)
     wall, price = snapshot.downtime.wall_hours, snapshot.price_per_host_hour
     ends = placed.end < NEVER
-    share = wall(charged[placed.end] - charged[placed.start]) if ends and price is not None else None
+    charged_runs = sum(charged[end] - charged[start] for start, end in placed.runs()) if ends and price is not None else None
+    share = None if charged_runs is None else wall(charged_runs)
     return GamePlan(
         game.name, game.state, game.goal, rate, source, start_h=wall(placed.start),
         end_h=wall(placed.end) if ends else None, cost=None if share is None or price is None else share * price,

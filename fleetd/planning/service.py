@@ -29,7 +29,7 @@ from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import GameRecord, PlanPrediction
 from fleetd.store.samples import read_samples
-from workers.protocol.spec import RunSpec, SpecError
+from workers.protocol.spec import RunSpec, SpecError, integral
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def plan_game(session: Any, game: GameRecord) -> PlanGame:
     goal = goal_of(game)  # of two, the plan picks the one reached first at its rates (queue.planned_goals)
     state = plan_state(game, goal)
     rates = own_rates(session, game) if state is not PlanState.OFF else Rates()
-    envs = game.hyperparams.get("num_envs")
+    envs = integral(game.hyperparams.get("num_envs"))  # 16.0 as a row stored before whole_counts holds it
     return PlanGame(game.name, game.env_id, game.algo, game.priority, game.queue_position, state, goal, rates,
                     envs if isinstance(envs, int) else None, game.admitted_at, tuple(goals_of(game)))  # fmt: skip
 
@@ -131,7 +131,8 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
     here = option(governor, governor.index(), wanting)
-    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games)
+    min_run_h = settings.fleet.preempt_min_run_s / 3600 if settings.fleet.preempt else None
+    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games, min_run_h)
     base = plan(snapshot)
     chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung, wanting)])[0]
     others = what_if(snapshot, what_if_rungs(governor, wanting))

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
+from fleetd.cli.apply_cmd import plan_lines
 from fleetd.config import Settings
 from fleetd.games.fleet_spec import FleetGame, apply_fleet, to_toml, toml_value
 from fleetd.games.kept import kept_files
@@ -188,6 +189,35 @@ def test_apply_updates_what_differs_and_leaves_unnamed_games_alone(client: TestC
     assert client.get("/api/v1/games/dqn").json()["desired"] == "running"
     assert client.get("/api/v1/games/other").status_code == 200
     assert "RestartGame" not in context.supervisor.commands  # no --restart: at the next start
+
+
+def test_a_game_whose_entry_was_deleted_from_the_file_is_named_as_left_alone(client: TestClient) -> None:
+    # A user deletes dqn's [[games]] block to take it out, applies, and was told "no change: the
+    # fleet matches the file": the fleet did not, dqn trained on, and nothing said that a game
+    # the file does not name is left alone (absent = true removes it).
+    put_spec(client, FLEET)
+    for dry_run in ("true", "false"):
+        answer = put_spec(client, FLEET[:1], dry_run=dry_run).json()
+        assert answer["changed"] is False and answer["left_alone"] == ["dqn"]
+        lines = plan_lines(answer)
+        assert "the fleet matches the file" not in lines[-1], lines
+        assert any(line.startswith("left alone") and "dqn" in line and "absent = true" in line for line in lines), lines
+    assert client.get("/api/v1/games/dqn").status_code == 200
+    assert plan_lines(put_spec(client, FLEET).json())[-1] == "no change: the fleet matches the file"
+    assert put_spec(client, FLEET).json()["left_alone"] == []
+
+
+def test_an_entry_that_leaves_algo_out_for_a_dqn_game_is_told_to_name_it(client: TestClient) -> None:
+    # An entry written by hand to change dqn's goal, without `algo` (ppo by default), was refused
+    # as a change of algorithm, "add a game with another name": the user asked for no ppo.
+    put_spec(client, FLEET)
+    entry = {key: value for key, value in FLEET[1].items() if key != "algo"} | {"target_episodes": 900}
+    error = error_of(put_spec(client, [entry]), 409)
+    assert error["message"].startswith("games[0].algo: ")
+    assert "leaves algo out" in error["message"] and 'algo = "dqn"' in error["message"], error["message"]
+    assert "another name" not in error["message"]
+    assert client.get("/api/v1/games/dqn").json()["target_episodes"] == 500  # nothing written
+    assert actions(put_spec(client, [entry | {"algo": "dqn"}])) == {"dqn": "update"}
 
 
 def test_the_plan_says_what_priority_does_not_that_it_waits_for_a_start(client: TestClient) -> None:

@@ -5,6 +5,7 @@ the FastAPI app on a real store, with checkpoints written by the worker's own wr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ from fleetd.api import create_app
 from fleetd.cli.main import app
 from fleetd.cluster.storage import push_missing, remote_names
 from fleetd.config import Settings
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.fleet_spec import FleetGame, apply_fleet
+from fleetd.games.kept import kept_files
+from fleetd.games.lifecycle import remove_game
 from fleetd.games.kept import last_run_spec
 from fleetd.operations.backup.target import Target
 from fleetd.store import games as game_store
@@ -410,3 +415,38 @@ def test_the_cli_prints_the_refusal_and_takes_kept(context, settings: Settings, 
 
 def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
     return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": "200"})
+
+
+class RemovingWhileChecked:
+    """A catalog whose check of a module's env id (an import, seconds) is when another client's
+    `fleetd games rm cart` lands: through a connection of its own, as the API's thread does."""
+
+    def __init__(self, settings: Settings, clock: FakeClock) -> None:
+        self.settings, self.clock = settings, clock
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        if env_id.startswith("slowenv:"):
+            other = Database.open(self.settings.db_path)
+            try:
+                remove_game(other, self.clock, "cart", self.settings.game_dir("cart"), purge=False)
+            finally:
+                other.close()
+
+
+def test_a_game_removed_while_an_apply_is_checked_is_not_added_over_its_checkpoints(
+        client: TestClient, settings: Settings, db: Database, clock: FakeClock) -> None:
+    # The kept checkpoints were looked for only under names the fleet lacked when the apply
+    # began; a game of the file removed meanwhile (`games rm` while a module env imported) was
+    # then planned as an add inside the write, unlooked-for: added over its checkpoints, with
+    # no choice asked, though an apply a moment later refuses that entry (409 naming it).
+    assert client.post("/api/v1/games", json=CART).status_code == 201
+    write_ckpt(settings.game_dir("cart") / "checkpoints", 5000)
+    entries = [FleetGame(name="slow", env_id="slowenv:Slow-v0", desired="stopped"), FleetGame(**CART)]
+    with pytest.raises(FleetdError) as refused:
+        apply_fleet(db, clock, entries, RemovingWhileChecked(settings, clock), partial(kept_files, settings))
+    assert refused.value.code is ErrorCode.CONFLICT and refused.value.details["field"] == "games[1].name"
+    assert "removed while this apply was checked" in refused.value.message
+    assert client.get("/api/v1/games/cart").status_code == 404  # not added: nothing of the file written
+    assert client.get("/api/v1/games/slow").status_code == 404
+    error = error_of(client.put("/api/v1/fleet/spec", json={"games": [CART]}), 409)  # applied again: the choice
+    assert error["details"] == {"field": "games[0].name", "name": "cart", "newest_steps": 5000}

@@ -376,3 +376,47 @@ def test_a_fleet_without_goals_is_not_said_to_reach_them_all_in_no_time(fleet) -
     assert render.GOALLESS in text and "all goals in" not in text and "training 0.0 h" not in text
     rungs = [line for line in text.splitlines() if "x32" in line and "│" in line]
     assert rungs and all("0.0" not in line and "$0.00" not in line for line in rungs)
+
+
+def test_a_games_own_env_count_sent_as_a_float_is_planned_as_that_count(fleet) -> None:
+    # JSON has one number type: a client (or a fleet file) that writes 16.0 for num_envs gets a
+    # worker with 16 envs, but the value was stored as 16.0 and the plan, which reads only an
+    # integer as the game's own count, planned cart3 at the rung's 32 envs: twice the rate.
+    context, _ = fleet
+    entry = {"name": "cart3", "env_id": "CartPole-v1", "target_episodes": 3_000, "hyperparams": {"num_envs": 16.0}}
+    with TestClient(create_app(context), raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        applied = client.put("/api/v1/fleet/spec", json={"games": [entry]})
+        assert applied.status_code == 200, applied.text
+        stored = client.get("/api/v1/games/cart3").json()["hyperparams"]
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour at 32 envs each
+    cart3 = next(g for g in get(context)["games"] if g["name"] == "cart3")
+    assert (cart3["rate_source"], cart3["rate_per_hour"]) == ("rung", pytest.approx(300.0))  # 600 / 32 x 16
+    assert stored == {"num_envs": 16} and type(stored["num_envs"]) is int  # as the worker takes it
+
+
+def test_a_pending_game_that_outranks_a_running_one_is_planned_to_preempt_it(fleet) -> None:
+    # `fleetd apply` (or `games set`) raises the pending cart3's priority above the running
+    # games': the governor pre-empts the newest of them once it has held its slot
+    # preempt_min_run_s (900 s, docs/governor.md), but the plan kept cart3 waiting for a goal
+    # (4.5 h) and said so in its ETA, start and total.
+    context, _ = fleet
+    entry = {"name": "cart3", "env_id": "CartPole-v1", "target_episodes": 3_000, "priority": 5}
+    with TestClient(create_app(context), raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        assert client.put("/api/v1/fleet/spec", json={"games": [entry]}).status_code == 200
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour; 2,700 to go: 4.5 h
+    body = get(context)
+    games = {g["name"]: g for g in body["games"]}
+    stretch = 48 / 47
+    # cart2, the newer admission, goes back to pending after 0.25 h (150 episodes more), cart3
+    # trains 5 h from then; cart2 resumes in the slot cart1 frees at 4.5 h: 2,550 / 600 = 4.25 h.
+    assert games["cart3"]["start_hours"] == pytest.approx(0.25 * stretch)
+    assert games["cart3"]["eta_hours"] == pytest.approx(5.25 * stretch)
+    assert games["cart2"]["eta_hours"] == pytest.approx(8.75 * stretch)
+    assert games["cart1"]["eta_hours"] == pytest.approx(4.5 * stretch)
+    assert body["fleet"]["training_hours"] == pytest.approx(8.75)
+    # Cost: each game's share of the host while it trains, the pause not charged to cart2.
+    assert sum(g["cost_to_goal"] for g in games.values()) == pytest.approx(body["fleet"]["cost_to_all_goals"])

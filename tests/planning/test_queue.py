@@ -208,3 +208,17 @@ def test_a_rung_with_fewer_slots_sheds_the_games_beyond_them_as_the_governor_doe
     together = [replace(game(name, 64, RUNNING, 64.0), admitted_at=EPOCH) for name in ("zeta", "alpha")]
     one = replace(snapshot(together, slots=1, envs=64), envs_measured=64, games_now=2)
     assert [g.name for g in plan(one).games if g.state is PENDING] == ["zeta"]
+
+
+def test_a_higher_priority_pending_game_preempts_a_goalless_running_one_after_the_minimum_run() -> None:
+    # A running game without a goal holds its slot for good in the queue, so the plan gave the
+    # pending game of higher priority no start at all; the governor pre-empts the running one
+    # once it has held its slot preempt_min_run_s and gives its slot to the pending game.
+    games = [game("free", None, RUNNING, 100.0), game("urgent", 1_000, PENDING, None, priority=5, env="free-v5")]
+    off = by_name(plan(snapshot(games, slots=1)))
+    assert off["urgent"].start_h is None  # pre-emption off: it waits for ever
+    on = by_name(plan(snapshot(games, slots=1, preempt_min_run_h=0.25)))
+    assert on["urgent"].start_h == pytest.approx(0.25) and on["urgent"].end_h == pytest.approx(10.25)
+    assert on["free"].start_h == 0.0 and on["free"].end_h is None  # back once urgent is done, for good
+    equal = [games[0], replace(games[1], priority=0)]
+    assert by_name(plan(snapshot(equal, slots=1, preempt_min_run_h=0.25)))["urgent"].start_h is None  # equals never

@@ -12,7 +12,7 @@ from fleetd.api.errors import BAD_BODY, CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName, game_out, setting_changes_out
 from fleetd.api.spec_schemas import FleetApplyOut, FleetSpecIn, FleetSpecOut, GameChangedOut, GamePlanOut
 from fleetd.games.kept import kept_files
-from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet
+from fleetd.games.fleet_spec import GamePlan, apply_fleet, export_fleet, left_alone
 from fleetd.games.settings import update_settings
 from fleetd.games.spec import GameSettings
 from fleetd.supervision.commands import Reconcile, RestartGame
@@ -37,6 +37,10 @@ def patch_game(
     body: GameSettings,  # type: ignore[valid-type]
     name: str = GameName,
     restart: bool = RESTART,
+    expect_overrides: str | None = Query(None, description=(
+        "the tag of the hyperparams and health settings this change was merged into (as `fleetd games set` "
+        "computes it: fleetd/games/fields.py overrides_tag); others now, changed since they were read, "
+        "are a conflict (409, field `expect_overrides`), nothing written")),
     context: AppContext = Depends(get_context),
 ) -> GameChangedOut:
     """Change a game's priority, goals, checkpoint interval or hyperparameters; applied at its
@@ -48,7 +52,7 @@ def patch_game(
     event `settings_changed` names old and new values."""
     values = body.model_dump(include=body.model_fields_set)
     workers = LiveRuns.of(context.snapshot, context.settings)
-    done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers)
+    done = update_settings(context.db, context.clock, name, values, context.catalog, restart, workers, expect_overrides)
     restarting = done.restart is not None
     _tell(context, [name] if restarting else [])
     shown = game_out(done.game).model_dump(exclude={"pending"})
@@ -70,7 +74,7 @@ def apply_fleet_spec(
     context: AppContext = Depends(get_context),
 ) -> FleetApplyOut:
     """Add or update the games of the file; stop and remove those marked `absent`. Games the
-    file does not name are left alone. All of it is checked before anything is written. A game
+    file does not name are left alone (`left_alone` names them). All of it is checked before anything is written. A game
     to add whose name a removed game left checkpoints under is refused (409 naming
     `games[i].name`): add it with `POST /games?kept=...` first, which says what to do with them."""
     workers = LiveRuns.of(context.snapshot, context.settings)
@@ -81,7 +85,7 @@ def apply_fleet_spec(
     if changed and not dry_run:
         _tell(context, [plan.name for plan in plans if plan.restarting])
     return FleetApplyOut(dry_run=dry_run, changed=changed, waiting=[plan.name for plan in plans if plan.waiting],
-                         games=[_plan_out(plan) for plan in plans])
+                         games=[_plan_out(plan) for plan in plans], left_alone=left_alone(context.db, plans))
 
 
 def _plan_out(plan: GamePlan) -> GamePlanOut:

@@ -1,0 +1,76 @@
+"""`fleetd games set NAME KEY=VALUE` merges the key into the game's hyperparameters (or health
+settings) as it read them, and PATCH replaces the whole set: an apply (or another `set`) that
+landed between the CLI's read and its write was undone without a word, its value written back
+over by the one read before it. Through uvicorn on a real store, the other client's apply
+landing right after the CLI's read of the game."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from fleetd.api import create_app
+from fleetd.api.context import AppContext
+from fleetd.cli.main import app as cli
+from fleetd.games.fleet_spec import FleetGame, apply_fleet
+from fleetd.games.kept import kept_files
+from tests.daemon_harness import free_port
+from tests.games.test_fleet_spec import TOKEN, context  # noqa: F401 - the app's fixtures
+
+CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
+
+
+def apply_once_after_the_first_read(context: AppContext, entry: dict):  # type: ignore[no-untyped-def]
+    """Middleware: the first GET of the game is answered, then another client's apply lands."""
+    done = []
+
+    async def middleware(request, call_next):  # type: ignore[no-untyped-def]
+        response = await call_next(request)
+        if request.method == "GET" and request.url.path == "/api/v1/games/cart" and not done:
+            done.append(True)
+            apply_fleet(context.db, context.clock, [FleetGame(**entry)], context.catalog,
+                        partial(kept_files, context.settings))
+        return response
+
+    return middleware
+
+
+@pytest.fixture
+def served(context: AppContext, tmp_path: Path) -> Iterator[Path]:  # noqa: F811
+    app = create_app(context)
+    apply_fleet(context.db, context.clock, [FleetGame(**CART, hyperparams={"learning_rate": 0.001})], context.catalog,
+                partial(kept_files, context.settings))
+    app.middleware("http")(apply_once_after_the_first_read(context, CART | {"hyperparams": {"learning_rate": 0.002}}))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.05)
+    config = tmp_path / "cli.toml"
+    config.write_text(f'state_dir = "{tmp_path / "cli-state"}"\n[api]\nport = {port}\ntoken = "{TOKEN}"\n')
+    try:
+        yield config
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_a_set_does_not_undo_an_apply_that_landed_after_it_read_the_game(served: Path, context: AppContext) -> None:  # noqa: F811
+    result = CliRunner().invoke(cli, ["games", "set", "cart", "ent_coef=0.01", "--config", str(served)],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    from fleetd.store.games import read_game
+
+    with context.db.transaction() as session:
+        game = read_game(session, "cart")
+    assert game.hyperparams == {"learning_rate": 0.002, "ent_coef": 0.01}  # the apply's value kept, the set's added
+    assert "learning_rate" not in result.output  # it changed nothing but ent_coef
