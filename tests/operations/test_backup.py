@@ -212,25 +212,65 @@ def test_a_purge_told_before_a_daemon_restart_still_leaves_the_target(setup, tmp
     assert not (settings.backups_dir / "purges.json").exists()
 
 
-def test_a_purge_takes_the_game_out_of_the_targets_database_before_its_files(setup, tmp_path):
-    # The scan dropped the purged game's copies; the database copy, hourly, still had the game: a
-    # restore in between brought it back, its checkpoints gone (a fresh start under its name).
-    from fleetd.games.lifecycle import remove_game
+def restored_games(url: str, into: Path) -> set[str]:
+    """The games of the database a restore of `url` into `into` brings back."""
     from fleetd.store.games import game_names
+
+    restore(url, into)
+    restored = Database.open(into / "fleetd.db")
+    try:
+        with restored.transaction() as session:
+            return game_names(session)
+    finally:
+        restored.close()
+
+
+@pytest.mark.parametrize("how", ["purge", "set_aside"])
+def test_a_games_copies_leave_the_target_after_the_database_copy_without_the_game(setup, tmp_path, how):
+    # The scan dropped the game's copies (purged, or set aside by a game added under its name); the
+    # database copy, hourly, still had the game: a restore in between brought it back without its
+    # checkpoints (a fresh start under its name).
+    from fleetd.games.kept import kept_files, set_aside
+    from fleetd.games.lifecycle import remove_game
+
+    settings, db, url = setup
+    clock = FakeClock()
+    backup = backed_up_pong(settings, db, clock)
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=how == "purge")
+    if how == "purge":
+        backup.purged("pong")
+    else:
+        set_aside(kept_files(settings, "pong"), clock.now())  # `games add pong ... --kept set-aside`'s move
+    assert backup.checkpoints().removed == (["pong/*"] if how == "purge" else ["pong/ckpt-000000000100"])
+    assert restored_games(url, tmp_path / "fresh") == set()  # no database job since the scan
+
+
+def test_a_failing_database_copy_holds_a_purges_drop_not_every_games_checkpoints(setup, tmp_path, monkeypatch):
+    # The copy before the drop raised out of the scan: while the purge was owed, no game's new
+    # checkpoints reached the target (each scan failing twice over, as database and checkpoints).
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.operations.backup import job
 
     settings, db, url = setup
     clock = FakeClock()
     backup = backed_up_pong(settings, db, clock)
     remove_game(db, clock, "pong", settings.game_dir("pong"), purge=True)
     backup.purged("pong")
-    assert backup.checkpoints().removed == ["pong/*"]  # the scan; no database job since
-    restore(url, tmp_path / "fresh")
-    restored = Database.open(tmp_path / "fresh" / "fleetd.db")
-    try:
-        with restored.transaction() as session:
-            assert game_names(session) == set()
-    finally:
-        restored.close()
+    write_ckpt(settings.game_dir("breakout") / "checkpoints", 100)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job, "copy_database", disk_full)
+    run = backup.checkpoints()
+    assert (run.copied, run.removed) == (["breakout/ckpt-000000000100"], [])
+    assert Target(url).names("games") == {"pong", "breakout"}  # pong's copies wait, with the old database
+    with db.transaction() as session:
+        failed = [e.message for e in read_events(session, EventFilter(kind="backup_failed"))]
+    assert len(failed) == 1 and failed[0].startswith("backup of the database"), failed
+    monkeypatch.undo()
+    assert backup.checkpoints().removed == ["pong/*"]  # the next scan, the database copied first
+    assert restored_games(url, tmp_path / "fresh") == set()
 
 
 def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tmp_path, monkeypatch, memory_url):

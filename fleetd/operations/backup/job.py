@@ -185,7 +185,10 @@ class Backup:
             raise BackupHeld(reason)
         with self._lock:
             self._claim()
-            return self._set_aside()
+            aside = self._set_aside_copies()
+            if aside:
+                self._database()  # first, as a scan's drops (_database_first); raises when it cannot
+            return self._drop(aside)
 
     def purged(self, game: str) -> None:
         """`games rm GAME --purge`: the next scan drops the target's copies first, even where a
@@ -244,14 +247,12 @@ class Backup:
             with self.db.transaction() as session:
                 in_fleet = game_store.game_names(session)
             dropping = [game for game in pending if game in self.target.names("games")]
-            if dropping:
-                # The database copy first, the game out of it: one taken before the purge, restored,
-                # would bring the game back without its checkpoints (a fresh start under its name).
-                self._database()
+            aside = self._set_aside_copies()
+            if (dropping or aside) and self._database_first():
+                removed += self._drop_purged(dropping) + self._drop(aside)
             for game in pending:
-                if game in dropping:
-                    self.target.remove(f"games/{game}")
-                    removed.append(f"{game}/*")
+                if game in dropping and f"{game}/*" not in removed:
+                    continue  # still on the target: owed until a scan drops it
                 if game in in_fleet or not self.settings.game_dir(game).exists():
                     with self._purges_lock:  # once gone: a target that failed is tried again
                         self._purges.discard(game)
@@ -263,7 +264,6 @@ class Backup:
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed)
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
-            removed += self._set_aside()
         except Exception as exc:
             self._failed("checkpoints", exc)
             raise
@@ -272,24 +272,44 @@ class Backup:
             self.status.checkpoints_copied += len(copied)
         return copied, removed
 
-    def _set_aside(self) -> list[str]:
+    def _database_first(self) -> bool:
+        """Before a game's copies are dropped on purpose (a purge, a set-aside), the database copied
+        with the game out of it: one taken before, restored, would bring the game back without its
+        checkpoints (a fresh start under its name). False when the copy failed (recorded): the drops
+        wait for the next scan, the other games' checkpoints are copied as usual."""
+        try:
+            self._database()
+        except Exception:  # noqa: BLE001 - recorded by _database as a backup_failed event
+            return False
+        return True
+
+    def _drop_purged(self, games: list[str]) -> list[str]:
+        for game in games:
+            self.target.remove(f"games/{game}")
+        return [f"{game}/*" for game in games]
+
+    def _set_aside_copies(self) -> list[str]:
         """The target's copies of checkpoints set aside here under a game's `removed/` (a game added
-        with kept=set_aside under a removed game's name): the sync keeps a game's last copies
-        while it has no checkpoint of its own yet, and a restore then handed the removed game's
-        to the new one. A name the new game wrote again is dropped where its copy is the old one."""
-        dropped = []
+        with kept=set_aside under a removed game's name), as `game/name`: the sync keeps a game's
+        last copies while it has no checkpoint of its own yet, and a restore then handed the
+        removed game's to the new one. A name the new game wrote again is dropped where its copy
+        is the old one."""
+        copies = []
         for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
             game = game_dir.parent.name
             aside = {p.name for p in game_dir.glob("*-checkpoints/ckpt-*")}
             relative = f"games/{game}/checkpoints"
             on_target = self.target.names(relative) & aside if aside else set()
             here = game_dir.parent / "checkpoints"
-            for name in sorted(on_target):
-                if (here / name).is_dir() and self._same_manifest(here / name, f"{relative}/{name}"):
-                    continue
-                self.target.remove(f"{relative}/{name}")
-                dropped.append(f"{game}/{name}")
-        return dropped
+            copies += [f"{game}/{name}" for name in sorted(on_target)
+                       if not ((here / name).is_dir() and self._same_manifest(here / name, f"{relative}/{name}"))]
+        return copies
+
+    def _drop(self, copies: list[str]) -> list[str]:
+        for copy in copies:
+            game, name = copy.split("/")
+            self.target.remove(f"games/{game}/checkpoints/{name}")
+        return copies
 
     def _same_manifest(self, local: Path, relative: str) -> bool:
         try:
