@@ -157,7 +157,9 @@ marks = Path(sys.argv.pop(1))
 def slow_job(*args, **kwargs):
     if not (marks / "began").exists():
         (marks / "began").write_text("")
-        time.sleep(15)
+        deadline = time.monotonic() + 60
+        while not (marks / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # runs on until the test has seen the workers stopped without it
         (marks / "ended").write_text("")
 
 fleetd.daemon.record_plan = slow_job  # the plan job: APScheduler's (a steady job's run gets STEADY_JOIN_S)
@@ -196,6 +198,7 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_running_job(daemons: lis
             assert time.monotonic() < deadline, f"workers still running 10 s into the stop:\n{daemon.log()[-3000:]}"
             time.sleep(0.2)
         assert not (marks / "ended").exists()  # stopped while the job ran on
+        (marks / "release").write_text("")
         assert daemon.process.wait(60) == 0, daemon.log()
         assert (marks / "ended").exists()  # and the process ended with it, not before
         kind, message = stored_events(config)[-1]
