@@ -300,6 +300,89 @@ def test_a_restarted_daemon_does_not_tell_again_a_gpu_lost_earlier_in_this_boot(
     assert lost_in_metrics(client) == [({"gpu": "2"}, 1.0)]
 
 
+def test_a_gpu_lost_whose_event_was_not_committed_is_told_at_the_next_sample_once(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU 2 falls off the bus; the telemetry job's commit fails (disk full): no event, and no
+    alert either; the next sample tells it, once, its event and its alert together, and a restart
+    reads it back. Before, the alert went out inside the transaction and the GPU was taken as
+    told: the event never came, and each restart in the boot told it again."""
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm.session import SessionTransaction
+
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    notice = GpuLossNotice(alerts, begun.boot.id)
+    telemetry_job(db, sampler, dict, None, notice)
+    four_gpus.lost.add(2)
+    commit = SessionTransaction.commit
+
+    def disk_full(self: SessionTransaction, *args: object, **kwargs: object) -> object:
+        if self._parent is not None:
+            return commit(self, *args, **kwargs)
+        raise OperationalError("COMMIT", {}, Exception("database or disk is full"))
+
+    monkeypatch.setattr(SessionTransaction, "commit", disk_full)
+    with pytest.raises(OperationalError):
+        telemetry_job(db, sampler, dict, None, notice)
+    monkeypatch.setattr(SessionTransaction, "commit", commit)
+
+    def lost_events() -> list[EventRecord]:
+        with db.transaction() as session:
+            return read_events(session, EventFilter(kind="gpu_lost"))
+
+    assert lost_events() == [] and alerts.sent == []
+    for _ in range(3):
+        telemetry_job(db, sampler, dict, None, notice)
+    assert len(lost_events()) == 1 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+    begun = record_daemon_start(db, host.current_boot(), clock.now())  # restarted in the same boot
+    sampler, alerts = sampled(clock), FakeAlerts()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert len(lost_events()) == 1 and alerts.sent == []
+
+
+def test_a_gpu_nvml_says_nothing_of_is_not_taken_as_back(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU 2 lost and told; the daemon restarts and NVML does not answer at first (no GPU read,
+    none named lost): that is no `gpu_back`, and once NVML answers with GPU 2 still lost, it is
+    not news, nor after a further restart. Only a read of it is a `gpu_back`."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    four_gpus.lost.add(2)
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert len(alerts.sent) == 1
+
+    def kinds() -> list[str]:
+        with db.transaction() as session:
+            return sorted(event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_"))
+
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    init = pynvml.nvmlInit
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    begun = record_daemon_start(db, host.current_boot(), clock.now())  # restarted; NVML silent
+    silent, alerts = TelemetrySampler(NvmlReader(), clock=lambda: clock.now().timestamp(), monotonic=clock.monotonic), FakeAlerts()
+    notice = GpuLossNotice(alerts, begun.boot.id)
+    for _ in range(2):
+        telemetry_job(db, silent, dict, None, notice)
+    assert silent.latest is not None and silent.latest.gpus == ()
+    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    telemetry_job(db, sampled(clock), dict, None, notice)  # NVML answers: GPU 2 still lost
+    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    four_gpus.lost.clear()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert kinds() == ["gpu_back", "gpu_lost"]
+
+
 def metrics_lost(loop: Loop) -> list[tuple[dict[str, str], float]]:
     families = {family.name: family for family in gpu_metrics(loop.telemetry.latest)}
     return [(s.labels, s.value) for s in families["fleetd_gpu_lost"].samples]
