@@ -21,7 +21,7 @@ from fleetd.config import Settings, TierSettings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
 from fleetd.host.telemetry import NvmlReader, TelemetrySampler
-from fleetd.jobs import GpuLossNotice, telemetry_job
+from fleetd.jobs import GpuLossNotice, retention_job, telemetry_job
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import State
 from fleetd.store import runs as run_store
@@ -340,6 +340,38 @@ def test_a_gpu_lost_whose_event_was_not_committed_is_told_at_the_next_sample_onc
     sampler, alerts = sampled(clock), FakeAlerts()
     telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
     assert len(lost_events()) == 1 and alerts.sent == []
+
+
+def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
+) -> None:
+    """GPU 2 lost and told; the host stays up past [retention] events_days, and the hourly
+    retention runs; then the daemon restarts (an upgrade) with GPU 2 still lost: it does not
+    tell it again. After a reboot, the old boot's events are deleted as any. Before, retention
+    deleted the `gpu_lost` event and the restart told it again."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    four_gpus.lost.add(2)
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert len(alerts.sent) == 1
+
+    def kinds() -> list[str]:
+        with db.transaction() as session:
+            return [event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_")]
+
+    clock.advance(settings.retention.events_days * 86400 + 3600)
+    retention_job(db, clock, settings.retention, begun.boot.id)
+    assert kinds() == ["gpu_lost"]
+    begun = record_daemon_start(db, host.current_boot(), clock.now())  # the same boot: a daemon restart
+    sampler, alerts = sampled(clock), FakeAlerts()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert alerts.sent == [] and kinds() == ["gpu_lost"]
+
+    host.reboot(120)
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    clock.advance(settings.retention.events_days * 86400 + 3600)
+    retention_job(db, clock, settings.retention, begun.boot.id)
+    assert kinds() == []
 
 
 def test_a_gpu_nvml_says_nothing_of_is_not_taken_as_back(
