@@ -18,10 +18,11 @@ from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.metrics import gpu_metrics
 from fleetd.config import Settings, TierSettings
+from fleetd.daemon import Daemon
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
 from fleetd.host.telemetry import NvmlReader, TelemetrySampler
-from fleetd.jobs import GpuLossNotice, retention_job, telemetry_job
+from fleetd.jobs import GpuLossNotice, telemetry_job
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import State
 from fleetd.store import runs as run_store
@@ -359,8 +360,14 @@ def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
         with db.transaction() as session:
             return [event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_")]
 
+    def daemons_retention(boot_id: int) -> None:
+        """The daemon's own hourly retention job, as its scheduler runs it."""
+        supervisor = SimpleNamespace(worker_pids=dict, running_workers=dict, snapshot=None)
+        (job,) = [job for job in Daemon(settings, clock=clock)._jobs(db, boot_id, supervisor) if job.id == "retention"]
+        job.run()
+
     clock.advance(settings.retention.events_days * 86400 + 3600)
-    retention_job(db, clock, settings.retention, begun.boot.id)
+    daemons_retention(begun.boot.id)
     assert kinds() == ["gpu_lost"]
     begun = record_daemon_start(db, host.current_boot(), clock.now())  # the same boot: a daemon restart
     sampler, alerts = sampled(clock), FakeAlerts()
@@ -370,7 +377,7 @@ def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
     host.reboot(120)
     begun = record_daemon_start(db, host.current_boot(), clock.now())
     clock.advance(settings.retention.events_days * 86400 + 3600)
-    retention_job(db, clock, settings.retention, begun.boot.id)
+    daemons_retention(begun.boot.id)
     assert kinds() == []
 
 
