@@ -501,7 +501,7 @@ class Daemon:
                 lambda: heartbeat_job(db, self.clock, boot_pk, lambda: self._last_state(supervisor)),
                 steady=True,
             ),
-            Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention, boot_pk)),
+            Job("retention", 3600, lambda: retention_job(db, self.clock, settings.retention)),
             Job("retention_set_aside", 3600, lambda: set_aside_job(
                 db, self.clock, settings.games_dir, settings.retention.set_aside_days,
                 None if backup is None else backup.settle_set_aside)),

@@ -192,17 +192,15 @@ def telemetry_job(
 RETENTION_BATCH = 20_000
 
 
-def retention_job(db: Database, clock: Clock, retention: RetentionSettings, boot_id: int | None = None) -> tuple[int, int]:
+def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
     """Events and samples past their retention, each kind on its own: one that fails (logged,
     naming it) leaves the other deleted, so samples do not pile up behind a failing events delete.
-    `boot_id` (the boots row of the host's boot): its `gpu_lost` and `gpu_back` events are kept
-    however old, since a restarted daemon reads them back (`GpuLossNotice`); deleted, a GPU lost
-    for longer than events_days was told again at the next restart. A later boot's retention
-    deletes them."""
+    The host's current boot's `gpu_lost` and `gpu_back` events are kept however old: a restarted
+    daemon reads them back (`GpuLossNotice`), and a GPU lost for longer than events_days, its
+    event deleted, was told again at the next restart. Once the host has rebooted they go as any."""
     now = clock.now()
-    keep_of_boot = None if boot_id is None else (boot_id, (GPU_LOST_EVENT, GPU_BACK_EVENT))
     events = _delete_old(db, "events", lambda session, limit: delete_events_before(
-        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit, keep_of_boot))
+        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit, (GPU_LOST_EVENT, GPU_BACK_EVENT)))
     samples = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
         session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:
