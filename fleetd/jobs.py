@@ -91,9 +91,15 @@ class GpuLossNotice:
         self._alerts = alerts
         self._boot_id = boot_id
         self._lost: set[int] | None = None if boot_id is not None else set()  # None: not read back yet
+        # What the last observe() told, kept until its transaction is settled (settle()): the GPUs
+        # then taken as told, and the alerts to send.
+        self._pending: tuple[set[int], list[Alert]] | None = None
 
     def observe(self, session: Session, snapshot: Snapshot, now: datetime) -> list[int]:
-        """The GPUs newly lost in `snapshot`, each recorded and alerted."""
+        """The GPUs newly lost in `snapshot`, each recorded in `session`; their alerts are sent and
+        they are taken as told by `settle(True)` once the session is committed, never before: a
+        commit that failed must leave them news, not an alert sent without its event (which a
+        restart then read back as never told, and told again)."""
         told = self._told(session)
         lost = {gpu.index: gpu for gpu in snapshot.gpus if gpu.lost}
         others = [gpu.index for gpu in snapshot.read_gpus]
@@ -101,7 +107,7 @@ class GpuLossNotice:
         # Forgotten only once read again: a GPU NVML says nothing of (NVML unavailable as a
         # restarted daemon starts, before any read) is not taken as back.
         back = sorted(told & set(others))
-        self._lost = (told - set(others)) | set(lost)
+        alerts: list[Alert] = []
         for index in back:
             message = f"GPU {index} is read again (NVML answers for it: reset, or back on the bus)"
             log.info("%s", message)
@@ -120,9 +126,20 @@ class GpuLossNotice:
             log.warning("%s: %s", message, action)
             create_event(session, now, GPU_LOST_EVENT, f"{message}: {action}", severity="warning", boot_id=self._boot_id,
                          details=details)
-            if self._alerts is not None:
-                self._alerts.send(Alert(GPU_LOST_EVENT, message, now, None, details, action, variant=str(index)))
+            alerts.append(Alert(GPU_LOST_EVENT, message, now, None, details, action, variant=str(index)))
+        self._pending = ((told - set(others)) | set(lost), alerts)
         return new
+
+    def settle(self, committed: bool) -> None:
+        """The last observe()'s transaction committed (its alerts sent, its GPUs taken as told) or
+        not (forgotten: the next sample tells them)."""
+        pending, self._pending = self._pending, None
+        if pending is None or not committed:
+            return
+        self._lost, alerts = pending
+        if self._alerts is not None:
+            for alert in alerts:
+                self._alerts.send(alert)
 
     def _told(self, session: Session) -> set[int]:
         """The GPUs already told lost and not read since: this boot's events, at the first look."""
@@ -153,12 +170,19 @@ def telemetry_job(
     snapshot = sampler.sample(workers())
     at = datetime.fromtimestamp(snapshot.at, UTC)
     changed = footprints.take(snapshot, running, at) if footprints is not None else []
-    with db.transaction() as session:
-        create_metric_rows(session, at, sample_rows(snapshot))
-        for record in changed:
-            save_footprint(session, record)
+    try:
+        with db.transaction() as session:
+            create_metric_rows(session, at, sample_rows(snapshot))
+            for record in changed:
+                save_footprint(session, record)
+            if lost is not None:
+                lost.observe(session, snapshot, at)
+    except BaseException:
         if lost is not None:
-            lost.observe(session, snapshot, at)
+            lost.settle(False)
+        raise
+    if lost is not None:
+        lost.settle(True)  # after the commit: an alert only for an event recorded
 
 
 # Rows deleted per transaction. Hourly, retention deletes an hour's worth (about 40,000 samples
@@ -170,10 +194,13 @@ RETENTION_BATCH = 20_000
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
     """Events and samples past their retention, each kind on its own: one that fails (logged,
-    naming it) leaves the other deleted, so samples do not pile up behind a failing events delete."""
+    naming it) leaves the other deleted, so samples do not pile up behind a failing events delete.
+    The host's current boot's `gpu_lost` and `gpu_back` events are kept however old: a restarted
+    daemon reads them back (`GpuLossNotice`), and a GPU lost for longer than events_days, its
+    event deleted, was told again at the next restart. Once the host has rebooted they go as any."""
     now = clock.now()
     events = _delete_old(db, "events", lambda session, limit: delete_events_before(
-        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit))
+        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit, (GPU_LOST_EVENT, GPU_BACK_EVENT)))
     samples = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
         session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:

@@ -18,6 +18,7 @@ from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.metrics import gpu_metrics
 from fleetd.config import Settings, TierSettings
+from fleetd.daemon import Daemon
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
 from fleetd.host.telemetry import NvmlReader, TelemetrySampler
@@ -298,6 +299,127 @@ def test_a_restarted_daemon_does_not_tell_again_a_gpu_lost_earlier_in_this_boot(
     telemetry_job(db, sampler, dict, None, notice)
     assert len(events("gpu_lost")) == 3 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
     assert lost_in_metrics(client) == [({"gpu": "2"}, 1.0)]
+
+
+def test_a_gpu_lost_whose_event_was_not_committed_is_told_at_the_next_sample_once(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU 2 falls off the bus; the telemetry job's commit fails (disk full): no event, and no
+    alert either; the next sample tells it, once, its event and its alert together, and a restart
+    reads it back. Before, the alert went out inside the transaction and the GPU was taken as
+    told: the event never came, and each restart in the boot told it again."""
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm.session import SessionTransaction
+
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    notice = GpuLossNotice(alerts, begun.boot.id)
+    telemetry_job(db, sampler, dict, None, notice)
+    four_gpus.lost.add(2)
+    commit = SessionTransaction.commit
+
+    def disk_full(self: SessionTransaction, *args: object, **kwargs: object) -> object:
+        if self._parent is not None:
+            return commit(self, *args, **kwargs)
+        raise OperationalError("COMMIT", {}, Exception("database or disk is full"))
+
+    monkeypatch.setattr(SessionTransaction, "commit", disk_full)
+    with pytest.raises(OperationalError):
+        telemetry_job(db, sampler, dict, None, notice)
+    monkeypatch.setattr(SessionTransaction, "commit", commit)
+
+    def lost_events() -> list[EventRecord]:
+        with db.transaction() as session:
+            return read_events(session, EventFilter(kind="gpu_lost"))
+
+    assert lost_events() == [] and alerts.sent == []
+    for _ in range(3):
+        telemetry_job(db, sampler, dict, None, notice)
+    assert len(lost_events()) == 1 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+    begun = record_daemon_start(db, host.current_boot(), clock.now())  # restarted in the same boot
+    sampler, alerts = sampled(clock), FakeAlerts()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert len(lost_events()) == 1 and alerts.sent == []
+
+
+def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
+) -> None:
+    """GPU 2 lost and told; the host stays up past [retention] events_days, and the hourly
+    retention runs; then the daemon restarts (an upgrade) with GPU 2 still lost: it does not
+    tell it again. After a reboot, the old boot's events are deleted as any. Before, retention
+    deleted the `gpu_lost` event and the restart told it again."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    four_gpus.lost.add(2)
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert len(alerts.sent) == 1
+
+    def kinds() -> list[str]:
+        with db.transaction() as session:
+            return [event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_")]
+
+    def daemons_retention(boot_id: int) -> None:
+        """The daemon's own hourly retention job, as its scheduler runs it."""
+        supervisor = SimpleNamespace(worker_pids=dict, running_workers=dict, snapshot=None)
+        (job,) = [job for job in Daemon(settings, clock=clock)._jobs(db, boot_id, supervisor) if job.id == "retention"]
+        job.run()
+
+    clock.advance(settings.retention.events_days * 86400 + 3600)
+    daemons_retention(begun.boot.id)
+    assert kinds() == ["gpu_lost"]
+    begun = record_daemon_start(db, host.current_boot(), clock.now())  # the same boot: a daemon restart
+    sampler, alerts = sampled(clock), FakeAlerts()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert alerts.sent == [] and kinds() == ["gpu_lost"]
+
+    host.reboot(120)
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    clock.advance(settings.retention.events_days * 86400 + 3600)
+    daemons_retention(begun.boot.id)
+    assert kinds() == []
+
+
+def test_a_gpu_nvml_says_nothing_of_is_not_taken_as_back(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU 2 lost and told; the daemon restarts and NVML does not answer at first (no GPU read,
+    none named lost): that is no `gpu_back`, and once NVML answers with GPU 2 still lost, it is
+    not news, nor after a further restart. Only a read of it is a `gpu_back`."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    four_gpus.lost.add(2)
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert len(alerts.sent) == 1
+
+    def kinds() -> list[str]:
+        with db.transaction() as session:
+            return sorted(event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_"))
+
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    init = pynvml.nvmlInit
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    begun = record_daemon_start(db, host.current_boot(), clock.now())  # restarted; NVML silent
+    silent, alerts = TelemetrySampler(NvmlReader(), clock=lambda: clock.now().timestamp(), monotonic=clock.monotonic), FakeAlerts()
+    notice = GpuLossNotice(alerts, begun.boot.id)
+    for _ in range(2):
+        telemetry_job(db, silent, dict, None, notice)
+    assert silent.latest is not None and silent.latest.gpus == ()
+    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    telemetry_job(db, sampled(clock), dict, None, notice)  # NVML answers: GPU 2 still lost
+    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    four_gpus.lost.clear()
+    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    assert kinds() == ["gpu_back", "gpu_lost"]
 
 
 def metrics_lost(loop: Loop) -> list[tuple[dict[str, str], float]]:

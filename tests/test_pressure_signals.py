@@ -453,8 +453,16 @@ def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metr
     fleet.telemetry.latest = fresh()  # the job runs again
     fleet.govern(slots)
     fleet.governor_view(slots)
+    assert events("telemetry_resumed") == []  # over once it has stayed fresh 6 intervals
+    assert [s for s in scrape()["fleetd_gpu_telemetry_available"]] == [({}, 1.0)]  # fresh at once all the same
+    for _ in range(6):
+        clock.advance(interval)
+        fleet.telemetry.latest = fresh()
+        fleet.govern(slots)
+        fleet.governor_view(slots)
     (resumed,) = events("telemetry_resumed")
-    assert resumed.severity == "info" and resumed.details == {"age_s": 0.0, "stale_s": 70.0}
+    assert resumed.severity == "info" and resumed.details == {"age_s": 0.0, "stale_s": 70.0, "fresh_s": 60.0}
+    assert resumed.message.startswith("GPU telemetry resumed: fresh samples for 60 s after 70 s stale")
     assert len(events("telemetry_stale")) == 1 and len(alerts.sent) == 1
     metrics = scrape()
     assert metrics["fleetd_gpu_telemetry_age_seconds"] == [({}, 0.0)]
@@ -468,19 +476,27 @@ def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metr
 def test_the_start_sample_is_no_stall_in_metrics_while_the_api_is_young(
     governed: Callable[..., Governed], clock: FakeClock
 ) -> None:
-    """The daemon's start sample, taken before a recovery that ran long, is as old as it is, but
-    no stall until the telemetry job had 3 intervals of the API's time to run, as the governor
-    counts it: available stays 1 and the readings are served."""
+    """The daemon's start sample, taken before a recovery that ran long, is no stall until the
+    telemetry job had 3 intervals of the API's time to run, as the governor counts it: its age
+    counts from the API's start, available stays 1 and the readings are served. Before, the age
+    gauge showed the sample's 120 s, and `fleetd_gpu_telemetry_age_seconds > 30` (docs/metrics.md)
+    fired on a daemon that had just started."""
     g = governed()
-    g.fleet.telemetry = Telemetry(replace(gpu_host(IDLE), at=clock.now().timestamp(), monotonic=clock.monotonic()))
+    telemetry = g.fleet.telemetry = Telemetry(replace(gpu_host(IDLE), at=clock.now().timestamp(),
+                                                      monotonic=clock.monotonic()))
     clock.advance(120)  # recovery
     client = g.api(())
+    clock.advance(5)
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
-    assert families["fleetd_gpu_telemetry_age_seconds"].samples[0].value == 120.0
+    assert families["fleetd_gpu_telemetry_age_seconds"].samples[0].value == 5.0
     assert families["fleetd_gpu_telemetry_available"].samples[0].value == 1.0
-    clock.advance(3 * g.settings.fleet.telemetry_interval_s + 1)
+    clock.advance(3 * g.settings.fleet.telemetry_interval_s - 4)
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert families["fleetd_gpu_telemetry_age_seconds"].samples[0].value == 31.0
     assert families["fleetd_gpu_telemetry_available"].samples[0].value == 0.0
+    telemetry.latest = replace(telemetry.latest, monotonic=clock.monotonic())  # the job's first run
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert families["fleetd_gpu_telemetry_age_seconds"].samples[0].value == 0.0
 
 
 def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
@@ -508,4 +524,85 @@ def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
     with db.transaction() as session:
         assert len(read_events(session, EventFilter(kind="telemetry_stale"))) == 1
     assert [alert.kind for alert in alerts.sent] == ["telemetry_stale"]
+    quick.close()
+
+
+def test_nvml_reads_each_slower_than_the_stale_limit_are_one_stall_not_one_a_read(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """A degraded driver: every NVML read takes 40 s, past the 30 s limit. The sample's age climbs
+    to 35 s, then drops to 0 as each read lands. Each look past the limit is stale (nothing climbs
+    on it), but the hour is one stall: one `telemetry_stale` event and alert, no `telemetry_resumed`
+    until the reads are quick again and the sample has stayed fresh 6 intervals. Before, every read
+    was a stale event, an alert and a resumed event: 90 alerts an hour."""
+    record_daemon_start(db, host.current_boot(), clock.now())
+    alerts = FakeAlerts()
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    fleet = FleetController(settings.fleet, db, clock, telemetry, alerts)
+    stale_looks = 0
+    for t in range(0, 3600, 5):  # an hour of the governor's looks, each 5 s (GOVERNOR_TICK_S)
+        if t % 40 == 0:
+            telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
+        stale_looks += fleet.pressure().stale is not None
+        clock.advance(5)
+    assert stale_looks == 90  # each read's last look: judged stale each time
+
+    def events(kind: str) -> list[EventRecord]:
+        with db.transaction() as session:
+            return read_events(session, EventFilter(kind=kind))
+
+    assert len(events("telemetry_stale")) == 1 and [alert.kind for alert in alerts.sent] == ["telemetry_stale"]
+    assert events("telemetry_resumed") == []
+    for t in range(0, 120, 5):  # the reads are quick again: a sample each 10 s
+        if t % 10 == 0:
+            telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
+        assert fleet.pressure().stale is None
+        clock.advance(5)
+    (resumed,) = events("telemetry_resumed")
+    assert resumed.details["fresh_s"] == 60.0 and resumed.details["stale_s"] == 3570.0  # stale at 30 s, fresh from 3600 s
+    assert len(alerts.sent) == 1
+
+
+def test_a_stall_after_one_whose_end_the_busy_database_kept_unwritten_is_told(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """A stall told; the sample is fresh again long enough to end it while another process holds
+    SQLite's write lock, so its `telemetry_resumed` event cannot be written; the job hangs again
+    before the lock is let go. Once it is: the first stall's end (its length the stall's, not the
+    fresh time after it), then the second stall's event, and its alert. Before, the stall stayed
+    open in memory until its end was written: the second stall had no event and no alert, and the
+    first one's length counted the fresh time too."""
+    record_daemon_start(db, host.current_boot(), clock.now())
+    quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
+    alerts = FakeAlerts()
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
+    fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
+    fleet.pressure()
+    clock.advance(40)
+    assert fleet.pressure().stale is not None and len(alerts.sent) == 1  # stale since 30 s: 10 s so far
+    holder = sqlite3.connect(settings.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for t in range(0, 80, 5):  # 80 s of fresh samples, each 10 s: the stall is over after 60 s
+            if t % 10 == 0:
+                telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
+            assert fleet.pressure().stale is None
+            clock.advance(5)
+        clock.advance(40)  # the job hangs again
+        assert fleet.pressure().stale is not None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert len(alerts.sent) == 1
+    clock.advance(5)
+    assert fleet.pressure().stale is not None
+    with db.transaction() as session:
+        kinds = [(e.kind, e.details) for e in read_events(session, EventFilter())
+                 if e.kind in ("telemetry_stale", "telemetry_resumed")]
+    assert sorted(k for k, _ in kinds) == ["telemetry_resumed", "telemetry_stale", "telemetry_stale"]
+    (resumed,) = [d for k, d in kinds if k == "telemetry_resumed"]
+    assert resumed["stale_s"] == 10.0 and resumed["fresh_s"] == 60.0
+    assert [alert.kind for alert in alerts.sent] == ["telemetry_stale"] * 2
     quick.close()

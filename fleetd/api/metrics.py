@@ -76,9 +76,12 @@ class FleetCollector:
         telemetry = self.context.telemetry
         latest = telemetry.latest if telemetry is not None else None
         age = sample_age(latest, self.context.clock)
-        # Stale as the governor judges it: counted from no earlier than the API's start, so the
-        # daemon's start sample, taken before a recovery that ran long, is no stall.
-        stale = age is not None and min(age, self.context.clock.monotonic() - self._started) > self._stale_after_s
+        # As the governor judges it: counted from no earlier than the API's start, so the daemon's
+        # start sample, taken before a recovery that ran long, is no stall, in the age gauge
+        # (`> 30` alerts on it) as in availability.
+        if age is not None:
+            age = max(0.0, min(age, self.context.clock.monotonic() - self._started))
+        stale = age is not None and age > self._stale_after_s
         yield from gpu_metrics(latest, age, stale)
 
 

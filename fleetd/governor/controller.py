@@ -59,6 +59,11 @@ LOCAL = ""  # the local executor's one host: its rungs are stored under this nam
 TELEMETRY_STALE_INTERVALS = 3
 TELEMETRY_STALE_EVENT = "telemetry_stale"  # an event and an alert, once a stall
 TELEMETRY_RESUMED_EVENT = "telemetry_resumed"
+# A stall is told over (a `telemetry_resumed` event) only once the sample has stayed fresh this
+# many telemetry intervals: longer than the stale limit, so at least one read after the first came
+# within it. NVML reads each a little slower than the limit (a degraded driver) are one stall, not
+# a stale and a resumed event (and an alert) at every read, 90 an hour at 40 s a read.
+TELEMETRY_RESUMED_INTERVALS = 6
 
 
 class TelemetrySource(Protocol):
@@ -126,8 +131,10 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
-        self._stale_logged = False  # the telemetry's sample was last seen stale (told once per episode)
+        self._stale_logged = False  # a stall was told and is not over (told once per episode)
         self._stalled_at: float | None = None  # monotonic time the sample went stale (its age past the limit)
+        self._fresh_since: float | None = None  # in a stall told: monotonic time of the fresh sample it may end on
+        self._resumed_event: tuple[datetime, str, dict[str, Any]] | None = None  # a stall's end, its event not yet written
         self._first_look: float | None = None  # monotonic time the governor first judged a sample
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -695,13 +702,21 @@ class FleetController:
         return now - max(taken, self._first_look)
 
     def _stale(self, age: float, limit: float) -> str | None:
-        """Why the sample, `age` s old, is too old to climb on, or None. Each time it goes stale,
-        once: a log line, a `telemetry_stale` warning event and alert; each time it is fresh
-        again, once: a `telemetry_resumed` event (`_stalled`, `_resumed`)."""
+        """Why the sample, `age` s old, is too old to climb on, or None: each look judges the sample
+        it sees. Told once a stall: a log line, a `telemetry_stale` warning event and alert as it
+        goes stale (`_stalled`); a `telemetry_resumed` event once the sample has stayed fresh
+        `TELEMETRY_RESUMED_INTERVALS` intervals (`_resumed`): a sample stale again before then
+        continues the stall, told no more."""
+        self._write_resumed()
+        now = self.clock.monotonic()
         if age <= limit:
             if self._stale_logged:
-                self._resumed(max(0.0, age))
+                if self._fresh_since is None:
+                    self._fresh_since = now - max(0.0, age)  # when the fresh sample was taken
+                if now - self._fresh_since >= TELEMETRY_RESUMED_INTERVALS * self.settings.telemetry_interval_s:
+                    self._resumed(max(0.0, age))
             return None
+        self._fresh_since = None
         why = (f"telemetry stale: last sample {age:.0f} s ago, more than {TELEMETRY_STALE_INTERVALS} telemetry intervals "
                f"({limit:g} s; the telemetry job stalled?)")  # fmt: skip
         if not self._stale_logged:
@@ -720,28 +735,42 @@ class FleetController:
                   "if it showed pressure); /metrics has fleetd_gpu_telemetry_available 0; if nvidia-smi hangs too, "
                   "the NVIDIA driver is hung: a reboot clears it")
         details = {"age_s": round(age, 1), "limit_s": limit}
-        if not self._telemetry_event(TELEMETRY_STALE_EVENT, f"{message}; {action}", "warning", details):
-            return
+        if self._resumed_event is not None or not self._telemetry_event(
+                TELEMETRY_STALE_EVENT, f"{message}; {action}", "warning", details):
+            return  # the database busy: after the last stall's end, in order, at the next look
         if self.alerts is not None:
             self.alerts.send(Alert(TELEMETRY_STALE_EVENT, message, now, None, details, action))
         self._stale_logged, self._stalled_at = True, self.clock.monotonic() - (age - limit)
 
     def _resumed(self, age: float) -> None:
-        """A fresh sample after a stall: the telemetry job runs again."""
-        stalled_s = max(0.0, self.clock.monotonic() - (self._stalled_at or 0.0))
-        log.info("telemetry is fresh again (last sample %.0f s ago): the governor may climb", age)
-        message = (f"GPU telemetry resumed: a fresh sample ({age:.0f} s old) after {stalled_s:.0f} s stale; "
+        """The sample stayed fresh long enough after a stall: the telemetry job runs again. Over at
+        once, whether its event is written now or, the database busy, at a later look: a stall
+        meanwhile is news, and this one's length ends where the fresh samples began."""
+        fresh_since = self._fresh_since if self._fresh_since is not None else self.clock.monotonic()
+        stalled_s = max(0.0, fresh_since - (self._stalled_at or fresh_since))
+        fresh_s = max(0.0, self.clock.monotonic() - fresh_since)
+        log.info("telemetry is fresh again (last sample %.0f s ago, fresh for %.0f s after %.0f s stale): the governor may climb",
+                 age, fresh_s, stalled_s)
+        message = (f"GPU telemetry resumed: fresh samples for {fresh_s:.0f} s after {stalled_s:.0f} s stale; "
                    "the governor may prove and climb rungs again")
-        if self._telemetry_event(TELEMETRY_RESUMED_EVENT, message, "info",
-                                 {"age_s": round(age, 1), "stale_s": round(stalled_s, 1)}):
-            self._stale_logged, self._stalled_at = False, None
+        self._resumed_event = (self.clock.now(), message, {"age_s": round(age, 1), "stale_s": round(stalled_s, 1), "fresh_s": round(fresh_s, 1)})
+        self._stale_logged, self._stalled_at, self._fresh_since = False, None, None
+        self._write_resumed()
 
-    def _telemetry_event(self, kind: str, message: str, severity: str, details: dict[str, Any]) -> bool:
+    def _write_resumed(self) -> None:
+        """The last stall's `telemetry_resumed` event, if it is not written yet."""
+        if self._resumed_event is not None:
+            at, message, details = self._resumed_event
+            if self._telemetry_event(TELEMETRY_RESUMED_EVENT, message, "info", details, at):
+                self._resumed_event = None
+
+    def _telemetry_event(self, kind: str, message: str, severity: str, details: dict[str, Any],
+                         at: datetime | None = None) -> bool:
         """The event written, or False with the database busy: the next look tries again (a look
         at the telemetry must not end the supervision loop)."""
         try:
             with self.db.transaction() as session:
-                create_event(session, self.clock.now(), kind, message, severity=severity, details=details)
+                create_event(session, self.clock.now() if at is None else at, kind, message, severity=severity, details=details)
         except FleetdError as exc:
             if exc.code is not ErrorCode.BUSY:
                 raise

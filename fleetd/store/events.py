@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.mapping import to_record
-from fleetd.store.models import Event
+from fleetd.store.models import Boot, Event
 from fleetd.store.records import EventRecord
 
 
@@ -80,11 +80,16 @@ def read_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) -> list
 
 
 def delete_events_before(
-    session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = (), limit: int | None = None
+    session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = (), limit: int | None = None,
+    keep_of_this_boot: tuple[str, ...] = (),
 ) -> int:
-    """Events older than the cutoff, except those of `keep_kinds` (markers that must last); with
-    `limit`, at most that many of them (the oldest)."""
+    """Events older than the cutoff, except those of `keep_kinds` (markers that must last) and the
+    host's current boot's (the newest boots row's) of `keep_of_this_boot` (what the daemon reads
+    back after a restart in the same boot); with `limit`, at most that many of them (the oldest)."""
     old = and_(Event.at < cutoff, Event.kind.not_in(keep_kinds))
+    if keep_of_this_boot:
+        this_boot = select(func.max(Boot.id)).scalar_subquery()
+        old = and_(old, or_(Event.boot_id.is_(None), Event.boot_id != this_boot, Event.kind.not_in(keep_of_this_boot)))
     if limit is not None:
         old = Event.id.in_(select(Event.id).where(old).order_by(Event.at).limit(limit))
     result = session.execute(delete(Event).where(old))
