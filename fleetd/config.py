@@ -639,6 +639,10 @@ def _describe(error: Any, environ: Mapping[str, str]) -> str:
     key, reason = field_path(error["loc"]), validator_reason(error["msg"])
     if error["type"] == "extra_forbidden":
         reason = "unknown key (check its spelling and section)"
+        if loc[0] == "games" and loc[-1] == "absent":
+            reason = ("unknown key here: `absent` is a fleet file's (`fleetd apply`); `[[games]]` only seeds a "
+                      "database that never had games: take the entry out, and remove the game with "
+                      "`fleetd games rm`")
     value = error.get("input")
     misspelt_secret = error["type"] == "extra_forbidden" and len(loc) > 1 and loc[0] in SECRET_SECTIONS
     if misspelt_secret or any(_secret(part) for part in loc):

@@ -41,6 +41,13 @@ def test_a_misspelt_setting_is_said_to_be_meant(config: Path, pair: str, meant: 
     assert "unknown hyperparameter" in result.output and f"did you mean {meant}?" in result.output, result.output
 
 
+@pytest.mark.parametrize("pair", ["desired=stopped", "state=running"])
+def test_a_state_set_is_pointed_to_stop_and_start(config: Path, pair: str) -> None:
+    # "unknown hyperparameter", and a list of them: nothing said how to stop a game.
+    result = CliRunner().invoke(app, ["games", "set", "pong", pair, "--config", str(config)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "`fleetd games stop NAME` or `fleetd games start NAME`" in result.output, result.output
+
+
 def test_a_misspelt_hyperparameter_is_not_said_to_be_a_setting(config: Path) -> None:
     result = CliRunner().invoke(app, ["games", "set", "pong", "learning_rat=0.1", "--config", str(config)],
                                 env={"COLUMNS": "200"})

@@ -236,3 +236,14 @@ def test_a_retention_past_a_century_is_refused_at_start(tmp_path: Path, section:
         load_settings(write(tmp_path, f"[{section}]\n{key} = 1000000\n"))
     assert caught.value.problems == [f"{section}.{key} = 1000000: Input should be less than or equal to {MAX_DAYS}"]
     assert getattr(getattr(load_settings(write(tmp_path, f"[{section}]\n{key} = {MAX_DAYS}\n")), section), key) == MAX_DAYS
+
+
+def test_absent_in_the_configs_games_says_where_it_belongs(tmp_path: Path) -> None:
+    # "unknown key (check its spelling and section)": it is spelt right, in a fleet file's entry.
+    config = tmp_path / "fleetd.toml"
+    config.write_text('[[games]]\nname = "pong"\nenv_id = "Pong-v5"\nabsent = true\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    (problem,) = caught.value.problems
+    assert problem.startswith("games[0].absent = True: unknown key here: `absent` is a fleet file's (`fleetd apply`)")
+    assert "fleetd games rm" in problem

@@ -218,6 +218,9 @@ def set_key_typed(field: str) -> str:
     return field
 
 
+STATE_KEYS = ("desired", "state", "desired_state")  # what `games set` is tried with to stop or start a game
+
+
 def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:
     """A key given bare is a hyperparameter unless it is a game setting: one the daemon says is
     no hyperparameter, close to a setting's name (`prority`, `checkpoint_interval` as in `games
@@ -232,6 +235,8 @@ def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:
         key = str(error.get("field", "")).removeprefix("hyperparams.")
         if key not in bare or not str(error.get("reason", "")).startswith("unknown hyperparameter"):
             continue
+        if key in STATE_KEYS:
+            return "a game's desired state is no setting: `fleetd games stop NAME` or `fleetd games start NAME`"
         close = difflib.get_close_matches(key, settings, n=1, cutoff=0.75)
         close = close or difflib.get_close_matches(f"health.{key}", settings, n=1, cutoff=0.75)
         if close:
