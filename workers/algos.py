@@ -21,8 +21,7 @@
    step it counts (a PPO or A2C rollout's, DQN's transitions stored and its `train_freq` update
    done). The worker writes its periodic checkpoints there, not at an env step in a collection,
    and ends there at an episode goal or, for DQN, a stop; the hook's False ends `learn()` before
-   another env step. (A PPO or A2C stop within a rollout ends it at once and goes back to the
-   state of this boundary: `workers.callback.Boundary`.)
+   another env step. (A PPO or A2C stop within a rollout ends it at once: `FleetCallback._on_step`.)
 """
 
 from __future__ import annotations

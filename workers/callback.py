@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import signal
 import time
-from collections import deque
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
@@ -24,7 +20,7 @@ from workers.phases import PhaseTimer
 from workers.protocol.reports import CheckpointSummary
 from workers.protocol.spec import RunSpec
 from workers.reporting import Reporter
-from workers.snapshot import ReplayPolicy, capture_rng, restore_rng, save_snapshot
+from workers.snapshot import ReplayPolicy, save_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -66,43 +62,6 @@ def episodes_goal_reached(spec: RunSpec, counters: Counters) -> bool:
     never trained on (PPO on 256 Atari envs: up to 32,768 steps counted in the final model, and
     its export, but not learned), and DQN's transitions of that step were never stored."""
     return spec.target_episodes is not None and counters.episodes >= spec.target_episodes
-
-
-@dataclass
-class Boundary:
-    """An on-policy learner's state where a collection begins, after the previous one's update:
-    what a stop mid-collection goes back to. Collecting changes no weight and no optimizer
-    state; it moves the step count, the episode counters and SB3's episode window, the RNGs
-    (actions are sampled) and the VecNormalize statistics (updated at every step). Taken at
-    every rollout's start, a few kilobytes and well under a millisecond a rollout."""
-
-    num_timesteps: int
-    counters: Counters
-    rng: dict[str, Any]
-    ep_info_buffer: deque | None
-    ep_success_buffer: deque | None
-    vecnormalize: dict[str, Any]
-
-    @classmethod
-    def take(cls, model: BaseAlgorithm, counters: Counters) -> "Boundary":
-        vecnorm = model.get_vec_normalize_env()
-        stats = {} if vecnorm is None else {name: copy.deepcopy(getattr(vecnorm, name))
-                                              for name in ("obs_rms", "ret_rms") if hasattr(vecnorm, name)}
-        return cls(model.num_timesteps, counters.copy(), capture_rng(model), _copied(model.ep_info_buffer),
-                   _copied(model.ep_success_buffer), stats)
-
-    def restore(self, model: BaseAlgorithm, counters: Counters) -> None:
-        model.num_timesteps = self.num_timesteps
-        counters.restore(self.counters)
-        restore_rng(self.rng, model)
-        model.ep_info_buffer, model.ep_success_buffer = self.ep_info_buffer, self.ep_success_buffer
-        vecnorm = model.get_vec_normalize_env()
-        for name, value in self.vecnormalize.items():
-            setattr(vecnorm, name, value)
-
-
-def _copied(window: deque | None) -> deque | None:
-    return None if window is None else deque(window, maxlen=window.maxlen)
 
 
 FIRST_AFTER_RESUME = 0.1  # of the interval: the earliest checkpoint after a resume
@@ -217,7 +176,6 @@ class FleetCallback(BaseCallback):
         self.checkpointer = checkpointer
         self.outcome: Outcome | None = None
         self.phases = PhaseTimer()
-        self._boundary: Boundary | None = None  # PPO's and A2C's, where the current rollout began
 
     def _on_step(self) -> bool:
         self.counters.steps = self.num_timesteps
@@ -225,26 +183,15 @@ class FleetCallback(BaseCallback):
             episode = info.get("episode")
             if episode is not None:
                 self.counters.record_episode(episode["r"], episode["l"])
-        if self.stop.requested and self._boundary is not None:
-            self._drop_collection()
+        if self.stop.requested and isinstance(self.model, OnPolicyAlgorithm):
+            # A stop within a PPO or A2C rollout ends it at once: the supervisor's stop timeout is
+            # for the final checkpoint, not for the rest of a rollout (n_steps x num_envs: 32,768
+            # at 256 envs) and its update. The final checkpoint counts every env step taken, as
+            # SB3 counts them (the step goal is a budget of env steps, and learning is measured in
+            # them), the rollout so far untrained on: dropped, not collected again after a resume.
+            self.outcome = Outcome.STOPPED
             return False
         return True  # an episode goal (and DQN's stop) end at the next `between_rollouts`
-
-    def _drop_collection(self) -> None:
-        """A stop within a PPO or A2C rollout ends it at once (the supervisor's stop timeout is
-        for the final checkpoint, not for the rest of a rollout and its update), and the learner
-        goes back to its state where the rollout began: the final checkpoint then holds the
-        steps and episodes its model was trained on, not up to n_steps x num_envs more (32,768
-        at 256 envs) that it never learned from and a resume would not collect again. The
-        rollout is collected again after the resume. Where a periodic checkpoint was written at
-        that boundary, it is the final one. DQN's collection (`train_freq` steps) is not
-        dropped: its transitions are in the replay buffer, and the stop waits for its end."""
-        boundary, self._boundary = self._boundary, None
-        dropped = self.model.num_timesteps - boundary.num_timesteps
-        boundary.restore(self.model, self.counters)
-        self.outcome = Outcome.STOPPED
-        log.info("stopped %d steps into a rollout: they are not counted (the model was last updated "
-                 "at %d steps); a resumed run collects them again", dropped, boundary.num_timesteps)
 
     def between_rollouts(self) -> bool:
         """Called before each collection (workers/algos.py, `UpdateBoundary`): the previous
@@ -256,12 +203,9 @@ class FleetCallback(BaseCallback):
         with that collection's update. An episode goal reached, or (DQN) a stop that came
         during the collection, ends training here too. False ends `learn()` here, without
         another env step."""
-        if self.n_calls > 0:  # else no step yet in this run: the state resumed from, or step 0
-            if not self._go_on():
-                return False
-        if isinstance(self.model, OnPolicyAlgorithm):
-            self._boundary = Boundary.take(self.model, self.counters)
-        return True
+        if self.n_calls == 0:  # no step yet in this run: the state resumed from, or step 0
+            return True
+        return self._go_on()
 
     def _go_on(self) -> bool:
         self.counters.steps = self.model.num_timesteps

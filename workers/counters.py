@@ -36,19 +36,6 @@ class Counters:
         returns = list(self.recent_returns)  # a copy: the reporter thread reads while we append
         return sum(returns) / len(returns) if returns else None
 
-    def copy(self) -> "Counters":
-        return Counters(self.steps, self.episodes, self.best_reward,
-                        deque(self.recent_returns, maxlen=RECENT_EPISODES),
-                        deque(self.recent_lengths, maxlen=RECENT_EPISODES), self.eval_steps, self.eval_return)
-
-    def restore(self, earlier: "Counters") -> None:
-        """Back to `earlier` (a copy), in place: the reporter's thread reads this same object."""
-        self.episodes, self.best_reward = earlier.episodes, earlier.best_reward
-        self.recent_returns = deque(earlier.recent_returns, maxlen=RECENT_EPISODES)
-        self.recent_lengths = deque(earlier.recent_lengths, maxlen=RECENT_EPISODES)
-        self.eval_steps, self.eval_return = earlier.eval_steps, earlier.eval_return
-        self.steps = earlier.steps
-
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "episodes": self.episodes, "best_reward": self.best_reward,
                 "recent_returns": list(self.recent_returns),

@@ -64,9 +64,7 @@ class Reporter:
         t0, s0, e0 = self._samples[0]
         if t <= t0:
             return 0.0, 0.0
-        # Never below 0: a stop within a rollout takes its steps and episodes back (the final
-        # report's counts are the final checkpoint's, workers/callback.py), which is no rate.
-        return max(0.0, (steps - s0) / (t - t0)), max(0.0, (episodes - e0) * 3600.0 / (t - t0))
+        return (steps - s0) / (t - t0), (episodes - e0) * 3600.0 / (t - t0)
 
     def send_progress(self) -> None:
         report = self.progress()

@@ -51,8 +51,7 @@ def test_sigterm_leaves_final_checkpoint_and_exits_0(make_spec, write_spec, inbo
     assert code == ExitCode.STOPPED, log
     final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
     assert checkpoint.verify(final.path) == (True, "ok")
-    rollout = 64 * 2  # n_steps x num_envs: a stop within a rollout checkpoints the last update's state
-    assert final.steps % rollout == 0 and final.steps >= seen.steps // rollout * rollout
+    assert final.steps >= seen.steps
     assert "stopped on signal" in log
 
 
