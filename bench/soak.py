@@ -78,6 +78,7 @@ from bench.fleet_faults import (
     write_json,
 )
 from bench.soak_checks import Fault, StepBack
+from workers.defaults import Family, zoo_defaults
 from bench import soak_report
 from bench.soak_report import draw, render
 from fleetd.config import load_settings
@@ -120,6 +121,13 @@ class Options:
     @property
     def games(self) -> tuple[tuple[str, str], ...]:
         return CARTPOLE if self.short else ATARI
+
+
+def rollout_steps(options: Options) -> int:
+    """A PPO rollout's steps (n_steps x num_envs) of the soak's games: the short mode's own sizes,
+    else the zoo's Atari n_steps at the tiers' 8 envs."""
+    hyperparams = SHORT_HYPERPARAMS if options.short else zoo_defaults("ppo", Family.ATARI) | {"num_envs": 8}
+    return hyperparams["n_steps"] * hyperparams["num_envs"]
 
 
 def config_text(options: Options) -> str:
@@ -525,10 +533,14 @@ class Soak:
                      f"({clean} answered 2xx throughout); SIGTERM exits {codes}")
 
     def interval_steps(self) -> dict[str, float]:
-        """Steps a game trains in one checkpoint interval, plus the progress flush's lag both ways."""
+        """Steps a game trains in one checkpoint interval, plus the progress flush's lag both ways,
+        plus one rollout: a periodic checkpoint is written at the first rollout's end after it falls
+        due (after that rollout's update, docs/worker.md), so up to a rollout late. The short mode's
+        rollout (16 x 1,024 steps) is longer than its 3-s interval."""
         settings = self.faulted.settings
         window = settings.worker.checkpoint_interval_s + 2 * settings.supervisor.progress_flush_s + 10
-        return {g: checks.steps_per_interval(s, window) for g, s in self.recorders[0].record.steps.items()}
+        return {g: checks.steps_per_interval(s, window) + rollout_steps(self.options)
+                for g, s in self.recorders[0].record.steps.items()}
 
     def checkpoints_on_disk(self) -> tuple[dict[str, list[str]], dict[str, list[str]], int]:
         games = [name for name, _ in self.options.games]
