@@ -258,6 +258,23 @@ def test_a_refusal_names_the_option_typed_not_the_api_field(daemon: Daemon) -> N
         assert not any(f"{api}." in refused.stderr for api in ("body", "hyperparams", "health_settings")), refused.stderr
 
 
+def test_a_refusal_renames_a_field_only_where_it_leads_a_reason() -> None:
+    # Every "FIELD:" was replaced: in an echoed value ('my_ENV_ID:Foo-v0') and inside a longer
+    # field's name (games[0].--hp n_steps:).
+    from fleetd.cli.client import ClientError
+    from fleetd.cli.common import as_typed, options_typed
+
+    def refused(message: str, *fields: str) -> str:
+        errors = [{"field": field, "reason": "r"} for field in fields]
+        return as_typed(ClientError(message, details={"errors": errors}), options_typed({"env_id": "ENV_ID"}))
+
+    assert refused("env_id: 'my_env_id:Foo-v0': no such env", "env_id") == "ENV_ID: 'my_env_id:Foo-v0': no such env"
+    assert refused("hyperparams.n_steps: x; games[0].hyperparams.n_steps: y", "hyperparams.n_steps") == \
+        "--hp n_steps: x; games[0].hyperparams.n_steps: y"
+    assert refused("invalid request: path.name: r; body.env_id: s", "path.name", "body.env_id") == \
+        "invalid request: NAME: r; ENV_ID: s"
+
+
 @pytest.mark.parametrize("value", ["-1", "nan"])
 def test_a_stop_timeout_below_0_or_not_a_number_is_a_bad_command_line(value: str) -> None:
     # It was taken: the stop was sent, then "still stopping after -1s" (exit 75) at once, or, for

@@ -88,14 +88,19 @@ def call(config: Path | None, action: "Callable[[ApiClient], Any]",
 
 
 def as_typed(exc: "ClientError", typed: "Callable[[str], str | None] | None" = None) -> str:
-    """The refusal's message, its fields named as `call` names them."""
+    """The refusal's message, its fields named as `call` names them: where a field leads a
+    reason (the message's start, after `invalid request: ` or `; `), not inside a value it echoes
+    or a longer field's name."""
+    import re
+
     message = str(exc)
     for field in _refused_fields(exc.details):
         where, _, rest = field.partition(".")
         plain = rest if where in ("body", "query", "path") and rest else field
-        said = "NAME" if field == "path.name" else typed(plain) if typed is not None else None
+        said = typed(plain) if typed is not None else None
+        said = "NAME" if said is None and field == "path.name" else said
         if said is not None:
-            message = message.replace(f"{field}:", f"{said}:")
+            message = re.sub(rf"(^|invalid request: |; ){re.escape(field)}:", lambda m: f"{m[1]}{said}:", message)
     return message
 
 

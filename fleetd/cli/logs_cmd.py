@@ -42,7 +42,7 @@ def logs(
         _follow(client, path, lines, run)
         fail(f"no game named {game!r}: it was removed while followed", ExitCode.NOT_FOUND)
     except ClientError as exc:
-        fail(as_typed(exc), exc.code)
+        fail(as_typed(exc, lambda field: "GAME" if field == "name" else None), exc.code)
     except TokenError as exc:
         fail(str(exc), ExitCode.NOPERM)
     except KeyboardInterrupt:

@@ -273,6 +273,58 @@ def test_a_failing_database_copy_holds_a_purges_drop_not_every_games_checkpoints
     assert restored_games(url, tmp_path / "fresh") == set()
 
 
+@pytest.mark.parametrize("rewritten", [False, True], ids=["own-checkpoint", "same-name-rewritten"])
+def test_set_aside_copies_wait_for_the_database_copy_with_their_games_sync(setup, monkeypatch, rewritten):
+    # The drops waited for the database copy, but the new game's sync went on: it pruned the
+    # set-aside copy (the new game has its own checkpoints) or replaced it (the same name written
+    # again): a restore then gave the old game's row the other game's checkpoint, or none.
+    from fleetd.games.kept import kept_files, set_aside
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.operations.backup import job
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+
+    settings, db, url = setup
+    clock = FakeClock()
+    backup = backed_up_pong(settings, db, clock)
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=False)
+    set_aside(kept_files(settings, "pong"), clock.now())  # `games add pong ... --kept set-aside`
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(settings.game_dir("pong") / "checkpoints", 100 if rewritten else 200, model=b"new game")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job, "copy_database", disk_full)
+    assert backup.checkpoints().removed == []
+    target = Target(url)
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100"}
+    assert target.fs.cat_file(target.path("games/pong/checkpoints/ckpt-000000000100/model.zip")) == b"model at 100"
+    with pytest.raises(OSError):  # `backup now`: the same failure, recorded once, the database not tried again
+        backup.now()
+    with db.transaction() as session:
+        assert len(read_events(session, EventFilter(kind="backup_failed"))) == 2  # the scan's, then now()'s
+    monkeypatch.undo()
+    backup.checkpoints()  # the database copied, then the drop, then the new game's own copies
+    assert target.fs.cat_file(target.path(f"games/pong/checkpoints/{'ckpt-000000000100' if rewritten else 'ckpt-000000000200'}/model.zip")) == b"new game"
+
+
+def test_retention_settling_a_set_aside_copies_the_database_first(setup, tmp_path):
+    # settle_set_aside (before retention deletes a removed/ folder) dropped the copies with an older
+    # database copy on the target: a restore brought the removed game back without its checkpoints.
+    from fleetd.games.kept import kept_files, set_aside
+    from fleetd.games.lifecycle import remove_game
+
+    settings, db, url = setup
+    clock = FakeClock()
+    backup = backed_up_pong(settings, db, clock)
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=False)
+    set_aside(kept_files(settings, "pong"), clock.now())
+    assert backup.settle_set_aside() == ["pong/ckpt-000000000100"]
+    assert restored_games(url, tmp_path / "fresh") == set()
+
+
 def test_a_purge_whose_files_could_not_all_be_deleted_still_leaves_the_target(tmp_path, monkeypatch, memory_url):
     # The backup was told after the files and the cluster storage's copy were deleted: a storage
     # outage (or the daemon's death during a long delete) lost the purge, the game was out of the

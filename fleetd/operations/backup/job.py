@@ -150,7 +150,9 @@ class Backup:
         if reason is not None:
             raise BackupHeld(reason)
         with self._lock:
-            copied, removed = self._checkpoints()
+            copied, removed, failed = self._checkpoints()
+            if failed is not None:  # the copy before the scan's drops: recorded, not tried twice
+                raise failed
             size = self._database()
             run = BackupRun(size, copied, removed)
         self._record(f"backed up the database ({size} bytes) and {len(copied)} new checkpoint(s)", run)
@@ -168,7 +170,7 @@ class Backup:
         if self._skip_held():
             return BackupRun()
         with self._lock:
-            copied, removed = self._checkpoints()
+            copied, removed, _ = self._checkpoints()
         run = BackupRun(None, copied, removed)
         if copied or removed:
             self._record(f"copied {len(copied)} checkpoint(s), removed {len(removed)} pruned one(s)", run)
@@ -238,9 +240,12 @@ class Backup:
         self.status.last_db_at, self.status.last_db_bytes = self.clock.now(), size
         return size
 
-    def _checkpoints(self) -> tuple[list[str], list[str]]:
+    def _checkpoints(self) -> tuple[list[str], list[str], Exception | None]:
+        """The checkpoints copied, those dropped, and why the database copy before the drops
+        failed (None: it did not, or none was needed)."""
         copied: list[str] = []
         removed: list[str] = []
+        failed: Exception | None = None
         try:
             self._claim()
             pending = sorted(self._purges)  # before the names: a purge told meanwhile is of a game out of them
@@ -248,7 +253,10 @@ class Backup:
                 in_fleet = game_store.game_names(session)
             dropping = [game for game in pending if game in self.target.names("games")]
             aside = self._set_aside_copies()
-            if (dropping or aside) and self._database_first():
+            if dropping or aside:
+                failed = self._database_first()
+            held = {copy.split("/")[0] for copy in aside} if failed is not None else set()
+            if failed is None:
                 removed += self._drop_purged(dropping) + self._drop(aside)
             for game in pending:
                 if game in dropping and f"{game}/*" not in removed:
@@ -259,8 +267,10 @@ class Backup:
                         self._write_purges()
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
-                if game in self._purges:
-                    continue  # its files are being deleted: what is left of them is not copied back
+                if game in self._purges or game in held:
+                    # Its files are being deleted: what is left of them is not copied back. Or
+                    # copies set aside wait for their drop: its sync would replace or prune them.
+                    continue
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed)
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
@@ -270,18 +280,19 @@ class Backup:
         if copied:
             self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
             self.status.checkpoints_copied += len(copied)
-        return copied, removed
+        return copied, removed, failed
 
-    def _database_first(self) -> bool:
+    def _database_first(self) -> Exception | None:
         """Before a game's copies are dropped on purpose (a purge, a set-aside), the database copied
         with the game out of it: one taken before, restored, would bring the game back without its
-        checkpoints (a fresh start under its name). False when the copy failed (recorded): the drops
-        wait for the next scan, the other games' checkpoints are copied as usual."""
+        checkpoints (a fresh start under its name). The error when the copy failed (recorded): the
+        drops wait for the next scan, and that game's sync with them; the other games' checkpoints
+        are copied as usual."""
         try:
             self._database()
-        except Exception:  # noqa: BLE001 - recorded by _database as a backup_failed event
-            return False
-        return True
+        except Exception as exc:  # noqa: BLE001 - recorded by _database as a backup_failed event
+            return exc
+        return None
 
     def _drop_purged(self, games: list[str]) -> list[str]:
         for game in games:
