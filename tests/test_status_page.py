@@ -18,6 +18,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
+from fleetd.host.telemetry import GpuSample, HostSample, Snapshot, snapshot_json
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Shown
 from fleetd.store.engine import Database
@@ -548,3 +549,19 @@ def test_a_gpu_fallen_off_the_bus_shows_as_lost_not_as_zero_readings(api_answers
                           "host": None, "processes": []}
     shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
     assert "lost (NVML: GPU is lost" in shown and "0 MiB / 0 MiB" not in shown, shown
+
+
+def test_a_stale_telemetry_sample_is_shown_as_stale_not_as_current_readings(api_answers: dict[str, object]) -> None:
+    # The telemetry job hung: GET /fleet said `available: true` and the page showed the frozen
+    # GPU and host readings as current, while /metrics said fleetd_gpu_telemetry_available 0.
+    gpu = GpuSample(0, "NVIDIA H100", 97.0, 70 * 2**30, 80 * 2**30, 66.0, 650.0)
+    sample = Snapshot(datetime(2026, 1, 2, tzinfo=UTC).timestamp(), (gpu,), True, None, HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    fleet = dict(api_answers["/fleet"][1])
+    fleet["telemetry"] = snapshot_json(sample, age_s=312.0, stale_after_s=30.0)
+    shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
+    assert "GPU readings unavailable: telemetry stale: last sample 312 s ago" in shown, shown
+    assert "97%" not in shown and "GPU 0" not in shown, shown  # no frozen readings
+    assert "5 min ago: stale, the telemetry job stalled" in shown, shown  # the host's readings: said old
+    fleet["telemetry"] = snapshot_json(sample, age_s=3.0)
+    shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
+    assert "97%" in shown and "stale" not in shown and "GPU readings unavailable" not in shown, shown

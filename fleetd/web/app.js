@@ -596,7 +596,9 @@
       fact(list, 'host CPU', h('span', { class: 'num' }, fmtNum(host.cpu_pct, 0) + '% · load ' + fmtNum(host.load_1m, 2)));
       const used = host.memory_total_bytes - host.memory_available_bytes;
       fact(list, 'host memory', h('span', { class: 'num' }, fmtBytes(used) + ' / ' + fmtBytes(host.memory_total_bytes)));
-      fact(list, 'read at', h('span', { class: 'num' }, fmtTime(telemetry.at, { seconds: true })));
+      // A stale sample (the telemetry job stalled): its frozen host readings are said to be old.
+      fact(list, 'read at', h('span', { class: 'num' }, fmtTime(telemetry.at, { seconds: true })),
+        telemetry.stale ? h('span', { class: 'warn' }, ' · ' + fmtDuration(telemetry.age_s) + ' ago: stale, the telemetry job stalled') : null);
       box.appendChild(h('h3', null, 'Host'));
       box.appendChild(list);
     }
