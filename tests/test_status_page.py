@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,9 +19,10 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
+from fleetd.governor.controller import GameSlot
 from fleetd.host.telemetry import GpuSample, HostSample, Snapshot, snapshot_json
 from fleetd.host.uptime import record_daemon_start
-from fleetd.states import Shown
+from fleetd.states import Desired, Shown, State
 from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
 
@@ -565,3 +567,82 @@ def test_a_stale_telemetry_sample_is_shown_as_stale_not_as_current_readings(api_
     fleet["telemetry"] = snapshot_json(sample, age_s=3.0)
     shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
     assert "97%" in shown and "stale" not in shown and "GPU readings unavailable" not in shown, shown
+
+
+def test_the_page_shows_the_pressure_the_back_off_and_a_gpu_in_distress_without_readings(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # The NVML read fails while GPU 0 has an Xid error in its window: the governor blocks
+    # admission and backs off on it, and `fleetd tier` says so (pressure, last back-off). The page
+    # showed neither, and drew GPU 0, listed without readings, as "0 MiB / 0 MiB (0%)" with a
+    # meter and a utilization plot, its Xid error nowhere.
+    from tests.api_context import api_context
+    from tests.test_pressure_signals import Telemetry
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    fleet = context.supervisor.fleet
+    distressed = GpuSample(0, "NVIDIA H100", None, 0, 0, None, None, xid_errors=(48,))
+    unread = Snapshot(0.0, (distressed,), False, "NVML read failed: Unknown Error", HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    telemetry = Telemetry(unread, live=clock)
+    client = TestClient(create_app(replace(context, telemetry=telemetry)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    for name in ("a", "b"):
+        assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
+    slots = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in ("a", "b")]
+    fleet.govern(slots)  # admitted before the pressure
+    fleet.telemetry = telemetry
+    fleet.govern(slots)
+    clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.govern(slots)
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    pressure, backoff = answers["/fleet"][1]["pressure"], answers["/fleet"][1]["last_backoff"]
+    assert pressure == ["GPU 0: 1 NVML Xid error (48) in the last 10 min"] and backoff, answers["/fleet"][1]
+    shown = run_page(answers, "await release(); return [$('fleet').textContent, $('gpu').textContent];")
+    assert f"pressure{pressure[0]}" in shown[0] and f"last back-off{backoff}" in shown[0], shown[0]
+    gpu = shown[1]
+    assert "GPU readings unavailable: NVML read failed: Unknown Error" in gpu, gpu
+    assert "GPU 0 NVIDIA H100no readings (NVML unavailable)" in gpu and "Xid errors48" in gpu, gpu
+    assert "0 MiB / 0 MiB" not in gpu and "utilization" not in gpu, gpu
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, read: bool
+) -> None:
+    # The last heartbeat before an unclean reboot kept the telemetry whole and the governor's
+    # pressure: GPU 0 throttled with Xid 79 in its window (or, NVML failing, listed unread with
+    # it). `fleetd reboots --detail` shows the Xid errors; the page's detail left them out and the
+    # pressure too, and drew the unread GPU as "— C, 0.00% memory, — W".
+    from fleetd.host.forensics import capture
+    from fleetd.host.uptime import heartbeat
+    from tests.api_context import api_context
+    from tests.test_pressure_signals import Telemetry
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    fleet = context.supervisor.fleet
+    hot = GpuSample(0, "NVIDIA H100", 99.0, 70 * 2**30, 80 * 2**30, 88.0, 690.0, throttle=("hw thermal",), xid_errors=(79,))
+    if not read:
+        hot = GpuSample(0, "NVIDIA H100", None, 0, 0, None, None, xid_errors=(79,))
+    sample = Snapshot(clock.now().timestamp(), (hot,), read, None if read else "NVML read failed: Unknown Error",
+                      HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    slots = [GameSlot("a", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
+    fleet.govern(slots)  # admitted before the pressure
+    fleet.telemetry = Telemetry(sample, live=clock)
+    fleet.govern(slots)
+    snapshot = context.supervisor.snapshot
+    assert "GPU 0: 1 NVML Xid error (79) in the last 10 min" in snapshot.governor.pressure
+    heartbeat(db, context.daemon.boot_pk, clock.now(), capture(sample, snapshot, clock.now()))
+    host.reboot(120)
+    record_daemon_start(db, host.current_boot(), clock.now())
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    rebooted = next(boot for boot in answers["/boots"][1]["items"] if boot["reboot"])
+    answers[f"/boots/{rebooted['id']}"] = [200, client.get(f"/api/v1/boots/{rebooted['id']}").json()]
+    scenario = f"await release(); goTo('#boot={rebooted['id']}'); await release(); return $('boot-detail').textContent;"
+    shown = run_page(answers, scenario)
+    assert "pressure" + "; ".join(snapshot.governor.pressure) in shown and "Xid error (79)" in shown, shown
+    if read:
+        assert "GPU 0NVIDIA H100: 88.0 C, 87.50% memory, 690.0 W; Xid errors 79; throttled: hw thermal" in shown, shown
+    else:
+        assert "GPU 0NVIDIA H100: no readings (NVML unavailable); Xid errors 79" in shown and "0.00% memory, " not in shown, shown

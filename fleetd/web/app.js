@@ -460,6 +460,10 @@
         fmtRelative(fleet.next_scale_up_at, nowMs) + ' (' + fmtTime(fleet.next_scale_up_at) + ')')
       : DASH);
     fact(list, 'waiting', fleet.waiting_reason || DASH);
+    // What the governor holds back or backs off on, and its last back-off: as `fleetd tier` shows them.
+    const pressure = fleet.pressure || [];
+    fact(list, 'pressure', pressure.length ? h('span', { class: 'warn' }, pressure.join('; ')) : h('span', { class: 'muted' }, 'none'));
+    fact(list, 'last back-off', fleet.last_backoff || DASH);
     if (fleet.settings) {
       fact(list, 'per game', h('span', { class: 'num' }, fleet.settings.num_envs + ' envs · batch ' + fleet.settings.batch_size),
         h('div', { class: 'muted small' }, fleet.settings.reason || ''));
@@ -572,10 +576,17 @@
       box.appendChild(h('p', { class: 'notice' }, 'GPU readings unavailable: ' + (telemetry.reason || 'no reason given')));
     }
     (telemetry.gpus || []).forEach((gpu, i) => {
-      if (gpu.lost) {  // fallen off the bus: no readings, not 0 MiB at 0 %
+      // A GPU's Xid errors in the window and its hardware throttling: the governor's pressure.
+      const xids = gpu.xid_errors || [];
+      const throttle = gpu.throttle || [];
+      const distress = xids.length || throttle.length ? h('dl', { class: 'facts' }) : null;
+      if (xids.length) fact(distress, 'Xid errors', h('span', { class: 'bad num' }, xids.join(', ')));
+      if (throttle.length) fact(distress, 'throttled', h('span', { class: 'warn' }, throttle.join(', ')));
+      if (gpu.lost || !telemetry.available) {  // fallen off the bus, or NVML unread: no readings, not 0 MiB at 0 %
         box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
           h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
-          h('p', { class: 'notice' }, 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train')));
+          h('p', { class: 'notice' }, gpu.lost ? 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train' : 'no readings (NVML unavailable)'),
+          distress));
         return;
       }
       const frac = isNum(gpu.memory_fraction) ? gpu.memory_fraction : 0;
@@ -587,7 +598,7 @@
       fact(list, 'power', h('span', { class: 'num' }, isNum(gpu.power_w) ? gpu.power_w.toFixed(0) + ' W' : DASH));
       box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
         h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
-        list,
+        list, distress,
         linePlot(gpuSeries[i], { label: 'utilization %', format: (v) => v.toFixed(0), key: 'gpu' + gpu.index + ':gpu_utilization_pct' })));
     });
     const host = telemetry.host;
@@ -814,13 +825,23 @@
       const state = before.last_state;
       if (!state) fact(list, 'state', 'not captured');
       else {
-        if (state.governor) fact(list, 'rung', state.governor.tier + ' tier, level ' + state.governor.level + ' · admitted: ' + (state.governor.admitted.join(', ') || '-'));
+        if (state.governor) {
+          fact(list, 'rung', state.governor.tier + ' tier, level ' + state.governor.level + ' · admitted: ' + (state.governor.admitted.join(', ') || '-'));
+          const pressure = state.governor.pressure || [];
+          if (pressure.length) fact(list, 'pressure', h('span', { class: 'warn' }, pressure.join('; ')));
+          if (state.governor.last_backoff) fact(list, 'last back-off', state.governor.last_backoff);
+        }
         const running = Object.entries(state.games || {}).filter(([, s]) => ['running', 'starting', 'stopping'].includes(s)).map(([name]) => name);
         fact(list, 'games running', running.join(', ') || '-');
         const telemetry = state.telemetry || {};
         for (const gpu of telemetry.gpus || []) {
-          fact(list, 'GPU ' + gpu.index, gpu.lost ? gpu.name + ': lost (NVML: GPU is lost)'
-            : gpu.name + ': ' + fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W');
+          // NVML unread (gpu_available false): listed for its Xid errors, without readings, as `fleetd reboots --detail` says.
+          const readings = gpu.lost ? 'lost (NVML: GPU is lost)' : telemetry.gpu_available === false ? 'no readings (NVML unavailable)'
+            : fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W';
+          const xids = gpu.xid_errors || [];
+          const throttle = gpu.throttle || [];
+          fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + readings + (xids.length ? '; Xid errors ' + xids.join(', ') : '') +
+            (throttle.length ? '; throttled: ' + throttle.join(', ') : ''));
         }
         if (telemetry.host) fact(list, 'host', fmtPct(telemetry.host.memory_available_bytes / Math.max(1, telemetry.host.memory_total_bytes)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
       }
