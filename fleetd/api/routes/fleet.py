@@ -48,6 +48,9 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
     requested = requested or governor.requested
     tiers = {name: TierOut(**tier.model_dump()) for name, tier in context.settings.fleet.tiers.items()}
     scaled = governor.scaled
+    # What each worker is told (capped on a CPU: 2 envs per thread, a batch of 64), as every
+    # game's `settings` says; the rung's own values until the supervisor has sized a worker.
+    worker = snapshot.worker_tier
     return FleetOut(
         mode="auto" if requested == "auto" else "manual",
         requested=requested,
@@ -65,7 +68,8 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
         last_backoff=governor.last_backoff,
         pressure=list(governor.pressure),
         expected_reboots=holding_words(context),
-        settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason,
+        settings=SettingsOut(num_envs=worker.num_envs or scaled.num_envs, batch_size=worker.batch_size or scaled.batch_size,
+                             reason=scaled.reason,
                              sizing=None if scaled.sizing is None else scaled.sizing.json()),
         tiers=tiers,
         telemetry=snapshot_json(latest, age_s, telemetry_age.stale_after_s if stale else None),
