@@ -646,3 +646,18 @@ def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
         assert "GPU 0NVIDIA H100: 88.0 C, 87.50% memory, 690.0 W; Xid errors 79; throttled: hw thermal" in shown, shown
     else:
         assert "GPU 0NVIDIA H100: no readings (NVML unavailable); Xid errors 79" in shown and "0.00% memory, " not in shown, shown
+
+
+def test_the_games_are_shown_while_the_governor_has_not_taken_its_first_step(client: TestClient, api_answers: dict[str, object]) -> None:
+    # Right after a start (recovery adopting workers, the host just rebooted) GET /fleet answers
+    # 503 until the governor's first step, while the games are there to read: the page showed
+    # only "Loading" and a banner, no games, until the fleet answered.
+    response = client.get("/api/v1/fleet", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 503
+    answers = {**api_answers, "/fleet": [503, response.json()]}
+    scenario = """await release(); return [document.body.dataset.state, $('main').hidden, $('games-body').kids.length,
+      $('fleet').textContent, $('summary').textContent, $('banner').hidden];"""
+    state, hidden, rows, fleet, summary, banner_hidden = run_page(answers, scenario)
+    assert (state, hidden, rows, banner_hidden) == ("ready", False, 1, True)
+    assert "the governor has not taken its first step yet" in fleet, fleet
+    assert summary == "1 pending", summary  # no tier said: none is known yet

@@ -445,6 +445,10 @@
   function renderFleet(fleet, nowMs) {
     const list = $('fleet');
     list.replaceChildren();
+    if (fleet.error) {
+      list.appendChild(h('p', { class: 'notice' }, 'fleet unavailable: ' + fleet.error));
+      return;
+    }
     fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
@@ -1015,8 +1019,10 @@
     for (const g of games) counts.set(g.state, (counts.get(g.state) || 0) + 1);
     const parts = STATES.filter((s) => counts.has(s)).map((s) => h('span', { class: stateClass(s) }, counts.get(s) + ' ' + s));
     const paged = paging.index > 0 || paging.next ? ' on this page' : '';
-    const fleetWide = paged ? ' · ' + fleet.admitted.length + ' admitted, ' + fleet.pending.length + ' pending' : '';
-    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length ? paged + fleetWide + ' · ' : '', 'tier ' + fleet.tier);
+    const known = !fleet.error; // the fleet answers once the governor has taken its first step
+    const fleetWide = paged && known ? ' · ' + fleet.admitted.length + ' admitted, ' + fleet.pending.length + ' pending' : '';
+    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length && known ? paged + fleetWide + ' · ' : paged,
+      known ? 'tier ' + fleet.tier : '');
   }
 
   // ---------------------------------------------------------------- the loop
@@ -1073,8 +1079,14 @@
         if (error instanceof AuthError) throw error;
         return { error: error.message };
       });
+      // GET /fleet answers 503 until the governor's first step (recovery after a start, the host
+      // just rebooted): the games are shown meanwhile, the fleet panel says why it has none.
+      const fleetLoad = api('/fleet').catch((error) => {
+        if (error.status === 503) return { error: error.message };
+        throw error;
+      });
       let [games, fleet, boots, uptime, hosts] = await Promise.all([
-        api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
+        api(gamesPath()), fleetLoad, api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
       if (stale()) return;
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first
