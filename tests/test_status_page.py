@@ -661,3 +661,41 @@ def test_the_games_are_shown_while_the_governor_has_not_taken_its_first_step(cli
     assert (state, hidden, rows, banner_hidden) == ("ready", False, 1, True)
     assert "the governor has not taken its first step yet" in fleet, fleet
     assert summary == "1 pending", summary  # no tier said: none is known yet
+
+
+@pytest.mark.parametrize("state", [State.FATAL, State.BACKOFF, State.EXITED])
+def test_a_game_that_does_not_run_shows_no_episode_rate_as_metrics_does(
+    client: TestClient, api_answers: dict[str, object], db: Database, clock: FakeClock, state: State
+) -> None:
+    # The stored rate is the last progress report's: a game that crashed, gave up or ended showed
+    # its last worker's "1,200" episodes/h as if it trained, where /metrics has no
+    # fleetd_game_episodes_per_second for it (only while running).
+    from fleetd.store.games import update_game_state, update_games_progress
+    from fleetd.store.records import ProgressSnapshot
+
+    with db.transaction() as session:
+        update_games_progress(session, {"pong": ProgressSnapshot(50_000, 300, 1200.0, 20.5, 21.0, clock.now())})
+        update_game_state(session, "pong", State.RUNNING, "up", clock.now())
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def rate_cell() -> str:
+        answers = {**api_answers, "/games": [200, client.get("/api/v1/games", headers=headers).json()]}
+        return run_page(answers, "await release(); return $('games-body').kids[0].kids[8].textContent;")
+
+    def cli_rate() -> str:  # `fleetd games list` and `fleetd status`
+        from rich.console import Console
+
+        from fleetd.cli.render import games_table
+
+        console = Console(width=200, record=True)
+        console.print(games_table(client.get("/api/v1/games", headers=headers).json()["items"], width=200))
+        lines = console.export_text().splitlines()
+        header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
+        return [c.strip() for c in next(line for line in lines if "│" in line).split("│")][header.index("eps/h")]
+
+    assert rate_cell() == "1,200" and cli_rate() == "1,200"
+    assert 'fleetd_game_episodes_per_second{game="pong"}' in client.get("/metrics").text
+    with db.transaction() as session:
+        update_game_state(session, "pong", state, "gone", clock.now())
+    assert "fleetd_game_episodes_per_second{" not in client.get("/metrics").text
+    assert rate_cell() == "—" and cli_rate() == "-"
