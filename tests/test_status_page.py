@@ -699,3 +699,24 @@ def test_a_game_that_does_not_run_shows_no_episode_rate_as_metrics_does(
         update_game_state(session, "pong", state, "gone", clock.now())
     assert "fleetd_game_episodes_per_second{" not in client.get("/metrics").text
     assert rate_cell() == "—" and cli_rate() == "-"
+
+
+def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(
+    client: TestClient, api_answers: dict[str, object], db: Database, clock: FakeClock
+) -> None:
+    # Every goal reached (cart's), pong without one still planned: the plan's 0 hours to all goals
+    # read "all goals in 0 min" beside the table, and its timeline's axis "all goals in 1 min"
+    # (the axis is at least a minute wide).
+    from fleetd.store.games import update_games_progress
+    from fleetd.store.records import ProgressSnapshot
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "total_timesteps": 1000}
+    assert client.post("/api/v1/games", json=body, headers=headers).status_code == 201
+    with db.transaction() as session:
+        update_games_progress(session, {"cart": ProgressSnapshot(2000, 30, 100.0, 20.5, 21.0, clock.now())})
+    projection = client.get("/api/v1/projection", headers=headers).json()
+    assert projection["fleet"]["hours_to_all_goals"] == 0.0
+    assert {g["name"]: g["plan_state"] for g in projection["games"]} == {"cart": "done", "pong": "pending"}
+    shown = run_page({**api_answers, "/projection": [200, projection]}, "await release(); return $('projection').textContent;")
+    assert "all goals in 1 min" not in shown and "all goals in0 min" in shown, shown

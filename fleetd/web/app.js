@@ -947,8 +947,9 @@
     const axis = svg('g', { class: 'axis' });
     axis.appendChild(svg('line', { x1: left, x2: W - right, y1: axisY + 2, y2: axisY + 2 }));
     axis.appendChild(svg('text', { x: left, y: axisY + 16, 'text-anchor': 'start' }, 'now'));
+    // The axis is at least a minute wide: goals already reached (0 h) are not said to be a minute away.
     axis.appendChild(svg('text', { x: W - right, y: axisY + 16, 'text-anchor': 'end' },
-      (isNum(total) ? 'all goals in ' : '') + fmtHours(span)));
+      (isNum(total) && total > 0 ? 'all goals in ' : '') + fmtHours(span)));
     chart.appendChild(axis);
     const more = planned.length > shown.length ? h('p', { class: 'muted small' }, 'and ' + fmtInt(planned.length - shown.length) + ' more games (fleetd plan lists all)') : null;
     return h('div', { id: 'plan-timeline' }, chart, more);
