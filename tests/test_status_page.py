@@ -25,6 +25,7 @@ from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, Shown, State
 from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
+from tests.test_supervisor_loop import loop  # noqa: F401  (the fixture)
 
 TOKEN = "s" * 32
 # An XML namespace name is an identifier the browser never fetches.
@@ -720,3 +721,19 @@ def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(
     assert {g["name"]: g["plan_state"] for g in projection["games"]} == {"cart": "done", "pong": "pending"}
     shown = run_page({**api_answers, "/projection": [200, projection]}, "await release(); return $('projection').textContent;")
     assert "all goals in 1 min" not in shown and "all goals in0 min" in shown, shown
+
+
+def test_a_setting_the_running_worker_was_not_started_with_is_shown_as_pending(loop) -> None:  # noqa: F811
+    # `fleetd games set cart target_episodes=100` on a running game: `fleetd games list` says in its
+    # caption "cart: pending until its next start (--restart applies it now): target_episodes
+    # default -> 100" (the API's `pending`); the page said nothing, as if the worker ran with it.
+    from tests.games.test_pending_settings import patch, running_cart
+
+    client = running_cart(loop)
+    assert patch(client, {"target_episodes": 100})["pending"]
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    assert answers["/games"][1]["items"][0]["pending"] and answers["/games"][1]["items"][0]["state"] == "running"
+    row = run_page(answers, "await release(); return $('games-body').kids[0].textContent;")
+    from fleetd.games.fields import PENDING_NOTE
+
+    assert f"{PENDING_NOTE}: target_episodes default → 100" in row, row  # the CLI's words

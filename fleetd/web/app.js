@@ -491,6 +491,11 @@
 
   let onCluster = false; // cluster hosts recorded: the games table names each game's host
 
+  // Settings its live worker was not started with (GET /games `pending`), in fleetd/games/fields.py's words.
+  const PENDING_NOTE = 'pending until its next start (--restart applies it now)';
+  const settingValue = (v) => (v === null || v === undefined ? 'default' : typeof v === 'object' ? JSON.stringify(v) : String(v));
+  const settingChange = (c) => c.field + ' ' + settingValue(c.old) + ' → ' + settingValue(c.new);
+
   function renderGames(games, projectionByName) {
     $('games-host').hidden = !onCluster;
     const body = $('games-body');
@@ -503,7 +508,8 @@
         h('td', null, g.algo),
         h('td', null, h('span', { class: stateClass(g.state), title: g.state_reason || '' }, g.state),
           g.desired === 'stopped' && g.state !== 'exited' && g.state !== 'stopped' ? h('span', { class: 'muted small' }, ' → stop') : null,
-          g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null),
+          g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null,
+          (g.pending || []).length ? h('div', { class: 'warn small', 'data-pending': '' }, PENDING_NOTE + ': ' + g.pending.map(settingChange).join(', ')) : null),
         h('td', { class: 'r num' }, g.pid === null || g.pid === undefined ? DASH : String(g.pid)),
         h('td', { class: 'host-col', hidden: !onCluster }, g.host || DASH),
         h('td', { class: 'r num' }, fmtInt(g.steps)),
