@@ -737,3 +737,22 @@ def test_a_setting_the_running_worker_was_not_started_with_is_shown_as_pending(l
     from fleetd.games.fields import PENDING_NOTE
 
     assert f"{PENDING_NOTE}: target_episodes default → 100" in row, row  # the CLI's words
+
+
+def test_an_expected_reboot_is_shown_beside_the_governor_as_fleetd_tier_shows_it(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # `fleetd reboots expect 1h "kernel <update>"`: GET /fleet lists it beside the governor, whose
+    # judgement of a reboot it changes, and `fleetd tier` has a "reboot expected" row; the page
+    # showed nothing, so an operator could not see that the next reboot would not count.
+    from tests.api_context import api_context
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    body = {"for_s": 3600, "reason": "kernel <b>update</b>", "reboots": 2}
+    assert client.post("/api/v1/reboots/expected", json=body).status_code == 201
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    assert len(answers["/fleet"][1]["expected_reboots"]) == 1
+    shown = run_page(answers, "await release(); return $('fleet').textContent;")
+    assert re.search(r"reboot expected#1 until \d{4}-\d\d-\d\d \d\d:\d\d \(holds\): kernel <b>update</b>; explained 0 of 2 reboots", shown), shown

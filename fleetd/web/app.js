@@ -442,6 +442,13 @@
     return requested && requested !== 'auto' && requested !== fleet.tier ? ' (asked: ' + requested + ')' : null;
   }
 
+  // One expected reboot, as `fleetd tier` says it: `#3 until 2026-11-26 14:00 (holds): kernel update; explained 0 of 1 reboot`.
+  function expectedReboot(word) {
+    const state = word.holds ? 'holds' : word.withdrawn_at ? 'withdrawn' : word.explained >= word.reboots ? 'used' : 'ended';
+    return '#' + word.id + ' until ' + fmtTime(word.until) + ' (' + state + '): ' + word.reason + '; explained ' +
+      word.explained + ' of ' + word.reboots + (word.reboots === 1 ? ' reboot' : ' reboots');
+  }
+
   function renderFleet(fleet, nowMs) {
     const list = $('fleet');
     list.replaceChildren();
@@ -468,6 +475,9 @@
     const pressure = fleet.pressure || [];
     fact(list, 'pressure', pressure.length ? h('span', { class: 'warn' }, pressure.join('; ')) : h('span', { class: 'muted' }, 'none'));
     fact(list, 'last back-off', fleet.last_backoff || DASH);
+    // The operator's word that the host will go down (`fleetd reboots expect`): a reboot then is not the load's.
+    const expected = fleet.expected_reboots || [];
+    if (expected.length) fact(list, 'reboot expected', expected.map((word) => h('div', null, expectedReboot(word))));
     if (fleet.settings) {
       fact(list, 'per game', h('span', { class: 'num' }, fleet.settings.num_envs + ' envs · batch ' + fleet.settings.batch_size),
         h('div', { class: 'muted small' }, fleet.settings.reason || ''));
