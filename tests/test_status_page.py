@@ -309,6 +309,9 @@ def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it()
     allowed = fleet_facts(fleet)["games allowed"]
     assert re.fullmatch(r"2 · level 2 · waiting out a failure: 3x32 until \d{4}-\d\d-\d\d \d\d:\d\d", allowed), allowed  # local time
     assert fleet_facts({**fleet, "ceiling": None, "ceiling_until": None})["games allowed"] == "2 · level 2"
+    # The rung it stands at, by the label the ceiling and `fleetd tier` use: the page named the
+    # rung it waits to climb to ("3x32"), never the one it is on.
+    assert fleet_facts(fleet)["rung"] == "2x32 (light)"
 
 
 # The whole app.js under node: a DOM that keeps each element's children, text and `hidden`, and a

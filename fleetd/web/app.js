@@ -457,6 +457,7 @@
       return;
     }
     fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
+    fact(list, 'rung', h('span', { class: 'num' }, fleet.rung || DASH)); // its label, as the ceiling's and `fleetd tier`'s
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
       // The rung above, held back while it waits out a failure (a label, as `fleetd fleet` shows it).
