@@ -447,10 +447,11 @@ def test_a_stale_sample_is_no_reading_in_the_fleet_json_and_fleetd_tier_as_in_me
     context = api_context(settings, db, clock, host, "t" * 32)
     idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
     lost = GpuSample(1, "H100", None, 0, 0, None, None, lost=True)
+    xid = GpuSample(2, "H100", 50.0, GiB, 80 * GiB, 60.0, 200.0, xid_errors=(48,))
 
     def fresh() -> Snapshot:
         sample = gpu_host(idle)
-        return replace(sample, gpus=(idle, lost), at=clock.now().timestamp(), monotonic=clock.monotonic())
+        return replace(sample, gpus=(idle, lost, xid), at=clock.now().timestamp(), monotonic=clock.monotonic())
 
     telemetry = Telemetry(fresh())
     context.supervisor.fleet.telemetry = telemetry
@@ -463,7 +464,7 @@ def test_a_stale_sample_is_no_reading_in_the_fleet_json_and_fleetd_tier_as_in_me
 
     answer = client.get("/api/v1/fleet").json()["telemetry"]
     assert (answer["available"], answer["stale"], answer["age_s"]) == (True, False, 0.0) and available() == 1.0
-    assert [gpu["index"] for gpu in answer["gpus"]] == [0, 1]
+    assert [gpu["index"] for gpu in answer["gpus"]] == [0, 1, 2]
 
     clock.advance(3 * settings.fleet.telemetry_interval_s + 1)  # the job hangs past 3 intervals
     fleet = client.get("/api/v1/fleet").json()
@@ -471,7 +472,9 @@ def test_a_stale_sample_is_no_reading_in_the_fleet_json_and_fleetd_tier_as_in_me
     assert available() == 0.0
     assert (answer["available"], answer["stale"], answer["age_s"]) == (False, True, 31.0), answer
     assert answer["reason"].startswith("telemetry stale: last sample 31 s ago, more than 3 telemetry intervals (30 s"), answer
-    assert [(gpu["index"], gpu["lost"]) for gpu in answer["gpus"]] == [(1, True)]  # no frozen readings
+    # No frozen readings: the GPUs in distress only (lost, or Xid errors the governor still judges by), unread.
+    assert [(gpu["index"], gpu["lost"], gpu["xid_errors"], gpu["utilization_pct"]) for gpu in answer["gpus"]] == [
+        (1, True, [], None), (2, False, [48], None)]
     console = Console(record=True, width=300)
     console.print(fleet_table(fleet))
     assert "unavailable (telemetry stale: last sample 31 s ago" in console.export_text()

@@ -561,12 +561,14 @@ def test_a_stale_telemetry_sample_is_shown_as_stale_not_as_current_readings(api_
     # The telemetry job hung: GET /fleet said `available: true` and the page showed the frozen
     # GPU and host readings as current, while /metrics said fleetd_gpu_telemetry_available 0.
     gpu = GpuSample(0, "NVIDIA H100", 97.0, 70 * 2**30, 80 * 2**30, 66.0, 650.0)
-    sample = Snapshot(datetime(2026, 1, 2, tzinfo=UTC).timestamp(), (gpu,), True, None, HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    xid = GpuSample(1, "NVIDIA H100", 55.0, 10 * 2**30, 80 * 2**30, 61.0, 300.0, xid_errors=(48,))
+    sample = Snapshot(datetime(2026, 1, 2, tzinfo=UTC).timestamp(), (gpu, xid), True, None, HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
     fleet = dict(api_answers["/fleet"][1])
     fleet["telemetry"] = snapshot_json(sample, age_s=312.0, stale_after_s=30.0)
     shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
     assert "GPU readings unavailable: telemetry stale: last sample 312 s ago" in shown, shown
-    assert "97%" not in shown and "GPU 0" not in shown, shown  # no frozen readings
+    assert "97%" not in shown and "GPU 0" not in shown and "55%" not in shown, shown  # no frozen readings
+    assert "GPU 1 NVIDIA H100no readings (telemetry stale)Xid errors48" in shown, shown  # its Xid errors still count
     assert "5 min ago: stale, the telemetry job stalled" in shown, shown  # the host's readings: said old
     fleet["telemetry"] = snapshot_json(sample, age_s=3.0)
     shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")

@@ -587,13 +587,17 @@ def snapshot_json(snapshot: Snapshot | None, age_s: float | None = None, stale_a
     """The telemetry part of `GET /api/v1/fleet`. `available` and `reason` are about the GPUs.
     `age_s`: how old the sample is; `stale_after_s`, given when it is stale: 3 telemetry intervals,
     which it is older than (the telemetry job stalled, a hung NVML call): its readings are no longer what the GPUs do, so, as /metrics
-    does, it is not available, the reason says how old it is, and `gpus` lists only the GPUs
-    lost (a GPU lost stays lost until a reset or a reboot), without the frozen readings."""
+    does, it is not available, the reason says how old it is, and `gpus` lists, as while NVML is
+    unavailable, only the GPUs lost (a GPU lost stays lost until a reset or a reboot) or with Xid
+    errors in the last sample's window (the governor still judges by them), without readings."""
     if snapshot is None:
         return {"available": False, "reason": "not sampled yet", "at": None, "age_s": None, "stale": False,
                 "gpus": [], "host": None, "processes": []}
     stale = stale_after_s is not None
-    gpus = [gpu for gpu in snapshot.gpus if gpu.lost] if stale else snapshot.gpus
+    gpus = snapshot.gpus
+    if stale:  # as while NVML is unavailable: those in distress, without the frozen readings
+        gpus = tuple(GpuSample(gpu.index, gpu.name, None, 0, 0, None, None, xid_errors=gpu.xid_errors, lost=gpu.lost)
+                     for gpu in gpus if gpu.lost or gpu.xid_errors)
     reason = snapshot.gpu_unavailable_reason
     if stale:
         reason = (f"telemetry stale: last sample {age_s or 0:.0f} s ago, more than 3 telemetry intervals "

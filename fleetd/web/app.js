@@ -608,7 +608,8 @@
       if (gpu.lost || !telemetry.available) {  // fallen off the bus, or NVML unread: no readings, not 0 MiB at 0 %
         box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
           h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
-          h('p', { class: 'notice' }, gpu.lost ? 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train' : 'no readings (NVML unavailable)'),
+          h('p', { class: 'notice' }, gpu.lost ? 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train'
+            : 'no readings (' + (telemetry.stale ? 'telemetry stale' : 'NVML unavailable') + ')'),
           distress));
         return;
       }
