@@ -473,6 +473,53 @@ def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metr
     assert len(events("telemetry_stale")) == 2 and [alert.kind for alert in alerts.sent] == ["telemetry_stale"] * 2
 
 
+def test_a_stale_sample_is_no_reading_in_the_fleet_json_and_fleetd_tier_as_in_metrics(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The telemetry job hangs: /metrics says `fleetd_gpu_telemetry_available` 0 past 3 intervals,
+    but `GET /api/v1/fleet` went on saying `available: true` with the frozen readings (the status
+    page and `fleetd tier` showed them as current). Now the fleet JSON says the sample is stale,
+    how old it is, and lists no frozen readings (a lost GPU stays listed); fresh again, it reads."""
+    context = api_context(settings, db, clock, host, "t" * 32)
+    idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    lost = GpuSample(1, "H100", None, 0, 0, None, None, lost=True)
+    xid = GpuSample(2, "H100", 50.0, GiB, 80 * GiB, 60.0, 200.0, xid_errors=(48,))
+
+    def fresh() -> Snapshot:
+        sample = gpu_host(idle)
+        return replace(sample, gpus=(idle, lost, xid), at=clock.now().timestamp(), monotonic=clock.monotonic())
+
+    telemetry = Telemetry(fresh())
+    context.supervisor.fleet.telemetry = telemetry
+    client = TestClient(create_app(replace(context, telemetry=telemetry)))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+
+    def available() -> float:
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        return families["fleetd_gpu_telemetry_available"].samples[0].value
+
+    answer = client.get("/api/v1/fleet").json()["telemetry"]
+    assert (answer["available"], answer["stale"], answer["age_s"]) == (True, False, 0.0) and available() == 1.0
+    assert [gpu["index"] for gpu in answer["gpus"]] == [0, 1, 2]
+
+    clock.advance(3 * settings.fleet.telemetry_interval_s + 1)  # the job hangs past 3 intervals
+    fleet = client.get("/api/v1/fleet").json()
+    answer = fleet["telemetry"]
+    assert available() == 0.0
+    assert (answer["available"], answer["stale"], answer["age_s"]) == (False, True, 31.0), answer
+    assert answer["reason"].startswith("telemetry stale: last sample 31 s ago, more than 3 telemetry intervals (30 s"), answer
+    # No frozen readings: the GPUs in distress only (lost, or Xid errors the governor still judges by), unread.
+    assert [(gpu["index"], gpu["lost"], gpu["xid_errors"], gpu["utilization_pct"]) for gpu in answer["gpus"]] == [
+        (1, True, [], None), (2, False, [48], None)]
+    console = Console(record=True, width=300)
+    console.print(fleet_table(fleet))
+    assert "unavailable (telemetry stale: last sample 31 s ago" in console.export_text()
+
+    telemetry.latest = fresh()  # the job runs again
+    answer = client.get("/api/v1/fleet").json()["telemetry"]
+    assert (answer["available"], answer["stale"], answer["age_s"]) == (True, False, 0.0) and available() == 1.0
+
+
 def test_the_start_sample_is_no_stall_in_metrics_while_the_api_is_young(
     governed: Callable[..., Governed], clock: FakeClock
 ) -> None:

@@ -132,3 +132,20 @@ def test_a_workers_kind_and_age_come_from_its_spawn_and_the_clock(settings: Sett
     assert worker == RunningWorker(proc.pid, "CartPole-v1", "ppo", 256, 2048, policy.startsecs + 130.0)
     proc.remedies = replace(proc.remedies, batch_scale=0.5)
     assert proc.running_worker(clock.monotonic()).batch_size == 1024
+
+
+@pytest.mark.e2e
+def test_the_fleets_per_game_sizes_are_those_each_game_is_given(fleet_config, fleet_daemons) -> None:
+    # No GPU seen: each worker is capped (2 envs per CPU thread, a batch of 64) and every game's
+    # record says so, but GET /fleet (`fleetd tier`'s and the status page's "per game") said the
+    # rung's own 32 envs, batch 512, the cap only in its reason's words.
+    from tests.daemon_harness import start_daemon
+
+    daemon = start_daemon(fleet_config, fleet_daemons)
+    body = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
+    assert daemon.post("/api/v1/games", body).status_code == 201
+    game = daemon.game("cart")["settings"]
+    fleet = daemon.get("/api/v1/fleet").json()["settings"]
+    assert "capped per worker" in fleet["reason"]
+    assert (game["num_envs"], game["batch_size"]) == (2, 64)  # [worker] cpu_threads = 1
+    assert (fleet["num_envs"], fleet["batch_size"]) == (game["num_envs"], game["batch_size"]), fleet

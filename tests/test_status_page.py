@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,10 +19,13 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
+from fleetd.governor.controller import GameSlot
+from fleetd.host.telemetry import GpuSample, HostSample, Snapshot, snapshot_json
 from fleetd.host.uptime import record_daemon_start
-from fleetd.states import Shown
+from fleetd.states import Desired, Shown, State
 from fleetd.store.engine import Database
 from tests.fakes import FakeClock, FakeHost
+from tests.test_supervisor_loop import loop  # noqa: F401  (the fixture)
 
 TOKEN = "s" * 32
 # An XML namespace name is an identifier the browser never fetches.
@@ -305,6 +309,9 @@ def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it()
     allowed = fleet_facts(fleet)["games allowed"]
     assert re.fullmatch(r"2 · level 2 · waiting out a failure: 3x32 until \d{4}-\d\d-\d\d \d\d:\d\d", allowed), allowed  # local time
     assert fleet_facts({**fleet, "ceiling": None, "ceiling_until": None})["games allowed"] == "2 · level 2"
+    # The rung it stands at, by the label the ceiling and `fleetd tier` use: the page named the
+    # rung it waits to climb to ("3x32"), never the one it is on.
+    assert fleet_facts(fleet)["rung"] == "2x32 (light)"
 
 
 # The whole app.js under node: a DOM that keeps each element's children, text and `hidden`, and a
@@ -548,3 +555,209 @@ def test_a_gpu_fallen_off_the_bus_shows_as_lost_not_as_zero_readings(api_answers
                           "host": None, "processes": []}
     shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
     assert "lost (NVML: GPU is lost" in shown and "0 MiB / 0 MiB" not in shown, shown
+
+
+def test_a_stale_telemetry_sample_is_shown_as_stale_not_as_current_readings(api_answers: dict[str, object]) -> None:
+    # The telemetry job hung: GET /fleet said `available: true` and the page showed the frozen
+    # GPU and host readings as current, while /metrics said fleetd_gpu_telemetry_available 0.
+    gpu = GpuSample(0, "NVIDIA H100", 97.0, 70 * 2**30, 80 * 2**30, 66.0, 650.0)
+    xid = GpuSample(1, "NVIDIA H100", 55.0, 10 * 2**30, 80 * 2**30, 61.0, 300.0, xid_errors=(48,))
+    sample = Snapshot(datetime(2026, 1, 2, tzinfo=UTC).timestamp(), (gpu, xid), True, None, HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    fleet = dict(api_answers["/fleet"][1])
+    fleet["telemetry"] = snapshot_json(sample, age_s=312.0, stale_after_s=30.0)
+    shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
+    assert "GPU readings unavailable: telemetry stale: last sample 312 s ago" in shown, shown
+    assert "97%" not in shown and "GPU 0" not in shown and "55%" not in shown, shown  # no frozen readings
+    assert "GPU 1 NVIDIA H100no readings (telemetry stale)Xid errors48" in shown, shown  # its Xid errors still count
+    assert "5 min ago: stale, the telemetry job stalled" in shown, shown  # the host's readings: said old
+    fleet["telemetry"] = snapshot_json(sample, age_s=3.0)
+    shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
+    assert "97%" in shown and "stale" not in shown and "GPU readings unavailable" not in shown, shown
+
+
+def test_the_page_shows_the_pressure_the_back_off_and_a_gpu_in_distress_without_readings(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # The NVML read fails while GPU 0 has an Xid error in its window: the governor blocks
+    # admission and backs off on it, and `fleetd tier` says so (pressure, last back-off). The page
+    # showed neither, and drew GPU 0, listed without readings, as "0 MiB / 0 MiB (0%)" with a
+    # meter and a utilization plot, its Xid error nowhere.
+    from tests.api_context import api_context
+    from tests.test_pressure_signals import Telemetry
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    fleet = context.supervisor.fleet
+    distressed = GpuSample(0, "NVIDIA H100", None, 0, 0, None, None, xid_errors=(48,))
+    unread = Snapshot(0.0, (distressed,), False, "NVML read failed: Unknown Error", HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    telemetry = Telemetry(unread, live=clock)
+    client = TestClient(create_app(replace(context, telemetry=telemetry)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    for name in ("a", "b"):
+        assert client.post("/api/v1/games", json={"name": name, "env_id": "CartPole-v1"}).status_code == 201
+    slots = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in ("a", "b")]
+    fleet.govern(slots)  # admitted before the pressure
+    fleet.telemetry = telemetry
+    fleet.govern(slots)
+    clock.advance(settings.fleet.pressure_grace_s + 1)
+    fleet.govern(slots)
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    pressure, backoff = answers["/fleet"][1]["pressure"], answers["/fleet"][1]["last_backoff"]
+    assert pressure == ["GPU 0: 1 NVML Xid error (48) in the last 10 min"] and backoff, answers["/fleet"][1]
+    shown = run_page(answers, "await release(); return [$('fleet').textContent, $('gpu').textContent];")
+    assert f"pressure{pressure[0]}" in shown[0] and f"last back-off{backoff}" in shown[0], shown[0]
+    gpu = shown[1]
+    assert "GPU readings unavailable: NVML read failed: Unknown Error" in gpu, gpu
+    assert "GPU 0 NVIDIA H100no readings (NVML unavailable)" in gpu and "Xid errors48" in gpu, gpu
+    assert "0 MiB / 0 MiB" not in gpu and "utilization" not in gpu, gpu
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, read: bool
+) -> None:
+    # The last heartbeat before an unclean reboot kept the telemetry whole and the governor's
+    # pressure: GPU 0 throttled with Xid 79 in its window (or, NVML failing, listed unread with
+    # it). `fleetd reboots --detail` shows the Xid errors; the page's detail left them out and the
+    # pressure too, and drew the unread GPU as "— C, 0.00% memory, — W".
+    from fleetd.host.forensics import capture
+    from fleetd.host.uptime import heartbeat
+    from tests.api_context import api_context
+    from tests.test_pressure_signals import Telemetry
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    fleet = context.supervisor.fleet
+    hot = GpuSample(0, "NVIDIA H100", 99.0, 70 * 2**30, 80 * 2**30, 88.0, 690.0, throttle=("hw thermal",), xid_errors=(79,))
+    if not read:
+        hot = GpuSample(0, "NVIDIA H100", None, 0, 0, None, None, xid_errors=(79,))
+    sample = Snapshot(clock.now().timestamp(), (hot,), read, None if read else "NVML read failed: Unknown Error",
+                      HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+    slots = [GameSlot("a", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
+    fleet.govern(slots)  # admitted before the pressure
+    fleet.telemetry = Telemetry(sample, live=clock)
+    fleet.govern(slots)
+    snapshot = context.supervisor.snapshot
+    assert "GPU 0: 1 NVML Xid error (79) in the last 10 min" in snapshot.governor.pressure
+    heartbeat(db, context.daemon.boot_pk, clock.now(), capture(sample, snapshot, clock.now()))
+    host.reboot(120)
+    record_daemon_start(db, host.current_boot(), clock.now())
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    rebooted = next(boot for boot in answers["/boots"][1]["items"] if boot["reboot"])
+    answers[f"/boots/{rebooted['id']}"] = [200, client.get(f"/api/v1/boots/{rebooted['id']}").json()]
+    scenario = f"await release(); goTo('#boot={rebooted['id']}'); await release(); return $('boot-detail').textContent;"
+    shown = run_page(answers, scenario)
+    assert "pressure" + "; ".join(snapshot.governor.pressure) in shown and "Xid error (79)" in shown, shown
+    if read:
+        assert "GPU 0NVIDIA H100: 88.0 C, 87.50% memory, 690.0 W; Xid errors 79; throttled: hw thermal" in shown, shown
+    else:
+        assert "GPU 0NVIDIA H100: no readings (NVML unavailable); Xid errors 79" in shown and "0.00% memory, " not in shown, shown
+
+
+def test_the_games_are_shown_while_the_governor_has_not_taken_its_first_step(client: TestClient, api_answers: dict[str, object]) -> None:
+    # Right after a start (recovery adopting workers, the host just rebooted) GET /fleet answers
+    # 503 until the governor's first step, while the games are there to read: the page showed
+    # only "Loading" and a banner, no games, until the fleet answered.
+    response = client.get("/api/v1/fleet", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 503
+    answers = {**api_answers, "/fleet": [503, response.json()]}
+    scenario = """await release(); return [document.body.dataset.state, $('main').hidden, $('games-body').kids.length,
+      $('fleet').textContent, $('summary').textContent, $('banner').hidden];"""
+    state, hidden, rows, fleet, summary, banner_hidden = run_page(answers, scenario)
+    assert (state, hidden, rows, banner_hidden) == ("ready", False, 1, True)
+    assert "the governor has not taken its first step yet" in fleet, fleet
+    assert summary == "1 pending", summary  # no tier said: none is known yet
+
+
+@pytest.mark.parametrize("state", [State.FATAL, State.BACKOFF, State.EXITED])
+def test_a_game_that_does_not_run_shows_no_episode_rate_as_metrics_does(
+    client: TestClient, api_answers: dict[str, object], db: Database, clock: FakeClock, state: State
+) -> None:
+    # The stored rate is the last progress report's: a game that crashed, gave up or ended showed
+    # its last worker's "1,200" episodes/h as if it trained, where /metrics has no
+    # fleetd_game_episodes_per_second for it (only while running).
+    from fleetd.store.games import update_game_state, update_games_progress
+    from fleetd.store.records import ProgressSnapshot
+
+    with db.transaction() as session:
+        update_games_progress(session, {"pong": ProgressSnapshot(50_000, 300, 1200.0, 20.5, 21.0, clock.now())})
+        update_game_state(session, "pong", State.RUNNING, "up", clock.now())
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def rate_cell() -> str:
+        answers = {**api_answers, "/games": [200, client.get("/api/v1/games", headers=headers).json()]}
+        return run_page(answers, "await release(); return $('games-body').kids[0].kids[8].textContent;")
+
+    def cli_rate() -> str:  # `fleetd games list` and `fleetd status`
+        from rich.console import Console
+
+        from fleetd.cli.render import games_table
+
+        console = Console(width=200, record=True)
+        console.print(games_table(client.get("/api/v1/games", headers=headers).json()["items"], width=200))
+        lines = console.export_text().splitlines()
+        header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
+        return [c.strip() for c in next(line for line in lines if "│" in line).split("│")][header.index("eps/h")]
+
+    assert rate_cell() == "1,200" and cli_rate() == "1,200"
+    assert 'fleetd_game_episodes_per_second{game="pong"}' in client.get("/metrics").text
+    with db.transaction() as session:
+        update_game_state(session, "pong", state, "gone", clock.now())
+    assert "fleetd_game_episodes_per_second{" not in client.get("/metrics").text
+    assert rate_cell() == "—" and cli_rate() == "-"
+
+
+def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(
+    client: TestClient, api_answers: dict[str, object], db: Database, clock: FakeClock
+) -> None:
+    # Every goal reached (cart's), pong without one still planned: the plan's 0 hours to all goals
+    # read "all goals in 0 min" beside the table, and its timeline's axis "all goals in 1 min"
+    # (the axis is at least a minute wide).
+    from fleetd.store.games import update_games_progress
+    from fleetd.store.records import ProgressSnapshot
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "total_timesteps": 1000}
+    assert client.post("/api/v1/games", json=body, headers=headers).status_code == 201
+    with db.transaction() as session:
+        update_games_progress(session, {"cart": ProgressSnapshot(2000, 30, 100.0, 20.5, 21.0, clock.now())})
+    projection = client.get("/api/v1/projection", headers=headers).json()
+    assert projection["fleet"]["hours_to_all_goals"] == 0.0
+    assert {g["name"]: g["plan_state"] for g in projection["games"]} == {"cart": "done", "pong": "pending"}
+    shown = run_page({**api_answers, "/projection": [200, projection]}, "await release(); return $('projection').textContent;")
+    assert "all goals in 1 min" not in shown and "all goals in0 min" in shown, shown
+
+
+def test_a_setting_the_running_worker_was_not_started_with_is_shown_as_pending(loop) -> None:  # noqa: F811
+    # `fleetd games set cart target_episodes=100` on a running game: `fleetd games list` says in its
+    # caption "cart: pending until its next start (--restart applies it now): target_episodes
+    # default -> 100" (the API's `pending`); the page said nothing, as if the worker ran with it.
+    from tests.games.test_pending_settings import patch, running_cart
+
+    client = running_cart(loop)
+    assert patch(client, {"target_episodes": 100})["pending"]
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    assert answers["/games"][1]["items"][0]["pending"] and answers["/games"][1]["items"][0]["state"] == "running"
+    row = run_page(answers, "await release(); return $('games-body').kids[0].textContent;")
+    from fleetd.games.fields import PENDING_NOTE
+
+    assert f"{PENDING_NOTE}: target_episodes default → 100" in row, row  # the CLI's words
+
+
+def test_an_expected_reboot_is_shown_beside_the_governor_as_fleetd_tier_shows_it(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # `fleetd reboots expect 1h "kernel <update>"`: GET /fleet lists it beside the governor, whose
+    # judgement of a reboot it changes, and `fleetd tier` has a "reboot expected" row; the page
+    # showed nothing, so an operator could not see that the next reboot would not count.
+    from tests.api_context import api_context
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    body = {"for_s": 3600, "reason": "kernel <b>update</b>", "reboots": 2}
+    assert client.post("/api/v1/reboots/expected", json=body).status_code == 201
+    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    assert len(answers["/fleet"][1]["expected_reboots"]) == 1
+    shown = run_page(answers, "await release(); return $('fleet').textContent;")
+    assert re.search(r"reboot expected#1 until \d{4}-\d\d-\d\d \d\d:\d\d \(holds\): kernel <b>update</b>; explained 0 of 2 reboots", shown), shown

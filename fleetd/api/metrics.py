@@ -53,14 +53,35 @@ class PlanCache:
         return latest
 
 
+class TelemetryAge:
+    """The telemetry sample's age, and whether it is stale, as the governor judges it: older than
+    3 telemetry intervals, counted from no earlier than the API's start (the daemon's start
+    sample, taken before a recovery that ran long, is no stall). One per app: /metrics and
+    `GET /api/v1/fleet` say the same."""
+
+    def __init__(self, context: AppContext) -> None:
+        self.clock = context.clock
+        self._started = context.clock.monotonic()
+        self.stale_after_s = TELEMETRY_STALE_INTERVALS * context.settings.fleet.telemetry_interval_s
+
+    def judge(self, snapshot: TelemetrySnapshot | None) -> tuple[float | None, bool]:
+        """The sample's age (None before the first) and whether it is stale. The age too counts
+        from no earlier than the API's start: the gauge (`> 30` alerts on it) and the fleet's
+        `age_s` say what availability says."""
+        age = sample_age(snapshot, self.clock)
+        if age is None:
+            return None, False
+        age = max(0.0, min(age, self.clock.monotonic() - self._started))
+        return age, age > self.stale_after_s
+
+
 class FleetCollector:
     """The fleet-wide families, through prometheus_client (a few dozen samples)."""
 
-    def __init__(self, context: AppContext) -> None:
+    def __init__(self, context: AppContext, telemetry_age: TelemetryAge) -> None:
         self.context = context
         self.plans = PlanCache(context)
-        self._started = context.clock.monotonic()
-        self._stale_after_s = TELEMETRY_STALE_INTERVALS * context.settings.fleet.telemetry_interval_s
+        self.telemetry_age = telemetry_age
 
     def collect(self) -> Iterator[Metric]:
         now = self.context.clock.now()
@@ -75,14 +96,7 @@ class FleetCollector:
             yield from fleet_metrics(snapshot.governor)
         telemetry = self.context.telemetry
         latest = telemetry.latest if telemetry is not None else None
-        age = sample_age(latest, self.context.clock)
-        # As the governor judges it: counted from no earlier than the API's start, so the daemon's
-        # start sample, taken before a recovery that ran long, is no stall, in the age gauge
-        # (`> 30` alerts on it) as in availability.
-        if age is not None:
-            age = max(0.0, min(age, self.context.clock.monotonic() - self._started))
-        stale = age is not None and age > self._stale_after_s
-        yield from gpu_metrics(latest, age, stale)
+        yield from gpu_metrics(latest, *self.telemetry_age.judge(latest))
 
 
 class Exposition:
@@ -90,12 +104,13 @@ class Exposition:
     190,000 samples, which prometheus_client's generic writer takes seconds over (issue #13
     item 6); game names are slugs, so their label values need no escaping."""
 
-    def __init__(self, context: AppContext) -> None:
+    def __init__(self, context: AppContext, telemetry_age: TelemetryAge | None = None) -> None:
         self.context = context
+        self.telemetry_age = telemetry_age or TelemetryAge(context)
         # A read-only app (no supervisor) still exports counters: from the store's figures.
         self.counters = context.counters if context.counters is not None else ProgressCounters()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(FleetCollector(context))
+        self.registry.register(FleetCollector(context, self.telemetry_age))
         ProcessCollector(registry=self.registry)  # the standard process_* names: CPU, memory, fds
 
     def render(self) -> bytes:

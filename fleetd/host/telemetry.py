@@ -583,17 +583,34 @@ def _present(**values: float | None) -> list[tuple[str, float]]:
     return [(metric, float(value)) for metric, value in values.items() if value is not None]
 
 
-def snapshot_json(snapshot: Snapshot | None) -> dict[str, Any]:
-    """The telemetry part of `GET /api/v1/fleet`. `available` and `reason` are about the GPUs."""
+def snapshot_json(snapshot: Snapshot | None, age_s: float | None = None, stale_after_s: float | None = None) -> dict[str, Any]:
+    """The telemetry part of `GET /api/v1/fleet`. `available` and `reason` are about the GPUs.
+    `age_s`: how old the sample is; `stale_after_s`, given when it is stale: 3 telemetry intervals,
+    which it is older than (the telemetry job stalled, a hung NVML call): its readings are no longer what the GPUs do, so, as /metrics
+    does, it is not available, the reason says how old it is, and `gpus` lists, as while NVML is
+    unavailable, only the GPUs lost (a GPU lost stays lost until a reset or a reboot) or with Xid
+    errors in the last sample's window (the governor still judges by them), without readings."""
     if snapshot is None:
-        return {"available": False, "reason": "not sampled yet", "at": None, "gpus": [], "host": None, "processes": []}
+        return {"available": False, "reason": "not sampled yet", "at": None, "age_s": None, "stale": False,
+                "gpus": [], "host": None, "processes": []}
+    stale = stale_after_s is not None
+    gpus = snapshot.gpus
+    if stale:  # as while NVML is unavailable: those in distress, without the frozen readings
+        gpus = tuple(GpuSample(gpu.index, gpu.name, None, 0, 0, None, None, xid_errors=gpu.xid_errors, lost=gpu.lost)
+                     for gpu in gpus if gpu.lost or gpu.xid_errors)
+    reason = snapshot.gpu_unavailable_reason
+    if stale:
+        reason = (f"telemetry stale: last sample {age_s or 0:.0f} s ago, more than 3 telemetry intervals "
+                  f"({stale_after_s:g} s; the telemetry job stalled? a hung NVML call)")
     return {
-        "available": snapshot.gpu_available,
-        "reason": snapshot.gpu_unavailable_reason,
+        "available": snapshot.gpu_available and not stale,
+        "reason": reason,
         "at": datetime.fromtimestamp(snapshot.at, UTC).isoformat(),
+        "age_s": None if age_s is None else round(age_s, 1),
+        "stale": stale,
         "gpus": [
             asdict(gpu) | {"memory_fraction": gpu.memory_fraction, "throttle": list(gpu.throttle), "xid_errors": list(gpu.xid_errors)}
-            for gpu in snapshot.gpus
+            for gpu in gpus
         ],
         "host": asdict(snapshot.host),
         "processes": [asdict(proc) for proc in snapshot.processes],

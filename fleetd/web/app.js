@@ -442,10 +442,22 @@
     return requested && requested !== 'auto' && requested !== fleet.tier ? ' (asked: ' + requested + ')' : null;
   }
 
+  // One expected reboot, as `fleetd tier` says it: `#3 until 2026-11-26 14:00 (holds): kernel update; explained 0 of 1 reboot`.
+  function expectedReboot(word) {
+    const state = word.holds ? 'holds' : word.withdrawn_at ? 'withdrawn' : word.explained >= word.reboots ? 'used' : 'ended';
+    return '#' + word.id + ' until ' + fmtTime(word.until) + ' (' + state + '): ' + word.reason + '; explained ' +
+      word.explained + ' of ' + word.reboots + (word.reboots === 1 ? ' reboot' : ' reboots');
+  }
+
   function renderFleet(fleet, nowMs) {
     const list = $('fleet');
     list.replaceChildren();
+    if (fleet.error) {
+      list.appendChild(h('p', { class: 'notice' }, 'fleet unavailable: ' + fleet.error));
+      return;
+    }
     fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
+    fact(list, 'rung', h('span', { class: 'num' }, fleet.rung || DASH)); // its label, as the ceiling's and `fleetd tier`'s
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),
       // The rung above, held back while it waits out a failure (a label, as `fleetd fleet` shows it).
@@ -460,6 +472,13 @@
         fmtRelative(fleet.next_scale_up_at, nowMs) + ' (' + fmtTime(fleet.next_scale_up_at) + ')')
       : DASH);
     fact(list, 'waiting', fleet.waiting_reason || DASH);
+    // What the governor holds back or backs off on, and its last back-off: as `fleetd tier` shows them.
+    const pressure = fleet.pressure || [];
+    fact(list, 'pressure', pressure.length ? h('span', { class: 'warn' }, pressure.join('; ')) : h('span', { class: 'muted' }, 'none'));
+    fact(list, 'last back-off', fleet.last_backoff || DASH);
+    // The operator's word that the host will go down (`fleetd reboots expect`): a reboot then is not the load's.
+    const expected = fleet.expected_reboots || [];
+    if (expected.length) fact(list, 'reboot expected', expected.map((word) => h('div', null, expectedReboot(word))));
     if (fleet.settings) {
       fact(list, 'per game', h('span', { class: 'num' }, fleet.settings.num_envs + ' envs · batch ' + fleet.settings.batch_size),
         h('div', { class: 'muted small' }, fleet.settings.reason || ''));
@@ -483,6 +502,11 @@
 
   let onCluster = false; // cluster hosts recorded: the games table names each game's host
 
+  // Settings its live worker was not started with (GET /games `pending`), in fleetd/games/fields.py's words.
+  const PENDING_NOTE = 'pending until its next start (--restart applies it now)';
+  const settingValue = (v) => (v === null || v === undefined ? 'default' : typeof v === 'object' ? JSON.stringify(v) : String(v));
+  const settingChange = (c) => c.field + ' ' + settingValue(c.old) + ' → ' + settingValue(c.new);
+
   function renderGames(games, projectionByName) {
     $('games-host').hidden = !onCluster;
     const body = $('games-body');
@@ -495,12 +519,15 @@
         h('td', null, g.algo),
         h('td', null, h('span', { class: stateClass(g.state), title: g.state_reason || '' }, g.state),
           g.desired === 'stopped' && g.state !== 'exited' && g.state !== 'stopped' ? h('span', { class: 'muted small' }, ' → stop') : null,
-          g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null),
+          g.state_reason && g.state !== 'running' ? h('div', { class: 'muted small reason' }, g.state_reason) : null,
+          (g.pending || []).length ? h('div', { class: 'warn small', 'data-pending': '' }, PENDING_NOTE + ': ' + g.pending.map(settingChange).join(', ')) : null),
         h('td', { class: 'r num' }, g.pid === null || g.pid === undefined ? DASH : String(g.pid)),
         h('td', { class: 'host-col', hidden: !onCluster }, g.host || DASH),
         h('td', { class: 'r num' }, fmtInt(g.steps)),
         h('td', { class: 'r num' }, fmtInt(g.episodes)),
-        h('td', { class: 'r num' }, fmtNum(g.episodes_per_hour, 0)),
+        // The stored rate is the last report's: only a running game's is a rate now, as /metrics has it.
+        g.state === 'running' ? h('td', { class: 'r num' }, fmtNum(g.episodes_per_hour, 0))
+          : h('td', { class: 'r num muted', title: isNum(g.episodes_per_hour) ? 'last run: ' + fmtNum(g.episodes_per_hour, 0) + '/h' : '' }, DASH),
         h('td', { class: 'r num' }, fmtNum(g.mean_reward_100, 2)),
         h('td', { class: 'r num' }, fmtNum(g.best_reward, 1)),
         h('td', { class: 'r num' }, fmtNum(g.eval_return, 1)),
@@ -572,10 +599,18 @@
       box.appendChild(h('p', { class: 'notice' }, 'GPU readings unavailable: ' + (telemetry.reason || 'no reason given')));
     }
     (telemetry.gpus || []).forEach((gpu, i) => {
-      if (gpu.lost) {  // fallen off the bus: no readings, not 0 MiB at 0 %
+      // A GPU's Xid errors in the window and its hardware throttling: the governor's pressure.
+      const xids = gpu.xid_errors || [];
+      const throttle = gpu.throttle || [];
+      const distress = xids.length || throttle.length ? h('dl', { class: 'facts' }) : null;
+      if (xids.length) fact(distress, 'Xid errors', h('span', { class: 'bad num' }, xids.join(', ')));
+      if (throttle.length) fact(distress, 'throttled', h('span', { class: 'warn' }, throttle.join(', ')));
+      if (gpu.lost || !telemetry.available) {  // fallen off the bus, or NVML unread: no readings, not 0 MiB at 0 %
         box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
           h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
-          h('p', { class: 'notice' }, 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train')));
+          h('p', { class: 'notice' }, gpu.lost ? 'lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train'
+            : 'no readings (' + (telemetry.stale ? 'telemetry stale' : 'NVML unavailable') + ')'),
+          distress));
         return;
       }
       const frac = isNum(gpu.memory_fraction) ? gpu.memory_fraction : 0;
@@ -587,7 +622,7 @@
       fact(list, 'power', h('span', { class: 'num' }, isNum(gpu.power_w) ? gpu.power_w.toFixed(0) + ' W' : DASH));
       box.appendChild(h('div', { class: 'gpu', 'data-gpu': gpu.index },
         h('h3', null, 'GPU ' + gpu.index + ' ', h('span', { class: 'muted small' }, gpu.name || '')),
-        list,
+        list, distress,
         linePlot(gpuSeries[i], { label: 'utilization %', format: (v) => v.toFixed(0), key: 'gpu' + gpu.index + ':gpu_utilization_pct' })));
     });
     const host = telemetry.host;
@@ -596,7 +631,9 @@
       fact(list, 'host CPU', h('span', { class: 'num' }, fmtNum(host.cpu_pct, 0) + '% · load ' + fmtNum(host.load_1m, 2)));
       const used = host.memory_total_bytes - host.memory_available_bytes;
       fact(list, 'host memory', h('span', { class: 'num' }, fmtBytes(used) + ' / ' + fmtBytes(host.memory_total_bytes)));
-      fact(list, 'read at', h('span', { class: 'num' }, fmtTime(telemetry.at, { seconds: true })));
+      // A stale sample (the telemetry job stalled): its frozen host readings are said to be old.
+      fact(list, 'read at', h('span', { class: 'num' }, fmtTime(telemetry.at, { seconds: true })),
+        telemetry.stale ? h('span', { class: 'warn' }, ' · ' + fmtDuration(telemetry.age_s) + ' ago: stale, the telemetry job stalled') : null);
       box.appendChild(h('h3', null, 'Host'));
       box.appendChild(list);
     }
@@ -812,13 +849,23 @@
       const state = before.last_state;
       if (!state) fact(list, 'state', 'not captured');
       else {
-        if (state.governor) fact(list, 'rung', state.governor.tier + ' tier, level ' + state.governor.level + ' · admitted: ' + (state.governor.admitted.join(', ') || '-'));
+        if (state.governor) {
+          fact(list, 'rung', state.governor.tier + ' tier, level ' + state.governor.level + ' · admitted: ' + (state.governor.admitted.join(', ') || '-'));
+          const pressure = state.governor.pressure || [];
+          if (pressure.length) fact(list, 'pressure', h('span', { class: 'warn' }, pressure.join('; ')));
+          if (state.governor.last_backoff) fact(list, 'last back-off', state.governor.last_backoff);
+        }
         const running = Object.entries(state.games || {}).filter(([, s]) => ['running', 'starting', 'stopping'].includes(s)).map(([name]) => name);
         fact(list, 'games running', running.join(', ') || '-');
         const telemetry = state.telemetry || {};
         for (const gpu of telemetry.gpus || []) {
-          fact(list, 'GPU ' + gpu.index, gpu.lost ? gpu.name + ': lost (NVML: GPU is lost)'
-            : gpu.name + ': ' + fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W');
+          // NVML unread (gpu_available false): listed for its Xid errors, without readings, as `fleetd reboots --detail` says.
+          const readings = gpu.lost ? 'lost (NVML: GPU is lost)' : telemetry.gpu_available === false ? 'no readings (NVML unavailable)'
+            : fmtNum(gpu.temperature_c) + ' C, ' + fmtPct(gpu.memory_used_bytes / Math.max(1, gpu.memory_total_bytes)) + ' memory, ' + fmtNum(gpu.power_w) + ' W';
+          const xids = gpu.xid_errors || [];
+          const throttle = gpu.throttle || [];
+          fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + readings + (xids.length ? '; Xid errors ' + xids.join(', ') : '') +
+            (throttle.length ? '; throttled: ' + throttle.join(', ') : ''));
         }
         if (telemetry.host) fact(list, 'host', fmtPct(telemetry.host.memory_available_bytes / Math.max(1, telemetry.host.memory_total_bytes)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
       }
@@ -918,8 +965,9 @@
     const axis = svg('g', { class: 'axis' });
     axis.appendChild(svg('line', { x1: left, x2: W - right, y1: axisY + 2, y2: axisY + 2 }));
     axis.appendChild(svg('text', { x: left, y: axisY + 16, 'text-anchor': 'start' }, 'now'));
+    // The axis is at least a minute wide: goals already reached (0 h) are not said to be a minute away.
     axis.appendChild(svg('text', { x: W - right, y: axisY + 16, 'text-anchor': 'end' },
-      (isNum(total) ? 'all goals in ' : '') + fmtHours(span)));
+      (isNum(total) && total > 0 ? 'all goals in ' : '') + fmtHours(span)));
     chart.appendChild(axis);
     const more = planned.length > shown.length ? h('p', { class: 'muted small' }, 'and ' + fmtInt(planned.length - shown.length) + ' more games (fleetd plan lists all)') : null;
     return h('div', { id: 'plan-timeline' }, chart, more);
@@ -992,8 +1040,10 @@
     for (const g of games) counts.set(g.state, (counts.get(g.state) || 0) + 1);
     const parts = STATES.filter((s) => counts.has(s)).map((s) => h('span', { class: stateClass(s) }, counts.get(s) + ' ' + s));
     const paged = paging.index > 0 || paging.next ? ' on this page' : '';
-    const fleetWide = paged ? ' · ' + fleet.admitted.length + ' admitted, ' + fleet.pending.length + ' pending' : '';
-    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length ? paged + fleetWide + ' · ' : '', 'tier ' + fleet.tier);
+    const known = !fleet.error; // the fleet answers once the governor has taken its first step
+    const fleetWide = paged && known ? ' · ' + fleet.admitted.length + ' admitted, ' + fleet.pending.length + ' pending' : '';
+    $('summary').replaceChildren(...parts.flatMap((p, i) => (i ? [' ', p] : [p])), parts.length && known ? paged + fleetWide + ' · ' : paged,
+      known ? 'tier ' + fleet.tier : '');
   }
 
   // ---------------------------------------------------------------- the loop
@@ -1050,8 +1100,14 @@
         if (error instanceof AuthError) throw error;
         return { error: error.message };
       });
+      // GET /fleet answers 503 until the governor's first step (recovery after a start, the host
+      // just rebooted): the games are shown meanwhile, the fleet panel says why it has none.
+      const fleetLoad = api('/fleet').catch((error) => {
+        if (error.status === 503) return { error: error.message };
+        throw error;
+      });
       let [games, fleet, boots, uptime, hosts] = await Promise.all([
-        api(gamesPath()), api('/fleet'), api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
+        api(gamesPath()), fleetLoad, api('/boots?limit=1000'), api('/uptime'), api('/hosts', { optional: true }),
       ]);
       if (stale()) return;
       if (paging.index > 0 && !(games.items || []).length) { // the page emptied: back to the first

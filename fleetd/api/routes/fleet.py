@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import BAD_BODY
+from fleetd.api.metrics import TelemetryAge
 from fleetd.api.routes.boots import expected_out
 from fleetd.api.schemas import ExpectedRebootOut, FleetOut, FleetUpdate, SettingsOut, TierOut
 from fleetd.config import TIER_NAMES
@@ -35,12 +36,21 @@ def holding_words(context: AppContext) -> list[ExpectedRebootOut]:
     return [expected_out(word, now) for word in words if word.holds(now)]
 
 
-def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | None = None) -> FleetOut:
-    """The published snapshot; `requested` is the operator's newer choice, not yet taken up."""
+def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | None = None,
+              telemetry_age: TelemetryAge | None = None) -> FleetOut:
+    """The published snapshot; `requested` is the operator's newer choice, not yet taken up.
+    `telemetry_age`: the app's judge of the sample's age, which /metrics shares (a stale sample
+    is no reading: `available` false, its age said)."""
+    latest = context.telemetry.latest if context.telemetry else None
+    telemetry_age = telemetry_age or TelemetryAge(context)
+    age_s, stale = telemetry_age.judge(latest)
     governor = snapshot.governor
     requested = requested or governor.requested
     tiers = {name: TierOut(**tier.model_dump()) for name, tier in context.settings.fleet.tiers.items()}
     scaled = governor.scaled
+    # What each worker is told (capped on a CPU: 2 envs per thread, a batch of 64), as every
+    # game's `settings` says; the rung's own values until the supervisor has sized a worker.
+    worker = snapshot.worker_tier
     return FleetOut(
         mode="auto" if requested == "auto" else "manual",
         requested=requested,
@@ -58,25 +68,27 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
         last_backoff=governor.last_backoff,
         pressure=list(governor.pressure),
         expected_reboots=holding_words(context),
-        settings=SettingsOut(num_envs=scaled.num_envs, batch_size=scaled.batch_size, reason=scaled.reason,
+        settings=SettingsOut(num_envs=worker.num_envs or scaled.num_envs, batch_size=worker.batch_size or scaled.batch_size,
+                             reason=scaled.reason,
                              sizing=None if scaled.sizing is None else scaled.sizing.json()),
         tiers=tiers,
-        telemetry=snapshot_json(context.telemetry.latest if context.telemetry else None),
+        telemetry=snapshot_json(latest, age_s, telemetry_age.stale_after_s if stale else None),
     )
 
 
 @router.get("/fleet", response_model=FleetOut)
-def read_fleet(context: AppContext = Depends(get_context)) -> FleetOut:
+def read_fleet(request: Request, context: AppContext = Depends(get_context)) -> FleetOut:
     """Tier, mode, admitted and pending games, the next scale-up and why it waits, telemetry."""
-    return fleet_out(context, _snapshot(context))
+    return fleet_out(context, _snapshot(context), telemetry_age=request.app.state.metrics.telemetry_age)
 
 
 @router.put("/fleet", response_model=FleetOut, status_code=202, responses=BAD_BODY)
-def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) -> FleetOut:
+def update_fleet(body: FleetUpdate, request: Request, context: AppContext = Depends(get_context)) -> FleetOut:
     """Choose a tier (manual) or auto; the governor takes it up within seconds."""
     snapshot = _snapshot(context)
     if body.tier is None and body.mode is None:
-        return fleet_out(context, snapshot)  # `{}`: nothing to change, the fleet as it is
+        # `{}`: nothing to change, the fleet as it is
+        return fleet_out(context, snapshot, telemetry_age=request.app.state.metrics.telemetry_age)
     now = context.clock.now()
     ladder = build_ladder(context.settings.fleet.tiers)
     with context.db.transaction() as session:
@@ -86,7 +98,7 @@ def update_fleet(body: FleetUpdate, context: AppContext = Depends(get_context)) 
         create_event(session, now, "fleet_request", f"tier {requested} requested")
     if context.supervisor is not None:
         context.supervisor.submit(Reconcile())
-    return fleet_out(context, snapshot, requested)
+    return fleet_out(context, snapshot, requested, request.app.state.metrics.telemetry_age)
 
 
 def requested_of(body: FleetUpdate, requested: str, index: int, ladder: tuple[Rung, ...]) -> str:
