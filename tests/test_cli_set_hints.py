@@ -69,6 +69,19 @@ def test_a_key_given_twice_is_refused_not_the_last_one_taken(config: Path) -> No
     assert game(config)["priority"] == 0 and "ent_coef" not in game(config)["hyperparams"]  # nothing sent
 
 
+@pytest.mark.parametrize("pairs", [["learning_rate=0.1", "hyperparams.learning_rate=0.2"],
+                                   ["health.plateau_steps=1000000", "health_settings.plateau_steps=2000000"]])
+def test_a_key_given_twice_in_two_spellings_is_refused(config: Path, pairs: list[str]) -> None:
+    # `learning_rate=0.1 hyperparams.learning_rate=0.2` sent 0.2 and said nothing of the 0.1:
+    # both spellings name one key, and the check of a key given twice compared them as typed.
+    before = game(config)
+    result = CliRunner().invoke(app, ["games", "set", "pong", *pairs, "--config", str(config)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "given twice" in result.output, result.output
+    after = game(config)
+    assert (after["hyperparams"], after["health_settings"]) == (before["hyperparams"], before["health_settings"])
+
+
 @pytest.mark.parametrize(("text", "value"), [(".0001", 0.0001), ("1.", 1.0), ("+0.5", 0.5), ("1_000", 1000), ("05", 5)])
 def test_a_number_as_python_writes_it_is_a_number(config: Path, text: str, value: float) -> None:
     # `learning_rate=.0001` was sent as the string ".0001" (JSON needs 0.0001) and refused:

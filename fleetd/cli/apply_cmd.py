@@ -169,7 +169,7 @@ def set_settings(
     settings an earlier set left pending). A change of num_envs or batch_size restarts a running game."""
     from fleetd.cli import render
 
-    values = parse_hyperparams(pairs, usage="fleetd games set NAME")
+    values = parse_hyperparams(pairs, usage="fleetd games set NAME", canonical=_set_key)
     body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key not in DICTS}
     body |= {key: value for key, value in values.items() if key in IDENTITY}
     health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}
@@ -242,6 +242,15 @@ def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:
         if close:
             return f"did you mean {close[0]}={bare[key]}?"
     return None
+
+
+def _set_key(key: str) -> str:
+    """The key a `games set` pair names, as the body sends it: `learning_rate` and
+    `hyperparams.learning_rate` are one key, `health.X` and `health_settings.X` another."""
+    if key in IDENTITY or (key in SETTABLE and key not in DICTS):
+        return key
+    health = _health_key(key)
+    return f"health_settings.{health}" if health is not None else f"hyperparams.{key.removeprefix('hyperparams.')}"
 
 
 def _health_key(key: str) -> str | None:

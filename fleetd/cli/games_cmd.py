@@ -37,16 +37,21 @@ class KeptChoice(StrEnum):
 LOOSE_NUMBER = re.compile(r"[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d+)?")
 
 
-def parse_hyperparams(pairs: list[str], usage: str = "--hp") -> dict[str, Any]:
+def parse_hyperparams(pairs: list[str], usage: str = "--hp",
+                      canonical: Callable[[str], str] = lambda key: key) -> dict[str, Any]:
     """`key=value` pairs; a value that parses as JSON is taken as JSON (numbers, lists, objects),
-    or as a number where Python reads one; a key given twice is refused (one would be dropped)."""
+    or as a number where Python reads one; a key given twice is refused (one would be dropped),
+    in two spellings too (`canonical`: the key they both name)."""
     result: dict[str, Any] = {}
+    given: dict[str, str] = {}  # canonical key -> the pair that gave it
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
             fail(f"{usage} {pair!r}: expected key=value, e.g. {usage} learning_rate=0.0003", ExitCode.USAGE)
-        if key in result:
-            fail(f"{usage}: {key} given twice ({pair!r} and an earlier one): give it once", ExitCode.USAGE)
+        earlier = given.get(canonical(key))
+        if earlier is not None:
+            fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
+        given[canonical(key)] = pair
         result[key] = _value(text)
     return result
 

@@ -35,6 +35,20 @@ class EnvCheck(Protocol):
     def check(self, env_id: str, field: str = "env_id") -> None: ...
 
 
+class CheckedOnce:
+    """The catalog's check, asked once per env id: the checks before a write transaction ask
+    it (slow: a listing, a module's import), the same checks inside it find it answered."""
+
+    def __init__(self, catalog: EnvCheck) -> None:
+        self._catalog = catalog
+        self._passed: set[str] = set()
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        if env_id not in self._passed:
+            self._catalog.check(env_id, field)
+            self._passed.add(env_id)
+
+
 class EnvCatalog:
     def __init__(self, python: str = "", monotonic: Callable[[], float] = time.monotonic) -> None:
         self._python = python or sys.executable

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.catalog import EnvCheck
+from fleetd.games.catalog import CheckedOnce, EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import check_draft, check_unique_names, record_added, record_desired, record_removed, seeding_needed
 from fleetd.games.settings import (
@@ -268,7 +268,7 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     keeps checkpoints; an entry to add is refused where a removed game left some."""
     entries = {entry.name: entry for entry in games}
     kept = kept_of_new(db, games, files_of)
-    checked = _CheckedOnce(catalog)
+    checked = CheckedOnce(catalog)
     # Every check first, without the write lock: checking a `module:Env-vN` id imports the
     # user's module (up to MODULE_IMPORT_TIMEOUT_S), and the supervisor's writes wait at most
     # busy_timeout for the lock, then fail. Planned again inside, against the games as written
@@ -290,20 +290,6 @@ def left_alone(db: Database, plans: list[GamePlan]) -> list[str]:
     named = {plan.name for plan in plans}
     with db.transaction() as session:
         return sorted(game.name for game in game_store.read_games(session) if game.name not in named)
-
-
-class _CheckedOnce:
-    """The catalog's check, asked once per env id: the plan before the write transaction asks
-    it (slow: a listing, a module's import), the plan inside finds it answered."""
-
-    def __init__(self, catalog: EnvCheck) -> None:
-        self._catalog = catalog
-        self._passed: set[str] = set()
-
-    def check(self, env_id: str, field: str = "env_id") -> None:
-        if env_id not in self._passed:
-            self._catalog.check(env_id, field)
-            self._passed.add(env_id)
 
 
 def _write(session: Session, clock: Clock, plan: GamePlan, entry: Any) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.catalog import EnvCheck
+from fleetd.games.catalog import CheckedOnce, EnvCheck
 from fleetd.games.fields import SettingChange, key_changes, overrides_tag, when_taken
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
@@ -185,18 +185,31 @@ def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, 
     `expect`: the `overrides_tag` of the hyperparameters and health settings the caller merged
     its change into; other ones now (changed since it read them) are a conflict, nothing written."""
     wanted = with_defaults(values)
+    checked = CheckedOnce(catalog)
+    # Every check first, without the write lock (the catalog's check of a `module:Env` id
+    # imports the user's module: seconds); then, holding it, the game read again, the tag
+    # compared and the changes checked again (the env id's check answered) and written: an
+    # apply or set that commits during the first checks is seen, not written over.
     with db.transaction() as session:
-        game = game_store.read_game(session, name)
-        if expect is not None and overrides_tag(game.hyperparams, game.health_settings) != expect:
-            reason = ("the game's hyperparams or health settings changed since they were read (another apply or "
-                      "set): read them again and merge the change into them")
-            raise FleetdError(ErrorCode.CONFLICT, f"{EXPECT_FIELD}: {reason}", {"field": EXPECT_FIELD, "reason": reason})
-        check_algo(game, values)
-        changes = setting_changes(game, wanted)
-        if changes:
-            check_changes(game, wanted, changes, catalog, session=session)
+        _check_update(session, name, values, wanted, checked, expect)
+    with db.transaction(immediate=True) as session:
+        game, changes = _check_update(session, name, values, wanted, checked, expect)
         why = workers.restart_reason(with_settings(game, wanted), restart)
         if changes:
             game = record_changes(session, clock, game, wanted, changes, why is not None)
         return SettingsUpdate(game, changes, workers.pending(game), why)
 
+
+def _check_update(session: Session, name: str, values: Mapping[str, Any], wanted: Mapping[str, Any],
+                  catalog: EnvCheck, expect: str | None) -> tuple[GameRecord, list[SettingChange]]:
+    """The game as stored now and what `wanted` changes of it, every check passed (or refused)."""
+    game = game_store.read_game(session, name)
+    if expect is not None and overrides_tag(game.hyperparams, game.health_settings) != expect:
+        reason = ("the game's hyperparams or health settings changed since they were read (another apply or "
+                  "set): read them again and merge the change into them")
+        raise FleetdError(ErrorCode.CONFLICT, f"{EXPECT_FIELD}: {reason}", {"field": EXPECT_FIELD, "reason": reason})
+    check_algo(game, values)
+    changes = setting_changes(game, wanted)
+    if changes:
+        check_changes(game, wanted, changes, catalog, session=session)
+    return game, changes

@@ -10,9 +10,10 @@ from pydantic.fields import FieldInfo
 
 from fleetd.games.fields import SETTABLE
 from fleetd.games.slug import GameName
+from fleetd.health.settings import INTEGER_KEYS as HEALTH_INTEGERS
 from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.states import Desired
-from workers.protocol.spec import PPO_MIN_BATCH, Hyperparams, algo_refusal
+from workers.protocol.spec import PPO_MIN_BATCH, Hyperparams, algo_refusal, whole_sizes
 
 ALGOS = ("ppo", "dqn", "a2c")
 DEFAULT_ALGO = "ppo"
@@ -74,7 +75,17 @@ def whole_counts(values: dict[str, Any]) -> dict[str, Any]:
         parsed = Hyperparams.model_validate(values)
     except ValidationError:
         return values
-    return {key: getattr(parsed, key) if isinstance(value, float) and type(getattr(parsed, key)) is int else value
+    counts = {key: getattr(parsed, key) if isinstance(value, float) and type(getattr(parsed, key)) is int else value
+              for key, value in values.items()}
+    if "policy_kwargs" in counts:  # net_arch [64.0, 64.0]: torch's nn.Linear(4, 64.0) raises
+        counts["policy_kwargs"] = whole_sizes(counts["policy_kwargs"])
+    return counts
+
+
+def whole_health(values: dict[str, Any]) -> dict[str, Any]:
+    """A health setting the checks take as an integer written as a whole float (`plateau_steps =
+    2e6`) is stored as that integer, as `whole_counts` does for hyperparameters."""
+    return {key: int(value) if key in HEALTH_INTEGERS and isinstance(value, float) and value.is_integer() else value
             for key, value in values.items()}
 
 
@@ -115,7 +126,7 @@ class GameSpec(BaseModel):
         default_factory=dict, description="overrides passed to the worker", examples=[{"num_envs": 8}]
     )
     # Checked by fleetd/health/settings.py (fleetd/games/lifecycle.py check_draft), which names the culprit.
-    health_settings: Annotated[dict[str, Any], WithJsonSchema(health_settings_schema())] = Field(
+    health_settings: Annotated[dict[str, Any], WithJsonSchema(health_settings_schema()), AfterValidator(whole_health)] = Field(
         default_factory=dict, description="learning-health overrides (docs/learning-health.md)",
         examples=[{"on_plateau": "yield", "plateau_steps": 2000000}],
     )

@@ -55,6 +55,7 @@ _BOUNDS: dict[str, tuple[type, float, float]] = {
     "plateau_gain": (float, 0.0, 1e6),
 }
 KEYS = tuple(f.name for f in fields(HealthSettings))
+INTEGER_KEYS = tuple(key for key, (kind, _, _) in _BOUNDS.items() if kind is int)
 
 
 def settings_for(overrides: Mapping[str, Any] | None) -> HealthSettings:

@@ -206,9 +206,9 @@ class Scheduled:
     """A game's place in the simulated queue, in training hours from now."""
 
     start: float
-    end: float  # NEVER: it holds its slot for good (no goal, or no rate)
+    end: float  # NEVER: it holds its slot for good (no goal, or no rate), or is pre-empted for good
     slot: int
-    # Its runs, where it is pre-empted and resumes later (start to end less the pause); empty: one run.
+    # Its runs, where it is pre-empted (and resumes later, or never: end NEVER); empty: one run, start to end.
     spans: tuple[tuple[float, float], ...] = ()
 
     def runs(self) -> tuple[tuple[float, float], ...]:
@@ -320,16 +320,24 @@ def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict
     free = [(ends(game), slot) for slot, (game, _) in holders.items()]
     free += [(t, slot) for slot in range(snapshot.rung.games) if slot not in holders]
     heapq.heapify(free)
+    waiting = {game.name for game in pending}  # pre-empted ones among them never resume unless placed here
     for game in pending:
         if not free or free[0][0] == NEVER:
             break
         at, slot = heapq.heappop(free)
         runs.setdefault(game.name, []).append([at, at + left[game.name], slot])
         heapq.heappush(free, (at + left[game.name], slot))
+        waiting.discard(game.name)
     for game, _ in holders.values():
         runs[game.name][-1][1] = ends(game)
-    return {name: Scheduled(r[0][0], r[-1][1], int(r[0][2]), tuple((a, b) for a, b, _ in r) if len(r) > 1 else ())
-            for name, r in runs.items()}
+    placed = {}
+    for name, r in runs.items():
+        spans = tuple((a, b) for a, b, _ in r)
+        if name in waiting:  # pre-empted, and no slot comes free again: it never reaches its goal
+            placed[name] = Scheduled(r[0][0], NEVER, int(r[0][2]), spans)
+        else:
+            placed[name] = Scheduled(r[0][0], r[-1][1], int(r[0][2]), spans if len(r) > 1 else ())
+    return placed
 
 
 def charged_hours(placed: dict[str, Scheduled]) -> dict[float, float]:

@@ -68,6 +68,31 @@ def test_add_then_read(client: TestClient, submitted: list) -> None:
     assert [g["name"] for g in client.get("/api/v1/games").json()["items"]] == ["pong"]
 
 
+def test_whole_floats_torch_and_the_health_checks_take_as_integers_are_stored_as_integers(client: TestClient) -> None:
+    # JSON has one number type: `net_arch = [64.0, 64.0]` was stored so, and the worker's
+    # nn.Linear(4, 64.0) raised, so the game went FATAL at its first start; `plateau_steps 2e6`
+    # was stored and shown as 2000000.0.
+    kwargs = {"net_arch": {"pi": [64.0, 32.0], "vf": [64.0]}, "ortho_init": False, "log_std_init": 0.0,
+              "features_extractor_kwargs": {"features_dim": 32.0}}
+    response = add(client, hyperparams={"policy_kwargs": kwargs}, health_settings={"plateau_steps": 2e6, "min_rise": 1.0})
+    assert response.status_code == 201, response.text
+    for game in (response.json(), client.get("/api/v1/games/pong").json()):
+        stored = game["hyperparams"]["policy_kwargs"]
+        assert stored["net_arch"] == {"pi": [64, 32], "vf": [64]} and stored["features_extractor_kwargs"]["features_dim"] == 32
+        assert all(type(n) is int for n in [*stored["net_arch"]["pi"], *stored["net_arch"]["vf"]])
+        assert type(stored["features_extractor_kwargs"]["features_dim"]) is int
+        assert type(stored["log_std_init"]) is float  # a float setting stays one
+        health = game["health_settings"]
+        assert type(health["plateau_steps"]) is int and health["plateau_steps"] == 2_000_000
+        assert type(health["min_rise"]) is float
+    patched = client.patch("/api/v1/games/pong", json={"algo": "ppo", "hyperparams": {"policy_kwargs": {"net_arch": [16.0]}},
+                                                      "health_settings": {"warmup_evals": 3.0}})
+    assert patched.status_code == 200, patched.text
+    game = client.get("/api/v1/games/pong").json()
+    assert type(game["hyperparams"]["policy_kwargs"]["net_arch"][0]) is int
+    assert type(game["health_settings"]["warmup_evals"]) is int
+
+
 def test_duplicate_name_is_409(client: TestClient) -> None:
     add(client)
     error = error_of(add(client), 409)

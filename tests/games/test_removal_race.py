@@ -65,17 +65,19 @@ def test_no_run_begins_between_removals_check_and_its_delete(settings: Settings,
     assert tried == [ErrorCode.BUSY.value]  # it waits for the removal, then finds no game
 
 
-@pytest.mark.parametrize(("method", "path", "body"), [
-    ("PATCH", "/api/v1/games/racy", {"priority": 5}),
-    ("POST", "/api/v1/games/racy/stop", None),
-    ("POST", "/api/v1/games/racy/start", None),
+@pytest.mark.parametrize(("method", "path", "body", "write"), [
+    ("PATCH", "/api/v1/games/racy", {"priority": 5}, "BEGIN IMMEDIATE"),
+    ("POST", "/api/v1/games/racy/stop", None, "UPDATE games"),
+    ("POST", "/api/v1/games/racy/start", None, "UPDATE games"),
 ])
 def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
         settings: Settings, db: Database, clock: FakeClock, host: FakeHost, method: str, path: str,
-        body: dict | None) -> None:
+        body: dict | None, write: str) -> None:
     """A PATCH, stop or start reads the game, then writes it in a transaction the driver begins
     at the write: a DELETE from another request that lands in between (removal takes the write
-    lock at once) left the UPDATE matching no row, a StaleDataError, and a 500."""
+    lock at once) left the UPDATE matching no row, a StaleDataError, and a 500. (A PATCH checks
+    first, then reads the game again and writes holding the write lock: the removal lands as it
+    takes the lock.)"""
     from fastapi.testclient import TestClient
     from sqlalchemy import event
 
@@ -90,7 +92,7 @@ def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
     removed: list[str] = []
 
     def removed_first(_conn, _cursor, statement: str, *_args) -> None:  # type: ignore[no-untyped-def]
-        if statement.startswith("UPDATE games") and not removed:
+        if statement.startswith(write) and not removed:
             removed.append("racy")
             remove_game(other, clock, "racy", settings.game_dir("racy"), purge=False)
 

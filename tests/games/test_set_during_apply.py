@@ -19,8 +19,13 @@ from typer.testing import CliRunner
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
 from fleetd.cli.main import app as cli
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.fields import overrides_tag
 from fleetd.games.fleet_spec import FleetGame, apply_fleet
 from fleetd.games.kept import kept_files
+from fleetd.games.settings import EXPECT_FIELD, update_settings
+from fleetd.store.engine import Database
+from fleetd.store.games import read_game
 from tests.daemon_harness import free_port
 from tests.games.test_fleet_spec import TOKEN, context  # noqa: F401 - the app's fixtures
 
@@ -74,3 +79,36 @@ def test_a_set_does_not_undo_an_apply_that_landed_after_it_read_the_game(served:
         game = read_game(session, "cart")
     assert game.hyperparams == {"learning_rate": 0.002, "ent_coef": 0.01}  # the apply's value kept, the set's added
     assert "learning_rate" not in result.output  # it changed nothing but ent_coef
+
+
+class ApplyingDuringTheCheck:
+    """The catalog's check (an import of the user's module for a `module:Env` id: seconds) is
+    where another client's apply commits: after the PATCH compared its tag, before it wrote."""
+
+    def __init__(self, context: AppContext, entry: dict) -> None:
+        self.context, self.entry, self.done = context, entry, False
+
+    def check(self, env_id: str, field: str = "env_id") -> None:
+        if not self.done:
+            self.done = True
+            other = Database.open(self.context.settings.db_path)
+            try:
+                apply_fleet(other, self.context.clock, [FleetGame(**self.entry)], self.context.catalog,
+                            partial(kept_files, self.context.settings))
+            finally:
+                other.close()
+        self.context.catalog.check(env_id, field)
+
+
+def test_a_patch_whose_tag_matched_is_refused_when_an_apply_lands_during_its_env_check(context: AppContext) -> None:  # noqa: F811
+    apply_fleet(context.db, context.clock, [FleetGame(**CART, hyperparams={"learning_rate": 0.001})], context.catalog,
+                partial(kept_files, context.settings))
+    tag = overrides_tag({"learning_rate": 0.001}, {})
+    catalog = ApplyingDuringTheCheck(context, CART | {"hyperparams": {"learning_rate": 0.002}})
+    # the CLI's merged set: learning_rate as it read it, ent_coef added
+    with pytest.raises(FleetdError) as refused:
+        update_settings(context.db, context.clock, "cart",
+                        {"algo": "ppo", "hyperparams": {"learning_rate": 0.001, "ent_coef": 0.01}}, catalog, expect=tag)
+    assert refused.value.code is ErrorCode.CONFLICT and EXPECT_FIELD in str(refused.value)
+    with context.db.transaction() as session:
+        assert read_game(session, "cart").hyperparams == {"learning_rate": 0.002}  # the apply's, not undone

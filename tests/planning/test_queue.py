@@ -222,3 +222,16 @@ def test_a_higher_priority_pending_game_preempts_a_goalless_running_one_after_th
     assert on["free"].start_h == 0.0 and on["free"].end_h is None  # back once urgent is done, for good
     equal = [games[0], replace(games[1], priority=0)]
     assert by_name(plan(snapshot(equal, slots=1, preempt_min_run_h=0.25)))["urgent"].start_h is None  # equals never
+
+
+def test_a_game_preempted_for_good_has_no_end() -> None:
+    # slow (a goal, 100 h at 10/h) gives its only slot to urgent (no goal: it holds the slot for
+    # good) after the minimum run: slow never gets it back, so it never reaches its goal. The
+    # plan kept its pre-emption as its end: it showed slow done at 0 h, and the fleet too.
+    games = [replace(game("slow", 1000, RUNNING, 10.0), admitted_at=EPOCH - timedelta(hours=1)),
+             game("urgent", None, PENDING, None, priority=5, env="slow-v5")]
+    result = plan(snapshot(games, slots=1, preempt_min_run_h=0.25))
+    slow = by_name(result)["slow"]
+    assert slow.start_h == 0.0 and slow.end_h is None and slow.cost is None
+    assert result.hours_to_all_goals is None
+    assert by_name(result)["urgent"].start_h == 0.0  # slow had held its slot the minimum run already

@@ -80,6 +80,22 @@ def test_policy_kwargs_pass_through_apart_from_the_checked_activation():
     assert kwargs.explicit() == {"net_arch": {"pi": [8], "vf": [8]}, "ortho_init": False}
 
 
+def test_whole_float_layer_sizes_reach_torch_as_integers():
+    # A row stored with net_arch [64.0] (JSON has one number type) went to SB3 as is, and
+    # nn.Linear(4, 64.0) raised: the game went FATAL at its first start.
+    kwargs = PolicyKwargs.model_validate({"net_arch": {"pi": [64.0], "vf": [8.0]}, "n_critics": 2.0, "log_std_init": 0.0,
+                                          "features_extractor_kwargs": {"features_dim": 32.0}})
+    explicit = kwargs.explicit()
+    assert explicit["net_arch"] == {"pi": [64], "vf": [8]} and type(explicit["net_arch"]["pi"][0]) is int
+    assert type(explicit["n_critics"]) is int and type(explicit["features_extractor_kwargs"]["features_dim"]) is int
+    assert type(explicit["log_std_init"]) is float
+    torch = pytest.importorskip("torch")
+    from stable_baselines3.common.torch_layers import create_mlp
+
+    create_mlp(4, 2, explicit["net_arch"]["pi"])  # raised with 64.0
+    assert isinstance(torch.nn.Linear(4, explicit["net_arch"]["pi"][0]), torch.nn.Linear)
+
+
 def test_the_launch_spec_is_the_run_spec_less_the_run_id():
     spec = RunSpec.from_dict(EVERY_FIELD)
     launch = spec.launch()

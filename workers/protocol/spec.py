@@ -145,11 +145,47 @@ def _json_schema(depth: int) -> dict[str, Any]:
     return {"type": ["string", "number", "boolean", "array", "object"], "items": inner, "additionalProperties": inner}
 
 
+# policy_kwargs keys whose numbers torch takes only as integers (layer widths, counts):
+# nn.Linear(4, 64.0) raises. Keys of `features_extractor_kwargs` likewise.
+WHOLE_POLICY_KWARGS = ("net_arch", "n_critics")
+WHOLE_EXTRACTOR_KWARGS = ("features_dim",)
+
+
+def _whole(item: Any) -> Any:
+    """Whole floats in a value (nested lists and objects too) as integers; the rest as given."""
+    if isinstance(item, float) and item.is_integer():
+        return int(item)
+    if isinstance(item, list):
+        return [_whole(inner) for inner in item]
+    if isinstance(item, dict):
+        return {key: _whole(inner) for key, inner in item.items()}
+    return item
+
+
+def whole_sizes(policy_kwargs: Any) -> Any:
+    """Policy kwargs with the layer sizes and counts written as whole floats (JSON has one number
+    type: `net_arch = [64.0, 64.0]`) as the integers torch takes; other values as given."""
+    if not isinstance(policy_kwargs, dict):
+        return policy_kwargs
+    out = {key: _whole(value) if key in WHOLE_POLICY_KWARGS else value for key, value in policy_kwargs.items()}
+    extractor = out.get("features_extractor_kwargs")
+    if isinstance(extractor, dict):
+        out["features_extractor_kwargs"] = {key: _whole(value) if key in WHOLE_EXTRACTOR_KWARGS else value
+                                            for key, value in extractor.items()}
+    return out
+
+
 class PolicyKwargs(_Overrides):
     """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is
-    (finite numbers only, no null, nested at most POLICY_KWARGS_DEPTH deep)."""
+    (finite numbers only, no null, nested at most POLICY_KWARGS_DEPTH deep), but for layer
+    sizes written as whole floats, made integers (`whole_sizes`: a row stored so runs too)."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_sizes(cls, values: Any) -> Any:
+        return whole_sizes(values)
     # The strict config's allow_inf_nan reaches declared fields only, not these extra keys.
     __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite_json),
                                             WithJsonSchema(_json_schema(POLICY_KWARGS_DEPTH))]]
