@@ -137,6 +137,19 @@ def test_without_a_gpu_the_cpu_caps_hold() -> None:
     assert not scaled.on_gpu and scaled.sizing is None and "no GPU seen" in scaled.reason
 
 
+def test_a_worker_on_the_cpu_of_a_gpu_host_is_told_why_its_values_are_capped() -> None:
+    # [worker] device = "cpu" on a GPU host: the worker's 2 envs, batch 64 beside the GPU sizing's
+    # reason alone ("... until measured, the rung's own values"), which named other figures.
+    scaled = sized("8x256", host(H100))
+    worker = scaled.for_worker("cpu", 1)
+    assert (worker.num_envs, worker.batch_size) == (2, 64)
+    assert scaled.reason_for(worker).startswith(scaled.reason + "; a worker on the CPU ([worker] device = \"cpu\") "
+                                                "takes 2 envs, batch 64: capped at 2 envs per CPU thread, batch 64")
+    assert scaled.reason_for(scaled.for_worker("cuda", 1)) == scaled.reason  # on the GPU: as sized
+    no_gpu = scale("heavy tier", *rung_and_below("8x256"), None, SETTINGS)
+    assert no_gpu.reason_for(no_gpu.for_worker("cpu", 1)) == no_gpu.reason  # which says the cap already
+
+
 def test_the_figures_do_not_change_what_a_worker_is_given() -> None:
     """A new reading changes the figures, not the values: no game restarts for it."""
     first = sized("8x256", host(H100, footprint(256, 2048, 4.1, 3.0)))

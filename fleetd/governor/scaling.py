@@ -114,6 +114,16 @@ class Scaled:
         num_envs = max(1, min(self.num_envs, CPU_ENVS_PER_THREAD * cpu_threads))
         return TierDefaults(num_envs=num_envs, batch_size=min(self.batch_size, CPU_MAX_BATCH))
 
+    def reason_for(self, worker: TierDefaults) -> str:
+        """Why a worker is told `worker` (`for_worker`'s): the sizing's reason, and the CPU's cap
+        where the values were sized for a GPU but the worker runs on the CPU (`[worker] device =
+        "cpu"`); without a GPU the reason says the cap already."""
+        told = (worker.num_envs, worker.batch_size)
+        if not self.on_gpu or None in told or told == (self.num_envs, self.batch_size):
+            return self.reason
+        return (f"{self.reason}; a worker on the CPU ([worker] device = \"cpu\") takes {told[0]} envs, batch "
+                f"{told[1]}: capped at {CPU_ENVS_PER_THREAD} envs per CPU thread, batch {CPU_MAX_BATCH}")
+
 
 @dataclass(frozen=True)
 class Host:

@@ -69,7 +69,7 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
         pressure=list(governor.pressure),
         expected_reboots=holding_words(context),
         settings=SettingsOut(num_envs=worker.num_envs or scaled.num_envs, batch_size=worker.batch_size or scaled.batch_size,
-                             reason=scaled.reason,
+                             reason=scaled.reason_for(worker),
                              sizing=None if scaled.sizing is None else scaled.sizing.json()),
         tiers=tiers,
         telemetry=snapshot_json(latest, age_s, telemetry_age.stale_after_s if stale else None),

@@ -95,7 +95,8 @@ def health_fields(health: HealthRecord) -> dict[str, object]:
 def game_settings(game: GameRecord, snapshot: FleetSnapshot) -> SettingsOut:
     """What the game's worker is (or would be) told, by the rule the worker applies."""
     explicit = [key for key in ("num_envs", "batch_size") if key in game.hyperparams]
-    reason = snapshot.governor.scaled.reason + (f"; {', '.join(explicit)} set explicitly" if explicit else "")
+    reason = snapshot.governor.scaled.reason_for(snapshot.worker_tier)
+    reason += f"; {', '.join(explicit)} set explicitly" if explicit else ""
     hp = game.hyperparams
     sizes = effective_sizes(hp.get("num_envs"), hp.get("batch_size"), snapshot.worker_tier)
     return SettingsOut(num_envs=sizes.num_envs, batch_size=sizes.batch_size, reason=reason)
