@@ -183,15 +183,17 @@ class FleetCallback(BaseCallback):
             episode = info.get("episode")
             if episode is not None:
                 self.counters.record_episode(episode["r"], episode["l"])
-        if self.stop.requested and isinstance(self.model, OnPolicyAlgorithm):
+        if self.stop.requested and isinstance(self.model, OnPolicyAlgorithm) and not goal_reached(self.spec, self.counters):
             # A stop within a PPO or A2C rollout ends it at once: the supervisor's stop timeout is
             # for the final checkpoint, not for the rest of a rollout (n_steps x num_envs: 32,768
             # at 256 envs) and its update. The final checkpoint counts every env step taken, as
             # SB3 counts them (the step goal is a budget of env steps, and learning is measured in
             # them), the rollout so far untrained on: dropped, not collected again after a resume.
+            # Not once the goal is reached in it: the run completes (and is never trained again)
+            # after this rollout's update, a stop or not, else its final model would lack it.
             self.outcome = Outcome.STOPPED
             return False
-        return True  # an episode goal (and DQN's stop) end at the next `between_rollouts`
+        return True  # a goal (and DQN's stop) end at the next `between_rollouts`
 
     def between_rollouts(self) -> bool:
         """Called before each collection (workers/algos.py, `UpdateBoundary`): the previous

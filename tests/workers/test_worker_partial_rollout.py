@@ -11,6 +11,7 @@ import torch
 
 from workers import algos, checkpoint
 from workers.callback import StopFlag
+from workers.counters import Counters
 from workers.envs import EnvPoolVecEnv, make_vec_env
 from workers.hyperparams import make_plan, select_device
 from workers.protocol.exit_codes import ExitCode
@@ -127,3 +128,29 @@ def test_an_episode_goal_within_a_collection_completes_after_its_update(make_spe
     assert all(torch.equal(saved[k], v) for k, v in trained[final.steps].items())
     if algo == "dqn":
         assert restored.model.replay_buffer.pos * 2 == final.steps
+
+
+def test_a_stop_within_the_rollout_that_reached_the_goal_completes_after_its_update(make_spec, monkeypatch):
+    """SIGTERM on the env step the 12th episode (the goal) ends: the stop ended the PPO rollout at
+    once and the run completed (exit 20, never trained again) on a model that had not trained on
+    that rollout. A run whose goal is reached completes after the rollout's update, a stop or not."""
+    train, trained = algos.FleetPPO.train, []
+
+    def recording_train(self, *args, **kwargs):
+        train(self, *args, **kwargs)
+        trained.append(self.num_timesteps)
+
+    monkeypatch.setattr(algos.FleetPPO, "train", recording_train)
+    stop, record = StopFlag(), Counters.record_episode
+
+    def stopped_at_the_goal(self, reward, length):
+        record(self, reward, length)
+        if self.episodes >= 12 and stop.signum is None:
+            stop.signum = 15  # `systemctl stop`, a reboot: on the very step
+
+    monkeypatch.setattr(Counters, "record_episode", stopped_at_the_goal)
+    spec = make_spec(algo="ppo", total_timesteps=None, target_episodes=12, checkpoint_interval_steps=None,
+                     hyperparams={**PPO_HP, "normalize": False})
+    assert run(spec, stop=stop) == ExitCode.COMPLETED
+    final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert final.steps % 64 == 0 and final.steps == trained[-1], (final.steps, trained)
