@@ -780,11 +780,11 @@ def test_the_newest_events_are_shown_with_warnings_marked_and_messages_as_text(
     assert response.status_code == 200, response.text
     scenario = """await release();
       const rows = $('events').kids[0].kids[0].kids[1].kids;
-      return [document.body.dataset.state, $('games-body').kids.length, rows.map((row) => ({
+      return [document.body.dataset.state, $('games-body').kids.length, $('events').kids.length, rows.map((row) => ({
         cls: row.attrs.class || '', cells: row.kids.map((cell) => cell.textContent),
         textNodes: row.kids[4].kids.every((kid) => kid.tag === '#text') }))];"""
-    state, games, rows = run_page({**api_answers, "/events": [200, response.json()]}, scenario)
-    assert (state, games) == ("ready", 1)
+    state, games, parts, rows = run_page({**api_answers, "/events": [200, response.json()]}, scenario)
+    assert (state, games, parts) == ("ready", 1, 1)  # the table only: no next page, no line for it
     ours = [row for row in rows if row["cells"][2] in ("telemetry_stale", "state", "note")]
     assert [row["cells"][1:] for row in ours] == [  # newest first; no game: a dash
         ["info", "note", "pong", "operator says <b>hello</b>"],
@@ -794,6 +794,10 @@ def test_the_newest_events_are_shown_with_warnings_marked_and_messages_as_text(
     assert [row["cls"] for row in ours] == ["", "bad", "warn"]
     assert all(row["textNodes"] for row in ours)  # `<b>` set as text, not parsed as markup
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["cells"][0]) for row in ours), ours  # local time
+
+    # More than the 20 shown: the command for the older ones, as `fleetd events`'s caption says it.
+    more = {**api_answers, "/events": [200, {**response.json(), "next_before": 7}]}
+    assert run_page(more, "await release(); return $('events').kids[1].textContent;") == "older: fleetd events --before 7"
 
     empty = run_page({**api_answers, "/events": [200, {"items": [], "next_before": None}]}, "await release(); return $('events').textContent;")
     assert empty == "none"

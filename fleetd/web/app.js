@@ -1070,8 +1070,8 @@
     box.replaceChildren(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
       h('thead', null, h('tr', null, h('th', null, 'at'), h('th', null, 'severity'), h('th', null, 'kind'),
         h('th', null, 'game'), h('th', null, 'message'))),
-      h('tbody', null, items.map(eventRow)))),
-      events.next_before ? h('p', { class: 'muted small' }, 'older: ', h('code', null, 'fleetd events --before ' + events.next_before)) : null);
+      h('tbody', null, items.map(eventRow)))));
+    if (events.next_before) box.appendChild(h('p', { class: 'muted small' }, 'older: ', h('code', null, 'fleetd events --before ' + events.next_before)));
   }
 
   function renderSummary(games, fleet) {
