@@ -761,3 +761,49 @@ def test_an_expected_reboot_is_shown_beside_the_governor_as_fleetd_tier_shows_it
     assert len(answers["/fleet"][1]["expected_reboots"]) == 1
     shown = run_page(answers, "await release(); return $('fleet').textContent;")
     assert re.search(r"reboot expected#1 until \d{4}-\d\d-\d\d \d\d:\d\d \(holds\): kernel <b>update</b>; explained 0 of 2 reboots", shown), shown
+
+
+def test_the_newest_events_are_shown_with_warnings_marked_and_messages_as_text(
+    client: TestClient, db: Database, clock: FakeClock, api_answers: dict[str, object]
+) -> None:
+    # Warnings (telemetry_stale, gpu_lost, backup_failed, a game gone fatal) reached the operator
+    # only through `fleetd events` and alerts: the page showed no events at all.
+    from fleetd.store.events import create_event
+
+    with db.transaction() as session:
+        create_event(session, clock.now(), "telemetry_stale", "no GPU sample for 312 s", severity="warning")
+        clock.advance(5)
+        create_event(session, clock.now(), "state", "backoff -> fatal: crash loop", severity="error", game="pong")
+        clock.advance(5)
+        create_event(session, clock.now(), "note", "operator says <b>hello</b>", game="pong")
+    response = client.get("/api/v1/events", params={"limit": 20}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200, response.text
+    scenario = """await release();
+      const rows = $('events').kids[0].kids[0].kids[1].kids;
+      return [document.body.dataset.state, $('games-body').kids.length, $('events').kids.length, rows.map((row) => ({
+        cls: row.attrs.class || '', cells: row.kids.map((cell) => cell.textContent),
+        textNodes: row.kids[4].kids.every((kid) => kid.tag === '#text') }))];"""
+    state, games, parts, rows = run_page({**api_answers, "/events": [200, response.json()]}, scenario)
+    assert (state, games, parts) == ("ready", 1, 1)  # the table only: no next page, no line for it
+    ours = [row for row in rows if row["cells"][2] in ("telemetry_stale", "state", "note")]
+    assert [row["cells"][1:] for row in ours] == [  # newest first; no game: a dash
+        ["info", "note", "pong", "operator says <b>hello</b>"],
+        ["error", "state", "pong", "backoff -> fatal: crash loop"],
+        ["warning", "telemetry_stale", "—", "no GPU sample for 312 s"],
+    ]
+    assert [row["cls"] for row in ours] == ["", "bad", "warn"]
+    assert all(row["textNodes"] for row in ours)  # `<b>` set as text, not parsed as markup
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", row["cells"][0]) for row in ours), ours  # local time
+
+    # More than the 20 shown: the command for the older ones, as `fleetd events`'s caption says it.
+    more = {**api_answers, "/events": [200, {**response.json(), "next_before": 7}]}
+    assert run_page(more, "await release(); return $('events').kids[1].textContent;") == "older: fleetd events --before 7"
+
+    empty = run_page({**api_answers, "/events": [200, {"items": [], "next_before": None}]}, "await release(); return $('events').textContent;")
+    assert empty == "none"
+    # The events read fails: the panel says so, the rest of the page is drawn.
+    failed = {**api_answers, "/events": [500, {"error": {"message": "database is locked", "details": {}}}]}
+    scenario = "await release(); return [document.body.dataset.state, $('games-body').kids.length, $('banner').hidden, $('events').textContent];"
+    state, games, banner_hidden, shown = run_page(failed, scenario)
+    assert (state, games, banner_hidden) == ("ready", 1, True)
+    assert shown.startswith("events unavailable: ") and "500 database is locked" in shown, shown

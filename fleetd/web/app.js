@@ -10,6 +10,7 @@
   const DAY_MS = 86400000;
   const GAMES_PAGE = 100; // GET /games's default page; the table shows one page at a time
   const PLOTTED_GAMES = 12; // plots for the first games of the page only: two series each
+  const EVENTS_SHOWN = 20; // the events panel: the newest of the log (`fleetd events` pages through all)
   const STATES = ['stopped', 'pending', 'starting', 'running', 'backoff', 'stopping', 'exited', 'fatal']; // fleetd/states.py Shown
 
   const $ = (id) => document.getElementById(id);
@@ -114,6 +115,15 @@
     const answers = await Promise.all(['learning_rollback', 'rollback'].map((kind) =>
       api('/events?' + new URLSearchParams({ game, kind, limit: '50' }), { optional: true })));
     return { items: answers.flatMap((answer) => (answer && answer.items) || []) };
+  }
+
+  // The newest events, as `fleetd events` lists them. A failed read is the events panel's to
+  // say: the rest of the page is drawn as it would be without it.
+  function recentEvents() {
+    return api('/events?' + new URLSearchParams({ limit: String(EVENTS_SHOWN) })).catch((error) => {
+      if (error instanceof AuthError) throw error;
+      return { error: error.message };
+    });
   }
 
   async function series(query) {
@@ -1035,6 +1045,35 @@
     box.replaceChildren(planTimeline(projection), h('div', { class: 'split' }, table, totals));
   }
 
+  const SEVERITY_CLASS = { warning: 'warn', error: 'bad' }; // as `fleetd events` colours them
+
+  function eventRow(event) {
+    return h('tr', { class: SEVERITY_CLASS[event.severity] || null, 'data-severity': event.severity },
+      h('td', { class: 'num' }, fmtTime(event.at, { seconds: true })),
+      h('td', null, event.severity),
+      h('td', null, event.kind),
+      h('td', null, event.game || DASH),
+      h('td', { class: 'message' }, event.message));
+  }
+
+  function renderEvents(events) {
+    const box = $('events');
+    if (events.error) {
+      box.replaceChildren(h('p', { class: 'notice' }, 'events unavailable: ' + events.error));
+      return;
+    }
+    const items = events.items || [];
+    if (!items.length) {
+      box.replaceChildren(h('p', { class: 'muted' }, 'none'));
+      return;
+    }
+    box.replaceChildren(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
+      h('thead', null, h('tr', null, h('th', null, 'at'), h('th', null, 'severity'), h('th', null, 'kind'),
+        h('th', null, 'game'), h('th', null, 'message'))),
+      h('tbody', null, items.map(eventRow)))));
+    if (events.next_before) box.appendChild(h('p', { class: 'muted small' }, 'older: ', h('code', null, 'fleetd events --before ' + events.next_before)));
+  }
+
   function renderSummary(games, fleet) {
     const counts = new Map();
     for (const g of games) counts.set(g.state, (counts.get(g.state) || 0) + 1);
@@ -1100,6 +1139,7 @@
         if (error instanceof AuthError) throw error;
         return { error: error.message };
       });
+      const eventsLoad = recentEvents();
       // GET /fleet answers 503 until the governor's first step (recovery after a start, the host
       // just rebooted): the games are shown meanwhile, the fleet panel says why it has none.
       const fleetLoad = api('/fleet').catch((error) => {
@@ -1152,6 +1192,9 @@
       renderTimeline(boots.items || [], nowMs);
       renderUptime(uptime, boots.items || []);
       renderHosts(clusterHosts, nowMs);
+      const events = await eventsLoad;
+      if (stale()) return;
+      renderEvents(events);
       const projection = await projectionLoad;
       lastProjection = new Map(((projection && projection.games) || []).map((g) => [g.name, g]));
       if (stale()) return;
