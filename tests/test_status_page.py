@@ -726,6 +726,9 @@ def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(
     assert {g["name"]: g["plan_state"] for g in projection["games"]} == {"cart": "done", "pong": "pending"}
     shown = run_page({**api_answers, "/projection": [200, projection]}, "await release(); return $('projection').textContent;")
     assert "all goals in 1 min" not in shown and "all goals in0 min" in shown, shown
+    projection["fleet"]["hours_to_all_goals"] = 0.005  # under half a minute: its axis said 1 min too (review)
+    shown = run_page({**api_answers, "/projection": [200, projection]}, "await release(); return $('projection').textContent;")
+    assert "all goals in 1 min" not in shown and "all goals in0 min" in shown, shown
 
 
 def test_a_setting_the_running_worker_was_not_started_with_is_shown_as_pending(loop) -> None:  # noqa: F811
@@ -735,13 +738,17 @@ def test_a_setting_the_running_worker_was_not_started_with_is_shown_as_pending(l
     from tests.games.test_pending_settings import patch, running_cart
 
     client = running_cart(loop)
-    assert patch(client, {"target_episodes": 100})["pending"]
+    changes = {"target_episodes": 100, "algo": "ppo", "hyperparams": {"learning_rate": 1e-05}}
+    assert patch(client, changes)["pending"]
     answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
-    assert answers["/games"][1]["items"][0]["pending"] and answers["/games"][1]["items"][0]["state"] == "running"
+    pending = answers["/games"][1]["items"][0]["pending"]
+    assert pending and answers["/games"][1]["items"][0]["state"] == "running"
     row = run_page(answers, "await release(); return $('games-body').kids[0].textContent;")
     from fleetd.games.fields import PENDING_NOTE
 
-    assert f"{PENDING_NOTE}: target_episodes default → 100" in row, row  # the CLI's words
+    # The CLI's words to the letter (the page had its own: an arrow, `0.00001` for 1e-05).
+    assert f"{PENDING_NOTE}: target_episodes default -> 100" in row, row
+    assert all(change["text"] in row for change in pending) and "hyperparams.learning_rate default -> 1e-05" in row, row
 
 
 def test_an_expected_reboot_is_shown_beside_the_governor_as_fleetd_tier_shows_it(

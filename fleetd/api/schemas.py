@@ -251,6 +251,7 @@ class RunList(Out):
 
 
 class SettingChangeOut(Out):
+    text: str = Field(description="the change as the CLI says it: `hyperparams.learning_rate 0.00025 -> 1e-05`")
     field: str = Field(description="a game field, or `hyperparams.KEY`")
     old: Any = Field(description="null: not set (no goal, the default)")
     new: Any

@@ -514,8 +514,9 @@
 
   // Settings its live worker was not started with (GET /games `pending`), in fleetd/games/fields.py's words.
   const PENDING_NOTE = 'pending until its next start (--restart applies it now)';
+  // `text` is the CLI's own line (str(SettingChange)); a daemon older than it sends none.
   const settingValue = (v) => (v === null || v === undefined ? 'default' : typeof v === 'object' ? JSON.stringify(v) : String(v));
-  const settingChange = (c) => c.field + ' ' + settingValue(c.old) + ' → ' + settingValue(c.new);
+  const settingChange = (c) => c.text || c.field + ' ' + settingValue(c.old) + ' -> ' + settingValue(c.new);
 
   function renderGames(games, projectionByName) {
     $('games-host').hidden = !onCluster;
@@ -975,9 +976,10 @@
     const axis = svg('g', { class: 'axis' });
     axis.appendChild(svg('line', { x1: left, x2: W - right, y1: axisY + 2, y2: axisY + 2 }));
     axis.appendChild(svg('text', { x: left, y: axisY + 16, 'text-anchor': 'start' }, 'now'));
-    // The axis is at least a minute wide: goals already reached (0 h) are not said to be a minute away.
+    // The axis is at least a minute wide, its label the totals' own figure: goals reached, or under
+    // half a minute away, are not said to be a minute away.
     axis.appendChild(svg('text', { x: W - right, y: axisY + 16, 'text-anchor': 'end' },
-      (isNum(total) && total > 0 ? 'all goals in ' : '') + fmtHours(span)));
+      isNum(total) && total > 0 ? 'all goals in ' + fmtHours(total) : fmtHours(span)));
     chart.appendChild(axis);
     const more = planned.length > shown.length ? h('p', { class: 'muted small' }, 'and ' + fmtInt(planned.length - shown.length) + ' more games (fleetd plan lists all)') : null;
     return h('div', { id: 'plan-timeline' }, chart, more);

@@ -84,7 +84,7 @@ def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None, runs: Live
 
 
 def setting_changes_out(changes: list[SettingChange]) -> list[SettingChangeOut]:
-    return [SettingChangeOut(**change.as_dict()) for change in changes]
+    return [SettingChangeOut(text=str(change), **change.as_dict()) for change in changes]
 
 
 def health_fields(health: HealthRecord) -> dict[str, object]:
