@@ -136,7 +136,7 @@ def test_patch_names_the_games_algo_beside_hyperparameters(client: TestClient) -
     other = error_of(patch(client, {"algo": "dqn", "hyperparams": {"learning_starts": 10}}), 409)
     assert other["details"]["errors"][0]["field"] == "algo" and "cannot change 'ppo' to 'dqn'" in other["message"]
     assert patch(client, {"algo": "ppo", "priority": 2}).json()["changes"] == [
-        {"field": "priority", "old": 0, "new": 2, "takes_effect": "governor_step"}]  # algo is no setting: not a change
+        {"text": "priority 0 -> 2", "field": "priority", "old": 0, "new": 2, "takes_effect": "governor_step"}]  # algo is no setting: not a change
 
 
 def test_patch_of_another_env_says_why_as_apply_does(client: TestClient) -> None:
@@ -184,8 +184,10 @@ def test_apply_updates_what_differs_and_leaves_unnamed_games_alone(client: TestC
     response = put_spec(client, changed)
     assert actions(response) == {"cart": "update", "dqn": "update"}
     plan = {g["name"]: g["changes"] for g in response.json()["games"]}
-    assert plan["cart"] == [{"field": "hyperparams.n_epochs", "old": 4, "new": 8, "takes_effect": "next_start"}]
-    assert plan["dqn"] == [{"field": "desired", "old": "stopped", "new": "running", "takes_effect": "now"}]
+    assert plan["cart"] == [{"text": "hyperparams.n_epochs 4 -> 8", "field": "hyperparams.n_epochs", "old": 4, "new": 8,
+                             "takes_effect": "next_start"}]
+    assert plan["dqn"] == [{"text": "desired stopped -> running", "field": "desired", "old": "stopped", "new": "running",
+                            "takes_effect": "now"}]
     assert client.get("/api/v1/games/dqn").json()["desired"] == "running"
     assert client.get("/api/v1/games/other").status_code == 200
     assert "RestartGame" not in context.supervisor.commands  # no --restart: at the next start

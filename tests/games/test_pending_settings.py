@@ -58,7 +58,8 @@ def restarted(loop: Loop, pid: int) -> None:
     assert loop.state("cart") is State.STARTING
 
 
-TARGET = {"field": "target_episodes", "old": None, "new": 100, "takes_effect": "next_start"}
+TARGET = {"text": "target_episodes default -> 100", "field": "target_episodes", "old": None, "new": 100,
+          "takes_effect": "next_start"}
 
 
 def test_restart_after_a_plain_set_of_the_same_value_restarts_for_it(loop: Loop) -> None:
