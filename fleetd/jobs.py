@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.footprint import FootprintSource
 from fleetd.host.telemetry import Snapshot, TelemetrySampler, sample_rows
@@ -72,6 +73,9 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
 
 GPU_LOST_EVENT = "gpu_lost"
 GPU_BACK_EVENT = "gpu_back"
+# A GPU's loss alert waits for its event while the database is busy (locked), for at most this
+# many failed telemetry commits (10 s apart by default); then it goes without it.
+GPU_LOST_ALERT_TRIES = 3
 
 
 class GpuLossNotice:
@@ -94,6 +98,12 @@ class GpuLossNotice:
         # What the last observe() told, kept until its transaction is settled (settle()): the GPUs
         # then taken as told, and the alerts to send.
         self._pending: tuple[set[int], list[Alert]] | None = None
+        # In this process's memory only: the GPUs whose loss was logged, and those whose alert went
+        # without its event (a commit that failed otherwise than busy, or busy too often), each
+        # until it is read again; and each held alert's failed commits.
+        self._logged: set[int] = set()
+        self._alerted: set[int] = set()
+        self._tries: dict[int, int] = {}
 
     def observe(self, session: Session, snapshot: Snapshot, now: datetime) -> list[int]:
         """The GPUs newly lost in `snapshot`, each recorded in `session`; their alerts are sent and
@@ -107,6 +117,10 @@ class GpuLossNotice:
         # Forgotten only once read again: a GPU NVML says nothing of (NVML unavailable as a
         # restarted daemon starts, before any read) is not taken as back.
         back = sorted(told & set(others))
+        for index in others:
+            self._logged.discard(index)
+            self._alerted.discard(index)
+            self._tries.pop(index, None)
         alerts: list[Alert] = []
         for index in back:
             message = f"GPU {index} is read again (NVML answers for it: reset, or back on the bus)"
@@ -123,22 +137,47 @@ class GpuLossNotice:
                 action = ("no GPU answers: GPU telemetry is unavailable and the governor backs off; "
                           "a reboot (or a GPU reset) brings it back")
             details = {"gpu": index, "name": name, "gpus_read": others}
-            log.warning("%s: %s", message, action)
+            if index not in self._logged:  # once, not at every sample while its commit fails
+                log.warning("%s: %s", message, action)
+                self._logged.add(index)
             create_event(session, now, GPU_LOST_EVENT, f"{message}: {action}", severity="warning", boot_id=self._boot_id,
                          details=details)
-            alerts.append(Alert(GPU_LOST_EVENT, message, now, None, details, action, variant=str(index)))
+            if index not in self._alerted:
+                alerts.append(Alert(GPU_LOST_EVENT, message, now, None, details, action, variant=str(index)))
         self._pending = ((told - set(others)) | set(lost), alerts)
         return new
 
-    def settle(self, committed: bool) -> None:
+    def settle(self, committed: bool, busy: bool = False) -> None:
         """The last observe()'s transaction committed (its alerts sent, its GPUs taken as told) or
-        not (forgotten: the next sample tells them)."""
+        not: its GPUs are not taken as told (the next sample records their events). The database
+        `busy` (locked: it passes) holds their alerts for their events, up to
+        `GPU_LOST_ALERT_TRIES` failed commits; any other failure (the disk full, which can last
+        for hours) sends them now, without their events, and this process does not send them
+        again (a restart in the boot, not having read the events, may: a repeat beats none)."""
         pending, self._pending = self._pending, None
-        if pending is None or not committed:
+        if pending is None:
             return
-        self._lost, alerts = pending
-        if self._alerts is not None:
+        told, alerts = pending
+        if committed:
+            self._lost = told
+        else:
+            held = []
             for alert in alerts:
+                index = alert.details["gpu"]
+                self._tries[index] = self._tries.get(index, 0) + 1
+                if busy and self._tries[index] < GPU_LOST_ALERT_TRIES:
+                    held.append(alert)
+            alerts = [alert for alert in alerts if alert not in held]
+            for alert in alerts:
+                log.warning("GPU %s lost: alerted without its event (the telemetry commit failed %d time(s)%s); "
+                            "the event is recorded at the first commit that succeeds",
+                            alert.details["gpu"], self._tries[alert.details["gpu"]], ", the database busy" if busy else "")
+        for alert in alerts:
+            index = alert.details["gpu"]
+            self._tries.pop(index, None)
+            if not committed:
+                self._alerted.add(index)
+            if self._alerts is not None:
                 self._alerts.send(alert)
 
     def _told(self, session: Session) -> set[int]:
@@ -177,9 +216,9 @@ def telemetry_job(
                 save_footprint(session, record)
             if lost is not None:
                 lost.observe(session, snapshot, at)
-    except BaseException:
+    except BaseException as exc:
         if lost is not None:
-            lost.settle(False)
+            lost.settle(False, busy=isinstance(exc, FleetdError) and exc.code is ErrorCode.BUSY)
         raise
     if lost is not None:
         lost.settle(True)  # after the commit: an alert only for an event recorded

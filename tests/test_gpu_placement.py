@@ -4,6 +4,7 @@ see that GPU alone. A fake NVML of 4 GPUs behind the real NvmlReader and Telemet
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -22,7 +23,8 @@ from fleetd.daemon import Daemon
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
 from fleetd.host.telemetry import NvmlReader, TelemetrySampler
-from fleetd.jobs import GpuLossNotice, telemetry_job
+from fleetd.errors import ErrorCode, FleetdError
+from fleetd.jobs import GPU_LOST_ALERT_TRIES, GpuLossNotice, telemetry_job
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import State
 from fleetd.store import runs as run_store
@@ -301,33 +303,39 @@ def test_a_restarted_daemon_does_not_tell_again_a_gpu_lost_earlier_in_this_boot(
     assert lost_in_metrics(client) == [({"gpu": "2"}, 1.0)]
 
 
+def failing_commits(monkeypatch: pytest.MonkeyPatch, error: str) -> None:
+    """Every commit of the database fails with SQLite's `error` until monkeypatch undoes it."""
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm.session import SessionTransaction
+
+    commit = SessionTransaction.commit
+
+    def failing(self: SessionTransaction, *args: object, **kwargs: object) -> object:
+        if self._parent is not None:
+            return commit(self, *args, **kwargs)
+        raise OperationalError("COMMIT", {}, Exception(error))
+
+    monkeypatch.setattr(SessionTransaction, "commit", failing)
+
+
 def test_a_gpu_lost_whose_event_was_not_committed_is_told_at_the_next_sample_once(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """GPU 2 falls off the bus; the telemetry job's commit fails (disk full): no event, and no
-    alert either; the next sample tells it, once, its event and its alert together, and a restart
-    reads it back. Before, the alert went out inside the transaction and the GPU was taken as
-    told: the event never came, and each restart in the boot told it again."""
-    from sqlalchemy.exc import OperationalError
-    from sqlalchemy.orm.session import SessionTransaction
-
+    """GPU 2 falls off the bus; the telemetry job's commit fails (the database locked): no
+    event, and no alert either; the next sample tells it, once, its event and its alert
+    together, and a restart reads it back. Before, the alert went out inside the transaction and
+    the GPU was taken as told: the event never came, and each restart in the boot told it again."""
     begun = record_daemon_start(db, host.current_boot(), clock.now())
     sampler, alerts = sampled(clock), FakeAlerts()
     notice = GpuLossNotice(alerts, begun.boot.id)
     telemetry_job(db, sampler, dict, None, notice)
     four_gpus.lost.add(2)
-    commit = SessionTransaction.commit
-
-    def disk_full(self: SessionTransaction, *args: object, **kwargs: object) -> object:
-        if self._parent is not None:
-            return commit(self, *args, **kwargs)
-        raise OperationalError("COMMIT", {}, Exception("database or disk is full"))
-
-    monkeypatch.setattr(SessionTransaction, "commit", disk_full)
-    with pytest.raises(OperationalError):
-        telemetry_job(db, sampler, dict, None, notice)
-    monkeypatch.setattr(SessionTransaction, "commit", commit)
+    with monkeypatch.context() as patch:
+        failing_commits(patch, "database is locked")
+        with pytest.raises(FleetdError) as busy:
+            telemetry_job(db, sampler, dict, None, notice)
+        assert busy.value.code is ErrorCode.BUSY
 
     def lost_events() -> list[EventRecord]:
         with db.transaction() as session:
@@ -341,6 +349,67 @@ def test_a_gpu_lost_whose_event_was_not_committed_is_told_at_the_next_sample_onc
     sampler, alerts = sampled(clock), FakeAlerts()
     telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
     assert len(lost_events()) == 1 and alerts.sent == []
+
+
+def test_a_gpu_lost_while_the_disk_stays_full_is_alerted_once_and_logged_once(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """GPU 2 falls off the bus while the disk is full: every telemetry commit fails for an hour.
+    Its alert goes at once (a failure other than a busy database does not pass by itself), once,
+    and the loss is logged once, not at every sample; once the disk has room, the event is
+    written and no second alert goes. Before, the alert waited for a commit that never came (360
+    samples an hour, no alert) and the warning repeated at every sample."""
+    from sqlalchemy.exc import OperationalError
+
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    notice = GpuLossNotice(alerts, begun.boot.id)
+    telemetry_job(db, sampler, dict, None, notice)
+    four_gpus.lost.add(2)
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="fleetd.jobs"):
+        failing_commits(patch, "database or disk is full")
+        for _ in range(360):  # an hour of 10-s samples
+            with pytest.raises(OperationalError):
+                telemetry_job(db, sampler, dict, None, notice)
+            clock.advance(10)
+    assert [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+    assert len([record for record in caplog.records if "GPU 2 (" in record.getMessage()]) == 1
+
+    def lost_events() -> list[EventRecord]:
+        with db.transaction() as session:
+            return read_events(session, EventFilter(kind="gpu_lost"))
+
+    assert lost_events() == []
+    for _ in range(3):
+        telemetry_job(db, sampler, dict, None, notice)
+    assert len(lost_events()) == 1 and len(alerts.sent) == 1
+    four_gpus.lost.clear()  # read again, then lost again: news again
+    telemetry_job(db, sampler, dict, None, notice)
+    four_gpus.lost.add(2)
+    telemetry_job(db, sampler, dict, None, notice)
+    assert len(lost_events()) == 2 and len(alerts.sent) == 2
+
+
+def test_a_gpu_lost_while_the_database_stays_locked_is_alerted_after_a_few_tries(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy database holds the alert for its event, but not for good: after
+    `GPU_LOST_ALERT_TRIES` failed commits it goes without it, once."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    sampler, alerts = sampled(clock), FakeAlerts()
+    notice = GpuLossNotice(alerts, begun.boot.id)
+    telemetry_job(db, sampler, dict, None, notice)
+    four_gpus.lost.add(2)
+    with monkeypatch.context() as patch:
+        failing_commits(patch, "database is locked")
+        for tries in range(1, 30):
+            with pytest.raises(FleetdError):
+                telemetry_job(db, sampler, dict, None, notice)
+            assert len(alerts.sent) == (0 if tries < GPU_LOST_ALERT_TRIES else 1), tries
+    telemetry_job(db, sampler, dict, None, notice)
+    assert len(alerts.sent) == 1
 
 
 def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pynvml
 import pytest
@@ -653,3 +654,78 @@ def test_a_stall_after_one_whose_end_the_busy_database_kept_unwritten_is_told(
     assert resumed["stale_s"] == 10.0 and resumed["fresh_s"] == 60.0
     assert [alert.kind for alert in alerts.sent] == ["telemetry_stale"] * 2
     quick.close()
+
+
+def test_a_stall_open_across_a_daemon_restart_is_ended_by_the_new_process(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """A stall told (event and alert); the daemon restarts (an upgrade, `systemctl restart` for a
+    hung driver) while the sample is still stale: the new process reads the boot's stall back,
+    does not alert it again, and once the sample has stayed fresh 6 intervals writes its
+    `telemetry_resumed` event, its length counted from the stall's start. A restart within the
+    fresh window, or while the end waits on a busy database, ends it too. After a reboot, the old
+    boot's open stall is not read back. Before, the stall was in memory only: never resumed."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    interval = settings.fleet.telemetry_interval_s
+    telemetry = Telemetry(replace(gpu_host(IDLE), monotonic=clock.monotonic()))
+
+    def start(database: Database = db) -> tuple[FleetController, FakeAlerts]:
+        alerts = FakeAlerts()
+        return FleetController(settings.fleet, database, clock, telemetry, alerts, boot_id=begun.boot.id), alerts
+
+    def events() -> list[tuple[str, dict[str, Any]]]:
+        with db.transaction() as session:
+            return [(e.kind, e.details) for e in reversed(read_events(session, EventFilter()))
+                    if e.kind.startswith("telemetry_")]
+
+    def fresh(seconds: float, fleet: FleetController) -> None:
+        for _ in range(int(seconds // interval)):
+            telemetry.latest = replace(gpu_host(IDLE), monotonic=clock.monotonic())
+            assert fleet.pressure().stale is None
+            clock.advance(interval)
+
+    fleet, alerts = start()
+    fleet.pressure()
+    clock.advance(4 * interval)  # stale since 3 intervals
+    assert fleet.pressure().stale is not None and len(alerts.sent) == 1
+    clock.advance(20)
+    fleet, alerts = start()  # restarted, the job still hung: its first look gives the sample 3 intervals
+    assert fleet.pressure().stale is None
+    clock.advance(4 * interval)
+    assert fleet.pressure().stale is not None
+    assert alerts.sent == [] and [k for k, _ in events()] == ["telemetry_stale"]  # the same stall
+    fresh(7 * interval, fleet)
+    assert [k for k, _ in events()] == ["telemetry_stale", "telemetry_resumed"] and alerts.sent == []
+    assert events()[-1][1]["stale_s"] == 7 * interval  # from 3 intervals after the sample to the fresh one
+
+    clock.advance(4 * interval)  # a second stall
+    assert fleet.pressure().stale is not None and len(alerts.sent) == 1
+    fresh(3 * interval, fleet)
+    fleet, alerts = start()  # restarted within the fresh window
+    fresh(7 * interval, fleet)
+    assert [k for k, _ in events()][2:] == ["telemetry_stale", "telemetry_resumed"] and alerts.sent == []
+
+    quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
+    fleet, alerts = start(quick)
+    fleet.pressure()
+    clock.advance(4 * interval)  # a third stall, whose end waits on a busy database
+    assert fleet.pressure().stale is not None
+    holder = sqlite3.connect(settings.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        fresh(7 * interval, fleet)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    quick.close()
+    fleet, alerts = start()  # restarted before the end was written
+    fresh(7 * interval, fleet)
+    assert [k for k, _ in events()][4:] == ["telemetry_stale", "telemetry_resumed"] and alerts.sent == []
+
+    clock.advance(4 * interval)  # a fourth stall, open as the host reboots
+    assert fleet.pressure().stale is not None and len(alerts.sent) == 1
+    host.reboot(120)
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    fleet, alerts = start()
+    fresh(7 * interval, fleet)
+    assert [k for k, _ in events()][6:] == ["telemetry_stale"]  # that boot's stall: not this one's

@@ -42,7 +42,7 @@ from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.states import LIVE, Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
-from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.store.events import EventFilter, create_event, read_events, read_latest_of_boot
 from fleetd.store.hosts import read_host_lives
 from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Placement
 
@@ -114,8 +114,12 @@ class FleetController:
         alerts: AlertSender | None = None,
         cluster: bool = False,
         footprints: FootprintBook | None = None,
+        boot_id: int | None = None,
     ) -> None:
         self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
+        # The boots row of the host's boot (a daemon restart keeps it): the telemetry stall events
+        # are this boot's, and a restarted daemon reads an open stall back (`_read_back_stall`).
+        self.boot_id = boot_id
         self.cluster = cluster
         self.footprints = footprints or FootprintBook()
         self.governor = self._load()  # the local host's; on a cluster, the request's keeper only
@@ -135,6 +139,7 @@ class FleetController:
         self._stalled_at: float | None = None  # monotonic time the sample went stale (its age past the limit)
         self._fresh_since: float | None = None  # in a stall told: monotonic time of the fresh sample it may end on
         self._resumed_event: tuple[datetime, str, dict[str, Any]] | None = None  # a stall's end, its event not yet written
+        self._stall_read = boot_id is None  # the boot's open stall read back (nothing to read without a boot)
         self._first_look: float | None = None  # monotonic time the governor first judged a sample
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -706,7 +711,9 @@ class FleetController:
         it sees. Told once a stall: a log line, a `telemetry_stale` warning event and alert as it
         goes stale (`_stalled`); a `telemetry_resumed` event once the sample has stayed fresh
         `TELEMETRY_RESUMED_INTERVALS` intervals (`_resumed`): a sample stale again before then
-        continues the stall, told no more."""
+        continues the stall, told no more. A stall told by an earlier process of this boot and not
+        ended is read back at the first look (`_read_back_stall`)."""
+        self._read_back_stall()
         self._write_resumed()
         now = self.clock.monotonic()
         if age <= limit:
@@ -722,6 +729,31 @@ class FleetController:
         if not self._stale_logged:
             self._stalled(age, limit, why)
         return why
+
+    def _read_back_stall(self) -> None:
+        """At the first look: a stall this boot's last `telemetry_stale` event told, with no
+        `telemetry_resumed` event after it, is still open (told by a daemon since restarted, within
+        its fresh window, or whose end waited on a busy database): this process goes on with it,
+        from its start, so it ends it (its `telemetry_resumed` event) and does not tell it again
+        while the sample stays stale. Before, the stall was in memory only, and never ended."""
+        if self._stall_read:
+            return
+        try:
+            with self.db.transaction() as session:
+                last = read_latest_of_boot(session, self.boot_id, (TELEMETRY_STALE_EVENT, TELEMETRY_RESUMED_EVENT))
+        except FleetdError as exc:
+            if exc.code is not ErrorCode.BUSY:
+                raise
+            return  # read at the next look
+        self._stall_read = True
+        if last is None or last.kind != TELEMETRY_STALE_EVENT:
+            return
+        age, limit = last.details.get("age_s"), last.details.get("limit_s")
+        over = float(age) - float(limit) if isinstance(age, int | float) and isinstance(limit, int | float) else 0.0
+        since = (self.clock.now() - last.at).total_seconds() + max(0.0, over)  # wall seconds since it went stale
+        self._stale_logged, self._stalled_at = True, self.clock.monotonic() - max(0.0, since)
+        log.info("GPU telemetry stall told at %s by an earlier daemon of this boot is not over yet: "
+                 "its telemetry_resumed event comes once the sample has stayed fresh", last.at.isoformat())
 
     def _stalled(self, age: float, limit: float, why: str) -> None:
         """The sample went stale: the telemetry job stalled (a hung NVML call). Told once a stall,
@@ -770,7 +802,8 @@ class FleetController:
         at the telemetry must not end the supervision loop)."""
         try:
             with self.db.transaction() as session:
-                create_event(session, self.clock.now() if at is None else at, kind, message, severity=severity, details=details)
+                create_event(session, self.clock.now() if at is None else at, kind, message, severity=severity,
+                             boot_id=self.boot_id, details=details)
         except FleetdError as exc:
             if exc.code is not ErrorCode.BUSY:
                 raise
