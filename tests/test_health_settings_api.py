@@ -37,8 +37,8 @@ def test_health_settings_are_added_changed_and_refused_by_field(client: TestClie
                             params={"restart": "true"})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["changes"] == [{"field": "health_settings.on_plateau", "old": None, "new": "yield",
-                                "takes_effect": "next_evaluation"}]
+    assert body["changes"] == [{"text": "health_settings.on_plateau default -> yield", "field": "health_settings.on_plateau",
+                                "old": None, "new": "yield", "takes_effect": "next_evaluation"}]
     assert body["restarting"] is False  # the supervisor reads them at the next evaluation
     bad = client.patch("/api/v1/games/cart", json={"health_settings": {"on_plateau": "nap"}})
     assert bad.status_code == 422
