@@ -303,6 +303,21 @@ def test_a_restarted_daemon_does_not_tell_again_a_gpu_lost_earlier_in_this_boot(
     assert lost_in_metrics(client) == [({"gpu": "2"}, 1.0)]
 
 
+def daemon_sampling(db: Database, host: FakeHost, clock: FakeClock) -> SimpleNamespace:
+    """A daemon started in the host's current boot (a restart, where one ran in it before): its
+    boot row, telemetry sampler, alerts and GPU-loss notice."""
+    begun = record_daemon_start(db, host.current_boot(), clock.now())
+    alerts = FakeAlerts()
+    return SimpleNamespace(begun=begun, sampler=sampled(clock), alerts=alerts, notice=GpuLossNotice(alerts, begun.boot.id))
+
+
+def gpu_events(db: Database, kind: str | None = None) -> list[EventRecord]:
+    """The `gpu_lost` and `gpu_back` events (or those of `kind`), oldest first."""
+    with db.transaction() as session:
+        events = read_events(session, EventFilter(kind=kind))
+    return sorted((event for event in events if event.kind.startswith("gpu_")), key=lambda event: event.id)
+
+
 def failing_commits(monkeypatch: pytest.MonkeyPatch, error: str) -> None:
     """Every commit of the database fails with SQLite's `error` until monkeypatch undoes it."""
     from sqlalchemy.exc import OperationalError
@@ -326,29 +341,21 @@ def test_a_gpu_lost_whose_event_was_not_committed_is_told_at_the_next_sample_onc
     event, and no alert either; the next sample tells it, once, its event and its alert
     together, and a restart reads it back. Before, the alert went out inside the transaction and
     the GPU was taken as told: the event never came, and each restart in the boot told it again."""
-    begun = record_daemon_start(db, host.current_boot(), clock.now())
-    sampler, alerts = sampled(clock), FakeAlerts()
-    notice = GpuLossNotice(alerts, begun.boot.id)
-    telemetry_job(db, sampler, dict, None, notice)
+    daemon = daemon_sampling(db, host, clock)
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
     four_gpus.lost.add(2)
     with monkeypatch.context() as patch:
         failing_commits(patch, "database is locked")
         with pytest.raises(FleetdError) as busy:
-            telemetry_job(db, sampler, dict, None, notice)
+            telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
         assert busy.value.code is ErrorCode.BUSY
-
-    def lost_events() -> list[EventRecord]:
-        with db.transaction() as session:
-            return read_events(session, EventFilter(kind="gpu_lost"))
-
-    assert lost_events() == [] and alerts.sent == []
+    assert gpu_events(db) == [] and daemon.alerts.sent == []
     for _ in range(3):
-        telemetry_job(db, sampler, dict, None, notice)
-    assert len(lost_events()) == 1 and [alert.kind for alert in alerts.sent] == ["gpu_lost"]
-    begun = record_daemon_start(db, host.current_boot(), clock.now())  # restarted in the same boot
-    sampler, alerts = sampled(clock), FakeAlerts()
-    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
-    assert len(lost_events()) == 1 and alerts.sent == []
+        telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(gpu_events(db, "gpu_lost")) == 1 and [alert.kind for alert in daemon.alerts.sent] == ["gpu_lost"]
+    daemon = daemon_sampling(db, host, clock)  # restarted in the same boot
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(gpu_events(db, "gpu_lost")) == 1 and daemon.alerts.sent == []
 
 
 def test_a_gpu_lost_while_the_disk_stays_full_is_alerted_once_and_logged_once(
@@ -362,33 +369,26 @@ def test_a_gpu_lost_while_the_disk_stays_full_is_alerted_once_and_logged_once(
     samples an hour, no alert) and the warning repeated at every sample."""
     from sqlalchemy.exc import OperationalError
 
-    begun = record_daemon_start(db, host.current_boot(), clock.now())
-    sampler, alerts = sampled(clock), FakeAlerts()
-    notice = GpuLossNotice(alerts, begun.boot.id)
-    telemetry_job(db, sampler, dict, None, notice)
+    daemon = daemon_sampling(db, host, clock)
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
     four_gpus.lost.add(2)
     with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="fleetd.jobs"):
         failing_commits(patch, "database or disk is full")
         for _ in range(360):  # an hour of 10-s samples
             with pytest.raises(OperationalError):
-                telemetry_job(db, sampler, dict, None, notice)
+                telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
             clock.advance(10)
-    assert [alert.kind for alert in alerts.sent] == ["gpu_lost"]
+    assert [alert.kind for alert in daemon.alerts.sent] == ["gpu_lost"]
     assert len([record for record in caplog.records if "GPU 2 (" in record.getMessage()]) == 1
-
-    def lost_events() -> list[EventRecord]:
-        with db.transaction() as session:
-            return read_events(session, EventFilter(kind="gpu_lost"))
-
-    assert lost_events() == []
+    assert gpu_events(db) == []
     for _ in range(3):
-        telemetry_job(db, sampler, dict, None, notice)
-    assert len(lost_events()) == 1 and len(alerts.sent) == 1
+        telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(gpu_events(db, "gpu_lost")) == 1 and len(daemon.alerts.sent) == 1
     four_gpus.lost.clear()  # read again, then lost again: news again
-    telemetry_job(db, sampler, dict, None, notice)
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
     four_gpus.lost.add(2)
-    telemetry_job(db, sampler, dict, None, notice)
-    assert len(lost_events()) == 2 and len(alerts.sent) == 2
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(gpu_events(db, "gpu_lost")) == 2 and len(daemon.alerts.sent) == 2
 
 
 def test_a_gpu_lost_while_the_database_stays_locked_is_alerted_after_a_few_tries(
@@ -397,19 +397,17 @@ def test_a_gpu_lost_while_the_database_stays_locked_is_alerted_after_a_few_tries
 ) -> None:
     """A busy database holds the alert for its event, but not for good: after
     `GPU_LOST_ALERT_TRIES` failed commits it goes without it, once."""
-    begun = record_daemon_start(db, host.current_boot(), clock.now())
-    sampler, alerts = sampled(clock), FakeAlerts()
-    notice = GpuLossNotice(alerts, begun.boot.id)
-    telemetry_job(db, sampler, dict, None, notice)
+    daemon = daemon_sampling(db, host, clock)
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
     four_gpus.lost.add(2)
     with monkeypatch.context() as patch:
         failing_commits(patch, "database is locked")
         for tries in range(1, 30):
             with pytest.raises(FleetdError):
-                telemetry_job(db, sampler, dict, None, notice)
-            assert len(alerts.sent) == (0 if tries < GPU_LOST_ALERT_TRIES else 1), tries
-    telemetry_job(db, sampler, dict, None, notice)
-    assert len(alerts.sent) == 1
+                telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+            assert len(daemon.alerts.sent) == (0 if tries < GPU_LOST_ALERT_TRIES else 1), tries
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(daemon.alerts.sent) == 1
 
 
 def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
@@ -419,15 +417,13 @@ def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
     retention runs; then the daemon restarts (an upgrade) with GPU 2 still lost: it does not
     tell it again. After a reboot, the old boot's events are deleted as any. Before, retention
     deleted the `gpu_lost` event and the restart told it again."""
-    begun = record_daemon_start(db, host.current_boot(), clock.now())
-    sampler, alerts = sampled(clock), FakeAlerts()
+    daemon = daemon_sampling(db, host, clock)
     four_gpus.lost.add(2)
-    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
-    assert len(alerts.sent) == 1
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(daemon.alerts.sent) == 1
 
     def kinds() -> list[str]:
-        with db.transaction() as session:
-            return [event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_")]
+        return [event.kind for event in gpu_events(db)]
 
     def daemons_retention(boot_id: int) -> None:
         """The daemon's own hourly retention job, as its scheduler runs it."""
@@ -436,12 +432,11 @@ def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
         job.run()
 
     clock.advance(settings.retention.events_days * 86400 + 3600)
-    daemons_retention(begun.boot.id)
+    daemons_retention(daemon.begun.boot.id)
     assert kinds() == ["gpu_lost"]
-    begun = record_daemon_start(db, host.current_boot(), clock.now())  # the same boot: a daemon restart
-    sampler, alerts = sampled(clock), FakeAlerts()
-    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
-    assert alerts.sent == [] and kinds() == ["gpu_lost"]
+    daemon = daemon_sampling(db, host, clock)  # the same boot: a daemon restart
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert daemon.alerts.sent == [] and kinds() == ["gpu_lost"]
 
     host.reboot(120)
     begun = record_daemon_start(db, host.current_boot(), clock.now())
@@ -457,15 +452,13 @@ def test_a_gpu_nvml_says_nothing_of_is_not_taken_as_back(
     """GPU 2 lost and told; the daemon restarts and NVML does not answer at first (no GPU read,
     none named lost): that is no `gpu_back`, and once NVML answers with GPU 2 still lost, it is
     not news, nor after a further restart. Only a read of it is a `gpu_back`."""
-    begun = record_daemon_start(db, host.current_boot(), clock.now())
-    sampler, alerts = sampled(clock), FakeAlerts()
+    daemon = daemon_sampling(db, host, clock)
     four_gpus.lost.add(2)
-    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
-    assert len(alerts.sent) == 1
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert len(daemon.alerts.sent) == 1
 
     def kinds() -> list[str]:
-        with db.transaction() as session:
-            return sorted(event.kind for event in read_events(session, EventFilter()) if event.kind.startswith("gpu_"))
+        return sorted(event.kind for event in gpu_events(db))
 
     def no_driver() -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
@@ -482,12 +475,11 @@ def test_a_gpu_nvml_says_nothing_of_is_not_taken_as_back(
     monkeypatch.setattr(pynvml, "nvmlInit", init)
     telemetry_job(db, sampled(clock), dict, None, notice)  # NVML answers: GPU 2 still lost
     assert kinds() == ["gpu_lost"] and alerts.sent == []
-    begun = record_daemon_start(db, host.current_boot(), clock.now())
-    sampler, alerts = sampled(clock), FakeAlerts()
-    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
-    assert kinds() == ["gpu_lost"] and alerts.sent == []
+    daemon = daemon_sampling(db, host, clock)
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert kinds() == ["gpu_lost"] and daemon.alerts.sent == []
     four_gpus.lost.clear()
-    telemetry_job(db, sampler, dict, None, GpuLossNotice(alerts, begun.boot.id))
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
     assert kinds() == ["gpu_back", "gpu_lost"]
 
 
