@@ -99,11 +99,12 @@ def test_the_fleet_record_and_fleetd_tier_show_the_figures_used(settings: Settin
 
 
 def _record(settings: Settings, db: Database, clock: FakeClock, fleet: FleetController) -> dict:
+    from fleetd.api.metrics import TelemetryAge
     from fleetd.governor.snapshot import FleetSnapshot
 
     context = AppContext(settings, db, clock, "t", DaemonInfo(1, clock.now()), None, None)
     snapshot = FleetSnapshot(clock.now(), fleet.governor_view([]))
-    return fleet_out(context, snapshot).model_dump(mode="json")["settings"]
+    return fleet_out(context, snapshot, TelemetryAge(context)).model_dump(mode="json")["settings"]
 
 
 def test_a_config_that_still_sets_the_reference_gib_is_refused_saying_what_replaced_it(tmp_path: Path) -> None:

@@ -104,9 +104,9 @@ class Exposition:
     190,000 samples, which prometheus_client's generic writer takes seconds over (issue #13
     item 6); game names are slugs, so their label values need no escaping."""
 
-    def __init__(self, context: AppContext, telemetry_age: TelemetryAge | None = None) -> None:
+    def __init__(self, context: AppContext) -> None:
         self.context = context
-        self.telemetry_age = telemetry_age or TelemetryAge(context)
+        self.telemetry_age = TelemetryAge(context)
         # A read-only app (no supervisor) still exports counters: from the store's figures.
         self.counters = context.counters if context.counters is not None else ProgressCounters()
         self.registry = CollectorRegistry(auto_describe=False)

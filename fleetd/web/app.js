@@ -514,9 +514,7 @@
 
   // Settings its live worker was not started with (GET /games `pending`), in fleetd/games/fields.py's words.
   const PENDING_NOTE = 'pending until its next start (--restart applies it now)';
-  // `text` is the CLI's own line (str(SettingChange)); a daemon older than it sends none.
-  const settingValue = (v) => (v === null || v === undefined ? 'default' : typeof v === 'object' ? JSON.stringify(v) : String(v));
-  const settingChange = (c) => c.text || c.field + ' ' + settingValue(c.old) + ' -> ' + settingValue(c.new);
+  const settingChange = (c) => c.text; // the CLI's own line (str(SettingChange)), from the daemon that serves the page
 
   function renderGames(games, projectionByName) {
     $('games-host').hidden = !onCluster;

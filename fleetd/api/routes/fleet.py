@@ -36,13 +36,12 @@ def holding_words(context: AppContext) -> list[ExpectedRebootOut]:
     return [expected_out(word, now) for word in words if word.holds(now)]
 
 
-def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | None = None,
-              telemetry_age: TelemetryAge | None = None) -> FleetOut:
+def fleet_out(context: AppContext, snapshot: FleetSnapshot, telemetry_age: TelemetryAge,
+              requested: str | None = None) -> FleetOut:
     """The published snapshot; `requested` is the operator's newer choice, not yet taken up.
     `telemetry_age`: the app's judge of the sample's age, which /metrics shares (a stale sample
     is no reading: `available` false, its age said)."""
     latest = context.telemetry.latest if context.telemetry else None
-    telemetry_age = telemetry_age or TelemetryAge(context)
     age_s, stale = telemetry_age.judge(latest)
     governor = snapshot.governor
     requested = requested or governor.requested
@@ -79,7 +78,7 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, requested: str | Non
 @router.get("/fleet", response_model=FleetOut)
 def read_fleet(request: Request, context: AppContext = Depends(get_context)) -> FleetOut:
     """Tier, mode, admitted and pending games, the next scale-up and why it waits, telemetry."""
-    return fleet_out(context, _snapshot(context), telemetry_age=request.app.state.metrics.telemetry_age)
+    return fleet_out(context, _snapshot(context), request.app.state.metrics.telemetry_age)
 
 
 @router.put("/fleet", response_model=FleetOut, status_code=202, responses=BAD_BODY)
@@ -88,7 +87,7 @@ def update_fleet(body: FleetUpdate, request: Request, context: AppContext = Depe
     snapshot = _snapshot(context)
     if body.tier is None and body.mode is None:
         # `{}`: nothing to change, the fleet as it is
-        return fleet_out(context, snapshot, telemetry_age=request.app.state.metrics.telemetry_age)
+        return fleet_out(context, snapshot, request.app.state.metrics.telemetry_age)
     now = context.clock.now()
     ladder = build_ladder(context.settings.fleet.tiers)
     with context.db.transaction() as session:
@@ -98,7 +97,7 @@ def update_fleet(body: FleetUpdate, request: Request, context: AppContext = Depe
         create_event(session, now, "fleet_request", f"tier {requested} requested")
     if context.supervisor is not None:
         context.supervisor.submit(Reconcile())
-    return fleet_out(context, snapshot, requested, request.app.state.metrics.telemetry_age)
+    return fleet_out(context, snapshot, request.app.state.metrics.telemetry_age, requested)
 
 
 def requested_of(body: FleetUpdate, requested: str, index: int, ladder: tuple[Rung, ...]) -> str:
