@@ -97,7 +97,7 @@ def check_steps_back(steps: dict[str, Series], faults: list[Fault], interval_ste
                            f"more than {allowed:.0f}")
     return Check("nothing lost: steps back at most the checkpoint interval per fault", not bad,
                  "; ".join(bad) or f"{seen} rewinds, each within its fault's allowance "
-                 f"({', '.join(f'{g} {v:.0f}' for g, v in interval_steps.items())} steps per interval)")
+                 f"({', '.join(f'{g} {v:.0f}' for g, v in interval_steps.items())} steps per interval and a rollout)")
 
 
 def check_checkpoints(unverified: dict[str, list[str]], corrupted: dict[str, list[str]], total: int) -> Check:

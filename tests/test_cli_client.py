@@ -304,8 +304,8 @@ def slow_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
     removing = games_routes.remove_game
 
     def slowly(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        time.sleep(0.8)  # first: the files are gone only at the end, as after a slow delete
         removing(*args, **kwargs)
-        time.sleep(0.8)
 
     with shared_context(tmp_path, "c" * 32) as context, serving(context) as url:
         with context.db.transaction() as session:

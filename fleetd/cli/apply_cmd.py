@@ -12,7 +12,8 @@ import typer
 
 from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
-from fleetd.games.fields import AT_START, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, overrides_tag, when_taken
+from fleetd.games.fields import (AT_START, EXPECT_FIELD, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, overrides_tag,
+                                 when_taken)
 from fleetd.tomlfile import read_toml
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
 DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
-EXPECT = "expect_overrides"  # PATCH's query parameter (fleetd/games/settings.py EXPECT_FIELD)
 MERGE_TRIES = 5  # reads and writes of a set whose game's overrides another client changed meanwhile
 LISTED = 10  # games named in the apply's "left alone" line; the JSON answer has them all
 IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
@@ -186,7 +186,7 @@ def set_settings(
             sent, params = dict(body), {"restart": str(restart).lower()}
             if hyperparams or health:
                 current = client.get(game_path(name))
-                params[EXPECT] = overrides_tag(current["hyperparams"], current["health_settings"])
+                params[EXPECT_FIELD] = overrides_tag(current["hyperparams"], current["health_settings"])
                 if hyperparams:
                     sent.setdefault("algo", current["algo"])
                     sent["hyperparams"] = _merged(current["hyperparams"], hyperparams)
@@ -195,8 +195,11 @@ def set_settings(
             try:
                 return client.request("PATCH", game_path(name), json=sent, params=params)
             except ClientError as exc:
-                if exc.details.get("field") == EXPECT and attempt + 1 < MERGE_TRIES:
-                    continue
+                if exc.details.get("field") == EXPECT_FIELD:
+                    if attempt + 1 < MERGE_TRIES:
+                        continue
+                    raise ClientError(f"{name}: its settings changed under each of {MERGE_TRIES} tries (another client "
+                                      "applying or setting them): nothing was set; run it again", exc.code) from None
                 hint = _meant(exc.details, bare)
                 if hint is None:
                     raise

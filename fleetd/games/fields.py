@@ -24,6 +24,9 @@ PENDING_NOTE = "pending until its next start (--restart applies it now)"
 AT_START, AT_GOVERNOR_STEP, AT_EVALUATION, AT_ONCE = "next_start", "governor_step", "next_evaluation", "now"
 
 
+EXPECT_FIELD = "expect_overrides"  # PATCH's query parameter: the overrides_tag of what the client read
+
+
 def overrides_tag(hyperparams: Mapping[str, Any], health_settings: Mapping[str, Any]) -> str:
     """A game's hyperparameters and health settings as one short tag: `fleetd games set` merges its
     keys into them as it read them and sends it (`PATCH ?expect_overrides=`), so that a change

@@ -132,17 +132,16 @@ def _check_resumable(files: KeptFiles, steps: int, wanted: dict[str, str], hyper
     for key in fixed_by_checkpoints(wanted["algo"]):
         old, new = ran_with.get(key), hyperparams.get(key)
         if old != new:
-            _refuse_resume(files, steps, f"hyperparams.{key}", "the default" if old is None else old,
-                           "the default" if new is None else new, path)
+            _refuse_resume(files, steps, f"hyperparams.{key}", old, new, path)
 
 
 def _refuse_resume(files: KeptFiles, steps: int, field: str, old: Any, new: Any, spec: Path) -> NoReturn:
-    said = (lambda value: value if value == "the default" else repr(value))
+    """409 naming `field`; None (a hyperparameter not set) is said as the default."""
+    said = (lambda value: "the default" if value is None else repr(value))
     raise FleetdError(ErrorCode.CONFLICT, f"{field}: {describe(files, steps)}, whose runs were of {field} "
                       f"{said(old)} ({spec.name}), not {said(new)}: resume only with {said(old)}, or add it with "
                       "kept=set_aside (`--kept set-aside`) to start afresh",
-                      {"field": field, "name": files.name, "newest_steps": steps,
-                       "kept_value": None if old == "the default" else old})
+                      {"field": field, "name": files.name, "newest_steps": steps, "kept_value": old})
 
 
 def last_run_spec(game_dir: Path) -> tuple[Path, dict[str, object]] | None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import CheckedOnce, EnvCheck
-from fleetd.games.fields import SettingChange, key_changes, overrides_tag, when_taken
+from fleetd.games.fields import EXPECT_FIELD, SettingChange, key_changes, overrides_tag, when_taken
 from fleetd.games.lifecycle import check_draft, refuse_field
 from fleetd.games.spec import SETTABLE, GameSpec
 from fleetd.store import games as game_store
@@ -173,8 +173,6 @@ def record_changes(session: Session, clock: Clock, game: GameRecord, wanted: Map
     create_event(session, now, "settings_changed", message, game=game.name, details=details)
     return updated
 
-
-EXPECT_FIELD = "expect_overrides"
 
 
 def update_settings(db: Database, clock: Clock, name: str, values: Mapping[str, Any], catalog: EnvCheck,

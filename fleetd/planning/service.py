@@ -132,7 +132,8 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
     here = option(governor, governor.index(), wanting)
     min_run_h = settings.fleet.preempt_min_run_s / 3600 if settings.fleet.preempt else None
-    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games, min_run_h)
+    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games,
+                         preempt_min_run_h=min_run_h)
     base = plan(snapshot)
     chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung, wanting)])[0]
     others = what_if(snapshot, what_if_rungs(governor, wanting))

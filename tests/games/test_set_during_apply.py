@@ -23,7 +23,8 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.fields import overrides_tag
 from fleetd.games.fleet_spec import FleetGame, apply_fleet
 from fleetd.games.kept import kept_files
-from fleetd.games.settings import EXPECT_FIELD, update_settings
+from fleetd.games.fields import EXPECT_FIELD
+from fleetd.games.settings import update_settings
 from fleetd.store.engine import Database
 from fleetd.store.games import read_game
 from tests.daemon_harness import free_port
@@ -32,27 +33,26 @@ from tests.games.test_fleet_spec import TOKEN, context  # noqa: F401 - the app's
 CART = {"name": "cart", "env_id": "CartPole-v1", "algo": "ppo", "desired": "stopped"}
 
 
-def apply_once_after_the_first_read(context: AppContext, entry: dict):  # type: ignore[no-untyped-def]
-    """Middleware: the first GET of the game is answered, then another client's apply lands."""
-    done = []
+def apply_after_reads(context: AppContext, rates: list[float]):  # type: ignore[no-untyped-def]
+    """Middleware: each GET of the game is answered, then another client's apply lands (its
+    learning_rate the next of `rates`), as long as `rates` lasts."""
 
     async def middleware(request, call_next):  # type: ignore[no-untyped-def]
         response = await call_next(request)
-        if request.method == "GET" and request.url.path == "/api/v1/games/cart" and not done:
-            done.append(True)
-            apply_fleet(context.db, context.clock, [FleetGame(**entry)], context.catalog,
-                        partial(kept_files, context.settings))
+        if request.method == "GET" and request.url.path == "/api/v1/games/cart" and rates:
+            entry = FleetGame(**CART, hyperparams={"learning_rate": rates.pop(0)})
+            apply_fleet(context.db, context.clock, [entry], context.catalog, partial(kept_files, context.settings))
         return response
 
     return middleware
 
 
-@pytest.fixture
-def served(context: AppContext, tmp_path: Path) -> Iterator[Path]:  # noqa: F811
+@pytest.fixture(params=[[0.002]], ids=["one-apply"])
+def served(context: AppContext, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:  # noqa: F811
     app = create_app(context)
     apply_fleet(context.db, context.clock, [FleetGame(**CART, hyperparams={"learning_rate": 0.001})], context.catalog,
                 partial(kept_files, context.settings))
-    app.middleware("http")(apply_once_after_the_first_read(context, CART | {"hyperparams": {"learning_rate": 0.002}}))
+    app.middleware("http")(apply_after_reads(context, list(request.param)))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -79,6 +79,18 @@ def test_a_set_does_not_undo_an_apply_that_landed_after_it_read_the_game(served:
         game = read_game(session, "cart")
     assert game.hyperparams == {"learning_rate": 0.002, "ent_coef": 0.01}  # the apply's value kept, the set's added
     assert "learning_rate" not in result.output  # it changed nothing but ent_coef
+
+
+@pytest.mark.parametrize("served", [[0.002, 0.003] * 3], ids=["an-apply-after-every-read"], indirect=True)
+def test_a_set_whose_game_changes_under_every_try_says_so_and_sets_nothing(served: Path, context: AppContext) -> None:  # noqa: F811
+    # After its last try it showed the PATCH's own refusal, "expect_overrides: ...", a name the
+    # user never typed.
+    result = CliRunner().invoke(cli, ["games", "set", "cart", "ent_coef=0.01", "--config", str(served)],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "its settings changed under each of 5 tries" in result.output, result.output
+    assert "expect_overrides" not in result.output
+    with context.db.transaction() as session:
+        assert "ent_coef" not in read_game(session, "cart").hyperparams
 
 
 class ApplyingDuringTheCheck:

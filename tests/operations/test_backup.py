@@ -307,7 +307,9 @@ def test_set_aside_copies_wait_for_the_database_copy_with_their_games_sync(setup
         assert len(read_events(session, EventFilter(kind="backup_failed"))) == 2  # the scan's, then now()'s
     monkeypatch.undo()
     backup.checkpoints()  # the database copied, then the drop, then the new game's own copies
-    assert target.fs.cat_file(target.path(f"games/pong/checkpoints/{'ckpt-000000000100' if rewritten else 'ckpt-000000000200'}/model.zip")) == b"new game"
+    own = "ckpt-000000000100" if rewritten else "ckpt-000000000200"
+    assert target.names("games/pong/checkpoints") == {own}  # the set-aside copy gone at last
+    assert target.fs.cat_file(target.path(f"games/pong/checkpoints/{own}/model.zip")) == b"new game"
 
 
 def test_retention_settling_a_set_aside_copies_the_database_first(setup, tmp_path):

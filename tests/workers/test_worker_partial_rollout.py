@@ -141,16 +141,18 @@ def test_a_stop_within_the_rollout_that_reached_the_goal_completes_after_its_upd
         trained.append(self.num_timesteps)
 
     monkeypatch.setattr(algos.FleetPPO, "train", recording_train)
-    stop, record = StopFlag(), Counters.record_episode
+    stop, record, stopped_at = StopFlag(), Counters.record_episode, []
 
     def stopped_at_the_goal(self, reward, length):
         record(self, reward, length)
         if self.episodes >= 12 and stop.signum is None:
             stop.signum = 15  # `systemctl stop`, a reboot: on the very step
+            stopped_at.append(self.steps)
 
     monkeypatch.setattr(Counters, "record_episode", stopped_at_the_goal)
     spec = make_spec(algo="ppo", total_timesteps=None, target_episodes=12, checkpoint_interval_steps=None,
                      hyperparams={**PPO_HP, "normalize": False})
     assert run(spec, stop=stop) == ExitCode.COMPLETED
     final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
+    assert stopped_at[0] % 64 != 0, stopped_at  # the stop came within a rollout (CartPole, seeded)
     assert final.steps % 64 == 0 and final.steps == trained[-1], (final.steps, trained)
