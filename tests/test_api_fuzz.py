@@ -26,6 +26,7 @@ from schemathesis.checks import load_all_checks
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
 from fleetd.config import Settings
+from fleetd.clock import SystemClock
 from fleetd.store.games import create_game, update_game_state
 from fleetd.store.records import GameDraft
 from tests.api_context import CATALOG, shared_context
@@ -43,8 +44,9 @@ STOPPED_GAMES = ("1", "b")
 
 
 def openapi_document() -> dict:
-    """The schema comes from the routes and models alone; this context is never queried."""
-    unused = AppContext(Settings(state_dir=Path("/nonexistent")), None, None, "", None, None)  # type: ignore[arg-type]
+    """The schema comes from the routes and models alone; this context is never queried (its
+    clock only marks the app's start, as the daemon's does)."""
+    unused = AppContext(Settings(state_dir=Path("/nonexistent")), None, SystemClock(), "", None, None)  # type: ignore[arg-type]
     return create_app(unused).openapi()
 
 
