@@ -26,6 +26,18 @@ ON_POLICY_HP = {"ppo": PPO_HP, "a2c": {"num_envs": 2, "n_steps": 32, "learning_r
                                        "policy_kwargs": {"net_arch": [8]}, "eval_episodes": 0}}
 
 
+def _updates(monkeypatch, cls) -> dict:
+    """The policy's parameters after each of `cls`'s updates, by the step count it was made at."""
+    train, trained = cls.train, {}
+
+    def recording_train(self, *args, **kwargs):
+        train(self, *args, **kwargs)
+        trained[self.num_timesteps] = {k: v.clone() for k, v in self.policy.state_dict().items()}
+
+    monkeypatch.setattr(cls, "train", recording_train)
+    return trained
+
+
 def _signal_at(monkeypatch, stop: StopFlag, steps: int) -> None:
     """SIGTERM as the training env's step reaching `steps` steps returns (num_envs a step)."""
     step_wait, taken = EnvPoolVecEnv.step_wait, {}
@@ -52,13 +64,7 @@ def test_a_stop_within_a_rollout_ends_it_at_once_and_counts_every_step_taken(mak
     192 (the 58 steps' rollout dropped). Chosen over counting only the 192 trained on: the step goal
     is a budget of env steps, learning is measured in them, and a stop never sets a game's steps back."""
     cls = {"ppo": algos.FleetPPO, "a2c": algos.FleetA2C}[algo]
-    train, trained = cls.train, {}
-
-    def recording_train(self, *args, **kwargs):
-        train(self, *args, **kwargs)
-        trained[self.num_timesteps] = {k: v.clone() for k, v in self.policy.state_dict().items()}
-
-    monkeypatch.setattr(cls, "train", recording_train)
+    trained = _updates(monkeypatch, cls)
     stop = StopFlag()
     _signal_at(monkeypatch, stop, 250)
     spec = make_spec(algo=algo, total_timesteps=None, checkpoint_interval_steps=None,
@@ -78,13 +84,7 @@ def test_a_stop_within_a_dqn_collection_ends_after_it_and_its_update(make_spec, 
     checkpoint counted 202 steps with 200 in its replay buffer and the update of 200. It now ends
     the collection (its `train_freq` steps, the zoo's few) and its update: 208 steps, all stored
     and trained on."""
-    train, trained = algos.FleetDQN.train, {}
-
-    def recording_train(self, *args, **kwargs):
-        train(self, *args, **kwargs)
-        trained[self.num_timesteps] = {k: v.clone() for k, v in self.policy.state_dict().items()}
-
-    monkeypatch.setattr(algos.FleetDQN, "train", recording_train)
+    trained = _updates(monkeypatch, algos.FleetDQN)
     stop = StopFlag()
     _signal_at(monkeypatch, stop, 202)
     spec = make_spec(algo="dqn", total_timesteps=None, checkpoint_interval_steps=None,
@@ -107,13 +107,7 @@ def test_an_episode_goal_within_a_collection_completes_after_its_update(make_spe
     never trained on (DQN: that step's transitions not stored). It now finishes the collection
     and its update and completes there; its episodes may pass the goal by the rest of it."""
     cls = {"ppo": algos.FleetPPO, "dqn": algos.FleetDQN}[algo]
-    train, trained = cls.train, {}
-
-    def recording_train(self, *args, **kwargs):
-        train(self, *args, **kwargs)
-        trained[self.num_timesteps] = {k: v.clone() for k, v in self.policy.state_dict().items()}
-
-    monkeypatch.setattr(cls, "train", recording_train)
+    trained = _updates(monkeypatch, cls)
     hyperparams = {"ppo": {**PPO_HP, "normalize": False}, "dqn": {**TINY_DQN, "learning_starts": 32, "eval_episodes": 0}}[algo]
     spec = make_spec(algo=algo, total_timesteps=None, target_episodes=12, checkpoint_interval_steps=None,
                      hyperparams={**hyperparams, "policy_kwargs": {"net_arch": [8]}})
@@ -134,13 +128,7 @@ def test_a_stop_within_the_rollout_that_reached_the_goal_completes_after_its_upd
     """SIGTERM on the env step the 12th episode (the goal) ends: the stop ended the PPO rollout at
     once and the run completed (exit 20, never trained again) on a model that had not trained on
     that rollout. A run whose goal is reached completes after the rollout's update, a stop or not."""
-    train, trained = algos.FleetPPO.train, []
-
-    def recording_train(self, *args, **kwargs):
-        train(self, *args, **kwargs)
-        trained.append(self.num_timesteps)
-
-    monkeypatch.setattr(algos.FleetPPO, "train", recording_train)
+    trained = _updates(monkeypatch, algos.FleetPPO)
     stop, record, stopped_at = StopFlag(), Counters.record_episode, []
 
     def stopped_at_the_goal(self, reward, length):
@@ -155,4 +143,4 @@ def test_a_stop_within_the_rollout_that_reached_the_goal_completes_after_its_upd
     assert run(spec, stop=stop) == ExitCode.COMPLETED
     final = checkpoint.list_checkpoints(spec.checkpoint_dir)[0]
     assert stopped_at[0] % 64 != 0, stopped_at  # the stop came within a rollout (CartPole, seeded)
-    assert final.steps % 64 == 0 and final.steps == trained[-1], (final.steps, trained)
+    assert final.steps % 64 == 0 and final.steps == max(trained), (final.steps, sorted(trained))
