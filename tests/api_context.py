@@ -87,6 +87,21 @@ def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHo
 
 
 @contextmanager
+def write_locked(db_path: Path) -> Iterator[None]:
+    """Another process's hold on SQLite's write lock (`BEGIN IMMEDIATE` on a connection of its
+    own) while the block runs: the daemon's writes meanwhile wait out their busy_timeout and fail."""
+    import sqlite3
+
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+@contextmanager
 def shared_context(root: Path, token: str, busy_timeout_ms: int = 5000) -> Iterator[AppContext]:
     """A context on a fresh state_dir under `root`, for a module-scoped fixture."""
     with pytest.MonkeyPatch.context() as patch:  # conftest's FLEETD_* guard is per test

@@ -4,7 +4,6 @@ its cap and hardware clock throttling from fake NVML readings, as the governor j
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -31,7 +30,7 @@ from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import EventRecord
-from tests.api_context import api_context
+from tests.api_context import api_context, write_locked
 from tests.fakes import FakeClock, FakeHost
 from tests.test_crash_loops import FakeAlerts
 from tests.host.test_telemetry import Monotonic, fake_nvml, xid_event  # noqa: F401  (fake_nvml: the fixture)
@@ -560,13 +559,8 @@ def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
     fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
     assert fleet.pressure().stale is None
     clock.advance(4 * settings.fleet.telemetry_interval_s)
-    holder = sqlite3.connect(settings.db_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with write_locked(settings.db_path):
         assert fleet.pressure().stale is not None  # judged stale all the same
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert alerts.sent == []
     assert fleet.pressure().stale is not None and fleet.pressure().stale is not None
     with db.transaction() as session:
@@ -630,9 +624,7 @@ def test_a_stall_after_one_whose_end_the_busy_database_kept_unwritten_is_told(
     fleet.pressure()
     clock.advance(40)
     assert fleet.pressure().stale is not None and len(alerts.sent) == 1  # stale since 30 s: 10 s so far
-    holder = sqlite3.connect(settings.db_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with write_locked(settings.db_path):
         for t in range(0, 80, 5):  # 80 s of fresh samples, each 10 s: the stall is over after 60 s
             if t % 10 == 0:
                 telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
@@ -640,9 +632,6 @@ def test_a_stall_after_one_whose_end_the_busy_database_kept_unwritten_is_told(
             clock.advance(5)
         clock.advance(40)  # the job hangs again
         assert fleet.pressure().stale is not None
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert len(alerts.sent) == 1
     clock.advance(5)
     assert fleet.pressure().stale is not None
@@ -710,13 +699,8 @@ def test_a_stall_open_across_a_daemon_restart_is_ended_by_the_new_process(
     fleet.pressure()
     clock.advance(4 * interval)  # a third stall, whose end waits on a busy database
     assert fleet.pressure().stale is not None
-    holder = sqlite3.connect(settings.db_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with write_locked(settings.db_path):
         fresh(7 * interval, fleet)
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     quick.close()
     fleet, alerts = start()  # restarted before the end was written
     fresh(7 * interval, fleet)

@@ -37,7 +37,7 @@ from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.supervision.thread import SupervisorThread
 from fleetd.host.uptime import record_daemon_start
-from tests.api_context import on_ray
+from tests.api_context import on_ray, write_locked
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
 from fleetd.supervision.launcher import run_spec_path
@@ -906,13 +906,8 @@ def test_a_progress_flush_that_finds_the_database_busy_stops_nothing_and_loses_n
     loop.steps()  # flushes what run_up reported
     loop.report("cart", 500)
     clock.advance(flush_s)
-    holder = sqlite3.connect(settings.db_path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
+    with write_locked(settings.db_path):
         loop.steps()  # the flush is due, and fails BUSY: the loop raised, and the daemon exited 70
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     with db.transaction() as session:
         assert game_store.read_game(session, "cart").steps == 1
     clock.advance(flush_s)
