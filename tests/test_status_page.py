@@ -369,6 +369,11 @@ def run_page(answers: dict[str, object], scenario: str, hold: bool = True) -> ob
     return json.loads(result.stdout)
 
 
+def answers_of(client: TestClient) -> dict[str, object]:
+    """What the page reads first, as `client` (its token set) answers it: for `run_page`."""
+    return {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+
+
 @pytest.fixture
 def api_answers(client: TestClient, db: Database, clock: FakeClock) -> dict[str, object]:
     """What the page reads, as the app answers it over a real store: a game that has not trained."""
@@ -600,7 +605,7 @@ def test_the_page_shows_the_pressure_the_back_off_and_a_gpu_in_distress_without_
     fleet.govern(slots)
     clock.advance(settings.fleet.pressure_grace_s + 1)
     fleet.govern(slots)
-    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    answers = answers_of(client)
     pressure, backoff = answers["/fleet"][1]["pressure"], answers["/fleet"][1]["last_backoff"]
     assert pressure == ["GPU 0: 1 NVML Xid error (48) in the last 10 min"] and backoff, answers["/fleet"][1]
     shown = run_page(answers, "await release(); return [$('fleet').textContent, $('gpu').textContent];")
@@ -642,7 +647,7 @@ def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
     record_daemon_start(db, host.current_boot(), clock.now())
     client = TestClient(create_app(context))
     client.headers["Authorization"] = f"Bearer {TOKEN}"
-    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    answers = answers_of(client)
     rebooted = next(boot for boot in answers["/boots"][1]["items"] if boot["reboot"])
     answers[f"/boots/{rebooted['id']}"] = [200, client.get(f"/api/v1/boots/{rebooted['id']}").json()]
     scenario = f"await release(); goTo('#boot={rebooted['id']}'); await release(); return $('boot-detail').textContent;"
@@ -740,7 +745,7 @@ def test_a_setting_the_running_worker_was_not_started_with_is_shown_as_pending(l
     client = running_cart(loop)
     changes = {"target_episodes": 100, "algo": "ppo", "hyperparams": {"learning_rate": 1e-05}}
     assert patch(client, changes)["pending"]
-    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    answers = answers_of(client)
     pending = answers["/games"][1]["items"][0]["pending"]
     assert pending and answers["/games"][1]["items"][0]["state"] == "running"
     row = run_page(answers, "await release(); return $('games-body').kids[0].textContent;")
@@ -764,7 +769,7 @@ def test_an_expected_reboot_is_shown_beside_the_governor_as_fleetd_tier_shows_it
     client.headers["Authorization"] = f"Bearer {TOKEN}"
     body = {"for_s": 3600, "reason": "kernel <b>update</b>", "reboots": 2}
     assert client.post("/api/v1/reboots/expected", json=body).status_code == 201
-    answers = {path: [200, client.get("/api/v1" + path).json()] for path in ("/games", "/fleet", "/boots", "/uptime", "/hosts")}
+    answers = answers_of(client)
     assert len(answers["/fleet"][1]["expected_reboots"]) == 1
     shown = run_page(answers, "await release(); return $('fleet').textContent;")
     assert re.search(r"reboot expected#1 until \d{4}-\d\d-\d\d \d\d:\d\d \(holds\): kernel <b>update</b>; explained 0 of 2 reboots", shown), shown
