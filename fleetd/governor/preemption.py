@@ -16,6 +16,7 @@ from datetime import datetime
 from fleetd.config import FleetSettings
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.controller import GameSlot
+from fleetd.governor.ranks import holder_rank, waiting_rank
 from fleetd.states import State
 
 
@@ -43,12 +44,12 @@ def pick_preemption(slots: Sequence[GameSlot], admitted_at: Callable[[str], date
     waiting = [s for s in slots if s.wants_slot and admitted_at(s.name) is None]
     if not waiting:
         return None
-    top = min(waiting, key=lambda s: (-s.priority, s.created_at, s.name))
+    top = min(waiting, key=lambda s: waiting_rank(s.priority, s.created_at, s.name))
     held = {s.name: (now - at).total_seconds() for s in slots if (at := admitted_at(s.name)) is not None}
     holders = [s for s in slots if s.name in held]
     if not holders:
         return None
-    low = min(holders, key=lambda s: (s.priority, held[s.name], -s.created_at.timestamp(), s.name))
+    low = min(holders, key=lambda s: holder_rank(s.priority, held[s.name], s.created_at, s.name))
     if low.priority >= top.priority or low.state is not State.RUNNING or held[low.name] < settings.preempt_min_run_s:
         return None
     return Preemption(SlotHolder(low.name, low.priority), top.name, top.priority, held[low.name])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from fleetd.governor.ranks import holder_rank, waiting_rank
 from fleetd.planning.downtime import NO_DOWNTIME, Downtime
 from fleetd.planning.goals import Goal, GoalUnit, first_goal
 
@@ -218,7 +219,7 @@ class Scheduled:
 def admission_order(games: tuple[PlanGame, ...]) -> list[PlanGame]:
     """Running games first (they hold their slots), then pending ones as the governor admits them."""
     running = [g for g in games if g.state is PlanState.RUNNING]
-    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=lambda g: (-g.priority, g.queue_position, g.name))
+    pending = sorted((g for g in games if g.state is PlanState.PENDING), key=_pending_key)
     return running + pending
 
 
@@ -266,7 +267,7 @@ def _outranked(order: list[PlanGame], slots: int) -> bool:
 
 
 def _pending_key(game: PlanGame) -> tuple[int, datetime, str]:
-    return -game.priority, game.queue_position, game.name
+    return waiting_rank(game.priority, game.queue_position, game.name)
 
 
 def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict[str, float | None],
@@ -298,8 +299,8 @@ def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict
                 start(pending.pop(0), slot, t, t)
         if not pending or not holders:
             break
-        low_slot = min(holders, key=lambda s: (holders[s][0].priority, t - holders[s][1],
-                                               -holders[s][0].queue_position.timestamp(), holders[s][0].name))
+        low_slot = min(holders, key=lambda s: holder_rank(holders[s][0].priority, t - holders[s][1],
+                                                          holders[s][0].queue_position, holders[s][0].name))
         low, admitted = holders[low_slot]
         if pending[0].priority <= low.priority:
             break  # no pre-emption now nor later
