@@ -13,7 +13,7 @@ from fleetd.games.slug import GameName
 from fleetd.health.settings import INTEGER_KEYS as HEALTH_INTEGERS
 from fleetd.health.settings import settings_schema as health_settings_schema
 from fleetd.states import Desired
-from workers.protocol.spec import PPO_MIN_BATCH, Hyperparams, algo_refusal, whole_sizes
+from workers.protocol.spec import PPO_MIN_BATCH, Hyperparams, algo_refusal, integral, whole_sizes
 
 ALGOS = ("ppo", "dqn", "a2c")
 DEFAULT_ALGO = "ppo"
@@ -85,8 +85,7 @@ def whole_counts(values: dict[str, Any]) -> dict[str, Any]:
 def whole_health(values: dict[str, Any]) -> dict[str, Any]:
     """A health setting the checks take as an integer written as a whole float (`plateau_steps =
     2e6`) is stored as that integer, as `whole_counts` does for hyperparameters."""
-    return {key: int(value) if key in HEALTH_INTEGERS and isinstance(value, float) and value.is_integer() else value
-            for key, value in values.items()}
+    return {key: integral(value) if key in HEALTH_INTEGERS else value for key, value in values.items()}
 
 
 # Built once, at import: a plain dict in Python, the worker's model in the OpenAPI schema.

@@ -153,13 +153,11 @@ WHOLE_EXTRACTOR_KWARGS = ("features_dim",)
 
 def _whole(item: Any) -> Any:
     """Whole floats in a value (nested lists and objects too) as integers; the rest as given."""
-    if isinstance(item, float) and item.is_integer():
-        return int(item)
     if isinstance(item, list):
         return [_whole(inner) for inner in item]
     if isinstance(item, dict):
         return {key: _whole(inner) for key, inner in item.items()}
-    return item
+    return integral(item)
 
 
 def whole_sizes(policy_kwargs: Any) -> Any:
