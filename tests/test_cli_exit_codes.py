@@ -123,8 +123,7 @@ def test_a_name_the_url_cannot_hold_as_is_reaches_the_daemon_whole(tmp_path: Pat
 
     with shared_context(tmp_path, TOKEN) as context, serving(context) as url:
         answered = fleetd(config_for(tmp_path, int(url.rsplit(":", 1)[1])), *args)
-    name = args[2] if args[0] == "games" else args[1]
-    says = "NAME: must be a slug"  # the rule in words, however the name is off it (01aa171), named as typed
+    says = f"{'GAME' if args[0] == 'logs' else 'NAME'}: must be a slug"  # the rule in words (01aa171), named as typed
     assert answered.exit_code == ExitCode.ERROR and says in answered.output, (answered.output, answered.exception)
 
 

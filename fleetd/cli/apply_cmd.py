@@ -212,13 +212,14 @@ def set_settings(
     typer.echo(settings_text(name, game, restart))
 
 
-def set_key_typed(field: str) -> str:
+def set_key_typed(field: str) -> str | None:
     """A refused field of `games set` as its key is typed: `health.on_plateau`, not
-    `health_settings.on_plateau`; `n_steps`, not `hyperparams.n_steps`; `priority`."""
+    `health_settings.on_plateau`; `n_steps`, not `hyperparams.n_steps`; `priority`. The game's
+    name (the path's) is `call`'s NAME."""
     for prefix, typed in (("hyperparams.", ""), ("health_settings.", "health.")):
         if field.startswith(prefix):
             return typed + field.removeprefix(prefix)
-    return field
+    return None if field == "name" else field
 
 
 STATE_KEYS = ("desired", "state", "desired_state")  # what `games set` is tried with to stop or start a game
