@@ -43,7 +43,7 @@ def test_a_stopped_game_rolled_back_resumes_from_the_chosen_checkpoint(
     table = fleetd_cli(fleet_config, "games", "checkpoints", "cart")
     assert str(older) in table.stdout and "fleetd games rollback cart --to STEPS" in table.stdout, table.stdout
     missing = fleetd_cli(fleet_config, "games", "rollback", "cart", "--to", str(older + 1))
-    assert missing.returncode == 1 and f"to_steps: cart has no verified checkpoint at {older + 1} steps" in missing.stderr
+    assert missing.returncode == 1 and f"--to: cart has no verified checkpoint at {older + 1} steps" in missing.stderr
 
     rolled = fleetd_cli(fleet_config, "games", "rollback", "cart", "--to", str(older))
     assert rolled.returncode == 0, rolled.stderr
