@@ -37,6 +37,7 @@ from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.governor.placement import GpuRoom
 from fleetd.governor.pressure import gpu_memory_pressure, pressure_reasons
 from fleetd.governor.footprint import FootprintBook
+from fleetd.governor.ranks import holder_rank, waiting_rank
 from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale
 from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.states import LIVE, Desired, State, wants_slot
@@ -226,7 +227,8 @@ class FleetController:
     def view(self, slots: Sequence[GameSlot]) -> FleetView:
         wanting = [slot for slot in slots if slot.wants_slot]
         admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
-        pending = sorted((s for s in wanting if s.name not in self._admitted), key=lambda s: (-s.priority, s.created_at, s.name))
+        pending = sorted((s for s in wanting if s.name not in self._admitted),
+                         key=lambda s: waiting_rank(s.priority, s.created_at, s.name))
         pressure = Pressure() if self.cluster else self.pressure(wanting)  # the head's telemetry is no node's
         priorities = {s.name: s.priority for s in wanting}
         return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities,
@@ -390,7 +392,8 @@ class FleetController:
         if not holders:
             return None
         admitted_at = self._admitted
-        holder = min(holders, key=lambda s: (s.priority, -admitted_at[s.name].timestamp(), -s.created_at.timestamp(), s.name))
+        # The newest admission has held its slot the shortest: `-admitted` orders as `held` would.
+        holder = min(holders, key=lambda s: holder_rank(s.priority, -admitted_at[s.name].timestamp(), s.created_at, s.name))
         return SlotHolder(holder.name, holder.priority)
 
     def give_slot(self, holder: SlotHolder, to: str, why: str | None = None) -> None:
