@@ -453,9 +453,9 @@
   }
 
   // One expected reboot, as `fleetd tier` says it: `#3 until 2026-11-26 14:00 (holds): kernel update; explained 0 of 1 reboot`.
+  // GET /fleet lists only the expected reboots that hold now: `fleetd tier`'s line for one (fleetd/cli/render.py).
   function expectedReboot(word) {
-    const state = word.holds ? 'holds' : word.withdrawn_at ? 'withdrawn' : word.explained >= word.reboots ? 'used' : 'ended';
-    return '#' + word.id + ' until ' + fmtTime(word.until) + ' (' + state + '): ' + word.reason + '; explained ' +
+    return '#' + word.id + ' until ' + fmtTime(word.until) + ' (holds): ' + word.reason + '; explained ' +
       word.explained + ' of ' + word.reboots + (word.reboots === 1 ? ' reboot' : ' reboots');
   }
 
