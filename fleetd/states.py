@@ -59,3 +59,11 @@ def shown(desired: Desired, state: State, admitted: bool) -> Shown:
     if state is State.STOPPED and desired is Desired.RUNNING and not admitted:
         return Shown.PENDING
     return Shown(state.value)
+
+
+def shown_rate(rate: float | None, state: Shown) -> float | None:
+    """A worker's reported rate as people see it: only while its game runs. The stored rate is the
+    last report's, which a stopped, crashed or given-up game would otherwise show on as if it still
+    trained. The API's `episodes_per_hour` and /metrics both apply it; the CLI and the page show
+    what the API says."""
+    return rate if state is Shown.RUNNING else None

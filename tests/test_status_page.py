@@ -704,12 +704,17 @@ def test_a_game_that_does_not_run_shows_no_episode_rate_as_metrics_does(
         header = [c.strip() for c in next(line for line in lines if "┃" in line).split("┃")]
         return [c.strip() for c in next(line for line in lines if "│" in line).split("│")][header.index("eps/h")]
 
-    assert rate_cell() == "1,200" and cli_rate() == "1,200"
+    def api_rate() -> float | None:  # the one place that says it: the page and the CLI show it
+        return client.get("/api/v1/games/pong", headers=headers).json()["episodes_per_hour"]
+
+    assert rate_cell() == "1,200" and cli_rate() == "1,200" and api_rate() == 1200.0
     assert 'fleetd_game_episodes_per_second{game="pong"}' in client.get("/metrics").text
     with db.transaction() as session:
         update_game_state(session, "pong", state, "gone", clock.now())
     assert "fleetd_game_episodes_per_second{" not in client.get("/metrics").text
     assert rate_cell() == "—" and cli_rate() == "-"
+    # The API said the last report's rate on, and the page and `games list` each judged it again.
+    assert api_rate() is None and client.get("/api/v1/games", headers=headers).json()["items"][0]["episodes_per_hour"] is None
 
 
 def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(

@@ -25,7 +25,7 @@ from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.host.uptime import uptime_report
 from fleetd.planning.service import PlanReport, fleet_plan
-from fleetd.states import Shown, shown
+from fleetd.states import Shown, shown, shown_rate
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
 from fleetd.store.hosts import read_hosts
@@ -178,11 +178,9 @@ def _shown(game: GameFigures) -> Shown:
 
 
 def _episodes_per_second(game: GameFigures, _count: GameCounts, _now: datetime) -> float | None:
-    """The worker's recent rate, only while the game runs: the stored rate is its last report's,
-    which a stopped, crashed or given-up game would otherwise show on as if it still trained."""
-    if game.episodes_per_hour is None or _shown(game) is not Shown.RUNNING:
-        return None
-    return game.episodes_per_hour / SECONDS_PER_HOUR
+    """The worker's recent rate, only while the game runs (`shown_rate`, as the API says it)."""
+    rate = shown_rate(game.episodes_per_hour, _shown(game))
+    return None if rate is None else rate / SECONDS_PER_HOUR
 
 
 GAME_FAMILIES: tuple[GameFamily | StateFamily | HealthFamily, ...] = (

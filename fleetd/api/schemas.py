@@ -273,7 +273,9 @@ class GameOut(Out):
     restarts: int
     steps: int
     episodes: int
-    episodes_per_hour: float | None
+    episodes_per_hour: float | None = Field(
+        description="the worker's recent rate, while the game is `running`; null otherwise (its last report's rate "
+                    "is no rate now) and before its first report")
     mean_reward_100: float | None
     best_reward: float | None
     eval_return: float | None = Field(description="mean return of the latest deterministic evaluation episodes; null before the first")

@@ -285,8 +285,7 @@ def _game_cells(game: dict[str, Any]) -> dict[str, RenderableType]:
         "pid": str(game["pid"] or "-"),
         "steps": f"{game['steps']:,}",
         "episodes": f"{game['episodes']:,}",
-        # The stored rate is the last report's: only a running game's is a rate now (as /metrics).
-        "eps/h": number(game["episodes_per_hour"], 0) if game["state"] == Shown.RUNNING else "-",
+        "eps/h": number(game["episodes_per_hour"], 0),  # null unless running: the API says when it is a rate
         "mean100": number(game["mean_reward_100"]),
         "best": number(game["best_reward"]),
         "eval": number(game.get("eval_return")),  # absent from an older daemon's answer

@@ -534,9 +534,8 @@
         h('td', { class: 'host-col', hidden: !onCluster }, g.host || DASH),
         h('td', { class: 'r num' }, fmtInt(g.steps)),
         h('td', { class: 'r num' }, fmtInt(g.episodes)),
-        // The stored rate is the last report's: only a running game's is a rate now, as /metrics has it.
-        g.state === 'running' ? h('td', { class: 'r num' }, fmtNum(g.episodes_per_hour, 0))
-          : h('td', { class: 'r num muted', title: isNum(g.episodes_per_hour) ? 'last run: ' + fmtNum(g.episodes_per_hour, 0) + '/h' : '' }, DASH),
+        // null unless the game runs: the API says when its last report's rate is a rate now.
+        h('td', { class: 'r num' + (isNum(g.episodes_per_hour) ? '' : ' muted') }, fmtNum(g.episodes_per_hour, 0)),
         h('td', { class: 'r num' }, fmtNum(g.mean_reward_100, 2)),
         h('td', { class: 'r num' }, fmtNum(g.best_reward, 1)),
         h('td', { class: 'r num' }, fmtNum(g.eval_return, 1)),

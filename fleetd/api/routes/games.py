@@ -36,7 +36,7 @@ from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import CheckpointRecord, GameDraft, GamePosition, GameRecord, RunRecord
-from fleetd.states import Desired
+from fleetd.states import Desired, shown_rate
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.supervision.commands import Reconcile, StartGame
 from fleetd.supervision.pending import LiveRuns
@@ -70,8 +70,10 @@ def game_out(game: GameRecord, snapshot: FleetSnapshot | None = None, runs: Live
     run = game.current_run
 
     fields = {k: getattr(game, k) for k in GameOut.model_fields if hasattr(game, k)}
+    state = shown_state(game)
     fields.update(
-        state=shown_state(game),
+        state=state,
+        episodes_per_hour=shown_rate(game.episodes_per_hour, state),
         state_reason=shown_reason(game, snapshot),
         pid=run.pid if run else None,
         started_at=run.started_at if run else None,
