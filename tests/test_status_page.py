@@ -304,7 +304,8 @@ def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it()
         mode="auto", requested="auto", tier="light", level=2, allowed=2, ceiling="3x32",
         ceiling_until=datetime(2026, 1, 1, 1, 0, tzinfo=UTC), admitted=["a", "b"], pending=["c"], next_scale_up_at=None,
         waiting_reason="3x32 waits out a failure", rung="2x32 (light)", rungs=[], last_backoff=None, pressure=[],
-        expected_reboots=[], settings=settings, tiers={}, telemetry={},
+        expected_reboots=[], settings=settings, tiers={}, telemetry={}, snapshot_at=datetime(2026, 1, 1, tzinfo=UTC),
+        snapshot_age_s=1.0, snapshot_stale=False,
     ).model_dump(mode="json")  # fmt: skip
     allowed = fleet_facts(fleet)["games allowed"]
     assert re.fullmatch(r"2 · level 2 · waiting out a failure: 3x32 until \d{4}-\d\d-\d\d \d\d:\d\d", allowed), allowed  # local time
@@ -388,7 +389,8 @@ def api_answers(client: TestClient, db: Database, clock: FakeClock) -> dict[str,
     fleet = FleetOut(mode="auto", requested="auto", tier="light", level=1, allowed=1, ceiling=None, ceiling_until=None,
                      admitted=["pong"], pending=[], next_scale_up_at=None, waiting_reason="", rung="1x32", rungs=[],
                      last_backoff=None, pressure=[], expected_reboots=[], settings=SettingsOut(num_envs=32, batch_size=512, reason=""),
-                     tiers={}, telemetry={})  # fmt: skip
+                     tiers={}, telemetry={}, snapshot_at=datetime(2026, 1, 2, tzinfo=UTC), snapshot_age_s=1.0,
+                     snapshot_stale=False)  # fmt: skip
     answers["/fleet"] = [200, fleet.model_dump(mode="json")]
     return answers
 
@@ -715,6 +717,40 @@ def test_a_game_that_does_not_run_shows_no_episode_rate_as_metrics_does(
     assert rate_cell() == "—" and cli_rate() == "-"
     # The API said the last report's rate on, and the page and `games list` each judged it again.
     assert api_rate() is None and client.get("/api/v1/games", headers=headers).json()["items"][0]["episodes_per_hour"] is None
+
+
+def test_the_fleet_says_when_its_loop_last_published_and_marks_a_stuck_loops_view_stale(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    # A stuck supervisor loop publishes no new snapshot: GET /fleet answered its last one without
+    # its time, and the page showed that view (tier, admitted, pressure) as the fleet now.
+    from tests.api_context import api_context
+
+    context = api_context(settings, db, clock, host, TOKEN)
+    published = replace(context.supervisor.snapshot, monotonic=clock.monotonic())
+
+    class Stuck:  # the loop that published `published`, then stepped no more
+        snapshot = published
+
+        def submit(self, command: object) -> None: ...
+
+    client = TestClient(create_app(replace(context, supervisor=Stuck())))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+
+    def fleet_and_page() -> tuple[dict[str, object], str]:
+        answers = answers_of(client)
+        return answers["/fleet"][1], run_page(answers, "await release(); return $('fleet').textContent;")
+
+    clock.advance(4)
+    clock.wall += timedelta(hours=1)  # a step of the wall clock neither fakes nor hides a stuck loop
+    fleet, shown = fleet_and_page()
+    assert datetime.fromisoformat(fleet["snapshot_at"]) == published.at
+    assert (fleet["snapshot_age_s"], fleet["snapshot_stale"]) == (4.0, False), fleet
+    assert re.search(r"as of\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", shown) and "stale" not in shown, shown
+    clock.advance(60)
+    fleet, shown = fleet_and_page()
+    assert (fleet["snapshot_age_s"], fleet["snapshot_stale"]) == (64.0, True), fleet
+    assert "64 s ago: stale, the supervisor loop is stuck; this is its last view" in shown, shown
 
 
 def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(

@@ -520,6 +520,10 @@ def test_the_api_shows_what_the_supervisor_published(loop: Loop) -> None:
     assert games["c"]["state_reason"] == "waiting for the governor: the light tier runs 2 games"
     fleet = client.get("/api/v1/fleet").json()
     assert (fleet["admitted"], fleet["pending"]) == (["a", "b"], ["c"])
+    # Its view is dated on the monotonic clock too: a step of the wall clock is no stuck loop.
+    loop.clock.wall += timedelta(hours=1)
+    fleet = client.get("/api/v1/fleet").json()
+    assert (fleet["snapshot_age_s"], fleet["snapshot_stale"]) == (0.0, False), fleet
     metrics = client.get("/metrics").text
     assert 'fleetd_game_state{game="c",state="pending"} 1.0' in metrics
     assert "1 pending" in loop.sup.summary()

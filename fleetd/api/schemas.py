@@ -382,6 +382,10 @@ class FleetOut(Out):
     settings: SettingsOut
     tiers: dict[str, TierOut]
     telemetry: dict[str, Any]
+    snapshot_at: datetime = Field(description="when the supervisor loop published what this shows (its governor's last step)")
+    snapshot_age_s: float = Field(description="seconds since then; the loop publishes after every governor step")
+    snapshot_stale: bool = Field(
+        description="older than 3 governor steps: the supervisor loop is stuck, and the rest is what it saw last")
 
 
 class FleetUpdate(In):

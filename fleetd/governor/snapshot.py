@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 
+from fleetd.clock import Clock
 from fleetd.governor.scaling import Scaled
 from fleetd.states import Shown
 from workers.protocol.spec import LaunchSpec, TierDefaults
@@ -74,11 +75,19 @@ class FleetSnapshot:
     # Each starting or running worker's run spec: what it was started with, which its game's
     # stored settings may since differ from (fleetd/supervision/pending.py). Specs are frozen.
     started: Mapping[str, LaunchSpec] = field(default_factory=dict)
+    monotonic: float | None = None  # `at` on the monotonic clock, where the publisher stamped it
 
     def __post_init__(self) -> None:
         # A read-only view of a private copy: no reader can change what others see.
         object.__setattr__(self, "games", MappingProxyType(dict(self.games)))
         object.__setattr__(self, "started", MappingProxyType(dict(self.started)))
+
+    def age_s(self, clock: Clock) -> float:
+        """Seconds since it was published, on the monotonic clock where it has its stamp (a step
+        of the wall clock neither fakes nor hides a stuck loop)."""
+        if self.monotonic is None:
+            return max(0.0, (clock.now() - self.at).total_seconds())
+        return max(0.0, clock.monotonic() - self.monotonic)
 
     def counts(self) -> Counter[Shown]:
         return Counter(self.games.values())

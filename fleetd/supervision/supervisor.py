@@ -58,6 +58,9 @@ Carried = tuple[int, datetime | None]  # a game's failures in a row, and the end
 
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
 GOVERNOR_TICK_S = 5.0
+# The snapshot is published at each governor step, at least every GOVERNOR_TICK_S: one this many
+# steps old is a loop that is stuck, not one that is busy (GET /api/v1/fleet, the status page).
+SNAPSHOT_STALE_S = 3 * GOVERNOR_TICK_S
 
 
 class Supervisor:
@@ -317,7 +320,8 @@ class Supervisor:
         slots = self._slots()
         games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
         view = self.fleet.governor_view(slots)
-        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, started_specs(self.procs))
+        snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, started_specs(self.procs),
+                                 self.clock.monotonic())
         self.snapshots.publish(snapshot)
 
     def _apply_desired(self, proc: WorkerProcess) -> None:

@@ -467,6 +467,12 @@
       return;
     }
     fact(list, 'tier', h('strong', null, fleet.tier), ' · ', fleet.mode, tierAsked(fleet));
+    // When the supervisor loop published all this: a stuck loop's last view is said to be old, not shown as now.
+    if (fleet.snapshot_at) {
+      fact(list, 'as of', h('span', { class: 'num', title: fmtDuration(fleet.snapshot_age_s) + ' ago' }, fmtTime(fleet.snapshot_at, { seconds: true })),
+        fleet.snapshot_stale ? h('span', { class: 'warn', 'data-stale': '' }, ' · ' + fmtDuration(fleet.snapshot_age_s) +
+          ' ago: stale, the supervisor loop is stuck; this is its last view') : null);
+    }
     fact(list, 'rung', h('span', { class: 'num' }, fleet.rung || DASH)); // its label, as the ceiling's and `fleetd tier`'s
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),
       ' · level ', h('span', { class: 'num' }, String(fleet.level)),

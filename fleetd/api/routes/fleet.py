@@ -17,6 +17,7 @@ from fleetd.store.events import create_event
 from fleetd.store import fleet as fleet_store
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.commands import Reconcile
+from fleetd.supervision.supervisor import SNAPSHOT_STALE_S
 
 router = APIRouter(tags=["fleet"])
 
@@ -72,7 +73,14 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, telemetry_age: Telem
                              sizing=None if scaled.sizing is None else scaled.sizing.json()),
         tiers=tiers,
         telemetry=snapshot_json(latest, age_s, telemetry_age.stale_after_s if stale else None),
+        **snapshot_age(context, snapshot),
     )
+
+
+def snapshot_age(context: AppContext, snapshot: FleetSnapshot) -> dict[str, object]:
+    """When the snapshot was published, and whether it is old enough to say the loop is stuck."""
+    age_s = snapshot.age_s(context.clock)
+    return {"snapshot_at": snapshot.at, "snapshot_age_s": round(age_s, 3), "snapshot_stale": age_s > SNAPSHOT_STALE_S}
 
 
 @router.get("/fleet", response_model=FleetOut)
