@@ -481,8 +481,39 @@ def test_the_eval_plot_marks_the_operators_rollbacks_too() -> None:
         return kind === 'rollback' ? { items: [{ at: 'op' }] } : kind === 'learning_rollback' ? { items: [{ at: 'rule' }] } : null;
       };
     """
-    got = page_function("rollbackEvents", "rollbackEvents('pong')", stubs=stubs)
+    got = page_function("rollbackEvents", "rollbackEvents({ name: 'pong', created_at: '2026-01-01T00:00:00Z' })", stubs=stubs)
     assert sorted(item["at"] for item in got["items"]) == ["op", "rule"]
+
+
+def test_a_game_re_added_under_a_removed_games_name_is_not_marked_with_its_rollbacks(client: TestClient, db: Database, clock: FakeClock) -> None:
+    # Events name their game: a game added again under a removed game's name had the old game's
+    # rollbacks drawn as dashed lines on its eval plot (the page asked for the name's events).
+    from fleetd.store.events import create_event
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def rollback(message: str) -> None:
+        with db.transaction() as session:
+            create_event(session, clock.now(), "learning_rollback", message, severity="warning", game="pong")
+
+    def marks() -> list[str]:  # what the page asks for, as the API answers it
+        game = client.get("/api/v1/games/pong", headers=headers).json()
+        stubs = "const asked = []; globalThis.api = async (path) => { asked.push(path); return { items: [] }; };"
+        paths = page_function("rollbackEvents", f"rollbackEvents({json.dumps(game)}).then(() => asked)", stubs=stubs)
+        return [item["message"] for path in paths for item in client.get("/api/v1" + path, headers=headers).json()["items"]]
+
+    assert client.post("/api/v1/games", json={"name": "pong", "env_id": "CartPole-v1"}, headers=headers).status_code == 201
+    clock.advance(60)
+    rollback("the old game's")
+    assert marks() == ["the old game's"]
+    clock.advance(60)
+    assert client.delete("/api/v1/games/pong", headers=headers).status_code == 204
+    clock.advance(60)
+    assert client.post("/api/v1/games", json={"name": "pong", "env_id": "CartPole-v1"}, headers=headers).status_code == 201
+    assert marks() == []
+    clock.advance(60)
+    rollback("the new game's")
+    assert marks() == ["the new game's"]
 
 
 def test_the_steps_area_is_not_filled_across_a_gap_in_the_samples() -> None:

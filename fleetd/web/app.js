@@ -111,9 +111,11 @@
 
   // A game's rollbacks for its eval plot's dashed lines: the learning-health rule's and the
   // operator's (`fleetd games rollback`, event kind `rollback`); the page drew the rule's only.
+  // Events name their game, not its id: those since the game's creation are this game's, not
+  // those of a removed game whose name it took again.
   async function rollbackEvents(game) {
     const answers = await Promise.all(['learning_rollback', 'rollback'].map((kind) =>
-      api('/events?' + new URLSearchParams({ game, kind, limit: '50' }), { optional: true })));
+      api('/events?' + new URLSearchParams({ game: game.name, kind, since: game.created_at, limit: '50' }), { optional: true })));
     return { items: answers.flatMap((answer) => (answer && answer.items) || []) };
   }
 
@@ -1170,7 +1172,7 @@
           series({ game: g.name, metric: 'mean_reward_100' }),
           series({ game: g.name, metric: 'steps' }),
           series({ game: g.name, metric: 'eval_return' }),
-          rollbackEvents(g.name),
+          rollbackEvents(g),
         ]))),
         Promise.all(gpus.map((gpu) => series({ gpu: String(gpu.index), metric: 'gpu_utilization_pct' }))),
       ]);
