@@ -28,14 +28,13 @@ from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.operations.backup.marks import WRITER_KEY, WRITER_RESTORED_KEY, read_restored_mark, writer_id
-from fleetd.operations.backup.sync import sync_game
+from fleetd.operations.backup.sync import same_copy, sync_game
 from fleetd.operations.backup.target import (DB_NAME, FLEET_KEY, INFO_NAME, TEMP_PREFIX, BackupError, Target,
                                              read_info, target_key)
 from fleetd.store import games as game_store
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
-from workers import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +304,7 @@ class Backup:
         with kept=set_aside under a removed game's name), as `game/name`: the sync keeps a game's
         last copies while it has no checkpoint of its own yet, and a restore then handed the
         removed game's to the new one. A name the new game wrote again is dropped where its copy
-        is the old one."""
+        is the old one, or cannot be told its own (pruned here meanwhile: `same_copy` None)."""
         copies = []
         for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
             game = game_dir.parent.name
@@ -314,7 +313,7 @@ class Backup:
             on_target = self.target.names(relative) & aside if aside else set()
             here = game_dir.parent / "checkpoints"
             copies += [f"{game}/{name}" for name in sorted(on_target)
-                       if not ((here / name).is_dir() and self._same_manifest(here / name, f"{relative}/{name}"))]
+                       if not ((here / name).is_dir() and same_copy(self.target, f"{relative}/{name}", here / name))]
         return copies
 
     def _drop(self, copies: list[str]) -> list[str]:
@@ -322,13 +321,6 @@ class Backup:
             game, name = copy.split("/")
             self.target.remove(f"games/{game}/checkpoints/{name}")
         return copies
-
-    def _same_manifest(self, local: Path, relative: str) -> bool:
-        try:
-            return (local / checkpoint.MANIFEST).read_bytes() == self.target.fs.cat_file(
-                self.target.path(f"{relative}/{checkpoint.MANIFEST}"))
-        except FileNotFoundError:
-            return False
 
     def fleet(self) -> str | None:
         """Which fleet this database is: its first boot (a restore keeps it; a new database, or
