@@ -17,7 +17,7 @@ from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.lifecycle import SEEDED_EVENT
-from fleetd.governor.controller import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
+from fleetd.governor.stall import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
 from fleetd.governor.footprint import FootprintSource
 from fleetd.host.telemetry import Snapshot, TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat

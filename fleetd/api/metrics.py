@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fleetd.api.context import AppContext
 from fleetd.clock import Clock
-from fleetd.governor.controller import TELEMETRY_STALE_INTERVALS
+from fleetd.governor.stall import TELEMETRY_STALE_INTERVALS
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
