@@ -31,6 +31,19 @@ TELEMETRY_RESUMED_EVENT = "telemetry_resumed"
 TELEMETRY_RESUMED_INTERVALS = 6
 
 
+def sample_age(snapshot: Any, clock: Clock, since: float) -> float:
+    """How long ago `snapshot` (fleetd.host.telemetry.Snapshot) was taken, on the monotonic clock
+    where it has its stamp (a step of the wall clock neither fakes a stall nor hides one; else its
+    wall-clock age), counted from no earlier than `since` (monotonic) and never below 0. The
+    governor's (`TelemetryStall.age`) and the API's (`fleetd.api.metrics.TelemetryAge`), each
+    from its own start: the governor's first look, and the API's, made right after it."""
+    now = clock.monotonic()
+    taken = getattr(snapshot, "monotonic", None)
+    if taken is None:
+        taken = now - (clock.now().timestamp() - snapshot.at)
+    return max(0.0, now - max(taken, since))
+
+
 class TelemetryStall:
     """The sample's age and whether it is stale, each look; the stall told and not over (the one
     flag: `_stalled_at`), its fresh window, and its end's event while the database is too busy to
@@ -50,16 +63,12 @@ class TelemetryStall:
         return TELEMETRY_STALE_INTERVALS * self.settings.telemetry_interval_s
 
     def age(self, snapshot: Any) -> float:
-        """The sample's age on the monotonic clock (a wall-clock step neither fakes a stall nor
-        hides one), counted from no earlier than the governor's first look: the daemon's start
-        sample did not go stale while recovery ran and the telemetry job had not started yet."""
-        now = self.clock.monotonic()
+        """The sample's age (`sample_age`), counted from no earlier than the governor's first look
+        (the end of recovery): the daemon's start sample did not go stale while recovery ran and
+        the telemetry job had not started yet."""
         if self._first_look is None:
-            self._first_look = now
-        taken = getattr(snapshot, "monotonic", None)
-        if taken is None:  # a sample without a monotonic stamp: its wall-clock age
-            taken = now - (self.clock.now().timestamp() - snapshot.at)
-        return now - max(taken, self._first_look)
+            self._first_look = self.clock.monotonic()
+        return sample_age(snapshot, self.clock, self._first_look)
 
     def stale(self, age: float, limit: float, alerts: AlertSender | None) -> str | None:
         """Why the sample, `age` s old, is too old to climb on, or None: each look judges the sample
