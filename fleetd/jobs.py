@@ -17,7 +17,7 @@ from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.lifecycle import SEEDED_EVENT
-from fleetd.governor.controller import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
+from fleetd.governor.stall import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
 from fleetd.governor.footprint import FootprintSource
 from fleetd.host.telemetry import Snapshot, TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
@@ -235,10 +235,12 @@ RETENTION_BATCH = 20_000
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
     """Events and samples past their retention, each kind on its own: one that fails (logged,
     naming it) leaves the other deleted, so samples do not pile up behind a failing events delete.
-    The host's current boot's `gpu_lost`, `gpu_back`, `telemetry_stale` and `telemetry_resumed`
-    events are kept however old: a restarted daemon reads them back (`GpuLossNotice`, the
-    governor's open stall), and a GPU lost (a stall) for longer than events_days, its event
-    deleted, was told again at the next restart. Once the host has rebooted they go as any."""
+    The host's current boot's newest `gpu_lost` and `gpu_back` event of each GPU, and its newest
+    `telemetry_stale` and `telemetry_resumed`, are kept however old: a restarted daemon reads them
+    back (`GpuLossNotice`: a GPU's newest says whether it is still lost; the governor's open stall:
+    the newest of the two), and a GPU lost (a stall) for longer than events_days, its event
+    deleted, was told again at the next restart. The older ones go as any (kept all, a flaky GPU's
+    piled up over a months-long boot); once the host has rebooted, all go as any."""
     now = clock.now()
     read_back = (GPU_LOST_EVENT, GPU_BACK_EVENT, TELEMETRY_STALE_EVENT, TELEMETRY_RESUMED_EVENT)
     events = _delete_old(db, "events", lambda session, limit: delete_events_before(

@@ -29,7 +29,7 @@ from fleetd.host.uptime import record_daemon_start
 from fleetd.states import State
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
-from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.store.events import EventFilter, create_event, read_events, read_latest_of_boot
 from fleetd.store.records import EventRecord
 from fleetd.supervision.launcher import OsLauncher, worker_env
 from fleetd.supervision.seams import Launch
@@ -410,6 +410,13 @@ def test_a_gpu_lost_while_the_database_stays_locked_is_alerted_after_a_few_tries
     assert len(daemon.alerts.sent) == 1
 
 
+def run_daemons_retention(settings: Settings, db: Database, clock: FakeClock, boot_id: int) -> None:
+    """The daemon's own hourly retention job, as its scheduler runs it."""
+    supervisor = SimpleNamespace(worker_pids=dict, running_workers=dict, snapshot=None)
+    (job,) = [job for job in Daemon(settings, clock=clock)._jobs(db, boot_id, supervisor) if job.id == "retention"]
+    job.run()
+
+
 def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
     settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
 ) -> None:
@@ -429,10 +436,7 @@ def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
             return [event.kind for event in read_events(session, EventFilter()) if event.kind.startswith(("gpu_", "telemetry_"))]
 
     def daemons_retention(boot_id: int) -> None:
-        """The daemon's own hourly retention job, as its scheduler runs it."""
-        supervisor = SimpleNamespace(worker_pids=dict, running_workers=dict, snapshot=None)
-        (job,) = [job for job in Daemon(settings, clock=clock)._jobs(db, boot_id, supervisor) if job.id == "retention"]
-        job.run()
+        run_daemons_retention(settings, db, clock, boot_id)
 
     clock.advance(settings.retention.events_days * 86400 + 3600)
     daemons_retention(daemon.begun.boot.id)
@@ -446,6 +450,46 @@ def test_retention_keeps_the_boots_gpu_lost_events_a_restart_reads_back(
     clock.advance(settings.retention.events_days * 86400 + 3600)
     daemons_retention(begun.boot.id)
     assert kinds() == []
+
+
+def test_retention_keeps_only_the_newest_read_back_event_of_each_kind_and_gpu(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost, four_gpus: SimpleNamespace
+) -> None:
+    """A flaky GPU 2 lost and read again, over and over, GPU 1 once, and the telemetry stalling
+    now and then, in one boot that outlives [retention] events_days: retention keeps the newest
+    `gpu_lost` and `gpu_back` of each GPU and the newest `telemetry_stale` and `telemetry_resumed`,
+    which is all a restart reads back (it tells nothing again, GPU 2 being still lost), and deletes
+    the older ones. Before, it kept every one of them, piling up for as long as the boot lasted."""
+    daemon = daemon_sampling(db, host, clock)
+    boot_id = daemon.begun.boot.id
+    for lost in ({2}, set(), {1, 2}, {2}, set(), {2}):
+        four_gpus.lost.clear()
+        four_gpus.lost.update(lost)
+        telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+        clock.advance(60)
+    for kind in ("telemetry_stale", "telemetry_resumed") * 2 + ("telemetry_stale",):
+        with db.transaction() as session:
+            create_event(session, clock.now(), kind, kind, boot_id=boot_id)
+        clock.advance(60)
+
+    def read_back() -> list[tuple[str, object]]:
+        with db.transaction() as session:
+            events = read_events(session, EventFilter(limit=1000))
+        return sorted((event.kind, event.details.get("gpu"), event.id) for event in events
+                      if event.kind.startswith(("gpu_", "telemetry_")))
+
+    everything = read_back()
+    newest = {(kind, gpu): id_ for kind, gpu, id_ in everything}  # the last of each wins
+    assert len(everything) == 12 and len(newest) == 6
+    clock.advance(settings.retention.events_days * 86400 + 3600)
+    run_daemons_retention(settings, db, clock, boot_id)
+    assert read_back() == sorted((kind, gpu, id_) for (kind, gpu), id_ in newest.items())
+    with db.transaction() as session:
+        assert read_latest_of_boot(session, boot_id, ("telemetry_stale", "telemetry_resumed")).kind == "telemetry_stale"
+
+    daemon = daemon_sampling(db, host, clock)  # the same boot: a daemon restart, GPU 2 still lost
+    telemetry_job(db, daemon.sampler, dict, None, daemon.notice)
+    assert daemon.alerts.sent == [] and len(read_back()) == 6
 
 
 def test_a_gpu_nvml_says_nothing_of_is_not_taken_as_back(

@@ -18,8 +18,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleetd.api.context import AppContext
-from fleetd.clock import Clock
-from fleetd.governor.controller import TELEMETRY_STALE_INTERVALS
+from fleetd.governor.stall import TELEMETRY_STALE_INTERVALS, sample_age
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
@@ -54,10 +53,12 @@ class PlanCache:
 
 
 class TelemetryAge:
-    """The telemetry sample's age, and whether it is stale, as the governor judges it: older than
-    3 telemetry intervals, counted from no earlier than the API's start (the daemon's start
-    sample, taken before a recovery that ran long, is no stall). One per app: /metrics and
-    `GET /api/v1/fleet` say the same."""
+    """The telemetry sample's age, and whether it is stale, as the governor judges it (the same
+    `sample_age`): older than 3 telemetry intervals, counted from no earlier than the API's start
+    (the daemon's start sample, taken before a recovery that ran long, is no stall). The
+    governor's counts from its first look, at recovery's end, just before the API is made: the
+    two differ by that moment, and only while the start sample is the newest (the API never
+    calls into the governor for it). One per app: /metrics and `GET /api/v1/fleet` say the same."""
 
     def __init__(self, context: AppContext) -> None:
         self.clock = context.clock
@@ -68,10 +69,9 @@ class TelemetryAge:
         """The sample's age (None before the first) and whether it is stale. The age too counts
         from no earlier than the API's start: the gauge (`> 30` alerts on it) and the fleet's
         `age_s` say what availability says."""
-        age = sample_age(snapshot, self.clock)
-        if age is None:
+        if snapshot is None:
             return None, False
-        age = max(0.0, min(age, self.clock.monotonic() - self._started))
+        age = sample_age(snapshot, self.clock, self._started)
         return age, age > self.stale_after_s
 
 
@@ -284,17 +284,6 @@ def plan_metrics(report: PlanReport) -> Iterator[Metric]:
         if value is not None:
             family.add_metric([], value)
         yield family
-
-
-def sample_age(snapshot: TelemetrySnapshot | None, clock: Clock) -> float | None:
-    """How long ago the telemetry's newest sample was taken, on the monotonic clock where it has
-    its stamp (as the governor reads it: a step of the wall clock neither fakes nor hides a
-    stall); None before the first."""
-    if snapshot is None:
-        return None
-    if snapshot.monotonic is None:
-        return max(0.0, clock.now().timestamp() - snapshot.at)
-    return max(0.0, clock.monotonic() - snapshot.monotonic)
 
 
 def gpu_metrics(snapshot: TelemetrySnapshot | None, age_s: float | None = None, stale: bool = False) -> Iterator[Metric]:

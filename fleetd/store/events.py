@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import Select, and_, delete, func, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.mapping import to_record
@@ -81,16 +81,26 @@ def read_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) -> list
 
 def delete_events_before(
     session: Session, cutoff: datetime, keep_kinds: tuple[str, ...] = (), limit: int | None = None,
-    keep_of_this_boot: tuple[str, ...] = (),
+    keep_newest_of_this_boot: tuple[str, ...] = (),
 ) -> int:
     """Events older than the cutoff, except those of `keep_kinds` (markers that must last) and the
-    host's current boot's (the newest boots row's) of `keep_of_this_boot` (what the daemon reads
-    back after a restart in the same boot); with `limit`, at most that many of them (the oldest)."""
+    host's current boot's (the newest boots row's) newest of each of `keep_newest_of_this_boot`,
+    per GPU where the event names one (`details["gpu"]`): what the daemon reads back after a
+    restart in the same boot, which the newest says. The older ones of those kinds go as any:
+    kept all, a flaky GPU's (a flaky driver's) piled up over a months-long boot. With `limit`, at
+    most that many of them (the oldest)."""
     old = and_(Event.at < cutoff, Event.kind.not_in(keep_kinds))
-    if keep_of_this_boot:
-        this_boot = select(func.max(Boot.id)).scalar_subquery()
-        old = and_(old, or_(Event.boot_id.is_(None), Event.boot_id != this_boot, Event.kind.not_in(keep_of_this_boot)))
+    if keep_newest_of_this_boot:
+        old = and_(old, Event.id.not_in(_newest_of_this_boot(keep_newest_of_this_boot)))
     if limit is not None:
         old = Event.id.in_(select(Event.id).where(old).order_by(Event.at).limit(limit))
     result = session.execute(delete(Event).where(old))
     return int(result.rowcount or 0)
+
+
+def _newest_of_this_boot(kinds: tuple[str, ...]) -> Select[tuple[int]]:
+    """The ids of the host's current boot's newest event of each of `kinds`, per GPU named."""
+    this_boot = select(func.max(Boot.id)).scalar_subquery()
+    gpu = func.json_extract(Event.details, "$.gpu")  # NULL for an event naming none: one group
+    return (select(func.max(Event.id)).where(Event.boot_id == this_boot, Event.kind.in_(kinds))
+            .group_by(Event.kind, gpu))

@@ -245,6 +245,34 @@ def test_a_games_copies_leave_the_target_after_the_database_copy_without_the_gam
     assert restored_games(url, tmp_path / "fresh") == set()  # no database job since the scan
 
 
+@pytest.mark.parametrize("how", ["purge", "set_aside"])
+def test_backup_now_copies_the_database_once_when_a_drop_is_owed(setup, tmp_path, monkeypatch, how):
+    # `backup now` with a drop owed copied the database twice: the scan's copy before the drops,
+    # then its own. Once now: the copy without the game, before the drops.
+    from fleetd.games.kept import kept_files, set_aside
+    from fleetd.games.lifecycle import remove_game
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    clock = FakeClock()
+    backup = backed_up_pong(settings, db, clock)
+    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=how == "purge")
+    if how == "purge":
+        backup.purged("pong")
+    else:
+        set_aside(kept_files(settings, "pong"), clock.now())
+    copies = []
+    monkeypatch.setattr(job, "copy_database", lambda *args: copies.append(args) or copy_database(*args))
+
+    run = backup.now()
+
+    assert len(copies) == 1 and run.database_bytes and backup.status.last_db_bytes == run.database_bytes
+    assert run.removed == (["pong/*"] if how == "purge" else ["pong/ckpt-000000000100"])
+    assert restored_games(url, tmp_path / "fresh") == set()
+    backup.now()  # no drop owed: the database copied once, after the scan
+    assert len(copies) == 2
+
+
 def test_a_failing_database_copy_holds_a_purges_drop_not_every_games_checkpoints(setup, tmp_path, monkeypatch):
     # The copy before the drop raised out of the scan: while the purge was owed, no game's new
     # checkpoints reached the target (each scan failing twice over, as database and checkpoints).

@@ -28,14 +28,13 @@ from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
 from fleetd.operations.backup.marks import WRITER_KEY, WRITER_RESTORED_KEY, read_restored_mark, writer_id
-from fleetd.operations.backup.sync import sync_game
+from fleetd.operations.backup.sync import same_copy, sync_game
 from fleetd.operations.backup.target import (DB_NAME, FLEET_KEY, INFO_NAME, TEMP_PREFIX, BackupError, Target,
                                              read_info, target_key)
 from fleetd.store import games as game_store
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
-from workers import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +144,16 @@ class Backup:
         return True
 
     def now(self) -> BackupRun:
-        """The database and every checkpoint not yet copied."""
+        """The database and every checkpoint not yet copied. The database once: the scan's copy
+        before its drops (`_database_first`) where it made one, else after the scan."""
         reason = self.held()
         if reason is not None:
             raise BackupHeld(reason)
         with self._lock:
-            copied, removed, failed = self._checkpoints()
-            if failed is not None:  # the copy before the scan's drops: recorded, not tried twice
-                raise failed
-            size = self._database()
+            copied, removed, first = self._checkpoints()
+            if isinstance(first, Exception):  # the copy before the scan's drops: recorded, not tried twice
+                raise first
+            size = first if first is not None else self._database()
             run = BackupRun(size, copied, removed)
         self._record(f"backed up the database ({size} bytes) and {len(copied)} new checkpoint(s)", run)
         return run
@@ -240,12 +240,12 @@ class Backup:
         self.status.last_db_at, self.status.last_db_bytes = self.clock.now(), size
         return size
 
-    def _checkpoints(self) -> tuple[list[str], list[str], Exception | None]:
-        """The checkpoints copied, those dropped, and why the database copy before the drops
-        failed (None: it did not, or none was needed)."""
+    def _checkpoints(self) -> tuple[list[str], list[str], int | Exception | None]:
+        """The checkpoints copied, those dropped, and the database copy before the drops
+        (`_database_first`): its size, why it failed, or None where no drop was owed."""
         copied: list[str] = []
         removed: list[str] = []
-        failed: Exception | None = None
+        first: int | Exception | None = None
         try:
             self._claim()
             pending = sorted(self._purges)  # before the names: a purge told meanwhile is of a game out of them
@@ -254,9 +254,10 @@ class Backup:
             dropping = [game for game in pending if game in self.target.names("games")]
             aside = self._set_aside_copies()
             if dropping or aside:
-                failed = self._database_first()
-            held = {copy.split("/")[0] for copy in aside} if failed is not None else set()
-            if failed is None:
+                first = self._database_first()
+            failed = isinstance(first, Exception)
+            held = {copy.split("/")[0] for copy in aside} if failed else set()
+            if not failed:
                 removed += self._drop_purged(dropping) + self._drop(aside)
             for game in pending:
                 if game in dropping and f"{game}/*" not in removed:
@@ -280,19 +281,18 @@ class Backup:
         if copied:
             self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
             self.status.checkpoints_copied += len(copied)
-        return copied, removed, failed
+        return copied, removed, first
 
-    def _database_first(self) -> Exception | None:
+    def _database_first(self) -> int | Exception:
         """Before a game's copies are dropped on purpose (a purge, a set-aside), the database copied
         with the game out of it: one taken before, restored, would bring the game back without its
-        checkpoints (a fresh start under its name). The error when the copy failed (recorded): the
-        drops wait for the next scan, and that game's sync with them; the other games' checkpoints
-        are copied as usual."""
+        checkpoints (a fresh start under its name). Its size; or the error when the copy failed
+        (recorded): the drops wait for the next scan, and that game's sync with them; the other
+        games' checkpoints are copied as usual."""
         try:
-            self._database()
+            return self._database()
         except Exception as exc:  # noqa: BLE001 - recorded by _database as a backup_failed event
             return exc
-        return None
 
     def _drop_purged(self, games: list[str]) -> list[str]:
         for game in games:
@@ -304,7 +304,7 @@ class Backup:
         with kept=set_aside under a removed game's name), as `game/name`: the sync keeps a game's
         last copies while it has no checkpoint of its own yet, and a restore then handed the
         removed game's to the new one. A name the new game wrote again is dropped where its copy
-        is the old one."""
+        is the old one, or cannot be told its own (pruned here meanwhile: `same_copy` None)."""
         copies = []
         for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
             game = game_dir.parent.name
@@ -313,7 +313,7 @@ class Backup:
             on_target = self.target.names(relative) & aside if aside else set()
             here = game_dir.parent / "checkpoints"
             copies += [f"{game}/{name}" for name in sorted(on_target)
-                       if not ((here / name).is_dir() and self._same_manifest(here / name, f"{relative}/{name}"))]
+                       if not ((here / name).is_dir() and same_copy(self.target, f"{relative}/{name}", here / name))]
         return copies
 
     def _drop(self, copies: list[str]) -> list[str]:
@@ -321,13 +321,6 @@ class Backup:
             game, name = copy.split("/")
             self.target.remove(f"games/{game}/checkpoints/{name}")
         return copies
-
-    def _same_manifest(self, local: Path, relative: str) -> bool:
-        try:
-            return (local / checkpoint.MANIFEST).read_bytes() == self.target.fs.cat_file(
-                self.target.path(f"{relative}/{checkpoint.MANIFEST}"))
-        except FileNotFoundError:
-            return False
 
     def fleet(self) -> str | None:
         """Which fleet this database is: its first boot (a restore keeps it; a new database, or

@@ -36,8 +36,9 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     for info in reversed(local):  # oldest first: the newest lands last
         name = info.path.name
         cut_short = name in on_target and _cut_short(held, info.path)
+        # One pruned here meanwhile (`same_copy` None) is not copied again: it is not wanted.
         replaced = name in on_target and not cut_short and confirmed is not None and \
-            not _same_copy(target, f"{relative}/{name}", info.path, confirmed)
+            same_copy(target, f"{relative}/{name}", info.path, confirmed) is False
         if name in on_target and not cut_short and not replaced:
             continue
         if not checkpoint.verify(info.path)[0]:
@@ -77,12 +78,16 @@ def _manifest_bytes(local: Path) -> bytes | None:
         return None
 
 
-def _same_copy(target: Target, relative: str, local: Path, confirmed: dict[str, bytes]) -> bool:
-    """The target's copy at `relative` is of this checkpoint: the same manifest (every file's
-    hash), as found before (`confirmed`) or read from the target now. One pruned here
-    meanwhile counts as the same: it is not copied."""
+def same_copy(target: Target, relative: str, local: Path, confirmed: dict[str, bytes] | None = None) -> bool | None:
+    """Whether the target's copy at `relative` is of the checkpoint at `local`: the same manifest
+    (every file's hash), as found before (`confirmed`, where given: a match is remembered there)
+    or read from the target now. None: the checkpoint here was pruned meanwhile (its manifest
+    does not read), which each caller answers its own way: the sync does not copy it (it is not
+    wanted), the backup's set-aside check cannot tell the copy its own and drops it."""
     here = _manifest_bytes(local)
-    if here is None or confirmed.get(relative) == here:
+    if here is None:
+        return None
+    if confirmed is not None and confirmed.get(relative) == here:
         return True
     try:
         there = target.fs.cat_file(target.path(f"{relative}/{checkpoint.MANIFEST}"))
@@ -90,7 +95,8 @@ def _same_copy(target: Target, relative: str, local: Path, confirmed: dict[str, 
         there = None
     if there != here:
         return False
-    confirmed[relative] = here
+    if confirmed is not None:
+        confirmed[relative] = here
     return True
 
 
