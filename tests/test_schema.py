@@ -139,18 +139,24 @@ def downgrade():
 """
 
 
-@pytest.fixture
-def newer_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """This fleetd's migrations plus one more revision: as if fleetd had just been upgraded."""
+def _with_one_more_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> str:
+    """This fleetd's migrations plus revision `text` after the head, which is returned."""
     import fleetd.store.schema as schema
 
     copy = tmp_path / "migrations"
+    shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(migrations_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
     head = revisions_oldest_first()[-1]
     newer = f"{int(head) + 1:04d}"
-    (copy / "versions" / f"{newer}_note.py").write_text(SECOND_REVISION.format(rev=newer, down=head))
+    (copy / "versions" / f"{newer}_note.py").write_text(text.format(rev=newer, down=head))
     monkeypatch.setattr(schema, "migrations_dir", lambda: copy)
     return head
+
+
+@pytest.fixture
+def newer_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This fleetd's migrations plus one more revision: as if fleetd had just been upgraded."""
+    return _with_one_more_revision(tmp_path, monkeypatch, SECOND_REVISION)
 
 
 def test_database_behind_is_refused_with_the_command(tmp_path: Path, newer_migrations: str) -> None:
@@ -186,6 +192,69 @@ def test_upgrade_copies_the_database_aside_first(tmp_path: Path, newer_migration
     assert upgrade_database(db_path, tmp_path / "backups").backup is None  # current: nothing to do
 
 
+
+
+FAILING_REVISION = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{rev}"
+down_revision = "{down}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    with op.batch_alter_table("boots") as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+    op.execute("UPDATE games SET steps = 0")
+    with op.batch_alter_table("games", recreate="always") as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+    raise OSError(28, "database or disk is full")
+
+
+def downgrade():
+    pass
+"""
+
+
+def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (or a crash) in the middle of a revision: Python's sqlite3 committed each
+    ALTER/CREATE/DROP at once, so the database kept the new columns at the old revision, and
+    every upgrade after failed on them ("duplicate column name"). All of it rolls back now."""
+    db_path = tmp_path / "fleetd.db"
+    head = _with_one_more_revision(tmp_path, monkeypatch, FAILING_REVISION)
+    command.upgrade(alembic_config(db_path), head)
+    _insert_boot(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            " restarts, steps, episodes, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo', 'running',"
+            " 0, '{}', 'running', '2026-01-01', 0, 1234, 5, '2026-01-01', '2026-01-01')"
+        )
+    with pytest.raises(SchemaError, match=rf"failed: .*disk is full.*unchanged, at schema {head}; its copy from before is"):
+        upgrade_database(db_path, tmp_path / "backups")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
+        assert "note" not in [row[1] for row in conn.execute("PRAGMA table_info(boots)")]
+        assert "note" not in [row[1] for row in conn.execute("PRAGMA table_info(games)")]
+        assert conn.execute("SELECT name, steps FROM games").fetchall() == [("pong", 1234)]
+    assert differences(db_path) == []
+    _with_one_more_revision(tmp_path, monkeypatch, SECOND_REVISION)  # the cause fixed: the same upgrade again
+    upgrade_database(db_path, tmp_path / "backups")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT boot_id, note FROM boots").fetchall() == [("b1", None)]
+
+
+def test_an_upgrade_that_cannot_copy_the_database_aside_changes_nothing(tmp_path: Path, newer_migrations: str) -> None:
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), newer_migrations)
+    (tmp_path / "backups").write_text("a file where the backups directory should be")
+    with pytest.raises(SchemaError, match=r"cannot copy the database .* aside to .*Nothing was upgraded"):
+        upgrade_database(db_path, tmp_path / "backups")
+    assert inspect_schema(db_path).current == newer_migrations
 
 
 def test_foreign_tables_are_refused(tmp_path: Path) -> None:

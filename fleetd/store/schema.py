@@ -168,6 +168,20 @@ def upgrade_database(db_path: Path, backups_dir: Path) -> UpgradeResult:
     db_path.parent.mkdir(parents=True, exist_ok=True)
     backup = None
     if status.state is SchemaState.BEHIND:
-        backup = backup_database(db_path, backups_dir, f"schema-{status.current}")
-    command.upgrade(alembic_config(db_path), "head")
+        try:
+            backup = backup_database(db_path, backups_dir, f"schema-{status.current}")
+        except (OSError, sqlite3.Error) as exc:
+            raise SchemaError(
+                f"cannot copy the database {db_path} aside to {backups_dir}: {exc}. Nothing was "
+                "upgraded; make room there (or make it writable) and run the upgrade again."
+            ) from None
+    try:
+        command.upgrade(alembic_config(db_path), "head")
+    except Exception as exc:  # all revisions run in one transaction (migrations/env.py): none stays
+        kept = f"; its copy from before is {backup}" if backup is not None else ""
+        raise SchemaError(
+            f"the upgrade of {db_path} to schema {status.head} failed: {exc}. The database is "
+            f"unchanged, at schema {status.current or '(new)'}{kept}. Fix the cause (a full or "
+            "read-only disk?) and run the upgrade again."
+        ) from exc
     return UpgradeResult(status.current, status.head, backup)
