@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import sqlite3
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -272,6 +274,63 @@ def test_corrupt_file_is_refused_and_left_alone(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="cannot read the database .* fleetd changed nothing"):
         ensure_schema(db_path, "fleetd db upgrade")
     assert db_path.read_bytes() == garbage
+
+
+def _inspect_as_another_user(db_path: Path) -> str:
+    """inspect_schema(db_path)'s refusal (or state) for a user in the file's group, who may read
+    it but not write its folder, as an operator in the daemon's group (StateDirectoryMode=0750,
+    UMask=0027). As root, a forked child that becomes nobody (gid nogroup, the folder's group)."""
+    def outcome() -> str:
+        try:
+            return inspect_schema(db_path).state.value
+        except SchemaError as exc:
+            return str(exc)
+
+    if os.geteuid() != 0:
+        return outcome()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write, outcome().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as answer:
+        return answer.read()
+
+
+@pytest.mark.parametrize("folder_mode", [0o750, 0o700])
+def test_a_user_who_may_not_open_the_database_is_not_told_it_is_damaged(folder_mode: int) -> None:
+    """`fleetd db status` by an operator in the daemon's group: a WAL database can be read only
+    by a user who may write its folder (SQLite makes fleetd.db-shm there), and SQLite answered
+    "attempt to write a readonly database", which fleetd took for a damaged file: "Move the file
+    aside and restore a copy, or start with an empty state_dir". Outside the group (0700 for
+    the others): a PermissionError's traceback."""
+    base = Path(tempfile.mkdtemp(prefix="fleetd-schema-"))
+    try:
+        base.chmod(0o755)
+        db_path = base / "state" / "fleetd.db"
+        ensure_schema(db_path, "fleetd db upgrade")
+        with sqlite3.connect(db_path) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")  # as the daemon leaves it
+        if os.geteuid() == 0:
+            os.chown(db_path.parent, 0, 65534)
+            os.chown(db_path, 0, 65534)
+        db_path.chmod(0o640)
+        db_path.parent.chmod(folder_mode if os.geteuid() == 0 else {0o750: 0o500, 0o700: 0}[folder_mode])
+        answer = _inspect_as_another_user(db_path)
+        db_path.parent.chmod(0o750)
+        assert answer.startswith(f"cannot open the database {db_path}: "), answer
+        assert "says nothing about the file itself" in answer and "as the daemon's user" in answer, answer
+        assert "restore" not in answer and "empty state_dir" not in answer, answer
+        assert inspect_schema(db_path).state is SchemaState.CURRENT
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_0009_keeps_the_local_rungs_memory_as_host_empty_and_games_get_no_host(tmp_path: Path) -> None:

@@ -75,8 +75,11 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
     """Reads, never writes: a missing file is reported EMPTY, not created."""
     script = ScriptDirectory.from_config(alembic_config(db_path))
     head = head_revision()
-    if not db_path.exists():
-        return SchemaStatus(SchemaState.EMPTY, None, head)
+    try:
+        if not db_path.exists():
+            return SchemaStatus(SchemaState.EMPTY, None, head)
+    except OSError as exc:  # a folder this user may not enter
+        raise SchemaError(_cannot_open(db_path, exc.strerror or str(exc)), reason=str(exc)) from None
     engine = create_engine(sqlite_url(db_path), poolclass=NullPool)
     try:
         with engine.connect() as conn:
@@ -88,6 +91,8 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
             if problem != "ok":
                 raise DatabaseError("PRAGMA quick_check", None, Exception(problem))
     except DatabaseError as exc:
+        if not _damaged(exc.orig):
+            raise SchemaError(_cannot_open(db_path, str(exc.orig)), reason=str(exc.orig)) from None
         raise SchemaError(
             f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
             f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
@@ -97,6 +102,23 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
     finally:
         engine.dispose()
     return SchemaStatus(_classify(current, tables, head, script), current, head)
+
+
+def _damaged(error: BaseException | None) -> bool:
+    """Whether SQLite's error says the file itself is bad (quick_check's finding has no code).
+    Anything else (a user that may not write the folder, where a WAL database's -shm must be
+    made even to read it; a lock held too long; a full disk) says nothing about the file."""
+    name = getattr(error, "sqlite_errorname", None)
+    return name is None or name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+def _cannot_open(db_path: Path, why: str) -> str:
+    return (
+        f"cannot open the database {db_path}: {why}. fleetd changed nothing, and this says nothing "
+        f"about the file itself. Run the command as the daemon's user (reading the database takes "
+        f"reading it and writing its folder {db_path.parent}, where SQLite keeps fleetd.db-shm), "
+        "or see that the disk has room."
+    )
 
 
 def _classify(current: str | None, tables: set[str], head: str, script: ScriptDirectory) -> SchemaState:
