@@ -259,6 +259,45 @@ def test_an_upgrade_that_cannot_copy_the_database_aside_changes_nothing(tmp_path
     assert inspect_schema(db_path).current == newer_migrations
 
 
+def test_a_copy_aside_cut_short_leaves_no_file_under_a_backups_name(tmp_path: Path, newer_migrations: str) -> None:
+    """A disk that fills while `fleetd db upgrade` copies the database aside (here: a file size
+    limit, in a forked child) left an empty fleetd-schema-*.db in backups/; copied back over
+    fleetd.db as the documented undo, the daemon took it for a new database and created one."""
+    import resource
+    import signal
+
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), newer_migrations)
+    with sqlite3.connect(db_path) as conn:
+        conn.executemany("INSERT INTO samples (at, metric, value) VALUES ('2026-01-01 00:00:00.000000', ?, 1.0)",
+                         ((f"m{i:06d}",) for i in range(20_000)))
+    assert db_path.stat().st_size > 1_000_000
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+            try:
+                upgrade_database(db_path, tmp_path / "backups")
+                os.write(write, b"upgraded")
+            except SchemaError as exc:
+                os.write(write, str(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as answer:
+        assert answer.read().startswith(f"cannot copy the database {db_path} aside")
+    assert list((tmp_path / "backups").iterdir()) == []
+    assert inspect_schema(db_path).current == newer_migrations
+    backup = upgrade_database(db_path, tmp_path / "backups").backup  # room again: the same command
+    assert backup is not None and [p.name for p in (tmp_path / "backups").iterdir()] == [backup.name]
+    with sqlite3.connect(backup) as conn:
+        assert conn.execute("SELECT count(*) FROM samples").fetchall() == [(20_000,)]
+
+
 def test_foreign_tables_are_refused(tmp_path: Path) -> None:
     db_path = tmp_path / "fleetd.db"
     with sqlite3.connect(db_path) as conn:

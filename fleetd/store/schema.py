@@ -23,6 +23,7 @@ from sqlalchemy.exc import DatabaseError
 from sqlalchemy.pool import NullPool
 
 import fleetd
+from fleetd.store.backup import copy_database
 from fleetd.store.engine import sqlite_url
 
 log = logging.getLogger(__name__)
@@ -159,18 +160,20 @@ def _refusal(db_path: Path, status: SchemaStatus, upgrade_hint: str) -> str:
 
 
 def backup_database(db_path: Path, backups_dir: Path, label: str) -> Path:
-    """A consistent copy through SQLite's backup API (safe while others read)."""
+    """A consistent copy through SQLite's backup API (safe while others read), written under a
+    temporary name and renamed whole: a copy cut short (a full disk) left an empty or partial
+    file under the backup's own name, which copied back over fleetd.db as the undo is a new,
+    empty fleet's database."""
     backups_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     target = backups_dir / f"fleetd-{label}-{stamp}.db"
-    source = sqlite3.connect(db_path)
+    partial = backups_dir / f".partial-{target.name}"
     try:
-        destination = sqlite3.connect(target)
-        with destination:
-            source.backup(destination)
-        destination.close()
+        copy_database(db_path, partial)
+        partial.replace(target)
     finally:
-        source.close()
+        for left in (partial, *(partial.with_name(partial.name + end) for end in ("-journal", "-wal", "-shm"))):
+            left.unlink(missing_ok=True)
     return target
 
 
