@@ -32,6 +32,9 @@ def run_migrations_online() -> None:
 
 def _driver_leaves_transactions_alone(dbapi_connection, _record) -> None:
     dbapi_connection.isolation_level = None
+    # Off, as SQLite's default, and said so: batch mode copies a table and drops the old one,
+    # which with foreign keys on cascades into its children (a game's runs, samples, checkpoints).
+    dbapi_connection.execute("PRAGMA foreign_keys=OFF")
 
 
 def _begin(connection) -> None:

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import tempfile
 from dataclasses import replace
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from fleetd.store import fleet as fleet_store
+from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.models import Base
 from fleetd.store.schema import (
@@ -111,6 +113,42 @@ def test_each_step_down_and_up_keeps_data(tmp_path: Path, revision: str) -> None
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT boot_id FROM boots").fetchall() == [("b1",)]
         assert conn.execute("SELECT name, steps, episodes FROM games").fetchall() == [("pong", 1234, 5)]
+
+
+def test_rows_of_the_first_schema_keep_their_links_through_every_upgrade(tmp_path: Path) -> None:
+    """A database of 0001 with a row in every table upgraded to head by `fleetd db upgrade`: the
+    batch migrations copy and drop `games` and `runs`, which a connection with foreign keys on
+    would cascade into their runs, samples and checkpoints (or null a checkpoint's run)."""
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), "0001")
+    _insert_boot(db_path)
+    at = "'2026-01-01 00:00:00.000000'"
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (id, name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            f" restarts, steps, episodes, created_at, updated_at) VALUES (7, 'pong', 'Pong-v5', 'ppo', 'stopped',"
+            f" 0, '{{}}', 'stopped', {at}, 0, 1234, 5, {at}, {at})"
+        )
+        conn.execute(f"INSERT INTO runs (id, game_id, boot_id, cmdline, started_at, adoptions) VALUES (3, 7, 1, '[]', {at}, 0)")
+        conn.execute("INSERT INTO checkpoints (game_id, run_id, path, steps, episodes, size_bytes, created_at, verified)"
+                     f" VALUES (7, 3, 'ckpt-1', 1000, 4, 10, {at}, 1)")
+        conn.execute(f"INSERT INTO samples (at, game_id, metric, value) VALUES ({at}, 7, 'steps', 1000.0)")
+        conn.execute(f"INSERT INTO events (at, kind, severity, game, boot_id, message, details) VALUES ({at},"
+                     " 'game_added', 'info', 'pong', 1, 'added', '{}')")
+    upgrade_database(db_path, tmp_path / "backups")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT id, game_id, boot_id FROM runs").fetchall() == [(3, 7, 1)]
+        assert conn.execute("SELECT game_id, run_id, path FROM checkpoints").fetchall() == [(7, 3, "ckpt-1")]
+        assert conn.execute("SELECT game_id, metric FROM samples").fetchall() == [(7, "steps")]
+        assert conn.execute("SELECT kind, boot_id FROM events").fetchall() == [("game_added", 1)]
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    db = Database.open(db_path)
+    try:
+        with db.transaction() as session:
+            game = game_store.read_game(session, "pong")
+        assert (game.steps, game.created_at.tzinfo) == (1234, UTC)
+    finally:
+        db.close()
 
 
 def test_new_database_is_created_at_head(tmp_path: Path) -> None:

@@ -116,9 +116,9 @@ def _damaged(error: BaseException | None) -> bool:
 def _cannot_open(db_path: Path, why: str) -> str:
     return (
         f"cannot open the database {db_path}: {why}. fleetd changed nothing, and this says nothing "
-        f"about the file itself. Run the command as the daemon's user (reading the database takes "
-        f"reading it and writing its folder {db_path.parent}, where SQLite keeps fleetd.db-shm), "
-        "or see that the disk has room."
+        f"about the file itself. Run the command as the daemon's user, and see that this user may "
+        f"read and write the file and write its folder {db_path.parent} (even reading it takes "
+        "making fleetd.db-shm there), and that the disk has room."
     )
 
 
