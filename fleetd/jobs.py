@@ -23,7 +23,7 @@ from fleetd.host.telemetry import Snapshot, TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
 from fleetd.operations.alerts import Alert
 from fleetd.operations.run_logs import rotated_copy
-from fleetd.store.engine import Database
+from fleetd.store.engine import DELETE_BATCH, Database
 from fleetd.store.events import create_event, delete_events_before, read_of_boot
 from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
@@ -225,11 +225,10 @@ def telemetry_job(
         lost.settle(True)  # after the commit: an alert only for an event recorded
 
 
-# Rows deleted per transaction. Hourly, retention deletes an hour's worth (about 40,000 samples
-# for 10 games on 8 GPUs); after the daemon was down for days, or a shorter samples_days, millions
-# at once: as one transaction that held the write lock for longer than busy_timeout_ms, and the
-# supervisor's, the heartbeat's and the API's writes failed "database is locked" meanwhile.
-RETENTION_BATCH = 20_000
+# Rows deleted per transaction (DELETE_BATCH). Hourly, retention deletes an hour's worth (about
+# 40,000 samples for 10 games on 8 GPUs); after the daemon was down for days, or a shorter
+# samples_days, millions at once.
+RETENTION_BATCH = DELETE_BATCH
 
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import sqlite3
+import tempfile
 from dataclasses import replace
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from fleetd.store import fleet as fleet_store
+from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.models import Base
 from fleetd.store.schema import (
@@ -111,6 +115,42 @@ def test_each_step_down_and_up_keeps_data(tmp_path: Path, revision: str) -> None
         assert conn.execute("SELECT name, steps, episodes FROM games").fetchall() == [("pong", 1234, 5)]
 
 
+def test_rows_of_the_first_schema_keep_their_links_through_every_upgrade(tmp_path: Path) -> None:
+    """A database of 0001 with a row in every table upgraded to head by `fleetd db upgrade`: the
+    batch migrations copy and drop `games` and `runs`, which a connection with foreign keys on
+    would cascade into their runs, samples and checkpoints (or null a checkpoint's run)."""
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), "0001")
+    _insert_boot(db_path)
+    at = "'2026-01-01 00:00:00.000000'"
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (id, name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            f" restarts, steps, episodes, created_at, updated_at) VALUES (7, 'pong', 'Pong-v5', 'ppo', 'stopped',"
+            f" 0, '{{}}', 'stopped', {at}, 0, 1234, 5, {at}, {at})"
+        )
+        conn.execute(f"INSERT INTO runs (id, game_id, boot_id, cmdline, started_at, adoptions) VALUES (3, 7, 1, '[]', {at}, 0)")
+        conn.execute("INSERT INTO checkpoints (game_id, run_id, path, steps, episodes, size_bytes, created_at, verified)"
+                     f" VALUES (7, 3, 'ckpt-1', 1000, 4, 10, {at}, 1)")
+        conn.execute(f"INSERT INTO samples (at, game_id, metric, value) VALUES ({at}, 7, 'steps', 1000.0)")
+        conn.execute(f"INSERT INTO events (at, kind, severity, game, boot_id, message, details) VALUES ({at},"
+                     " 'game_added', 'info', 'pong', 1, 'added', '{}')")
+    upgrade_database(db_path, tmp_path / "backups")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT id, game_id, boot_id FROM runs").fetchall() == [(3, 7, 1)]
+        assert conn.execute("SELECT game_id, run_id, path FROM checkpoints").fetchall() == [(7, 3, "ckpt-1")]
+        assert conn.execute("SELECT game_id, metric FROM samples").fetchall() == [(7, "steps")]
+        assert conn.execute("SELECT kind, boot_id FROM events").fetchall() == [("game_added", 1)]
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    db = Database.open(db_path)
+    try:
+        with db.transaction() as session:
+            game = game_store.read_game(session, "pong")
+        assert (game.steps, game.created_at.tzinfo) == (1234, UTC)
+    finally:
+        db.close()
+
+
 def test_new_database_is_created_at_head(tmp_path: Path) -> None:
     db_path = tmp_path / "state" / "fleetd.db"
     status = ensure_schema(db_path, "fleetd db upgrade")
@@ -139,18 +179,24 @@ def downgrade():
 """
 
 
-@pytest.fixture
-def newer_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """This fleetd's migrations plus one more revision: as if fleetd had just been upgraded."""
+def _with_one_more_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> str:
+    """This fleetd's migrations plus revision `text` after the head, which is returned."""
     import fleetd.store.schema as schema
 
     copy = tmp_path / "migrations"
+    shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(migrations_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
     head = revisions_oldest_first()[-1]
     newer = f"{int(head) + 1:04d}"
-    (copy / "versions" / f"{newer}_note.py").write_text(SECOND_REVISION.format(rev=newer, down=head))
+    (copy / "versions" / f"{newer}_note.py").write_text(text.format(rev=newer, down=head))
     monkeypatch.setattr(schema, "migrations_dir", lambda: copy)
     return head
+
+
+@pytest.fixture
+def newer_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This fleetd's migrations plus one more revision: as if fleetd had just been upgraded."""
+    return _with_one_more_revision(tmp_path, monkeypatch, SECOND_REVISION)
 
 
 def test_database_behind_is_refused_with_the_command(tmp_path: Path, newer_migrations: str) -> None:
@@ -188,6 +234,108 @@ def test_upgrade_copies_the_database_aside_first(tmp_path: Path, newer_migration
 
 
 
+FAILING_REVISION = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{rev}"
+down_revision = "{down}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    with op.batch_alter_table("boots") as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+    op.execute("UPDATE games SET steps = 0")
+    with op.batch_alter_table("games", recreate="always") as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+    raise OSError(28, "database or disk is full")
+
+
+def downgrade():
+    pass
+"""
+
+
+def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (or a crash) in the middle of a revision: Python's sqlite3 committed each
+    ALTER/CREATE/DROP at once, so the database kept the new columns at the old revision, and
+    every upgrade after failed on them ("duplicate column name"). All of it rolls back now."""
+    db_path = tmp_path / "fleetd.db"
+    head = _with_one_more_revision(tmp_path, monkeypatch, FAILING_REVISION)
+    command.upgrade(alembic_config(db_path), head)
+    _insert_boot(db_path)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            " restarts, steps, episodes, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo', 'running',"
+            " 0, '{}', 'running', '2026-01-01', 0, 1234, 5, '2026-01-01', '2026-01-01')"
+        )
+    with pytest.raises(SchemaError, match=rf"failed: .*disk is full.*unchanged, at schema {head}; its copy from before is"):
+        upgrade_database(db_path, tmp_path / "backups")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
+        assert "note" not in [row[1] for row in conn.execute("PRAGMA table_info(boots)")]
+        assert "note" not in [row[1] for row in conn.execute("PRAGMA table_info(games)")]
+        assert conn.execute("SELECT name, steps FROM games").fetchall() == [("pong", 1234)]
+    assert differences(db_path) == []
+    _with_one_more_revision(tmp_path, monkeypatch, SECOND_REVISION)  # the cause fixed: the same upgrade again
+    upgrade_database(db_path, tmp_path / "backups")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT boot_id, note FROM boots").fetchall() == [("b1", None)]
+
+
+def test_an_upgrade_that_cannot_copy_the_database_aside_changes_nothing(tmp_path: Path, newer_migrations: str) -> None:
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), newer_migrations)
+    (tmp_path / "backups").write_text("a file where the backups directory should be")
+    with pytest.raises(SchemaError, match=r"cannot copy the database .* aside to .*Nothing was upgraded"):
+        upgrade_database(db_path, tmp_path / "backups")
+    assert inspect_schema(db_path).current == newer_migrations
+
+
+def test_a_copy_aside_cut_short_leaves_no_file_under_a_backups_name(tmp_path: Path, newer_migrations: str) -> None:
+    """A disk that fills while `fleetd db upgrade` copies the database aside (here: a file size
+    limit, in a forked child) left an empty fleetd-schema-*.db in backups/; copied back over
+    fleetd.db as the documented undo, the daemon took it for a new database and created one."""
+    import resource
+    import signal
+
+    db_path = tmp_path / "fleetd.db"
+    command.upgrade(alembic_config(db_path), newer_migrations)
+    with sqlite3.connect(db_path) as conn:
+        conn.executemany("INSERT INTO samples (at, metric, value) VALUES ('2026-01-01 00:00:00.000000', ?, 1.0)",
+                         ((f"m{i:06d}",) for i in range(20_000)))
+    assert db_path.stat().st_size > 1_000_000
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+            try:
+                upgrade_database(db_path, tmp_path / "backups")
+                os.write(write, b"upgraded")
+            except SchemaError as exc:
+                os.write(write, str(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as answer:
+        assert answer.read().startswith(f"cannot copy the database {db_path} aside")
+    assert list((tmp_path / "backups").iterdir()) == []
+    assert inspect_schema(db_path).current == newer_migrations
+    backup = upgrade_database(db_path, tmp_path / "backups").backup  # room again: the same command
+    assert backup is not None and [p.name for p in (tmp_path / "backups").iterdir()] == [backup.name]
+    with sqlite3.connect(backup) as conn:
+        assert conn.execute("SELECT count(*) FROM samples").fetchall() == [(20_000,)]
+
+
 def test_foreign_tables_are_refused(tmp_path: Path) -> None:
     db_path = tmp_path / "fleetd.db"
     with sqlite3.connect(db_path) as conn:
@@ -203,6 +351,63 @@ def test_corrupt_file_is_refused_and_left_alone(tmp_path: Path) -> None:
     with pytest.raises(SchemaError, match="cannot read the database .* fleetd changed nothing"):
         ensure_schema(db_path, "fleetd db upgrade")
     assert db_path.read_bytes() == garbage
+
+
+def _inspect_as_another_user(db_path: Path) -> str:
+    """inspect_schema(db_path)'s refusal (or state) for a user in the file's group, who may read
+    it but not write its folder, as an operator in the daemon's group (StateDirectoryMode=0750,
+    UMask=0027). As root, a forked child that becomes nobody (gid nogroup, the folder's group)."""
+    def outcome() -> str:
+        try:
+            return inspect_schema(db_path).state.value
+        except SchemaError as exc:
+            return str(exc)
+
+    if os.geteuid() != 0:
+        return outcome()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write, outcome().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as answer:
+        return answer.read()
+
+
+@pytest.mark.parametrize("folder_mode", [0o750, 0o700])
+def test_a_user_who_may_not_open_the_database_is_not_told_it_is_damaged(folder_mode: int) -> None:
+    """`fleetd db status` by an operator in the daemon's group: a WAL database can be read only
+    by a user who may write its folder (SQLite makes fleetd.db-shm there), and SQLite answered
+    "attempt to write a readonly database", which fleetd took for a damaged file: "Move the file
+    aside and restore a copy, or start with an empty state_dir". Outside the group (0700 for
+    the others): a PermissionError's traceback."""
+    base = Path(tempfile.mkdtemp(prefix="fleetd-schema-"))
+    try:
+        base.chmod(0o755)
+        db_path = base / "state" / "fleetd.db"
+        ensure_schema(db_path, "fleetd db upgrade")
+        with sqlite3.connect(db_path) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")  # as the daemon leaves it
+        if os.geteuid() == 0:
+            os.chown(db_path.parent, 0, 65534)
+            os.chown(db_path, 0, 65534)
+        db_path.chmod(0o640)
+        db_path.parent.chmod(folder_mode if os.geteuid() == 0 else {0o750: 0o500, 0o700: 0}[folder_mode])
+        answer = _inspect_as_another_user(db_path)
+        db_path.parent.chmod(0o750)
+        assert answer.startswith(f"cannot open the database {db_path}: "), answer
+        assert "says nothing about the file itself" in answer and "as the daemon's user" in answer, answer
+        assert "restore" not in answer and "empty state_dir" not in answer, answer
+        assert inspect_schema(db_path).state is SchemaState.CURRENT
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_0009_keeps_the_local_rungs_memory_as_host_empty_and_games_get_no_host(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import CheckedOnce, EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
-from fleetd.games.lifecycle import check_draft, check_unique_names, record_added, record_desired, record_removed, seeding_needed
+from fleetd.games.lifecycle import (check_draft, check_unique_names, forget_samples_of_removable, record_added,
+                                    record_desired, record_removed, removable, seeding_needed)
 from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
@@ -33,7 +34,7 @@ from fleetd.games.settings import (
 from fleetd.games.slug import GameName
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import DEFAULT_ALGO, SETTABLE, GameSpec
-from fleetd.states import DONE, REMOVABLE, Desired, State
+from fleetd.states import DONE, Desired, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.records import GameDraft, GameRecord
@@ -243,7 +244,7 @@ def _newest(files: KeptFiles) -> Found | FleetdError | None:
 def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
     if game is None:
         return GamePlan(name, "none", note="absent: not there")
-    if game.state in REMOVABLE and game.current_run is None:
+    if removable(game):
         return GamePlan(name, "remove", note=f"removed; its files kept (it was {game.state})")
     if game.desired is Desired.STOPPED:
         still = "stopping" if game.state is State.STOPPING else f"{game.state}, stopping"
@@ -277,6 +278,9 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
         plans = plan_fleet(session, games, checked, restart, workers, kept)
     if dry_run:
         return plans
+    for plan in plans:
+        if plan.action == "remove":  # its samples a batch a transaction first, as remove_game's
+            forget_samples_of_removable(db, plan.name)
     with db.transaction(immediate=True) as session:
         plans = plan_fleet(session, games, checked, restart, workers, kept)
         for plan in plans:

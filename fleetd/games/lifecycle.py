@@ -19,9 +19,10 @@ from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.health.settings import HealthSettingError, settings_for
 from fleetd.states import REMOVABLE, Desired, Shown, shown
 from fleetd.store import games as game_store
-from fleetd.store.engine import Database
+from fleetd.store.engine import DELETE_BATCH, Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft, GameRecord
+from fleetd.store.samples import delete_game_samples
 from workers.checkpoint import checkpoint_name, episodes_at
 from workers.protocol import PROTOCOL_VERSION
 from workers.protocol.spec import LaunchSpec, SpecError, algo_refusal, refusals
@@ -164,10 +165,11 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     else a game added again under the name would resume from its checkpoints. `purging`: told
     of a purge once the game is out of the database, before its files go (the backup, which then
     drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
+    forget_samples_of_removable(db, name)
     now = clock.now()
     with db.transaction(immediate=True) as session:
         game = game_store.read_game(session, name)
-        if game.state not in REMOVABLE or game.current_run is not None:
+        if not removable(game):
             raise FleetdError(
                 ErrorCode.CONFLICT,
                 f"game {name!r} is {game.state}: stop it first (fleetd games stop {name})",
@@ -183,6 +185,26 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
             from fleetd.operations.backup.target import Target
 
             Target(storage_url).remove(f"games/{name}")
+
+
+def removable(game: GameRecord) -> bool:
+    return game.state in REMOVABLE and game.current_run is None
+
+
+def forget_samples_of_removable(db: Database, name: str) -> None:
+    """Before the transaction that removes game `name`: its samples, DELETE_BATCH a transaction.
+    Left to the removal's ON DELETE CASCADE, a game sampled for samples_days (hundreds of
+    thousands of rows) was one delete that held the write lock for longer than busy_timeout_ms.
+    Each batch goes only while the game is removable, checked in the same transaction: one that
+    is not (any more) keeps the rest, and its removal is refused as before."""
+    while True:
+        with db.transaction(immediate=True) as session:
+            game = game_store.read_game(session, name)
+            if not removable(game):
+                return
+            deleted = delete_game_samples(session, game.id, DELETE_BATCH)
+        if deleted < DELETE_BATCH:
+            return
 
 
 def record_removed(session: Session, now: datetime, name: str, files: str) -> None:

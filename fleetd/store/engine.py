@@ -16,6 +16,12 @@ from fleetd.errors import ErrorCode, FleetdError
 
 IN_CHUNK = 500  # values per IN (...): well under SQLite's bound on parameters
 
+# Rows deleted per transaction where there may be millions: retention's samples and events, a
+# removed game's samples. One transaction that held the write lock for longer than
+# busy_timeout_ms made the supervisor's, the heartbeat's and the API's writes fail "database is
+# locked" meanwhile (and a supervisor write that fails so ends the supervision loop).
+DELETE_BATCH = 20_000
+
 
 def in_chunks(values: Sequence[Any]) -> Iterator[Sequence[Any]]:
     """`values` a slice of IN_CHUNK at a time, for queries with IN (...)."""

@@ -21,6 +21,12 @@ def delete_samples_before(session: Session, cutoff: datetime, limit: int | None 
     return int(result.rowcount or 0)
 
 
+def delete_game_samples(session: Session, game_id: int, limit: int) -> int:
+    """At most `limit` of a game's samples: a removal's, a batch a transaction (DELETE_BATCH)."""
+    some = select(Sample.id).where(Sample.game_id == game_id).limit(limit)
+    return int(session.execute(delete(Sample).where(Sample.id.in_(some))).rowcount or 0)
+
+
 def create_metric_rows(session: Session, at: datetime, rows: list[tuple[str | None, int | None, str, float]]) -> int:
     """Rows of (game name or None, GPU index or None, metric, value); unknown games are skipped."""
     names = {game for game, _, _, _ in rows if game is not None}

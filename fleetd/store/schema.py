@@ -23,6 +23,7 @@ from sqlalchemy.exc import DatabaseError
 from sqlalchemy.pool import NullPool
 
 import fleetd
+from fleetd.store.backup import copy_database
 from fleetd.store.engine import sqlite_url
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,11 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
     """Reads, never writes: a missing file is reported EMPTY, not created."""
     script = ScriptDirectory.from_config(alembic_config(db_path))
     head = head_revision()
-    if not db_path.exists():
-        return SchemaStatus(SchemaState.EMPTY, None, head)
+    try:
+        if not db_path.exists():
+            return SchemaStatus(SchemaState.EMPTY, None, head)
+    except OSError as exc:  # a folder this user may not enter
+        raise SchemaError(_cannot_open(db_path, exc.strerror or str(exc)), reason=str(exc)) from None
     engine = create_engine(sqlite_url(db_path), poolclass=NullPool)
     try:
         with engine.connect() as conn:
@@ -88,6 +92,8 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
             if problem != "ok":
                 raise DatabaseError("PRAGMA quick_check", None, Exception(problem))
     except DatabaseError as exc:
+        if not _damaged(exc.orig):
+            raise SchemaError(_cannot_open(db_path, str(exc.orig)), reason=str(exc.orig)) from None
         raise SchemaError(
             f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
             f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
@@ -97,6 +103,23 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
     finally:
         engine.dispose()
     return SchemaStatus(_classify(current, tables, head, script), current, head)
+
+
+def _damaged(error: BaseException | None) -> bool:
+    """Whether SQLite's error says the file itself is bad (quick_check's finding has no code).
+    Anything else (a user that may not write the folder, where a WAL database's -shm must be
+    made even to read it; a lock held too long; a full disk) says nothing about the file."""
+    name = getattr(error, "sqlite_errorname", None)
+    return name is None or name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+def _cannot_open(db_path: Path, why: str) -> str:
+    return (
+        f"cannot open the database {db_path}: {why}. fleetd changed nothing, and this says nothing "
+        f"about the file itself. Run the command as the daemon's user, and see that this user may "
+        f"read and write the file and write its folder {db_path.parent} (even reading it takes "
+        "making fleetd.db-shm there), and that the disk has room."
+    )
 
 
 def _classify(current: str | None, tables: set[str], head: str, script: ScriptDirectory) -> SchemaState:
@@ -137,18 +160,20 @@ def _refusal(db_path: Path, status: SchemaStatus, upgrade_hint: str) -> str:
 
 
 def backup_database(db_path: Path, backups_dir: Path, label: str) -> Path:
-    """A consistent copy through SQLite's backup API (safe while others read)."""
+    """A consistent copy through SQLite's backup API (safe while others read), written under a
+    temporary name and renamed whole: a copy cut short (a full disk) left an empty or partial
+    file under the backup's own name, which copied back over fleetd.db as the undo is a new,
+    empty fleet's database."""
     backups_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     target = backups_dir / f"fleetd-{label}-{stamp}.db"
-    source = sqlite3.connect(db_path)
+    partial = backups_dir / f".partial-{target.name}"
     try:
-        destination = sqlite3.connect(target)
-        with destination:
-            source.backup(destination)
-        destination.close()
+        copy_database(db_path, partial)
+        partial.replace(target)
     finally:
-        source.close()
+        for left in (partial, *(partial.with_name(partial.name + end) for end in ("-journal", "-wal", "-shm"))):
+            left.unlink(missing_ok=True)
     return target
 
 
@@ -168,6 +193,20 @@ def upgrade_database(db_path: Path, backups_dir: Path) -> UpgradeResult:
     db_path.parent.mkdir(parents=True, exist_ok=True)
     backup = None
     if status.state is SchemaState.BEHIND:
-        backup = backup_database(db_path, backups_dir, f"schema-{status.current}")
-    command.upgrade(alembic_config(db_path), "head")
+        try:
+            backup = backup_database(db_path, backups_dir, f"schema-{status.current}")
+        except (OSError, sqlite3.Error) as exc:
+            raise SchemaError(
+                f"cannot copy the database {db_path} aside to {backups_dir}: {exc}. Nothing was "
+                "upgraded; make room there (or make it writable) and run the upgrade again."
+            ) from None
+    try:
+        command.upgrade(alembic_config(db_path), "head")
+    except Exception as exc:  # all revisions run in one transaction (migrations/env.py): none stays
+        kept = f"; its copy from before is {backup}" if backup is not None else ""
+        raise SchemaError(
+            f"the upgrade of {db_path} to schema {status.head} failed: {exc}. The database is "
+            f"unchanged, at schema {status.current or '(new)'}{kept}. Fix the cause (a full or "
+            "read-only disk?) and run the upgrade again."
+        ) from exc
     return UpgradeResult(status.current, status.head, backup)

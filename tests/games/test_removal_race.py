@@ -5,6 +5,7 @@ ran on with no game). Two connections to one real file, as the API and the super
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import GameDraft
+from fleetd.store.samples import create_game_samples, read_samples
 from fleetd.host.uptime import record_daemon_start
 from tests.fakes import FakeClock, FakeHost
 
@@ -110,3 +112,77 @@ def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
         assert not game_store.game_exists(session, "racy")
         kinds = [event.kind for event in read_events(session, EventFilter(game="racy", limit=10))]
     assert kinds == ["game_removed"]  # no change recorded of a game no longer there
+
+
+def _samples_of(db: Database, game_id: int, count: int, clock: FakeClock) -> None:
+    with db.transaction() as session:
+        for _ in range(count):
+            clock.advance(1)
+            create_game_samples(session, {game_id: clock.now()}, {game_id: {"steps": 1.0}})
+
+
+@pytest.mark.parametrize("way", ["remove_game", "fleet spec absent"])
+def test_a_removed_games_samples_go_a_batch_a_transaction(settings: Settings, db: Database, clock: FakeClock,
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        way: str) -> None:
+    """A game sampled for samples_days has hundreds of thousands of samples: its removal's ON
+    DELETE CASCADE deleted them all in the one transaction that removes it, holding the write
+    lock for seconds (7 s for 600,000 here), longer than busy_timeout_ms: the supervisor's
+    writes failed "database is locked" meanwhile, which ends the supervision loop. They go
+    DELETE_BATCH a transaction first; another game's stay, and so do a running game's."""
+    from sqlalchemy import event, func, select
+
+    import fleetd.games.lifecycle as lifecycle
+    from fleetd.store.models import Sample
+
+    monkeypatch.setattr(lifecycle, "DELETE_BATCH", 10)
+    with db.transaction() as session:
+        ids = {name: game_store.create_game(session, GameDraft(name, "CartPole-v1", "ppo", Desired.STOPPED, 0),
+                                            clock.now()).id for name in ("gone", "kept")}
+    for game_id in ids.values():
+        _samples_of(db, game_id, 25, clock)
+    reader = Database.open(settings.db_path)
+    committed: list[int] = []  # the game's samples committed before each commit, and at the end
+
+    def count(_conn) -> None:  # type: ignore[no-untyped-def]
+        with reader.transaction() as session:
+            committed.append(session.scalar(select(func.count()).where(Sample.game_id == ids["gone"])))
+
+    event.listen(db.engine, "commit", count)
+    try:
+        if way == "remove_game":
+            remove_game(db, clock, "gone", tmp_path / "gone", purge=False)
+        else:
+            from fastapi.testclient import TestClient
+
+            from fleetd.api import create_app
+            from tests.api_context import api_context
+
+            context = api_context(settings, db, clock, FakeHost(clock), "t" * 32)
+            with TestClient(create_app(context)) as client:
+                response = client.put("/api/v1/fleet/spec", json={"games": [{"name": "gone", "absent": True}]},
+                                      headers={"Authorization": "Bearer " + "t" * 32})
+            assert response.status_code == 200 and response.json()["games"][0]["action"] == "remove", response.text
+    finally:
+        event.remove(db.engine, "commit", count)
+    count(None)
+    reader.close()
+    deleted_per_commit = [before - after for before, after in zip(committed, committed[1:])]
+    assert committed[0] == 25 and committed[-1] == 0 and max(deleted_per_commit) <= 10, committed
+    with db.transaction() as session:
+        assert not game_store.game_exists(session, "gone")
+        assert session.scalar(select(func.count()).where(Sample.game_id == ids["kept"])) == 25
+
+
+def test_a_game_not_removable_keeps_its_samples(settings: Settings, db: Database, clock: FakeClock, host: FakeHost,
+                                                tmp_path: Path) -> None:
+    boot_pk = record_daemon_start(db, host.current_boot(), clock.now()).boot.id
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0), clock.now()).id
+        run_store.create_run(session, game_id, boot_pk, clock.now())
+    _samples_of(db, game_id, 5, clock)
+    with pytest.raises(FleetdError) as refused:
+        remove_game(db, clock, "a", tmp_path / "a", purge=False)
+    assert refused.value.code is ErrorCode.CONFLICT
+    with db.transaction() as session:
+        assert len(read_samples(session, "a", None, "steps", clock.now() - timedelta(days=1), 100)) == 5
