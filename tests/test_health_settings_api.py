@@ -60,3 +60,19 @@ def test_the_cli_takes_health_dot_key_and_health_settings_dot_key() -> None:
     assert _health_key("health.on_plateau") == "on_plateau"
     assert _health_key("health_settings.plateau_steps") == "plateau_steps"
     assert _health_key("learning_rate") is None and _health_key("hyperparams.gamma") is None
+
+
+@pytest.mark.parametrize(("key", "reason"), [("collapse_evals", "must be between 1 and 1000"),
+                                             ("min_rise", "must be between 0 and 1e+06")])
+def test_an_integer_past_a_floats_range_is_refused_by_field_not_a_500(client: TestClient, key: str, reason: str) -> None:
+    """math.isfinite of a 400-digit integer raised OverflowError: a 500 from POST and PATCH."""
+    huge = "1" + "0" * 400
+    body = '{"name": "big", "env_id": "CartPole-v1", "algo": "ppo", "health_settings": {"%s": %s}}' % (key, huge)
+    added = client.post("/api/v1/games", content=body, headers={"Content-Type": "application/json"})
+    assert added.status_code == 422, added.text
+    [error] = added.json()["error"]["details"]["errors"]
+    assert error["field"] == f"health_settings.{key}" and error["reason"].startswith(reason), error
+    assert client.post("/api/v1/games", json={**CART, "name": "big"}).status_code == 201
+    changed = client.patch("/api/v1/games/big", content='{"health_settings": {"%s": %s}}' % (key, huge),
+                           headers={"Content-Type": "application/json"})
+    assert changed.status_code == 422 and changed.json()["error"]["details"]["errors"][0]["field"] == f"health_settings.{key}"

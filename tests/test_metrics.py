@@ -295,3 +295,27 @@ def test_learning_health_in_the_api_record_and_the_games_table(settings: Setting
     row = [c.strip() for c in next(line for line in text.splitlines() if "│" in line).split("│")]
     assert row[header.index("health")] == "rolled_back (1x)"
     assert "cart: rolled back to its best-evaluated checkpoint at 3000 steps" in text
+
+
+def test_a_return_that_is_not_finite_is_no_figure_and_the_progress_is_written(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """An env's NaN or inf reward makes a worker's returns NaN or inf. Taken as sent, the
+    progress write failed (a sample's value is NOT NULL, and SQLite stores a NaN as NULL): the
+    supervision loop failed and the daemon stopped, at each restart again."""
+    from workers.protocol.reports import decode_report, encode_report
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+    recorder = Recorder(db, clock, start.boot.id)
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), counters=recorder.counters)
+    client = TestClient(create_app(context), headers={"Authorization": f"Bearer {'t' * 32}"})
+    clock.advance(recorder.sample_interval_s)  # sampled for the plots too
+    sent = ProgressReport("pong", 1, 1234, 1e9, 1000, 4, 100.0, 360.0, float("nan"), float("inf"), None,
+                          eval_return=float("-inf"))
+    recorder.progress(decode_report(encode_report(sent)))  # as the datagram arrives
+    assert recorder.flush_progress() == 1
+    game = client.get("/api/v1/games/pong").json()
+    assert game["steps"] == 1000 and (game["mean_reward_100"], game["best_reward"], game["eval_return"]) == (None, None, None)

@@ -109,7 +109,7 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         files = {str(n): FileEntry(int(e["size"]), str(e["sha256"])) for n, e in data["files"].items()}
         return Manifest(int(data["steps"]), int(data["episodes"]), float(data["created_at"]),
                         files, int(data["version"]), _score(data.get("eval_return")))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: float(10**400)
         raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
 
 
@@ -188,9 +188,13 @@ def _eval_return(ckpt_dir: Path) -> float | None:
 
 def _score(value: object) -> float | None:
     """A manifest's `eval_return`: a finite number, else None (absent, null, or not a number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        score = float(value)  # an int past a float's range raised OverflowError past the CheckpointError callers catch
+    except OverflowError:
+        return None
+    return score if math.isfinite(score) else None
 
 
 def summarize(ckpt_dir: str | os.PathLike) -> CheckpointSummary:

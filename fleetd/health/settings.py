@@ -90,7 +90,9 @@ def _number(key: str, value: Any) -> float | int:
     # schema's clients), so a float with no fraction passes where an integer is asked for.
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     ok_kind = whole if kind is int else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok_kind or not math.isfinite(value):
+    # An int is finite however large: math.isfinite raised OverflowError past a float's range
+    # (a 400-digit collapse_evals was a 500, not a 422 naming it).
+    if isinstance(value, bool) or not ok_kind or (isinstance(value, float) and not math.isfinite(value)):
         raise HealthSettingError(key, f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
     if not low <= value <= high:
         raise HealthSettingError(key, f"must be between {low:g} and {high:g}, got {value}")

@@ -330,6 +330,56 @@ def test_a_follow_moving_on_to_a_newer_run_gets_what_its_log_rotated_away(app, c
     assert lines[2:] == [f"start {i}" for i in range(200)] + ["after the rotation"]
 
 
+def test_a_follows_own_lines_start_a_line_after_a_log_cut_mid_line(app, client: TestClient) -> None:
+    # A last line with no end yet (a progress bar redrawn with \r, a worker killed mid-write):
+    # "--- fleetd: run N started" was glued to it, and so was the removal line, which `fleetd
+    # logs -f` then did not see as the one it ends on.
+    new_run(app, "cut", "step 1\rstep 2")
+
+    def writer() -> None:
+        time.sleep(0.3)
+        newer = new_run(app, "cut", "loading")
+        time.sleep(1.5)  # the follow looks for a newer run once a second
+        with log_path(app, newer).open("a") as log:
+            log.write(" 50%")
+        time.sleep(0.5)
+        with app.state.context.db.transaction() as session:
+            delete_game(session, "cut")
+
+    lines = follow_beside(client, "cut", writer).text.split("\n")
+    assert lines[0] == "step 1\rstep 2" and lines[1].startswith("--- fleetd: run "), lines
+    assert lines[2:] == ["loading 50%", "--- fleetd: game cut was removed ---", ""]
+
+
+def test_what_a_run_writes_just_before_its_next_run_is_looked_up_is_sent(app, client: TestClient,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The follow read the log, found it quiet, then looked for a newer run: lines written between
+    # the two (a crash's traceback, the worker restarted at once) were never read.
+    from fleetd.api.routes import logs as logs_route
+
+    first = new_run(app, "last-words", "training\n")
+    looked = logs_route._next_look
+
+    def look_after_the_last_words(*args):
+        gone, newer = looked(*args)
+        if newer is not None and newer.id != first:
+            with log_path(app, first).open("a") as log:
+                log.write("Traceback: the last words\n")
+        return gone, newer
+
+    monkeypatch.setattr(logs_route, "_next_look", look_after_the_last_words)
+
+    def writer() -> None:
+        time.sleep(0.3)
+        new_run(app, "last-words", "restarted\n")
+        time.sleep(1.5)
+        app.state.stopping.set()
+
+    lines = follow_beside(client, "last-words", writer).text.splitlines()
+    assert lines[:2] == ["training", "Traceback: the last words"] and lines[3] == "restarted", lines
+    assert lines[2].startswith("--- fleetd: run ")
+
+
 @pytest.mark.parametrize("pinned", [False, True])
 def test_a_follow_ends_when_its_game_is_removed(app, client: TestClient, pinned: bool) -> None:
     # It stayed open, silent, for its hour: `fleetd logs -f` hung on a game that was gone.

@@ -67,6 +67,18 @@ def test_missing_or_malformed_manifest_fails_verification(tmp_path):
     assert "no manifest" in checkpoint.verify(path)[1]
 
 
+def test_a_manifest_with_a_number_past_a_floats_range_is_malformed_not_a_crash(tmp_path):
+    """float() of a 400-digit created_at raised OverflowError, which no caller of read_manifest
+    catches (the supervisor's best_evaluated, the worker's resume walk): one hand-edited or
+    damaged manifest took them down instead of being passed over."""
+    path = _write(tmp_path, 10)
+    data = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**data, "created_at": 10**400}))
+    with pytest.raises(checkpoint.CheckpointError, match="malformed"):
+        checkpoint.read_manifest(path)
+    assert "malformed" in checkpoint.verify(path)[1]
+
+
 def test_failed_populate_leaves_nothing_behind(tmp_path):
     def boom(folder: Path) -> None:
         (folder / "model.zip").write_bytes(b"half")
@@ -142,7 +154,7 @@ def test_eval_return_goes_in_the_manifest_and_old_manifests_still_load(tmp_path)
     plain = checkpoint.write_checkpoint(tmp_path, 20, 2, _payload())
     assert "eval_return" not in json.loads((plain / "manifest.json").read_text())  # as before
     assert checkpoint.read_manifest(plain).eval_return is None
-    for odd in (None, "high", True, float("nan")):  # not a finite number: not a figure
+    for odd in (None, "high", True, float("nan"), 10**400):  # not a finite number: not a figure
         data = json.loads((scored / "manifest.json").read_text())
         data["eval_return"] = odd
         (scored / "manifest.json").write_text(json.dumps(data))  # NaN as JSON's NaN

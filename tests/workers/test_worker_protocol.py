@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -169,6 +170,18 @@ def test_reports_round_trip(report):
     data = encode_report(report)
     assert json.loads(data)["v"] == 1
     assert decode_report(data) == report
+
+
+def test_a_return_that_is_not_finite_is_sent_as_no_figure():
+    """A NaN or inf return (an env's reward) reads as null, in a progress report and a checkpoint's."""
+    progress, _, checkpoint, _ = _reports()
+    odd = dataclasses.replace(progress, mean_reward_100=float("nan"), best_reward=float("inf"), eval_return=float("nan"))
+    assert decode_report(encode_report(odd)) == dataclasses.replace(progress, mean_reward_100=None, best_reward=None)
+    scored = dataclasses.replace(checkpoint, checkpoint=dataclasses.replace(checkpoint.checkpoint, eval_return=float("-inf")))
+    assert decode_report(encode_report(scored)) == checkpoint
+    wire = json.loads(encode_report(checkpoint)) | {"checkpoint": "not an object"}
+    with pytest.raises(ReportError):
+        decode_report(json.dumps(wire).encode())
 
 
 def test_resumed_report_uses_from_key_on_the_wire():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -123,12 +124,28 @@ def decode_report(datagram: bytes) -> Report:
         raise ReportError(f"bad {data['type']} report: {exc!r}") from exc
 
 
+# A worker's returns: a NaN or inf one (an env's NaN or inf reward, summed into an episode's
+# return) is no figure, as in a manifest (workers.checkpoint). Taken as sent, it failed the
+# daemon's progress write (SQLite stores a NaN as NULL, and a sample's value is NOT NULL): the
+# supervision loop failed, the daemon stopped, and again at each restart while it was reported.
+FIGURES = ("mean_reward_100", "best_reward", "eval_return")
+
+
+def _figures(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data  # not an object: the constructor refuses it (TypeError, a ReportError)
+    return {key: None if key in FIGURES and isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in data.items()}
+
+
 def _build(cls: type, data: dict) -> Any:
     kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+    if cls is ProgressReport:
+        kwargs = _figures(kwargs)
     if cls is ProgressReport and kwargs.get("last_checkpoint") is not None:
         kwargs["last_checkpoint"] = CheckpointRef(**kwargs["last_checkpoint"])
     if cls is CheckpointReport:
-        kwargs["checkpoint"] = CheckpointSummary(**kwargs["checkpoint"])
+        kwargs["checkpoint"] = CheckpointSummary(**_figures(kwargs["checkpoint"]))
     if cls is ResumedReport:
         kwargs["skipped"] = tuple(SkippedCheckpoint(**s) for s in kwargs.get("skipped", ()))
         kwargs["notes"] = tuple(str(note) for note in kwargs.get("notes", ()))

@@ -121,12 +121,14 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                   first: bytes, offset: int, seen: CopySignature | None, pinned: bool) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
+    sent = first[-1:]  # the last byte sent: a fleetd line after a cut one starts a line of its own
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
         data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
         if data:
             yield data
+            sent = data[-1:]
             continue
         if time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
@@ -135,13 +137,25 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 # Removed while followed: nothing more will be written here. The follow used to
                 # stay open, silent, for its hour; `fleetd logs -f` now asks again and is told.
                 # A game added again under the name since is another game.
-                yield f"--- fleetd: game {name} was removed ---\n".encode()
+                yield _own_line(f"--- fleetd: game {name} was removed ---", sent)
                 return
             if newer is not None:
+                # What the run wrote between the read above and the look (a crash's traceback,
+                # when its restart came at once) goes first: from the newer run on, never read.
+                data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
                 record, path = newer, FsPath(newer.log_path or "")
-                yield f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---\n".encode()
+                started = f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---"
+                yield data + _own_line(started, data[-1:] or sent)
                 data, offset, seen = await run_in_threadpool(follow_from_start, path)
+                sent = data[-1:] or b"\n"
                 if data:
                     yield data
                 continue
         await asyncio.sleep(FOLLOW_POLL_S)
+
+
+def _own_line(marker: str, sent: bytes) -> bytes:
+    """A fleetd line, on a line of its own: after a log whose last line has no end yet (a
+    progress bar redrawn with \\r, a worker killed mid-write) it was glued to that line, and
+    `fleetd logs -f` did not see a removal line it ends on."""
+    return (b"\n" if sent not in (b"", b"\n") else b"") + marker.encode() + b"\n"
