@@ -18,10 +18,11 @@ from fleetd.config import Settings
 from fleetd.games.fleet_spec import FleetGame, apply_fleet, to_toml, toml_value
 from fleetd.games.kept import kept_files
 from fleetd.games.spec import hyperparams_schema
-from fleetd.states import State
+from fleetd.states import DONE, State
 from fleetd.store.engine import Database
 from fleetd.store.games import read_game, update_game_state, update_games_progress
 from fleetd.store.records import ProgressSnapshot
+from fleetd.store.runs import create_run
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
 
@@ -252,6 +253,25 @@ def test_absent_removes_a_stopped_game_and_stops_a_running_one(client: TestClien
         update_game_state(session, "cart", State.STOPPED, "stopped", clock.now())
     assert actions(put_spec(client, absent))["cart"] == "remove"
     assert client.get("/api/v1/games/cart").status_code == 404
+
+
+@pytest.mark.parametrize(("state", "said"), [
+    (State.RUNNING, "stopped now (a final checkpoint)"),
+    (State.STARTING, "stopped now (a final checkpoint)"),
+    (State.STOPPING, "stopping already (a final checkpoint), and now stays stopped"),
+    (State.BACKOFF, "stopped now: in back-off, no worker runs (nothing to checkpoint)"),
+    (State.EXITED, "stopped now: exited, but its last run is not closed yet (its worker may still be alive)"),
+])
+def test_absent_says_how_a_game_that_should_run_stops_in_each_state(client: TestClient, context, db, clock, state,
+                                                                    said) -> None:
+    # A game in back-off was "stopped now (a final checkpoint)": it has no worker, nothing to write.
+    put_spec(client, [CART])
+    with db.transaction() as session:
+        update_game_state(session, "cart", state, "r", clock.now())
+        if state in DONE:  # removed at once unless a run is still open
+            create_run(session, read_game(session, "cart").id, context.daemon.boot_pk, clock.now())
+    game = put_spec(client, [{"name": "cart", "absent": True}]).json()["games"][0]
+    assert (game["action"], game["note"]) == ("stop", f"{said}; apply again once stopped to remove it")
 
 
 def test_a_refused_entry_changes_nothing_at_all(client: TestClient, db, clock) -> None:
