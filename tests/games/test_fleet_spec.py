@@ -114,6 +114,19 @@ def test_bad_settings_are_refused_naming_the_field(client: TestClient, body, fie
     assert problem["field"] == field and reason in problem["reason"], problem
 
 
+@pytest.mark.parametrize(("game", "algo", "its", "others"), [
+    ("dqn", "DQN", "learning_starts", "clip_range"), ("cart", "PPO", "clip_range", "learning_starts")])
+def test_an_unknown_hyperparameter_lists_the_keys_of_the_games_algorithm(client: TestClient, game, algo, its,
+                                                                          others) -> None:
+    # The list named every algorithm's keys: a DQN game was offered clip_range and n_epochs, which it
+    # then refused as "not a setting of DQN".
+    put_spec(client, FLEET)
+    body = {"algo": algo.lower(), "hyperparams": {"learing_rate": 0.1}}
+    reason = error_of(patch(client, body, game), 422)["details"]["errors"][0]["reason"]
+    assert reason.startswith(f"unknown hyperparameter; known for {algo}: ") and "learning_rate" in reason, reason
+    assert its in reason and others not in reason, reason
+
+
 def test_a_fresh_start_only_key_is_refused_once_the_game_has_trained(client: TestClient, db, clock) -> None:
     client.post("/api/v1/games", json=CART)
     assert patch(client, {"hyperparams": {"policy_kwargs": {"net_arch": [8]}}}).status_code == 200  # untrained
