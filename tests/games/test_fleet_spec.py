@@ -106,6 +106,7 @@ def test_null_sets_a_field_back_to_its_default(client: TestClient) -> None:
     ({"env_id": ""}, "body.env_id", "at least 1 character"),  # another env: 409, below
     ({"hyperparams": {"learing_rate": 0.1}}, "hyperparams.learing_rate", "unknown hyperparameter"),
     ({"hyperparams": {"learning_starts": 10}}, "hyperparams.learning_starts", "not a setting of PPO"),
+    ({"hyperparams": {"buffer_size": 1000}}, "hyperparams.buffer_size", "not a setting of PPO (only of DQN)"),
 ])
 def test_bad_settings_are_refused_naming_the_field(client: TestClient, body, field, reason) -> None:
     client.post("/api/v1/games", json=CART)

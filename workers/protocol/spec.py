@@ -256,6 +256,8 @@ FRESH_START_ONLY: dict[str, str] = {
     "frame_stack": "the observation shape changes, and the policy's input layer with it",
     "buffer_size": "the saved replay buffer has its size; another size would drop what it holds",
 }
+# The fresh-start-only keys that not every algorithm takes, and the algorithms that do.
+FRESH_START_ALGOS: dict[str, tuple[str, ...]] = {"buffer_size": ("dqn",)}
 # Resumable for the other algorithms, fresh start only for this one.
 FRESH_START_FOR: dict[tuple[str, str], str] = {
     ("dqn", "n_steps"): "DQN's n-step returns are built into its saved replay buffer",
@@ -277,7 +279,7 @@ FRESH_START_FIELDS: dict[str, str] = {
 
 def algo_refusal(key: str, algo: str) -> str | None:
     """Why hyperparameter `key` does not apply to `algo` (None: it does)."""
-    algos = RESUMABLE.get(key, ALL_ALGOS)
+    algos = RESUMABLE.get(key) or FRESH_START_ALGOS.get(key, ALL_ALGOS)
     if algo in algos:
         return None
     return f"not a setting of {algo.upper()} (only of {', '.join(a.upper() for a in algos)})"
