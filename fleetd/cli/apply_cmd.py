@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path
+from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path, setting_of, typed_setting
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import (AT_START, EXPECT_FIELD, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, overrides_tag,
                                  when_taken)
@@ -216,10 +216,8 @@ def set_key_typed(field: str) -> str | None:
     """A refused field of `games set` as its key is typed: `health.on_plateau`, not
     `health_settings.on_plateau`; `n_steps`, not `hyperparams.n_steps`; `priority`. The game's
     name (the path's) is `call`'s NAME."""
-    for prefix, typed in (("hyperparams.", ""), ("health_settings.", "health.")):
-        if field.startswith(prefix):
-            return typed + field.removeprefix(prefix)
-    return None if field == "name" else field
+    said = typed_setting(field)
+    return said if said is not None else None if field == "name" else field
 
 
 STATE_KEYS = ("desired", "state", "desired_state")  # what `games set` is tried with to stop or start a game
@@ -253,14 +251,14 @@ def _set_key(key: str) -> str:
     `hyperparams.learning_rate` are one key, `health.X` and `health_settings.X` another."""
     if key in IDENTITY or (key in SETTABLE and key not in DICTS):
         return key
-    health = _health_key(key)
-    return f"health_settings.{health}" if health is not None else f"hyperparams.{key.removeprefix('hyperparams.')}"
+    found = setting_of(key)
+    return ".".join(found) if found is not None else f"hyperparams.{key}"
 
 
 def _health_key(key: str) -> str | None:
     """`health.KEY` (or `health_settings.KEY`): a learning-health setting's key, else None."""
-    prefix, dot, rest = key.partition(".")
-    return rest if dot and prefix in ("health", "health_settings") else None
+    found = setting_of(key)
+    return found[1] if found is not None and found[0] == "health_settings" else None
 
 
 def _unset(value: Any) -> Any:

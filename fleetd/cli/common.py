@@ -116,10 +116,31 @@ def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":
     """The command's options by the request's field names; a hyperparameter as `--hp KEY`."""
 
     def typed(field: str) -> str | None:
-        key = field.removeprefix("hyperparams.")
-        return options.get(field) or (f"--hp {key}" if key != field else None)
+        found = setting_of(field)
+        return options.get(field) or (f"--hp {found[1]}" if found is not None and found[0] == "hyperparams" else None)
 
     return typed
+
+
+# The request's settings dicts, each with the prefix a command line types its keys with: a
+# hyperparameter bare (`n_steps`, `--hp n_steps`), a learning-health setting as `health.KEY`.
+SETTINGS_DICTS = {"hyperparams": "", "health_settings": "health."}
+
+
+def setting_of(key: str) -> tuple[str, str] | None:
+    """The settings dict a dotted key names, by the request's prefix or the typed one, and its
+    key there: `health.on_plateau` and `health_settings.on_plateau` are ("health_settings",
+    "on_plateau"); None for a key that names none (a bare one among them)."""
+    head, dot, rest = key.partition(".")
+    return next(((name, rest) for name, typed in SETTINGS_DICTS.items()
+                 if dot and head and head in (name, typed.rstrip("."))), None)
+
+
+def typed_setting(field: str) -> str | None:
+    """A settings dict's field as a command line types it: `hyperparams.n_steps` as `n_steps`,
+    `health_settings.on_plateau` as `health.on_plateau`; None for a field outside them."""
+    found = setting_of(field)
+    return None if found is None else SETTINGS_DICTS[found[0]] + found[1]
 
 
 def _refused_fields(details: dict[str, Any]) -> list[str]:

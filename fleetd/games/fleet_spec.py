@@ -34,7 +34,7 @@ from fleetd.games.settings import (
 from fleetd.games.slug import GameName
 from fleetd.games.fields import AT_EVALUATION, AT_GOVERNOR_STEP, AT_START, PENDING_NOTE, SIZES_NOTE
 from fleetd.games.spec import DEFAULT_ALGO, SETTABLE, GameSpec
-from fleetd.states import DONE, Desired, State
+from fleetd.states import DONE, TRAINING, Desired, State
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
 from fleetd.store.records import GameDraft, GameRecord
@@ -251,7 +251,20 @@ def _plan_absent(name: str, game: GameRecord | None) -> GamePlan:
         return GamePlan(name, "none", note=f"absent: still {still}; apply again once stopped to remove it",
                         waiting=True)
     change = SettingChange("desired", game.desired.value, Desired.STOPPED.value)
-    return GamePlan(name, "stop", [change], note="stopped now (a final checkpoint); apply again once stopped to remove it")
+    return GamePlan(name, "stop", [change], note=f"{_stopping(game)}; apply again once stopped to remove it")
+
+
+def _stopping(game: GameRecord) -> str:
+    """How a game the file marks absent, that should run, stops (desired `stopped`): a worker
+    writes a final checkpoint first; a game in back-off has none running, nothing to write."""
+    if game.state in TRAINING:
+        return "stopped now (a final checkpoint)"
+    if game.state is State.STOPPING:  # a restart's stop: its worker is writing a final checkpoint
+        return "stopping already (a final checkpoint), and now stays stopped"
+    if game.state is State.BACKOFF:
+        return "stopped now: in back-off, no worker runs (nothing to checkpoint)"
+    # Stopped, exited or fatal with a run not yet closed: its worker may still be alive.
+    return f"stopped now: {game.state}, but its last run is not closed yet (its worker may still be alive)"
 
 
 def _draft(entry: FleetGame) -> GameDraft:

@@ -46,7 +46,7 @@ def check_draft(draft: GameDraft, catalog: EnvCheck, field_prefix: str = "") -> 
     """The checks a type cannot express: the env id exists; the worker accepts the hyperparams."""
     catalog.check(draft.env_id, f"{field_prefix}env_id")
     try:
-        with refusals():
+        with refusals(draft.algo):
             LaunchSpec(version=PROTOCOL_VERSION, game=draft.name, env_id=draft.env_id, algo=draft.algo,
                        checkpoint_dir="/nonexistent", hyperparams=draft.hyperparams or {})
     except SpecError as exc:

@@ -40,7 +40,7 @@ def launch_for(game: GameRecord, settings: Settings, running_games: int, tier: S
 def launch_spec(game: GameRecord, settings: Settings, cpu_threads: int, sizes: TierDefaults) -> LaunchSpec:
     worker = settings.worker
     game_dir = settings.game_dir(game.name)
-    with refusals():
+    with refusals(game.algo):
         return LaunchSpec(
             version=PROTOCOL_VERSION,
             game=game.name,

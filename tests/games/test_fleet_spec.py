@@ -18,10 +18,11 @@ from fleetd.config import Settings
 from fleetd.games.fleet_spec import FleetGame, apply_fleet, to_toml, toml_value
 from fleetd.games.kept import kept_files
 from fleetd.games.spec import hyperparams_schema
-from fleetd.states import State
+from fleetd.states import DONE, State
 from fleetd.store.engine import Database
 from fleetd.store.games import read_game, update_game_state, update_games_progress
 from fleetd.store.records import ProgressSnapshot
+from fleetd.store.runs import create_run
 from tests.api_context import api_context
 from tests.fakes import FakeClock, FakeHost
 
@@ -105,12 +106,26 @@ def test_null_sets_a_field_back_to_its_default(client: TestClient) -> None:
     ({"env_id": ""}, "body.env_id", "at least 1 character"),  # another env: 409, below
     ({"hyperparams": {"learing_rate": 0.1}}, "hyperparams.learing_rate", "unknown hyperparameter"),
     ({"hyperparams": {"learning_starts": 10}}, "hyperparams.learning_starts", "not a setting of PPO"),
+    ({"hyperparams": {"buffer_size": 1000}}, "hyperparams.buffer_size", "not a setting of PPO (only of DQN)"),
 ])
 def test_bad_settings_are_refused_naming_the_field(client: TestClient, body, field, reason) -> None:
     client.post("/api/v1/games", json=CART)
     error = error_of(patch(client, body), 422)
     problem = error["details"]["errors"][0]
     assert problem["field"] == field and reason in problem["reason"], problem
+
+
+@pytest.mark.parametrize(("game", "algo", "its", "others"), [
+    ("dqn", "DQN", "learning_starts", "clip_range"), ("cart", "PPO", "clip_range", "learning_starts")])
+def test_an_unknown_hyperparameter_lists_the_keys_of_the_games_algorithm(client: TestClient, game, algo, its,
+                                                                          others) -> None:
+    # The list named every algorithm's keys: a DQN game was offered clip_range and n_epochs, which it
+    # then refused as "not a setting of DQN".
+    put_spec(client, FLEET)
+    body = {"algo": algo.lower(), "hyperparams": {"learing_rate": 0.1}}
+    reason = error_of(patch(client, body, game), 422)["details"]["errors"][0]["reason"]
+    assert reason.startswith(f"unknown hyperparameter; known for {algo}: ") and "learning_rate" in reason, reason
+    assert its in reason and others not in reason, reason
 
 
 def test_a_fresh_start_only_key_is_refused_once_the_game_has_trained(client: TestClient, db, clock) -> None:
@@ -252,6 +267,25 @@ def test_absent_removes_a_stopped_game_and_stops_a_running_one(client: TestClien
         update_game_state(session, "cart", State.STOPPED, "stopped", clock.now())
     assert actions(put_spec(client, absent))["cart"] == "remove"
     assert client.get("/api/v1/games/cart").status_code == 404
+
+
+@pytest.mark.parametrize(("state", "said"), [
+    (State.RUNNING, "stopped now (a final checkpoint)"),
+    (State.STARTING, "stopped now (a final checkpoint)"),
+    (State.STOPPING, "stopping already (a final checkpoint), and now stays stopped"),
+    (State.BACKOFF, "stopped now: in back-off, no worker runs (nothing to checkpoint)"),
+    (State.EXITED, "stopped now: exited, but its last run is not closed yet (its worker may still be alive)"),
+])
+def test_absent_says_how_a_game_that_should_run_stops_in_each_state(client: TestClient, context, db, clock, state,
+                                                                    said) -> None:
+    # A game in back-off was "stopped now (a final checkpoint)": it has no worker, nothing to write.
+    put_spec(client, [CART])
+    with db.transaction() as session:
+        update_game_state(session, "cart", state, "r", clock.now())
+        if state in DONE:  # removed at once unless a run is still open
+            create_run(session, read_game(session, "cart").id, context.daemon.boot_pk, clock.now())
+    game = put_spec(client, [{"name": "cart", "absent": True}]).json()["games"][0]
+    assert (game["action"], game["note"]) == ("stop", f"{said}; apply again once stopped to remove it")
 
 
 def test_a_refused_entry_changes_nothing_at_all(client: TestClient, db, clock) -> None:

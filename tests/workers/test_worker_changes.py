@@ -16,7 +16,7 @@ from workers.envs import make_vec_env
 from workers.hyperparams import DeviceInfo, WORKER_KEYS, make_plan
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import ResumedReport
-from workers.protocol.spec import FRESH_START_ONLY, RESUMABLE, Hyperparams, change_refusal
+from workers.protocol.spec import FRESH_START_ONLY, RESUMABLE, Hyperparams, algo_refusal, change_refusal
 from workers.resume import find_resumable
 from workers.snapshot import MODEL
 from workers.train import env_config, run
@@ -39,6 +39,9 @@ def test_the_algorithms_of_each_resumable_key_are_the_ones_sb3_takes_it(algo):
     accepted = set(inspect.signature(ALGO_CLASSES[algo].__init__).parameters)
     for key in set(RESUMABLE) - set(WORKER_KEYS):
         assert (algo in RESUMABLE[key]) == (key in accepted), key
+    # A fresh-start-only key SB3 takes: PPO was let keep buffer_size, which its worker then refused.
+    for key in set(FRESH_START_ONLY) - set(WORKER_KEYS):
+        assert (algo_refusal(key, algo) is None) == (key in accepted), key
 
 
 def test_refusals_name_the_reason():

@@ -79,7 +79,7 @@ def test_bad_hyperparameter_is_named(make_spec, hyperparams, field):
 def test_unknown_hyperparameter_reason_lists_the_known_ones(make_spec):
     with pytest.raises(SpecError) as err:
         make_spec(hyperparams={"learing_rate": 0.1})
-    assert err.value.reason.startswith("unknown hyperparameter; known: batch_size, buffer_size,")
+    assert err.value.reason.startswith("unknown hyperparameter; known for PPO: batch_size, clip_range,")
     assert str(err.value).startswith("run spec field 'hyperparams.learing_rate': unknown hyperparameter")
 
 

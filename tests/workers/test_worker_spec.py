@@ -61,7 +61,7 @@ def test_fields_accepted_equal_fields_written_equal_fields_read():
 
 @pytest.mark.parametrize(("where", "field", "reason"), [
     ((), "gpus", "unknown field"),
-    (("hyperparams",), "hyperparams.gpus", "unknown hyperparameter; known: "),
+    (("hyperparams",), "hyperparams.gpus", "unknown hyperparameter; known for DQN: batch_size, buffer_size, eval_episodes"),
     (("tier_defaults",), "tier_defaults.gpus", "unknown tier default; known: batch_size, num_envs"),
 ])
 def test_a_field_outside_the_model_is_refused_by_name_not_dropped(where, field, reason):

@@ -256,6 +256,8 @@ FRESH_START_ONLY: dict[str, str] = {
     "frame_stack": "the observation shape changes, and the policy's input layer with it",
     "buffer_size": "the saved replay buffer has its size; another size would drop what it holds",
 }
+# The fresh-start-only keys that not every algorithm takes, and the algorithms that do.
+FRESH_START_ALGOS: dict[str, tuple[str, ...]] = {"buffer_size": ("dqn",)}
 # Resumable for the other algorithms, fresh start only for this one.
 FRESH_START_FOR: dict[tuple[str, str], str] = {
     ("dqn", "n_steps"): "DQN's n-step returns are built into its saved replay buffer",
@@ -277,7 +279,7 @@ FRESH_START_FIELDS: dict[str, str] = {
 
 def algo_refusal(key: str, algo: str) -> str | None:
     """Why hyperparameter `key` does not apply to `algo` (None: it does)."""
-    algos = RESUMABLE.get(key, ALL_ALGOS)
+    algos = RESUMABLE.get(key) or FRESH_START_ALGOS.get(key, ALL_ALGOS)
     if algo in algos:
         return None
     return f"not a setting of {algo.upper()} (only of {', '.join(a.upper() for a in algos)})"
@@ -391,7 +393,7 @@ class LaunchSpec(_Strict):
     def from_dict(cls, data: Any) -> Self:
         if not isinstance(data, dict):
             raise SpecError("<spec>", f"expected a JSON object, got {_type_name(data)}")
-        with refusals():
+        with refusals(data.get("algo")):
             return cls.model_validate(data)
 
     @classmethod
@@ -453,12 +455,13 @@ class RunSpec(LaunchSpec):
 
 
 @contextmanager
-def refusals() -> Iterator[None]:
-    """Building a spec in code (`LaunchSpec(game=...)`) refuses as reading a file does."""
+def refusals(algo: Any = None) -> Iterator[None]:
+    """Building a spec in code (`LaunchSpec(game=...)`) refuses as reading a file does. `algo`:
+    the spec's, whose hyperparameters an unknown one's refusal lists (every one's if not known)."""
     try:
         yield
     except ValidationError as exc:
-        raise _spec_error(exc) from None
+        raise _spec_error(exc, algo) from None
 
 
 def _field_error(loc: tuple[str, ...], value: Any, reason: str) -> ValidationError:
@@ -471,19 +474,25 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _spec_error(exc: ValidationError) -> SpecError:
+def _spec_error(exc: ValidationError, algo: Any = None) -> SpecError:
     """The first error, unknown fields first (a typo explains the rest), as field and reason."""
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     error = errors[0]
-    return SpecError(".".join(str(part) for part in error["loc"]), _reason(error))
+    return SpecError(".".join(str(part) for part in error["loc"]), _reason(error, algo))
 
 
-def _known(loc: tuple[Any, ...]) -> str:
+def _known(loc: tuple[Any, ...], algo: Any) -> str:
+    """An unknown key's refusal, listing the known ones: a hyperparameter's, those of the
+    spec's algorithm (`algo_refusal`'s), not every algorithm's."""
     model = {"hyperparams": Hyperparams, "tier_defaults": TierDefaults}.get(loc[0] if len(loc) == 2 else "")
     if model is None:
         return "unknown field"
-    what = "hyperparameter" if model is Hyperparams else "tier default"
-    return f"unknown {what}; known: {', '.join(sorted(model.model_fields))}"
+    if model is TierDefaults:
+        return f"unknown tier default; known: {', '.join(sorted(model.model_fields))}"
+    if algo not in ALL_ALGOS:
+        return f"unknown hyperparameter; known: {', '.join(sorted(model.model_fields))}"
+    keys = sorted(key for key in model.model_fields if algo_refusal(key, algo) is None)
+    return f"unknown hyperparameter; known for {algo.upper()}: {', '.join(keys)}"
 
 
 _EXPECTED = {"int_type": "an integer", "float_type": "a number", "string_type": "a non-empty string",
@@ -495,10 +504,10 @@ _BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
            "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
 
 
-def _reason(error: Any) -> str:
+def _reason(error: Any, algo: Any = None) -> str:
     kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
     if kind == "extra_forbidden":
-        return _known(error["loc"])
+        return _known(error["loc"], algo)
     if kind == "missing":
         return "missing (required)"
     if kind in _EXPECTED:
