@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
+from fleetd.cli.render import fleet_table
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.controller import GameSlot
@@ -781,7 +783,10 @@ def test_the_fleet_says_when_its_loop_last_published_and_marks_a_stuck_loops_vie
     clock.advance(60)
     fleet, shown = fleet_and_page()
     assert (fleet["snapshot_age_s"], fleet["snapshot_stale"]) == (64.0, True), fleet
-    assert "64 s ago: stale, the supervisor loop is stuck; this is its last view" in shown, shown
+    assert "64 s ago: stale, the supervisor loop is stuck; the governor\u2019s figures are its last view" in shown, shown
+    console = Console(record=True, width=250)  # `fleetd status` and `fleetd tier` say it too
+    console.print(fleet_table(fleet))
+    assert "(stale: the supervisor loop has not published for 1m 4s;" in console.export_text(), console.export_text()
 
 
 def test_the_plans_axis_does_not_put_goals_already_reached_a_minute_away(

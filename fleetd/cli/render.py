@@ -316,10 +316,20 @@ def fleet_table(fleet: dict[str, Any]) -> Table:
         ("per game", f"{settings['num_envs']} envs, batch {settings['batch_size']}: {settings['reason']}"),
         ("sizing", sizing_line(settings.get("sizing"))),
         ("GPU", gpu_line(fleet["telemetry"])),
+        ("as of", snapshot_line(fleet)),
     ]
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def snapshot_line(fleet: dict[str, Any]) -> str:
+    """When the supervisor loop published what the table shows; a stuck loop's view said so."""
+    at = when(fleet.get("snapshot_at"))
+    if not fleet.get("snapshot_stale"):
+        return at
+    return (f"{at} (stale: the supervisor loop has not published for {duration(fleet['snapshot_age_s'])}; "
+            "the governor's rows are what it saw last)")
 
 
 # The operator's tiers, lightest first (fleetd/config.py TIER_NAMES; not imported: the CLI stays

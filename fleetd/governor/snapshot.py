@@ -18,6 +18,11 @@ from fleetd.governor.scaling import Scaled
 from fleetd.states import Shown
 from workers.protocol.spec import LaunchSpec, TierDefaults
 
+GOVERNOR_TICK_S = 5.0  # the supervisor loop's governor step, and snapshot publication, at least this often
+# A snapshot this many steps old is a loop that is stuck, not one that is busy (GET /api/v1/fleet,
+# `fleetd status`, the status page).
+SNAPSHOT_STALE_S = 3 * GOVERNOR_TICK_S
+
 
 @dataclass(frozen=True)
 class HostRung:

@@ -25,7 +25,7 @@ from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
 from fleetd.governor.preemption import pick_preemption
-from fleetd.governor.snapshot import FleetSnapshot, SnapshotBox
+from fleetd.governor.snapshot import GOVERNOR_TICK_S, FleetSnapshot, SnapshotBox
 from fleetd.health.rules import Health
 from fleetd.states import LIVE, TRAINING, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
@@ -57,10 +57,6 @@ T = TypeVar("T")
 Carried = tuple[int, datetime | None]  # a game's failures in a row, and the end of its back-off
 
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
-GOVERNOR_TICK_S = 5.0
-# The snapshot is published at each governor step, at least every GOVERNOR_TICK_S: one this many
-# steps old is a loop that is stuck, not one that is busy (GET /api/v1/fleet, the status page).
-SNAPSHOT_STALE_S = 3 * GOVERNOR_TICK_S
 
 
 class Supervisor:

@@ -473,7 +473,7 @@
     if (fleet.snapshot_at) {
       fact(list, 'as of', h('span', { class: 'num', title: fmtDuration(fleet.snapshot_age_s) + ' ago' }, fmtTime(fleet.snapshot_at, { seconds: true })),
         fleet.snapshot_stale ? h('span', { class: 'warn', 'data-stale': '' }, ' · ' + fmtDuration(fleet.snapshot_age_s) +
-          ' ago: stale, the supervisor loop is stuck; this is its last view') : null);
+          ' ago: stale, the supervisor loop is stuck; the governor\u2019s figures are its last view') : null);
     }
     fact(list, 'rung', h('span', { class: 'num' }, fleet.rung || DASH)); // its label, as the ceiling's and `fleetd tier`'s
     fact(list, 'games allowed', h('span', { class: 'num' }, String(fleet.allowed)),

@@ -10,14 +10,13 @@ from fleetd.api.schemas import ExpectedRebootOut, FleetOut, FleetUpdate, Setting
 from fleetd.config import TIER_NAMES
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.ladder import Rung, build_ladder, tier_rung
-from fleetd.governor.snapshot import FleetSnapshot
+from fleetd.governor.snapshot import SNAPSHOT_STALE_S, FleetSnapshot
 from fleetd.host.telemetry import snapshot_json
 from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
 from fleetd.store import fleet as fleet_store
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.supervision.commands import Reconcile
-from fleetd.supervision.supervisor import SNAPSHOT_STALE_S
 
 router = APIRouter(tags=["fleet"])
 
