@@ -300,6 +300,8 @@ def test_gpu_memory_above_the_threshold_blocks_admission() -> None:
     assert fleet.governor.waiting_reason(fleet.now, fleet.view()).startswith("admission blocked: GPU 0 memory 93%")
     fleet.pressure = Pressure()
     fleet.tick(1)
+    assert len(fleet.admitted) == 2  # the climb waits for the pressure to stay clear a grace period
+    fleet.tick(9)
     assert len(fleet.admitted) == 3
 
 
@@ -677,3 +679,39 @@ def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:
     kinds = [kind for _ in range(60) for kind in fleet.tick(1)]
     assert kinds == ["backoff"] and fleet.admitted == ["a"]
     assert fleet.governor.memory[(1, 32)].failures == 1
+
+
+def flapping(fleet: Fleet, minutes: int, on_s: int, off_s: int) -> list[str]:
+    """Pressure at each 10-s look for `on_s` seconds, then clear for `off_s`, for `minutes`."""
+    pressure, kinds = Pressure(("GPU 0 memory 91% > 90%",), gpu_memory=True), []
+    for look in range(minutes * 6):
+        fleet.pressure = pressure if (look * 10) % (on_s + off_s) < on_s else Pressure()
+        kinds += fleet.tick(10 / 60)
+    return kinds
+
+
+def test_pressure_flapping_at_its_limit_holds_the_climb_until_it_stays_clear_a_grace_period() -> None:
+    """GPU memory over its limit 50 s of each minute, clear for one 10-s look: the climb was
+    blocked only at the looks that saw it, so the fleet proved and climbed every rung on the dips,
+    4x32 to 8x256, in 4 h, and never backed off (no 60 s of pressure at a stretch)."""
+    fleet = Fleet("auto", start_games=4, first_window_s=30 * MIN, window_s=25 * MIN, pressure_grace_s=1 * MIN)
+    fleet.pending = list("abcdefgh")
+    fleet.tick()
+    kinds = flapping(fleet, 6 * 60, on_s=50, off_s=10)
+    assert "level" not in kinds and "proven" not in kinds and fleet.governor.rung.label == "4x32", fleet.governor.rung.label
+    assert "pressure seen at" in fleet.governor.waiting_reason(fleet.now, replace(fleet.view(), pressure=Pressure()))
+    fleet.pressure = Pressure()  # clear for good: the climb comes a grace period later
+    fleet.tick(10 / 60)
+    assert fleet.tick(50 / 60) == ["proven", "level"] and fleet.governor.rung.label == "4x48"
+
+
+def test_pressure_flapping_at_its_limit_is_one_episode_with_one_failure() -> None:
+    """Pressure 70 s, clear 10 s, over and over at one game on 1x32: each dip ended the episode, so
+    each came back as a new one: a `back-off 1x32 -> 1x32` event and alert every 80 s, and a
+    failure each (77 in two hours)."""
+    fleet = Fleet("light", start_games=1, pressure_grace_s=1 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    assert fleet.governor.rung.label == "1x32"
+    kinds = flapping(fleet, 120, on_s=70, off_s=10)
+    assert kinds.count("backoff") == 1 and fleet.governor.memory[(1, 32)].failures == 1, kinds.count("backoff")
