@@ -226,6 +226,18 @@ class Governor:
         here = self.rung.load_for(wanting)
         return next((i for i in range(self.index() + 1, self.top() + 1) if self.ladder[i].load_for(wanting) > here), None)
 
+    def slot_openings(self, now: datetime, admitted: int) -> tuple[datetime, ...]:
+        """When the slots of this rung beyond those it may hold now open, for games that wait for
+        them: one a stable window (`climb_target`), the first once the window ends and any re-probe
+        wait of the rung is over (a step down that kept it with fewer games). Empty: every slot is
+        open. What the plan's queue takes (fleetd/planning/service.py)."""
+        self._sync_cap(admitted, now)
+        extra = self.rung.games - self.allowed()
+        if extra <= 0:
+            return ()
+        first = max(now, self.window_ends(), self.blocked_until(self.index(), now) or now)
+        return tuple(first + k * timedelta(seconds=self.settings.window_s) for k in range(extra))
+
     def blocked_until(self, index: int, now: datetime) -> datetime | None:
         retry_at = self.remembered(index).retry_at
         return retry_at if retry_at is not None and retry_at > now else None
