@@ -715,3 +715,23 @@ def test_pressure_flapping_at_its_limit_is_one_episode_with_one_failure() -> Non
     assert fleet.governor.rung.label == "1x32"
     kinds = flapping(fleet, 120, on_s=70, off_s=10)
     assert kinds.count("backoff") == 1 and fleet.governor.memory[(1, 32)].failures == 1, kinds.count("backoff")
+
+
+def test_a_window_no_game_held_a_slot_in_proves_nothing_and_forgives_no_failure() -> None:
+    """A rung that failed once (a step down kept it with fewer games), then a night with every
+    game stopped: each idle window was stored as a proof with 0 games and added its stable time,
+    and after 2 h the rung's failure was forgiven, so its next failure waited 30 min, not a day."""
+    fleet = Fleet("heavy", reboot_outside_after_s=120 * MIN)
+    fleet.tick()
+    fleet.until_admitted(3)
+    failed = replace(fleet.governor.remembered(fleet.governor.index()), failures=1, last_failure="reboot")
+    fleet.governor.memory[(3, 32)] = failed
+    stopped, fleet.admitted, fleet.pending = fleet.admitted + fleet.pending, [], []
+    kinds = [kind for _ in range(6 * 60) for kind in fleet.tick(1)]
+    memory = fleet.governor.memory[(3, 32)]
+    assert "proven" not in kinds and (memory.failures, memory.stable_s, memory.proven_at) == (1, 0.0, None), memory
+    fleet.pending = stopped  # back in the morning: they climb as before, a window at the load first
+    fleet.tick()
+    assert len(fleet.admitted) == 3 and fleet.governor.rung.label == "3x32"
+    assert fleet.tick(60) == ["proven", "level", "admit"] and fleet.governor.memory[(3, 32)].proven_games == 3
+    assert fleet.governor.memory[(3, 32)].failures == 1  # one window is not the 2 h that forgive it

@@ -404,6 +404,13 @@ class Governor:
         memory = self.remembered(self.index())
         window_s = self.window().total_seconds()
         held = min(wanting, self.allowed())
+        if held == 0:
+            # No game held a slot: the window ran none of the fleet's load. It proves nothing and
+            # is no stable time (before, an idle night stored the rung as proven with 0 games and
+            # its hours forgave the failure of a step down that kept it with fewer games: the next
+            # failure there waited 30 min, not a day). The window starts again.
+            self.state = replace(self.state, stable_since=now)
+            return []
         self._remember(proven_window(memory, now, window_s, self.settings.reboot_outside_after_s, held))
         decisions = [] if memory.proven else [Decision("proven", f"{self.rung.label} proven: stable for {window_s / 60:g} min")]
         target = self.climb_target(wanting)
