@@ -735,3 +735,26 @@ def test_a_window_no_game_held_a_slot_in_proves_nothing_and_forgives_no_failure(
     assert len(fleet.admitted) == 3 and fleet.governor.rung.label == "3x32"
     assert fleet.tick(60) == ["proven", "level", "admit"] and fleet.governor.memory[(3, 32)].proven_games == 3
     assert fleet.governor.memory[(3, 32)].failures == 1  # one window is not the 2 h that forgive it
+
+
+def test_a_restarted_governor_admitting_into_a_slot_that_stood_free_starts_the_window_again() -> None:
+    """One game at light's 2x32 for hours, a second kept pending by pressure; the daemon restarts
+    (its worker ran on) and the pressure is gone: the second is admitted. The restarted governor,
+    knowing nothing of what its window ran, kept the window and the hours of stable time: at the
+    window's end 2x32 was proven with 2 games, and a reboot soon after (load: 2 games ran minutes)
+    was taken as an outside event."""
+    fleet = Fleet("light", start_games=2, reboot_outside_after_s=120 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    for _ in range(3 * 60):
+        fleet.tick(1)
+    fleet.pressure, fleet.pending = Pressure(("GPU 0 at 90 C > 85 C",)), ["b"]
+    fleet.tick(1)
+    assert fleet.admitted == ["a"] and fleet.governor.memory[(2, 32)].stable_s >= 120 * MIN
+    ends = fleet.governor.window_ends()
+    fleet.governor = Governor(fleet.governor.settings, fleet.governor.state, dict(fleet.governor.memory))
+    fleet.pressure = Pressure()
+    assert fleet.tick(1) == ["admit"] and fleet.governor.memory[(2, 32)].stable_s == 0
+    while fleet.now <= ends:
+        fleet.tick(1)
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]

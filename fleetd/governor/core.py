@@ -265,6 +265,8 @@ class Governor:
 
     def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
+        if self._held is None and view.admitted:  # a restarted daemon's first step: its window ran those
+            self._held = (self.index(), len(view.admitted))
         self._watch_staleness(now, view.pressure)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
