@@ -300,6 +300,8 @@ def test_gpu_memory_above_the_threshold_blocks_admission() -> None:
     assert fleet.governor.waiting_reason(fleet.now, fleet.view()).startswith("admission blocked: GPU 0 memory 93%")
     fleet.pressure = Pressure()
     fleet.tick(1)
+    assert len(fleet.admitted) == 2  # the climb waits for the pressure to stay clear a grace period
+    fleet.tick(9)
     assert len(fleet.admitted) == 3
 
 
@@ -677,3 +679,82 @@ def test_one_pressure_episode_at_the_bottom_rung_backs_off_once() -> None:
     kinds = [kind for _ in range(60) for kind in fleet.tick(1)]
     assert kinds == ["backoff"] and fleet.admitted == ["a"]
     assert fleet.governor.memory[(1, 32)].failures == 1
+
+
+def flapping(fleet: Fleet, minutes: int, on_s: int, off_s: int) -> list[str]:
+    """Pressure at each 10-s look for `on_s` seconds, then clear for `off_s`, for `minutes`."""
+    pressure, kinds = Pressure(("GPU 0 memory 91% > 90%",), gpu_memory=True), []
+    for look in range(minutes * 6):
+        fleet.pressure = pressure if (look * 10) % (on_s + off_s) < on_s else Pressure()
+        kinds += fleet.tick(10 / 60)
+    return kinds
+
+
+def test_pressure_flapping_at_its_limit_holds_the_climb_until_it_stays_clear_a_grace_period() -> None:
+    """GPU memory over its limit 50 s of each minute, clear for one 10-s look: the climb was
+    blocked only at the looks that saw it, so the fleet proved and climbed every rung on the dips,
+    4x32 to 8x256, in 4 h, and never backed off (no 60 s of pressure at a stretch)."""
+    fleet = Fleet("auto", start_games=4, first_window_s=30 * MIN, window_s=25 * MIN, pressure_grace_s=1 * MIN)
+    fleet.pending = list("abcdefgh")
+    fleet.tick()
+    kinds = flapping(fleet, 6 * 60, on_s=50, off_s=10)
+    assert "level" not in kinds and "proven" not in kinds and fleet.governor.rung.label == "4x32", fleet.governor.rung.label
+    assert "pressure seen at" in fleet.governor.waiting_reason(fleet.now, replace(fleet.view(), pressure=Pressure()))
+    fleet.pressure = Pressure()  # clear for good: the climb comes a grace period later
+    fleet.tick(10 / 60)
+    assert fleet.tick(50 / 60) == ["proven", "level"] and fleet.governor.rung.label == "4x48"
+
+
+def test_pressure_flapping_at_its_limit_is_one_episode_with_one_failure() -> None:
+    """Pressure 70 s, clear 10 s, over and over at one game on 1x32: each dip ended the episode, so
+    each came back as a new one: a `back-off 1x32 -> 1x32` event and alert every 80 s, and a
+    failure each (77 in two hours)."""
+    fleet = Fleet("light", start_games=1, pressure_grace_s=1 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    assert fleet.governor.rung.label == "1x32"
+    kinds = flapping(fleet, 120, on_s=70, off_s=10)
+    assert kinds.count("backoff") == 1 and fleet.governor.memory[(1, 32)].failures == 1, kinds.count("backoff")
+
+
+def test_a_window_no_game_held_a_slot_in_proves_nothing_and_forgives_no_failure() -> None:
+    """A rung that failed once (a step down kept it with fewer games), then a night with every
+    game stopped: each idle window was stored as a proof with 0 games and added its stable time,
+    and after 2 h the rung's failure was forgiven, so its next failure waited 30 min, not a day."""
+    fleet = Fleet("heavy", reboot_outside_after_s=120 * MIN)
+    fleet.tick()
+    fleet.until_admitted(3)
+    failed = replace(fleet.governor.remembered(fleet.governor.index()), failures=1, last_failure="reboot")
+    fleet.governor.memory[(3, 32)] = failed
+    stopped, fleet.admitted, fleet.pending = fleet.admitted + fleet.pending, [], []
+    kinds = [kind for _ in range(6 * 60) for kind in fleet.tick(1)]
+    memory = fleet.governor.memory[(3, 32)]
+    assert "proven" not in kinds and (memory.failures, memory.stable_s, memory.proven_at) == (1, 0.0, None), memory
+    fleet.pending = stopped  # back in the morning: they climb as before, a window at the load first
+    fleet.tick()
+    assert len(fleet.admitted) == 3 and fleet.governor.rung.label == "3x32"
+    assert fleet.tick(60) == ["proven", "level", "admit"] and fleet.governor.memory[(3, 32)].proven_games == 3
+    assert fleet.governor.memory[(3, 32)].failures == 1  # one window is not the 2 h that forgive it
+
+
+def test_a_restarted_governor_admitting_into_a_slot_that_stood_free_starts_the_window_again() -> None:
+    """One game at light's 2x32 for hours, a second kept pending by pressure; the daemon restarts
+    (its worker ran on) and the pressure is gone: the second is admitted. The restarted governor,
+    knowing nothing of what its window ran, kept the window and the hours of stable time: at the
+    window's end 2x32 was proven with 2 games, and a reboot soon after (load: 2 games ran minutes)
+    was taken as an outside event."""
+    fleet = Fleet("light", start_games=2, reboot_outside_after_s=120 * MIN)
+    fleet.pending = ["a"]
+    fleet.tick()
+    for _ in range(3 * 60):
+        fleet.tick(1)
+    fleet.pressure, fleet.pending = Pressure(("GPU 0 at 90 C > 85 C",)), ["b"]
+    fleet.tick(1)
+    assert fleet.admitted == ["a"] and fleet.governor.memory[(2, 32)].stable_s >= 120 * MIN
+    ends = fleet.governor.window_ends()
+    fleet.governor = Governor(fleet.governor.settings, fleet.governor.state, dict(fleet.governor.memory))
+    fleet.pressure = Pressure()
+    assert fleet.tick(1) == ["admit"] and fleet.governor.memory[(2, 32)].stable_s == 0
+    while fleet.now <= ends:
+        fleet.tick(1)
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]

@@ -104,6 +104,9 @@ class Governor:
     _ticks: int = 0  # ticks so far
     _ticking: bool = False  # in a tick (a back-off outside one: crashes, an OOM kill, a reboot)
     _pressure_rung: str | None = None  # the rung failed for the pressure episode going on, if any
+    # The last look that saw pressure: an episode ends, and climbing resumes, only once it has stayed
+    # clear `pressure_grace_s` (a reading flapping at its limit is one episode, not one per dip).
+    _pressure_seen: datetime | None = None
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
     _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
     _stale_since: datetime | None = None  # the telemetry's sample went stale then (its job stalled)
@@ -198,6 +201,21 @@ class Governor:
     def window_ends(self) -> datetime:
         return self.state.stable_since + self.window()
 
+    def pressure_clear_at(self) -> datetime | None:
+        """When the pressure seen last will have stayed clear `pressure_grace_s`: until then no
+        rung is proven or climbed (None: none seen lately)."""
+        if self._pressure_seen is None:
+            return None
+        return self._pressure_seen + timedelta(seconds=self.settings.pressure_grace_s)
+
+    def climb_at(self) -> datetime:
+        """When the window ends and a climb may come: the window's end, or later while pressure
+        seen lately has not stayed clear a grace period. Before, GPU memory flapping at its limit
+        (over it 50 s a minute) blocked the climb only at the looks that saw it: the fleet climbed
+        and proved every rung on the dips between them, up to heavy, and never backed off."""
+        clear = self.pressure_clear_at()
+        return self.window_ends() if clear is None else max(self.window_ends(), clear)
+
     def climb_target(self, wanting: int) -> int | None:
         """The next rung up that runs more for the games wanting a slot (rungs that would only
         add slots nobody waits for are passed over), if the top is not reached; this rung
@@ -207,6 +225,18 @@ class Governor:
             return self.index()
         here = self.rung.load_for(wanting)
         return next((i for i in range(self.index() + 1, self.top() + 1) if self.ladder[i].load_for(wanting) > here), None)
+
+    def slot_openings(self, now: datetime, admitted: int) -> tuple[datetime, ...]:
+        """When the slots of this rung beyond those it may hold now open, for games that wait for
+        them: one a stable window (`climb_target`), the first once the window ends and any re-probe
+        wait of the rung is over (a step down that kept it with fewer games). Empty: every slot is
+        open. What the plan's queue takes (fleetd/planning/service.py)."""
+        self._sync_cap(admitted, now)
+        extra = self.rung.games - self.allowed()
+        if extra <= 0:
+            return ()
+        first = max(now, self.window_ends(), self.blocked_until(self.index(), now) or now)
+        return tuple(first + k * timedelta(seconds=self.settings.window_s) for k in range(extra))
 
     def blocked_until(self, index: int, now: datetime) -> datetime | None:
         retry_at = self.remembered(index).retry_at
@@ -235,6 +265,8 @@ class Governor:
 
     def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
+        if self._held is None and view.admitted:  # a restarted daemon's first step: its window ran those
+            self._held = (self.index(), len(view.admitted))
         self._watch_staleness(now, view.pressure)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
         decisions += self._shed(view)
@@ -249,7 +281,7 @@ class Governor:
         if view.pressure.stale:  # no reading to climb on: the window ends once telemetry is fresh
             self._held = (self.index(), len(admitted))
             return decisions
-        if now >= self.window_ends() and (len(admitted) >= self.allowed() or not pending):
+        if now >= self.climb_at() and (len(admitted) >= self.allowed() or not pending):
             decisions += self._window_done(now, view.wanting)
             decisions += self._admit(admitted, pending)
         self._held = (self.index(), len(admitted))
@@ -314,8 +346,12 @@ class Governor:
                                       f"carried out after {minutes:g} min (a worker still stopping or starting): "
                                       "pressure counts again"))  # fmt: skip
         if not pressure.reasons:
-            self._pressure_since, self._pressure_rung = None, None
+            self._pressure_since = None
+            clear = self.pressure_clear_at()
+            if clear is None or now >= clear:  # clear for a grace period: the episode is over
+                self._pressure_seen, self._pressure_rung = None, None
             return decisions
+        self._pressure_seen = now
         if pressure.stale:
             # A stale sample (the telemetry job stalled) still blocks admission, as the last thing
             # known, but its pressure is no reading that lasts: the stall counts toward no back-off
@@ -370,6 +406,13 @@ class Governor:
         memory = self.remembered(self.index())
         window_s = self.window().total_seconds()
         held = min(wanting, self.allowed())
+        if held == 0:
+            # No game held a slot: the window ran none of the fleet's load. It proves nothing and
+            # is no stable time (before, an idle night stored the rung as proven with 0 games and
+            # its hours forgave the failure of a step down that kept it with fewer games: the next
+            # failure there waited 30 min, not a day). The window starts again.
+            self.state = replace(self.state, stable_since=now)
+            return []
         self._remember(proven_window(memory, now, window_s, self.settings.reboot_outside_after_s, held))
         decisions = [] if memory.proven else [Decision("proven", f"{self.rung.label} proven: stable for {window_s / 60:g} min")]
         target = self.climb_target(wanting)
@@ -448,6 +491,7 @@ class Governor:
         window and the failed rung's wait at once: the fleet climbed straight back onto it."""
         self.state = replace(self.state, stable_since=self.state.stable_since + step)
         self._pressure_since = None if self._pressure_since is None else self._pressure_since + step
+        self._pressure_seen = None if self._pressure_seen is None else self._pressure_seen + step
         self._carrying_since = None if self._carrying_since is None else self._carrying_since + step
         self._stale_since = None if self._stale_since is None else self._stale_since + step
         self._crashes = [(at + step, name) for at, name in self._crashes]
@@ -545,7 +589,9 @@ class Governor:
             return f"{rung.label} failed {failures} time(s); tried again at {until:%Y-%m-%d %H:%M} UTC"
         if target is None:
             return self._top_reason(view)
-        rung, at = self.ladder[target], f"{self.window_ends():%Y-%m-%d %H:%M:%S} UTC"
+        rung, at = self.ladder[target], f"{self.climb_at():%Y-%m-%d %H:%M:%S} UTC"
+        if self.climb_at() > self.window_ends():
+            at += f" (pressure seen at {self._pressure_seen:%H:%M:%S} UTC: it stays clear {self.settings.pressure_grace_s:g} s first)"
         if rung.games > self.allowed() and view.pending:
             return f"stable window: next game at {at} ({rung.label})"
         return f"stable window: {rung.label} ({rung.num_envs} envs per game) at {at}"
@@ -562,4 +608,4 @@ class Governor:
         if view.pressure.reasons or view.pressure.stale or target is None:
             return None
         until = self.blocked_until(target, now) if now is not None else None
-        return max(self.window_ends(), until) if until is not None else self.window_ends()
+        return max(self.climb_at(), until) if until is not None else self.climb_at()

@@ -88,6 +88,10 @@ class PlanInput:
     # [fleet] preempt: a pending game that outranks a running one takes its slot once that one has held
     # it this long, in training hours ([fleet] preempt_min_run_s); None: pre-emption off.
     preempt_min_run_h: float | None = None
+    # Of the rung's slots, the last len(opens_h) are not open yet: the hours from now at which each
+    # opens (the governor admits games beyond those a rung is proven for one a stable window, and
+    # none on a rung waiting out a failure: Governor.slot_openings). Empty: every slot is open.
+    opens_h: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,16 +233,23 @@ def _hours(game: PlanGame, rate: float | None) -> float:
     return game.goal.remaining / rate
 
 
+def slot_opens(snapshot: PlanInput) -> list[float]:
+    """When each of the rung's slots is open, in hours from now (0: now)."""
+    later = list(snapshot.opens_h[: snapshot.rung.games])
+    return [0.0] * (snapshot.rung.games - len(later)) + later
+
+
 def simulate(snapshot: PlanInput, rates: dict[str, float | None]) -> dict[str, Scheduled]:
     """Rates do not change while a game runs, so each slot is free again at a known time: the next
     pending game takes the slot free first (the lowest slot among equals). A game that never gets
     a slot is left out."""
     order = admission_order(snapshot.games)
     running = [g for g in order if g.state is PlanState.RUNNING]
-    if snapshot.preempt_min_run_h is not None and _outranked(order, snapshot.rung.games):
+    opens = slot_opens(snapshot)
+    if snapshot.preempt_min_run_h is not None and _outranked(order, opens.count(0.0)):
         return _simulate_preemption(snapshot, order, rates, snapshot.preempt_min_run_h)
     placed = {g.name: Scheduled(0.0, _hours(g, rates[g.name]), slot) for slot, g in enumerate(running)}
-    free = [(p.end, p.slot) for p in placed.values()] + [(0.0, slot) for slot in range(len(running), snapshot.rung.games)]
+    free = [(p.end, p.slot) for p in placed.values()] + [(opens[slot], slot) for slot in range(len(running), snapshot.rung.games)]
     heapq.heapify(free)
     surplus = max(0, len(running) - snapshot.rung.games)  # slots the rung no longer has: not given again
     for game in order[len(running) :]:
@@ -290,12 +301,13 @@ def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict
     def ends(game: PlanGame) -> float:
         return runs[game.name][-1][0] + left[game.name]
 
+    opens = slot_opens(snapshot)
     for slot, game in enumerate(g for g in order if g.state is PlanState.RUNNING):
         held = 0.0 if game.admitted_at is None else (snapshot.now - game.admitted_at).total_seconds() / 3600
         start(game, slot, 0.0, -held)
     while True:
         for slot in range(snapshot.rung.games):
-            if slot not in holders and pending:
+            if slot not in holders and pending and opens[slot] <= t:
                 start(pending.pop(0), slot, t, t)
         if not pending or not holders:
             break
@@ -313,13 +325,13 @@ def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict
             pending = sorted(pending + [low], key=_pending_key)
             start(pending.pop(0), low_slot, t, t)
             continue
-        t = min(due, min(ends(game) for game, _ in holders.values()))
+        t = min(due, min(ends(game) for game, _ in holders.values()), min((o for o in opens if o > t), default=NEVER))
         for slot, (game, _) in list(holders.items()):
             if ends(game) <= t:
                 runs[game.name][-1][1] = ends(game)
                 del holders[slot]
     free = [(ends(game), slot) for slot, (game, _) in holders.items()]
-    free += [(t, slot) for slot in range(snapshot.rung.games) if slot not in holders]
+    free += [(max(t, opens[slot]), slot) for slot in range(snapshot.rung.games) if slot not in holders]
     heapq.heapify(free)
     waiting = {game.name for game in pending}  # pre-empted ones among them never resume unless placed here
     for game in pending:
@@ -432,4 +444,4 @@ def _game_plan(game: PlanGame, estimate: tuple[float | None, RateSource], placed
 
 def what_if(snapshot: PlanInput, rungs: list[RungOption]) -> list[Plan]:
     """The same fleet planned at each rung: slots and envs per game as that rung has them."""
-    return [plan(replace(snapshot, rung=rung)) for rung in rungs]
+    return [plan(replace(snapshot, rung=rung, opens_h=snapshot.opens_h if rung.current else ())) for rung in rungs]

@@ -19,10 +19,11 @@ from fleetd.cli.plan_render import plan_view
 from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
-from fleetd.store.fleet import save_rung
+from fleetd.governor.controller import FleetController
+from fleetd.store.fleet import save_fleet, save_rung, update_fleet_requested, update_game_admitted
 from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
-from fleetd.store.records import GameDraft, ProgressSnapshot, RungMemory
+from fleetd.store.records import FleetRecord, GameDraft, ProgressSnapshot, RungMemory
 from fleetd.store.runs import create_run, update_run_spawned
 from fleetd.supervision.spec import launch_spec
 from tests.planning.helpers import TOKEN, govern, progress
@@ -420,3 +421,33 @@ def test_a_pending_game_that_outranks_a_running_one_is_planned_to_preempt_it(fle
     assert body["fleet"]["training_hours"] == pytest.approx(8.75)
     # Cost: each game's share of the host while it trains, the pause not charged to cart2.
     assert sum(g["cost_to_goal"] for g in games.values()) == pytest.approx(body["fleet"]["cost_to_all_goals"])
+
+
+def test_a_slot_the_governor_holds_closed_is_not_planned_open(fleet) -> None:
+    """medium's 4x48 stepped back to the 3 games it is proven with (a reboot soon after the 4th
+    joined) and waits out its second failure for a day: `fleetd tier` holds the 4th game pending,
+    yet the plan gave it the rung's 4th slot at once (start 0 h). It opens when the governor would
+    open it: a goal frees a slot first here; with no failure to wait out, after the window."""
+    context, controller = fleet
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        for i in (4, 5):
+            create_game(session, GameDraft(f"cart{i}", "CartPole-v1", "ppo", target_episodes=3_000), now + timedelta(seconds=i))
+        update_game_admitted(session, "cart3", now)
+        save_rung(session, RungMemory(4, 32, proven_at=now - timedelta(days=2), proven_games=4, stable_s=7200))
+        save_rung(session, RungMemory(4, 48, proven_at=now - timedelta(days=1), proven_games=3, stable_s=0, failures=2,
+                                      retry_at=now + timedelta(days=1)))  # fmt: skip
+        save_fleet(session, FleetRecord("medium", "light", 4, 48, now, True, now))
+        update_fleet_requested(session, "medium", now)
+    governor = FleetController(context.settings.fleet, context.db, context.clock, telemetry=None)
+    govern(governor, context.db)
+    assert sorted(governor._admitted) == ["cart1", "cart2", "cart3"] and governor.governor.allowed() == 3
+    for name in ("cart1", "cart2", "cart3"):
+        progress(context, name, 300, 30)  # 600 episodes an hour: 4.5 h left each
+    stretch = 48 / 47
+    games = {g["name"]: g for g in get(context)["games"]}
+    assert games["cart4"]["plan_state"] == "pending" and games["cart4"]["start_hours"] == pytest.approx(4.5 * stretch)
+    with context.db.transaction() as session:  # no failure to wait out: the 4th slot opens after the long window
+        save_rung(session, RungMemory(4, 48, proven_at=now - timedelta(days=1), proven_games=3, stable_s=0))
+    games = {g["name"]: g for g in get(context)["games"]}
+    assert games["cart4"]["start_hours"] == pytest.approx(context.settings.fleet.first_window_s / 3600)

@@ -235,3 +235,16 @@ def test_a_game_preempted_for_good_has_no_end() -> None:
     assert slow.start_h == 0.0 and slow.end_h is None and slow.cost is None
     assert result.hours_to_all_goals is None
     assert by_name(result)["urgent"].start_h == 0.0  # slow had held its slot the minimum run already
+
+
+def test_slots_the_governor_has_not_opened_open_when_it_would_with_or_without_preemption() -> None:
+    """A 3x16 rung holding 2 games (the 3rd slot opens in 2 h: a stable window, or a failure's
+    re-probe time): the waiting game starts then, not now; a pre-empting one too."""
+    games = [game("a", 1_000, RUNNING, 100.0), game("b", 1_000, RUNNING, 100.0), game("c", 100, PENDING, 100.0, age_s=1)]
+    assert by_name(plan(snapshot(games, slots=3, opens_h=(2.0,))))["c"].start_h == pytest.approx(2.0)
+    assert by_name(plan(snapshot(games, slots=3)))["c"].start_h == 0.0
+    urgent = [*games[:2], game("c", 100, PENDING, 100.0, age_s=1, priority=5), game("d", 100, PENDING, 100.0, age_s=2, priority=5)]
+    result = by_name(plan(snapshot(urgent, slots=3, opens_h=(2.0,), preempt_min_run_h=0.5)))
+    assert result["c"].start_h == pytest.approx(0.5) and result["d"].start_h == pytest.approx(0.5)  # each pre-empts one
+    result = by_name(plan(snapshot(urgent[:3], slots=3, opens_h=(2.0,), preempt_min_run_h=5.0)))
+    assert result["c"].start_h == pytest.approx(2.0)  # the slot opens before the minimum run is over
