@@ -85,7 +85,7 @@ class TelemetryStall:
                 if self._fresh_since is None:
                     self._fresh_since = now - max(0.0, age)  # when the fresh sample was taken
                 if now - self._fresh_since >= TELEMETRY_RESUMED_INTERVALS * self.settings.telemetry_interval_s:
-                    self._resumed(max(0.0, age))
+                    self._resumed(max(0.0, age), self._stalled_at)
             return None
         self._fresh_since = None
         why = (f"telemetry stale: last sample {age:.0f} s ago, more than {TELEMETRY_STALE_INTERVALS} telemetry intervals "
@@ -138,12 +138,12 @@ class TelemetryStall:
             alerts.send(Alert(TELEMETRY_STALE_EVENT, message, now, None, details, action))
         self._stalled_at = self.clock.monotonic() - (age - limit)
 
-    def _resumed(self, age: float) -> None:
+    def _resumed(self, age: float, stalled_at: float) -> None:
         """The sample stayed fresh long enough after a stall: the telemetry job runs again. Over at
         once, whether its event is written now or, the database busy, at a later look: a stall
         meanwhile is news, and this one's length ends where the fresh samples began."""
         fresh_since = self._fresh_since if self._fresh_since is not None else self.clock.monotonic()
-        stalled_s = max(0.0, fresh_since - (fresh_since if self._stalled_at is None else self._stalled_at))
+        stalled_s = max(0.0, fresh_since - stalled_at)
         fresh_s = max(0.0, self.clock.monotonic() - fresh_since)
         log.info("telemetry is fresh again (last sample %.0f s ago, fresh for %.0f s after %.0f s stale): the governor may climb",
                  age, fresh_s, stalled_s)

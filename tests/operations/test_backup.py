@@ -4,6 +4,7 @@ round trip, with a directory target, is tests/operations/test_backup_e2e.py)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import shutil
 import sqlite3
 import subprocess
@@ -449,7 +450,7 @@ def test_a_purge_told_while_a_scan_reads_the_fleets_names_is_not_taken_for_a_gam
     assert Target(url).names("games") == set()
 
 
-def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path):
+def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup, tmp_path, monkeypatch):
     # `games rm pong`, then `games add pong OTHER_ENV --kept set-aside`: the target kept the
     # removed pong's checkpoints until the new one wrote its own (never the last ones), and a
     # restore in between handed them to the new game (another env's: FATAL, or the old network).
@@ -478,6 +479,19 @@ def test_checkpoints_set_aside_for_a_new_game_of_the_name_leave_the_target(setup
     assert backup.now().removed == []
     copy = target.fs.cat_file(target.path(f"games/pong/checkpoints/ckpt-000000000100/{checkpoint.MANIFEST}"))
     assert copy == (ckpts / "ckpt-000000000100" / checkpoint.MANIFEST).read_bytes()
+    # A disk failing under the new game's checkpoint (its manifest does not read, its folder is
+    # there) is no reason to drop its copy on the target, which may be the only readable one left.
+    read_bytes = Path.read_bytes
+
+    def failing_disk(path: Path) -> bytes:
+        if path.name == checkpoint.MANIFEST and "removed" not in path.parts:
+            raise OSError(errno.EIO, "Input/output error")
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", failing_disk)
+    assert backup.now().removed == []
+    monkeypatch.undo()
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100"}
 
 
 def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_copy(setup, tmp_path):

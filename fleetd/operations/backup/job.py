@@ -304,7 +304,7 @@ class Backup:
         with kept=set_aside under a removed game's name), as `game/name`: the sync keeps a game's
         last copies while it has no checkpoint of its own yet, and a restore then handed the
         removed game's to the new one. A name the new game wrote again is dropped where its copy
-        is the old one, or cannot be told its own (pruned here meanwhile: `same_copy` None)."""
+        is the old one, or pruned here meanwhile."""
         copies = []
         for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
             game = game_dir.parent.name
@@ -312,9 +312,15 @@ class Backup:
             relative = f"games/{game}/checkpoints"
             on_target = self.target.names(relative) & aside if aside else set()
             here = game_dir.parent / "checkpoints"
-            copies += [f"{game}/{name}" for name in sorted(on_target)
-                       if not ((here / name).is_dir() and same_copy(self.target, f"{relative}/{name}", here / name))]
+            copies += [f"{game}/{name}" for name in sorted(on_target) if self._not_its_own(here / name, f"{relative}/{name}")]
         return copies
+
+    def _not_its_own(self, local: Path, relative: str) -> bool:
+        """The target's copy at `relative` is not of the checkpoint here: none here, or another
+        manifest. One whose manifest does not read while its folder is still here (a failing disk)
+        is kept: dropping it could lose the only readable copy."""
+        same = same_copy(self.target, relative, local) if local.is_dir() else False
+        return same is False or (same is None and not local.exists())
 
     def _drop(self, copies: list[str]) -> list[str]:
         for copy in copies:

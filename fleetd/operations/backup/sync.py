@@ -74,16 +74,16 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
 def _manifest_bytes(local: Path) -> bytes | None:
     try:
         return (local / checkpoint.MANIFEST).read_bytes()
-    except OSError:  # pruned meanwhile
+    except OSError:  # pruned meanwhile, or a failing disk: the callers tell which
         return None
 
 
 def same_copy(target: Target, relative: str, local: Path, confirmed: dict[str, bytes] | None = None) -> bool | None:
     """Whether the target's copy at `relative` is of the checkpoint at `local`: the same manifest
     (every file's hash), as found before (`confirmed`, where given: a match is remembered there)
-    or read from the target now. None: the checkpoint here was pruned meanwhile (its manifest
-    does not read), which each caller answers its own way: the sync does not copy it (it is not
-    wanted), the backup's set-aside check cannot tell the copy its own and drops it."""
+    or read from the target now. None: its manifest here does not read (pruned meanwhile, or a
+    read error), which each caller answers its own way: the sync does not copy it, the backup's
+    set-aside check drops the target's copy only where the checkpoint's folder is gone."""
     here = _manifest_bytes(local)
     if here is None:
         return None
