@@ -10,6 +10,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
@@ -19,7 +20,7 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import CheckedOnce, EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import (check_draft, check_unique_names, forget_samples_of_removable, record_added,
-                                    record_desired, record_removed, removable, seeding_needed)
+                                    record_desired, record_removed, removable, removing, seeding_needed)
 from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
@@ -291,13 +292,15 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
         plans = plan_fleet(session, games, checked, restart, workers, kept)
     if dry_run:
         return plans
-    for plan in plans:
-        if plan.action == "remove":  # its samples a batch a transaction first, as remove_game's
-            forget_samples_of_removable(db, plan.name)
-    with db.transaction(immediate=True) as session:
-        plans = plan_fleet(session, games, checked, restart, workers, kept)
+    with ExitStack() as removals:
         for plan in plans:
-            _write(session, clock, plan, entries[plan.name])
+            if plan.action == "remove":  # its samples a batch a transaction first, as remove_game's
+                removals.enter_context(removing(plan.name))
+                forget_samples_of_removable(db, plan.name)
+        with db.transaction(immediate=True) as session:
+            plans = plan_fleet(session, games, checked, restart, workers, kept)
+            for plan in plans:
+                _write(session, clock, plan, entries[plan.name])
     return plans
 
 

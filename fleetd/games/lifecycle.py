@@ -148,6 +148,8 @@ def record_added(session: Session, now: datetime, draft: GameDraft, game: GameRe
 
 
 def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> GameRecord:
+    if desired is Desired.RUNNING and being_removed(name):
+        raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
     now = clock.now()
     with db.transaction() as session:
         game = game_store.update_game_desired(session, name, desired, now)
@@ -165,18 +167,15 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     else a game added again under the name would resume from its checkpoints. `purging`: told
     of a purge once the game is out of the database, before its files go (the backup, which then
     drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
-    forget_samples_of_removable(db, name)
-    now = clock.now()
-    with db.transaction(immediate=True) as session:
-        game = game_store.read_game(session, name)
-        if not removable(game):
-            raise FleetdError(
-                ErrorCode.CONFLICT,
-                f"game {name!r} is {game.state}: stop it first (fleetd games stop {name})",
-                {"name": name, "state": game.state},
-            )
-        game_store.delete_game(session, name)
-        record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
+    with removing(name):
+        forget_samples_of_removable(db, name)
+        now = clock.now()
+        with db.transaction(immediate=True) as session:
+            game = game_store.read_game(session, name)
+            if not removable(game):
+                raise not_removable(game)
+            game_store.delete_game(session, name)
+            record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
     if purge:
         if purging is not None:
             purging(name)
@@ -191,12 +190,49 @@ def removable(game: GameRecord) -> bool:
     return game.state in REMOVABLE and game.current_run is None
 
 
+def not_removable(game: GameRecord) -> FleetdError:
+    why = f"is {game.state}" if game.current_run is None else f"has an open run (it is {game.state})"
+    return FleetdError(ErrorCode.CONFLICT, f"game {game.name!r} {why}: stop it first (fleetd games stop {game.name})",
+                       {"name": game.name, "state": game.state})
+
+
+_REMOVING_LOCK = threading.Lock()
+_REMOVING: set[str] = set()  # the games whose removal is under way
+
+
+@contextmanager
+def removing(name: str) -> Iterator[None]:
+    """While a removal of game `name` runs, from its first batch of samples to the delete of its
+    row: no run begins (the supervisor's begin_run asks being_removed, inside its write) and no
+    start is taken. A run begun between batches made the removal a 409 with part of the game's
+    sample history already deleted, and the game ran on without it. A second removal meanwhile
+    is refused."""
+    with _REMOVING_LOCK:
+        if name in _REMOVING:
+            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed", {"name": name})
+        _REMOVING.add(name)
+    try:
+        yield
+    finally:
+        with _REMOVING_LOCK:
+            _REMOVING.discard(name)
+
+
+def being_removed(name: str) -> bool:
+    """A removal of game `name` is under way (the daemon is one process). Asked inside a
+    transaction that holds the write lock, against removing()'s batches that check the game is
+    removable holding it too: a run committed before a batch makes it keep the samples, and one
+    after the removal began is refused."""
+    with _REMOVING_LOCK:
+        return name in _REMOVING
+
+
 def forget_samples_of_removable(db: Database, name: str) -> None:
-    """Before the transaction that removes game `name`: its samples, DELETE_BATCH a transaction.
-    Left to the removal's ON DELETE CASCADE, a game sampled for samples_days (hundreds of
-    thousands of rows) was one delete that held the write lock for longer than busy_timeout_ms.
-    Each batch goes only while the game is removable, checked in the same transaction: one that
-    is not (any more) keeps the rest, and its removal is refused as before."""
+    """Before the transaction that removes game `name`, inside removing(name): its samples,
+    DELETE_BATCH a transaction. Left to the removal's ON DELETE CASCADE, a game sampled for
+    samples_days (hundreds of thousands of rows) was one delete that held the write lock for
+    longer than busy_timeout_ms. Each batch goes only while the game is removable, checked in the
+    same transaction: one that is not keeps them all, and its removal is refused as before."""
     while True:
         with db.transaction(immediate=True) as session:
             game = game_store.read_game(session, name)

@@ -13,6 +13,7 @@ from typing import Any
 
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
+from fleetd.games.lifecycle import being_removed
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
@@ -53,7 +54,9 @@ class Recorder:
 
     def begin_run(self, game: str) -> int:
         try:
-            with self.db.transaction() as session:
+            with self.db.transaction(immediate=True) as session:  # against a removal's batches (being_removed)
+                if being_removed(game):
+                    raise GameRemoved(game)
                 return run_store.create_run(session, game_store.game_id_of(session, game), self.boot_pk, self.clock.now())
         except FleetdError as exc:
             if exc.code is not ErrorCode.NOT_FOUND:

@@ -104,7 +104,7 @@ class LaunchError(Exception):
 
 class GameRemoved(Exception):
     """The game was removed (API, fleet file) after the supervisor last read the games: it has
-    no row to begin a run under. Removal refuses a game with an open run, so a run once begun
+    no row to begin a run under; or its removal is under way (fleetd.games.lifecycle.removing). Removal refuses a game with an open run, so a run once begun
     is the game's until it ends."""
 
 

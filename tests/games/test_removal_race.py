@@ -186,3 +186,89 @@ def test_a_game_not_removable_keeps_its_samples(settings: Settings, db: Database
     assert refused.value.code is ErrorCode.CONFLICT
     with db.transaction() as session:
         assert len(read_samples(session, "a", None, "steps", clock.now() - timedelta(days=1), 100)) == 5
+
+
+def _fleet_spec(settings: Settings, db: Database, clock: FakeClock, games: list[dict]):  # type: ignore[no-untyped-def]
+    from fastapi.testclient import TestClient
+
+    from fleetd.api import create_app
+    from tests.api_context import api_context
+
+    context = api_context(settings, db, clock, FakeHost(clock), "t" * 32)
+    with TestClient(create_app(context)) as client:
+        return client.put("/api/v1/fleet/spec", json={"games": games}, headers={"Authorization": "Bearer " + "t" * 32})
+
+
+@pytest.mark.parametrize("way", ["remove_game", "fleet spec absent"])
+def test_no_run_begins_and_no_start_is_taken_while_a_removal_deletes_samples(
+        settings: Settings, db: Database, clock: FakeClock, host: FakeHost, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, way: str) -> None:
+    """A pending game (to run, waiting for the governor) is removable; the governor admitted it
+    between two batches of its samples and the supervisor began a run: the removal was refused
+    (or the fleet file's turned into a stop) with part of the sample history already deleted,
+    and the game ran on without it. While its removal runs, a run does not begin, nor is a start
+    taken; the removal goes through."""
+    from contextlib import contextmanager
+
+    from sqlalchemy import func, select
+
+    import fleetd.games.lifecycle as lifecycle
+    from fleetd.games.lifecycle import set_desired
+    from fleetd.store.models import Sample
+    from fleetd.supervision.recorder import Recorder
+    from fleetd.supervision.seams import GameRemoved
+
+    monkeypatch.setattr(lifecycle, "DELETE_BATCH", 10)
+    boot_pk = record_daemon_start(db, host.current_boot(), clock.now()).boot.id
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.RUNNING, 0),
+                                         clock.now()).id
+    _samples_of(db, game_id, 25, clock)
+    supervisor = Database.open(settings.db_path, busy_timeout_ms=50)
+    tried: list[str] = []
+    transaction = db.transaction
+
+    @contextmanager
+    def then_the_supervisor_begins_a_run(immediate: bool = False):  # type: ignore[no-untyped-def]
+        with transaction(immediate) as session:
+            yield session
+        if immediate and not tried:  # after the first batch committed
+            for attempt in (lambda: Recorder(supervisor, clock, boot_pk).begin_run("gone"),
+                            lambda: set_desired(supervisor, clock, "gone", Desired.RUNNING)):
+                try:
+                    attempt()
+                    tried.append("done")
+                except GameRemoved:
+                    tried.append("no run")
+                except FleetdError as exc:
+                    tried.append(exc.message)
+
+    monkeypatch.setattr(db, "transaction", then_the_supervisor_begins_a_run)
+    try:
+        if way == "remove_game":
+            remove_game(db, clock, "gone", tmp_path / "gone", purge=False)
+        else:
+            response = _fleet_spec(settings, db, clock, [{"name": "gone", "absent": True}])
+            assert response.status_code == 200 and response.json()["games"][0]["action"] == "remove", response.text
+    finally:
+        supervisor.close()
+    assert tried == ["no run", "game 'gone' is being removed: it cannot start"]
+    with db.transaction() as session:
+        assert not game_store.game_exists(session, "gone")
+        assert session.scalar(select(func.count()).where(Sample.game_id == game_id)) == 0
+    with db.transaction() as session:  # the removal over, the name takes runs again
+        game_id = game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.RUNNING, 0),
+                                         clock.now()).id
+    assert Recorder(db, clock, boot_pk).begin_run("gone") > 0
+
+
+def test_a_removal_refused_for_an_open_run_says_so(settings: Settings, db: Database, clock: FakeClock,
+                                                   host: FakeHost, tmp_path: Path) -> None:
+    boot_pk = record_daemon_start(db, host.current_boot(), clock.now()).boot.id
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0), clock.now()).id
+        run_store.create_run(session, game_id, boot_pk, clock.now())  # begun, its state still stopped
+    with pytest.raises(FleetdError) as refused:
+        remove_game(db, clock, "a", tmp_path / "a", purge=False)
+    assert refused.value.message == "game 'a' has an open run (it is stopped): stop it first (fleetd games stop a)"
+
