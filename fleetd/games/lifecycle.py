@@ -232,9 +232,12 @@ def forget_samples_of_removable(db: Database, name: str) -> None:
     DELETE_BATCH a transaction. Left to the removal's ON DELETE CASCADE, a game sampled for
     samples_days (hundreds of thousands of rows) was one delete that held the write lock for
     longer than busy_timeout_ms. Each batch goes only while the game is removable, checked in the
-    same transaction: one that is not keeps them all, and its removal is refused as before."""
+    same transaction: one that is not keeps them all, and its removal is refused as before; one
+    no longer there is left to the removal's own check (a fleet file's: "absent: not there")."""
     while True:
         with db.transaction(immediate=True) as session:
+            if not game_store.game_exists(session, name):
+                return
             game = game_store.read_game(session, name)
             if not removable(game):
                 return

@@ -272,3 +272,32 @@ def test_a_removal_refused_for_an_open_run_says_so(settings: Settings, db: Datab
         remove_game(db, clock, "a", tmp_path / "a", purge=False)
     assert refused.value.message == "game 'a' has an open run (it is stopped): stop it first (fleetd games stop a)"
 
+
+def test_an_absent_game_removed_by_another_client_after_the_plan_is_not_there(
+        settings: Settings, db: Database, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another client removed the game between the fleet file's plan and its removal's first
+    batch of samples: that batch's read of the game answered 404 "no game named", where the plan
+    made again inside the write finds it "absent: not there" and the apply goes through."""
+    import fleetd.games.fleet_spec as fleet_spec
+
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    other = Database.open(settings.db_path)
+    plan_fleet = fleet_spec.plan_fleet
+    planned: list[str] = []
+
+    def then_another_removes_it(*args, **kwargs):  # type: ignore[no-untyped-def]
+        plans = plan_fleet(*args, **kwargs)
+        if not planned:
+            planned.append("gone")
+            remove_game(other, clock, "gone", tmp_path / "gone", purge=False)
+        return plans
+
+    monkeypatch.setattr(fleet_spec, "plan_fleet", then_another_removes_it)
+    try:
+        response = _fleet_spec(settings, db, clock, [{"name": "gone", "absent": True}])
+    finally:
+        other.close()
+    assert response.status_code == 200, response.text
+    assert response.json()["games"][0]["action"] == "none"
+    assert response.json()["games"][0]["note"] == "absent: not there"
