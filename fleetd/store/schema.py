@@ -159,6 +159,11 @@ def _refusal(db_path: Path, status: SchemaStatus, upgrade_hint: str) -> str:
     return f"{db_path} has tables but no fleetd schema version: it is not a fleetd database."
 
 
+# The copy aside being written (and its -journal): one a SIGKILL or power cut left is removed at
+# the daemon's start (remove_scratch_leftovers), under the state_dir's lock that the upgrade holds.
+PARTIAL_COPY = ".partial-"
+
+
 def backup_database(db_path: Path, backups_dir: Path, label: str) -> Path:
     """A consistent copy through SQLite's backup API (safe while others read), written under a
     temporary name and renamed whole: a copy cut short (a full disk) left an empty or partial
@@ -167,7 +172,7 @@ def backup_database(db_path: Path, backups_dir: Path, label: str) -> Path:
     backups_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     target = backups_dir / f"fleetd-{label}-{stamp}.db"
-    partial = backups_dir / f".partial-{target.name}"
+    partial = backups_dir / f"{PARTIAL_COPY}{target.name}"
     try:
         copy_database(db_path, partial)
         partial.replace(target)

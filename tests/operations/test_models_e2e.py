@@ -167,6 +167,9 @@ def test_a_start_removes_the_transfers_and_backup_copies_an_earlier_daemons_end_
     (transfers / "import-def456" / "upload").mkdir(parents=True)
     (backups / "db-ghi789").mkdir(parents=True)
     (backups / "db-ghi789" / "fleetd.db").write_bytes(b"x" * 1000)
+    cut_short = ".partial-fleetd-schema-0009-20260101T000100Z.db"  # `fleetd db upgrade` killed copying aside
+    for name in (cut_short, cut_short + "-journal"):
+        (backups / name).write_bytes(b"x" * 1000)
     upgrade_copy = backups / "fleetd-schema-0009-20260101T000000Z.db"  # `fleetd db upgrade`'s: kept
     upgrade_copy.write_bytes(b"a database")
 

@@ -35,6 +35,7 @@ from fleetd.store import games as game_store
 from fleetd.store.backup import copy_database
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event
+from fleetd.store.schema import PARTIAL_COPY
 
 log = logging.getLogger(__name__)
 
@@ -429,12 +430,16 @@ def _fleet_of(db: Database) -> str | None:
 
 def remove_scratch_leftovers(settings: Settings) -> list[Path]:
     """At start, under the state_dir's lock: the work folders of backups that a daemon's end cut
-    short (a database copy each); `fleetd db upgrade`'s copies beside them are kept."""
+    short (a database copy each), and a copy aside `fleetd db upgrade` was writing when killed
+    (it holds the same lock); its finished copies beside them are kept."""
     folder = settings.backups_dir
-    left = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(SCRATCH_PREFIXES)) \
-        if folder.is_dir() else []
+    left = sorted(p for p in folder.iterdir()
+                  if p.name.startswith(PARTIAL_COPY if p.is_file() else SCRATCH_PREFIXES)) if folder.is_dir() else []
     for path in left:
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_file():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
     return left
 
 
