@@ -547,3 +547,33 @@ def test_0022_keeps_the_rollbacks_rate_apart_and_multiplies_it_back_down(tmp_pat
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT remedy_lr_scale FROM games").fetchall() == [(0.125,)]
         assert "remedy_rollback_lr_scale" not in [row[1] for row in conn.execute("PRAGMA table_info(games)")]
+
+
+def test_a_database_another_process_holds_is_said_so_not_damaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock held longer than SQLite waits (SQLITE_BUSY) said to run as the daemon's user and
+    make room on the disk; a restore called its copy damaged: "restore from another backup"."""
+    from sqlalchemy import create_engine
+
+    import fleetd.store.schema as schema
+    from fleetd.operations.backup.restore import _check_database
+    from fleetd.operations.backup.target import BackupError
+
+    db_path = tmp_path / "fleetd.db"
+    ensure_schema(db_path, "fleetd db upgrade")
+    monkeypatch.setattr(schema, "create_engine", lambda url, **kw: create_engine(url, connect_args={"timeout": 0.05}, **kw))
+    holder = sqlite3.connect(db_path)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")  # rollback journal: no reader gets in
+        with pytest.raises(SchemaError) as refused:
+            inspect_schema(db_path)
+        with pytest.raises(BackupError) as restored:
+            _check_database(db_path)
+    finally:
+        holder.close()
+    assert str(refused.value) == (
+        f"cannot open the database {db_path}: database is locked (SQLITE_BUSY). fleetd changed nothing, and this "
+        "says nothing about the file itself. Another process held its lock for longer than fleetd waits: run the "
+        "command again.")
+    assert str(restored.value).startswith(f"fleetd.db as restored to {tmp_path} cannot be opened (database is "
+                                          "locked, SQLITE_BUSY), which says nothing about the backup's copy"), restored.value
+    assert "damaged" not in str(restored.value) and not refused.value.damaged

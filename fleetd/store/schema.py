@@ -31,11 +31,13 @@ log = logging.getLogger(__name__)
 
 class SchemaError(Exception):
     """The database cannot be used as it is; the message says what to do. `reason`: what is
-    wrong with the file alone, for a caller whose advice differs (a restore's copy)."""
+    wrong with the file alone, for a caller whose advice differs (a restore's copy); `damaged`:
+    the file itself is bad, not only this user's or this moment's way to it."""
 
-    def __init__(self, message: str, reason: str | None = None) -> None:
+    def __init__(self, message: str, reason: str | None = None, damaged: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
+        self.damaged = damaged
 
 
 class SchemaState(StrEnum):
@@ -92,33 +94,36 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
             if problem != "ok":
                 raise DatabaseError("PRAGMA quick_check", None, Exception(problem))
     except DatabaseError as exc:
-        if not _damaged(exc.orig):
-            raise SchemaError(_cannot_open(db_path, str(exc.orig)), reason=str(exc.orig)) from None
+        code = getattr(exc.orig, "sqlite_errorname", None)
+        if not _damaged(code):
+            raise SchemaError(_cannot_open(db_path, str(exc.orig), code), reason=f"{exc.orig}, {code}") from None
         raise SchemaError(
             f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
             f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
             "or start with an empty state_dir.",
-            reason=str(exc.orig),
+            reason=str(exc.orig), damaged=True,
         ) from None
     finally:
         engine.dispose()
     return SchemaStatus(_classify(current, tables, head, script), current, head)
 
 
-def _damaged(error: BaseException | None) -> bool:
-    """Whether SQLite's error says the file itself is bad (quick_check's finding has no code).
+def _damaged(code: str | None) -> bool:
+    """Whether SQLite's error code says the file itself is bad (quick_check's finding has none).
     Anything else (a user that may not write the folder, where a WAL database's -shm must be
     made even to read it; a lock held too long; a full disk) says nothing about the file."""
-    name = getattr(error, "sqlite_errorname", None)
-    return name is None or name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+    return code is None or code.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
-def _cannot_open(db_path: Path, why: str) -> str:
+def _cannot_open(db_path: Path, why: str, code: str | None = None) -> str:
+    said = f"cannot open the database {db_path}: {why}{f' ({code})' if code else ''}. fleetd changed nothing, " \
+        "and this says nothing about the file itself."
+    if code is not None and code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return f"{said} Another process held its lock for longer than fleetd waits: run the command again."
     return (
-        f"cannot open the database {db_path}: {why}. fleetd changed nothing, and this says nothing "
-        f"about the file itself. Run the command as the daemon's user, and see that this user may "
-        f"read and write the file and write its folder {db_path.parent} (even reading it takes "
-        "making fleetd.db-shm there), and that the disk has room."
+        f"{said} Run the command as the daemon's user, and see that this user may read and write "
+        f"the file and write its folder {db_path.parent} (even reading it takes making fleetd.db-shm "
+        "there), and that the disk has room."
     )
 
 

@@ -102,7 +102,11 @@ def _check_database(db_path: Path) -> str | None:
     try:
         status = inspect_schema(db_path)
     except SchemaError as exc:  # its advice is the daemon's, about a state_dir's own copies: not this one's
-        raise BackupError(f"{DB_NAME} in the backup is damaged ({exc.reason or exc}): restore from another backup") from None
+        if exc.damaged:
+            raise BackupError(f"{DB_NAME} in the backup is damaged ({exc.reason}): restore from another backup") from None
+        raise BackupError(f"{DB_NAME} as restored to {db_path.parent} cannot be opened ({exc.reason or exc}), which says "
+                          "nothing about the backup's copy: run the restore again as the daemon's user, with room on "
+                          "the disk and no other process on the file") from None
     if status.state is SchemaState.BEHIND:
         return (f"its database is at schema {status.current}, this fleetd's is {status.head}: run `fleetd db "
                 "upgrade` (with the state_dir of this restore in its config) before you start fleetd")
