@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection
 
-from workers.protocol.reports import CheckpointSummary
+from workers.protocol.reports import CheckpointSummary, timestamp
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,12 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         raise CheckpointError(f"manifest.json unreadable: {exc}") from exc
     try:
         files = {str(n): FileEntry(int(e["size"]), str(e["sha256"])) for n, e in data["files"].items()}
-        return Manifest(int(data["steps"]), int(data["episodes"]), float(data["created_at"]),
-                        files, int(data["version"]), _score(data.get("eval_return")))
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: float(10**400)
+        created_at = timestamp(data["created_at"])
+        if created_at is None:
+            raise CheckpointError(f"manifest.json malformed: created_at {data['created_at']!r:.40} is not a time")
+        return Manifest(int(data["steps"]), int(data["episodes"]), created_at, files,
+                        int(data["version"]), _score(data.get("eval_return")))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: int(1e400)
         raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
 
 

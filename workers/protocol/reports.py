@@ -6,6 +6,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from typing import Any
 
 from workers.protocol import PROTOCOL_VERSION
@@ -152,6 +153,20 @@ def _build(cls: type, data: dict) -> Any:
         kwargs["changed"] = tuple((str(key), old, new) for key, old, new in kwargs.get("changed", ()))
     return cls(**kwargs)
 
+
+
+def timestamp(value: object) -> float | None:
+    """A wall-clock time as sent or written by a worker (a report's `at`, a manifest's
+    `created_at`): a number that `datetime.fromtimestamp` takes (finite, years 1 to 9999), else
+    None. The daemon turns each into a datetime, and there an inf, a NaN or a 1e300 raised
+    OverflowError or ValueError past every handler: its supervision loop died."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        datetime.fromtimestamp(value, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+    return float(value)
 
 
 def now() -> float:
