@@ -16,7 +16,6 @@ import errno
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection
 
-from workers.protocol.reports import CheckpointSummary
+from workers.protocol.reports import CheckpointSummary, figure, timestamp
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +106,12 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         raise CheckpointError(f"manifest.json unreadable: {exc}") from exc
     try:
         files = {str(n): FileEntry(int(e["size"]), str(e["sha256"])) for n, e in data["files"].items()}
-        return Manifest(int(data["steps"]), int(data["episodes"]), float(data["created_at"]),
-                        files, int(data["version"]), _score(data.get("eval_return")))
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: float(10**400)
+        created_at = timestamp(data["created_at"])
+        if created_at is None:
+            raise CheckpointError(f"manifest.json malformed: created_at {data['created_at']!r:.40} is not a time")
+        return Manifest(int(data["steps"]), int(data["episodes"]), created_at, files,
+                        int(data["version"]), figure(data.get("eval_return")))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: int(1e400)
         raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
 
 
@@ -184,17 +186,6 @@ def _eval_return(ckpt_dir: Path) -> float | None:
         return read_manifest(ckpt_dir).eval_return
     except CheckpointError:
         return None
-
-
-def _score(value: object) -> float | None:
-    """A manifest's `eval_return`: a finite number, else None (absent, null, or not a number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        score = float(value)  # an int past a float's range raised OverflowError past the CheckpointError callers catch
-    except OverflowError:
-        return None
-    return score if math.isfinite(score) else None
 
 
 def summarize(ckpt_dir: str | os.PathLike) -> CheckpointSummary:

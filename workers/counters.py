@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers.protocol.reports import figure
+
+log = logging.getLogger(__name__)
 
 RECENT_EPISODES = 100
 
@@ -23,13 +28,24 @@ class Counters:
     # not evaluated counts its next evaluation's interval from the last one, not from step 0.
     eval_steps: int | None = None
     eval_return: float | None = None
+    # Episodes whose return was NaN or inf (an env's NaN or inf reward): counted here, not in
+    # best_reward or recent_returns. A NaN best was never beaten (`r > nan` is false), an inf
+    # one never either, and either was saved in every checkpoint after: no figure for good.
+    nonfinite_returns: int = 0
 
     def record_episode(self, episode_return: float, length: int) -> None:
         self.episodes += 1
-        self.recent_returns.append(float(episode_return))
         self.recent_lengths.append(int(length))
-        if self.best_reward is None or episode_return > self.best_reward:
-            self.best_reward = float(episode_return)
+        score = figure(episode_return)
+        if score is None:
+            self.nonfinite_returns += 1
+            if self.nonfinite_returns == 1:
+                log.warning("an episode returned %r: not counted in the mean or best return "
+                            "(the env's rewards are not all finite)", episode_return)
+            return
+        self.recent_returns.append(score)
+        if self.best_reward is None or score > self.best_reward:
+            self.best_reward = score
 
     @property
     def mean_reward_100(self) -> float | None:
@@ -40,15 +56,19 @@ class Counters:
         return {"steps": self.steps, "episodes": self.episodes, "best_reward": self.best_reward,
                 "recent_returns": list(self.recent_returns),
                 "recent_lengths": list(self.recent_lengths),
-                "eval_steps": self.eval_steps, "eval_return": self.eval_return}
+                "eval_steps": self.eval_steps, "eval_return": self.eval_return,
+                "nonfinite_returns": self.nonfinite_returns}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Counters":
-        best = data["best_reward"]
-        eval_steps, eval_return = data.get("eval_steps"), data.get("eval_return")  # absent before
+        """A checkpoint's counters; a NaN or inf return saved before they were kept out (see
+        `nonfinite_returns`) reads as none."""
+        eval_steps = data.get("eval_steps")  # absent before evaluations
+        returns = (figure(r) for r in data["recent_returns"])
         return cls(steps=int(data["steps"]), episodes=int(data["episodes"]),
-                   best_reward=None if best is None else float(best),
-                   recent_returns=deque(map(float, data["recent_returns"]), maxlen=RECENT_EPISODES),
+                   best_reward=figure(data["best_reward"]),
+                   recent_returns=deque((r for r in returns if r is not None), maxlen=RECENT_EPISODES),
                    recent_lengths=deque(map(int, data["recent_lengths"]), maxlen=RECENT_EPISODES),
                    eval_steps=None if eval_steps is None else int(eval_steps),
-                   eval_return=None if eval_return is None else float(eval_return))
+                   eval_return=figure(data.get("eval_return")),
+                   nonfinite_returns=int(data.get("nonfinite_returns", 0)))

@@ -52,6 +52,19 @@ def tail(path: Path, lines: int) -> tuple[bytes, int]:
     return b"".join(kept), end
 
 
+def byte_before(path: Path, offset: int) -> bytes:
+    """The log's byte just before `offset` (b"": none, at its start or gone): where a follow
+    that sent nothing yet (`lines=0`) stands, so its own lines start a line of their own."""
+    if offset <= 0:
+        return b""
+    try:
+        with path.open("rb") as log:
+            log.seek(offset - 1)
+            return log.read(1)
+    except FileNotFoundError:
+        return b""
+
+
 def _last_lines(log: BinaryIO, end: int, lines: int) -> list[bytes]:
     blocks, start, newlines = [], end, 0
     # Read back block by block, each once, until there are more newlines than lines asked for

@@ -280,13 +280,13 @@ def test_refusals_name_what_is_missing(app, client: TestClient) -> None:
     assert client.get("/api/v1/games/mine/logs", headers={"Authorization": "Bearer nope"}).status_code == 401
 
 
-def follow_beside(client: TestClient, name: str, writer: Callable[[], None]):
-    """`logs -f` of `name` (its last 5 lines first) while `writer` runs in a thread beside it
-    (which ends the follow, setting the daemon's stop); the whole answer."""
+def follow_beside(client: TestClient, name: str, writer: Callable[[], None], lines: int = 5):
+    """`logs -f` of `name` (its last `lines` lines first) while `writer` runs in a thread beside
+    it (which ends the follow, setting the daemon's stop); the whole answer."""
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        return client.get(f"/api/v1/games/{name}/logs", params={"follow": "true", "lines": 5})
+        return client.get(f"/api/v1/games/{name}/logs", params={"follow": "true", "lines": lines})
     finally:
         thread.join()
 
@@ -349,6 +349,20 @@ def test_a_follows_own_lines_start_a_line_after_a_log_cut_mid_line(app, client: 
     lines = follow_beside(client, "cut", writer).text.split("\n")
     assert lines[0] == "step 1\rstep 2" and lines[1].startswith("--- fleetd: run "), lines
     assert lines[2:] == ["loading 50%", "--- fleetd: game cut was removed ---", ""]
+
+
+def test_a_follow_asked_again_with_no_lines_starts_its_own_lines_after_a_log_cut_mid_line(app, client: TestClient) -> None:
+    # `fleetd logs -f` asks again with lines=0 after its hour or a daemon restart, having shown
+    # the log up to here: with nothing sent, the follow took the line for ended, and glued its
+    # marker to the cut one on the terminal.
+    new_run(app, "cut", "step 1\rstep 2")
+
+    def writer() -> None:
+        time.sleep(0.3)
+        with app.state.context.db.transaction() as session:
+            delete_game(session, "cut")
+
+    assert follow_beside(client, "cut", writer, lines=0).text == "\n--- fleetd: game cut was removed ---\n"
 
 
 def test_what_a_run_writes_just_before_its_next_run_is_looked_up_is_sent(app, client: TestClient,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetd.supervision.index import scan_checkpoints
 from workers import checkpoint
 
 
@@ -77,6 +78,23 @@ def test_a_manifest_with_a_number_past_a_floats_range_is_malformed_not_a_crash(t
     with pytest.raises(checkpoint.CheckpointError, match="malformed"):
         checkpoint.read_manifest(path)
     assert "malformed" in checkpoint.verify(path)[1]
+
+
+@pytest.mark.parametrize("created_at", ["1e400", "NaN", "1e300", "-1e20", "true"])
+def test_a_manifest_whose_created_at_is_no_time_is_malformed_and_the_index_lists_it_unverified(tmp_path, created_at):
+    """json reads 1e400 as inf: a created_at of inf, NaN or 1e300 passed as a float, verify()
+    said ok, and the daemon's index (datetime.fromtimestamp) raised OverflowError/ValueError at
+    every worker exit, uncaught: the supervision loop died, and again at each restart."""
+    path = _write(tmp_path, 10)
+    text = (path / "manifest.json").read_text()
+    data = json.loads(text)
+    (path / "manifest.json").write_text(text.replace(json.dumps(data["created_at"]), created_at))
+    with pytest.raises(checkpoint.CheckpointError, match="malformed: created_at .* is not a time"):
+        checkpoint.read_manifest(path)
+    assert not checkpoint.verify(path)[0]
+    [record] = scan_checkpoints(tmp_path)
+    assert not record.verified and "created_at" in record.problem
+    assert checkpoint.prune(tmp_path, checkpoint.Retention(1, 24, 7), now=1e9) == []  # int(inf // 3600) raised
 
 
 def test_failed_populate_leaves_nothing_behind(tmp_path):

@@ -96,3 +96,22 @@ def test_reports_keep_coming_while_training_loop_is_blocked(inbox):
     assert first.steps == second.steps == 1000
     assert second.at >= first.at and second.mean_reward_100 == 4.0 and second.best_reward == 4.0
     assert json.loads(json.dumps(second.steps_per_s)) == 0.0
+
+
+def test_a_nan_or_inf_return_counts_apart_and_never_sticks_as_the_best(caplog):
+    """A NaN best was never beaten (`r > nan` is false) and an inf one never either: the game
+    showed no best (or inf) for good, through every checkpoint and resume after it."""
+    counters = Counters()
+    for value in (float("nan"), 3.0, float("inf"), 5.0, float("-inf"), 4.0):
+        counters.record_episode(value, 10)
+    assert (counters.best_reward, counters.mean_reward_100) == (5.0, 4.0)
+    assert (counters.episodes, counters.nonfinite_returns) == (6, 3)
+    assert caplog.text.count("not counted in the mean or best return") == 1  # the worker's log says it once
+    resumed = Counters.from_dict(json.loads(json.dumps(counters.to_dict())))  # as state.json holds it
+    assert resumed == counters
+    saved_before = {**counters.to_dict(), "best_reward": float("nan"), "recent_returns": [float("inf"), 2.0]}
+    del saved_before["nonfinite_returns"]  # a checkpoint written before this count
+    old = Counters.from_dict(json.loads(json.dumps(saved_before)))
+    assert (old.best_reward, list(old.recent_returns), old.nonfinite_returns) == (None, [2.0], 0)
+    old.record_episode(1.0, 10)
+    assert old.best_reward == 1.0

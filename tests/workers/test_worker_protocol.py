@@ -9,6 +9,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -182,6 +184,59 @@ def test_a_return_that_is_not_finite_is_sent_as_no_figure():
     wire = json.loads(encode_report(checkpoint)) | {"checkpoint": "not an object"}
     with pytest.raises(ReportError):
         decode_report(json.dumps(wire).encode())
+
+
+def _wire(index: int, **changes) -> dict:
+    wire = json.loads(encode_report(_reports()[index]))
+    for key, value in changes.items():  # "checkpoint__at": a nested field
+        *path, last = key.split("__")
+        inner = wire
+        for part in path:
+            inner = inner[part]
+        inner[last] = value
+    return wire
+
+
+@pytest.mark.parametrize("index, changes", [
+    (0, {"steps_per_s": float("nan")}), (0, {"episodes_per_hour": float("inf")}), (0, {"steps_per_s": "fast"}),
+    (0, {"at": float("inf")}), (0, {"at": 1e300}), (0, {"at": float("nan")}), (0, {"at": "now"}),
+    (0, {"steps": 2**63}), (0, {"steps": True}), (0, {"episodes": 3.5}), (0, {"run_id": "7"}), (0, {"pid": None}),
+    (0, {"game": 5}), (0, {"last_checkpoint__at": float("inf")}), (0, {"last_checkpoint__steps": 1e20}),
+    (0, {"last_checkpoint": "ckpt"}), (2, {"checkpoint__at": float("nan")}), (2, {"checkpoint__size_bytes": 2**64}),
+    (3, {"skipped": [{"path": 1, "reason": "x"}]}), (3, {"changed": [["lr", 1]]}), (3, {"from": 5}),
+], ids=repr)
+def test_a_report_whose_fields_are_not_what_the_protocol_says_is_refused(index, changes):
+    """Taken as sent, a NaN steps_per_s failed the recorder's flush (a sample's value is NOT
+    NULL), an inf `at` failed datetime.fromtimestamp, a steps past int64 failed SQLite: each in
+    the supervision loop, which died, and again at every restart while the worker sent it."""
+    with pytest.raises(ReportError):
+        decode_report(json.dumps(_wire(index, **changes)).encode())
+
+
+def test_a_return_that_is_not_a_number_is_no_figure_as_in_a_manifest():
+    progress, _, checkpoint, _ = _reports()
+    wire = _wire(0, mean_reward_100="high", best_reward=True, eval_return=10**400)
+    assert decode_report(json.dumps(wire).encode()) == dataclasses.replace(progress, mean_reward_100=None, best_reward=None)
+    assert decode_report(json.dumps(_wire(2, checkpoint__eval_return="high")).encode()) == checkpoint
+
+
+def test_the_daemon_logs_a_refused_report_and_reads_the_next(caplog):
+    """The real reactor on its socket: the bad datagram is a warning, the good one still reads."""
+    from fleetd.supervision.reactor import OsReactor, Reported
+
+    path = Path(tempfile.mkdtemp(prefix="fw-")) / "p.sock"  # AF_UNIX paths: ~107 bytes at most
+    reactor = OsReactor(path)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            for wire in (_wire(0, steps_per_s=float("nan")), _wire(0)):
+                sender.sendto(json.dumps(wire).encode(), str(path))
+        with caplog.at_level(logging.WARNING, logger="fleetd.supervision.reactor"):
+            seen = reactor.wait(1.0)
+    finally:
+        reactor.close()
+        path.parent.rmdir()
+    assert seen == [Reported(_reports()[0])]
+    assert "ignored a malformed progress report" in caplog.text and "steps_per_s nan" in caplog.text
 
 
 def test_resumed_report_uses_from_key_on_the_wire():

@@ -6,6 +6,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from typing import Any
 
 from workers.protocol import PROTOCOL_VERSION
@@ -120,38 +121,82 @@ def decode_report(datagram: bytes) -> Report:
         data["from_"] = data.pop("from")
     try:
         return _build(cls, data)
-    except (KeyError, TypeError) as exc:
+    except ReportError:
+        raise
+    except (TypeError, ValueError) as exc:  # a required field missing; `changed` not in threes
         raise ReportError(f"bad {data['type']} report: {exc!r}") from exc
 
 
-# A worker's returns: a NaN or inf one (an env's NaN or inf reward, summed into an episode's
-# return) is no figure, as in a manifest (workers.checkpoint). Taken as sent, it failed the
-# daemon's progress write (SQLite stores a NaN as NULL, and a sample's value is NOT NULL): the
-# supervision loop failed, the daemon stopped, and again at each restart while it was reported.
-FIGURES = ("mean_reward_100", "best_reward", "eval_return")
+# A report's fields as its dataclass types them, checked before the daemon takes it: a NaN
+# steps_per_s failed the daemon's progress write (SQLite stores a NaN as NULL, and a sample's
+# value is NOT NULL), an inf `at` failed datetime.fromtimestamp, a steps past int64 failed
+# SQLite: each in the supervision loop, which died, and again at each restart while it was
+# reported. A report that fails a check is refused (ReportError: logged, the report ignored).
+# A worker's returns (`float | None`) are the exception: a NaN or inf one (an env's NaN or inf
+# reward, summed into an episode's return) or one that is not a number is no figure (None), as
+# in a manifest (workers.checkpoint), and the rest of the report stands.
+_INT64 = range(-(1 << 63), 1 << 63)
 
 
-def _figures(data: Any) -> Any:
+def _build(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
-        return data  # not an object: the constructor refuses it (TypeError, a ReportError)
-    return {key: None if key in FIGURES and isinstance(value, float) and not math.isfinite(value) else value
-            for key, value in data.items()}
-
-
-def _build(cls: type, data: dict) -> Any:
-    kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-    if cls is ProgressReport:
-        kwargs = _figures(kwargs)
+        raise ReportError(f"{cls.__name__} is not an object: {data!r:.40}")
+    kwargs = {f.name: _field(cls, f.name, f.type, data[f.name]) for f in fields(cls) if f.name in data}
     if cls is ProgressReport and kwargs.get("last_checkpoint") is not None:
-        kwargs["last_checkpoint"] = CheckpointRef(**kwargs["last_checkpoint"])
-    if cls is CheckpointReport:
-        kwargs["checkpoint"] = CheckpointSummary(**_figures(kwargs["checkpoint"]))
+        kwargs["last_checkpoint"] = _build(CheckpointRef, kwargs["last_checkpoint"])
+    if cls is CheckpointReport and "checkpoint" in kwargs:
+        kwargs["checkpoint"] = _build(CheckpointSummary, kwargs["checkpoint"])
     if cls is ResumedReport:
-        kwargs["skipped"] = tuple(SkippedCheckpoint(**s) for s in kwargs.get("skipped", ()))
+        kwargs["skipped"] = tuple(_build(SkippedCheckpoint, s) for s in kwargs.get("skipped", ()))
         kwargs["notes"] = tuple(str(note) for note in kwargs.get("notes", ()))
         kwargs["changed"] = tuple((str(key), old, new) for key, old, new in kwargs.get("changed", ()))
     return cls(**kwargs)
 
+
+def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
+    """`value` checked against its field's type (a string: this module's annotations are);
+    the other types (nested reports, tuples, flags) are checked where they are built."""
+    if kind == "float | None":
+        return figure(value)
+    if kind == "int":
+        ok, want = not isinstance(value, bool) and isinstance(value, int) and value in _INT64, "an integer in int64"
+    elif kind == "float" and name == "at":
+        ok, want = timestamp(value) is not None, "a time"
+    elif kind == "float":
+        ok, want = figure(value) is not None, "a finite number"
+    elif kind in ("str", "str | None"):
+        ok, want = isinstance(value, str) or (value is None and kind == "str | None"), "a string"
+    else:
+        return value
+    if not ok:
+        raise ReportError(f"bad {cls.__name__}: {name} {value!r:.40} is not {want}")
+    return value
+
+
+def figure(value: object) -> float | None:
+    """A finite number as a float, else None: absent, null, not a number (a bool, a string),
+    NaN, inf, or an int past a float's range. A worker's returns, sent or in a manifest."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # float(10**400)
+        return None
+    return number if math.isfinite(number) else None
+
+
+def timestamp(value: object) -> float | None:
+    """A wall-clock time as sent or written by a worker (a report's `at`, a manifest's
+    `created_at`): a number that `datetime.fromtimestamp` takes (finite, years 1 to 9999), else
+    None. The daemon turns each into a datetime, and there an inf, a NaN or a 1e300 raised
+    OverflowError or ValueError past every handler: its supervision loop died."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        datetime.fromtimestamp(value, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+    return float(value)
 
 
 def now() -> float:

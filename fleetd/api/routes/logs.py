@@ -18,7 +18,8 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.operations.run_logs import CopySignature, copy_signature, follow_from_start, follow_read, tail
+from fleetd.operations.run_logs import (CopySignature, byte_before, copy_signature, follow_from_start, follow_read,
+                                         tail)
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.records import RunRecord
@@ -121,7 +122,10 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                   first: bytes, offset: int, seen: CopySignature | None, pinned: bool) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
-    sent = first[-1:]  # the last byte sent: a fleetd line after a cut one starts a line of its own
+    # The last byte sent: a fleetd line after a cut one starts a line of its own. None sent yet
+    # (`lines=0`: `fleetd logs -f` asking again after its hour or a daemon restart), the log's
+    # byte where the follow starts, which the client has shown: else its marker was glued on.
+    sent = first[-1:] or await run_in_threadpool(byte_before, path, offset)
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
