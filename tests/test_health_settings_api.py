@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
-from fleetd.cli.apply_cmd import _health_key
+from fleetd.cli.apply_cmd import _key_in
 from fleetd.config import Settings
 from fleetd.games.fleet_spec import to_toml
 from fleetd.states import State
@@ -57,9 +57,11 @@ def test_the_fleet_file_carries_them_and_applying_the_export_changes_nothing(cli
 
 
 def test_the_cli_takes_health_dot_key_and_health_settings_dot_key() -> None:
-    assert _health_key("health.on_plateau") == "on_plateau"
-    assert _health_key("health_settings.plateau_steps") == "plateau_steps"
-    assert _health_key("learning_rate") is None and _health_key("hyperparams.gamma") is None
+    assert _key_in("health_settings", "health.on_plateau") == "on_plateau"
+    assert _key_in("health_settings", "health_settings.plateau_steps") == "plateau_steps"
+    assert _key_in("health_settings", "learning_rate") is None and _key_in("health_settings", "hyperparams.gamma") is None
+    assert _key_in("hyperparams", "learning_rate") == "learning_rate" == _key_in("hyperparams", "hyperparams.learning_rate")
+    assert _key_in("hyperparams", "priority") is None and _key_in("hyperparams", "health.on_plateau") is None
 
 
 @pytest.mark.parametrize(("key", "reason"), [("collapse_evals", "must be between 1 and 1000"),

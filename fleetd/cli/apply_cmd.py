@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, game_path, setting_of, typed_setting
+from fleetd.cli.common import (SETTINGS_DICTS, ConfigOption, JsonOption, ask, call, fail, game_path, setting_of,
+                               typed_setting)
 from fleetd.cli.games_cmd import games_app, module_check_wait, parse_hyperparams
 from fleetd.games.fields import (AT_START, EXPECT_FIELD, PENDING_NOTE, SETTABLE, SIZES_NOTE, listed, overrides_tag,
                                  when_taken)
@@ -20,9 +21,9 @@ if TYPE_CHECKING:
     from fleetd.cli.client import ApiClient
 
 ENDED = ("fatal", "exited")  # states a game leaves only by `games start` (fleetd/states.py DONE)
-DICTS = ("hyperparams", "health_settings")  # set key by key: `hyperparams.KEY` (or KEY), `health.KEY`
 MERGE_TRIES = 5  # reads and writes of a set whose game's overrides another client changed meanwhile
 LISTED = 10  # games named in the apply's "left alone" line; the JSON answer has them all
+FIELDS = tuple(key for key in SETTABLE if key not in SETTINGS_DICTS)  # a game's settings set whole, not key by key
 IDENTITY = ("env_id", "algo")  # not settings: sent as given, so that the daemon says why another is refused (409)
 RestartOption = Annotated[bool, typer.Option(
     "--restart", help="Restart running games now, from a final checkpoint, to take settings they were not "
@@ -157,7 +158,7 @@ def _write_atomically(path: Path, text: str) -> None:
 @games_app.command("set")
 def set_settings(
     name: str,
-    pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(k for k in SETTABLE if k not in DICTS)}, "
+    pairs: Annotated[list[str], typer.Argument(help=f"key=value: {', '.join(FIELDS)}, "
                                                     "a hyperparameter (learning_rate=0.0001) or a learning-health setting "
                                                     "(health.on_plateau=yield); key= sets it back to its default (not a hyperparameter "
                                                     "its trained model keeps, such as learning_rate: set the value).")],
@@ -170,11 +171,10 @@ def set_settings(
     from fleetd.cli import render
 
     values = parse_hyperparams(pairs, usage="fleetd games set NAME", canonical=_set_key)
-    body = {key: _unset(value) for key, value in values.items() if key in SETTABLE and key not in DICTS}
+    body = {key: _unset(value) for key, value in values.items() if key in FIELDS}
     body |= {key: value for key, value in values.items() if key in IDENTITY}
-    health = {_health_key(key): _unset(v) for key, v in values.items() if _health_key(key) is not None}
-    hyperparams = {key.removeprefix("hyperparams."): _unset(v) for key, v in values.items()
-                   if key not in body and _health_key(key) is None}
+    health = _settings_in("health_settings", values)
+    hyperparams = _settings_in("hyperparams", values)
     bare = {key: pair.partition("=")[2] for pair in pairs if (key := pair.partition("=")[0]) in hyperparams}
 
     def patch(client: "ApiClient") -> Any:
@@ -232,15 +232,16 @@ def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:
 
     from fleetd.health.settings import KEYS
 
-    settings = [key for key in SETTABLE if key not in DICTS] + [f"health.{key}" for key in KEYS]
+    health = SETTINGS_DICTS["health_settings"]
+    settings = [*FIELDS, *(health + key for key in KEYS)]
     for error in details.get("errors") or []:
-        key = str(error.get("field", "")).removeprefix("hyperparams.")
+        key = typed_setting(str(error.get("field", "")))
         if key not in bare or not str(error.get("reason", "")).startswith("unknown hyperparameter"):
             continue
         if key in STATE_KEYS:
             return "a game's desired state is no setting: `fleetd games stop NAME` or `fleetd games start NAME`"
         close = difflib.get_close_matches(key, settings, n=1, cutoff=0.75)
-        close = close or difflib.get_close_matches(f"health.{key}", settings, n=1, cutoff=0.75)
+        close = close or difflib.get_close_matches(health + key, settings, n=1, cutoff=0.75)
         if close:
             return f"did you mean {close[0]}={bare[key]}?"
     return None
@@ -249,16 +250,25 @@ def _meant(details: dict[str, Any], bare: dict[str, str]) -> str | None:
 def _set_key(key: str) -> str:
     """The key a `games set` pair names, as the body sends it: `learning_rate` and
     `hyperparams.learning_rate` are one key, `health.X` and `health_settings.X` another."""
-    if key in IDENTITY or (key in SETTABLE and key not in DICTS):
+    if key in IDENTITY or key in FIELDS:
         return key
     found = setting_of(key)
     return ".".join(found) if found is not None else f"hyperparams.{key}"
 
 
-def _health_key(key: str) -> str | None:
-    """`health.KEY` (or `health_settings.KEY`): a learning-health setting's key, else None."""
-    found = setting_of(key)
-    return found[1] if found is not None and found[0] == "health_settings" else None
+def _key_in(settings: str, key: str) -> str | None:
+    """The key in the settings dict `settings` that a `games set` pair's key names (`health.KEY`
+    or `health_settings.KEY` a learning-health setting's; `KEY` or `hyperparams.KEY` a
+    hyperparameter's); None for another dict's or a game setting."""
+    found = setting_of(_set_key(key))
+    return found[1] if found is not None and found[0] == settings else None
+
+
+def _settings_in(settings: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The pairs that set keys of the settings dict `settings`, by their key there (a value ""
+    as None: removed)."""
+    return {_key_in(settings, key): _unset(value) for key, value in values.items()
+            if _key_in(settings, key) is not None}
 
 
 def _unset(value: Any) -> Any:

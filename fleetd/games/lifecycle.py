@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -42,8 +42,10 @@ def shown_reason(game: GameRecord, snapshot: FleetSnapshot | None) -> str | None
     return game.state_reason
 
 
-def check_draft(draft: GameDraft, catalog: EnvCheck, field_prefix: str = "") -> None:
-    """The checks a type cannot express: the env id exists; the worker accepts the hyperparams."""
+def check_draft(draft: GameDraft, catalog: EnvCheck, field_prefix: str = "",
+                algo_keys: Collection[str] | None = None) -> None:
+    """The checks a type cannot express: the env id exists; the worker accepts the hyperparams,
+    each one its algorithm takes (`algo_keys`: only these; a change checks the keys it sets)."""
     catalog.check(draft.env_id, f"{field_prefix}env_id")
     try:
         with refusals(draft.algo):
@@ -51,7 +53,7 @@ def check_draft(draft: GameDraft, catalog: EnvCheck, field_prefix: str = "") -> 
                        checkpoint_dir="/nonexistent", hyperparams=draft.hyperparams or {})
     except SpecError as exc:
         refuse_field(f"{field_prefix}{exc.field}", exc.reason)
-    for key in draft.hyperparams or {}:
+    for key in (draft.hyperparams or {}) if algo_keys is None else algo_keys:
         if (why := algo_refusal(key, draft.algo)) is not None:
             refuse_field(f"{field_prefix}hyperparams.{key}", why)
     check_health_settings(draft.health_settings, field_prefix)

@@ -94,11 +94,13 @@ def check_changes(game: GameRecord, wanted: Mapping[str, Any], changes: list[Set
     """The game with its new settings is checked as `games add` would check it; then every
     changed hyperparameter must be one this game's algorithm takes, and may change on resume
     (an explicit value its model keeps is not unset: unless its last run, as its spec says, never
-    trained with that value, an undo of a `set` no run took)."""
+    trained with that value, an undo of a `set` no run took). A stored key the algorithm does
+    not take (an older fleetd's) refuses only its own change, not another's: the game is not stuck."""
     draft = GameDraft(name=game.name, env_id=game.env_id, algo=game.algo,
                       hyperparams=wanted.get("hyperparams", game.hyperparams),
                       health_settings=wanted.get("health_settings", game.health_settings))
-    check_draft(draft, catalog, prefix)
+    set_keys = [key for key, change in _hyperparams(changes) if change.new is not None]
+    check_draft(draft, catalog, prefix, algo_keys=set_keys)
     for field, why in change_refusals(game, changes, session)[:1]:
         refuse_field(f"{prefix}{field}", why)
 
@@ -107,17 +109,20 @@ def change_refusals(game: GameRecord, changes: list[SettingChange], session: Ses
     """The hyperparameter changes refused for this game, each (field, why): one its algorithm does
     not take, one its checkpoints fix, an explicit value its model keeps removed."""
     refused = []
-    for change in changes:
-        key = change.field.removeprefix("hyperparams.")
-        if key == change.field:
-            continue
+    for key, change in _hyperparams(changes):
         unset = change.old if change.new is None else None  # an explicit value removed
         if unset is not None and session is not None:
             unset = _trained_value(session, game, key, unset)
-        why = change_refusal(key, game.algo, trained(game), unset)
+        why = change_refusal(key, game.algo, trained(game), unset, removed=change.new is None)
         if why is not None:
             refused.append((change.field, why))
     return refused
+
+
+def _hyperparams(changes: list[SettingChange]) -> list[tuple[str, SettingChange]]:
+    """The hyperparameter changes, each with its key."""
+    return [(change.field.removeprefix("hyperparams."), change) for change in changes
+            if change.field.startswith("hyperparams.")]
 
 
 def _trained_value(session: Session, game: GameRecord, key: str, stored: Any) -> Any:

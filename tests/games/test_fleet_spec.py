@@ -20,7 +20,7 @@ from fleetd.games.kept import kept_files
 from fleetd.games.spec import hyperparams_schema
 from fleetd.states import DONE, State
 from fleetd.store.engine import Database
-from fleetd.store.games import read_game, update_game_state, update_games_progress
+from fleetd.store.games import read_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.records import ProgressSnapshot
 from fleetd.store.runs import create_run
 from tests.api_context import api_context
@@ -137,6 +137,26 @@ def test_a_fresh_start_only_key_is_refused_once_the_game_has_trained(client: Tes
     assert "needs a fresh start" in error["message"] and "architecture" in error["message"]
     resumable = patch(client, {"hyperparams": {"policy_kwargs": {"net_arch": [8]}, "learning_rate": 0.01}})
     assert resumable.status_code == 200  # the unchanged fresh-start key may stay
+
+
+def test_a_stored_key_its_algorithm_does_not_take_refuses_only_its_own_change(client: TestClient, db, clock) -> None:
+    """An older fleetd stored DQN's buffer_size for a PPO game (now refused at add). Every change
+    of the game then answered 422 naming it (the whole draft was checked again): another
+    setting, its own removal (on a trained game: "needs a fresh start: the saved replay
+    buffer"), every apply naming the game, its own export. Now only a new value of it is."""
+    client.post("/api/v1/games", json=CART)
+    with db.transaction() as session:
+        update_game_settings(session, "cart", {"hyperparams": {"buffer_size": 1000}}, clock.now())
+    trained(db, clock)
+    assert patch(client, {"priority": 5}).status_code == 200
+    exported = client.get("/api/v1/fleet/spec").json()["games"]
+    assert actions(put_spec(client, exported + [{"name": "new", "env_id": "CartPole-v1"}])) == {"cart": "none",
+                                                                                                "new": "add"}
+    error = error_of(patch(client, {"hyperparams": {"buffer_size": 2000}}), 422)
+    assert error["message"] == "hyperparams.buffer_size: not a setting of PPO (only of DQN)"
+    removed = patch(client, {"hyperparams": {}})  # what `games set cart buffer_size=` sends
+    assert removed.status_code == 200, removed.text
+    assert removed.json()["hyperparams"] == {}
 
 
 # Restarts (`restart=true`, new sizes) and pending settings: tests/games/test_pending_settings.py,

@@ -108,11 +108,15 @@ def test_set_aside_takes_the_removed_games_curves_too(client: TestClient, settin
     assert (removed / "20260101T000000-tensorboard" / "PPO_1" / "events.out.tfevents.1").read_bytes() == b"curve"
 
 
-def ran_and_removed(client: TestClient, settings: Settings, db: Database, game: dict) -> None:
+def ran_and_removed(client: TestClient, settings: Settings, db: Database, game: dict, stored: dict | None = None) -> None:
     """A game that ran once (the run spec its worker got, as the launcher writes it) and left a
-    checkpoint, removed without --purge."""
+    checkpoint, removed without --purge. `stored`: its hyperparameters as an older fleetd stored
+    them at its add (ones fleetd refuses now)."""
     assert client.post("/api/v1/games", json=game).status_code == 201
     with db.transaction() as session:
+        if stored is not None:
+            game_store.update_game_settings(session, game["name"], {"hyperparams": stored},
+                                            game_store.read_game(session, game["name"]).created_at)
         launch = launch_for(game_store.read_game(session, game["name"]), settings, 1, None)
     path = run_spec_path(launch.game_dir, 3)
     path.parent.mkdir(parents=True)
@@ -163,6 +167,17 @@ def test_resume_with_another_network_than_the_removed_games_is_refused_naming_it
     # A resumable one may differ; the fixed ones as they ran go through.
     added = client.post("/api/v1/games", json=CART | {"hyperparams": small | {"learning_rate": 0.001}},
                         params={"kept": "resume"})
+    assert added.status_code == 201, added.text
+
+
+def test_a_key_its_algorithm_does_not_take_is_none_its_checkpoints_fix(
+    client: TestClient, settings: Settings, db: Database
+) -> None:
+    """A PPO game an older fleetd let keep DQN's buffer_size ran with it in its spec (its worker
+    never used it): its resume was refused "resume only with 1000", and an add with 1000 is
+    refused too ("not a setting of PPO"). The resume is taken without it."""
+    ran_and_removed(client, settings, db, CART, stored={"buffer_size": 1000})
+    added = client.post("/api/v1/games", json=CART, params={"kept": "resume"})
     assert added.status_code == 201, added.text
 
 

@@ -16,7 +16,8 @@ from workers.envs import make_vec_env
 from workers.hyperparams import DeviceInfo, WORKER_KEYS, make_plan
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import ResumedReport
-from workers.protocol.spec import FRESH_START_ONLY, RESUMABLE, Hyperparams, algo_refusal, change_refusal
+from workers.protocol.spec import (FRESH_START_ONLY, RESUMABLE, Hyperparams, algo_refusal, change_refusal,
+                                   fixed_by_checkpoints)
 from workers.resume import find_resumable
 from workers.snapshot import MODEL
 from workers.train import env_config, run
@@ -49,6 +50,16 @@ def test_refusals_name_the_reason():
     assert change_refusal("policy_kwargs", "ppo", trained=False) is None
     assert change_refusal("n_epochs", "dqn", trained=False) == "not a setting of DQN (only of PPO)"
     assert change_refusal("learning_rate", "dqn", trained=True) is None
+
+
+def test_a_key_the_algorithm_does_not_take_is_refused_first_and_its_removal_always_taken():
+    """An older fleetd stored DQN's buffer_size for PPO games: its removal from a trained one was
+    refused as a replay buffer's ("needs a fresh start"), and a kept resume held to it."""
+    assert change_refusal("buffer_size", "ppo", trained=True) == "not a setting of PPO (only of DQN)"
+    assert change_refusal("buffer_size", "ppo", trained=True, unset=1000, removed=True) is None
+    assert change_refusal("gae_lambda", "dqn", trained=True, unset=0.9, removed=True) is None  # no model keeps it
+    assert "fresh start" in change_refusal("buffer_size", "dqn", trained=True, unset=1000, removed=True)
+    assert "buffer_size" in fixed_by_checkpoints("dqn") and "buffer_size" not in fixed_by_checkpoints("ppo")
 
 
 @pytest.fixture

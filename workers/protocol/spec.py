@@ -286,21 +286,28 @@ def algo_refusal(key: str, algo: str) -> str | None:
 
 
 def fixed_by_checkpoints(algo: str) -> list[str]:
-    """The hyperparameters `algo`'s checkpoints fix: a resume from them takes none other."""
-    return [*FRESH_START_ONLY, *(key for (of, key) in FRESH_START_FOR if of == algo)]
+    """The hyperparameters `algo`'s checkpoints fix: a resume from them takes none other. Only
+    those `algo` takes: its worker never trained with another (an older fleetd let a PPO game
+    keep DQN's buffer_size; its resume was told to keep a value an add then refused)."""
+    return [*(key for key in FRESH_START_ONLY if algo_refusal(key, algo) is None),
+            *(key for (of, key) in FRESH_START_FOR if of == algo)]
 
 
-def change_refusal(key: str, algo: str, trained: bool, unset: Any = None) -> str | None:
-    """Why setting hyperparameter `key` of a game is refused (None: it may be set). A game that
+def change_refusal(key: str, algo: str, trained: bool, unset: Any = None, removed: bool = False) -> str | None:
+    """Why setting hyperparameter `key` of a game is refused (None: it may be set). A key `algo`
+    does not take is refused, and its removal (`removed`) always taken: its worker never used it
+    (an older fleetd stored it), so no checkpoint fixes it and no model keeps it. A game that
     has trained resumes from its checkpoints, which fix the `FRESH_START_ONLY` keys, and keep
     the value of a `MODEL_KEYS` key whose explicit value `unset` is removed."""
+    if (foreign := algo_refusal(key, algo)) is not None:
+        return None if removed else foreign
     why = FRESH_START_ONLY.get(key) or FRESH_START_FOR.get((algo, key))
     if trained and why:
         return f"needs a fresh start: {why}; add a new game to train with another value"
     if trained and unset is not None and key in MODEL_KEYS:
         return (f"cannot be unset once the game has trained: its model keeps the value it has ({unset}), as a "
                 "resumed model keeps what the spec does not name; set the value you want instead")
-    return algo_refusal(key, algo)
+    return None
 
 
 class TierDefaults(_Overrides):
