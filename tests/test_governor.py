@@ -299,9 +299,9 @@ def test_gpu_memory_above_the_threshold_blocks_admission() -> None:
     assert fleet.governor.next_scale_up(fleet.view()) is None
     assert fleet.governor.waiting_reason(fleet.now, fleet.view()).startswith("admission blocked: GPU 0 memory 93%")
     fleet.pressure = Pressure()
-    fleet.tick(1)
-    assert len(fleet.admitted) == 2  # the climb waits for the pressure to stay clear a grace period
-    fleet.tick(9)
+    fleet.tick(0.5)
+    assert len(fleet.admitted) == 2  # the climb waits for the pressure to stay clear a minute
+    fleet.tick(0.5)  # a minute, not the 10-min grace period
     assert len(fleet.admitted) == 3
 
 
@@ -758,3 +758,17 @@ def test_a_restarted_governor_admitting_into_a_slot_that_stood_free_starts_the_w
     while fleet.now <= ends:
         fleet.tick(1)
     assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]
+
+
+@pytest.mark.parametrize(("grace_s", "every_s"), [(300, 180), (600, 300)])
+def test_a_grace_period_raised_for_a_spiky_host_still_lets_the_fleet_climb(grace_s: int, every_s: int) -> None:
+    """An operator raised pressure_grace_s to ride out a spiky host (one look of pressure every
+    3 or 5 min): the climb waited for the pressure to stay clear that grace period, which it never
+    did, so the fleet stayed at 4x32 for 8 h without an event. The quiet period before a climb is
+    its own minute: the spikes still block admission, never back off, and the fleet climbs."""
+    fleet = Fleet("auto", start_games=4, first_window_s=30 * MIN, window_s=25 * MIN, pressure_grace_s=grace_s)
+    fleet.pending = list("abcdefgh")
+    fleet.tick()
+    kinds = flapping(fleet, 8 * 60, on_s=10, off_s=every_s - 10)
+    assert "backoff" not in kinds and fleet.governor.rung.label == "8x256 (heavy)", fleet.governor.rung.label
+    assert fleet.governor.pressure_quiet_s() == 60
