@@ -772,3 +772,29 @@ def test_a_grace_period_raised_for_a_spiky_host_still_lets_the_fleet_climb(grace
     kinds = flapping(fleet, 8 * 60, on_s=10, off_s=every_s - 10)
     assert "backoff" not in kinds and fleet.governor.rung.label == "8x256 (heavy)", fleet.governor.rung.label
     assert fleet.governor.pressure_quiet_s() == 60
+
+
+def test_a_restarted_governor_admitting_every_game_starts_the_window_again() -> None:
+    """2x32 stable 4.5 h; every game stopped and started again (pending), then the daemon restarts
+    and its first step admits both. A restarted governor that saw no game admitted at its first
+    look kept the window's hours: stable 16,200 s at 2 games that had run seconds, and an unclean
+    reboot 5 min later was taken as an outside event, not load."""
+    fleet = Fleet("light", start_games=2, reboot_outside_after_s=120 * MIN)
+    fleet.pending = ["a", "b"]
+    fleet.tick()
+    for _ in range(270):
+        fleet.tick(1)
+    assert fleet.admitted == ["a", "b"] and fleet.governor.memory[(2, 32)].stable_s == 16_200
+    fleet.admitted, fleet.pending = [], ["a", "b"]  # stopped and started: pending again
+    fleet.governor = Governor(fleet.governor.settings, fleet.governor.state, dict(fleet.governor.memory))
+    assert fleet.tick(1) == ["admit", "admit"] and fleet.governor.memory[(2, 32)].stable_s == 0
+    fleet.now += timedelta(minutes=5)
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]
+
+
+def test_a_first_start_keeps_its_window_when_its_first_step_admits_later() -> None:
+    """A first start is no restart: its games are admitted into the window it began with."""
+    fleet = Fleet("light", start_games=2)
+    started = fleet.now
+    assert fleet.tick(5) == ["admit", "admit"]
+    assert fleet.governor.state.stable_since == started

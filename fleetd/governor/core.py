@@ -132,6 +132,9 @@ class Governor:
         governor = cls(settings, FleetState(requested or settings.tier, 0, now, True), dict(memory or {}))
         governor.state = replace(governor.state, rung=min(governor.start_rung(), governor.top()))
         governor._cap = (governor.index(), governor.rung.games)
+        # A first start's window begins with the games its first step admits: no load grew on one
+        # that ran (a restarted governor, built from the store, takes what its first look holds).
+        governor._held = (governor.index(), governor.rung.games)
         return governor
 
     # -- the ladder ----------------------------------------------------------------------------
@@ -283,7 +286,8 @@ class Governor:
 
     def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
-        if self._held is None and view.admitted:  # a restarted daemon's first step: its window ran those
+        if self._held is None:  # a restarted daemon's first step: its window ran those, none included
+            # (before, a restart with every game pending kept the window's hours for those it admitted)
             self._held = (self.index(), len(view.admitted))
         self._watch_staleness(now, view.pressure)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
