@@ -798,3 +798,25 @@ def test_a_first_start_keeps_its_window_when_its_first_step_admits_later() -> No
     started = fleet.now
     assert fleet.tick(5) == ["admit", "admit"]
     assert fleet.governor.state.stable_since == started
+
+
+def test_slots_a_rung_waiting_out_a_failure_opens_at_the_window_ends_the_governor_admits_at() -> None:
+    """4x64 holding 2 games (a step down kept it with fewer) until its re-probe time 31 min out,
+    a 30-min window, then 25-min ones: a window that ends while the rung waits only starts the
+    next, so the governor opens the slots at 55 and 80 min. The plan opened them at 31 and 56."""
+    fleet = Fleet("medium", first_window_s=30 * MIN, window_s=25 * MIN)
+    governor = proven_everywhere(fleet.governor, at="4x64")
+    governor.state = replace(governor.state, stable_since=fleet.now, long_window=True)
+    governor.memory[(4, 64)] = RungMemory(4, 64, proven_at=EPOCH, proven_games=2, failures=1,
+                                          retry_at=fleet.now + timedelta(minutes=31))  # fmt: skip
+    fleet.governor = Governor(governor.settings, governor.state, governor.memory)  # as the plan builds it
+    fleet.admitted, fleet.pending = ["a", "b"], ["c", "d"]
+    start = fleet.now
+    planned = [(at - start) / timedelta(minutes=1) for at in fleet.governor.slot_openings(fleet.now, 2)]
+    assert planned == [55, 80]
+    opened = []
+    while len(fleet.admitted) < 4:
+        fleet.tick(1)
+        if len(fleet.admitted) > 2 + len(opened):
+            opened.append((fleet.now - start) / timedelta(minutes=1))
+    assert opened == planned

@@ -27,6 +27,7 @@ The rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -249,15 +250,21 @@ class Governor:
 
     def slot_openings(self, now: datetime, admitted: int) -> tuple[datetime, ...]:
         """When the slots of this rung beyond those it may hold now open, for games that wait for
-        them: one a stable window (`climb_target`), the first once the window ends and any re-probe
-        wait of the rung is over (a step down that kept it with fewer games). Empty: every slot is
-        open. What the plan's queue takes (fleetd/planning/service.py)."""
+        them: one a stable window (`climb_target`), the first at the end of the first window that
+        ends once any re-probe wait of the rung is over (a step down that kept it with fewer
+        games): a window that ends while the rung waits only starts the next one. Before, the
+        first was planned at the re-probe time itself, up to a window early. Empty: every slot
+        is open. What the plan's queue takes (fleetd/planning/service.py)."""
         self._sync_cap(admitted, now)
         extra = self.rung.games - self.allowed()
         if extra <= 0:
             return ()
-        first = max(now, self.window_ends(), self.blocked_until(self.index(), now) or now)
-        return tuple(first + k * timedelta(seconds=self.settings.window_s) for k in range(extra))
+        window = timedelta(seconds=self.settings.window_s)
+        first = max(now, self.window_ends())
+        retry = self.blocked_until(self.index(), now)
+        if retry is not None and retry > first:
+            first += math.ceil((retry - first) / window) * window
+        return tuple(first + k * window for k in range(extra))
 
     def blocked_until(self, index: int, now: datetime) -> datetime | None:
         retry_at = self.remembered(index).retry_at
