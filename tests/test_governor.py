@@ -820,3 +820,17 @@ def test_slots_a_rung_waiting_out_a_failure_opens_at_the_window_ends_the_governo
         if len(fleet.admitted) > 2 + len(opened):
             opened.append((fleet.now - start) / timedelta(minutes=1))
     assert opened == planned
+
+
+def test_a_window_whose_games_all_ended_just_before_its_end_proves_nothing() -> None:
+    """What docs/governor.md says of a window with no game wanting a slot at its end: four games
+    that ran 24 of 4x32's 25 min and all reached their goals then leave it unproven; it starts again."""
+    fleet = Fleet("auto", start_games=4, first_window_s=30 * MIN, window_s=25 * MIN)
+    fleet.pending = list("abcd")
+    fleet.tick()
+    fleet.tick(30)
+    assert fleet.governor.rung.label == "4x48" and len(fleet.admitted) == 4
+    fleet.tick(24)
+    fleet.admitted = []  # all four done a minute before the window's end
+    assert fleet.tick(1) == [] and not fleet.governor.remembered(fleet.governor.index()).proven
+    assert fleet.governor.state.stable_since == fleet.now

@@ -437,7 +437,9 @@ class Governor:
         window_s = self.window().total_seconds()
         held = min(wanting, self.allowed())
         if held == 0:
-            # No game held a slot: the window ran none of the fleet's load. It proves nothing and
+            # No game wants a slot at the window's end (every game stopped or done; those that ran
+            # most of it and ended just before count no more): taken as a window that ran none of
+            # the fleet's load. It proves nothing and
             # is no stable time (before, an idle night stored the rung as proven with 0 games and
             # its hours forgave the failure of a step down that kept it with fewer games: the next
             # failure there waited 30 min, not a day). The window starts again.
