@@ -299,9 +299,9 @@ def test_gpu_memory_above_the_threshold_blocks_admission() -> None:
     assert fleet.governor.next_scale_up(fleet.view()) is None
     assert fleet.governor.waiting_reason(fleet.now, fleet.view()).startswith("admission blocked: GPU 0 memory 93%")
     fleet.pressure = Pressure()
-    fleet.tick(1)
-    assert len(fleet.admitted) == 2  # the climb waits for the pressure to stay clear a grace period
-    fleet.tick(9)
+    fleet.tick(0.5)
+    assert len(fleet.admitted) == 2  # the climb waits for the pressure to stay clear a minute
+    fleet.tick(0.5)  # a minute, not the 10-min grace period
     assert len(fleet.admitted) == 3
 
 
@@ -758,3 +758,79 @@ def test_a_restarted_governor_admitting_into_a_slot_that_stood_free_starts_the_w
     while fleet.now <= ends:
         fleet.tick(1)
     assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]
+
+
+@pytest.mark.parametrize(("grace_s", "every_s"), [(300, 180), (600, 300)])
+def test_a_grace_period_raised_for_a_spiky_host_still_lets_the_fleet_climb(grace_s: int, every_s: int) -> None:
+    """An operator raised pressure_grace_s to ride out a spiky host (one look of pressure every
+    3 or 5 min): the climb waited for the pressure to stay clear that grace period, which it never
+    did, so the fleet stayed at 4x32 for 8 h without an event. The quiet period before a climb is
+    its own minute: the spikes still block admission, never back off, and the fleet climbs."""
+    fleet = Fleet("auto", start_games=4, first_window_s=30 * MIN, window_s=25 * MIN, pressure_grace_s=grace_s)
+    fleet.pending = list("abcdefgh")
+    fleet.tick()
+    kinds = flapping(fleet, 8 * 60, on_s=10, off_s=every_s - 10)
+    assert "backoff" not in kinds and fleet.governor.rung.label == "8x256 (heavy)", fleet.governor.rung.label
+    assert fleet.governor.pressure_quiet_s() == 60
+
+
+def test_a_restarted_governor_admitting_every_game_starts_the_window_again() -> None:
+    """2x32 stable 4.5 h; every game stopped and started again (pending), then the daemon restarts
+    and its first step admits both. A restarted governor that saw no game admitted at its first
+    look kept the window's hours: stable 16,200 s at 2 games that had run seconds, and an unclean
+    reboot 5 min later was taken as an outside event, not load."""
+    fleet = Fleet("light", start_games=2, reboot_outside_after_s=120 * MIN)
+    fleet.pending = ["a", "b"]
+    fleet.tick()
+    for _ in range(270):
+        fleet.tick(1)
+    assert fleet.admitted == ["a", "b"] and fleet.governor.memory[(2, 32)].stable_s == 16_200
+    fleet.admitted, fleet.pending = [], ["a", "b"]  # stopped and started: pending again
+    fleet.governor = Governor(fleet.governor.settings, fleet.governor.state, dict(fleet.governor.memory))
+    assert fleet.tick(1) == ["admit", "admit"] and fleet.governor.memory[(2, 32)].stable_s == 0
+    fleet.now += timedelta(minutes=5)
+    assert fleet.apply(fleet.governor.rebooted(fleet.now, 2)) == ["backoff"]
+
+
+def test_a_first_start_keeps_its_window_when_its_first_step_admits_later() -> None:
+    """A first start is no restart: its games are admitted into the window it began with."""
+    fleet = Fleet("light", start_games=2)
+    started = fleet.now
+    assert fleet.tick(5) == ["admit", "admit"]
+    assert fleet.governor.state.stable_since == started
+
+
+def test_slots_a_rung_waiting_out_a_failure_opens_at_the_window_ends_the_governor_admits_at() -> None:
+    """4x64 holding 2 games (a step down kept it with fewer) until its re-probe time 31 min out,
+    a 30-min window, then 25-min ones: a window that ends while the rung waits only starts the
+    next, so the governor opens the slots at 55 and 80 min. The plan opened them at 31 and 56."""
+    fleet = Fleet("medium", first_window_s=30 * MIN, window_s=25 * MIN)
+    governor = proven_everywhere(fleet.governor, at="4x64")
+    governor.state = replace(governor.state, stable_since=fleet.now, long_window=True)
+    governor.memory[(4, 64)] = RungMemory(4, 64, proven_at=EPOCH, proven_games=2, failures=1,
+                                          retry_at=fleet.now + timedelta(minutes=31))  # fmt: skip
+    fleet.governor = Governor(governor.settings, governor.state, governor.memory)  # as the plan builds it
+    fleet.admitted, fleet.pending = ["a", "b"], ["c", "d"]
+    start = fleet.now
+    planned = [(at - start) / timedelta(minutes=1) for at in fleet.governor.slot_openings(fleet.now, 2)]
+    assert planned == [55, 80]
+    opened = []
+    while len(fleet.admitted) < 4:
+        fleet.tick(1)
+        if len(fleet.admitted) > 2 + len(opened):
+            opened.append((fleet.now - start) / timedelta(minutes=1))
+    assert opened == planned
+
+
+def test_a_window_whose_games_all_ended_just_before_its_end_proves_nothing() -> None:
+    """What docs/governor.md says of a window with no game wanting a slot at its end: four games
+    that ran 24 of 4x32's 25 min and all reached their goals then leave it unproven; it starts again."""
+    fleet = Fleet("auto", start_games=4, first_window_s=30 * MIN, window_s=25 * MIN)
+    fleet.pending = list("abcd")
+    fleet.tick()
+    fleet.tick(30)
+    assert fleet.governor.rung.label == "4x48" and len(fleet.admitted) == 4
+    fleet.tick(24)
+    fleet.admitted = []  # all four done a minute before the window's end
+    assert fleet.tick(1) == [] and not fleet.governor.remembered(fleet.governor.index()).proven
+    assert fleet.governor.state.stable_since == fleet.now

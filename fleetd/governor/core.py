@@ -27,6 +27,7 @@ The rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -41,6 +42,14 @@ from fleetd.governor.ladder import (
     tier_of,
     tier_rung,
 )
+
+# How long pressure must stay clear before a climb or a proof comes and its episode ends: a
+# minute (the default `pressure_grace_s`, six looks at the default 10-s telemetry interval), or
+# three looks where telemetry is slower, but never longer than `pressure_grace_s`
+# (`Governor.pressure_quiet_s`). Its own figure, not the grace period: an operator who raises the
+# grace to ride out a spiky host (300 s, a one-look spike every 180 s) never climbed again.
+PRESSURE_QUIET_S = 60.0
+PRESSURE_QUIET_LOOKS = 3
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,7 @@ class Governor:
     _ticking: bool = False  # in a tick (a back-off outside one: crashes, an OOM kill, a reboot)
     _pressure_rung: str | None = None  # the rung failed for the pressure episode going on, if any
     # The last look that saw pressure: an episode ends, and climbing resumes, only once it has stayed
-    # clear `pressure_grace_s` (a reading flapping at its limit is one episode, not one per dip).
+    # clear `pressure_quiet_s` (a reading flapping at its limit is one episode, not one per dip).
     _pressure_seen: datetime | None = None
     _crashes: list[tuple[datetime, str]] = field(default_factory=list)
     _held: tuple[int, int] | None = None  # (rung, games admitted) at the end of the last step
@@ -124,6 +133,9 @@ class Governor:
         governor = cls(settings, FleetState(requested or settings.tier, 0, now, True), dict(memory or {}))
         governor.state = replace(governor.state, rung=min(governor.start_rung(), governor.top()))
         governor._cap = (governor.index(), governor.rung.games)
+        # A first start's window begins with the games its first step admits: no load grew on one
+        # that ran (a restarted governor, built from the store, takes what its first look holds).
+        governor._held = (governor.index(), governor.rung.games)
         return governor
 
     # -- the ladder ----------------------------------------------------------------------------
@@ -201,16 +213,26 @@ class Governor:
     def window_ends(self) -> datetime:
         return self.state.stable_since + self.window()
 
+    def pressure_quiet_s(self) -> float:
+        """How long pressure must stay clear before a climb or a proof and before its episode
+        ends: `PRESSURE_QUIET_S`, or `PRESSURE_QUIET_LOOKS` telemetry looks where they are slower,
+        at most `pressure_grace_s`. Not the grace period itself: that one setting meant both how
+        long pressure must last to back off and how long it must stay away to climb, so raising
+        it to ride out a spiky host (300 s, a one-look spike every 180 s) stopped the climb for
+        good, at 4x32 for 8 h without an event."""
+        looks = PRESSURE_QUIET_LOOKS * self.settings.telemetry_interval_s
+        return min(self.settings.pressure_grace_s, max(PRESSURE_QUIET_S, looks))
+
     def pressure_clear_at(self) -> datetime | None:
-        """When the pressure seen last will have stayed clear `pressure_grace_s`: until then no
+        """When the pressure seen last will have stayed clear `pressure_quiet_s`: until then no
         rung is proven or climbed (None: none seen lately)."""
         if self._pressure_seen is None:
             return None
-        return self._pressure_seen + timedelta(seconds=self.settings.pressure_grace_s)
+        return self._pressure_seen + timedelta(seconds=self.pressure_quiet_s())
 
     def climb_at(self) -> datetime:
         """When the window ends and a climb may come: the window's end, or later while pressure
-        seen lately has not stayed clear a grace period. Before, GPU memory flapping at its limit
+        seen lately has not stayed clear `pressure_quiet_s`. Before, GPU memory flapping at its limit
         (over it 50 s a minute) blocked the climb only at the looks that saw it: the fleet climbed
         and proved every rung on the dips between them, up to heavy, and never backed off."""
         clear = self.pressure_clear_at()
@@ -228,15 +250,21 @@ class Governor:
 
     def slot_openings(self, now: datetime, admitted: int) -> tuple[datetime, ...]:
         """When the slots of this rung beyond those it may hold now open, for games that wait for
-        them: one a stable window (`climb_target`), the first once the window ends and any re-probe
-        wait of the rung is over (a step down that kept it with fewer games). Empty: every slot is
-        open. What the plan's queue takes (fleetd/planning/service.py)."""
+        them: one a stable window (`climb_target`), the first at the end of the first window that
+        ends once any re-probe wait of the rung is over (a step down that kept it with fewer
+        games): a window that ends while the rung waits only starts the next one. Before, the
+        first was planned at the re-probe time itself, up to a window early. Empty: every slot
+        is open. What the plan's queue takes (fleetd/planning/service.py)."""
         self._sync_cap(admitted, now)
         extra = self.rung.games - self.allowed()
         if extra <= 0:
             return ()
-        first = max(now, self.window_ends(), self.blocked_until(self.index(), now) or now)
-        return tuple(first + k * timedelta(seconds=self.settings.window_s) for k in range(extra))
+        window = timedelta(seconds=self.settings.window_s)
+        first = max(now, self.window_ends())
+        retry = self.blocked_until(self.index(), now)
+        if retry is not None and retry > first:
+            first += math.ceil((retry - first) / window) * window
+        return tuple(first + k * window for k in range(extra))
 
     def blocked_until(self, index: int, now: datetime) -> datetime | None:
         retry_at = self.remembered(index).retry_at
@@ -265,7 +293,8 @@ class Governor:
 
     def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
-        if self._held is None and view.admitted:  # a restarted daemon's first step: its window ran those
+        if self._held is None:  # a restarted daemon's first step: its window ran those, none included
+            # (before, a restart with every game pending kept the window's hours for those it admitted)
             self._held = (self.index(), len(view.admitted))
         self._watch_staleness(now, view.pressure)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
@@ -326,8 +355,9 @@ class Governor:
         again only once the back-off is carried out (no worker stopping or starting, no roll to
         the new sizes under way: workers restart one at a time, each stop up to stopwaitsecs),
         and then for a grace period of its own: the lower rung's load has to be running before
-        its pressure says anything. One pressure episode (pressure at every step) records its
-        failure on the rung that ran when it began; a further step down in it records none.
+        its pressure says anything. One pressure episode (pressure with no clear stretch of
+        `pressure_quiet_s` in it) records its failure on the rung that ran when it began; a
+        further step down in it records none.
 
         A view taken before the back-off's decisions were applied says nothing of it: the
         tick that decides one is followed by views that show it taken up; a back-off decided
@@ -348,7 +378,7 @@ class Governor:
         if not pressure.reasons:
             self._pressure_since = None
             clear = self.pressure_clear_at()
-            if clear is None or now >= clear:  # clear for a grace period: the episode is over
+            if clear is None or now >= clear:  # clear for the quiet period: the episode is over
                 self._pressure_seen, self._pressure_rung = None, None
             return decisions
         self._pressure_seen = now
@@ -407,7 +437,9 @@ class Governor:
         window_s = self.window().total_seconds()
         held = min(wanting, self.allowed())
         if held == 0:
-            # No game held a slot: the window ran none of the fleet's load. It proves nothing and
+            # No game wants a slot at the window's end (every game stopped or done; those that ran
+            # most of it and ended just before count no more): taken as a window that ran none of
+            # the fleet's load. It proves nothing and
             # is no stable time (before, an idle night stored the rung as proven with 0 games and
             # its hours forgave the failure of a step down that kept it with fewer games: the next
             # failure there waited 30 min, not a day). The window starts again.
@@ -591,7 +623,7 @@ class Governor:
             return self._top_reason(view)
         rung, at = self.ladder[target], f"{self.climb_at():%Y-%m-%d %H:%M:%S} UTC"
         if self.climb_at() > self.window_ends():
-            at += f" (pressure seen at {self._pressure_seen:%H:%M:%S} UTC: it stays clear {self.settings.pressure_grace_s:g} s first)"
+            at += f" (pressure seen at {self._pressure_seen:%H:%M:%S} UTC: it stays clear {self.pressure_quiet_s():g} s first)"
         if rung.games > self.allowed() and view.pending:
             return f"stable window: next game at {at} ({rung.label})"
         return f"stable window: {rung.label} ({rung.num_envs} envs per game) at {at}"

@@ -451,3 +451,8 @@ def test_a_slot_the_governor_holds_closed_is_not_planned_open(fleet) -> None:
         save_rung(session, RungMemory(4, 48, proven_at=now - timedelta(days=1), proven_games=3, stable_s=0))
     games = {g["name"]: g for g in get(context)["games"]}
     assert games["cart4"]["start_hours"] == pytest.approx(context.settings.fleet.first_window_s / 3600)
+    with context.db.transaction() as session:  # a re-probe time just past the window's end: the next window's end
+        save_rung(session, RungMemory(4, 48, proven_at=now - timedelta(days=1), proven_games=3, stable_s=0, failures=1,
+                                      retry_at=now + timedelta(minutes=31)))  # fmt: skip
+    games = {g["name"]: g for g in get(context)["games"]}  # 30-min window, then one of 25: not at 31 min
+    assert games["cart4"]["start_hours"] == pytest.approx(55 / 60)
