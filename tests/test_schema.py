@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, inspect
 from fleetd.store import fleet as fleet_store
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
+from fleetd.store.events import EventFilter, read_events
 from fleetd.store.models import Base
 from fleetd.store.schema import (
     SchemaError,
@@ -547,6 +548,35 @@ def test_0022_keeps_the_rollbacks_rate_apart_and_multiplies_it_back_down(tmp_pat
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT remedy_lr_scale FROM games").fetchall() == [(0.125,)]
         assert "remedy_rollback_lr_scale" not in [row[1] for row in conn.execute("PRAGMA table_info(games)")]
+
+
+def test_0023_takes_buffer_size_out_of_ppo_and_a2c_games_and_says_so(tmp_path: Path) -> None:
+    """fleetd up to 0022 stored `buffer_size` for any algorithm; a PPO or A2C worker refused it at a
+    fresh start (FATAL). The upgrade takes it out of those games alone, one event each."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "0022")
+    with sqlite3.connect(db_path) as conn:
+        for name, algo, hyperparams in [("pong", "ppo", '{"buffer_size": 1000, "n_steps": 64}'),
+                                        ("cart", "a2c", '{"buffer_size": 50}'),
+                                        ("breakout", "dqn", '{"buffer_size": 100000}'),
+                                        ("seaquest", "ppo", '{"n_steps": 128}')]:
+            conn.execute(
+                "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+                " restarts, steps, episodes, remedy_lr_scale, remedy_batch_scale, created_at, updated_at)"
+                f" VALUES ('{name}', 'Pong-v5', '{algo}', 'running', 0, '{hyperparams}', 'running', '2026-01-01', 0,"
+                " 1, 0, 1.0, 1.0, '2026-01-01', '2026-01-01')")
+    command.upgrade(config, "0023")
+    db = Database.open(db_path)
+    with db.transaction() as session:
+        stored = {game.name: game.hyperparams for game in game_store.read_games(session)}
+        events = read_events(session, EventFilter(kind="settings_changed"))
+    db.close()
+    assert stored == {"pong": {"n_steps": 64}, "cart": {}, "breakout": {"buffer_size": 100000},
+                      "seaquest": {"n_steps": 128}}
+    assert sorted((e.game, e.details["changes"][0]["old"]) for e in events) == [("cart", 50), ("pong", 1000)]
+    assert all(e.details["changes"][0]["field"] == "hyperparams.buffer_size" for e in events)
+    command.downgrade(config, "0022")
 
 
 def test_a_database_another_process_holds_is_said_so_not_damaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
