@@ -198,26 +198,34 @@ def not_removable(game: GameRecord) -> FleetdError:
                        {"name": game.name, "state": game.state})
 
 
-_REMOVING_LOCK = threading.Lock()
+_REMOVING_LOCK = threading.Condition()  # notified as a removal ends
 _REMOVING: set[str] = set()  # the games whose removal is under way
+REMOVAL_WAIT_S = 120.0  # how long a removal waits for another of the name (its batches take seconds)
 
 
 @contextmanager
-def removing(name: str) -> Iterator[None]:
-    """While a removal of game `name` runs, from its first batch of samples to the delete of its
-    row: no run begins (the supervisor's begin_run asks being_removed, inside its write) and no
-    start is taken. A run begun between batches made the removal a 409 with part of the game's
-    sample history already deleted, and the game ran on without it. A second removal meanwhile
-    is refused."""
+def removing(*names: str) -> Iterator[None]:
+    """While a removal of games `names` runs, from its first batch of samples to the delete of
+    its rows: no run begins (the supervisor's begin_run asks being_removed, inside its write) and
+    no start is taken. A run begun between batches made the removal a 409 with part of the game's
+    sample history already deleted, and the game ran on without it. A second removal of a name
+    meanwhile waits for the first to end (each releases in its finally), then finds the game gone
+    (a 404; a fleet file's "absent: not there"), as if it came after; refused (409) only after
+    REMOVAL_WAIT_S. All the names are taken at once, none held while waiting, before any sample
+    goes: a fleet file whose later game was being removed failed its apply after deleting an
+    earlier one's samples, and that game stayed without them."""
+    wanted = set(names)
     with _REMOVING_LOCK:
-        if name in _REMOVING:
-            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed", {"name": name})
-        _REMOVING.add(name)
+        if not _REMOVING_LOCK.wait_for(lambda: not wanted & _REMOVING, timeout=REMOVAL_WAIT_S):
+            name = min(wanted & _REMOVING)
+            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: try again", {"name": name})
+        _REMOVING.update(wanted)
     try:
         yield
     finally:
         with _REMOVING_LOCK:
-            _REMOVING.discard(name)
+            _REMOVING.difference_update(wanted)
+            _REMOVING_LOCK.notify_all()
 
 
 def being_removed(name: str) -> bool:
