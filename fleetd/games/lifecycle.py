@@ -150,10 +150,12 @@ def record_added(session: Session, now: datetime, draft: GameDraft, game: GameRe
 
 
 def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> GameRecord:
-    if desired is Desired.RUNNING and being_removed(name):
-        raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
     now = clock.now()
-    with db.transaction() as session:
+    # being_removed asked holding the write lock, as begin_run asks it: a start checked before a
+    # removal began could commit between that removal's batches.
+    with db.transaction(immediate=desired is Desired.RUNNING) as session:
+        if desired is Desired.RUNNING and being_removed(name):
+            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
         game = game_store.update_game_desired(session, name, desired, now)
         record_desired(session, now, name, desired)
     return game

@@ -70,7 +70,7 @@ def test_no_run_begins_between_removals_check_and_its_delete(settings: Settings,
 @pytest.mark.parametrize(("method", "path", "body", "write"), [
     ("PATCH", "/api/v1/games/racy", {"priority": 5}, "BEGIN IMMEDIATE"),
     ("POST", "/api/v1/games/racy/stop", None, "UPDATE games"),
-    ("POST", "/api/v1/games/racy/start", None, "UPDATE games"),
+    ("POST", "/api/v1/games/racy/start", None, "BEGIN IMMEDIATE"),
 ])
 def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
         settings: Settings, db: Database, clock: FakeClock, host: FakeHost, method: str, path: str,
@@ -79,7 +79,7 @@ def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
     at the write: a DELETE from another request that lands in between (removal takes the write
     lock at once) left the UPDATE matching no row, a StaleDataError, and a 500. (A PATCH checks
     first, then reads the game again and writes holding the write lock: the removal lands as it
-    takes the lock.)"""
+    takes the lock; a start, which asks being_removed holding it, too.)"""
     from fastapi.testclient import TestClient
     from sqlalchemy import event
 
@@ -435,3 +435,29 @@ def test_a_removal_waits_no_longer_than_its_bound(db: Database, clock: FakeClock
     assert refused.value.code is ErrorCode.CONFLICT and "is being removed" in refused.value.message
     with db.transaction() as session:
         assert game_store.game_exists(session, "b")
+
+
+def test_a_start_checks_for_a_removal_holding_the_write_lock(db: Database, clock: FakeClock,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start asked being_removed before its transaction: a removal begun in between had the
+    start taken anyway. It asks inside, as begin_run does."""
+    from contextlib import contextmanager
+
+    from fleetd.games.lifecycle import removing, set_desired
+
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    transaction = db.transaction
+
+    @contextmanager
+    def a_removal_begins_first(immediate: bool = False):  # type: ignore[no-untyped-def]
+        with removing("gone"), transaction(immediate) as session:
+            yield session
+
+    monkeypatch.setattr(db, "transaction", a_removal_begins_first)
+    with pytest.raises(FleetdError) as refused:
+        set_desired(db, clock, "gone", Desired.RUNNING)
+    assert refused.value.message == "game 'gone' is being removed: it cannot start"
+    monkeypatch.undo()
+    with db.transaction() as session:
+        assert game_store.read_game(session, "gone").desired is Desired.STOPPED
