@@ -171,13 +171,13 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     else a game added again under the name would resume from its checkpoints. `purging`: told
     of a purge once the game is out of the database, before its files go (the backup, which then
     drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
+    with db.transaction() as session:  # a game not removable is refused without the guard, which
+        check_removable(game_store.read_game(session, name))  # would refuse its run meanwhile
     with removing(name):
         forget_samples_of_removable(db, name)
         now = clock.now()
         with db.transaction(immediate=True) as session:
-            game = game_store.read_game(session, name)
-            if not removable(game):
-                raise not_removable(game)
+            check_removable(game_store.read_game(session, name))
             game_store.delete_game(session, name)
             record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
     if purge:
@@ -192,6 +192,11 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
 
 def removable(game: GameRecord) -> bool:
     return game.state in REMOVABLE and game.current_run is None
+
+
+def check_removable(game: GameRecord) -> None:
+    if not removable(game):
+        raise not_removable(game)
 
 
 def not_removable(game: GameRecord) -> FleetdError:

@@ -461,3 +461,43 @@ def test_a_start_checks_for_a_removal_holding_the_write_lock(db: Database, clock
     monkeypatch.undo()
     with db.transaction() as session:
         assert game_store.read_game(session, "gone").desired is Desired.STOPPED
+
+
+def test_a_game_not_removable_is_refused_before_the_guard(settings: Settings, db: Database, clock: FakeClock,
+                                                          host: FakeHost, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A game in back-off is not removable: its removal took the guard first, and a run begun as
+    its back-off ended, meanwhile, was refused (GameRemoved) for a removal that was to fail."""
+    from contextlib import contextmanager
+
+    from fleetd.states import State
+    from fleetd.supervision.recorder import Recorder
+    from fleetd.supervision.seams import GameRemoved
+
+    boot_pk = record_daemon_start(db, host.current_boot(), clock.now()).boot.id
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0), clock.now())
+        game_store.update_game_state(session, "a", State.BACKOFF, "exited 1", clock.now())
+    supervisor = Database.open(settings.db_path, busy_timeout_ms=50)
+    tried: list[str] = []
+    transaction = db.transaction
+
+    @contextmanager
+    def its_back_off_ends(immediate: bool = False):  # type: ignore[no-untyped-def]
+        if not tried:
+            try:
+                Recorder(supervisor, clock, boot_pk).begin_run("a")
+                tried.append("run begun")
+            except GameRemoved:
+                tried.append("no run")
+        with transaction(immediate) as session:
+            yield session
+
+    monkeypatch.setattr(db, "transaction", its_back_off_ends)
+    try:
+        with pytest.raises(FleetdError) as refused:
+            remove_game(db, clock, "a", tmp_path / "a", purge=False)
+    finally:
+        supervisor.close()
+    assert tried == ["run begun"]
+    assert refused.value.code is ErrorCode.CONFLICT
