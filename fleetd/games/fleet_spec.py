@@ -10,7 +10,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
@@ -292,11 +291,10 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
         plans = plan_fleet(session, games, checked, restart, workers, kept)
     if dry_run:
         return plans
-    with ExitStack() as removals:
-        for plan in plans:
-            if plan.action == "remove":  # its samples a batch a transaction first, as remove_game's
-                removals.enter_context(removing(plan.name))
-                forget_samples_of_removable(db, plan.name)
+    gone = [plan.name for plan in plans if plan.action == "remove"]
+    with removing(*gone):  # every guard before any game's samples go
+        for name in gone:  # its samples a batch a transaction first, as remove_game's
+            forget_samples_of_removable(db, name)
         with db.transaction(immediate=True) as session:
             plans = plan_fleet(session, games, checked, restart, workers, kept)
             for plan in plans:

@@ -150,10 +150,12 @@ def record_added(session: Session, now: datetime, draft: GameDraft, game: GameRe
 
 
 def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> GameRecord:
-    if desired is Desired.RUNNING and being_removed(name):
-        raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
     now = clock.now()
-    with db.transaction() as session:
+    # being_removed asked holding the write lock, as begin_run asks it: a start checked before a
+    # removal began could commit between that removal's batches.
+    with db.transaction(immediate=desired is Desired.RUNNING) as session:
+        if desired is Desired.RUNNING and being_removed(name):
+            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
         game = game_store.update_game_desired(session, name, desired, now)
         record_desired(session, now, name, desired)
     return game
@@ -169,13 +171,13 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     else a game added again under the name would resume from its checkpoints. `purging`: told
     of a purge once the game is out of the database, before its files go (the backup, which then
     drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
+    with db.transaction() as session:  # a game not removable is refused without the guard, which
+        check_removable(game_store.read_game(session, name))  # would refuse its run meanwhile
     with removing(name):
         forget_samples_of_removable(db, name)
         now = clock.now()
         with db.transaction(immediate=True) as session:
-            game = game_store.read_game(session, name)
-            if not removable(game):
-                raise not_removable(game)
+            check_removable(game_store.read_game(session, name))
             game_store.delete_game(session, name)
             record_removed(session, now, name, "its files deleted" if purge else f"its files kept in {game_dir}")
     if purge:
@@ -192,32 +194,45 @@ def removable(game: GameRecord) -> bool:
     return game.state in REMOVABLE and game.current_run is None
 
 
+def check_removable(game: GameRecord) -> None:
+    if not removable(game):
+        raise not_removable(game)
+
+
 def not_removable(game: GameRecord) -> FleetdError:
     why = f"is {game.state}" if game.current_run is None else f"has an open run (it is {game.state})"
     return FleetdError(ErrorCode.CONFLICT, f"game {game.name!r} {why}: stop it first (fleetd games stop {game.name})",
                        {"name": game.name, "state": game.state})
 
 
-_REMOVING_LOCK = threading.Lock()
+_REMOVING_LOCK = threading.Condition()  # notified as a removal ends
 _REMOVING: set[str] = set()  # the games whose removal is under way
+REMOVAL_WAIT_S = 120.0  # how long a removal waits for another of the name (its batches take seconds)
 
 
 @contextmanager
-def removing(name: str) -> Iterator[None]:
-    """While a removal of game `name` runs, from its first batch of samples to the delete of its
-    row: no run begins (the supervisor's begin_run asks being_removed, inside its write) and no
-    start is taken. A run begun between batches made the removal a 409 with part of the game's
-    sample history already deleted, and the game ran on without it. A second removal meanwhile
-    is refused."""
+def removing(*names: str) -> Iterator[None]:
+    """While a removal of games `names` runs, from its first batch of samples to the delete of
+    its rows: no run begins (the supervisor's begin_run asks being_removed, inside its write) and
+    no start is taken. A run begun between batches made the removal a 409 with part of the game's
+    sample history already deleted, and the game ran on without it. A second removal of a name
+    meanwhile waits for the first to end (each releases in its finally), then finds the game gone
+    (a 404; a fleet file's "absent: not there"), as if it came after; refused (409) only after
+    REMOVAL_WAIT_S. All the names are taken at once, none held while waiting, before any sample
+    goes: a fleet file whose later game was being removed failed its apply after deleting an
+    earlier one's samples, and that game stayed without them."""
+    wanted = set(names)
     with _REMOVING_LOCK:
-        if name in _REMOVING:
-            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed", {"name": name})
-        _REMOVING.add(name)
+        if not _REMOVING_LOCK.wait_for(lambda: not wanted & _REMOVING, timeout=REMOVAL_WAIT_S):
+            name = min(wanted & _REMOVING)
+            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: try again", {"name": name})
+        _REMOVING.update(wanted)
     try:
         yield
     finally:
         with _REMOVING_LOCK:
-            _REMOVING.discard(name)
+            _REMOVING.difference_update(wanted)
+            _REMOVING_LOCK.notify_all()
 
 
 def being_removed(name: str) -> bool:

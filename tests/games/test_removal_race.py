@@ -70,7 +70,7 @@ def test_no_run_begins_between_removals_check_and_its_delete(settings: Settings,
 @pytest.mark.parametrize(("method", "path", "body", "write"), [
     ("PATCH", "/api/v1/games/racy", {"priority": 5}, "BEGIN IMMEDIATE"),
     ("POST", "/api/v1/games/racy/stop", None, "UPDATE games"),
-    ("POST", "/api/v1/games/racy/start", None, "UPDATE games"),
+    ("POST", "/api/v1/games/racy/start", None, "BEGIN IMMEDIATE"),
 ])
 def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
         settings: Settings, db: Database, clock: FakeClock, host: FakeHost, method: str, path: str,
@@ -79,7 +79,7 @@ def test_a_game_removed_between_a_changes_read_and_its_write_is_a_404_not_a_500(
     at the write: a DELETE from another request that lands in between (removal takes the write
     lock at once) left the UPDATE matching no row, a StaleDataError, and a 500. (A PATCH checks
     first, then reads the game again and writes holding the write lock: the removal lands as it
-    takes the lock.)"""
+    takes the lock; a start, which asks being_removed holding it, too.)"""
     from fastapi.testclient import TestClient
     from sqlalchemy import event
 
@@ -301,3 +301,203 @@ def test_an_absent_game_removed_by_another_client_after_the_plan_is_not_there(
     assert response.status_code == 200, response.text
     assert response.json()["games"][0]["action"] == "none"
     assert response.json()["games"][0]["note"] == "absent: not there"
+
+
+def _removal_held_elsewhere(db: Database, name: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Another request's removal of `name`, in a thread: it holds the guard until `go` is set,
+    then deletes the game's row. Returns (the thread, go, waiting: set as a removal waits for it)."""
+    import threading
+
+    import fleetd.games.lifecycle as lifecycle
+    from fleetd.games.lifecycle import removing
+
+    held, go, waiting = threading.Event(), threading.Event(), threading.Event()
+
+    class Watched(threading.Condition):
+        def wait_for(self, predicate, timeout=None):  # type: ignore[no-untyped-def]
+            if not predicate():
+                waiting.set()
+            return super().wait_for(predicate, timeout)
+
+    monkeypatch.setattr(lifecycle, "_REMOVING_LOCK", Watched())
+
+    def remove() -> None:
+        with removing(name):
+            held.set()
+            go.wait(10)
+            with db.transaction(immediate=True) as session:
+                game_store.delete_game(session, name)
+
+    thread = threading.Thread(target=remove)
+    thread.start()
+    held.wait(10)
+    return thread, go, waiting
+
+
+def _until_waiting(thread, waiting) -> bool:  # type: ignore[no-untyped-def]
+    """Whether `thread` came to wait for the other removal (before it ended, its way)."""
+    while thread.is_alive() and not waiting.wait(0.02):
+        pass
+    return waiting.is_set() and thread.is_alive()
+
+
+def _in_thread(call):  # type: ignore[no-untyped-def]
+    import threading
+
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(call()))
+    thread.start()
+    return thread, result
+
+
+def _sample_count(db: Database, name: str) -> int:
+    from sqlalchemy import func, select
+
+    from fleetd.store.models import Sample
+
+    with db.transaction() as session:
+        return session.scalar(select(func.count()).where(Sample.game_id == game_store.game_id_of(session, name)))
+
+
+def test_an_apply_whose_later_game_is_being_removed_waits_and_deletes_no_samples_first(
+        settings: Settings, db: Database, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet file removing a and b, b's removal under way elsewhere: the apply took a's guard,
+    deleted all a's samples, then met b's guard: 409, and a stayed with none. Every guard is
+    taken first, waiting for the other removal: a keeps its samples meanwhile, and once b is
+    gone the apply removes a and finds b 'absent: not there'."""
+    with db.transaction() as session:
+        a_id = game_store.create_game(session, GameDraft("a", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now()).id
+        game_store.create_game(session, GameDraft("b", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    _samples_of(db, a_id, 5, clock)
+    holder, go, waiting = _removal_held_elsewhere(db, "b", monkeypatch)
+    try:
+        apply, answer = _in_thread(lambda: _fleet_spec(settings, db, clock, [{"name": "a", "absent": True},
+                                                                             {"name": "b", "absent": True}]))
+        waited = _until_waiting(apply, waiting)
+        samples_meanwhile = _sample_count(db, "a")
+    finally:
+        go.set()
+        holder.join(10)
+    apply.join(10)
+    assert waited, answer[0].text
+    assert samples_meanwhile == 5
+    assert answer[0].status_code == 200, answer[0].text
+    assert [(g["name"], g["action"], g.get("note")) for g in answer[0].json()["games"]][1] == (
+        "b", "none", "absent: not there")
+    assert answer[0].json()["games"][0]["action"] == "remove"
+    with db.transaction() as session:
+        assert not game_store.game_exists(session, "a") and not game_store.game_exists(session, "b")
+
+
+@pytest.mark.parametrize("way", ["remove_game", "fleet spec absent"])
+def test_a_second_removal_waits_for_the_first_then_finds_the_game_gone(
+        settings: Settings, db: Database, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        way: str) -> None:
+    """A removal of a game another request is removing answered 409 'is being removed'; it waits
+    for that one, then answers as one after it: a 404 (`games rm`), 'absent: not there' (apply)."""
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("b", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+
+    def second():  # type: ignore[no-untyped-def]
+        if way == "fleet spec absent":
+            return _fleet_spec(settings, db, clock, [{"name": "b", "absent": True}])
+        try:
+            remove_game(db, clock, "b", tmp_path / "b", purge=False)
+        except FleetdError as exc:
+            return exc
+        return None
+
+    holder, go, waiting = _removal_held_elsewhere(db, "b", monkeypatch)
+    try:
+        removal, answer = _in_thread(second)
+        waited = _until_waiting(removal, waiting)
+    finally:
+        go.set()
+        holder.join(10)
+    removal.join(10)
+    assert waited, answer
+    if way == "fleet spec absent":
+        assert answer[0].status_code == 200, answer[0].text
+        assert answer[0].json()["games"][0]["note"] == "absent: not there"
+    else:
+        assert answer[0].code is ErrorCode.NOT_FOUND, answer[0].message
+
+
+def test_a_removal_waits_no_longer_than_its_bound(db: Database, clock: FakeClock, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import fleetd.games.lifecycle as lifecycle
+
+    monkeypatch.setattr(lifecycle, "REMOVAL_WAIT_S", 0.05)
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("b", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    with lifecycle.removing("b"), pytest.raises(FleetdError) as refused:
+        remove_game(db, clock, "b", tmp_path / "b", purge=False)
+    assert refused.value.code is ErrorCode.CONFLICT and "is being removed" in refused.value.message
+    with db.transaction() as session:
+        assert game_store.game_exists(session, "b")
+
+
+def test_a_start_checks_for_a_removal_holding_the_write_lock(db: Database, clock: FakeClock,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start asked being_removed before its transaction: a removal begun in between had the
+    start taken anyway. It asks inside, as begin_run does."""
+    from contextlib import contextmanager
+
+    from fleetd.games.lifecycle import removing, set_desired
+
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    transaction = db.transaction
+
+    @contextmanager
+    def a_removal_begins_first(immediate: bool = False):  # type: ignore[no-untyped-def]
+        with removing("gone"), transaction(immediate) as session:
+            yield session
+
+    monkeypatch.setattr(db, "transaction", a_removal_begins_first)
+    with pytest.raises(FleetdError) as refused:
+        set_desired(db, clock, "gone", Desired.RUNNING)
+    assert refused.value.message == "game 'gone' is being removed: it cannot start"
+    monkeypatch.undo()
+    with db.transaction() as session:
+        assert game_store.read_game(session, "gone").desired is Desired.STOPPED
+
+
+def test_a_game_not_removable_is_refused_before_the_guard(settings: Settings, db: Database, clock: FakeClock,
+                                                          host: FakeHost, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A game in back-off is not removable: its removal took the guard first, and a run begun as
+    its back-off ended, meanwhile, was refused (GameRemoved) for a removal that was to fail."""
+    from contextlib import contextmanager
+
+    from fleetd.states import State
+    from fleetd.supervision.recorder import Recorder
+    from fleetd.supervision.seams import GameRemoved
+
+    boot_pk = record_daemon_start(db, host.current_boot(), clock.now()).boot.id
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0), clock.now())
+        game_store.update_game_state(session, "a", State.BACKOFF, "exited 1", clock.now())
+    supervisor = Database.open(settings.db_path, busy_timeout_ms=50)
+    tried: list[str] = []
+    transaction = db.transaction
+
+    @contextmanager
+    def its_back_off_ends(immediate: bool = False):  # type: ignore[no-untyped-def]
+        if not tried:
+            try:
+                Recorder(supervisor, clock, boot_pk).begin_run("a")
+                tried.append("run begun")
+            except GameRemoved:
+                tried.append("no run")
+        with transaction(immediate) as session:
+            yield session
+
+    monkeypatch.setattr(db, "transaction", its_back_off_ends)
+    try:
+        with pytest.raises(FleetdError) as refused:
+            remove_game(db, clock, "a", tmp_path / "a", purge=False)
+    finally:
+        supervisor.close()
+    assert tried == ["run begun"]
+    assert refused.value.code is ErrorCode.CONFLICT
