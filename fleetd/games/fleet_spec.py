@@ -19,7 +19,8 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import CheckedOnce, EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
 from fleetd.games.lifecycle import (check_draft, check_unique_names, forget_samples_of_removable, record_added,
-                                    record_desired, record_removed, removable, removing, seeding_needed)
+                                    record_desired, record_removed, refuse_start_while_removed, removable, removing,
+                                    seeding_needed)
 from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
@@ -328,6 +329,8 @@ def _write_update(session: Session, clock: Clock, plan: GamePlan, entry: Any) ->
         record_changes(session, clock, game, entry.wanted(), settings, plan.restarting)
     if any(c.field == "desired" for c in plan.changes):
         desired = Desired.STOPPED if isinstance(entry, AbsentGame) else entry.desired
+        if desired is Desired.RUNNING:
+            refuse_start_while_removed(plan.name)  # as `games start` is: a removal would take it anyway
         game_store.update_game_desired(session, plan.name, desired, clock.now())
         record_desired(session, clock.now(), plan.name, desired)
 

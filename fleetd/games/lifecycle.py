@@ -154,8 +154,8 @@ def set_desired(db: Database, clock: Clock, name: str, desired: Desired) -> Game
     # being_removed asked holding the write lock, as begin_run asks it: a start checked before a
     # removal began could commit between that removal's batches.
     with db.transaction(immediate=desired is Desired.RUNNING) as session:
-        if desired is Desired.RUNNING and being_removed(name):
-            raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
+        if desired is Desired.RUNNING:
+            refuse_start_while_removed(name)
         game = game_store.update_game_desired(session, name, desired, now)
         record_desired(session, now, name, desired)
     return game
@@ -207,7 +207,10 @@ def not_removable(game: GameRecord) -> FleetdError:
 
 _REMOVING_LOCK = threading.Condition()  # notified as a removal ends
 _REMOVING: set[str] = set()  # the games whose removal is under way
-REMOVAL_WAIT_S = 120.0  # how long a removal waits for another of the name (its batches take seconds)
+# How long a removal waits for another of the name (its batches take seconds): under the CLI's
+# 10 s wait for an answer (cli/client.py REQUEST_TIMEOUT_S), so `fleetd games rm` and `fleetd apply`
+# hear the 404 or the 409, and a waiting request holds one of the API's threads no longer.
+REMOVAL_WAIT_S = 8.0
 
 
 @contextmanager
@@ -233,6 +236,13 @@ def removing(*names: str) -> Iterator[None]:
         with _REMOVING_LOCK:
             _REMOVING.difference_update(wanted)
             _REMOVING_LOCK.notify_all()
+
+
+def refuse_start_while_removed(name: str) -> None:
+    """A start (`games start`, a fleet file's `desired = "running"`) of a game being removed: 409.
+    Asked holding the write lock, as begin_run asks it."""
+    if being_removed(name):
+        raise FleetdError(ErrorCode.CONFLICT, f"game {name!r} is being removed: it cannot start", {"name": name})
 
 
 def being_removed(name: str) -> bool:

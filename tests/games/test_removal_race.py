@@ -463,6 +463,22 @@ def test_a_start_checks_for_a_removal_holding_the_write_lock(db: Database, clock
         assert game_store.read_game(session, "gone").desired is Desired.STOPPED
 
 
+def test_a_fleet_file_does_not_start_a_game_being_removed(settings: Settings, db: Database, clock: FakeClock) -> None:
+    """`games start` was refused while the game's removal ran, but an apply's `desired = "running"`
+    was taken ("it starts at the supervisor's next turn") and the removal took the game anyway."""
+    from fleetd.games.lifecycle import removing
+
+    with db.transaction() as session:
+        game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0), clock.now())
+    with removing("gone"):
+        response = _fleet_spec(settings, db, clock, [{"name": "gone", "env_id": "CartPole-v1", "algo": "ppo",
+                                                      "desired": "running"}])
+    assert response.status_code == 409, response.text
+    assert response.json()["error"]["message"] == "game 'gone' is being removed: it cannot start"
+    with db.transaction() as session:
+        assert game_store.read_game(session, "gone").desired is Desired.STOPPED
+
+
 def test_a_game_not_removable_is_refused_before_the_guard(settings: Settings, db: Database, clock: FakeClock,
                                                           host: FakeHost, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
