@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from workers.protocol.exit_codes import ExitCode, describe, exit_record_path, read_exit_record
 from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
                                       ReportError, ResumedReport, SkippedCheckpoint, decode_report,
-                                      encode_report)
+                                      encode_report, figure, timestamp)
 from workers.protocol.sender import ProgressSender
 from workers.protocol.spec import Hyperparams, LaunchSpec, PolicyKwargs, RunSpec, SpecError, TierDefaults
 
@@ -218,6 +218,18 @@ def test_a_return_that_is_not_a_number_is_no_figure_as_in_a_manifest():
     wire = _wire(0, mean_reward_100="high", best_reward=True, eval_return=10**400)
     assert decode_report(json.dumps(wire).encode()) == dataclasses.replace(progress, mean_reward_100=None, best_reward=None)
     assert decode_report(json.dumps(_wire(2, checkpoint__eval_return="high")).encode()) == checkpoint
+
+
+def test_numpy_numbers_are_numbers_in_a_report_and_a_manifest():
+    """A worker's figures may be numpy scalars (an env's np.float32 return, an np.float64 rate):
+    each is a number, where `isinstance(x, (int, float))` took np.float64 alone."""
+    import numpy as np
+
+    progress = _reports()[0]
+    sent = dataclasses.replace(progress, steps_per_s=np.float64(12.5), at=np.float64(progress.at))
+    assert decode_report(encode_report(sent)) == dataclasses.replace(progress, steps_per_s=12.5)
+    assert (figure(np.float32(2.5)), figure(np.int64(3)), figure(np.float32("inf")), figure(np.bool_(True))) == (2.5, 3.0, None, None)
+    assert timestamp(np.int64(1767200000)) == 1767200000.0 and timestamp(np.float64("nan")) is None
 
 
 def test_the_daemon_logs_a_refused_report_and_reads_the_next(caplog):

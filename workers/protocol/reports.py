@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -175,8 +176,10 @@ def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
 
 def figure(value: object) -> float | None:
     """A finite number as a float, else None: absent, null, not a number (a bool, a string),
-    NaN, inf, or an int past a float's range. A worker's returns, sent or in a manifest."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    NaN, inf, or an int past a float's range. Any real number counts, a numpy scalar too (an
+    env's np.float32 return; `isinstance(x, float)` passed np.float64 and refused the rest). A
+    worker's returns, sent or in a manifest."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # np.bool_ is no Real
         return None
     try:
         number = float(value)
@@ -187,16 +190,17 @@ def figure(value: object) -> float | None:
 
 def timestamp(value: object) -> float | None:
     """A wall-clock time as sent or written by a worker (a report's `at`, a manifest's
-    `created_at`): a number that `datetime.fromtimestamp` takes (finite, years 1 to 9999), else
-    None. The daemon turns each into a datetime, and there an inf, a NaN or a 1e300 raised
-    OverflowError or ValueError past every handler: its supervision loop died."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    `created_at`): a number (as `figure` takes it) that `datetime.fromtimestamp` takes (years 1
+    to 9999), else None. The daemon turns each into a datetime, and there an inf, a NaN or a
+    1e300 raised OverflowError or ValueError past every handler: its supervision loop died."""
+    number = figure(value)
+    if number is None:
         return None
     try:
-        datetime.fromtimestamp(value, UTC)
+        datetime.fromtimestamp(number, UTC)
     except (OverflowError, ValueError, OSError):
         return None
-    return float(value)
+    return number
 
 
 def now() -> float:
