@@ -14,7 +14,13 @@ from workers.protocol import PROTOCOL_VERSION
 
 
 class ReportError(ValueError):
-    """A datagram that is not a valid report."""
+    """A datagram that is not a valid report. `kind`, `game` and `run_id`: the report's type,
+    game and run id, where the datagram has them as the protocol types them, else None (so the
+    daemon's log can say whose report it refused)."""
+
+    kind: str | None = None
+    game: str | None = None
+    run_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,18 @@ def decode_report(datagram: bytes) -> Report:
         data = json.loads(datagram)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReportError(f"not JSON: {exc}") from exc
+    try:
+        return _decode(data)
+    except ReportError as exc:
+        if isinstance(data, dict):
+            kind, game, run_id = data.get("type"), data.get("game"), data.get("run_id")
+            exc.kind = kind if isinstance(kind, str) else None
+            exc.game = game if isinstance(game, str) else None
+            exc.run_id = run_id if type(run_id) is int else None
+        raise
+
+
+def _decode(data: Any) -> Report:
     if not isinstance(data, dict) or data.get("v") != PROTOCOL_VERSION:
         raise ReportError(f"not a protocol {PROTOCOL_VERSION} report object")
     cls = _REPORT_TYPES.get(data.get("type"))
