@@ -184,6 +184,22 @@ def test_an_error_raised_in_an_actors_wait_ends_that_run_as_a_logged_crash(
                for r in caplog.records)
 
 
+def test_a_refused_report_from_the_hub_is_a_warning_naming_its_game_and_run_once(
+    executor: RayExecutor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that sends a bad report at every interval: one warning for its game and run (it
+    was one every batch, naming neither), the rest at debug; its good reports still taken."""
+    from workers.protocol.reports import CheckpointReport, CheckpointSummary, ProgressReport, encode_report
+
+    good = ProgressReport("pong", 7, 42, 1767200000.0, 128, 3, 10.5, 3.0, None, None, None)
+    bad = encode_report(CheckpointReport("pong", 7, 42, 1767200000.0, CheckpointSummary("/c", 128, 3, float("inf"), 1)))
+    with caplog.at_level(logging.DEBUG, logger="fleetd.cluster.executor"):
+        taken = [executor._take_reports(Ref("take", (), [bad, encode_report(good)])) for _ in range(2)]
+    assert [[r.report for r in batch] for batch in taken] == [[good], [good]]
+    refused = [r for r in caplog.records if "ignored a malformed checkpoint report (game 'pong', run 7)" in r.getMessage()]
+    assert [r.levelno for r in refused] == [logging.WARNING, logging.DEBUG]
+
+
 # -- the version check at connect ------------------------------------------------------------------
 
 

@@ -32,6 +32,9 @@ class Counters:
     # best_reward or recent_returns. A NaN best was never beaten (`r > nan` is false), an inf
     # one never either, and either was saved in every checkpoint after: no figure for good.
     nonfinite_returns: int = 0
+    # Whether this process's log has said so: once per run, not once per game (the count above
+    # is saved and resumed; a flag gated on it == 1 never warned again after the first run).
+    warned_nonfinite: bool = field(default=False, compare=False, repr=False)
 
     def record_episode(self, episode_return: float, length: int) -> None:
         self.episodes += 1
@@ -39,9 +42,11 @@ class Counters:
         score = figure(episode_return)
         if score is None:
             self.nonfinite_returns += 1
-            if self.nonfinite_returns == 1:
+            if not self.warned_nonfinite:
+                self.warned_nonfinite = True
                 log.warning("an episode returned %r: not counted in the mean or best return "
-                            "(the env's rewards are not all finite)", episode_return)
+                            "(the env's rewards are not all finite; %d such episodes in this game)",
+                            episode_return, self.nonfinite_returns)
             return
         self.recent_returns.append(score)
         if self.best_reward is None or score > self.best_reward:

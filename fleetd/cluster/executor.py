@@ -33,9 +33,9 @@ from fleetd.config import Settings
 from fleetd.operations.backup.target import Target
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
+from fleetd.supervision.reactor import RefusedReports
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
 from workers import lease
-from workers.protocol.reports import ReportError, decode_report
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ class RayExecutor:
         self._refs: dict[Any, tuple[str, int]] = {}  # ObjectRef -> ("wait" | "where", handle)
         self._hub_ref: Any | None = None
         self._hub_due = 0.0
+        self._refused = RefusedReports(log)
         self._wake = threading.Event()
         self._swept = False
         self._named_hosts: set[str] = set()  # hosts whose nodes offer a `fleetd_host_<name>` resource
@@ -422,10 +423,9 @@ class RayExecutor:
             return []
         reports = []
         for datagram in batch:
-            try:
-                reports.append(Reported(decode_report(datagram)))
-            except ReportError as exc:
-                log.warning("ignored a malformed progress report: %s", exc)
+            reported = self._refused.decode(datagram)
+            if reported is not None:
+                reports.append(reported)
         return reports
 
     def _where(self, handle: int, ref: Any) -> Located | None:

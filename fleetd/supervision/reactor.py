@@ -28,6 +28,30 @@ REPORT_BATCH_S = 0.2
 SUN_PATH_MAX = 107
 
 
+class RefusedReports:
+    """Decodes reports, logging each one refused (docs/worker-protocol.md): at warning the first
+    time for its game and run, at debug after, so a worker that sends a bad report at every
+    interval says so once, not every 2 s. Shared by the local reactor and the cluster executor."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._seen: set[tuple[str | None, int | None]] = set()
+
+    def decode(self, datagram: bytes) -> Reported | None:
+        try:
+            return Reported(decode_report(datagram))
+        except ReportError as exc:
+            key = (exc.game, exc.run_id)
+            level = logging.DEBUG if key in self._seen else logging.WARNING
+            if len(self._seen) < 10_000:  # a bound: a game's every run is one entry
+                self._seen.add(key)
+            kind = "" if exc.kind is None else f"{exc.kind[:40]} "
+            game = "unknown" if exc.game is None else repr(exc.game[:80])
+            run = "unknown" if exc.run_id is None else exc.run_id
+            self._log.log(level, "ignored a malformed %sreport (game %s, run %s): %s", kind, game, run, exc)
+            return None
+
+
 class OsReactor:
     def __init__(self, progress_socket: Path, oom: OomCounter | None = None) -> None:
         self._selector = selectors.DefaultSelector()
@@ -40,6 +64,7 @@ class OsReactor:
         self._pidfds: dict[int, tuple[int, bool]] = {}  # pid -> (pidfd, our child)
         self._killing: set[int] = set()  # watched processes fleetd itself sent SIGKILL
         self._reports_paused_until: float | None = None
+        self._refused = RefusedReports(log)
 
     def watch(self, pid: int, own_child: bool) -> bool:
         """False when the process is gone already."""
@@ -116,10 +141,9 @@ class OsReactor:
                 datagram = self._sock.recv(MAX_DATAGRAM)
             except BlockingIOError:
                 return reports
-            try:
-                reports.append(Reported(decode_report(datagram)))
-            except ReportError as exc:
-                log.warning("ignored a malformed progress report: %s", exc)
+            reported = self._refused.decode(datagram)
+            if reported is not None:
+                reports.append(reported)
 
     def close(self) -> None:
         for pidfd, _ in self._pidfds.values():

@@ -115,3 +115,28 @@ def test_a_nan_or_inf_return_counts_apart_and_never_sticks_as_the_best(caplog):
     assert (old.best_reward, list(old.recent_returns), old.nonfinite_returns) == (None, [2.0], 0)
     old.record_episode(1.0, 10)
     assert old.best_reward == 1.0
+
+
+def test_a_numpy_return_is_a_number():
+    """An env's np.float32 return (or a wrapper's np.int64) is a return, not a non-finite one:
+    `isinstance(x, (int, float))` refused them all but np.float64."""
+    import numpy as np
+
+    counters = Counters()
+    for value in (np.float32(2.0), np.int64(3), np.float64(1.0), np.float32("nan")):
+        counters.record_episode(value, 5)
+    assert (counters.best_reward, counters.mean_reward_100, counters.nonfinite_returns) == (3.0, 2.0, 1)
+    assert type(counters.best_reward) is float  # as json writes it to state.json
+
+
+def test_each_run_warns_of_its_first_nonfinite_return_after_a_resume_too(caplog):
+    """The count is saved in state.json: a warning at count 1 was the game's only one, and a
+    resumed run's NaN episodes were never in its log."""
+    first = Counters()
+    first.record_episode(float("nan"), 10)
+    resumed = Counters.from_dict(json.loads(json.dumps(first.to_dict())))  # the next run
+    caplog.clear()
+    for _ in range(2):
+        resumed.record_episode(float("inf"), 10)
+    assert caplog.text.count("not counted in the mean or best return") == 1
+    assert resumed.nonfinite_returns == 3 and "warned_nonfinite" not in resumed.to_dict()

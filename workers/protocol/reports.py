@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -13,7 +14,13 @@ from workers.protocol import PROTOCOL_VERSION
 
 
 class ReportError(ValueError):
-    """A datagram that is not a valid report."""
+    """A datagram that is not a valid report. `kind`, `game` and `run_id`: the report's type,
+    game and run id, where the datagram has them as the protocol types them, else None (so the
+    daemon's log can say whose report it refused)."""
+
+    kind: str | None = None
+    game: str | None = None
+    run_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,18 @@ def decode_report(datagram: bytes) -> Report:
         data = json.loads(datagram)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReportError(f"not JSON: {exc}") from exc
+    try:
+        return _decode(data)
+    except ReportError as exc:
+        if isinstance(data, dict):
+            kind, game, run_id = data.get("type"), data.get("game"), data.get("run_id")
+            exc.kind = kind if isinstance(kind, str) else None
+            exc.game = game if isinstance(game, str) else None
+            exc.run_id = run_id if type(run_id) is int else None
+        raise
+
+
+def _decode(data: Any) -> Report:
     if not isinstance(data, dict) or data.get("v") != PROTOCOL_VERSION:
         raise ReportError(f"not a protocol {PROTOCOL_VERSION} report object")
     cls = _REPORT_TYPES.get(data.get("type"))
@@ -123,7 +142,7 @@ def decode_report(datagram: bytes) -> Report:
         return _build(cls, data)
     except ReportError:
         raise
-    except (TypeError, ValueError) as exc:  # a required field missing; `changed` not in threes
+    except (TypeError, ValueError) as exc:  # a required field missing
         raise ReportError(f"bad {data['type']} report: {exc!r}") from exc
 
 
@@ -141,33 +160,42 @@ _INT64 = range(-(1 << 63), 1 << 63)
 def _build(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise ReportError(f"{cls.__name__} is not an object: {data!r:.40}")
-    kwargs = {f.name: _field(cls, f.name, f.type, data[f.name]) for f in fields(cls) if f.name in data}
-    if cls is ProgressReport and kwargs.get("last_checkpoint") is not None:
-        kwargs["last_checkpoint"] = _build(CheckpointRef, kwargs["last_checkpoint"])
-    if cls is CheckpointReport and "checkpoint" in kwargs:
-        kwargs["checkpoint"] = _build(CheckpointSummary, kwargs["checkpoint"])
-    if cls is ResumedReport:
-        kwargs["skipped"] = tuple(_build(SkippedCheckpoint, s) for s in kwargs.get("skipped", ()))
-        kwargs["notes"] = tuple(str(note) for note in kwargs.get("notes", ()))
-        kwargs["changed"] = tuple((str(key), old, new) for key, old, new in kwargs.get("changed", ()))
-    return cls(**kwargs)
+    return cls(**{f.name: _field(cls, f.name, f.type, data[f.name]) for f in fields(cls) if f.name in data})
 
 
 def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
-    """`value` checked against its field's type (a string: this module's annotations are);
-    the other types (nested reports, tuples, flags) are checked where they are built."""
+    """`value` checked against its field's type (a string: this module's annotations are), and
+    built as the dataclass holds it (a nested report, a tuple). A type with no check here is
+    refused, not let through: tests/workers/test_worker_protocol.py checks every field has one."""
     if kind == "float | None":
         return figure(value)
-    if kind == "int":
-        ok, want = not isinstance(value, bool) and isinstance(value, int) and value in _INT64, "an integer in int64"
+    if kind == "CheckpointRef | None":
+        return None if value is None else _build(CheckpointRef, value)
+    if kind == "CheckpointSummary":
+        return _build(CheckpointSummary, value)
+    if kind == "tuple[SkippedCheckpoint, ...]":
+        if isinstance(value, list):
+            return tuple(_build(SkippedCheckpoint, skipped) for skipped in value)
+        ok, want = False, "a list"
+    elif kind == "int":
+        ok, want = type(value) is int and value in _INT64, "an integer in int64"
     elif kind == "float" and name == "at":
         ok, want = timestamp(value) is not None, "a time"
     elif kind == "float":
         ok, want = figure(value) is not None, "a finite number"
     elif kind in ("str", "str | None"):
         ok, want = isinstance(value, str) or (value is None and kind == "str | None"), "a string"
+    elif kind == "bool":  # "no" is truthy
+        ok, want = type(value) is bool, "true or false"
+    elif kind == "tuple[str, ...]":  # a string is iterable: "abc" was three notes
+        ok, want = isinstance(value, list) and all(isinstance(item, str) for item in value), "a list of strings"
+        value = tuple(value) if ok else value
+    elif kind == "tuple[tuple[str, Any, Any], ...]":  # ["abc"] was ("a", "b", "c")
+        ok = isinstance(value, list) and all(
+            isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) for item in value)
+        want, value = "a list of [key, old, new]", tuple(map(tuple, value)) if ok else value
     else:
-        return value
+        raise ReportError(f"bad {cls.__name__}: {name}'s type {kind} has no check")
     if not ok:
         raise ReportError(f"bad {cls.__name__}: {name} {value!r:.40} is not {want}")
     return value
@@ -175,8 +203,10 @@ def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
 
 def figure(value: object) -> float | None:
     """A finite number as a float, else None: absent, null, not a number (a bool, a string),
-    NaN, inf, or an int past a float's range. A worker's returns, sent or in a manifest."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    NaN, inf, or an int past a float's range. Any real number counts, a numpy scalar too (an
+    env's np.float32 return; `isinstance(x, float)` passed np.float64 and refused the rest). A
+    worker's returns, sent or in a manifest."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # np.bool_ is no Real
         return None
     try:
         number = float(value)
@@ -187,16 +217,17 @@ def figure(value: object) -> float | None:
 
 def timestamp(value: object) -> float | None:
     """A wall-clock time as sent or written by a worker (a report's `at`, a manifest's
-    `created_at`): a number that `datetime.fromtimestamp` takes (finite, years 1 to 9999), else
-    None. The daemon turns each into a datetime, and there an inf, a NaN or a 1e300 raised
-    OverflowError or ValueError past every handler: its supervision loop died."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    `created_at`): a number (as `figure` takes it) that `datetime.fromtimestamp` takes (years 1
+    to 9999), else None. The daemon turns each into a datetime, and there an inf, a NaN or a
+    1e300 raised OverflowError or ValueError past every handler: its supervision loop died."""
+    number = figure(value)
+    if number is None:
         return None
     try:
-        datetime.fromtimestamp(value, UTC)
+        datetime.fromtimestamp(number, UTC)
     except (OverflowError, ValueError, OSError):
         return None
-    return float(value)
+    return number
 
 
 def now() -> float:
