@@ -6,6 +6,7 @@ and for adopted workers alike (whose status is not ours to read).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 import logging
 import os
 import selectors
@@ -30,25 +31,30 @@ SUN_PATH_MAX = 107
 
 class RefusedReports:
     """Decodes reports, logging each one refused (docs/worker-protocol.md): at warning the first
-    time for its game and run, at debug after, so a worker that sends a bad report at every
-    interval says so once, not every 2 s. Shared by the local reactor and the cluster executor."""
+    time for its kind, game and run, at debug after, so a worker that sends a bad report at every
+    interval says so once, not every 2 s, and a refused checkpoint report after refused progress
+    reports is still told. Shared by the local reactor and the cluster executor."""
+
+    SEEN_MAX = 10_000  # the newest kinds, games and runs remembered (names cut short: a bound on memory too)
 
     def __init__(self, logger: logging.Logger) -> None:
         self._log = logger
-        self._seen: set[tuple[str | None, int | None]] = set()
+        self._seen: OrderedDict[tuple[str | None, str | None, int | None], None] = OrderedDict()
 
     def decode(self, datagram: bytes) -> Reported | None:
         try:
             return Reported(decode_report(datagram))
         except ReportError as exc:
-            key = (exc.game, exc.run_id)
+            kind = None if exc.kind is None else exc.kind[:40]
+            game = None if exc.game is None else exc.game[:80]
+            key = (kind, game, exc.run_id)
             level = logging.DEBUG if key in self._seen else logging.WARNING
-            if len(self._seen) < 10_000:  # a bound: a game's every run is one entry
-                self._seen.add(key)
-            kind = "" if exc.kind is None else f"{exc.kind[:40]} "
-            game = "unknown" if exc.game is None else repr(exc.game[:80])
-            run = "unknown" if exc.run_id is None else exc.run_id
-            self._log.log(level, "ignored a malformed %sreport (game %s, run %s): %s", kind, game, run, exc)
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+            if len(self._seen) > self.SEEN_MAX:
+                self._seen.popitem(last=False)
+            self._log.log(level, "ignored a malformed %sreport (game %s, run %s): %s", "" if kind is None else f"{kind} ",
+                          "unknown" if game is None else repr(game), "unknown" if exc.run_id is None else exc.run_id, exc)
             return None
 
 

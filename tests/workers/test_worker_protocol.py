@@ -270,18 +270,20 @@ def test_numpy_numbers_are_numbers_in_a_report_and_a_manifest():
 
 def test_the_daemon_logs_a_refused_report_and_reads_the_next(caplog):
     """The real reactor on its socket: the bad datagram is a warning naming its kind, game and
-    run, once per game and run (a worker sends one at every interval: it was a warning each
-    time, with no game), and the good one still reads."""
+    run, once per kind, game and run (a worker sends one at every interval: it was a warning each
+    time, with no game), brackets nested thousands deep are refused (they ended the supervision
+    loop: RecursionError), and the good one still reads."""
     from fleetd.supervision.reactor import OsReactor, Reported
 
     path = Path(tempfile.mkdtemp(prefix="fw-")) / "p.sock"  # AF_UNIX paths: ~107 bytes at most
     reactor = OsReactor(path)
-    sent = [_wire(2, checkpoint__at=float("nan")), _wire(0, steps_per_s=float("nan")), _wire(0, run_id=8, steps=-1.5),
-            _wire(0, run_id="7", game=["pong"], steps_per_s="fast"), _wire(0)]
+    sent = [_wire(2, checkpoint__at=float("nan")), _wire(0, steps_per_s=float("nan")), _wire(0, steps_per_s=float("inf")),
+            _wire(0, run_id=8, steps=-1.5), _wire(0, run_id="7", game=["pong"], steps_per_s="fast"), b"[" * 5000,
+            _wire(0)]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             for wire in sent:
-                sender.sendto(json.dumps(wire).encode(), str(path))
+                sender.sendto(wire if isinstance(wire, bytes) else json.dumps(wire).encode(), str(path))
         with caplog.at_level(logging.DEBUG, logger="fleetd.supervision.reactor"):
             seen = reactor.wait(1.0)
     finally:
@@ -291,10 +293,13 @@ def test_the_daemon_logs_a_refused_report_and_reads_the_next(caplog):
     refused = [(r.levelno, r.getMessage()) for r in caplog.records if "ignored a malformed" in r.getMessage()]
     assert [(level, message.split(":")[0]) for level, message in refused] == [
         (logging.WARNING, "ignored a malformed checkpoint report (game 'pong', run 7)"),
+        (logging.WARNING, "ignored a malformed progress report (game 'pong', run 7)"),  # another kind
         (logging.DEBUG, "ignored a malformed progress report (game 'pong', run 7)"),  # said already
         (logging.WARNING, "ignored a malformed progress report (game 'pong', run 8)"),
         (logging.WARNING, "ignored a malformed progress report (game unknown, run unknown)"),
+        (logging.WARNING, "ignored a malformed report (game unknown, run unknown)"),
     ]
+    assert refused[-1][1].endswith("not JSON: nested too deep")
     assert "checkpoint__at" not in refused[0][1] and "at nan is not a time" in refused[0][1]
 
 

@@ -119,6 +119,8 @@ def decode_report(datagram: bytes) -> Report:
         data = json.loads(datagram)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReportError(f"not JSON: {exc}") from exc
+    except RecursionError as exc:  # brackets nested thousands deep: refused, not the supervision loop's end
+        raise ReportError("not JSON: nested too deep") from exc
     try:
         return _decode(data)
     except ReportError as exc:
