@@ -208,8 +208,9 @@ def not_removable(game: GameRecord) -> FleetdError:
 _REMOVING_LOCK = threading.Condition()  # notified as a removal ends
 _REMOVING: set[str] = set()  # the games whose removal is under way
 # How long a removal waits for another of the name (its batches take seconds): under the CLI's
-# 10 s wait for an answer (cli/client.py REQUEST_TIMEOUT_S), so `fleetd games rm` and `fleetd apply`
-# hear the 404 or the 409, and a waiting request holds one of the API's threads no longer.
+# wait for an answer (cli/client.py REQUEST_TIMEOUT_S, a test holds them so), so `fleetd games rm`
+# and `fleetd apply` hear the 404 or the 409, and a waiting request holds one of the API's threads
+# no longer.
 REMOVAL_WAIT_S = 8.0
 
 

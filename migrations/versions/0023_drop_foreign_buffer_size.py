@@ -46,4 +46,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    pass
+    pass  # nothing to put back: the key had no effect (the docstring)

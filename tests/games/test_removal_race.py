@@ -423,6 +423,15 @@ def test_a_second_removal_waits_for_the_first_then_finds_the_game_gone(
         assert answer[0].code is ErrorCode.NOT_FOUND, answer[0].message
 
 
+def test_a_removal_waits_less_than_the_cli_waits_for_its_answer() -> None:
+    """Else `fleetd games rm` and `fleetd apply` hear neither the 404 nor the 409 (only "did not
+    answer within 10 s"), while the daemon's thread waits on."""
+    from fleetd.cli.client import REQUEST_TIMEOUT_S
+    from fleetd.games.lifecycle import REMOVAL_WAIT_S
+
+    assert REMOVAL_WAIT_S < REQUEST_TIMEOUT_S - 1
+
+
 def test_a_removal_waits_no_longer_than_its_bound(db: Database, clock: FakeClock, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import fleetd.games.lifecycle as lifecycle
