@@ -196,16 +196,21 @@ def _report(steps: int, episodes: int, eval_return: float | None = None) -> Prog
                           eval_return=eval_return)
 
 
-def test_a_reported_evaluation_return_is_stored_shown_by_the_api_and_exported(
-    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
-) -> None:
+def _recorded_pong(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> tuple[Recorder, TestClient]:
+    """A game `pong`, the supervisor's recorder of its reports and an API client beside it."""
     start = record_daemon_start(db, host.current_boot(), clock.now())
     with db.transaction() as session:
         create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
     recorder = Recorder(db, clock, start.boot.id)
     info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
     context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), counters=recorder.counters)
-    client = TestClient(create_app(context), headers={"Authorization": f"Bearer {'t' * 32}"})
+    return recorder, TestClient(create_app(context), headers={"Authorization": f"Bearer {'t' * 32}"})
+
+
+def test_a_reported_evaluation_return_is_stored_shown_by_the_api_and_exported(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    recorder, client = _recorded_pong(settings, db, clock, host)
     assert client.get("/api/v1/games/pong").json()["eval_return"] is None
     clock.advance(recorder.sample_interval_s)  # the first report is sampled for the plots too
     recorder.progress(_report(1000, 4, eval_return=17.25))
@@ -305,13 +310,7 @@ def test_a_return_that_is_not_finite_is_no_figure_and_the_progress_is_written(
     supervision loop failed and the daemon stopped, at each restart again."""
     from workers.protocol.reports import decode_report, encode_report
 
-    start = record_daemon_start(db, host.current_boot(), clock.now())
-    with db.transaction() as session:
-        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
-    recorder = Recorder(db, clock, start.boot.id)
-    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
-    context = AppContext(settings, db, clock, "t" * 32, info, EnvCatalog(), counters=recorder.counters)
-    client = TestClient(create_app(context), headers={"Authorization": f"Bearer {'t' * 32}"})
+    recorder, client = _recorded_pong(settings, db, clock, host)
     clock.advance(recorder.sample_interval_s)  # sampled for the plots too
     sent = ProgressReport("pong", 1, 1234, 1e9, 1000, 4, 100.0, 360.0, float("nan"), float("inf"), None,
                           eval_return=float("-inf"))

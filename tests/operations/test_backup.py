@@ -226,22 +226,29 @@ def restored_games(url: str, into: Path) -> set[str]:
         restored.close()
 
 
-@pytest.mark.parametrize("how", ["purge", "set_aside"])
-def test_a_games_copies_leave_the_target_after_the_database_copy_without_the_game(setup, tmp_path, how):
-    # The scan dropped the game's copies (purged, or set aside by a game added under its name); the
-    # database copy, hourly, still had the game: a restore in between brought it back without its
-    # checkpoints (a fresh start under its name).
+def pong_dropped(settings, db, clock, how: str) -> Backup:
+    """A backed-up pong removed, then purged (its copies owed a drop) or its checkpoints set aside
+    (`games add pong ... --kept set-aside`'s move: the target's copies owed a drop)."""
     from fleetd.games.kept import kept_files, set_aside
     from fleetd.games.lifecycle import remove_game
 
-    settings, db, url = setup
-    clock = FakeClock()
     backup = backed_up_pong(settings, db, clock)
     remove_game(db, clock, "pong", settings.game_dir("pong"), purge=how == "purge")
     if how == "purge":
         backup.purged("pong")
     else:
-        set_aside(kept_files(settings, "pong"), clock.now())  # `games add pong ... --kept set-aside`'s move
+        set_aside(kept_files(settings, "pong"), clock.now())
+    return backup
+
+
+@pytest.mark.parametrize("how", ["purge", "set_aside"])
+def test_a_games_copies_leave_the_target_after_the_database_copy_without_the_game(setup, tmp_path, how):
+    # The scan dropped the game's copies (purged, or set aside by a game added under its name); the
+    # database copy, hourly, still had the game: a restore in between brought it back without its
+    # checkpoints (a fresh start under its name).
+    settings, db, url = setup
+    clock = FakeClock()
+    backup = pong_dropped(settings, db, clock, how)
     assert backup.checkpoints().removed == (["pong/*"] if how == "purge" else ["pong/ckpt-000000000100"])
     assert restored_games(url, tmp_path / "fresh") == set()  # no database job since the scan
 
@@ -250,18 +257,11 @@ def test_a_games_copies_leave_the_target_after_the_database_copy_without_the_gam
 def test_backup_now_copies_the_database_once_when_a_drop_is_owed(setup, tmp_path, monkeypatch, how):
     # `backup now` with a drop owed copied the database twice: the scan's copy before the drops,
     # then its own. Once now: the copy without the game, before the drops.
-    from fleetd.games.kept import kept_files, set_aside
-    from fleetd.games.lifecycle import remove_game
     from fleetd.operations.backup import job
 
     settings, db, url = setup
     clock = FakeClock()
-    backup = backed_up_pong(settings, db, clock)
-    remove_game(db, clock, "pong", settings.game_dir("pong"), purge=how == "purge")
-    if how == "purge":
-        backup.purged("pong")
-    else:
-        set_aside(kept_files(settings, "pong"), clock.now())
+    backup = pong_dropped(settings, db, clock, how)
     copies = []
     monkeypatch.setattr(job, "copy_database", lambda *args: copies.append(args) or copy_database(*args))
 
