@@ -225,12 +225,6 @@ def telemetry_job(
         lost.settle(True)  # after the commit: an alert only for an event recorded
 
 
-# Rows deleted per transaction (DELETE_BATCH). Hourly, retention deletes an hour's worth (about
-# 40,000 samples for 10 games on 8 GPUs); after the daemon was down for days, or a shorter
-# samples_days, millions at once.
-RETENTION_BATCH = DELETE_BATCH
-
-
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:
     """Events and samples past their retention, each kind on its own: one that fails (logged,
     naming it) leaves the other deleted, so samples do not pile up behind a failing events delete.
@@ -252,14 +246,16 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
 
 
 def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) -> int:
-    """`RETENTION_BATCH` rows a transaction, so that other writers get their turn in between."""
+    """DELETE_BATCH rows a transaction, so that other writers get their turn in between: hourly,
+    retention deletes an hour's worth (about 40,000 samples for 10 games on 8 GPUs); after the
+    daemon was down for days, or a shorter samples_days, millions at once."""
     deleted = 0
     try:
         while True:
             with db.transaction() as session:
-                batch = delete(session, RETENTION_BATCH)
+                batch = delete(session, DELETE_BATCH)
             deleted += batch
-            if batch < RETENTION_BATCH:
+            if batch < DELETE_BATCH:
                 return deleted
     except Exception:
         log.exception("retention: could not delete old %s; the next run tries again", kind)

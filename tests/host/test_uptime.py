@@ -329,7 +329,7 @@ def test_retention_deletes_a_batch_a_transaction(
 
     import fleetd.jobs
 
-    monkeypatch.setattr(fleetd.jobs, "RETENTION_BATCH", 3, raising=False)
+    monkeypatch.setattr(fleetd.jobs, "DELETE_BATCH", 3)
     start(db, host, clock)
     with db.transaction() as session:
         for days in range(100, 107):
