@@ -249,9 +249,8 @@ class FleetSettings(_Section):
     crash_games: int = Field(2, ge=1)
     crash_window_s: Seconds = 900.0
     # Pressure: blocks admission at once; sustained for pressure_grace_s, it is instability. A climb
-    # (and the end of a pressure episode) waits for it to stay clear a quiet period of its own: 60 s,
-    # or 3 telemetry looks where they are slower, at most pressure_grace_s (PRESSURE_QUIET_S in
-    # fleetd/governor/core.py): raising the grace for a spiky host does not stop the climb.
+    # (and the end of a pressure episode) waits for it to stay clear a quiet period of its own
+    # (fleetd/governor/core.py Governor.pressure_quiet_s).
     gpu_memory_max_fraction: float = Field(0.90, gt=0, le=1)
     gpu_temperature_max_c: float = Field(85.0, gt=0)
     host_memory_min_available_fraction: float = Field(0.10, ge=0, lt=1)

@@ -54,11 +54,8 @@ class PlanCache:
 
 class TelemetryAge:
     """The telemetry sample's age, and whether it is stale, as the governor judges it (the same
-    `sample_age`): older than 3 telemetry intervals, counted from no earlier than the API's start
-    (the daemon's start sample, taken before a recovery that ran long, is no stall). The
-    governor's counts from its first look, at recovery's end, just before the API is made: the
-    two differ by that moment, and only while the start sample is the newest (the API never
-    calls into the governor for it). One per app: /metrics and `GET /api/v1/fleet` say the same."""
+    `sample_age`, counted from the API's start rather than the governor's first look, a moment
+    before it). One per app: /metrics and `GET /api/v1/fleet` say the same."""
 
     def __init__(self, context: AppContext) -> None:
         self.clock = context.clock

@@ -218,13 +218,10 @@ REMOVAL_WAIT_S = 8.0
 def removing(*names: str) -> Iterator[None]:
     """While a removal of games `names` runs, from its first batch of samples to the delete of
     its rows: no run begins (the supervisor's begin_run asks being_removed, inside its write) and
-    no start is taken. A run begun between batches made the removal a 409 with part of the game's
-    sample history already deleted, and the game ran on without it. A second removal of a name
-    meanwhile waits for the first to end (each releases in its finally), then finds the game gone
-    (a 404; a fleet file's "absent: not there"), as if it came after; refused (409) only after
-    REMOVAL_WAIT_S. All the names are taken at once, none held while waiting, before any sample
-    goes: a fleet file whose later game was being removed failed its apply after deleting an
-    earlier one's samples, and that game stayed without them."""
+    no start is taken, so no game runs on with part of its samples deleted. A second removal of
+    a name meanwhile waits for the first to end (each releases in its finally), then finds the
+    game gone (a 404; a fleet file's "absent: not there"); refused (409) after REMOVAL_WAIT_S.
+    All the names are taken at once, none held while waiting, before any sample goes."""
     wanted = set(names)
     with _REMOVING_LOCK:
         if not _REMOVING_LOCK.wait_for(lambda: not wanted & _REMOVING, timeout=REMOVAL_WAIT_S):

@@ -43,11 +43,7 @@ from fleetd.governor.ladder import (
     tier_rung,
 )
 
-# How long pressure must stay clear before a climb or a proof comes and its episode ends: a
-# minute (the default `pressure_grace_s`, six looks at the default 10-s telemetry interval), or
-# three looks where telemetry is slower, but never longer than `pressure_grace_s`
-# (`Governor.pressure_quiet_s`). Its own figure, not the grace period: an operator who raises the
-# grace to ride out a spiky host (300 s, a one-look spike every 180 s) never climbed again.
+# The quiet period after pressure (`Governor.pressure_quiet_s` says the rule).
 PRESSURE_QUIET_S = 60.0
 PRESSURE_QUIET_LOOKS = 3
 
@@ -215,11 +211,10 @@ class Governor:
 
     def pressure_quiet_s(self) -> float:
         """How long pressure must stay clear before a climb or a proof and before its episode
-        ends: `PRESSURE_QUIET_S`, or `PRESSURE_QUIET_LOOKS` telemetry looks where they are slower,
-        at most `pressure_grace_s`. Not the grace period itself: that one setting meant both how
-        long pressure must last to back off and how long it must stay away to climb, so raising
-        it to ride out a spiky host (300 s, a one-look spike every 180 s) stopped the climb for
-        good, at 4x32 for 8 h without an event."""
+        ends: `PRESSURE_QUIET_S` (a minute, the default `pressure_grace_s`), or
+        `PRESSURE_QUIET_LOOKS` telemetry looks where they are slower, at most `pressure_grace_s`.
+        Its own figure, not the grace period: an operator who raises the grace to ride out a spiky
+        host (300 s, a one-look spike every 180 s) still climbs."""
         looks = PRESSURE_QUIET_LOOKS * self.settings.telemetry_interval_s
         return min(self.settings.pressure_grace_s, max(PRESSURE_QUIET_S, looks))
 
@@ -232,9 +227,8 @@ class Governor:
 
     def climb_at(self) -> datetime:
         """When the window ends and a climb may come: the window's end, or later while pressure
-        seen lately has not stayed clear `pressure_quiet_s`. Before, GPU memory flapping at its limit
-        (over it 50 s a minute) blocked the climb only at the looks that saw it: the fleet climbed
-        and proved every rung on the dips between them, up to heavy, and never backed off."""
+        seen lately has not stayed clear `pressure_quiet_s`: pressure flapping at its limit (over it
+        50 s a minute) holds the climb, not only at the looks that see it."""
         clear = self.pressure_clear_at()
         return self.window_ends() if clear is None else max(self.window_ends(), clear)
 
@@ -252,9 +246,8 @@ class Governor:
         """When the slots of this rung beyond those it may hold now open, for games that wait for
         them: one a stable window (`climb_target`), the first at the end of the first window that
         ends once any re-probe wait of the rung is over (a step down that kept it with fewer
-        games): a window that ends while the rung waits only starts the next one. Before, the
-        first was planned at the re-probe time itself, up to a window early. Empty: every slot
-        is open. What the plan's queue takes (fleetd/planning/service.py)."""
+        games): a window that ends while the rung waits only starts the next one. Empty: every
+        slot is open. What the plan's queue takes (fleetd/planning/service.py)."""
         self._sync_cap(admitted, now)
         extra = self.rung.games - self.allowed()
         if extra <= 0:
@@ -294,7 +287,6 @@ class Governor:
     def _tick(self, now: datetime, view: FleetView) -> list[Decision]:
         self._sync_cap(len(view.admitted), now)
         if self._held is None:  # a restarted daemon's first step: its window ran those, none included
-            # (before, a restart with every game pending kept the window's hours for those it admitted)
             self._held = (self.index(), len(view.admitted))
         self._watch_staleness(now, view.pressure)
         decisions = self._watch_pressure(now, view.pressure, len(view.admitted), view.settling)
@@ -439,10 +431,8 @@ class Governor:
         if held == 0:
             # No game wants a slot at the window's end (every game stopped or done; those that ran
             # most of it and ended just before count no more): taken as a window that ran none of
-            # the fleet's load. It proves nothing and
-            # is no stable time (before, an idle night stored the rung as proven with 0 games and
-            # its hours forgave the failure of a step down that kept it with fewer games: the next
-            # failure there waited 30 min, not a day). The window starts again.
+            # the fleet's load. It proves nothing and is no stable time (an idle night's hours would
+            # forgive a step down's failure). The window starts again.
             self.state = replace(self.state, stable_since=now)
             return []
         self._remember(proven_window(memory, now, window_s, self.settings.reboot_outside_after_s, held))

@@ -133,8 +133,8 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
     here = option(governor, governor.index(), wanting)
     min_run_h = settings.fleet.preempt_min_run_s / 3600 if settings.fleet.preempt else None
     # The rung's slots the governor has not opened yet (games beyond those proven there join one a
-    # stable window; none while it waits out a failure), in training hours from now. Before, the
-    # plan gave them out at once: a game `fleetd tier` held pending for a day was planned to start now.
+    # stable window; none while it waits out a failure), in training hours from now: a game
+    # `fleetd tier` holds pending is not planned to start now.
     running = sum(1 for g in games if g.state is PlanState.RUNNING)
     up = 1.0 - downtime.share
     opens_h = tuple((at - now).total_seconds() / 3600 * up for at in governor.slot_openings(now, running))
