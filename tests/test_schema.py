@@ -159,7 +159,8 @@ def test_new_database_is_created_at_head(tmp_path: Path) -> None:
     assert inspect_schema(db_path).state is SchemaState.CURRENT
 
 
-SECOND_REVISION = """
+# A revision after the head: a column added to boots (its upgrade goes on in FAILING_REVISION).
+NOTE_REVISION_UPGRADE = """
 import sqlalchemy as sa
 from alembic import op
 
@@ -172,7 +173,9 @@ depends_on = None
 def upgrade():
     with op.batch_alter_table("boots") as batch:
         batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+"""
 
+SECOND_REVISION = NOTE_REVISION_UPGRADE + """
 
 def downgrade():
     with op.batch_alter_table("boots") as batch:
@@ -235,20 +238,7 @@ def test_upgrade_copies_the_database_aside_first(tmp_path: Path, newer_migration
 
 
 
-FAILING_REVISION = """
-import sqlalchemy as sa
-from alembic import op
-
-revision = "{rev}"
-down_revision = "{down}"
-branch_labels = None
-depends_on = None
-
-
-def upgrade():
-    with op.batch_alter_table("boots") as batch:
-        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
-    op.execute("UPDATE games SET steps = 0")
+FAILING_REVISION = NOTE_REVISION_UPGRADE + """    op.execute("UPDATE games SET steps = 0")
     with op.batch_alter_table("games", recreate="always") as batch:
         batch.add_column(sa.Column("note", sa.Text(), nullable=True))
     raise OSError(28, "database or disk is full")
