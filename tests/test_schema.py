@@ -94,6 +94,16 @@ def _insert_boot(db_path: Path) -> None:
         )
 
 
+def _insert_game(db_path: Path) -> None:
+    """pong, at 1234 steps and 5 episodes, with the columns every revision has."""
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
+            " restarts, steps, episodes, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo', 'running',"
+            " 0, '{}', 'running', '2026-01-01', 0, 1234, 5, '2026-01-01', '2026-01-01')"
+        )
+
+
 @pytest.mark.parametrize("revision", revisions_oldest_first()[1:])
 def test_each_step_down_and_up_keeps_data(tmp_path: Path, revision: str) -> None:
     """Rows written at the revision below survive that revision's downgrade and upgrade."""
@@ -102,12 +112,7 @@ def test_each_step_down_and_up_keeps_data(tmp_path: Path, revision: str) -> None
     below = script().get_revision(revision).down_revision
     command.upgrade(config, below)
     _insert_boot(db_path)
-    with sqlite3.connect(db_path) as conn:
-        conn.execute(
-            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
-            " restarts, steps, episodes, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo', 'running',"
-            " 0, '{}', 'running', '2026-01-01', 0, 1234, 5, '2026-01-01', '2026-01-01')"
-        )
+    _insert_game(db_path)
     command.upgrade(config, revision)
     command.downgrade(config, below)
     command.upgrade(config, "head")
@@ -259,12 +264,7 @@ def test_an_upgrade_that_fails_part_way_leaves_the_database_as_it_was(
     head = _with_one_more_revision(tmp_path, monkeypatch, FAILING_REVISION)
     command.upgrade(alembic_config(db_path), head)
     _insert_boot(db_path)
-    with sqlite3.connect(db_path) as conn:
-        conn.execute(
-            "INSERT INTO games (name, env_id, algo, desired, priority, hyperparams, state, state_changed_at,"
-            " restarts, steps, episodes, created_at, updated_at) VALUES ('pong', 'Pong-v5', 'ppo', 'running',"
-            " 0, '{}', 'running', '2026-01-01', 0, 1234, 5, '2026-01-01', '2026-01-01')"
-        )
+    _insert_game(db_path)
     with pytest.raises(SchemaError, match=rf"failed: .*disk is full.*unchanged, at schema {head}; its copy from before is"):
         upgrade_database(db_path, tmp_path / "backups")
     with sqlite3.connect(db_path) as conn:
