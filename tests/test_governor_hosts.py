@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
+from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import AlertSettings, Settings, load_settings
 from fleetd.governor.controller import FleetController
@@ -24,6 +25,7 @@ from fleetd.states import State
 from fleetd.store import fleet as fleet_store
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database
+from fleetd.store.models import HostGovernor
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.runs import read_runs
@@ -31,9 +33,11 @@ from fleetd.store.records import GameDraft, NodeSeen, RungMemory
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
-from tests.api_context import CATALOG, on_ray
+from tests.api_context import CATALOG, on_ray, serving
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
+from tests.test_cli_exit_codes import config_for, fleetd
+from tests.test_operator_intent import SteppingPort
 from workers.protocol.reports import ProgressReport
 
 MIN = 60.0
@@ -123,6 +127,11 @@ class Cluster:
                     self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, self.steps_done, 0, 100.0, 0.0, None, None, None))
             self.sup.step()
             self.obey_signals()
+        self.sup.step()
+
+    def steps(self) -> None:
+        """One turn of the supervisor's loop, as its thread takes it (`SteppingPort`)."""
+        assert self.sup is not None
         self.sup.step()
 
     def obey_signals(self) -> None:
@@ -399,3 +408,76 @@ def test_a_node_that_crashed_under_load_backs_off_though_the_hosts_job_saw_it_de
     cluster.rejoin("a")
     cluster.run(1)
     assert [e for e in _events(cluster, "fleet_backoff") if e.message.startswith("host a")]
+
+
+def stepped_client(cluster: Cluster) -> TestClient:
+    """The API on the cluster's store, its commands carried out by the supervisor's next turn."""
+    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
+    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    return client
+
+
+def test_a_host_gone_for_good_is_forgotten_by_the_supervisor_once_it_is_down_and_holds_no_game(cluster: Cluster) -> None:
+    # A node removed from the cluster stayed forever: `fleetd hosts` listed it, /metrics kept its
+    # `fleetd_cluster_host_up 0` series and its governor lived on in the supervisor's thread.
+    climbed(cluster)
+    cluster.reactor.locate(cluster.sup.procs["g1"].pid, "n-a-1")  # the executor says where its run is
+    cluster.run(10)
+    client = stepped_client(cluster)
+    up = client.delete("/api/v1/hosts/a")
+    assert up.status_code == 409 and "host 'a' is up" in up.json()["error"]["message"], up.text
+    cluster.down.add("a")  # the hosts job lists it dead before Ray reports its runs lost
+    cluster.observe()
+    held = client.delete("/api/v1/hosts/a")
+    assert held.status_code == 409, held.text
+    assert held.json()["error"]["details"] == {"host": "a", "reason": "games", "games": ["g1", "g3", "g5"]}
+    assert "a" in cluster.fleet.governors
+    for name in ("g3", "g5"):  # Ray reports these runs lost; g1's is still open on a's node
+        cluster.reactor.exit(cluster.sup.procs[name].pid, node_lost=True)
+    cluster.run(1)  # a's games go to b as guests (or pending); a stays their home
+    assert cluster.on("a") == [] and {cluster.fleet._placed[n].home for n in ("g1", "g3", "g5")} == {"a"}
+    running = client.delete("/api/v1/hosts/a")
+    assert running.status_code == 409 and running.json()["error"]["details"]["games"] == ["g1"], running.text
+    cluster.reactor.exit(cluster.sup.procs["g1"].pid, node_lost=True)
+    cluster.run(1)
+
+    assert client.delete("/api/v1/hosts/a").status_code == 204
+    fleet = cluster.fleet
+    assert all("a" not in kept for kept in (fleet.governors, fleet._nodes, fleet._lives, fleet._lost, fleet._held_on))
+    assert [h["name"] for h in client.get("/api/v1/hosts").json()["items"]] == ["b", "head"]
+    assert 'host="a"' not in client.get("/metrics").text
+    assert [h.name for h in cluster.sup.snapshot.governor.hosts] == ["b"]
+    with cluster.db.transaction() as session:
+        assert session.get(HostGovernor, "a") is None and fleet_store.read_rungs(session, "a") == {}
+        placed = fleet_store.read_placements(session)
+    # Its games running on b as guests are at home there; one pending waits for a home as a new game does.
+    assert (placed["g3"].home, placed["g5"].home, "g1" in placed) == ("b", "b", False)
+    assert cluster.on("b") == ["g2", "g4", "g3", "g5"] and cluster.sup.snapshot.governor.hosts[0].guests == ()
+    (event,) = _events(cluster, "host_forgotten")
+    assert event.details == {"host": "a", "lives": 1} and "g1, g3, g5" in event.message
+    reloaded = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, telemetry=None, cluster=True)
+    assert sorted(reloaded.governors) == ["b"]
+    assert client.delete("/api/v1/hosts/a").status_code == 404
+
+    cluster.rejoin("a")  # a node under its name again is a new host: its governor starts afresh
+    cluster.run(1)
+    assert cluster.rung("a") == "2x32 (light)" and cluster.fleet.governors["a"].memory == {}
+
+
+def test_fleetd_hosts_forget_answers_as_the_daemon_does_and_fleetd_hosts_still_lists(cluster: Cluster, tmp_path) -> None:
+    cluster.start()
+    cluster.down.add("a")
+    cluster.observe()
+    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
+    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
+    with serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]), token="t" * 32)
+        refused = fleetd(config, "hosts", "forget", "b")
+        assert refused.exit_code == ExitCode.ERROR and "host 'b' is up" in refused.output, refused.output
+        assert fleetd(config, "hosts", "forget", "nosuch").exit_code == ExitCode.NOT_FOUND
+        done = fleetd(config, "hosts", "forget", "a")
+        assert done.exit_code == 0 and done.output.startswith("host a forgotten"), done.output
+        listed = fleetd(config, "hosts", "--json")
+    assert listed.exit_code == 0 and [h["name"] for h in json.loads(listed.output)["items"]] == ["b", "head"]

@@ -244,6 +244,16 @@ def test_on_one_host_the_hosts_are_this_host_its_lives_its_kernel_boots(
     assert socket.gethostname() in captured.get() and "45s" in captured.get()
 
 
+def test_on_one_host_forgetting_a_host_is_refused_naming_the_backend(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    client = TestClient(create_app(api_context(settings, db, clock, host, TOKEN)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    refused = client.delete(f"/api/v1/hosts/{socket.gethostname()}")
+    assert refused.status_code == 409 and "backend = 'local'" in refused.json()["error"]["message"], refused.text
+    assert client.delete("/api/v1/hosts/x", headers={"Authorization": "Bearer " + "w" * 32}).status_code == 401
+
+
 def add_game_running(db: Database, name: str, boot_pk: int, now: datetime) -> None:
     """A game with an open run begun in boot `boot_pk` (fleetd's number for the boot)."""
     with db.transaction() as session:

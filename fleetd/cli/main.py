@@ -15,6 +15,7 @@ from fleetd.cli.apply_cmd import register as register_apply
 from fleetd.cli.db_cmd import register as register_db
 from fleetd.cli.games_cmd import register as register_games
 from fleetd.cli.help import FleetdGroup, command_group
+from fleetd.cli.hosts_cmd import register as register_hosts
 from fleetd.cli.logs_cmd import register as register_logs
 from fleetd.cli.plan_cmd import register as register_plan
 from fleetd.cli.systemd_cmd import register as register_systemd
@@ -27,6 +28,7 @@ from fleetd.cli.systemd_cmd import register as register_systemd
 app = command_group("Supervisor for multi-game RL training fleets.", cls=FleetdGroup, epilog=exit_codes_help())
 register_db(app)
 register_games(app)
+register_hosts(app)
 register_backup(app)
 register_apply(app)
 register_logs(app)
@@ -153,18 +155,6 @@ def _expected_reboot_body(within: str | None, reason: str | None, reboots: int |
     if not expected_reboots.MIN_WINDOW_S <= seconds <= expected_reboots.MAX_WINDOW_S:
         fail(f"--for: {within} is outside the window fleetd takes (at least 1s, at most 7d)", ExitCode.USAGE)
     return {"for_s": seconds, "reason": reason, "reboots": reboots or 1}
-
-
-@app.command()
-def hosts(config: ConfigOption = None, json: JsonOption = False) -> None:
-    """Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime."""
-    from fleetd.cli import render
-
-    document = ask(config, "/api/v1/hosts")
-    if json:
-        render.print_json(document)
-        return
-    render.console.print(render.hosts_table(document))
 
 
 @app.command()

@@ -44,8 +44,8 @@ from fleetd.states import LIVE, Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
-from fleetd.store.hosts import read_host_lives
-from fleetd.store.records import FleetRecord, HostGovernorRecord, HostLife, Placement
+from fleetd.store.hosts import delete_host, read_host_lives
+from fleetd.store.records import FleetRecord, HostForgotten, HostGovernorRecord, HostLife, Placement
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +351,25 @@ class FleetController:
             life.name for life in self._lives.values()
             if life.alive and life.runs_games and self._lost.get(life.name) != life.node_id
         ]  # fmt: skip
+
+    def forget_host(self, name: str) -> HostForgotten:
+        """`fleetd hosts forget NAME`, on the supervisor's thread: the host's rows go (refused while
+        it is up or holds a game: `delete_host`), then its governor and what was kept of it here;
+        the games it was home to are at home where they run. The event says what went."""
+        now = self.clock.now()
+        with self.db.transaction(immediate=True) as session:  # what it checks (down, no game) still holds as it deletes
+            gone = delete_host(session, name)
+            homes = f"; the games it was home to are homed elsewhere: {', '.join(gone.homes_cleared)}" if gone.homes_cleared else ""
+            create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
+                         f"and its rungs' memory deleted{homes}", details={"host": name, "lives": gone.lives})
+        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost):
+            kept.pop(name, None)
+        for game in gone.homes_cleared:
+            if game in self._placed:
+                self._placed[game] = Placement(self._placed[game].host, self._placed[game].host)  # as delete_host
+        self._stored = self._states()
+        log.info("host %s forgotten (%d lives)", name, gone.lives)
+        return gone
 
     def _governor_of(self, game: str | None) -> tuple[str, Governor | None]:
         if not self.cluster:

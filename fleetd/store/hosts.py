@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.store.engine import in_chunks
-from fleetd.store.models import Game, Host, HostBoot, Run
-from fleetd.store.records import HostBootRecord, HostLife, HostRecord, NodeSeen
+from fleetd.store.models import Game, Host, HostBoot, HostGovernor, Run, Rung
+from fleetd.store.records import HostBootRecord, HostForgotten, HostLife, HostRecord, NodeSeen
 
 
 def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
@@ -111,3 +112,47 @@ def read_host_lives(session: Session) -> list[HostLife]:
                  newest.get(row.id, ("", None))[1])
         for row in session.scalars(select(Host).order_by(Host.name))
     ]
+
+
+def delete_host(session: Session, name: str) -> HostForgotten:
+    """`fleetd hosts forget NAME`: a host gone for good, its lives, its governor's place and its
+    rungs' memory deleted; the games homed on it are homed where they run (a pending one gets a
+    home as a new game does). Refused while it is up, or while a game holds a slot on it or has an
+    open run on one of its node lives."""
+    host = _host_to_forget(session, name)
+    lives = session.scalar(select(func.count()).select_from(HostBoot).where(HostBoot.host_id == host.id)) or 0
+    homed = sorted(session.scalars(select(Game.name).where(Game.home_host == name)))
+    # A game homed there that runs as a guest elsewhere is at home where it runs; one pending
+    # gets a home at the governor's next step.
+    session.execute(update(Game).where(Game.home_host == name).values(home_host=Game.host))
+    session.execute(delete(HostBoot).where(HostBoot.host_id == host.id))
+    session.execute(delete(HostGovernor).where(HostGovernor.host == name))
+    session.execute(delete(Rung).where(Rung.host == name))
+    session.delete(host)
+    session.flush()
+    return HostForgotten(name, lives, tuple(homed))
+
+
+def _host_to_forget(session: Session, name: str) -> Host:
+    """The host, or the FleetdError that says why it cannot be forgotten: 404 unknown, 409 up or holding games."""
+    host = session.scalars(select(Host).where(Host.name == name)).one_or_none()
+    if host is None:
+        raise FleetdError(ErrorCode.NOT_FOUND, f"no host named {name!r} (`fleetd hosts` lists them)", {"host": name})
+    if host.alive:
+        raise FleetdError(ErrorCode.CONFLICT, f"host {name!r} is up: only a host gone for good is forgotten "
+                          "(remove its node from the cluster first; `fleetd hosts` shows it down then)",
+                          {"host": name, "reason": "up"})
+    games = _games_on(session, host)
+    if games:
+        raise FleetdError(ErrorCode.CONFLICT, f"host {name!r} still has games placed or running on it: "
+                          f"{', '.join(games)} (they move to another host once the governor sees it down; "
+                          "try again then, or stop them)", {"host": name, "reason": "games", "games": games})
+    return host
+
+
+def _games_on(session: Session, host: Host) -> list[str]:
+    """The games holding a slot of the host, or whose open run is on one of its node lives."""
+    placed = set(session.scalars(select(Game.name).where(Game.host == host.name)))
+    query = (select(Game.name).join(Run, Run.game_id == Game.id).join(HostBoot, HostBoot.node_id == Run.node_id)
+             .where(Run.ended_at.is_(None), HostBoot.host_id == host.id))
+    return sorted(placed | set(session.scalars(query)))

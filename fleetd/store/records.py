@@ -208,6 +208,15 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class HostForgotten:
+    """A host deleted by `fleetd hosts forget`: how many lives it had, the games it was home to."""
+
+    name: str
+    lives: int
+    homes_cleared: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class HostLife:
     """What the governors need of a host: alive or not, its newest node life, whether it runs games."""
 

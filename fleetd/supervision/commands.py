@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from fleetd.governor.admission import Admission
+from fleetd.store.records import HostForgotten
 from fleetd.supervision.rollback import RollBack
 
 
@@ -34,8 +35,18 @@ class RestartGame:
 
 
 @dataclass(frozen=True)
+class ForgetHost:
+    """`fleetd hosts forget NAME`: the host's governor lives in the supervisor's thread, so the
+    host is forgotten there (`FleetController.forget_host`). Answered on `reply` with what was
+    deleted, or with the `FleetdError` that says why not."""
+
+    name: str
+    reply: Future[HostForgotten] = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Shutdown:
     leave_workers: bool
 
 
-Command = Reconcile | StartGame | RestartGame | RollBack | Shutdown
+Command = Reconcile | StartGame | RestartGame | RollBack | ForgetHost | Shutdown

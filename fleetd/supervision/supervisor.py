@@ -33,7 +33,7 @@ from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
 from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
-from fleetd.supervision.commands import Command, RestartGame, Shutdown, StartGame
+from fleetd.supervision.commands import Command, ForgetHost, RestartGame, Shutdown, StartGame
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.learning import LearningWatch
 from fleetd.supervision.learning_actions import FleetSide, LearningActions
@@ -527,11 +527,15 @@ class Supervisor:
                 start.reply.set_result(Admission(False, "not admitted: fleetd is stopping"))
             for rollback in (c for c in commands if isinstance(c, RollBack)):
                 rollback.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: roll back after it starts"))
+            for forget in (c for c in commands if isinstance(c, ForgetHost)):
+                forget.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: forget the host after it starts"))
             return True
         starts = [c for c in commands if isinstance(c, StartGame)]
         self._load_games()
         for rollback in (c for c in commands if isinstance(c, RollBack)):
             self._roll_back(rollback)
+        for forget in (c for c in commands if isinstance(c, ForgetHost)):
+            self._forget_host(forget)
         for start in starts:  # a held game was released as `_load_games` read it desired running
             self._clear_ended(start.name)
         self._govern()
@@ -550,6 +554,14 @@ class Supervisor:
         name = command.name
         carry_out(command, self.procs.get(name), self._desired.get(name), self.clock.now(),
                   self.settings.cluster.storage_url, self.recorder, self.learning)
+
+    def _forget_host(self, command: ForgetHost) -> None:
+        """`fleetd hosts forget`: whatever it meets (a refusal, a busy store) is the API's answer;
+        the loop goes on."""
+        try:
+            command.reply.set_result(self.fleet.forget_host(command.name))
+        except Exception as exc:  # noqa: BLE001 - answered, not raised: the loop must not die of a request
+            command.reply.set_exception(exc)
 
     def _take_commands(self) -> list[Command]:
         commands: list[Command] = []

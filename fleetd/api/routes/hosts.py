@@ -1,21 +1,27 @@
 from __future__ import annotations
 
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from fleetd.api.context import AppContext, get_context
+from fleetd.api.errors import CONFLICT, NOT_FOUND
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.api.schemas import HostBootOut, HostGovernorOut, HostList, HostOut
 from fleetd.governor.snapshot import HostRung
 from fleetd.host.lives import host_resources, this_host
 from fleetd.store.hosts import read_hosts
 from fleetd.store.records import HostRecord
+from fleetd.supervision.commands import ForgetHost
 
 router = APIRouter(tags=["hosts"])
 
 # A host has a life per join (per kernel boot on one host), and none is ever deleted: the status
 # page polls this every 10 s, so an answer that listed them all grew with every reboot.
 DEFAULT_LIVES = 100
+FORGET_WAIT_S = 30.0  # the supervisor's next turn, and a busy SQLite
 
 
 def governor_out(rung: HostRung | None) -> HostGovernorOut | None:
@@ -72,3 +78,26 @@ def local_host_out(context: AppContext, lives: int = DEFAULT_LIVES) -> HostOut:
     snapshot = context.snapshot
     rung = None if snapshot is None else snapshot.governor.as_host_rung(host.name)
     return host_out(host, context.clock.now(), rung, lives)
+
+
+@router.delete("/hosts/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
+def forget_host(
+    name: str = Path(max_length=200, description="the host's name as `GET /hosts` lists it"),
+    context: AppContext = Depends(get_context),
+) -> Response:
+    """Forget a cluster host gone for good: its lives, its governor and its rungs' memory are
+    deleted, its `/metrics` series go, and a `host_forgotten` event says so. 409 while it is up
+    or a game is placed or running on it; 404 for a host never seen."""
+    if context.settings.cluster.backend == "local":
+        raise FleetdError(ErrorCode.CONFLICT, f"cannot forget host {name!r}: on backend = 'local' the only host is "
+                          "this one; hosts are forgotten on a cluster ([cluster] backend = \"ray\")", {"host": name})
+    if context.supervisor is None:
+        raise FleetdError(ErrorCode.CONFLICT, "no supervisor runs in this process: forget a host through the daemon")
+    command = ForgetHost(name, Future())
+    context.supervisor.submit(command)  # its governor lives in the supervisor's thread: dropped there
+    try:
+        command.reply.result(timeout=FORGET_WAIT_S)
+    except FutureTimeout:
+        raise FleetdError(ErrorCode.BUSY, f"the supervisor did not answer within {FORGET_WAIT_S:.0f} s: the host may "
+                          "still be forgotten; see `fleetd events --kind host_forgotten`", {"host": name}) from None
+    return Response(status_code=204)

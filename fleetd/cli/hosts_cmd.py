@@ -1,0 +1,40 @@
+"""`fleetd hosts` (the hosts and their lives) and `fleetd hosts forget HOST` (a cluster host gone
+for good)."""
+
+import typer
+
+from fleetd.cli.common import ConfigOption, JsonOption, ask, call, segment
+from fleetd.cli.help import command_group
+
+HOSTS_HELP = 'Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime.'
+# `fleetd hosts` alone lists them, as it did before it had a sub-command.
+hosts_app = command_group(HOSTS_HELP, invoke_without_command=True)
+hosts_app.info.no_args_is_help = False
+FORGET_TIMEOUT_S = 40.0  # the daemon waits up to 30 s for its supervisor's turn: wait longer than it
+
+
+@hosts_app.callback()
+def hosts(ctx: typer.Context, config: ConfigOption = None, json: JsonOption = False) -> None:
+    """Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from fleetd.cli import render
+
+    document = ask(config, "/api/v1/hosts")
+    if json:
+        render.print_json(document)
+        return
+    render.console.print(render.hosts_table(document))
+
+
+@hosts_app.command("forget")
+def forget(host: str, config: ConfigOption = None) -> None:
+    """Forget a cluster host gone for good (its node removed from the cluster): its lives, its
+    governor and its /metrics series go. Refused while it is up or a game is placed or running on it."""
+    call(config, lambda client: client.request("DELETE", f"/api/v1/hosts/{segment(host)}", FORGET_TIMEOUT_S))
+    typer.echo(f"host {host} forgotten: its lives, governor and metrics series are gone "
+               "(a node that joins again under its name starts afresh)")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(hosts_app, name="hosts")
