@@ -9,10 +9,10 @@ import typer
 from typer.core import TyperGroup
 
 
-def command_group(help_text: str, **kwargs: Any) -> typer.Typer:
+def command_group(help_text: str, no_args_is_help: bool = True, **kwargs: Any) -> typer.Typer:
     """A `fleetd` command group. rich_markup_mode=None: click's plain help, which prints
     brackets as written and does not import rich on the way to `--help`."""
-    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None, **kwargs)
+    return typer.Typer(help=help_text, no_args_is_help=no_args_is_help, rich_markup_mode=None, **kwargs)
 
 
 def plain_flags(command: Any) -> None:

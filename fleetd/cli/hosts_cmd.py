@@ -8,8 +8,7 @@ from fleetd.cli.help import command_group
 
 HOSTS_HELP = 'Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime.'
 # `fleetd hosts` alone lists them, as it did before it had a sub-command.
-hosts_app = command_group(HOSTS_HELP, invoke_without_command=True)
-hosts_app.info.no_args_is_help = False
+hosts_app = command_group(HOSTS_HELP, no_args_is_help=False, invoke_without_command=True)
 FORGET_TIMEOUT_S = 40.0  # the daemon waits up to 30 s for its supervisor's turn: wait longer than it
 
 
