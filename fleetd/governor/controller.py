@@ -359,7 +359,7 @@ class FleetController:
         now = self.clock.now()
         with self.db.transaction(immediate=True) as session:  # what it checks (down, no game) still holds as it deletes
             gone = delete_host(session, name)
-            homes = f"; the games it was home to are homed elsewhere: {', '.join(gone.homes_cleared)}" if gone.homes_cleared else ""
+            homes = f"; the games it was home to ({', '.join(gone.homes_cleared)}) are at home where they run, or once admitted" if gone.homes_cleared else ""
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
                          f"and its rungs' memory deleted{homes}", details={"host": name, "lives": gone.lives})
         for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost):
