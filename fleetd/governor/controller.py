@@ -249,6 +249,7 @@ class FleetController:
             waiting_reason=governor.waiting_reason(now, view), scaled=self._scaled(governor),
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
+            pressure_seen=self.governor.pressure_seen,  # the one the plan reads from the store
         )  # fmt: skip
 
     def _host_rungs(self, now: datetime) -> list[HostRung]:
