@@ -34,7 +34,7 @@ from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host.boot import HostBoot, HostReader
 from fleetd.jobs import GpuLossNotice, Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, set_aside_job, telemetry_job
 from fleetd.host.sd_notify import Notifier
-from fleetd.planning.service import record_plan
+from fleetd.planning.service import live_pressure, record_plan
 from fleetd.scheduler import Scheduler, build_scheduler
 from fleetd.host.statedir import lock_state_dir
 from fleetd.store.engine import Database
@@ -449,7 +449,7 @@ class Daemon:
             self.settings, db, self.clock, token, info, self.catalog, supervisor, self.telemetry, counters, backup
         )
         jobs = (self._jobs(db, start.boot.id, supervisor, backup) + backup_jobs(backup)
-                + [plan_job(db, self.clock, self.settings, info)])
+                + [plan_job(db, self.clock, self.settings, info, supervisor)])
         scheduler = build_scheduler(jobs)
         app = create_app(context)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off",
@@ -554,10 +554,12 @@ def backup_jobs(backup: Backup | None) -> list[Job]:
             Job("backup_db", settings.db_interval_s, backup.database)]
 
 
-def plan_job(db: Database, clock: Clock, settings: Settings, info: DaemonInfo) -> Job:
-    """The plan's predictions recorded, to be judged against what happens (docs/planning.md)."""
+def plan_job(db: Database, clock: Clock, settings: Settings, info: DaemonInfo, supervisor: Supervisor) -> Job:
+    """The plan's predictions recorded, to be judged against what happens (docs/planning.md),
+    with the slots the live governor holds closed for pressure it saw (its snapshot says)."""
     return Job("plan", settings.plan.record_interval_s,
-               lambda: record_plan(db, settings, info.boot_pk, info.started_at, clock.now()))  # fmt: skip
+               lambda: record_plan(db, settings, info.boot_pk, info.started_at, clock.now(),
+                                   live_pressure(supervisor.snapshot)))  # fmt: skip
 
 
 def sd_notify_job(notifier: Notifier, supervisor: Supervisor) -> Job:

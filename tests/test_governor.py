@@ -822,6 +822,35 @@ def test_slots_a_rung_waiting_out_a_failure_opens_at_the_window_ends_the_governo
     assert opened == planned
 
 
+def test_slots_held_by_pressure_seen_lately_open_when_the_plan_says() -> None:
+    """4x64 holding 2 games (proven with them), 25-min windows; one look at 24.5 min sees
+    pressure: the governor opens the 3rd slot once it has stayed clear `pressure_quiet_s` (60 s),
+    at 25.5 min, and the 4th a window later. The plan, built from the store with the live
+    governor's `pressure_seen`, said 25 and 50: a game planned to start before its slot opened."""
+    fleet = Fleet("medium", window_s=25 * MIN)
+    governor = fleet.governor
+    rung = next(i for i, r in enumerate(governor.ladder) if r.label.startswith("4x64"))
+    governor.memory[(4, 64)] = RungMemory(4, 64, proven_at=EPOCH, proven_games=2)
+    governor.state = replace(governor.state, rung=rung, stable_since=fleet.now, long_window=False)
+    fleet.admitted, fleet.pending = ["a", "b"], ["c", "d"]
+    start = fleet.now
+    fleet.tick(24)
+    fleet.pressure = Pressure(("GPU 0 memory 91% > 90%",))
+    fleet.tick(0.5)
+    fleet.pressure = Pressure()
+    assert fleet.governor.pressure_quiet_s() == 60 and len(fleet.admitted) == 2
+    planner = Governor(fleet.governor.settings, fleet.governor.state, fleet.governor.memory)  # as the plan builds it
+    planner.saw_pressure(fleet.governor.pressure_seen)
+    planned = [(at - start) / timedelta(minutes=1) for at in planner.slot_openings(fleet.now, 2)]
+    assert planned == [25.5, 50.5]
+    opened = []
+    while len(fleet.admitted) < 4:
+        fleet.tick(0.5)
+        if len(fleet.admitted) > 2 + len(opened):
+            opened.append((fleet.now - start) / timedelta(minutes=1))
+    assert opened == planned
+
+
 def test_a_window_whose_games_all_ended_just_before_its_end_proves_nothing() -> None:
     """What docs/governor.md says of a window with no game wanting a slot at its end: four games
     that ran 24 of 4x32's 25 min and all reached their goals then leave it unproven; it starts again."""

@@ -15,9 +15,10 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.routes.fleet import fleet_out
 from fleetd.cli import render
 from fleetd.config import ConfigError, Settings, load_settings
-from fleetd.governor.controller import FleetController
+from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
 from fleetd.jobs import telemetry_job
+from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.governor.scaling import Scaled
 from fleetd.store.footprints import read_footprints
@@ -150,3 +151,31 @@ def test_the_fleets_per_game_sizes_are_those_each_game_is_given(fleet_config, fl
     assert "capped per worker" in fleet["reason"]
     assert (game["num_envs"], game["batch_size"]) == (2, 64)  # [worker] cpu_threads = 1
     assert (fleet["num_envs"], fleet["batch_size"]) == (game["num_envs"], game["batch_size"]), fleet
+
+
+def test_a_rung_is_sized_for_the_games_that_want_its_slots_not_all_of_its_games(
+    settings: Settings, db: Database, clock: FakeClock
+) -> None:
+    """8x256 measured at 9 GiB a game: 8 games x 9 x 1.1 = 79.2 GiB is over 71.68 GiB, so 8 games
+    get 8x192's values; but 3 games wanting a slot share the GPU at 29.7 GiB: they keep 256 envs.
+    Before, the rung's 8 games were counted whatever the fleet ran: 3 games got the rung below's.
+    The launches and `fleetd tier` show the one sizing."""
+    book = FootprintBook()
+    fleet = fleet_on_an_h100(settings, db, clock, book)
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me}, source)
+    assert (fleet.scaled().num_envs, fleet.scaled().batch_size) == (192, 2048)  # no step yet: the rung's 8 games
+    slots = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in ("a", "b", "c")]
+    fleet.govern(slots)
+    applied, shown = fleet.scaled(), fleet.governor_view(slots).scaled
+    assert (applied.num_envs, applied.batch_size) == (256, 2048) and shown == applied
+    assert applied.sizing is not None and applied.sizing.games == 3 and applied.sizing.fits
+    sizing = _record(settings, db, clock, fleet)["sizing"]
+    assert sizing["games"] == 3 and sizing["rung_games"] == 8
+    assert "3 games x 1.1 = 29.70 GiB GPU" in render.sizing_line(sizing)
+    assert "(3 of the rung's 8 games: no more want a slot)" in render.sizing_line(sizing)
+    eight = slots + [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "defgh"]
+    fleet.govern(eight)  # 8 games want a slot: the rung's 8 share the GPU
+    assert (fleet.scaled().num_envs, fleet.scaled().sizing.games) == (192, 8)

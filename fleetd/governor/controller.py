@@ -126,6 +126,10 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
+        # The games wanting a slot at the last step (`govern`): no rung holds more, so its sizing
+        # counts no more (None: no step yet, the rung's games). The launches and `fleetd tier`
+        # both read it, so they show one sizing.
+        self._wanting: int | None = None
         self.stall = TelemetryStall(settings, db, clock, boot_id)
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -190,7 +194,7 @@ class FleetController:
         rung, index = governor.rung, governor.index()
         name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
         below = governor.ladder[index - 1].settings() if index > 0 else None
-        return scale(name, rung.settings(), below, self._host(), self.settings)
+        return scale(name, rung.settings(), below, self._host(), self.settings, self._wanting)
 
     def sizing(self, name: str) -> tuple[Scaled, int]:
         """The rung a game's worker is sized for and the games sharing its host: the fleet's
@@ -207,7 +211,7 @@ class FleetController:
         if not self.cluster:
             return (self.scaled(), self.admitted_count())
         rungs = tuple((host, governor.rung.key) for host, governor in sorted(self.governors.items()))
-        return (self.scaled(), rungs, tuple(sorted((n, p.host, p.home) for n, p in self._placed.items())))
+        return (self.scaled(), rungs, self._wanting, tuple(sorted((n, p.host, p.home) for n, p in self._placed.items())))
 
     def view(self, slots: Sequence[GameSlot]) -> FleetView:
         wanting = [slot for slot in slots if slot.wants_slot]
@@ -245,6 +249,7 @@ class FleetController:
             waiting_reason=governor.waiting_reason(now, view), scaled=self._scaled(governor),
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
+            pressure_seen=self.governor.pressure_seen,  # the one the plan reads from the store
         )  # fmt: skip
 
     def _host_rungs(self, now: datetime) -> list[HostRung]:
@@ -282,6 +287,7 @@ class FleetController:
         then take up the operator's request and the governor's clock. True if anything changed."""
         self._watch_clock()
         released = self._release(slots)
+        self._wanting = sum(1 for slot in slots if slot.wants_slot)
         if self.cluster:
             return self._govern_hosts(slots) or released
         now = self.clock.now()

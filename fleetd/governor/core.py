@@ -218,6 +218,16 @@ class Governor:
         looks = PRESSURE_QUIET_LOOKS * self.settings.telemetry_interval_s
         return min(self.settings.pressure_grace_s, max(PRESSURE_QUIET_S, looks))
 
+    @property
+    def pressure_seen(self) -> datetime | None:
+        """The last look that saw pressure, while its episode goes on (None: none lately): what a
+        governor the plan builds from the store takes (`saw_pressure`), which the store lacks."""
+        return self._pressure_seen
+
+    def saw_pressure(self, at: datetime | None) -> None:
+        """The live governor's `pressure_seen`, for one built from the store (the plan's)."""
+        self._pressure_seen = at
+
     def pressure_clear_at(self) -> datetime | None:
         """When the pressure seen last will have stayed clear `pressure_quiet_s`: until then no
         rung is proven or climbed (None: none seen lately)."""
@@ -244,16 +254,18 @@ class Governor:
 
     def slot_openings(self, now: datetime, admitted: int) -> tuple[datetime, ...]:
         """When the slots of this rung beyond those it may hold now open, for games that wait for
-        them: one a stable window (`climb_target`), the first at the end of the first window that
-        ends once any re-probe wait of the rung is over (a step down that kept it with fewer
-        games): a window that ends while the rung waits only starts the next one. Empty: every
-        slot is open. What the plan's queue takes (fleetd/planning/service.py)."""
+        them: one a stable window (`climb_target`), the first when the governor's step may climb
+        (`climb_at`, the rule `_tick` keeps: the window's end, or later while pressure seen lately
+        has not stayed clear `pressure_quiet_s`), moved to the end of the first window that ends
+        once any re-probe wait of the rung is over (a step down that kept it with fewer games): a
+        window that ends while the rung waits only starts the next one. Empty: every slot is
+        open. What the plan's queue takes (fleetd/planning/service.py)."""
         self._sync_cap(admitted, now)
         extra = self.rung.games - self.allowed()
         if extra <= 0:
             return ()
         window = timedelta(seconds=self.settings.window_s)
-        first = max(now, self.window_ends())
+        first = max(now, self.climb_at())
         retry = self.blocked_until(self.index(), now)
         if retry is not None and retry > first:
             first += math.ceil((retry - first) / window) * window

@@ -2,7 +2,8 @@
 
 A rung's values (games x envs, batch) are the most a game gets. On a GPU host they hold if the
 footprint measured for them (fleetd/governor/footprint.py: NVML's GPU memory per process and
-the RSS of the worker's tree, the peak once settled) fits, for the rung's games, with
+the RSS of the worker's tree, the peak once settled) fits, for the games that will share the
+host (the rung's games, or fewer where fewer want a slot: 3 games at 8x256 are 3 games), with
 `footprint_tolerance` to spare: in `gpu_memory_max_fraction` of the GPU's memory (the level that
 is pressure) and in the host's memory less `host_memory_min_available_fraction`. If it does not,
 the game gets the values of the rung below, where that rung has as many games (8x256 -> 8x192):
@@ -47,13 +48,14 @@ class Sizing:
 
     num_envs: int  # the sizes checked
     batch_size: int
-    games_per_gpu: int  # the rung's games spread over the GPUs: what one GPU's memory holds
-    games: int  # all the rung's games: what the host's memory holds (it is shared by every GPU's)
+    games_per_gpu: int  # `games` spread over the GPUs: what one GPU's memory holds
+    games: int  # all the games sharing the host: what its memory holds (it is shared by every GPU's)
     gpu: str
     gpu_room_bytes: int  # gpu_memory_max_fraction of one GPU's memory
     host_room_bytes: int | None  # the host's memory less its minimum available share
     tolerance: float
     need: Need | None  # None: nothing measured covers these sizes
+    rung_games: int = 0  # the rung's own games; more than `games` where fewer want a slot (0: as many)
 
     @property
     def gpu_needed_bytes(self) -> int | None:
@@ -79,13 +81,19 @@ class Sizing:
             return f"nothing measured at {self.num_envs} envs, batch {self.batch_size} or above ({room})"
         gpu = "no GPU reading" if self.need.gpu_bytes is None else f"{_gib(self.need.gpu_bytes)} GPU"
         needed = _needed_words(self.games_per_gpu, self.games, self.tolerance, self.gpu_needed_bytes, self.host_needed_bytes)
-        return f"measured at {self.need.where}: {gpu}, {_gib(self.need.rss_bytes)} RSS a game; {needed} of {room}"
+        return f"measured at {self.need.where}: {gpu}, {_gib(self.need.rss_bytes)} RSS a game; {needed} of {room}{self._fewer()}"
+
+    def _fewer(self) -> str:
+        """Why fewer games than the rung's were counted, where they were."""
+        if self.rung_games <= self.games:
+            return ""
+        return f" ({self.games} of the rung's {self.rung_games} games: no more want a slot)"
 
     def json(self) -> dict[str, Any]:
         need = self.need
         return {
             "num_envs": self.num_envs, "batch_size": self.batch_size, "games_per_gpu": self.games_per_gpu,
-            "games": self.games,
+            "games": self.games, "rung_games": max(self.rung_games, self.games),
             "gpu": self.gpu, "gpu_room_bytes": self.gpu_room_bytes, "host_room_bytes": self.host_room_bytes,
             "tolerance": self.tolerance, "measured": need is not None, "fits": self.fits,
             "measured_num_envs": None if need is None else need.num_envs,
@@ -134,13 +142,17 @@ class Host:
     footprints: Mapping[FootprintKey, FootprintRecord] = field(default_factory=dict)
 
 
-def scale(name: str, rung: TierSettings, below: TierSettings | None, host: Host | None, settings: FleetSettings) -> Scaled:
+def scale(name: str, rung: TierSettings, below: TierSettings | None, host: Host | None, settings: FleetSettings,
+          wanting: int | None = None) -> Scaled:  # fmt: skip
     """`name`'s values for a worker: the rung's own, or the rung below's where the rung's do not
-    fit by measurement (`below`: the rung under it on the ladder, None at the bottom)."""
+    fit by measurement (`below`: the rung under it on the ladder, None at the bottom), for the
+    games that will share the host: the rung's, or `wanting` where fewer games want a slot (None:
+    the rung's). A rung holds no more games than want one, so 3 games at 8x256 need 3 games' room."""
     if host is None:
         capped = f"capped per worker at {CPU_ENVS_PER_THREAD} envs per CPU thread, batch {CPU_MAX_BATCH}"
         return Scaled(rung.num_envs, rung.batch_size, f"{name} values; no GPU seen: {capped}")
-    own = check(rung, rung.games, host, settings)
+    games = rung.games if wanting is None else max(1, min(rung.games, wanting))
+    own = check(rung, games, host, settings, rung.games)
     if own.fits is not False:
         said = "" if own.fits else "; until measured, the rung's own values (the pressure guard backs off one that takes too much)"
         return Scaled(rung.num_envs, rung.batch_size, f"{name} values: {own.figures()}{said}", True, own)
@@ -148,21 +160,21 @@ def scale(name: str, rung: TierSettings, below: TierSettings | None, host: Host 
         reason = (f"{name} values, though they do not fit by measurement: {own.figures()}; nothing lighter is "
                   "allowed above the rung below (it has fewer games): the pressure guard decides")  # fmt: skip
         return Scaled(rung.num_envs, rung.batch_size, reason, True, own)
-    lower = check(below, rung.games, host, settings)
+    lower = check(below, games, host, settings, rung.games)
     fit = {True: "fits", False: "does not fit either (the pressure guard decides)", None: "not measured"}[lower.fits]
     reason = (f"{name} at the rung below's {below.num_envs} envs, batch {below.batch_size}: its own do not fit: "
               f"{own.figures()}; the rung below's {fit}: {lower.figures()}")  # fmt: skip
     return Scaled(below.num_envs, below.batch_size, reason, True, lower)
 
 
-def check(sizes: TierSettings, games: int, host: Host, settings: FleetSettings) -> Sizing:
-    """The figures for `games` games at `sizes`' env count and batch on this host."""
+def check(sizes: TierSettings, games: int, host: Host, settings: FleetSettings, rung_games: int = 0) -> Sizing:
+    """The figures for `games` games (of a rung's `rung_games`) at `sizes`' env count and batch on this host."""
     per_gpu = -(-games // max(1, host.gpu.count))
     host_room = None if host.memory_bytes is None else round(host.memory_bytes * (1 - settings.host_memory_min_available_fraction))
     return Sizing(
         sizes.num_envs, sizes.batch_size, per_gpu, games, host.gpu.name,
         round(host.gpu.total_bytes * settings.gpu_memory_max_fraction), host_room,
-        settings.footprint_tolerance, need_at(host.footprints, sizes.num_envs, sizes.batch_size),
+        settings.footprint_tolerance, need_at(host.footprints, sizes.num_envs, sizes.batch_size), rung_games,
     )  # fmt: skip
 
 

@@ -61,6 +61,10 @@ class GovernorView:
     rungs: tuple[str, ...] = ()  # the ladder up to its top, with what is remembered of each
     last_backoff: str | None = None  # the latest back-off and the number that tripped it
     hosts: tuple[HostRung, ...] = ()  # on a cluster: each host's own rung (the figures above add them up)
+    # The fleet's governor's last look that saw pressure, while its episode goes on: no slot opens
+    # and no rung is climbed until it has stayed clear `pressure_quiet_s`. The plan, which builds
+    # the governor from the store, takes it from here (fleetd/planning/service.py).
+    pressure_seen: datetime | None = None
 
     def as_host_rung(self, host: str) -> HostRung | None:
         """On one host (the local backend) the fleet's governor is the host's own; None before it

@@ -15,6 +15,7 @@ from typing import Any
 from fleetd.config import Settings
 from fleetd.governor.core import FleetState, Governor
 from fleetd.governor.ladder import build_ladder, nearest_rung
+from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.host.uptime import WEEK, uptime_report
 from fleetd.planning.downtime import Downtime, downtime_from_log
 from fleetd.planning.error import PlanError, median_abs_relative, plan_errors
@@ -93,14 +94,25 @@ def plan_game(session: Any, game: GameRecord) -> PlanGame:
                     envs if isinstance(envs, int) else None, game.admitted_at, tuple(goals_of(game)))  # fmt: skip
 
 
-def stored_governor(session: Any, settings: Settings, now: datetime) -> Governor:
-    """The governor as the store holds it: its rung, its requested tier, its rungs' memory."""
+def stored_governor(session: Any, settings: Settings, now: datetime, pressure_seen: datetime | None = None) -> Governor:
+    """The governor as the store holds it: its rung, its requested tier, its rungs' memory; and
+    the pressure the live one saw last (`pressure_seen`, from its snapshot: not in the store)."""
     record, memory = fleet_store.read_fleet(session), fleet_store.read_rungs(session)
     if record is None:
-        return Governor.initial(settings.fleet, now, memory)
-    ladder = build_ladder(settings.fleet.tiers)
-    rung = nearest_rung(ladder, record.level, record.num_envs)
-    return Governor(settings.fleet, FleetState(record.requested, rung, record.stable_since, record.long_window), memory, ladder)
+        governor = Governor.initial(settings.fleet, now, memory)
+    else:
+        ladder = build_ladder(settings.fleet.tiers)
+        rung = nearest_rung(ladder, record.level, record.num_envs)
+        state = FleetState(record.requested, rung, record.stable_since, record.long_window)
+        governor = Governor(settings.fleet, state, memory, ladder)
+    governor.saw_pressure(pressure_seen)
+    return governor
+
+
+def live_pressure(snapshot: FleetSnapshot | None) -> datetime | None:
+    """The live governor's last look at pressure, as its newest snapshot says (None: none lately,
+    or no supervisor thread: a read-only app)."""
+    return None if snapshot is None else snapshot.governor.pressure_seen
 
 
 def read_downtime(db: Database, boot_pk: int, started_at: datetime, now: datetime) -> tuple[Downtime, RebootCost]:
@@ -120,14 +132,16 @@ def price_of(settings: Settings) -> float | None:
 
 
 def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
-               rung: str | None = None) -> PlanReport:  # fmt: skip
-    """The plan at the rung the governor stands at (or `rung`), the what-ifs, the error so far."""
+               rung: str | None = None, pressure_seen: datetime | None = None) -> PlanReport:  # fmt: skip
+    """The plan at the rung the governor stands at (or `rung`), the what-ifs, the error so far.
+    `pressure_seen`: the live governor's (its snapshot's `GovernorView.pressure_seen`), which holds
+    the slots it has not opened yet as long as it holds them."""
     downtime, reboots = read_downtime(db, boot_pk, started_at, now)
     horizon = timedelta(seconds=settings.plan.error_horizon_s)
     with db.transaction() as session:
         records = read_games(session)
         games = tuple(plan_game(session, game) for game in records)
-        governor = stored_governor(session, settings, now)
+        governor = stored_governor(session, settings, now, pressure_seen)
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
     here = option(governor, governor.index(), wanting)
@@ -170,10 +184,11 @@ def finished_at(game: GameRecord, now: datetime) -> datetime:
     return game.progress_at or now
 
 
-def record_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime) -> int:
+def record_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
+                pressure_seen: datetime | None = None) -> int:  # fmt: skip
     """The plan job: tell the predictions of games that reached their goal when they did, record
     the plan's predictions now, forget those older than `keep_days`. The predictions recorded."""
-    report = fleet_plan(db, settings, boot_pk, started_at, now)
+    report = fleet_plan(db, settings, boot_pk, started_at, now, pressure_seen=pressure_seen)
     predictions = predictions_of(report.plan, {name: game.created_at for name, game in report.games.items()})
     done = {g.name for g in report.plan.games if g.state is PlanState.DONE}
     with db.transaction() as session:

@@ -4,8 +4,10 @@ predictions judged once a game reaches its goal."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,14 +22,18 @@ from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
 from fleetd.governor.controller import FleetController
+from fleetd.host.telemetry import HostSample, Snapshot
 from fleetd.store.fleet import save_fleet, save_rung, update_fleet_requested, update_game_admitted
 from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
 from fleetd.store.records import FleetRecord, GameDraft, ProgressSnapshot, RungMemory
 from fleetd.store.runs import create_run, update_run_spawned
 from fleetd.supervision.spec import launch_spec
+from tests.api_context import RecordingSupervisor
 from tests.planning.helpers import TOKEN, govern, progress
 from workers.protocol.spec import RunSpec, TierDefaults
+
+GiB = 2**30
 
 
 def get(context: AppContext, query: str = "") -> dict:
@@ -456,3 +462,33 @@ def test_a_slot_the_governor_holds_closed_is_not_planned_open(fleet) -> None:
                                       retry_at=now + timedelta(minutes=31)))  # fmt: skip
     games = {g["name"]: g for g in get(context)["games"]}  # 30-min window, then one of 25: not at 31 min
     assert games["cart4"]["start_hours"] == pytest.approx(55 / 60)
+
+
+def test_a_slot_held_by_pressure_the_governor_saw_lately_is_planned_when_it_opens(fleet) -> None:
+    """medium's 4x48 holds the 3 games it is proven with; its 4th slot opens at the long window's
+    end. Host memory pressure seen 30 s before that end holds the climb until it has stayed clear
+    60 s (`pressure_quiet_s`): the slot opens 60 s from now, not 30. The plan, which builds the
+    governor from the store, takes the pressure from the live governor's snapshot; before, it
+    planned the 4th game 30 s before its slot opened."""
+    context, _ = fleet
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        create_game(session, GameDraft("cart4", "CartPole-v1", "ppo", target_episodes=3_000), now + timedelta(seconds=4))
+        save_rung(session, RungMemory(4, 32, proven_at=now - timedelta(days=2), proven_games=4, stable_s=7200))
+        save_rung(session, RungMemory(4, 48, proven_at=now - timedelta(days=1), proven_games=3, stable_s=0))
+        save_fleet(session, FleetRecord("medium", "light", 4, 48, now, True, now))
+        update_fleet_requested(session, "medium", now)
+    short = 1 * GiB  # of 256 GiB: under host_memory_min_available_fraction (10%)
+    controller = FleetController(context.settings.fleet, context.db, context.clock, telemetry=None)
+    govern(controller, context.db)
+    assert len(controller._admitted) == 3 and controller.governor.allowed() == 3
+    for name in ("cart1", "cart2", "cart3"):
+        progress(context, name, 300, 30)  # 4.5 h left each: the slot opens first
+    context.clock.advance(context.settings.fleet.first_window_s - 30)
+    at = context.clock.now().timestamp()
+    controller.telemetry = SimpleNamespace(latest=Snapshot(at, (), False, None, HostSample(256 * GiB, short, 10.0, 1.0), ()))
+    govern(controller, context.db)
+    assert controller.governor.pressure_seen == context.clock.now() and controller.governor.allowed() == 3
+    live = replace(context, supervisor=RecordingSupervisor(controller))
+    games = {g["name"]: g for g in get(live)["games"]}
+    assert games["cart4"]["plan_state"] == "pending" and games["cart4"]["start_hours"] == pytest.approx(60 / 3600)

@@ -23,7 +23,7 @@ from fleetd.games.lifecycle import shown_state
 from fleetd.planning.error import PlanError
 from fleetd.planning.goals import Goal
 from fleetd.planning.queue import GamePlan, Plan, PlanState
-from fleetd.planning.service import PlanReport, fleet_plan
+from fleetd.planning.service import PlanReport, fleet_plan, live_pressure
 from fleetd.store.records import GameRecord
 
 router = APIRouter(tags=["projection"])
@@ -35,7 +35,8 @@ def read_projection(
     context: AppContext = Depends(get_context),
 ) -> ProjectionOut:
     now, costs = context.clock.now(), context.settings.costs
-    report = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now, rung)
+    report = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now, rung,
+                        live_pressure(context.snapshot))  # fmt: skip
     result = report.plan
     return ProjectionOut(
         at=now,
