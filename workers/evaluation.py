@@ -22,8 +22,8 @@ from workers.protocol.spec import derived_seed
 log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation games differ from the training envs' games
-# An evaluation that has not finished by then is abandoned (the supervisor's hang watchdog
-# sees no steps while it runs); that checkpoint is written without an eval_return.
+# An evaluation that has not finished by then is abandoned; that checkpoint is written without
+# an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`, once a step.)
 EVAL_MAX_S = 120.0
 MAX_EVAL_ENVS = 8
 
@@ -33,7 +33,7 @@ class Evaluator:
 
     def __init__(self, config: EnvConfig, episodes: int, interval_steps: int,
                  should_stop: Callable[[], bool] = lambda: False, max_s: float = EVAL_MAX_S,
-                 clock=time.monotonic):
+                 clock=time.monotonic, heartbeat: Callable[[], None] = lambda: None):
         self.config = replace(config, num_envs=max(1, min(episodes, MAX_EVAL_ENVS)),
                               seed=derived_seed(config.seed, EVAL_SEED_OFFSET))
         self.episodes = episodes
@@ -41,6 +41,7 @@ class Evaluator:
         self.should_stop = should_stop
         self.max_s = max_s
         self._clock = clock
+        self.heartbeat = heartbeat  # called at each evaluation step: the worker is alive
         self._last_steps: int | None = None
 
     @property
@@ -88,6 +89,7 @@ class Evaluator:
             seen = normalizer.normalize_obs(obs) if normalizer is not None else obs
             actions, state = model.predict(seen, state=state, episode_start=starts, deterministic=True)
             obs, _, starts, infos = venv.step(actions)
+            self.heartbeat()
             for i, info in enumerate(infos):
                 episode = info.get("episode")
                 if episode is not None and counts[i] < targets[i]:

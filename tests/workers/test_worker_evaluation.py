@@ -40,8 +40,12 @@ def test_evaluation_runs_at_due_checkpoints_reports_and_lands_in_the_manifest(ma
     by_ckpt = {r.checkpoint.steps: r.checkpoint.eval_return for r in reports
                if isinstance(r, CheckpointReport)}
     assert by_ckpt == scores
-    last = [r for r in reports if isinstance(r, ProgressReport)][-1]
+    progress = [r for r in reports if isinstance(r, ProgressReport)]
+    last = progress[-1]
     assert last.eval_return == scores[768]
+    # The evaluations' own steps, which show the hang watchdog the worker alive while it evaluates
+    frames = [r.eval_frames for r in progress]
+    assert frames == sorted(frames) and last.eval_frames > 0
     best = checkpoint.best_verified(spec.checkpoint_dir)
     assert best is not None and scores[best.steps] == max(r for r in scores.values() if r is not None)
 
@@ -109,3 +113,4 @@ def test_a_seed_at_the_top_of_envpools_int32_evaluates(make_spec):
     spec = make_spec(total_timesteps=256, hyperparams=EVAL, seed=2**31 - 1)
     assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
     assert _scores(spec.checkpoint_dir)[256] is not None
+
