@@ -14,9 +14,11 @@ from dataclasses import replace
 from typing import Callable
 
 import numpy as np
+import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from workers.envs import EnvConfig, make_vec_env
+from workers.guards import non_finite_forward
 from workers.protocol.spec import derived_seed
 
 log = logging.getLogger(__name__)
@@ -56,14 +58,29 @@ class Evaluator:
         self._last_steps = steps
 
     def evaluate(self, model: BaseAlgorithm, steps: int) -> float | None:
-        """The mean whole-game return; None when stopped or past `max_s` (logged)."""
+        """The mean whole-game return; None when stopped, past `max_s` or failed (logged). An
+        evaluation that fails (its env does not build, reset or step) fails alone: training goes
+        on, and the next one is due an interval later, as after one that succeeded. A CUDA
+        out-of-memory and a non-finite forward pass are the model's, not the evaluation's: they
+        go on up to the worker's own handling (exit 23, exit 22)."""
         self._last_steps = steps
         started = self._clock()
-        venv = make_vec_env(self.config)
         try:
-            returns = self._play(model, venv, started)
-        finally:
-            venv.close()
+            venv = make_vec_env(self.config)
+            try:
+                returns = self._play(model, venv, started)
+            finally:
+                venv.close()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - not KeyboardInterrupt/SystemExit: they go on
+            if isinstance(exc, ValueError) and non_finite_forward(exc, steps) is not None:
+                raise
+            log.error("evaluation at %d steps failed after %.1f s (%s: %s); this checkpoint has no "
+                      "eval_return, training goes on (next evaluation due at %d steps)", steps,
+                      self._clock() - started, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                      steps + self.interval_steps, exc_info=exc)
+            return None
         if returns is None:
             return None
         mean = float(np.mean(returns))
