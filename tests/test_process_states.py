@@ -263,6 +263,25 @@ def test_hang_kills_group_and_restarts(
     assert proc.state is State.STARTING and proc.pid != pid
 
 
+def test_an_evaluation_longer_than_the_hang_limit_is_alive_while_its_steps_advance(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink
+) -> None:
+    """During an evaluation the training steps stand still; the evaluation's own steps
+    (`eval_frames`) advancing show the worker alive. One stuck inside it is still a hang."""
+    proc.start()
+    advance(clock, proc, 10)
+    proc.on_progress(proc.run_id, 500)
+    for frames in range(100, 2100, 100):  # 200 s of evaluation, a report every 10 s (limit 120)
+        advance(clock, proc, 10)
+        proc.on_progress(proc.run_id, 500, frames)
+    assert launcher.signals == [] and proc.state is State.RUNNING
+    proc.on_progress(proc.run_id, 500, 2000)  # the evaluation is stuck: its steps stop too
+    advance(clock, proc, 119.9)
+    assert launcher.signals == []
+    advance(clock, proc, 0.1)
+    assert launcher.signals == [(proc.pid, "SIGKILL")] and sink.notes[0][0] == "hang"
+
+
 def test_stale_reports_are_ignored(proc: WorkerProcess, clock: FakeClock) -> None:
     proc.start()
     old_run = proc.run_id

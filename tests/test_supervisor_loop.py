@@ -97,11 +97,12 @@ class Loop:
         assert pid is not None, f"{name} has no worker"
         return pid
 
-    def report(self, name: str, steps: int) -> None:
+    def report(self, name: str, steps: int, eval_frames: int = 0) -> None:
         proc = self.sup.procs[name]
         assert proc.run_id is not None and proc.pid is not None
         at = self.clock.now().timestamp()
-        self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 0, 100.0, 0.0, None, None, None))
+        self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, steps, 0, 100.0, 0.0, None, None, None,
+                                           eval_frames=eval_frames))
 
     def run_up(self, *names: str) -> None:
         """Each worker reports, then stays up `startsecs`: RUNNING."""
@@ -358,6 +359,26 @@ def test_a_worker_adopted_while_it_was_running_gets_the_hang_limit_at_once(loop:
     loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
     loop.steps()
     assert (4242, "SIGKILL") in loop.launcher.signals
+
+
+def test_a_worker_evaluating_longer_than_a_short_hang_limit_is_not_killed(loop: Loop) -> None:
+    """`hang_timeout_s` below an evaluation's length: the steps stand still while it evaluates,
+    and the supervisor SIGKILLed it mid-evaluation, every time. Its reports' `eval_frames`
+    advancing keep it alive; when they stop too, it is hung."""
+    supervisor = loop.settings.supervisor.model_copy(update={"hang_timeout_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"supervisor": supervisor})
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    pid = loop.pid("a")
+    for frames in range(1, 13):  # 120 s of evaluation, a report every 10 s
+        loop.clock.advance(10)
+        loop.report("a", 1, eval_frames=frames * 50)
+        loop.steps()
+    assert (pid, "SIGKILL") not in loop.launcher.signals and loop.state("a") is State.RUNNING
+    loop.clock.advance(31)  # stuck inside it: no report advances anything
+    loop.steps()
+    assert (pid, "SIGKILL") in loop.launcher.signals
 
 
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:

@@ -35,6 +35,13 @@ class Counters:
     # Whether this process's log has said so: once per run, not once per game (the count above
     # is saved and resumed; a flag gated on it == 1 never warned again after the first run).
     warned_nonfinite: bool = field(default=False, compare=False, repr=False)
+    # Env steps played by this process's evaluations (docs/worker.md#evaluation), not saved:
+    # progress reports carry it, and the supervisor's hang watchdog takes its advance as
+    # progress while `steps` stands still during an evaluation.
+    eval_frames: int = field(default=0, compare=False, repr=False)
+
+    def eval_frame(self) -> None:
+        self.eval_frames += 1
 
     def record_episode(self, episode_return: float, length: int) -> None:
         self.episodes += 1

@@ -14,16 +14,18 @@ from dataclasses import replace
 from typing import Callable
 
 import numpy as np
+import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 
 from workers.envs import EnvConfig, make_vec_env
+from workers.guards import non_finite_forward
 from workers.protocol.spec import derived_seed
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation games differ from the training envs' games
-# An evaluation that has not finished by then is abandoned (the supervisor's hang watchdog
-# sees no steps while it runs); that checkpoint is written without an eval_return.
+# An evaluation that has not finished by then is abandoned; that checkpoint is written without
+# an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`, once a step.)
 EVAL_MAX_S = 120.0
 MAX_EVAL_ENVS = 8
 
@@ -33,7 +35,7 @@ class Evaluator:
 
     def __init__(self, config: EnvConfig, episodes: int, interval_steps: int,
                  should_stop: Callable[[], bool] = lambda: False, max_s: float = EVAL_MAX_S,
-                 clock=time.monotonic):
+                 clock=time.monotonic, heartbeat: Callable[[], None] = lambda: None):
         self.config = replace(config, num_envs=max(1, min(episodes, MAX_EVAL_ENVS)),
                               seed=derived_seed(config.seed, EVAL_SEED_OFFSET))
         self.episodes = episodes
@@ -41,6 +43,7 @@ class Evaluator:
         self.should_stop = should_stop
         self.max_s = max_s
         self._clock = clock
+        self.heartbeat = heartbeat  # called at each evaluation step: the worker is alive
         self._last_steps: int | None = None
 
     @property
@@ -55,14 +58,29 @@ class Evaluator:
         self._last_steps = steps
 
     def evaluate(self, model: BaseAlgorithm, steps: int) -> float | None:
-        """The mean whole-game return; None when stopped or past `max_s` (logged)."""
+        """The mean whole-game return; None when stopped, past `max_s` or failed (logged). An
+        evaluation that fails (its env does not build, reset or step) fails alone: training goes
+        on, and the next one is due an interval later, as after one that succeeded. A CUDA
+        out-of-memory and a non-finite forward pass are the model's, not the evaluation's: they
+        go on up to the worker's own handling (exit 23, exit 22)."""
         self._last_steps = steps
         started = self._clock()
-        venv = make_vec_env(self.config)
         try:
-            returns = self._play(model, venv, started)
-        finally:
-            venv.close()
+            venv = make_vec_env(self.config)
+            try:
+                returns = self._play(model, venv, started)
+            finally:
+                venv.close()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - not KeyboardInterrupt/SystemExit: they go on
+            if isinstance(exc, ValueError) and non_finite_forward(exc, steps) is not None:
+                raise
+            log.error("evaluation at %d steps failed after %.1f s (%s: %s); this checkpoint has no "
+                      "eval_return, training goes on (next evaluation due at %d steps)", steps,
+                      self._clock() - started, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                      steps + self.interval_steps, exc_info=exc)
+            return None
         if returns is None:
             return None
         mean = float(np.mean(returns))
@@ -88,6 +106,7 @@ class Evaluator:
             seen = normalizer.normalize_obs(obs) if normalizer is not None else obs
             actions, state = model.predict(seen, state=state, episode_start=starts, deterministic=True)
             obs, _, starts, infos = venv.step(actions)
+            self.heartbeat()
             for i, info in enumerate(infos):
                 episode = info.get("episode")
                 if episode is not None and counts[i] < targets[i]:

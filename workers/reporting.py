@@ -54,7 +54,8 @@ class Reporter:
                               steps_per_s=round(steps_per_s, 3),
                               episodes_per_hour=round(episodes_per_hour, 3),
                               mean_reward_100=c.mean_reward_100, best_reward=c.best_reward,
-                              last_checkpoint=self.last_checkpoint, eval_return=self.eval_return)
+                              last_checkpoint=self.last_checkpoint, eval_return=self.eval_return,
+                              eval_frames=c.eval_frames)
 
     def _rates(self, steps: int, episodes: int) -> tuple[float, float]:
         t = self._clock()

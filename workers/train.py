@@ -89,7 +89,7 @@ def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSende
     interval_steps = spec.checkpoint_interval_steps or defaults.checkpoint_interval_steps(horizon)
     evaluator = Evaluator(env_config(spec, plan), plan.eval_episodes,
                           plan.eval_interval_steps or defaults.eval_interval_steps(horizon),
-                          should_stop=lambda: stop.requested)
+                          should_stop=lambda: stop.requested, heartbeat=counters.eval_frame)
     checkpointer = Checkpointer(spec, replay, reporter, interval_steps, evaluator=evaluator)
     if found.taken is not None:
         checkpointer.mark_current(counters.steps, _age_s(found.taken))

@@ -66,6 +66,7 @@ class WorkerProcess:
         self._hung_stopped = False  # the hang was a process stopped by a signal from outside
         self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
         self.last_steps: int | None = None
+        self._eval_frames = 0  # the run's evaluation steps as last reported (on_progress)
         self._progress_at = 0.0
         # STARTING becomes RUNNING only once the worker is up `startsecs` AND has reported:
         # one that dies while still importing torch or building envs is a failed start,
@@ -170,13 +171,18 @@ class WorkerProcess:
 
     # -- what happened ---------------------------------------------------------------------
 
-    def on_progress(self, run_id: int, steps: int) -> bool:
-        """A progress report; only advancing steps count as progress for the hang watchdog."""
+    def on_progress(self, run_id: int, steps: int, eval_frames: int = 0) -> bool:
+        """A progress report; only advancing steps count as progress for the hang watchdog, or,
+        while the worker evaluates (steps stand still), advancing evaluation steps
+        (`eval_frames`): a worker stuck inside an evaluation advances neither."""
         if run_id != self.run_id or self.state not in LIVE:
             return False
         self._reported = True
         if self.last_steps is None or steps > self.last_steps:
             self.last_steps = steps
+            self._progress_at = self._clock.monotonic()
+        if eval_frames > self._eval_frames:
+            self._eval_frames = eval_frames
             self._progress_at = self._clock.monotonic()
         return True
 
@@ -315,6 +321,7 @@ class WorkerProcess:
         self.progressed = False
         self._resumed_steps = -1
         self.last_steps = steps
+        self._eval_frames = 0
         self._progress_at = self._clock.monotonic()
 
     def _classify(self, status: ExitStatus) -> Outcome:

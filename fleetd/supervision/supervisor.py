@@ -488,7 +488,7 @@ class Supervisor:
         if proc is None or proc.run_id != report.run_id:
             return  # a report from a run that is over, or from a game removed
         if isinstance(report, ProgressReport):
-            proc.on_progress(report.run_id, report.steps)
+            proc.on_progress(report.run_id, report.steps, report.eval_frames)
             self._due(proc)
             self.recorder.progress(report)
             self.learning.train_return(report.game, report.mean_reward_100)

@@ -39,3 +39,24 @@ def _make(fault: str) -> gym.Env:
 for _fault in ("nan", "oom"):
     gym.register(f"{_fault.capitalize()}CartPole-v0", entry_point=_make, kwargs={"fault": _fault})
 gym.register("NanOnceCartPole-v0", entry_point=_make, kwargs={"fault": "nan_once"})  # one NaN observation
+
+
+class FailsWhenEvaluated(gym.Wrapper):
+    """CartPole whose evaluation env (seeded at the game's seed + EVAL_SEED_OFFSET) raises
+    `error` at its reset; the training env (the game's own seed) plays as CartPole."""
+
+    def __init__(self, env: gym.Env, error: type[BaseException]):
+        super().__init__(env)
+        self.error = error
+
+    def reset(self, *, seed=None, options=None):
+        from workers.evaluation import EVAL_SEED_OFFSET
+
+        if seed is not None and seed >= EVAL_SEED_OFFSET:
+            raise self.error("evaluation env broke (test env)")
+        return self.env.reset(seed=seed, options=options)
+
+
+gym.register("EvalFailCartPole-v0", entry_point=lambda: FailsWhenEvaluated(gym.make("CartPole-v1"), RuntimeError))
+gym.register("EvalInterruptCartPole-v0",
+             entry_point=lambda: FailsWhenEvaluated(gym.make("CartPole-v1"), KeyboardInterrupt))

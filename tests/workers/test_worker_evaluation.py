@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
+import tests.workers.faulty_env  # noqa: F401 - registers EvalFailCartPole-v0, EvalInterruptCartPole-v0
 from workers import checkpoint
 from workers.callback import StopFlag
 from workers.protocol.exit_codes import ExitCode
@@ -40,8 +42,12 @@ def test_evaluation_runs_at_due_checkpoints_reports_and_lands_in_the_manifest(ma
     by_ckpt = {r.checkpoint.steps: r.checkpoint.eval_return for r in reports
                if isinstance(r, CheckpointReport)}
     assert by_ckpt == scores
-    last = [r for r in reports if isinstance(r, ProgressReport)][-1]
+    progress = [r for r in reports if isinstance(r, ProgressReport)]
+    last = progress[-1]
     assert last.eval_return == scores[768]
+    # The evaluations' own steps, which show the hang watchdog the worker alive while it evaluates
+    frames = [r.eval_frames for r in progress]
+    assert frames == sorted(frames) and last.eval_frames > 0
     best = checkpoint.best_verified(spec.checkpoint_dir)
     assert best is not None and scores[best.steps] == max(r for r in scores.values() if r is not None)
 
@@ -109,3 +115,28 @@ def test_a_seed_at_the_top_of_envpools_int32_evaluates(make_spec):
     spec = make_spec(total_timesteps=256, hyperparams=EVAL, seed=2**31 - 1)
     assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
     assert _scores(spec.checkpoint_dir)[256] is not None
+
+
+ONE_ENV_EVAL = {**EVAL, "num_envs": 1, "eval_episodes": 1}  # in-process envs: the test env's raise is ours
+
+
+def test_a_failing_evaluation_fails_alone_and_training_goes_on(make_spec, caplog):
+    """An evaluation env that raises crashed the whole worker, at every evaluation after every
+    restart. Now that evaluation fails alone (logged; that checkpoint has no eval_return),
+    training goes on, and the next evaluation is tried at its normal time."""
+    spec = make_spec(env_id="EvalFailCartPole-v0", total_timesteps=768, hyperparams=ONE_ENV_EVAL,
+                     keep_checkpoints=10)
+    with caplog.at_level(logging.ERROR, logger="workers.evaluation"):
+        assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    scores = _scores(spec.checkpoint_dir)
+    assert sorted(scores) == [128, 256, 384, 512, 640, 768] and set(scores.values()) == {None}
+    failed = [r.getMessage() for r in caplog.records if r.name == "workers.evaluation"]
+    assert [m.split(" failed")[0] for m in failed] == [f"evaluation at {s} steps" for s in (256, 512, 768)]
+    assert "RuntimeError: evaluation env broke (test env)" in failed[0]
+    assert "training goes on (next evaluation due at 512 steps)" in failed[0]
+
+
+def test_an_interrupt_inside_an_evaluation_is_not_taken_for_its_failure(make_spec):
+    spec = make_spec(env_id="EvalInterruptCartPole-v0", total_timesteps=256, hyperparams=ONE_ENV_EVAL)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec, stop=StopFlag())

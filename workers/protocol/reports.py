@@ -66,6 +66,9 @@ class ProgressReport:
     # Mean return of the latest deterministic evaluation (docs/worker.md#evaluation); None
     # before the first one, and absent in older workers' reports.
     eval_return: float | None = None
+    # Env steps this worker process has played in evaluations: it advances while an evaluation
+    # runs and `steps` does not, so the hang watchdog sees the worker alive; 0 in older reports.
+    eval_frames: int = 0
     type: str = "progress"
 
 
