@@ -107,12 +107,14 @@ class WorkerProcess:
         left = (self.backoff_due - self._clock.now()).total_seconds()
         return max(0.0, min(left, self.policy.backoff_delay(self.failures)))
 
-    def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
-        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`."""
+    def stop(self, reason: str = "stop requested", stays: str | None = None, sent_at: datetime | None = None) -> None:
+        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`.
+        `sent_at`: when the stop was first sent, where that was before now (a worker adopted
+        while the last daemon was stopping it): a checkpoint written since is the stop's."""
         if self.state in (State.STARTING, State.RUNNING):
             self._stays = stays
             self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
-            self._stop_sent_at = self._clock.now()
+            self._stop_sent_at = self._clock.now() if sent_at is None else sent_at
             self._signal(self.policy.stopsignal)
             self._to(State.STOPPING, reason)
         elif self.state is State.BACKOFF:

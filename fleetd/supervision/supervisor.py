@@ -427,9 +427,17 @@ class Supervisor:
             self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
             return False
         self.recorder.adopted(run)
-        starting = any(game.name == run.game and game.state is State.STARTING for game in self._games)
-        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, starting)
+        stored = next((game for game in self._games if game.name == run.game), None)
+        stored_state = None if stored is None else stored.state
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, stored_state is State.STARTING)
         proc.spawned_launch = launch_of_run(proc.launch, run)
+        if stored is not None and stored.state is State.STOPPING:
+            # The last daemon had sent it the stop (a `--restart`, a tier change, a handover, the
+            # operator's stop) and died before it ended: it is ending as asked. Taken as running,
+            # its exit 0 after the final checkpoint was a crash, "a signal fleetd did not send",
+            # counted towards FATAL and backed off. Signalled again: the stop may not have gone out.
+            proc.stop(f"{stored.state_reason or 'stop requested'} (still stopping through a daemon restart)",
+                      sent_at=stored.state_changed_at)
         return True
 
     def _place(self, game: str) -> int | None:
