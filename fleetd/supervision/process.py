@@ -54,7 +54,11 @@ class WorkerProcess:
         self.failures = 0
         self.progressed = False  # this run wrote a checkpoint beyond the one it resumed from
         self._resumed_steps = -1  # the steps of that checkpoint; -1: a fresh start, or not told
-        self.spawned_wall: datetime | None = None  # wall time of the spawn: checkpoints on disk newer are this run's
+        self.spawned_wall: datetime | None = None  # wall time of the spawn (or the adoption)
+        # The checkpoints (path, written at) on disk when the supervisor last looked, at the daemon's
+        # start or the last run's end: no run of this game wrote since, so none is this run's own.
+        # Not by the wall clock: after a step back, one written before the spawn is dated after it.
+        self.seen_on_disk: frozenset[tuple[str, datetime]] = frozenset()
         self._spawned_at = 0.0
         self._backoff_until = 0.0
         # The wall time its back-off ends, kept through a stop and stored with the game: a start

@@ -410,7 +410,9 @@ class Supervisor:
         self._failures_saved[game.name] = (game.failures, game.backoff_until)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
-        self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
+        on_disk = scan_checkpoints(proc.launch.game_dir / "checkpoints")
+        proc.seen_on_disk = _identities(on_disk)
+        self.recorder.sync_checkpoints(game.name, on_disk)
         self.procs[game.name] = proc
         return proc
 
@@ -469,6 +471,7 @@ class Supervisor:
             return
         on_disk = scan_checkpoints(proc.launch.game_dir / "checkpoints")
         _count_progress_on_disk(proc, on_disk)
+        proc.seen_on_disk = _identities(on_disk)
         # Up past startsecs: a crash now may be the host's doing. Before, it is the game's own
         # (bad hyperparameters, a missing env): it never moves the fleet.
         was_running = proc.state is State.RUNNING
@@ -656,10 +659,19 @@ class Supervisor:
 
 
 def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]) -> None:
-    """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk written
-    since this run was spawned counts as its progress too."""
-    if proc.run_id is None or proc.spawned_wall is None:
+    """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk that was
+    not there before this run (`seen_on_disk`: a new folder, or one written again under its
+    name) counts as its progress too. Not one dated after the spawn: after the wall clock stepped
+    back, the game's old checkpoints are, and a worker crashing at every start had them counted
+    as its progress at each exit, its crash loop never counted to FATAL."""
+    if proc.run_id is None:
         return
     for record in on_disk:
-        if record.verified and record.created_at >= proc.spawned_wall:
+        if record.verified and (record.path, record.created_at) not in proc.seen_on_disk:
             proc.on_checkpoint(proc.run_id, record.steps, record.created_at)
+
+
+def _identities(on_disk: list[CheckpointRecord]) -> frozenset[tuple[str, datetime]]:
+    """Each checkpoint as written: its folder, and its manifest's time (a folder written again
+    under its name, after a rollback, is another checkpoint)."""
+    return frozenset((record.path, record.created_at) for record in on_disk)
