@@ -152,9 +152,10 @@ class Supervisor:
         runs = sort_open_runs(open_runs, self.recorder.boot_pk, self._probe)
         close_lost_with_host(runs.lost_with_host, self.recorder, self.clock.now())
         self._load_games()
-        kept = [run for run in runs.live if self._adopt(run)]
+        gone: list[RunRecord] = []  # alive at the probe, ended by its watch
+        kept = [run for run in runs.live if self._adopt(run, gone)]
         adopted = len(kept)
-        for run in runs.lost_with_daemon:  # after the adoptions: a game's live worker is its state
+        for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
         self._health.resume(self.procs)
@@ -416,8 +417,10 @@ class Supervisor:
         self.procs[game.name] = proc
         return proc
 
-    def _adopt(self, run: RunRecord) -> bool:
-        """A live worker of this boot left by the previous daemon: watched again; True if kept."""
+    def _adopt(self, run: RunRecord, gone: list[RunRecord]) -> bool:
+        """A live worker of this boot left by the previous daemon: watched again; True if kept.
+        One that ended since the probe goes to `gone`: judged by the exit code it left, as one
+        that ended before it, once every live worker is adopted."""
         proc = self.procs.get(run.game)
         if proc is None or proc.state in LIVE:
             # A second live worker for one game: never keep two.
@@ -426,7 +429,7 @@ class Supervisor:
             self.recorder.run_lost(run, "duplicate", self.clock.now(), f"second worker pid {run.pid} killed")
             return False
         if not self._reactor.watch(run.pid, own_child=False):
-            self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
+            gone.append(run)
             return False
         self.recorder.adopted(run)
         stored = next((game for game in self._games if game.name == run.game), None)
