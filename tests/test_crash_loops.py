@@ -168,3 +168,22 @@ def test_a_checkpoint_written_while_it_trained_counts_though_seen_once_it_stops(
     loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, written.at, written))
     loop.steps()
     assert proc.failures == 0
+
+
+def test_a_checkpoint_on_disk_before_the_spawn_is_no_progress_after_a_wall_clock_step_back(loop: Loop) -> None:
+    """The game trained before (a checkpoint on disk), then the wall clock stepped back (NTP
+    correcting a clock that ran ahead): the old checkpoint's time is after each new spawn's. A
+    worker that crashed at every start (a broken env, before any report) had that checkpoint
+    counted as its progress at each exit: the count went back to 0, the back-off never grew
+    and the game never went FATAL."""
+    checkpoints = loop.settings.game_dir("a") / "checkpoints"
+    write_checkpoint(checkpoints, RESUMED_AT, 7, _payload)  # written at the real time: after the fake clock's
+    loop.add("a")
+    loop.start()
+    retries = loop.settings.supervisor.startretries
+    for failures in range(1, retries + 1):
+        crash(loop, "a")
+        assert loop.state("a") is State.BACKOFF and loop.sup.procs["a"].failures == failures
+        back_up(loop, "a")
+    crash(loop, "a")
+    assert loop.state("a") is State.FATAL

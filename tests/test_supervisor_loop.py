@@ -717,6 +717,43 @@ def test_an_adopted_worker_that_reached_its_goal_is_not_restarted(loop: Loop) ->
     assert loop.launcher.spawned == []
 
 
+def test_a_worker_that_ends_between_its_check_and_its_watch_is_judged_by_its_exit_code(loop: Loop) -> None:
+    """A worker alive when the daemon checked its pid, gone by its watch (the start-up reads every
+    game's checkpoints in between: seconds with many games): its run was closed as lost and the
+    game restarted, the goal it had reached and the exit code it left beside its spec unread."""
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    loop.probe.live = {4242}
+    loop.reactor.gone = {4242}
+    write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.COMPLETED)
+    loop.start()
+    assert loop.state("a") is State.EXITED and loop.launcher.spawned == []
+    with loop.db.transaction() as session:
+        [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
+    assert (ended.cause, ended.exit_code) == ("completed", ExitCode.COMPLETED)
+
+
+def test_a_worker_adopted_while_the_last_daemon_stopped_it_ends_as_a_stop_not_a_crash(loop: Loop) -> None:
+    """The daemon died (kill -9) while a `--restart` stopped a worker: the new one adopted it as
+    running, and its exit 0 after the final checkpoint was a crash "on a signal fleetd did not
+    send", a failure towards FATAL, backed off before the restart."""
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STOPPING, "restart requested", loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    assert loop.state("a") is State.STOPPING
+    assert loop.launcher.signals[-1] == (4242, "SIGTERM")  # the stop may not have gone out: sent again
+    write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.STOPPED)
+    loop.reactor.exit(4242, code=None)
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.sup.procs["a"].failures == 0  # restarted at once
+    with loop.db.transaction() as session:
+        [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
+    assert ended.cause == "stopped"
+
+
 def stop_and_start_again(loop: Loop, down_s: float, leave_workers: bool) -> None:
     """The daemon stops (its workers with it, unless it leaves them), stays down `down_s`, starts again."""
     pids = [proc.pid for proc in loop.sup.procs.values() if proc.pid is not None]

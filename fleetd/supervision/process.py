@@ -54,7 +54,11 @@ class WorkerProcess:
         self.failures = 0
         self.progressed = False  # this run wrote a checkpoint beyond the one it resumed from
         self._resumed_steps = -1  # the steps of that checkpoint; -1: a fresh start, or not told
-        self.spawned_wall: datetime | None = None  # wall time of the spawn: checkpoints on disk newer are this run's
+        self.spawned_wall: datetime | None = None  # wall time of the spawn (or the adoption)
+        # The checkpoints (path, written at) on disk when the supervisor last looked, at the daemon's
+        # start or the last run's end: no run of this game wrote since, so none is this run's own.
+        # Not by the wall clock: after a step back, one written before the spawn is dated after it.
+        self.seen_on_disk: frozenset[tuple[str, datetime]] = frozenset()
         self._spawned_at = 0.0
         self._backoff_until = 0.0
         # The wall time its back-off ends, kept through a stop and stored with the game: a start
@@ -108,12 +112,14 @@ class WorkerProcess:
         left = (self.backoff_due - self._clock.now()).total_seconds()
         return max(0.0, min(left, self.policy.backoff_delay(self.failures)))
 
-    def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
-        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`."""
+    def stop(self, reason: str = "stop requested", stays: str | None = None, sent_at: datetime | None = None) -> None:
+        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`.
+        `sent_at`: when the stop was first sent, where that was before now (a worker adopted
+        while the last daemon was stopping it): a checkpoint written since is the stop's."""
         if self.state in (State.STARTING, State.RUNNING):
             self._stays = stays
             self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
-            self._stop_sent_at = self._clock.now()
+            self._stop_sent_at = self._clock.now() if sent_at is None else sent_at
             self._signal(self.policy.stopsignal)
             self._to(State.STOPPING, reason)
         elif self.state is State.BACKOFF:

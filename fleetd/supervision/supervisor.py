@@ -152,9 +152,10 @@ class Supervisor:
         runs = sort_open_runs(open_runs, self.recorder.boot_pk, self._probe)
         close_lost_with_host(runs.lost_with_host, self.recorder, self.clock.now())
         self._load_games()
-        kept = [run for run in runs.live if self._adopt(run)]
+        gone: list[RunRecord] = []  # alive at the probe, ended by its watch
+        kept = [run for run in runs.live if self._adopt(run, gone)]
         adopted = len(kept)
-        for run in runs.lost_with_daemon:  # after the adoptions: a game's live worker is its state
+        for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
         self._health.resume(self.procs)
@@ -410,12 +411,16 @@ class Supervisor:
         self._failures_saved[game.name] = (game.failures, game.backoff_until)
         if game.state in (State.FATAL, State.EXITED):
             proc.restore(game.state, game.state_reason or "")
-        self.recorder.sync_checkpoints(game.name, scan_checkpoints(proc.launch.game_dir / "checkpoints"))
+        on_disk = scan_checkpoints(proc.launch.game_dir / "checkpoints")
+        proc.seen_on_disk = _identities(on_disk)
+        self.recorder.sync_checkpoints(game.name, on_disk)
         self.procs[game.name] = proc
         return proc
 
-    def _adopt(self, run: RunRecord) -> bool:
-        """A live worker of this boot left by the previous daemon: watched again; True if kept."""
+    def _adopt(self, run: RunRecord, gone: list[RunRecord]) -> bool:
+        """A live worker of this boot left by the previous daemon: watched again; True if kept.
+        One that ended since the probe goes to `gone`: judged by the exit code it left, as one
+        that ended before it, once every live worker is adopted."""
         proc = self.procs.get(run.game)
         if proc is None or proc.state in LIVE:
             # A second live worker for one game: never keep two.
@@ -424,12 +429,20 @@ class Supervisor:
             self.recorder.run_lost(run, "duplicate", self.clock.now(), f"second worker pid {run.pid} killed")
             return False
         if not self._reactor.watch(run.pid, own_child=False):
-            self.recorder.run_lost(run, "lost_daemon", self.clock.now(), f"worker pid {run.pid} ended while fleetd was down")
+            gone.append(run)
             return False
         self.recorder.adopted(run)
-        starting = any(game.name == run.game and game.state is State.STARTING for game in self._games)
-        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, starting)
+        stored = next((game for game in self._games if game.name == run.game), None)
+        stored_state = None if stored is None else stored.state
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, stored_state is State.STARTING)
         proc.spawned_launch = launch_of_run(proc.launch, run)
+        if stored is not None and stored.state is State.STOPPING:
+            # The last daemon had sent it the stop (a `--restart`, a tier change, a handover, the
+            # operator's stop) and died before it ended: it is ending as asked. Taken as running,
+            # its exit 0 after the final checkpoint was a crash, "a signal fleetd did not send",
+            # counted towards FATAL and backed off. Signalled again: the stop may not have gone out.
+            proc.stop(f"{stored.state_reason or 'stop requested'} (still stopping through a daemon restart)",
+                      sent_at=stored.state_changed_at)
         return True
 
     def _place(self, game: str) -> int | None:
@@ -461,6 +474,7 @@ class Supervisor:
             return
         on_disk = scan_checkpoints(proc.launch.game_dir / "checkpoints")
         _count_progress_on_disk(proc, on_disk)
+        proc.seen_on_disk = _identities(on_disk)
         # Up past startsecs: a crash now may be the host's doing. Before, it is the game's own
         # (bad hyperparameters, a missing env): it never moves the fleet.
         was_running = proc.state is State.RUNNING
@@ -660,10 +674,19 @@ class Supervisor:
 
 
 def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]) -> None:
-    """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk written
-    since this run was spawned counts as its progress too."""
-    if proc.run_id is None or proc.spawned_wall is None:
+    """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk that was
+    not there before this run (`seen_on_disk`: a new folder, or one written again under its
+    name) counts as its progress too. Not one dated after the spawn: after the wall clock stepped
+    back, the game's old checkpoints are, and a worker crashing at every start had them counted
+    as its progress at each exit, its crash loop never counted to FATAL."""
+    if proc.run_id is None:
         return
     for record in on_disk:
-        if record.verified and record.created_at >= proc.spawned_wall:
+        if record.verified and (record.path, record.created_at) not in proc.seen_on_disk:
             proc.on_checkpoint(proc.run_id, record.steps, record.created_at)
+
+
+def _identities(on_disk: list[CheckpointRecord]) -> frozenset[tuple[str, datetime]]:
+    """Each checkpoint as written: its folder, and its manifest's time (a folder written again
+    under its name, after a rollback, is another checkpoint)."""
+    return frozenset((record.path, record.created_at) for record in on_disk)
