@@ -41,7 +41,7 @@ from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
 from fleetd.store.events import create_event
 from fleetd.store.records import GameDraft, NodeSeen
-from fleetd.store.schema import ensure_schema
+from fleetd.store.schema import ensure_schema, start_writes
 from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
 from fleetd.supervision.launcher import OsLauncher
 from fleetd.supervision.mps import Mps, MpsDirs, MpsEvent, MpsSeam, MpsStartError, OsMps
@@ -238,8 +238,9 @@ class Daemon:
         ensure_schema(self.settings.db_path, upgrade_hint(self.config_path))
         db = Database.open(self.settings.db_path, self.settings.database.busy_timeout_ms)
         try:
-            seeding = bool(self.settings.games) and seeding_needed(db)
-            seeds = self._seeds_to_add(db) if seeding else []  # checked before anything is recorded
+            with start_writes(self.settings.db_path):  # the first connection: WAL switched on
+                seeding = bool(self.settings.games) and seeding_needed(db)
+                seeds = self._seeds_to_add(db) if seeding else []  # checked before anything is recorded
             # A stop during start-up ends it at the next step boundary (the steps: docs/operations.md).
             # A database that never had games (seeding) has no earlier daemon's worker to adopt:
             # the start ends there, nothing recorded or started. Going on held a stop for as long
@@ -290,7 +291,8 @@ class Daemon:
         self, db: Database, seeds: list[GameDraft], token: str | None, host_boot: HostBoot, sock: socket.socket | None,
         executor: tuple[Launcher, Reactor, ProcessProbe],
     ) -> int:
-        start = record_daemon_start(db, host_boot, self.clock.now())
+        with start_writes(self.settings.db_path):  # the first write (a full disk, a read-only state_dir)
+            start = record_daemon_start(db, host_boot, self.clock.now())
         log.info("boot %s: %s", start.boot.boot_id, start.kind.value)
         self.alerts.start()
         if start.kind is StartKind.REBOOT:

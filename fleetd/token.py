@@ -59,11 +59,18 @@ def _unreadable(path: Path, exc: OSError) -> str:
 
 def _create(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(secrets.token_urlsafe(32) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    created = False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        if created:  # a full disk: the empty file left would stop every later start ("the API token is empty")
+            path.unlink(missing_ok=True)
+        raise TokenError(f"cannot write the API token {path}: {exc.strerror or exc}; make room on its disk") from None
 
 
 def _read(path: Path, owner: bool = True) -> str:

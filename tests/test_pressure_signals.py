@@ -23,8 +23,10 @@ from fleetd.cli.render import fleet_table
 from fleetd.config import FleetSettings, Settings
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.pressure import pressure_reasons
-from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Snapshot, TelemetrySampler, _throttle,
-                                   read_pressure, sample_rows)
+from fleetd.host import telemetry
+from fleetd.host.lives import host_resources
+from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Snapshot, TelemetrySampler,
+                                   _throttle, read_pressure, sample_rows)
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
@@ -33,7 +35,7 @@ from fleetd.store.records import EventRecord
 from tests.api_context import api_context, write_locked
 from tests.fakes import FakeClock, FakeHost
 from tests.test_crash_loops import FakeAlerts
-from tests.host.test_telemetry import Monotonic, fake_nvml, xid_event  # noqa: F401  (fake_nvml: the fixture)
+from tests.host.test_telemetry import FakeGpu, Monotonic, fake_nvml, xid_event  # noqa: F401  (fake_nvml: the fixture)
 
 GiB = 2**30
 
@@ -713,3 +715,93 @@ def test_a_stall_open_across_a_daemon_restart_is_ended_by_the_new_process(
     fleet, alerts = start()
     fresh(7 * interval, fleet)
     assert [k for k, _ in events()][6:] == ["telemetry_stale"]  # that boot's stall: not this one's
+
+
+# --- readings that are not a number in their range: no reading, never pressure ----------------
+
+
+def warnings_about(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and words in r.getMessage()]
+
+
+def test_psi_that_is_not_a_share_is_no_reading_logged_once_per_kind(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`inf` read as 100% of the time stalled (pressure invented), `nan` as none (pressure
+    hidden) and was stored as a sample; now each is no reading, as a kernel without PSI gives."""
+    psi_dir = fake_psi(tmp_path / "pressure", cpu="nan", memory="inf", io="250.00")
+    sampler = TelemetrySampler(FakeGpu([], {}, "no GPU"), psi_dir=psi_dir)
+    for _ in range(3):  # three ticks, one warning per kind
+        snapshot = sampler.sample({})
+    assert snapshot.host.pressure == HostPressure()
+    assert pressure_reasons(snapshot, FleetSettings(psi_cpu_some_max_pct=90)) == []
+    assert not any(metric.startswith("host_psi") for _, _, metric, _ in sample_rows(snapshot))
+    assert len(warnings_about(caplog, "PSI")) == 3 and len(warnings_about(caplog, "PSI memory full avg10")) == 1
+    # A sane reading again is pressure again: nothing is hidden past the nonsense.
+    fake_psi(tmp_path / "later", cpu="0.00", memory="12.25", io="0.00")
+    assert read_pressure(tmp_path / "later").memory_full_pct == 12.25
+
+
+@pytest.mark.parametrize(("total", "available"), [(0, 0), (-GiB, GiB), (16 * GiB, float("nan")), (float("inf"), GiB)])
+def test_a_host_memory_reading_out_of_range_is_no_reading_not_pressure(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, total: float, available: float
+) -> None:
+    """A total of 0 read as "0% available", pressure invented (or, with memory free, as no
+    pressure at all); a NaN was a ValueError that stopped every telemetry sample."""
+    memory = SimpleNamespace(total=total, available=available)
+    monkeypatch.setattr(telemetry.psutil, "virtual_memory", lambda: memory)
+    sampler = TelemetrySampler(FakeGpu([], {}, "no GPU"), psi_dir=Path("/nonexistent"))
+    for _ in range(2):
+        snapshot = sampler.sample({})
+    assert None in (snapshot.host.memory_total_bytes, snapshot.host.memory_available_bytes)
+    assert pressure_reasons(snapshot, FleetSettings()) == []
+    assert not any(metric.startswith("host_memory") and value != value for _, _, metric, value in sample_rows(snapshot))
+    if snapshot.host.memory_total_bytes is None:
+        assert "memory" not in host_resources(snapshot)  # not a node of 0 bytes
+    assert len(warnings_about(caplog, "host memory")) == 1
+    memory.total, memory.available = 16 * GiB, GiB // 2  # read again: the pressure is seen
+    assert pressure_reasons(sampler.sample({}), FleetSettings()) == ["host memory available 3% < 10%"]
+
+
+def test_nan_and_inf_gpu_readings_are_no_readings_logged_once(
+    fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NaN utilisation was stored as a sample and exported; an infinite temperature was pressure
+    ("GPU 1 at inf C"); a NaN process memory a ValueError out of the sampler."""
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda handle: SimpleNamespace(gpu=float("nan"), memory=0))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", lambda handle, sensor: float("inf") if handle else 60)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGraphicsRunningProcesses", lambda handle: [SimpleNamespace(pid=12, usedGpuMemory=float("nan"))])
+    reader = NvmlReader(monotonic=Monotonic())
+    for _ in range(3):
+        gpus, pid_memory, reason = reader.read()
+    assert reason is None and [(g.utilization_pct, g.temperature_c) for g in gpus] == [(None, 60.0), (None, None)]
+    assert pid_memory == {10: 2 * GiB}  # pid 12's NaN left out, as an unreported usage is
+    snapshot = Snapshot(0.0, tuple(gpus), True, None, HostSample(16 * GiB, 8 * GiB, 50.0, 1.0), ())
+    assert pressure_reasons(snapshot, FleetSettings()) == []
+    assert all(value == value for _, _, _, value in sample_rows(snapshot))  # no NaN stored
+    assert sorted(warnings_about(caplog, "not a number")) == sorted([
+        "GPU 0 utilization read nan, not a number in [0, 100]: counted as no reading (logged once)",
+        "GPU 1 utilization read nan, not a number in [0, 100]: counted as no reading (logged once)",
+        "GPU 1 temperature read inf, not a number in [-50, 200]: counted as no reading (logged once)",
+        "GPU process memory read nan, not a number in [0, inf]: counted as no reading (logged once)",
+    ])
+
+
+@pytest.mark.parametrize(("used", "total"), [(GiB, 0), (float("nan"), 8 * GiB), (9 * GiB, 8 * GiB)])
+def test_a_gpu_memory_reading_out_of_range_fails_the_read_as_a_missing_one_does(
+    fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, used: float, total: float
+) -> None:
+    """A total of 0 was a memory fraction of 0 (pressure hidden) and 0 bytes to size the fleet
+    and place workers by; a NaN a ValueError out of the sampler. As when NVML does not give the
+    memory reading: no GPU is read this sample, and NVML's session is kept."""
+    fake_memory = SimpleNamespace(used=used, total=total)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda handle: fake_memory if handle else SimpleNamespace(used=GiB, total=8 * GiB))
+    reader = NvmlReader(monotonic=Monotonic())
+    for _ in range(2):
+        gpus, pid_memory, reason = reader.read()
+        assert (gpus, pid_memory) == ([], {})
+        assert reason == "NVML read failed: GPU 1's memory reading is not a number in range"
+    assert fake_nvml.shutdowns == 0 and len(warnings_about(caplog, "GPU 1 memory")) == 1
+    fake_memory.used, fake_memory.total = 7.9 * GiB, 8 * GiB  # sane again, next sample: no retry wait
+    gpus, _, reason = reader.read()
+    assert reason is None and fake_nvml.inits == 1
+    snapshot = Snapshot(0.0, tuple(gpus), True, None, HostSample(16 * GiB, 8 * GiB, 50.0, 1.0), ())
+    assert pressure_reasons(snapshot, FleetSettings()) == ["GPU 1 memory 99% > 90%"]

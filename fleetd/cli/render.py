@@ -494,8 +494,9 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
         host = telemetry.get("host") or {}
         if host:
-            available = host["memory_available_bytes"] / max(1, host["memory_total_bytes"])
-            rows.append(("host", f"{available:.0%} memory available, load {number(host.get('load_1m'), 2)}, CPU {number(host.get('cpu_pct'), 0)}%"))
+            total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")
+            available = "-" if not total or free is None else f"{free / total:.0%}"  # None: no reading
+            rows.append(("host", f"{available} memory available, load {number(host.get('load_1m'), 2)}, CPU {number(host.get('cpu_pct'), 0)}%"))
         known = {"at", "gpus", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
         for key, value in telemetry.items():  # what the sampler reads beyond these (PSI, throttling)
             if key not in known and value not in (None, [], {}):

@@ -669,7 +669,7 @@ class FleetController:
         if gpus:
             gpu = min(gpus, key=lambda g: g.memory_total_bytes)
             self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(gpus))
-        if snapshot is not None and snapshot.host is not None:
+        if snapshot is not None and snapshot.host is not None and snapshot.host.memory_total_bytes is not None:
             self._host_memory = snapshot.host.memory_total_bytes
         if self._known_gpu is None:
             return None

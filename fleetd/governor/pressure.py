@@ -38,9 +38,11 @@ def pressure_reasons(snapshot: Any, settings: FleetSettings, idle_lost: Collecti
             reasons.append(f"GPU {gpu.index} at {gpu.temperature_c:.0f} C > {settings.gpu_temperature_max_c:.0f} C")
         reasons += gpu_distress_reasons(gpu, settings)
     host = snapshot.host
-    available = host.memory_available_bytes / max(1, host.memory_total_bytes)
-    if available < settings.host_memory_min_available_fraction:
-        reasons.append(f"host memory available {available:.0%} < {settings.host_memory_min_available_fraction:.0%}")
+    # No reading (None: missing, or out of its range) is no pressure, and none hidden by a guess.
+    if host.memory_total_bytes is not None and host.memory_available_bytes is not None:
+        available = host.memory_available_bytes / host.memory_total_bytes  # a total read is at least 1
+        if available < settings.host_memory_min_available_fraction:
+            reasons.append(f"host memory available {available:.0%} < {settings.host_memory_min_available_fraction:.0%}")
     return reasons + psi_reasons(host.pressure, settings)
 
 

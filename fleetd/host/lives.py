@@ -38,7 +38,7 @@ def host_resources(telemetry: Snapshot | None) -> dict[str, float]:
     """In a Ray node's words: its CPUs as workers are sized by them, its memory and GPUs as the
     telemetry sampler read them last (absent before its first sample, GPUs while NVML is not)."""
     resources = {"CPU": float(host_cores())}
-    if telemetry is not None and telemetry.host is not None:
+    if telemetry is not None and telemetry.host is not None and telemetry.host.memory_total_bytes is not None:
         resources["memory"] = float(telemetry.host.memory_total_bytes)
     if telemetry is not None and telemetry.gpu_available:
         resources["GPU"] = float(len(telemetry.read_gpus))  # a lost GPU is no resource

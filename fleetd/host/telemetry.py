@@ -7,13 +7,16 @@ because NVML failed: a telemetry fault must never stop the daemon. While NVML ca
 the GPUs known to be in distress (lost, or with Xid errors in the window) are still listed,
 without readings: a GPU fallen off the bus is the pressure the governor must not lose. A GPU
 lost while NVML still answers for the others fails no read: the others keep their readings
-and the lost one is listed among them, marked lost, without readings.
+and the lost one is listed among them, marked lost, without readings. A reading that is not a
+finite number in its range (NaN, a memory total of 0, a PSI share over 100) is no reading, as
+one missing is (`Readings`): it neither invents pressure nor hides it, and is never stored.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import threading
 import time
@@ -39,6 +42,33 @@ PSI_DIR = Path("/proc/pressure")
 THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
 # A worker may die, or turn zombie, between listing its tree and reading a process of it.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+
+class Readings:
+    """Checks readings where they are taken: one that is not a finite number in its range counts
+    as no reading (None), the way one NVML or the kernel does not give already counts. Logged once
+    per kind for the sampler's life, not every sample: a broken sensor stays broken."""
+
+    def __init__(self) -> None:
+        self._logged: set[str] = set()
+
+    def check(self, kind: str, value: Any, low: float, high: float = math.inf) -> float | None:
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if math.isfinite(number) and low <= number <= high:
+            return number
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("%s read %r, not a number in [%g, %g]: counted as no reading (logged once)", kind, value, low, high)
+        return None
+
+
+class BadGpuReading(Exception):
+    """A GPU's memory reading is nonsense: the read fails as one NVML could not take would."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +110,8 @@ class ProcessSample:
 class HostPressure:
     """Linux pressure stall information (/proc/pressure/*, avg10): the share of the last 10 s in
     which some task waited for CPU, or every task waited for memory or IO. None: not readable
-    (a kernel before 4.20, or PSI off: `psi=1` on the kernel command line turns it on)."""
+    (a kernel before 4.20, or PSI off: `psi=1` on the kernel command line turns it on), or not a
+    share from 0 to 100."""
 
     cpu_some_pct: float | None = None
     memory_full_pct: float | None = None
@@ -89,10 +120,12 @@ class HostPressure:
 
 @dataclass(frozen=True)
 class HostSample:
-    memory_total_bytes: int
-    memory_available_bytes: int
-    cpu_pct: float  # 100 = every core busy
-    load_1m: float
+    """None: no reading, or one out of its range (a memory total of 0, a NaN load: `Readings`)."""
+
+    memory_total_bytes: int | None
+    memory_available_bytes: int | None
+    cpu_pct: float | None  # 100 = every core busy
+    load_1m: float | None
     pressure: HostPressure = HostPressure()
 
 
@@ -150,6 +183,7 @@ class NvmlReader:
         self._next_init = float("-inf")
         self._reason: str | None = "NVML not initialised yet"
         self._logged_reasons: set[str] = set()
+        self._readings = Readings()
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         nvml = self._initialised()
@@ -161,6 +195,9 @@ class NvmlReader:
             # A driver reload or a lost GPU leaves the NVML session stale: start a new one later.
             self._unavailable(f"NVML read failed: {exc}")
             self._shutdown(nvml)
+            return self._distressed(), {}, self._reason
+        except BadGpuReading as exc:  # logged once by `Readings`; NVML's session is sound, kept
+            self._reason = str(exc)
             return self._distressed(), {}, self._reason
 
     def _distressed(self) -> list[GpuSample]:
@@ -231,7 +268,7 @@ class NvmlReader:
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                gpu = _read_gpu(nvml, index, handle)
+                gpu = _read_gpu(nvml, index, handle, self._readings)
             except nvml.NVMLError as exc:
                 if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
                     raise
@@ -243,7 +280,7 @@ class NvmlReader:
             self._lost.discard(index)
             self._names[index] = gpu.name
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
-            for pid, used in _gpu_processes(nvml, handle):
+            for pid, used in _gpu_processes(nvml, handle, self._readings):
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
         if lost is not None and not any(not gpu.lost for gpu in gpus):
             raise lost  # no GPU answers: NVML itself may be gone with it
@@ -340,42 +377,54 @@ def _nvml_code(exc: Exception) -> int | None:
     return getattr(exc, "value", None)
 
 
-def _read_gpu(nvml: ModuleType, index: int, handle: Any) -> GpuSample:
+def _read_gpu(nvml: ModuleType, index: int, handle: Any, readings: Readings | None = None) -> GpuSample:
+    """One GPU's readings; BadGpuReading when its memory's are nonsense (a total of 0, used past
+    it, NaN): no fraction, no free memory, no sizing can be told from them. The other readings,
+    out of range, are None (temperature: a sensor's, -50 to 200 C)."""
+    readings = readings or Readings()
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-    utilization = _optional(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    temperature = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-    milliwatts = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-    limit_mw = _optional(nvml, lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+    total = readings.check(f"GPU {index} memory total", memory.total, 1)
+    used = readings.check(f"GPU {index} memory used", memory.used, 0, total if total is not None else math.inf)
+    if total is None or used is None:
+        raise BadGpuReading(f"NVML read failed: GPU {index}'s memory reading is not a number in range")
+    utilization = _optional(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu, readings, f"GPU {index} utilization", 0, 100)
+    temperature = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), readings,
+                            f"GPU {index} temperature", -50, 200)
+    milliwatts = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle), readings, f"GPU {index} power", 0)
+    limit_mw = _optional(nvml, lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle), readings, f"GPU {index} power limit", 0)
     return GpuSample(
         index=index,
         name=str(nvml.nvmlDeviceGetName(handle)),
         utilization_pct=utilization,
-        memory_used_bytes=int(memory.used),
-        memory_total_bytes=int(memory.total),
+        memory_used_bytes=int(used),
+        memory_total_bytes=int(total),
         temperature_c=temperature,
         power_w=None if milliwatts is None else milliwatts / 1000.0,
         power_limit_w=None if limit_mw is None else limit_mw / 1000.0,
-        throttle=_throttle(nvml, handle),
+        throttle=_throttle(nvml, handle, readings),
     )
 
 
-def _throttle(nvml: ModuleType, handle: Any) -> tuple[str, ...]:
+def _throttle(nvml: ModuleType, handle: Any, readings: Readings | None = None) -> tuple[str, ...]:
     # Renamed "clocks event reasons" in newer drivers' bindings; the bits are the same.
     read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    mask = _optional(nvml, lambda: read(handle))
+    mask = _optional(nvml, lambda: read(handle), readings or Readings(), "GPU clock-throttle reasons", 0, 2.0**64 - 1)
     return () if mask is None else tuple(name for bit, name in THROTTLE_REASONS.items() if int(mask) & bit)
 
 
-def _optional(nvml: ModuleType, read: Callable[[], Any]) -> float | None:
+def _optional(nvml: ModuleType, read: Callable[[], Any], readings: Readings, kind: str, low: float,
+              high: float = math.inf) -> float | None:
     # Consumer and passively cooled boards lack some sensors (NVML_ERROR_NOT_SUPPORTED).
     try:
-        return float(read())
+        value = read()
     except nvml.NVMLError:
         return None
+    return readings.check(kind, value, low, high)
 
 
-def _gpu_processes(nvml: ModuleType, handle: Any) -> Iterable[tuple[int, int]]:
+def _gpu_processes(nvml: ModuleType, handle: Any, readings: Readings | None = None) -> Iterable[tuple[int, int]]:
     # A process with both a compute and a graphics context is listed twice with the same usage.
+    readings = readings or Readings()
     used_by_pid: dict[int, int] = {}
     for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
         try:
@@ -384,8 +433,10 @@ def _gpu_processes(nvml: ModuleType, handle: Any) -> Iterable[tuple[int, int]]:
             log.debug("%s: %s", list_processes.__name__, exc)
             continue
         for process in processes:
-            if process.usedGpuMemory is not None:  # None: not reported (WDDM, some vGPUs)
-                used_by_pid[process.pid] = max(used_by_pid.get(process.pid, 0), int(process.usedGpuMemory))
+            # None: not reported (WDDM, some vGPUs); nonsense (NaN, negative) counts the same.
+            used = readings.check("GPU process memory", process.usedGpuMemory, 0)
+            if used is not None:
+                used_by_pid[process.pid] = max(used_by_pid.get(process.pid, 0), int(used))
     return used_by_pid.items()
 
 
@@ -398,6 +449,7 @@ class TelemetrySampler:
     ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
+        self._readings = Readings()  # the host's and PSI's
         self._clock = clock
         self._monotonic = monotonic
         self._sample_lock = threading.Lock()  # sample() mutates the process cache
@@ -427,7 +479,7 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir), tuple(processes),
+            snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic())
         with self._latest_lock:
             self._latest = snapshot
@@ -498,27 +550,34 @@ def host_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _read_host(psi_dir: Path = PSI_DIR) -> HostSample:
+def _read_host(psi_dir: Path = PSI_DIR, readings: Readings | None = None) -> HostSample:
+    """psutil's readings of /proc/meminfo, /proc/stat and the load average, and PSI's; each one
+    out of its range None (a memory total of 0 would divide by it, or read as no pressure)."""
+    readings = readings or Readings()
     memory = psutil.virtual_memory()
+    total = readings.check("host memory total", memory.total, 1)
+    available = readings.check("host memory available", memory.available, 0, total if total is not None else math.inf)
     return HostSample(
-        memory_total_bytes=int(memory.total),
-        memory_available_bytes=int(memory.available),
-        cpu_pct=psutil.cpu_percent(None),  # since the previous call; 0.0 on the first
-        load_1m=os.getloadavg()[0],
-        pressure=read_pressure(psi_dir),
+        memory_total_bytes=None if total is None else int(total),
+        memory_available_bytes=None if available is None else int(available),
+        cpu_pct=readings.check("host CPU", psutil.cpu_percent(None), 0, 100),  # since the previous call; 0.0 on the first
+        load_1m=readings.check("host load", os.getloadavg()[0], 0),
+        pressure=read_pressure(psi_dir, readings),
     )
 
 
-def read_pressure(psi_dir: Path = PSI_DIR) -> HostPressure:
+def read_pressure(psi_dir: Path = PSI_DIR, readings: Readings | None = None) -> HostPressure:
+    readings = readings or Readings()
     return HostPressure(
-        cpu_some_pct=_psi_avg10(psi_dir / "cpu", "some"),
-        memory_full_pct=_psi_avg10(psi_dir / "memory", "full"),
-        io_full_pct=_psi_avg10(psi_dir / "io", "full"),
+        cpu_some_pct=_psi_avg10(psi_dir / "cpu", "some", readings),
+        memory_full_pct=_psi_avg10(psi_dir / "memory", "full", readings),
+        io_full_pct=_psi_avg10(psi_dir / "io", "full", readings),
     )
 
 
-def _psi_avg10(path: Path, line: str) -> float | None:
-    """`some avg10=1.23 avg60=... total=...`: the avg10 of the named line, None if unreadable."""
+def _psi_avg10(path: Path, line: str, readings: Readings) -> float | None:
+    """`some avg10=1.23 avg60=... total=...`: the avg10 of the named line, None if unreadable
+    or not a share from 0 to 100 (`nan`, `inf`, `-1`, `250`)."""
     try:
         text = path.read_text()
     except OSError:
@@ -527,10 +586,7 @@ def _psi_avg10(path: Path, line: str) -> float | None:
         kind, _, fields = row.partition(" ")
         if kind == line:
             values = dict(field.split("=", 1) for field in fields.split() if "=" in field)
-            try:
-                return float(values["avg10"])
-            except (KeyError, ValueError):
-                return None
+            return readings.check(f"PSI {path.name} {line} avg10", values.get("avg10"), 0, 100)
     return None
 
 

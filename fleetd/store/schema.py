@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -94,18 +96,36 @@ def inspect_schema(db_path: Path) -> SchemaStatus:
             if problem != "ok":
                 raise DatabaseError("PRAGMA quick_check", None, Exception(problem))
     except DatabaseError as exc:
-        code = getattr(exc.orig, "sqlite_errorname", None)
-        if not _damaged(code):
-            raise SchemaError(_cannot_open(db_path, str(exc.orig), code), reason=f"{exc.orig}, {code}") from None
-        raise SchemaError(
-            f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
-            f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
-            "or start with an empty state_dir.",
-            reason=str(exc.orig), damaged=True,
-        ) from None
+        raise _unusable(db_path, exc) from None
     finally:
         engine.dispose()
     return SchemaStatus(_classify(current, tables, head, script), current, head)
+
+
+def _unusable(db_path: Path, exc: DatabaseError, doing: str = "open") -> SchemaError:
+    """What SQLite's error says of the database: damaged, or only not usable now by this user
+    (the folder or the disk read-only, the disk full, a lock held too long)."""
+    code = getattr(exc.orig, "sqlite_errorname", None)
+    if not _damaged(code):
+        return SchemaError(_cannot_open(db_path, str(exc.orig), code, doing), reason=f"{exc.orig}, {code}")
+    return SchemaError(
+        f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
+        f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
+        "or start with an empty state_dir.",
+        reason=str(exc.orig), damaged=True,
+    )
+
+
+@contextmanager
+def start_writes(db_path: Path) -> Iterator[None]:
+    """The daemon start's first reads and writes of the database: an SQLite error there (a full
+    disk, a read-only state_dir, a damaged file) is a SchemaError saying which and why, as at the
+    schema's check, not a traceback. Only what is written before the start is recorded: its
+    transactions roll back whole, so fleetd changed nothing."""
+    try:
+        yield
+    except DatabaseError as exc:
+        raise _unusable(db_path, exc, "write") from None
 
 
 def _damaged(code: str | None) -> bool:
@@ -115,8 +135,8 @@ def _damaged(code: str | None) -> bool:
     return code is None or code.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
-def _cannot_open(db_path: Path, why: str, code: str | None = None) -> str:
-    said = f"cannot open the database {db_path}: {why}{f' ({code})' if code else ''}. fleetd changed nothing, " \
+def _cannot_open(db_path: Path, why: str, code: str | None = None, doing: str = "open") -> str:
+    said = f"cannot {doing} the database {db_path}: {why}{f' ({code})' if code else ''}. fleetd changed nothing, " \
         "and this says nothing about the file itself."
     if code is not None and code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return f"{said} Another process held its lock for longer than fleetd waits: run the command again."
@@ -142,7 +162,8 @@ def ensure_schema(db_path: Path, upgrade_hint: str) -> SchemaStatus:
     status = inspect_schema(db_path)
     if status.state is SchemaState.EMPTY:
         log.info("creating the database %s at schema %s", db_path, status.head)
-        command.upgrade(alembic_config(db_path), "head")
+        with start_writes(db_path):  # all revisions in one transaction (migrations/env.py): none stays
+            command.upgrade(alembic_config(db_path), "head")
         return SchemaStatus(SchemaState.CURRENT, status.head, status.head)
     if status.state is SchemaState.CURRENT:
         return status

@@ -233,6 +233,12 @@
     return isNum(fraction) ? (fraction * 100).toFixed(digits) + '%' : DASH;
   }
 
+  // The host's share of memory available; null where either reading is missing or was nonsense.
+  function hostAvailable(host) {
+    return isNum(host.memory_total_bytes) && host.memory_total_bytes > 0 && isNum(host.memory_available_bytes)
+      ? host.memory_available_bytes / host.memory_total_bytes : null;
+  }
+
   function fmtBytes(bytes) {
     if (!isNum(bytes)) return DASH;
     const mib = Math.round(bytes / 2 ** 20); // 1023.6 MiB is 1.0 GiB, not 1024 MiB
@@ -645,7 +651,8 @@
     if (host) {
       const list = h('dl', { class: 'facts' });
       fact(list, 'host CPU', h('span', { class: 'num' }, fmtNum(host.cpu_pct, 0) + '% · load ' + fmtNum(host.load_1m, 2)));
-      const used = host.memory_total_bytes - host.memory_available_bytes;
+      // null: no reading (missing, or out of its range): shown as a dash, not as 0 used.
+      const used = isNum(host.memory_total_bytes) && isNum(host.memory_available_bytes) ? host.memory_total_bytes - host.memory_available_bytes : null;
       fact(list, 'host memory', h('span', { class: 'num' }, fmtBytes(used) + ' / ' + fmtBytes(host.memory_total_bytes)));
       // A stale sample (the telemetry job stalled): its frozen host readings are said to be old.
       fact(list, 'read at', h('span', { class: 'num' }, fmtTime(telemetry.at, { seconds: true })),
@@ -883,7 +890,7 @@
           fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + readings + (xids.length ? '; Xid errors ' + xids.join(', ') : '') +
             (throttle.length ? '; throttled: ' + throttle.join(', ') : ''));
         }
-        if (telemetry.host) fact(list, 'host', fmtPct(telemetry.host.memory_available_bytes / Math.max(1, telemetry.host.memory_total_bytes)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
+        if (telemetry.host) fact(list, 'host', fmtPct(hostAvailable(telemetry.host)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
       }
       const kernel = before.kernel_warnings;
       fact(list, 'kernel warnings', !kernel ? 'not read yet' : (kernel.kept ? (kernel.note || '') : kernel.note));

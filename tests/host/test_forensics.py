@@ -5,6 +5,7 @@ kernel warnings read at the next start (journalctl faked), and both shown by
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from fastapi.testclient import TestClient
@@ -83,6 +84,14 @@ def test_a_lost_gpu_in_the_last_picture_shows_as_lost_not_as_readings() -> None:
     assert rows["GPU 0"] == 'NVIDIA H100: lost (NVML: GPU is lost), {"xid_errors": [79]}'
     rows = dict(forensics_rows(capture(HOT, None, datetime(2026, 1, 1, tzinfo=UTC))))
     assert rows["GPU 0"] == "NVIDIA H100: 91 C, 88% memory, 690 W" and "GPUs" not in rows
+
+
+def test_a_last_picture_without_a_host_memory_reading_says_so_not_zero() -> None:
+    """A host memory total out of range is no reading (None, fleetd/host/telemetry.py): the
+    picture shows a dash where it divided by it (a TypeError before)."""
+    unread = replace(HOT, host=HostSample(None, None, None, 61.5))
+    rows = dict(forensics_rows(capture(unread, None, datetime(2026, 1, 1, tzinfo=UTC))))
+    assert rows["host"] == "- memory available, load 61.50, CPU -%"
 
 
 def test_a_boot_with_no_reboot_before_it_and_an_unknown_boot(loop: Loop) -> None:

@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from fleetd.store.schema import ensure_schema
 from tests.daemon_harness import (
     Daemon,
     DaemonConfig,
@@ -135,6 +136,82 @@ def test_read_only_state_dir_exits_78_in_one_line(config: DaemonConfig) -> None:
     line = one_line(result.stderr)
     assert f"state_dir {config.state_dir} cannot be written" in line and "Read-only file system" in line
     assert sorted(p.name for p in config.state_dir.iterdir()) == ["fleetd.lock"]
+
+
+# -- a full disk, a read-only database --------------------------------------------------------
+
+
+def _mounted(state_dir: Path, mount: str) -> list[str]:
+    """A wrapper that runs the command in a private mount namespace after `mount` (a shell
+    line) has changed what the state_dir lies on: real ENOSPC and EROFS, not simulated."""
+    unshare = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+    probe = subprocess.run([*unshare, f'mount -t tmpfs -o size=4k tmpfs "{state_dir}"'], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount here: {probe.stderr.strip()}")
+    return [*unshare, f'{mount} && exec "$@"', "sh"]
+
+
+def _full_tmpfs(state_dir: Path, staged: Path | None = None, size: str = "1m", fill: bool = True) -> list[str]:
+    """state_dir on a tmpfs of `size`, holding a copy of `staged`'s files, then filled up."""
+    mount = f'mount -t tmpfs -o size={size} tmpfs "{state_dir}"'
+    if staged is not None:
+        mount += f' && cp -a "{staged}/." "{state_dir}/"'
+    if fill:
+        mount += f' && (dd if=/dev/zero of="{state_dir}/fill" bs=4k 2>/dev/null; true)'
+    return _mounted(state_dir, mount)
+
+
+def _error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The start's one error, at the code for what the operator must fix; never a traceback."""
+    assert result.returncode == 78, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    return errors[0]
+
+
+def _staged(config: DaemonConfig, root: Path) -> Path:
+    """A state_dir a daemon left: its database at the newest schema, its token and its lock."""
+    staged = root / "staged"
+    ensure_schema(staged / "fleetd.db", "fleetd db upgrade")
+    (staged / "api-token").write_text("a" * 43 + "\n")
+    (staged / "api-token").chmod(0o600)
+    (staged / "fleetd.lock").write_text("1\n")
+    return staged
+
+
+def test_a_disk_too_small_for_a_new_database_exits_78_in_one_line(config: DaemonConfig) -> None:
+    config.state_dir.mkdir()
+    result = serve(config.path, _full_tmpfs(config.state_dir, size="16k", fill=False))
+    line = _error_line(result)
+    assert f"cannot write the database {config.state_dir / 'fleetd.db'}: database or disk is full (SQLITE_FULL)" in line, line
+    assert "the disk has room" in line and "restore" not in line
+
+
+def test_a_full_disk_at_the_first_write_exits_78_in_one_line(config: DaemonConfig, root: Path) -> None:
+    config.state_dir.mkdir()
+    result = serve(config.path, _full_tmpfs(config.state_dir, _staged(config, root)))
+    line = _error_line(result)
+    assert f"cannot write the database {config.state_dir / 'fleetd.db'}: database or disk is full (SQLITE_FULL)" in line, line
+
+
+def test_a_full_disk_at_the_tokens_write_exits_78_and_leaves_no_empty_token(config: DaemonConfig, root: Path) -> None:
+    staged = _staged(config, root)
+    (staged / "api-token").unlink()
+    config.state_dir.mkdir()
+    wrapper = _full_tmpfs(config.state_dir, staged)
+    wrapper[-2] = wrapper[-2].replace('exec "$@"', '"$@"; code=$?; ls "{}" > "{}"; exit $code'.format(config.state_dir, root / "left"))
+    line = _error_line(serve(config.path, wrapper))
+    assert f"cannot write the API token {config.state_dir / 'api-token'}: No space left on device" in line, line
+    assert "api-token" not in (root / "left").read_text().split()
+
+
+def test_a_read_only_database_exits_78_in_one_line(config: DaemonConfig, root: Path) -> None:
+    staged = _staged(config, root)
+    shutil.copytree(staged, config.state_dir)
+    db = config.state_dir / "fleetd.db"
+    result = serve(config.path, _mounted(config.state_dir, f'mount --bind "{db}" "{db}" && mount -o remount,bind,ro "{db}"'))
+    line = _error_line(result)
+    assert f"cannot write the database {db}: attempt to write a readonly database (SQLITE_READONLY)" in line, line
 
 
 # -- [[games]] seeded once ----------------------------------------------------------------------
