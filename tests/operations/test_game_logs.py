@@ -280,6 +280,23 @@ def test_refusals_name_what_is_missing(app, client: TestClient) -> None:
     assert client.get("/api/v1/games/mine/logs", headers={"Authorization": "Bearer nope"}).status_code == 401
 
 
+def test_a_log_pruned_between_the_look_and_the_read_is_gone_not_a_500(app, client: TestClient,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # log_keep_runs pruning (or a hand rm) between _log_file's is_file() and the tail's open was a 500.
+    run_id = new_run(app, "racing", "soon gone\n")
+    path = log_path(app, run_id)
+    opened = Path.open
+
+    def pruned_first(self: Path, *args, **kwargs):
+        if self == path:
+            self.unlink(missing_ok=True)
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", pruned_first)
+    for follow in ("false", "true"):
+        assert "log_keep_runs" in error(client.get("/api/v1/games/racing/logs", params={"follow": follow}), 404)
+
+
 def follow_beside(client: TestClient, name: str, writer: Callable[[], None], lines: int = 5):
     """`logs -f` of `name` (its last `lines` lines first) while `writer` runs in a thread beside
     it (which ends the follow, setting the daemon's stop); the whole answer."""

@@ -61,7 +61,10 @@ async def game_logs(
     record = await run_in_threadpool(_chosen_run, context, name, run)
     path = _log_file(record, context.settings.cluster.storage_url)
     seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
-    text, offset = await run_in_threadpool(tail, path, lines)
+    try:
+        text, offset = await run_in_threadpool(tail, path, lines)
+    except FileNotFoundError:  # pruned by log_keep_runs since _log_file looked: as if it had been then
+        raise _pruned(record, path) from None
     if not follow:
         return PlainTextResponse(text)
     stream = _follow(request, context, name, record, path, text, offset, seen, pinned=run is not None)
@@ -112,10 +115,14 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
                           "their node (docs/cluster.md, \"Shared storage\")",
                           {"name": record.game, "run": record.id, "node_id": record.node_id})
     if not path.is_file():
-        raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is gone ({path}): "
-                          "fleetd keeps the newest [worker] log_keep_runs runs' logs",
-                          {"name": record.game, "run": record.id})
+        raise _pruned(record, path)
     return path
+
+
+def _pruned(record: RunRecord, path: FsPath) -> FleetdError:
+    return FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is gone ({path}): "
+                       "fleetd keeps the newest [worker] log_keep_runs runs' logs",
+                       {"name": record.game, "run": record.id})
 
 
 async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
