@@ -97,6 +97,21 @@ def test_a_manifest_whose_created_at_is_no_time_is_malformed_and_the_index_lists
     assert checkpoint.prune(tmp_path, checkpoint.Retention(1, 24, 7), now=1e9) == []  # int(inf // 3600) raised
 
 
+@pytest.mark.parametrize("field", ["steps", "episodes"])
+@pytest.mark.parametrize("value", ["1e300", "1e19", "10000000000000000000", "12.5", "\"12\"", "true"])
+def test_a_manifest_whose_count_is_no_int64_is_malformed_naming_it(tmp_path, field, value):
+    """int() took 1e19 (past SQLite's integer: the index's write failed) and 1e300 (a 301-digit
+    count), truncated 12.5 and read "12" and true: each now refused like other bad manifests."""
+    path = _write(tmp_path, 10)
+    data = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**data, field: "@"}).replace('"@"', value))
+    with pytest.raises(checkpoint.CheckpointError, match=f"malformed: {field} .* is not an integer in int64"):
+        checkpoint.read_manifest(path)
+    assert not checkpoint.verify(path)[0]
+    [record] = scan_checkpoints(tmp_path)
+    assert not record.verified and field in record.problem
+
+
 def test_failed_populate_leaves_nothing_behind(tmp_path):
     def boom(folder: Path) -> None:
         (folder / "model.zip").write_bytes(b"half")

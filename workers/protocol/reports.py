@@ -159,7 +159,7 @@ def _decode(data: Any) -> Report:
 # A worker's returns (`float | None`) are the exception: a NaN or inf one (an env's NaN or inf
 # reward, summed into an episode's return) or one that is not a number is no figure (None), as
 # in a manifest (workers.checkpoint), and the rest of the report stands.
-_INT64 = range(-(1 << 63), 1 << 63)
+INT64 = range(-(1 << 63), 1 << 63)
 
 
 def _build(cls: type, data: Any) -> Any:
@@ -183,7 +183,7 @@ def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
             return tuple(_build(SkippedCheckpoint, skipped) for skipped in value)
         ok, want = False, "a list"
     elif kind == "int":
-        ok, want = type(value) is int and value in _INT64, "an integer in int64"
+        ok, want = type(value) is int and value in INT64, "an integer in int64"
     elif kind == "float" and name == "at":
         ok, want = timestamp(value) is not None, "a time"
     elif kind == "float":
