@@ -92,7 +92,7 @@ def write_locked(db_path: Path) -> Iterator[None]:
     own) while the block runs: the daemon's writes meanwhile wait out their busy_timeout and fail."""
     import sqlite3
 
-    holder = sqlite3.connect(db_path, isolation_level=None)
+    holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)  # released by another thread
     holder.execute("BEGIN IMMEDIATE")
     try:
         yield

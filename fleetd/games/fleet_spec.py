@@ -18,9 +18,9 @@ from fleetd.clock import Clock
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.catalog import CheckedOnce, EnvCheck
 from fleetd.games.kept import KeptFiles, refuse
-from fleetd.games.lifecycle import (check_draft, check_unique_names, forget_samples_of_removable, record_added,
-                                    record_desired, record_removed, refuse_start_while_removed, removable, removing,
-                                    seeding_needed)
+from fleetd.games.lifecycle import (busy_midway, check_draft, check_unique_names, forget_samples_of_removable,
+                                    record_added, record_desired, record_removed, refuse_start_while_removed, removable,
+                                    removing, seeding_needed)
 from fleetd.games.settings import (
     NO_WORKERS,
     LiveWorkers,
@@ -293,7 +293,7 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     if dry_run:
         return plans
     gone = [plan.name for plan in plans if plan.action == "remove"]
-    with removing(*gone):  # every guard before any game's samples go
+    with removing(*gone), busy_midway(*gone):  # every guard before any game's samples go
         for name in gone:  # its samples a batch a transaction first, as remove_game's
             forget_samples_of_removable(db, name)
         with db.transaction(immediate=True) as session:

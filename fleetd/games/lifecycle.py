@@ -173,7 +173,7 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
     with db.transaction() as session:  # a game not removable is refused without the guard, which
         check_removable(game_store.read_game(session, name))  # would refuse its run meanwhile
-    with removing(name):
+    with removing(name), busy_midway(name):
         forget_samples_of_removable(db, name)
         now = clock.now()
         with db.transaction(immediate=True) as session:
@@ -234,6 +234,24 @@ def removing(*names: str) -> Iterator[None]:
         with _REMOVING_LOCK:
             _REMOVING.difference_update(wanted)
             _REMOVING_LOCK.notify_all()
+
+
+@contextmanager
+def busy_midway(*names: str) -> Iterator[None]:
+    """A removal of games `names` whose write failed on a busy database (another process held
+    the write lock past busy_timeout_ms), between or after forget_samples_of_removable's batches:
+    the games are still there, in the state they were (so the removal asked again finishes it),
+    but the batches committed before are gone. Said so, instead of the bare "database is busy",
+    which read as if nothing had happened. Still a 503 (BUSY): asking again is the remedy."""
+    try:
+        yield
+    except FleetdError as exc:
+        if exc.code is not ErrorCode.BUSY or not names:
+            raise
+        which = ("game " if len(names) == 1 else "games ") + ", ".join(repr(name) for name in names)
+        raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held its "
+                          "lock past busy_timeout_ms); part of the history (samples) may already be deleted: "
+                          "remove again to finish", {"names": list(names), **exc.details}) from exc
 
 
 def refuse_start_while_removed(name: str) -> None:

@@ -526,3 +526,66 @@ def test_a_game_not_removable_is_refused_before_the_guard(settings: Settings, db
         supervisor.close()
     assert tried == ["run begun"]
     assert refused.value.code is ErrorCode.CONFLICT
+
+
+@pytest.mark.parametrize("way", ["games rm", "fleet spec absent"])
+def test_a_removal_whose_last_write_meets_a_busy_database_says_so_and_finishes_when_asked_again(
+        settings: Settings, db: Database, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, way: str) -> None:
+    """The samples go a batch a transaction, then the game's row: another process holding the
+    write lock past busy_timeout_ms at that last write left the game with its samples gone and a
+    bare "database is busy; retry shortly", as if nothing had happened. Now a 503 says the game
+    was not removed and its history may be partly gone; the game is as it was, and removing it
+    again finishes it."""
+    from contextlib import ExitStack
+
+    from fastapi.testclient import TestClient
+    from sqlalchemy import func, select
+
+    import fleetd.games.fleet_spec as fleet_spec
+    import fleetd.games.lifecycle as lifecycle
+    from fleetd.api import create_app
+    from fleetd.store.models import Sample
+    from tests.api_context import api_context, write_locked
+
+    monkeypatch.setattr(lifecycle, "DELETE_BATCH", 10)
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0),
+                                         clock.now()).id
+    _samples_of(db, game_id, 25, clock)
+    locks = ExitStack()
+    forget = lifecycle.forget_samples_of_removable
+
+    def then_another_writer_holds_the_lock(database: Database, name: str) -> None:  # the first time
+        forget(database, name)
+        if not locked:
+            locked.append(locks.enter_context(write_locked(settings.db_path)))
+
+    locked: list[None] = []
+
+    for module in (lifecycle, fleet_spec):
+        monkeypatch.setattr(module, "forget_samples_of_removable", then_another_writer_holds_the_lock)
+    quick = Database.open(settings.db_path, busy_timeout_ms=50)
+    context = api_context(settings, quick, clock, FakeHost(clock), "t" * 32)
+    headers = {"Authorization": "Bearer " + "t" * 32}
+
+    def remove(client: TestClient):  # type: ignore[no-untyped-def]
+        if way == "games rm":
+            return client.delete("/api/v1/games/gone", headers=headers)
+        return client.put("/api/v1/fleet/spec", json={"games": [{"name": "gone", "absent": True}]}, headers=headers)
+
+    try:
+        with TestClient(create_app(context), raise_server_exceptions=False) as client:
+            with locks:
+                refused = remove(client)
+            assert refused.status_code == 503, refused.text
+            message = refused.json()["error"]["message"]
+            assert "'gone' not removed" in message and "may already be deleted" in message, message
+            assert refused.headers["Retry-After"] == "1"
+            with quick.transaction() as session:
+                assert game_store.read_game(session, "gone").desired is Desired.STOPPED
+                assert session.scalar(select(func.count()).where(Sample.game_id == game_id)) == 0
+            assert remove(client).status_code in (200, 204)
+        with quick.transaction() as session:
+            assert not game_store.game_exists(session, "gone")
+    finally:
+        quick.close()
