@@ -481,3 +481,20 @@ def test_fleetd_hosts_forget_answers_as_the_daemon_does_and_fleetd_hosts_still_l
         assert done.exit_code == 0 and done.output.startswith("host a forgotten"), done.output
         listed = fleetd(config, "hosts", "--json")
     assert listed.exit_code == 0 and [h["name"] for h in json.loads(listed.output)["items"]] == ["b", "head"]
+
+
+def test_a_down_host_whose_workers_ray_has_not_reported_lost_is_not_forgotten(cluster: Cluster) -> None:
+    # Once the governor saw a down, its games were placed on b and their runs never located had
+    # no node: the forget went through, `host_down("a")` knew a no more, and the next turn
+    # signalled the dead actors, their runs ending `stopped` instead of `node_lost`.
+    climbed(cluster)
+    cluster.down.add("a")
+    cluster.observe()
+    cluster.run(1)
+    assert cluster.on("a") == []  # re-placed, their workers still on a's node
+    signals = len(cluster.launcher.signals)
+    held = stepped_client(cluster).delete("/api/v1/hosts/a")
+    assert held.status_code == 409, held.text
+    assert held.json()["error"]["details"] == {"host": "a", "reason": "games", "games": ["g1", "g3", "g5"]}
+    cluster.sup.step()
+    assert len(cluster.launcher.signals) == signals and "a" in cluster.fleet.governors
