@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.exit_codes import ExitCode
+from fleetd.cli.main import app
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import AlertSettings, Settings, load_settings
 from fleetd.governor.controller import FleetController
@@ -498,3 +500,26 @@ def test_a_down_host_whose_workers_ray_has_not_reported_lost_is_not_forgotten(cl
     assert held.json()["error"]["details"] == {"host": "a", "reason": "games", "games": ["g1", "g3", "g5"]}
     cluster.sup.step()
     assert len(cluster.launcher.signals) == signals and "a" in cluster.fleet.governors
+
+
+def test_fleetd_hosts_forget_takes_the_groups_config_and_refuses_the_groups_json(cluster: Cluster, tmp_path) -> None:
+    # `fleetd hosts --config X forget a` read only forget's own --config: it asked the default
+    # daemon, not X's; `fleetd hosts --json forget a` forgot without a word about --json.
+    cluster.start()
+    cluster.down.add("a")
+    cluster.observe()
+    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
+    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
+    with serving(context) as url:
+        config = str(config_for(tmp_path, int(url.rsplit(":", 1)[1]), token="t" * 32))
+        runner = CliRunner()
+        as_json = runner.invoke(app, ["hosts", "--config", config, "--json", "forget", "a"], env={"COLUMNS": "200"})
+        assert as_json.exit_code == ExitCode.USAGE and "--json is for the hosts listing" in as_json.output, as_json.output
+        assert [h["name"] for h in client_hosts(stepped_client(cluster))] == ["a", "b", "head"]
+        done = runner.invoke(app, ["hosts", "--config", config, "forget", "a"], env={"COLUMNS": "200"})
+        assert done.exit_code == 0 and done.output.startswith("host a forgotten"), done.output
+    assert [h["name"] for h in client_hosts(stepped_client(cluster))] == ["b", "head"]
+
+
+def client_hosts(client: TestClient) -> list[dict]:
+    return client.get("/api/v1/hosts").json()["items"]
