@@ -8,6 +8,7 @@ the controller reads them at its steps, as in the daemon. Deterministic: no slee
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import httpx
@@ -32,6 +33,8 @@ from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.runs import read_runs
 from fleetd.store.records import GameDraft, NodeSeen, RungMemory
+from fleetd.errors import FleetdError
+from fleetd.supervision.commands import ForgetHost, Shutdown
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
@@ -458,7 +461,9 @@ def test_a_host_gone_for_good_is_forgotten_by_the_supervisor_once_it_is_down_and
     assert (placed["g3"].home, placed["g5"].home, "g1" in placed) == ("b", "b", False)
     assert cluster.on("b") == ["g2", "g4", "g3", "g5"] and cluster.sup.snapshot.governor.hosts[0].guests == ()
     (event,) = _events(cluster, "host_forgotten")
-    assert event.details == {"host": "a", "lives": 1} and "g1, g3, g5" in event.message
+    # Where each game it was home to is homed now: the host it runs on, or none yet while pending.
+    assert event.details == {"host": "a", "lives": 1, "homes": {"g1": None, "g3": "b", "g5": "b"}}
+    assert event.message.endswith("homed where they run: g1 once admitted, g3 on b, g5 on b"), event.message
     reloaded = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, telemetry=None, cluster=True)
     assert sorted(reloaded.governors) == ["b"]
     assert client.delete("/api/v1/hosts/a").status_code == 404
@@ -523,3 +528,14 @@ def test_fleetd_hosts_forget_takes_the_groups_config_and_refuses_the_groups_json
 
 def client_hosts(client: TestClient) -> list[dict]:
     return client.get("/api/v1/hosts").json()["items"]
+
+
+def test_a_forget_met_by_a_shutdown_is_refused_naming_the_host(cluster: Cluster) -> None:
+    cluster.start()
+    forget = ForgetHost("a", Future())
+    cluster.sup.submit(forget)
+    cluster.sup.submit(Shutdown(leave_workers=True))
+    cluster.sup.step()
+    refused = forget.reply.exception(timeout=0)
+    assert isinstance(refused, FleetdError) and refused.details == {"host": "a"}, refused
+    assert str(refused.message).startswith("cannot forget host 'a': fleetd is stopping"), refused.message

@@ -257,6 +257,10 @@ def test_on_one_host_forgetting_a_host_is_refused_naming_the_backend(
     refused = client.delete(f"/api/v1/hosts/{socket.gethostname()}")
     assert refused.status_code == 409 and "backend = 'local'" in refused.json()["error"]["message"], refused.text
     assert client.delete("/api/v1/hosts/x", headers={"Authorization": "Bearer " + "w" * 32}).status_code == 401
+    on_cluster = TestClient(create_app(replace(api_context(on_ray(settings), db, clock, host, TOKEN), supervisor=None)))
+    on_cluster.headers["Authorization"] = f"Bearer {TOKEN}"
+    alone = on_cluster.delete("/api/v1/hosts/gpu3")  # an API with no supervisor in its process
+    assert alone.status_code == 409 and alone.json()["error"]["message"].startswith("cannot forget host 'gpu3'"), alone.text
 
 
 def add_game_running(db: Database, name: str, boot_pk: int, now: datetime) -> None:

@@ -365,12 +365,13 @@ class FleetController:
         now = self.clock.now()
         with self.db.transaction(immediate=True) as session:  # what it checks (down, no game) still holds as it deletes
             gone = delete_host(session, name, running)
-            homes = f"; the games it was home to ({', '.join(gone.homes_cleared)}) are at home where they run, or once admitted" if gone.homes_cleared else ""
+            homes = f"; the games it was home to are homed where they run: {gone.homes_message()}" if gone.homes else ""
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
-                         f"and its rungs' memory deleted{homes}", details={"host": name, "lives": gone.lives})
+                         f"and its rungs' memory deleted{homes}",
+                         details={"host": name, "lives": gone.lives, "homes": dict(gone.homes)})
         for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost):
             kept.pop(name, None)
-        for game in gone.homes_cleared:
+        for game, _ in gone.homes:
             if game in self._placed:
                 self._placed[game] = Placement(self._placed[game].host, self._placed[game].host)  # as delete_host
         self._stored = self._states()

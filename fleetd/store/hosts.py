@@ -124,7 +124,8 @@ def delete_host(session: Session, name: str, running: Iterable[str] = ()) -> Hos
     there until Ray reports it lost)."""
     host = _host_to_forget(session, name, running)
     lives = session.scalar(select(func.count()).select_from(HostBoot).where(HostBoot.host_id == host.id)) or 0
-    homed = sorted(session.scalars(select(Game.name).where(Game.home_host == name)))
+    homes = tuple((game, home) for game, home in session.execute(
+        select(Game.name, Game.host).where(Game.home_host == name).order_by(Game.name)))
     # A game homed there that runs as a guest elsewhere is at home where it runs; one pending
     # gets a home at the governor's next step.
     session.execute(update(Game).where(Game.home_host == name).values(home_host=Game.host))
@@ -133,7 +134,7 @@ def delete_host(session: Session, name: str, running: Iterable[str] = ()) -> Hos
     session.execute(delete(Rung).where(Rung.host == name))
     session.delete(host)
     session.flush()
-    return HostForgotten(name, lives, tuple(homed))
+    return HostForgotten(name, lives, homes)
 
 
 def _host_to_forget(session: Session, name: str, running: Iterable[str]) -> Host:

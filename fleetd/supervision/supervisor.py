@@ -542,7 +542,8 @@ class Supervisor:
             for rollback in (c for c in commands if isinstance(c, RollBack)):
                 rollback.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: roll back after it starts"))
             for forget in (c for c in commands if isinstance(c, ForgetHost)):
-                forget.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: forget the host after it starts"))
+                forget.reply.set_exception(FleetdError(ErrorCode.CONFLICT, f"cannot forget host {forget.name!r}: fleetd is "
+                                                       "stopping; forget it after it starts", {"host": forget.name}))
             return True
         starts = [c for c in commands if isinstance(c, StartGame)]
         self._load_games()
