@@ -352,7 +352,9 @@ def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -
     """Record the cluster's nodes as hosts and their lives; a host whose node died is an event."""
     seen = nodes()
     now = clock.now()
-    with db.transaction() as session:
+    # Immediate: the hosts it reads are still there when it writes (`fleetd hosts forget` deletes
+    # one; a deferred unit then updated a row gone and failed with StaleDataError).
+    with db.transaction(immediate=True) as session:
         lost = observe_nodes(session, seen, now)
         for host in lost:
             create_event(session, now, "host_lost", f"host {host}: its Ray node died or left the cluster's listing; "

@@ -8,15 +8,18 @@ the controller reads them at its steps, as in the daemon. Deterministic: no slee
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.exit_codes import ExitCode
+from fleetd.cli.main import app
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import AlertSettings, Settings, load_settings
 from fleetd.governor.controller import FleetController
@@ -30,6 +33,8 @@ from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.runs import read_runs
 from fleetd.store.records import GameDraft, NodeSeen, RungMemory
+from fleetd.errors import FleetdError
+from fleetd.supervision.commands import ForgetHost, Shutdown
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.uptime import record_daemon_start
@@ -456,7 +461,9 @@ def test_a_host_gone_for_good_is_forgotten_by_the_supervisor_once_it_is_down_and
     assert (placed["g3"].home, placed["g5"].home, "g1" in placed) == ("b", "b", False)
     assert cluster.on("b") == ["g2", "g4", "g3", "g5"] and cluster.sup.snapshot.governor.hosts[0].guests == ()
     (event,) = _events(cluster, "host_forgotten")
-    assert event.details == {"host": "a", "lives": 1} and "g1, g3, g5" in event.message
+    # Where each game it was home to is homed now: the host it runs on, or none yet while pending.
+    assert event.details == {"host": "a", "lives": 1, "homes": {"g1": None, "g3": "b", "g5": "b"}}
+    assert event.message.endswith("homed where they run: g1 once admitted, g3 on b, g5 on b"), event.message
     reloaded = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, telemetry=None, cluster=True)
     assert sorted(reloaded.governors) == ["b"]
     assert client.delete("/api/v1/hosts/a").status_code == 404
@@ -481,3 +488,54 @@ def test_fleetd_hosts_forget_answers_as_the_daemon_does_and_fleetd_hosts_still_l
         assert done.exit_code == 0 and done.output.startswith("host a forgotten"), done.output
         listed = fleetd(config, "hosts", "--json")
     assert listed.exit_code == 0 and [h["name"] for h in json.loads(listed.output)["items"]] == ["b", "head"]
+
+
+def test_a_down_host_whose_workers_ray_has_not_reported_lost_is_not_forgotten(cluster: Cluster) -> None:
+    # Once the governor saw a down, its games were placed on b and their runs never located had
+    # no node: the forget went through, `host_down("a")` knew a no more, and the next turn
+    # signalled the dead actors, their runs ending `stopped` instead of `node_lost`.
+    climbed(cluster)
+    cluster.down.add("a")
+    cluster.observe()
+    cluster.run(1)
+    assert cluster.on("a") == []  # re-placed, their workers still on a's node
+    signals = len(cluster.launcher.signals)
+    held = stepped_client(cluster).delete("/api/v1/hosts/a")
+    assert held.status_code == 409, held.text
+    assert held.json()["error"]["details"] == {"host": "a", "reason": "games", "games": ["g1", "g3", "g5"]}
+    cluster.sup.step()
+    assert len(cluster.launcher.signals) == signals and "a" in cluster.fleet.governors
+
+
+def test_fleetd_hosts_forget_takes_the_groups_config_and_refuses_the_groups_json(cluster: Cluster, tmp_path) -> None:
+    # `fleetd hosts --config X forget a` read only forget's own --config: it asked the default
+    # daemon, not X's; `fleetd hosts --json forget a` forgot without a word about --json.
+    cluster.start()
+    cluster.down.add("a")
+    cluster.observe()
+    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
+    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
+    with serving(context) as url:
+        config = str(config_for(tmp_path, int(url.rsplit(":", 1)[1]), token="t" * 32))
+        runner = CliRunner()
+        as_json = runner.invoke(app, ["hosts", "--config", config, "--json", "forget", "a"], env={"COLUMNS": "200"})
+        assert as_json.exit_code == ExitCode.USAGE and "--json is for the hosts listing" in as_json.output, as_json.output
+        assert [h["name"] for h in client_hosts(stepped_client(cluster))] == ["a", "b", "head"]
+        done = runner.invoke(app, ["hosts", "--config", config, "forget", "a"], env={"COLUMNS": "200"})
+        assert done.exit_code == 0 and done.output.startswith("host a forgotten"), done.output
+    assert [h["name"] for h in client_hosts(stepped_client(cluster))] == ["b", "head"]
+
+
+def client_hosts(client: TestClient) -> list[dict]:
+    return client.get("/api/v1/hosts").json()["items"]
+
+
+def test_a_forget_met_by_a_shutdown_is_refused_naming_the_host(cluster: Cluster) -> None:
+    cluster.start()
+    forget = ForgetHost("a", Future())
+    cluster.sup.submit(forget)
+    cluster.sup.submit(Shutdown(leave_workers=True))
+    cluster.sup.step()
+    refused = forget.reply.exception(timeout=0)
+    assert isinstance(refused, FleetdError) and refused.details == {"host": "a"}, refused
+    assert str(refused.message).startswith("cannot forget host 'a': fleetd is stopping"), refused.message

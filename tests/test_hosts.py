@@ -7,21 +7,26 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import replace
 from datetime import datetime
 from types import SimpleNamespace
 
+import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import Settings
+from fleetd.errors import FleetdError
 from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
 from fleetd.host.uptime import heartbeat, record_daemon_start
 from fleetd.jobs import hosts_job
 from fleetd.states import State
 from fleetd.store.engine import Database
+from fleetd.store import hosts as store_hosts
 from fleetd.store.events import EventFilter, read_events
+from fleetd.store.hosts import delete_host
 from fleetd.store.games import create_game, game_id_of, update_game_state
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.store.runs import create_run
@@ -252,6 +257,10 @@ def test_on_one_host_forgetting_a_host_is_refused_naming_the_backend(
     refused = client.delete(f"/api/v1/hosts/{socket.gethostname()}")
     assert refused.status_code == 409 and "backend = 'local'" in refused.json()["error"]["message"], refused.text
     assert client.delete("/api/v1/hosts/x", headers={"Authorization": "Bearer " + "w" * 32}).status_code == 401
+    on_cluster = TestClient(create_app(replace(api_context(on_ray(settings), db, clock, host, TOKEN), supervisor=None)))
+    on_cluster.headers["Authorization"] = f"Bearer {TOKEN}"
+    alone = on_cluster.delete("/api/v1/hosts/gpu3")  # an API with no supervisor in its process
+    assert alone.status_code == 409 and alone.json()["error"]["message"].startswith("cannot forget host 'gpu3'"), alone.text
 
 
 def add_game_running(db: Database, name: str, boot_pk: int, now: datetime) -> None:
@@ -260,3 +269,36 @@ def add_game_running(db: Database, name: str, boot_pk: int, now: datetime) -> No
         create_game(session, GameDraft(name, "CartPole-v1", "ppo"), now)
         update_game_state(session, name, State.RUNNING, "up", now)
         create_run(session, game_id_of(session, name), boot_pk, now)
+
+
+def test_a_host_forgotten_while_the_hosts_job_reads_it_rejoining_is_no_stale_row(
+    db: Database, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hosts job read its Host rows before taking the write lock: a forget that committed in
+    # between left it updating a deleted row, and it failed with StaleDataError.
+    hosts_job(db, clock, lambda: [node("n-head", "head"), node("n-a1", "a")])
+    hosts_job(db, clock, lambda: [node("n-head", "head"), node("n-a1", "a", alive=False)])
+    answers: list[object] = []
+    threads: list[threading.Thread] = []
+
+    def forget() -> None:
+        try:
+            with db.transaction(immediate=True) as session:
+                answers.append(delete_host(session, "a"))
+        except FleetdError as exc:
+            answers.append(exc)
+
+    def lives_then_forget(session, node_ids):  # type: ignore[no-untyped-def]
+        forgetting = threading.Thread(target=forget)
+        threads.append(forgetting)
+        forgetting.start()
+        forgetting.join(timeout=2.0)  # done unless the hosts job holds the write lock
+        return lives_to_observe(session, node_ids)
+
+    lives_to_observe = store_hosts._lives_to_observe
+    monkeypatch.setattr(store_hosts, "_lives_to_observe", lives_then_forget)
+    clock.advance(60)
+    hosts_job(db, clock, lambda: [node("n-head", "head"), node("n-a1", "a", alive=False), node("n-a2", "a")])
+    threads[0].join(timeout=10.0)
+    (answer,) = answers  # the forget waited for the job, and then found a up again
+    assert isinstance(answer, FleetdError) and answer.details["reason"] == "up", answer

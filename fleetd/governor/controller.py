@@ -22,7 +22,7 @@ rules stay in core.py:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -358,19 +358,20 @@ class FleetController:
             if life.alive and life.runs_games and self._lost.get(life.name) != life.node_id
         ]  # fmt: skip
 
-    def forget_host(self, name: str) -> HostForgotten:
+    def forget_host(self, name: str, running: Iterable[str] = ()) -> HostForgotten:
         """`fleetd hosts forget NAME`, on the supervisor's thread: the host's rows go (refused while
         it is up or holds a game: `delete_host`), then its governor and what was kept of it here;
         the games it was home to are at home where they run. The event says what went."""
         now = self.clock.now()
         with self.db.transaction(immediate=True) as session:  # what it checks (down, no game) still holds as it deletes
-            gone = delete_host(session, name)
-            homes = f"; the games it was home to ({', '.join(gone.homes_cleared)}) are at home where they run, or once admitted" if gone.homes_cleared else ""
+            gone = delete_host(session, name, running)
+            homes = f"; the games it was home to are homed where they run: {gone.homes_message()}" if gone.homes else ""
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
-                         f"and its rungs' memory deleted{homes}", details={"host": name, "lives": gone.lives})
+                         f"and its rungs' memory deleted{homes}",
+                         details={"host": name, "lives": gone.lives, "homes": dict(gone.homes)})
         for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost):
             kept.pop(name, None)
-        for game in gone.homes_cleared:
+        for game, _ in gone.homes:
             if game in self._placed:
                 self._placed[game] = Placement(self._placed[game].host, self._placed[game].host)  # as delete_host
         self._stored = self._states()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import delete, func, select, update
@@ -114,14 +115,17 @@ def read_host_lives(session: Session) -> list[HostLife]:
     ]
 
 
-def delete_host(session: Session, name: str) -> HostForgotten:
+def delete_host(session: Session, name: str, running: Iterable[str] = ()) -> HostForgotten:
     """`fleetd hosts forget NAME`: a host gone for good, its lives, its governor's place and its
     rungs' memory deleted; the games homed on it are homed where they run (a pending one gets a
-    home as a new game does). Refused while it is up, or while a game holds a slot on it or has an
-    open run on one of its node lives."""
-    host = _host_to_forget(session, name)
+    home as a new game does). Refused while it is up, or while a game holds a slot on it, has an
+    open run on one of its node lives, or is among `running` (the supervisor's live workers pinned
+    to it: a run not yet located has no node, and a game re-placed off a dead host keeps its worker
+    there until Ray reports it lost)."""
+    host = _host_to_forget(session, name, running)
     lives = session.scalar(select(func.count()).select_from(HostBoot).where(HostBoot.host_id == host.id)) or 0
-    homed = sorted(session.scalars(select(Game.name).where(Game.home_host == name)))
+    homes = tuple((game, home) for game, home in session.execute(
+        select(Game.name, Game.host).where(Game.home_host == name).order_by(Game.name)))
     # A game homed there that runs as a guest elsewhere is at home where it runs; one pending
     # gets a home at the governor's next step.
     session.execute(update(Game).where(Game.home_host == name).values(home_host=Game.host))
@@ -130,10 +134,10 @@ def delete_host(session: Session, name: str) -> HostForgotten:
     session.execute(delete(Rung).where(Rung.host == name))
     session.delete(host)
     session.flush()
-    return HostForgotten(name, lives, tuple(homed))
+    return HostForgotten(name, lives, homes)
 
 
-def _host_to_forget(session: Session, name: str) -> Host:
+def _host_to_forget(session: Session, name: str, running: Iterable[str]) -> Host:
     """The host, or the FleetdError that says why it cannot be forgotten: 404 unknown, 409 up or holding games."""
     host = session.scalars(select(Host).where(Host.name == name)).one_or_none()
     if host is None:
@@ -142,11 +146,11 @@ def _host_to_forget(session: Session, name: str) -> Host:
         raise FleetdError(ErrorCode.CONFLICT, f"host {name!r} is up: only a host gone for good is forgotten "
                           "(remove its node from the cluster first; `fleetd hosts` shows it down then)",
                           {"host": name, "reason": "up"})
-    games = _games_on(session, host)
+    games = sorted(set(_games_on(session, host)) | set(running))
     if games:
         raise FleetdError(ErrorCode.CONFLICT, f"host {name!r} still has games placed or running on it: "
-                          f"{', '.join(games)} (they move to another host once the governor sees it down; "
-                          "try again then, or stop them)", {"host": name, "reason": "games", "games": games})
+                          f"{', '.join(games)} (they move to another host once the governor sees it down, and a "
+                          "worker still there ends once Ray reports it lost; try again then, or stop them)", {"host": name, "reason": "games", "games": games})
     return host
 
 

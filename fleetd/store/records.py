@@ -209,11 +209,17 @@ class Placement:
 
 @dataclass(frozen=True)
 class HostForgotten:
-    """A host deleted by `fleetd hosts forget`: how many lives it had, the games it was home to."""
+    """A host deleted by `fleetd hosts forget`: how many lives it had, and each game it was home
+    to with its home now: the host it runs on, or None while it waits for a slot (it gets a home
+    as a new game does)."""
 
     name: str
     lives: int
-    homes_cleared: tuple[str, ...]
+    homes: tuple[tuple[str, str | None], ...]
+
+    def homes_message(self) -> str:
+        """Where the games it was home to are homed now, for the event: "g3 on b, g1 once admitted"."""
+        return ", ".join(f"{game} on {home}" if home else f"{game} once admitted" for game, home in self.homes)
 
 
 @dataclass(frozen=True)

@@ -542,7 +542,8 @@ class Supervisor:
             for rollback in (c for c in commands if isinstance(c, RollBack)):
                 rollback.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: roll back after it starts"))
             for forget in (c for c in commands if isinstance(c, ForgetHost)):
-                forget.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: forget the host after it starts"))
+                forget.reply.set_exception(FleetdError(ErrorCode.CONFLICT, f"cannot forget host {forget.name!r}: fleetd is "
+                                                       "stopping; forget it after it starts", {"host": forget.name}))
             return True
         starts = [c for c in commands if isinstance(c, StartGame)]
         self._load_games()
@@ -572,8 +573,12 @@ class Supervisor:
     def _forget_host(self, command: ForgetHost) -> None:
         """`fleetd hosts forget`: whatever it meets (a refusal, a busy store) is the API's answer;
         the loop goes on."""
+        # A worker pinned there lives until Ray reports it lost, though its game may be placed
+        # elsewhere already and its run not located: forgetting the host now would have `_moved`
+        # signal it (`host_down` knows no forgotten host) and its run end `stopped`, not `node_lost`.
+        pinned = [n for n, p in self.procs.items() if p.state in LIVE and self._placing.hosts.get(n) == command.name]
         try:
-            command.reply.set_result(self.fleet.forget_host(command.name))
+            command.reply.set_result(self.fleet.forget_host(command.name, pinned))
         except Exception as exc:  # noqa: BLE001 - answered, not raised: the loop must not die of a request
             command.reply.set_exception(exc)
 

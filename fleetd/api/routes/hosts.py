@@ -92,7 +92,8 @@ def forget_host(
         raise FleetdError(ErrorCode.CONFLICT, f"cannot forget host {name!r}: on backend = 'local' the only host is "
                           "this one; hosts are forgotten on a cluster ([cluster] backend = \"ray\")", {"host": name})
     if context.supervisor is None:
-        raise FleetdError(ErrorCode.CONFLICT, "no supervisor runs in this process: forget a host through the daemon")
+        raise FleetdError(ErrorCode.CONFLICT, f"cannot forget host {name!r}: no supervisor runs in this process; "
+                          "forget it through the daemon", {"host": name})
     command = ForgetHost(name, Future())
     context.supervisor.submit(command)  # its governor lives in the supervisor's thread: dropped there
     try:
