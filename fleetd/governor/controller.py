@@ -413,7 +413,7 @@ class FleetController:
             homes = f"; the games it was home to ({', '.join(gone.homes_cleared)}) are at home where they run, or once admitted" if gone.homes_cleared else ""
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
                          f"and its rungs' memory deleted{homes}", details={"host": name, "lives": gone.lives})
-        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost):
+        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted):
             kept.pop(name, None)
         for game in gone.homes_cleared:
             if game in self._placed:
