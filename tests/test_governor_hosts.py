@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -37,12 +38,14 @@ from fleetd.errors import FleetdError
 from fleetd.supervision.commands import ForgetHost, Shutdown
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
+from fleetd.host.telemetry import HostSample, Snapshot
 from fleetd.host.uptime import record_daemon_start
 from tests.api_context import CATALOG, on_ray, serving
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeLauncher, FakeReactor
 from tests.test_cli_exit_codes import config_for, fleetd
 from tests.test_operator_intent import SteppingPort
+from tests.test_sizing_fleet import H100
 from workers.protocol.reports import ProgressReport
 
 MIN = 60.0
@@ -539,3 +542,15 @@ def test_a_forget_met_by_a_shutdown_is_refused_naming_the_host(cluster: Cluster)
     refused = forget.reply.exception(timeout=0)
     assert isinstance(refused, FleetdError) and refused.details == {"host": "a"}, refused
     assert str(refused.message).startswith("cannot forget host 'a': fleetd is stopping"), refused.message
+
+
+def test_each_hosts_sizing_counts_the_games_wanting_a_slot_on_that_host(cluster: Cluster) -> None:
+    """a holds g1 g3 g5 at 3x32, b g2 g4 at 4x48: b's GPU and memory are checked for its 2
+    games, not the fleet's 5 (nor its rung's 4); a's for its 3."""
+    climbed(cluster)
+    gpu_host = Snapshot(0.0, (H100,), True, None, HostSample(256 * 2**30, 200 * 2**30, 10.0, 1.0), ())
+    cluster.fleet.telemetry = SimpleNamespace(latest=gpu_host)
+    cluster.steps()
+    (a, _), (b, _) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
+    assert a.sizing is not None and b.sizing is not None
+    assert (a.sizing.games, a.sizing.rung_games, b.sizing.games, b.sizing.rung_games) == (3, 3, 2, 4)

@@ -179,3 +179,34 @@ def test_a_rung_is_sized_for_the_games_that_want_its_slots_not_all_of_its_games(
     eight = slots + [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "defgh"]
     fleet.govern(eight)  # 8 games want a slot: the rung's 8 share the GPU
     assert (fleet.scaled().num_envs, fleet.scaled().sizing.games) == (192, 8)
+
+
+def test_a_game_leaving_and_coming_back_rolls_no_worker_on_one_rung(settings: Settings, db: Database, clock: FakeClock) -> None:
+    """9 GiB a game at 256 envs: 7 games fit 8x256's own values (69.3 GiB), 8 do not (79.2 GiB:
+    8x192's). With 8 wanting a slot, an 8th game going (exited, fatal, stopped) and coming back
+    rolled every worker twice: up to 256 envs, then down to 192. The count sized for is a mark:
+    it rises at once (lighter values), never falls on the rung; a new rung or a daemon restart
+    starts it again at the games wanting a slot."""
+    book = FootprintBook()
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
+                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    fleet = fleet_on_an_h100(settings, db, clock, book)
+    seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in "abcdefg"]
+    gone, back = (seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), state)] for state in (State.EXITED, State.RUNNING))
+    given = []  # what the workers are given after each step: a change rolls every running one
+    for slots in (back, gone, back, gone, back):
+        fleet.govern(slots)
+        given.append((fleet.scaled().num_envs, fleet.scaled().batch_size, fleet.scaled().sizing.games))
+    assert given == [(192, 2048, 8)] * 5  # h's dips roll nothing
+    again = fleet_on_an_h100(settings, db, clock, book)  # a daemon restart with 7 wanting
+    again.govern(gone)
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (256, 7)
+    again.govern(back)  # h back: lighter at once
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (192, 8)
+    again.govern(gone)
+    assert again.scaled().num_envs == 192  # no heavier on this rung
+    again.governor.state = replace(again.governor.state, rung=again.governor.index() - 1)  # a new rung: counted afresh
+    again.govern(gone)
+    assert again.scaled().sizing.games == 7

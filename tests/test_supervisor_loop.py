@@ -5,6 +5,7 @@ snapshot that the API and systemd's status line read. Deterministic: no sleeps, 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sqlite3
 from collections.abc import Callable
@@ -23,14 +24,16 @@ from fleetd.config import Settings
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
-from fleetd.jobs import hosts_job
+from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
+from fleetd.host.telemetry import HostSample, Snapshot, TelemetrySampler
+from fleetd.jobs import hosts_job, telemetry_job
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
-from fleetd.store.fleet import read_rungs, update_fleet_requested
-from fleetd.store.records import GameDraft, NodeSeen
+from fleetd.store.fleet import read_rungs, save_fleet, update_fleet_requested
+from fleetd.store.records import FleetRecord, GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
 from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
@@ -40,6 +43,7 @@ from fleetd.host.uptime import record_daemon_start
 from tests.api_context import on_ray, write_locked
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
+from tests.test_sizing_fleet import GIB, H100, FakeGpu
 from fleetd.supervision.launcher import run_spec_path
 from workers.protocol.exit_codes import ExitCode, write_exit_record
 from workers.protocol.reports import ProgressReport
@@ -68,10 +72,11 @@ class Loop:
     alerts: Any = None  # an AlertSender, or a fake with `send`
     telemetry: Any = None  # a TelemetrySampler (over a fake NVML), or None: no GPU seen
     finder: Any = field(default_factory=FakeFinder)  # workers whose pid no run recorded
+    footprints: FootprintBook | None = None  # what workers were measured to take (None: nothing)
 
     def start(self, unclean_reboot: bool = False, stopping: Callable[[], Shutdown | None] = lambda: None) -> Supervisor:
         recorder = Recorder(self.db, self.clock, self.boot_pk, alerts=self.alerts)
-        fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry)
+        fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=self.telemetry, footprints=self.footprints)
         self.supervisor = Supervisor(
             self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet,
             unclean_reboot=unclean_reboot, finder=self.finder,
@@ -1206,3 +1211,50 @@ def test_the_operators_stop_and_start_clear_a_crash_loops_count_and_back_off(loo
     assert spawns_of(loop, "a") == spawned + 1  # at once: no back-off left to wait out
     with loop.db.transaction() as session:
         assert game_store.read_game(session, "a").failures == 0
+
+
+def test_a_game_leaving_a_full_rung_and_coming_back_rolls_no_other_worker(loop: Loop) -> None:
+    """8 games on an H100 at 8x256, measured at 9 GiB a game: 8 need 79.2 GiB of the 71.68 GiB
+    room, so 8x192's values. Game h stopped, then started again: 7 games would fit 256 envs, so
+    every other worker rolled up to 256 and, with h back, down to 192. The sizing's count never
+    falls on one rung: h's going and coming back stops no other worker."""
+    fleet = loop.settings.fleet.model_copy(update={"tier": "heavy"})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    clock, names, me = loop.clock, "abcdefgh", os.getpid()
+    with loop.db.transaction() as session:
+        save_fleet(session, FleetRecord("heavy", "heavy", 8, 256, clock.now(), True, clock.now()))
+    loop.telemetry, loop.footprints = _FreshH100(clock), FootprintBook()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    telemetry_job(loop.db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
+                  FootprintSource(loop.footprints, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    for name in names:
+        loop.add(name)
+    sup = loop.start()
+    loop.steps()
+    loop.run_up(*names)
+    assert sup.fleet.scaled().num_envs == 192 and len(loop.launcher.spawned) == 8
+    set_desired(loop.db, clock, "h", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.reactor.exit(loop.pid("h"), code=0)
+    loop.steps(3)
+    assert loop.state("h") is State.STOPPED
+    assert [loop.state(n) for n in names[:7]] == [State.RUNNING] * 7  # none rolled up to 256 envs
+    set_desired(loop.db, clock, "h", Desired.RUNNING)
+    loop.sup.submit(StartGame("h"))
+    loop.steps()
+    loop.run_up("h")
+    loop.steps(3)
+    assert [loop.state(n) for n in names] == [State.RUNNING] * 8
+    assert len(loop.launcher.spawned) == 9 and sup.fleet.scaled().num_envs == 192  # h's own start alone
+
+
+class _FreshH100:
+    """Telemetry of one H100 and 256 GiB of host memory, always as of now."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    @property
+    def latest(self) -> Snapshot:
+        return Snapshot(self.clock.now().timestamp(), (H100,), True, None, HostSample(256 * GIB, 200 * GIB, 10.0, 1.0), ())

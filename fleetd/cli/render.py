@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetd.games.fields import PENDING_NOTE, listed
+from fleetd.governor.counted import fewer_counted
 from fleetd.states import Desired, Shown
 from fleetd.durations import format_duration
 
@@ -367,8 +368,7 @@ def sizing_line(sizing: dict[str, Any] | None) -> str:
     per_gpu, games, factor = sizing["games_per_gpu"], sizing.get("games", sizing["games_per_gpu"]), f"x {1 + sizing['tolerance']:g}"
     gpu, host = f"{gib(sizing['gpu_needed_bytes'])} GPU", f"{gib(sizing['host_needed_bytes'])} host"
     needed = f"{games} games {factor} = {gpu}, {host}" if per_gpu == games else f"{per_gpu} game{'s' if per_gpu != 1 else ''} a GPU {factor} = {gpu}, {games} games {factor} = {host}"
-    rung_games = sizing.get("rung_games", games)  # more than `games` where fewer want a slot: sized for those
-    fewer = f" ({games} of the rung's {rung_games} games: no more want a slot)" if rung_games > games else ""
+    fewer = fewer_counted(games, sizing.get("rung_games", games))  # more than `games` where fewer want a slot
     return (f"{at}: measured at {measured} ({', '.join(sizing['kinds'])}; {sizing['readings']} readings): "
             f"{gib(sizing['gpu_bytes_per_game'])} GPU, {gib(sizing['rss_bytes_per_game'])} RSS a game; "
             f"{needed}{fewer}; {room}: {verdict}")

@@ -80,6 +80,15 @@ class GameSlot:
         return wants_slot(self.desired, self.state)
 
 
+@dataclass(frozen=True)
+class _Counted:
+    """A host's games for sizing (`FleetController._counted`): the most wanting a slot on `rung`."""
+
+    rung: tuple[int, int]  # the rung's key the mark was taken on
+    most: int  # the most games wanting a slot seen on it: the count sized for
+    wanting: int  # at the last step: the count a new rung starts from
+
+
 def tier_not_applied(db: Database, settings: FleetSettings) -> str | None:
     """The config's `[fleet] tier` is read at the first start only (`FleetController._load`); from
     then on the database's request rules, whatever the config says. A config edited since would
@@ -126,10 +135,14 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
-        # The games wanting a slot at the last step (`govern`): no rung holds more, so its sizing
-        # counts no more (None: no step yet, the rung's games). The launches and `fleetd tier`
-        # both read it, so they show one sizing.
-        self._wanting: int | None = None
+        # Each host's count of games its sizing is for (LOCAL's alone without a cluster), by the
+        # games wanting a slot there at each step (`govern`): no rung holds more. A mark, kept by
+        # the rung it was taken on: it rises with the count at once (lighter values where they no
+        # longer fit) but never falls on one rung, so a game going and coming back does not roll
+        # every worker twice; a new rung (which rolls them anyway) starts it at the count again.
+        # None: no step yet since the daemon started (the rung's games). Supervisor thread only;
+        # the launches and `fleetd tier` both read it, so they show one sizing.
+        self._counted: dict[str, _Counted] = {}
         self.stall = TelemetryStall(settings, db, clock, boot_id)
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -188,13 +201,40 @@ class FleetController:
         return None if placement is None or name not in self._admitted else placement.host
 
     def scaled(self) -> Scaled:
-        return self._scaled(self.governor)
+        return self._scaled(self.governor, LOCAL)
 
-    def _scaled(self, governor: Governor) -> Scaled:
+    def _scaled(self, governor: Governor, host: str) -> Scaled:
         rung, index = governor.rung, governor.index()
         name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
         below = governor.ladder[index - 1].settings() if index > 0 else None
-        return scale(name, rung.settings(), below, self._host(), self.settings, self._wanting)
+        return scale(name, rung.settings(), below, self._host(), self.settings, self._games_sized(governor, host))
+
+    def _games_sized(self, governor: Governor, host: str) -> int | None:
+        """The games `host`'s sizing counts: its mark on this rung, or, where the rung changed
+        since the last step, the games wanting a slot there then (None: no step yet)."""
+        counted = self._counted.get(host)
+        if counted is None:
+            return None
+        return counted.most if counted.rung == governor.rung.key else counted.wanting
+
+    def _count_wanting(self, slots: Sequence[GameSlot]) -> None:
+        """Each host's mark after a step (`_counted`): the games wanting a slot there (on a
+        cluster those placed on it, or homed to it while pending), the most seen on its rung."""
+        wanting = [slot.name for slot in slots if slot.wants_slot]
+        if not self.cluster:
+            counts, governors = {LOCAL: len(wanting)}, {LOCAL: self.governor}
+        else:
+            governors = self.governors
+            counts = {host: 0 for host in governors}
+            for name in wanting:
+                placement = self._placed.get(name)
+                where = None if placement is None else placement.host or placement.home
+                if where in counts:
+                    counts[where] += 1
+        for host, governor in governors.items():
+            was, rung = self._counted.get(host), governor.rung.key
+            most = counts[host] if was is None or was.rung != rung else max(was.most, counts[host])
+            self._counted[host] = _Counted(rung, most, counts[host])
 
     def sizing(self, name: str) -> tuple[Scaled, int]:
         """The rung a game's worker is sized for and the games sharing its host: the fleet's
@@ -204,14 +244,16 @@ class FleetController:
         governor = self.governors.get(host or "")
         if governor is None:
             return self.scaled(), self.admitted_count()
-        return self._scaled(governor), sum(1 for p in self._placed.values() if p.host == host) or 1
+        return self._scaled(governor, host or ""), sum(1 for p in self._placed.values() if p.host == host) or 1
 
     def sizing_key(self) -> tuple[object, ...]:
         """Changes whenever `sizing` may answer differently for some game."""
         if not self.cluster:
             return (self.scaled(), self.admitted_count())
-        rungs = tuple((host, governor.rung.key) for host, governor in sorted(self.governors.items()))
-        return (self.scaled(), rungs, self._wanting, tuple(sorted((n, p.host, p.home) for n, p in self._placed.items())))
+        # Each host's sized values (they carry its count), not the count: only a change in what
+        # some game would be given rebuilds the launches.
+        rungs = tuple((host, governor.rung.key, self._scaled(governor, host)) for host, governor in sorted(self.governors.items()))
+        return (self.scaled(), rungs, tuple(sorted((n, p.host, p.home) for n, p in self._placed.items())))
 
     def view(self, slots: Sequence[GameSlot]) -> FleetView:
         wanting = [slot for slot in slots if slot.wants_slot]
@@ -234,10 +276,11 @@ class FleetController:
         )  # fmt: skip
 
     def governor_view(self, slots: Sequence[GameSlot]) -> GovernorView:
-        governor, view, now = self.governor, self.view(slots), self.clock.now()
+        governor, host, view, now = self.governor, LOCAL, self.view(slots), self.clock.now()
         hosts = tuple(self._host_rungs(now)) if self.cluster else ()
         if hosts:
-            governor = max((self.governors[h.name] for h in hosts if h.alive), key=lambda g: g.index(), default=governor)
+            live = [(self.governors[h.name], h.name) for h in hosts if h.alive]
+            governor, host = max(live, key=lambda g: g[0].index(), default=(governor, host))
         state, ceiling = governor.state, governor.ceiling(now, view)
         allowed = sum(h.allowed for h in hosts if h.alive) if hosts else governor.allowed()
         return GovernorView(
@@ -246,7 +289,7 @@ class FleetController:
             ceiling=None if ceiling is None else ceiling[0].label,
             ceiling_until=None if ceiling is None else ceiling[1], admitted=view.admitted, pending=view.pending,
             pressure=view.pressure.reasons, next_scale_up_at=governor.next_scale_up(view, now),
-            waiting_reason=governor.waiting_reason(now, view), scaled=self._scaled(governor),
+            waiting_reason=governor.waiting_reason(now, view), scaled=self._scaled(governor, host),
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
             pressure_seen=self.governor.pressure_seen,  # the one the plan reads from the store
@@ -287,13 +330,15 @@ class FleetController:
         then take up the operator's request and the governor's clock. True if anything changed."""
         self._watch_clock()
         released = self._release(slots)
-        self._wanting = sum(1 for slot in slots if slot.wants_slot)
         if self.cluster:
-            return self._govern_hosts(slots) or released
-        now = self.clock.now()
-        decisions = self.governor.request(self._requested(), now)
-        decisions += self.governor.tick(now, self.view(slots))
-        return self._apply(decisions) or released
+            changed = self._govern_hosts(slots)
+        else:
+            now = self.clock.now()
+            decisions = self.governor.request(self._requested(), now)
+            decisions += self.governor.tick(now, self.view(slots))
+            changed = self._apply(decisions)
+        self._count_wanting(slots)  # on the rungs this step left
+        return changed or released
 
     def instability(self, kind: str, detail: str, game: str | None = None) -> bool:
         """Instability of the host: on a cluster, the host `game` ran on."""
@@ -369,7 +414,7 @@ class FleetController:
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
                          f"and its rungs' memory deleted{homes}",
                          details={"host": name, "lives": gone.lives, "homes": dict(gone.homes)})
-        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost):
+        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted):
             kept.pop(name, None)
         for game, _ in gone.homes:
             if game in self._placed:

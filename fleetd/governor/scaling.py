@@ -3,7 +3,8 @@
 A rung's values (games x envs, batch) are the most a game gets. On a GPU host they hold if the
 footprint measured for them (fleetd/governor/footprint.py: NVML's GPU memory per process and
 the RSS of the worker's tree, the peak once settled) fits, for the games that will share the
-host (the rung's games, or fewer where fewer want a slot: 3 games at 8x256 are 3 games), with
+host (the rung's games, or fewer where fewer want a slot: 3 games at 8x256 are 3 games; the
+controller's count, which never falls on one rung: docs/governor.md#sizing), with
 `footprint_tolerance` to spare: in `gpu_memory_max_fraction` of the GPU's memory (the level that
 is pressure) and in the host's memory less `host_memory_min_available_fraction`. If it does not,
 the game gets the values of the rung below, where that rung has as many games (8x256 -> 8x192):
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetd.config import FleetSettings, TierSettings
+from fleetd.governor.counted import fewer_counted
 from fleetd.governor.footprint import FootprintKey, Need, need_at
 from fleetd.store.records import FootprintRecord
 from workers.protocol.spec import TierDefaults
@@ -81,13 +83,7 @@ class Sizing:
             return f"nothing measured at {self.num_envs} envs, batch {self.batch_size} or above ({room})"
         gpu = "no GPU reading" if self.need.gpu_bytes is None else f"{_gib(self.need.gpu_bytes)} GPU"
         needed = _needed_words(self.games_per_gpu, self.games, self.tolerance, self.gpu_needed_bytes, self.host_needed_bytes)
-        return f"measured at {self.need.where}: {gpu}, {_gib(self.need.rss_bytes)} RSS a game; {needed} of {room}{self._fewer()}"
-
-    def _fewer(self) -> str:
-        """Why fewer games than the rung's were counted, where they were."""
-        if self.rung_games <= self.games:
-            return ""
-        return f" ({self.games} of the rung's {self.rung_games} games: no more want a slot)"
+        return f"measured at {self.need.where}: {gpu}, {_gib(self.need.rss_bytes)} RSS a game; {needed} of {room}{fewer_counted(self.games, self.rung_games)}"
 
     def json(self) -> dict[str, Any]:
         need = self.need

@@ -16,8 +16,10 @@ from rich.console import Console
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext
+from fleetd.api.metrics import PlanCache
 from fleetd.cli import render
 from fleetd.cli.plan_render import plan_view
+from fleetd.daemon import plan_job
 from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
@@ -26,6 +28,7 @@ from fleetd.host.telemetry import HostSample, Snapshot
 from fleetd.store.fleet import save_fleet, save_rung, update_fleet_requested, update_game_admitted
 from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
+from fleetd.store.plans import read_plan_predictions
 from fleetd.store.records import FleetRecord, GameDraft, ProgressSnapshot, RungMemory
 from fleetd.store.runs import create_run, update_run_spawned
 from fleetd.supervision.spec import launch_spec
@@ -464,13 +467,11 @@ def test_a_slot_the_governor_holds_closed_is_not_planned_open(fleet) -> None:
     assert games["cart4"]["start_hours"] == pytest.approx(55 / 60)
 
 
-def test_a_slot_held_by_pressure_the_governor_saw_lately_is_planned_when_it_opens(fleet) -> None:
+def pressure_held_slot(context: AppContext) -> AppContext:
     """medium's 4x48 holds the 3 games it is proven with; its 4th slot opens at the long window's
     end. Host memory pressure seen 30 s before that end holds the climb until it has stayed clear
-    60 s (`pressure_quiet_s`): the slot opens 60 s from now, not 30. The plan, which builds the
-    governor from the store, takes the pressure from the live governor's snapshot; before, it
-    planned the 4th game 30 s before its slot opened."""
-    context, _ = fleet
+    60 s (`pressure_quiet_s`): cart4's slot opens 60 s from now, not 30. The context of an app
+    whose supervisor publishes that live governor's snapshot."""
     now = context.clock.now()
     with context.db.transaction() as session:
         create_game(session, GameDraft("cart4", "CartPole-v1", "ppo", target_episodes=3_000), now + timedelta(seconds=4))
@@ -490,5 +491,26 @@ def test_a_slot_held_by_pressure_the_governor_saw_lately_is_planned_when_it_open
     govern(controller, context.db)
     assert controller.governor.pressure_seen == context.clock.now() and controller.governor.allowed() == 3
     live = replace(context, supervisor=RecordingSupervisor(controller))
+    return live
+
+
+def test_a_slot_held_by_pressure_the_governor_saw_lately_is_planned_when_it_opens(fleet) -> None:
+    """The plan, which builds the governor from the store, takes the pressure from the live
+    governor's snapshot; before, it planned the 4th game 30 s before its slot opened."""
+    live = pressure_held_slot(fleet[0])
     games = {g["name"]: g for g in get(live)["games"]}
     assert games["cart4"]["plan_state"] == "pending" and games["cart4"]["start_hours"] == pytest.approx(60 / 3600)
+
+
+def test_the_plan_job_and_the_metrics_plan_take_the_pressure_the_live_governor_saw(fleet) -> None:
+    """Both build their plan's governor from the store, as the projection does: each is given the
+    live governor's last look at pressure, so cart4 is recorded (and /metrics planned) to start
+    when its slot opens, 60 s from now, not 30 s."""
+    live = pressure_held_slot(fleet[0])
+    now, opens = live.clock.now(), live.clock.now() + timedelta(seconds=60)
+    plan_job(live.db, live.clock, live.settings, live.daemon, live.supervisor).run()
+    with live.db.transaction() as session:
+        recorded = {p.game: p.start_at for p in read_plan_predictions(session, now, ["cart4"])}
+    assert recorded == {"cart4": opens}
+    planned = {g.name: g.start_at(now) for g in PlanCache(live).get(now).plan.games}
+    assert planned["cart4"] == opens
