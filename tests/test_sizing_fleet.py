@@ -175,7 +175,7 @@ def test_a_rung_is_sized_for_the_games_that_want_its_slots_not_all_of_its_games(
     sizing = _record(settings, db, clock, fleet)["sizing"]
     assert sizing["games"] == 3 and sizing["rung_games"] == 8
     assert "3 games x 1.1 = 29.70 GiB GPU" in render.sizing_line(sizing)
-    assert "(3 of the rung's 8 games: no more want a slot)" in render.sizing_line(sizing)
+    assert "(3 of the rung's 8 games: the most that wanted a slot on it)" in render.sizing_line(sizing)
     eight = slots + [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "defgh"]
     fleet.govern(eight)  # 8 games want a slot: the rung's 8 share the GPU
     assert (fleet.scaled().num_envs, fleet.scaled().sizing.games) == (192, 8)

@@ -9,4 +9,4 @@ def fewer_counted(games: int, rung_games: int) -> str:
     """Why `games` of a rung's `rung_games` were counted, where fewer were ("" where as many)."""
     if rung_games <= games:
         return ""
-    return f" ({games} of the rung's {rung_games} games: no more want a slot)"
+    return f" ({games} of the rung's {rung_games} games: the most that wanted a slot on it)"
