@@ -246,6 +246,35 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
+def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop) -> None:
+    """The daemon died (kill -9) while a tier change's roll stopped a: the new one adopted a
+    stopping, knew of no roll (it was in memory only), and stopped b at once: two games down."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.clock.advance(31)
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    pid_a, pid_b = loop.pid("a"), loop.pid("b")
+    loop.probe.live = {pid_a, pid_b}
+    loop.start()  # the daemon was killed: a new one adopts both
+    loop.steps(2)
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]  # b waits for a
+    assert (pid_b, "SIGTERM") not in loop.launcher.signals
+    loop.reactor.exit(pid_a, code=0)
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
 def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     loop.settings = loop.settings.model_copy(update={"worker": worker})

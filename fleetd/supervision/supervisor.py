@@ -155,6 +155,11 @@ class Supervisor:
         gone: list[RunRecord] = []  # alive at the probe, ended by its watch
         kept = [run for run in runs.live if self._adopt(run, gone)]
         adopted = len(kept)
+        # The roll of a tier change is in memory only: a game the last daemon was restarting with
+        # desired running (a roll's, a `--restart`) is waited for, one at a time, or the next
+        # running game was stopped at once beside it.
+        self._rolling = next((run.game for run in kept if self.procs[run.game].state is State.STOPPING
+                              and self._desired.get(run.game) is Desired.RUNNING), None)
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
