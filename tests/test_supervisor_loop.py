@@ -23,6 +23,7 @@ from fleetd.config import Settings
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
+from fleetd.health.rules import Health, HealthRecord
 from fleetd.jobs import hosts_job
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
@@ -30,6 +31,7 @@ from fleetd.store import runs as run_store
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
 from fleetd.store.fleet import read_rungs, update_fleet_requested
+from fleetd.store.health import update_health
 from fleetd.store.records import GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
@@ -781,6 +783,46 @@ def test_a_worker_adopted_while_the_last_daemon_stopped_it_ends_as_a_stop_not_a_
     with loop.db.transaction() as session:
         [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
     assert ended.cause == "stopped"
+
+
+def test_a_worker_adopted_stopping_twice_says_so_once_and_never_that_it_trained(loop: Loop) -> None:
+    """Each daemon restart while a worker stopped recorded a `running` adoption, "it kept training
+    through a daemon restart" (false: it was stopping), then `running -> stopping`, and piled a
+    "(still stopping through a daemon restart)" onto its reason per restart."""
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STOPPING, "restart requested", loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    loop.start()  # killed again before the worker ended
+    assert loop.state("a") is State.STOPPING
+    said = f"adopted live worker pid 4242 (run {run_id}) while stopping: restart requested"
+    assert loop.sup.procs["a"].reason == said
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(game="a", limit=20))
+        assert game_store.read_game(session, "a").state_reason == said
+    assert [e.message for e in events if e.kind == "adopted"] == [said, said]
+    assert not [e for e in events if e.kind == "state"]  # no running, no running -> stopping
+    assert loop.launcher.signals == [(4242, "SIGTERM"), (4242, "SIGTERM")]
+
+
+def test_a_hold_stopping_through_a_daemon_restart_still_shows_its_reason(loop: Loop) -> None:
+    """A learning-health hold's stop, the daemon killed before the worker ended: the hold's
+    reason, shown once stopped ("stopped: held: ..."), was lost for a plain "stopped"."""
+    held = "held: learning collapsed and no evaluated checkpoint to roll back to"
+    loop.add("a", desired=Desired.STOPPED)
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        update_health(session, game_store.game_id_of(session, "a"), HealthRecord(Health.HELD, held), loop.clock.now())
+        game_store.update_game_state(session, "a", State.STOPPING, held, loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    assert loop.state("a") is State.STOPPING
+    write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.STOPPED)
+    loop.reactor.exit(4242, code=None)
+    loop.steps()
+    assert loop.state("a") is State.STOPPED and loop.sup.procs["a"].reason.endswith(f": {held}")
 
 
 def stop_and_start_again(loop: Loop, down_s: float, leave_workers: bool) -> None:
