@@ -25,6 +25,7 @@ from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
 from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
+from fleetd.health.rules import Health, HealthRecord
 from fleetd.host.telemetry import HostSample, Snapshot, TelemetrySampler
 from fleetd.jobs import hosts_job, telemetry_job
 from fleetd.states import Desired, Shown, State
@@ -33,6 +34,7 @@ from fleetd.store import runs as run_store
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
 from fleetd.store.fleet import read_rungs, save_fleet, update_fleet_requested
+from fleetd.store.health import update_health
 from fleetd.store.records import FleetRecord, GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
@@ -247,6 +249,35 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     loop.steps()
     assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING  # still one at a time
     assert loop.sup.procs["a"].spawned_launch != first["a"]  # started with the medium tier's values
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
+def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop) -> None:
+    """The daemon died (kill -9) while a tier change's roll stopped a: the new one adopted a
+    stopping, knew of no roll (it was in memory only), and stopped b at once: two games down."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.clock.advance(31)
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    pid_a, pid_b = loop.pid("a"), loop.pid("b")
+    loop.probe.live = {pid_a, pid_b}
+    loop.start()  # the daemon was killed: a new one adopts both
+    loop.steps(2)
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]  # b waits for a
+    assert (pid_b, "SIGTERM") not in loop.launcher.signals
+    loop.reactor.exit(pid_a, code=0)
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
     loop.run_up("a")
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
@@ -757,6 +788,46 @@ def test_a_worker_adopted_while_the_last_daemon_stopped_it_ends_as_a_stop_not_a_
     with loop.db.transaction() as session:
         [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
     assert ended.cause == "stopped"
+
+
+def test_a_worker_adopted_stopping_twice_says_so_once_and_never_that_it_trained(loop: Loop) -> None:
+    """Each daemon restart while a worker stopped recorded a `running` adoption, "it kept training
+    through a daemon restart" (false: it was stopping), then `running -> stopping`, and piled a
+    "(still stopping through a daemon restart)" onto its reason per restart."""
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STOPPING, "restart requested", loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    loop.start()  # killed again before the worker ended
+    assert loop.state("a") is State.STOPPING
+    said = f"adopted live worker pid 4242 (run {run_id}) while stopping: restart requested"
+    assert loop.sup.procs["a"].reason == said
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(game="a", limit=20))
+        assert game_store.read_game(session, "a").state_reason == said
+    assert [e.message for e in events if e.kind == "adopted"] == [said, said]
+    assert not [e for e in events if e.kind == "state"]  # no running, no running -> stopping
+    assert loop.launcher.signals == [(4242, "SIGTERM"), (4242, "SIGTERM")]
+
+
+def test_a_hold_stopping_through_a_daemon_restart_still_shows_its_reason(loop: Loop) -> None:
+    """A learning-health hold's stop, the daemon killed before the worker ended: the hold's
+    reason, shown once stopped ("stopped: held: ..."), was lost for a plain "stopped"."""
+    held = "held: learning collapsed and no evaluated checkpoint to roll back to"
+    loop.add("a", desired=Desired.STOPPED)
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        update_health(session, game_store.game_id_of(session, "a"), HealthRecord(Health.HELD, held), loop.clock.now())
+        game_store.update_game_state(session, "a", State.STOPPING, held, loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    assert loop.state("a") is State.STOPPING
+    write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.STOPPED)
+    loop.reactor.exit(4242, code=None)
+    loop.steps()
+    assert loop.state("a") is State.STOPPED and loop.sup.procs["a"].reason.endswith(f": {held}")
 
 
 def stop_and_start_again(loop: Loop, down_s: float, leave_workers: bool) -> None:

@@ -112,15 +112,10 @@ class WorkerProcess:
         left = (self.backoff_due - self._clock.now()).total_seconds()
         return max(0.0, min(left, self.policy.backoff_delay(self.failures)))
 
-    def stop(self, reason: str = "stop requested", stays: str | None = None, sent_at: datetime | None = None) -> None:
-        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`.
-        `sent_at`: when the stop was first sent, where that was before now (a worker adopted
-        while the last daemon was stopping it): a checkpoint written since is the stop's."""
+    def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
+        """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`."""
         if self.state in (State.STARTING, State.RUNNING):
-            self._stays = stays
-            self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
-            self._stop_sent_at = self._clock.now() if sent_at is None else sent_at
-            self._signal(self.policy.stopsignal)
+            self._send_stop(stays)
             self._to(State.STOPPING, reason)
         elif self.state is State.BACKOFF:
             self._to(State.STOPPED, reason)
@@ -155,25 +150,46 @@ class WorkerProcess:
         if self.state is State.STOPPED and state in (State.EXITED, State.FATAL):
             self.state, self.reason = state, reason
 
+    def _send_stop(self, stays: str | None, sent_at: datetime | None = None) -> None:
+        """`sent_at`: when the stop was first sent, where before now (by the last daemon)."""
+        self._stays = stays
+        self._stop_deadline = self._clock.monotonic() + self.policy.stopwaitsecs
+        self._stop_sent_at = self._clock.now() if sent_at is None else sent_at
+        self._signal(self.policy.stopsignal)
+
     def adopt(
         self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None,
-        starting: bool = False,
+        was: State | None = None, why: str = "", held: bool = False, since: datetime | None = None,
     ) -> None:
         """Watch a live worker that a previous daemon started (it is no longer our child).
-        `starting`: that daemon had it starting, so it may not have reported yet."""
+        `was`: the state that daemon stored. STARTING: it may not have reported yet. STOPPING:
+        that daemon had sent it the stop (`why`, the reason it stored) and died before it ended:
+        it is ending as asked, and is sent the stop again (the first may not have gone out).
+        Taken as running, its exit 0 after the final checkpoint was a crash, "a signal fleetd did
+        not send", counted towards FATAL and backed off. `held`: that stop was a learning-health
+        hold's, whose reason it shows once stopped (as `stop`'s `stays`). `since`: when it went
+        STOPPING: a checkpoint written after is the stop's final one, though reported only now,
+        and neither counts as progress nor clears a crash loop's count."""
         self.run_id, self.pid, self.gpu = run_id, pid, gpu
         self._fresh_watch(steps)
         self._resumed_steps = -1 if resumed_steps is None else resumed_steps
         self.spawned_wall = self._clock.now()
         # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
         # building envs): start_timeout_s until its first report, as for a worker spawned now.
-        self._reported = not starting
+        self._reported = was is not State.STARTING
         adopted = f"adopted live worker pid {pid} (run {run_id})"
-        if starting:  # STARTING as stored: RUNNING once it reports and stays up, as a spawned one
+        if was is State.STARTING:  # RUNNING once it reports and stays up, as a spawned one
             self._spawned_at = self._clock.monotonic()
             self._to(State.STARTING, f"{adopted}: still starting through a daemon restart", adopted=True)
-            return
-        self._to(State.RUNNING, f"{adopted}: it kept training through a daemon restart", adopted=True)
+        elif was is State.STOPPING:
+            # Straight to STOPPING: it never trained under this daemon. Adopted stopping again (a
+            # second restart), it is the same worker and run: the reason is not said twice.
+            while_stopping = f"{adopted} while stopping: "
+            why = why.removeprefix(while_stopping) or "stop requested"
+            self._send_stop(why if held else None, since)
+            self._to(State.STOPPING, while_stopping + why, adopted=True)
+        else:
+            self._to(State.RUNNING, f"{adopted}: it kept training through a daemon restart", adopted=True)
 
     # -- what happened ---------------------------------------------------------------------
 

@@ -136,7 +136,8 @@ class Sink(Protocol):
 
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         """`adopted`: the worker did not change, a new daemon took over watching it (it goes on
-        RUNNING, or STARTING where it was not up yet); its event says so, not the two states."""
+        RUNNING, STARTING where it was not up yet, STOPPING where the last daemon was stopping
+        it); its event says so, not the two states."""
 
     def note(self, game: str, kind: str, message: str, severity: str) -> None:
         """An event that is not a state change (a hang detected, an escalation)."""

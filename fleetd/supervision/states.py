@@ -8,9 +8,11 @@ from __future__ import annotations
 from fleetd.states import State
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    # RUNNING straight from STOPPED: adopting a live worker after a daemon restart; EXITED,
-    # FATAL or BACKOFF: a worker that ended while the daemon was down, judged by its exit code.
-    State.STOPPED: frozenset({State.STARTING, State.RUNNING, State.EXITED, State.FATAL, State.BACKOFF}),
+    # RUNNING (or STOPPING, the last daemon stopping it) straight from STOPPED: adopting a live
+    # worker after a daemon restart; EXITED, FATAL or BACKOFF: a worker that ended while the
+    # daemon was down, judged by its exit code.
+    State.STOPPED: frozenset({State.STARTING, State.RUNNING, State.STOPPING, State.EXITED, State.FATAL,
+                              State.BACKOFF}),
     State.STARTING: frozenset({State.RUNNING, State.BACKOFF, State.STOPPING, State.EXITED, State.FATAL}),
     State.RUNNING: frozenset({State.BACKOFF, State.STOPPING, State.EXITED, State.FATAL}),
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED, State.FATAL}),

@@ -155,6 +155,11 @@ class Supervisor:
         gone: list[RunRecord] = []  # alive at the probe, ended by its watch
         kept = [run for run in runs.live if self._adopt(run, gone)]
         adopted = len(kept)
+        # The roll of a tier change is in memory only: a game the last daemon was restarting with
+        # desired running (a roll's, a `--restart`) is waited for, one at a time, or the next
+        # running game was stopped at once beside it.
+        self._rolling = next((run.game for run in kept if self.procs[run.game].state is State.STOPPING
+                              and self._desired.get(run.game) is Desired.RUNNING), None)
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
@@ -433,16 +438,14 @@ class Supervisor:
             return False
         self.recorder.adopted(run)
         stored = next((game for game in self._games if game.name == run.game), None)
-        stored_state = None if stored is None else stored.state
-        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, stored_state is State.STARTING)
+        was = None if stored is None else stored.state
+        # A learning-health hold's stop (or a plateau's): desired stopped, its reason shown once stopped.
+        held = (self._desired.get(run.game) is Desired.STOPPED
+                and self.learning.record(run.game).state in (Health.HELD, Health.PLATEAU))
+        proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, was,
+                   "" if stored is None else stored.state_reason or "", held,
+                   None if stored is None else stored.state_changed_at)
         proc.spawned_launch = launch_of_run(proc.launch, run)
-        if stored is not None and stored.state is State.STOPPING:
-            # The last daemon had sent it the stop (a `--restart`, a tier change, a handover, the
-            # operator's stop) and died before it ended: it is ending as asked. Taken as running,
-            # its exit 0 after the final checkpoint was a crash, "a signal fleetd did not send",
-            # counted towards FATAL and backed off. Signalled again: the stop may not have gone out.
-            proc.stop(f"{stored.state_reason or 'stop requested'} (still stopping through a daemon restart)",
-                      sent_at=stored.state_changed_at)
         return True
 
     def _place(self, game: str) -> int | None:
