@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.vec_env import SubprocVecEnv
 
 from workers.envs import EnvConfig, make_vec_env
 from workers.guards import non_finite_forward
@@ -28,6 +29,20 @@ EVAL_SEED_OFFSET = 1_000_003  # evaluation games differ from the training envs' 
 # an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`, once a step.)
 EVAL_MAX_S = 120.0
 MAX_EVAL_ENVS = 8
+
+
+# What the worker sees of an eval env that died in its SubprocVecEnv child (the child printed
+# its own traceback to the worker's stderr, hence the worker log).
+SUBPROCESS_DIED = (EOFError, BrokenPipeError, ConnectionResetError)
+
+
+def _close_quietly(venv) -> None:
+    """Close the eval env without hiding the error that ended the evaluation: after a child
+    died, SubprocVecEnv.close raises too (BrokenPipeError)."""
+    try:
+        venv.close()
+    except Exception as exc:  # noqa: BLE001 - the evaluation's own outcome is what counts
+        log.debug("closing the evaluation env failed too (%s: %s)", type(exc).__name__, exc)
 
 
 class Evaluator:
@@ -65,21 +80,25 @@ class Evaluator:
         go on up to the worker's own handling (exit 23, exit 22)."""
         self._last_steps = steps
         started = self._clock()
+        venv = None
         try:
             venv = make_vec_env(self.config)
             try:
                 returns = self._play(model, venv, started)
             finally:
-                venv.close()
+                _close_quietly(venv)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - not KeyboardInterrupt/SystemExit: they go on
             if isinstance(exc, ValueError) and non_finite_forward(exc, steps) is not None:
                 raise
-            log.error("evaluation at %d steps failed after %.1f s (%s: %s); this checkpoint has no "
+            died = ""
+            if venv is not None and isinstance(venv.unwrapped, SubprocVecEnv) and isinstance(exc, SUBPROCESS_DIED):
+                died = " (an eval env subprocess died; its traceback is in the worker log above)"
+            log.error("evaluation at %d steps failed after %.1f s (%s: %s)%s; this checkpoint has no "
                       "eval_return, training goes on (next evaluation due at %d steps)", steps,
                       self._clock() - started, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
-                      steps + self.interval_steps, exc_info=exc)
+                      died, steps + self.interval_steps, exc_info=exc)
             return None
         if returns is None:
             return None

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-import tests.workers.faulty_env  # noqa: F401 - registers EvalFailCartPole-v0, EvalInterruptCartPole-v0
+import tests.workers.faulty_env  # noqa: F401 - registers the Eval*CartPole-v0 ids
 from workers import checkpoint
 from workers.callback import StopFlag
 from workers.protocol.exit_codes import ExitCode
@@ -140,3 +140,19 @@ def test_an_interrupt_inside_an_evaluation_is_not_taken_for_its_failure(make_spe
     spec = make_spec(env_id="EvalInterruptCartPole-v0", total_timesteps=256, hyperparams=ONE_ENV_EVAL)
     with pytest.raises(KeyboardInterrupt):
         run(spec, stop=StopFlag())
+
+
+def test_an_eval_env_dying_in_its_subprocess_is_logged_as_that(make_spec, caplog):
+    """With more than one evaluation game the eval envs run in SubprocVecEnv children: one that
+    raised left the worker a dead pipe, and closing the envs raised again (BrokenPipeError),
+    hiding the first error. The log names the first error and where the child's traceback is."""
+    spec = make_spec(env_id="tests.workers.faulty_env:EvalFailCartPole-v0", total_timesteps=256,
+                     hyperparams={**ONE_ENV_EVAL, "eval_episodes": 2})
+    with caplog.at_level(logging.DEBUG, logger="workers.evaluation"):
+        assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert _scores(spec.checkpoint_dir)[256] is None
+    failed = [r for r in caplog.records if r.name == "workers.evaluation" and r.levelno == logging.ERROR]
+    assert len(failed) == 1 and "evaluation at 256 steps failed" in failed[0].getMessage()
+    assert "(EOFError: " in failed[0].getMessage()  # the recv that met the dead child, not close()'s error
+    assert "(an eval env subprocess died; its traceback is in the worker log above)" in failed[0].getMessage()
+
