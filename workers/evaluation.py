@@ -36,6 +36,15 @@ MAX_EVAL_ENVS = 8
 SUBPROCESS_DIED = (EOFError, BrokenPipeError, ConnectionResetError)
 
 
+def sticky_cuda_error(exc: BaseException) -> bool:
+    """A CUDA error that poisons the process's CUDA context (an illegal memory access, a device
+    assert): every later CUDA call fails too, so it is not one evaluation's failure."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc)
+
+
 def _close_quietly(venv) -> None:
     """Close the eval env without hiding the error that ended the evaluation: after a child
     died, SubprocVecEnv.close raises too (BrokenPipeError)."""
@@ -76,8 +85,9 @@ class Evaluator:
         """The mean whole-game return; None when stopped, past `max_s` or failed (logged). An
         evaluation that fails (its env does not build, reset or step) fails alone: training goes
         on, and the next one is due an interval later, as after one that succeeded. A CUDA
-        out-of-memory and a non-finite forward pass are the model's, not the evaluation's: they
-        go on up to the worker's own handling (exit 23, exit 22)."""
+        out-of-memory, a sticky CUDA error and a non-finite forward pass are the model's or the
+        device's, not the evaluation's: they go on up to the worker's own handling (exit 23, a
+        crash, exit 22)."""
         self._last_steps = steps
         started = self._clock()
         venv = None
@@ -91,6 +101,8 @@ class Evaluator:
             raise
         except Exception as exc:  # noqa: BLE001 - not KeyboardInterrupt/SystemExit: they go on
             if isinstance(exc, ValueError) and non_finite_forward(exc, steps) is not None:
+                raise
+            if sticky_cuda_error(exc):
                 raise
             died = ""
             if venv is not None and isinstance(venv.unwrapped, SubprocVecEnv) and isinstance(exc, SUBPROCESS_DIED):

@@ -6,10 +6,12 @@ import json
 import logging
 
 import pytest
+import torch
 
 import tests.workers.faulty_env  # noqa: F401 - registers the Eval*CartPole-v0 ids
 from workers import checkpoint
 from workers.callback import StopFlag
+from workers.evaluation import sticky_cuda_error
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import CheckpointReport, ProgressReport
 from workers.train import run
@@ -155,4 +157,20 @@ def test_an_eval_env_dying_in_its_subprocess_is_logged_as_that(make_spec, caplog
     assert len(failed) == 1 and "evaluation at 256 steps failed" in failed[0].getMessage()
     assert "(EOFError: " in failed[0].getMessage()  # the recv that met the dead child, not close()'s error
     assert "(an eval env subprocess died; its traceback is in the worker log above)" in failed[0].getMessage()
+
+
+def test_a_sticky_cuda_error_inside_an_evaluation_ends_the_run():
+    """An illegal memory access poisons the CUDA context: logged as the evaluation's failure with
+    "training goes on", the next training step crashed anyway. It goes on up, as an OOM does."""
+    assert sticky_cuda_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not sticky_cuda_error(RuntimeError("evaluation env broke (test env)"))
+    assert not sticky_cuda_error(ValueError("CUDA error: not a RuntimeError"))
+    if hasattr(torch, "AcceleratorError"):  # torch >= 2.8 raises this type for such errors
+        assert sticky_cuda_error(torch.AcceleratorError("an illegal memory access was encountered"))
+
+
+def test_a_cuda_error_raised_in_an_evaluation_is_not_taken_for_its_failure(make_spec):
+    spec = make_spec(env_id="EvalCudaErrorCartPole-v0", total_timesteps=256, hyperparams=ONE_ENV_EVAL)
+    with pytest.raises(RuntimeError, match="CUDA error: an illegal memory access"):
+        run(spec, stop=StopFlag())
 
