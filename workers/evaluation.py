@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation games differ from the training envs' games
 # An evaluation that has not finished by then is abandoned; that checkpoint is written without
-# an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`, once a step.)
+# an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`: once the env is
+# built, once it is reset, then once a step.)
 EVAL_MAX_S = 120.0
 MAX_EVAL_ENVS = 8
 
@@ -67,7 +68,7 @@ class Evaluator:
         self.should_stop = should_stop
         self.max_s = max_s
         self._clock = clock
-        self.heartbeat = heartbeat  # called at each evaluation step: the worker is alive
+        self.heartbeat = heartbeat  # the eval env built, reset, and each step: the worker is alive
         self._last_steps: int | None = None
 
     @property
@@ -93,6 +94,7 @@ class Evaluator:
         venv = None
         try:
             venv = make_vec_env(self.config)
+            self.heartbeat()  # building it can take long (8 subprocess envs: seconds)
             try:
                 returns = self._play(model, venv, started)
             finally:
@@ -127,6 +129,7 @@ class Evaluator:
         returns: list[float] = []
         normalizer = model.get_vec_normalize_env()
         obs = venv.reset()
+        self.heartbeat()
         state, starts = None, np.ones(n, dtype=bool)
         while (counts < targets).any():
             if self.should_stop() or self._clock() - started > self.max_s:

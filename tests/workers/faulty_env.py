@@ -73,5 +73,7 @@ def _fails_when_evaluated(error: type[BaseException], **kwargs) -> gym.Env:
 
 gym.register("EvalFailCartPole-v0", entry_point=_fails_when_evaluated, kwargs={"error": RuntimeError})
 gym.register("EvalInterruptCartPole-v0", entry_point=_fails_when_evaluated, kwargs={"error": KeyboardInterrupt})
+gym.register("EvalStepFailCartPole-v0", entry_point=_fails_when_evaluated,
+             kwargs={"error": RuntimeError, "at": "step"})
 gym.register("EvalCudaErrorCartPole-v0", entry_point=_fails_when_evaluated,
              kwargs={"error": RuntimeError, "message": "CUDA error: an illegal memory access was encountered"})

@@ -174,3 +174,14 @@ def test_a_cuda_error_raised_in_an_evaluation_is_not_taken_for_its_failure(make_
     with pytest.raises(RuntimeError, match="CUDA error: an illegal memory access"):
         run(spec, stop=StopFlag())
 
+
+def test_the_eval_env_built_and_reset_counts_as_progress_before_its_first_step(make_spec, inbox):
+    """Building the eval envs (8 subprocesses: seconds) and resetting them advanced no
+    `eval_frames`: the hang watchdog saw nothing until the first evaluation step. Now each is
+    a heartbeat of its own (here the eval env's first step raises, so only those two count)."""
+    spec = make_spec(env_id="EvalStepFailCartPole-v0", progress_socket=str(inbox.path), total_timesteps=256,
+                     hyperparams=ONE_ENV_EVAL)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert _scores(spec.checkpoint_dir)[256] is None
+    progress = [r for r in inbox.drain() if isinstance(r, ProgressReport)]
+    assert progress[-1].eval_frames == 2
