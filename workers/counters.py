@@ -35,7 +35,8 @@ class Counters:
     # Whether this process's log has said so: once per run, not once per game (the count above
     # is saved and resumed; a flag gated on it == 1 never warned again after the first run).
     warned_nonfinite: bool = field(default=False, compare=False, repr=False)
-    # Env steps played by this process's evaluations (docs/worker.md#evaluation), not saved:
+    # This process's evaluation heartbeats (docs/worker.md#evaluation: each eval env built,
+    # reset, and each of its steps), not saved:
     # progress reports carry it, and the supervisor's hang watchdog takes its advance as
     # progress while `steps` stands still during an evaluation.
     eval_frames: int = field(default=0, compare=False, repr=False)

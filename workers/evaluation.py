@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.vec_env import SubprocVecEnv
 
 from workers.envs import EnvConfig, make_vec_env
 from workers.guards import non_finite_forward
@@ -25,9 +26,33 @@ log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation games differ from the training envs' games
 # An evaluation that has not finished by then is abandoned; that checkpoint is written without
-# an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`, once a step.)
+# an eval_return. (The supervisor's hang watchdog sees it alive by `heartbeat`: once the env is
+# built, once it is reset, then once a step.)
 EVAL_MAX_S = 120.0
 MAX_EVAL_ENVS = 8
+
+
+# What the worker sees of an eval env that died in its SubprocVecEnv child (the child printed
+# its own traceback to the worker's stderr, hence the worker log).
+SUBPROCESS_DIED = (EOFError, BrokenPipeError, ConnectionResetError)
+
+
+def sticky_cuda_error(exc: BaseException) -> bool:
+    """A CUDA error that poisons the process's CUDA context (an illegal memory access, a device
+    assert): every later CUDA call fails too, so it is not one evaluation's failure."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc)
+
+
+def _close_quietly(venv) -> None:
+    """Close the eval env without hiding the error that ended the evaluation: after a child
+    died, SubprocVecEnv.close raises too (BrokenPipeError)."""
+    try:
+        venv.close()
+    except Exception as exc:  # noqa: BLE001 - the evaluation's own outcome is what counts
+        log.debug("closing the evaluation env failed too (%s: %s)", type(exc).__name__, exc)
 
 
 class Evaluator:
@@ -43,7 +68,7 @@ class Evaluator:
         self.should_stop = should_stop
         self.max_s = max_s
         self._clock = clock
-        self.heartbeat = heartbeat  # called at each evaluation step: the worker is alive
+        self.heartbeat = heartbeat  # the eval env built, reset, and each step: the worker is alive
         self._last_steps: int | None = None
 
     @property
@@ -61,25 +86,33 @@ class Evaluator:
         """The mean whole-game return; None when stopped, past `max_s` or failed (logged). An
         evaluation that fails (its env does not build, reset or step) fails alone: training goes
         on, and the next one is due an interval later, as after one that succeeded. A CUDA
-        out-of-memory and a non-finite forward pass are the model's, not the evaluation's: they
-        go on up to the worker's own handling (exit 23, exit 22)."""
+        out-of-memory, a sticky CUDA error and a non-finite forward pass are the model's or the
+        device's, not the evaluation's: they go on up to the worker's own handling (exit 23, a
+        crash, exit 22)."""
         self._last_steps = steps
         started = self._clock()
+        venv = None
         try:
             venv = make_vec_env(self.config)
+            self.heartbeat()  # building it can take long (8 subprocess envs: seconds)
             try:
                 returns = self._play(model, venv, started)
             finally:
-                venv.close()
+                _close_quietly(venv)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - not KeyboardInterrupt/SystemExit: they go on
             if isinstance(exc, ValueError) and non_finite_forward(exc, steps) is not None:
                 raise
-            log.error("evaluation at %d steps failed after %.1f s (%s: %s); this checkpoint has no "
+            if sticky_cuda_error(exc):
+                raise
+            died = ""
+            if venv is not None and isinstance(venv.unwrapped, SubprocVecEnv) and isinstance(exc, SUBPROCESS_DIED):
+                died = " (an eval env subprocess died; its traceback is in the worker log above)"
+            log.error("evaluation at %d steps failed after %.1f s (%s: %s)%s; this checkpoint has no "
                       "eval_return, training goes on (next evaluation due at %d steps)", steps,
                       self._clock() - started, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
-                      steps + self.interval_steps, exc_info=exc)
+                      died, steps + self.interval_steps, exc_info=exc)
             return None
         if returns is None:
             return None
@@ -96,6 +129,7 @@ class Evaluator:
         returns: list[float] = []
         normalizer = model.get_vec_normalize_env()
         obs = venv.reset()
+        self.heartbeat()
         state, starts = None, np.ones(n, dtype=bool)
         while (counts < targets).any():
             if self.should_stop() or self._clock() - started > self.max_s:

@@ -70,7 +70,7 @@ class WorkerProcess:
         self._hung_stopped = False  # the hang was a process stopped by a signal from outside
         self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
         self.last_steps: int | None = None
-        self._eval_frames = 0  # the run's evaluation steps as last reported (on_progress)
+        self._eval_frames = 0  # the run's evaluation heartbeats as last reported (on_progress)
         self._progress_at = 0.0
         # STARTING becomes RUNNING only once the worker is up `startsecs` AND has reported:
         # one that dies while still importing torch or building envs is a failed start,
@@ -195,8 +195,9 @@ class WorkerProcess:
 
     def on_progress(self, run_id: int, steps: int, eval_frames: int = 0) -> bool:
         """A progress report; only advancing steps count as progress for the hang watchdog, or,
-        while the worker evaluates (steps stand still), advancing evaluation steps
-        (`eval_frames`): a worker stuck inside an evaluation advances neither."""
+        while the worker evaluates (steps stand still), advancing evaluation heartbeats
+        (`eval_frames`: its env built, reset, each step): a worker stuck inside an evaluation
+        advances neither."""
         if run_id != self.run_id or self.state not in LIVE:
             return False
         self._reported = True

@@ -43,20 +43,37 @@ gym.register("NanOnceCartPole-v0", entry_point=_make, kwargs={"fault": "nan_once
 
 class FailsWhenEvaluated(gym.Wrapper):
     """CartPole whose evaluation env (seeded at the game's seed + EVAL_SEED_OFFSET) raises
-    `error` at its reset; the training env (the game's own seed) plays as CartPole."""
+    `error(message)` at its reset (`at="reset"`) or at its first step (`at="step"`); the
+    training env (the game's own seed) plays as CartPole."""
 
-    def __init__(self, env: gym.Env, error: type[BaseException]):
+    def __init__(self, env: gym.Env, error: type[BaseException], at: str = "reset",
+                 message: str = "evaluation env broke (test env)"):
         super().__init__(env)
-        self.error = error
+        self.error, self.at, self.message = error, at, message
+        self.evaluating = False
 
     def reset(self, *, seed=None, options=None):
         from workers.evaluation import EVAL_SEED_OFFSET
 
-        if seed is not None and seed >= EVAL_SEED_OFFSET:
-            raise self.error("evaluation env broke (test env)")
+        if seed is not None:
+            self.evaluating = seed >= EVAL_SEED_OFFSET
+        if self.evaluating and self.at == "reset":
+            raise self.error(self.message)
         return self.env.reset(seed=seed, options=options)
 
+    def step(self, action):
+        if self.evaluating and self.at == "step":
+            raise self.error(self.message)
+        return self.env.step(action)
 
-gym.register("EvalFailCartPole-v0", entry_point=lambda: FailsWhenEvaluated(gym.make("CartPole-v1"), RuntimeError))
-gym.register("EvalInterruptCartPole-v0",
-             entry_point=lambda: FailsWhenEvaluated(gym.make("CartPole-v1"), KeyboardInterrupt))
+
+def _fails_when_evaluated(error: type[BaseException], **kwargs) -> gym.Env:
+    return FailsWhenEvaluated(gym.make("CartPole-v1"), error, **kwargs)
+
+
+gym.register("EvalFailCartPole-v0", entry_point=_fails_when_evaluated, kwargs={"error": RuntimeError})
+gym.register("EvalInterruptCartPole-v0", entry_point=_fails_when_evaluated, kwargs={"error": KeyboardInterrupt})
+gym.register("EvalStepFailCartPole-v0", entry_point=_fails_when_evaluated,
+             kwargs={"error": RuntimeError, "at": "step"})
+gym.register("EvalCudaErrorCartPole-v0", entry_point=_fails_when_evaluated,
+             kwargs={"error": RuntimeError, "message": "CUDA error: an illegal memory access was encountered"})

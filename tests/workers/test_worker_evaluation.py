@@ -6,10 +6,12 @@ import json
 import logging
 
 import pytest
+import torch
 
-import tests.workers.faulty_env  # noqa: F401 - registers EvalFailCartPole-v0, EvalInterruptCartPole-v0
+import tests.workers.faulty_env  # noqa: F401 - registers the Eval*CartPole-v0 ids
 from workers import checkpoint
 from workers.callback import StopFlag
+from workers.evaluation import sticky_cuda_error
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import CheckpointReport, ProgressReport
 from workers.train import run
@@ -140,3 +142,46 @@ def test_an_interrupt_inside_an_evaluation_is_not_taken_for_its_failure(make_spe
     spec = make_spec(env_id="EvalInterruptCartPole-v0", total_timesteps=256, hyperparams=ONE_ENV_EVAL)
     with pytest.raises(KeyboardInterrupt):
         run(spec, stop=StopFlag())
+
+
+def test_an_eval_env_dying_in_its_subprocess_is_logged_as_that(make_spec, caplog):
+    """With more than one evaluation game the eval envs run in SubprocVecEnv children: one that
+    raised left the worker a dead pipe, and closing the envs raised again (BrokenPipeError),
+    hiding the first error. The log names the first error and where the child's traceback is."""
+    spec = make_spec(env_id="tests.workers.faulty_env:EvalFailCartPole-v0", total_timesteps=256,
+                     hyperparams={**ONE_ENV_EVAL, "eval_episodes": 2})
+    with caplog.at_level(logging.DEBUG, logger="workers.evaluation"):
+        assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert _scores(spec.checkpoint_dir)[256] is None
+    failed = [r for r in caplog.records if r.name == "workers.evaluation" and r.levelno == logging.ERROR]
+    assert len(failed) == 1 and "evaluation at 256 steps failed" in failed[0].getMessage()
+    assert "(EOFError: " in failed[0].getMessage()  # the recv that met the dead child, not close()'s error
+    assert "(an eval env subprocess died; its traceback is in the worker log above)" in failed[0].getMessage()
+
+
+def test_a_sticky_cuda_error_inside_an_evaluation_ends_the_run():
+    """An illegal memory access poisons the CUDA context: logged as the evaluation's failure with
+    "training goes on", the next training step crashed anyway. It goes on up, as an OOM does."""
+    assert sticky_cuda_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not sticky_cuda_error(RuntimeError("evaluation env broke (test env)"))
+    assert not sticky_cuda_error(ValueError("CUDA error: not a RuntimeError"))
+    if hasattr(torch, "AcceleratorError"):  # torch >= 2.8 raises this type for such errors
+        assert sticky_cuda_error(torch.AcceleratorError("an illegal memory access was encountered"))
+
+
+def test_a_cuda_error_raised_in_an_evaluation_is_not_taken_for_its_failure(make_spec):
+    spec = make_spec(env_id="EvalCudaErrorCartPole-v0", total_timesteps=256, hyperparams=ONE_ENV_EVAL)
+    with pytest.raises(RuntimeError, match="CUDA error: an illegal memory access"):
+        run(spec, stop=StopFlag())
+
+
+def test_the_eval_env_built_and_reset_counts_as_progress_before_its_first_step(make_spec, inbox):
+    """Building the eval envs (8 subprocesses: seconds) and resetting them advanced no
+    `eval_frames`: the hang watchdog saw nothing until the first evaluation step. Now each is
+    a heartbeat of its own (here the eval env's first step raises, so only those two count)."""
+    spec = make_spec(env_id="EvalStepFailCartPole-v0", progress_socket=str(inbox.path), total_timesteps=256,
+                     hyperparams=ONE_ENV_EVAL)
+    assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
+    assert _scores(spec.checkpoint_dir)[256] is None
+    progress = [r for r in inbox.drain() if isinstance(r, ProgressReport)]
+    assert progress[-1].eval_frames == 2
