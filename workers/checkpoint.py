@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection
 
-from workers.protocol.reports import INT64, CheckpointSummary, figure, timestamp
+from workers.protocol.reports import CheckpointSummary, figure, int64_count, timestamp
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"manifest.json unreadable: {exc}") from exc
     try:
-        files = {str(n): FileEntry(_count(e, "size"), str(e["sha256"])) for n, e in data["files"].items()}
+        files = {str(n): FileEntry(_count(e, "size", f"files[{str(n)!r}].size"), str(e["sha256"]))
+                 for n, e in data["files"].items()}
         created_at = timestamp(data["created_at"])
         if created_at is None:
             raise CheckpointError(f"manifest.json malformed: created_at {data['created_at']!r:.40} is not a time")
@@ -115,14 +116,13 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
         raise CheckpointError(f"manifest.json malformed: {exc!r}") from exc
 
 
-def _count(data: dict, name: str) -> int:
-    """A manifest's count (steps, episodes, a file's size): a JSON integer in int64. int() took
-    1e19 and 1e300 (a float, or a 20-digit integer) past SQLite's integer, which failed the
-    index's write, and truncated 12.5 to 12 or read "12" and true as counts."""
-    value = data[name]
-    if type(value) is not int or value not in INT64:
-        raise CheckpointError(f"manifest.json malformed: {name} {value!r:.40} is not an integer in int64")
-    return value
+def _count(data: dict, name: str, what: str | None = None) -> int:
+    """A manifest's count (steps, episodes, a file's size: `what` names it where `name` alone
+    does not say which file's) as `workers.protocol.reports.int64_count` checks it."""
+    try:
+        return int64_count(data[name], what or name)
+    except ValueError as exc:
+        raise CheckpointError(f"manifest.json malformed: {exc}") from exc
 
 
 def episodes_at(ckpt_dir: str | os.PathLike) -> int | None:

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.protocol.reports import figure
+from workers.protocol.reports import figure, int64_count
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,12 @@ class Counters:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Counters":
         """A checkpoint's counters; a NaN or inf return saved before they were kept out (see
-        `nonfinite_returns`) reads as none."""
+        `nonfinite_returns`) reads as none. Steps and episodes are JSON integers in int64, as a
+        manifest's (ValueError: the checkpoint does not load)."""
         eval_steps = data.get("eval_steps")  # absent before evaluations
         returns = (figure(r) for r in data["recent_returns"])
-        return cls(steps=int(data["steps"]), episodes=int(data["episodes"]),
+        return cls(steps=int64_count(data["steps"], "state.json steps"),
+                   episodes=int64_count(data["episodes"], "state.json episodes"),
                    best_reward=figure(data["best_reward"]),
                    recent_returns=deque((r for r in returns if r is not None), maxlen=RECENT_EPISODES),
                    recent_lengths=deque(map(int, data["recent_lengths"]), maxlen=RECENT_EPISODES),

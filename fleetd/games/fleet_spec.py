@@ -293,9 +293,11 @@ def apply_fleet(db: Database, clock: Clock, games: list[FleetGame | AbsentGame],
     if dry_run:
         return plans
     gone = [plan.name for plan in plans if plan.action == "remove"]
-    with removing(*gone), busy_midway(*gone):  # every guard before any game's samples go
+    # Every guard before any game's samples go; a busy database's 503 says nothing was written
+    # but (where a batch committed) samples: the whole apply is asked again.
+    with removing(*gone), busy_midway(*gone, again="apply again; nothing else in this apply was written") as forgotten:
         for name in gone:  # its samples a batch a transaction first, as remove_game's
-            forget_samples_of_removable(db, name)
+            forget_samples_of_removable(db, name, forgotten)
         with db.transaction(immediate=True) as session:
             plans = plan_fleet(session, games, checked, restart, workers, kept)
             for plan in plans:

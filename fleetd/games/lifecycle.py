@@ -173,8 +173,8 @@ def remove_game(db: Database, clock: Clock, name: str, game_dir: Path, purge: bo
     drops the target's copies even if deleting the files fails or the daemon dies meanwhile)."""
     with db.transaction() as session:  # a game not removable is refused without the guard, which
         check_removable(game_store.read_game(session, name))  # would refuse its run meanwhile
-    with removing(name), busy_midway(name):
-        forget_samples_of_removable(db, name)
+    with removing(name), busy_midway(name) as forgotten:
+        forget_samples_of_removable(db, name, forgotten)
         now = clock.now()
         with db.transaction(immediate=True) as session:
             check_removable(game_store.read_game(session, name))
@@ -237,21 +237,25 @@ def removing(*names: str) -> Iterator[None]:
 
 
 @contextmanager
-def busy_midway(*names: str) -> Iterator[None]:
+def busy_midway(*names: str, again: str = "remove again") -> Iterator[list[int]]:
     """A removal of games `names` whose write failed on a busy database (another process held
     the write lock past busy_timeout_ms), between or after forget_samples_of_removable's batches:
     the games are still there, in the state they were (so the removal asked again finishes it),
     but the batches committed before are gone. Said so, instead of the bare "database is busy",
-    which read as if nothing had happened. Still a 503 (BUSY): asking again is the remedy."""
+    which read as if nothing had happened; and only where a batch did commit (the rows each
+    deleted, which forget_samples_of_removable adds to the list yielded): a lock met at the
+    first batch lost nothing. `again`: the remedy told. Still a 503 (BUSY): asking again is it."""
+    forgotten: list[int] = []
     try:
-        yield
+        yield forgotten
     except FleetdError as exc:
         if exc.code is not ErrorCode.BUSY or not names:
             raise
         which = ("game " if len(names) == 1 else "games ") + ", ".join(repr(name) for name in names)
+        lost = "; part of the history (samples) may already be deleted" if sum(forgotten) > 0 else ""
         raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held its "
-                          "lock past busy_timeout_ms); part of the history (samples) may already be deleted: "
-                          "remove again to finish", {"names": list(names), **exc.details}) from exc
+                          f"lock past busy_timeout_ms){lost}: {again}",
+                          {"names": list(names), **exc.details}) from exc
 
 
 def refuse_start_while_removed(name: str) -> None:
@@ -270,23 +274,29 @@ def being_removed(name: str) -> bool:
         return name in _REMOVING
 
 
-def forget_samples_of_removable(db: Database, name: str) -> None:
+def forget_samples_of_removable(db: Database, name: str, forgotten: list[int] | None = None) -> int:
     """Before the transaction that removes game `name`, inside removing(name): its samples,
     DELETE_BATCH a transaction. Left to the removal's ON DELETE CASCADE, a game sampled for
     samples_days (hundreds of thousands of rows) was one delete that held the write lock for
     longer than busy_timeout_ms. Each batch goes only while the game is removable, checked in the
     same transaction: one that is not keeps them all, and its removal is refused as before; one
-    no longer there is left to the removal's own check (a fleet file's: "absent: not there")."""
+    no longer there is left to the removal's own check (a fleet file's: "absent: not there").
+    Returns the rows deleted; each batch's, once committed, is appended to `forgotten` too
+    (busy_midway's: a batch failing on a busy database ends this without a return)."""
+    total = 0
     while True:
         with db.transaction(immediate=True) as session:
             if not game_store.game_exists(session, name):
-                return
+                return total
             game = game_store.read_game(session, name)
             if not removable(game):
-                return
+                return total
             deleted = delete_game_samples(session, game.id, DELETE_BATCH)
+        total += deleted
+        if forgotten is not None:
+            forgotten.append(deleted)
         if deleted < DELETE_BATCH:
-            return
+            return total
 
 
 def record_removed(session: Session, now: datetime, name: str, files: str) -> None:

@@ -92,8 +92,10 @@ def copy_signature(path: Path) -> CopySignature | None:
     return stat.st_size, stat.st_mtime_ns
 
 
-def follow_read(path: Path, offset: int, seen: CopySignature | None = None) -> tuple[bytes, int, CopySignature | None]:
-    """What was appended since `offset`, the new offset, and the rotated copy to pass as `seen`
+def follow_read(path: Path, offset: int,
+                seen: CopySignature | None = None) -> tuple[bytes | None, int, CopySignature | None]:
+    """What was appended since `offset` (None: the log is gone, pruned by log_keep_runs while
+    followed: nothing more will come), the new offset, and the rotated copy to pass as `seen`
     next time. A file that shrank was rotated (or truncated by hand) and is read again from its
     start, after what the rotated copy holds past `offset` unless the copy is the one `seen`
     (None: any copy): the lines written between the last read and the rotation, which went to
@@ -111,7 +113,7 @@ def follow_read(path: Path, offset: int, seen: CopySignature | None = None) -> t
             log.seek(offset)
             data = log.read(FOLLOW_READ_MAX)
     except FileNotFoundError:
-        return b"", offset, before  # pruned while followed: nothing more will come
+        return None, offset, before  # pruned while followed: the follow ends, saying so
     return earlier + data, offset + len(data), before
 
 
@@ -120,8 +122,8 @@ def follow_from_start(path: Path) -> tuple[bytes, int, CopySignature | None]:
     already moved to the copy, then the log; the offset and the copy as `follow_read` gives them.
     Read from the live file alone, a log rotated before the follow reached it lost its start."""
     earlier, seen = _rest_of_rotated(path, 0, None)
-    data, offset, seen = follow_read(path, 0, seen)
-    return earlier + data, offset, seen
+    data, offset, seen = follow_read(path, 0, seen)  # gone already: the follow's next read says so
+    return earlier + (data or b""), offset, seen
 
 
 def _rest_of_rotated(path: Path, offset: int, seen: CopySignature | None) -> tuple[bytes, CopySignature | None]:

@@ -555,10 +555,11 @@ def test_a_removal_whose_last_write_meets_a_busy_database_says_so_and_finishes_w
     locks = ExitStack()
     forget = lifecycle.forget_samples_of_removable
 
-    def then_another_writer_holds_the_lock(database: Database, name: str) -> None:  # the first time
-        forget(database, name)
+    def then_another_writer_holds_the_lock(database: Database, name: str, *forgotten: list[int]) -> int:  # the first time
+        deleted = forget(database, name, *forgotten)
         if not locked:
             locked.append(locks.enter_context(write_locked(settings.db_path)))
+        return deleted
 
     locked: list[None] = []
 
@@ -587,5 +588,45 @@ def test_a_removal_whose_last_write_meets_a_busy_database_says_so_and_finishes_w
             assert remove(client).status_code in (200, 204)
         with quick.transaction() as session:
             assert not game_store.game_exists(session, "gone")
+    finally:
+        quick.close()
+
+
+@pytest.mark.parametrize("way", ["games rm", "fleet spec absent"])
+def test_a_removal_refused_by_a_busy_database_at_its_first_batch_says_nothing_was_deleted(
+        settings: Settings, db: Database, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, way: str) -> None:
+    """The 503 said samples "may already be deleted" where the lock was met at the first batch,
+    which deleted none; and told an apply, which writes nothing else, to "remove again"."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import func, select
+
+    import fleetd.games.lifecycle as lifecycle
+    from fleetd.api import create_app
+    from fleetd.store.models import Sample
+    from tests.api_context import api_context, write_locked
+
+    monkeypatch.setattr(lifecycle, "DELETE_BATCH", 10)
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("kept", "CartPole-v1", "ppo", Desired.STOPPED, 0),
+                                         clock.now()).id
+    _samples_of(db, game_id, 25, clock)
+    quick = Database.open(settings.db_path, busy_timeout_ms=50)
+    context = api_context(settings, quick, clock, FakeHost(clock), "t" * 32)
+    headers = {"Authorization": "Bearer " + "t" * 32}
+    try:
+        with TestClient(create_app(context), raise_server_exceptions=False) as client:
+            with write_locked(settings.db_path):
+                if way == "games rm":
+                    refused = client.delete("/api/v1/games/kept", headers=headers)
+                else:
+                    refused = client.put("/api/v1/fleet/spec", json={"games": [{"name": "kept", "absent": True}]},
+                                         headers=headers)
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "'kept' not removed" in message and "may already be deleted" not in message, message
+        again = "remove again" if way == "games rm" else "apply again; nothing else in this apply was written"
+        assert message.endswith(again), message
+        with quick.transaction() as session:
+            assert session.scalar(select(func.count()).where(Sample.game_id == game_id)) == 25
     finally:
         quick.close()

@@ -94,10 +94,10 @@ def test_read_from_follows_appends_truncation_and_removal(tmp_path: Path) -> Non
     log.write_bytes(b"c\n")  # truncated by hand: read from the start again
     assert read_two(log, 4) == (b"c\n", 2)
     log.unlink()
-    assert read_two(log, 2) == (b"", 2)
+    assert read_two(log, 2) == (None, 2)  # gone: the follow says so and ends
 
 
-def read_two(path: Path, offset: int, seen=None) -> tuple[bytes, int]:
+def read_two(path: Path, offset: int, seen=None) -> tuple[bytes | None, int]:
     """What a follow reads, and its new offset."""
     return follow_read(path, offset, seen)[:2]
 
@@ -437,6 +437,31 @@ def test_a_follow_ends_when_its_game_is_removed(app, client: TestClient, pinned:
     assert response.text.splitlines() == ["last words", f"--- fleetd: game {name} was removed ---"]
     assert time.monotonic() - started < 5
     assert client.get(f"/api/v1/games/{name}/logs").status_code == 404  # what `fleetd logs -f` is told next
+
+
+def test_a_pinned_follow_ends_when_its_log_is_pruned(app, client: TestClient) -> None:
+    # A newer run's start prunes an older run's log (log_keep_runs): a follow pinned to it stayed
+    # open, silent, for its hour, reading nothing from a file that was gone.
+    run_id = new_run(app, "pinned", "line\n")
+    started, answered = time.monotonic(), threading.Event()
+
+    def pruner() -> None:
+        time.sleep(0.5)
+        log_path(app, run_id).unlink()
+        if not answered.wait(3):
+            app.state.stopping.set()  # the old behaviour's only way out within the test
+
+    thread = threading.Thread(target=pruner)
+    thread.start()
+    try:
+        response = client.get("/api/v1/games/pinned/logs", params={"follow": "true", "run": run_id})
+        took = time.monotonic() - started
+    finally:
+        answered.set()
+        thread.join()
+    assert response.status_code == 200
+    assert response.text.splitlines() == ["line", f"--- fleetd: the log of run {run_id} is gone (log_keep_runs) ---"]
+    assert took < 3
 
 
 def test_a_follow_of_a_game_removed_and_added_again_says_it_was_removed(app, client: TestClient) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,15 +98,20 @@ def test_a_manifest_whose_created_at_is_no_time_is_malformed_and_the_index_lists
     assert checkpoint.prune(tmp_path, checkpoint.Retention(1, 24, 7), now=1e9) == []  # int(inf // 3600) raised
 
 
-@pytest.mark.parametrize("field", ["steps", "episodes"])
+@pytest.mark.parametrize("field", ["steps", "episodes", "files['model.zip'].size"])
 @pytest.mark.parametrize("value", ["1e300", "1e19", "10000000000000000000", "12.5", "\"12\"", "true"])
 def test_a_manifest_whose_count_is_no_int64_is_malformed_naming_it(tmp_path, field, value):
     """int() took 1e19 (past SQLite's integer: the index's write failed) and 1e300 (a 301-digit
-    count), truncated 12.5 and read "12" and true: each now refused like other bad manifests."""
+    count), truncated 12.5 and read "12" and true: each now refused like other bad manifests.
+    A file's size is named with its file (a bare "size" did not say which)."""
     path = _write(tmp_path, 10)
     data = json.loads((path / "manifest.json").read_text())
-    (path / "manifest.json").write_text(json.dumps({**data, field: "@"}).replace('"@"', value))
-    with pytest.raises(checkpoint.CheckpointError, match=f"malformed: {field} .* is not an integer in int64"):
+    if field.endswith(".size"):
+        data["files"]["model.zip"]["size"] = "@"
+    else:
+        data[field] = "@"
+    (path / "manifest.json").write_text(json.dumps(data).replace('"@"', value))
+    with pytest.raises(checkpoint.CheckpointError, match=f"malformed: {re.escape(field)} .* is not an integer in int64"):
         checkpoint.read_manifest(path)
     assert not checkpoint.verify(path)[0]
     [record] = scan_checkpoints(tmp_path)

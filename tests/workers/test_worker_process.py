@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from workers import checkpoint
 from workers.counters import Counters
 from workers.protocol.exit_codes import ExitCode
@@ -115,6 +117,17 @@ def test_a_nan_or_inf_return_counts_apart_and_never_sticks_as_the_best(caplog):
     assert (old.best_reward, list(old.recent_returns), old.nonfinite_returns) == (None, [2.0], 0)
     old.record_episode(1.0, 10)
     assert old.best_reward == 1.0
+
+
+@pytest.mark.parametrize("field", ["steps", "episodes"])
+@pytest.mark.parametrize("value", ["1e300", "1e19", "12.5", "\"12\"", "true"])
+def test_state_json_counts_not_in_int64_do_not_load(field, value):
+    """int() read state.json's 1e19 steps past SQLite's integer (the daemon's progress write
+    failed), truncated 12.5 and read "12" and true: the manifest's check, refused the same way."""
+    saved = json.dumps({**Counters(steps=100, episodes=3).to_dict(), field: "@"}).replace('"@"', value)
+    with pytest.raises(ValueError, match=f"state.json {field} .* is not an integer in int64"):
+        Counters.from_dict(json.loads(saved))
+    assert Counters.from_dict(json.loads(json.dumps(Counters(steps=100, episodes=3).to_dict()))).steps == 100
 
 
 def test_a_numpy_return_is_a_number():

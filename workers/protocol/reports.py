@@ -162,6 +162,16 @@ def _decode(data: Any) -> Report:
 INT64 = range(-(1 << 63), 1 << 63)
 
 
+def int64_count(value: Any, what: str) -> int:
+    """A count a worker wrote to a file (a manifest's steps, episodes or a file's size, state.json's
+    steps and episodes): a JSON integer in int64, else ValueError naming `what`. int() took 1e19
+    and 1e300 (a float, or a 20-digit integer) past SQLite's integer, which failed the index's
+    write, and truncated 12.5 to 12 or read "12" and true as counts."""
+    if type(value) is not int or value not in INT64:
+        raise ValueError(f"{what} {value!r:.40} is not an integer in int64")
+    return value
+
+
 def _build(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise ReportError(f"{cls.__name__} is not an object: {data!r:.40}")

@@ -42,8 +42,8 @@ def stopping_event(request: Request) -> Flag:
 
 @router.get("/games/{name}/logs", response_class=Response, response_model=None, responses={
     200: {"content": {"text/plain": {}}, "description": "the run's last lines; with follow=true, then what "
-          "is appended, streamed, until the client goes, the daemon stops, the game is removed or an hour "
-          "has passed"},
+          "is appended, streamed, until the client goes, the daemon stops, the game is removed, the "
+          "followed run's log is pruned or an hour has passed"},
     **NOT_FOUND, **CONFLICT})
 async def game_logs(
     request: Request,
@@ -141,7 +141,8 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
             yield data
             sent = data[-1:]
             continue
-        if time.monotonic() >= next_run_check:
+        vanished = data is None  # pruned by log_keep_runs: a newer run's start, which a look now finds
+        if vanished or time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
             gone, newer = await run_in_threadpool(_next_look, context, name, record.id, pinned)
             if gone:
@@ -153,15 +154,21 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
             if newer is not None:
                 # What the run wrote between the read above and the look (a crash's traceback,
                 # when its restart came at once) goes first: from the newer run on, never read.
-                data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
+                rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
+                rest = rest or b""
                 record, path = newer, FsPath(newer.log_path or "")
                 started = f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---"
-                yield data + _own_line(started, data[-1:] or sent)
-                data, offset, seen = await run_in_threadpool(follow_from_start, path)
-                sent = data[-1:] or b"\n"
-                if data:
-                    yield data
+                yield rest + _own_line(started, rest[-1:] or sent)
+                opening, offset, seen = await run_in_threadpool(follow_from_start, path)
+                sent = opening[-1:] or b"\n"
+                if opening:
+                    yield opening
                 continue
+            if vanished:
+                # A pinned follow (or one whose newer run has no log yet) used to stay open,
+                # silent, for its hour: nothing more will be written to a deleted log.
+                yield _own_line(f"--- fleetd: the log of run {record.id} is gone (log_keep_runs) ---", sent)
+                return
         await asyncio.sleep(FOLLOW_POLL_S)
 
 
