@@ -5,6 +5,7 @@ the daemon's token."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,8 +18,10 @@ import psutil
 import pytest
 
 from fleetd.store.schema import ensure_schema
+from tests.test_mps_e2e import control_pid, standin_path
 from tests.daemon_harness import (
     Daemon,
+    alive,
     DaemonConfig,
     add_and_wait_running,
     cartpole,
@@ -52,9 +55,9 @@ def config(root: Path) -> DaemonConfig:
 
 
 
-def serve(config_path: Path, wrapper: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def serve(config_path: Path, wrapper: list[str] | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     command = [*(wrapper or []), sys.executable, "-m", "fleetd", "serve", "--config", str(config_path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=clean_env())
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=clean_env() | (env or {}))
 
 
 def one_line(stderr: str) -> str:
@@ -212,6 +215,25 @@ def test_a_read_only_database_exits_78_in_one_line(config: DaemonConfig, root: P
     result = serve(config.path, _mounted(config.state_dir, f'mount --bind "{db}" "{db}" && mount -o remount,bind,ro "{db}"'))
     line = _error_line(result)
     assert f"cannot write the database {db}: attempt to write a readonly database (SQLITE_READONLY)" in line, line
+
+
+def test_a_read_only_database_with_mps_on_auto_exits_78_and_leaves_no_mps_daemon(config: DaemonConfig, root: Path) -> None:
+    """MPS on auto (the defaults) with its program on PATH and no [[games]]: MPS's started event
+    was the start's first connection, outside the start's error handling, so a read-only
+    database was a traceback and exit 1, with the control daemon it had started left running."""
+    staged = _staged(config, root)
+    shutil.copytree(staged, config.state_dir)
+    db = config.state_dir / "fleetd.db"
+    env = {"PATH": standin_path(root)}
+    try:
+        result = serve(config.path, _mounted(config.state_dir, f'mount --bind "{db}" "{db}" && mount -o remount,bind,ro "{db}"'), env)
+        line = _error_line(result)
+        assert f"cannot write the database {db}: attempt to write a readonly database (SQLITE_READONLY)" in line, line
+    finally:
+        pid = control_pid(config)
+        if pid is not None and alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the MPS control daemon (pid {pid}) fleetd started was left running")
 
 
 # -- [[games]] seeded once ----------------------------------------------------------------------
