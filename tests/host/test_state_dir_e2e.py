@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from fleetd.store.schema import ensure_schema
+from tests.api_context import write_locked
 from tests.test_mps_e2e import control_pid, standin_path
 from tests.daemon_harness import (
     Daemon,
@@ -215,6 +216,22 @@ def test_a_read_only_database_exits_78_in_one_line(config: DaemonConfig, root: P
     result = serve(config.path, _mounted(config.state_dir, f'mount --bind "{db}" "{db}" && mount -o remount,bind,ro "{db}"'))
     line = _error_line(result)
     assert f"cannot write the database {db}: attempt to write a readonly database (SQLITE_READONLY)" in line, line
+
+
+def test_a_database_locked_past_the_busy_timeout_at_start_exits_75_to_be_retried(config: DaemonConfig, root: Path) -> None:
+    """Another process's write lock held past the busy timeout was exit 78, with advice on disks
+    and permissions: systemd gave up for good on what a retry passes. Now 75, which it retries."""
+    shutil.copytree(_staged(config, root), config.state_dir)
+    config.extra = "[database]\nbusy_timeout_ms = 100\n"
+    config.write()
+    db = config.state_dir / "fleetd.db"
+    with write_locked(db):
+        result = serve(config.path)
+    assert result.returncode == 75, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot write the database {db}: database is locked (SQLITE_BUSY)" in errors[0], errors[0]
+    assert "run the command again" in errors[0] and "the disk has room" not in errors[0]
 
 
 def test_a_read_only_database_with_mps_on_auto_exits_78_and_leaves_no_mps_daemon(config: DaemonConfig, root: Path) -> None:
