@@ -238,7 +238,8 @@ class Daemon:
         ensure_schema(self.settings.db_path, upgrade_hint(self.config_path))
         db = Database.open(self.settings.db_path, self.settings.database.busy_timeout_ms)
         try:
-            with start_writes(self.settings.db_path):  # the first connection: WAL switched on
+            with start_writes(self.settings.db_path):
+                db.engine.connect().close()  # the first connection, whatever comes next: WAL switched on
                 seeding = bool(self.settings.games) and seeding_needed(db)
                 seeds = self._seeds_to_add(db) if seeding else []  # checked before anything is recorded
             # A stop during start-up ends it at the next step boundary (the steps: docs/operations.md).
@@ -261,7 +262,8 @@ class Daemon:
                 # Ray cluster not up yet, MPS, the progress socket) started and adopted nothing,
                 # so it leaves the boot log as the last daemon left it (a SIGUSR1's "stopped
                 # alone" included) instead of an unclean stop the next boot would count.
-                executor = self._executor(db)
+                with start_writes(self.settings.db_path):  # MPS's event: a write before the start's record
+                    executor = self._executor(db)
                 try:
                     if self._start_ends(seeding):
                         if self.mps is not None and not self.stop.leave_workers:
@@ -430,7 +432,7 @@ class Daemon:
         worker = self.settings.worker
         try:
             self.mps = self._start_mps(db)
-        except StartupError:
+        except BaseException:  # StartupError, or MPS's event not written (start_writes says why)
             reactor.close()
             raise
         launcher = OsLauncher(worker.python, worker.log_keep_runs, worker.module, self.mps.worker_env)

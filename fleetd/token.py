@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -70,7 +71,8 @@ def _create(path: Path) -> None:
     except OSError as exc:
         if created:  # a full disk: the empty file left would stop every later start ("the API token is empty")
             path.unlink(missing_ok=True)
-        raise TokenError(f"cannot write the API token {path}: {exc.strerror or exc}; make room on its disk") from None
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)  # not "make room" for a permission or a read-only mount
+        raise TokenError(f"cannot write the API token {path}: {exc.strerror or exc}{'; make room on its disk' if full else ''}") from None
 
 
 def _read(path: Path, owner: bool = True) -> str:

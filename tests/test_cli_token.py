@@ -77,3 +77,14 @@ def test_a_token_file_not_ascii_is_said_not_a_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["tier", "--config", str(config)])
     assert result.exit_code == ExitCode.NOPERM, result.output
     assert "api-token" in result.output and "delete the file to regenerate it" in result.output
+
+
+def test_a_token_that_cannot_be_written_for_a_reason_other_than_room_is_not_told_to_make_room(tmp_path: Path) -> None:
+    """Every error writing the token said "make room on its disk": a dangling symlink where the
+    token goes (File exists), a read-only mount or a permission among them. Only a full disk or
+    a quota does (the full-disk case: tests/host/test_state_dir_e2e.py)."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "api-token").symlink_to(tmp_path / "nowhere" / "token")
+    with pytest.raises(TokenError) as refused:
+        ensure_token(load_settings(state_dir=tmp_path / "state"))
+    assert str(refused.value) == f"cannot write the API token {tmp_path / 'state' / 'api-token'}: File exists"

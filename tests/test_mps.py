@@ -194,3 +194,24 @@ def test_the_setting_takes_auto_on_off_and_names_a_bad_value(tmp_path: Path) -> 
     with pytest.raises(Exception, match=r"gpu\.mps = 'yes'.*(auto|'on')") as refused:
         load_settings(config)
     assert "(env " not in str(refused.value)  # from the file: no environment variable to name
+
+
+def test_a_control_daemon_started_whose_event_cannot_be_written_is_quit_an_adopted_one_kept(tmp_path: Path) -> None:
+    """A full disk or read-only database at MPS's started event failed the start, and the control
+    daemon just started was left running. One a previous daemon left (adopted) is its workers'."""
+
+    def unwritable(kind: MpsEvent, message: str, severity: str) -> None:
+        raise OSError("database or disk is full")
+
+    seam = FakeMps()
+    mps = Mps(MpsMode.AUTO, MpsDirs(tmp_path / "mps"), seam, unwritable)
+    with pytest.raises(OSError, match="disk is full"):
+        mps.start()
+    assert seam.live == set() and not mps.active and [stdin for _, stdin, _ in seam.runs] == [None, "quit\n"]
+    seam = FakeMps()
+    started = Mps(MpsMode.AUTO, MpsDirs(tmp_path / "mps"), seam, Events())
+    started.start()  # a previous daemon's, left running
+    adopting = Mps(MpsMode.AUTO, MpsDirs(tmp_path / "mps"), seam, unwritable)
+    with pytest.raises(OSError):
+        adopting.start()
+    assert len(seam.live) == 1 and [stdin for _, stdin, _ in seam.runs] == [None]

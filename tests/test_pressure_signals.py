@@ -761,6 +761,22 @@ def test_a_host_memory_reading_out_of_range_is_no_reading_not_pressure(
     assert pressure_reasons(sampler.sample({}), FleetSettings()) == ["host memory available 3% < 10%"]
 
 
+def test_a_reading_bad_again_after_reading_well_is_logged_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once logged, a kind was never logged again for the sampler's life: a sensor bad, sane
+    again, then bad again days later was silent. Now a good reading clears it (logged at INFO)."""
+    caplog.set_level(logging.INFO, logger="fleetd.host.telemetry")
+    memory = SimpleNamespace(total=0, available=0)
+    monkeypatch.setattr(telemetry.psutil, "virtual_memory", lambda: memory)
+    sampler = TelemetrySampler(FakeGpu([], {}, "no GPU"), psi_dir=Path("/nonexistent"))
+    for total in (0, 0, 16 * GiB, 16 * GiB, 0, 0):
+        memory.total = total
+        sampler.sample({})
+    assert len(warnings_about(caplog, "host memory total read 0")) == 2  # once per spell, not per sample
+    assert [r.getMessage() for r in caplog.records if "read again" in r.getMessage()] == ["host memory total read again: a number in range"]
+
+
 def test_nan_and_inf_gpu_readings_are_no_readings_logged_once(
     fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -786,22 +802,34 @@ def test_nan_and_inf_gpu_readings_are_no_readings_logged_once(
 
 
 @pytest.mark.parametrize(("used", "total"), [(GiB, 0), (float("nan"), 8 * GiB), (9 * GiB, 8 * GiB)])
-def test_a_gpu_memory_reading_out_of_range_fails_the_read_as_a_missing_one_does(
+def test_a_gpu_memory_reading_out_of_range_leaves_that_gpu_out_and_the_others_read(
     fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, used: float, total: float
 ) -> None:
     """A total of 0 was a memory fraction of 0 (pressure hidden) and 0 bytes to size the fleet
-    and place workers by; a NaN a ValueError out of the sampler. As when NVML does not give the
-    memory reading: no GPU is read this sample, and NVML's session is kept."""
-    fake_memory = SimpleNamespace(used=used, total=total)
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda handle: fake_memory if handle else SimpleNamespace(used=GiB, total=8 * GiB))
+    and place workers by; a NaN a ValueError out of the sampler. Then one such GPU failed the
+    whole read: every GPU's readings hidden, GPU 0's full memory and heat among them. Now that
+    GPU is left out of the sample, its processes too, and the others read; only when no GPU is
+    read does the read fail, and NVML's session is kept."""
+    bad = SimpleNamespace(used=used, total=total)
+    memory = {0: SimpleNamespace(used=7.9 * GiB, total=8 * GiB), 1: bad}
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda handle: memory[handle])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", lambda handle, sensor: 99 if handle == 0 else 60)
+    host = HostSample(16 * GiB, 8 * GiB, 50.0, 1.0)
     reader = NvmlReader(monotonic=Monotonic())
     for _ in range(2):
         gpus, pid_memory, reason = reader.read()
-        assert (gpus, pid_memory) == ([], {})
-        assert reason == "NVML read failed: GPU 1's memory reading is not a number in range"
-    assert fake_nvml.shutdowns == 0 and len(warnings_about(caplog, "GPU 1 memory")) == 1
-    fake_memory.used, fake_memory.total = 7.9 * GiB, 8 * GiB  # sane again, next sample: no retry wait
+        assert reason is None and [(g.index, g.memory_used_bytes, g.temperature_c, g.lost) for g in gpus] == [(0, int(7.9 * GiB), 99.0, False)]
+        assert pid_memory == {10: GiB}  # GPU 0's; GPU 1's processes not read with it
+        snapshot = Snapshot(0.0, tuple(gpus), reason is None, reason, host, ())
+        assert pressure_reasons(snapshot, FleetSettings()) == ["GPU 0 memory 99% > 90%", "GPU 0 at 99 C > 85 C"]
+        assert {index for _, index, _, _ in sample_rows(snapshot)} - {None} == {0}  # GPU 0's metrics stored, none of GPU 1's
+    assert len(warnings_about(caplog, "GPU 1 memory")) == 1 and not warnings_about(caplog, "lost")
+    memory[0] = bad  # every GPU's nonsense: no GPU read, the read fails as a missing reading does
+    gpus, pid_memory, reason = reader.read()
+    assert (gpus, pid_memory) == ([], {}) and reason is not None and "memory reading is not a number in range" in reason
+    assert fake_nvml.shutdowns == 0
+    memory[0] = memory[1] = SimpleNamespace(used=7.9 * GiB, total=8 * GiB)  # sane again, next sample: no retry wait
     gpus, _, reason = reader.read()
-    assert reason is None and fake_nvml.inits == 1
-    snapshot = Snapshot(0.0, tuple(gpus), True, None, HostSample(16 * GiB, 8 * GiB, 50.0, 1.0), ())
-    assert pressure_reasons(snapshot, FleetSettings()) == ["GPU 1 memory 99% > 90%"]
+    assert reason is None and fake_nvml.inits == 1 and [g.index for g in gpus] == [0, 1]
+    snapshot = Snapshot(0.0, tuple(gpus), True, None, host, ())
+    assert "GPU 1 memory 99% > 90%" in pressure_reasons(snapshot, FleetSettings())

@@ -599,4 +599,22 @@ def test_a_database_another_process_holds_is_said_so_not_damaged(tmp_path: Path,
         "command again.")
     assert str(restored.value).startswith(f"fleetd.db as restored to {tmp_path} cannot be opened (database is "
                                           "locked, SQLITE_BUSY), which says nothing about the backup's copy"), restored.value
-    assert "damaged" not in str(restored.value) and not refused.value.damaged
+    assert "damaged" not in str(restored.value) and not refused.value.damaged and refused.value.transient
+
+
+def test_an_error_at_the_starts_writes_that_is_no_disk_or_file_fault_keeps_its_traceback(tmp_path: Path) -> None:
+    """Every SQLite error at the start's first writes was exit 78 with advice on disks and
+    permissions: a constraint a bug broke among them, its traceback lost. Now only what says
+    the database cannot be used is a SchemaError; the rest is raised as it is."""
+    from sqlalchemy.exc import IntegrityError
+
+    from fleetd.store.schema import start_writes
+
+    db_path = tmp_path / "fleetd.db"
+    ensure_schema(db_path, "fleetd db upgrade")
+    db = Database.open(db_path)
+    try:
+        with pytest.raises(IntegrityError), start_writes(db_path), db.engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO games (id) VALUES (NULL)")  # NOT NULL columns left out
+    finally:
+        db.close()

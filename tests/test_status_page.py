@@ -183,6 +183,15 @@ def test_a_compact_number_takes_its_unit_after_rounding(value: float, shown: str
     assert page_function("fmtCompact", f"fmtCompact({value})", needs=("isNum", "DASH")) == shown
 
 
+@pytest.mark.parametrize(("value", "shown"), [("null", "—"), ("42.4", "42%"), ("undefined", "—")])
+def test_a_percent_reading_missing_is_a_dash_alone(value: str, shown: str) -> None:
+    """A host CPU (or GPU utilisation) with no reading was shown "—%"."""
+    assert page_function("fmtPercent", f"fmtPercent({value})", needs=("isNum", "DASH")) == shown
+    script = (WEB / "app.js").read_text()
+    for reading in ("host.cpu_pct", "gpu.utilization_pct", "p.cpu_pct"):
+        assert f"fmtPercent({reading})" in script, reading
+
+
 def test_every_state_the_api_shows_has_its_place_and_style_on_the_page() -> None:
     # The summary line counts only the states in STATES, and a state outside it gets the fallback style.
     line = next(line for line in (WEB / "app.js").read_text().splitlines() if line.startswith("  const STATES = "))

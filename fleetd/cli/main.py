@@ -70,7 +70,10 @@ def serve(config: ConfigOption = None) -> None:
         # may pass (a Ray cluster not up yet at boot) exits 75, which it retries.
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG) from None
-    except (StateDirError, SchemaError, BootIdError, TokenError) as exc:
+    except SchemaError as exc:  # a lock held too long may pass: 75, which systemd retries
+        logging.getLogger("fleetd").error("%s", exc)
+        raise typer.Exit(ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG) from None
+    except (StateDirError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(ExitCode.CONFIG) from None
     raise typer.Exit(code)

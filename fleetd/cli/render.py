@@ -230,6 +230,11 @@ def number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def percent(value: float | None, digits: int = 0) -> str:
+    """A reading that is a percent already (0-100); none: the dash alone, not "-%"."""
+    return "-" if value is None else f"{number(value, digits)}%"
+
+
 GAME_COLUMNS = ("game", "env", "algo", "state", "pid", "steps", "episodes", "eps/h", "mean100", "best", "eval",
                 "health", "ckpt", "restarts")
 RIGHT = {"pid", "steps", "episodes", "eps/h", "restarts"}
@@ -380,7 +385,7 @@ def gpu_line(telemetry: dict[str, Any]) -> str:
     parts = []
     for gpu in telemetry["gpus"]:
         memory = gpu["memory_used_bytes"] / max(1, gpu["memory_total_bytes"])
-        parts.append(f"{gpu['index']}: {gpu['name']} {number(gpu['utilization_pct'], 0)}% util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C")
+        parts.append(f"{gpu['index']}: {gpu['name']} {percent(gpu['utilization_pct'])} util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C")
     return "; ".join(parts)
 
 
@@ -496,7 +501,7 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")
             available = "-" if not total or free is None else f"{free / total:.0%}"  # None: no reading
-            rows.append(("host", f"{available} memory available, load {number(host.get('load_1m'), 2)}, CPU {number(host.get('cpu_pct'), 0)}%"))
+            rows.append(("host", f"{available} memory available, load {number(host.get('load_1m'), 2)}, CPU {percent(host.get('cpu_pct'))}"))
         known = {"at", "gpus", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
         for key, value in telemetry.items():  # what the sampler reads beyond these (PSI, throttling)
             if key not in known and value not in (None, [], {}):

@@ -47,10 +47,15 @@ _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 class Readings:
     """Checks readings where they are taken: one that is not a finite number in its range counts
     as no reading (None), the way one NVML or the kernel does not give already counts. Logged once
-    per kind for the sampler's life, not every sample: a broken sensor stays broken."""
+    per kind while it stays bad, not every sample: a kind read well again in a sample (`settle`,
+    called once a sample is taken) is logged as read again, and bad again later is news again.
+    A kind several things share (process GPU memory) is read well again only in a sample where
+    none of them was bad."""
 
     def __init__(self) -> None:
         self._logged: set[str] = set()
+        self._good: set[str] = set()  # kinds read well this sample
+        self._bad: set[str] = set()  # kinds read badly this sample
 
     def check(self, kind: str, value: Any, low: float, high: float = math.inf) -> float | None:
         if value is None:
@@ -60,11 +65,21 @@ class Readings:
         except (TypeError, ValueError, OverflowError):
             number = math.nan
         if math.isfinite(number) and low <= number <= high:
+            self._good.add(kind)
             return number
+        self._bad.add(kind)
         if kind not in self._logged:
             self._logged.add(kind)
             log.warning("%s read %r, not a number in [%g, %g]: counted as no reading (logged once)", kind, value, low, high)
         return None
+
+    def settle(self) -> None:
+        """The sample is taken: a logged kind read well in it, and never badly, is news once more."""
+        for kind in sorted(self._logged & (self._good - self._bad)):
+            self._logged.discard(kind)
+            log.info("%s read again: a number in range", kind)
+        self._good.clear()
+        self._bad.clear()
 
 
 class BadGpuReading(Exception):
@@ -186,6 +201,12 @@ class NvmlReader:
         self._readings = Readings()
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
+        try:
+            return self._read()
+        finally:
+            self._readings.settle()
+
+    def _read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         nvml = self._initialised()
         if nvml is None:
             return self._distressed(), {}, self._reason
@@ -196,7 +217,7 @@ class NvmlReader:
             self._unavailable(f"NVML read failed: {exc}")
             self._shutdown(nvml)
             return self._distressed(), {}, self._reason
-        except BadGpuReading as exc:  # logged once by `Readings`; NVML's session is sound, kept
+        except BadGpuReading as exc:  # every GPU's; logged once by `Readings`; NVML's session is sound, kept
             self._reason = str(exc)
             return self._distressed(), {}, self._reason
 
@@ -253,7 +274,9 @@ class NvmlReader:
         """Every GPU, or NVMLError. A GPU lost (GPU_IS_LOST) is noted and the others still read:
         while one of them answers, the read is theirs, with each lost one listed in its place
         without readings (`lost`); when none does, every lost one is named and the read fails
-        as a whole (NVML's session is then dropped and started again later)."""
+        as a whole (NVML's session is then dropped and started again later). A GPU whose memory
+        reading is nonsense (BadGpuReading) is left out of this sample, its processes too, and
+        the others still read; only when no GPU is read does the read fail with it."""
         lost: Exception | None = None
         try:
             self._drain_xids(nvml)
@@ -265,10 +288,15 @@ class NvmlReader:
         xids = self._window()
         gpus: list[GpuSample] = []
         pid_memory: dict[int, int] = {}
+        bad: BadGpuReading | None = None
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 gpu = _read_gpu(nvml, index, handle, self._readings)
+            except BadGpuReading as exc:  # NVML answers for it (not lost), with nonsense: not read
+                self._lost.discard(index)
+                bad = bad or exc
+                continue
             except nvml.NVMLError as exc:
                 if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
                     raise
@@ -286,6 +314,8 @@ class NvmlReader:
             raise lost  # no GPU answers: NVML itself may be gone with it
         if lost is not None and not any(gpu.lost for gpu in gpus):
             raise lost  # lost by the Xid drain, yet no GPU says which: as before, the read fails
+        if bad is not None and not gpus:
+            raise bad  # no GPU read, none lost: every one's memory reading is nonsense
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
@@ -481,6 +511,7 @@ class TelemetrySampler:
             self._procs = seen  # processes that have died drop out here
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic())
+            self._readings.settle()
         with self._latest_lock:
             self._latest = snapshot
         return snapshot

@@ -34,12 +34,14 @@ log = logging.getLogger(__name__)
 class SchemaError(Exception):
     """The database cannot be used as it is; the message says what to do. `reason`: what is
     wrong with the file alone, for a caller whose advice differs (a restore's copy); `damaged`:
-    the file itself is bad, not only this user's or this moment's way to it."""
+    the file itself is bad, not only this user's or this moment's way to it; `transient`: only
+    this moment's (another process held the lock too long), so a retry may pass (serve: 75)."""
 
-    def __init__(self, message: str, reason: str | None = None, damaged: bool = False) -> None:
+    def __init__(self, message: str, reason: str | None = None, damaged: bool = False, transient: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         self.damaged = damaged
+        self.transient = transient
 
 
 class SchemaState(StrEnum):
@@ -107,7 +109,8 @@ def _unusable(db_path: Path, exc: DatabaseError, doing: str = "open") -> SchemaE
     (the folder or the disk read-only, the disk full, a lock held too long)."""
     code = getattr(exc.orig, "sqlite_errorname", None)
     if not _damaged(code):
-        return SchemaError(_cannot_open(db_path, str(exc.orig), code, doing), reason=f"{exc.orig}, {code}")
+        return SchemaError(_cannot_open(db_path, str(exc.orig), code, doing), reason=f"{exc.orig}, {code}",
+                           transient=code is not None and code.startswith(_BUSY))
     return SchemaError(
         f"cannot read the database {db_path}: {exc.orig}. fleetd changed nothing. "
         f"Move the file aside and restore a copy from {db_path.parent / 'backups'}, "
@@ -116,15 +119,27 @@ def _unusable(db_path: Path, exc: DatabaseError, doing: str = "open") -> SchemaE
     )
 
 
+# SQLite's errors (primary codes; extended ones start with them) that say the database cannot be
+# used as it is, by this user, on this disk: the operator's to fix. And those a retry may pass.
+_UNUSABLE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_PERM", "SQLITE_CORRUPT",
+             "SQLITE_NOTADB")
+_BUSY = ("SQLITE_BUSY", "SQLITE_LOCKED")
+
+
 @contextmanager
 def start_writes(db_path: Path) -> Iterator[None]:
-    """The daemon start's first reads and writes of the database: an SQLite error there (a full
-    disk, a read-only state_dir, a damaged file) is a SchemaError saying which and why, as at the
-    schema's check, not a traceback. Only what is written before the start is recorded: its
-    transactions roll back whole, so fleetd changed nothing."""
+    """The daemon start's first reads and writes of the database: an SQLite error there that
+    says the database cannot be used (a full disk, a read-only state_dir, a damaged file) is a
+    SchemaError saying which and why, as at the schema's check, not a traceback; a lock held too
+    long one marked `transient`. Any other (a constraint, a bug's SQL) is raised as it is, with
+    its traceback. Only what is written before the start is recorded: its transactions roll back
+    whole, so fleetd changed nothing."""
     try:
         yield
     except DatabaseError as exc:
+        code = getattr(exc.orig, "sqlite_errorname", None)
+        if code is None or not code.startswith(_UNUSABLE + _BUSY):
+            raise
         raise _unusable(db_path, exc, "write") from None
 
 

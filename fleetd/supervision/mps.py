@@ -179,7 +179,11 @@ class Mps:
             self._unavailable(problem, transient=True)
             return
         self.active = True
-        self.record(MpsEvent.STARTED, f"MPS control daemon started for the workers ({self.dirs.pipe})", "info")
+        try:
+            self.record(MpsEvent.STARTED, f"MPS control daemon started for the workers ({self.dirs.pipe})", "info")
+        except BaseException:  # the start fails (a full disk, a read-only database): not left running
+            self._quit()
+            raise
 
     def _unavailable(self, why: str, *, transient: bool = False) -> None:
         if self.mode is MpsMode.ON:
@@ -210,11 +214,15 @@ class Mps:
         """A clean stop, after the workers stopped."""
         if not self.active or self.binary is None:
             return
+        self._quit()
+        self.record(MpsEvent.STOPPED, "MPS control daemon stopped", "info")
+
+    def _quit(self) -> None:
+        assert self.binary is not None
         code, output = self.seam.run([self.binary], self._env(), "quit\n")
         self.active = False
         if code != 0:
             log.warning("MPS quit exited %d: %s", code, output[-500:])
-        self.record(MpsEvent.STOPPED, "MPS control daemon stopped", "info")
 
     def running(self) -> bool:
         try:

@@ -229,6 +229,11 @@
     return (hours / 24).toFixed(1) + ' d';
   }
 
+  // A reading that is a percent already (0-100); none: a dash alone, not "—%".
+  function fmtPercent(v, digits = 0) {
+    return isNum(v) ? v.toFixed(digits) + '%' : DASH;
+  }
+
   function fmtPct(fraction, digits = 2) {
     return isNum(fraction) ? (fraction * 100).toFixed(digits) + '%' : DASH;
   }
@@ -637,7 +642,7 @@
       }
       const frac = isNum(gpu.memory_fraction) ? gpu.memory_fraction : 0;
       const list = h('dl', { class: 'facts' });
-      fact(list, 'utilization', h('span', { class: 'num' }, isNum(gpu.utilization_pct) ? gpu.utilization_pct.toFixed(0) + '%' : DASH));
+      fact(list, 'utilization', h('span', { class: 'num' }, fmtPercent(gpu.utilization_pct)));
       fact(list, 'memory', h('span', { class: 'num' }, fmtBytes(gpu.memory_used_bytes) + ' / ' + fmtBytes(gpu.memory_total_bytes) + ' (' + fmtPct(frac, 0) + ')'),
         h('meter', { min: 0, max: 1, low: 0.8, high: 0.92, optimum: 0.5, value: frac }));
       fact(list, 'temperature', h('span', { class: 'num' + (gpu.temperature_c >= 85 ? ' warn' : '') }, isNum(gpu.temperature_c) ? gpu.temperature_c.toFixed(0) + ' °C' : DASH));
@@ -650,7 +655,7 @@
     const host = telemetry.host;
     if (host) {
       const list = h('dl', { class: 'facts' });
-      fact(list, 'host CPU', h('span', { class: 'num' }, fmtNum(host.cpu_pct, 0) + '% · load ' + fmtNum(host.load_1m, 2)));
+      fact(list, 'host CPU', h('span', { class: 'num' }, fmtPercent(host.cpu_pct) + ' · load ' + fmtNum(host.load_1m, 2)));
       // null: no reading (missing, or out of its range): shown as a dash, not as 0 used.
       const used = isNum(host.memory_total_bytes) && isNum(host.memory_available_bytes) ? host.memory_total_bytes - host.memory_available_bytes : null;
       fact(list, 'host memory', h('span', { class: 'num' }, fmtBytes(used) + ' / ' + fmtBytes(host.memory_total_bytes)));
@@ -664,7 +669,7 @@
     if (processes.length) {
       const rows = processes.map((p) => h('tr', null,
         h('td', null, p.game), h('td', { class: 'r num' }, String(p.pid)), h('td', { class: 'r num' }, String(p.processes)),
-        h('td', { class: 'r num' }, fmtBytes(p.rss_bytes)), h('td', { class: 'r num' }, fmtNum(p.cpu_pct, 0) + '%'),
+        h('td', { class: 'r num' }, fmtBytes(p.rss_bytes)), h('td', { class: 'r num' }, fmtPercent(p.cpu_pct)),
         h('td', { class: 'r num' }, p.gpu_memory_bytes === null ? DASH : fmtBytes(p.gpu_memory_bytes))));
       box.appendChild(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
         h('thead', null, h('tr', null, h('th', null, 'worker'), h('th', { class: 'r' }, 'pid'), h('th', { class: 'r' }, 'procs'),

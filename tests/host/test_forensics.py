@@ -91,7 +91,7 @@ def test_a_last_picture_without_a_host_memory_reading_says_so_not_zero() -> None
     picture shows a dash where it divided by it (a TypeError before)."""
     unread = replace(HOT, host=HostSample(None, None, None, 61.5))
     rows = dict(forensics_rows(capture(unread, None, datetime(2026, 1, 1, tzinfo=UTC))))
-    assert rows["host"] == "- memory available, load 61.50, CPU -%"
+    assert rows["host"] == "- memory available, load 61.50, CPU -"  # the dash alone, not "-%"
 
 
 def test_a_boot_with_no_reboot_before_it_and_an_unknown_boot(loop: Loop) -> None:

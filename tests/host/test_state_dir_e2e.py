@@ -5,8 +5,10 @@ the daemon's token."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +19,11 @@ import psutil
 import pytest
 
 from fleetd.store.schema import ensure_schema
+from tests.api_context import write_locked
+from tests.test_mps_e2e import control_pid, standin_path
 from tests.daemon_harness import (
     Daemon,
+    alive,
     DaemonConfig,
     add_and_wait_running,
     cartpole,
@@ -52,9 +57,9 @@ def config(root: Path) -> DaemonConfig:
 
 
 
-def serve(config_path: Path, wrapper: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def serve(config_path: Path, wrapper: list[str] | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     command = [*(wrapper or []), sys.executable, "-m", "fleetd", "serve", "--config", str(config_path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=clean_env())
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=clean_env() | (env or {}))
 
 
 def one_line(stderr: str) -> str:
@@ -200,8 +205,17 @@ def test_a_full_disk_at_the_tokens_write_exits_78_and_leaves_no_empty_token(conf
     config.state_dir.mkdir()
     wrapper = _full_tmpfs(config.state_dir, staged)
     wrapper[-2] = wrapper[-2].replace('exec "$@"', '"$@"; code=$?; ls "{}" > "{}"; exit $code'.format(config.state_dir, root / "left"))
-    line = _error_line(serve(config.path, wrapper))
-    assert f"cannot write the API token {config.state_dir / 'api-token'}: No space left on device" in line, line
+    # Its -wal and -shm copied too (as a daemon killed leaves them): the start's first
+    # connection, before the token, then needs no room of the full disk.
+    holder = sqlite3.connect(staged / "fleetd.db")
+    try:
+        holder.execute("PRAGMA journal_mode=WAL")  # as Database.open leaves it
+        holder.execute("SELECT count(*) FROM games").fetchone()
+        assert (staged / "fleetd.db-shm").exists()
+        line = _error_line(serve(config.path, wrapper))
+    finally:
+        holder.close()
+    assert f"cannot write the API token {config.state_dir / 'api-token'}: No space left on device; make room on its disk" in line, line
     assert "api-token" not in (root / "left").read_text().split()
 
 
@@ -212,6 +226,41 @@ def test_a_read_only_database_exits_78_in_one_line(config: DaemonConfig, root: P
     result = serve(config.path, _mounted(config.state_dir, f'mount --bind "{db}" "{db}" && mount -o remount,bind,ro "{db}"'))
     line = _error_line(result)
     assert f"cannot write the database {db}: attempt to write a readonly database (SQLITE_READONLY)" in line, line
+
+
+def test_a_database_locked_past_the_busy_timeout_at_start_exits_75_to_be_retried(config: DaemonConfig, root: Path) -> None:
+    """Another process's write lock held past the busy timeout was exit 78, with advice on disks
+    and permissions: systemd gave up for good on what a retry passes. Now 75, which it retries."""
+    shutil.copytree(_staged(config, root), config.state_dir)
+    config.extra = "[database]\nbusy_timeout_ms = 100\n"
+    config.write()
+    db = config.state_dir / "fleetd.db"
+    with write_locked(db):
+        result = serve(config.path)
+    assert result.returncode == 75, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot write the database {db}: database is locked (SQLITE_BUSY)" in errors[0], errors[0]
+    assert "run the command again" in errors[0] and "the disk has room" not in errors[0]
+
+
+def test_a_read_only_database_with_mps_on_auto_exits_78_and_leaves_no_mps_daemon(config: DaemonConfig, root: Path) -> None:
+    """MPS on auto (the defaults) with its program on PATH and no [[games]]: MPS's started event
+    was the start's first connection, outside the start's error handling, so a read-only
+    database was a traceback and exit 1, with the control daemon it had started left running."""
+    staged = _staged(config, root)
+    shutil.copytree(staged, config.state_dir)
+    db = config.state_dir / "fleetd.db"
+    env = {"PATH": standin_path(root)}
+    try:
+        result = serve(config.path, _mounted(config.state_dir, f'mount --bind "{db}" "{db}" && mount -o remount,bind,ro "{db}"'), env)
+        line = _error_line(result)
+        assert f"cannot write the database {db}: attempt to write a readonly database (SQLITE_READONLY)" in line, line
+    finally:
+        pid = control_pid(config)
+        if pid is not None and alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the MPS control daemon (pid {pid}) fleetd started was left running")
 
 
 # -- [[games]] seeded once ----------------------------------------------------------------------
