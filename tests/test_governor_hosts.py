@@ -554,3 +554,7 @@ def test_each_hosts_sizing_counts_the_games_wanting_a_slot_on_that_host(cluster:
     (a, _), (b, _) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
     assert a.sizing is not None and b.sizing is not None
     assert (a.sizing.games, a.sizing.rung_games, b.sizing.games, b.sizing.rung_games) == (3, 3, 2, 4)
+    # Each host's mark is stored with its rung: a restarted daemon sizes its kept workers the same.
+    restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=gpu_host), cluster=True)
+    (a, _), (b, _) = restarted.sizing("g1"), restarted.sizing("g2")
+    assert a.sizing is not None and b.sizing is not None and (a.sizing.games, b.sizing.games) == (3, 2)

@@ -280,9 +280,11 @@ def test_a_host_forgotten_while_the_hosts_job_reads_it_rejoining_is_no_stale_row
     hosts_job(db, clock, lambda: [node("n-head", "head"), node("n-a1", "a", alive=False)])
     answers: list[object] = []
     threads: list[threading.Thread] = []
+    beginning = threading.Event()  # the forget is about to begin its transaction
 
     def forget() -> None:
         try:
+            beginning.set()
             with db.transaction(immediate=True) as session:
                 answers.append(delete_host(session, "a"))
         except FleetdError as exc:
@@ -292,7 +294,9 @@ def test_a_host_forgotten_while_the_hosts_job_reads_it_rejoining_is_no_stale_row
         forgetting = threading.Thread(target=forget)
         threads.append(forgetting)
         forgetting.start()
-        forgetting.join(timeout=2.0)  # done unless the hosts job holds the write lock
+        assert beginning.wait(timeout=10.0)
+        forgetting.join(timeout=0.2)  # it would be done by now without the job's write lock
+        assert forgetting.is_alive() and not answers  # the hosts job holds the lock: the forget waits
         return lives_to_observe(session, node_ids)
 
     lives_to_observe = store_hosts._lives_to_observe

@@ -22,6 +22,7 @@ from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.governor.scaling import Scaled
 from fleetd.store.footprints import read_footprints
+from fleetd.store.schema import ensure_schema
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.spec import launch_for
@@ -181,12 +182,14 @@ def test_a_rung_is_sized_for_the_games_that_want_its_slots_not_all_of_its_games(
     assert (fleet.scaled().num_envs, fleet.scaled().sizing.games) == (192, 8)
 
 
-def test_a_game_leaving_and_coming_back_rolls_no_worker_on_one_rung(settings: Settings, db: Database, clock: FakeClock) -> None:
+def test_a_game_leaving_and_coming_back_rolls_no_worker_on_one_rung(settings: Settings, db: Database, clock: FakeClock,
+                                                                     tmp_path: Path) -> None:
     """9 GiB a game at 256 envs: 7 games fit 8x256's own values (69.3 GiB), 8 do not (79.2 GiB:
     8x192's). With 8 wanting a slot, an 8th game going (exited, fatal, stopped) and coming back
     rolled every worker twice: up to 256 envs, then down to 192. The count sized for is a mark:
-    it rises at once (lighter values), never falls on the rung; a new rung or a daemon restart
-    starts it again at the games wanting a slot."""
+    it rises at once (lighter values), never falls on the rung, and is stored with it, so a
+    daemon restart keeps it (the workers it keeps were sized for 8); a new rung, or a database
+    without a mark, starts it again at the games wanting a slot."""
     book = FootprintBook()
     me = os.getpid()
     worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
@@ -201,10 +204,17 @@ def test_a_game_leaving_and_coming_back_rolls_no_worker_on_one_rung(settings: Se
         given.append((fleet.scaled().num_envs, fleet.scaled().batch_size, fleet.scaled().sizing.games))
     assert given == [(192, 2048, 8)] * 5  # h's dips roll nothing
     again = fleet_on_an_h100(settings, db, clock, book)  # a daemon restart with 7 wanting
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (192, 8)  # the stored mark, before a step
     again.govern(gone)
-    assert (again.scaled().num_envs, again.scaled().sizing.games) == (256, 7)
-    again.govern(back)  # h back: lighter at once
-    assert (again.scaled().num_envs, again.scaled().sizing.games) == (192, 8)
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (192, 8)  # kept: the kept workers roll not
+    ensure_schema(tmp_path / "fresh.db", "fleetd db upgrade")
+    other = Database.open(tmp_path / "fresh.db")
+    first = fleet_on_an_h100(settings, other, clock, book)  # a database with no mark: counted afresh
+    first.govern(gone)
+    assert (first.scaled().num_envs, first.scaled().sizing.games) == (256, 7)
+    first.govern(back)  # h back: lighter at once
+    assert (first.scaled().num_envs, first.scaled().sizing.games) == (192, 8)
+    other.close()
     again.govern(gone)
     assert again.scaled().num_envs == 192  # no heavier on this rung
     again.governor.state = replace(again.governor.state, rung=again.governor.index() - 1)  # a new rung: counted afresh

@@ -1320,6 +1320,54 @@ def test_a_game_leaving_a_full_rung_and_coming_back_rolls_no_other_worker(loop: 
     assert len(loop.launcher.spawned) == 9 and sup.fleet.scaled().num_envs == 192  # h's own start alone
 
 
+
+def test_workers_kept_through_a_daemon_restart_keep_their_sizing_with_a_game_fatal(loop: Loop) -> None:
+    """8 games on an H100 at 8x256, sized 192 envs (8 need 79.2 GiB of the 71.68 GiB room). Game h
+    went FATAL, then the daemon was killed: the new one, counting 7 games afresh, gave the 7
+    workers it kept 256 envs and restarted each (and each again once h was back). The sizing's
+    mark is stored with the rung: a restart keeps it, and no kept worker is stopped."""
+    fleet = loop.settings.fleet.model_copy(update={"tier": "heavy"})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    clock, names, me = loop.clock, "abcdefgh", os.getpid()
+    with loop.db.transaction() as session:
+        save_fleet(session, FleetRecord("heavy", "heavy", 8, 256, clock.now(), True, clock.now()))
+    loop.telemetry, loop.footprints = _FreshH100(clock), FootprintBook()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    telemetry_job(loop.db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
+                  FootprintSource(loop.footprints, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    for name in names:
+        loop.add(name)
+    loop.start()
+    loop.steps()
+    loop.run_up(*names)
+    assert loop.sup.fleet.scaled().num_envs == 192 and len(loop.launcher.spawned) == 8
+    loop.launcher.fail_games.add("h")  # h's worker crashes, and cannot be started again
+    loop.reactor.exit(loop.pid("h"), code=1)
+    for _ in range(200):
+        loop.steps()
+        if loop.state("h") is State.FATAL:
+            break
+    assert loop.state("h") is State.FATAL
+    kept = {name: loop.pid(name) for name in names[:7]}
+    for name in kept:  # each worker's spec beside its log, as the real launcher leaves it: 192 envs
+        proc = loop.sup.procs[name]
+        assert proc.run_id is not None and proc.spawned_launch is not None and proc.spawned_launch.spec is not None
+        assert proc.spawned_launch.spec.tier_defaults.num_envs == 192
+        log_path = loop.settings.game_dir(name) / "logs" / f"run-{proc.run_id:06d}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.with_suffix(".spec.json").write_text(proc.spawned_launch.spec.with_run(proc.run_id).to_json())
+        with loop.db.transaction() as session:
+            run_store.update_run_spawned(session, proc.run_id, kept[name], 1.0, ["python", "-m", "workers"], str(log_path))
+    loop.probe.live = set(kept.values())
+    spawned = len(loop.launcher.spawned)
+    sup = loop.start()  # the daemon was killed: a new one adopts the 7
+    assert [loop.state(n) for n in names[:7]] == [State.RUNNING] * 7 and loop.state("h") is State.FATAL
+    loop.steps(5)
+    assert sup.fleet.scaled().num_envs == 192 and sup.fleet.scaled().sizing.games == 8
+    assert [loop.state(n) for n in names[:7]] == [State.RUNNING] * 7  # none rolled up to 256 envs
+    assert not [s for s in loop.launcher.signals if s[0] in kept.values()]
+    assert len(loop.launcher.spawned) == spawned
+
 class _FreshH100:
     """Telemetry of one H100 and 256 GiB of host memory, always as of now."""
 

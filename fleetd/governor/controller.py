@@ -122,6 +122,16 @@ class FleetController:
         self.boot_id = boot_id
         self.cluster = cluster
         self.footprints = footprints or FootprintBook()
+        # Each host's count of games its sizing is for (LOCAL's alone without a cluster), by the
+        # games wanting a slot there at each step (`govern`): no rung holds more. A mark, kept by
+        # the rung it was taken on: it rises with the count at once (lighter values where they no
+        # longer fit) but never falls on one rung, so a game going and coming back does not roll
+        # every worker twice; a new rung (which rolls them anyway) starts it at the count again.
+        # Stored with each governor's row (`sized_games`, read back by `_load_mark`: a mark for
+        # another rung is ignored), so a daemon restart keeps it and the workers it keeps running
+        # stay sized as they were. None: no mark yet (the rung's games). Supervisor thread only;
+        # the launches and `fleetd tier` both read it, so they show one sizing.
+        self._counted: dict[str, _Counted] = {}
         self.governor = self._load()  # the local host's; on a cluster, the request's keeper only
         with self.db.transaction() as session:
             self._admitted: dict[str, datetime] = fleet_store.read_admissions(session)
@@ -135,14 +145,6 @@ class FleetController:
             self._load_hosts()
         self._load_backoffs()
         self._known_gpu: GpuMemory | None = None
-        # Each host's count of games its sizing is for (LOCAL's alone without a cluster), by the
-        # games wanting a slot there at each step (`govern`): no rung holds more. A mark, kept by
-        # the rung it was taken on: it rises with the count at once (lighter values where they no
-        # longer fit) but never falls on one rung, so a game going and coming back does not roll
-        # every worker twice; a new rung (which rolls them anyway) starts it at the count again.
-        # None: no step yet since the daemon started (the rung's games). Supervisor thread only;
-        # the launches and `fleetd tier` both read it, so they show one sizing.
-        self._counted: dict[str, _Counted] = {}
         self.stall = TelemetryStall(settings, db, clock, boot_id)
         self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
@@ -157,7 +159,9 @@ class FleetController:
             governor = Governor.initial(self.settings, self.clock.now(), memory)
             self._save(governor)
             return governor
-        rung = nearest_rung(build_ladder(self.settings.tiers), record.level, record.num_envs)
+        ladder = build_ladder(self.settings.tiers)
+        rung = nearest_rung(ladder, record.level, record.num_envs)
+        self._load_mark(LOCAL, ladder[rung].key, record)
         return Governor(self.settings, FleetState(record.requested, rung, record.stable_since, record.long_window), memory)
 
     def _load_hosts(self) -> None:
@@ -169,6 +173,13 @@ class FleetController:
                 state = FleetState(requested, rung, record.stable_since, record.long_window)
                 self.governors[host] = Governor(self.settings, state, fleet_store.read_rungs(session, host), ladder)
                 self._nodes[host] = record.node_id
+                self._load_mark(host, ladder[rung].key, record)
+
+    def _load_mark(self, host: str, rung: tuple[int, int], record: FleetRecord | HostGovernorRecord) -> None:
+        """The host's sizing mark as stored with its rung: kept only where the rung it was taken on
+        (the row's) is still the one the governor stands on (a ladder changed since moves it)."""
+        if record.sized_games is not None and rung == (record.level, record.num_envs):
+            self._counted[host] = _Counted(rung, record.sized_games, record.sized_games)
 
     def _load_backoffs(self) -> None:
         """Each governor's latest back-off (`fleetd tier`, `last_backoff`), as its `fleet_backoff`
@@ -231,10 +242,15 @@ class FleetController:
                 where = None if placement is None else placement.host or placement.home
                 if where in counts:
                     counts[where] += 1
+        moved = False
         for host, governor in governors.items():
             was, rung = self._counted.get(host), governor.rung.key
             most = counts[host] if was is None or was.rung != rung else max(was.most, counts[host])
             self._counted[host] = _Counted(rung, most, counts[host])
+            moved = moved or was is None or (was.rung, was.most) != (rung, most)
+        if moved:  # stored with the rungs, so a daemon restart keeps it (`_load_mark`)
+            with self.db.transaction() as session:
+                self._save_governors(session, self.clock.now())
 
     def sizing(self, name: str) -> tuple[Scaled, int]:
         """The rung a game's worker is sized for and the games sharing its host: the fleet's
@@ -693,15 +709,20 @@ class FleetController:
                 fleet_store.save_rung(session, governor.memory[key], host)
             governor.changed.clear()
 
-    @staticmethod
-    def _record(governor: Governor, now: datetime) -> FleetRecord:
+    def _record(self, governor: Governor, now: datetime) -> FleetRecord:
         state, rung = governor.state, governor.rung
-        return FleetRecord(state.requested, governor.tier, rung.games, rung.num_envs, state.stable_since, state.long_window, now)
+        return FleetRecord(state.requested, governor.tier, rung.games, rung.num_envs, state.stable_since, state.long_window,
+                           now, self._mark(LOCAL, governor))  # fmt: skip
 
     def _host_record(self, host: str, governor: Governor, now: datetime) -> HostGovernorRecord:
         state, rung = governor.state, governor.rung
         return HostGovernorRecord(host, governor.tier, rung.games, rung.num_envs, state.stable_since, state.long_window,
-                                  self._nodes.get(host, ""), now)  # fmt: skip
+                                  self._nodes.get(host, ""), now, self._mark(host, governor))  # fmt: skip
+
+    def _mark(self, host: str, governor: Governor) -> int | None:
+        """The host's sizing mark to store with its rung: None where it was taken on another rung."""
+        counted = self._counted.get(host)
+        return counted.most if counted is not None and counted.rung == governor.rung.key else None
 
     def _snapshot(self) -> Any:
         return None if self.telemetry is None else self.telemetry.latest

@@ -30,6 +30,7 @@ def save_fleet(session: Session, record: FleetRecord) -> None:
     row.tier, row.level = record.tier, record.level
     row.num_envs = record.num_envs
     row.stable_since, row.long_window, row.updated_at = record.stable_since, record.long_window, record.updated_at
+    row.sized_games = record.sized_games
     session.add(row)
     session.flush()
 
@@ -92,5 +93,6 @@ def save_host_governor(session: Session, record: HostGovernorRecord) -> None:
     row.tier, row.level, row.num_envs = record.tier, record.level, record.num_envs
     row.stable_since, row.long_window = record.stable_since, record.long_window
     row.node_id, row.updated_at = record.node_id, record.updated_at
+    row.sized_games = record.sized_games
     session.add(row)
     session.flush()

@@ -191,6 +191,9 @@ class Fleet(Base):
     num_envs: Mapped[int]  # ... x envs per game
     stable_since: Mapped[datetime]
     long_window: Mapped[bool] = mapped_column(default=True)
+    # The sizing's mark on this rung (`FleetController._counted`): the most games wanting a slot
+    # seen on it, kept across daemon restarts. None: none yet.
+    sized_games: Mapped[int | None]
     updated_at: Mapped[datetime]
 
 
@@ -224,6 +227,7 @@ class HostGovernor(Base):
     stable_since: Mapped[datetime]
     long_window: Mapped[bool]
     node_id: Mapped[str] = mapped_column(String(64))
+    sized_games: Mapped[int | None]  # the sizing's mark on this rung, as the fleet row's
     updated_at: Mapped[datetime]
 
 

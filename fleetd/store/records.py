@@ -183,6 +183,7 @@ class FleetRecord:
     stable_since: datetime
     long_window: bool
     updated_at: datetime
+    sized_games: int | None = None  # the sizing's mark on this rung (None: none yet)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,7 @@ class HostGovernorRecord:
     long_window: bool
     node_id: str
     updated_at: datetime
+    sized_games: int | None = None  # the sizing's mark on this rung (None: none yet)
 
 
 @dataclass(frozen=True)
