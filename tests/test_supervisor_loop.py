@@ -282,6 +282,36 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
+def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill_while_its_game_starts(loop: Loop) -> None:
+    """The daemon died while the roll's game was on its way back (starting): the new one adopted
+    it starting, knew of no roll, and stopped b at once: two games down."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.clock.advance(31)
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    loop.reactor.exit(loop.pid("a"), code=0)
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
+    pid_a, pid_b = loop.pid("a"), loop.pid("b")
+    save_spawned_spec(loop, "a")  # started with the new sizes: a is not rolled again once back
+    loop.probe.live = {pid_a, pid_b}
+    loop.start()  # killed while a was on its way back
+    loop.steps(2)
+    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # b waits for a
+    assert (pid_b, "SIGTERM") not in loop.launcher.signals
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
 def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     loop.settings = loop.settings.model_copy(update={"worker": worker})
@@ -310,6 +340,20 @@ def record_live_run(loop: Loop, game: str, pid: int) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.with_suffix(".spec.json").write_text(launch.spec.with_run(run_id).to_json())
     return run_id
+
+
+def save_spawned_spec(loop: Loop, game: str) -> None:
+    """What the real launcher leaves beside the log of the game's worker (the fake's log path is
+    none): the spec it was spawned with, which a next daemon adopting it reads."""
+    proc = loop.sup.procs[game]
+    assert proc.run_id is not None and proc.pid is not None
+    log_path = loop.settings.game_dir(game) / "logs" / f"run-{proc.run_id:06d}.log"
+    with loop.db.transaction() as session:
+        run_store.update_run_spawned(session, proc.run_id, proc.pid, 1.0, ["python", "-m", "workers"], str(log_path))
+    spec = next(launch.spec for launch in reversed(loop.launcher.launches) if launch.game == game)
+    assert spec is not None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.with_suffix(".spec.json").write_text(spec.with_run(proc.run_id).to_json())
 
 
 def test_start_up_adopts_the_live_worker_and_kills_a_second_one(loop: Loop) -> None:
