@@ -179,6 +179,33 @@ def test_the_final_checkpoint_of_a_stop_the_daemon_died_in_does_not_clear_the_co
     assert loop.sup.procs["a"].failures == 3
 
 
+def test_the_stops_time_survives_a_second_daemon_kill(loop: Loop) -> None:
+    """Two daemon kills while the crash-looping game stopped: the first adoption stored its own
+    time as the stop's, the second read that, and the final checkpoint written between the stop
+    and the first adoption counted as progress: the count cleared."""
+    from fleetd.games.lifecycle import set_desired
+    from fleetd.states import Desired
+    from fleetd.supervision.commands import Reconcile
+
+    proc = running_after_crashes(loop, 3)
+    pid, run_id = proc.pid, proc.run_id
+    set_desired(loop.db, loop.clock, "a", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert loop.state("a") is State.STOPPING
+    loop.clock.advance(2)
+    final = CheckpointSummary("/ckpt-final", RESUMED_AT + 8, 1, loop.clock.now().timestamp(), 100)
+    loop.clock.advance(3)
+    loop.probe.live = {pid}
+    loop.start()
+    loop.clock.advance(3)
+    loop.start()  # killed again, still stopping
+    assert loop.state("a") is State.STOPPING and loop.sup.procs["a"].failures == 3
+    loop.reactor.report(CheckpointReport("a", run_id, pid, final.at, final))
+    loop.steps()
+    assert loop.sup.procs["a"].failures == 3
+
+
 def test_a_checkpoint_written_while_it_trained_counts_though_seen_once_it_stops(loop: Loop) -> None:
     # Its report read after the stop was sent (or lost, the checkpoint found on disk at the exit):
     # taken for the stop's final checkpoint, it left the count standing though the run had made

@@ -38,7 +38,7 @@ from fleetd.store.health import update_health
 from fleetd.store.records import FleetRecord, GameDraft, NodeSeen
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
-from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
+from fleetd.supervision.commands import Reconcile, RestartGame, Shutdown, StartGame
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.supervision.thread import SupervisorThread
 from fleetd.host.uptime import record_daemon_start
@@ -282,6 +282,75 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
+def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill_while_its_game_starts(loop: Loop) -> None:
+    """The daemon died while the roll's game was on its way back (starting): the new one adopted
+    it starting, knew of no roll, and stopped b at once: two games down."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.clock.advance(31)
+    loop.steps()
+    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    loop.reactor.exit(loop.pid("a"), code=0)
+    loop.steps()
+    assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
+    pid_a, pid_b = loop.pid("a"), loop.pid("b")
+    save_spawned_spec(loop, "a")  # started with the new sizes: a is not rolled again once back
+    loop.probe.live = {pid_a, pid_b}
+    loop.start()  # killed while a was on its way back
+    loop.steps(2)
+    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # b waits for a
+    assert (pid_b, "SIGTERM") not in loop.launcher.signals
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
+def test_a_tier_change_roll_waits_for_every_game_adopted_stopping(loop: Loop) -> None:
+    """Two games adopted stopping with desired running, a `--restart`'s (a, adopted first) and
+    the roll's (b): the roll waited for a only, and stopped c beside b still stopping."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    tiers = loop.settings.fleet.tiers | {"light": loop.settings.fleet.tiers["light"].model_copy(update={"games": 3})}
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0, "tiers": tiers})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    with loop.db.transaction() as session:
+        draft = GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0, hyperparams={"num_envs": 4, "batch_size": 32})
+        game_store.create_game(session, draft, loop.clock.now())
+    loop.clock.advance(1)
+    for name in ("b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b", "c")
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.clock.advance(31)
+    loop.steps()
+    assert [loop.state(n) for n in ("a", "b", "c")] == [State.RUNNING, State.STOPPING, State.RUNNING]
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"hyperparams": {"num_envs": 8, "batch_size": 32}}, loop.clock.now())
+    loop.sup.submit(RestartGame("a"))
+    loop.steps()
+    assert [loop.state(n) for n in ("a", "b", "c")] == [State.STOPPING, State.STOPPING, State.RUNNING]
+    pids = {n: loop.pid(n) for n in ("a", "b", "c")}
+    for name in ("a", "b", "c"):
+        save_spawned_spec(loop, name)
+    loop.probe.live = set(pids.values())
+    loop.start()  # the daemon was killed: a new one adopts all three
+    loop.reactor.exit(pids["a"], code=0)
+    loop.steps()
+    loop.run_up("a")
+    loop.steps(2)
+    assert [loop.state("b"), loop.state("c")] == [State.STOPPING, State.RUNNING]  # c waits for b
+    assert (pids["c"], "SIGTERM") not in loop.launcher.signals
+
+
 def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     loop.settings = loop.settings.model_copy(update={"worker": worker})
@@ -310,6 +379,20 @@ def record_live_run(loop: Loop, game: str, pid: int) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.with_suffix(".spec.json").write_text(launch.spec.with_run(run_id).to_json())
     return run_id
+
+
+def save_spawned_spec(loop: Loop, game: str) -> None:
+    """What the real launcher leaves beside the log of the game's worker (the fake's log path is
+    none): the spec it was spawned with, which a next daemon adopting it reads."""
+    proc = loop.sup.procs[game]
+    assert proc.run_id is not None and proc.pid is not None
+    log_path = loop.settings.game_dir(game) / "logs" / f"run-{proc.run_id:06d}.log"
+    with loop.db.transaction() as session:
+        run_store.update_run_spawned(session, proc.run_id, proc.pid, 1.0, ["python", "-m", "workers"], str(log_path))
+    spec = next(launch.spec for launch in reversed(loop.launcher.launches) if launch.game == game)
+    assert spec is not None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.with_suffix(".spec.json").write_text(spec.with_run(proc.run_id).to_json())
 
 
 def test_start_up_adopts_the_live_worker_and_kills_a_second_one(loop: Loop) -> None:

@@ -178,11 +178,16 @@ def update_game_settings(session: Session, name: str, values: dict[str, Any], no
 
 
 def update_game_state(
-    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False
+    session: Session, name: str, state: State, reason: str, now: datetime, restart: bool = False,
+    keep_since: bool = False,
 ) -> int:
-    """Returns the game's id (for the event it goes with)."""
+    """Returns the game's id (for the event it goes with). `keep_since`: where the game is
+    already in `state`, `state_changed_at` stays (a worker adopted in the state the last daemon
+    stored: in it since then, however many daemon restarts it goes through)."""
     row = _row(session, name)
-    row.state, row.state_reason, row.state_changed_at, row.updated_at = state, reason, now, now
+    if not (keep_since and row.state == state):
+        row.state_changed_at = now
+    row.state, row.state_reason, row.updated_at = state, reason, now
     row.restarts += int(restart)
     _flush_row(session, name)
     return row.id

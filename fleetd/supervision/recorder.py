@@ -92,7 +92,7 @@ class Recorder:
             if not game_store.game_exists(session, game):  # removed since the supervisor's read
                 log.info("%s: %s -> %s not recorded: the game was removed", game, old.value, new.value)
                 return
-            game_store.update_game_state(session, game, new.value, reason, now, restart)
+            game_store.update_game_state(session, game, new.value, reason, now, restart, keep_since=adopted)
             kind, message = ("adopted", reason) if adopted else ("state", f"{old} -> {new}: {reason}")
             details = {"from": old.value, "to": new.value, "reason": reason}
             create_event(session, now, kind, message, severity=_SEVERITY.get(new, "info"), game=game, details=details)

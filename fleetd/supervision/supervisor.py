@@ -155,11 +155,6 @@ class Supervisor:
         gone: list[RunRecord] = []  # alive at the probe, ended by its watch
         kept = [run for run in runs.live if self._adopt(run, gone)]
         adopted = len(kept)
-        # The roll of a tier change is in memory only: a game the last daemon was restarting with
-        # desired running (a roll's, a `--restart`) is waited for, one at a time, or the next
-        # running game was stopped at once beside it.
-        self._rolling = next((run.game for run in kept if self.procs[run.game].state is State.STOPPING
-                              and self._desired.get(run.game) is Desired.RUNNING), None)
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
@@ -397,6 +392,12 @@ class Supervisor:
             if current.state is not State.STOPPED or self.fleet.admitted(current.name):
                 return  # still on its way back
         self._rolling = None
+        # A game restarting with desired running (a roll's, a `--restart`), still stopping or on
+        # its way back, is waited for: the roll is in memory only, and a daemon restart adopts
+        # that game stopping or starting. A crash loop's back-off, or the start timeout, ends it.
+        if any(proc.state in (State.STOPPING, State.STARTING) and self._desired.get(name) is Desired.RUNNING
+               for name, proc in self.procs.items()):
+            return
         for proc in self.procs.values():
             why = proc_restart_reason(proc, asked=False) if proc.state is State.RUNNING else None
             if why is not None and self._stop(proc, why):
