@@ -1433,14 +1433,9 @@ def test_workers_kept_through_a_daemon_restart_keep_their_sizing_with_a_game_fat
     assert loop.state("h") is State.FATAL
     kept = {name: loop.pid(name) for name in names[:7]}
     for name in kept:  # each worker's spec beside its log, as the real launcher leaves it: 192 envs
-        proc = loop.sup.procs[name]
-        assert proc.run_id is not None and proc.spawned_launch is not None and proc.spawned_launch.spec is not None
-        assert proc.spawned_launch.spec.tier_defaults.num_envs == 192
-        log_path = loop.settings.game_dir(name) / "logs" / f"run-{proc.run_id:06d}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.with_suffix(".spec.json").write_text(proc.spawned_launch.spec.with_run(proc.run_id).to_json())
-        with loop.db.transaction() as session:
-            run_store.update_run_spawned(session, proc.run_id, kept[name], 1.0, ["python", "-m", "workers"], str(log_path))
+        launch = loop.sup.procs[name].spawned_launch
+        assert launch is not None and launch.spec is not None and launch.spec.tier_defaults.num_envs == 192
+        save_spawned_spec(loop, name)
     loop.probe.live = set(kept.values())
     spawned = len(loop.launcher.spawned)
     sup = loop.start()  # the daemon was killed: a new one adopts the 7
