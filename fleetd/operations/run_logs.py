@@ -117,13 +117,15 @@ def follow_read(path: Path, offset: int,
     return earlier + data, offset + len(data), before
 
 
-def follow_from_start(path: Path) -> tuple[bytes, int, CopySignature | None]:
+def follow_from_start(path: Path) -> tuple[bytes | None, int, CopySignature | None]:
     """A log followed from its first line (a follow moving on to a newer run's): what a rotation
     already moved to the copy, then the log; the offset and the copy as `follow_read` gives them.
-    Read from the live file alone, a log rotated before the follow reached it lost its start."""
+    Read from the live file alone, a log rotated before the follow reached it lost its start.
+    None: no log there (yet: a run's path is recorded at its spawn, its worker makes the file
+    later; or pruned already), which `follow_read` reads from the start once it is made."""
     earlier, seen = _rest_of_rotated(path, 0, None)
-    data, offset, seen = follow_read(path, 0, seen)  # gone already: the follow's next read says so
-    return earlier + (data or b""), offset, seen
+    data, offset, seen = follow_read(path, 0, seen)
+    return (None if data is None and not earlier else earlier + (data or b"")), offset, seen
 
 
 def _rest_of_rotated(path: Path, offset: int, seen: CopySignature | None) -> tuple[bytes, CopySignature | None]:

@@ -464,6 +464,27 @@ def test_a_pinned_follow_ends_when_its_log_is_pruned(app, client: TestClient) ->
     assert took < 3
 
 
+def test_a_follow_moving_on_to_a_run_whose_log_is_not_made_yet_waits_for_it(app, client: TestClient) -> None:
+    # A run's log path is recorded at its spawn, its worker (a Ray actor, later still) makes the
+    # file after: the follow moved on to it, read nothing there and said it was gone (log_keep_runs).
+    new_run(app, "late", "first\n")
+    events: list[int] = []
+
+    def writer() -> None:
+        time.sleep(0.3)
+        events.append(new_run(app, "late", ""))
+        path = log_path(app, events[0])
+        path.unlink()  # recorded, not made yet
+        time.sleep(1.5)  # the follow looks for a newer run once a second: it is on it by now
+        path.write_text("late line\n")
+        time.sleep(0.5)
+        app.state.stopping.set()
+
+    lines = follow_beside(client, "late", writer).text.splitlines()
+    assert lines[0] == "first" and lines[1].startswith(f"--- fleetd: run {events[0]} started "), lines
+    assert lines[2:] == ["late line"]
+
+
 def test_a_follow_of_a_game_removed_and_added_again_says_it_was_removed(app, client: TestClient) -> None:
     # A game of the name added and run before the follow's next look: the follow went on into
     # the new game's log (another env's, maybe) as if it were a next run of the same game.

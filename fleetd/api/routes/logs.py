@@ -135,13 +135,18 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
     sent = first[-1:] or await run_in_threadpool(byte_before, path, offset)
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
+    # Whether the followed log has been seen to exist: only such a log's vanishing is a prune. A
+    # newer run's path is recorded at its spawn, before its worker makes the file (the Ray actor
+    # later still): that log, read before it is made, is polled until it is, not called gone.
+    appeared = True
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
         data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
+        appeared = appeared or data is not None
         if data:
             yield data
             sent = data[-1:]
             continue
-        vanished = data is None  # pruned by log_keep_runs: a newer run's start, which a look now finds
+        vanished = data is None and appeared  # pruned by log_keep_runs: a newer run's start, which a look now finds
         if vanished or time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
             gone, newer = await run_in_threadpool(_next_look, context, name, record.id, pinned)
@@ -160,7 +165,8 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 started = f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---"
                 yield rest + _own_line(started, rest[-1:] or sent)
                 opening, offset, seen = await run_in_threadpool(follow_from_start, path)
-                sent = opening[-1:] or b"\n"
+                appeared = opening is not None
+                sent = (opening or b"")[-1:] or b"\n"
                 if opening:
                     yield opening
                 continue
