@@ -602,6 +602,31 @@ def test_a_database_another_process_holds_is_said_so_not_damaged(tmp_path: Path,
     assert "damaged" not in str(restored.value) and not refused.value.damaged and refused.value.transient
 
 
+@pytest.mark.parametrize("verb", ["status", "upgrade"])
+def test_db_commands_on_a_database_another_process_holds_exit_75(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                verb: str) -> None:
+    """`fleetd db status|upgrade` on a lock held longer than SQLite waits exited 78 (a config
+    fault, not retried) for what running it again passes: 75, as `serve` does."""
+    from typer.testing import CliRunner
+
+    import fleetd.store.schema as schema
+    from fleetd.cli.main import app
+
+    state = tmp_path / "state"
+    ensure_schema(state / "fleetd.db", "fleetd db upgrade")
+    config = tmp_path / "fleetd.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    monkeypatch.setattr(schema, "create_engine", lambda url, **kw: create_engine(url, connect_args={"timeout": 0.05}, **kw))
+    holder = sqlite3.connect(state / "fleetd.db")
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        result = CliRunner().invoke(app, ["db", verb, "--config", str(config)], env={"COLUMNS": "200"})
+    finally:
+        holder.close()
+    assert result.exit_code == 75, result.output
+    assert "database is locked (SQLITE_BUSY)" in result.output and "run the command again" in result.output
+
+
 def test_an_error_at_the_starts_writes_that_is_no_disk_or_file_fault_keeps_its_traceback(tmp_path: Path) -> None:
     """Every SQLite error at the start's first writes was exit 78 with advice on disks and
     permissions: a constraint a bug broke among them, its traceback lost. Now only what says
