@@ -215,3 +215,22 @@ def test_a_control_daemon_started_whose_event_cannot_be_written_is_quit_an_adopt
     with pytest.raises(OSError):
         adopting.start()
     assert len(seam.live) == 1 and [stdin for _, stdin, _ in seam.runs] == [None]
+
+
+def test_a_quit_failing_after_the_started_event_failed_hides_not_the_events_error(tmp_path: Path,
+                                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The quit's own failure was raised in place of the start's (a full disk): the one to fix."""
+
+    class QuitFails(FakeMps):
+        def run(self, argv: list[str], env: dict[str, str], stdin: str | None) -> tuple[int, str]:
+            if stdin == "quit\n":
+                raise RuntimeError("quit went wrong")
+            return super().run(argv, env, stdin)
+
+    def unwritable(kind: MpsEvent, message: str, severity: str) -> None:
+        raise OSError("database or disk is full")
+
+    mps = Mps(MpsMode.AUTO, MpsDirs(tmp_path / "mps"), QuitFails(), unwritable)
+    with pytest.raises(OSError, match="disk is full"):
+        mps.start()
+    assert "not stopped after the start failed" in caplog.text and "quit went wrong" in caplog.text

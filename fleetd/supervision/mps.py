@@ -182,7 +182,11 @@ class Mps:
         try:
             self.record(MpsEvent.STARTED, f"MPS control daemon started for the workers ({self.dirs.pipe})", "info")
         except BaseException:  # the start fails (a full disk, a read-only database): not left running
-            self._quit()
+            try:
+                self._quit()
+            except Exception:  # its own failure hid the start's: that one is raised, this one logged
+                log.warning("MPS control daemon in %s not stopped after the start failed", self.dirs.pipe,
+                            exc_info=True)
             raise
 
     def _unavailable(self, why: str, *, transient: bool = False) -> None:
