@@ -254,3 +254,27 @@ def test_a_mark_whose_write_failed_is_written_at_the_next_step(settings: Setting
     fleet.govern(eight)
     again = fleet_on_an_h100(settings, db, clock, book)  # a daemon restart
     assert (again.scaled().num_envs, again.scaled().sizing.games) == (192, 8)
+
+
+def test_a_restart_with_no_worker_run_on_drops_the_sizing_mark(settings: Settings, db: Database, clock: FakeClock) -> None:
+    """The mark keeps the workers a daemon restart adopts sized as they were. After a clean stop
+    or a reboot none ran on: the stored mark kept the new workers lighter (8 games' values for 7
+    wanting a slot) until the next rung change."""
+    book = FootprintBook()
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
+                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "abcdefg"]
+    fleet = fleet_on_an_h100(settings, db, clock, book)
+    fleet.govern(seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), State.RUNNING)])  # the mark: 8
+    ran_on = fleet_on_an_h100(settings, db, clock, book)
+    ran_on.restarted(workers_ran_on=True)  # its workers adopted: the mark kept
+    ran_on.govern(seven)
+    assert (ran_on.scaled().num_envs, ran_on.scaled().sizing.games) == (192, 8)
+    again = fleet_on_an_h100(settings, db, clock, book)
+    again.restarted(workers_ran_on=False)  # a clean stop: no worker ran on
+    with db.transaction() as session:
+        assert fleet_store.read_fleet(session).sized_games is None
+    again.govern(seven)
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (256, 7)

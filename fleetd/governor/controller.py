@@ -384,14 +384,17 @@ class FleetController:
         by SIGUSR1). After a clean stop, a reboot, or workers that ended meanwhile, nothing
         (or less) ran: a window that counted that time would prove a rung, and climb, on time the
         host stood idle. Each window starts again, as a cluster host's does after its node's new
-        life (`_observe_hosts`)."""
+        life (`_observe_hosts`). The sizing marks go too: they keep the workers that ran on sized
+        as they were, and with none kept the new workers are sized for the games wanting a slot."""
         if workers_ran_on:
             return
         now = self.clock.now()
         for governor in (self.governor, *self.governors.values()):
             governor.resume(now)
+        self._counted.clear()
         with self.db.transaction() as session:
-            self._save_governors(session, now)
+            self._save_governors(session, now)  # the marks stored as none
+        self._marks_stored.clear()
 
     def crashed(self, name: str) -> bool:
         self._watch_clock()
