@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.routes.fleet import fleet_out
@@ -21,7 +22,9 @@ from fleetd.jobs import telemetry_job
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.governor.scaling import Scaled
+from fleetd.store import fleet as fleet_store
 from fleetd.store.footprints import read_footprints
+from fleetd.store.records import FleetRecord
 from fleetd.store.schema import ensure_schema
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
@@ -220,3 +223,58 @@ def test_a_game_leaving_and_coming_back_rolls_no_worker_on_one_rung(settings: Se
     again.governor.state = replace(again.governor.state, rung=again.governor.index() - 1)  # a new rung: counted afresh
     again.govern(gone)
     assert again.scaled().sizing.games == 7
+
+
+def test_a_mark_whose_write_failed_is_written_at_the_next_step(settings: Settings, db: Database, clock: FakeClock,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark rose in memory before its write; a write that failed (busy, disk full) was never
+    made again, as the next step saw no change: a daemon restart sized the workers kept for the
+    games of the mark before, heavier than they run."""
+    book = FootprintBook()
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
+                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    fleet = fleet_on_an_h100(settings, db, clock, book)
+    seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in "abcdefg"]
+    eight = seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
+    fleet.govern(seven)
+    save_fleet, failed = fleet_store.save_fleet, []
+
+    def full_once(session: object, record: FleetRecord) -> None:
+        if record.sized_games == 8 and not failed:
+            failed.append(record)
+            raise OperationalError("UPDATE fleet", {}, Exception("database or disk is full"))
+        save_fleet(session, record)
+
+    monkeypatch.setattr(fleet_store, "save_fleet", full_once)
+    with pytest.raises(OperationalError):
+        fleet.govern(eight)  # the mark rises to 8: its write fails
+    assert fleet.scaled().sizing.games == 8
+    fleet.govern(eight)
+    again = fleet_on_an_h100(settings, db, clock, book)  # a daemon restart
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (192, 8)
+
+
+def test_a_restart_with_no_worker_run_on_drops_the_sizing_mark(settings: Settings, db: Database, clock: FakeClock) -> None:
+    """The mark keeps the workers a daemon restart adopts sized as they were. After a clean stop
+    or a reboot none ran on: the stored mark kept the new workers lighter (8 games' values for 7
+    wanting a slot) until the next rung change."""
+    book = FootprintBook()
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
+                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "abcdefg"]
+    fleet = fleet_on_an_h100(settings, db, clock, book)
+    fleet.govern(seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), State.RUNNING)])  # the mark: 8
+    ran_on = fleet_on_an_h100(settings, db, clock, book)
+    ran_on.restarted(workers_ran_on=True)  # its workers adopted: the mark kept
+    ran_on.govern(seven)
+    assert (ran_on.scaled().num_envs, ran_on.scaled().sizing.games) == (192, 8)
+    again = fleet_on_an_h100(settings, db, clock, book)
+    again.restarted(workers_ran_on=False)  # a clean stop: no worker ran on
+    with db.transaction() as session:
+        assert fleet_store.read_fleet(session).sized_games is None
+    again.govern(seven)
+    assert (again.scaled().num_envs, again.scaled().sizing.games) == (256, 7)

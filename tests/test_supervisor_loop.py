@@ -351,6 +351,27 @@ def test_a_tier_change_roll_waits_for_every_game_adopted_stopping(loop: Loop) ->
     assert (pids["c"], "SIGTERM") not in loop.launcher.signals
 
 
+def test_a_tier_change_roll_does_not_wait_behind_an_unrelated_game_starting(loop: Loop) -> None:
+    """Only a game adopted on its way down or back (a dead daemon's roll) holds a roll back: one
+    merely starting (c, no first report yet) held it up to the start timeout, again at each retry."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    tiers = loop.settings.fleet.tiers | {"light": loop.settings.fleet.tiers["light"].model_copy(update={"games": 3})}
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0, "tiers": tiers})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    for name in ("a", "b", "c"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")  # c stays starting: no first report
+    assert loop.state("c") is State.STARTING
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    for _ in range(20):
+        loop.clock.advance(25)
+        loop.steps()
+    assert loop.state("a") is not State.RUNNING  # a rolled (back, it waits for its first report)
+
+
 def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     loop.settings = loop.settings.model_copy(update={"worker": worker})

@@ -132,6 +132,9 @@ class FleetController:
         # stay sized as they were. None: no mark yet (the rung's games). Supervisor thread only;
         # the launches and `fleetd tier` both read it, so they show one sizing.
         self._counted: dict[str, _Counted] = {}
+        # Each host's mark (its rung, its most) as the store holds it, set only once a write of
+        # it committed: a write that failed (busy, disk full) is tried again at the next step.
+        self._marks_stored: dict[str, tuple[tuple[int, int], int]] = {}
         self.governor = self._load()  # the local host's; on a cluster, the request's keeper only
         with self.db.transaction() as session:
             self._admitted: dict[str, datetime] = fleet_store.read_admissions(session)
@@ -180,6 +183,7 @@ class FleetController:
         (the row's) is still the one the governor stands on (a ladder changed since moves it)."""
         if record.sized_games is not None and rung == (record.level, record.num_envs):
             self._counted[host] = _Counted(rung, record.sized_games, record.sized_games)
+            self._marks_stored[host] = (rung, record.sized_games)
 
     def _load_backoffs(self) -> None:
         """Each governor's latest back-off (`fleetd tier`, `last_backoff`), as its `fleet_backoff`
@@ -242,15 +246,17 @@ class FleetController:
                 where = None if placement is None else placement.host or placement.home
                 if where in counts:
                     counts[where] += 1
-        moved = False
         for host, governor in governors.items():
             was, rung = self._counted.get(host), governor.rung.key
             most = counts[host] if was is None or was.rung != rung else max(was.most, counts[host])
             self._counted[host] = _Counted(rung, most, counts[host])
-            moved = moved or was is None or (was.rung, was.most) != (rung, most)
-        if moved:  # stored with the rungs, so a daemon restart keeps it (`_load_mark`)
+        marks = {host: (self._counted[host].rung, self._counted[host].most) for host in governors}
+        if any(self._marks_stored.get(host) != mark for host, mark in marks.items()):
+            # Stored with the rungs, so a daemon restart keeps it (`_load_mark`); by what the
+            # store holds, not the last step's mark, so a write that failed is made again.
             with self.db.transaction() as session:
                 self._save_governors(session, self.clock.now())
+            self._marks_stored.update(marks)
 
     def sizing(self, name: str) -> tuple[Scaled, int]:
         """The rung a game's worker is sized for and the games sharing its host: the fleet's
@@ -378,14 +384,17 @@ class FleetController:
         by SIGUSR1). After a clean stop, a reboot, or workers that ended meanwhile, nothing
         (or less) ran: a window that counted that time would prove a rung, and climb, on time the
         host stood idle. Each window starts again, as a cluster host's does after its node's new
-        life (`_observe_hosts`)."""
+        life (`_observe_hosts`). The sizing marks go too: they keep the workers that ran on sized
+        as they were, and with none kept the new workers are sized for the games wanting a slot."""
         if workers_ran_on:
             return
         now = self.clock.now()
         for governor in (self.governor, *self.governors.values()):
             governor.resume(now)
+        self._counted.clear()
         with self.db.transaction() as session:
-            self._save_governors(session, now)
+            self._save_governors(session, now)  # the marks stored as none
+        self._marks_stored.clear()
 
     def crashed(self, name: str) -> bool:
         self._watch_clock()
@@ -430,7 +439,8 @@ class FleetController:
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
                          f"and its rungs' memory deleted{homes}",
                          details={"host": name, "lives": gone.lives, "homes": dict(gone.homes)})
-        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted):
+        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted,
+                     self._marks_stored):
             kept.pop(name, None)
         for game, _ in gone.homes:
             if game in self._placed:

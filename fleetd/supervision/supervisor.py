@@ -95,6 +95,9 @@ class Supervisor:
         # exit or a command, which change deadlines).
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
+        # Games adopted stopping or starting with desired running: the last daemon's roll (in
+        # memory only) may be one of them, so no next roll stop while one is still on its way.
+        self._adopted_restarting: set[str] = set()
         # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
@@ -158,6 +161,8 @@ class Supervisor:
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         self._settle_stale_states()
+        self._adopted_restarting = {run.game for run in kept if self._desired.get(run.game) is Desired.RUNNING
+                                    and self.procs[run.game].state in (State.STOPPING, State.STARTING)}
         self._health.resume(self.procs)
         for run in kept:  # what they evaluated while no daemon listened
             self._health.catch_up(self.procs[run.game], run.started_at)
@@ -392,11 +397,14 @@ class Supervisor:
             if current.state is not State.STOPPED or self.fleet.admitted(current.name):
                 return  # still on its way back
         self._rolling = None
-        # A game restarting with desired running (a roll's, a `--restart`), still stopping or on
-        # its way back, is waited for: the roll is in memory only, and a daemon restart adopts
-        # that game stopping or starting. A crash loop's back-off, or the start timeout, ends it.
-        if any(proc.state in (State.STOPPING, State.STARTING) and self._desired.get(name) is Desired.RUNNING
-               for name, proc in self.procs.items()):
+        # A game adopted stopping or starting with desired running (the last daemon's roll, in
+        # memory only, or a `--restart`) is waited for while it is still on its way; a game
+        # merely starting for another reason is not. A crash loop's back-off, or the start
+        # timeout, ends the wait.
+        self._adopted_restarting = {name for name in self._adopted_restarting if name in self.procs
+                                    and self._desired.get(name) is Desired.RUNNING
+                                    and self.procs[name].state in (State.STOPPING, State.STARTING)}
+        if self._adopted_restarting:
             return
         for proc in self.procs.values():
             why = proc_restart_reason(proc, asked=False) if proc.state is State.RUNNING else None
