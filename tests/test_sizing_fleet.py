@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import pynvml
 import pytest
 from sqlalchemy.exc import OperationalError
 
@@ -29,7 +30,9 @@ from fleetd.store.schema import ensure_schema
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.spec import launch_for
-from fleetd.host.telemetry import GpuSample, HostSample, Snapshot, TelemetrySampler
+from fleetd.host.lives import host_resources
+from fleetd.host.telemetry import GpuSample, HostSample, NvmlReader, Snapshot, TelemetrySampler, sample_rows, snapshot_json
+from tests.host.test_telemetry import Monotonic, fake_nvml  # noqa: F401  (fake_nvml: the fixture)
 from tests.fakes import FakeClock
 from tests.supervision_fakes import FakeLauncher, RecordingSink
 from tests.test_launch_spec import game
@@ -278,3 +281,71 @@ def test_a_restart_with_no_worker_run_on_drops_the_sizing_mark(settings: Setting
         assert fleet_store.read_fleet(session).sized_games is None
     again.govern(seven)
     assert (again.scaled().num_envs, again.scaled().sizing.games) == (256, 7)
+
+
+def _one_gpu_skipped(monkeypatch: pytest.MonkeyPatch, workers: dict[int, int]) -> SimpleNamespace:
+    """The shared fake NVML's two 8 GIB GPUs, with GPU 1's memory reading settable (`memory[1]`)
+    and `workers` ({pid: bytes}) on GPU 1."""
+    memory = {0: SimpleNamespace(used=GIB, total=8 * GIB), 1: SimpleNamespace(used=2 * GIB, total=8 * GIB)}
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda handle: memory[handle])
+    on_gpu = {0: [], 1: [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in workers.items()]}
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: on_gpu[handle])
+    return SimpleNamespace(memory=memory)
+
+
+def test_a_gpu_skipped_for_one_sample_keeps_the_gpu_count_and_the_sizing(
+    settings: Settings, db: Database, clock: FakeClock, fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU whose memory reading was nonsense for one sample (left out of it) dropped the GPU
+    count sizing goes by to the GPUs read: on a 2-GPU host 8 games on 1 GPU no longer fit, so the
+    sizing fell back to the rung below's values and rolled every worker, then back at the next
+    good sample; Ray's GPU resource flapped the same way. The skipped GPU is still counted."""
+    fake = _one_gpu_skipped(monkeypatch, {})
+    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
+    book = FootprintBook()
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    # 1.2 GIB a game: 4 games on each of 2 GPUs fit an 8 GIB GPU's room, 8 on one do not.
+    telemetry_job(db, TelemetrySampler(FakeGpu({me: round(1.2 * GIB)})), lambda: {"breakout": me}, source)
+    heavy = settings.fleet.model_copy(update={"tier": "heavy"})
+    fleet = FleetController(heavy, db, clock, sampler, footprints=book)
+    fleet.governor.state = replace(fleet.governor.state, rung=fleet.governor.top())  # 8 games x 256 envs
+    seen = []
+    for bad in (False, True, False, True):
+        fake.memory[1].total = 0 if bad else 8 * GIB
+        snapshot = sampler.sample({})
+        assert [gpu.index for gpu in snapshot.read_gpus] == ([0] if bad else [0, 1])
+        assert snapshot.skipped_gpus == ((1,) if bad else ())
+        assert host_resources(snapshot)["GPU"] == 2.0
+        seen.append(fleet.scaled())
+    assert (seen[0].num_envs, seen[0].batch_size) == (256, 2048)  # fits: the rung's own values
+    assert seen == [seen[0]] * 4
+
+
+def test_a_worker_on_a_skipped_gpu_has_no_gpu_reading_and_no_zero_footprint(
+    db: Database, fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker on a GPU left out of the sample read as using 0 B of GPU memory: the status page
+    and the metrics showed 0 B, and its kind's first footprint was 0 B (sizing then thought it
+    needed no GPU memory). While a GPU is skipped, no process has a GPU reading."""
+    me = os.getpid()
+    fake = _one_gpu_skipped(monkeypatch, {me: 3 * GIB})
+    fake.memory[1].total = 0
+    book = FootprintBook()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
+    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    [proc] = sampler.latest.processes
+    assert proc.gpu_memory_bytes is None
+    assert snapshot_json(sampler.latest)["skipped_gpus"] == [1]  # the API says which GPU was skipped
+    assert not [row for row in sample_rows(sampler.latest) if row[0] == "breakout" and row[2] == "gpu_memory_bytes"]  # no 0 stored
+    assert [record.gpu_bytes for record in book.table.values()] in ([], [None])
+    with db.transaction() as session:
+        assert all(record.gpu_bytes is None for record in read_footprints(session))
+    fake.memory[1].total = 8 * GIB  # read again: the worker's memory is read, the footprint has it
+    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    [proc] = sampler.latest.processes
+    assert proc.gpu_memory_bytes == 3 * GIB
+    assert [record.gpu_bytes for record in book.table.values()] == [3 * GIB]

@@ -739,13 +739,16 @@ class FleetController:
 
     def _host(self) -> Host | None:
         """The GPUs (the smallest one's memory, and how many) and the host's memory, remembered:
-        a passing NVML error must not change every game's settings (and restart them all).
-        None: no GPU seen yet."""
+        a passing NVML error must not change every game's settings (and restart them all). A GPU
+        skipped this sample (its memory reading nonsense) is still there: while one is, the GPUs
+        known stand (the skipped one's memory is not known; the count must not drop); before any
+        are known, those read and the skipped are counted. None: no GPU seen yet."""
         snapshot = self._snapshot()
         gpus = () if snapshot is None else snapshot.read_gpus  # a lost GPU holds no games: not counted
-        if gpus:
+        skipped = () if snapshot is None else snapshot.skipped_gpus
+        if gpus and not (skipped and self._known_gpu is not None):
             gpu = min(gpus, key=lambda g: g.memory_total_bytes)
-            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(gpus))
+            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(gpus) + len(skipped))
         if snapshot is not None and snapshot.host is not None and snapshot.host.memory_total_bytes is not None:
             self._host_memory = snapshot.host.memory_total_bytes
         if self._known_gpu is None:

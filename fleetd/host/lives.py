@@ -41,7 +41,8 @@ def host_resources(telemetry: Snapshot | None) -> dict[str, float]:
     if telemetry is not None and telemetry.host is not None and telemetry.host.memory_total_bytes is not None:
         resources["memory"] = float(telemetry.host.memory_total_bytes)
     if telemetry is not None and telemetry.gpu_available:
-        resources["GPU"] = float(len(telemetry.read_gpus))  # a lost GPU is no resource
+        # A lost GPU is no resource; one skipped for a nonsense reading this sample still is.
+        resources["GPU"] = float(len(telemetry.read_gpus) + len(telemetry.skipped_gpus))
     return resources
 
 

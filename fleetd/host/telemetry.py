@@ -155,6 +155,10 @@ class Snapshot:
     # When it was taken on the sampler's monotonic clock (the daemon's): its age for the governor,
     # which a wall-clock step must not change. None: not known (then `at` is used).
     monotonic: float | None = None
+    # GPUs NVML answers for whose memory reading was nonsense this sample (BadGpuReading), by
+    # index: not in `gpus`, no readings, yet still there: the GPU count sizing and Ray's GPU
+    # resource go by counts them, so one bad read does not resize every game.
+    skipped_gpus: tuple[int, ...] = ()
 
     @property
     def read_gpus(self) -> tuple[GpuSample, ...]:
@@ -172,7 +176,8 @@ class Snapshot:
 class GpuReader(Protocol):
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
-        unavailable, the GPUs known to be lost or to have Xid errors, without readings."""
+        unavailable, the GPUs known to be lost or to have Xid errors, without readings. A reader
+        may also have `skipped`: the GPUs its last read left out as unreadable (`NvmlReader`)."""
 
 
 class NvmlReader:
@@ -199,8 +204,10 @@ class NvmlReader:
         self._reason: str | None = "NVML not initialised yet"
         self._logged_reasons: set[str] = set()
         self._readings = Readings()
+        self.skipped: tuple[int, ...] = ()  # the GPUs the last read left out: memory reading nonsense
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
+        self.skipped = ()
         try:
             return self._read()
         finally:
@@ -289,6 +296,7 @@ class NvmlReader:
         gpus: list[GpuSample] = []
         pid_memory: dict[int, int] = {}
         bad: BadGpuReading | None = None
+        skipped: list[int] = []
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -296,6 +304,7 @@ class NvmlReader:
             except BadGpuReading as exc:  # NVML answers for it (not lost), with nonsense: not read
                 self._lost.discard(index)
                 bad = bad or exc
+                skipped.append(index)
                 continue
             except nvml.NVMLError as exc:
                 if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
@@ -316,6 +325,7 @@ class NvmlReader:
             raise lost  # lost by the Xid drain, yet no GPU says which: as before, the read fails
         if bad is not None and not gpus:
             raise bad  # no GPU read, none lost: every one's memory reading is nonsense
+        self.skipped = tuple(skipped)
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
@@ -500,7 +510,10 @@ class TelemetrySampler:
         """
         with self._sample_lock:
             gpus, pid_memory, reason = self._gpu.read()
-            gpu_memory = None if reason is not None else pid_memory
+            skipped = tuple(getattr(self._gpu, "skipped", ())) if reason is None else ()
+            # A skipped GPU's processes are not read: a worker on it would read as 0 B (the status
+            # page, the metrics, a first footprint), so no process has a GPU reading this sample.
+            gpu_memory = None if reason is not None or skipped else pid_memory
             seen: dict[int, psutil.Process] = {}
             children = _children_by_parent() if workers else {}
             processes = [
@@ -510,7 +523,7 @@ class TelemetrySampler:
             ]
             self._procs = seen  # processes that have died drop out here
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
-                                self._monotonic())
+                                self._monotonic(), skipped)
             self._readings.settle()
         with self._latest_lock:
             self._latest = snapshot
@@ -679,7 +692,7 @@ def snapshot_json(snapshot: Snapshot | None, age_s: float | None = None, stale_a
     errors in the last sample's window (the governor still judges by them), without readings."""
     if snapshot is None:
         return {"available": False, "reason": "not sampled yet", "at": None, "age_s": None, "stale": False,
-                "gpus": [], "host": None, "processes": []}
+                "gpus": [], "skipped_gpus": [], "host": None, "processes": []}
     stale = stale_after_s is not None
     gpus = snapshot.gpus
     if stale:  # as while NVML is unavailable: those in distress, without the frozen readings
@@ -699,6 +712,7 @@ def snapshot_json(snapshot: Snapshot | None, age_s: float | None = None, stale_a
             asdict(gpu) | {"memory_fraction": gpu.memory_fraction, "throttle": list(gpu.throttle), "xid_errors": list(gpu.xid_errors)}
             for gpu in gpus
         ],
+        "skipped_gpus": [] if stale else list(snapshot.skipped_gpus),  # read, their memory reading nonsense: not listed
         "host": asdict(snapshot.host),
         "processes": [asdict(proc) for proc in snapshot.processes],
     }
