@@ -253,9 +253,8 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
-def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop) -> None:
-    """The daemon died (kill -9) while a tier change's roll stopped a: the new one adopted a
-    stopping, knew of no roll (it was in memory only), and stopped b at once: two games down."""
+def _roll_stopping_a(loop: Loop) -> None:
+    """a and b running light; medium asked: the roll stops a first, b waits."""
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
     loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
@@ -269,6 +268,12 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop
     loop.clock.advance(31)
     loop.steps()
     assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+
+
+def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop) -> None:
+    """The daemon died (kill -9) while a tier change's roll stopped a: the new one adopted a
+    stopping, knew of no roll (it was in memory only), and stopped b at once: two games down."""
+    _roll_stopping_a(loop)
     pid_a, pid_b = loop.pid("a"), loop.pid("b")
     loop.probe.live = {pid_a, pid_b}
     loop.start()  # the daemon was killed: a new one adopts both
@@ -285,19 +290,7 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop
 def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill_while_its_game_starts(loop: Loop) -> None:
     """The daemon died while the roll's game was on its way back (starting): the new one adopted
     it starting, knew of no roll, and stopped b at once: two games down."""
-    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
-    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
-    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
-    for name in ("a", "b"):
-        loop.add(name)
-    loop.start()
-    loop.run_up("a", "b")
-    with loop.db.transaction() as session:
-        update_fleet_requested(session, "medium", loop.clock.now())
-    loop.sup.submit(Reconcile())
-    loop.clock.advance(31)
-    loop.steps()
-    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
+    _roll_stopping_a(loop)
     loop.reactor.exit(loop.pid("a"), code=0)
     loop.steps()
     assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
@@ -305,6 +298,21 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill_while_its_
     save_spawned_spec(loop, "a")  # started with the new sizes: a is not rolled again once back
     loop.probe.live = {pid_a, pid_b}
     loop.start()  # killed while a was on its way back
+    loop.steps(2)
+    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # b waits for a
+    assert (pid_b, "SIGTERM") not in loop.launcher.signals
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
+def test_a_tier_change_roll_stays_one_at_a_time_when_its_game_ended_while_no_daemon_ran(loop: Loop) -> None:
+    """The roll's game a finished stopping before the new daemon came up (not adopted, its run
+    closed): the first step started a again and stopped b beside it: two games down."""
+    _roll_stopping_a(loop)
+    pid_b = loop.pid("b")
+    save_spawned_spec(loop, "b")
+    loop.probe.live = {pid_b}  # a's worker ended while no daemon ran
+    loop.start()
     loop.steps(2)
     assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # b waits for a
     assert (pid_b, "SIGTERM") not in loop.launcher.signals

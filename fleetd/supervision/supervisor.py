@@ -160,13 +160,15 @@ class Supervisor:
         adopted = len(kept)
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
+        # Where the dead daemon's roll may be: a game the store shows stopping or starting, its
+        # worker adopted or ended meanwhile (then started again by the first step).
+        self._adopted_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
+                                    and game.state in (State.STOPPING, State.STARTING)}
         self._settle_stale_states()
-        self._adopted_restarting = {run.game for run in kept if self._desired.get(run.game) is Desired.RUNNING
-                                    and self.procs[run.game].state in (State.STOPPING, State.STARTING)}
         self._health.resume(self.procs)
         for run in kept:  # what they evaluated while no daemon listened
             self._health.catch_up(self.procs[run.game], run.started_at)
-        self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs))
+        self.fleet.restarted(workers_ran_on=bool(open_runs) and adopted == len(open_runs), any_kept=adopted > 0)
         if self._unclean_reboot:
             self.fleet.rebooted()
         shutdown = stopping()
