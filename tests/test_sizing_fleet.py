@@ -22,7 +22,7 @@ from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWor
 from fleetd.jobs import telemetry_job
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
-from fleetd.governor.scaling import Scaled
+from fleetd.governor.scaling import GpuMemory, Scaled
 from fleetd.store import fleet as fleet_store
 from fleetd.store.footprints import read_footprints
 from fleetd.store.records import FleetRecord
@@ -260,9 +260,9 @@ def test_a_mark_whose_write_failed_is_written_at_the_next_step(settings: Setting
 
 
 def test_a_restart_with_no_worker_run_on_drops_the_sizing_mark(settings: Settings, db: Database, clock: FakeClock) -> None:
-    """The mark keeps the workers a daemon restart adopts sized as they were. After a clean stop
-    or a reboot none ran on: the stored mark kept the new workers lighter (8 games' values for 7
-    wanting a slot) until the next rung change."""
+    """The mark keeps the workers a daemon restart adopts sized as they were, all or some of
+    them. After a clean stop or a reboot none ran on: the stored mark kept the new workers lighter
+    (8 games' values for 7 wanting a slot) until the next rung change."""
     book = FootprintBook()
     me = os.getpid()
     worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
@@ -271,10 +271,11 @@ def test_a_restart_with_no_worker_run_on_drops_the_sizing_mark(settings: Setting
     seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "abcdefg"]
     fleet = fleet_on_an_h100(settings, db, clock, book)
     fleet.govern(seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), State.RUNNING)])  # the mark: 8
-    ran_on = fleet_on_an_h100(settings, db, clock, book)
-    ran_on.restarted(workers_ran_on=True)  # its workers adopted: the mark kept
-    ran_on.govern(seven)
-    assert (ran_on.scaled().num_envs, ran_on.scaled().sizing.games) == (192, 8)
+    for workers_ran_on, any_kept in ((True, True), (False, True)):  # all adopted; some (others ended meanwhile)
+        ran_on = fleet_on_an_h100(settings, db, clock, book)
+        ran_on.restarted(workers_ran_on=workers_ran_on, any_kept=any_kept)  # the mark kept for those adopted
+        ran_on.govern(seven)
+        assert (ran_on.scaled().num_envs, ran_on.scaled().sizing.games) == (192, 8)
     again = fleet_on_an_h100(settings, db, clock, book)
     again.restarted(workers_ran_on=False)  # a clean stop: no worker ran on
     with db.transaction() as session:
@@ -349,3 +350,19 @@ def test_a_worker_on_a_skipped_gpu_has_no_gpu_reading_and_no_zero_footprint(
     [proc] = sampler.latest.processes
     assert proc.gpu_memory_bytes == 3 * GIB
     assert [record.gpu_bytes for record in book.table.values()] == [3 * GIB]
+
+
+def test_while_a_gpu_is_skipped_a_gpu_lost_or_back_still_counts(settings: Settings, db: Database, clock: FakeClock) -> None:
+    """The GPUs known stood whole while any GPU was skipped: a GPU lost meanwhile still counted
+    (sizing said 3 GPUs where 2 hold games), and one back did not. The count is always the GPUs
+    read and skipped; the smallest memory known stands beside those read."""
+    host = HostSample(256 * GIB, 200 * GIB, 10.0, 1.0)
+    small = replace(H100, index=2, memory_total_bytes=40 * GIB)
+    telemetry = SimpleNamespace(latest=Snapshot(0.0, (H100, replace(H100, index=1), small), True, None, host, ()))
+    fleet = FleetController(settings.fleet, db, clock, telemetry)
+    assert fleet._host().gpu == GpuMemory(H100.name, 40 * GIB, 3)
+    lost = replace(H100, index=1, lost=True, memory_used_bytes=0, memory_total_bytes=0)
+    telemetry.latest = Snapshot(0.0, (H100, lost), True, None, host, (), None, (2,))  # 1 lost, 2 skipped
+    assert fleet._host().gpu == GpuMemory(H100.name, 40 * GIB, 2)  # the skipped one's memory: the last known
+    telemetry.latest = Snapshot(0.0, (H100, replace(H100, index=1)), True, None, host, (), None, (2,))  # 1 back
+    assert fleet._host().gpu.count == 3

@@ -378,19 +378,22 @@ class FleetController:
             return False
         return self._apply(self.governor.rebooted(self.clock.now(), len(self._admitted)))
 
-    def restarted(self, workers_ran_on: bool) -> None:
+    def restarted(self, workers_ran_on: bool, any_kept: bool = False) -> None:
         """The daemon starts again. The time it was down is stable time only if the load ran on
         through it (every open run's worker adopted: a daemon that crashed, or was stopped alone
         by SIGUSR1). After a clean stop, a reboot, or workers that ended meanwhile, nothing
         (or less) ran: a window that counted that time would prove a rung, and climb, on time the
         host stood idle. Each window starts again, as a cluster host's does after its node's new
-        life (`_observe_hosts`). The sizing marks go too: they keep the workers that ran on sized
-        as they were, and with none kept the new workers are sized for the games wanting a slot."""
+        life (`_observe_hosts`). The sizing marks keep the workers that ran on sized as they
+        were: they go only where no worker was kept (`any_kept`), and then the new workers are
+        sized for the games wanting a slot."""
         if workers_ran_on:
             return
         now = self.clock.now()
         for governor in (self.governor, *self.governors.values()):
             governor.resume(now)
+        if any_kept:
+            return
         self._counted.clear()
         with self.db.transaction() as session:
             self._save_governors(session, now)  # the marks stored as none
@@ -740,15 +743,18 @@ class FleetController:
     def _host(self) -> Host | None:
         """The GPUs (the smallest one's memory, and how many) and the host's memory, remembered:
         a passing NVML error must not change every game's settings (and restart them all). A GPU
-        skipped this sample (its memory reading nonsense) is still there: while one is, the GPUs
-        known stand (the skipped one's memory is not known; the count must not drop); before any
-        are known, those read and the skipped are counted. None: no GPU seen yet."""
+        skipped this sample (its memory reading nonsense) is still there: it is counted, and the
+        smallest memory known stands beside those read (the skipped one's is not known). None: no
+        GPU seen yet."""
         snapshot = self._snapshot()
         gpus = () if snapshot is None else snapshot.read_gpus  # a lost GPU holds no games: not counted
         skipped = () if snapshot is None else snapshot.skipped_gpus
-        if gpus and not (skipped and self._known_gpu is not None):
+        if gpus:
             gpu = min(gpus, key=lambda g: g.memory_total_bytes)
-            self._known_gpu = GpuMemory(gpu.name, gpu.memory_total_bytes, len(gpus) + len(skipped))
+            name, total = gpu.name, gpu.memory_total_bytes
+            if skipped and self._known_gpu is not None and self._known_gpu.total_bytes < total:
+                name, total = self._known_gpu.name, self._known_gpu.total_bytes
+            self._known_gpu = GpuMemory(name, total, len(gpus) + len(skipped))
         if snapshot is not None and snapshot.host is not None and snapshot.host.memory_total_bytes is not None:
             self._host_memory = snapshot.host.memory_total_bytes
         if self._known_gpu is None:
