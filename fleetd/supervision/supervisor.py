@@ -95,9 +95,10 @@ class Supervisor:
         # exit or a command, which change deadlines).
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
-        # Games adopted stopping or starting with desired running: the last daemon's roll (in
-        # memory only) may be one of them, so no next roll stop while one is still on its way.
-        self._adopted_restarting: set[str] = set()
+        # Games the store showed stopping or starting with desired running at start: the last
+        # daemon's roll (in memory only) may be one of them, so no next roll stop while one is
+        # still on its way.
+        self._stored_restarting: set[str] = set()
         # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
@@ -162,7 +163,7 @@ class Supervisor:
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
         # Where the dead daemon's roll may be: a game the store shows stopping or starting, its
         # worker adopted or ended meanwhile (then started again by the first step).
-        self._adopted_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
+        self._stored_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
                                     and game.state in (State.STOPPING, State.STARTING)}
         self._settle_stale_states()
         self._health.resume(self.procs)
@@ -399,14 +400,14 @@ class Supervisor:
             if current.state is not State.STOPPED or self.fleet.admitted(current.name):
                 return  # still on its way back
         self._rolling = None
-        # A game adopted stopping or starting with desired running (the last daemon's roll, in
-        # memory only, or a `--restart`) is waited for while it is still on its way; a game
-        # merely starting for another reason is not. A crash loop's back-off, or the start
+        # A game the store showed stopping or starting with desired running at start (the last
+        # daemon's roll, in memory only, or a `--restart`) is waited for while it is still on its
+        # way; a game merely starting for another reason since is not. A crash loop's back-off, or the start
         # timeout, ends the wait.
-        self._adopted_restarting = {name for name in self._adopted_restarting if name in self.procs
+        self._stored_restarting = {name for name in self._stored_restarting if name in self.procs
                                     and self._desired.get(name) is Desired.RUNNING
                                     and self.procs[name].state in (State.STOPPING, State.STARTING)}
-        if self._adopted_restarting:
+        if self._stored_restarting:
             return
         for proc in self.procs.values():
             why = proc_restart_reason(proc, asked=False) if proc.state is State.RUNNING else None
