@@ -66,8 +66,9 @@ class ProgressReport:
     # Mean return of the latest deterministic evaluation (docs/worker.md#evaluation); None
     # before the first one, and absent in older workers' reports.
     eval_return: float | None = None
-    # Env steps this worker process has played in evaluations: it advances while an evaluation
-    # runs and `steps` does not, so the hang watchdog sees the worker alive; 0 in older reports.
+    # This worker process's evaluation heartbeats (the eval env built, reset, each step;
+    # workers/counters.py): it advances while an evaluation runs and `steps` does not, so the
+    # hang watchdog sees the worker alive; 0 in older reports.
     eval_frames: int = 0
     type: str = "progress"
 
@@ -162,12 +163,17 @@ def _decode(data: Any) -> Report:
 INT64 = range(-(1 << 63), 1 << 63)
 
 
+def is_int64(value: Any) -> bool:
+    """A JSON integer (not a bool, a float or a string) in SQLite's integer range."""
+    return type(value) is int and value in INT64
+
+
 def int64_count(value: Any, what: str) -> int:
     """A count a worker wrote to a file (a manifest's steps, episodes or a file's size, state.json's
     steps and episodes): a JSON integer in int64, else ValueError naming `what`. int() took 1e19
     and 1e300 (a float, or a 20-digit integer) past SQLite's integer, which failed the index's
     write, and truncated 12.5 to 12 or read "12" and true as counts."""
-    if type(value) is not int or value not in INT64:
+    if not is_int64(value):
         raise ValueError(f"{what} {value!r:.40} is not an integer in int64")
     return value
 
@@ -193,7 +199,7 @@ def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
             return tuple(_build(SkippedCheckpoint, skipped) for skipped in value)
         ok, want = False, "a list"
     elif kind == "int":
-        ok, want = type(value) is int and value in INT64, "an integer in int64"
+        ok, want = is_int64(value), "an integer in int64"
     elif kind == "float" and name == "at":
         ok, want = timestamp(value) is not None, "a time"
     elif kind == "float":
