@@ -153,7 +153,7 @@ def _damaged(code: str | None) -> bool:
 def _cannot_open(db_path: Path, why: str, code: str | None = None, doing: str = "open") -> str:
     said = f"cannot {doing} the database {db_path}: {why}{f' ({code})' if code else ''}. fleetd changed nothing, " \
         "and this says nothing about the file itself."
-    if code is not None and code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+    if code is not None and code.startswith(_BUSY):
         return f"{said} Another process held its lock for longer than fleetd waits: run the command again."
     return (
         f"{said} Run the command as the daemon's user, and see that this user may read and write "
