@@ -3,7 +3,7 @@
 import typer
 
 from fleetd.cli.common import ConfigOption, fail, settings_from
-from fleetd.cli.exit_codes import ExitCode
+from fleetd.cli.exit_codes import ExitCode, failure_code
 from fleetd.cli.help import command_group
 
 db_app = command_group("The SQLite store: schema status and upgrades.")
@@ -17,8 +17,8 @@ def db_status(config: ConfigOption = None) -> None:
     settings, _ = settings_from(config)
     try:
         status = inspect_schema(settings.db_path)
-    except SchemaError as exc:  # a lock held too long (transient): 75, run it again
-        fail(str(exc), ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG)
+    except SchemaError as exc:
+        fail(str(exc), failure_code(exc.transient))
     typer.echo(f"{settings.db_path}: {status.state.value} (database {status.current or '-'}, fleetd {status.head})")
     if status.state not in (SchemaState.CURRENT, SchemaState.EMPTY):
         raise typer.Exit(ExitCode.CONFIG)
@@ -37,8 +37,8 @@ def db_upgrade(config: ConfigOption = None) -> None:
         fail(str(exc), ExitCode.CONFIG)
     try:
         result = upgrade_database(settings.db_path, settings.backups_dir)
-    except SchemaError as exc:  # a lock held too long (transient): 75, run it again
-        fail(str(exc), ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG)
+    except SchemaError as exc:
+        fail(str(exc), failure_code(exc.transient))
     finally:
         lock.release()
     if result.backup is not None:

@@ -19,6 +19,13 @@ class ExitCode(IntEnum):
     CONFIG = 78  # a bad config or a database behind the schema (EX_CONFIG: systemd does not restart)
 
 
+def failure_code(transient: bool) -> ExitCode:
+    """78 stops systemd's restarts for good: only for what the operator must fix. A cause that may
+    pass (a Ray cluster not up yet at boot, a database lock held too long) is 75, which systemd
+    retries and a script may run again."""
+    return ExitCode.TEMPFAIL if transient else ExitCode.CONFIG
+
+
 MEANINGS = {
     ExitCode.OK: "done",
     ExitCode.ERROR: "the daemon refused the request, or the command failed",

@@ -7,7 +7,7 @@ import typer
 
 from fleetd.host import expected_reboots
 from fleetd.cli.entry import version_line
-from fleetd.cli.exit_codes import ExitCode, exit_codes_help
+from fleetd.cli.exit_codes import ExitCode, exit_codes_help, failure_code
 from fleetd.cli.common import ConfigOption, JsonOption, ask, settings_from
 from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.backup_cmd import register as register_backup
@@ -65,14 +65,9 @@ def serve(config: ConfigOption = None) -> None:
     configure_logging(settings.log_level)
     try:
         code = Daemon(settings, config_path=path).run()
-    except StartupError as exc:
-        # 78 stops systemd's restarts for good: only for what the operator must fix. A cause that
-        # may pass (a Ray cluster not up yet at boot) exits 75, which it retries.
+    except (StartupError, SchemaError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
-        raise typer.Exit(ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG) from None
-    except SchemaError as exc:  # a lock held too long may pass: 75, which systemd retries
-        logging.getLogger("fleetd").error("%s", exc)
-        raise typer.Exit(ExitCode.TEMPFAIL if exc.transient else ExitCode.CONFIG) from None
+        raise typer.Exit(failure_code(exc.transient)) from None
     except (StateDirError, BootIdError, TokenError) as exc:
         logging.getLogger("fleetd").error("%s", exc)
         raise typer.Exit(ExitCode.CONFIG) from None
