@@ -9,15 +9,15 @@ from fleetd.cli.common import ConfigOption, JsonOption, ask, call, fail, segment
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 
-HOSTS_HELP = 'Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime.'
-# `fleetd hosts` alone lists them, as it did before it had a sub-command.
-hosts_app = command_group(HOSTS_HELP, no_args_is_help=False, invoke_without_command=True)
+# `fleetd hosts` alone lists them, as it did before it had a sub-command (the callback below).
+hosts_app = command_group(
+    'Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime.',
+    no_args_is_help=False, invoke_without_command=True)
 FORGET_TIMEOUT_S = 40.0  # the daemon waits up to 30 s for its supervisor's turn: wait longer than it
 
 
 @hosts_app.callback()
 def hosts(ctx: typer.Context, config: ConfigOption = None, json: JsonOption = False) -> None:
-    """Cluster hosts ([cluster] backend = "ray"), or this host and its kernel boots: up or not, lives, downtime."""
     if ctx.invoked_subcommand is not None:
         if json:  # the listing's option: the sub-command would otherwise run without it, silently
             fail(f"--json is for the hosts listing; `fleetd hosts {ctx.invoked_subcommand}` prints one line "
