@@ -122,15 +122,8 @@ class FleetController:
         self.boot_id = boot_id
         self.cluster = cluster
         self.footprints = footprints or FootprintBook()
-        # Each host's count of games its sizing is for (LOCAL's alone without a cluster), by the
-        # games wanting a slot there at each step (`govern`): no rung holds more. A mark, kept by
-        # the rung it was taken on: it rises with the count at once (lighter values where they no
-        # longer fit) but never falls on one rung, so a game going and coming back does not roll
-        # every worker twice; a new rung (which rolls them anyway) starts it at the count again.
-        # Stored with each governor's row (`sized_games`, read back by `_load_mark`: a mark for
-        # another rung is ignored), so a daemon restart keeps it and the workers it keeps running
-        # stay sized as they were. None: no mark yet (the rung's games). Supervisor thread only;
-        # the launches and `fleetd tier` both read it, so they show one sizing.
+        # Each host's sizing mark (`_Counted`: `_count_wanting` sets it, `_load_mark` reads it back
+        # from the store): docs/governor.md, Sizing. Supervisor thread only.
         self._counted: dict[str, _Counted] = {}
         # Each host's mark (its rung, its most) as the store holds it, set only once a write of
         # it committed: a write that failed (busy, disk full) is tried again at the next step.
@@ -227,10 +220,10 @@ class FleetController:
     def _games_sized(self, governor: Governor, host: str) -> int | None:
         """The games `host`'s sizing counts: its mark on this rung, or, where the rung changed
         since the last step, the games wanting a slot there then (None: no step yet)."""
-        counted = self._counted.get(host)
-        if counted is None:
-            return None
-        return counted.most if counted.rung == governor.rung.key else counted.wanting
+        if (mark := self._mark(host, governor)) is not None:
+            return mark
+        counted = self._counted.get(host)  # none yet, or taken on another rung
+        return None if counted is None else counted.wanting
 
     def _count_wanting(self, slots: Sequence[GameSlot]) -> None:
         """Each host's mark after a step (`_counted`): the games wanting a slot there (on a
@@ -445,9 +438,9 @@ class FleetController:
         for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted,
                      self._marks_stored):
             kept.pop(name, None)
-        for game, _ in gone.homes:
+        for game, home in gone.homes:
             if game in self._placed:
-                self._placed[game] = Placement(self._placed[game].host, self._placed[game].host)  # as delete_host
+                self._placed[game] = Placement(self._placed[game].host, home)
         self._stored = self._states()
         log.info("host %s forgotten (%d lives)", name, gone.lives)
         return gone
