@@ -95,10 +95,7 @@ class Supervisor:
         # exit or a command, which change deadlines).
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
-        # Games the store showed stopping or starting with desired running at start: the last
-        # daemon's roll (in memory only) may be one of them, so no next roll stop while one is
-        # still on its way.
-        self._stored_restarting: set[str] = set()
+        self._stored_restarting: set[str] = set()  # waited for by `_roll_tier_changes`
         # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
         self._handovers: dict[str, str] = {}
         self._games: list[GameRecord] = []
@@ -161,8 +158,7 @@ class Supervisor:
         adopted = len(kept)
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
             close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
-        # Where the dead daemon's roll may be: a game the store shows stopping or starting, its
-        # worker adopted or ended meanwhile (then started again by the first step).
+        # Where the dead daemon's roll may be (`_roll_tier_changes` waits for them).
         self._stored_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
                                     and game.state in (State.STOPPING, State.STARTING)}
         self._settle_stale_states()
@@ -394,16 +390,15 @@ class Supervisor:
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own
-        setting's), one at a time, from checkpoint; the reason says whose."""
+        setting's), one at a time, from checkpoint; the reason says whose. None starts while a game
+        the store showed stopping or starting, desired running, at this daemon's start (the last
+        daemon's roll, kept in memory only, may be one) is still stopping or starting
+        (`_stored_restarting`; a back-off or the start timeout ends the wait)."""
         current = self.procs.get(self._rolling) if self._rolling else None
         if current is not None and current.state in (State.STOPPING, State.STOPPED, State.STARTING, State.BACKOFF):
             if current.state is not State.STOPPED or self.fleet.admitted(current.name):
                 return  # still on its way back
         self._rolling = None
-        # A game the store showed stopping or starting with desired running at start (the last
-        # daemon's roll, in memory only, or a `--restart`) is waited for while it is still on its
-        # way; a game merely starting for another reason since is not. A crash loop's back-off, or the start
-        # timeout, ends the wait.
         self._stored_restarting = {name for name in self._stored_restarting if name in self.procs
                                     and self._desired.get(name) is Desired.RUNNING
                                     and self.procs[name].state in (State.STOPPING, State.STARTING)}
