@@ -241,8 +241,8 @@ def busy_midway(*names: str, again: str = "remove again") -> Iterator[list[int]]
     """A removal of games `names` whose write failed on a busy database (another process held
     the write lock past busy_timeout_ms), between or after forget_samples_of_removable's batches:
     the games are still there, in the state they were (so the removal asked again finishes it),
-    but the batches committed before are gone. Said so, instead of the bare "database is busy",
-    which read as if nothing had happened; and only where a batch did commit (the rows each
+    but the batches committed before are gone. Said so (the bare "database is busy" would read
+    as if nothing had happened), and only where a batch did commit (the rows each
     deleted, which forget_samples_of_removable adds to the list yielded): a lock met at the
     first batch lost nothing. `again`: the remedy told. Still a 503 (BUSY): asking again is it."""
     forgotten: list[int] = []

@@ -57,7 +57,8 @@ class WorkerProcess:
         self.spawned_wall: datetime | None = None  # wall time of the spawn (or the adoption)
         # The checkpoints (path, written at) on disk when the supervisor last looked, at the daemon's
         # start or the last run's end: no run of this game wrote since, so none is this run's own.
-        # Not by the wall clock: after a step back, one written before the spawn is dated after it.
+        # Told by what is on disk, not by date: once the wall clock steps back, a checkpoint written
+        # before the spawn is dated after it.
         self.seen_on_disk: frozenset[tuple[str, datetime]] = frozenset()
         self._spawned_at = 0.0
         self._backoff_until = 0.0
@@ -164,9 +165,8 @@ class WorkerProcess:
         """Watch a live worker that a previous daemon started (it is no longer our child).
         `was`: the state that daemon stored. STARTING: it may not have reported yet. STOPPING:
         that daemon had sent it the stop (`why`, the reason it stored) and died before it ended:
-        it is ending as asked, and is sent the stop again (the first may not have gone out).
-        Taken as running, its exit 0 after the final checkpoint was a crash, "a signal fleetd did
-        not send", counted towards FATAL and backed off. `held`: that stop was a learning-health
+        it is ending as asked, and is sent the stop again (the first may not have gone out); its
+        exit 0 after the final checkpoint ends the stop, not counted towards FATAL. `held`: that stop was a learning-health
         hold's, whose reason it shows once stopped (as `stop`'s `stays`). `since`: when it went
         STOPPING: a checkpoint written after is the stop's final one, though reported only now,
         and neither counts as progress nor clears a crash loop's count."""

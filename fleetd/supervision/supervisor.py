@@ -691,9 +691,9 @@ class Supervisor:
 def _count_progress_on_disk(proc: WorkerProcess, on_disk: list[CheckpointRecord]) -> None:
     """Checkpoint reports are datagrams and may be lost: a verified checkpoint on disk that was
     not there before this run (`seen_on_disk`: a new folder, or one written again under its
-    name) counts as its progress too. Not one dated after the spawn: after the wall clock stepped
-    back, the game's old checkpoints are, and a worker crashing at every start had them counted
-    as its progress at each exit, its crash loop never counted to FATAL."""
+    name) counts as its progress too. Told by `seen_on_disk`, never by a date after the spawn: once
+    the wall clock steps back the game's old checkpoints are dated after it, and a worker crashing
+    at every start still counts its crash loop to FATAL."""
     if proc.run_id is None:
         return
     for record in on_disk:

@@ -1,8 +1,8 @@
 """Each host's sizing mark kept across daemon restarts: `fleet.sized_games` and
 `host_governors.sized_games`, the most games wanting a slot seen on the row's rung (the count the
-workers' envs and batch are sized for, docs/governor.md, Sizing). Without it a restarted daemon
-counted afresh: workers it kept running, sized for 8 games, were all restarted for 7 while one
-game was failing, and again for 8 when it came back.
+workers' envs and batch are sized for, docs/governor.md, Sizing), so a restarted daemon keeps
+the count its kept-running workers were sized for rather than counting afresh (and restarting
+them all for a game failing meanwhile, and again when it comes back).
 
 NULL: no mark yet (a daemon up to 0023, or no step since): the first step counts the games then.
 Down again, the marks are dropped (the daemon counts afresh at its next start).

@@ -170,9 +170,9 @@ def is_int64(value: Any) -> bool:
 
 def int64_count(value: Any, what: str) -> int:
     """A count a worker wrote to a file (a manifest's steps, episodes or a file's size, state.json's
-    steps and episodes): a JSON integer in int64, else ValueError naming `what`. int() took 1e19
-    and 1e300 (a float, or a 20-digit integer) past SQLite's integer, which failed the index's
-    write, and truncated 12.5 to 12 or read "12" and true as counts."""
+    steps and episodes): a JSON integer in int64, else ValueError naming `what`. Not int(): a
+    float (1e19, 12.5), a string ("12"), a bool or an integer past SQLite's is refused, never
+    converted, so the index's write always takes it."""
     if not is_int64(value):
         raise ValueError(f"{what} {value!r:.40} is not an integer in int64")
     return value

@@ -171,8 +171,8 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                     yield opening
                 continue
             if vanished:
-                # A pinned follow (or one whose newer run has no log yet) used to stay open,
-                # silent, for its hour: nothing more will be written to a deleted log.
+                # A pinned follow (or one whose newer run has no log yet) ends here rather than
+                # wait out its hour: nothing more will be written to a deleted log.
                 yield _own_line(f"--- fleetd: the log of run {record.id} is gone (log_keep_runs) ---", sent)
                 return
         await asyncio.sleep(FOLLOW_POLL_S)
