@@ -174,10 +174,11 @@ class Snapshot:
 
 
 class GpuReader(Protocol):
+    skipped: tuple[int, ...]  # the GPUs the last read left out as unreadable (by index)
+
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
-        unavailable, the GPUs known to be lost or to have Xid errors, without readings. A reader
-        may also have `skipped`: the GPUs its last read left out as unreadable (`NvmlReader`)."""
+        unavailable, the GPUs known to be lost or to have Xid errors, without readings."""
 
 
 class NvmlReader:
@@ -510,7 +511,7 @@ class TelemetrySampler:
         """
         with self._sample_lock:
             gpus, pid_memory, reason = self._gpu.read()
-            skipped = tuple(getattr(self._gpu, "skipped", ())) if reason is None else ()
+            skipped = self._gpu.skipped if reason is None else ()
             # A skipped GPU's processes are not read: a worker on it would read as 0 B (the status
             # page, the metrics, a first footprint), so no process has a GPU reading this sample.
             gpu_memory = None if reason is not None or skipped else pid_memory

@@ -39,6 +39,8 @@ HOST = HostSample(memory_total_bytes=16 * GiB, memory_available_bytes=4 * GiB, c
 
 
 class FakeGpu:
+    skipped: tuple[int, ...] = ()  # none left out
+
     def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None) -> None:
         self.result = (gpus, pid_memory, reason)
 
