@@ -7,7 +7,8 @@ and the supervisor's writes wait for it at most busy_timeout_ms (5 s by default)
 fail. This builds a fresh fleetd database (the real schema, on a real file), gives one stopped
 game `--samples` samples (spread over four metrics, one a second, as the sampler writes them),
 removes it through the real store, and reports the whole removal's time and each write
-transaction's hold (from taking the lock, BEGIN IMMEDIATE, to its commit).
+transaction's hold: timed from just before its BEGIN IMMEDIATE to its commit, so a hold includes
+any wait for the lock (the bench runs no other writer).
 
     PYTHONPATH=. python bench/removal.py                    # 600,000 samples
     PYTHONPATH=. python bench/removal.py --samples 2000000
@@ -50,8 +51,9 @@ INSERT_CHUNK = 50_000
 
 
 class TimedDatabase(Database):
-    """The store's Database, timing each write transaction (immediate: it holds the write lock
-    from its BEGIN IMMEDIATE to its commit, as every removal transaction is)."""
+    """The store's Database, timing each write transaction (immediate, as every removal
+    transaction is: it holds the write lock from its BEGIN IMMEDIATE to its commit). The time
+    starts before the BEGIN, so it includes any wait for the lock."""
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
