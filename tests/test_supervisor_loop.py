@@ -5,7 +5,6 @@ snapshot that the API and systemd's status line read. Deterministic: no sleeps, 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sqlite3
 from collections.abc import Callable
@@ -24,10 +23,10 @@ from fleetd.config import Settings
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
-from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
+from fleetd.governor.footprint import FootprintBook
 from fleetd.health.rules import Health, HealthRecord
-from fleetd.host.telemetry import HostSample, Snapshot, TelemetrySampler
-from fleetd.jobs import hosts_job, telemetry_job
+from fleetd.host.telemetry import HostSample, Snapshot
+from fleetd.jobs import hosts_job
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
@@ -45,7 +44,7 @@ from fleetd.host.uptime import record_daemon_start
 from tests.api_context import on_ray, write_locked
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
-from tests.test_sizing_fleet import GIB, H100, FakeGpu
+from tests.test_sizing_fleet import GIB, H100, measured
 from fleetd.supervision.launcher import run_spec_path
 from workers.protocol.exit_codes import ExitCode, write_exit_record
 from workers.protocol.reports import ProgressReport
@@ -1457,13 +1456,11 @@ def _eight_run_up_on_a_fresh_h100(loop: Loop) -> str:
     79.2 GiB of the 71.68 GiB room, so 8x192's values; the games' names."""
     fleet = loop.settings.fleet.model_copy(update={"tier": "heavy"})
     loop.settings = loop.settings.model_copy(update={"fleet": fleet})
-    clock, names, me = loop.clock, "abcdefgh", os.getpid()
+    clock, names = loop.clock, "abcdefgh"
     with loop.db.transaction() as session:
         save_fleet(session, FleetRecord("heavy", "heavy", 8, 256, clock.now(), True, clock.now()))
     loop.telemetry, loop.footprints = _FreshH100(clock), FootprintBook()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    telemetry_job(loop.db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
-                  FootprintSource(loop.footprints, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    measured(loop.db, loop.footprints, 9)
     for name in names:
         loop.add(name)
     loop.start()
