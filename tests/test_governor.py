@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -800,6 +800,20 @@ def test_a_first_start_keeps_its_window_when_its_first_step_admits_later() -> No
     assert fleet.governor.state.stable_since == started
 
 
+def _openings(fleet: Fleet, start: datetime, every_min: float, games: int = 4, within_min: float = 120) -> list[float]:
+    """Tick every `every_min` minutes until `games` are admitted, within `within_min`: the minute
+    (from `start`) each slot opened at."""
+    already, opened = len(fleet.admitted), []
+    for _ in range(round(within_min / every_min)):
+        if len(fleet.admitted) >= games:
+            break
+        fleet.tick(every_min)
+        if len(fleet.admitted) > already + len(opened):
+            opened.append((fleet.now - start) / timedelta(minutes=1))
+    assert len(fleet.admitted) >= games, f"{len(fleet.admitted)} admitted after {within_min} min, opened at {opened}"
+    return opened
+
+
 def test_slots_a_rung_waiting_out_a_failure_opens_at_the_window_ends_the_governor_admits_at() -> None:
     """4x64 holding 2 games (a step down kept it with fewer) until its re-probe time 31 min out,
     a 30-min window, then 25-min ones: a window that ends while the rung waits only starts the
@@ -814,12 +828,7 @@ def test_slots_a_rung_waiting_out_a_failure_opens_at_the_window_ends_the_governo
     start = fleet.now
     planned = [(at - start) / timedelta(minutes=1) for at in fleet.governor.slot_openings(fleet.now, 2)]
     assert planned == [55, 80]
-    opened = []
-    while len(fleet.admitted) < 4:
-        fleet.tick(1)
-        if len(fleet.admitted) > 2 + len(opened):
-            opened.append((fleet.now - start) / timedelta(minutes=1))
-    assert opened == planned
+    assert _openings(fleet, start, every_min=1) == planned
 
 
 def test_slots_held_by_pressure_seen_lately_open_when_the_plan_says() -> None:
@@ -843,12 +852,7 @@ def test_slots_held_by_pressure_seen_lately_open_when_the_plan_says() -> None:
     planner.saw_pressure(fleet.governor.pressure_seen)
     planned = [(at - start) / timedelta(minutes=1) for at in planner.slot_openings(fleet.now, 2)]
     assert planned == [25.5, 50.5]
-    opened = []
-    while len(fleet.admitted) < 4:
-        fleet.tick(0.5)
-        if len(fleet.admitted) > 2 + len(opened):
-            opened.append((fleet.now - start) / timedelta(minutes=1))
-    assert opened == planned
+    assert _openings(fleet, start, every_min=0.5) == planned
 
 
 def test_a_window_whose_games_all_ended_just_before_its_end_proves_nothing() -> None:

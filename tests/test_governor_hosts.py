@@ -138,7 +138,8 @@ class Cluster:
         self.sup.step()
 
     def steps(self) -> None:
-        """One turn of the supervisor's loop, as its thread takes it (`SteppingPort`)."""
+        """One turn of the supervisor's loop, as its thread takes it: `SteppingPort` turns it so
+        (the tests call `sup.step()`)."""
         assert self.sup is not None
         self.sup.step()
 
@@ -418,11 +419,15 @@ def test_a_node_that_crashed_under_load_backs_off_though_the_hosts_job_saw_it_de
     assert [e for e in _events(cluster, "fleet_backoff") if e.message.startswith("host a")]
 
 
-def stepped_client(cluster: Cluster) -> TestClient:
-    """The API on the cluster's store, its commands carried out by the supervisor's next turn."""
+def stepped_context(cluster: Cluster) -> AppContext:
+    """The API's context on the cluster's store, its commands carried out by the supervisor's next turn."""
     info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
-    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
-    client = TestClient(create_app(context))
+    return AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
+
+
+def stepped_client(cluster: Cluster) -> TestClient:
+    """The API (`stepped_context`) as a client with the token."""
+    client = TestClient(create_app(stepped_context(cluster)))
     client.headers["Authorization"] = "Bearer " + "t" * 32
     return client
 
@@ -480,9 +485,7 @@ def test_fleetd_hosts_forget_answers_as_the_daemon_does_and_fleetd_hosts_still_l
     cluster.start()
     cluster.down.add("a")
     cluster.observe()
-    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
-    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
-    with serving(context) as url:
+    with serving(stepped_context(cluster)) as url:
         config = config_for(tmp_path, int(url.rsplit(":", 1)[1]), token="t" * 32)
         refused = fleetd(config, "hosts", "forget", "b")
         assert refused.exit_code == ExitCode.ERROR and "host 'b' is up" in refused.output, refused.output
@@ -516,9 +519,7 @@ def test_fleetd_hosts_forget_takes_the_groups_config_and_refuses_the_groups_json
     cluster.start()
     cluster.down.add("a")
     cluster.observe()
-    info = DaemonInfo(cluster.boot_pk, cluster.clock.now())
-    context = AppContext(on_ray(cluster.settings), cluster.db, cluster.clock, "t" * 32, info, CATALOG, SteppingPort(cluster))
-    with serving(context) as url:
+    with serving(stepped_context(cluster)) as url:
         config = str(config_for(tmp_path, int(url.rsplit(":", 1)[1]), token="t" * 32))
         runner = CliRunner()
         as_json = runner.invoke(app, ["hosts", "--config", config, "--json", "forget", "a"], env={"COLUMNS": "200"})
@@ -550,7 +551,7 @@ def test_each_hosts_sizing_counts_the_games_wanting_a_slot_on_that_host(cluster:
     climbed(cluster)
     gpu_host = Snapshot(0.0, (H100,), True, None, HostSample(256 * 2**30, 200 * 2**30, 10.0, 1.0), ())
     cluster.fleet.telemetry = SimpleNamespace(latest=gpu_host)
-    cluster.steps()
+    cluster.sup.step()
     (a, _), (b, _) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
     assert a.sizing is not None and b.sizing is not None
     assert (a.sizing.games, a.sizing.rung_games, b.sizing.games, b.sizing.rung_games) == (3, 3, 2, 4)

@@ -52,19 +52,26 @@ class FakeGpu:
         return [H100], self.pid_memory, None
 
 
+def measured(db: Database, book: FootprintBook, gib: float, sampler: TelemetrySampler | None = None,
+             running_s: float = 500.0) -> FootprintSource:
+    """A worker of this process (Breakout, ppo, 256 envs, batch 2048) measured at `gib` GiB of GPU
+    memory (read by `sampler` if given) in one telemetry job run; its footprint source."""
+    me = os.getpid()
+    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=running_s)
+    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
+    telemetry_job(db, sampler or TelemetrySampler(FakeGpu({me: round(gib * GIB)})), lambda: {"breakout": me}, source)
+    return source
+
+
 def test_a_settled_workers_footprint_reaches_the_store_at_its_peak(db: Database, clock: FakeClock) -> None:
     me = os.getpid()
     gpu = FakeGpu({me: 3 * GIB})
     sampler = TelemetrySampler(gpu, clock=lambda: clock.now().timestamp())
     book = FootprintBook()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=60.0)
-    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
-    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    measured(db, book, 3, sampler, running_s=60.0)
     with db.transaction() as session:
         assert read_footprints(session) == []  # not settled yet
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=130.0)
-    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
-    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    source = measured(db, book, 3, sampler, running_s=130.0)
     gpu.pid_memory = {me: 2 * GIB}  # a lower reading later: the peak stays
     telemetry_job(db, sampler, lambda: {"breakout": me}, source)
     with db.transaction() as session:
@@ -92,10 +99,7 @@ def test_the_fleet_record_and_fleetd_tier_show_the_figures_used(settings: Settin
     assert before["sizing"]["measured"] is False and before["sizing"]["fits"] is None
     assert render.sizing_line(before["sizing"]).startswith("not measured yet at 256 envs, batch 2048: the rung's own values")
     assert "until measured, the rung's own values" in before["reason"]
-    me = os.getpid()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
-    telemetry_job(db, TelemetrySampler(FakeGpu({me: round(4.1 * GIB)})), lambda: {"breakout": me}, source)
+    measured(db, book, 4.1)
     settings_out = _record(settings, db, clock, fleet)
     sizing = settings_out["sizing"]
     assert (settings_out["num_envs"], settings_out["batch_size"]) == (256, 2048)
@@ -171,10 +175,7 @@ def test_a_rung_is_sized_for_the_games_that_want_its_slots_not_all_of_its_games(
     The launches and `fleetd tier` show the one sizing."""
     book = FootprintBook()
     fleet = fleet_on_an_h100(settings, db, clock, book)
-    me = os.getpid()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
-    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me}, source)
+    measured(db, book, 9)
     assert (fleet.scaled().num_envs, fleet.scaled().batch_size) == (192, 2048)  # no step yet: the rung's 8 games
     slots = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in ("a", "b", "c")]
     fleet.govern(slots)
@@ -192,17 +193,11 @@ def test_a_rung_is_sized_for_the_games_that_want_its_slots_not_all_of_its_games(
 
 def test_a_game_leaving_and_coming_back_rolls_no_worker_on_one_rung(settings: Settings, db: Database, clock: FakeClock,
                                                                      tmp_path: Path) -> None:
-    """9 GiB a game at 256 envs: 7 games fit 8x256's own values (69.3 GiB), 8 do not (79.2 GiB:
-    8x192's). With 8 wanting a slot, an 8th game going (exited, fatal, stopped) and coming back
-    rolled every worker twice: up to 256 envs, then down to 192. The count sized for is a mark:
-    it rises at once (lighter values), never falls on the rung, and is stored with it, so a
-    daemon restart keeps it (the workers it keeps were sized for 8); a new rung, or a database
-    without a mark, starts it again at the games wanting a slot."""
+    """At 9 GiB a game 7 fit 8x256 and 8 do not: an 8th game going and coming back rolled every
+    worker twice. The count sized for is a mark: it rises at once, never falls on the rung, is
+    kept through a daemon restart, and starts again on a new rung or a database without one."""
     book = FootprintBook()
-    me = os.getpid()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
-                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    measured(db, book, 9)
     fleet = fleet_on_an_h100(settings, db, clock, book)
     seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in "abcdefg"]
     gone, back = (seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), state)] for state in (State.EXITED, State.RUNNING))
@@ -236,10 +231,7 @@ def test_a_mark_whose_write_failed_is_written_at_the_next_step(settings: Setting
     made again, as the next step saw no change: a daemon restart sized the workers kept for the
     games of the mark before, heavier than they run."""
     book = FootprintBook()
-    me = os.getpid()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
-                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    measured(db, book, 9)
     fleet = fleet_on_an_h100(settings, db, clock, book)
     seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.RUNNING) for name in "abcdefg"]
     eight = seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
@@ -266,10 +258,7 @@ def test_a_restart_with_no_worker_run_on_drops_the_sizing_mark(settings: Setting
     them. After a clean stop or a reboot none ran on: the stored mark kept the new workers lighter
     (8 games' values for 7 wanting a slot) until the next rung change."""
     book = FootprintBook()
-    me = os.getpid()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    telemetry_job(db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
-                  FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
+    measured(db, book, 9)
     seven = [GameSlot(name, Desired.RUNNING, 0, clock.now(), State.STOPPED) for name in "abcdefg"]
     fleet = fleet_on_an_h100(settings, db, clock, book)
     fleet.govern(seven + [GameSlot("h", Desired.RUNNING, 0, clock.now(), State.RUNNING)])  # the mark: 8
@@ -306,11 +295,7 @@ def test_a_gpu_skipped_for_one_sample_keeps_the_gpu_count_and_the_sizing(
     fake = _one_gpu_skipped(monkeypatch, {})
     sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
     book = FootprintBook()
-    me = os.getpid()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
-    # 1.2 GIB a game: 4 games on each of 2 GPUs fit an 8 GIB GPU's room, 8 on one do not.
-    telemetry_job(db, TelemetrySampler(FakeGpu({me: round(1.2 * GIB)})), lambda: {"breakout": me}, source)
+    measured(db, book, 1.2)  # 1.2 GIB a game: 4 games on each of 2 GPUs fit an 8 GIB GPU's room, 8 on one do not
     heavy = settings.fleet.model_copy(update={"tier": "heavy"})
     fleet = FleetController(heavy, db, clock, sampler, footprints=book)
     fleet.governor.state = replace(fleet.governor.state, rung=fleet.governor.top())  # 8 games x 256 envs
@@ -336,10 +321,8 @@ def test_a_worker_on_a_skipped_gpu_has_no_gpu_reading_and_no_zero_footprint(
     fake = _one_gpu_skipped(monkeypatch, {me: 3 * GIB})
     fake.memory[1].total = 0
     book = FootprintBook()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
     sampler = TelemetrySampler(NvmlReader(monotonic=Monotonic()))
-    telemetry_job(db, sampler, lambda: {"breakout": me}, source)
+    source = measured(db, book, 3, sampler)
     [proc] = sampler.latest.processes
     assert proc.gpu_memory_bytes is None
     assert snapshot_json(sampler.latest)["skipped_gpus"] == [1]  # the API says which GPU was skipped

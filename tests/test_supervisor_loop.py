@@ -5,7 +5,6 @@ snapshot that the API and systemd's status line read. Deterministic: no sleeps, 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sqlite3
 from collections.abc import Callable
@@ -24,10 +23,10 @@ from fleetd.config import Settings
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
-from fleetd.governor.footprint import FootprintBook, FootprintSource, RunningWorker
+from fleetd.governor.footprint import FootprintBook
 from fleetd.health.rules import Health, HealthRecord
-from fleetd.host.telemetry import HostSample, Snapshot, TelemetrySampler
-from fleetd.jobs import hosts_job, telemetry_job
+from fleetd.host.telemetry import HostSample, Snapshot
+from fleetd.jobs import hosts_job
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
@@ -35,7 +34,7 @@ from fleetd.store.events import EventFilter, read_events
 from fleetd.store.engine import Database
 from fleetd.store.fleet import read_rungs, save_fleet, update_fleet_requested
 from fleetd.store.health import update_health
-from fleetd.store.records import FleetRecord, GameDraft, NodeSeen
+from fleetd.store.records import FleetRecord, GameDraft, NodeSeen, RunRecord
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.spec import launch_for
 from fleetd.supervision.commands import Reconcile, RestartGame, Shutdown, StartGame
@@ -45,7 +44,7 @@ from fleetd.host.uptime import record_daemon_start
 from tests.api_context import on_ray, write_locked
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
-from tests.test_sizing_fleet import GIB, H100, FakeGpu
+from tests.test_sizing_fleet import GIB, H100, measured
 from fleetd.supervision.launcher import run_spec_path
 from workers.protocol.exit_codes import ExitCode, write_exit_record
 from workers.protocol.reports import ProgressReport
@@ -226,22 +225,8 @@ def test_stop_then_the_pending_game_takes_the_slot_and_start_waits(loop: Loop) -
 
 
 def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> None:
-    # No GPU here: CPU workers get at most 2 envs per thread, so give them enough threads that
-    # the light (32 envs) and medium (64 envs) tiers differ.
-    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
-    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
-    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
-    for name in ("a", "b"):
-        loop.add(name)
-    loop.start()
-    loop.run_up("a", "b")
+    _roll_stopping_a(loop)
     first = {name: loop.sup.procs[name].spawned_launch for name in ("a", "b")}
-    with loop.db.transaction() as session:
-        update_fleet_requested(session, "medium", loop.clock.now())
-    loop.sup.submit(Reconcile())
-    loop.clock.advance(31)  # a window later, one rung up the ladder: 4x48 (2 games, 48 envs each)
-    loop.steps()
-    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
     with loop.db.transaction() as session:
         [why] = [e.message for e in read_events(session, EventFilter(game="a", kind="state", limit=1))]
     assert why.endswith("restarting from its checkpoint with num_envs 32 -> 48 (the tier's)")  # whose sizes
@@ -255,6 +240,8 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
 
 def _roll_stopping_a(loop: Loop) -> None:
     """a and b running light; medium asked: the roll stops a first, b waits."""
+    # No GPU here: CPU workers get at most 2 envs per thread, so give them enough threads that
+    # the light (32 envs) and medium (64 envs) tiers differ.
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
     loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
@@ -265,7 +252,7 @@ def _roll_stopping_a(loop: Loop) -> None:
     with loop.db.transaction() as session:
         update_fleet_requested(session, "medium", loop.clock.now())
     loop.sup.submit(Reconcile())
-    loop.clock.advance(31)
+    loop.clock.advance(31)  # a window later, one rung up the ladder: 4x48 (2 games, 48 envs each)
     loop.steps()
     assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
 
@@ -320,13 +307,18 @@ def test_a_tier_change_roll_stays_one_at_a_time_when_its_game_ended_while_no_dae
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
-def test_a_tier_change_roll_waits_for_every_game_adopted_stopping(loop: Loop) -> None:
-    """Two games adopted stopping with desired running, a `--restart`'s (a, adopted first) and
-    the roll's (b): the roll waited for a only, and stopped c beside b still stopping."""
+def _light_tier_of_three(loop: Loop) -> None:
+    """A light tier of 3 games, 30 s windows, and CPU workers whose light and medium sizes differ."""
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
     tiers = loop.settings.fleet.tiers | {"light": loop.settings.fleet.tiers["light"].model_copy(update={"games": 3})}
     fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0, "tiers": tiers})
     loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+
+
+def test_a_tier_change_roll_waits_for_every_game_adopted_stopping(loop: Loop) -> None:
+    """Two games adopted stopping with desired running, a `--restart`'s (a, adopted first) and
+    the roll's (b): the roll waited for a only, and stopped c beside b still stopping."""
+    _light_tier_of_three(loop)
     with loop.db.transaction() as session:
         draft = GameDraft("a", "CartPole-v1", "ppo", Desired.RUNNING, 0, hyperparams={"num_envs": 4, "batch_size": 32})
         game_store.create_game(session, draft, loop.clock.now())
@@ -362,10 +354,9 @@ def test_a_tier_change_roll_waits_for_every_game_adopted_stopping(loop: Loop) ->
 def test_a_tier_change_roll_does_not_wait_behind_an_unrelated_game_starting(loop: Loop) -> None:
     """Only a game adopted on its way down or back (a dead daemon's roll) holds a roll back: one
     merely starting (c, no first report yet) held it up to the start timeout, again at each retry."""
-    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
-    tiers = loop.settings.fleet.tiers | {"light": loop.settings.fleet.tiers["light"].model_copy(update={"games": 3})}
-    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0, "tiers": tiers})
-    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    _light_tier_of_three(loop)
+    supervisor = loop.settings.supervisor.model_copy(update={"start_timeout_s": 3600.0})  # c never times out below
+    loop.settings = loop.settings.model_copy(update={"supervisor": supervisor})
     for name in ("a", "b", "c"):
         loop.add(name)
     loop.start()
@@ -377,7 +368,7 @@ def test_a_tier_change_roll_does_not_wait_behind_an_unrelated_game_starting(loop
     for _ in range(20):
         loop.clock.advance(25)
         loop.steps()
-    assert loop.state("a") is not State.RUNNING  # a rolled (back, it waits for its first report)
+    assert loop.state("a") is State.STOPPING and loop.state("c") is State.STARTING  # the roll began beside c
 
 
 def test_a_tier_change_leaves_a_game_that_sets_its_own_sizes_running(loop: Loop) -> None:
@@ -408,6 +399,13 @@ def record_live_run(loop: Loop, game: str, pid: int) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.with_suffix(".spec.json").write_text(launch.spec.with_run(run_id).to_json())
     return run_id
+
+
+def run_of(loop: Loop, run_id: int) -> RunRecord:
+    with loop.db.transaction() as session:
+        run = run_store.read_run(session, run_id)
+    assert run is not None
+    return run
 
 
 def save_spawned_spec(loop: Loop, game: str) -> None:
@@ -848,7 +846,7 @@ def test_adopted_workers_are_judged_by_the_exit_code_they_left(loop: Loop, recor
     assert loop.state("a") in (State.BACKOFF, State.STARTING)  # restarted either way
     with loop.db.transaction() as session:
         backoffs = read_events(session, EventFilter(kind="fleet_backoff"))
-        [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
+    ended = run_of(loop, run_id)
     assert bool(backoffs) is backs_off
     assert (ended.cause, ended.exit_code) == ("crash", record)
 
@@ -876,8 +874,7 @@ def test_a_worker_that_ends_between_its_check_and_its_watch_is_judged_by_its_exi
     write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.COMPLETED)
     loop.start()
     assert loop.state("a") is State.EXITED and loop.launcher.spawned == []
-    with loop.db.transaction() as session:
-        [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
+    ended = run_of(loop, run_id)
     assert (ended.cause, ended.exit_code) == ("completed", ExitCode.COMPLETED)
 
 
@@ -897,8 +894,7 @@ def test_a_worker_adopted_while_the_last_daemon_stopped_it_ends_as_a_stop_not_a_
     loop.reactor.exit(4242, code=None)
     loop.steps()
     assert loop.state("a") is State.STARTING and loop.sup.procs["a"].failures == 0  # restarted at once
-    with loop.db.transaction() as session:
-        [ended] = [r for r in run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5) if r.id == run_id]
+    ended = run_of(loop, run_id)
     assert ended.cause == "stopped"
 
 
@@ -1397,25 +1393,10 @@ def test_the_operators_stop_and_start_clear_a_crash_loops_count_and_back_off(loo
 
 
 def test_a_game_leaving_a_full_rung_and_coming_back_rolls_no_other_worker(loop: Loop) -> None:
-    """8 games on an H100 at 8x256, measured at 9 GiB a game: 8 need 79.2 GiB of the 71.68 GiB
-    room, so 8x192's values. Game h stopped, then started again: 7 games would fit 256 envs, so
-    every other worker rolled up to 256 and, with h back, down to 192. The sizing's count never
-    falls on one rung: h's going and coming back stops no other worker."""
-    fleet = loop.settings.fleet.model_copy(update={"tier": "heavy"})
-    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
-    clock, names, me = loop.clock, "abcdefgh", os.getpid()
-    with loop.db.transaction() as session:
-        save_fleet(session, FleetRecord("heavy", "heavy", 8, 256, clock.now(), True, clock.now()))
-    loop.telemetry, loop.footprints = _FreshH100(clock), FootprintBook()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    telemetry_job(loop.db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
-                  FootprintSource(loop.footprints, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
-    for name in names:
-        loop.add(name)
-    sup = loop.start()
-    loop.steps()
-    loop.run_up(*names)
-    assert sup.fleet.scaled().num_envs == 192 and len(loop.launcher.spawned) == 8
+    """Game h stopped and started again rolled every other worker up to 256 envs and back down.
+    The sizing's count holds on one rung: h's going and coming back stops no other worker."""
+    clock, names = loop.clock, _eight_run_up_on_a_fresh_h100(loop)
+    sup = loop.sup
     set_desired(loop.db, clock, "h", Desired.STOPPED)
     loop.sup.submit(Reconcile())
     loop.steps()
@@ -1432,27 +1413,10 @@ def test_a_game_leaving_a_full_rung_and_coming_back_rolls_no_other_worker(loop: 
     assert len(loop.launcher.spawned) == 9 and sup.fleet.scaled().num_envs == 192  # h's own start alone
 
 
-
 def test_workers_kept_through_a_daemon_restart_keep_their_sizing_with_a_game_fatal(loop: Loop) -> None:
-    """8 games on an H100 at 8x256, sized 192 envs (8 need 79.2 GiB of the 71.68 GiB room). Game h
-    went FATAL, then the daemon was killed: the new one, counting 7 games afresh, gave the 7
-    workers it kept 256 envs and restarted each (and each again once h was back). The sizing's
-    mark is stored with the rung: a restart keeps it, and no kept worker is stopped."""
-    fleet = loop.settings.fleet.model_copy(update={"tier": "heavy"})
-    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
-    clock, names, me = loop.clock, "abcdefgh", os.getpid()
-    with loop.db.transaction() as session:
-        save_fleet(session, FleetRecord("heavy", "heavy", 8, 256, clock.now(), True, clock.now()))
-    loop.telemetry, loop.footprints = _FreshH100(clock), FootprintBook()
-    worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=500.0)
-    telemetry_job(loop.db, TelemetrySampler(FakeGpu({me: 9 * GIB})), lambda: {"breakout": me},
-                  FootprintSource(loop.footprints, lambda: {"breakout": worker}, settle_s=120.0))  # fmt: skip
-    for name in names:
-        loop.add(name)
-    loop.start()
-    loop.steps()
-    loop.run_up(*names)
-    assert loop.sup.fleet.scaled().num_envs == 192 and len(loop.launcher.spawned) == 8
+    """With h FATAL, a daemon restart counted 7 games afresh and restarted the 7 kept at 256 envs.
+    The sizing's mark is stored with the rung: a restart keeps it, and no kept worker is stopped."""
+    names = _eight_run_up_on_a_fresh_h100(loop)
     loop.launcher.fail_games.add("h")  # h's worker crashes, and cannot be started again
     loop.reactor.exit(loop.pid("h"), code=1)
     for _ in range(200):
@@ -1475,6 +1439,7 @@ def test_workers_kept_through_a_daemon_restart_keep_their_sizing_with_a_game_fat
     assert not [s for s in loop.launcher.signals if s[0] in kept.values()]
     assert len(loop.launcher.spawned) == spawned
 
+
 class _FreshH100:
     """Telemetry of one H100 and 256 GiB of host memory, always as of now."""
 
@@ -1484,3 +1449,22 @@ class _FreshH100:
     @property
     def latest(self) -> Snapshot:
         return Snapshot(self.clock.now().timestamp(), (H100,), True, None, HostSample(256 * GIB, 200 * GIB, 10.0, 1.0), ())
+
+
+def _eight_run_up_on_a_fresh_h100(loop: Loop) -> str:
+    """8 heavy games run up at 8x256 stored on a fresh H100, a worker measured at 9 GiB: 8 need
+    79.2 GiB of the 71.68 GiB room, so 8x192's values; the games' names."""
+    fleet = loop.settings.fleet.model_copy(update={"tier": "heavy"})
+    loop.settings = loop.settings.model_copy(update={"fleet": fleet})
+    clock, names = loop.clock, "abcdefgh"
+    with loop.db.transaction() as session:
+        save_fleet(session, FleetRecord("heavy", "heavy", 8, 256, clock.now(), True, clock.now()))
+    loop.telemetry, loop.footprints = _FreshH100(clock), FootprintBook()
+    measured(loop.db, loop.footprints, 9)
+    for name in names:
+        loop.add(name)
+    loop.start()
+    loop.steps()
+    loop.run_up(*names)
+    assert loop.sup.fleet.scaled().num_envs == 192 and len(loop.launcher.spawned) == 8
+    return names

@@ -166,9 +166,9 @@ def _full_tmpfs(state_dir: Path, staged: Path | None = None, size: str = "1m", f
     return _mounted(state_dir, mount)
 
 
-def _error_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The start's one error, at the code for what the operator must fix; never a traceback."""
-    assert result.returncode == 78, result.stderr
+def _error_line(result: subprocess.CompletedProcess[str], code: int = 78) -> str:
+    """The start's one error, at `code` (78: what the operator must fix); never a traceback."""
+    assert result.returncode == code, result.stderr
     errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     return errors[0]
@@ -237,11 +237,9 @@ def test_a_database_locked_past_the_busy_timeout_at_start_exits_75_to_be_retried
     db = config.state_dir / "fleetd.db"
     with write_locked(db):
         result = serve(config.path)
-    assert result.returncode == 75, result.stderr
-    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"cannot write the database {db}: database is locked (SQLITE_BUSY)" in errors[0], errors[0]
-    assert "run the command again" in errors[0] and "the disk has room" not in errors[0]
+    line = _error_line(result, code=75)
+    assert f"cannot write the database {db}: database is locked (SQLITE_BUSY)" in line, line
+    assert "run the command again" in line and "the disk has room" not in line
 
 
 def test_a_read_only_database_with_mps_on_auto_exits_78_and_leaves_no_mps_daemon(config: DaemonConfig, root: Path) -> None:

@@ -98,8 +98,12 @@ def test_a_manifest_whose_created_at_is_no_time_is_malformed_and_the_index_lists
     assert checkpoint.prune(tmp_path, checkpoint.Retention(1, 24, 7), now=1e9) == []  # int(inf // 3600) raised
 
 
+# Counts no int64 holds, as JSON: the manifest's and state.json's checks refuse each.
+NOT_INT64 = ["1e300", "1e19", "10000000000000000000", "12.5", "\"12\"", "true"]
+
+
 @pytest.mark.parametrize("field", ["steps", "episodes", "files['model.zip'].size"])
-@pytest.mark.parametrize("value", ["1e300", "1e19", "10000000000000000000", "12.5", "\"12\"", "true"])
+@pytest.mark.parametrize("value", NOT_INT64)
 def test_a_manifest_whose_count_is_no_int64_is_malformed_naming_it(tmp_path, field, value):
     """int() took 1e19 (past SQLite's integer: the index's write failed) and 1e300 (a 301-digit
     count), truncated 12.5 and read "12" and true: each now refused like other bad manifests.
