@@ -352,8 +352,8 @@ def hosts_job(db: Database, clock: Clock, nodes: Callable[[], list[NodeSeen]]) -
     """Record the cluster's nodes as hosts and their lives; a host whose node died is an event."""
     seen = nodes()
     now = clock.now()
-    # Immediate: the hosts it reads are still there when it writes, though `fleetd hosts forget`
-    # deletes them (a row gone would fail the write with StaleDataError).
+    # Immediate: `fleetd hosts forget` cannot delete a host between this read and its write (a
+    # row gone would fail the write with StaleDataError).
     with db.transaction(immediate=True) as session:
         lost = observe_nodes(session, seen, now)
         for host in lost:

@@ -55,7 +55,8 @@ class FakeGpu:
 def measured(db: Database, book: FootprintBook, gib: float, sampler: TelemetrySampler | None = None,
              running_s: float = 500.0) -> FootprintSource:
     """A worker of this process (Breakout, ppo, 256 envs, batch 2048) measured at `gib` GiB of GPU
-    memory (read by `sampler` if given) in one telemetry job run; its footprint source."""
+    memory in one telemetry job run (by `sampler` if given: then what it reads, not `gib`); its
+    footprint source."""
     me = os.getpid()
     worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=running_s)
     source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)

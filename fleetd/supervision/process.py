@@ -166,8 +166,8 @@ class WorkerProcess:
         `was`: the state that daemon stored. STARTING: it may not have reported yet. STOPPING:
         that daemon had sent it the stop (`why`, the reason it stored) and died before it ended:
         it is ending as asked, and is sent the stop again (the first may not have gone out); its
-        exit 0 after the final checkpoint ends the stop, not counted towards FATAL. `held`: that stop was a learning-health
-        hold's, whose reason it shows once stopped (as `stop`'s `stays`). `since`: when it went
+        exit 0 after the final checkpoint ends the stop, not counted towards FATAL. `held`: that
+        stop was a learning-health hold's, whose reason it shows once stopped (as `stop`'s `stays`). `since`: when it went
         STOPPING: a checkpoint written after is the stop's final one, though reported only now,
         and neither counts as progress nor clears a crash loop's count."""
         self.run_id, self.pid, self.gpu = run_id, pid, gpu
