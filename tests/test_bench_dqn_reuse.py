@@ -5,22 +5,16 @@ reuse: 128 steps of 64 every 32 vectorized steps) reaches a greedy mean return o
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 
 @pytest.mark.e2e
 def test_quick_mode_learns_cartpole_within_its_step_budget(tmp_path: Path) -> None:
     out = tmp_path / "dqn.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "bench/dqn_reuse.py", "--quick", "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = run_bench("dqn_reuse.py", "--quick", "--json", str(out), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     (run,) = report["runs"]

@@ -5,9 +5,7 @@ mode refuses where torch sees no CUDA device."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +14,11 @@ import torch
 from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
 from fleetd.store.schema import ensure_schema
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "bench/footprint.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_bench("footprint.py", *args, timeout=300)
 
 
 @pytest.mark.e2e

@@ -18,14 +18,11 @@ from bench.fleet_loops import Meter
 from bench.gpu_fleet import (SIDES, Options, fault_result, loop_settings, parse, ratio, rung_for, table,
                              wait_until_training)
 from workers.phases import PhaseTimer
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import ROOT, run_bench
 
 
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "bench/gpu_fleet.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_bench("gpu_fleet.py", *args, timeout=timeout)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")

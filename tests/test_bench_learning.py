@@ -5,24 +5,18 @@ drawing work. Nothing here checks speed or how fast the game learns beyond the q
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.learning import POWER_CUT, SCENARIOS, SIGKILLS, UNINTERRUPTED, draw, random_play
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import ROOT, run_bench
 
 
 @pytest.mark.e2e
 def test_quick_cartpole_run_reports_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "learning.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "bench/learning.py", "cartpole", "--quick", "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    done = run_bench("learning.py", "cartpole", "--quick", "--json", str(out), timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads(out.read_text())
     runs = {run["scenario"]: run for run in report["runs"]}
@@ -71,7 +65,6 @@ def test_the_committed_breakout_run_redraws_from_its_json(tmp_path: Path) -> Non
     saved = json.loads((ROOT / "docs" / "breakout-ppo.json").read_text())
     assert saved["curve"][-1]["steps"] == saved["steps"] and saved["curve"][-1]["mean_return_100"] > saved["random_mean"]
     out = tmp_path / "redrawn.png"
-    done = subprocess.run([sys.executable, "bench/learning.py", "breakout", "--draw-from", "docs/breakout-ppo.json", "--png", str(out)],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    done = run_bench("learning.py", "breakout", "--draw-from", "docs/breakout-ppo.json", "--png", str(out), timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,21 +4,15 @@ real store, its samples a batch a write transaction then its row, each hold repo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from fleetd.store.engine import DELETE_BATCH
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_run import run_bench
 
 
 def test_short_mode_removes_a_game_a_batch_a_transaction_and_reports_the_holds(tmp_path: Path) -> None:
     out = tmp_path / "removal.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "bench/removal.py", "--short", "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = run_bench("removal.py", "--short", "--json", str(out), timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["samples"] == 2 * DELETE_BATCH + 5_000 and result["delete_batch"] == DELETE_BATCH
