@@ -264,12 +264,18 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill(loop: Loop
     pid_a, pid_b = loop.pid("a"), loop.pid("b")
     loop.probe.live = {pid_a, pid_b}
     loop.start()  # the daemon was killed: a new one adopts both
+    _b_rolls_only_once_a_is_back(loop, pid_b, State.STOPPING)
+
+
+def _b_rolls_only_once_a_is_back(loop: Loop, pid_b: int, a_now: State) -> None:
+    """After the new daemon's start: b keeps running while a (`a_now`) is on its way, then rolls."""
     loop.steps(2)
-    assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]  # b waits for a
+    assert [loop.state("a"), loop.state("b")] == [a_now, State.RUNNING]  # b waits for a
     assert (pid_b, "SIGTERM") not in loop.launcher.signals
-    loop.reactor.exit(pid_a, code=0)
-    loop.steps()
-    assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
+    if a_now is State.STOPPING:
+        loop.reactor.exit(loop.pid("a"), code=0)
+        loop.steps()
+        assert loop.state("a") is State.STARTING and loop.state("b") is State.RUNNING
     loop.run_up("a")
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
@@ -285,11 +291,7 @@ def test_a_tier_change_roll_stays_one_at_a_time_through_a_daemon_kill_while_its_
     save_spawned_spec(loop, "a")  # started with the new sizes: a is not rolled again once back
     loop.probe.live = {pid_a, pid_b}
     loop.start()  # killed while a was on its way back
-    loop.steps(2)
-    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # b waits for a
-    assert (pid_b, "SIGTERM") not in loop.launcher.signals
-    loop.run_up("a")
-    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+    _b_rolls_only_once_a_is_back(loop, pid_b, State.STARTING)
 
 
 def test_a_tier_change_roll_stays_one_at_a_time_when_its_game_ended_while_no_daemon_ran(loop: Loop) -> None:
@@ -299,12 +301,8 @@ def test_a_tier_change_roll_stays_one_at_a_time_when_its_game_ended_while_no_dae
     pid_b = loop.pid("b")
     save_spawned_spec(loop, "b")
     loop.probe.live = {pid_b}  # a's worker ended while no daemon ran
-    loop.start()
-    loop.steps(2)
-    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # b waits for a
-    assert (pid_b, "SIGTERM") not in loop.launcher.signals
-    loop.run_up("a")
-    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+    loop.start()  # the first step starts a again
+    _b_rolls_only_once_a_is_back(loop, pid_b, State.STARTING)
 
 
 def _light_tier_of_three(loop: Loop) -> None:
