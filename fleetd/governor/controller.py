@@ -385,12 +385,12 @@ class FleetController:
         now = self.clock.now()
         for governor in (self.governor, *self.governors.values()):
             governor.resume(now)
-        if any_kept:
-            return
-        self._counted.clear()
+        if not any_kept:
+            self._counted.clear()
         with self.db.transaction() as session:
-            self._save_governors(session, now)  # the marks stored as none
-        self._marks_stored.clear()
+            self._save_governors(session, now)  # the windows; with no worker kept, the marks as none
+        if not any_kept:
+            self._marks_stored.clear()
 
     def crashed(self, name: str) -> bool:
         self._watch_clock()
