@@ -25,7 +25,7 @@ from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.pressure import pressure_reasons
 from fleetd.host import telemetry
 from fleetd.host.lives import host_resources
-from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Snapshot, TelemetrySampler,
+from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Readings, Snapshot, TelemetrySampler,
                                    _throttle, read_pressure, sample_rows)
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, State
@@ -96,7 +96,7 @@ def test_hardware_clock_throttling_is_pressure_and_the_normal_reasons_are_not() 
 def test_throttle_bits_from_nvml_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     # idle (0x1) and the software power cap (0x4) are normal; thermal (0x40) and power brake (0x80) are not.
     nvml = SimpleNamespace(NVMLError=pynvml.NVMLError, nvmlDeviceGetCurrentClocksThrottleReasons=lambda handle: 0x1 | 0x4 | 0x40 | 0x80)
-    assert _throttle(nvml, 0) == ("hw thermal", "hw power brake")  # type: ignore[arg-type]
+    assert _throttle(nvml, 0, Readings()) == ("hw thermal", "hw power brake")  # type: ignore[arg-type]
 
 
 # --- NVML Xid errors ---------------------------------------------------------------------

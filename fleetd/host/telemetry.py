@@ -418,11 +418,10 @@ def _nvml_code(exc: Exception) -> int | None:
     return getattr(exc, "value", None)
 
 
-def _read_gpu(nvml: ModuleType, index: int, handle: Any, readings: Readings | None = None) -> GpuSample:
+def _read_gpu(nvml: ModuleType, index: int, handle: Any, readings: Readings) -> GpuSample:
     """One GPU's readings; BadGpuReading when its memory's are nonsense (a total of 0, used past
     it, NaN): no fraction, no free memory, no sizing can be told from them. The other readings,
     out of range, are None (temperature: a sensor's, -50 to 200 C)."""
-    readings = readings or Readings()
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
     total = readings.check(f"GPU {index} memory total", memory.total, 1)
     used = readings.check(f"GPU {index} memory used", memory.used, 0, total if total is not None else math.inf)
@@ -446,10 +445,10 @@ def _read_gpu(nvml: ModuleType, index: int, handle: Any, readings: Readings | No
     )
 
 
-def _throttle(nvml: ModuleType, handle: Any, readings: Readings | None = None) -> tuple[str, ...]:
+def _throttle(nvml: ModuleType, handle: Any, readings: Readings) -> tuple[str, ...]:
     # Renamed "clocks event reasons" in newer drivers' bindings; the bits are the same.
     read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    mask = _optional(nvml, lambda: read(handle), readings or Readings(), "GPU clock-throttle reasons", 0, 2.0**64 - 1)
+    mask = _optional(nvml, lambda: read(handle), readings, "GPU clock-throttle reasons", 0, 2.0**64 - 1)
     return () if mask is None else tuple(name for bit, name in THROTTLE_REASONS.items() if int(mask) & bit)
 
 
@@ -463,9 +462,8 @@ def _optional(nvml: ModuleType, read: Callable[[], Any], readings: Readings, kin
     return readings.check(kind, value, low, high)
 
 
-def _gpu_processes(nvml: ModuleType, handle: Any, readings: Readings | None = None) -> Iterable[tuple[int, int]]:
+def _gpu_processes(nvml: ModuleType, handle: Any, readings: Readings) -> Iterable[tuple[int, int]]:
     # A process with both a compute and a graphics context is listed twice with the same usage.
-    readings = readings or Readings()
     used_by_pid: dict[int, int] = {}
     for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
         try:
@@ -595,10 +593,9 @@ def host_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _read_host(psi_dir: Path = PSI_DIR, readings: Readings | None = None) -> HostSample:
+def _read_host(psi_dir: Path, readings: Readings) -> HostSample:
     """psutil's readings of /proc/meminfo, /proc/stat and the load average, and PSI's; each one
     out of its range None (a memory total of 0 would divide by it, or read as no pressure)."""
-    readings = readings or Readings()
     memory = psutil.virtual_memory()
     total = readings.check("host memory total", memory.total, 1)
     available = readings.check("host memory available", memory.available, 0, total if total is not None else math.inf)
