@@ -127,9 +127,9 @@ def test_a_removed_games_samples_go_a_batch_a_transaction(settings: Settings, db
                                                         way: str) -> None:
     """A game sampled for samples_days has hundreds of thousands of samples: its removal's ON
     DELETE CASCADE deleted them all in the one transaction that removes it, holding the write
-    lock for seconds (7 s for 600,000 here), longer than busy_timeout_ms: the supervisor's
-    writes failed "database is locked" meanwhile, which ends the supervision loop. They go
-    DELETE_BATCH a transaction first; another game's stay, and so do a running game's."""
+    lock for the whole delete (seconds for 600,000: bench/removal.py), past busy_timeout_ms: the
+    supervisor's writes failed "database is locked" meanwhile, which ends the supervision loop.
+    They go DELETE_BATCH a transaction first; another game's stay, and so do a running game's."""
     from sqlalchemy import event, func, select
 
     import fleetd.games.lifecycle as lifecycle
