@@ -171,8 +171,8 @@ def _env_ids_listed() -> None:
 
 @pytest.mark.parametrize("busy_timeout_ms", [5000, 0], ids=["default-timeout", "no-wait"])
 def test_api_under_supervisor_writes_never_answers_500(tmp_path: Path, busy_timeout_ms: int) -> None:
-    """At the default busy timeout nothing is busy; with no wait at all, writes do meet a held
-    lock, and each such request is a 503 envelope with Retry-After, never a 500."""
+    """At the default busy timeout a busy answer is rare; with no wait at all, writes do meet a
+    held lock; either way each such request is a 503 envelope with Retry-After, never a 500."""
     with shared_context(tmp_path, TOKEN, busy_timeout_ms) as context, serving(context) as base:
         seed(context)
         tally = run_load(context, base)
@@ -184,7 +184,11 @@ def test_api_under_supervisor_writes_never_answers_500(tmp_path: Path, busy_time
         assert sum(tally.statuses.values()) > 50 and attempts > 10 and tally.writes > 0, report("too little load", tally)
         assert set(tally.statuses) <= {200, 201, 202, 204, 503}, tally.statuses
         if busy_timeout_ms > 0:
-            assert tally.statuses[503] == 0 and tally.writer_busy == 0, report("busy", tally)
+            # Waiting up to 5 s, a busy answer is rare: not none, since SQLite's lock is not fair
+            # and a request can wait out 5 s behind writers with no pause on a loaded 2-core
+            # machine (CI saw 1 of 384 for `POST .../start`); each one a 503 envelope as above.
+            busy = tally.statuses.get(503, 0)
+            assert busy * 20 <= sum(tally.statuses.values()) and tally.writer_busy * 20 <= attempts, report("busy", tally)
         with context.db.engine.connect() as connection:
             assert connection.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
             assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
