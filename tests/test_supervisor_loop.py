@@ -876,16 +876,23 @@ def test_a_worker_that_ends_between_its_check_and_its_watch_is_judged_by_its_exi
     assert (ended.cause, ended.exit_code) == ("completed", ExitCode.COMPLETED)
 
 
+def _adopted_stopping(loop: Loop, reason: str) -> int:
+    """Game a's worker (pid 4242) stopping for `reason` when the last daemon died; a new daemon
+    started over it. The run's id."""
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STOPPING, reason, loop.clock.now())
+    loop.probe.live = {4242}
+    loop.start()
+    return run_id
+
+
 def test_a_worker_adopted_while_the_last_daemon_stopped_it_ends_as_a_stop_not_a_crash(loop: Loop) -> None:
     """The daemon died (kill -9) while a `--restart` stopped a worker: the new one adopted it as
     running, and its exit 0 after the final checkpoint was a crash "on a signal fleetd did not
     send", a failure towards FATAL, backed off before the restart."""
     loop.add("a")
-    run_id = record_live_run(loop, "a", 4242)
-    with loop.db.transaction() as session:
-        game_store.update_game_state(session, "a", State.STOPPING, "restart requested", loop.clock.now())
-    loop.probe.live = {4242}
-    loop.start()
+    run_id = _adopted_stopping(loop, "restart requested")
     assert loop.state("a") is State.STOPPING
     assert loop.launcher.signals[-1] == (4242, "SIGTERM")  # the stop may not have gone out: sent again
     write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.STOPPED)
@@ -901,11 +908,7 @@ def test_a_worker_adopted_stopping_twice_says_so_once_and_never_that_it_trained(
     through a daemon restart" (false: it was stopping), then `running -> stopping`, and piled a
     "(still stopping through a daemon restart)" onto its reason per restart."""
     loop.add("a")
-    run_id = record_live_run(loop, "a", 4242)
-    with loop.db.transaction() as session:
-        game_store.update_game_state(session, "a", State.STOPPING, "restart requested", loop.clock.now())
-    loop.probe.live = {4242}
-    loop.start()
+    run_id = _adopted_stopping(loop, "restart requested")
     loop.start()  # killed again before the worker ended
     assert loop.state("a") is State.STOPPING
     said = f"adopted live worker pid 4242 (run {run_id}) while stopping: restart requested"
@@ -923,12 +926,9 @@ def test_a_hold_stopping_through_a_daemon_restart_still_shows_its_reason(loop: L
     reason, shown once stopped ("stopped: held: ..."), was lost for a plain "stopped"."""
     held = "held: learning collapsed and no evaluated checkpoint to roll back to"
     loop.add("a", desired=Desired.STOPPED)
-    run_id = record_live_run(loop, "a", 4242)
     with loop.db.transaction() as session:
         update_health(session, game_store.game_id_of(session, "a"), HealthRecord(Health.HELD, held), loop.clock.now())
-        game_store.update_game_state(session, "a", State.STOPPING, held, loop.clock.now())
-    loop.probe.live = {4242}
-    loop.start()
+    run_id = _adopted_stopping(loop, held)
     assert loop.state("a") is State.STOPPING
     write_exit_record(run_spec_path(loop.settings.game_dir("a"), run_id), ExitCode.STOPPED)
     loop.reactor.exit(4242, code=None)
