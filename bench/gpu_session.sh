@@ -5,13 +5,14 @@
 # `.venv/bin/python bench/gpu_carry.py`: the packages the device image lacks, 22 MiB). Several
 # stages a call, in the order given:
 #
-#   fleet          8 Atari games, MPS auto, 20 s warm-up / 40 s window: fleetd, loops, raw EnvPool (~330 s, cap 375 s)
-#   fleet-no-mps   the same without MPS, 15 s / 30 s                                               (~270 s, cap 330 s)
-#   worker         one worker against the minimal loop at 8 and 256 envs, one round each             (~100 s, cap 135 s)
+#   fleet          8 Atari games, MPS auto, 15 s warm-up / 30 s window: fleetd, loops, raw EnvPool (~245 s, cap 265 s)
+#   fleet-no-mps   the same without MPS                                                          (~245 s, cap 265 s)
+#   worker         one worker against the minimal loop at 8, 32, 64 and 256 envs, one round each  (~150 s, cap 200 s)
 #
 # The plan (docs/benchmarks.md, "On a lent device machine"): two calls back to back, then give_back:
-#   A: bench/gpu_session.sh fleet worker   timeout_s 590 (~450 s; at worst 375 + 135, each + 15 s to be killed, + ~25 s set-up)
-#   B: bench/gpu_session.sh fleet-no-mps   timeout_s 400, or budget_left_s - 20 where less (~300 s; at worst 330 + 15 + 25)
+#   A: bench/gpu_session.sh fleet fleet-no-mps   timeout_s 590 (the aim compares both sides at their best,
+#      with and without MPS, from one run; at worst 265 + 265, each + 15 s to be killed, + ~30 s set-up)
+#   B: bench/gpu_session.sh worker               timeout_s 240, or budget_left_s - 20 where less
 #
 # Each stage runs under `timeout -s TERM -k 15 CAP`; one that fails or runs out is recorded and
 # the next stage still runs. Figures land in $OUT (the device tool brings them back), a
@@ -27,7 +28,7 @@ DRY_RUN="${DRY_RUN:-0}"
 export PYTHON
 
 # stage -> its cap in seconds (the stage's own timeouts inside are shorter)
-declare -A CAP=([fleet]=375 [fleet-no-mps]=330 [worker]=135)
+declare -A CAP=([fleet]=265 [fleet-no-mps]=265 [worker]=200)
 START_TIMEOUT_S=180  # gpu_fleet.py: the daemon, the games, the processes to start (and to stop)
 
 usage() { echo "usage: bench/gpu_session.sh STAGE... (stages: fleet fleet-no-mps worker)" >&2; exit 2; }
@@ -36,14 +37,14 @@ usage() { echo "usage: bench/gpu_session.sh STAGE... (stages: fleet fleet-no-mps
 run_stage() {
   case "$1" in
     fleet)
-      "$PYTHON" bench/gpu_fleet.py --counts 8 --warmup-s 20 --window-s 40 --start-timeout-s "$START_TIMEOUT_S" \
+      "$PYTHON" bench/gpu_fleet.py --counts 8 --warmup-s 15 --window-s 30 --start-timeout-s "$START_TIMEOUT_S" \
         --out "$OUT/fleet-mps" ;;
     fleet-no-mps)
       "$PYTHON" bench/gpu_fleet.py --counts 8 --mps off --warmup-s 15 --window-s 30 \
         --start-timeout-s "$START_TIMEOUT_S" --out "$OUT/fleet-no-mps" ;;
     worker)
       local failed=0 pair n batch steps
-      for pair in 8:256 256:2048; do
+      for pair in 8:256 32:512 64:1024 256:2048; do
         n="${pair%%:*}" batch="${pair##*:}"
         steps=$(( 256 * n > 16384 ? 256 * n : 16384 ))
         echo "== PPO on cuda, Breakout-v5, $n envs, batch $batch, one round"

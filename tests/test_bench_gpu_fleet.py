@@ -249,17 +249,20 @@ def session(*stages: str, env: dict[str, str] | None = None) -> subprocess.Compl
 def test_the_gpu_session_script_parses_and_takes_several_stages_a_call(tmp_path: Path) -> None:
     assert subprocess.run(["bash", "-n", str(SESSION)]).returncode == 0
     # FLEETD_NO_CARRY: a checkout's own .gpu (built for the device's Python) is not this test's.
-    dry = session("fleet", "worker", env={"DRY_RUN": "1", "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1", "OUT": str(tmp_path)})
-    assert dry.returncode == 0, dry.stderr
-    caps = [int(line.split()[7]) for line in dry.stdout.splitlines() if line.startswith("would run: timeout -s TERM -k 15")]
-    assert [line.split()[-1] for line in dry.stdout.splitlines()] == ["fleet", "worker"]
-    assert sum(caps) + 15 * len(caps) + 30 <= 590  # call A, set-up included, under its timeout_s
+    def caps(*stages: str) -> list[int]:
+        dry = session(*stages, env={"DRY_RUN": "1", "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1", "OUT": str(tmp_path)})
+        assert dry.returncode == 0, dry.stderr
+        assert [line.split()[-1] for line in dry.stdout.splitlines()] == list(stages)
+        return [int(line.split()[7]) for line in dry.stdout.splitlines()]
+
+    assert sum(caps("fleet", "fleet-no-mps")) + 15 * 2 + 30 <= 590  # call A, set-up included, under its timeout_s
+    assert sum(caps("worker")) + 15 + 25 <= 240  # call B
     assert session("fleet", "nonsense", env={"DRY_RUN": "1", "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1"}).returncode == 2
 
 
 def test_a_failed_stage_does_not_stop_the_next_nor_a_failed_env_count_the_other(tmp_path: Path) -> None:
     """A stand-in python: gpu_fleet.py fails, training.py at 8 envs fails; the worker stage still
-    runs 256 envs, and the call exits 1 naming both stages."""
+    runs 32, 64 and 256 envs, and the call exits 1 naming both stages."""
     log, fake = tmp_path / "calls.log", tmp_path / "python"
     fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n'
                     'case "$*" in *gpu_fleet.py*|*"--num-envs 8 "*) exit 1 ;; esac\nexit 0\n')
@@ -270,7 +273,8 @@ def test_a_failed_stage_does_not_stop_the_next_nor_a_failed_env_count_the_other(
     calls = log.read_text().splitlines()
     assert any("bench/gpu_fleet.py --counts 8" in c and "--start-timeout-s 180" in c for c in calls)
     training = [c for c in calls if "bench/training.py" in c]
-    assert len(training) == 2 and all("--rounds 1" in c for c in training) and "--num-envs 256" in training[1]
+    assert all("--rounds 1" in c for c in training)
+    assert [c.split("--num-envs ")[1].split()[0] for c in training] == ["8", "32", "64", "256"]
     assert "stage fleet FAILED" in done.stderr and "stage worker FAILED" in done.stderr
 
 
