@@ -905,3 +905,20 @@ def test_the_newest_events_are_shown_with_warnings_marked_and_messages_as_text(
     state, games, banner_hidden, shown = run_page(failed, scenario)
     assert (state, games, banner_hidden) == ("ready", 1, True)
     assert shown.startswith("events unavailable: ") and "500 database is locked" in shown, shown
+
+
+def test_a_gpu_skipped_for_a_sample_is_said_on_the_page_and_by_fleetd_status(api_answers: dict[str, object]) -> None:
+    # A GPU whose memory reading was nonsense is left out of that sample (`skipped_gpus` in GET
+    # /fleet): the page and `fleetd status` showed a one-GPU host, the other GPU nowhere.
+    from fleetd.cli.render import gpu_line
+
+    read = GpuSample(0, "NVIDIA H100", 40.0, 10 * 2**30, 80 * 2**30, 60.0, 300.0)
+    sample = Snapshot(datetime(2026, 1, 2, tzinfo=UTC).timestamp(), (read,), True, None,
+                      HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), (), skipped_gpus=(1,))
+    fleet = dict(api_answers["/fleet"][1])
+    fleet["telemetry"] = snapshot_json(sample, age_s=3.0)
+    shown = run_page({**api_answers, "/fleet": [200, fleet]}, "await release(); return $('gpu').textContent;")
+    assert "GPU 0 NVIDIA H100" in shown and "40%" in shown, shown
+    assert "GPU 1no readings this sample (its memory reading was not a number in range" in shown, shown
+    assert gpu_line(fleet["telemetry"]) == ("0: NVIDIA H100 40% util, 12% memory, 60 C; 1: no readings this sample "
+                                            "(its memory reading was not a number in range; read again next sample)")

@@ -379,14 +379,19 @@ def sizing_line(sizing: dict[str, Any] | None) -> str:
             f"{needed}{fewer}; {room}: {verdict}")
 
 
+SKIPPED_GPU = "no readings this sample (its memory reading was not a number in range; read again next sample)"
+
+
 def gpu_line(telemetry: dict[str, Any]) -> str:
     if not telemetry.get("available"):
         return f"unavailable ({telemetry.get('reason') or 'no reason given'})"
     parts = []
     for gpu in telemetry["gpus"]:
         memory = gpu["memory_used_bytes"] / max(1, gpu["memory_total_bytes"])
-        parts.append(f"{gpu['index']}: {gpu['name']} {percent(gpu['utilization_pct'])} util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C")
-    return "; ".join(parts)
+        parts.append((gpu["index"], f"{gpu['index']}: {gpu['name']} {percent(gpu['utilization_pct'])} util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C"))
+    # Read, but its memory reading was nonsense this sample: left out of the readings, still there.
+    parts += [(index, f"{index}: {SKIPPED_GPU}") for index in telemetry.get("skipped_gpus", [])]
+    return "; ".join(text for _, text in sorted(parts))
 
 
 def money(value: float | None, currency: str) -> str:

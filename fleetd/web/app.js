@@ -652,6 +652,12 @@
         list, distress,
         linePlot(gpuSeries[i], { label: 'utilization %', format: (v) => v.toFixed(0), key: 'gpu' + gpu.index + ':gpu_utilization_pct' })));
     });
+    // Read, but its memory reading was nonsense this sample: left out of the readings, still there (as `fleetd status` says).
+    (telemetry.skipped_gpus || []).forEach((index) => {
+      box.appendChild(h('div', { class: 'gpu', 'data-gpu': index },
+        h('h3', null, 'GPU ' + index),
+        h('p', { class: 'notice' }, 'no readings this sample (its memory reading was not a number in range; read again next sample)')));
+    });
     const host = telemetry.host;
     if (host) {
       const list = h('dl', { class: 'facts' });
