@@ -47,7 +47,7 @@ from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
 from tests.test_sizing_fleet import GIB, H100, measured
 from fleetd.supervision.launcher import run_spec_path
 from workers.protocol.exit_codes import ExitCode, write_exit_record
-from workers.protocol.reports import ProgressReport
+from workers.protocol.reports import CheckpointReport, CheckpointSummary, ProgressReport
 
 
 @dataclass
@@ -523,6 +523,40 @@ def test_a_worker_evaluating_longer_than_a_short_hang_limit_is_not_killed(loop: 
     loop.clock.advance(31)  # stuck inside it: no report advances anything
     loop.steps()
     assert (pid, "SIGKILL") in loop.launcher.signals
+
+
+def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one_is_not(loop: Loop) -> None:
+    """An evaluation that failed (or ran past its limit) was a line in the worker's log alone:
+    the events never said a game's evaluations were failing. The checkpoint report that follows
+    it says why; one `evaluation_failed` event per such report, none for an older worker's report
+    (no field: nothing failed), none for progress reports."""
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    proc = loop.sup.procs["a"]
+    at = loop.clock.now().timestamp()
+    fine = CheckpointSummary("/c/a/ckpt-000000001000", 1000, 3, at, 100)
+    loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, at, fine))
+    failed = CheckpointSummary("/c/a/ckpt-000000002000", 2000, 6, at, 100)
+    loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, at, failed, eval_failure="EOFError: \nmore",
+                                         eval_subprocess_died=True))
+    for steps in (2100, 2200):
+        loop.report("a", steps)
+    loop.steps()
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(kind="evaluation_failed"))
+    assert [(e.game, e.severity, e.message) for e in events] == [(
+        "a", "warning", "evaluation at 2000 steps failed: EOFError: ; checkpoint ckpt-000000002000 has no eval_return "
+        "(an eval env subprocess died: its traceback is in the game's log)")]
+    assert events[0].details == {"run_id": proc.run_id, "steps": 2000, "checkpoint": "ckpt-000000002000",
+                                 "reason": "EOFError: ", "subprocess_died": True}
+    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
+                         EnvCatalog(), loop.sup)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + "t" * 32
+    shown = client.get("/api/v1/events", params={"game": "a", "kind": "evaluation_failed"}).json()["items"]
+    assert [e["message"].split(";")[0] for e in shown] == ["evaluation at 2000 steps failed: EOFError: "]
 
 
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:

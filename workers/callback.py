@@ -14,7 +14,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
 from workers import checkpoint, lease
 from workers.counters import Counters
-from workers.evaluation import Evaluator
+from workers.evaluation import EvalFailure, Evaluator
 from workers.guards import check_finite, check_finite_replay
 from workers.phases import PhaseTimer
 from workers.protocol.reports import CheckpointSummary
@@ -113,7 +113,7 @@ class Checkpointer:
         check_finite(model, counters.steps)  # a diverged model is never checkpointed,
         if self.replay.saves(model):  # nor a replay buffer that would diverge it again
             check_finite_replay(model, counters.steps)
-        eval_return = self._evaluate(model, counters) if evaluate else None
+        eval_return, failure = self._evaluate(model, counters) if evaluate else (None, None)
         started = self._clock()
         lease.check(self.directory, self.run_id)  # Superseded: another run writes this game's checkpoints now
         try:
@@ -139,18 +139,19 @@ class Checkpointer:
         summary = checkpoint.summarize(path)
         log.info("checkpoint %s written (%d bytes, %.2f s)", path.name, summary.size_bytes,
                  self._clock() - started)
-        self.reporter.send_checkpoint(summary)
+        self.reporter.send_checkpoint(summary, failure)
         checkpoint.prune(self.directory, self.retention, written=counters.steps)
         return summary
 
-    def _evaluate(self, model: BaseAlgorithm, counters: Counters) -> float | None:
+    def _evaluate(self, model: BaseAlgorithm, counters: Counters) -> tuple[float | None, EvalFailure | None]:
+        """The evaluation's figure when one is due, or why it gave none (None: not due, or stopped)."""
         if self.evaluator is None or not self.evaluator.due(counters.steps):
-            return None
+            return None, None
         eval_return = self.evaluator.evaluate(model, counters.steps)
         if eval_return is not None:
             self.reporter.eval_return = eval_return
             counters.eval_steps, counters.eval_return = counters.steps, eval_return
-        return eval_return
+        return eval_return, self.evaluator.failure
 
     def write_final(self, model: BaseAlgorithm, counters: Counters, evaluate: bool = False) -> bool:
         """The last checkpoint; `evaluate` (a reached goal) evaluates it if an evaluation is

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -35,6 +35,19 @@ MAX_EVAL_ENVS = 8
 # What the worker sees of an eval env that died in its SubprocVecEnv child (the child printed
 # its own traceback to the worker's stderr, hence the worker log).
 SUBPROCESS_DIED = (EOFError, BrokenPipeError, ConnectionResetError)
+
+
+@dataclass(frozen=True)
+class EvalFailure:
+    """Why an evaluation gave no figure, other than a stop: `reason` in one line (the error's
+    type and first line, or the time limit), and whether an eval env subprocess died. The
+    checkpoint report that follows it carries it to the daemon (an `evaluation_failed` event)."""
+
+    reason: str
+    subprocess_died: bool = False
+
+
+REASON_MAX_CHARS = 200
 
 
 def sticky_cuda_error(exc: BaseException) -> bool:
@@ -70,6 +83,7 @@ class Evaluator:
         self._clock = clock
         self.heartbeat = heartbeat  # the eval env built, reset, and each step: the worker is alive
         self._last_steps: int | None = None
+        self.failure: EvalFailure | None = None  # the latest evaluation's, None when it gave a figure or stopped
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +104,7 @@ class Evaluator:
         device's, not the evaluation's: they go on up to the worker's own handling (exit 23, a
         crash, exit 22)."""
         self._last_steps = steps
+        self.failure = None
         started = self._clock()
         venv = None
         try:
@@ -106,13 +121,14 @@ class Evaluator:
                 raise
             if sticky_cuda_error(exc):
                 raise
-            died = ""
-            if venv is not None and isinstance(venv.unwrapped, SubprocVecEnv) and isinstance(exc, SUBPROCESS_DIED):
-                died = " (an eval env subprocess died; its traceback is in the worker log above)"
-            log.error("evaluation at %d steps failed after %.1f s (%s: %s)%s; this checkpoint has no "
+            subprocess_died = (venv is not None and isinstance(venv.unwrapped, SubprocVecEnv)
+                               and isinstance(exc, SUBPROCESS_DIED))
+            died = " (an eval env subprocess died; its traceback is in the worker log above)" if subprocess_died else ""
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.failure = EvalFailure(reason[:REASON_MAX_CHARS], subprocess_died)
+            log.error("evaluation at %d steps failed after %.1f s (%s)%s; this checkpoint has no "
                       "eval_return, training goes on (next evaluation due at %d steps)", steps,
-                      self._clock() - started, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
-                      died, steps + self.interval_steps, exc_info=exc)
+                      self._clock() - started, reason, died, steps + self.interval_steps, exc_info=exc)
             return None
         if returns is None:
             return None
@@ -133,9 +149,13 @@ class Evaluator:
         state, starts = None, np.ones(n, dtype=bool)
         while (counts < targets).any():
             if self.should_stop() or self._clock() - started > self.max_s:
+                stopped = self.should_stop()  # normal: not the evaluation's failure
                 log.warning("evaluation abandoned after %.0f s (%s); this checkpoint has no "
                             "eval_return", self._clock() - started,
-                            "stop requested" if self.should_stop() else f"limit {self.max_s:g} s")
+                            "stop requested" if stopped else f"limit {self.max_s:g} s")
+                if not stopped:
+                    self.failure = EvalFailure(f"abandoned after {self._clock() - started:.0f} s "
+                                               f"(limit {self.max_s:g} s)")
                 return None
             seen = normalizer.normalize_obs(obs) if normalizer is not None else obs
             actions, state = model.predict(seen, state=state, episode_start=starts, deterministic=True)

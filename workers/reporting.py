@@ -12,12 +12,15 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.counters import Counters
 from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
                                       ResumedReport, SkippedCheckpoint, now)
 from workers.protocol.sender import ProgressSender
+
+if TYPE_CHECKING:
+    from workers.evaluation import EvalFailure
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +79,12 @@ class Reporter:
                      report.steps, report.episodes, report.steps_per_s,
                      report.mean_reward_100, report.best_reward)
 
-    def send_checkpoint(self, summary: CheckpointSummary) -> None:
+    def send_checkpoint(self, summary: CheckpointSummary, eval_failure: EvalFailure | None = None) -> None:
+        """`eval_failure`: why the evaluation run just before this checkpoint gave no figure."""
         self.last_checkpoint = CheckpointRef(summary.path, summary.steps, summary.at)
-        self.sender.send(CheckpointReport(**self._header(), checkpoint=summary))
+        failed = {} if eval_failure is None else {"eval_failure": eval_failure.reason,
+                                                  "eval_subprocess_died": eval_failure.subprocess_died}
+        self.sender.send(CheckpointReport(**self._header(), checkpoint=summary, **failed))
 
     def send_resumed(self, taken: str | None, skipped: list[SkippedCheckpoint],
                      notes: tuple[str, ...] = (), changed: tuple[tuple[str, Any, Any], ...] = (),

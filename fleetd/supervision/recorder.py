@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any
 
 from fleetd.operations.alerts import Alert, AlertSender
@@ -30,6 +31,7 @@ from fleetd.states import State
 from workers.protocol.reports import CheckpointSummary, ProgressReport
 
 log = logging.getLogger(__name__)
+REASON_MAX_CHARS = 300
 _SEVERITY = {State.FATAL: "error", State.BACKOFF: "warning"}
 
 
@@ -182,6 +184,22 @@ class Recorder:
         )
         with self.db.transaction() as session:
             checkpoint_store.upsert_checkpoint(session, game_store.game_id_of(session, game), record)
+
+    def evaluation_failed(self, game: str, run_id: int, summary: CheckpointSummary, reason: str,
+                          subprocess_died: bool) -> None:
+        """The worker's evaluation just before this checkpoint failed or ran past its limit
+        (docs/worker.md#evaluation): that checkpoint has no eval_return. The reason as the worker
+        sent it, its first line and at most REASON_MAX_CHARS of it (a report is the worker's word)."""
+        reason = (reason.splitlines() or [""])[0][:REASON_MAX_CHARS]
+        checkpoint = PurePath(summary.path).name
+        message = f"evaluation at {summary.steps} steps failed: {reason}; checkpoint {checkpoint} has no eval_return"
+        if subprocess_died:
+            message += " (an eval env subprocess died: its traceback is in the game's log)"
+        details = {"run_id": run_id, "steps": summary.steps, "checkpoint": checkpoint, "reason": reason,
+                   "subprocess_died": subprocess_died}
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), "evaluation_failed", message, severity="warning", game=game,
+                         details=details)
 
     def resumed(self, game: str, run_id: int, steps: int | None, taken: str | None, skipped: list[tuple[str, str]],
                 episodes: int = 0) -> None:

@@ -519,6 +519,9 @@ class Supervisor:
         elif isinstance(report, CheckpointReport):
             proc.on_checkpoint(report.run_id, report.checkpoint.steps, datetime.fromtimestamp(report.checkpoint.at, UTC))
             self.recorder.checkpoint(report.game, report.run_id, report.checkpoint)
+            if report.eval_failure is not None:  # one a checkpoint: evaluations are intervals apart
+                self.recorder.evaluation_failed(report.game, report.run_id, report.checkpoint, report.eval_failure,
+                                                report.eval_subprocess_died)
             if report.checkpoint.eval_return is not None:
                 self._health.judge(proc, report.checkpoint)
         elif isinstance(report, ResumedReport) and report.refused:  # it exits 21 without training

@@ -22,7 +22,7 @@ class Reporter:
     def __init__(self) -> None:
         self.sent: list = []
 
-    def send_checkpoint(self, summary) -> None:
+    def send_checkpoint(self, summary, eval_failure=None) -> None:
         self.sent.append(summary)
 
     def start(self) -> None: ...

@@ -11,7 +11,8 @@ import torch
 import tests.workers.faulty_env  # noqa: F401 - registers the Eval*CartPole-v0 ids
 from workers import checkpoint
 from workers.callback import StopFlag
-from workers.evaluation import sticky_cuda_error
+from workers.envs import EnvConfig, make_vec_env
+from workers.evaluation import EvalFailure, Evaluator, sticky_cuda_error
 from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import CheckpointReport, ProgressReport
 from workers.train import run
@@ -122,12 +123,20 @@ def test_a_seed_at_the_top_of_envpools_int32_evaluates(make_spec):
 ONE_ENV_EVAL = {**EVAL, "num_envs": 1, "eval_episodes": 1}  # in-process envs: the test env's raise is ours
 
 
-def test_a_failing_evaluation_fails_alone_and_training_goes_on(make_spec, caplog):
+def _eval_failures(reports) -> dict[int, tuple[str | None, bool]]:
+    """What each checkpoint report says of the evaluation just before it."""
+    return {r.checkpoint.steps: (r.eval_failure, r.eval_subprocess_died) for r in reports
+            if isinstance(r, CheckpointReport)}
+
+
+def test_a_failing_evaluation_fails_alone_and_training_goes_on(make_spec, caplog, inbox):
     """An evaluation env that raises crashed the whole worker, at every evaluation after every
     restart. Now that evaluation fails alone (logged; that checkpoint has no eval_return),
-    training goes on, and the next evaluation is tried at its normal time."""
-    spec = make_spec(env_id="EvalFailCartPole-v0", total_timesteps=768, hyperparams=ONE_ENV_EVAL,
-                     keep_checkpoints=10)
+    training goes on, and the next evaluation is tried at its normal time. The checkpoint
+    report that follows it says why (the daemon's `evaluation_failed` event); those of the
+    checkpoints with no evaluation due say nothing failed."""
+    spec = make_spec(env_id="EvalFailCartPole-v0", progress_socket=str(inbox.path), total_timesteps=768,
+                     hyperparams=ONE_ENV_EVAL, keep_checkpoints=10)
     with caplog.at_level(logging.ERROR, logger="workers.evaluation"):
         assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
     scores = _scores(spec.checkpoint_dir)
@@ -136,6 +145,23 @@ def test_a_failing_evaluation_fails_alone_and_training_goes_on(make_spec, caplog
     assert [m.split(" failed")[0] for m in failed] == [f"evaluation at {s} steps" for s in (256, 512, 768)]
     assert "RuntimeError: evaluation env broke (test env)" in failed[0]
     assert "training goes on (next evaluation due at 512 steps)" in failed[0]
+    why = ("RuntimeError: evaluation env broke (test env)", False)
+    assert _eval_failures(inbox.drain()) == {128: (None, False), 256: why, 384: (None, False), 512: why,
+                                              640: (None, False), 768: why}
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["limit", "stop"])
+def test_an_evaluation_past_its_limit_is_a_failure_and_one_a_stop_cut_short_is_not(stopped):
+    """An evaluation abandoned past its limit is a failure the daemon is told of (an
+    `evaluation_failed` event); one a stop cut short is not (a stop is normal)."""
+    from stable_baselines3 import PPO
+
+    model = PPO("MlpPolicy", make_vec_env(EnvConfig("CartPole-v1", 1)), n_steps=64, batch_size=64,
+                policy_kwargs={"net_arch": [8]}, device="cpu")
+    evaluator = Evaluator(EnvConfig("CartPole-v1", 1), episodes=1, interval_steps=256,
+                          should_stop=lambda: stopped, max_s=-1.0)  # past it at the first step
+    assert evaluator.evaluate(model, 256) is None
+    assert evaluator.failure == (None if stopped else EvalFailure("abandoned after 0 s (limit -1 s)"))
 
 
 def test_an_interrupt_inside_an_evaluation_is_not_taken_for_its_failure(make_spec):
@@ -144,11 +170,12 @@ def test_an_interrupt_inside_an_evaluation_is_not_taken_for_its_failure(make_spe
         run(spec, stop=StopFlag())
 
 
-def test_an_eval_env_dying_in_its_subprocess_is_logged_as_that(make_spec, caplog):
+def test_an_eval_env_dying_in_its_subprocess_is_logged_as_that(make_spec, caplog, inbox):
     """With more than one evaluation game the eval envs run in SubprocVecEnv children: one that
     raised left the worker a dead pipe, and closing the envs raised again (BrokenPipeError),
     hiding the first error. The log names the first error and where the child's traceback is."""
-    spec = make_spec(env_id="tests.workers.faulty_env:EvalFailCartPole-v0", total_timesteps=256,
+    spec = make_spec(env_id="tests.workers.faulty_env:EvalFailCartPole-v0", progress_socket=str(inbox.path),
+                     total_timesteps=256,
                      hyperparams={**ONE_ENV_EVAL, "eval_episodes": 2})
     with caplog.at_level(logging.DEBUG, logger="workers.evaluation"):
         assert run(spec, stop=StopFlag()) == ExitCode.COMPLETED
@@ -157,6 +184,8 @@ def test_an_eval_env_dying_in_its_subprocess_is_logged_as_that(make_spec, caplog
     assert len(failed) == 1 and "evaluation at 256 steps failed" in failed[0].getMessage()
     assert "(EOFError: " in failed[0].getMessage()  # the recv that met the dead child, not close()'s error
     assert "(an eval env subprocess died; its traceback is in the worker log above)" in failed[0].getMessage()
+    reason, died = _eval_failures(inbox.drain())[256]
+    assert reason.startswith("EOFError") and died
 
 
 def test_a_sticky_cuda_error_inside_an_evaluation_ends_the_run():

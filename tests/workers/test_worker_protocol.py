@@ -217,6 +217,25 @@ def test_a_report_whose_fields_are_not_what_the_protocol_says_is_refused(index, 
         decode_report(json.dumps(_wire(index, **changes)).encode())
 
 
+def test_a_checkpoint_reports_evaluation_failure_round_trips_and_an_older_workers_says_nothing_failed():
+    checkpoint = _reports()[2]
+    failed = dataclasses.replace(checkpoint, eval_failure="EOFError: ", eval_subprocess_died=True)
+    assert decode_report(encode_report(failed)) == failed
+    older = {k: v for k, v in json.loads(encode_report(failed)).items() if not k.startswith("eval_")}
+    taken = decode_report(json.dumps(older).encode())
+    assert (taken.eval_failure, taken.eval_subprocess_died) == (None, False)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"eval_failure": 5}, "eval_failure 5 is not a string"), ({"eval_failure": ["x"]}, "eval_failure ['x'] is not a string"),
+    ({"eval_subprocess_died": "no"}, "eval_subprocess_died 'no' is not true or false"),
+    ({"eval_subprocess_died": 1}, "eval_subprocess_died 1 is not true or false"),
+], ids=repr)
+def test_a_checkpoint_reports_evaluation_failure_is_checked_as_its_type(changes, says):
+    with pytest.raises(ReportError, match=re.escape(f"bad CheckpointReport: {says}")):
+        decode_report(json.dumps(_wire(2, **changes)).encode())
+
+
 def test_a_resumed_reports_notes_changes_and_refusal_round_trip():
     resumed = dataclasses.replace(_reports()[3], notes=("lr changed",), changed=(("lr", 0.1, [1, 2]),), refused=True)
     assert decode_report(encode_report(resumed)) == resumed

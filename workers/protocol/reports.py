@@ -80,6 +80,11 @@ class CheckpointReport:
     pid: int
     at: float
     checkpoint: CheckpointSummary
+    # The evaluation run just before this checkpoint failed or was abandoned past its limit
+    # (docs/worker.md#evaluation; not one a stop cut short): why, in one line, and whether an
+    # eval env subprocess died. Absent in older workers' reports and when nothing failed.
+    eval_failure: str | None = None
+    eval_subprocess_died: bool = False
     type: str = "checkpoint"
 
 
