@@ -108,6 +108,9 @@ def main() -> None:
     batch = model.batch_size
     assert batch == settings["batch_size"], (batch, settings["batch_size"])
     fill(model, loop, args.rows, np.random.default_rng(1))
+    if model.buffered_transitions() < model.refill_transitions():  # the worker's train() would skip
+        parser.error(f"--rows {args.rows} x {args.num_envs} envs hold fewer transitions than the "
+                     f"{model.refill_transitions()} the worker trains from")
 
     def worker(steps: int) -> None:
         model.train(gradient_steps=steps, batch_size=batch)
