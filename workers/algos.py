@@ -14,7 +14,8 @@
    steps).
 3. PPO and A2C keep their rollout on the policy's device (`workers.rollout`), and PPO's update
    reads its logged figures once, not five times a minibatch (`workers.ppo_update`): the same
-   samples and the same weights as SB3's, without the host round trips and waits.
+   samples and the same weights as SB3's, without the host round trips and waits. DQN's update
+   likewise reads its loss once an update, not once a gradient step (`workers.dqn_update`).
 4. Every collection begins with the callback's `between_rollouts` hook
    (`workers.callback.FleetCallback`): SB3's `learn()` calls `train()` right after a collection
    and the next `collect_rollouts` right after that, so there the model has been trained on every
@@ -31,7 +32,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import RolloutReturn
 
-from workers import ppo_update
+from workers import dqn_update, ppo_update
 from workers.rollout import DeviceRolloutBuffer, DeviceRollouts
 
 
@@ -98,7 +99,7 @@ class FleetDQN(HorizonSchedules, UpdateBoundary, DQN):
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         if self.buffered_transitions() < self.refill_transitions():
             return  # refilling after a resume without the replay buffer
-        super().train(gradient_steps, batch_size)
+        dqn_update.train(self, gradient_steps, batch_size)  # SB3's, its loss read once (workers/dqn_update.py)
 
 
 ALGO_CLASSES: dict[str, type[BaseAlgorithm]] = {"ppo": FleetPPO, "dqn": FleetDQN, "a2c": FleetA2C}

@@ -3,7 +3,11 @@ and a checkpoint written the way the worker writes one."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+import torch
+from stable_baselines3.common.env_util import make_vec_env
 
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
@@ -31,3 +35,45 @@ def save_checkpoint(model: BaseAlgorithm, directory: str | Path, replay: ReplayP
     counters = Counters(steps=model.num_timesteps)
     return checkpoint.write_checkpoint(directory, counters.steps, 0,
                                        lambda d: save_snapshot(d, model, counters, replay))
+
+
+HOST_READS = ("item", "cpu", "tolist", "__float__", "__int__", "__bool__")
+
+
+class HostReads:
+    """Counts the calls that, on a GPU, wait for the device and copy to the host. On this CPU
+    they cost nothing, but each is a wait on a GPU (CUDA's own count,
+    `torch.cuda.set_sync_debug_mode`, needs a GPU). Adam's reads of its step counters are left
+    out: those counters stay on the host on a GPU too (not `capturable`)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in HOST_READS:
+            monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
+
+    def _counting(self, method):
+        def counted(tensor, *args, **kwargs):
+            self.count += "torch/optim/" not in sys._getframe(1).f_code.co_filename
+            return method(tensor, *args, **kwargs)
+        return counted
+
+
+def host_reads(monkeypatch, algo_class, phase: str, total_timesteps: int, **kwargs) -> int:
+    """Host reads in `phase` (a method of the model: "collect_rollouts", "train") over one
+    learn() of `total_timesteps` on 2 CartPole envs."""
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=3)
+    model = algo_class("MlpPolicy", env, seed=3, device="cpu", policy_kwargs={"net_arch": [16]}, **kwargs)
+    reads = HostReads(monkeypatch)
+    counted = {"calls": 0}
+    original = getattr(model, phase)
+
+    def phase_only(*args, **kw):
+        before = reads.count
+        result = original(*args, **kw)
+        counted["calls"] += reads.count - before
+        return result
+
+    monkeypatch.setattr(model, phase, phase_only)
+    model.learn(total_timesteps=total_timesteps)
+    monkeypatch.undo()
+    return counted["calls"]

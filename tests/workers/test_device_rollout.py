@@ -4,8 +4,6 @@ trained through it to the same weights and logged losses as SB3's own."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -16,6 +14,8 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from workers.algos import FleetA2C, FleetPPO
 from workers.rollout import DeviceRolloutBuffer
+
+from tests.workers.helpers import host_reads
 
 STEPS, ENVS = 16, 4
 ATARI_LIKE = spaces.Box(0, 255, (4, 6, 6), dtype=np.uint8)
@@ -96,49 +96,9 @@ def test_trained_weights_and_losses_are_sb3s(ours, theirs, kwargs):
         assert mine._n_updates < 3 * kwargs["n_epochs"]
 
 
-HOST_READS = ("item", "cpu", "tolist", "__float__", "__int__", "__bool__")
-
-
-class HostReads:
-    """Counts the calls that, on a GPU, wait for the device and copy to the host. On this CPU
-    they cost nothing, but each is a wait on a GPU (CUDA's own count,
-    `torch.cuda.set_sync_debug_mode`, needs a GPU). Adam's reads of its step counters are left
-    out: those counters stay on the host on a GPU too (not `capturable`)."""
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        for name in HOST_READS:
-            monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name)))
-
-    def _counting(self, method):
-        def counted(tensor, *args, **kwargs):
-            self.count += "torch/optim/" not in sys._getframe(1).f_code.co_filename
-            return method(tensor, *args, **kwargs)
-        return counted
-
-
-def _host_reads(monkeypatch, algo_class, phase: str, **kwargs) -> int:
-    """Host reads in `phase` ("collect_rollouts" or "train") over one learn() of 2 rollouts."""
-    env = make_vec_env("CartPole-v1", n_envs=2, seed=3)
-    model = algo_class("MlpPolicy", env, seed=3, device="cpu", policy_kwargs={"net_arch": [16]}, **kwargs)
-    reads = HostReads(monkeypatch)
-    counted = {"calls": 0}
-    original = getattr(model, phase)
-
-    def phase_only(*args, **kw):
-        before = reads.count
-        result = original(*args, **kw)
-        counted["calls"] += reads.count - before
-        return result
-
-    monkeypatch.setattr(model, phase, phase_only)
-    model.learn(total_timesteps=2 * 2 * kwargs["n_steps"])
-    monkeypatch.undo()
-    return counted["calls"]
-
-
 PPO_SIZES = {"n_steps": 32, "batch_size": 16, "n_epochs": 3}  # 2 rollouts of 32 steps, 12 minibatches each
 ROLLOUTS, STEPS_SEEN = 2, 2 * PPO_SIZES["n_steps"]
+LEARN_STEPS = 2 * STEPS_SEEN  # 2 envs
 MINIBATCHES = ROLLOUTS * PPO_SIZES["n_epochs"] * (2 * PPO_SIZES["n_steps"] // PPO_SIZES["batch_size"])
 # torch's Categorical checks its logits when built and a sample's range in log_prob: two reads
 # a forward pass, in SB3 and here alike (the guard that turns a NaN forward pass into Diverged
@@ -149,8 +109,8 @@ CHECKS = 2
 def test_a_rollout_step_reads_the_host_once_besides_the_distribution_checks(monkeypatch):
     """SB3: the actions, the values and the log-probabilities a step, the last values a
     rollout; here only the actions the envs need."""
-    sb3 = _host_reads(monkeypatch, PPO, "collect_rollouts", **PPO_SIZES)
-    ours = _host_reads(monkeypatch, FleetPPO, "collect_rollouts", **PPO_SIZES)
+    sb3 = host_reads(monkeypatch, PPO, "collect_rollouts", LEARN_STEPS, **PPO_SIZES)
+    ours = host_reads(monkeypatch, FleetPPO, "collect_rollouts", LEARN_STEPS, **PPO_SIZES)
     assert sb3 == (3 + CHECKS) * STEPS_SEEN + ROLLOUTS
     assert ours == (1 + CHECKS) * STEPS_SEEN
 
@@ -158,7 +118,7 @@ def test_a_rollout_step_reads_the_host_once_besides_the_distribution_checks(monk
 def test_a_minibatch_reads_the_host_only_for_the_distribution_checks(monkeypatch):
     """SB3: four .item() and the KL a minibatch, the last loss an update; here one copy an
     update (`target_kl` unset)."""
-    sb3 = _host_reads(monkeypatch, PPO, "train", **PPO_SIZES)
-    ours = _host_reads(monkeypatch, FleetPPO, "train", **PPO_SIZES)
+    sb3 = host_reads(monkeypatch, PPO, "train", LEARN_STEPS, **PPO_SIZES)
+    ours = host_reads(monkeypatch, FleetPPO, "train", LEARN_STEPS, **PPO_SIZES)
     assert sb3 == (5 + CHECKS) * MINIBATCHES + ROLLOUTS
     assert ours == CHECKS * MINIBATCHES + ROLLOUTS
