@@ -47,7 +47,7 @@ from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
 from tests.test_sizing_fleet import GIB, H100, measured
 from fleetd.supervision.launcher import run_spec_path
 from workers.protocol.exit_codes import ExitCode, write_exit_record
-from workers.protocol.reports import CheckpointReport, CheckpointSummary, ProgressReport
+from workers.protocol.reports import CheckpointReport, CheckpointSummary, ProgressReport, decode_report, encode_report
 
 
 @dataclass
@@ -543,11 +543,24 @@ def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one
     for steps in (2100, 2200):
         loop.report("a", steps)
     loop.steps()
+    # The same report again (the Ray relay's resend of a batch its dead hub may have passed on):
+    # no second event. And a reason with a lone surrogate (an undecodable file name in the
+    # exception's text) through the wire: stored written out, not a UnicodeEncodeError that
+    # failed the supervision loop.
+    loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, at, failed, eval_failure="EOFError: \nmore",
+                                         eval_subprocess_died=True))
+    odd = CheckpointSummary("/c/a/ckpt-000000003000", 3000, 9, at, 100)
+    loop.reactor.report(decode_report(encode_report(CheckpointReport(
+        "a", proc.run_id, proc.pid, at, odd, eval_failure="FileNotFoundError: /roms/\udcff.bin"))))
+    loop.steps()
     with loop.db.transaction() as session:
         events = read_events(session, EventFilter(kind="evaluation_failed"))
-    assert [(e.game, e.severity, e.message) for e in events] == [(
+    assert [(e.game, e.severity, e.message) for e in events][::-1] == [(
         "a", "warning", "evaluation at 2000 steps failed: EOFError: ; checkpoint ckpt-000000002000 has no eval_return "
-        "(an eval env subprocess died: its traceback is in the game's log)")]
+        "(an eval env subprocess died: its traceback is in the game's log)"), (
+        "a", "warning", "evaluation at 3000 steps failed: FileNotFoundError: /roms/\\udcff.bin; checkpoint "
+        "ckpt-000000003000 has no eval_return")]
+    events = events[::-1]
     assert events[0].details == {"run_id": proc.run_id, "steps": 2000, "checkpoint": "ckpt-000000002000",
                                  "reason": "EOFError: ", "subprocess_died": True}
     start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
@@ -556,7 +569,8 @@ def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one
     client = TestClient(create_app(context))
     client.headers["Authorization"] = "Bearer " + "t" * 32
     shown = client.get("/api/v1/events", params={"game": "a", "kind": "evaluation_failed"}).json()["items"]
-    assert [e["message"].split(";")[0] for e in shown] == ["evaluation at 2000 steps failed: EOFError: "]
+    assert [e["message"].split(";")[0] for e in shown][::-1] == [
+        "evaluation at 2000 steps failed: EOFError: ", "evaluation at 3000 steps failed: FileNotFoundError: /roms/\\udcff.bin"]
 
 
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:

@@ -124,7 +124,8 @@ class Evaluator:
             subprocess_died = (venv is not None and isinstance(venv.unwrapped, SubprocVecEnv)
                                and isinstance(exc, SUBPROCESS_DIED))
             died = " (an eval env subprocess died; its traceback is in the worker log above)" if subprocess_died else ""
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            first = str(exc).splitlines()[0] if str(exc).strip() else ""
+            reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
             self.failure = EvalFailure(reason[:REASON_MAX_CHARS], subprocess_died)
             log.error("evaluation at %d steps failed after %.1f s (%s)%s; this checkpoint has no "
                       "eval_return, training goes on (next evaluation due at %d steps)", steps,

@@ -211,11 +211,12 @@ def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
         ok, want = figure(value) is not None, "a finite number"
     elif kind in ("str", "str | None"):
         ok, want = isinstance(value, str) or (value is None and kind == "str | None"), "a string"
+        value = _storable(value) if isinstance(value, str) else value
     elif kind == "bool":  # "no" is truthy
         ok, want = type(value) is bool, "true or false"
     elif kind == "tuple[str, ...]":  # a string is iterable: "abc" was three notes
         ok, want = isinstance(value, list) and all(isinstance(item, str) for item in value), "a list of strings"
-        value = tuple(value) if ok else value
+        value = tuple(map(_storable, value)) if ok else value
     elif kind == "tuple[tuple[str, Any, Any], ...]":  # ["abc"] was ("a", "b", "c")
         ok = isinstance(value, list) and all(
             isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) for item in value)
@@ -225,6 +226,13 @@ def _field(cls: type, name: str, kind: Any, value: Any) -> Any:
     if not ok:
         raise ReportError(f"bad {cls.__name__}: {name} {value!r:.40} is not {want}")
     return value
+
+
+def _storable(text: str) -> str:
+    """The text with any lone surrogate written out (`\\udcff`): JSON carries one (an exception's
+    text with an undecodable file name, say), SQLite's UTF-8 cannot store it, and the daemon's
+    write of it would fail the supervision loop."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def figure(value: object) -> float | None:
