@@ -18,7 +18,7 @@ from rich.console import Console
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
-from fleetd.cli.render import fleet_table
+from fleetd.cli.render import SKIPPED_GPU, fleet_table, forensics_rows
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.controller import GameSlot
@@ -679,7 +679,7 @@ def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
     if not read:
         hot = GpuSample(0, "NVIDIA H100", None, 0, 0, None, None, xid_errors=(79,))
     sample = Snapshot(clock.now().timestamp(), (hot,), read, None if read else "NVML read failed: Unknown Error",
-                      HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), ())
+                      HostSample(64 * 2**30, 32 * 2**30, 50.0, 1.0), (), skipped_gpus=(1,) if read else ())
     slots = [GameSlot("a", Desired.RUNNING, 0, clock.now(), State.RUNNING)]
     fleet.govern(slots)  # admitted before the pressure
     fleet.telemetry = Telemetry(sample, live=clock)
@@ -699,6 +699,11 @@ def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
     assert "pressure" + "; ".join(snapshot.governor.pressure) in shown and "Xid error (79)" in shown, shown
     if read:
         assert "GPU 0NVIDIA H100: 88.0 C, 87.50% memory, 690.0 W; Xid errors 79; throttled: hw thermal" in shown, shown
+        # GPU 1 skipped in that sample (its memory reading nonsense): there, without readings, on
+        # the page and in `fleetd reboots --detail`, not as an unknown field.
+        assert f"GPU 1{SKIPPED_GPU}" in shown, shown
+        rows = forensics_rows(answers[f"/boots/{rebooted['id']}"][1]["before_reboot"]["last_state"])
+        assert ("GPU 1", SKIPPED_GPU) in rows and not [row for row in rows if row[0] == "skipped_gpus"], rows
     else:
         assert "GPU 0NVIDIA H100: no readings (NVML unavailable); Xid errors 79" in shown and "0.00% memory, " not in shown, shown
 

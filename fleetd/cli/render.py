@@ -502,12 +502,13 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
             rows.append(("GPUs", f"unavailable ({telemetry.get('gpu_unavailable_reason') or 'no reason given'})"))
         for gpu in telemetry.get("gpus", []):  # unavailable: only those lost or with Xid errors
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
+        rows += [(f"GPU {index}", SKIPPED_GPU) for index in telemetry.get("skipped_gpus", [])]
         host = telemetry.get("host") or {}
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")
             available = "-" if not total or free is None else f"{free / total:.0%}"  # None: no reading
             rows.append(("host", f"{available} memory available, load {number(host.get('load_1m'), 2)}, CPU {percent(host.get('cpu_pct'))}"))
-        known = {"at", "gpus", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
+        known = {"at", "gpus", "skipped_gpus", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
         for key, value in telemetry.items():  # what the sampler reads beyond these (PSI, throttling)
             if key not in known and value not in (None, [], {}):
                 rows.append((key, json.dumps(value, sort_keys=True)[:200]))

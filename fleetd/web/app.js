@@ -615,6 +615,9 @@
     $('plots-panel').hidden = games.length === 0;
   }
 
+  // A GPU read, but its memory reading nonsense that sample: left out of it, still there (as `fleetd status` says).
+  const SKIPPED_GPU = 'no readings this sample (its memory reading was not a number in range; read again next sample)';
+
   function renderGpu(telemetry, gpuSeries) {
     const box = $('gpu');
     box.replaceChildren();
@@ -652,11 +655,10 @@
         list, distress,
         linePlot(gpuSeries[i], { label: 'utilization %', format: (v) => v.toFixed(0), key: 'gpu' + gpu.index + ':gpu_utilization_pct' })));
     });
-    // Read, but its memory reading was nonsense this sample: left out of the readings, still there (as `fleetd status` says).
     (telemetry.skipped_gpus || []).forEach((index) => {
       box.appendChild(h('div', { class: 'gpu', 'data-gpu': index },
         h('h3', null, 'GPU ' + index),
-        h('p', { class: 'notice' }, 'no readings this sample (its memory reading was not a number in range; read again next sample)')));
+        h('p', { class: 'notice' }, SKIPPED_GPU)));
     });
     const host = telemetry.host;
     if (host) {
@@ -901,6 +903,7 @@
           fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + readings + (xids.length ? '; Xid errors ' + xids.join(', ') : '') +
             (throttle.length ? '; throttled: ' + throttle.join(', ') : ''));
         }
+        for (const index of telemetry.skipped_gpus || []) fact(list, 'GPU ' + index, SKIPPED_GPU);
         if (telemetry.host) fact(list, 'host', fmtPct(hostAvailable(telemetry.host)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
       }
       const kernel = before.kernel_warnings;
