@@ -97,3 +97,16 @@ def test_the_async_stepper_gives_exactly_the_adapters_steps(depth):
     config = EnvConfig("Breakout-v5", 4, seed=5, num_threads=1)
 
     assert check(config, depth, steps=300) >= 20  # episode ends compared, terminal observations too
+
+
+def test_step_pieces_times_each_piece_of_the_worker_step_on_the_main_thread():
+    from bench.step_pieces import measure
+
+    pieces, finished = measure("CartPole-v1", num_envs=4, threads=1, steps=40, warmup=5)
+
+    assert set(pieces) == {"EnvPool send", "EnvPool recv", "adapter step", "callback episode scan",
+                           "SB3 _update_info_buffer", "truncation scan", "add_env_step",
+                           "adapter own (step less send, recv)"}
+    assert all(seconds >= 0 for name, seconds in pieces.items() if name != "adapter own (step less send, recv)")
+    assert pieces["adapter step"] >= pieces["EnvPool recv"]
+    assert finished > 0  # CartPole's random episodes end within 40 steps of 4 envs
