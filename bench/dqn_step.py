@@ -2,9 +2,9 @@
 
 The worker side is the model the worker builds (`workers.train.build_model` from a spec that
 carries the rung's sizes as tier values, as the daemon's does: the zoo's reuse, batch 32 for
-Atari) and its `train(gradient_steps, batch_size)`, SB3's `DQN.train` as `FleetDQN` runs it:
-`ReplayBuffer.sample` on the host, the policy's `q_net` and `q_net_target`, Adam, the grad-norm
-clip, the loss read per step. The loop side is `bench.fleet_loops.DqnLoop.gradient_step` with
+Atari) and its `train(gradient_steps, batch_size)` (workers/dqn_update.py: SB3's `DQN.train`
+with the losses read once an update): `ReplayBuffer.sample` on the host, the policy's `q_net`
+and `q_net_target`, Adam, the grad-norm clip. The loop side is `bench.fleet_loops.DqnLoop.gradient_step` with
 `bench.gpu_fleet.loop_settings` (the same settings). Both replay buffers hold the same
 `--rows` vector steps of transitions (random frames, random actions: the contents do not change
 the work). `sb3` is SB3's own `DQN.train` on the worker's model (a `loss.item()` every gradient step, as
