@@ -176,6 +176,12 @@ def wait_for(check, timeout: float, what: str, daemon: Daemon):
         time.sleep(POLL_S)
 
 
+def ended(daemon: Daemon, name: str, pid: int) -> bool | None:
+    """True once the run of worker `pid` has ended in the store, else None (for `wait_for`)."""
+    runs = patiently(lambda: daemon.runs(name))
+    return True if any(run["pid"] == pid and run["ended_at"] is not None for run in runs) else None
+
+
 def resumed(daemon: Daemon, name: str, runs_before: int, killed_at_steps: int) -> int | None:
     """The new run's resume point once it has trained past it (0: it started afresh, no
     checkpoint yet), else None."""
@@ -266,7 +272,10 @@ class Trainer:
         killed_at = time.monotonic()
         if kind == "SIGKILL":
             os.kill(game["pid"], signal.SIGKILL)
-            time.sleep(2.0)  # the killed worker's last report and checkpoint flushed; the new one still starting
+            # The killed worker's last report and checkpoint flushed (the daemon flushes them in the
+            # loop step that records its run's end, so a poll after that); the new one still starting.
+            wait_for(lambda: ended(daemon, self.name, game["pid"]), API_PATIENCE_S, "the killed run recorded as ended", daemon)
+            time.sleep(POLL_S)
         else:
             power_cut(daemon, self.config)
             self.config.set_boot_id(f"bench-boot-{len(self.daemons) + 1}")

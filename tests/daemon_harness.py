@@ -253,9 +253,17 @@ def wait_for_run(daemon: Daemon, name: str, check, what: str, timeout: float = W
 
 
 def add_and_wait_running(daemon: Daemon, body: dict) -> dict:
-    response = daemon.post("/api/v1/games", body)
-    assert response.status_code == 201, response.text
-    return daemon.wait_for_game(body["name"], lambda g: g["state"] == "running" and g["steps"] > 0, WORKER_START_S, "training")
+    return add_all_and_wait_running(daemon, [body])[0]
+
+
+def add_all_and_wait_running(daemon: Daemon, bodies: list[dict]) -> list[dict]:
+    """Add every game, then wait for each to train: their workers start side by side, not one
+    after the other (the governor's default start_games admits 4 at once)."""
+    for body in bodies:
+        response = daemon.post("/api/v1/games", body)
+        assert response.status_code == 201, response.text
+    return [daemon.wait_for_game(body["name"], lambda g: g["state"] == "running" and g["steps"] > 0, WORKER_START_S, "training")
+            for body in bodies]
 
 
 def power_cut(daemon: Daemon, config: DaemonConfig) -> None:

@@ -7,15 +7,22 @@ Thresholds and budgets (docs/benchmarks.md#learning has the measured runs): 475 
 DQN's threshold is set below what its measured runs reached, so that a seed's noise does not fail
 it while random play (~22) and an unexplored policy (the #16 failure, ~24) do. DQN has only a
 `target_episodes` goal: its exploration must anneal over `schedule_timesteps`, not over 2**62.
+
+The three train side by side, each under its own daemon (so each game is id 1, seed 1, as when
+they ran one after the other): a worker trains on one thread, so one alone left a core of the two
+idle. Each curve is sampled from its game's start, as before, on a thread of its own.
 """
 
 from __future__ import annotations
 
+import shutil
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon_harness import Daemon, DaemonConfig, start_daemon
+from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -43,17 +50,62 @@ def _curve_until(daemon: Daemon, name: str, threshold: float, budget: int, timeo
     return curve
 
 
+class Learner(threading.Thread):
+    """One case under a daemon of its own: its game added, its curve sampled until the threshold
+    or the budget (then the game is stopped, to leave the cores to the others)."""
+
+    def __init__(self, algo: str, goal: dict, threshold: float, budget: int) -> None:
+        super().__init__(daemon=True, name=f"learn-{algo}")
+        self.name_, self.threshold, self.budget = f"cart-{algo}", threshold, budget
+        self.body = {"name": self.name_, "env_id": "CartPole-v1", "algo": algo, "hyperparams": SIZING, **goal}
+        self.config = DaemonConfig(short_tmp_dir(), extra=SUPERVISION)
+        self.config.write()
+        self.config.set_boot_id("boot-one")
+        self.fleetd: Daemon | None = None
+        self.curve: list[tuple[int, float]] = []
+        self.took = 0.0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.fleetd = Daemon(self.config)
+            self.fleetd.wait_healthy()
+            assert self.fleetd.post("/api/v1/games", self.body).status_code == 201
+            started = time.monotonic()
+            self.curve = _curve_until(self.fleetd, self.name_, self.threshold, self.budget, timeout=900)
+            self.took = time.monotonic() - started
+            self.fleetd.post(f"/api/v1/games/{self.name_}/stop")
+        except BaseException as exc:  # re-raised by its test
+            self.error = exc
+
+    def close(self) -> None:
+        if self.fleetd is not None:
+            self.fleetd.ensure_stopped()
+        kill_leftover_workers(self.config)
+        shutil.rmtree(self.config.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def learners() -> Iterator[dict[str, Learner]]:
+    started = {algo: Learner(algo, goal, threshold, budget) for algo, goal, threshold, budget in CASES}
+    for learner in started.values():
+        learner.start()
+    yield started
+    for learner in started.values():
+        learner.join(60)
+        learner.close()
+
+
 @pytest.mark.parametrize(("algo", "goal", "threshold", "budget"), CASES, ids=[c[0] for c in CASES])
-def test_default_hyperparameters_learn_cartpole(fleet_config: DaemonConfig, fleet_daemons: list[Daemon],
-                                                algo, goal, threshold, budget) -> None:
-    daemon = start_daemon(fleet_config, fleet_daemons)
-    body = {"name": f"cart-{algo}", "env_id": "CartPole-v1", "algo": algo, "hyperparams": SIZING, **goal}
-    assert daemon.post("/api/v1/games", body).status_code == 201
-    started = time.monotonic()
-    curve = _curve_until(daemon, body["name"], threshold, budget, timeout=900)
-    took = time.monotonic() - started
+def test_default_hyperparameters_learn_cartpole(learners: dict[str, Learner], algo, goal, threshold, budget) -> None:
+    learner = learners[algo]
+    learner.join(1000)
+    assert not learner.is_alive(), f"{algo}: still sampling after 1000 s"
+    if learner.error is not None:
+        raise learner.error
+    curve, took = learner.curve, learner.took
     steps, best = curve[-1][0], max(mean for _, mean in curve)
     print(f"{algo}: mean return {curve[-1][1]:.1f} at {steps} steps ({took:.0f} s); best {best:.1f}")
     assert curve[-1][1] >= threshold and steps <= budget, (
         f"{algo} reached {best:.1f} at best, {curve[-1][1]:.1f} at {steps} steps; threshold {threshold} "
-        f"within {budget} steps\n{daemon.log()[-2000:]}")
+        f"within {budget} steps\n{learner.fleetd.log()[-2000:]}")

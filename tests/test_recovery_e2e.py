@@ -9,7 +9,7 @@ from tests.daemon_harness import (
     WORKER_START_S,
     Daemon,
     DaemonConfig,
-    add_and_wait_running,
+    add_all_and_wait_running,
     cartpole,
     fleetd_cli,
     power_cut,
@@ -27,8 +27,7 @@ def test_power_cut_and_reboot_recover_every_game(fleet_config: DaemonConfig, fle
     fleet_config.write()
     daemon = start_daemon(fleet_config, fleet_daemons)
     names = ["cart-a", "cart-b"]
-    for name in names:
-        add_and_wait_running(daemon, cartpole(name))
+    add_all_and_wait_running(daemon, [cartpole(name) for name in names])
     checkpointed = {
         name: daemon.wait_for_game(name, lambda g: g["last_checkpoint"] is not None, 60, "checkpointed")[
             "last_checkpoint"
@@ -65,8 +64,7 @@ def test_a_pending_game_shows_no_stale_running_state_after_a_reboot(
     """The back-off after an unclean reboot keeps one game pending: the store must not go on
     saying it runs (its worker was lost with the host)."""
     daemon = start_daemon(fleet_config, fleet_daemons)
-    for name in ("cart-a", "cart-b"):
-        add_and_wait_running(daemon, cartpole(name))
+    add_all_and_wait_running(daemon, [cartpole("cart-a"), cartpole("cart-b")])
     power_cut(daemon, fleet_config)
     fleet_config.set_boot_id("boot-two")
     after = start_daemon(fleet_config, fleet_daemons)

@@ -74,14 +74,21 @@ def test_kill_9_daemon_readopts_the_same_worker(fleet_config: DaemonConfig, flee
 
 
 def test_sigstop_worker_is_killed_and_restarted_as_hung(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+    # A 10-s watchdog, not the fleet's 30 s: it counts only once the worker has reported (start-up
+    # has start_timeout_s), a tiny CartPole worker's steps advance every report (0.5 s; its longest
+    # gap with two busy loops beside it on 2 cores: 2.2 s, so 4.5x to spare), and the SIGSTOP comes
+    # seconds after its first report. 20 s less of waiting for the same hang.
+    fleet_config.extra = fleet_config.extra.replace("hang_timeout_s = 30\n", "hang_timeout_s = 10\n")
+    assert "hang_timeout_s = 10\n" in fleet_config.extra
+    fleet_config.write()
     daemon = start_daemon(fleet_config, fleet_daemons)
     pid = add_and_wait_running(daemon, cartpole())["pid"]
     os.kill(pid, signal.SIGSTOP)
-    daemon.wait_for_game("cart", lambda g: g["pid"] not in (None, pid), 30 + WORKER_START_S, "restarted")
+    daemon.wait_for_game("cart", lambda g: g["pid"] not in (None, pid), 10 + WORKER_START_S, "restarted")
     assert daemon.runs("cart")[1]["cause"] == "hang"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     hang_events = daemon.get("/api/v1/events?game=cart&kind=hang").json()["items"]
-    assert len(hang_events) == 1 and "no progress for 30s" in hang_events[0]["message"]
+    assert len(hang_events) == 1 and "no progress for 10s" in hang_events[0]["message"]
     # Stopped by a signal (state T when the watchdog fired): someone's doing, not the host's (issue 23).
     said = [e["message"] for e in daemon.get("/api/v1/events?game=cart").json()["items"]]
     assert any("its process was stopped by a signal (SIGSTOP or SIGTSTP" in m for m in said), said
