@@ -1,5 +1,8 @@
 """bench/dqn_step.py: one DQN gradient step of the worker, of SB3's DQN.train and of the fleet
-loop, on the same replay contents, with the worker's resolved batch (the zoo's, not the tier's)."""
+loop, on the same replay contents, with the worker's resolved batch (the zoo's, not the tier's).
+And bench/dqn_store.py: a vector step's transitions stored by SB3's code, the worker's and a plain
+slot write.
+"""
 
 from __future__ import annotations
 
@@ -27,3 +30,14 @@ def test_it_refuses_a_buffer_the_worker_would_not_train_from(tmp_path: Path) -> 
     done = run_bench("dqn_step.py", "--env-id", "CartPole-v1", "--num-envs", "2", "--rows", "16",
                      "--steps", "5", "--rounds", "1", timeout=300)
     assert done.returncode == 2 and "fewer transitions than the 64" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.e2e
+def test_the_store_bench_times_sb3s_storing_the_workers_and_a_plain_one(tmp_path: Path) -> None:
+    out = tmp_path / "store.json"
+    done = run_bench("dqn_store.py", "--env-id", "CartPole-v1", "--num-envs", "2", "--steps", "4",
+                     "--rounds", "2", "--json", str(out), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["median"]) == {"sb3", "worker", "plain"}
+    assert all(side["wall_ms"] > 0 and side["cpu_ms"] >= 0 for side in report["median"].values())

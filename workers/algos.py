@@ -15,7 +15,9 @@
 3. PPO and A2C keep their rollout on the policy's device (`workers.rollout`), and PPO's update
    reads its logged figures once, not five times a minibatch (`workers.ppo_update`): the same
    samples and the same weights as SB3's, without the host round trips and waits. DQN's update
-   likewise reads its loss once an update, not once a gradient step (`workers.dqn_update`).
+   likewise reads its loss once an update, not once a gradient step (`workers.dqn_update`), and
+   stores a vector step's transitions with one copy of its observations, not three
+   (`workers.dqn_store`): the same bytes in SB3's replay buffer.
 4. Every collection begins with the callback's `between_rollouts` hook
    (`workers.callback.FleetCallback`): SB3's `learn()` calls `train()` right after a collection
    and the next `collect_rollouts` right after that, so there the model has been trained on every
@@ -32,7 +34,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import RolloutReturn
 
-from workers import dqn_update, ppo_update
+from workers import dqn_store, dqn_update, ppo_update
 from workers.rollout import DeviceRolloutBuffer, DeviceRollouts
 
 
@@ -100,6 +102,11 @@ class FleetDQN(HorizonSchedules, UpdateBoundary, DQN):
         if self.buffered_transitions() < self.refill_transitions():
             return  # refilling after a resume without the replay buffer
         dqn_update.train(self, gradient_steps, batch_size)  # SB3's, its loss read once (workers/dqn_update.py)
+
+    def _store_transition(self, replay_buffer, buffer_action, new_obs, reward, dones, infos) -> None:
+        # SB3's, with one copy of the observations instead of three (workers/dqn_store.py)
+        if not dqn_store.store_transition(self, replay_buffer, buffer_action, new_obs, reward, dones, infos):
+            super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
 
 
 ALGO_CLASSES: dict[str, type[BaseAlgorithm]] = {"ppo": FleetPPO, "dqn": FleetDQN, "a2c": FleetA2C}
