@@ -552,6 +552,8 @@ def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one
     odd = CheckpointSummary("/c/a/ckpt-000000003000", 3000, 9, at, 100)
     loop.reactor.report(decode_report(encode_report(CheckpointReport(
         "a", proc.run_id, proc.pid, at, odd, eval_failure="FileNotFoundError: /roms/\udcff.bin"))))
+    loop.reactor.report(CheckpointReport("a", proc.run_id, proc.pid, at, failed, eval_failure="EOFError: \nmore",
+                                         eval_subprocess_died=True))  # resent behind a newer one: still one
     loop.steps()
     with loop.db.transaction() as session:
         events = read_events(session, EventFilter(kind="evaluation_failed"))

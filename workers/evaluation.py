@@ -124,7 +124,7 @@ class Evaluator:
             subprocess_died = (venv is not None and isinstance(venv.unwrapped, SubprocVecEnv)
                                and isinstance(exc, SUBPROCESS_DIED))
             died = " (an eval env subprocess died; its traceback is in the worker log above)" if subprocess_died else ""
-            first = str(exc).splitlines()[0] if str(exc).strip() else ""
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
             reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
             self.failure = EvalFailure(reason[:REASON_MAX_CHARS], subprocess_died)
             log.error("evaluation at %d steps failed after %.1f s (%s)%s; this checkpoint has no "

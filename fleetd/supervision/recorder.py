@@ -51,9 +51,9 @@ class Recorder:
     counters: ProgressCounters = field(default_factory=ProgressCounters)  # what /metrics exports
     _progress: dict[str, _Pending] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
-    # The run and checkpoint of each game's last evaluation_failed event: a report delivered twice
-    # (the Ray relay resends a batch its dead hub may have passed on) is one event.
-    _eval_failed: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Each game's run and the checkpoints of that run with an evaluation_failed event: a report
+    # delivered twice (the Ray relay resends batches its dead hub may have passed on) is one event.
+    _eval_failed: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
 
     # -- Sink -------------------------------------------------------------------------------
 
@@ -195,7 +195,8 @@ class Recorder:
         sent it, its first line and at most REASON_MAX_CHARS of it (a report is the worker's word)."""
         reason = (reason.splitlines() or [""])[0][:REASON_MAX_CHARS]
         checkpoint = PurePath(summary.path).name
-        if self._eval_failed.get(game) == (run_id, checkpoint):
+        run, seen = self._eval_failed.get(game, (None, set()))
+        if run == run_id and checkpoint in seen:
             return
         message = f"evaluation at {summary.steps} steps failed: {reason}; checkpoint {checkpoint} has no eval_return"
         if subprocess_died:
@@ -205,7 +206,7 @@ class Recorder:
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), "evaluation_failed", message, severity="warning", game=game,
                          details=details)
-        self._eval_failed[game] = (run_id, checkpoint)
+        self._eval_failed[game] = (run_id, (seen if run == run_id else set()) | {checkpoint})
 
     def resumed(self, game: str, run_id: int, steps: int | None, taken: str | None, skipped: list[tuple[str, str]],
                 episodes: int = 0) -> None:

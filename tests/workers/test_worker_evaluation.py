@@ -164,6 +164,27 @@ def test_an_evaluation_past_its_limit_is_a_failure_and_one_a_stop_cut_short_is_n
     assert evaluator.failure == (None if stopped else EvalFailure("abandoned after 0 s (limit -1 s)"))
 
 
+@pytest.mark.parametrize(("error", "reason"), [(EOFError(), "EOFError"), (EOFError("\n  boom\nmore"), "EOFError: boom"),
+                                               (RuntimeError("bad env"), "RuntimeError: bad env")])
+def test_a_failure_is_named_by_its_type_and_first_line_with_text(monkeypatch, error, reason):
+    """The reason the event carries: the error's type, and its first line that has text (a
+    message opening with a newline lost its text; one without a message left a dangling colon)."""
+    from stable_baselines3 import PPO
+
+    import workers.evaluation as evaluation
+
+    model = PPO("MlpPolicy", make_vec_env(EnvConfig("CartPole-v1", 1)), n_steps=64, batch_size=64,
+                policy_kwargs={"net_arch": [8]}, device="cpu")
+
+    def broken(config):
+        raise error
+
+    monkeypatch.setattr(evaluation, "make_vec_env", broken)  # the eval env's build fails so
+    evaluator = Evaluator(EnvConfig("CartPole-v1", 1), episodes=1, interval_steps=256)
+    assert evaluator.evaluate(model, 256) is None
+    assert evaluator.failure == EvalFailure(reason)
+
+
 def test_an_interrupt_inside_an_evaluation_is_not_taken_for_its_failure(make_spec):
     spec = make_spec(env_id="EvalInterruptCartPole-v0", total_timesteps=256, hyperparams=ONE_ENV_EVAL)
     with pytest.raises(KeyboardInterrupt):
