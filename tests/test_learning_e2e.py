@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
+from tests.daemon_harness import STARTUP_TIMEOUT_S, SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -35,11 +35,13 @@ CASES = [
 ]
 
 
-def _curve_until(daemon: Daemon, name: str, threshold: float, budget: int, timeout: float) -> list[tuple[int, float]]:
-    """(steps, mean return) samples until the threshold is met, the budget passed or time is up."""
+def _curve_until(daemon: Daemon, name: str, threshold: float, budget: int, timeout: float,
+                 stop: threading.Event) -> list[tuple[int, float]]:
+    """(steps, mean return) samples until the threshold is met, the budget passed, time is up or
+    `stop` is set (the module's teardown)."""
     curve: list[tuple[int, float]] = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop.is_set():
         game = daemon.game(name)
         if game["mean_reward_100"] is not None:
             curve.append((game["steps"], game["mean_reward_100"]))
@@ -65,6 +67,7 @@ class Learner(threading.Thread):
         self.curve: list[tuple[int, float]] = []
         self.took = 0.0
         self.error: BaseException | None = None
+        self.stop = threading.Event()
 
     def run(self) -> None:
         try:
@@ -72,7 +75,7 @@ class Learner(threading.Thread):
             self.fleetd.wait_healthy()
             assert self.fleetd.post("/api/v1/games", self.body).status_code == 201
             started = time.monotonic()
-            self.curve = _curve_until(self.fleetd, self.name_, self.threshold, self.budget, timeout=900)
+            self.curve = _curve_until(self.fleetd, self.name_, self.threshold, self.budget, timeout=900, stop=self.stop)
             self.took = time.monotonic() - started
             self.fleetd.post(f"/api/v1/games/{self.name_}/stop")
         except BaseException as exc:  # re-raised by its test
@@ -86,21 +89,30 @@ class Learner(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def learners() -> Iterator[dict[str, Learner]]:
-    started = {algo: Learner(algo, goal, threshold, budget) for algo, goal, threshold, budget in CASES}
+def learners(request: pytest.FixtureRequest) -> Iterator[dict[str, Learner]]:
+    """The cases selected (`-k dqn` trains DQN alone), started together; at the end (a failure,
+    Ctrl-C) each is told to stop and its daemon and workers ended at once, not trained on."""
+    selected = {item.callspec.params["algo"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    started = {algo: Learner(algo, goal, threshold, budget) for algo, goal, threshold, budget in CASES if algo in selected}
     for learner in started.values():
         learner.start()
-    yield started
-    for learner in started.values():
-        learner.join(60)
-        learner.close()
+    try:
+        yield started
+    finally:
+        for learner in started.values():
+            learner.stop.set()
+        for learner in started.values():
+            learner.close()
+        for learner in started.values():
+            learner.join(10)
 
 
 @pytest.mark.parametrize(("algo", "goal", "threshold", "budget"), CASES, ids=[c[0] for c in CASES])
 def test_default_hyperparameters_learn_cartpole(learners: dict[str, Learner], algo, goal, threshold, budget) -> None:
     learner = learners[algo]
-    learner.join(1000)
-    assert not learner.is_alive(), f"{algo}: still sampling after 1000 s"
+    learner.join(STARTUP_TIMEOUT_S + 900 + 60)  # its daemon's start, its curve's own bound, the stop
+    assert not learner.is_alive(), f"{algo}: still sampling past its own bounds"
     if learner.error is not None:
         raise learner.error
     curve, took = learner.curve, learner.took
