@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import StrEnum
 from typing import Any
 
@@ -46,6 +47,20 @@ class FleetdError(Exception):
 
     def envelope(self) -> dict[str, Any]:
         return {"error": {"code": str(self.code), "message": self.message, "details": self.details}}
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from, says a disk is full: SQLite's SQLITE_FULL
+    ("database or disk is full") as SQLAlchemy wraps it, or ENOSPC / EDQUOT from a file write."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        code = getattr(getattr(seen, "orig", None), "sqlite_errorname", None) or getattr(seen, "sqlite_errorname", None)
+        if isinstance(code, str) and code.startswith("SQLITE_FULL"):
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
 
 
 def field_path(parts: tuple[Any, ...] | list[Any]) -> str:
