@@ -17,6 +17,7 @@ class ErrorCode(StrEnum):
     TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     BUSY = "database_busy"
+    DISK_FULL = "disk_full"
     INTERNAL = "internal_error"
 
 
@@ -30,6 +31,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.BUSY: 503,
+    ErrorCode.DISK_FULL: 507,  # Insufficient Storage: the operator's to fix, not a bug's 500
     ErrorCode.INTERNAL: 500,
 }
 
