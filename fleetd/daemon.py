@@ -24,7 +24,7 @@ from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
 from fleetd.host import forensics
-from fleetd.errors import FleetdError
+from fleetd.errors import FleetdError, disk_full
 from fleetd.endpoint import host_port, http_url
 from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
@@ -308,13 +308,26 @@ class Daemon:
             self._supervise_and_serve(db, start, token, sock, executor)
         finally:
             reason = self._stop_reason()
-            record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
-                               severity="warning" if self.stop.failure else "info")
+            self._record_stop(db, start, reason)
             if self._scheduler is not None:  # a telemetry run under way ends whole; a hung one is left
                 self._scheduler.join(STEADY_JOIN_S)
             self.alerts.stop(timeout=ALERT_DRAIN_S)
             log.info("stopped: %s", reason)
         return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
+
+    def _record_stop(self, db: Database, start: DaemonStart, reason: str) -> None:
+        """The stop in the boot log. On a disk that filled while the daemon ran this write fails
+        too: said in one line, and the stop goes on (the scheduler joined, alerts drained, the
+        exit code the stop's). Raised, it was a traceback and exit 1 in place of all that."""
+        try:
+            record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
+                               severity="warning" if self.stop.failure else "info")
+        except Exception as exc:
+            if not disk_full(exc):
+                raise
+            log.error("the stop (%s) is not in the boot log: the disk of the database is full (%s); make room "
+                      "on the state_dir's disk; the next start counts this stop as a crash", reason,
+                      getattr(exc, "orig", exc))
 
     def _stop_reason(self) -> str:
         """What the stop event says; a stop meant to stop the workers that did not get to

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import StrEnum
 from typing import Any
 
@@ -16,6 +17,7 @@ class ErrorCode(StrEnum):
     TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     BUSY = "database_busy"
+    DISK_FULL = "disk_full"
     INTERNAL = "internal_error"
 
 
@@ -29,6 +31,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.BUSY: 503,
+    ErrorCode.DISK_FULL: 507,  # Insufficient Storage: the operator's to fix, not a bug's 500
     ErrorCode.INTERNAL: 500,
 }
 
@@ -46,6 +49,20 @@ class FleetdError(Exception):
 
     def envelope(self) -> dict[str, Any]:
         return {"error": {"code": str(self.code), "message": self.message, "details": self.details}}
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from, says a disk is full: SQLite's SQLITE_FULL
+    ("database or disk is full") as SQLAlchemy wraps it, or ENOSPC / EDQUOT from a file write."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        code = getattr(getattr(seen, "orig", None), "sqlite_errorname", None) or getattr(seen, "sqlite_errorname", None)
+        if isinstance(code, str) and code.startswith("SQLITE_FULL"):
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
 
 
 def field_path(parts: tuple[Any, ...] | list[Any]) -> str:

@@ -63,13 +63,28 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
         try:
             if log_path.stat().st_size <= max_bytes:
                 continue
-            shutil.copyfile(log_path, rotated_copy(log_path))
+            _copy_aside(log_path)
             os.truncate(log_path, 0)
         except OSError as exc:
             log.warning("could not rotate %s: %s", log_path, exc)
             continue
         rotated.append(log_path)
     return rotated
+
+
+def _copy_aside(log_path: Path) -> None:
+    """The log copied to its `.1` whole or not at all: a copy made in place that failed (a full
+    disk) left a partial `.1` in place of the last rotation's, holding the disk's last free space
+    until the next try a minute later rewrote it and failed again: the rotation kept full a disk
+    it had filled itself, so checkpoints failed, while the log stayed as long."""
+    copy = rotated_copy(log_path)
+    partial = copy.with_name(copy.name + ".tmp")
+    try:
+        shutil.copyfile(log_path, partial)
+        os.replace(partial, copy)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 GPU_LOST_EVENT = "gpu_lost"

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from fleetd.errors import disk_full
 from fleetd.jobs import Job
 
 log = logging.getLogger(__name__)
@@ -98,13 +99,48 @@ def build_scheduler(jobs: Iterable[Job]) -> Scheduler:
 
 
 def _logged(job: Job) -> Callable[[], None]:
-    run = job.run
+    return _Guarded(job)
 
-    def guarded() -> None:
-        # A failing job logs and tries again next time; it never stops the scheduler.
+
+class _Guarded:
+    """A job's run that never stops the scheduler: a failure is logged and the job runs again at
+    its next interval. A failure that repeats is logged once, not at every run: a full disk failed
+    the heartbeat's write every few seconds, each with a 40-line traceback, for as long as it
+    lasted, burying in the journal what said why. A full disk is one line that says so; once the
+    job works again, one line says that too."""
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+        self._failing: str | None = None  # the failure last logged, while it lasts
+        self._failures = 0
+
+    def __call__(self) -> None:
         try:
-            run()
-        except Exception:
-            log.exception("job %s failed", job.id)
+            self._job.run()
+        except Exception as exc:
+            self._failed(exc)
+            return
+        if self._failing is not None:
+            log.info("job %s works again, after %d failed run(s)", self._job.id, self._failures)
+            self._failing, self._failures = None, 0
 
-    return guarded
+    def _failed(self, exc: Exception) -> None:
+        self._failures += 1
+        said = _cause(exc)
+        if said == self._failing:
+            log.debug("job %s failed again: %s", self._job.id, said)
+            return
+        self._failing = said
+        again = f"tried again every {self._job.interval_s:g} s, not logged again until it works or fails otherwise"
+        if disk_full(exc):
+            log.error("job %s failed: the disk is full (%s); make room on the state_dir's disk; %s",
+                      self._job.id, said, again)
+        else:
+            log.exception("job %s failed (%s)", self._job.id, again)
+
+
+def _cause(exc: BaseException) -> str:
+    """What failed, the same each time it fails the same way: SQLAlchemy's own text carries the
+    statement's parameters (a timestamp), its driver's error does not."""
+    orig = getattr(exc, "orig", None)
+    return f"{type(orig or exc).__name__}: {orig or exc}"

@@ -228,3 +228,62 @@ def test_a_steady_run_under_way_at_the_stop_ends_whole_and_a_hung_one_holds_noth
         for thread in stuck_threads:
             thread.join(5)
     assert not any(thread.is_alive() for thread in stuck_threads)
+
+
+def test_a_job_failing_on_a_full_disk_says_so_in_one_line_once_and_when_it_works_again(tmp_path, caplog) -> None:
+    """A full disk failed the heartbeat's and telemetry's writes at every run (every few
+    seconds), each with a 40-line traceback: the journal filled with them, and none said
+    "disk". Real SQLite's SQLITE_FULL here: the database may not grow past its pages."""
+    import logging
+
+    from sqlalchemy import event, text
+
+    from fleetd.jobs import Job
+    from fleetd.scheduler import _logged
+    from fleetd.store.engine import Database
+
+    db = Database.open(tmp_path / "fleetd.db")
+    pages = {"max": 1_000_000}
+    event.listen(db.engine, "connect", lambda conn, _r: conn.execute(f"PRAGMA max_page_count={pages['max']}"))
+    with db.transaction() as session:
+        session.execute(text("CREATE TABLE beats (n INTEGER, pad TEXT)"))
+
+    def beat() -> None:
+        with db.transaction() as session:
+            session.execute(text("INSERT INTO beats VALUES (1, :pad)"), {"pad": "x" * 20_000})
+
+    db.engine.dispose()
+    pages["max"] = 3  # the disk fills: every write from now on is SQLITE_FULL
+    run = _logged(Job("heartbeat", 0.5, beat))
+    with caplog.at_level(logging.INFO, logger="fleetd.scheduler"):
+        for _ in range(4):
+            run()
+        db.engine.dispose()
+        pages["max"] = 1_000_000  # room again
+        run()
+    said = [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert len(said) == 2, said
+    level, message, exc_info = said[0]
+    assert level == "ERROR" and exc_info is None, said
+    assert message.startswith("job heartbeat failed: the disk is full (OperationalError: database or disk is full)")
+    assert "tried again every 0.5 s" in message
+    assert said[1][:2] == ("INFO", "job heartbeat works again, after 4 failed run(s)")
+    db.close()
+
+
+def test_a_job_failing_otherwise_keeps_its_traceback_but_once_while_it_repeats(caplog) -> None:
+    import logging
+
+    from fleetd.jobs import Job
+    from fleetd.scheduler import _logged
+
+    failures = iter([ValueError("bad sample"), ValueError("bad sample"), KeyError("gpu0")])
+
+    def job() -> None:
+        raise next(failures)
+
+    run = _logged(Job("telemetry", 5, job))
+    with caplog.at_level(logging.INFO, logger="fleetd.scheduler"):
+        for _ in range(3):
+            run()
+    assert [(r.levelname, r.exc_info is not None) for r in caplog.records] == [("ERROR", True), ("ERROR", True)]

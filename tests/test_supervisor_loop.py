@@ -639,6 +639,55 @@ def test_a_stop_whose_workers_all_ended_is_reported_as_having_stopped_them(loop:
     assert loop.state("a") is State.STOPPED
 
 
+def sqlite_full() -> Exception:
+    """A real SQLITE_FULL ("database or disk is full"), as SQLAlchemy raises it: a database that
+    may not grow past its pages, written past them."""
+    import sqlalchemy.exc
+
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("CREATE TABLE t (pad BLOB)")
+        conn.execute("PRAGMA max_page_count=2")
+        conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    except sqlite3.OperationalError as exc:
+        return sqlalchemy.exc.OperationalError("INSERT INTO exits", {}, exc)
+    finally:
+        conn.close()
+    raise AssertionError("SQLite did not fill up")
+
+
+def test_a_loop_ended_by_a_full_disk_says_so_in_one_line_and_leaves_the_workers(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk fills mid-run and the loop's next write fails (simulated at the run's end record
+    with a real SQLITE_FULL error): the loop ends, the daemon leaves the workers for the next one
+    to adopt. It was a traceback, with nothing saying "disk" but SQLite's own last line."""
+    import threading
+
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    loop.sup.recover = lambda stopping: None  # recovered already, by `loop.start`
+    full = sqlite_full()
+
+    def run_ended(*_args: Any) -> None:
+        raise full
+
+    monkeypatch.setattr(Recorder, "run_ended", run_ended)
+    loop.reactor.exit(loop.pid("a"), code=1)
+    failed = threading.Event()
+    thread = SupervisorThread(loop.sup, on_failure=failed.set)
+    with caplog.at_level(logging.ERROR, logger="fleetd.supervision.thread"):
+        thread.start_and_wait_ready()
+        assert failed.wait(10)
+    [record] = caplog.records
+    assert record.exc_info is None, "a traceback for what the operator must fix"
+    assert record.getMessage() == (
+        "the supervision loop failed: the disk of the database is full (database or disk is full); fleetd stops "
+        "and leaves the workers running: make room on the state_dir's disk, and the next start adopts them")
+    assert not thread.shut_down(Shutdown(leave_workers=True), timeout_s=5)  # not stopped: left to the next daemon
+
+
 @pytest.mark.parametrize("leave_workers", [False, True])
 def test_a_stop_during_start_up_adopts_the_live_workers_and_starts_no_game(loop: Loop, leave_workers: bool) -> None:
     """The daemon was stopped during start-up (SIGTERM; SIGUSR1 leaves the workers): recovery

@@ -14,8 +14,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, field_path, validator_reason
+from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, disk_full, field_path, validator_reason
 from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
+from fleetd.store.engine import DatabaseWriteError
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +151,23 @@ async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
     return _respond(FleetdError(ErrorCode.INTERNAL, "internal error; the daemon log has the details"))
 
 
+async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A write on a disk that filled while the daemon ran: a 507 that says so (its transaction
+    rolled back whole), one line in the log. It was a 500 "internal error", a bug's answer, with
+    two tracebacks in the log (this handler's and uvicorn's). Any other database error is a bug's."""
+    if not disk_full(exc):
+        return await _on_unexpected(request, exc)
+    reason = getattr(exc, "orig", exc)
+    log.error("%s %s refused: the disk of the database is full (%s)", request.method, request.url.path, reason)
+    return _respond(FleetdError(ErrorCode.DISK_FULL, f"the disk of fleetd's database is full ({reason}): nothing "
+                                "was changed; make room on the state_dir's disk, then send it again"))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FleetdError, _on_fleetd_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(DatabaseWriteError, _on_database_error)
     app.add_exception_handler(Exception, _on_unexpected)
 
 

@@ -14,6 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from fleetd.errors import ErrorCode, FleetdError
 
 
+# What a write that SQLite refused raises (a full disk's SQLITE_FULL among them), for the API's
+# error handlers, which do not import SQLAlchemy.
+DatabaseWriteError = OperationalError
+
 IN_CHUNK = 500  # values per IN (...): well under SQLite's bound on parameters
 
 # Rows deleted per transaction where there may be millions: retention's samples and events, a

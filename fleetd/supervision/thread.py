@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from fleetd.errors import disk_full
 from fleetd.supervision.commands import Shutdown
 from fleetd.supervision.supervisor import Supervisor
 
@@ -60,7 +61,12 @@ class SupervisorThread:
         try:
             self.supervisor.run()
             self._ran = True
-        except Exception:
-            log.exception("the supervision loop failed; fleetd stops and leaves the workers running")
+        except Exception as exc:
+            if disk_full(exc):  # the operator's to fix, said in one line; not a bug's traceback
+                log.error("the supervision loop failed: the disk of the database is full (%s); fleetd stops and "
+                          "leaves the workers running: make room on the state_dir's disk, and the next start "
+                          "adopts them", getattr(exc, "orig", exc))
+            else:
+                log.exception("the supervision loop failed; fleetd stops and leaves the workers running")
             self.failed = True
             self._on_failure()

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -217,6 +218,42 @@ def test_a_full_disk_at_the_tokens_write_exits_78_and_leaves_no_empty_token(conf
         holder.close()
     assert f"cannot write the API token {config.state_dir / 'api-token'}: No space left on device; make room on its disk" in line, line
     assert "api-token" not in (root / "left").read_text().split()
+
+
+def _wait_for(path: Path, text: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"no {text!r} in {path}: {path.read_text() if path.exists() else ''}"
+        time.sleep(0.05)
+
+
+def test_a_disk_that_fills_while_the_daemon_runs_is_one_line_per_job_and_a_stop_still_exits_0(config: DaemonConfig) -> None:
+    """The disk fills after the start (a 8 MiB tmpfs filled by dd from inside the daemon's mount
+    namespace: real SQLITE_FULL). The heartbeat failed every 0.5 s with a traceback each time,
+    and at SIGTERM the stop's record failed too: a traceback and exit 1 in place of the stop."""
+    config.state_dir.mkdir()
+    wrapper = _mounted(config.state_dir, f'mount -t tmpfs -o size=8m tmpfs "{config.state_dir}"')
+    log = config.root / "daemon.log"
+    with log.open("wb") as out:
+        daemon = subprocess.Popen([*wrapper, sys.executable, "-m", "fleetd", "serve", "--config", str(config.path)],
+                                  stdout=out, stderr=subprocess.STDOUT, env=clean_env())
+    try:
+        _wait_for(log, "serving the API")
+        fill = f'dd if=/dev/zero of="{config.state_dir}/fill" bs=64k 2>/dev/null; true'
+        subprocess.run(["nsenter", "-t", str(daemon.pid), "-m", "sh", "-c", fill], check=True, timeout=30)
+        _wait_for(log, "job heartbeat failed")
+        time.sleep(0.6)  # another heartbeat, failing the same way
+        daemon.send_signal(signal.SIGTERM)
+        code = daemon.wait(30)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    text = log.read_text()
+    assert code == 0 and "Traceback" not in text, text
+    assert text.count("job heartbeat failed") == 1, text
+    assert "job heartbeat failed: the disk is full (OperationalError: database or disk is full)" in text
+    assert "the stop (received SIGTERM) is not in the boot log: the disk of the database is full" in text
 
 
 def test_a_read_only_database_exits_78_in_one_line(config: DaemonConfig, root: Path) -> None:

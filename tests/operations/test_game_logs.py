@@ -539,3 +539,30 @@ def test_a_log_left_on_another_node_under_url_storage_is_a_conflict_naming_the_n
     with pytest.raises(FleetdError) as mounted:
         _log_file(record)  # a mount: the log is simply gone
     assert mounted.value.code is ErrorCode.NOT_FOUND
+
+
+def test_a_rotation_that_fails_on_a_full_disk_keeps_the_last_copy_and_takes_no_room(tmp_path: Path) -> None:
+    """The copy to `.1` fails part-way (a write past the process's file size limit, EFBIG, as a
+    full disk's ENOSPC; in a child, whose limit this is). Made in place, it left a partial `.1`
+    (the last rotation's lines gone) holding the disk's last room, and did so again every minute."""
+    import resource
+    import signal
+
+    games, log = a_run_log(tmp_path)
+    log.write_bytes(b"x" * 300_000)
+    copy = log.with_name(log.name + ".1")
+    copy.write_bytes(b"the last rotation's lines\n")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+            os._exit(0 if rotate_logs_job(games, max_bytes=1000) == [] else 3)
+        finally:
+            os._exit(4)
+    assert os.waitpid(pid, 0)[1] == 0, "the rotation did not fail"
+    assert copy.read_bytes() == b"the last rotation's lines\n"
+    assert sorted(p.name for p in log.parent.iterdir()) == sorted([log.name, copy.name])
+    assert log.stat().st_size == 300_000  # not truncated: its lines are in no copy
+    assert rotate_logs_job(games, max_bytes=1000) == [log]  # room again: rotated
+    assert copy.stat().st_size == 300_000 and log.stat().st_size == 0
