@@ -30,7 +30,13 @@ from stable_baselines3.common.buffers import ReplayBuffer
 def store_transition(model, replay_buffer: ReplayBuffer, buffer_action: np.ndarray, new_obs: Any,
                      reward: np.ndarray, dones: np.ndarray, infos: list[dict[str, Any]]) -> bool:
     """Store one vector step's transitions as SB3's `_store_transition` does; False, having
-    done nothing, where it leaves the step to SB3's own."""
+    done nothing, where it leaves the step to SB3's own.
+
+    A step that raises before the first write into the buffer's slot (a terminal observation or
+    an action of the wrong shape) leaves the buffer as it was, as SB3's does. One that raises
+    later (a reward or done of the wrong shape, as in SB3's `add`) leaves the slot half written:
+    the buffer is not to be used after an exception. The worker does not: the exception ends
+    `learn()` and no checkpoint is written (workers/train.py)."""
     if (type(replay_buffer).add is not ReplayBuffer.add or not isinstance(new_obs, np.ndarray)
             or not isinstance(replay_buffer.observation_space, spaces.Box)):
         return False
@@ -39,6 +45,19 @@ def store_transition(model, replay_buffer: ReplayBuffer, buffer_action: np.ndarr
         new_obs_, reward_ = normalize.get_original_obs(), normalize.get_original_reward()
     else:
         model._last_original_obs, new_obs_, reward_ = model._last_obs, new_obs, reward
+    # Everything that can raise on a bad step before the slot's first write, in SB3's order (its
+    # terminal rows go into its copy, then `add` reshapes the action), so that a step refused
+    # leaves the slot as it was: the ended envs' terminal rows, cast into the vector step's dtype
+    # (SB3 writes them into its copy of the step) and unnormalized in it, then the action.
+    ended = {}
+    for i, done in enumerate(dones):
+        if done and infos[i].get("terminal_observation") is not None:
+            row = np.array(new_obs_[i])
+            row[...] = infos[i]["terminal_observation"]
+            if normalize is not None:  # VecNormalize normalizes the terminal observation
+                row[...] = normalize.unnormalize_obs(row)
+            ended[i] = row
+    action = buffer_action.reshape((buffer.n_envs, buffer.action_dim))
     pos = buffer.pos
     buffer.observations[pos] = model._last_original_obs
     if buffer.optimize_memory_usage:
@@ -46,14 +65,9 @@ def store_transition(model, replay_buffer: ReplayBuffer, buffer_action: np.ndarr
     else:
         next_slot = buffer.next_observations[pos]
     next_slot[...] = new_obs_
-    for i, done in enumerate(dones):
-        if done and infos[i].get("terminal_observation") is not None:
-            row = np.array(new_obs_[i])  # SB3 writes it into its copy of the step: that dtype
-            row[...] = infos[i]["terminal_observation"]
-            if normalize is not None:  # VecNormalize normalizes the terminal observation
-                row[...] = normalize.unnormalize_obs(row)
-            next_slot[i] = row
-    buffer.actions[pos] = buffer_action.reshape((buffer.n_envs, buffer.action_dim))
+    for i, row in ended.items():
+        next_slot[i] = row
+    buffer.actions[pos] = action
     buffer.rewards[pos] = reward_
     buffer.dones[pos] = dones
     if buffer.handle_timeout_termination:
