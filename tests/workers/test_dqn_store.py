@@ -1,7 +1,8 @@
 """The worker's DQN storing (`workers.dqn_store`) against SB3's `_store_transition` and
 `ReplayBuffer.add`: the same bytes in the replay buffer on the same vector steps (episodes
 ended and cut by the time limit, VecNormalize, `optimize_memory_usage`, a buffer that wraps),
-the same weights trained from them, the same saved buffer, and no copy of a step's
+a vector step in another dtype than the buffer's), the same weights trained from them, the
+same saved buffer, a refused step leaving the buffer as SB3's does, and no copy of a step's
 observations beyond the buffer's own."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 from stable_baselines3 import DQN
 from stable_baselines3.common.env_util import make_vec_env as sb3_vec_env
 from stable_baselines3.common.logger import Logger
-from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 
 from workers.algos import FleetDQN
 from workers.envs import EnvConfig, make_vec_env
@@ -25,6 +27,29 @@ BUFFER_ARRAYS = ("observations", "next_observations", "actions", "rewards", "don
 
 def _cartpole(n_envs: int = 3, env_id: str = "CartPole-v1") -> VecEnv:
     return sb3_vec_env(env_id, n_envs=n_envs, seed=5, env_kwargs={"max_episode_steps": 12})
+
+
+class _Float64Space(VecEnvWrapper):
+    """A float64 Box whose vector steps are float32 arrays and whose terminal observations are
+    float64: SB3 casts a terminal row into the step's dtype (float32), then into the buffer's."""
+
+    def __init__(self, venv: VecEnv):
+        shape = venv.observation_space.shape
+        super().__init__(venv, observation_space=spaces.Box(-np.inf, np.inf, shape, np.float64))
+
+    def reset(self) -> np.ndarray:
+        return (self.venv.reset() / 3).astype(np.float32)
+
+    def step_wait(self):
+        obs, rewards, dones, infos = self.venv.step_wait()
+        for info in infos:
+            if "terminal_observation" in info:
+                info["terminal_observation"] = info["terminal_observation"].astype(np.float64) / 3
+        return (obs / 3).astype(np.float32), rewards, dones, infos
+
+
+def _cartpole_float64() -> VecEnv:
+    return _Float64Space(_cartpole())
 
 
 def _frozen_lake() -> VecEnv:  # Discrete observations: left to SB3's own storing
@@ -95,6 +120,8 @@ CASES = {  # (env, normalize, model kwargs, vector steps): 60 steps of 3 envs wr
     "cartpole-optimize-memory": (_cartpole, False, {"buffer_size": 60, "optimize_memory_usage": True,
                                                       "replay_buffer_kwargs": {"handle_timeout_termination": False}}, 60),
     "cartpole-n-step": (_cartpole, False, {"buffer_size": 60, "n_steps": 3}, 60),
+    "cartpole-float32-steps": (_cartpole_float64, False, {"buffer_size": 60}, 60),
+    "cartpole-float32-steps-vecnormalize": (_cartpole_float64, True, {"buffer_size": 60}, 60),
     "frozen-lake": (_frozen_lake, False, {"buffer_size": 60}, 60),
     "breakout": (_breakout, False, {"buffer_size": 300}, 150),
     "breakout-vecnormalize": (_breakout, True, {"buffer_size": 300}, 150),
@@ -149,21 +176,53 @@ def test_learning_stores_and_trains_as_sb3():
         assert torch.equal(x, y), name
 
 
-def test_a_step_is_stored_without_copying_its_observations():
+@pytest.mark.parametrize("bad", ["action", "terminal_observation"])
+def test_a_refused_step_leaves_the_buffer_as_sb3s_does(bad):
+    """A step that raises before SB3 writes into the slot (an action or a terminal observation
+    of the wrong shape) leaves both buffers as they were."""
+    venv = _cartpole()
+    sb3, fleet = _models(venv, False, buffer_size=60)
+    _store_side_by_side(sb3, fleet, 5, np.random.default_rng(4))
+    before = {name: getattr(fleet.replay_buffer, name).copy() for name in BUFFER_ARRAYS}
+    new_obs, rewards, dones, infos = venv.step(np.zeros(3, dtype=np.int64))
+    actions = np.zeros(3)
+    if bad == "action":
+        actions = np.zeros(4)
+    else:
+        dones = np.array([False, True, False])
+        infos[1]["terminal_observation"] = np.zeros(7, dtype=np.float32)
+    for store in (lambda: DQN._store_transition(sb3, sb3.replay_buffer, actions, new_obs, rewards, dones, infos),
+                  lambda: fleet._store_transition(fleet.replay_buffer, actions, new_obs, rewards, dones, infos)):
+        with pytest.raises(ValueError):
+            store()
+    _assert_same_buffers(sb3, fleet)
+    for name, array in before.items():
+        assert np.array_equal(getattr(fleet.replay_buffer, name), array), name
+    venv.close()
+
+
+@pytest.mark.parametrize("ended", [0, 2])
+def test_a_step_is_stored_without_copying_its_observations(ended):
     """SB3 makes three copies of a vector step's frames on their way into the buffer (a
-    `deepcopy` of the next observations, `np.array` of both); the worker writes them in place."""
+    `deepcopy` of the next observations, `np.array` of both); the worker writes them in place,
+    copying only the terminal rows of the envs whose episode ended (here none, or two of four)."""
     venv = _breakout(4)
     sb3, fleet = _models(venv, False, buffer_size=64)
     _store_side_by_side(sb3, fleet, 2, np.random.default_rng(3))  # warm: first-call allocations
-    obs = venv.step(np.zeros(4, dtype=np.int64))
-    frames = obs[0].nbytes
+    new_obs, rewards, dones, infos = venv.step(np.zeros(4, dtype=np.int64))
+    dones = np.arange(4) < ended  # forced ends, with their terminal observations
+    infos = [{**info, "terminal_observation": new_obs[i] // 2} if dones[i] else info for i, info in enumerate(infos)]
+    obs = new_obs, rewards, dones, infos
+    frames = new_obs.nbytes
     peaks = {}
     for name, store in (("sb3", lambda: DQN._store_transition(sb3, sb3.replay_buffer, np.zeros(4), *obs)),
                         ("fleet", lambda: fleet._store_transition(fleet.replay_buffer, np.zeros(4), *obs))):
         tracemalloc.start()
+        tracemalloc.reset_peak()
         store()
         peaks[name] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert peaks["sb3"] >= 2 * frames  # a deepcopy and an np.array alive at once
-    assert peaks["fleet"] < frames / 2, peaks  # at most a row or two: the envs whose episode ended
+    assert peaks["fleet"] < frames, peaks  # less than one copy of the step: the ended rows only
+    _assert_same_buffers(sb3, fleet)
     venv.close()
