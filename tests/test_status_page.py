@@ -18,7 +18,7 @@ from rich.console import Console
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.api.schemas import FleetOut, SampleOut, SettingsOut
-from fleetd.cli.render import SKIPPED_GPU, fleet_table, forensics_rows
+from fleetd.cli.render import SKIPPED_GPU_THEN, fleet_table, forensics_rows
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.controller import GameSlot
@@ -701,9 +701,9 @@ def test_a_reboots_detail_shows_the_gpus_xid_errors_and_the_pressure_before_it(
         assert "GPU 0NVIDIA H100: 88.0 C, 87.50% memory, 690.0 W; Xid errors 79; throttled: hw thermal" in shown, shown
         # GPU 1 skipped in that sample (its memory reading nonsense): there, without readings, on
         # the page and in `fleetd reboots --detail`, not as an unknown field.
-        assert f"GPU 1{SKIPPED_GPU}" in shown, shown
+        assert f"GPU 1{SKIPPED_GPU_THEN}" in shown, shown
         rows = forensics_rows(answers[f"/boots/{rebooted['id']}"][1]["before_reboot"]["last_state"])
-        assert ("GPU 1", SKIPPED_GPU) in rows and not [row for row in rows if row[0] == "skipped_gpus"], rows
+        assert ("GPU 1", SKIPPED_GPU_THEN) in rows and not [row for row in rows if row[0] == "skipped_gpus"], rows
     else:
         assert "GPU 0NVIDIA H100: no readings (NVML unavailable); Xid errors 79" in shown and "0.00% memory, " not in shown, shown
 

@@ -45,10 +45,8 @@ def store_transition(model, replay_buffer: ReplayBuffer, buffer_action: np.ndarr
         new_obs_, reward_ = normalize.get_original_obs(), normalize.get_original_reward()
     else:
         model._last_original_obs, new_obs_, reward_ = model._last_obs, new_obs, reward
-    # Everything that can raise on a bad step before the slot's first write, in SB3's order (its
-    # terminal rows go into its copy, then `add` reshapes the action), so that a step refused
-    # leaves the slot as it was: the ended envs' terminal rows, cast into the vector step's dtype
-    # (SB3 writes them into its copy of the step) and unnormalized in it, then the action.
+    # Before the first write (the docstring): the ended envs' terminal rows, cast into the vector
+    # step's dtype (SB3 writes them into its copy of the step) and unnormalized in it, then the action.
     ended = {}
     for i, done in enumerate(dones):
         if done and infos[i].get("terminal_observation") is not None:

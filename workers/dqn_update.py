@@ -1,12 +1,8 @@
 """SB3's `DQN.train` with its loss read once an update instead of once a gradient step.
 
-SB3 calls `loss.item()` after every gradient step's forward pass, to log the update's mean loss:
-on a GPU a blocking wait for the device in the middle of every step, before the backward pass
-and the optimizer step are queued. With the zoo's sample reuse an Atari worker at 256 envs takes
-64 gradient steps of 32 samples a vector step, so 64 such waits a vector step (bench/fleet_loops.py's
-DQN loop has none of them; docs/benchmarks.md, "DQN sample reuse"). Each step's upload of its
-sampled batch still waits for the stream, on both sides (a copy from pageable host memory), so
-what goes is the wait between the forward and the backward pass. Here the losses stay tensors until the update
+SB3 calls `loss.item()` after every gradient step's forward pass: on a GPU a wait for the
+device between the forward and the backward pass, many a vector step with the zoo's sample
+reuse (docs/benchmarks.md, "DQN sample reuse"). Here the losses stay tensors until the update
 ends and come back in one copy; the samples, gradients, weights and the logged mean are SB3's
 (tests/workers/test_dqn_update.py). The replay buffer is still SB3's, sampled on the host.
 """

@@ -20,6 +20,7 @@ from stable_baselines3.common.vec_env import SubprocVecEnv
 
 from workers.envs import EnvConfig, make_vec_env
 from workers.guards import non_finite_forward
+from workers.protocol.reports import EVAL_FAILURE_MAX_CHARS
 from workers.protocol.spec import derived_seed
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ class EvalFailure:
     subprocess_died: bool = False
 
 
-REASON_MAX_CHARS = 200
 
 
 def sticky_cuda_error(exc: BaseException) -> bool:
@@ -126,7 +126,7 @@ class Evaluator:
             died = " (an eval env subprocess died; its traceback is in the worker log above)" if subprocess_died else ""
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
             reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-            self.failure = EvalFailure(reason[:REASON_MAX_CHARS], subprocess_died)
+            self.failure = EvalFailure(reason[:EVAL_FAILURE_MAX_CHARS], subprocess_died)
             log.error("evaluation at %d steps failed after %.1f s (%s)%s; this checkpoint has no "
                       "eval_return, training goes on (next evaluation due at %d steps)", steps,
                       self._clock() - started, reason, died, steps + self.interval_steps, exc_info=exc)

@@ -82,9 +82,9 @@ class Reporter:
     def send_checkpoint(self, summary: CheckpointSummary, eval_failure: EvalFailure | None = None) -> None:
         """`eval_failure`: why the evaluation run just before this checkpoint gave no figure."""
         self.last_checkpoint = CheckpointRef(summary.path, summary.steps, summary.at)
-        failed = {} if eval_failure is None else {"eval_failure": eval_failure.reason,
-                                                  "eval_subprocess_died": eval_failure.subprocess_died}
-        self.sender.send(CheckpointReport(**self._header(), checkpoint=summary, **failed))
+        self.sender.send(CheckpointReport(**self._header(), checkpoint=summary,
+                                          eval_failure=eval_failure.reason if eval_failure else None,
+                                          eval_subprocess_died=bool(eval_failure and eval_failure.subprocess_died)))
 
     def send_resumed(self, taken: str | None, skipped: list[SkippedCheckpoint],
                      notes: tuple[str, ...] = (), changed: tuple[tuple[str, Any, Any], ...] = (),

@@ -380,6 +380,7 @@ def sizing_line(sizing: dict[str, Any] | None) -> str:
 
 
 SKIPPED_GPU = "no readings this sample (its memory reading was not a number in range; read again next sample)"
+SKIPPED_GPU_THEN = "no readings in that sample (its memory reading was not a number in range)"  # a reboot's detail
 
 
 def gpu_line(telemetry: dict[str, Any]) -> str:
@@ -502,7 +503,7 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
             rows.append(("GPUs", f"unavailable ({telemetry.get('gpu_unavailable_reason') or 'no reason given'})"))
         for gpu in telemetry.get("gpus", []):  # unavailable: only those lost or with Xid errors
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
-        rows += [(f"GPU {index}", SKIPPED_GPU) for index in telemetry.get("skipped_gpus", [])]
+        rows += [(f"GPU {index}", SKIPPED_GPU_THEN) for index in telemetry.get("skipped_gpus", [])]
         host = telemetry.get("host") or {}
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")

@@ -28,10 +28,9 @@ from fleetd.errors import ErrorCode, FleetdError
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import ExitStatus, GameRemoved, Spawned
 from fleetd.states import State
-from workers.protocol.reports import CheckpointSummary, ProgressReport
+from workers.protocol.reports import EVAL_FAILURE_MAX_CHARS, CheckpointSummary, ProgressReport
 
 log = logging.getLogger(__name__)
-REASON_MAX_CHARS = 300
 _SEVERITY = {State.FATAL: "error", State.BACKOFF: "warning"}
 
 
@@ -192,8 +191,8 @@ class Recorder:
                           subprocess_died: bool) -> None:
         """The worker's evaluation just before this checkpoint failed or ran past its limit
         (docs/worker.md#evaluation): that checkpoint has no eval_return. The reason as the worker
-        sent it, its first line and at most REASON_MAX_CHARS of it (a report is the worker's word)."""
-        reason = (reason.splitlines() or [""])[0][:REASON_MAX_CHARS]
+        sent it, its first line and at most EVAL_FAILURE_MAX_CHARS of it (a report is the worker's word)."""
+        reason = (reason.splitlines() or [""])[0][:EVAL_FAILURE_MAX_CHARS]
         checkpoint = PurePath(summary.path).name
         run, seen = self._eval_failed.get(game, (None, set()))
         if run == run_id and checkpoint in seen:

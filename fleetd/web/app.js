@@ -617,6 +617,7 @@
 
   // A GPU read, but its memory reading nonsense that sample: left out of it, still there (as `fleetd status` says).
   const SKIPPED_GPU = 'no readings this sample (its memory reading was not a number in range; read again next sample)';
+  const SKIPPED_GPU_THEN = 'no readings in that sample (its memory reading was not a number in range)';  // a reboot's detail
 
   function renderGpu(telemetry, gpuSeries) {
     const box = $('gpu');
@@ -903,7 +904,7 @@
           fact(list, 'GPU ' + gpu.index, gpu.name + ': ' + readings + (xids.length ? '; Xid errors ' + xids.join(', ') : '') +
             (throttle.length ? '; throttled: ' + throttle.join(', ') : ''));
         }
-        for (const index of telemetry.skipped_gpus || []) fact(list, 'GPU ' + index, SKIPPED_GPU);
+        for (const index of telemetry.skipped_gpus || []) fact(list, 'GPU ' + index, SKIPPED_GPU_THEN);
         if (telemetry.host) fact(list, 'host', fmtPct(hostAvailable(telemetry.host)) + ' memory available, load ' + fmtNum(telemetry.host.load_1m));
       }
       const kernel = before.kernel_warnings;

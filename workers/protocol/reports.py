@@ -73,6 +73,9 @@ class ProgressReport:
     type: str = "progress"
 
 
+EVAL_FAILURE_MAX_CHARS = 200  # a CheckpointReport's eval_failure: the worker cuts it so, the daemon again
+
+
 @dataclass(frozen=True)
 class CheckpointReport:
     game: str
