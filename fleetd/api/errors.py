@@ -65,6 +65,8 @@ async def _on_fleetd_error(_request: Request, exc: Exception) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.code is ErrorCode.UNAUTHORIZED else None
     if exc.code is ErrorCode.BUSY:
         headers = {"Retry-After": "1"}
+    if exc.code is ErrorCode.DISK_FULL:  # a removal's (lifecycle.busy_midway): in the log, as _on_write_error's
+        log.error("%s %s refused: %s", _request.method, _request.url.path, exc.message)
     return _respond(exc, headers)
 
 
