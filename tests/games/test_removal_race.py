@@ -641,29 +641,18 @@ def test_a_removal_whose_second_batch_meets_a_full_disk_says_history_may_be_part
     that its history may be partly deleted, and to remove (apply) again after making room, which
     finishes it. A real SQLITE_FULL: the second batch's transaction writes past max_page_count."""
     from fastapi.testclient import TestClient
-    from sqlalchemy import event, func, select, text
+    from sqlalchemy import func, select
 
     import fleetd.games.lifecycle as lifecycle
     from fleetd.api import create_app
     from fleetd.store.models import Sample
     from tests.api_context import api_context
+    from tests.test_supervisor_loop import disk_fills_at
 
     with db.transaction() as session:
         game_id = game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0),
                                          clock.now()).id
-        session.execute(text("CREATE TABLE pad (b BLOB)"))
     _samples_of(db, game_id, 25, clock)
-    deletes: list[str] = []
-
-    def the_disk_fills_at_the_second_batch(_conn, cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        if statement.lstrip().upper().startswith("DELETE FROM SAMPLES"):
-            deletes.append(statement)
-            if len(deletes) == 2:
-                raw = cursor.connection
-                pages = raw.execute("PRAGMA page_count").fetchone()[0]
-                raw.execute(f"PRAGMA max_page_count={pages}")
-                raw.execute("INSERT INTO pad VALUES (zeroblob(100000))")  # SQLITE_FULL
-
     headers = {"Authorization": "Bearer " + "t" * 32}
 
     def remove(client: TestClient):  # type: ignore[no-untyped-def]
@@ -674,12 +663,8 @@ def test_a_removal_whose_second_batch_meets_a_full_disk_says_history_may_be_part
     context = api_context(settings, db, clock, FakeHost(clock), "t" * 32)
     with pytest.MonkeyPatch.context() as patch, TestClient(create_app(context), raise_server_exceptions=False) as client:
         patch.setattr(lifecycle, "DELETE_BATCH", 10)
-        event.listen(db.engine, "before_cursor_execute", the_disk_fills_at_the_second_batch)
-        try:
+        with disk_fills_at(db, "DELETE FROM samples", nth=2):
             refused = remove(client)
-        finally:
-            event.remove(db.engine, "before_cursor_execute", the_disk_fills_at_the_second_batch)
-        db.engine.dispose()  # room again: the capped connection goes
         assert refused.status_code == 507, refused.text
         error = refused.json()["error"]
         assert error["code"] == "disk_full"
