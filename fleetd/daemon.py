@@ -406,14 +406,26 @@ class Daemon:
         workers: a stop by then starts no game, only stops those (or leaves them, SIGUSR1)."""
         return Shutdown(leave_workers=self.stop.leave_workers) if self.stop.requested else None
 
+    def _record_mps(self, db: Database, kind: MpsEvent, message: str, severity: str) -> None:
+        """An MPS event, logged and in the events. On a disk that filled while the daemon ran the
+        write fails: said in one line, as _record_stop says it. Raised, the `mps_stopped` of a
+        SIGTERM's stop (the daemon's finally) was a traceback and exit 1 past the stop's own code."""
+        log.log(logging.ERROR if severity == "error" else logging.INFO, "%s", message)
+        try:
+            with db.transaction() as session:
+                create_event(session, self.clock.now(), kind.value, message, severity=severity)
+        except Exception as exc:
+            if not disk_full(exc):
+                raise
+            log.error("event %s not recorded: the disk of the database is full (%s); make room on the "
+                      "state_dir's disk", kind.value, getattr(exc, "orig", exc))
+
     def _start_mps(self, db: Database) -> Mps:
         """Before the first worker spawns: they join it through their environment."""
         gpu = self.settings.gpu
 
         def record(kind: MpsEvent, message: str, severity: str) -> None:
-            log.log(logging.ERROR if severity == "error" else logging.INFO, "%s", message)
-            with db.transaction() as session:
-                create_event(session, self.clock.now(), kind.value, message, severity=severity)
+            self._record_mps(db, kind, message, severity)
 
         mps = Mps(gpu.mps, MpsDirs(self.settings.mps_dir), self.mps_seam, record, gpu.mps_restarts,
                   uses_gpu=self.settings.worker.device != "cpu")

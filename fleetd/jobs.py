@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
-from fleetd.errors import ErrorCode, FleetdError
+from fleetd.errors import ErrorCode, FleetdError, disk_full
 from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.stall import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
 from fleetd.governor.footprint import FootprintSource
@@ -59,6 +60,7 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
     lines written between the copy and the truncation are lost (the copytruncate trade-off).
     """
     rotated = []
+    full: list[Path] = []  # the logs a full disk left as they were
     for log_path in games_dir.glob("*/logs/run-*.log"):
         try:
             if log_path.stat().st_size <= max_bytes:
@@ -66,9 +68,16 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
             _copy_aside(log_path)
             os.truncate(log_path, 0)
         except OSError as exc:
-            log.warning("could not rotate %s: %s", log_path, exc)
+            if disk_full(exc):
+                full.append(log_path)
+            else:
+                log.warning("could not rotate %s: %s", log_path, exc)
             continue
         rotated.append(log_path)
+    if full:
+        # To the scheduler's guard, which says a full disk once, not a warning a log a minute;
+        # the same error each time (no path in it), so it is not said again while it lasts.
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {len(full)} run log(s) not rotated")
     return rotated
 
 
@@ -251,19 +260,23 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
     piled up over a months-long boot); once the host has rebooted, all go as any."""
     now = clock.now()
     read_back = (GPU_LOST_EVENT, GPU_BACK_EVENT, TELEMETRY_STALE_EVENT, TELEMETRY_RESUMED_EVENT)
-    events = _delete_old(db, "events", lambda session, limit: delete_events_before(
+    full: list[Exception] = []
+    events = _delete_old(db, "events", full, lambda session, limit: delete_events_before(
         session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit, read_back))
-    samples = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
+    samples = _delete_old(db, "samples", full, lambda session, limit: delete_samples_before(
         session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:
         log.info("retention: deleted %d events and %d samples", events, samples)
+    if full:  # to the scheduler's guard: a full disk said once, and once when it works again
+        raise full[0]
     return events, samples
 
 
-def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) -> int:
+def _delete_old(db: Database, kind: str, full: list[Exception], delete: Callable[[Session, int], int]) -> int:
     """DELETE_BATCH rows a transaction, so that other writers get their turn in between: hourly,
     retention deletes an hour's worth (about 40,000 samples for 10 games on 8 GPUs); after the
-    daemon was down for days, or a shorter samples_days, millions at once."""
+    daemon was down for days, or a shorter samples_days, millions at once. A failure on a full
+    disk is added to `full` for the caller to raise (a traceback a kind an hour, it was)."""
     deleted = 0
     try:
         while True:
@@ -272,8 +285,11 @@ def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) 
             deleted += batch
             if batch < DELETE_BATCH:
                 return deleted
-    except Exception:
-        log.exception("retention: could not delete old %s; the next run tries again", kind)
+    except Exception as exc:
+        if disk_full(exc):
+            full.append(exc)
+        else:
+            log.exception("retention: could not delete old %s; the next run tries again", kind)
         return deleted
 
 

@@ -154,7 +154,7 @@ def test_a_write_on_a_full_disk_is_507_naming_the_disk_in_one_log_line(
     assert error["message"] == ("the disk of fleetd's database is full (database or disk is full): nothing was "
                                 "changed; make room on the state_dir's disk, then send it again")
     assert [(r.getMessage(), r.exc_info) for r in caplog.records] == [
-        ("GET /api/v1/events refused: the disk of the database is full (database or disk is full)", None)]
+        ("GET /api/v1/events refused: the disk of fleetd's database is full (database or disk is full)", None)]
 
 
 def test_openapi_documents_bearer_auth_and_the_error_body(client: TestClient) -> None:

@@ -234,3 +234,28 @@ def test_a_quit_failing_after_the_started_event_failed_hides_not_the_events_erro
     with pytest.raises(OSError, match="disk is full"):
         mps.start()
     assert "not stopped after the start failed" in caplog.text and "quit went wrong" in caplog.text
+
+
+def test_an_mps_event_on_a_full_disk_is_one_log_line_not_a_traceback(settings, db, clock, caplog) -> None:
+    """SIGTERM with MPS on, the disk full: the daemon's finally stops MPS, whose `mps_stopped`
+    event's write raised SQLITE_FULL past _record_stop's catch: exit 1 with a traceback in place
+    of the stop's own exit code. Real SQLite: the database may not grow past its pages."""
+    from sqlalchemy import event, text
+
+    from fleetd.daemon import Daemon
+
+    daemon = Daemon(settings, clock=clock)
+    with db.transaction() as session:
+        pages = session.execute(text("PRAGMA page_count")).scalar_one()
+    db.engine.dispose()
+    capped = lambda conn, _record: conn.execute(f"PRAGMA max_page_count={pages}")  # noqa: E731
+    event.listen(db.engine, "connect", capped)
+    try:
+        with caplog.at_level(logging.INFO, logger="fleetd.daemon"):
+            daemon._record_mps(db, MpsEvent.STOPPED, "MPS stopped " + "x" * 200_000, "info")
+    finally:
+        event.remove(db.engine, "connect", capped)
+        db.engine.dispose()
+    said = [(r.levelname, r.getMessage()[:60], r.exc_info) for r in caplog.records]
+    assert said[-1] == ("ERROR", "event mps_stopped not recorded: the disk of the database is ", None), said
+    assert "(database or disk is full)" in caplog.records[-1].getMessage()

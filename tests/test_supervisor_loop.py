@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import signal
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -654,6 +655,34 @@ def sqlite_full() -> Exception:
     finally:
         conn.close()
     raise AssertionError("SQLite did not fill up")
+
+
+@contextmanager
+def disk_fills_at(db: Database, statement: str, nth: int = 1) -> Iterator[list[str]]:
+    """The disk fills just before the `nth` statement that starts with `statement` (a DELETE,
+    which max_page_count alone does not fail): its transaction first writes past the pages it
+    has, a real SQLITE_FULL. Room again after (the capped connection is closed); yields the
+    statements seen."""
+    from sqlalchemy import event, text
+
+    with db.transaction() as session:
+        session.execute(text("CREATE TABLE IF NOT EXISTS disk_pad (b BLOB)"))
+    seen: list[str] = []
+
+    def fills(_conn, cursor, sent, *_args) -> None:  # type: ignore[no-untyped-def]
+        if sent.lstrip().upper().startswith(statement.upper()):
+            seen.append(sent)
+            if len(seen) == nth:
+                raw = cursor.connection
+                raw.execute(f"PRAGMA max_page_count={raw.execute('PRAGMA page_count').fetchone()[0]}")
+                raw.execute("INSERT INTO disk_pad VALUES (zeroblob(100000))")
+
+    event.listen(db.engine, "before_cursor_execute", fills)
+    try:
+        yield seen
+    finally:
+        event.remove(db.engine, "before_cursor_execute", fills)
+        db.engine.dispose()
 
 
 def test_a_loop_ended_by_a_full_disk_says_so_in_one_line_and_leaves_the_workers(

@@ -42,8 +42,9 @@ def error_responses(*codes: ErrorCode) -> Responses:
 
 
 # What any /api/v1 operation may answer: no token, an oversized body (even on a GET), a bad
-# parameter, SQLite busy past its timeout. Routes add 400, 404 and 409 where they apply.
-ERROR_RESPONSES = error_responses(ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE, ErrorCode.VALIDATION, ErrorCode.BUSY)
+# parameter, SQLite busy past its timeout, a full disk. Routes add 400, 404 and 409 where they apply.
+ERROR_RESPONSES = error_responses(ErrorCode.UNAUTHORIZED, ErrorCode.TOO_LARGE, ErrorCode.VALIDATION, ErrorCode.BUSY,
+                                  ErrorCode.DISK_FULL)
 # A body that is not UTF-8 cannot be parsed as JSON (400); one sent as another type is not read (415).
 BAD_BODY = error_responses(ErrorCode.BAD_REQUEST, ErrorCode.UNSUPPORTED_MEDIA_TYPE)
 NOT_FOUND = error_responses(ErrorCode.NOT_FOUND)
@@ -64,6 +65,8 @@ async def _on_fleetd_error(_request: Request, exc: Exception) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.code is ErrorCode.UNAUTHORIZED else None
     if exc.code is ErrorCode.BUSY:
         headers = {"Retry-After": "1"}
+    if exc.code is ErrorCode.DISK_FULL:  # a removal's (lifecycle.busy_midway): in the log, as _on_write_error's
+        log.error("%s %s refused: %s", _request.method, _request.url.path, exc.message)
     return _respond(exc, headers)
 
 
@@ -151,23 +154,29 @@ async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
     return _respond(FleetdError(ErrorCode.INTERNAL, "internal error; the daemon log has the details"))
 
 
-async def _on_database_error(request: Request, exc: Exception) -> JSONResponse:
-    """A write on a disk that filled while the daemon ran: a 507 that says so (its transaction
-    rolled back whole), one line in the log. It was a 500 "internal error", a bug's answer, with
-    two tracebacks in the log (this handler's and uvicorn's). Any other database error is a bug's."""
+async def _on_write_error(request: Request, exc: Exception) -> JSONResponse:
+    """A write on a disk that filled while the daemon ran: a 507 that says so, one line in the
+    log. It was a 500 "internal error", a bug's answer, with two tracebacks in the log (the
+    catch-all's and uvicorn's): a database write (its transaction rolled back whole), and a
+    file's too (a model imported, an export's zip: ENOSPC). Any other such error is a bug's."""
     if not disk_full(exc):
         return await _on_unexpected(request, exc)
     reason = getattr(exc, "orig", exc)
-    log.error("%s %s refused: the disk of the database is full (%s)", request.method, request.url.path, reason)
-    return _respond(FleetdError(ErrorCode.DISK_FULL, f"the disk of fleetd's database is full ({reason}): nothing "
-                                "was changed; make room on the state_dir's disk, then send it again"))
+    if isinstance(exc, DatabaseWriteError):
+        where, done = "the disk of fleetd's database", "nothing was changed; "
+    else:  # a file under the state_dir: what was written of it is removed or left unused
+        where, done = "the state_dir's disk", ""
+    log.error("%s %s refused: %s is full (%s)", request.method, request.url.path, where, reason)
+    return _respond(FleetdError(ErrorCode.DISK_FULL, f"{where} is full ({reason}): {done}make room on the "
+                                "state_dir's disk, then send it again"))
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FleetdError, _on_fleetd_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(DatabaseWriteError, _on_database_error)
+    app.add_exception_handler(DatabaseWriteError, _on_write_error)
+    app.add_exception_handler(OSError, _on_write_error)
     app.add_exception_handler(Exception, _on_unexpected)
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
-from fleetd.errors import ErrorCode, FleetdError
+from fleetd.errors import ErrorCode, FleetdError, disk_full
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import Kept, KeptFiles, sort_kept
 from fleetd.governor.snapshot import FleetSnapshot
@@ -244,15 +244,24 @@ def busy_midway(*names: str, again: str = "remove again") -> Iterator[list[int]]
     but the batches committed before are gone. Said so (the bare "database is busy" would read
     as if nothing had happened), and only where a batch did commit (the rows each
     deleted, which forget_samples_of_removable adds to the list yielded): a lock met at the
-    first batch lost nothing. `again`: the remedy told. Still a 503 (BUSY): asking again is it."""
+    first batch lost nothing. `again`: the remedy told. Still a 503 (BUSY): asking again is it.
+    A write that failed on a full disk (SQLITE_FULL) is said the same way, a 507 (DISK_FULL)."""
     forgotten: list[int] = []
     try:
         yield forgotten
-    except FleetdError as exc:
-        if exc.code is not ErrorCode.BUSY or not names:
+    except Exception as exc:
+        full = disk_full(exc)
+        busy = isinstance(exc, FleetdError) and exc.code is ErrorCode.BUSY
+        if not names or not (busy or full):
             raise
         which = ("game " if len(names) == 1 else "games ") + ", ".join(repr(name) for name in names)
         lost = "; part of the history (samples) may already be deleted" if sum(forgotten) > 0 else ""
+        if full:  # the API's 507 said "nothing was changed": false once a batch committed
+            reason = getattr(exc, "orig", exc)
+            raise FleetdError(ErrorCode.DISK_FULL, f"{which} not removed: the disk of fleetd's database is full "
+                              f"({reason}){lost}: make room on the state_dir's disk, then {again}",
+                              {"names": list(names)}) from exc
+        assert isinstance(exc, FleetdError)
         raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held its "
                           f"lock past busy_timeout_ms){lost}: {again}",
                           {"names": list(names), **exc.details}) from exc

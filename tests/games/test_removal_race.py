@@ -631,3 +631,51 @@ def test_a_removal_refused_by_a_busy_database_at_its_first_batch_says_nothing_wa
             assert session.scalar(select(func.count()).where(Sample.game_id == game_id)) == 25
     finally:
         quick.close()
+
+
+@pytest.mark.parametrize("way", ["games rm", "fleet spec absent"])
+def test_a_removal_whose_second_batch_meets_a_full_disk_says_history_may_be_partly_deleted(
+        settings: Settings, db: Database, clock: FakeClock, way: str) -> None:
+    """The disk fills between two batches of a removal's samples: the 507 said "nothing was
+    changed", though the first batch's samples were gone. Now it says the game was not removed,
+    that its history may be partly deleted, and to remove (apply) again after making room, which
+    finishes it. A real SQLITE_FULL: the second batch's transaction writes past max_page_count."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import func, select
+
+    import fleetd.games.lifecycle as lifecycle
+    from fleetd.api import create_app
+    from fleetd.store.models import Sample
+    from tests.api_context import api_context
+    from tests.test_supervisor_loop import disk_fills_at
+
+    with db.transaction() as session:
+        game_id = game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0),
+                                         clock.now()).id
+    _samples_of(db, game_id, 25, clock)
+    headers = {"Authorization": "Bearer " + "t" * 32}
+
+    def remove(client: TestClient):  # type: ignore[no-untyped-def]
+        if way == "games rm":
+            return client.delete("/api/v1/games/gone", headers=headers)
+        return client.put("/api/v1/fleet/spec", json={"games": [{"name": "gone", "absent": True}]}, headers=headers)
+
+    context = api_context(settings, db, clock, FakeHost(clock), "t" * 32)
+    with pytest.MonkeyPatch.context() as patch, TestClient(create_app(context), raise_server_exceptions=False) as client:
+        patch.setattr(lifecycle, "DELETE_BATCH", 10)
+        with disk_fills_at(db, "DELETE FROM samples", nth=2):
+            refused = remove(client)
+        assert refused.status_code == 507, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "disk_full"
+        again = "remove again" if way == "games rm" else "apply again; nothing else in this apply was written"
+        assert error["message"] == ("game 'gone' not removed: the disk of fleetd's database is full (database or disk "
+                                    "is full); part of the history (samples) may already be deleted: make room on the "
+                                    f"state_dir's disk, then {again}"), error
+        with db.transaction() as session:
+            assert game_store.read_game(session, "gone").desired is Desired.STOPPED
+            assert session.scalar(select(func.count()).where(Sample.game_id == game_id)) == 15
+        done = remove(client)
+        assert done.status_code == (204 if way == "games rm" else 200), done.text
+    with db.transaction() as session:
+        assert not game_store.game_exists(session, "gone")

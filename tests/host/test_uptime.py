@@ -393,3 +393,34 @@ def test_rotate_logs_keeps_the_open_file_appending(tmp_path) -> None:
     assert path.read_bytes() == b"after\n"
     assert (logs / "run-000001.log.1").stat().st_size == 20_000
     assert small.read_text() == "short"
+
+
+def test_retention_on_a_full_disk_goes_to_the_schedulers_one_line_not_a_traceback_a_kind_an_hour(
+    db: Database, host: FakeHost, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention caught and logged a full disk itself, a traceback for events and one for samples
+    every hour, never the scheduler's one "the disk is full" line nor its "works again". Now
+    both kinds are tried, and the failure goes to the scheduler's guard. Real SQLITE_FULL."""
+    import logging
+
+    from fleetd.jobs import Job
+    from fleetd.scheduler import _logged
+    from tests.test_supervisor_loop import disk_fills_at
+
+    start(db, host, clock)
+    with db.transaction() as session:
+        create_event(session, clock.now() - timedelta(days=100), "old", "long ago")
+        create_metric_rows(session, clock.now() - timedelta(days=30), [(None, None, "host_cpu_pct", 1.0)])
+    settings = RetentionSettings(events_days=90, samples_days=14)
+    run = _logged(Job("retention", 3600, lambda: retention_job(db, clock, settings)))
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            with disk_fills_at(db, "DELETE FROM events"):
+                run()
+        run()  # room again
+    said = [(r.name, r.levelname, r.getMessage()[:60], r.exc_info) for r in caplog.records]
+    assert said[0] == ("fleetd.jobs", "INFO", "retention: deleted 0 events and 1 samples", None), said
+    assert said[1] == ("fleetd.scheduler", "ERROR", "job retention failed: the disk is full (OperationalError: da",
+                       None), said
+    assert said[2:] == [("fleetd.jobs", "INFO", "retention: deleted 1 events and 0 samples", None),
+                        ("fleetd.scheduler", "INFO", "job retention works again, after 2 failed run(s)", None)], said

@@ -83,3 +83,42 @@ def test_an_import_under_a_taken_name_is_refused_before_its_upload_is_taken_in(c
                            headers={"Content-Type": "application/zip"})
     assert response.status_code == 409 and "'pong' already exists" in response.json()["error"]["message"]
     assert received == []
+
+
+def write_to_a_full_disk(*_args, **_kwargs):
+    """A file write on a full disk: the kernel's own ENOSPC (/dev/full is always full)."""
+    with open("/dev/full", "wb", buffering=0) as out:
+        out.write(b"model bytes")
+    raise AssertionError("/dev/full took the write")
+
+
+@pytest.mark.parametrize("route", ["export_game", "_receive"])
+def test_an_import_or_export_on_a_full_disk_is_507_naming_the_state_dirs_disk(client, monkeypatch, caplog, route):
+    """The upload's stream into transfers, the model copied into checkpoints, an export's zip:
+    ENOSPC answered 500 "internal error" with two tracebacks, a bug's answer to what the
+    operator must fix; and the database's wording (the disk of fleetd's database) did not fit."""
+    import logging
+
+    async def receive(*args, **kwargs):
+        write_to_a_full_disk()
+
+    monkeypatch.setattr(models_route, route, write_to_a_full_disk if route == "export_game" else receive)
+    with caplog.at_level(logging.ERROR):
+        if route == "export_game":
+            response = client.get("/api/v1/games/pong/export")
+        else:
+            response = client.post("/api/v1/games/new/import", params={"env_id": "CartPole-v1"}, content=MODEL,
+                                   headers={"Content-Type": "application/zip"})
+    assert response.status_code == 507, response.text
+    error = response.json()["error"]
+    assert error["code"] == "disk_full"
+    assert error["message"] == ("the state_dir's disk is full ([Errno 28] No space left on device): make room on "
+                                "the state_dir's disk, then send it again")
+    assert [r.exc_info for r in caplog.records] == [None]
+    assert "refused: the state_dir's disk is full" in caplog.records[0].getMessage()
+
+
+def test_openapi_documents_507_disk_full_for_every_operation(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    api = [op for path, ops in paths.items() if path.startswith("/api/v1/") for op in ops.values()]
+    assert api and all("507" in op["responses"] for op in api)

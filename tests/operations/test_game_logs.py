@@ -566,3 +566,30 @@ def test_a_rotation_that_fails_on_a_full_disk_keeps_the_last_copy_and_takes_no_r
     assert log.stat().st_size == 300_000  # not truncated: its lines are in no copy
     assert rotate_logs_job(games, max_bytes=1000) == [log]  # room again: rotated
     assert copy.stat().st_size == 300_000 and log.stat().st_size == 0
+
+
+def test_a_rotation_on_a_full_disk_is_the_schedulers_one_line_not_a_warning_a_log_a_minute(tmp_path: Path, caplog) -> None:
+    """A full disk warned `could not rotate` for each long log every 60 s for as long as it
+    lasted; now the scheduler's guard says it once, and once when the rotation works again. The
+    kernel's own ENOSPC: the copy beside the log is /dev/full, which is always full."""
+    import logging
+
+    from fleetd.jobs import Job
+    from fleetd.scheduler import _logged
+
+    games, log = a_run_log(tmp_path)
+    log.write_bytes(b"x" * 5000)
+    partial = log.with_name(log.name + ".1.tmp")
+    run = _logged(Job("rotate_logs", 60, lambda: rotate_logs_job(games, max_bytes=1000)))
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            partial.symlink_to("/dev/full")  # the disk is full again (a failed copy is removed)
+            run()
+            assert not partial.is_symlink() and log.stat().st_size == 5000
+        run()  # room again
+    said = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(said) == 2 and said[0][:2] == ("fleetd.scheduler", "ERROR"), said
+    assert said[0][2].startswith("job rotate_logs failed: the disk is full (OSError: [Errno 28] No space left on "
+                                 "device: 1 run log(s) not rotated); make room on the state_dir's disk"), said
+    assert said[1] == ("fleetd.scheduler", "INFO", "job rotate_logs works again, after 3 failed run(s)")
+    assert log.stat().st_size == 0 and log.with_name(log.name + ".1").stat().st_size == 5000
