@@ -75,18 +75,29 @@ def rotate_logs_job(games_dir: Path, max_bytes: int) -> list[Path]:
             continue
         rotated.append(log_path)
     if full:
-        # To the scheduler's guard, which says a full disk once, not a warning a log a minute;
-        # the same error each time (no path in it), so it is not said again while it lasts.
+        # To the scheduler's guard, which says a full disk once while it lasts: the same error
+        # each time (no path in it).
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {len(full)} run log(s) not rotated")
     return rotated
 
 
 def _copy_aside(log_path: Path) -> None:
-    """The log copied to its `.1` whole or not at all: a copy made in place that failed (a full
-    disk) left a partial `.1` in place of the last rotation's, holding the disk's last free space
-    until the next try a minute later rewrote it and failed again: the rotation kept full a disk
-    it had filled itself, so checkpoints failed, while the log stayed as long."""
+    """The log copied to its `.1` whole or not at all: the copy is written beside it
+    (`.1.tmp`) and renamed over the last rotation's, and a copy that fails is removed, so no
+    partial copy holds the disk's free space. The copy needs room for a second `.1` while the old
+    one still exists; when the disk has none, the old `.1` (the oldest lines) is removed and the
+    copy tried once more. If that fails too, the error is raised and the log is left as it is."""
     copy = rotated_copy(log_path)
+    try:
+        _copy_whole(log_path, copy)
+    except OSError as exc:
+        if not disk_full(exc) or not copy.exists():
+            raise
+        copy.unlink()
+        _copy_whole(log_path, copy)
+
+
+def _copy_whole(log_path: Path, copy: Path) -> None:
     partial = copy.with_name(copy.name + ".tmp")
     try:
         shutil.copyfile(log_path, partial)

@@ -593,3 +593,17 @@ def test_a_rotation_on_a_full_disk_is_the_schedulers_one_line_not_a_warning_a_lo
                                  "device: 1 run log(s) not rotated); make room on the state_dir's disk"), said
     assert said[1] == ("fleetd.scheduler", "INFO", "job rotate_logs works again, after 3 failed run(s)")
     assert log.stat().st_size == 0 and log.with_name(log.name + ".1").stat().st_size == 5000
+
+
+def test_a_rotation_with_no_room_for_a_second_copy_drops_the_old_copy_and_rotates(tmp_path: Path) -> None:
+    """The copy to `.1.tmp` needs room for a second copy while the old `.1` still exists: on a
+    disk without it (the kernel's ENOSPC: `.1.tmp` is /dev/full), the old `.1`, the oldest lines,
+    is removed and the copy tried again, so the log is truncated rather than growing without bound."""
+    games, log = a_run_log(tmp_path)
+    log.write_bytes(b"x" * 5000)
+    copy = log.with_name(log.name + ".1")
+    copy.write_bytes(b"the last rotation's lines\n")
+    log.with_name(log.name + ".1.tmp").symlink_to("/dev/full")  # no room while the old copy exists
+    assert rotate_logs_job(games, max_bytes=1000) == [log]
+    assert copy.read_bytes() == b"x" * 5000 and log.stat().st_size == 0
+    assert sorted(p.name for p in log.parent.iterdir()) == sorted([log.name, copy.name])
