@@ -58,7 +58,7 @@ def disk_full(exc: BaseException) -> bool:
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        code = getattr(getattr(seen, "orig", None), "sqlite_errorname", None) or getattr(seen, "sqlite_errorname", None)
+        code = getattr(seen, "sqlite_errorname", None)
         if isinstance(code, str) and code.startswith("SQLITE_FULL"):
             return True
         seen = seen.__cause__ or getattr(seen, "orig", None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -54,7 +54,7 @@ class SteadyJob:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self._run = _logged(job)
+        self._run = _Guarded(job)
         self._stop = threading.Event()
         # A daemon thread, waited for at the daemon's exit for a bounded time (Scheduler.join):
         # a run under way at the stop (telemetry writing its samples) ends whole, and one hung
@@ -86,7 +86,7 @@ def build_scheduler(jobs: Iterable[Job]) -> Scheduler:
             steady.append(SteadyJob(job))
             continue
         background.add_job(
-            _logged(job),
+            _Guarded(job),
             "interval",
             seconds=job.interval_s,
             id=job.id,
@@ -98,15 +98,10 @@ def build_scheduler(jobs: Iterable[Job]) -> Scheduler:
     return Scheduler(background, steady)
 
 
-def _logged(job: Job) -> Callable[[], None]:
-    return _Guarded(job)
-
-
 class _Guarded:
     """A job's run that never stops the scheduler: a failure is logged and the job runs again at
-    its next interval. A failure that repeats is logged once, not at every run: a full disk failed
-    the heartbeat's write every few seconds, each with a 40-line traceback, for as long as it
-    lasted, burying in the journal what said why. A full disk is one line that says so; once the
+    its next interval. A failure that repeats the same way is logged once, not at every run (at
+    debug level after that). A full disk is one line that says so, without a traceback; once the
     job works again, one line says that too."""
 
     def __init__(self, job: Job) -> None:

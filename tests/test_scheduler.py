@@ -239,7 +239,7 @@ def test_a_job_failing_on_a_full_disk_says_so_in_one_line_once_and_when_it_works
     from sqlalchemy import event, text
 
     from fleetd.jobs import Job
-    from fleetd.scheduler import _logged
+    from fleetd.scheduler import _Guarded
     from fleetd.store.engine import Database
 
     db = Database.open(tmp_path / "fleetd.db")
@@ -254,7 +254,7 @@ def test_a_job_failing_on_a_full_disk_says_so_in_one_line_once_and_when_it_works
 
     db.engine.dispose()
     pages["max"] = 3  # the disk fills: every write from now on is SQLITE_FULL
-    run = _logged(Job("heartbeat", 0.5, beat))
+    run = _Guarded(Job("heartbeat", 0.5, beat))
     with caplog.at_level(logging.INFO, logger="fleetd.scheduler"):
         for _ in range(4):
             run()
@@ -275,14 +275,14 @@ def test_a_job_failing_otherwise_keeps_its_traceback_but_once_while_it_repeats(c
     import logging
 
     from fleetd.jobs import Job
-    from fleetd.scheduler import _logged
+    from fleetd.scheduler import _Guarded
 
     failures = iter([ValueError("bad sample"), ValueError("bad sample"), KeyError("gpu0")])
 
     def job() -> None:
         raise next(failures)
 
-    run = _logged(Job("telemetry", 5, job))
+    run = _Guarded(Job("telemetry", 5, job))
     with caplog.at_level(logging.INFO, logger="fleetd.scheduler"):
         for _ in range(3):
             run()

@@ -404,7 +404,7 @@ def test_retention_on_a_full_disk_goes_to_the_schedulers_one_line_not_a_tracebac
     import logging
 
     from fleetd.jobs import Job
-    from fleetd.scheduler import _logged
+    from fleetd.scheduler import _Guarded
     from tests.test_supervisor_loop import disk_fills_at
 
     start(db, host, clock)
@@ -412,7 +412,7 @@ def test_retention_on_a_full_disk_goes_to_the_schedulers_one_line_not_a_tracebac
         create_event(session, clock.now() - timedelta(days=100), "old", "long ago")
         create_metric_rows(session, clock.now() - timedelta(days=30), [(None, None, "host_cpu_pct", 1.0)])
     settings = RetentionSettings(events_days=90, samples_days=14)
-    run = _logged(Job("retention", 3600, lambda: retention_job(db, clock, settings)))
+    run = _Guarded(Job("retention", 3600, lambda: retention_job(db, clock, settings)))
     with caplog.at_level(logging.INFO):
         for _ in range(2):
             with disk_fills_at(db, "DELETE FROM events"):

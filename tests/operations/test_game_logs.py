@@ -575,12 +575,12 @@ def test_a_rotation_on_a_full_disk_is_the_schedulers_one_line_not_a_warning_a_lo
     import logging
 
     from fleetd.jobs import Job
-    from fleetd.scheduler import _logged
+    from fleetd.scheduler import _Guarded
 
     games, log = a_run_log(tmp_path)
     log.write_bytes(b"x" * 5000)
     partial = log.with_name(log.name + ".1.tmp")
-    run = _logged(Job("rotate_logs", 60, lambda: rotate_logs_job(games, max_bytes=1000)))
+    run = _Guarded(Job("rotate_logs", 60, lambda: rotate_logs_job(games, max_bytes=1000)))
     with caplog.at_level(logging.INFO):
         for _ in range(3):
             partial.symlink_to("/dev/full")  # the disk is full again (a failed copy is removed)
