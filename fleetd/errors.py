@@ -65,6 +65,16 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
+MAKE_ROOM = "make room on the state_dir's disk"
+"""The advice every full-disk message gives: the database and the files fleetd writes are under the state_dir."""
+
+
+def disk_full_reason(exc: BaseException) -> BaseException:
+    """What a full disk's error says, for its message: the driver's error a SQLAlchemy error
+    wraps (its own text carries the statement and its parameters), or the error itself."""
+    return getattr(exc, "orig", None) or exc
+
+
 def field_path(parts: tuple[Any, ...] | list[Any]) -> str:
     """A pydantic error location as fleetd's checks and docs name a field: `games[0].priority`,
     not `games.0.priority`."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from fleetd.errors import disk_full
+from fleetd.errors import MAKE_ROOM, disk_full
 from fleetd.jobs import Job
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,7 @@ class _Guarded:
         self._failing = said
         again = f"tried again every {self._job.interval_s:g} s, not logged again until it works or fails otherwise"
         if disk_full(exc):
-            log.error("job %s failed: the disk is full (%s); make room on the state_dir's disk; %s",
-                      self._job.id, said, again)
+            log.error("job %s failed: the disk is full (%s); %s; %s", self._job.id, said, MAKE_ROOM, again)
         else:
             log.exception("job %s failed (%s)", self._job.id, again)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
-from fleetd.errors import ErrorCode, FleetdError, disk_full
+from fleetd.errors import ErrorCode, MAKE_ROOM, FleetdError, disk_full, disk_full_reason
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import Kept, KeptFiles, sort_kept
 from fleetd.governor.snapshot import FleetSnapshot
@@ -257,9 +257,8 @@ def busy_midway(*names: str, again: str = "remove again") -> Iterator[list[int]]
         which = ("game " if len(names) == 1 else "games ") + ", ".join(repr(name) for name in names)
         lost = "; part of the history (samples) may already be deleted" if sum(forgotten) > 0 else ""
         if full:  # the API's 507 said "nothing was changed": false once a batch committed
-            reason = getattr(exc, "orig", exc)
             raise FleetdError(ErrorCode.DISK_FULL, f"{which} not removed: the disk of fleetd's database is full "
-                              f"({reason}){lost}: make room on the state_dir's disk, then {again}",
+                              f"({disk_full_reason(exc)}){lost}: {MAKE_ROOM}, then {again}",
                               {"names": list(names)}) from exc
         assert isinstance(exc, FleetdError)
         raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held its "

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from fleetd.errors import disk_full
+from fleetd.errors import MAKE_ROOM, disk_full, disk_full_reason
 from fleetd.supervision.commands import Shutdown
 from fleetd.supervision.supervisor import Supervisor
 
@@ -64,8 +64,8 @@ class SupervisorThread:
         except Exception as exc:
             if disk_full(exc):  # the operator's to fix, said in one line; not a bug's traceback
                 log.error("the supervision loop failed: the disk of the database is full (%s); fleetd stops and "
-                          "leaves the workers running: make room on the state_dir's disk, and the next start "
-                          "adopts them", getattr(exc, "orig", exc))
+                          "leaves the workers running: %s, and the next start adopts them", disk_full_reason(exc),
+                          MAKE_ROOM)
             else:
                 log.exception("the supervision loop failed; fleetd stops and leaves the workers running")
             self.failed = True
