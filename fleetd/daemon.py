@@ -24,7 +24,7 @@ from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
 from fleetd.host import forensics
-from fleetd.errors import FleetdError, disk_full
+from fleetd.errors import MAKE_ROOM, FleetdError, disk_full, disk_full_reason
 from fleetd.endpoint import host_port, http_url
 from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
@@ -318,16 +318,15 @@ class Daemon:
     def _record_stop(self, db: Database, start: DaemonStart, reason: str) -> None:
         """The stop in the boot log. On a disk that filled while the daemon ran this write fails
         too: said in one line, and the stop goes on (the scheduler joined, alerts drained, the
-        exit code the stop's). Raised, it was a traceback and exit 1 in place of all that."""
+        exit code the stop's); any other error is raised."""
         try:
             record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
                                severity="warning" if self.stop.failure else "info")
         except Exception as exc:
             if not disk_full(exc):
                 raise
-            log.error("the stop (%s) is not in the boot log: the disk of the database is full (%s); make room "
-                      "on the state_dir's disk; the next start counts this stop as a crash", reason,
-                      getattr(exc, "orig", exc))
+            log.error("the stop (%s) is not in the boot log: the disk of the database is full (%s); %s; "
+                      "the next start counts this stop as a crash", reason, disk_full_reason(exc), MAKE_ROOM)
 
     def _stop_reason(self) -> str:
         """What the stop event says; a stop meant to stop the workers that did not get to
@@ -408,8 +407,8 @@ class Daemon:
 
     def _record_mps(self, db: Database, kind: MpsEvent, message: str, severity: str) -> None:
         """An MPS event, logged and in the events. On a disk that filled while the daemon ran the
-        write fails: said in one line, as _record_stop says it. Raised, the `mps_stopped` of a
-        SIGTERM's stop (the daemon's finally) was a traceback and exit 1 past the stop's own code."""
+        write fails: said in one line, as _record_stop says it, so the `mps_stopped` of a stop (the
+        daemon's finally) leaves the stop's own exit code."""
         log.log(logging.ERROR if severity == "error" else logging.INFO, "%s", message)
         try:
             with db.transaction() as session:
@@ -417,8 +416,8 @@ class Daemon:
         except Exception as exc:
             if not disk_full(exc):
                 raise
-            log.error("event %s not recorded: the disk of the database is full (%s); make room on the "
-                      "state_dir's disk", kind.value, getattr(exc, "orig", exc))
+            log.error("event %s not recorded: the disk of the database is full (%s); %s", kind.value,
+                      disk_full_reason(exc), MAKE_ROOM)
 
     def _start_mps(self, db: Database) -> Mps:
         """Before the first worker spawns: they join it through their environment."""
