@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, disk_full, field_path, validator_reason
+from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, MAKE_ROOM, disk_full, disk_full_reason, field_path, validator_reason
 from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
 from fleetd.store.engine import DatabaseWriteError
 
@@ -155,20 +155,20 @@ async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_write_error(request: Request, exc: Exception) -> JSONResponse:
-    """A write on a disk that filled while the daemon ran: a 507 that says so, one line in the
-    log. It was a 500 "internal error", a bug's answer, with two tracebacks in the log (the
-    catch-all's and uvicorn's): a database write (its transaction rolled back whole), and a
-    file's too (a model imported, an export's zip: ENOSPC). Any other such error is a bug's."""
+    """A write on a disk that filled while the daemon ran: a 507 that says so, and one line in
+    the log without a traceback. It covers a database write (its transaction rolled back whole)
+    and a file's (a model imported, an export's zip: ENOSPC). Any other such error is a bug's:
+    the catch-all's 500."""
     if not disk_full(exc):
         return await _on_unexpected(request, exc)
-    reason = getattr(exc, "orig", exc)
+    reason = disk_full_reason(exc)
     if isinstance(exc, DatabaseWriteError):
         where, done = "the disk of fleetd's database", "nothing was changed; "
     else:  # a file under the state_dir: what was written of it is removed or left unused
         where, done = "the state_dir's disk", ""
     log.error("%s %s refused: %s is full (%s)", request.method, request.url.path, where, reason)
-    return _respond(FleetdError(ErrorCode.DISK_FULL, f"{where} is full ({reason}): {done}make room on the "
-                                "state_dir's disk, then send it again"))
+    return _respond(FleetdError(ErrorCode.DISK_FULL, f"{where} is full ({reason}): {done}{MAKE_ROOM}, "
+                                "then send it again"))
 
 
 def install_error_handlers(app: FastAPI) -> None:
