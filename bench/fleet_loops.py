@@ -288,14 +288,20 @@ class DqnLoop:
         if self.calls % max(1, self.job.settings["target_update_interval"] // self.n) == 0:
             self.target.load_state_dict(self.q.state_dict())  # SB3 counts vector steps for it
 
+    def sample(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """`batch` stored transitions drawn at random, on the device: (obs, next_obs) as float
+        (frames scaled to [0, 1]), then (action, reward, done)."""
+        scale = 255.0 if self.image else 1.0
+        rows = self.rng.integers(0, self.size if self.full else self.pos, batch)
+        cols = self.rng.integers(0, self.n, batch)
+        frames = tuple(torch.as_tensor(b[rows, cols], device=self.device).float() / scale
+                       for b in (self.obs_buf, self.next_buf))
+        return frames + tuple(torch.as_tensor(b[rows, cols], device=self.device)
+                              for b in (self.act_buf, self.rew_buf, self.done_buf))
+
     def gradient_step(self) -> None:
-        hp, scale = self.job.settings, 255.0 if self.image else 1.0
-        rows = self.rng.integers(0, self.size if self.full else self.pos, hp["batch_size"])
-        cols = self.rng.integers(0, self.n, hp["batch_size"])
-        obs, next_obs = (torch.as_tensor(b[rows, cols], device=self.device).float() / scale
-                         for b in (self.obs_buf, self.next_buf))
-        act, rew, done = (torch.as_tensor(b[rows, cols], device=self.device)
-                          for b in (self.act_buf, self.rew_buf, self.done_buf))
+        hp = self.job.settings
+        obs, next_obs, act, rew, done = self.sample(hp["batch_size"])
         with autocast(self.job, self.device):
             with torch.no_grad():
                 target = rew + hp["gamma"] * self.target(next_obs).float().max(1).values * (1 - done)
