@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,14 @@ from workers.protocol.spec import RunSpec, TierDefaults  # noqa: E402
 from workers.train import build_model, env_config, sb3_logger  # noqa: E402
 
 
-def worker_model(args):
-    spec = RunSpec(version=1, game="bench", run_id=0, env_id=args.env_id, algo="dqn", checkpoint_dir="/nonexistent",
-                   cpu_threads=args.threads, device=args.device, seed=1,
+def worker_model(env_id: str, num_envs: int, tier_batch: int, threads: int, device: str):
+    """The DQN model the worker builds for a rung of `num_envs` envs and PPO batch `tier_batch`
+    (tier values, as the daemon's spec carries them), and its vector env."""
+    spec = RunSpec(version=1, game="bench", run_id=0, env_id=env_id, algo="dqn", checkpoint_dir="/nonexistent",
+                   cpu_threads=threads, device=device, seed=1,
                    hyperparams={"learning_starts": 0},
-                   tier_defaults=TierDefaults(num_envs=args.num_envs, batch_size=args.tier_batch))
-    plan = make_plan(spec, select_device(args.device))
+                   tier_defaults=TierDefaults(num_envs=num_envs, batch_size=tier_batch))
+    plan = make_plan(spec, select_device(device))
     venv = make_vec_env(env_config(spec, plan))
     model = build_model(spec, plan, venv)
     model.set_logger(sb3_logger(None, "bench"))  # as the worker's learn() has it
@@ -72,13 +75,35 @@ def fill(model, loop: DqnLoop, rows: int, rng: np.random.Generator) -> None:
     buf.pos = loop.pos = rows
 
 
-def timed(fn, steps: int, device: torch.device) -> tuple[float, float]:
-    """(wall, CPU) ms per step of `fn(steps)`."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn(steps)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - wall) * 1e3 / steps, (time.process_time() - cpu) * 1e3 / steps
+def alternate_rounds(sides: dict[str, Callable[[], None]], rounds: int, per: int,
+                     sync: Callable[[], None] | None = None) -> list[dict[str, tuple[float, float]]]:
+    """Each side run once a round, the order reversed every other round: (wall, CPU) ms per one
+    of the `per` steps a run does (`sync` after each, for a device's queued work), a line a round."""
+    done = []
+    for r in range(rounds):
+        row = {}
+        for name in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            wall, cpu = time.perf_counter(), time.process_time()
+            sides[name]()
+            if sync is not None:
+                sync()
+            row[name] = ((time.perf_counter() - wall) * 1e3 / per, (time.process_time() - cpu) * 1e3 / per)
+        done.append(row)
+        print(json.dumps({k: [round(x, 3) for x in v] for k, v in row.items()}), flush=True)
+    return done
+
+
+def medians(rounds: list[dict[str, tuple[float, float]]]) -> dict[str, dict[str, float]]:
+    """Each side's median wall and CPU ms over the rounds."""
+    return {name: {"wall_ms": statistics.median(r[name][0] for r in rounds),
+                   "cpu_ms": statistics.median(r[name][1] for r in rounds)} for name in rounds[0]}
+
+
+def report(result: dict, path: str | None) -> None:
+    """The result printed, and written as JSON to `path` if given."""
+    print(json.dumps(result, indent=2))
+    if path:
+        Path(path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 def main() -> None:
@@ -98,7 +123,7 @@ def main() -> None:
     torch.set_flush_denormal(args.flush_denormal)
     device = select_device(args.device)
     configure_torch(device, args.threads)
-    model, venv = worker_model(args)
+    model, venv = worker_model(args.env_id, args.num_envs, args.tier_batch, args.threads, args.device)
     settings = loop_settings(args.env_id, "dqn", {"num_envs": args.num_envs, "batch_size": args.tier_batch},
                              Options(device=args.device, dqn_learning_starts=0))
     job = Job(kind="dqn", env_id=args.env_id, num_envs=args.num_envs, threads=args.threads, device=args.device,
@@ -128,31 +153,19 @@ def main() -> None:
 
     def loop_sample(steps: int) -> None:
         for _ in range(steps):
-            rows = loop.rng.integers(0, loop.pos, batch)
-            cols = loop.rng.integers(0, loop.n, batch)
-            scale = 255.0 if loop.image else 1.0
-            for b in (loop.obs_buf, loop.next_buf):
-                torch.as_tensor(b[rows, cols], device=loop.device).float() / scale
-            for b in (loop.act_buf, loop.rew_buf, loop.done_buf):
-                torch.as_tensor(b[rows, cols], device=loop.device)
+            loop.sample(batch)
 
     sides = {"worker": worker, "sb3": sb3, "loop": loop_steps, "worker_sample": worker_sample, "loop_sample": loop_sample}
     for fn in sides.values():  # warm-up
         fn(10)
-    rounds = []
-    for r in range(args.rounds):
-        order = list(sides) if r % 2 == 0 else list(reversed(sides))
-        rounds.append({name: timed(sides[name], args.steps, loop.device) for name in order})
-        print(json.dumps({k: [round(x, 3) for x in v] for k, v in rounds[-1].items()}), flush=True)
-    med = {name: {"wall_ms": statistics.median(r[name][0] for r in rounds),
-                  "cpu_ms": statistics.median(r[name][1] for r in rounds)} for name in sides}
+    sync = torch.cuda.synchronize if loop.device.type == "cuda" else None
+    med = medians(alternate_rounds({name: (lambda fn=fn: fn(args.steps)) for name, fn in sides.items()},
+                                   args.rounds, args.steps, sync))
     result = {"env_id": args.env_id, "num_envs": args.num_envs, "batch_size": batch, "device": args.device,
               "threads": args.threads, "steps": args.steps, "rounds": args.rounds, "median": med,
               "worker_over_loop_wall": med["worker"]["wall_ms"] / med["loop"]["wall_ms"],
               "load": os.getloadavg()}
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     venv.close()
     envs.close()
 

@@ -16,11 +16,8 @@ Prints ms per vector step (process CPU and wall), the medians over rounds, and t
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +25,7 @@ from stable_baselines3 import DQN
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.dqn_step import worker_model  # noqa: E402
+from bench.dqn_step import alternate_rounds, medians, report, worker_model  # noqa: E402
 from workers.hyperparams import configure_torch, select_device  # noqa: E402
 
 
@@ -42,10 +39,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
-    args.device = "cpu"
 
     configure_torch(select_device("cpu"), args.threads)
-    model, venv = worker_model(args)
+    model, venv = worker_model(args.env_id, args.num_envs, args.tier_batch, args.threads, "cpu")
     buf = model.replay_buffer
     if buf.buffer_size < args.steps:
         parser.error(f"--steps {args.steps} exceed the buffer's {buf.buffer_size} rows at {args.num_envs} envs")
@@ -68,24 +64,13 @@ def main() -> None:
              "worker": lambda: store(model._store_transition), "plain": lambda: store(plain)}
     for fn in sides.values():  # warm-up: the buffer's pages touched
         fn()
-    rounds = []
-    for r in range(args.rounds):
-        row = {}
-        for name in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-            wall, cpu = time.perf_counter(), time.process_time()
-            sides[name]()
-            row[name] = ((time.perf_counter() - wall) * 1e3 / args.steps, (time.process_time() - cpu) * 1e3 / args.steps)
-        rounds.append(row)
-        print(json.dumps({k: [round(x, 3) for x in v] for k, v in row.items()}), flush=True)
-    med = {name: {"cpu_ms": statistics.median(r[name][1] for r in rounds),
-                  "wall_ms": statistics.median(r[name][0] for r in rounds)} for name in sides}
+    rounds = alternate_rounds(sides, args.rounds, args.steps)
+    med = medians(rounds)
     result = {"env_id": args.env_id, "num_envs": args.num_envs, "obs_bytes": int(first.nbytes),
               "steps": args.steps, "rounds": args.rounds, "median": med,
               "cpu_range": {name: [min(r[name][1] for r in rounds), max(r[name][1] for r in rounds)] for name in sides},
               "episode_ends": int(sum(d.sum() for _, _, d, _ in recorded)), "load": os.getloadavg()}
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     venv.close()
 
 
