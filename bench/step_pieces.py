@@ -9,6 +9,10 @@ per-step code that scales with the env count: the callback's episode scan
 timed with `time.thread_time` (this thread's CPU, not EnvPool's threads', and not the wait for
 them), EnvPool's `send`/`recv` too, so that *adapter own* is the adapter's Python and numpy.
 `bench/adapter_breakdown.py` gives the wall side (the wait on the finished envs' reset step).
+
+It also checks each full batch EnvPool returns (every env's step, not the finished envs' reset
+step) for what lets the adapter use its observations without a copy: writeable, and in env
+order; it prints how many of them were (its own CPU is not counted in any piece).
 """
 
 from __future__ import annotations
@@ -43,13 +47,35 @@ def timed(seconds: collections.Counter, name: str, fn):
     return call
 
 
-def measure(env_id: str, num_envs: int, threads: int, steps: int, warmup: int) -> tuple[dict[str, float], float]:
-    """Main-thread CPU seconds a vector step of each piece, and the envs finishing a step."""
+def checked(seconds: collections.Counter, batches: collections.Counter, num_envs: int, recv):
+    """`recv` that counts the full batches it returns, those writeable and those in env order;
+    the check's own CPU goes to seconds["batch check"]."""
+    in_order = np.arange(num_envs)
+
+    def call(*args, **kwargs):
+        out = recv(*args, **kwargs)
+        start = time.thread_time()
+        obs, info = out[0], out[-1]
+        ids = info.get("env_id") if isinstance(info, dict) else None
+        if ids is not None and len(ids) == num_envs:
+            batches["full"] += 1
+            batches["writeable"] += bool(obs.flags.writeable)
+            batches["in env order"] += bool(np.array_equal(ids, in_order))
+        seconds["batch check"] += time.thread_time() - start
+        return out
+    return call
+
+
+def measure(env_id: str, num_envs: int, threads: int, steps: int,
+            warmup: int) -> tuple[dict[str, float], float, collections.Counter]:
+    """Main-thread CPU seconds a vector step of each piece, the envs finishing a step, and the
+    full observation batches seen: how many, how many writeable, how many in env order."""
     venv = make_envpool_vec_env(EnvConfig(env_id, num_envs, seed=0, num_threads=threads))
     venv.reset()
     seconds: collections.Counter = collections.Counter()
+    batches: collections.Counter = collections.Counter()
     venv.pool.send = timed(seconds, "EnvPool send", venv.pool.send)
-    venv.pool.recv = timed(seconds, "EnvPool recv", venv.pool.recv)
+    venv.pool.recv = checked(seconds, batches, num_envs, timed(seconds, "EnvPool recv", venv.pool.recv))
     callback = FleetCallback(spec=None, counters=Counters(), stop=StopFlag(), checkpointer=None)
     holder = InfoBuffers()
     buffer = DeviceRolloutBuffer(8, venv.observation_space, venv.action_space, device="cpu", n_envs=num_envs)
@@ -77,9 +103,10 @@ def measure(env_id: str, num_envs: int, threads: int, steps: int, warmup: int) -
             finished += int(dones.sum()) if t >= warmup else 0
     finally:
         venv.close()
+    seconds["adapter step"] -= seconds.pop("batch check", 0.0)
     seconds["adapter own (step less send, recv)"] = (
         seconds["adapter step"] - seconds["EnvPool send"] - seconds["EnvPool recv"])
-    return {name: total / steps for name, total in seconds.items()}, finished / steps
+    return {name: total / steps for name, total in seconds.items()}, finished / steps, batches
 
 
 def main() -> None:
@@ -90,11 +117,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=60, help="steps first, untimed (Atari: until lives are lost)")
     args = parser.parse_args()
-    pieces, finished = measure(args.env_id, args.num_envs, args.threads, args.steps, args.warmup)
+    pieces, finished, batches = measure(args.env_id, args.num_envs, args.threads, args.steps, args.warmup)
     print(f"{args.env_id}, {args.num_envs} envs, {args.threads} threads, {args.steps} steps, "
           f"{finished:.1f} envs finishing a step; main-thread CPU ms a vector step:")
     for name, per_step in pieces.items():
         print(f"  {name:38s} {per_step * 1e3:7.3f}")
+    print(f"full observation batches from EnvPool: {batches['full']}, writeable {batches['writeable']}, "
+          f"in env order {batches['in env order']}")
+    assert batches["full"] > 0 and batches["writeable"] == batches["in env order"] == batches["full"], (
+        f"the adapter copies the observation batch: {dict(batches)}")
 
 
 if __name__ == "__main__":
