@@ -12,9 +12,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
 from fleetd.api.context import AppContext, DaemonInfo
@@ -84,6 +86,19 @@ def api_context(settings: Settings, db: Database, clock: FakeClock, host: FakeHo
     info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
     fleet = FleetController(settings.fleet, db, clock, telemetry=None)
     return AppContext(settings, db, clock, token, info, CATALOG, RecordingSupervisor(fleet))
+
+
+def loop_client(loop: Any, settings: Settings | None = None) -> TestClient:
+    """The app over a supervisor-loop test's `Loop` (its store, clock and real supervisor), the
+    daemon's start recorded as the daemon records it, authorised; `settings` in place of the
+    loop's (e.g. `on_ray(loop.settings)`)."""
+    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
+    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
+    token = "t" * 32
+    context = AppContext(settings or loop.settings, loop.db, loop.clock, token, info, CATALOG, loop.sup)
+    client = TestClient(create_app(context))
+    client.headers["Authorization"] = "Bearer " + token
+    return client
 
 
 @contextmanager

@@ -135,26 +135,26 @@ def test_busy_database_is_503_and_crash_is_500(client: TestClient, monkeypatch: 
 def test_a_write_on_a_full_disk_is_507_naming_the_disk_in_one_log_line(
     client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The disk filled while the daemon ran (simulated: the route's store call raises a real
+    """The disk filled while the daemon ran (simulated: a stop's store call raises a real
     SQLITE_FULL error, as SQLAlchemy does): a 500 "internal error" with two tracebacks, a bug's
     answer to what the operator must fix."""
     import logging
 
-    import fleetd.api.routes.events as events_route
-    from tests.test_supervisor_loop import sqlite_full
+    import fleetd.api.routes.games as games_route
+    from tests.disk import sqlite_full
 
     full = sqlite_full()
 
     def write(*_args, **_kwargs):
         raise full
 
-    monkeypatch.setattr(events_route, "read_events", write)
+    monkeypatch.setattr(games_route, "set_desired", write)
     with caplog.at_level(logging.ERROR):
-        error = assert_envelope(client.get("/api/v1/events"), 507, "disk_full")
+        error = assert_envelope(client.post("/api/v1/games/cart/stop"), 507, "disk_full")
     assert error["message"] == ("the disk of fleetd's database is full (database or disk is full): nothing was "
                                 "changed; make room on the state_dir's disk, then send it again")
     assert [(r.getMessage(), r.exc_info) for r in caplog.records] == [
-        ("GET /api/v1/events refused: the disk of fleetd's database is full (database or disk is full)", None)]
+        ("POST /api/v1/games/cart/stop refused: the disk of fleetd's database is full (database or disk is full)", None)]
 
 
 def test_openapi_documents_bearer_auth_and_the_error_body(client: TestClient) -> None:

@@ -107,6 +107,6 @@ def test_step_pieces_times_each_piece_of_the_worker_step_on_the_main_thread():
     assert set(pieces) == {"EnvPool send", "EnvPool recv", "adapter step", "callback episode scan",
                            "SB3 _update_info_buffer", "truncation scan", "add_env_step",
                            "adapter own (step less send, recv)"}
-    assert all(seconds >= 0 for name, seconds in pieces.items() if name != "adapter own (step less send, recv)")
-    assert pieces["adapter step"] >= pieces["EnvPool recv"]
+    # send and recv are timed inside the step: the adapter's own share is less than the whole
+    assert pieces["adapter own (step less send, recv)"] < pieces["adapter step"]
     assert finished > 0  # CartPole's random episodes end within 40 steps of 4 envs

@@ -2,6 +2,9 @@
 loop, on the same replay contents, with the worker's resolved batch (the zoo's, not the tier's).
 And bench/dqn_store.py: a vector step's transitions stored by SB3's code, the worker's and a plain
 slot write.
+
+The timing checks are smoke checks (every side timed, no time below zero), not measurements;
+the zoo's batch of 64 and the refusal of a buffer too small for it are real checks.
 """
 
 from __future__ import annotations

@@ -15,14 +15,14 @@ idle. Each curve is sampled from its game's start, as before, on a thread of its
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
 
-from tests.daemon_harness import STARTUP_TIMEOUT_S, SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
+from tests.daemon_harness import STARTUP_TIMEOUT_S, SUPERVISION, Daemon, daemon_on_fresh_config
 
 pytestmark = pytest.mark.e2e
 
@@ -53,17 +53,14 @@ def _curve_until(daemon: Daemon, name: str, threshold: float, budget: int, timeo
 
 
 class Learner(threading.Thread):
-    """One case under a daemon of its own: its game added, its curve sampled until the threshold
-    or the budget (then the game is stopped, to leave the cores to the others)."""
+    """One case on a daemon of its own (started, not yet healthy): its game (the thread's name)
+    added, its curve sampled until the threshold or the budget (then the game is stopped, to
+    leave the cores to the others)."""
 
-    def __init__(self, algo: str, goal: dict, threshold: float, budget: int) -> None:
-        super().__init__(daemon=True, name=f"learn-{algo}")
-        self.name_, self.threshold, self.budget = f"cart-{algo}", threshold, budget
-        self.body = {"name": self.name_, "env_id": "CartPole-v1", "algo": algo, "hyperparams": SIZING, **goal}
-        self.config = DaemonConfig(short_tmp_dir(), extra=SUPERVISION)
-        self.config.write()
-        self.config.set_boot_id("boot-one")
-        self.fleetd: Daemon | None = None
+    def __init__(self, fleetd: Daemon, algo: str, goal: dict, threshold: float, budget: int) -> None:
+        super().__init__(daemon=True, name=f"cart-{algo}")
+        self.fleetd, self.threshold, self.budget = fleetd, threshold, budget
+        self.body = {"name": self.name, "env_id": "CartPole-v1", "algo": algo, "hyperparams": SIZING, **goal}
         self.curve: list[tuple[int, float]] = []
         self.took = 0.0
         self.error: BaseException | None = None
@@ -71,21 +68,14 @@ class Learner(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.fleetd = Daemon(self.config)
             self.fleetd.wait_healthy()
             assert self.fleetd.post("/api/v1/games", self.body).status_code == 201
             started = time.monotonic()
-            self.curve = _curve_until(self.fleetd, self.name_, self.threshold, self.budget, timeout=900, stop=self.stop)
+            self.curve = _curve_until(self.fleetd, self.name, self.threshold, self.budget, timeout=900, stop=self.stop)
             self.took = time.monotonic() - started
-            self.fleetd.post(f"/api/v1/games/{self.name_}/stop")
+            self.fleetd.post(f"/api/v1/games/{self.name}/stop")
         except BaseException as exc:  # re-raised by its test
             self.error = exc
-
-    def close(self) -> None:
-        if self.fleetd is not None:
-            self.fleetd.ensure_stopped()
-        kill_leftover_workers(self.config)
-        shutil.rmtree(self.config.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +84,19 @@ def learners(request: pytest.FixtureRequest) -> Iterator[dict[str, Learner]]:
     Ctrl-C) each is told to stop and its daemon and workers ended at once, not trained on."""
     selected = {item.callspec.params["algo"] for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec")}
-    started = {algo: Learner(algo, goal, threshold, budget) for algo, goal, threshold, budget in CASES if algo in selected}
-    for learner in started.values():
-        learner.start()
-    try:
-        yield started
-    finally:
+    with ExitStack() as daemons:
+        started = {algo: Learner(daemons.enter_context(daemon_on_fresh_config(SUPERVISION)), algo, *case)
+                   for algo, *case in CASES if algo in selected}
         for learner in started.values():
-            learner.stop.set()
-        for learner in started.values():
-            learner.close()
-        for learner in started.values():
-            learner.join(10)
+            learner.start()
+        try:
+            yield started
+        finally:
+            for learner in started.values():
+                learner.stop.set()
+            daemons.close()  # each daemon stopped, its workers ended, its folder removed
+            for learner in started.values():
+                learner.join(10)
 
 
 @pytest.mark.parametrize(("algo", "goal", "threshold", "budget"), CASES, ids=[c[0] for c in CASES])

@@ -7,19 +7,14 @@ from __future__ import annotations
 import logging
 import signal
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from fleetd.api import create_app
-from fleetd.api.context import AppContext, DaemonInfo
-from fleetd.games.catalog import EnvCatalog
 from fleetd.config import Settings
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.governor.controller import FleetController
@@ -42,7 +37,8 @@ from fleetd.supervision.commands import Reconcile, RestartGame, Shutdown, StartG
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.supervision.thread import SupervisorThread
 from fleetd.host.uptime import record_daemon_start
-from tests.api_context import on_ray, write_locked
+from tests.api_context import loop_client, on_ray, write_locked
+from tests.disk import sqlite_full
 from tests.fakes import FakeClock, FakeHost
 from tests.supervision_fakes import FakeFinder, FakeLauncher, FakeReactor
 from tests.test_sizing_fleet import GIB, H100, measured
@@ -566,11 +562,7 @@ def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one
     events = events[::-1]
     assert events[0].details == {"run_id": proc.run_id, "steps": 2000, "checkpoint": "ckpt-000000002000",
                                  "reason": "EOFError: ", "subprocess_died": True}
-    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
-    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
-                         EnvCatalog(), loop.sup)
-    client = TestClient(create_app(context))
-    client.headers["Authorization"] = "Bearer " + "t" * 32
+    client = loop_client(loop)
     shown = client.get("/api/v1/events", params={"game": "a", "kind": "evaluation_failed"}).json()["items"]
     assert [e["message"].split(";")[0] for e in shown][::-1] == [
         "evaluation at 2000 steps failed: EOFError: ", "evaluation at 3000 steps failed: FileNotFoundError: /roms/\\udcff.bin"]
@@ -638,51 +630,6 @@ def test_a_stop_whose_workers_all_ended_is_reported_as_having_stopped_them(loop:
     thread.start_and_wait_ready()
     assert thread.shut_down(Shutdown(leave_workers=False), timeout_s=30)
     assert loop.state("a") is State.STOPPED
-
-
-def sqlite_full() -> Exception:
-    """A real SQLITE_FULL ("database or disk is full"), as SQLAlchemy raises it: a database that
-    may not grow past its pages, written past them."""
-    import sqlalchemy.exc
-
-    conn = sqlite3.connect(":memory:")
-    try:
-        conn.execute("CREATE TABLE t (pad BLOB)")
-        conn.execute("PRAGMA max_page_count=2")
-        conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
-    except sqlite3.OperationalError as exc:
-        return sqlalchemy.exc.OperationalError("INSERT INTO exits", {}, exc)
-    finally:
-        conn.close()
-    raise AssertionError("SQLite did not fill up")
-
-
-@contextmanager
-def disk_fills_at(db: Database, statement: str, nth: int = 1) -> Iterator[list[str]]:
-    """The disk fills just before the `nth` statement that starts with `statement` (a DELETE,
-    which max_page_count alone does not fail): its transaction first writes past the pages it
-    has, a real SQLITE_FULL. Room again after (the capped connection is closed); yields the
-    statements seen."""
-    from sqlalchemy import event, text
-
-    with db.transaction() as session:
-        session.execute(text("CREATE TABLE IF NOT EXISTS disk_pad (b BLOB)"))
-    seen: list[str] = []
-
-    def fills(_conn, cursor, sent, *_args) -> None:  # type: ignore[no-untyped-def]
-        if sent.lstrip().upper().startswith(statement.upper()):
-            seen.append(sent)
-            if len(seen) == nth:
-                raw = cursor.connection
-                raw.execute(f"PRAGMA max_page_count={raw.execute('PRAGMA page_count').fetchone()[0]}")
-                raw.execute("INSERT INTO disk_pad VALUES (zeroblob(100000))")
-
-    event.listen(db.engine, "before_cursor_execute", fills)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", fills)
-        db.engine.dispose()
 
 
 def test_a_loop_ended_by_a_full_disk_says_so_in_one_line_and_leaves_the_workers(
@@ -803,11 +750,7 @@ def test_the_api_shows_what_the_supervisor_published(loop: Loop) -> None:
     for name in ("a", "b", "c"):
         loop.add(name)
     loop.start()
-    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
-    info = DaemonInfo(start.boot.id, start.boot.daemon_started_at)
-    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, info, EnvCatalog(), loop.sup)
-    client = TestClient(create_app(context))
-    client.headers["Authorization"] = "Bearer " + "t" * 32
+    client = loop_client(loop)
     games = {g["name"]: g for g in client.get("/api/v1/games").json()["items"]}
     assert {name: g["state"] for name, g in games.items()} == {"a": "starting", "b": "starting", "c": "pending"}
     assert games["c"]["state_reason"] == "waiting for the governor: the light tier runs 2 games"
@@ -839,11 +782,7 @@ def test_a_run_located_on_a_cluster_node_shows_its_host_in_the_games_and_hosts_a
     with loop.db.transaction() as session:
         assert [run.node_id for run in run_store.read_open_runs(session)] == ["n-gpu1", None]
     loop.clock.advance(90)
-    start = record_daemon_start(loop.db, FakeHost(loop.clock).current_boot(), loop.clock.now())
-    context = AppContext(on_ray(loop.settings), loop.db, loop.clock, "t" * 32, DaemonInfo(start.boot.id, start.boot.daemon_started_at),
-                         EnvCatalog(), loop.sup)  # fmt: skip
-    client = TestClient(create_app(context))
-    client.headers["Authorization"] = "Bearer " + "t" * 32
+    client = loop_client(loop, on_ray(loop.settings))
     games = {g["name"]: g for g in client.get("/api/v1/games").json()["items"]}
     assert (games["a"]["host"], games["b"]["host"]) == ("gpu1", None)
     assert client.get("/api/v1/games/a").json()["host"] == "gpu1"

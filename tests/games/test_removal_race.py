@@ -647,7 +647,7 @@ def test_a_removal_whose_second_batch_meets_a_full_disk_says_history_may_be_part
     from fleetd.api import create_app
     from fleetd.store.models import Sample
     from tests.api_context import api_context
-    from tests.test_supervisor_loop import disk_fills_at
+    from tests.disk import disk_fills_at
 
     with db.transaction() as session:
         game_id = game_store.create_game(session, GameDraft("gone", "CartPole-v1", "ppo", Desired.STOPPED, 0),

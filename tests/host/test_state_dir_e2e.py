@@ -21,6 +21,7 @@ import pytest
 
 from fleetd.store.schema import ensure_schema
 from tests.api_context import write_locked
+from tests.host.test_systemd_nspawn import wait_for
 from tests.test_mps_e2e import control_pid, standin_path
 from tests.daemon_harness import (
     Daemon,
@@ -220,13 +221,6 @@ def test_a_full_disk_at_the_tokens_write_exits_78_and_leaves_no_empty_token(conf
     assert "api-token" not in (root / "left").read_text().split()
 
 
-def _wait_for(path: Path, text: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in (path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, f"no {text!r} in {path}: {path.read_text() if path.exists() else ''}"
-        time.sleep(0.05)
-
-
 def test_a_disk_that_fills_while_the_daemon_runs_is_one_line_per_job_and_a_stop_still_exits_0(config: DaemonConfig) -> None:
     """The disk fills after the start (a 8 MiB tmpfs filled by dd from inside the daemon's mount
     namespace: real SQLITE_FULL). The heartbeat failed every 0.5 s with a traceback each time,
@@ -238,10 +232,10 @@ def test_a_disk_that_fills_while_the_daemon_runs_is_one_line_per_job_and_a_stop_
         daemon = subprocess.Popen([*wrapper, sys.executable, "-m", "fleetd", "serve", "--config", str(config.path)],
                                   stdout=out, stderr=subprocess.STDOUT, env=clean_env())
     try:
-        _wait_for(log, "serving the API")
+        wait_for(lambda: "serving the API" in log.read_text(), 30, f"serving the API in {log}", every=0.05)
         fill = f'dd if=/dev/zero of="{config.state_dir}/fill" bs=64k 2>/dev/null; true'
         subprocess.run(["nsenter", "-t", str(daemon.pid), "-m", "sh", "-c", fill], check=True, timeout=30)
-        _wait_for(log, "job heartbeat failed")
+        wait_for(lambda: "job heartbeat failed" in log.read_text(), 30, f"a failed heartbeat in {log}", every=0.05)
         time.sleep(0.6)  # another heartbeat, failing the same way
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(30)

@@ -405,7 +405,7 @@ def test_retention_on_a_full_disk_goes_to_the_schedulers_one_line_not_a_tracebac
 
     from fleetd.jobs import Job
     from fleetd.scheduler import _Guarded
-    from tests.test_supervisor_loop import disk_fills_at
+    from tests.disk import disk_fills_at
 
     start(db, host, clock)
     with db.transaction() as session:

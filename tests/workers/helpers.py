@@ -1,5 +1,6 @@
 """Small pieces the worker tests share: tiny settings, a callback that stops at a step count,
-and a checkpoint written the way the worker writes one."""
+a checkpoint written the way the worker writes one, a weight comparison, and counters of the
+host reads (GPU waits) a model makes in one phase of training."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import sys
 from pathlib import Path
 
 import torch
-from stable_baselines3.common.env_util import make_vec_env
-
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
 
 from workers import checkpoint
 from workers.counters import Counters
@@ -35,6 +35,12 @@ def save_checkpoint(model: BaseAlgorithm, directory: str | Path, replay: ReplayP
     counters = Counters(steps=model.num_timesteps)
     return checkpoint.write_checkpoint(directory, counters.steps, 0,
                                        lambda d: save_snapshot(d, model, counters, replay))
+
+
+def assert_same_weights(a: BaseAlgorithm, b: BaseAlgorithm) -> None:
+    """The two models' policies hold equal tensors, parameter by parameter."""
+    for (name, x), (_, y) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
+        assert torch.equal(x, y), name
 
 
 HOST_READS = ("item", "cpu", "tolist", "__float__", "__int__", "__bool__")

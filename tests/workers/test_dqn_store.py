@@ -1,7 +1,7 @@
 """The worker's DQN storing (`workers.dqn_store`) against SB3's `_store_transition` and
 `ReplayBuffer.add`: the same bytes in the replay buffer on the same vector steps (episodes
 ended and cut by the time limit, VecNormalize, `optimize_memory_usage`, a buffer that wraps),
-a vector step in another dtype than the buffer's), the same weights trained from them, the
+a vector step in another dtype than the buffer's, the same weights trained from them, the
 same saved buffer, a refused step leaving the buffer as SB3's does, and no copy of a step's
 observations beyond the buffer's own."""
 
@@ -19,6 +19,7 @@ from stable_baselines3.common.logger import Logger
 from gymnasium import spaces
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 
+from tests.workers.helpers import assert_same_weights
 from workers.algos import FleetDQN
 from workers.envs import EnvConfig, make_vec_env
 
@@ -110,8 +111,7 @@ def _assert_same_training(sb3: DQN, fleet: FleetDQN) -> None:
         np.random.seed(7)
         torch.manual_seed(7)
         model.train(gradient_steps=4, batch_size=8)
-    for (name, x), (_, y) in zip(sb3.policy.state_dict().items(), fleet.policy.state_dict().items()):
-        assert torch.equal(x, y), name
+    assert_same_weights(sb3, fleet)
 
 
 CASES = {  # (env, normalize, model kwargs, vector steps): 60 steps of 3 envs wrap a 20-row buffer
@@ -172,8 +172,7 @@ def test_learning_stores_and_trains_as_sb3():
                            target_update_interval=20, buffer_size=100))
         models[-1].learn(total_timesteps=300)
     _assert_same_buffers(*models)
-    for (name, x), (_, y) in zip(models[0].policy.state_dict().items(), models[1].policy.state_dict().items()):
-        assert torch.equal(x, y), name
+    assert_same_weights(*models)
 
 
 @pytest.mark.parametrize("bad", ["action", "terminal_observation"])

@@ -5,11 +5,10 @@ gradient step."""
 from __future__ import annotations
 
 import pytest
-import torch
 from stable_baselines3 import DQN
 from stable_baselines3.common.env_util import make_vec_env
 
-from tests.workers.helpers import host_reads
+from tests.workers.helpers import assert_same_weights, host_reads
 from workers.algos import FleetDQN
 
 SIZES = {"learning_starts": 50, "batch_size": 16, "train_freq": 4, "gradient_steps": 3,
@@ -28,8 +27,7 @@ def _trained(algo_class, **kwargs):
 @pytest.mark.parametrize("kwargs", [SIZES, SIZES | {"n_steps": 3}, SIZES | {"max_grad_norm": 0.05}])
 def test_trained_weights_and_losses_are_sb3s(kwargs):
     mine, reference = _trained(FleetDQN, **kwargs), _trained(DQN, **kwargs)
-    for (name, a), (_, b) in zip(mine.policy.state_dict().items(), reference.policy.state_dict().items()):
-        assert torch.equal(a, b), name
+    assert_same_weights(mine, reference)
     trained = {k: v for k, v in reference.logger.name_to_value.items() if k.startswith("train/")}
     assert "train/loss" in trained
     assert {k: v for k, v in mine.logger.name_to_value.items() if k.startswith("train/")} == trained
