@@ -85,14 +85,17 @@ def _copy_aside(log_path: Path) -> None:
     """The log copied to its `.1` whole or not at all: the copy is written beside it
     (`.1.tmp`) and renamed over the last rotation's, and a copy that fails is removed, so no
     partial copy holds the disk's free space. The copy needs room for a second `.1` while the old
-    one still exists; when the disk has none, the old `.1` (the oldest lines) is removed and the
-    copy tried once more. If that fails too, the error is raised and the log is left as it is."""
+    one still exists; when the disk has none but the old `.1`'s room would make enough, the old
+    `.1` (the oldest lines) is removed and the copy tried once more. Otherwise, or if that fails
+    too, the error is raised and the log is left as it is (the old `.1` kept where it cannot help)."""
     copy = rotated_copy(log_path)
     try:
         _copy_whole(log_path, copy)
     except OSError as exc:
         if not disk_full(exc) or not copy.exists():
             raise
+        if shutil.disk_usage(copy.parent).free + copy.stat().st_size < log_path.stat().st_size:
+            raise  # freeing the old copy would not make room for the new one
         copy.unlink()
         _copy_whole(log_path, copy)
 

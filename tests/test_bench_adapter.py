@@ -102,11 +102,11 @@ def test_the_async_stepper_gives_exactly_the_adapters_steps(depth):
 def test_step_pieces_times_each_piece_of_the_worker_step_on_the_main_thread():
     from bench.step_pieces import measure
 
-    pieces, finished = measure("CartPole-v1", num_envs=4, threads=1, steps=40, warmup=5)
+    pieces, finished, batches = measure("CartPole-v1", num_envs=4, threads=1, steps=40, warmup=5)
 
     assert set(pieces) == {"EnvPool send", "EnvPool recv", "adapter step", "callback episode scan",
                            "SB3 _update_info_buffer", "truncation scan", "add_env_step",
                            "adapter own (step less send, recv)"}
-    # send and recv are timed inside the step: the adapter's own share is less than the whole
-    assert pieces["adapter own (step less send, recv)"] < pieces["adapter step"]
+    # what docs/benchmarks.md says of EnvPool's batches (no copy, no reorder needed), checked on each
+    assert batches["full"] > 0 and batches["writeable"] == batches["in env order"] == batches["full"], batches
     assert finished > 0  # CartPole's random episodes end within 40 steps of 4 envs

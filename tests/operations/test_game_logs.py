@@ -542,8 +542,8 @@ def test_a_log_left_on_another_node_under_url_storage_is_a_conflict_naming_the_n
 
 
 def test_a_rotation_that_fails_on_a_full_disk_keeps_the_last_copy_and_takes_no_room(tmp_path: Path) -> None:
-    """The copy to `.1` fails part-way (a write past the process's file size limit, EFBIG, as a
-    full disk's ENOSPC; in a child, whose limit this is). Made in place, it left a partial `.1`
+    """The copy to `.1` fails part-way (a write past the process's file size limit, EFBIG: an error
+    other than a full disk's, in a child, whose limit this is). Made in place, it left a partial `.1`
     (the last rotation's lines gone) holding the disk's last room, and did so again every minute."""
     import resource
     import signal
@@ -566,6 +566,25 @@ def test_a_rotation_that_fails_on_a_full_disk_keeps_the_last_copy_and_takes_no_r
     assert log.stat().st_size == 300_000  # not truncated: its lines are in no copy
     assert rotate_logs_job(games, max_bytes=1000) == [log]  # room again: rotated
     assert copy.stat().st_size == 300_000 and log.stat().st_size == 0
+
+
+def test_a_rotation_that_dropping_the_old_copy_cannot_help_keeps_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk full for another reason (a checkpoint took the room): the free space and the old
+    `.1` together are less than the log, so the second copy would fail too. The old `.1` is kept,
+    not lost for nothing, and the job reports the full disk."""
+    from types import SimpleNamespace
+
+    import fleetd.jobs as jobs
+
+    games, log = a_run_log(tmp_path)
+    log.write_bytes(b"x" * 5000)
+    copy = log.with_name(log.name + ".1")
+    copy.write_bytes(b"the last rotation's lines\n")
+    log.with_name(log.name + ".1.tmp").symlink_to("/dev/full")
+    monkeypatch.setattr(jobs.shutil, "disk_usage", lambda path: SimpleNamespace(total=10**9, used=10**9 - 100, free=100))
+    with pytest.raises(OSError):
+        rotate_logs_job(games, max_bytes=1000)
+    assert copy.read_bytes() == b"the last rotation's lines\n" and log.stat().st_size == 5000
 
 
 def test_a_rotation_on_a_full_disk_is_the_schedulers_one_line_not_a_warning_a_log_a_minute(tmp_path: Path, caplog) -> None:
