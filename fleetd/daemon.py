@@ -24,7 +24,7 @@ from fleetd.games.catalog import EnvCatalog
 from fleetd.clock import Clock, SystemClock
 from fleetd.config import Settings
 from fleetd.host import forensics
-from fleetd.errors import MAKE_ROOM, FleetdError, disk_full, disk_full_reason
+from fleetd.errors import MAKE_ROOM, FleetdError, disk_full, driver_error
 from fleetd.endpoint import host_port, http_url
 from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
@@ -326,7 +326,7 @@ class Daemon:
             if not disk_full(exc):
                 raise
             log.error("the stop (%s) is not in the boot log: the disk of the database is full (%s); %s; "
-                      "the next start counts this stop as a crash", reason, disk_full_reason(exc), MAKE_ROOM)
+                      "the next start counts this stop as a crash", reason, driver_error(exc), MAKE_ROOM)
 
     def _stop_reason(self) -> str:
         """What the stop event says; a stop meant to stop the workers that did not get to
@@ -417,7 +417,7 @@ class Daemon:
             if not disk_full(exc):
                 raise
             log.error("event %s not recorded: the disk of the database is full (%s); %s", kind.value,
-                      disk_full_reason(exc), MAKE_ROOM)
+                      driver_error(exc), MAKE_ROOM)
 
     def _start_mps(self, db: Database) -> Mps:
         """Before the first worker spawns: they join it through their environment."""

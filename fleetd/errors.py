@@ -69,9 +69,9 @@ MAKE_ROOM = "make room on the state_dir's disk"
 """The advice every full-disk message gives: the database and the files fleetd writes are under the state_dir."""
 
 
-def disk_full_reason(exc: BaseException) -> BaseException:
-    """What a full disk's error says, for its message: the driver's error a SQLAlchemy error
-    wraps (its own text carries the statement and its parameters), or the error itself."""
+def driver_error(exc: BaseException) -> BaseException:
+    """The error to name in a message: the driver's error a SQLAlchemy error wraps (its own text
+    carries the statement and its parameters, a timestamp among them), or the error itself."""
     return getattr(exc, "orig", None) or exc
 
 

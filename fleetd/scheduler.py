@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from fleetd.errors import MAKE_ROOM, disk_full
+from fleetd.errors import MAKE_ROOM, disk_full, driver_error
 from fleetd.jobs import Job
 
 log = logging.getLogger(__name__)
@@ -136,5 +136,5 @@ class _Guarded:
 def _cause(exc: BaseException) -> str:
     """What failed, the same each time it fails the same way: SQLAlchemy's own text carries the
     statement's parameters (a timestamp), its driver's error does not."""
-    orig = getattr(exc, "orig", None)
-    return f"{type(orig or exc).__name__}: {orig or exc}"
+    said = driver_error(exc)
+    return f"{type(said).__name__}: {said}"

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, MAKE_ROOM, disk_full, disk_full_reason, field_path, validator_reason
+from fleetd.errors import HTTP_STATUS, ErrorCode, FleetdError, MAKE_ROOM, disk_full, driver_error, field_path, validator_reason
 from fleetd.games.slug import GAME_NAME_PATTERN, GAME_NAME_RULE
 from fleetd.store.engine import DatabaseWriteError
 
@@ -161,7 +161,7 @@ async def _on_write_error(request: Request, exc: Exception) -> JSONResponse:
     the catch-all's 500."""
     if not disk_full(exc):
         return await _on_unexpected(request, exc)
-    reason = disk_full_reason(exc)
+    reason = driver_error(exc)
     if isinstance(exc, DatabaseWriteError):
         where, done = "the disk of fleetd's database", "nothing was changed; "
     else:  # a file under the state_dir: what was written of it is removed or left unused

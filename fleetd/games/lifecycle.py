@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from fleetd.clock import Clock
 from fleetd.config import GameSeed
-from fleetd.errors import ErrorCode, MAKE_ROOM, FleetdError, disk_full, disk_full_reason
+from fleetd.errors import ErrorCode, MAKE_ROOM, FleetdError, disk_full, driver_error
 from fleetd.games.catalog import EnvCheck
 from fleetd.games.kept import Kept, KeptFiles, sort_kept
 from fleetd.governor.snapshot import FleetSnapshot
@@ -258,7 +258,7 @@ def busy_midway(*names: str, again: str = "remove again") -> Iterator[list[int]]
         lost = "; part of the history (samples) may already be deleted" if sum(forgotten) > 0 else ""
         if full:  # the API's 507 said "nothing was changed": false once a batch committed
             raise FleetdError(ErrorCode.DISK_FULL, f"{which} not removed: the disk of fleetd's database is full "
-                              f"({disk_full_reason(exc)}){lost}: {MAKE_ROOM}, then {again}",
+                              f"({driver_error(exc)}){lost}: {MAKE_ROOM}, then {again}",
                               {"names": list(names)}) from exc
         assert isinstance(exc, FleetdError)
         raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held its "

@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from fleetd.errors import MAKE_ROOM, disk_full, disk_full_reason
+from fleetd.errors import MAKE_ROOM, disk_full, driver_error
 from fleetd.supervision.commands import Shutdown
 from fleetd.supervision.supervisor import Supervisor
 
@@ -64,7 +64,7 @@ class SupervisorThread:
         except Exception as exc:
             if disk_full(exc):  # the operator's to fix, said in one line; not a bug's traceback
                 log.error("the supervision loop failed: the disk of the database is full (%s); fleetd stops and "
-                          "leaves the workers running: %s, and the next start adopts them", disk_full_reason(exc),
+                          "leaves the workers running: %s, and the next start adopts them", driver_error(exc),
                           MAKE_ROOM)
             else:
                 log.exception("the supervision loop failed; fleetd stops and leaves the workers running")

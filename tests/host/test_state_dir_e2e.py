@@ -232,10 +232,12 @@ def test_a_disk_that_fills_while_the_daemon_runs_is_one_line_per_job_and_a_stop_
         daemon = subprocess.Popen([*wrapper, sys.executable, "-m", "fleetd", "serve", "--config", str(config.path)],
                                   stdout=out, stderr=subprocess.STDOUT, env=clean_env())
     try:
-        wait_for(lambda: "serving the API" in log.read_text(), 30, f"serving the API in {log}", every=0.05)
+        wait_for(lambda: "serving the API" in log.read_text(), 30, f"serving the API in {log}", every=0.05,
+                 detail=log.read_text)
         fill = f'dd if=/dev/zero of="{config.state_dir}/fill" bs=64k 2>/dev/null; true'
         subprocess.run(["nsenter", "-t", str(daemon.pid), "-m", "sh", "-c", fill], check=True, timeout=30)
-        wait_for(lambda: "job heartbeat failed" in log.read_text(), 30, f"a failed heartbeat in {log}", every=0.05)
+        wait_for(lambda: "job heartbeat failed" in log.read_text(), 30, f"a failed heartbeat in {log}", every=0.05,
+                 detail=log.read_text)
         time.sleep(0.6)  # another heartbeat, failing the same way
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(30)

@@ -221,11 +221,13 @@ def with_gone(action: Callable[[], None]) -> None:
         print(f"teardown: {exc}", file=sys.stderr)
 
 
-def wait_for(check: Callable[[], object], timeout: float, what: str, every: float = 0.25):
+def wait_for(check: Callable[[], object], timeout: float, what: str, every: float = 0.25,
+             detail: Callable[[], str] | None = None):
+    """`detail`: what to show beside a timeout (a daemon's log, say)."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout}s")
+            raise AssertionError(f"not {what} after {timeout}s" + (f":\n{detail()}" if detail else ""))
         time.sleep(every)
     return value
 
