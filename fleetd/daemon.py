@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -190,6 +192,20 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@contextmanager
+def _said_if_disk_full(what: str, consequence: str = "") -> Iterator[None]:
+    """A write the daemon goes on without when the disk of the database filled while it ran: the
+    full disk said in one line (`what`, why, what to do, then `consequence`), not a traceback;
+    any other error is raised."""
+    try:
+        yield
+    except Exception as exc:
+        if not disk_full(exc):
+            raise
+        then = f"; {consequence}" if consequence else ""
+        log.error("%s: the disk of the database is full (%s); %s%s", what, driver_error(exc), MAKE_ROOM, then)
+
+
 class Daemon:
     def __init__(
         self,
@@ -319,14 +335,10 @@ class Daemon:
         """The stop in the boot log. On a disk that filled while the daemon ran this write fails
         too: said in one line, and the stop goes on (the scheduler joined, alerts drained, the
         exit code the stop's); any other error is raised."""
-        try:
+        lost = f"the stop ({reason}) is not in the boot log"
+        with _said_if_disk_full(lost, consequence="the next start counts this stop as a crash"):
             record_daemon_stop(db, start.boot.id, self.clock.now(), reason, clean=self.workers_stopped,
                                severity="warning" if self.stop.failure else "info")
-        except Exception as exc:
-            if not disk_full(exc):
-                raise
-            log.error("the stop (%s) is not in the boot log: the disk of the database is full (%s); %s; "
-                      "the next start counts this stop as a crash", reason, driver_error(exc), MAKE_ROOM)
 
     def _stop_reason(self) -> str:
         """What the stop event says; a stop meant to stop the workers that did not get to
@@ -410,22 +422,13 @@ class Daemon:
         write fails: said in one line, as _record_stop says it, so the `mps_stopped` of a stop (the
         daemon's finally) leaves the stop's own exit code."""
         log.log(logging.ERROR if severity == "error" else logging.INFO, "%s", message)
-        try:
-            with db.transaction() as session:
-                create_event(session, self.clock.now(), kind.value, message, severity=severity)
-        except Exception as exc:
-            if not disk_full(exc):
-                raise
-            log.error("event %s not recorded: the disk of the database is full (%s); %s", kind.value,
-                      driver_error(exc), MAKE_ROOM)
+        with _said_if_disk_full(f"event {kind.value} not recorded"), db.transaction() as session:
+            create_event(session, self.clock.now(), kind.value, message, severity=severity)
 
     def _start_mps(self, db: Database) -> Mps:
         """Before the first worker spawns: they join it through their environment."""
         gpu = self.settings.gpu
-
-        def record(kind: MpsEvent, message: str, severity: str) -> None:
-            self._record_mps(db, kind, message, severity)
-
+        record = functools.partial(self._record_mps, db)
         mps = Mps(gpu.mps, MpsDirs(self.settings.mps_dir), self.mps_seam, record, gpu.mps_restarts,
                   uses_gpu=self.settings.worker.device != "cpu")
         try:

@@ -274,23 +274,26 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
     piled up over a months-long boot); once the host has rebooted, all go as any."""
     now = clock.now()
     read_back = (GPU_LOST_EVENT, GPU_BACK_EVENT, TELEMETRY_STALE_EVENT, TELEMETRY_RESUMED_EVENT)
-    full: list[Exception] = []
-    events = _delete_old(db, "events", full, lambda session, limit: delete_events_before(
+    events, events_full = _delete_old(db, "events", lambda session, limit: delete_events_before(
         session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit, read_back))
-    samples = _delete_old(db, "samples", full, lambda session, limit: delete_samples_before(
+    samples, samples_full = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
         session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:
         log.info("retention: deleted %d events and %d samples", events, samples)
-    if full:  # to the scheduler's guard: a full disk said once, and once when it works again
-        raise full[0]
+    full = events_full or samples_full
+    if full is not None:  # to the scheduler's guard: a full disk said once, and once when it works again
+        raise full
     return events, samples
 
 
-def _delete_old(db: Database, kind: str, full: list[Exception], delete: Callable[[Session, int], int]) -> int:
+def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) -> tuple[int, Exception | None]:
     """DELETE_BATCH rows a transaction, so that other writers get their turn in between: hourly,
     retention deletes an hour's worth (about 40,000 samples for 10 games on 8 GPUs); after the
-    daemon was down for days, or a shorter samples_days, millions at once. A failure on a full
-    disk is added to `full` for the caller to raise (a traceback a kind an hour, it was)."""
+    daemon was down for days, or a shorter samples_days, millions at once. Returns the rows
+    deleted and, when the disk is full, that error, for the caller to raise once both kinds had
+    their try: the scheduler's guard says a full disk in one line (and again once it works), where
+    logging it here would print a traceback for each kind at each run. Any other error is logged
+    here, and the next run tries again."""
     deleted = 0
     try:
         while True:
@@ -298,13 +301,12 @@ def _delete_old(db: Database, kind: str, full: list[Exception], delete: Callable
                 batch = delete(session, DELETE_BATCH)
             deleted += batch
             if batch < DELETE_BATCH:
-                return deleted
+                return deleted, None
     except Exception as exc:
         if disk_full(exc):
-            full.append(exc)
-        else:
-            log.exception("retention: could not delete old %s; the next run tries again", kind)
-        return deleted
+            return deleted, exc
+        log.exception("retention: could not delete old %s; the next run tries again", kind)
+        return deleted, None
 
 
 def set_aside_job(db: Database, clock: Clock, games_dir: Path, days: float,

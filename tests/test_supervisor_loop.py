@@ -568,6 +568,35 @@ def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one
         "evaluation at 2000 steps failed: EOFError: ", "evaluation at 3000 steps failed: FileNotFoundError: /roms/\\udcff.bin"]
 
 
+def test_a_failed_evaluation_resent_to_a_restarted_daemon_is_one_event(loop: Loop) -> None:
+    """The daemon was killed after it recorded a checkpoint report's `evaluation_failed`; the
+    worker, adopted by the next daemon, sent that report again. What was recorded is asked of the
+    store, not of the killed daemon's memory: no second event. Another checkpoint's still is one."""
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    proc = loop.sup.procs["a"]
+    run_id, pid = proc.run_id, proc.pid
+    assert run_id is not None and pid is not None
+    at = loop.clock.now().timestamp()
+    failed = CheckpointSummary("/c/a/ckpt-000000002000", 2000, 6, at, 100)
+    report = CheckpointReport("a", run_id, pid, at, failed, eval_failure="RuntimeError: env broke")
+    loop.reactor.report(report)
+    loop.steps()
+    loop.probe.live = {pid}
+    loop.start()  # the daemon was killed: a new one (its own recorder) adopts the worker
+    assert loop.pid("a") == pid and loop.sup.procs["a"].run_id == run_id
+    loop.clock.advance(5)
+    loop.reactor.report(report)
+    later = CheckpointSummary("/c/a/ckpt-000000003000", 3000, 9, at, 100)
+    loop.reactor.report(CheckpointReport("a", run_id, pid, at, later, eval_failure="RuntimeError: env broke"))
+    loop.steps()
+    with loop.db.transaction() as session:
+        events = read_events(session, EventFilter(kind="evaluation_failed", game="a"))
+    assert [(e.details["run_id"], e.details["checkpoint"]) for e in events][::-1] == [
+        (run_id, "ckpt-000000002000"), (run_id, "ckpt-000000003000")]
+
+
 def test_start_up_settles_a_game_whose_worker_died_with_the_daemon(loop: Loop) -> None:
     loop.add("a", desired=Desired.STOPPED)
     with loop.db.transaction() as session:

@@ -250,20 +250,19 @@ def busy_midway(*names: str, again: str = "remove again") -> Iterator[list[int]]
     try:
         yield forgotten
     except Exception as exc:
-        full = disk_full(exc)
-        busy = isinstance(exc, FleetdError) and exc.code is ErrorCode.BUSY
-        if not names or not (busy or full):
+        if not names:
             raise
         which = ("game " if len(names) == 1 else "games ") + ", ".join(repr(name) for name in names)
         lost = "; part of the history (samples) may already be deleted" if sum(forgotten) > 0 else ""
-        if full:  # the API's 507 said "nothing was changed": false once a batch committed
+        if disk_full(exc):  # the API's 507 said "nothing was changed": false once a batch committed
             raise FleetdError(ErrorCode.DISK_FULL, f"{which} not removed: the disk of fleetd's database is full "
                               f"({driver_error(exc)}){lost}: {MAKE_ROOM}, then {again}",
                               {"names": list(names)}) from exc
-        assert isinstance(exc, FleetdError)
-        raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held its "
-                          f"lock past busy_timeout_ms){lost}: {again}",
-                          {"names": list(names), **exc.details}) from exc
+        if isinstance(exc, FleetdError) and exc.code is ErrorCode.BUSY:
+            raise FleetdError(ErrorCode.BUSY, f"{which} not removed: the database stayed busy (another writer held "
+                              f"its lock past busy_timeout_ms){lost}: {again}",
+                              {"names": list(names), **exc.details}) from exc
+        raise
 
 
 def refuse_start_while_removed(name: str) -> None:

@@ -65,6 +65,16 @@ def read_events(session: Session, where: EventFilter) -> list[EventRecord]:
     return [_record(row) for row in session.scalars(query)]
 
 
+def event_recorded(session: Session, kind: str, game: str, since: datetime, details: dict[str, Any]) -> bool:
+    """Whether an event of `kind` of game `game`, at `since` or later, is recorded whose details
+    hold each of `details` (scalar values). Reads only the game's events since then (the
+    (game, at) index); a report resent to a restarted daemon is not made an event twice."""
+    query = select(Event.id).where(Event.game == game, Event.kind == kind, Event.at >= since)
+    for key, value in details.items():
+        query = query.where(func.json_extract(Event.details, f"$.{key}") == value)
+    return session.scalars(query.limit(1)).first() is not None
+
+
 def read_latest_of_boot(session: Session, boot_id: int, kinds: tuple[str, ...]) -> EventRecord | None:
     """The newest event of `kinds` in boot `boot_id`, by id: the order they were written in, which
     a clock stepped back between them does not change."""

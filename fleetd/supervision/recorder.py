@@ -19,7 +19,7 @@ from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
-from fleetd.store.events import create_event
+from fleetd.store.events import create_event, event_recorded
 from fleetd.store.boots import read_boot
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
@@ -50,9 +50,6 @@ class Recorder:
     counters: ProgressCounters = field(default_factory=ProgressCounters)  # what /metrics exports
     _progress: dict[str, _Pending] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
-    # Each game's run and the checkpoints of that run with an evaluation_failed event: a report
-    # delivered twice (the Ray relay resends batches its dead hub may have passed on) is one event.
-    _eval_failed: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
 
     # -- Sink -------------------------------------------------------------------------------
 
@@ -191,21 +188,24 @@ class Recorder:
                           subprocess_died: bool) -> None:
         """The worker's evaluation just before this checkpoint failed or ran past its limit
         (docs/worker.md#evaluation): that checkpoint has no eval_return. The reason as the worker
-        sent it, its first line and at most EVAL_FAILURE_MAX_CHARS of it (a report is the worker's word)."""
+        sent it, its first line and at most EVAL_FAILURE_MAX_CHARS of it (a report is the worker's word).
+        One event a run's checkpoint, asked of the store: a report delivered twice (the Ray relay
+        resends batches its dead hub may have passed on; a worker resends to the daemon that
+        adopted it one the killed daemon had recorded) is one event."""
         reason = (reason.splitlines() or [""])[0][:EVAL_FAILURE_MAX_CHARS]
         checkpoint = PurePath(summary.path).name
-        run, seen = self._eval_failed.get(game, (None, set()))
-        if run == run_id and checkpoint in seen:
-            return
         message = f"evaluation at {summary.steps} steps failed: {reason}; checkpoint {checkpoint} has no eval_return"
         if subprocess_died:
             message += " (an eval env subprocess died: its traceback is in the game's log)"
         details = {"run_id": run_id, "steps": summary.steps, "checkpoint": checkpoint, "reason": reason,
                    "subprocess_died": subprocess_died}
         with self.db.transaction() as session:
+            run = run_store.read_run(session, run_id)
+            if run is not None and event_recorded(session, "evaluation_failed", game, run.started_at,
+                                                  {"run_id": run_id, "checkpoint": checkpoint}):
+                return
             create_event(session, self.clock.now(), "evaluation_failed", message, severity="warning", game=game,
                          details=details)
-        self._eval_failed[game] = (run_id, (seen if run == run_id else set()) | {checkpoint})
 
     def resumed(self, game: str, run_id: int, steps: int | None, taken: str | None, skipped: list[tuple[str, str]],
                 episodes: int = 0) -> None:
