@@ -38,7 +38,7 @@ from fleetd.jobs import GpuLossNotice, Job, heartbeat_job, hosts_job, retention_
 from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import live_pressure, record_plan
 from fleetd.scheduler import Scheduler, build_scheduler
-from fleetd.host.statedir import lock_state_dir
+from fleetd.host.statedir import STARTING, StateDirLock, lock_state_dir
 from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
 from fleetd.store.events import create_event
@@ -226,6 +226,7 @@ class Daemon:
         self.stop = StopRequest()
         self.workers_stopped = False  # the supervisor stopped every worker: the stop is clean
         self._scheduler: Scheduler | None = None  # the periodic jobs, once started
+        self._lock: StateDirLock | None = None  # the state_dir's, once taken (run())
         self.catalog = EnvCatalog(settings.worker.python)
         self.notifier = Notifier.from_env()
         self.telemetry = TelemetrySampler(NvmlReader(xid_window_s=settings.fleet.xid_window_s),
@@ -243,7 +244,7 @@ class Daemon:
             signal.signal(signum, self.stop.handle)
         check_listen_policy(self.settings)
         # Before anything reads or writes the state_dir: one daemon per state_dir.
-        lock = lock_state_dir(self.settings.state_dir)
+        lock = self._lock = lock_state_dir(self.settings.state_dir, STARTING)
         try:
             remove_leftovers(self.settings)
             return self._run_locked()
@@ -496,6 +497,8 @@ class Daemon:
             scheduler.start()
             self.catalog.warm()
             log.info("serving the API on %s", http_url(self.settings.api.host, self.settings.api.port))
+            if self._lock is not None:  # CLI commands stop waiting for the start (fleetd/cli/client.py)
+                self._lock.mark_serving()
             server.run(sockets=[sock])
         finally:
             self.catalog.close()

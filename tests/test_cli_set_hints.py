@@ -92,3 +92,55 @@ def test_a_number_as_python_writes_it_is_a_number(config: Path, text: str, value
     assert result.exit_code == 0, result.output
     stored = game(config)["hyperparams"][key]
     assert stored == value and type(stored) is type(value)
+
+
+ONE_RULE = "underscores may only group digits by thousands (1_000_000); write 6464 for that number, or a list as [64, 64]"
+
+
+def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": "300"})
+
+
+@pytest.mark.parametrize("pair", ["n_epochs=64_64", "priority=64_64", "health.plateau_steps=64_64"])
+def test_digits_grouped_other_than_by_thousands_are_refused_not_joined(config: Path, pair: str) -> None:
+    # `64_64` (meant as the list [64, 64], or a slip) was sent as 6464: Python's int() takes it.
+    before = game(config)
+    result = fleetd(config, "games", "set", "pong", pair)
+    assert result.exit_code == 2, result.output
+    key = pair.split("=")[0]
+    assert f"{key}: '64_64' is not read as a number: {ONE_RULE}" in result.output, result.output
+    assert game(config) == before  # nothing sent
+
+
+def test_an_integer_option_with_digits_grouped_otherwise_is_refused(config: Path) -> None:
+    result = fleetd(config, "games", "add", "wide", "CartPole-v1", "--stopped", "--total-timesteps", "64_64")
+    assert result.exit_code == 2 and "--total-timesteps" in result.output and ONE_RULE in result.output, result.output
+    added = fleetd(config, "games", "add", "wide", "CartPole-v1", "--stopped", "--total-timesteps", "1_000_000")
+    assert added.exit_code == 0, added.output
+    assert game(config)["name"] == "pong"
+
+
+def test_a_fleet_file_or_body_string_is_refused_but_a_toml_integer_is_toml_s(config: Path, tmp_path: Path) -> None:
+    # A fleet file's quoted value reaches the API as a JSON string, which pydantic's lax int read
+    # as 6464; the same in a POST body. An unquoted `64_64` is a TOML integer: 6464 by TOML's spec.
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[games]]\nname = "pong"\nenv_id = "CartPole-v1"\ntotal_timesteps = "64_64"\n')
+    refused = fleetd(config, "apply", str(fleet), "--dry-run")
+    assert refused.exit_code == 1 and "total_timesteps" in refused.output and ONE_RULE in refused.output, refused.output
+    port = config.read_text().split("port = ")[1].split("\n")[0]
+    posted = httpx.post(f"http://127.0.0.1:{port}/api/v1/games", headers={"Authorization": f"Bearer {TOKEN}"},
+                        json={"name": "posted", "env_id": "CartPole-v1", "desired": "stopped", "priority": "6_4"})
+    assert posted.status_code == 422 and "priority" in posted.text and "'6_4' is not read" in posted.text, posted.text
+    fleet.write_text('[[games]]\nname = "pong"\nenv_id = "CartPole-v1"\ntotal_timesteps = 64_64\n')
+    taken = fleetd(config, "apply", str(fleet), "--dry-run")
+    assert taken.exit_code == 0 and "total_timesteps" in taken.output and "6464" in taken.output, taken.output
+
+
+@pytest.mark.parametrize(("text", "shown", "meant"), [('"64_64"', "'64_64'", "[64, 64]"),
+                                                     ('"64,64"', "'64,64'", "[64, 64]"), ("64", "64", "[64]")])
+def test_a_net_arch_not_a_list_is_refused_naming_the_list_form(config: Path, text: str, shown: str, meant: str) -> None:
+    # net_arch "64_64" (meant [64, 64]) was stored as a string, and the worker failed at its start.
+    result = fleetd(config, "games", "set", "pong", f'policy_kwargs={{"net_arch": {text}}}')
+    assert result.exit_code == 1, result.output
+    assert f"net_arch {shown} is not a list: give the layer sizes as a list, {meant}" in result.output, result.output
+    assert "policy_kwargs" not in game(config)["hyperparams"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -32,6 +34,12 @@ class ClientError(Exception):
 
 
 REQUEST_TIMEOUT_S = 10.0  # a request's wait for the daemon's answer, unless the command gives its own
+# A daemon still starting (verifying the store, recovering, adopting its workers: its API socket
+# bound but not served, or not yet bound) is waited for this long before a command's first
+# request: `fleetd apply` right after `systemctl start fleetd` exited 69 "is `fleetd serve`
+# running?" while it was.
+START_WAIT_S = 120.0
+START_POLL_S = 0.2
 
 
 class ApiClient:
@@ -44,6 +52,8 @@ class ApiClient:
         self._endpoint = endpoint
         self._port = endpoint.port
         self._timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
+        self.start_wait_s = START_WAIT_S
+        self._started = False  # the daemon was seen past its start: not looked at again
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params)
@@ -108,7 +118,9 @@ class ApiClient:
         followed log)."""
         query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
         target = path + (f"?{query}" if query else "")
-        # The token first: a user who cannot read it is told so (exit 77) whether or not the
+        # A daemon starting first: its token may not be written yet, its socket not served.
+        self._wait_for_start()
+        # The token next: a user who cannot read it is told so (exit 77) whether or not the
         # daemon is up, rather than told to start a daemon that may be running.
         auth = self._auth()
         connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
@@ -159,6 +171,30 @@ class ApiClient:
             raise _busy(self.base_url, method, path, timeout_s or 0.0, exc) from None
         except (OSError, http.client.HTTPException) as exc:
             raise self._unreachable(exc) from None
+
+    def _wait_for_start(self) -> None:
+        """Wait, at most `start_wait_s`, while a daemon on this host holds the config's state_dir
+        and has not begun serving; said once on stderr. No daemon at all is not waited for:
+        the request then fails at once (exit 69), as it always did."""
+        if self._started:
+            return
+        from fleetd.host.statedir import starting_daemon
+
+        deadline, told = time.monotonic() + self.start_wait_s, False
+        while (pid := starting_daemon(self._endpoint.state_dir)) is not None:
+            if time.monotonic() >= deadline:
+                raise ClientError(
+                    f"fleetd (pid {pid}, state_dir {self._endpoint.state_dir}) is still starting after "
+                    f"{self.start_wait_s:g} s: it has not finished verifying its database and recovering the fleet's "
+                    "workers, so it does not serve its API yet; see its log (journalctl -u fleetd), and try again "
+                    "once it has started", ExitCode.TEMPFAIL)
+            if not told:
+                sys.stderr.write(f"fleetd: waiting for the daemon (pid {pid}) to finish starting "
+                                 f"(at most {self.start_wait_s:g} s) ...\n")
+                sys.stderr.flush()
+                told = True
+            time.sleep(START_POLL_S)
+        self._started = True
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {find_token(self._endpoint)}"}

@@ -112,6 +112,29 @@ def a_number(value: float) -> float:
     return value
 
 
+def _grouped(kind: "type[int] | type[float]", what: str) -> "Callable[[str], Any]":
+    """An option's number read as `--hp` values are (fleetd/digit_groups.py): click's own
+    types took `--total-timesteps 64_64` as 6464."""
+
+    def parse(text: Any) -> Any:
+        from fleetd.digit_groups import grouping_refusal
+
+        if not isinstance(text, str):  # the option's default
+            return text
+        if (why := grouping_refusal(text)) is not None:
+            raise typer.BadParameter(why)
+        try:
+            return kind(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not {what}") from None
+
+    return parse
+
+
+whole_number = _grouped(int, "a whole number")
+real_number = _grouped(float, "a number")
+
+
 def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":
     """The command's options by the request's field names; a hyperparameter as `--hp KEY`."""
 

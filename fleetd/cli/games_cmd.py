@@ -14,8 +14,9 @@ from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
 from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, a_number, ask, ask_through_restart, call,
-                               fail, game_path, options_typed)
+                               fail, game_path, options_typed, real_number, whole_number)
 from fleetd.states import Desired, Shown
+from fleetd.digit_groups import grouping_refusal
 
 games_app = command_group("Add, stop, start, remove and list games.")
 
@@ -52,6 +53,8 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
         if earlier is not None:
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
+        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` was sent as 6464
+            fail(f"{usage} {key}: {why}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
 
@@ -96,10 +99,10 @@ def add(
     name: Annotated[str, typer.Argument(help="A slug: a-z 0-9 - _ (it names folders).")],
     env_id: Annotated[str, typer.Argument(help="EnvPool id (Breakout-v5, CartPole-v1), Gymnasium id, or module:EnvName-vN for your own env.")],
     algo: Annotated[str, typer.Option(help="ppo, dqn or a2c.")] = "ppo",
-    total_timesteps: Annotated[int | None, typer.Option(help="Goal in env steps.")] = None,
-    target_episodes: Annotated[int | None, typer.Option(help="Goal in whole episodes.")] = None,
-    priority: Annotated[int, typer.Option(help="Higher runs first when the fleet is full.")] = 0,
-    checkpoint_interval: Annotated[float | None, typer.Option(help="Seconds between checkpoints.")] = None,
+    total_timesteps: Annotated[int | None, typer.Option(parser=whole_number, metavar="INTEGER", help="Goal in env steps.")] = None,
+    target_episodes: Annotated[int | None, typer.Option(parser=whole_number, metavar="INTEGER", help="Goal in whole episodes.")] = None,
+    priority: Annotated[int, typer.Option(parser=whole_number, metavar="INTEGER", help="Higher runs first when the fleet is full.")] = 0,
+    checkpoint_interval: Annotated[float | None, typer.Option(parser=real_number, metavar="FLOAT", help="Seconds between checkpoints.")] = None,
     hp: Annotated[list[str] | None, typer.Option(help="Hyperparameter override key=value; repeat.")] = None,
     stopped: Annotated[bool, typer.Option("--stopped", help="Add it without starting it.")] = False,
     kept: Annotated[KeptChoice | None, typer.Option(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
 from pydantic.fields import FieldInfo
 
+from fleetd.digit_groups import grouping_refusal
 from fleetd.games.fields import SETTABLE
 from fleetd.games.slug import GameName
 from fleetd.health.settings import INTEGER_KEYS as HEALTH_INTEGERS
@@ -96,9 +97,12 @@ NUMBERS = ("total_timesteps", "target_episodes", "priority", "checkpoint_interva
 
 
 def _not_bool(value: Any) -> Any:
-    """JSON `true` is not the number 1, though pydantic would take it as one."""
+    """JSON `true` is not the number 1, though pydantic would take it as one; nor is the string
+    "64_64" 6464 (fleetd/digit_groups.py), though pydantic's lax int and float read it so."""
     if isinstance(value, bool):
         raise ValueError("a number, not true or false")
+    if isinstance(value, str) and (why := grouping_refusal(value)) is not None:
+        raise ValueError(why)
     return value
 
 

@@ -2,10 +2,15 @@
 daemon's lifetime, taken before anything else reads or writes the state_dir.
 
 The lock is `flock(2)` on a file that holds the owner's pid (for the message a second daemon
-prints). The kernel drops it when the owner exits however it exits (SIGKILL and OOM
-included), so a stale lock file never blocks the next start. The descriptor is close-on-exec:
-a worker that inherited it would keep the lock after its daemon left, and the next daemon could
-never adopt it.
+prints), and for `fleetd serve` a second line: `starting`, then `serving` once it serves its
+API. While it says starting, a CLI command waits for the start to end (`starting_daemon`)
+rather than call a daemon that runs "not answering". `fleetd db upgrade` and a restore, which
+take the same lock, write no second line: a command is not kept waiting on them.
+
+The kernel drops the lock when the owner exits however it exits (SIGKILL and OOM included),
+so a stale lock file never blocks the next start. The descriptor is close-on-exec: a worker
+that inherited it would keep the lock after its daemon left, and the next daemon could never
+adopt it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK_NAME = "fleetd.lock"
+STARTING, SERVING = "starting", "serving"  # the daemon's lock file's second line
+PROC_LOCKS = Path("/proc/locks")  # Linux: every lock held, with its file's inode
 PID_WAIT_S = 1.0  # a rival that has just locked writes its pid right after
 
 
@@ -30,6 +37,11 @@ class StateDirLock:
     path: Path
     fd: int
 
+    def mark_serving(self) -> None:
+        """Say that the API is served from now on (recovery and adoption done)."""
+        if self.fd >= 0:
+            _write_pid(self.fd, SERVING)
+
     def release(self) -> None:
         """Closing the descriptor releases the lock; the file stays (removing it would race)."""
         if self.fd >= 0:
@@ -37,8 +49,9 @@ class StateDirLock:
             self.fd = -1
 
 
-def lock_state_dir(state_dir: Path) -> StateDirLock:
-    """Create the state_dir if needed, check it can be written, and lock it; or say why not."""
+def lock_state_dir(state_dir: Path, phase: str | None = None) -> StateDirLock:
+    """Create the state_dir if needed, check it can be written, and lock it; or say why not.
+    `phase`: the lock file's second line (the daemon's STARTING)."""
     _make_dir(state_dir)
     path = state_dir / LOCK_NAME
     try:
@@ -56,7 +69,7 @@ def lock_state_dir(state_dir: Path) -> StateDirLock:
             "another state_dir"
         ) from None
     lock = StateDirLock(path, fd)
-    for step, target in ((lambda: _write_pid(fd), path), (lambda: _probe_writable(state_dir), state_dir)):
+    for step, target in ((lambda: _write_pid(fd, phase), path), (lambda: _probe_writable(state_dir), state_dir)):
         try:
             step()
         except OSError as exc:
@@ -93,9 +106,34 @@ def _cannot_write(state_dir: Path, path: Path, exc: OSError) -> str:
     )
 
 
-def _write_pid(fd: int) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+def _write_pid(fd: int, phase: str | None = None) -> None:
+    text = f"{os.getpid()}\n" + (f"{phase}\n" if phase else "")
+    os.pwrite(fd, text.encode("ascii"), 0)  # first: a reader never sees the file empty between
+    os.ftruncate(fd, len(text))
+
+
+def starting_daemon(state_dir: Path) -> int | None:
+    """The pid of the daemon that holds `state_dir`'s lock and does not serve its API yet (it is
+    verifying the store, recovering, adopting the last daemon's workers); None when none holds
+    it (no daemon runs: the CLI says so at once), when it serves, or when this cannot be told
+    (another host's state_dir, no /proc/locks). Reads only: taking even a shared lock here could
+    make a daemon starting at that moment believe another one runs."""
+    path = state_dir / LOCK_NAME
+    try:
+        inode = path.stat().st_ino
+        lines = path.read_text(encoding="ascii", errors="replace").split()
+        held = PROC_LOCKS.read_text().splitlines()
+    except OSError:
+        return None
+    if len(lines) < 2 or not lines[0].isdigit() or lines[1] != STARTING:
+        return None
+    # `1: FLOCK  ADVISORY  WRITE 4242 00:2e:1234 0 EOF`: the lock's kind, its file as
+    # major:minor:inode (the inode in decimal); a waiter's line (`1: -> FLOCK ...`) is not it.
+    for line in held:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            return int(lines[0])
+    return None
 
 
 def _probe_writable(state_dir: Path) -> None:
@@ -109,7 +147,7 @@ def _probe_writable(state_dir: Path) -> None:
 def _holder_pid(fd: int) -> int | None:
     deadline = time.monotonic() + PID_WAIT_S
     while True:
-        text = os.pread(fd, 32, 0).decode("ascii", errors="replace").strip()
+        text = next(iter(os.pread(fd, 32, 0).decode("ascii", errors="replace").split()), "")
         if text.isdigit() or time.monotonic() > deadline:
             return int(text) if text.isdigit() else None
         time.sleep(0.05)

@@ -113,7 +113,7 @@ def test_main_returns_bad_spec_exit_code(make_spec, write_spec, caplog, content,
 
 @pytest.mark.parametrize(("hyperparams", "needle"), [  # each passes the spec's own checks
     ({"policy_kwargs": {"optimizer_kwargs": {"eps": -1.0}}}, "ValueError: Invalid epsilon value"),
-    ({"policy_kwargs": {"net_arch": "abc"}}, "TypeError"),
+    ({"policy_kwargs": {"net_arch": ["abc"]}}, "TypeError"),  # a list, as the spec asks (a bare string is refused there)
 ])
 def test_main_returns_bad_spec_when_sb3_refuses_to_build_the_model(make_spec, write_spec, caplog, hyperparams, needle):
     # Settings the spec passes but SB3 refuses as it builds the model: restarting cannot fix

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, NamedTuple, Self, get_args
@@ -173,6 +174,19 @@ def whole_sizes(policy_kwargs: Any) -> Any:
     return out
 
 
+def _check_net_arch(value: Any) -> None:
+    """SB3 takes net_arch as a list of layer sizes or an object of such lists per network; a
+    string ("64_64", "64,64") reached torch as its characters, and a number as no list, so the
+    worker failed at its start: refused here, naming the value and the form taken."""
+    if value is None or isinstance(value, (list, dict)):  # null: refused as null anywhere, naming the key
+        return
+    sizes = [part for part in re.split(r"[_,\sx]+", value.strip(" []")) if part] if isinstance(value, str) else []
+    meant = (f"[{', '.join(sizes)}]" if sizes and all(part.isdigit() for part in sizes)
+             else "[64, 64]" if not isinstance(value, (int, float)) or isinstance(value, bool) else f"[{value}]")
+    raise PydanticCustomError("net_arch", f"net_arch {value!r} is not a list: give the layer sizes as a list, "
+                                          f"{meant}, or one per network, {{\"pi\": [64], \"vf\": [64]}}")
+
+
 class PolicyKwargs(_Overrides):
     """Passed to SB3's policy; only `activation_fn` is checked (by name), the rest goes as is
     (finite numbers only, no null, nested at most POLICY_KWARGS_DEPTH deep), but for layer
@@ -183,6 +197,8 @@ class PolicyKwargs(_Overrides):
     @model_validator(mode="before")
     @classmethod
     def _whole_sizes(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "net_arch" in values:
+            _check_net_arch(values["net_arch"])
         return whole_sizes(values)
     # The strict config's allow_inf_nan reaches declared fields only, not these extra keys.
     __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite_json),
