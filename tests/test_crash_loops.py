@@ -26,6 +26,9 @@ class FakeAlerts:
         self.sent.append(alert)
         return True
 
+    def forget(self, game: str) -> None:  # a removed game's (AlertSender.forget): no window here
+        pass
+
 
 def resume_and_run(loop: Loop, name: str) -> None:
     """The worker resumes from the checkpoint at RESUMED_AT, reports, stays up startsecs."""

@@ -47,6 +47,9 @@ class FakeAlerts:
     def send(self, alert: Alert) -> None:
         self.sent.append(alert)
 
+    def forget(self, game: str) -> None:  # a removed game's (AlertSender.forget): no window here
+        pass
+
 
 @pytest.fixture
 def loop(settings: Settings, db: Database, clock: FakeClock, host: FakeHost) -> Loop:
@@ -624,3 +627,32 @@ def test_a_plateaus_stop_after_its_flag_passes_the_real_alert_gate(settings: Set
     queued = [alert.action for alert in sender._queue]  # the sender was never started: what it would send
     assert len(queued) == 2 and "only marks it" in queued[0] and "stopped it" in queued[1], queued
     assert sender.held_back == 0
+
+
+def test_a_game_added_again_under_a_removed_games_name_is_alerted_of_as_another(settings: Settings, db: Database,
+                                                                                clock: FakeClock, host: FakeHost) -> None:
+    """The sender's de-duplication window is per game name: a game removed on its plateau and
+    added again under its name, on a plateau within 10 minutes, had its alerts held back as
+    repeats of the removed game's (and counted as `more like it` of it in the next one)."""
+    from fleetd.config import AlertSettings
+    from fleetd.operations.alerts import AlertSender
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    sender = AlertSender(AlertSettings(webhook_url="http://127.0.0.1:9/hook"), host="h", monotonic=clock.monotonic)
+    loop = Loop(settings, db, clock, FakeLauncher(), FakeReactor(clock), FakeProbe(), start.boot.id, alerts=sender)
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "stop"})
+    loop.start()
+    loop.run_up("a")
+    plateau(loop, "a")
+    assert loop.state("a") is State.STOPPING
+    loop.reactor.exit(loop.pid("a"), code=0)
+    loop.steps()
+    remove_game(loop.db, loop.clock, "a", loop.settings.game_dir("a"), purge=True)
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "stop"})  # another game, from scratch
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    loop.run_up("a")
+    plateau(loop, "a")
+    assert loop.state("a") is State.STOPPING
+    queued = [(alert.game, alert.kind, alert.details.get("held_back")) for alert in sender._queue]
+    assert queued == [("a", "plateau", None)] * 2 and sender.held_back == 0, queued

@@ -134,6 +134,14 @@ class AlertGate:
         self._opened_by[key] = admitted
         return admitted
 
+    def forget(self, game: str) -> None:
+        """A game removed: its windows go with it. A game added again under its name is another
+        game, whose first alert is news, not a repeat of the removed one's to hold back."""
+        for key in [k for k in (self._sent_at.keys() | self._held.keys()) if k[1] == game]:
+            self._sent_at.pop(key, None)
+            self._held.pop(key, None)
+            self._opened_by.pop(key, None)
+
     def not_sent(self, alert: Alert) -> None:
         """`alert`, admitted, reached no channel (dropped from a full queue, or refused or failed
         everywhere): its window is not held against the next like it, which counts it, and those
@@ -312,6 +320,11 @@ class AlertSender:
             self._queue.append(admitted)
             self._cond.notify()
         return True
+
+    def forget(self, game: str) -> None:
+        """A game removed: the de-duplication windows of its alerts end (AlertGate.forget)."""
+        with self._cond:
+            self._gate.forget(game)
 
     def start(self) -> None:
         if not self.enabled or self._thread is not None:

@@ -169,6 +169,8 @@ class Recorder:
         self._progress.pop(game, None)
         self._dirty.discard(game)
         self.counters.forget(game)
+        if self.alerts is not None:
+            self.alerts.forget(game)
 
     def checkpoint(self, game: str, run_id: int | None, summary: CheckpointSummary) -> None:
         record = CheckpointRecord(

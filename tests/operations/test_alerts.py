@@ -316,6 +316,20 @@ def test_the_window_is_per_host_for_a_clusters_host_wide_alerts() -> None:
     assert gate.admit(Alert("backoff", "back-off", AT)) is not None  # this daemon's host
 
 
+def test_a_removed_games_window_is_forgotten_and_no_other_games() -> None:
+    """A game added again under a removed game's name is another: its first alert is sent."""
+    now = [0.0]
+    gate = AlertGate(600.0, monotonic=lambda: now[0])
+    fatal = lambda game: Alert("fatal", "FATAL", AT, game)  # noqa: E731
+    assert gate.admit(fatal("a")) is not None and gate.admit(fatal("b")) is not None
+    now[0] = 60.0
+    assert gate.admit(fatal("a")) is None  # held back, counted
+    gate.forget("a")
+    again = gate.admit(fatal("a"))
+    assert again is not None and "held_back" not in again.details
+    assert gate.admit(fatal("b")) is None  # b's window goes on
+
+
 def test_a_crash_loop_sends_one_alert_not_one_a_second(receiver_factory, senders) -> None:
     receiver = receiver_factory([200])
     sender = AlertSender(fast(receiver.url, dedup_window_s=600), host="h")
