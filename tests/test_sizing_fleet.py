@@ -352,3 +352,20 @@ def test_while_a_gpu_is_skipped_a_gpu_lost_or_back_still_counts(settings: Settin
     assert fleet._host().gpu == GpuMemory(H100.name, 40 * GIB, 2)  # the skipped one's memory: the last known
     telemetry.latest = Snapshot(0.0, (H100, replace(H100, index=1)), True, None, host, (), None, (2,))  # 1 back
     assert fleet._host().gpu.count == 3
+
+
+def test_a_container_whose_nvml_pids_are_the_hosts_records_no_gpu_footprint_not_zero(
+        settings: Settings, db: Database, clock: FakeClock) -> None:
+    """fleetd in a container without --pid=host: NVML lists the host's pids, none of them a
+    process here. The worker's GPU memory is unknown, so its footprint has no GPU reading (not
+    0 B, which would pack rungs that OOM) and sizing takes its no-reading path."""
+    book = FootprintBook()
+    host_pids = {2**30 + 11: 5 * GIB}  # past any pid_max: no process here
+    measured(db, book, 0, TelemetrySampler(FakeGpu(host_pids)))
+    with db.transaction() as session:
+        (stored,) = read_footprints(session)
+    assert stored.gpu_bytes is None and stored.rss_bytes > 0
+    record = _record(settings, db, clock, fleet_on_an_h100(settings, db, clock, book))
+    sizing = record["sizing"]
+    assert "no GPU reading" in record["reason"]
+    assert sizing["measured"] and sizing["gpu_bytes_per_game"] is None and sizing["gpu_needed_bytes"] is None

@@ -392,7 +392,9 @@ def gpu_line(telemetry: dict[str, Any]) -> str:
         parts.append((gpu["index"], f"{gpu['index']}: {gpu['name']} {percent(gpu['utilization_pct'])} util, {memory:.0%} memory, {number(gpu['temperature_c'], 0)} C"))
     # Read, but its memory reading was nonsense this sample: left out of the readings, still there.
     parts += [(index, f"{index}: {SKIPPED_GPU}") for index in telemetry.get("skipped_gpus", [])]
-    return "; ".join(text for _, text in sorted(parts))
+    line = "; ".join(text for _, text in sorted(parts))
+    why = telemetry.get("process_gpu_reason")  # the GPUs read, the workers' share of them not
+    return f"{line}; no GPU reading per worker: {why}" if why else line
 
 
 def money(value: float | None, currency: str) -> str:
@@ -504,12 +506,14 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
         for gpu in telemetry.get("gpus", []):  # unavailable: only those lost or with Xid errors
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
         rows += [(f"GPU {index}", SKIPPED_GPU_THEN) for index in telemetry.get("skipped_gpus", [])]
+        if telemetry.get("process_gpu_reason"):
+            rows.append(("worker GPU memory", f"unknown ({telemetry['process_gpu_reason']})"))
         host = telemetry.get("host") or {}
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")
             available = "-" if not total or free is None else f"{free / total:.0%}"  # None: no reading
             rows.append(("host", f"{available} memory available, load {number(host.get('load_1m'), 2)}, CPU {percent(host.get('cpu_pct'))}"))
-        known = {"at", "gpus", "skipped_gpus", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
+        known = {"at", "gpus", "skipped_gpus", "process_gpu_reason", "gpu_available", "gpu_unavailable_reason", "host", "processes"}
         for key, value in telemetry.items():  # what the sampler reads beyond these (PSI, throttling)
             if key not in known and value not in (None, [], {}):
                 rows.append((key, json.dumps(value, sort_keys=True)[:200]))

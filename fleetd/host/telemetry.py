@@ -40,6 +40,8 @@ PSI_DIR = Path("/proc/pressure")
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
 THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
+NOT_THIS_NAMESPACE = ("NVML's process ids are not this pid namespace's (fleetd runs in a container "
+                      "without --pid=host?): the workers' GPU memory is unknown")
 # A worker may die, or turn zombie, between listing its tree and reading a process of it.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
@@ -159,6 +161,8 @@ class Snapshot:
     # index: not in `gpus`, no readings, yet still there: the GPU count sizing and Ray's GPU
     # resource go by counts them, so one bad read does not resize every game.
     skipped_gpus: tuple[int, ...] = ()
+    # Why no worker has a GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE), or None.
+    process_gpu_reason: str | None = None
 
     @property
     def read_gpus(self) -> tuple[GpuSample, ...]:
@@ -484,9 +488,11 @@ class TelemetrySampler:
 
     def __init__(
         self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic, holds_gpu: Callable[[int], bool] | None = None,
     ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
+        self._holds_gpu = holds_gpu or _holds_gpu  # a test's fake /proc/PID/maps
+        self._logged_namespace = False
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._readings = Readings()  # the host's and PSI's
         self._clock = clock
@@ -521,12 +527,32 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
+            processes, why = self._attributed(processes, gpu_memory, seen)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
-                                self._monotonic(), skipped)
+                                self._monotonic(), skipped, why)
             self._readings.settle()
         with self._latest_lock:
             self._latest = snapshot
         return snapshot
+
+    def _attributed(self, processes: list[ProcessSample], gpu_memory: Mapping[int, int] | None,
+                    seen: Collection[int]) -> tuple[list[ProcessSample], str | None]:
+        """The workers' samples as read, or, when NVML's pids are another namespace's, without
+        GPU memory (unknown, not 0 B) and with the reason."""
+        unattributed = bool(processes) and gpu_memory is not None and not_this_namespace(gpu_memory, seen, self._holds_gpu)
+        self._log_namespace(unattributed)
+        if not unattributed:
+            return processes, None
+        return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
+
+    def _log_namespace(self, unattributed: bool) -> None:
+        """Logged once each time NVML's process ids stop, or start again, being this namespace's."""
+        if unattributed != self._logged_namespace:
+            self._logged_namespace = unattributed
+            if unattributed:
+                log.warning("%s; sizing goes by no GPU reading", NOT_THIS_NAMESPACE)
+            else:
+                log.info("NVML's process ids are this pid namespace's again: workers' GPU memory read")
 
     def _sample_tree(
         self,
@@ -566,6 +592,33 @@ class TelemetrySampler:
         # Equality compares pid and start time, so a reused pid gets a fresh CPU baseline.
         cached = self._procs.get(proc.pid)
         return cached if cached is not None and cached == proc else proc
+
+
+def not_this_namespace(pid_memory: Mapping[int, int], ours: Collection[int], holds_gpu: Callable[[int], bool]) -> bool:
+    """Whether NVML's processes cannot be this pid namespace's. NVML gives the pids of the root
+    namespace (the host's); fleetd in a container without --pid=host (Docker, RunPod, vast.ai)
+    sees its own, so no worker would match and each would read 0 B of GPU: a worker sized as
+    taking no GPU memory, rungs packed to OOM. Unattributable when NVML lists processes holding
+    GPU memory, none of them in our workers' trees (`ours`), and none a process here that could
+    be one (`holds_gpu`: a CUDA context maps /dev/nvidia*). Other users' processes on a shared GPU
+    in this namespace are processes here that map the GPU, or whose maps we may not read
+    (counted as could be): then a worker not listed is CPU-only and rightly reads 0. A host pid
+    that happens to be a GPU process here too is taken as ours: rare, and it errs as before."""
+    if not pid_memory or any(pid in ours for pid in pid_memory):
+        return False
+    return not any(holds_gpu(pid) for pid in pid_memory)
+
+
+def _holds_gpu(pid: int) -> bool:
+    """Whether process `pid` here could be one NVML lists: it maps an NVIDIA device node, or its
+    maps cannot be read (another user's: could be). No such pid here: it cannot."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            return any("/dev/nvidia" in line for line in maps)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:  # EACCES, EPERM: not ours to read
+        return True
 
 
 def _children_by_parent() -> dict[int, list[int]]:
@@ -690,7 +743,7 @@ def snapshot_json(snapshot: Snapshot | None, age_s: float | None = None, stale_a
     errors in the last sample's window (the governor still judges by them), without readings."""
     if snapshot is None:
         return {"available": False, "reason": "not sampled yet", "at": None, "age_s": None, "stale": False,
-                "gpus": [], "skipped_gpus": [], "host": None, "processes": []}
+                "gpus": [], "skipped_gpus": [], "process_gpu_reason": None, "host": None, "processes": []}
     stale = stale_after_s is not None
     gpus = snapshot.gpus
     if stale:  # as while NVML is unavailable: those in distress, without the frozen readings
@@ -711,6 +764,7 @@ def snapshot_json(snapshot: Snapshot | None, age_s: float | None = None, stale_a
             for gpu in gpus
         ],
         "skipped_gpus": [] if stale else list(snapshot.skipped_gpus),  # read, their memory reading nonsense: not listed
+        "process_gpu_reason": snapshot.process_gpu_reason,  # why no worker has a GPU memory reading
         "host": asdict(snapshot.host),
         "processes": [asdict(proc) for proc in snapshot.processes],
     }

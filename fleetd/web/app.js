@@ -684,6 +684,8 @@
         h('thead', null, h('tr', null, h('th', null, 'worker'), h('th', { class: 'r' }, 'pid'), h('th', { class: 'r' }, 'procs'),
           h('th', { class: 'r' }, 'RSS'), h('th', { class: 'r' }, 'CPU'), h('th', { class: 'r' }, 'GPU mem'))),
         h('tbody', null, rows))));
+      // The GPUs read, the workers' share of them not (NVML's pids are another namespace's).
+      if (telemetry.process_gpu_reason) box.appendChild(h('p', { class: 'notice' }, 'GPU mem: ' + telemetry.process_gpu_reason));
     }
   }
 

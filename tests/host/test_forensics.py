@@ -15,7 +15,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.render import boot_detail, console, forensics_rows
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.forensics import Journalctl, KernelLog, capture, record_kernel_log
-from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
+from fleetd.host.telemetry import NOT_THIS_NAMESPACE, GpuSample, HostSample, Snapshot
 from fleetd.host.uptime import record_daemon_start
 from fleetd.jobs import heartbeat_job
 from tests.fakes import FakeHost
@@ -92,6 +92,12 @@ def test_a_last_picture_without_a_host_memory_reading_says_so_not_zero() -> None
     unread = replace(HOT, host=HostSample(None, None, None, 61.5))
     rows = dict(forensics_rows(capture(unread, None, datetime(2026, 1, 1, tzinfo=UTC))))
     assert rows["host"] == "- memory available, load 61.50, CPU -"  # the dash alone, not "-%"
+
+
+def test_a_last_picture_taken_in_another_pid_namespace_says_the_workers_gpu_memory_was_unknown() -> None:
+    rows = dict(forensics_rows(capture(replace(HOT, process_gpu_reason=NOT_THIS_NAMESPACE), None, datetime(2026, 1, 1, tzinfo=UTC))))
+    assert rows["worker GPU memory"] == f"unknown ({NOT_THIS_NAMESPACE})" and "process_gpu_reason" not in rows
+    assert "worker GPU memory" not in dict(forensics_rows(capture(HOT, None, datetime(2026, 1, 1, tzinfo=UTC))))
 
 
 def test_a_boot_with_no_reboot_before_it_and_an_unknown_boot(loop: Loop) -> None:

@@ -19,15 +19,19 @@ import psutil
 import pynvml
 import pytest
 
+from fleetd.cli.render import gpu_line
 from fleetd.config import FleetSettings
 from fleetd.governor.pressure import pressure_reasons
 from fleetd.host.telemetry import (
+    NOT_THIS_NAMESPACE,
     GpuSample,
     HostSample,
     NvmlReader,
     ProcessSample,
     Snapshot,
     TelemetrySampler,
+    _holds_gpu,
+    not_this_namespace,
     sample_rows,
     snapshot_json,
 )
@@ -85,6 +89,46 @@ def test_gpu_memory_per_game_is_none_when_nvml_is_unavailable() -> None:
     assert not snapshot.gpu_available and snapshot.gpu_unavailable_reason == "NVML unavailable: no driver"
     assert snapshot.processes[0].gpu_memory_bytes is None
     assert snapshot.max_gpu_memory_fraction() is None
+
+
+# Pids past any pid_max (2**22): no process here has one, as a host's pids seen from a container.
+HOST_PIDS = {2**30 + 11: 5 * GiB, 2**30 + 12: 3 * GiB}
+
+
+def test_nvml_pids_of_another_pid_namespace_leave_the_workers_gpu_memory_unknown() -> None:
+    me = os.getpid()
+    snapshot = TelemetrySampler(FakeGpu([GPU0], HOST_PIDS)).sample({"pong": me})
+    assert snapshot.gpu_available and snapshot.gpus == (GPU0,)  # the GPUs themselves still read
+    [proc] = snapshot.processes
+    assert proc.gpu_memory_bytes is None  # unknown, never 0 B
+    assert snapshot.process_gpu_reason == NOT_THIS_NAMESPACE and "pid namespace" in NOT_THIS_NAMESPACE
+    assert ("pong", None, "gpu_memory_bytes", 0.0) not in sample_rows(snapshot)
+    body = snapshot_json(snapshot)
+    assert body["process_gpu_reason"] == NOT_THIS_NAMESPACE and body["processes"][0]["gpu_memory_bytes"] is None
+    assert gpu_line(body).endswith(f"; no GPU reading per worker: {NOT_THIS_NAMESPACE}")
+
+
+def test_same_namespace_readings_are_unchanged() -> None:
+    me, other = os.getpid(), 2**30 + 11
+    # A worker listed: its memory, whatever else NVML lists.
+    listed = TelemetrySampler(FakeGpu([GPU0], {me: 3 * GiB, other: GiB})).sample({"pong": me})
+    assert listed.processes[0].gpu_memory_bytes == 3 * GiB and listed.process_gpu_reason is None
+    # Only another user's process on a shared GPU, here, holding it: this CPU-only worker reads 0.
+    shared = TelemetrySampler(FakeGpu([GPU0], {other: GiB}), holds_gpu=lambda pid: pid == other).sample({"pong": me})
+    assert shared.processes[0].gpu_memory_bytes == 0 and shared.process_gpu_reason is None
+    # Nothing on the GPU: 0, as ever.
+    idle = TelemetrySampler(FakeGpu([GPU0], {})).sample({"pong": me})
+    assert idle.processes[0].gpu_memory_bytes == 0 and idle.process_gpu_reason is None
+    assert gpu_line(snapshot_json(idle)) == gpu_line(snapshot_json(replace(idle, process_gpu_reason=None)))
+    assert "per worker" not in gpu_line(snapshot_json(idle))
+
+
+def test_a_pid_here_could_hold_the_gpu_only_if_it_maps_an_nvidia_device_or_is_not_ours_to_read() -> None:
+    assert not _holds_gpu(2**30 + 11)  # no such process here
+    assert not _holds_gpu(os.getpid())  # this test maps no /dev/nvidia*
+    assert not_this_namespace(HOST_PIDS, {os.getpid()}, _holds_gpu)
+    assert not not_this_namespace(HOST_PIDS, {2**30 + 12}, _holds_gpu)  # one of ours listed
+    assert not not_this_namespace({}, {os.getpid()}, _holds_gpu)  # nothing listed: nothing to attribute
 
 
 def test_sample_rows_name_each_metric_and_skip_missing_readings() -> None:
