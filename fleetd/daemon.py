@@ -68,6 +68,7 @@ ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd
 # API has, and an unbounded wait ran into systemd's TimeoutStopSec, which then killed the daemon
 # alone and left every worker without its final checkpoint.
 API_SHUTDOWN_S = 10
+API_BACKLOG = 2048  # uvicorn's default: it listens again with its own when it serves
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
@@ -176,6 +177,10 @@ def check_listen_policy(settings: Settings) -> None:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
+    """The API's address, taken early in the start (a port in use fails it before anything is
+    recorded), but not listened on: until `listen_socket`, once recovery is done, a connection is
+    refused at once. Listening here let the kernel accept connections for the whole start
+    (recovery, re-adoption: seconds on a loaded host) and left them waiting unanswered."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -188,8 +193,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
         transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
         raise StartupError(f"cannot listen on {host_port(host, port)} ([api] host/port): {exc.strerror}",
                            transient=transient) from None
-    sock.listen(128)
     return sock
+
+
+def listen_socket(sock: socket.socket, host: str, port: int) -> None:
+    """Start accepting on the socket `bind_socket` took, just before the API is served. Two
+    sockets bound with SO_REUSEADDR and not listening do not conflict: a daemon of another
+    state_dir that took the same port meanwhile is met here."""
+    try:
+        sock.listen(API_BACKLOG)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host_port(host, port)} ([api] host/port): {exc.strerror}",
+                           transient=exc.errno == errno.EADDRINUSE) from None
 
 
 @contextmanager
@@ -497,6 +512,8 @@ class Daemon:
             scheduler.start()
             self.catalog.warm()
             log.info("serving the API on %s", http_url(self.settings.api.host, self.settings.api.port))
+            # Listening before the CLI is told: a command that stops waiting connects at once.
+            listen_socket(sock, self.settings.api.host, self.settings.api.port)
             if self._lock is not None:  # CLI commands stop waiting for the start (fleetd/cli/client.py)
                 self._lock.mark_serving()
             server.run(sockets=[sock])

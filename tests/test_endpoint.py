@@ -114,3 +114,41 @@ def test_a_port_taken_on_an_ipv6_address_is_named_in_brackets() -> None:
             bind_socket("::1", port).close()
     finally:
         taken.close()
+
+
+def test_the_api_port_refuses_connections_until_the_daemon_serves() -> None:
+    # The soak's API p99 (7 s during a power cut): the socket listened from the start's first
+    # steps, so a request made while the new daemon recovered and re-adopted its workers was
+    # accepted by the kernel and waited, unanswered, for the whole start. Refused, a client
+    # knows at once that the daemon does not serve yet (the CLI waits on the lock file instead).
+    import socket
+
+    from fleetd.daemon import bind_socket, listen_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        listen_socket(sock, "127.0.0.1", port)
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        sock.close()
+
+
+def test_a_port_another_start_took_meanwhile_is_met_when_listening() -> None:
+    # Two sockets bound with SO_REUSEADDR and not listening do not conflict (Linux): a daemon of
+    # another state_dir on the same port is met when the second one listens, transient (exit 75).
+    from fleetd.daemon import StartupError, bind_socket, listen_socket
+
+    first = bind_socket("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    second = bind_socket("127.0.0.1", port)
+    try:
+        listen_socket(first, "127.0.0.1", port)
+        with pytest.raises(StartupError, match=rf"cannot listen on 127.0.0.1:{port} ") as raised:
+            listen_socket(second, "127.0.0.1", port)
+        assert raised.value.transient
+    finally:
+        first.close()
+        second.close()
