@@ -569,15 +569,18 @@ def test_a_failed_evaluation_is_an_event_on_the_api_and_a_checkpoint_without_one
 
 
 def test_a_failed_evaluation_resent_to_a_restarted_daemon_is_one_event(loop: Loop) -> None:
-    """The daemon was killed after it recorded a checkpoint report's `evaluation_failed`; the
-    worker, adopted by the next daemon, sent that report again. What was recorded is asked of the
-    store, not of the killed daemon's memory: no second event. Another checkpoint's still is one."""
+    """The daemon was killed after it recorded a checkpoint report's `evaluation_failed`; the Ray
+    relay, whose hub died with it, sent that report again to the daemon that adopted the run. What
+    was recorded is asked of the store, not of the killed daemon's memory: no second event, also
+    where the clock stepped back after the run began (the event is older than its run). Another
+    checkpoint's still is one."""
     loop.add("a")
     loop.start()
     loop.run_up("a")
     proc = loop.sup.procs["a"]
     run_id, pid = proc.run_id, proc.pid
     assert run_id is not None and pid is not None
+    loop.clock.wall -= timedelta(hours=1)  # NTP stepped the clock back
     at = loop.clock.now().timestamp()
     failed = CheckpointSummary("/c/a/ckpt-000000002000", 2000, 6, at, 100)
     report = CheckpointReport("a", run_id, pid, at, failed, eval_failure="RuntimeError: env broke")

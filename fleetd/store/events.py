@@ -65,13 +65,14 @@ def read_events(session: Session, where: EventFilter) -> list[EventRecord]:
     return [_record(row) for row in session.scalars(query)]
 
 
-def event_recorded(session: Session, kind: str, game: str, since: datetime, details: dict[str, Any]) -> bool:
-    """Whether an event of `kind` of game `game`, at `since` or later, is recorded whose details
-    hold each of `details` (scalar values). Reads only the game's events since then (the
-    (game, at) index); a report resent to a restarted daemon is not made an event twice."""
-    query = select(Event.id).where(Event.game == game, Event.kind == kind, Event.at >= since)
+def event_recorded(session: Session, kind: str, game: str, details: dict[str, Any]) -> bool:
+    """Whether an event of `kind` of game `game` is recorded whose details hold each of `details`
+    (scalar values, compared as JSON values: 12 is not "12"). Not bounded by time: a clock stepped
+    back between two deliveries of one report must not make it two events; the (kind, at) index
+    keeps the read to that kind's events, which retention bounds."""
+    query = select(Event.id).where(Event.game == game, Event.kind == kind)
     for key, value in details.items():
-        query = query.where(func.json_extract(Event.details, f"$.{key}") == value)
+        query = query.where(func.json_extract(Event.details, f'$."{key}"') == value)
     return session.scalars(query.limit(1)).first() is not None
 
 

@@ -191,9 +191,9 @@ class Recorder:
         """The worker's evaluation just before this checkpoint failed or ran past its limit
         (docs/worker.md#evaluation): that checkpoint has no eval_return. The reason as the worker
         sent it, its first line and at most EVAL_FAILURE_MAX_CHARS of it (a report is the worker's word).
-        One event a run's checkpoint, asked of the store: a report delivered twice (the Ray relay
-        resends batches its dead hub may have passed on; a worker resends to the daemon that
-        adopted it one the killed daemon had recorded) is one event."""
+        One event per run and checkpoint, asked of the event log: the Ray relay resends a batch it
+        is not sure arrived, to the same daemon or, when its hub died with a killed daemon, to the
+        one that adopted the run."""
         reason = (reason.splitlines() or [""])[0][:EVAL_FAILURE_MAX_CHARS]
         checkpoint = PurePath(summary.path).name
         message = f"evaluation at {summary.steps} steps failed: {reason}; checkpoint {checkpoint} has no eval_return"
@@ -202,9 +202,8 @@ class Recorder:
         details = {"run_id": run_id, "steps": summary.steps, "checkpoint": checkpoint, "reason": reason,
                    "subprocess_died": subprocess_died}
         with self.db.transaction() as session:
-            run = run_store.read_run(session, run_id)
-            if run is not None and event_recorded(session, "evaluation_failed", game, run.started_at,
-                                                  {"run_id": run_id, "checkpoint": checkpoint}):
+            # Run ids are never handed out twice (AUTOINCREMENT): the run and checkpoint name it.
+            if event_recorded(session, "evaluation_failed", game, {"run_id": run_id, "checkpoint": checkpoint}):
                 return
             create_event(session, self.clock.now(), "evaluation_failed", message, severity="warning", game=game,
                          details=details)
