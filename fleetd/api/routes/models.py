@@ -44,11 +44,12 @@ async def import_model(
     name: str = GameName,
     env_id: str = Query(description="the env the model was trained on (EnvPool or Gymnasium id, or module:EnvName-vN)"),
     algo: Literal["ppo", "dqn", "a2c"] | None = Query(None, description="default: detected from the zip"),
-    # `6_4` refused, not read as 64; inside Annotated: FastAPI drops a validator given `= Query(...)`.
-    priority: Annotated[int, AS_WRITTEN, Query(ge=-1000, le=1000)] = 0,
-    total_timesteps: Annotated[int | None, AS_WRITTEN, Query(ge=1, le=10**13)] = None,
-    target_episodes: Annotated[int | None, AS_WRITTEN, Query(ge=1, le=10**10)] = None,
-    checkpoint_interval_s: Annotated[float | None, AS_WRITTEN, Query(ge=1, le=86400, allow_inf_nan=False)] = None,
+    # `6_4` refused, not read as 64; inside Annotated, after Query (before it, NaN
+    # was told the lower bound): FastAPI drops a validator given `= Query(...)`.
+    priority: Annotated[int, Query(ge=-1000, le=1000), AS_WRITTEN] = 0,
+    total_timesteps: Annotated[int | None, Query(ge=1, le=10**13), AS_WRITTEN] = None,
+    target_episodes: Annotated[int | None, Query(ge=1, le=10**10), AS_WRITTEN] = None,
+    checkpoint_interval_s: Annotated[float | None, Query(ge=1, le=86400, allow_inf_nan=False), AS_WRITTEN] = None,
     hyperparams: str | None = Query(None, max_length=10_000, description="a JSON object of overrides"),
     desired: Desired = Query(Desired.RUNNING),
     context: AppContext = Depends(get_context),
