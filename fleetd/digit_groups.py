@@ -13,23 +13,31 @@ from __future__ import annotations
 
 import re
 
-# Thousands only, in a whole number's digits: `1_000`, `-25_000_000`, `1_000.5`, `2_000e3`.
-THOUSANDS = re.compile(r"\s*[+-]?\d{1,3}(?:_\d{3})+(?:\.\d*)?(?:[eE][+-]?\d+)?\s*")
+# Thousands only, counted from the decimal point both ways: `1_000`, `-25_000_000`, `1_000.5`,
+# `2_000e3`, `0.000_001`, `.000_5`.
+_WHOLE = r"(?:\d{1,3}(?:_\d{3})+|\d+)"
+_FRACTION = r"(?:\d{3}(?:_\d{3})*_\d{1,3}|\d*)"
+THOUSANDS = re.compile(rf"\s*[+-]?(?:{_WHOLE}(?:\.{_FRACTION})?|\.{_FRACTION})(?:[eE][+-]?\d+)?\s*")
+# A number written with underscores anywhere (`64__64`, `64_`, `_64`, `1e_5`): refused as one,
+# not read past (Python refuses these, and a reader that drops the underscores joins them).
+_UNDERSCORED = re.compile(r"\s*[+-]?[\d_]*\.?[\d_]*(?:[eE][+-]?[\d_]+)?\s*")
 
 
 def grouping_refusal(text: str) -> str | None:
-    """Why `text`, which Python would read as a number, is not: None when it has no underscore,
-    groups the digits by thousands, or is no number at all; otherwise the value and the forms
-    fleetd takes."""
+    """Why `text`, a number but for its underscores, is not read as one: None when it has no
+    underscore, groups the digits by thousands, or is no number at all; otherwise the value and
+    the forms fleetd takes."""
     if "_" not in text or THOUSANDS.fullmatch(text):
         return None
-    try:
-        float(text)  # Python's reading, underscores and all
-    except ValueError:
-        return None  # not a number in any reading: the caller's own check says what it is not
-    parts = text.strip().split("_")
     digits = text.strip().replace("_", "")
+    if not _UNDERSCORED.fullmatch(text) or not any(char.isdigit() for char in digits):
+        return None  # not a number in any reading: the caller's own check says what it is not
+    try:
+        float(digits)
+    except ValueError:
+        return None
+    parts = text.strip().split("_")
     as_list = (f", or a list as [{', '.join(str(int(part)) for part in parts)}]"
                if all(part.isdigit() for part in parts) else "")
     return (f"{text!r} is not read as a number: underscores may only group digits by thousands "
-            f"(1_000_000); write {digits} for that number{as_list}")
+            f"(1_000_000, 0.000_001); write {digits} for that number{as_list}")

@@ -7,6 +7,8 @@ database (as a `sqlite3` session or a backup left open would hold it)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.endpoint import read_endpoint
-from fleetd.host.statedir import LOCK_NAME, starting_daemon
+from fleetd.host.statedir import LOCK_NAME, STARTING, StateDirLock, starting_daemon
 from tests.daemon_harness import Daemon, DaemonConfig, clean_env, fleetd_cli, short_tmp_dir
 
 FLEET = '[[games]]\nname = "cart"\nenv_id = "CartPole-v1"\n'
@@ -103,3 +105,110 @@ def test_a_start_that_does_not_end_in_time_is_said_and_exits_75(config: DaemonCo
         for daemon in daemons:
             daemon.terminate()
             daemon.ensure_stopped()
+
+
+HOLD = """import fcntl, os, sys, time
+from pathlib import Path
+from fleetd.host.statedir import STARTING, lock_state_dir
+state_dir = Path(sys.argv[1])
+if sys.argv[2] == "daemon":  # as `fleetd serve` takes it, then holds its start
+    lock = lock_state_dir(state_dir, STARTING)
+else:  # a flock on the file by another pid than the file names
+    fd = os.open(state_dir / "fleetd.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.fixture
+def bare() -> DaemonConfig:
+    """A config and state_dir no daemon has served: nothing listens on its port."""
+    config = DaemonConfig(short_tmp_dir())
+    config.write()
+    config.state_dir.mkdir()
+    token = config.state_dir / "api-token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
+    return config
+
+
+def holding(config: DaemonConfig, how: str, holders: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.state_dir), how], stdout=subprocess.PIPE,
+                              text=True, env=clean_env())
+    holders.append(holder)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid  # reaped: no process has it (until the kernel hands it out again)
+
+
+def test_a_wait_through_a_restart_waits_for_a_start_no_longer_than_its_deadline(bare: DaemonConfig) -> None:
+    # `games stop --timeout 1` asking through a restart: each retry's new client waited up to
+    # 120 s for the starting daemon, whatever the deadline.
+    from fleetd.cli import client as client_module
+    from fleetd.cli.common import ask_through_restart
+
+    holders: list[subprocess.Popen[str]] = []
+    try:
+        holder = holding(bare, "daemon", holders)
+        assert starting_daemon(bare.state_dir) == holder.pid
+        started = time.monotonic()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(client_module, "START_WAIT_S", 8.0)  # a failing run ends in 8 s, not 120
+            with pytest.raises(ClientError) as raised:
+                ask_through_restart(bare.path, "/api/v1/games", deadline=started + 1.0)
+        took = time.monotonic() - started
+        assert took < 4.0, took
+        assert raised.value.code == ExitCode.TEMPFAIL and f"pid {holder.pid}" in str(raised.value), raised.value
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+
+
+def test_a_start_that_died_is_not_waited_for(bare: DaemonConfig) -> None:
+    # A daemon that died in its start left `starting` in the file; no lock is held on it.
+    lock_file = bare.state_dir / LOCK_NAME
+    lock_file.write_text(f"{dead_pid()}\n{STARTING}\n")
+    assert starting_daemon(bare.state_dir) is None
+    started = time.monotonic()
+    gone = fleetd_cli(bare, "games", "list")
+    assert gone.returncode == ExitCode.UNAVAILABLE, gone.stderr
+    assert WAITING not in gone.stderr and "is `fleetd serve` running" in gone.stderr
+    assert time.monotonic() - started < 30  # the interpreter's start on a loaded machine; no 120 s wait
+
+
+def test_a_lock_held_by_another_pid_than_the_file_names_is_not_a_start(bare: DaemonConfig) -> None:
+    # The inode alone was matched: a stale `starting` file and any flock on a file of that inode
+    # (another filesystem's, here the file's own taken by another process) kept every command waiting.
+    lock_file = bare.state_dir / LOCK_NAME
+    lock_file.write_text(f"{dead_pid()}\n{STARTING}\n")
+    holders: list[subprocess.Popen[str]] = []
+    try:
+        holding(bare, "other", holders)
+        assert starting_daemon(bare.state_dir) is None
+        lock_file.write_text(f"{holders[0].pid}\n{STARTING}\n")  # the holder named: it is the start
+        assert starting_daemon(bare.state_dir) == holders[0].pid
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+
+
+def test_a_lock_file_that_cannot_be_written_at_serving_is_a_warning_not_the_daemons_end(
+        bare: DaemonConfig, caplog: pytest.LogCaptureFixture) -> None:
+    # An OSError (a full disk, an I/O error) marking the file `serving` ended the daemon after READY.
+    lock_file = bare.state_dir / LOCK_NAME
+    lock_file.write_text(f"{os.getpid()}\n{STARTING}\n")
+    lock = StateDirLock(lock_file, os.open(lock_file, os.O_RDONLY))  # every write fails (EBADF)
+    try:
+        with caplog.at_level(logging.WARNING, logger="fleetd.host.statedir"):
+            lock.mark_serving()
+    finally:
+        lock.release()
+    assert f"could not mark {lock_file} as serving" in caplog.text, caplog.text

@@ -94,7 +94,7 @@ def test_a_number_as_python_writes_it_is_a_number(config: Path, text: str, value
     assert stored == value and type(stored) is type(value)
 
 
-ONE_RULE = "underscores may only group digits by thousands (1_000_000); write 6464 for that number, or a list as [64, 64]"
+ONE_RULE = "underscores may only group digits by thousands (1_000_000, 0.000_001); write 6464 for that number, or a list as [64, 64]"
 
 
 def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
@@ -144,3 +144,40 @@ def test_a_net_arch_not_a_list_is_refused_naming_the_list_form(config: Path, tex
     assert result.exit_code == 1, result.output
     assert f"net_arch {shown} is not a list: give the layer sizes as a list, {meant}" in result.output, result.output
     assert "policy_kwargs" not in game(config)["hyperparams"]
+
+
+@pytest.mark.parametrize(("pair", "digits"), [("n_steps=64__64", "6464"), ("batch_size=64_", "64"),
+                                              ("n_epochs=_64", "64"), ("learning_rate=1e_3", "1e3")])
+def test_underscores_python_does_not_read_are_refused_not_dropped(config: Path, pair: str, digits: str) -> None:
+    # `64__64` and `64_` matched the CLI's loose number, and its underscores were dropped: 6464, 64.
+    before = game(config)
+    result = fleetd(config, "games", "set", "pong", pair)
+    assert result.exit_code == 2, result.output
+    key, text = pair.split("=")
+    assert f"{key}: {text!r} is not read as a number" in result.output and f"write {digits} for that number" in result.output
+    assert game(config) == before
+
+
+@pytest.mark.parametrize(("text", "value"), [("0.000_001", 1e-06), (".000_5", 0.0005), ("1_000.000_1", 1000.0001)])
+def test_a_fraction_grouped_by_thousands_is_a_number(config: Path, text: str, value: float) -> None:
+    # Thousands grouping after the decimal point was refused as not read as a number.
+    result = fleetd(config, "games", "set", "pong", f"learning_rate={text}")
+    assert result.exit_code == 0, result.output
+    assert game(config)["hyperparams"]["learning_rate"] == value
+
+
+def test_an_import_s_numbers_are_read_by_the_one_rule(config: Path, tmp_path: Path) -> None:
+    # `games import --priority 6_4` and `POST /games/NAME/import?priority=6_4` took it as 64.
+    model = tmp_path / "model.zip"
+    model.write_bytes(b"not read: the option is refused first")
+    for option in ("--total-timesteps", "--target-episodes", "--priority"):
+        result = fleetd(config, "games", "import", "imported", "CartPole-v1", "--from", str(model), option, "6_4")
+        assert result.exit_code == 2 and option in result.output and "'6_4' is not read as a number" in result.output, result.output
+    port = config.read_text().split("port = ")[1].split("\n")[0]
+    for field in ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s"):
+        posted = httpx.post(f"http://127.0.0.1:{port}/api/v1/games/imported/import", content=b"",
+                            params={"env_id": "CartPole-v1", field: "6_4"},
+                            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/zip"})
+        assert posted.status_code == 422 and field in posted.text and "'6_4' is not read" in posted.text, posted.text
+    assert httpx.get(f"http://127.0.0.1:{port}/api/v1/games/imported",
+                     headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404

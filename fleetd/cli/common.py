@@ -192,7 +192,7 @@ def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any:
     told = None
     while True:
         try:
-            return ask_or_raise(config, path)
+            return ask_or_raise(config, path, deadline)
         except ClientError as exc:
             if exc.code not in AWAY:
                 fail(str(exc), exc.code)
@@ -205,11 +205,19 @@ def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any:
             time.sleep(AWAY_POLL_S)
 
 
-def ask_or_raise(config: Path | None, path: str) -> Any:
-    """GET `path`; the client's error raised, not failed (a token error fails as `call` does)."""
+def ask_or_raise(config: Path | None, path: str, deadline: float | None = None) -> Any:
+    """GET `path`; the client's error raised, not failed (a token error fails as `call` does).
+    A daemon still starting is waited for until `deadline` (time.monotonic) at most: each
+    retry's new client waited out its whole start wait (120 s) past a `--timeout` of seconds."""
+    import time
+
+    from fleetd.cli import client as client_module
     from fleetd.token import TokenError
 
+    client = client_for(config)
+    if deadline is not None:
+        client.start_wait_s = min(client_module.START_WAIT_S, max(0.0, deadline - time.monotonic()))
     try:
-        return client_for(config).get(path)
+        return client.get(path)
     except TokenError as exc:
         fail(str(exc), ExitCode.NOPERM)

@@ -65,9 +65,10 @@ def _value(text: str) -> Any:
     except ValueError:
         pass
     if LOOSE_NUMBER.fullmatch(text):
-        number = text.replace("_", "")
+        # Python's own reading of the text as typed: dropping its underscores first read
+        # `64__64` as 6464 and `64_` as 64 (grouping_refusal says why they are not numbers).
         with contextlib.suppress(ValueError):
-            return int(number) if re.fullmatch(r"[+-]?\d+", number) else float(number)
+            return int(text) if re.fullmatch(r"[+-]?[\d_]+", text) else float(text)
     return text
 
 

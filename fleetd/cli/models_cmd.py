@@ -8,7 +8,7 @@ import typer
 
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.progress import MIB, Progress
-from fleetd.cli.common import ConfigOption, JsonOption, call, fail, game_path, options_typed
+from fleetd.cli.common import ConfigOption, JsonOption, call, fail, game_path, options_typed, whole_number
 from fleetd.cli.games_cmd import GAME_OPTIONS, _show, games_app, parse_hyperparams
 from fleetd.states import Desired
 
@@ -32,9 +32,9 @@ def import_model(
     vecnormalize: Annotated[Path | None, typer.Option(help="Its VecNormalize statistics (VecNormalize.save()).")] = None,
     replay_buffer: Annotated[Path | None, typer.Option(help="DQN: its replay buffer (save_replay_buffer()).")] = None,
     algo: Annotated[str | None, typer.Option(help="ppo, dqn or a2c; default: detected from the zip.")] = None,
-    total_timesteps: Annotated[int | None, typer.Option(help="Goal in env steps (the model's count included).")] = None,
-    target_episodes: Annotated[int | None, typer.Option(help="Goal in whole episodes, counted from the import.")] = None,
-    priority: Annotated[int, typer.Option(help="Higher runs first when the fleet is full.")] = 0,
+    total_timesteps: Annotated[int | None, typer.Option(parser=whole_number, metavar="INTEGER", help="Goal in env steps (the model's count included).")] = None,
+    target_episodes: Annotated[int | None, typer.Option(parser=whole_number, metavar="INTEGER", help="Goal in whole episodes, counted from the import.")] = None,
+    priority: Annotated[int, typer.Option(parser=whole_number, metavar="INTEGER", help="Higher runs first when the fleet is full.")] = 0,
     hp: Annotated[list[str] | None, typer.Option(help="Hyperparameter override key=value; repeat.")] = None,
     stopped: Annotated[bool, typer.Option("--stopped", help="Import it without starting it.")] = False,
     config: ConfigOption = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from fleetd.digit_groups import grouping_refusal
@@ -104,6 +104,11 @@ def _not_bool(value: Any) -> Any:
     if isinstance(value, str) and (why := grouping_refusal(value)) is not None:
         raise ValueError(why)
     return value
+
+
+# The same check on a number given elsewhere as text (`POST /games/{name}/import`'s query
+# parameters, which FastAPI's lax int read `6_4` as 64).
+AS_WRITTEN = BeforeValidator(_not_bool)
 
 
 class GameSpec(BaseModel):

@@ -16,6 +16,7 @@ adopt it.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import tempfile
 import time
@@ -26,6 +27,8 @@ LOCK_NAME = "fleetd.lock"
 STARTING, SERVING = "starting", "serving"  # the daemon's lock file's second line
 PROC_LOCKS = Path("/proc/locks")  # Linux: every lock held, with its file's inode
 PID_WAIT_S = 1.0  # a rival that has just locked writes its pid right after
+
+log = logging.getLogger(__name__)
 
 
 class StateDirError(Exception):
@@ -39,8 +42,17 @@ class StateDirLock:
 
     def mark_serving(self) -> None:
         """Say that the API is served from now on (recovery and adoption done)."""
-        if self.fd >= 0:
+        if self.fd < 0:
+            return
+        try:
             _write_pid(self.fd, SERVING)
+        except OSError as exc:  # an I/O error, a full disk: the daemon serves on regardless
+            try:  # the pid line alone says "not starting" too, and cutting a file takes no space
+                os.ftruncate(self.fd, len(f"{os.getpid()}\n"))
+                log.warning("could not mark %s as serving (%s); its pid line left alone", self.path, exc)
+            except OSError:
+                log.warning("could not mark %s as serving (%s): CLI commands run on this host wait for "
+                            "this daemon's start (at most 120 s) and then exit 75", self.path, exc)
 
     def release(self) -> None:
         """Closing the descriptor releases the lock; the file stays (removing it would race)."""
@@ -122,16 +134,23 @@ def starting_daemon(state_dir: Path) -> int | None:
     try:
         inode = path.stat().st_ino
         lines = path.read_text(encoding="ascii", errors="replace").split()
-        held = PROC_LOCKS.read_text().splitlines()
     except OSError:
         return None
     if len(lines) < 2 or not lines[0].isdigit() or lines[1] != STARTING:
+        return None  # read on every command: /proc/locks only when the file says starting
+    try:
+        held = PROC_LOCKS.read_text().splitlines()
+    except OSError:
         return None
-    # `1: FLOCK  ADVISORY  WRITE 4242 00:2e:1234 0 EOF`: the lock's kind, its file as
-    # major:minor:inode (the inode in decimal); a waiter's line (`1: -> FLOCK ...`) is not it.
+    # `1: FLOCK  ADVISORY  WRITE 4242 00:2e:1234 0 EOF`: the lock's kind, its holder's pid, its
+    # file as major:minor:inode (the inode in decimal); a waiter's line (`1: -> FLOCK ...`) is
+    # not it. The pid too, not the inode alone: a file left `starting` by a daemon that died in
+    # its start, and a lock on another filesystem's file of the same inode, kept every command
+    # waiting out its start wait; a dead pid matches no lock.
     for line in held:
         fields = line.split()
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+        if (len(fields) >= 6 and fields[1] == "FLOCK" and fields[4] == lines[0]
+                and fields[5].rsplit(":", 1)[-1] == str(inode)):
             return int(lines[0])
     return None
 

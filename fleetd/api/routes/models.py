@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 from pathlib import Path as FsPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -25,7 +25,7 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName, _tell_supervisor, game_out
 from fleetd.api.schemas import GameOut
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.games.spec import GameSpec
+from fleetd.games.spec import AS_WRITTEN, GameSpec
 from fleetd.operations.model_io import ImportRequest, check_name_free, export_game, export_name, import_game
 from fleetd.states import Desired
 from fleetd.supervision.commands import Reconcile
@@ -44,10 +44,12 @@ async def import_model(
     name: str = GameName,
     env_id: str = Query(description="the env the model was trained on (EnvPool or Gymnasium id, or module:EnvName-vN)"),
     algo: Literal["ppo", "dqn", "a2c"] | None = Query(None, description="default: detected from the zip"),
-    priority: int = Query(0, ge=-1000, le=1000),
-    total_timesteps: int | None = Query(None, ge=1, le=10**13),
-    target_episodes: int | None = Query(None, ge=1, le=10**10),
-    checkpoint_interval_s: float | None = Query(None, ge=1, le=86400, allow_inf_nan=False),
+    # `6_4` refused, not read as 64; inside Annotated, after Query (before it, NaN
+    # was told the lower bound): FastAPI drops a validator given `= Query(...)`.
+    priority: Annotated[int, Query(ge=-1000, le=1000), AS_WRITTEN] = 0,
+    total_timesteps: Annotated[int | None, Query(ge=1, le=10**13), AS_WRITTEN] = None,
+    target_episodes: Annotated[int | None, Query(ge=1, le=10**10), AS_WRITTEN] = None,
+    checkpoint_interval_s: Annotated[float | None, Query(ge=1, le=86400, allow_inf_nan=False), AS_WRITTEN] = None,
     hyperparams: str | None = Query(None, max_length=10_000, description="a JSON object of overrides"),
     desired: Desired = Query(Desired.RUNNING),
     context: AppContext = Depends(get_context),
