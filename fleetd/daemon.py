@@ -68,7 +68,7 @@ ALERT_DRAIN_S = 5.0  # at stop, undelivered alerts get this long (within systemd
 # API has, and an unbounded wait ran into systemd's TimeoutStopSec, which then killed the daemon
 # alone and left every worker without its final checkpoint.
 API_SHUTDOWN_S = 10
-API_BACKLOG = 2048  # uvicorn's default: it listens again with its own when it serves
+API_BACKLOG = 2048  # the API socket's: listen_socket's, and uvicorn's (it listens again when it serves)
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
@@ -416,8 +416,8 @@ class Daemon:
                 log.info("stop requested during start-up: %s", self.stop.describe())
                 return
             assert token is not None and sock is not None  # left out only after a stop
-            # Schema verified, boot recorded, every game reconciled: tell systemd.
-            self.notifier.ready(supervisor.summary())
+            # Schema verified, boot recorded, every game reconciled: _serve tells systemd once
+            # the API socket listens.
             self._serve(db, start, token, sock, supervisor, recorder.counters)
         finally:
             grace = self.settings.supervisor.stopwaitsecs + 15
@@ -499,8 +499,10 @@ class Daemon:
                 + [plan_job(db, self.clock, self.settings, info, supervisor)])
         scheduler = build_scheduler(jobs)
         app = create_app(context)
-        server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off",
-                                               timeout_graceful_shutdown=API_SHUTDOWN_S))
+        config = uvicorn.Config(app, log_config=None, lifespan="off", backlog=API_BACKLOG,
+                                timeout_graceful_shutdown=API_SHUTDOWN_S)
+        config.load()  # uvicorn's protocol classes, before the socket listens (server.run skips it then)
+        server = uvicorn.Server(config)
         app.state.stopping = ServerExiting(server)
         # The handlers are in since run() began; uvicorn wraps TERM and INT and calls them
         # again once it has shut down. A stop that came before the server was known stops it now.
@@ -512,8 +514,7 @@ class Daemon:
             scheduler.start()
             self.catalog.warm()
             log.info("serving the API on %s", http_url(self.settings.api.host, self.settings.api.port))
-            # Listening before the CLI is told: a command that stops waiting connects at once.
-            listen_socket(sock, self.settings.api.host, self.settings.api.port)
+            self._listen_and_tell_ready(sock, supervisor)
             if self._lock is not None:  # CLI commands stop waiting for the start (fleetd/cli/client.py)
                 self._lock.mark_serving()
             server.run(sockets=[sock])
@@ -526,6 +527,28 @@ class Daemon:
             scheduler.shutdown(wait=False)
             self.notifier.stopping(f"stopping: {self.stop.describe()}")
             log.info("stopping: %s", self.stop.describe())
+
+    def _listen_and_tell_ready(self, sock: socket.socket, supervisor: Supervisor) -> None:
+        """Step 12: the API socket listens, then systemd is told READY, then (the caller) the
+        CLI's wait on the lock ends. READY sent before the listen left `systemctl start fleetd &&
+        curl .../healthz`, or a unit ordered After=fleetd, refused for as long as the app took to
+        build (0.17 s idle, more under load). Between READY and uvicorn answering only the lock
+        file's mark and uvicorn's start on this socket remain (its config loaded already, no
+        import and no wait): a connection made then waits milliseconds in the backlog, never
+        refused.
+
+        A daemon of another state_dir that took the port meanwhile is met at the listen (bound
+        sockets do not conflict): the stop is this failure, as a failed supervision loop's is,
+        named in the stop event (a warning), in systemd's STATUS and the log, and it leaves the
+        workers running for the next start to adopt (systemd retries exit 75) instead of
+        stopping a whole fleet's training for a port."""
+        host, port = self.settings.api.host, self.settings.api.port
+        try:
+            listen_socket(sock, host, port)
+        except StartupError as exc:
+            self.stop.fail(str(exc))
+            raise
+        self.notifier.ready(supervisor.summary())
 
     def _footprints(self, supervisor: Supervisor) -> FootprintSource | None:
         """Footprints are measured on this host's workers only (a cluster's run on another

@@ -152,3 +152,24 @@ def test_a_port_another_start_took_meanwhile_is_met_when_listening() -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_a_port_another_socket_listens_on_is_met_when_binding() -> None:
+    # SO_REUSEADDR lets a bound socket share the port with another bound one, not with one that
+    # listens: a daemon (of any state_dir) already serving on the port fails the start at step
+    # 8, before anything is recorded, not at step 12 after the workers were started.
+    import socket
+
+    from fleetd.daemon import StartupError, bind_socket
+
+    serving = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    serving.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    serving.bind(("127.0.0.1", 0))
+    serving.listen(1)
+    try:
+        port = serving.getsockname()[1]
+        with pytest.raises(StartupError, match=rf"cannot listen on 127.0.0.1:{port} ") as raised:
+            bind_socket("127.0.0.1", port).close()
+        assert raised.value.transient
+    finally:
+        serving.close()
