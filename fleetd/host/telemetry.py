@@ -539,14 +539,19 @@ class TelemetrySampler:
                     seen: Collection[int]) -> tuple[list[ProcessSample], str | None]:
         """The workers' samples as read, or, when NVML's pids are another namespace's, without
         GPU memory (unknown, not 0 B) and with the reason."""
-        unattributed = bool(processes) and gpu_memory is not None and not_this_namespace(gpu_memory, seen, self._holds_gpu)
-        self._log_namespace(unattributed)
+        # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
+        # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
+        decided = bool(processes) and bool(gpu_memory)
+        unattributed = decided and not_this_namespace(gpu_memory or {}, seen, self._holds_gpu)
+        if decided:
+            self._log_namespace(unattributed)
         if not unattributed:
             return processes, None
         return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
 
     def _log_namespace(self, unattributed: bool) -> None:
-        """Logged once each time NVML's process ids stop, or start again, being this namespace's."""
+        """Logged once each time NVML's process ids stop, or start again, being this namespace's
+        (judged only on a sample that can tell)."""
         if unattributed != self._logged_namespace:
             self._logged_namespace = unattributed
             if unattributed:

@@ -123,6 +123,27 @@ def test_same_namespace_readings_are_unchanged() -> None:
     assert "per worker" not in gpu_line(snapshot_json(idle))
 
 
+def test_the_namespace_verdict_is_logged_once_and_kept_through_samples_that_cannot_tell(caplog: pytest.LogCaptureFixture) -> None:
+    """All games stopped, NVML down or nothing on the GPU say nothing about the namespace: the
+    last verdict stands, so a container does not log WARNING, "again", WARNING at each restart."""
+    me = os.getpid()
+    gpu = FakeGpu([GPU0], HOST_PIDS)
+    sampler = TelemetrySampler(gpu)
+    with caplog.at_level(logging.INFO, logger="fleetd.host.telemetry"):
+        sampler.sample({"pong": me})
+        sampler.sample({})  # every game stopped
+        gpu.result = ([GPU0], {}, None)  # nothing on the GPU yet (a game restarting)
+        sampler.sample({"pong": me})
+        gpu.result = ([], {}, "NVML not initialised yet")
+        sampler.sample({"pong": me})
+        gpu.result = ([GPU0], HOST_PIDS, None)
+        assert sampler.sample({"pong": me}).process_gpu_reason == NOT_THIS_NAMESPACE
+        gpu.result = ([GPU0], {me: GiB}, None)  # evidence: a worker listed
+        sampler.sample({"pong": me})
+    said = [(r.levelname, r.getMessage()[:30]) for r in caplog.records if "pid namespace" in r.getMessage()]
+    assert said == [("WARNING", NOT_THIS_NAMESPACE[:30]), ("INFO", "NVML's process ids are this pi")]
+
+
 def test_a_pid_here_could_hold_the_gpu_only_if_it_maps_an_nvidia_device_or_is_not_ours_to_read() -> None:
     assert not _holds_gpu(2**30 + 11)  # no such process here
     assert not _holds_gpu(os.getpid())  # this test maps no /dev/nvidia*
