@@ -18,6 +18,7 @@ import importlib
 import logging
 import math
 import os
+import functools
 import threading
 import time
 from collections import deque
@@ -36,6 +37,7 @@ NVML_RETRY_S = 60.0
 XID_WINDOW_S = 600.0  # an Xid error stays in the GPU's readings this long ([fleet] xid_window_s)
 XID_DRAIN_MAX = 256  # events read per sample at most: a storm must not hold up the sampler
 PSI_DIR = Path("/proc/pressure")
+MOUNTINFO = Path("/proc/self/mountinfo")  # whether /proc hides other users' processes (hidepid)
 # Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
@@ -489,9 +491,11 @@ class TelemetrySampler:
     def __init__(
         self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR,
         monotonic: Callable[[], float] = time.monotonic, holds_gpu: Callable[[int], bool] | None = None,
+        mountinfo: Path = MOUNTINFO,
     ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
-        self._holds_gpu = holds_gpu or _holds_gpu  # a test's fake /proc/PID/maps
+        # A test's fake /proc/PID/maps; the mount options are read once (a remount is rare).
+        self._holds_gpu = holds_gpu or functools.partial(_holds_gpu, hidepid=proc_hides_pids(mountinfo))
         self._logged_namespace = False
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._readings = Readings()  # the host's and PSI's
@@ -614,16 +618,35 @@ def not_this_namespace(pid_memory: Mapping[int, int], ours: Collection[int], hol
     return not any(holds_gpu(pid) for pid in pid_memory)
 
 
-def _holds_gpu(pid: int) -> bool:
+def _holds_gpu(pid: int, hidepid: bool = False) -> bool:
     """Whether process `pid` here could be one NVML lists: it maps an NVIDIA device node, or its
-    maps cannot be read (another user's: could be). No such pid here: it cannot."""
+    maps cannot be read (another user's: could be). No such pid here: it cannot, unless /proc
+    hides other users' processes (`hidepid`): then another user's GPU process on a bare host is
+    missing too, and could be."""
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
             return any("/dev/nvidia" in line for line in maps)
     except (FileNotFoundError, ProcessLookupError):
-        return False
+        return hidepid
     except OSError:  # EACCES, EPERM: not ours to read
         return True
+
+
+def proc_hides_pids(mountinfo: Path = MOUNTINFO) -> bool:
+    """Whether /proc is mounted with hidepid=1/2/invisible/noaccess (other users' processes
+    hidden or unreadable). Unreadable: taken as not (the kernel's default)."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        mount, sep, source = line.partition(" - ")
+        fields, after = mount.split(), source.split()
+        if sep and len(fields) >= 6 and fields[4] == "/proc" and after[:1] == ["proc"]:
+            # The option is a super option (after the source) on current kernels, a mount option on some.
+            options = ",".join(after[2:3] + fields[5:6]).split(",")
+            return any(o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off") for o in options)
+    return False
 
 
 def _children_by_parent() -> dict[int, list[int]]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import NoReturn
 
@@ -32,6 +33,7 @@ from fleetd.host.telemetry import (
     TelemetrySampler,
     _holds_gpu,
     not_this_namespace,
+    proc_hides_pids,
     sample_rows,
     snapshot_json,
 )
@@ -150,6 +152,20 @@ def test_a_pid_here_could_hold_the_gpu_only_if_it_maps_an_nvidia_device_or_is_no
     assert not_this_namespace(HOST_PIDS, {os.getpid()}, _holds_gpu)
     assert not not_this_namespace(HOST_PIDS, {2**30 + 12}, _holds_gpu)  # one of ours listed
     assert not not_this_namespace({}, {os.getpid()}, _holds_gpu)  # nothing listed: nothing to attribute
+
+
+def test_with_proc_mounted_hidepid_a_gpu_process_not_seen_here_could_be_another_users(tmp_path: Path) -> None:
+    """hidepid=2/invisible: another user's GPU process on a bare host has no /proc entry here, as
+    a host pid seen from a container has none. It could be theirs: no "container" verdict, the
+    CPU-only worker reads 0 as on any shared GPU."""
+    hidden, plain = tmp_path / "hidden", tmp_path / "plain"
+    hidden.write_text("22 27 0:5 / /sys rw - sysfs sysfs rw\n23 27 0:21 / /proc rw,relatime - proc proc rw,hidepid=invisible\n")
+    plain.write_text("23 27 0:21 / /proc rw,relatime - proc proc rw\n")
+    assert proc_hides_pids(hidden) and not proc_hides_pids(plain) and not proc_hides_pids(tmp_path / "absent")
+    me = os.getpid()
+    snapshot = TelemetrySampler(FakeGpu([GPU0], HOST_PIDS), mountinfo=hidden).sample({"pong": me})
+    assert snapshot.process_gpu_reason is None and snapshot.processes[0].gpu_memory_bytes == 0
+    assert TelemetrySampler(FakeGpu([GPU0], HOST_PIDS), mountinfo=plain).sample({"pong": me}).process_gpu_reason == NOT_THIS_NAMESPACE
 
 
 def test_sample_rows_name_each_metric_and_skip_missing_readings() -> None:
