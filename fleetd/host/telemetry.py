@@ -42,8 +42,7 @@ MOUNTINFO = Path("/proc/self/mountinfo")  # whether /proc hides other users' pro
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
 THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
-NOT_THIS_NAMESPACE = ("NVML's process ids are not this pid namespace's (fleetd runs in a container "
-                      "without --pid=host?): the workers' GPU memory is unknown")
+NOT_THIS_NAMESPACE = "NVML's process ids are not this pid namespace's (fleetd runs in a container without --pid=host?)"
 # A worker may die, or turn zombie, between listing its tree and reading a process of it.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
@@ -559,7 +558,7 @@ class TelemetrySampler:
         if unattributed != self._logged_namespace:
             self._logged_namespace = unattributed
             if unattributed:
-                log.warning("%s; sizing goes by no GPU reading", NOT_THIS_NAMESPACE)
+                log.warning("workers' GPU memory unknown: %s; sizing goes by no GPU reading", NOT_THIS_NAMESPACE)
             else:
                 log.info("NVML's process ids are this pid namespace's again: workers' GPU memory read")
 
