@@ -162,7 +162,8 @@ class Snapshot:
     # index: not in `gpus`, no readings, yet still there: the GPU count sizing and Ray's GPU
     # resource go by counts them, so one bad read does not resize every game.
     skipped_gpus: tuple[int, ...] = ()
-    # Why no worker has a GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE), or None.
+    # Why no worker has a GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE,
+    # incomplete_list), or None.
     process_gpu_reason: str | None = None
 
     @property
@@ -180,6 +181,7 @@ class Snapshot:
 
 class GpuReader(Protocol):
     skipped: tuple[int, ...]  # the GPUs the last read left out as unreadable (by index)
+    incomplete: str | None  # why the last read's process list cannot be taken as whole, or None
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
@@ -211,9 +213,12 @@ class NvmlReader:
         self._logged_reasons: set[str] = set()
         self._readings = Readings()
         self.skipped: tuple[int, ...] = ()  # the GPUs the last read left out: memory reading nonsense
+        self.incomplete: str | None = None  # the last read's process list not whole: why (incomplete_list)
+        self._logged_incomplete: str | None = None
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         self.skipped = ()
+        self.incomplete = None
         try:
             return self._read()
         finally:
@@ -303,6 +308,7 @@ class NvmlReader:
         pid_memory: dict[int, int] = {}
         bad: BadGpuReading | None = None
         skipped: list[int] = []
+        incomplete: str | None = None
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -323,7 +329,9 @@ class NvmlReader:
             self._lost.discard(index)
             self._names[index] = gpu.name
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
-            for pid, used in _gpu_processes(nvml, handle, self._readings):
+            used_by_pid, missing = _gpu_processes(nvml, index, handle, self._readings)
+            incomplete = incomplete or missing
+            for pid, used in used_by_pid.items():
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
         if lost is not None and not any(not gpu.lost for gpu in gpus):
             raise lost  # no GPU answers: NVML itself may be gone with it
@@ -332,6 +340,10 @@ class NvmlReader:
         if bad is not None and not gpus:
             raise bad  # no GPU read, none lost: every one's memory reading is nonsense
         self.skipped = tuple(skipped)
+        self.incomplete = incomplete_list(incomplete) if incomplete else None
+        if self.incomplete is not None and self.incomplete != self._logged_incomplete:  # once, not every sample
+            self._logged_incomplete = self.incomplete
+            log.warning("workers' GPU memory unknown: %s", self.incomplete)
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
@@ -467,21 +479,36 @@ def _optional(nvml: ModuleType, read: Callable[[], Any], readings: Readings, kin
     return readings.check(kind, value, low, high)
 
 
-def _gpu_processes(nvml: ModuleType, handle: Any, readings: Readings) -> Iterable[tuple[int, int]]:
+def incomplete_list(detail: str) -> str:
+    """Snapshot.process_gpu_reason when NVML's process list cannot be taken as whole: a worker
+    missing from it may hold GPU memory, so none reads 0 B."""
+    return f"NVML's process list is incomplete ({detail})"
+
+
+def _gpu_processes(nvml: ModuleType, index: int, handle: Any, readings: Readings) -> tuple[dict[int, int], str | None]:
+    """({pid: GPU memory}, why the list is not whole or None). Not whole: the compute list (a
+    CUDA worker's) cannot be read (NO_PERMISSION under MIG without root, NOT_SUPPORTED), or a
+    process is listed without its memory (WDDM, some vGPUs; nonsense, NaN or negative, counts
+    the same). The graphics list alone failing is not: unsupported on many boards, and a CUDA
+    worker is in the compute list."""
     # A process with both a compute and a graphics context is listed twice with the same usage.
     used_by_pid: dict[int, int] = {}
+    missing: str | None = None
     for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
         try:
             processes = list_processes(handle)
-        except nvml.NVMLError as exc:  # unsupported on some boards and under MIG
+        except nvml.NVMLError as exc:
             log.debug("%s: %s", list_processes.__name__, exc)
+            if list_processes is nvml.nvmlDeviceGetComputeRunningProcesses:
+                missing = missing or f"GPU {index}'s compute processes cannot be listed: {exc}"
             continue
         for process in processes:
-            # None: not reported (WDDM, some vGPUs); nonsense (NaN, negative) counts the same.
             used = readings.check("GPU process memory", process.usedGpuMemory, 0)
-            if used is not None:
+            if used is None:
+                missing = missing or f"GPU {index} lists a process without its memory"
+            else:
                 used_by_pid[process.pid] = max(used_by_pid.get(process.pid, 0), int(used))
-    return used_by_pid.items()
+    return used_by_pid, missing
 
 
 class TelemetrySampler:
@@ -530,7 +557,7 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            processes, why = self._attributed(processes, gpu_memory, seen)
+            processes, why = self._attributed(processes, gpu_memory, seen, self._gpu.incomplete if reason is None else None)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic(), skipped, why)
             self._readings.settle()
@@ -539,18 +566,20 @@ class TelemetrySampler:
         return snapshot
 
     def _attributed(self, processes: list[ProcessSample], gpu_memory: Mapping[int, int] | None,
-                    seen: Collection[int]) -> tuple[list[ProcessSample], str | None]:
-        """The workers' samples as read, or, when NVML's pids are another namespace's, without
-        GPU memory (unknown, not 0 B) and with the reason."""
+                    seen: Collection[int], incomplete: str | None = None) -> tuple[list[ProcessSample], str | None]:
+        """The workers' samples as read, or, when NVML's pids are another namespace's or its
+        process list is `incomplete` (why, NvmlReader.incomplete), without GPU memory (unknown,
+        not 0 B) and with the reason."""
         # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
         # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
         decided = bool(processes) and bool(gpu_memory)
         unattributed = decided and not_this_namespace(gpu_memory or {}, seen, self._holds_gpu)
         if decided:
             self._log_namespace(unattributed)
-        if not unattributed:
+        why = NOT_THIS_NAMESPACE if unattributed else incomplete if processes and gpu_memory is not None else None
+        if why is None:
             return processes, None
-        return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
+        return [replace(proc, gpu_memory_bytes=None) for proc in processes], why
 
     def _log_namespace(self, unattributed: bool) -> None:
         """Logged once each time NVML's process ids stop, or start again, being this namespace's

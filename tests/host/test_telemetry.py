@@ -32,6 +32,7 @@ from fleetd.host.telemetry import (
     Snapshot,
     TelemetrySampler,
     _holds_gpu,
+    incomplete_list,
     not_this_namespace,
     proc_hides_pids,
     sample_rows,
@@ -47,8 +48,10 @@ HOST = HostSample(memory_total_bytes=16 * GiB, memory_available_bytes=4 * GiB, c
 class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
 
-    def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None) -> None:
+    def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None,
+                 incomplete: str | None = None) -> None:
         self.result = (gpus, pid_memory, reason)
+        self.incomplete = incomplete  # NvmlReader's: why its process list is not whole
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         return self.result
@@ -366,6 +369,35 @@ def test_nvml_readings_with_missing_fields(fake_nvml: SimpleNamespace) -> None:
         GpuSample(1, "Fake 1", 41.0, 2 * GiB, 8 * GiB, 61.0, None),
     ]
     assert pid_memory == {10: 2 * GiB}  # once per GPU, summed over both; pid 11's unknown usage left out
+
+
+def test_a_process_list_nvml_cannot_give_whole_leaves_the_workers_gpu_memory_unknown(
+        fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A process listed without its memory (WDDM, vGPU), or a compute list NVML refuses (MIG
+    without root: NO_PERMISSION): a worker not in what was read may hold GPU memory, so the
+    workers' GPU memory is unknown, not 0 B. The graphics list alone unsupported (GPU 1) is not."""
+    me = os.getpid()
+    reader = NvmlReader()
+    sampler = TelemetrySampler(reader, holds_gpu=lambda pid: True)  # pid 10: a process here on the GPU
+    without_memory = sampler.sample({"pong": me})  # pid 11 on GPU 0: no memory reported
+    assert reader.incomplete == incomplete_list("GPU 0 lists a process without its memory")
+    assert without_memory.process_gpu_reason == reader.incomplete and without_memory.processes[0].gpu_memory_bytes is None
+    assert gpu_line(snapshot_json(without_memory)).endswith(f"; no GPU reading per worker: {reader.incomplete}")
+
+    def refused(handle: int) -> NoReturn:
+        raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", refused)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fleetd.host.telemetry"):
+        sampler.sample({"pong": me})
+        unlisted = sampler.sample({"pong": me})
+    assert unlisted.processes[0].gpu_memory_bytes is None
+    assert unlisted.process_gpu_reason == incomplete_list("GPU 0's compute processes cannot be listed: Insufficient Permissions")
+    assert [r.getMessage() for r in caplog.records] == [f"workers' GPU memory unknown: {unlisted.process_gpu_reason}"]
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [])
+    whole = sampler.sample({"pong": me})  # GPU 1's graphics list still unsupported: whole enough
+    assert reader.incomplete is None and whole.process_gpu_reason is None and whole.processes[0].gpu_memory_bytes == 0
 
 
 def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake_nvml: SimpleNamespace) -> None:
