@@ -572,6 +572,26 @@ def test_0023_takes_buffer_size_out_of_ppo_and_a2c_games_and_says_so(tmp_path: P
         assert conn.execute("SELECT hyperparams FROM games WHERE name = 'pong'").fetchall() == [('{"n_steps": 64}',)]
 
 
+def test_0025_makes_a_footprints_0_b_gpu_figure_unknown(tmp_path: Path) -> None:
+    """fleetd up to 0024 in a container without --pid=host stored 0 B as a kind's GPU peak (no
+    NVML pid was a worker's), and a peak is never lowered. The upgrade makes it unknown; a real
+    figure and an unknown one stay as they are."""
+    db_path = tmp_path / "fleetd.db"
+    config = alembic_config(db_path)
+    command.upgrade(config, "0024")
+    with sqlite3.connect(db_path) as conn:
+        for env_id, gpu in [("Pong-v5", 0), ("Breakout-v5", 3 * 2**30), ("CartPole-v1", None)]:
+            conn.execute("INSERT INTO footprints (env_id, algo, num_envs, batch_size, gpu_bytes, rss_bytes, samples,"
+                         " gpu_name, measured_at) VALUES (?, 'ppo', 8, 256, ?, 100, 1, 'H100', '2026-01-01')", (env_id, gpu))
+    command.upgrade(config, "0025")
+    with sqlite3.connect(db_path) as conn:
+        assert dict(conn.execute("SELECT env_id, gpu_bytes FROM footprints").fetchall()) == {
+            "Pong-v5": None, "Breakout-v5": 3 * 2**30, "CartPole-v1": None}
+    command.downgrade(config, "0024")  # nothing put back
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT gpu_bytes FROM footprints WHERE env_id = 'Pong-v5'").fetchall() == [(None,)]
+
+
 def test_a_database_another_process_holds_is_said_so_not_damaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lock held longer than SQLite waits (SQLITE_BUSY) said to run as the daemon's user and
     make room on the disk; a restore called its copy damaged: "restore from another backup"."""

@@ -44,6 +44,7 @@ H100 = GpuSample(0, "NVIDIA H100 80GB HBM3", 7.0, 30 * GIB, 81_559 * MIB, 50.0, 
 
 class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
+    incomplete: str | None = None  # the process list whole
 
     def __init__(self, pid_memory: dict[int, int]) -> None:
         self.pid_memory = pid_memory
@@ -369,3 +370,19 @@ def test_a_container_whose_nvml_pids_are_the_hosts_records_no_gpu_footprint_not_
     sizing = record["sizing"]
     assert "no GPU reading" in record["reason"]
     assert sizing["measured"] and sizing["gpu_bytes_per_game"] is None and sizing["gpu_needed_bytes"] is None
+
+
+def test_a_zero_footprint_stored_before_the_namespace_was_known_is_cleared_not_kept_as_the_peak(
+        settings: Settings, db: Database, clock: FakeClock) -> None:
+    """A containerised fleetd before it knew its NVML pids were the host's stored 0 B for the
+    kind; a peak is never lowered, so a None reading would keep it. Under the namespace reason
+    the 0 goes: no GPU reading, sizing's no-reading path (not 0 GiB per game)."""
+    book = FootprintBook()
+    measured(db, book, 0)  # the old 0 B record: a worker here listed by NVML at 0 B
+    assert book.table[("Breakout-v5", "ppo", 256, 2048)].gpu_bytes == 0
+    measured(db, book, 0, TelemetrySampler(FakeGpu({2**30 + 11: 5 * GIB})))  # the host's pids
+    with db.transaction() as session:
+        (stored,) = read_footprints(session)
+    assert stored.gpu_bytes is None and stored.samples == 2
+    record = _record(settings, db, clock, fleet_on_an_h100(settings, db, clock, book))
+    assert "no GPU reading" in record["reason"] and record["sizing"]["gpu_bytes_per_game"] is None

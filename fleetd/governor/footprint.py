@@ -61,12 +61,17 @@ def settled_readings(
     return counted
 
 
-def merged(old: FootprintRecord | None, worker: RunningWorker, reading: Reading, gpu_name: str | None, now: datetime) -> FootprintRecord:
-    """The kind's footprint with one more reading: the peak of each figure."""
+def merged(old: FootprintRecord | None, worker: RunningWorker, reading: Reading, gpu_name: str | None, now: datetime,
+           unattributed: bool = False) -> FootprintRecord:
+    """The kind's footprint with one more reading: the peak of each figure. `unattributed`: the
+    sample's GPU memory could not be told per worker (Snapshot.process_gpu_reason): a stored 0 B
+    is then dropped, not kept as the peak. It can only be a misreading of the same kind (a fleetd
+    in a container without --pid=host before it knew; a CUDA worker never holds 0 B), and for a
+    CPU-only worker no GPU reading only drops a GPU check that could not fail."""
     if old is None:
         env_id, algo, num_envs, batch = worker.key
         return FootprintRecord(env_id, algo, num_envs, batch, reading.gpu_memory_bytes, reading.rss_bytes, 1, gpu_name, now)
-    gpu = _peak(old.gpu_bytes, reading.gpu_memory_bytes)
+    gpu = _peak(None if unattributed and old.gpu_bytes == 0 else old.gpu_bytes, reading.gpu_memory_bytes)
     return replace(old, gpu_bytes=gpu, rss_bytes=max(old.rss_bytes, reading.rss_bytes), samples=old.samples + 1,
                    gpu_name=gpu_name or old.gpu_name, measured_at=now)  # fmt: skip
 
@@ -87,12 +92,13 @@ class FootprintBook:
     def table(self) -> Mapping[FootprintKey, FootprintRecord]:
         return self._table
 
-    def add(self, counted: Sequence[tuple[RunningWorker, Reading]], gpu_name: str | None, now: datetime) -> list[FootprintRecord]:
-        """Merge the settled readings; the records that changed, for the store."""
+    def add(self, counted: Sequence[tuple[RunningWorker, Reading]], gpu_name: str | None, now: datetime,
+            unattributed: bool = False) -> list[FootprintRecord]:
+        """Merge the settled readings (`unattributed`: see merged); the records that changed, for the store."""
         with self._lock:
             table = dict(self._table)
             for worker, reading in counted:
-                table[worker.key] = merged(table.get(worker.key), worker, reading, gpu_name, now)
+                table[worker.key] = merged(table.get(worker.key), worker, reading, gpu_name, now, unattributed)
             self._table = MappingProxyType(table)
         return [table[key] for key in dict.fromkeys(worker.key for worker, _ in counted)]
 
@@ -149,4 +155,5 @@ class FootprintSource:
         if not counted:
             return []
         gpu_name = snapshot.read_gpus[0].name if snapshot.read_gpus else None
-        return self.book.add(counted, gpu_name, now)
+        unattributed = snapshot.process_gpu_reason is not None  # the GPUs read, the workers' share not
+        return self.book.add(counted, gpu_name, now, unattributed)

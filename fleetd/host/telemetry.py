@@ -18,10 +18,11 @@ import importlib
 import logging
 import math
 import os
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,12 +37,12 @@ NVML_RETRY_S = 60.0
 XID_WINDOW_S = 600.0  # an Xid error stays in the GPU's readings this long ([fleet] xid_window_s)
 XID_DRAIN_MAX = 256  # events read per sample at most: a storm must not hold up the sampler
 PSI_DIR = Path("/proc/pressure")
+MOUNTINFO = Path("/proc/self/mountinfo")  # whether /proc hides other users' processes (hidepid)
 # Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
 THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
-NOT_THIS_NAMESPACE = ("NVML's process ids are not this pid namespace's (fleetd runs in a container "
-                      "without --pid=host?): the workers' GPU memory is unknown")
+NOT_THIS_NAMESPACE = "NVML's process ids are not this pid namespace's (fleetd runs in a container without --pid=host?)"
 # A worker may die, or turn zombie, between listing its tree and reading a process of it.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
@@ -161,7 +162,8 @@ class Snapshot:
     # index: not in `gpus`, no readings, yet still there: the GPU count sizing and Ray's GPU
     # resource go by counts them, so one bad read does not resize every game.
     skipped_gpus: tuple[int, ...] = ()
-    # Why no worker has a GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE), or None.
+    # Why no worker has a GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE,
+    # incomplete_list), or None.
     process_gpu_reason: str | None = None
 
     @property
@@ -179,6 +181,7 @@ class Snapshot:
 
 class GpuReader(Protocol):
     skipped: tuple[int, ...]  # the GPUs the last read left out as unreadable (by index)
+    incomplete: str | None  # why the last read's process list cannot be taken as whole, or None
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
@@ -210,9 +213,12 @@ class NvmlReader:
         self._logged_reasons: set[str] = set()
         self._readings = Readings()
         self.skipped: tuple[int, ...] = ()  # the GPUs the last read left out: memory reading nonsense
+        self.incomplete: str | None = None  # the last read's process list not whole: why (incomplete_list)
+        self._logged_incomplete: str | None = None
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         self.skipped = ()
+        self.incomplete = None
         try:
             return self._read()
         finally:
@@ -302,6 +308,7 @@ class NvmlReader:
         pid_memory: dict[int, int] = {}
         bad: BadGpuReading | None = None
         skipped: list[int] = []
+        incomplete: str | None = None
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -322,7 +329,9 @@ class NvmlReader:
             self._lost.discard(index)
             self._names[index] = gpu.name
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
-            for pid, used in _gpu_processes(nvml, handle, self._readings):
+            used_by_pid, missing = _gpu_processes(nvml, index, handle, self._readings)
+            incomplete = incomplete or missing
+            for pid, used in used_by_pid.items():
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
         if lost is not None and not any(not gpu.lost for gpu in gpus):
             raise lost  # no GPU answers: NVML itself may be gone with it
@@ -331,6 +340,10 @@ class NvmlReader:
         if bad is not None and not gpus:
             raise bad  # no GPU read, none lost: every one's memory reading is nonsense
         self.skipped = tuple(skipped)
+        self.incomplete = incomplete_list(incomplete) if incomplete else None
+        if self.incomplete is not None and self.incomplete != self._logged_incomplete:  # once, not every sample
+            self._logged_incomplete = self.incomplete
+            log.warning("workers' GPU memory unknown: %s", self.incomplete)
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
@@ -466,21 +479,36 @@ def _optional(nvml: ModuleType, read: Callable[[], Any], readings: Readings, kin
     return readings.check(kind, value, low, high)
 
 
-def _gpu_processes(nvml: ModuleType, handle: Any, readings: Readings) -> Iterable[tuple[int, int]]:
+def incomplete_list(detail: str) -> str:
+    """Snapshot.process_gpu_reason when NVML's process list cannot be taken as whole: a worker
+    missing from it may hold GPU memory, so none reads 0 B."""
+    return f"NVML's process list is incomplete ({detail})"
+
+
+def _gpu_processes(nvml: ModuleType, index: int, handle: Any, readings: Readings) -> tuple[dict[int, int], str | None]:
+    """({pid: GPU memory}, why the list is not whole or None). Not whole: the compute list (a
+    CUDA worker's) cannot be read (NO_PERMISSION under MIG without root, NOT_SUPPORTED), or a
+    process is listed without its memory (WDDM, some vGPUs; nonsense, NaN or negative, counts
+    the same). The graphics list alone failing is not: unsupported on many boards, and a CUDA
+    worker is in the compute list."""
     # A process with both a compute and a graphics context is listed twice with the same usage.
     used_by_pid: dict[int, int] = {}
+    missing: str | None = None
     for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
         try:
             processes = list_processes(handle)
-        except nvml.NVMLError as exc:  # unsupported on some boards and under MIG
+        except nvml.NVMLError as exc:
             log.debug("%s: %s", list_processes.__name__, exc)
+            if list_processes is nvml.nvmlDeviceGetComputeRunningProcesses:
+                missing = missing or f"GPU {index}'s compute processes cannot be listed: {exc}"
             continue
         for process in processes:
-            # None: not reported (WDDM, some vGPUs); nonsense (NaN, negative) counts the same.
             used = readings.check("GPU process memory", process.usedGpuMemory, 0)
-            if used is not None:
+            if used is None:
+                missing = missing or f"GPU {index} lists a process without its memory"
+            else:
                 used_by_pid[process.pid] = max(used_by_pid.get(process.pid, 0), int(used))
-    return used_by_pid.items()
+    return used_by_pid, missing
 
 
 class TelemetrySampler:
@@ -489,9 +517,11 @@ class TelemetrySampler:
     def __init__(
         self, gpu: GpuReader | None = None, clock: Callable[[], float] = time.time, psi_dir: Path = PSI_DIR,
         monotonic: Callable[[], float] = time.monotonic, holds_gpu: Callable[[int], bool] | None = None,
+        mountinfo: Path = MOUNTINFO,
     ) -> None:
         self._gpu = gpu if gpu is not None else NvmlReader()
-        self._holds_gpu = holds_gpu or _holds_gpu  # a test's fake /proc/PID/maps
+        # A test's fake /proc/PID/maps; the mount options are read once (a remount is rare).
+        self._holds_gpu = holds_gpu or functools.partial(_holds_gpu, hidepid=proc_hides_pids(mountinfo))
         self._logged_namespace = False
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._readings = Readings()  # the host's and PSI's
@@ -527,7 +557,7 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            processes, why = self._attributed(processes, gpu_memory, seen)
+            processes, why = self._attributed(processes, gpu_memory, seen, self._gpu.incomplete if reason is None else None)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic(), skipped, why)
             self._readings.settle()
@@ -536,21 +566,28 @@ class TelemetrySampler:
         return snapshot
 
     def _attributed(self, processes: list[ProcessSample], gpu_memory: Mapping[int, int] | None,
-                    seen: Collection[int]) -> tuple[list[ProcessSample], str | None]:
-        """The workers' samples as read, or, when NVML's pids are another namespace's, without
-        GPU memory (unknown, not 0 B) and with the reason."""
-        unattributed = bool(processes) and gpu_memory is not None and not_this_namespace(gpu_memory, seen, self._holds_gpu)
-        self._log_namespace(unattributed)
-        if not unattributed:
+                    seen: Collection[int], incomplete: str | None = None) -> tuple[list[ProcessSample], str | None]:
+        """The workers' samples as read, or, when NVML's pids are another namespace's or its
+        process list is `incomplete` (why, NvmlReader.incomplete), without GPU memory (unknown,
+        not 0 B) and with the reason."""
+        # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
+        # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
+        decided = bool(processes) and bool(gpu_memory)
+        unattributed = decided and not_this_namespace(gpu_memory or {}, seen, self._holds_gpu)
+        if decided:
+            self._log_namespace(unattributed)
+        why = NOT_THIS_NAMESPACE if unattributed else incomplete if processes and gpu_memory is not None else None
+        if why is None:
             return processes, None
-        return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
+        return [replace(proc, gpu_memory_bytes=None) for proc in processes], why
 
     def _log_namespace(self, unattributed: bool) -> None:
-        """Logged once each time NVML's process ids stop, or start again, being this namespace's."""
+        """Logged once each time NVML's process ids stop, or start again, being this namespace's
+        (judged only on a sample that can tell)."""
         if unattributed != self._logged_namespace:
             self._logged_namespace = unattributed
             if unattributed:
-                log.warning("%s; sizing goes by no GPU reading", NOT_THIS_NAMESPACE)
+                log.warning("workers' GPU memory unknown: %s; sizing goes by no GPU reading", NOT_THIS_NAMESPACE)
             else:
                 log.info("NVML's process ids are this pid namespace's again: workers' GPU memory read")
 
@@ -609,16 +646,35 @@ def not_this_namespace(pid_memory: Mapping[int, int], ours: Collection[int], hol
     return not any(holds_gpu(pid) for pid in pid_memory)
 
 
-def _holds_gpu(pid: int) -> bool:
+def _holds_gpu(pid: int, hidepid: bool = False) -> bool:
     """Whether process `pid` here could be one NVML lists: it maps an NVIDIA device node, or its
-    maps cannot be read (another user's: could be). No such pid here: it cannot."""
+    maps cannot be read (another user's: could be). No such pid here: it cannot, unless /proc
+    hides other users' processes (`hidepid`): then another user's GPU process on a bare host is
+    missing too, and could be."""
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
             return any("/dev/nvidia" in line for line in maps)
     except (FileNotFoundError, ProcessLookupError):
-        return False
+        return hidepid
     except OSError:  # EACCES, EPERM: not ours to read
         return True
+
+
+def proc_hides_pids(mountinfo: Path = MOUNTINFO) -> bool:
+    """Whether /proc is mounted with hidepid=1/2/invisible/noaccess (other users' processes
+    hidden or unreadable). Unreadable: taken as not (the kernel's default)."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        mount, sep, source = line.partition(" - ")
+        fields, after = mount.split(), source.split()
+        if sep and len(fields) >= 6 and fields[4] == "/proc" and after[:1] == ["proc"]:
+            # The option is a super option (after the source) on current kernels, a mount option on some.
+            options = ",".join(after[2:3] + fields[5:6]).split(",")
+            return any(o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off") for o in options)
+    return False
 
 
 def _children_by_parent() -> dict[int, list[int]]:

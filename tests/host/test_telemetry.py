@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import NoReturn
 
@@ -31,7 +32,9 @@ from fleetd.host.telemetry import (
     Snapshot,
     TelemetrySampler,
     _holds_gpu,
+    incomplete_list,
     not_this_namespace,
+    proc_hides_pids,
     sample_rows,
     snapshot_json,
 )
@@ -45,8 +48,10 @@ HOST = HostSample(memory_total_bytes=16 * GiB, memory_available_bytes=4 * GiB, c
 class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
 
-    def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None) -> None:
+    def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None,
+                 incomplete: str | None = None) -> None:
         self.result = (gpus, pid_memory, reason)
+        self.incomplete = incomplete  # NvmlReader's: why its process list is not whole
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         return self.result
@@ -119,16 +124,62 @@ def test_same_namespace_readings_are_unchanged() -> None:
     # Nothing on the GPU: 0, as ever.
     idle = TelemetrySampler(FakeGpu([GPU0], {})).sample({"pong": me})
     assert idle.processes[0].gpu_memory_bytes == 0 and idle.process_gpu_reason is None
-    assert gpu_line(snapshot_json(idle)) == gpu_line(snapshot_json(replace(idle, process_gpu_reason=None)))
-    assert "per worker" not in gpu_line(snapshot_json(idle))
+    # The 0 is a reading, stored as one, and the GPU row carries no note of the workers' share.
+    assert ("pong", None, "gpu_memory_bytes", 0.0) in sample_rows(shared) and "per worker" not in gpu_line(snapshot_json(shared))
+
+
+def test_the_namespace_verdict_is_logged_once_and_kept_through_samples_that_cannot_tell(caplog: pytest.LogCaptureFixture) -> None:
+    """All games stopped, NVML down or nothing on the GPU say nothing about the namespace: the
+    last verdict stands, so a container does not log WARNING, "again", WARNING at each restart."""
+    me = os.getpid()
+    gpu = FakeGpu([GPU0], HOST_PIDS)
+    sampler = TelemetrySampler(gpu)
+    with caplog.at_level(logging.INFO, logger="fleetd.host.telemetry"):
+        sampler.sample({"pong": me})
+        sampler.sample({})  # every game stopped
+        gpu.result = ([GPU0], {}, None)  # nothing on the GPU yet (a game restarting)
+        sampler.sample({"pong": me})
+        gpu.result = ([], {}, "NVML not initialised yet")
+        sampler.sample({"pong": me})
+        gpu.result = ([GPU0], HOST_PIDS, None)
+        assert sampler.sample({"pong": me}).process_gpu_reason == NOT_THIS_NAMESPACE
+        gpu.result = ([GPU0], {me: GiB}, None)  # evidence: a worker listed
+        sampler.sample({"pong": me})
+    said = [(r.levelname, NOT_THIS_NAMESPACE in r.getMessage()) for r in caplog.records if "pid namespace" in r.getMessage()]
+    assert said == [("WARNING", True), ("INFO", False)]  # the INFO: "... this pid namespace's again"
 
 
 def test_a_pid_here_could_hold_the_gpu_only_if_it_maps_an_nvidia_device_or_is_not_ours_to_read() -> None:
     assert not _holds_gpu(2**30 + 11)  # no such process here
-    assert not _holds_gpu(os.getpid())  # this test maps no /dev/nvidia*
+    # A process that surely maps no /dev/nvidia* (not this one: a test before may have made a CUDA context).
+    with subprocess.Popen(["sleep", "60"]) as plain:
+        try:
+            assert not _holds_gpu(plain.pid)
+        finally:
+            plain.kill()
     assert not_this_namespace(HOST_PIDS, {os.getpid()}, _holds_gpu)
     assert not not_this_namespace(HOST_PIDS, {2**30 + 12}, _holds_gpu)  # one of ours listed
     assert not not_this_namespace({}, {os.getpid()}, _holds_gpu)  # nothing listed: nothing to attribute
+
+
+def test_the_docs_quote_the_namespace_reason_as_fleetd_says_it() -> None:
+    for page in ("governor.md", "operations.md"):
+        text = " ".join((Path(__file__).parents[2] / "docs" / page).read_text().split())  # lines unwrapped
+        assert NOT_THIS_NAMESPACE in text, page
+
+
+def test_with_proc_mounted_hidepid_a_gpu_process_not_seen_here_could_be_another_users(tmp_path: Path) -> None:
+    """hidepid=2/invisible: another user's GPU process on a bare host has no /proc entry here, as
+    a host pid seen from a container has none. It could be theirs: no "container" verdict, the
+    CPU-only worker reads 0 as on any shared GPU."""
+    hidden, plain = tmp_path / "hidden", tmp_path / "plain"
+    hidden.write_text("22 27 0:5 / /sys rw - sysfs sysfs rw\n23 27 0:21 / /proc rw,relatime - proc proc rw,hidepid=invisible\n")
+    plain.write_text("23 27 0:21 / /proc rw,relatime - proc proc rw\n")
+    assert proc_hides_pids(hidden) and not proc_hides_pids(plain) and not proc_hides_pids(tmp_path / "absent")
+    me = os.getpid()
+    snapshot = TelemetrySampler(FakeGpu([GPU0], HOST_PIDS), mountinfo=hidden).sample({"pong": me})
+    assert snapshot.process_gpu_reason is None and snapshot.processes[0].gpu_memory_bytes == 0
+    assert TelemetrySampler(FakeGpu([GPU0], HOST_PIDS), mountinfo=plain).sample({"pong": me}).process_gpu_reason == NOT_THIS_NAMESPACE
 
 
 def test_sample_rows_name_each_metric_and_skip_missing_readings() -> None:
@@ -318,6 +369,35 @@ def test_nvml_readings_with_missing_fields(fake_nvml: SimpleNamespace) -> None:
         GpuSample(1, "Fake 1", 41.0, 2 * GiB, 8 * GiB, 61.0, None),
     ]
     assert pid_memory == {10: 2 * GiB}  # once per GPU, summed over both; pid 11's unknown usage left out
+
+
+def test_a_process_list_nvml_cannot_give_whole_leaves_the_workers_gpu_memory_unknown(
+        fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A process listed without its memory (WDDM, vGPU), or a compute list NVML refuses (MIG
+    without root: NO_PERMISSION): a worker not in what was read may hold GPU memory, so the
+    workers' GPU memory is unknown, not 0 B. The graphics list alone unsupported (GPU 1) is not."""
+    me = os.getpid()
+    reader = NvmlReader()
+    sampler = TelemetrySampler(reader, holds_gpu=lambda pid: True)  # pid 10: a process here on the GPU
+    without_memory = sampler.sample({"pong": me})  # pid 11 on GPU 0: no memory reported
+    assert reader.incomplete == incomplete_list("GPU 0 lists a process without its memory")
+    assert without_memory.process_gpu_reason == reader.incomplete and without_memory.processes[0].gpu_memory_bytes is None
+    assert gpu_line(snapshot_json(without_memory)).endswith(f"; no GPU reading per worker: {reader.incomplete}")
+
+    def refused(handle: int) -> NoReturn:
+        raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", refused)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fleetd.host.telemetry"):
+        sampler.sample({"pong": me})
+        unlisted = sampler.sample({"pong": me})
+    assert unlisted.processes[0].gpu_memory_bytes is None
+    assert unlisted.process_gpu_reason == incomplete_list("GPU 0's compute processes cannot be listed: Insufficient Permissions")
+    assert [r.getMessage() for r in caplog.records] == [f"workers' GPU memory unknown: {unlisted.process_gpu_reason}"]
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [])
+    whole = sampler.sample({"pong": me})  # GPU 1's graphics list still unsupported: whole enough
+    assert reader.incomplete is None and whole.process_gpu_reason is None and whole.processes[0].gpu_memory_bytes == 0
 
 
 def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake_nvml: SimpleNamespace) -> None:
