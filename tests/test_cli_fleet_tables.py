@@ -89,3 +89,21 @@ def test_the_rung_row_names_a_rung_waiting_out_a_failure_only_when_one_does(serv
     _, config = served
     rung = row(fleetd(config, "tier").output, "rung")
     assert "waiting out a failure" not in rung and rung.endswith("games (rung 2)"), rung
+
+
+def test_availability_and_the_share_lost_to_reboots_print_as_percents() -> None:
+    """Both are shares (0-1) in the API: `fleetd uptime` printed a full availability as `1%` and
+    a tenth of the week lost to reboots as `0%` (the 0-100 formatter had taken the name)."""
+    from rich.console import Console
+
+    from tests.test_cli_literal import _projection, _uptime
+
+    console = Console(width=400, record=True)
+    projection = _projection()
+    projection["reboots"].update(lost_s=3600.0, lost_share=0.1)
+    with console.capture() as captured:
+        console.print(render.uptime_table({**_uptime(), "availability_24h": 1.0, "availability_7d": 0.995}))
+        console.print(render.projection_table(projection))
+    text = captured.get()
+    assert "100.00% / 99.50%" in text, text
+    assert "(10.00% of wall time)" in text, text

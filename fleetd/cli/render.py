@@ -65,7 +65,8 @@ def duration(seconds: float | None) -> str:
     return "-" if seconds is None else format_duration(seconds)
 
 
-def percent(share: float | None) -> str:
+def share_percent(share: float | None) -> str:
+    """A share (0-1) as a percent: availability 1.0 is 100.00%, not 1% (`percent` takes 0-100)."""
     return "-" if share is None else f"{share * 100:.2f}%"
 
 
@@ -128,7 +129,7 @@ def uptime_table(uptime: dict[str, Any]) -> Table:
         ("host up", duration(uptime["host_uptime_s"])),
         ("daemon", daemon_text(uptime)),
         ("reboots 24 h / 7 d", f"{uptime['reboots_24h']} / {uptime['reboots_7d']}"),
-        ("availability 24 h / 7 d", f"{percent(uptime['availability_24h'])} / {percent(uptime['availability_7d'])}"),
+        ("availability 24 h / 7 d", f"{share_percent(uptime['availability_24h'])} / {share_percent(uptime['availability_7d'])}"),
         ("mean time between reboots", duration(uptime["mean_time_between_reboots_s"])),
     ]
     for row in rows:
@@ -443,7 +444,7 @@ def projection_table(projection: dict[str, Any]) -> Table:
     table.caption = (
         f"{goals}; "
         f"reboots in the last {reboots['window_hours']:g} h: {reboots['reboots']}, "
-        f"{duration(reboots['lost_s'])} lost ({percent(reboots['lost_share'])} of wall time)"
+        f"{duration(reboots['lost_s'])} lost ({share_percent(reboots['lost_share'])} of wall time)"
     )
     return table
 
