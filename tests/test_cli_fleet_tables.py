@@ -107,3 +107,11 @@ def test_availability_and_the_share_lost_to_reboots_print_as_percents() -> None:
     text = captured.get()
     assert "100.00% / 99.50%" in text, text
     assert "(10.00% of wall time)" in text, text
+
+
+def test_a_stop_without_waiting_says_it_was_asked_for(served: tuple[AppContext, Path]) -> None:
+    """`fleetd games stop a --no-wait` answered `a: running` alone, as if the stop were not taken."""
+    _, config = served
+    asked = fleetd(config, "games", "stop", "a", "--no-wait")
+    assert asked.exit_code == 0, asked.output
+    assert asked.output.startswith("a: running; stop requested: it writes a final checkpoint, then stops"), asked.output

@@ -154,9 +154,14 @@ def stop(
 ) -> None:
     """Stop a game's worker gracefully (final checkpoint); it stays stopped across restarts."""
     game = call(config, lambda client: client.post(game_path(name, "/stop")))
-    if wait and game["state"] not in SETTLED:
-        game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
-    _show(game, json_out, f"{name}: {game['state']}")
+    message = f"{name}: {game['state']}"
+    if game["state"] not in SETTLED:
+        if wait:
+            game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
+            message = f"{name}: {game['state']}"
+        else:  # not `pong: running` alone, which reads as a stop not taken
+            message += "; stop requested: it writes a final checkpoint, then stops (fleetd games list shows it)"
+    _show(game, json_out, message)
 
 
 @games_app.command("start")
