@@ -115,3 +115,16 @@ def test_a_stop_without_waiting_says_it_was_asked_for(served: tuple[AppContext, 
     asked = fleetd(config, "games", "stop", "a", "--no-wait")
     assert asked.exit_code == 0, asked.output
     assert asked.output.startswith("a: running; stop requested: it writes a final checkpoint, then stops"), asked.output
+
+
+def test_a_start_of_a_game_past_its_goal_says_it_exits_at_once(served: tuple[AppContext, Path]) -> None:
+    """`fleetd games start` of a game whose steps meet its goal answered `admitted` alone; its
+    worker resumed and exited at once (goal reached), nothing saying the goal must be raised."""
+    context, config = served
+    progress(context, "idle", 10, 5)  # 10 episodes, 2,000 steps
+    assert fleetd(config, "games", "set", "idle", "total_timesteps=2000").exit_code == 0
+    started = fleetd(config, "games", "start", "idle")
+    assert ("idle: its goal is reached already (total_timesteps 2,000 at 2,000 steps): it exits again at once; "
+            "raise it first: fleetd games set idle total_timesteps=N") in started.output, started.output
+    assert fleetd(config, "games", "set", "idle", "total_timesteps=4000", "target_episodes=20").exit_code == 0
+    assert "goal is reached" not in fleetd(config, "games", "start", "idle").output

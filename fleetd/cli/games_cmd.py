@@ -177,7 +177,8 @@ def start(
 
     params = {"now": "true"} if now else None
     game = call(config, lambda client: client.request("POST", game_path(name, "/start"), params=params))
-    _show(game, json_out, render.admission_text(name, game.get("admission")))
+    message, goal = render.admission_text(name, game.get("admission")), render.goal_reached_note(game)
+    _show(game, json_out, message if goal is None else f"{message}\n{goal}")
     _exit_if_waiting(game)
 
 

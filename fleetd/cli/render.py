@@ -461,6 +461,23 @@ def admission_text(name: str, admission: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def goal_reached_note(game: dict[str, Any]) -> str | None:
+    """A start of a game whose goal its steps or episodes already meet: its worker resumes and
+    exits at once (goal reached, the worker's own rule: workers/callback.goal_reached), which the
+    answer `admitted` alone did not say."""
+    name, reached = game["name"], []
+    if game.get("total_timesteps") is not None and game["steps"] >= game["total_timesteps"]:
+        reached.append(("total_timesteps", game["total_timesteps"], f"{game['steps']:,} steps"))
+    if game.get("target_episodes") is not None and game["episodes"] >= game["target_episodes"]:
+        reached.append(("target_episodes", game["target_episodes"], f"{game['episodes']:,} episodes"))
+    if not reached:
+        return None
+    goals = ", ".join(f"{key} {goal:,} at {done}" for key, goal, done in reached)
+    raise_it = " ".join(f"{key}=N" for key, _, _ in reached)
+    return (f"{name}: its goal is reached already ({goals}): it exits again at once; "
+            f"raise it first: fleetd games set {name} {raise_it}")
+
+
 def added_text(game: dict[str, Any]) -> str:
     """The answer to `fleetd games add`: its state and, when it waits, why and what would admit it."""
     name, state, admission = game["name"], game["state"], game.get("admission")
