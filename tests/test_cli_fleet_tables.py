@@ -89,3 +89,42 @@ def test_the_rung_row_names_a_rung_waiting_out_a_failure_only_when_one_does(serv
     _, config = served
     rung = row(fleetd(config, "tier").output, "rung")
     assert "waiting out a failure" not in rung and rung.endswith("games (rung 2)"), rung
+
+
+def test_availability_and_the_share_lost_to_reboots_print_as_percents() -> None:
+    """Both are shares (0-1) in the API: `fleetd uptime` printed a full availability as `1%` and
+    a tenth of the week lost to reboots as `0%` (the 0-100 formatter had taken the name)."""
+    from rich.console import Console
+
+    from tests.test_cli_literal import _projection, _uptime
+
+    console = Console(width=400, record=True)
+    projection = _projection()
+    projection["reboots"].update(lost_s=3600.0, lost_share=0.1)
+    with console.capture() as captured:
+        console.print(render.uptime_table({**_uptime(), "availability_24h": 1.0, "availability_7d": 0.995}))
+        console.print(render.projection_table(projection))
+    text = captured.get()
+    assert "100.00% / 99.50%" in text, text
+    assert "(10.00% of wall time)" in text, text
+
+
+def test_a_stop_without_waiting_says_it_was_asked_for(served: tuple[AppContext, Path]) -> None:
+    """`fleetd games stop a --no-wait` answered `a: running` alone, as if the stop were not taken."""
+    _, config = served
+    asked = fleetd(config, "games", "stop", "a", "--no-wait")
+    assert asked.exit_code == 0, asked.output
+    assert asked.output.startswith("a: running; stop requested: it writes a final checkpoint, then stops"), asked.output
+
+
+def test_a_start_of_a_game_past_its_goal_says_it_exits_at_once(served: tuple[AppContext, Path]) -> None:
+    """`fleetd games start` of a game whose steps meet its goal answered `admitted` alone; its
+    worker resumed and exited at once (goal reached), nothing saying the goal must be raised."""
+    context, config = served
+    progress(context, "idle", 10, 5)  # 10 episodes, 2,000 steps
+    assert fleetd(config, "games", "set", "idle", "total_timesteps=2000").exit_code == 0
+    started = fleetd(config, "games", "start", "idle")
+    assert ("idle: its goal is reached already (total_timesteps 2,000 at 2,000 steps): it exits again at once; "
+            "raise it first: fleetd games set idle total_timesteps=N") in started.output, started.output
+    assert fleetd(config, "games", "set", "idle", "total_timesteps=4000", "target_episodes=20").exit_code == 0
+    assert "goal is reached" not in fleetd(config, "games", "start", "idle").output

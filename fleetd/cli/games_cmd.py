@@ -155,9 +155,14 @@ def stop(
 ) -> None:
     """Stop a game's worker gracefully (final checkpoint); it stays stopped across restarts."""
     game = call(config, lambda client: client.post(game_path(name, "/stop")))
-    if wait and game["state"] not in SETTLED:
-        game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
-    _show(game, json_out, f"{name}: {game['state']}")
+    message = f"{name}: {game['state']}"
+    if game["state"] not in SETTLED:
+        if wait:
+            game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
+            message = f"{name}: {game['state']}"
+        else:  # not `pong: running` alone, which reads as a stop not taken
+            message += "; stop requested: it writes a final checkpoint, then stops (fleetd games list shows it)"
+    _show(game, json_out, message)
 
 
 @games_app.command("start")
@@ -173,7 +178,8 @@ def start(
 
     params = {"now": "true"} if now else None
     game = call(config, lambda client: client.request("POST", game_path(name, "/start"), params=params))
-    _show(game, json_out, render.admission_text(name, game.get("admission")))
+    message, goal = render.admission_text(name, game.get("admission")), render.goal_reached_note(game)
+    _show(game, json_out, message if goal is None else f"{message}\n{goal}")
     _exit_if_waiting(game)
 
 

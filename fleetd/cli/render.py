@@ -65,7 +65,8 @@ def duration(seconds: float | None) -> str:
     return "-" if seconds is None else format_duration(seconds)
 
 
-def percent(share: float | None) -> str:
+def share_percent(share: float | None) -> str:
+    """A share (0-1) as a percent: availability 1.0 is 100.00%, not 1% (`percent` takes 0-100)."""
     return "-" if share is None else f"{share * 100:.2f}%"
 
 
@@ -128,7 +129,7 @@ def uptime_table(uptime: dict[str, Any]) -> Table:
         ("host up", duration(uptime["host_uptime_s"])),
         ("daemon", daemon_text(uptime)),
         ("reboots 24 h / 7 d", f"{uptime['reboots_24h']} / {uptime['reboots_7d']}"),
-        ("availability 24 h / 7 d", f"{percent(uptime['availability_24h'])} / {percent(uptime['availability_7d'])}"),
+        ("availability 24 h / 7 d", f"{share_percent(uptime['availability_24h'])} / {share_percent(uptime['availability_7d'])}"),
         ("mean time between reboots", duration(uptime["mean_time_between_reboots_s"])),
     ]
     for row in rows:
@@ -443,7 +444,7 @@ def projection_table(projection: dict[str, Any]) -> Table:
     table.caption = (
         f"{goals}; "
         f"reboots in the last {reboots['window_hours']:g} h: {reboots['reboots']}, "
-        f"{duration(reboots['lost_s'])} lost ({percent(reboots['lost_share'])} of wall time)"
+        f"{duration(reboots['lost_s'])} lost ({share_percent(reboots['lost_share'])} of wall time)"
     )
     return table
 
@@ -458,6 +459,23 @@ def admission_text(name: str, admission: dict[str, Any] | None) -> str:
         width = max(len(option["command"]) for option in admission["options"])
         lines += [f"  {o['command']:<{width}}  {o['effect']}" for o in admission["options"]]
     return "\n".join(lines)
+
+
+def goal_reached_note(game: dict[str, Any]) -> str | None:
+    """A start of a game whose goal its steps or episodes already meet: its worker resumes and
+    exits at once (goal reached, the worker's own rule: workers/callback.goal_reached), which the
+    answer `admitted` alone did not say."""
+    name, reached = game["name"], []
+    if game.get("total_timesteps") is not None and game["steps"] >= game["total_timesteps"]:
+        reached.append(("total_timesteps", game["total_timesteps"], f"{game['steps']:,} steps"))
+    if game.get("target_episodes") is not None and game["episodes"] >= game["target_episodes"]:
+        reached.append(("target_episodes", game["target_episodes"], f"{game['episodes']:,} episodes"))
+    if not reached:
+        return None
+    goals = ", ".join(f"{key} {goal:,} at {done}" for key, goal, done in reached)
+    raise_it = " ".join(f"{key}=N" for key, _, _ in reached)
+    return (f"{name}: its goal is reached already ({goals}): it exits again at once; "
+            f"raise it first: fleetd games set {name} {raise_it}")
 
 
 def added_text(game: dict[str, Any]) -> str:
