@@ -1,5 +1,5 @@
-"""A fake launcher, a fake reactor, a fake worker finder and a recording sink for deterministic
-supervision tests."""
+"""A fake launcher, a fake reactor, a fake worker finder, a recording sink and an alert sender for
+deterministic supervision tests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import signal
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from fleetd.operations.alerts import Alert
 from fleetd.states import State
 from fleetd.supervision.recovery import FoundWorker
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
@@ -141,3 +142,17 @@ class FakeFinder:
     def find(self, specs: Collection[str]) -> dict[str, FoundWorker]:
         self.asked.append(set(specs))
         return {spec: worker for spec, worker in self.live.items() if spec in specs}
+
+
+@dataclass
+class FakeAlerts:
+    """The alert sender's seam (fleetd.operations.alerts.AlertSender): what was sent, in order."""
+
+    sent: list[Alert] = field(default_factory=list)
+
+    def send(self, alert: Alert) -> bool:
+        self.sent.append(alert)
+        return True
+
+    def forget(self, game: str) -> None:  # a removed game's windows (AlertSender.forget): none here
+        pass

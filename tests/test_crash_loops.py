@@ -4,30 +4,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from fleetd.operations.alerts import Alert
 from fleetd.states import Shown, State
+from tests.supervision_fakes import FakeAlerts
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
 from workers.checkpoint import write_checkpoint
 from workers.protocol.reports import CheckpointReport, CheckpointSummary, ResumedReport
 
 RESUMED_AT = 5000
-
-
-@dataclass
-class FakeAlerts:
-    sent: list[Alert] = field(default_factory=list)
-
-    def send(self, alert: Alert) -> bool:
-        self.sent.append(alert)
-        return True
-
-    def forget(self, game: str) -> None:  # a removed game's (AlertSender.forget): no window here
-        pass
 
 
 def resume_and_run(loop: Loop, name: str) -> None:

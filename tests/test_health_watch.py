@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,6 @@ from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import remove_game, set_desired
 from fleetd.health.rules import Health
 from fleetd.host.uptime import record_daemon_start
-from fleetd.operations.alerts import Alert
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store
 from fleetd.operations.backup.target import Target
@@ -31,24 +30,13 @@ from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft
 from fleetd.supervision.commands import Reconcile, Shutdown, StartGame
 from tests.fakes import FakeClock, FakeHost
-from tests.supervision_fakes import FakeLauncher, FakeReactor
+from tests.supervision_fakes import FakeAlerts, FakeLauncher, FakeReactor
 from tests.test_supervisor_loop import FakeProbe, Loop
 from workers import checkpoint as checkpoint_module
 from workers.checkpoint import list_checkpoints, summarize, write_checkpoint
 from workers.protocol.reports import CheckpointReport, ProgressReport
 
 QUICK = {"warmup_evals": 3, "collapse_evals": 2, "rollback_lr_scale": 0.25}
-
-
-@dataclass
-class FakeAlerts:
-    sent: list[Alert] = field(default_factory=list)
-
-    def send(self, alert: Alert) -> None:
-        self.sent.append(alert)
-
-    def forget(self, game: str) -> None:  # a removed game's (AlertSender.forget): no window here
-        pass
 
 
 @pytest.fixture
