@@ -664,8 +664,8 @@ class TelemetrySampler:
 def not_this_namespace(pid_memory: Mapping[int, int], ours: Collection[int], holds_gpu: Callable[[int], bool]) -> bool:
     """Whether NVML's processes cannot be this pid namespace's. NVML gives the pids of the root
     namespace (the host's); fleetd in a container without --pid=host (Docker, RunPod, vast.ai)
-    sees its own, so no worker would match and each would read 0 B of GPU: a worker sized as
-    taking no GPU memory, rungs packed to OOM. Unattributable when NVML lists processes holding
+    sees its own, so no worker would match and each would read 0 B of GPU, shown and stored as
+    a measurement it is not. Unattributable when NVML lists processes holding
     GPU memory, none of them in our workers' trees (`ours`), and none a process here that could
     be one (`holds_gpu`: a CUDA context maps /dev/nvidia*). Other users' processes on a shared GPU
     in this namespace are processes here that map the GPU, or whose maps we may not read
