@@ -31,13 +31,14 @@ from typing import Any, Protocol
 
 import psutil
 
+from fleetd.host.mounts import MOUNTINFO, mounts
+
 log = logging.getLogger(__name__)
 
 NVML_RETRY_S = 60.0
 XID_WINDOW_S = 600.0  # an Xid error stays in the GPU's readings this long ([fleet] xid_window_s)
 XID_DRAIN_MAX = 256  # events read per sample at most: a storm must not hold up the sampler
 PSI_DIR = Path("/proc/pressure")
-MOUNTINFO = Path("/proc/self/mountinfo")  # whether /proc hides other users' processes (hidepid)
 # Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
@@ -693,16 +694,10 @@ def _holds_gpu(pid: int, hidepid: bool = False) -> bool:
 def proc_hides_pids(mountinfo: Path = MOUNTINFO) -> bool:
     """Whether /proc is mounted with hidepid=1/2/invisible/noaccess (other users' processes
     hidden or unreadable). Unreadable: taken as not (the kernel's default)."""
-    try:
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        mount, sep, source = line.partition(" - ")
-        fields, after = mount.split(), source.split()
-        if sep and len(fields) >= 6 and fields[4] == "/proc" and after[:1] == ["proc"]:
+    for mount in mounts(mountinfo):
+        if mount.point == "/proc" and mount.fstype == "proc":
             # The option is a super option (after the source) on current kernels, a mount option on some.
-            options = ",".join(after[2:3] + fields[5:6]).split(",")
+            options = mount.super_options + mount.options
             return any(o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off") for o in options)
     return False
 
