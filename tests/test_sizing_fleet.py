@@ -45,6 +45,7 @@ H100 = GpuSample(0, "NVIDIA H100 80GB HBM3", 7.0, 30 * GIB, 81_559 * MIB, 50.0, 
 class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
     incomplete: str | None = None  # the process list whole
+    unmeasured: dict[int, str] = {}  # every process listed with its memory
 
     def __init__(self, pid_memory: dict[int, int]) -> None:
         self.pid_memory = pid_memory
@@ -358,8 +359,8 @@ def test_while_a_gpu_is_skipped_a_gpu_lost_or_back_still_counts(settings: Settin
 def test_a_container_whose_nvml_pids_are_the_hosts_records_no_gpu_footprint_not_zero(
         settings: Settings, db: Database, clock: FakeClock) -> None:
     """fleetd in a container without --pid=host: NVML lists the host's pids, none of them a
-    process here. The worker's GPU memory is unknown, so its footprint has no GPU reading (not
-    0 B, which would pack rungs that OOM) and sizing takes its no-reading path."""
+    process here. The worker's GPU memory is unknown, so its footprint has no GPU reading (not a
+    0 B shown as measured) and sizing says so: no GPU reading, the host's memory checked only."""
     book = FootprintBook()
     host_pids = {2**30 + 11: 5 * GIB}  # past any pid_max: no process here
     measured(db, book, 0, TelemetrySampler(FakeGpu(host_pids)))
@@ -376,7 +377,7 @@ def test_a_zero_footprint_stored_before_the_namespace_was_known_is_cleared_not_k
         settings: Settings, db: Database, clock: FakeClock) -> None:
     """A containerised fleetd before it knew its NVML pids were the host's stored 0 B for the
     kind; a peak is never lowered, so a None reading would keep it. Under the namespace reason
-    the 0 goes: no GPU reading, sizing's no-reading path (not 0 GiB per game)."""
+    the 0 goes: shown as no GPU reading, not as a measured 0.00 GiB a game."""
     book = FootprintBook()
     measured(db, book, 0)  # the old 0 B record: a worker here listed by NVML at 0 B
     assert book.table[("Breakout-v5", "ppo", 256, 2048)].gpu_bytes == 0

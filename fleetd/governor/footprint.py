@@ -64,10 +64,9 @@ def settled_readings(
 def merged(old: FootprintRecord | None, worker: RunningWorker, reading: Reading, gpu_name: str | None, now: datetime,
            unattributed: bool = False) -> FootprintRecord:
     """The kind's footprint with one more reading: the peak of each figure. `unattributed`: the
-    sample's GPU memory could not be told per worker (Snapshot.process_gpu_reason): a stored 0 B
-    is then dropped, not kept as the peak. It can only be a misreading of the same kind (a fleetd
-    in a container without --pid=host before it knew; a CUDA worker never holds 0 B), and for a
-    CPU-only worker no GPU reading only drops a GPU check that could not fail."""
+    sample's GPU memory could not be told per worker (Snapshot.process_gpu_reason); a stored GPU
+    figure of 0 B is then replaced by the reading's (None: unknown), not kept as the peak, since
+    a 0 is what such a sample misreads as."""
     if old is None:
         env_id, algo, num_envs, batch = worker.key
         return FootprintRecord(env_id, algo, num_envs, batch, reading.gpu_memory_bytes, reading.rss_bytes, 1, gpu_name, now)

@@ -31,13 +31,14 @@ from typing import Any, Protocol
 
 import psutil
 
+from fleetd.host.mounts import MOUNTINFO, mounts
+
 log = logging.getLogger(__name__)
 
 NVML_RETRY_S = 60.0
 XID_WINDOW_S = 600.0  # an Xid error stays in the GPU's readings this long ([fleet] xid_window_s)
 XID_DRAIN_MAX = 256  # events read per sample at most: a storm must not hold up the sampler
 PSI_DIR = Path("/proc/pressure")
-MOUNTINFO = Path("/proc/self/mountinfo")  # whether /proc hides other users' processes (hidepid)
 # Clock-throttle reasons (nvml.h, clocksThrottleReason*) that mean the GPU slows itself down to
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
@@ -182,6 +183,9 @@ class Snapshot:
 class GpuReader(Protocol):
     skipped: tuple[int, ...]  # the GPUs the last read left out as unreadable (by index)
     incomplete: str | None  # why the last read's process list cannot be taken as whole, or None
+    # The last read's processes listed without their memory, with why (incomplete_list), by pid:
+    # the list is not whole for a worker only if one of them is in its tree.
+    unmeasured: Mapping[int, str]
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
@@ -214,11 +218,12 @@ class NvmlReader:
         self._readings = Readings()
         self.skipped: tuple[int, ...] = ()  # the GPUs the last read left out: memory reading nonsense
         self.incomplete: str | None = None  # the last read's process list not whole: why (incomplete_list)
-        self._logged_incomplete: str | None = None
+        self.unmeasured: dict[int, str] = {}  # the last read's processes listed without memory: why, by pid
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         self.skipped = ()
         self.incomplete = None
+        self.unmeasured = {}
         try:
             return self._read()
         finally:
@@ -308,7 +313,8 @@ class NvmlReader:
         pid_memory: dict[int, int] = {}
         bad: BadGpuReading | None = None
         skipped: list[int] = []
-        incomplete: str | None = None
+        refused: str | None = None
+        unmeasured: dict[int, str] = {}
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -329,8 +335,10 @@ class NvmlReader:
             self._lost.discard(index)
             self._names[index] = gpu.name
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
-            used_by_pid, missing = _gpu_processes(nvml, index, handle, self._readings)
-            incomplete = incomplete or missing
+            used_by_pid, not_listed, without_memory = _gpu_processes(nvml, index, handle, self._readings)
+            refused = refused or not_listed
+            for pid in without_memory:
+                unmeasured.setdefault(pid, incomplete_list(f"GPU {index} lists a process without its memory"))
             for pid, used in used_by_pid.items():
                 pid_memory[pid] = pid_memory.get(pid, 0) + used
         if lost is not None and not any(not gpu.lost for gpu in gpus):
@@ -340,10 +348,8 @@ class NvmlReader:
         if bad is not None and not gpus:
             raise bad  # no GPU read, none lost: every one's memory reading is nonsense
         self.skipped = tuple(skipped)
-        self.incomplete = incomplete_list(incomplete) if incomplete else None
-        if self.incomplete is not None and self.incomplete != self._logged_incomplete:  # once, not every sample
-            self._logged_incomplete = self.incomplete
-            log.warning("workers' GPU memory unknown: %s", self.incomplete)
+        self.incomplete = incomplete_list(refused) if refused else None
+        self.unmeasured = unmeasured
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
@@ -485,30 +491,33 @@ def incomplete_list(detail: str) -> str:
     return f"NVML's process list is incomplete ({detail})"
 
 
-def _gpu_processes(nvml: ModuleType, index: int, handle: Any, readings: Readings) -> tuple[dict[int, int], str | None]:
-    """({pid: GPU memory}, why the list is not whole or None). Not whole: the compute list (a
-    CUDA worker's) cannot be read (NO_PERMISSION under MIG without root, NOT_SUPPORTED), or a
-    process is listed without its memory (WDDM, some vGPUs; nonsense, NaN or negative, counts
-    the same). The graphics list alone failing is not: unsupported on many boards, and a CUDA
-    worker is in the compute list."""
+def _gpu_processes(nvml: ModuleType, index: int, handle: Any, readings: Readings) -> tuple[dict[int, int], str | None, set[int]]:
+    """({pid: GPU memory}, why the list is not whole or None, the pids listed without memory).
+    Not whole: the compute list (a CUDA worker's) cannot be read (NO_PERMISSION under MIG
+    without root, NOT_SUPPORTED). The graphics list alone failing is not: unsupported on many
+    boards, and a CUDA worker is in the compute list. Without memory (WDDM, some vGPUs; nonsense,
+    NaN or negative, counts the same): listed so in either list and with a figure in neither;
+    whether that leaves a worker's memory unknown, only the worker's tree tells (Xorg's or
+    another user's graphics process does not)."""
     # A process with both a compute and a graphics context is listed twice with the same usage.
     used_by_pid: dict[int, int] = {}
-    missing: str | None = None
+    refused: str | None = None
+    without_memory: set[int] = set()
     for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
         try:
             processes = list_processes(handle)
         except nvml.NVMLError as exc:
             log.debug("%s: %s", list_processes.__name__, exc)
             if list_processes is nvml.nvmlDeviceGetComputeRunningProcesses:
-                missing = missing or f"GPU {index}'s compute processes cannot be listed: {exc}"
+                refused = f"GPU {index}'s compute processes cannot be listed: {exc}"
             continue
         for process in processes:
             used = readings.check("GPU process memory", process.usedGpuMemory, 0)
             if used is None:
-                missing = missing or f"GPU {index} lists a process without its memory"
+                without_memory.add(process.pid)
             else:
                 used_by_pid[process.pid] = max(used_by_pid.get(process.pid, 0), int(used))
-    return used_by_pid, missing
+    return used_by_pid, refused, without_memory - used_by_pid.keys()
 
 
 class TelemetrySampler:
@@ -523,6 +532,7 @@ class TelemetrySampler:
         # A test's fake /proc/PID/maps; the mount options are read once (a remount is rare).
         self._holds_gpu = holds_gpu or functools.partial(_holds_gpu, hidepid=proc_hides_pids(mountinfo))
         self._logged_namespace = False
+        self._logged_incomplete: str | None = None  # the incomplete list last logged, until a whole one
         self._psi_dir = psi_dir  # a test's fake /proc/pressure
         self._readings = Readings()  # the host's and PSI's
         self._clock = clock
@@ -557,7 +567,7 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            processes, why = self._attributed(processes, gpu_memory, seen, self._gpu.incomplete if reason is None else None)
+            processes, why = self._attributed(processes, gpu_memory, seen, self._incomplete(seen) if reason is None else None)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic(), skipped, why)
             self._readings.settle()
@@ -568,7 +578,7 @@ class TelemetrySampler:
     def _attributed(self, processes: list[ProcessSample], gpu_memory: Mapping[int, int] | None,
                     seen: Collection[int], incomplete: str | None = None) -> tuple[list[ProcessSample], str | None]:
         """The workers' samples as read, or, when NVML's pids are another namespace's or its
-        process list is `incomplete` (why, NvmlReader.incomplete), without GPU memory (unknown,
+        process list is `incomplete` for them (why: _incomplete), without GPU memory (unknown,
         not 0 B) and with the reason."""
         # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
         # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
@@ -576,10 +586,31 @@ class TelemetrySampler:
         unattributed = decided and not_this_namespace(gpu_memory or {}, seen, self._holds_gpu)
         if decided:
             self._log_namespace(unattributed)
-        why = NOT_THIS_NAMESPACE if unattributed else incomplete if processes and gpu_memory is not None else None
-        if why is None:
+        if unattributed:
+            return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
+        if not processes or gpu_memory is None:  # nothing to tell, as above
             return processes, None
-        return [replace(proc, gpu_memory_bytes=None) for proc in processes], why
+        self._log_incomplete(incomplete)
+        if incomplete is None:
+            return processes, None
+        return [replace(proc, gpu_memory_bytes=None) for proc in processes], incomplete
+
+    def _incomplete(self, seen: Collection[int]) -> str | None:
+        """Why NVML's process list is not whole for the workers (`seen`: their trees' pids), or
+        None: its compute list refused, or one of their processes listed without its memory."""
+        if self._gpu.incomplete is not None:
+            return self._gpu.incomplete
+        return next((why for pid, why in sorted(self._gpu.unmeasured.items()) if pid in seen), None)
+
+    def _log_incomplete(self, incomplete: str | None) -> None:
+        """Logged once per cause, and once when the list is whole again."""
+        if incomplete == self._logged_incomplete:
+            return
+        was, self._logged_incomplete = self._logged_incomplete, incomplete
+        if incomplete is not None:
+            log.warning("workers' GPU memory unknown: %s", incomplete)
+        elif was is not None:
+            log.info("NVML's process list is whole again: workers' GPU memory read")
 
     def _log_namespace(self, unattributed: bool) -> None:
         """Logged once each time NVML's process ids stop, or start again, being this namespace's
@@ -634,8 +665,8 @@ class TelemetrySampler:
 def not_this_namespace(pid_memory: Mapping[int, int], ours: Collection[int], holds_gpu: Callable[[int], bool]) -> bool:
     """Whether NVML's processes cannot be this pid namespace's. NVML gives the pids of the root
     namespace (the host's); fleetd in a container without --pid=host (Docker, RunPod, vast.ai)
-    sees its own, so no worker would match and each would read 0 B of GPU: a worker sized as
-    taking no GPU memory, rungs packed to OOM. Unattributable when NVML lists processes holding
+    sees its own, so no worker would match and each would read 0 B of GPU, shown and stored as
+    a measurement it is not. Unattributable when NVML lists processes holding
     GPU memory, none of them in our workers' trees (`ours`), and none a process here that could
     be one (`holds_gpu`: a CUDA context maps /dev/nvidia*). Other users' processes on a shared GPU
     in this namespace are processes here that map the GPU, or whose maps we may not read
@@ -663,16 +694,10 @@ def _holds_gpu(pid: int, hidepid: bool = False) -> bool:
 def proc_hides_pids(mountinfo: Path = MOUNTINFO) -> bool:
     """Whether /proc is mounted with hidepid=1/2/invisible/noaccess (other users' processes
     hidden or unreadable). Unreadable: taken as not (the kernel's default)."""
-    try:
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        mount, sep, source = line.partition(" - ")
-        fields, after = mount.split(), source.split()
-        if sep and len(fields) >= 6 and fields[4] == "/proc" and after[:1] == ["proc"]:
+    for mount in mounts(mountinfo):
+        if mount.point == "/proc" and mount.fstype == "proc":
             # The option is a super option (after the source) on current kernels, a mount option on some.
-            options = ",".join(after[2:3] + fields[5:6]).split(",")
+            options = mount.super_options + mount.options
             return any(o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off") for o in options)
     return False
 

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetd.host.mounts import MOUNTINFO, mounts
+
 VMSTAT = Path("/proc/vmstat")
 SELF_CGROUP = Path("/proc/self/cgroup")
-MOUNTINFO = Path("/proc/self/mountinfo")
 CGROUP2_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -23,15 +24,9 @@ def _memory_v1_mount(mountinfo: Path) -> tuple[str, Path] | None:
     """(the part of the hierarchy mounted, where) for the cgroup v1 memory controller. In a
     container the mount's root is the container's own group (/docker/<id>), which
     /proc/self/cgroup names from the host's root: the path below the mount drops that part."""
-    try:
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        mount, sep, source = line.partition(" - ")
-        fields, after = mount.split(), source.split()
-        if sep and len(fields) >= 5 and len(after) >= 3 and after[0] == "cgroup" and "memory" in after[2].split(","):
-            return fields[3], Path(fields[4])
+    for mount in mounts(mountinfo):
+        if mount.fstype == "cgroup" and "memory" in mount.super_options:
+            return mount.root, Path(mount.point)
     return None
 
 

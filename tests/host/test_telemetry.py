@@ -52,6 +52,7 @@ class FakeGpu:
                  incomplete: str | None = None) -> None:
         self.result = (gpus, pid_memory, reason)
         self.incomplete = incomplete  # NvmlReader's: why its process list is not whole
+        self.unmeasured: dict[int, str] = {}  # every process listed with its memory
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         return self.result
@@ -373,31 +374,60 @@ def test_nvml_readings_with_missing_fields(fake_nvml: SimpleNamespace) -> None:
 
 def test_a_process_list_nvml_cannot_give_whole_leaves_the_workers_gpu_memory_unknown(
         fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A process listed without its memory (WDDM, vGPU), or a compute list NVML refuses (MIG
-    without root: NO_PERMISSION): a worker not in what was read may hold GPU memory, so the
-    workers' GPU memory is unknown, not 0 B. The graphics list alone unsupported (GPU 1) is not."""
+    """A worker's process listed without its memory (WDDM, vGPU), or a compute list NVML refuses
+    (MIG without root: NO_PERMISSION): the worker may hold GPU memory not read, so the workers'
+    GPU memory is unknown, not 0 B; logged once per cause, and once when whole again. The
+    graphics list alone unsupported (GPU 1) is not."""
     me = os.getpid()
     reader = NvmlReader()
     sampler = TelemetrySampler(reader, holds_gpu=lambda pid: True)  # pid 10: a process here on the GPU
-    without_memory = sampler.sample({"pong": me})  # pid 11 on GPU 0: no memory reported
-    assert reader.incomplete == incomplete_list("GPU 0 lists a process without its memory")
-    assert without_memory.process_gpu_reason == reader.incomplete and without_memory.processes[0].gpu_memory_bytes is None
-    assert gpu_line(snapshot_json(without_memory)).endswith(f"; no GPU reading per worker: {reader.incomplete}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [
+        SimpleNamespace(pid=me, usedGpuMemory=None)] if handle == 0 else [])
+    caplog.set_level(logging.INFO, logger="fleetd.host.telemetry")
+    without_memory = sampler.sample({"pong": me})
+    assert reader.unmeasured == {me: incomplete_list("GPU 0 lists a process without its memory")}
+    assert without_memory.process_gpu_reason == reader.unmeasured[me] and without_memory.processes[0].gpu_memory_bytes is None
+    assert gpu_line(snapshot_json(without_memory)).endswith(f"; no GPU reading per worker: {reader.unmeasured[me]}")
 
     def refused(handle: int) -> NoReturn:
         raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", refused)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fleetd.host.telemetry"):
-        sampler.sample({"pong": me})
-        unlisted = sampler.sample({"pong": me})
+    sampler.sample({"pong": me})
+    unlisted = sampler.sample({"pong": me})
     assert unlisted.processes[0].gpu_memory_bytes is None
     assert unlisted.process_gpu_reason == incomplete_list("GPU 0's compute processes cannot be listed: Insufficient Permissions")
     assert [r.getMessage() for r in caplog.records] == [f"workers' GPU memory unknown: {unlisted.process_gpu_reason}"]
     monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [])
+    caplog.clear()
     whole = sampler.sample({"pong": me})  # GPU 1's graphics list still unsupported: whole enough
+    sampler.sample({"pong": me})
     assert reader.incomplete is None and whole.process_gpu_reason is None and whole.processes[0].gpu_memory_bytes == 0
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "NVML's process list is whole again: workers' GPU memory read")]
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", refused)
+    caplog.clear()
+    sampler.sample({"pong": me})  # the same cause again after a whole list: logged again
+    assert [r.getMessage() for r in caplog.records] == [f"workers' GPU memory unknown: {unlisted.process_gpu_reason}"]
+
+
+@pytest.mark.parametrize("graphics_pid", [1, 0], ids=["another-process", "the-worker-itself"])
+def test_a_process_listed_without_memory_leaves_a_worker_with_its_figure_read(
+        fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, graphics_pid: int) -> None:
+    """GPU 0's graphics list gives a process without its memory: Xorg or another user's
+    graphics-only process (pid 1), or the worker's own graphics context while its compute entry
+    has the figure. Neither leaves the worker's GPU memory unknown: it reads its 2 GiB."""
+    me = os.getpid()
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [
+        SimpleNamespace(pid=me, usedGpuMemory=2 * GiB)] if handle == 0 else [])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGraphicsRunningProcesses", lambda handle: [
+        SimpleNamespace(pid=graphics_pid or me, usedGpuMemory=None)] if handle == 0 else [])
+    reader = NvmlReader()
+    snapshot = TelemetrySampler(reader, holds_gpu=lambda pid: True).sample({"pong": me})
+    assert snapshot.process_gpu_reason is None and snapshot.processes[0].gpu_memory_bytes == 2 * GiB
+    unmeasured = {1: incomplete_list("GPU 0 lists a process without its memory")} if graphics_pid else {}
+    assert reader.incomplete is None and reader.unmeasured == unmeasured
 
 
 def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake_nvml: SimpleNamespace) -> None:
