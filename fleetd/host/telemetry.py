@@ -582,8 +582,11 @@ class TelemetrySampler:
         not 0 B) and with the reason."""
         # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
         # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
-        decided = bool(processes) and bool(gpu_memory)
-        unattributed = decided and not_this_namespace(gpu_memory or {}, seen, self._holds_gpu)
+        # Processes NVML lists without their memory (a vGPU, WDDM) are listed all the same: their
+        # pids tell the namespace as well as measured ones do.
+        listed = {**dict.fromkeys(self._gpu.unmeasured, 0), **gpu_memory} if gpu_memory is not None else {}
+        decided = bool(processes) and bool(listed)
+        unattributed = decided and not_this_namespace(listed, seen, self._holds_gpu)
         if decided:
             self._log_namespace(unattributed)
         if unattributed:
@@ -610,7 +613,7 @@ class TelemetrySampler:
         if incomplete is not None:
             log.warning("workers' GPU memory unknown: %s", incomplete)
         elif was is not None:
-            log.info("NVML's process list is whole again: workers' GPU memory read")
+            log.info("workers' GPU memory read again: NVML lists each of their processes with its memory")
 
     def _log_namespace(self, unattributed: bool) -> None:
         """Logged once each time NVML's process ids stop, or start again, being this namespace's

@@ -405,7 +405,7 @@ def test_a_process_list_nvml_cannot_give_whole_leaves_the_workers_gpu_memory_unk
     sampler.sample({"pong": me})
     assert reader.incomplete is None and whole.process_gpu_reason is None and whole.processes[0].gpu_memory_bytes == 0
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.INFO, "NVML's process list is whole again: workers' GPU memory read")]
+        (logging.INFO, "workers' GPU memory read again: NVML lists each of their processes with its memory")]
     monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", refused)
     caplog.clear()
     sampler.sample({"pong": me})  # the same cause again after a whole list: logged again
@@ -428,6 +428,18 @@ def test_a_process_listed_without_memory_leaves_a_worker_with_its_figure_read(
     assert snapshot.process_gpu_reason is None and snapshot.processes[0].gpu_memory_bytes == 2 * GiB
     unmeasured = {1: incomplete_list("GPU 0 lists a process without its memory")} if graphics_pid else {}
     assert reader.incomplete is None and reader.unmeasured == unmeasured
+
+
+def test_host_pids_listed_without_memory_are_another_namespaces_not_a_measured_0(
+        fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fleetd in a container on a vGPU/WDDM host: NVML lists the host's pids, each without its
+    memory. The workers' GPU memory is unknown with the namespace's reason, not 0 B."""
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [
+        SimpleNamespace(pid=2**30 + 11, usedGpuMemory=None)] if handle == 0 else [])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGraphicsRunningProcesses", lambda handle: [])
+    snapshot = TelemetrySampler(NvmlReader(), holds_gpu=lambda pid: False).sample({"pong": os.getpid()})
+    assert snapshot.processes[0].gpu_memory_bytes is None
+    assert snapshot.process_gpu_reason == NOT_THIS_NAMESPACE
 
 
 def test_an_nvml_error_mid_read_reports_unavailable_and_reinitialises_later(fake_nvml: SimpleNamespace) -> None:
