@@ -505,18 +505,20 @@ class Daemon:
         server = uvicorn.Server(config)
         app.state.stopping = ServerExiting(server)
         # The handlers are in since run() began; uvicorn wraps TERM and INT and calls them
-        # again once it has shut down. A stop that came before the server was known stops it now.
+        # again once it has shut down: from here a stop sets should_exit itself.
         self.stop.server = server
-        if self.stop.requested:
-            server.should_exit = True  # uvicorn then shuts down without serving
         self._scheduler = scheduler
         try:
             scheduler.start()
             self.catalog.warm()
+            # A stop during start-up (or before the server was known) neither listens nor says
+            # READY: the daemon shows as starting until it has exited (docs/operations.md).
+            if not self._listen_and_tell_ready(sock, supervisor):
+                log.info("stop requested during start-up: %s", self.stop.describe())
+                return
             log.info("serving the API on %s", http_url(self.settings.api.host, self.settings.api.port))
-            self._listen_and_tell_ready(sock, supervisor)
-            if self._lock is not None:  # CLI commands stop waiting for the start (fleetd/cli/client.py)
-                self._lock.mark_serving()
+            if self._lock is not None and not self.stop.requested:  # CLI commands stop waiting for the start
+                self._lock.mark_serving()  # (fleetd/cli/client.py); not for a server that is shutting down
             server.run(sockets=[sock])
         finally:
             self.catalog.close()
@@ -528,7 +530,7 @@ class Daemon:
             self.notifier.stopping(f"stopping: {self.stop.describe()}")
             log.info("stopping: %s", self.stop.describe())
 
-    def _listen_and_tell_ready(self, sock: socket.socket, supervisor: Supervisor) -> None:
+    def _listen_and_tell_ready(self, sock: socket.socket, supervisor: Supervisor) -> bool:
         """Step 12: the API socket listens, then systemd is told READY, then (the caller) the
         CLI's wait on the lock ends. READY sent before the listen left `systemctl start fleetd &&
         curl .../healthz`, or a unit ordered After=fleetd, refused for as long as the app took to
@@ -543,12 +545,21 @@ class Daemon:
         workers running for the next start to adopt (systemd retries exit 75) instead of
         stopping a whole fleet's training for a port."""
         host, port = self.settings.api.host, self.settings.api.port
+        if self.stop.requested:
+            return False
         try:
             listen_socket(sock, host, port)
         except StartupError as exc:
-            self.stop.fail(str(exc))
-            raise
+            if not self.stop.signals:
+                self.stop.fail(str(exc))
+                raise
+            # A stop came during the listen: it stays the signal's (SIGTERM: the workers stopped,
+            # with final checkpoints), not this failure's (exit 75, the workers left unadopted).
+            log.warning("%s (a stop under way)", exc)
+        if self.stop.requested:  # a signal during the listen
+            return False
         self.notifier.ready(supervisor.summary())
+        return True
 
     def _footprints(self, supervisor: Supervisor) -> FootprintSource | None:
         """Footprints are measured on this host's workers only (a cluster's run on another

@@ -348,3 +348,52 @@ def test_a_port_another_daemon_took_during_the_start_fails_it_naming_the_port(da
         notify.close()
         kill_leftover_workers(config)  # before their folder goes
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("port_taken", [False, True], ids=["port-free", "port-taken"])
+def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Daemon], port_taken: bool) -> None:
+    """`systemctl stop` while the daemon is at step 12, before the listen: it still listened,
+    sent READY and marked the state_dir `serving` (the CLI connected to a server shutting
+    down). With the port also taken meanwhile, the listen's failure overrode the SIGTERM: exit
+    75, the workers left running with no daemon, and under `systemctl stop` no restart adopted
+    them. The stop stays the signal's now: no READY, the workers stopped, a clean stop, exit 0."""
+    root = short_tmp_dir()
+    config = stand_in_config(root)
+    marks = root / "marks"
+    marks.mkdir()
+    path = root / "notify.sock"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(path))
+    rival = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    rival.bind(("127.0.0.1", config.port))
+    try:
+        daemon = SlowJobDaemon(config, marks, PAUSED_LISTEN_SERVE, env={"NOTIFY_SOCKET": str(path)})
+        daemons.append(daemon)
+        deadline = time.monotonic() + 90
+        while not (marks / "began").exists():
+            assert time.monotonic() < deadline and daemon.process.poll() is None, daemon.log()
+            time.sleep(0.1)
+        if port_taken:
+            rival.listen(1)
+        daemon.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # handled in the paused listen's sleep
+        (marks / "release").write_text("")
+        assert daemon.process.wait(60) == 0, daemon.log()
+
+        assert worker_processes(config) == [], daemon.log()
+        with sqlite3.connect(config.state_dir / "fleetd.db") as db:
+            assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(1,)]
+            assert db.execute("SELECT exit_code FROM runs").fetchall() == [(0,), (0,)]  # stopped, gracefully
+        assert stored_events(config)[-1] == ("daemon_stop", "fleetd stopped: received SIGTERM")
+        messages = receive(notify, 1)
+        while batch := receive(notify, 1):
+            messages += batch
+        assert "READY=1" not in messages
+        assert "STATUS=stopping: received SIGTERM" in messages
+        assert "serving the API on" not in daemon.log()
+    finally:
+        rival.close()
+        notify.close()
+        kill_leftover_workers(config)
+        shutil.rmtree(root, ignore_errors=True)
