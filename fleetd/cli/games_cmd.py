@@ -21,6 +21,10 @@ from fleetd.digit_groups import grouping_refusal
 games_app = command_group("Add, stop, start, remove and list games.")
 
 SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
+# What a stop asked for does, by the state it found: only a live worker writes a final checkpoint.
+_CHECKPOINTS, _NO_WORKER = "it writes a final checkpoint, then stops", "no worker runs: it stops, no checkpoint written"
+STOP_NOTES = {Shown.RUNNING: _CHECKPOINTS, Shown.STOPPING: _CHECKPOINTS, Shown.BACKOFF: _NO_WORKER,
+              Shown.PENDING: _NO_WORKER, Shown.STARTING: "its worker, still starting, is stopped"}
 # A new game's fields as `games add` and `games import` take them, for a refusal to name them so.
 GAME_OPTIONS = {"name": "NAME", "env_id": "ENV_ID", "algo": "--algo", "total_timesteps": "--total-timesteps",
                 "target_episodes": "--target-episodes", "priority": "--priority"}
@@ -161,7 +165,7 @@ def stop(
             game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
             message = f"{name}: {game['state']}"
         else:  # not `pong: running` alone, which reads as a stop not taken
-            message += "; stop requested: it writes a final checkpoint, then stops (fleetd games list shows it)"
+            message += f"; stop requested: {STOP_NOTES.get(game['state'], 'it stops')} (fleetd games list shows it)"
     _show(game, json_out, message)
 
 
