@@ -104,17 +104,9 @@ def as_typed(exc: "ClientError", typed: "Callable[[str], str | None] | None" = N
     return message
 
 
-def a_number(value: float) -> float:
-    """An option's float that is a number: click takes `nan`, which passes every range check (a
-    wait until a NaN deadline never ends)."""
-    if value != value:
-        raise typer.BadParameter("not a number")
-    return value
-
-
-def _grouped(kind: "type[int] | type[float]", what: str) -> "Callable[[str], Any]":
-    """An option's number read as `--hp` values are (fleetd/digit_groups.py): click's own
-    types took `--total-timesteps 64_64` as 6464."""
+def number_option(kind: "type[int] | type[float]", what: str, minimum: float | None = None) -> "Callable[[str], Any]":
+    """An option's number read as `--hp` values are (fleetd/digit_groups.py: `64_64` refused, not
+    6464), and never `nan`, which passes every range check (a wait until a NaN deadline never ends)."""
 
     def parse(text: Any) -> Any:
         from fleetd.digit_groups import grouping_refusal
@@ -124,15 +116,21 @@ def _grouped(kind: "type[int] | type[float]", what: str) -> "Callable[[str], Any
         if (why := grouping_refusal(text)) is not None:
             raise typer.BadParameter(why)
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
             raise typer.BadParameter(f"{text!r} is not {what}") from None
+        if value != value:
+            raise typer.BadParameter(f"{text!r} is not a number")
+        if minimum is not None and value < minimum:
+            raise typer.BadParameter(f"{text} is below {minimum:g}")
+        return value
 
     return parse
 
 
-whole_number = _grouped(int, "a whole number")
-real_number = _grouped(float, "a number")
+whole_number = number_option(int, "a whole number")
+real_number = number_option(float, "a number")
+seconds = number_option(float, "a number", minimum=0)
 
 
 def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":

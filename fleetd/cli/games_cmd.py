@@ -13,8 +13,8 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, a_number, ask, ask_through_restart, call,
-                               fail, game_path, options_typed, real_number, whole_number)
+from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, fail,
+                               game_path, options_typed, real_number, seconds, whole_number)
 from fleetd.states import Desired, Shown
 from fleetd.digit_groups import grouping_refusal
 
@@ -153,7 +153,7 @@ def module_check_wait(*env_ids: object) -> float | None:
 def stop(
     name: str,
     wait: Annotated[bool, typer.Option(help="Wait until the worker has written its final checkpoint and exited.")] = True,
-    timeout: Annotated[float, typer.Option(min=0, callback=a_number, help="Seconds to wait.")] = 180.0,
+    timeout: Annotated[float, typer.Option(parser=seconds, metavar="FLOAT", help="Seconds to wait.")] = 180.0,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
