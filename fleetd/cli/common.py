@@ -64,10 +64,11 @@ def endpoint_from(config: Path | None) -> Endpoint:
         return Endpoint.of(settings_from(config)[0])
 
 
-def client_for(config: Path | None) -> "ApiClient":
+def client_for(config: Path | None, start_wait_s: float | None = None) -> "ApiClient":
+    """`start_wait_s`: the longest wait for a daemon still starting (None: the client's own)."""
     from fleetd.cli.client import ApiClient
 
-    return ApiClient(endpoint_from(config))
+    return ApiClient(endpoint_from(config), start_wait_s=start_wait_s)
 
 
 def call(config: Path | None, action: "Callable[[ApiClient], Any]",
@@ -205,16 +206,14 @@ def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any:
 
 def ask_or_raise(config: Path | None, path: str, deadline: float | None = None) -> Any:
     """GET `path`; the client's error raised, not failed (a token error fails as `call` does).
-    A daemon still starting is waited for until `deadline` (time.monotonic) at most: each
-    retry's new client waited out its whole start wait (120 s) past a `--timeout` of seconds."""
+    A daemon still starting is waited for until `deadline` (time.monotonic) at most."""
     import time
 
     from fleetd.cli import client as client_module
     from fleetd.token import TokenError
 
-    client = client_for(config)
-    if deadline is not None:
-        client.start_wait_s = min(client_module.START_WAIT_S, max(0.0, deadline - time.monotonic()))
+    wait = None if deadline is None else min(client_module.START_WAIT_S, max(0.0, deadline - time.monotonic()))
+    client = client_for(config, wait)
     try:
         return client.get(path)
     except TokenError as exc:

@@ -57,7 +57,7 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
         if earlier is not None:
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
-        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` was sent as 6464
+        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` is not 6464
             fail(f"{usage} {key}: {why}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
@@ -69,8 +69,8 @@ def _value(text: str) -> Any:
     except ValueError:
         pass
     if LOOSE_NUMBER.fullmatch(text):
-        # Python's own reading of the text as typed: dropping its underscores first read
-        # `64__64` as 6464 and `64_` as 64 (grouping_refusal says why they are not numbers).
+        # Python's own reading of the text as typed, its underscores included (grouping_refusal
+        # has refused those not grouping by thousands).
         with contextlib.suppress(ValueError):
             return int(text) if re.fullmatch(r"[+-]?[\d_]+", text) else float(text)
     return text
