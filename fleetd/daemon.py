@@ -188,11 +188,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        # A port another process still holds, or an address the network brings up later, may
-        # free up by itself; a port below 1024 (EACCES) does not.
-        transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
-        raise StartupError(f"cannot listen on {host_port(host, port)} ([api] host/port): {exc.strerror}",
-                           transient=transient) from None
+        raise _cannot_listen(host, port, exc) from None
     return sock
 
 
@@ -203,8 +199,14 @@ def listen_socket(sock: socket.socket, host: str, port: int) -> None:
     try:
         sock.listen(API_BACKLOG)
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host_port(host, port)} ([api] host/port): {exc.strerror}",
-                           transient=exc.errno == errno.EADDRINUSE) from None
+        raise _cannot_listen(host, port, exc) from None
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> StartupError:
+    """A port another process still holds, or an address the network brings up later, may free
+    up by itself (exit 75, retried); a port below 1024 (EACCES) does not."""
+    return StartupError(f"cannot listen on {host_port(host, port)} ([api] host/port): {exc.strerror}",
+                        transient=exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL))
 
 
 @contextmanager
@@ -531,19 +533,10 @@ class Daemon:
             log.info("stopping: %s", self.stop.describe())
 
     def _listen_and_tell_ready(self, sock: socket.socket, supervisor: Supervisor) -> bool:
-        """Step 12: the API socket listens, then systemd is told READY, then (the caller) the
-        CLI's wait on the lock ends. READY sent before the listen left `systemctl start fleetd &&
-        curl .../healthz`, or a unit ordered After=fleetd, refused for as long as the app took to
-        build (0.17 s idle, more under load). Between READY and uvicorn answering only the lock
-        file's mark and uvicorn's start on this socket remain (its config loaded already, no
-        import and no wait): a connection made then waits milliseconds in the backlog, never
-        refused.
-
-        A daemon of another state_dir that took the port meanwhile is met at the listen (bound
-        sockets do not conflict): the stop is this failure, as a failed supervision loop's is,
-        named in the stop event (a warning), in systemd's STATUS and the log, and it leaves the
-        workers running for the next start to adopt (systemd retries exit 75) instead of
-        stopping a whole fleet's training for a port."""
+        """Step 12, in this order: the API socket listens, systemd is told READY, then (the
+        caller) the lock file's serving mark ends the CLI's wait. False: a stop came first (no
+        listen, no READY). A failed listen stops the daemon (exit 75) and leaves the workers
+        running, unless a signal's stop is under way (docs/operations.md#start-up-order says why)."""
         host, port = self.settings.api.host, self.settings.api.port
         if self.stop.requested:
             return False

@@ -30,11 +30,11 @@ def grouping_refusal(text: str) -> str | None:
     if "_" not in text or THOUSANDS.fullmatch(text):
         return None
     digits = text.strip().replace("_", "")
-    if not _UNDERSCORED.fullmatch(text) or not any(char.isdigit() for char in digits):
+    if not _UNDERSCORED.fullmatch(text):
         return None  # not a number in any reading: the caller's own check says what it is not
     try:
         float(digits)
-    except ValueError:
+    except ValueError:  # no digit at all (`_`, `_.`, `_e5`): no number either
         return None
     parts = text.strip().split("_")
     as_list = (f", or a list as [{', '.join(str(int(part)) for part in parts)}]"

@@ -287,13 +287,10 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
 
 
 def _delete_old(db: Database, kind: str, delete: Callable[[Session, int], int]) -> tuple[int, Exception | None]:
-    """DELETE_BATCH rows a transaction, so that other writers get their turn in between: hourly,
-    retention deletes an hour's worth (about 40,000 samples for 10 games on 8 GPUs); after the
-    daemon was down for days, or a shorter samples_days, millions at once. Returns the rows
-    deleted and, when the disk is full, that error, for the caller to raise once both kinds had
-    their try: the scheduler's guard says a full disk in one line (and again once it works), where
-    logging it here would print a traceback for each kind at each run. Any other error is logged
-    here, and the next run tries again."""
+    """Delete DELETE_BATCH rows a transaction, so that other writers get their turn in between
+    (after days down, millions are due at once). Returns (rows deleted, the disk-full error or
+    None): the caller raises a full disk once both kinds had their try, for the scheduler's guard
+    to say in one line; any other error is logged here, and the next run tries again."""
     deleted = 0
     try:
         while True:

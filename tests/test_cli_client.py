@@ -236,7 +236,7 @@ def cli_with(api: RestartingApi, monkeypatch: pytest.MonkeyPatch, *args: str):
     from fleetd.cli import common, games_cmd
     from fleetd.cli.main import app
 
-    monkeypatch.setattr(common, "client_for", lambda config: api)
+    monkeypatch.setattr(common, "client_for", lambda config, start_wait_s=None: api)
     monkeypatch.setattr(games_cmd, "call", lambda config, action: action(api))
     monkeypatch.setattr(common, "AWAY_POLL_S", 0.0, raising=False)
     return CliRunner().invoke(app, list(args))

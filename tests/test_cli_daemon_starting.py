@@ -7,8 +7,6 @@ database (as a `sqlite3` session or a backup left open would hold it)."""
 
 from __future__ import annotations
 
-import logging
-import os
 import sqlite3
 import subprocess
 import sys
@@ -20,7 +18,7 @@ import pytest
 from fleetd.cli.client import ApiClient, ClientError
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.endpoint import read_endpoint
-from fleetd.host.statedir import LOCK_NAME, STARTING, StateDirLock, starting_daemon
+from fleetd.host.statedir import LOCK_NAME, STARTING, starting_daemon
 from tests.daemon_harness import Daemon, DaemonConfig, clean_env, fleetd_cli, short_tmp_dir
 
 FLEET = '[[games]]\nname = "cart"\nenv_id = "CartPole-v1"\n'
@@ -74,7 +72,7 @@ def test_apply_during_start_up_waits_then_applies(config: DaemonConfig) -> None:
         out, err = cli.communicate(timeout=120)
         assert cli.returncode == ExitCode.OK, said + err
         assert "add     cart" in out and "dry run" in out, out
-        assert (config.state_dir / LOCK_NAME).read_text().split() == [str(daemon.pid), "serving"]
+        assert (config.state_dir / LOCK_NAME).read_text().split() == [str(daemon.pid)]
         assert starting_daemon(config.state_dir) is None
     finally:
         for daemon in daemons:
@@ -92,8 +90,7 @@ def test_a_start_that_does_not_end_in_time_is_said_and_exits_75(config: DaemonCo
     daemons: list[Daemon] = []
     try:
         daemon, database = held_in_start(config, daemons)
-        client = ApiClient(read_endpoint(config.path, clean_env()))
-        client.start_wait_s = 0.5
+        client = ApiClient(read_endpoint(config.path, clean_env()), start_wait_s=0.5)
         with pytest.raises(ClientError) as raised:
             client.request("PUT", "/api/v1/fleet/spec", json={"games": []}, params={"dry_run": "true"})
         assert raised.value.code == ExitCode.TEMPFAIL
@@ -181,34 +178,3 @@ def test_a_start_that_died_is_not_waited_for(bare: DaemonConfig) -> None:
     assert gone.returncode == ExitCode.UNAVAILABLE, gone.stderr
     assert WAITING not in gone.stderr and "is `fleetd serve` running" in gone.stderr
     assert time.monotonic() - started < 30  # the interpreter's start on a loaded machine; no 120 s wait
-
-
-def test_a_lock_held_by_another_pid_than_the_file_names_is_not_a_start(bare: DaemonConfig) -> None:
-    # The inode alone was matched: a stale `starting` file and any flock on a file of that inode
-    # (another filesystem's, here the file's own taken by another process) kept every command waiting.
-    lock_file = bare.state_dir / LOCK_NAME
-    lock_file.write_text(f"{dead_pid()}\n{STARTING}\n")
-    holders: list[subprocess.Popen[str]] = []
-    try:
-        holding(bare, "other", holders)
-        assert starting_daemon(bare.state_dir) is None
-        lock_file.write_text(f"{holders[0].pid}\n{STARTING}\n")  # the holder named: it is the start
-        assert starting_daemon(bare.state_dir) == holders[0].pid
-    finally:
-        for holder in holders:
-            holder.kill()
-            holder.wait()
-
-
-def test_a_lock_file_that_cannot_be_written_at_serving_is_a_warning_not_the_daemons_end(
-        bare: DaemonConfig, caplog: pytest.LogCaptureFixture) -> None:
-    # An OSError (a full disk, an I/O error) marking the file `serving` ended the daemon after READY.
-    lock_file = bare.state_dir / LOCK_NAME
-    lock_file.write_text(f"{os.getpid()}\n{STARTING}\n")
-    lock = StateDirLock(lock_file, os.open(lock_file, os.O_RDONLY))  # every write fails (EBADF)
-    try:
-        with caplog.at_level(logging.WARNING, logger="fleetd.host.statedir"):
-            lock.mark_serving()
-    finally:
-        lock.release()
-    assert f"could not mark {lock_file} as serving" in caplog.text, caplog.text

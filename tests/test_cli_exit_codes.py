@@ -27,8 +27,8 @@ def config_for(tmp_path: Path, port: int, token: str = TOKEN) -> Path:
     return path
 
 
-def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
-    return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": "200"})
+def fleetd(config: Path, *args: str, width: int = 200):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": str(width)})
 
 
 @pytest.fixture

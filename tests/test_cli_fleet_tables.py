@@ -11,7 +11,7 @@ import pytest
 
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli import render
-from fleetd.states import Desired
+from fleetd.states import Desired, State
 from tests.api_context import CATALOG, serving
 from tests.planning.helpers import progress
 from tests.test_cli_exit_codes import config_for, fleetd
@@ -117,14 +117,57 @@ def test_a_stop_without_waiting_says_it_was_asked_for(served: tuple[AppContext, 
     assert asked.output.startswith("a: running; stop requested: it writes a final checkpoint, then stops"), asked.output
 
 
+def test_a_stop_without_waiting_of_a_game_in_backoff_promises_no_final_checkpoint(
+    served: tuple[AppContext, Path], loop: Loop  # noqa: F811
+) -> None:
+    """`fleetd games stop a --no-wait` of a game in backoff said `it writes a final checkpoint`: no
+    worker runs to write one."""
+    from tests.test_crash_loops import crash
+
+    _, config = served
+    crash(loop, "a")
+    assert loop.state("a") is State.BACKOFF
+    asked = fleetd(config, "games", "stop", "a", "--no-wait")
+    assert asked.exit_code == 0, asked.output
+    assert asked.output.startswith("a: backoff; stop requested: no worker runs"), asked.output
+    assert "final checkpoint" not in asked.output, asked.output
+
+
+def checkpointed(context: AppContext, name: str, steps: int, episodes: int) -> None:
+    """A verified checkpoint of `name` at `steps` and `episodes` in the index, its newest."""
+    from fleetd.store.checkpoints import upsert_checkpoint
+    from fleetd.store.games import game_id_of
+    from fleetd.store.records import CheckpointRecord
+
+    with context.db.transaction() as session:
+        record = CheckpointRecord(f"c/{steps}", steps, episodes, 5, context.clock.now(), True, None, None)
+        upsert_checkpoint(session, game_id_of(session, name), record)
+
+
 def test_a_start_of_a_game_past_its_goal_says_it_exits_at_once(served: tuple[AppContext, Path]) -> None:
     """`fleetd games start` of a game whose steps meet its goal answered `admitted` alone; its
     worker resumed and exited at once (goal reached), nothing saying the goal must be raised."""
     context, config = served
     progress(context, "idle", 10, 5)  # 10 episodes, 2,000 steps
+    checkpointed(context, "idle", 2000, 10)
     assert fleetd(config, "games", "set", "idle", "total_timesteps=2000").exit_code == 0
     started = fleetd(config, "games", "start", "idle")
     assert ("idle: its goal is reached already (total_timesteps 2,000 at 2,000 steps): it exits again at once; "
             "raise it first: fleetd games set idle total_timesteps=N") in started.output, started.output
     assert fleetd(config, "games", "set", "idle", "total_timesteps=4000", "target_episodes=20").exit_code == 0
     assert "goal is reached" not in fleetd(config, "games", "start", "idle").output
+
+
+@pytest.mark.parametrize("goal", ["total_timesteps=2000", "target_episodes=10"])
+def test_a_start_resuming_a_checkpoint_short_of_the_goal_is_not_called_done(
+    served: tuple[AppContext, Path], goal: str
+) -> None:
+    """Its counters at the goal but its final checkpoint never written (the stop went FATAL): the
+    worker resumes the older one and trains on; the answer had said it exits at once."""
+    context, config = served
+    progress(context, "idle", 10, 5)  # 10 episodes, 2,000 steps
+    checkpointed(context, "idle", 1000, 5)
+    assert fleetd(config, "games", "set", "idle", goal).exit_code == 0
+    started = fleetd(config, "games", "start", "idle")
+    assert started.exit_code in (0, 3), started.output
+    assert "goal is reached" not in started.output, started.output

@@ -4,6 +4,7 @@ hyperparameters that followed named no setting."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fleetd.cli.main import app
+from tests.test_cli_exit_codes import fleetd as fleetd_at
 
 TOKEN = "s" * 32
 
@@ -54,10 +56,18 @@ def test_a_misspelt_hyperparameter_is_not_said_to_be_a_setting(config: Path) -> 
     assert result.exit_code == 1 and "learning_rate" in result.output and "did you mean" not in result.output
 
 
-def game(config: Path) -> dict:
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+fleetd = partial(fleetd_at, width=300)
+
+
+def api(config: Path) -> str:
+    """The API's base URL, from the port the config names."""
     port = config.read_text().split("port = ")[1].split("\n")[0]
-    response = httpx.get(f"http://127.0.0.1:{port}/api/v1/games/pong", headers={"Authorization": f"Bearer {TOKEN}"})
-    return response.json()
+    return f"http://127.0.0.1:{port}/api/v1"
+
+
+def game(config: Path, name: str = "pong") -> dict:
+    return httpx.get(f"{api(config)}/games/{name}", headers=AUTH).json()
 
 
 def test_a_key_given_twice_is_refused_not_the_last_one_taken(config: Path) -> None:
@@ -97,10 +107,6 @@ def test_a_number_as_python_writes_it_is_a_number(config: Path, text: str, value
 ONE_RULE = "underscores may only group digits by thousands (1_000_000, 0.000_001); write 6464 for that number, or a list as [64, 64]"
 
 
-def fleetd(config: Path, *args: str):  # type: ignore[no-untyped-def]
-    return CliRunner().invoke(app, [*args, "--config", str(config)], env={"COLUMNS": "300"})
-
-
 @pytest.mark.parametrize("pair", ["n_epochs=64_64", "priority=64_64", "health.plateau_steps=64_64"])
 def test_digits_grouped_other_than_by_thousands_are_refused_not_joined(config: Path, pair: str) -> None:
     # `64_64` (meant as the list [64, 64], or a slip) was sent as 6464: Python's int() takes it.
@@ -117,7 +123,8 @@ def test_an_integer_option_with_digits_grouped_otherwise_is_refused(config: Path
     assert result.exit_code == 2 and "--total-timesteps" in result.output and ONE_RULE in result.output, result.output
     added = fleetd(config, "games", "add", "wide", "CartPole-v1", "--stopped", "--total-timesteps", "1_000_000")
     assert added.exit_code == 0, added.output
-    assert game(config)["name"] == "pong"
+    assert game(config, "wide")["total_timesteps"] == 1_000_000
+    assert httpx.delete(f"{api(config)}/games/wide", headers=AUTH).status_code == 204
 
 
 def test_a_fleet_file_or_body_string_is_refused_but_a_toml_integer_is_toml_s(config: Path, tmp_path: Path) -> None:
@@ -127,8 +134,7 @@ def test_a_fleet_file_or_body_string_is_refused_but_a_toml_integer_is_toml_s(con
     fleet.write_text('[[games]]\nname = "pong"\nenv_id = "CartPole-v1"\ntotal_timesteps = "64_64"\n')
     refused = fleetd(config, "apply", str(fleet), "--dry-run")
     assert refused.exit_code == 1 and "total_timesteps" in refused.output and ONE_RULE in refused.output, refused.output
-    port = config.read_text().split("port = ")[1].split("\n")[0]
-    posted = httpx.post(f"http://127.0.0.1:{port}/api/v1/games", headers={"Authorization": f"Bearer {TOKEN}"},
+    posted = httpx.post(f"{api(config)}/games", headers=AUTH,
                         json={"name": "posted", "env_id": "CartPole-v1", "desired": "stopped", "priority": "6_4"})
     assert posted.status_code == 422 and "priority" in posted.text and "'6_4' is not read" in posted.text, posted.text
     fleet.write_text('[[games]]\nname = "pong"\nenv_id = "CartPole-v1"\ntotal_timesteps = 64_64\n')
@@ -173,11 +179,9 @@ def test_an_import_s_numbers_are_read_by_the_one_rule(config: Path, tmp_path: Pa
     for option in ("--total-timesteps", "--target-episodes", "--priority"):
         result = fleetd(config, "games", "import", "imported", "CartPole-v1", "--from", str(model), option, "6_4")
         assert result.exit_code == 2 and option in result.output and "'6_4' is not read as a number" in result.output, result.output
-    port = config.read_text().split("port = ")[1].split("\n")[0]
     for field in ("priority", "total_timesteps", "target_episodes", "checkpoint_interval_s"):
-        posted = httpx.post(f"http://127.0.0.1:{port}/api/v1/games/imported/import", content=b"",
+        posted = httpx.post(f"{api(config)}/games/imported/import", content=b"",
                             params={"env_id": "CartPole-v1", field: "6_4"},
-                            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/zip"})
+                            headers=AUTH | {"Content-Type": "application/zip"})
         assert posted.status_code == 422 and field in posted.text and "'6_4' is not read" in posted.text, posted.text
-    assert httpx.get(f"http://127.0.0.1:{port}/api/v1/games/imported",
-                     headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404
+    assert httpx.get(f"{api(config)}/games/imported", headers=AUTH).status_code == 404

@@ -283,6 +283,13 @@ def test_a_stop_timeout_below_0_or_not_a_number_is_a_bad_command_line(value: str
     assert result.exit_code == 2 and "--timeout" in result.output, result.output
 
 
+def test_a_checkpoint_interval_of_nan_is_a_bad_command_line() -> None:
+    # Read with the digit-grouping rule, `--checkpoint-interval nan` was taken as a number.
+    result = CliRunner().invoke(app, ["games", "add", "pong", "CartPole-v1", "--checkpoint-interval", "nan"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "--checkpoint-interval" in result.output, result.output
+
+
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_a_terminal_not_utf8_gets_the_table_not_a_traceback(encoding: str) -> None:
     # rich shortens a cell with `…`, which neither encoding has: UnicodeEncodeError, exit 1.

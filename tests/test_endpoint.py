@@ -96,26 +96,6 @@ def test_the_daemons_url_puts_an_ipv6_address_in_brackets(host: str, url: str) -
     assert ApiClient(Endpoint(host, 8642, None, Path("/tmp")), 1.0).base_url == client_url
 
 
-def test_a_port_taken_on_an_ipv6_address_is_named_in_brackets() -> None:
-    # "cannot listen on ::1:39669": the address and the port ran together.
-    import socket
-
-    from fleetd.daemon import StartupError, bind_socket
-
-    taken = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    try:
-        taken.bind(("::1", 0))
-    except OSError:
-        pytest.skip("no IPv6 loopback here")
-    taken.listen(1)
-    try:
-        port = taken.getsockname()[1]
-        with pytest.raises(StartupError, match=rf"cannot listen on \[::1\]:{port} "):
-            bind_socket("::1", port).close()
-    finally:
-        taken.close()
-
-
 def test_the_api_port_refuses_connections_until_the_daemon_serves() -> None:
     # The soak's API p99 (7 s during a power cut): the socket listened from the start's first
     # steps, so a request made while the new daemon recovered and re-adopted its workers was
@@ -154,22 +134,28 @@ def test_a_port_another_start_took_meanwhile_is_met_when_listening() -> None:
         second.close()
 
 
-def test_a_port_another_socket_listens_on_is_met_when_binding() -> None:
+@pytest.mark.parametrize(("host", "shown"), [("127.0.0.1", "127.0.0.1"), ("::1", r"\[::1\]")])
+def test_a_port_another_socket_listens_on_is_met_when_binding(host: str, shown: str) -> None:
     # SO_REUSEADDR lets a bound socket share the port with another bound one, not with one that
     # listens: a daemon (of any state_dir) already serving on the port fails the start at step
-    # 8, before anything is recorded, not at step 12 after the workers were started.
+    # 8, before anything is recorded, not at step 12 after the workers were started. The port
+    # of an IPv6 address is named after it in brackets (`::1:39669` ran them together).
     import socket
 
     from fleetd.daemon import StartupError, bind_socket
 
-    serving = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    serving = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     serving.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    serving.bind(("127.0.0.1", 0))
+    try:
+        serving.bind((host, 0))
+    except OSError:
+        serving.close()
+        pytest.skip(f"no {host} here")
     serving.listen(1)
     try:
         port = serving.getsockname()[1]
-        with pytest.raises(StartupError, match=rf"cannot listen on 127.0.0.1:{port} ") as raised:
-            bind_socket("127.0.0.1", port).close()
+        with pytest.raises(StartupError, match=rf"cannot listen on {shown}:{port} ") as raised:
+            bind_socket(host, port).close()
         assert raised.value.transient
     finally:
         serving.close()

@@ -168,7 +168,7 @@ main()
 """
 
 
-class SlowJobDaemon(Daemon):
+class ScriptedDaemon(Daemon):
     """`fleetd serve` run by `script` (SLOW_JOB_SERVE, PAUSED_LISTEN_SERVE), its marks in `marks`."""
 
     def __init__(self, config: DaemonConfig, marks: Path, script: str = SLOW_JOB_SERVE,
@@ -190,7 +190,7 @@ def test_a_stop_stops_the_workers_without_waiting_for_a_running_job(daemons: lis
     marks = root / "marks"
     marks.mkdir()
     try:
-        daemon = with_games_running(SlowJobDaemon(config, marks), daemons)
+        daemon = with_games_running(ScriptedDaemon(config, marks), daemons)
         deadline = time.monotonic() + 30
         while not (marks / "began").exists():
             assert time.monotonic() < deadline, daemon.log()
@@ -320,7 +320,7 @@ def test_a_port_another_daemon_took_during_the_start_fails_it_naming_the_port(da
     rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     rival.bind(("127.0.0.1", config.port))  # as the other daemon's bind_socket does
     try:
-        daemon = SlowJobDaemon(config, marks, PAUSED_LISTEN_SERVE, env={"NOTIFY_SOCKET": str(path)})
+        daemon = ScriptedDaemon(config, marks, PAUSED_LISTEN_SERVE, env={"NOTIFY_SOCKET": str(path)})
         daemons.append(daemon)
         deadline = time.monotonic() + 90
         while not (marks / "began").exists():
@@ -368,7 +368,7 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
     rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     rival.bind(("127.0.0.1", config.port))
     try:
-        daemon = SlowJobDaemon(config, marks, PAUSED_LISTEN_SERVE, env={"NOTIFY_SOCKET": str(path)})
+        daemon = ScriptedDaemon(config, marks, PAUSED_LISTEN_SERVE, env={"NOTIFY_SOCKET": str(path)})
         daemons.append(daemon)
         deadline = time.monotonic() + 90
         while not (marks / "began").exists():

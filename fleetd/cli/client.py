@@ -34,16 +34,16 @@ class ClientError(Exception):
 
 
 REQUEST_TIMEOUT_S = 10.0  # a request's wait for the daemon's answer, unless the command gives its own
-# A daemon still starting (verifying the store, recovering, adopting its workers: its API socket
-# bound but not served, or not yet bound) is waited for this long before a command's first
-# request: `fleetd apply` right after `systemctl start fleetd` exited 69 "is `fleetd serve`
-# running?" while it was.
+# A daemon on this host still starting (verifying the store, recovering, adopting its workers:
+# its API socket bound but not served, or not yet bound) is waited for this long at most before
+# a command's first request, not called "not answering".
 START_WAIT_S = 120.0
 START_POLL_S = 0.2
 
 
 class ApiClient:
-    def __init__(self, endpoint: Endpoint, timeout_s: float | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, timeout_s: float | None = None, start_wait_s: float | None = None) -> None:
+        """`start_wait_s`: the longest wait for a daemon still starting (None: START_WAIT_S)."""
         host = endpoint.host
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"  # listening everywhere includes loopback
@@ -52,7 +52,7 @@ class ApiClient:
         self._endpoint = endpoint
         self._port = endpoint.port
         self._timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
-        self.start_wait_s = START_WAIT_S
+        self._start_wait_s = START_WAIT_S if start_wait_s is None else start_wait_s
         self._started = False  # the daemon was seen past its start: not looked at again
 
     def get(self, path: str, **params: Any) -> Any:
@@ -180,17 +180,17 @@ class ApiClient:
             return
         from fleetd.host.statedir import starting_daemon
 
-        deadline, told = time.monotonic() + self.start_wait_s, False
+        deadline, told = time.monotonic() + self._start_wait_s, False
         while (pid := starting_daemon(self._endpoint.state_dir)) is not None:
             if time.monotonic() >= deadline:
                 raise ClientError(
                     f"fleetd (pid {pid}, state_dir {self._endpoint.state_dir}) is still starting after "
-                    f"{self.start_wait_s:g} s: it has not finished verifying its database and recovering the fleet's "
+                    f"{self._start_wait_s:g} s: it has not finished verifying its database and recovering the fleet's "
                     "workers, so it does not serve its API yet; see its log (journalctl -u fleetd), and try again "
                     "once it has started", ExitCode.TEMPFAIL)
             if not told:
                 sys.stderr.write(f"fleetd: waiting for the daemon (pid {pid}) to finish starting "
-                                 f"(at most {self.start_wait_s:g} s) ...\n")
+                                 f"(at most {self._start_wait_s:g} s) ...\n")
                 sys.stderr.flush()
                 told = True
             time.sleep(START_POLL_S)

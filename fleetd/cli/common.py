@@ -64,10 +64,11 @@ def endpoint_from(config: Path | None) -> Endpoint:
         return Endpoint.of(settings_from(config)[0])
 
 
-def client_for(config: Path | None) -> "ApiClient":
+def client_for(config: Path | None, start_wait_s: float | None = None) -> "ApiClient":
+    """`start_wait_s`: the longest wait for a daemon still starting (None: the client's own)."""
     from fleetd.cli.client import ApiClient
 
-    return ApiClient(endpoint_from(config))
+    return ApiClient(endpoint_from(config), start_wait_s=start_wait_s)
 
 
 def call(config: Path | None, action: "Callable[[ApiClient], Any]",
@@ -104,17 +105,9 @@ def as_typed(exc: "ClientError", typed: "Callable[[str], str | None] | None" = N
     return message
 
 
-def a_number(value: float) -> float:
-    """An option's float that is a number: click takes `nan`, which passes every range check (a
-    wait until a NaN deadline never ends)."""
-    if value != value:
-        raise typer.BadParameter("not a number")
-    return value
-
-
-def _grouped(kind: "type[int] | type[float]", what: str) -> "Callable[[str], Any]":
-    """An option's number read as `--hp` values are (fleetd/digit_groups.py): click's own
-    types took `--total-timesteps 64_64` as 6464."""
+def number_option(kind: "type[int] | type[float]", what: str, minimum: float | None = None) -> "Callable[[str], Any]":
+    """An option's number read as `--hp` values are (fleetd/digit_groups.py: `64_64` refused, not
+    6464), and never `nan`, which passes every range check (a wait until a NaN deadline never ends)."""
 
     def parse(text: Any) -> Any:
         from fleetd.digit_groups import grouping_refusal
@@ -124,15 +117,21 @@ def _grouped(kind: "type[int] | type[float]", what: str) -> "Callable[[str], Any
         if (why := grouping_refusal(text)) is not None:
             raise typer.BadParameter(why)
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
             raise typer.BadParameter(f"{text!r} is not {what}") from None
+        if value != value:
+            raise typer.BadParameter(f"{text!r} is not a number")
+        if minimum is not None and value < minimum:
+            raise typer.BadParameter(f"{text} is below {minimum:g}")
+        return value
 
     return parse
 
 
-whole_number = _grouped(int, "a whole number")
-real_number = _grouped(float, "a number")
+whole_number = number_option(int, "a whole number")
+real_number = number_option(float, "a number")
+seconds = number_option(float, "a number", minimum=0)
 
 
 def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":
@@ -207,16 +206,14 @@ def ask_through_restart(config: Path | None, path: str, deadline: float) -> Any:
 
 def ask_or_raise(config: Path | None, path: str, deadline: float | None = None) -> Any:
     """GET `path`; the client's error raised, not failed (a token error fails as `call` does).
-    A daemon still starting is waited for until `deadline` (time.monotonic) at most: each
-    retry's new client waited out its whole start wait (120 s) past a `--timeout` of seconds."""
+    A daemon still starting is waited for until `deadline` (time.monotonic) at most."""
     import time
 
     from fleetd.cli import client as client_module
     from fleetd.token import TokenError
 
-    client = client_for(config)
-    if deadline is not None:
-        client.start_wait_s = min(client_module.START_WAIT_S, max(0.0, deadline - time.monotonic()))
+    wait = None if deadline is None else min(client_module.START_WAIT_S, max(0.0, deadline - time.monotonic()))
+    client = client_for(config, wait)
     try:
         return client.get(path)
     except TokenError as exc:

@@ -13,14 +13,18 @@ import typer
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
-from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, a_number, ask, ask_through_restart, call,
-                               fail, game_path, options_typed, real_number, whole_number)
+from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, fail,
+                               game_path, options_typed, real_number, seconds, whole_number)
 from fleetd.states import Desired, Shown
 from fleetd.digit_groups import grouping_refusal
 
 games_app = command_group("Add, stop, start, remove and list games.")
 
 SETTLED = {Shown.STOPPED, Shown.EXITED, Shown.FATAL}
+# What a stop asked for does, by the state it found: only a live worker writes a final checkpoint.
+_CHECKPOINTS, _NO_WORKER = "it writes a final checkpoint, then stops", "no worker runs: it stops, no checkpoint written"
+STOP_NOTES = {Shown.RUNNING: _CHECKPOINTS, Shown.STOPPING: _CHECKPOINTS, Shown.BACKOFF: _NO_WORKER,
+              Shown.PENDING: _NO_WORKER, Shown.STARTING: "its worker, still starting, is stopped"}
 # A new game's fields as `games add` and `games import` take them, for a refusal to name them so.
 GAME_OPTIONS = {"name": "NAME", "env_id": "ENV_ID", "algo": "--algo", "total_timesteps": "--total-timesteps",
                 "target_episodes": "--target-episodes", "priority": "--priority"}
@@ -53,7 +57,7 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
         if earlier is not None:
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
-        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` was sent as 6464
+        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` is not 6464
             fail(f"{usage} {key}: {why}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
@@ -65,8 +69,8 @@ def _value(text: str) -> Any:
     except ValueError:
         pass
     if LOOSE_NUMBER.fullmatch(text):
-        # Python's own reading of the text as typed: dropping its underscores first read
-        # `64__64` as 6464 and `64_` as 64 (grouping_refusal says why they are not numbers).
+        # Python's own reading of the text as typed, its underscores included (grouping_refusal
+        # has refused those not grouping by thousands).
         with contextlib.suppress(ValueError):
             return int(text) if re.fullmatch(r"[+-]?[\d_]+", text) else float(text)
     return text
@@ -149,7 +153,7 @@ def module_check_wait(*env_ids: object) -> float | None:
 def stop(
     name: str,
     wait: Annotated[bool, typer.Option(help="Wait until the worker has written its final checkpoint and exited.")] = True,
-    timeout: Annotated[float, typer.Option(min=0, callback=a_number, help="Seconds to wait.")] = 180.0,
+    timeout: Annotated[float, typer.Option(parser=seconds, metavar="FLOAT", help="Seconds to wait.")] = 180.0,
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -161,7 +165,7 @@ def stop(
             game = _wait_for(config, name, SETTLED, timeout, "stopping (final checkpoint)")
             message = f"{name}: {game['state']}"
         else:  # not `pong: running` alone, which reads as a stop not taken
-            message += "; stop requested: it writes a final checkpoint, then stops (fleetd games list shows it)"
+            message += f"; stop requested: {STOP_NOTES.get(game['state'], 'it stops')} (fleetd games list shows it)"
     _show(game, json_out, message)
 
 

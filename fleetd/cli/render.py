@@ -462,14 +462,17 @@ def admission_text(name: str, admission: dict[str, Any] | None) -> str:
 
 
 def goal_reached_note(game: dict[str, Any]) -> str | None:
-    """A start of a game whose goal its steps or episodes already meet: its worker resumes and
-    exits at once (goal reached, the worker's own rule: workers/callback.goal_reached), which the
-    answer `admitted` alone did not say."""
-    name, reached = game["name"], []
-    if game.get("total_timesteps") is not None and game["steps"] >= game["total_timesteps"]:
-        reached.append(("total_timesteps", game["total_timesteps"], f"{game['steps']:,} steps"))
-    if game.get("target_episodes") is not None and game["episodes"] >= game["target_episodes"]:
-        reached.append(("target_episodes", game["target_episodes"], f"{game['episodes']:,} episodes"))
+    """A start of a game whose goal is met both by its counters and by its newest verified
+    checkpoint, the one its worker resumes from: that worker exits at once (goal reached, the
+    worker's own rule: workers/callback.goal_reached), which the answer `admitted` alone did not
+    say. A goal met by the counters only (its last checkpoint older, or none) is trained on."""
+    name, checkpoint, reached = game["name"], game.get("last_checkpoint"), []
+    if checkpoint is None:
+        return None
+    for key, unit in (("total_timesteps", "steps"), ("target_episodes", "episodes")):
+        goal = game.get(key)
+        if goal is not None and min(game[unit], checkpoint[unit]) >= goal:
+            reached.append((key, goal, f"{checkpoint[unit]:,} {unit}"))
     if not reached:
         return None
     goals = ", ".join(f"{key} {goal:,} at {done}" for key, goal, done in reached)

@@ -96,7 +96,7 @@ HyperparamsDict = Annotated[dict[str, Any], WithJsonSchema(hyperparams_schema())
 NUMBERS = ("total_timesteps", "target_episodes", "priority", "checkpoint_interval_s")
 
 
-def _not_bool(value: Any) -> Any:
+def _as_written(value: Any) -> Any:
     """JSON `true` is not the number 1, though pydantic would take it as one; nor is the string
     "64_64" 6464 (fleetd/digit_groups.py), though pydantic's lax int and float read it so."""
     if isinstance(value, bool):
@@ -107,8 +107,8 @@ def _not_bool(value: Any) -> Any:
 
 
 # The same check on a number given elsewhere as text (`POST /games/{name}/import`'s query
-# parameters, which FastAPI's lax int read `6_4` as 64).
-AS_WRITTEN = BeforeValidator(_not_bool)
+# parameters).
+AS_WRITTEN = BeforeValidator(_as_written)
 
 
 class GameSpec(BaseModel):
@@ -140,7 +140,7 @@ class GameSpec(BaseModel):
     )
     desired: Desired = Desired.RUNNING
 
-    _not_bool = field_validator(*NUMBERS, mode="before")(_not_bool)
+    _as_written = field_validator(*NUMBERS, mode="before")(_as_written)
 
 
 
@@ -168,7 +168,7 @@ class _SettingsBase(BaseModel):
     algo: Literal["ppo", "dqn", "a2c"] = Field(None, description=(  # type: ignore[assignment]
         "the game's algorithm, required with `hyperparams` so that the schema checks their keys as "
         "that algorithm's; not a setting (another algorithm than the game's: 409)"))
-    _not_bool = field_validator(*NUMBERS, mode="before", check_fields=False)(_not_bool)
+    _as_written = field_validator(*NUMBERS, mode="before", check_fields=False)(_as_written)
 
 
 GameSettings = create_model(

@@ -2,9 +2,8 @@
 daemon's lifetime, taken before anything else reads or writes the state_dir.
 
 The lock is `flock(2)` on a file that holds the owner's pid (for the message a second daemon
-prints), and for `fleetd serve` a second line: `starting`, then `serving` once it serves its
-API. While it says starting, a CLI command waits for the start to end (`starting_daemon`)
-rather than call a daemon that runs "not answering". `fleetd db upgrade` and a restore, which
+prints), and for `fleetd serve` a second line, `starting`, cut off once it serves its API.
+While it says starting, a CLI command waits for the start to end (`starting_daemon`) rather than call a daemon that runs "not answering". `fleetd db upgrade` and a restore, which
 take the same lock, write no second line: a command is not kept waiting on them.
 
 The kernel drops the lock when the owner exits however it exits (SIGKILL and OOM included),
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK_NAME = "fleetd.lock"
-STARTING, SERVING = "starting", "serving"  # the daemon's lock file's second line
+STARTING = "starting"  # the daemon's lock file's second line until it serves its API
 PROC_LOCKS = Path("/proc/locks")  # Linux: every lock held, with its file's inode
 PID_WAIT_S = 1.0  # a rival that has just locked writes its pid right after
 
@@ -41,18 +40,15 @@ class StateDirLock:
     fd: int
 
     def mark_serving(self) -> None:
-        """Say that the API is served from now on (recovery and adoption done)."""
+        """Say that the API is served from now on (recovery and adoption done): cut the file to
+        its pid line, which takes no disk space."""
         if self.fd < 0:
             return
         try:
-            _write_pid(self.fd, SERVING)
-        except OSError as exc:  # an I/O error, a full disk: the daemon serves on regardless
-            try:  # the pid line alone says "not starting" too, and cutting a file takes no space
-                os.ftruncate(self.fd, len(f"{os.getpid()}\n"))
-                log.warning("could not mark %s as serving (%s); its pid line left alone", self.path, exc)
-            except OSError:
-                log.warning("could not mark %s as serving (%s): CLI commands run on this host wait for "
-                            "this daemon's start (at most 120 s) and then exit 75", self.path, exc)
+            os.ftruncate(self.fd, len(f"{os.getpid()}\n"))
+        except OSError as exc:  # an I/O error: the daemon serves on regardless
+            log.warning("could not mark %s as serving (%s): CLI commands run on this host wait out "
+                        "their start timeout for this daemon, then fail", self.path, exc)
 
     def release(self) -> None:
         """Closing the descriptor releases the lock; the file stays (removing it would race)."""

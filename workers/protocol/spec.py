@@ -181,8 +181,11 @@ def _check_net_arch(value: Any) -> None:
     if value is None or isinstance(value, (list, dict)):  # null: refused as null anywhere, naming the key
         return
     sizes = [part for part in re.split(r"[_,\sx]+", value.strip(" []")) if part] if isinstance(value, str) else []
-    meant = (f"[{', '.join(sizes)}]" if sizes and all(part.isdigit() for part in sizes)
-             else "[64, 64]" if not isinstance(value, (int, float)) or isinstance(value, bool) else f"[{value}]")
+    meant = "[64, 64]"
+    if sizes and all(part.isdigit() for part in sizes):
+        meant = f"[{', '.join(sizes)}]"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        meant = f"[{value}]"
     raise PydanticCustomError("net_arch", f"net_arch {value!r} is not a list: give the layer sizes as a list, "
                                           f"{meant}, or one per network, {{\"pi\": [64], \"vf\": [64]}}")
 

@@ -44,8 +44,8 @@ async def import_model(
     name: str = GameName,
     env_id: str = Query(description="the env the model was trained on (EnvPool or Gymnasium id, or module:EnvName-vN)"),
     algo: Literal["ppo", "dqn", "a2c"] | None = Query(None, description="default: detected from the zip"),
-    # `6_4` refused, not read as 64; inside Annotated, after Query (before it, NaN
-    # was told the lower bound): FastAPI drops a validator given `= Query(...)`.
+    # AS_WRITTEN refuses `6_4` (not 64). It goes inside Annotated (FastAPI drops a validator
+    # beside `= Query(...)`), after Query, so that NaN is refused as such, not as below the bound.
     priority: Annotated[int, Query(ge=-1000, le=1000), AS_WRITTEN] = 0,
     total_timesteps: Annotated[int | None, Query(ge=1, le=10**13), AS_WRITTEN] = None,
     target_episodes: Annotated[int | None, Query(ge=1, le=10**10), AS_WRITTEN] = None,
