@@ -169,7 +169,9 @@ def test_a_wait_through_a_restart_waits_for_a_start_no_longer_than_its_deadline(
 
 
 def test_a_start_that_died_is_not_waited_for(bare: DaemonConfig) -> None:
-    # A daemon that died in its start left `starting` in the file; no lock is held on it.
+    # A daemon that died in its start left `starting` in the file; no lock is held on it. A
+    # check that the file alone is not taken for a start (it passed before the pid match too:
+    # /proc/locks has no line for the file; the pid match is the test above's).
     lock_file = bare.state_dir / LOCK_NAME
     lock_file.write_text(f"{dead_pid()}\n{STARTING}\n")
     assert starting_daemon(bare.state_dir) is None

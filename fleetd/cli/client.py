@@ -185,12 +185,12 @@ class ApiClient:
             if time.monotonic() >= deadline:
                 raise ClientError(
                     f"fleetd (pid {pid}, state_dir {self._endpoint.state_dir}) is still starting after "
-                    f"{self._start_wait_s:g} s: it has not finished verifying its database and recovering the fleet's "
+                    f"{round(self._start_wait_s, 1):g} s: it has not finished verifying its database and recovering the fleet's "
                     "workers, so it does not serve its API yet; see its log (journalctl -u fleetd), and try again "
                     "once it has started", ExitCode.TEMPFAIL)
             if not told:
                 sys.stderr.write(f"fleetd: waiting for the daemon (pid {pid}) to finish starting "
-                                 f"(at most {self._start_wait_s:g} s) ...\n")
+                                 f"(at most {round(self._start_wait_s, 1):g} s) ...\n")
                 sys.stderr.flush()
                 told = True
             time.sleep(START_POLL_S)
