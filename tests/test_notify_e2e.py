@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -303,60 +305,11 @@ main()
 """
 
 
-def test_a_port_another_daemon_took_during_the_start_fails_it_naming_the_port(daemons: list[Daemon]) -> None:
-    """Bound sockets (SO_REUSEADDR) do not conflict until one listens: a daemon of another
-    state_dir that took the port while this one recovered is met at step 12. The stop said
-    "the API server stopped", info, clean, its workers stopped, and the cause came only after;
-    it is this failure now, as a failed supervision loop's: named, a warning, in systemd's
-    STATUS, and the workers left for the next start (systemd retries 75) to adopt."""
-    root = short_tmp_dir()
-    config = stand_in_config(root)
-    marks = root / "marks"
-    marks.mkdir()
-    path = root / "notify.sock"
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(path))
-    rival = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    rival.bind(("127.0.0.1", config.port))  # as the other daemon's bind_socket does
-    try:
-        daemon = ScriptedDaemon(config, marks, PAUSED_LISTEN_SERVE, env={"NOTIFY_SOCKET": str(path)})
-        daemons.append(daemon)
-        deadline = time.monotonic() + 90
-        while not (marks / "began").exists():
-            assert time.monotonic() < deadline and daemon.process.poll() is None, daemon.log()
-            time.sleep(0.1)
-        rival.listen(1)
-        (marks / "release").write_text("")
-        assert daemon.process.wait(60) == 75, daemon.log()
-
-        conflict = f"cannot listen on 127.0.0.1:{config.port} ([api] host/port): Address already in use"
-        assert len(worker_processes(config)) == 2, daemon.log()  # left running, as after a failed loop
-        with sqlite3.connect(config.state_dir / "fleetd.db") as db:
-            stop = db.execute("SELECT message, severity FROM events WHERE kind = 'daemon_stop'").fetchall()
-            assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(0,)]
-        assert stop == [(f"fleetd stopped: {conflict}, workers left running", "warning")]
-        messages = receive(notify, 1)
-        while batch := receive(notify, 1):
-            messages += batch
-        assert "READY=1" not in messages
-        assert f"STATUS=stopping: {conflict}, workers left running" in messages
-        log = daemon.log()
-        assert log.index(f"stopping: {conflict}") < log.index("stopped: ")
-    finally:
-        rival.close()
-        notify.close()
-        kill_leftover_workers(config)  # before their folder goes
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.mark.parametrize("port_taken", [False, True], ids=["port-free", "port-taken"])
-def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Daemon], port_taken: bool) -> None:
-    """`systemctl stop` while the daemon is at step 12, before the listen: it still listened,
-    sent READY and marked the state_dir `serving` (the CLI connected to a server shutting
-    down). With the port also taken meanwhile, the listen's failure overrode the SIGTERM: exit
-    75, the workers left running with no daemon, and under `systemctl stop` no restart adopted
-    them. The stop stays the signal's now: no READY, the workers stopped, a clean stop, exit 0."""
+@contextmanager
+def paused_at_the_listen(daemons: list[Daemon]) -> Iterator[tuple[DaemonConfig, Path, socket.socket, socket.socket, Daemon]]:
+    """A stand-in daemon with a notify socket, held at step 12's listen (PAUSED_LISTEN_SERVE: its
+    `release` mark lets it on), and a rival socket bound to its port, not listening (as another
+    state_dir's daemon's bind_socket leaves it)."""
     root = short_tmp_dir()
     config = stand_in_config(root)
     marks = root / "marks"
@@ -374,6 +327,54 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
         while not (marks / "began").exists():
             assert time.monotonic() < deadline and daemon.process.poll() is None, daemon.log()
             time.sleep(0.1)
+        yield config, marks, notify, rival, daemon
+    finally:
+        rival.close()
+        notify.close()
+        kill_leftover_workers(config)  # before their folder goes
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def received_all(notify: socket.socket) -> list[str]:
+    """Every message the notify socket holds, waiting a second for each next one."""
+    messages = receive(notify, 1)
+    while batch := receive(notify, 1):
+        messages += batch
+    return messages
+
+
+def test_a_port_another_daemon_took_during_the_start_fails_it_naming_the_port(daemons: list[Daemon]) -> None:
+    """Bound sockets (SO_REUSEADDR) do not conflict until one listens: a daemon of another
+    state_dir that took the port while this one recovered is met at step 12. The stop said
+    "the API server stopped", info, clean, its workers stopped, and the cause came only after;
+    it is this failure now, as a failed supervision loop's: named, a warning, in systemd's
+    STATUS, and the workers left for the next start (systemd retries 75) to adopt."""
+    with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
+        rival.listen(1)
+        (marks / "release").write_text("")
+        assert daemon.process.wait(60) == 75, daemon.log()
+
+        conflict = f"cannot listen on 127.0.0.1:{config.port} ([api] host/port): Address already in use"
+        assert len(worker_processes(config)) == 2, daemon.log()  # left running, as after a failed loop
+        with sqlite3.connect(config.state_dir / "fleetd.db") as db:
+            stop = db.execute("SELECT message, severity FROM events WHERE kind = 'daemon_stop'").fetchall()
+            assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(0,)]
+        assert stop == [(f"fleetd stopped: {conflict}, workers left running", "warning")]
+        messages = received_all(notify)
+        assert "READY=1" not in messages
+        assert f"STATUS=stopping: {conflict}, workers left running" in messages
+        log = daemon.log()
+        assert log.index(f"stopping: {conflict}") < log.index("stopped: ")
+
+
+@pytest.mark.parametrize("port_taken", [False, True], ids=["port-free", "port-taken"])
+def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Daemon], port_taken: bool) -> None:
+    """`systemctl stop` while the daemon is at step 12, before the listen: it still listened,
+    sent READY and marked the state_dir `serving` (the CLI connected to a server shutting
+    down). With the port also taken meanwhile, the listen's failure overrode the SIGTERM: exit
+    75, the workers left running with no daemon, and under `systemctl stop` no restart adopted
+    them. The stop stays the signal's now: no READY, the workers stopped, a clean stop, exit 0."""
+    with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
         if port_taken:
             rival.listen(1)
         daemon.process.send_signal(signal.SIGTERM)
@@ -386,14 +387,7 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
             assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(1,)]
             assert db.execute("SELECT exit_code FROM runs").fetchall() == [(0,), (0,)]  # stopped, gracefully
         assert stored_events(config)[-1] == ("daemon_stop", "fleetd stopped: received SIGTERM")
-        messages = receive(notify, 1)
-        while batch := receive(notify, 1):
-            messages += batch
+        messages = received_all(notify)
         assert "READY=1" not in messages
         assert "STATUS=stopping: received SIGTERM" in messages
         assert "serving the API on" not in daemon.log()
-    finally:
-        rival.close()
-        notify.close()
-        kill_leftover_workers(config)
-        shutil.rmtree(root, ignore_errors=True)
