@@ -157,6 +157,12 @@ def test_the_daemons_own_memory_cgroup_is_found_on_v2_v1_and_hybrid_hosts(tmp_pa
     assert found == [tmp_path / "v2/memory.events", v1 / "fleetd/memory.oom_control"]
     counter = OomCounter(found[1], host_path=tmp_path / "absent")
     assert counter.read() == 4 and not counter.host_wide
+    # a mount point with a space: mountinfo writes it `\040`, which is not the folder's name
+    spaced = tmp_path / "my cg"
+    (spaced / "fleetd").mkdir(parents=True)
+    mountinfo.write_text(f"35 31 0:32 / {str(spaced).replace(' ', chr(92) + '040')} rw - cgroup cgroup rw,memory\n")
+    assert own_cgroup_counts(own, mountinfo, v2_root=tmp_path / "v2") == [tmp_path / "v2/memory.events",
+                                                                        spaced / "fleetd/memory.oom_control"]
     # no memory controller mounted, no /proc/self/cgroup: nothing to read, the host's count is used
     assert own_cgroup_counts(own, tmp_path / "no-mountinfo", v2_root=tmp_path / "v2") == [tmp_path / "v2/memory.events"]
     assert own_cgroup_counts(tmp_path / "none", mountinfo) == []
