@@ -163,8 +163,8 @@ class Snapshot:
     # index: not in `gpus`, no readings, yet still there: the GPU count sizing and Ray's GPU
     # resource go by counts them, so one bad read does not resize every game.
     skipped_gpus: tuple[int, ...] = ()
-    # Why no worker has a GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE,
-    # incomplete_list), or None.
+    # Why a worker has no GPU memory reading though the GPUs read (NOT_THIS_NAMESPACE: every
+    # worker; incomplete_list: those the list leaves unread, the others read), or None.
     process_gpu_reason: str | None = None
 
     @property
@@ -560,14 +560,15 @@ class TelemetrySampler:
             # page, the metrics, a first footprint), so no process has a GPU reading this sample.
             gpu_memory = None if reason is not None or skipped else pid_memory
             seen: dict[int, psutil.Process] = {}
+            trees: dict[str, set[int]] = {}  # each worker's tree, by game: what NVML tells of it
             children = _children_by_parent() if workers else {}
             processes = [
                 sample
                 for game, pid in sorted(workers.items())
-                if (sample := self._sample_tree(game, pid, gpu_memory, seen, children)) is not None
+                if (sample := self._sample_tree(game, pid, gpu_memory, seen, children, trees)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            processes, why = self._attributed(processes, gpu_memory, seen, self._incomplete(seen) if reason is None else None)
+            processes, why = self._attributed(processes, gpu_memory, seen, trees)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic(), skipped, why)
             self._readings.settle()
@@ -576,10 +577,13 @@ class TelemetrySampler:
         return snapshot
 
     def _attributed(self, processes: list[ProcessSample], gpu_memory: Mapping[int, int] | None,
-                    seen: Collection[int], incomplete: str | None = None) -> tuple[list[ProcessSample], str | None]:
-        """The workers' samples as read, or, when NVML's pids are another namespace's or its
-        process list is `incomplete` for them (why: _incomplete), without GPU memory (unknown,
-        not 0 B) and with the reason."""
+                    seen: Collection[int], trees: Mapping[str, Collection[int]]) -> tuple[list[ProcessSample], str | None]:
+        """The workers' samples as read, with the workers whose GPU memory cannot be read without
+        it (unknown, not 0 B), and why (the first such worker's), or None when every worker read.
+        When NVML's pids are another namespace's, every worker's: none of NVML's pids is in any
+        worker's tree (that is the verdict), so none was attributed. When NVML's process list is
+        not whole, only the workers it leaves unread (_incomplete): a worker it lists with its
+        memory is measured whatever another's tree lacks."""
         # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
         # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
         # Processes NVML lists without their memory (a vGPU, WDDM) are listed all the same: their
@@ -593,17 +597,22 @@ class TelemetrySampler:
             return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
         if not processes or gpu_memory is None:  # nothing to tell, as above
             return processes, None
+        unread = {proc.game: why for proc in processes if (why := self._incomplete(trees.get(proc.game, ()), gpu_memory))}
+        incomplete = next(iter(unread.values()), None)  # processes are by game: the first such game's
         self._log_incomplete(incomplete)
-        if incomplete is None:
-            return processes, None
-        return [replace(proc, gpu_memory_bytes=None) for proc in processes], incomplete
+        return [replace(proc, gpu_memory_bytes=None) if proc.game in unread else proc for proc in processes], incomplete
 
-    def _incomplete(self, seen: Collection[int]) -> str | None:
-        """Why NVML's process list is not whole for the workers (`seen`: their trees' pids), or
-        None: its compute list refused, or one of their processes listed without its memory."""
-        if self._gpu.incomplete is not None:
+    def _incomplete(self, tree: Collection[int], gpu_memory: Mapping[int, int]) -> str | None:
+        """Why NVML's process list is not whole for one worker (`tree`: its pids), or None: one
+        of its processes listed without its memory, or a compute list NVML refuses while it
+        lists none of the worker's processes with memory (the worker may be on that GPU; one
+        listed with its memory is on a GPU whose list was read)."""
+        unmeasured = next((why for pid, why in sorted(self._gpu.unmeasured.items()) if pid in tree), None)
+        if unmeasured is not None:
+            return unmeasured
+        if self._gpu.incomplete is not None and not any(pid in gpu_memory for pid in tree):
             return self._gpu.incomplete
-        return next((why for pid, why in sorted(self._gpu.unmeasured.items()) if pid in seen), None)
+        return None
 
     def _log_incomplete(self, incomplete: str | None) -> None:
         """Logged once per cause, and once when the list is whole again."""
@@ -632,8 +641,10 @@ class TelemetrySampler:
         gpu_memory: Mapping[int, int] | None,
         seen: dict[int, psutil.Process],
         children: Mapping[int, list[int]],
+        trees: dict[str, set[int]],
     ) -> ProcessSample | None:
         tree = self._tree(pid, children)
+        trees[game] = {proc.pid for proc in tree}
         rss, cpu, count = 0, 0.0, 0
         for proc in tree:
             try:

@@ -430,6 +430,36 @@ def test_a_process_listed_without_memory_leaves_a_worker_with_its_figure_read(
     assert reader.incomplete is None and reader.unmeasured == unmeasured
 
 
+def test_an_incomplete_process_list_leaves_unknown_only_the_workers_it_cannot_read(
+        worker_tree: subprocess.Popen[bytes]) -> None:
+    """Two workers, NVML listing one with its memory: that one is measured whatever the list
+    lacks for the other. A process of the other's tree listed without its memory, or a compute
+    list refused on another GPU while the other is not listed: only the other is unknown, and
+    the reason says why."""
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            listed, unlisted = worker_tree.pid, other.pid
+            workers = {"breakout": listed, "pong": unlisted}
+            without = incomplete_list("GPU 0 lists a process without its memory")
+            gpu = FakeGpu([GPU0, GPU1], {listed: 3 * GiB})
+            gpu.unmeasured = {unlisted: without}
+            snapshot = TelemetrySampler(gpu, holds_gpu=lambda pid: True).sample(workers)
+            assert {p.game: p.gpu_memory_bytes for p in snapshot.processes} == {"breakout": 3 * GiB, "pong": None}
+            assert snapshot.process_gpu_reason == without
+            refused = incomplete_list("GPU 1's compute processes cannot be listed: Insufficient Permissions")
+            gpu = FakeGpu([GPU0, GPU1], {listed: 3 * GiB}, incomplete=refused)
+            snapshot = TelemetrySampler(gpu, holds_gpu=lambda pid: True).sample(workers)
+            assert {p.game: p.gpu_memory_bytes for p in snapshot.processes} == {"breakout": 3 * GiB, "pong": None}
+            assert snapshot.process_gpu_reason == refused
+            # Both listed with their memory: the refused list leaves neither unread.
+            gpu = FakeGpu([GPU0, GPU1], {listed: 3 * GiB, unlisted: GiB}, incomplete=refused)
+            snapshot = TelemetrySampler(gpu, holds_gpu=lambda pid: True).sample(workers)
+            assert {p.game: p.gpu_memory_bytes for p in snapshot.processes} == {"breakout": 3 * GiB, "pong": GiB}
+            assert snapshot.process_gpu_reason is None
+        finally:
+            other.kill()
+
+
 def test_host_pids_listed_without_memory_are_another_namespaces_not_a_measured_0(
         fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """fleetd in a container on a vGPU/WDDM host: NVML lists the host's pids, each without its
