@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy
 
 from fleetd.config import ConfigError, load_settings
-from fleetd.operations.backup.job import Backup, BackupRun
+from fleetd.operations.backup.job import Backup, BackupHeld, BackupRun
 from fleetd.operations.backup.restore import restore
 from fleetd.operations.backup.target import BackupError, Target
 from fleetd.store.backup import copy_database
@@ -1006,14 +1006,15 @@ def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(s
         drill.target.fs.cat_file = real_cat
     assert drill.checkpoints() == BackupRun()
     assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
-    # A second drill of the fleet backing up to the first drill's own target: another target.
+    # A second drill of the fleet backing up to the first drill's own target: not the fleet's,
+    # but the first drill's backup, which it would undo (test_two_drills_given_one_target_...).
     restore(url, tmp_path / "drill-2")
     own = memory_url("drills")
     first = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": own}), drill_db, FakeClock())
     assert first.held() is None and first.now().copied == ["pong/ckpt-000000000100"]
     second_db = Database.open(tmp_path / "drill-2" / "fleetd.db")
     second = Backup(load_settings(state_dir=tmp_path / "drill-2", backup={"target": own}), second_db, FakeClock())
-    assert second.held() is None
+    assert "another restored copy of that fleet" in (second.held() or "")
     for db in (live_db, drill_db, second_db):
         db.close()
 
@@ -1069,6 +1070,27 @@ def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_dri
     assert old.held() is not None and old.checkpoints() == BackupRun()
     assert Target(t0).names("games/pong/checkpoints") >= {"ckpt-000000000300"}
     for db in (live_db, d1_db, d2_db, moved_db):
+        db.close()
+
+
+def test_two_drills_given_one_target_of_their_own_do_not_undo_each_others_backup(tmp_path, memory_url):
+    # Two restore drills of one fleet, both pointed at the same target of their own: the second
+    # was let in (a target another drill wrote is not the fleet's), its database copy replaced the
+    # first's and its scan deleted the first's newer checkpoint there. The first one's writes it.
+    t0, t1 = memory_url("fleet"), memory_url("drills")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    d1, d1_db = restored_backup(tmp_path, "d1", t0, t1)
+    d2, d2_db = restored_backup(tmp_path, "d2", t0, t1)
+    write_ckpt(d1.settings.game_dir("pong") / "checkpoints", 200)
+    assert d1.held() is None and d1.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    reason = d2.held() or ""
+    assert "another restored copy of that fleet" in reason and "point [backup] target at one of its own" in reason
+    with pytest.raises(BackupHeld):
+        d2.now()
+    assert d2.checkpoints() == BackupRun()
+    assert "ckpt-000000000200" in Target(t1).names("games/pong/checkpoints")
+    assert d1.held() is None  # the first goes on writing there
+    for db in (live_db, d1_db, d2_db):
         db.close()
 
 
