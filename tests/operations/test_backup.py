@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy
 
 from fleetd.config import ConfigError, load_settings
-from fleetd.operations.backup.job import Backup, BackupRun
+from fleetd.operations.backup.job import Backup, BackupHeld, BackupRun
 from fleetd.operations.backup.restore import restore
 from fleetd.operations.backup.target import BackupError, Target
 from fleetd.store.backup import copy_database
@@ -605,6 +605,67 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
         worker.wait()
 
 
+@pytest.mark.parametrize("where", ["beside", "same path"])
+@pytest.mark.parametrize("schema", ["current", "older"])
+def test_a_restore_leaves_a_run_with_no_pid_to_the_daemons_start(setup, tmp_path, schema, where):
+    # A run's row is written before its worker is spawned, its pid and log_path after: the fleet's
+    # daemon died in between, and its worker lives on, found at the next start by the run spec
+    # path in its command line (recovery.find_unrecorded). The restore closed such a run as
+    # `lost_host` ("worker pid None stayed with the backed-up host") wherever it restored to:
+    # to the path it came from (its disk replaced without a reboot) the worker trains for it and
+    # was never adopted, a second one started beside it, never stopped. Left open, the daemon's
+    # start finds it there by its spec, and beside the live fleet finds none under its own path.
+    from alembic import command
+
+    from fleetd.host.boot import HostBoot
+    from fleetd.host.uptime import record_daemon_start
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+    from fleetd.store.runs import create_run, read_runs
+    from fleetd.store.schema import alembic_config
+    from fleetd.supervision.launcher import run_spec_path
+    from fleetd.supervision.recovery import OsWorkerFinder
+    from tests.test_recovery import sleeper
+
+    clock = FakeClock()
+    live = tmp_path / "live"
+    settings, db = booted_fleet(live, setup[2], "this-host")
+    into = live if where == "same path" else tmp_path / "restored"
+    with db.transaction() as session:
+        game = create_game(session, GameDraft("pong", "CartPole-v1", "ppo"), clock.now())
+        run_id = create_run(session, game.id, 1, clock.now())  # its pid never recorded
+    worker = sleeper(str(run_spec_path(settings.game_dir("pong"), run_id)), own_session=True)
+    try:
+        Backup(settings, db, clock).now()
+        db.close()
+        if where == "same path":
+            shutil.rmtree(live)  # its disk lost; the daemon died with it, its worker lives on
+        source = setup[2]
+        if schema == "older":  # restored as it is, upgraded by `fleetd db upgrade` before the start
+            source = str(tmp_path / "older")
+            fsspec.filesystem("memory").get(setup[2].removeprefix("memory://"), source, recursive=True)
+            command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
+
+        restore(source, into)
+        if schema == "older":
+            command.upgrade(alembic_config(into / "fleetd.db"), "head")
+        restored = Database.open(into / "fleetd.db")
+        try:
+            start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
+            with restored.transaction() as session:
+                (run,) = read_runs(session, game.id, "pong", 10)
+        finally:
+            restored.close()
+        assert run.ended_at is None and run.cause is None and run.boot_pk == start.boot.id, run  # the start's to judge
+        spec = str(run_spec_path(load_settings(state_dir=into).game_dir("pong"), run_id))
+        found = OsWorkerFinder().find({spec})
+        assert (found[spec].pid if found else None) == (worker.pid if where == "same path" else None)
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_a_target_holding_another_fleets_backup_is_left_alone(setup, tmp_path):
     from fleetd.operations.backup.marks import claim_target
 
@@ -945,14 +1006,15 @@ def test_a_drill_reaching_the_target_restored_from_by_another_path_is_held_too(s
         drill.target.fs.cat_file = real_cat
     assert drill.checkpoints() == BackupRun()
     assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
-    # A second drill of the fleet backing up to the first drill's own target: another target.
+    # A second drill of the fleet backing up to the first drill's own target: not the fleet's,
+    # but the first drill's backup, which it would undo (test_two_drills_given_one_target_...).
     restore(url, tmp_path / "drill-2")
     own = memory_url("drills")
     first = Backup(load_settings(state_dir=tmp_path / "drill", backup={"target": own}), drill_db, FakeClock())
     assert first.held() is None and first.now().copied == ["pong/ckpt-000000000100"]
     second_db = Database.open(tmp_path / "drill-2" / "fleetd.db")
     second = Backup(load_settings(state_dir=tmp_path / "drill-2", backup={"target": own}), second_db, FakeClock())
-    assert second.held() is None
+    assert "another restored copy of that fleet" in (second.held() or "")
     for db in (live_db, drill_db, second_db):
         db.close()
 
@@ -1008,6 +1070,27 @@ def test_the_fleets_target_holds_every_restored_copy_whoever_writes_it_but_a_dri
     assert old.held() is not None and old.checkpoints() == BackupRun()
     assert Target(t0).names("games/pong/checkpoints") >= {"ckpt-000000000300"}
     for db in (live_db, d1_db, d2_db, moved_db):
+        db.close()
+
+
+def test_two_drills_given_one_target_of_their_own_do_not_undo_each_others_backup(tmp_path, memory_url):
+    # Two restore drills of one fleet, both pointed at the same target of their own: the second
+    # was let in (a target another drill wrote is not the fleet's), its database copy replaced the
+    # first's and its scan deleted the first's newer checkpoint there. The first one's writes it.
+    t0, t1 = memory_url("fleet"), memory_url("drills")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    d1, d1_db = restored_backup(tmp_path, "d1", t0, t1)
+    d2, d2_db = restored_backup(tmp_path, "d2", t0, t1)
+    write_ckpt(d1.settings.game_dir("pong") / "checkpoints", 200)
+    assert d1.held() is None and d1.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    reason = d2.held() or ""
+    assert "another restored copy of that fleet" in reason and "point [backup] target at one of its own" in reason
+    with pytest.raises(BackupHeld):
+        d2.now()
+    assert d2.checkpoints() == BackupRun()
+    assert "ckpt-000000000200" in Target(t1).names("games/pong/checkpoints")
+    assert d1.held() is None  # the first goes on writing there
+    for db in (live_db, d1_db, d2_db):
         db.close()
 
 

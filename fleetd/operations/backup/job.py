@@ -110,6 +110,11 @@ class Backup:
             return (f"restored from {restored_from}; {self.target.url} cannot be read to tell whether it holds that "
                     f"fleet's backup ({type(exc).__name__}: {exc}): nothing is written to it until it can be (asked "
                     "again at each backup; a damaged backup.json there, if this is a target of its own: delete it)")
+        if self._another_copys(mark, info):
+            return (f"restored from {restored_from}; {self.target.url} holds the backup another restored copy of that "
+                    f"fleet writes (writer {info[WRITER_KEY]}): two copies of one fleet backing up to one target undo "
+                    "each other's backups, so this state dir does not write to it; point [backup] target at one of its "
+                    "own (once that copy is gone for good: `fleetd backup claim`)")
         if not self._fleets_own(mark, info):
             return None
         return (f"restored from {restored_from}; {self.target.url} holds that fleet's backup (the same target by "
@@ -120,7 +125,7 @@ class Backup:
         from, as the fleet writes it: the target restored from reached by another path (a bind
         mount, a share mounted elsewhere on a drill box), or the fleet's target since it moved,
         which its URL alone does not tell. Not a target this state_dir wrote, nor one another
-        restored copy wrote while it too held a restore mark (another drill's own)."""
+        restored copy wrote while it too held a restore mark (another drill's own: `_another_copys`)."""
         if info.get(FLEET_KEY) != mark.get(FLEET_KEY):
             return False
         if info.get(WRITER_KEY) == writer_id(self.settings.backups_dir):
@@ -128,6 +133,14 @@ class Backup:
         if mark.get("writer") and info.get(WRITER_KEY) == mark["writer"]:
             return True  # the state_dir restored from, still writing there (a moved fleet not yet claimed too)
         return not info.get(WRITER_RESTORED_KEY)
+
+    def _another_copys(self, mark: dict[str, Any], info: dict[str, Any]) -> bool:
+        """Whether this target holds the backup of another restored copy of the fleet restored
+        from (another drill's own target): written there, this state_dir's database copy would
+        replace that one's, and its scan delete that one's newer checkpoints (and its, ours)."""
+        writer = info.get(WRITER_KEY)
+        return (info.get(FLEET_KEY) == mark.get(FLEET_KEY) and bool(info.get(WRITER_RESTORED_KEY))
+                and writer is not None and writer not in (writer_id(self.settings.backups_dir), mark.get("writer")))
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a

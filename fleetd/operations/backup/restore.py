@@ -146,7 +146,11 @@ def close_backed_up_boot(db_path: Path, state_dir: Path | None = None) -> bool:
     by pid, start and command line. Not those whose log is under `state_dir`, the restore's own:
     restored to the path the backup came from (its disk replaced without a reboot), they train
     for this state_dir, and the daemon adopts them as after any restart (closed, a second
-    worker would start beside each, never stopped). On an older schema (restored, then upgraded
+    worker would start beside each, never stopped). Nor those with no pid (their row is written
+    before the worker's spawn, its pid after): no worker of theirs can be adopted by pid, and
+    the daemon's start looks for one by its run spec path under its own state_dir
+    (`recovery.find_unrecorded`), found only where the restore is to the path the backup came
+    from; closed here, such a worker was never adopted. On an older schema (restored, then upgraded
     with `fleetd db upgrade`) the same is written in the tables and columns every schema has
     had, without the events. False on one a newer fleetd wrote: left as it is."""
     from fleetd.host.uptime import record_daemon_stop
@@ -166,7 +170,7 @@ def close_backed_up_boot(db_path: Path, state_dir: Path | None = None) -> bool:
         with db.transaction() as session:
             boot = read_latest_boot(session)
             for run in run_store.read_open_runs(session):
-                if ours(run.log_path):
+                if run.pid is None or ours(run.log_path):
                     continue
                 of_boot = read_boot(session, run.boot_pk)
                 ended = of_boot.last_seen_at if of_boot is not None else boot.last_seen_at if boot else run.started_at
@@ -193,14 +197,15 @@ def _under(state_dir: Path | None) -> Callable[[str | None], bool]:
 
 def _close_in_older_schema(db_path: Path, ours: Callable[[str | None], bool]) -> None:
     """close_backed_up_boot on a database at an older schema, in plain SQL on what its first
-    one (migrations/versions/0001_initial.py) had: the open runs not `ours` end as `lost_host`
+    one (migrations/versions/0001_initial.py) had: the open runs with a pid not `ours` end as `lost_host`
     at their boot's last heartbeat, and the last boot's daemon stopped clean."""
     import sqlite3
 
     con = sqlite3.connect(db_path)
     try:
         with con:
-            open_runs = con.execute("SELECT id, log_path FROM runs WHERE ended_at IS NULL").fetchall()
+            open_runs = con.execute("SELECT id, log_path FROM runs "
+                                    "WHERE ended_at IS NULL AND pid IS NOT NULL").fetchall()
             for run_id in [run_id for run_id, log_path in open_runs if not ours(log_path)]:
                 con.execute("UPDATE runs SET cause = 'lost_host', ended_at = (SELECT boots.last_seen_at FROM boots "
                             "WHERE boots.id = runs.boot_id) WHERE id = ?", (run_id,))
