@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 import pytest
@@ -86,3 +87,27 @@ def test_light_runs_two_and_medium_admits_the_third(governed: DaemonConfig, flee
     assert {"fleet_admit", "fleet_request", "fleet_level"} <= set(kinds)
     table = fleetd_cli(governed, "tier")
     assert table.returncode == 0 and "medium (manual)" in table.stdout
+
+
+def test_a_tier_roll_finishes_one_at_a_time_through_a_daemon_kill(governed: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+    """kill -9 of the daemon while the roll's first game stops: the next daemon finishes the
+    roll, each game restarted once with the new tier's sizes, never both down at once."""
+    daemon = start_daemon(governed, fleet_daemons)
+    for name in ("a", "b"):
+        assert daemon.post("/api/v1/games", sized_by_the_tier(name)).status_code == 201
+    for name in ("a", "b"):
+        daemon.wait_for_game(name, running, WORKER_START_S, "running")
+    assert fleetd_cli(governed, "tier", "medium").returncode == 0
+    deadline = time.monotonic() + 20
+    while not (rolling := [n for n in ("a", "b") if daemon.game(n)["state"] == "stopping"]):
+        assert time.monotonic() < deadline, "no roll began"
+        time.sleep(0.05)
+    first = rolling[0]
+    daemon.kill()
+    daemon = start_daemon(governed, fleet_daemons)
+    for name in ("a", "b"):
+        daemon.wait_for_game(name, lambda g: running(g) and len(daemon.runs(g["name"])) == 2, 3 * WORKER_START_S, "rolled")
+    other = "b" if first == "a" else "a"
+    first_back, other_stopped = daemon.runs(first)[0], daemon.runs(other)[1]
+    assert datetime.fromisoformat(other_stopped["ended_at"]) > datetime.fromisoformat(first_back["started_at"])
+    assert daemon.get("/api/v1/fleet").json()["settings"]["num_envs"] == 2

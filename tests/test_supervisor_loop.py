@@ -302,6 +302,48 @@ def test_a_tier_change_roll_stays_one_at_a_time_when_its_game_ended_while_no_dae
     _b_rolls_only_once_a_is_back(loop, pid_b, State.STARTING)
 
 
+class _DaemonKilled(Exception):
+    """kill -9 of the daemon at this instant: nothing after it runs."""
+
+
+def test_a_tier_change_roll_survives_a_daemon_kill_as_its_stop_goes_out(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon died just as the roll's SIGTERM went out to a, before it had stored a stopping:
+    a ended on it while no daemon ran, the new one knew of no roll (a was stored running, not
+    stopping) and stopped b at its first step, beside a starting again: two games down."""
+    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
+    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
+    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
+    for name in ("a", "b"):
+        loop.add(name)
+    loop.start()
+    loop.run_up("a", "b")
+    pid_a, pid_b = loop.pid("a"), loop.pid("b")
+    sent = loop.launcher.signal_group
+
+    def killed_as_it_goes_out(pid: int, sig: int) -> None:
+        sent(pid, sig)
+        raise _DaemonKilled
+
+    monkeypatch.setattr(loop.launcher, "signal_group", killed_as_it_goes_out)
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "medium", loop.clock.now())
+    loop.sup.submit(Reconcile())
+    loop.clock.advance(31)
+    with pytest.raises(_DaemonKilled):
+        loop.steps()
+    monkeypatch.setattr(loop.launcher, "signal_group", sent)
+    assert loop.launcher.signals[-1] == (pid_a, "SIGTERM")
+    loop.probe.live = {pid_b}  # a ended on that stop (its final checkpoint) while no daemon ran
+    loop.start()  # a new daemon adopts b
+    loop.steps(2)
+    assert [loop.state("a"), loop.state("b")] == [State.STARTING, State.RUNNING]  # a on its way back, b waits
+    assert (pid_b, "SIGTERM") not in loop.launcher.signals
+    launch = loop.sup.procs["a"].spawned_launch
+    assert launch is not None and launch.spec is not None and launch.spec.sizes().num_envs == 48  # the rung's sizes
+    loop.run_up("a")
+    assert loop.state("b") is State.STOPPING  # a is back: now b rolls
+
+
 def _light_tier_of_three(loop: Loop) -> None:
     """A light tier of 3 games, 30 s windows, and CPU workers whose light and medium sizes differ."""
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})

@@ -116,8 +116,12 @@ class WorkerProcess:
     def stop(self, reason: str = "stop requested", stays: str | None = None) -> None:
         """`stays`: the reason it shows once stopped (a hold's), instead of plain `stopped`."""
         if self.state in (State.STARTING, State.RUNNING):
-            self._send_stop(stays)
+            # Stored stopping before the signal goes out: a daemon killed between the two leaves a
+            # worker the next one adopts stopping, and stops again (`adopt`), never one that got
+            # the stop while the store said running, whose exit would then look like a crash's,
+            # outside any roll (docs/governor.md).
             self._to(State.STOPPING, reason)
+            self._send_stop(stays)
         elif self.state is State.BACKOFF:
             self._to(State.STOPPED, reason)
 
