@@ -589,7 +589,8 @@ class Daemon:
                 settings.fleet.telemetry_interval_s,
                 # On a cluster a run's handle is its run id, not a pid of this host.
                 lambda: telemetry_job(db, self.telemetry, supervisor.worker_pids if self.local_workers else dict,
-                                      self._footprints(supervisor), lost_gpus),
+                                      self._footprints(supervisor), lost_gpus,
+                                      supervisor.worker_gpus if self.local_workers else dict),
                 steady=True,
             ),
         ]

@@ -239,13 +239,14 @@ class GpuLossNotice:
 
 def telemetry_job(
     db: Database, sampler: TelemetrySampler, workers: Callable[[], dict[str, int]], footprints: FootprintSource | None = None,
-    lost: GpuLossNotice | None = None,
+    lost: GpuLossNotice | None = None, placement: Callable[[], dict[str, int]] = dict,
 ) -> None:
     """Sample the GPUs, the host and every worker's process tree; keep the figures, and the
     footprints of the workers that have settled (docs/governor.md#sizing); say each GPU newly
-    lost (`lost`)."""
+    lost (`lost`). `placement`: each worker's GPU, by game: its GPU memory estimated where NVML
+    cannot tell (ProcessSample.gpu_memory_estimate_bytes)."""
     running = footprints.running() if footprints is not None else {}
-    snapshot = sampler.sample(workers())
+    snapshot = sampler.sample(workers(), placement())
     at = datetime.fromtimestamp(snapshot.at, UTC)
     changed = footprints.take(snapshot, running, at) if footprints is not None else []
     try:

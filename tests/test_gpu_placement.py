@@ -141,6 +141,7 @@ def test_the_daemon_places_each_game_and_records_it_with_the_run(loop: Loop, fou
     # GPU 2 has 20 GiB free: 79 GiB shared by two games (39.5) still beats it, three (26.3) too.
     assert placements(loop) == {"a": 0, "b": 1, "c": 3, "d": 0, "e": 1, "f": 3}
     assert {name: loop.sup.procs[name].gpu for name in "abcdef"} == placements(loop)
+    assert loop.sup.worker_gpus() == placements(loop)  # telemetry's, for each worker's GPU memory estimate
     with loop.db.transaction() as session:
         runs = {run.game: run.gpu for run in run_store.read_open_runs(session)}
     assert runs == placements(loop)

@@ -46,6 +46,7 @@ class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
     incomplete: str | None = None  # the process list whole
     unmeasured: dict[int, str] = {}  # every process listed with its memory
+    per_gpu: dict[int, dict[int, int]] = {}  # no GPU's processes apart (no estimate wanted)
 
     def __init__(self, pid_memory: dict[int, int]) -> None:
         self.pid_memory = pid_memory
@@ -55,14 +56,15 @@ class FakeGpu:
 
 
 def measured(db: Database, book: FootprintBook, gib: float, sampler: TelemetrySampler | None = None,
-             running_s: float = 500.0) -> FootprintSource:
+             running_s: float = 500.0, placement: dict[str, int] | None = None) -> FootprintSource:
     """A worker of this process (Breakout, ppo, 256 envs, batch 2048) measured at `gib` GiB of GPU
     memory in one telemetry job run (by `sampler` if given: then what it reads, not `gib`); its
-    footprint source."""
+    footprint source. `placement`: the worker's GPU (none: not placed, no estimate)."""
     me = os.getpid()
     worker = RunningWorker(me, "Breakout-v5", "ppo", 256, 2048, running_s=running_s)
     source = FootprintSource(book, lambda: {"breakout": worker}, settle_s=120.0)
-    telemetry_job(db, sampler or TelemetrySampler(FakeGpu({me: round(gib * GIB)})), lambda: {"breakout": me}, source)
+    telemetry_job(db, sampler or TelemetrySampler(FakeGpu({me: round(gib * GIB)})), lambda: {"breakout": me}, source,
+                  placement=lambda: placement or {})
     return source
 
 
@@ -371,6 +373,23 @@ def test_a_container_whose_nvml_pids_are_the_hosts_records_no_gpu_footprint_not_
     sizing = record["sizing"]
     assert "no GPU reading" in record["reason"]
     assert sizing["measured"] and sizing["gpu_bytes_per_game"] is None and sizing["gpu_needed_bytes"] is None
+
+
+def test_a_containers_estimated_gpu_share_is_shown_never_kept_as_a_footprint(
+        settings: Settings, db: Database, clock: FakeClock) -> None:
+    """The same container, the worker placed on GPU 0: it gets an estimate (the GPU's used
+    memory, none of it measured), yet its footprint has no GPU reading and sizing goes by none:
+    a conservative estimate kept as the peak would size every later run of the kind by it."""
+    book = FootprintBook()
+    sampler = TelemetrySampler(FakeGpu({2**30 + 11: 5 * GIB}))
+    measured(db, book, 0, sampler, placement={"breakout": 0})
+    [proc] = sampler.latest.processes
+    assert (proc.gpu_memory_bytes, proc.gpu_memory_estimate_bytes) == (None, H100.memory_used_bytes)
+    with db.transaction() as session:
+        (stored,) = read_footprints(session)
+    assert stored.gpu_bytes is None
+    record = _record(settings, db, clock, fleet_on_an_h100(settings, db, clock, book))
+    assert "no GPU reading" in record["reason"] and record["sizing"]["gpu_bytes_per_game"] is None
 
 
 def test_a_zero_footprint_stored_before_the_namespace_was_known_is_cleared_not_kept_as_the_peak(

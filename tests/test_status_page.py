@@ -447,6 +447,16 @@ def test_bytes_take_their_unit_after_rounding(size: int, shown: str) -> None:
     assert page_function("fmtBytes", f"fmtBytes({size})", needs=("isNum", "DASH")) == shown
 
 
+def test_a_workers_gpu_memory_estimate_is_shown_as_one_never_as_a_reading() -> None:
+    """Where NVML cannot tell a worker's GPU memory (a container without --pid=host), its
+    estimate reads `~6.0 GiB est.`; a reading reads as before; neither: a dash."""
+    def shown(proc: dict[str, object]) -> object:
+        return page_function("gpuMemText", f"gpuMemText({json.dumps(proc)})", needs=("isNum", "DASH", "fmtBytes"))
+    assert shown({"gpu_memory_bytes": None, "gpu_memory_estimate_bytes": 6 * 2**30}) == "~6.0 GiB est."
+    assert shown({"gpu_memory_bytes": 2**30, "gpu_memory_estimate_bytes": None}) == "1.0 GiB"
+    assert shown({"gpu_memory_bytes": None, "gpu_memory_estimate_bytes": None}) == shown({"gpu_memory_bytes": None}) != "0 MiB"
+
+
 # linePlot's figure as nested {tag, attrs, kids}: `marks()` lists its learning-health marks.
 PLOT_STUBS = """
 globalThis.svg = globalThis.h = (tag, attrs, ...kids) => ({ tag, attrs: attrs || {},

@@ -395,7 +395,16 @@ def gpu_line(telemetry: dict[str, Any]) -> str:
     parts += [(index, f"{index}: {SKIPPED_GPU}") for index in telemetry.get("skipped_gpus", [])]
     line = "; ".join(text for _, text in sorted(parts))
     why = telemetry.get("process_gpu_reason")  # the GPUs read, the workers' share of them not
-    return f"{line}; no GPU reading per worker: {why}" if why else line
+    if not why:
+        return line
+    return f"{line}; no GPU reading per worker: {why}{estimates_text(telemetry.get('processes', []))}"
+
+
+def estimates_text(processes: list[dict[str, Any]]) -> str:
+    """The workers' GPU memory ESTIMATES (never readings: `~`, `est.`), where there are any."""
+    estimates = [f"{p['game']} ~{gib(p['gpu_memory_estimate_bytes'])} est."
+                 for p in processes if p.get("gpu_memory_estimate_bytes") is not None]
+    return f" (estimated from each worker's GPU: {', '.join(estimates)})" if estimates else ""
 
 
 def money(value: float | None, currency: str) -> str:

@@ -21,7 +21,7 @@ import os
 import functools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -123,6 +123,11 @@ class ProcessSample:
     rss_bytes: int
     cpu_pct: float  # 100 = one core busy
     gpu_memory_bytes: int | None  # None: NVML unavailable
+    # Only while `gpu_memory_bytes` is None though the GPUs read (Snapshot.process_gpu_reason):
+    # an ESTIMATE, never a measurement: what its GPU holds beyond the workers measured on it,
+    # shared evenly by the unknown workers placed there (`TelemetrySampler._estimated`). It may
+    # count other processes' memory; it is stored as a metric of its own, never as a footprint.
+    gpu_memory_estimate_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,7 @@ class GpuReader(Protocol):
     # The last read's processes listed without their memory, with why (incomplete_list), by pid:
     # the list is not whole for a worker only if one of them is in its tree.
     unmeasured: Mapping[int, str]
+    per_gpu: Mapping[int, Mapping[int, int]]  # the last read's {GPU index: {pid: GPU memory bytes}}
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         """(GPUs, {pid: GPU memory bytes summed over all GPUs}, reason when unavailable). When
@@ -219,11 +225,13 @@ class NvmlReader:
         self.skipped: tuple[int, ...] = ()  # the GPUs the last read left out: memory reading nonsense
         self.incomplete: str | None = None  # the last read's process list not whole: why (incomplete_list)
         self.unmeasured: dict[int, str] = {}  # the last read's processes listed without memory: why, by pid
+        self.per_gpu: dict[int, dict[int, int]] = {}  # the last read's process memory, by GPU index then pid
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         self.skipped = ()
         self.incomplete = None
         self.unmeasured = {}
+        self.per_gpu = {}
         try:
             return self._read()
         finally:
@@ -315,6 +323,7 @@ class NvmlReader:
         skipped: list[int] = []
         refused: str | None = None
         unmeasured: dict[int, str] = {}
+        per_gpu: dict[int, dict[int, int]] = {}
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -337,6 +346,7 @@ class NvmlReader:
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
             used_by_pid, not_listed, without_memory = _gpu_processes(nvml, index, handle, self._readings)
             refused = refused or not_listed
+            per_gpu[index] = used_by_pid
             for pid in without_memory:
                 unmeasured.setdefault(pid, incomplete_list(f"GPU {index} lists a process without its memory"))
             for pid, used in used_by_pid.items():
@@ -350,6 +360,7 @@ class NvmlReader:
         self.skipped = tuple(skipped)
         self.incomplete = incomplete_list(refused) if refused else None
         self.unmeasured = unmeasured
+        self.per_gpu = per_gpu
         counted = {gpu.index for gpu in gpus}
         self._lost &= counted  # one NVML no longer counts is not named lost
         self._log_lost()
@@ -548,8 +559,9 @@ class TelemetrySampler:
         with self._latest_lock:
             return self._latest
 
-    def sample(self, workers: Mapping[str, int]) -> Snapshot:
-        """Read everything once. `workers`: game name -> worker pid (its process-group leader).
+    def sample(self, workers: Mapping[str, int], placement: Mapping[str, int] | None = None) -> Snapshot:
+        """Read everything once. `workers`: game name -> worker pid (its process-group leader);
+        `placement`: game name -> the GPU index its worker was placed on (none: no estimates).
 
         A worker that is gone by the time it is read is left out of the snapshot.
         """
@@ -569,6 +581,8 @@ class TelemetrySampler:
             ]
             self._procs = seen  # processes that have died drop out here
             processes, why = self._attributed(processes, gpu_memory, seen, trees)
+            if why is not None:
+                processes = self._estimated(processes, gpus, placement or {}, trees)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
                                 self._monotonic(), skipped, why)
             self._readings.settle()
@@ -601,6 +615,23 @@ class TelemetrySampler:
         incomplete = next(iter(unread.values()), None)  # processes are by game: the first such game's
         self._log_incomplete(incomplete)
         return [replace(proc, gpu_memory_bytes=None) if proc.game in unread else proc for proc in processes], incomplete
+
+    def _estimated(self, processes: list[ProcessSample], gpus: Collection[GpuSample], placement: Mapping[str, int],
+                   trees: Mapping[str, Collection[int]]) -> list[ProcessSample]:
+        """Each unknown worker's estimate (`ProcessSample.gpu_memory_estimate_bytes`): its GPU's
+        used memory less what the workers measured there hold, shared evenly by the unknown
+        workers placed on it. None for a worker with no placement, or placed on a GPU not read
+        this sample (lost, skipped, gone)."""
+        used = {gpu.index: gpu.memory_used_bytes for gpu in gpus if not gpu.lost}
+        unknown = [p for p in processes if p.gpu_memory_bytes is None and placement.get(p.game) in used]
+        if not unknown:
+            return processes
+        sharing = Counter(placement[p.game] for p in unknown)
+        measured = {pid for p in processes if p.gpu_memory_bytes is not None for pid in trees.get(p.game, ())}
+        left = {index: max(0, used[index] - sum(m for pid, m in self._gpu.per_gpu.get(index, {}).items() if pid in measured))
+                for index in sharing}
+        estimates = {p.game: left[placement[p.game]] // sharing[placement[p.game]] for p in unknown}
+        return [replace(p, gpu_memory_estimate_bytes=estimates[p.game]) if p.game in estimates else p for p in processes]
 
     def _incomplete(self, tree: Collection[int], gpu_memory: Mapping[int, int]) -> str | None:
         """Why NVML's process list is not whole for one worker (`tree`: its pids), or None: one
@@ -810,6 +841,8 @@ def _process_metrics(proc: ProcessSample) -> list[tuple[str, float]]:
         cpu_pct=proc.cpu_pct,
         processes=proc.processes,
         gpu_memory_bytes=proc.gpu_memory_bytes,
+        # Its own metric: an estimate, never a `gpu_memory_bytes` measurement in the history.
+        gpu_memory_estimate_bytes=proc.gpu_memory_estimate_bytes,
     )
 
 

@@ -132,6 +132,12 @@ class Supervisor:
     def worker_pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in list(self.procs.items()) if proc.pid is not None}
 
+    def worker_gpus(self) -> dict[str, int]:
+        """The GPU each live worker was placed on, by game: for telemetry's estimate of its GPU
+        memory where NVML's process list cannot tell (a container without --pid=host)."""
+        return {name: proc.gpu for name, proc in list(self.procs.items())
+                if proc.pid is not None and proc.state in LIVE and proc.gpu is not None}
+
     def running_workers(self) -> dict[str, RunningWorker]:
         """The RUNNING workers, what they run as and for how long, for their footprints."""
         now = self.clock.monotonic()

@@ -244,6 +244,15 @@
       ? host.memory_available_bytes / host.memory_total_bytes : null;
   }
 
+  // A worker's GPU memory: its reading, or, where NVML cannot tell (process_gpu_reason), an
+  // estimate marked as one, never shown as a reading: its GPU's memory not held by the workers
+  // measured there, shared by the unknown ones placed on it. Else a dash.
+  function gpuMemText(p) {
+    if (isNum(p.gpu_memory_bytes)) return fmtBytes(p.gpu_memory_bytes);
+    if (isNum(p.gpu_memory_estimate_bytes)) return '~' + fmtBytes(p.gpu_memory_estimate_bytes) + ' est.';
+    return DASH;
+  }
+
   function fmtBytes(bytes) {
     if (!isNum(bytes)) return DASH;
     const mib = Math.round(bytes / 2 ** 20); // 1023.6 MiB is 1.0 GiB, not 1024 MiB
@@ -679,7 +688,7 @@
       const rows = processes.map((p) => h('tr', null,
         h('td', null, p.game), h('td', { class: 'r num' }, String(p.pid)), h('td', { class: 'r num' }, String(p.processes)),
         h('td', { class: 'r num' }, fmtBytes(p.rss_bytes)), h('td', { class: 'r num' }, fmtPercent(p.cpu_pct)),
-        h('td', { class: 'r num' }, p.gpu_memory_bytes === null ? DASH : fmtBytes(p.gpu_memory_bytes))));
+        h('td', { class: 'r num' }, gpuMemText(p))));
       box.appendChild(h('div', { class: 'scroll' }, h('table', { class: 'grid compact' },
         h('thead', null, h('tr', null, h('th', null, 'worker'), h('th', { class: 'r' }, 'pid'), h('th', { class: 'r' }, 'procs'),
           h('th', { class: 'r' }, 'RSS'), h('th', { class: 'r' }, 'CPU'), h('th', { class: 'r' }, 'GPU mem'))),

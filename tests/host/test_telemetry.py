@@ -49,10 +49,11 @@ class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
 
     def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None,
-                 incomplete: str | None = None) -> None:
+                 incomplete: str | None = None, per_gpu: dict[int, dict[int, int]] | None = None) -> None:
         self.result = (gpus, pid_memory, reason)
         self.incomplete = incomplete  # NvmlReader's: why its process list is not whole
         self.unmeasured: dict[int, str] = {}  # every process listed with its memory
+        self.per_gpu = per_gpu or {}  # NvmlReader's: the process memory by GPU, then pid
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         return self.result
@@ -218,7 +219,8 @@ def test_snapshot_json() -> None:
     assert body["gpus"][0]["memory_fraction"] == 0.75 and body["gpus"][0]["name"] == "Fake A"
     assert body["host"]["load_1m"] == 1.5
     assert body["processes"] == [
-        {"game": "pong", "pid": 10, "processes": 3, "rss_bytes": 100, "cpu_pct": 150.0, "gpu_memory_bytes": None}
+        {"game": "pong", "pid": 10, "processes": 3, "rss_bytes": 100, "cpu_pct": 150.0, "gpu_memory_bytes": None,
+         "gpu_memory_estimate_bytes": None}
     ]
 
 
@@ -370,6 +372,13 @@ def test_nvml_readings_with_missing_fields(fake_nvml: SimpleNamespace) -> None:
         GpuSample(1, "Fake 1", 41.0, 2 * GiB, 8 * GiB, 61.0, None),
     ]
     assert pid_memory == {10: 2 * GiB}  # once per GPU, summed over both; pid 11's unknown usage left out
+
+
+def test_nvml_process_memory_is_kept_per_gpu(fake_nvml: SimpleNamespace) -> None:
+    """Each GPU's processes apart, for a worker's estimate on its own GPU (`_estimated`)."""
+    reader = NvmlReader()
+    reader.read()
+    assert reader.per_gpu == {0: {10: GiB}, 1: {10: GiB}}
 
 
 def test_a_process_list_nvml_cannot_give_whole_leaves_the_workers_gpu_memory_unknown(
@@ -686,3 +695,43 @@ def test_xids_of_the_healthy_gpus_are_still_read_after_one_is_lost(fake_nvml: Si
     fake_nvml.lost.clear()  # back: watched again
     reader.read()
     assert sets[-1] == {0, 1}
+
+
+# --- estimates where NVML cannot attribute GPU memory to a worker ---------------------------
+
+
+def test_workers_unknown_in_another_pid_namespace_get_an_estimate_never_a_reading(worker_tree: subprocess.Popen[bytes]) -> None:
+    """A container without --pid=host: NVML's pids are the host's, so no worker's GPU memory
+    reads. Each worker placed on a GPU gets that GPU's used memory shared by the unknown workers
+    placed there, as an estimate: never `gpu_memory_bytes`, stored as a metric of its own, shown
+    with `~` and `est.`; one with no placement gets none."""
+    a, b = (child.pid for child in psutil.Process(worker_tree.pid).children())
+    sampler = TelemetrySampler(FakeGpu([GPU0, GPU1], HOST_PIDS, per_gpu={0: HOST_PIDS, 1: {}}))
+    workers = {"breakout": a, "pong": b}
+    shared = {p.game: p for p in sampler.sample(workers, {"breakout": 0, "pong": 0}).processes}
+    assert [(p.gpu_memory_bytes, p.gpu_memory_estimate_bytes) for p in shared.values()] == [(None, 3 * GiB)] * 2
+    apart = sampler.sample(workers, {"breakout": 0, "pong": 1})
+    assert apart.process_gpu_reason == NOT_THIS_NAMESPACE
+    assert [(p.game, p.gpu_memory_bytes, p.gpu_memory_estimate_bytes) for p in apart.processes] == [
+        ("breakout", None, 6 * GiB), ("pong", None, 2 * GiB)]
+    rows = sample_rows(apart)
+    assert ("breakout", None, "gpu_memory_estimate_bytes", float(6 * GiB)) in rows
+    assert not any(metric == "gpu_memory_bytes" for _, _, metric, _ in rows)
+    body = snapshot_json(apart)
+    assert [p["gpu_memory_estimate_bytes"] for p in body["processes"]] == [6 * GiB, 2 * GiB]
+    assert gpu_line(body).endswith(f"no GPU reading per worker: {NOT_THIS_NAMESPACE} "
+                                   "(estimated from each worker's GPU: breakout ~6.00 GiB est., pong ~2.00 GiB est.)")
+    unplaced = sampler.sample(workers, {"pong": 1}).processes
+    assert [(p.game, p.gpu_memory_estimate_bytes) for p in unplaced] == [("breakout", None), ("pong", 2 * GiB)]
+
+
+def test_an_estimate_leaves_out_what_the_workers_measured_on_its_gpu_hold(worker_tree: subprocess.Popen[bytes]) -> None:
+    """NVML's list read for one worker, not for another on the same GPU (listed without its
+    memory): the unknown one's estimate is the GPU's used memory less the measured one's."""
+    a, b = (child.pid for child in psutil.Process(worker_tree.pid).children())
+    gpu = FakeGpu([GPU0], {a: GiB}, per_gpu={0: {a: GiB}})
+    gpu.unmeasured = {b: incomplete_list("GPU 0 lists a process without its memory")}
+    snapshot = TelemetrySampler(gpu).sample({"breakout": a, "pong": b}, {"breakout": 0, "pong": 0})
+    assert snapshot.process_gpu_reason == gpu.unmeasured[b]
+    assert [(p.game, p.gpu_memory_bytes, p.gpu_memory_estimate_bytes) for p in snapshot.processes] == [
+        ("breakout", GiB, None), ("pong", None, 5 * GiB)]
