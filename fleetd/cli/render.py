@@ -537,7 +537,8 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
         rows += [(f"GPU {index}", SKIPPED_GPU_THEN) for index in telemetry.get("skipped_gpus", [])]
         if telemetry.get("process_gpu_reason"):
-            rows.append(("worker GPU memory", f"unknown ({telemetry['process_gpu_reason']})"))
+            estimates = estimates_text(telemetry.get("processes") or [])
+            rows.append(("worker GPU memory", f"unknown ({telemetry['process_gpu_reason']}){estimates}"))
         host = telemetry.get("host") or {}
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")

@@ -15,7 +15,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.render import boot_detail, console, forensics_rows
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.forensics import Journalctl, KernelLog, capture, record_kernel_log
-from fleetd.host.telemetry import NOT_THIS_NAMESPACE, GpuSample, HostSample, Snapshot
+from fleetd.host.telemetry import NOT_THIS_NAMESPACE, GpuSample, HostSample, ProcessSample, Snapshot
 from fleetd.host.uptime import record_daemon_start
 from fleetd.jobs import heartbeat_job
 from tests.fakes import FakeHost
@@ -98,6 +98,11 @@ def test_a_last_picture_taken_in_another_pid_namespace_says_the_workers_gpu_memo
     rows = dict(forensics_rows(capture(replace(HOT, process_gpu_reason=NOT_THIS_NAMESPACE), None, datetime(2026, 1, 1, tzinfo=UTC))))
     assert rows["worker GPU memory"] == f"unknown ({NOT_THIS_NAMESPACE})" and "process_gpu_reason" not in rows
     assert "worker GPU memory" not in dict(forensics_rows(capture(HOT, None, datetime(2026, 1, 1, tzinfo=UTC))))
+    # Each worker's estimate, kept with the picture, said as one (never as a reading).
+    estimated = (ProcessSample("pong", 10, 3, 2**30, 100.0, None, gpu_memory_estimate_bytes=6 * 2**30),)
+    picture = capture(replace(HOT, process_gpu_reason=NOT_THIS_NAMESPACE, processes=estimated), None, datetime(2026, 1, 1, tzinfo=UTC))
+    assert dict(forensics_rows(picture))["worker GPU memory"] == (
+        f"unknown ({NOT_THIS_NAMESPACE}) (estimated from each worker's GPU: pong ~6.00 GiB est.)")
 
 
 def test_a_boot_with_no_reboot_before_it_and_an_unknown_boot(loop: Loop) -> None:
