@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -273,6 +274,8 @@ def test_refusals_name_what_is_missing(app, client: TestClient) -> None:
     assert "has not run yet" in error(client.get("/api/v1/games/idle/logs"), 404)
     pruned = new_run(app, "pruned", "gone\n")
     log_path(app, pruned).unlink()
+    with app.state.context.db.transaction() as session:  # only an ended run's log is pruned
+        run_store.update_run_ended(session, pruned, app.state.context.clock.now(), "exited", 0, None)
     assert "log_keep_runs" in error(client.get("/api/v1/games/pruned/logs"), 404)
     new_run(app, "nolog", None)
     assert "has no log" in error(client.get("/api/v1/games/nolog/logs"), 404)
@@ -285,6 +288,8 @@ def test_a_log_pruned_between_the_look_and_the_read_is_gone_not_a_500(app, clien
     # log_keep_runs pruning (or a hand rm) between _log_file's is_file() and the tail's open was a 500.
     run_id = new_run(app, "racing", "soon gone\n")
     path = log_path(app, run_id)
+    with app.state.context.db.transaction() as session:  # only an ended run's log is pruned
+        run_store.update_run_ended(session, run_id, app.state.context.clock.now(), "exited", 0, None)
     opened = Path.open
 
     def pruned_first(self: Path, *args, **kwargs):
@@ -485,6 +490,29 @@ def test_a_follow_moving_on_to_a_run_whose_log_is_not_made_yet_waits_for_it(app,
     assert lines[2:] == ["late line"]
 
 
+def test_a_ray_runs_log_not_made_yet_is_not_written_yet_and_a_follow_waits_for_it(app, client: TestClient) -> None:
+    # A game placed on a Ray node: its run's log path is recorded (and the run located on its
+    # node) before the actor's worker writes its first line. `fleetd logs` right after `games
+    # start` was told the log was gone (log_keep_runs), and `-f` ended at once on that 404.
+    run_id = new_run(app, "raylate", "")
+    path = log_path(app, run_id)
+    path.unlink()  # recorded, not made yet
+    with app.state.context.db.transaction() as session:
+        run_store.update_run_located(session, run_id, "f" * 56)
+    message = error(client.get("/api/v1/games/raylate/logs"), 404)
+    assert "not written yet" in message and "log_keep_runs" not in message
+    assert client.get("/api/v1/games/raylate/logs").json()["error"]["details"]["written"] is False
+
+    def writer() -> None:
+        time.sleep(0.5)
+        path.write_text("first line\n")
+        time.sleep(0.6)
+        app.state.stopping.set()
+
+    response = follow_beside(client, "raylate", writer)
+    assert response.status_code == 200 and response.text.splitlines() == ["first line"], response.text
+
+
 def test_a_follow_of_a_game_removed_and_added_again_says_it_was_removed(app, client: TestClient) -> None:
     # A game of the name added and run before the follow's next look: the follow went on into
     # the new game's log (another env's, maybe) as if it were a next run of the same game.
@@ -536,8 +564,9 @@ def test_a_log_left_on_another_node_under_url_storage_is_a_conflict_naming_the_n
         _log_file(record, "s3://bucket/fleetd")
     assert caught.value.code is ErrorCode.CONFLICT
     assert "ffffffffffff" in str(caught.value) and "run logs stay on their node" in str(caught.value)
+    assert not _log_file(record).exists()  # a mount, the run on: its worker has not written it yet
     with pytest.raises(FleetdError) as mounted:
-        _log_file(record)  # a mount: the log is simply gone
+        _log_file(replace(record, ended_at=record.started_at))  # a mount, the run ended: the log is gone
     assert mounted.value.code is ErrorCode.NOT_FOUND
 
 

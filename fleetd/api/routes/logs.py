@@ -60,6 +60,11 @@ async def game_logs(
     line naming it, as `journalctl -f` does across a service's restarts."""
     record = await run_in_threadpool(_chosen_run, context, name, run)
     path = _log_file(record, context.settings.cluster.storage_url)
+    if not path.is_file():  # its run's worker has not made it yet: told so, or (follow) waited for
+        if not follow:
+            raise _not_written(record)
+        stream = _follow(request, context, name, record, path, b"", 0, None, pinned=run is not None, appeared=False)
+        return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
     seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
     try:
         text, offset = await run_in_threadpool(tail, path, lines)
@@ -103,6 +108,8 @@ def _next_look(context: AppContext, name: str, run_id: int, pinned: bool) -> tup
 
 
 def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
+    """The run's log path; one not made yet is returned (its run not ended: the caller checks),
+    one gone is refused."""
     if not record.log_path:
         raise FleetdError(ErrorCode.NOT_FOUND, f"run {record.id} of {record.game!r} has no log (it was adopted "
                           "from a daemon that recorded none, or its worker never started)",
@@ -114,9 +121,18 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
                           f"{record.game}/logs: with [cluster] storage a URL ({storage_url}), run logs stay on "
                           "their node (docs/cluster.md, \"Shared storage\")",
                           {"name": record.game, "run": record.id, "node_id": record.node_id})
-    if not path.is_file():
+    if not path.is_file() and record.ended_at is not None:
         raise _pruned(record, path)
+    # A run not ended has its log still, if it has one yet: log_keep_runs prunes at a newer
+    # run's spawn, and this run's path was recorded at its own, before its worker (a Ray actor
+    # on a node later still) made the file: that is "not written yet", not gone.
     return path
+
+
+def _not_written(record: RunRecord) -> FleetdError:
+    return FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is not written yet: its "
+                       "worker has not started writing it (ask again, or `fleetd logs -f` waits for it)",
+                       {"name": record.game, "run": record.id, "written": False})
 
 
 def _pruned(record: RunRecord, path: FsPath) -> FleetdError:
@@ -126,7 +142,8 @@ def _pruned(record: RunRecord, path: FsPath) -> FleetdError:
 
 
 async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
-                  first: bytes, offset: int, seen: CopySignature | None, pinned: bool) -> AsyncIterator[bytes]:
+                  first: bytes, offset: int, seen: CopySignature | None, pinned: bool,
+                  appeared: bool = True) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
     # The last byte sent: a fleetd line after a cut one starts a line of its own. None sent yet
@@ -135,10 +152,10 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
     sent = first[-1:] or await run_in_threadpool(byte_before, path, offset)
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
-    # Whether the followed log has been seen to exist: only such a log's vanishing is a prune. A
-    # newer run's path is recorded at its spawn, before its worker makes the file (the Ray actor
-    # later still): that log, read before it is made, is polled until it is, not called gone.
-    appeared = True
+    # `appeared`: whether the followed log has been seen to exist: only such a log's vanishing is
+    # a prune. A run's path is recorded at its spawn, before its worker makes the file (the Ray
+    # actor later still): that log, read before it is made, is polled until it is, not called
+    # gone, whether the follow starts on it or moves on to it.
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
         data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
         appeared = appeared or data is not None
