@@ -235,8 +235,8 @@ def test_a_tier_change_restarts_running_workers_one_at_a_time(loop: Loop) -> Non
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
-def _roll_stopping_a(loop: Loop) -> None:
-    """a and b running light; medium asked: the roll stops a first, b waits."""
+def _two_running_light(loop: Loop) -> None:
+    """a and b running on the light tier, 30 s windows."""
     # No GPU here: CPU workers get at most 2 envs per thread, so give them enough threads that
     # the light (32 envs) and medium (64 envs) tiers differ.
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
@@ -246,11 +246,21 @@ def _roll_stopping_a(loop: Loop) -> None:
         loop.add(name)
     loop.start()
     loop.run_up("a", "b")
+
+
+def _medium_asked(loop: Loop) -> None:
+    """Medium asked, and a window later the roll's step: one rung up, 4x48 (2 games, 48 envs each)."""
     with loop.db.transaction() as session:
         update_fleet_requested(session, "medium", loop.clock.now())
     loop.sup.submit(Reconcile())
-    loop.clock.advance(31)  # a window later, one rung up the ladder: 4x48 (2 games, 48 envs each)
+    loop.clock.advance(31)
     loop.steps()
+
+
+def _roll_stopping_a(loop: Loop) -> None:
+    """a and b running light; medium asked: the roll stops a first, b waits."""
+    _two_running_light(loop)
+    _medium_asked(loop)
     assert [loop.state("a"), loop.state("b")] == [State.STOPPING, State.RUNNING]
 
 
@@ -310,13 +320,7 @@ def test_a_tier_change_roll_survives_a_daemon_kill_as_its_stop_goes_out(loop: Lo
     """The daemon died just as the roll's SIGTERM went out to a, before it had stored a stopping:
     a ended on it while no daemon ran, the new one knew of no roll (a was stored running, not
     stopping) and stopped b at its first step, beside a starting again: two games down."""
-    worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})
-    fleet = loop.settings.fleet.model_copy(update={"first_window_s": 30.0, "window_s": 30.0})
-    loop.settings = loop.settings.model_copy(update={"worker": worker, "fleet": fleet})
-    for name in ("a", "b"):
-        loop.add(name)
-    loop.start()
-    loop.run_up("a", "b")
+    _two_running_light(loop)
     pid_a, pid_b = loop.pid("a"), loop.pid("b")
     sent = loop.launcher.signal_group
 
@@ -325,12 +329,8 @@ def test_a_tier_change_roll_survives_a_daemon_kill_as_its_stop_goes_out(loop: Lo
         raise _DaemonKilled
 
     monkeypatch.setattr(loop.launcher, "signal_group", killed_as_it_goes_out)
-    with loop.db.transaction() as session:
-        update_fleet_requested(session, "medium", loop.clock.now())
-    loop.sup.submit(Reconcile())
-    loop.clock.advance(31)
     with pytest.raises(_DaemonKilled):
-        loop.steps()
+        _medium_asked(loop)
     monkeypatch.setattr(loop.launcher, "signal_group", sent)
     assert loop.launcher.signals[-1] == (pid_a, "SIGTERM")
     loop.probe.live = {pid_b}  # a ended on that stop (its final checkpoint) while no daemon ran
