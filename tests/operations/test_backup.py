@@ -538,6 +538,28 @@ def booted_fleet(state_dir: Path, url: str, boot_id: str):
     return settings, db
 
 
+def _restored_again(url: str, tmp_path: Path, live: Path, into: Path, schema: str) -> Path:
+    """The fleet at `live`, backed up to `url`, restored `into` (its own path: its disk lost first,
+    the daemon with it, its workers living on), at the schema of its backup or one older (upgraded
+    by `fleetd db upgrade` before the start). The restored database's path."""
+    from alembic import command
+
+    from fleetd.store.schema import alembic_config
+
+    if into == live:
+        shutil.rmtree(live)
+    source = url
+    if schema == "older":
+        source = str(tmp_path / "older")
+        fsspec.filesystem("memory").get(url.removeprefix("memory://"), source, recursive=True)
+        command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
+    restore(source, into)
+    if schema == "older":
+        assert inspect_schema(into / "fleetd.db").state is SchemaState.BEHIND
+        command.upgrade(alembic_config(into / "fleetd.db"), "head")
+    return into / "fleetd.db"
+
+
 @pytest.mark.parametrize("where", ["beside", "same path"])
 @pytest.mark.parametrize("schema", ["current", "older"])
 def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(setup, tmp_path, schema, where):
@@ -549,14 +571,12 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
     # the very path they write under (its disk replaced without a reboot), they train for it:
     # adopted, not closed (a second worker per game started beside them, never stopped).
     import psutil
-    from alembic import command
 
     from fleetd.store.records import GameDraft
     from fleetd.host.boot import HostBoot
     from fleetd.host.uptime import record_daemon_start
     from fleetd.store.games import create_game
     from fleetd.store.runs import create_run, read_open_runs, read_runs, update_run_spawned
-    from fleetd.store.schema import alembic_config
     from fleetd.supervision.adoption import OsProcessProbe, sort_open_runs
     from fleetd.supervision.launcher import process_start_time
     from tests.test_adoption import sleeper
@@ -574,19 +594,7 @@ def test_a_restore_on_the_same_host_adopts_none_of_the_backed_up_fleets_workers(
                                psutil.Process(worker.pid).cmdline(), str(live / "games/pong/logs/run-000001.log"))
         Backup(settings, db, clock).now()
         db.close()
-        if where == "same path":
-            shutil.rmtree(live)  # its disk lost; the daemon died with it, its worker lives on
-        source = setup[2]
-        if schema == "older":  # restored as it is, upgraded by `fleetd db upgrade` before the start
-            source = str(tmp_path / "older")
-            fsspec.filesystem("memory").get(setup[2].removeprefix("memory://"), source, recursive=True)
-            command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
-
-        restore(source, into)
-        if schema == "older":
-            assert inspect_schema(into / "fleetd.db").state is SchemaState.BEHIND
-            command.upgrade(alembic_config(into / "fleetd.db"), "head")
-        restored = Database.open(into / "fleetd.db")
+        restored = Database.open(_restored_again(setup[2], tmp_path, live, into, schema))
         try:
             start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
             assert start.previous is not None and start.previous.daemon_clean_stop
@@ -615,14 +623,12 @@ def test_a_restore_leaves_a_run_with_no_pid_to_the_daemons_start(setup, tmp_path
     # to the path it came from (its disk replaced without a reboot) the worker trains for it and
     # was never adopted, a second one started beside it, never stopped. Left open, the daemon's
     # start finds it there by its spec, and beside the live fleet finds none under its own path.
-    from alembic import command
 
     from fleetd.host.boot import HostBoot
     from fleetd.host.uptime import record_daemon_start
     from fleetd.store.games import create_game
     from fleetd.store.records import GameDraft
     from fleetd.store.runs import create_run, read_runs
-    from fleetd.store.schema import alembic_config
     from fleetd.supervision.launcher import run_spec_path
     from fleetd.supervision.recovery import OsWorkerFinder
     from tests.test_recovery import sleeper
@@ -638,18 +644,7 @@ def test_a_restore_leaves_a_run_with_no_pid_to_the_daemons_start(setup, tmp_path
     try:
         Backup(settings, db, clock).now()
         db.close()
-        if where == "same path":
-            shutil.rmtree(live)  # its disk lost; the daemon died with it, its worker lives on
-        source = setup[2]
-        if schema == "older":  # restored as it is, upgraded by `fleetd db upgrade` before the start
-            source = str(tmp_path / "older")
-            fsspec.filesystem("memory").get(setup[2].removeprefix("memory://"), source, recursive=True)
-            command.downgrade(alembic_config(Path(source) / "fleetd.db"), "-1")
-
-        restore(source, into)
-        if schema == "older":
-            command.upgrade(alembic_config(into / "fleetd.db"), "head")
-        restored = Database.open(into / "fleetd.db")
+        restored = Database.open(_restored_again(setup[2], tmp_path, live, into, schema))
         try:
             start = record_daemon_start(restored, HostBoot("this-host", clock.now()), clock.now())
             with restored.transaction() as session:
