@@ -23,7 +23,7 @@ from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.host.uptime import uptime_report
-from fleetd.planning.service import PlanReport, fleet_plan, live_pressure
+from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing_host
 from fleetd.states import Shown, shown, shown_rate
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
@@ -47,8 +47,9 @@ class PlanCache:
         latest = self._latest
         if latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at:
             context = self.context
+            snapshot = context.snapshot
             latest = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now,
-                                pressure_seen=live_pressure(context.snapshot))  # fmt: skip
+                                pressure_seen=live_pressure(snapshot), sizing_host=live_sizing_host(snapshot))  # fmt: skip
             self._latest = latest
         return latest
 

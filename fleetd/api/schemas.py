@@ -462,6 +462,7 @@ class RungPlanOut(Out):
     rung: str
     games: int
     num_envs: int
+    sized_envs: int  # the envs per game its workers would be given on this host (the governor's sizing)
     proven: bool  # for the games planned there
     proven_games: int  # the most games that ran a full stable window there (0: unproven)
     current: bool

@@ -85,10 +85,17 @@ def what_if_table(document: dict[str, Any]) -> Table:
         table.add_column(name, justify="left" if name in ("rung", "proven") else "right")
     for rung in document["what_if"]:
         to_all, cost = (None, None) if goalless else (rung["hours_to_all_goals"], rung["cost_to_all_goals"])
-        table.add_row(rung["rung"], _proven(rung), str(rung["games"]), str(rung["num_envs"]), hours(to_all), days(to_all),
+        table.add_row(rung["rung"], _proven(rung), str(rung["games"]), _envs(rung), hours(to_all), days(to_all),
                       money(cost, currency))  # fmt: skip
-    table.caption = "rates scale with envs per game; reboot downtime as the host's log has it"
+    table.caption = "rates scale with envs per game, as this host sizes them; reboot downtime as the host's log has it"
     return render.none_if_empty(table)
+
+
+def _envs(rung: dict[str, Any]) -> str:
+    """The envs per game its workers would be given here: the rung's own, or fewer where this
+    host's GPU memory or CPU caps them (the governor's sizing)."""
+    sized = rung.get("sized_envs", rung["num_envs"])  # an older daemon sends none
+    return str(sized) if sized == rung["num_envs"] else f"{sized} (sized)"
 
 
 def _proven(rung: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ from fleetd.governor.placement import GpuRoom
 from fleetd.governor.pressure import gpu_memory_pressure, pressure_reasons
 from fleetd.governor.footprint import FootprintBook
 from fleetd.governor.ranks import holder_rank, waiting_rank
-from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale
+from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale_rung
 from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.governor.stall import TelemetryStall
 from fleetd.states import LIVE, Desired, State, wants_slot
@@ -212,10 +212,7 @@ class FleetController:
         return self._scaled(self.governor, LOCAL)
 
     def _scaled(self, governor: Governor, host: str) -> Scaled:
-        rung, index = governor.rung, governor.index()
-        name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
-        below = governor.ladder[index - 1].settings() if index > 0 else None
-        return scale(name, rung.settings(), below, self._host(), self.settings, self._games_sized(governor, host))
+        return scale_rung(governor.ladder, governor.index(), self._host(), self.settings, self._games_sized(governor, host))
 
     def _games_sized(self, governor: Governor, host: str) -> int | None:
         """The games `host`'s sizing counts: its mark on this rung, or, where the rung changed
@@ -308,6 +305,7 @@ class FleetController:
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
             pressure_seen=self.governor.pressure_seen,  # the one the plan reads from the store
+            sizing_host=self._host(),  # what the plan sizes its rungs by, as the governor does
         )  # fmt: skip
 
     def _host_rungs(self, now: datetime) -> list[HostRung]:

@@ -22,13 +22,14 @@ worker takes them as given (explicit hyperparams still win, docs/worker-protocol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetd.config import FleetSettings, TierSettings
 from fleetd.governor.counted import fewer_counted
 from fleetd.governor.footprint import FootprintKey, Need, need_at
+from fleetd.governor.ladder import Rung
 from fleetd.store.records import FootprintRecord
 from workers.protocol.spec import TierDefaults
 
@@ -161,6 +162,16 @@ def scale(name: str, rung: TierSettings, below: TierSettings | None, host: Host 
     reason = (f"{name} at the rung below's {below.num_envs} envs, batch {below.batch_size}: its own do not fit: "
               f"{own.figures()}; the rung below's {fit}: {lower.figures()}")  # fmt: skip
     return Scaled(below.num_envs, below.batch_size, reason, True, lower)
+
+
+def scale_rung(ladder: Sequence[Rung], index: int, host: Host | None, settings: FleetSettings,
+               wanting: int | None = None) -> Scaled:  # fmt: skip
+    """`scale` for the ladder's rung at `index`: the values the governor gives a worker there (the
+    controller for the rung it stands at, the plan for every rung it plans at)."""
+    rung = ladder[index]
+    name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
+    below = ladder[index - 1].settings() if index > 0 else None
+    return scale(name, rung.settings(), below, host, settings, wanting)
 
 
 def check(sizes: TierSettings, games: int, host: Host, settings: FleetSettings, rung_games: int = 0) -> Sizing:

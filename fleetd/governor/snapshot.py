@@ -14,7 +14,7 @@ from datetime import datetime
 from types import MappingProxyType
 
 from fleetd.clock import Clock
-from fleetd.governor.scaling import Scaled
+from fleetd.governor.scaling import Host, Scaled
 from fleetd.states import Shown
 from workers.protocol.spec import LaunchSpec, TierDefaults
 
@@ -65,6 +65,9 @@ class GovernorView:
     # and no rung is climbed until it has stayed clear `pressure_quiet_s`. The plan, which builds
     # the governor from the store, takes it from here (fleetd/planning/service.py).
     pressure_seen: datetime | None = None
+    # What the governor sizes a rung's workers by (GPUs, memory, footprints measured; None: no GPU
+    # seen, the CPU's caps): the plan sizes the rungs it plans at with it (fleetd/planning/rungs.py).
+    sizing_host: Host | None = None
 
     def as_host_rung(self, host: str) -> HostRung | None:
         """On one host (the local backend) the fleet's governor is the host's own; None before it

@@ -74,6 +74,14 @@ class RungOption:
     proven: bool = True  # for the games planned there
     current: bool = True
     proven_games: int = 0  # the most games that ran a full stable window there (0: unproven)
+    # The envs per game a worker is given there, as the governor sizes the rung for this host (GPU
+    # memory, the CPU's cap: fleetd/governor/scaling.py); None: the rung's own `num_envs`.
+    sized_envs: int | None = None
+
+    @property
+    def envs(self) -> int:
+        """The envs per game the games run at there: what their rates scale with."""
+        return self.num_envs if self.sized_envs is None else self.sized_envs
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class PlanInput:
     now: datetime
     games: tuple[PlanGame, ...]
     rung: RungOption  # the rung planned at
-    envs_measured: int  # envs per game of the rung the rates were measured at
+    envs_measured: int  # envs per game the rates were measured at (the rung's, as sized)
     downtime: Downtime = NO_DOWNTIME
     price_per_host_hour: float | None = None  # None: no price set, no money shown
     games_now: int | None = None  # the games of the rung the governor stands at; None: `rung`'s
@@ -193,11 +201,11 @@ def measured_rate(game: PlanGame, snapshot: PlanInput, pool: RatePool,
 
 
 def rate_at_rung(game: PlanGame, snapshot: PlanInput, pool: RatePool) -> tuple[float | None, RateSource]:
-    """Its rate at the plan's rung: proportional to its envs per game there."""
+    """Its rate at the plan's rung: proportional to its envs per game there, as sized."""
     rate, source = measured_rate(game, snapshot, pool)
     if rate is None:
         return None, source
-    scale = envs_of(game, snapshot.rung.num_envs) / envs_of(game, snapshot.envs_measured)
+    scale = envs_of(game, snapshot.rung.envs) / envs_of(game, snapshot.envs_measured)
     return rate * scale, source
 
 

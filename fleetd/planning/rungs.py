@@ -1,23 +1,48 @@
 """Which rungs a what-if plan covers: every rung of the ladder this host has proven, the rung it
 stands at, and the next one the governor would probe (marked unproven). And the rung a user
-names (`fleetd plan --rung medium`, `--rung 6x48`)."""
+names (`fleetd plan --rung medium`, `--rung 6x48`). Each sized as the governor sizes it for this
+host: the envs per game its workers would really be given there (`RungSizing`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.core import Governor
+from fleetd.governor.ladder import Rung
+from fleetd.governor.scaling import Host, scale_rung
 from fleetd.planning.queue import RungOption
+from fleetd.supervision.spec import cpu_allotment
 
 
-def option(governor: Governor, index: int, wanting: int) -> RungOption:
+@dataclass(frozen=True)
+class RungSizing:
+    """What a rung's workers are given on this host, by the governor's own sizing: the GPU's
+    memory and what was measured (`host`, the live governor's; None: no GPU seen), then each
+    worker's CPU cap (`Scaled.for_worker`) with the CPU threads its share of the host's cores
+    gives it (`cpu_allotment`), for the games running there: the rung's, or fewer wanting a slot."""
+
+    host: Host | None
+    settings: Settings
+
+    def envs(self, ladder: Sequence[Rung], index: int, wanting: int) -> int:
+        games = max(1, min(ladder[index].games, wanting))
+        scaled = scale_rung(ladder, index, self.host, self.settings.fleet, games)
+        return scaled.for_worker(self.settings.worker.device, cpu_allotment(self.settings, games)).num_envs or 1
+
+
+def option(governor: Governor, index: int, wanting: int, sizing: RungSizing) -> RungOption:
     """Proven: for as many games as the plan runs there (a rung proven with 2 games wanting is
     no proof of its 4: those join one a stable window); `proven_games` says with how many."""
     rung, games = governor.ladder[index], governor.proven_games(index)
     proven = games > 0 and games >= min(rung.games, wanting)
-    return RungOption(rung.label, rung.games, rung.num_envs, proven, index == governor.index(), games)
+    return RungOption(rung.label, rung.games, rung.num_envs, proven, index == governor.index(), games,
+                      sizing.envs(governor.ladder, index, wanting))  # fmt: skip
 
 
-def what_if_rungs(governor: Governor, wanting: int) -> list[RungOption]:
+def what_if_rungs(governor: Governor, wanting: int, sizing: RungSizing) -> list[RungOption]:
     """Proven rungs, the current one, and the next to probe above the highest of those that runs
     more for the games wanting a slot. The whole ladder, not only up to a manual tier: what a
     heavier tier would buy is what a user asks before `fleetd tier`."""
@@ -27,14 +52,14 @@ def what_if_rungs(governor: Governor, wanting: int) -> list[RungOption]:
     highest = max(chosen)
     load = governor.ladder[highest].load_for(wanting)
     probe = next((i for i in range(highest + 1, top + 1) if governor.ladder[i].load_for(wanting) > load), None)
-    return [option(governor, i, wanting) for i in sorted(chosen | ({probe} if probe is not None else set()))]
+    return [option(governor, i, wanting, sizing) for i in sorted(chosen | ({probe} if probe is not None else set()))]
 
 
-def named_rung(governor: Governor, name: str, wanting: int) -> RungOption:
+def named_rung(governor: Governor, name: str, wanting: int, sizing: RungSizing) -> RungOption:
     """A tier's name (its rung) or a rung as GAMESxENVS; an error lists the ladder otherwise."""
     for index, rung in enumerate(governor.ladder):
         if name in (rung.tier, f"{rung.games}x{rung.num_envs}", rung.label):
-            return option(governor, index, wanting)
+            return option(governor, index, wanting, sizing)
     known = ", ".join(r.label for r in governor.ladder)
     # Not found, not invalid: any name is a well-formed query; this ladder just lacks it.
     raise FleetdError(ErrorCode.NOT_FOUND, f"rung {name!r} is not on this host's ladder; name a tier or one of: {known}",

@@ -15,6 +15,7 @@ from typing import Any
 from fleetd.config import Settings
 from fleetd.governor.core import FleetState, Governor
 from fleetd.governor.ladder import build_ladder, nearest_rung
+from fleetd.governor.scaling import Host
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.host.uptime import WEEK, uptime_report
 from fleetd.planning.downtime import Downtime, downtime_from_log
@@ -22,7 +23,7 @@ from fleetd.planning.error import PlanError, median_abs_relative, plan_errors
 from fleetd.planning.goals import Goal, goal_of, goals_of
 from fleetd.planning.projection import RATE_WINDOW, RebootCost, reboot_cost, recent_rate_per_hour
 from fleetd.planning.queue import Plan, PlanGame, PlanInput, PlanState, Rates, plan, what_if
-from fleetd.planning.rungs import named_rung, option, what_if_rungs
+from fleetd.planning.rungs import RungSizing, named_rung, option, what_if_rungs
 from fleetd.states import LIVE, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store import plans as plan_store
@@ -115,6 +116,12 @@ def live_pressure(snapshot: FleetSnapshot | None) -> datetime | None:
     return None if snapshot is None else snapshot.governor.pressure_seen
 
 
+def live_sizing_host(snapshot: FleetSnapshot | None) -> Host | None:
+    """What the live governor sizes its rungs by (its snapshot's): the plan sizes its rungs as it
+    does. None: no GPU seen, or no supervisor thread (a read-only app): the CPU's caps."""
+    return None if snapshot is None else snapshot.governor.sizing_host
+
+
 def read_downtime(db: Database, boot_pk: int, started_at: datetime, now: datetime) -> tuple[Downtime, RebootCost]:
     week = uptime_report(db, boot_pk, started_at, now).week
     return downtime_from_log(week.reboots, week.downtime_s, week.observed_s), reboot_cost(
@@ -132,10 +139,13 @@ def price_of(settings: Settings) -> float | None:
 
 
 def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
-               rung: str | None = None, pressure_seen: datetime | None = None) -> PlanReport:  # fmt: skip
+               rung: str | None = None, pressure_seen: datetime | None = None,
+               sizing_host: Host | None = None) -> PlanReport:  # fmt: skip
     """The plan at the rung the governor stands at (or `rung`), the what-ifs, the error so far.
     `pressure_seen`: the live governor's (its snapshot's `GovernorView.pressure_seen`), which holds
-    the slots it has not opened yet as long as it holds them."""
+    the slots it has not opened yet as long as it holds them. `sizing_host`: what the live
+    governor sizes rungs by (`live_sizing_host`): each rung is planned at the envs per game its
+    workers would be given there, not the rung's own."""
     downtime, reboots = read_downtime(db, boot_pk, started_at, now)
     horizon = timedelta(seconds=settings.plan.error_horizon_s)
     with db.transaction() as session:
@@ -144,7 +154,8 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
         governor = stored_governor(session, settings, now, pressure_seen)
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
-    here = option(governor, governor.index(), wanting)
+    sizing = RungSizing(sizing_host, settings)
+    here = option(governor, governor.index(), wanting, sizing)
     min_run_h = settings.fleet.preempt_min_run_s / 3600 if settings.fleet.preempt else None
     # The rung's slots the governor has not opened yet (games beyond those proven there join one a
     # stable window; none while it waits out a failure), in training hours from now: a game
@@ -152,11 +163,11 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
     running = sum(1 for g in games if g.state is PlanState.RUNNING)
     up = 1.0 - downtime.share
     opens_h = tuple((at - now).total_seconds() / 3600 * up for at in governor.slot_openings(now, running))
-    snapshot = PlanInput(now, games, here, here.num_envs, downtime, price_of(settings), here.games,
+    snapshot = PlanInput(now, games, here, here.envs, downtime, price_of(settings), here.games,
                          preempt_min_run_h=min_run_h, opens_h=opens_h)
     base = plan(snapshot)
-    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung, wanting)])[0]
-    others = what_if(snapshot, what_if_rungs(governor, wanting))
+    chosen = base if rung is None else what_if(snapshot, [named_rung(governor, rung, wanting, sizing)])[0]
+    others = what_if(snapshot, what_if_rungs(governor, wanting, sizing))
     eta_now = {g.name: g.end_at(now) for g in base.games}
     errors = plan_errors(predictions, eta_now, now, horizon, {g.name: g.created_at for g in records})
     return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots)
@@ -185,10 +196,10 @@ def finished_at(game: GameRecord, now: datetime) -> datetime:
 
 
 def record_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
-                pressure_seen: datetime | None = None) -> int:  # fmt: skip
+                pressure_seen: datetime | None = None, sizing_host: Host | None = None) -> int:  # fmt: skip
     """The plan job: tell the predictions of games that reached their goal when they did, record
     the plan's predictions now, forget those older than `keep_days`. The predictions recorded."""
-    report = fleet_plan(db, settings, boot_pk, started_at, now, pressure_seen=pressure_seen)
+    report = fleet_plan(db, settings, boot_pk, started_at, now, pressure_seen=pressure_seen, sizing_host=sizing_host)
     predictions = predictions_of(report.plan, {name: game.created_at for name, game in report.games.items()})
     done = {g.name for g in report.plan.games if g.state is PlanState.DONE}
     with db.transaction() as session:

@@ -29,10 +29,17 @@ def priced(tmp_path: Path, boot_id_file: Path) -> Settings:
                          plan={"error_horizon_s": 0})  # fmt: skip
 
 
+CORES = 128  # the fleet's host: no GPU; 2 envs a CPU thread hold every rung to medium's 4x64 at its own envs
+
+
 @pytest.fixture
-def fleet(priced: Settings, clock: FakeClock, host: FakeHost) -> Iterator[tuple[AppContext, FleetController]]:
+def fleet(priced: Settings, clock: FakeClock, host: FakeHost,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AppContext, FleetController]]:  # fmt: skip
     """A host up 23.5 h, down 30 min (one reboot a day, 30 min each: 1/48 of the time), then
-    three CartPole games of 3,000 episodes at the light tier (2 slots)."""
+    three CartPole games of 3,000 episodes at the light tier (2 slots). Its cores are `CORES`,
+    not the test machine's: the plan sizes rungs by them, as the governor does (a test may set
+    others)."""
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: CORES)
     ensure_schema(priced.db_path, "fleetd db upgrade")
     db = Database.open(priced.db_path)
     first = record_daemon_start(db, host.current_boot(), clock.now())

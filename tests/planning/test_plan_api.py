@@ -24,12 +24,14 @@ from fleetd.operations.model_io import _add_with_checkpoint
 from fleetd.planning.service import record_plan
 from fleetd.states import State
 from fleetd.governor.controller import FleetController
-from fleetd.host.telemetry import HostSample, Snapshot
+from fleetd.governor.footprint import FootprintBook
+from fleetd.governor.scaling import scale_rung
+from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
 from fleetd.store.fleet import save_fleet, save_rung, update_fleet_requested, update_game_admitted
 from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
 from fleetd.store.plans import read_plan_predictions
-from fleetd.store.records import FleetRecord, GameDraft, ProgressSnapshot, RungMemory
+from fleetd.store.records import FleetRecord, FootprintRecord, GameDraft, ProgressSnapshot, RungMemory
 from fleetd.store.runs import create_run, update_run_spawned
 from fleetd.supervision.spec import launch_spec
 from tests.api_context import RecordingSupervisor
@@ -514,3 +516,50 @@ def test_the_plan_job_and_the_metrics_plan_take_the_pressure_the_live_governor_s
     assert recorded == {"cart4": opens}
     planned = {g.name: g.start_at(now) for g in PlanCache(live).get(now).plan.games}
     assert planned["cart4"] == opens
+
+
+def test_a_rung_is_planned_at_the_envs_the_governor_sizes_it_to_on_this_gpu(fleet) -> None:
+    """Workers measured at medium's 64 envs take 25 GiB of an H100: its 3 games wanting a slot
+    need 3 x 25 x 1.1 = 82.5 GiB of the 72 GiB room, so the governor gives them 4x48's 48 envs
+    (fleetd/governor/scaling.py). The plan planned medium at its own 64: twice light's rate
+    (1,200 an hour), not 48/32 of it."""
+    context, _ = fleet
+    now = context.clock.now()
+    measured = FootprintRecord("CartPole-v1", "ppo", 64, 1024, 25 * GiB, 2 * GiB, 6, "H100", now)
+    h100 = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = SimpleNamespace(latest=Snapshot(now.timestamp(), (h100,), True, None, HostSample(256 * GiB, 200 * GiB, 10.0, 1.0), ()))
+    controller = FleetController(context.settings.fleet, context.db, context.clock, telemetry, footprints=FootprintBook([measured]))
+    govern(controller, context.db)
+    medium = next(i for i, rung in enumerate(controller.governor.ladder) if rung.tier == "medium")
+    sized = scale_rung(controller.governor.ladder, medium, controller._host(), context.settings.fleet, 3)
+    assert (sized.num_envs, sized.on_gpu) == (48, True)  # what a worker would be given there
+    live = replace(context, supervisor=RecordingSupervisor(controller))
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour at light's 32 envs (which fit: 2 x 27.5 GiB)
+    body = get(live, "?rung=medium")
+    cart3 = next(g for g in body["games"] if g["name"] == "cart3")
+    assert (cart3["start_hours"], cart3["rate_per_hour"]) == (0.0, pytest.approx(900.0))  # 600 x 48/32
+    assert body["fleet"]["training_hours"] == pytest.approx(3_000 / 900)
+    assert [(w["rung"], w["sized_envs"]) for w in get(live)["what_if"]] == [("2x32 (light)", 32), ("3x32", 32)]
+
+
+def test_a_what_if_caps_envs_at_the_cpu_threads_its_games_would_get(fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU, 40 cores: a worker gets 2 envs a CPU thread of its share of the cores (fleetd's
+    CPU cap), so the 3 games wanting a slot get 13 threads, 26 envs each, at 3x32 and at medium
+    alike: slower per game than light's 32. The plan planned them at 32 and 64 envs."""
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 40)
+    context, _ = fleet
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour at light's 32 envs (20 threads each: uncapped)
+    body = get(context)
+    what_if = {w["rung"]: w for w in body["what_if"]}
+    assert [(r, w["num_envs"], w["sized_envs"]) for r, w in what_if.items()] == [("2x32 (light)", 32, 32), ("3x32", 32, 26)]
+    assert what_if["3x32"]["training_hours"] == pytest.approx(3_000 / (600 * 26 / 32))  # all three at once, cart3 last
+    medium = get(context, "?rung=medium")
+    cart3 = next(g for g in medium["games"] if g["name"] == "cart3")
+    assert cart3["rate_per_hour"] == pytest.approx(600 * 26 / 32)  # not 1,200 at 64 envs
+    assert medium["fleet"]["training_hours"] == pytest.approx(what_if["3x32"]["training_hours"])
+    console = Console(width=200, record=True)
+    console.print(plan_view(body))
+    row = next(line for line in console.export_text().splitlines() if line.startswith("│ 3x32"))
+    assert [c.strip() for c in row.split("│")[1:-1]][3] == "26 (sized)"

@@ -23,7 +23,7 @@ from fleetd.games.lifecycle import shown_state
 from fleetd.planning.error import PlanError
 from fleetd.planning.goals import Goal
 from fleetd.planning.queue import GamePlan, Plan, PlanState
-from fleetd.planning.service import PlanReport, fleet_plan, live_pressure
+from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing_host
 from fleetd.store.records import GameRecord
 
 router = APIRouter(tags=["projection"])
@@ -35,8 +35,9 @@ def read_projection(
     context: AppContext = Depends(get_context),
 ) -> ProjectionOut:
     now, costs = context.clock.now(), context.settings.costs
+    snapshot = context.snapshot
     report = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now, rung,
-                        live_pressure(context.snapshot))  # fmt: skip
+                        live_pressure(snapshot), live_sizing_host(snapshot))  # fmt: skip
     result = report.plan
     return ProjectionOut(
         at=now,
@@ -83,7 +84,7 @@ def _fleet_out(result: Plan, price: float) -> FleetProjectionOut:
 def _rung_out(result: Plan) -> RungPlanOut:
     rung = result.rung
     return RungPlanOut(
-        rung=rung.label, games=rung.games, num_envs=rung.num_envs, proven=rung.proven, proven_games=rung.proven_games,
+        rung=rung.label, games=rung.games, num_envs=rung.num_envs, sized_envs=rung.envs, proven=rung.proven, proven_games=rung.proven_games,
         current=rung.current,
         training_hours=result.training_hours, downtime_hours=result.downtime_hours,
         hours_to_all_goals=result.hours_to_all_goals, cost_to_all_goals=result.cost_to_all_goals,
