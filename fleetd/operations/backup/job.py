@@ -114,7 +114,8 @@ class Backup:
             return (f"restored from {restored_from}; {self.target.url} holds the backup another restored copy of that "
                     f"fleet writes (writer {info[WRITER_KEY]}): two copies of one fleet backing up to one target undo "
                     "each other's backups, so this state dir does not write to it; point [backup] target at one of its "
-                    "own (once that copy is gone for good: `fleetd backup claim`)")
+                    "own (a drill run again at this path after its state dir was wiped: move that target's whole contents "
+                    "aside, or give it a new target; never `fleetd backup claim` from a drill)")
         if not self._fleets_own(mark, info):
             return None
         return (f"restored from {restored_from}; {self.target.url} holds that fleet's backup (the same target by "
