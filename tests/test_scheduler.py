@@ -161,7 +161,7 @@ daemon = Daemon(settings)
 asked = [0.0]  # when a cluster's hosts job last listed the nodes
 daemon.cluster_nodes = lambda: asked.__setitem__(0, time.time()) or []
 boot = record_daemon_start(db, HostBoot("boot-1", datetime.now(UTC)), datetime.now(UTC)).boot
-supervisor = SimpleNamespace(worker_pids=dict, fleet=SimpleNamespace(footprints=FootprintBook()), running_workers=dict, snapshot=None)
+supervisor = SimpleNamespace(worker_pids=dict, worker_gpus=dict, fleet=SimpleNamespace(footprints=FootprintBook()), running_workers=dict, snapshot=None)
 jobs = [job for job in daemon._jobs(db, boot.id, supervisor) if job.id in ("heartbeat", "telemetry", "hosts")]
 scheduler = build_scheduler(jobs)
 scheduler.start()
