@@ -67,6 +67,9 @@ class RecordingSink:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         self.runs[run_id].update(cause=cause, status=status)
 
+    def run_killed(self, run_id: int, cause: str) -> None:
+        self.runs.setdefault(run_id, {})["killed_for"] = cause  # an adopted run was begun by another
+
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         self.transitions.append((old, new, reason))
         self.adoptions += adopted

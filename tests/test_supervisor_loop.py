@@ -344,6 +344,66 @@ def test_a_tier_change_roll_survives_a_daemon_kill_as_its_stop_goes_out(loop: Lo
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
+def _daemon_killed_as_the_hang_kill_goes_out(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> int:
+    """a running, then silent past the hang limit: the daemon dies (kill -9) just as the watchdog's
+    SIGKILL goes out to a's worker, before its end is seen. Its pid."""
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    pid = loop.pid("a")
+    sent = loop.launcher.signal_group
+
+    def killed_as_it_goes_out(to: int, sig: int) -> None:
+        sent(to, sig)
+        raise _DaemonKilled
+
+    monkeypatch.setattr(loop.launcher, "signal_group", killed_as_it_goes_out)
+    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
+    with pytest.raises(_DaemonKilled):
+        loop.steps()
+    monkeypatch.setattr(loop.launcher, "signal_group", sent)
+    assert loop.launcher.signals[-1] == (pid, "SIGKILL")
+    return pid
+
+
+def test_a_hang_kill_whose_end_no_daemon_saw_is_a_hang_not_a_run_lost_with_the_daemon(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon died as its hang watchdog's SIGKILL went out: the worker ended on it while no
+    daemon ran, and the next one closed its run `lost_daemon` and started the game again at once,
+    the hang uncounted (no failure, no back-off: a hang loop through daemon kills never FATAL)."""
+    _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch)
+    spawned = spawns_of(loop, "a")
+    loop.start()  # its worker is gone: nothing to adopt
+    proc = loop.sup.procs["a"]
+    assert proc.state is State.BACKOFF and proc.failures == 1
+    assert proc.reason.startswith("hung: fleetd's hang watchdog sent it SIGKILL (its worker ended while fleetd was down)")
+    with loop.db.transaction() as session:
+        [run] = run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5)
+    assert run.cause == "hang" and run.ended_at is not None
+    assert spawns_of(loop, "a") == spawned  # not started again at once
+
+
+def test_a_hang_killed_worker_adopted_before_it_ended_ends_as_that_hang(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung worker outlives its SIGKILL a while (stuck in the driver) and the daemon died as the
+    kill went out: the next one adopted it as running, read its end (no exit record) as a kill
+    from outside fleetd, not the host's, and would have SIGKILLed it again for the same hang."""
+    pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch)
+    save_spawned_spec(loop, "a")  # adopted with the sizes it runs at: no roll stops it
+    loop.probe.live = {pid}
+    loop.start()
+    assert loop.state("a") is State.RUNNING
+    kills = loop.launcher.signals.count((pid, "SIGKILL"))
+    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
+    loop.steps()
+    assert loop.launcher.signals.count((pid, "SIGKILL")) == kills  # killed once already
+    loop.reactor.exit(pid, code=None, oom_known=True)  # no exit record: its end by SIGKILL, unseen
+    loop.steps()
+    proc = loop.sup.procs["a"]
+    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: no progress for")
+    assert "outside fleetd" not in proc.reason
+
+
 def _light_tier_of_three(loop: Loop) -> None:
     """A light tier of 3 games, 30 s windows, and CPU workers whose light and medium sizes differ."""
     worker = loop.settings.worker.model_copy(update={"cpu_threads": 32})

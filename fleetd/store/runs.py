@@ -39,6 +39,14 @@ def update_run_ended(
     session.flush()
 
 
+def update_run_killed(session: Session, run_id: int, cause: str) -> None:
+    """fleetd is about to SIGKILL the open run's worker for `cause` (a hang): its cause before its
+    end, which `update_run_ended` then sets as it ended."""
+    row = session.get_one(Run, run_id)
+    row.cause = cause
+    session.flush()
+
+
 def end_lost_run(session: Session, run: RunRecord, cause: str, ended_at: datetime, at: datetime, message: str,
                  exit_code: int | None = None) -> None:
     """A run whose worker was not seen to exit (lost with the host, the daemon, or a restored

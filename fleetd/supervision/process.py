@@ -165,6 +165,7 @@ class WorkerProcess:
     def adopt(
         self, run_id: int, pid: int, steps: int | None, resumed_steps: int | None = None, gpu: int | None = None,
         was: State | None = None, why: str = "", held: bool = False, since: datetime | None = None,
+        killed_for: str | None = None,
     ) -> None:
         """Watch a live worker that a previous daemon started (it is no longer our child).
         `was`: the state that daemon stored. STARTING: it may not have reported yet. STOPPING:
@@ -173,9 +174,12 @@ class WorkerProcess:
         exit 0 after the final checkpoint ends the stop, not counted towards FATAL. `held`: that
         stop was a learning-health hold's, whose reason it shows once stopped (as `stop`'s `stays`). `since`: when it went
         STOPPING: a checkpoint written after is the stop's final one, though reported only now,
-        and neither counts as progress nor clears a crash loop's count."""
+        and neither counts as progress nor clears a crash loop's count. `killed_for` "hang": that
+        daemon's hang watchdog had sent it SIGKILL (a worker stuck in the driver outlives it a
+        while): its end is that hang's, and it is not killed again."""
         self.run_id, self.pid, self.gpu = run_id, pid, gpu
         self._fresh_watch(steps)
+        self._killed_for = "hang" if killed_for == "hang" and was is not State.STOPPING else None
         self._resumed_steps = -1 if resumed_steps is None else resumed_steps
         self.spawned_wall = self._clock.now()
         # Training already: the hang limit applies at once. Still starting (loading a replay buffer,
@@ -245,14 +249,18 @@ class WorkerProcess:
         self._settle(outcome)
         return outcome
 
-    def ended_unwatched(self, run_id: int, code: int) -> Outcome | None:
+    def ended_unwatched(self, run_id: int, code: int | None, killed_for: str | None = None) -> Outcome | None:
         """A run whose worker ended while no daemon watched it, known at start by the code it
         left. A code that is the worker's own verdict judges it as its exit would have been (a goal
         reached is not started again; a refused spec is FATAL); for any other (0: stopped on a
         signal, most likely by a daemon that died stopping the fleet; a crash's) None: the run is
-        lost, not a crash the governor would step back for. Its group is not signalled: its pid may
-        be another's by now. Only for a game with no worker now."""
-        outcome = self._verdict(code) if self.state is State.STOPPED else None
+        lost, not a crash the governor would step back for. `killed_for` "hang": the last daemon's
+        hang watchdog had sent it SIGKILL (stored on its run first): the hang it was, counted as its
+        exit would have been. Its group is not signalled: its pid may be another's by now. Only for
+        a game with no worker now."""
+        outcome = None
+        if self.state is State.STOPPED:
+            outcome = self._unwatched_hang() if killed_for == "hang" else self._verdict(code)
         if outcome is None:
             return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
@@ -382,6 +390,14 @@ class WorkerProcess:
                            f"{NOT_THE_HOST}", host_fault=False)
         return Outcome("crash", _FAILED, f"crash: {status.describe()}")
 
+    def _unwatched_hang(self) -> Outcome:
+        """The hang watchdog's kill of a run whose end no daemon saw: how long it was silent
+        died with that daemon."""
+        reason = "hung: fleetd's hang watchdog sent it SIGKILL"
+        if not self.policy.restarts_after(None):
+            return Outcome("hang", State.EXITED, f"{reason}; autorestart does not apply")
+        return Outcome("hang", _FAILED, reason)
+
     def _hang(self) -> Outcome:
         """The hang watchdog's kill: restarted as a crash is, and as a crash is, not under
         `autorestart = false` (left as it hung, to be looked at)."""
@@ -458,6 +474,12 @@ class WorkerProcess:
     def _kill(self, why: str, message: str) -> None:
         self._killed_for = why
         self._sink.note(self.name, why, f"{message}: sending SIGKILL to pid {self.pid}'s group", "warning")
+        if why == "hang" and self.run_id is not None:
+            # Stored on its run before the SIGKILL goes out: a daemon killed between the two
+            # leaves a run the next one judges as the hang it was (`ended_unwatched`, `adopt`),
+            # never one lost with the daemon (restarted at once, uncounted) nor, adopted, a
+            # kill from outside fleetd. A stop's SIGKILL needs none: its stopping is stored.
+            self._sink.run_killed(self.run_id, why)
         self._signal(signal.SIGKILL)
 
     def _signal(self, sig: int) -> None:

@@ -87,6 +87,10 @@ class Recorder:
             self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id},
                         "It stopped with a final checkpoint; its slot goes to the next pending game")
 
+    def run_killed(self, run_id: int, cause: str) -> None:
+        with self.db.transaction() as session:
+            run_store.update_run_killed(session, run_id, cause)
+
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         now = self.clock.now()
         with self.db.transaction() as session:

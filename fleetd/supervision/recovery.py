@@ -132,10 +132,13 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
                            now: datetime) -> None:
     """A run of this boot whose worker is gone. Its exit code, left beside its spec, judges it
     as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL);
-    without one (killed by a signal, or never spawned) it is lost, and the game restarts. Only
-    for a game with no worker now: one adopted meanwhile is its state."""
+    without one (killed by a signal, or never spawned) it is lost, and the game restarts; one the
+    last daemon's hang watchdog had SIGKILLed (its cause stored first) is that hang. Only for a
+    game with no worker now: one adopted meanwhile is its state."""
     code = code_left(game_dir(run.game), run.id)
-    if code is not None and proc is not None and proc.ended_unwatched(run.id, code) is not None:
+    killed_for = run.cause  # set on an open run only as fleetd SIGKILLs its worker (a hang)
+    if (code is not None or killed_for is not None) and proc is not None \
+            and proc.ended_unwatched(run.id, code, killed_for) is not None:
         return
     left = "" if code is None else f" (it left exit code {code})"
     recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down{left}", code)

@@ -134,6 +134,10 @@ class Sink(Protocol):
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None: ...
 
+    def run_killed(self, run_id: int, cause: str) -> None:
+        """fleetd is about to SIGKILL the run's worker for `cause` (a hang): kept on the open run,
+        so that a daemon killed before its end is seen leaves the next one that cause."""
+
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         """`adopted`: the worker did not change, a new daemon took over watching it (it goes on
         RUNNING, STARTING where it was not up yet, STOPPING where the last daemon was stopping

@@ -457,7 +457,7 @@ class Supervisor:
                 and self.learning.record(run.game).state in (Health.HELD, Health.PLATEAU))
         proc.adopt(run.id, run.pid, None, run.resumed_from_steps, run.gpu, was,
                    "" if stored is None else stored.state_reason or "", held,
-                   None if stored is None else stored.state_changed_at)
+                   None if stored is None else stored.state_changed_at, run.cause)
         proc.spawned_launch = launch_of_run(proc.launch, run)
         return True
 

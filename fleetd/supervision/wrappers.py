@@ -80,6 +80,9 @@ class TransitionTap:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
         self._recorder.run_ended(run_id, status, cause)
 
+    def run_killed(self, run_id: int, cause: str) -> None:
+        self._recorder.run_killed(run_id, cause)
+
     def transition(self, game: str, old: State, new: State, reason: str, restart: bool, adopted: bool = False) -> None:
         self._recorder.transition(game, old, new, reason, restart, adopted)
         self.changed = True
