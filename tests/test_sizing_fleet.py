@@ -45,6 +45,7 @@ H100 = GpuSample(0, "NVIDIA H100 80GB HBM3", 7.0, 30 * GIB, 81_559 * MIB, 50.0, 
 class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
     incomplete: str | None = None  # the process list whole
+    refused: tuple[int, ...] = ()  # no GPU's compute list refused
     unmeasured: dict[int, str] = {}  # every process listed with its memory
     per_gpu: dict[int, dict[int, int]] = {}  # no GPU's processes apart (no estimate wanted)
 

@@ -188,6 +188,7 @@ class Snapshot:
 class GpuReader(Protocol):
     skipped: tuple[int, ...]  # the GPUs the last read left out as unreadable (by index)
     incomplete: str | None  # why the last read's process list cannot be taken as whole, or None
+    refused: tuple[int, ...]  # the GPUs whose compute process list the last read was refused (by index)
     # The last read's processes listed without their memory, with why (incomplete_list), by pid:
     # the list is not whole for a worker only if one of them is in its tree.
     unmeasured: Mapping[int, str]
@@ -224,12 +225,14 @@ class NvmlReader:
         self._readings = Readings()
         self.skipped: tuple[int, ...] = ()  # the GPUs the last read left out: memory reading nonsense
         self.incomplete: str | None = None  # the last read's process list not whole: why (incomplete_list)
+        self.refused: tuple[int, ...] = ()  # the GPUs whose compute list the last read was refused
         self.unmeasured: dict[int, str] = {}  # the last read's processes listed without memory: why, by pid
         self.per_gpu: dict[int, dict[int, int]] = {}  # the last read's process memory, by GPU index then pid
 
     def read(self) -> tuple[list[GpuSample], dict[int, int], str | None]:
         self.skipped = ()
         self.incomplete = None
+        self.refused = ()
         self.unmeasured = {}
         self.per_gpu = {}
         try:
@@ -322,6 +325,7 @@ class NvmlReader:
         bad: BadGpuReading | None = None
         skipped: list[int] = []
         refused: str | None = None
+        refused_gpus: list[int] = []
         unmeasured: dict[int, str] = {}
         per_gpu: dict[int, dict[int, int]] = {}
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -346,6 +350,8 @@ class NvmlReader:
             gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
             used_by_pid, not_listed, without_memory = _gpu_processes(nvml, index, handle, self._readings)
             refused = refused or not_listed
+            if not_listed:
+                refused_gpus.append(index)
             per_gpu[index] = used_by_pid
             for pid in without_memory:
                 unmeasured.setdefault(pid, incomplete_list(f"GPU {index} lists a process without its memory"))
@@ -359,6 +365,7 @@ class NvmlReader:
             raise bad  # no GPU read, none lost: every one's memory reading is nonsense
         self.skipped = tuple(skipped)
         self.incomplete = incomplete_list(refused) if refused else None
+        self.refused = tuple(refused_gpus)
         self.unmeasured = unmeasured
         self.per_gpu = per_gpu
         counted = {gpu.index for gpu in gpus}
@@ -580,7 +587,7 @@ class TelemetrySampler:
                 if (sample := self._sample_tree(game, pid, gpu_memory, seen, children, trees)) is not None
             ]
             self._procs = seen  # processes that have died drop out here
-            processes, why = self._attributed(processes, gpu_memory, seen, trees)
+            processes, why = self._attributed(processes, gpu_memory, seen, trees, placement or {})
             if why is not None:
                 processes = self._estimated(processes, gpus, placement or {}, trees)
             snapshot = Snapshot(self._clock(), tuple(gpus), reason is None, reason, _read_host(self._psi_dir, self._readings), tuple(processes),
@@ -591,13 +598,15 @@ class TelemetrySampler:
         return snapshot
 
     def _attributed(self, processes: list[ProcessSample], gpu_memory: Mapping[int, int] | None,
-                    seen: Collection[int], trees: Mapping[str, Collection[int]]) -> tuple[list[ProcessSample], str | None]:
+                    seen: Collection[int], trees: Mapping[str, Collection[int]],
+                    placement: Mapping[str, int]) -> tuple[list[ProcessSample], str | None]:
         """The workers' samples as read, with the workers whose GPU memory cannot be read without
         it (unknown, not 0 B), and why (the first such worker's), or None when every worker read.
         When NVML's pids are another namespace's, every worker's: none of NVML's pids is in any
         worker's tree (that is the verdict), so none was attributed. When NVML's process list is
         not whole, only the workers it leaves unread (_incomplete): a worker it lists with its
-        memory is measured whatever another's tree lacks."""
+        memory is measured whatever another's tree lacks, and so is one placed on a GPU whose
+        compute list was read (`placement`), listed there or not."""
         # No worker, no GPU reading or nothing on the GPU: no evidence either way (all games
         # stopped, NVML down); the last verdict stands, not logged again at the next evidence.
         # Processes NVML lists without their memory (a vGPU, WDDM) are listed all the same: their
@@ -611,7 +620,8 @@ class TelemetrySampler:
             return [replace(proc, gpu_memory_bytes=None) for proc in processes], NOT_THIS_NAMESPACE
         if not processes or gpu_memory is None:  # nothing to tell, as above
             return processes, None
-        unread = {proc.game: why for proc in processes if (why := self._incomplete(trees.get(proc.game, ()), gpu_memory))}
+        unread = {proc.game: why for proc in processes
+                  if (why := self._incomplete(trees.get(proc.game, ()), gpu_memory, placement.get(proc.game)))}
         incomplete = next(iter(unread.values()), None)  # processes are by game: the first such game's
         self._log_incomplete(incomplete)
         return [replace(proc, gpu_memory_bytes=None) if proc.game in unread else proc for proc in processes], incomplete
@@ -633,15 +643,18 @@ class TelemetrySampler:
         estimates = {p.game: left[placement[p.game]] // sharing[placement[p.game]] for p in unknown}
         return [replace(p, gpu_memory_estimate_bytes=estimates[p.game]) if p.game in estimates else p for p in processes]
 
-    def _incomplete(self, tree: Collection[int], gpu_memory: Mapping[int, int]) -> str | None:
-        """Why NVML's process list is not whole for one worker (`tree`: its pids), or None: one
-        of its processes listed without its memory, or a compute list NVML refuses while it
-        lists none of the worker's processes with memory (the worker may be on that GPU; one
-        listed with its memory is on a GPU whose list was read)."""
+    def _incomplete(self, tree: Collection[int], gpu_memory: Mapping[int, int], gpu: int | None) -> str | None:
+        """Why NVML's process list is not whole for one worker (`tree`: its pids; `gpu`: the GPU it
+        was placed on, None: not known), or None: one of its processes listed without its memory,
+        or a compute list NVML refuses while it lists none of the worker's processes with memory
+        (the worker may be on that GPU; one listed with its memory is on a GPU whose list was read)
+        and the worker is not known to be placed on a GPU whose compute list was read (the only
+        GPU it sees: not listed there, it holds none, a measured 0 B: still starting, say)."""
         unmeasured = next((why for pid, why in sorted(self._gpu.unmeasured.items()) if pid in tree), None)
         if unmeasured is not None:
             return unmeasured
-        if self._gpu.incomplete is not None and not any(pid in gpu_memory for pid in tree):
+        if self._gpu.incomplete is not None and not any(pid in gpu_memory for pid in tree) \
+                and (gpu is None or gpu not in self._gpu.per_gpu or gpu in self._gpu.refused):
             return self._gpu.incomplete
         return None
 

@@ -49,9 +49,12 @@ class FakeGpu:
     skipped: tuple[int, ...] = ()  # none left out
 
     def __init__(self, gpus: list[GpuSample], pid_memory: dict[int, int], reason: str | None = None,
-                 incomplete: str | None = None, per_gpu: dict[int, dict[int, int]] | None = None) -> None:
+                 incomplete: str | None = None, per_gpu: dict[int, dict[int, int]] | None = None,
+                 refused: tuple[int, ...] | None = None) -> None:
         self.result = (gpus, pid_memory, reason)
         self.incomplete = incomplete  # NvmlReader's: why its process list is not whole
+        # NvmlReader's: the GPUs whose compute list was refused; not said: every one, when incomplete
+        self.refused = refused if refused is not None else tuple(g.index for g in gpus) if incomplete else ()
         self.unmeasured: dict[int, str] = {}  # every process listed with its memory
         self.per_gpu = per_gpu or {}  # NvmlReader's: the process memory by GPU, then pid
 
@@ -467,6 +470,41 @@ def test_an_incomplete_process_list_leaves_unknown_only_the_workers_it_cannot_re
             assert snapshot.process_gpu_reason is None
         finally:
             other.kill()
+
+
+def test_a_refused_compute_list_leaves_known_a_worker_placed_on_a_gpu_whose_list_was_read() -> None:
+    """GPU 1's compute list refused (MIG without root on that GPU alone): a worker placed on GPU 0,
+    whose list was read, and not in it (still importing torch) holds no GPU memory, a measured
+    0 B; it was unknown, as if it might be on GPU 1. One placed on GPU 1, or not placed, stays
+    unknown."""
+    refused = incomplete_list("GPU 1's compute processes cannot be listed: Insufficient Permissions")
+    with subprocess.Popen(["sleep", "30"]) as on_0, subprocess.Popen(["sleep", "30"]) as on_1, \
+            subprocess.Popen(["sleep", "30"]) as nowhere:
+        try:
+            gpu = FakeGpu([GPU0, GPU1], {}, incomplete=refused, per_gpu={0: {}, 1: {}}, refused=(1,))
+            workers = {"pong": on_0.pid, "qbert": on_1.pid, "seaquest": nowhere.pid}
+            snapshot = TelemetrySampler(gpu, holds_gpu=lambda pid: True).sample(workers, {"pong": 0, "qbert": 1})
+            assert {p.game: p.gpu_memory_bytes for p in snapshot.processes} == {"pong": 0, "qbert": None, "seaquest": None}
+            assert snapshot.process_gpu_reason == refused
+        finally:
+            for proc in (on_0, on_1, nowhere):
+                proc.kill()
+
+
+def test_nvml_reader_names_the_gpus_whose_compute_list_it_was_refused(
+        fake_nvml: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused_on_1(handle: int) -> list[SimpleNamespace]:
+        if handle == 1:
+            raise nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+        return []
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", refused_on_1)
+    reader = NvmlReader()
+    reader.read()
+    assert reader.refused == (1,) and reader.incomplete is not None
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [])
+    reader.read()
+    assert reader.refused == () and reader.incomplete is None
 
 
 def test_host_pids_listed_without_memory_are_another_namespaces_not_a_measured_0(
