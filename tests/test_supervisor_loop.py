@@ -383,6 +383,26 @@ def test_a_hang_kill_whose_end_no_daemon_saw_is_a_hang_not_a_run_lost_with_the_d
     assert spawns_of(loop, "a") == spawned  # not started again at once
 
 
+def test_a_hang_killed_worker_stopped_since_ends_as_a_stop_through_a_daemon_kill(loop: Loop) -> None:
+    """The hang watchdog's SIGKILL went out, then a stop (stored stopping) before the worker's end
+    was seen, and the daemon died: its end is the stop's, as it would have been with the daemon
+    there (stopping is judged first), not a hang counted towards `fatal`."""
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    pid = loop.pid("a")
+    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
+    loop.steps()
+    assert loop.launcher.signals[-1] == (pid, "SIGKILL")
+    set_desired(loop.db, loop.clock, "a", Desired.STOPPED)
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert loop.state("a") is State.STOPPING
+    loop.start()  # the daemon died; the worker ended meanwhile
+    proc = loop.sup.procs["a"]
+    assert proc.state is State.STOPPED and proc.failures == 0
+
+
 def test_a_hang_killed_worker_adopted_before_it_ended_ends_as_that_hang(
         loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hung worker outlives its SIGKILL a while (stuck in the driver) and the daemon died as the

@@ -129,14 +129,16 @@ def close_lost_with_host(runs: list[RunRecord], recorder: Recorder, now: datetim
 
 
 def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir: GameDir, recorder: Recorder,
-                           now: datetime) -> None:
+                           now: datetime, stopping: bool = False) -> None:
     """A run of this boot whose worker is gone. Its exit code, left beside its spec, judges it
     as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL);
     without one (killed by a signal, or never spawned) it is lost, and the game restarts; one the
-    last daemon's hang watchdog had SIGKILLed (its cause stored first) is that hang. Only for a
-    game with no worker now: one adopted meanwhile is its state."""
+    last daemon's hang watchdog had SIGKILLed (its cause stored first) is that hang, unless that
+    daemon was stopping it since (`stopping`: the game stored so), whose end a stop's is, as its
+    exit would have been. Only for a game with no worker now: one adopted meanwhile is its state."""
     code = code_left(game_dir(run.game), run.id)
-    killed_for = run.cause  # set on an open run only as fleetd SIGKILLs its worker (a hang)
+    # Set on an open run only as fleetd SIGKILLs its worker (a hang).
+    killed_for = None if stopping else run.cause
     if (code is not None or killed_for is not None) and proc is not None \
             and proc.ended_unwatched(run.id, code, killed_for) is not None:
         return

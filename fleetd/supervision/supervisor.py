@@ -162,8 +162,10 @@ class Supervisor:
         gone: list[RunRecord] = []  # alive at the probe, ended by its watch
         kept = [run for run in runs.live if self._adopt(run, gone)]
         adopted = len(kept)
+        stored_stopping = {game.name for game in self._games if game.state is State.STOPPING}
         for run in runs.lost_with_daemon + gone:  # after the adoptions: a game's live worker is its state
-            close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now())
+            close_lost_with_daemon(run, self.procs.get(run.game), game_dir, self.recorder, self.clock.now(),
+                                   run.game in stored_stopping)
         # Where the dead daemon's roll may be (`_roll_tier_changes` waits for them).
         self._stored_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
                                     and game.state in (State.STOPPING, State.STARTING)}
