@@ -65,7 +65,7 @@ class RecordingSink:
         self.runs[run_id]["pid"] = spawned.pid
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
-        self.runs[run_id].update(cause=cause, status=status)
+        self.runs.setdefault(run_id, {}).update(cause=cause, status=status)  # an adopted run: begun by another
 
     def run_killed(self, run_id: int, cause: str) -> None:
         self.runs.setdefault(run_id, {})["killed_for"] = cause  # an adopted run was begun by another

@@ -398,6 +398,38 @@ def test_adopted_worker_is_watched_for_hangs(
     assert launcher.signals == [(4242, "SIGKILL")]
 
 
+def test_a_worker_that_reached_its_goal_as_the_hang_watchdog_fired_is_completed(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink,
+) -> None:
+    """Its exit 20 came as the SIGKILL went out (a SIGKILLed worker gives no exit code): its own
+    verdict, not the hang, and it is not started again."""
+    proc.start()
+    advance(clock, proc, 10)
+    proc.on_progress(proc.run_id, 500)
+    advance(clock, proc, 120)
+    assert launcher.signals == [(proc.pid, "SIGKILL")]
+    proc.on_exit(ExitStatus(code=20))
+    assert sink.causes() == ["completed"] and proc.state is State.EXITED and proc.failures == 0
+
+
+def test_a_hang_killed_worker_adopted_is_killed_again_and_a_stop_adopted_escalates(
+    proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink,
+) -> None:
+    """Its run stored the hang (the SIGKILL may never have gone out): SIGKILL again at adoption.
+    Stopped since (stored stopping): the stop is sent again and escalates after stopwaitsecs."""
+    proc.adopt(run_id=7, pid=4242, steps=5000, killed_for="hang")
+    assert proc.state is State.RUNNING and launcher.signals == [(4242, "SIGKILL")]
+    assert proc.next_deadline() is None  # the same hang: not killed a third time
+    proc.on_exit(ExitStatus(oom_known=True))
+    assert sink.causes() == ["hang"] and proc.state is State.BACKOFF
+    proc.stop()
+    launcher.signals.clear()
+    proc.adopt(run_id=8, pid=4343, steps=5000, was=State.STOPPING, killed_for="hang")
+    assert proc.state is State.STOPPING and launcher.signals == [(4343, "SIGTERM")]
+    advance(clock, proc, 30)
+    assert launcher.signals[-1] == (4343, "SIGKILL")
+
+
 def test_next_deadline_is_the_earliest(proc: WorkerProcess, clock: FakeClock) -> None:
     assert proc.next_deadline() is None
     proc.start()

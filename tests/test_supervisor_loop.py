@@ -344,9 +344,11 @@ def test_a_tier_change_roll_survives_a_daemon_kill_as_its_stop_goes_out(loop: Lo
     assert loop.state("b") is State.STOPPING  # a is back: now b rolls
 
 
-def _daemon_killed_as_the_hang_kill_goes_out(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> int:
+def _daemon_killed_as_the_hang_kill_goes_out(loop: Loop, monkeypatch: pytest.MonkeyPatch,
+                                             goes_out: bool = True) -> int:
     """a running, then silent past the hang limit: the daemon dies (kill -9) just as the watchdog's
-    SIGKILL goes out to a's worker, before its end is seen. Its pid."""
+    SIGKILL goes out to a's worker, before its end is seen (`goes_out` False: just before it goes
+    out, the hang stored on the run). Its pid."""
     loop.add("a")
     loop.start()
     loop.run_up("a")
@@ -354,7 +356,8 @@ def _daemon_killed_as_the_hang_kill_goes_out(loop: Loop, monkeypatch: pytest.Mon
     sent = loop.launcher.signal_group
 
     def killed_as_it_goes_out(to: int, sig: int) -> None:
-        sent(to, sig)
+        if goes_out:
+            sent(to, sig)
         raise _DaemonKilled
 
     monkeypatch.setattr(loop.launcher, "signal_group", killed_as_it_goes_out)
@@ -362,7 +365,7 @@ def _daemon_killed_as_the_hang_kill_goes_out(loop: Loop, monkeypatch: pytest.Mon
     with pytest.raises(_DaemonKilled):
         loop.steps()
     monkeypatch.setattr(loop.launcher, "signal_group", sent)
-    assert loop.launcher.signals[-1] == (pid, "SIGKILL")
+    assert ((pid, "SIGKILL") in loop.launcher.signals) is goes_out
     return pid
 
 
@@ -403,25 +406,62 @@ def test_a_hang_killed_worker_stopped_since_ends_as_a_stop_through_a_daemon_kill
     assert proc.state is State.STOPPED and proc.failures == 0
 
 
+def _adopted_hang_killed_ends_as_that_hang(loop: Loop, pid: int) -> None:
+    """The next daemon adopts a's worker, pid, whose run stored the hang: it sends the worker
+    SIGKILL at once (the last one's may never have gone out), watches no hang deadline of it (the
+    same hang, not killed a third time), and judges its end (no exit record) that hang's."""
+    save_spawned_spec(loop, "a")  # adopted with the sizes it runs at: no roll stops it
+    loop.probe.live = {pid}
+    kills = loop.launcher.signals.count((pid, "SIGKILL"))
+    loop.start()
+    assert loop.state("a") is State.RUNNING
+    assert loop.sup.procs["a"].reason.endswith("the last daemon's hang watchdog had killed it")
+    assert loop.launcher.signals.count((pid, "SIGKILL")) == kills + 1  # killed at adoption
+    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
+    loop.steps()
+    assert loop.launcher.signals.count((pid, "SIGKILL")) == kills + 1
+    loop.reactor.exit(pid, code=None, oom_known=True)  # no exit record: its end by SIGKILL, unseen
+    loop.steps()
+    proc = loop.sup.procs["a"]
+    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: no progress for")
+    assert "outside fleetd" not in proc.reason
+
+
 def test_a_hang_killed_worker_adopted_before_it_ended_ends_as_that_hang(
         loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
     """A hung worker outlives its SIGKILL a while (stuck in the driver) and the daemon died as the
     kill went out: the next one adopted it as running, read its end (no exit record) as a kill
     from outside fleetd, not the host's, and would have SIGKILLed it again for the same hang."""
     pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch)
-    save_spawned_spec(loop, "a")  # adopted with the sizes it runs at: no roll stops it
-    loop.probe.live = {pid}
-    loop.start()
-    assert loop.state("a") is State.RUNNING
-    kills = loop.launcher.signals.count((pid, "SIGKILL"))
-    loop.clock.advance(loop.settings.supervisor.hang_timeout_s + 1)
-    loop.steps()
-    assert loop.launcher.signals.count((pid, "SIGKILL")) == kills  # killed once already
-    loop.reactor.exit(pid, code=None, oom_known=True)  # no exit record: its end by SIGKILL, unseen
-    loop.steps()
+    _adopted_hang_killed_ends_as_that_hang(loop, pid)
+
+
+def test_a_hung_worker_whose_sigkill_never_went_out_is_killed_when_adopted(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon died between storing the hang on the run and sending the SIGKILL: the next one
+    adopted the still hung worker with its hang watchdog off, never killing it (nor escalating a
+    later stop), and judged its own exit (a goal reached) the hang, restarting the game."""
+    pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch, goes_out=False)
+    _adopted_hang_killed_ends_as_that_hang(loop, pid)
+
+
+def test_a_worker_that_left_its_goal_as_the_hang_kill_went_out_is_completed_through_a_daemon_kill(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker reached its goal, wrote its exit record and exited just as the hang watchdog
+    fired (a SIGKILLed worker writes none), and the daemon died before seeing the exit: its own
+    verdict judges it (completed, not started again), not the hang stored on its run."""
+    _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch)
+    run_id = loop.sup.procs["a"].run_id
+    assert run_id is not None
+    spec = run_spec_path(loop.settings.game_dir("a"), run_id)
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    write_exit_record(spec, ExitCode.COMPLETED)
+    spawned = spawns_of(loop, "a")
+    loop.start()  # its worker is gone: nothing to adopt
     proc = loop.sup.procs["a"]
-    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: no progress for")
-    assert "outside fleetd" not in proc.reason
+    assert proc.state is State.EXITED and proc.failures == 0
+    assert proc.reason.startswith("completed: goal reached")
+    assert spawns_of(loop, "a") == spawned
 
 
 def _light_tier_of_three(loop: Loop) -> None:

@@ -175,8 +175,11 @@ class WorkerProcess:
         stop was a learning-health hold's, whose reason it shows once stopped (as `stop`'s `stays`). `since`: when it went
         STOPPING: a checkpoint written after is the stop's final one, though reported only now,
         and neither counts as progress nor clears a crash loop's count. `killed_for` "hang": that
-        daemon's hang watchdog had sent it SIGKILL (a worker stuck in the driver outlives it a
-        while): its end is that hang's, and it is not killed again."""
+        daemon's hang watchdog had stored the hang on its run and then sent it SIGKILL, or died
+        before the signal went out: it is sent SIGKILL again (its pid matched on start time and
+        command line; a worker stuck in the driver outlives a SIGKILL a while, and a second one is
+        harmless), and its end is that hang's. Not after a stop stored since: that stop is sent
+        again, and escalates to SIGKILL after stopwaitsecs."""
         self.run_id, self.pid, self.gpu = run_id, pid, gpu
         self._fresh_watch(steps)
         self._killed_for = "hang" if killed_for == "hang" and was is not State.STOPPING else None
@@ -188,6 +191,13 @@ class WorkerProcess:
         adopted = f"adopted live worker pid {pid} (run {run_id})"
         if was is State.STARTING:  # RUNNING once it reports and stays up, as a spawned one
             self._spawned_at = self._clock.monotonic()
+        if self._killed_for == "hang":
+            self._to(State.STARTING if was is State.STARTING else State.RUNNING,
+                     f"{adopted}: the last daemon's hang watchdog had killed it", adopted=True)
+            self._sink.note(self.name, "hang", f"adopted hung worker: sending SIGKILL to pid {pid}'s group again "
+                            "(the last daemon may have died before its SIGKILL went out)", "warning")
+            self._signal(signal.SIGKILL)
+        elif was is State.STARTING:
             self._to(State.STARTING, f"{adopted}: still starting through a daemon restart", adopted=True)
         elif was is State.STOPPING:
             # Straight to STOPPING: it never trained under this daemon. Adopted stopping again (a
@@ -256,11 +266,14 @@ class WorkerProcess:
         signal, most likely by a daemon that died stopping the fleet; a crash's) None: the run is
         lost, not a crash the governor would step back for. `killed_for` "hang": the last daemon's
         hang watchdog had sent it SIGKILL (stored on its run first): the hang it was, counted as its
-        exit would have been. Its group is not signalled: its pid may be another's by now. Only for
-        a game with no worker now."""
+        exit would have been, unless it left an exit record saying otherwise (a SIGKILLed worker
+        writes none: it ended on its own as the watchdog fired). Its group is not signalled: its
+        pid may be another's by now. Only for a game with no worker now."""
         outcome = None
         if self.state is State.STOPPED:
-            outcome = self._unwatched_hang() if killed_for == "hang" else self._verdict(code)
+            outcome = self._verdict(code)
+            if outcome is None and killed_for == "hang":
+                outcome = self._unwatched_hang()
         if outcome is None:
             return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
@@ -364,11 +377,13 @@ class WorkerProcess:
             how = self._how_stopped(status)
             stays, self._stays = self._stays, None
             return Outcome("stopped", State.STOPPED, f"stopped{how}" + (f": {stays}" if stays else ""))
-        if self._killed_for == "hang":
-            return self._hang()
+        # The worker's own verdict first: a SIGKILLed worker leaves no exit code, so one that
+        # gave it (a goal reached) ended on its own just as the hang watchdog fired.
         verdict = self._verdict(status.code)
         if verdict is not None:
             return verdict
+        if self._killed_for == "hang":
+            return self._hang()
         if status.node_lost:  # the host's doing: restarts from its checkpoint on any node with room
             if not self.policy.restarts_after(None):
                 return Outcome("node_lost", State.EXITED, f"node_lost: {status.describe()}; autorestart does not apply")

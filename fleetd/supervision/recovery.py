@@ -133,7 +133,8 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
     """A run of this boot whose worker is gone. Its exit code, left beside its spec, judges it
     as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL);
     without one (killed by a signal, or never spawned) it is lost, and the game restarts; one the
-    last daemon's hang watchdog had SIGKILLed (its cause stored first) is that hang, unless that
+    last daemon's hang watchdog chose to SIGKILL (its cause stored first), where its code gives
+    no verdict of its own (a SIGKILLed worker leaves none), is that hang, unless that
     daemon was stopping it since (`stopping`: the game stored so), whose end a stop's is, as its
     exit would have been. Only for a game with no worker now: one adopted meanwhile is its state."""
     code = code_left(game_dir(run.game), run.id)
