@@ -1,4 +1,4 @@
-"""What fleetd reads about the host it runs on: the boot id and the kernel's boot time."""
+"""What fleetd reads about the host it runs on: the boot id, the kernel's boot time, the machine id."""
 
 from __future__ import annotations
 
@@ -29,6 +29,16 @@ def read_boot_id(path: Path) -> str:
             f"{path} ([host] boot_id_path) holds {value!r}: expected a non-empty id of at most 64 characters"
         )
     return value
+
+
+def read_machine_id(path: Path) -> str | None:
+    """The host's lasting id (`/etc/machine-id`, `[host] machine_id_path`), or None where it
+    does not read or is empty (a container without one): then no host is known to be this one."""
+    try:
+        value = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value or None
 
 
 def kernel_boot_time() -> datetime:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -956,11 +957,13 @@ def fleet_backed_up(tmp_path, url):
     return live, live_db
 
 
-def restored_backup(tmp_path, name, source, target):
-    """`source` restored into tmp_path/name, its daemon's backup to `target`: the Backup, its database."""
+def restored_backup(tmp_path, name, source, target, **settings):
+    """`source` restored into tmp_path/name, its daemon's backup to `target` (`settings`: more of
+    its config): the Backup, its database."""
     restore(source, tmp_path / name)
     db = Database.open(tmp_path / name / "fleetd.db")
-    return Backup(load_settings(state_dir=tmp_path / name, backup={"target": target}), db, FakeClock()), db
+    settings = load_settings(state_dir=tmp_path / name, backup={"target": target}, **settings)
+    return Backup(settings, db, FakeClock()), db
 
 
 def by_another_path(state_dir, **mark):
@@ -1151,3 +1154,67 @@ def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_databa
     assert drill.held() is not None and drill.database() == BackupRun()
     for db in (live_db, drill_db):
         db.close()
+
+
+def on_host(tmp_path, machine_id):
+    """A drill's config naming a host of its own: `[host] machine_id_path` at a file holding `machine_id`."""
+    path = tmp_path / f"machine-id-{machine_id}"
+    path.write_text(f"{machine_id}\n")
+    return {"host": {"machine_id_path": path}}
+
+
+def wiped(drill, db):
+    """A drill's state_dir wiped, its daemon gone, as before the next week's drill at that path."""
+    db.close()
+    shutil.rmtree(drill.settings.state_dir)
+
+
+def test_a_drill_run_again_at_its_own_path_takes_its_old_target_back(tmp_path, memory_url):
+    # A weekly drill: its state_dir wiped, the backup restored again there with the same config.
+    # Its writer id is new, and the target its last run wrote held it as another restored copy's.
+    t0, t1 = memory_url("fleet"), memory_url("drill")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    host = on_host(tmp_path, "drill-box")
+    d1, d1_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    write_ckpt(d1.settings.game_dir("pong") / "checkpoints", 200)
+    d1.now()
+    info = json.loads(Target(t1).fs.cat_file(Target(t1).path("backup.json")))
+    assert info["writer_state_dir"] == str((tmp_path / "drill").resolve())
+    assert len(info["writer_host"]) == 32 and "drill-box" not in info["writer_host"]  # hashed: machine-id(5)
+    wiped(d1, d1_db)
+    d2, d2_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    assert d2.held() is None
+    assert d2.checkpoints().removed == ["pong/ckpt-000000000200"]  # its own target: what it holds, as any drill
+    info = json.loads(Target(t1).fs.cat_file(Target(t1).path("backup.json")))
+    assert info["writer"] == (tmp_path / "drill" / "backups" / "writer-id").read_text() and info["writer_restored"]
+    assert d2.now().database_bytes > 0 and d2.held() is None
+    with d2_db.transaction() as session:  # said once, at the take-over
+        taken = read_events(session, EventFilter(kind="backup_taken_over"))
+    assert len(taken) == 1 and "a drill run again at its own path" in taken[0].message
+    # Another drill at that path on another host, or at another path on this host: held as before.
+    elsewhere, elsewhere_db = restored_backup(tmp_path / "other", "drill", t0, t1, **on_host(tmp_path, "other-box"))
+    beside, beside_db = restored_backup(tmp_path, "drill-2", t0, t1, **host)
+    for other in (elsewhere, beside):
+        assert "another restored copy of that fleet" in (other.held() or "") and other.checkpoints() == BackupRun()
+    for db in (live_db, d2_db, elsewhere_db, beside_db):
+        db.close()
+
+
+def test_a_drill_run_again_at_its_path_over_a_backup_naming_no_host_or_path_stays_held(tmp_path, memory_url):
+    # A backup.json an older fleetd wrote names no writer_host or writer_state_dir: no one can
+    # tell its writer was this path's, so the rule before them holds (move the target aside).
+    t0, t1 = memory_url("fleet"), memory_url("drill")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    host = on_host(tmp_path, "drill-box")
+    d1, d1_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    d1.now()
+    target = Target(t1)
+    info = json.loads(target.fs.cat_file(target.path("backup.json")))
+    del info["writer_host"], info["writer_state_dir"]
+    target.fs.pipe_file(target.path("backup.json"), json.dumps(info).encode())
+    wiped(d1, d1_db)
+    d2, d2_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    assert "move its whole contents aside" in (d2.held() or "") and d2.checkpoints() == BackupRun()
+    for db in (live_db, d2_db):
+        db.close()
+

@@ -27,7 +27,9 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
-from fleetd.operations.backup.marks import WRITER_KEY, WRITER_RESTORED_KEY, read_restored_mark, writer_id
+from fleetd.host.boot import read_machine_id
+from fleetd.operations.backup.marks import (WRITER_HOST_KEY, WRITER_KEY, WRITER_PATH_KEY, WRITER_RESTORED_KEY,
+                                            read_restored_mark, writer_host, writer_id)
 from fleetd.operations.backup.sync import same_copy, sync_game
 from fleetd.operations.backup.target import (DB_NAME, FLEET_KEY, INFO_NAME, TEMP_PREFIX, BackupError, Target,
                                              read_info, target_key)
@@ -114,8 +116,10 @@ class Backup:
             return (f"restored from {restored_from}; {self.target.url} holds the backup another restored copy of that "
                     f"fleet writes (writer {info[WRITER_KEY]}): two copies of one fleet backing up to one target undo "
                     "each other's backups, so this state dir does not write to it; point [backup] target at one of its "
-                    "own (a drill run again at this path after its state dir was wiped: move that target's whole contents "
-                    "aside, or give it a new target; never `fleetd backup claim` from a drill)")
+                    "own (a drill run again at its own path on the same host takes its old target back by itself; "
+                    "where that target's backup.json names no writer_host and writer_state_dir, written by an older "
+                    "fleetd or on a host without /etc/machine-id, move its whole contents aside or give the drill a new "
+                    "target; never `fleetd backup claim` from a drill)")
         if not self._fleets_own(mark, info):
             return None
         return (f"restored from {restored_from}; {self.target.url} holds that fleet's backup (the same target by "
@@ -138,10 +142,27 @@ class Backup:
     def _another_copys(self, mark: dict[str, Any], info: dict[str, Any]) -> bool:
         """Whether this target holds the backup of another restored copy of the fleet restored
         from (another drill's own target): written there, this state_dir's database copy would
-        replace that one's, and its scan delete that one's newer checkpoints (and its, ours)."""
+        replace that one's, and its scan delete that one's newer checkpoints (and its, ours).
+        Not this path's earlier state_dir's (`_earlier_here`): that one is gone."""
         writer = info.get(WRITER_KEY)
         return (info.get(FLEET_KEY) == mark.get(FLEET_KEY) and bool(info.get(WRITER_RESTORED_KEY))
-                and writer is not None and writer not in (writer_id(self.settings.backups_dir), mark.get("writer")))
+                and writer is not None and writer not in (writer_id(self.settings.backups_dir), mark.get("writer"))
+                and not self._earlier_here(info))
+
+    def _earlier_here(self, info: dict[str, Any]) -> bool:
+        """Whether backup.json was written by a restored copy (a drill) that was at this state_dir's
+        path on this host, under another writer id: this path's earlier state_dir, wiped and restored
+        again (a weekly drill), gone since, as one path holds one state_dir; its target is this
+        one's to take over (`_claim`). Never a writer that held no restore mark (the fleet, or a
+        claimed copy), nor one whose backup.json names no host and path (an older fleetd's, a host
+        without a machine id): those keep their holds."""
+        host, path = self._place()
+        return (bool(info.get(WRITER_RESTORED_KEY)) and host is not None and info.get(WRITER_HOST_KEY) == host
+                and info.get(WRITER_PATH_KEY) == path and info.get(WRITER_KEY) != writer_id(self.settings.backups_dir))
+
+    def _place(self) -> tuple[str | None, str]:
+        """Where this state_dir is: its host (`writer_host`; None: unknown) and its resolved path."""
+        return writer_host(read_machine_id(self.settings.host.machine_id_path)), str(self.settings.state_dir.resolve())
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a
@@ -368,6 +389,8 @@ class Backup:
             # Claimed (or a fleet upgraded): say so at once, not at the next database copy. Not at
             # every scan where two restored copies share a target: they would take turns.
             self._write_info(info)
+        elif theirs == fleet and self._earlier_here(info):
+            self._take_over(info)
         if theirs != fleet:
             raise BackupError(
                 f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "
@@ -375,6 +398,17 @@ class Backup:
                 "target; if that fleet is gone and this state_dir was meant to be it, stop fleetd and `fleetd "
                 f"restore` the backup into an empty state_dir; to start afresh, move that backup aside first")
         return fleet
+
+    def _take_over(self, info: dict[str, Any]) -> None:
+        """The target of this path's earlier state_dir (`_earlier_here`) named this one's at once,
+        and said so: from now on it is this state_dir's own."""
+        self._write_info(info)
+        message = (f"backup target {self.target.url} taken over from writer {info[WRITER_KEY]}: the state dir that "
+                   f"was at {info[WRITER_PATH_KEY]} on this host before this one (a drill run again at its own path)")
+        log.info("%s", message)
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), "backup_taken_over", message,
+                         details={"target": self.target.url, "writer": info[WRITER_KEY]})
 
     def _database_fleet(self) -> str | None:
         """The fleet whose database copy the target holds (None: it holds none, or one that does
@@ -408,7 +442,9 @@ class Backup:
             # Which state_dir wrote it, and whether that one was a restored copy not yet claimed
             # (a drill's own target: other restored copies of the fleet are not held from it).
             writer, restored = self._writer()
-            path.write_text(json.dumps({**info, WRITER_KEY: writer, WRITER_RESTORED_KEY: restored}, indent=2))
+            host, state_dir = self._place()  # where it was: its path again later is a wiped one's
+            path.write_text(json.dumps({**info, WRITER_KEY: writer, WRITER_RESTORED_KEY: restored,
+                                        WRITER_HOST_KEY: host, WRITER_PATH_KEY: state_dir}, indent=2))
             self.target.put_file(path, INFO_NAME)
 
     def _writer(self) -> tuple[str, bool]:
