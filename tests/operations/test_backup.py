@@ -1218,3 +1218,63 @@ def test_a_drill_run_again_at_its_path_over_a_backup_naming_no_host_or_path_stay
     for db in (live_db, d2_db):
         db.close()
 
+
+class _TellingLock:
+    """A Backup's lock that says when a call is waiting on it (`waiting`): the test then knows the
+    call is past whatever it does before taking the lock."""
+
+    def __init__(self):
+        import threading
+
+        self._lock, self.waiting = threading.Lock(), threading.Event()
+
+    def __enter__(self):
+        self.waiting.set()
+        self._lock.acquire()
+
+    def __exit__(self, *_exc):
+        self._lock.release()
+
+    def acquire(self):
+        self._lock.acquire()
+
+    def release(self):
+        self._lock.release()
+
+
+@pytest.mark.parametrize("call", ["database", "checkpoints", "now"])
+def test_a_drills_backup_waiting_on_its_lock_asks_the_hold_after_another_drill_wrote_the_target(tmp_path, memory_url, call):
+    # Two drills' first backups to one new target: the second asked whether it was held before
+    # waiting on its lock (another of its jobs copying), the first wrote the target meanwhile,
+    # and the second then replaced the first's database copy and pruned its checkpoints there.
+    import threading
+
+    t0, t1 = memory_url("fleet"), memory_url("drills")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    d1, d1_db = restored_backup(tmp_path, "d1", t0, t1)
+    d2, d2_db = restored_backup(tmp_path, "d2", t0, t1)
+    write_ckpt(d1.settings.game_dir("pong") / "checkpoints", 200)
+    d2._lock = _TellingLock()
+    d2._lock.acquire()  # another of d2's jobs, copying
+    runs = []
+
+    def run():
+        try:
+            runs.append(getattr(d2, call)())
+        except BackupHeld:
+            runs.append(BackupRun())
+
+    second = threading.Thread(target=run)
+    second.start()
+    try:
+        assert d2._lock.waiting.wait(10)
+        assert d1.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    finally:
+        d2._lock.release()
+        second.join(10)
+    assert runs == [BackupRun()] and "another restored copy of that fleet" in (d2.held() or "")
+    info = json.loads(Target(t1).fs.cat_file(Target(t1).path("backup.json")))
+    assert info["writer"] == (tmp_path / "d1" / "backups" / "writer-id").read_text()
+    assert d2.checkpoints() == BackupRun() and "ckpt-000000000200" in Target(t1).names("games/pong/checkpoints")
+    for db in (live_db, d1_db, d2_db):
+        db.close()

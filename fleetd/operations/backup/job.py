@@ -182,10 +182,10 @@ class Backup:
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied. The database once: the scan's copy
         before its drops (`_database_first`) where it made one, else after the scan."""
-        reason = self.held()
-        if reason is not None:
-            raise BackupHeld(reason)
-        with self._lock:
+        with self._lock:  # the hold asked under the lock: a target written meanwhile by another (a drill) counts
+            reason = self.held()
+            if reason is not None:
+                raise BackupHeld(reason)
             copied, removed, first = self._checkpoints()
             if isinstance(first, Exception):  # the copy before the scan's drops: recorded, not tried twice
                 raise first
@@ -195,17 +195,17 @@ class Backup:
         return run
 
     def database(self) -> BackupRun:
-        if self._skip_held():
-            return BackupRun()
         with self._lock:
+            if self._skip_held():
+                return BackupRun()
             run = BackupRun(self._database())
         self._record(f"backed up the database ({run.database_bytes} bytes)", run)
         return run
 
     def checkpoints(self) -> BackupRun:
-        if self._skip_held():
-            return BackupRun()
         with self._lock:
+            if self._skip_held():
+                return BackupRun()
             copied, removed, _ = self._checkpoints()
         run = BackupRun(None, copied, removed)
         if copied or removed:
@@ -218,10 +218,10 @@ class Backup:
         tell them apart (the scan does the same each time; one that failed since the set-aside
         would have left them for a restore to hand to the new game). Raises when it cannot (a
         held target included: those folders wait for the claim)."""
-        reason = self.held()
-        if reason is not None:
-            raise BackupHeld(reason)
         with self._lock:
+            reason = self.held()
+            if reason is not None:
+                raise BackupHeld(reason)
             self._claim()
             aside = self._set_aside_copies()
             if aside:
