@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")  # machine-id(5)
 
 
 class BootIdError(Exception):
@@ -32,13 +35,15 @@ def read_boot_id(path: Path) -> str:
 
 
 def read_machine_id(path: Path) -> str | None:
-    """The host's lasting id (`/etc/machine-id`, `[host] machine_id_path`), or None where it
-    does not read or is empty (a container without one): then no host is known to be this one."""
+    """The host's lasting id (`/etc/machine-id`, `[host] machine_id_path`): machine-id(5)'s 32
+    lowercase hex digits. None where it does not read or is anything else (empty in a container
+    without one, "uninitialized" while first boot has not made it, which many hosts would share):
+    then no host is known to be this one."""
     try:
         value = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
-    return value or None
+    return value if _MACHINE_ID.fullmatch(value) else None
 
 
 def kernel_boot_time() -> datetime:

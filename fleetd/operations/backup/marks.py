@@ -30,6 +30,9 @@ WRITER_RESTORED_KEY = "writer_restored"  # that state_dir held a restore mark wh
 # Where that state_dir was: the host's machine id and the state_dir's resolved path. A restored copy
 # wiped and restored again there (a weekly drill) has a new writer id: these tell its target its own.
 WRITER_HOST_KEY, WRITER_PATH_KEY = "writer_host", "writer_state_dir"
+# When that state_dir wrote it (UTC, the wall clock the restore mark's `restored_at` is stamped
+# with): a writer at this path whose last write came after this state_dir's restore is still live.
+WRITTEN_AT_KEY = "written_at"
 RESTORED_NAME = "restored.json"  # in state_dir/backups: the target a restore filled this state_dir from
 
 
