@@ -31,6 +31,7 @@ from workers.protocol.exit_codes import ExitCode
 from workers.protocol.spec import MAX_BATCH_SIZE, MAX_NUM_ENVS
 
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+DEFAULT_MACHINE_ID_PATH = Path("/etc/machine-id")
 # The most an interval, window or timeout may be. The daemon turns each into a timedelta, a
 # scheduler's next run or a thread join after its workers have started, where a huge value (or
 # inf) raised OverflowError and systemd restarted it into the same crash: refused at start instead.
@@ -95,6 +96,9 @@ class ApiSettings(_Section):
 class HostSettings(_Section):
     # Reading a different boot id than the last one recorded means the host rebooted.
     boot_id_path: Path = DEFAULT_BOOT_ID_PATH
+    # Which host this is, for good (a boot id changes at each boot): backup.json names the host
+    # and state_dir that wrote it, so a drill run again at its own path takes its target back.
+    machine_id_path: Path = DEFAULT_MACHINE_ID_PATH
     heartbeat_interval_s: float = Field(5.0, gt=0, le=300)
 
 

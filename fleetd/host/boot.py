@@ -1,12 +1,15 @@
-"""What fleetd reads about the host it runs on: the boot id and the kernel's boot time."""
+"""What fleetd reads about the host it runs on: the boot id, the kernel's boot time, the machine id."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")  # machine-id(5)
 
 
 class BootIdError(Exception):
@@ -29,6 +32,18 @@ def read_boot_id(path: Path) -> str:
             f"{path} ([host] boot_id_path) holds {value!r}: expected a non-empty id of at most 64 characters"
         )
     return value
+
+
+def read_machine_id(path: Path) -> str | None:
+    """The host's lasting id (`/etc/machine-id`, `[host] machine_id_path`): machine-id(5)'s 32
+    lowercase hex digits. None where it does not read or is anything else (empty in a container
+    without one, "uninitialized" while first boot has not made it, which many hosts would share):
+    then no host is known to be this one."""
+    try:
+        value = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value if _MACHINE_ID.fullmatch(value) else None
 
 
 def kernel_boot_time() -> datetime:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -956,11 +957,13 @@ def fleet_backed_up(tmp_path, url):
     return live, live_db
 
 
-def restored_backup(tmp_path, name, source, target):
-    """`source` restored into tmp_path/name, its daemon's backup to `target`: the Backup, its database."""
+def restored_backup(tmp_path, name, source, target, **settings):
+    """`source` restored into tmp_path/name, its daemon's backup to `target` (`settings`: more of
+    its config): the Backup, its database."""
     restore(source, tmp_path / name)
     db = Database.open(tmp_path / name / "fleetd.db")
-    return Backup(load_settings(state_dir=tmp_path / name, backup={"target": target}), db, FakeClock()), db
+    settings = load_settings(state_dir=tmp_path / name, backup={"target": target}, **settings)
+    return Backup(settings, db, FakeClock()), db
 
 
 def by_another_path(state_dir, **mark):
@@ -1150,4 +1153,224 @@ def test_a_drill_of_a_backup_whose_backup_json_was_deleted_is_held_by_its_databa
     by_another_path(tmp_path / "drill")
     assert drill.held() is not None and drill.database() == BackupRun()
     for db in (live_db, drill_db):
+        db.close()
+
+
+def machine_id(name):
+    """A host's machine id as machine-id(5) writes it (32 lowercase hex digits), one per `name`."""
+    import hashlib
+
+    return hashlib.md5(name.encode()).hexdigest()
+
+
+def on_host(tmp_path, name, content=None):
+    """A drill's config naming a host of its own: `[host] machine_id_path` at a file holding
+    `name`'s machine id, or `content` (what a host without a proper one holds)."""
+    path = tmp_path / f"machine-id-{name}"
+    path.write_text(f"{machine_id(name)}\n" if content is None else content)
+    return {"host": {"machine_id_path": path}}
+
+
+def wiped(drill, db):
+    """A drill's state_dir wiped, its daemon gone, as before the next week's drill at that path."""
+    db.close()
+    shutil.rmtree(drill.settings.state_dir)
+
+
+def backup_json(url):
+    target = Target(url)
+    return json.loads(target.fs.cat_file(target.path("backup.json")))
+
+
+def test_a_drill_run_again_at_its_own_path_takes_its_old_target_back(tmp_path, memory_url):
+    # A weekly drill: its state_dir wiped, the backup restored again there with the same config.
+    # Its writer id is new, and the target its last run wrote held it as another restored copy's.
+    t0, t1 = memory_url("fleet"), memory_url("drill")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    host = on_host(tmp_path, "drill-box")
+    d1, d1_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    write_ckpt(d1.settings.game_dir("pong") / "checkpoints", 200)
+    d1.now()
+    info = backup_json(t1)
+    assert info["writer_state_dir"] == str((tmp_path / "drill").resolve()) and info["written_at"]
+    assert len(info["writer_host"]) == 32 and machine_id("drill-box") not in info["writer_host"]  # hashed: machine-id(5)
+    wiped(d1, d1_db)
+    d2, d2_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    assert d2.held() is None
+    assert d2.checkpoints().removed == ["pong/ckpt-000000000200"]  # its own target: what it holds, as any drill
+    info = backup_json(t1)
+    assert info["writer"] == (tmp_path / "drill" / "backups" / "writer-id").read_text() and info["writer_restored"]
+    assert d2.now().database_bytes > 0 and d2.held() is None
+    with d2_db.transaction() as session:  # said once, at the take-over
+        taken = read_events(session, EventFilter(kind="backup_taken_over"))
+    assert len(taken) == 1 and "a drill run again at its own path" in taken[0].message
+    # The next drill at that very path (wiped again) on another host, and one at another path on
+    # this host: held as before, the one for its host alone, the other for its path alone.
+    wiped(d2, d2_db)
+    elsewhere, elsewhere_db = restored_backup(tmp_path, "drill", t0, t1, **on_host(tmp_path, "other-box"))
+    beside, beside_db = restored_backup(tmp_path, "drill-2", t0, t1, **host)
+    for other in (elsewhere, beside):
+        assert "another restored copy of that fleet" in (other.held() or "") and other.checkpoints() == BackupRun()
+    assert backup_json(t1)["writer"] == info["writer"]
+    for db in (live_db, elsewhere_db, beside_db):
+        db.close()
+
+
+@pytest.mark.parametrize("unknown", [("info", "writer_host", "writer_state_dir"), ("info", "written_at"),
+                                     ("mark", "restored_at")])
+def test_a_drill_run_again_at_its_path_over_a_backup_naming_no_host_path_or_time_stays_held(tmp_path, memory_url, unknown):
+    # A backup.json an older fleetd wrote names no writer_host or writer_state_dir (or no
+    # written_at), or the restore mark no restored_at: no one can tell its writer was this path's
+    # earlier run, gone since, so the rule before them holds (move the target aside).
+    t0, t1 = memory_url("fleet"), memory_url("drill")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    host = on_host(tmp_path, "drill-box")
+    d1, d1_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    d1.now()
+    wiped(d1, d1_db)
+    d2, d2_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    where, *keys = unknown
+    if where == "info":
+        target, info = Target(t1), backup_json(t1)
+        target.fs.pipe_file(target.path("backup.json"), json.dumps({k: v for k, v in info.items() if k not in keys}).encode())
+    else:
+        mark = tmp_path / "drill" / "backups" / "restored.json"
+        mark.write_text(json.dumps({k: v for k, v in json.loads(mark.read_text()).items() if k not in keys}))
+    assert "move that target's whole contents aside" in (d2.held() or "") and d2.checkpoints() == BackupRun()
+    for db in (live_db, d2_db):
+        db.close()
+
+
+def test_two_live_drills_at_one_path_and_machine_id_do_not_take_each_others_target(tmp_path, memory_url, monkeypatch):
+    # Two drills live at once sharing a machine id and state_dir path (VMs cloned without a new
+    # machine id, containers each with the host's /etc/machine-id and its own /var/lib/fleetd):
+    # each took the other's target as its earlier run's, back and forth, each scan deleting the
+    # other's checkpoints. A writer that wrote since this state_dir's restore is live: held.
+    t0, t1 = memory_url("fleet"), memory_url("drill")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    host = on_host(tmp_path, "cloned-box")
+    a, a_db = restored_backup(tmp_path, "a", t0, t1, **host)
+    b, b_db = restored_backup(tmp_path, "b", t0, t1, **host)
+    monkeypatch.setattr(b, "_place", a._place)  # b's container sees a's path: one path inside each
+    write_ckpt(a.settings.game_dir("pong") / "checkpoints", 200)
+    assert a.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    assert "another restored copy of that fleet" in (b.held() or "")
+    with pytest.raises(BackupHeld):
+        b.now()
+    assert b.checkpoints() == BackupRun() and a.held() is None
+    assert "ckpt-000000000200" in Target(t1).names("games/pong/checkpoints")
+    assert backup_json(t1)["writer"] == (tmp_path / "a" / "backups" / "writer-id").read_text()
+    # A third restored after a's last write cannot tell a from an earlier run of its own: it takes
+    # the target over once (the event names a), and a, which sees a write since its restore, is
+    # held from then on: no turns.
+    c, c_db = restored_backup(tmp_path, "c", t0, t1, **host)
+    monkeypatch.setattr(c, "_place", a._place)
+    assert c.held() is None and c.now().database_bytes > 0
+    with c_db.transaction() as session:
+        assert len(read_events(session, EventFilter(kind="backup_taken_over"))) == 1
+    assert "another restored copy of that fleet" in (a.held() or "") and a.checkpoints() == BackupRun()
+    assert c.now().database_bytes > 0 and c.held() is None
+    for db in (live_db, a_db, b_db, c_db):
+        db.close()
+
+
+@pytest.mark.parametrize("content", [None, "", "uninitialized\n", machine_id("x").upper()])
+def test_a_drill_on_a_host_whose_machine_id_does_not_read_stays_held_and_says_so_once(tmp_path, memory_url, caplog, content):
+    # No machine id, an empty one (a container), "uninitialized" (first boot not done: many hosts
+    # hold it), or one not machine-id(5)'s: no host is known. "uninitialized" was hashed as an id,
+    # and a drill on any such host took the target of a drill at its path on any other; the hold
+    # blamed the target's backup.json and named /etc/machine-id, not the path configured.
+    t0, t1 = memory_url("fleet"), memory_url("drill")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    host = on_host(tmp_path, "odd-box", content=content or "")
+    if content is None:
+        host["host"]["machine_id_path"].unlink()  # a typo'd [host] machine_id_path
+    d1, d1_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    d1.now()
+    assert backup_json(t1)["writer_host"] is None
+    wiped(d1, d1_db)
+    d2, d2_db = restored_backup(tmp_path, "drill", t0, t1, **host)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fleetd.operations.backup.job"):
+        for _ in range(3):
+            reason = d2.held() or ""
+            assert f"this host's machine id ({host['host']['machine_id_path']}, [host] machine_id_path) does not read" in reason
+            assert "/etc/machine-id" not in reason and d2.checkpoints() == BackupRun()
+    told = [r for r in caplog.records if r.getMessage().startswith("this host's machine id")]
+    assert len(told) == 1 and str(host["host"]["machine_id_path"]) in told[0].getMessage()
+    for db in (live_db, d2_db):
+        db.close()
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("3d1219c7c4c5404aaa1f6d2a48adfda4\n", "3d1219c7c4c5404aaa1f6d2a48adfda4"),
+    ("uninitialized\n", None), ("", None), ("3D1219C7C4C5404AAA1F6D2A48ADFDA4", None),
+    ("3d1219c7c4c5404aaa1f6d2a48adfda", None), ("3d1219c7-c4c5-404a-aa1f-6d2a48adfda4", None), (None, None)])
+def test_read_machine_id_takes_only_machine_id_5s_32_lowercase_hex_digits(tmp_path, content, expected):
+    from fleetd.host.boot import read_machine_id
+
+    path = tmp_path / "machine-id"
+    if content is not None:
+        path.write_text(content)
+    assert read_machine_id(path) == expected
+
+
+class _TellingLock:
+    """A Backup's lock that says when a call is waiting on it (`waiting`): the test then knows the
+    call is past whatever it does before taking the lock."""
+
+    def __init__(self):
+        import threading
+
+        self._lock, self.waiting = threading.Lock(), threading.Event()
+
+    def __enter__(self):
+        self.waiting.set()
+        self._lock.acquire()
+
+    def __exit__(self, *_exc):
+        self._lock.release()
+
+    def acquire(self):
+        self._lock.acquire()
+
+    def release(self):
+        self._lock.release()
+
+
+@pytest.mark.parametrize("call", ["database", "checkpoints", "now"])
+def test_a_drills_backup_waiting_on_its_lock_asks_the_hold_after_another_drill_wrote_the_target(tmp_path, memory_url, call):
+    # Two drills' first backups to one new target: the second asked whether it was held before
+    # waiting on its lock (another of its jobs copying), the first wrote the target meanwhile,
+    # and the second then replaced the first's database copy and pruned its checkpoints there.
+    import threading
+
+    t0, t1 = memory_url("fleet"), memory_url("drills")
+    live, live_db = fleet_backed_up(tmp_path, t0)
+    d1, d1_db = restored_backup(tmp_path, "d1", t0, t1)
+    d2, d2_db = restored_backup(tmp_path, "d2", t0, t1)
+    write_ckpt(d1.settings.game_dir("pong") / "checkpoints", 200)
+    d2._lock = _TellingLock()
+    d2._lock.acquire()  # another of d2's jobs, copying
+    runs = []
+
+    def run():
+        try:
+            runs.append(getattr(d2, call)())
+        except BackupHeld:
+            runs.append(BackupRun())
+
+    second = threading.Thread(target=run)
+    second.start()
+    try:
+        assert d2._lock.waiting.wait(10)
+        assert d1.now().copied == ["pong/ckpt-000000000100", "pong/ckpt-000000000200"]
+    finally:
+        d2._lock.release()
+        second.join(10)
+    assert runs == [BackupRun()] and "another restored copy of that fleet" in (d2.held() or "")
+    info = json.loads(Target(t1).fs.cat_file(Target(t1).path("backup.json")))
+    assert info["writer"] == (tmp_path / "d1" / "backups" / "writer-id").read_text()
+    assert d2.checkpoints() == BackupRun() and "ckpt-000000000200" in Target(t1).names("games/pong/checkpoints")
+    for db in (live_db, d1_db, d2_db):
         db.close()

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
-from fleetd.operations.backup.marks import WRITER_KEY, WRITER_RESTORED_KEY, read_restored_mark, writer_id
+from fleetd.host.boot import read_machine_id
+from fleetd.operations.backup.marks import (WRITER_HOST_KEY, WRITER_KEY, WRITER_PATH_KEY, WRITER_RESTORED_KEY,
+                                            WRITTEN_AT_KEY, read_restored_mark, writer_host, writer_id)
 from fleetd.operations.backup.sync import same_copy, sync_game
 from fleetd.operations.backup.target import (DB_NAME, FLEET_KEY, INFO_NAME, TEMP_PREFIX, BackupError, Target,
                                              read_info, target_key)
@@ -79,6 +81,7 @@ class Backup:
         self.status = BackupStatus(settings.backup.target)
         self._key = target_key(settings.backup.target)
         self._held_told: str | None = None  # the hold last warned of: once, not at every scan
+        self._machine_id_told = False  # this host's machine id does not read: logged once
         self._lock = threading.Lock()
         self._purges: set[str] = self._read_purges()  # games removed with their files, not yet off the target
         self._purges_lock = threading.Lock()  # not `_lock`: a DELETE must not wait out a backup's copying
@@ -111,11 +114,20 @@ class Backup:
                     f"fleet's backup ({type(exc).__name__}: {exc}): nothing is written to it until it can be (asked "
                     "again at each backup; a damaged backup.json there, if this is a target of its own: delete it)")
         if self._another_copys(mark, info):
+            if self._place()[0] is None:
+                why = (f"this host's machine id ({self.settings.host.machine_id_path}, [host] machine_id_path) does "
+                       "not read, so a drill run again at its own path cannot tell its old target: fix that path, or")
+            else:
+                why = ("a drill run again at its own path on the same host takes back by itself a target its earlier "
+                       "run last wrote before this state dir's restore; where that target's backup.json names no "
+                       "writer_host, writer_state_dir or written_at (an older fleetd's, or written on a host whose "
+                       "machine id did not read), or its writer wrote it since this restore (a live copy at the same "
+                       "path and machine id: a cloned VM, a container sharing the host's machine id),")
             return (f"restored from {restored_from}; {self.target.url} holds the backup another restored copy of that "
                     f"fleet writes (writer {info[WRITER_KEY]}): two copies of one fleet backing up to one target undo "
                     "each other's backups, so this state dir does not write to it; point [backup] target at one of its "
-                    "own (a drill run again at this path after its state dir was wiped: move that target's whole contents "
-                    "aside, or give it a new target; never `fleetd backup claim` from a drill)")
+                    f"own ({why} move that target's whole contents aside or give the drill a new target; never "
+                    "`fleetd backup claim` from a drill)")
         if not self._fleets_own(mark, info):
             return None
         return (f"restored from {restored_from}; {self.target.url} holds that fleet's backup (the same target by "
@@ -138,10 +150,37 @@ class Backup:
     def _another_copys(self, mark: dict[str, Any], info: dict[str, Any]) -> bool:
         """Whether this target holds the backup of another restored copy of the fleet restored
         from (another drill's own target): written there, this state_dir's database copy would
-        replace that one's, and its scan delete that one's newer checkpoints (and its, ours)."""
+        replace that one's, and its scan delete that one's newer checkpoints (and its, ours).
+        Not this path's earlier state_dir's (`_earlier_here`): that one is gone."""
         writer = info.get(WRITER_KEY)
         return (info.get(FLEET_KEY) == mark.get(FLEET_KEY) and bool(info.get(WRITER_RESTORED_KEY))
-                and writer is not None and writer not in (writer_id(self.settings.backups_dir), mark.get("writer")))
+                and writer is not None and writer not in (writer_id(self.settings.backups_dir), mark.get("writer"))
+                and not self._earlier_here(info, mark))
+
+    def _earlier_here(self, info: dict[str, Any], mark: dict[str, Any] | None) -> bool:
+        """Whether backup.json was written by a restored copy (a drill) that was at this state_dir's
+        path on this host, under another writer id, and last wrote it before this state_dir's
+        restore (`mark`'s restored_at): this path's earlier state_dir, wiped and restored again (a
+        weekly drill), gone since; its target is this one's to take over (`_claim`). Never a writer
+        that held no restore mark (the fleet, or a claimed copy), one whose backup.json names no
+        host, path or time (an older fleetd's, a host without a machine id), nor one that wrote it
+        since this restore: a live copy at the same path and machine id (a cloned VM, a container
+        sharing the host's machine id). Those keep their holds."""
+        host, path = self._place()
+        return (bool(info.get(WRITER_RESTORED_KEY)) and host is not None and info.get(WRITER_HOST_KEY) == host
+                and info.get(WRITER_PATH_KEY) == path and info.get(WRITER_KEY) != writer_id(self.settings.backups_dir)
+                and _before(info.get(WRITTEN_AT_KEY), (mark or {}).get("restored_at")))
+
+    def _place(self) -> tuple[str | None, str]:
+        """Where this state_dir is: its host (`writer_host`; None: unknown, logged once) and its resolved path."""
+        path = self.settings.host.machine_id_path
+        host = writer_host(read_machine_id(path))
+        if host is None and not self._machine_id_told:
+            self._machine_id_told = True
+            log.warning("this host's machine id (%s, [host] machine_id_path) does not read (missing, empty, or not 32 "
+                        "lowercase hex digits): the backup.json this state dir writes names no host, and a restore "
+                        "drill here run again at its own path does not take back its old target", path)
+        return host, str(self.settings.state_dir.resolve())
 
     def _skip_held(self) -> bool:
         """A job's run on a held target: skipped, with one warning (a log line and a
@@ -161,10 +200,10 @@ class Backup:
     def now(self) -> BackupRun:
         """The database and every checkpoint not yet copied. The database once: the scan's copy
         before its drops (`_database_first`) where it made one, else after the scan."""
-        reason = self.held()
-        if reason is not None:
-            raise BackupHeld(reason)
-        with self._lock:
+        with self._lock:  # the hold asked under the lock: a target written meanwhile by another (a drill) counts
+            reason = self.held()
+            if reason is not None:
+                raise BackupHeld(reason)
             copied, removed, first = self._checkpoints()
             if isinstance(first, Exception):  # the copy before the scan's drops: recorded, not tried twice
                 raise first
@@ -174,17 +213,17 @@ class Backup:
         return run
 
     def database(self) -> BackupRun:
-        if self._skip_held():
-            return BackupRun()
         with self._lock:
+            if self._skip_held():
+                return BackupRun()
             run = BackupRun(self._database())
         self._record(f"backed up the database ({run.database_bytes} bytes)", run)
         return run
 
     def checkpoints(self) -> BackupRun:
-        if self._skip_held():
-            return BackupRun()
         with self._lock:
+            if self._skip_held():
+                return BackupRun()
             copied, removed, _ = self._checkpoints()
         run = BackupRun(None, copied, removed)
         if copied or removed:
@@ -197,10 +236,10 @@ class Backup:
         tell them apart (the scan does the same each time; one that failed since the set-aside
         would have left them for a restore to hand to the new game). Raises when it cannot (a
         held target included: those folders wait for the claim)."""
-        reason = self.held()
-        if reason is not None:
-            raise BackupHeld(reason)
         with self._lock:
+            reason = self.held()
+            if reason is not None:
+                raise BackupHeld(reason)
             self._claim()
             aside = self._set_aside_copies()
             if aside:
@@ -368,6 +407,8 @@ class Backup:
             # Claimed (or a fleet upgraded): say so at once, not at the next database copy. Not at
             # every scan where two restored copies share a target: they would take turns.
             self._write_info(info)
+        elif theirs == fleet and self._earlier_here(info, read_restored_mark(self.settings.backups_dir)):
+            self._take_over(info)
         if theirs != fleet:
             raise BackupError(
                 f"{self.target.url} holds the backup of another fleet ({theirs}; this one was {fleet}): backing "
@@ -375,6 +416,17 @@ class Backup:
                 "target; if that fleet is gone and this state_dir was meant to be it, stop fleetd and `fleetd "
                 f"restore` the backup into an empty state_dir; to start afresh, move that backup aside first")
         return fleet
+
+    def _take_over(self, info: dict[str, Any]) -> None:
+        """The target of this path's earlier state_dir (`_earlier_here`) named this one's at once,
+        and said so: from now on it is this state_dir's own."""
+        self._write_info(info)
+        message = (f"backup target {self.target.url} taken over from writer {info[WRITER_KEY]}: the state dir that "
+                   f"was at {info[WRITER_PATH_KEY]} on this host before this one (a drill run again at its own path)")
+        log.info("%s", message)
+        with self.db.transaction() as session:
+            create_event(session, self.clock.now(), "backup_taken_over", message,
+                         details={"target": self.target.url, "writer": info[WRITER_KEY]})
 
     def _database_fleet(self) -> str | None:
         """The fleet whose database copy the target holds (None: it holds none, or one that does
@@ -408,7 +460,12 @@ class Backup:
             # Which state_dir wrote it, and whether that one was a restored copy not yet claimed
             # (a drill's own target: other restored copies of the fleet are not held from it).
             writer, restored = self._writer()
-            path.write_text(json.dumps({**info, WRITER_KEY: writer, WRITER_RESTORED_KEY: restored}, indent=2))
+            host, state_dir = self._place()  # where it was: its path again later is a wiped one's
+            # When: the wall clock, as `fleetd restore` stamps restored_at (`_earlier_here` compares them).
+            written = datetime.now(UTC).isoformat()
+            path.write_text(json.dumps({**info, WRITER_KEY: writer, WRITER_RESTORED_KEY: restored,
+                                        WRITER_HOST_KEY: host, WRITER_PATH_KEY: state_dir, WRITTEN_AT_KEY: written},
+                                       indent=2))
             self.target.put_file(path, INFO_NAME)
 
     def _writer(self) -> tuple[str, bool]:
@@ -431,6 +488,15 @@ class Backup:
         with self.db.transaction() as session:
             create_event(session, self.clock.now(), "backup_failed", f"backup of the {what} to "
                          f"{self.target.url} failed: {reason}", severity="error", details={"target": self.target.url})
+
+
+def _before(written_at: Any, restored_at: Any) -> bool:
+    """Whether a backup.json's written_at is before a restore mark's restored_at; False where
+    either is missing or does not read (an older fleetd's backup.json or mark): unknown holds."""
+    try:
+        return datetime.fromisoformat(written_at) < datetime.fromisoformat(restored_at)
+    except (TypeError, ValueError):  # missing, not a time, or one without a zone
+        return False
 
 
 def _fleet_of(db: Database) -> str | None:

@@ -13,6 +13,8 @@ from is gone for good. Another target is not held.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import uuid
@@ -25,6 +27,12 @@ from workers import checkpoint
 
 WRITER_NAME, WRITER_KEY = "writer-id", "writer"  # which state_dir wrote a target's backup.json
 WRITER_RESTORED_KEY = "writer_restored"  # that state_dir held a restore mark when it wrote it
+# Where that state_dir was: the host's machine id and the state_dir's resolved path. A restored copy
+# wiped and restored again there (a weekly drill) has a new writer id: these tell its target its own.
+WRITER_HOST_KEY, WRITER_PATH_KEY = "writer_host", "writer_state_dir"
+# When that state_dir wrote it (UTC, the wall clock the restore mark's `restored_at` is stamped
+# with): a writer at this path whose last write came after this state_dir's restore is still live.
+WRITTEN_AT_KEY = "written_at"
 RESTORED_NAME = "restored.json"  # in state_dir/backups: the target a restore filled this state_dir from
 
 
@@ -56,6 +64,14 @@ def writer_id(backups_dir: Path) -> str:
     finally:
         temp.unlink(missing_ok=True)
     return path.read_text().strip()
+
+
+def writer_host(machine_id: str | None) -> str | None:
+    """The host as backup.json names it: its machine id hashed with a key of fleetd's own, as
+    machine-id(5) asks (the id is the host's secret, and a target may be a bucket others read)."""
+    if machine_id is None:
+        return None
+    return hmac.new(b"fleetd backup writer host", machine_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def read_restored_mark(backups_dir: Path) -> dict[str, Any] | None:
