@@ -105,9 +105,11 @@ def as_typed(exc: "ClientError", typed: "Callable[[str], str | None] | None" = N
     return message
 
 
-def number_option(kind: "type[int] | type[float]", what: str, minimum: float | None = None) -> "Callable[[str], Any]":
+def number_option(kind: "type[int] | type[float]", what: str, minimum: float | None = None,
+                  maximum: float | None = None) -> "Callable[[str], Any]":
     """An option's number read as `--hp` values are (fleetd/digit_groups.py: `64_64` refused, not
-    6464), and never `nan`, which passes every range check (a wait until a NaN deadline never ends)."""
+    6464), and never `nan`, which passes every range check (a wait until a NaN deadline never ends).
+    The range is checked here: typer leaves an option's `min=`/`max=` unread beside `parser=`."""
 
     def parse(text: Any) -> Any:
         from fleetd.digit_groups import grouping_refusal
@@ -124,6 +126,8 @@ def number_option(kind: "type[int] | type[float]", what: str, minimum: float | N
             raise typer.BadParameter(f"{text!r} is not a number")
         if minimum is not None and value < minimum:
             raise typer.BadParameter(f"{text} is below {minimum:g}")
+        if maximum is not None and value > maximum:
+            raise typer.BadParameter(f"{text} is above {maximum:g}")
         return value
 
     return parse
@@ -132,6 +136,11 @@ def number_option(kind: "type[int] | type[float]", what: str, minimum: float | N
 whole_number = number_option(int, "a whole number")
 real_number = number_option(float, "a number")
 seconds = number_option(float, "a number", minimum=0)
+
+
+def whole_from(minimum: int, maximum: int | None = None) -> "Callable[[str], Any]":
+    """A whole number option from `minimum` (to `maximum`): an id, a count, a step count."""
+    return number_option(int, "a whole number", minimum, maximum)
 
 
 def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":
