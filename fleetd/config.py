@@ -12,9 +12,10 @@ import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,6 +25,7 @@ from pydantic_settings import (
 
 from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, check_host, clean_token,
                              config_path_from, default_state_dir)
+from fleetd.digit_groups import grouping_refusal
 from fleetd.errors import field_path, validator_reason
 from fleetd.games.spec import GameSpec
 from fleetd.tomlfile import read_toml
@@ -59,6 +61,22 @@ class _Section(BaseModel):
     # TOML's inf and nan (and FLEETD_..._S=inf) are no setting's value; a lower bound alone (gt=0)
     # lets inf through, and a float with no bound at all (a pin's Ray resources) nan too.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _digits_grouped_by_thousands(cls, value: Any, info: ValidationInfo) -> Any:
+        # A FLEETD_* variable (or a quoted TOML value) is text, and pydantic's lax int and float
+        # read `FLEETD_API__PORT=86_42` as 8642 and `64_64` as 6464: the one rule of the CLI's and
+        # the API's numbers (fleetd/digit_groups.py). A TOML number literal is TOML's to read.
+        if isinstance(value, str) and _numeric(cls.model_fields[info.field_name or ""].annotation):
+            if (why := grouping_refusal(value)) is not None:
+                raise ValueError(why)
+        return value
+
+
+def _numeric(annotation: Any) -> bool:
+    """int or float, or either or None (`float | None`)."""
+    return annotation in (int, float) or any(arg in (int, float) for arg in get_args(annotation))
 
 
 class ApiSettings(_Section):

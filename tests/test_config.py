@@ -71,6 +71,48 @@ def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> N
         load_settings()
 
 
+@pytest.mark.parametrize(("name", "value", "key"), [
+    ("FLEETD_API__PORT", "86_42", "api.port"),
+    ("FLEETD_FLEET__TIERS__HEAVY__NUM_ENVS", "64_64", "fleet.tiers.heavy.num_envs"),
+    ("FLEETD_SUPERVISOR__STARTSECS", "1_0.5", "supervisor.startsecs"),
+    ("FLEETD_CLUSTER__NUM_CPUS_PER_GAME", "6_4", "cluster.num_cpus_per_game"),  # float | None
+])
+def test_a_numeric_environment_variable_with_digits_grouped_otherwise_is_refused(
+        monkeypatch: pytest.MonkeyPatch, name: str, value: str, key: str) -> None:
+    # pydantic's lax int and float read a variable's `86_42` as 8642 (the daemon listened where no
+    # one meant it to), `64_64` as 6464: the one rule of the CLI's and the API's numbers.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert f"{key} = {value!r}: {value!r} is not read as a number: underscores may only group digits by " \
+           f"thousands (1_000_000, 0.000_001); write {value.replace('_', '')} for that number" in str(caught.value)
+    assert f"(env {name})" in str(caught.value), caught.value
+
+
+def test_a_numeric_environment_variable_grouped_by_thousands_is_read_and_text_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETD_API__PORT", "8_642")
+    monkeypatch.setenv("FLEETD_API__MAX_BODY_BYTES", "2_000_000")
+    monkeypatch.setenv("FLEETD_API__HOST", "gpu_64_64")  # a name, not a number: the rule is numbers'
+    settings = load_settings()
+    assert (settings.api.port, settings.api.max_body_bytes, settings.api.host) == (8642, 2_000_000, "gpu_64_64")
+
+
+def test_the_cli_asks_no_port_the_daemon_would_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI's fast reading of [api] port (fleetd/endpoint.py) took `86_42` as 8642, and asked
+    # there: "no daemon answers" where the daemon had refused to start over the same variable.
+    from typer.testing import CliRunner
+
+    from fleetd.cli.exit_codes import ExitCode
+    from fleetd.cli.main import app
+
+    monkeypatch.delenv("FLEETD_CONFIG", raising=False)
+    result = CliRunner().invoke(app, ["status"], env={"FLEETD_API__PORT": "86_42", "COLUMNS": "300"})
+    assert result.exit_code == ExitCode.CONFIG, result.output
+    assert "api.port = '86_42': '86_42' is not read as a number" in result.output, result.output
+    assert "(env FLEETD_API__PORT)" in result.output, result.output
+
+
 def test_an_unknown_top_level_environment_variable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETD_LOGLEVEL", "DEBUG")
     monkeypatch.setenv("FLEETD_STATE_DIRR", "/x")
