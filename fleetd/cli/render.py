@@ -353,7 +353,22 @@ def tier_text(fleet: dict[str, Any]) -> str:
         return f"{tier} ({fleet['mode']})"
     if requested in TIER_ORDER and tier in TIER_ORDER and TIER_ORDER.index(requested) < TIER_ORDER.index(tier):
         return f"{tier} (manual, asked: {requested}; stepping down at the governor's next step)"
-    return f"{tier} (manual, asked: {requested}; climbing to it rung by rung: see waiting)"
+    return f"{tier} (manual, asked: {requested}; {climb_text(fleet)})"
+
+
+def climb_text(fleet: dict[str, Any]) -> str:
+    """How the climb to a tier asked above the fleet's stands. `waiting` names what holds a climb
+    under way (a stable window, pressure, a rung waiting out a failure, a stale sample); with no
+    step up due and nothing holding one, the governor has no rung to climb to and `waiting` said
+    only "nothing pending": then this says why there is none."""
+    held = fleet["waiting_reason"].startswith("climbing held")  # a sample too old to climb on (fleetd/governor/core.py)
+    if fleet["next_scale_up_at"] is not None or fleet["pressure"] or held:
+        return "climbing to it rung by rung: see waiting"
+    wanting = len(fleet["admitted"]) + len(fleet["pending"])
+    if wanting == 0:
+        return "no rung to climb to while no game wants a slot: start or add one"
+    return (f"no rung to climb to: none up to {fleet['requested']} runs more for the {wanting} "
+            f"game{'s' if wanting != 1 else ''} wanting a slot (see ladder)")
 
 
 def gib(value: float | None) -> str:
