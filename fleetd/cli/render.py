@@ -412,7 +412,20 @@ def gpu_line(telemetry: dict[str, Any]) -> str:
     why = telemetry.get("process_gpu_reason")  # the GPUs read, the workers' share of them not
     if not why:
         return line
-    return f"{line}; no GPU reading per worker: {why}{estimates_text(telemetry.get('processes', []))}"
+    processes = telemetry.get("processes") or []
+    who = unread_workers(processes)
+    said = "no GPU reading per worker" if who is None else f"no GPU reading for {who}"
+    return f"{line}; {said}: {why}{estimates_text(processes)}"
+
+
+def unread_workers(processes: list[dict[str, Any]]) -> str | None:
+    """The workers with no GPU memory reading while others have one (NVML's process list left
+    only them unread): `pong, 1 of 3 workers`; None when no worker has one (another pid
+    namespace: every worker's is unknown)."""
+    unread = [p["game"] for p in processes if p.get("gpu_memory_bytes") is None]
+    if not unread or len(unread) == len(processes):
+        return None
+    return f"{', '.join(unread)}, {len(unread)} of {len(processes)} workers"
 
 
 def estimates_text(processes: list[dict[str, Any]]) -> str:
@@ -552,8 +565,10 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
         rows += [(f"GPU {index}", SKIPPED_GPU_THEN) for index in telemetry.get("skipped_gpus", [])]
         if telemetry.get("process_gpu_reason"):
-            estimates = estimates_text(telemetry.get("processes") or [])
-            rows.append(("worker GPU memory", f"unknown ({telemetry['process_gpu_reason']}){estimates}"))
+            processes = telemetry.get("processes") or []
+            who = unread_workers(processes)
+            unknown = "unknown" if who is None else f"unknown for {who}"
+            rows.append(("worker GPU memory", f"{unknown} ({telemetry['process_gpu_reason']}){estimates_text(processes)}"))
         host = telemetry.get("host") or {}
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")
