@@ -94,6 +94,15 @@ def test_a_climb_that_waits_on_something_points_to_waiting(holding: dict[str, An
     assert render.tier_text(_asked_medium(admitted=["a"], **holding)) == CLIMBING
 
 
+def test_a_request_not_yet_taken_up_claims_no_rung_it_cannot_know_of() -> None:
+    """`fleetd tier medium` shows the PUT's answer when the governor has not taken the request up
+    within TAKE_UP_S: `requested` the new choice, the rest the old light governor's view (no step
+    due, no pressure, "the light tier runs 2 games"). It said "no rung to climb to: none up to
+    medium runs more for the 3 games wanting a slot", of rungs the old view never weighed."""
+    put = _asked_medium(admitted=["a", "b"], pending=["c"], waiting_reason="the light tier runs 2 games")
+    assert render.tier_text(put) == CLIMBING
+
+
 def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:
     """The audit: `Projection (at $0.00 per host hour)` with no price set, and a stopped game that
     never ran showing a rate with nothing to say it was another game's."""

@@ -358,11 +358,13 @@ def tier_text(fleet: dict[str, Any]) -> str:
 
 def climb_text(fleet: dict[str, Any]) -> str:
     """How the climb to a tier asked above the fleet's stands. `waiting` names what holds a climb
-    under way (a stable window, pressure, a rung waiting out a failure, a stale sample); with no
-    step up due and nothing holding one, the governor has no rung to climb to and `waiting` said
-    only "nothing pending": then this says why there is none."""
-    held = fleet["waiting_reason"].startswith("climbing held")  # a sample too old to climb on (fleetd/governor/core.py)
-    if fleet["next_scale_up_at"] is not None or fleet["pressure"] or held:
+    under way (a stable window, pressure, a rung waiting out a failure, a stale sample). "No rung
+    to climb to" only on the governor's own word for the tier asked (`_top_reason`,
+    fleetd/governor/core.py): "nothing pending", or "the medium tier runs 2 games". Not on the
+    PUT's answer before the governor took the request up: that is the old tier's view ("the light
+    tier runs 2 games", no step due), which says nothing of the rungs up to the one asked."""
+    waiting, requested = fleet["waiting_reason"], fleet["requested"]
+    if waiting != "nothing pending" and not waiting.startswith(f"the {requested} tier runs "):
         return "climbing to it rung by rung: see waiting"
     wanting = len(fleet["admitted"]) + len(fleet["pending"])
     if wanting == 0:
