@@ -247,6 +247,7 @@ def test_an_id_or_count_with_digits_grouped_otherwise_is_refused_not_joined(comm
     result = CliRunner().invoke(app, [*command, "6_4"], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and f"'{command[-1]}'" in result.output, result.output
     assert "'6_4' is not read as a number: underscores may only group digits by thousands" in result.output
+    assert "a list as" not in result.output  # one number: no list is taken
 
 
 def test_no_option_reads_a_number_with_click_s_own_types() -> None:

@@ -116,7 +116,7 @@ def number_option(kind: "type[int] | type[float]", what: str, minimum: float | N
 
         if not isinstance(text, str):  # the option's default
             return text
-        if (why := grouping_refusal(text)) is not None:
+        if (why := grouping_refusal(text, list_hint=False)) is not None:  # one number: no list is taken
             raise typer.BadParameter(why)
         try:
             value = kind(text)
