@@ -12,13 +12,14 @@ import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
+    SettingsError,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
@@ -68,15 +69,31 @@ class _Section(BaseModel):
         # A FLEETD_* variable (or a quoted TOML value) is text, and pydantic's lax int and float
         # read `FLEETD_API__PORT=86_42` as 8642 and `64_64` as 6464: the one rule of the CLI's and
         # the API's numbers (fleetd/digit_groups.py). A TOML number literal is TOML's to read.
-        if isinstance(value, str) and _numeric(cls.model_fields[info.field_name or ""].annotation):
-            if (why := grouping_refusal(value)) is not None:
-                raise ValueError(why)
+        # Numbers inside a list or a table too (`exitcodes = ["6_4"]`, `[cluster.pins.n1] GPU = "6_4"`).
+        if (refusal := _grouped_otherwise(value, cls.model_fields[info.field_name or ""].annotation)) is not None:
+            where, why = refusal
+            raise ValueError(f"{info.field_name}{where}: {why}" if where else why)
         return value
 
 
-def _numeric(annotation: Any) -> bool:
-    """int or float, or either or None (`float | None`)."""
-    return annotation in (int, float) or any(arg in (int, float) for arg in get_args(annotation))
+def _grouped_otherwise(value: Any, annotation: Any) -> tuple[str, str] | None:
+    """The first number given as text in `value` whose underscores group its digits otherwise,
+    walked as `annotation` says (a list's items, a table's values): where in it (`[0]`, `.n1.GPU`;
+    "" for the value itself) and why; None when there is none."""
+    if isinstance(value, str):
+        numeric = annotation in (int, float) or any(arg in (int, float) for arg in get_args(annotation))
+        why = grouping_refusal(value, list_hint=False) if numeric else None
+        return None if why is None else ("", why)
+    args = get_args(annotation)
+    if isinstance(value, (list, tuple)) and get_origin(annotation) in (list, tuple) and args:
+        for index, item in enumerate(value):
+            if (found := _grouped_otherwise(item, args[0])) is not None:
+                return f"[{index}]{found[0]}", found[1]
+    if isinstance(value, Mapping) and get_origin(annotation) is dict and len(args) == 2:
+        for key, item in value.items():
+            if (found := _grouped_otherwise(item, args[1])) is not None:
+                return f".{key}{found[0]}", found[1]
+    return None
 
 
 class ApiSettings(_Section):
@@ -598,6 +615,8 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
         settings = bound(**overrides)
     except ValidationError as exc:
         raise ConfigError(unknown + [_describe(err, os.environ) for err in exc.errors()], source) from None
+    except SettingsError as exc:  # a variable's list or table that is not JSON (`[6_4]`): pydantic-settings' own
+        raise ConfigError(unknown + [_not_json(exc, os.environ)], source) from None
     problems = unknown + _across_sections(settings)
     if problems:
         raise ConfigError(problems, source)
@@ -630,6 +649,18 @@ def _unknown_env(environ: Mapping[str, str]) -> list[str]:
             for name, value in sorted(environ.items())
             if name.upper().startswith(ENV_PREFIX) and name != f"{ENV_PREFIX}CONFIG" and name.upper() not in known
             and not name.upper().startswith(nested)]
+
+
+def _not_json(exc: Exception, environ: Mapping[str, str]) -> str:
+    """The variable whose list or table value does not read as JSON, and why."""
+    cause = exc.__cause__
+    text = getattr(cause, "doc", None)
+    names = [name for name, value in sorted(environ.items())
+             if name.upper().startswith(ENV_PREFIX) and text is not None and value == text]
+    what = names[0] if names else "a FLEETD_* variable"
+    value = "<hidden>" if names and _secret(names[0]) else text
+    return (f"{what} = {value!r}: not a JSON list or table ({cause or exc}); a list or table given by a variable is "
+            "JSON (`[64, 64]`, `{\"n1\": {\"GPU\": 1}}`)")
 
 
 def _check_readable_toml(path: Path) -> None:
@@ -678,4 +709,6 @@ def _env_source(loc: list[str], environ: Mapping[str, str]) -> str:
         env_name = ENV_PREFIX + ENV_NESTED.join(part.upper() for part in loc[:end])
         if env_name in names:
             return f" (env {env_name})"
-    return ""
+    # Given key by key below it (FLEETD_CLUSTER__PINS__N1__GPU for cluster.pins).
+    under = sorted(name for name in names if name.startswith(ENV_PREFIX + ENV_NESTED.join(loc).upper() + ENV_NESTED))
+    return f" (env {', '.join(under)})" if under else ""
