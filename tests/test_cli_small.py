@@ -274,6 +274,23 @@ def test_an_option_s_range_is_still_checked_before_calling_the_daemon(command: l
     assert result.exit_code == 2 and says in result.output, result.output
 
 
+@pytest.mark.parametrize(("command", "option", "span"), [
+    (["events"], "--limit", "[1<=x<=1000]"), (["events"], "--before", "[x>=1]"),
+    (["reboots"], "--limit", "[1<=x<=1000]"), (["reboots"], "--detail", "[x>=1]"),
+    (["expect-reboot"], "--reboots", "[1<=x<=10]"), (["expect-reboot"], "--withdraw", "[x>=1]"),
+    (["logs"], "--run", "[x>=1]"), (["logs"], "--lines", "[0<=x<=10000]"), (["games", "rollback"], "--to", "[x>=0]"),
+])
+def test_help_shows_a_number_option_s_range(command: list[str], option: str, span: str) -> None:
+    # click printed it for its own ranges (min=/max=); read by number_option, the help lost it.
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if f"{option} INTEGER" in line)
+    rest = lines[start + 1:]
+    end = next((i for i, line in enumerate(rest) if line.lstrip().startswith("-") or not line.strip()), len(rest))
+    assert span in " ".join([lines[start], *rest[:end]]), result.output  # its own entry, not the next one's
+
+
 def test_a_refusal_names_the_option_typed_not_the_api_field(daemon: Daemon) -> None:  # noqa: F811
     # It said "body.checkpoint_interval_s: Input should be ...", a name the user never typed.
     refused = fleetd_cli(daemon.config, "games", "add", "x", "CartPole-v1", "--checkpoint-interval", "0",

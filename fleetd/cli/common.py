@@ -143,6 +143,13 @@ def whole_from(minimum: int, maximum: int | None = None) -> "Callable[[str], Any
     return number_option(int, "a whole number", minimum, maximum)
 
 
+def whole_option(help_text: str, minimum: int, maximum: int | None = None) -> dict[str, Any]:
+    """A `typer.Option`'s parser, metavar and help for a whole number from `minimum` (to
+    `maximum`), its range in the help as click's own ranges said it (`[1<=x<=1000]`, `[x>=1]`)."""
+    span = f"x>={minimum}" if maximum is None else f"{minimum}<=x<={maximum}"
+    return {"parser": whole_from(minimum, maximum), "metavar": "INTEGER", "help": f"{help_text}  [{span}]"}
+
+
 def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":
     """The command's options by the request's field names; a hyperparameter as `--hp KEY`."""
 
