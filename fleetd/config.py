@@ -12,18 +12,21 @@ import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
+    SettingsError,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
 
 from fleetd.endpoint import (DEFAULT_API_HOST, DEFAULT_API_PORT, ENV_NESTED, ENV_PREFIX, TOKEN_FILE, check_host, clean_token,
                              config_path_from, default_state_dir)
+from fleetd.digit_groups import grouping_refusal
 from fleetd.errors import field_path, validator_reason
 from fleetd.games.spec import GameSpec
 from fleetd.tomlfile import read_toml
@@ -60,6 +63,38 @@ class _Section(BaseModel):
     # TOML's inf and nan (and FLEETD_..._S=inf) are no setting's value; a lower bound alone (gt=0)
     # lets inf through, and a float with no bound at all (a pin's Ray resources) nan too.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _digits_grouped_by_thousands(cls, value: Any, info: ValidationInfo) -> Any:
+        # A FLEETD_* variable (or a quoted TOML value) is text, and pydantic's lax int and float
+        # read `FLEETD_API__PORT=86_42` as 8642 and `64_64` as 6464: the one rule of the CLI's and
+        # the API's numbers (fleetd/digit_groups.py). A TOML number literal is TOML's to read.
+        # Numbers inside a list or a table too (`exitcodes = ["6_4"]`, `[cluster.pins.n1] GPU = "6_4"`).
+        if (refusal := _grouped_otherwise(value, cls.model_fields[info.field_name or ""].annotation)) is not None:
+            where, why = refusal
+            raise ValueError(f"{info.field_name}{where}: {why}" if where else why)
+        return value
+
+
+def _grouped_otherwise(value: Any, annotation: Any) -> tuple[str, str] | None:
+    """The first number given as text in `value` whose underscores group its digits otherwise,
+    walked as `annotation` says (a list's items, a table's values): where in it (`[0]`, `.n1.GPU`;
+    "" for the value itself) and why; None when there is none."""
+    if isinstance(value, str):
+        numeric = annotation in (int, float) or any(arg in (int, float) for arg in get_args(annotation))
+        why = grouping_refusal(value, list_hint=False) if numeric else None
+        return None if why is None else ("", why)
+    args = get_args(annotation)
+    if isinstance(value, (list, tuple)) and get_origin(annotation) in (list, tuple) and args:
+        for index, item in enumerate(value):
+            if (found := _grouped_otherwise(item, args[0])) is not None:
+                return f"[{index}]{found[0]}", found[1]
+    if isinstance(value, Mapping) and get_origin(annotation) is dict and len(args) == 2:
+        for key, item in value.items():
+            if (found := _grouped_otherwise(item, args[1])) is not None:
+                return f".{key}{found[0]}", found[1]
+    return None
 
 
 class ApiSettings(_Section):
@@ -584,6 +619,8 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
         settings = bound(**overrides)
     except ValidationError as exc:
         raise ConfigError(unknown + [_describe(err, os.environ) for err in exc.errors()], source) from None
+    except SettingsError as exc:  # a variable's list or table that is not JSON (`[6_4]`): pydantic-settings' own
+        raise ConfigError(unknown + [_not_json(exc, os.environ)], source) from None
     problems = unknown + _across_sections(settings)
     if problems:
         raise ConfigError(problems, source)
@@ -616,6 +653,18 @@ def _unknown_env(environ: Mapping[str, str]) -> list[str]:
             for name, value in sorted(environ.items())
             if name.upper().startswith(ENV_PREFIX) and name != f"{ENV_PREFIX}CONFIG" and name.upper() not in known
             and not name.upper().startswith(nested)]
+
+
+def _not_json(exc: Exception, environ: Mapping[str, str]) -> str:
+    """The variable whose list or table value does not read as JSON, and why."""
+    cause = exc.__cause__
+    text = getattr(cause, "doc", None)
+    names = [name for name, value in sorted(environ.items())
+             if name.upper().startswith(ENV_PREFIX) and text is not None and value == text]
+    what = names[0] if names else "a FLEETD_* variable"
+    value = "<hidden>" if names and _secret(names[0]) else text
+    return (f"{what} = {value!r}: not a JSON list or table ({cause or exc}); a list or table given by a variable is "
+            "JSON (`[64, 64]`, `{\"n1\": {\"GPU\": 1}}`)")
 
 
 def _check_readable_toml(path: Path) -> None:
@@ -664,4 +713,6 @@ def _env_source(loc: list[str], environ: Mapping[str, str]) -> str:
         env_name = ENV_PREFIX + ENV_NESTED.join(part.upper() for part in loc[:end])
         if env_name in names:
             return f" (env {env_name})"
-    return ""
+    # Given key by key below it (FLEETD_CLUSTER__PINS__N1__GPU for cluster.pins).
+    under = sorted(name for name in names if name.startswith(ENV_PREFIX + ENV_NESTED.join(loc).upper() + ENV_NESTED))
+    return f" (env {', '.join(under)})" if under else ""

@@ -23,10 +23,10 @@ THOUSANDS = re.compile(rf"\s*[+-]?(?:{_WHOLE}(?:\.{_FRACTION})?|\.{_FRACTION})(?
 _UNDERSCORED = re.compile(r"\s*[+-]?[\d_]*\.?[\d_]*(?:[eE][+-]?[\d_]+)?\s*")
 
 
-def grouping_refusal(text: str) -> str | None:
+def grouping_refusal(text: str, list_hint: bool = True) -> str | None:
     """Why `text`, a number but for its underscores, is not read as one: None when it has no
     underscore, groups the digits by thousands, or is no number at all; otherwise the value and
-    the forms fleetd takes."""
+    the forms fleetd takes (`list_hint`: "or a list as [64, 64]" too, where a list is taken)."""
     if "_" not in text or THOUSANDS.fullmatch(text):
         return None
     digits = text.strip().replace("_", "")
@@ -38,6 +38,6 @@ def grouping_refusal(text: str) -> str | None:
         return None
     parts = text.strip().split("_")
     as_list = (f", or a list as [{', '.join(str(int(part)) for part in parts)}]"
-               if all(part.isdigit() for part in parts) else "")
+               if list_hint and all(part.isdigit() for part in parts) else "")
     return (f"{text!r} is not read as a number: underscores may only group digits by thousands "
             f"(1_000_000, 0.000_001); write {digits} for that number{as_list}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetd.digit_groups import grouping_refusal
 from fleetd.tomlfile import read_toml
 
 if TYPE_CHECKING:
@@ -151,6 +152,9 @@ def check_host(host: str) -> str:
 
 
 def _port(value: object) -> int:
+    # `86_42` (Python's int() reads it as 8642) is the settings tree's to refuse, naming the variable.
+    if isinstance(value, str) and grouping_refusal(value) is not None:
+        raise EndpointUnclear(f"port {value!r}")
     try:
         port = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else 0
     except ValueError:

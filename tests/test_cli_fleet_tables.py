@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,40 @@ def test_a_tier_above_the_one_asked_steps_down() -> None:
     """Only in the answer to `fleetd tier light`: the governor lowers the rung at its next step."""
     fleet = {"tier": "heavy", "requested": "light", "mode": "manual"}
     assert render.tier_text(fleet) == "heavy (manual, asked: light; stepping down at the governor's next step)"
+
+
+def _asked_medium(**fields: Any) -> dict[str, Any]:
+    """A light fleet asked for medium, as GET /fleet answers it."""
+    return {"tier": "light", "requested": "medium", "mode": "manual", "admitted": [], "pending": [],
+            "pressure": [], "next_scale_up_at": None, "waiting_reason": "nothing pending"} | fields
+
+
+def test_a_climb_with_no_rung_to_climb_to_says_why_not_see_waiting() -> None:
+    """`waiting` said "nothing pending" while the tier row sent the reader there for the climb."""
+    assert render.tier_text(_asked_medium()) == \
+        "light (manual, asked: medium; no rung to climb to while no game wants a slot: start or add one)"
+    # The rungs up to medium sized to the same envs (GPU memory): none runs more for these two.
+    both = _asked_medium(admitted=["a", "b"], waiting_reason="the medium tier runs 2 games")
+    assert render.tier_text(both) == ("light (manual, asked: medium; no rung to climb to: none up to medium runs "
+                                      "more for the 2 games wanting a slot (see ladder))")
+
+
+@pytest.mark.parametrize("holding", [
+    {"next_scale_up_at": "2026-11-28T12:00:00Z", "waiting_reason": "stable window: next game at 12:00 (4x64 (medium))"},
+    {"pressure": ["GPU 0 at 95% memory"], "waiting_reason": "admission blocked: GPU 0 at 95% memory"},
+    {"waiting_reason": "climbing held: the telemetry sample is 120 s old"},
+])
+def test_a_climb_that_waits_on_something_points_to_waiting(holding: dict[str, Any]) -> None:
+    assert render.tier_text(_asked_medium(admitted=["a"], **holding)) == CLIMBING
+
+
+def test_a_request_not_yet_taken_up_claims_no_rung_it_cannot_know_of() -> None:
+    """`fleetd tier medium` shows the PUT's answer when the governor has not taken the request up
+    within TAKE_UP_S: `requested` the new choice, the rest the old light governor's view (no step
+    due, no pressure, "the light tier runs 2 games"). It said "no rung to climb to: none up to
+    medium runs more for the 3 games wanting a slot", of rungs the old view never weighed."""
+    put = _asked_medium(admitted=["a", "b"], pending=["c"], waiting_reason="the light tier runs 2 games")
+    assert render.tier_text(put) == CLIMBING
 
 
 def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:

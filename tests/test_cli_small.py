@@ -31,7 +31,7 @@ def test_flags_show_no_type_and_valued_options_do(command: list[str]) -> None:
     assert result.exit_code == 0, result.output
     assert "--help" in result.output and "<bool>" not in result.output
     if command in (["logs"], ["events"]):
-        assert "<int" in result.output  # --lines, --limit: the type of a value is still shown
+        assert "INTEGER" in result.output  # --lines, --limit: the type of a value is still shown
 
 
 def test_every_option_says_what_it_does() -> None:
@@ -235,6 +235,60 @@ def test_a_boot_number_below_1_is_a_bad_command_line(value: str) -> None:
     # or equal to 1" (exit 1): an API name, not the option given.
     result = CliRunner().invoke(app, ["reboots", "--detail", value], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "--detail" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["games", "rollback", "pong", "--to"], ["logs", "pong", "--run"],
+                                     ["logs", "pong", "--lines"], ["events", "--before"], ["events", "--limit"],
+                                     ["reboots", "--detail"], ["reboots", "--limit"], ["expect-reboot", "--reboots"],
+                                     ["expect-reboot", "--withdraw"]])
+def test_an_id_or_count_with_digits_grouped_otherwise_is_refused_not_joined(command: list[str]) -> None:
+    # `--before 6_4` was sent as 64: click's int options read with Python's int(), which takes any
+    # underscore between digits. The one rule of `games add --priority` (fleetd/digit_groups.py).
+    result = CliRunner().invoke(app, [*command, "6_4"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and f"'{command[-1]}'" in result.output, result.output
+    assert "'6_4' is not read as a number: underscores may only group digits by thousands" in result.output
+    assert "a list as" not in result.output  # one number: no list is taken
+
+
+def test_no_option_reads_a_number_with_click_s_own_types() -> None:
+    # click's INT and FLOAT (and their ranges) take `6_4` as 64: every number option is read by
+    # fleetd.cli.common.number_option instead, its range checked there.
+    import typer
+
+    def numbers(group, path):  # type: ignore[no-untyped-def]
+        for name, command in group.commands.items():
+            if getattr(command, "commands", None) is not None:
+                yield from numbers(command, f"{path}{name} ")
+                continue
+            yield from (f"{path}{name} {param.opts[0]}" for param in command.params
+                        if type(param.type).__name__ in ("IntParamType", "FloatParamType", "IntRange", "FloatRange"))
+
+    assert list(numbers(typer.main.get_command(app), "")) == []
+
+
+@pytest.mark.parametrize(("command", "says"), [(["logs", "pong", "--lines", "10001"], "10001 is above 10000"),
+                                               (["events", "--limit", "0"], "0 is below 1"),
+                                               (["games", "rollback", "pong", "--to", "-1"], "-1 is below 0")])
+def test_an_option_s_range_is_still_checked_before_calling_the_daemon(command: list[str], says: str) -> None:
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
+@pytest.mark.parametrize(("command", "option", "span"), [
+    (["events"], "--limit", "[1<=x<=1000]"), (["events"], "--before", "[x>=1]"),
+    (["reboots"], "--limit", "[1<=x<=1000]"), (["reboots"], "--detail", "[x>=1]"),
+    (["expect-reboot"], "--reboots", "[1<=x<=10]"), (["expect-reboot"], "--withdraw", "[x>=1]"),
+    (["logs"], "--run", "[x>=1]"), (["logs"], "--lines", "[0<=x<=10000]"), (["games", "rollback"], "--to", "[x>=0]"),
+])
+def test_help_shows_a_number_option_s_range(command: list[str], option: str, span: str) -> None:
+    # click printed it for its own ranges (min=/max=); read by number_option, the help lost it.
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if f"{option} INTEGER" in line)
+    rest = lines[start + 1:]
+    end = next((i for i, line in enumerate(rest) if line.lstrip().startswith("-") or not line.strip()), len(rest))
+    assert span in " ".join([lines[start], *rest[:end]]), result.output  # its own entry, not the next one's
 
 
 def test_a_refusal_names_the_option_typed_not_the_api_field(daemon: Daemon) -> None:  # noqa: F811

@@ -71,6 +71,88 @@ def test_bad_environment_value_is_reported(monkeypatch: pytest.MonkeyPatch) -> N
         load_settings()
 
 
+@pytest.mark.parametrize(("name", "value", "key"), [
+    ("FLEETD_API__PORT", "86_42", "api.port"),
+    ("FLEETD_FLEET__TIERS__HEAVY__NUM_ENVS", "64_64", "fleet.tiers.heavy.num_envs"),
+    ("FLEETD_SUPERVISOR__STARTSECS", "1_0.5", "supervisor.startsecs"),
+    ("FLEETD_CLUSTER__NUM_CPUS_PER_GAME", "6_4", "cluster.num_cpus_per_game"),  # float | None
+])
+def test_a_numeric_environment_variable_with_digits_grouped_otherwise_is_refused(
+        monkeypatch: pytest.MonkeyPatch, name: str, value: str, key: str) -> None:
+    # pydantic's lax int and float read a variable's `86_42` as 8642 (the daemon listened where no
+    # one meant it to), `64_64` as 6464: the one rule of the CLI's and the API's numbers.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert f"{key} = {value!r}: {value!r} is not read as a number: underscores may only group digits by " \
+           f"thousands (1_000_000, 0.000_001); write {value.replace('_', '')} for that number" in str(caught.value)
+    assert f"(env {name})" in str(caught.value), caught.value
+    assert "a list as" not in str(caught.value)  # one number: no list is taken
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("FLEETD_SUPERVISOR__EXITCODES", '["6_4"]', "supervisor.exitcodes = ['6_4']: exitcodes[0]: '6_4' is not read"),
+    ("FLEETD_CLUSTER__PINS", '{"n1": {"GPU": "6_4"}}', "cluster.pins = {'n1': {'GPU': '6_4'}}: pins.n1.GPU: '6_4' is "),
+    ("FLEETD_CLUSTER__PINS__N1__GPU", "6_4", ": pins.n1.gpu: '6_4' is not read as a number"),
+])
+def test_a_number_in_a_list_or_table_with_digits_grouped_otherwise_is_refused(
+        monkeypatch: pytest.MonkeyPatch, name: str, value: str, says: str) -> None:
+    # Read joined: exitcodes [64], a pin's GPU 64.0. Scalars only were walked.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert says in str(caught.value) and f"(env {name})" in str(caught.value), caught.value
+    assert "write 64 for that number" in str(caught.value) and "a list as" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("toml", "says"), [
+    ('[supervisor]\nexitcodes = [1, "6_4"]\n', "exitcodes[1]: '6_4' is not read as a number"),
+    ('[cluster.pins.n1]\nGPU = "6_4"\n', "pins.n1.GPU: '6_4' is not read as a number"),
+])
+def test_a_quoted_number_in_a_list_or_table_of_the_file_is_read_by_the_same_rule(
+        tmp_path: Path, toml: str, says: str) -> None:
+    path = tmp_path / "fleetd.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    assert says in str(caught.value), caught.value
+    path.write_text(toml.replace("6_4", "1_024"))  # grouped by thousands: read
+    settings = load_settings(path)
+    assert 1024 in settings.supervisor.exitcodes or settings.cluster.pins == {"n1": {"GPU": 1024.0}}
+
+
+def test_a_list_variable_that_is_not_json_is_a_config_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pydantic-settings raised its SettingsError: a traceback, not exit 78 naming the variable.
+    monkeypatch.setenv("FLEETD_SUPERVISOR__EXITCODES", "[6_4]")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "FLEETD_SUPERVISOR__EXITCODES = '[6_4]': not a JSON list or table" in str(caught.value), caught.value
+
+
+def test_a_numeric_environment_variable_grouped_by_thousands_is_read_and_text_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETD_API__PORT", "8_642")
+    monkeypatch.setenv("FLEETD_API__MAX_BODY_BYTES", "2_000_000")
+    monkeypatch.setenv("FLEETD_API__HOST", "gpu_64_64")  # a name, not a number: the rule is numbers'
+    settings = load_settings()
+    assert (settings.api.port, settings.api.max_body_bytes, settings.api.host) == (8642, 2_000_000, "gpu_64_64")
+
+
+def test_the_cli_asks_no_port_the_daemon_would_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI's fast reading of [api] port (fleetd/endpoint.py) took `86_42` as 8642, and asked
+    # there: "no daemon answers" where the daemon had refused to start over the same variable.
+    from typer.testing import CliRunner
+
+    from fleetd.cli.exit_codes import ExitCode
+    from fleetd.cli.main import app
+
+    monkeypatch.delenv("FLEETD_CONFIG", raising=False)
+    result = CliRunner().invoke(app, ["status"], env={"FLEETD_API__PORT": "86_42", "COLUMNS": "300"})
+    assert result.exit_code == ExitCode.CONFIG, result.output
+    assert "api.port = '86_42': '86_42' is not read as a number" in result.output, result.output
+    assert "(env FLEETD_API__PORT)" in result.output, result.output
+
+
 def test_an_unknown_top_level_environment_variable_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETD_LOGLEVEL", "DEBUG")
     monkeypatch.setenv("FLEETD_STATE_DIRR", "/x")

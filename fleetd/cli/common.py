@@ -105,16 +105,18 @@ def as_typed(exc: "ClientError", typed: "Callable[[str], str | None] | None" = N
     return message
 
 
-def number_option(kind: "type[int] | type[float]", what: str, minimum: float | None = None) -> "Callable[[str], Any]":
+def number_option(kind: "type[int] | type[float]", what: str, minimum: float | None = None,
+                  maximum: float | None = None) -> "Callable[[str], Any]":
     """An option's number read as `--hp` values are (fleetd/digit_groups.py: `64_64` refused, not
-    6464), and never `nan`, which passes every range check (a wait until a NaN deadline never ends)."""
+    6464), and never `nan`, which passes every range check (a wait until a NaN deadline never ends).
+    The range is checked here: typer leaves an option's `min=`/`max=` unread beside `parser=`."""
 
     def parse(text: Any) -> Any:
         from fleetd.digit_groups import grouping_refusal
 
         if not isinstance(text, str):  # the option's default
             return text
-        if (why := grouping_refusal(text)) is not None:
+        if (why := grouping_refusal(text, list_hint=False)) is not None:  # one number: no list is taken
             raise typer.BadParameter(why)
         try:
             value = kind(text)
@@ -124,6 +126,8 @@ def number_option(kind: "type[int] | type[float]", what: str, minimum: float | N
             raise typer.BadParameter(f"{text!r} is not a number")
         if minimum is not None and value < minimum:
             raise typer.BadParameter(f"{text} is below {minimum:g}")
+        if maximum is not None and value > maximum:
+            raise typer.BadParameter(f"{text} is above {maximum:g}")
         return value
 
     return parse
@@ -132,6 +136,18 @@ def number_option(kind: "type[int] | type[float]", what: str, minimum: float | N
 whole_number = number_option(int, "a whole number")
 real_number = number_option(float, "a number")
 seconds = number_option(float, "a number", minimum=0)
+
+
+def whole_from(minimum: int, maximum: int | None = None) -> "Callable[[str], Any]":
+    """A whole number option from `minimum` (to `maximum`): an id, a count, a step count."""
+    return number_option(int, "a whole number", minimum, maximum)
+
+
+def whole_option(help_text: str, minimum: int, maximum: int | None = None) -> dict[str, Any]:
+    """A `typer.Option`'s parser, metavar and help for a whole number from `minimum` (to
+    `maximum`), its range in the help as click's own ranges said it (`[1<=x<=1000]`, `[x>=1]`)."""
+    span = f"x>={minimum}" if maximum is None else f"{minimum}<=x<={maximum}"
+    return {"parser": whole_from(minimum, maximum), "metavar": "INTEGER", "help": f"{help_text}  [{span}]"}
 
 
 def options_typed(options: dict[str, str]) -> "Callable[[str], str | None]":

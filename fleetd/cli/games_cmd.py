@@ -14,7 +14,7 @@ from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.help import command_group
 from fleetd.cli.progress import Progress
 from fleetd.cli.common import (ConfigOption, ItemsJsonOption, JsonOption, ask, ask_through_restart, call, fail,
-                               game_path, options_typed, real_number, seconds, whole_number)
+                               game_path, options_typed, real_number, seconds, whole_option, whole_number)
 from fleetd.states import Desired, Shown
 from fleetd.digit_groups import grouping_refusal
 
@@ -209,7 +209,7 @@ def checkpoints(name: str, config: ConfigOption = None, json_out: ItemsJsonOptio
 @games_app.command("rollback")
 def rollback(
     name: str,
-    to: Annotated[int, typer.Option("--to", min=0, help="The step count of the checkpoint to go back to (`fleetd games checkpoints NAME` lists them).")],
+    to: Annotated[int, typer.Option("--to", **whole_option("The step count of the checkpoint to go back to (`fleetd games checkpoints NAME` lists them).", 0))],
     config: ConfigOption = None,
     json_out: JsonOption = False,
 ) -> None:

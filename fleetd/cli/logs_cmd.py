@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fleetd.cli.exit_codes import ExitCode
-from fleetd.cli.common import AWAY, ConfigOption, as_typed, client_for, fail, game_path
+from fleetd.cli.common import AWAY, ConfigOption, as_typed, client_for, fail, game_path, whole_option
 
 if TYPE_CHECKING:
     from fleetd.cli.client import ApiClient
@@ -20,8 +20,8 @@ def register(app: typer.Typer) -> None:
 def logs(
     game: Annotated[str, typer.Argument(help="The game's name.")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing lines as the worker writes them (Ctrl+C ends); moves on to the game's next run unless --run is given.")] = False,
-    run: Annotated[int | None, typer.Option("--run", help="This run's log (an id from `fleetd logs GAME --runs`); default the newest run.", min=1)] = None,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="How many of the last lines to print first.", min=0, max=10000)] = 100,
+    run: Annotated[int | None, typer.Option("--run", **whole_option("This run's log (an id from `fleetd logs GAME --runs`); default the newest run.", 1))] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", **whole_option("How many of the last lines to print first.", 0, 10000))] = 100,
     runs: Annotated[bool, typer.Option("--runs", help="List the game's runs (their ids for --run) instead.")] = False,
     config: ConfigOption = None,
 ) -> None:

@@ -8,7 +8,7 @@ import typer
 from fleetd.host import expected_reboots
 from fleetd.cli.entry import version_line
 from fleetd.cli.exit_codes import ExitCode, exit_codes_help, failure_code
-from fleetd.cli.common import ConfigOption, JsonOption, ask, settings_from
+from fleetd.cli.common import ConfigOption, JsonOption, ask, settings_from, whole_option
 from fleetd.cli import models_cmd  # noqa: F401 - adds `games import` and `games export`
 from fleetd.cli.backup_cmd import register as register_backup
 from fleetd.cli.apply_cmd import register as register_apply
@@ -77,8 +77,8 @@ def serve(config: ConfigOption = None) -> None:
 @app.command()
 def reboots(
     config: ConfigOption = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="Read the newest N boots (not reboots): the reboots among them are shown.")] = 50,
-    detail: Annotated[int | None, typer.Option("--detail", min=1, help="One reboot (its # in the log): what the host looked like just before.")] = None,
+    limit: Annotated[int, typer.Option(**whole_option("Read the newest N boots (not reboots): the reboots among them are shown.", 1, 1000))] = 50,
+    detail: Annotated[int | None, typer.Option("--detail", **whole_option("One reboot (its # in the log): what the host looked like just before.", 1))] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the reboots as one JSON list (with --detail: the API's JSON of that boot).")] = False,
 ) -> None:
     """The reboot log: when, uptime before, downtime, clean or not."""
@@ -106,9 +106,9 @@ def expect_reboot(
     config: ConfigOption = None,
     within: Annotated[str | None, typer.Option("--for", help="The window from now: 30m, 2h, 1h30m (at most 7d; default 30m).")] = None,
     reason: Annotated[str | None, typer.Option(help="Why: kept with the reboot's event (required to say one).")] = None,
-    reboots: Annotated[int | None, typer.Option(min=1, max=expected_reboots.MAX_REBOOTS, help="How many unclean reboots it may explain (default 1).")] = None,
+    reboots: Annotated[int | None, typer.Option(**whole_option("How many unclean reboots it may explain (default 1).", 1, expected_reboots.MAX_REBOOTS))] = None,
     list_: Annotated[bool, typer.Option("--list", help="The expected reboots that hold now or stopped within a day.")] = False,
-    withdraw: Annotated[int | None, typer.Option(min=1, help="Take back expected reboot ID: a reboot counts as usual again.")] = None,
+    withdraw: Annotated[int | None, typer.Option(**whole_option("Take back expected reboot ID: a reboot counts as usual again.", 1))] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the API's JSON (with --list: the items as one list).")] = False,
 ) -> None:
     """Say the host will go down (maintenance, a driver update, a fault drill): an unclean reboot
@@ -173,8 +173,8 @@ EVENTS_LIMIT = 50
 @app.command()
 def events(
     config: ConfigOption = None,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most N events, the newest first.")] = EVENTS_LIMIT,
-    before: Annotated[int | None, typer.Option(min=1, help="Only events older than event ID: the next page, as the last one's caption (or --json's next_before) says.")] = None,
+    limit: Annotated[int, typer.Option(**whole_option("At most N events, the newest first.", 1, 1000))] = EVENTS_LIMIT,
+    before: Annotated[int | None, typer.Option(**whole_option("Only events older than event ID: the next page, as the last one's caption (or --json's next_before) says.", 1))] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
     game: Annotated[str | None, typer.Option(help="Only events of this game.")] = None,
     json: JsonOption = False,

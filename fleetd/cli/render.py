@@ -353,7 +353,24 @@ def tier_text(fleet: dict[str, Any]) -> str:
         return f"{tier} ({fleet['mode']})"
     if requested in TIER_ORDER and tier in TIER_ORDER and TIER_ORDER.index(requested) < TIER_ORDER.index(tier):
         return f"{tier} (manual, asked: {requested}; stepping down at the governor's next step)"
-    return f"{tier} (manual, asked: {requested}; climbing to it rung by rung: see waiting)"
+    return f"{tier} (manual, asked: {requested}; {climb_text(fleet)})"
+
+
+def climb_text(fleet: dict[str, Any]) -> str:
+    """How the climb to a tier asked above the fleet's stands. `waiting` names what holds a climb
+    under way (a stable window, pressure, a rung waiting out a failure, a stale sample). "No rung
+    to climb to" only on the governor's own word for the tier asked (`_top_reason`,
+    fleetd/governor/core.py): "nothing pending", or "the medium tier runs 2 games". Not on the
+    PUT's answer before the governor took the request up: that is the old tier's view ("the light
+    tier runs 2 games", no step due), which says nothing of the rungs up to the one asked."""
+    waiting, requested = fleet["waiting_reason"], fleet["requested"]
+    if waiting != "nothing pending" and not waiting.startswith(f"the {requested} tier runs "):
+        return "climbing to it rung by rung: see waiting"
+    wanting = len(fleet["admitted"]) + len(fleet["pending"])
+    if wanting == 0:
+        return "no rung to climb to while no game wants a slot: start or add one"
+    return (f"no rung to climb to: none up to {fleet['requested']} runs more for the {wanting} "
+            f"game{'s' if wanting != 1 else ''} wanting a slot (see ladder)")
 
 
 def gib(value: float | None) -> str:
@@ -397,7 +414,20 @@ def gpu_line(telemetry: dict[str, Any]) -> str:
     why = telemetry.get("process_gpu_reason")  # the GPUs read, the workers' share of them not
     if not why:
         return line
-    return f"{line}; no GPU reading per worker: {why}{estimates_text(telemetry.get('processes', []))}"
+    processes = telemetry.get("processes") or []
+    who = unread_workers(processes)
+    said = "no GPU reading per worker" if who is None else f"no GPU reading for {who}"
+    return f"{line}; {said}: {why}{estimates_text(processes)}"
+
+
+def unread_workers(processes: list[dict[str, Any]]) -> str | None:
+    """The workers with no GPU memory reading while others have one (NVML's process list left
+    only them unread): `pong, 1 of 3 workers`; None when no worker has one (another pid
+    namespace: every worker's is unknown)."""
+    unread = [p["game"] for p in processes if p.get("gpu_memory_bytes") is None]
+    if not unread or len(unread) == len(processes):
+        return None
+    return f"{', '.join(unread)}, {len(unread)} of {len(processes)} workers"
 
 
 def estimates_text(processes: list[dict[str, Any]]) -> str:
@@ -537,8 +567,10 @@ def forensics_rows(state: dict[str, Any] | None) -> list[tuple[str, str]]:
             rows.append((f"GPU {gpu['index']}", gpu_text(gpu, readings=telemetry.get("gpu_available") is not False)))
         rows += [(f"GPU {index}", SKIPPED_GPU_THEN) for index in telemetry.get("skipped_gpus", [])]
         if telemetry.get("process_gpu_reason"):
-            estimates = estimates_text(telemetry.get("processes") or [])
-            rows.append(("worker GPU memory", f"unknown ({telemetry['process_gpu_reason']}){estimates}"))
+            processes = telemetry.get("processes") or []
+            who = unread_workers(processes)
+            unknown = "unknown" if who is None else f"unknown for {who}"
+            rows.append(("worker GPU memory", f"{unknown} ({telemetry['process_gpu_reason']}){estimates_text(processes)}"))
         host = telemetry.get("host") or {}
         if host:
             total, free = host.get("memory_total_bytes"), host.get("memory_available_bytes")

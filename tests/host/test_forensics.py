@@ -15,7 +15,7 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.render import boot_detail, console, forensics_rows
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.forensics import Journalctl, KernelLog, capture, record_kernel_log
-from fleetd.host.telemetry import NOT_THIS_NAMESPACE, GpuSample, HostSample, ProcessSample, Snapshot
+from fleetd.host.telemetry import NOT_THIS_NAMESPACE, GpuSample, HostSample, ProcessSample, Snapshot, incomplete_list
 from fleetd.host.uptime import record_daemon_start
 from fleetd.jobs import heartbeat_job
 from tests.fakes import FakeHost
@@ -103,6 +103,14 @@ def test_a_last_picture_taken_in_another_pid_namespace_says_the_workers_gpu_memo
     picture = capture(replace(HOT, process_gpu_reason=NOT_THIS_NAMESPACE, processes=estimated), None, datetime(2026, 1, 1, tzinfo=UTC))
     assert dict(forensics_rows(picture))["worker GPU memory"] == (
         f"unknown ({NOT_THIS_NAMESPACE}) (estimated from each worker's GPU: pong ~6.00 GiB est.)")
+
+
+def test_a_last_picture_with_some_workers_unread_names_them() -> None:
+    # "unknown (REASON)" read as every worker's, where NVML's incomplete list left only pong unread.
+    why = incomplete_list("GPU 0 lists a process without its memory")
+    workers = (ProcessSample("breakout", 10, 3, 2**30, 100.0, 2**30), ProcessSample("pong", 11, 3, 2**30, 100.0, None))
+    picture = capture(replace(HOT, process_gpu_reason=why, processes=workers), None, datetime(2026, 1, 1, tzinfo=UTC))
+    assert dict(forensics_rows(picture))["worker GPU memory"] == f"unknown for pong, 1 of 2 workers ({why})"
 
 
 def test_a_boot_with_no_reboot_before_it_and_an_unknown_boot(loop: Loop) -> None:

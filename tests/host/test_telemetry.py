@@ -458,6 +458,8 @@ def test_an_incomplete_process_list_leaves_unknown_only_the_workers_it_cannot_re
             snapshot = TelemetrySampler(gpu, holds_gpu=lambda pid: True).sample(workers)
             assert {p.game: p.gpu_memory_bytes for p in snapshot.processes} == {"breakout": 3 * GiB, "pong": None}
             assert snapshot.process_gpu_reason == without
+            # `fleetd tier`'s GPU row said "no GPU reading per worker", breakout's reading there all the same.
+            assert gpu_line(snapshot_json(snapshot)).endswith(f"; no GPU reading for pong, 1 of 2 workers: {without}")
             refused = incomplete_list("GPU 1's compute processes cannot be listed: Insufficient Permissions")
             gpu = FakeGpu([GPU0, GPU1], {listed: 3 * GiB}, incomplete=refused)
             snapshot = TelemetrySampler(gpu, holds_gpu=lambda pid: True).sample(workers)
