@@ -210,6 +210,37 @@ def test_a_follow_ends_at_the_daemons_removal_line_not_asking_on_into_a_new_game
     assert len(daemon.asked) == 1
 
 
+class EndedWithoutLog(RestartingDaemon):
+    """The daemon ends a follow of --run 7 with its line that the run ended without writing its
+    log; asked again, it would say the log is gone (log_keep_runs), which it never was."""
+
+    def __init__(self) -> None:
+        self.asked = []
+
+    def stream(self, path: str, params: dict, follow: bool = False, on_head=None):
+        self.asked.append(params)
+        if on_head is not None:
+            on_head()
+        if len(self.asked) > 1:
+            raise ClientError("the log of run 7 of 'g001' is gone (...): fleetd keeps the newest [worker] "
+                              "log_keep_runs runs' logs (not_found, HTTP 404)", ExitCode.NOT_FOUND)
+        yield b"--- fleetd: run 7 ended (crash) without writing its log ---\n"
+
+
+def test_a_pinned_follow_ends_at_the_daemons_line_that_its_run_ended_without_a_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from fleetd.cli import logs_cmd
+    from fleetd.cli.main import app
+
+    daemon = EndedWithoutLog()
+    monkeypatch.setattr(logs_cmd, "client_for", lambda config: daemon)
+    result = CliRunner().invoke(app, ["logs", "g001", "-f", "--run", "7"])
+    assert result.stdout == "--- fleetd: run 7 ended (crash) without writing its log ---\n"
+    assert result.exit_code == ExitCode.NOT_FOUND and "run 7 of 'g001' ended without writing its log" in result.stderr
+    assert "log_keep_runs" not in result.stderr and len(daemon.asked) == 1
+
+
 class RestartingApi:
     """`ApiClient` as a daemon answers across its restart: the request taken, then `down`
     refusals (it is restarting), then `after` for every GET."""
