@@ -44,7 +44,8 @@ def stopping_event(request: Request) -> Flag:
 @router.get("/games/{name}/logs", response_class=Response, response_model=None, responses={
     200: {"content": {"text/plain": {}}, "description": "the run's last lines; with follow=true, then what "
           "is appended, streamed, until the client goes, the daemon stops, the game is removed, the "
-          "followed run's log is pruned or an hour has passed"},
+          "followed run's log is pruned or removed, its run ends without writing it (with `run`) or an "
+          "hour has passed"},
     **NOT_FOUND, **CONFLICT})
 async def game_logs(
     request: Request,
