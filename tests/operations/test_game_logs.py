@@ -602,7 +602,7 @@ def test_a_follow_waiting_for_a_ray_log_never_made_ends_when_its_run_ends(app, c
     finally:
         answered.set()
         thread.join()
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 5  # UNWRITTEN_GRACE_S after it is seen ended
     assert response.text.splitlines() == [f"--- fleetd: run {run_id} ended (crash) without writing its log ---"]
 
     second = new_run(app, "raydied", "", ray=True)
@@ -612,7 +612,7 @@ def test_a_follow_waiting_for_a_ray_log_never_made_ends_when_its_run_ends(app, c
     def restarter() -> None:
         time.sleep(0.3)
         end_run(app, second, "crash")
-        time.sleep(1.5)  # the follow looks once a second: it has said the run ended by now
+        time.sleep(3.5)  # the follow looks once a second, and says so UNWRITTEN_GRACE_S after: it has by now
         events.append(new_run(app, "raydied", "restarted\n", ray=True))
         time.sleep(1.5)
         app.state.stopping.set()
@@ -620,6 +620,88 @@ def test_a_follow_waiting_for_a_ray_log_never_made_ends_when_its_run_ends(app, c
     lines = follow_beside(client, "raydied", restarter).text.splitlines()
     assert lines[0] == f"--- fleetd: run {second} ended (crash) without writing its log ---", lines
     assert lines[1].startswith(f"--- fleetd: run {events[0]} started ") and lines[2:] == ["restarted"], lines
+
+
+def test_a_ray_log_made_just_as_its_run_is_seen_ended_is_sent_from_its_first_line(app, client: TestClient,
+                                                                                  monkeypatch) -> None:
+    # The file made between the follow's read and its look (the worker's crash traceback, the
+    # lines that matter) was read past, never sent: pinned, the follow then sat silent its hour.
+    from fleetd.api.routes import logs as logs_route
+
+    run_id = new_run(app, "racy", "", ray=True)
+    path = log_path(app, run_id)
+    path.unlink()
+    real = logs_route._next_look
+
+    def look(context, name, rid, pinned):
+        followed, newer = real(context, name, rid, pinned)
+        if followed is not None and followed.ended_at is not None and not path.exists():
+            path.write_text("Traceback: the crash\n")  # lands between the follow's read and its look
+        return followed, newer
+
+    monkeypatch.setattr(logs_route, "_next_look", look)
+
+    def ender() -> None:
+        time.sleep(0.3)
+        end_run(app, run_id, "crash")
+
+    response = follow_beside(client, "racy", ender, params={"follow": "true", "run": run_id}, limit_s=3)
+    assert response.text.splitlines()[:1] == ["Traceback: the crash"], response.text
+
+
+def test_a_ray_log_shown_late_after_its_run_ended_is_followed_not_called_never_written(app, client: TestClient) -> None:
+    # On NFS a node's new file can show at the head a little late: the follow, seeing the run
+    # ended with no file yet, said at its first look that it never wrote its log.
+    run_id = new_run(app, "nfslag", "", ray=True)
+    path = log_path(app, run_id)
+    path.unlink()
+
+    def ender() -> None:
+        time.sleep(0.3)
+        end_run(app, run_id, "crash")
+        time.sleep(1.5)  # the follow has seen it ended by now (it looks once a second)
+        path.write_text("shown late\n")
+
+    response = follow_beside(client, "nfslag", ender, params={"follow": "true", "run": run_id}, limit_s=2)
+    assert response.text.splitlines() == ["shown late"], response.text
+
+
+def test_a_follow_of_a_ray_run_located_under_url_storage_ends_naming_its_node(app, client: TestClient) -> None:
+    # With [cluster] storage a URL a Ray run's log stays on its node: the follow waited, then said
+    # the run "ended without writing its log" (false), and `fleetd logs -f --run` exited 4 on it.
+    context = app.state.context
+    cluster = context.settings.cluster.model_copy(update={"storage": "s3://bucket/fleet"})
+    original = context.settings
+    object.__setattr__(context, "settings", original.model_copy(update={"cluster": cluster}))
+    try:
+        run_id = new_run(app, "s3game", "", ray=True)
+        log_path(app, run_id).unlink()  # written in the node's cache, never here
+
+        def node() -> None:
+            time.sleep(0.3)
+            with context.db.transaction() as session:
+                run_store.update_run_located(session, run_id, "f" * 56)
+            time.sleep(1.2)
+            end_run(app, run_id, "completed")
+
+        started = time.monotonic()
+        response = follow_beside(client, "s3game", node, params={"follow": "true", "run": run_id})
+        assert time.monotonic() - started < 5
+        lines = response.text.splitlines()
+        assert len(lines) == 1 and "is on the node that ran it (ffffffffffff)" in lines[0], lines
+        assert "without writing" not in response.text
+        assert "node that ran it" in error(client.get("/api/v1/games/s3game/logs", params={"run": run_id}), 409)
+    finally:
+        object.__setattr__(context, "settings", original)
+
+
+def test_an_ended_ray_run_with_no_log_file_is_not_said_surely_pruned(app, client: TestClient) -> None:
+    run_id = new_run(app, "raygone", "", ray=True)
+    log_path(app, run_id).unlink()
+    end_run(app, run_id, "crash")
+    message = error(client.get("/api/v1/games/raygone/logs"), 404)
+    assert "either its run ended before its worker wrote it" in message and "log_keep_runs" in message
+    assert "is gone" not in message
 
 
 def test_a_follow_of_a_game_removed_and_added_again_says_it_was_removed(app, client: TestClient) -> None:

@@ -30,6 +30,7 @@ FOLLOW_POLL_S = 0.2  # a new line reaches a follower within this (plus the trans
 NEWER_RUN_POLL_S = 1.0  # how often an unpinned follow looks for the game's next run
 FOLLOW_MAX_S = 3600.0  # a follow ends after this; `fleetd logs -f` reconnects
 UNWRITTEN_END = "without writing its log ---"  # a pinned follow's last line: `fleetd logs -f` does not ask again
+UNWRITTEN_GRACE_S = 2.0  # a Ray run ended with no log: looked for this long more (NFS attribute caching) before saying so
 
 
 class Flag(Protocol):
@@ -67,7 +68,8 @@ async def game_logs(
             raise _missing(record, path)  # a local run's: removed while its run goes on, never to come back
         if not follow:
             raise _not_written(record)
-        stream = _follow(request, context, name, record, path, b"", 0, None, pinned=run is not None, appeared=False)
+        stream = _follow(request, context, name, record, path, b"", 0, None, pinned=run is not None, appeared=False,
+                         storage_url=context.settings.cluster.storage_url)
         return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
     seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
     try:
@@ -76,7 +78,8 @@ async def game_logs(
         raise _pruned(record, path) from None
     if not follow:
         return PlainTextResponse(text)
-    stream = _follow(request, context, name, record, path, text, offset, seen, pinned=run is not None)
+    stream = _follow(request, context, name, record, path, text, offset, seen, pinned=run is not None,
+                     storage_url=context.settings.cluster.storage_url)
     return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
@@ -128,17 +131,25 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
                           {"name": record.game, "run": record.id})
     path = FsPath(record.log_path)
     if not path.is_file() and storage_url is not None and record.node_id is not None:
-        raise FleetdError(ErrorCode.CONFLICT, f"the log of run {record.id} of {record.game!r} is on the node that ran "
-                          f"it ({record.node_id[:12]}), as {path.name} under its [cluster] cache_dir games/"
-                          f"{record.game}/logs: with [cluster] storage a URL ({storage_url}), run logs stay on "
-                          "their node (docs/cluster.md, \"Shared storage\")",
+        raise FleetdError(ErrorCode.CONFLICT, _on_node(record, path, storage_url),
                           {"name": record.game, "run": record.id, "node_id": record.node_id})
     if not path.is_file() and record.ended_at is not None:
+        if _on_cluster(record):  # never made (its actor died first) or pruned: the two look alike
+            raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is not there "
+                              f"({path}): either its run ended before its worker wrote it (a Ray actor that died "
+                              "first), or it was pruned (fleetd keeps the newest [worker] log_keep_runs runs' logs)",
+                              {"name": record.game, "run": record.id})
         raise _pruned(record, path)
     # A run not ended has its log still, if it has one yet: log_keep_runs prunes at a newer
     # run's spawn, and a Ray run's path is recorded at its own, before its actor's worker on a
     # node makes the file: that is "not written yet", not gone (a local one's is _missing).
     return path
+
+
+def _on_node(record: RunRecord, path: FsPath, storage_url: str) -> str:
+    return (f"the log of run {record.id} of {record.game!r} is on the node that ran it ({(record.node_id or '')[:12]}), "
+            f"as {path.name} under its [cluster] cache_dir games/{record.game}/logs: with [cluster] storage a URL "
+            f"({storage_url}), run logs stay on their node (docs/cluster.md, \"Shared storage\")")
 
 
 def _not_written(record: RunRecord) -> FleetdError:
@@ -162,7 +173,7 @@ def _pruned(record: RunRecord, path: FsPath) -> FleetdError:
 
 async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
                   first: bytes, offset: int, seen: CopySignature | None, pinned: bool,
-                  appeared: bool = True) -> AsyncIterator[bytes]:
+                  appeared: bool = True, storage_url: str | None = None) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
     # The last byte sent: a fleetd line after a cut one starts a line of its own. None sent yet
@@ -177,6 +188,7 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
     # (or its run ends without it), not called gone, whether the follow starts on it or moves on
     # to it. A local run's log is made before its path is recorded: one missing was removed.
     told_unwritten = False
+    ended_unwritten_at: float | None = None  # when its run was first seen ended with no log: UNWRITTEN_GRACE_S from then
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
         data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
         appeared = appeared or data is not None
@@ -194,6 +206,12 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 # A game added again under the name since is another game.
                 yield _own_line(f"--- fleetd: game {name} was removed ---", sent)
                 return
+            if not appeared and storage_url is not None and followed.node_id is not None:
+                # Located on a node under a URL store: its log is written there, never here. Not
+                # "ended without writing its log" (false) nor an hour's wait: `fleetd logs -f`,
+                # asking again, is told so by the 409.
+                yield _own_line(f"--- fleetd: {_on_node(followed, path, storage_url)} ---", sent)
+                return
             if newer is not None:
                 # What the run wrote between the read above and the look (a crash's traceback,
                 # when its restart came at once) goes first: from the newer run on, never read.
@@ -203,7 +221,7 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 started = f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---"
                 yield rest + _own_line(started, rest[-1:] or sent)
                 opening, offset, seen = await run_in_threadpool(follow_from_start, path)
-                appeared, told_unwritten = opening is not None, False
+                appeared, told_unwritten, ended_unwritten_at = opening is not None, False, None
                 sent = (opening or b"")[-1:] or b"\n"
                 if opening:
                     yield opening
@@ -226,12 +244,18 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
                 if rest is not None:
                     appeared = True
+                    if rest:  # its first lines (an actor's crash traceback): read, so sent now or never
+                        yield rest
+                        sent = rest[-1:]
                     continue
-                cause = f" ({followed.cause})" if followed.cause else ""
-                yield _own_line(f"--- fleetd: run {record.id} ended{cause} {UNWRITTEN_END}", sent)
-                sent, told_unwritten = b"\n", True
-                if pinned:
-                    return
+                if ended_unwritten_at is None:
+                    ended_unwritten_at = time.monotonic()
+                if time.monotonic() - ended_unwritten_at >= UNWRITTEN_GRACE_S:  # else looked for again: NFS shows late
+                    cause = f" ({followed.cause})" if followed.cause else ""
+                    yield _own_line(f"--- fleetd: run {record.id} ended{cause} {UNWRITTEN_END}", sent)
+                    sent, told_unwritten = b"\n", True
+                    if pinned:
+                        return
         await asyncio.sleep(FOLLOW_POLL_S)
 
 
