@@ -179,35 +179,56 @@ def test_a_follow_gives_up_on_a_daemon_that_stays_away_and_never_waits_for_one_n
     assert first.exit_code == ExitCode.UNAVAILABLE and "not answering" in first.stderr and len(never_up.asked) == 1
 
 
-class RemovedThenReadded(RestartingDaemon):
-    """The daemon ends the follow with its removal line; asked again, a game added since under
-    the name (another game) would answer with its own log."""
+class AnswersInTurn(RestartingDaemon):
+    """The daemon's answers to a follow, one per request: the lines of a stream, or a refusal
+    (the last answer again for any request after)."""
 
-    def __init__(self) -> None:
-        self.asked = []
+    def __init__(self, *answers: list[bytes] | ClientError) -> None:
+        self.asked, self.answers = [], list(answers)
 
     def stream(self, path: str, params: dict, follow: bool = False, on_head=None):
         self.asked.append(params)
+        answer = self.answers[min(len(self.asked), len(self.answers)) - 1]
+        if isinstance(answer, ClientError):
+            raise answer
         if on_head is not None:
             on_head()
-        if len(self.asked) > 2:
-            raise ClientError("no game named 'g001' (not_found, HTTP 404)", ExitCode.NOT_FOUND)
-        if len(self.asked) == 1:
-            yield b"old game line\n"
-            yield b"--- fleetd: game g001 was removed ---\n"
-        else:
-            yield b"new game line\n"
+        yield from answer
+
+
+def removed_then_readded() -> AnswersInTurn:
+    """The daemon ends the follow with its removal line; asked again, a game added since under
+    the name (another game) would answer with its own log."""
+    return AnswersInTurn([b"old game line\n", b"--- fleetd: game g001 was removed ---\n"], [b"new game line\n"],
+                         ClientError("no game named 'g001' (not_found, HTTP 404)", ExitCode.NOT_FOUND))
 
 
 def test_a_follow_ends_at_the_daemons_removal_line_not_asking_on_into_a_new_game_of_the_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Asked again after the removal line, a game added since under the name was followed on
     # (its lines from then on, no header): another game's log, maybe another env's.
-    daemon = RemovedThenReadded()
+    daemon = removed_then_readded()
     result = follow_with(daemon, monkeypatch)
     assert result.stdout == "old game line\n--- fleetd: game g001 was removed ---\n"
     assert result.exit_code == ExitCode.NOT_FOUND and "no game named 'g001': it was removed" in result.stderr
     assert len(daemon.asked) == 1
+
+
+def test_a_pinned_follow_ends_at_the_daemons_line_that_its_run_ended_without_a_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from fleetd.cli import logs_cmd
+    from fleetd.cli.main import app
+
+    # Asked again, the daemon says the log is gone (log_keep_runs), which it never was.
+    daemon = AnswersInTurn([b"--- fleetd: run 7 ended (crash) without writing its log ---\n"], ClientError(
+        "the log of run 7 of 'g001' is gone (...): fleetd keeps the newest [worker] log_keep_runs runs' logs "
+        "(not_found, HTTP 404)", ExitCode.NOT_FOUND))
+    monkeypatch.setattr(logs_cmd, "client_for", lambda config: daemon)
+    result = CliRunner().invoke(app, ["logs", "g001", "-f", "--run", "7"])
+    assert result.stdout == "--- fleetd: run 7 ended (crash) without writing its log ---\n"
+    assert result.exit_code == ExitCode.NOT_FOUND and "run 7 of 'g001' ended without writing its log" in result.stderr
+    assert "log_keep_runs" not in result.stderr and len(daemon.asked) == 1
 
 
 class RestartingApi:

@@ -39,8 +39,9 @@ def logs(
         if not follow:
             _write(b"".join(client.stream(path, {"lines": lines, "run": run})))
             return
-        _follow(client, path, lines, run)
-        fail(f"no game named {game!r}: it was removed while followed", ExitCode.NOT_FOUND)
+        if _follow(client, path, lines, run) == "removed":
+            fail(f"no game named {game!r}: it was removed while followed", ExitCode.NOT_FOUND)
+        fail(f"run {run} of {game!r} ended without writing its log: it has none", ExitCode.NOT_FOUND)
     except ClientError as exc:
         fail(as_typed(exc, lambda field: "GAME" if field == "name" else None), exc.code)
     except TokenError as exc:
@@ -53,10 +54,11 @@ RECONNECT_S = 60.0  # how long a follow waits for a daemon that went away (a res
 RECONNECT_POLL_S = 1.0
 
 
-def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None:
+def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> str:
     # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
     # A line written between the two requests may be missed; none is printed twice. Returns once
-    # the daemon says the game was removed.
+    # the daemon says the game was removed ("removed") or, following --run, that the run ended
+    # without writing its log ("unwritten"): asked again, it would be told the log is gone.
     import time
 
     from fleetd.cli.client import ClientError
@@ -75,7 +77,9 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> None
                 _write(chunk)
                 last = (last + chunk)[-200:]
             if last.endswith(b" was removed ---\n") and b"\n--- fleetd: game " in b"\n" + last:
-                return  # the daemon's last line: not asked again (a game added since under the name is another)
+                return "removed"  # the daemon's last line: not asked again (a game added since under the name is another)
+            if run is not None and last.endswith(b" without writing its log ---\n") and b"\n--- fleetd: run " in b"\n" + last:
+                return "unwritten"
         except ClientError as exc:
             # Asked again at once, a restarting daemon (`systemctl restart fleetd`, an upgrade: its
             # workers run on) was always refused, and the follow ended, exit 69: it waits for it.

@@ -223,8 +223,9 @@ def client(app) -> Iterator[TestClient]:
         yield test_client
 
 
-def new_run(app, name: str, text: str | None) -> int:
-    """A run of `name` (added if new) whose log holds `text` (None: no log recorded)."""
+def new_run(app, name: str, text: str | None, ray: bool = False) -> int:
+    """A run of `name` (added if new) whose log holds `text` (None: no log recorded); `ray`: a Ray
+    actor's run, as fleetd/cluster/executor.py records it (not located on a node yet)."""
     context = app.state.context
     now = context.clock.now()
     with context.db.transaction() as session:
@@ -239,8 +240,14 @@ def new_run(app, name: str, text: str | None) -> int:
             logs.mkdir(parents=True, exist_ok=True)
             path = logs / f"run-{run_id:06d}.log"
             path.write_text(text)
-        run_store.update_run_spawned(session, run_id, 1, 0.0, [], str(path) if path else None)
+        cmdline = ["ray-actor", "fleetd", f"run-{run_id}-{name}"] if ray else []
+        run_store.update_run_spawned(session, run_id, 1, 0.0, cmdline, str(path) if path else None)
     return run_id
+
+
+def end_run(app, run_id: int, cause: str = "exited") -> None:
+    with app.state.context.db.transaction() as session:
+        run_store.update_run_ended(session, run_id, app.state.context.clock.now(), cause, 0, None)
 
 
 def log_path(app, run_id: int) -> Path:
@@ -302,14 +309,24 @@ def test_a_log_pruned_between_the_look_and_the_read_is_gone_not_a_500(app, clien
         assert "log_keep_runs" in error(client.get("/api/v1/games/racing/logs", params={"follow": follow}), 404)
 
 
-def follow_beside(client: TestClient, name: str, writer: Callable[[], None], lines: int = 5):
-    """`logs -f` of `name` (its last `lines` lines first) while `writer` runs in a thread beside
-    it (which ends the follow, setting the daemon's stop); the whole answer."""
-    thread = threading.Thread(target=writer)
+def follow_beside(client: TestClient, name: str, writer: Callable[[], None], lines: int = 5,
+                  params: dict | None = None, limit_s: float = 8.0):
+    """`logs -f` of `name` (its last `lines` lines first; or as `params` ask) while `writer` runs
+    in a thread beside it (which ends the follow, setting the daemon's stop); the whole answer.
+    A follow still open `limit_s` after the writer is done is ended by the daemon's stop too."""
+    answered = threading.Event()
+
+    def beside() -> None:
+        writer()
+        if not answered.wait(limit_s):
+            client.app.state.stopping.set()
+
+    thread = threading.Thread(target=beside)
     thread.start()
     try:
-        return client.get(f"/api/v1/games/{name}/logs", params={"follow": "true", "lines": lines})
+        return client.get(f"/api/v1/games/{name}/logs", params=params or {"follow": "true", "lines": lines})
     finally:
+        answered.set()
         thread.join()
 
 
@@ -452,6 +469,7 @@ def test_a_pinned_follow_ends_when_its_log_is_pruned(app, client: TestClient) ->
 
     def pruner() -> None:
         time.sleep(0.5)
+        end_run(app, run_id)  # log_keep_runs prunes an ended run's log, at a newer run's spawn
         log_path(app, run_id).unlink()
         if not answered.wait(3):
             app.state.stopping.set()  # the old behaviour's only way out within the test
@@ -470,14 +488,14 @@ def test_a_pinned_follow_ends_when_its_log_is_pruned(app, client: TestClient) ->
 
 
 def test_a_follow_moving_on_to_a_run_whose_log_is_not_made_yet_waits_for_it(app, client: TestClient) -> None:
-    # A run's log path is recorded at its spawn, its worker (a Ray actor, later still) makes the
-    # file after: the follow moved on to it, read nothing there and said it was gone (log_keep_runs).
+    # A Ray run's log path is recorded at its spawn, its actor's worker makes the file after: the
+    # follow moved on to it, read nothing there and said it was gone (log_keep_runs).
     new_run(app, "late", "first\n")
     events: list[int] = []
 
     def writer() -> None:
         time.sleep(0.3)
-        events.append(new_run(app, "late", ""))
+        events.append(new_run(app, "late", "", ray=True))
         path = log_path(app, events[0])
         path.unlink()  # recorded, not made yet
         time.sleep(1.5)  # the follow looks for a newer run once a second: it is on it by now
@@ -511,6 +529,179 @@ def test_a_ray_runs_log_not_made_yet_is_not_written_yet_and_a_follow_waits_for_i
 
     response = follow_beside(client, "raylate", writer)
     assert response.status_code == 200 and response.text.splitlines() == ["first line"], response.text
+
+
+def test_a_local_running_runs_log_removed_is_missing_not_not_written_yet(app, client: TestClient) -> None:
+    # A local worker's log is made before its path is recorded (launcher.py's _spawn): one missing
+    # while its run goes on was removed (a same-path restore brings back no logs/, a hand rm). It
+    # was called "not written yet", and `fleetd logs -f` waited for it, silent, an hour at a time.
+    run_id = new_run(app, "wiped", "")
+    path = log_path(app, run_id)
+    path.unlink()
+    started = time.monotonic()
+    for params in ({}, {"follow": "true"}, {"follow": "true", "run": run_id}):
+        response = follow_beside(client, "wiped", lambda: None, params=params)
+        assert response.status_code == 404, response.text
+        body = response.json()["error"]
+        assert "is missing" in body["message"] and str(path) in body["message"] and "next run" in body["message"]
+        assert "not written yet" not in body["message"] and "log_keep_runs" not in body["message"]
+        assert body["details"]["removed"] is True and "written" not in body["details"]
+    assert time.monotonic() - started < 3
+
+
+def test_a_followed_local_log_removed_while_its_run_goes_on_ends_the_follow_saying_so(app, client: TestClient) -> None:
+    run_id = new_run(app, "rmfollow", "line\n")
+    started = time.monotonic()
+
+    def remover() -> None:
+        time.sleep(0.5)
+        log_path(app, run_id).unlink()
+
+    response = follow_beside(client, "rmfollow", remover)
+    assert time.monotonic() - started < 3
+    lines = response.text.splitlines()
+    assert lines[0] == "line" and lines[1].startswith(f"--- fleetd: the log of run {run_id} is missing: "), lines
+    assert len(lines) == 2 and "log_keep_runs" not in response.text
+
+
+def test_a_follow_moving_on_to_a_local_run_whose_log_is_missing_ends_saying_so(app, client: TestClient) -> None:
+    new_run(app, "rmnext", "first\n")
+    events: list[int] = []
+
+    def starter() -> None:
+        time.sleep(0.3)
+        events.append(new_run(app, "rmnext", ""))
+        log_path(app, events[0]).unlink()  # before the follow's next look (once a second)
+
+    started = time.monotonic()
+    lines = follow_beside(client, "rmnext", starter).text.splitlines()
+    assert time.monotonic() - started < 4
+    assert lines[0] == "first" and lines[1].startswith(f"--- fleetd: run {events[0]} started "), lines
+    assert lines[2].startswith(f"--- fleetd: the log of run {events[0]} is missing: ") and len(lines) == 3, lines
+
+
+def test_a_follow_waiting_for_a_ray_log_never_made_ends_when_its_run_ends(app, client: TestClient) -> None:
+    # Its actor died before its worker made the log: the follow waited out its hour for a file
+    # that would never come. Pinned, it ends; unpinned, it says so and moves on to the next run.
+    run_id = new_run(app, "raydied", "", ray=True)
+    log_path(app, run_id).unlink()
+    assert "not written yet" in error(client.get("/api/v1/games/raydied/logs"), 404)  # not located yet, still Ray's
+    answered = threading.Event()
+
+    def ender() -> None:
+        time.sleep(0.3)
+        end_run(app, run_id, "crash")
+        if not answered.wait(5):
+            app.state.stopping.set()  # the old behaviour's only way out within the test
+
+    thread = threading.Thread(target=ender)
+    thread.start()
+    started = time.monotonic()
+    try:
+        response = client.get("/api/v1/games/raydied/logs", params={"follow": "true", "run": run_id})
+    finally:
+        answered.set()
+        thread.join()
+    assert time.monotonic() - started < 5  # UNWRITTEN_GRACE_S after it is seen ended
+    assert response.text.splitlines() == [f"--- fleetd: run {run_id} ended (crash) without writing its log ---"]
+
+    second = new_run(app, "raydied", "", ray=True)
+    log_path(app, second).unlink()
+    events: list[int] = []
+
+    def restarter() -> None:
+        time.sleep(0.3)
+        end_run(app, second, "crash")
+        time.sleep(3.5)  # the follow looks once a second, and says so UNWRITTEN_GRACE_S after: it has by now
+        events.append(new_run(app, "raydied", "restarted\n", ray=True))
+        time.sleep(1.5)
+        app.state.stopping.set()
+
+    lines = follow_beside(client, "raydied", restarter).text.splitlines()
+    assert lines[0] == f"--- fleetd: run {second} ended (crash) without writing its log ---", lines
+    assert lines[1].startswith(f"--- fleetd: run {events[0]} started ") and lines[2:] == ["restarted"], lines
+
+
+def test_a_ray_log_made_just_as_its_run_is_seen_ended_is_sent_from_its_first_line(app, client: TestClient,
+                                                                                  monkeypatch) -> None:
+    # The file made between the follow's read and its look (the worker's crash traceback, the
+    # lines that matter) was read past, never sent: pinned, the follow then sat silent its hour.
+    from fleetd.api.routes import logs as logs_route
+
+    run_id = new_run(app, "racy", "", ray=True)
+    path = log_path(app, run_id)
+    path.unlink()
+    real = logs_route._next_look
+
+    def look(context, name, rid, pinned):
+        followed, newer = real(context, name, rid, pinned)
+        if followed is not None and followed.ended_at is not None and not path.exists():
+            path.write_text("Traceback: the crash\n")  # lands between the follow's read and its look
+        return followed, newer
+
+    monkeypatch.setattr(logs_route, "_next_look", look)
+
+    def ender() -> None:
+        time.sleep(0.3)
+        end_run(app, run_id, "crash")
+
+    response = follow_beside(client, "racy", ender, params={"follow": "true", "run": run_id}, limit_s=3)
+    assert response.text.splitlines()[:1] == ["Traceback: the crash"], response.text
+
+
+def test_a_ray_log_shown_late_after_its_run_ended_is_followed_not_called_never_written(app, client: TestClient) -> None:
+    # On NFS a node's new file can show at the head a little late: the follow, seeing the run
+    # ended with no file yet, said at its first look that it never wrote its log.
+    run_id = new_run(app, "nfslag", "", ray=True)
+    path = log_path(app, run_id)
+    path.unlink()
+
+    def ender() -> None:
+        time.sleep(0.3)
+        end_run(app, run_id, "crash")
+        time.sleep(1.5)  # the follow has seen it ended by now (it looks once a second)
+        path.write_text("shown late\n")
+
+    response = follow_beside(client, "nfslag", ender, params={"follow": "true", "run": run_id}, limit_s=2)
+    assert response.text.splitlines() == ["shown late"], response.text
+
+
+def test_a_follow_of_a_ray_run_located_under_url_storage_ends_naming_its_node(app, client: TestClient) -> None:
+    # With [cluster] storage a URL a Ray run's log stays on its node: the follow waited, then said
+    # the run "ended without writing its log" (false), and `fleetd logs -f --run` exited 4 on it.
+    context = app.state.context
+    cluster = context.settings.cluster.model_copy(update={"storage": "s3://bucket/fleet"})
+    original = context.settings
+    object.__setattr__(context, "settings", original.model_copy(update={"cluster": cluster}))
+    try:
+        run_id = new_run(app, "s3game", "", ray=True)
+        log_path(app, run_id).unlink()  # written in the node's cache, never here
+
+        def node() -> None:
+            time.sleep(0.3)
+            with context.db.transaction() as session:
+                run_store.update_run_located(session, run_id, "f" * 56)
+            time.sleep(1.2)
+            end_run(app, run_id, "completed")
+
+        started = time.monotonic()
+        response = follow_beside(client, "s3game", node, params={"follow": "true", "run": run_id})
+        assert time.monotonic() - started < 5
+        lines = response.text.splitlines()
+        assert len(lines) == 1 and "is on the node that ran it (ffffffffffff)" in lines[0], lines
+        assert "without writing" not in response.text
+        assert "node that ran it" in error(client.get("/api/v1/games/s3game/logs", params={"run": run_id}), 409)
+    finally:
+        object.__setattr__(context, "settings", original)
+
+
+def test_an_ended_ray_run_with_no_log_file_is_not_said_surely_pruned(app, client: TestClient) -> None:
+    run_id = new_run(app, "raygone", "", ray=True)
+    log_path(app, run_id).unlink()
+    end_run(app, run_id, "crash")
+    message = error(client.get("/api/v1/games/raygone/logs"), 404)
+    assert "either its run ended before its worker wrote it" in message and "log_keep_runs" in message
+    assert "is gone" not in message
 
 
 def test_a_follow_of_a_game_removed_and_added_again_says_it_was_removed(app, client: TestClient) -> None:
