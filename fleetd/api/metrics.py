@@ -23,7 +23,7 @@ from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.host.uptime import uptime_report
-from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing_host
+from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing
 from fleetd.states import Shown, shown, shown_rate
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
@@ -37,20 +37,25 @@ PLAN_MAX_AGE_S = 60.0  # a plan covers every game: scrapes within a minute share
 
 
 class PlanCache:
-    """The plan /metrics shows, made again once it is older than `PLAN_MAX_AGE_S`."""
+    """The plan /metrics shows, made again once it is older than `PLAN_MAX_AGE_S`, or at once
+    when what the live governor sizes by has changed since (`LiveSizing.inputs`: a GPU seen, a
+    footprint's peak, the governor's rung or its sizing there): not a minute on a stale host."""
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
         self._latest: PlanReport | None = None
+        self._sized_by: tuple[object, ...] | None = None
 
     def get(self, now: datetime) -> PlanReport:
-        latest = self._latest
-        if latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at:
-            context = self.context
-            snapshot = context.snapshot
+        latest, context = self._latest, self.context
+        snapshot = context.snapshot
+        live = live_sizing(snapshot)
+        sized_by = live.inputs()
+        if (latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at
+                or sized_by != self._sized_by):  # fmt: skip
             latest = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now,
-                                pressure_seen=live_pressure(snapshot), sizing_host=live_sizing_host(snapshot))  # fmt: skip
-            self._latest = latest
+                                pressure_seen=live_pressure(snapshot), live=live)  # fmt: skip
+            self._latest, self._sized_by = latest, sized_by
         return latest
 
 
