@@ -17,6 +17,7 @@ from fleetd.governor.scaling import Host, Scaled, scale_rung
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.planning.queue import RungOption
 from fleetd.supervision.spec import worker_sizes
+from workers.protocol.spec import TierDefaults
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,6 @@ class LiveSizing:
         view = snapshot.governor
         return cls(view.sizing_host, view.rung, view.scaled, len(view.admitted))
 
-    def inputs(self) -> tuple[object, ...]:
-        """What a plan's sizing reads of it: the GPUs, the memory, each footprint's figures (a
-        reading that raises no peak, only a count and a time, changes nothing), the rung's sizing."""
-        host = self.host
-        figures = None if host is None else (host.gpu, host.memory_bytes, tuple(sorted(
-            (key, record.gpu_bytes, record.rss_bytes) for key, record in host.footprints.items())))
-        return (figures, self.rung, self.scaled, self.admitted)
-
 
 @dataclass(frozen=True)
 class RungSizing:
@@ -58,13 +51,24 @@ class RungSizing:
     live: LiveSizing
     settings: Settings
 
-    def envs(self, ladder: Sequence[Rung], index: int, wanting: int) -> int:
+    def sizes(self, ladder: Sequence[Rung], index: int, wanting: int) -> TierDefaults:
         live = self.live
         if live.scaled is not None and ladder[index].label == live.rung:
-            return worker_sizes(self.settings, live.scaled, live.admitted).num_envs or 1
+            return worker_sizes(self.settings, live.scaled, live.admitted)
         games = max(1, min(ladder[index].games, wanting))
         scaled = scale_rung(ladder, index, live.host, self.settings.fleet, games)
-        return worker_sizes(self.settings, scaled, games).num_envs or 1
+        return worker_sizes(self.settings, scaled, games)
+
+    def envs(self, ladder: Sequence[Rung], index: int, wanting: int) -> int:
+        return self.sizes(ladder, index, wanting).num_envs or 1
+
+    def sized(self, ladder: Sequence[Rung], wanting: int) -> tuple[object, ...]:
+        """What a plan's sizing comes to with `wanting` games wanting a slot: the rung the live
+        governor stands at, its sizing there, and every rung's sizes. A footprint's new peak,
+        a GPU seen or a game admitted that moves none of them changes nothing (RSS peaks creep
+        up at every telemetry sample: /metrics would make its plan again at each)."""
+        sizes = tuple((s.num_envs, s.batch_size) for s in (self.sizes(ladder, i, wanting) for i in range(len(ladder))))
+        return (self.live.rung, self.live.scaled, sizes)
 
 
 def option(governor: Governor, index: int, wanting: int, sizing: RungSizing) -> RungOption:

@@ -41,6 +41,7 @@ class PlanReport:
     error_horizon: timedelta
     games: dict[str, GameRecord]
     reboots: RebootCost  # the week's reboots as the projection has shown them
+    wanting: int = 0  # the games wanting a slot, as the plan counted them: it sized its rungs for them
 
     @property
     def median_error(self) -> float | None:
@@ -171,7 +172,7 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
     others = what_if(snapshot, what_if_rungs(governor, wanting, sizing))
     eta_now = {g.name: g.end_at(now) for g in base.games}
     errors = plan_errors(predictions, eta_now, now, horizon, {g.name: g.created_at for g in records})
-    return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots)
+    return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots, wanting)
 
 
 # -- recording ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def launch_for(game: GameRecord, settings: Settings, running_games: int, tier: S
     game_dir = settings.game_dir(game.name)
     cpu_threads = cpu_allotment(settings, running_games)
     # The governor's tier, sized for this worker's device; explicit hyperparams still win.
-    sizes = tier.for_worker(settings.worker.device, cpu_threads) if tier else TierDefaults()
+    sizes = worker_sizes(settings, tier, running_games) if tier else TierDefaults()
     try:
         spec = launch_spec(game, settings, cpu_threads, sizes)
     except SpecError as exc:

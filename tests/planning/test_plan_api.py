@@ -33,7 +33,7 @@ from fleetd.store.health import update_game_queued
 from fleetd.store.plans import read_plan_predictions
 from fleetd.store.records import FleetRecord, FootprintRecord, GameDraft, ProgressSnapshot, RungMemory
 from fleetd.store.runs import create_run, update_run_spawned
-from fleetd.supervision.spec import launch_spec
+from fleetd.supervision.spec import launch_for, launch_spec
 from tests.api_context import RecordingSupervisor
 from tests.planning.helpers import TOKEN, govern, progress
 from workers.protocol.spec import RunSpec, TierDefaults
@@ -647,3 +647,40 @@ def test_the_metrics_plan_is_made_again_once_the_governor_sizes_its_rung_otherwi
     context.clock.advance(10)
     controller.footprints = FootprintBook([replace(measured_at_64(context.clock.now()), samples=9)])
     assert cache.get(context.clock.now()) is second
+
+
+def test_the_metrics_plan_is_kept_its_minute_when_a_new_peak_moves_no_rungs_sizes(fleet) -> None:
+    """A worker's RSS peak creeps up a page at a telemetry sample: the governor's sizing of every
+    rung stays (3 x 2 GiB of host memory is far from 256 GiB). The plan /metrics shows was made
+    again at each such peak, every 10 s, not once a minute."""
+    context, _ = fleet
+    at_medium(context)
+    live = h100_fleet(context, measured_at_64(context.clock.now()))
+    controller, cache = live.supervisor.fleet, PlanCache(live)
+    first = cache.get(context.clock.now())
+    for page in (1, 2):
+        context.clock.advance(10)
+        measured = measured_at_64(context.clock.now())
+        controller.footprints = FootprintBook([replace(measured, rss_bytes=measured.rss_bytes + page * 4096, samples=6 + page)])
+        govern(controller, context.db)
+        assert live.snapshot.governor.sizing_host.footprints  # the live governor reads the new peak
+        assert cache.get(context.clock.now()) is first
+    context.clock.advance(60)
+    assert cache.get(context.clock.now()) is not first  # its minute is up
+
+
+def test_the_rung_the_governor_stands_at_is_planned_at_the_cpu_cap_over_the_games_holding_its_slots(
+        fleet, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """No GPU, 12 cores: at 4x48 the governor admits 3 of the 4 games wanting a slot (pressure
+    holds the 4th), so each worker is launched with 12 / 3 = 4 threads, 8 envs. The plan plans the
+    rung at those 8, not at the 6 a share of 4 games would give."""
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 12)
+    live = pressure_held_slot(fleet[0])
+    controller = live.supervisor.fleet
+    tier, sharing = controller.sizing("cart1")
+    with live.db.transaction() as session:
+        launched = launch_for(read_game(session, "cart1"), live.settings, sharing, tier).spec
+    assert sharing == 3 and launched.tier_defaults.num_envs == 8
+    body = get(live)
+    assert [(w["rung"], w["sized_envs"]) for w in body["what_if"] if w["current"]] == [("4x48", 8)]
+    assert [w.rung.envs for w in PlanCache(live).get(live.clock.now()).what_if if w.rung.current] == [8]
