@@ -663,7 +663,8 @@ def test_the_metrics_plan_is_kept_its_minute_when_a_new_peak_moves_no_rungs_size
         measured = measured_at_64(context.clock.now())
         controller.footprints = FootprintBook([replace(measured, rss_bytes=measured.rss_bytes + page * 4096, samples=6 + page)])
         govern(controller, context.db)
-        assert live.snapshot.governor.sizing_host.footprints  # the live governor reads the new peak
+        peaks = [r.rss_bytes for r in live.snapshot.governor.sizing_host.footprints.values()]
+        assert peaks == [measured.rss_bytes + page * 4096]  # the live governor reads the new peak
         assert cache.get(context.clock.now()) is first
     context.clock.advance(60)
     assert cache.get(context.clock.now()) is not first  # its minute is up
