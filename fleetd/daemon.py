@@ -36,7 +36,7 @@ from fleetd.governor.footprint import FootprintBook, FootprintSource
 from fleetd.host.boot import HostBoot, HostReader
 from fleetd.jobs import GpuLossNotice, Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, set_aside_job, telemetry_job
 from fleetd.host.sd_notify import Notifier
-from fleetd.planning.service import live_pressure, live_sizing_host, record_plan
+from fleetd.planning.service import live_pressure, live_sizing, record_plan
 from fleetd.scheduler import Scheduler, build_scheduler
 from fleetd.host.statedir import STARTING, StateDirLock, lock_state_dir
 from fleetd.store.engine import Database
@@ -641,7 +641,7 @@ def plan_job(db: Database, clock: Clock, settings: Settings, info: DaemonInfo, s
     def record() -> int:
         snapshot = supervisor.snapshot  # one read: the pressure and the sizing of the same step
         return record_plan(db, settings, info.boot_pk, info.started_at, clock.now(), live_pressure(snapshot),
-                           live_sizing_host(snapshot))  # fmt: skip
+                           live_sizing(snapshot))  # fmt: skip
 
     return Job("plan", settings.plan.record_interval_s, record)
 

@@ -18,12 +18,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleetd.api.context import AppContext
+from fleetd.governor.ladder import build_ladder
 from fleetd.governor.stall import TELEMETRY_STALE_INTERVALS, sample_age
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
 from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
 from fleetd.host.uptime import uptime_report
-from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing_host
+from fleetd.planning.rungs import RungSizing
+from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing
 from fleetd.states import Shown, shown, shown_rate
 from fleetd.store.boots import count_reboots
 from fleetd.store.games import read_game_figures
@@ -37,20 +39,29 @@ PLAN_MAX_AGE_S = 60.0  # a plan covers every game: scrapes within a minute share
 
 
 class PlanCache:
-    """The plan /metrics shows, made again once it is older than `PLAN_MAX_AGE_S`."""
+    """The plan /metrics shows, made again once it is older than `PLAN_MAX_AGE_S`, or at once
+    when what the live governor gives some rung's workers has changed since (`RungSizing.sized`,
+    for the games the plan counted wanting a slot: a footprint's peak, a GPU seen, the games
+    holding its slots that move some rung's envs or batch; the governor's rung or its sizing
+    there): not a minute on a stale host. A new peak that moves no rung's sizes (RSS peaks creep
+    up at each telemetry sample) keeps the plan its minute."""
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
+        self.ladder = build_ladder(context.settings.fleet.tiers)  # the plan's governor's (stored_governor)
         self._latest: PlanReport | None = None
+        self._sized: tuple[object, ...] | None = None
 
     def get(self, now: datetime) -> PlanReport:
-        latest = self._latest
-        if latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at:
-            context = self.context
-            snapshot = context.snapshot
+        latest, context = self._latest, self.context
+        snapshot = context.snapshot
+        live = live_sizing(snapshot)
+        sizing = RungSizing(live, context.settings)
+        if (latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at
+                or sizing.sized(self.ladder, latest.wanting) != self._sized):  # fmt: skip
             latest = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now,
-                                pressure_seen=live_pressure(snapshot), sizing_host=live_sizing_host(snapshot))  # fmt: skip
-            self._latest = latest
+                                pressure_seen=live_pressure(snapshot), live=live)  # fmt: skip
+            self._latest, self._sized = latest, sizing.sized(self.ladder, latest.wanting)
         return latest
 
 

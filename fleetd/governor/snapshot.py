@@ -66,7 +66,8 @@ class GovernorView:
     # the governor from the store, takes it from here (fleetd/planning/service.py).
     pressure_seen: datetime | None = None
     # What the governor sizes a rung's workers by (GPUs, memory, footprints measured; None: no GPU
-    # seen, the CPU's caps): the plan sizes the rungs it plans at with it (fleetd/planning/rungs.py).
+    # seen, the CPU's caps): the plan sizes the other rungs it plans at with it, and the rung the
+    # governor stands at by `scaled` (fleetd/planning/rungs.py).
     sizing_host: Host | None = None
 
     def as_host_rung(self, host: str) -> HostRung | None:

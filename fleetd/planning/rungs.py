@@ -1,7 +1,8 @@
 """Which rungs a what-if plan covers: every rung of the ladder this host has proven, the rung it
 stands at, and the next one the governor would probe (marked unproven). And the rung a user
 names (`fleetd plan --rung medium`, `--rung 6x48`). Each sized as the governor sizes it for this
-host: the envs per game its workers would really be given there (`RungSizing`)."""
+host: the envs per game its workers would really be given there (`RungSizing`); at the rung the
+live governor stands at, those it gives them now (`LiveSizing`)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,62 @@ from fleetd.config import Settings
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.core import Governor
 from fleetd.governor.ladder import Rung
-from fleetd.governor.scaling import Host, scale_rung
+from fleetd.governor.scaling import Host, Scaled, scale_rung
+from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.planning.queue import RungOption
-from fleetd.supervision.spec import cpu_allotment
+from fleetd.supervision.spec import worker_sizes
+from workers.protocol.spec import TierDefaults
+
+
+@dataclass(frozen=True)
+class LiveSizing:
+    """What the live governor sizes by, and what it sizes the rung it stands at to, from its
+    newest snapshot (`of`). Empty: no snapshot (a read-only app, or before the first step)."""
+
+    host: Host | None = None  # GovernorView.sizing_host: GPUs, memory, footprints (None: no GPU seen)
+    rung: str | None = None  # the label of the rung it stands at (on a cluster, its hosts': no rung's)
+    scaled: Scaled | None = None  # its sizing there (GovernorView.scaled): for the games its mark counts
+    admitted: int = 0  # the games holding its slots: the CPU's cap shares the cores among them
+
+    @classmethod
+    def of(cls, snapshot: FleetSnapshot | None) -> LiveSizing:
+        if snapshot is None:
+            return cls()
+        view = snapshot.governor
+        return cls(view.sizing_host, view.rung, view.scaled, len(view.admitted))
 
 
 @dataclass(frozen=True)
 class RungSizing:
-    """What a rung's workers are given on this host, by the governor's own sizing: the GPU's
-    memory and what was measured (`host`, the live governor's; None: no GPU seen), then each
-    worker's CPU cap (`Scaled.for_worker`) with the CPU threads its share of the host's cores
-    gives it (`cpu_allotment`), for the games running there: the rung's, or fewer wanting a slot."""
+    """What a rung's workers are given on this host, by the governor's own sizing. At the rung the
+    live governor stands at, what it gives them now: its sizing there (by its mark, the most games
+    counted on the rung, which never falls while it stays: docs/governor.md#sizing) capped for the
+    games holding its slots, as the launches are. At any other rung, what it would give on
+    getting there: sized by the GPU's memory and what was measured (`live.host`), then each
+    worker's CPU cap (`worker_sizes`), for the games running there: the rung's, or fewer wanting a
+    slot."""
 
-    host: Host | None
+    live: LiveSizing
     settings: Settings
 
-    def envs(self, ladder: Sequence[Rung], index: int, wanting: int) -> int:
+    def sizes(self, ladder: Sequence[Rung], index: int, wanting: int) -> TierDefaults:
+        live = self.live
+        if live.scaled is not None and ladder[index].label == live.rung:
+            return worker_sizes(self.settings, live.scaled, live.admitted)
         games = max(1, min(ladder[index].games, wanting))
-        scaled = scale_rung(ladder, index, self.host, self.settings.fleet, games)
-        return scaled.for_worker(self.settings.worker.device, cpu_allotment(self.settings, games)).num_envs or 1
+        scaled = scale_rung(ladder, index, live.host, self.settings.fleet, games)
+        return worker_sizes(self.settings, scaled, games)
+
+    def envs(self, ladder: Sequence[Rung], index: int, wanting: int) -> int:
+        return self.sizes(ladder, index, wanting).num_envs or 1
+
+    def sized(self, ladder: Sequence[Rung], wanting: int) -> tuple[object, ...]:
+        """What a plan's sizing comes to with `wanting` games wanting a slot: the rung the live
+        governor stands at, its sizing there, and every rung's sizes. A footprint's new peak,
+        a GPU seen or a game admitted that moves none of them changes nothing (RSS peaks creep
+        up at every telemetry sample: /metrics would make its plan again at each)."""
+        sizes = tuple((s.num_envs, s.batch_size) for s in (self.sizes(ladder, i, wanting) for i in range(len(ladder))))
+        return (self.live.rung, self.live.scaled, sizes)
 
 
 def option(governor: Governor, index: int, wanting: int, sizing: RungSizing) -> RungOption:

@@ -15,7 +15,6 @@ from typing import Any
 from fleetd.config import Settings
 from fleetd.governor.core import FleetState, Governor
 from fleetd.governor.ladder import build_ladder, nearest_rung
-from fleetd.governor.scaling import Host
 from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.host.uptime import WEEK, uptime_report
 from fleetd.planning.downtime import Downtime, downtime_from_log
@@ -23,7 +22,7 @@ from fleetd.planning.error import PlanError, median_abs_relative, plan_errors
 from fleetd.planning.goals import Goal, goal_of, goals_of
 from fleetd.planning.projection import RATE_WINDOW, RebootCost, reboot_cost, recent_rate_per_hour
 from fleetd.planning.queue import Plan, PlanGame, PlanInput, PlanState, Rates, plan, what_if
-from fleetd.planning.rungs import RungSizing, named_rung, option, what_if_rungs
+from fleetd.planning.rungs import LiveSizing, RungSizing, named_rung, option, what_if_rungs
 from fleetd.states import LIVE, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store import plans as plan_store
@@ -42,6 +41,7 @@ class PlanReport:
     error_horizon: timedelta
     games: dict[str, GameRecord]
     reboots: RebootCost  # the week's reboots as the projection has shown them
+    wanting: int = 0  # the games wanting a slot, as the plan counted them: it sized its rungs for them
 
     @property
     def median_error(self) -> float | None:
@@ -116,10 +116,11 @@ def live_pressure(snapshot: FleetSnapshot | None) -> datetime | None:
     return None if snapshot is None else snapshot.governor.pressure_seen
 
 
-def live_sizing_host(snapshot: FleetSnapshot | None) -> Host | None:
-    """What the live governor sizes its rungs by (its snapshot's): the plan sizes its rungs as it
-    does. None: no GPU seen, or no supervisor thread (a read-only app): the CPU's caps."""
-    return None if snapshot is None else snapshot.governor.sizing_host
+def live_sizing(snapshot: FleetSnapshot | None) -> LiveSizing:
+    """What the live governor sizes its rungs by, and gives at the rung it stands at (its
+    snapshot's): the plan sizes its rungs as it does. Empty with no supervisor thread (a
+    read-only app): every rung sized for the CPU's caps."""
+    return LiveSizing.of(snapshot)
 
 
 def read_downtime(db: Database, boot_pk: int, started_at: datetime, now: datetime) -> tuple[Downtime, RebootCost]:
@@ -140,12 +141,13 @@ def price_of(settings: Settings) -> float | None:
 
 def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
                rung: str | None = None, pressure_seen: datetime | None = None,
-               sizing_host: Host | None = None) -> PlanReport:  # fmt: skip
+               live: LiveSizing | None = None) -> PlanReport:  # fmt: skip
     """The plan at the rung the governor stands at (or `rung`), the what-ifs, the error so far.
     `pressure_seen`: the live governor's (its snapshot's `GovernorView.pressure_seen`), which holds
-    the slots it has not opened yet as long as it holds them. `sizing_host`: what the live
-    governor sizes rungs by (`live_sizing_host`): each rung is planned at the envs per game its
-    workers would be given there, not the rung's own."""
+    the slots it has not opened yet as long as it holds them. `live`: what the live governor
+    sizes rungs by and gives at its own (`live_sizing`): each rung is planned at the envs per game
+    its workers are (or would be) given there, not the rung's own; the rates measured, at those
+    the governor gives at the rung it stands at."""
     downtime, reboots = read_downtime(db, boot_pk, started_at, now)
     horizon = timedelta(seconds=settings.plan.error_horizon_s)
     with db.transaction() as session:
@@ -154,7 +156,7 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
         governor = stored_governor(session, settings, now, pressure_seen)
         predictions = plan_store.read_plan_predictions(session, now - timedelta(days=settings.plan.keep_days))
     wanting = sum(1 for g in games if g.state in (PlanState.RUNNING, PlanState.PENDING))
-    sizing = RungSizing(sizing_host, settings)
+    sizing = RungSizing(live or LiveSizing(), settings)
     here = option(governor, governor.index(), wanting, sizing)
     min_run_h = settings.fleet.preempt_min_run_s / 3600 if settings.fleet.preempt else None
     # The rung's slots the governor has not opened yet (games beyond those proven there join one a
@@ -170,7 +172,7 @@ def fleet_plan(db: Database, settings: Settings, boot_pk: int, started_at: datet
     others = what_if(snapshot, what_if_rungs(governor, wanting, sizing))
     eta_now = {g.name: g.end_at(now) for g in base.games}
     errors = plan_errors(predictions, eta_now, now, horizon, {g.name: g.created_at for g in records})
-    return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots)
+    return PlanReport(chosen, others, errors, horizon, {g.name: g for g in records}, reboots, wanting)
 
 
 # -- recording ---------------------------------------------------------------------------------
@@ -196,10 +198,10 @@ def finished_at(game: GameRecord, now: datetime) -> datetime:
 
 
 def record_plan(db: Database, settings: Settings, boot_pk: int, started_at: datetime, now: datetime,
-                pressure_seen: datetime | None = None, sizing_host: Host | None = None) -> int:  # fmt: skip
+                pressure_seen: datetime | None = None, live: LiveSizing | None = None) -> int:  # fmt: skip
     """The plan job: tell the predictions of games that reached their goal when they did, record
     the plan's predictions now, forget those older than `keep_days`. The predictions recorded."""
-    report = fleet_plan(db, settings, boot_pk, started_at, now, pressure_seen=pressure_seen, sizing_host=sizing_host)
+    report = fleet_plan(db, settings, boot_pk, started_at, now, pressure_seen=pressure_seen, live=live)
     predictions = predictions_of(report.plan, {name: game.created_at for name, game in report.games.items()})
     done = {g.name for g in report.plan.games if g.state is PlanState.DONE}
     with db.transaction() as session:

@@ -17,6 +17,13 @@ def cpu_allotment(settings: Settings, running_games: int) -> int:
     return max(1, host_cores() // max(1, running_games))
 
 
+def worker_sizes(settings: Settings, tier: Scaled, running_games: int) -> TierDefaults:
+    """What a worker is told of the governor's sizing `tier` with `running_games` games running:
+    the values sized for its device, capped on a CPU by its share of the cores (`cpu_allotment`).
+    The launches, the snapshot's `worker_tier` and the plan's rungs all take it from here."""
+    return tier.for_worker(settings.worker.device, cpu_allotment(settings, running_games))
+
+
 def env_thread_allotment(settings: Settings, cpu_threads: int) -> int:
     """EnvPool's threads: the torch allotment times `env_thread_factor`, within the host's cores."""
     cores = host_cores()
@@ -29,7 +36,7 @@ def launch_for(game: GameRecord, settings: Settings, running_games: int, tier: S
     game_dir = settings.game_dir(game.name)
     cpu_threads = cpu_allotment(settings, running_games)
     # The governor's tier, sized for this worker's device; explicit hyperparams still win.
-    sizes = tier.for_worker(settings.worker.device, cpu_threads) if tier else TierDefaults()
+    sizes = worker_sizes(settings, tier, running_games) if tier else TierDefaults()
     try:
         spec = launch_spec(game, settings, cpu_threads, sizes)
     except SpecError as exc:

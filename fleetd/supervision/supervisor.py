@@ -46,7 +46,7 @@ from fleetd.supervision.recovery import (WorkerFinder, close_lost_with_daemon, c
 from fleetd.supervision.remedies import Remedies, remedies_of
 from fleetd.supervision.rollback import RollBack, carry_out
 from fleetd.supervision.seams import Exited, Happening, Launcher, Located, Reactor, Reported
-from fleetd.supervision.spec import cpu_allotment, launch_for
+from fleetd.supervision.spec import launch_for, worker_sizes
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
 from workers.protocol.spec import TierDefaults
@@ -323,7 +323,7 @@ class Supervisor:
                 # On a cluster, by the rung of the game's host and the games sharing it.
                 game_tier, sharing = self.fleet.sizing(game.name)
                 proc.launch = launch_for(game, self.settings, sharing, game_tier)
-        self._worker_tier = tier.for_worker(self.settings.worker.device, cpu_allotment(self.settings, running))
+        self._worker_tier = worker_sizes(self.settings, tier, running)
 
     def _publish(self) -> None:
         slots = self._slots()

@@ -5,7 +5,7 @@ predictions judged once a game reaches its goal."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,7 +33,7 @@ from fleetd.store.health import update_game_queued
 from fleetd.store.plans import read_plan_predictions
 from fleetd.store.records import FleetRecord, FootprintRecord, GameDraft, ProgressSnapshot, RungMemory
 from fleetd.store.runs import create_run, update_run_spawned
-from fleetd.supervision.spec import launch_spec
+from fleetd.supervision.spec import launch_for, launch_spec
 from tests.api_context import RecordingSupervisor
 from tests.planning.helpers import TOKEN, govern, progress
 from workers.protocol.spec import RunSpec, TierDefaults
@@ -518,22 +518,42 @@ def test_the_plan_job_and_the_metrics_plan_take_the_pressure_the_live_governor_s
     assert planned["cart4"] == opens
 
 
+def h100_fleet(context: AppContext, measured: FootprintRecord, device: str = "auto") -> AppContext:
+    """The fleet's app with a live governor on an H100 (80 GiB, 256 GiB of host memory) that has
+    measured `measured`; its workers on `device`."""
+    now = context.clock.now()
+    h100 = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
+    telemetry = SimpleNamespace(latest=Snapshot(now.timestamp(), (h100,), True, None, HostSample(256 * GiB, 200 * GiB, 10.0, 1.0), ()))
+    controller = FleetController(context.settings.fleet, context.db, context.clock, telemetry, footprints=FootprintBook([measured]))
+    govern(controller, context.db)
+    settings = context.settings.model_copy(update={"worker": context.settings.worker.model_copy(update={"device": device})})
+    return replace(context, settings=settings, supervisor=RecordingSupervisor(controller))
+
+
+def measured_at_64(now: datetime, gpu_gib: int = 25) -> FootprintRecord:
+    """CartPole's workers measured at medium's 64 envs: 25 GiB of GPU memory a game."""
+    return FootprintRecord("CartPole-v1", "ppo", 64, 1024, gpu_gib * GiB, 2 * GiB, 6, "H100", now)
+
+
+def at_medium(context: AppContext) -> None:
+    """The governor stands at medium (4x64), asked for: it admits the 3 games."""
+    now = context.clock.now()
+    with context.db.transaction() as session:
+        save_fleet(session, FleetRecord("medium", "medium", 4, 64, now, True, now))
+        update_fleet_requested(session, "medium", now)
+
+
 def test_a_rung_is_planned_at_the_envs_the_governor_sizes_it_to_on_this_gpu(fleet) -> None:
     """Workers measured at medium's 64 envs take 25 GiB of an H100: its 3 games wanting a slot
     need 3 x 25 x 1.1 = 82.5 GiB of the 72 GiB room, so the governor gives them 4x48's 48 envs
     (fleetd/governor/scaling.py). The plan planned medium at its own 64: twice light's rate
     (1,200 an hour), not 48/32 of it."""
     context, _ = fleet
-    now = context.clock.now()
-    measured = FootprintRecord("CartPole-v1", "ppo", 64, 1024, 25 * GiB, 2 * GiB, 6, "H100", now)
-    h100 = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
-    telemetry = SimpleNamespace(latest=Snapshot(now.timestamp(), (h100,), True, None, HostSample(256 * GiB, 200 * GiB, 10.0, 1.0), ()))
-    controller = FleetController(context.settings.fleet, context.db, context.clock, telemetry, footprints=FootprintBook([measured]))
-    govern(controller, context.db)
+    live = h100_fleet(context, measured_at_64(context.clock.now()))
+    controller = live.supervisor.fleet
     medium = next(i for i, rung in enumerate(controller.governor.ladder) if rung.tier == "medium")
     sized = scale_rung(controller.governor.ladder, medium, controller._host(), context.settings.fleet, 3)
     assert (sized.num_envs, sized.on_gpu) == (48, True)  # what a worker would be given there
-    live = replace(context, supervisor=RecordingSupervisor(controller))
     for name in ("cart1", "cart2"):
         progress(context, name, 300, 30)  # 600 episodes an hour at light's 32 envs (which fit: 2 x 27.5 GiB)
     body = get(live, "?rung=medium")
@@ -563,3 +583,105 @@ def test_a_what_if_caps_envs_at_the_cpu_threads_its_games_would_get(fleet, monke
     console.print(plan_view(body))
     row = next(line for line in console.export_text().splitlines() if line.startswith("│ 3x32"))
     assert [c.strip() for c in row.split("│")[1:-1]][3] == "26 (sized)"
+
+
+def test_the_rung_the_governor_stands_at_is_planned_at_what_it_gives_since_games_finished(fleet) -> None:
+    """At medium (4x64) with 3 games wanting a slot, 64 envs take 3 x 25 x 1.1 = 82.5 GiB of the
+    H100's 72 GiB room: the governor gives 4x48's 48. cart3 reaches its goal: the governor's
+    mark (the most games counted on the rung) holds the workers at 48, but the plan sized medium
+    for the 2 left (55 GiB: 64 envs), so it took the rates as measured at 64 and planned light's
+    32 envs at half of them, not two thirds."""
+    context, _ = fleet
+    at_medium(context)
+    live = h100_fleet(context, measured_at_64(context.clock.now()))
+    controller = live.supervisor.fleet
+    assert controller.scaled().num_envs == 48 and sorted(controller._admitted) == ["cart1", "cart2", "cart3"]
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour at the 48 envs the governor gives
+    progress(context, "cart3", 3_000, 30)
+    with context.db.transaction() as session:
+        update_game_state(session, "cart3", State.EXITED, "completed: goal reached", context.clock.now())
+    govern(controller, context.db)
+    assert controller.scaled().num_envs == 48  # the mark: 3 games, though 2 want a slot now
+    body = get(live)
+    assert [(w["rung"], w["sized_envs"]) for w in body["what_if"] if w["current"]] == [("4x64 (medium)", 48)]
+    light = get(live, "?rung=light")
+    assert {g["name"]: g["rate_per_hour"] for g in light["games"] if g["plan_state"] == "running"} == {
+        "cart1": pytest.approx(400.0), "cart2": pytest.approx(400.0)}  # 600 x 32/48, not 600 x 32/64
+
+
+def test_workers_on_the_cpu_of_a_gpu_host_are_planned_at_the_cpu_cap_and_a_games_own_envs_at_its_own(
+        fleet, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`[worker] device = "cpu"` on the H100 host, 40 cores: medium sized for the GPU (48 envs for
+    its 3 games) is capped for a worker on the CPU at 2 envs a thread of its 13: 26, as 3x32 is.
+    cart1 sets its own num_envs (32): its worker takes them at any rung, so its rate stays."""
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 40)
+    context, _ = fleet
+    with context.db.transaction() as session:
+        update_game_settings(session, "cart1", {"hyperparams": {"num_envs": 32}}, context.clock.now())
+    live = h100_fleet(context, measured_at_64(context.clock.now()), device="cpu")
+    for name in ("cart1", "cart2"):
+        progress(context, name, 300, 30)  # 600 episodes an hour at 32 envs (20 threads each: uncapped)
+    medium = get(live, "?rung=medium")
+    rates = {g["name"]: g["rate_per_hour"] for g in medium["games"] if g["plan_state"] == "running"}
+    assert rates == {"cart1": pytest.approx(600.0), "cart2": pytest.approx(600 * 26 / 32)}  # not 600 x 48/32
+    what_if = {w["rung"]: w["sized_envs"] for w in get(live)["what_if"]}
+    assert what_if == {"2x32 (light)": 32, "3x32": 26}
+
+
+def test_the_metrics_plan_is_made_again_once_the_governor_sizes_its_rung_otherwise(fleet) -> None:
+    """The plan /metrics shows was kept a minute whatever changed: a footprint's new peak (15 GiB
+    a game at 64 envs, then 25) that has the governor give medium's 3 games 48 envs, not 64, left
+    it planning them at 64 until then. A reading that raises no peak makes no new plan."""
+    context, _ = fleet
+    at_medium(context)
+    live = h100_fleet(context, measured_at_64(context.clock.now(), gpu_gib=15))
+    controller, cache = live.supervisor.fleet, PlanCache(live)
+    first = cache.get(context.clock.now())
+    assert [w.rung.envs for w in first.what_if if w.rung.current] == [64]  # 3 x 15 x 1.1 GiB: fits
+    context.clock.advance(10)
+    controller.footprints = FootprintBook([measured_at_64(context.clock.now())])  # its peak: 25 GiB a game
+    govern(controller, context.db)
+    second = cache.get(context.clock.now())
+    assert [w.rung.envs for w in second.what_if if w.rung.current] == [48]
+    context.clock.advance(10)
+    controller.footprints = FootprintBook([replace(measured_at_64(context.clock.now()), samples=9)])
+    assert cache.get(context.clock.now()) is second
+
+
+def test_the_metrics_plan_is_kept_its_minute_when_a_new_peak_moves_no_rungs_sizes(fleet) -> None:
+    """A worker's RSS peak creeps up a page at a telemetry sample: the governor's sizing of every
+    rung stays (3 x 2 GiB of host memory is far from 256 GiB). The plan /metrics shows was made
+    again at each such peak, every 10 s, not once a minute."""
+    context, _ = fleet
+    at_medium(context)
+    live = h100_fleet(context, measured_at_64(context.clock.now()))
+    controller, cache = live.supervisor.fleet, PlanCache(live)
+    first = cache.get(context.clock.now())
+    for page in (1, 2):
+        context.clock.advance(10)
+        measured = measured_at_64(context.clock.now())
+        controller.footprints = FootprintBook([replace(measured, rss_bytes=measured.rss_bytes + page * 4096, samples=6 + page)])
+        govern(controller, context.db)
+        peaks = [r.rss_bytes for r in live.snapshot.governor.sizing_host.footprints.values()]
+        assert peaks == [measured.rss_bytes + page * 4096]  # the live governor reads the new peak
+        assert cache.get(context.clock.now()) is first
+    context.clock.advance(60)
+    assert cache.get(context.clock.now()) is not first  # its minute is up
+
+
+def test_the_rung_the_governor_stands_at_is_planned_at_the_cpu_cap_over_the_games_holding_its_slots(
+        fleet, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """No GPU, 12 cores: at 4x48 the governor admits 3 of the 4 games wanting a slot (pressure
+    holds the 4th), so each worker is launched with 12 / 3 = 4 threads, 8 envs. The plan plans the
+    rung at those 8, not at the 6 a share of 4 games would give."""
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 12)
+    live = pressure_held_slot(fleet[0])
+    controller = live.supervisor.fleet
+    tier, sharing = controller.sizing("cart1")
+    with live.db.transaction() as session:
+        launched = launch_for(read_game(session, "cart1"), live.settings, sharing, tier).spec
+    assert sharing == 3 and launched.tier_defaults.num_envs == 8
+    body = get(live)
+    assert [(w["rung"], w["sized_envs"]) for w in body["what_if"] if w["current"]] == [("4x48", 8)]
+    assert [w.rung.envs for w in PlanCache(live).get(live.clock.now()).what_if if w.rung.current] == [8]

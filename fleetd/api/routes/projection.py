@@ -23,7 +23,7 @@ from fleetd.games.lifecycle import shown_state
 from fleetd.planning.error import PlanError
 from fleetd.planning.goals import Goal
 from fleetd.planning.queue import GamePlan, Plan, PlanState
-from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing_host
+from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing
 from fleetd.store.records import GameRecord
 
 router = APIRouter(tags=["projection"])
@@ -37,7 +37,7 @@ def read_projection(
     now, costs = context.clock.now(), context.settings.costs
     snapshot = context.snapshot
     report = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now, rung,
-                        live_pressure(snapshot), live_sizing_host(snapshot))  # fmt: skip
+                        live_pressure(snapshot), live_sizing(snapshot))  # fmt: skip
     result = report.plan
     return ProjectionOut(
         at=now,
