@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from datetime import datetime, timedelta
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -22,6 +24,7 @@ from fleetd.api.schemas import (
     WindowOut,
 )
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.spec import AS_WRITTEN
 from fleetd.durations import format_duration
 from fleetd.store import boots as boot_store
 from fleetd.store.events import create_event
@@ -65,7 +68,7 @@ def _window_out(stats: WindowStats) -> WindowOut:
 
 @router.get("/boots", response_model=BootList)
 def list_boots(
-    limit: int = Query(50, ge=1, le=1000), context: AppContext = Depends(get_context)
+    limit: Annotated[int, Query(ge=1, le=1000), AS_WRITTEN] = 50, context: AppContext = Depends(get_context)
 ) -> BootList:
     """Host boots, newest first, each with the reboot that began it."""
     rows = boot_log(context.db, limit)
@@ -148,7 +151,8 @@ def expect_reboot(body: ExpectedRebootCreate, context: AppContext = Depends(get_
 
 @router.get("/reboots/expected", response_model=ExpectedRebootList)
 def list_expected_reboots(
-    hours: float = Query(24.0, gt=0, le=24 * 365, allow_inf_nan=False, description="also those that stopped holding this many hours ago"),
+    hours: Annotated[float, Query(gt=0, le=24 * 365, allow_inf_nan=False,
+                                 description="also those that stopped holding this many hours ago"), AS_WRITTEN] = 24.0,
     context: AppContext = Depends(get_context),
 ) -> ExpectedRebootList:
     """Expected reboots that hold now or stopped holding within `hours` (at most 100), newest first."""

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.schemas import IsoDateTime, MAX_ID, EventList, EventOut
+from fleetd.games.spec import AS_WRITTEN
 from fleetd.store.events import EventFilter, read_events
 
 router = APIRouter(tags=["events"])
@@ -12,8 +15,9 @@ router = APIRouter(tags=["events"])
 
 @router.get("/events", response_model=EventList)
 def list_events(
-    limit: int = Query(100, ge=1, le=1000),
-    before: int | None = Query(None, ge=1, le=MAX_ID, description="only events older than this id (paging)"),
+    limit: Annotated[int, Query(ge=1, le=1000), AS_WRITTEN] = 100,
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only events older than this id (paging)"),
+                      AS_WRITTEN] = None,
     kind: str | None = Query(None, max_length=32),
     game: str | None = Query(None, max_length=64),
     since: IsoDateTime | None = Query(None, description="only events at or after this time (ISO 8601; "

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict
@@ -32,6 +34,7 @@ from fleetd.games.lifecycle import add_game, remove_game, set_desired, shown_rea
 from fleetd.games.settings import NO_WORKERS, LiveWorkers
 from fleetd.health.rules import HealthRecord
 from fleetd.games.slug import GAME_NAME_PATTERN
+from fleetd.games.spec import AS_WRITTEN
 from fleetd.store import checkpoints as checkpoint_store
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
@@ -115,7 +118,7 @@ GAMES_PAGE = 100  # the default page of GET /games; at most GAMES_PAGE_MAX
 
 @router.get("/games", response_model=GameList)
 def list_games(
-    limit: int = Query(GAMES_PAGE, ge=1, le=GAMES_PAGE_MAX, description="games per page"),
+    limit: Annotated[int, Query(ge=1, le=GAMES_PAGE_MAX, description="games per page"), AS_WRITTEN] = GAMES_PAGE,
     cursor: str | None = Query(None, pattern=CURSOR_PATTERN, description="`next_cursor` of the previous page"),
     context: AppContext = Depends(get_context),
 ) -> GameList:
@@ -246,7 +249,7 @@ def roll_back_game(body: RollbackCreate, name: str = GameName, context: AppConte
 
 @router.get("/games/{name}/runs", response_model=RunList, responses=NOT_FOUND)
 def list_runs(
-    name: str = GameName, limit: int = Query(50, ge=1, le=1000), context: AppContext = Depends(get_context)
+    name: str = GameName, limit: Annotated[int, Query(ge=1, le=1000), AS_WRITTEN] = 50, context: AppContext = Depends(get_context)
 ) -> RunList:
     with context.db.transaction() as session:
         game = game_store.read_game(session, name)

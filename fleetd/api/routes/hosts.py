@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
@@ -9,6 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.spec import AS_WRITTEN
 from fleetd.api.schemas import HostBootOut, HostGovernorOut, HostList, HostOut
 from fleetd.governor.snapshot import HostRung
 from fleetd.host.lives import host_resources, this_host
@@ -54,8 +57,8 @@ def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None, newe
 
 @router.get("/hosts", response_model=HostList)
 def list_hosts(
-    lives: int = Query(DEFAULT_LIVES, ge=0, le=100_000, description="each host's newest lives listed; its `boots` "
-                                                                     "and `downtime_s` count them all"),
+    lives: Annotated[int, Query(ge=0, le=100_000, description="each host's newest lives listed; its `boots` "
+                                                        "and `downtime_s` count them all"), AS_WRITTEN] = DEFAULT_LIVES,
     context: AppContext = Depends(get_context),
 ) -> HostList:
     """The hosts: on a Ray cluster each one's node lives (joins until death), the downtime between

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Annotated, Protocol
 from pathlib import Path as FsPath
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -18,6 +18,7 @@ from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.api.routes.games import GameName
 from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
+from fleetd.games.spec import AS_WRITTEN
 from fleetd.operations.run_logs import (CopySignature, byte_before, copy_signature, follow_from_start, follow_read,
                                          tail)
 from fleetd.store import games as game_store
@@ -51,9 +52,10 @@ def stopping_event(request: Request) -> Flag:
 async def game_logs(
     request: Request,
     name: str = GameName,
-    lines: int = Query(100, ge=0, le=LINES_MAX, description="how many of the last lines to send first"),
-    run: int | None = Query(None, ge=1, le=MAX_ID,
-                            description="this run's log (an id from /games/{name}/runs); default the newest"),
+    lines: Annotated[int, Query(ge=0, le=LINES_MAX, description="how many of the last lines to send first"),
+                     AS_WRITTEN] = 100,
+    run: Annotated[int | None, Query(ge=1, le=MAX_ID, description="this run's log (an id from /games/{name}/runs); "
+                                                                 "default the newest"), AS_WRITTEN] = None,
     follow: bool = Query(False, description="keep the response open and stream lines as they are written"),
     context: AppContext = Depends(get_context),
 ) -> Response:

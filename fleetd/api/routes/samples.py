@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from datetime import timedelta
 
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.schemas import IsoDateTime, SampleOut, SampleSeries
+from fleetd.games.spec import AS_WRITTEN
 from fleetd.games.slug import GAME_NAME_PATTERN
 from fleetd.store.samples import read_samples
 
@@ -16,10 +19,10 @@ router = APIRouter(tags=["samples"])
 def list_samples(
     metric: str = Query(max_length=48, pattern=r"^[a-z0-9_]+$", description="e.g. steps, episodes, mean_reward_100, gpu_utilization_pct"),
     game: str | None = Query(None, pattern=GAME_NAME_PATTERN, description="a game's samples"),
-    gpu: int | None = Query(None, ge=0, le=63, description="a GPU's samples"),
+    gpu: Annotated[int | None, Query(ge=0, le=63, description="a GPU's samples"), AS_WRITTEN] = None,
     since: IsoDateTime | None = Query(None, description="ISO 8601, without an offset UTC; "
                                                         "default: the last 24 hours"),
-    limit: int = Query(2000, ge=1, le=20000, description="the newest this many points"),
+    limit: Annotated[int, Query(ge=1, le=20000, description="the newest this many points"), AS_WRITTEN] = 2000,
     context: AppContext = Depends(get_context),
 ) -> SampleSeries:
     """One metric over time, oldest first: a game's (game=), a GPU's (gpu=), else the host's."""
