@@ -525,6 +525,87 @@ def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_
         b"trained again from 100"
 
 
+def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bool = False) -> Backup:
+    """pong's 100 and 200 backed up; a rollback to 100 (`by` the operator or a learning-health
+    one) set 200 aside under rolled_back/ and recorded it; the database copied after it, and the
+    scan that would drop 200's copy failed: the target holds the rollback's database with 200 as
+    a live checkpoint (`written_again`: and the run from 100's own 200, written after the rollback).
+    The host's clock: a rollback's record and a checkpoint's manifest are each stamped with it."""
+    import time
+
+    from fleetd.clock import SystemClock
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+    from fleetd.supervision.learning import BestCheckpoint, LearningWatch, set_aside_after
+
+    clock = SystemClock()
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(ckpts, 100)
+    write_ckpt(ckpts, 200, b"rolled away")
+    backup = Backup(settings, db, clock)
+    backup.now()
+    time.sleep(0.01)
+    moved = set_aside_after(ckpts, 100, settings.game_dir("pong") / "rolled_back" / f"{clock.now():%Y%m%dT%H%M%S}-after-100")
+    watch = LearningWatch(db, clock)
+    if by == "operator":
+        watch.rolled_back_by_operator("pong", 100, "ckpt-000000000100", moved, [])
+    else:
+        watch.rolled_back("pong", BestCheckpoint(ckpts / "ckpt-000000000100", 100, 1.0), moved)
+    if written_again:
+        time.sleep(0.01)
+        write_ckpt(ckpts, 200, b"trained again from 100")
+        backup.checkpoints()  # its copy replaces the rolled-away one
+    backup.database()
+    return backup
+
+
+@pytest.mark.parametrize("by", ["operator", "learning"])
+def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_path, monkeypatch, by):
+    # The database job copied the database after a rollback, and the scan that drops the copies
+    # of the checkpoints it set aside failed (or had not run yet): the target held the rollback's
+    # database with the rolled-away checkpoint as a live one, and the restored game resumed from it.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, by)
+
+    def unreachable(*args, **kwargs):
+        raise OSError(errno.EHOSTUNREACH, "No route to host")
+
+    monkeypatch.setattr(job, "sync_game", unreachable)
+    with pytest.raises(OSError):
+        backup.checkpoints()
+    monkeypatch.undo()
+    target = Target(url)
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert checkpoint.newest_verified(fresh / "games/pong/checkpoints").steps == 100
+    assert (done.checkpoints, done.skipped) == (1, [])
+    kept = list((fresh / "games/pong/rolled_back").glob("*/ckpt-000000000200"))
+    assert [p.parent.name.split("-", 1)[1] for p in kept] == ["after-100-by-operator" if by == "operator" else "after-100"]
+    assert (kept[0] / "model.zip").read_bytes() == b"rolled away"  # not lost: kept set aside, as the rollback kept it
+    assert len(done.set_aside) == 1 and done.set_aside[0].startswith("pong/ckpt-000000000200")
+
+
+def test_a_restore_resumes_from_a_checkpoint_written_again_after_the_rollback(setup, tmp_path):
+    # The run from the checkpoint rolled back to writes the step counts set aside again: its own
+    # checkpoint of that name is no rolled-away one, and the restored game resumes from it.
+    settings, db, url = setup
+    rolled_back_after_the_database_copy(settings, db, "operator", written_again=True)
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert (done.checkpoints, done.set_aside) == (2, [])
+    assert (fresh / "games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == b"trained again from 100"
+    assert not (fresh / "games/pong/rolled_back").exists()
+
+
 def booted_fleet(state_dir: Path, url: str, boot_id: str):
     """A state_dir whose database recorded a boot, as every daemon's does at start."""
     from fleetd.store.boots import create_boot
