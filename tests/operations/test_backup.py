@@ -525,11 +525,13 @@ def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_
         b"trained again from 100"
 
 
-def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bool = False) -> Backup:
+def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bool = False,
+                                        database_after: bool = True) -> Backup:
     """pong's 100 and 200 backed up; a rollback to 100 (`by` the operator or a learning-health
     one) set 200 aside under rolled_back/ and recorded it; the database copied after it, and the
     scan that would drop 200's copy failed: the target holds the rollback's database with 200 as
-    a live checkpoint (`written_again`: and the run from 100's own 200, written after the rollback).
+    a live checkpoint (`written_again`: and the run from 100's own 200, written after the rollback;
+    not `database_after`: the rollback done, nothing backed up since).
     The host's clock: a rollback's record and a checkpoint's manifest are each stamped with it."""
     import time
 
@@ -557,8 +559,34 @@ def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bo
         time.sleep(0.01)
         write_ckpt(ckpts, 200, b"trained again from 100")
         backup.checkpoints()  # its copy replaces the rolled-away one
-    backup.database()
+    if database_after:
+        backup.database()
     return backup
+
+
+def test_a_scan_dropping_a_rolled_away_copy_copies_the_database_first(setup, tmp_path, monkeypatch):
+    # The scan pruned the rolled-away checkpoint's copy at once, the database copy on the target
+    # still from before the rollback (the database job runs hourly): a restore then brought the
+    # game back as it stood before it (its steps, its health), the rollback unrecorded.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, "operator", database_after=False)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job, "copy_database", disk_full)
+    assert backup.checkpoints().removed == []  # the drop waits for the database copy
+    assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    monkeypatch.undo()
+
+    assert backup.checkpoints().removed == ["pong/ckpt-000000000200"]
+
+    fresh = tmp_path / "fresh"
+    assert restore(url, fresh).checkpoints == 1
+    with sqlite3.connect(fresh / "fleetd.db") as restored:
+        assert restored.execute("SELECT count(*) FROM events WHERE kind = 'rollback'").fetchone()[0] == 1
 
 
 @pytest.mark.parametrize("by", ["operator", "learning"])
@@ -574,7 +602,7 @@ def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_
     def unreachable(*args, **kwargs):
         raise OSError(errno.EHOSTUNREACH, "No route to host")
 
-    monkeypatch.setattr(job, "sync_game", unreachable)
+    monkeypatch.setattr(job.Target, "remove", unreachable)  # the scan's drop of the rolled-away copy fails
     with pytest.raises(OSError):
         backup.checkpoints()
     monkeypatch.undo()

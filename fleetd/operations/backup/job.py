@@ -27,6 +27,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.games.set_aside import REMOVED, ROLLED_BACK
 from fleetd.operations.backup.marks import WRITER_KEY, WRITER_RESTORED_KEY, read_restored_mark, writer_id
 from fleetd.operations.backup.sync import same_copy, sync_game
 from fleetd.operations.backup.target import (DB_NAME, FLEET_KEY, INFO_NAME, TEMP_PREFIX, BackupError, Target,
@@ -316,18 +317,20 @@ class Backup:
 
     def _set_aside_copies(self) -> list[str]:
         """The target's copies of checkpoints set aside here under a game's `removed/` (a game added
-        with kept=set_aside under a removed game's name), as `game/name`: the sync keeps a game's
-        last copies while it has no checkpoint of its own yet, and a restore then handed the
-        removed game's to the new one. A name the new game wrote again is dropped where its copy
-        is the old one, or pruned here meanwhile."""
+        with kept=set_aside under a removed game's name) or `rolled_back/` (a rollback), as
+        `game/name`: the sync keeps a game's last copies while it has no checkpoint of its own
+        yet, and a restore then handed the removed game's to the new one; and it prunes a
+        rolled-away one with the database copy on the target from before the rollback. A name
+        written again here is dropped where its copy is the old one, or pruned here meanwhile."""
         copies = []
-        for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
-            game = game_dir.parent.name
-            aside = {p.name for p in game_dir.glob("*-checkpoints/ckpt-*")}
-            relative = f"games/{game}/checkpoints"
+        for game_dir in sorted(p for p in self.settings.games_dir.glob("*") if p.is_dir()):
+            aside = {p.name for p in game_dir.glob(f"{REMOVED}/*-checkpoints/ckpt-*")} | \
+                {p.name for p in game_dir.glob(f"{ROLLED_BACK}/*/ckpt-*")}
+            relative = f"games/{game_dir.name}/checkpoints"
             on_target = self.target.names(relative) & aside if aside else set()
-            here = game_dir.parent / "checkpoints"
-            copies += [f"{game}/{name}" for name in sorted(on_target) if self._not_its_own(here / name, f"{relative}/{name}")]
+            here = game_dir / "checkpoints"
+            copies += [f"{game_dir.name}/{name}" for name in sorted(on_target)
+                       if self._not_its_own(here / name, f"{relative}/{name}")]
         return copies
 
     def _not_its_own(self, local: Path, relative: str) -> bool:
