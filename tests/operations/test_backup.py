@@ -589,6 +589,35 @@ def test_a_scan_dropping_a_rolled_away_copy_copies_the_database_first(setup, tmp
         assert restored.execute("SELECT count(*) FROM events WHERE kind = 'rollback'").fetchone()[0] == 1
 
 
+def test_a_rolled_back_game_is_still_backed_up_while_the_database_copy_fails(setup, monkeypatch):
+    # The drop of a rolled-away checkpoint's copy waits for the database copy; the game's whole
+    # sync waited with it: no checkpoint of the game backed up while that copy kept failing.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, "operator", database_after=False)
+    ckpts = settings.game_dir("pong") / "checkpoints"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job, "copy_database", disk_full)
+    write_ckpt(ckpts, 200, b"trained again from 100")
+    write_ckpt(ckpts, 300)
+    runs = [backup.checkpoints() for _ in range(2)]
+    assert [(run.copied, run.removed) for run in runs] == [(["pong/ckpt-000000000300"], []), ([], [])]  # its new progress
+    target = Target(url)
+    assert target.names("games/pong/checkpoints") == {f"ckpt-000000000{n}" for n in (100, 200, 300)}
+    # The rolled-away copy is kept as it is (neither replaced nor pruned) until its drop.
+    assert target.fs.cat_file(target.path("games/pong/checkpoints/ckpt-000000000200/model.zip")) == b"rolled away"
+    monkeypatch.undo()
+
+    run = backup.checkpoints()
+    assert (run.removed, run.copied) == (["pong/ckpt-000000000200"], ["pong/ckpt-000000000200"])
+    assert target.fs.cat_file(target.path("games/pong/checkpoints/ckpt-000000000200/model.zip")) == \
+        b"trained again from 100"
+
+
 @pytest.mark.parametrize("by", ["operator", "learning"])
 def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_path, monkeypatch, by):
     # The database job copied the database after a rollback, and the scan that drops the copies

@@ -272,7 +272,17 @@ class Backup:
             if dropping or aside:
                 first = self._database_first()
             failed = isinstance(first, Exception)
-            held = {copy.split("/")[0] for copy in aside} if failed else set()
+            # The copies owed a drop, while the database copy before it fails: kept as they are.
+            # A removed game's (under removed/): the new game of the name is not synced meanwhile
+            # (a restore would hand the old game's row its checkpoints). A rollback's: the game's
+            # sync goes on, never pruning or replacing them (its new progress backed up).
+            skipped: set[str] = set()
+            held: dict[str, set[str]] = {}
+            for copy in aside if failed else []:
+                game, name = copy.split("/")
+                if any((self.settings.games_dir / game / REMOVED).glob(f"*-checkpoints/{name}")):
+                    skipped.add(game)
+                held.setdefault(game, set()).add(name)
             if not failed:
                 removed += self._drop_purged(dropping) + self._drop(aside)
             for game in pending:
@@ -284,11 +294,10 @@ class Backup:
                         self._write_purges()
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
-                if game in self._purges or game in held:
-                    # Its files are being deleted: what is left of them is not copied back. Or
-                    # copies set aside wait for their drop: its sync would replace or prune them.
-                    continue
-                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed)
+                if game in self._purges or game in skipped:
+                    continue  # its files are being deleted: what is left of them is not copied back; or above
+                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed,
+                                       kept_there=frozenset(held.get(game, ())))
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
         except Exception as exc:
@@ -303,8 +312,9 @@ class Backup:
         """Before a game's copies are dropped on purpose (a purge, a set-aside), the database copied
         with the game out of it: one taken before, restored, would bring the game back without its
         checkpoints (a fresh start under its name). Its size; or the error when the copy failed
-        (recorded): the drops wait for the next scan, and that game's sync with them; the other
-        games' checkpoints are copied as usual."""
+        (recorded): the drops wait for the next scan, and so does a removed game's successor's
+        sync; a rolled-back game's sync leaves those copies as they are and copies its other
+        checkpoints; the other games' are copied as usual."""
         try:
             return self._database()
         except Exception as exc:  # noqa: BLE001 - recorded by _database as a backup_failed event
