@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import shutil
 import sqlite3
 import subprocess
@@ -526,14 +527,20 @@ def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_
 
 
 def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bool = False,
-                                        database_after: bool = True) -> Backup:
+                                        database_after: bool = True, node_behind_s: float = 0,
+                                        folder_before_s: float = 0, monkeypatch=None,
+                                        older_event: bool = False) -> Backup:
     """pong's 100 and 200 backed up; a rollback to 100 (`by` the operator or a learning-health
     one) set 200 aside under rolled_back/ and recorded it; the database copied after it, and the
     scan that would drop 200's copy failed: the target holds the rollback's database with 200 as
     a live checkpoint (`written_again`: and the run from 100's own 200, written after the rollback;
-    not `database_after`: the rollback done, nothing backed up since).
-    The host's clock: a rollback's record and a checkpoint's manifest are each stamped with it."""
+    not `database_after`: the rollback done, nothing backed up since). `node_behind_s`: the 200
+    written again on a cluster node whose clock is that far behind the head's (its manifest's
+    time; needs `monkeypatch`). `folder_before_s`: the rollback's folder named that long before
+    its event was recorded (a slow move). `older_event`: recorded as an older fleetd did, without
+    the folder and the manifests' digests."""
     import time
+    from datetime import timedelta
 
     from fleetd.clock import SystemClock
     from fleetd.store.games import create_game
@@ -549,15 +556,24 @@ def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bo
     backup = Backup(settings, db, clock)
     backup.now()
     time.sleep(0.01)
-    moved = set_aside_after(ckpts, 100, settings.game_dir("pong") / "rolled_back" / f"{clock.now():%Y%m%dT%H%M%S}-after-100")
+    stamp = clock.now() - timedelta(seconds=folder_before_s)
+    into = settings.game_dir("pong") / "rolled_back" / (f"{stamp:%Y%m%dT%H%M%S}-after-100"
+                                                         + ("-by-operator" if by == "operator" else ""))
+    moved = set_aside_after(ckpts, 100, into)
     watch = LearningWatch(db, clock)
+    recorded = None if older_event else into
     if by == "operator":
-        watch.rolled_back_by_operator("pong", 100, "ckpt-000000000100", moved, [])
+        watch.rolled_back_by_operator("pong", 100, "ckpt-000000000100", moved, [], recorded)
     else:
-        watch.rolled_back("pong", BestCheckpoint(ckpts / "ckpt-000000000100", 100, 1.0), moved)
+        watch.rolled_back("pong", BestCheckpoint(ckpts / "ckpt-000000000100", 100, 1.0), moved, recorded)
     if written_again:
         time.sleep(0.01)
+        if node_behind_s:
+            real = time.time
+            monkeypatch.setattr(checkpoint.time, "time", lambda: real() - node_behind_s)
         write_ckpt(ckpts, 200, b"trained again from 100")
+        if node_behind_s:
+            monkeypatch.undo()
         backup.checkpoints()  # its copy replaces the rolled-away one
     if database_after:
         backup.database()
@@ -618,15 +634,23 @@ def test_a_rolled_back_game_is_still_backed_up_while_the_database_copy_fails(set
         b"trained again from 100"
 
 
+@pytest.mark.parametrize("older_event", [False, True], ids=["digests", "older-event-by-time"])
 @pytest.mark.parametrize("by", ["operator", "learning"])
-def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_path, monkeypatch, by):
+def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_path, monkeypatch, by, older_event):
     # The database job copied the database after a rollback, and the scan that drops the copies
     # of the checkpoints it set aside failed (or had not run yet): the target held the rollback's
     # database with the rolled-away checkpoint as a live one, and the restored game resumed from it.
     from fleetd.operations.backup import job
 
     settings, db, url = setup
-    backup = rolled_back_after_the_database_copy(settings, db, by)
+    backup = rolled_back_after_the_database_copy(settings, db, by, older_event=older_event)
+    if not older_event:
+        with db.transaction() as session:
+            [event] = read_events(session, EventFilter(kind="rollback" if by == "operator" else "learning_rollback"))
+        [into] = [p.name for p in (settings.game_dir("pong") / "rolled_back").iterdir()]
+        digest = hashlib.sha256((settings.game_dir("pong") / "rolled_back" / into / "ckpt-000000000200" /
+                                 checkpoint.MANIFEST).read_bytes()).hexdigest()
+        assert (event.details["into"], event.details["set_aside_manifests"]) == (into, {"ckpt-000000000200": digest})
 
     def unreachable(*args, **kwargs):
         raise OSError(errno.EHOSTUNREACH, "No route to host")
@@ -647,6 +671,43 @@ def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_
     assert [p.parent.name.split("-", 1)[1] for p in kept] == ["after-100-by-operator" if by == "operator" else "after-100"]
     assert (kept[0] / "model.zip").read_bytes() == b"rolled away"  # not lost: kept set aside, as the rollback kept it
     assert len(done.set_aside) == 1 and done.set_aside[0].startswith("pong/ckpt-000000000200")
+
+
+def test_a_restore_resumes_from_a_checkpoint_written_again_on_a_node_whose_clock_is_behind(setup, tmp_path,
+                                                                                           monkeypatch):
+    # In cluster mode the manifest's time is the node's clock, the rollback's the head's: a node
+    # 60 s behind wrote 200 again after the rollback, stamped before it, and the restore set the
+    # game's own newest checkpoint aside by the time rule. The rollback's record names what it
+    # set aside by manifest digest: that copy is another one.
+    settings, db, url = setup
+    rolled_back_after_the_database_copy(settings, db, "learning", written_again=True, node_behind_s=60,
+                                        monkeypatch=monkeypatch)
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert (done.checkpoints, done.set_aside) == (2, [])
+    assert checkpoint.newest_verified(fresh / "games/pong/checkpoints").steps == 200
+    assert (fresh / "games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == b"trained again from 100"
+
+
+def test_a_restore_puts_a_rolled_away_copy_in_the_folder_the_rollback_recorded(setup, tmp_path, monkeypatch):
+    # The folder was named from the event's time; the rollback's own folder was named seconds
+    # before (the move took that long): the restored copy landed in a folder of its own.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, "operator", folder_before_s=5)
+    monkeypatch.setattr(job.Target, "remove", lambda *a, **k: (_ for _ in ()).throw(OSError("unreachable")))
+    with pytest.raises(OSError):
+        backup.checkpoints()
+    monkeypatch.undo()
+
+    done = restore(url, tmp_path / "fresh")
+
+    [rolled] = [p.name for p in (settings.game_dir("pong") / "rolled_back").iterdir()]
+    assert [p.parent.name for p in (tmp_path / "fresh/games/pong/rolled_back").glob("*/ckpt-*")] == [rolled]
+    assert len(done.set_aside) == 1 and done.set_aside[0].endswith(f"pong/rolled_back/{rolled}")
 
 
 def test_a_restore_resumes_from_a_checkpoint_written_again_after_the_rollback(setup, tmp_path):

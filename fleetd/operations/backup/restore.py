@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetd.games.set_aside import manifest_digest
 from fleetd.host.statedir import LOCK_NAME, StateDirLock, lock_state_dir
 from fleetd.operations.backup.marks import write_restored_mark
 from fleetd.operations.backup.rolled_away import Rollback, read_rollbacks, rolled_away_by
@@ -248,7 +249,7 @@ def _restore_game(target: Target, game: str, game_dir: Path, rollbacks: list[Rol
 def _set_aside(restored: Path, game_dir: Path, rollbacks: list[Rollback]) -> str | None:
     """A restored checkpoint that one of the game's rollbacks set aside, moved where that rollback
     put it (a rename within the game's folder): what it says of it; None for any other."""
-    by = rolled_away_by(rollbacks, restored.name, checkpoint.read_manifest(restored).created_at)
+    by = rolled_away_by(rollbacks, restored.name, manifest_digest(restored), checkpoint.read_manifest(restored).created_at)
     if by is None:
         return None
     into = by.folder(game_dir)
