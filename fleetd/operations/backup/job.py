@@ -295,7 +295,7 @@ class Backup:
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
                 if game in self._purges or game in skipped:
-                    continue  # its files are being deleted: what is left of them is not copied back; or above
+                    continue  # its files are being deleted (what is left is not copied back), or a removed game's wait
                 more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed,
                                        kept_there=frozenset(held.get(game, ())))
                 copied += [f"{game}/{name}" for name in more]
