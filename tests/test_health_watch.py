@@ -20,6 +20,7 @@ from fleetd.cluster.storage import remote_names
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.games.lifecycle import remove_game, set_desired
+from fleetd.games.set_aside import manifest_digest
 from fleetd.health.rules import Health
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, Shown, State
@@ -142,7 +143,11 @@ def test_collapse_stops_the_worker_and_restarts_it_from_the_best_checkpoint_with
     assert "rolling back to its best-evaluated checkpoint (ckpt-000000003000, return 500)" in record.state_reason
     collapse = events(loop, "learning_collapse")
     assert len(collapse) == 1 and collapse[0].severity == "error" and collapse[0].details["action"] == "rollback"
-    assert events(loop, "learning_rollback")[0].details["to_steps"] == 3000
+    rollback = events(loop, "learning_rollback")[0].details
+    assert rollback["to_steps"] == 3000
+    # What a restore tells the set-aside checkpoints by (fleetd.operations.backup.rolled_away).
+    assert rollback["into"] == aside[0].name and sorted(rollback["set_aside_manifests"]) == sorted(rollback["set_aside"])
+    assert rollback["set_aside_manifests"]["ckpt-000000004000"] == manifest_digest(aside[0] / "ckpt-000000004000")
     assert [a.kind for a in loop.alerts.sent] == ["learning_collapse"] and "restarts it from its best" in loop.alerts.sent[0].action
 
 

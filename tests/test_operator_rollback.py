@@ -16,6 +16,7 @@ import pytest
 from fleetd.cluster.storage import remote_names
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.lifecycle import set_desired
+from fleetd.games.set_aside import manifest_digest
 from fleetd.health.rules import Health
 from fleetd.operations.backup.target import Target
 from fleetd.states import Desired, State
@@ -75,6 +76,9 @@ def test_a_rollback_sets_the_newer_checkpoints_aside_and_the_next_start_resumes_
     assert [c.steps for c in indexed] == [2000, 1000]
     [event] = events(loop, "rollback")
     assert event.game == "cp" and event.details["by"] == "operator" and event.details["set_aside"] == ["ckpt-000000003000"]
+    rolled = Path(done.into) / "ckpt-000000003000"
+    assert (event.details["into"], event.details["set_aside_manifests"]) == \
+        (Path(done.into).name, {"ckpt-000000003000": manifest_digest(rolled)})
     assert event.message == ("rolled back by the operator to ckpt-000000002000 (2000 steps; 1 newer set aside); "
                              "learning health learning -> learning, judged afresh from there")
     health = game(loop, "cp").health

@@ -105,6 +105,7 @@ def restore(
     typer.echo(f"restored {source} into {target_dir}: database of {done.info.get('db_at', 'unknown time')}, "
                f"{len(done.games)} game folder(s), {done.checkpoints} checkpoint(s)"
                + "".join(f"\n  skipped {line}" for line in done.skipped)
+               + "".join(f"\n  not resumed from {line}" for line in done.set_aside)
                + (f"\n{done.schema_note}" if done.schema_note else
                   f"\nstart fleetd with state_dir = {target_dir}; games resume from their newest checkpoint")
                + f"\nit writes no backup to {source} until you run `fleetd backup claim"

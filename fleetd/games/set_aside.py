@@ -5,6 +5,7 @@ an operator's rollback) and `removed/` (an add with `--kept set-aside`), each fo
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from pathlib import Path
 
@@ -16,3 +17,24 @@ SET_ASIDE_STAMP = "%Y%m%dT%H%M%S"
 def set_aside_path(game_dir: Path, kind: str, now: datetime, what: str) -> Path:
     """`game_dir/kind/<now>-what`: the folder a set-aside goes to (retention reads its time back)."""
     return game_dir / kind / f"{now:{SET_ASIDE_STAMP}}-{what}"
+
+
+def manifest_digest(ckpt_dir: Path) -> str | None:
+    """A checkpoint's identity: the SHA-256 of its manifest.json as written (every file's hash,
+    its time as its writer's clock gave it), which a copy on a backup target keeps byte for byte.
+    None where it does not read."""
+    try:
+        return hashlib.sha256((ckpt_dir / "manifest.json").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def set_aside_details(into: Path | None, names: list[str]) -> dict[str, object]:
+    """What a rollback's event records of the checkpoints it set aside, beside their names: the
+    folder they went to (`into`, its name under rolled_back/) and each one's manifest digest
+    (`set_aside_manifests`), by which a restore tells them from checkpoints written again later
+    under the same names (fleetd.operations.backup.rolled_away)."""
+    if into is None or not names:
+        return {}
+    digests = {name: digest for name in names if (digest := manifest_digest(into / name)) is not None}
+    return {"into": into.name, "set_aside_manifests": digests}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.clock import Clock
+from fleetd.games.set_aside import set_aside_details
 from fleetd.health.rules import (
     Action,
     Evaluation,
@@ -128,22 +129,24 @@ class LearningWatch:
         self._told[game] = told
         self._tell(game, self.record(game), verdict, kept_slot)
 
-    def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str]) -> None:
+    def rolled_back(self, game: str, best: BestCheckpoint, set_aside: list[str], into: Path | None = None) -> None:
         """Recorded as a `learning_rollback` event. The learning-rate scale it leaves is the game's
-        remedies' (learning_actions.py), which the supervisor stores with the game."""
+        remedies' (learning_actions.py), which the supervisor stores with the game. `into`: where
+        the checkpoints set aside went (set_aside_details)."""
         old = self.record(game)
         self._store(game, old, rolled_back(old, best.steps, best.eval_return, str(best.path)), "learning_rollback", {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
-            "eval_return": best.eval_return, "set_aside": set_aside})
+            "eval_return": best.eval_return, "set_aside": set_aside, **set_aside_details(into, set_aside)})
 
     def rolled_back_by_operator(self, game: str, steps: int, checkpoint: str, set_aside: list[str],
-                                kept: list[Evaluation]) -> None:
+                                kept: list[Evaluation], into: Path | None = None) -> None:
         """`fleetd games rollback`: recorded as a `rollback` event, whatever the health state.
         `kept`: the evaluations of the checkpoints left (rules.rolled_back_by_operator)."""
         old = self.record(game)
         aside = f"{len(set_aside)} newer set aside" if set_aside else "none was newer"
         self._store(game, old, rolled_back_by_operator(old, steps, kept), "rollback",
-                    {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator"},
+                    {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator",
+                     **set_aside_details(into, set_aside)},
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "
                     f"{old.state} -> {Health.LEARNING}, judged afresh from there")
 

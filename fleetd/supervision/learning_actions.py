@@ -146,21 +146,21 @@ class LearningActions:
             self._hold(proc, self.watch.hold(proc.name, "held: learning collapsed and no evaluated checkpoint "
                                              "is left to roll back to; fix its settings, then `fleetd games start`"))
             return
-        moved = self._set_aside(proc, checkpoints, best.steps)
+        into = set_aside_path(proc.launch.game_dir, ROLLED_BACK, self._clock.now(), f"after-{best.steps}")
+        moved = self._set_aside(proc, checkpoints, best.steps, into)
         if moved is None or not self._dropped_from_storage(proc, best.steps):
             return
         scale = self.watch.settings(proc.name).rollback_lr_scale
         proc.remedies = replace(proc.remedies, rollback_lr_scale=proc.remedies.rollback_lr_scale * scale)
-        self.watch.rolled_back(proc.name, best, moved)
+        self.watch.rolled_back(proc.name, best, moved, into)
         if proc.state is State.STOPPED and self._wants_running(proc.name) and self._fleet.admitted(proc.name):
             proc.start(f"rolling back to its best-evaluated checkpoint ({best.path.name}, return {best.eval_return:g}) "
                        f"with lr_scale {proc.remedies.learning_rate_scale:g}")
 
-    def _set_aside(self, proc: WorkerProcess, checkpoints: Path, steps: int) -> list[str] | None:
+    def _set_aside(self, proc: WorkerProcess, checkpoints: Path, steps: int, into: Path) -> list[str] | None:
         """The checkpoints after `steps` moved out of the worker's sight; the names moved. A
         file error (a full or read-only disk, a file where the folder goes) holds the game: left
         collapsed, it would stop the loop here and every later daemon at its start."""
-        into = set_aside_path(proc.launch.game_dir, ROLLED_BACK, self._clock.now(), f"after-{steps}")
         moved: list[str] = []
         try:
             set_aside_after(checkpoints, steps, into, moved)

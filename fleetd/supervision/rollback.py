@@ -68,7 +68,8 @@ def carry_out(command: RollBack, proc: WorkerProcess | None, desired: Desired | 
         # and a divergence's: the operator chose where it trains on from.
         proc.remedies = replace(proc.remedies, lr_scale=Remedies().lr_scale, rollback_lr_scale=Remedies().rollback_lr_scale)
         kept = _kept_evaluations(proc.launch.game_dir / "checkpoints")
-        learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside, kept)
+        learning.rolled_back_by_operator(done.name, done.to_steps, done.checkpoint, done.set_aside, kept,
+                                         Path(done.into) if done.into else None)
     except Exception as exc:  # noqa: BLE001 - the answer, not the loop's end
         if not isinstance(exc, FleetdError):
             log.exception("rolling %s back failed", command.name)

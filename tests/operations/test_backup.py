@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -524,6 +525,204 @@ def test_a_checkpoint_written_again_under_a_backed_up_name_replaces_the_targets_
     assert (restored.checkpoints, restored.skipped) == (2, [])
     assert (tmp_path / "restored/games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == \
         b"trained again from 100"
+
+
+def rolled_back_after_the_database_copy(settings, db, by: str, written_again: bool = False,
+                                        database_after: bool = True, node_behind_s: float = 0,
+                                        folder_before_s: float = 0, monkeypatch=None,
+                                        older_event: bool = False) -> Backup:
+    """pong's 100 and 200 backed up; a rollback to 100 (`by` the operator or a learning-health
+    one) set 200 aside under rolled_back/ and recorded it; the database copied after it, and the
+    scan that would drop 200's copy failed: the target holds the rollback's database with 200 as
+    a live checkpoint (`written_again`: and the run from 100's own 200, written after the rollback;
+    not `database_after`: the rollback done, nothing backed up since). `node_behind_s`: the 200
+    written again on a cluster node whose clock is that far behind the head's (its manifest's
+    time; needs `monkeypatch`). `folder_before_s`: the rollback's folder named that long before
+    its event was recorded (a slow move). `older_event`: recorded as an older fleetd did, without
+    the folder and the manifests' digests."""
+    import time
+    from datetime import timedelta
+
+    from fleetd.clock import SystemClock
+    from fleetd.store.games import create_game
+    from fleetd.store.records import GameDraft
+    from fleetd.supervision.learning import BestCheckpoint, LearningWatch, set_aside_after
+
+    clock = SystemClock()
+    ckpts = settings.game_dir("pong") / "checkpoints"
+    with db.transaction() as session:
+        create_game(session, GameDraft(name="pong", env_id="CartPole-v1", algo="ppo", desired="stopped"), clock.now())
+    write_ckpt(ckpts, 100)
+    write_ckpt(ckpts, 200, b"rolled away")
+    backup = Backup(settings, db, clock)
+    backup.now()
+    time.sleep(0.01)
+    stamp = clock.now() - timedelta(seconds=folder_before_s)
+    into = settings.game_dir("pong") / "rolled_back" / (f"{stamp:%Y%m%dT%H%M%S}-after-100"
+                                                         + ("-by-operator" if by == "operator" else ""))
+    moved = set_aside_after(ckpts, 100, into)
+    watch = LearningWatch(db, clock)
+    recorded = None if older_event else into
+    if by == "operator":
+        watch.rolled_back_by_operator("pong", 100, "ckpt-000000000100", moved, [], recorded)
+    else:
+        watch.rolled_back("pong", BestCheckpoint(ckpts / "ckpt-000000000100", 100, 1.0), moved, recorded)
+    if written_again:
+        time.sleep(0.01)
+        if node_behind_s:
+            real = time.time
+            monkeypatch.setattr(checkpoint.time, "time", lambda: real() - node_behind_s)
+        write_ckpt(ckpts, 200, b"trained again from 100")
+        if node_behind_s:
+            monkeypatch.undo()
+        backup.checkpoints()  # its copy replaces the rolled-away one
+    if database_after:
+        backup.database()
+    return backup
+
+
+def test_a_scan_dropping_a_rolled_away_copy_copies_the_database_first(setup, tmp_path, monkeypatch):
+    # The scan pruned the rolled-away checkpoint's copy at once, the database copy on the target
+    # still from before the rollback (the database job runs hourly): a restore then brought the
+    # game back as it stood before it (its steps, its health), the rollback unrecorded.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, "operator", database_after=False)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job, "copy_database", disk_full)
+    assert backup.checkpoints().removed == []  # the drop waits for the database copy
+    assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+    monkeypatch.undo()
+
+    assert backup.checkpoints().removed == ["pong/ckpt-000000000200"]
+
+    fresh = tmp_path / "fresh"
+    assert restore(url, fresh).checkpoints == 1
+    with sqlite3.connect(fresh / "fleetd.db") as restored:
+        assert restored.execute("SELECT count(*) FROM events WHERE kind = 'rollback'").fetchone()[0] == 1
+
+
+def test_a_rolled_back_game_is_still_backed_up_while_the_database_copy_fails(setup, monkeypatch):
+    # The drop of a rolled-away checkpoint's copy waits for the database copy; the game's whole
+    # sync waited with it: no checkpoint of the game backed up while that copy kept failing.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, "operator", database_after=False)
+    ckpts = settings.game_dir("pong") / "checkpoints"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job, "copy_database", disk_full)
+    write_ckpt(ckpts, 200, b"trained again from 100")
+    write_ckpt(ckpts, 300)
+    runs = [backup.checkpoints() for _ in range(2)]
+    assert [(run.copied, run.removed) for run in runs] == [(["pong/ckpt-000000000300"], []), ([], [])]  # its new progress
+    target = Target(url)
+    assert target.names("games/pong/checkpoints") == {f"ckpt-000000000{n}" for n in (100, 200, 300)}
+    # The rolled-away copy is kept as it is (neither replaced nor pruned) until its drop.
+    assert target.fs.cat_file(target.path("games/pong/checkpoints/ckpt-000000000200/model.zip")) == b"rolled away"
+    monkeypatch.undo()
+
+    run = backup.checkpoints()
+    assert (run.removed, run.copied) == (["pong/ckpt-000000000200"], ["pong/ckpt-000000000200"])
+    assert target.fs.cat_file(target.path("games/pong/checkpoints/ckpt-000000000200/model.zip")) == \
+        b"trained again from 100"
+
+
+@pytest.mark.parametrize("older_event", [False, True], ids=["digests", "older-event-by-time"])
+@pytest.mark.parametrize("by", ["operator", "learning"])
+def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_path, monkeypatch, by, older_event):
+    # The database job copied the database after a rollback, and the scan that drops the copies
+    # of the checkpoints it set aside failed (or had not run yet): the target held the rollback's
+    # database with the rolled-away checkpoint as a live one, and the restored game resumed from it.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, by, older_event=older_event)
+    if not older_event:
+        with db.transaction() as session:
+            [event] = read_events(session, EventFilter(kind="rollback" if by == "operator" else "learning_rollback"))
+        [into] = [p.name for p in (settings.game_dir("pong") / "rolled_back").iterdir()]
+        digest = hashlib.sha256((settings.game_dir("pong") / "rolled_back" / into / "ckpt-000000000200" /
+                                 checkpoint.MANIFEST).read_bytes()).hexdigest()
+        assert (event.details["into"], event.details["set_aside_manifests"]) == (into, {"ckpt-000000000200": digest})
+
+    def unreachable(*args, **kwargs):
+        raise OSError(errno.EHOSTUNREACH, "No route to host")
+
+    monkeypatch.setattr(job.Target, "remove", unreachable)  # the scan's drop of the rolled-away copy fails
+    with pytest.raises(OSError):
+        backup.checkpoints()
+    monkeypatch.undo()
+    target = Target(url)
+    assert target.names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert checkpoint.newest_verified(fresh / "games/pong/checkpoints").steps == 100
+    assert (done.checkpoints, done.skipped) == (1, [])
+    kept = list((fresh / "games/pong/rolled_back").glob("*/ckpt-000000000200"))
+    assert [p.parent.name.split("-", 1)[1] for p in kept] == ["after-100-by-operator" if by == "operator" else "after-100"]
+    assert (kept[0] / "model.zip").read_bytes() == b"rolled away"  # not lost: kept set aside, as the rollback kept it
+    assert len(done.set_aside) == 1 and done.set_aside[0].startswith("pong/ckpt-000000000200")
+
+
+def test_a_restore_resumes_from_a_checkpoint_written_again_on_a_node_whose_clock_is_behind(setup, tmp_path,
+                                                                                           monkeypatch):
+    # In cluster mode the manifest's time is the node's clock, the rollback's the head's: a node
+    # 60 s behind wrote 200 again after the rollback, stamped before it, and the restore set the
+    # game's own newest checkpoint aside by the time rule. The rollback's record names what it
+    # set aside by manifest digest: that copy is another one.
+    settings, db, url = setup
+    rolled_back_after_the_database_copy(settings, db, "learning", written_again=True, node_behind_s=60,
+                                        monkeypatch=monkeypatch)
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert (done.checkpoints, done.set_aside) == (2, [])
+    assert checkpoint.newest_verified(fresh / "games/pong/checkpoints").steps == 200
+    assert (fresh / "games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == b"trained again from 100"
+
+
+def test_a_restore_puts_a_rolled_away_copy_in_the_folder_the_rollback_recorded(setup, tmp_path, monkeypatch):
+    # The folder was named from the event's time; the rollback's own folder was named seconds
+    # before (the move took that long): the restored copy landed in a folder of its own.
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, "operator", folder_before_s=5)
+    monkeypatch.setattr(job.Target, "remove", lambda *a, **k: (_ for _ in ()).throw(OSError("unreachable")))
+    with pytest.raises(OSError):
+        backup.checkpoints()
+    monkeypatch.undo()
+
+    done = restore(url, tmp_path / "fresh")
+
+    [rolled] = [p.name for p in (settings.game_dir("pong") / "rolled_back").iterdir()]
+    assert [p.parent.name for p in (tmp_path / "fresh/games/pong/rolled_back").glob("*/ckpt-*")] == [rolled]
+    assert len(done.set_aside) == 1 and done.set_aside[0].endswith(f"pong/rolled_back/{rolled}")
+
+
+def test_a_restore_resumes_from_a_checkpoint_written_again_after_the_rollback(setup, tmp_path):
+    # The run from the checkpoint rolled back to writes the step counts set aside again: its own
+    # checkpoint of that name is no rolled-away one, and the restored game resumes from it.
+    settings, db, url = setup
+    rolled_back_after_the_database_copy(settings, db, "operator", written_again=True)
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert (done.checkpoints, done.set_aside) == (2, [])
+    assert (fresh / "games/pong/checkpoints/ckpt-000000000200/model.zip").read_bytes() == b"trained again from 100"
+    assert not (fresh / "games/pong/rolled_back").exists()
 
 
 def booted_fleet(state_dir: Path, url: str, boot_id: str):

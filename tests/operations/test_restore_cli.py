@@ -180,3 +180,28 @@ def test_the_api_refuses_a_backup_now_to_the_target_restored_from_and_shows_why(
     assert (backup_dir / "fleetd.db").read_bytes() == before
     from fleetd.cli.backup_cmd import _describe
     assert f"not writing:     restored from {backup_dir}" in _describe(status)
+
+
+def test_a_restore_names_the_checkpoints_a_rollback_set_aside_and_resumes_from_none_of_them(tmp_path):
+    # A database copied after a rollback, no scan since: the copy of the checkpoint it set aside
+    # is restored under rolled_back/, and the command says so (not the one the game resumes from).
+    from tests.operations.test_backup import rolled_back_after_the_database_copy
+
+    target = tmp_path / "backup"
+    settings = load_settings(state_dir=tmp_path / "live", backup={"target": str(target)})
+    ensure_schema(settings.db_path, "fleetd db upgrade")
+    db = Database.open(settings.db_path)
+    try:
+        rolled_back_after_the_database_copy(settings, db, "operator")
+    finally:
+        db.close()
+    fresh = tmp_path / "fresh"
+
+    done = fleetd_restore(target, fresh)
+
+    assert done.returncode == 0, done.stderr
+    assert restored_steps(fresh) == [100]
+    assert "1 checkpoint(s)\n  not resumed from pong/ckpt-000000000200: set aside by the rollback to 100 steps of " \
+        in done.stdout, done.stdout
+    assert "-after-100-by-operator" in done.stdout
+    assert [p.parent.parent.name for p in (fresh / "games/pong").glob("*/*/ckpt-000000000200")] == ["rolled_back"]

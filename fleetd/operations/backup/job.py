@@ -27,6 +27,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
+from fleetd.games.set_aside import REMOVED, ROLLED_BACK
 from fleetd.host.boot import read_machine_id
 from fleetd.operations.backup.marks import (WRITER_HOST_KEY, WRITER_KEY, WRITER_PATH_KEY, WRITER_RESTORED_KEY,
                                             WRITTEN_AT_KEY, read_restored_mark, writer_host, writer_id)
@@ -310,7 +311,17 @@ class Backup:
             if dropping or aside:
                 first = self._database_first()
             failed = isinstance(first, Exception)
-            held = {copy.split("/")[0] for copy in aside} if failed else set()
+            # The copies owed a drop, while the database copy before it fails: kept as they are.
+            # A removed game's (under removed/): the new game of the name is not synced meanwhile
+            # (a restore would hand the old game's row its checkpoints). A rollback's: the game's
+            # sync goes on, never pruning or replacing them (its new progress backed up).
+            skipped: set[str] = set()
+            held: dict[str, set[str]] = {}
+            for copy in aside if failed else []:
+                game, name = copy.split("/")
+                if any((self.settings.games_dir / game / REMOVED).glob(f"*-checkpoints/{name}")):
+                    skipped.add(game)
+                held.setdefault(game, set()).add(name)
             if not failed:
                 removed += self._drop_purged(dropping) + self._drop(aside)
             for game in pending:
@@ -322,11 +333,10 @@ class Backup:
                         self._write_purges()
             for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
                 game = folder.parent.name
-                if game in self._purges or game in held:
-                    # Its files are being deleted: what is left of them is not copied back. Or
-                    # copies set aside wait for their drop: its sync would replace or prune them.
-                    continue
-                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed)
+                if game in self._purges or game in skipped:
+                    continue  # its files are being deleted (what is left is not copied back), or a removed game's wait
+                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed,
+                                       kept_there=frozenset(held.get(game, ())))
                 copied += [f"{game}/{name}" for name in more]
                 removed += [f"{game}/{name}" for name in gone]
         except Exception as exc:
@@ -341,8 +351,9 @@ class Backup:
         """Before a game's copies are dropped on purpose (a purge, a set-aside), the database copied
         with the game out of it: one taken before, restored, would bring the game back without its
         checkpoints (a fresh start under its name). Its size; or the error when the copy failed
-        (recorded): the drops wait for the next scan, and that game's sync with them; the other
-        games' checkpoints are copied as usual."""
+        (recorded): the drops wait for the next scan, and so does a removed game's successor's
+        sync; a rolled-back game's sync leaves those copies as they are and copies its other
+        checkpoints; the other games' are copied as usual."""
         try:
             return self._database()
         except Exception as exc:  # noqa: BLE001 - recorded by _database as a backup_failed event
@@ -355,18 +366,20 @@ class Backup:
 
     def _set_aside_copies(self) -> list[str]:
         """The target's copies of checkpoints set aside here under a game's `removed/` (a game added
-        with kept=set_aside under a removed game's name), as `game/name`: the sync keeps a game's
-        last copies while it has no checkpoint of its own yet, and a restore then handed the
-        removed game's to the new one. A name the new game wrote again is dropped where its copy
-        is the old one, or pruned here meanwhile."""
+        with kept=set_aside under a removed game's name) or `rolled_back/` (a rollback), as
+        `game/name`: the sync keeps a game's last copies while it has no checkpoint of its own
+        yet, and a restore then handed the removed game's to the new one; and it prunes a
+        rolled-away one with the database copy on the target from before the rollback. A name
+        written again here is dropped where its copy is the old one, or pruned here meanwhile."""
         copies = []
-        for game_dir in sorted(self.settings.games_dir.glob("*/removed")):
-            game = game_dir.parent.name
-            aside = {p.name for p in game_dir.glob("*-checkpoints/ckpt-*")}
-            relative = f"games/{game}/checkpoints"
+        for game_dir in sorted(p for p in self.settings.games_dir.glob("*") if p.is_dir()):
+            aside = {p.name for p in game_dir.glob(f"{REMOVED}/*-checkpoints/ckpt-*")} | \
+                {p.name for p in game_dir.glob(f"{ROLLED_BACK}/*/ckpt-*")}
+            relative = f"games/{game_dir.name}/checkpoints"
             on_target = self.target.names(relative) & aside if aside else set()
-            here = game_dir.parent / "checkpoints"
-            copies += [f"{game}/{name}" for name in sorted(on_target) if self._not_its_own(here / name, f"{relative}/{name}")]
+            here = game_dir / "checkpoints"
+            copies += [f"{game_dir.name}/{name}" for name in sorted(on_target)
+                       if self._not_its_own(here / name, f"{relative}/{name}")]
         return copies
 
     def _not_its_own(self, local: Path, relative: str) -> bool:

@@ -1,5 +1,6 @@
 """`fleetd restore`: a backup copied back onto an empty state_dir, the database first, then
-each checkpoint that verifies again (`target.fetch_checkpoint`). The state_dir it fills is
+each checkpoint that verifies again (`target.fetch_checkpoint`), those the database's rollbacks
+set aside restored set aside (rolled_away.py). The state_dir it fills is
 marked as restored from that target (marks.py), and the database copy's last boot closed
 (`close_backed_up_boot`): the daemon started there is a move, not a crash.
 """
@@ -8,15 +9,18 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetd.games.set_aside import manifest_digest
 from fleetd.host.statedir import LOCK_NAME, StateDirLock, lock_state_dir
 from fleetd.operations.backup.marks import write_restored_mark
+from fleetd.operations.backup.rolled_away import Rollback, read_rollbacks, rolled_away_by
 from fleetd.operations.backup.target import (DB_NAME, TEMP_PREFIX, BackupError, Target, fetch_checkpoint,
                                              read_info)
 from fleetd.store.engine import Database
+from workers import checkpoint
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class Restored:
     info: dict[str, Any]
     # What to do before the daemon starts there, when the database is not at this fleetd's schema.
     schema_note: str | None = None
+    # The copies restored under a game's rolled_back/, not resumed from: its rollbacks had set them aside.
+    set_aside: list[str] = field(default_factory=list)
 
 
 def restore(source: str, state_dir: Path) -> Restored:
@@ -85,13 +91,15 @@ def _fill(target: Target, state_dir: Path) -> Restored:
     (state_dir / f"{TEMP_PREFIX}{DB_NAME}").rename(state_dir / DB_NAME)
     note = _check_database(state_dir / DB_NAME)
     close_backed_up_boot(state_dir / DB_NAME, state_dir)
-    games, count, skipped = [], 0, []
+    rollbacks = read_rollbacks(state_dir / DB_NAME)
+    games, count, skipped, aside = [], 0, [], []
     for game in sorted(target.names("games")):
-        taken, bad = _restore_game(target, game, state_dir / "games" / game / "checkpoints")
+        taken, bad, rolled_away = _restore_game(target, game, state_dir / "games" / game, rollbacks.get(game, []))
         games.append(game)
         count += taken
         skipped += bad
-    return Restored(games, count, skipped, info, note)
+        aside += rolled_away
+    return Restored(games, count, skipped, info, note, aside)
 
 
 def _check_database(db_path: Path) -> str | None:
@@ -222,13 +230,30 @@ def check_empty(state_dir: Path) -> None:
                           "nothing is overwritten. Restore into a new directory and point state_dir at it")
 
 
-def _restore_game(target: Target, game: str, folder: Path) -> tuple[int, list[str]]:
-    relative = f"games/{game}/checkpoints"
-    taken, skipped = 0, []
+def _restore_game(target: Target, game: str, game_dir: Path, rollbacks: list[Rollback]) -> tuple[int, list[str], list[str]]:
+    """The game's checkpoints that verify: how many restored to resume from, those skipped and
+    why, and those restored set aside (`_set_aside`)."""
+    relative, folder = f"games/{game}/checkpoints", game_dir / "checkpoints"
+    taken, skipped, aside = 0, [], []
     for name in sorted(n for n in target.names(relative) if n.startswith("ckpt-")):
         reason = fetch_checkpoint(target, f"{relative}/{name}", folder / name)
         if reason is not None:
             skipped.append(f"{game}/{name}: {reason}")
-            continue
-        taken += 1
-    return taken, skipped
+        elif (where := _set_aside(folder / name, game_dir, rollbacks)) is not None:
+            aside.append(f"{game}/{name}: {where}")
+        else:
+            taken += 1
+    return taken, skipped, aside
+
+
+def _set_aside(restored: Path, game_dir: Path, rollbacks: list[Rollback]) -> str | None:
+    """A restored checkpoint that one of the game's rollbacks set aside, moved where that rollback
+    put it (a rename within the game's folder): what it says of it; None for any other."""
+    by = rolled_away_by(rollbacks, restored.name, manifest_digest(restored), checkpoint.read_manifest(restored).created_at)
+    if by is None:
+        return None
+    into = by.folder(game_dir)
+    into.mkdir(parents=True, exist_ok=True)
+    restored.rename(into / restored.name)
+    return (f"set aside by the rollback to {by.to_steps} steps of {by.at:%Y-%m-%d %H:%M:%S} UTC, kept under "
+            f"{into.relative_to(game_dir.parent.parent)}")

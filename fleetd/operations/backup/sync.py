@@ -19,14 +19,17 @@ log = logging.getLogger(__name__)
 
 
 def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | None = None,
-              confirmed: dict[str, bytes] | None = None) -> tuple[list[str], list[str]]:
+              confirmed: dict[str, bytes] | None = None, kept_there: frozenset[str] = frozenset()
+              ) -> tuple[list[str], list[str]]:
     """Copy the game's verified checkpoints the target lacks; drop the ones pruned here since
     (the retention policy decides what is kept), never the last ones when none is left here.
     `owned`: drop only those of these names (the others were never here to be pruned).
     `confirmed` (the backup's, kept between scans): a copy of a name the target holds is
     compared by its manifest too, and copied again where the checkpoint here is another one
     (written again at that step count: after a rollback, the run from the checkpoint it went
-    back to); the manifests found the same are remembered there, so each is read once."""
+    back to); the manifests found the same are remembered there, so each is read once.
+    `kept_there`: the target's copies of these names are neither replaced nor pruned (copies owed
+    a drop that waits for the database copy: job.Backup._checkpoints)."""
     on_target = target.names(relative)
     for stale in (n for n in on_target if n.startswith(TEMP_PREFIX)):  # an interrupted copy
         target.remove(f"{relative}/{stale}")
@@ -35,6 +38,8 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     copied = []
     for info in reversed(local):  # oldest first: the newest lands last
         name = info.path.name
+        if name in on_target and name in kept_there:
+            continue
         cut_short = name in on_target and _cut_short(held, info.path)
         # One pruned here meanwhile (`same_copy` None) is not copied again: it is not wanted.
         replaced = name in on_target and not cut_short and confirmed is not None and \
@@ -64,7 +69,7 @@ def sync_game(target: Target, folder: Path, relative: str, owned: set[str] | Non
     if confirmed is not None:  # forget the names pruned here
         for key in [k for k in confirmed if k.rpartition("/")[0] == relative and k.rpartition("/")[2] not in kept]:
             del confirmed[key]
-    gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept
+    gone = sorted(n for n in on_target if n.startswith("ckpt-") and n not in kept and n not in kept_there
                   and (owned is None or n in owned)) if kept else []
     for name in gone:
         target.remove(f"{relative}/{name}")
