@@ -1618,6 +1618,47 @@ def test_a_worker_adopted_in_a_crash_loop_counts_on_from_its_failures(loop: Loop
     assert loop.sup.procs["a"].failures == 3 and loop.sup.procs["a"].reason.endswith("restarting in 4s")
 
 
+def test_a_crash_the_daemon_was_killed_after_recording_still_counts_towards_fatal(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon stored a crashed run's end and died (kill -9) before its step's end, where the
+    failure count was saved: the next daemon counted on from the count before that crash, so a
+    worker that crashed each time the daemon was killed restarted for ever, never FATAL. The count
+    is stored with the run's end, in its transaction."""
+    ended = Recorder.run_ended
+
+    def killed_once_stored(recorder: Recorder, *args: Any) -> str | None:
+        ended(recorder, *args)
+        raise _DaemonKilled
+
+    loop.add("a")
+    loop.start()
+    retries = loop.settings.supervisor.startretries
+    for crashes in range(1, retries + 1):
+        for _ in range(100):  # its back-off, waited out by each new daemon
+            if loop.state("a") is State.STARTING:
+                break
+            loop.steps()
+        monkeypatch.setattr(Recorder, "run_ended", killed_once_stored)
+        loop.reactor.exit(loop.pid("a"), code=1)
+        with pytest.raises(_DaemonKilled):
+            loop.steps()
+        monkeypatch.setattr(Recorder, "run_ended", ended)
+        loop.start()
+        assert loop.sup.procs["a"].failures == crashes
+        with loop.db.transaction() as session:
+            assert game_store.read_game(session, "a").failures == crashes
+    assert loop.state("a") is State.BACKOFF
+    for _ in range(100):
+        if loop.state("a") is State.STARTING:
+            break
+        loop.steps()
+    loop.reactor.exit(loop.pid("a"), code=1)
+    loop.steps()
+    assert loop.state("a") is State.FATAL
+    assert f"gave up after {retries + 1} failures in a row" in loop.sup.procs["a"].reason
+    assert spawns_of(loop, "a") == retries + 1  # in all the daemons together
+
+
 def test_a_reboot_starts_a_crash_looping_game_afresh(loop: Loop, host: FakeHost) -> None:
     """A reboot is a fresh host (a wedged GPU, leaked memory: gone): the game starts at once,
     from a count of 0, as every game that should run does after a reboot."""

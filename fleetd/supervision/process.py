@@ -14,7 +14,7 @@ from fleetd.clock import Clock
 from fleetd.governor.footprint import RunningWorker
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
+from fleetd.supervision.seams import Carried, ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
 from workers.protocol.exit_codes import ExitCode
@@ -252,7 +252,7 @@ class WorkerProcess:
         if self.run_id is None or self.pid is None:
             return None
         outcome = self._classify(status)
-        self._sink.run_ended(self.run_id, status, outcome.cause)
+        self._sink.run_ended(self.run_id, status, outcome.cause, self._count(outcome))
         # The leader is gone; SubprocVecEnv children and other stragglers go with it.
         self._launcher.signal_group(self.pid, signal.SIGKILL)
         self.run_id = self.pid = None
@@ -277,7 +277,7 @@ class WorkerProcess:
         if outcome is None:
             return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
-        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause)
+        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause, self._count(outcome))
         self._settle(outcome)
         return outcome
 
@@ -328,7 +328,7 @@ class WorkerProcess:
         self._stop_sent_at = None
         self._to(State.STARTING, reason, restart=restart)
         if self.launch.refused is not None:  # the worker would exit 78: no use starting it
-            self._sink.run_ended(run_id, ExitStatus(), "bad_spec")
+            self._sink.run_ended(run_id, ExitStatus(), "bad_spec", self.carried)
             self._to(State.FATAL, f"run spec refused: {self.launch.refused}")
             return
         launch = self._remedied_launch()
@@ -337,8 +337,9 @@ class WorkerProcess:
         try:
             spawned = self._launcher.spawn(launch, run_id)
         except LaunchError as exc:
-            self._sink.run_ended(run_id, ExitStatus(), "spawn_error")
-            self._failed(f"could not start the worker: {exc}")
+            outcome = Outcome("spawn_error", _FAILED, f"could not start the worker: {exc}")
+            self._sink.run_ended(run_id, ExitStatus(), outcome.cause, self._count(outcome))
+            self._settle(outcome)
             return
         self.run_id, self.pid, self.gpu = run_id, spawned.pid, spawned.gpu
         self.spawned_launch = self.launch
@@ -469,22 +470,34 @@ class WorkerProcess:
         return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
                        f"with {field} {old.run_scale(field):g} -> {scaled.run_scale(field):g}")
 
-    def _settle(self, outcome: Outcome) -> None:
-        if outcome.state is _FAILED:
-            self._failed(outcome.reason)
-        else:
-            self._to(outcome.state, outcome.reason)
+    @property
+    def carried(self) -> Carried:
+        """What the game's next run carries of this crash loop: its failures in a row, and the
+        wall time its back-off ends."""
+        return self.failures, self.backoff_due
 
-    def _failed(self, reason: str) -> None:
-        self.failures += 1
-        if self.failures > self.policy.startretries:
+    def _count(self, outcome: Outcome) -> Carried:
+        """A run's end counted, before it is stored: a failure adds to the count and, short of
+        FATAL, sets the back-off. Stored with the run's end in one transaction, so that a daemon
+        killed after that end was stored, before its state or its step's save, loses no failure:
+        one crashing at every daemon kill still goes FATAL (docs/supervision.md)."""
+        if outcome.state is _FAILED:
+            self.failures += 1
+            if self.failures <= self.policy.startretries:
+                delay = self.policy.backoff_delay(self.failures)
+                self._backoff_until = self._clock.monotonic() + delay
+                self.backoff_due = self._clock.now() + timedelta(seconds=delay)
+        return self.carried
+
+    def _settle(self, outcome: Outcome) -> None:
+        """The state a run's end leads to, its count taken already (`_count`)."""
+        if outcome.state is not _FAILED:
+            self._to(outcome.state, outcome.reason)
+        elif self.failures > self.policy.startretries:
             why = "no run wrote a checkpoint beyond the one it resumed from"
-            self._to(State.FATAL, f"{reason}; gave up after {self.failures} failures in a row ({why})")
-            return
-        delay = self.policy.backoff_delay(self.failures)
-        self._backoff_until = self._clock.monotonic() + delay
-        self.backoff_due = self._clock.now() + timedelta(seconds=delay)
-        self._to(State.BACKOFF, f"{reason}; restarting in {delay:g}s")
+            self._to(State.FATAL, f"{outcome.reason}; gave up after {self.failures} failures in a row ({why})")
+        else:
+            self._to(State.BACKOFF, f"{outcome.reason}; restarting in {self.policy.backoff_delay(self.failures):g}s")
 
     def _kill(self, why: str, message: str) -> None:
         self._killed_for = why

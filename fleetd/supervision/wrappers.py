@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from fleetd.states import State
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import ExitStatus, Launch, Launcher, Reactor, Spawned
+from fleetd.supervision.seams import Carried, ExitStatus, Launch, Launcher, Reactor, Spawned
 
 
 class WatchingLauncher:
@@ -62,10 +62,12 @@ class PlacingLauncher:
 
 class TransitionTap:
     """The recorder as the processes' sink, noting for the loop that some game's state changed:
-    the governor then looks again in the same step (a game gone FATAL frees its slot at once)."""
+    the governor then looks again in the same step (a game gone FATAL frees its slot at once).
+    `carried`: each game's failure count as the store holds it, the one a run's end stored included
+    (the supervisor's, which stores it as it changes otherwise)."""
 
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
+    def __init__(self, recorder: Recorder, carried: dict[str, Carried]) -> None:
+        self._recorder, self._carried = recorder, carried
         self.changed = False
 
     def begin_run(self, game: str) -> int:
@@ -77,8 +79,10 @@ class TransitionTap:
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         self._recorder.run_spawned(run_id, spawned)
 
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
-        self._recorder.run_ended(run_id, status, cause)
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried) -> None:
+        game = self._recorder.run_ended(run_id, status, cause, carried)
+        if game is not None:
+            self._carried[game] = carried
 
     def run_killed(self, run_id: int, cause: str) -> None:
         self._recorder.run_killed(run_id, cause)
