@@ -457,6 +457,21 @@ def test_a_slow_start_is_not_a_hang(clock: FakeClock, launcher: FakeLauncher, si
     assert "no progress for 30s" in sink.notes[-1][1]
 
 
+def test_a_hang_is_judged_as_at_its_kill_though_a_report_comes_before_its_end(
+        clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:
+    """Killed for no first report within start_timeout_s, a report read before its exit is: its
+    reason was computed at the exit, "no progress for" hang_timeout_s, a silence it was not killed for."""
+    from pathlib import Path
+
+    proc = WorkerProcess(Launch("pong", Path("/g")), Policy(hang_timeout_s=30, start_timeout_s=600), launcher, clock, sink)
+    proc.start()
+    advance(clock, proc, 600)
+    assert launcher.signals == [(proc.pid, "SIGKILL")]
+    proc.on_progress(proc.run_id, 0)  # sent before the SIGKILL landed, read after
+    proc.on_exit(KILLED)
+    assert proc.reason.startswith("hung: no first report within 600s of the start"), proc.reason
+
+
 def test_no_first_report_at_all_is_killed_after_start_timeout(
     clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink
 ) -> None:

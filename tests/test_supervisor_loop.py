@@ -423,7 +423,7 @@ def _adopted_hang_killed_ends_as_that_hang(loop: Loop, pid: int) -> None:
     loop.reactor.exit(pid, code=None, oom_known=True)  # no exit record: its end by SIGKILL, unseen
     loop.steps()
     proc = loop.sup.procs["a"]
-    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: no progress for")
+    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: the last daemon's hang watchdog sent it SIGKILL")
     assert "outside fleetd" not in proc.reason
 
 
@@ -443,6 +443,22 @@ def test_a_hung_worker_whose_sigkill_never_went_out_is_killed_when_adopted(
     later stop), and judged its own exit (a goal reached) the hang, restarting the game."""
     pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch, goes_out=False)
     _adopted_hang_killed_ends_as_that_hang(loop, pid)
+
+
+def test_an_adopted_hang_kill_claims_no_limit_of_the_next_daemons_config(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next daemon, started with another `hang_timeout_s`, judged the last one's hang kill
+    "no progress for" its own limit: a silence the worker was never killed for. Its reason claims
+    none; the killing daemon's `hang` event keeps the silence it saw."""
+    killed_at = loop.settings.supervisor.hang_timeout_s
+    pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch)
+    supervisor = loop.settings.supervisor.model_copy(update={"hang_timeout_s": killed_at * 3})
+    loop.settings = loop.settings.model_copy(update={"supervisor": supervisor})
+    _adopted_hang_killed_ends_as_that_hang(loop, pid)
+    assert "no progress for" not in loop.sup.procs["a"].reason
+    with loop.db.transaction() as session:
+        kills = [e.message for e in read_events(session, EventFilter(game="a", kind="hang", limit=10))]
+    assert any(m.startswith(f"no progress for {killed_at:g}s: sending SIGKILL") for m in kills), kills
 
 
 def test_a_worker_that_left_its_goal_as_the_hang_kill_went_out_is_completed_through_a_daemon_kill(

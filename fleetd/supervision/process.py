@@ -25,6 +25,8 @@ _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
 # which a process raises itself (a failed assertion in a driver, a bad pointer).
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 NOT_THE_HOST = "not counted as the host's instability"
+LAST_DAEMONS_HANG = ("the last daemon's hang watchdog sent it SIGKILL (the silence it was killed for is in that "
+                     "daemon's `hang` event)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class WorkerProcess:
         self._stop_deadline = 0.0
         self._stop_sent_at: datetime | None = None  # when the stop signal was sent: a checkpoint written after is the stop's
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
+        # The silence the hang watchdog killed it for, as it judged it then (its limits, reported
+        # or not); None where this daemon did not: an adopted run the last one had killed.
+        self._hung_for: str | None = None
         self._hung_stopped = False  # the hang was a process stopped by a signal from outside
         self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
         self.last_steps: int | None = None
@@ -293,7 +298,8 @@ class WorkerProcess:
         if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
             if now - self._progress_at >= self._silence_limit():
                 self._hung_stopped = self.pid is not None and self._launcher.stopped(self.pid)
-                self._kill("hang", self._silence_message())
+                self._hung_for = self._silence_message()
+                self._kill("hang", self._hung_for)
 
     def next_deadline(self) -> float | None:
         """The monotonic time at which tick() has something to do, if any."""
@@ -366,6 +372,7 @@ class WorkerProcess:
     def _fresh_watch(self, steps: int | None) -> None:
         self._reported = False
         self._killed_for = None
+        self._hung_for = None
         self._hung_stopped = False
         self.progressed = False
         self._resumed_steps = -1
@@ -416,8 +423,10 @@ class WorkerProcess:
 
     def _hang(self) -> Outcome:
         """The hang watchdog's kill: restarted as a crash is, and as a crash is, not under
-        `autorestart = false` (left as it hung, to be looked at)."""
-        reason = f"hung: {self._silence_message()}"
+        `autorestart = false` (left as it hung, to be looked at). Its silence as judged at the
+        kill; of a kill by the last daemon, whose limits may have differed from this one's, none
+        is claimed: that daemon's `hang` event says it."""
+        reason = f"hung: {self._hung_for or LAST_DAEMONS_HANG}"
         if self._hung_stopped:  # someone's doing, not the host's, whether it restarts or not
             reason += f"; its process was stopped by a signal (SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}"
         if not self.policy.restarts_after(None):
