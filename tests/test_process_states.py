@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import signal
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -234,6 +235,27 @@ def test_graceful_stop_records_stopped(proc: WorkerProcess, clock: FakeClock, si
     assert (proc.state, proc.reason, sink.causes()) == (State.STOPPED, "stopped", ["stopped"])
 
 
+def test_a_stop_a_goal_reached_and_a_refused_spec_store_the_count_as_it_was(
+    clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink,
+) -> None:
+    # None is a failure: the count a crash loop left (2, its back-off over) is stored with their
+    # ends unchanged, neither added to nor cleared (no checkpoint was written).
+    from pathlib import Path
+
+    for launch, end in ((Launch("a", Path("/a")), ExitStatus(code=0)),
+                        (Launch("b", Path("/b")), ExitStatus(code=20)),
+                        (Launch("c", Path("/c"), refused="bad key"), None)):
+        proc = WorkerProcess(launch, POLICY, launcher, clock, sink)
+        proc.carry(2, None)
+        proc.start(fresh=False)
+        if end is not None:
+            if end.code == 0:
+                proc.stop()
+            proc.on_exit(end)
+        assert sink.runs[max(sink.runs)]["carried"] == (2, None), launch.game
+    assert sink.causes() == ["stopped", "completed", "bad_spec"]
+
+
 def test_stop_during_backoff_cancels_the_restart(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:
     proc.start()
     proc.on_exit(CRASH)
@@ -383,6 +405,8 @@ def test_spawn_failure_backs_off(proc: WorkerProcess, clock: FakeClock, launcher
     proc.start()
     assert proc.state is State.BACKOFF and "could not start the worker" in proc.reason
     assert sink.causes() == ["spawn_error"]
+    # A failure, counted with its back-off in the run's end (stored in one transaction with it).
+    assert sink.runs[1]["carried"] == (1, clock.now() + timedelta(seconds=POLICY.backoff_delay(1)))
     advance(clock, proc, 1)
     assert proc.state is State.STARTING and proc.pid is not None
 

@@ -379,7 +379,7 @@ def test_a_hang_kill_whose_end_no_daemon_saw_is_a_hang_not_a_run_lost_with_the_d
     loop.start()  # its worker is gone: nothing to adopt
     proc = loop.sup.procs["a"]
     assert proc.state is State.BACKOFF and proc.failures == 1
-    assert proc.reason.startswith("hung: fleetd's hang watchdog sent it SIGKILL (its worker ended while fleetd was down)")
+    assert proc.reason.startswith("hung: fleetd's hang watchdog chose to SIGKILL it (its worker ended while fleetd was down)")
     with loop.db.transaction() as session:
         [run] = run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5)
     assert run.cause == "hang" and run.ended_at is not None
@@ -423,7 +423,7 @@ def _adopted_hang_killed_ends_as_that_hang(loop: Loop, pid: int) -> None:
     loop.reactor.exit(pid, code=None, oom_known=True)  # no exit record: its end by SIGKILL, unseen
     loop.steps()
     proc = loop.sup.procs["a"]
-    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: the last daemon's hang watchdog sent it SIGKILL")
+    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: the last daemon's hang watchdog chose to SIGKILL it")
     assert "outside fleetd" not in proc.reason
 
 
@@ -1673,6 +1673,45 @@ def test_a_crash_the_daemon_was_killed_after_recording_still_counts_towards_fata
     assert loop.state("a") is State.FATAL
     assert f"gave up after {retries + 1} failures in a row" in loop.sup.procs["a"].reason
     assert spawns_of(loop, "a") == retries + 1  # in all the daemons together
+
+
+def test_a_cuda_oom_at_each_daemon_kill_still_halves_the_batch_down_to_its_floor(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch a CUDA OOM halved was stored only at the step's end, after the run's end and its
+    failure count: a daemon killed between the two kept the count and lost the halving, so a game
+    OOMing at each daemon kill restarted at the batch that failed until its count made it FATAL.
+    The scale is stored with the run's end, in its transaction."""
+    ended = Recorder.run_ended
+
+    def killed_once_stored(recorder: Recorder, *args: Any) -> str:
+        ended(recorder, *args)
+        raise _DaemonKilled
+
+    loop.add("a")
+    loop.start()
+    for ooms in range(4):  # 1, 1/2, 1/4, 1/8: each halved, the daemon killed after its end was stored
+        for _ in range(100):  # its back-off, waited out by each new daemon
+            if loop.state("a") is State.STARTING:
+                break
+            loop.steps()
+        assert loop.launcher.launches[-1].spec.batch_scale == 0.5 ** ooms
+        monkeypatch.setattr(Recorder, "run_ended", killed_once_stored)
+        loop.reactor.exit(loop.pid("a"), code=ExitCode.CUDA_OOM)
+        with pytest.raises(_DaemonKilled):
+            loop.steps()
+        monkeypatch.setattr(Recorder, "run_ended", ended)
+        loop.start()
+        assert loop.sup.procs["a"].failures == ooms + 1
+        with loop.db.transaction() as session:
+            assert game_store.read_game(session, "a").remedy_batch_scale == 0.5 ** (ooms + 1)
+    for _ in range(100):
+        if loop.state("a") is State.STARTING:
+            break
+        loop.steps()
+    assert loop.launcher.launches[-1].spec.batch_scale == 1 / 16
+    loop.reactor.exit(loop.pid("a"), code=ExitCode.CUDA_OOM)
+    loop.steps()
+    assert loop.state("a") is State.FATAL and "would pass the floor" in loop.sup.procs["a"].reason
 
 
 def test_a_reboot_starts_a_crash_looping_game_afresh(loop: Loop, host: FakeHost) -> None:

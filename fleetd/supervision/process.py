@@ -25,8 +25,8 @@ _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
 # which a process raises itself (a failed assertion in a driver, a bad pointer).
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 NOT_THE_HOST = "not counted as the host's instability"
-LAST_DAEMONS_HANG = ("the last daemon's hang watchdog sent it SIGKILL (the silence it was killed for is in that "
-                     "daemon's `hang` event)")
+LAST_DAEMONS_HANG = ("the last daemon's hang watchdog chose to SIGKILL it (the silence it was killed for is in "
+                     "that daemon's `hang` event)")
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ class WorkerProcess:
         if self.run_id is None or self.pid is None:
             return None
         outcome = self._classify(status)
-        self._sink.run_ended(self.run_id, status, outcome.cause, self._count(outcome))
+        self._sink.run_ended(self.run_id, status, outcome.cause, self._count(outcome), self.remedies)
         # The leader is gone; SubprocVecEnv children and other stragglers go with it.
         self._launcher.signal_group(self.pid, signal.SIGKILL)
         self.run_id = self.pid = None
@@ -270,10 +270,11 @@ class WorkerProcess:
         reached is not started again; a refused spec is FATAL); for any other (0: stopped on a
         signal, most likely by a daemon that died stopping the fleet; a crash's) None: the run is
         lost, not a crash the governor would step back for. `killed_for` "hang": the last daemon's
-        hang watchdog had sent it SIGKILL (stored on its run first): the hang it was, counted as its
-        exit would have been, unless it left an exit record saying otherwise (a SIGKILLed worker
-        writes none: it ended on its own as the watchdog fired). Its group is not signalled: its
-        pid may be another's by now. Only for a game with no worker now."""
+        hang watchdog chose to SIGKILL it (stored on its run first; that daemon may have died before
+        the signal went out): the hang it was, counted as its exit would have been, unless it left
+        an exit record saying otherwise (a SIGKILLed worker writes none: it ended on its own as the
+        watchdog fired). Its group is not signalled: its pid may be another's by now. Only for a
+        game with no worker now."""
         outcome = None
         if self.state is State.STOPPED:
             outcome = self._verdict(code)
@@ -282,7 +283,7 @@ class WorkerProcess:
         if outcome is None:
             return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
-        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause, self._count(outcome))
+        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause, self._count(outcome), self.remedies)
         self._settle(outcome)
         return outcome
 
@@ -334,7 +335,7 @@ class WorkerProcess:
         self._stop_sent_at = None
         self._to(State.STARTING, reason, restart=restart)
         if self.launch.refused is not None:  # the worker would exit 78: no use starting it
-            self._sink.run_ended(run_id, ExitStatus(), "bad_spec", self.carried)
+            self._sink.run_ended(run_id, ExitStatus(), "bad_spec", self.carried, self.remedies)
             self._to(State.FATAL, f"run spec refused: {self.launch.refused}")
             return
         launch = self._remedied_launch()
@@ -344,7 +345,7 @@ class WorkerProcess:
             spawned = self._launcher.spawn(launch, run_id)
         except LaunchError as exc:
             outcome = Outcome("spawn_error", _FAILED, f"could not start the worker: {exc}")
-            self._sink.run_ended(run_id, ExitStatus(), outcome.cause, self._count(outcome))
+            self._sink.run_ended(run_id, ExitStatus(), outcome.cause, self._count(outcome), self.remedies)
             self._settle(outcome)
             return
         self.run_id, self.pid, self.gpu = run_id, spawned.pid, spawned.gpu
@@ -416,7 +417,7 @@ class WorkerProcess:
     def _unwatched_hang(self) -> Outcome:
         """The hang watchdog's kill of a run whose end no daemon saw: how long it was silent
         died with that daemon."""
-        reason = "hung: fleetd's hang watchdog sent it SIGKILL"
+        reason = "hung: fleetd's hang watchdog chose to SIGKILL it"
         if not self.policy.restarts_after(None):
             return Outcome("hang", State.EXITED, f"{reason}; autorestart does not apply")
         return Outcome("hang", _FAILED, reason)

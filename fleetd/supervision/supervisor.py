@@ -77,11 +77,11 @@ class Supervisor:
         self._launcher = WatchingLauncher(self._placing, reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
-        self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_carried`)
-        # As the store holds them: saved as they change (`_save_carried`), a count a run's end
-        # changed with that end (the tap's `run_ended`).
+        # As the store holds them: saved as they change (`_save_carried`), a count or scale a
+        # run's end changed with that end (the tap's `run_ended`).
+        self._remedies_saved: dict[str, Remedies] = {}
         self._failures_saved: dict[str, Carried] = {}
-        self._tap = TransitionTap(recorder, self._failures_saved)
+        self._tap = TransitionTap(recorder, self._failures_saved, self._remedies_saved)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
@@ -208,8 +208,9 @@ class Supervisor:
         (`_new_proc`). Its scales, whatever changed them (a divergence, a CUDA OOM, a rollback, the
         operator's start or rollback); its failures in a row and the end of its back-off, with the
         boot they were counted on: a restart on this boot counts on from them, where it started a
-        crash-looping game again at once from 0. A failure is stored with its run's end already
-        (`WorkerProcess._count`): no daemon kill before this save loses it."""
+        crash-looping game again at once from 0. A failure, and a divergence's or CUDA OOM's
+        scale, is stored with its run's end already (`WorkerProcess._count`, `_remedy`): no daemon
+        kill before this save loses it."""
         boot = self.recorder.boot_pk
         self._save_changed(self._remedies_saved, lambda proc: proc.remedies, self.recorder.remedies)
         self._save_changed(self._failures_saved, lambda proc: proc.carried, lambda changed:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from fleetd.states import State
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import Carried, ExitStatus, Launch, Launcher, Reactor, Spawned
 
 
@@ -63,11 +64,11 @@ class PlacingLauncher:
 class TransitionTap:
     """The recorder as the processes' sink, noting for the loop that some game's state changed:
     the governor then looks again in the same step (a game gone FATAL frees its slot at once).
-    `carried`: each game's failure count as the store holds it, the one a run's end stored included
-    (the supervisor's, which stores it as it changes otherwise)."""
+    `carried`, `remedies`: each game's failure count and scales as the store holds them, those a
+    run's end stored included (the supervisor's, which stores them as they change otherwise)."""
 
-    def __init__(self, recorder: Recorder, carried: dict[str, Carried]) -> None:
-        self._recorder, self._carried = recorder, carried
+    def __init__(self, recorder: Recorder, carried: dict[str, Carried], remedies: dict[str, Remedies]) -> None:
+        self._recorder, self._carried, self._remedies = recorder, carried, remedies
         self.changed = False
 
     def begin_run(self, game: str) -> int:
@@ -79,10 +80,9 @@ class TransitionTap:
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         self._recorder.run_spawned(run_id, spawned)
 
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried) -> None:
-        game = self._recorder.run_ended(run_id, status, cause, carried)
-        if game is not None:
-            self._carried[game] = carried
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> None:
+        game = self._recorder.run_ended(run_id, status, cause, carried, remedies)
+        self._carried[game], self._remedies[game] = carried, remedies
 
     def run_killed(self, run_id: int, cause: str) -> None:
         self._recorder.run_killed(run_id, cause)
