@@ -45,7 +45,7 @@ from fleetd.supervision.recovery import (WorkerFinder, close_lost_with_daemon, c
                                          find_unrecorded, launch_of_run)
 from fleetd.supervision.remedies import Remedies, remedies_of
 from fleetd.supervision.rollback import RollBack, carry_out
-from fleetd.supervision.seams import Exited, Happening, Launcher, Located, Reactor, Reported
+from fleetd.supervision.seams import Carried, Exited, Happening, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import launch_for, worker_sizes
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
@@ -54,8 +54,6 @@ from workers.protocol.spec import TierDefaults
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Carried = tuple[int, datetime | None]  # a game's failures in a row, and the end of its back-off
-
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
 
 
@@ -79,9 +77,11 @@ class Supervisor:
         self._launcher = WatchingLauncher(self._placing, reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
-        self._tap = TransitionTap(recorder)
-        self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_carried`)
-        self._failures_saved: dict[str, Carried] = {}  # as the store holds them (`_save_carried`)
+        # As the store holds them: saved as they change (`_save_carried`), a count or scale a
+        # run's end changed with that end (the tap's `run_ended`).
+        self._remedies_saved: dict[str, Remedies] = {}
+        self._failures_saved: dict[str, Carried] = {}
+        self._tap = TransitionTap(recorder, self._failures_saved, self._remedies_saved)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
@@ -208,10 +208,12 @@ class Supervisor:
         (`_new_proc`). Its scales, whatever changed them (a divergence, a CUDA OOM, a rollback, the
         operator's start or rollback); its failures in a row and the end of its back-off, with the
         boot they were counted on: a restart on this boot counts on from them, where it started a
-        crash-looping game again at once from 0."""
+        crash-looping game again at once from 0. A failure, and a divergence's or CUDA OOM's
+        scale, is stored with its run's end already (`WorkerProcess._count`, `_remedy`): no daemon
+        kill before this save loses it."""
         boot = self.recorder.boot_pk
         self._save_changed(self._remedies_saved, lambda proc: proc.remedies, self.recorder.remedies)
-        self._save_changed(self._failures_saved, lambda proc: (proc.failures, proc.backoff_due), lambda changed:
+        self._save_changed(self._failures_saved, lambda proc: proc.carried, lambda changed:
                            self.recorder.failures({name: (n, boot, due) for name, (n, due) in changed.items()}))
 
     def _save_changed(self, saved: dict[str, T], value_of: Callable[[WorkerProcess], T],
