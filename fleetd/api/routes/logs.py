@@ -6,8 +6,8 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Protocol
 from pathlib import Path as FsPath
+from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
