@@ -75,7 +75,7 @@ class LogWait:
             return None
         return f"--- fleetd: {on_node(followed, path, self.storage_url)} ---"
 
-    def past_its_run(self, followed: RunRecord) -> bool:
+    def run_ended_without_it(self, followed: RunRecord) -> bool:
         """Whether its run ended without its worker making the log (an actor that died first),
         not yet said: no waiting for it out the hour."""
         return not self.appeared and followed.ended_at is not None and not self.told_unwritten

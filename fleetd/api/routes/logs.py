@@ -201,7 +201,7 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 else:
                     yield _own_line(f"--- fleetd: the log of run {record.id} is gone (log_keep_runs) ---", sent)
                 return
-            if wait.past_its_run(followed):
+            if wait.run_ended_without_it(followed):
                 # The file made between the read above and the look is read first. Unpinned, the
                 # follow goes on to the game's next run.
                 rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
