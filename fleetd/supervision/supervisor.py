@@ -96,8 +96,10 @@ class Supervisor:
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
         self._stored_restarting: set[str] = set()  # waited for by `_roll_tier_changes`
-        # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
-        self._handovers: dict[str, str] = {}
+        # A game admitted in another's slot (`games start X --now`, a pre-emption, a yield) -> the
+        # games it waits for: it starts once they have stopped (`_awaiting_handover`). After a
+        # daemon kill, every worker adopted without a slot (`_hold_for_slotless`).
+        self._handovers: dict[str, frozenset[str]] = {}
         self._games: list[GameRecord] = []
         self._ids: dict[str, tuple[int, datetime]] = {}  # the game each name's process is for
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
@@ -170,6 +172,7 @@ class Supervisor:
         self._stored_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
                                     and game.state in (State.STOPPING, State.STARTING)}
         self._settle_stale_states()
+        self._hold_for_slotless()
         self._health.resume(self.procs)
         for run in kept:  # what they evaluated while no daemon listened
             self._health.catch_up(self.procs[run.game], run.started_at)
@@ -371,7 +374,7 @@ class Supervisor:
         self._stop(proc, f"yielded its slot: {reason}")
         self.fleet.govern(self._slots())
         for name in {s.name for s in self._slots() if self.fleet.admitted(s.name)} - before:
-            self._handovers[name] = proc.name  # it starts once the yielder has stopped
+            self._handovers[name] = frozenset({proc.name})  # it starts once the yielder has stopped
         self._govern()
 
     def _moved(self, name: str) -> bool:
@@ -389,12 +392,28 @@ class Supervisor:
 
     def _awaiting_handover(self, name: str) -> bool:
         """A game admitted in another's slot starts only once that one has stopped: never more
-        workers than slots, even for the few seconds of a final checkpoint."""
-        giver = self.procs.get(self._handovers.get(name, ""))
-        if giver is not None and giver.state in LIVE:
+        workers than slots, even for the few seconds of a final checkpoint. Not for one admitted
+        again meanwhile: it holds a slot of its own."""
+        givers = [self.procs.get(giver) for giver in self._handovers.get(name, ())]
+        if any(giver is not None and giver.state in LIVE and not self.fleet.admitted(giver.name) for giver in givers):
             return True
         self._handovers.pop(name, None)
         return False
+
+    def _hold_for_slotless(self) -> None:
+        """At start: the hand-overs a killed daemon left, its links kept in memory only. A worker
+        adopted whose game should run but holds no slot gave it up (`--now`, a pre-emption, a
+        yield) or lost it to a step back, and is stopping (or stopped now, by `_apply_desired`,
+        where that daemon died before its stop was stored). To whom, the store does not say: each
+        game holding a slot with no worker starts only once all of them have stopped. Never more
+        workers than slots, at the cost of such a start waiting at most their stop (`stopwaitsecs`,
+        then SIGKILL)."""
+        slotless = frozenset(name for name, proc in self.procs.items() if proc.state in LIVE
+                             and self._desired.get(name) is Desired.RUNNING and not self.fleet.admitted(name))
+        if slotless:
+            for name, proc in self.procs.items():
+                if proc.state is State.STOPPED and self.fleet.admitted(name):
+                    self._handovers[name] = slotless
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own
@@ -652,7 +671,7 @@ class Supervisor:
         """`--now` or pre-emption: `holder` stops with a final checkpoint and goes pending; `to`
         holds its slot and starts only once it has stopped (`_awaiting_handover`)."""
         self.fleet.give_slot(holder, to, why)
-        self._handovers[to] = holder.name
+        self._handovers[to] = frozenset({holder.name})
         self._stop(self.procs[holder.name], f"back to pending: its slot went to {to} ({why})")
 
     def _preempt(self) -> None:
@@ -667,7 +686,8 @@ class Supervisor:
         slots = self._slots()
         view = self.fleet.governor_view(slots)
         if self.fleet.admitted(name):
-            return admission.admitted(name, self._handovers.get(name), view.allowed)
+            took = self._handovers.get(name, ())  # several: a daemon kill's (`_hold_for_slotless`)
+            return admission.admitted(name, next(iter(took)) if len(took) == 1 else None, view.allowed)
         tier_sizes = {tier: size.games for tier, size in self.settings.fleet.tiers.items()}
         return admission.not_admitted(name, view, tier_sizes, self.fleet.lowest_priority_holder(name, slots))
 
