@@ -336,7 +336,11 @@ def test_equal_priority_never_pre_empts_and_preempt_false_turns_it_off(loop: Loo
 # -- a hand-over through a daemon kill (docs/supervision.md, The daemon restarts) ---------------
 
 
-def _now_over_low(loop: Loop) -> tuple[str, int]:
+class _DaemonKilled(Exception):
+    """kill -9 of the daemon at this instant: nothing after it runs."""
+
+
+def _now_over_low(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
     """high and low running, `games start new --now`: low, stopping, gives new its slot."""
     for name, priority in (("high", 5), ("low", 0), ("new", 0)):
         loop.add(name, priority=priority)
@@ -347,7 +351,7 @@ def _now_over_low(loop: Loop) -> tuple[str, int]:
     return "new", pid
 
 
-def _pre_empted(loop: Loop) -> tuple[str, int]:
+def _pre_empted(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
     """a and b running, c raised to priority 5: once a holder ran its minimum, c takes its slot."""
     full_fleet_and_a_pending_game(loop)
     raise_priority(loop, "c", 5)
@@ -356,14 +360,35 @@ def _pre_empted(loop: Loop) -> tuple[str, int]:
     return "c", pid
 
 
-@pytest.mark.parametrize("hand_over", [_now_over_low, _pre_empted], ids=["--now", "pre-empted"])
+def _yielded_before_the_admit(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
+    """a and b running, c pending: b yields its slot on a plateau, and the daemon dies once b's
+    eviction is stored and its stop sent, before the governor's step that admits c."""
+    full_fleet_and_a_pending_game(loop)
+    pid = loop.pid("b")
+    yield_slot = loop.sup.fleet.yield_slot
+
+    def killed_once_yielded(*args: Any) -> None:
+        yield_slot(*args)
+        loop.sup.procs["b"].stop("yielded its slot: plateau")  # sent, as `_give_up_slot` does next
+        raise _DaemonKilled
+
+    monkeypatch.setattr(loop.sup.fleet, "yield_slot", killed_once_yielded)
+    loop.sup.learning.queued_last("b")
+    with pytest.raises(_DaemonKilled):
+        loop.sup._give_up_slot(loop.sup.procs["b"], "plateau")  # the learning watch's yield (its FleetSide)
+    return "c", pid
+
+
+@pytest.mark.parametrize("hand_over", [_now_over_low, _pre_empted, _yielded_before_the_admit],
+                         ids=["--now", "pre-empted", "yield-killed-before-the-admit"])
 def test_a_hand_over_through_a_daemon_kill_starts_the_new_game_only_once_the_holder_stopped(
-    loop: Loop, hand_over: Callable[[Loop], tuple[str, int]]
+    loop: Loop, monkeypatch: pytest.MonkeyPatch, hand_over: Callable[[Loop, pytest.MonkeyPatch], tuple[str, int]]
 ) -> None:
     """The daemon died (kill -9) after the holder was sent its stop and before it ended: the link
     was in memory only, and the new daemon started the new game at once beside the holder still
-    writing its final checkpoint: three workers for two slots."""
-    to, holder_pid = hand_over(loop)
+    writing its final checkpoint: three workers for two slots. A yield killed between its two
+    writes left c not admitted yet: admitted at the new daemon's first step, it started at once."""
+    to, holder_pid = hand_over(loop, monkeypatch)
     holder = next(name for name, proc in loop.sup.procs.items() if proc.pid == holder_pid)
     assert loop.state(holder) is State.STOPPING and loop.state(to) is State.STOPPED
     live = [name for name, proc in loop.sup.procs.items() if proc.pid is not None]
@@ -379,10 +404,6 @@ def test_a_hand_over_through_a_daemon_kill_starts_the_new_game_only_once_the_hol
     loop.steps()
     assert loop.state(to) is State.STARTING and loop.shown()[holder] is Shown.PENDING
     assert [proc.state for name, proc in loop.sup.procs.items() if name not in (to, holder)] == [State.RUNNING]
-
-
-class _DaemonKilled(Exception):
-    """kill -9 of the daemon at this instant: nothing after it runs."""
 
 
 def _killed_once_low_gave_its_slot(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> int:

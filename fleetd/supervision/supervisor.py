@@ -97,9 +97,12 @@ class Supervisor:
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
         self._stored_restarting: set[str] = set()  # waited for by `_roll_tier_changes`
         # A game admitted in another's slot (`games start X --now`, a pre-emption, a yield) -> the
-        # games it waits for: it starts once they have stopped (`_awaiting_handover`). After a
-        # daemon kill, every worker adopted without a slot (`_hold_for_slotless`).
-        self._handovers: dict[str, frozenset[str]] = {}
+        # game it waits for: it starts once that one has stopped (`_awaiting_handover`).
+        self._handovers: dict[str, str] = {}
+        # After a daemon kill: the workers adopted without a slot, whose hand-overs that daemon
+        # knew only (`_hold_for_slotless`); no admitted game starts while one of them is stopping.
+        self._slotless_at_start: set[str] = set()
+        self._told_waiting: set[str] = set()  # the games whose wait for them is logged
         self._games: list[GameRecord] = []
         self._ids: dict[str, tuple[int, datetime]] = {}  # the game each name's process is for
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
@@ -374,7 +377,7 @@ class Supervisor:
         self._stop(proc, f"yielded its slot: {reason}")
         self.fleet.govern(self._slots())
         for name in {s.name for s in self._slots() if self.fleet.admitted(s.name)} - before:
-            self._handovers[name] = frozenset({proc.name})  # it starts once the yielder has stopped
+            self._handovers[name] = proc.name  # it starts once the yielder has stopped
         self._govern()
 
     def _moved(self, name: str) -> bool:
@@ -394,26 +397,38 @@ class Supervisor:
         """A game admitted in another's slot starts only once that one has stopped: never more
         workers than slots, even for the few seconds of a final checkpoint. Not for one admitted
         again meanwhile: it holds a slot of its own."""
-        givers = [self.procs.get(giver) for giver in self._handovers.get(name, ())]
-        if any(giver is not None and giver.state in LIVE and not self.fleet.admitted(giver.name) for giver in givers):
+        giver = self.procs.get(self._handovers.get(name, ""))
+        if giver is not None and giver.state in LIVE and not self.fleet.admitted(giver.name):
             return True
         self._handovers.pop(name, None)
-        return False
+        return self._awaiting_slotless(name)
 
     def _hold_for_slotless(self) -> None:
         """At start: the hand-overs a killed daemon left, its links kept in memory only. A worker
         adopted whose game should run but holds no slot gave it up (`--now`, a pre-emption, a
         yield) or lost it to a step back, and is stopping (or stopped now, by `_apply_desired`,
-        where that daemon died before its stop was stored). To whom, the store does not say: each
-        game holding a slot with no worker starts only once all of them have stopped. Never more
-        workers than slots, at the cost of such a start waiting at most their stop (`stopwaitsecs`,
-        then SIGKILL)."""
-        slotless = frozenset(name for name, proc in self.procs.items() if proc.state in LIVE
-                             and self._desired.get(name) is Desired.RUNNING and not self.fleet.admitted(name))
-        if slotless:
-            for name, proc in self.procs.items():
-                if proc.state is State.STOPPED and self.fleet.admitted(name):
-                    self._handovers[name] = slotless
+        where that daemon died before its stop was stored). To whom, the store does not say, nor
+        whether the taker was admitted yet (a yield dies between its two writes): no game holding
+        a slot starts, now or at a later step, until all of them have stopped. Never more workers
+        than slots, at the cost of such a start waiting at most their stop (`stopwaitsecs`, then
+        SIGKILL)."""
+        self._slotless_at_start = {name for name, proc in self.procs.items() if proc.state in LIVE
+                                   and self._desired.get(name) is Desired.RUNNING and not self.fleet.admitted(name)}
+
+    def _awaiting_slotless(self, name: str) -> bool:
+        """`name`, admitted with no worker, waits for the workers adopted without a slot
+        (`_hold_for_slotless`); one stopped, or admitted again meanwhile (it holds a slot of its
+        own), no longer holds anyone back."""
+        self._slotless_at_start = {giver for giver, proc in self.procs.items() if giver in self._slotless_at_start
+                                   and proc.state in LIVE and not self.fleet.admitted(giver)}
+        if not self._slotless_at_start:
+            self._told_waiting.clear()
+            return False
+        if name not in self._told_waiting:  # said once, not at every step
+            self._told_waiting.add(name)
+            log.info("%s waits for %s to stop (a hand-over through a daemon restart)", name,
+                     ", ".join(sorted(self._slotless_at_start)))
+        return True
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own
@@ -671,7 +686,7 @@ class Supervisor:
         """`--now` or pre-emption: `holder` stops with a final checkpoint and goes pending; `to`
         holds its slot and starts only once it has stopped (`_awaiting_handover`)."""
         self.fleet.give_slot(holder, to, why)
-        self._handovers[to] = frozenset({holder.name})
+        self._handovers[to] = holder.name
         self._stop(self.procs[holder.name], f"back to pending: its slot went to {to} ({why})")
 
     def _preempt(self) -> None:
@@ -686,8 +701,7 @@ class Supervisor:
         slots = self._slots()
         view = self.fleet.governor_view(slots)
         if self.fleet.admitted(name):
-            took = self._handovers.get(name, ())  # several: a daemon kill's (`_hold_for_slotless`)
-            return admission.admitted(name, next(iter(took)) if len(took) == 1 else None, view.allowed)
+            return admission.admitted(name, self._handovers.get(name), view.allowed)
         tier_sizes = {tier: size.games for tier, size in self.settings.fleet.tiers.items()}
         return admission.not_admitted(name, view, tier_sizes, self.fleet.lowest_priority_holder(name, slots))
 
