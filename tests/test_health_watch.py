@@ -564,6 +564,39 @@ def test_a_yield_outlives_a_daemon_restart(loop: Loop) -> None:
     assert loop.state("a") is State.STOPPING and game(loop, "a").health.state is Health.PLATEAU
 
 
+def test_a_yield_killed_while_stopping_is_judged_afresh_when_admitted_again(loop: Loop) -> None:
+    """A daemon killed -9 while the yielder stopped: the next one adopts it stopping, and once
+    it is admitted again it is judged afresh, as without the kill. That daemon's memory of the
+    yield died with it; the worker, live at its start, was not read as a yield made before."""
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
+    add(loop, "b", {})
+    add(loop, "c", {})  # the light tier admits two: c waits
+    loop.start()
+    loop.run_up("a", "b")
+    plateau(loop, "a")
+    assert loop.state("a") is State.STOPPING
+    loop.probe.live = {loop.pid("a")}
+    loop.start()  # killed -9 while a stopped: adopted stopping
+    assert loop.state("a") is State.STOPPING and game(loop, "a").health.state is Health.PLATEAU
+    stop_exits(loop, "a")
+    loop.run_up("c")
+    assert loop.shown()["a"] is Shown.PENDING
+    set_desired(loop.db, loop.clock, "b", Desired.STOPPED)  # a slot for a again
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    assert loop.state("a") is State.STARTING and game(loop, "a").health.state is Health.LEARNING
+    assert game(loop, "a").health.reason == "admitted again after it yielded its slot on a plateau: judged afresh"
+    loop.run_up("a")
+    add(loop, "d", {})
+    loop.sup.submit(Reconcile())
+    loop.steps()
+    evaluate(loop, "a", 4000, 10.0)
+    assert loop.state("a") is State.RUNNING  # a plateau window from its readmission, not one carried
+    evaluate(loop, "a", 5000, 10.0)
+    assert loop.state("a") is State.STOPPING and game(loop, "a").health.state is Health.PLATEAU
+    assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, False]  # told afresh
+
+
 def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     loop.start()

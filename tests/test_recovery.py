@@ -17,6 +17,7 @@ import sqlalchemy.exc
 from fleetd.states import State
 from fleetd.store import games as game_store
 from fleetd.store import runs as run_store
+from fleetd.store.events import EventFilter, read_events
 from fleetd.store.records import RunRecord
 from fleetd.supervision.adoption import OsProcessProbe
 from fleetd.supervision.launcher import process_start_time, run_spec_path
@@ -105,8 +106,9 @@ def test_the_processes_are_scanned_once_and_only_for_runs_without_a_pid(loop: Lo
     (ExitCode.BAD_SPEC, State.FATAL, "bad_spec", "fatal"),
     (ExitCode.DIVERGED, State.BACKOFF, "diverged", None),  # restarted with a smaller learning rate
     (None, State.STARTING, "lost_daemon", None),  # no record: died by a signal, restarted as before
-    (ExitCode.STOPPED, State.STARTING, "lost_daemon", None),  # stopped by a dying daemon: no crash to count
-    (1, State.STARTING, "lost_daemon", None),
+    # fleetd stores a game stopping before it signals it: stored running, its SIGTERM was not fleetd's
+    (ExitCode.STOPPED, State.BACKOFF, "crash", None),
+    (1, State.BACKOFF, "crash", None),  # an uncaught exception: a crash, counted
 ])
 def test_a_worker_that_ended_while_the_daemon_was_down_is_judged_by_its_exit_code(
     loop: Loop, code: int | None, state: State, cause: str, alert: str | None
@@ -124,10 +126,46 @@ def test_a_worker_that_ended_while_the_daemon_was_down_is_judged_by_its_exit_cod
     assert [a.kind for a in loop.alerts.sent] == ([alert] if alert else [])
     if code == ExitCode.DIVERGED:
         assert loop.sup.procs["a"].remedies.lr_scale == 0.5
+    assert loop.sup.procs["a"].failures == (state is State.BACKOFF)
     if state is not State.STARTING:
         assert "while fleetd was down" in loop.sup.procs["a"].reason
         loop.steps(3)
         assert loop.launcher.signals == []  # the pid may be another's by now: never signalled
+
+
+def test_a_crash_while_the_daemon_was_down_counts_towards_fatal_and_says_what_it_was(loop: Loop) -> None:
+    """Its exit record says it crashed: the crash it was, counted as its exit would have been
+    with a daemon there (a crash at each daemon kill still ends FATAL), not a neutral run lost."""
+    loop.add("a")
+    for _ in range(loop.settings.supervisor.startretries + 1):
+        write_exit_record(spec_of(loop, "a", record_live_run(loop, "a", 4242)), 1)
+        restart_daemon(loop)
+    proc = loop.sup.procs["a"]
+    assert proc.state is State.FATAL and loop.launcher.spawned == []
+    assert proc.reason.startswith("crash: exit code 1 (its worker ended while fleetd was down); gave up after")
+    assert {r.cause for r in runs_of(loop, "a")} == {"crash"}
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (None, "worker pid 4242 ended while fleetd was down, leaving no exit code: a signal ended it"),
+    (ExitCode.STOPPED, "worker pid 4242 ended while fleetd was down (stopping; it left exit code 0)"),
+    (1, "worker pid 4242 ended while fleetd was down (stopping; it left exit code 1)"),
+])
+def test_a_worker_the_last_daemon_was_stopping_is_lost_not_a_crash(loop: Loop, code: int | None, says: str) -> None:
+    """Stored stopping: a stop's end, whatever the code (a stop's SIGKILL leaves none); the event
+    says what is known of it."""
+    loop.add("a")
+    run_id = record_live_run(loop, "a", 4242)
+    with loop.db.transaction() as session:
+        game_store.update_game_state(session, "a", State.STOPPING, "stop requested", loop.clock.now())
+    if code is not None:
+        write_exit_record(spec_of(loop, "a", run_id), code)
+    loop.start()
+    assert loop.sup.procs["a"].failures == 0
+    assert (runs_of(loop, "a")[0].cause, runs_of(loop, "a")[0].exit_code) == ("lost_daemon", code)
+    with loop.db.transaction() as session:
+        [event] = read_events(session, EventFilter(kind="lost_daemon", game="a"))
+    assert event.message.startswith(says)
 
 
 def test_a_worker_whose_pid_was_never_recorded_and_that_completed_is_not_started_again(loop: Loop) -> None:

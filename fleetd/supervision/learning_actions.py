@@ -28,6 +28,8 @@ from fleetd.supervision.remedies import Remedies
 from fleetd.games.set_aside import ROLLED_BACK, set_aside_path
 from workers.protocol.reports import CheckpointSummary
 
+_TRAINING = (State.STARTING, State.RUNNING)
+
 
 @dataclass(frozen=True)
 class FleetSide:
@@ -102,17 +104,18 @@ class LearningActions:
             return
         since = run_started.timestamp()
         for summary in evaluations_after(proc.launch.game_dir / "checkpoints", self.watch.record(proc.name).last_steps):
-            if proc.state not in (State.RUNNING, State.STARTING):
+            if proc.state not in _TRAINING:
                 return  # stopping on a verdict (a rollback): the rest were the collapsed run's
             if summary.at >= since:
                 self.judge(proc, summary)
                 self._caught_up.setdefault(proc.name, set()).add(summary.path)
 
     def _yielded_before(self, name: str, proc: WorkerProcess) -> bool:
-        """A plateau under on_plateau = yield with no worker at start: the previous daemon's
+        """A plateau under on_plateau = yield with no worker training at start (none, or one
+        adopted stopping: that daemon was killed as the yielder stopped): the previous daemon's
         yield, which only its memory held. Admitted again, it is judged afresh, or it would hold
         its slot on the plateau for good (a plateau is judged only from `learning`)."""
-        return (self.watch.record(name).state is Health.PLATEAU and proc.state not in LIVE
+        return (self.watch.record(name).state is Health.PLATEAU and proc.state not in _TRAINING
                 and self.watch.settings(name).on_plateau is PlateauAction.YIELD)
 
     def starting(self, name: str) -> None:

@@ -264,12 +264,16 @@ class WorkerProcess:
         self._settle(outcome)
         return outcome
 
-    def ended_unwatched(self, run_id: int, code: int | None, killed_for: str | None = None) -> Outcome | None:
+    def ended_unwatched(self, run_id: int, code: int | None, killed_for: str | None = None,
+                        stopping: bool = False) -> Outcome | None:
         """A run whose worker ended while no daemon watched it, known at start by the code it
-        left. A code that is the worker's own verdict judges it as its exit would have been (a goal
-        reached is not started again; a refused spec is FATAL); for any other (0: stopped on a
-        signal, most likely by a daemon that died stopping the fleet; a crash's) None: the run is
-        lost, not a crash the governor would step back for. `killed_for` "hang": the last daemon's
+        left, judged as its exit would have been: a goal reached is not started again, a refused
+        spec is FATAL, a crash's code (1: an uncaught exception) is that crash, counted towards
+        FATAL, and 0 (it trapped SIGTERM or SIGINT) a signal fleetd did not send, counted, not the
+        host's: fleetd stores a game stopping before it signals it. Not the governor's to step
+        back for: when it ended, no one saw. `stopping` (the game stored so: the last daemon's
+        stop): None for any code but a verdict, as for none at all (killed by a signal, or never
+        spawned): the run is lost. `killed_for` "hang": the last daemon's
         hang watchdog chose to SIGKILL it (stored on its run first; that daemon may have died before
         the signal went out): the hang it was, counted as its exit would have been, unless it left
         an exit record saying otherwise (a SIGKILLed worker writes none: it ended on its own as the
@@ -280,6 +284,8 @@ class WorkerProcess:
             outcome = self._verdict(code)
             if outcome is None and killed_for == "hang":
                 outcome = self._unwatched_hang()
+            if outcome is None and code is not None and not stopping:
+                outcome = self._classify(ExitStatus(code=code))
         if outcome is None:
             return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")

@@ -131,8 +131,9 @@ def close_lost_with_host(runs: list[RunRecord], recorder: Recorder, now: datetim
 def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir: GameDir, recorder: Recorder,
                            now: datetime, stopping: bool = False) -> None:
     """A run of this boot whose worker is gone. Its exit code, left beside its spec, judges it
-    as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL);
-    without one (killed by a signal, or never spawned) it is lost, and the game restarts; one the
+    as its exit would have been (a goal reached is not started again; exit 21 or 78 is FATAL; a
+    crash's code, or 0 where no stop was stored, a crash counted: `ended_unwatched`); without one
+    (killed by a signal, or never spawned) it is lost, and the game restarts; one the
     last daemon's hang watchdog chose to SIGKILL (its cause stored first), where its code gives
     no verdict of its own (a SIGKILLed worker leaves none), is that hang, unless that
     daemon was stopping it since (`stopping`: the game stored so), whose end a stop's is, as its
@@ -141,10 +142,21 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
     # Set on an open run only as fleetd SIGKILLs its worker (a hang).
     killed_for = None if stopping else run.cause
     if (code is not None or killed_for is not None) and proc is not None \
-            and proc.ended_unwatched(run.id, code, killed_for) is not None:
+            and proc.ended_unwatched(run.id, code, killed_for, stopping) is not None:
         return
-    left = "" if code is None else f" (it left exit code {code})"
-    recorder.run_lost(run, "lost_daemon", now, f"worker pid {run.pid} ended while fleetd was down{left}", code)
+    recorder.run_lost(run, "lost_daemon", now, _lost_message(run, code, stopping), code)
+
+
+def _lost_message(run: RunRecord, code: int | None, stopping: bool) -> str:
+    """What is known of a worker's end that no daemon saw. Without an exit record (a worker
+    writes it as its last act), which signal ended it, and whose, is not known: the daemon that
+    could have read its wait status was down."""
+    if code is not None:
+        return f"worker pid {run.pid} ended while fleetd was down ({'stopping; ' if stopping else ''}it left exit code {code})"
+    if run.pid is None:
+        return "its worker (no pid recorded) was not found: it never started, or ended while fleetd was down"
+    return (f"worker pid {run.pid} ended while fleetd was down, leaving no exit code: a signal ended it (a native "
+            "crash's, the OOM killer's or one sent to it; which, no daemon saw), or writing its exit code failed")
 
 
 def exit_left(status: ExitStatus, proc: WorkerProcess) -> ExitStatus:
