@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from contextlib import suppress
 from collections.abc import AsyncIterator
 from pathlib import Path as FsPath
 from typing import Annotated, Protocol
@@ -62,18 +63,13 @@ async def game_logs(
 
     Following the newest run (no `run`) moves on to the game's next run when it starts, with a
     line naming it, as `journalctl -f` does across a service's restarts."""
-    record = await run_in_threadpool(_chosen_run, context, name, run)
-    path = _log_file(record, context.settings.cluster.storage_url)
-    if not path.is_file():  # a Ray run's worker has not made it yet: told so, or (follow) waited for
+    record, path, opened = await run_in_threadpool(_opened, context, name, run, lines)
+    if opened is None:  # a Ray run's worker has not made it yet: told so, or (follow) waited for
         if not follow or not on_cluster(record):
             raise not_there(record, path)
         return _streamed(_follow(request, context, name, record, path, b"", 0, None, pinned=run is not None,
                                  appeared=False))
-    seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
-    try:
-        text, offset = await run_in_threadpool(tail, path, lines)
-    except FileNotFoundError:  # pruned by log_keep_runs since _log_file looked: as if it had been then
-        raise _pruned(record, path) from None
+    text, offset, seen = opened
     if not follow:
         return PlainTextResponse(text)
     return _streamed(_follow(request, context, name, record, path, text, offset, seen, pinned=run is not None))
@@ -97,6 +93,36 @@ def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord
         raise FleetdError(ErrorCode.NOT_FOUND, f"game {name!r} has no run {run_id} (fleetd logs {name} --runs lists them)",
                           {"name": name, "run": run_id})
     return record
+
+
+def _opened(context: AppContext, name: str, run_id: int | None,
+            lines: int) -> tuple[RunRecord, FsPath, tuple[bytes, int, CopySignature | None] | None]:
+    """The run picked, its log, and the log's tail (None: not there). A log not there is looked
+    for once more with the run as it is now: log_keep_runs prunes an older run's log at a newer
+    run's spawn, and a request that picked the older run just before was told its log was
+    missing, "removed while its run went on". Looked at again, the newest run is the newer one,
+    and an asked-for run's log is gone (log_keep_runs)."""
+    storage_url = context.settings.cluster.storage_url
+    record = _chosen_run(context, name, run_id)
+    with suppress(FleetdError, FileNotFoundError):
+        path = _log_file(record, storage_url)
+        return record, path, _tail_of(path, lines)
+    record = _chosen_run(context, name, run_id)
+    path = _log_file(record, storage_url)
+    if not path.is_file():
+        return record, path, None
+    try:
+        return record, path, _tail_of(path, lines)
+    except FileNotFoundError:  # pruned by log_keep_runs since _log_file looked: as if it had been then
+        raise _pruned(record, path) from None
+
+
+def _tail_of(path: FsPath, lines: int) -> tuple[bytes, int, CopySignature | None]:
+    """The tail and where it ends, and the rotated copy before it: a rotation from then on
+    rewrites it, and the follow reads its rest (follow_read). Not there: FileNotFoundError."""
+    seen = copy_signature(path)
+    text, offset = tail(path, lines)
+    return text, offset, seen
 
 
 def _next_look(context: AppContext, name: str, run_id: int,
