@@ -554,6 +554,51 @@ def test_an_asked_runs_log_pruned_between_the_pick_and_the_open_is_gone_not_miss
         assert "missing" not in message and "removed" not in response.json()["error"]["details"]
 
 
+def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_that_run(
+        app, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launcher prunes (log_keep_runs) at the new run's spawn, then records the new log's path:
+    # a follow reading in between found its log gone and the newer run with no log yet, and ended
+    # "gone (log_keep_runs)"; `fleetd logs -f`, asking again with lines=0, lost the new run's start.
+    from fleetd.api.routes import logs as logs_route
+
+    context = app.state.context
+    old = new_run(app, "spawning", "old line\n")
+    logs, reads, looked = log_path(app, old).parent, logs_route.follow_read, logs_route._next_look
+    spawning: list[tuple[int, Path]] = []
+
+    def read_across_the_spawn(path: Path, *args):
+        if path == logs / f"run-{old:06d}.log" and not spawning:  # the restart, up to the prune
+            end_run(app, old)
+            with context.db.transaction() as session:
+                run_id = run_store.create_run(session, read_game(session, "spawning").id, context.daemon.boot_pk,
+                                              context.clock.now())
+            spawning.append((run_id, logs / f"run-{run_id:06d}.log"))
+            spawning[0][1].write_text("new line\n")
+            _prune_run_files(logs, 1)
+        elif spawning and path == spawning[0][1]:
+            app.state.stopping.set()  # the follow is on the new run's log
+        return reads(path, *args)
+
+    def look_then_record_the_spawn(*args):
+        followed, newer = looked(*args)
+        if newer is not None and not newer.log_path:
+            with context.db.transaction() as session:
+                run_store.update_run_spawned(session, newer.id, 1, 0.0, [], str(spawning[0][1]))
+        return followed, newer
+
+    monkeypatch.setattr(logs_route, "follow_read", read_across_the_spawn)
+    monkeypatch.setattr(logs_route, "_next_look", look_then_record_the_spawn)
+    safety = threading.Timer(5, app.state.stopping.set)
+    safety.start()
+    try:
+        response = client.get("/api/v1/games/spawning/logs", params={"follow": "true"})
+    finally:
+        safety.cancel()
+    lines = response.text.splitlines()
+    assert lines[0] == "old line" and lines[1].startswith(f"--- fleetd: run {spawning[0][0]} started "), lines
+    assert lines[2:] == ["new line"], lines
+
+
 def test_a_follow_moving_on_to_a_run_whose_log_is_not_made_yet_waits_for_it(app, client: TestClient) -> None:
     # A Ray run's log path is recorded at its spawn, its actor's worker makes the file after: the
     # follow moved on to it, read nothing there and said it was gone (log_keep_runs).

@@ -128,16 +128,16 @@ def _tail_of(path: FsPath, lines: int) -> tuple[bytes, int, CopySignature | None
 def _next_look(context: AppContext, name: str, run_id: int,
                pinned: bool) -> tuple[RunRecord | None, RunRecord | None]:
     """(followed, newer): the followed run's record as it is now (None: gone, its game was
-    removed: its runs go with it), and the game's newer run with a log (None: none, or pinned to
-    this run). In one transaction: a game removed, added again and started between two looks
-    would have its run taken for the followed game's next."""
+    removed: its runs go with it), and the game's newer run (None: none, or pinned to this run),
+    with no log_path while its spawn has not recorded it. In one transaction: a game removed,
+    added again and started between two looks would have its run taken for the followed game's next."""
     with context.db.transaction() as session:
         followed = run_store.read_run(session, run_id)
         if followed is None or pinned:
             return followed, None
         game = game_store.read_game(session, name)
         newest = run_store.read_runs(session, game.id, name, 1)
-    return followed, (newest[0] if newest and newest[0].id > run_id and newest[0].log_path else None)
+    return followed, (newest[0] if newest and newest[0].id > run_id else None)
 
 
 def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
@@ -202,7 +202,7 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
             if (elsewhere := wait.elsewhere(followed, path)) is not None:
                 yield _own_line(elsewhere, sent)
                 return
-            if newer is not None:
+            if newer is not None and newer.log_path:
                 # What the run wrote between the read above and the look (a crash's traceback,
                 # when its restart came at once) goes first: from the newer run on, never read.
                 rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
@@ -219,8 +219,8 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                     yield _own_line(_removed_line(newer), sent)  # `fleetd logs -f`, asking again, is told why
                     return
                 continue
-            if vanished:
-                # A pinned follow (or one whose newer run has no log yet) ends here rather than
+            if vanished and not _being_spawned(newer):
+                # A pinned follow (or one whose newer run ended with no log) ends here rather than
                 # wait out its hour: nothing more will be written to a deleted log.
                 if followed.ended_at is None:  # log_keep_runs prunes only ended runs' logs
                     yield _own_line(_removed_line(followed), sent)
@@ -243,6 +243,13 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                     if pinned:
                         return
         await asyncio.sleep(FOLLOW_POLL_S)
+
+
+def _being_spawned(newer: RunRecord | None) -> bool:
+    """Whether the newer run has not recorded its log yet, its spawn going on: the launcher prunes
+    (log_keep_runs) before it records the new log, and a follow that found its log gone in between
+    ended, "gone (log_keep_runs)", instead of moving on to it at its next look."""
+    return newer is not None and not newer.log_path and newer.ended_at is None
 
 
 def _removed_line(record: RunRecord) -> str:
