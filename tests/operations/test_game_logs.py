@@ -18,7 +18,7 @@ from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_from_s
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
-from fleetd.supervision.launcher import OsLauncher, run_log_path
+from fleetd.supervision.launcher import OsLauncher, _prune_run_files, run_log_path
 from fleetd.supervision.seams import Launch
 from tests.api_context import shared_context
 from workers.protocol.spec import LaunchSpec
@@ -498,6 +498,105 @@ def test_a_pinned_follow_ends_when_its_log_is_pruned(app, client: TestClient) ->
     assert response.status_code == 200
     assert response.text.splitlines() == ["line", f"--- fleetd: the log of run {run_id} is gone (log_keep_runs) ---"]
     assert took < 3
+
+
+def restart_after_the_pick(app, monkeypatch: pytest.MonkeyPatch, name: str, ended_at_pick: bool) -> int:
+    """A run of `name` (the old) and the run that replaces it (the new), started as the log route
+    picks the old one, before it opens its log: the old run ends (before the pick, or after:
+    `ended_at_pick`), the new one starts with its first line, and log_keep_runs = 1 prunes the
+    old run's log, as the launcher's spawn does (_prune_run_files)."""
+    from fleetd.api.routes import logs as logs_route
+
+    old = new_run(app, name, "old line\n")
+    if ended_at_pick:
+        end_run(app, old)
+    picked, restarted = logs_route._chosen_run, threading.Event()
+
+    def pick_then_restart(*args):
+        record = picked(*args)
+        if not restarted.is_set():
+            restarted.set()
+            if not ended_at_pick:
+                end_run(app, old)
+            new_run(app, name, "new line\n")
+            _prune_run_files(log_path(app, old).parent, 1)
+        return record
+
+    monkeypatch.setattr(logs_route, "_chosen_run", pick_then_restart)
+    return old
+
+
+@pytest.mark.parametrize("ended_at_pick", [False, True])
+def test_the_newest_runs_log_pruned_between_the_pick_and_the_open_is_the_next_runs(
+        app, client: TestClient, monkeypatch: pytest.MonkeyPatch, ended_at_pick: bool) -> None:
+    # With log_keep_runs = 1 a restart prunes the old run's log: a request that picked the old run
+    # just before was told its log was missing ("removed while its run went on", details.removed),
+    # or gone; `fleetd logs -f` ended on that 404. The newest run is the new one: its log is sent.
+    name = f"repick-{int(ended_at_pick)}"
+    old = restart_after_the_pick(app, monkeypatch, name, ended_at_pick)
+    response = client.get(f"/api/v1/games/{name}/logs")
+    assert response.status_code == 200 and response.text == "new line\n", response.text
+    assert not log_path(app, old).exists()
+    old = restart_after_the_pick(app, monkeypatch, name, ended_at_pick)
+    response = follow_beside(client, name, lambda: None, limit_s=0.5)
+    assert response.status_code == 200 and response.text == "new line\n", response.text
+
+
+@pytest.mark.parametrize("ended_at_pick", [False, True])
+def test_an_asked_runs_log_pruned_between_the_pick_and_the_open_is_gone_not_missing(
+        app, client: TestClient, monkeypatch: pytest.MonkeyPatch, ended_at_pick: bool) -> None:
+    name = f"pruned-pick-{int(ended_at_pick)}"
+    for follow in ("false", "true"):
+        old = restart_after_the_pick(app, monkeypatch, name, ended_at_pick)
+        response = client.get(f"/api/v1/games/{name}/logs", params={"run": old, "follow": follow})
+        message = error(response, 404)
+        assert f"the log of run {old} of {name!r} is gone" in message and "log_keep_runs" in message, message
+        assert "missing" not in message and "removed" not in response.json()["error"]["details"]
+
+
+def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_that_run(
+        app, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launcher prunes (log_keep_runs) at the new run's spawn, then records the new log's path:
+    # a follow reading in between found its log gone and the newer run with no log yet, and ended
+    # "gone (log_keep_runs)"; `fleetd logs -f`, asking again with lines=0, lost the new run's start.
+    from fleetd.api.routes import logs as logs_route
+
+    context = app.state.context
+    old = new_run(app, "spawning", "old line\n")
+    logs, reads, looked = log_path(app, old).parent, logs_route.follow_read, logs_route._next_look
+    spawning: list[tuple[int, Path]] = []
+
+    def read_across_the_spawn(path: Path, *args):
+        if path == logs / f"run-{old:06d}.log" and not spawning:  # the restart, up to the prune
+            end_run(app, old)
+            with context.db.transaction() as session:
+                run_id = run_store.create_run(session, read_game(session, "spawning").id, context.daemon.boot_pk,
+                                              context.clock.now())
+            spawning.append((run_id, logs / f"run-{run_id:06d}.log"))
+            spawning[0][1].write_text("new line\n")
+            _prune_run_files(logs, 1)
+        elif spawning and path == spawning[0][1]:
+            app.state.stopping.set()  # the follow is on the new run's log
+        return reads(path, *args)
+
+    def look_then_record_the_spawn(*args):
+        followed, newer = looked(*args)
+        if newer is not None and not newer.log_path:
+            with context.db.transaction() as session:
+                run_store.update_run_spawned(session, newer.id, 1, 0.0, [], str(spawning[0][1]))
+        return followed, newer
+
+    monkeypatch.setattr(logs_route, "follow_read", read_across_the_spawn)
+    monkeypatch.setattr(logs_route, "_next_look", look_then_record_the_spawn)
+    safety = threading.Timer(5, app.state.stopping.set)
+    safety.start()
+    try:
+        response = client.get("/api/v1/games/spawning/logs", params={"follow": "true"})
+    finally:
+        safety.cancel()
+    lines = response.text.splitlines()
+    assert lines[0] == "old line" and lines[1].startswith(f"--- fleetd: run {spawning[0][0]} started "), lines
+    assert lines[2:] == ["new line"], lines
 
 
 def test_a_follow_moving_on_to_a_run_whose_log_is_not_made_yet_waits_for_it(app, client: TestClient) -> None:

@@ -6,6 +6,9 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path as FsPath
 from typing import Annotated, Protocol
 
@@ -62,18 +65,13 @@ async def game_logs(
 
     Following the newest run (no `run`) moves on to the game's next run when it starts, with a
     line naming it, as `journalctl -f` does across a service's restarts."""
-    record = await run_in_threadpool(_chosen_run, context, name, run)
-    path = _log_file(record, context.settings.cluster.storage_url)
-    if not path.is_file():  # a Ray run's worker has not made it yet: told so, or (follow) waited for
+    record, path, opened = await run_in_threadpool(_opened, context, name, run, lines)
+    if opened is None:  # a Ray run's worker has not made it yet: told so, or (follow) waited for
         if not follow or not on_cluster(record):
             raise not_there(record, path)
         return _streamed(_follow(request, context, name, record, path, b"", 0, None, pinned=run is not None,
                                  appeared=False))
-    seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
-    try:
-        text, offset = await run_in_threadpool(tail, path, lines)
-    except FileNotFoundError:  # pruned by log_keep_runs since _log_file looked: as if it had been then
-        raise _pruned(record, path) from None
+    text, offset, seen = opened
     if not follow:
         return PlainTextResponse(text)
     return _streamed(_follow(request, context, name, record, path, text, offset, seen, pinned=run is not None))
@@ -99,19 +97,49 @@ def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord
     return record
 
 
+def _opened(context: AppContext, name: str, run_id: int | None,
+            lines: int) -> tuple[RunRecord, FsPath, tuple[bytes, int, CopySignature | None] | None]:
+    """The run picked, its log, and the log's tail (None: not there). A log not there is looked
+    for once more with the run as it is now: log_keep_runs prunes an older run's log at a newer
+    run's spawn, and a request that picked the older run just before was told its log was
+    missing, "removed while its run went on". Looked at again, the newest run is the newer one,
+    and an asked-for run's log is gone (log_keep_runs)."""
+    storage_url = context.settings.cluster.storage_url
+    record = _chosen_run(context, name, run_id)
+    with suppress(FleetdError, FileNotFoundError):
+        path = _log_file(record, storage_url)
+        return record, path, _tail_of(path, lines)
+    record = _chosen_run(context, name, run_id)
+    path = _log_file(record, storage_url)
+    if not path.is_file():
+        return record, path, None
+    try:
+        return record, path, _tail_of(path, lines)
+    except FileNotFoundError:  # pruned by log_keep_runs since _log_file looked: as if it had been then
+        raise _pruned(record, path) from None
+
+
+def _tail_of(path: FsPath, lines: int) -> tuple[bytes, int, CopySignature | None]:
+    """The tail and where it ends, and the rotated copy before it: a rotation from then on
+    rewrites it, and the follow reads its rest (follow_read). Not there: FileNotFoundError."""
+    seen = copy_signature(path)
+    text, offset = tail(path, lines)
+    return text, offset, seen
+
+
 def _next_look(context: AppContext, name: str, run_id: int,
                pinned: bool) -> tuple[RunRecord | None, RunRecord | None]:
     """(followed, newer): the followed run's record as it is now (None: gone, its game was
-    removed: its runs go with it), and the game's newer run with a log (None: none, or pinned to
-    this run). In one transaction: a game removed, added again and started between two looks
-    would have its run taken for the followed game's next."""
+    removed: its runs go with it), and the game's newer run (None: none, or pinned to this run),
+    with no log_path while its spawn has not recorded it. In one transaction: a game removed,
+    added again and started between two looks would have its run taken for the followed game's next."""
     with context.db.transaction() as session:
         followed = run_store.read_run(session, run_id)
         if followed is None or pinned:
             return followed, None
         game = game_store.read_game(session, name)
         newest = run_store.read_runs(session, game.id, name, 1)
-    return followed, (newest[0] if newest and newest[0].id > run_id and newest[0].log_path else None)
+    return followed, (newest[0] if newest and newest[0].id > run_id else None)
 
 
 def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
@@ -149,74 +177,117 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                   appeared: bool = True) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
-    # The last byte sent: a fleetd line after a cut one starts a line of its own. None sent yet
-    # (`lines=0`: `fleetd logs -f` asking again after its hour or a daemon restart), the log's
-    # byte where the follow starts, which the client has shown: else its marker was glued on.
+    # The last byte sent (_Position.sent). Nothing sent yet (`lines=0`: `fleetd logs -f` asking
+    # again after its hour or a daemon restart), the log's byte where the follow starts, which
+    # the client has shown: else its marker was glued on.
     sent = first[-1:] or await run_in_threadpool(byte_before, path, offset)
+    at = _Position(record, path, offset, seen, sent, LogWait(appeared, context.settings.cluster.storage_url))
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
-    wait = LogWait(appeared, context.settings.cluster.storage_url)  # a Ray run's log, not made yet (log_wait.py)
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
-        data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
-        wait.saw(data)
-        if data:
+        if data := await at.read():
             yield data
-            sent = data[-1:]
             continue
-        vanished = wait.vanished(data)  # pruned by log_keep_runs: a newer run's start, which a look now finds
+        vanished = at.wait.vanished(data)  # pruned by log_keep_runs: a newer run's start, which a look now finds
         if vanished or time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
-            followed, newer = await run_in_threadpool(_next_look, context, name, record.id, pinned)
-            if followed is None:
-                # Removed while followed: nothing more will be written here. The follow used to
-                # stay open, silent, for its hour; `fleetd logs -f` now asks again and is told.
-                # A game added again under the name since is another game.
-                yield _own_line(f"--- fleetd: game {name} was removed ---", sent)
+            followed, newer = await run_in_threadpool(_next_look, context, name, at.record.id, pinned)
+            told, then = await _after_look(at, name, followed, newer, vanished, pinned)
+            if told:
+                yield told
+            if then is _Then.END:
                 return
-            if (elsewhere := wait.elsewhere(followed, path)) is not None:
-                yield _own_line(elsewhere, sent)
-                return
-            if newer is not None:
-                # What the run wrote between the read above and the look (a crash's traceback,
-                # when its restart came at once) goes first: from the newer run on, never read.
-                rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
-                rest = rest or b""
-                record, path = newer, FsPath(newer.log_path or "")
-                started = f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---"
-                yield rest + _own_line(started, rest[-1:] or sent)
-                opening, offset, seen = await run_in_threadpool(follow_from_start, path)
-                wait = LogWait(opening is not None, wait.storage_url)
-                sent = (opening or b"")[-1:] or b"\n"
-                if opening:
-                    yield opening
-                elif wait.never_coming(newer):
-                    yield _own_line(_removed_line(newer), sent)  # `fleetd logs -f`, asking again, is told why
-                    return
+            if then is _Then.READ:
                 continue
-            if vanished:
-                # A pinned follow (or one whose newer run has no log yet) ends here rather than
-                # wait out its hour: nothing more will be written to a deleted log.
-                if followed.ended_at is None:  # log_keep_runs prunes only ended runs' logs
-                    yield _own_line(_removed_line(followed), sent)
-                else:
-                    yield _own_line(f"--- fleetd: the log of run {record.id} is gone (log_keep_runs) ---", sent)
-                return
-            if wait.run_ended_without_it(followed):
-                # The file made between the read above and the look is read first. Unpinned, the
-                # follow goes on to the game's next run.
-                rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
-                wait.saw(rest)
-                if rest is not None:
-                    if rest:  # its first lines (an actor's crash traceback): read, so sent now or never
-                        yield rest
-                        sent = rest[-1:]
-                    continue
-                if (unwritten := wait.given_up(followed, time.monotonic())) is not None:
-                    yield _own_line(unwritten, sent)
-                    sent = b"\n"
-                    if pinned:
-                        return
         await asyncio.sleep(FOLLOW_POLL_S)
+
+
+class _Then(Enum):
+    """What a follow does after a look: end, read again at once, or wait its poll."""
+    END = "end"
+    READ = "read"
+    WAIT = "wait"
+
+
+@dataclass
+class _Position:
+    """Where a follow stands: the run followed and its log, the offset read to and the rotated
+    copy seen (follow_read), the last byte sent (a fleetd line after a cut one starts a line of
+    its own), and whether the log has appeared (log_wait.py: a Ray run's, not made yet)."""
+
+    record: RunRecord
+    path: FsPath
+    offset: int
+    seen: CopySignature | None
+    sent: bytes
+    wait: LogWait
+
+    async def read(self) -> bytes | None:
+        """What was appended since the last read, to be sent (None: the log is not there)."""
+        data, self.offset, self.seen = await run_in_threadpool(follow_read, self.path, self.offset, self.seen)
+        self.wait.saw(data)
+        self.sent = (data or b"")[-1:] or self.sent
+        return data
+
+    def line(self, marker: str) -> bytes:
+        """A fleetd line to send, on a line of its own."""
+        text, self.sent = _own_line(marker, self.sent), b"\n"
+        return text
+
+    async def move_on(self, newer: RunRecord) -> tuple[bytes, _Then]:
+        """To the newer run's log, from its first line. What the run followed wrote between the
+        last read and the look (a crash's traceback, when its restart came at once) goes first:
+        from the newer run on, never read."""
+        rest = await self.read() or b""
+        started = self.line(f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---")
+        self.record, self.path = newer, FsPath(newer.log_path or "")
+        opening, self.offset, self.seen = await run_in_threadpool(follow_from_start, self.path)
+        self.wait = LogWait(opening is not None, self.wait.storage_url)
+        self.sent = (opening or b"")[-1:] or self.sent
+        if not opening and self.wait.never_coming(newer):
+            return rest + started + self.line(_removed_line(newer)), _Then.END  # `fleetd logs -f`, asking again, is told why
+        return rest + started + (opening or b""), _Then.READ
+
+    async def unwritten(self, followed: RunRecord, pinned: bool) -> tuple[bytes, _Then]:
+        """Its run ended without making the log: the file made between the last read and the
+        look is read first; else, once given up on, said so. Unpinned, the follow goes on to the
+        game's next run."""
+        rest = await self.read()
+        if rest is not None:  # its first lines (an actor's crash traceback): read, so sent now or never
+            return rest, _Then.READ
+        if (unwritten := self.wait.given_up(followed, time.monotonic())) is None:
+            return b"", _Then.WAIT
+        return self.line(unwritten), _Then.END if pinned else _Then.WAIT
+
+
+async def _after_look(at: _Position, name: str, followed: RunRecord | None, newer: RunRecord | None,
+                      vanished: bool, pinned: bool) -> tuple[bytes, _Then]:
+    """What a follow sends after a look at its run and the game's newer one, and what it does then."""
+    if followed is None:
+        # Removed while followed: nothing more will be written here. The follow used to stay
+        # open, silent, for its hour; `fleetd logs -f` now asks again and is told. A game added
+        # again under the name since is another game.
+        return at.line(f"--- fleetd: game {name} was removed ---"), _Then.END
+    if (elsewhere := at.wait.elsewhere(followed, at.path)) is not None:
+        return at.line(elsewhere), _Then.END
+    if newer is not None and newer.log_path:
+        return await at.move_on(newer)
+    if vanished and not _being_spawned(newer):
+        # A pinned follow (or one whose newer run ended with no log) ends here rather than wait
+        # out its hour: nothing more will be written to a deleted log.
+        if followed.ended_at is None:  # log_keep_runs prunes only ended runs' logs
+            return at.line(_removed_line(followed)), _Then.END
+        return at.line(f"--- fleetd: the log of run {followed.id} is gone (log_keep_runs) ---"), _Then.END
+    if at.wait.run_ended_without_it(followed):
+        return await at.unwritten(followed, pinned)
+    return b"", _Then.WAIT
+
+
+def _being_spawned(newer: RunRecord | None) -> bool:
+    """Whether the newer run has not recorded its log yet, its spawn going on: the launcher prunes
+    (log_keep_runs) before it records the new log, and a follow that found its log gone in between
+    ended, "gone (log_keep_runs)", instead of moving on to it at its next look."""
+    return newer is not None and not newer.log_path and newer.ended_at is None
 
 
 def _removed_line(record: RunRecord) -> str:
