@@ -267,7 +267,8 @@ def test_the_status_line_is_refreshed_every_10_s_under_the_units_watchdog(daemon
         shutil.rmtree(root, ignore_errors=True)
 
 
-# `fleetd serve` that stops at the API socket's listen until the test says go: the marks say when.
+# `fleetd serve` that stops at the API socket's listen until the test says go (`release`), and whose
+# supervision loop fails once the test says so (`fail_loop`): the marks say when.
 PAUSED_LISTEN_SERVE = """
 import sys, time
 from pathlib import Path
@@ -285,6 +286,17 @@ def paused_listen(*args):
     listen_socket(*args)
 
 fleetd.daemon.listen_socket = paused_listen
+
+from fleetd.supervision.supervisor import Supervisor
+
+step = Supervisor.step
+
+def failing_step(self):  # the supervision loop fails once the test writes `fail_loop`
+    if (marks / "fail_loop").exists():
+        raise RuntimeError("the loop's failure the test asked for")
+    step(self)
+
+Supervisor.step = failing_step
 sys.argv[0] = "fleetd"
 main()
 """
@@ -376,3 +388,61 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
         assert "READY=1" not in messages
         assert "STATUS=stopping: received SIGTERM" in messages
         assert "serving the API on" not in daemon.log()
+
+
+def loop_failed_at_the_listen(marks: Path, daemon: Daemon) -> None:
+    """The daemon held at the listen (paused_at_the_listen), its supervision loop made to fail."""
+    (marks / "fail_loop").write_text("")
+    deadline = time.monotonic() + 30
+    while "the supervision loop failed" not in daemon.log():
+        assert time.monotonic() < deadline and daemon.process.poll() is None, daemon.log()
+        time.sleep(0.1)
+
+
+def assert_the_loops_stop(config: DaemonConfig, notify: socket.socket, daemon: Daemon) -> str:
+    """The stop a failed supervision loop makes: the workers left running for the next start to
+    adopt, the stop recorded as the loop's, no READY. Returns the daemon's log."""
+    assert len(worker_processes(config)) == 2, daemon.log()
+    with sqlite3.connect(config.state_dir / "fleetd.db") as db:
+        stop = db.execute("SELECT message, severity FROM events WHERE kind = 'daemon_stop'").fetchall()
+        assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(0,)]
+    assert stop == [("fleetd stopped: the supervision loop failed, workers left running", "warning")]
+    messages = received_all(notify)
+    assert "READY=1" not in messages
+    assert "STATUS=stopping: the supervision loop failed, workers left running" in messages
+    return daemon.log()
+
+
+def test_a_listen_failing_after_the_loop_did_leaves_the_stop_the_loops(daemons: list[Daemon]) -> None:
+    """The supervision loop fails while the daemon listens, and the listen fails too (the port
+    taken meanwhile). The listen's failure replaced the loop's: exit 75 and `cannot listen` in the
+    boot log, though the loop's failure was the cause. The first failure is the stop's now (exit
+    70, its record), and the listen's is said in the log as the second."""
+    with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
+        loop_failed_at_the_listen(marks, daemon)
+        rival.listen(1)
+        (marks / "release").write_text("")
+        assert daemon.process.wait(60) == 70, daemon.log()
+
+        log = assert_the_loops_stop(config, notify, daemon)
+        assert (f"cannot listen on 127.0.0.1:{config.port} ([api] host/port): Address already in use, during the "
+                "stop for an earlier failure (the stop stays that one's): the supervision loop failed") in log
+
+
+@pytest.mark.parametrize("port_taken", [False, True], ids=["port-free", "port-taken"])
+def test_a_sigterm_during_a_failures_stop_leaves_the_stop_the_failures(daemons: list[Daemon], port_taken: bool) -> None:
+    """`systemctl stop` while the daemon stops for a failed loop: the stop stays the failure's
+    (exit 70, the workers left running: the failed loop cannot stop them), and the log says the
+    SIGTERM came and changed nothing (docs/systemd.md)."""
+    with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
+        loop_failed_at_the_listen(marks, daemon)
+        if port_taken:
+            rival.listen(1)
+        daemon.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # handled in the paused listen's sleep
+        (marks / "release").write_text("")
+        assert daemon.process.wait(60) == 70, daemon.log()
+
+        log = assert_the_loops_stop(config, notify, daemon)
+        assert ("received SIGTERM during the stop for the failure, which it does not change: exit code the "
+                "failure's, workers left running (start fleetd to adopt them)") in log
