@@ -113,6 +113,7 @@ class StopRequest:
     signals: list[int] = field(default_factory=list)
     server: uvicorn.Server | None = None
     failure: str | None = None
+    signals_before_failure: int = 0  # the signals that came before the failure; those after do not change its stop
     on_signal: Callable[[], None] | None = None  # ends a start-up step that waits (signal-safe)
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
@@ -122,7 +123,15 @@ class StopRequest:
             self.on_signal()
 
     def fail(self, reason: str) -> None:
+        """The first failure is the stop's cause: its reason, its record and its exit code. One
+        that comes during its stop (a listen failing after the loop did, or the loop failing
+        while a failed listen's stop runs) is only said in the log."""
+        if self.failure is not None:
+            log.warning("%s, during the stop for an earlier failure (the stop stays that one's): %s",
+                        reason, self.failure)
+            return
         self.failure = reason
+        self.signals_before_failure = len(self.signals)
         self._exit_server()
 
     def _exit_server(self) -> None:
@@ -136,6 +145,13 @@ class StopRequest:
     @property
     def leave_workers(self) -> bool:
         return self.failure is not None or (bool(self.signals) and self.signals[0] in LEAVE_WORKERS)
+
+    def signals_during_failure(self) -> list[str]:
+        """The signals that came while a failure's stop ran: it stays the failure's (its exit
+        code, the workers left running), docs/systemd.md says why."""
+        if self.failure is None:
+            return []
+        return [signal.Signals(signum).name for signum in self.signals[self.signals_before_failure:]]
 
     def describe(self) -> str:
         if self.failure is not None:
@@ -347,6 +363,9 @@ class Daemon:
                 self._scheduler.join(STEADY_JOIN_S)
             self.alerts.stop(timeout=ALERT_DRAIN_S)
             log.info("stopped: %s", reason)
+            if during := self.stop.signals_during_failure():
+                log.warning("received %s during the stop for the failure, which it does not change: exit code "
+                            "the failure's, workers left running (start fleetd to adopt them)", ", ".join(during))
         return EXIT_SUPERVISION_FAILED if self.stop.failure else EXIT_OK
 
     def _record_stop(self, db: Database, start: DaemonStart, reason: str) -> None:
@@ -536,16 +555,20 @@ class Daemon:
         """Step 12, in this order: the API socket listens, systemd is told READY, then (the
         caller) the lock file's serving mark ends the CLI's wait. False: a stop came first (no
         listen, no READY). A failed listen stops the daemon (exit 75) and leaves the workers
-        running, unless a signal's stop is under way (docs/operations.md#start-up-order says why)."""
+        running, unless a stop is under way: a signal's, or a failed loop's, which stays the
+        cause (exit 70) (docs/operations.md#start-up-order says why)."""
         host, port = self.settings.api.host, self.settings.api.port
         if self.stop.requested:
             return False
         try:
             listen_socket(sock, host, port)
         except StartupError as exc:
-            if not self.stop.signals:
+            if not self.stop.requested:
                 self.stop.fail(str(exc))
                 raise
+            if self.stop.failure is not None:  # the loop failed during the listen: it is the cause (exit 70)
+                self.stop.fail(str(exc))  # this one said in the log as the second
+                return False
             # A stop came during the listen: it stays the signal's (SIGTERM: the workers stopped,
             # with final checkpoints), not this failure's (exit 75, the workers left unadopted).
             log.warning("%s (a stop under way)", exc)

@@ -25,7 +25,7 @@ from fleetd.host.uptime import heartbeat
 from fleetd.operations.alerts import Alert
 from fleetd.operations.run_logs import rotated_copy
 from fleetd.store.engine import DELETE_BATCH, Database
-from fleetd.store.events import create_event, delete_events_before, read_of_boot
+from fleetd.store.events import GAME_REMOVED, create_event, delete_events_before, read_of_boot
 from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
@@ -275,11 +275,14 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
     piled up over a months-long boot); once the host has rebooted, all go as any. A rollback's
     event is kept however old (ROLLBACK_EVENTS): a restore reads it to tell the backup target's
     copies of the checkpoints it set aside, which a target refusing deletes keeps for good, and
-    the database copied after it was deleted had them resumed from."""
+    the database copied after it was deleted had them resumed from. So is a game's removal
+    (GAME_REMOVED, one per removal): it is the line between a removed game's events kept that long
+    and those of a game added later under its name (GET /api/v1/events?game=)."""
     now = clock.now()
     read_back = (GPU_LOST_EVENT, GPU_BACK_EVENT, TELEMETRY_STALE_EVENT, TELEMETRY_RESUMED_EVENT)
     events, events_full = _delete_old(db, "events", lambda session, limit: delete_events_before(
-        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT, *ROLLBACK_EVENTS), limit, read_back))
+        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT, GAME_REMOVED, *ROLLBACK_EVENTS), limit,
+        read_back))
     samples, samples_full = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
         session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:

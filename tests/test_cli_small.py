@@ -74,6 +74,26 @@ def test_the_next_page_of_events_repeats_the_filters() -> None:
     assert "older: fleetd events --game g001 --kind 'game started' --limit 1 --before 142" in shown.output, shown.output
 
 
+def test_events_of_a_removed_game_are_marked_and_earlier_is_asked_and_repeated() -> None:
+    from unittest import mock
+
+    asked = []
+    old = {"at": "2026-01-01T00:00:00Z", "kind": "game_removed", "game": "pong", "severity": "info",
+           "message": "removed pong", "removed_game": True}
+    page = {"items": [old | {"kind": "game_added", "message": "added pong", "removed_game": False}, old],
+            "next_before": 142}
+    with mock.patch("fleetd.cli.main.ask", lambda config, path, **params: asked.append(params) or page):
+        shown = CliRunner().invoke(app, ["events", "--game", "pong", "--earlier"], env={"COLUMNS": "200"})
+        plain = CliRunner().invoke(app, ["events", "--game", "pong"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert asked[0]["earlier"] == "true" and asked[1]["earlier"] is None, asked
+    lines = shown.output.splitlines()
+    assert any("game_removed" in line and "pong (removed)" in line for line in lines), shown.output
+    assert any("game_added" in line and "pong (removed)" not in line for line in lines), shown.output
+    assert "older: fleetd events --game pong --earlier --before 142" in shown.output, shown.output
+    assert "older: fleetd events --game pong --before 142" in plain.output, plain.output
+
+
 def test_empty_tables_say_none() -> None:
     for table in (render.events_table([]), render.reboots_table([])):
         with render.console.capture() as captured:

@@ -267,7 +267,8 @@ def test_the_status_line_is_refreshed_every_10_s_under_the_units_watchdog(daemon
         shutil.rmtree(root, ignore_errors=True)
 
 
-# `fleetd serve` that stops at the API socket's listen until the test says go: the marks say when.
+# `fleetd serve` that stops at the API socket's listen until the test says go (`release`), and whose
+# supervision loop fails once the test says so (`fail_loop`): the marks say when.
 PAUSED_LISTEN_SERVE = """
 import sys, time
 from pathlib import Path
@@ -285,6 +286,17 @@ def paused_listen(*args):
     listen_socket(*args)
 
 fleetd.daemon.listen_socket = paused_listen
+
+from fleetd.supervision.supervisor import Supervisor
+
+step = Supervisor.step
+
+def failing_step(self):  # the supervision loop fails once the test writes `fail_loop`
+    if (marks / "fail_loop").exists():
+        raise RuntimeError("the loop's failure the test asked for")
+    step(self)
+
+Supervisor.step = failing_step
 sys.argv[0] = "fleetd"
 main()
 """
@@ -328,6 +340,17 @@ def received_all(notify: socket.socket) -> list[str]:
     return messages
 
 
+def terminated_at_the_listen(marks: Path, rival: socket.socket, daemon: Daemon, port_taken: bool) -> int:
+    """SIGTERM to the daemon held at the listen (the port taken meanwhile, or not), then let on:
+    its exit code."""
+    if port_taken:
+        rival.listen(1)
+    daemon.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # handled in the paused listen's sleep
+    (marks / "release").write_text("")
+    return daemon.process.wait(60)
+
+
 def test_a_port_another_daemon_took_during_the_start_fails_it_naming_the_port(daemons: list[Daemon]) -> None:
     """Bound sockets (SO_REUSEADDR) do not conflict until one listens: a daemon of another
     state_dir that took the port while this one recovered is met at step 12. The stop said
@@ -340,15 +363,7 @@ def test_a_port_another_daemon_took_during_the_start_fails_it_naming_the_port(da
         assert daemon.process.wait(60) == 75, daemon.log()
 
         conflict = f"cannot listen on 127.0.0.1:{config.port} ([api] host/port): Address already in use"
-        assert len(worker_processes(config)) == 2, daemon.log()  # left running, as after a failed loop
-        with sqlite3.connect(config.state_dir / "fleetd.db") as db:
-            stop = db.execute("SELECT message, severity FROM events WHERE kind = 'daemon_stop'").fetchall()
-            assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(0,)]
-        assert stop == [(f"fleetd stopped: {conflict}, workers left running", "warning")]
-        messages = received_all(notify)
-        assert "READY=1" not in messages
-        assert f"STATUS=stopping: {conflict}, workers left running" in messages
-        log = daemon.log()
+        log = assert_a_failures_stop(config, notify, daemon, conflict)  # as after a failed loop
         assert log.index(f"stopping: {conflict}") < log.index("stopped: ")
 
 
@@ -360,12 +375,7 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
     75, the workers left running with no daemon, and under `systemctl stop` no restart adopted
     them. The stop stays the signal's now: no READY, the workers stopped, a clean stop, exit 0."""
     with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
-        if port_taken:
-            rival.listen(1)
-        daemon.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)  # handled in the paused listen's sleep
-        (marks / "release").write_text("")
-        assert daemon.process.wait(60) == 0, daemon.log()
+        assert terminated_at_the_listen(marks, rival, daemon, port_taken) == 0, daemon.log()
 
         assert worker_processes(config) == [], daemon.log()
         with sqlite3.connect(config.state_dir / "fleetd.db") as db:
@@ -376,3 +386,57 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
         assert "READY=1" not in messages
         assert "STATUS=stopping: received SIGTERM" in messages
         assert "serving the API on" not in daemon.log()
+
+
+def loop_failed_at_the_listen(marks: Path, daemon: Daemon) -> None:
+    """The daemon held at the listen (paused_at_the_listen), its supervision loop made to fail."""
+    (marks / "fail_loop").write_text("")
+    deadline = time.monotonic() + 30
+    while "the supervision loop failed" not in daemon.log():
+        assert time.monotonic() < deadline and daemon.process.poll() is None, daemon.log()
+        time.sleep(0.1)
+
+
+def assert_a_failures_stop(config: DaemonConfig, notify: socket.socket, daemon: Daemon, failure: str) -> str:
+    """The stop a failure at start-up makes: the workers left running for the next start to
+    adopt, the stop recorded as `failure`'s, a warning, in systemd's STATUS, no READY. Returns the
+    daemon's log."""
+    assert len(worker_processes(config)) == 2, daemon.log()
+    with sqlite3.connect(config.state_dir / "fleetd.db") as db:
+        stop = db.execute("SELECT message, severity FROM events WHERE kind = 'daemon_stop'").fetchall()
+        assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(0,)]
+    assert stop == [(f"fleetd stopped: {failure}, workers left running", "warning")]
+    messages = received_all(notify)
+    assert "READY=1" not in messages
+    assert f"STATUS=stopping: {failure}, workers left running" in messages
+    return daemon.log()
+
+
+def test_a_listen_failing_after_the_loop_did_leaves_the_stop_the_loops(daemons: list[Daemon]) -> None:
+    """The supervision loop fails while the daemon listens, and the listen fails too (the port
+    taken meanwhile). The listen's failure replaced the loop's: exit 75 and `cannot listen` in the
+    boot log, though the loop's failure was the cause. The first failure is the stop's now (exit
+    70, its record), and the listen's is said in the log as the second."""
+    with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
+        loop_failed_at_the_listen(marks, daemon)
+        rival.listen(1)
+        (marks / "release").write_text("")
+        assert daemon.process.wait(60) == 70, daemon.log()
+
+        log = assert_a_failures_stop(config, notify, daemon, "the supervision loop failed")
+        assert (f"cannot listen on 127.0.0.1:{config.port} ([api] host/port): Address already in use, during the "
+                "stop for an earlier failure (the stop stays that one's): the supervision loop failed") in log
+
+
+@pytest.mark.parametrize("port_taken", [False, True], ids=["port-free", "port-taken"])
+def test_a_sigterm_during_a_failures_stop_leaves_the_stop_the_failures(daemons: list[Daemon], port_taken: bool) -> None:
+    """`systemctl stop` while the daemon stops for a failed loop: the stop stays the failure's
+    (exit 70, the workers left running: the failed loop cannot stop them), and the log says the
+    SIGTERM came and changed nothing (docs/systemd.md)."""
+    with paused_at_the_listen(daemons) as (config, marks, notify, rival, daemon):
+        loop_failed_at_the_listen(marks, daemon)
+        assert terminated_at_the_listen(marks, rival, daemon, port_taken) == 70, daemon.log()
+
+        log = assert_a_failures_stop(config, notify, daemon, "the supervision loop failed")
+        assert ("received SIGTERM during the stop for the failure, which it does not change: exit code the "
+                "failure's, workers left running (start fleetd to adopt them)") in log

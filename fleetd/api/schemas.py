@@ -172,6 +172,7 @@ class EventOut(Out):
     game: str | None
     message: str
     details: dict[str, Any]
+    removed_game: bool = False  # of a game removed since (one added later under its name is another)
 
 
 class EventList(Out):

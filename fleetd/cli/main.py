@@ -176,17 +176,20 @@ def events(
     limit: Annotated[int, typer.Option(**whole_option("At most N events, the newest first.", 1, 1000))] = EVENTS_LIMIT,
     before: Annotated[int | None, typer.Option(**whole_option("Only events older than event ID: the next page, as the last one's caption (or --json's next_before) says.", 1))] = None,
     kind: Annotated[str | None, typer.Option(help="Only events of this kind.")] = None,
-    game: Annotated[str | None, typer.Option(help="Only events of this game.")] = None,
+    game: Annotated[str | None, typer.Option(help="Only events of the game of this name now, not those of a game removed earlier under the name (--earlier).")] = None,
+    earlier: Annotated[bool, typer.Option("--earlier", help="With --game: also the events of earlier games of that name, removed since (marked '(removed)').")] = False,
     json: JsonOption = False,
 ) -> None:
     """The event log, newest first."""
     from fleetd.cli import render
 
-    document = ask(config, "/api/v1/events", limit=limit, before=before, kind=kind, game=game)
+    document = ask(config, "/api/v1/events", limit=limit, before=before, kind=kind, game=game,
+                   earlier="true" if earlier else None)
     if json:
         render.print_json(document)  # the API's document, as --json says everywhere
         return
     # The caption's next page repeats this page's filters, or it lists another log.
     given = (("--game", game), ("--kind", kind), ("--limit", None if limit == EVENTS_LIMIT else limit))
     filters = " ".join(f"{option} {shlex.quote(str(value))}" for option, value in given if value is not None)
+    filters += " --earlier" if earlier else ""
     render.console.print(render.events_table(document["items"], document.get("next_before"), filters))

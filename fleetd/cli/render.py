@@ -158,8 +158,14 @@ def events_table(events: list[dict[str, Any]], next_before: int | None = None, f
     colour = {"warning": "yellow", "error": "red"}
     for event in events:
         style = colour.get(event["severity"], "")
-        table.add_row(when(event["at"]), event["kind"], event["game"] or "", event["message"], style=style)
+        table.add_row(when(event["at"]), event["kind"], event_game(event), event["message"], style=style)
     return none_if_empty(table)
+
+
+def event_game(event: dict[str, Any]) -> str:
+    """A removed game's events are marked: a game added later under its name is another."""
+    game = event["game"] or ""
+    return f"{game} (removed)" if event.get("removed_game") else game
 
 
 def checkpoints_table(name: str, checkpoints: list[dict[str, Any]]) -> Table:

@@ -20,7 +20,7 @@ from fleetd.health.settings import HealthSettingError, settings_for
 from fleetd.states import REMOVABLE, Desired, Shown, shown
 from fleetd.store import games as game_store
 from fleetd.store.engine import DELETE_BATCH, Database
-from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.store.events import GAME_REMOVED, EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft, GameRecord
 from fleetd.store.samples import delete_game_samples
 from workers.checkpoint import checkpoint_name, episodes_at
@@ -307,7 +307,7 @@ def forget_samples_of_removable(db: Database, name: str, forgotten: list[int] | 
 
 
 def record_removed(session: Session, now: datetime, name: str, files: str) -> None:
-    create_event(session, now, "game_removed", f"removed {name}; {files}", game=name)
+    create_event(session, now, GAME_REMOVED, f"removed {name}; {files}", game=name)
 
 
 SEEDED_EVENT = "games_seeded"  # kept by retention: it is what says [[games]] was applied

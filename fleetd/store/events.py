@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,7 +11,7 @@ from sqlalchemy import Select, and_, delete, func, select
 from sqlalchemy.orm import Session
 
 from fleetd.store.mapping import to_record
-from fleetd.store.models import Boot, Event
+from fleetd.store.models import Boot, Event, Game
 from fleetd.store.records import EventRecord
 
 
@@ -20,7 +21,11 @@ class EventFilter:
     game: str | None = None
     since: datetime | None = None
     before_id: int | None = None  # cursor: events older than this id
+    after_id: int | None = None  # events newer than this id (a game's since its name's last removal)
     limit: int = 100
+
+
+GAME_REMOVED = "game_removed"  # the last event of a removed game: one added later under its name is another
 
 
 def _record(row: Event) -> EventRecord:
@@ -62,7 +67,18 @@ def read_events(session: Session, where: EventFilter) -> list[EventRecord]:
         query = query.where(Event.at >= where.since)
     if where.before_id is not None:
         query = query.where(Event.id < where.before_id)
+    if where.after_id is not None:
+        query = query.where(Event.id > where.after_id)
     return [_record(row) for row in session.scalars(query)]
+
+
+def read_removal_ids(session: Session, names: Collection[str]) -> dict[str, int]:
+    """Each name's newest GAME_REMOVED event's id: an event naming the game up to it is of a game
+    removed since. Events name their game (no game id): a game added again under a removed
+    game's name is told from the old one by the order events were written in, not by a clock."""
+    query = (select(Event.game, func.max(Event.id)).where(Event.kind == GAME_REMOVED, Event.game.in_(names))
+             .group_by(Event.game))
+    return {game: last for game, last in session.execute(query).all()}
 
 
 def event_recorded(session: Session, kind: str, game: str, details: dict[str, Any]) -> bool:
@@ -115,3 +131,11 @@ def _newest_of_this_boot(kinds: tuple[str, ...]) -> Select[tuple[int]]:
     gpu = func.json_extract(Event.details, "$.gpu")  # NULL for an event naming none: one group
     return (select(func.max(Event.id)).where(Event.boot_id == this_boot, Event.kind.in_(kinds))
             .group_by(Event.kind, gpu))
+
+
+def read_current_games_start(session: Session, name: str) -> int | None:
+    """The id after which the events naming `name` are the game of that name now: its name's last
+    removal's. None: every event of the name (no game has the name now, or none had it before)."""
+    if session.scalar(select(Game.id).where(Game.name == name)) is None:
+        return None
+    return read_removal_ids(session, [name]).get(name)

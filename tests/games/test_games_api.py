@@ -222,3 +222,28 @@ def test_runs_and_checkpoints_start_empty(client: TestClient) -> None:
     add(client)
     assert client.get("/api/v1/games/pong/runs").json() == {"items": []}
     assert client.get("/api/v1/games/pong/checkpoints").json() == {"items": []}
+
+
+def events_of(client: TestClient, query: str) -> list[tuple[str, bool]]:
+    return [(e["kind"], e["removed_game"]) for e in client.get(f"/api/v1/events?{query}").json()["items"]]
+
+
+def test_a_games_events_are_not_those_of_a_removed_game_of_its_name(client: TestClient) -> None:
+    """Events name their game: a game added again under a removed game's name listed the old
+    game's events as its own (`fleetd events --game pong`). Its own only now; `earlier` adds the
+    old game's, each marked removed_game, as they are in every listing."""
+    add(client)
+    assert client.post("/api/v1/games/pong/stop").status_code == 202
+    assert client.delete("/api/v1/games/pong").status_code == 204
+    old = [("game_removed", True), ("desired_stopped", True), ("game_added", True)]
+    assert events_of(client, "game=pong") == old  # no game has the name: the removed game's, marked
+    assert add(client, algo="a2c").status_code == 201
+    assert client.post("/api/v1/games/pong/stop").status_code == 202
+
+    new = [("desired_stopped", False), ("game_added", False)]
+    assert events_of(client, "game=pong") == new
+    assert events_of(client, "game=pong&earlier=true") == new + old
+    assert events_of(client, "game=pong&kind=game_added") == [("game_added", False)]
+    assert [kind for kind in events_of(client, "limit=100") if kind[0].startswith(("game_", "desired_"))] == new + old
+    page = client.get("/api/v1/events?game=pong&earlier=true&limit=2").json()
+    assert events_of(client, f"game=pong&earlier=true&before={page['next_before']}") == old

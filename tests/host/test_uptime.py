@@ -21,7 +21,7 @@ from fleetd.host.uptime import (
 from fleetd.jobs import heartbeat_job, retention_job
 from fleetd.store import boots as boot_store
 from fleetd.store.engine import Database
-from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.store.events import GAME_REMOVED, EventFilter, create_event, read_events
 from fleetd.store.samples import create_metric_rows
 from tests.fakes import EPOCH, FakeClock, FakeHost
 
@@ -313,6 +313,19 @@ def test_retention_keeps_the_rollbacks_events(db: Database, host: FakeHost, cloc
                          details={"to_steps": 100, "set_aside": ["ckpt-000000000200"]})
     assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (1, 0)
     assert sorted(e.kind for e in events(db)) == sorted(["first_start", *ROLLBACK_EVENTS])
+
+
+def test_retention_keeps_a_games_removal(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    """It is the line between a removed game's events that retention keeps (its rollbacks') and
+    those of a game added later under its name: deleted, `events?game=pong` listed the old game's
+    rollbacks as the new one's."""
+    start(db, host, clock)
+    with db.transaction() as session:
+        for kind in (ROLLBACK_EVENTS[0], GAME_REMOVED, "old"):
+            create_event(session, clock.now() - timedelta(days=400), kind, "long ago", game="pong",
+                         details={"to_steps": 100, "set_aside": ["ckpt-000000000200"]})
+    assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (1, 0)
+    assert sorted(e.kind for e in events(db)) == sorted(["first_start", ROLLBACK_EVENTS[0], GAME_REMOVED])
 
 
 def test_retention_of_each_kind_goes_on_when_the_other_fails(
