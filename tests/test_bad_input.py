@@ -360,6 +360,30 @@ def test_a_query_number_is_read_by_the_one_rule(client: TestClient, path: str, f
     assert client.get(path.replace(grouped, grouped.replace("_", ""))).status_code in (200, 404), path  # no run 64
 
 
+ONE_NUMBER = "'6_4' is not read as a number: underscores may only group digits by thousands (1_000_000, 0.000_001); write 64 for that number"
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), [
+    ("POST", "/api/v1/games", GAME | {"name": "listless", "priority": "6_4"}, "body.priority"),
+    ("POST", "/api/v1/games", GAME | {"name": "listless", "total_timesteps": "6_4"}, "body.total_timesteps"),
+    ("PATCH", "/api/v1/games/listed", {"target_episodes": "6_4"}, "body.target_episodes"),
+    ("PATCH", "/api/v1/games/listed", {"checkpoint_interval_s": "6_4"}, "body.checkpoint_interval_s"),
+    ("PUT", "/api/v1/fleet/spec", {"games": [GAME | {"name": "listed", "priority": "6_4"}]}, "games[0].priority"),
+    ("POST", "/api/v1/games/listless/import?env_id=CartPole-v1&priority=6_4", None, "query.priority"),
+    ("GET", "/api/v1/events?limit=6_4", None, "query.limit"),
+])
+def test_a_one_number_field_is_not_offered_a_list(client: TestClient, method: str, path: str, body: dict | None,
+                                                  field: str) -> None:
+    """Each of these takes one number, never a list; "or a list as [6, 4]" (the `--hp`/`games
+    set` values' hint) pointed at a form the field refuses."""
+    client.post("/api/v1/games", json=GAME | {"name": "listed", "desired": "stopped"})
+    content = b"PK" if method == "POST" and body is None else None
+    error = envelope(client.request(method, path, json=body, content=content), 422)
+    [refusal] = error["details"]["errors"]
+    assert refusal["field"] == field and refusal["reason"] == ONE_NUMBER, error
+    assert "a list as" not in error["message"], error
+
+
 @pytest.mark.parametrize(
     "env_id", ["CartPole-v1\x00", "../../etc/passwd", "Cärtpole-v1", "x" * 128, "CartPole-v1; touch pwned"]
 )

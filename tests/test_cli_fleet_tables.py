@@ -4,6 +4,7 @@ HTTP to the API, served in a thread over a real store, its supervisor the real o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,43 @@ def test_a_request_not_yet_taken_up_claims_no_rung_it_cannot_know_of() -> None:
     due, no pressure, "the light tier runs 2 games"). It said "no rung to climb to: none up to
     medium runs more for the 3 games wanting a slot", of rungs the old view never weighed."""
     put = _asked_medium(admitted=["a", "b"], pending=["c"], waiting_reason="the light tier runs 2 games")
-    assert render.tier_text(put) == CLIMBING
+    assert render.tier_text(put) == CLIMBING  # an older daemon's answer, without `taken_up`
+    for waiting in ("the light tier runs 2 games", "nothing pending"):  # the old view's, "nothing pending" too
+        held = _asked_medium(admitted=["a"], waiting_reason=waiting, taken_up=False)
+        assert render.tier_text(held) == f"light (manual, asked: medium; {render.NOT_TAKEN_UP})"
+
+
+class HeldPort(SteppingPort):
+    """A supervisor whose loop has not come round: the request waits in its queue."""
+
+    def submit(self, command: object) -> None:
+        self.commands.append(command)
+        self.loop.sup.submit(command)  # type: ignore[arg-type]
+
+
+def test_the_answer_of_a_governor_that_has_not_taken_the_request_up_says_so(
+        loop: Loop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """One game on a light fleet: the old light governor's `waiting` was "nothing pending", and
+    `fleetd tier medium`, given the PUT's answer after TAKE_UP_S, said "no rung to climb to: none
+    up to medium runs more for the 1 game wanting a slot" of rungs that view never weighed."""
+    from fleetd.cli import games_cmd
+
+    loop.add("a")
+    loop.start()
+    loop.run_up("a")
+    monkeypatch.setattr(games_cmd, "TAKE_UP_S", 0.3)
+    context = AppContext(loop.settings, loop.db, loop.clock, "t" * 32, DaemonInfo(loop.boot_pk, loop.clock.now()),
+                         CATALOG, HeldPort(loop))  # fmt: skip
+    with serving(context) as url:
+        config = config_for(tmp_path, int(url.rsplit(":", 1)[1]))
+        assert row(fleetd(config, "tier").output, "waiting") == "nothing pending"
+        asked = fleetd(config, "tier", "medium")
+        answered = json.loads(fleetd(config, "tier", "medium", "--json").output)
+    assert asked.exit_code == 0, asked.output
+    said = "light (manual, asked: medium; not taken up yet: the rows below are the fleet before the request;"
+    assert row(asked.output, "tier").startswith(said), asked.output  # the rest wraps
+    assert "no rung to climb to" not in asked.output
+    assert answered["taken_up"] is False and answered["waiting_reason"] == "nothing pending", answered
 
 
 def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:

@@ -321,7 +321,7 @@ def test_the_fleet_shows_the_rung_that_waits_out_a_failure_as_the_api_names_it()
     # isNum, so a ceiling was never shown there, where `fleetd fleet` shows it.
     settings = SettingsOut(num_envs=32, batch_size=512, reason="light tier values")
     fleet = FleetOut(
-        mode="auto", requested="auto", tier="light", level=2, allowed=2, ceiling="3x32",
+        mode="auto", requested="auto", taken_up=True, tier="light", level=2, allowed=2, ceiling="3x32",
         ceiling_until=datetime(2026, 1, 1, 1, 0, tzinfo=UTC), admitted=["a", "b"], pending=["c"], next_scale_up_at=None,
         waiting_reason="3x32 waits out a failure", rung="2x32 (light)", rungs=[], last_backoff=None, pressure=[],
         expected_reboots=[], settings=settings, tiers={}, telemetry={}, snapshot_at=datetime(2026, 1, 1, tzinfo=UTC),
@@ -406,7 +406,7 @@ def api_answers(client: TestClient, db: Database, clock: FakeClock) -> dict[str,
         assert response.status_code == 200, response.text
         answers[path] = [200, response.json()]
     # No governor runs behind this app (GET /fleet is 503 until its first step): the fleet as it answers.
-    fleet = FleetOut(mode="auto", requested="auto", tier="light", level=1, allowed=1, ceiling=None, ceiling_until=None,
+    fleet = FleetOut(mode="auto", requested="auto", taken_up=True, tier="light", level=1, allowed=1, ceiling=None, ceiling_until=None,
                      admitted=["pong"], pending=[], next_scale_up_at=None, waiting_reason="", rung="1x32", rungs=[],
                      last_backoff=None, pressure=[], expected_reboots=[], settings=SettingsOut(num_envs=32, batch_size=512, reason=""),
                      tiers={}, telemetry={}, snapshot_at=datetime(2026, 1, 2, tzinfo=UTC), snapshot_age_s=1.0,

@@ -28,7 +28,7 @@ from fleetd.planning.rungs import RungSizing
 from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing
 from fleetd.states import Shown, shown, shown_rate
 from fleetd.store.boots import count_reboots
-from fleetd.store.games import read_game_figures
+from fleetd.store.games import count_games_wanting_slot, read_game_figures
 from fleetd.store.hosts import read_hosts
 from fleetd.store.records import GameFigures, HostRecord
 from fleetd.supervision.counters import GameCounts, ProgressCounters
@@ -43,25 +43,32 @@ class PlanCache:
     when what the live governor gives some rung's workers has changed since (`RungSizing.sized`,
     for the games the plan counted wanting a slot: a footprint's peak, a GPU seen, the games
     holding its slots that move some rung's envs or batch; the governor's rung or its sizing
-    there): not a minute on a stale host. A new peak that moves no rung's sizes (RSS peaks creep
-    up at each telemetry sample) keeps the plan its minute."""
+    there), or when the count of games wanting a slot has (a game added, started, stopped, ended:
+    the plan counted the others, and sized its rungs for them): not a minute on a stale host. A
+    new peak that moves no rung's sizes (RSS peaks creep up at each telemetry sample) keeps the
+    plan its minute."""
 
     def __init__(self, context: AppContext) -> None:
         self.context = context
         self.ladder = build_ladder(context.settings.fleet.tiers)  # the plan's governor's (stored_governor)
         self._latest: PlanReport | None = None
-        self._sized: tuple[object, ...] | None = None
+        self._key: tuple[object, ...] | None = None
 
     def get(self, now: datetime) -> PlanReport:
         latest, context = self._latest, self.context
         snapshot = context.snapshot
         live = live_sizing(snapshot)
         sizing = RungSizing(live, context.settings)
+        with context.db.transaction() as session:  # one COUNT a scrape; the plan reads every game
+            wanting = count_games_wanting_slot(session)
         if (latest is None or (now - latest.plan.at).total_seconds() >= PLAN_MAX_AGE_S or now < latest.plan.at
-                or sizing.sized(self.ladder, latest.wanting) != self._sized):  # fmt: skip
+                or (wanting, sizing.sized(self.ladder, latest.wanting)) != self._key):  # fmt: skip
             latest = fleet_plan(context.db, context.settings, context.daemon.boot_pk, context.daemon.started_at, now,
                                 pressure_seen=live_pressure(snapshot), live=live)  # fmt: skip
-            self._latest, self._sized = latest, sizing.sized(self.ladder, latest.wanting)
+            # The count as the store gives it when the plan was made, not the plan's own (which
+            # leaves out a game past its goal whose worker has not ended yet): a key that moves
+            # only when the games do.
+            self._latest, self._key = latest, (wanting, sizing.sized(self.ladder, latest.wanting))
         return latest
 
 

@@ -365,6 +365,9 @@ class TierOut(Out):
 class FleetOut(Out):
     mode: Literal["manual", "auto"]
     requested: str
+    taken_up: bool = Field(description=(
+        "whether the governor has taken `requested` up: false only in PUT /fleet's answer to a new request, "
+        "whose other fields are the fleet as the governor last saw it, under the request before"))
     tier: str
     level: int
     allowed: int

@@ -362,14 +362,21 @@ def tier_text(fleet: dict[str, Any]) -> str:
     return f"{tier} (manual, asked: {requested}; {climb_text(fleet)})"
 
 
+NOT_TAKEN_UP = ("not taken up yet: the rows below are the fleet before the request; `fleetd tier` shows the "
+                "climb after the governor's next step")
+
+
 def climb_text(fleet: dict[str, Any]) -> str:
     """How the climb to a tier asked above the fleet's stands. `waiting` names what holds a climb
     under way (a stable window, pressure, a rung waiting out a failure, a stale sample). "No rung
     to climb to" only on the governor's own word for the tier asked (`_top_reason`,
     fleetd/governor/core.py): "nothing pending", or "the medium tier runs 2 games". Not on the
-    PUT's answer before the governor took the request up: that is the old tier's view ("the light
-    tier runs 2 games", no step due), which says nothing of the rungs up to the one asked."""
+    PUT's answer before the governor took the request up (`taken_up` false): that is the old
+    tier's view ("nothing pending", "the light tier runs 2 games", no step due), which says
+    nothing of the rungs up to the one asked, so only what is known is said."""
     waiting, requested = fleet["waiting_reason"], fleet["requested"]
+    if not fleet.get("taken_up", True):  # an older daemon's answer lacks the field
+        return NOT_TAKEN_UP
     if waiting != "nothing pending" and not waiting.startswith(f"the {requested} tier runs "):
         return "climbing to it rung by rung: see waiting"
     wanting = len(fleet["admitted"]) + len(fleet["pending"])

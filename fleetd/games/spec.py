@@ -98,10 +98,11 @@ NUMBERS = ("total_timesteps", "target_episodes", "priority", "checkpoint_interva
 
 def _as_written(value: Any) -> Any:
     """JSON `true` is not the number 1, though pydantic would take it as one; nor is the string
-    "64_64" 6464 (fleetd/digit_groups.py), though pydantic's lax int and float read it so."""
+    "64_64" 6464 (fleetd/digit_groups.py), though pydantic's lax int and float read it so. Every
+    field this checks takes one number, never a list: the refusal offers no "or a list as [64, 64]"."""
     if isinstance(value, bool):
         raise ValueError("a number, not true or false")
-    if isinstance(value, str) and (why := grouping_refusal(value)) is not None:
+    if isinstance(value, str) and (why := grouping_refusal(value, list_hint=False)) is not None:
         raise ValueError(why)
     return value
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from fleetd.errors import ErrorCode, FleetdError
-from fleetd.states import Desired, State
+from fleetd.states import DONE, Desired, State
 from fleetd.health.rules import HealthRecord
 from fleetd.store.checkpoints import read_newest_verified_many
 from fleetd.store.health import read_health_many
@@ -138,6 +138,14 @@ def read_games(session: Session, limit: int | None = None, after: GamePosition |
     if limit is not None:
         query = query.limit(limit)
     return _records(session, list(session.scalars(query)))
+
+
+def count_games_wanting_slot(session: Session) -> int:
+    """The games that ask the governor for a slot (fleetd.states.wants_slot: desired running, not
+    ended), in one COUNT: what a plan's count of games wanting a slot moves with."""
+    ended = [state.value for state in DONE]
+    query = select(func.count()).select_from(Game).where(Game.desired == Desired.RUNNING.value, Game.state.not_in(ended))
+    return int(session.scalar(query) or 0)
 
 
 def read_game_figures(session: Session) -> list[GameFigures]:

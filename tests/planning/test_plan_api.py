@@ -21,14 +21,15 @@ from fleetd.cli import render
 from fleetd.cli.plan_render import plan_view
 from fleetd.daemon import plan_job
 from fleetd.operations.model_io import _add_with_checkpoint
+from fleetd.planning.queue import PlanState
 from fleetd.planning.service import record_plan
-from fleetd.states import State
+from fleetd.states import Desired, State
 from fleetd.governor.controller import FleetController
 from fleetd.governor.footprint import FootprintBook
 from fleetd.governor.scaling import scale_rung
 from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
 from fleetd.store.fleet import save_fleet, save_rung, update_fleet_requested, update_game_admitted
-from fleetd.store.games import create_game, delete_game, read_game, update_game_settings, update_game_state, update_games_progress
+from fleetd.store.games import create_game, delete_game, read_game, update_game_desired, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
 from fleetd.store.plans import read_plan_predictions
 from fleetd.store.records import FleetRecord, FootprintRecord, GameDraft, ProgressSnapshot, RungMemory
@@ -668,6 +669,30 @@ def test_the_metrics_plan_is_kept_its_minute_when_a_new_peak_moves_no_rungs_size
         assert cache.get(context.clock.now()) is first
     context.clock.advance(60)
     assert cache.get(context.clock.now()) is not first  # its minute is up
+
+
+def test_the_metrics_plan_is_made_again_once_the_count_of_games_wanting_a_slot_moves(fleet) -> None:
+    """Only a rung's sizes moving made the plan again: a game stopped or added left /metrics with
+    the plan of the games wanting a slot before, its count and queue, for up to its minute."""
+    context, _ = fleet
+    at_medium(context)
+    live = h100_fleet(context, measured_at_64(context.clock.now(), gpu_gib=15))
+    cache = PlanCache(live)
+    first = cache.get(context.clock.now())
+    assert first.wanting == 3
+    context.clock.advance(10)
+    assert cache.get(context.clock.now()) is first  # nothing moved: its minute
+    with context.db.transaction() as session:
+        update_game_desired(session, "cart3", Desired.STOPPED, context.clock.now())
+    stopped = cache.get(context.clock.now())
+    assert stopped.wanting == 2 and {g.name for g in stopped.plan.games if g.state is PlanState.OFF} == {"cart3"}
+    context.clock.advance(10)
+    with context.db.transaction() as session:
+        create_game(session, GameDraft("cart4", "CartPole-v1", "ppo", target_episodes=3_000), context.clock.now())
+    added = cache.get(context.clock.now())
+    assert added.wanting == 3 and "cart4" in {g.name for g in added.plan.games}
+    context.clock.advance(10)
+    assert cache.get(context.clock.now()) is added
 
 
 def test_the_rung_the_governor_stands_at_is_planned_at_the_cpu_cap_over_the_games_holding_its_slots(

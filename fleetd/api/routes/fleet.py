@@ -45,6 +45,7 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, telemetry_age: Telem
     age_s, stale = telemetry_age.judge(latest)
     governor = snapshot.governor
     requested = requested or governor.requested
+    taken_up = requested == governor.requested  # else waiting, pending, ladder: the request before's view
     tiers = {name: TierOut(**tier.model_dump()) for name, tier in context.settings.fleet.tiers.items()}
     scaled = governor.scaled
     # What each worker is told (capped on a CPU: 2 envs per thread, a batch of 64), as every
@@ -53,6 +54,7 @@ def fleet_out(context: AppContext, snapshot: FleetSnapshot, telemetry_age: Telem
     return FleetOut(
         mode="auto" if requested == "auto" else "manual",
         requested=requested,
+        taken_up=taken_up,
         tier=governor.tier,
         level=governor.level,
         allowed=governor.allowed,
