@@ -599,6 +599,45 @@ def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_
     assert lines[2:] == ["new line"], lines
 
 
+def test_a_follow_waiting_on_a_spawn_that_never_records_its_log_looks_at_the_poll_and_ends_gone(
+        app, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A spawn stuck between the prune and recording its log (a Ray push to slow storage): the
+    # follow looked at the database at each 0.2 s read, silently, for its whole hour.
+    from fleetd.api.routes import logs as logs_route
+
+    context = app.state.context
+    old = new_run(app, "stuck", "old line\n")
+    logs, reads, looked = log_path(app, old).parent, logs_route.follow_read, logs_route._next_look
+    looks: list[float] = []
+    spawned: list[int] = []
+
+    def read_then_spawn(path: Path, *args):
+        if path == logs / f"run-{old:06d}.log" and not spawned:
+            end_run(app, old)
+            with context.db.transaction() as session:
+                spawned.append(run_store.create_run(session, read_game(session, "stuck").id,
+                                                    context.daemon.boot_pk, context.clock.now()))
+            (logs / f"run-{spawned[0]:06d}.log").write_text("new line\n")  # the launcher's, made first
+            _prune_run_files(logs, 1)  # and the spawn never records its log
+        return reads(path, *args)
+
+    def counted(*args):
+        looks.append(time.monotonic())
+        return looked(*args)
+
+    monkeypatch.setattr(logs_route, "follow_read", read_then_spawn)
+    monkeypatch.setattr(logs_route, "_next_look", counted)
+    monkeypatch.setattr(logs_route, "SPAWN_WAIT_S", 1.5)
+    safety = threading.Timer(8, app.state.stopping.set)
+    safety.start()
+    try:
+        response = client.get("/api/v1/games/stuck/logs", params={"follow": "true"})
+    finally:
+        safety.cancel()
+    assert response.text.splitlines() == ["old line", f"--- fleetd: the log of run {old} is gone (log_keep_runs) ---"], (looks, spawned)
+    assert len(looks) <= 4, looks  # the first at once, then one a NEWER_RUN_POLL_S
+
+
 def test_a_follow_moving_on_to_a_run_whose_log_is_not_made_yet_waits_for_it(app, client: TestClient) -> None:
     # A Ray run's log path is recorded at its spawn, its actor's worker makes the file after: the
     # follow moved on to it, read nothing there and said it was gone (log_keep_runs).

@@ -33,6 +33,10 @@ router = APIRouter(tags=["games"])
 LINES_MAX = 10000
 FOLLOW_POLL_S = 0.2  # a new line reaches a follower within this (plus the transfer)
 NEWER_RUN_POLL_S = 1.0  # how often an unpinned follow looks for the game's next run
+# How long a follow whose log was pruned waits for the newer run's spawn to record its log (a
+# Ray executor's push to network storage comes between); then it ends "gone", and `fleetd logs -f`
+# asks again.
+SPAWN_WAIT_S = 60.0
 FOLLOW_MAX_S = 3600.0  # a follow ends after this; `fleetd logs -f` reconnects
 
 
@@ -184,15 +188,20 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
     at = _Position(record, path, offset, seen, sent, LogWait(appeared, context.settings.cluster.storage_url))
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
+    spawning_since: float | None = None  # the log vanished while the newer run's spawn went on
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
         if data := await at.read():
             yield data
             continue
         vanished = at.wait.vanished(data)  # pruned by log_keep_runs: a newer run's start, which a look now finds
-        if vanished or time.monotonic() >= next_run_check:
+        # At once on the first sign; while a spawn goes on, at the newer-run poll, not each read.
+        if (vanished and spawning_since is None) or time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
             followed, newer = await run_in_threadpool(_next_look, context, name, at.record.id, pinned)
-            told, then = await _after_look(at, name, followed, newer, vanished, pinned)
+            spawning = vanished and _being_spawned(newer)
+            spawning_since = (spawning_since or time.monotonic()) if spawning else None
+            overdue = spawning_since is not None and time.monotonic() - spawning_since >= SPAWN_WAIT_S
+            told, then = await _after_look(at, name, followed, newer, vanished, pinned, overdue)
             if told:
                 yield told
             if then is _Then.END:
@@ -261,8 +270,9 @@ class _Position:
 
 
 async def _after_look(at: _Position, name: str, followed: RunRecord | None, newer: RunRecord | None,
-                      vanished: bool, pinned: bool) -> tuple[bytes, _Then]:
-    """What a follow sends after a look at its run and the game's newer one, and what it does then."""
+                      vanished: bool, pinned: bool, spawn_overdue: bool = False) -> tuple[bytes, _Then]:
+    """What a follow sends after a look at its run and the game's newer one, and what it does then;
+    `spawn_overdue`: the newer run's spawn has not recorded its log within SPAWN_WAIT_S."""
     if followed is None:
         # Removed while followed: nothing more will be written here. The follow used to stay
         # open, silent, for its hour; `fleetd logs -f` now asks again and is told. A game added
@@ -272,7 +282,7 @@ async def _after_look(at: _Position, name: str, followed: RunRecord | None, newe
         return at.line(elsewhere), _Then.END
     if newer is not None and newer.log_path:
         return await at.move_on(newer)
-    if vanished and not _being_spawned(newer):
+    if vanished and (spawn_overdue or not _being_spawned(newer)):
         # A pinned follow (or one whose newer run ended with no log) ends here rather than wait
         # out its hour: nothing more will be written to a deleted log.
         if followed.ended_at is None:  # log_keep_runs prunes only ended runs' logs
