@@ -11,7 +11,9 @@ import pytest
 from fleetd.states import Shown, State
 from tests.supervision_fakes import FakeAlerts
 from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+from fleetd.supervision.launcher import run_spec_path
 from workers.checkpoint import write_checkpoint
+from workers.protocol.exit_codes import write_exit_record
 from workers.protocol.reports import CheckpointReport, CheckpointSummary, ResumedReport
 
 RESUMED_AT = 5000
@@ -208,3 +210,22 @@ def test_a_checkpoint_on_disk_before_the_spawn_is_no_progress_after_a_wall_clock
         back_up(loop, "a")
     crash(loop, "a")
     assert loop.state("a") is State.FATAL
+
+
+def test_a_crash_loops_run_that_trained_while_no_daemon_watched_then_crashed_starts_the_count_afresh(loop: Loop) -> None:
+    # One run short of FATAL, the daemon dies (kill -9, an upgrade); the run trains for hours,
+    # writing checkpoints no daemon sees, then crashes (exit 1). A watched exit counts that
+    # progress and restarts the count; the next daemon, judging the exit code left, made it FATAL.
+    proc = running_after_crashes(loop, loop.settings.supervisor.startretries)
+    run_id = proc.run_id
+    loop.steps()
+    game_dir = loop.settings.game_dir("a")
+    (game_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    loop.supervisor = None  # the daemon is killed -9
+    write_checkpoint(game_dir / "checkpoints", RESUMED_AT + 50_000, 7, _payload)
+    run_spec_path(game_dir, run_id).parent.mkdir(parents=True, exist_ok=True)
+    write_exit_record(run_spec_path(game_dir, run_id), 1)
+    loop.probe.live = set()
+    loop.start()
+    proc = loop.sup.procs["a"]
+    assert (proc.state, proc.failures) == (State.BACKOFF, 1), proc.reason

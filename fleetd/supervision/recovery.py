@@ -24,6 +24,7 @@ from typing import Protocol
 import psutil
 
 from fleetd.store.records import RunRecord
+from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.launcher import process_start_time, run_log_path, run_spec_path
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.recorder import Recorder
@@ -141,10 +142,20 @@ def close_lost_with_daemon(run: RunRecord, proc: WorkerProcess | None, game_dir:
     code = code_left(game_dir(run.game), run.id)
     # Set on an open run only as fleetd SIGKILLs its worker (a hang).
     killed_for = None if stopping else run.cause
+    if proc is not None and _progressed_unseen(run, game_dir):
+        proc.failures = 0  # as a watched exit's progress on disk resets it: the crash, if one, is a first
     if (code is not None or killed_for is not None) and proc is not None \
             and proc.ended_unwatched(run.id, code, killed_for, stopping) is not None:
         return
     recorder.run_lost(run, "lost_daemon", now, _lost_message(run, code, stopping), code)
+
+
+def _progressed_unseen(run: RunRecord, game_dir: GameDir) -> bool:
+    """Whether the run wrote a verified checkpoint past the one it resumed from, seen by no daemon:
+    progress, which ends a crash loop's count as a watched exit's does (`_count_progress_on_disk`)."""
+    start = run.resumed_from_steps or 0
+    return any(record.verified and record.steps > start
+               for record in scan_checkpoints(game_dir(run.game) / "checkpoints"))
 
 
 def _lost_message(run: RunRecord, code: int | None, stopping: bool) -> str:
