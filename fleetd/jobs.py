@@ -30,7 +30,7 @@ from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.records import NodeSeen
 from fleetd.store.samples import create_metric_rows, delete_samples_before
-from fleetd.games.set_aside import REMOVED, SET_ASIDE_DIRS, SET_ASIDE_STAMP
+from fleetd.games.set_aside import REMOVED, ROLLBACK_EVENTS, SET_ASIDE_DIRS, SET_ASIDE_STAMP
 
 log = logging.getLogger(__name__)
 
@@ -272,11 +272,14 @@ def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> t
     back (`GpuLossNotice`: a GPU's newest says whether it is still lost; the governor's open stall:
     the newest of the two), and a GPU lost (a stall) for longer than events_days, its event
     deleted, was told again at the next restart. The older ones go as any (kept all, a flaky GPU's
-    piled up over a months-long boot); once the host has rebooted, all go as any."""
+    piled up over a months-long boot); once the host has rebooted, all go as any. A rollback's
+    event is kept however old (ROLLBACK_EVENTS): a restore reads it to tell the backup target's
+    copies of the checkpoints it set aside, which a target refusing deletes keeps for good, and
+    the database copied after it was deleted had them resumed from."""
     now = clock.now()
     read_back = (GPU_LOST_EVENT, GPU_BACK_EVENT, TELEMETRY_STALE_EVENT, TELEMETRY_RESUMED_EVENT)
     events, events_full = _delete_old(db, "events", lambda session, limit: delete_events_before(
-        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT,), limit, read_back))
+        session, now - timedelta(days=retention.events_days), (SEEDED_EVENT, *ROLLBACK_EVENTS), limit, read_back))
     samples, samples_full = _delete_old(db, "samples", lambda session, limit: delete_samples_before(
         session, now - timedelta(days=retention.samples_days), limit))
     if events or samples:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from fleetd.operations.alerts import Alert
 from fleetd.states import State
 from fleetd.supervision.recovery import FoundWorker
-from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
+from fleetd.supervision.remedies import Remedies
+from fleetd.supervision.seams import Carried, Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
 from tests.fakes import FakeClock
 from workers.protocol.reports import Report
 
@@ -64,8 +65,9 @@ class RecordingSink:
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         self.runs[run_id]["pid"] = spawned.pid
 
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
-        self.runs.setdefault(run_id, {}).update(cause=cause, status=status)  # an adopted run: begun by another
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> None:
+        # An adopted run: begun by another. `carried`, `remedies`: the count and scales stored with its end.
+        self.runs.setdefault(run_id, {}).update(cause=cause, status=status, carried=carried, remedies=remedies)
 
     def run_killed(self, run_id: int, cause: str) -> None:
         self.runs.setdefault(run_id, {})["killed_for"] = cause  # an adopted run was begun by another

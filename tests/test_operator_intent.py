@@ -4,8 +4,12 @@ fakes (tests/test_supervisor_loop.py's `Loop`): deterministic, no sleeps, no pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
+from typing import Any
+
+import pytest
 
 from fleetd.games.settings import update_settings
 from fleetd.games.lifecycle import set_desired
@@ -15,7 +19,7 @@ from fleetd.store.fleet import update_fleet_requested
 from fleetd.store.events import EventFilter, read_events
 from fleetd.supervision.commands import Reconcile, StartGame
 from tests.api_context import CATALOG
-from tests.test_supervisor_loop import Loop, loop  # noqa: F401  (the fixture)
+from tests.test_supervisor_loop import Loop, loop, save_spawned_spec  # noqa: F401  (the fixture)
 
 
 def start(loop: Loop, name: str, now: bool = False) -> Admission:
@@ -327,3 +331,131 @@ def test_equal_priority_never_pre_empts_and_preempt_false_turns_it_off(loop: Loo
     raise_priority(loop, "c", 5)
     train_for(loop, 2 * loop.settings.fleet.preempt_min_run_s)
     assert loop.launcher.signals == [] and loop.shown()["c"] is Shown.PENDING  # off: only --now pre-empts
+
+
+# -- a hand-over through a daemon kill (docs/supervision.md, The daemon restarts) ---------------
+
+
+class _DaemonKilled(Exception):
+    """kill -9 of the daemon at this instant: nothing after it runs."""
+
+
+def _now_over_low(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
+    """high and low running, `games start new --now`: low, stopping, gives new its slot."""
+    for name, priority in (("high", 5), ("low", 0), ("new", 0)):
+        loop.add(name, priority=priority)
+    loop.start()
+    loop.run_up("high", "low")
+    pid = loop.pid("low")
+    start(loop, "new", now=True)
+    return "new", pid
+
+
+def _pre_empted(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
+    """a and b running, c raised to priority 5: once a holder ran its minimum, c takes its slot."""
+    full_fleet_and_a_pending_game(loop)
+    raise_priority(loop, "c", 5)
+    train_for(loop, loop.settings.fleet.preempt_min_run_s)
+    [(pid, _)] = loop.launcher.signals
+    return "c", pid
+
+
+def _yielded_before_the_admit(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
+    """a and b running, c pending: b yields its slot on a plateau, and the daemon dies once b's
+    eviction is stored and its stop sent, before the governor's step that admits c."""
+    full_fleet_and_a_pending_game(loop)
+    pid = loop.pid("b")
+    yield_slot = loop.sup.fleet.yield_slot
+
+    def killed_once_yielded(*args: Any) -> None:
+        yield_slot(*args)
+        loop.sup.procs["b"].stop("yielded its slot: plateau")  # sent, as `_give_up_slot` does next
+        raise _DaemonKilled
+
+    monkeypatch.setattr(loop.sup.fleet, "yield_slot", killed_once_yielded)
+    loop.sup.learning.queued_last("b")
+    with pytest.raises(_DaemonKilled):
+        loop.sup._give_up_slot(loop.sup.procs["b"], "plateau")  # the learning watch's yield (its FleetSide)
+    return "c", pid
+
+
+@pytest.mark.parametrize("hand_over", [_now_over_low, _pre_empted, _yielded_before_the_admit],
+                         ids=["--now", "pre-empted", "yield-killed-before-the-admit"])
+def test_a_hand_over_through_a_daemon_kill_starts_the_new_game_only_once_the_holder_stopped(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch, hand_over: Callable[[Loop, pytest.MonkeyPatch], tuple[str, int]]
+) -> None:
+    """The daemon died (kill -9) after the holder was sent its stop and before it ended: the link
+    was in memory only, and the new daemon started the new game at once beside the holder still
+    writing its final checkpoint: three workers for two slots. A yield killed between its two
+    writes left c not admitted yet: admitted at the new daemon's first step, it started at once."""
+    to, holder_pid = hand_over(loop, monkeypatch)
+    holder = next(name for name, proc in loop.sup.procs.items() if proc.pid == holder_pid)
+    assert loop.state(holder) is State.STOPPING and loop.state(to) is State.STOPPED
+    live = [name for name, proc in loop.sup.procs.items() if proc.pid is not None]
+    for name in live:
+        save_spawned_spec(loop, name)
+    loop.probe.live = {loop.pid(name) for name in live}
+    spawned = len(loop.launcher.spawned)
+    loop.start()  # the daemon was killed: a new one adopts the holder stopping, and the other game
+    loop.steps(3)
+    assert loop.state(holder) is State.STOPPING and loop.state(to) is State.STOPPED
+    assert len(loop.launcher.spawned) == spawned and loop.shown()[to] is Shown.STOPPED  # admitted: not pending
+    loop.reactor.exit(holder_pid, code=0)
+    loop.steps()
+    assert loop.state(to) is State.STARTING and loop.shown()[holder] is Shown.PENDING
+    assert [proc.state for name, proc in loop.sup.procs.items() if name not in (to, holder)] == [State.RUNNING]
+
+
+def _killed_once_low_gave_its_slot(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> int:
+    """high and low running, `games start new --now`: the daemon dies once low's slot is given to
+    new (stored), before low's stop is stored or sent. Its workers live on; low's pid."""
+    for name, priority in (("high", 5), ("low", 0), ("new", 0)):
+        loop.add(name, priority=priority)
+    loop.start()
+    loop.run_up("high", "low")
+    give_slot = loop.sup.fleet.give_slot
+
+    def killed_once_given(*args: Any) -> None:
+        give_slot(*args)
+        raise _DaemonKilled
+
+    monkeypatch.setattr(loop.sup.fleet, "give_slot", killed_once_given)
+    set_desired(loop.db, loop.clock, "new", Desired.RUNNING)
+    loop.sup.submit(StartGame("new", True, None))
+    with pytest.raises(_DaemonKilled):
+        loop.steps()
+    for name in ("high", "low"):
+        save_spawned_spec(loop, name)
+    loop.probe.live = {loop.pid("high"), loop.pid("low")}
+    return loop.pid("low")
+
+
+def test_a_hand_over_whose_stop_the_killed_daemon_never_stored_waits_for_that_stop(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new daemon adopted low running and without a slot, stopped it, and started new beside it."""
+    low_pid = _killed_once_low_gave_its_slot(loop, monkeypatch)
+    loop.start()
+    assert loop.state("low") is State.STOPPING and (low_pid, "SIGTERM") in loop.launcher.signals
+    loop.steps(3)
+    assert loop.state("new") is State.STOPPED and "new" not in [game for game, _, _ in loop.launcher.spawned]
+    loop.reactor.exit(low_pid, code=0)
+    loop.steps()
+    assert loop.state("new") is State.STARTING and loop.state("high") is State.RUNNING
+
+
+def test_a_game_given_a_slot_through_a_daemon_kill_does_not_wait_for_a_giver_admitted_again(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet climbed at the new daemon's first step (its window ran out while it was down) and
+    admitted low again before its stop: low trains on in a slot of its own, and new, waiting for
+    low to stop, never started."""
+    low_pid = _killed_once_low_gave_its_slot(loop, monkeypatch)
+    with loop.db.transaction() as session:
+        update_fleet_requested(session, "auto", loop.clock.now())
+    loop.clock.advance(loop.settings.fleet.first_window_s + 60)
+    loop.start()
+    loop.steps(3)
+    assert loop.sup.snapshot is not None and loop.sup.snapshot.governor.allowed == 3
+    assert [loop.state(n) for n in ("high", "low", "new")] == [State.RUNNING, State.RUNNING, State.STARTING]
+    assert (low_pid, "SIGTERM") not in loop.launcher.signals

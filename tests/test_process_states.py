@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import signal
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -234,6 +235,27 @@ def test_graceful_stop_records_stopped(proc: WorkerProcess, clock: FakeClock, si
     assert (proc.state, proc.reason, sink.causes()) == (State.STOPPED, "stopped", ["stopped"])
 
 
+def test_a_stop_a_goal_reached_and_a_refused_spec_store_the_count_as_it_was(
+    clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink,
+) -> None:
+    # None is a failure: the count a crash loop left (2, its back-off over) is stored with their
+    # ends unchanged, neither added to nor cleared (no checkpoint was written).
+    from pathlib import Path
+
+    for launch, end in ((Launch("a", Path("/a")), ExitStatus(code=0)),
+                        (Launch("b", Path("/b")), ExitStatus(code=20)),
+                        (Launch("c", Path("/c"), refused="bad key"), None)):
+        proc = WorkerProcess(launch, POLICY, launcher, clock, sink)
+        proc.carry(2, None)
+        proc.start(fresh=False)
+        if end is not None:
+            if end.code == 0:
+                proc.stop()
+            proc.on_exit(end)
+        assert sink.runs[max(sink.runs)]["carried"] == (2, None), launch.game
+    assert sink.causes() == ["stopped", "completed", "bad_spec"]
+
+
 def test_stop_during_backoff_cancels_the_restart(proc: WorkerProcess, clock: FakeClock, launcher: FakeLauncher) -> None:
     proc.start()
     proc.on_exit(CRASH)
@@ -383,6 +405,8 @@ def test_spawn_failure_backs_off(proc: WorkerProcess, clock: FakeClock, launcher
     proc.start()
     assert proc.state is State.BACKOFF and "could not start the worker" in proc.reason
     assert sink.causes() == ["spawn_error"]
+    # A failure, counted with its back-off in the run's end (stored in one transaction with it).
+    assert sink.runs[1]["carried"] == (1, clock.now() + timedelta(seconds=POLICY.backoff_delay(1)))
     advance(clock, proc, 1)
     assert proc.state is State.STARTING and proc.pid is not None
 
@@ -455,6 +479,21 @@ def test_a_slow_start_is_not_a_hang(clock: FakeClock, launcher: FakeLauncher, si
     advance(clock, proc, 1)
     assert launcher.signals == [(proc.pid, "SIGKILL")]
     assert "no progress for 30s" in sink.notes[-1][1]
+
+
+def test_a_hang_is_judged_as_at_its_kill_though_a_report_comes_before_its_end(
+        clock: FakeClock, launcher: FakeLauncher, sink: RecordingSink) -> None:
+    """Killed for no first report within start_timeout_s, a report read before its exit is: its
+    reason was computed at the exit, "no progress for" hang_timeout_s, a silence it was not killed for."""
+    from pathlib import Path
+
+    proc = WorkerProcess(Launch("pong", Path("/g")), Policy(hang_timeout_s=30, start_timeout_s=600), launcher, clock, sink)
+    proc.start()
+    advance(clock, proc, 600)
+    assert launcher.signals == [(proc.pid, "SIGKILL")]
+    proc.on_progress(proc.run_id, 0)  # sent before the SIGKILL landed, read after
+    proc.on_exit(KILLED)
+    assert proc.reason.startswith("hung: no first report within 600s of the start"), proc.reason
 
 
 def test_no_first_report_at_all_is_killed_after_start_timeout(

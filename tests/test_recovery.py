@@ -89,7 +89,11 @@ def test_the_processes_are_scanned_once_and_only_for_runs_without_a_pid(loop: Lo
     loop.probe.live = {4242}
     loop.start()
     assert loop.finder.asked == [specs]
-    # Neither found: their workers are gone, the runs lost and the games started again (as before).
+    # Neither found: their workers are gone, the runs lost and the games started again (as before),
+    # once c, admitted after them and stopping, has stopped: never more workers than slots.
+    assert loop.state("c") is State.STOPPING
+    loop.reactor.exit(4242, code=0)
+    loop.steps()
     assert [r.cause for n in ("a", "b") for r in runs_of(loop, n)] == ["lost_daemon", None, "lost_daemon", None]
     restart_daemon(loop)  # every open run has its pid now
     assert loop.finder.asked == [specs]

@@ -379,7 +379,7 @@ def test_a_hang_kill_whose_end_no_daemon_saw_is_a_hang_not_a_run_lost_with_the_d
     loop.start()  # its worker is gone: nothing to adopt
     proc = loop.sup.procs["a"]
     assert proc.state is State.BACKOFF and proc.failures == 1
-    assert proc.reason.startswith("hung: fleetd's hang watchdog sent it SIGKILL (its worker ended while fleetd was down)")
+    assert proc.reason.startswith("hung: fleetd's hang watchdog chose to SIGKILL it (its worker ended while fleetd was down)")
     with loop.db.transaction() as session:
         [run] = run_store.read_runs(session, game_store.game_id_of(session, "a"), "a", 5)
     assert run.cause == "hang" and run.ended_at is not None
@@ -423,7 +423,7 @@ def _adopted_hang_killed_ends_as_that_hang(loop: Loop, pid: int) -> None:
     loop.reactor.exit(pid, code=None, oom_known=True)  # no exit record: its end by SIGKILL, unseen
     loop.steps()
     proc = loop.sup.procs["a"]
-    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: no progress for")
+    assert proc.state is State.BACKOFF and proc.reason.startswith("hung: the last daemon's hang watchdog chose to SIGKILL it")
     assert "outside fleetd" not in proc.reason
 
 
@@ -443,6 +443,22 @@ def test_a_hung_worker_whose_sigkill_never_went_out_is_killed_when_adopted(
     later stop), and judged its own exit (a goal reached) the hang, restarting the game."""
     pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch, goes_out=False)
     _adopted_hang_killed_ends_as_that_hang(loop, pid)
+
+
+def test_an_adopted_hang_kill_claims_no_limit_of_the_next_daemons_config(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next daemon, started with another `hang_timeout_s`, judged the last one's hang kill
+    "no progress for" its own limit: a silence the worker was never killed for. Its reason claims
+    none; the killing daemon's `hang` event keeps the silence it saw."""
+    killed_at = loop.settings.supervisor.hang_timeout_s
+    pid = _daemon_killed_as_the_hang_kill_goes_out(loop, monkeypatch)
+    supervisor = loop.settings.supervisor.model_copy(update={"hang_timeout_s": killed_at * 3})
+    loop.settings = loop.settings.model_copy(update={"supervisor": supervisor})
+    _adopted_hang_killed_ends_as_that_hang(loop, pid)
+    assert "no progress for" not in loop.sup.procs["a"].reason
+    with loop.db.transaction() as session:
+        kills = [e.message for e in read_events(session, EventFilter(game="a", kind="hang", limit=10))]
+    assert any(m.startswith(f"no progress for {killed_at:g}s: sending SIGKILL") for m in kills), kills
 
 
 def test_a_worker_that_left_its_goal_as_the_hang_kill_went_out_is_completed_through_a_daemon_kill(
@@ -1616,6 +1632,86 @@ def test_a_worker_adopted_in_a_crash_loop_counts_on_from_its_failures(loop: Loop
     loop.reactor.exit(pid, code=1)
     loop.steps()
     assert loop.sup.procs["a"].failures == 3 and loop.sup.procs["a"].reason.endswith("restarting in 4s")
+
+
+def test_a_crash_the_daemon_was_killed_after_recording_still_counts_towards_fatal(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon stored a crashed run's end and died (kill -9) before its step's end, where the
+    failure count was saved: the next daemon counted on from the count before that crash, so a
+    worker that crashed each time the daemon was killed restarted for ever, never FATAL. The count
+    is stored with the run's end, in its transaction."""
+    ended = Recorder.run_ended
+
+    def killed_once_stored(recorder: Recorder, *args: Any) -> str | None:
+        ended(recorder, *args)
+        raise _DaemonKilled
+
+    loop.add("a")
+    loop.start()
+    retries = loop.settings.supervisor.startretries
+    for crashes in range(1, retries + 1):
+        for _ in range(100):  # its back-off, waited out by each new daemon
+            if loop.state("a") is State.STARTING:
+                break
+            loop.steps()
+        monkeypatch.setattr(Recorder, "run_ended", killed_once_stored)
+        loop.reactor.exit(loop.pid("a"), code=1)
+        with pytest.raises(_DaemonKilled):
+            loop.steps()
+        monkeypatch.setattr(Recorder, "run_ended", ended)
+        loop.start()
+        assert loop.sup.procs["a"].failures == crashes
+        with loop.db.transaction() as session:
+            assert game_store.read_game(session, "a").failures == crashes
+    assert loop.state("a") is State.BACKOFF
+    for _ in range(100):
+        if loop.state("a") is State.STARTING:
+            break
+        loop.steps()
+    loop.reactor.exit(loop.pid("a"), code=1)
+    loop.steps()
+    assert loop.state("a") is State.FATAL
+    assert f"gave up after {retries + 1} failures in a row" in loop.sup.procs["a"].reason
+    assert spawns_of(loop, "a") == retries + 1  # in all the daemons together
+
+
+def test_a_cuda_oom_at_each_daemon_kill_still_halves_the_batch_down_to_its_floor(
+        loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch a CUDA OOM halved was stored only at the step's end, after the run's end and its
+    failure count: a daemon killed between the two kept the count and lost the halving, so a game
+    OOMing at each daemon kill restarted at the batch that failed until its count made it FATAL.
+    The scale is stored with the run's end, in its transaction."""
+    ended = Recorder.run_ended
+
+    def killed_once_stored(recorder: Recorder, *args: Any) -> str:
+        ended(recorder, *args)
+        raise _DaemonKilled
+
+    loop.add("a")
+    loop.start()
+    for ooms in range(4):  # 1, 1/2, 1/4, 1/8: each halved, the daemon killed after its end was stored
+        for _ in range(100):  # its back-off, waited out by each new daemon
+            if loop.state("a") is State.STARTING:
+                break
+            loop.steps()
+        assert loop.launcher.launches[-1].spec.batch_scale == 0.5 ** ooms
+        monkeypatch.setattr(Recorder, "run_ended", killed_once_stored)
+        loop.reactor.exit(loop.pid("a"), code=ExitCode.CUDA_OOM)
+        with pytest.raises(_DaemonKilled):
+            loop.steps()
+        monkeypatch.setattr(Recorder, "run_ended", ended)
+        loop.start()
+        assert loop.sup.procs["a"].failures == ooms + 1
+        with loop.db.transaction() as session:
+            assert game_store.read_game(session, "a").remedy_batch_scale == 0.5 ** (ooms + 1)
+    for _ in range(100):
+        if loop.state("a") is State.STARTING:
+            break
+        loop.steps()
+    assert loop.launcher.launches[-1].spec.batch_scale == 1 / 16
+    loop.reactor.exit(loop.pid("a"), code=ExitCode.CUDA_OOM)
+    loop.steps()
+    assert loop.state("a") is State.FATAL and "would pass the floor" in loop.sup.procs["a"].reason
 
 
 def test_a_reboot_starts_a_crash_looping_game_afresh(loop: Loop, host: FakeHost) -> None:

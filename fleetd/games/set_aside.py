@@ -13,6 +13,14 @@ ROLLED_BACK, REMOVED = "rolled_back", "removed"
 SET_ASIDE_DIRS = (ROLLED_BACK, REMOVED)
 SET_ASIDE_STAMP = "%Y%m%dT%H%M%S"
 
+# The events a rollback records (fleetd.supervision.learning.LearningWatch): the operator's, a
+# learning-health one's. Their details name the checkpoints set aside (set_aside_details), which
+# a restore reads to tell a backup target's copies of them (fleetd.operations.backup.rolled_away).
+# Kept by retention however old (fleetd.jobs.retention_job): nothing here tells when the target
+# dropped those copies, and one that refuses deletes keeps them as long as it refuses.
+ROLLBACK_EVENT, LEARNING_ROLLBACK_EVENT = "rollback", "learning_rollback"
+ROLLBACK_EVENTS = (ROLLBACK_EVENT, LEARNING_ROLLBACK_EVENT)
+
 
 def set_aside_path(game_dir: Path, kind: str, now: datetime, what: str) -> Path:
     """`game_dir/kind/<now>-what`: the folder a set-aside goes to (retention reads its time back)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.clock import Clock
-from fleetd.games.set_aside import set_aside_details
+from fleetd.games.set_aside import LEARNING_ROLLBACK_EVENT, ROLLBACK_EVENT, set_aside_details
 from fleetd.health.rules import (
     Action,
     Evaluation,
@@ -134,7 +134,7 @@ class LearningWatch:
         remedies' (learning_actions.py), which the supervisor stores with the game. `into`: where
         the checkpoints set aside went (set_aside_details)."""
         old = self.record(game)
-        self._store(game, old, rolled_back(old, best.steps, best.eval_return, str(best.path)), "learning_rollback", {
+        self._store(game, old, rolled_back(old, best.steps, best.eval_return, str(best.path)), LEARNING_ROLLBACK_EVENT, {
             "steps": old.last_steps, "to_steps": best.steps, "checkpoint": str(best.path),
             "eval_return": best.eval_return, "set_aside": set_aside, **set_aside_details(into, set_aside)})
 
@@ -144,7 +144,7 @@ class LearningWatch:
         `kept`: the evaluations of the checkpoints left (rules.rolled_back_by_operator)."""
         old = self.record(game)
         aside = f"{len(set_aside)} newer set aside" if set_aside else "none was newer"
-        self._store(game, old, rolled_back_by_operator(old, steps, kept), "rollback",
+        self._store(game, old, rolled_back_by_operator(old, steps, kept), ROLLBACK_EVENT,
                     {"to_steps": steps, "checkpoint": checkpoint, "set_aside": set_aside, "by": "operator",
                      **set_aside_details(into, set_aside)},
                     f"rolled back by the operator to {checkpoint} ({steps} steps; {aside}); learning health "

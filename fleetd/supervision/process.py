@@ -14,7 +14,7 @@ from fleetd.clock import Clock
 from fleetd.governor.footprint import RunningWorker
 from fleetd.supervision.policy import Policy
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
+from fleetd.supervision.seams import Carried, ExitStatus, GameRemoved, Launch, LaunchError, Launcher, Sink
 from fleetd.states import LIVE, State
 from fleetd.supervision.states import check_transition
 from workers.protocol.exit_codes import ExitCode
@@ -25,6 +25,8 @@ _FAILED = None  # marks an outcome that counts as a failure (BACKOFF or FATAL)
 # which a process raises itself (a failed assertion in a driver, a bad pointer).
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 NOT_THE_HOST = "not counted as the host's instability"
+LAST_DAEMONS_HANG = ("the last daemon's hang watchdog chose to SIGKILL it (the silence it was killed for is in "
+                     "that daemon's `hang` event)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class WorkerProcess:
         self._stop_deadline = 0.0
         self._stop_sent_at: datetime | None = None  # when the stop signal was sent: a checkpoint written after is the stop's
         self._killed_for: str | None = None  # "hang" or "stop_timeout" once SIGKILL was sent
+        # The silence the hang watchdog killed it for, as it judged it then (its limits, reported
+        # or not); None where this daemon did not: an adopted run the last one had killed.
+        self._hung_for: str | None = None
         self._hung_stopped = False  # the hang was a process stopped by a signal from outside
         self._stays: str | None = None  # the reason a stop ends in, when not plain `stopped`
         self.last_steps: int | None = None
@@ -252,7 +257,7 @@ class WorkerProcess:
         if self.run_id is None or self.pid is None:
             return None
         outcome = self._classify(status)
-        self._sink.run_ended(self.run_id, status, outcome.cause)
+        self._sink.run_ended(self.run_id, status, outcome.cause, self._count(outcome), self.remedies)
         # The leader is gone; SubprocVecEnv children and other stragglers go with it.
         self._launcher.signal_group(self.pid, signal.SIGKILL)
         self.run_id = self.pid = None
@@ -265,10 +270,11 @@ class WorkerProcess:
         reached is not started again; a refused spec is FATAL); for any other (0: stopped on a
         signal, most likely by a daemon that died stopping the fleet; a crash's) None: the run is
         lost, not a crash the governor would step back for. `killed_for` "hang": the last daemon's
-        hang watchdog had sent it SIGKILL (stored on its run first): the hang it was, counted as its
-        exit would have been, unless it left an exit record saying otherwise (a SIGKILLed worker
-        writes none: it ended on its own as the watchdog fired). Its group is not signalled: its
-        pid may be another's by now. Only for a game with no worker now."""
+        hang watchdog chose to SIGKILL it (stored on its run first; that daemon may have died before
+        the signal went out): the hang it was, counted as its exit would have been, unless it left
+        an exit record saying otherwise (a SIGKILLed worker writes none: it ended on its own as the
+        watchdog fired). Its group is not signalled: its pid may be another's by now. Only for a
+        game with no worker now."""
         outcome = None
         if self.state is State.STOPPED:
             outcome = self._verdict(code)
@@ -277,7 +283,7 @@ class WorkerProcess:
         if outcome is None:
             return None
         outcome = replace(outcome, reason=f"{outcome.reason} (its worker ended while fleetd was down)")
-        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause)
+        self._sink.run_ended(run_id, ExitStatus(code=code), outcome.cause, self._count(outcome), self.remedies)
         self._settle(outcome)
         return outcome
 
@@ -293,7 +299,8 @@ class WorkerProcess:
         if self.state in (State.STARTING, State.RUNNING) and self._killed_for is None:
             if now - self._progress_at >= self._silence_limit():
                 self._hung_stopped = self.pid is not None and self._launcher.stopped(self.pid)
-                self._kill("hang", self._silence_message())
+                self._hung_for = self._silence_message()
+                self._kill("hang", self._hung_for)
 
     def next_deadline(self) -> float | None:
         """The monotonic time at which tick() has something to do, if any."""
@@ -328,7 +335,7 @@ class WorkerProcess:
         self._stop_sent_at = None
         self._to(State.STARTING, reason, restart=restart)
         if self.launch.refused is not None:  # the worker would exit 78: no use starting it
-            self._sink.run_ended(run_id, ExitStatus(), "bad_spec")
+            self._sink.run_ended(run_id, ExitStatus(), "bad_spec", self.carried, self.remedies)
             self._to(State.FATAL, f"run spec refused: {self.launch.refused}")
             return
         launch = self._remedied_launch()
@@ -337,8 +344,9 @@ class WorkerProcess:
         try:
             spawned = self._launcher.spawn(launch, run_id)
         except LaunchError as exc:
-            self._sink.run_ended(run_id, ExitStatus(), "spawn_error")
-            self._failed(f"could not start the worker: {exc}")
+            outcome = Outcome("spawn_error", _FAILED, f"could not start the worker: {exc}")
+            self._sink.run_ended(run_id, ExitStatus(), outcome.cause, self._count(outcome), self.remedies)
+            self._settle(outcome)
             return
         self.run_id, self.pid, self.gpu = run_id, spawned.pid, spawned.gpu
         self.spawned_launch = self.launch
@@ -365,6 +373,7 @@ class WorkerProcess:
     def _fresh_watch(self, steps: int | None) -> None:
         self._reported = False
         self._killed_for = None
+        self._hung_for = None
         self._hung_stopped = False
         self.progressed = False
         self._resumed_steps = -1
@@ -408,15 +417,17 @@ class WorkerProcess:
     def _unwatched_hang(self) -> Outcome:
         """The hang watchdog's kill of a run whose end no daemon saw: how long it was silent
         died with that daemon."""
-        reason = "hung: fleetd's hang watchdog sent it SIGKILL"
+        reason = "hung: fleetd's hang watchdog chose to SIGKILL it"
         if not self.policy.restarts_after(None):
             return Outcome("hang", State.EXITED, f"{reason}; autorestart does not apply")
         return Outcome("hang", _FAILED, reason)
 
     def _hang(self) -> Outcome:
         """The hang watchdog's kill: restarted as a crash is, and as a crash is, not under
-        `autorestart = false` (left as it hung, to be looked at)."""
-        reason = f"hung: {self._silence_message()}"
+        `autorestart = false` (left as it hung, to be looked at). Its silence as judged at the
+        kill; of a kill by the last daemon, whose limits may have differed from this one's, none
+        is claimed: that daemon's `hang` event says it."""
+        reason = f"hung: {self._hung_for or LAST_DAEMONS_HANG}"
         if self._hung_stopped:  # someone's doing, not the host's, whether it restarts or not
             reason += f"; its process was stopped by a signal (SIGSTOP or SIGTSTP, from outside fleetd): {NOT_THE_HOST}"
         if not self.policy.restarts_after(None):
@@ -469,22 +480,34 @@ class WorkerProcess:
         return Outcome(cause, _FAILED, f"{cause}: {what}; restarting from the last good checkpoint "
                        f"with {field} {old.run_scale(field):g} -> {scaled.run_scale(field):g}")
 
-    def _settle(self, outcome: Outcome) -> None:
-        if outcome.state is _FAILED:
-            self._failed(outcome.reason)
-        else:
-            self._to(outcome.state, outcome.reason)
+    @property
+    def carried(self) -> Carried:
+        """What the game's next run carries of this crash loop: its failures in a row, and the
+        wall time its back-off ends."""
+        return self.failures, self.backoff_due
 
-    def _failed(self, reason: str) -> None:
-        self.failures += 1
-        if self.failures > self.policy.startretries:
+    def _count(self, outcome: Outcome) -> Carried:
+        """A run's end counted, before it is stored: a failure adds to the count and, short of
+        FATAL, sets the back-off. Stored with the run's end in one transaction, so that a daemon
+        killed after that end was stored, before its state or its step's save, loses no failure:
+        one crashing at every daemon kill still goes FATAL (docs/supervision.md)."""
+        if outcome.state is _FAILED:
+            self.failures += 1
+            if self.failures <= self.policy.startretries:
+                delay = self.policy.backoff_delay(self.failures)
+                self._backoff_until = self._clock.monotonic() + delay
+                self.backoff_due = self._clock.now() + timedelta(seconds=delay)
+        return self.carried
+
+    def _settle(self, outcome: Outcome) -> None:
+        """The state a run's end leads to, its count taken already (`_count`)."""
+        if outcome.state is not _FAILED:
+            self._to(outcome.state, outcome.reason)
+        elif self.failures > self.policy.startretries:
             why = "no run wrote a checkpoint beyond the one it resumed from"
-            self._to(State.FATAL, f"{reason}; gave up after {self.failures} failures in a row ({why})")
-            return
-        delay = self.policy.backoff_delay(self.failures)
-        self._backoff_until = self._clock.monotonic() + delay
-        self.backoff_due = self._clock.now() + timedelta(seconds=delay)
-        self._to(State.BACKOFF, f"{reason}; restarting in {delay:g}s")
+            self._to(State.FATAL, f"{outcome.reason}; gave up after {self.failures} failures in a row ({why})")
+        else:
+            self._to(State.BACKOFF, f"{outcome.reason}; restarting in {self.policy.backoff_delay(self.failures):g}s")
 
     def _kill(self, why: str, message: str) -> None:
         self._killed_for = why

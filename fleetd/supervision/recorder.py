@@ -26,7 +26,7 @@ from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.supervision.remedies import Remedies
-from fleetd.supervision.seams import ExitStatus, GameRemoved, Spawned
+from fleetd.supervision.seams import Carried, ExitStatus, GameRemoved, Spawned
 from fleetd.states import State
 from workers.protocol.reports import EVAL_FAILURE_MAX_CHARS, CheckpointSummary, ProgressReport
 
@@ -79,13 +79,23 @@ class Recorder:
         with self.db.transaction() as session:
             run_store.update_run_located(session, run_id, node_id)
 
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> str:
+        """The run's end, and its game's failure count and back-off (`carried`, see `failures`)
+        and scales (`remedies`, see `remedies`) as that end leaves them, in one transaction.
+        Returns the run's game; an unknown run id raises (`update_run_ended`), never None."""
+        failures, backoff_due = carried
         with self.db.transaction() as session:
             run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)
             run = run_store.read_run(session, run_id)
-        if cause == "completed" and run is not None:
-            self._alert("completed", f"{run.game} reached its goal", run.game, {"run_id": run_id},
+            assert run is not None  # update_run_ended found it (get_one)
+            game = run.game
+            game_store.update_games_failures(session, {game: (failures, self.boot_pk, backoff_due)})
+            game_store.update_games_remedies(
+                session, {game: (remedies.lr_scale, remedies.batch_scale, remedies.rollback_lr_scale)})
+        if cause == "completed":
+            self._alert("completed", f"{game} reached its goal", game, {"run_id": run_id},
                         "It stopped with a final checkpoint; its slot goes to the next pending game")
+        return game
 
     def run_killed(self, run_id: int, cause: str) -> None:
         with self.db.transaction() as session:

@@ -10,13 +10,19 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
 from fleetd.states import State
+from fleetd.supervision.remedies import Remedies
 from workers.protocol.exit_codes import describe
 from workers.protocol.reports import Report
 from workers.protocol.spec import LaunchSpec
+
+
+# A game's failures in a row and the wall time its back-off ends (None: none), as a run's end left them.
+Carried = tuple[int, datetime | None]
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,11 @@ class Sink(Protocol):
 
     def run_spawned(self, run_id: int, spawned: Spawned) -> None: ...
 
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None: ...
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> None:
+        """`carried`: the game's failure count and back-off as this end leaves them; `remedies`:
+        the scales its next run takes, a divergence's or a CUDA OOM's included. Both stored with
+        the end: a daemon killed after the end is stored never loses the failure it counted nor
+        the scale it reduced."""
 
     def run_killed(self, run_id: int, cause: str) -> None:
         """fleetd is about to SIGKILL the run's worker for `cause` (a hang): kept on the open run,

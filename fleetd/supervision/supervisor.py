@@ -45,7 +45,7 @@ from fleetd.supervision.recovery import (WorkerFinder, close_lost_with_daemon, c
                                          find_unrecorded, launch_of_run)
 from fleetd.supervision.remedies import Remedies, remedies_of
 from fleetd.supervision.rollback import RollBack, carry_out
-from fleetd.supervision.seams import Exited, Happening, Launcher, Located, Reactor, Reported
+from fleetd.supervision.seams import Carried, Exited, Happening, Launcher, Located, Reactor, Reported
 from fleetd.supervision.spec import launch_for, worker_sizes
 from fleetd.supervision.wrappers import PlacingLauncher, TransitionTap, WatchingLauncher
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
@@ -54,8 +54,6 @@ from workers.protocol.spec import TierDefaults
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Carried = tuple[int, datetime | None]  # a game's failures in a row, and the end of its back-off
-
 MAX_WAIT_S = 1.0  # the loop turns at least this often: its heartbeat feeds the watchdog
 
 
@@ -79,9 +77,11 @@ class Supervisor:
         self._launcher = WatchingLauncher(self._placing, reactor)
         self._reactor, self.recorder, self._probe, self.fleet = reactor, recorder, probe, fleet
         self._finder = finder  # finds a live worker whose pid was never recorded (recovery.py)
-        self._tap = TransitionTap(recorder)
-        self._remedies_saved: dict[str, Remedies] = {}  # as the store holds them (`_save_carried`)
-        self._failures_saved: dict[str, Carried] = {}  # as the store holds them (`_save_carried`)
+        # As the store holds them: saved as they change (`_save_carried`), a count or scale a
+        # run's end changed with that end (the tap's `run_ended`).
+        self._remedies_saved: dict[str, Remedies] = {}
+        self._failures_saved: dict[str, Carried] = {}
+        self._tap = TransitionTap(recorder, self._failures_saved, self._remedies_saved)
         self.snapshots = SnapshotBox()
         self._unclean_reboot = unclean_reboot
         self.procs: dict[str, WorkerProcess] = {}
@@ -96,8 +96,13 @@ class Supervisor:
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
         self._stored_restarting: set[str] = set()  # waited for by `_roll_tier_changes`
-        # `games start X --now`: X -> the game whose slot it took; X starts once that one stopped.
+        # A game admitted in another's slot (`games start X --now`, a pre-emption, a yield) -> the
+        # game it waits for: it starts once that one has stopped (`_awaiting_handover`).
         self._handovers: dict[str, str] = {}
+        # After a daemon kill: the workers adopted without a slot, whose hand-overs that daemon
+        # knew only (`_hold_for_slotless`); no admitted game starts while one of them is stopping.
+        self._slotless_at_start: set[str] = set()
+        self._told_waiting: set[str] = set()  # the games whose wait for them is logged
         self._games: list[GameRecord] = []
         self._ids: dict[str, tuple[int, datetime]] = {}  # the game each name's process is for
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
@@ -170,6 +175,7 @@ class Supervisor:
         self._stored_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
                                     and game.state in (State.STOPPING, State.STARTING)}
         self._settle_stale_states()
+        self._hold_for_slotless()
         self._health.resume(self.procs)
         for run in kept:  # what they evaluated while no daemon listened
             self._health.catch_up(self.procs[run.game], run.started_at)
@@ -208,10 +214,12 @@ class Supervisor:
         (`_new_proc`). Its scales, whatever changed them (a divergence, a CUDA OOM, a rollback, the
         operator's start or rollback); its failures in a row and the end of its back-off, with the
         boot they were counted on: a restart on this boot counts on from them, where it started a
-        crash-looping game again at once from 0."""
+        crash-looping game again at once from 0. A failure, and a divergence's or CUDA OOM's
+        scale, is stored with its run's end already (`WorkerProcess._count`, `_remedy`): no daemon
+        kill before this save loses it."""
         boot = self.recorder.boot_pk
         self._save_changed(self._remedies_saved, lambda proc: proc.remedies, self.recorder.remedies)
-        self._save_changed(self._failures_saved, lambda proc: (proc.failures, proc.backoff_due), lambda changed:
+        self._save_changed(self._failures_saved, lambda proc: proc.carried, lambda changed:
                            self.recorder.failures({name: (n, boot, due) for name, (n, due) in changed.items()}))
 
     def _save_changed(self, saved: dict[str, T], value_of: Callable[[WorkerProcess], T],
@@ -389,12 +397,40 @@ class Supervisor:
 
     def _awaiting_handover(self, name: str) -> bool:
         """A game admitted in another's slot starts only once that one has stopped: never more
-        workers than slots, even for the few seconds of a final checkpoint."""
+        workers than slots, even for the few seconds of a final checkpoint. Not for one admitted
+        again meanwhile: it holds a slot of its own."""
         giver = self.procs.get(self._handovers.get(name, ""))
-        if giver is not None and giver.state in LIVE:
+        if giver is not None and giver.state in LIVE and not self.fleet.admitted(giver.name):
             return True
         self._handovers.pop(name, None)
-        return False
+        return self._awaiting_slotless(name)
+
+    def _hold_for_slotless(self) -> None:
+        """At start: the hand-overs a killed daemon left, its links kept in memory only. A worker
+        adopted whose game should run but holds no slot gave it up (`--now`, a pre-emption, a
+        yield) or lost it to a step back, and is stopping (or stopped now, by `_apply_desired`,
+        where that daemon died before its stop was stored). To whom, the store does not say, nor
+        whether the taker was admitted yet (a yield dies between its two writes): no game holding
+        a slot starts, now or at a later step, until all of them have stopped. Never more workers
+        than slots, at the cost of such a start waiting at most their stop (`stopwaitsecs`, then
+        SIGKILL)."""
+        self._slotless_at_start = {name for name, proc in self.procs.items() if proc.state in LIVE
+                                   and self._desired.get(name) is Desired.RUNNING and not self.fleet.admitted(name)}
+
+    def _awaiting_slotless(self, name: str) -> bool:
+        """`name`, admitted with no worker, waits for the workers adopted without a slot
+        (`_hold_for_slotless`); one stopped, or admitted again meanwhile (it holds a slot of its
+        own), no longer holds anyone back."""
+        self._slotless_at_start = {giver for giver, proc in self.procs.items() if giver in self._slotless_at_start
+                                   and proc.state in LIVE and not self.fleet.admitted(giver)}
+        if not self._slotless_at_start:
+            self._told_waiting.clear()
+            return False
+        if name not in self._told_waiting:  # said once, not at every step
+            self._told_waiting.add(name)
+            log.info("%s waits for %s to stop (a hand-over through a daemon restart)", name,
+                     ", ".join(sorted(self._slotless_at_start)))
+        return True
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from fleetd.states import State
 from fleetd.supervision.recorder import Recorder
-from fleetd.supervision.seams import ExitStatus, Launch, Launcher, Reactor, Spawned
+from fleetd.supervision.remedies import Remedies
+from fleetd.supervision.seams import Carried, ExitStatus, Launch, Launcher, Reactor, Spawned
 
 
 class WatchingLauncher:
@@ -62,10 +63,12 @@ class PlacingLauncher:
 
 class TransitionTap:
     """The recorder as the processes' sink, noting for the loop that some game's state changed:
-    the governor then looks again in the same step (a game gone FATAL frees its slot at once)."""
+    the governor then looks again in the same step (a game gone FATAL frees its slot at once).
+    `carried`, `remedies`: each game's failure count and scales as the store holds them, those a
+    run's end stored included (the supervisor's, which stores them as they change otherwise)."""
 
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
+    def __init__(self, recorder: Recorder, carried: dict[str, Carried], remedies: dict[str, Remedies]) -> None:
+        self._recorder, self._carried, self._remedies = recorder, carried, remedies
         self.changed = False
 
     def begin_run(self, game: str) -> int:
@@ -77,8 +80,9 @@ class TransitionTap:
     def run_spawned(self, run_id: int, spawned: Spawned) -> None:
         self._recorder.run_spawned(run_id, spawned)
 
-    def run_ended(self, run_id: int, status: ExitStatus, cause: str) -> None:
-        self._recorder.run_ended(run_id, status, cause)
+    def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> None:
+        game = self._recorder.run_ended(run_id, status, cause, carried, remedies)
+        self._carried[game], self._remedies[game] = carried, remedies
 
     def run_killed(self, run_id: int, cause: str) -> None:
         self._recorder.run_killed(run_id, cause)

@@ -9,6 +9,7 @@ import pytest
 from fleetd.config import RetentionSettings
 from fleetd.durations import parse_duration
 from fleetd.games.lifecycle import SEEDED_EVENT, seeding_needed
+from fleetd.games.set_aside import ROLLBACK_EVENTS
 from fleetd.host.uptime import (
     StartKind,
     boot_log,
@@ -299,6 +300,19 @@ def test_retention_keeps_the_games_seeded_marker(db: Database, host: FakeHost, c
     assert not seeding_needed(db)
     assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (0, 0)
     assert not seeding_needed(db)
+
+
+def test_retention_keeps_the_rollbacks_events(db: Database, host: FakeHost, clock: FakeClock) -> None:
+    """A restore reads them to tell the backup target's copies of the checkpoints they set aside
+    (fleetd.operations.backup.rolled_away): deleted after events_days, the database copied since
+    had those copies, which a target refusing deletes still held, resumed from."""
+    start(db, host, clock)
+    with db.transaction() as session:
+        for kind in (*ROLLBACK_EVENTS, "old"):
+            create_event(session, clock.now() - timedelta(days=400), kind, "long ago", game="pong",
+                         details={"to_steps": 100, "set_aside": ["ckpt-000000000200"]})
+    assert retention_job(db, clock, RetentionSettings(events_days=90, samples_days=14)) == (1, 0)
+    assert sorted(e.kind for e in events(db)) == sorted(["first_start", *ROLLBACK_EVENTS])
 
 
 def test_retention_of_each_kind_goes_on_when_the_other_fails(

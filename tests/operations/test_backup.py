@@ -674,6 +674,45 @@ def test_a_restore_sets_aside_what_the_databases_rollbacks_set_aside(setup, tmp_
     assert len(done.set_aside) == 1 and done.set_aside[0].startswith("pong/ckpt-000000000200")
 
 
+@pytest.mark.parametrize("by", ["operator", "learning"])
+def test_a_restore_sets_aside_a_rolled_away_copy_the_target_kept_past_events_days(setup, tmp_path, monkeypatch, by):
+    # A target that refuses deletes (a bucket whose credentials may put but not delete) keeps the
+    # copies a rollback set aside for as long as it refuses, while the database job's copies go
+    # on. Retention deleted the rollback's event after [retention] events_days (and its folder
+    # here after set_aside_days); the database copied since no longer named them, and the
+    # restored game resumed from the checkpoint rolled away.
+    from datetime import timedelta
+
+    from fleetd.jobs import retention_job, set_aside_job
+    from fleetd.operations.backup import job
+
+    settings, db, url = setup
+    backup = rolled_back_after_the_database_copy(settings, db, by, database_after=False)
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Access Denied")
+
+    monkeypatch.setattr(job.Target, "remove", refused)
+    later = FakeClock(wall=backup.clock.now() + timedelta(days=settings.retention.events_days + 1))
+    with pytest.raises(PermissionError):
+        backup.checkpoints()
+    assert set_aside_job(db, later, settings.games_dir, settings.retention.set_aside_days, backup.settle_set_aside)
+    retention_job(db, later, settings.retention)
+    with pytest.raises(PermissionError):  # now the sync's prune of a name gone here: refused too
+        backup.checkpoints()
+    backup.database()
+    monkeypatch.undo()
+    assert Target(url).names("games/pong/checkpoints") == {"ckpt-000000000100", "ckpt-000000000200"}
+
+    fresh = tmp_path / "fresh"
+    done = restore(url, fresh)
+
+    assert checkpoint.newest_verified(fresh / "games/pong/checkpoints").steps == 100
+    assert len(done.set_aside) == 1 and done.set_aside[0].startswith("pong/ckpt-000000000200")
+    [kept] = (fresh / "games/pong/rolled_back").glob("*/ckpt-000000000200")
+    assert (kept / "model.zip").read_bytes() == b"rolled away"
+
+
 def test_a_restore_resumes_from_a_checkpoint_written_again_on_a_node_whose_clock_is_behind(setup, tmp_path,
                                                                                            monkeypatch):
     # In cluster mode the manifest's time is the node's clock, the rollback's the head's: a node

@@ -313,21 +313,34 @@ def follow_beside(client: TestClient, name: str, writer: Callable[[], None], lin
                   params: dict | None = None, limit_s: float = 8.0):
     """`logs -f` of `name` (its last `lines` lines first; or as `params` ask) while `writer` runs
     in a thread beside it (which ends the follow, setting the daemon's stop); the whole answer.
+    The writer starts once the follow has chosen its run and made its first read (on a loaded
+    machine a run it starts could otherwise be made before the request picks the newest run).
     A follow still open `limit_s` after the writer is done is ended by the daemon's stop too."""
-    answered = threading.Event()
+    from fleetd.api.routes import logs as logs_route
+
+    answered, following = threading.Event(), threading.Event()
+    reads = logs_route.follow_read
+
+    def first_read(*args):
+        following.set()
+        return reads(*args)
 
     def beside() -> None:
+        following.wait(10)  # not set: the request was answered without a follow; the writer runs anyway
         writer()
         if not answered.wait(limit_s):
             client.app.state.stopping.set()
 
+    logs_route.follow_read = first_read
     thread = threading.Thread(target=beside)
     thread.start()
     try:
         return client.get(f"/api/v1/games/{name}/logs", params=params or {"follow": "true", "lines": lines})
     finally:
         answered.set()
+        following.set()
         thread.join()
+        logs_route.follow_read = reads
 
 
 def test_follow_streams_appends_then_the_next_run_and_ends_when_the_daemon_stops(app, client: TestClient) -> None:

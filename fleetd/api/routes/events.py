@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-
 from fastapi import APIRouter, Depends, Query
 
 from fleetd.api.context import AppContext, get_context

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from typing import Annotated
-
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from typing import Annotated
-
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 

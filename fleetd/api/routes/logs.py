@@ -6,8 +6,8 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Protocol
 from pathlib import Path as FsPath
+from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -15,6 +15,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT, NOT_FOUND
+from fleetd.api.routes.log_wait import LogWait, not_there, on_cluster, on_node
 from fleetd.api.routes.games import GameName
 from fleetd.api.schemas import MAX_ID
 from fleetd.errors import ErrorCode, FleetdError
@@ -30,8 +31,6 @@ LINES_MAX = 10000
 FOLLOW_POLL_S = 0.2  # a new line reaches a follower within this (plus the transfer)
 NEWER_RUN_POLL_S = 1.0  # how often an unpinned follow looks for the game's next run
 FOLLOW_MAX_S = 3600.0  # a follow ends after this; `fleetd logs -f` reconnects
-UNWRITTEN_END = "without writing its log ---"  # a pinned follow's last line: `fleetd logs -f` does not ask again
-UNWRITTEN_GRACE_S = 2.0  # a Ray run ended with no log: looked for this long more (NFS attribute caching) before saying so
 
 
 class Flag(Protocol):
@@ -66,13 +65,10 @@ async def game_logs(
     record = await run_in_threadpool(_chosen_run, context, name, run)
     path = _log_file(record, context.settings.cluster.storage_url)
     if not path.is_file():  # a Ray run's worker has not made it yet: told so, or (follow) waited for
-        if not _on_cluster(record):
-            raise _missing(record, path)  # a local run's: removed while its run goes on, never to come back
-        if not follow:
-            raise _not_written(record)
-        stream = _follow(request, context, name, record, path, b"", 0, None, pinned=run is not None, appeared=False,
-                         storage_url=context.settings.cluster.storage_url)
-        return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
+        if not follow or not on_cluster(record):
+            raise not_there(record, path)
+        return _streamed(_follow(request, context, name, record, path, b"", 0, None, pinned=run is not None,
+                                 appeared=False))
     seen = copy_signature(path)  # a rotation from now on rewrites it: the follow reads its rest (follow_read)
     try:
         text, offset = await run_in_threadpool(tail, path, lines)
@@ -80,8 +76,10 @@ async def game_logs(
         raise _pruned(record, path) from None
     if not follow:
         return PlainTextResponse(text)
-    stream = _follow(request, context, name, record, path, text, offset, seen, pinned=run is not None,
-                     storage_url=context.settings.cluster.storage_url)
+    return _streamed(_follow(request, context, name, record, path, text, offset, seen, pinned=run is not None))
+
+
+def _streamed(stream: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(stream, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
 
@@ -116,14 +114,6 @@ def _next_look(context: AppContext, name: str, run_id: int,
     return followed, (newest[0] if newest and newest[0].id > run_id and newest[0].log_path else None)
 
 
-def _on_cluster(record: RunRecord) -> bool:
-    """Whether the run is a Ray actor's (fleetd/cluster/executor.py records its command line as
-    ("ray-actor", namespace, name); node_id comes once it is located). A local worker's log is
-    made before its path is recorded (launcher.py's _spawn opens it for the worker's output
-    before the recorder's update_run_spawned): only a Ray run's can be not made yet."""
-    return record.node_id is not None or record.cmdline[:1] == ("ray-actor",)
-
-
 def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
     """The run's log path; one not made yet is returned (its run not ended: the caller checks),
     one gone is refused."""
@@ -133,10 +123,10 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
                           {"name": record.game, "run": record.id})
     path = FsPath(record.log_path)
     if not path.is_file() and storage_url is not None and record.node_id is not None:
-        raise FleetdError(ErrorCode.CONFLICT, _on_node(record, path, storage_url),
+        raise FleetdError(ErrorCode.CONFLICT, on_node(record, path, storage_url),
                           {"name": record.game, "run": record.id, "node_id": record.node_id})
     if not path.is_file() and record.ended_at is not None:
-        if _on_cluster(record):  # never made (its actor died first) or pruned: the two look alike
+        if on_cluster(record):  # never made (its actor died first) or pruned: the two look alike
             raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is not there "
                               f"({path}): either its run ended before its worker wrote it (a Ray actor that died "
                               "first), or it was pruned (fleetd keeps the newest [worker] log_keep_runs runs' logs)",
@@ -144,27 +134,8 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
         raise _pruned(record, path)
     # A run not ended has its log still, if it has one yet: log_keep_runs prunes at a newer
     # run's spawn, and a Ray run's path is recorded at its own, before its actor's worker on a
-    # node makes the file: that is "not written yet", not gone (a local one's is _missing).
+    # node makes the file: that is "not written yet", not gone (a local one's is missing: not_there).
     return path
-
-
-def _on_node(record: RunRecord, path: FsPath, storage_url: str) -> str:
-    return (f"the log of run {record.id} of {record.game!r} is on the node that ran it ({(record.node_id or '')[:12]}), "
-            f"as {path.name} under its [cluster] cache_dir games/{record.game}/logs: with [cluster] storage a URL "
-            f"({storage_url}), run logs stay on their node (docs/cluster.md, \"Shared storage\")")
-
-
-def _not_written(record: RunRecord) -> FleetdError:
-    return FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is not written yet: its "
-                       "worker has not started writing it (ask again, or `fleetd logs -f` waits for it)",
-                       {"name": record.game, "run": record.id, "written": False})
-
-
-def _missing(record: RunRecord, path: FsPath) -> FleetdError:
-    return FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is missing ({path}): it "
-                       "was removed while its run went on (a restore brings back no logs/, or it was deleted by "
-                       "hand); the worker writes on into the removed file, and the game's next run writes a new log",
-                       {"name": record.game, "run": record.id, "removed": True})
 
 
 def _pruned(record: RunRecord, path: FsPath) -> FleetdError:
@@ -175,7 +146,7 @@ def _pruned(record: RunRecord, path: FsPath) -> FleetdError:
 
 async def _follow(request: Request, context: AppContext, name: str, record: RunRecord, path: FsPath,
                   first: bytes, offset: int, seen: CopySignature | None, pinned: bool,
-                  appeared: bool = True, storage_url: str | None = None) -> AsyncIterator[bytes]:
+                  appeared: bool = True) -> AsyncIterator[bytes]:
     stopping = stopping_event(request)
     yield first
     # The last byte sent: a fleetd line after a cut one starts a line of its own. None sent yet
@@ -184,21 +155,15 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
     sent = first[-1:] or await run_in_threadpool(byte_before, path, offset)
     ends = time.monotonic() + FOLLOW_MAX_S
     next_run_check = time.monotonic() + NEWER_RUN_POLL_S
-    # `appeared`: whether the followed log has been seen to exist: only such a log's vanishing is
-    # a prune (or, its run not ended, a removal). A Ray run's path is recorded at its spawn, before
-    # its actor's worker makes the file: that log, read before it is made, is polled until it is
-    # (or its run ends without it), not called gone, whether the follow starts on it or moves on
-    # to it. A local run's log is made before its path is recorded: one missing was removed.
-    told_unwritten = False
-    ended_unwritten_at: float | None = None  # when its run was first seen ended with no log: UNWRITTEN_GRACE_S from then
+    wait = LogWait(appeared, context.settings.cluster.storage_url)  # a Ray run's log, not made yet (log_wait.py)
     while time.monotonic() < ends and not stopping.is_set() and not await request.is_disconnected():
         data, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
-        appeared = appeared or data is not None
+        wait.saw(data)
         if data:
             yield data
             sent = data[-1:]
             continue
-        vanished = data is None and appeared  # pruned by log_keep_runs: a newer run's start, which a look now finds
+        vanished = wait.vanished(data)  # pruned by log_keep_runs: a newer run's start, which a look now finds
         if vanished or time.monotonic() >= next_run_check:
             next_run_check = time.monotonic() + NEWER_RUN_POLL_S
             followed, newer = await run_in_threadpool(_next_look, context, name, record.id, pinned)
@@ -208,11 +173,8 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 # A game added again under the name since is another game.
                 yield _own_line(f"--- fleetd: game {name} was removed ---", sent)
                 return
-            if not appeared and storage_url is not None and followed.node_id is not None:
-                # Located on a node under a URL store: its log is written there, never here. Not
-                # "ended without writing its log" (false) nor an hour's wait: `fleetd logs -f`,
-                # asking again, is told so by the 409.
-                yield _own_line(f"--- fleetd: {_on_node(followed, path, storage_url)} ---", sent)
+            if (elsewhere := wait.elsewhere(followed, path)) is not None:
+                yield _own_line(elsewhere, sent)
                 return
             if newer is not None:
                 # What the run wrote between the read above and the look (a crash's traceback,
@@ -223,11 +185,11 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 started = f"--- fleetd: run {newer.id} started {newer.started_at:%Y-%m-%d %H:%M:%S} UTC ---"
                 yield rest + _own_line(started, rest[-1:] or sent)
                 opening, offset, seen = await run_in_threadpool(follow_from_start, path)
-                appeared, told_unwritten, ended_unwritten_at = opening is not None, False, None
+                wait = LogWait(opening is not None, wait.storage_url)
                 sent = (opening or b"")[-1:] or b"\n"
                 if opening:
                     yield opening
-                elif not appeared and not _on_cluster(newer):
+                elif wait.never_coming(newer):
                     yield _own_line(_removed_line(newer), sent)  # `fleetd logs -f`, asking again, is told why
                     return
                 continue
@@ -239,23 +201,19 @@ async def _follow(request: Request, context: AppContext, name: str, record: RunR
                 else:
                     yield _own_line(f"--- fleetd: the log of run {record.id} is gone (log_keep_runs) ---", sent)
                 return
-            if not appeared and followed.ended_at is not None and not told_unwritten:
-                # Its run ended without its worker making the log (an actor that died first): no
-                # waiting for it out the hour. The file made between the read above and the look
-                # is read first. Unpinned, the follow goes on to the game's next run.
+            if wait.run_ended_without_it(followed):
+                # The file made between the read above and the look is read first. Unpinned, the
+                # follow goes on to the game's next run.
                 rest, offset, seen = await run_in_threadpool(follow_read, path, offset, seen)
+                wait.saw(rest)
                 if rest is not None:
-                    appeared = True
                     if rest:  # its first lines (an actor's crash traceback): read, so sent now or never
                         yield rest
                         sent = rest[-1:]
                     continue
-                if ended_unwritten_at is None:
-                    ended_unwritten_at = time.monotonic()
-                if time.monotonic() - ended_unwritten_at >= UNWRITTEN_GRACE_S:  # else looked for again: NFS shows late
-                    cause = f" ({followed.cause})" if followed.cause else ""
-                    yield _own_line(f"--- fleetd: run {record.id} ended{cause} {UNWRITTEN_END}", sent)
-                    sent, told_unwritten = b"\n", True
+                if (unwritten := wait.given_up(followed, time.monotonic())) is not None:
+                    yield _own_line(unwritten, sent)
+                    sent = b"\n"
                     if pinned:
                         return
         await asyncio.sleep(FOLLOW_POLL_S)

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from typing import Annotated
-
 from datetime import timedelta
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 

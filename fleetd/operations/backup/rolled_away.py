@@ -23,11 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fleetd.games.set_aside import ROLLED_BACK, SET_ASIDE_STAMP, set_aside_path
-
-# The events a rollback records (fleetd.supervision.learning.LearningWatch): the operator's, a
-# learning-health one's. Their details name the checkpoints set aside and the steps gone back to.
-ROLLBACK_EVENTS = ("rollback", "learning_rollback")
+from fleetd.games.set_aside import ROLLBACK_EVENT, ROLLBACK_EVENTS, ROLLED_BACK, SET_ASIDE_STAMP, set_aside_path
 
 
 @dataclass(frozen=True)
@@ -86,7 +82,7 @@ def _rollback(at: str, kind: str, details: str | None) -> Rollback | None:
         if not (isinstance(into, str) and _folder_name(into)):
             into = None  # not one a rollback wrote: the folder named from its time
         return Rollback(datetime.fromisoformat(at).replace(tzinfo=UTC), int(data["to_steps"]),
-                        kind == "rollback", names, manifests, into)
+                        kind == ROLLBACK_EVENT, names, manifests, into)
     except (ValueError, TypeError, KeyError, AttributeError):  # not one this fleetd wrote: nothing to go by
         return None
 
