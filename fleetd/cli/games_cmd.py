@@ -57,10 +57,26 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
         if earlier is not None:
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
-        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` is not 6464
-            fail(f"{usage} {key}: {why}", ExitCode.USAGE)
+        if grouping_refusal(text) is not None:  # `64_64` is not 6464; a list offered only where one may be meant
+            fail(f"{usage} {key}: {grouping_refusal(text, list_hint=not known_key(canonical(key)))}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
+
+
+def known_key(key: str) -> bool:
+    """Whether fleetd knows `key`, bare (`n_epochs`, `priority`) or as `games set` sends it
+    (`hyperparams.n_epochs`, `health_settings.plateau_steps`): none of those takes a list (each
+    takes one number, a name or a flag; policy_kwargs an object), so a refusal of `64_64` offers
+    "or a list as [64, 64]" only for a key it does not know. Imported here, on a refusal only:
+    the hyperparameters' model is pydantic's."""
+    from fleetd.games.fields import SETTABLE
+    from fleetd.health.settings import KEYS
+    from workers.protocol.spec import Hyperparams
+
+    head, dot, rest = key.partition(".")
+    if not dot:
+        return key in SETTABLE or key in Hyperparams.model_fields
+    return rest in {"hyperparams": Hyperparams.model_fields, "health_settings": KEYS}.get(head, ())
 
 
 def _value(text: str) -> Any:
