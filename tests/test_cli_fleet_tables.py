@@ -5,6 +5,7 @@ HTTP to the API, served in a thread over a real store, its supervisor the real o
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,45 @@ def test_a_request_not_yet_taken_up_claims_no_rung_it_cannot_know_of() -> None:
     put = _asked_medium(admitted=["a", "b"], pending=["c"], waiting_reason="the light tier runs 2 games")
     assert render.tier_text(put) == CLIMBING  # an older daemon's answer, without `taken_up`
     for waiting in ("the light tier runs 2 games", "nothing pending"):  # the old view's, "nothing pending" too
-        held = _asked_medium(admitted=["a"], waiting_reason=waiting, taken_up=False)
-        assert render.tier_text(held) == f"light (manual, asked: medium; {render.NOT_TAKEN_UP})"
+        held = _asked_medium(admitted=["a"], waiting_reason=waiting, taken_up=False, snapshot_age_s=2.0,
+                             snapshot_stale=False)
+        assert render.tier_text(held) == ("light (manual, asked: medium; not taken up yet: waiting for the governor's next "
+                                          "step (its last was 2s ago; it steps at least every 5s); the rows below are the "
+                                          "fleet before the request)")
+
+
+@pytest.mark.parametrize(("age_s", "stale", "said"), [
+    (8.0, False, "not taken up yet: the governor's next step is late (its last was 8s ago; it steps at least every 5s)"),
+    (40.0, True, "not taken up: the supervisor loop has not stepped for 40s (stuck, see as of); the request is stored "
+                 "and taken up at its next step"),
+])
+def test_a_request_the_governor_does_not_step_to_says_what_it_waits_for(age_s: float, stale: bool, said: str) -> None:
+    """Review of a629a39: a loop that never stepped (stuck) left "not taken up yet" with no word
+    of what it waited for, as if the step were on its way."""
+    held = _asked_medium(admitted=["a"], taken_up=False, snapshot_age_s=age_s, snapshot_stale=stale)
+    assert render.tier_text(held) == f"light (manual, asked: medium; {said}; the rows below are the fleet before the request)"
+
+
+def test_the_cli_s_governor_step_is_the_supervisor_loop_s() -> None:
+    from fleetd.governor.snapshot import GOVERNOR_TICK_S
+
+    assert render.GOVERNOR_STEP_S == GOVERNOR_TICK_S  # copied: the CLI stays off pydantic
+
+
+def cell(output: str, first: str) -> str:
+    """A table's row by its first cell, its wrapped lines too: its other cells, joined by spaces."""
+    lines = output.splitlines()
+    for at, line in enumerate(lines):
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0] == first:
+            said = cells[1:]
+            for more in lines[at + 1:]:
+                rest = [cell.strip() for cell in more.split("│")[1:-1]]
+                if not rest or rest[0]:
+                    break
+                said += rest[1:]
+            return " ".join(said)
+    raise AssertionError(f"no row {first!r} in:\n{output}")
 
 
 class HeldPort(SteppingPort):
@@ -133,11 +171,26 @@ def test_the_answer_of_a_governor_that_has_not_taken_the_request_up_says_so(
         assert row(fleetd(config, "tier").output, "waiting") == "nothing pending"
         asked = fleetd(config, "tier", "medium")
         answered = json.loads(fleetd(config, "tier", "medium", "--json").output)
+        real_wait = games_cmd._ask_until
+
+        def stuck_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            loop.clock.advance(20)  # after the PUT's answer, while the CLI waits: the loop steps no more
+            return real_wait(*args, **kwargs)
+
+        monkeypatch.setattr(games_cmd, "_ask_until", stuck_meanwhile)
+        stuck = fleetd(config, "tier", "medium")
+        stuck_json = json.loads(fleetd(config, "tier", "medium", "--json").output)
     assert asked.exit_code == 0, asked.output
-    said = "light (manual, asked: medium; not taken up yet: the rows below are the fleet before the request;"
-    assert row(asked.output, "tier").startswith(said), asked.output  # the rest wraps
+    said = "light (manual, asked: medium; not taken up yet: waiting for the governor's next step (its last was "
+    assert cell(asked.output, "tier").startswith(said), asked.output
     assert "no rung to climb to" not in asked.output
     assert answered["taken_up"] is False and answered["waiting_reason"] == "nothing pending", answered
+    assert stuck.exit_code == 0, stuck.output
+    said = r"light \(manual, asked: medium; not taken up: the supervisor loop has not stepped for 2\ds \(stuck, see as of\);"
+    assert re.match(said, cell(stuck.output, "tier")), stuck.output
+    assert "(stale: the supervisor loop has not published for 2" in cell(stuck.output, "as of"), stuck.output
+    # --json: the PUT's answer as it came (the loop 20 s older at its PUT, 40 s at the GET after)
+    assert 20 <= stuck_json["snapshot_age_s"] < 40, stuck_json
 
 
 def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:

@@ -57,10 +57,26 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
         if earlier is not None:
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
-        if (why := grouping_refusal(text)) is not None:  # `net_arch=64_64` is not 6464
-            fail(f"{usage} {key}: {why}", ExitCode.USAGE)
+        if grouping_refusal(text) is not None:  # `64_64` is not 6464; a list offered only where one may be meant
+            fail(f"{usage} {key}: {grouping_refusal(text, list_hint=not known_key(canonical(key)))}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
+
+
+def known_key(key: str) -> bool:
+    """Whether fleetd knows `key`, bare (`n_epochs`, `priority`) or as `games set` sends it
+    (`hyperparams.n_epochs`, `health_settings.plateau_steps`): none of those takes a list (each
+    takes one number, a name or a flag; policy_kwargs an object), so a refusal of `64_64` offers
+    "or a list as [64, 64]" only for a key it does not know. Imported here, on a refusal only:
+    the hyperparameters' model is pydantic's."""
+    from fleetd.games.fields import SETTABLE
+    from fleetd.health.settings import KEYS
+    from workers.protocol.spec import Hyperparams
+
+    head, dot, rest = key.partition(".")
+    if not dot:
+        return key in SETTABLE or key in Hyperparams.model_fields
+    return rest in {"hyperparams": Hyperparams.model_fields, "health_settings": KEYS}.get(head, ())
 
 
 def _value(text: str) -> Any:
@@ -329,7 +345,13 @@ def tier(
             fail(f"tier {choice!r}: choose light, medium, heavy or auto", ExitCode.USAGE)
         body = {"mode": "auto"} if choice == "auto" else {"tier": choice}
         fleet = call(config, lambda client: client.request("PUT", "/api/v1/fleet", json=body))
-        fleet = _taken_up(config, choice) or fleet
+        latest, taken = _taken_up(config, choice)
+        if taken:
+            fleet = latest
+        elif latest is not None and not json_out:
+            # The table's as of and its word on the governor's step: the loop's age as the last
+            # GET saw it, TAKE_UP_S after the PUT's (--json keeps the PUT's answer as it came).
+            fleet = fleet | {key: latest[key] for key in SNAPSHOT_FIELDS if key in latest}
     if json_out:
         render.print_json(fleet)
         return
@@ -339,18 +361,21 @@ def tier(
 TAKE_UP_S = 5.0  # the supervisor thread takes a request at its next step: well under a second when it is well
 
 
-def _taken_up(config: ConfigOption, choice: str) -> dict[str, Any] | None:
-    """The fleet once the governor has taken up the request, or None if it has not in TAKE_UP_S.
-    The PUT's answer is the fleet as it was: its waiting reason and ladder are the old tier's
-    ("the light tier runs 2 games" beside "asked: medium"), which read as if the request failed."""
+SNAPSHOT_FIELDS = ("snapshot_at", "snapshot_age_s", "snapshot_stale")  # how old the loop's view is
+
+
+def _taken_up(config: ConfigOption, choice: str) -> tuple[dict[str, Any] | None, bool]:
+    """The last GET /fleet in TAKE_UP_S (None if none answered), and whether it shows the request
+    taken up by the governor. The PUT's answer is the fleet as it was: its waiting reason and
+    ladder are the old tier's ("the light tier runs 2 games" beside "asked: medium"), which read as
+    if the request failed; a GET that does not show it taken up says how long the loop has not stepped."""
     from fleetd.cli.client import ClientError
 
     try:  # the request is stored: a restart keeps it
-        fleet, taken = _ask_until(config, "/api/v1/fleet", lambda fleet: fleet["requested"] == choice,
-                                  time.monotonic() + TAKE_UP_S, 0.2)
+        return _ask_until(config, "/api/v1/fleet", lambda fleet: fleet["requested"] == choice,
+                          time.monotonic() + TAKE_UP_S, 0.2)
     except ClientError:
-        return None
-    return fleet if taken else None
+        return None, False
 
 
 def register(app: typer.Typer) -> None:

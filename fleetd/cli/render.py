@@ -362,8 +362,29 @@ def tier_text(fleet: dict[str, Any]) -> str:
     return f"{tier} (manual, asked: {requested}; {climb_text(fleet)})"
 
 
-NOT_TAKEN_UP = ("not taken up yet: the rows below are the fleet before the request; `fleetd tier` shows the "
-                "climb after the governor's next step")
+# The supervisor loop's governor step, at least this often (fleetd/governor/snapshot.py
+# GOVERNOR_TICK_S; not imported: the CLI stays off pydantic). It takes a stored request up.
+GOVERNOR_STEP_S = 5.0
+BEFORE = "the rows below are the fleet before the request"
+
+
+def not_taken_up_text(fleet: dict[str, Any]) -> str:
+    """What a request the governor has not taken up waits for, as far as the answer knows: the
+    governor's next step, the last `snapshot_age_s` ago. A loop that has not stepped for 3 steps
+    (`snapshot_stale`) is stuck, and said so, rather than "yet" as if the step were on its way;
+    one whose step is overdue but not yet stale is said to be late."""
+    age = fleet.get("snapshot_age_s")
+    if age is None:  # an answer without the loop's age: only what is known
+        return f"not taken up yet: {BEFORE}; `fleetd tier` shows the climb after the governor's next step"
+    if fleet.get("snapshot_stale"):
+        return (f"not taken up: the supervisor loop has not stepped for {duration(age)} (stuck, see as of); the request is "
+                f"stored and taken up at its next step; {BEFORE}")
+    every = f"it steps at least every {duration(GOVERNOR_STEP_S)}"
+    if age > GOVERNOR_STEP_S:
+        return (f"not taken up yet: the governor's next step is late (its last was {duration(age)} ago; {every}); "
+                f"{BEFORE}")
+    return (f"not taken up yet: waiting for the governor's next step (its last was {duration(age)} ago; {every}); "
+            f"{BEFORE}")
 
 
 def climb_text(fleet: dict[str, Any]) -> str:
@@ -376,7 +397,7 @@ def climb_text(fleet: dict[str, Any]) -> str:
     nothing of the rungs up to the one asked, so only what is known is said."""
     waiting, requested = fleet["waiting_reason"], fleet["requested"]
     if not fleet.get("taken_up", True):  # an older daemon's answer lacks the field
-        return NOT_TAKEN_UP
+        return not_taken_up_text(fleet)
     if waiting != "nothing pending" and not waiting.startswith(f"the {requested} tier runs "):
         return "climbing to it rung by rung: see waiting"
     wanting = len(fleet["admitted"]) + len(fleet["pending"])
