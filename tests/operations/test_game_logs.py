@@ -554,6 +554,16 @@ def test_an_asked_runs_log_pruned_between_the_pick_and_the_open_is_gone_not_miss
         assert "missing" not in message and "removed" not in response.json()["error"]["details"]
 
 
+def _follow_at_most(app, client: TestClient, game: str, seconds: float) -> str:
+    """A follow of the game's log, stopped by the daemon's stop after `seconds` should it not end."""
+    safety = threading.Timer(seconds, app.state.stopping.set)
+    safety.start()
+    try:
+        return client.get(f"/api/v1/games/{game}/logs", params={"follow": "true"}).text
+    finally:
+        safety.cancel()
+
+
 def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_that_run(
         app, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     # The launcher prunes (log_keep_runs) at the new run's spawn, then records the new log's path:
@@ -588,13 +598,7 @@ def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_
 
     monkeypatch.setattr(logs_route, "follow_read", read_across_the_spawn)
     monkeypatch.setattr(logs_route, "_next_look", look_then_record_the_spawn)
-    safety = threading.Timer(5, app.state.stopping.set)
-    safety.start()
-    try:
-        response = client.get("/api/v1/games/spawning/logs", params={"follow": "true"})
-    finally:
-        safety.cancel()
-    lines = response.text.splitlines()
+    lines = _follow_at_most(app, client, "spawning", 5).splitlines()
     assert lines[0] == "old line" and lines[1].startswith(f"--- fleetd: run {spawning[0][0]} started "), lines
     assert lines[2:] == ["new line"], lines
 
@@ -628,13 +632,8 @@ def test_a_follow_waiting_on_a_spawn_that_never_records_its_log_looks_at_the_pol
     monkeypatch.setattr(logs_route, "follow_read", read_then_spawn)
     monkeypatch.setattr(logs_route, "_next_look", counted)
     monkeypatch.setattr(logs_route, "SPAWN_WAIT_S", 1.5)
-    safety = threading.Timer(8, app.state.stopping.set)
-    safety.start()
-    try:
-        response = client.get("/api/v1/games/stuck/logs", params={"follow": "true"})
-    finally:
-        safety.cancel()
-    assert response.text.splitlines() == ["old line", f"--- fleetd: the log of run {old} is gone (log_keep_runs) ---"], (looks, spawned)
+    text = _follow_at_most(app, client, "stuck", 8)
+    assert text.splitlines() == ["old line", f"--- fleetd: the log of run {old} is gone (log_keep_runs) ---"], looks
     assert len(looks) <= 4, looks  # the first at once, then one a NEWER_RUN_POLL_S
 
 
