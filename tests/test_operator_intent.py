@@ -106,6 +106,31 @@ def test_start_now_takes_the_slot_of_the_lowest_priority_game(loop: Loop) -> Non
     assert any("its slot went to new (fleetd games start new --now)" in m for m in reasons)
 
 
+def held_reason(loop: Loop, name: str) -> tuple[str, str | None, str]:
+    """`name` as the API's game view shows it (state, state_reason), and the caption `fleetd
+    status` prints under its games table."""
+    from fleetd.cli.render import games_table
+
+    client = stepping_client(loop, SteppingPort(loop))
+    games = client.get("/api/v1/games").json()["items"]
+    game = client.get(f"/api/v1/games/{name}").json()
+    return game["state"], game["state_reason"], str(games_table(games, width=200).caption or "")
+
+
+def test_a_game_waiting_for_a_hand_over_says_whom_it_waits_for(loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`games start new --now`: new holds low's slot, stopped until low's final checkpoint is
+    written. It showed `stopped` with its last stop's reason (or none): now the API, `fleetd
+    status` and the page (the API's state_reason) say it waits for low."""
+    _, low_pid = _now_over_low(loop, monkeypatch)
+    state, reason, caption = held_reason(loop, "new")
+    assert (state, reason) == ("stopped", "waiting for low to stop (hand-over)")
+    assert "new: waiting for low to stop (hand-over)" in caption.splitlines()
+    loop.reactor.exit(low_pid, code=0)
+    loop.steps()
+    state, reason, caption = held_reason(loop, "new")
+    assert state == "starting" and "hand-over" not in (reason or "") and "hand-over" not in caption
+
+
 def test_start_now_among_equals_takes_the_newest_admission(loop: Loop) -> None:
     loop.add("old")
     loop.start()
@@ -400,6 +425,7 @@ def test_a_hand_over_through_a_daemon_kill_starts_the_new_game_only_once_the_hol
     loop.steps(3)
     assert loop.state(holder) is State.STOPPING and loop.state(to) is State.STOPPED
     assert len(loop.launcher.spawned) == spawned and loop.shown()[to] is Shown.STOPPED  # admitted: not pending
+    assert held_reason(loop, to)[:2] == ("stopped", f"waiting for {holder} to stop (hand-over)")
     loop.reactor.exit(holder_pid, code=0)
     loop.steps()
     assert loop.state(to) is State.STARTING and loop.shown()[holder] is Shown.PENDING

@@ -219,6 +219,12 @@ STATE_STYLE = {
 EXPLAINED = (Shown.FATAL, Shown.BACKOFF)
 
 
+def explained(game: dict[str, Any]) -> bool:
+    """Whether the caption spells out its state's reason: fatal, in back-off, or stopped while it
+    should run (one admitted in another's slot waits for that one to stop: a hand-over)."""
+    return game["state"] in EXPLAINED or (game["state"] == Shown.STOPPED and game.get("desired") == "running")
+
+
 # Learning health (docs/learning-health.md): the states the caption explains, and their colours.
 HEALTH_EXPLAINED = ("plateau", "collapsed", "rolled_back", "held")
 HEALTH_STYLE = {"plateau": "yellow", "collapsed": "bold red", "rolled_back": "yellow", "held": "bold red"}
@@ -262,7 +268,7 @@ def games_table(games: list[dict[str, Any]], width: int | None = None) -> Table:
         table = _games_columns(shown, rows)
         if console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum <= width:
             break
-    reasons = [f"{g['name']}: {g['state_reason']}" for g in games if g["state"] in EXPLAINED and g["state_reason"]]
+    reasons = [f"{g['name']}: {g['state_reason']}" for g in games if explained(g) and g["state_reason"]]
     reasons += [f"{g['name']}: {g['health_reason']}" for g in games if g.get("health", "learning") in HEALTH_EXPLAINED
                 and g.get("health_reason")]
     reasons += [f"{g['name']}: {PENDING_NOTE}: {listed(g['pending'])}" for g in games if g.get("pending")]

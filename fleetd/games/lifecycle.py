@@ -36,9 +36,12 @@ def shown_state(game: GameRecord) -> Shown:
 
 
 def shown_reason(game: GameRecord, snapshot: FleetSnapshot | None) -> str | None:
-    """Why it is in that state: for a pending game, what the governor waits for."""
+    """Why it is in that state: for a pending game, what the governor waits for; for one held
+    stopped in another's slot, whom it waits for (a hand-over)."""
     if shown_state(game) is Shown.PENDING and snapshot is not None:
         return f"waiting for the governor: {snapshot.governor.waiting_reason}"
+    if shown_state(game) is Shown.STOPPED and snapshot is not None and game.name in snapshot.held:
+        return snapshot.held[game.name]
     return game.state_reason
 
 

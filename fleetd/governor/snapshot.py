@@ -79,6 +79,11 @@ class GovernorView:
                         self.last_backoff, self.rungs)
 
 
+def handover_reason(givers: list[str]) -> str:
+    """A held game's state reason: it holds the slot of `givers`, which are stopping."""
+    return f"waiting for {' and '.join(givers)} to stop (hand-over)"
+
+
 @dataclass(frozen=True)
 class FleetSnapshot:
     at: datetime
@@ -89,11 +94,15 @@ class FleetSnapshot:
     # stored settings may since differ from (fleetd/supervision/pending.py). Specs are frozen.
     started: Mapping[str, LaunchSpec] = field(default_factory=dict)
     monotonic: float | None = None  # `at` on the monotonic clock, where the publisher stamped it
+    # A game admitted in another's slot, stopped until that one has stopped -> its state reason
+    # (`handover_reason`); the store keeps the reason of its last stop.
+    held: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A read-only view of a private copy: no reader can change what others see.
         object.__setattr__(self, "games", MappingProxyType(dict(self.games)))
         object.__setattr__(self, "started", MappingProxyType(dict(self.started)))
+        object.__setattr__(self, "held", MappingProxyType(dict(self.held)))
 
     def age_s(self, clock: Clock) -> float:
         """Seconds since it was published, on the monotonic clock where it has its stamp (a step

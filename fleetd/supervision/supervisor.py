@@ -25,9 +25,9 @@ from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
 from fleetd.governor.preemption import pick_preemption
-from fleetd.governor.snapshot import GOVERNOR_TICK_S, FleetSnapshot, SnapshotBox
+from fleetd.governor.snapshot import GOVERNOR_TICK_S, FleetSnapshot, SnapshotBox, handover_reason
 from fleetd.health.rules import Health
-from fleetd.states import LIVE, TRAINING, Desired, State, shown, wants_slot
+from fleetd.states import LIVE, TRAINING, Desired, Shown, State, shown, wants_slot
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
@@ -103,6 +103,8 @@ class Supervisor:
         # knew only (`_hold_for_slotless`); no admitted game starts while one of them is stopping.
         self._slotless_at_start: set[str] = set()
         self._told_waiting: set[str] = set()  # the games whose wait for them is logged
+        # A held game -> the games it waits for, as its state reason says (`_publish`).
+        self._waiting_for: dict[str, list[str]] = {}
         self._games: list[GameRecord] = []
         self._ids: dict[str, tuple[int, datetime]] = {}  # the game each name's process is for
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
@@ -337,8 +339,12 @@ class Supervisor:
         slots = self._slots()
         games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
         view = self.fleet.governor_view(slots)
+        # Only while still held: stopped, admitted and desired running (a stop or a step back since ends it).
+        self._waiting_for = {name: givers for name, givers in self._waiting_for.items()
+                             if games.get(name) is Shown.STOPPED and self._desired.get(name) is Desired.RUNNING}
+        held = {name: handover_reason(givers) for name, givers in self._waiting_for.items()}
         snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, started_specs(self.procs),
-                                 self.clock.monotonic())
+                                 self.clock.monotonic(), held)
         self.snapshots.publish(snapshot)
 
     def _apply_desired(self, proc: WorkerProcess) -> None:
@@ -347,6 +353,7 @@ class Supervisor:
         desired = self._desired.get(proc.name)
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
             if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
+                self._waiting_for.pop(proc.name, None)
                 self._health.starting(proc.name)
                 proc.start("admitted: desired state is running", fresh=False)
             elif proc.state in (State.STARTING, State.RUNNING) and self._moved(proc.name):
@@ -398,12 +405,17 @@ class Supervisor:
     def _awaiting_handover(self, name: str) -> bool:
         """A game admitted in another's slot starts only once that one has stopped: never more
         workers than slots, even for the few seconds of a final checkpoint. Not for one admitted
-        again meanwhile: it holds a slot of its own."""
+        again meanwhile: it holds a slot of its own. While it waits, whom it waits for is its
+        state reason (`_waiting_for`, published by `_publish`)."""
         giver = self.procs.get(self._handovers.get(name, ""))
         if giver is not None and giver.state in LIVE and not self.fleet.admitted(giver.name):
+            self._waiting_for[name] = [giver.name]
             return True
         self._handovers.pop(name, None)
-        return self._awaiting_slotless(name)
+        if self._awaiting_slotless(name):
+            self._waiting_for[name] = sorted(self._slotless_at_start)
+            return True
+        return False
 
     def _hold_for_slotless(self) -> None:
         """At start: the hand-overs a killed daemon left, its links kept in memory only. A worker
