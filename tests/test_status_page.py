@@ -931,6 +931,28 @@ def test_the_newest_events_are_shown_with_warnings_marked_and_messages_as_text(
     assert shown.startswith("events unavailable: ") and "500 database is locked" in shown, shown
 
 
+def test_a_removed_games_events_are_marked_as_fleetd_events_marks_them(
+    client: TestClient, db: Database, clock: FakeClock, api_answers: dict[str, object]
+) -> None:
+    # pong removed, then added again: the API marks the old pong's events (`removed_game`) and
+    # `fleetd events` shows "pong (removed)"; the page drew both games' events as "pong".
+    from fleetd.store.events import GAME_REMOVED, create_event
+
+    with db.transaction() as session:
+        create_event(session, clock.now(), "note", "the old pong", game="pong")
+        clock.advance(5)
+        create_event(session, clock.now(), GAME_REMOVED, "pong removed", game="pong")
+        clock.advance(5)
+        create_event(session, clock.now(), "note", "the new pong", game="pong")
+    response = client.get("/api/v1/events", params={"limit": 20}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200, response.text
+    scenario = """await release();
+      return $('events').kids[0].kids[0].kids[1].kids.map((row) => row.kids.map((cell) => cell.textContent));"""
+    rows = run_page({**api_answers, "/events": [200, response.json()]}, scenario)
+    ours = [(row[3], row[4]) for row in rows if row[2] in ("note", GAME_REMOVED)]
+    assert ours == [("pong", "the new pong"), ("pong (removed)", "pong removed"), ("pong (removed)", "the old pong")]
+
+
 def test_a_gpu_skipped_for_a_sample_is_said_on_the_page_and_by_fleetd_status(api_answers: dict[str, object]) -> None:
     # A GPU whose memory reading was nonsense is left out of that sample (`skipped_gpus` in GET
     # /fleet): the page and `fleetd status` showed a one-GPU host, the other GPU nowhere.

@@ -1096,8 +1096,14 @@
       h('td', { class: 'num' }, fmtTime(event.at, { seconds: true })),
       h('td', null, event.severity),
       h('td', null, event.kind),
-      h('td', null, event.game || DASH),
+      h('td', null, eventGame(event)),
       h('td', { class: 'message' }, event.message));
+  }
+
+  // A game removed since (one added later under its name is another) is marked, as `fleetd events` marks it.
+  function eventGame(event) {
+    if (!event.game) return DASH;
+    return event.removed_game ? event.game + ' (removed)' : event.game;
   }
 
   function renderEvents(events) {
