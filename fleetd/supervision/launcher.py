@@ -19,6 +19,7 @@ from fleetd.host.sd_notify import NOTIFY_ENV_KEYS
 from fleetd.operations.run_logs import run_order
 from fleetd.supervision.seams import Launch, LaunchError, Spawned
 from workers import lease
+from workers.protocol.exit_codes import exit_record_path
 from workers.protocol.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class OsLauncher:
             logs.mkdir(parents=True, exist_ok=True)
             lease.remove(spec.checkpoint_dir)  # one left by a cluster run (workers/lease.py) would fence this one
             spec_path = _write_spec(run_spec_path(launch.game_dir, run_id), spec)
+            # Only this run's worker may leave its exit record: one of a run of this id from before
+            # a database restore (run ids go back) would judge this run's end while no daemon ran.
+            exit_record_path(spec_path).unlink(missing_ok=True)
             log_path = run_log_path(launch.game_dir, run_id)
             argv = [self.python, "-m", self.module, "--spec", str(spec_path)]
             pid = self._spawn(argv, log_path, worker_env(spec.cpu_threads, spec.gpu) | self.extra_env())
@@ -76,7 +80,8 @@ class OsLauncher:
         return Spawned(pid, started, tuple(argv), str(log_path), spec.gpu)
 
     def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str]) -> int:
-        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        # Truncated: a log of a run of this id from before a database restore is not this run's.
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
         stdin = os.open(os.devnull, os.O_RDONLY)
         try:
             actions = [(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)]

@@ -18,7 +18,7 @@ from fleetd.operations.run_logs import TAIL_BLOCK, copy_signature, follow_from_s
 from fleetd.store import runs as run_store
 from fleetd.store.games import create_game, delete_game, read_game
 from fleetd.store.records import GameDraft
-from fleetd.supervision.launcher import OsLauncher, _prune_run_files, run_log_path
+from fleetd.supervision.launcher import OsLauncher, _prune_run_files, run_log_path, run_spec_path
 from fleetd.supervision.seams import Launch
 from tests.api_context import shared_context
 from workers.protocol.spec import LaunchSpec
@@ -207,6 +207,27 @@ def test_a_spawn_past_run_id_999999_keeps_its_own_log(tmp_path: Path, monkeypatc
     assert Path(spawned.log_path).read_text() == "hello\n"
     logs = sorted(p.name for p in (game_dir / "logs").glob("run-*.log"))
     assert logs == ["run-1000000.log"] + [f"run-{run_id}.log" for run_id in range(999_991, 1_000_000)]
+
+
+def test_a_spawn_leaves_nothing_of_a_run_of_its_id_from_before_a_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A database restored from a backup gives run ids out again: run 7's log and exit record from
+    # before the restore lay there. The new run 7's log began with the old one's lines, and the old
+    # exit code judged the new run when it ended while no daemon ran (`recovery.code_left`).
+    from fleetd.supervision.recovery import code_left
+    from workers.protocol.exit_codes import ExitCode, write_exit_record
+
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "says_hello.py").write_text("print('hello')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "modules"))
+    game_dir = tmp_path / "games" / "pong"
+    (game_dir / "logs").mkdir(parents=True)
+    run_log_path(game_dir, 7).write_text("the run 7 before the restore\n")
+    write_exit_record(run_spec_path(game_dir, 7), ExitCode.COMPLETED)
+    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(game_dir))
+    spawned = OsLauncher(keep_runs=10, module="says_hello").spawn(Launch("pong", game_dir, spec), run_id=7)
+    os.waitpid(spawned.pid, 0)
+    assert Path(spawned.log_path).read_text() == "hello\n"
+    assert code_left(game_dir, 7) is None  # it left none (a plain module): the old one is gone
 
 
 @pytest.fixture(scope="module")
