@@ -597,6 +597,27 @@ def test_a_yield_killed_while_stopping_is_judged_afresh_when_admitted_again(loop
     assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, False]  # told afresh
 
 
+def test_a_plateau_game_killed_while_stopping_for_a_restart_is_not_taken_as_having_yielded(loop: Loop) -> None:
+    """On its plateau under yield with no one waiting, a keeps its slot; `games set a ... --restart`
+    stops it, and the daemon is killed meanwhile. The next one adopted it stopping and took that
+    for the last daemon's yield: started again in the slot it never gave up, a was judged afresh,
+    its plateau forgotten and its window restarted."""
+    from fleetd.supervision.commands import RestartGame
+
+    test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop)
+    with loop.db.transaction() as session:
+        game_store.update_game_settings(session, "a", {"hyperparams": {"num_envs": 8, "batch_size": 32}}, loop.clock.now())
+    loop.sup.submit(RestartGame("a"))
+    loop.steps()
+    assert loop.state("a") is State.STOPPING
+    loop.probe.live = {loop.pid("a")}
+    loop.start()  # killed -9 while a stopped: adopted stopping, still admitted
+    stop_exits(loop, "a")
+    assert loop.state("a") is State.STARTING
+    record = game(loop, "a").health
+    assert record.state is Health.PLATEAU and "yielded" not in (record.reason or "")
+
+
 def test_plateau_yield_with_no_one_waiting_keeps_the_slot(loop: Loop) -> None:
     add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
     loop.start()

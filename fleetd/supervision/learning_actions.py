@@ -112,11 +112,13 @@ class LearningActions:
 
     def _yielded_before(self, name: str, proc: WorkerProcess) -> bool:
         """A plateau under on_plateau = yield with no worker training at start (none, or one
-        adopted stopping: that daemon was killed as the yielder stopped): the previous daemon's
-        yield, which only its memory held. Admitted again, it is judged afresh, or it would hold
-        its slot on the plateau for good (a plateau is judged only from `learning`)."""
+        adopted stopping: that daemon was killed as the yielder stopped) and no slot held (a
+        yielder gave it up; one stopping for a restart, a tier's roll or a move keeps it): the
+        previous daemon's yield, which only its memory held. Admitted again, it is judged afresh,
+        or it would hold its slot on the plateau for good (a plateau is judged only from
+        `learning`)."""
         return (self.watch.record(name).state is Health.PLATEAU and proc.state not in _TRAINING
-                and self.watch.settings(name).on_plateau is PlateauAction.YIELD)
+                and not self._fleet.admitted(name) and self.watch.settings(name).on_plateau is PlateauAction.YIELD)
 
     def starting(self, name: str) -> None:
         """A game admitted again after it yielded its slot on a plateau: judged afresh."""
