@@ -25,7 +25,14 @@ from tests.daemon_harness import (
 pytestmark = pytest.mark.e2e
 
 
-def test_kill_9_worker_resumes_from_newest_checkpoint(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+def test_kill_9_worker_resumes_from_newest_checkpoint_and_sigstop_is_killed_as_hung(
+        fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
+    """Two ways a worker is lost, on one daemon (sharing its start and the first worker's): a
+    kill -9 resumes from the newest checkpoint; then a SIGSTOP is killed and restarted as hung."""
+    # A 10-s watchdog (not 30 s): reports come every 0.5 s, the longest gap seen on 2 busy cores 2.2 s.
+    fleet_config.extra = fleet_config.extra.replace("hang_timeout_s = 30\n", "hang_timeout_s = 10\n")
+    assert "hang_timeout_s = 10\n" in fleet_config.extra
+    fleet_config.write()
     daemon = start_daemon(fleet_config, fleet_daemons)
     add_and_wait_running(daemon, cartpole())
     game = daemon.wait_for_game("cart", lambda g: g["last_checkpoint"] is not None, 60, "checkpointed")
@@ -48,6 +55,18 @@ def test_kill_9_worker_resumes_from_newest_checkpoint(fleet_config: DaemonConfig
     # fleetd, and the governor does not count it as the host's instability (issue 23).
     said = [e["message"] for e in events]
     assert any("killed by SIGKILL, sent from outside fleetd (not the OOM killer)" in m for m in said), said
+
+    # SIGSTOP: the worker training again above stops reporting and is killed as hung.
+    pid = game["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    daemon.wait_for_game("cart", lambda g: g["pid"] not in (None, pid), 10 + WORKER_START_S, "restarted")
+    assert daemon.runs("cart")[1]["cause"] == "hang"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    hang_events = daemon.get("/api/v1/events?game=cart&kind=hang").json()["items"]
+    assert len(hang_events) == 1 and "no progress for 10s" in hang_events[0]["message"]
+    # Stopped by a signal (state T when the watchdog fired): someone's doing, not the host's (issue 23).
+    said = [e["message"] for e in daemon.get("/api/v1/events?game=cart").json()["items"]]
+    assert any("its process was stopped by a signal (SIGSTOP or SIGTSTP" in m for m in said), said
 
 
 def test_kill_9_daemon_readopts_the_same_worker(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
@@ -72,23 +91,15 @@ def test_kill_9_daemon_readopts_the_same_worker(fleet_config: DaemonConfig, flee
     said = [e["message"] for e in again.get("/api/v1/events?game=cart").json()["items"]]
     assert any("an adopted worker ended without leaving its exit code" in m and "not counted" in m for m in said), said
 
-
-def test_sigstop_worker_is_killed_and_restarted_as_hung(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
-    # A 10-s watchdog (not 30 s): reports come every 0.5 s, the longest gap seen on 2 busy cores 2.2 s.
-    fleet_config.extra = fleet_config.extra.replace("hang_timeout_s = 30\n", "hang_timeout_s = 10\n")
-    assert "hang_timeout_s = 10\n" in fleet_config.extra
-    fleet_config.write()
-    daemon = start_daemon(fleet_config, fleet_daemons)
-    pid = add_and_wait_running(daemon, cartpole())["pid"]
-    os.kill(pid, signal.SIGSTOP)
-    daemon.wait_for_game("cart", lambda g: g["pid"] not in (None, pid), 10 + WORKER_START_S, "restarted")
-    assert daemon.runs("cart")[1]["cause"] == "hang"
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    hang_events = daemon.get("/api/v1/events?game=cart&kind=hang").json()["items"]
-    assert len(hang_events) == 1 and "no progress for 10s" in hang_events[0]["message"]
-    # Stopped by a signal (state T when the watchdog fired): someone's doing, not the host's (issue 23).
-    said = [e["message"] for e in daemon.get("/api/v1/events?game=cart").json()["items"]]
-    assert any("its process was stopped by a signal (SIGSTOP or SIGTSTP" in m for m in said), said
+    # The same daemon's and worker's next life (sharing their starts with the above): a daemon
+    # stop stops its workers, and the next daemon restarts them, the game still desired running.
+    pid = again.wait_for_game("cart", lambda g: g["state"] == "running" and g["pid"] not in (None, pid), WORKER_START_S, "running")["pid"]
+    assert again.terminate() == 0
+    assert not psutil.pid_exists(pid)
+    third = start_daemon(fleet_config, fleet_daemons)
+    game = third.wait_for_game("cart", lambda g: g["state"] == "running" and g["pid"] != pid, WORKER_START_S, "restarted")
+    assert third.runs("cart")[1]["cause"] == "stopped"
+    assert game["desired"] == "running"
 
 
 def test_a_worker_that_always_fails_goes_fatal(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
@@ -127,14 +138,3 @@ def test_stop_leaves_nothing_of_the_process_group(fleet_config: DaemonConfig, fl
     assert again.game("pong")["state"] == "stopped" and worker_processes(fleet_config) == []
     removed = fleetd_cli(fleet_config, "games", "rm", "pong")
     assert removed.returncode == 0 and again.get("/api/v1/games/pong").status_code == 404
-
-
-def test_daemon_stop_stops_workers_and_restart_resumes_them(fleet_config: DaemonConfig, fleet_daemons: list[Daemon]) -> None:
-    daemon = start_daemon(fleet_config, fleet_daemons)
-    pid = add_and_wait_running(daemon, cartpole())["pid"]
-    assert daemon.terminate() == 0
-    assert not psutil.pid_exists(pid)
-    again = start_daemon(fleet_config, fleet_daemons)
-    game = again.wait_for_game("cart", lambda g: g["state"] == "running" and g["pid"] != pid, WORKER_START_S, "restarted")
-    assert again.runs("cart")[1]["cause"] == "stopped"
-    assert game["desired"] == "running"
