@@ -394,3 +394,22 @@ def test_a_refused_token_says_which_token_was_sent(tmp_path: Path, configured: b
     assert refused.value.code == ExitCode.NOPERM
     where = "[api] token (the config's, or FLEETD_API__TOKEN)" if configured else str(tmp_path / "mine" / "api-token")
     assert "invalid bearer token" in str(refused.value) and where in str(refused.value), refused.value
+
+
+def test_a_follow_of_a_first_run_starting_waits_for_its_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `fleetd games add ... --start` then `fleetd logs -f`: the first run's worker has no log yet
+    # (404, details.starting): the follow waits for it, and shows it from its first lines.
+    from fleetd.cli import logs_cmd
+
+    starting = ClientError("run 1 of 'g001' is starting: its worker has no log yet; ask again in a moment "
+                           "(not_found, HTTP 404)", ExitCode.NOT_FOUND, {"name": "g001", "run": 1, "starting": True})
+    daemon = AnswersInTurn(starting, starting, [b"first line\n"],
+                           ClientError("no game named 'g001' (not_found, HTTP 404)", ExitCode.NOT_FOUND))
+    result = follow_with(daemon, monkeypatch)
+    assert result.stdout == "first line\n" and "following it once it has one" in result.stderr
+    assert [asked["lines"] for asked in daemon.asked] == [5, 5, 5, 0]  # nothing shown yet: its last 5 lines
+    assert result.exit_code == ExitCode.NOT_FOUND
+    monkeypatch.setattr(logs_cmd, "STARTING_WAIT_S", 0.0)
+    never = AnswersInTurn(starting)
+    gave_up = follow_with(never, monkeypatch)
+    assert gave_up.exit_code == ExitCode.NOT_FOUND and "is starting" in gave_up.stderr and len(never.asked) == 2

@@ -263,6 +263,8 @@ globalThis.readToken = () => 'token';
 globalThis.AuthError = class extends Error {};
 globalThis.fetch = async (path) => ({ ok: false, status: 404, statusText: 'Not Found', json: async () => (path.includes('/g1/')
   ? { error: { code: 'not_found', message: "game 'g1' has not run yet: it has no log", details: { name: 'g1', runs: 0 } } }
+  : path.includes('/first/')
+  ? { error: { code: 'not_found', message: "run 4 of 'first' is starting: ...", details: { name: 'first', run: 4, starting: true } } }
   : path.includes('/ray/')
   ? { error: { code: 'not_found', message: "the log of run 3 of 'ray' is not written yet: ...", details: { name: 'ray', run: 3, written: false } } }
   : { error: { code: 'not_found', message: "no game named 'typo'", details: { name: 'typo' } } }) });
@@ -277,6 +279,12 @@ def test_a_game_that_never_ran_shows_no_log_yet_not_an_error() -> None:
     call = "showGameLog('g1').then(() => shown[1])"
     body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
     assert body == {"tag": "p", "class": "muted small", "text": "no log yet: it has not run"}
+
+
+def test_a_first_run_starting_shows_no_log_yet_not_an_error() -> None:
+    call = "showGameLog('first').then(() => shown[1])"
+    body = page_function("showGameLog", call, needs=("LOG_LINES", "api"), stubs=LOG_STUBS)
+    assert body == {"tag": "p", "class": "muted small", "text": "no log yet: its first run is starting"}
 
 
 def test_a_ray_runs_log_not_written_yet_shows_no_log_yet_not_an_error() -> None:

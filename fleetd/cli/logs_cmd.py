@@ -52,6 +52,7 @@ def logs(
 
 RECONNECT_S = 60.0  # how long a follow waits for a daemon that went away (a restart) to answer again
 RECONNECT_POLL_S = 1.0
+STARTING_WAIT_S = 120.0  # how long a follow waits for a game's first run, starting, to have its log
 
 
 def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> str:
@@ -64,6 +65,7 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> str:
     from fleetd.cli.client import ClientError
 
     answered, away_since = False, None
+    starting_since: float | None = None  # the first run asked for while it starts (no log yet)
 
     def on_head() -> None:
         nonlocal answered, away_since
@@ -81,6 +83,17 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> str:
             if run is not None and last.endswith(b" without writing its log ---\n") and b"\n--- fleetd: run " in b"\n" + last:
                 return "unwritten"
         except ClientError as exc:
+            if exc.details.get("starting") is True and run is None:
+                # The game's first run, its worker not started yet (`games add --start` then
+                # `logs -f`): followed once it has its log, as the run's next start would be.
+                if starting_since is None:
+                    starting_since = time.monotonic()
+                    typer.echo(f"fleetd: {exc}; following it once it has one (waiting up to {STARTING_WAIT_S:.0f} s) ...",
+                               err=True)
+                elif time.monotonic() - starting_since >= STARTING_WAIT_S:
+                    raise
+                time.sleep(RECONNECT_POLL_S)
+                continue
             # Asked again at once, a restarting daemon (`systemctl restart fleetd`, an upgrade: its
             # workers run on) was always refused, and the follow ended, exit 69: it waits for it.
             if not answered or exc.code not in AWAY:

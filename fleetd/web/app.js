@@ -940,12 +940,15 @@
       body = h('pre', { class: 'log small', 'data-game': name }, text);
     } catch (error) {
       if (error instanceof AuthError) throw error;
-      // A game that has not run has no log yet (the daemon's 404 says runs: 0), nor has a Ray run
-      // whose worker has not written its first line (written: false); any other 404 (no such
-      // game: a mistyped #game= link, a log gone or removed) is the daemon's own words, as an error.
+      // A game that has not run has no log yet (the daemon's 404 says runs: 0), nor has its first
+      // run while it starts (starting: true), nor a Ray run whose worker has not written its first
+      // line (written: false); any other 404 (no such game: a mistyped #game= link, a log gone or
+      // removed) is the daemon's own words, as an error.
       const notRun = error.status === 404 && error.details.runs === 0;
+      const starting = error.status === 404 && error.details.starting === true;
       const unwritten = error.status === 404 && error.details.written === false;
       body = notRun ? h('p', { class: 'muted small' }, 'no log yet: it has not run')
+        : starting ? h('p', { class: 'muted small' }, 'no log yet: its first run is starting')
         : unwritten ? h('p', { class: 'muted small' }, 'no log yet: its worker has not written its first line')
         : h('p', { class: 'bad small' }, error.message);
     }

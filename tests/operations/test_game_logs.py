@@ -585,6 +585,53 @@ def _follow_at_most(app, client: TestClient, game: str, seconds: float) -> str:
         safety.cancel()
 
 
+def begin_run(app, name: str) -> int:
+    """A run of `name` begun and not spawned yet: the row, with no log path recorded."""
+    context = app.state.context
+    with context.db.transaction() as session:
+        return run_store.create_run(session, read_game(session, name).id, context.daemon.boot_pk, context.clock.now())
+
+
+def test_the_newest_log_asked_while_a_run_is_being_spawned_is_the_run_befores(app, client: TestClient) -> None:
+    # Between a run's begin and its spawn's record of its log (milliseconds locally; a Ray push to
+    # URL storage can take minutes), a GET without `run` answered 404 "has no log (it was adopted
+    # from a daemon that recorded none, or its worker never started)", and `fleetd logs -f`,
+    # asking again after its hour, ended on it. The newest log there is is the run before's; a
+    # follow moves on to the new run's once it is recorded.
+    old = new_run(app, "mid-spawn", "old line\n")
+    end_run(app, old)
+    new = begin_run(app, "mid-spawn")
+    response = client.get("/api/v1/games/mid-spawn/logs")
+    assert response.status_code == 200 and response.text == "old line\n", response.text
+
+    def spawned() -> None:
+        path = log_path(app, old).with_name(f"run-{new:06d}.log")
+        path.write_text("new line\n")
+        with app.state.context.db.transaction() as session:
+            run_store.update_run_spawned(session, new, 1, 0.0, [], str(path))
+
+    recorder = threading.Timer(0.5, spawned)
+    recorder.start()
+    try:
+        lines = _follow_at_most(app, client, "mid-spawn", 4).splitlines()
+    finally:
+        recorder.join()
+    assert lines[0] == "old line" and lines[1].startswith(f"--- fleetd: run {new} started "), lines
+    assert lines[2:] == ["new line"], lines
+
+
+def test_a_first_run_being_spawned_is_said_to_be_starting_not_to_have_no_log(app, client: TestClient) -> None:
+    context = app.state.context
+    with context.db.transaction() as session:
+        create_game(session, GameDraft("first-spawn", "CartPole-v1", "ppo"), context.clock.now())
+    run_id = begin_run(app, "first-spawn")
+    for follow in ("false", "true"):
+        response = client.get("/api/v1/games/first-spawn/logs", params={"follow": follow})
+        message = error(response, 404)
+        assert message == f"run {run_id} of 'first-spawn' is starting: its worker has no log yet; ask again in a moment"
+        assert response.json()["error"]["details"]["starting"] is True
+
+
 def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_that_run(
         app, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     # The launcher prunes (log_keep_runs) at the new run's spawn, then records the new log's path:

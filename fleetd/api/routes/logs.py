@@ -89,16 +89,29 @@ def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord
     with context.db.transaction() as session:
         game = game_store.read_game(session, name)
         if run_id is None:
-            newest = run_store.read_runs(session, game.id, name, 1)
+            newest = run_store.read_runs(session, game.id, name, 2)
             if not newest:
                 raise FleetdError(ErrorCode.NOT_FOUND, f"game {name!r} has not run yet: it has no log",
                                   {"name": name, "runs": 0})  # the page tells "no log yet" from "no such game" by it
-            return newest[0]
+            return _newest_with_log(name, newest)
         record = run_store.read_run(session, run_id)
     if record is None or record.game != name:
         raise FleetdError(ErrorCode.NOT_FOUND, f"game {name!r} has no run {run_id} (fleetd logs {name} --runs lists them)",
                           {"name": name, "run": run_id})
     return record
+
+
+def _newest_with_log(name: str, newest: list[RunRecord]) -> RunRecord:
+    """The newest run, or the one before it while the newest's spawn has not recorded its log
+    (milliseconds locally; a Ray push to URL storage can take minutes): its log is the game's
+    newest there is, and a follow moves on to the new run's once recorded. With none before,
+    the run is starting: said so, not "has no log" (adopted, or never started)."""
+    if not _being_spawned(newest[0]):
+        return newest[0]
+    if len(newest) > 1:
+        return newest[1]
+    raise FleetdError(ErrorCode.NOT_FOUND, f"run {newest[0].id} of {name!r} is starting: its worker has no log "
+                      "yet; ask again in a moment", {"name": name, "run": newest[0].id, "starting": True})
 
 
 def _opened(context: AppContext, name: str, run_id: int | None,
