@@ -412,6 +412,26 @@ def test_a_plateau_told_before_a_daemon_restart_is_not_told_again_after_it(loop:
     assert [e.details.get("kept_slot") for e in events(loop, "plateau")] == [False, True]  # newest first
 
 
+def test_a_plateau_told_to_a_removed_game_is_not_taken_as_told_to_the_new_game_of_its_name(loop: Loop) -> None:
+    # told_before read the plateau events by name: a game added again under a removed game's name,
+    # read on its plateau with the step onto it past retention, took the old game's yield for its
+    # own, and was never told (no event, no alert) of its own plateau.
+    from fleetd.games.lifecycle import record_removed
+    from fleetd.supervision.learning import told_before
+
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
+    with loop.db.transaction() as session:
+        create_event(session, loop.clock.now(), "health", "learning -> plateau", game="a",
+                     details={"from": "learning", "to": "plateau"})
+        create_event(session, loop.clock.now(), "plateau", "a is on a plateau", game="a", details={"action": "yield"})
+        assert told_before(session, "a") == "yield"
+        game_store.delete_game(session, "a")
+        record_removed(session, loop.clock.now(), "a", "its files deleted")
+    add(loop, "a", {"plateau_steps": 2000, "on_plateau": "yield"})
+    with loop.db.transaction() as session:
+        assert told_before(session, "a") is None
+
+
 def test_evaluations_made_while_the_daemon_was_down_are_judged_when_it_adopts_the_worker(loop: Loop) -> None:
     # The worker's reports are datagrams: those sent while no daemon listened were lost, and the
     # collapse in them went unseen by the daemon that adopted the worker (judged only from the

@@ -31,7 +31,7 @@ from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.states import Desired
 from fleetd.store import games as game_store
 from fleetd.store.engine import Database, Session
-from fleetd.store.events import EventFilter, create_event, read_events
+from fleetd.store.events import EventFilter, create_event, read_current_games_start, read_events
 from fleetd.store.health import update_game_queued, update_health
 from fleetd.store.records import GameRecord
 from workers.bundle import REPLAY_BUFFER
@@ -218,12 +218,15 @@ def told_before(session: Session, game: str) -> str | None:
     back to the one that put it there): after a daemon restart a plateau told before is not told
     again (its flag, its yield, each alert once). None: nothing told since it went on it, or the
     events that said so are past their retention."""
-    told = read_events(session, EventFilter(kind=_EVENT[Action.FLAG], game=game, limit=1))
+    # The game of that name now: a game removed earlier under it told its own plateaus.
+    after = read_current_games_start(session, game)
+    told = read_events(session, EventFilter(kind=_EVENT[Action.FLAG], game=game, limit=1, after_id=after))
     if not told:
         return None
     # The step onto this plateau is a health event (an evaluation's: LearningWatch.evaluated);
     # state changes alone, the only health events, are few beside the state, adopted, ... ones.
-    onto = next((event.id for event in read_events(session, EventFilter(kind="health", game=game, limit=1000))
+    onto = next((event.id for event in read_events(session, EventFilter(kind="health", game=game, limit=1000,
+                                                                        after_id=after))
                  if event.details.get("to") == Health.PLATEAU.value and event.details.get("from") != Health.PLATEAU.value),
                 None)  # fmt: skip
     if onto is not None and told[0].id < onto:
