@@ -180,6 +180,7 @@ def test_the_answer_of_a_governor_that_has_not_taken_the_request_up_says_so(
         monkeypatch.setattr(games_cmd, "_ask_until", stuck_meanwhile)
         stuck = fleetd(config, "tier", "medium")
         stuck_json = json.loads(fleetd(config, "tier", "medium", "--json").output)
+        shown = fleetd(config, "tier")  # GET /fleet: the stored request, not the one before it
     assert asked.exit_code == 0, asked.output
     said = "light (manual, asked: medium; not taken up yet: waiting for the governor's next step (its last was "
     assert cell(asked.output, "tier").startswith(said), asked.output
@@ -191,6 +192,9 @@ def test_the_answer_of_a_governor_that_has_not_taken_the_request_up_says_so(
     assert "(stale: the supervisor loop has not published for 2" in cell(stuck.output, "as of"), stuck.output
     # --json: the PUT's answer as it came (the loop 20 s older at its PUT, 40 s at the GET after)
     assert 20 <= stuck_json["snapshot_age_s"] < 40, stuck_json
+    assert shown.exit_code == 0, shown.output
+    assert re.match(r"light \(manual, asked: medium; not taken up: the supervisor loop has not stepped for \d+s",
+                    cell(shown.output, "tier")), shown.output
 
 
 def test_status_says_no_price_set_and_where_a_borrowed_rate_comes_from(served: tuple[AppContext, Path]) -> None:

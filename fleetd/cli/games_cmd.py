@@ -372,7 +372,10 @@ def _taken_up(config: ConfigOption, choice: str) -> tuple[dict[str, Any] | None,
     from fleetd.cli.client import ClientError
 
     try:  # the request is stored: a restart keeps it
-        return _ask_until(config, "/api/v1/fleet", lambda fleet: fleet["requested"] == choice,
+        # GET shows the stored request, taken up or not (`taken_up`; an older daemon's answer
+        # without it showed the governor's, so its request is the one taken up).
+        return _ask_until(config, "/api/v1/fleet",
+                          lambda fleet: fleet["requested"] == choice and fleet.get("taken_up", True) is not False,
                           time.monotonic() + TAKE_UP_S, 0.2)
     except ClientError:
         return None, False

@@ -38,9 +38,15 @@ def holding_words(context: AppContext) -> list[ExpectedRebootOut]:
 
 def fleet_out(context: AppContext, snapshot: FleetSnapshot, telemetry_age: TelemetryAge,
               requested: str | None = None) -> FleetOut:
-    """The published snapshot; `requested` is the operator's newer choice, not yet taken up.
-    `telemetry_age`: the app's judge of the sample's age, which /metrics shares (a stale sample
-    is no reading: `available` false, its age said)."""
+    """The published snapshot; `requested` is the operator's newer choice, not yet taken up
+    (None: the stored one, which a PUT wrote and the governor may not have taken up yet: a loop
+    behind or stuck showed the request before as taken up). `telemetry_age`: the app's judge of
+    the sample's age, which /metrics shares (a stale sample is no reading: `available` false,
+    its age said)."""
+    if requested is None:
+        with context.db.transaction() as session:
+            stored = fleet_store.read_fleet(session)
+        requested = stored.requested if stored is not None else None
     latest = context.telemetry.latest if context.telemetry else None
     age_s, stale = telemetry_age.judge(latest)
     governor = snapshot.governor
