@@ -120,6 +120,9 @@ def test_digits_grouped_other_than_by_thousands_are_refused_not_joined(config: P
     said = ONE_RULE if key == "net_arch" else ONE_RULE.removesuffix(", or a list as [64, 64]")
     assert f"{key}: '64_64' is not read as a number: {said}" in " ".join(result.output.split()), result.output
     assert key == "net_arch" or "a list as" not in result.output, result.output
+    # and where it goes: SB3 takes net_arch in the policy's arguments (a bare net_arch is refused)
+    pointer = """; net_arch is a policy argument, given inside policy_kwargs: 'policy_kwargs={"net_arch": [64, 64]}'"""
+    assert (pointer in " ".join(result.output.split())) is (key == "net_arch"), result.output
     assert game(config) == before  # nothing sent
 
 

@@ -58,9 +58,22 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
         if grouping_refusal(text) is not None:  # `64_64` is not 6464; a list offered only where one may be meant
-            fail(f"{usage} {key}: {grouping_refusal(text, list_hint=not known_key(canonical(key)))}", ExitCode.USAGE)
+            fail(f"{usage} {key}: {grouping_refusal(text, list_hint=not known_key(canonical(key)))}"
+                 f"{policy_argument_hint(canonical(key), text)}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
+
+
+def policy_argument_hint(key: str, text: str) -> str:
+    """For an SB3 policy argument given as a hyperparameter (`net_arch=64_64`): where it goes."""
+    from workers.protocol.spec import POLICY_KWARGS_KEYS
+
+    name = key.removeprefix("hyperparams.")
+    if name not in POLICY_KWARGS_KEYS:
+        return ""
+    parts = text.strip().split("_")
+    value = f"[{', '.join(parts)}]" if all(part.isdigit() for part in parts) else "..."
+    return f"; {name} is a policy argument, given inside policy_kwargs: 'policy_kwargs={{\"{name}\": {value}}}'"
 
 
 def known_key(key: str) -> bool:

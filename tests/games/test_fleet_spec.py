@@ -105,6 +105,8 @@ def test_null_sets_a_field_back_to_its_default(client: TestClient) -> None:
     ({"priority": 5000}, "body.priority", "less than or equal"),
     ({"env_id": ""}, "body.env_id", "at least 1 character"),  # another env: 409, below
     ({"hyperparams": {"learing_rate": 0.1}}, "hyperparams.learing_rate", "unknown hyperparameter"),
+    ({"hyperparams": {"net_arch": [64, 64]}}, "hyperparams.net_arch",  # SB3's policy argument: where it goes
+     'unknown hyperparameter: net_arch is a policy argument, given inside policy_kwargs, as {"policy_kwargs": {"net_arch": ...}}'),
     ({"hyperparams": {"learning_starts": 10}}, "hyperparams.learning_starts", "not a setting of PPO"),
     ({"hyperparams": {"buffer_size": 1000}}, "hyperparams.buffer_size", "not a setting of PPO (only of DQN)"),
 ])

@@ -149,6 +149,9 @@ def _json_schema(depth: int) -> dict[str, Any]:
 # policy_kwargs keys whose numbers torch takes only as integers (layer widths, counts):
 # nn.Linear(4, 64.0) raises. Keys of `features_extractor_kwargs` likewise.
 WHOLE_POLICY_KWARGS = ("net_arch", "n_critics")
+# SB3's policy arguments, which a user may give as a hyperparameter: each goes inside policy_kwargs.
+POLICY_KWARGS_KEYS = ("net_arch", "activation_fn", "ortho_init", "n_critics", "share_features_extractor",
+                      "features_extractor_kwargs", "normalize_images", "optimizer_kwargs")
 WHOLE_EXTRACTOR_KWARGS = ("features_dim",)
 
 
@@ -513,6 +516,9 @@ def _known(loc: tuple[Any, ...], algo: Any) -> str:
     model = {"hyperparams": Hyperparams, "tier_defaults": TierDefaults}.get(loc[0] if len(loc) == 2 else "")
     if model is None:
         return "unknown field"
+    if model is Hyperparams and loc[1] in POLICY_KWARGS_KEYS:  # SB3 takes it in the policy's arguments
+        return (f"unknown hyperparameter: {loc[1]} is a policy argument, given inside policy_kwargs, as "
+                f'{{"policy_kwargs": {{"{loc[1]}": ...}}}}')
     if model is TierDefaults:
         return f"unknown tier default; known: {', '.join(sorted(model.model_fields))}"
     if algo not in ALL_ALGOS:
