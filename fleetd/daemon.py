@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ class StopRequest:
     failure: str | None = None
     signals_before_failure: int = 0  # the signals that came before the failure; those after do not change its stop
     on_signal: Callable[[], None] | None = None  # ends a start-up step that waits (signal-safe)
+    _deciding: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -122,17 +124,24 @@ class StopRequest:
         if self.on_signal is not None:
             self.on_signal()
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, unless_signalled: bool = False) -> bool:
         """The first failure is the stop's cause: its reason, its record and its exit code. One
         that comes during its stop (a listen failing after the loop did, or the loop failing
-        while a failed listen's stop runs) is only said in the log."""
-        if self.failure is not None:
-            log.warning("%s, during the stop for an earlier failure (the stop stays that one's): %s",
-                        reason, self.failure)
-            return
-        self.failure = reason
-        self.signals_before_failure = len(self.signals)
+        while a failed listen's stop runs) is only said in the log. `unless_signalled`: not the
+        cause either after a signal (its stop stays the signal's). Whether it became the cause,
+        decided under a lock: the loop fails in its own thread, and a listen that checked, then
+        failed, in between could exit with its own code beside the loop's recorded reason."""
+        with self._deciding:
+            if self.failure is not None:
+                log.warning("%s, during the stop for an earlier failure (the stop stays that one's): %s",
+                            reason, self.failure)
+                return False
+            if unless_signalled and self.signals:
+                return False
+            self.failure = reason
+            self.signals_before_failure = len(self.signals)
         self._exit_server()
+        return True
 
     def _exit_server(self) -> None:
         if self.server is not None:
@@ -563,11 +572,9 @@ class Daemon:
         try:
             listen_socket(sock, host, port)
         except StartupError as exc:
-            if not self.stop.requested:
-                self.stop.fail(str(exc))
-                raise
-            if self.stop.failure is not None:  # the loop failed during the listen: it is the cause (exit 70)
-                self.stop.fail(str(exc))  # this one said in the log as the second
+            if self.stop.fail(str(exc), unless_signalled=True):
+                raise  # the cause (exit 75)
+            if self.stop.failure is not None:  # the loop failed first: it is the cause (exit 70), this one said in the log
                 return False
             # A stop came during the listen: it stays the signal's (SIGTERM: the workers stopped,
             # with final checkpoints), not this failure's (exit 75, the workers left unadopted).
