@@ -893,21 +893,28 @@ def test_an_expected_reboot_is_shown_beside_the_governor_as_fleetd_tier_shows_it
     assert re.search(r"reboot expected#1 until \d{4}-\d\d-\d\d \d\d:\d\d \(holds\): kernel <b>update</b>; explained 0 of 2 reboots", shown), shown
 
 
+def events_written(client: TestClient, db: Database, clock: FakeClock,
+                   events: list[tuple[str, str, str | None, str]]):
+    """GET /events (20) after writing these (kind, message, game, severity), 5 s apart."""
+    from fleetd.store.events import create_event
+
+    with db.transaction() as session:
+        for kind, message, game, severity in events:
+            create_event(session, clock.now(), kind, message, severity=severity, game=game)
+            clock.advance(5)
+    response = client.get("/api/v1/events", params={"limit": 20}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200, response.text
+    return response
+
+
 def test_the_newest_events_are_shown_with_warnings_marked_and_messages_as_text(
     client: TestClient, db: Database, clock: FakeClock, api_answers: dict[str, object]
 ) -> None:
     # Warnings (telemetry_stale, gpu_lost, backup_failed, a game gone fatal) reached the operator
     # only through `fleetd events` and alerts: the page showed no events at all.
-    from fleetd.store.events import create_event
-
-    with db.transaction() as session:
-        create_event(session, clock.now(), "telemetry_stale", "no GPU sample for 312 s", severity="warning")
-        clock.advance(5)
-        create_event(session, clock.now(), "state", "backoff -> fatal: crash loop", severity="error", game="pong")
-        clock.advance(5)
-        create_event(session, clock.now(), "note", "operator says <b>hello</b>", game="pong")
-    response = client.get("/api/v1/events", params={"limit": 20}, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert response.status_code == 200, response.text
+    response = events_written(client, db, clock, [("telemetry_stale", "no GPU sample for 312 s", None, "warning"),
+                                                  ("state", "backoff -> fatal: crash loop", "pong", "error"),
+                                                  ("note", "operator says <b>hello</b>", "pong", "info")])
     scenario = """await release();
       const rows = $('events').kids[0].kids[0].kids[1].kids;
       return [document.body.dataset.state, $('games-body').kids.length, $('events').kids.length, rows.map((row) => ({
@@ -944,16 +951,11 @@ def test_a_removed_games_events_are_marked_as_fleetd_events_marks_them(
 ) -> None:
     # pong removed, then added again: the API marks the old pong's events (`removed_game`) and
     # `fleetd events` shows "pong (removed)"; the page drew both games' events as "pong".
-    from fleetd.store.events import GAME_REMOVED, create_event
+    from fleetd.store.events import GAME_REMOVED
 
-    with db.transaction() as session:
-        create_event(session, clock.now(), "note", "the old pong", game="pong")
-        clock.advance(5)
-        create_event(session, clock.now(), GAME_REMOVED, "pong removed", game="pong")
-        clock.advance(5)
-        create_event(session, clock.now(), "note", "the new pong", game="pong")
-    response = client.get("/api/v1/events", params={"limit": 20}, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert response.status_code == 200, response.text
+    response = events_written(client, db, clock, [("note", "the old pong", "pong", "info"),
+                                                  (GAME_REMOVED, "pong removed", "pong", "info"),
+                                                  ("note", "the new pong", "pong", "info")])
     scenario = """await release();
       return $('events').kids[0].kids[0].kids[1].kids.map((row) => row.kids.map((cell) => cell.textContent));"""
     rows = run_page({**api_answers, "/events": [200, response.json()]}, scenario)

@@ -189,20 +189,32 @@ def test_a_follow_far_behind_at_a_rotation_gets_the_whole_rest_of_the_copy(tmp_p
     assert read_two(log, offset) == (burst, 0)
 
 
-def test_a_spawn_past_run_id_999999_keeps_its_own_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Run ids are the fleet's (one sequence for every game) and the names are padded to 6 digits:
-    # the pruning sorted them as names, run-1000000 before run-999999, and deleted each new run's
-    # log at its spawn (the worker wrote on into an unlinked file; `fleetd logs` said it was gone).
+def hello_game(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A game folder with its logs folder, and a worker module that prints hello (`spawn_hello`)."""
     (tmp_path / "modules").mkdir()
     (tmp_path / "modules" / "says_hello.py").write_text("print('hello')\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "modules"))
     game_dir = tmp_path / "games" / "pong"
     (game_dir / "logs").mkdir(parents=True)
+    return game_dir
+
+
+def spawn_hello(game_dir: Path, run_id: int):
+    """Run `run_id` of pong spawned by the real launcher (log_keep_runs 10), waited for."""
+    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(game_dir))
+    spawned = OsLauncher(keep_runs=10, module="says_hello").spawn(Launch("pong", game_dir, spec), run_id=run_id)
+    os.waitpid(spawned.pid, 0)
+    return spawned
+
+
+def test_a_spawn_past_run_id_999999_keeps_its_own_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run ids are the fleet's (one sequence for every game) and the names are padded to 6 digits:
+    # the pruning sorted them as names, run-1000000 before run-999999, and deleted each new run's
+    # log at its spawn (the worker wrote on into an unlinked file; `fleetd logs` said it was gone).
+    game_dir = hello_game(tmp_path, monkeypatch)
     for run_id in range(999_990, 1_000_000):
         run_log_path(game_dir, run_id).write_text("older run\n")
-    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(game_dir))
-    spawned = OsLauncher(keep_runs=10, module="says_hello").spawn(Launch("pong", game_dir, spec), run_id=1_000_000)
-    os.waitpid(spawned.pid, 0)
+    spawned = spawn_hello(game_dir, 1_000_000)
     assert Path(spawned.log_path).is_file(), "the new run's log was pruned at its spawn"
     assert Path(spawned.log_path).read_text() == "hello\n"
     logs = sorted(p.name for p in (game_dir / "logs").glob("run-*.log"))
@@ -216,16 +228,10 @@ def test_a_spawn_leaves_nothing_of_a_run_of_its_id_from_before_a_restore(tmp_pat
     from fleetd.supervision.recovery import code_left
     from workers.protocol.exit_codes import ExitCode, write_exit_record
 
-    (tmp_path / "modules").mkdir()
-    (tmp_path / "modules" / "says_hello.py").write_text("print('hello')\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "modules"))
-    game_dir = tmp_path / "games" / "pong"
-    (game_dir / "logs").mkdir(parents=True)
+    game_dir = hello_game(tmp_path, monkeypatch)
     run_log_path(game_dir, 7).write_text("the run 7 before the restore\n")
     write_exit_record(run_spec_path(game_dir, 7), ExitCode.COMPLETED)
-    spec = LaunchSpec(version=1, game="pong", env_id="CartPole-v1", algo="ppo", checkpoint_dir=str(game_dir))
-    spawned = OsLauncher(keep_runs=10, module="says_hello").spawn(Launch("pong", game_dir, spec), run_id=7)
-    os.waitpid(spawned.pid, 0)
+    spawned = spawn_hello(game_dir, 7)
     assert Path(spawned.log_path).read_text() == "hello\n"
     assert code_left(game_dir, 7) is None  # it left none (a plain module): the old one is gone
 
