@@ -32,6 +32,11 @@ from tests.api_context import CATALOG, serving, shared_context
 TOKEN = "l" * 32
 GAMES = [f"g{i}" for i in range(8)]
 LOAD_S = 8.0  # each phase; bounded, whatever the machine's speed
+# The load the asserts need, whatever the machine's speed: on a starved CI machine 8 s made 48
+# requests and the test failed for "too little load". Each API thread runs at least this many
+# rounds (12 requests each), the writers as long as they do and at least this many steps.
+MIN_ROUNDS = 2
+MIN_WRITER_STEPS = 6
 API_THREADS = 4
 WRITER_THREADS = 2
 
@@ -90,9 +95,9 @@ def supervisor_writes(db: Database, clock, step: int) -> None:
         create_metric_rows(session, now, rows)
 
 
-def writer(db: Database, clock, tally: Tally, until: float) -> None:
+def writer(db: Database, clock, tally: Tally, until: float, users_done: threading.Event) -> None:
     step = 0
-    while time.monotonic() < until:
+    while time.monotonic() < until or not users_done.is_set() or step < MIN_WRITER_STEPS:
         step += 1
         try:
             supervisor_writes(db, clock, step)
@@ -122,7 +127,7 @@ def api_user(base: str, index: int, tally: Tally, until: float) -> None:
     ]
     with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
         round_ = 0
-        while time.monotonic() < until:
+        while time.monotonic() < until or round_ < MIN_ROUNDS:
             round_ += 1
             for method, path, body in calls:
                 tally.answer(f"{method} {path}", client.request(method, path, json=body))
@@ -145,12 +150,20 @@ def guarded(target: Callable, args: tuple, tally: Tally) -> None:
 def run_load(context: AppContext, base: str) -> Tally:
     tally = Tally()
     until = time.monotonic() + LOAD_S
-    jobs: list[tuple[Callable, tuple]] = [(writer, (context.db, context.clock, tally, until))] * WRITER_THREADS
-    jobs += [(api_user, (base, i, tally, until)) for i in range(API_THREADS)]
-    threads = [threading.Thread(target=guarded, args=(target, args, tally)) for target, args in jobs]
-    for thread in threads:
+    users_done = threading.Event()  # the writers write as long as the API is used
+    writers = [(writer, (context.db, context.clock, tally, until, users_done))] * WRITER_THREADS
+    users = [(api_user, (base, i, tally, until)) for i in range(API_THREADS)]
+    threads = [[threading.Thread(target=guarded, args=(target, args, tally)) for target, args in jobs]
+               for jobs in (users, writers)]
+    for thread in threads[0] + threads[1]:
         thread.start()
-    for thread in threads:
+    try:
+        for thread in threads[0]:
+            thread.join(LOAD_S + 120)
+            assert not thread.is_alive(), "a load thread did not finish"
+    finally:
+        users_done.set()
+    for thread in threads[1]:
         thread.join(LOAD_S + 120)
         assert not thread.is_alive(), "a load thread did not finish"
     return tally
