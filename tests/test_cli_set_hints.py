@@ -108,19 +108,20 @@ ONE_RULE = "underscores may only group digits by thousands (1_000_000, 0.000_001
 
 
 @pytest.mark.parametrize("pair", ["n_epochs=64_64", "priority=64_64", "health.plateau_steps=64_64",
-                                  "hyperparams.learning_rate=64_64", "health_settings.plateau_steps=64_64", "net_arch=64_64"])
+                                  "hyperparams.learning_rate=64_64", "health_settings.plateau_steps=64_64", "net_arch=64_64",
+                                  "gamma_list=64_64"])
 def test_digits_grouped_other_than_by_thousands_are_refused_not_joined(config: Path, pair: str) -> None:
     # `64_64` (meant as the list [64, 64], or a slip) was sent as 6464: Python's int() takes it.
     before = game(config)
     result = fleetd(config, "games", "set", "pong", pair)
     assert result.exit_code == 2, result.output
     key = pair.split("=")[0]
-    # A key fleetd knows takes one number (no list), as the API's refusal says; only a key it
-    # does not know (net_arch, which nests in policy_kwargs) is offered the list too.
-    said = ONE_RULE if key == "net_arch" else ONE_RULE.removesuffix(", or a list as [64, 64]")
+    # A key fleetd knows takes one number (no list), as the API's refusal says; net_arch is SB3's
+    # policy argument, refused bare as a list too: it is told where it goes, in policy_kwargs. Only
+    # a key fleetd does not know is offered the list.
+    said = ONE_RULE if key == "gamma_list" else ONE_RULE.removesuffix(", or a list as [64, 64]")
     assert f"{key}: '64_64' is not read as a number: {said}" in " ".join(result.output.split()), result.output
-    assert key == "net_arch" or "a list as" not in result.output, result.output
-    # and where it goes: SB3 takes net_arch in the policy's arguments (a bare net_arch is refused)
+    assert key == "gamma_list" or "a list as" not in result.output, result.output
     pointer = """; net_arch is a policy argument, given inside policy_kwargs: 'policy_kwargs={"net_arch": [64, 64]}'"""
     assert (pointer in " ".join(result.output.split())) is (key == "net_arch"), result.output
     assert game(config) == before  # nothing sent

@@ -58,8 +58,10 @@ def parse_hyperparams(pairs: list[str], usage: str = "--hp",
             fail(f"{usage}: {key} given twice ({earlier!r} and {pair!r}): give it once", ExitCode.USAGE)
         given[canonical(key)] = pair
         if grouping_refusal(text) is not None:  # `64_64` is not 6464; a list offered only where one may be meant
-            fail(f"{usage} {key}: {grouping_refusal(text, list_hint=not known_key(canonical(key)))}"
-                 f"{policy_argument_hint(canonical(key), text)}", ExitCode.USAGE)
+            # (not for a policy argument: given bare, it is refused as a list too; where it goes instead)
+            policy_argument = policy_argument_hint(canonical(key), text)
+            fail(f"{usage} {key}: {grouping_refusal(text, list_hint=not known_key(canonical(key)) and not policy_argument)}"
+                 f"{policy_argument}", ExitCode.USAGE)
         result[key] = _value(text)
     return result
 

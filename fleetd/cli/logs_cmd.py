@@ -55,21 +55,37 @@ RECONNECT_POLL_S = 1.0
 STARTING_WAIT_S = 120.0  # how long a follow waits for a game's first run, starting, to have its log
 
 
+class _Wait:
+    """A refusal waited out: said once on stderr, asked again every RECONNECT_POLL_S, and raised
+    once it has lasted `limit_s`."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def out(self, refusal: Exception, limit_s: float, saying: str) -> None:
+        import time
+
+        if self.since is None:
+            self.since = time.monotonic()
+            typer.echo(f"fleetd: {saying} (waiting up to {limit_s:.0f} s) ...", err=True)
+        elif time.monotonic() - self.since >= limit_s:
+            raise refusal
+        time.sleep(RECONNECT_POLL_S)
+
+
 def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> str:
     # The daemon ends a follow after an hour (or when it stops): ask again for what came after.
     # A line written between the two requests may be missed; none is printed twice. Returns once
     # the daemon says the game was removed ("removed") or, following --run, that the run ended
     # without writing its log ("unwritten"): asked again, it would be told the log is gone.
-    import time
-
     from fleetd.cli.client import ClientError
 
-    answered, away_since = False, None
-    starting_since: float | None = None  # the first run asked for while it starts (no log yet)
+    answered, away = False, _Wait()
+    starting = _Wait()  # the game's first run, asked for while it starts (no log yet)
 
     def on_head() -> None:
-        nonlocal answered, away_since
-        answered, away_since = True, None
+        nonlocal answered, away
+        answered, away = True, _Wait()
 
     while True:
         last = b""
@@ -84,27 +100,15 @@ def _follow(client: "ApiClient", path: str, lines: int, run: int | None) -> str:
                 return "unwritten"
         except ClientError as exc:
             if exc.details.get("starting") is True and run is None:
-                # The game's first run, its worker not started yet (`games add --start` then
-                # `logs -f`): followed once it has its log, as the run's next start would be.
-                if starting_since is None:
-                    starting_since = time.monotonic()
-                    typer.echo(f"fleetd: {exc}; following it once it has one (waiting up to {STARTING_WAIT_S:.0f} s) ...",
-                               err=True)
-                elif time.monotonic() - starting_since >= STARTING_WAIT_S:
-                    raise
-                time.sleep(RECONNECT_POLL_S)
+                # `games add --start` then `logs -f`: followed once it has its log, from its first
+                # lines (`lines` as asked: nothing shown yet), as the run's next start would be.
+                starting.out(exc, STARTING_WAIT_S, f"{exc}; following it once it has one")
                 continue
             # Asked again at once, a restarting daemon (`systemctl restart fleetd`, an upgrade: its
             # workers run on) was always refused, and the follow ended, exit 69: it waits for it.
             if not answered or exc.code not in AWAY:
                 raise
-            if away_since is None:
-                away_since = time.monotonic()
-                typer.echo(f"fleetd: the daemon stopped answering; following again once it is back "
-                           f"(waiting up to {RECONNECT_S:.0f} s) ...", err=True)
-            elif time.monotonic() - away_since >= RECONNECT_S:
-                raise
-            time.sleep(RECONNECT_POLL_S)
+            away.out(exc, RECONNECT_S, "the daemon stopped answering; following again once it is back")
         lines = 0
 
 

@@ -149,10 +149,10 @@ def _json_schema(depth: int) -> dict[str, Any]:
 # policy_kwargs keys whose numbers torch takes only as integers (layer widths, counts):
 # nn.Linear(4, 64.0) raises. Keys of `features_extractor_kwargs` likewise.
 WHOLE_POLICY_KWARGS = ("net_arch", "n_critics")
+WHOLE_EXTRACTOR_KWARGS = ("features_dim",)
 # SB3's policy arguments, which a user may give as a hyperparameter: each goes inside policy_kwargs.
 POLICY_KWARGS_KEYS = ("net_arch", "activation_fn", "ortho_init", "n_critics", "share_features_extractor",
                       "features_extractor_kwargs", "normalize_images", "optimizer_kwargs")
-WHOLE_EXTRACTOR_KWARGS = ("features_dim",)
 
 
 def _whole(item: Any) -> Any:
