@@ -1,9 +1,8 @@
 """A short chaos soak (bench/chaos.py): a real daemon, three real training games, and one each
 of a worker SIGKILL, a daemon SIGKILL (adoption) and a simulated reboot; every check of the soak
 must pass. Its SIGSTOP incident (the hang watchdog, 40 s at the least) is left to the real-daemon
-test of it (tests/test_supervision_e2e.py::
-test_kill_9_worker_resumes_from_newest_checkpoint_and_sigstop_is_killed_as_hung) and to the Atari
-soak, to keep the suite short."""
+test of it and to the Atari soak, to keep the suite short:
+tests/test_supervision_e2e.py::test_kill_9_worker_resumes_from_newest_checkpoint_and_sigstop_is_killed_as_hung"""
 
 from __future__ import annotations
 
