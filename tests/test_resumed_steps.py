@@ -96,3 +96,26 @@ def test_unsaved_since_is_the_first_spawned_run_after_the_newest_verified_checkp
     clock.advance(100)
     run()
     assert recorder.unsaved_since("pong") == after.timestamp()
+
+
+def test_a_run_end_of_an_unknown_run_id_is_a_clear_error_that_records_nothing(
+    db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """Recorder.run_ended relied on an assert (gone under python -O) after the store's bare
+    NoResultFound: an unknown run id now raises LookupError naming it, and its transaction, game
+    failures included, rolls back."""
+    from fleetd.store.games import read_game
+    from fleetd.supervision.remedies import Remedies
+    from fleetd.supervision.seams import ExitStatus
+
+    start = record_daemon_start(db, host.current_boot(), clock.now())
+    recorder = Recorder(db, clock, start.boot.id)
+    with db.transaction() as session:
+        create_game(session, GameDraft("pong", "Pong-v5", "ppo"), clock.now())
+        run_id = run_store.create_run(session, game_id_of(session, "pong"), start.boot.id, clock.now())
+    with pytest.raises(LookupError, match=rf"run {run_id + 1} has no row"):
+        recorder.run_ended(run_id + 1, ExitStatus(code=1), "exited", (3, None), Remedies())
+    assert recorder.run_ended(run_id, ExitStatus(code=0), "exited", (0, None), Remedies()) == "pong"
+    with db.transaction() as session:
+        assert run_store.read_run(session, run_id).cause == "exited"
+        assert read_game(session, "pong").failures == 0

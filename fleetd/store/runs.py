@@ -33,10 +33,15 @@ def update_run_spawned(
 
 def update_run_ended(
     session: Session, run_id: int, now: datetime, cause: str, exit_code: int | None, exit_signal: int | None
-) -> None:
-    row = session.get_one(Run, run_id)
+) -> str:
+    """Records the run's end; returns its game's name. A run id with no row raises LookupError
+    naming it (a supervisor is only ever given runs it created: a bug, told plainly even under -O)."""
+    row = session.get(Run, run_id)
+    if row is None:
+        raise LookupError(f"run {run_id} has no row in the runs table: its end ({cause}) cannot be recorded")
     row.ended_at, row.cause, row.exit_code, row.exit_signal = now, cause, exit_code, exit_signal
     session.flush()
+    return session.get_one(Game, row.game_id).name
 
 
 def update_run_killed(session: Session, run_id: int, cause: str) -> None:

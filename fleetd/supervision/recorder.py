@@ -82,13 +82,10 @@ class Recorder:
     def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> str:
         """The run's end, and its game's failure count and back-off (`carried`, see `failures`)
         and scales (`remedies`, see `remedies`) as that end leaves them, in one transaction.
-        Returns the run's game; an unknown run id raises (`update_run_ended`), never None."""
+        Returns the run's game; an unknown run id raises LookupError naming it (`update_run_ended`)."""
         failures, backoff_due = carried
         with self.db.transaction() as session:
-            run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)
-            run = run_store.read_run(session, run_id)
-            assert run is not None  # update_run_ended found it (get_one)
-            game = run.game
+            game = run_store.update_run_ended(session, run_id, self.clock.now(), cause, status.code, status.signal)
             game_store.update_games_failures(session, {game: (failures, self.boot_pk, backoff_due)})
             game_store.update_games_remedies(
                 session, {game: (remedies.lr_scale, remedies.batch_scale, remedies.rollback_lr_scale)})
