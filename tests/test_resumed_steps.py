@@ -12,9 +12,11 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.config import Settings
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
-from fleetd.store.games import create_game, game_id_of
+from fleetd.store.games import create_game, game_id_of, read_game
 from fleetd.store.records import GameDraft
 from fleetd.supervision.recorder import Recorder
+from fleetd.supervision.remedies import Remedies
+from fleetd.supervision.seams import ExitStatus
 from fleetd.host.uptime import record_daemon_start
 from workers.protocol.reports import ProgressReport
 from tests.api_context import CATALOG
@@ -104,10 +106,6 @@ def test_a_run_end_of_an_unknown_run_id_is_a_clear_error_that_records_nothing(
     """Recorder.run_ended relied on an assert (gone under python -O) after the store's bare
     NoResultFound: an unknown run id now raises LookupError naming it, and its transaction, game
     failures included, rolls back."""
-    from fleetd.store.games import read_game
-    from fleetd.supervision.remedies import Remedies
-    from fleetd.supervision.seams import ExitStatus
-
     start = record_daemon_start(db, host.current_boot(), clock.now())
     recorder = Recorder(db, clock, start.boot.id)
     with db.transaction() as session:
