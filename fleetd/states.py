@@ -28,6 +28,12 @@ class State(StrEnum):
     FATAL = "fatal"  # given up: a crash loop, or checkpoints unusable; `start` clears it
 
 
+# The end of a held game's state reason (fleetd/governor/snapshot.py `handover_reason`): a game
+# `stopped` while desired `running` is explained (the CLI's caption) only while it says this; at
+# any other time that state lasts one supervisor step and its stored reason is its last stop's.
+HANDOVER_MARK = "(hand-over)"
+
+
 class Shown(StrEnum):
     STOPPED = "stopped"
     PENDING = "pending"  # desired running, waiting for the governor to admit it

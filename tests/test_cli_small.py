@@ -221,6 +221,17 @@ def test_the_games_table_fits_a_terminal_by_leaving_columns_out_never_by_cutting
         assert "left out to fit the terminal:" in text and "pid," in text
 
 
+def test_the_caption_explains_a_stopped_game_only_while_it_waits_for_a_hand_over() -> None:
+    """A game stopped while desired running is, outside a hand-over, so for one supervisor step,
+    and its stored reason is its last stop's: the caption said "cart: stopped by the operator"
+    of a game that was starting. Only a held game's reason is spelled out."""
+    held = _listed("held", 0) | {"state": "stopped", "state_reason": "waiting for low to stop (hand-over)"}
+    between = _listed("between", 0) | {"state": "stopped", "state_reason": "stopped by the operator"}
+    fatal = _listed("broken", 0) | {"state": "fatal", "state_reason": "crash loop: 5 failures"}
+    caption = str(render.games_table([held, between, fatal], width=200).caption).splitlines()
+    assert caption == ["held: waiting for low to stop (hand-over)", "broken: crash loop: 5 failures"]
+
+
 def _column_text(text: str, header: str) -> str:
     """A table's column, its cells' lines joined: a name folded onto several lines reads whole."""
     lines = text.splitlines()

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from fleetd.games.fields import PENDING_NOTE, listed
 from fleetd.governor.counted import fewer_counted
-from fleetd.states import Desired, Shown
+from fleetd.states import HANDOVER_MARK, Desired, Shown
 from fleetd.durations import format_duration
 
 # A terminal or pipe whose encoding is not UTF-8 (LANG=en_US, ISO-8859-1): what it cannot show,
@@ -220,9 +220,11 @@ EXPLAINED = (Shown.FATAL, Shown.BACKOFF)
 
 
 def explained(game: dict[str, Any]) -> bool:
-    """Whether the caption spells out its state's reason: fatal, in back-off, or stopped while it
-    should run (one admitted in another's slot waits for that one to stop: a hand-over)."""
-    return game["state"] in EXPLAINED or (game["state"] == Shown.STOPPED and game.get("desired") == "running")
+    """Whether the caption spells out its state's reason: fatal, in back-off, or held stopped in
+    another's slot while that one stops (a hand-over). Any other game stopped while it should run
+    is so for one supervisor step, and its stored reason is its last stop's, no longer true."""
+    return game["state"] in EXPLAINED or (
+        game["state"] == Shown.STOPPED and str(game.get("state_reason") or "").endswith(HANDOVER_MARK))
 
 
 # Learning health (docs/learning-health.md): the states the caption explains, and their colours.

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from fleetd.clock import Clock
 from fleetd.governor.scaling import Host, Scaled
-from fleetd.states import Shown
+from fleetd.states import HANDOVER_MARK, Shown
 from workers.protocol.spec import LaunchSpec, TierDefaults
 
 GOVERNOR_TICK_S = 5.0  # the supervisor loop's governor step, and snapshot publication, at least this often
@@ -81,7 +81,7 @@ class GovernorView:
 
 def handover_reason(givers: list[str]) -> str:
     """A held game's state reason: it holds the slot of `givers`, which are stopping."""
-    return f"waiting for {' and '.join(givers)} to stop (hand-over)"
+    return f"waiting for {' and '.join(givers)} to stop {HANDOVER_MARK}"
 
 
 @dataclass(frozen=True)
