@@ -22,8 +22,12 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/fleetd serve --config $(CONFIG)
 
+# The end-to-end tests run one after another on one test process while the other unit tests are
+# shared out over the rest (tests/conftest.py): on 2 cores, about half the time of one process.
+TEST_PROCESSES ?= 2
+
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -14,6 +14,20 @@ from tests.fakes import FakeClock, FakeHost
 from tests.operations.test_alerts import Receiver
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `make test` (pytest-xdist, `--dist loadgroup`): every end-to-end test (`e2e`: real
+    daemons, workers and their timings) in one group, run one after another on one process as
+    before, and each other module a group of its own (its module fixtures built once), which the
+    other processes share out meanwhile. The e2e group, the longest by far, is handed out first
+    (its tests first in the collection, and `--no-loadscope-reorder` keeps groups in that order)."""
+    if getattr(config.option, "dist", "no") == "no":
+        return
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: each side keeps its order
+    for item in items:
+        group = "e2e" if item.get_closest_marker("e2e") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def _no_fleetd_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The developer's own FLEETD_* variables must not leak into tests."""
