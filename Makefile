@@ -22,12 +22,12 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/fleetd serve --config $(CONFIG)
 
-# The end-to-end tests run one after another on one test process while the other unit tests are
-# shared out over the rest (tests/conftest.py): on 2 cores, about half the time of one process.
+# Two test processes (pytest-xdist), each running whole modules, the end-to-end ones handed out
+# first (tests/conftest.py). TEST_PROCESSES=1 runs them in one, as before.
 TEST_PROCESSES ?= 2
 
 test: install
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -15,17 +15,15 @@ from tests.operations.test_alerts import Receiver
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (pytest-xdist, `--dist loadgroup`): every end-to-end test (`e2e`: real
-    daemons, workers and their timings) in one group, run one after another on one process as
-    before, and each other module a group of its own (its module fixtures built once), which the
-    other processes share out meanwhile. The e2e group, the longest by far, is handed out first
-    (its tests first in the collection, and `--no-loadscope-reorder` keeps groups in that order)."""
-    if getattr(config.option, "dist", "no") == "no":
+    """Under `make test` (pytest-xdist, `--dist loadfile`) each module runs whole on one test
+    process, in its order (its module fixtures built once: the Ray cluster's and the container's
+    tests build on the ones before them), while the other process runs other modules. The modules
+    with end-to-end tests (`e2e`), the long ones, are handed out first: their tests first in the
+    collection, which `--no-loadscope-reorder` keeps."""
+    if not hasattr(config, "workerinput"):  # not one of xdist's test processes
         return
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: each side keeps its order
-    for item in items:
-        group = "e2e" if item.get_closest_marker("e2e") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    with_e2e = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("e2e")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in with_e2e)  # stable: each keeps its order
 
 
 @pytest.fixture(autouse=True)
