@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +20,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     process, in its order (its module fixtures built once: the Ray cluster's and the container's
     tests build on the ones before them), while the other process runs other modules. The modules
     with end-to-end tests (`e2e`), the long ones, are handed out first: their tests first in the
-    collection, which `--no-loadscope-reorder` keeps."""
+    collection, which `--no-loadscope-reorder` keeps. Two tests with one id are refused: xdist
+    would run only one of them."""
+    _operation_ids(items)
+    twice = sorted(node_id for node_id, count in Counter(item.nodeid for item in items).items() if count > 1)
+    if twice:  # xdist hands out tests by id: it would run one of each, and say nothing
+        raise pytest.UsageError(f"{len(twice)} test ids are each given to several tests: {', '.join(twice[:5])}")
     if not hasattr(config, "workerinput"):  # not one of xdist's test processes
         return
     with_e2e = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("e2e")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in with_e2e)  # stable: each keeps its order
+
+
+def _operation_ids(items: list[pytest.Item]) -> None:
+    """Schemathesis names each operation's test `name[METHOD /path]` (tests/test_api_fuzz.py), but
+    pytest 9.2 builds a test's id from its original name and parameters only, so all 32 had one id:
+    xdist, which hands out tests by id, ran one of them. Each gets its operation in its id again."""
+    for item in items:
+        node_id, original = getattr(item, "_id", None), getattr(item, "originalname", None)
+        if node_id is None or node_id.params is not None or not original or item.name == original:
+            continue
+        if item.name.startswith(f"{original}[") and item.name.endswith("]"):
+            item._id = node_id.with_params(item.name[len(original) + 1:-1])
 
 
 @pytest.fixture(autouse=True)

@@ -56,8 +56,8 @@ schemathesis.serializer.alias("application/zip", "application/octet-stream")
 
 # Loaded from the document rather than with `from_asgi`, so that the app under test can come
 # from a fixture on a tmp database (schemathesis's `from_fixture` fails on pytest 9.2: it sets
-# `node._nodeid`, which pytest no longer has; for the same reason every operation's test shows
-# the same node id, though a failure's header names its operation).
+# `node._nodeid`, which pytest no longer has; for the same reason every operation's test had the
+# same node id, which tests/conftest.py gives its operation again).
 schema = schemathesis.openapi.from_dict(openapi_document())
 schema.config.generation.update(max_examples=MAX_EXAMPLES, deterministic=True, database="none")
 
