@@ -638,6 +638,26 @@ def test_a_first_run_being_spawned_is_said_to_be_starting_not_to_have_no_log(app
         assert response.json()["error"]["details"]["starting"] is True
 
 
+def test_the_newest_log_asked_after_a_spawn_pruned_the_run_befores_is_said_to_be_starting(app, client: TestClient) -> None:
+    # log_keep_runs = 1: the launcher's spawn writes the new run's spec, prunes the run before's
+    # log, then records the new log. A GET without `run` in between picked the run before and was
+    # told its log was "gone (log_keep_runs)"; `fleetd logs -f` ended there. The run is starting.
+    old = new_run(app, "pruned-spawn", "old line\n")
+    end_run(app, old)
+    new = begin_run(app, "pruned-spawn")
+    logs = log_path(app, old).parent
+    run_spec_path(logs.parent, new).write_text("{}")
+    _prune_run_files(logs, 1)
+    assert not log_path(app, old).exists()
+    for follow in ("false", "true"):
+        response = client.get("/api/v1/games/pruned-spawn/logs", params={"follow": follow})
+        message = error(response, 404)
+        assert message == f"run {new} of 'pruned-spawn' is starting: its worker has no log yet; ask again in a moment"
+        assert response.json()["error"]["details"]["starting"] is True
+    response = client.get("/api/v1/games/pruned-spawn/logs", params={"run": old})
+    assert "gone" in error(response, 404)  # asked for by its id, the run before's log is gone
+
+
 def test_a_follow_whose_log_a_spawn_prunes_before_recording_its_own_moves_on_to_that_run(
         app, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     # The launcher prunes (log_keep_runs) at the new run's spawn, then records the new log's path:

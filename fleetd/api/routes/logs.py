@@ -104,11 +104,12 @@ def _chosen_run(context: AppContext, name: str, run_id: int | None) -> RunRecord
 def _newest_with_log(name: str, newest: list[RunRecord]) -> RunRecord:
     """The newest run, or the one before it while the newest's spawn has not recorded its log
     (milliseconds locally; a Ray push to URL storage can take minutes): its log is the game's
-    newest there is, and a follow moves on to the new run's once recorded. With none before,
-    the run is starting: said so, not "has no log" (adopted, or never started)."""
+    newest there is, and a follow moves on to the new run's once recorded. With none before, or
+    the one before's log pruned already (`log_keep_runs = 1` prunes it at the spawn, before the
+    new log is recorded), the run is starting: said so, not "has no log" nor "gone"."""
     if not _being_spawned(newest[0]):
         return newest[0]
-    if len(newest) > 1:
+    if len(newest) > 1 and not _pruned_at_this_spawn(newest[1]):
         return newest[1]
     raise FleetdError(ErrorCode.NOT_FOUND, f"run {newest[0].id} of {name!r} is starting: its worker has no log "
                       "yet; ask again in a moment", {"name": name, "run": newest[0].id, "starting": True})
@@ -134,6 +135,13 @@ def _opened(context: AppContext, name: str, run_id: int | None,
         return record, path, _tail_of(path, lines)
     except FileNotFoundError:  # pruned by log_keep_runs since _log_file looked: as if it had been then
         raise _pruned(record, path) from None
+
+
+def _pruned_at_this_spawn(before: RunRecord) -> bool:
+    """The run before a run being spawned, ended, its log (on this host) gone: pruned by that
+    spawn. A cluster run's log may never have been made (_log_file tells that apart)."""
+    return (before.ended_at is not None and bool(before.log_path) and not on_cluster(before)
+            and not FsPath(before.log_path).is_file())
 
 
 def _tail_of(path: FsPath, lines: int) -> tuple[bytes, int, CopySignature | None]:
