@@ -22,12 +22,13 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/fleetd serve --config $(CONFIG)
 
-# Two test processes (pytest-xdist), each running whole modules, the end-to-end ones handed out
-# first (tests/conftest.py). TEST_PROCESSES=1 runs them in one, as before.
-TEST_PROCESSES ?= 2
+# One test process by default. TEST_PROCESSES=2 runs two (pytest-xdist), each running whole
+# modules, the end-to-end ones handed out first (tests/conftest.py): see the README.
+TEST_PROCESSES ?= 1
+XDIST := $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 test: install
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
