@@ -111,9 +111,12 @@ def test_a_crash_loop_goes_on_through_a_daemon_killed_in_its_back_off(slow_backo
     try:
         first.wait_healthy()
         assert first.post("/api/v1/games", {"name": "bad-start", "env_id": "CartPole-v1", "algo": "ppo"}).status_code == 201
-        # Two failed starts (2 s apart): in back-off for 4 s.
-        first.wait_for_game("bad-start", lambda g: g["state"] == "backoff" and len(first.runs("bad-start")) == 2,
+        # Two failed starts (2 s apart): in back-off for 4 s. Told by the game's one view: its state
+        # and its run count read apart, a loaded machine saw the first back-off's state and then
+        # the second run, just spawned, and killed the daemon in that start, not in the back-off.
+        first.wait_for_game("bad-start", lambda g: g["state"] == "backoff" and "restarting in 4s" in g["state_reason"],
                             30, "in back-off after two failed starts")
+        assert len(first.runs("bad-start")) == 2
         time.sleep(0.3)  # the loop's turn that recorded it ends
         first.kill()
         second = Daemon(slow_backoff, log_name="daemon2.log", env=env)

@@ -7,6 +7,10 @@ protocol like the real one, then behaves as its game's name says.
 - a game named `bad...` dies at start-up with exit 1, before any report, as the real worker
   does on a mistyped hyperparameter (SB3 raises while building the model): a failed start.
 - any other game reports progress until SIGTERM, then exits 0 as a stop expects.
+
+Its exit code is left beside its run spec as the real worker leaves it (`workers.__main__`'s
+`main_recorded`), so that an end no daemon saw (the daemon killed meanwhile) is judged by the next
+one as a real worker's is: a failed start counted, not a run lost with the daemon.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import sys
 import time
 
+from workers.protocol.exit_codes import write_exit_record
 from workers.protocol.reports import ProgressReport, ResumedReport, now
 from workers.protocol.sender import ProgressSender
 from workers.protocol.spec import RunSpec
@@ -31,6 +36,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", required=True)
     path = parser.parse_args().spec
+    code = behave(path)
+    write_exit_record(path, code)
+    return code
+
+
+def behave(path: str) -> int:
     with open(path, encoding="utf-8") as file:
         game = json.load(file)["game"]
     if game.startswith("bad"):
