@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 CONFIG ?= deploy/dev.toml
 
-.PHONY: install run test lint clean
+.PHONY: install run test clean
 
 install: $(STAMP)
 

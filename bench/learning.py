@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fleetd.states import Shown  # noqa: E402 - after the path set-up above
 from workers import checkpoint  # noqa: E402 - after the path set-up above
 from tests.daemon_harness import (  # noqa: E402 - after the path set-up above
-    TINY,
     Daemon,
     DaemonConfig,
     kill_leftover_workers,

@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetd.api import create_app
 from fleetd.api.context import AppContext
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.store.engine import Database

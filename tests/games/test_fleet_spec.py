@@ -437,7 +437,7 @@ def test_export_then_apply_is_no_change_with_any_character_in_a_string(client: T
     """json.dumps's ASCII escapes wrote a character beyond U+FFFF as two surrogates, and DEL
     bare: TOML refuses both, so `fleetd apply` refused what `fleetd export-spec` wrote."""
     odd = "snow ☃, face 😀, del \x7f, tab \t, nul \x00"
-    put_spec(client, [CART | {"hyperparams": {"policy_kwargs": {"net_arch": [64], "label": odd, f"k 😀\x7f": odd}}}])
+    put_spec(client, [CART | {"hyperparams": {"policy_kwargs": {"net_arch": [64], "label": odd, "k 😀\x7f": odd}}}])
     text = to_toml(client.get("/api/v1/fleet/spec").json()["games"])
     response = put_spec(client, tomllib.loads(text)["games"])
     assert response.json()["changed"] is False, response.json()

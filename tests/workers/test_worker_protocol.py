@@ -19,12 +19,12 @@ from workers.__main__ import main
 from pydantic import ValidationError
 
 from workers.protocol import reports as reports_module
-from workers.protocol.exit_codes import ExitCode, describe, exit_record_path, read_exit_record
+from workers.protocol.exit_codes import ExitCode, exit_record_path, read_exit_record
 from workers.protocol.reports import (CheckpointRef, CheckpointReport, CheckpointSummary, ProgressReport,
                                       ReportError, ResumedReport, SkippedCheckpoint, decode_report,
                                       encode_report, figure, timestamp)
 from workers.protocol.sender import ProgressSender
-from workers.protocol.spec import Hyperparams, LaunchSpec, PolicyKwargs, RunSpec, SpecError, TierDefaults
+from workers.protocol.spec import RunSpec, SpecError
 
 
 def test_valid_spec_parses_into_a_frozen_model(make_spec):
