@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fleetd.config import DEFAULT_TIERS  # noqa: E402 - after the path set-up above
 from fleetd.governor.footprint import FootprintBook, Reading, RunningWorker  # noqa: E402
 from fleetd.governor.ladder import build_ladder  # noqa: E402
-from fleetd.host.telemetry import NvmlReader, TelemetrySampler  # noqa: E402
+from fleetd.host.nvml import NvmlReader  # noqa: E402
+from fleetd.host.telemetry import TelemetrySampler  # noqa: E402
 
 MIB = 2**20
 LADDER_SIZES = sorted({(rung.num_envs, rung.batch_size) for rung in build_ladder(DEFAULT_TIERS)})

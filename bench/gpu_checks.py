@@ -103,7 +103,7 @@ def rng() -> int:
 
 def nvml(command: list[str]) -> int:
     """Run `command`, reading NVML (fleetd's NvmlReader) every 0.5 s, and summarise."""
-    from fleetd.host.telemetry import NvmlReader
+    from fleetd.host.nvml import NvmlReader
 
     reader, samples, stop = NvmlReader(), [], threading.Event()
 

@@ -198,7 +198,7 @@ class Watch:
     nvml_note: str | None = None
 
     def start(self) -> None:
-        from fleetd.host.telemetry import NvmlReader
+        from fleetd.host.nvml import NvmlReader
 
         self.reader, self.stop_flag = NvmlReader(), threading.Event()
         self.cpu0 = {name: self._cpu(name, pid) for name, pid in self._all().items()}

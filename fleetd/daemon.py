@@ -56,7 +56,8 @@ from fleetd.supervision.seams import Launcher, Reactor
 from fleetd.supervision.commands import Shutdown
 from fleetd.supervision.supervisor import MAX_WAIT_S, Supervisor
 from fleetd.supervision.thread import SupervisorThread
-from fleetd.host.telemetry import NvmlReader, TelemetrySampler
+from fleetd.host.nvml import NvmlReader
+from fleetd.host.telemetry import TelemetrySampler
 from fleetd.token import ensure_token
 from fleetd.host.uptime import DaemonStart, StartKind, describe_start, record_daemon_start, record_daemon_stop
 

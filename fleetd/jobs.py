@@ -20,7 +20,8 @@ from fleetd.errors import ErrorCode, FleetdError, disk_full
 from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.stall import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
 from fleetd.governor.footprint import FootprintSource
-from fleetd.host.telemetry import Snapshot, TelemetrySampler, sample_rows
+from fleetd.host.samples import Snapshot
+from fleetd.host.telemetry import TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
 from fleetd.operations.alerts import Alert
 from fleetd.operations.run_logs import rotated_copy

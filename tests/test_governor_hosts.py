@@ -38,7 +38,7 @@ from fleetd.errors import FleetdError
 from fleetd.supervision.commands import ForgetHost, Shutdown
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
-from fleetd.host.telemetry import HostSample, Snapshot
+from fleetd.host.samples import HostSample, Snapshot
 from fleetd.host.uptime import record_daemon_start
 from tests.api_context import CATALOG, on_ray, serving
 from tests.fakes import FakeClock, FakeHost

@@ -22,7 +22,8 @@ from fleetd.config import Settings, TierSettings
 from fleetd.daemon import Daemon
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.placement import GpuRoom, choose_gpu
-from fleetd.host.telemetry import NvmlReader, TelemetrySampler
+from fleetd.host.nvml import NvmlReader
+from fleetd.host.telemetry import TelemetrySampler
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.jobs import GPU_LOST_ALERT_TRIES, GpuLossNotice, telemetry_job
 from fleetd.host.uptime import record_daemon_start

@@ -19,7 +19,7 @@ from fleetd.api import create_app
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import Settings
 from fleetd.errors import FleetdError
-from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
+from fleetd.host.samples import GpuSample, HostSample, Snapshot
 from fleetd.host.uptime import heartbeat, record_daemon_start
 from fleetd.jobs import hosts_job
 from fleetd.states import State

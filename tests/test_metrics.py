@@ -21,7 +21,7 @@ from fleetd.store.games import create_game, update_game_state, update_games_prog
 from fleetd.store.records import GameDraft, ProgressSnapshot
 from fleetd.supervision.counters import GameCounts, ProgressCounters
 from fleetd.supervision.recorder import Recorder
-from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
+from fleetd.host.samples import GpuSample, HostSample, Snapshot
 from fleetd.host.uptime import record_daemon_start
 from workers.protocol.reports import ProgressReport
 from tests.api_context import RecordingSupervisor

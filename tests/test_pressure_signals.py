@@ -25,8 +25,9 @@ from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.pressure import pressure_reasons
 from fleetd.host import telemetry
 from fleetd.host.lives import host_resources
-from fleetd.host.telemetry import (GpuSample, HostPressure, HostSample, NvmlReader, Readings, Snapshot, TelemetrySampler,
-                                   _throttle, read_pressure, sample_rows)
+from fleetd.host.nvml import NvmlReader, _throttle
+from fleetd.host.samples import GpuSample, HostPressure, HostSample, Readings, Snapshot
+from fleetd.host.telemetry import TelemetrySampler, read_pressure, sample_rows
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
@@ -766,7 +767,7 @@ def test_a_reading_bad_again_after_reading_well_is_logged_again(
 ) -> None:
     """Once logged, a kind was never logged again for the sampler's life: a sensor bad, sane
     again, then bad again days later was silent. Now a good reading clears it (logged at INFO)."""
-    caplog.set_level(logging.INFO, logger="fleetd.host.telemetry")
+    caplog.set_level(logging.INFO, logger="fleetd.host.samples")
     memory = SimpleNamespace(total=0, available=0)
     monkeypatch.setattr(telemetry.psutil, "virtual_memory", lambda: memory)
     sampler = TelemetrySampler(FakeGpu([], {}, "no GPU"), psi_dir=Path("/nonexistent"))

@@ -31,7 +31,9 @@ from fleetd.supervision.policy import Policy
 from fleetd.supervision.process import WorkerProcess
 from fleetd.supervision.spec import launch_for
 from fleetd.host.lives import host_resources
-from fleetd.host.telemetry import GpuSample, HostSample, NvmlReader, Snapshot, TelemetrySampler, sample_rows, snapshot_json
+from fleetd.host.nvml import NvmlReader
+from fleetd.host.samples import GpuSample, HostSample, Snapshot
+from fleetd.host.telemetry import TelemetrySampler, sample_rows, snapshot_json
 from tests.host.test_telemetry import Monotonic, fake_nvml  # noqa: F401  (fake_nvml: the fixture)
 from tests.fakes import FakeClock
 from tests.supervision_fakes import FakeLauncher, RecordingSink

@@ -22,7 +22,8 @@ from fleetd.cli.render import SKIPPED_GPU_THEN, fleet_table, forensics_rows
 from fleetd.config import Settings
 from fleetd.games.catalog import EnvCatalog
 from fleetd.governor.controller import GameSlot
-from fleetd.host.telemetry import GpuSample, HostSample, Snapshot, snapshot_json
+from fleetd.host.samples import GpuSample, HostSample, Snapshot
+from fleetd.host.telemetry import snapshot_json
 from fleetd.host.uptime import record_daemon_start
 from fleetd.states import Desired, Shown, State
 from fleetd.store.engine import Database

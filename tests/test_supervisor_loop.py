@@ -21,7 +21,7 @@ from fleetd.governor.controller import FleetController
 from fleetd.governor.scaling import Scaled
 from fleetd.governor.footprint import FootprintBook
 from fleetd.health.rules import Health, HealthRecord
-from fleetd.host.telemetry import HostSample, Snapshot
+from fleetd.host.samples import HostSample, Snapshot
 from fleetd.jobs import hosts_job
 from fleetd.states import Desired, Shown, State
 from fleetd.store import games as game_store

@@ -35,7 +35,7 @@ class SupervisorPort(Protocol):
 
 class TelemetrySource(Protocol):
     @property
-    def latest(self) -> Any: ...  # fleetd.host.telemetry.Snapshot | None, itself published whole
+    def latest(self) -> Any: ...  # fleetd.host.samples.Snapshot | None, itself published whole
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from fleetd.governor.ladder import build_ladder
 from fleetd.governor.stall import TELEMETRY_STALE_INTERVALS, sample_age
 from fleetd.governor.snapshot import GovernorView
 from fleetd.health.rules import Health
-from fleetd.host.telemetry import Snapshot as TelemetrySnapshot
+from fleetd.host.samples import Snapshot as TelemetrySnapshot
 from fleetd.host.uptime import uptime_report
 from fleetd.planning.rungs import RungSizing
 from fleetd.planning.service import PlanReport, fleet_plan, live_pressure, live_sizing

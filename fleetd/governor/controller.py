@@ -59,7 +59,7 @@ LOCAL = ""  # the local executor's one host: its rungs are stored under this nam
 
 class TelemetrySource(Protocol):
     @property
-    def latest(self) -> Any:  # fleetd.host.telemetry.Snapshot | None
+    def latest(self) -> Any:  # fleetd.host.samples.Snapshot | None
         ...
 
 

@@ -40,7 +40,7 @@ class RunningWorker:
 
 @dataclass(frozen=True)
 class Reading:
-    """One telemetry reading of one worker's tree (fleetd.host.telemetry.ProcessSample's figures)."""
+    """One telemetry reading of one worker's tree (fleetd.host.samples.ProcessSample's figures)."""
 
     game: str
     pid: int
@@ -148,7 +148,7 @@ class FootprintSource:
     settle_s: float
 
     def take(self, snapshot: Any, running: Mapping[str, RunningWorker], now: datetime) -> list[FootprintRecord]:
-        """`snapshot`: fleetd.host.telemetry.Snapshot. The footprints it changed, for the store."""
+        """`snapshot`: fleetd.host.samples.Snapshot. The footprints it changed, for the store."""
         readings = [Reading(p.game, p.pid, p.rss_bytes, p.gpu_memory_bytes) for p in snapshot.processes]
         counted = settled_readings(readings, running, self.settle_s)
         if not counted:

@@ -32,7 +32,7 @@ TELEMETRY_RESUMED_INTERVALS = 6
 
 
 def sample_age(snapshot: Any, clock: Clock, since: float) -> float:
-    """How long ago `snapshot` (fleetd.host.telemetry.Snapshot) was taken, on the monotonic clock
+    """How long ago `snapshot` (fleetd.host.samples.Snapshot) was taken, on the monotonic clock
     where it has its stamp (a step of the wall clock neither fakes a stall nor hides one; else its
     wall-clock age), counted from no earlier than `since` (monotonic) and never below 0. The
     governor's (`TelemetryStall.age`) and the API's (`fleetd.api.metrics.TelemetryAge`), each

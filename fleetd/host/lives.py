@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import socket
 
-from fleetd.host.telemetry import Snapshot, host_cores
+from fleetd.host.samples import Snapshot
+from fleetd.host.telemetry import host_cores
 from fleetd.store import boots as boot_store
 from fleetd.store import runs as run_store
 from fleetd.store.engine import Database

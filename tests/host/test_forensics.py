@@ -15,7 +15,9 @@ from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.render import boot_detail, console, forensics_rows
 from fleetd.games.catalog import EnvCatalog
 from fleetd.host.forensics import Journalctl, KernelLog, capture, record_kernel_log
-from fleetd.host.telemetry import NOT_THIS_NAMESPACE, GpuSample, HostSample, ProcessSample, Snapshot, incomplete_list
+from fleetd.host.nvml import incomplete_list
+from fleetd.host.samples import GpuSample, HostSample, ProcessSample, Snapshot
+from fleetd.host.telemetry import NOT_THIS_NAMESPACE
 from fleetd.host.uptime import record_daemon_start
 from fleetd.jobs import heartbeat_job
 from tests.fakes import FakeHost

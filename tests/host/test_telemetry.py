@@ -23,16 +23,12 @@ import pytest
 from fleetd.cli.render import gpu_line
 from fleetd.config import FleetSettings
 from fleetd.governor.pressure import pressure_reasons
+from fleetd.host.nvml import NvmlReader, incomplete_list
+from fleetd.host.samples import GpuSample, HostSample, ProcessSample, Snapshot
 from fleetd.host.telemetry import (
     NOT_THIS_NAMESPACE,
-    GpuSample,
-    HostSample,
-    NvmlReader,
-    ProcessSample,
-    Snapshot,
     TelemetrySampler,
     _holds_gpu,
-    incomplete_list,
     not_this_namespace,
     proc_hides_pids,
     sample_rows,
@@ -281,7 +277,7 @@ def test_a_failed_init_is_retried_at_most_once_a_minute(
     monkeypatch.setattr(pynvml, "nvmlInit", failing_init)
     clock = Monotonic()
     reader = NvmlReader(monotonic=clock)
-    with caplog.at_level(logging.WARNING, logger="fleetd.host.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="fleetd.host.nvml"):
         assert reader.read()[2] is not None
         clock.now += 30
         assert reader.read()[2] is not None

@@ -27,7 +27,7 @@ from fleetd.states import Desired, State
 from fleetd.governor.controller import FleetController
 from fleetd.governor.footprint import FootprintBook
 from fleetd.governor.scaling import scale_rung
-from fleetd.host.telemetry import GpuSample, HostSample, Snapshot
+from fleetd.host.samples import GpuSample, HostSample, Snapshot
 from fleetd.store.fleet import save_fleet, save_rung, update_fleet_requested, update_game_admitted
 from fleetd.store.games import create_game, delete_game, read_game, update_game_desired, update_game_settings, update_game_state, update_games_progress
 from fleetd.store.health import update_game_queued
