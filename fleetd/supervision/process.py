@@ -155,6 +155,14 @@ class WorkerProcess:
         left on this boot. A worker adopted counts on from them; a start waits out the back-off."""
         self.failures, self.backoff_due = failures, backoff_due
 
+    def give_up_carried(self) -> None:
+        """At daemon start: a count carried past `startretries` (stored with its run's end) whose
+        FATAL the last daemon died before storing. FATAL now, as that run's end made it, with its
+        alert: not one more run (which then went FATAL, one failure later)."""
+        if self.state is State.STOPPED and self.failures > self.policy.startretries:
+            self._to(State.FATAL, f"gave up after {self.failures} failures in a row (no run wrote a checkpoint "
+                     "beyond the one it resumed from; counted by the last daemon, which died before it stored it)")
+
     def restore(self, state: State, reason: str) -> None:
         """At daemon start: keep a game that had ended (EXITED) or given up (FATAL) that way."""
         if self.state is State.STOPPED and state in (State.EXITED, State.FATAL):

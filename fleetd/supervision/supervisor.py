@@ -176,6 +176,8 @@ class Supervisor:
         # Where the dead daemon's roll may be (`_roll_tier_changes` waits for them).
         self._stored_restarting = {game.name for game in self._games if self._desired.get(game.name) is Desired.RUNNING
                                     and game.state in (State.STOPPING, State.STARTING)}
+        for proc in self.procs.values():
+            proc.give_up_carried()
         self._settle_stale_states()
         self._hold_for_slotless()
         self._health.resume(self.procs)
