@@ -29,7 +29,7 @@ from fleetd.governor.snapshot import FleetSnapshot
 from fleetd.states import Desired, State, shown
 from fleetd.store.games import read_games
 from fleetd.store.engine import Database
-from fleetd.store.schema import ensure_schema
+from tests.new_database import new_database
 from fleetd.supervision.rollback import RollBack
 from fleetd.host.uptime import record_daemon_start
 from tests.daemon_harness import free_port
@@ -124,7 +124,7 @@ def shared_context(root: Path, token: str, busy_timeout_ms: int = 5000) -> Itera
             patch.delenv(name)
         (root / "boot_id").write_text("11111111-1111-1111-1111-111111111111\n")
         settings = load_settings(state_dir=root / "state", host={"boot_id_path": root / "boot_id"})
-    ensure_schema(settings.db_path, "fleetd db upgrade")
+    new_database(settings.db_path)
     db = Database.open(settings.db_path, busy_timeout_ms)
     clock = FakeClock()
     try:

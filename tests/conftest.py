@@ -9,7 +9,7 @@ import pytest
 
 from fleetd.config import Settings, load_settings
 from fleetd.store.engine import Database
-from fleetd.store.schema import ensure_schema
+from tests.new_database import new_database
 from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
 from tests.fakes import FakeClock, FakeHost
 from tests.operations.test_alerts import Receiver
@@ -68,7 +68,7 @@ def settings(tmp_path: Path, boot_id_file: Path) -> Settings:
 
 @pytest.fixture
 def db(settings: Settings) -> Iterator[Database]:
-    ensure_schema(settings.db_path, "fleetd db upgrade")
+    new_database(settings.db_path)
     database = Database.open(settings.db_path)
     yield database
     database.close()

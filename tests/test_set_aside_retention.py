@@ -23,6 +23,7 @@ from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.schema import ensure_schema
+from tests.new_database import new_database
 from fleetd.supervision.learning import set_aside_after
 from fleetd.supervision.rollback import roll_back
 from tests.fakes import FakeClock, FakeHost
@@ -60,7 +61,7 @@ def deleted_events(db: Database):
 @pytest.fixture
 def fleet(tmp_path):
     settings = load_settings(state_dir=tmp_path / "state")
-    ensure_schema(settings.db_path, "fleetd db upgrade")
+    new_database(settings.db_path)
     db = Database.open(settings.db_path)
     yield settings, db
     db.close()

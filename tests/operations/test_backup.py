@@ -27,6 +27,7 @@ from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.schema import SchemaState, ensure_schema, inspect_schema
 from tests.fakes import FakeClock
+from tests.new_database import new_database
 from workers import checkpoint
 
 
@@ -50,7 +51,7 @@ def memory_target(tmp_path):
     database closed and the target's files gone after, however the test ended."""
     url = f"memory://backup-{uuid.uuid4().hex}"
     settings = load_settings(state_dir=tmp_path / "state", backup={"target": url})
-    ensure_schema(settings.db_path, "fleetd db upgrade")
+    new_database(settings.db_path)
     db = Database.open(settings.db_path)
     try:
         yield settings, db, url
@@ -769,7 +770,7 @@ def booted_fleet(state_dir: Path, url: str, boot_id: str):
     from fleetd.store.boots import create_boot
 
     settings = load_settings(state_dir=state_dir, backup={"target": url})
-    ensure_schema(settings.db_path, "fleetd db upgrade")
+    new_database(settings.db_path)
     db = Database.open(settings.db_path)
     clock = FakeClock()
     with db.transaction() as session:

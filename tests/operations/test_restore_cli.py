@@ -14,6 +14,7 @@ from fleetd.config import load_settings
 from fleetd.operations.backup.job import Backup
 from fleetd.store.engine import Database
 from fleetd.store.schema import ensure_schema
+from tests.new_database import new_database
 from tests.daemon_harness import clean_env
 from tests.fakes import FakeClock
 from tests.operations.test_backup import write_ckpt
@@ -25,7 +26,7 @@ def backup_dir(tmp_path: Path) -> Path:
     """A fleet's backup: its database and two verified checkpoints of one game."""
     target = tmp_path / "backup"
     settings = load_settings(state_dir=tmp_path / "live", backup={"target": str(target)})
-    ensure_schema(settings.db_path, "fleetd db upgrade")
+    new_database(settings.db_path)
     write_ckpt(settings.game_dir("pong") / "checkpoints", 100)
     write_ckpt(settings.game_dir("pong") / "checkpoints", 200)
     db = Database.open(settings.db_path)

@@ -17,7 +17,7 @@ from fleetd.host.uptime import heartbeat, record_daemon_start
 from fleetd.store.engine import Database
 from fleetd.store.games import create_game
 from fleetd.store.records import GameDraft
-from fleetd.store.schema import ensure_schema
+from tests.new_database import new_database
 from tests.api_context import RecordingSupervisor
 from tests.fakes import FakeClock, FakeHost
 from tests.planning.helpers import TOKEN, govern
@@ -40,7 +40,7 @@ def fleet(priced: Settings, clock: FakeClock, host: FakeHost,
     not the test machine's: the plan sizes rungs by them, as the governor does (a test may set
     others)."""
     monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: CORES)
-    ensure_schema(priced.db_path, "fleetd db upgrade")
+    new_database(priced.db_path)
     db = Database.open(priced.db_path)
     first = record_daemon_start(db, host.current_boot(), clock.now())
     clock.advance(23.5 * 3600)
