@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/fleetd serve --config $(CONFIG)
 
-# One test process by default. TEST_PROCESSES=2 runs two (pytest-xdist), each running whole
-# modules, the end-to-end ones handed out first (tests/conftest.py): see the README.
-TEST_PROCESSES ?= 1
+# Two test processes (pytest-xdist), each running whole modules, the end-to-end ones handed out
+# first (tests/conftest.py); TEST_PROCESSES=1 runs the suite in one, in its order: see the README.
+TEST_PROCESSES ?= 2
 XDIST := $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 test: install

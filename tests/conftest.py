@@ -16,7 +16,7 @@ from tests.operations.test_alerts import Receiver
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test TEST_PROCESSES=2` (pytest-xdist, `--dist loadfile`) each module runs whole on one test
+    """Under `make test` (two processes: pytest-xdist, `--dist loadfile`) each module runs whole on one test
     process, in its order (its module fixtures built once: the Ray cluster's and the container's
     tests build on the ones before them), while the other process runs other modules. The modules
     with end-to-end tests (`e2e`), the long ones, are handed out first: their tests first in the
