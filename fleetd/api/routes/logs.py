@@ -109,7 +109,7 @@ def _newest_with_log(name: str, newest: list[RunRecord]) -> RunRecord:
     new log is recorded), the run is starting: said so, not "has no log" nor "gone"."""
     if not _being_spawned(newest[0]):
         return newest[0]
-    if len(newest) > 1 and not _pruned_at_this_spawn(newest[1]):
+    if len(newest) > 1 and not _pruned_here(newest[1]):  # if pruned, by this spawn
         return newest[1]
     raise FleetdError(ErrorCode.NOT_FOUND, f"run {newest[0].id} of {name!r} is starting: its worker has no log "
                       "yet; ask again in a moment", {"name": name, "run": newest[0].id, "starting": True})
@@ -137,11 +137,11 @@ def _opened(context: AppContext, name: str, run_id: int | None,
         raise _pruned(record, path) from None
 
 
-def _pruned_at_this_spawn(before: RunRecord) -> bool:
-    """The run before a run being spawned, ended, its log (on this host) gone: pruned by that
-    spawn. A cluster run's log may never have been made (_log_file tells that apart)."""
-    return (before.ended_at is not None and bool(before.log_path) and not on_cluster(before)
-            and not FsPath(before.log_path).is_file())
+def _pruned_here(record: RunRecord) -> bool:
+    """An ended run's log on this host, gone: pruned (log_keep_runs). A cluster run's log
+    missing may never have been made (`_log_file` tells it apart)."""
+    return (record.ended_at is not None and bool(record.log_path) and not on_cluster(record)
+            and not FsPath(record.log_path).is_file())
 
 
 def _tail_of(path: FsPath, lines: int) -> tuple[bytes, int, CopySignature | None]:
@@ -178,13 +178,13 @@ def _log_file(record: RunRecord, storage_url: str | None = None) -> FsPath:
     if not path.is_file() and storage_url is not None and record.node_id is not None:
         raise FleetdError(ErrorCode.CONFLICT, on_node(record, path, storage_url),
                           {"name": record.game, "run": record.id, "node_id": record.node_id})
-    if not path.is_file() and record.ended_at is not None:
-        if on_cluster(record):  # never made (its actor died first) or pruned: the two look alike
-            raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is not there "
-                              f"({path}): either its run ended before its worker wrote it (a Ray actor that died "
-                              "first), or it was pruned (fleetd keeps the newest [worker] log_keep_runs runs' logs)",
-                              {"name": record.game, "run": record.id})
+    if _pruned_here(record):
         raise _pruned(record, path)
+    if not path.is_file() and record.ended_at is not None:  # a cluster run's: never made (its actor died first) or pruned
+        raise FleetdError(ErrorCode.NOT_FOUND, f"the log of run {record.id} of {record.game!r} is not there "
+                          f"({path}): either its run ended before its worker wrote it (a Ray actor that died "
+                          "first), or it was pruned (fleetd keeps the newest [worker] log_keep_runs runs' logs)",
+                          {"name": record.game, "run": record.id})
     # A run not ended has its log still, if it has one yet: log_keep_runs prunes at a newer
     # run's spawn, and a Ray run's path is recorded at its own, before its actor's worker on a
     # node makes the file: that is "not written yet", not gone (a local one's is missing: not_there).
