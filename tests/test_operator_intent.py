@@ -14,7 +14,7 @@ import pytest
 from fleetd.games.settings import update_settings
 from fleetd.games.lifecycle import set_desired
 from fleetd.governor.admission import Admission
-from fleetd.states import Desired, Shown, State
+from fleetd.states import LIVE, Desired, Shown, State
 from fleetd.store.fleet import update_fleet_requested
 from fleetd.store.events import EventFilter, read_events
 from fleetd.supervision.commands import Reconcile, StartGame
@@ -468,6 +468,25 @@ def test_a_hand_over_whose_stop_the_killed_daemon_never_stored_waits_for_that_st
     loop.reactor.exit(low_pid, code=0)
     loop.steps()
     assert loop.state("new") is State.STARTING and loop.state("high") is State.RUNNING
+
+
+def test_a_game_that_kept_its_slot_and_lost_its_worker_restarts_beside_a_giver_still_stopping(
+    loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """high's worker died too while no daemon ran. Two slots: low stopping and one game starting
+    fill them. Every admitted game without a worker used to wait for low's stop, high included,
+    which had kept its slot; now one of them starts, and the other once low has stopped."""
+    low_pid = _killed_once_low_gave_its_slot(loop, monkeypatch)
+    loop.probe.live = {low_pid}  # high's worker ended while no daemon ran
+    loop.start()
+    loop.steps(3)
+    live = sorted(name for name, proc in loop.sup.procs.items() if proc.state in LIVE)
+    assert loop.state("low") is State.STOPPING and len(live) == 2 == loop.sup.fleet.governor.allowed(), live
+    waiting = next(name for name in ("high", "new") if name not in live)
+    assert held_reason(loop, waiting)[:2] == ("stopped", "waiting for low to stop (hand-over)")
+    loop.reactor.exit(low_pid, code=0)
+    loop.steps()
+    assert loop.state(waiting) is State.STARTING and loop.shown()["low"] is Shown.PENDING
 
 
 def test_a_game_given_a_slot_through_a_daemon_kill_does_not_wait_for_a_giver_admitted_again(

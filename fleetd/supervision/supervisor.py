@@ -424,10 +424,10 @@ class Supervisor:
         adopted whose game should run but holds no slot gave it up (`--now`, a pre-emption, a
         yield) or lost it to a step back, and is stopping (or stopped now, by `_apply_desired`,
         where that daemon died before its stop was stored). To whom, the store does not say, nor
-        whether the taker was admitted yet (a yield dies between its two writes): no game holding
-        a slot starts, now or at a later step, until all of them have stopped. Never more workers
-        than slots, at the cost of such a start waiting at most their stop (`stopwaitsecs`, then
-        SIGKILL)."""
+        whether the taker was admitted yet (a yield dies between its two writes): while one of
+        them lives, a game holding a slot starts only into a slot no live worker fills, theirs
+        counted (`_a_slot_is_free`), now or at a later step. Never more workers than slots, at the
+        cost of such a start waiting at most their stop (`stopwaitsecs`, then SIGKILL)."""
         self._slotless_at_start = {name for name, proc in self.procs.items() if proc.state in LIVE
                                    and self._desired.get(name) is Desired.RUNNING and not self.fleet.admitted(name)}
 
@@ -440,11 +440,23 @@ class Supervisor:
         if not self._slotless_at_start:
             self._told_waiting.clear()
             return False
+        if self._a_slot_is_free():
+            return False
         if name not in self._told_waiting:  # said once, not at every step
             self._told_waiting.add(name)
             log.info("%s waits for %s to stop (a hand-over through a daemon restart)", name,
                      ", ".join(sorted(self._slotless_at_start)))
         return True
+
+    def _a_slot_is_free(self) -> bool:
+        """On one host: fewer live workers, the slotless ones stopping counted, than the games the
+        fleet may hold now. A start then keeps the workers within the slots, whichever game took
+        whose: a game that kept its slot and lost its worker while no daemon ran starts at once,
+        and the one given a slot still stopping waits for it. On a cluster never: the host of a
+        worker adopted is not known here, and every start waits, as before."""
+        if self.fleet.cluster:
+            return False
+        return sum(1 for proc in self.procs.values() if proc.state in LIVE) < self.fleet.governor.allowed()
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own
