@@ -475,7 +475,8 @@ def test_a_game_that_kept_its_slot_and_lost_its_worker_restarts_beside_a_giver_s
 ) -> None:
     """high's worker died too while no daemon ran. Two slots: low stopping and one game starting
     fill them. Every admitted game without a worker used to wait for low's stop, high included,
-    which had kept its slot; now one of them starts, and the other once low has stopped."""
+    which had kept its slot; now one of them starts (the first in the fleet's order: the store does
+    not say who took whose slot), and the other once low has stopped."""
     low_pid = _killed_once_low_gave_its_slot(loop, monkeypatch)
     loop.probe.live = {low_pid}  # high's worker ended while no daemon ran
     loop.start()

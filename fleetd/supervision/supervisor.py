@@ -451,9 +451,10 @@ class Supervisor:
     def _a_slot_is_free(self) -> bool:
         """On one host: fewer live workers, the slotless ones stopping counted, than the games the
         fleet may hold now. A start then keeps the workers within the slots, whichever game took
-        whose: a game that kept its slot and lost its worker while no daemon ran starts at once,
-        and the one given a slot still stopping waits for it. On a cluster never: the host of a
-        worker adopted is not known here, and every start waits, as before."""
+        whose (the store does not say): where a game that kept its slot lost its worker while no
+        daemon ran, one game starts at once, in the fleet's order, and the others wait for the
+        givers' stops. On a cluster never: the host of a worker adopted is not known here, and
+        every start waits, as before."""
         if self.fleet.cluster:
             return False
         return sum(1 for proc in self.procs.values() if proc.state in LIVE) < self.fleet.governor.allowed()
