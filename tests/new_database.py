@@ -7,21 +7,24 @@ starts creates its database through them."""
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import tempfile
 from pathlib import Path
 
 from fleetd.store.schema import ensure_schema
 
-_made: list[Path] = []  # the template, once made
+
+@functools.cache
+def _template() -> Path:
+    """The database the migrations made, once per test process; removed at its exit."""
+    folder = Path(tempfile.mkdtemp(prefix="fleetd-schema-"))
+    atexit.register(shutil.rmtree, folder, True)
+    ensure_schema(folder / "fleetd.db", "fleetd db upgrade")
+    return folder / "fleetd.db"
 
 
 def new_database(db_path: Path) -> None:
     """A database at the schema's head at `db_path` (its folder made), as `ensure_schema` makes one."""
-    if not _made:
-        folder = Path(tempfile.mkdtemp(prefix="fleetd-schema-"))
-        atexit.register(shutil.rmtree, folder, True)
-        ensure_schema(folder / "fleetd.db", "fleetd db upgrade")
-        _made.append(folder / "fleetd.db")
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_made[0], db_path)
+    shutil.copyfile(_template(), db_path)

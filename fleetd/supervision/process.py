@@ -160,8 +160,7 @@ class WorkerProcess:
         FATAL the last daemon died before storing. FATAL now, as that run's end made it, with its
         alert: not one more run (which then went FATAL, one failure later)."""
         if self.state is State.STOPPED and self.failures > self.policy.startretries:
-            self._to(State.FATAL, f"gave up after {self.failures} failures in a row (no run wrote a checkpoint "
-                     "beyond the one it resumed from; counted by the last daemon, which died before it stored it)")
+            self._to(State.FATAL, self._gave_up("counted by the last daemon, which died before it stored it"))
 
     def restore(self, state: State, reason: str) -> None:
         """At daemon start: keep a game that had ended (EXITED) or given up (FATAL) that way."""
@@ -518,10 +517,14 @@ class WorkerProcess:
         if outcome.state is not _FAILED:
             self._to(outcome.state, outcome.reason)
         elif self.failures > self.policy.startretries:
-            why = "no run wrote a checkpoint beyond the one it resumed from"
-            self._to(State.FATAL, f"{outcome.reason}; gave up after {self.failures} failures in a row ({why})")
+            self._to(State.FATAL, f"{outcome.reason}; {self._gave_up()}")
         else:
             self._to(State.BACKOFF, f"{outcome.reason}; restarting in {self.policy.backoff_delay(self.failures):g}s")
+
+    def _gave_up(self, more: str = "") -> str:
+        """Why a crash loop ended FATAL: its count, and that no run made progress."""
+        why = "no run wrote a checkpoint beyond the one it resumed from" + (f"; {more}" if more else "")
+        return f"gave up after {self.failures} failures in a row ({why})"
 
     def _kill(self, why: str, message: str) -> None:
         self._killed_for = why
