@@ -332,6 +332,9 @@ def paused_at_the_listen(daemons: list[Daemon]) -> Iterator[tuple[DaemonConfig, 
         shutil.rmtree(root, ignore_errors=True)
 
 
+GRACEFUL_STOPS = {("stopped", 0, None), ("stopped", None, int(signal.SIGTERM))}
+
+
 def received_all(notify: socket.socket) -> list[str]:
     """Every message the notify socket holds, waiting a second for each next one."""
     messages = receive(notify, 1)
@@ -380,7 +383,10 @@ def test_a_sigterm_at_the_listen_stops_the_start_without_ready(daemons: list[Dae
         assert worker_processes(config) == [], daemon.log()
         with sqlite3.connect(config.state_dir / "fleetd.db") as db:
             assert db.execute("SELECT daemon_clean_stop FROM boots").fetchall() == [(1,)]
-            assert db.execute("SELECT exit_code FROM runs").fetchall() == [(0,), (0,)]  # stopped, gracefully
+            # Stopped, gracefully: exit 0 from the worker's handler, or the SIGTERM's own end where
+            # it came before the handler was in (a stand-in still importing on a loaded machine).
+            ends = db.execute("SELECT cause, exit_code, exit_signal FROM runs").fetchall()
+            assert len(ends) == 2 and all(end in GRACEFUL_STOPS for end in ends), ends
         assert stored_events(config)[-1] == ("daemon_stop", "fleetd stopped: received SIGTERM")
         messages = received_all(notify)
         assert "READY=1" not in messages
