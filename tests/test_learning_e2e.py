@@ -47,9 +47,24 @@ def _curve_until(daemon: Daemon, name: str, threshold: float, budget: int, timeo
             curve.append((game["steps"], game["mean_reward_100"]))
             if game["mean_reward_100"] >= threshold or game["steps"] > budget:
                 return curve
-        assert game["state"] in ("starting", "running", "pending", "backoff"), game
+        # Training on, or on its way back to it: a restart after a crash (`backoff`), and a stop that
+        # fleetd itself restarts (`stopping`, then `stopped` for one supervisor step): a rollback
+        # after a collapse the learning-health watch judged (its evaluations come at checkpoints,
+        # every 2 s of wall time, so on a loaded machine at other steps). Not a game ended, given up
+        # or held (desired `stopped`).
+        assert game["desired"] == "running" and game["state"] in TRAINING_ON, _told(game)
         time.sleep(0.5)
     return curve
+
+
+TRAINING_ON = ("starting", "running", "pending", "backoff", "stopping", "stopped")
+TOLD = ("state", "desired", "state_reason", "steps", "mean_reward_100", "eval_return", "health", "health_reason",
+        "best_eval_return", "best_eval_steps", "rollbacks", "restarts")
+
+
+def _told(game: dict) -> str:
+    """A game's record as a failure shows it: what says why, not the whole record (cut short)."""
+    return "; ".join(f"{key}={game[key]!r}" for key in TOLD)
 
 
 class Learner(threading.Thread):
@@ -111,4 +126,4 @@ def test_default_hyperparameters_learn_cartpole(learners: dict[str, Learner], al
     print(f"{algo}: mean return {curve[-1][1]:.1f} at {steps} steps ({took:.0f} s); best {best:.1f}")
     assert curve[-1][1] >= threshold and steps <= budget, (
         f"{algo} reached {best:.1f} at best, {curve[-1][1]:.1f} at {steps} steps; threshold {threshold} "
-        f"within {budget} steps\n{learner.fleetd.log()[-2000:]}")
+        f"within {budget} steps\n{_told(learner.fleetd.game(learner.name))}\n{learner.fleetd.log()[-2000:]}")
