@@ -91,6 +91,52 @@ def test_a_fatal_the_daemon_died_before_storing_is_fatal_at_the_next_start_not_o
     assert [a.kind for a in loop.alerts.sent] == ["fatal"]
 
 
+def fatal_after_crashes(loop: Loop, name: str) -> int:
+    """`name`, added and started, crashed past `startretries` (each run resumed and up first): FATAL.
+    The failures it counted."""
+    loop.add(name)
+    loop.start()
+    retries = loop.settings.supervisor.startretries
+    for _ in range(retries):
+        resume_and_run(loop, name)
+        crash(loop, name)
+        back_up(loop, name)
+    resume_and_run(loop, name)
+    crash(loop, name)
+    assert loop.state(name) is State.FATAL
+    return retries + 1
+
+
+def test_an_operators_start_of_a_fatal_game_stores_its_cleared_count_before_the_next_run_spawns(loop: Loop) -> None:
+    """`games start` clears a FATAL game's count. It was stored at the end of the supervisor's
+    step, after the new run's spawn in that step: a daemon killed between the two, that run's
+    worker also dying while no daemon ran, left the old count past `startretries`, and the next
+    daemon gave the game up at once (`give_up_carried`), the operator's new attempt never counted."""
+    from fleetd.store.games import read_games, update_games_failures
+    from fleetd.supervision.commands import StartGame
+
+    fatal_after_crashes(loop, "oom")
+    stored_at_spawn: list[int] = []
+    spawn = loop.launcher.spawn
+
+    def spawn_reading_the_store(launch, run_id):
+        with loop.db.transaction() as session:
+            stored_at_spawn.extend(game.failures for game in read_games(session) if game.name == launch.game)
+        return spawn(launch, run_id)
+
+    loop.launcher.spawn = spawn_reading_the_store
+    loop.sup.submit(StartGame("oom"))
+    loop.steps()
+    assert loop.state("oom") is State.STARTING
+    assert stored_at_spawn == [0]
+
+    with loop.db.transaction() as session:  # the count as a daemon killed at that spawn left it stored
+        update_games_failures(session, {"oom": (stored_at_spawn[0], loop.boot_pk, None)})
+    loop.start()  # the next daemon, that run's worker gone unseen (never live to the probe)
+    loop.steps(3)
+    assert loop.state("oom") is not State.FATAL, loop.sup.procs["oom"].reason
+
+
 def running_after_crashes(loop: Loop, crashes: int):
     """Game a, started, crashed `crashes` times (each resumed and up first), running again: its process."""
     loop.add("a")

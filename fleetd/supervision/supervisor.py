@@ -277,6 +277,8 @@ class Supervisor:
             self._health.release(name, self.procs.get(name))
             if name in self.procs:  # the operator's new attempt: its crash loop's count starts afresh
                 self.procs[name].forgive()
+        if started:
+            self._save_carried()
 
     def _started(self, game: GameRecord, before: Desired | None) -> bool:
         """Desired running now, stopped at the last read (`games start`, a fleet file's `desired`:
@@ -637,6 +639,7 @@ class Supervisor:
             self._forget_host(forget)
         for start in starts:  # a held game was released as `_load_games` read it desired running
             self._clear_ended(start.name)
+        self._save_carried()  # the counts cleared, stored before `_govern` may spawn the new attempt
         self._govern()
         for restart in (c for c in commands if isinstance(c, RestartGame)):
             self._restart(restart.name)
