@@ -61,36 +61,6 @@ def test_crashes_after_running_without_progress_go_fatal_alert_and_free_the_slot
     assert loop.state("c") is State.STARTING  # the slot went to the next pending game at once
 
 
-def test_a_fatal_the_daemon_died_before_storing_is_fatal_at_the_next_start_not_one_more_run(loop: Loop) -> None:
-    """The last failure's count is stored with its run's end; the FATAL it leads to, just after.
-    A daemon killed between the two left the game stored running with its count past
-    `startretries`: the next daemon started it once more, and that run's failure made it FATAL."""
-    from fleetd.store import games as game_store
-
-    loop.alerts = FakeAlerts()
-    loop.add("oom")
-    loop.start()
-    retries = loop.settings.supervisor.startretries
-    for _ in range(retries):
-        resume_and_run(loop, "oom")
-        crash(loop, "oom")
-        back_up(loop, "oom")
-    resume_and_run(loop, "oom")
-    crash(loop, "oom")
-    assert loop.state("oom") is State.FATAL
-    runs = len(loop.launcher.spawned)
-    with loop.db.transaction() as session:  # as the daemon killed before its FATAL was stored left it
-        game_store.update_game_state(session, "oom", State.RUNNING, "up for 2s", loop.clock.now())
-    loop.alerts.sent.clear()
-
-    loop.start()  # the next daemon
-    loop.steps(3)
-    assert loop.state("oom") is State.FATAL and loop.shown()["oom"] is Shown.FATAL
-    assert len(loop.launcher.spawned) == runs
-    assert f"gave up after {retries + 1} failures in a row" in loop.sup.procs["oom"].reason
-    assert [a.kind for a in loop.alerts.sent] == ["fatal"]
-
-
 def fatal_after_crashes(loop: Loop, name: str) -> int:
     """`name`, added and started, crashed past `startretries` (each run resumed and up first): FATAL.
     The failures it counted."""
@@ -105,6 +75,27 @@ def fatal_after_crashes(loop: Loop, name: str) -> int:
     crash(loop, name)
     assert loop.state(name) is State.FATAL
     return retries + 1
+
+
+def test_a_fatal_the_daemon_died_before_storing_is_fatal_at_the_next_start_not_one_more_run(loop: Loop) -> None:
+    """The last failure's count is stored with its run's end; the FATAL it leads to, just after.
+    A daemon killed between the two left the game stored running with its count past
+    `startretries`: the next daemon started it once more, and that run's failure made it FATAL."""
+    from fleetd.store import games as game_store
+
+    loop.alerts = FakeAlerts()
+    failures = fatal_after_crashes(loop, "oom")
+    runs = len(loop.launcher.spawned)
+    with loop.db.transaction() as session:  # as the daemon killed before its FATAL was stored left it
+        game_store.update_game_state(session, "oom", State.RUNNING, "up for 2s", loop.clock.now())
+    loop.alerts.sent.clear()
+
+    loop.start()  # the next daemon
+    loop.steps(3)
+    assert loop.state("oom") is State.FATAL and loop.shown()["oom"] is Shown.FATAL
+    assert len(loop.launcher.spawned) == runs
+    assert f"gave up after {failures} failures in a row" in loop.sup.procs["oom"].reason
+    assert [a.kind for a in loop.alerts.sent] == ["fatal"]
 
 
 def test_an_operators_start_of_a_fatal_game_stores_its_cleared_count_before_the_next_run_spawns(loop: Loop) -> None:
