@@ -40,7 +40,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.learning import add_seeded_game, daemon_config, machine, patiently, wait_for, write_json  # noqa: E402
+from bench.learning import add_seeded_game, daemon_config, done, machine, patiently, wait_for, write_json  # noqa: E402
 from fleetd.health.rules import Action, Evaluation, HealthRecord, observe  # noqa: E402
 from fleetd.health.settings import HealthSettings  # noqa: E402
 from tests.daemon_harness import Daemon, kill_leftover_workers  # noqa: E402
@@ -127,7 +127,7 @@ def healthy_run(case: str, seed: int) -> Trace:
     started, curve = time.monotonic(), []
     with fresh_daemon() as daemon:
         add_seeded_game(daemon, {**body, "name": case, "total_timesteps": goal}, seed)
-        poll(daemon, case, curve, lambda g: g["state"] in ("exited", "fatal", "stopped"), 1800, "done")
+        poll(daemon, case, curve, done, 1800, "done")
         trace = Trace(case, seed, evaluations(daemon, case, curve), len(events(daemon, case, "learning_collapse")),
                       len(events(daemon, case, "plateau")))
     trace.seconds = time.monotonic() - started

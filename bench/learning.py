@@ -175,6 +175,13 @@ def wait_for(check, timeout: float, what: str, daemon: Daemon):
         time.sleep(POLL_S)
 
 
+def done(game: dict) -> bool:
+    """The game trains no more: its goal reached, given up, or stopped to stay stopped (a
+    learning-health hold, a plateau's stop: desired `stopped`). Not the `stopped` of one supervisor
+    step in a stop that fleetd restarts itself (a rollback after a collapse, desired `running`)."""
+    return game["state"] in (Shown.EXITED, Shown.FATAL) or (game["state"], game["desired"]) == (Shown.STOPPED, "stopped")
+
+
 def ended(daemon: Daemon, name: str, pid: int) -> bool | None:
     """True once the run of worker `pid` has ended in the store, else None (for `wait_for`)."""
     runs = patiently(lambda: daemon.runs(name))
@@ -487,7 +494,7 @@ def breakout(args) -> None:
                 curve.append({"steps": game["steps"], "episodes": game["episodes"],
                               "mean_return_100": game["mean_reward_100"],
                               "t_s": round(time.monotonic() - started, 1)})
-            if game["state"] in (Shown.EXITED, Shown.FATAL, Shown.STOPPED):  # its goal reached, or given up
+            if done(game):
                 break
             if args.json and len(curve) % 15 == 1:  # the curve so far survives a run cut short
                 write_json(args.json, {"env_id": args.env_id, "steps": args.steps, "random_mean": random_mean,

@@ -22,3 +22,15 @@ def test_a_dip_that_training_does_not_share_is_a_false_alarm_only_without_the_tr
                and not r["train_return"])
     assert row["false_collapses"] == 1
     assert all(r["false_collapses"] == 0 for r in rows if r["train_return"])
+
+
+def test_a_run_is_done_when_its_game_ends_or_stays_stopped_not_at_a_rollbacks_stop() -> None:
+    """A healthy run is polled until it is done. A false collapse's rollback stops its worker and
+    fleetd starts it again: that `stopped` (desired running) lasts one supervisor step and ended
+    the poll there, the rest of the run never judged."""
+    from bench.learning import done
+
+    assert done({"state": "exited", "desired": "running"}) and done({"state": "fatal", "desired": "running"})
+    assert done({"state": "stopped", "desired": "stopped"})  # held, or a plateau's stop
+    assert not done({"state": "stopped", "desired": "running"})  # a rollback on its way back
+    assert not any(done({"state": state, "desired": "running"}) for state in ("stopping", "starting", "running", "backoff"))
