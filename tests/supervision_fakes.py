@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fleetd.operations.alerts import Alert
 from fleetd.states import State
+from fleetd.supervision.launcher import run_log_path, run_spec_path
 from fleetd.supervision.recovery import FoundWorker
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import Carried, Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
@@ -25,6 +26,9 @@ class FakeLauncher:
     signals: list[tuple[int, str]] = field(default_factory=list)  # (pid, signal name)
     launches: list[Launch] = field(default_factory=list)  # what each spawn was given (its GPU placement included)
     stopped_pids: set[int] = field(default_factory=set)  # processes someone stopped (SIGSTOP)
+    # Each run's spec saved beside its log in the game's folder, as the real launcher saves it:
+    # a daemon started again reads what an adopted worker was started with there.
+    write_specs: bool = False
 
     def spawn(self, launch: Launch, run_id: int) -> Spawned:
         if launch.game in self.fail_games:
@@ -36,7 +40,13 @@ class FakeLauncher:
         self.spawned.append((launch.game, run_id, self.next_pid))
         self.launches.append(launch)
         gpu = launch.spec.gpu if launch.spec is not None else None
-        return Spawned(self.next_pid, 1.0, ("python", "-m", "workers"), f"/logs/{run_id}.log", gpu)
+        log_path = f"/logs/{run_id}.log"
+        if self.write_specs and launch.spec is not None:
+            spec_path = run_spec_path(launch.game_dir, run_id)
+            spec_path.parent.mkdir(parents=True, exist_ok=True)
+            spec_path.write_text(launch.spec.with_run(run_id).to_json())
+            log_path = str(run_log_path(launch.game_dir, run_id))
+        return Spawned(self.next_pid, 1.0, ("python", "-m", "workers"), log_path, gpu)
 
     def signal_group(self, pid: int, sig: int) -> None:
         self.signals.append((pid, signal.Signals(sig).name))

@@ -59,6 +59,13 @@ class NoProbe:
         return False
 
 
+class EveryWorkerLives(NoProbe):
+    """The probe of a daemon started again on this boot after a kill -9: every worker it left lives."""
+
+    def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
+        return True
+
+
 @dataclass
 class Cluster:
     """Two GPU hosts (and a head that runs no games), their Ray node lives, a supervisor."""
@@ -67,9 +74,10 @@ class Cluster:
     db: Database
     clock: FakeClock
     boot_pk: int
-    launcher: FakeLauncher = field(default_factory=FakeLauncher)
+    launcher: FakeLauncher = field(default_factory=lambda: FakeLauncher(write_specs=True))
     lives: dict[str, list[str]] = field(default_factory=lambda: {"head": ["n-head-1"], "a": ["n-a-1"], "b": ["n-b-1"]})
     down: set[str] = field(default_factory=set)
+    probe: NoProbe = field(default_factory=NoProbe)
     steps_done: int = 0
     signals_seen: int = 0
     sup: Supervisor | None = None
@@ -79,7 +87,7 @@ class Cluster:
         fleet = FleetController(self.settings.fleet, self.db, self.clock, telemetry=None, cluster=True)
         recorder = Recorder(self.db, self.clock, self.boot_pk)
         self.reactor = FakeReactor(self.clock)
-        self.sup = Supervisor(self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, NoProbe(), fleet)
+        self.sup = Supervisor(self.settings, self.db, self.clock, self.launcher, self.reactor, recorder, self.probe, fleet)
         self.sup.recover()
         return self.sup
 
@@ -104,6 +112,19 @@ class Cluster:
                 nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, f"fleetd_host_{host}": 1.0}, alive))
         with self.db.transaction() as session:
             observe_nodes(session, nodes, self.clock.now())
+
+    def kill_9_and_restart(self, located: dict[str, str] | None = None) -> Supervisor:
+        """The daemon killed -9 and started again: its live workers adopted, each located on the
+        node of the host it was pinned to (`located`: name -> host, where another), as the Ray
+        executor's watch locates an adopted actor (its first wait tells the supervisor)."""
+        assert self.sup is not None
+        live = {name: proc.pid for name, proc in self.sup.procs.items() if proc.state in (State.STARTING, State.RUNNING)}
+        self.probe = EveryWorkerLives()
+        sup = self.start()
+        for name, pid in live.items():
+            self.reactor.locate(pid, self.lives[(located or {}).get(name) or self.pinned(name)][-1])
+        sup.step()
+        return sup
 
     def power_cut(self, host: str, seen: bool = True) -> None:
         """The host's node dies: its workers end `node_lost`, the GCS lists it dead (`seen`:
@@ -285,6 +306,45 @@ def test_workers_on_a_host_that_went_down_are_not_stopped_but_end_node_lost_as_r
     cluster.run(2)
     moved = {n for n in (first, *rest) if cluster.sup.procs[n].state in (State.STARTING, State.RUNNING)}
     assert moved and moved <= cluster.running_on("b") and not cluster.running_on("a")  # as guests on b
+
+
+def test_workers_adopted_on_a_host_that_went_down_are_not_stopped_but_end_node_lost(cluster: Cluster) -> None:
+    # An adopted worker's host was not known: once its host was down and its game placed
+    # elsewhere or pending, it was sent a stop, and its run ended `stopped`, not `node_lost`.
+    climbed(cluster)
+    sup = cluster.kill_9_and_restart()
+    assert sup.snapshot is not None and all(sup.procs[n].state is State.RUNNING for n in ("g1", "g2", "g3", "g4", "g5"))
+    *rest, first = cluster.on("a")
+    adopted = {name: sup.procs[name].run_id for name in (first, *rest)}
+    cluster.down.add("a")
+    signals_before = len(cluster.launcher.signals)
+    cluster.reactor.exit(sup.procs[first].pid, node_lost=True)
+    for _ in range(3):
+        cluster.clock.advance(2)
+        sup.step()
+    assert not {pid for pid, _ in cluster.launcher.signals[signals_before:]} & {sup.procs[n].pid for n in rest}
+    for name in rest:
+        cluster.reactor.exit(sup.procs[name].pid, node_lost=True)
+    cluster.run(1)
+    with cluster.db.transaction() as session:
+        causes = {name: [r.cause for r in read_runs(session, game_store.read_game(session, name).id, name, 5)
+                         if r.id == run_id] for name, run_id in adopted.items()}
+    assert causes == dict.fromkeys(adopted, ["node_lost"])
+
+
+def test_a_worker_adopted_on_another_host_than_its_slots_moves_to_its_slot(cluster: Cluster) -> None:
+    # The daemon moved g1's slot to host a (stored) and was killed before it stopped g1's worker,
+    # which runs on b: adopted, it was left there, on a host that holds no slot for it.
+    climbed(cluster)
+    sup = cluster.kill_9_and_restart(located={"g1": "b"})
+    assert sup._placing.hosts == {"g1": "b", "g2": "b", "g3": "a", "g4": "b", "g5": "a"}
+    adopted = sup.procs["g1"].pid
+    cluster.run(1)
+    assert (adopted, "SIGTERM") in cluster.launcher.signals
+    assert sup.procs["g1"].state in (State.STARTING, State.RUNNING) and cluster.pinned("g1") == "a"
+    with cluster.db.transaction() as session:
+        runs = read_runs(session, game_store.read_game(session, "g1").id, "g1", 5)
+    assert [(run.pid, run.cause) for run in runs[:2]] == [(sup.procs["g1"].pid, None), (adopted, "stopped")]  # newest first
 
 
 def test_crashes_of_running_games_count_against_the_host_they_ran_on(cluster: Cluster) -> None:

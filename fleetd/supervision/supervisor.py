@@ -395,7 +395,7 @@ class Supervisor:
 
     def _moved(self, name: str) -> bool:
         """On a cluster: the game's slot is now another host's than the one its worker runs on
-        (an adopted worker's host is not known: it stays where it is)."""
+        (an adopted worker's host is known once it is located: until then it stays where it is)."""
         spawned_on = self._placing.hosts.get(name)
         host = self.fleet.host_of(name)
         return spawned_on is not None and host is not None and spawned_on != host
@@ -578,7 +578,12 @@ class Supervisor:
     def _on_located(self, located: Located) -> None:
         proc = next((p for p in self.procs.values() if p.pid == located.pid), None)
         if proc is not None and proc.run_id is not None:
-            self.recorder.run_located(proc.run_id, located.node_id)
+            host = self.recorder.run_located(proc.run_id, located.node_id)
+            if host is not None and self._placing.hosts.get(proc.name) is None:
+                # An adopted worker (the Ray executor locates it as it watches it): from now on it
+                # is known on its host, as one spawned there is. A move of its slot stops it, a down
+                # host leaves it to end `node_lost`, and a forget of that host waits for it.
+                self._placing.hosts[proc.name] = host
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
         proc = self.procs.get(report.game)
