@@ -59,11 +59,15 @@ class NoProbe:
         return False
 
 
-class EveryWorkerLives(NoProbe):
-    """The probe of a daemon started again on this boot after a kill -9: every worker it left lives."""
+@dataclass
+class WorkersLive(NoProbe):
+    """The probe of a daemon started again on this boot after a kill -9: every worker it left
+    lives but these."""
+
+    dead: set[int] = field(default_factory=set)
 
     def matches(self, pid: int, start_time: float, cmdline: tuple[str, ...]) -> bool:
-        return True
+        return pid not in self.dead
 
 
 @dataclass
@@ -113,13 +117,14 @@ class Cluster:
         with self.db.transaction() as session:
             observe_nodes(session, nodes, self.clock.now())
 
-    def kill_9_and_restart(self, located: dict[str, str] | None = None) -> Supervisor:
-        """The daemon killed -9 and started again: its live workers adopted, each located on the
-        node of the host it was pinned to (`located`: name -> host, where another), as the Ray
-        executor's watch locates an adopted actor (its first wait tells the supervisor)."""
+    def kill_9_and_restart(self, located: dict[str, str] | None = None, died: tuple[str, ...] = ()) -> Supervisor:
+        """The daemon killed -9 and started again: its live workers adopted (but those of `died`,
+        which ended while no daemon ran), each located on the node of the host it was pinned to
+        (`located`: name -> host, where another), as the Ray executor's watch locates an adopted
+        actor (its first wait tells the supervisor)."""
         assert self.sup is not None
         live = {name: proc.pid for name, proc in self.sup.procs.items() if proc.state in (State.STARTING, State.RUNNING)}
-        self.probe = EveryWorkerLives()
+        self.probe = WorkersLive({live.pop(name) for name in died})
         sup = self.start()
         for name, pid in live.items():
             self.reactor.locate(pid, self.lives[(located or {}).get(name) or self.pinned(name)][-1])
@@ -345,6 +350,28 @@ def test_a_worker_adopted_on_another_host_than_its_slots_moves_to_its_slot(clust
     with cluster.db.transaction() as session:
         runs = read_runs(session, game_store.read_game(session, "g1").id, "g1", 5)
     assert [(run.pid, run.cause) for run in runs[:2]] == [(sup.procs["g1"].pid, None), (adopted, "stopped")]  # newest first
+
+
+def test_a_hand_over_through_a_daemon_kill_holds_back_the_starts_on_the_givers_host_alone(cluster: Cluster) -> None:
+    # The operator asked for light (2 games a host); the daemon stored the step back (g5 evicted
+    # on a) and was killed before it stopped g5, and g2's and g3's workers ended while no daemon
+    # ran: g5, adopted without a slot, stops, and g3 waits for it (a's slots hold g1 and g5).
+    # Every start on the cluster waited for it, g2's on b too, though b's slots held one live
+    # worker (g4's) of 2.
+    climbed(cluster)
+    g5 = cluster.sup.procs["g5"].pid
+    with cluster.db.transaction() as session:
+        fleet_store.update_fleet_requested(session, "light", cluster.clock.now())
+    cluster.fleet.govern(cluster.sup._slots())
+    sup = cluster.kill_9_and_restart(died=("g2", "g3"))
+    assert sup.procs["g5"].state is State.STOPPING and {n: cluster.fleet.host_of(n) for n in sup.procs} == {
+        "g1": "a", "g2": "b", "g3": "a", "g4": "b", "g5": None}
+    sup.step()
+    assert sup.procs["g2"].state is State.STARTING and cluster.pinned("g2") == "b"
+    assert sup.procs["g3"].state is State.STOPPED and sup.snapshot.held["g3"] == "waiting for g5 to stop (hand-over)"
+    cluster.reactor.exit(g5, code=0)
+    sup.step()
+    assert sup.procs["g3"].state is State.STARTING and cluster.pinned("g3") == "a"
 
 
 def test_crashes_of_running_games_count_against_the_host_they_ran_on(cluster: Cluster) -> None:

@@ -208,6 +208,11 @@ class FleetController:
         placement = self._placed.get(name)
         return None if placement is None or name not in self._admitted else placement.host
 
+    def allowed_on(self, host: str) -> int:
+        """On a cluster: the games `host`'s governor lets run now (0: no host that runs games)."""
+        governor = self.governors.get(host)
+        return 0 if governor is None else governor.allowed()
+
     def scaled(self) -> Scaled:
         return self._scaled(self.governor, LOCAL)
 

@@ -442,7 +442,7 @@ class Supervisor:
         if not self._slotless_at_start:
             self._told_waiting.clear()
             return False
-        if self._a_slot_is_free():
+        if self._a_slot_is_free(name):
             return False
         if name not in self._told_waiting:  # said once, not at every step
             self._told_waiting.add(name)
@@ -450,16 +450,18 @@ class Supervisor:
                      ", ".join(sorted(self._slotless_at_start)))
         return True
 
-    def _a_slot_is_free(self) -> bool:
+    def _a_slot_is_free(self, name: str) -> bool:
         """On one host: fewer live workers, the slotless ones stopping counted, than the games the
         fleet may hold now. A start then keeps the workers within the slots, whichever game took
         whose (the store does not say): where a game that kept its slot lost its worker while no
         daemon ran, one game starts at once, in the fleet's order, and the others wait for the
-        givers' stops. On a cluster never: the host of a worker adopted is not known here, and
-        every start waits, as before."""
-        if self.fleet.cluster:
-            return False
-        return sum(1 for proc in self.procs.values() if proc.state in LIVE) < self.fleet.governor.allowed()
+        givers' stops. On a cluster the same on the host whose slot `name` holds, once the host of
+        every live worker is known (an adopted one's once it is located); until then none is free."""
+        live = [n for n, proc in self.procs.items() if proc.state in LIVE]
+        if not self.fleet.cluster:
+            return len(live) < self.fleet.governor.allowed()
+        host, on = self.fleet.host_of(name), [self._placing.hosts.get(n) for n in live]
+        return host is not None and None not in on and on.count(host) < self.fleet.allowed_on(host)
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own
