@@ -25,9 +25,9 @@ from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import RunningWorker
 from fleetd.governor.placement import choose_gpu
 from fleetd.governor.preemption import pick_preemption
-from fleetd.governor.snapshot import GOVERNOR_TICK_S, FleetSnapshot, SnapshotBox, handover_reason
+from fleetd.governor.snapshot import GOVERNOR_TICK_S, FleetSnapshot, SnapshotBox
 from fleetd.health.rules import Health
-from fleetd.states import LIVE, TRAINING, Desired, Shown, State, shown, wants_slot
+from fleetd.states import LIVE, TRAINING, Desired, State, shown, wants_slot
 from fleetd.store.engine import Database
 from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
@@ -35,6 +35,7 @@ from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
 from fleetd.supervision.commands import Command, ForgetHost, RestartGame, Shutdown, StartGame
 from fleetd.supervision.index import scan_checkpoints
+from fleetd.supervision.handover import HandOvers
 from fleetd.supervision.learning import LearningWatch
 from fleetd.supervision.learning_actions import FleetSide, LearningActions
 from fleetd.supervision.pending import proc_restart_reason, started_specs
@@ -96,15 +97,9 @@ class Supervisor:
         self._next_due = clock.monotonic()
         self._rolling: str | None = None  # the game restarting for new sizes, one at a time
         self._stored_restarting: set[str] = set()  # waited for by `_roll_tier_changes`
-        # A game admitted in another's slot (`games start X --now`, a pre-emption, a yield) -> the
-        # game it waits for: it starts once that one has stopped (`_awaiting_handover`).
-        self._handovers: dict[str, str] = {}
-        # After a daemon kill: the workers adopted without a slot, whose hand-overs that daemon
-        # knew only (`_hold_for_slotless`); no admitted game starts while one of them is stopping.
-        self._slotless_at_start: set[str] = set()
-        self._told_waiting: set[str] = set()  # the games whose wait for them is logged
-        # A held game -> the games it waits for, as its state reason says (`_publish`).
-        self._waiting_for: dict[str, list[str]] = {}
+        # A game admitted in another's slot (`games start X --now`, a pre-emption, a yield)
+        # starts once that one has stopped, through a daemon kill too.
+        self._handovers = HandOvers(self.procs, fleet, self._placing.hosts)
         self._games: list[GameRecord] = []
         self._ids: dict[str, tuple[int, datetime]] = {}  # the game each name's process is for
         self._sized_for: tuple[object, ...] | None = None  # what the launches were sized for
@@ -179,7 +174,7 @@ class Supervisor:
         for proc in self.procs.values():
             proc.give_up_carried()
         self._settle_stale_states()
-        self._hold_for_slotless()
+        self._handovers.hold_for_slotless(self._desired)
         self._health.resume(self.procs)
         for run in kept:  # what they evaluated while no daemon listened
             self._health.catch_up(self.procs[run.game], run.started_at)
@@ -343,10 +338,7 @@ class Supervisor:
         slots = self._slots()
         games = {slot.name: shown(slot.desired, slot.state, self.fleet.admitted(slot.name)) for slot in slots}
         view = self.fleet.governor_view(slots)
-        # Only while still held: stopped, admitted and desired running (a stop or a step back since ends it).
-        self._waiting_for = {name: givers for name, givers in self._waiting_for.items()
-                             if games.get(name) is Shown.STOPPED and self._desired.get(name) is Desired.RUNNING}
-        held = {name: handover_reason(givers) for name, givers in self._waiting_for.items()}
+        held = self._handovers.held(games, self._desired)
         snapshot = FleetSnapshot(self.clock.now(), view, games, self._worker_tier, started_specs(self.procs),
                                  self.clock.monotonic(), held)
         self.snapshots.publish(snapshot)
@@ -356,8 +348,7 @@ class Supervisor:
             return
         desired = self._desired.get(proc.name)
         if desired is Desired.RUNNING and self.fleet.admitted(proc.name):
-            if proc.state is State.STOPPED and not self._awaiting_handover(proc.name):
-                self._waiting_for.pop(proc.name, None)
+            if proc.state is State.STOPPED and not self._handovers.awaiting(proc.name):
                 self._health.starting(proc.name)
                 proc.start("admitted: desired state is running", fresh=False)
             elif proc.state in (State.STARTING, State.RUNNING) and self._moved(proc.name):
@@ -390,7 +381,7 @@ class Supervisor:
         self._stop(proc, f"yielded its slot: {reason}")
         self.fleet.govern(self._slots())
         for name in {s.name for s in self._slots() if self.fleet.admitted(s.name)} - before:
-            self._handovers[name] = proc.name  # it starts once the yielder has stopped
+            self._handovers.link(name, proc.name)  # it starts once the yielder has stopped
         self._govern()
 
     def _moved(self, name: str) -> bool:
@@ -405,63 +396,6 @@ class Supervisor:
         signalled (a stop would record `stopped`): Ray ends its actor with the node."""
         spawned_on = self._placing.hosts.get(name)
         return spawned_on is not None and self.fleet.host_down(spawned_on)
-
-    def _awaiting_handover(self, name: str) -> bool:
-        """A game admitted in another's slot starts only once that one has stopped: never more
-        workers than slots, even for the few seconds of a final checkpoint. Not for one admitted
-        again meanwhile: it holds a slot of its own. While it waits, whom it waits for is its
-        state reason (`_waiting_for`, published by `_publish`)."""
-        giver = self.procs.get(self._handovers.get(name, ""))
-        if giver is not None and giver.state in LIVE and not self.fleet.admitted(giver.name):
-            self._waiting_for[name] = [giver.name]
-            return True
-        self._handovers.pop(name, None)
-        if self._awaiting_slotless(name):
-            self._waiting_for[name] = sorted(self._slotless_at_start)
-            return True
-        return False
-
-    def _hold_for_slotless(self) -> None:
-        """At start: the hand-overs a killed daemon left, its links kept in memory only. A worker
-        adopted whose game should run but holds no slot gave it up (`--now`, a pre-emption, a
-        yield) or lost it to a step back, and is stopping (or stopped now, by `_apply_desired`,
-        where that daemon died before its stop was stored). To whom, the store does not say, nor
-        whether the taker was admitted yet (a yield dies between its two writes): while one of
-        them lives, a game holding a slot starts only into a slot no live worker fills, theirs
-        counted (`_a_slot_is_free`), now or at a later step. Never more workers than slots, at the
-        cost of such a start waiting at most their stop (`stopwaitsecs`, then SIGKILL)."""
-        self._slotless_at_start = {name for name, proc in self.procs.items() if proc.state in LIVE
-                                   and self._desired.get(name) is Desired.RUNNING and not self.fleet.admitted(name)}
-
-    def _awaiting_slotless(self, name: str) -> bool:
-        """`name`, admitted with no worker, waits for the workers adopted without a slot
-        (`_hold_for_slotless`); one stopped, or admitted again meanwhile (it holds a slot of its
-        own), no longer holds anyone back."""
-        self._slotless_at_start = {giver for giver, proc in self.procs.items() if giver in self._slotless_at_start
-                                   and proc.state in LIVE and not self.fleet.admitted(giver)}
-        if not self._slotless_at_start:
-            self._told_waiting.clear()
-            return False
-        if self._a_slot_is_free(name):
-            return False
-        if name not in self._told_waiting:  # said once, not at every step
-            self._told_waiting.add(name)
-            log.info("%s waits for %s to stop (a hand-over through a daemon restart)", name,
-                     ", ".join(sorted(self._slotless_at_start)))
-        return True
-
-    def _a_slot_is_free(self, name: str) -> bool:
-        """On one host: fewer live workers, the slotless ones stopping counted, than the games the
-        fleet may hold now. A start then keeps the workers within the slots, whichever game took
-        whose (the store does not say): where a game that kept its slot lost its worker while no
-        daemon ran, one game starts at once, in the fleet's order, and the others wait for the
-        givers' stops. On a cluster the same on the host whose slot `name` holds, once the host of
-        every live worker is known (an adopted one's once it is located); until then none is free."""
-        live = [n for n, proc in self.procs.items() if proc.state in LIVE]
-        if not self.fleet.cluster:
-            return len(live) < self.fleet.governor.allowed()
-        host, on = self.fleet.host_of(name), [self._placing.hosts.get(n) for n in live]
-        return host is not None and None not in on and on.count(host) < self.fleet.allowed_on(host)
 
     def _roll_tier_changes(self) -> None:
         """Restart running workers whose num_envs or batch_size changed (a tier's or their own
@@ -723,9 +657,9 @@ class Supervisor:
 
     def _hand_over(self, holder: SlotHolder, to: str, why: str) -> None:
         """`--now` or pre-emption: `holder` stops with a final checkpoint and goes pending; `to`
-        holds its slot and starts only once it has stopped (`_awaiting_handover`)."""
+        holds its slot and starts only once it has stopped (fleetd/supervision/handover.py)."""
         self.fleet.give_slot(holder, to, why)
-        self._handovers[to] = holder.name
+        self._handovers.link(to, holder.name)
         self._stop(self.procs[holder.name], f"back to pending: its slot went to {to} ({why})")
 
     def _preempt(self) -> None:
@@ -740,7 +674,7 @@ class Supervisor:
         slots = self._slots()
         view = self.fleet.governor_view(slots)
         if self.fleet.admitted(name):
-            return admission.admitted(name, self._handovers.get(name), view.allowed)
+            return admission.admitted(name, self._handovers.giver_of(name), view.allowed)
         tier_sizes = {tier: size.games for tier, size in self.settings.fleet.tiers.items()}
         return admission.not_admitted(name, view, tier_sizes, self.fleet.lowest_priority_holder(name, slots))
 
