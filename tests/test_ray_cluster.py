@@ -196,6 +196,8 @@ def test_a_restarted_daemon_adopts_the_same_actors_and_no_game_runs_twice(fleet:
         fleet.wait(lambda g=game, s=steps: daemon.game(g)["steps"] > s, f"{game} reporting to the new daemon")
         assert len(fleet.node_of(game)) == 1, f"{game} runs twice: {fleet.node_of(game)}"
         assert daemon.game(game)["host"] == fleet.node_of(game)[0]
+        # Known on its host as a worker spawned there is (a moved slot, a down host, a forget).
+        assert f"{game}: its adopted worker (run {run['id']}) runs on host {fleet.node_of(game)[0]}" in daemon.log()
     assert [r for g in GAMES for r in daemon.runs(g) if r["id"] > max(r["id"] for r in before.values())] == []
 
 

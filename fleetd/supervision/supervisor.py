@@ -520,6 +520,7 @@ class Supervisor:
                 # is known on its host, as one spawned there is. A move of its slot stops it, a down
                 # host leaves it to end `node_lost`, and a forget of that host waits for it.
                 self._placing.hosts[proc.name] = host
+                log.info("%s: its adopted worker (run %d) runs on host %s", proc.name, proc.run_id, host)
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
         proc = self.procs.get(report.game)
