@@ -81,6 +81,7 @@ class Cluster:
     launcher: FakeLauncher = field(default_factory=lambda: FakeLauncher(write_specs=True))
     lives: dict[str, list[str]] = field(default_factory=lambda: {"head": ["n-head-1"], "a": ["n-a-1"], "b": ["n-b-1"]})
     down: set[str] = field(default_factory=set)
+    by_hostname: set[str] = field(default_factory=set)  # hosts whose nodes offer no `fleetd_host_<name>`
     probe: NoProbe = field(default_factory=NoProbe)
     steps_done: int = 0
     signals_seen: int = 0
@@ -113,7 +114,8 @@ class Cluster:
             cpus = 0.0 if host == "head" else 8.0
             for node_id in lives:
                 alive = node_id == lives[-1] and host not in self.down
-                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, f"fleetd_host_{host}": 1.0}, alive))
+                named = {} if host in self.by_hostname else {f"fleetd_host_{host}": 1.0}
+                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, **named}, alive))
         with self.db.transaction() as session:
             observe_nodes(session, nodes, self.clock.now())
 
@@ -350,6 +352,24 @@ def test_a_worker_adopted_on_another_host_than_its_slots_moves_to_its_slot(clust
     with cluster.db.transaction() as session:
         runs = read_runs(session, game_store.read_game(session, "g1").id, "g1", 5)
     assert [(run.pid, run.cause) for run in runs[:2]] == [(sup.procs["g1"].pid, None), (adopted, "stopped")]  # newest first
+
+
+@pytest.mark.parametrize("unpinned", ["node-named-by-hostname", "game-in-cluster-pins"])
+def test_a_worker_adopted_where_a_restart_would_not_be_pinned_is_left_where_it_runs(cluster: Cluster, unpinned: str) -> None:
+    # Ray places such a worker where it likes: taken as on its host, a worker found on another
+    # host than its slot's would be moved at every daemon restart, to land where Ray likes again.
+    if unpinned == "node-named-by-hostname":
+        cluster.by_hostname.add("b")
+    else:
+        pins = {"g1": {"node_b": 0.01}}
+        cluster.settings = cluster.settings.model_copy(
+            update={"cluster": cluster.settings.cluster.model_copy(update={"pins": pins})})
+    climbed(cluster)
+    sup = cluster.kill_9_and_restart(located={"g1": "b"})
+    adopted = sup.procs["g1"].pid
+    cluster.run(1)
+    assert "g1" not in sup._placing.hosts and sup.procs["g1"].pid == adopted
+    assert sup.procs["g1"].state is State.RUNNING and (adopted, "SIGTERM") not in cluster.launcher.signals
 
 
 def test_a_hand_over_through_a_daemon_kill_holds_back_the_starts_on_the_givers_host_alone(cluster: Cluster) -> None:

@@ -31,6 +31,7 @@ from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
 from fleetd.operations.backup.target import Target
+from fleetd.store.hosts import HOST_RESOURCE
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.reactor import RefusedReports
@@ -39,7 +40,6 @@ from workers import lease
 
 log = logging.getLogger(__name__)
 
-HOST_RESOURCE = "fleetd_host_"
 HOST_SHARE = 0.0001  # of a node's `fleetd_host_<name>` (1 unit; Ray counts to 1e-4): pins a run there, up to 10,000 a host
 ACTOR_PREFIX = "run-"
 WAKE_SLICE_S = 0.1  # a wake-up from another thread is seen within this (ray.wait cannot be woken)

@@ -13,6 +13,10 @@ from fleetd.store.engine import in_chunks
 from fleetd.store.models import Game, Host, HostBoot, HostGovernor, Run, Rung
 from fleetd.store.records import HostBootRecord, HostForgotten, HostLife, HostRecord, NodeSeen
 
+# A Ray node offering the custom resource `fleetd_host_<name>` is host <name>'s: fleetd names the
+# host by it, and pins a game's actor there by a sliver of it (fleetd/cluster/executor.py).
+HOST_RESOURCE = "fleetd_host_"
+
 
 def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
     """Record what the GCS lists now: live nodes seen (a new node id is a new life of its host),
@@ -80,6 +84,15 @@ def host_names(session: Session, node_ids: set[str]) -> dict[str, str]:
         return {}
     query = select(HostBoot.node_id, Host.name).join(Host, Host.id == HostBoot.host_id)
     return {node_id: name for node_id, name in session.execute(query.where(HostBoot.node_id.in_(node_ids)))}
+
+
+def pinning_host(session: Session, node_id: str) -> str | None:
+    """The host a run on this Ray node is pinned to: the one the node names by its own
+    `fleetd_host_<name>` resource, where a run fleetd pins to that host lands and no other. None:
+    a node not recorded yet, or one named by its hostname only (Ray places runs as it likes)."""
+    query = select(Host.name, Host.resources).join(HostBoot, HostBoot.host_id == Host.id)
+    row = session.execute(query.where(HostBoot.node_id == node_id)).first()
+    return None if row is None or HOST_RESOURCE + row.name not in (row.resources or {}) else row.name
 
 
 def read_hosts(session: Session) -> list[HostRecord]:

@@ -21,7 +21,7 @@ from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, event_recorded
 from fleetd.store.boots import read_boot
-from fleetd.store.hosts import host_names
+from fleetd.store.hosts import pinning_host
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
@@ -77,11 +77,12 @@ class Recorder:
             )
 
     def run_located(self, run_id: int, node_id: str) -> str | None:
-        """The node the run's worker is on, stored; returns the host that node is a life of,
-        where the hosts job has recorded it (None: not yet)."""
+        """The node the run's worker is on, stored; returns the host a run there is pinned to
+        (`pinning_host`: None where the hosts job has not recorded the node yet, or it names no
+        host of its own)."""
         with self.db.transaction() as session:
             run_store.update_run_located(session, run_id, node_id)
-            return host_names(session, {node_id}).get(node_id)
+            return pinning_host(session, node_id)
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> str:
         """The run's end, and its game's failure count and back-off (`carried`, see `failures`)
