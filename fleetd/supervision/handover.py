@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 class HandOvers:
     """`procs`: the supervisor's workers by game; `hosts`: the host each one runs on, on a
-    cluster (the placing launcher's, an adopted one's once located). Both are read as they are
-    when asked, never copied."""
+    cluster (the placing launcher's: where it pinned the worker, or where an adopted one was
+    located, if a start would be pinned there). Both are read as they are when asked, never
+    copied."""
 
     def __init__(self, procs: Mapping[str, WorkerProcess], fleet: FleetController,
                  hosts: Mapping[str, str | None]) -> None:
