@@ -7,7 +7,7 @@ slot (`admitted`) is the governor's own state, persisted in the store.
 
 On a cluster ([cluster] backend = "ray") each host has a governor of its own: its own rung and its
 rungs' memory, persisted by host name (docs/governor.md, Per-host rungs). The fan-out is here, the
-rules stay in core.py:
+rules stay in core.py, and the placement between hosts in host_step.py:
 
 - every game belongs to a home host (given at its first admission wait: the live host with
   the fewest games of its own) and climbs that host's ladder; a host's governor admits its own
@@ -36,6 +36,7 @@ from fleetd.governor.ladder import build_ladder, nearest_rung
 from fleetd.governor.placement import GpuRoom
 from fleetd.governor.pressure import gpu_memory_pressure, pressure_reasons
 from fleetd.governor.footprint import FootprintBook
+from fleetd.governor.host_step import HostStep, admit_guests, give_homes, send_guests_home
 from fleetd.governor.ranks import holder_rank, waiting_rank
 from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale_rung
 from fleetd.governor.snapshot import GovernorView, HostRung
@@ -542,37 +543,22 @@ class FleetController:
         pending = list(self.view(slots).pending)
         decisions = self._observe_hosts(now, wanting)
         live = self._live_hosts()
-        step = _Step(self, pending)
+        step = HostStep(now, self._placed, self._admitted, pending)
         for name in list(self._admitted):  # a dead host's games: pending, their home kept
             host = step.host[name]
             if name in {s.name for s in wanting} and host not in live:
                 why = f"host {host} is down" if host else "it holds no live host's slot"
                 step.evict(decisions, host or LOCAL, name, f"{name} back to pending: {why}")
-        self._give_homes(step, live, wanting)
+        give_homes(step, live, [slot.name for slot in wanting])
         for host in live:
             governor = self.governors[host]
             moves = governor.request(requested, now)
             own = [name for name in step.pending if step.home.get(name) == host]
             moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure(), priorities))
             step.take(decisions, host, moves)
-        for host in live:  # guests go home once it has room
-            room = self.governors[host].allowed() - len(step.on(host))
-            away = [n for n in self._by_admission(step) if step.home.get(n) == host and step.host[n] not in (host, None)]
-            for name in away[: max(0, room)]:
-                step.evict(decisions, step.host[name], name, f"{name} leaves host {step.host[name]}: its host {host} has room again")
-                step.admit(decisions, host, name, f"{name} back on its host {host}")
-        for name in list(step.pending):  # guests: a host with room holds what its own cannot
-            rooms = [(self.governors[h].allowed() - len(step.on(h)), h) for h in live]
-            room, host = min(rooms, key=lambda r: (-r[0], r[1]), default=(0, ""))
-            if room <= 0:
-                break
-            home = step.home.get(name)
-            why = "is down" if home not in live else f"runs {self.governors[home].allowed()} games at {self.governors[home].rung.label}"
-            step.admit(decisions, host, name, f"{name} admitted on host {host} as a guest: its host {home} {why}")
+        send_guests_home(step, self.governors, live, decisions)
+        admit_guests(step, self.governors, live, decisions)
         return self._apply_placed(decisions, step.homes_given)
-
-    def _by_admission(self, step: _Step) -> list[str]:
-        return sorted((n for n in step.host if step.host[n] is not None), key=lambda n: (step.admitted_at.get(n, self.clock.now()), n))
 
     def _observe_hosts(self, now: datetime, wanting: Sequence[GameSlot]) -> list[tuple[str, Decision]]:
         """Hosts as the hosts job recorded them: a new one gets a governor of its own; a new
@@ -613,22 +599,6 @@ class FleetController:
                 running = sum(1 for s in wanting if (p := self._placed.get(s.name)) is not None and p.home == life.name)
                 decisions += [(life.name, d) for d in governor.rebooted_under_load(now, running)]
         return decisions
-
-    def _give_homes(self, step: _Step, live: list[str], wanting: Sequence[GameSlot]) -> None:
-        """A game without a home belongs to the live host with the fewest games of its own."""
-        if not live:
-            return
-        homed = {host: 0 for host in live}
-        for slot in wanting:
-            home = step.home.get(slot.name)
-            if home in homed:
-                homed[home] += 1
-        for name in step.pending:
-            if step.home.get(name) is None:
-                host = min(live, key=lambda h: (homed[h], h))
-                homed[host] += 1
-                step.home[name] = host
-                step.homes_given.add(name)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -784,39 +754,3 @@ class FleetController:
         age, limit = self.stall.age(snapshot), self.stall.stale_after_s()
         stale = self.stall.stale(age, limit, self.alerts)
         return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), stale, age - limit if stale else 0.0)
-
-
-class _Step:
-    """A cluster step's working copy of which host holds which game, as decisions are taken."""
-
-    def __init__(self, controller: FleetController, pending: list[str]) -> None:
-        self.now = controller.clock.now()
-        self.pending = list(pending)
-        placed = controller._placed
-        self.host: dict[str, str | None] = {name: placed[name].host if name in placed else None for name in controller._admitted}
-        self.home: dict[str, str | None] = {name: p.home for name, p in placed.items() if p.home}
-        self.admitted_at = dict(controller._admitted)
-        self.homes_given: set[str] = set()
-
-    def on(self, host: str) -> list[str]:
-        return sorted((n for n, h in self.host.items() if h == host), key=lambda n: (self.admitted_at.get(n, self.now), n))
-
-    def admit(self, decisions: list[tuple[str, Decision]], host: str, name: str, message: str) -> None:
-        self.take(decisions, host, [Decision("admit", message, name)])
-
-    def evict(self, decisions: list[tuple[str, Decision]], host: str, name: str, message: str) -> None:
-        self.take(decisions, host, [Decision("evict", message, name)])
-
-    def take(self, decisions: list[tuple[str, Decision]], host: str, moves: list[Decision]) -> None:
-        for decision in moves:
-            name = decision.game
-            if decision.kind == "admit" and name is not None:
-                if name in self.pending:
-                    self.pending.remove(name)
-                self.host[name], self.admitted_at[name] = host, self.now
-                self.home.setdefault(name, host)
-            elif decision.kind == "evict" and name is not None:
-                self.host[name] = None
-                self.admitted_at.pop(name, None)
-                self.pending.insert(0, name)
-            decisions.append((host, decision))
