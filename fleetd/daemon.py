@@ -8,13 +8,10 @@ import logging
 import os
 import signal
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -44,6 +41,7 @@ from fleetd.store.engine import Database
 from fleetd.store.footprints import read_footprints
 from fleetd.store.events import create_event
 from fleetd.store.records import GameDraft, NodeSeen
+from fleetd.stop_request import STOP_SIGNALS, ServerExiting, StopRequest
 from fleetd.store.schema import ensure_schema, start_writes
 from fleetd.supervision.adoption import OsProcessProbe, ProcessProbe
 from fleetd.supervision.launcher import OsLauncher
@@ -74,8 +72,6 @@ API_BACKLOG = 2048  # the API socket's: listen_socket's, and uvicorn's (it liste
 EXIT_OK = 0
 EXIT_SUPERVISION_FAILED = 70  # sysexits' EX_SOFTWARE: systemd restarts the daemon
 CONFIG_NOT_APPLIED = "config_not_applied"  # the event: [fleet] tier or [[games]] edited after the first start
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)  # StopRequest says what each does
-LEAVE_WORKERS = (signal.SIGUSR1, signal.SIGHUP)
 
 
 class StartupError(Exception):
@@ -86,90 +82,6 @@ class StartupError(Exception):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
-
-
-@dataclass(frozen=True)
-class ServerExiting:
-    """Open log follows poll this: uvicorn waits for every response to end before it stops (for
-    API_SHUTDOWN_S at most), and runs fleetd's signal handlers only after that, so a follow must
-    see uvicorn's own flag."""
-
-    server: uvicorn.Server
-
-    def is_set(self) -> bool:
-        return bool(self.server.should_exit)
-
-
-@dataclass
-class StopRequest:
-    """Signal handlers only record the signal; the main flow acts on it.
-
-    SIGTERM and SIGINT stop the daemon and every worker (each writes a final checkpoint).
-    SIGUSR1 stops the daemon alone: workers keep training and the next daemon adopts them.
-    SIGHUP (the terminal of a hand-started `fleetd serve` closed) does the same: the workers, in
-    sessions of their own, never see it, and killing the daemon outright recorded no stop.
-    Only the first is a clean stop in the boot log: after SIGUSR1 the host still carries the
-    fleet's load, so a crash before the next daemon adopts it is the load's as much as any.
-    """
-
-    signals: list[int] = field(default_factory=list)
-    server: uvicorn.Server | None = None
-    failure: str | None = None
-    signals_before_failure: int = 0  # the signals that came before the failure; those after do not change its stop
-    on_signal: Callable[[], None] | None = None  # ends a start-up step that waits (signal-safe)
-    _deciding: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def handle(self, signum: int, _frame: FrameType | None) -> None:
-        self.signals.append(signum)
-        self._exit_server()
-        if self.on_signal is not None:
-            self.on_signal()
-
-    def fail(self, reason: str, unless_signalled: bool = False) -> bool:
-        """The first failure is the stop's cause: its reason, its record and its exit code. One
-        that comes during its stop (a listen failing after the loop did, or the loop failing
-        while a failed listen's stop runs) is only said in the log. `unless_signalled`: not the
-        cause either after a signal (its stop stays the signal's). Whether it became the cause,
-        decided under a lock: the loop fails in its own thread, and a listen that checked, then
-        failed, in between could exit with its own code beside the loop's recorded reason."""
-        with self._deciding:
-            if self.failure is not None:
-                log.warning("%s, during the stop for an earlier failure (the stop stays that one's): %s",
-                            reason, self.failure)
-                return False
-            if unless_signalled and self.signals:
-                return False
-            self.failure = reason
-            self.signals_before_failure = len(self.signals)
-        self._exit_server()
-        return True
-
-    def _exit_server(self) -> None:
-        if self.server is not None:
-            self.server.should_exit = True
-
-    @property
-    def requested(self) -> bool:
-        return bool(self.signals) or self.failure is not None
-
-    @property
-    def leave_workers(self) -> bool:
-        return self.failure is not None or (bool(self.signals) and self.signals[0] in LEAVE_WORKERS)
-
-    def signals_during_failure(self) -> list[str]:
-        """The signals that came while a failure's stop ran: it stays the failure's (its exit
-        code, the workers left running), docs/systemd.md says why."""
-        if self.failure is None:
-            return []
-        return [signal.Signals(signum).name for signum in self.signals[self.signals_before_failure:]]
-
-    def describe(self) -> str:
-        if self.failure is not None:
-            return self.failure + ", workers left running"
-        if not self.signals:
-            return "the API server stopped"
-        name = signal.Signals(self.signals[0]).name
-        return f"received {name}" + (", workers left running" if self.leave_workers else "")
 
 
 def reboot_alert(start: DaemonStart, now: datetime) -> Alert:

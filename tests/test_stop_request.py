@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from fleetd.daemon import StopRequest
+from fleetd.stop_request import StopRequest
 
 LISTEN = "cannot listen on 127.0.0.1:8642 ([api] host/port): Address already in use"
 LOOP = "the supervision loop failed"
@@ -18,7 +18,7 @@ def test_the_first_failure_stays_the_stops_and_the_second_is_said(caplog: pytest
     record, its exit code: the caller raised it already); the loop's is a warning in the log."""
     stop = StopRequest()
     stop.fail(LISTEN)
-    with caplog.at_level(logging.WARNING, logger="fleetd.daemon"):
+    with caplog.at_level(logging.WARNING, logger="fleetd.stop_request"):
         stop.fail(LOOP)
     assert stop.failure == LISTEN
     assert stop.describe() == f"{LISTEN}, workers left running"
