@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from fleetd.operations.alerts import Alert
 from fleetd.states import State
-from fleetd.supervision.launcher import run_log_path, run_spec_path
+from fleetd.supervision.launcher import _run_spec, _write_spec, run_log_path, run_spec_path
 from fleetd.supervision.recovery import FoundWorker
 from fleetd.supervision.remedies import Remedies
 from fleetd.supervision.seams import Carried, Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
@@ -44,7 +44,7 @@ class FakeLauncher:
         if self.write_specs and launch.spec is not None:
             spec_path = run_spec_path(launch.game_dir, run_id)
             spec_path.parent.mkdir(parents=True, exist_ok=True)
-            spec_path.write_text(launch.spec.with_run(run_id).to_json())
+            _write_spec(spec_path, _run_spec(launch, run_id))
             log_path = str(run_log_path(launch.game_dir, run_id))
         return Spawned(self.next_pid, 1.0, ("python", "-m", "workers"), log_path, gpu)
 

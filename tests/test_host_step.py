@@ -33,7 +33,7 @@ def test_games_without_a_home_go_to_the_live_host_with_the_fewest_games_of_its_o
     placed = {"g1": Placement("a", "a"), "g2": Placement("a", "a"), "g3": Placement("b", "b")}
     step = HostStep(NOW, placed, {"g1": ago(9), "g2": ago(8), "g3": ago(7)}, ["n1", "n2", "n3"])
     give_homes(step, ["a", "b", "c"], ["g1", "g2", "g3", "n1", "n2", "n3"])
-    # c has none, then b and c one each (b before c by name), then a, b and c...
+    # c has none; then b and c have one each (b first, by name); then c has the fewest
     assert {name: step.home[name] for name in ("n1", "n2", "n3")} == {"n1": "c", "n2": "b", "n3": "c"}
     assert step.homes_given == {"n1", "n2", "n3"}
     give_homes(step, [], ["x"])  # no live host: no home given

@@ -31,7 +31,7 @@ from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
 from fleetd.operations.backup.target import Target
-from fleetd.store.hosts import HOST_RESOURCE
+from fleetd.store.hosts import HOST_RESOURCE, names_its_host
 from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.reactor import RefusedReports
@@ -299,7 +299,7 @@ class RayExecutor:
     def nodes(self) -> list[NodeSeen]:
         """The cluster's nodes as the GCS lists them, each named for its host."""
         seen = [node_seen(node) for node in ray.nodes()]
-        self._named_hosts |= {n.host for n in seen if HOST_RESOURCE + n.host in n.resources}
+        self._named_hosts |= {n.host for n in seen if names_its_host(n.host, n.resources)}
         return seen
 
     def _offers(self, host: str) -> bool:

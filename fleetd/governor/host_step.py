@@ -33,12 +33,13 @@ class HostStep:
         self.admitted_at = dict(admitted)
         self.homes_given: set[str] = set()
 
-    def on(self, host: str) -> list[str]:
-        return sorted((n for n, h in self.host.items() if h == host), key=lambda n: (self.admitted_at.get(n, self.now), n))
-
     def by_admission(self) -> list[str]:
         """The games placed on some host, the longest admitted first."""
         return sorted((n for n in self.host if self.host[n] is not None), key=lambda n: (self.admitted_at.get(n, self.now), n))
+
+    def on(self, host: str) -> list[str]:
+        """The games placed on `host`, the longest admitted first."""
+        return [name for name in self.by_admission() if self.host[name] == host]
 
     def admit(self, decisions: Decisions, host: str, name: str, message: str) -> None:
         self.take(decisions, host, [Decision("admit", message, name)])

@@ -18,6 +18,13 @@ from fleetd.store.records import HostBootRecord, HostForgotten, HostLife, HostRe
 HOST_RESOURCE = "fleetd_host_"
 
 
+def names_its_host(host: str, resources: dict[str, float]) -> bool:
+    """Whether a node with these resources names `host` by its own `fleetd_host_<name>` resource:
+    a run fleetd pins to that host lands there and nowhere else. One named by its hostname only
+    is left to Ray's placement."""
+    return HOST_RESOURCE + host in resources
+
+
 def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> list[str]:
     """Record what the GCS lists now: live nodes seen (a new node id is a new life of its host),
     dead ones ended, and so are open lives it no longer lists (the head restarted); a life ended
@@ -92,7 +99,7 @@ def pinning_host(session: Session, node_id: str) -> str | None:
     a node not recorded yet, or one named by its hostname only (Ray places runs as it likes)."""
     query = select(Host.name, Host.resources).join(HostBoot, HostBoot.host_id == Host.id)
     row = session.execute(query.where(HostBoot.node_id == node_id)).first()
-    return None if row is None or HOST_RESOURCE + row.name not in (row.resources or {}) else row.name
+    return None if row is None or not names_its_host(row.name, row.resources or {}) else row.name
 
 
 def read_hosts(session: Session) -> list[HostRecord]:

@@ -99,7 +99,7 @@ class HandOvers:
         whose (the store does not say): where a game that kept its slot lost its worker while no
         daemon ran, one game starts at once, in the fleet's order, and the others wait for the
         givers' stops. On a cluster the same on the host whose slot `name` holds, once the host of
-        every live worker is known (an adopted one's once it is located); until then none is free."""
+        every live worker is known (`hosts`); until then none is free."""
         live = [n for n, proc in self._procs.items() if proc.state in LIVE]
         if not self._fleet.cluster:
             return len(live) < self._fleet.governor.allowed()
