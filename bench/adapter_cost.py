@@ -93,6 +93,9 @@ def rollout_collector(venv, n_steps: int) -> Callable[[np.ndarray], Any]:
     torch.set_num_threads(1)
     model = PPO("CnnPolicy", venv, n_steps=n_steps, batch_size=n_steps * venv.num_envs,
                 verbose=0, seed=0, device="cpu")
+    from workers.train import sb3_logger
+
+    model.set_logger(sb3_logger(None, "bench"))  # as the worker's learn() has it: no SB3-* folder
     _, callback = model._setup_learn(10**9)  # what `learn()` does before its first rollout
     callback.on_training_start(locals(), globals())
 

@@ -43,7 +43,7 @@ from workers.defaults import SCHEDULE_TIMESTEPS, Family  # noqa: E402
 from workers.envs import make_vec_env  # noqa: E402
 from workers.hyperparams import DeviceInfo, configure_torch, make_plan  # noqa: E402
 from workers.protocol.spec import RunSpec  # noqa: E402
-from workers.train import build_model, env_config  # noqa: E402
+from workers.train import build_model, env_config, sb3_logger  # noqa: E402
 
 THRESHOLD, BUDGET, EVAL_EVERY, EVAL_EPISODES = 150.0, 50_000, 2048, 5  # the zoo's CartPole DQN budget: 50,000
 TIER_BATCH = {tier.num_envs: tier.batch_size for tier in DEFAULT_TIERS.values()}
@@ -109,6 +109,7 @@ def run_one(num_envs: int, seed: int, budget: int, threshold: float, tier_batch:
         if tier_batch:
             model.batch_size = spec.tier_defaults.batch_size
         callback, started = UntilThreshold(threshold, every, seed), time.perf_counter()
+        model.set_logger(sb3_logger(None, "bench"))  # as the worker's learn() has it: no SB3-* folder
         model.learn(budget, callback=callback)
         venv.close()
     transitions = model.train_freq.frequency * num_envs

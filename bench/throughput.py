@@ -95,7 +95,10 @@ def train_rate(model, seconds: float) -> float:
         def _on_step(self) -> bool:
             return time.perf_counter() - self.start < seconds
 
+    from workers.train import sb3_logger
+
     deadline = Deadline()
+    model.set_logger(sb3_logger(None, "bench"))  # as the worker's learn() has it: no SB3-* folder
     model.learn(10**9, callback=deadline)
     return model.num_timesteps / (time.perf_counter() - deadline.start)
 

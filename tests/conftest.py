@@ -44,6 +44,22 @@ def _operation_ids(items: list[pytest.Item]) -> None:
             item._id = node_id.with_params(item.name[len(original) + 1:-1])
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_logs_in_pytests_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """SB3's `learn()` on a model given no logger makes an empty tempdir/SB3-<date> folder (the
+    worker gives its own: workers/train.py, sb3_logger). The tests that train a model directly put
+    those folders under pytest's temp folder, not the machine's /tmp, about 40 a run."""
+    import os
+
+    before = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3"))
+    yield
+    if before is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def _no_fleetd_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The developer's own FLEETD_* variables must not leak into tests."""

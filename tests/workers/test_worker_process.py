@@ -58,8 +58,9 @@ def test_sigterm_leaves_final_checkpoint_and_exits_0(make_spec, write_spec, inbo
     assert "stopped on signal" in log
 
 
-def test_a_run_leaves_nothing_in_the_temp_dir(make_spec, write_spec, inbox, tmp_path):
+def test_a_run_leaves_nothing_in_the_temp_dir(make_spec, write_spec, inbox, tmp_path, monkeypatch):
     """SB3's default logger made an empty tempdir/SB3-<date> folder at every run."""
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)  # the suite's own folder for those (conftest)
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     spec = make_spec(progress_socket=str(inbox.path), tensorboard_dir=str(tmp_path / "tb"))
