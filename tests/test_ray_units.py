@@ -5,6 +5,7 @@ tests/test_ray_cluster.py.)"""
 from __future__ import annotations
 
 import logging
+import socket
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -341,3 +342,32 @@ def test_an_actor_whose_handle_refuses_a_timeout_is_asked_without_one(executor: 
     assert [c.args for c in old.calls if c.method == "wait"] == [()]
     exited = executor._exited(6, executor._runs[6].wait_ref)
     assert exited is not None and exited.status.code == 3
+
+
+def test_a_new_run_actor_removes_the_folders_of_killed_ones_and_no_other(tmp_path: Path) -> None:
+    """A killed run actor leaves its folder (socket and spec) in its node's temp dir: the next one
+    removes it, but not the folder of an actor alive, nor of one not yet bound, nor anyone else's."""
+    def run_dir(name: str, *, bound: bool | None) -> tuple[Path, socket.socket | None]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "spec.json").write_text("{}")
+        if bound is None:
+            return folder, None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(folder / "p.sock"))
+        if not bound:
+            sock.close()  # its actor killed: the socket file stays, nobody reads it
+        return folder, sock
+
+    killed, _ = run_dir(f"{actors_module.RUN_DIR_PREFIX}killed", bound=False)
+    alive, held = run_dir(f"{actors_module.RUN_DIR_PREFIX}alive", bound=True)
+    starting, _ = run_dir(f"{actors_module.RUN_DIR_PREFIX}starting", bound=None)
+    other, _ = run_dir("someone-else", bound=False)
+    try:
+        assert actors_module.remove_stale_run_dirs(tmp_path) == [killed]
+        assert not killed.exists()
+        assert alive.exists() and starting.exists() and other.exists()
+        assert actors_module.remove_stale_run_dirs(tmp_path) == []
+    finally:
+        assert held is not None
+        held.close()

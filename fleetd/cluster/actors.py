@@ -52,6 +52,7 @@ PENDING_PUTS_MAX = 1000  # puts in flight the relay keeps an eye on
 WAIT_MAX_S = 30.0  # a `wait` call returns within this even if the worker runs on: a daemon asks again
 CONTROL = "control"  # the concurrency group of `where` and `signal`: never behind blocked waits
 CONTROL_THREADS = 2
+RUN_DIR_PREFIX = "fleetd-run-"  # each run actor's folder in its node's temp dir
 _PR_SET_PDEATHSIG = 1
 
 
@@ -117,7 +118,8 @@ class RunActor:
                                "install the daemon's versions there (docs/cluster.md)")
         self._hub = hub
         self._namespace = namespace or context.namespace  # the hub's, to find it again by name
-        self._dir = Path(tempfile.mkdtemp(prefix="fleetd-run-"))  # node-local, short: a unix socket path
+        remove_stale_run_dirs(Path(tempfile.gettempdir()))
+        self._dir = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))  # node-local, short: a unix socket path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(str(self._dir / "p.sock"))
         self._sock.settimeout(RELAY_BATCH_S)
@@ -248,7 +250,7 @@ class RunActor:
                 batch, flushed = [], time.monotonic()
         self._deliver(batch, final=True)  # this one and all before it delivered before the exit is
         self._sock.close()
-        shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: a socket and a spec
+        shutil.rmtree(self._dir, ignore_errors=True)  # a killed actor leaves it: remove_stale_run_dirs
         self._relayed.set()
 
     def _deliver(self, batch: list[bytes], final: bool = False) -> None:
@@ -307,6 +309,27 @@ class RunActor:
             return
         for batch in again:
             self._pending.append((self._hub.put.remote(batch), batch, self._hub, True))
+
+
+def remove_stale_run_dirs(temp: Path) -> list[Path]:
+    """A run actor removes its folder (the worker's report socket and spec) as its relay ends; one
+    killed (`ray kill`, its raylet gone) leaves it, on a node that may run for months. Each new run
+    actor removes those no actor holds any more: a datagram socket whose owner is gone refuses a
+    connect. A folder without its socket yet (an actor between `mkdtemp` and `bind`) or not ours
+    to read is left. Answers the folders removed."""
+    removed = []
+    for folder in temp.glob(f"{RUN_DIR_PREFIX}*"):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(str(folder / "p.sock"))
+        except ConnectionRefusedError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except OSError:  # no socket there (yet), another user's folder, a path too long
+            pass
+        finally:
+            probe.close()
+    return removed
 
 
 def _worker_env(cpu_threads: int, gpu_ids: list) -> dict[str, str]:
