@@ -10,7 +10,9 @@ import pytest
 from fleetd.config import Settings, load_settings
 from fleetd.store.engine import Database
 from tests.new_database import new_database
-from tests.daemon_harness import SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, short_tmp_dir
+from tests.daemon_harness import (
+    SUPERVISION, Daemon, DaemonConfig, kill_leftover_workers, remove_short_tmp_dirs, short_tmp_dir,
+)
 from tests.fakes import FakeClock, FakeHost
 from tests.operations.test_alerts import Receiver
 
@@ -42,6 +44,14 @@ def _operation_ids(items: list[pytest.Item]) -> None:
             continue
         if item.name.startswith(f"{original}[") and item.name.endswith("]"):
             item._id = node_id.with_params(item.name[len(original) + 1:-1])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The /tmp folders of the daemons the tests started (short_tmp_dir): the fixtures and tests
+    that do not remove their own left about 25 a full run. Each test process removes all it made
+    once its session passed; a failed session's stay to be read."""
+    if exitstatus == 0:
+        remove_short_tmp_dirs()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -27,9 +27,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_SHORT_TMP_DIRS: list[Path] = []  # made in this process, for remove_short_tmp_dirs
+
+
 def short_tmp_dir() -> Path:
-    """Unix socket paths must stay under 108 bytes: pytest's tmp paths can be too long."""
-    return Path(tempfile.mkdtemp(prefix="fleetd-", dir="/tmp"))
+    """Unix socket paths must stay under 108 bytes: pytest's tmp paths can be too long. Outside
+    pytest's temp folder, so each is removed by its test or at the end of a test session that
+    passed (tests/conftest.py); a failed session leaves them to be read."""
+    path = Path(tempfile.mkdtemp(prefix="fleetd-", dir="/tmp"))
+    _SHORT_TMP_DIRS.append(path)
+    return path
+
+
+def remove_short_tmp_dirs() -> None:
+    """Removes every folder short_tmp_dir made in this process, its test's removal or not."""
+    while _SHORT_TMP_DIRS:
+        shutil.rmtree(_SHORT_TMP_DIRS.pop(), ignore_errors=True)
 
 
 @dataclass
