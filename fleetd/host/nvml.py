@@ -14,7 +14,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +29,42 @@ XID_DRAIN_MAX = 256  # events read per sample at most: a storm must not hold up 
 # protect itself: what precedes a load reboot. Idle, application clocks, sync boost and the
 # software power cap are normal under load (the power reading covers the cap).
 THROTTLE_REASONS = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
+
+
+@dataclass
+class _DevicesRead:
+    """One pass over the GPUs (NvmlReader._read_devices): what each gave, and what went wrong."""
+
+    lost: Exception | None = None  # the first GPU_IS_LOST, of the Xid drain or of a GPU's read
+    bad: BadGpuReading | None = None  # the first GPU whose memory reading was nonsense
+    gpus: list[GpuSample] = field(default_factory=list)  # read, and lost ones without readings
+    pid_memory: dict[int, int] = field(default_factory=dict)  # GPU memory by pid, over all GPUs
+    per_gpu: dict[int, dict[int, int]] = field(default_factory=dict)  # by GPU index, then pid
+    skipped: list[int] = field(default_factory=list)  # left out: memory reading nonsense
+    refused: str | None = None  # the first reason a GPU's process list was not whole
+    refused_gpus: list[int] = field(default_factory=list)
+    unmeasured: dict[int, str] = field(default_factory=dict)  # pids listed without their memory: why
+
+    def add_processes(self, index: int, used_by_pid: dict[int, int], not_listed: str | None,
+                      without_memory: Collection[int]) -> None:
+        self.refused = self.refused or not_listed
+        if not_listed:
+            self.refused_gpus.append(index)
+        self.per_gpu[index] = used_by_pid
+        for pid in without_memory:
+            self.unmeasured.setdefault(pid, incomplete_list(f"GPU {index} lists a process without its memory"))
+        for pid, used in used_by_pid.items():
+            self.pid_memory[pid] = self.pid_memory.get(pid, 0) + used
+
+    def failure(self) -> Exception | None:
+        """Why the read fails as a whole, or None."""
+        if self.lost is not None and not any(not gpu.lost for gpu in self.gpus):
+            return self.lost  # no GPU answers: NVML itself may be gone with it
+        if self.lost is not None and not any(gpu.lost for gpu in self.gpus):
+            return self.lost  # lost by the Xid drain, yet no GPU says which: as before, the read fails
+        if self.bad is not None and not self.gpus:
+            return self.bad  # no GPU read, none lost: every one's memory reading is nonsense
+        return None
 
 
 class NvmlReader:
@@ -143,69 +179,63 @@ class NvmlReader:
         as a whole (NVML's session is then dropped and started again later). A GPU whose memory
         reading is nonsense (BadGpuReading) is left out of this sample, its processes too, and
         the others still read; only when no GPU is read does the read fail with it."""
-        lost: Exception | None = None
+        read = _DevicesRead(lost=self._drain_lost(nvml))
+        drain_lost = read.lost is not None
+        xids = self._window()
+        for index in range(nvml.nvmlDeviceGetCount()):
+            self._read_device(nvml, index, xids.get(index, ()), read)
+        failure = read.failure()
+        if failure is not None:
+            raise failure
+        self._keep(read)
+        if drain_lost or self._lost != self._events_without:
+            self._rewatch_xids(nvml)
+        return read.gpus, read.pid_memory
+
+    def _drain_lost(self, nvml: ModuleType) -> Exception | None:
+        """The Xids waiting, read; a GPU lost on the way is answered (which one it is, the reads
+        of the GPUs say), any other NVMLError raised."""
         try:
             self._drain_xids(nvml)
         except nvml.NVMLError as exc:
             if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
                 raise
-            lost = exc  # which GPU it is, the reads below say
-        drain_lost = lost is not None
-        xids = self._window()
-        gpus: list[GpuSample] = []
-        pid_memory: dict[int, int] = {}
-        bad: BadGpuReading | None = None
-        skipped: list[int] = []
-        refused: str | None = None
-        refused_gpus: list[int] = []
-        unmeasured: dict[int, str] = {}
-        per_gpu: dict[int, dict[int, int]] = {}
-        for index in range(nvml.nvmlDeviceGetCount()):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                gpu = _read_gpu(nvml, index, handle, self._readings)
-            except BadGpuReading as exc:  # NVML answers for it (not lost), with nonsense: not read
-                self._lost.discard(index)
-                bad = bad or exc
-                skipped.append(index)
-                continue
-            except nvml.NVMLError as exc:
-                if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
-                    raise
-                self._lost.add(index)
-                lost = lost or exc
-                gpus.append(GpuSample(index, self._names.get(index, "unknown"), None, 0, 0, None, None,
-                                      xid_errors=xids.get(index, ()), lost=True))
-                continue
+            return exc
+        return None
+
+    def _read_device(self, nvml: ModuleType, index: int, xids: tuple[int, ...], read: _DevicesRead) -> None:
+        """GPU `index` and its processes into `read`: left out where its memory reading is
+        nonsense, listed without readings where it is lost, any other NVMLError raised."""
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpu = _read_gpu(nvml, index, handle, self._readings)
+        except BadGpuReading as exc:  # NVML answers for it (not lost), with nonsense: not read
             self._lost.discard(index)
-            self._names[index] = gpu.name
-            gpus.append(replace(gpu, xid_errors=xids.get(index, ())))
-            used_by_pid, not_listed, without_memory = _gpu_processes(nvml, index, handle, self._readings)
-            refused = refused or not_listed
-            if not_listed:
-                refused_gpus.append(index)
-            per_gpu[index] = used_by_pid
-            for pid in without_memory:
-                unmeasured.setdefault(pid, incomplete_list(f"GPU {index} lists a process without its memory"))
-            for pid, used in used_by_pid.items():
-                pid_memory[pid] = pid_memory.get(pid, 0) + used
-        if lost is not None and not any(not gpu.lost for gpu in gpus):
-            raise lost  # no GPU answers: NVML itself may be gone with it
-        if lost is not None and not any(gpu.lost for gpu in gpus):
-            raise lost  # lost by the Xid drain, yet no GPU says which: as before, the read fails
-        if bad is not None and not gpus:
-            raise bad  # no GPU read, none lost: every one's memory reading is nonsense
-        self.skipped = tuple(skipped)
-        self.incomplete = incomplete_list(refused) if refused else None
-        self.refused = tuple(refused_gpus)
-        self.unmeasured = unmeasured
-        self.per_gpu = per_gpu
-        counted = {gpu.index for gpu in gpus}
-        self._lost &= counted  # one NVML no longer counts is not named lost
+            read.bad = read.bad or exc
+            read.skipped.append(index)
+            return
+        except nvml.NVMLError as exc:
+            if _nvml_code(exc) != nvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            self._lost.add(index)
+            read.lost = read.lost or exc
+            read.gpus.append(GpuSample(index, self._names.get(index, "unknown"), None, 0, 0, None, None,
+                                       xid_errors=xids, lost=True))
+            return
+        self._lost.discard(index)
+        self._names[index] = gpu.name
+        read.gpus.append(replace(gpu, xid_errors=xids))
+        read.add_processes(index, *_gpu_processes(nvml, index, handle, self._readings))
+
+    def _keep(self, read: _DevicesRead) -> None:
+        """A read that did not fail: what it left out and could not measure, for the sample."""
+        self.skipped = tuple(read.skipped)
+        self.incomplete = incomplete_list(read.refused) if read.refused else None
+        self.refused = tuple(read.refused_gpus)
+        self.unmeasured = read.unmeasured
+        self.per_gpu = read.per_gpu
+        self._lost &= {gpu.index for gpu in read.gpus}  # one NVML no longer counts is not named lost
         self._log_lost()
-        if drain_lost or self._lost != self._events_without:
-            self._rewatch_xids(nvml)
-        return gpus, pid_memory
 
     def _free_xid_events(self, nvml: ModuleType) -> None:
         events, self._xid_events = self._xid_events, None
