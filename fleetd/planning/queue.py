@@ -296,69 +296,104 @@ def _simulate_preemption(snapshot: PlanInput, order: list[PlanGame], rates: dict
     admission among equals), that one goes back to pending once it has held its slot
     `min_run_h`, with what it has left to train, and the pending game takes its slot; a slot
     freed meanwhile goes to the highest pending game as ever. Once none outranks, as `simulate`."""
-    t = 0.0
-    left = {g.name: _hours(g, rates[g.name]) for g in order}  # training hours to its goal from its run's start
-    runs: dict[str, list[list[float]]] = {}  # each game's runs: [start, end, slot]
-    holders: dict[int, tuple[PlanGame, float]] = {}  # slot -> the game and when it was admitted (hours; < 0: before now)
-    pending = [g for g in order if g.state is PlanState.PENDING]
+    slots = _PreemptingSlots(snapshot, order, rates)
+    slots.preempt_while_outranked(min_run_h)
+    return slots.scheduled(slots.place_the_rest())
 
-    def start(game: PlanGame, slot: int, at: float, admitted: float) -> None:
-        holders[slot] = (game, admitted)
-        runs.setdefault(game.name, []).append([at, NEVER, slot])
 
-    def ends(game: PlanGame) -> float:
-        return runs[game.name][-1][0] + left[game.name]
+class _PreemptingSlots:
+    """The rung's slots as `_simulate_preemption` plays them out, in hours from now: who holds
+    each, every game's runs, and the training each has left to its goal."""
 
-    opens = slot_opens(snapshot)
-    for slot, game in enumerate(g for g in order if g.state is PlanState.RUNNING):
-        held = 0.0 if game.admitted_at is None else (snapshot.now - game.admitted_at).total_seconds() / 3600
-        start(game, slot, 0.0, -held)
-    while True:
-        for slot in range(snapshot.rung.games):
-            if slot not in holders and pending and opens[slot] <= t:
-                start(pending.pop(0), slot, t, t)
-        if not pending or not holders:
-            break
-        low_slot = min(holders, key=lambda s: holder_rank(holders[s][0].priority, t - holders[s][1],
-                                                          holders[s][0].queue_position, holders[s][0].name))
-        low, admitted = holders[low_slot]
-        if pending[0].priority <= low.priority:
-            break  # no pre-emption now nor later
-        due = admitted + min_run_h
-        if due <= t:  # low goes back to pending with what it has left; the top pending game takes its slot
-            run = runs[low.name][-1]
-            run[1] = t
-            left[low.name] -= t - run[0]
-            del holders[low_slot]
-            pending = sorted(pending + [low], key=_pending_key)
-            start(pending.pop(0), low_slot, t, t)
-            continue
-        t = min(due, min(ends(game) for game, _ in holders.values()), min((o for o in opens if o > t), default=NEVER))
-        for slot, (game, _) in list(holders.items()):
-            if ends(game) <= t:
-                runs[game.name][-1][1] = ends(game)
-                del holders[slot]
-    free = [(ends(game), slot) for slot, (game, _) in holders.items()]
-    free += [(max(t, opens[slot]), slot) for slot in range(snapshot.rung.games) if slot not in holders]
-    heapq.heapify(free)
-    waiting = {game.name for game in pending}  # pre-empted ones among them never resume unless placed here
-    for game in pending:
-        if not free or free[0][0] == NEVER:
-            break
-        at, slot = heapq.heappop(free)
-        runs.setdefault(game.name, []).append([at, at + left[game.name], slot])
-        heapq.heappush(free, (at + left[game.name], slot))
-        waiting.discard(game.name)
-    for game, _ in holders.values():
-        runs[game.name][-1][1] = ends(game)
-    placed = {}
-    for name, r in runs.items():
-        spans = tuple((a, b) for a, b, _ in r)
-        if name in waiting:  # pre-empted, and no slot comes free again: it never reaches its goal
-            placed[name] = Scheduled(r[0][0], NEVER, int(r[0][2]), spans)
-        else:
-            placed[name] = Scheduled(r[0][0], r[-1][1], int(r[0][2]), spans if len(r) > 1 else ())
-    return placed
+    def __init__(self, snapshot: PlanInput, order: list[PlanGame], rates: dict[str, float | None]) -> None:
+        self.t = 0.0
+        self.slot_count = snapshot.rung.games
+        self.opens = slot_opens(snapshot)
+        self.left = {g.name: _hours(g, rates[g.name]) for g in order}  # training hours to its goal from its run's start
+        self.runs: dict[str, list[list[float]]] = {}  # each game's runs: [start, end, slot]
+        self.holders: dict[int, tuple[PlanGame, float]] = {}  # slot -> the game and when it was admitted (hours; < 0: before now)
+        self.pending = [g for g in order if g.state is PlanState.PENDING]
+        for slot, game in enumerate(g for g in order if g.state is PlanState.RUNNING):
+            held = 0.0 if game.admitted_at is None else (snapshot.now - game.admitted_at).total_seconds() / 3600
+            self.start(game, slot, 0.0, -held)
+
+    def start(self, game: PlanGame, slot: int, at: float, admitted: float) -> None:
+        self.holders[slot] = (game, admitted)
+        self.runs.setdefault(game.name, []).append([at, NEVER, slot])
+
+    def ends(self, game: PlanGame) -> float:
+        return self.runs[game.name][-1][0] + self.left[game.name]
+
+    def preempt_while_outranked(self, min_run_h: float) -> None:
+        while True:
+            self._fill_open_slots()
+            if not self.pending or not self.holders:
+                return
+            low_slot = min(self.holders, key=self._holder_rank)
+            low, admitted = self.holders[low_slot]
+            if self.pending[0].priority <= low.priority:
+                return  # no pre-emption now nor later
+            due = admitted + min_run_h
+            if due <= self.t:
+                self._preempt(low_slot)
+            else:
+                self._advance(due)
+
+    def place_the_rest(self) -> set[str]:
+        """As `simulate` from here: each pending game in turn on the slot free first. Answers the
+        games that never get a slot (pre-empted ones among them never resume unless placed here)."""
+        free = [(self.ends(game), slot) for slot, (game, _) in self.holders.items()]
+        free += [(max(self.t, self.opens[slot]), slot) for slot in range(self.slot_count) if slot not in self.holders]
+        heapq.heapify(free)
+        waiting = {game.name for game in self.pending}
+        for game in self.pending:
+            if not free or free[0][0] == NEVER:
+                break
+            at, slot = heapq.heappop(free)
+            self.runs.setdefault(game.name, []).append([at, at + self.left[game.name], slot])
+            heapq.heappush(free, (at + self.left[game.name], slot))
+            waiting.discard(game.name)
+        for game, _ in self.holders.values():
+            self.runs[game.name][-1][1] = self.ends(game)
+        return waiting
+
+    def scheduled(self, waiting: set[str]) -> dict[str, Scheduled]:
+        placed = {}
+        for name, r in self.runs.items():
+            spans = tuple((a, b) for a, b, _ in r)
+            if name in waiting:  # pre-empted, and no slot comes free again: it never reaches its goal
+                placed[name] = Scheduled(r[0][0], NEVER, int(r[0][2]), spans)
+            else:
+                placed[name] = Scheduled(r[0][0], r[-1][1], int(r[0][2]), spans if len(r) > 1 else ())
+        return placed
+
+    def _fill_open_slots(self) -> None:
+        for slot in range(self.slot_count):
+            if slot not in self.holders and self.pending and self.opens[slot] <= self.t:
+                self.start(self.pending.pop(0), slot, self.t, self.t)
+
+    def _holder_rank(self, slot: int) -> tuple[int, float, float, str]:
+        game, admitted = self.holders[slot]
+        return holder_rank(game.priority, self.t - admitted, game.queue_position, game.name)
+
+    def _preempt(self, slot: int) -> None:
+        """The slot's game goes back to pending with what it has left; the top pending game takes it."""
+        low, _ = self.holders.pop(slot)
+        run = self.runs[low.name][-1]
+        run[1] = self.t
+        self.left[low.name] -= self.t - run[0]
+        self.pending = sorted(self.pending + [low], key=_pending_key)
+        self.start(self.pending.pop(0), slot, self.t, self.t)
+
+    def _advance(self, due: float) -> None:
+        """To the next moment something changes: the low game's pre-emption due, a run's end or a
+        slot opening; the runs that end by then give their slots back."""
+        next_open = min((o for o in self.opens if o > self.t), default=NEVER)
+        self.t = min(due, min(self.ends(game) for game, _ in self.holders.values()), next_open)
+        for slot, (game, _) in list(self.holders.items()):
+            if self.ends(game) <= self.t:
+                self.runs[game.name][-1][1] = self.ends(game)
+                del self.holders[slot]
 
 
 def charged_hours(placed: dict[str, Scheduled]) -> dict[float, float]:

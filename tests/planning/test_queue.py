@@ -237,6 +237,15 @@ def test_a_game_preempted_for_good_has_no_end() -> None:
     assert by_name(result)["urgent"].start_h == 0.0  # slow had held its slot the minimum run already
 
 
+def test_a_running_game_that_reaches_its_goal_before_it_could_be_preempted_ends_then() -> None:
+    # short (50 episodes at 100/h) is done in 0.5 h, before its 2 h minimum run would let urgent
+    # pre-empt it: it ends at its goal, not pre-empted, and urgent takes its slot then.
+    games = [game("short", 50, RUNNING, 100.0), game("urgent", 100, PENDING, None, priority=5, env="short-v5")]
+    result = by_name(plan(snapshot(games, slots=1, preempt_min_run_h=2.0)))
+    assert result["short"].start_h == 0.0 and result["short"].end_h == pytest.approx(0.5)
+    assert result["urgent"].start_h == pytest.approx(0.5)
+
+
 def test_slots_the_governor_has_not_opened_open_when_it_would_with_or_without_preemption() -> None:
     """A 3x16 rung holding 2 games (the 3rd slot opens in 2 h: a stable window, or a failure's
     re-probe time): the waiting game starts then, not now; a pre-empting one too."""
