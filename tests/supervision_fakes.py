@@ -142,9 +142,10 @@ class FakeReactor:
     def report(self, report: Report) -> None:
         self.queued.append(Reported(report))
 
-    def locate(self, pid: int, node_id: str) -> None:
-        """The cluster said where this run's worker is (the Ray executor's `where`)."""
-        self.queued.append(Located(pid, node_id))
+    def locate(self, pid: int, node_id: str, host: str | None = None) -> None:
+        """The cluster said where this run's worker is (the Ray executor's `where`), and the host
+        its starts are pinned to where that is the node's."""
+        self.queued.append(Located(pid, node_id, host))
 
 
 @dataclass

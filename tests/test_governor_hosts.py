@@ -123,13 +123,17 @@ class Cluster:
         """The daemon killed -9 and started again: its live workers adopted (but those of `died`,
         which ended while no daemon ran), each located on the node of the host it was pinned to
         (`located`: name -> host, where another), as the Ray executor's watch locates an adopted
-        actor (its first wait tells the supervisor)."""
+        actor (its first wait tells the supervisor), with the host its starts are pinned to as the
+        executor answers it (`_pinned_host`: none on a node named by its hostname, nor for a game
+        in [cluster] pins)."""
         assert self.sup is not None
         live = {name: proc.pid for name, proc in self.sup.procs.items() if proc.state in (State.STARTING, State.RUNNING)}
         self.probe = WorkersLive({live.pop(name) for name in died})
         sup = self.start()
         for name, pid in live.items():
-            self.reactor.locate(pid, self.lives[(located or {}).get(name) or self.pinned(name)][-1])
+            host = (located or {}).get(name) or self.pinned(name)
+            pinned = host not in self.by_hostname and not self.settings.cluster.pins.get(name)
+            self.reactor.locate(pid, self.lives[host][-1], host if pinned else None)
         sup.step()
         return sup
 

@@ -84,6 +84,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(module.ray, "get", fake_get)
         monkeypatch.setattr(module.ray, "wait", fake_wait)
     monkeypatch.setattr(executor_module.ray.util, "list_named_actors", lambda all_namespaces=False: [])  # no cluster
+    monkeypatch.setattr(executor_module.ray, "nodes", lambda: [])  # no node names its host
 
 
 def task_error(cause: Exception) -> RayTaskError:
@@ -127,6 +128,38 @@ def test_an_actor_of_this_fleetd_is_asked_with_a_bounded_wait(executor: RayExecu
     assert executor.matches(8, 0.0, ("ray-actor", "units", "run-000008-pong"))
     assert executor.watch(8, False)
     assert [c.args for c in new.calls if c.method == "wait"] == [(executor_module.RUN_WAIT_S,)]
+
+
+def test_a_runs_game_is_read_back_from_its_actors_name() -> None:
+    name = executor_module.actor_name("space-invaders", 1234567)  # a dash in the game, a 7-digit run id
+    assert executor_module._Run(name, None, None).game == "space-invaders"
+
+
+NODES = [
+    {"NodeID": "n-a", "Alive": True, "NodeManagerHostname": "box-a", "Resources": {"CPU": 8.0, "fleetd_host_a": 1.0}},
+    {"NodeID": "n-b", "Alive": True, "NodeManagerHostname": "box-b", "Resources": {"CPU": 8.0}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("node", "pins", "host"), [
+    ("n-a", {}, "a"),  # its node names host a: a start of the game is pinned there
+    ("n-b", {}, None),  # a node named by its hostname only: Ray places the game's starts
+    ("n-a", {"pong": {"node_b": 0.01}}, None),  # the operator pins the game: its pin places it
+])  # fmt: skip
+def test_an_adopted_run_is_located_with_the_host_its_starts_are_pinned_to_where_that_is_its_nodes(
+    tmp_path: Path, fake_ray: None, monkeypatch: pytest.MonkeyPatch, node: str, pins: dict, host: str | None
+) -> None:
+    settings = load_settings(state_dir=tmp_path / "state", cluster={
+        "backend": "ray", "address": "127.0.0.1:1", "storage": str(tmp_path / "storage"), "namespace": "units",
+        "pins": pins})  # fmt: skip
+    executor = RayExecutor(settings, Handle(), {})
+    monkeypatch.setattr(executor_module.ray, "nodes", lambda: NODES)
+    adopted = Handle(where=[{"node_id": node, "hostname": "box", "pid": 9, "log_path": "l", "bounded_wait": True}])
+    monkeypatch.setattr(executor_module.ray, "get_actor", lambda name, namespace: adopted)
+    assert executor.matches(7, 0.0, ("ray-actor", "units", "run-000007-pong")) and executor.watch(7, False)
+    assert executor._located == [executor_module.Located(7, node, host)]
+    pinned = executor._placement("pong", 1, host="a").get("resources")
+    assert pinned == (dict(pins["pong"]) if pins else {"fleetd_host_a": executor_module.HOST_SHARE})  # as starts are
 
 
 def test_a_restarted_daemon_probes_every_run_actor_at_once_so_a_hung_nodes_runs_cost_one_timeout(

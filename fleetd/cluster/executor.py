@@ -152,6 +152,11 @@ class _Run:
     killed: bool = False  # fleetd killed the actor: its death is the SIGKILL asked for
     bounded_wait: bool = True  # False: an actor of an earlier fleetd, whose `wait` takes no timeout
 
+    @property
+    def game(self) -> str:
+        """The run's game, as its actor is named (actor_name)."""
+        return self.name[len(ACTOR_PREFIX):].split("-", 1)[1]
+
 
 class RayExecutor:
     def __init__(self, settings: Settings, hub: Any, expected: dict[str, str]) -> None:
@@ -171,7 +176,7 @@ class RayExecutor:
         self._refused = RefusedReports(log)
         self._wake = threading.Event()
         self._swept = False
-        self._named_hosts: set[str] = set()  # hosts whose nodes offer a `fleetd_host_<name>` resource
+        self._named_hosts: dict[str, str] = {}  # node id -> the host its `fleetd_host_<name>` resource names
         self._probes: dict[str, tuple[Any, Any, float]] | None = None  # name -> (actor, its `where`, until when)
         url = settings.cluster.storage_url
         self._storage = None if url is None else Target(url)  # games synced through it (fleetd/cluster/storage.py)
@@ -256,7 +261,7 @@ class RayExecutor:
             return False
         self._track(pid, run)
         if run.node_id is not None:  # the probe asked where it is: recorded with the adoption
-            self._located.append(Located(pid, run.node_id))
+            self._located.append(Located(pid, run.node_id, self._pinned_host(run.game, run.node_id)))
         return True
 
     def killing(self, pid: int) -> None:
@@ -299,15 +304,25 @@ class RayExecutor:
     def nodes(self) -> list[NodeSeen]:
         """The cluster's nodes as the GCS lists them, each named for its host."""
         seen = [node_seen(node) for node in ray.nodes()]
-        self._named_hosts |= {n.host for n in seen if names_its_host(n.host, n.resources)}
+        self._named_hosts.update({n.node_id: n.host for n in seen if names_its_host(n.host, n.resources)})
         return seen
 
     def _offers(self, host: str) -> bool:
         """A host named by its `fleetd_host_` resource can be pinned to; one named by its
         hostname only (a node started without it) is left to Ray's placement."""
-        if host not in self._named_hosts:
+        if host not in self._named_hosts.values():
             self.nodes()
-        return host in self._named_hosts
+        return host in self._named_hosts.values()
+
+    def _pinned_host(self, game: str, node_id: str) -> str | None:
+        """The host a start of `game` is pinned to where that host is node `node_id`'s (its
+        `fleetd_host_<name>` resource names it, as `_placement` pins): None for a game the operator
+        pins ([cluster] pins) or a node named by its hostname only, which Ray places as it likes."""
+        if self._cluster.pins.get(game):
+            return None
+        if node_id not in self._named_hosts:
+            self.nodes()
+        return self._named_hosts.get(node_id)
 
     # -- ProcessProbe --------------------------------------------------------------------------
 
@@ -438,7 +453,7 @@ class RayExecutor:
             return None
         run.node_id = where["node_id"]
         log.info("%s runs on node %s (%s), worker pid %s", run.name, where["node_id"][:12], where["hostname"], where["pid"])
-        return Located(handle, where["node_id"])
+        return Located(handle, where["node_id"], self._pinned_host(run.game, where["node_id"]))
 
     def _exited(self, handle: int, ref: Any) -> Exited | None:
         run = self._runs[handle]

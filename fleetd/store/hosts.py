@@ -93,15 +93,6 @@ def host_names(session: Session, node_ids: set[str]) -> dict[str, str]:
     return {node_id: name for node_id, name in session.execute(query.where(HostBoot.node_id.in_(node_ids)))}
 
 
-def pinning_host(session: Session, node_id: str) -> str | None:
-    """The host a run on this Ray node is pinned to: the one the node names by its own
-    `fleetd_host_<name>` resource, where a run fleetd pins to that host lands and no other. None:
-    a node not recorded yet, or one named by its hostname only (Ray places runs as it likes)."""
-    query = select(Host.name, Host.resources).join(HostBoot, HostBoot.host_id == Host.id)
-    row = session.execute(query.where(HostBoot.node_id == node_id)).first()
-    return None if row is None or not names_its_host(row.name, row.resources or {}) else row.name
-
-
 def read_hosts(session: Session) -> list[HostRecord]:
     boots: dict[int, list[HostBootRecord]] = {}
     host_of_node: dict[str, int] = {}

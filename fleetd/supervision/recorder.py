@@ -21,7 +21,6 @@ from fleetd.store import runs as run_store
 from fleetd.store.engine import Database
 from fleetd.store.events import create_event, event_recorded
 from fleetd.store.boots import read_boot
-from fleetd.store.hosts import pinning_host
 from fleetd.store.records import CheckpointRecord, ProgressSnapshot, RunRecord
 from fleetd.store.samples import create_game_samples
 from fleetd.supervision.counters import ProgressCounters
@@ -76,13 +75,10 @@ class Recorder:
                 session, run_id, spawned.pid, spawned.start_time, list(spawned.cmdline), spawned.log_path, spawned.gpu
             )
 
-    def run_located(self, run_id: int, node_id: str) -> str | None:
-        """The node the run's worker is on, stored; returns the host a run there is pinned to
-        (`pinning_host`: None where the hosts job has not recorded the node yet, or it names no
-        host of its own)."""
+    def run_located(self, run_id: int, node_id: str) -> None:
+        """The node the run's worker is on, stored."""
         with self.db.transaction() as session:
             run_store.update_run_located(session, run_id, node_id)
-            return pinning_host(session, node_id)
 
     def run_ended(self, run_id: int, status: ExitStatus, cause: str, carried: Carried, remedies: Remedies) -> str:
         """The run's end, and its game's failure count and back-off (`carried`, see `failures`)

@@ -95,10 +95,14 @@ class Reported:
 
 @dataclass(frozen=True)
 class Located:
-    """Where a run is: the cluster node its worker runs on (the Ray executor says so once it knows)."""
+    """Where a run is: the cluster node its worker runs on (the Ray executor says so once it
+    knows), and the host a start of its game is pinned to where that is the node's host (None:
+    its starts land where Ray places them, a node named by its hostname only or a game in
+    [cluster] pins)."""
 
     pid: int
     node_id: str
+    host: str | None = None
 
 
 Happening = Exited | Reported | Located

@@ -514,16 +514,15 @@ class Supervisor:
     def _on_located(self, located: Located) -> None:
         proc = next((p for p in self.procs.values() if p.pid == located.pid), None)
         if proc is not None and proc.run_id is not None:
-            host = self.recorder.run_located(proc.run_id, located.node_id)
-            pinned_by_operator = bool(self.settings.cluster.pins.get(proc.name))
-            if host is not None and not pinned_by_operator and self._placing.hosts.get(proc.name) is None:
+            self.recorder.run_located(proc.run_id, located.node_id)
+            if located.host is not None and self._placing.hosts.get(proc.name) is None:
                 # An adopted worker (the Ray executor locates it as it watches it): from now on it
                 # is known on its host, as one spawned there is. A move of its slot stops it, a down
                 # host leaves it to end `node_lost`, and a forget of that host waits for it. Not
-                # where a spawn would not be pinned there (a node named by its hostname only, a
-                # game in [cluster] pins): its restart would land where Ray likes, not on the slot.
-                self._placing.hosts[proc.name] = host
-                log.info("%s: its adopted worker (run %d) runs on host %s", proc.name, proc.run_id, host)
+                # where a spawn would not be pinned there (no `located.host`): its restart would
+                # land where Ray likes, not on the slot.
+                self._placing.hosts[proc.name] = located.host
+                log.info("%s: its adopted worker (run %d) runs on host %s", proc.name, proc.run_id, located.host)
 
     def _on_report(self, report: ProgressReport | CheckpointReport | ResumedReport) -> None:
         proc = self.procs.get(report.game)
