@@ -298,7 +298,6 @@ class Backup:
     def _checkpoints(self) -> tuple[list[str], list[str], int | Exception | None]:
         """The checkpoints copied, those dropped, and the database copy before the drops
         (`_database_first`): its size, why it failed, or None where no drop was owed."""
-        copied: list[str] = []
         removed: list[str] = []
         first: int | Exception | None = None
         try:
@@ -311,34 +310,12 @@ class Backup:
             if dropping or aside:
                 first = self._database_first()
             failed = isinstance(first, Exception)
-            # The copies owed a drop, while the database copy before it fails: kept as they are.
-            # A removed game's (under removed/): the new game of the name is not synced meanwhile
-            # (a restore would hand the old game's row its checkpoints). A rollback's: the game's
-            # sync goes on, never pruning or replacing them (its new progress backed up).
-            skipped: set[str] = set()
-            held: dict[str, set[str]] = {}
-            for copy in aside if failed else []:
-                game, name = copy.split("/")
-                if any((self.settings.games_dir / game / REMOVED).glob(f"*-checkpoints/{name}")):
-                    skipped.add(game)
-                held.setdefault(game, set()).add(name)
+            skipped, held = self._kept_aside(aside if failed else [])
             if not failed:
                 removed += self._drop_purged(dropping) + self._drop(aside)
-            for game in pending:
-                if game in dropping and f"{game}/*" not in removed:
-                    continue  # still on the target: owed until a scan drops it
-                if game in in_fleet or not self.settings.game_dir(game).exists():
-                    with self._purges_lock:  # once gone: a target that failed is tried again
-                        self._purges.discard(game)
-                        self._write_purges()
-            for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
-                game = folder.parent.name
-                if game in self._purges or game in skipped:
-                    continue  # its files are being deleted (what is left is not copied back), or a removed game's wait
-                more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed,
-                                       kept_there=frozenset(held.get(game, ())))
-                copied += [f"{game}/{name}" for name in more]
-                removed += [f"{game}/{name}" for name in gone]
+            self._settle_purges(pending, dropping, removed, in_fleet)
+            copied, gone = self._sync_games(skipped, held)
+            removed += gone
         except Exception as exc:
             self._failed("checkpoints", exc)
             raise
@@ -346,6 +323,46 @@ class Backup:
             self.status.last_checkpoint, self.status.last_checkpoint_at = copied[-1], self.clock.now()
             self.status.checkpoints_copied += len(copied)
         return copied, removed, first
+
+    def _kept_aside(self, aside: list[str]) -> tuple[set[str], dict[str, set[str]]]:
+        """The copies owed a drop, while the database copy before it failed: kept as they are.
+        A removed game's (under removed/): the new game of the name is not synced meanwhile (a
+        restore would hand the old game's row its checkpoints), so its game is skipped. A
+        rollback's: the game's sync goes on, never pruning or replacing them (its new progress
+        backed up), so they are held. Answers (games skipped, copies held by game)."""
+        skipped: set[str] = set()
+        held: dict[str, set[str]] = {}
+        for copy in aside:
+            game, name = copy.split("/")
+            if any((self.settings.games_dir / game / REMOVED).glob(f"*-checkpoints/{name}")):
+                skipped.add(game)
+            held.setdefault(game, set()).add(name)
+        return skipped, held
+
+    def _settle_purges(self, pending: list[str], dropping: list[str], removed: list[str], in_fleet: set[str]) -> None:
+        """A purge is settled once its game's copies are gone from the target, or the game is in
+        the fleet again, or its folder is gone here; one whose drop failed is tried again."""
+        for game in pending:
+            if game in dropping and f"{game}/*" not in removed:
+                continue  # still on the target: owed until a scan drops it
+            if game in in_fleet or not self.settings.game_dir(game).exists():
+                with self._purges_lock:  # once gone: a target that failed is tried again
+                    self._purges.discard(game)
+                    self._write_purges()
+
+    def _sync_games(self, skipped: set[str], held: dict[str, set[str]]) -> tuple[list[str], list[str]]:
+        """Every game's checkpoints synced to the target: (copied, removed) as game/name."""
+        copied: list[str] = []
+        removed: list[str] = []
+        for folder in sorted(self.settings.games_dir.glob("*/checkpoints")):
+            game = folder.parent.name
+            if game in self._purges or game in skipped:
+                continue  # its files are being deleted (what is left is not copied back), or a removed game's wait
+            more, gone = sync_game(self.target, folder, f"games/{game}/checkpoints", confirmed=self._confirmed,
+                                   kept_there=frozenset(held.get(game, ())))
+            copied += [f"{game}/{name}" for name in more]
+            removed += [f"{game}/{name}" for name in gone]
+        return copied, removed
 
     def _database_first(self) -> int | Exception:
         """Before a game's copies are dropped on purpose (a purge, a set-aside), the database copied
