@@ -369,16 +369,7 @@ class Governor:
         before) only from the tick after the next. A back-off not carried out within
         `backoff_carry_out_max_s` (a worker that never exits: stuck in the GPU driver) is taken
         as carried out: pressure counts again, and the governor says so."""
-        decisions = []
-        if self._carrying_out and not settling and self._ticks >= self._carried_from:
-            self._carrying_out = False
-        elif self._carrying_out and self._carrying_since is not None and \
-                (now - self._carrying_since).total_seconds() >= self.settings.backoff_carry_out_max_s:  # fmt: skip
-            self._carrying_out = False
-            minutes = self.settings.backoff_carry_out_max_s / 60
-            decisions.append(Decision("backoff_overdue", f"the back-off of {self._carrying_since:%Y-%m-%d %H:%M} UTC is not "
-                                      f"carried out after {minutes:g} min (a worker still stopping or starting): "
-                                      "pressure counts again"))  # fmt: skip
+        decisions = self._check_carried_out(now, settling)
         if not pressure.reasons:
             self._pressure_since = None
             clear = self.pressure_clear_at()
@@ -414,6 +405,20 @@ class Governor:
             # climb back.
             return decisions
         return decisions + self._back_off(now, "pressure", detail, target, games, failure_at=self._pressure_rung)
+
+    def _check_carried_out(self, now: datetime, settling: bool) -> list[Decision]:
+        """Whether the last back-off is carried out (`_watch_pressure`): once a view taken after it
+        shows no worker settling, or as overdue after `backoff_carry_out_max_s`, said."""
+        if self._carrying_out and not settling and self._ticks >= self._carried_from:
+            self._carrying_out = False
+        elif self._carrying_out and self._carrying_since is not None and \
+                (now - self._carrying_since).total_seconds() >= self.settings.backoff_carry_out_max_s:  # fmt: skip
+            self._carrying_out = False
+            minutes = self.settings.backoff_carry_out_max_s / 60
+            return [Decision("backoff_overdue", f"the back-off of {self._carrying_since:%Y-%m-%d %H:%M} UTC is not "
+                             f"carried out after {minutes:g} min (a worker still stopping or starting): "
+                             "pressure counts again")]  # fmt: skip
+        return []
 
     def _shed(self, view: FleetView) -> list[Decision]:
         """More games admitted than the rung allows: the lowest priority go back to pending first,
