@@ -807,6 +807,27 @@ def test_shutdown_stops_every_worker_and_waits_for_them(loop: Loop) -> None:
     assert {(pid, "SIGTERM") for pid in pids} <= set(loop.launcher.signals)
 
 
+def test_what_a_caller_waits_on_is_answered_not_carried_out_once_the_stop_has_begun(loop: Loop) -> None:
+    from concurrent.futures import Future
+
+    from fleetd.errors import FleetdError
+    from fleetd.governor.admission import Admission
+    from fleetd.supervision.rollback import RollBack
+
+    loop.add("a")
+    loop.add("b", desired=Desired.STOPPED)
+    loop.start()
+    loop.run_up("a")
+    start, rollback = StartGame("b", reply=Future()), RollBack("a", 0, reply=Future())
+    for command in (Shutdown(leave_workers=False), start, rollback):  # in one turn, the stop first
+        loop.sup.submit(command)
+    loop.steps()
+    assert start.reply.result(0) == Admission(False, "not admitted: fleetd is stopping")
+    refused = rollback.reply.exception(0)
+    assert isinstance(refused, FleetdError) and str(refused.message) == "fleetd is stopping: roll back after it starts"
+    assert loop.state("b") is not State.STARTING and loop.state("a") is State.STOPPING
+
+
 def test_a_stop_whose_worker_outlived_its_sigkill_is_not_reported_as_having_stopped_them(loop: Loop) -> None:
     """A worker stuck in the kernel (state D, a hung GPU driver) survives the SIGKILL after
     stopwaitsecs; the loop gives up at its deadline. That stop did not stop the workers: the

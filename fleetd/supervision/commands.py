@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor.admission import Admission
 from fleetd.store.records import HostForgotten
 from fleetd.supervision.rollback import RollBack
@@ -50,3 +51,16 @@ class Shutdown:
 
 
 Command = Reconcile | StartGame | RestartGame | RollBack | ForgetHost | Shutdown
+
+
+def refuse_while_stopping(commands: list[Command]) -> None:
+    """While fleetd stops none is carried out: those a caller waits on are answered so."""
+    for command in commands:
+        if isinstance(command, StartGame) and command.reply is not None:
+            command.reply.set_result(Admission(False, "not admitted: fleetd is stopping"))
+        elif isinstance(command, RollBack):
+            command.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: roll back after it starts"))
+        elif isinstance(command, ForgetHost):
+            command.reply.set_exception(FleetdError(
+                ErrorCode.CONFLICT, f"cannot forget host {command.name!r}: fleetd is stopping; forget it after it starts",
+                {"host": command.name}))

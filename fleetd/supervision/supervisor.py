@@ -18,7 +18,6 @@ from typing import TypeVar
 
 from fleetd.clock import Clock
 from fleetd.config import Settings
-from fleetd.errors import ErrorCode, FleetdError
 from fleetd.governor import admission
 from fleetd.governor.admission import Admission, SlotHolder
 from fleetd.governor.controller import FleetController, GameSlot
@@ -33,7 +32,7 @@ from fleetd.store.games import read_games
 from fleetd.store.records import CheckpointRecord, GameRecord, RunRecord
 from fleetd.store.runs import read_open_runs
 from fleetd.supervision.adoption import ProcessProbe, sort_open_runs
-from fleetd.supervision.commands import Command, ForgetHost, RestartGame, Shutdown, StartGame
+from fleetd.supervision.commands import Command, ForgetHost, RestartGame, Shutdown, StartGame, refuse_while_stopping
 from fleetd.supervision.index import scan_checkpoints
 from fleetd.supervision.handover import HandOvers
 from fleetd.supervision.learning import LearningWatch
@@ -567,13 +566,7 @@ class Supervisor:
         if stop is not None and self._shutdown is None:  # begun already by a stop during start-up (`recover`)
             self._begin_shutdown(stop)
         if self._shutdown is not None:
-            for start in (c for c in commands if isinstance(c, StartGame) and c.reply is not None):
-                start.reply.set_result(Admission(False, "not admitted: fleetd is stopping"))
-            for rollback in (c for c in commands if isinstance(c, RollBack)):
-                rollback.reply.set_exception(FleetdError(ErrorCode.CONFLICT, "fleetd is stopping: roll back after it starts"))
-            for forget in (c for c in commands if isinstance(c, ForgetHost)):
-                forget.reply.set_exception(FleetdError(ErrorCode.CONFLICT, f"cannot forget host {forget.name!r}: fleetd is "
-                                                       "stopping; forget it after it starts", {"host": forget.name}))
+            refuse_while_stopping(commands)
             return True
         starts = [c for c in commands if isinstance(c, StartGame)]
         self._load_games()
