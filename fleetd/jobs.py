@@ -12,8 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from fleetd.clock import Clock
 from fleetd.config import RetentionSettings
 from fleetd.errors import ErrorCode, FleetdError, disk_full
@@ -25,7 +23,7 @@ from fleetd.host.telemetry import TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
 from fleetd.operations.alerts import Alert
 from fleetd.operations.run_logs import rotated_copy
-from fleetd.store.engine import DELETE_BATCH, Database
+from fleetd.store.engine import DELETE_BATCH, Database, Session
 from fleetd.store.events import GAME_REMOVED, create_event, delete_events_before, read_of_boot
 from fleetd.store.footprints import save_footprint
 from fleetd.store.hosts import observe_nodes

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from fleetd.errors import ErrorCode, FleetdError
@@ -17,6 +17,26 @@ from fleetd.errors import ErrorCode, FleetdError
 # What a write that SQLite refused raises (a full disk's SQLITE_FULL among them), for the API's
 # error handlers, which do not import SQLAlchemy.
 DatabaseWriteError = OperationalError
+
+
+class NotFleetdsDatabase(Exception):
+    """A SQLite database without the tables fleetd asked for: another program's (`reason`: SQLite's)."""
+
+
+class NotADatabase(Exception):
+    """A file SQLite does not read as a database at all: damaged, or of another kind."""
+
+
+@contextmanager
+def reading_a_copy() -> Iterator[None]:
+    """Around the reads of a database file fleetd did not write here (a backup target's copy):
+    SQLite's refusals, told apart as what they say of the file."""
+    try:
+        yield
+    except OperationalError as exc:  # "no such table": a database, but not fleetd's
+        raise NotFleetdsDatabase(str(exc.orig)) from exc
+    except DatabaseError as exc:  # "file is not a database"
+        raise NotADatabase(str(exc.orig)) from exc
 
 IN_CHUNK = 500  # values per IN (...): well under SQLite's bound on parameters
 

@@ -1000,6 +1000,34 @@ def test_a_keyless_targets_database_of_an_early_schema_is_read_and_read_once(set
     b_db.close()
 
 
+@pytest.mark.parametrize("copy", ["another-programs-database", "not-a-database"])
+def test_a_keyless_targets_database_that_is_not_fleetds_is_refused_and_one_that_does_not_read_is_replaced(
+        setup, tmp_path, copy):
+    # Another program's SQLite file may be anyone's: the target is not taken over. A file that is
+    # no database at all is no one's backup: this fleet's replaces it.
+    _, _, url = setup
+    found = tmp_path / "found" / "fleetd.db"
+    found.parent.mkdir()
+    if copy == "not-a-database":
+        found.write_bytes(b"not a database: a disk's garbage " * 512)
+    else:
+        with sqlite3.connect(found) as conn:
+            conn.execute("CREATE TABLE notes (body TEXT)")
+    target = Target(url)
+    target.put_file(found, "fleetd.db")  # and no backup.json
+    b_settings, b_db = booted_fleet(tmp_path / "box-b", url, "boot-of-box-b")
+    write_ckpt(b_settings.game_dir("pong") / "checkpoints", 100)
+    b_backup = Backup(b_settings, b_db, FakeClock())
+    if copy == "not-a-database":
+        assert b_backup.now().copied == ["pong/ckpt-000000000100"]
+        assert target.fs.cat_file(target.path("fleetd.db")) != found.read_bytes()
+    else:
+        with pytest.raises(BackupError, match="another fleet .*its fleetd.db is not fleetd's .*no such table: boots"):
+            b_backup.checkpoints()
+        assert target.fs.cat_file(target.path("fleetd.db")) == found.read_bytes()
+    b_db.close()
+
+
 def test_restore_fills_an_empty_state_dir_and_skips_what_does_not_verify(setup, tmp_path):
     settings, db, url = setup
     write_ckpt(settings.game_dir("pong") / "checkpoints", 100)

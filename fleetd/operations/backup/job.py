@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import DatabaseError, OperationalError
 
 from fleetd import __version__
 from fleetd.clock import Clock
@@ -36,7 +35,7 @@ from fleetd.operations.backup.target import (DB_NAME, FLEET_KEY, INFO_NAME, TEMP
                                              read_info, target_key)
 from fleetd.store import games as game_store
 from fleetd.store.backup import copy_database
-from fleetd.store.engine import Database
+from fleetd.store.engine import Database, NotADatabase, NotFleetdsDatabase, reading_a_copy
 from fleetd.store.events import create_event
 from fleetd.store.schema import PARTIAL_COPY
 
@@ -473,11 +472,12 @@ class Backup:
             self.target.get_file(DB_NAME, copy)
             db = Database.open(copy)
             try:
-                owner = _fleet_of(db)
-            except OperationalError as exc:  # a database, but no fleetd's boots in it: not known to be this one
-                owner = f"unknown: its {DB_NAME} is not fleetd's ({exc.orig})"
-            except DatabaseError as exc:  # not a database at all (damaged): no one's backup, a good one replaces it
-                log.warning("%s: its %s does not read (%s): this fleet's backup replaces it", self.target.url, DB_NAME, exc.orig)
+                with reading_a_copy():
+                    owner = _fleet_of(db)
+            except NotFleetdsDatabase as exc:  # a database, but no fleetd's boots in it: not known to be this one
+                owner = f"unknown: its {DB_NAME} is not fleetd's ({exc})"
+            except NotADatabase as exc:  # not a database at all (damaged): no one's backup, a good one replaces it
+                log.warning("%s: its %s does not read (%s): this fleet's backup replaces it", self.target.url, DB_NAME, exc)
                 owner = None
             finally:
                 db.close()
