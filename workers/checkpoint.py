@@ -99,10 +99,19 @@ def list_checkpoints(directory: str | os.PathLike) -> list[CheckpointInfo]:
 def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
     path = Path(ckpt_dir) / MANIFEST
     try:
-        data = json.loads(path.read_bytes())
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise CheckpointError("no manifest.json (incomplete write)") from exc
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise CheckpointError(f"manifest.json unreadable: {exc}") from exc
+    return parse_manifest(raw)
+
+
+def parse_manifest(raw: bytes) -> Manifest:
+    """A manifest.json's bytes, read wherever they lie (a checkpoint folder, a storage URL)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"manifest.json unreadable: {exc}") from exc
     try:
         files = {str(n): FileEntry(_count(e, "size", f"files[{str(n)!r}].size"), str(e["sha256"]))

@@ -12,6 +12,7 @@ game's runs would sit beside them, under the same name), and starts afresh.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +26,8 @@ from fleetd.operations.run_logs import run_order
 from fleetd.games.set_aside import REMOVED, set_aside_path
 from workers import checkpoint
 from workers.protocol.spec import fixed_by_checkpoints
+
+log = logging.getLogger(__name__)
 
 
 TENSORBOARD = "tensorboard"  # the worker's curves in the game's folder (supervision/spec.py)
@@ -54,6 +57,25 @@ class KeptFiles:
         steps = [info.steps for info in checkpoint.list_checkpoints(self.checkpoints)[:1]]
         steps += [int(name[5:]) for name in self._remote_names()[:1]]
         return max(steps, default=None)
+
+    def episodes_at(self, steps: int) -> int | None:
+        """The episode count the checkpoint at `steps` records: its manifest here, else the one at
+        the URL (a game that trained on the nodes alone); None where neither reads."""
+        name = checkpoint.checkpoint_name(steps)
+        here = checkpoint.episodes_at(self.checkpoints / name)
+        if here is not None or self.storage_url is None:
+            return here
+        from fleetd.cluster.storage import checkpoints_of
+        from fleetd.operations.backup.target import Target
+
+        target = Target(self.storage_url)
+        try:
+            raw = target.fs.cat_file(target.path(f"{checkpoints_of(self.name)}/{name}/{checkpoint.MANIFEST}"))
+            return checkpoint.parse_manifest(raw).episodes
+        except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backends'; a manifest that does not read
+            log.warning("%s: the episodes of %s at [cluster] storage (%s) are not known: %s", self.name, name,
+                        self.storage_url, exc)
+            return None
 
     def where(self) -> str:
         if checkpoint.list_checkpoints(self.checkpoints) or self.storage_url is None:

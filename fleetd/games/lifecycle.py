@@ -23,7 +23,6 @@ from fleetd.store.engine import DELETE_BATCH, Database
 from fleetd.store.events import GAME_REMOVED, EventFilter, create_event, read_events
 from fleetd.store.records import GameDraft, GameRecord
 from fleetd.store.samples import delete_game_samples
-from workers.checkpoint import checkpoint_name, episodes_at
 from workers.protocol import PROTOCOL_VERSION
 from workers.protocol.spec import LaunchSpec, SpecError, algo_refusal, refusals
 
@@ -95,7 +94,7 @@ def _add_checked(db: Database, clock: Clock, draft: GameDraft, files: KeptFiles 
     episodes = None
     if found and kept is Kept.RESUME:
         resumes_at = steps
-        episodes = episodes_at(files.checkpoints / checkpoint_name(steps))  # None: only at the URL
+        episodes = files.episodes_at(steps)
     with db.transaction() as session:
         game = game_store.create_game(session, draft, now)
         if resumes_at is not None:

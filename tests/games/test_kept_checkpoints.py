@@ -346,6 +346,24 @@ def test_checkpoints_kept_at_the_url_alone_refuse_and_set_aside_keeps_them_on_th
     assert not checkpoint.list_checkpoints(settings.game_dir("cart") / "checkpoints")
 
 
+def test_a_resume_from_checkpoints_kept_at_the_url_alone_stands_at_their_steps_and_episodes(
+    url_client: TestClient, bucket: Target, tmp_path: Path
+) -> None:
+    # The game trained on the nodes: the head holds none of its checkpoints. Its episodes stood
+    # at 0 until its first run (an episodes goal counted from 0), its steps right.
+    def files(tmp: Path) -> None:
+        (tmp / "model.zip").write_bytes(b"model")
+        (tmp / "state.json").write_text("{}")
+
+    for steps, episodes in ((100, 40), (300, 900)):
+        checkpoint.write_checkpoint(tmp_path / "node" / "checkpoints", steps, episodes, files)
+    push_missing(bucket, "cart", tmp_path / "node" / "checkpoints")
+    added = url_client.post("/api/v1/games", json=CART, params={"kept": "resume"})
+    assert added.status_code == 201, added.text
+    assert (added.json()["steps"], added.json()["episodes"]) == (300, 900)
+    assert remote_names(bucket, "cart") == ["ckpt-000000000300", "ckpt-000000000100"]  # resumed from, kept
+
+
 def test_the_url_is_cleared_without_holding_the_databases_write_lock(
     url_client: TestClient, settings: Settings, bucket: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
