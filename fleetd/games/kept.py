@@ -68,8 +68,8 @@ class KeptFiles:
         from fleetd.cluster.storage import checkpoints_of
         from fleetd.operations.backup.target import Target
 
-        target = Target(self.storage_url)
         try:
+            target = Target(self.storage_url)
             raw = target.fs.cat_file(target.path(f"{checkpoints_of(self.name)}/{name}/{checkpoint.MANIFEST}"))
             return checkpoint.parse_manifest(raw).episodes
         except Exception as exc:  # noqa: BLE001 - fsspec's errors are its backends'; a manifest that does not read

@@ -20,7 +20,7 @@ DatabaseWriteError = OperationalError
 
 
 class NotFleetdsDatabase(Exception):
-    """A SQLite database without the tables fleetd asked for: another program's (`reason`: SQLite's)."""
+    """A SQLite database without the tables fleetd asked for: another program's (the message: SQLite's)."""
 
 
 class NotADatabase(Exception):
@@ -37,6 +37,7 @@ def reading_a_copy() -> Iterator[None]:
         raise NotFleetdsDatabase(str(exc.orig)) from exc
     except DatabaseError as exc:  # "file is not a database"
         raise NotADatabase(str(exc.orig)) from exc
+
 
 IN_CHUNK = 500  # values per IN (...): well under SQLite's bound on parameters
 

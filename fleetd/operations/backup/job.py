@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-
 from fleetd import __version__
 from fleetd.clock import Clock
 from fleetd.config import Settings
