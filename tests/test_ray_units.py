@@ -377,9 +377,14 @@ def test_an_actor_whose_handle_refuses_a_timeout_is_asked_without_one(executor: 
     assert exited is not None and exited.status.code == 3
 
 
-def test_a_new_run_actor_removes_the_folders_of_killed_ones_and_no_other(tmp_path: Path) -> None:
+def test_a_new_run_actor_removes_the_folders_of_killed_ones_and_no_other() -> None:
     """A killed run actor leaves its folder (socket and spec) in its node's temp dir: the next one
     removes it, but not the folder of an actor alive, nor of one not yet bound, nor anyone else's."""
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="fl-", dir="/tmp"))  # short: a unix socket path has 108 bytes
+
     def run_dir(name: str, *, bound: bool | None) -> tuple[Path, socket.socket | None]:
         folder = tmp_path / name
         folder.mkdir()
@@ -404,3 +409,4 @@ def test_a_new_run_actor_removes_the_folders_of_killed_ones_and_no_other(tmp_pat
     finally:
         assert held is not None
         held.close()
+        shutil.rmtree(tmp_path)
