@@ -493,6 +493,12 @@ class ClusterSettings(_Section):
         return value
 
     @property
+    def gpus_on_nodes(self) -> bool:
+        """The games' GPUs are their Ray nodes' (a share each), not the daemon's host's: the head's
+        telemetry seeing none says nothing of theirs."""
+        return self.backend == "ray" and self.num_gpus_per_game > 0
+
+    @property
     def storage_url(self) -> str | None:
         """The storage when it is an fsspec URL (games are synced to it), else None (a mount)."""
         return self.storage if self.storage is not None and "://" in self.storage else None

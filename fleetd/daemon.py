@@ -343,7 +343,8 @@ class Daemon:
         with db.transaction() as session:
             footprints = FootprintBook(read_footprints(session))  # what workers took before
         fleet = FleetController(self.settings.fleet, db, self.clock, self.telemetry, self.alerts, cluster=cluster,
-                                footprints=footprints, boot_id=start.boot.id)
+                                footprints=footprints, boot_id=start.boot.id,
+                                gpus_on_nodes=self.settings.cluster.gpus_on_nodes)
         supervisor = Supervisor(
             self.settings, db, self.clock, launcher, reactor, recorder, probe, fleet,
             unclean_reboot=start.unclean_reboot and self.settings.fleet.reboot_is_instability,

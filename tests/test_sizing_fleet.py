@@ -409,3 +409,33 @@ def test_a_zero_footprint_stored_before_the_namespace_was_known_is_cleared_not_k
     assert stored.gpu_bytes is None and stored.samples == 2
     record = _record(settings, db, clock, fleet_on_an_h100(settings, db, clock, book))
     assert "no GPU reading" in record["reason"] and record["sizing"]["gpu_bytes_per_game"] is None
+
+
+@pytest.mark.parametrize("num_gpus_per_game", [0.25, 0.0])
+def test_games_on_gpu_nodes_of_a_head_without_a_gpu_are_not_capped_as_cpu_workers(
+    settings: Settings, db: Database, clock: FakeClock, tmp_path: Path, num_gpus_per_game: float
+) -> None:
+    # The head runs no games (docs/cluster.md, Deploying) and may have no GPU: its telemetry saw
+    # none, so every game on the GPU nodes was told a CPU worker's cap (2 envs per thread of the
+    # head's cores, batch 64). With no GPU share for the games, they do train on their nodes' CPUs.
+    from fleetd.planning.rungs import LiveSizing, RungSizing
+    from fleetd.supervision.spec import cpu_allotment, worker_sizes
+
+    on_ray = settings.model_copy(update={"cluster": load_settings(state_dir=tmp_path / "state", cluster={
+        "backend": "ray", "address": "127.0.0.1:1", "storage": str(tmp_path / "storage"),
+        "num_gpus_per_game": num_gpus_per_game}).cluster})  # fmt: skip
+    no_gpu = Snapshot(0.0, (), False, None, HostSample(16 * GIB, 12 * GIB, 10.0, 1.0), ())
+    heavy = settings.fleet.model_copy(update={"tier": "heavy"})
+    fleet = FleetController(heavy, db, clock, SimpleNamespace(latest=no_gpu), cluster=True,
+                            gpus_on_nodes=on_ray.cluster.gpus_on_nodes)
+    fleet.governor.state = replace(fleet.governor.state, rung=fleet.governor.top())  # climbed to 8x256
+    scaled, games = fleet.scaled(), fleet.governor.rung.games
+    worker = worker_sizes(on_ray, scaled, games)
+    planned = RungSizing(LiveSizing(), on_ray).sizes(fleet.governor.ladder, fleet.governor.top(), games)
+    assert planned == worker  # the plan's rungs as the launches are sized
+    if num_gpus_per_game:
+        assert (worker.num_envs, worker.batch_size) == (256, heavy.tiers["heavy"].batch_size)
+        assert scaled.on_gpu and "the games' GPUs are their Ray nodes'" in scaled.reason
+    else:
+        cap = 2 * cpu_allotment(on_ray, games)
+        assert (worker.num_envs, worker.batch_size) == (min(256, cap), 64) and "no GPU seen" in scaled.reason

@@ -116,12 +116,14 @@ class FleetController:
         cluster: bool = False,
         footprints: FootprintBook | None = None,
         boot_id: int | None = None,
+        gpus_on_nodes: bool = False,
     ) -> None:
         self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
         # The boots row of the host's boot (a daemon restart keeps it): the telemetry stall events
         # are this boot's, and a restarted daemon reads an open stall back (`TelemetryStall`).
         self.boot_id = boot_id
         self.cluster = cluster
+        self.gpus_on_nodes = gpus_on_nodes  # ClusterSettings.gpus_on_nodes: sized on a GPU without the head's
         self.footprints = footprints or FootprintBook()
         # Each host's sizing mark (`_Counted`: `_count_wanting` sets it, `_load_mark` reads it back
         # from the store): docs/governor.md, Sizing. Supervisor thread only.
@@ -218,7 +220,8 @@ class FleetController:
         return self._scaled(self.governor, LOCAL)
 
     def _scaled(self, governor: Governor, host: str) -> Scaled:
-        return scale_rung(governor.ladder, governor.index(), self._host(), self.settings, self._games_sized(governor, host))
+        return scale_rung(governor.ladder, governor.index(), self._host(), self.settings,
+                          self._games_sized(governor, host), self.gpus_on_nodes)
 
     def _games_sized(self, governor: Governor, host: str) -> int | None:
         """The games `host`'s sizing counts: its mark on this rung, or, where the rung changed

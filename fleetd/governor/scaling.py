@@ -140,11 +140,17 @@ class Host:
 
 
 def scale(name: str, rung: TierSettings, below: TierSettings | None, host: Host | None, settings: FleetSettings,
-          wanting: int | None = None) -> Scaled:  # fmt: skip
+          wanting: int | None = None, gpus_on_nodes: bool = False) -> Scaled:  # fmt: skip
     """`name`'s values for a worker: the rung's own, or the rung below's where the rung's do not
     fit by measurement (`below`: the rung under it on the ladder, None at the bottom), for the
     games that will share the host: the rung's, or `wanting` where fewer games want a slot (None:
-    the rung's). A rung holds no more games than want one, so 3 games at 8x256 need 3 games' room."""
+    the rung's). A rung holds no more games than want one, so 3 games at 8x256 need 3 games' room.
+    `gpus_on_nodes` (ClusterSettings.gpus_on_nodes): the workers' GPUs are their Ray nodes', so a
+    daemon's host without one (`host` None) sizes them on a GPU all the same, by the rung's values."""
+    if host is None and gpus_on_nodes:
+        return Scaled(rung.num_envs, rung.batch_size, f"{name} values: the games' GPUs are their Ray nodes' "
+                      "([cluster] num_gpus_per_game), which the head's telemetry does not read: not sized by "
+                      "measurement", True)  # fmt: skip
     if host is None:
         capped = f"capped per worker at {CPU_ENVS_PER_THREAD} envs per CPU thread, batch {CPU_MAX_BATCH}"
         return Scaled(rung.num_envs, rung.batch_size, f"{name} values; no GPU seen: {capped}")
@@ -165,13 +171,13 @@ def scale(name: str, rung: TierSettings, below: TierSettings | None, host: Host 
 
 
 def scale_rung(ladder: Sequence[Rung], index: int, host: Host | None, settings: FleetSettings,
-               wanting: int | None = None) -> Scaled:  # fmt: skip
+               wanting: int | None = None, gpus_on_nodes: bool = False) -> Scaled:  # fmt: skip
     """`scale` for the ladder's rung at `index`: the values the governor gives a worker there (the
     controller for the rung it stands at, the plan for every rung it plans at)."""
     rung = ladder[index]
     name = f"{rung.tier} tier" if rung.tier else f"rung {rung.label}"
     below = ladder[index - 1].settings() if index > 0 else None
-    return scale(name, rung.settings(), below, host, settings, wanting)
+    return scale(name, rung.settings(), below, host, settings, wanting, gpus_on_nodes)
 
 
 def check(sizes: TierSettings, games: int, host: Host, settings: FleetSettings, rung_games: int = 0) -> Sizing:

@@ -56,7 +56,7 @@ class RungSizing:
         if live.scaled is not None and ladder[index].label == live.rung:
             return worker_sizes(self.settings, live.scaled, live.admitted)
         games = max(1, min(ladder[index].games, wanting))
-        scaled = scale_rung(ladder, index, live.host, self.settings.fleet, games)
+        scaled = scale_rung(ladder, index, live.host, self.settings.fleet, games, self.settings.cluster.gpus_on_nodes)
         return worker_sizes(self.settings, scaled, games)
 
     def envs(self, ladder: Sequence[Rung], index: int, wanting: int) -> int:
