@@ -12,8 +12,13 @@ from workers.protocol.spec import LaunchSpec, SpecError, TierDefaults, refusals
 
 
 def cpu_allotment(settings: Settings, running_games: int) -> int:
+    """A worker's torch threads (its EnvPool threads from them: `env_thread_allotment`): `[worker]
+    cpu_threads`; on a Ray cluster the CPUs its actor holds on its node (`num_cpus_per_game`), not
+    a share of the head's cores; else this host's cores over the running games."""
     if settings.worker.cpu_threads:
         return settings.worker.cpu_threads
+    if settings.cluster.backend == "ray" and settings.cluster.num_cpus_per_game:
+        return max(1, int(settings.cluster.num_cpus_per_game))
     return max(1, host_cores() // max(1, running_games))
 
 
