@@ -81,7 +81,6 @@ class Cluster:
     launcher: FakeLauncher = field(default_factory=lambda: FakeLauncher(write_specs=True))
     lives: dict[str, list[str]] = field(default_factory=lambda: {"head": ["n-head-1"], "a": ["n-a-1"], "b": ["n-b-1"]})
     down: set[str] = field(default_factory=set)
-    by_hostname: set[str] = field(default_factory=set)  # hosts whose nodes offer no `fleetd_host_<name>`
     probe: NoProbe = field(default_factory=NoProbe)
     steps_done: int = 0
     signals_seen: int = 0
@@ -114,26 +113,25 @@ class Cluster:
             cpus = 0.0 if host == "head" else 8.0
             for node_id in lives:
                 alive = node_id == lives[-1] and host not in self.down
-                named = {} if host in self.by_hostname else {f"fleetd_host_{host}": 1.0}
-                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, **named}, alive))
+                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, f"fleetd_host_{host}": 1.0}, alive))
         with self.db.transaction() as session:
             observe_nodes(session, nodes, self.clock.now())
 
-    def kill_9_and_restart(self, located: dict[str, str] | None = None, died: tuple[str, ...] = ()) -> Supervisor:
+    def kill_9_and_restart(self, located: dict[str, str] | None = None, died: tuple[str, ...] = (),
+                           unpinned: tuple[str, ...] = ()) -> Supervisor:
         """The daemon killed -9 and started again: its live workers adopted (but those of `died`,
         which ended while no daemon ran), each located on the node of the host it was pinned to
         (`located`: name -> host, where another), as the Ray executor's watch locates an adopted
         actor (its first wait tells the supervisor), with the host its starts are pinned to as the
-        executor answers it (`_pinned_host`: none on a node named by its hostname, nor for a game
-        in [cluster] pins)."""
+        executor answers it, but none for the games `unpinned` (the executor's `_pinned_host`: a
+        node named by its hostname, a game in [cluster] pins; tests/test_ray_units.py)."""
         assert self.sup is not None
         live = {name: proc.pid for name, proc in self.sup.procs.items() if proc.state in (State.STARTING, State.RUNNING)}
         self.probe = WorkersLive({live.pop(name) for name in died})
         sup = self.start()
         for name, pid in live.items():
             host = (located or {}).get(name) or self.pinned(name)
-            pinned = host not in self.by_hostname and not self.settings.cluster.pins.get(name)
-            self.reactor.locate(pid, self.lives[host][-1], host if pinned else None)
+            self.reactor.locate(pid, self.lives[host][-1], None if name in unpinned else host)
         sup.step()
         return sup
 
@@ -358,18 +356,12 @@ def test_a_worker_adopted_on_another_host_than_its_slots_moves_to_its_slot(clust
     assert [(run.pid, run.cause) for run in runs[:2]] == [(sup.procs["g1"].pid, None), (adopted, "stopped")]  # newest first
 
 
-@pytest.mark.parametrize("unpinned", ["node-named-by-hostname", "game-in-cluster-pins"])
-def test_a_worker_adopted_where_a_restart_would_not_be_pinned_is_left_where_it_runs(cluster: Cluster, unpinned: str) -> None:
-    # Ray places such a worker where it likes: taken as on its host, a worker found on another
-    # host than its slot's would be moved at every daemon restart, to land where Ray likes again.
-    if unpinned == "node-named-by-hostname":
-        cluster.by_hostname.add("b")
-    else:
-        pins = {"g1": {"node_b": 0.01}}
-        cluster.settings = cluster.settings.model_copy(
-            update={"cluster": cluster.settings.cluster.model_copy(update={"pins": pins})})
+def test_a_worker_adopted_where_a_restart_would_not_be_pinned_is_left_where_it_runs(cluster: Cluster) -> None:
+    # The executor locates it with no pinned host (a node named by its hostname, a game in
+    # [cluster] pins): Ray places its starts where it likes. Taken as on its host, a worker found
+    # on another host than its slot's would be moved at every daemon restart, to land anywhere again.
     climbed(cluster)
-    sup = cluster.kill_9_and_restart(located={"g1": "b"})
+    sup = cluster.kill_9_and_restart(located={"g1": "b"}, unpinned=("g1",))
     adopted = sup.procs["g1"].pid
     cluster.run(1)
     assert "g1" not in sup._placing.hosts and sup.procs["g1"].pid == adopted
