@@ -50,21 +50,38 @@ def test_a_cpu_worker_gets_two_envs_per_thread_and_batch_64(settings: Settings, 
     assert tier.for_worker(device, 64) == TierDefaults(num_envs=32, batch_size=64)  # never above the tier
 
 
-def test_a_workers_threads_on_a_ray_cluster_are_the_cpus_its_actor_holds_on_its_node(settings: Settings, tmp_path) -> None:
-    # They were the head's cores over the games running: a head of 2 cores gave a worker on a
-    # 32-core node 1 torch thread and 1-2 EnvPool threads, whatever num_cpus_per_game held for it.
+@pytest.fixture
+def on_ray(settings: Settings, tmp_path):
+    """`settings` on a Ray cluster with the given `[cluster]` values."""
     from fleetd.config import load_settings
-    from fleetd.host.telemetry import host_cores
 
-    def on_ray(**cluster: object) -> Settings:
+    def make(**cluster: object) -> Settings:
         ray = load_settings(state_dir=tmp_path / "state", cluster={
             "backend": "ray", "address": "127.0.0.1:1", "storage": str(tmp_path / "storage"), **cluster}).cluster
         return settings.model_copy(update={"cluster": ray})
+    return make
+
+
+def test_a_workers_threads_on_a_ray_cluster_are_the_cpus_its_actor_holds_on_its_node(on_ray) -> None:
+    # They were the head's cores over the games running: a head of 2 cores gave a worker on a
+    # 32-core node 1 torch thread and 1-2 EnvPool threads, whatever num_cpus_per_game held for it.
+    from fleetd.host.telemetry import host_cores
 
     assert launch_for(game(), on_ray(num_cpus_per_game=8), 4, None).spec.cpu_threads == 8
     assert launch_for(game(), on_ray(num_cpus_per_game=0.5), 4, None).spec.cpu_threads == 1  # at least one
     assert launch_for(game(), with_worker(on_ray(num_cpus_per_game=8), cpu_threads=3), 4, None).spec.cpu_threads == 3
     assert launch_for(game(), on_ray(), 1, None).spec.cpu_threads == max(1, host_cores())  # unset: the head's share
+
+
+def test_envpool_threads_on_a_ray_cluster_are_not_bounded_by_the_heads_cores(settings: Settings, on_ray,
+                                                                              monkeypatch) -> None:
+    # The head's 2 cores bounded a 16-core node's worker to 8 (its torch threads) whatever the
+    # factor: the worker bounds them by its own node's cores (tests/workers/test_worker_train.py).
+    monkeypatch.setattr("fleetd.supervision.spec.host_cores", lambda: 2)
+    ray = with_worker(on_ray(num_cpus_per_game=8), env_thread_factor=2.0)
+    assert launch_for(game(), ray, 4, None).spec.env_threads == 16
+    local = with_worker(settings, cpu_threads=8, env_thread_factor=2.0)
+    assert launch_for(game(), local, 4, None).spec.env_threads == 8  # on this host, its cores
 
 
 def test_launch_for_sets_every_field_and_sizes_for_the_worker(settings: Settings) -> None:

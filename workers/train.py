@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -57,9 +58,17 @@ def run(spec: RunSpec, stop: StopFlag | None = None) -> int:
 
 def env_config(spec: RunSpec, plan: Plan) -> EnvConfig:
     return EnvConfig(env_id=spec.env_id, num_envs=plan.num_envs, seed=spec.seed,
-                     num_threads=spec.env_threads or spec.cpu_threads,
+                     num_threads=env_threads(spec),
                      max_episode_steps=plan.max_episode_steps,
                      frame_stack=plan.frame_stack)
+
+
+def env_threads(spec: RunSpec) -> int:
+    """EnvPool's threads: the spec's, within this host's cores, as fleetd bounds them on its own
+    host (a Ray node's cores are not the head's); never below the torch threads it was given."""
+    if not spec.env_threads:
+        return spec.cpu_threads
+    return max(spec.cpu_threads, min(spec.env_threads, os.cpu_count() or 1))
 
 
 def _run_with_env(spec: RunSpec, plan: Plan, venv: VecEnv, sender: ProgressSender, stop: StopFlag) -> int:

@@ -30,9 +30,13 @@ def worker_sizes(settings: Settings, tier: Scaled, running_games: int) -> TierDe
 
 
 def env_thread_allotment(settings: Settings, cpu_threads: int) -> int:
-    """EnvPool's threads: the torch allotment times `env_thread_factor`, within the host's cores."""
-    cores = host_cores()
-    return max(cpu_threads, min(cores, round(cpu_threads * settings.worker.env_thread_factor)))
+    """EnvPool's threads: the torch allotment times `env_thread_factor`, within this host's cores.
+    On a Ray cluster this host is the head, not the node the worker runs on: the worker bounds
+    them by its own node's cores (`workers.train.env_threads`)."""
+    wanted = round(cpu_threads * settings.worker.env_thread_factor)
+    if settings.cluster.backend != "ray":
+        wanted = min(host_cores(), wanted)
+    return max(cpu_threads, wanted)
 
 
 def launch_for(game: GameRecord, settings: Settings, running_games: int, tier: Scaled | None) -> Launch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from workers.protocol.exit_codes import ExitCode
 from workers.protocol.reports import CheckpointReport, ProgressReport, ResumedReport
 from workers.resume import find_resumable
 from workers.snapshot import ReplayPolicy, capture_rng, load_snapshot, restore_rng, save_snapshot
-from workers.train import build_model, env_config, run
+from workers.train import build_model, env_config, env_threads, run
 
 from tests.workers.helpers import TINY_DQN, StopAt, save_checkpoint
 
@@ -445,6 +446,16 @@ def test_envpool_runs_the_spec_env_threads(make_spec, overrides, pool_threads):
         assert venv.pool.config["num_threads"] == pool_threads
     finally:
         venv.close()
+
+
+def test_envpool_threads_stay_within_the_workers_own_hosts_cores(make_spec, monkeypatch):
+    """fleetd bounds them by its host's cores, which on a Ray cluster are the head's, not the
+    node's the worker runs on: the worker bounds them by its own."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert env_threads(make_spec(cpu_threads=2, env_threads=16)) == 4
+    assert env_threads(make_spec(cpu_threads=8, env_threads=16)) == 8  # never below its torch threads
+    assert env_threads(make_spec(cpu_threads=2, env_threads=3)) == 3
+    assert env_threads(make_spec(cpu_threads=2)) == 2
 
 
 def test_normalized_rewards_are_discounted_by_the_algorithms_gamma(make_spec):
