@@ -33,7 +33,7 @@ from fleetd.store.models import HostGovernor
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import observe_nodes
 from fleetd.store.runs import read_runs
-from fleetd.store.records import GameDraft, NodeSeen, RungMemory
+from fleetd.store.records import GameDraft, GpuFact, HostFacts, NodeSeen, RungMemory
 from fleetd.errors import FleetdError
 from fleetd.supervision.commands import ForgetHost, Shutdown
 from fleetd.supervision.recorder import Recorder
@@ -82,6 +82,7 @@ class Cluster:
     lives: dict[str, list[str]] = field(default_factory=lambda: {"head": ["n-head-1"], "a": ["n-a-1"], "b": ["n-b-1"]})
     down: set[str] = field(default_factory=set)
     probe: NoProbe = field(default_factory=NoProbe)
+    facts: dict[str, HostFacts] = field(default_factory=dict)  # as read on each host's node (none: not yet)
     steps_done: int = 0
     signals_seen: int = 0
     sup: Supervisor | None = None
@@ -113,7 +114,8 @@ class Cluster:
             cpus = 0.0 if host == "head" else 8.0
             for node_id in lives:
                 alive = node_id == lives[-1] and host not in self.down
-                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, f"fleetd_host_{host}": 1.0}, alive))
+                nodes.append(NodeSeen(node_id, host, "box", "10.0.0.1", {"CPU": cpus, f"fleetd_host_{host}": 1.0}, alive,
+                                      self.facts.get(host) if alive else None))
         with self.db.transaction() as session:
             observe_nodes(session, nodes, self.clock.now())
 
@@ -662,3 +664,29 @@ def test_each_hosts_sizing_counts_the_games_wanting_a_slot_on_that_host(cluster:
     restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=gpu_host), cluster=True)
     (a, _), (b, _) = restarted.sizing("g1"), restarted.sizing("g2")
     assert a.sizing is not None and b.sizing is not None and (a.sizing.games, b.sizing.games) == (3, 2)
+
+
+L4 = GpuFact("NVIDIA L4", 23_034 * 2**20)
+
+
+def test_each_hosts_games_are_sized_by_the_gpus_read_on_its_node_not_the_heads(cluster: Cluster) -> None:
+    """a's node read one 24 GB GPU there, b's has not answered yet: a's games are sized by its
+    own GPU and memory (and by it from a restarted daemon's first look, before any step), b's by
+    the head's H100 as before. The head sized every host by its own GPU."""
+    cluster.facts["a"] = HostFacts((L4,), 64 * 2**30, 16)
+    climbed(cluster)
+    gpu_host = Snapshot(0.0, (H100,), True, None, HostSample(256 * 2**30, 200 * 2**30, 10.0, 1.0), ())
+    cluster.fleet.telemetry = SimpleNamespace(latest=gpu_host)
+    cluster.sup.step()
+    (a, _), (b, _) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
+    assert a.sizing is not None and b.sizing is not None
+    assert a.sizing.gpu == "NVIDIA L4" and a.sizing.gpu_room_bytes == pytest.approx(0.9 * L4.memory_total_bytes, abs=1)
+    assert a.sizing.host_room_bytes < 64 * 2**30 and b.sizing.gpu == H100.name
+    restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=gpu_host), cluster=True)
+    (again, _) = restarted.sizing("g1")
+    assert again.sizing is not None and again.sizing.gpu == "NVIDIA L4"
+    # A head without a GPU: a's games still sized by a's GPU; b's by the rung's own values.
+    headless = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, None, cluster=True, gpus_on_nodes=True)
+    (a, _), (b, _) = headless.sizing("g1"), headless.sizing("g2")
+    assert a.sizing is not None and a.sizing.gpu == "NVIDIA L4"
+    assert b.sizing is None and "the games' GPUs are their Ray nodes'" in b.reason

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fleetd.api import create_app
-from fleetd.cli.render import console, hosts_table
+from fleetd.cli.render import console, gpus_text, hosts_table
 from fleetd.config import Settings
 from fleetd.errors import FleetdError
 from fleetd.host.samples import GpuSample, HostSample, Snapshot
@@ -28,7 +28,7 @@ from fleetd.store import hosts as store_hosts
 from fleetd.store.events import EventFilter, read_events
 from fleetd.store.hosts import delete_host
 from fleetd.store.games import create_game, game_id_of, update_game_state
-from fleetd.store.records import GameDraft, NodeSeen
+from fleetd.store.records import GameDraft, GpuFact, HostFacts, NodeSeen
 from fleetd.store.runs import create_run
 from tests.api_context import api_context, on_ray
 from tests.fakes import FakeClock, FakeHost
@@ -306,3 +306,35 @@ def test_a_host_forgotten_while_the_hosts_job_reads_it_rejoining_is_no_stale_row
     threads[0].join(timeout=10.0)
     (answer,) = answers  # the forget waited for the job, and then found a up again
     assert isinstance(answer, FleetdError) and answer.details["reason"] == "up", answer
+
+
+def test_what_a_nodes_host_has_is_kept_from_its_read_until_a_new_read_and_listed(
+    settings: Settings, db: Database, clock: FakeClock, host: FakeHost
+) -> None:
+    """The executor lists a node without its facts until the read on it answers, and without
+    them once its life ended: the host keeps the last ones read (its games' sizing, after a
+    daemon restart too), and a new life's read replaces them."""
+    h100 = HostFacts((GpuFact("NVIDIA H100 80GB HBM3", 81_559 * 2**20),) * 2, 512 * 2**30, 64)
+    hosts_job(db, clock, lambda: [node("n-a1", "a")])
+    with db.transaction() as session:
+        assert [life.facts for life in store_hosts.read_host_lives(session)] == [None]
+    hosts_job(db, clock, lambda: [replace(node("n-a1", "a"), facts=h100)])
+    hosts_job(db, clock, lambda: [node("n-a1", "a", alive=False)])
+    with db.transaction() as session:
+        assert [life.facts for life in store_hosts.read_host_lives(session)] == [h100]
+    smaller = HostFacts((GpuFact("NVIDIA L4", 23_034 * 2**20),), 64 * 2**30, 16)
+    hosts_job(db, clock, lambda: [node("n-a1", "a", alive=False), replace(node("n-a2", "a"), facts=smaller)])
+    with db.transaction() as session:
+        assert [record.facts for record in store_hosts.read_hosts(session)] == [smaller]
+
+    client = TestClient(create_app(api_context(on_ray(settings), db, clock, host, TOKEN)))
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    document = client.get("/api/v1/hosts").json()
+    assert document["items"][0]["facts"] == {"gpus": [{"name": "NVIDIA L4", "memory_total_bytes": 23_034 * 2**20}],
+                                             "memory_bytes": 64 * 2**30, "cores": 16}
+    with console.capture() as captured:
+        console.print(hosts_table(document))
+    [row] = [[cell.strip() for cell in line.split("│")] for line in captured.get().splitlines() if line.startswith("│")]
+    assert "1x NVIDIA L4 22.49 GiB" in row
+    assert gpus_text(h100.as_json()) == "2x NVIDIA H100 80GB HBM3 79.65 GiB"
+    assert (gpus_text(None), gpus_text({**h100.as_json(), "gpus": []})) == ("-", "none")  # not read; read, none

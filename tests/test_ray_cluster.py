@@ -156,6 +156,11 @@ def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None
     # The run's recorded command line names its actor: how a restarted daemon finds it.
     run = fleet.daemon.runs("ga")[0]
     assert run["cause"] is None and run["log_path"].startswith(str(fleet.config.root / "storage"))
+    # What each host has was read on its node (the head's too): what its games are sized by.
+    facts = fleet.wait(lambda: (f := {n: h["facts"] for n, h in fleet.hosts().items()}) and all(f.values()) and f,
+                       "every host's facts read on its node", timeout=60)
+    assert {n: (f["gpus"], f["cores"], f["memory_bytes"]) for n, f in facts.items()} == {
+        n: ([], os.cpu_count(), psutil.virtual_memory().total) for n in ("head", "a", "b")}
 
 
 def test_a_nodes_power_cut_moves_its_games_to_the_other_node_from_their_checkpoints(fleet: Fleet) -> None:
@@ -412,6 +417,19 @@ def test_a_run_actor_whose_node_has_other_versions_is_a_crash_logged_not_a_lost_
     assert run.node_id is None and ex._node_died(run) is False
     assert run.node_id in {n.node_id for n in ex.nodes() if n.alive}, run  # (any node: it asks no CPUs)
     ex.signal_group(handle, signal.SIGKILL)
+
+
+def test_each_live_nodes_host_facts_are_read_there_once_and_listed_with_it(executor: Executor) -> None:
+    """Read by a task pinned to the node that asks no CPU, never waited for: listed from the
+    listing after it answers, and not read again in that node life."""
+    ex = executor.executor
+    deadline = time.monotonic() + 60
+    while not all((listed := [n for n in ex.nodes() if n.alive]) and [n.facts for n in listed]):
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.5)
+    assert {n.facts.cores for n in listed} == {os.cpu_count()} and all(n.facts.gpus == () for n in listed)
+    assert not ex._facts._pending
+    assert [n.facts for n in ex.nodes() if n.alive] == [n.facts for n in listed]  # kept, not read again
 
 
 def test_reports_resume_after_the_report_hub_dies_and_its_replacement_is_on_the_head(executor: Executor) -> None:

@@ -162,6 +162,31 @@ def test_an_adopted_run_is_located_with_the_host_its_starts_are_pinned_to_where_
     assert pinned == (dict(pins["pong"]) if pins else {"fleetd_host_a": executor_module.HOST_SHARE})  # as starts are
 
 
+def test_a_nodes_facts_read_is_never_waited_for_and_one_that_failed_there_is_logged_not_tried_again(
+    executor: RayExecutor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fleetd.store.records import HostFacts
+
+    a_facts = HostFacts((), 64 * 2**30, 16)
+    reads = {"n-a": Ref("read", (), PENDING), "n-b": Ref("read", (), task_error(OSError("psutil refused")))}
+    started: list[str] = []
+    monkeypatch.setattr(executor._facts, "_start", lambda node_id: started.append(node_id) or reads[node_id])
+    monkeypatch.setattr(executor_module.ray, "nodes", lambda: NODES)
+    with caplog.at_level(logging.WARNING, logger="fleetd.cluster.executor"):
+        assert {n.node_id: n.facts for n in executor.nodes()} == {"n-a": None, "n-b": None}
+    assert BLOCKED == []  # looked at, not waited for
+    assert [r.getMessage() for r in caplog.records] == [
+        "node n-b: its host's facts (GPUs, memory) could not be read there, so its games are sized by the head's: "
+        "OSError: psutil refused"]
+    reads["n-a"].outcome, reads["n-a"].ready = a_facts, True
+    assert {n.node_id: n.facts for n in executor.nodes()} == {"n-a": a_facts, "n-b": None}
+    assert {n.node_id: n.facts for n in executor.nodes()} == {"n-a": a_facts, "n-b": None}
+    assert sorted(started) == ["n-a", "n-b"]  # once each in their node life
+    monkeypatch.setattr(executor_module.ray, "nodes", lambda: [{**NODES[0], "Alive": False}, NODES[1]])
+    assert [n.facts for n in executor.nodes()] == [None, None]  # a dead node's read is no longer listed
+    assert sorted(started) == ["n-a", "n-b"] and executor._facts._known == {"n-b": None}
+
+
 def test_a_restarted_daemon_probes_every_run_actor_at_once_so_a_hung_nodes_runs_cost_one_timeout(
     executor: RayExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

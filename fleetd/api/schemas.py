@@ -95,6 +95,17 @@ class HostGovernorOut(Out):
     rungs: list[str] = Field(description="its ladder, with what it remembers of each rung")
 
 
+class GpuFactOut(Out):
+    name: str
+    memory_total_bytes: int
+
+
+class HostFactsOut(Out):
+    gpus: list[GpuFactOut] = Field(description="its GPUs as NVML reads them on its node, by index; none where it reads none")
+    memory_bytes: int | None
+    cores: int
+
+
 class HostOut(Out):
     name: str
     hostname: str
@@ -111,6 +122,10 @@ class HostOut(Out):
     lives: list[HostBootOut]
     governor: HostGovernorOut | None = Field(None, description="its own rung (on one host the fleet's); null when it "
                                                                "runs no games (no CPUs) or before the first step")
+    facts: HostFactsOut | None = Field(None, description="on a Ray cluster, what was read on its node once its "
+                                                         "life began: its games are sized by its GPUs (where it lists "
+                                                         "one), not the head's; null before that read answers, and "
+                                                         "on one host (GET /api/v1/fleet's telemetry reads it)")
 
 
 class HostList(Out):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -183,7 +184,7 @@ def checkpoints_table(name: str, checkpoints: list[dict[str, Any]]) -> Table:
 
 def hosts_table(document: dict[str, Any]) -> Table:
     table = PlainTable(title=f"Hosts ([cluster] backend = {document['backend']}, UTC)")
-    for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "rung", "games", "resources"):
+    for column in ("host", "address", "up", "joined", "last seen", "boots", "downtime", "rung", "games", "gpus", "resources"):
         table.add_column(column)
     for host in document["items"]:
         resources = ", ".join(resource_text(k, v) for k, v in sorted(host["resources"].items()) if not k.startswith("node:"))
@@ -192,9 +193,18 @@ def hosts_table(document: dict[str, Any]) -> Table:
         games = str(len(host.get("games", []))) if governor is None else f"{len(governor['games'])}/{governor['allowed']}" + (
             f", {len(governor['guests'])} guests" if governor["guests"] else "")
         table.add_row(host["name"], host["address"], "yes" if host["alive"] else "no", when(host["joined_at"]),
-                      when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", rung, games, resources,
-                      style="" if host["alive"] else "red")
+                      when(host["last_seen_at"]), str(host["boots"]), f"{host['downtime_s']:.0f}s", rung, games,
+                      gpus_text(host.get("facts")), resources, style="" if host["alive"] else "red")
     return table
+
+
+def gpus_text(facts: dict[str, Any] | None) -> str:
+    """The GPUs read on a host's node (what its games are sized by): "2x NVIDIA L4 22.49 GiB";
+    "none" where it read none; "-" before the read answered (and on one host)."""
+    if facts is None:
+        return "-"
+    kinds = Counter((gpu["name"], gpu["memory_total_bytes"]) for gpu in facts["gpus"])
+    return ", ".join(f"{count}x {name} {gib(total)}" for (name, total), count in kinds.items()) or "none"
 
 
 def host_rung_text(governor: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -30,9 +30,10 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
+from fleetd.host.facts import read_host_facts
 from fleetd.operations.backup.target import Target
 from fleetd.store.hosts import HOST_RESOURCE, names_its_host
-from fleetd.store.records import NodeSeen
+from fleetd.store.records import HostFacts, NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.reactor import RefusedReports
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
@@ -158,6 +159,47 @@ class _Run:
         return self.name[len(ACTOR_PREFIX):].split("-", 1)[1]
 
 
+class FactsReads:
+    """Each live node's host facts (fleetd.host.facts), read there once a node life by a task
+    pinned to it that takes no CPU (a node full of games still answers). Never waited for: a read
+    not answered yet is looked at again at the next listing, and the node is listed without its
+    facts meanwhile. One that failed there is logged and not tried again in that life."""
+
+    def __init__(self) -> None:
+        self._read = ray.remote(read_host_facts)
+        self._lock = threading.Lock()  # the hosts job and the supervisor's thread both list nodes
+        self._pending: dict[str, Any] = {}  # node id -> the read's ObjectRef
+        self._known: dict[str, HostFacts | None] = {}  # node id -> its facts (None: the read failed)
+
+    def attach(self, seen: list[NodeSeen]) -> list[NodeSeen]:
+        with self._lock:
+            alive = {node.node_id for node in seen if node.alive}
+            self._pending = {node_id: ref for node_id, ref in self._pending.items() if node_id in alive}
+            self._known = {node_id: facts for node_id, facts in self._known.items() if node_id in alive}
+            for node_id in alive - self._known.keys() - self._pending.keys():
+                self._pending[node_id] = self._start(node_id)
+            self._collect()
+            return [replace(node, facts=self._known.get(node.node_id)) for node in seen]
+
+    def _start(self, node_id: str) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return self._read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+    def _collect(self) -> None:
+        if not self._pending:
+            return
+        ready, _ = ray.wait(list(self._pending.values()), num_returns=len(self._pending), timeout=0, fetch_local=True)
+        for node_id, ref in [(n, r) for n, r in self._pending.items() if r in ready]:
+            del self._pending[node_id]
+            try:
+                self._known[node_id] = ray.get(ref)
+            except RayError as exc:
+                log.warning("node %s: its host's facts (GPUs, memory) could not be read there, so its games are "
+                            "sized by the head's: %s", node_id[:12], creation_error(exc))
+                self._known[node_id] = None
+
+
 class RayExecutor:
     def __init__(self, settings: Settings, hub: Any, expected: dict[str, str]) -> None:
         self._settings = settings
@@ -178,6 +220,7 @@ class RayExecutor:
         self._swept = False
         self._named_hosts: dict[str, str] = {}  # node id -> the host its `fleetd_host_<name>` resource names
         self._probes: dict[str, tuple[Any, Any, float]] | None = None  # name -> (actor, its `where`, until when)
+        self._facts = FactsReads()
         url = settings.cluster.storage_url
         self._storage = None if url is None else Target(url)  # games synced through it (fleetd/cluster/storage.py)
 
@@ -302,7 +345,11 @@ class RayExecutor:
     # -- hosts ---------------------------------------------------------------------------------
 
     def nodes(self) -> list[NodeSeen]:
-        """The cluster's nodes as the GCS lists them, each named for its host."""
+        """The cluster's nodes as the GCS lists them, each named for its host, with its host's
+        facts where they were read on it (the hosts job's listing: fleetd/jobs.py)."""
+        return self._facts.attach(self._listed())
+
+    def _listed(self) -> list[NodeSeen]:
         seen = [node_seen(node) for node in ray.nodes()]
         self._named_hosts.update({n.node_id: n.host for n in seen if names_its_host(n.host, n.resources)})
         return seen
@@ -311,7 +358,7 @@ class RayExecutor:
         """A host named by its `fleetd_host_` resource can be pinned to; one named by its
         hostname only (a node started without it) is left to Ray's placement."""
         if host not in self._named_hosts.values():
-            self.nodes()
+            self._listed()
         return host in self._named_hosts.values()
 
     def _pinned_host(self, game: str, node_id: str) -> str | None:
@@ -321,7 +368,7 @@ class RayExecutor:
         if self._cluster.pins.get(game):
             return None
         if node_id not in self._named_hosts:
-            self.nodes()
+            self._listed()
         return self._named_hosts.get(node_id)
 
     # -- ProcessProbe --------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.hosts import delete_host, read_host_lives
-from fleetd.store.records import FleetRecord, HostForgotten, HostGovernorRecord, HostLife, Placement
+from fleetd.store.records import FleetRecord, HostFacts, HostForgotten, HostGovernorRecord, HostLife, Placement
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,9 @@ class FleetController:
         self._nodes: dict[str, str] = {}  # the node life each host's governor accounted for
         self._held_on: dict[str, int] = {}  # the games each host held at its life's last look alive
         self._lives: dict[str, HostLife] = {}
+        # What each host's node read of its GPUs and memory (the hosts job stores it): its games'
+        # sizing (`_sizing_host`), from the daemon's start on, so adopted workers keep their sizes.
+        self._facts: dict[str, HostFacts] = {}
         self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
             self._load_hosts()
@@ -167,6 +170,7 @@ class FleetController:
         ladder = build_ladder(self.settings.tiers)
         requested = self.governor.state.requested
         with self.db.transaction() as session:
+            self._facts = {life.name: life.facts for life in read_host_lives(session) if life.facts is not None}
             for host, record in fleet_store.read_host_governors(session).items():
                 rung = nearest_rung(ladder, record.level, record.num_envs)
                 state = FleetState(requested, rung, record.stable_since, record.long_window)
@@ -220,8 +224,19 @@ class FleetController:
         return self._scaled(self.governor, LOCAL)
 
     def _scaled(self, governor: Governor, host: str) -> Scaled:
-        return scale_rung(governor.ladder, governor.index(), self._host(), self.settings,
+        return scale_rung(governor.ladder, governor.index(), self._sizing_host(host), self.settings,
                           self._games_sized(governor, host), self.gpus_on_nodes)
+
+    def _sizing_host(self, host: str) -> Host | None:
+        """What `host`'s games are sized by: on a cluster, the GPUs and memory read on its node
+        (`HostFacts`) where they list a GPU; else (this host, no read yet, a node without
+        one) the daemon's own host, as the telemetry reads it."""
+        facts = self._facts.get(host) if host != LOCAL else None
+        if facts is None or not facts.gpus:
+            return self._host()
+        smallest = min(facts.gpus, key=lambda gpu: gpu.memory_total_bytes)
+        return Host(GpuMemory(smallest.name, smallest.memory_total_bytes, len(facts.gpus)), facts.memory_bytes,
+                    self.footprints.table)
 
     def _games_sized(self, governor: Governor, host: str) -> int | None:
         """The games `host`'s sizing counts: its mark on this rung, or, where the rung changed
@@ -314,7 +329,7 @@ class FleetController:
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
             pressure_seen=self.governor.pressure_seen,  # the one the plan reads from the store
-            sizing_host=self._host(),  # what the plan sizes its rungs by, as the governor does
+            sizing_host=self._sizing_host(host),  # what the plan sizes its rungs by, as the governor does `host`
         )  # fmt: skip
 
     def _host_rungs(self, now: datetime) -> list[HostRung]:
@@ -442,7 +457,7 @@ class FleetController:
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
                          f"and its rungs' memory deleted{homes}",
                          details={"host": name, "lives": gone.lives, "homes": dict(gone.homes)})
-        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted,
+        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._facts, self._lost, self._counted,
                      self._marks_stored):
             kept.pop(name, None)
         for game, home in gone.homes:
@@ -570,6 +585,7 @@ class FleetController:
             lives = read_host_lives(session)
             memories = {life.name: fleet_store.read_rungs(session, life.name) for life in lives if life.name not in self.governors}
         self._lives = {life.name: life for life in lives}
+        self._facts.update({life.name: life.facts for life in lives if life.facts is not None})
         decisions: list[tuple[str, Decision]] = []
         for life in lives:
             if not life.runs_games:

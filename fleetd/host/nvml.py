@@ -164,6 +164,11 @@ class NvmlReader:
             self._logged_reasons.add(reason)
             log.warning("GPU telemetry unavailable: %s; retrying every %.0f s", reason, self._retry_s)
 
+    def close(self) -> None:
+        """Ends the NVML session, where one is open (a one-off read: `fleetd.host.facts`)."""
+        if self._nvml is not None:
+            self._shutdown(self._nvml)
+
     def _shutdown(self, nvml: ModuleType) -> None:
         self._nvml = None
         self._free_xid_events(nvml)

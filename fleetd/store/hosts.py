@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.store.engine import in_chunks
 from fleetd.store.models import Game, Host, HostBoot, HostGovernor, Run, Rung
-from fleetd.store.records import HostBootRecord, HostForgotten, HostLife, HostRecord, NodeSeen
+from fleetd.store.records import HostBootRecord, HostFacts, HostForgotten, HostLife, HostRecord, NodeSeen
 
 # A Ray node offering the custom resource `fleetd_host_<name>` is host <name>'s: fleetd names the
 # host by it, and pins a game's actor there by a sliver of it (fleetd/cluster/executor.py).
@@ -42,6 +42,8 @@ def observe_nodes(session: Session, nodes: list[NodeSeen], now: datetime) -> lis
             session.flush()
             hosts[node.host] = host
         host.hostname, host.address, host.resources = node.hostname, node.address, dict(node.resources)
+        if node.facts is not None:
+            host.facts = node.facts.as_json()
         host.last_seen_at, host.alive = now, True
         boot = boots.get(node.node_id)
         if boot is None:
@@ -108,7 +110,8 @@ def read_hosts(session: Session) -> list[HostRecord]:
             games.setdefault(host_of_node[node_id], []).append(game)
     return [
         HostRecord(row.name, row.hostname, row.address, dict(row.resources), row.joined_at, row.last_seen_at,
-                   row.alive, tuple(boots.get(row.id, [])), tuple(sorted(set(games.get(row.id, [])))))
+                   row.alive, tuple(boots.get(row.id, [])), tuple(sorted(set(games.get(row.id, [])))),
+                   HostFacts.from_json(row.facts))
         for row in session.scalars(select(Host).order_by(Host.name))
     ]
 
@@ -121,7 +124,7 @@ def read_host_lives(session: Session) -> list[HostLife]:
     newest: dict[int, tuple[str, datetime]] = {host_id: (node_id, joined_at) for host_id, node_id, joined_at in session.execute(query)}
     return [
         HostLife(row.name, row.alive, newest.get(row.id, ("", None))[0], float((row.resources or {}).get("CPU", 0) or 0) > 0,
-                 newest.get(row.id, ("", None))[1])
+                 newest.get(row.id, ("", None))[1], HostFacts.from_json(row.facts))
         for row in session.scalars(select(Host).order_by(Host.name))
     ]
 

@@ -330,6 +330,7 @@ class Host(Base):
     hostname: Mapped[str] = mapped_column(String(255))
     address: Mapped[str] = mapped_column(String(255))
     resources: Mapped[dict[str, Any]] = mapped_column(default=dict)  # Ray's totals at its last join
+    facts: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # HostFacts.as_json, as last read on its node; NULL: never read
     joined_at: Mapped[datetime]  # first seen in the cluster
     last_seen_at: Mapped[datetime]  # alive in the GCS's node table at least until then
     alive: Mapped[bool] = mapped_column(default=True)

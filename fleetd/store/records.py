@@ -233,6 +233,7 @@ class HostLife:
     node_id: str  # its newest life's node id
     runs_games: bool  # it offers CPUs (the head of a cluster often offers none)
     joined_at: datetime | None = None  # when its newest life joined
+    facts: HostFacts | None = None  # as last read on its node (None: never read)
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,34 @@ class SampleRecord:
 
 
 @dataclass(frozen=True)
+class GpuFact:
+    name: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a cluster node's host has, read there once a life (fleetd.host.facts): what its games
+    are sized by (docs/governor.md, Sizing), not the head's. Stored as JSON (`as_json`)."""
+
+    gpus: tuple[GpuFact, ...]  # NVML's, in index order; none where NVML reads none
+    memory_bytes: int | None
+    cores: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"gpus": [{"name": g.name, "memory_total_bytes": g.memory_total_bytes} for g in self.gpus],
+                "memory_bytes": self.memory_bytes, "cores": self.cores}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> HostFacts | None:
+        if not data:
+            return None
+        gpus = tuple(GpuFact(str(g["name"]), int(g["memory_total_bytes"])) for g in data.get("gpus") or ())
+        memory = data.get("memory_bytes")
+        return cls(gpus, None if memory is None else int(memory), int(data.get("cores") or 0))
+
+
+@dataclass(frozen=True)
 class NodeSeen:
     """A Ray node as the GCS lists it, named for its host."""
 
@@ -301,6 +330,7 @@ class NodeSeen:
     address: str
     resources: dict[str, float]
     alive: bool
+    facts: HostFacts | None = None  # read on the node once its life began; None: not read yet
 
 
 @dataclass(frozen=True)
@@ -327,6 +357,7 @@ class HostRecord:
     alive: bool
     boots: tuple[HostBootRecord, ...]  # oldest first
     games: tuple[str, ...] = ()  # the games whose open run is on one of its nodes, by name
+    facts: HostFacts | None = None  # as last read on its node (None: never read)
 
     def downtimes_s(self) -> list[float]:
         """Between each life and the next: from last seen alive to back in the cluster."""

@@ -23,8 +23,10 @@ import pytest
 from fleetd.cli.render import gpu_line
 from fleetd.config import FleetSettings
 from fleetd.governor.pressure import pressure_reasons
+from fleetd.host.facts import read_host_facts
 from fleetd.host.nvml import NvmlReader, incomplete_list
 from fleetd.host.samples import GpuSample, HostSample, ProcessSample, Snapshot
+from fleetd.store.records import GpuFact
 from fleetd.host.telemetry import (
     NOT_THIS_NAMESPACE,
     TelemetrySampler,
@@ -361,6 +363,30 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     for name, fake in fakes.items():
         monkeypatch.setattr(pynvml, name, fake)
     return state
+
+
+def test_a_hosts_facts_are_its_gpus_read_well_its_memory_and_cores_and_the_session_is_ended(
+        fake_nvml: SimpleNamespace) -> None:
+    """What a cluster node's host is sized by (fleetd.host.facts, read there once a life): a lost
+    GPU is none to size by; the one-off read leaves no NVML session open in Ray's worker."""
+    fake_nvml.lost = {1}
+    facts = read_host_facts()
+    assert facts.gpus == (GpuFact("Fake 0", 8 * GiB),)
+    assert facts.memory_bytes == psutil.virtual_memory().total and facts.cores == os.cpu_count()
+    assert fake_nvml.shutdowns == fake_nvml.inits == 1
+
+
+def test_a_host_without_nvml_has_no_gpu_facts() -> None:
+    """A machine without an NVIDIA driver (as this suite's): its games are sized by the head's."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver answers here")
+    facts = read_host_facts()
+    assert facts.gpus == () and facts.memory_bytes == psutil.virtual_memory().total
 
 
 def test_nvml_readings_with_missing_fields(fake_nvml: SimpleNamespace) -> None:

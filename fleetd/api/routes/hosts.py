@@ -11,11 +11,11 @@ from fleetd.api.context import AppContext, get_context
 from fleetd.api.errors import CONFLICT, NOT_FOUND
 from fleetd.errors import ErrorCode, FleetdError
 from fleetd.games.spec import AS_WRITTEN
-from fleetd.api.schemas import HostBootOut, HostGovernorOut, HostList, HostOut
+from fleetd.api.schemas import GpuFactOut, HostBootOut, HostFactsOut, HostGovernorOut, HostList, HostOut
 from fleetd.governor.snapshot import HostRung
 from fleetd.host.lives import host_resources, this_host
 from fleetd.store.hosts import read_hosts
-from fleetd.store.records import HostRecord
+from fleetd.store.records import HostFacts, HostRecord
 from fleetd.supervision.commands import ForgetHost
 
 router = APIRouter(tags=["hosts"])
@@ -50,8 +50,15 @@ def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None, newe
         resources={k: float(v) for k, v in host.resources.items()}, joined_at=host.joined_at,
         last_seen_at=host.last_seen_at, alive=host.alive, boots=len(host.boots), downtime_s=sum(downtimes),
         uptime_s=max(0.0, (now - up_since).total_seconds()) if up_since else None, games=list(host.games), lives=lives,
-        governor=governor_out(rung),
+        governor=governor_out(rung), facts=facts_out(host.facts),
     )  # fmt: skip
+
+
+def facts_out(facts: HostFacts | None) -> HostFactsOut | None:
+    if facts is None:
+        return None
+    return HostFactsOut(gpus=[GpuFactOut(name=g.name, memory_total_bytes=g.memory_total_bytes) for g in facts.gpus],
+                        memory_bytes=facts.memory_bytes, cores=facts.cores)
 
 
 @router.get("/hosts", response_model=HostList)
