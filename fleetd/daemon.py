@@ -30,9 +30,10 @@ from fleetd.host.forensics import JournalReader, Journalctl
 from fleetd.games.lifecycle import check_seeds, seed_games, seeding_needed
 from fleetd.games.fleet_spec import seeds_not_applied
 from fleetd.governor.controller import FleetController, tier_not_applied
-from fleetd.governor.footprint import FootprintBook, FootprintSource
+from fleetd.governor.footprint import FootprintBook, FootprintSource, Measured
 from fleetd.host.boot import HostBoot, HostReader
-from fleetd.jobs import GpuLossNotice, Job, heartbeat_job, hosts_job, retention_job, rotate_logs_job, set_aside_job, telemetry_job
+from fleetd.jobs import (GpuLossNotice, Job, heartbeat_job, hosts_job, node_footprints_job, retention_job, rotate_logs_job,
+                         set_aside_job, telemetry_job)
 from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import live_pressure, live_sizing, record_plan
 from fleetd.scheduler import Scheduler, build_scheduler
@@ -189,6 +190,7 @@ class Daemon:
         self.alerts = AlertSender(settings.alerts)
         self.local_workers = True  # workers are this host's processes (not a cluster's actors)
         self.cluster_nodes: Callable[[], list[NodeSeen]] | None = None  # the Ray cluster's, when on one
+        self.cluster_measure: Callable[[], list[Measured]] = list  # its workers, as their nodes read them
 
     def run(self) -> int:
         """Returns the process exit code."""
@@ -410,7 +412,7 @@ class Daemon:
             except ClusterError as exc:
                 raise StartupError(str(exc), transient=isinstance(exc, ClusterUnreachable)) from None
             self.local_workers = False
-            self.cluster_nodes = executor.nodes
+            self.cluster_nodes, self.cluster_measure = executor.nodes, executor.measure
             return executor, executor, executor
         try:
             reactor = OsReactor(self.settings.progress_socket)
@@ -498,11 +500,9 @@ class Daemon:
         self.notifier.ready(supervisor.summary())
         return True
 
-    def _footprints(self, supervisor: Supervisor) -> FootprintSource | None:
-        """Footprints are measured on this host's workers only (a cluster's run on another
-        node has no pid here, and its memory is that host's)."""
-        if not self.local_workers:
-            return None
+    def _footprints(self, supervisor: Supervisor) -> FootprintSource:
+        """This host's workers' footprints are taken from the telemetry's samples; a cluster's, from
+        their nodes' readings (the `footprints` job): a run there has no pid here."""
         return FootprintSource(supervisor.fleet.footprints, supervisor.running_workers, self.settings.fleet.footprint_settle_s)
 
     def _last_state(self, supervisor: Supervisor) -> dict[str, Any]:
@@ -541,9 +541,11 @@ class Daemon:
         if self.mps is not None and self.mps.active:
             jobs.append(Job("mps", settings.gpu.mps_check_s, self.mps.check, steady=True))
         if self.cluster_nodes is not None:
-            nodes = self.cluster_nodes
+            nodes, footprints = self.cluster_nodes, self._footprints(supervisor)
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes),
                             steady=True))
+            jobs.append(Job("footprints", settings.fleet.telemetry_interval_s, lambda: node_footprints_job(
+                db, self.clock, self.cluster_measure, footprints), steady=True))
         if self.notifier.enabled:
             jobs.append(sd_notify_job(self.notifier, supervisor))
         return jobs

@@ -17,7 +17,7 @@ from fleetd.config import RetentionSettings
 from fleetd.errors import ErrorCode, FleetdError, disk_full
 from fleetd.games.lifecycle import SEEDED_EVENT
 from fleetd.governor.stall import TELEMETRY_RESUMED_EVENT, TELEMETRY_STALE_EVENT
-from fleetd.governor.footprint import FootprintSource
+from fleetd.governor.footprint import FootprintSource, Measured
 from fleetd.host.samples import Snapshot
 from fleetd.host.telemetry import TelemetrySampler, sample_rows
 from fleetd.host.uptime import heartbeat
@@ -261,6 +261,19 @@ def telemetry_job(
         raise
     if lost is not None:
         lost.settle(True)  # after the commit: an alert only for an event recorded
+
+
+def node_footprints_job(db: Database, clock: Clock, measure: Callable[[], list[Measured]], footprints: FootprintSource) -> int:
+    """On a Ray cluster: the footprints of the workers on the nodes, as each node read its own
+    (fleetd.cluster.executor's `measure`; the telemetry job reads this host's workers only).
+    Returns how many kinds' footprints changed."""
+    running = footprints.running()  # before the readings, as the telemetry job: a worker started since has none
+    changed = footprints.take_measured(measure(), running, clock.now())
+    if changed:
+        with db.transaction() as session:
+            for record in changed:
+                save_footprint(session, record)
+    return len(changed)
 
 
 def retention_job(db: Database, clock: Clock, retention: RetentionSettings) -> tuple[int, int]:

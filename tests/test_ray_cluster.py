@@ -57,6 +57,13 @@ class Fleet:
         daemon.wait_healthy(DAEMON_START_S)
         return daemon
 
+    def footprints(self) -> list[tuple]:
+        """The footprints the daemon stored: (env id, GPU bytes, RSS bytes, readings)."""
+        import sqlite3
+
+        with sqlite3.connect(f"file:{self.config.state_dir / 'fleetd.db'}?mode=ro", uri=True) as db:
+            return db.execute("SELECT env_id, gpu_bytes, rss_bytes, samples FROM footprints").fetchall()
+
     def hosts(self) -> dict[str, dict]:
         return {host["name"]: host for host in self.daemon.get("/api/v1/hosts").json()["items"]}
 
@@ -123,6 +130,9 @@ def fleet(cluster: LocalRayCluster) -> Iterator[Fleet]:
             f'storage = "{root / "storage"}"\n'
             "num_cpus_per_game = 1\n"
             'scheduling = "SPREAD"\n'
+            "[fleet]\n"
+            "footprint_settle_s = 1\n"  # the games' footprints measured on their nodes within the test
+            "telemetry_interval_s = 2\n"
         )
         config.set_boot_id("11111111-1111-1111-1111-111111111111")
         config.write()
@@ -156,6 +166,10 @@ def test_games_train_on_the_cluster_spread_over_both_nodes(fleet: Fleet) -> None
     # The run's recorded command line names its actor: how a restarted daemon finds it.
     run = fleet.daemon.runs("ga")[0]
     assert run["cause"] is None and run["log_path"].startswith(str(fleet.config.root / "storage"))
+    # Each worker's footprint measured on its node by its actor (no GPU here: RSS only).
+    footprints = fleet.wait(lambda: fleet.footprints(), "the games' footprints measured on their nodes", timeout=60)
+    assert [(env, gpu) for env, gpu, rss, samples in footprints] == [("CartPole-v1", None)], footprints
+    assert footprints[0][2] > 50 * 2**20 and footprints[0][3] >= 1, footprints
     # What each host has was read on its node (the head's too): what its games are sized by.
     facts = fleet.wait(lambda: (f := {n: h["facts"] for n, h in fleet.hosts().items()}) and all(f.values()) and f,
                        "every host's facts read on its node", timeout=60)
@@ -417,6 +431,26 @@ def test_a_run_actor_whose_node_has_other_versions_is_a_crash_logged_not_a_lost_
     assert run.node_id is None and ex._node_died(run) is False
     assert run.node_id in {n.node_id for n in ex.nodes() if n.alive}, run  # (any node: it asks no CPUs)
     ex.signal_group(handle, signal.SIGKILL)
+
+
+def test_a_runs_worker_is_measured_on_its_node_by_its_actor(executor: Executor) -> None:
+    """Its process tree's RSS as that node's telemetry reads it (no NVML here: no GPU figure), by
+    the run's handle: the footprints of a cluster's workers."""
+    import ray
+
+    handle = executor.spawn("tm", 5)
+    executor.until(lambda seen: executor.reports(handle, seen), "tm reporting")
+    run = executor.executor._runs[handle]
+    worker_pid = ray.get(run.actor.where.remote(), timeout=10)["pid"]
+    answer = ray.get(run.actor.measure.remote(), timeout=30)
+    assert answer["gpu_memory_bytes"] is None and answer["gpu_name"] is None, answer
+    assert abs(answer["rss_bytes"] - psutil.Process(worker_pid).memory_info().rss) < 64 * 2**20, answer  # its tree: one process
+    [measured] = executor.executor.measure(timeout_s=30)
+    assert (measured.reading.game, measured.reading.pid) == ("tm", handle) and measured.reading.rss_bytes > 10 * 2**20
+    executor.executor.signal_group(handle, signal.SIGTERM)
+    executor.until(lambda seen: executor.exit_of(handle, seen), "tm stopped")
+    assert ray.get(run.actor.measure.remote(), timeout=10) is None  # its worker exited
+    executor.executor.signal_group(handle, signal.SIGKILL)
 
 
 def test_each_live_nodes_host_facts_are_read_there_once_and_listed_with_it(executor: Executor) -> None:

@@ -187,6 +187,37 @@ def test_a_nodes_facts_read_is_never_waited_for_and_one_that_failed_there_is_log
     assert sorted(started) == ["n-a", "n-b"] and executor._facts._known == {"n-b": None}
 
 
+class EarlierActor(Handle):
+    """A run actor of a fleetd before `measure`."""
+
+    def __getattr__(self, name: str) -> Method:
+        if name == "measure":
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+
+def test_each_watched_runs_worker_is_measured_on_its_node_by_its_handle_in_one_bounded_round(
+    executor: RayExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetd.governor.footprint import Measured, Reading
+
+    answer = {"rss_bytes": 3 * 2**30, "gpu_memory_bytes": None, "gpu_name": None, "unattributed": False}
+    waits: list[float | None] = []
+    monkeypatch.setattr(executor_module.ray, "wait", lambda refs, num_returns, timeout, fetch_local: (
+        waits.append(timeout) or fake_wait(refs, num_returns, 0)))  # fmt: skip
+    executor._runs = {
+        7: _Run("run-000007-pong", Handle(measure=[answer]), None),
+        8: _Run("run-000008-seaquest", Handle(measure=[PENDING]), None),  # its node hung: left out
+        9: _Run("run-000009-boxing", Handle(measure=[None]), None),  # its worker exited
+        10: _Run("run-000010-breakout", EarlierActor(), None),  # no `measure`: left out
+        11: _Run("run-000011-tennis", Handle(measure=[task_error(OSError("gone"))]), None),
+    }
+    assert executor.measure() == [Measured(Reading("pong", 7, 3 * 2**30, None), None, False)]
+    assert waits == [executor_module.MEASURE_TIMEOUT_S]  # one wait for all: a hung node costs it once
+    executor._runs = {}
+    assert executor.measure() == [] and waits == [executor_module.MEASURE_TIMEOUT_S]
+
+
 def test_a_restarted_daemon_probes_every_run_actor_at_once_so_a_hung_nodes_runs_cost_one_timeout(
     executor: RayExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,9 +12,9 @@ new one, as does an actor that finds none). The actor outlives the daemon (detac
 the game and the run id), so a restarted daemon finds and adopts it; once its worker has exited
 it keeps the exit status until the daemon has read it and ends the actor.
 
-A `wait` returns within 30 s (None while the worker runs; the daemon asks again), and `where`
-and `signal` have a concurrency group of their own: a probe or a stop is answered at once,
-however many waits are under way.
+A `wait` returns within 30 s (None while the worker runs; the daemon asks again), and `where`,
+`signal` and `measure` (its worker's memory, read on the node: the footprints) have a concurrency
+group of their own: a probe or a stop is answered at once, however many waits are under way.
 
 The worker is started from a thread that lives until it exits, with PR_SET_PDEATHSIG: an actor
 that dies (killed, or its node's power cut) takes its worker with it.
@@ -50,7 +50,7 @@ HUB_MAX_HELD = 200_000  # reports kept while no daemon drains; the oldest are dr
 HUB_PUT_TIMEOUT_S = 10.0  # the final batch's wait for the run's puts to land, resends included
 PENDING_PUTS_MAX = 1000  # puts in flight the relay keeps an eye on
 WAIT_MAX_S = 30.0  # a `wait` call returns within this even if the worker runs on: a daemon asks again
-CONTROL = "control"  # the concurrency group of `where` and `signal`: never behind blocked waits
+CONTROL = "control"  # the concurrency group of `where`, `signal` and `measure`: never behind blocked waits
 CONTROL_THREADS = 2
 RUN_DIR_PREFIX = "fleetd-run-"  # each run actor's folder in its node's temp dir
 _PR_SET_PDEATHSIG = 1
@@ -141,6 +141,8 @@ class RunActor:
         self._cpu_threads = cpu_threads
         self._gpu_ids = ray.get_gpu_ids()  # this actor's share (num_gpus_per_game), as Ray made them visible
         self._child: subprocess.Popen | None = None
+        self._sampler: Any = None  # fleetd.host.telemetry.TelemetrySampler, made at the first `measure`
+        self._measure_lock = threading.Lock()
         self._status: dict[str, Any] | None = None
         self._started = threading.Event()
         self._done = threading.Event()
@@ -159,6 +161,28 @@ class RunActor:
         return {"node_id": self.node_id, "hostname": socket.gethostname(),
                 "pid": None if self._child is None else self._child.pid, "log_path": self._log_path,
                 "bounded_wait": True}  # `wait` takes a timeout (an actor of an earlier fleetd says nothing)
+
+    @ray.method(concurrency_group=CONTROL)
+    def measure(self) -> dict[str, Any] | None:
+        """Its worker's process tree as this node's telemetry reads it: RSS, and GPU memory where
+        NVML tells it per process (None: not told); the GPU it runs on's name. None once the
+        worker has exited, or before it started. The daemon's footprints of a cluster's workers
+        (docs/governor.md, Sizing) come from these."""
+        child = self._child
+        if child is None or self._done.is_set():
+            return None
+        with self._measure_lock:
+            if self._sampler is None:
+                from fleetd.host.telemetry import TelemetrySampler
+
+                self._sampler = TelemetrySampler()
+            snapshot = self._sampler.sample({"worker": child.pid})
+        process = next((p for p in snapshot.processes if p.pid == child.pid), None)
+        if process is None:
+            return None
+        return {"rss_bytes": process.rss_bytes, "gpu_memory_bytes": process.gpu_memory_bytes,
+                "gpu_name": snapshot.read_gpus[0].name if snapshot.read_gpus else None,
+                "unattributed": snapshot.process_gpu_reason is not None}
 
     @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:

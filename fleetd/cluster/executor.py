@@ -30,6 +30,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
+from fleetd.governor.footprint import Measured, Reading
 from fleetd.host.facts import read_host_facts
 from fleetd.operations.backup.target import Target
 from fleetd.store.hosts import HOST_RESOURCE, names_its_host
@@ -50,6 +51,7 @@ PROBE_TIMEOUT_S = 30.0
 RUN_WAIT_S = 10.0  # a run's `wait` call returns None after this while its worker runs; asked again
 RUN_THREADS = 8  # a run actor's threads for `wait` calls (`where` and `signal` have their own)
 CONNECT_CHECK_TIMEOUT_S = 60.0
+MEASURE_TIMEOUT_S = 5.0  # a round of the workers' readings waits this long for every node's answers
 
 
 class ClusterError(Exception):
@@ -341,6 +343,34 @@ class RayExecutor:
         self._runs.clear()
         self._refs.clear()
         ray.shutdown()
+
+    # -- footprints ----------------------------------------------------------------------------
+
+    def measure(self, timeout_s: float = MEASURE_TIMEOUT_S) -> list[Measured]:
+        """Each watched run's worker as its node reads it (RunActor.measure), by the run's handle:
+        the footprints of a cluster's workers. Called from the footprints job's thread; runs whose
+        answer takes longer than `timeout_s` (a node hung), and actors of an earlier fleetd
+        (no `measure`), are left out of this round."""
+        refs: dict[Any, tuple[int, str]] = {}
+        for handle, run in list(self._runs.items()):  # the supervisor's thread adds and ends runs
+            try:
+                refs[run.actor.measure.remote()] = (handle, run.game)
+            except AttributeError:
+                continue
+        if not refs:
+            return []
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        measured = []
+        for ref in ready:
+            handle, game = refs[ref]
+            try:
+                answer = ray.get(ref)
+            except RayError:  # the actor died meanwhile: its watch says so
+                continue
+            if answer is not None:
+                reading = Reading(game, handle, int(answer["rss_bytes"]), answer["gpu_memory_bytes"])
+                measured.append(Measured(reading, answer["gpu_name"], bool(answer["unattributed"])))
+        return measured
 
     # -- hosts ---------------------------------------------------------------------------------
 

@@ -139,6 +139,16 @@ def need_at(table: Mapping[FootprintKey, FootprintRecord], num_envs: int, batch_
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A reading of a worker on another host (a Ray node's run actor measured it there), by its
+    run's handle, with what that host's telemetry said of its GPUs."""
+
+    reading: Reading
+    gpu_name: str | None
+    unattributed: bool  # its GPUs read there, but not per process (Snapshot.process_gpu_reason)
+
+
+@dataclass(frozen=True)
 class FootprintSource:
     """What the telemetry job needs to measure footprints: the book, the supervisor's running
     workers (read before the sample: a worker started since has no reading yet), the settle time."""
@@ -156,3 +166,14 @@ class FootprintSource:
         gpu_name = snapshot.read_gpus[0].name if snapshot.read_gpus else None
         unattributed = snapshot.process_gpu_reason is not None  # the GPUs read, the workers' share not
         return self.book.add(counted, gpu_name, now, unattributed)
+
+    def take_measured(self, measured: Sequence[Measured], running: Mapping[str, RunningWorker],
+                      now: datetime) -> list[FootprintRecord]:
+        """As `take`, for readings taken on other hosts (fleetd.cluster.executor's `measure`)."""
+        changed: dict[FootprintKey, FootprintRecord] = {}
+        for gpu_name, unattributed in dict.fromkeys((m.gpu_name, m.unattributed) for m in measured):
+            readings = [m.reading for m in measured if (m.gpu_name, m.unattributed) == (gpu_name, unattributed)]
+            counted = settled_readings(readings, running, self.settle_s)
+            if counted:
+                changed.update((_key(r), r) for r in self.book.add(counted, gpu_name, now, unattributed))
+        return list(changed.values())
