@@ -172,7 +172,7 @@ def test_a_nodes_facts_read_is_never_waited_for_and_one_that_failed_there_is_log
     started: list[str] = []
     monkeypatch.setattr(executor._facts, "_start", lambda node_id: started.append(node_id) or reads[node_id])
     monkeypatch.setattr(executor_module.ray, "nodes", lambda: NODES)
-    with caplog.at_level(logging.WARNING, logger="fleetd.cluster.executor"):
+    with caplog.at_level(logging.WARNING, logger="fleetd.cluster.nodes"):
         assert {n.node_id: n.facts for n in executor.nodes()} == {"n-a": None, "n-b": None}
     assert BLOCKED == []  # looked at, not waited for
     assert [r.getMessage() for r in caplog.records] == [

@@ -70,6 +70,13 @@ def skew(expected: dict[str, str], here: dict[str, str]) -> str | None:
     return ", ".join(differs) or None
 
 
+def creation_error(exc: Exception) -> str:
+    """What an actor's constructor raised, as its last line says it ("RuntimeError: version skew
+    on node ..."), without Ray's wrapping and traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else str(exc)
+
+
 class ReportHub:
     """Holds relayed reports until the daemon takes them; takes wait for the first to arrive."""
 

@@ -21,20 +21,20 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, report_hub, skew, versions
+from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, creation_error, report_hub, skew, versions
+from fleetd.cluster.nodes import FactsReads, node_seen
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
 from fleetd.governor.footprint import Measured, Reading
-from fleetd.host.facts import read_host_facts
 from fleetd.operations.backup.target import Target
 from fleetd.store.hosts import HOST_RESOURCE, names_its_host
-from fleetd.store.records import HostFacts, NodeSeen
+from fleetd.store.records import NodeSeen
 from fleetd.supervision.launcher import _prune_run_files, _run_spec, _write_spec
 from fleetd.supervision.reactor import RefusedReports
 from fleetd.supervision.seams import Exited, ExitStatus, Happening, Launch, LaunchError, Located, Reported, Spawned
@@ -83,23 +83,6 @@ def connect(settings: Settings) -> RayExecutor:
         raise
     hub = report_hub(cluster.namespace)
     return RayExecutor(settings, hub, expected)
-
-
-def creation_error(exc: RayActorError) -> str:
-    """What an actor's constructor raised, as its last line says it ("RuntimeError: version skew
-    on node ..."), without Ray's wrapping and traceback."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else str(exc)
-
-
-def node_seen(node: dict[str, Any]) -> NodeSeen:
-    """A host's name: the `fleetd_host_<name>` custom resource its node offers (several Ray nodes
-    on one machine, as in tests), else its hostname."""
-    resources = {k: float(v) for k, v in (node.get("Resources") or {}).items()}
-    named = [key[len(HOST_RESOURCE):] for key in resources if key.startswith(HOST_RESOURCE)]
-    hostname = node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or "?"
-    return NodeSeen(node["NodeID"], named[0] if named else hostname, hostname, node.get("NodeManagerAddress") or "",
-                    resources, bool(node.get("Alive")))
 
 
 def check_nodes(expected: dict[str, str]) -> None:
@@ -159,47 +142,6 @@ class _Run:
     def game(self) -> str:
         """The run's game, as its actor is named (actor_name)."""
         return self.name[len(ACTOR_PREFIX):].split("-", 1)[1]
-
-
-class FactsReads:
-    """Each live node's host facts (fleetd.host.facts), read there once a node life by a task
-    pinned to it that takes no CPU (a node full of games still answers). Never waited for: a read
-    not answered yet is looked at again at the next listing, and the node is listed without its
-    facts meanwhile. One that failed there is logged and not tried again in that life."""
-
-    def __init__(self) -> None:
-        self._read = ray.remote(read_host_facts)
-        self._lock = threading.Lock()  # the hosts job and the supervisor's thread both list nodes
-        self._pending: dict[str, Any] = {}  # node id -> the read's ObjectRef
-        self._known: dict[str, HostFacts | None] = {}  # node id -> its facts (None: the read failed)
-
-    def attach(self, seen: list[NodeSeen]) -> list[NodeSeen]:
-        with self._lock:
-            alive = {node.node_id for node in seen if node.alive}
-            self._pending = {node_id: ref for node_id, ref in self._pending.items() if node_id in alive}
-            self._known = {node_id: facts for node_id, facts in self._known.items() if node_id in alive}
-            for node_id in alive - self._known.keys() - self._pending.keys():
-                self._pending[node_id] = self._start(node_id)
-            self._collect()
-            return [replace(node, facts=self._known.get(node.node_id)) for node in seen]
-
-    def _start(self, node_id: str) -> Any:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        return self._read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-
-    def _collect(self) -> None:
-        if not self._pending:
-            return
-        ready, _ = ray.wait(list(self._pending.values()), num_returns=len(self._pending), timeout=0, fetch_local=True)
-        for node_id, ref in [(n, r) for n, r in self._pending.items() if r in ready]:
-            del self._pending[node_id]
-            try:
-                self._known[node_id] = ray.get(ref)
-            except RayError as exc:
-                log.warning("node %s: its host's facts (GPUs, memory) could not be read there, so its games are "
-                            "sized by the head's: %s", node_id[:12], creation_error(exc))
-                self._known[node_id] = None
 
 
 class RayExecutor:

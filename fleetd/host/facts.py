@@ -1,5 +1,5 @@
 """What a host has, read on it: its GPUs' names and memory (NVML), its memory and cores. A Ray
-cluster's executor reads it on each node once a life (fleetd.cluster.executor), so a host's games
+cluster's executor reads it on each node once a life (fleetd.cluster.nodes), so a host's games
 are sized by its own GPUs, not the head's (docs/governor.md, Sizing)."""
 
 from __future__ import annotations
