@@ -32,7 +32,7 @@ from fleetd.games.fleet_spec import seeds_not_applied
 from fleetd.governor.controller import FleetController, tier_not_applied
 from fleetd.governor.footprint import FootprintBook, FootprintSource, Measured
 from fleetd.host.boot import HostBoot, HostReader
-from fleetd.jobs import (GpuLossNotice, Job, heartbeat_job, hosts_job, node_footprints_job, retention_job, rotate_logs_job,
+from fleetd.jobs import (GpuLossNotice, Job, heartbeat_job, hosts_job, node_readings_job, retention_job, rotate_logs_job,
                          set_aside_job, telemetry_job)
 from fleetd.host.sd_notify import Notifier
 from fleetd.planning.service import live_pressure, live_sizing, record_plan
@@ -544,8 +544,8 @@ class Daemon:
             nodes, footprints = self.cluster_nodes, self._footprints(supervisor)
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes),
                             steady=True))
-            jobs.append(Job("footprints", settings.fleet.telemetry_interval_s, lambda: node_footprints_job(
-                db, self.clock, self.cluster_measure, footprints), steady=True))
+            jobs.append(Job("node_readings", settings.fleet.telemetry_interval_s, lambda: node_readings_job(
+                db, self.clock, self.cluster_measure, footprints, supervisor.fleet.take_node_samples), steady=True))
         if self.notifier.enabled:
             jobs.append(sd_notify_job(self.notifier, supervisor))
         return jobs

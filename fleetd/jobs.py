@@ -263,12 +263,16 @@ def telemetry_job(
         lost.settle(True)  # after the commit: an alert only for an event recorded
 
 
-def node_footprints_job(db: Database, clock: Clock, measure: Callable[[], list[Measured]], footprints: FootprintSource) -> int:
-    """On a Ray cluster: the footprints of the workers on the nodes, as each node read its own
-    (fleetd.cluster.executor's `measure`; the telemetry job reads this host's workers only).
-    Returns how many kinds' footprints changed."""
+def node_readings_job(db: Database, clock: Clock, measure: Callable[[], list[Measured]], footprints: FootprintSource,
+                      take_samples: Callable[[dict[str, Any]], None]) -> int:
+    """On a Ray cluster: what each node read of its workers and of itself (fleetd.cluster.executor's
+    `measure`): the workers' footprints (the telemetry job reads this host's only), and each
+    host's newest sample, for its governor's pressure (`take_samples`: FleetController's
+    `take_node_samples`). Returns how many kinds' footprints changed."""
     running = footprints.running()  # before the readings, as the telemetry job: a worker started since has none
-    changed = footprints.take_measured(measure(), running, clock.now())
+    measured = measure()
+    take_samples({m.host: m.node for m in measured})
+    changed = footprints.take_measured(measured, running, clock.now())
     if changed:
         with db.transaction() as session:
             for record in changed:

@@ -39,6 +39,7 @@ from fleetd.supervision.commands import ForgetHost, Shutdown
 from fleetd.supervision.recorder import Recorder
 from fleetd.supervision.supervisor import Supervisor
 from fleetd.host.samples import HostSample, Snapshot
+from fleetd.governor.core import Pressure
 from fleetd.host.uptime import record_daemon_start
 from tests.api_context import CATALOG, on_ray, serving
 from tests.fakes import FakeClock, FakeHost
@@ -83,6 +84,7 @@ class Cluster:
     down: set[str] = field(default_factory=set)
     probe: NoProbe = field(default_factory=NoProbe)
     facts: dict[str, HostFacts] = field(default_factory=dict)  # as read on each host's node (none: not yet)
+    samples: dict[str, Snapshot] = field(default_factory=dict)  # each host's node sample, taken every minute
     steps_done: int = 0
     signals_seen: int = 0
     sup: Supervisor | None = None
@@ -165,6 +167,8 @@ class Cluster:
                 if proc.pid is not None and proc.run_id is not None and proc.state in (State.STARTING, State.RUNNING):
                     at = self.clock.now().timestamp()
                     self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, self.steps_done, 0, 100.0, 0.0, None, None, None))
+            if self.samples:  # the node readings job, as its nodes' run actors answer
+                self.fleet.take_node_samples(self.samples)
             self.sup.step()
             self.obey_signals()
         self.sup.step()
@@ -690,3 +694,28 @@ def test_each_hosts_games_are_sized_by_the_gpus_read_on_its_node_not_the_heads(c
     (a, _), (b, _) = headless.sizing("g1"), headless.sizing("g2")
     assert a.sizing is not None and a.sizing.gpu == "NVIDIA L4"
     assert b.sizing is None and "the games' GPUs are their Ray nodes'" in b.reason
+
+
+def test_a_hosts_pressure_read_on_its_node_backs_that_host_off_alone_and_a_stale_sample_holds_nothing(
+        cluster: Cluster) -> None:
+    """a's node reads 5% of its memory available (its run actors' samples): a admits nothing more
+    and, after the grace period, steps down; b, with no pressure, keeps its rung. Once a's node
+    stops answering, its last sample says nothing of pressure: with games there it is stale (no
+    climb), with none nothing."""
+    climbed(cluster)
+    full = Snapshot(0.0, (), False, "no NVML", HostSample(64 * 2**30, round(0.05 * 64 * 2**30), 10.0, 1.0), ())
+    cluster.samples = {"a": full}
+    cluster.run(3)  # past the 60 s grace period
+    assert cluster.rung("a") == "2x32 (light)" and cluster.rung("b") == "4x48"
+    backoff = cluster.fleet.governors["a"].last_backoff
+    assert backoff is not None and "host memory available 5% < 10%" in backoff, backoff
+    assert cluster.fleet.governors["b"].last_backoff is None
+    view = cluster.sup.snapshot.governor  # as GET /api/v1/hosts and /fleet (fleetd tier) show it
+    assert {h.name: h.pressure for h in view.hosts} == {"a": ("host memory available 5% < 10%",), "b": ()}
+    assert view.pressure == ("host a: host memory available 5% < 10%",)
+    cluster.samples = {}
+    cluster.clock.advance(31)  # past 3 telemetry intervals since the last sample
+    there = [slot for slot in cluster.sup._slots() if cluster.fleet.host_of(slot.name) == "a"]
+    stale = cluster.fleet._host_pressure("a", there)
+    assert stale.reasons == () and stale.stale is not None and "host a's newest sample is" in stale.stale
+    assert cluster.fleet._host_pressure("a", []) == Pressure()  # no game there: no reading is needed

@@ -435,7 +435,8 @@ def test_a_run_actor_whose_node_has_other_versions_is_a_crash_logged_not_a_lost_
 
 def test_a_runs_worker_is_measured_on_its_node_by_its_actor(executor: Executor) -> None:
     """Its process tree's RSS as that node's telemetry reads it (no NVML here: no GPU figure), by
-    the run's handle: the footprints of a cluster's workers."""
+    the run's handle, with the node's own sample and its host's name: the footprints of a
+    cluster's workers, and its hosts' pressure."""
     import ray
 
     handle = executor.spawn("tm", 5)
@@ -443,10 +444,13 @@ def test_a_runs_worker_is_measured_on_its_node_by_its_actor(executor: Executor) 
     run = executor.executor._runs[handle]
     worker_pid = ray.get(run.actor.where.remote(), timeout=10)["pid"]
     answer = ray.get(run.actor.measure.remote(), timeout=30)
-    assert answer["gpu_memory_bytes"] is None and answer["gpu_name"] is None, answer
-    assert abs(answer["rss_bytes"] - psutil.Process(worker_pid).memory_info().rss) < 64 * 2**20, answer  # its tree: one process
+    [process] = answer["snapshot"].processes
+    assert answer["pid"] == process.pid == worker_pid and process.gpu_memory_bytes is None, answer
+    assert abs(process.rss_bytes - psutil.Process(worker_pid).memory_info().rss) < 64 * 2**20, answer  # its tree: one process
+    assert answer["snapshot"].host.memory_total_bytes == psutil.virtual_memory().total  # the node's own sample
     [measured] = executor.executor.measure(timeout_s=30)
     assert (measured.reading.game, measured.reading.pid) == ("tm", handle) and measured.reading.rss_bytes > 10 * 2**20
+    assert measured.host in ("head", "a", "b") and measured.gpu_name is None  # named by its node's fleetd_host_ resource
     executor.executor.signal_group(handle, signal.SIGTERM)
     executor.until(lambda seen: executor.exit_of(handle, seen), "tm stopped")
     assert ray.get(run.actor.measure.remote(), timeout=10) is None  # its worker exited

@@ -19,7 +19,7 @@ from fleetd.cli import render
 from fleetd.config import ConfigError, Settings, load_settings
 from fleetd.governor.controller import FleetController, GameSlot
 from fleetd.governor.footprint import FootprintBook, FootprintSource, Measured, Reading, RunningWorker
-from fleetd.jobs import node_footprints_job, telemetry_job
+from fleetd.jobs import node_readings_job, telemetry_job
 from fleetd.states import Desired, State
 from fleetd.store.engine import Database
 from fleetd.governor.scaling import GpuMemory, Scaled
@@ -92,24 +92,30 @@ def test_a_settled_workers_footprint_reaches_the_store_at_its_peak(db: Database,
 
 def test_a_cluster_workers_footprints_are_taken_from_their_nodes_readings(db: Database, clock: FakeClock) -> None:
     """On a Ray cluster a run's handle is its run id, its worker a process of another host: the
-    footprints job takes what each node read of its worker (RunActor.measure), by the handle,
+    node readings job takes what each node read of its worker (RunActor.measure), by the handle,
     settled as a local worker's, with that node's GPU name; readings of one kind from two nodes
-    make one footprint at their peak."""
+    make one footprint at their peak. Each host's sample goes to its governor's pressure."""
+    def node(gpu: GpuSample) -> Snapshot:
+        return Snapshot(0.0, (gpu,), True, None, HostSample(64 * GIB, 32 * GIB, 10.0, 1.0), ())
+
+    l4, h100 = node(replace(H100, name="NVIDIA L4", memory_total_bytes=22 * GIB)), node(H100)
     running = {"pong": RunningWorker(7, "Pong-v5", "ppo", 64, 512, running_s=300.0),
                "seaquest": RunningWorker(8, "Pong-v5", "ppo", 64, 512, running_s=300.0),
                "young": RunningWorker(9, "Breakout-v5", "dqn", 64, 64, running_s=10.0)}
     source = FootprintSource(FootprintBook(), lambda: running, settle_s=120.0)
-    measured = [Measured(Reading("pong", 7, 3 * GIB, 2 * GIB), "NVIDIA L4", False),
-                Measured(Reading("seaquest", 8, 2 * GIB, 3 * GIB), "NVIDIA H100 80GB HBM3", False),
-                Measured(Reading("young", 9, GIB, GIB), "NVIDIA L4", False),  # not settled yet
-                Measured(Reading("gone", 4, GIB, GIB), "NVIDIA L4", False)]  # no longer running
-    assert node_footprints_job(db, clock, lambda: measured, source) == 1
+    measured = [Measured(Reading("pong", 7, 3 * GIB, 2 * GIB), "a", l4),
+                Measured(Reading("seaquest", 8, 2 * GIB, 3 * GIB), "b", h100),
+                Measured(Reading("young", 9, GIB, GIB), "a", l4),  # not settled yet
+                Measured(Reading("gone", 4, GIB, GIB), "a", l4)]  # no longer running
+    samples: list[dict] = []
+    assert node_readings_job(db, clock, lambda: measured, source, samples.append) == 1
+    assert samples == [{"a": l4, "b": h100}]
     with db.transaction() as session:
         (stored,) = read_footprints(session)
     assert (stored.env_id, stored.num_envs, stored.batch_size, stored.samples) == ("Pong-v5", 64, 512, 2)
-    assert (stored.gpu_bytes, stored.rss_bytes) == (3 * GIB, 3 * GIB)
+    assert (stored.gpu_bytes, stored.rss_bytes) == (3 * GIB, 3 * GIB) and stored.gpu_name in ("NVIDIA L4", H100.name)
     assert list(source.book.table.values()) == [stored]
-    assert node_footprints_job(db, clock, list, source) == 0  # nothing measured this round
+    assert node_readings_job(db, clock, list, source, samples.append) == 0  # nothing measured this round
 
 
 def fleet_on_an_h100(settings: Settings, db: Database, clock: FakeClock, book: FootprintBook) -> FleetController:

@@ -93,6 +93,8 @@ class HostGovernorOut(Out):
     guests: list[str] = Field(description="of those, games whose home is another host (theirs is down or full)")
     last_backoff: str | None
     rungs: list[str] = Field(description="its ladder, with what it remembers of each rung")
+    pressure: list[str] = Field([], description="what its node's newest sample (read by a run actor there) says "
+                                                "over the limits: it admits nothing more, and in time steps down")
 
 
 class GpuFactOut(Out):

@@ -171,10 +171,11 @@ class RunActor:
 
     @ray.method(concurrency_group=CONTROL)
     def measure(self) -> dict[str, Any] | None:
-        """Its worker's process tree as this node's telemetry reads it: RSS, and GPU memory where
-        NVML tells it per process (None: not told); the GPU it runs on's name. None once the
-        worker has exited, or before it started. The daemon's footprints of a cluster's workers
-        (docs/governor.md, Sizing) come from these."""
+        """This node's telemetry sample (fleetd.host.samples.Snapshot: its GPUs, memory and
+        pressure, and its worker's process tree: RSS, and GPU memory where NVML tells it per
+        process), with the node's id and hostname and its worker's pid. None once the worker has
+        exited, or before it started. The daemon's footprints of a cluster's workers and the
+        pressure its hosts' governors go by (docs/governor.md) come from these."""
         child = self._child
         if child is None or self._done.is_set():
             return None
@@ -184,12 +185,7 @@ class RunActor:
 
                 self._sampler = TelemetrySampler()
             snapshot = self._sampler.sample({"worker": child.pid})
-        process = next((p for p in snapshot.processes if p.pid == child.pid), None)
-        if process is None:
-            return None
-        return {"rss_bytes": process.rss_bytes, "gpu_memory_bytes": process.gpu_memory_bytes,
-                "gpu_name": snapshot.read_gpus[0].name if snapshot.read_gpus else None,
-                "unattributed": snapshot.process_gpu_reason is not None}
+        return {"node_id": self.node_id, "hostname": socket.gethostname(), "pid": child.pid, "snapshot": snapshot}
 
     @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:

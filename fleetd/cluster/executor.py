@@ -289,10 +289,11 @@ class RayExecutor:
     # -- footprints ----------------------------------------------------------------------------
 
     def measure(self, timeout_s: float = MEASURE_TIMEOUT_S) -> list[Measured]:
-        """Each watched run's worker as its node reads it (RunActor.measure), by the run's handle:
-        the footprints of a cluster's workers. Called from the footprints job's thread; runs whose
-        answer takes longer than `timeout_s` (a node hung), and actors of an earlier fleetd
-        (no `measure`), are left out of this round."""
+        """Each watched run's worker as its node reads it (RunActor.measure), by the run's handle,
+        with that node's sample and its host's name: the footprints of a cluster's workers and its
+        hosts' pressure. Called from the node readings job's thread; runs whose answer takes longer
+        than `timeout_s` (a node hung), and actors of an earlier fleetd (no `measure`), are left out
+        of this round."""
         refs: dict[Any, tuple[int, str]] = {}
         for handle, run in list(self._runs.items()):  # the supervisor's thread adds and ends runs
             try:
@@ -302,16 +303,21 @@ class RayExecutor:
         if not refs:
             return []
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s, fetch_local=True)
-        measured = []
+        answers = []
         for ref in ready:
-            handle, game = refs[ref]
             try:
-                answer = ray.get(ref)
+                answers.append((*refs[ref], ray.get(ref)))
             except RayError:  # the actor died meanwhile: its watch says so
                 continue
-            if answer is not None:
-                reading = Reading(game, handle, int(answer["rss_bytes"]), answer["gpu_memory_bytes"])
-                measured.append(Measured(reading, answer["gpu_name"], bool(answer["unattributed"])))
+        if any(answer and answer["node_id"] not in self._named_hosts for _, _, answer in answers):
+            self._listed()  # a node new since the last listing (one named by its hostname stays unnamed)
+        measured = []
+        for handle, game, answer in answers:
+            process = None if answer is None else next((p for p in answer["snapshot"].processes if p.pid == answer["pid"]), None)
+            if process is not None:
+                host = self._named_hosts.get(answer["node_id"]) or answer["hostname"]
+                reading = Reading(game, handle, process.rss_bytes, process.gpu_memory_bytes)
+                measured.append(Measured(reading, host, answer["snapshot"]))
         return measured
 
     # -- hosts ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ rules stay in core.py, and the placement between hosts in host_step.py:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -142,6 +142,7 @@ class FleetController:
         # What each host's node read of its GPUs and memory (the hosts job stores it): its games'
         # sizing (`_sizing_host`), from the daemon's start on, so adopted workers keep their sizes.
         self._facts: dict[str, HostFacts] = {}
+        self._node_samples: Mapping[str, tuple[Any, float]] = {}  # host -> (its node's newest sample, monotonic s)
         self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
             self._load_hosts()
@@ -324,7 +325,8 @@ class FleetController:
             level=governor.index() + 1, allowed=allowed,
             ceiling=None if ceiling is None else ceiling[0].label,
             ceiling_until=None if ceiling is None else ceiling[1], admitted=view.admitted, pending=view.pending,
-            pressure=view.pressure.reasons, next_scale_up_at=governor.next_scale_up(view, now),
+            pressure=view.pressure.reasons + tuple(f"host {h.name}: {reason}" for h in hosts for reason in h.pressure),
+            next_scale_up_at=governor.next_scale_up(view, now),
             waiting_reason=governor.waiting_reason(now, view), scaled=self._scaled(governor, host),
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
@@ -340,7 +342,7 @@ class FleetController:
             rungs.append(HostRung(
                 host, host in self._live_hosts(), governor.rung.label, governor.tier,
                 governor.index() + 1, governor.allowed(), tuple(on), guests, governor.last_backoff,
-                tuple(self._rung_lines(governor, now)),
+                tuple(self._rung_lines(governor, now)), self._host_pressure(host, ()).reasons,
             ))  # fmt: skip
         return rungs
 
@@ -460,6 +462,7 @@ class FleetController:
         for kept in (self.governors, self._nodes, self._held_on, self._lives, self._facts, self._lost, self._counted,
                      self._marks_stored):
             kept.pop(name, None)
+        self._node_samples = {host: seen for host, seen in self._node_samples.items() if host != name}
         for game, home in gone.homes:
             if game in self._placed:
                 self._placed[game] = Placement(self._placed[game].host, home)
@@ -572,7 +575,9 @@ class FleetController:
             governor = self.governors[host]
             moves = governor.request(requested, now)
             own = [name for name in step.pending if step.home.get(name) == host]
-            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), Pressure(), priorities))
+            there = [s for s in wanting if (p := self._placed.get(s.name)) is not None and p.host == host]
+            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), self._host_pressure(host, there),
+                                                  priorities, self._settling(there)))
             step.take(decisions, host, moves)
         send_guests_home(step, self.governors, live, decisions)
         admit_guests(step, self.governors, live, decisions)
@@ -745,6 +750,29 @@ class FleetController:
         if self._known_gpu is None:
             return None
         return Host(self._known_gpu, self._host_memory, self.footprints.table)
+
+    def take_node_samples(self, samples: Mapping[str, Any]) -> None:
+        """Each host's newest telemetry sample, as its node took it (fleetd.host.samples.Snapshot,
+        read by a run actor there: RunActor.measure), for its governor's pressure. The node
+        readings job's thread writes; the supervisor's reads: published whole, one swap."""
+        at = self.clock.monotonic()
+        self._node_samples = {**self._node_samples, **{host: (sample, at) for host, sample in samples.items()}}
+
+    def _host_pressure(self, host: str, there: Sequence[GameSlot]) -> Pressure:
+        """A cluster host's pressure, by the newest sample its node took (with a reading of one of
+        its workers). None yet: none. Older than the telemetry's limit (its node hung, or no worker
+        runs there to read it), its reasons no longer count, or a host whose games all left would
+        be held by its last look; while games run there it is stale: nothing climbs on it."""
+        seen = self._node_samples.get(host)
+        if seen is None:
+            return Pressure()
+        sample, at = seen
+        age, limit = self.clock.monotonic() - at, self.stall.stale_after_s()
+        if age > limit:
+            if not any(slot.state in LIVE for slot in there):
+                return Pressure()
+            return Pressure(stale=f"host {host}'s newest sample is {age:.0f} s old (limit {limit:g} s)", stale_s=age - limit)
+        return Pressure(tuple(pressure_reasons(sample, self.settings)), gpu_memory_pressure(sample, self.settings))
 
     def gpu_rooms(self) -> list[GpuRoom]:
         """The GPUs NVML reads now and the memory free on each, for placing workers; never a lost

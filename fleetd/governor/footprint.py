@@ -141,11 +141,20 @@ def need_at(table: Mapping[FootprintKey, FootprintRecord], num_envs: int, batch_
 @dataclass(frozen=True)
 class Measured:
     """A reading of a worker on another host (a Ray node's run actor measured it there), by its
-    run's handle, with what that host's telemetry said of its GPUs."""
+    run's handle, with that host's telemetry sample it came in (its GPUs, memory, pressure)."""
 
     reading: Reading
-    gpu_name: str | None
-    unattributed: bool  # its GPUs read there, but not per process (Snapshot.process_gpu_reason)
+    host: str
+    node: Any  # fleetd.host.samples.Snapshot, taken on that host
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.node.read_gpus[0].name if self.node.read_gpus else None
+
+    @property
+    def unattributed(self) -> bool:
+        """Its GPUs read there, but not per process (Snapshot.process_gpu_reason)."""
+        return self.node.process_gpu_reason is not None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class HostRung:
     guests: tuple[str, ...]  # of those, the games whose home is another host
     last_backoff: str | None = None
     rungs: tuple[str, ...] = ()  # its ladder, with what it remembers of each rung
+    pressure: tuple[str, ...] = ()  # what its node's newest sample says over the limits (none: none, or no fresh one)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def governor_out(rung: HostRung | None) -> HostGovernorOut | None:
     if rung is None:
         return None
     return HostGovernorOut(rung=rung.rung, tier=rung.tier, level=rung.level, allowed=rung.allowed, games=list(rung.games),
-                           guests=list(rung.guests), last_backoff=rung.last_backoff, rungs=list(rung.rungs))
+                           guests=list(rung.guests), last_backoff=rung.last_backoff, rungs=list(rung.rungs),
+                           pressure=list(rung.pressure))
 
 
 def host_out(host: HostRecord, now: datetime, rung: HostRung | None = None, newest: int = DEFAULT_LIVES) -> HostOut:
