@@ -502,7 +502,7 @@ class Daemon:
 
     def _footprints(self, supervisor: Supervisor) -> FootprintSource:
         """This host's workers' footprints are taken from the telemetry's samples; a cluster's, from
-        their nodes' readings (the `footprints` job): a run there has no pid here."""
+        their nodes' readings (the `node_readings` job): a run there has no pid here."""
         return FootprintSource(supervisor.fleet.footprints, supervisor.running_workers, self.settings.fleet.footprint_settle_s)
 
     def _last_state(self, supervisor: Supervisor) -> dict[str, Any]:
