@@ -13,8 +13,8 @@ the game and the run id), so a restarted daemon finds and adopts it; once its wo
 it keeps the exit status until the daemon has read it and ends the actor.
 
 A `wait` returns within 30 s (None while the worker runs; the daemon asks again), and `where`,
-`signal` and `measure` (its worker's memory, read on the node: the footprints) have a concurrency
-group of their own: a probe or a stop is answered at once, however many waits are under way.
+`signal` and `measure` (the node's telemetry sample with its worker's memory: the footprints,
+and the pressure its host's governor judges) have a concurrency group of their own: a probe or a stop is answered at once, however many waits are under way.
 
 The worker is started from a thread that lives until it exits, with PR_SET_PDEATHSIG: an actor
 that dies (killed, or its node's power cut) takes its worker with it.

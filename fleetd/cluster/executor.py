@@ -49,7 +49,7 @@ HUB_TAKE_S = 1.0  # a take waits this long for reports at most
 REPORT_BATCH_S = 0.2  # as the local reactor: reports are read in batches at most this often
 PROBE_TIMEOUT_S = 30.0
 RUN_WAIT_S = 10.0  # a run's `wait` call returns None after this while its worker runs; asked again
-RUN_THREADS = 8  # a run actor's threads for `wait` calls (`where` and `signal` have their own)
+RUN_THREADS = 8  # a run actor's threads for `wait` calls (`where`, `signal` and `measure` have their own)
 CONNECT_CHECK_TIMEOUT_S = 60.0
 MEASURE_TIMEOUT_S = 5.0  # a round of the workers' readings waits this long for every node's answers
 
