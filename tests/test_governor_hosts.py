@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from fleetd.api import create_app
+from fleetd.api.metrics import fleet_metrics
 from fleetd.api.context import AppContext, DaemonInfo
 from fleetd.cli.exit_codes import ExitCode
 from fleetd.cli.main import app
@@ -713,6 +714,10 @@ def test_a_hosts_pressure_read_on_its_node_backs_that_host_off_alone_and_a_stale
     view = cluster.sup.snapshot.governor  # as GET /api/v1/hosts and /fleet (fleetd tier) show it
     assert {h.name: h.pressure for h in view.hosts} == {"a": ("host memory available 5% < 10%",), "b": ()}
     assert view.pressure == ("host a: host memory available 5% < 10%",)
+    metrics = {(s.name, tuple(s.labels.values())): s.value for family in fleet_metrics(view) for s in family.samples}
+    assert metrics[("fleetd_cluster_host_pressure_reasons", ("a",))] == 1.0
+    assert metrics[("fleetd_cluster_host_pressure_reasons", ("b",))] == 0.0
+    assert metrics[("fleetd_fleet_pressure_reasons", ())] == 1.0
     cluster.samples = {}
     cluster.clock.advance(31)  # past 3 telemetry intervals since the last sample
     there = [slot for slot in cluster.sup._slots() if cluster.fleet.host_of(slot.name) == "a"]

@@ -281,6 +281,12 @@ def fleet_metrics(governor: GovernorView) -> Iterator[Metric]:
     yield GaugeMetricFamily("fleetd_fleet_allowed_games", "Games the governor allows now", value=governor.allowed)
     yield GaugeMetricFamily("fleetd_fleet_admitted_games", "Games admitted", value=len(governor.admitted))
     yield GaugeMetricFamily("fleetd_fleet_pending_games", "Games waiting for admission", value=len(governor.pending))
+    yield GaugeMetricFamily("fleetd_fleet_pressure_reasons", "Limits the telemetry reads over now (on a cluster, every "
+                            "host's): 0 is no pressure", value=len(governor.pressure))
+    pressure = _gauge("fleetd_cluster_host_pressure_reasons", "Limits the host's own node reads over now", ["host"])
+    for host in governor.hosts:  # none on one host, as the other per-host families
+        pressure.add_metric([host.name], float(len(host.pressure)))
+    yield pressure
 
 
 def plan_metrics(report: PlanReport) -> Iterator[Metric]:
