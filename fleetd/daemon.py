@@ -545,7 +545,7 @@ class Daemon:
             jobs.append(Job("hosts", settings.host.heartbeat_interval_s, lambda: hosts_job(db, self.clock, nodes),
                             steady=True))
             jobs.append(Job("node_readings", settings.fleet.telemetry_interval_s, lambda: node_readings_job(
-                db, self.clock, self.cluster_measure, footprints, supervisor.fleet.take_node_samples), steady=True))
+                db, self.clock, self.cluster_measure, footprints, supervisor.fleet.readings.take_node_samples), steady=True))
         if self.notifier.enabled:
             jobs.append(sd_notify_job(self.notifier, supervisor))
         return jobs

@@ -267,8 +267,8 @@ def node_readings_job(db: Database, clock: Clock, measure: Callable[[], list[Mea
                       take_samples: Callable[[dict[str, Any]], None]) -> int:
     """On a Ray cluster: what each node read of its workers and of itself (fleetd.cluster.executor's
     `measure`): the workers' footprints (the telemetry job reads this host's only), and each
-    host's newest sample, for its governor's pressure (`take_samples`: FleetController's
-    `take_node_samples`). Returns how many kinds' footprints changed."""
+    host's newest sample, for its governor's pressure (`take_samples`: the controller's
+    `Readings.take_node_samples`). Returns how many kinds' footprints changed."""
     running = footprints.running()  # before the readings, as the telemetry job: a worker started since has none
     measured = measure()
     take_samples({m.host: m.node for m in measured})

@@ -169,7 +169,7 @@ class Cluster:
                     at = self.clock.now().timestamp()
                     self.reactor.report(ProgressReport(name, proc.run_id, proc.pid, at, self.steps_done, 0, 100.0, 0.0, None, None, None))
             if self.samples:  # the node readings job, as its nodes' run actors answer
-                self.fleet.take_node_samples(self.samples)
+                self.fleet.readings.take_node_samples(self.samples)
             self.sup.step()
             self.obey_signals()
         self.sup.step()
@@ -721,6 +721,6 @@ def test_a_hosts_pressure_read_on_its_node_backs_that_host_off_alone_and_a_stale
     cluster.samples = {}
     cluster.clock.advance(31)  # past 3 telemetry intervals since the last sample
     there = [slot for slot in cluster.sup._slots() if cluster.fleet.host_of(slot.name) == "a"]
-    stale = cluster.fleet._host_pressure("a", there)
+    stale = cluster.fleet.readings.host_pressure("a", there)
     assert stale.reasons == () and stale.stale is not None and "host a's newest sample is" in stale.stale
-    assert cluster.fleet._host_pressure("a", []) == Pressure()  # no game there: no reading is needed
+    assert cluster.fleet.readings.host_pressure("a", []) == Pressure()  # no game there: no reading is needed

@@ -184,7 +184,7 @@ def test_a_lost_gpu_takes_no_worker_and_the_others_run_on(loop: Loop, four_gpus:
     four_gpus.lost.add(0)
     snapshot = loop.telemetry.sample({})
     assert snapshot.gpu_available and [gpu.index for gpu in snapshot.read_gpus] == [1, 2, 3] and snapshot.gpus[0].lost
-    assert [room.index for room in fleet.gpu_rooms()] == [1, 2, 3]
+    assert [room.index for room in fleet.readings.gpu_rooms()] == [1, 2, 3]
     loop.clock.advance(GOVERNOR_TICK_S)
     loop.steps()
     assert loop.sup.snapshot is not None and lost in loop.sup.snapshot.governor.pressure  # a's worker is on it

@@ -253,16 +253,16 @@ def test_a_gpu_fallen_off_the_bus_backs_the_fleet_off_and_is_no_room_for_workers
     slots = g.slots(("a", "b", "c"))
     fleet.govern(slots)  # light: a and b hold the slots
     sized = fleet.scaled().sizing
-    assert [room.index for room in fleet.gpu_rooms()] == [0, 1] and sized is not None and sized.gpu == "Fake 0"
+    assert [room.index for room in fleet.readings.gpu_rooms()] == [0, 1] and sized is not None and sized.gpu == "Fake 0"
 
     fake_nvml.events.append(xid_event(0, 79))
     fake_nvml.lost.add(0)
     fleet.telemetry.latest = replace(sampler.sample({}), host=fleet.telemetry.latest.host)
     fleet.govern(slots)
     lost = "GPU 0 lost (NVML: GPU is lost, fallen off the bus?): its workers cannot train"
-    assert fleet.pressure().reasons == (lost, "GPU 0: 1 NVML Xid error (79) in the last 10 min")
+    assert fleet.readings.pressure().reasons == (lost, "GPU 0: 1 NVML Xid error (79) in the last 10 min")
     assert fleet.governor_view(slots).waiting_reason.startswith(f"admission blocked: {lost}")
-    assert [room.index for room in fleet.gpu_rooms()] == [1]  # not a GPU of 0 bytes, nor one free
+    assert [room.index for room in fleet.readings.gpu_rooms()] == [1]  # not a GPU of 0 bytes, nor one free
     resized = fleet.scaled().sizing
     assert resized is not None and resized.gpu == "Fake 1" and resized.games_per_gpu == resized.games  # one GPU left
     clock.advance(g.settings.fleet.pressure_grace_s + 1)
@@ -340,7 +340,7 @@ def test_a_frozen_sample_showing_pressure_blocks_admission_but_walks_nothing_dow
     for _ in range(20):
         clock.advance(grace_s + 1)
         fleet.govern(slots)
-    assert fleet.pressure(slots).stale and fleet.pressure(slots).reasons  # still blocking admission
+    assert fleet.readings.pressure(slots).stale and fleet.readings.pressure(slots).reasons  # still blocking admission
     assert g.load() == start and fleet.governor.last_backoff is None
 
     fleet.telemetry = Telemetry(gpu_host(HOT), live=clock)  # the job runs again: the pressure is real
@@ -372,7 +372,7 @@ def test_a_slow_telemetry_job_neither_stops_a_back_off_nor_a_climb(
         if t % 50 == 0:
             fleet.telemetry.latest = replace(gpu_host(shown), monotonic=clock.monotonic())
         fleet.govern(slots)
-        stale += bool(fleet.pressure(slots).stale)
+        stale += bool(fleet.readings.pressure(slots).stale)
         clock.advance(10)
     assert stale > 0  # the job was slow enough to go stale, again and again
     if tier == "heavy":
@@ -393,14 +393,14 @@ def test_a_samples_age_is_on_the_monotonic_clock_and_counts_from_the_first_look(
     start = replace(gpu_host(IDLE), at=clock.now().timestamp(), monotonic=clock.monotonic())
     fleet.telemetry = Telemetry(start)
     clock.advance(40)  # recovery, before the telemetry job's first run
-    assert fleet.pressure().stale is None
+    assert fleet.readings.pressure().stale is None
 
     fleet.telemetry.latest = replace(start, at=clock.now().timestamp(), monotonic=clock.monotonic())
     clock.wall += timedelta(seconds=60)  # the wall clock steps forward
-    assert fleet.pressure().stale is None
+    assert fleet.readings.pressure().stale is None
     clock.wall -= timedelta(minutes=10)  # and back, 9 min before the sample was taken
     clock.advance(g.settings.fleet.telemetry_interval_s * 3 + 1)  # the job stalls past 3 intervals
-    assert fleet.pressure().stale is not None
+    assert fleet.readings.pressure().stale is not None
 
 
 def test_a_stalled_telemetry_job_is_an_event_an_alert_and_a_stale_sample_in_metrics(
@@ -560,12 +560,12 @@ def test_a_stall_told_while_the_database_is_busy_is_told_at_the_next_look(
     alerts = FakeAlerts()
     telemetry = Telemetry(replace(gpu_host(IDLE), monotonic=clock.monotonic()))
     fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
-    assert fleet.pressure().stale is None
+    assert fleet.readings.pressure().stale is None
     clock.advance(4 * settings.fleet.telemetry_interval_s)
     with write_locked(settings.db_path):
-        assert fleet.pressure().stale is not None  # judged stale all the same
+        assert fleet.readings.pressure().stale is not None  # judged stale all the same
     assert alerts.sent == []
-    assert fleet.pressure().stale is not None and fleet.pressure().stale is not None
+    assert fleet.readings.pressure().stale is not None and fleet.readings.pressure().stale is not None
     with db.transaction() as session:
         assert len(read_events(session, EventFilter(kind="telemetry_stale"))) == 1
     assert [alert.kind for alert in alerts.sent] == ["telemetry_stale"]
@@ -589,7 +589,7 @@ def test_nvml_reads_each_slower_than_the_stale_limit_are_one_stall_not_one_a_rea
     for t in range(0, 3600, 5):  # an hour of the governor's looks, each 5 s (GOVERNOR_TICK_S)
         if t % 40 == 0:
             telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
-        stale_looks += fleet.pressure().stale is not None
+        stale_looks += fleet.readings.pressure().stale is not None
         clock.advance(5)
     assert stale_looks == 90  # each read's last look: judged stale each time
 
@@ -602,7 +602,7 @@ def test_nvml_reads_each_slower_than_the_stale_limit_are_one_stall_not_one_a_rea
     for t in range(0, 120, 5):  # the reads are quick again: a sample each 10 s
         if t % 10 == 0:
             telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
-        assert fleet.pressure().stale is None
+        assert fleet.readings.pressure().stale is None
         clock.advance(5)
     (resumed,) = events("telemetry_resumed")
     assert resumed.details["fresh_s"] == 60.0 and resumed.details["stale_s"] == 3570.0  # stale at 30 s, fresh from 3600 s
@@ -624,20 +624,20 @@ def test_a_stall_after_one_whose_end_the_busy_database_kept_unwritten_is_told(
     idle = GpuSample(0, "H100", 10.0, GiB, 80 * GiB, 50.0, 100.0)
     telemetry = Telemetry(replace(gpu_host(idle), monotonic=clock.monotonic()))
     fleet = FleetController(settings.fleet, quick, clock, telemetry, alerts)
-    fleet.pressure()
+    fleet.readings.pressure()
     clock.advance(40)
-    assert fleet.pressure().stale is not None and len(alerts.sent) == 1  # stale since 30 s: 10 s so far
+    assert fleet.readings.pressure().stale is not None and len(alerts.sent) == 1  # stale since 30 s: 10 s so far
     with write_locked(settings.db_path):
         for t in range(0, 80, 5):  # 80 s of fresh samples, each 10 s: the stall is over after 60 s
             if t % 10 == 0:
                 telemetry.latest = replace(gpu_host(idle), monotonic=clock.monotonic())
-            assert fleet.pressure().stale is None
+            assert fleet.readings.pressure().stale is None
             clock.advance(5)
         clock.advance(40)  # the job hangs again
-        assert fleet.pressure().stale is not None
+        assert fleet.readings.pressure().stale is not None
     assert len(alerts.sent) == 1
     clock.advance(5)
-    assert fleet.pressure().stale is not None
+    assert fleet.readings.pressure().stale is not None
     with db.transaction() as session:
         kinds = [(e.kind, e.details) for e in read_events(session, EventFilter())
                  if e.kind in ("telemetry_stale", "telemetry_resumed")]
@@ -673,25 +673,25 @@ def test_a_stall_open_across_a_daemon_restart_is_ended_by_the_new_process(
     def fresh(seconds: float, fleet: FleetController) -> None:
         for _ in range(int(seconds // interval)):
             telemetry.latest = replace(gpu_host(IDLE), monotonic=clock.monotonic())
-            assert fleet.pressure().stale is None
+            assert fleet.readings.pressure().stale is None
             clock.advance(interval)
 
     fleet, alerts = start()
-    fleet.pressure()
+    fleet.readings.pressure()
     clock.advance(4 * interval)  # stale since 3 intervals
-    assert fleet.pressure().stale is not None and len(alerts.sent) == 1
+    assert fleet.readings.pressure().stale is not None and len(alerts.sent) == 1
     clock.advance(20)
     fleet, alerts = start()  # restarted, the job still hung: its first look gives the sample 3 intervals
-    assert fleet.pressure().stale is None
+    assert fleet.readings.pressure().stale is None
     clock.advance(4 * interval)
-    assert fleet.pressure().stale is not None
+    assert fleet.readings.pressure().stale is not None
     assert alerts.sent == [] and [k for k, _ in events()] == ["telemetry_stale"]  # the same stall
     fresh(7 * interval, fleet)
     assert [k for k, _ in events()] == ["telemetry_stale", "telemetry_resumed"] and alerts.sent == []
     assert events()[-1][1]["stale_s"] == 7 * interval  # from 3 intervals after the sample to the fresh one
 
     clock.advance(4 * interval)  # a second stall
-    assert fleet.pressure().stale is not None and len(alerts.sent) == 1
+    assert fleet.readings.pressure().stale is not None and len(alerts.sent) == 1
     fresh(3 * interval, fleet)
     fleet, alerts = start()  # restarted within the fresh window
     fresh(7 * interval, fleet)
@@ -699,9 +699,9 @@ def test_a_stall_open_across_a_daemon_restart_is_ended_by_the_new_process(
 
     quick = Database.open(settings.db_path, busy_timeout_ms=20)  # the daemon's 5 s, shortened
     fleet, alerts = start(quick)
-    fleet.pressure()
+    fleet.readings.pressure()
     clock.advance(4 * interval)  # a third stall, whose end waits on a busy database
-    assert fleet.pressure().stale is not None
+    assert fleet.readings.pressure().stale is not None
     with write_locked(settings.db_path):
         fresh(7 * interval, fleet)
     quick.close()
@@ -710,7 +710,7 @@ def test_a_stall_open_across_a_daemon_restart_is_ended_by_the_new_process(
     assert [k for k, _ in events()][4:] == ["telemetry_stale", "telemetry_resumed"] and alerts.sent == []
 
     clock.advance(4 * interval)  # a fourth stall, open as the host reboots
-    assert fleet.pressure().stale is not None and len(alerts.sent) == 1
+    assert fleet.readings.pressure().stale is not None and len(alerts.sent) == 1
     host.reboot(120)
     begun = record_daemon_start(db, host.current_boot(), clock.now())
     fleet, alerts = start()

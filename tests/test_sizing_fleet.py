@@ -381,12 +381,12 @@ def test_while_a_gpu_is_skipped_a_gpu_lost_or_back_still_counts(settings: Settin
     small = replace(H100, index=2, memory_total_bytes=40 * GIB)
     telemetry = SimpleNamespace(latest=Snapshot(0.0, (H100, replace(H100, index=1), small), True, None, host, ()))
     fleet = FleetController(settings.fleet, db, clock, telemetry)
-    assert fleet._host().gpu == GpuMemory(H100.name, 40 * GIB, 3)
+    assert fleet.readings.host().gpu == GpuMemory(H100.name, 40 * GIB, 3)
     lost = replace(H100, index=1, lost=True, memory_used_bytes=0, memory_total_bytes=0)
     telemetry.latest = Snapshot(0.0, (H100, lost), True, None, host, (), None, (2,))  # 1 lost, 2 skipped
-    assert fleet._host().gpu == GpuMemory(H100.name, 40 * GIB, 2)  # the skipped one's memory: the last known
+    assert fleet.readings.host().gpu == GpuMemory(H100.name, 40 * GIB, 2)  # the skipped one's memory: the last known
     telemetry.latest = Snapshot(0.0, (H100, replace(H100, index=1)), True, None, host, (), None, (2,))  # 1 back
-    assert fleet._host().gpu.count == 3
+    assert fleet.readings.host().gpu.count == 3
 
 
 def test_a_container_whose_nvml_pids_are_the_hosts_records_no_gpu_footprint_not_zero(

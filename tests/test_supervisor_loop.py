@@ -1522,7 +1522,7 @@ def test_pressure_during_the_roll_after_a_crash_back_off_does_not_count(loop: Lo
     loop.reactor.exit(loop.pid("b"), sig=signal.SIGSEGV)
     loop.steps()
     assert governor.rung.label == "4x32" and loop.sup._rolling is not None
-    loop.sup.fleet.pressure = lambda *_: Pressure(("GPU 0 memory 93% > 90%",))
+    loop.sup.fleet.readings.pressure = lambda *_: Pressure(("GPU 0 memory 93% > 90%",))
     for _ in range(120):  # each stop takes ~40 s
         five_seconds()
         for p in loop.sup.procs.values():

@@ -22,10 +22,10 @@ rules stay in core.py, and the placement between hosts in host_step.py:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from fleetd.operations.alerts import Alert, AlertSender
 from fleetd.clock import Clock
@@ -33,20 +33,19 @@ from fleetd.config import FleetSettings
 from fleetd.governor.admission import SlotHolder
 from fleetd.governor.core import Decision, FleetState, FleetView, Governor, Pressure
 from fleetd.governor.ladder import build_ladder, nearest_rung
-from fleetd.governor.placement import GpuRoom
-from fleetd.governor.pressure import gpu_memory_pressure, pressure_reasons
 from fleetd.governor.footprint import FootprintBook
 from fleetd.governor.host_step import HostStep, admit_guests, give_homes, send_guests_home
 from fleetd.governor.ranks import holder_rank, waiting_rank
-from fleetd.governor.scaling import GpuMemory, Host, Scaled, scale_rung
+from fleetd.governor.readings import Readings, TelemetrySource
+from fleetd.governor.scaling import Scaled, scale_rung
 from fleetd.governor.snapshot import GovernorView, HostRung
 from fleetd.governor.stall import TelemetryStall
-from fleetd.states import LIVE, Desired, State, wants_slot
+from fleetd.states import Desired, State, wants_slot
 from fleetd.store import fleet as fleet_store
 from fleetd.store.engine import Database
 from fleetd.store.events import EventFilter, create_event, read_events
 from fleetd.store.hosts import delete_host, read_host_lives
-from fleetd.store.records import FleetRecord, HostFacts, HostForgotten, HostGovernorRecord, HostLife, Placement
+from fleetd.store.records import FleetRecord, HostForgotten, HostGovernorRecord, HostLife, Placement
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +55,6 @@ CLOCK_STEP_S = 2.0
 CLOCK_READ_MAX_S = 0.1  # the monotonic clock read on both sides of the wall clock, at most this apart
 _SEVERITY = {"backoff": "warning", "backoff_overdue": "warning", "evict": "warning", "reboot_outside": "warning"}
 LOCAL = ""  # the local executor's one host: its rungs are stored under this name
-
-
-class TelemetrySource(Protocol):
-    @property
-    def latest(self) -> Any:  # fleetd.host.samples.Snapshot | None
-        ...
 
 
 @dataclass(frozen=True)
@@ -105,7 +98,16 @@ def tier_not_applied(db: Database, settings: FleetSettings) -> str | None:
             f"start only). To change it: fleetd tier {settings.tier}")
 
 
+def _readings_attribute(name: str) -> property:
+    """One of `Readings`' attributes, read and set through the controller as before it had them."""
+    return property(lambda self: getattr(self.readings, name), lambda self, value: setattr(self.readings, name, value))
+
+
 class FleetController:
+    telemetry = _readings_attribute("telemetry")
+    footprints = _readings_attribute("footprints")
+    alerts = _readings_attribute("alerts")
+
     def __init__(
         self,
         settings: FleetSettings,
@@ -118,13 +120,14 @@ class FleetController:
         boot_id: int | None = None,
         gpus_on_nodes: bool = False,
     ) -> None:
-        self.settings, self.db, self.clock, self.telemetry, self.alerts = settings, db, clock, telemetry, alerts
+        self.settings, self.db, self.clock = settings, db, clock
+        self.readings = Readings(settings, clock, telemetry, footprints or FootprintBook(),
+                                 TelemetryStall(settings, db, clock, boot_id), alerts)
         # The boots row of the host's boot (a daemon restart keeps it): the telemetry stall events
         # are this boot's, and a restarted daemon reads an open stall back (`TelemetryStall`).
         self.boot_id = boot_id
         self.cluster = cluster
         self.gpus_on_nodes = gpus_on_nodes  # ClusterSettings.gpus_on_nodes: sized on a GPU without the head's
-        self.footprints = footprints or FootprintBook()
         # Each host's sizing mark (`_Counted`: `_count_wanting` sets it, `_load_mark` reads it back
         # from the store): docs/governor.md, Sizing. Supervisor thread only.
         self._counted: dict[str, _Counted] = {}
@@ -139,17 +142,10 @@ class FleetController:
         self._nodes: dict[str, str] = {}  # the node life each host's governor accounted for
         self._held_on: dict[str, int] = {}  # the games each host held at its life's last look alive
         self._lives: dict[str, HostLife] = {}
-        # What each host's node read of its GPUs and memory (the hosts job stores it): its games'
-        # sizing (`_sizing_host`), from the daemon's start on, so adopted workers keep their sizes.
-        self._facts: dict[str, HostFacts] = {}
-        self._node_samples: Mapping[str, tuple[Any, float]] = {}  # host -> (its node's newest sample, monotonic s)
         self._lost: dict[str, str] = {}  # a host's node life that lost a run: down, before the hosts job says so
         if cluster:
             self._load_hosts()
         self._load_backoffs()
-        self._known_gpu: GpuMemory | None = None
-        self.stall = TelemetryStall(settings, db, clock, boot_id)
-        self._host_memory: int | None = None
         self._stored = self._states()  # each governor's state as the store holds it
         self._clock_offset: float | None = None  # wall minus monotonic seconds at the last look
         self._watch_clock()
@@ -171,7 +167,7 @@ class FleetController:
         ladder = build_ladder(self.settings.tiers)
         requested = self.governor.state.requested
         with self.db.transaction() as session:
-            self._facts = {life.name: life.facts for life in read_host_lives(session) if life.facts is not None}
+            self.readings.facts.update({life.name: life.facts for life in read_host_lives(session) if life.facts})
             for host, record in fleet_store.read_host_governors(session).items():
                 rung = nearest_rung(ladder, record.level, record.num_envs)
                 state = FleetState(requested, rung, record.stable_since, record.long_window)
@@ -225,19 +221,8 @@ class FleetController:
         return self._scaled(self.governor, LOCAL)
 
     def _scaled(self, governor: Governor, host: str) -> Scaled:
-        return scale_rung(governor.ladder, governor.index(), self._sizing_host(host), self.settings,
+        return scale_rung(governor.ladder, governor.index(), self.readings.sizing_host(host), self.settings,
                           self._games_sized(governor, host), self.gpus_on_nodes)
-
-    def _sizing_host(self, host: str) -> Host | None:
-        """What `host`'s games are sized by: on a cluster, the GPUs and memory read on its node
-        (`HostFacts`) where they list a GPU; else (this host, no read yet, a node without
-        one) the daemon's own host, as the telemetry reads it."""
-        facts = self._facts.get(host) if host != LOCAL else None
-        if facts is None or not facts.gpus:
-            return self._host()
-        smallest = min(facts.gpus, key=lambda gpu: gpu.memory_total_bytes)
-        return Host(GpuMemory(smallest.name, smallest.memory_total_bytes, len(facts.gpus)), facts.memory_bytes,
-                    self.footprints.table)
 
     def _games_sized(self, governor: Governor, host: str) -> int | None:
         """The games `host`'s sizing counts: its mark on this rung, or, where the rung changed
@@ -297,7 +282,7 @@ class FleetController:
         admitted = sorted((s for s in wanting if s.name in self._admitted), key=lambda s: (self._admitted[s.name], s.name))
         pending = sorted((s for s in wanting if s.name not in self._admitted),
                          key=lambda s: waiting_rank(s.priority, s.created_at, s.name))
-        pressure = Pressure() if self.cluster else self.pressure(wanting)  # the head's telemetry is no node's
+        pressure = Pressure() if self.cluster else self.readings.pressure(wanting)  # the head's telemetry is no node's
         priorities = {s.name: s.priority for s in wanting}
         return FleetView(tuple(s.name for s in admitted), tuple(s.name for s in pending), pressure, priorities,
                          self._settling(wanting))
@@ -331,7 +316,7 @@ class FleetController:
             rung=governor.rung.label if not hosts else ", ".join(f"{h.name} {h.rung}" for h in hosts),
             rungs=tuple(self._rung_lines(governor, now)), last_backoff=governor.last_backoff, hosts=hosts,
             pressure_seen=self.governor.pressure_seen,  # the one the plan reads from the store
-            sizing_host=self._sizing_host(host),  # what the plan sizes its rungs by, as the governor does `host`
+            sizing_host=self.readings.sizing_host(host),  # what the plan sizes its rungs by, as the governor does `host`
         )  # fmt: skip
 
     def _host_rungs(self, now: datetime) -> list[HostRung]:
@@ -342,7 +327,7 @@ class FleetController:
             rungs.append(HostRung(
                 host, host in self._live_hosts(), governor.rung.label, governor.tier,
                 governor.index() + 1, governor.allowed(), tuple(on), guests, governor.last_backoff,
-                tuple(self._rung_lines(governor, now)), self._host_pressure(host, ()).reasons,
+                tuple(self._rung_lines(governor, now)), self.readings.host_pressure(host, ()).reasons,
             ))  # fmt: skip
         return rungs
 
@@ -459,10 +444,10 @@ class FleetController:
             create_event(session, now, "host_forgotten", f"host {name} forgotten: its {gone.lives} lives, its governor "
                          f"and its rungs' memory deleted{homes}",
                          details={"host": name, "lives": gone.lives, "homes": dict(gone.homes)})
-        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._facts, self._lost, self._counted,
+        for kept in (self.governors, self._nodes, self._held_on, self._lives, self._lost, self._counted,
                      self._marks_stored):
             kept.pop(name, None)
-        self._node_samples = {host: seen for host, seen in self._node_samples.items() if host != name}
+        self.readings.forget(name)
         for game, home in gone.homes:
             if game in self._placed:
                 self._placed[game] = Placement(self._placed[game].host, home)
@@ -576,7 +561,7 @@ class FleetController:
             moves = governor.request(requested, now)
             own = [name for name in step.pending if step.home.get(name) == host]
             there = [s for s in wanting if (p := self._placed.get(s.name)) is not None and p.host == host]
-            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), self._host_pressure(host, there),
+            moves += governor.tick(now, FleetView(tuple(step.on(host)), tuple(own), self.readings.host_pressure(host, there),
                                                   priorities, self._settling(there)))
             step.take(decisions, host, moves)
         send_guests_home(step, self.governors, live, decisions)
@@ -590,7 +575,7 @@ class FleetController:
             lives = read_host_lives(session)
             memories = {life.name: fleet_store.read_rungs(session, life.name) for life in lives if life.name not in self.governors}
         self._lives = {life.name: life for life in lives}
-        self._facts.update({life.name: life.facts for life in lives if life.facts is not None})
+        self.readings.facts.update({life.name: life.facts for life in lives if life.facts is not None})
         decisions: list[tuple[str, Decision]] = []
         for life in lives:
             if not life.runs_games:
@@ -726,78 +711,3 @@ class FleetController:
         """The host's sizing mark to store with its rung: None where it was taken on another rung."""
         counted = self._counted.get(host)
         return counted.most if counted is not None and counted.rung == governor.rung.key else None
-
-    def _snapshot(self) -> Any:
-        return None if self.telemetry is None else self.telemetry.latest
-
-    def _host(self) -> Host | None:
-        """The GPUs (the smallest one's memory, and how many) and the host's memory, remembered:
-        a passing NVML error must not change every game's settings (and restart them all). A GPU
-        skipped this sample (its memory reading nonsense) is still there: it is counted, and the
-        smallest memory known stands beside those read (the skipped one's is not known). None: no
-        GPU seen yet."""
-        snapshot = self._snapshot()
-        gpus = () if snapshot is None else snapshot.read_gpus  # a lost GPU holds no games: not counted
-        skipped = () if snapshot is None else snapshot.skipped_gpus
-        if gpus:
-            gpu = min(gpus, key=lambda g: g.memory_total_bytes)
-            name, total = gpu.name, gpu.memory_total_bytes
-            if skipped and self._known_gpu is not None and self._known_gpu.total_bytes < total:
-                name, total = self._known_gpu.name, self._known_gpu.total_bytes
-            self._known_gpu = GpuMemory(name, total, len(gpus) + len(skipped))
-        if snapshot is not None and snapshot.host is not None and snapshot.host.memory_total_bytes is not None:
-            self._host_memory = snapshot.host.memory_total_bytes
-        if self._known_gpu is None:
-            return None
-        return Host(self._known_gpu, self._host_memory, self.footprints.table)
-
-    def take_node_samples(self, samples: Mapping[str, Any]) -> None:
-        """Each host's newest telemetry sample, as its node took it (fleetd.host.samples.Snapshot,
-        read by a run actor there: RunActor.measure), for its governor's pressure. The node
-        readings job's thread writes; the supervisor's reads: published whole, one swap."""
-        at = self.clock.monotonic()
-        self._node_samples = {**self._node_samples, **{host: (sample, at) for host, sample in samples.items()}}
-
-    def _host_pressure(self, host: str, there: Sequence[GameSlot]) -> Pressure:
-        """A cluster host's pressure, by the newest sample its node took (with a reading of one of
-        its workers). None yet: none. Older than the telemetry's limit (its node hung, or no worker
-        runs there to read it), its reasons no longer count, or a host whose games all left would
-        be held by its last look; while games run there it is stale: nothing climbs on it."""
-        seen = self._node_samples.get(host)
-        if seen is None:
-            return Pressure()
-        sample, at = seen
-        age, limit = self.clock.monotonic() - at, self.stall.stale_after_s()
-        if age > limit:
-            if not any(slot.state in LIVE for slot in there):
-                return Pressure()
-            return Pressure(stale=f"host {host}'s newest sample is {age:.0f} s old (limit {limit:g} s)", stale_s=age - limit)
-        return Pressure(tuple(pressure_reasons(sample, self.settings)), gpu_memory_pressure(sample, self.settings))
-
-    def gpu_rooms(self) -> list[GpuRoom]:
-        """The GPUs NVML reads now and the memory free on each, for placing workers; never a lost
-        one; none when NVML is unavailable (the workers then use their current device)."""
-        snapshot = self._snapshot()
-        if snapshot is None:
-            return []
-        return [GpuRoom(gpu.index, max(0, gpu.memory_total_bytes - gpu.memory_used_bytes)) for gpu in snapshot.read_gpus]
-
-    def pressure(self, wanting: Sequence[GameSlot] | None = None) -> Pressure:
-        """What the telemetry's newest sample says, for the games wanting a slot (`wanting`; None:
-        not known). A GPU lost on a host whose other GPUs answer is pressure only while the
-        governor cannot tell that no live worker of theirs is on it: one is placed there, or one's
-        GPU is not known; once they run elsewhere (placement never picks a lost GPU), the fleet
-        runs on the others and no step down would relieve it. A sample too old to judge by (its
-        job stalled) is `stale`: its readings still say what they said, but nothing climbs on it."""
-        snapshot = self._snapshot()
-        if snapshot is None:
-            return Pressure()
-        idle_lost: set[int] = set()
-        if snapshot.read_gpus and wanting is not None:
-            live = [slot for slot in wanting if slot.state in LIVE]
-            if all(slot.gpu is not None for slot in live):
-                idle_lost = {gpu.index for gpu in snapshot.gpus if gpu.lost} - {slot.gpu for slot in live}
-        reasons = tuple(pressure_reasons(snapshot, self.settings, idle_lost))
-        age, limit = self.stall.age(snapshot), self.stall.stale_after_s()
-        stale = self.stall.stale(age, limit, self.alerts)
-        return Pressure(reasons, gpu_memory_pressure(snapshot, self.settings), stale, age - limit if stale else 0.0)

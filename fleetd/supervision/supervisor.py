@@ -470,7 +470,7 @@ class Supervisor:
         if self.settings.worker.device == "cpu" or self.settings.cluster.backend == "ray":
             return None
         games_on = Counter(p.gpu for name, p in self.procs.items() if name != game and p.state in LIVE and p.gpu is not None)
-        return choose_gpu(self.fleet.gpu_rooms(), games_on)
+        return choose_gpu(self.fleet.readings.gpu_rooms(), games_on)
 
     def _forget_removed(self, ids: dict[str, tuple[int, datetime]]) -> None:
         """The processes of games removed, or removed and added again under their name within one

@@ -553,7 +553,7 @@ def test_a_rung_is_planned_at_the_envs_the_governor_sizes_it_to_on_this_gpu(flee
     live = h100_fleet(context, measured_at_64(context.clock.now()))
     controller = live.supervisor.fleet
     medium = next(i for i, rung in enumerate(controller.governor.ladder) if rung.tier == "medium")
-    sized = scale_rung(controller.governor.ladder, medium, controller._host(), context.settings.fleet, 3)
+    sized = scale_rung(controller.governor.ladder, medium, controller.readings.host(), context.settings.fleet, 3)
     assert (sized.num_envs, sized.on_gpu) == (48, True)  # what a worker would be given there
     for name in ("cart1", "cart2"):
         progress(context, name, 300, 30)  # 600 episodes an hour at light's 32 envs (which fit: 2 x 27.5 GiB)
