@@ -24,7 +24,7 @@ def _memory_over(snapshot: Any, gpu: Any, settings: FleetSettings) -> bool:
 def pressure_reasons(snapshot: Any, settings: FleetSettings, idle_lost: Collection[int] = ()) -> list[str]:
     """`idle_lost`: lost GPUs the governor can tell hold none of the fleet's workers, on a host
     whose other GPUs answer: their distress (lost, their Xids) is left out, since the workers are
-    placed on the others and no step down relieves it (`FleetController.pressure`)."""
+    placed on the others and no step down relieves it (`Readings.pressure`, governor/readings.py)."""
     reasons = []
     # While NVML is unavailable the snapshot lists only the GPUs lost or with Xid errors, without
     # readings: their distress is pressure still (a GPU fallen off the bus fails the read). A GPU
