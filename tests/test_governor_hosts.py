@@ -25,6 +25,7 @@ from fleetd.cli.main import app
 from fleetd.cli.render import console, hosts_table
 from fleetd.config import AlertSettings, Settings, load_settings
 from fleetd.governor.controller import FleetController
+from fleetd.governor.scaling import Scaled
 from fleetd.operations.alerts import AlertSender
 from fleetd.states import State
 from fleetd.store import fleet as fleet_store
@@ -655,18 +656,26 @@ def test_a_forget_met_by_a_shutdown_is_refused_naming_the_host(cluster: Cluster)
     assert str(refused.message).startswith("cannot forget host 'a': fleetd is stopping"), refused.message
 
 
-def test_each_hosts_sizing_counts_the_games_wanting_a_slot_on_that_host(cluster: Cluster) -> None:
-    """a holds g1 g3 g5 at 3x32, b g2 g4 at 4x48: b's GPU and memory are checked for its 2
-    games, not the fleet's 5 (nor its rung's 4); a's for its 3."""
+H100_HEAD = Snapshot(0.0, (H100,), True, None, HostSample(256 * 2**30, 200 * 2**30, 10.0, 1.0), ())
+
+
+def sized_on_an_h100_head(cluster: Cluster) -> tuple[Scaled, Scaled]:
+    """`climbed`, then a step with the head's telemetry reading an H100: g1's sizing (on a), g2's (on b)."""
     climbed(cluster)
-    gpu_host = Snapshot(0.0, (H100,), True, None, HostSample(256 * 2**30, 200 * 2**30, 10.0, 1.0), ())
-    cluster.fleet.telemetry = SimpleNamespace(latest=gpu_host)
+    cluster.fleet.telemetry = SimpleNamespace(latest=H100_HEAD)
     cluster.sup.step()
     (a, _), (b, _) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
     assert a.sizing is not None and b.sizing is not None
+    return a, b
+
+
+def test_each_hosts_sizing_counts_the_games_wanting_a_slot_on_that_host(cluster: Cluster) -> None:
+    """a holds g1 g3 g5 at 3x32, b g2 g4 at 4x48: b's GPU and memory are checked for its 2
+    games, not the fleet's 5 (nor its rung's 4); a's for its 3."""
+    a, b = sized_on_an_h100_head(cluster)
     assert (a.sizing.games, a.sizing.rung_games, b.sizing.games, b.sizing.rung_games) == (3, 3, 2, 4)
     # Each host's mark is stored with its rung: a restarted daemon sizes its kept workers the same.
-    restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=gpu_host), cluster=True)
+    restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=H100_HEAD), cluster=True)
     (a, _), (b, _) = restarted.sizing("g1"), restarted.sizing("g2")
     assert a.sizing is not None and b.sizing is not None and (a.sizing.games, b.sizing.games) == (3, 2)
 
@@ -679,15 +688,10 @@ def test_each_hosts_games_are_sized_by_the_gpus_read_on_its_node_not_the_heads(c
     own GPU and memory (and by it from a restarted daemon's first look, before any step), b's by
     the head's H100 as before. The head sized every host by its own GPU."""
     cluster.facts["a"] = HostFacts((L4,), 64 * 2**30, 16)
-    climbed(cluster)
-    gpu_host = Snapshot(0.0, (H100,), True, None, HostSample(256 * 2**30, 200 * 2**30, 10.0, 1.0), ())
-    cluster.fleet.telemetry = SimpleNamespace(latest=gpu_host)
-    cluster.sup.step()
-    (a, _), (b, _) = cluster.fleet.sizing("g1"), cluster.fleet.sizing("g2")
-    assert a.sizing is not None and b.sizing is not None
+    a, b = sized_on_an_h100_head(cluster)
     assert a.sizing.gpu == "NVIDIA L4" and a.sizing.gpu_room_bytes == pytest.approx(0.9 * L4.memory_total_bytes, abs=1)
     assert a.sizing.host_room_bytes < 64 * 2**30 and b.sizing.gpu == H100.name
-    restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=gpu_host), cluster=True)
+    restarted = FleetController(cluster.settings.fleet, cluster.db, cluster.clock, SimpleNamespace(latest=H100_HEAD), cluster=True)
     (again, _) = restarted.sizing("g1")
     assert again.sizing is not None and again.sizing.gpu == "NVIDIA L4"
     # A head without a GPU: a's games still sized by a's GPU; b's by the rung's own values.
