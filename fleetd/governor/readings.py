@@ -32,8 +32,10 @@ class TelemetrySource(Protocol):
 
 
 class Readings:
-    """Written by the supervisor's thread (its sizing and pressure), but for `take_node_samples`
-    (the node readings job's thread: published whole, one swap)."""
+    """The controller's readings (above). Used on the supervisor's thread, but for
+    `take_node_samples`, from the node readings job's thread: its samples are published whole, in
+    one swap (a host forgotten meanwhile may keep a sample, which counts for nothing once it is
+    three telemetry intervals old)."""
 
     def __init__(self, settings: FleetSettings, clock: Clock, telemetry: TelemetrySource | None,
                  footprints: FootprintBook, stall: TelemetryStall, alerts: AlertSender | None) -> None:
