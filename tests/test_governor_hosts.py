@@ -686,7 +686,8 @@ L4 = GpuFact("NVIDIA L4", 23_034 * 2**20)
 def test_each_hosts_games_are_sized_by_the_gpus_read_on_its_node_not_the_heads(cluster: Cluster) -> None:
     """a's node read one 24 GB GPU there, b's has not answered yet: a's games are sized by its
     own GPU and memory (and by it from a restarted daemon's first look, before any step), b's by
-    the head's H100 as before. The head sized every host by its own GPU."""
+    the head's H100 as before; once b's read finds no GPU there, as CPU workers. The head sized
+    every host by its own GPU."""
     cluster.facts["a"] = HostFacts((L4,), 64 * 2**30, 16)
     a, b = sized_on_an_h100_head(cluster)
     assert a.sizing.gpu == "NVIDIA L4" and a.sizing.gpu_room_bytes == pytest.approx(0.9 * L4.memory_total_bytes, abs=1)
@@ -699,6 +700,11 @@ def test_each_hosts_games_are_sized_by_the_gpus_read_on_its_node_not_the_heads(c
     (a, _), (b, _) = headless.sizing("g1"), headless.sizing("g2")
     assert a.sizing is not None and a.sizing.gpu == "NVIDIA L4"
     assert b.sizing is None and "the games' GPUs are their Ray nodes'" in b.reason
+    cluster.facts["b"] = HostFacts((), 32 * 2**30, 8)  # b's read: no GPU there
+    cluster.observe()
+    cluster.run(1)
+    (b, _) = cluster.fleet.sizing("g2")
+    assert b.sizing is None and not b.on_gpu and "no GPU seen" in b.reason, b.reason
 
 
 def test_a_hosts_pressure_read_on_its_node_backs_that_host_off_alone_and_a_stale_sample_holds_nothing(

@@ -125,8 +125,9 @@ class HostOut(Out):
     governor: HostGovernorOut | None = Field(None, description="its own rung (on one host the fleet's); null when it "
                                                                "runs no games (no CPUs) or before the first step")
     facts: HostFactsOut | None = Field(None, description="on a Ray cluster, what was read on its node once its "
-                                                         "life began: its games are sized by its GPUs (where it lists "
-                                                         "one), not the head's; null before that read answers, and "
+                                                         "life began: its games are sized by its GPUs (as CPU workers "
+                                                         "where it lists none), not the head's; null before that "
+                                                         "read answers, and "
                                                          "on one host (GET /api/v1/fleet's telemetry reads it)")
 
 

@@ -55,11 +55,13 @@ class Readings:
 
     def sizing_host(self, host: str) -> Host | None:
         """What `host`'s games are sized by: on a cluster, the GPUs and memory read on its node
-        (`facts`) where they list a GPU; else (this host: `host` "", no read yet, a node
-        without one) the daemon's own host, as the telemetry reads it."""
+        (`facts`), None where that read found no GPU (its workers are CPU workers there); this
+        host's (`host` ""), or a node's before its read answered, by the daemon's own telemetry."""
         facts = self.facts.get(host) if host else None
-        if facts is None or not facts.gpus:
+        if facts is None:
             return self.host()
+        if not facts.gpus:
+            return None
         smallest = min(facts.gpus, key=lambda gpu: gpu.memory_total_bytes)
         return Host(GpuMemory(smallest.name, smallest.memory_total_bytes, len(facts.gpus)), facts.memory_bytes,
                     self.footprints.table)
