@@ -202,23 +202,24 @@ def test_each_watched_runs_worker_is_measured_on_its_node_by_its_handle_in_one_b
     from fleetd.governor.footprint import Measured, Reading
     from fleetd.host.samples import HostSample, ProcessSample, Snapshot
 
-    def answer(node_id: str, hostname: str) -> dict:
+    def answer(node_id: str) -> dict:
         worker = ProcessSample("worker", 4242, 1, 3 * 2**30, 50.0, None)
-        return {"node_id": node_id, "hostname": hostname, "pid": 4242,
+        return {"node_id": node_id, "pid": 4242,
                 "snapshot": Snapshot(0.0, (), False, "no NVML", HostSample(None, None, None, None), (worker,))}
 
-    on_a, on_b = answer("n-a", "box-a"), answer("n-b", "box-b")
+    on_a, on_b, elsewhere = answer("n-a"), answer("n-b"), answer("n-unlisted")
     waits: list[float | None] = []
     monkeypatch.setattr(executor_module.ray, "nodes", lambda: NODES)
     monkeypatch.setattr(executor_module.ray, "wait", lambda refs, num_returns, timeout, fetch_local: (
         waits.append(timeout) or fake_wait(refs, num_returns, 0)))  # fmt: skip
     executor._runs = {
         7: _Run("run-000007-pong", Handle(measure=[on_a]), None),
-        6: _Run("run-000006-tennis", Handle(measure=[on_b]), None),  # a node named by its hostname
+        6: _Run("run-000006-tennis", Handle(measure=[on_b]), None),  # a node named by its hostname (node_seen)
         8: _Run("run-000008-seaquest", Handle(measure=[PENDING]), None),  # its node hung: left out
         9: _Run("run-000009-boxing", Handle(measure=[None]), None),  # its worker exited
         10: _Run("run-000010-breakout", EarlierActor(), None),  # no `measure`: left out
         11: _Run("run-000011-skiing", Handle(measure=[task_error(OSError("gone"))]), None),
+        12: _Run("run-000012-pitfall", Handle(measure=[elsewhere]), None),  # a node the GCS does not list: no host
     }
     assert executor.measure() == [Measured(Reading("pong", 7, 3 * 2**30, None), "a", on_a["snapshot"]),
                                   Measured(Reading("tennis", 6, 3 * 2**30, None), "box-b", on_b["snapshot"])]

@@ -173,7 +173,7 @@ class RunActor:
     def measure(self) -> dict[str, Any] | None:
         """This node's telemetry sample (fleetd.host.samples.Snapshot: its GPUs, memory and
         pressure, and its worker's process tree: RSS, and GPU memory where NVML tells it per
-        process), with the node's id and hostname and its worker's pid. None once the worker has
+        process), with the node's id and its worker's pid. None once the worker has
         exited, or before it started. The daemon's footprints of a cluster's workers and the
         pressure its hosts' governors go by (docs/governor.md) come from these."""
         child = self._child
@@ -185,7 +185,7 @@ class RunActor:
 
                 self._sampler = TelemetrySampler()
             snapshot = self._sampler.sample({"worker": child.pid})
-        return {"node_id": self.node_id, "hostname": socket.gethostname(), "pid": child.pid, "snapshot": snapshot}
+        return {"node_id": self.node_id, "pid": child.pid, "snapshot": snapshot}
 
     @ray.method(concurrency_group=CONTROL)
     def signal(self, sig: int) -> bool:

@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from fleetd.cluster.actors import CONTROL, CONTROL_THREADS, RunActor, creation_error, report_hub, skew, versions
-from fleetd.cluster.nodes import FactsReads, node_seen
+from fleetd.cluster.nodes import FactsReads, node_seen, on_node
 from fleetd.cluster.storage import mirror, push_missing, put_lease
 from fleetd.config import Settings
 from fleetd.governor.footprint import Measured, Reading
@@ -90,14 +90,9 @@ def check_nodes(expected: dict[str, str]) -> None:
     none starts. A node that does not answer within CONNECT_CHECK_TIMEOUT_S (hung, cut off, dying
     before the GCS has declared it dead) is no skew: it is named in the log and not waited for,
     and each run actor started there checks its versions itself (RunActor)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     probe = ray.remote(versions)
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    refs = {
-        n["NodeID"]: probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-        for n in nodes
-    }
+    refs = {n["NodeID"]: on_node(probe, n["NodeID"]).remote() for n in nodes}
     if not refs:
         return
     # One deadline for all: the checks run at once, and a hung node costs it once, not each.
@@ -162,6 +157,7 @@ class RayExecutor:
         self._refused = RefusedReports(log)
         self._wake = threading.Event()
         self._swept = False
+        self._hosts: dict[str, str] = {}  # node id -> its host's name, as `node_seen` names it
         self._named_hosts: dict[str, str] = {}  # node id -> the host its `fleetd_host_<name>` resource names
         self._probes: dict[str, tuple[Any, Any, float]] | None = None  # name -> (actor, its `where`, until when)
         self._facts = FactsReads()
@@ -290,7 +286,7 @@ class RayExecutor:
 
     def measure(self, timeout_s: float = MEASURE_TIMEOUT_S) -> list[Measured]:
         """Each watched run's worker as its node reads it (RunActor.measure), by the run's handle,
-        with that node's sample and its host's name: the footprints of a cluster's workers and its
+        with that node's sample and its host's name (as the GCS's listing names it): the footprints of a cluster's workers and its
         hosts' pressure. Called from the node readings job's thread; runs whose answer takes longer
         than `timeout_s` (a node hung), and actors of an earlier fleetd (no `measure`), are left out
         of this round."""
@@ -309,13 +305,13 @@ class RayExecutor:
                 answers.append((*refs[ref], ray.get(ref)))
             except RayError:  # the actor died meanwhile: its watch says so
                 continue
-        if any(answer and answer["node_id"] not in self._named_hosts for _, _, answer in answers):
-            self._listed()  # a node new since the last listing (one named by its hostname stays unnamed)
+        if any(answer and answer["node_id"] not in self._hosts for _, _, answer in answers):
+            self._listed()  # a node new since the last listing
         measured = []
         for handle, game, answer in answers:
             process = None if answer is None else next((p for p in answer["snapshot"].processes if p.pid == answer["pid"]), None)
-            if process is not None:
-                host = self._named_hosts.get(answer["node_id"]) or answer["hostname"]
+            host = None if answer is None else self._hosts.get(answer["node_id"])
+            if process is not None and host is not None:
                 reading = Reading(game, handle, process.rss_bytes, process.gpu_memory_bytes)
                 measured.append(Measured(reading, host, answer["snapshot"]))
         return measured
@@ -329,6 +325,7 @@ class RayExecutor:
 
     def _listed(self) -> list[NodeSeen]:
         seen = [node_seen(node) for node in ray.nodes()]
+        self._hosts.update({n.node_id: n.host for n in seen})
         self._named_hosts.update({n.node_id: n.host for n in seen if names_its_host(n.host, n.resources)})
         return seen
 

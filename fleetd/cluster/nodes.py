@@ -29,6 +29,14 @@ def node_seen(node: dict[str, Any]) -> NodeSeen:
                     resources, bool(node.get("Alive")))
 
 
+def on_node(function: Any, node_id: str) -> Any:
+    """A remote function's call pinned to one node, asking no CPU: it runs there even while the
+    node's CPUs are all held by games (a version check, a facts read)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return function.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
 class FactsReads:
     """Each live node's host facts (fleetd.host.facts), read there once a node life by a task
     pinned to it that takes no CPU (a node full of games still answers). Never waited for: a read
@@ -52,9 +60,7 @@ class FactsReads:
             return [replace(node, facts=self._known.get(node.node_id)) for node in seen]
 
     def _start(self, node_id: str) -> Any:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        return self._read.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+        return on_node(self._read, node_id).remote()
 
     def _collect(self) -> None:
         if not self._pending:

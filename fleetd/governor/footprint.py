@@ -149,12 +149,21 @@ class Measured:
 
     @property
     def gpu_name(self) -> str | None:
-        return self.node.read_gpus[0].name if self.node.read_gpus else None
+        return gpu_name(self.node)
 
     @property
     def unattributed(self) -> bool:
-        """Its GPUs read there, but not per process (Snapshot.process_gpu_reason)."""
-        return self.node.process_gpu_reason is not None
+        return unattributed(self.node)
+
+
+def gpu_name(snapshot: Any) -> str | None:
+    """The name a footprint measured in `snapshot` (fleetd.host.samples.Snapshot) keeps: its first GPU's."""
+    return snapshot.read_gpus[0].name if snapshot.read_gpus else None
+
+
+def unattributed(snapshot: Any) -> bool:
+    """The GPUs read, the workers' share not (Snapshot.process_gpu_reason): see `merged`."""
+    return snapshot.process_gpu_reason is not None
 
 
 @dataclass(frozen=True)
@@ -172,17 +181,15 @@ class FootprintSource:
         counted = settled_readings(readings, running, self.settle_s)
         if not counted:
             return []
-        gpu_name = snapshot.read_gpus[0].name if snapshot.read_gpus else None
-        unattributed = snapshot.process_gpu_reason is not None  # the GPUs read, the workers' share not
-        return self.book.add(counted, gpu_name, now, unattributed)
+        return self.book.add(counted, gpu_name(snapshot), now, unattributed(snapshot))
 
     def take_measured(self, measured: Sequence[Measured], running: Mapping[str, RunningWorker],
                       now: datetime) -> list[FootprintRecord]:
         """As `take`, for readings taken on other hosts (fleetd.cluster.executor's `measure`)."""
         changed: dict[FootprintKey, FootprintRecord] = {}
-        for gpu_name, unattributed in dict.fromkeys((m.gpu_name, m.unattributed) for m in measured):
-            readings = [m.reading for m in measured if (m.gpu_name, m.unattributed) == (gpu_name, unattributed)]
+        for name, shared in dict.fromkeys((m.gpu_name, m.unattributed) for m in measured):
+            readings = [m.reading for m in measured if (m.gpu_name, m.unattributed) == (name, shared)]
             counted = settled_readings(readings, running, self.settle_s)
             if counted:
-                changed.update((_key(r), r) for r in self.book.add(counted, gpu_name, now, unattributed))
+                changed.update((_key(r), r) for r in self.book.add(counted, name, now, shared))
         return list(changed.values())
