@@ -1,8 +1,9 @@
 """Issue 17's other road, measured: EnvPool's async mode as the adapter's stepping.
 
-The adapter (workers/envs.py) steps the whole batch synchronously, then the finished envs' reset
-step as a second round trip, which leaves EnvPool threads idle when fewer envs finish than there
-are threads. `AsyncStepper` is the alternative the issue suggests: an async pool with
+The adapter without spares (workers/envs.py, `spare_envs=0`; its default now keeps a few envs
+reset ahead instead) steps the whole batch synchronously, then the finished envs' reset step as
+a second round trip, which leaves EnvPool threads idle when fewer envs finish than there are
+threads. `AsyncStepper` is the alternative the issue suggests: an async pool with
 `batch_size=1`, where a finished env's reset step is sent the moment that env reports, so it runs
 beside the rest of the batch. `depth` is how many env steps it keeps queued in EnvPool: the whole
 batch at once (EnvPool's queue is FIFO, so a reset waits behind every step already sent), or a few
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -96,8 +98,9 @@ class Batch:
 
 
 def check(config: EnvConfig, depth: int, steps: int) -> int:
-    """Step the adapter and an `AsyncStepper` side by side; return the episode ends compared."""
-    adapter, stepper = make_envpool_vec_env(config), AsyncStepper(config, depth)
+    """Step the adapter without spares (each slot one env, as the stepper) and an `AsyncStepper`
+    side by side; return the episode ends compared."""
+    adapter, stepper = make_envpool_vec_env(replace(config, spare_envs=0)), AsyncStepper(config, depth)
     actions = np.random.default_rng(1).integers(0, adapter.action_space.n, size=(steps, config.num_envs))
     ends = 0
     try:

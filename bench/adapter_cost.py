@@ -26,7 +26,7 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -34,6 +34,7 @@ import numpy as np
 from workers.envs import EnvConfig, EnvPoolVecEnv, envpool_kwargs, make_envpool_vec_env
 
 PRE_TIER_ENVS = 8  # the worker's default before tiers: one game, every core
+NO_SPARES = "no spares"  # the adapter with spare_envs=0: each finished env's reset step waited for
 
 
 @dataclass(frozen=True)
@@ -193,45 +194,53 @@ def quartiles(values: list[float]) -> tuple[float, float]:
 
 
 def summarize(count: Count, kind: str, result: Interleaved, steps_per_call: int,
-              dones: dict[str, int] | None = None) -> Row:
-    raw, adapter = result.tallies["raw"], result.tallies["adapter"]
+              dones: dict[str, int] | None = None, name: str = "adapter") -> Row:
+    raw, adapter = result.tallies["raw"], result.tallies[name]
     steps = result.calls * steps_per_call
-    ratio = result.ratio("adapter", "raw")
+    ratio = result.ratio(name, "raw")
     per_agent_step = ceiling = None
     if dones is not None:  # env-only: every episode end costs raw EnvPool one ignored-action step
         per_agent_step = ratio * steps / (steps - dones["raw"])
-        ceiling = 1.0 / (1.0 + dones["adapter"] / steps)
+        ceiling = 1.0 / (1.0 + dones[name] / steps)
     return Row(count, kind, steps / raw.wall, steps / adapter.wall, ratio,
-               quartiles(result.chunk_ratios("adapter", "raw")), raw.cpu / adapter.cpu, per_agent_step, ceiling,
+               quartiles(result.chunk_ratios(name, "raw")), raw.cpu / adapter.cpu, per_agent_step, ceiling,
                (raw.cpu / raw.wall, adapter.cpu / adapter.wall), os.getloadavg()[0])
 
 
 def measure_count(args, count: Count) -> list[Row]:
     config = EnvConfig(args.env_id, count.num_envs, seed=0, num_threads=count.threads)
     venvs = {"raw": raw_vec_env(config), "adapter": make_envpool_vec_env(config)}
+    if args.without_spares:
+        venvs[NO_SPARES] = make_envpool_vec_env(replace(config, spare_envs=0))
     n_actions = venvs["raw"].action_space.n
     actions = np.random.default_rng(0).integers(0, n_actions, size=(256, count.num_envs))
     try:
-        return [measure_env_only(args, count, venvs, actions)] + (
+        return measure_env_only(args, count, venvs, actions) + (
             [measure_rollouts(args, count, venvs, actions)] if args.rollout_steps else [])
     finally:
         for venv in venvs.values():
             venv.close()
 
 
-def measure_env_only(args, count: Count, venvs: dict, actions: np.ndarray) -> Row:
+def measure_env_only(args, count: Count, venvs: dict, actions: np.ndarray) -> list[Row]:
+    """The adapter's row, then (with `--without-spares`) the adapter's without spares, from
+    one interleave of the three."""
     steppers = {name: DoneCounter(venv) for name, venv in venvs.items()}
     warm_up(steppers, actions, args.warm_up)
     for stepper in steppers.values():
         stepper.dones = 0
     result = interleave(steppers, actions, args.seconds, args.chunk_seconds)
-    row = summarize(count, "env-only", result, count.num_envs,
-                    {name: stepper.dones for name, stepper in steppers.items()})
-    print_row(row)
-    return row
+    dones = {name: stepper.dones for name, stepper in steppers.items()}
+    rows = [summarize(count, "env-only", result, count.num_envs, dones)]
+    if NO_SPARES in venvs:
+        rows.append(summarize(count, f"env-only, {NO_SPARES}", result, count.num_envs, dones, NO_SPARES))
+    for row in rows:
+        print_row(row)
+    return rows
 
 
 def measure_rollouts(args, count: Count, venvs: dict, actions: np.ndarray) -> Row:
+    venvs = {name: venv for name, venv in venvs.items() if name != NO_SPARES}
     collectors = {name: rollout_collector(venv, args.rollout_steps) for name, venv in venvs.items()}
     warm_up(collectors, actions, args.warm_up)
     result = interleave(collectors, actions, args.rollout_seconds, args.chunk_seconds)
@@ -273,3 +282,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout-seconds", type=float, default=30.0, help="PPO rollouts, both together")
     parser.add_argument("--chunk-seconds", type=float, default=2.0, help="the spread's unit of time")
     parser.add_argument("--warm-up", type=float, default=1.0, help="seconds per runner before measuring")
+    parser.add_argument("--without-spares", action="store_true",
+                        help="env-only: the adapter without spare envs too, in the same interleave")

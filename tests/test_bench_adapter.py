@@ -108,5 +108,5 @@ def test_step_pieces_times_each_piece_of_the_worker_step_on_the_main_thread():
                            "SB3 _update_info_buffer", "truncation scan", "add_env_step",
                            "adapter own (step less send, recv)"}
     # what docs/benchmarks.md says of EnvPool's batches (no copy, no reorder needed), checked on each
-    assert batches["full"] > 0 and batches["writeable"] == batches["in env order"] == batches["full"], batches
+    assert batches["full"] > 0 and batches["writeable"] == batches["in send order"] == batches["full"], batches
     assert finished > 0  # CartPole's random episodes end within 40 steps of 4 envs

@@ -3,17 +3,22 @@
 EnvPool resets a finished env on the *next* `step` (the action sent then is ignored and the
 reset observation comes back with reward 0). SB3 expects the step that ends an episode to
 already return the first observation of the next one, with the last observation in
-`info["terminal_observation"]`. `EnvPoolVecEnv` steps just the finished envs once more right
-away (EnvPool's own auto-reset), so no agent step is wasted and no transition is bogus. It
-sends that reset step as soon as it knows which envs finished and does its own bookkeeping
-while EnvPool runs it. The wait itself cannot be skipped: the reset observation is the policy's
-next input, and for Atari it is not known in advance (EnvPool plays 0-29 random no-ops and FIRE
-after a lost life too, see docs/benchmarks.md).
+`info["terminal_observation"]`. `EnvPoolVecEnv` gets that observation without a second round
+trip to EnvPool: its pool holds a few *spare* envs beyond the agent's, already reset. The step
+that ends an episode puts a spare in the finished env's place (its first observation is the
+slot's next one) and the finished env's reset step (EnvPool's own auto-reset) goes out with the
+next batch, so EnvPool's threads run it beside the other envs' steps and it becomes a spare.
+Each env of the pool plays exactly as it would alone; only which slot it fills changes. When
+more episodes end in one step than there are spares, the rest wait for their reset step at
+once, as every one did before the spares (for Atari the reset observation is not known in
+advance: EnvPool plays 0-29 random no-ops and FIRE after a lost life too; the wait was about a
+quarter of a vector step at 256 envs and 16 threads, see docs/benchmarks.md).
 
 Episode statistics (`info["episode"]`, read by SB3's `ep_info_buffer` and by our counters)
 are whole games: for Atari with `episodic_life` a lost life ends an *episode for learning*
 but not the game; the unclipped return (EnvPool's `info["reward"]`) is summed until
-`info["terminated"]` (game over) or truncation.
+`info["terminated"]` (game over) or truncation. They are kept per env of the pool, so a game
+that goes on after a lost life in another slot is still one game.
 """
 
 from __future__ import annotations
@@ -49,6 +54,13 @@ class EnvConfig:
     learning_wrappers: bool = True  # Atari: episodic life + reward clipping
     max_episode_steps: int | None = None
     frame_stack: int = 4
+    spare_envs: int | None = None  # EnvPool: already reset envs beyond num_envs; None: spare_envs_for
+
+
+def spare_envs_for(num_envs: int) -> int:
+    """An eighth of the agent's envs, at least 2: more episodes than that end in one step less
+    than once in a thousand steps where episodes end every 35 steps (Atari's lost lives)."""
+    return max(2, -(-num_envs // 8))
 
 
 def envpool_ids() -> frozenset[str]:
@@ -87,7 +99,10 @@ def make_vec_env(config: EnvConfig) -> VecEnv:
 def make_envpool_vec_env(config: EnvConfig) -> "EnvPoolVecEnv":
     import envpool
 
-    return EnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **envpool_kwargs(config)))
+    spares = spare_envs_for(config.num_envs) if config.spare_envs is None else config.spare_envs
+    kwargs = envpool_kwargs(config)
+    kwargs["num_envs"] += spares
+    return EnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **kwargs), config.num_envs)
 
 
 def envpool_kwargs(config: EnvConfig) -> dict[str, Any]:
@@ -102,70 +117,111 @@ def envpool_kwargs(config: EnvConfig) -> dict[str, Any]:
 
 
 class EnvPoolVecEnv(VecEnv):
-    """SB3 `VecEnv` semantics over an EnvPool (synchronous mode) gymnasium pool."""
+    """SB3 `VecEnv` semantics over an EnvPool (synchronous mode) gymnasium pool: the agent's
+    `num_envs` envs (all the pool's by default), the rest of the pool spares (the module's
+    docstring)."""
 
-    def __init__(self, pool: Any):
+    def __init__(self, pool: Any, num_envs: int | None = None):
         self.pool = pool
-        n = pool.num_envs
+        n = pool.num_envs if num_envs is None else num_envs
+        if not 0 < n <= pool.num_envs:
+            raise ValueError(f"num_envs must be between 1 and the pool's {pool.num_envs} envs, not {n}")
         super().__init__(n, pool.observation_space, pool.action_space)
         self._actions: np.ndarray | None = None
-        self._game_returns = np.zeros(n, dtype=np.float64)
-        self._game_lengths = np.zeros(n, dtype=np.int64)
-        self._game_starts = np.full(n, time.monotonic())
+        self._slots = np.arange(n, dtype=np.int32)  # the pool's env in each of the agent's slots
+        self._spares: list[int] = []  # reset, their first observations in _first_obs
+        self._resetting = np.empty(0, dtype=np.int32)  # to reset with the next batch, then spares
+        self._first_obs: np.ndarray | None = None
+        self._game_returns = np.zeros(pool.num_envs, dtype=np.float64)  # by the pool's env
+        self._game_lengths = np.zeros(pool.num_envs, dtype=np.int64)
         self._t0 = time.monotonic()
-        self._all_ids = np.arange(n, dtype=np.int32)
         self._action_shape = tuple(pool.action_space.shape or ())
         self._action_dtype = pool.action_space.dtype
+
+    @property
+    def env_ids(self) -> np.ndarray:
+        """The pool's env in each slot now (a copy)."""
+        return self._slots.copy()
 
     # -- stepping ----------------------------------------------------------------------
 
     def reset(self) -> np.ndarray:
         obs, info = self.pool.reset()
+        obs = self._in_env_order(obs, info)
+        n = self.num_envs
+        self._slots = np.arange(n, dtype=np.int32)
+        self._spares = list(range(n, self.pool.num_envs))
+        self._resetting = np.empty(0, dtype=np.int32)
+        self._first_obs = np.array(obs, copy=True) if self._spares else None
         self._game_returns[:] = 0.0
         self._game_lengths[:] = 0
-        self._game_starts[:] = time.monotonic()
-        self.reset_infos = [{} for _ in range(self.num_envs)]
+        self.reset_infos = [{} for _ in range(n)]
         self._reset_seeds()
         self._reset_options()
-        return self._in_env_order(obs, info)
+        return obs[:n]
 
     def step_async(self, actions: np.ndarray) -> None:
-        self.pool.send(np.asarray(actions))
+        actions = np.asarray(actions)
+        if self._resetting.size:  # their action is ignored: EnvPool resets them
+            # First: EnvPool's threads take a batch's envs in the order sent, and a reset (Atari:
+            # up to 30 no-ops and FIRE, some 30 steps' work) started last would hold the batch up.
+            actions = np.concatenate([self._noop(self._resetting.size), actions])
+            self.pool.send(actions, np.concatenate([self._resetting, self._slots]))
+        else:
+            self.pool.send(actions, self._slots)
 
     def step_wait(self):
-        obs, rewards, terminated, truncated, info = self._recv_in_env_order()
+        obs, rewards, terminated, truncated, info = self._recv_slots()
         dones = np.logical_or(terminated, truncated)
         done_ids = np.flatnonzero(dones)
-        if done_ids.size:  # EnvPool resets them while the bookkeeping below runs
-            self._send_resets(done_ids)
+        waiting = done_ids[len(self._spares):]
+        if waiting.size:  # no spare left for these: EnvPool resets them while the bookkeeping runs
+            self.pool.send(self._noop(waiting.size), self._slots[waiting])
         game_over = self._track_games(rewards, dones, truncated, info)
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         if done_ids.size:
             obs = self._end_episodes(obs, done_ids, terminated, truncated, game_over, infos)
+            self._take_spares(obs, done_ids[:len(done_ids) - waiting.size])
+        if waiting.size:
+            reset_obs, _, _, _, reset_info = self.pool.recv(reset=False, return_info=True)
+            obs[waiting] = reset_obs[self._rows(reset_info, self._slots[waiting])]
         return obs, rewards.astype(np.float32, copy=False), dones, infos
 
-    def _recv_in_env_order(self):
+    def _recv_slots(self):
+        """The batch's results in slot order; the reset steps sent with it make their envs spares."""
         obs, rewards, terminated, truncated, info = self.pool.recv(reset=False, return_info=True)
-        order = self._order(info)
-        if order is None:
-            return obs, rewards, terminated, truncated, info
-        info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray)}
-        return obs[order], rewards[order], terminated[order], truncated[order], info
+        resets = self._resetting.size
+        if resets:
+            self._first_obs[self._resetting] = obs[self._rows(info, self._resetting)]
+            self._spares.extend(self._resetting.tolist())
+            self._resetting = np.empty(0, dtype=np.int32)
+        rows = self._rows(info, self._slots, resets)
+        info = {k: v[rows] for k, v in info.items() if isinstance(v, np.ndarray)}
+        return obs[rows], rewards[rows], terminated[rows], truncated[rows], info
+
+    def _rows(self, info: dict, env_ids: np.ndarray, start: int = 0) -> np.ndarray | slice:
+        """Where `env_ids`' results are in a batch: a slice where they are in that order from
+        `start` on, as EnvPool's synchronous mode returns what one call sent (no copy then)."""
+        got, end = info.get("env_id"), start + len(env_ids)
+        if got is None or np.array_equal(got[start:end], env_ids):
+            return slice(start, end)
+        where = np.empty(self.pool.num_envs, dtype=np.intp)
+        where[got] = np.arange(len(got))
+        return where[env_ids]
 
     def _track_games(self, rewards, dones, truncated, info) -> np.ndarray:
         raw = info.get("reward", rewards)  # Atari: the unclipped game score
-        self._game_returns += raw
-        self._game_lengths += 1
+        self._game_returns[self._slots] += raw
+        self._game_lengths[self._slots] += 1
         if "terminated" in info:  # Atari: game over, not just a lost life
             return np.logical_and(dones, np.logical_or(info["terminated"].astype(bool), truncated))
         return dones
 
-    def _send_resets(self, done_ids: np.ndarray) -> None:
-        # A partial *step* of the finished envs makes EnvPool run its auto-reset (the action is
+    def _noop(self, count: int) -> np.ndarray:
+        # A partial *step* of finished envs makes EnvPool run its auto-reset (the action is
         # ignored). An explicit `reset(env_ids)` would be wrong for Atari: it restarts the whole
         # game where `episodic_life` must only continue after a lost life.
-        noop = np.zeros((len(done_ids),) + self._action_shape, dtype=self._action_dtype)
-        self.pool.send(noop, done_ids.astype(np.int32))
+        return np.zeros((count,) + self._action_shape, dtype=self._action_dtype)
 
     def _end_episodes(self, obs, done_ids, terminated, truncated, game_over, infos) -> np.ndarray:
         obs = np.array(obs, copy=True) if not obs.flags.writeable else obs
@@ -174,23 +230,29 @@ class EnvPoolVecEnv(VecEnv):
             infos[i]["terminal_observation"] = obs[i].copy()
             infos[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
             if game_over[i]:
-                infos[i]["episode"] = {"r": float(self._game_returns[i]), "l": int(self._game_lengths[i]),
+                env = self._slots[i]
+                infos[i]["episode"] = {"r": float(self._game_returns[env]), "l": int(self._game_lengths[env]),
                                        "t": round(now - self._t0, 6)}
-        self._game_returns[game_over] = 0.0
-        self._game_lengths[game_over] = 0
-        reset_obs, _, _, _, reset_info = self.pool.recv(reset=False, return_info=True)
-        obs[np.asarray(reset_info.get("env_id", done_ids))] = reset_obs
+        ended = self._slots[game_over]
+        self._game_returns[ended] = 0.0
+        self._game_lengths[ended] = 0
         return obs
 
-    def _order(self, info: dict) -> np.ndarray | None:
-        ids = info.get("env_id")
-        if ids is None or np.array_equal(ids, self._all_ids):
-            return None
-        return np.argsort(ids)
+    def _take_spares(self, obs: np.ndarray, done_ids: np.ndarray) -> None:
+        """A spare (the longest waiting first) takes each slot; the finished env is reset with
+        the next batch."""
+        if not done_ids.size:
+            return
+        spares, self._spares = self._spares[:done_ids.size], self._spares[done_ids.size:]
+        obs[done_ids] = self._first_obs[spares]
+        self._resetting = self._slots[done_ids]  # a copy: fancy indexing
+        self._slots[done_ids] = spares
 
     def _in_env_order(self, obs: np.ndarray, info: dict) -> np.ndarray:
-        order = self._order(info)
-        return obs if order is None else obs[order]
+        ids = info.get("env_id")
+        if ids is None or np.array_equal(ids, np.arange(len(ids))):
+            return obs
+        return obs[np.argsort(ids)]
 
     # -- the rest of the VecEnv interface ----------------------------------------------
 

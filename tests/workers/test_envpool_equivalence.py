@@ -13,15 +13,19 @@ import time
 import numpy as np
 import pytest
 
-from workers.envs import EnvConfig, EnvPoolVecEnv, envpool_kwargs
+from workers.envs import EnvConfig, EnvPoolVecEnv, envpool_kwargs, make_envpool_vec_env
 
 
 class ReferenceEnvPoolVecEnv(EnvPoolVecEnv):
     """The adapter's stepping as it was (commit 3f4a8e7), independent of the new helpers."""
 
+    def step_async(self, actions):
+        self.pool.send(np.asarray(actions))
+
     def step_wait(self):
         obs, rewards, terminated, truncated, info = self.pool.recv(reset=False, return_info=True)
-        order = self._order(info)
+        ids = info.get("env_id")
+        order = None if ids is None or np.array_equal(ids, np.arange(len(ids))) else np.argsort(ids)
         if order is not None:
             obs, rewards, terminated, truncated = (a[order] for a in (obs, rewards, terminated, truncated))
             info = {k: v[order] for k, v in info.items() if isinstance(v, np.ndarray)}
@@ -118,3 +122,78 @@ def test_atari_adapter_equals_the_reference_step_by_step(env_id, max_steps, step
 def test_cartpole_adapter_equals_the_reference_step_by_step():
     covered = run_side_by_side(EnvConfig("CartPole-v1", 4, seed=3, max_episode_steps=40), 2000)
     assert covered["terminations"] >= 100 and covered["truncations"] >= 1
+
+
+# -- spares ---------------------------------------------------------------------------------
+
+
+class EnvsAlone:
+    """The adapter's pool stepped env by env: what each env gives, played as it is in the
+    adapter's slots (the same seeds; EnvPool's envs are independent of who steps beside them)."""
+
+    def __init__(self, config: EnvConfig, pool_envs: int):
+        import envpool
+
+        self.pool = envpool.make_gymnasium(config.env_id, **{**envpool_kwargs(config), "num_envs": pool_envs})
+        obs, _ = self.pool.reset()
+        self.first_obs = {env: obs[env].copy() for env in range(pool_envs)}
+        self.returns, self.lengths = np.zeros(pool_envs), np.zeros(pool_envs, int)
+
+    def step(self, actions: np.ndarray, envs: np.ndarray):
+        obs, rewards, terminated, truncated, info = self.pool.step(actions, envs.astype(np.int32))
+        assert np.array_equal(info["env_id"], envs)
+        self.returns[envs] += info.get("reward", rewards)
+        self.lengths[envs] += 1
+        return obs, rewards, terminated, truncated, info
+
+    def reset(self, envs: np.ndarray) -> None:
+        """EnvPool's auto-reset step of finished envs; their next game's or life's first frame."""
+        obs, *_ = self.pool.step(np.zeros(len(envs), dtype=np.int64), envs.astype(np.int32))
+        self.first_obs.update({env: obs[k].copy() for k, env in enumerate(envs)})
+
+
+def _check_step(alone: EnvsAlone, envs, after, got, action) -> dict[str, int]:
+    obs, rewards, terminated, truncated, info = alone.step(action, envs)
+    dones = terminated | truncated
+    assert np.array_equal(got[1], rewards.astype(np.float32)) and np.array_equal(got[2], dones)
+    game_over = dones & (info["terminated"].astype(bool) | truncated) if "terminated" in info else dones
+    for i in np.flatnonzero(dones):
+        assert np.array_equal(got[3][i]["terminal_observation"], obs[i])
+        assert got[3][i]["TimeLimit.truncated"] == bool(truncated[i] and not terminated[i])
+        assert ("episode" in got[3][i]) == game_over[i]
+        if game_over[i]:
+            env = envs[i]
+            assert (got[3][i]["episode"]["r"], got[3][i]["episode"]["l"]) == (alone.returns[env], alone.lengths[env])
+            alone.returns[env], alone.lengths[env] = 0.0, 0
+    alone.reset(envs[dones])
+    for i in range(len(envs)):  # a slot whose episode ended shows the first frame of the env now in it
+        assert np.array_equal(got[0][i], alone.first_obs[after[i]] if dones[i] else obs[i])
+    moved = int((after != envs).sum())
+    return {"moved": moved, "waited": int(dones.sum()) - moved, "games": int(game_over.sum()),
+            "truncations": int((truncated & ~terminated).sum())}
+
+
+@pytest.mark.parametrize(("env_id", "num_envs", "spares", "max_steps", "steps", "least"), [
+    # Lost lives go on in another slot, games end by game over and by time.
+    ("Breakout-v5", 3, 2, 150, 700, {"moved": 50, "games": 5, "truncations": 1}),
+    # Episodes end together (envs cut at step 30, or falling at once): one takes the spare, the rest wait.
+    ("CartPole-v1", 4, 1, 30, 400, {"moved": 20, "waited": 3, "truncations": 1}),
+])
+def test_with_spares_every_env_of_the_pool_plays_as_it_would_alone(env_id, num_envs, spares, max_steps, steps, least):
+    config = EnvConfig(env_id, num_envs, seed=3, num_threads=2, max_episode_steps=max_steps, spare_envs=spares)
+    adapter, alone = make_envpool_vec_env(config), EnvsAlone(config, num_envs + spares)
+    actions = np.random.default_rng(7).integers(0, adapter.action_space.n, size=(steps, num_envs))
+    covered: dict[str, int] = {}
+    try:
+        assert adapter.pool.num_envs == num_envs + spares
+        assert np.array_equal(adapter.reset(), np.stack([alone.first_obs[env] for env in range(num_envs)]))
+        for action in actions:
+            envs = adapter.env_ids
+            got = adapter.step(action)
+            after = adapter.env_ids
+            for key, value in _check_step(alone, envs, after, got, action).items():
+                covered[key] = covered.get(key, 0) + value
+    finally:
+        adapter.close()
+        alone.pool.close()
+    assert all(covered[key] >= least[key] for key in least), covered

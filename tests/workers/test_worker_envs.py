@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import gymnasium as gym
 import numpy as np
@@ -107,15 +108,17 @@ def test_atari_episode_is_the_whole_game_over_all_lives():
     venv = make_vec_env(EnvConfig("Breakout-v5", 2, seed=0))
     venv.reset()
     rng = np.random.default_rng(0)
-    life_losses, steps, games = np.zeros(2, int), np.zeros(2, int), []
+    # Counted by the pool's env: after a lost life its game may go on in another slot (a spare's).
+    life_losses, steps, games = np.zeros(venv.pool.num_envs, int), np.zeros(venv.pool.num_envs, int), []
     for _ in range(3000):
+        envs = venv.env_ids
         _, _, dones, infos = venv.step(rng.integers(0, 4, size=2))
-        steps += 1
-        life_losses += dones
-        for i, info in enumerate(infos):
+        steps[envs] += 1
+        life_losses[envs] += dones
+        for env, info in zip(envs, infos):
             if "episode" in info:
-                games.append((life_losses[i], steps[i], info["episode"]["l"]))
-                life_losses[i] = steps[i] = 0
+                games.append((life_losses[env], steps[env], info["episode"]["l"]))
+                life_losses[env] = steps[env] = 0
         if len(games) >= 2:
             break
     venv.close()
@@ -238,14 +241,14 @@ def test_the_episode_cap_counts_agent_steps_on_envpool_and_ale_alike(game):
         venv = make_vec_env(EnvConfig(env_id, 1, seed=0, max_episode_steps=40))
         venv.reset()
         rng = np.random.default_rng(0)
-        lengths, steps, lives_lost = [], 0, 0
+        lengths, steps, lives_lost = [], Counter(), 0
         while len(lengths) < 2:
+            env = getattr(venv, "env_ids", [0])[0]  # EnvPool's game goes on in a spare after a lost life
             _, _, dones, infos = venv.step(rng.integers(0, venv.action_space.n, size=1))
-            steps += 1
+            steps[env] += 1
             if "episode" in infos[0]:
                 assert infos[0]["TimeLimit.truncated"] is True, (env_id, infos[0])
-                lengths.append((steps, infos[0]["episode"]["l"]))
-                steps = 0
+                lengths.append((steps.pop(env), infos[0]["episode"]["l"]))
             else:
                 lives_lost += int(dones[0])
         venv.close()
