@@ -4,7 +4,9 @@
 
 Times EnvPool's `send`/`recv` from outside (the pool's methods are wrapped), so that the rest
 of a step is the adapter's own Python. Also counts how often envs finish: the share of agent
-steps that need a reset step, and the share of env steps that end an episode.
+steps that wait for a reset step (every one with an episode end without spares, `--spare-envs
+0`; with them, only those with more ends than spares), the share of env steps that end an
+episode, and how many of those were reset beside a batch.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from workers.envs import EnvConfig, make_envpool_vec_env
 
 
 class TimedPool:
-    """The pool's `send`/`recv`, timed; a `recv` after a `send` with env ids is a reset step."""
+    """The pool's `send`/`recv`, timed. A send of fewer envs than the agent's is a reset step
+    waited for alone; the envs a batch carries beyond the agent's are spares' reset steps run
+    beside it (workers/envs.py)."""
 
-    def __init__(self, pool):
+    def __init__(self, pool, num_envs: int):
         self.send_pool, self.recv_pool = pool.send, pool.recv
+        self.num_envs = num_envs
         self.seconds = {"send": 0.0, "batch recv": 0.0, "reset recv": 0.0}
-        self.reset_steps = self.envs_reset = 0
+        self.reset_steps = self.envs_reset = self.envs_reset_in_batch = 0
         self.resetting = False
         pool.send, pool.recv = self.send, self.recv
 
@@ -31,8 +36,10 @@ class TimedPool:
         start = time.perf_counter()
         self.send_pool(action, env_id)
         self.seconds["send"] += time.perf_counter() - start
-        self.resetting = env_id is not None
-        self.envs_reset += 0 if env_id is None else len(env_id)
+        sent = self.num_envs if env_id is None else len(env_id)
+        self.resetting = sent < self.num_envs
+        self.envs_reset += sent if self.resetting else 0
+        self.envs_reset_in_batch += 0 if self.resetting else sent - self.num_envs
 
     def recv(self, **kwargs):
         start = time.perf_counter()
@@ -48,10 +55,12 @@ def main() -> None:
     parser.add_argument("num_envs", type=int)
     parser.add_argument("threads", type=int)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--spare-envs", type=int, help="the adapter's spare envs (default: its own rule)")
     args = parser.parse_args()
-    venv = make_envpool_vec_env(EnvConfig(args.env_id, args.num_envs, seed=0, num_threads=args.threads))
+    venv = make_envpool_vec_env(EnvConfig(args.env_id, args.num_envs, seed=0, num_threads=args.threads,
+                                          spare_envs=args.spare_envs))
     venv.reset()
-    timed = TimedPool(venv.pool)
+    timed = TimedPool(venv.pool, args.num_envs)
     actions = np.random.default_rng(0).integers(0, venv.action_space.n, size=(256, args.num_envs))
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds:
@@ -63,8 +72,10 @@ def main() -> None:
     python = (total - sum(timed.seconds.values())) / steps * 1e3
     print(f"{args.env_id}, {args.num_envs} envs, {args.threads} threads: {steps * args.num_envs / total:.0f} "
           f"env steps/s; ms per agent step: total {total / steps * 1e3:.3f}, {parts}, adapter Python "
-          f"{python:.3f}; agent steps with a reset step {timed.reset_steps / steps:.1%}, env steps "
-          f"ending an episode {timed.envs_reset / (steps * args.num_envs):.2%}")
+          f"{python:.3f}; agent steps waiting for a reset step {timed.reset_steps / steps:.1%}, env steps "
+          f"ending an episode {(timed.envs_reset + timed.envs_reset_in_batch) / (steps * args.num_envs):.2%} "
+          f"({timed.envs_reset_in_batch / max(1, timed.envs_reset + timed.envs_reset_in_batch):.1%} of them "
+          f"reset beside a batch)")
 
 
 if __name__ == "__main__":

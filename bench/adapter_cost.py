@@ -263,6 +263,8 @@ def print_row(row: Row) -> None:
 
 def tiers(args) -> None:
     counts = [c for c in tier_counts(args.cpus) if not args.counts or c.num_envs in args.counts]
+    if args.threads:
+        counts = [Count(c.num_envs, args.threads, f"{c.label}; {args.threads} threads given") for c in counts]
     print(f"{args.env_id}: adapter / raw EnvPool, interleaved call by call, {args.seconds:g} s env-only and "
           f"{args.rollout_seconds:g} s of PPO rollouts (n_steps {args.rollout_steps}) per count, "
           f"chunks of {args.chunk_seconds:g} s; load average at start {os.getloadavg()[0]:.2f}", flush=True)
@@ -277,6 +279,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counts", type=int, nargs="*", help="only these env counts (default: all)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1,
                         help="cores the tiers' threads are derived from (default: this machine's)")
+    parser.add_argument("--threads", type=int, help="EnvPool threads at every count (default: the tiers')")
     parser.add_argument("--seconds", type=float, default=30.0, help="env-only, both runners together")
     parser.add_argument("--rollout-steps", type=int, default=16, help="PPO n_steps; 0 skips rollouts")
     parser.add_argument("--rollout-seconds", type=float, default=30.0, help="PPO rollouts, both together")

@@ -8,11 +8,13 @@
 #   fleet          8 Atari games, MPS auto, 15 s warm-up / 30 s window: fleetd, loops, raw EnvPool (~245 s, cap 265 s)
 #   fleet-no-mps   the same without MPS                                                          (~245 s, cap 265 s)
 #   worker         one worker against the minimal loop at 8, 32, 64 and 256 envs, one round each  (~150 s, cap 200 s)
+#   adapter        env only, every core: raw EnvPool, the adapter, the adapter without spares, 64 and 256 envs (~75 s, cap 100 s)
 #
 # The plan (docs/benchmarks.md, "On a lent device machine"): two calls back to back, then give_back:
 #   A: bench/gpu_session.sh fleet fleet-no-mps   timeout_s 590 (the aim compares both sides at their best,
 #      with and without MPS, from one run; at worst 265 + 265, each + 15 s to be killed, + ~30 s set-up)
 #   B: bench/gpu_session.sh worker               timeout_s 240, or budget_left_s - 20 where less
+#   (adapter: where a later call has 130 s left; the worker stage already shows the spares end to end)
 #
 # Each stage runs under `timeout -s TERM -k 15 CAP`; one that fails or runs out is recorded and
 # the next stage still runs. Figures land in $OUT (the device tool brings them back), a
@@ -28,10 +30,10 @@ DRY_RUN="${DRY_RUN:-0}"
 export PYTHON
 
 # stage -> its cap in seconds (the stage's own timeouts inside are shorter)
-declare -A CAP=([fleet]=265 [fleet-no-mps]=265 [worker]=200)
+declare -A CAP=([fleet]=265 [fleet-no-mps]=265 [worker]=200 [adapter]=100)
 START_TIMEOUT_S=180  # gpu_fleet.py: the daemon, the games, the processes to start (and to stop)
 
-usage() { echo "usage: bench/gpu_session.sh STAGE... (stages: fleet fleet-no-mps worker)" >&2; exit 2; }
+usage() { echo "usage: bench/gpu_session.sh STAGE... (stages: fleet fleet-no-mps worker adapter)" >&2; exit 2; }
 
 # One stage, as the capped child runs it.
 run_stage() {
@@ -52,6 +54,9 @@ run_stage() {
           --threads "$(nproc)" --steps "$steps" --rounds 1 --json "$OUT/worker-$n.json" || failed=1
       done
       return "$failed" ;;
+    adapter)
+      "$PYTHON" bench/throughput.py tiers --env-id Breakout-v5 --counts 64 256 --threads "$(nproc)" --seconds 20 \
+        --warm-up 2 --rollout-steps 0 --without-spares | tee "$OUT/adapter.md" ;;
   esac
 }
 

@@ -257,6 +257,7 @@ def test_the_gpu_session_script_parses_and_takes_several_stages_a_call(tmp_path:
 
     assert sum(caps("fleet", "fleet-no-mps")) + 15 * 2 + 30 <= 590  # call A, set-up included, under its timeout_s
     assert sum(caps("worker")) + 15 + 25 <= 240  # call B
+    assert sum(caps("adapter")) + 15 + 15 <= 130  # where a later call has the time
     assert session("fleet", "nonsense", env={"DRY_RUN": "1", "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1"}).returncode == 2
 
 
@@ -276,6 +277,18 @@ def test_a_failed_stage_does_not_stop_the_next_nor_a_failed_env_count_the_other(
     assert all("--rounds 1" in c for c in training)
     assert [c.split("--num-envs ")[1].split()[0] for c in training] == ["8", "32", "64", "256"]
     assert "stage fleet FAILED" in done.stderr and "stage worker FAILED" in done.stderr
+
+
+def test_the_adapter_stage_measures_the_adapter_with_and_without_spares_on_every_core(tmp_path: Path) -> None:
+    log, fake = tmp_path / "calls.log", tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\necho "| 256 | row |"\n')
+    fake.chmod(0o755)
+    done = session("adapter", env={"PYTHON": str(fake), "LEFTOVERS": "0", "FLEETD_NO_CARRY": "1",
+                                   "OUT": str(tmp_path / "out")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    call = [c for c in log.read_text().splitlines() if "bench/throughput.py" in c]
+    assert len(call) == 1 and f"--threads {len(os.sched_getaffinity(0))}" in call[0] and "--without-spares" in call[0], call
+    assert "| 256 | row |" in (tmp_path / "out" / "adapter.md").read_text()
 
 
 def test_the_gpu_session_refuses_to_run_without_its_carried_packages(tmp_path: Path) -> None:

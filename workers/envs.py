@@ -58,8 +58,10 @@ class EnvConfig:
 
 
 def spare_envs_for(num_envs: int) -> int:
-    """An eighth of the agent's envs, at least 2: more episodes than that end in one step less
-    than once in a thousand steps where episodes end every 35 steps (Atari's lost lives)."""
+    """An eighth of the agent's envs, at least 2. Where an episode ends every 35 env steps or so
+    (Breakout's lost lives under random play), more than that end in one step a few times in a
+    thousand steps at most, after the first lives (lost nearly together); those wait for their
+    reset step. An Atari env holds about 1.2 MiB: 32 spares at 256 envs, some 40 MiB."""
     return max(2, -(-num_envs // 8))
 
 
