@@ -110,3 +110,15 @@ def test_step_pieces_times_each_piece_of_the_worker_step_on_the_main_thread():
     # what docs/benchmarks.md says of EnvPool's batches (no copy, no reorder needed), checked on each
     assert batches["full"] > 0 and batches["writeable"] == batches["in send order"] == batches["full"], batches
     assert finished > 0  # CartPole's random episodes end within 40 steps of 4 envs
+
+
+def test_the_spares_learning_bench_reads_both_curves_at_equal_env_steps():
+    from bench.spares_learning import VARIANTS, table, train
+
+    curves = {name: {1: train("CartPole-v1", 1, spares, steps=512, every=256, threshold=10.0)}
+              for name, spares in VARIANTS.items()}
+
+    assert all(set(by_seed[1].points) == {256, 512} for by_seed in curves.values()), curves
+    assert all(0 < value < 500 for by_seed in curves.values() for value in by_seed[1].points.values())
+    lines = table(curves, every=256, steps=512)
+    assert lines[0].startswith("| env steps | spares") and len(lines) == 2 + 2 + 1
