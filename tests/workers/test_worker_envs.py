@@ -227,6 +227,20 @@ def test_fallback_to_dummy_with_warning_when_subprocesses_fail(monkeypatch, capl
     venv.close()
 
 
+def test_the_envpool_adapter_keeps_an_eighth_more_envs_as_spares_and_shows_the_agent_its_own():
+    assert [envs.spare_envs_for(n) for n in (1, 8, 17, 64, 256)] == [2, 2, 3, 8, 32]
+    venv = make_vec_env(EnvConfig("CartPole-v1", 16, seed=0))
+    try:
+        assert venv.num_envs == 16 and venv.pool.num_envs == 18
+        assert venv.reset().shape == (16, 4)
+        obs, rewards, dones, infos = venv.step(np.zeros(16, dtype=np.int64))
+        assert obs.shape == (16, 4) and rewards.shape == dones.shape == (16,) and len(infos) == 16
+    finally:
+        venv.close()
+    with pytest.raises(ValueError, match="between 1 and the pool's 2 envs, not 3"):
+        EnvPoolVecEnv(FakeAtariPool(2), 3)
+
+
 def test_unknown_to_envpool_goes_to_gymnasium():
     assert envs.is_envpool_id("CartPole-v1") and envs.is_envpool_id("Pong-v5")
     assert not envs.is_envpool_id("ALE/Pong-v5")
