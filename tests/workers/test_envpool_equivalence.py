@@ -1,9 +1,15 @@
-"""The EnvPool adapter gives, step for step, what the adapter before issue 17 gave.
+"""The EnvPool adapter gives, step for step, what the adapter before issue 17 gave, and with
+spare envs, what each env of its pool gives stepped alone.
 
 `ReferenceEnvPoolVecEnv` is that adapter's stepping, kept here verbatim as the reference: after
 collecting a step it waited for the finished envs' reset step at once (`pool.step`). Both run
 the same seeds and the same action sequence; every observation, reward, done and info must be
-equal, over thousands of env steps with lost lives, game overs and truncations.
+equal, over thousands of env steps with lost lives, game overs and truncations. The adapter
+without spares (`spare_envs=0`, each slot one env) is held to it.
+
+With spares a slot's next episode comes from another env of the pool (workers/envs.py), so the
+reference there is the pool itself, env by env (`EnvsAlone`): each env stepped with the actions
+its slot got, its reset step taken when its episode ended.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ class ReferenceEnvPoolVecEnv(EnvPoolVecEnv):
 def _pair(config: EnvConfig) -> tuple[EnvPoolVecEnv, EnvPoolVecEnv]:
     import envpool
 
-    kwargs = envpool_kwargs(config)
+    kwargs = envpool_kwargs(config)  # the pool of the agent's envs only: no spares
     return (ReferenceEnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **kwargs)),
             EnvPoolVecEnv(envpool.make_gymnasium(config.env_id, **kwargs)))
 
