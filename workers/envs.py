@@ -166,7 +166,8 @@ class EnvPoolVecEnv(VecEnv):
         actions = np.asarray(actions)
         if self._resetting.size:  # their action is ignored: EnvPool resets them
             # First: EnvPool's threads take a batch's envs in the order sent, and a reset (Atari:
-            # up to 30 no-ops and FIRE, some 30 steps' work) started last would hold the batch up.
+            # up to 30 no-op frames and FIRE, several steps' emulation) sent last would hold
+            # the batch up.
             actions = np.concatenate([self._noop(self._resetting.size), actions])
             self.pool.send(actions, np.concatenate([self._resetting, self._slots]))
         else:
