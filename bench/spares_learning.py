@@ -37,12 +37,14 @@ def train(env_id: str, seed: int, spare_envs: int | None, steps: int, every: int
     from stable_baselines3.common.callbacks import BaseCallback
 
     from workers.defaults import family, zoo_defaults
+    from workers.train import sb3_logger
 
     torch.set_num_threads(1)
     venv = make_vec_env(EnvConfig(env_id, 8, seed=seed, num_threads=1, spare_envs=spare_envs))
     hyperparams = zoo_defaults("ppo", family(len(venv.observation_space.shape) == 3))
     model = PPO("MlpPolicy" if len(venv.observation_space.shape) == 1 else "CnnPolicy", venv, seed=seed,
                 batch_size=256, device="cpu", verbose=0, **hyperparams)  # the zoo's, CartPole's and Atari's
+    model.set_logger(sb3_logger(None, "bench"))  # as the worker's: no SB3-* folder left in /tmp
     curve = Curve()
 
     class Reader(BaseCallback):

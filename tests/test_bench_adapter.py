@@ -112,11 +112,16 @@ def test_step_pieces_times_each_piece_of_the_worker_step_on_the_main_thread():
     assert finished > 0  # CartPole's random episodes end within 40 steps of 4 envs
 
 
-def test_the_spares_learning_bench_reads_both_curves_at_equal_env_steps():
+def test_the_spares_learning_bench_reads_both_curves_at_equal_env_steps(tmp_path, monkeypatch):
     from bench.spares_learning import VARIANTS, table, train
 
+    import tempfile
+
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)  # the suite's own folder for those (conftest)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where SB3's default logger makes one
     curves = {name: {1: train("CartPole-v1", 1, spares, steps=512, every=256, threshold=10.0)}
               for name, spares in VARIANTS.items()}
+    assert list(tmp_path.glob("SB3-*")) == []  # the worker's logger (torch keeps its own cache folder there)
 
     assert all(set(by_seed[1].points) == {256, 512} for by_seed in curves.values()), curves
     assert all(0 < value < 500 for by_seed in curves.values() for value in by_seed[1].points.values())
