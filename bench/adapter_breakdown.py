@@ -28,7 +28,8 @@ class TimedPool:
         self.send_pool, self.recv_pool = pool.send, pool.recv
         self.num_envs = num_envs
         self.seconds = {"send": 0.0, "batch recv": 0.0, "reset recv": 0.0}
-        self.reset_steps = self.envs_reset = self.envs_reset_in_batch = 0
+        self.reset_steps = self.envs_reset = self.envs_reset_in_batch = self.batches = 0
+        self.last_wait = 0  # the agent step (1, 2, ...) that last waited for a reset step
         self.resetting = False
         pool.send, pool.recv = self.send, self.recv
 
@@ -40,12 +41,14 @@ class TimedPool:
         self.resetting = sent < self.num_envs
         self.envs_reset += sent if self.resetting else 0
         self.envs_reset_in_batch += 0 if self.resetting else sent - self.num_envs
+        self.batches += 0 if self.resetting else 1
 
     def recv(self, **kwargs):
         start = time.perf_counter()
         out = self.recv_pool(**kwargs)
         self.seconds["reset recv" if self.resetting else "batch recv"] += time.perf_counter() - start
         self.reset_steps += self.resetting
+        self.last_wait = self.batches if self.resetting else self.last_wait
         return out
 
 
@@ -75,7 +78,7 @@ def main() -> None:
           f"{python:.3f}; agent steps waiting for a reset step {timed.reset_steps / steps:.1%}, env steps "
           f"ending an episode {(timed.envs_reset + timed.envs_reset_in_batch) / (steps * args.num_envs):.2%} "
           f"({timed.envs_reset_in_batch / max(1, timed.envs_reset + timed.envs_reset_in_batch):.1%} of them "
-          f"reset beside a batch)")
+          f"reset beside a batch); the last wait at agent step {timed.last_wait} of {steps}")
 
 
 if __name__ == "__main__":

@@ -58,10 +58,11 @@ class EnvConfig:
 
 
 def spare_envs_for(num_envs: int) -> int:
-    """An eighth of the agent's envs, at least 2. Where an episode ends every 35 env steps or so
-    (Breakout's lost lives under random play), more than that end in one step a few times in a
-    thousand steps at most, after the first lives (lost nearly together); those wait for their
-    reset step. An Atari env holds about 1.2 MiB: 32 spares at 256 envs, some 40 MiB."""
+    """An eighth of the agent's envs, at least 2: at 256 envs on Breakout under random play (an
+    episode end every 35 env steps or so, 7 a step) the steps with more ends than spares, whose
+    extra envs wait for their reset step, all came in the first 240 steps, the bursts of lives
+    lost together while the envs still play in step (docs/benchmarks.md, "EnvPool adapter: spare
+    envs"). An Atari env holds about 1.2 MiB: 32 spares at 256 envs, some 40 MiB."""
     return max(2, -(-num_envs // 8))
 
 
@@ -129,7 +130,6 @@ class EnvPoolVecEnv(VecEnv):
         if not 0 < n <= pool.num_envs:
             raise ValueError(f"num_envs must be between 1 and the pool's {pool.num_envs} envs, not {n}")
         super().__init__(n, pool.observation_space, pool.action_space)
-        self._actions: np.ndarray | None = None
         self._slots = np.arange(n, dtype=np.int32)  # the pool's env in each of the agent's slots
         self._spares: list[int] = []  # reset, their first observations in _first_obs
         self._resetting = np.empty(0, dtype=np.int32)  # to reset with the next batch, then spares
